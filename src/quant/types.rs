@@ -1,0 +1,216 @@
+//! The tensor element / block formats a GGUF file can name, with their block geometry.
+//!
+//! Ids are ggml's `enum ggml_type`; a GGUF tensor info stores them as a `u32`.
+
+use std::fmt;
+
+/// A GGUF/ggml tensor type. Every variant here is one the engine can read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    /// Internal activation partner of Q4_1 / Q5_1 (scale plus sum).
+    Q8_1,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    /// Internal activation partner of the k-quants.
+    Q8K,
+    BF16,
+}
+
+impl GgmlType {
+    /// Every type, in ggml id order.
+    pub const ALL: [GgmlType; 15] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q8_1,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::Q8K,
+        GgmlType::BF16,
+    ];
+
+    /// The ggml type id (as stored in GGUF tensor infos).
+    pub const fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q8_1 => 9,
+            GgmlType::Q2K => 10,
+            GgmlType::Q3K => 11,
+            GgmlType::Q4K => 12,
+            GgmlType::Q5K => 13,
+            GgmlType::Q6K => 14,
+            GgmlType::Q8K => 15,
+            GgmlType::BF16 => 30,
+        }
+    }
+
+    /// The type for a ggml id, or `None` for ids this engine does not read
+    /// (the IQ formats, integer tensors, removed Q4_2/Q4_3, ...).
+    pub fn from_id(id: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.id() == id)
+    }
+
+    /// A human name for an id, including ones we cannot read (for error messages).
+    pub fn name_of_id(id: u32) -> &'static str {
+        match Self::from_id(id) {
+            Some(t) => t.name(),
+            None => match id {
+                4 | 5 => "Q4_2/Q4_3 (removed)",
+                16 => "IQ2_XXS",
+                17 => "IQ2_XS",
+                18 => "IQ3_XXS",
+                19 => "IQ1_S",
+                20 => "IQ4_NL",
+                21 => "IQ3_S",
+                22 => "IQ2_S",
+                23 => "IQ4_XS",
+                24 => "I8",
+                25 => "I16",
+                26 => "I32",
+                27 => "I64",
+                28 => "F64",
+                29 => "IQ1_M",
+                34 => "TQ1_0",
+                35 => "TQ2_0",
+                _ => "unknown",
+            },
+        }
+    }
+
+    /// The name as llama.cpp prints it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q8_1 => "Q8_1",
+            GgmlType::Q2K => "Q2_K",
+            GgmlType::Q3K => "Q3_K",
+            GgmlType::Q4K => "Q4_K",
+            GgmlType::Q5K => "Q5_K",
+            GgmlType::Q6K => "Q6_K",
+            GgmlType::Q8K => "Q8_K",
+            GgmlType::BF16 => "BF16",
+        }
+    }
+
+    /// Parse a name such as `q8_0`, `Q4_K`, `f16` (case-insensitive).
+    pub fn from_name(s: &str) -> Option<Self> {
+        let up = s.to_ascii_uppercase();
+        Self::ALL.into_iter().find(|t| t.name() == up)
+    }
+
+    /// Elements per block (1 for the float formats).
+    pub const fn block_size(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q8_1 => 32,
+            GgmlType::Q2K
+            | GgmlType::Q3K
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::Q8K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn type_size(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
+            GgmlType::Q8_0 => 34,
+            GgmlType::Q8_1 => 36,
+            GgmlType::Q2K => 84,
+            GgmlType::Q3K => 110,
+            GgmlType::Q4K => 144,
+            GgmlType::Q5K => 176,
+            GgmlType::Q6K => 210,
+            GgmlType::Q8K => 292,
+        }
+    }
+
+    /// True for the formats that only exist as activation partners (never in a GGUF we load).
+    pub const fn is_internal(self) -> bool {
+        matches!(self, GgmlType::Q8_1 | GgmlType::Q8K)
+    }
+
+    /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks
+    /// or the size overflows.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        if n % self.block_size() != 0 {
+            return None;
+        }
+        (n / self.block_size()).checked_mul(self.type_size())
+    }
+
+    /// Bits per weight, for display.
+    pub fn bits_per_weight(self) -> f64 {
+        self.type_size() as f64 * 8.0 / self.block_size() as f64
+    }
+}
+
+impl fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip() {
+        for t in GgmlType::ALL {
+            assert_eq!(GgmlType::from_id(t.id()), Some(t));
+            assert_eq!(GgmlType::from_name(&t.name().to_lowercase()), Some(t));
+        }
+        assert_eq!(GgmlType::from_id(16), None);
+        assert_eq!(GgmlType::name_of_id(23), "IQ4_XS");
+    }
+
+    #[test]
+    fn row_bytes_checks_blocks() {
+        assert_eq!(GgmlType::Q4_0.row_bytes(64), Some(36));
+        assert_eq!(GgmlType::Q4_0.row_bytes(33), None);
+        assert_eq!(GgmlType::Q4K.row_bytes(256), Some(144));
+        assert_eq!(GgmlType::F32.row_bytes(usize::MAX), None);
+    }
+}
