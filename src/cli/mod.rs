@@ -1,17 +1,44 @@
-//! Subcommands of the `kiln` binary.
+//! Subcommands of the `kiln` binary. Each file defines its flags (`clap::Args`) and a `run`.
+
+mod chat;
+mod common;
+mod perplexity;
+mod run;
+mod tokenize;
+
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kiln", version, about = "Run GGUF language models on the CPU")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Run GGUF language models on the CPU",
+    long_about = "kiln runs GGUF language models on the CPU.\n\nWith no model named, commands use SmolLM2-135M-Instruct, downloading it on first use.\nExamples:\n  kiln run -p \"The capital of France is\"\n  kiln chat -m gemma3\n  kiln inspect model.gguf --json"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Generate text from a prompt (streams to stdout).
+    Run(run::RunArgs),
+    /// Chat interactively, keeping the conversation in the KV cache.
+    Chat(chat::ChatArgs),
+    /// Show the token ids of a text.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Perplexity of a text file (llama-perplexity's method).
+    Perplexity(perplexity::PerplexityArgs),
+}
 
 pub fn main() -> anyhow::Result<()> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
+    }
 }

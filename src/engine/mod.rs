@@ -1,1 +1,9 @@
-//! (in progress)
+//! The engine: sessions over a loaded model, the generation loop, perplexity.
+
+pub mod generate;
+pub mod perplexity;
+pub mod session;
+
+pub use generate::{generate, GenStats, GenerateRequest, StopReason};
+pub use perplexity::{perplexity, PerplexityReport};
+pub use session::{EngineError, Session, SessionOptions};

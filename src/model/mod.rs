@@ -1,1 +1,149 @@
-//! (in progress)
+//! Models: hyper-parameters, weights, and the forward pass.
+//!
+//! Each architecture is a short file saying how it differs ([`ArchTraits`] plus any metadata
+//! of its own); they share one loader ([`weights`]) and one block implementation
+//! ([`forward`]).
+
+pub mod config;
+pub mod forward;
+pub mod weights;
+
+mod gemma3;
+mod gpt2;
+mod llama;
+mod qwen2;
+mod qwen3;
+
+use std::path::Path;
+
+pub use config::{Arch, ArchTraits, ModelConfig, NormKind};
+pub use weights::{Layer, Norm, Weights};
+
+use crate::gguf::{GgufError, GgufFile};
+use crate::kernels::ops::Rope;
+use crate::quant::GgmlType;
+
+/// Why a model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unknown architecture '{name}' (supported: {supported})")]
+    UnknownArch { name: String, supported: String },
+    #[error("tensor '{name}' is missing from the model file")]
+    MissingTensor { name: String },
+    #[error("tensor '{name}' ({ty}) has shape {found:?}, expected {expected:?}")]
+    BadShape { name: String, expected: Vec<usize>, found: Vec<usize>, ty: GgmlType },
+    #[error("tensor '{name}' has type {ty}, which kiln cannot compute with: {reason}")]
+    UnsupportedType { name: String, ty: GgmlType, reason: String },
+    #[error("invalid model configuration: {0}")]
+    BadConfig(String),
+}
+
+/// A loaded model: configuration and weights (views into the mapped file).
+pub struct Model {
+    pub config: ModelConfig,
+    pub traits: ArchTraits,
+    pub weights: Weights,
+    /// Multiplier applied to token embeddings (sqrt(dim) for Gemma, else 1).
+    pub embed_scale: f32,
+    /// The file; weights point into its mapping.
+    pub file: GgufFile,
+}
+
+impl Model {
+    /// Map and load a GGUF model.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
+        Model::from_gguf(GgufFile::open(path)?)
+    }
+
+    /// Build a model from a parsed file.
+    pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
+        let (config, traits) = read_config(&file)?;
+        let ropes = layer_ropes(&file, &config, &traits)?;
+        let weights = weights::load(&file, &config, &traits, ropes)?;
+        let embed_scale = if traits.scale_embeddings { (config.dim as f32).sqrt() } else { 1.0 };
+        Ok(Model { config, traits, weights, embed_scale, file })
+    }
+}
+
+/// Hyper-parameters and block traits for the file's architecture.
+pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError> {
+    let name = f.architecture()?;
+    let arch = Arch::from_name(name)
+        .ok_or_else(|| ModelError::UnknownArch { name: name.to_string(), supported: Arch::supported_list() })?;
+    let mut cfg = config::read_common(f, arch)?;
+    let traits = match arch {
+        Arch::Llama => {
+            llama::configure(&mut cfg);
+            llama::TRAITS
+        }
+        Arch::Qwen2 => {
+            qwen2::configure(&mut cfg);
+            qwen2::TRAITS
+        }
+        Arch::Qwen3 => {
+            qwen3::configure(&mut cfg);
+            qwen3::TRAITS
+        }
+        Arch::Gemma3 => {
+            gemma3::configure(f, &mut cfg)?;
+            gemma3::TRAITS
+        }
+        Arch::Gpt2 => {
+            gpt2::configure(&mut cfg);
+            gpt2::TRAITS
+        }
+    };
+    validate(&cfg)?;
+    Ok((cfg, traits))
+}
+
+fn validate(c: &ModelConfig) -> Result<(), ModelError> {
+    let bad = |m: String| Err(ModelError::BadConfig(m));
+    if c.n_layers == 0 || c.dim == 0 || c.n_heads == 0 || c.n_kv_heads == 0 || c.head_dim_k == 0 {
+        return bad(format!(
+            "zero-sized model: {} layers, dim {}, {} heads, {} kv heads, head dim {}",
+            c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim_k
+        ));
+    }
+    if c.n_heads % c.n_kv_heads != 0 {
+        return bad(format!("{} heads is not a multiple of {} kv heads", c.n_heads, c.n_kv_heads));
+    }
+    if c.rope_dims > c.head_dim_k || c.rope_dims % 2 != 0 {
+        return bad(format!("rope dimension {} does not fit head dimension {}", c.rope_dims, c.head_dim_k));
+    }
+    if c.vocab_size == 0 {
+        return bad("empty vocabulary".into());
+    }
+    if c.n_layers > 4096 || c.dim > 1 << 20 || c.ffn_dim > 1 << 22 || c.n_heads > 4096 {
+        return bad(format!("implausible sizes: {} layers, dim {}, ffn {}", c.n_layers, c.dim, c.ffn_dim));
+    }
+    Ok(())
+}
+
+/// Each layer's rotary parameters (local layers may use another base).
+fn layer_ropes(f: &GgufFile, c: &ModelConfig, t: &ArchTraits) -> Result<Vec<Option<Rope>>, ModelError> {
+    let Some(kind) = t.rope else { return Ok(vec![None; c.n_layers]) };
+    let loader = weights::Loader { file: f, norm_kind: t.norm, eps: c.norm_eps };
+    let freq_factors = match f.tensor_info(weights::names::ROPE_FREQS) {
+        Some(_) => Some(loader.vector(weights::names::ROPE_FREQS, c.rope_dims / 2)?),
+        None => None,
+    };
+    Ok((0..c.n_layers)
+        .map(|i| {
+            // Local layers have their own base and no position scaling.
+            let (base, scale) = match (c.swa_layers[i], c.rope_base_swa) {
+                (true, Some(b)) => (b, 1.0),
+                _ => (c.rope_base, c.rope_freq_scale),
+            };
+            Some(Rope {
+                kind,
+                n_dims: c.rope_dims,
+                freq_base: base,
+                freq_scale: scale,
+                freq_factors: freq_factors.clone(),
+            })
+        })
+        .collect())
+}

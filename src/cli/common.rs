@@ -1,0 +1,169 @@
+//! Flags and helpers shared by the subcommands.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use kiln::engine::{Session, SessionOptions};
+use kiln::model::Model;
+use kiln::sampler::SamplerConfig;
+use kiln::tokenizer::Tokenizer;
+
+/// Which model, and how to size the session.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model: a GGUF path or a known name (smollm2, gemma3); default smollm2, downloaded if missing.
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<String>,
+    /// Threads (default: physical cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default 4096, capped at the model's training context).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Tokens per prefill pass (bounds activation memory).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch_size: usize,
+}
+
+impl ModelArgs {
+    pub fn threads(&self) -> usize {
+        self.threads.unwrap_or_else(kiln::kernels::pool::default_threads).max(1)
+    }
+}
+
+/// Sampling flags, spelled as the reference engine spells them.
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Top-p (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens of history the penalties consider.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Frequency penalty (0 = off).
+    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Presence penalty (0 = off).
+    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// RNG seed (default: random).
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn config(&self) -> Result<SamplerConfig> {
+        let mut c = SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            ..SamplerConfig::default()
+        };
+        if let Some(s) = self.seed {
+            c.seed = s;
+        }
+        c.validate().context("invalid sampling parameters")?;
+        Ok(c)
+    }
+}
+
+/// A loaded model with its tokenizer.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub model: Arc<Model>,
+    pub tokenizer: Tokenizer,
+    pub load_ms: f64,
+}
+
+/// Resolve (downloading the default model if needed), map and load.
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
+    let t0 = Instant::now();
+    let spinner = spinner(&format!("loading {}", path.display()));
+    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer =
+        Tokenizer::from_gguf(&model.file).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+    spinner.finish_and_clear();
+    Ok(Loaded { path, model: Arc::new(model), tokenizer, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
+}
+
+/// A session sized from the flags.
+pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
+    let train = loaded.model.config.ctx_train;
+    let n_ctx = args.ctx_size.unwrap_or(4096.min(train)).max(8);
+    let mut opts = SessionOptions::new(n_ctx, args.threads());
+    opts.prefill_chunk = args.batch_size.max(1);
+    Ok(Session::new(Arc::clone(&loaded.model), opts)?)
+}
+
+/// A spinner on stderr (hidden when stderr is not a terminal).
+pub fn spinner(msg: &str) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"));
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(100));
+    pb
+}
+
+/// A progress bar over `total` prompt tokens, shown only for long prompts.
+pub fn prefill_bar(total: usize, threshold: usize) -> Option<ProgressBar> {
+    (total > threshold).then(|| {
+        let pb = ProgressBar::new(total as u64);
+        pb.set_style(
+            ProgressStyle::with_template("prefill {bar:30} {pos}/{len} tokens ({per_sec})").expect("valid template"),
+        );
+        pb
+    })
+}
+
+/// Read the prompt from `-p`, `-f`, or standard input.
+pub fn read_prompt(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<String> {
+    if let Some(p) = prompt {
+        return Ok(p.clone());
+    }
+    if let Some(f) = file {
+        return std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()));
+    }
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading the prompt from stdin")?;
+    Ok(s)
+}
+
+/// Install a Ctrl-C handler: the first press sets the flag (stop generating cleanly), the
+/// second exits.
+pub fn cancel_flag() -> &'static AtomicBool {
+    static FLAG: AtomicBool = AtomicBool::new(false);
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let _ = ctrlc::set_handler(|| {
+            if FLAG.swap(true, Ordering::SeqCst) {
+                eprintln!();
+                std::process::exit(130);
+            }
+        });
+    });
+    &FLAG
+}

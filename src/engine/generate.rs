@@ -1,0 +1,116 @@
+//! The generation loop: prefill the prompt, then sample → decode until an end-of-generation
+//! token, the token limit, a full context or a cancel request.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use super::session::{EngineError, Session};
+use crate::sampler::Sampler;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    EndOfGeneration,
+    /// `max_new` tokens were generated.
+    Length,
+    /// The context filled up.
+    ContextFull,
+    /// The caller asked to stop (Ctrl-C, a closed connection).
+    Cancelled,
+}
+
+/// Timings and counts of one generation, as the reference engine reports them.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was reused from the cache instead of recomputed.
+    pub reused_tokens: usize,
+    pub prompt_ms: f64,
+    pub gen_tokens: usize,
+    pub gen_ms: f64,
+    pub stop: Option<StopReason>,
+}
+
+impl GenStats {
+    pub fn prompt_tps(&self) -> f64 {
+        rate(self.prompt_tokens - self.reused_tokens, self.prompt_ms)
+    }
+    pub fn gen_tps(&self) -> f64 {
+        rate(self.gen_tokens, self.gen_ms)
+    }
+}
+
+fn rate(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+/// What to generate.
+pub struct GenerateRequest<'a> {
+    pub prompt: &'a [u32],
+    /// Maximum new tokens (`None`: until the context is full).
+    pub max_new: Option<usize>,
+    /// Reuse a cached prefix of the prompt (chat turns).
+    pub reuse_prefix: bool,
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+/// Generate from `req.prompt`, handing each new token and its text (complete UTF-8 only) to
+/// `on_token`; returning `false` from it stops generation as cancelled.
+pub fn generate(
+    session: &mut Session,
+    sampler: &mut Sampler,
+    tok: &Tokenizer,
+    req: &GenerateRequest<'_>,
+    progress: &mut dyn FnMut(usize, usize),
+    on_token: &mut dyn FnMut(u32, &str) -> bool,
+) -> Result<GenStats, EngineError> {
+    let mut stats = GenStats { prompt_tokens: req.prompt.len(), ..GenStats::default() };
+    let t0 = Instant::now();
+    if req.reuse_prefix {
+        stats.reused_tokens = session.prefill_reuse(req.prompt, progress)?;
+    } else {
+        session.reset();
+        session.prefill(req.prompt, progress)?;
+    }
+    stats.prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    let cancelled = || req.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+    let mut stream = StreamDecoder::new(tok);
+    let t1 = Instant::now();
+    let limit = req.max_new.unwrap_or(usize::MAX);
+    let stop = loop {
+        if stats.gen_tokens >= limit {
+            break StopReason::Length;
+        }
+        if cancelled() {
+            break StopReason::Cancelled;
+        }
+        let next = sampler.sample(session.logits(), session.tokens());
+        if tok.is_eog(next) {
+            break StopReason::EndOfGeneration;
+        }
+        stats.gen_tokens += 1;
+        let text = stream.push(next).unwrap_or_default();
+        if !on_token(next, &text) {
+            break StopReason::Cancelled;
+        }
+        if session.kv().would_overflow(1) {
+            break StopReason::ContextFull;
+        }
+        session.decode(next)?;
+    };
+    if let Some(tail) = stream.flush() {
+        on_token(u32::MAX, &tail);
+    }
+    stats.gen_ms = t1.elapsed().as_secs_f64() * 1e3;
+    stats.stop = Some(stop);
+    Ok(stats)
+}

@@ -1,0 +1,212 @@
+//! A session: one sequence's state over a shared model — its KV cache, scratch buffers and the
+//! tokens they hold. Everything is allocated in [`Session::new`]; prefill and decode reuse it.
+
+use std::sync::Arc;
+
+use crate::cache::{KvCache, KvLayout, Scratch, ScratchSpec};
+use crate::model::forward::{forward, ForwardError, Logits, Runtime};
+use crate::model::{weights, Model};
+
+/// How a session is sized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Context length (KV cache positions).
+    pub n_ctx: usize,
+    pub n_threads: usize,
+    /// Tokens per prefill forward pass; bounds activation memory.
+    pub prefill_chunk: usize,
+    /// Logit rows computed at once when every position's logits are wanted (perplexity).
+    pub logit_rows: usize,
+}
+
+impl SessionOptions {
+    pub fn new(n_ctx: usize, n_threads: usize) -> Self {
+        SessionOptions { n_ctx, n_threads, prefill_chunk: 512, logit_rows: 1 }
+    }
+}
+
+/// Why a session refused work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EngineError {
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+    #[error("the prompt has {prompt} tokens but the context holds {ctx} ({used} already in use); raise -c or shorten the prompt")]
+    PromptTooLong { prompt: usize, ctx: usize, used: usize },
+    #[error("the context of {ctx} tokens is full")]
+    ContextFull { ctx: usize },
+    #[error("context size {ctx} exceeds what this model supports ({max})")]
+    ContextTooLarge { ctx: usize, max: usize },
+    #[error("empty prompt")]
+    EmptyPrompt,
+}
+
+/// One sequence being evaluated.
+pub struct Session {
+    pub model: Arc<Model>,
+    pub rt: Runtime,
+    pub opts: SessionOptions,
+    kv: KvCache,
+    scratch: Scratch,
+    /// The tokens whose keys and values are in `kv`, in order.
+    tokens: Vec<u32>,
+}
+
+impl Session {
+    pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Session, EngineError> {
+        let c = &model.config;
+        let n_ctx = opts.n_ctx.max(1);
+        if model.weights.pos_embd.is_some() && n_ctx > c.ctx_train {
+            return Err(EngineError::ContextTooLarge { ctx: n_ctx, max: c.ctx_train });
+        }
+        let layout = KvLayout {
+            n_layers: c.n_layers,
+            n_kv_heads: c.n_kv_heads,
+            head_dim_k: c.head_dim_k,
+            head_dim_v: c.head_dim_v,
+            max_len: n_ctx,
+        };
+        let spec = scratch_spec(&model, &opts);
+        let scratch = Scratch::new(c, spec);
+        Ok(Session {
+            rt: Runtime::new(opts.n_threads),
+            kv: KvCache::new(layout),
+            scratch,
+            tokens: Vec::with_capacity(n_ctx),
+            opts: SessionOptions { n_ctx, ..opts },
+            model,
+        })
+    }
+
+    /// Tokens in the cache.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn n_past(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.opts.n_ctx
+    }
+
+    /// Logits of the last evaluated token, `[vocab]`.
+    pub fn logits(&self) -> &[f32] {
+        &self.scratch.logits[..self.model.config.vocab_size]
+    }
+
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    pub fn scratch(&self) -> &Scratch {
+        &self.scratch
+    }
+
+    /// Forget the sequence.
+    pub fn reset(&mut self) {
+        self.kv.reset();
+        self.tokens.clear();
+    }
+
+    /// Drop every token after the first `n` (seed 004's rollback).
+    pub fn rollback(&mut self, n: usize) {
+        self.kv.rollback(n);
+        self.tokens.truncate(n);
+    }
+
+    /// Length of the common prefix of the cached tokens and `tokens`.
+    pub fn common_prefix(&self, tokens: &[u32]) -> usize {
+        self.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count()
+    }
+
+    /// Refuse a prompt of `n` more tokens that would not fit.
+    pub fn check_fits(&self, n: usize) -> Result<(), EngineError> {
+        if self.kv.would_overflow(n) {
+            return Err(EngineError::PromptTooLong { prompt: n, ctx: self.opts.n_ctx, used: self.n_past() });
+        }
+        Ok(())
+    }
+
+    /// Evaluate `tokens` after what is cached, in chunks of `prefill_chunk`, and leave the
+    /// last token's logits in [`Session::logits`]. `progress(done, total)` is called per chunk.
+    pub fn prefill(&mut self, tokens: &[u32], progress: &mut dyn FnMut(usize, usize)) -> Result<&[f32], EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_fits(tokens.len())?;
+        let chunk = self.scratch.spec.max_tokens;
+        let mut done = 0;
+        for part in tokens.chunks(chunk) {
+            let last = done + part.len() == tokens.len();
+            let want = if last { Logits::Last } else { Logits::None };
+            forward(&self.model, &self.rt, &mut self.kv, &mut self.scratch, part, want)?;
+            self.tokens.extend_from_slice(part);
+            done += part.len();
+            progress(done, tokens.len());
+        }
+        Ok(self.logits())
+    }
+
+    /// Evaluate `tokens` reusing the longest cached prefix (chat turns, repeated system
+    /// prompts): rolls back to the shared part and prefills only the rest. Returns the number
+    /// of tokens that were reused.
+    pub fn prefill_reuse(&mut self, tokens: &[u32], progress: &mut dyn FnMut(usize, usize)) -> Result<usize, EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        // Keep at least one token to evaluate so that fresh logits exist.
+        let reuse = self.common_prefix(tokens).min(tokens.len() - 1);
+        if tokens.len() > self.opts.n_ctx {
+            return Err(EngineError::PromptTooLong { prompt: tokens.len(), ctx: self.opts.n_ctx, used: 0 });
+        }
+        self.rollback(reuse);
+        self.prefill(&tokens[reuse..], progress)?;
+        Ok(reuse)
+    }
+
+    /// Evaluate one generated token; returns its logits.
+    pub fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
+        if self.kv.would_overflow(1) {
+            return Err(EngineError::ContextFull { ctx: self.opts.n_ctx });
+        }
+        forward(&self.model, &self.rt, &mut self.kv, &mut self.scratch, &[token], Logits::Last)?;
+        self.tokens.push(token);
+        Ok(self.logits())
+    }
+
+    /// Evaluate `tokens` and hand the logits of every position `>= first` to
+    /// `sink(position_in_tokens, logits)` (teacher forcing, perplexity).
+    pub fn eval_all(
+        &mut self,
+        tokens: &[u32],
+        first: usize,
+        sink: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_fits(tokens.len())?;
+        let chunk = self.scratch.spec.max_tokens;
+        let mut base = 0;
+        for part in tokens.chunks(chunk) {
+            let lo = first.saturating_sub(base).min(part.len());
+            let mut shifted = |row: usize, l: &[f32]| sink(base + row, l);
+            let want = if lo < part.len() { Logits::Rows(lo..part.len(), &mut shifted) } else { Logits::None };
+            forward(&self.model, &self.rt, &mut self.kv, &mut self.scratch, part, want)?;
+            self.tokens.extend_from_slice(part);
+            base += part.len();
+        }
+        Ok(())
+    }
+}
+
+/// The scratch sizes a session with these options uses.
+pub fn scratch_spec(model: &Model, opts: &SessionOptions) -> ScratchSpec {
+    ScratchSpec {
+        max_tokens: opts.prefill_chunk.clamp(1, opts.n_ctx.max(1)),
+        logit_rows: opts.logit_rows.max(1),
+        n_threads: opts.n_threads.max(1),
+        act_row_bytes: weights::max_act_row_bytes(&model.weights),
+    }
+}

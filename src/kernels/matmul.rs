@@ -1,0 +1,179 @@
+//! Weight matrices and the matrix products over them.
+//!
+//! The column-major trap: GGUF lists a weight's dimensions fastest-first, so a projection from
+//! `in_dim` to `out_dim` has `shape = [in_dim, out_dim]` and is stored as `out_dim` contiguous
+//! rows of `in_dim` elements. `y = W·x` is therefore one dot product per stored row.
+//!
+//! Activations are quantized once per input row to the weight format's partner type (Q8_0,
+//! Q8_1, Q8_K, or f16/bf16/f32 for float weights), then every output row is an integer dot
+//! product against them. Several projections reading the same input (Q, K and V; gate and up)
+//! run as one pool dispatch, so both cores work on one combined list of rows.
+
+use super::pool::{split_range, DisjointSlice, ThreadPool};
+use crate::gguf::TensorBytes;
+use crate::quant::{GgmlType, Kernels};
+
+/// Rows computed per call of the gemm micro-kernel.
+const TILE_ROWS: usize = 16;
+
+/// A weight matrix `[out_dim, in_dim]` with the kernels for its block format.
+pub struct Linear {
+    /// The tensor's name in the file, for error messages and debugging taps.
+    pub name: String,
+    /// Elements per row (GGUF `ne[0]`).
+    pub in_dim: usize,
+    /// Rows (GGUF `ne[1]`).
+    pub out_dim: usize,
+    /// Bytes per stored row.
+    pub row_bytes: usize,
+    /// `out_dim * row_bytes` bytes, a zero-copy view into the model file.
+    pub data: TensorBytes,
+    /// Dot products, activation quantizer and dequantizer for this format, chosen at load.
+    pub kernels: Kernels,
+    /// Optional bias `[out_dim]`.
+    pub bias: Option<Vec<f32>>,
+}
+
+impl Linear {
+    pub fn ty(&self) -> GgmlType {
+        self.kernels.weight
+    }
+
+    /// Bytes of one quantized activation row for this matrix.
+    pub fn act_row_bytes(&self) -> usize {
+        self.kernels.act.row_bytes(self.in_dim).unwrap_or(0)
+    }
+
+    /// Dequantize stored row `i` (an embedding lookup) into `out[..in_dim]`.
+    pub fn row_f32(&self, i: usize, out: &mut [f32]) {
+        let src = &self.data[i * self.row_bytes..(i + 1) * self.row_bytes];
+        (self.kernels.dequantize)(src, &mut out[..self.in_dim]);
+    }
+}
+
+/// Per-thread output tiles for the matrix products, sized once for the largest batch.
+pub struct MatmulScratch {
+    /// `[n_threads][TILE_ROWS * max_tokens]`.
+    tiles: Vec<f32>,
+    tile_len: usize,
+}
+
+impl MatmulScratch {
+    pub fn new(max_tokens: usize, n_threads: usize) -> Self {
+        let tile_len = TILE_ROWS * max_tokens;
+        MatmulScratch { tiles: vec![0.0; tile_len * n_threads], tile_len }
+    }
+
+    pub fn bytes_for(max_tokens: usize, n_threads: usize) -> usize {
+        TILE_ROWS * max_tokens * n_threads * 4
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.tiles.len() * 4
+    }
+}
+
+/// Quantize `n` rows of `x` (`[n, in_dim]` f32) to `lin`'s activation format in `out`.
+/// Returns the bytes per quantized row.
+pub fn quantize_input(pool: &ThreadPool, lin: &Linear, x: &[f32], n: usize, out: &mut [u8]) -> usize {
+    let in_dim = lin.in_dim;
+    let rb = lin.act_row_bytes();
+    assert!(x.len() >= n * in_dim && out.len() >= n * rb, "{}: activation buffer too small", lin.name);
+    let quantize = lin.kernels.quantize_act;
+    if n < 4 {
+        for j in 0..n {
+            quantize(&x[j * in_dim..(j + 1) * in_dim], &mut out[j * rb..(j + 1) * rb]);
+        }
+        return rb;
+    }
+    let dst = DisjointSlice::new(&mut out[..n * rb]);
+    pool.for_each_range(n, &|rows| {
+        // SAFETY: the pool hands each thread a disjoint range of rows.
+        let d = unsafe { dst.part(rows.start * rb..rows.end * rb) };
+        for (k, j) in rows.enumerate() {
+            quantize(&x[j * in_dim..(j + 1) * in_dim], &mut d[k * rb..(k + 1) * rb]);
+        }
+    });
+    rb
+}
+
+/// `outs[m] = lins[m] · x` for every matrix `m` reading the same quantized input `xq`
+/// (`n` rows of `xq_stride` bytes). Each output is `[n, lins[m].out_dim]`, bias added.
+///
+/// All matrices must share the activation format and `in_dim`.
+pub fn matmul_many(
+    pool: &ThreadPool,
+    lins: &[&Linear],
+    xq: &[u8],
+    xq_stride: usize,
+    n: usize,
+    outs: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+) {
+    assert_eq!(lins.len(), outs.len());
+    assert!(n * TILE_ROWS <= scratch.tile_len, "matmul scratch sized for fewer tokens");
+    for (l, o) in lins.iter().zip(outs.iter()) {
+        assert_eq!(l.kernels.act, lins[0].kernels.act, "{}: mixed activation formats", l.name);
+        assert_eq!(l.in_dim, lins[0].in_dim, "{}: mixed input sizes", l.name);
+        assert!(o.len() >= n * l.out_dim, "{}: output buffer too small", l.name);
+    }
+    let total_rows: usize = lins.iter().map(|l| l.out_dim).sum();
+    // One DisjointSlice per output; at most a handful of matrices, so a fixed array
+    // (no allocation on the hot path).
+    assert!(lins.len() <= 4, "matmul_many takes at most 4 matrices");
+    let mut slots: [Option<DisjointSlice<f32>>; 4] = [None, None, None, None];
+    for (s, o) in slots.iter_mut().zip(outs.iter_mut()) {
+        *s = Some(DisjointSlice::new(o));
+    }
+    let tile_len = scratch.tile_len;
+    let tiles = DisjointSlice::new(&mut scratch.tiles);
+
+    pool.run(&|tid, nt| {
+        // SAFETY: thread `tid` owns tile `tid`.
+        let tile = unsafe { tiles.part(tid * tile_len..(tid + 1) * tile_len) };
+        let mine = split_range(total_rows, tid, nt);
+        let mut base = 0;
+        for (m, lin) in lins.iter().enumerate() {
+            let lr = base..base + lin.out_dim;
+            base += lin.out_dim;
+            let r0 = mine.start.max(lr.start);
+            let r1 = mine.end.min(lr.end);
+            if r0 >= r1 {
+                continue;
+            }
+            let out = slots[m].as_ref().expect("one slot per matrix");
+            let (r0, r1) = (r0 - lr.start, r1 - lr.start);
+            let mut i = r0;
+            while i < r1 {
+                let nw = (r1 - i).min(TILE_ROWS);
+                let w = &lin.data[i * lin.row_bytes..(i + nw) * lin.row_bytes];
+                (lin.kernels.gemm)(lin.in_dim, w, lin.row_bytes, nw, xq, xq_stride, n, tile, nw);
+                for j in 0..n {
+                    // SAFETY: rows `i..i+nw` of every token belong to this thread alone.
+                    let dst = unsafe { out.part(j * lin.out_dim + i..j * lin.out_dim + i + nw) };
+                    dst.copy_from_slice(&tile[j * nw..(j + 1) * nw]);
+                    if let Some(b) = &lin.bias {
+                        for (d, &bb) in dst.iter_mut().zip(&b[i..i + nw]) {
+                            *d += bb;
+                        }
+                    }
+                }
+                i += nw;
+            }
+        }
+    });
+}
+
+/// `out = lin · x` for `n` f32 rows: quantizes into `xq` then multiplies.
+pub fn matmul(
+    pool: &ThreadPool,
+    lin: &Linear,
+    x: &[f32],
+    n: usize,
+    xq: &mut [u8],
+    out: &mut [f32],
+    scratch: &mut MatmulScratch,
+) {
+    let rb = quantize_input(pool, lin, x, n, xq);
+    matmul_many(pool, &[lin], xq, rb, n, &mut [out], scratch);
+}

@@ -1,0 +1,248 @@
+//! Element-wise and row-wise operations of the forward pass: norms, RoPE, activations.
+//!
+//! These are cheap next to the matrix products (they touch activations, not weights), so they
+//! are plain loops the compiler vectorizes. Reductions accumulate in f64, as ggml does, so our
+//! hidden states track the reference engine's closely.
+
+/// RMSNorm of one row: `out = x / sqrt(mean(x²) + eps) * w`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    debug_assert!(x.len() == w.len() && x.len() == out.len());
+    let scale = rms_scale(x, eps);
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+/// RMSNorm in place.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    debug_assert_eq!(x.len(), w.len());
+    let scale = rms_scale(x, eps);
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = *v * scale * g;
+    }
+}
+
+#[inline]
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+/// LayerNorm of one row with weight and bias: `out = (x - mean) / sqrt(var + eps) * w + b`.
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    debug_assert!(x.len() == w.len() && x.len() == out.len() && b.len() == w.len());
+    let n = x.len() as f64;
+    let mean = (x.iter().map(|&v| v as f64).sum::<f64>() / n) as f32;
+    let var = (x.iter().map(|&v| ((v - mean) as f64).powi(2)).sum::<f64>() / n) as f32;
+    let scale = 1.0 / (var + eps).sqrt();
+    for (((o, &v), &g), &bb) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = (v - mean) * scale * g + bb;
+    }
+}
+
+/// LayerNorm in place.
+pub fn layer_norm_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = x.len() as f64;
+    let mean = (x.iter().map(|&v| v as f64).sum::<f64>() / n) as f32;
+    let var = (x.iter().map(|&v| ((v - mean) as f64).powi(2)).sum::<f64>() / n) as f32;
+    let scale = 1.0 / (var + eps).sqrt();
+    for ((v, &g), &bb) in x.iter_mut().zip(w).zip(b) {
+        *v = (*v - mean) * scale * g + bb;
+    }
+}
+
+/// `y += x`.
+pub fn add_inplace(y: &mut [f32], x: &[f32]) {
+    for (a, &b) in y.iter_mut().zip(x) {
+        *a += b;
+    }
+}
+
+/// `y *= s`.
+pub fn scale_inplace(y: &mut [f32], s: f32) {
+    for a in y.iter_mut() {
+        *a *= s;
+    }
+}
+
+/// SiLU(x) = x · σ(x).
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation (as ggml's `gelu` and Gemma's `gelu_pytorch_tanh`).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// The FFN's activation function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+impl Activation {
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Silu => silu(x),
+            Activation::GeluTanh => gelu_tanh(x),
+        }
+    }
+}
+
+/// Gated FFN activation in place: `gate = act(gate) * up`.
+pub fn gated_act_inplace(gate: &mut [f32], up: &[f32], act: Activation) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = act.apply(*g) * u;
+    }
+}
+
+/// Activation in place (non-gated FFN, GPT-2).
+pub fn act_inplace(x: &mut [f32], act: Activation) {
+    for v in x.iter_mut() {
+        *v = act.apply(*v);
+    }
+}
+
+/// How rotary dimensions are paired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// Adjacent pairs `(2i, 2i+1)` (LLaMA as converted to GGUF).
+    Normal,
+    /// Halves `(i, i + n/2)` (GPT-NeoX, Qwen2/3, Gemma).
+    Neox,
+}
+
+/// Rotary position embedding parameters of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    pub kind: RopeKind,
+    /// Rotated dimensions per head (≤ head_dim; the rest pass through).
+    pub n_dims: usize,
+    pub freq_base: f32,
+    /// Linear position scaling: positions are multiplied by this (1/factor).
+    pub freq_scale: f32,
+    /// Per-pair frequency divisors (Llama-3 style `rope_freqs`), `n_dims / 2` long, if any.
+    pub freq_factors: Option<Vec<f32>>,
+}
+
+impl Rope {
+    /// Fill `cs` (`n_dims` floats: cos, sin interleaved per pair) for position `pos`.
+    ///
+    /// Follows ggml's recurrence `theta_i = pos · base^(-2i/n)` computed as a running product
+    /// in f32, so the angles agree with the reference engine to the last bit.
+    pub fn cos_sin(&self, pos: usize, cs: &mut [f32]) {
+        let half = self.n_dims / 2;
+        debug_assert!(cs.len() >= self.n_dims);
+        let theta_scale = self.freq_base.powf(-2.0 / self.n_dims as f32);
+        let mut theta = pos as f32;
+        for i in 0..half {
+            let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
+            let t = self.freq_scale * theta / ff;
+            cs[2 * i] = t.cos();
+            cs[2 * i + 1] = t.sin();
+            theta *= theta_scale;
+        }
+    }
+
+    /// Rotate every head of a row `x` (`n_heads * head_dim`) with the angles in `cs`.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, cs: &[f32]) {
+        let half = self.n_dims / 2;
+        for head in x.chunks_exact_mut(head_dim) {
+            match self.kind {
+                RopeKind::Normal => {
+                    for i in 0..half {
+                        let (c, s) = (cs[2 * i], cs[2 * i + 1]);
+                        let (a, b) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = a * c - b * s;
+                        head[2 * i + 1] = a * s + b * c;
+                    }
+                }
+                RopeKind::Neox => {
+                    for i in 0..half {
+                        let (c, s) = (cs[2 * i], cs[2 * i + 1]);
+                        let (a, b) = (head[i], head[i + half]);
+                        head[i] = a * c - b * s;
+                        head[i + half] = a * s + b * c;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0f32, 4.0];
+        let mut out = [0.0; 2];
+        rms_norm(&x, &[1.0, 2.0], 0.0, &mut out);
+        let r = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / r).abs() < 1e-6 && (out[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn layer_norm_zero_mean_unit_var() {
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let mut out = [0.0; 4];
+        layer_norm(&x, &[1.0; 4], &[0.0; 4], 0.0, &mut out);
+        let mean: f32 = out.iter().sum::<f32>() / 4.0;
+        let var: f32 = out.iter().map(|v| v * v).sum::<f32>() / 4.0;
+        assert!(mean.abs() < 1e-6 && (var - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_position_zero_is_identity() {
+        for kind in [RopeKind::Normal, RopeKind::Neox] {
+            let rope = Rope { kind, n_dims: 8, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+            let mut cs = [0.0; 8];
+            let orig: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
+            let mut x = orig.clone();
+            rope.cos_sin(0, &mut cs);
+            rope.apply(&mut x, 8, &cs);
+            assert_eq!(x, orig);
+            rope.cos_sin(17, &mut cs);
+            rope.apply(&mut x, 8, &cs);
+            let n0: f32 = orig.iter().map(|v| v * v).sum();
+            let n1: f32 = x.iter().map(|v| v * v).sum();
+            assert!((n0 - n1).abs() < 1e-4);
+            assert_ne!(x, orig);
+        }
+    }
+
+    #[test]
+    fn rope_relative_property() {
+        // <R(p)q, R(p+k)v> depends only on k.
+        let rope = Rope { kind: RopeKind::Neox, n_dims: 4, freq_base: 100.0, freq_scale: 1.0, freq_factors: None };
+        let q = [0.3f32, -0.2, 0.9, 0.1];
+        let v = [0.5f32, 0.4, -0.1, 0.7];
+        let dot_at = |p: usize, k: usize| {
+            let mut cs = [0.0; 4];
+            let (mut a, mut b) = (q, v);
+            rope.cos_sin(p, &mut cs);
+            rope.apply(&mut a, 4, &cs);
+            rope.cos_sin(p + k, &mut cs);
+            rope.apply(&mut b, 4, &cs);
+            a.iter().zip(&b).map(|(x, y)| x * y).sum::<f32>()
+        };
+        assert!((dot_at(0, 3) - dot_at(11, 3)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn activations() {
+        assert!((silu(0.0)).abs() < 1e-7);
+        assert!((gelu_tanh(0.0)).abs() < 1e-7);
+        assert!((gelu_tanh(3.0) - 2.99636).abs() < 1e-4);
+        assert!((silu(2.0) - 1.761594).abs() < 1e-5);
+    }
+}

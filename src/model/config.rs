@@ -1,0 +1,167 @@
+//! Hyper-parameters read from GGUF metadata, and how each architecture differs.
+
+use crate::gguf::{GgufError, GgufFile};
+use crate::kernels::ops::{Activation, RopeKind};
+
+/// The architectures kiln runs, from `general.architecture`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Gemma3,
+    Gpt2,
+}
+
+impl Arch {
+    /// Every supported `general.architecture` value, with the variant it maps to.
+    /// Mistral and other llama-shaped models are converted to GGUF as `llama`.
+    pub const NAMES: &'static [(&'static str, Arch)] = &[
+        ("llama", Arch::Llama),
+        ("mistral", Arch::Llama),
+        ("qwen2", Arch::Qwen2),
+        ("qwen3", Arch::Qwen3),
+        ("gemma3", Arch::Gemma3),
+        ("gpt2", Arch::Gpt2),
+    ];
+
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Self::NAMES.iter().find(|(n, _)| *n == name).map(|&(_, a)| a)
+    }
+
+    pub fn supported_list() -> String {
+        Self::NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// Normalization flavour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum NormKind {
+    Rms,
+    /// LayerNorm with weight and bias (GPT-2).
+    Layer,
+}
+
+/// How an architecture builds its blocks. Each architecture file returns one of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArchTraits {
+    pub norm: NormKind,
+    pub act: Activation,
+    /// `down(act(gate(x)) * up(x))` rather than `down(act(up(x)))`.
+    pub gated_ffn: bool,
+    /// `None`: learned absolute positions (GPT-2) instead of rotary embeddings.
+    pub rope: Option<RopeKind>,
+    /// Q, K, V stored as one `attn_qkv` matrix.
+    pub fused_qkv: bool,
+    /// Per-head RMSNorm of q and k (Qwen3, Gemma-3).
+    pub qk_norm: bool,
+    /// Norms after attention and FFN, before the residual add (Gemma-3).
+    pub post_norms: bool,
+    /// Multiply embeddings by `sqrt(dim)` (Gemma).
+    pub scale_embeddings: bool,
+}
+
+/// Everything the forward pass needs to know about a model's shape.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    /// `general.architecture` as written in the file (for metadata keys).
+    pub arch_name: String,
+    pub name: String,
+    pub n_layers: usize,
+    /// Embedding width.
+    pub dim: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    pub ffn_dim: usize,
+    pub vocab_size: usize,
+    /// Context length the model was trained for.
+    pub ctx_train: usize,
+    pub norm_eps: f32,
+    /// Rotated dimensions per head.
+    pub rope_dims: usize,
+    pub rope_base: f32,
+    /// RoPE base of sliding-window layers (Gemma-3 uses a different one), if any.
+    pub rope_base_swa: Option<f32>,
+    pub rope_freq_scale: f32,
+    /// Sliding-window size of the local-attention layers.
+    pub sliding_window: Option<usize>,
+    /// Per layer: does it use the sliding window?
+    pub swa_layers: Vec<bool>,
+    /// Multiplier of q·k.
+    pub attn_scale: f32,
+}
+
+impl ModelConfig {
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim_k
+    }
+    pub fn kv_dim_k(&self) -> usize {
+        self.n_kv_heads * self.head_dim_k
+    }
+    pub fn kv_dim_v(&self) -> usize {
+        self.n_kv_heads * self.head_dim_v
+    }
+    pub fn attn_out_dim(&self) -> usize {
+        self.n_heads * self.head_dim_v
+    }
+}
+
+/// Read the hyper-parameters common to every architecture (`{arch}.block_count`, ...).
+/// Architecture files adjust what differs.
+pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
+    let arch_name = f.architecture()?.to_string();
+    let k = |s: &str| f.arch_key(s);
+    let n_layers = f.get_u32(&k("block_count"))? as usize;
+    let dim = f.get_u32(&k("embedding_length"))? as usize;
+    let n_heads = f.get_u32(&k("attention.head_count"))? as usize;
+    let n_kv_heads = f.opt_u32(&k("attention.head_count_kv"))?.map_or(n_heads, |v| v as usize);
+    let default_head = if n_heads > 0 { dim / n_heads } else { 0 };
+    let head_dim_k = f.opt_u32(&k("attention.key_length"))?.map_or(default_head, |v| v as usize);
+    let head_dim_v = f.opt_u32(&k("attention.value_length"))?.map_or(head_dim_k, |v| v as usize);
+    let ffn_dim = f.get_u32(&k("feed_forward_length"))? as usize;
+    let ctx_train = f.opt_u32(&k("context_length"))?.unwrap_or(2048) as usize;
+    let norm_eps = match f.opt_f32(&k("attention.layer_norm_rms_epsilon"))? {
+        Some(e) => e,
+        None => f.opt_f32(&k("attention.layer_norm_epsilon"))?.unwrap_or(1e-5),
+    };
+    let rope_dims = f.opt_u32(&k("rope.dimension_count"))?.map_or(head_dim_k, |v| v as usize);
+    let rope_base = f.opt_f32(&k("rope.freq_base"))?.unwrap_or(10_000.0);
+    let rope_freq_scale = match f.opt_str(&k("rope.scaling.type"))? {
+        Some("linear") => 1.0 / f.opt_f32(&k("rope.scaling.factor"))?.unwrap_or(1.0),
+        _ => match f.opt_f32(&k("rope.scale_linear"))? {
+            Some(s) if s > 0.0 => 1.0 / s,
+            _ => 1.0,
+        },
+    };
+    let vocab_size = match f.opt_u32(&k("vocab_size"))? {
+        Some(v) => v as usize,
+        None => f.opt_array("tokenizer.ggml.tokens")?.map_or(0, |a| a.len()),
+    };
+    let name = f.opt_str("general.name")?.unwrap_or("").to_string();
+    Ok(ModelConfig {
+        arch,
+        arch_name,
+        name,
+        n_layers,
+        dim,
+        n_heads,
+        n_kv_heads,
+        head_dim_k,
+        head_dim_v,
+        ffn_dim,
+        vocab_size,
+        ctx_train,
+        norm_eps,
+        rope_dims,
+        rope_base,
+        rope_base_swa: None,
+        rope_freq_scale,
+        sliding_window: None,
+        swa_layers: vec![false; n_layers],
+        attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
+    })
+}

@@ -1,0 +1,292 @@
+//! The forward pass shared by every architecture: embed → blocks → final norm → logits.
+//!
+//! One call processes `n` tokens (a prefill chunk, or one token when decoding) at positions
+//! `kv.len()..kv.len()+n`, writes their keys and values into the cache, and advances it.
+//! Every intermediate lives in [`Scratch`]; nothing here allocates.
+
+use std::ops::Range;
+
+use crate::cache::{KvCache, KvOverflow, Scratch};
+use crate::kernels::attention::{attention, AttnShape};
+use crate::kernels::f16ops::F16Ops;
+use crate::kernels::matmul::{matmul, matmul_many, quantize_input, Linear};
+use crate::kernels::ops::{self, Activation};
+use crate::kernels::pool::ThreadPool;
+use crate::model::{Model, Norm, NormKind};
+
+/// Threads and per-CPU kernel choices for running a model.
+pub struct Runtime {
+    pub pool: ThreadPool,
+    pub f16: F16Ops,
+}
+
+impl Runtime {
+    pub fn new(n_threads: usize) -> Runtime {
+        Runtime { pool: ThreadPool::new(n_threads), f16: F16Ops::detect() }
+    }
+}
+
+/// Which logits a forward pass computes.
+pub enum Logits<'a> {
+    /// None (filling the cache only).
+    None,
+    /// The last token's, left in `scratch.logits[..vocab]`.
+    Last,
+    /// Rows `range` of the batch, each handed to the sink as `(row, logits)`.
+    Rows(Range<usize>, &'a mut dyn FnMut(usize, &[f32])),
+}
+
+/// Why a forward pass was refused. Nothing is modified when it is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ForwardError {
+    #[error(transparent)]
+    Overflow(#[from] KvOverflow),
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadToken { id: u32, vocab: usize },
+    #[error("batch of {n} tokens exceeds the scratch size of {max}")]
+    BatchTooLarge { n: usize, max: usize },
+    #[error("position {pos} is past the {max} learned positions of this model")]
+    PositionOutOfRange { pos: usize, max: usize },
+    #[error("empty batch")]
+    Empty,
+}
+
+/// Run `tokens` through the model, appending them to `kv`.
+pub fn forward(
+    m: &Model,
+    rt: &Runtime,
+    kv: &mut KvCache,
+    s: &mut Scratch,
+    tokens: &[u32],
+    logits: Logits<'_>,
+) -> Result<(), ForwardError> {
+    let c = &m.config;
+    let w = &m.weights;
+    let n = tokens.len();
+    let pos0 = kv.len();
+    if n == 0 {
+        return Err(ForwardError::Empty);
+    }
+    if n > s.spec.max_tokens {
+        return Err(ForwardError::BatchTooLarge { n, max: s.spec.max_tokens });
+    }
+    kv.check_fits(n)?;
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+        return Err(ForwardError::BadToken { id, vocab: c.vocab_size });
+    }
+    if w.pos_embd.is_some() && pos0 + n > c.ctx_train {
+        return Err(ForwardError::PositionOutOfRange { pos: pos0 + n - 1, max: c.ctx_train });
+    }
+    let pool = &rt.pool;
+    let dim = c.dim;
+
+    // Embeddings.
+    for (j, &t) in tokens.iter().enumerate() {
+        let row = &mut s.x[j * dim..(j + 1) * dim];
+        w.token_embd.row_f32(t as usize, row);
+        if m.embed_scale != 1.0 {
+            ops::scale_inplace(row, m.embed_scale);
+        }
+        if let Some(pe) = &w.pos_embd {
+            pe.row_f32(pos0 + j, &mut s.xb[..dim]);
+            ops::add_inplace(row, &s.xb[..dim]);
+        }
+    }
+
+    let (q_dim, kv_k, kv_v) = (c.q_dim(), c.kv_dim_k(), c.kv_dim_v());
+    let rd = c.rope_dims.max(2);
+    let mut rope_of_cs: Option<&crate::kernels::ops::Rope> = None;
+
+    for (li, layer) in w.layers.iter().enumerate() {
+        // --- attention ---
+        norm_rows(pool, &layer.attn_norm, &s.x[..n * dim], &mut s.xb[..n * dim], dim);
+        if let Some(wqkv) = &layer.wqkv {
+            let qkv = q_dim + kv_k + kv_v;
+            matmul(pool, wqkv, &s.xb, n, &mut s.xq, &mut s.q[..n * qkv], &mut s.matmul);
+            // Split fused rows in place: q stays in front (compacted), k and v move out.
+            for j in 0..n {
+                let row = j * qkv;
+                s.k[j * kv_k..(j + 1) * kv_k].copy_from_slice(&s.q[row + q_dim..row + q_dim + kv_k]);
+                s.v[j * kv_v..(j + 1) * kv_v].copy_from_slice(&s.q[row + q_dim + kv_k..row + qkv]);
+                s.q.copy_within(row..row + q_dim, j * q_dim);
+            }
+        } else {
+            let (wq, wk, wv) = (
+                layer.wq.as_ref().expect("separate q"),
+                layer.wk.as_ref().expect("separate k"),
+                layer.wv.as_ref().expect("separate v"),
+            );
+            project(
+                pool,
+                &[wq, wk, wv],
+                &s.xb[..n * dim],
+                n,
+                &mut s.xq,
+                &mut [&mut s.q[..n * q_dim], &mut s.k[..n * kv_k], &mut s.v[..n * kv_v]],
+                &mut s.matmul,
+            );
+        }
+        if let Some(qn) = &layer.q_norm {
+            norm_rows(pool, qn, &[], &mut s.q[..n * q_dim], c.head_dim_k);
+        }
+        if let Some(kn) = &layer.k_norm {
+            norm_rows(pool, kn, &[], &mut s.k[..n * kv_k], c.head_dim_k);
+        }
+        if let Some(rope) = &layer.rope {
+            if rope_of_cs != Some(rope) {
+                for j in 0..n {
+                    rope.cos_sin(pos0 + j, &mut s.rope_cs[j * rd..(j + 1) * rd]);
+                }
+                rope_of_cs = Some(rope);
+            }
+            for j in 0..n {
+                let cs = &s.rope_cs[j * rd..(j + 1) * rd];
+                rope.apply(&mut s.q[j * q_dim..(j + 1) * q_dim], c.head_dim_k, cs);
+                rope.apply(&mut s.k[j * kv_k..(j + 1) * kv_k], c.head_dim_k, cs);
+            }
+        }
+        for j in 0..n {
+            kv.write(li, pos0 + j, &s.k[j * kv_k..(j + 1) * kv_k], &s.v[j * kv_v..(j + 1) * kv_v]);
+        }
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim_k: c.head_dim_k,
+            head_dim_v: c.head_dim_v,
+            scale: c.attn_scale,
+            window: layer.window,
+            kv_stride: kv.capacity(),
+        };
+        attention(
+            pool,
+            &rt.f16,
+            &shape,
+            &s.q[..n * q_dim],
+            n,
+            pos0,
+            kv.keys(li),
+            kv.values(li),
+            &mut s.attn[..n * c.attn_out_dim()],
+            &mut s.attn_scratch,
+        );
+        matmul(pool, &layer.wo, &s.attn, n, &mut s.xq, &mut s.proj[..n * dim], &mut s.matmul);
+        if let Some(pn) = &layer.attn_post_norm {
+            norm_rows(pool, pn, &[], &mut s.proj[..n * dim], dim);
+        }
+        ops::add_inplace(&mut s.x[..n * dim], &s.proj[..n * dim]);
+
+        // --- feed-forward ---
+        norm_rows(pool, &layer.ffn_norm, &s.x[..n * dim], &mut s.xb[..n * dim], dim);
+        let f = c.ffn_dim;
+        let act = m.traits.act;
+        if let Some(gate) = &layer.ffn_gate {
+            project(
+                pool,
+                &[gate, &layer.ffn_up],
+                &s.xb[..n * dim],
+                n,
+                &mut s.xq,
+                &mut [&mut s.gate[..n * f], &mut s.up[..n * f]],
+                &mut s.matmul,
+            );
+            gated_act_rows(pool, &mut s.gate[..n * f], &s.up[..n * f], act);
+            matmul(pool, &layer.ffn_down, &s.gate, n, &mut s.xq, &mut s.proj[..n * dim], &mut s.matmul);
+        } else {
+            matmul(pool, &layer.ffn_up, &s.xb, n, &mut s.xq, &mut s.up[..n * f], &mut s.matmul);
+            ops::act_inplace(&mut s.up[..n * f], act);
+            matmul(pool, &layer.ffn_down, &s.up, n, &mut s.xq, &mut s.proj[..n * dim], &mut s.matmul);
+        }
+        if let Some(pn) = &layer.ffn_post_norm {
+            norm_rows(pool, pn, &[], &mut s.proj[..n * dim], dim);
+        }
+        ops::add_inplace(&mut s.x[..n * dim], &s.proj[..n * dim]);
+    }
+    kv.advance(n)?;
+
+    // --- output head ---
+    match logits {
+        Logits::None => {}
+        Logits::Last => {
+            let last = &s.x[(n - 1) * dim..n * dim];
+            norm_row(&w.output_norm, last, &mut s.xb[..dim]);
+            matmul(pool, &w.output, &s.xb, 1, &mut s.xq, &mut s.logits[..c.vocab_size], &mut s.matmul);
+        }
+        Logits::Rows(range, sink) => {
+            let range = range.start.min(n)..range.end.min(n);
+            let per = s.spec.logit_rows.max(1);
+            let mut r0 = range.start;
+            while r0 < range.end {
+                let r1 = (r0 + per).min(range.end);
+                let k = r1 - r0;
+                for (i, j) in (r0..r1).enumerate() {
+                    let (src, dst) = (&s.x[j * dim..(j + 1) * dim], &mut s.xb[i * dim..(i + 1) * dim]);
+                    norm_row(&w.output_norm, src, dst);
+                }
+                matmul(pool, &w.output, &s.xb, k, &mut s.xq, &mut s.logits[..k * c.vocab_size], &mut s.matmul);
+                for i in 0..k {
+                    sink(r0 + i, &s.logits[i * c.vocab_size..(i + 1) * c.vocab_size]);
+                }
+                r0 = r1;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Several projections of the same input: the input is quantized once per activation format
+/// and the matrices sharing it run in one dispatch.
+fn project(
+    pool: &ThreadPool,
+    lins: &[&Linear],
+    x: &[f32],
+    n: usize,
+    xq: &mut [u8],
+    outs: &mut [&mut [f32]],
+    mm: &mut crate::kernels::matmul::MatmulScratch,
+) {
+    let same = lins.iter().all(|l| l.kernels.act == lins[0].kernels.act);
+    if same {
+        let rb = quantize_input(pool, lins[0], x, n, xq);
+        matmul_many(pool, lins, xq, rb, n, outs, mm);
+    } else {
+        for (l, o) in lins.iter().zip(outs.iter_mut()) {
+            matmul(pool, l, x, n, xq, o, mm);
+        }
+    }
+}
+
+/// Normalize one row.
+fn norm_row(nw: &Norm, x: &[f32], out: &mut [f32]) {
+    match nw.kind {
+        NormKind::Rms => ops::rms_norm(x, &nw.weight, nw.eps, out),
+        NormKind::Layer => ops::layer_norm(x, &nw.weight, nw.bias.as_deref().unwrap_or(&[]), nw.eps, out),
+    }
+}
+
+/// Normalize every `width`-wide row of `x` into `out`, or `out` in place when `x` is empty.
+fn norm_rows(pool: &ThreadPool, nw: &Norm, x: &[f32], out: &mut [f32], width: usize) {
+    let in_place = x.is_empty();
+    let body = |rows: Range<usize>, o: &mut [f32]| {
+        for (k, r) in rows.enumerate() {
+            let dst = &mut o[k * width..(k + 1) * width];
+            if in_place {
+                match nw.kind {
+                    NormKind::Rms => ops::rms_norm_inplace(dst, &nw.weight, nw.eps),
+                    NormKind::Layer => {
+                        ops::layer_norm_inplace(dst, &nw.weight, nw.bias.as_deref().unwrap_or(&[]), nw.eps)
+                    }
+                }
+            } else {
+                norm_row(nw, &x[r * width..(r + 1) * width], dst);
+            }
+        }
+    };
+    crate::kernels::par_rows(pool, out, width, &body);
+}
+
+fn gated_act_rows(pool: &ThreadPool, gate: &mut [f32], up: &[f32], act: Activation) {
+    let width = 256;
+    crate::kernels::par_rows(pool, gate, width, &|range: Range<usize>, g: &mut [f32]| {
+        ops::gated_act_inplace(g, &up[range.start * width..range.start * width + g.len()], act);
+    });
+}

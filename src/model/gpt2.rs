@@ -1,0 +1,18 @@
+//! GPT-2 (the ember seed's model): LayerNorm with bias, learned absolute positions, one fused
+//! QKV matrix, biases everywhere, a non-gated GELU FFN.
+
+use super::config::{ArchTraits, ModelConfig, NormKind};
+use crate::kernels::ops::Activation;
+
+pub const TRAITS: ArchTraits = ArchTraits {
+    norm: NormKind::Layer,
+    act: Activation::GeluTanh,
+    gated_ffn: false,
+    rope: None,
+    fused_qkv: true,
+    qk_norm: false,
+    post_norms: false,
+    scale_embeddings: false,
+};
+
+pub fn configure(_cfg: &mut ModelConfig) {}

@@ -1,0 +1,18 @@
+//! Qwen2: the llama block with biases on q, k, v (loaded whenever the file has them) and
+//! NeoX-ordered RoPE; the output head is usually tied to the embeddings.
+
+use super::config::{ArchTraits, ModelConfig, NormKind};
+use crate::kernels::ops::{Activation, RopeKind};
+
+pub const TRAITS: ArchTraits = ArchTraits {
+    norm: NormKind::Rms,
+    act: Activation::Silu,
+    gated_ffn: true,
+    rope: Some(RopeKind::Neox),
+    fused_qkv: false,
+    qk_norm: false,
+    post_norms: false,
+    scale_embeddings: false,
+};
+
+pub fn configure(_cfg: &mut ModelConfig) {}

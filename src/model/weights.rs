@@ -1,0 +1,257 @@
+//! Weights of a transformer: zero-copy matrices into the mapped file, small vectors copied out.
+//!
+//! Tensor names follow llama.cpp's GGUF convention (`blk.{i}.attn_q.weight`, ...); the table is
+//! [`names`]. Shapes are checked against the hyper-parameters when a tensor is loaded, so a
+//! malformed file fails at load with the tensor's name, expected and found shape.
+
+use super::config::{ArchTraits, ModelConfig, NormKind};
+use super::ModelError;
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::kernels::matmul::Linear;
+use crate::kernels::ops::Rope;
+use crate::quant;
+
+/// Tensor names (llama.cpp's `LLM_TENSOR_NAMES` for the architectures we run).
+pub mod names {
+    pub const TOKEN_EMBD: &str = "token_embd.weight";
+    pub const POS_EMBD: &str = "position_embd.weight";
+    pub const OUTPUT_NORM: &str = "output_norm";
+    pub const OUTPUT: &str = "output.weight";
+    pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+    /// `blk.{layer}.{suffix}`.
+    pub fn blk(layer: usize, suffix: &str) -> String {
+        format!("blk.{layer}.{suffix}")
+    }
+
+    pub const ATTN_NORM: &str = "attn_norm";
+    pub const ATTN_Q: &str = "attn_q.weight";
+    pub const ATTN_K: &str = "attn_k.weight";
+    pub const ATTN_V: &str = "attn_v.weight";
+    pub const ATTN_QKV: &str = "attn_qkv.weight";
+    pub const ATTN_Q_NORM: &str = "attn_q_norm";
+    pub const ATTN_K_NORM: &str = "attn_k_norm";
+    pub const ATTN_OUT: &str = "attn_output.weight";
+    pub const ATTN_POST_NORM: &str = "post_attention_norm";
+    pub const FFN_NORM: &str = "ffn_norm";
+    pub const FFN_GATE: &str = "ffn_gate.weight";
+    pub const FFN_UP: &str = "ffn_up.weight";
+    pub const FFN_DOWN: &str = "ffn_down.weight";
+    pub const FFN_POST_NORM: &str = "post_ffw_norm";
+}
+
+/// A norm's parameters (`{name}.weight`, and `{name}.bias` for LayerNorm).
+#[derive(Clone, Debug)]
+pub struct Norm {
+    pub kind: NormKind,
+    pub eps: f32,
+    /// `[len]`
+    pub weight: Vec<f32>,
+    /// `[len]`, LayerNorm only.
+    pub bias: Option<Vec<f32>>,
+}
+
+/// One transformer block.
+pub struct Layer {
+    /// `[dim]`
+    pub attn_norm: Norm,
+    /// `[q_dim, dim]` (absent when fused)
+    pub wq: Option<Linear>,
+    /// `[kv_dim, dim]`
+    pub wk: Option<Linear>,
+    /// `[kv_dim, dim]`
+    pub wv: Option<Linear>,
+    /// `[q_dim + 2·kv_dim, dim]` (GPT-2)
+    pub wqkv: Option<Linear>,
+    /// `[head_dim]`, applied to every head of q / k.
+    pub q_norm: Option<Norm>,
+    pub k_norm: Option<Norm>,
+    /// `[dim, n_heads·head_dim_v]`
+    pub wo: Linear,
+    /// `[dim]` (Gemma-3)
+    pub attn_post_norm: Option<Norm>,
+    /// `[dim]`
+    pub ffn_norm: Norm,
+    /// `[ffn_dim, dim]` (gated FFNs)
+    pub ffn_gate: Option<Linear>,
+    /// `[ffn_dim, dim]`
+    pub ffn_up: Linear,
+    /// `[dim, ffn_dim]`
+    pub ffn_down: Linear,
+    /// `[dim]` (Gemma-3)
+    pub ffn_post_norm: Option<Norm>,
+    /// This layer's rotary embedding (`None` for learned positions).
+    pub rope: Option<Rope>,
+    /// Sliding-window size if this layer attends locally.
+    pub window: Option<usize>,
+}
+
+/// All weights of a model.
+pub struct Weights {
+    /// `[vocab, dim]`
+    pub token_embd: Linear,
+    /// `[ctx_train, dim]` (GPT-2)
+    pub pos_embd: Option<Linear>,
+    pub layers: Vec<Layer>,
+    /// `[dim]`
+    pub output_norm: Norm,
+    /// `[vocab, dim]`; the embedding matrix again when tied.
+    pub output: Linear,
+    pub output_tied: bool,
+}
+
+/// Loads tensors by name with shape and type checks.
+pub struct Loader<'a> {
+    pub file: &'a GgufFile,
+    pub norm_kind: NormKind,
+    pub eps: f32,
+}
+
+impl<'a> Loader<'a> {
+    fn info(&self, name: &str) -> Result<&'a TensorInfo, ModelError> {
+        self.file.tensor_info(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })
+    }
+
+    fn check_shape(info: &TensorInfo, expected: &[usize]) -> Result<(), ModelError> {
+        if info.shape != expected {
+            return Err(ModelError::BadShape {
+                name: info.name.clone(),
+                expected: expected.to_vec(),
+                found: info.shape.clone(),
+                ty: info.ty,
+            });
+        }
+        Ok(())
+    }
+
+    /// A matrix with `out_dim` rows of `in_dim` (GGUF shape `[in_dim, out_dim]`), plus its
+    /// `.bias` if the file has one.
+    pub fn linear(&self, name: &str, in_dim: usize, out_dim: usize) -> Result<Linear, ModelError> {
+        let info = self.info(name)?;
+        Self::check_shape(info, &[in_dim, out_dim])?;
+        let kernels = quant::kernels(info.ty).map_err(|e| ModelError::UnsupportedType {
+            name: name.to_string(),
+            ty: info.ty,
+            reason: e.to_string(),
+        })?;
+        let row_bytes = info.ty.row_bytes(in_dim).ok_or_else(|| ModelError::BadShape {
+            name: name.to_string(),
+            expected: vec![in_dim, out_dim],
+            found: info.shape.clone(),
+            ty: info.ty,
+        })?;
+        let bias_name = name.strip_suffix(".weight").map(|b| format!("{b}.bias"));
+        let bias = match bias_name {
+            Some(b) if self.file.tensor_info(&b).is_some() => Some(self.vector(&b, out_dim)?),
+            _ => None,
+        };
+        Ok(Linear { name: name.to_string(), in_dim, out_dim, row_bytes, data: self.file.tensor_bytes(info), kernels, bias })
+    }
+
+    pub fn opt_linear(&self, name: &str, in_dim: usize, out_dim: usize) -> Result<Option<Linear>, ModelError> {
+        if self.file.tensor_info(name).is_none() {
+            return Ok(None);
+        }
+        self.linear(name, in_dim, out_dim).map(Some)
+    }
+
+    /// A 1-D tensor of `len` values, dequantized to f32.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let info = self.info(name)?;
+        Self::check_shape(info, &[len])?;
+        let mut out = vec![0.0f32; len];
+        let bytes = self.file.tensor_bytes(info);
+        quant::dequantize_row(info.ty, &bytes, &mut out).map_err(|e| ModelError::UnsupportedType {
+            name: name.to_string(),
+            ty: info.ty,
+            reason: e.to_string(),
+        })?;
+        Ok(out)
+    }
+
+    /// `{base}.weight` (and `{base}.bias` for LayerNorm).
+    pub fn norm(&self, base: &str, len: usize) -> Result<Norm, ModelError> {
+        let weight = self.vector(&format!("{base}.weight"), len)?;
+        let bias = match self.norm_kind {
+            NormKind::Layer => Some(self.vector(&format!("{base}.bias"), len)?),
+            NormKind::Rms => None,
+        };
+        Ok(Norm { kind: self.norm_kind, eps: self.eps, weight, bias })
+    }
+
+    pub fn opt_norm(&self, base: &str, len: usize) -> Result<Option<Norm>, ModelError> {
+        if self.file.tensor_info(&format!("{base}.weight")).is_none() {
+            return Ok(None);
+        }
+        self.norm(base, len).map(Some)
+    }
+}
+
+/// Load every weight for `cfg` laid out as `traits` describe.
+pub fn load(f: &GgufFile, cfg: &ModelConfig, traits: &ArchTraits, ropes: Vec<Option<Rope>>) -> Result<Weights, ModelError> {
+    use names::*;
+    let ld = Loader { file: f, norm_kind: traits.norm, eps: cfg.norm_eps };
+    let (dim, q_dim, kv_k, kv_v) = (cfg.dim, cfg.q_dim(), cfg.kv_dim_k(), cfg.kv_dim_v());
+    let token_embd = ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?;
+    let pos_embd = if traits.rope.is_none() { Some(ld.linear(POS_EMBD, dim, cfg.ctx_train)?) } else { None };
+    let mut layers = Vec::with_capacity(cfg.n_layers);
+    for (i, rope) in ropes.into_iter().enumerate() {
+        let b = |s: &str| blk(i, s);
+        let (wq, wk, wv, wqkv) = if traits.fused_qkv {
+            (None, None, None, Some(ld.linear(&b(ATTN_QKV), dim, q_dim + kv_k + kv_v)?))
+        } else {
+            (
+                Some(ld.linear(&b(ATTN_Q), dim, q_dim)?),
+                Some(ld.linear(&b(ATTN_K), dim, kv_k)?),
+                Some(ld.linear(&b(ATTN_V), dim, kv_v)?),
+                None,
+            )
+        };
+        let (q_norm, k_norm) = if traits.qk_norm {
+            (Some(ld.norm(&b(ATTN_Q_NORM), cfg.head_dim_k)?), Some(ld.norm(&b(ATTN_K_NORM), cfg.head_dim_k)?))
+        } else {
+            (None, None)
+        };
+        let (attn_post_norm, ffn_post_norm) = if traits.post_norms {
+            (Some(ld.norm(&b(ATTN_POST_NORM), dim)?), Some(ld.norm(&b(FFN_POST_NORM), dim)?))
+        } else {
+            (None, None)
+        };
+        layers.push(Layer {
+            attn_norm: ld.norm(&b(ATTN_NORM), dim)?,
+            wq,
+            wk,
+            wv,
+            wqkv,
+            q_norm,
+            k_norm,
+            wo: ld.linear(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?,
+            attn_post_norm,
+            ffn_norm: ld.norm(&b(FFN_NORM), dim)?,
+            ffn_gate: if traits.gated_ffn { Some(ld.linear(&b(FFN_GATE), dim, cfg.ffn_dim)?) } else { None },
+            ffn_up: ld.linear(&b(FFN_UP), dim, cfg.ffn_dim)?,
+            ffn_down: ld.linear(&b(FFN_DOWN), cfg.ffn_dim, dim)?,
+            ffn_post_norm,
+            window: if cfg.swa_layers[i] { cfg.sliding_window } else { None },
+            rope,
+        });
+    }
+    let output_norm = ld.norm(OUTPUT_NORM, dim)?;
+    let (output, output_tied) = match ld.opt_linear(OUTPUT, dim, cfg.vocab_size)? {
+        Some(o) => (o, false),
+        None => (ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?, true),
+    };
+    Ok(Weights { token_embd, pos_embd, layers, output_norm, output, output_tied })
+}
+
+/// The largest quantized-activation row any matrix of the model needs, in bytes.
+pub fn max_act_row_bytes(w: &Weights) -> usize {
+    let mut m = w.output.act_row_bytes();
+    for l in &w.layers {
+        for lin in [&l.wq, &l.wk, &l.wv, &l.wqkv, &l.ffn_gate].into_iter().flatten() {
+            m = m.max(lin.act_row_bytes());
+        }
+        m = m.max(l.wo.act_row_bytes()).max(l.ffn_up.act_row_bytes()).max(l.ffn_down.act_row_bytes());
+    }
+    m
+}
