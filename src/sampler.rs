@@ -1,1 +1,1022 @@
-//! (in progress)
+//! Logits → next token.
+//!
+//! The pipeline follows llama.cpp's common sampler chain, in this order:
+//!
+//! 1. **penalties** over the last `repeat_last_n` tokens of the history: the repeat penalty
+//!    (CTRL-style: positive logits are divided by it, negative ones multiplied), then the
+//!    OpenAI-style frequency (`count × f`) and presence (`f` once) penalties, subtracted;
+//! 2. **top-k**: keep the `k` largest logits, found by partial selection (not a full sort);
+//! 3. **top-p** (nucleus): keep the smallest prefix of the sorted candidates whose probability
+//!    mass reaches `p`;
+//! 4. **min-p**: keep the candidates whose probability is at least `min_p ×` the top one
+//!    (done on logits: `logit >= max + ln(min_p)`);
+//! 5. **temperature**: divide the logits by `t`; `t <= 0` means greedy (argmax after penalties);
+//! 6. **softmax** and a draw with [`Rng`], our own small xoshiro256** generator, so a seed gives
+//!    the same tokens on every platform and every kiln version.
+//!
+//! Every filter keeps at least one candidate (llama.cpp's `min_keep = 1`), so `top_p = 0` and
+//! `min_p = 1` reduce to "keep the best token".
+//!
+//! Bad logits are defined, not undefined: a NaN logit is treated as `-inf` (never drawn); if some
+//! logits are `+inf` the draw is uniform over them; if every logit is `-inf` or NaN (an all-masked
+//! row) the draw is uniform over the whole row (see [`softmax_in_place`]).
+//!
+//! [`Sampler`] allocates all its buffers in [`Sampler::new`]; [`Sampler::sample`] never touches
+//! the heap (tests/sampler_alloc.rs checks this with a counting global allocator).
+
+use std::cmp::Ordering;
+
+/// How to pick the next token. The "off" value of each knob is noted beside it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct SamplerConfig {
+    /// Divides the logits before the draw. `<= 0` = greedy (argmax after penalties).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens. `0` = off.
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability mass reaches `top_p`. `1` = off.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p ×` the most likely one. `0` = off.
+    pub min_p: f32,
+    /// CTRL repeat penalty on tokens seen in the last `repeat_last_n`. `1` = off.
+    pub repeat_penalty: f32,
+    /// How many of the most recent history tokens the penalties look at. `0` = penalties off.
+    pub repeat_last_n: usize,
+    /// Subtracted from a token's logit once per occurrence in the window. `0` = off.
+    pub frequency_penalty: f32,
+    /// Subtracted from a token's logit if it occurs in the window at all. `0` = off.
+    pub presence_penalty: f32,
+    /// Seed of the draw. [`SamplerConfig::default`] picks a fresh random one; set it for
+    /// reproducible output.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    /// llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, repeat penalty
+    /// 1.0 (off) over the last 64 tokens, no frequency/presence penalty.
+    ///
+    /// The seed is **random** (different on every call, like llama.cpp's `-s -1`); set
+    /// `seed` explicitly to reproduce a run.
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: random_seed(),
+        }
+    }
+}
+
+/// A knob of [`SamplerConfig`] outside its meaningful range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplerConfigError {
+    #[error("sampler {name} = {value} is out of range (expected {expected})")]
+    OutOfRange {
+        name: &'static str,
+        value: f32,
+        expected: &'static str,
+    },
+}
+
+impl SamplerConfig {
+    /// The greedy configuration: argmax, no penalties. Deterministic, so the seed is fixed.
+    pub fn greedy() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            seed: 0,
+            ..SamplerConfig::default()
+        }
+    }
+
+    /// Check every knob is in range. Call this on configurations that come from users (CLI
+    /// flags, server requests) to report a typed error; [`Sampler::new`] itself never fails
+    /// and instead clamps out-of-range values (see [`SamplerConfig::sanitized`]).
+    pub fn validate(&self) -> Result<(), SamplerConfigError> {
+        let check = |name, value: f32, ok: bool, expected| {
+            if ok {
+                Ok(())
+            } else {
+                Err(SamplerConfigError::OutOfRange {
+                    name,
+                    value,
+                    expected,
+                })
+            }
+        };
+        let t = self.temperature;
+        check(
+            "temperature",
+            t,
+            t.is_finite(),
+            "a finite number; <= 0 for greedy",
+        )?;
+        let p = self.top_p;
+        check("top_p", p, (0.0..=1.0).contains(&p), "0..=1")?;
+        let m = self.min_p;
+        check("min_p", m, (0.0..=1.0).contains(&m), "0..=1")?;
+        let r = self.repeat_penalty;
+        check(
+            "repeat_penalty",
+            r,
+            r.is_finite() && r > 0.0,
+            "a finite number > 0",
+        )?;
+        let f = self.frequency_penalty;
+        check("frequency_penalty", f, f.is_finite(), "a finite number")?;
+        let pr = self.presence_penalty;
+        check("presence_penalty", pr, pr.is_finite(), "a finite number")?;
+        Ok(())
+    }
+
+    /// The same configuration with every out-of-range value replaced by the nearest meaningful
+    /// one: NaN knobs become "off" (NaN temperature becomes greedy), probabilities are clamped to
+    /// `0..=1`, an infinite temperature becomes `f32::MAX`.
+    pub fn sanitized(&self) -> Self {
+        let finite_or = |x: f32, off: f32| if x.is_finite() { x } else { off };
+        let temperature = if self.temperature.is_nan() {
+            0.0
+        } else {
+            self.temperature.clamp(f32::MIN, f32::MAX)
+        };
+        SamplerConfig {
+            temperature,
+            top_p: if self.top_p.is_nan() {
+                1.0
+            } else {
+                self.top_p.clamp(0.0, 1.0)
+            },
+            min_p: if self.min_p.is_nan() {
+                0.0
+            } else {
+                self.min_p.clamp(0.0, 1.0)
+            },
+            repeat_penalty: if self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0 {
+                self.repeat_penalty
+            } else {
+                1.0
+            },
+            frequency_penalty: finite_or(self.frequency_penalty, 0.0),
+            presence_penalty: finite_or(self.presence_penalty, 0.0),
+            ..self.clone()
+        }
+    }
+
+    fn penalties_on(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0
+                || self.frequency_penalty != 0.0
+                || self.presence_penalty != 0.0)
+    }
+}
+
+/// A seed that differs between calls and processes (std's randomly keyed hasher, the clock and a
+/// counter), for [`SamplerConfig::default`].
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Relaxed));
+    if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(d.as_nanos());
+    }
+    h.finish()
+}
+
+/// xoshiro256** (Blackman & Vigna), seeded through splitmix64. Small, fast, and fully specified,
+/// so a seed means the same stream everywhere.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    /// Expand a 64-bit seed into the 256-bit state with splitmix64 (never all zero).
+    pub fn new(seed: u64) -> Rng {
+        let mut x = seed;
+        let mut next = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in `[0, 1)` with 53 bits of precision.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Index of the largest logit; the first one wins ties. NaN entries are skipped; an empty slice
+/// or one with no comparable value (all NaN) gives 0.
+#[must_use]
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_val = f32::NEG_INFINITY;
+    let mut found = false;
+    for (i, &x) in logits.iter().enumerate() {
+        if x.is_nan() {
+            continue;
+        }
+        if !found || x > best_val {
+            best = i;
+            best_val = x;
+            found = true;
+        }
+    }
+    best as u32
+}
+
+/// Replace logits by probabilities in place, numerically stable (max subtracted, sum in f64).
+///
+/// Defined on every input, never producing NaN:
+/// - NaN entries count as `-inf` (probability 0);
+/// - if any entry is `+inf`, the `+inf` entries share the mass uniformly;
+/// - if no entry is above `-inf` (an all-masked row), the result is uniform over the row;
+/// - an empty slice is left empty.
+pub fn softmax_in_place(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = x
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        let u = 1.0 / x.len() as f32;
+        x.fill(u);
+        return;
+    }
+    if max == f32::INFINITY {
+        let n = x.iter().filter(|&&v| v == f32::INFINITY).count();
+        let u = 1.0 / n as f32;
+        for v in x.iter_mut() {
+            *v = if *v == f32::INFINITY { u } else { 0.0 };
+        }
+        return;
+    }
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        // NaN - max is NaN and exp(NaN) is NaN: map NaN to 0 explicitly.
+        *v = if v.is_nan() { 0.0 } else { (*v - max).exp() };
+        sum += *v as f64;
+    }
+    // sum >= 1 because the max entry contributes exp(0) = 1.
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `ln p(token)` under `softmax(logits)`, in f64, for perplexity. Stable (max subtracted, the sum
+/// accumulated in f64). Follows [`softmax_in_place`]'s conventions: a NaN logit for `token` gives
+/// `-inf`; an all-masked row gives `-ln(n)`; with `+inf` logits present, the `+inf` tokens get
+/// `-ln(count)` and all others `-inf`.
+///
+/// # Panics
+/// If `token` is out of range (a caller bug: token ids come from the same vocabulary).
+#[must_use]
+pub fn log_softmax(logits: &[f32], token: u32) -> f64 {
+    let t = token as usize;
+    assert!(
+        t < logits.len(),
+        "log_softmax: token {token} outside a vocabulary of {}",
+        logits.len()
+    );
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let x = logits[t];
+    if max == f32::NEG_INFINITY {
+        return -(logits.len() as f64).ln();
+    }
+    if x.is_nan() {
+        return f64::NEG_INFINITY;
+    }
+    if max == f32::INFINITY {
+        if x != f32::INFINITY {
+            return f64::NEG_INFINITY;
+        }
+        let n = logits.iter().filter(|&&v| v == f32::INFINITY).count();
+        return -(n as f64).ln();
+    }
+    let max = max as f64;
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| (v as f64 - max).exp())
+        .sum();
+    (x as f64 - max) - sum.ln()
+}
+
+/// Descending by logit, then ascending by id: a total order, so even the unstable sort and
+/// selection give one well-defined result (ties go to the lower id, as in [`argmax`]).
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// How many of the best candidates the nucleus (top-p) step first tries to sort, before
+/// falling back to sorting them all: the mass of a typical LLM distribution is concentrated in
+/// far fewer tokens, so a full sort of 50k–260k entries is rarely needed.
+const TOP_P_PROBE: usize = 256;
+
+/// The sampling pipeline with its buffers. One per generation stream.
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Rng,
+    /// `[vocab]` (token id, logit) pairs still in the running; shrinks as filters apply.
+    candidates: Vec<(u32, f32)>,
+    /// `[vocab]` probabilities of the surviving candidates, parallel to `candidates`.
+    probs: Vec<f32>,
+    /// `[vocab]` occurrences of each token in the penalty window; all zero between calls.
+    counts: Vec<u32>,
+}
+
+impl Sampler {
+    /// Build a sampler for a vocabulary of `vocab_size` tokens. Allocates every buffer now.
+    /// Out-of-range config values are clamped ([`SamplerConfig::sanitized`]); use
+    /// [`SamplerConfig::validate`] first to reject them instead.
+    pub fn new(cfg: SamplerConfig, vocab_size: usize) -> Sampler {
+        let cfg = cfg.sanitized();
+        Sampler {
+            rng: Rng::new(cfg.seed),
+            cfg,
+            candidates: Vec::with_capacity(vocab_size),
+            probs: Vec::with_capacity(vocab_size),
+            counts: vec![0; vocab_size],
+        }
+    }
+
+    /// The (sanitized) configuration in use.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Restart the random stream from `seed`.
+    pub fn reseed(&mut self, seed: u64) {
+        self.cfg.seed = seed;
+        self.rng = Rng::new(seed);
+    }
+
+    /// Pick the next token from `logits` (`[vocab]`), given the tokens so far (`history`, oldest
+    /// first; only its last `repeat_last_n` entries matter, ids outside the vocabulary are
+    /// ignored). Allocation-free as long as `logits.len() <= vocab_size` given to `new`
+    /// (longer rows grow the buffers once).
+    ///
+    /// # Panics
+    /// If `logits` is empty (there is no token to return).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        assert!(!logits.is_empty(), "Sampler::sample: empty logits row");
+        let n = logits.len();
+        if self.counts.len() < n {
+            self.counts.resize(n, 0);
+        }
+
+        // Candidates in id order (so candidates[id] is token id until the first reorder),
+        // NaN replaced by -inf so the ordering and the filters below are total.
+        self.candidates.clear();
+        self.candidates.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })),
+        );
+
+        if self.cfg.penalties_on() {
+            let start = history.len().saturating_sub(self.cfg.repeat_last_n);
+            apply_penalties(
+                &mut self.candidates,
+                &mut self.counts,
+                &history[start..],
+                &self.cfg,
+            );
+        }
+
+        if self.cfg.temperature <= 0.0 {
+            // (never NaN: `new` sanitized it)
+            // Greedy. top-k / top-p / min-p all keep the maximum, so they cannot change it.
+            return best_candidate(&self.candidates);
+        }
+
+        if self.cfg.top_k > 0 {
+            top_k(&mut self.candidates, self.cfg.top_k);
+        }
+        let mut sorted = false;
+        if self.cfg.top_p < 1.0 {
+            top_p(&mut self.candidates, self.cfg.top_p);
+            sorted = true;
+        }
+        if self.cfg.min_p > 0.0 {
+            min_p(&mut self.candidates, self.cfg.min_p, sorted);
+        }
+
+        let t = self.cfg.temperature;
+        self.probs.clear();
+        self.probs
+            .extend(self.candidates.iter().map(|&(_, l)| l / t));
+        softmax_in_place(&mut self.probs);
+        let i = draw(&self.probs, self.rng.next_f64());
+        self.candidates[i].0
+    }
+}
+
+/// Apply the repeat, frequency and presence penalties for the tokens in `window`.
+/// `candidates` must still be in id order; `counts` is all zero on entry and on exit.
+fn apply_penalties(
+    candidates: &mut [(u32, f32)],
+    counts: &mut [u32],
+    window: &[u32],
+    cfg: &SamplerConfig,
+) {
+    let n = candidates.len();
+    for &id in window {
+        if (id as usize) < n {
+            counts[id as usize] += 1;
+        }
+    }
+    // Second pass: each distinct id is penalized once (its count is reset after use).
+    for &id in window {
+        let id = id as usize;
+        if id >= n || counts[id] == 0 {
+            continue;
+        }
+        let c = counts[id];
+        counts[id] = 0;
+        let l = &mut candidates[id].1;
+        if *l <= 0.0 {
+            *l *= cfg.repeat_penalty;
+        } else {
+            *l /= cfg.repeat_penalty;
+        }
+        *l -= c as f32 * cfg.frequency_penalty + cfg.presence_penalty;
+        // inf - inf (an infinite logit meeting an overflowing penalty): treat as masked.
+        if l.is_nan() {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// The id of the best candidate (first max wins; the candidates hold no NaN).
+fn best_candidate(candidates: &[(u32, f32)]) -> u32 {
+    let mut best = candidates[0];
+    for &c in &candidates[1..] {
+        if by_logit_desc(&c, &best) == Ordering::Less {
+            best = c;
+        }
+    }
+    best.0
+}
+
+/// Keep the `k` best candidates (unordered), by partial selection: O(n), no sort.
+fn top_k(candidates: &mut Vec<(u32, f32)>, k: usize) {
+    if k >= candidates.len() {
+        return;
+    }
+    candidates.select_nth_unstable_by(k - 1, by_logit_desc);
+    candidates.truncate(k);
+}
+
+/// Keep the smallest prefix of the candidates, sorted best first, whose probability mass is at
+/// least `p` (always at least one). Leaves the survivors sorted.
+fn top_p(candidates: &mut Vec<(u32, f32)>, p: f32) {
+    // The normalizer over all current candidates (no NaN here; handle +inf like softmax).
+    let max = candidates
+        .iter()
+        .map(|c| c.1)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let weight = |l: f32| -> f64 {
+        if max == f32::NEG_INFINITY {
+            1.0 // all masked: uniform
+        } else if max == f32::INFINITY {
+            if l == f32::INFINITY {
+                1.0
+            } else {
+                0.0
+            }
+        } else {
+            ((l - max) as f64).exp()
+        }
+    };
+    let total: f64 = candidates.iter().map(|c| weight(c.1)).sum();
+    let target = p as f64 * total;
+
+    // Sort just the best TOP_P_PROBE first; sort everything only if they do not reach p.
+    let n = candidates.len();
+    let mut sorted_len = n;
+    if n > TOP_P_PROBE {
+        candidates.select_nth_unstable_by(TOP_P_PROBE - 1, by_logit_desc);
+        candidates[..TOP_P_PROBE].sort_unstable_by(by_logit_desc);
+        sorted_len = TOP_P_PROBE;
+        let probe_mass: f64 = candidates[..TOP_P_PROBE].iter().map(|c| weight(c.1)).sum();
+        if probe_mass < target {
+            candidates.sort_unstable_by(by_logit_desc);
+            sorted_len = n;
+        }
+    } else {
+        candidates.sort_unstable_by(by_logit_desc);
+    }
+
+    let mut cum = 0.0f64;
+    let mut keep = sorted_len;
+    for (i, c) in candidates[..sorted_len].iter().enumerate() {
+        cum += weight(c.1);
+        if cum >= target {
+            keep = i + 1;
+            break;
+        }
+    }
+    candidates.truncate(keep.max(1));
+}
+
+/// Keep the candidates with `logit >= max + ln(p)` (probability at least `p ×` the best's);
+/// always at least the best. `sorted`: the candidates are sorted best first.
+fn min_p(candidates: &mut Vec<(u32, f32)>, p: f32, sorted: bool) {
+    let max = if sorted {
+        candidates[0].1
+    } else {
+        candidates
+            .iter()
+            .map(|c| c.1)
+            .fold(f32::NEG_INFINITY, f32::max)
+    };
+    let threshold = max + p.ln();
+    // threshold <= max always (ln p <= 0, and inf/-inf stay themselves), so the max survives.
+    candidates.retain(|c| c.1 >= threshold);
+}
+
+/// Inverse-CDF draw of an index from `probs` (summing to ~1) with `r` uniform in `[0, 1)`.
+/// Rounding may leave the cumulative sum short of `r`; then the last index with non-zero
+/// probability is taken.
+fn draw(probs: &[f32], r: f64) -> usize {
+    let total: f64 = probs.iter().map(|&p| p as f64).sum();
+    let r = r * total;
+    let mut cum = 0.0f64;
+    let mut last_nonzero = 0;
+    for (i, &p) in probs.iter().enumerate() {
+        if p > 0.0 {
+            cum += p as f64;
+            last_nonzero = i;
+            if r < cum {
+                return i;
+            }
+        }
+    }
+    last_nonzero
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(temperature: f32) -> SamplerConfig {
+        SamplerConfig {
+            temperature,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: 42,
+        }
+    }
+
+    fn ids(c: &[(u32, f32)]) -> Vec<u32> {
+        let mut v: Vec<u32> = c.iter().map(|c| c.0).collect();
+        v.sort();
+        v
+    }
+
+    fn cands(logits: &[f32]) -> Vec<(u32, f32)> {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_llama_cpp() {
+        let d = SamplerConfig::default();
+        assert_eq!(
+            (d.temperature, d.top_k, d.top_p, d.min_p),
+            (0.8, 40, 0.95, 0.05)
+        );
+        assert_eq!((d.repeat_penalty, d.repeat_last_n), (1.0, 64));
+        assert_eq!((d.frequency_penalty, d.presence_penalty), (0.0, 0.0));
+        // Random seeds: two defaults differ.
+        assert_ne!(d.seed, SamplerConfig::default().seed);
+        assert!(d.validate().is_ok());
+    }
+
+    #[test]
+    fn rng_matches_reference_xoshiro256starstar() {
+        // Reference: state [1, 2, 3, 4] gives 11520, 0, 1509978240, 1215971899390074240
+        // (the first outputs of the C reference implementation).
+        let mut r = Rng { s: [1, 2, 3, 4] };
+        assert_eq!(r.next_u64(), 11520);
+        assert_eq!(r.next_u64(), 0);
+        assert_eq!(r.next_u64(), 1509978240);
+        assert_eq!(r.next_u64(), 1215971899390074240);
+        let mut a = Rng::new(7);
+        let mut b = Rng::new(7);
+        for _ in 0..100 {
+            let x = a.next_f64();
+            assert!((0.0..1.0).contains(&x));
+            assert_eq!(x.to_bits(), b.next_f64().to_bits());
+        }
+    }
+
+    #[test]
+    fn argmax_first_max_and_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0, f32::NAN, 5.0]), 3);
+        assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY, -1.0]), 2);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), 0);
+        assert_eq!(argmax(&[]), 0);
+        assert_eq!(argmax(&[1.0, f32::INFINITY, f32::INFINITY]), 1);
+    }
+
+    #[test]
+    fn softmax_basic_and_stable() {
+        let mut x = [1.0f32, 2.0, 3.0];
+        softmax_in_place(&mut x);
+        let e: Vec<f32> = [1.0f32, 2.0, 3.0].iter().map(|v| v.exp()).collect();
+        let s: f32 = e.iter().sum();
+        for (a, b) in x.iter().zip(e.iter()) {
+            assert!((a - b / s).abs() < 1e-6);
+        }
+        // Huge logits do not overflow.
+        let mut y = [1000.0f32, 1000.0, -1000.0];
+        softmax_in_place(&mut y);
+        assert!((y[0] - 0.5).abs() < 1e-6 && (y[1] - 0.5).abs() < 1e-6 && y[2] == 0.0);
+    }
+
+    #[test]
+    fn softmax_all_masked_is_uniform_never_nan() {
+        let mut x = [f32::NEG_INFINITY; 4];
+        softmax_in_place(&mut x);
+        assert_eq!(x, [0.25; 4]);
+        let mut y = [f32::NAN, f32::NEG_INFINITY];
+        softmax_in_place(&mut y);
+        assert_eq!(y, [0.5; 2]);
+        let mut z = [f32::NAN, 0.0, f32::INFINITY, 3.0, f32::INFINITY];
+        softmax_in_place(&mut z);
+        assert_eq!(z, [0.0, 0.0, 0.5, 0.0, 0.5]);
+        let mut w = [f32::NAN, 0.0];
+        softmax_in_place(&mut w);
+        assert_eq!(w, [0.0, 1.0]);
+    }
+
+    #[test]
+    fn log_softmax_matches_softmax_and_is_stable() {
+        let logits = [0.5f32, -1.0, 2.0, 0.0];
+        let mut p = logits;
+        softmax_in_place(&mut p);
+        for t in 0..4 {
+            assert!((log_softmax(&logits, t) - (p[t as usize] as f64).ln()).abs() < 1e-6);
+        }
+        // Large logits: no overflow, exact-ish answer.
+        let big = [10000.0f32, 10000.0];
+        assert!((log_softmax(&big, 0) + std::f64::consts::LN_2).abs() < 1e-12);
+        assert_eq!(log_softmax(&[f32::NEG_INFINITY; 4], 1), -(4f64).ln());
+        assert_eq!(log_softmax(&[f32::NAN, 1.0], 0), f64::NEG_INFINITY);
+        assert_eq!(
+            log_softmax(&[f32::INFINITY, 1.0, f32::INFINITY], 2),
+            -(2f64).ln()
+        );
+        assert_eq!(log_softmax(&[f32::INFINITY, 1.0], 1), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn penalties_repeat_frequency_presence() {
+        let c = SamplerConfig {
+            repeat_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            ..cfg(1.0)
+        };
+        let mut cs = cands(&[4.0, -4.0, 1.0, 3.0]);
+        let mut counts = vec![0; 4];
+        // token 0 twice, token 1 once, 9 out of range (ignored).
+        apply_penalties(&mut cs, &mut counts, &[0, 1, 0, 9], &c);
+        assert_eq!(cs[0].1, 4.0 / 2.0 - 2.0 * 0.5 - 0.25);
+        assert_eq!(cs[1].1, -4.0 * 2.0 - 0.5 - 0.25);
+        assert_eq!(cs[2].1, 1.0);
+        assert_eq!(cs[3].1, 3.0);
+        assert!(counts.iter().all(|&c| c == 0), "counts are reset");
+    }
+
+    #[test]
+    fn penalties_change_the_greedy_choice() {
+        let logits = [1.0f32, 3.0, 2.5, 0.0];
+        let base = Sampler::new(cfg(0.0), 4).sample(&logits, &[1, 1]);
+        assert_eq!(base, 1, "no penalties: argmax");
+        let mut s = Sampler::new(
+            SamplerConfig {
+                repeat_penalty: 1.5,
+                ..cfg(0.0)
+            },
+            4,
+        );
+        assert_eq!(s.sample(&logits, &[1]), 2, "3/1.5 = 2 < 2.5");
+        let mut s = Sampler::new(
+            SamplerConfig {
+                presence_penalty: 1.0,
+                ..cfg(0.0)
+            },
+            4,
+        );
+        assert_eq!(s.sample(&logits, &[1, 1, 1]), 2);
+        let mut s = Sampler::new(
+            SamplerConfig {
+                frequency_penalty: 0.3,
+                ..cfg(0.0)
+            },
+            4,
+        );
+        assert_eq!(s.sample(&logits, &[1]), 1, "3 - 0.3 > 2.5");
+        assert_eq!(s.sample(&logits, &[1, 1]), 2, "3 - 0.6 < 2.5");
+        // Only the last repeat_last_n tokens count.
+        let mut s = Sampler::new(
+            SamplerConfig {
+                repeat_penalty: 1.5,
+                repeat_last_n: 1,
+                ..cfg(0.0)
+            },
+            4,
+        );
+        assert_eq!(s.sample(&logits, &[1, 3]), 1);
+        // repeat_last_n = 0 turns penalties off.
+        let mut s = Sampler::new(
+            SamplerConfig {
+                repeat_penalty: 1.5,
+                repeat_last_n: 0,
+                ..cfg(0.0)
+            },
+            4,
+        );
+        assert_eq!(s.sample(&logits, &[1]), 1);
+    }
+
+    #[test]
+    fn top_k_keeps_k_best_without_sorting_all() {
+        let mut cs = cands(&[0.1, 5.0, 3.0, 4.0, -1.0, 4.0]);
+        top_k(&mut cs, 3);
+        assert_eq!(ids(&cs), vec![1, 3, 5]);
+        // Ties at the boundary go to the lower id.
+        let mut cs = cands(&[1.0, 2.0, 2.0, 2.0]);
+        top_k(&mut cs, 2);
+        assert_eq!(ids(&cs), vec![1, 2]);
+        let mut cs = cands(&[1.0, 2.0]);
+        top_k(&mut cs, 10);
+        assert_eq!(cs.len(), 2);
+    }
+
+    #[test]
+    fn top_p_smallest_prefix_reaching_p() {
+        // probabilities 0.5, 0.25, 0.125, 0.125
+        let l = [0.5f32.ln(), 0.25f32.ln(), 0.125f32.ln(), 0.125f32.ln()];
+        let mut cs = cands(&l);
+        top_p(&mut cs, 0.5);
+        assert_eq!(ids(&cs), vec![0]);
+        let mut cs = cands(&l);
+        top_p(&mut cs, 0.7);
+        assert_eq!(ids(&cs), vec![0, 1]);
+        let mut cs = cands(&l);
+        top_p(&mut cs, 0.0);
+        assert_eq!(ids(&cs), vec![0], "p = 0 keeps the best");
+        let mut cs = cands(&l);
+        top_p(&mut cs, 0.99);
+        assert_eq!(cs.len(), 4);
+        assert!(cs.windows(2).all(|w| w[0].1 >= w[1].1), "sorted best first");
+    }
+
+    #[test]
+    fn top_p_large_vocab_probe_and_fallback() {
+        // Peaked: the probe of 256 suffices.
+        let mut l = vec![0.0f32; 5000];
+        l[4321] = 20.0;
+        let mut cs = cands(&l);
+        top_p(&mut cs, 0.9);
+        assert_eq!(ids(&cs), vec![4321]);
+        // Flat: needs 4500 of 5000, beyond the probe.
+        let l = vec![0.0f32; 5000];
+        let mut cs = cands(&l);
+        top_p(&mut cs, 0.9);
+        assert_eq!(cs.len(), 4500);
+        assert_eq!(
+            ids(&cs),
+            (0..4500).collect::<Vec<u32>>(),
+            "ties go to lower ids"
+        );
+    }
+
+    #[test]
+    fn min_p_relative_threshold() {
+        // probabilities proportional to 1, 0.5, 0.1, 0.01
+        let l = [0.0f32, 0.5f32.ln(), 0.1f32.ln(), 0.01f32.ln()];
+        let mut cs = cands(&l);
+        min_p(&mut cs, 0.2, false);
+        assert_eq!(ids(&cs), vec![0, 1]);
+        let mut cs = cands(&l);
+        min_p(&mut cs, 1.0, false);
+        assert_eq!(ids(&cs), vec![0], "min_p = 1 keeps only the best");
+        let mut cs = cands(&[f32::NEG_INFINITY; 3]);
+        min_p(&mut cs, 0.5, false);
+        assert_eq!(cs.len(), 3, "all masked: nothing to prefer");
+    }
+
+    #[test]
+    fn temperature_sharpens_and_flattens() {
+        // With two tokens at logits 0 and 1, P(1) = sigmoid(1/t).
+        let logits = [0.0f32, 1.0];
+        let freq = |t: f32| {
+            let mut s = Sampler::new(cfg(t), 2);
+            (0..20000).filter(|_| s.sample(&logits, &[]) == 1).count() as f64 / 20000.0
+        };
+        let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+        for t in [0.25f32, 1.0, 4.0] {
+            let f = freq(t);
+            assert!((f - sig(1.0 / t as f64)).abs() < 0.015, "t={t}: {f}");
+        }
+    }
+
+    #[test]
+    fn greedy_is_argmax_and_ignores_seed() {
+        let logits = [0.3f32, -2.0, 7.5, 7.5, 1.0];
+        for seed in 0..5 {
+            let mut s = Sampler::new(SamplerConfig { seed, ..cfg(0.0) }, 5);
+            assert_eq!(s.sample(&logits, &[]), 2);
+        }
+        let mut s = Sampler::new(
+            SamplerConfig {
+                temperature: -1.0,
+                ..cfg(0.0)
+            },
+            5,
+        );
+        assert_eq!(s.sample(&logits, &[]), 2);
+        let mut s = Sampler::new(
+            SamplerConfig {
+                temperature: f32::NAN,
+                ..cfg(0.0)
+            },
+            5,
+        );
+        assert_eq!(
+            s.sample(&logits, &[]),
+            2,
+            "NaN temperature is sanitized to greedy"
+        );
+    }
+
+    #[test]
+    fn edge_cases_give_valid_ids() {
+        // Vocab of 1.
+        let mut s = Sampler::new(
+            SamplerConfig {
+                top_k: 5,
+                ..cfg(1.0)
+            },
+            1,
+        );
+        assert_eq!(s.sample(&[0.3], &[0, 0]), 0);
+        // top_k larger than vocab; top_p = 0; min_p = 1.
+        let logits = [1.0f32, 2.0, 0.5];
+        let mut s = Sampler::new(
+            SamplerConfig {
+                top_k: 100,
+                ..cfg(1.0)
+            },
+            3,
+        );
+        assert!(s.sample(&logits, &[]) < 3);
+        let mut s = Sampler::new(
+            SamplerConfig {
+                top_p: 0.0,
+                ..cfg(1.0)
+            },
+            3,
+        );
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits, &[]), 1);
+        }
+        let mut s = Sampler::new(
+            SamplerConfig {
+                min_p: 1.0,
+                ..cfg(1.0)
+            },
+            3,
+        );
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits, &[]), 1);
+        }
+        // NaN logits are never drawn; +inf logits win.
+        let mut s = Sampler::new(
+            SamplerConfig {
+                top_k: 2,
+                top_p: 0.9,
+                ..cfg(1.0)
+            },
+            4,
+        );
+        for _ in 0..50 {
+            let t = s.sample(&[f32::NAN, 0.0, f32::NAN, 0.0], &[]);
+            assert!(t == 1 || t == 3);
+            let t = s.sample(&[f32::INFINITY, 0.0, f32::NAN, f32::INFINITY], &[]);
+            assert!(t == 0 || t == 3);
+        }
+    }
+
+    #[test]
+    fn all_masked_row_samples_uniformly() {
+        let row = [f32::NEG_INFINITY; 5];
+        let mut s = Sampler::new(
+            SamplerConfig {
+                top_k: 0,
+                min_p: 0.05,
+                ..cfg(0.8)
+            },
+            5,
+        );
+        let mut seen = [0u32; 5];
+        for _ in 0..5000 {
+            seen[s.sample(&row, &[]) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&c| c > 800), "{seen:?}");
+        let mut g = Sampler::new(cfg(0.0), 5);
+        assert_eq!(g.sample(&row, &[]), 0);
+    }
+
+    #[test]
+    fn validate_rejects_and_sanitize_clamps() {
+        let bad = SamplerConfig {
+            top_p: 1.5,
+            ..cfg(1.0)
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(SamplerConfigError::OutOfRange { name: "top_p", .. })
+        ));
+        assert_eq!(bad.sanitized().top_p, 1.0);
+        let bad = SamplerConfig {
+            repeat_penalty: 0.0,
+            ..cfg(1.0)
+        };
+        assert!(bad.validate().is_err());
+        assert_eq!(bad.sanitized().repeat_penalty, 1.0);
+        assert!(SamplerConfig {
+            temperature: f32::INFINITY,
+            ..cfg(1.0)
+        }
+        .validate()
+        .is_err());
+        assert!(SamplerConfig {
+            min_p: -0.1,
+            ..cfg(1.0)
+        }
+        .validate()
+        .is_err());
+    }
+
+    #[test]
+    fn config_serde_roundtrip_and_partial() {
+        let c = cfg(0.7);
+        let j = serde_json::to_string(&c).unwrap();
+        let back: SamplerConfig = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, c);
+        let partial: SamplerConfig = serde_json::from_str(r#"{"temperature": 0.0}"#).unwrap();
+        assert_eq!(partial.temperature, 0.0);
+        assert_eq!(partial.top_k, 40);
+    }
+}
