@@ -1,0 +1,73 @@
+//! Decoding a token allocates nothing: every buffer comes from the session (seed 000).
+//! A counting global allocator watches the decode + sample loop after warm-up.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use kiln::engine::{Session, SessionOptions};
+use kiln::model::Model;
+use kiln::sampler::{Sampler, SamplerConfig};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator, only counting calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn decode_allocations(stem: &str, threads: usize) -> usize {
+    let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let vocab = model.config.vocab_size;
+    let mut s = Session::new(model, SessionOptions::new(256, threads)).expect("session");
+    let cfg = SamplerConfig { seed: 42, repeat_penalty: 1.1, ..SamplerConfig::default() };
+    let mut sampler = Sampler::new(cfg, vocab);
+    s.prefill(&[1, 2, 3, 4, 5, 6, 7, 8], &mut |_, _| {}).expect("prefill");
+    // Warm-up: lazily initialized state (thread wake-ups, CPU detection) settles here.
+    for _ in 0..4 {
+        let t = sampler.sample(s.logits(), s.tokens());
+        s.decode(t).expect("decode");
+    }
+    ALLOCS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..64 {
+        let t = sampler.sample(s.logits(), s.tokens());
+        s.decode(t).expect("decode");
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    ALLOCS.load(Ordering::SeqCst)
+}
+
+#[test]
+fn decode_allocates_nothing() {
+    for stem in ["random-llama-q4_0", "random-llama-q4_k", "random-qwen3-f32", "random-gpt2-q8_0"] {
+        for threads in [1, 2] {
+            assert_eq!(decode_allocations(stem, threads), 0, "{stem} with {threads} threads allocated while decoding");
+        }
+    }
+}
