@@ -2,6 +2,7 @@
 
 mod chat;
 mod common;
+mod inspect;
 mod perplexity;
 mod run;
 mod tokenize;
@@ -30,6 +31,8 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Perplexity of a text file (llama-perplexity's method).
     Perplexity(perplexity::PerplexityArgs),
+    /// Show a GGUF model's architecture, hyper-parameters, tokenizer and block formats.
+    Inspect(inspect::InspectArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -40,5 +43,6 @@ pub fn main() -> anyhow::Result<()> {
         Command::Chat(a) => chat::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Inspect(args) => inspect::run(args),
     }
 }

@@ -8,12 +8,14 @@
 mod bytes;
 mod error;
 pub mod reader;
+pub mod summary;
 mod value;
 pub mod writer;
 
 pub use bytes::TensorBytes;
 pub use error::GgufError;
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS};
+pub use summary::{FormatStats, ModelSummary, TensorRow};
 pub use value::{Array, Value};
 pub use writer::{GgufWriter, RawTensor};
 

@@ -221,3 +221,573 @@ fn encoding_helpers() {
     write_value(&mut v, &Value::U16(0x0102));
     assert_eq!(v, [2, 0, 0, 0, 2, 1]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hostile input. Each case builds a file that is wrong in exactly one way.
+// ---------------------------------------------------------------------------------------------
+
+/// Header with raw counts followed by `body`.
+fn raw(version: u32, n_tensors: u64, n_kv: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&n_tensors.to_le_bytes());
+    out.extend_from_slice(&n_kv.to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+fn kv(key: &str, v: impl Into<Value>) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_string(&mut out, key);
+    write_value(&mut out, &v.into());
+    out
+}
+
+fn parse_err(bytes: Vec<u8>) -> GgufError {
+    match GgufFile::from_bytes(bytes) {
+        Ok(f) => panic!("parsed a bad file: {f:?}"),
+        Err(e) => e,
+    }
+}
+
+/// A one-tensor file whose tensor is described raw.
+fn with_tensor(t: RawTensor) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "llama").add_raw_tensor(t);
+    w.to_bytes()
+}
+
+fn f32_tensor(name: &str, dims: &[u64]) -> RawTensor {
+    let n: u64 = dims.iter().product();
+    RawTensor {
+        name: name.into(),
+        dims: dims.to_vec(),
+        type_id: GgmlType::F32.id(),
+        offset: None,
+        data: vec![0; (n * 4) as usize],
+    }
+}
+
+#[test]
+fn truncated_at_every_byte() {
+    let bytes = minimal().to_bytes();
+    let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+    let data_end = f
+        .tensors()
+        .iter()
+        .map(|t| f.data_offset() + t.offset + t.n_bytes)
+        .max()
+        .unwrap();
+    for len in 0..bytes.len() {
+        let r = GgufFile::from_bytes(bytes[..len].to_vec());
+        if len < data_end {
+            let e = r.expect_err("truncated file parsed");
+            match &e {
+                GgufError::Truncated {
+                    offset, need, have, ..
+                } => {
+                    assert!(offset + have == len && need > have, "len {len}: {e}");
+                }
+                GgufError::BadMagic { .. } => assert!(len < 4),
+                GgufError::CountTooLarge { offset, .. } => assert!(*offset < len, "{e}"),
+                GgufError::TensorOutOfBounds { file_size, .. } => {
+                    assert_eq!(*file_size, len);
+                    assert!(len >= f.data_offset() - 32, "len {len}: {e}");
+                }
+                other => panic!("len {len}: unexpected error {other}"),
+            }
+            assert!(e.to_string().contains("byte") || len < 4, "{e}");
+        } else {
+            // Only the trailing padding is missing: still a complete file.
+            r.unwrap();
+        }
+    }
+}
+
+#[test]
+fn wrong_magic() {
+    let mut bytes = minimal().to_bytes();
+    bytes[..4].copy_from_slice(b"GGML");
+    let e = parse_err(bytes);
+    assert!(matches!(&e, GgufError::BadMagic { found } if found == b"GGML"));
+    assert!(e.to_string().contains("47 47 55 46"), "{e}");
+    assert!(matches!(
+        parse_err(b"GG".to_vec()),
+        GgufError::BadMagic { .. }
+    ));
+}
+
+#[test]
+fn unsupported_versions() {
+    for v in [0u32, 1, 4, 5, u32::MAX] {
+        let e = parse_err(raw(v, 0, 0, &[]));
+        assert!(
+            matches!(e, GgufError::UnsupportedVersion(x) if x == v),
+            "{v}: {e}"
+        );
+    }
+    let e = parse_err(raw(3u32.swap_bytes(), 0, 0, &[]));
+    assert!(matches!(e, GgufError::BigEndian(3)), "{e}");
+    assert!(e.to_string().contains("big-endian"));
+}
+
+#[test]
+fn absurd_counts_fail_before_allocating() {
+    // 2^60 tensors / key-value pairs in a 24-byte file.
+    let e = parse_err(raw(3, 1 << 60, 0, &[]));
+    assert!(
+        matches!(e, GgufError::CountTooLarge { offset: 8, count, .. } if count == 1 << 60),
+        "{e}"
+    );
+    assert!(e.to_string().contains("tensor count at byte 8"), "{e}");
+    let e = parse_err(raw(3, 0, 1 << 60, &[]));
+    assert!(
+        matches!(e, GgufError::CountTooLarge { offset: 16, .. }),
+        "{e}"
+    );
+    let e = parse_err(raw(3, u64::MAX, u64::MAX, &[0; 100]));
+    assert!(matches!(e, GgufError::CountTooLarge { .. }), "{e}");
+    // Counts that fit one at a time but not together.
+    let body = vec![0u8; 13 * 2];
+    let e = parse_err(raw(3, 1, 2, &body));
+    assert!(
+        matches!(
+            e,
+            GgufError::CountTooLarge {
+                offset: 8,
+                max: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // A key whose length is 2^60.
+    let mut body = (1u64 << 60).to_le_bytes().to_vec();
+    body.extend_from_slice(b"general.architecture");
+    let e = parse_err(raw(3, 0, 1, &body));
+    assert!(
+        matches!(e, GgufError::CountTooLarge { offset: 24, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("length of metadata key #0"), "{e}");
+
+    // A string value whose length runs past the end.
+    let mut body = Vec::new();
+    write_string(&mut body, "general.name");
+    body.extend_from_slice(&8u32.to_le_bytes());
+    body.extend_from_slice(&1000u64.to_le_bytes());
+    body.extend_from_slice(b"short");
+    let e = parse_err(raw(3, 0, 1, &body));
+    assert!(
+        matches!(
+            e,
+            GgufError::CountTooLarge {
+                count: 1000,
+                max: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("general.name"), "{e}");
+
+    // Arrays of every element size with 2^60 (or just too many) elements.
+    for (elem, count) in [
+        (0u32, 1u64 << 60),
+        (6, 5),
+        (8, 1 << 60),
+        (9, 1 << 60),
+        (10, 3),
+    ] {
+        let mut body = Vec::new();
+        write_string(&mut body, "tokenizer.ggml.tokens");
+        body.extend_from_slice(&9u32.to_le_bytes());
+        body.extend_from_slice(&elem.to_le_bytes());
+        let count_at = 24 + body.len();
+        body.extend_from_slice(&count.to_le_bytes());
+        body.extend_from_slice(&[0; 16]);
+        let e = parse_err(raw(3, 0, 1, &body));
+        assert!(
+            matches!(&e, GgufError::CountTooLarge { offset, .. } if *offset == count_at),
+            "elem {elem}: {e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("array length of key 'tokenizer.ggml.tokens'"),
+            "{e}"
+        );
+    }
+
+    // An array of strings whose count fits but whose strings do not.
+    let mut body = Vec::new();
+    write_string(&mut body, "tokenizer.ggml.tokens");
+    body.extend_from_slice(&9u32.to_le_bytes());
+    body.extend_from_slice(&8u32.to_le_bytes());
+    body.extend_from_slice(&2u64.to_le_bytes());
+    write_string(&mut body, "ok");
+    body.extend_from_slice(&3u64.to_le_bytes());
+    body.extend_from_slice(b"ab");
+    let e = parse_err(raw(3, 0, 1, &body));
+    assert!(matches!(e, GgufError::CountTooLarge { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("string #1 of key 'tokenizer.ggml.tokens'"),
+        "{e}"
+    );
+}
+
+/// `depth` arrays nested inside each other, the innermost holding one u8.
+fn nested(depth: usize) -> Array {
+    let mut a = Array::U8(vec![1]);
+    for _ in 1..depth {
+        a = Array::Array(vec![a]);
+    }
+    a
+}
+
+#[test]
+fn nested_arrays_have_bounded_depth() {
+    let mut w = GgufWriter::new();
+    w.add("x", nested(MAX_ARRAY_DEPTH));
+    let f = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    assert_eq!(f.get_array("x").unwrap(), &nested(MAX_ARRAY_DEPTH));
+
+    let mut w = GgufWriter::new();
+    w.add("deep", nested(MAX_ARRAY_DEPTH + 1));
+    let e = parse_err(w.to_bytes());
+    assert!(
+        matches!(&e, GgufError::NestingTooDeep { key, .. } if key == "deep"),
+        "{e}"
+    );
+
+    // A hand-made chain 100,000 deep must not overflow the stack.
+    let mut body = Vec::new();
+    write_string(&mut body, "deep");
+    body.extend_from_slice(&9u32.to_le_bytes());
+    for _ in 0..100_000 {
+        body.extend_from_slice(&9u32.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+    }
+    assert!(matches!(
+        parse_err(raw(3, 0, 1, &body)),
+        GgufError::NestingTooDeep { .. }
+    ));
+}
+
+#[test]
+fn invalid_utf8_names_key_and_offset() {
+    // In a key.
+    let mut body = Vec::new();
+    write_str_bytes(&mut body, b"bad\xffkey");
+    write_value(&mut body, &Value::U8(0));
+    let e = parse_err(raw(3, 0, 1, &body));
+    assert!(
+        matches!(e, GgufError::InvalidUtf8 { offset: 24, .. }),
+        "{e}"
+    );
+
+    // In a string value.
+    let mut body = kv("general.architecture", "llama");
+    let at = 24 + body.len();
+    write_string(&mut body, "general.name");
+    let value_at = 24 + body.len() + 4;
+    body.extend_from_slice(&8u32.to_le_bytes());
+    write_str_bytes(&mut body, b"\xc3\x28");
+    let e = parse_err(raw(3, 0, 2, &body));
+    assert!(
+        matches!(&e, GgufError::InvalidUtf8 { offset, .. } if *offset == value_at),
+        "{e}"
+    );
+    assert!(e.to_string().contains("'general.name'"), "{e}");
+    assert!(value_at > at);
+
+    // In one token of a vocabulary.
+    let mut body = Vec::new();
+    write_string(&mut body, "tokenizer.ggml.tokens");
+    body.extend_from_slice(&9u32.to_le_bytes());
+    body.extend_from_slice(&8u32.to_le_bytes());
+    body.extend_from_slice(&2u64.to_le_bytes());
+    write_string(&mut body, "fine");
+    let tok_at = 24 + body.len();
+    write_str_bytes(&mut body, b"\xed\xa0\x80"); // an encoded surrogate
+    let e = parse_err(raw(3, 0, 1, &body));
+    assert!(
+        matches!(&e, GgufError::InvalidUtf8 { offset, .. } if *offset == tok_at),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("string #1 of key 'tokenizer.ggml.tokens'"),
+        "{e}"
+    );
+
+    // In a tensor name.
+    let mut body = Vec::new();
+    write_str_bytes(&mut body, b"blk.\x80");
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&1u64.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    let e = parse_err(raw(3, 1, 0, &body));
+    assert!(
+        matches!(e, GgufError::InvalidUtf8 { offset: 24, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("name of tensor #0"), "{e}");
+}
+
+#[test]
+fn unknown_value_type_and_bad_bool() {
+    let mut body = Vec::new();
+    write_string(&mut body, "k");
+    body.extend_from_slice(&13u32.to_le_bytes());
+    body.extend_from_slice(&[0; 8]);
+    let e = parse_err(raw(3, 0, 1, &body));
+    assert!(
+        matches!(
+            e,
+            GgufError::UnknownValueType {
+                type_id: 13,
+                offset: 33,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    let mut body = Vec::new();
+    write_string(&mut body, "k");
+    body.extend_from_slice(&9u32.to_le_bytes());
+    body.extend_from_slice(&99u32.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    let e = parse_err(raw(3, 0, 1, &body));
+    assert!(
+        matches!(e, GgufError::UnknownValueType { type_id: 99, .. }),
+        "{e}"
+    );
+
+    let mut body = Vec::new();
+    write_string(&mut body, "flag");
+    body.extend_from_slice(&7u32.to_le_bytes());
+    body.push(2);
+    let e = parse_err(raw(3, 0, 1, &body));
+    assert!(
+        matches!(
+            e,
+            GgufError::BadBool {
+                byte: 2,
+                offset: 40,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn duplicates() {
+    let mut w = minimal();
+    w.add("llama.block_count", 3u32);
+    let e = parse_err(w.to_bytes());
+    assert!(matches!(&e, GgufError::DuplicateKey { key, .. } if key == "llama.block_count"));
+    assert!(e.to_string().contains("at byte"), "{e}");
+
+    let mut w = minimal();
+    w.add_f32_tensor("token_embd.weight", &[1], &[0.0]);
+    let e = parse_err(w.to_bytes());
+    assert!(matches!(&e, GgufError::DuplicateTensor { name, .. } if name == "token_embd.weight"));
+}
+
+#[test]
+fn bad_dimension_counts() {
+    for dims in [vec![], vec![1, 1, 1, 1, 1]] {
+        let e = parse_err(with_tensor(f32_tensor("t", &dims)));
+        assert!(
+            matches!(&e, GgufError::BadDimCount { n_dims, .. } if *n_dims as usize == dims.len()),
+            "{e}"
+        );
+    }
+    // n_dims = 2^32 - 1 must not allocate or loop.
+    let mut body = Vec::new();
+    write_string(&mut body, "t");
+    body.extend_from_slice(&u32::MAX.to_le_bytes());
+    body.extend_from_slice(&[0; 32]);
+    assert!(matches!(
+        parse_err(raw(3, 1, 0, &body)),
+        GgufError::BadDimCount { .. }
+    ));
+    // Four dims is the maximum and fine.
+    GgufFile::from_bytes(with_tensor(f32_tensor("t", &[2, 1, 3, 1]))).unwrap();
+}
+
+#[test]
+fn zero_dims() {
+    let e = parse_err(with_tensor(f32_tensor("t", &[4, 0])));
+    assert!(
+        matches!(&e, GgufError::ZeroDim { shape, .. } if shape == &[4, 0]),
+        "{e}"
+    );
+    assert!(e.to_string().contains("tensor 't'"), "{e}");
+}
+
+#[test]
+fn element_count_overflow() {
+    for dims in [
+        vec![1u64 << 32, 1 << 32],
+        vec![u64::MAX],
+        vec![1 << 63],
+        vec![1 << 31, 1 << 31, 4],
+        vec![1 << 62, 2], // elements fit in usize but not in i64 (or bytes in usize)
+    ] {
+        let mut t = f32_tensor("t", &[1]);
+        t.dims = dims.clone();
+        let e = parse_err(with_tensor(t));
+        assert!(
+            matches!(e, GgufError::ShapeOverflow { .. }),
+            "{dims:?}: {e}"
+        );
+    }
+    // Elements fit but the byte size does not.
+    let mut t = f32_tensor("t", &[1]);
+    t.dims = vec![1 << 61, 2];
+    assert!(matches!(
+        parse_err(with_tensor(t)),
+        GgufError::ShapeOverflow { .. }
+    ));
+}
+
+#[test]
+fn unknown_and_unsupported_ggml_types() {
+    let mut t = f32_tensor("blk.0.ffn_down.weight", &[256]);
+    t.type_id = 23;
+    let e = parse_err(with_tensor(t.clone()));
+    assert!(
+        matches!(e, GgufError::UnsupportedType { type_id: 23, .. }),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("IQ4_XS") && msg.contains("is not supported"),
+        "{msg}"
+    );
+    assert!(msg.contains("blk.0.ffn_down.weight"), "{msg}");
+    t.type_id = 1000;
+    let msg = parse_err(with_tensor(t)).to_string();
+    assert!(msg.contains("ggml type 1000 (unknown)"), "{msg}");
+}
+
+#[test]
+fn rows_must_be_whole_blocks() {
+    // 96 elements is three Q4_0 blocks, but rows of 48 split a block.
+    let t = RawTensor {
+        name: "w".into(),
+        dims: vec![48, 2],
+        type_id: GgmlType::Q4_0.id(),
+        offset: None,
+        data: vec![0; 54],
+    };
+    let e = parse_err(with_tensor(t));
+    assert!(
+        matches!(
+            e,
+            GgufError::PartialBlock {
+                row: 48,
+                block: 32,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("Q4_0"), "{e}");
+}
+
+#[test]
+fn tensor_data_past_the_end() {
+    let mut t = f32_tensor("t", &[16]);
+    t.data.truncate(16); // 16 bytes + 16 of padding: half the declared 64
+    let e = parse_err(with_tensor(t));
+    assert!(
+        matches!(&e, GgufError::TensorOutOfBounds { name, .. } if name == "t"),
+        "{e}"
+    );
+
+    let mut t = f32_tensor("t", &[8]);
+    t.offset = Some(1 << 40);
+    assert!(matches!(
+        parse_err(with_tensor(t)),
+        GgufError::TensorOutOfBounds { .. }
+    ));
+    let mut t = f32_tensor("t", &[8]);
+    t.offset = Some(u64::MAX - 31); // aligned, and start + size overflows u64
+    assert!(matches!(
+        parse_err(with_tensor(t)),
+        GgufError::TensorOutOfBounds { .. }
+    ));
+}
+
+#[test]
+fn unaligned_offsets() {
+    let mut w = GgufWriter::new();
+    w.add_raw_tensor(f32_tensor("a", &[8]));
+    let mut b = f32_tensor("b", &[4]);
+    b.offset = Some(48);
+    w.add_raw_tensor(b);
+    let e = parse_err(w.to_bytes());
+    assert!(
+        matches!(&e, GgufError::UnalignedTensor { name, data_offset: 48, alignment: 32, .. } if name == "b"),
+        "{e}"
+    );
+}
+
+#[test]
+fn overlapping_tensors() {
+    let mut w = GgufWriter::new();
+    w.add_raw_tensor(f32_tensor("a", &[16]));
+    let mut b = f32_tensor("b", &[8]);
+    b.offset = Some(32); // inside a's 64 bytes
+    w.add_raw_tensor(b);
+    let e = parse_err(w.to_bytes());
+    assert!(
+        matches!(&e, GgufError::OverlappingTensors { first, second, .. } if first == "a" && second == "b"),
+        "{e}"
+    );
+    // Two tensors at the same offset, declared in reverse order.
+    let mut w = GgufWriter::new();
+    let mut a = f32_tensor("a", &[8]);
+    a.offset = Some(0);
+    let mut b = f32_tensor("b", &[8]);
+    b.offset = Some(0);
+    w.add_raw_tensor(a).add_raw_tensor(b);
+    assert!(matches!(
+        parse_err(w.to_bytes()),
+        GgufError::OverlappingTensors { .. }
+    ));
+    // Touching is fine.
+    let mut w = GgufWriter::new();
+    w.add_raw_tensor(f32_tensor("a", &[8]))
+        .add_raw_tensor(f32_tensor("b", &[8]));
+    GgufFile::from_bytes(w.to_bytes()).unwrap();
+}
+
+#[test]
+fn alignment_must_be_a_power_of_two() {
+    for bad in [
+        Value::U32(0),
+        Value::U32(3),
+        Value::U32(48),
+        Value::I32(-32),
+        Value::String("32".into()),
+        Value::U64(1 << 40),
+    ] {
+        let mut w = minimal();
+        w.add("general.alignment", bad.clone());
+        let e = parse_err(w.to_bytes());
+        assert!(matches!(e, GgufError::BadAlignment { .. }), "{bad:?}: {e}");
+        assert!(e.to_string().contains("general.alignment"), "{e}");
+    }
+    // Any integer type holding a power of two is accepted (llama.cpp writes u32).
+    let mut w = minimal();
+    w.add("general.alignment", 32u64);
+    assert_eq!(GgufFile::from_bytes(w.to_bytes()).unwrap().alignment(), 32);
+}
