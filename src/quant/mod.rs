@@ -253,7 +253,7 @@ fn vec_dot_scalar<B: BlockFormat>(n: usize, w: &[u8], x: &[u8]) -> f32 {
 
 /// Checks the buffers of a gemm call cover every row it touches.
 #[allow(clippy::too_many_arguments)]
-fn check_gemm(
+pub(crate) fn check_gemm(
     row_w: usize,
     row_x: usize,
     w: &[u8],

@@ -394,3 +394,23 @@ fn gemm_matches_reference_on_every_isa() {
         }
     }
 }
+
+/// Every available tier hands out its own kernels (not a silent scalar fallback).
+#[test]
+fn available_tiers_report_themselves() {
+    let avail = Isa::available();
+    assert!(avail.contains(&Isa::Scalar));
+    for isa in avail.iter().copied().filter(|i| *i != Isa::Neon) {
+        for ty in WEIGHT_TYPES {
+            assert_eq!(kernels_for(ty, isa).unwrap().isa, isa, "{ty} on {isa:?}");
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        assert_eq!(Isa::detect(), Isa::Avx512Vnni);
+    }
+    assert!(matches!(
+        kernels_for(GgmlType::Q4_0, Isa::Neon),
+        Err(QuantError::IsaUnavailable(_))
+    ));
+}
