@@ -1,5 +1,413 @@
 //! Block formats: layouts, scalar reference (de)quantizers and the fast dot-product kernels.
+//!
+//! A matrix multiply `y = W x` with a quantized weight `W` works like ggml's: the activation row
+//! `x` (f32) is first quantized to the weight format's partner ([`dot_type`]: Q8_0, Q8_1 or
+//! Q8_K; or f32/f16/bf16 for float weights), then each output is an integer-heavy dot product of
+//! one weight row with that quantized row. [`kernels`] returns the functions for one weight
+//! format, chosen once for the CPU we run on; the model keeps the [`Kernels`] per tensor.
+//!
+//! - [`blocks`]: the `#[repr(C)]` byte layout of every format.
+//! - [`reference`]: scalar (de)quantizers and dot products, the definition everything is tested
+//!   against.
+//! - `x86`: AVX2 / AVX-512 kernels, reachable only through [`Kernels`] after runtime detection.
 
+pub mod blocks;
+pub mod reference;
 mod types;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
+use blocks::*;
+use reference::{BlockFormat, Quantize};
+use std::mem::size_of;
+use std::sync::OnceLock;
 pub use types::GgmlType;
+
+/// One weight row · one activation row of `n` elements (both as raw bytes of their formats).
+pub type VecDotFn = fn(n: usize, w: &[u8], x: &[u8]) -> f32;
+/// f32 activations -> partner-format bytes (`out.len()` = the format's row bytes for `x.len()`).
+pub type QuantizeFn = fn(x: &[f32], out: &mut [u8]);
+/// Format bytes -> f32 (`out.len()` elements).
+pub type DequantFn = fn(src: &[u8], out: &mut [f32]);
+/// `nw` weight rows (stride `w_stride` bytes) x `nx` activation rows (stride `x_stride` bytes):
+/// `out[j * out_stride + i] = dot(w row i, x row j)`. The prefill tile: each loaded weight block
+/// serves several tokens.
+pub type GemmFn = fn(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+);
+
+/// Errors of the row-level API (lengths and formats are checked, never assumed).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum QuantError {
+    #[error("{ty}: {n} elements is not a whole number of {block}-element blocks")]
+    NotBlockMultiple {
+        ty: GgmlType,
+        n: usize,
+        block: usize,
+    },
+    #[error("{ty}: {what} has {got} bytes, expected {expected} for {n} elements")]
+    ByteLength {
+        ty: GgmlType,
+        what: &'static str,
+        got: usize,
+        expected: usize,
+        n: usize,
+    },
+    #[error("{ty}: no {op} for this format")]
+    Unsupported { ty: GgmlType, op: &'static str },
+    #[error("instruction set {0:?} is not available on this CPU")]
+    IsaUnavailable(Isa),
+}
+
+/// Instruction-set tiers with their own kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable reference code.
+    Scalar,
+    /// AVX2 + FMA + F16C (x86-64-v3).
+    Avx2,
+    /// AVX-512 F/BW/VL/DQ on top of AVX2.
+    Avx512,
+    /// AVX-512 plus VNNI (`vpdpbusd` / `vpdpwssd`).
+    Avx512Vnni,
+    /// AArch64 Advanced SIMD.
+    Neon,
+}
+
+impl Isa {
+    /// Every tier this CPU can run, weakest first.
+    pub fn available() -> Vec<Isa> {
+        [
+            Isa::Scalar,
+            Isa::Avx2,
+            Isa::Avx512,
+            Isa::Avx512Vnni,
+            Isa::Neon,
+        ]
+        .into_iter()
+        .filter(|i| i.is_available())
+        .collect()
+    }
+
+    /// The strongest tier this CPU can run (detected once).
+    pub fn detect() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            Isa::available()
+                .into_iter()
+                .filter(|i| i.has_kernels())
+                .max()
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+
+    /// Whether this CPU supports the tier (runtime CPUID on x86).
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::has_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::has_avx512(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::has_avx512vnni(),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// Whether this build has kernels for the tier (NEON kernels are not written yet: aarch64
+    /// runs the scalar path).
+    fn has_kernels(self) -> bool {
+        !matches!(self, Isa::Neon)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Avx512Vnni => "avx512vnni",
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+/// The functions for one weight format on one instruction set.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernels {
+    pub weight: GgmlType,
+    /// The activation format `vec_dot` / `gemm` expect (= [`dot_type`] of `weight`).
+    pub act: GgmlType,
+    pub isa: Isa,
+    pub vec_dot: VecDotFn,
+    pub gemm: GemmFn,
+    /// f32 -> `act` bytes.
+    pub quantize_act: QuantizeFn,
+    /// `weight` bytes -> f32 (for embeddings lookups and debugging).
+    pub dequantize: DequantFn,
+}
+
+/// The activation format a weight format is multiplied with (ggml's `vec_dot_type`).
+pub fn dot_type(weight: GgmlType) -> GgmlType {
+    match weight {
+        GgmlType::F32 => GgmlType::F32,
+        GgmlType::F16 => GgmlType::F16,
+        GgmlType::BF16 => GgmlType::BF16,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
+        GgmlType::Q2K
+        | GgmlType::Q3K
+        | GgmlType::Q4K
+        | GgmlType::Q5K
+        | GgmlType::Q6K
+        | GgmlType::Q8K => GgmlType::Q8K,
+    }
+}
+
+/// The best kernels for this CPU.
+pub fn kernels(weight: GgmlType) -> Result<Kernels, QuantError> {
+    kernels_for(weight, Isa::detect())
+}
+
+/// The kernels of one instruction-set tier (tests use this to force a path).
+/// Errors if the CPU lacks the tier or the format is activation-only (Q8_1, Q8_K).
+pub fn kernels_for(weight: GgmlType, isa: Isa) -> Result<Kernels, QuantError> {
+    if weight.is_internal() {
+        return Err(QuantError::Unsupported {
+            ty: weight,
+            op: "weight kernels",
+        });
+    }
+    if !isa.is_available() || !isa.has_kernels() {
+        return Err(QuantError::IsaUnavailable(isa));
+    }
+    let scalar = scalar_kernels(weight);
+    Ok(match isa {
+        Isa::Scalar | Isa::Neon => scalar,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => x86::kernels(scalar, isa),
+        #[allow(unreachable_patterns)]
+        _ => scalar,
+    })
+}
+
+fn scalar_kernels(weight: GgmlType) -> Kernels {
+    macro_rules! k {
+        ($w:ty, $quant:expr) => {
+            Kernels {
+                weight,
+                act: dot_type(weight),
+                isa: Isa::Scalar,
+                vec_dot: vec_dot_scalar::<$w>,
+                gemm: gemm_scalar::<$w>,
+                quantize_act: $quant,
+                dequantize: dequant_bytes::<$w>,
+            }
+        };
+    }
+    match weight {
+        GgmlType::F32 => k!(F32Le, quantize_bytes::<F32Le>),
+        GgmlType::F16 => k!(F16Le, quantize_bytes::<F16Le>),
+        GgmlType::BF16 => k!(Bf16Le, quantize_bytes::<Bf16Le>),
+        GgmlType::Q4_0 => k!(BlockQ4_0, quantize_q8_0_act_bytes),
+        GgmlType::Q4_1 => k!(BlockQ4_1, quantize_q8_1_act_bytes),
+        GgmlType::Q5_0 => k!(BlockQ5_0, quantize_q8_0_act_bytes),
+        GgmlType::Q5_1 => k!(BlockQ5_1, quantize_q8_1_act_bytes),
+        GgmlType::Q8_0 => k!(BlockQ8_0, quantize_q8_0_act_bytes),
+        GgmlType::Q2K => k!(BlockQ2K, quantize_bytes::<BlockQ8K>),
+        GgmlType::Q3K => k!(BlockQ3K, quantize_bytes::<BlockQ8K>),
+        GgmlType::Q4K => k!(BlockQ4K, quantize_bytes::<BlockQ8K>),
+        GgmlType::Q5K => k!(BlockQ5K, quantize_bytes::<BlockQ8K>),
+        GgmlType::Q6K => k!(BlockQ6K, quantize_bytes::<BlockQ8K>),
+        GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("activation-only formats are rejected"),
+    }
+}
+
+/// Blocks `[0, n / B::BLOCK)` of a byte row. Panics on a caller bug (short buffer, ragged n):
+/// the model checks tensor shapes when it loads, so this never sees file data unchecked.
+fn row_blocks<B: RawBlock>(bytes: &[u8], n: usize, block: usize) -> &[B] {
+    assert!(
+        n % block == 0,
+        "row of {n} elements is not a whole number of {block}-blocks"
+    );
+    let len = n / block * size_of::<B>();
+    cast::<B>(&bytes[..len]).expect("whole blocks")
+}
+
+fn vec_dot_scalar<B: BlockFormat>(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let w = row_blocks::<B>(w, n, B::BLOCK);
+    let x = row_blocks::<B::Dot>(x, n, B::BLOCK);
+    B::vec_dot_ref(w, x)
+}
+
+/// Checks the buffers of a gemm call cover every row it touches.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_gemm(
+    row_w: usize,
+    row_x: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &[f32],
+    out_stride: usize,
+) {
+    if nw == 0 || nx == 0 {
+        return;
+    }
+    assert!(
+        w_stride >= row_w && x_stride >= row_x && out_stride >= nw,
+        "gemm strides"
+    );
+    assert!(
+        w.len() >= (nw - 1) * w_stride + row_w,
+        "gemm weight buffer too short"
+    );
+    assert!(
+        x.len() >= (nx - 1) * x_stride + row_x,
+        "gemm activation buffer too short"
+    );
+    assert!(
+        out.len() >= (nx - 1) * out_stride + nw,
+        "gemm output buffer too short"
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_scalar<B: BlockFormat>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let row_w = n / B::BLOCK * size_of::<B>();
+    let row_x = n / B::BLOCK * size_of::<B::Dot>();
+    check_gemm(
+        row_w, row_x, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+    );
+    for j in 0..nx {
+        let xr = &x[j * x_stride..j * x_stride + row_x];
+        for i in 0..nw {
+            out[j * out_stride + i] = vec_dot_scalar::<B>(n, &w[i * w_stride..], xr);
+        }
+    }
+}
+
+fn dequant_bytes<B: BlockFormat>(src: &[u8], out: &mut [f32]) {
+    let blocks = row_blocks::<B>(src, out.len(), B::BLOCK);
+    B::dequantize(blocks, out);
+}
+
+fn quantize_bytes<B: Quantize>(x: &[f32], out: &mut [u8]) {
+    assert!(
+        x.len() % B::BLOCK == 0,
+        "row is not a whole number of blocks"
+    );
+    let len = x.len() / B::BLOCK * size_of::<B>();
+    let blocks = cast_mut::<B>(&mut out[..len]).expect("whole blocks");
+    B::quantize(x, blocks);
+}
+
+fn quantize_q8_0_act_bytes(x: &[f32], out: &mut [u8]) {
+    let len = x.len() / QK * size_of::<BlockQ8_0>();
+    assert!(x.len() % QK == 0, "row is not a whole number of blocks");
+    reference::quantize_q8_0_act(x, cast_mut(&mut out[..len]).expect("whole blocks"));
+}
+
+fn quantize_q8_1_act_bytes(x: &[f32], out: &mut [u8]) {
+    let len = x.len() / QK * size_of::<BlockQ8_1>();
+    assert!(x.len() % QK == 0, "row is not a whole number of blocks");
+    reference::quantize_q8_1_act(x, cast_mut(&mut out[..len]).expect("whole blocks"));
+}
+
+/// Check `n` elements are whole blocks of `ty` and `bytes` is exactly their size.
+fn check_row(ty: GgmlType, what: &'static str, n: usize, bytes: usize) -> Result<(), QuantError> {
+    let expected = ty.row_bytes(n).ok_or(QuantError::NotBlockMultiple {
+        ty,
+        n,
+        block: ty.block_size(),
+    })?;
+    if bytes != expected {
+        return Err(QuantError::ByteLength {
+            ty,
+            what,
+            got: bytes,
+            expected,
+            n,
+        });
+    }
+    Ok(())
+}
+
+/// Scalar reference dequantization of one row (`out.len()` elements) of any format.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    check_row(ty, "source", out.len(), src.len())?;
+    let f: DequantFn = match ty {
+        GgmlType::F32 => dequant_bytes::<F32Le>,
+        GgmlType::F16 => dequant_bytes::<F16Le>,
+        GgmlType::BF16 => dequant_bytes::<Bf16Le>,
+        GgmlType::Q4_0 => dequant_bytes::<BlockQ4_0>,
+        GgmlType::Q4_1 => dequant_bytes::<BlockQ4_1>,
+        GgmlType::Q5_0 => dequant_bytes::<BlockQ5_0>,
+        GgmlType::Q5_1 => dequant_bytes::<BlockQ5_1>,
+        GgmlType::Q8_0 => dequant_bytes::<BlockQ8_0>,
+        GgmlType::Q8_1 => dequant_bytes::<BlockQ8_1>,
+        GgmlType::Q2K => dequant_bytes::<BlockQ2K>,
+        GgmlType::Q3K => dequant_bytes::<BlockQ3K>,
+        GgmlType::Q4K => dequant_bytes::<BlockQ4K>,
+        GgmlType::Q5K => dequant_bytes::<BlockQ5K>,
+        GgmlType::Q6K => dequant_bytes::<BlockQ6K>,
+        GgmlType::Q8K => dequant_bytes::<BlockQ8K>,
+    };
+    f(src, out);
+    Ok(())
+}
+
+/// Scalar reference quantization of one row: ggml's `quantize_row_*_ref` for Q4_0, Q4_1, Q5_0,
+/// Q5_1, Q8_0, Q8_1, Q8_K (the model-file quantizers), and plain conversion for F32/F16/BF16.
+/// Activations for a matmul should use [`Kernels::quantize_act`] instead, which follows ggml's
+/// CPU backend (for Q8_0/Q8_1 it rounds ties to even; see [`reference::quantize_q8_0_act`]).
+pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+    check_row(ty, "destination", x.len(), out.len())?;
+    let f: QuantizeFn = match ty {
+        GgmlType::F32 => quantize_bytes::<F32Le>,
+        GgmlType::F16 => quantize_bytes::<F16Le>,
+        GgmlType::BF16 => quantize_bytes::<Bf16Le>,
+        GgmlType::Q4_0 => quantize_bytes::<BlockQ4_0>,
+        GgmlType::Q4_1 => quantize_bytes::<BlockQ4_1>,
+        GgmlType::Q5_0 => quantize_bytes::<BlockQ5_0>,
+        GgmlType::Q5_1 => quantize_bytes::<BlockQ5_1>,
+        GgmlType::Q8_0 => quantize_bytes::<BlockQ8_0>,
+        GgmlType::Q8_1 => quantize_bytes::<BlockQ8_1>,
+        GgmlType::Q8K => quantize_bytes::<BlockQ8K>,
+        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "reference quantizer",
+            })
+        }
+    };
+    f(x, out);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

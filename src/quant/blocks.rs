@@ -1,0 +1,361 @@
+//! Byte layouts of every block format, exactly as ggml stores them.
+//!
+//! # Why every struct has alignment 1
+//!
+//! Weight blocks are read in place from the memory-mapped GGUF file. A tensor starts on a
+//! 32-byte boundary, but its blocks are 18, 20, 22, ... bytes long, so block `i` of a Q4_0
+//! row lives at an arbitrary (often odd) address. A struct with a `u16` field would have
+//! alignment 2 and casting such bytes to it would be undefined behaviour. Instead every
+//! multi-byte field is a little-endian byte array ([`F16Le`], [`F32Le`], [`I16Le`]) read with
+//! `from_le_bytes`, which makes every block struct `align_of == 1`, padding-free, and valid for
+//! any bit pattern. That is what [`RawBlock`] promises and what makes [`cast`] / [`cast_mut`]
+//! sound for any byte slice whose length is a whole number of blocks.
+//!
+//! The SIMD kernels do not use these structs: they read the same bytes through raw pointers with
+//! unaligned loads, at the offsets these structs define (checked by the size asserts below).
+
+use half::{bf16, f16};
+use std::mem::{align_of, size_of};
+
+/// An IEEE half float stored as two little-endian bytes (ggml's `ggml_half`).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+#[repr(transparent)]
+pub struct F16Le(pub [u8; 2]);
+
+impl F16Le {
+    #[inline]
+    pub fn to_f32(self) -> f32 {
+        f16::from_bits(u16::from_le_bytes(self.0)).to_f32()
+    }
+    /// Round to nearest even, as `GGML_FP32_TO_FP16` (F16C `vcvtps2ph` with imm 0) does.
+    #[inline]
+    pub fn from_f32(x: f32) -> Self {
+        F16Le(f16::from_f32(x).to_bits().to_le_bytes())
+    }
+}
+
+/// A bfloat16 stored as two little-endian bytes.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+#[repr(transparent)]
+pub struct Bf16Le(pub [u8; 2]);
+
+impl Bf16Le {
+    #[inline]
+    pub fn to_f32(self) -> f32 {
+        bf16::from_bits(u16::from_le_bytes(self.0)).to_f32()
+    }
+    /// Round to nearest even, as `GGML_FP32_TO_BF16` does.
+    #[inline]
+    pub fn from_f32(x: f32) -> Self {
+        Bf16Le(bf16::from_f32(x).to_bits().to_le_bytes())
+    }
+}
+
+/// An `f32` stored as four little-endian bytes.
+#[derive(Clone, Copy, Default, PartialEq, Debug)]
+#[repr(transparent)]
+pub struct F32Le(pub [u8; 4]);
+
+impl F32Le {
+    #[inline]
+    pub fn to_f32(self) -> f32 {
+        f32::from_le_bytes(self.0)
+    }
+    #[inline]
+    pub fn from_f32(x: f32) -> Self {
+        F32Le(x.to_le_bytes())
+    }
+}
+
+/// An `i16` stored as two little-endian bytes.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+#[repr(transparent)]
+pub struct I16Le(pub [u8; 2]);
+
+impl I16Le {
+    #[inline]
+    pub fn get(self) -> i16 {
+        i16::from_le_bytes(self.0)
+    }
+    #[inline]
+    pub fn new(v: i16) -> Self {
+        I16Le(v.to_le_bytes())
+    }
+}
+
+/// Elements per block of the legacy formats.
+pub const QK: usize = 32;
+/// Elements per super-block of the k-quants.
+pub const QK_K: usize = 256;
+
+/// Q4_0: `x = d * (q - 8)`, q in 0..16. `qs[j]` holds element j (low nibble) and j+16 (high).
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
+pub struct BlockQ4_0 {
+    pub d: F16Le,
+    pub qs: [u8; QK / 2],
+}
+
+/// Q4_1: `x = d * q + m`, q in 0..16.
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
+pub struct BlockQ4_1 {
+    pub d: F16Le,
+    pub m: F16Le,
+    pub qs: [u8; QK / 2],
+}
+
+/// Q5_0: `x = d * (q - 16)`, q in 0..32; bit 4 of element j is bit j of `qh` (LE u32).
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
+pub struct BlockQ5_0 {
+    pub d: F16Le,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// Q5_1: `x = d * q + m`, q in 0..32.
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
+pub struct BlockQ5_1 {
+    pub d: F16Le,
+    pub m: F16Le,
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+
+/// Q8_0: `x = d * q`, q in -127..=127 (the weight format may hold -128).
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    pub d: F16Le,
+    pub qs: [i8; QK],
+}
+
+/// Q8_1 (activations only): like Q8_0 plus `s = d * sum(qs)`, which lets a Q4_1/Q5_1 dot
+/// add the weight block's offset `m` as one product `m * s`.
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
+pub struct BlockQ8_1 {
+    pub d: F16Le,
+    pub s: F16Le,
+    pub qs: [i8; QK],
+}
+
+/// Q2_K: 16 sub-blocks of 16; `x = d * (sc & 15) * q - dmin * (sc >> 4)`, q in 0..4.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockQ2K {
+    pub scales: [u8; QK_K / 16],
+    pub qs: [u8; QK_K / 4],
+    pub d: F16Le,
+    pub dmin: F16Le,
+}
+
+/// Q3_K: 16 sub-blocks of 16; `x = d * (sc - 32) * (q - 4 * !hbit)`, 6-bit scales packed in 12 bytes.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; 12],
+    pub d: F16Le,
+}
+
+/// Q4_K: 8 sub-blocks of 32; `x = d * sc * q - dmin * m`, 6-bit sc/m packed in 12 bytes.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockQ4K {
+    pub d: F16Le,
+    pub dmin: F16Le,
+    pub scales: [u8; 12],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// Q5_K: as Q4_K with a fifth bit per element in `qh`.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockQ5K {
+    pub d: F16Le,
+    pub dmin: F16Le,
+    pub scales: [u8; 12],
+    pub qh: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// Q6_K: 16 sub-blocks of 16; `x = d * sc * (q - 32)`, q in 0..64 (4 low bits in `ql`, 2 in `qh`).
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockQ6K {
+    pub ql: [u8; QK_K / 2],
+    pub qh: [u8; QK_K / 4],
+    pub scales: [i8; QK_K / 16],
+    pub d: F16Le,
+}
+
+/// Q8_K (activations only): f32 scale, 256 quants, and the sum of each group of 16 quants
+/// (`bsums`), which the k-quant dots use to apply sub-block minimums/offsets in one product.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockQ8K {
+    pub d: F32Le,
+    pub qs: [i8; QK_K],
+    pub bsums: [I16Le; QK_K / 16],
+}
+
+impl Default for BlockQ2K {
+    fn default() -> Self {
+        BlockQ2K {
+            scales: [0; 16],
+            qs: [0; 64],
+            d: F16Le::default(),
+            dmin: F16Le::default(),
+        }
+    }
+}
+impl Default for BlockQ3K {
+    fn default() -> Self {
+        BlockQ3K {
+            hmask: [0; 32],
+            qs: [0; 64],
+            scales: [0; 12],
+            d: F16Le::default(),
+        }
+    }
+}
+impl Default for BlockQ4K {
+    fn default() -> Self {
+        BlockQ4K {
+            d: F16Le::default(),
+            dmin: F16Le::default(),
+            scales: [0; 12],
+            qs: [0; 128],
+        }
+    }
+}
+impl Default for BlockQ5K {
+    fn default() -> Self {
+        BlockQ5K {
+            d: F16Le::default(),
+            dmin: F16Le::default(),
+            scales: [0; 12],
+            qh: [0; 32],
+            qs: [0; 128],
+        }
+    }
+}
+impl Default for BlockQ6K {
+    fn default() -> Self {
+        BlockQ6K {
+            ql: [0; 128],
+            qh: [0; 64],
+            scales: [0; 16],
+            d: F16Le::default(),
+        }
+    }
+}
+impl Default for BlockQ8K {
+    fn default() -> Self {
+        BlockQ8K {
+            d: F32Le::default(),
+            qs: [0; 256],
+            bsums: [I16Le::default(); 16],
+        }
+    }
+}
+
+/// A block type that may be viewed in place over raw bytes.
+///
+/// # Safety
+/// Implementors must have `align_of == 1`, no padding, and no invalid bit patterns
+/// (every field a byte array or a `repr(transparent)` wrapper of one).
+pub unsafe trait RawBlock: Copy + Default + 'static {}
+
+macro_rules! raw_block {
+    ($($t:ty = $size:expr),* $(,)?) => {$(
+        const _: () = assert!(size_of::<$t>() == $size);
+        const _: () = assert!(align_of::<$t>() == 1);
+        // SAFETY: the asserts above check size (so no padding, given the byte-array fields sum
+        // to it) and alignment 1; every field is a byte array or a transparent byte-array newtype.
+        unsafe impl RawBlock for $t {}
+    )*};
+}
+
+raw_block! {
+    F32Le = 4,
+    F16Le = 2,
+    Bf16Le = 2,
+    BlockQ4_0 = 18,
+    BlockQ4_1 = 20,
+    BlockQ5_0 = 22,
+    BlockQ5_1 = 24,
+    BlockQ8_0 = 34,
+    BlockQ8_1 = 36,
+    BlockQ2K = 84,
+    BlockQ3K = 110,
+    BlockQ4K = 144,
+    BlockQ5K = 176,
+    BlockQ6K = 210,
+    BlockQ8K = 292,
+}
+
+/// View bytes as blocks; `None` unless the length is a whole number of blocks.
+pub fn cast<B: RawBlock>(bytes: &[u8]) -> Option<&[B]> {
+    let size = size_of::<B>();
+    if bytes.len() % size != 0 {
+        return None;
+    }
+    // SAFETY: `B: RawBlock` has alignment 1 and accepts any bit pattern; the length is a whole
+    // number of blocks, so the new slice covers exactly the same bytes with the same lifetime.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), bytes.len() / size) })
+}
+
+/// Mutable view of bytes as blocks; `None` unless the length is a whole number of blocks.
+pub fn cast_mut<B: RawBlock>(bytes: &mut [u8]) -> Option<&mut [B]> {
+    let size = size_of::<B>();
+    if bytes.len() % size != 0 {
+        return None;
+    }
+    // SAFETY: as in `cast`; the exclusive borrow of `bytes` is moved into the result.
+    Some(unsafe {
+        std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<B>(), bytes.len() / size)
+    })
+}
+
+/// The bytes of a block slice (for writing quantized rows into byte buffers, or tests).
+pub fn as_bytes<B: RawBlock>(blocks: &[B]) -> &[u8] {
+    // SAFETY: `RawBlock` types have no padding, so every byte is initialized.
+    unsafe {
+        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
+    }
+}
+
+/// Unpack the 6-bit scale and min of sub-block `j` (0..8) of a Q4_K / Q5_K block
+/// (ggml's `get_scale_min_k4`).
+#[inline]
+pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Unpack the sixteen 6-bit Q3_K scales to their signed values (`raw - 32`, in -32..=31).
+#[inline]
+pub fn q3k_scales(packed: &[u8; 12]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for (j, o) in out.iter_mut().enumerate() {
+        let low = if j < 8 {
+            packed[j] & 0xF
+        } else {
+            packed[j - 8] >> 4
+        };
+        let high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        *o = ((low | (high << 4)) as i8) - 32;
+    }
+    out
+}

@@ -1,0 +1,779 @@
+//! Scalar reference code for every format: dequantization, quantization and the dot product of
+//! a weight row with its activation partner. This is the definition the SIMD kernels are tested
+//! against, written for clarity, with the arithmetic order of ggml's reference C code where
+//! the exact bits matter (dequantization, quantization).
+
+use super::blocks::*;
+use super::types::GgmlType;
+
+/// Accumulates the terms of a reference dot product in f64, together with the sum of their
+/// magnitudes (the scale against which a float-accumulated kernel's rounding error is judged).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DotAcc {
+    pub sum: f64,
+    pub mag: f64,
+}
+
+impl DotAcc {
+    #[inline]
+    fn add(&mut self, term: f64, mag: f64) {
+        self.sum += term;
+        self.mag += mag;
+    }
+}
+
+/// A block format with a scalar reference implementation.
+pub trait BlockFormat: RawBlock {
+    const TYPE: GgmlType;
+    /// Elements per block.
+    const BLOCK: usize;
+    /// The activation format this weight format is multiplied with (ggml's `vec_dot_type`).
+    type Dot: RawBlock;
+    /// `out.len()` must be `blocks.len() * BLOCK`.
+    fn dequantize(blocks: &[Self], out: &mut [f32]);
+    /// Dot product of one weight row with one activation row (same number of elements).
+    fn vec_dot_acc(w: &[Self], x: &[Self::Dot], acc: &mut DotAcc);
+    fn vec_dot_ref(w: &[Self], x: &[Self::Dot]) -> f32 {
+        let mut acc = DotAcc::default();
+        Self::vec_dot_acc(w, x, &mut acc);
+        acc.sum as f32
+    }
+}
+
+/// A format with a reference quantizer (`out.len() * BLOCK == x.len()`).
+pub trait Quantize: BlockFormat {
+    fn quantize(x: &[f32], out: &mut [Self]);
+}
+
+fn check_lengths(nblocks: usize, block: usize, out: usize) {
+    assert_eq!(nblocks * block, out, "block/element count mismatch");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float formats (one element per "block").
+
+impl BlockFormat for F32Le {
+    const TYPE: GgmlType = GgmlType::F32;
+    const BLOCK: usize = 1;
+    type Dot = F32Le;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), 1, out.len());
+        for (o, b) in out.iter_mut().zip(blocks) {
+            *o = b.to_f32();
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[Self], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (a, b) in w.iter().zip(x) {
+            let t = a.to_f32() as f64 * b.to_f32() as f64;
+            acc.add(t, t.abs());
+        }
+    }
+}
+
+impl BlockFormat for F16Le {
+    const TYPE: GgmlType = GgmlType::F16;
+    const BLOCK: usize = 1;
+    type Dot = F16Le;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), 1, out.len());
+        for (o, b) in out.iter_mut().zip(blocks) {
+            *o = b.to_f32();
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[Self], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (a, b) in w.iter().zip(x) {
+            let t = a.to_f32() as f64 * b.to_f32() as f64;
+            acc.add(t, t.abs());
+        }
+    }
+}
+
+impl BlockFormat for Bf16Le {
+    const TYPE: GgmlType = GgmlType::BF16;
+    const BLOCK: usize = 1;
+    type Dot = Bf16Le;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), 1, out.len());
+        for (o, b) in out.iter_mut().zip(blocks) {
+            *o = b.to_f32();
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[Self], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (a, b) in w.iter().zip(x) {
+            let t = a.to_f32() as f64 * b.to_f32() as f64;
+            acc.add(t, t.abs());
+        }
+    }
+}
+
+impl Quantize for F32Le {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), 1, x.len());
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = F32Le::from_f32(v);
+        }
+    }
+}
+
+impl Quantize for F16Le {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), 1, x.len());
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = F16Le::from_f32(v);
+        }
+    }
+}
+
+impl Quantize for Bf16Le {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), 1, x.len());
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = Bf16Le::from_f32(v);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy 32-element formats.
+
+/// Element j of a 4-bit block: low nibbles hold elements 0..16, high nibbles 16..32.
+#[inline]
+fn nibble(qs: &[u8; 16], j: usize) -> i32 {
+    if j < 16 {
+        (qs[j] & 0xF) as i32
+    } else {
+        (qs[j - 16] >> 4) as i32
+    }
+}
+
+/// Fifth bit of element j of a Q5 block.
+#[inline]
+fn bit5(qh: &[u8; 4], j: usize) -> i32 {
+    ((u32::from_le_bytes(*qh) >> j) & 1) as i32
+}
+
+/// Integer dot of 32 weight quants with 32 activation quants, and the sum of |products|.
+#[inline]
+fn idot32(q: impl Fn(usize) -> i32, y: &[i8; 32]) -> (i32, i32) {
+    let (mut s, mut m) = (0i32, 0i32);
+    for (j, &yj) in y.iter().enumerate() {
+        let p = q(j) * yj as i32;
+        s += p;
+        m += p.abs();
+    }
+    (s, m)
+}
+
+impl BlockFormat for BlockQ4_0 {
+    const TYPE: GgmlType = GgmlType::Q4_0;
+    const BLOCK: usize = QK;
+    type Dot = BlockQ8_0;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            let d = b.d.to_f32();
+            for j in 0..16 {
+                y[j] = ((b.qs[j] & 0x0F) as i32 - 8) as f32 * d;
+                y[j + 16] = ((b.qs[j] >> 4) as i32 - 8) as f32 * d;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8_0], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, m) = idot32(|j| nibble(&b.qs, j) - 8, &y.qs);
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            acc.add(d * s as f64, d.abs() * m as f64);
+        }
+    }
+}
+
+impl BlockFormat for BlockQ4_1 {
+    const TYPE: GgmlType = GgmlType::Q4_1;
+    const BLOCK: usize = QK;
+    type Dot = BlockQ8_1;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            let (d, m) = (b.d.to_f32(), b.m.to_f32());
+            for j in 0..16 {
+                y[j] = (b.qs[j] & 0x0F) as f32 * d + m;
+                y[j + 16] = (b.qs[j] >> 4) as f32 * d + m;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8_1], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, m) = idot32(|j| nibble(&b.qs, j), &y.qs);
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            let ms = b.m.to_f32() as f64 * y.s.to_f32() as f64;
+            acc.add(d * s as f64 + ms, d.abs() * m as f64 + ms.abs());
+        }
+    }
+}
+
+impl BlockFormat for BlockQ5_0 {
+    const TYPE: GgmlType = GgmlType::Q5_0;
+    const BLOCK: usize = QK;
+    type Dot = BlockQ8_0;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            let d = b.d.to_f32();
+            for (j, v) in y.iter_mut().enumerate() {
+                *v = ((nibble(&b.qs, j) | (bit5(&b.qh, j) << 4)) - 16) as f32 * d;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8_0], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, m) = idot32(|j| (nibble(&b.qs, j) | (bit5(&b.qh, j) << 4)) - 16, &y.qs);
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            acc.add(d * s as f64, d.abs() * m as f64);
+        }
+    }
+}
+
+impl BlockFormat for BlockQ5_1 {
+    const TYPE: GgmlType = GgmlType::Q5_1;
+    const BLOCK: usize = QK;
+    type Dot = BlockQ8_1;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            let (d, m) = (b.d.to_f32(), b.m.to_f32());
+            for (j, v) in y.iter_mut().enumerate() {
+                *v = (nibble(&b.qs, j) | (bit5(&b.qh, j) << 4)) as f32 * d + m;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8_1], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, m) = idot32(|j| nibble(&b.qs, j) | (bit5(&b.qh, j) << 4), &y.qs);
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            let ms = b.m.to_f32() as f64 * y.s.to_f32() as f64;
+            acc.add(d * s as f64 + ms, d.abs() * m as f64 + ms.abs());
+        }
+    }
+}
+
+impl BlockFormat for BlockQ8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const BLOCK: usize = QK;
+    type Dot = BlockQ8_0;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            let d = b.d.to_f32();
+            for (v, &q) in y.iter_mut().zip(&b.qs) {
+                *v = q as f32 * d;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8_0], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, m) = idot32(|j| b.qs[j] as i32, &y.qs);
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            acc.add(d * s as f64, d.abs() * m as f64);
+        }
+    }
+}
+
+/// Q8_1 only ever appears as an activation; its "dot" partner is itself (unused by models).
+impl BlockFormat for BlockQ8_1 {
+    const TYPE: GgmlType = GgmlType::Q8_1;
+    const BLOCK: usize = QK;
+    type Dot = BlockQ8_1;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
+            let d = b.d.to_f32();
+            for (v, &q) in y.iter_mut().zip(&b.qs) {
+                *v = q as f32 * d;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8_1], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, m) = idot32(|j| b.qs[j] as i32, &y.qs);
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            acc.add(d * s as f64, d.abs() * m as f64);
+        }
+    }
+}
+
+/// ggml's `quantize_row_q4_0_ref`: the scale maps the signed absmax to -8.
+impl Quantize for BlockQ4_0 {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), QK, x.len());
+        for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+            let max = signed_absmax(xb);
+            let d = max / -8.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            b.d = F16Le::from_f32(d);
+            for j in 0..16 {
+                let x0 = ((xb[j] * id + 8.5) as i8).min(15) as u8;
+                let x1 = ((xb[j + 16] * id + 8.5) as i8).min(15) as u8;
+                b.qs[j] = x0 | (x1 << 4);
+            }
+        }
+    }
+}
+
+/// ggml's `quantize_row_q4_1_ref`.
+impl Quantize for BlockQ4_1 {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), QK, x.len());
+        for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+            let (min, max) = min_max(xb);
+            let d = (max - min) / 15.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            b.d = F16Le::from_f32(d);
+            b.m = F16Le::from_f32(min);
+            for j in 0..16 {
+                let x0 = (((xb[j] - min) * id + 0.5) as i8).min(15) as u8;
+                let x1 = (((xb[j + 16] - min) * id + 0.5) as i8).min(15) as u8;
+                b.qs[j] = x0 | (x1 << 4);
+            }
+        }
+    }
+}
+
+/// ggml's `quantize_row_q5_0_ref`.
+impl Quantize for BlockQ5_0 {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), QK, x.len());
+        for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+            let max = signed_absmax(xb);
+            let d = max / -16.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            b.d = F16Le::from_f32(d);
+            let mut qh = 0u32;
+            for j in 0..16 {
+                let x0 = ((xb[j] * id + 16.5) as i8).min(31) as u8;
+                let x1 = ((xb[j + 16] * id + 16.5) as i8).min(31) as u8;
+                b.qs[j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+                qh |= (((x0 & 0x10) >> 4) as u32) << j;
+                qh |= (((x1 & 0x10) >> 4) as u32) << (j + 16);
+            }
+            b.qh = qh.to_le_bytes();
+        }
+    }
+}
+
+/// ggml's `quantize_row_q5_1_ref`.
+impl Quantize for BlockQ5_1 {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), QK, x.len());
+        for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+            let (min, max) = min_max(xb);
+            let d = (max - min) / 31.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            b.d = F16Le::from_f32(d);
+            b.m = F16Le::from_f32(min);
+            let mut qh = 0u32;
+            for j in 0..16 {
+                let x0 = ((xb[j] - min) * id + 0.5) as u8;
+                let x1 = ((xb[j + 16] - min) * id + 0.5) as u8;
+                b.qs[j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+                qh |= (((x0 & 0x10) >> 4) as u32) << j;
+                qh |= (((x1 & 0x10) >> 4) as u32) << (j + 16);
+            }
+            b.qh = qh.to_le_bytes();
+        }
+    }
+}
+
+/// ggml's `quantize_row_q8_0_ref` (model files): `q = roundf(x * (1/d))`, `d = amax/127`.
+impl Quantize for BlockQ8_0 {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), QK, x.len());
+        for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+            let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            b.d = F16Le::from_f32(d);
+            for (q, &v) in b.qs.iter_mut().zip(xb) {
+                *q = (v * id).round() as i8;
+            }
+        }
+    }
+}
+
+/// ggml's `quantize_row_q8_1_ref`.
+impl Quantize for BlockQ8_1 {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), QK, x.len());
+        for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+            let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            b.d = F16Le::from_f32(d);
+            let mut sum = 0i32;
+            for (q, &v) in b.qs.iter_mut().zip(xb) {
+                *q = (v * id).round() as i8;
+                sum += *q as i32;
+            }
+            b.s = F16Le::from_f32(sum as f32 * d);
+        }
+    }
+}
+
+/// The value with the largest magnitude, keeping its sign (the first one on ties).
+fn signed_absmax(x: &[f32]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantizers with the arithmetic of ggml's CPU backend on x86 (what llama.cpp runs on
+// this machine), which differs from the `_ref` functions above in two details: the multiplier
+// is `127/amax` instead of `1/(amax/127)`, and rounding is to nearest *even*
+// (`_mm256_round_ps(_MM_ROUND_NEAREST)`) instead of `roundf`'s half-away-from-zero.
+
+/// Q8_0 activations as ggml-cpu's x86 `quantize_row_q8_0`.
+pub fn quantize_q8_0_act(x: &[f32], out: &mut [BlockQ8_0]) {
+    check_lengths(out.len(), QK, x.len());
+    for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        b.d = F16Le::from_f32(d);
+        for (q, &v) in b.qs.iter_mut().zip(xb) {
+            *q = (v * id).round_ties_even() as i8;
+        }
+    }
+}
+
+/// Q8_1 activations as ggml-cpu's x86 `quantize_row_q8_1`.
+pub fn quantize_q8_1_act(x: &[f32], out: &mut [BlockQ8_1]) {
+    check_lengths(out.len(), QK, x.len());
+    for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        b.d = F16Le::from_f32(d);
+        let mut sum = 0i32;
+        for (q, &v) in b.qs.iter_mut().zip(xb) {
+            *q = (v * id).round_ties_even() as i8;
+            sum += *q as i32;
+        }
+        b.s = F16Le::from_f32(d * sum as f32);
+    }
+}
+
+/// ggml's `nearest_int`: round to nearest even via the 1.5*2^23 trick (valid for |x| < 2^22).
+#[inline]
+pub fn nearest_int(x: f32) -> i32 {
+    let v = x + 12582912.0f32;
+    (v.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
+}
+
+/// ggml's `quantize_row_q8_K_ref` (also what ggml-cpu uses on x86): the scale maps the signed
+/// absmax to -127, quants are clamped above at 127, and `bsums` hold sums of 16 quants.
+impl Quantize for BlockQ8K {
+    fn quantize(x: &[f32], out: &mut [Self]) {
+        check_lengths(out.len(), QK_K, x.len());
+        for (xb, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+            let (mut amax, mut max) = (0.0f32, 0.0f32);
+            for &v in xb {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            if amax == 0.0 {
+                *b = BlockQ8K::default();
+                continue;
+            }
+            let iscale = -127.0 / max;
+            for (q, &v) in b.qs.iter_mut().zip(xb) {
+                *q = nearest_int(iscale * v).min(127) as i8;
+            }
+            for (j, s) in b.bsums.iter_mut().enumerate() {
+                let sum: i32 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum();
+                *s = I16Le::new(sum as i16);
+            }
+            b.d = F32Le::from_f32(1.0 / iscale);
+        }
+    }
+}
+
+impl BlockFormat for BlockQ8K {
+    const TYPE: GgmlType = GgmlType::Q8K;
+    const BLOCK: usize = QK_K;
+    type Dot = BlockQ8K;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK_K, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            let d = b.d.to_f32();
+            for (v, &q) in y.iter_mut().zip(&b.qs) {
+                *v = d * q as f32;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (mut s, mut m) = (0i64, 0i64);
+            for (&a, &c) in b.qs.iter().zip(&y.qs) {
+                let p = a as i64 * c as i64;
+                s += p;
+                m += p.abs();
+            }
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            acc.add(d * s as f64, d.abs() * m as f64);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants. Each dot is written in the form the kernels use: an exact integer sum of
+// `scale * q * y` per super-block, plus the sub-block minimums/offsets applied through the
+// activation's `bsums`; the magnitude counts both parts.
+
+/// Sum of `scale(i/16) * q(i) * y(i)` over a super-block and of its magnitudes.
+#[inline]
+fn kdot(q: impl Fn(usize) -> i32, scale: impl Fn(usize) -> i32, y: &[i8; QK_K]) -> (i64, i64) {
+    let (mut s, mut m) = (0i64, 0i64);
+    for (i, &yi) in y.iter().enumerate() {
+        let p = (scale(i / 16) * q(i) * yi as i32) as i64;
+        s += p;
+        m += p.abs();
+    }
+    (s, m)
+}
+
+/// `sum_s coef(s) * bsums[s]` over the 16 groups and its magnitude.
+#[inline]
+fn kbsum(coef: impl Fn(usize) -> i32, y: &BlockQ8K) -> (i64, i64) {
+    let (mut s, mut m) = (0i64, 0i64);
+    for (g, b) in y.bsums.iter().enumerate() {
+        let p = (coef(g) * b.get() as i32) as i64;
+        s += p;
+        m += p.abs();
+    }
+    (s, m)
+}
+
+/// Q2_K element i: 2 bits from `qs[32*(i/128) + i%32]` at shift `2*((i%128)/32)`.
+#[inline]
+fn q2k_q(b: &BlockQ2K, i: usize) -> i32 {
+    let (half, r) = (i / 128, i % 128);
+    ((b.qs[32 * half + r % 32] >> (2 * (r / 32))) & 3) as i32
+}
+
+impl BlockFormat for BlockQ2K {
+    const TYPE: GgmlType = GgmlType::Q2K;
+    const BLOCK: usize = QK_K;
+    type Dot = BlockQ8K;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK_K, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            let (d, min) = (b.d.to_f32(), b.dmin.to_f32());
+            for (i, v) in y.iter_mut().enumerate() {
+                let sc = b.scales[i / 16];
+                let dl = d * (sc & 0xF) as f32;
+                let ml = min * (sc >> 4) as f32;
+                *v = dl * q2k_q(b, i) as f32 - ml;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, sm) = kdot(|i| q2k_q(b, i), |g| (b.scales[g] & 0xF) as i32, &y.qs);
+            let (m, mm) = kbsum(|g| (b.scales[g] >> 4) as i32, y);
+            let yd = y.d.to_f32();
+            let (d, dmin) = ((b.d.to_f32() * yd) as f64, (b.dmin.to_f32() * yd) as f64);
+            acc.add(
+                d * s as f64 - dmin * m as f64,
+                d.abs() * sm as f64 + dmin.abs() * mm as f64,
+            );
+        }
+    }
+}
+
+/// Q3_K element i as an unsigned 0..8 value (`q + 4*hbit`; the signed value is this minus 4).
+#[inline]
+fn q3k_u(b: &BlockQ3K, i: usize) -> i32 {
+    let (half, r) = (i / 128, i % 128);
+    let low = (b.qs[32 * half + r % 32] >> (2 * (r / 32))) & 3;
+    let high = (b.hmask[i % 32] >> (i / 32)) & 1;
+    (low | (high << 2)) as i32
+}
+
+impl BlockFormat for BlockQ3K {
+    const TYPE: GgmlType = GgmlType::Q3K;
+    const BLOCK: usize = QK_K;
+    type Dot = BlockQ8K;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK_K, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            let d_all = b.d.to_f32();
+            let sc = q3k_scales(&b.scales);
+            for (i, v) in y.iter_mut().enumerate() {
+                let dl = d_all * sc[i / 16] as f32;
+                *v = dl * (q3k_u(b, i) - 4) as f32;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let sc = q3k_scales(&b.scales);
+            let (s, sm) = kdot(|i| q3k_u(b, i), |g| sc[g] as i32, &y.qs);
+            let (m, mm) = kbsum(|g| 4 * sc[g] as i32, y);
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            acc.add(d * (s - m) as f64, d.abs() * (sm + mm) as f64);
+        }
+    }
+}
+
+/// Q4_K element i: nibble of `qs[32*(i/64) + i%32]`, low for the first 32 of each 64.
+#[inline]
+fn q4k_q(b: &BlockQ4K, i: usize) -> i32 {
+    let byte = b.qs[32 * (i / 64) + i % 32];
+    (if (i % 64) < 32 { byte & 0xF } else { byte >> 4 }) as i32
+}
+
+impl BlockFormat for BlockQ4K {
+    const TYPE: GgmlType = GgmlType::Q4K;
+    const BLOCK: usize = QK_K;
+    type Dot = BlockQ8K;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK_K, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            let (d, min) = (b.d.to_f32(), b.dmin.to_f32());
+            for (i, v) in y.iter_mut().enumerate() {
+                let (sc, m) = scale_min_k4(i / 32, &b.scales);
+                let (d1, m1) = (d * sc as f32, min * m as f32);
+                *v = d1 * q4k_q(b, i) as f32 - m1;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, sm) = kdot(
+                |i| q4k_q(b, i),
+                |g| scale_min_k4(g / 2, &b.scales).0 as i32,
+                &y.qs,
+            );
+            let (m, mm) = kbsum(|g| scale_min_k4(g / 2, &b.scales).1 as i32, y);
+            let yd = y.d.to_f32();
+            let (d, dmin) = ((b.d.to_f32() * yd) as f64, (b.dmin.to_f32() * yd) as f64);
+            acc.add(
+                d * s as f64 - dmin * m as f64,
+                d.abs() * sm as f64 + dmin.abs() * mm as f64,
+            );
+        }
+    }
+}
+
+/// Q5_K element i: the Q4_K nibble plus 16 if bit `i/32` of `qh[i%32]` is set.
+#[inline]
+fn q5k_q(b: &BlockQ5K, i: usize) -> i32 {
+    let byte = b.qs[32 * (i / 64) + i % 32];
+    let low = if (i % 64) < 32 { byte & 0xF } else { byte >> 4 };
+    let high = (b.qh[i % 32] >> (i / 32)) & 1;
+    (low | (high << 4)) as i32
+}
+
+impl BlockFormat for BlockQ5K {
+    const TYPE: GgmlType = GgmlType::Q5K;
+    const BLOCK: usize = QK_K;
+    type Dot = BlockQ8K;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK_K, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            let (d, min) = (b.d.to_f32(), b.dmin.to_f32());
+            for (i, v) in y.iter_mut().enumerate() {
+                let (sc, m) = scale_min_k4(i / 32, &b.scales);
+                let (d1, m1) = (d * sc as f32, min * m as f32);
+                *v = d1 * q5k_q(b, i) as f32 - m1;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, sm) = kdot(
+                |i| q5k_q(b, i),
+                |g| scale_min_k4(g / 2, &b.scales).0 as i32,
+                &y.qs,
+            );
+            let (m, mm) = kbsum(|g| scale_min_k4(g / 2, &b.scales).1 as i32, y);
+            let yd = y.d.to_f32();
+            let (d, dmin) = ((b.d.to_f32() * yd) as f64, (b.dmin.to_f32() * yd) as f64);
+            acc.add(
+                d * s as f64 - dmin * m as f64,
+                d.abs() * sm as f64 + dmin.abs() * mm as f64,
+            );
+        }
+    }
+}
+
+/// Q6_K element i as an unsigned 0..64 value (the signed value is this minus 32):
+/// within each 128-half, the 32-element chunk c takes `ql[c%2 * 32 + l]` (low nibble for c < 2)
+/// and bits `2c..2c+2` of `qh[l]`.
+#[inline]
+fn q6k_u(b: &BlockQ6K, i: usize) -> i32 {
+    let (half, r) = (i / 128, i % 128);
+    let (c, l) = (r / 32, r % 32);
+    let ql = b.ql[64 * half + 32 * (c % 2) + l];
+    let low = if c < 2 { ql & 0xF } else { ql >> 4 };
+    let high = (b.qh[32 * half + l] >> (2 * c)) & 3;
+    (low | (high << 4)) as i32
+}
+
+impl BlockFormat for BlockQ6K {
+    const TYPE: GgmlType = GgmlType::Q6K;
+    const BLOCK: usize = QK_K;
+    type Dot = BlockQ8K;
+    fn dequantize(blocks: &[Self], out: &mut [f32]) {
+        check_lengths(blocks.len(), QK_K, out.len());
+        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+            let d = b.d.to_f32();
+            for (i, v) in y.iter_mut().enumerate() {
+                *v = d * b.scales[i / 16] as f32 * (q6k_u(b, i) - 32) as f32;
+            }
+        }
+    }
+    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
+        assert_eq!(w.len(), x.len());
+        for (b, y) in w.iter().zip(x) {
+            let (s, sm) = kdot(|i| q6k_u(b, i), |g| b.scales[g] as i32, &y.qs);
+            let (m, mm) = kbsum(|g| 32 * b.scales[g] as i32, y);
+            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+            acc.add(d * (s - m) as f64, d.abs() * (sm + mm) as f64);
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! Unit tests of the quant module: layouts, reference arithmetic, kernel tables.
+
+use super::blocks::*;
+use super::reference::*;
+use super::*;
+
+#[test]
+fn nearest_int_rounds_half_to_even() {
+    assert_eq!(nearest_int(0.5), 0);
+    assert_eq!(nearest_int(1.5), 2);
+    assert_eq!(nearest_int(-0.5), 0);
+    assert_eq!(nearest_int(-1.5), -2);
+    assert_eq!(nearest_int(126.6), 127);
+    assert_eq!(nearest_int(-127.0), -127);
+}
+
+#[test]
+fn act_quantizer_rounds_ties_to_even_ref_rounds_away() {
+    // amax 127 makes id = 1 exactly: 2.5 is a tie.
+    let mut x = [0.0f32; 32];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = -3.5;
+    let mut act = [BlockQ8_0::default()];
+    quantize_q8_0_act(&x, &mut act);
+    assert_eq!(&act[0].qs[..3], &[127, 2, -4]);
+    let mut r = [BlockQ8_0::default()];
+    BlockQ8_0::quantize(&x, &mut r);
+    assert_eq!(&r[0].qs[..3], &[127, 3, -4]);
+}
+
+#[test]
+fn dot_types_match_ggml() {
+    assert_eq!(dot_type(GgmlType::Q4_1), GgmlType::Q8_1);
+    assert_eq!(dot_type(GgmlType::Q5_0), GgmlType::Q8_0);
+    assert_eq!(dot_type(GgmlType::Q6K), GgmlType::Q8K);
+    assert_eq!(dot_type(GgmlType::BF16), GgmlType::BF16);
+}
+
+#[test]
+fn kernel_table_rejects_activation_formats() {
+    assert!(matches!(
+        kernels(GgmlType::Q8K),
+        Err(QuantError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        kernels(GgmlType::Q8_1),
+        Err(QuantError::Unsupported { .. })
+    ));
+    for t in GgmlType::ALL.into_iter().filter(|t| !t.is_internal()) {
+        let k = kernels(t).unwrap();
+        assert_eq!(k.act, dot_type(t));
+    }
+}
+
+#[test]
+fn row_api_checks_lengths() {
+    let mut out = [0f32; 32];
+    assert!(matches!(
+        dequantize_row(GgmlType::Q4_0, &[0u8; 17], &mut out),
+        Err(QuantError::ByteLength { .. })
+    ));
+    let mut out33 = [0f32; 33];
+    assert!(matches!(
+        dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut out33),
+        Err(QuantError::NotBlockMultiple { .. })
+    ));
+    assert!(dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut out).is_ok());
+    let mut bytes = [0u8; 144];
+    assert!(matches!(
+        quantize_row(GgmlType::Q4K, &[0.0; 256], &mut bytes),
+        Err(QuantError::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn cast_requires_whole_blocks() {
+    let bytes = [0u8; 37];
+    assert!(cast::<BlockQ4_0>(&bytes[..36]).is_some());
+    assert!(cast::<BlockQ4_0>(&bytes).is_none());
+    // Odd addresses are fine: the blocks have alignment 1.
+    assert_eq!(cast::<BlockQ4_0>(&bytes[1..37]).unwrap().len(), 2);
+}
+
+#[test]
+fn q3k_scale_unpack_round_trips() {
+    // Pack 16 known 6-bit values the way ggml's quantizer does, then unpack.
+    let vals: [i8; 16] = [
+        -32, -31, -1, 0, 1, 31, 5, -7, 12, -20, 30, -30, 2, 3, -4, 17,
+    ];
+    let mut packed = [0u8; 12];
+    for (j, &v) in vals.iter().enumerate() {
+        let l = (v as i32 + 32) as u8;
+        if j < 8 {
+            packed[j] = l & 0xF;
+        } else {
+            packed[j - 8] |= (l & 0xF) << 4;
+        }
+        packed[j % 4 + 8] |= (l >> 4) << (2 * (j / 4));
+    }
+    assert_eq!(q3k_scales(&packed), vals);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dot products: every kernel table on every ISA this CPU has, against the f64 reference.
+
+/// xorshift64*: deterministic test data.
+pub(crate) struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// How test blocks choose their scales.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scales {
+    /// Random in ±[0.001, 0.1].
+    Normal,
+    /// fp16 maximum (65504) magnitude.
+    Huge,
+    /// fp16 subnormals.
+    Subnormal,
+    /// Scale zero: the block contributes nothing (and must not produce NaN).
+    Zero,
+}
+
+fn f16_scale(rng: &mut Rng, s: Scales) -> [u8; 2] {
+    let v = match s {
+        Scales::Normal => {
+            let m = 0.001 + 0.099 * (rng.uniform() * 0.5 + 0.5);
+            if rng.next() & 1 == 0 {
+                m
+            } else {
+                -m
+            }
+        }
+        Scales::Huge => {
+            if rng.next() & 1 == 0 {
+                65504.0
+            } else {
+                -65504.0
+            }
+        }
+        Scales::Subnormal => (rng.uniform()) * 6.0e-5,
+        Scales::Zero => 0.0,
+    };
+    F16Le::from_f32(v).0
+}
+
+/// Offsets of the fp16 scale fields within one block of each format.
+fn scale_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
+        GgmlType::Q6K => &[208],
+        _ => &[],
+    }
+}
+
+/// A weight row of `n` elements: random quant bits, scales chosen by `scales`.
+pub(crate) fn random_weight_row(ty: GgmlType, n: usize, rng: &mut Rng, scales: Scales) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..ty.row_bytes(n).unwrap())
+        .map(|_| rng.next() as u8)
+        .collect();
+    match ty {
+        GgmlType::F32 => {
+            for c in bytes.chunks_mut(4) {
+                c.copy_from_slice(&rng.uniform().to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for c in bytes.chunks_mut(2) {
+                c.copy_from_slice(&F16Le::from_f32(rng.uniform()).0);
+            }
+        }
+        GgmlType::BF16 => {
+            for c in bytes.chunks_mut(2) {
+                c.copy_from_slice(&Bf16Le::from_f32(rng.uniform()).0);
+            }
+        }
+        _ => {
+            // Q4_K/Q5_K min scales (dmin) are positive in real files, but any sign is valid.
+            for blk in bytes.chunks_mut(ty.type_size()) {
+                for &off in scale_offsets(ty) {
+                    blk[off..off + 2].copy_from_slice(&f16_scale(rng, scales));
+                }
+            }
+        }
+    }
+    bytes
+}
+
+/// An activation row: random f32 quantized by the table's own activation quantizer.
+pub(crate) fn random_act_row(k: &Kernels, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 4.0).collect();
+    let mut out = vec![0u8; k.act.row_bytes(n).unwrap()];
+    (k.quantize_act)(&x, &mut out);
+    out
+}
+
+/// The f64 reference dot and its magnitude scale.
+pub(crate) fn reference_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> DotAcc {
+    fn go<B: BlockFormat>(n: usize, w: &[u8], x: &[u8]) -> DotAcc {
+        let mut acc = DotAcc::default();
+        let nb = n / B::BLOCK;
+        let w = cast::<B>(&w[..nb * size_of::<B>()]).unwrap();
+        let x = cast::<B::Dot>(&x[..nb * size_of::<B::Dot>()]).unwrap();
+        B::vec_dot_acc(w, x, &mut acc);
+        acc
+    }
+    match ty {
+        GgmlType::F32 => go::<F32Le>(n, w, x),
+        GgmlType::F16 => go::<F16Le>(n, w, x),
+        GgmlType::BF16 => go::<Bf16Le>(n, w, x),
+        GgmlType::Q4_0 => go::<BlockQ4_0>(n, w, x),
+        GgmlType::Q4_1 => go::<BlockQ4_1>(n, w, x),
+        GgmlType::Q5_0 => go::<BlockQ5_0>(n, w, x),
+        GgmlType::Q5_1 => go::<BlockQ5_1>(n, w, x),
+        GgmlType::Q8_0 => go::<BlockQ8_0>(n, w, x),
+        GgmlType::Q2K => go::<BlockQ2K>(n, w, x),
+        GgmlType::Q3K => go::<BlockQ3K>(n, w, x),
+        GgmlType::Q4K => go::<BlockQ4K>(n, w, x),
+        GgmlType::Q5K => go::<BlockQ5K>(n, w, x),
+        GgmlType::Q6K => go::<BlockQ6K>(n, w, x),
+        GgmlType::Q8_1 | GgmlType::Q8K => unreachable!(),
+    }
+}
+
+pub(crate) const WEIGHT_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// Kernel result within float-accumulation noise of the reference: 1e-5 of the magnitude.
+fn assert_close(got: f32, want: &DotAcc, what: &str) {
+    let tol = 1e-5 * want.mag + 1e-30;
+    assert!(!got.is_nan(), "{what}: NaN (reference {})", want.sum);
+    let err = (got as f64 - want.sum).abs();
+    assert!(
+        err <= tol,
+        "{what}: got {got}, reference {} (error {err:e} > tol {tol:e})",
+        want.sum
+    );
+}
+
+/// The reference dot itself against an independent computation: dequantize both rows and sum
+/// the products in f64 (exact for formats without Q8_1's rounded block sums).
+#[test]
+fn reference_dot_equals_dequantized_dot() {
+    let mut rng = Rng(7);
+    for ty in WEIGHT_TYPES {
+        let k = kernels_for(ty, Isa::Scalar).unwrap();
+        let n = 3 * ty.block_size().max(32);
+        let w = random_weight_row(ty, n, &mut rng, Scales::Normal);
+        let x = random_act_row(&k, n, &mut rng);
+        let (mut wf, mut xf) = (vec![0f32; n], vec![0f32; n]);
+        dequantize_row(ty, &w, &mut wf).unwrap();
+        dequantize_row(k.act, &x, &mut xf).unwrap();
+        let direct: f64 = wf.iter().zip(&xf).map(|(&a, &b)| a as f64 * b as f64).sum();
+        let r = reference_dot(ty, n, &w, &x);
+        // Q4_1/Q5_1 use the activation's fp16 block sum `s`: allow its rounding (2^-11).
+        let tol = if k.act == GgmlType::Q8_1 {
+            2e-3 * r.mag
+        } else {
+            1e-6 * r.mag
+        };
+        assert!(
+            (direct - r.sum).abs() <= tol,
+            "{ty}: dequantized {direct} vs reference {}",
+            r.sum
+        );
+    }
+}
+
+/// Block counts, including odd ones, for the dot tests.
+const BLOCK_COUNTS: [usize; 5] = [1, 3, 7, 8, 33];
+
+#[test]
+fn vec_dot_matches_reference_on_every_isa() {
+    let mut rng = Rng(0x1234_5678);
+    for ty in WEIGHT_TYPES {
+        // Float formats: element counts around SIMD widths; block formats: block counts.
+        let lengths: Vec<usize> = if ty.block_size() == 1 {
+            vec![1, 7, 8, 15, 16, 31, 32, 33, 64, 100, 256, 1000]
+        } else {
+            BLOCK_COUNTS.iter().map(|b| b * ty.block_size()).collect()
+        };
+        for isa in Isa::available() {
+            let Ok(k) = kernels_for(ty, isa) else {
+                continue;
+            };
+            for &n in &lengths {
+                for scales in [
+                    Scales::Normal,
+                    Scales::Huge,
+                    Scales::Subnormal,
+                    Scales::Zero,
+                ] {
+                    if ty.block_size() == 1 && !matches!(scales, Scales::Normal) {
+                        continue;
+                    }
+                    let w = random_weight_row(ty, n, &mut rng, scales);
+                    let x = random_act_row(&k, n, &mut rng);
+                    let want = reference_dot(ty, n, &w, &x);
+                    let got = (k.vec_dot)(n, &w, &x);
+                    assert_close(
+                        got,
+                        &want,
+                        &format!("{ty} vec_dot {} n={n} {scales:?}", isa.name()),
+                    );
+                }
+            }
+            // All-zero activations and weights: exactly zero, no NaN.
+            let n = 2 * ty.block_size().max(32);
+            let zw = vec![0u8; ty.row_bytes(n).unwrap()];
+            let zx = vec![0u8; k.act.row_bytes(n).unwrap()];
+            assert_eq!((k.vec_dot)(n, &zw, &zx), 0.0, "{ty} {} zeros", isa.name());
+        }
+    }
+}
+
+#[test]
+fn gemm_matches_reference_on_every_isa() {
+    let mut rng = Rng(0xfeed);
+    for ty in WEIGHT_TYPES {
+        let n = 3 * ty.block_size().max(32);
+        for isa in Isa::available() {
+            let Ok(k) = kernels_for(ty, isa) else {
+                continue;
+            };
+            for (nw, nx) in [
+                (1, 1),
+                (1, 9),
+                (9, 1),
+                (2, 3),
+                (5, 4),
+                (4, 8),
+                (7, 9),
+                (3, 5),
+            ] {
+                // Padded strides, so row starts are not contiguous.
+                let row_w = ty.row_bytes(n).unwrap();
+                let row_x = k.act.row_bytes(n).unwrap();
+                let (w_stride, x_stride, out_stride) = (row_w + 5, row_x + 3, nw + 2);
+                let mut w = vec![0u8; nw * w_stride];
+                let mut x = vec![0u8; nx * x_stride];
+                for i in 0..nw {
+                    let r = random_weight_row(ty, n, &mut rng, Scales::Normal);
+                    w[i * w_stride..i * w_stride + row_w].copy_from_slice(&r);
+                }
+                for j in 0..nx {
+                    let r = random_act_row(&k, n, &mut rng);
+                    x[j * x_stride..j * x_stride + row_x].copy_from_slice(&r);
+                }
+                let mut out = vec![f32::NAN; nx * out_stride];
+                (k.gemm)(n, &w, w_stride, nw, &x, x_stride, nx, &mut out, out_stride);
+                for j in 0..nx {
+                    for i in 0..nw {
+                        let want = reference_dot(ty, n, &w[i * w_stride..], &x[j * x_stride..]);
+                        let got = out[j * out_stride + i];
+                        assert_close(
+                            got,
+                            &want,
+                            &format!("{ty} gemm {} {nw}x{nx} ({i},{j})", isa.name()),
+                        );
+                    }
+                    // Padding between output rows is untouched.
+                    for p in nw..out_stride {
+                        assert!(out[j * out_stride + p].is_nan(), "{ty} gemm wrote padding");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every available tier hands out its own kernels (not a silent scalar fallback).
+#[test]
+fn available_tiers_report_themselves() {
+    let avail = Isa::available();
+    assert!(avail.contains(&Isa::Scalar));
+    for isa in avail.iter().copied().filter(|i| *i != Isa::Neon) {
+        for ty in WEIGHT_TYPES {
+            assert_eq!(kernels_for(ty, isa).unwrap().isa, isa, "{ty} on {isa:?}");
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        assert_eq!(Isa::detect(), Isa::Avx512Vnni);
+    }
+    assert!(matches!(
+        kernels_for(GgmlType::Q4_0, Isa::Neon),
+        Err(QuantError::IsaUnavailable(_))
+    ));
+}

@@ -1,0 +1,917 @@
+//! 256-bit kernels for every weight format, written once and generic over the integer dot
+//! primitive ([`IDot`]: AVX2 `vpmaddubsw`+`vpmaddwd`, or AVX-512 VNNI `vpdpbusd`/`vpdpwssd`).
+//!
+//! Every function here is `#[inline(always)]` and `unsafe`: it is only ever inlined into a
+//! `#[target_feature]` entry point of a tier in `super` (which enables at least AVX2, FMA and
+//! F16C), called only after runtime detection, with pointers whose row lengths were checked by
+//! the safe wrapper. The pointers are byte pointers into weight/activation rows; all loads are
+//! unaligned.
+//!
+//! Shape of every kernel: a *tile* is one weight row against `NX` activation rows. Each weight
+//! block is decoded once into registers and multiplied with the `NX` activation blocks, so a
+//! prefill gemm pays the decode once per `NX` tokens; `vec_dot` is the `NX = 1` tile.
+
+use crate::quant::blocks::{cast_mut, BlockQ8K};
+use crate::quant::reference::{self, Quantize};
+use core::arch::x86_64::*;
+
+/// `acc + a·b` on 8-bit / 16-bit lanes, accumulated into 32-bit lanes.
+pub(super) trait IDot {
+    /// `acc[i] += sum_{k<4} a[4i+k] (u8) * b[4i+k] (i8)`. Callers keep every adjacent-pair sum
+    /// within i16 (the AVX2 version saturates there): |a| <= 128, |b| <= 127 with pairs that
+    /// cannot both be extreme, or a <= 63.
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// `acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1]` (i16 inputs).
+    unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+}
+
+/// AVX2: `vpmaddubsw` then `vpmaddwd` by ones.
+pub(super) struct Maddubs;
+
+impl IDot for Maddubs {
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        let p16 = _mm256_maddubs_epi16(a, b);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers.
+
+#[inline(always)]
+pub(super) unsafe fn loadu(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p.cast())
+}
+
+#[inline(always)]
+pub(super) unsafe fn loadu128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p.cast())
+}
+
+/// fp16 at `p` (unaligned) to f32, exactly (F16C).
+#[inline(always)]
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
+    let h = core::ptr::read_unaligned(p.cast::<u16>());
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+#[inline(always)]
+pub(super) unsafe fn f32_at(p: *const u8) -> f32 {
+    core::ptr::read_unaligned(p.cast::<f32>())
+}
+
+#[inline(always)]
+pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline(always)]
+pub(super) unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+#[inline(always)]
+pub(super) unsafe fn hmax_ps(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    _mm_cvtss_f32(m)
+}
+
+/// 16 bytes of packed nibbles -> 32 bytes in element order (low nibbles are elements 0..16).
+#[inline(always)]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let t = loadu128(p);
+    let b = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
+    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+}
+
+/// The 32 bits at `p` spread to 32 bytes: 0xFF where the bit is set (element order).
+#[inline(always)]
+unsafe fn bits32(p: *const u8) -> __m256i {
+    let x = core::ptr::read_unaligned(p.cast::<u32>());
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0x0000_0000_0000_0000,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// Rows addressed by a tile: the weight row and `NX` activation rows.
+pub(super) trait Tile {
+    /// Elements per block, and bytes per weight / activation block.
+    const BLOCK: usize;
+    const W_BYTES: usize;
+    const X_BYTES: usize;
+    /// Dot of one weight row (`n` elements) with `NX` activation rows.
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX];
+}
+
+/// `nw x nx` dots via tiles of up to 4 activation rows, weight row outermost so the weight row
+/// stays in L1 while every activation row passes over it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_tiles<T: Tile, D: IDot>(
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    nw: usize,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let xr = |j: usize| x.add(j * x_stride);
+    for i in 0..nw {
+        let wr = w.add(i * w_stride);
+        let mut j = 0;
+        while j + 4 <= nx {
+            let r = T::tile::<D, 4>(n, wr, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)]);
+            for (t, v) in r.into_iter().enumerate() {
+                *out.add((j + t) * out_stride + i) = v;
+            }
+            j += 4;
+        }
+        macro_rules! rest {
+            ($nx:literal, [$($t:literal),*]) => {{
+                let r = T::tile::<D, $nx>(n, wr, [$(xr(j + $t)),*]);
+                for (t, v) in r.into_iter().enumerate() {
+                    *out.add((j + t) * out_stride + i) = v;
+                }
+            }};
+        }
+        match nx - j {
+            3 => rest!(3, [0, 1, 2]),
+            2 => rest!(2, [0, 1]),
+            1 => rest!(1, [0]),
+            _ => {}
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy 32-element formats against Q8_0 (signed weights) or Q8_1 (unsigned weights + offset).
+
+/// Decoding of one 32-element weight block.
+pub(super) trait Blk32 {
+    const SIZE: usize;
+    /// Signed quants pair with Q8_0 and use the sign trick (|w| · sign(w)·y, since the byte
+    /// multiply is unsigned × signed); unsigned quants pair with Q8_1 and add `m * s`.
+    const SIGNED: bool;
+    /// The 32 quants in element order.
+    unsafe fn quants(p: *const u8) -> __m256i;
+}
+
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+pub(super) struct Q5_0;
+pub(super) struct Q5_1;
+pub(super) struct Q8_0;
+
+impl Blk32 for Q4_0 {
+    const SIZE: usize = 18;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        _mm256_sub_epi8(nibbles32(p.add(2)), _mm256_set1_epi8(8))
+    }
+}
+
+impl Blk32 for Q4_1 {
+    const SIZE: usize = 20;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        nibbles32(p.add(4))
+    }
+}
+
+impl Blk32 for Q5_0 {
+    const SIZE: usize = 22;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        // nibble | 0xF0 (= nibble - 16 as i8) where the fifth bit is clear.
+        let hi = _mm256_andnot_si256(bits32(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+        _mm256_or_si256(nibbles32(p.add(6)), hi)
+    }
+}
+
+impl Blk32 for Q5_1 {
+    const SIZE: usize = 24;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        let hi = _mm256_and_si256(bits32(p.add(4)), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles32(p.add(8)), hi)
+    }
+}
+
+impl Blk32 for Q8_0 {
+    const SIZE: usize = 34;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> __m256i {
+        loadu(p.add(2))
+    }
+}
+
+/// Tile adapter for the 32-element formats.
+pub(super) struct T32<F>(core::marker::PhantomData<F>);
+
+impl<F: Blk32> T32<F> {
+    /// Activation block layout: Q8_0 (d, qs) or Q8_1 (d, s, qs).
+    const XB: usize = if F::SIGNED { 34 } else { 36 };
+    const XQ: usize = if F::SIGNED { 2 } else { 4 };
+
+    /// Integer dot of one decoded weight block (`q`, and `aq` = |q| for signed formats) with
+    /// the activation block at `xp`, as 8 f32 lanes.
+    #[inline(always)]
+    unsafe fn block<D: IDot>(q: __m256i, aq: __m256i, xp: *const u8) -> __m256 {
+        let y = loadu(xp.add(Self::XQ));
+        let zero = _mm256_setzero_si256();
+        let i = if F::SIGNED {
+            D::dpbusd(zero, aq, _mm256_sign_epi8(y, q))
+        } else {
+            D::dpbusd(zero, q, y)
+        };
+        _mm256_cvtepi32_ps(i)
+    }
+}
+
+impl<F: Blk32> Tile for T32<F> {
+    const BLOCK: usize = 32;
+    const W_BYTES: usize = F::SIZE;
+    const X_BYTES: usize = Self::XB;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        let nb = n / 32;
+        let mut acc = [_mm256_setzero_ps(); NX];
+        let mut acc2 = [_mm256_setzero_ps(); NX];
+        let mut summ = [0f32; NX];
+        let mut b = 0;
+        // Two blocks per step with separate accumulators: shorter FMA dependency chains.
+        while b + 2 <= nb {
+            for (u, acc) in [(0, &mut acc), (1, &mut acc2)] {
+                let wp = w.add((b + u) * F::SIZE);
+                let q = F::quants(wp);
+                let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
+                let dw = f16_at(wp);
+                for j in 0..NX {
+                    let xp = x[j].add((b + u) * Self::XB);
+                    let p = Self::block::<D>(q, aq, xp);
+                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(xp)), p, acc[j]);
+                    if !F::SIGNED {
+                        summ[j] += f16_at(wp.add(2)) * f16_at(xp.add(2));
+                    }
+                }
+            }
+            b += 2;
+        }
+        if b < nb {
+            let wp = w.add(b * F::SIZE);
+            let q = F::quants(wp);
+            let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
+            let dw = f16_at(wp);
+            for j in 0..NX {
+                let xp = x[j].add(b * Self::XB);
+                let p = Self::block::<D>(q, aq, xp);
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(xp)), p, acc[j]);
+                if !F::SIGNED {
+                    summ[j] += f16_at(wp.add(2)) * f16_at(xp.add(2));
+                }
+            }
+        }
+        let mut out = [0f32; NX];
+        for j in 0..NX {
+            out[j] = hsum_ps(_mm256_add_ps(acc[j], acc2[j])) + summ[j];
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants against Q8_K. Each super-block is 8 chunks of 32 elements. A format provides the
+// chunks as *unsigned* bytes (<= 63, so `vpmaddubsw` cannot saturate) and 16-bit scales; signed
+// values and sub-block minimums are applied through Q8_K's `bsums` (sums of 16 activations):
+//
+//   dot = d·yd · Σ_chunks Σ scale·u·y  +  dm·yd · Σ_groups corr[g]·bsums[g]
+//
+// where for offset formats (Q3_K: u-4, Q6_K: u-32) `corr = -offset·scale` and `dm = d` (the
+// two integer sums are added exactly), and for min formats (Q2_K, Q4_K, Q5_K) `corr = min`
+// and `dm = -dmin`.
+
+/// Per-super-block decoded scale data.
+pub(super) struct KPrep {
+    pub d: f32,
+    pub dm: f32,
+    /// Scales as i16, 8 per 128-bit lane, broadcast to both lanes. Per-16 formats: `[0]` holds
+    /// scales 0..8, `[1]` scales 8..16. Per-32 formats: `[0]` holds the 8 scales.
+    pub sc: [__m256i; 2],
+    /// 16 i16 coefficients of the 16 bsums.
+    pub corr: __m256i,
+}
+
+pub(super) trait BlkK {
+    const SIZE: usize;
+    /// Scales per 16 elements (else per 32).
+    const PER16: bool;
+    /// Offset format: the correction is added to the integer sum.
+    const INT_CORR: bool;
+    unsafe fn prep(p: *const u8) -> KPrep;
+    /// Unsigned quants of chunk `k` (elements `32k..32k+32`).
+    unsafe fn chunk(p: *const u8, k: usize) -> __m256i;
+}
+
+/// Byte-shuffle masks selecting the chunk's scales from `KPrep::sc`.
+#[inline(always)]
+unsafe fn scale_shuffle(per16: bool, k: usize) -> __m256i {
+    if per16 {
+        // Chunk k covers sub-blocks 2t, 2t+1 of its half (t = k % 4): low lane gets i16 #2t,
+        // high lane gets #2t+1.
+        let t = (k % 4) as i8;
+        let lo = _mm_set1_epi16(i16::from_le_bytes([(4 * t) as u8, (4 * t + 1) as u8]));
+        let hi = _mm_set1_epi16(i16::from_le_bytes([(4 * t + 2) as u8, (4 * t + 3) as u8]));
+        _mm256_set_m128i(hi, lo)
+    } else {
+        let k = k as u8;
+        _mm256_set1_epi16(i16::from_le_bytes([2 * k, 2 * k + 1]))
+    }
+}
+
+/// `(x >> s) & mask` on bytes, for a shift count known after unrolling.
+#[inline(always)]
+unsafe fn shr_bytes(x: __m256i, s: usize, mask: i8) -> __m256i {
+    _mm256_and_si256(
+        _mm256_srl_epi16(x, _mm_cvtsi32_si128(s as i32)),
+        _mm256_set1_epi8(mask),
+    )
+}
+
+pub(super) struct Q2K;
+pub(super) struct Q3K;
+pub(super) struct Q4K;
+pub(super) struct Q5K;
+pub(super) struct Q6K;
+
+impl BlkK for Q2K {
+    const SIZE: usize = 84;
+    const PER16: bool = true;
+    const INT_CORR: bool = false;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        let raw = loadu128(p);
+        let sc = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+        let mins = _mm_and_si128(_mm_srli_epi16::<4>(raw), _mm_set1_epi8(0x0F));
+        let sc16 = _mm256_cvtepu8_epi16(sc);
+        KPrep {
+            d: f16_at(p.add(80)),
+            dm: -f16_at(p.add(82)),
+            sc: [
+                _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
+                _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
+            ],
+            corr: _mm256_cvtepu8_epi16(mins),
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> __m256i {
+        shr_bytes(loadu(p.add(16 + 32 * (k / 4))), 2 * (k % 4), 3)
+    }
+}
+
+impl BlkK for Q3K {
+    const SIZE: usize = 110;
+    const PER16: bool = true;
+    const INT_CORR: bool = true;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        // Unpack the 12 bytes of 6-bit scales (ggml's kmask trick) to 16 bytes of `scale + 32`.
+        let mut aux = [0u32; 3];
+        core::ptr::copy_nonoverlapping(p.add(96), aux.as_mut_ptr().cast::<u8>(), 12);
+        const KM1: u32 = 0x0303_0303;
+        const KM2: u32 = 0x0f0f_0f0f;
+        let tmp = aux[2];
+        let s = [
+            (aux[0] & KM2) | ((tmp & KM1) << 4),
+            (aux[1] & KM2) | (((tmp >> 2) & KM1) << 4),
+            ((aux[0] >> 4) & KM2) | (((tmp >> 4) & KM1) << 4),
+            ((aux[1] >> 4) & KM2) | (((tmp >> 6) & KM1) << 4),
+        ];
+        let raw = _mm_loadu_si128(s.as_ptr().cast());
+        let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(raw, _mm_set1_epi8(32)));
+        let d = f16_at(p.add(108));
+        KPrep {
+            d,
+            dm: d,
+            sc: [
+                _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
+                _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
+            ],
+            corr: _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<2>(sc16)),
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> __m256i {
+        let low = shr_bytes(loadu(p.add(32 + 32 * (k / 4))), 2 * (k % 4), 3);
+        let high = shr_bytes(loadu(p), k, 1);
+        _mm256_or_si256(low, _mm256_slli_epi16::<2>(high))
+    }
+}
+
+/// Q4_K / Q5_K scales and mins: 12 bytes -> 8 scales and 8 mins (ggml's utmp shuffle).
+#[inline(always)]
+unsafe fn k4_scales_mins(p: *const u8) -> (__m256i, __m256i) {
+    let mut u = [0u32; 4];
+    core::ptr::copy_nonoverlapping(p, u.as_mut_ptr().cast::<u8>(), 12);
+    const KM1: u32 = 0x3f3f_3f3f;
+    const KM2: u32 = 0x0f0f_0f0f;
+    const KM3: u32 = 0x0303_0303;
+    u[3] = ((u[2] >> 4) & KM2) | (((u[1] >> 6) & KM3) << 4);
+    let uaux = u[1] & KM1;
+    u[1] = (u[2] & KM2) | (((u[0] >> 6) & KM3) << 4);
+    u[2] = uaux;
+    u[0] &= KM1;
+    // i16 lanes 0..8 = scales, 8..16 = mins.
+    let sm = _mm256_cvtepu8_epi16(_mm_loadu_si128(u.as_ptr().cast()));
+    let sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+    let mins = _mm256_extracti128_si256::<1>(sm);
+    // Each min twice: bsums come per 16 elements, mins per 32.
+    let corr = _mm256_set_m128i(
+        _mm_unpackhi_epi16(mins, mins),
+        _mm_unpacklo_epi16(mins, mins),
+    );
+    (sc, corr)
+}
+
+impl BlkK for Q4K {
+    const SIZE: usize = 144;
+    const PER16: bool = false;
+    const INT_CORR: bool = false;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        let (sc, corr) = k4_scales_mins(p.add(4));
+        KPrep {
+            d: f16_at(p),
+            dm: -f16_at(p.add(2)),
+            sc: [sc, sc],
+            corr,
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> __m256i {
+        shr_bytes(loadu(p.add(16 + 32 * (k / 2))), 4 * (k % 2), 0x0F)
+    }
+}
+
+impl BlkK for Q5K {
+    const SIZE: usize = 176;
+    const PER16: bool = false;
+    const INT_CORR: bool = false;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        let (sc, corr) = k4_scales_mins(p.add(4));
+        KPrep {
+            d: f16_at(p),
+            dm: -f16_at(p.add(2)),
+            sc: [sc, sc],
+            corr,
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> __m256i {
+        let low = shr_bytes(loadu(p.add(48 + 32 * (k / 2))), 4 * (k % 2), 0x0F);
+        let high = shr_bytes(loadu(p.add(16)), k, 1);
+        _mm256_or_si256(low, _mm256_slli_epi16::<4>(high))
+    }
+}
+
+impl BlkK for Q6K {
+    const SIZE: usize = 210;
+    const PER16: bool = true;
+    const INT_CORR: bool = true;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        let sc16 = _mm256_cvtepi8_epi16(loadu128(p.add(192)));
+        KPrep {
+            d: f16_at(p.add(208)),
+            dm: f16_at(p.add(208)),
+            sc: [
+                _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
+                _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
+            ],
+            corr: _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<5>(sc16)),
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> __m256i {
+        let (h, c) = (k / 4, k % 4);
+        let low = shr_bytes(loadu(p.add(64 * h + 32 * (c % 2))), 4 * (c / 2), 0x0F);
+        let high = shr_bytes(loadu(p.add(128 + 32 * h)), 2 * c, 3);
+        _mm256_or_si256(low, _mm256_slli_epi16::<4>(high))
+    }
+}
+
+/// Q8_K activation block: f32 d at 0, 256 quants at 4, 16 i16 bsums at 260.
+const Q8K_BYTES: usize = 292;
+
+/// Tile adapter for the k-quants.
+pub(super) struct TK<F>(core::marker::PhantomData<F>);
+
+impl<F: BlkK> Tile for TK<F> {
+    const BLOCK: usize = 256;
+    const W_BYTES: usize = F::SIZE;
+    const X_BYTES: usize = Q8K_BYTES;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        let nb = n / 256;
+        let mut acc = [_mm256_setzero_ps(); NX];
+        for b in 0..nb {
+            let wp = w.add(b * F::SIZE);
+            let pr = F::prep(wp);
+            // Two integer accumulators per row (even/odd chunks): shorter dependency chains.
+            let mut isum = [[_mm256_setzero_si256(); 2]; NX];
+            macro_rules! step {
+                ($k:expr) => {{
+                    let q = F::chunk(wp, $k);
+                    let sc = _mm256_shuffle_epi8(
+                        pr.sc[if F::PER16 { $k / 4 } else { 0 }],
+                        scale_shuffle(F::PER16, $k),
+                    );
+                    for j in 0..NX {
+                        let y = loadu(x[j].add(b * Q8K_BYTES + 4 + 32 * $k));
+                        let p16 = _mm256_maddubs_epi16(q, y);
+                        isum[j][$k % 2] = D::dpwssd(isum[j][$k % 2], p16, sc);
+                    }
+                }};
+            }
+            step!(0);
+            step!(1);
+            step!(2);
+            step!(3);
+            step!(4);
+            step!(5);
+            step!(6);
+            step!(7);
+            for j in 0..NX {
+                let xp = x[j].add(b * Q8K_BYTES);
+                let yd = f32_at(xp);
+                let m = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
+                let s = _mm256_add_epi32(isum[j][0], isum[j][1]);
+                if F::INT_CORR {
+                    let s = _mm256_add_epi32(s, m);
+                    acc[j] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(pr.d * yd), _mm256_cvtepi32_ps(s), acc[j]);
+                } else {
+                    acc[j] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(pr.d * yd), _mm256_cvtepi32_ps(s), acc[j]);
+                    acc[j] =
+                        _mm256_fmadd_ps(_mm256_set1_ps(pr.dm * yd), _mm256_cvtepi32_ps(m), acc[j]);
+                }
+            }
+        }
+        let mut out = [0f32; NX];
+        for j in 0..NX {
+            out[j] = hsum_ps(acc[j]);
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float formats: weight and activation in the same format (f32, f16, bf16).
+
+pub(super) trait FloatFmt {
+    const BYTES: usize;
+    /// 8 elements starting at element `i`.
+    unsafe fn load8(p: *const u8, i: usize) -> __m256;
+    unsafe fn one(p: *const u8, i: usize) -> f32;
+}
+
+pub(super) struct F32;
+pub(super) struct F16;
+pub(super) struct BF16;
+
+impl FloatFmt for F32 {
+    const BYTES: usize = 4;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8, i: usize) -> __m256 {
+        _mm256_loadu_ps(p.add(4 * i).cast())
+    }
+    #[inline(always)]
+    unsafe fn one(p: *const u8, i: usize) -> f32 {
+        f32_at(p.add(4 * i))
+    }
+}
+
+impl FloatFmt for F16 {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8, i: usize) -> __m256 {
+        _mm256_cvtph_ps(loadu128(p.add(2 * i)))
+    }
+    #[inline(always)]
+    unsafe fn one(p: *const u8, i: usize) -> f32 {
+        f16_at(p.add(2 * i))
+    }
+}
+
+impl FloatFmt for BF16 {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8, i: usize) -> __m256 {
+        let h = _mm256_cvtepu16_epi32(loadu128(p.add(2 * i)));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+    }
+    #[inline(always)]
+    unsafe fn one(p: *const u8, i: usize) -> f32 {
+        let h = core::ptr::read_unaligned(p.add(2 * i).cast::<u16>());
+        f32::from_bits((h as u32) << 16)
+    }
+}
+
+pub(super) struct TF<F>(core::marker::PhantomData<F>);
+
+impl<F: FloatFmt> Tile for TF<F> {
+    const BLOCK: usize = 1;
+    const W_BYTES: usize = F::BYTES;
+    const X_BYTES: usize = F::BYTES;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        let mut i = 0;
+        let mut out = [0f32; NX];
+        if NX == 1 {
+            // Four independent accumulators hide the FMA latency.
+            let mut a = [_mm256_setzero_ps(); 4];
+            while i + 32 <= n {
+                for (u, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(F::load8(w, i + 8 * u), F::load8(x[0], i + 8 * u), *a);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                a[0] = _mm256_fmadd_ps(F::load8(w, i), F::load8(x[0], i), a[0]);
+                i += 8;
+            }
+            out[0] = hsum_ps(_mm256_add_ps(
+                _mm256_add_ps(a[0], a[1]),
+                _mm256_add_ps(a[2], a[3]),
+            ));
+        } else {
+            let mut a = [[_mm256_setzero_ps(); 2]; NX];
+            while i + 16 <= n {
+                let w0 = F::load8(w, i);
+                let w1 = F::load8(w, i + 8);
+                for j in 0..NX {
+                    a[j][0] = _mm256_fmadd_ps(w0, F::load8(x[j], i), a[j][0]);
+                    a[j][1] = _mm256_fmadd_ps(w1, F::load8(x[j], i + 8), a[j][1]);
+                }
+                i += 16;
+            }
+            while i + 8 <= n {
+                let w0 = F::load8(w, i);
+                for j in 0..NX {
+                    a[j][0] = _mm256_fmadd_ps(w0, F::load8(x[j], i), a[j][0]);
+                }
+                i += 8;
+            }
+            for j in 0..NX {
+                out[j] = hsum_ps(_mm256_add_ps(a[j][0], a[j][1]));
+            }
+        }
+        for k in i..n {
+            let wk = F::one(w, k);
+            for j in 0..NX {
+                out[j] += wk * F::one(x[j], k);
+            }
+        }
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantizers, bit-identical to the scalar ones in `reference`.
+
+/// 32 f32 at `x` -> (i8 quants in element order, as 32 bytes) with multiplier `id`,
+/// rounding half to even; also the i32 lane sums of the quants (for Q8_1's `s`).
+#[inline(always)]
+unsafe fn round_pack32(v: [__m256; 4], id: f32) -> (__m256i, __m256i) {
+    let mul = _mm256_set1_ps(id);
+    let r = |v: __m256| {
+        _mm256_cvtps_epi32(_mm256_round_ps::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(_mm256_mul_ps(v, mul)))
+    };
+    let (i0, i1, i2, i3) = (r(v[0]), r(v[1]), r(v[2]), r(v[3]));
+    let sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    let a = _mm256_packs_epi32(i0, i1);
+    let b = _mm256_packs_epi32(i2, i3);
+    let q = _mm256_packs_epi16(a, b);
+    let q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    (q, sum)
+}
+
+#[inline(always)]
+unsafe fn load32(x: *const f32) -> [__m256; 4] {
+    [
+        _mm256_loadu_ps(x),
+        _mm256_loadu_ps(x.add(8)),
+        _mm256_loadu_ps(x.add(16)),
+        _mm256_loadu_ps(x.add(24)),
+    ]
+}
+
+#[inline(always)]
+unsafe fn has_nan(v: &[__m256; 4]) -> bool {
+    let mut m = _mm256_cmp_ps::<_CMP_UNORD_Q>(v[0], v[0]);
+    for &vi in &v[1..] {
+        m = _mm256_or_ps(m, _mm256_cmp_ps::<_CMP_UNORD_Q>(vi, vi));
+    }
+    _mm256_movemask_ps(m) != 0
+}
+
+#[inline(always)]
+unsafe fn absmax32(v: &[__m256; 4]) -> f32 {
+    let sign = _mm256_set1_ps(-0.0);
+    let mut m = _mm256_andnot_ps(sign, v[0]);
+    for &vi in &v[1..] {
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, vi));
+    }
+    hmax_ps(m)
+}
+
+/// Q8_0 (`with_sum = false`) or Q8_1 (`true`) activations; `nb` blocks of 32 from `x` to `y`.
+#[inline(always)]
+pub(super) unsafe fn quantize_q8_01(x: *const f32, y: *mut u8, nb: usize, with_sum: bool) {
+    let bytes = if with_sum { 36 } else { 34 };
+    for b in 0..nb {
+        let v = load32(x.add(32 * b));
+        let amax = absmax32(&v);
+        if !amax.is_finite() || has_nan(&v) {
+            // Non-finite input: the scalar quantizer defines the result (vector min/max and
+            // float->int conversion treat NaN and infinity differently).
+            let xs = core::slice::from_raw_parts(x.add(32 * b), 32);
+            let ys = core::slice::from_raw_parts_mut(y.add(b * bytes), bytes);
+            if with_sum {
+                reference::quantize_q8_1_act(xs, cast_mut(ys).expect("one whole block"));
+            } else {
+                reference::quantize_q8_0_act(xs, cast_mut(ys).expect("one whole block"));
+            }
+            continue;
+        }
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let (q, sum) = round_pack32(v, id);
+        let yp = y.add(b * bytes);
+        core::ptr::write_unaligned(
+            yp.cast::<[u8; 2]>(),
+            half::f16::from_f32(d).to_bits().to_le_bytes(),
+        );
+        if with_sum {
+            let s = d * hsum_epi32(sum) as f32;
+            core::ptr::write_unaligned(
+                yp.add(2).cast::<[u8; 2]>(),
+                half::f16::from_f32(s).to_bits().to_le_bytes(),
+            );
+        }
+        _mm256_storeu_si256(yp.add(bytes - 32).cast(), q);
+    }
+}
+
+/// Q8_K activations (ggml's reference arithmetic: scale from the signed absmax, -127/max,
+/// rounding half to even, clamp at 127), `nb` super-blocks.
+#[inline(always)]
+pub(super) unsafe fn quantize_q8k(x: *const f32, y: *mut u8, nb: usize) {
+    let sign = _mm256_set1_ps(-0.0);
+    for b in 0..nb {
+        let xb = x.add(256 * b);
+        let yp = y.add(b * Q8K_BYTES);
+        let mut m = _mm256_setzero_ps();
+        let mut nan = _mm256_setzero_ps();
+        for i in 0..32 {
+            let v = _mm256_loadu_ps(xb.add(8 * i));
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        }
+        let amax = hmax_ps(m);
+        if amax == 0.0 || !amax.is_finite() || _mm256_movemask_ps(nan) != 0 {
+            // Zero or non-finite input: the scalar quantizer defines the result.
+            let xs = core::slice::from_raw_parts(xb, 256);
+            let ys = core::slice::from_raw_parts_mut(yp, Q8K_BYTES);
+            BlockQ8K::quantize(xs, cast_mut(ys).expect("one whole block"));
+            continue;
+        }
+        // The first element whose magnitude is the maximum, with its sign.
+        let target = _mm256_set1_ps(amax);
+        let mut max = amax;
+        for i in 0..32 {
+            let v = _mm256_loadu_ps(xb.add(8 * i));
+            let hit = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
+                _mm256_andnot_ps(sign, v),
+                target,
+            ));
+            if hit != 0 {
+                max = *xb.add(8 * i + hit.trailing_zeros() as usize);
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let mul = _mm256_set1_ps(iscale);
+        let lim = _mm256_set1_epi32(127);
+        let mut bsums = [0i16; 16];
+        for c in 0..8 {
+            let r = |i: usize| {
+                let v = _mm256_mul_ps(mul, _mm256_loadu_ps(xb.add(32 * c + 8 * i)));
+                let v = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                _mm256_min_epi32(_mm256_cvtps_epi32(v), lim)
+            };
+            let (i0, i1, i2, i3) = (r(0), r(1), r(2), r(3));
+            let q = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+            let q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(yp.add(4 + 32 * c).cast(), q);
+            bsums[2 * c] = hsum_epi32(_mm256_add_epi32(i0, i1)) as i16;
+            bsums[2 * c + 1] = hsum_epi32(_mm256_add_epi32(i2, i3)) as i16;
+        }
+        core::ptr::write_unaligned(yp.cast::<[u8; 4]>(), (1.0 / iscale).to_le_bytes());
+        for (g, s) in bsums.iter().enumerate() {
+            core::ptr::write_unaligned(yp.add(260 + 2 * g).cast::<[u8; 2]>(), s.to_le_bytes());
+        }
+    }
+}
+
+/// f32 -> f16, round to nearest even.
+#[inline(always)]
+pub(super) unsafe fn quantize_f16(x: *const f32, y: *mut u8, n: usize) {
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.add(i)));
+        _mm_storeu_si128(y.add(2 * i).cast(), h);
+        i += 8;
+    }
+    for k in i..n {
+        let h = half::f16::from_f32(*x.add(k)).to_bits().to_le_bytes();
+        core::ptr::write_unaligned(y.add(2 * k).cast::<[u8; 2]>(), h);
+    }
+}
+
+/// f32 -> bf16, round to nearest even; NaN keeps its top bits with the quiet bit set.
+#[inline(always)]
+pub(super) unsafe fn quantize_bf16(x: *const f32, y: *mut u8, n: usize) {
+    let mut i = 0;
+    while i + 8 <= n {
+        let v = _mm256_loadu_ps(x.add(i));
+        let u = _mm256_castps_si256(v);
+        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(u), _mm256_set1_epi32(1));
+        let r = _mm256_srli_epi32::<16>(_mm256_add_epi32(
+            u,
+            _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb),
+        ));
+        let nan = _mm256_or_si256(_mm256_srli_epi32::<16>(u), _mm256_set1_epi32(0x40));
+        let is_nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        let h = _mm256_blendv_epi8(r, nan, is_nan);
+        // 8 u32 (each < 2^16) -> 8 u16.
+        let packed = _mm256_packus_epi32(h, h);
+        let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(packed);
+        _mm_storeu_si128(y.add(2 * i).cast(), _mm256_castsi256_si128(packed));
+        i += 8;
+    }
+    for k in i..n {
+        let h = half::bf16::from_f32(*x.add(k)).to_bits().to_le_bytes();
+        core::ptr::write_unaligned(y.add(2 * k).cast::<[u8; 2]>(), h);
+    }
+}

@@ -1,0 +1,230 @@
+//! x86-64 kernels. Every function that uses AVX2/AVX-512 instructions is `#[target_feature]`
+//! and is reachable only through the [`Kernels`] table built by [`kernels`], which `super`
+//! calls only for a tier that [`Isa::is_available`] confirmed at run time (CPUID).
+//!
+//! The kernels are written once, generic over the block format and the integer-dot primitive
+//! (`avx2.rs`); each tier below instantiates them inside its own `#[target_feature]` entry
+//! points, so the same source compiles to AVX2 code, to AVX-512VL code, and to AVX-512 VNNI code
+//! (`vpdpbusd` / `vpdpwssd`, see `avx512.rs`).
+
+mod avx2;
+mod avx512;
+
+use super::{check_gemm, GgmlType, Isa, Kernels, QuantizeFn};
+
+pub(super) fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+pub(super) fn has_avx512() -> bool {
+    has_avx2()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512dq")
+}
+
+pub(super) fn has_avx512vnni() -> bool {
+    has_avx512() && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Generates one tier: `#[target_feature]` entry points instantiating the generic kernels with
+/// the tier's integer-dot primitive, and safe wrappers that check buffer lengths first.
+macro_rules! tier {
+    ($name:ident, $features:literal, $idot:ty, $isa:expr) => {
+        pub(super) mod $name {
+            use super::avx2::{self as k, Tile};
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            unsafe fn vec_dot_tf<T: Tile>(n: usize, w: *const u8, x: *const u8) -> f32 {
+                T::tile::<$idot, 1>(n, w, [x])[0]
+            }
+
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn gemm_tf<T: Tile>(
+                n: usize,
+                w: *const u8,
+                w_stride: usize,
+                nw: usize,
+                x: *const u8,
+                x_stride: usize,
+                nx: usize,
+                out: *mut f32,
+                out_stride: usize,
+            ) {
+                k::gemm_tiles::<T, $idot>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+            }
+
+            /// Row bytes of `n` elements for the weight and activation sides (panics on a
+            /// ragged row: a caller bug, shapes are checked at model load).
+            fn rows<T: Tile>(n: usize) -> (usize, usize) {
+                assert!(
+                    n % T::BLOCK == 0,
+                    "row of {n} elements is not whole {}-blocks",
+                    T::BLOCK
+                );
+                (n / T::BLOCK * T::W_BYTES, n / T::BLOCK * T::X_BYTES)
+            }
+
+            fn vec_dot<T: Tile>(n: usize, w: &[u8], x: &[u8]) -> f32 {
+                let (rw, rx) = rows::<T>(n);
+                assert!(
+                    w.len() >= rw && x.len() >= rx,
+                    "vec_dot buffers shorter than the row"
+                );
+                // SAFETY: this tier was detected before its table was built; both rows hold
+                // `n` elements (checked above) and the kernel reads only within them.
+                unsafe { vec_dot_tf::<T>(n, w.as_ptr(), x.as_ptr()) }
+            }
+
+            #[allow(clippy::too_many_arguments)]
+            fn gemm<T: Tile>(
+                n: usize,
+                w: &[u8],
+                w_stride: usize,
+                nw: usize,
+                x: &[u8],
+                x_stride: usize,
+                nx: usize,
+                out: &mut [f32],
+                out_stride: usize,
+            ) {
+                let (rw, rx) = rows::<T>(n);
+                check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+                // SAFETY: feature detected (see `vec_dot`); `check_gemm` verified every row
+                // touched lies inside `w`, `x` and `out`.
+                unsafe {
+                    gemm_tf::<T>(
+                        n,
+                        w.as_ptr(),
+                        w_stride,
+                        nw,
+                        x.as_ptr(),
+                        x_stride,
+                        nx,
+                        out.as_mut_ptr(),
+                        out_stride,
+                    )
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn q8_01_tf(x: *const f32, y: *mut u8, nb: usize, with_sum: bool) {
+                k::quantize_q8_01(x, y, nb, with_sum)
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn q8k_tf(x: *const f32, y: *mut u8, nb: usize) {
+                k::quantize_q8k(x, y, nb)
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn f16_tf(x: *const f32, y: *mut u8, n: usize) {
+                k::quantize_f16(x, y, n)
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn bf16_tf(x: *const f32, y: *mut u8, n: usize) {
+                k::quantize_bf16(x, y, n)
+            }
+
+            /// Checks `out` holds the quantized row and returns the block count.
+            fn act_blocks(x: &[f32], out: &[u8], block: usize, bytes: usize) -> usize {
+                assert!(
+                    x.len() % block == 0,
+                    "activation row is not whole {block}-blocks"
+                );
+                let nb = x.len() / block;
+                assert!(out.len() >= nb * bytes, "activation buffer too short");
+                nb
+            }
+
+            fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+                let nb = act_blocks(x, out, 32, 34);
+                // SAFETY: feature detected; `nb` blocks of input and output exist (checked).
+                unsafe { q8_01_tf(x.as_ptr(), out.as_mut_ptr(), nb, false) }
+            }
+            fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
+                let nb = act_blocks(x, out, 32, 36);
+                // SAFETY: as `quantize_q8_0`.
+                unsafe { q8_01_tf(x.as_ptr(), out.as_mut_ptr(), nb, true) }
+            }
+            fn quantize_q8k(x: &[f32], out: &mut [u8]) {
+                let nb = act_blocks(x, out, 256, 292);
+                // SAFETY: as `quantize_q8_0`.
+                unsafe { q8k_tf(x.as_ptr(), out.as_mut_ptr(), nb) }
+            }
+            fn quantize_f16(x: &[f32], out: &mut [u8]) {
+                let n = act_blocks(x, out, 1, 2);
+                // SAFETY: as `quantize_q8_0`.
+                unsafe { f16_tf(x.as_ptr(), out.as_mut_ptr(), n) }
+            }
+            fn quantize_bf16(x: &[f32], out: &mut [u8]) {
+                let n = act_blocks(x, out, 1, 2);
+                // SAFETY: as `quantize_q8_0`.
+                unsafe { bf16_tf(x.as_ptr(), out.as_mut_ptr(), n) }
+            }
+
+            /// The table of this tier; `scalar` supplies the dequantizer and F32 activation copy.
+            pub(in super::super) fn table(scalar: Kernels) -> Kernels {
+                use k::{
+                    BF16, F16, F32, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, T32, TF,
+                    TK,
+                };
+                macro_rules! t {
+                    ($tile:ty, $quant:expr) => {
+                        Kernels {
+                            isa: $isa,
+                            vec_dot: vec_dot::<$tile>,
+                            gemm: gemm::<$tile>,
+                            quantize_act: $quant,
+                            ..scalar
+                        }
+                    };
+                }
+                let copy: QuantizeFn = scalar.quantize_act;
+                match scalar.weight {
+                    GgmlType::F32 => t!(TF<F32>, copy),
+                    GgmlType::F16 => t!(TF<F16>, quantize_f16),
+                    GgmlType::BF16 => t!(TF<BF16>, quantize_bf16),
+                    GgmlType::Q4_0 => t!(T32<Q4_0>, quantize_q8_0),
+                    GgmlType::Q4_1 => t!(T32<Q4_1>, quantize_q8_1),
+                    GgmlType::Q5_0 => t!(T32<Q5_0>, quantize_q8_0),
+                    GgmlType::Q5_1 => t!(T32<Q5_1>, quantize_q8_1),
+                    GgmlType::Q8_0 => t!(T32<Q8_0>, quantize_q8_0),
+                    GgmlType::Q2K => t!(TK<Q2K>, quantize_q8k),
+                    GgmlType::Q3K => t!(TK<Q3K>, quantize_q8k),
+                    GgmlType::Q4K => t!(TK<Q4K>, quantize_q8k),
+                    GgmlType::Q5K => t!(TK<Q5K>, quantize_q8k),
+                    GgmlType::Q6K => t!(TK<Q6K>, quantize_q8k),
+                    GgmlType::Q8_1 | GgmlType::Q8K => scalar,
+                }
+            }
+        }
+    };
+}
+
+tier!(tier_avx2, "avx2,fma,f16c", k::Maddubs, Isa::Avx2);
+tier!(
+    tier_avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq",
+    k::Maddubs,
+    Isa::Avx512
+);
+tier!(
+    tier_vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni",
+    super::avx512::Vnni,
+    Isa::Avx512Vnni
+);
+
+/// The kernels of `isa` for `scalar.weight`.
+pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
+    match isa {
+        Isa::Avx2 => tier_avx2::table(scalar),
+        Isa::Avx512 => tier_avx512::table(scalar),
+        Isa::Avx512Vnni => tier_vnni::table(scalar),
+        Isa::Scalar | Isa::Neon => scalar,
+    }
+}

@@ -1,0 +1,115 @@
+//! Dequantization against llama.cpp: for three tensors of every `random-llama-*` model, the raw
+//! bytes at `data_offset` (an absolute file offset) are dequantized and compared with the
+//! reference engine's first 64 values (exactly) and whole-tensor sum / sum of squares.
+//! The bytes are read directly from the file so this does not depend on the GGUF reader.
+
+mod common;
+
+use kiln::quant::{dequantize_row, kernels_for, GgmlType, Isa};
+use std::io::{Read, Seek, SeekFrom};
+
+struct Case {
+    file: String,
+    tensor: String,
+    ty: GgmlType,
+    n: usize,
+    first: Vec<f64>,
+    sum: f64,
+    sum_sq: f64,
+    bytes: Vec<u8>,
+}
+
+fn cases() -> Vec<Case> {
+    let path = common::golden_dir().join("dequant.json");
+    let text = std::fs::read_to_string(&path).expect("dequant.json");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("dequant.json is JSON");
+    let mut out = Vec::new();
+    for (file, tensors) in json.as_object().expect("object of files") {
+        let model = common::shared_dir().join("models").join(file);
+        let mut f =
+            std::fs::File::open(&model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+        for (tensor, t) in tensors.as_object().expect("object of tensors") {
+            let ty = GgmlType::from_name(t["type"].as_str().unwrap()).expect("known type");
+            let n = t["n"].as_u64().unwrap() as usize;
+            let offset = t["data_offset"].as_u64().unwrap();
+            let n_bytes = t["n_bytes"].as_u64().unwrap() as usize;
+            assert_eq!(ty.row_bytes(n), Some(n_bytes), "{file}/{tensor}: size");
+            let mut bytes = vec![0u8; n_bytes];
+            f.seek(SeekFrom::Start(offset)).unwrap();
+            f.read_exact(&mut bytes).unwrap();
+            out.push(Case {
+                file: file.clone(),
+                tensor: tensor.clone(),
+                ty,
+                n,
+                first: t["first"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect(),
+                sum: t["sum"].as_f64().unwrap(),
+                sum_sq: t["sum_sq"].as_f64().unwrap(),
+                bytes,
+            });
+        }
+    }
+    out
+}
+
+fn check(case: &Case, values: &[f32], how: &str) {
+    let name = format!("{}/{} ({}, {how})", case.file, case.tensor, case.ty);
+    for (i, (&got, &want)) in values.iter().zip(&case.first).enumerate() {
+        // The JSON holds up to 17 significant digits (some values printed with 16), always
+        // enough to name one f32 uniquely: compare as f32, bit for bit.
+        assert_eq!(
+            got.to_bits(),
+            (want as f32).to_bits(),
+            "{name}: element {i}: {got} vs {want}"
+        );
+    }
+    let sum: f64 = values.iter().map(|&v| v as f64).sum();
+    let sum_sq: f64 = values.iter().map(|&v| v as f64 * v as f64).sum();
+    let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-30);
+    // `sum` can be near zero from cancellation: judge it against the sum of magnitudes.
+    let abs_sum: f64 = values.iter().map(|&v| (v as f64).abs()).sum();
+    assert!(
+        (sum - case.sum).abs() <= 1e-6 * abs_sum.max(1e-30),
+        "{name}: sum {sum} vs {}",
+        case.sum
+    );
+    assert!(
+        rel(sum_sq, case.sum_sq) <= 1e-6,
+        "{name}: sum_sq {sum_sq} vs {}",
+        case.sum_sq
+    );
+}
+
+#[test]
+fn dequantize_matches_llama_cpp() {
+    let cases = cases();
+    assert_eq!(cases.len(), 39, "13 files x 3 tensors");
+    let mut seen = std::collections::BTreeSet::new();
+    for case in &cases {
+        let mut values = vec![0f32; case.n];
+        dequantize_row(case.ty, &case.bytes, &mut values).unwrap();
+        check(case, &values, "dequantize_row");
+        seen.insert(case.ty);
+    }
+    assert_eq!(seen.len(), 13, "every weight format covered: {seen:?}");
+}
+
+/// The `dequantize` entry of every available kernel table gives the same bits.
+#[test]
+fn kernel_dequantize_matches_llama_cpp() {
+    for case in cases() {
+        for isa in Isa::available() {
+            let Ok(k) = kernels_for(case.ty, isa) else {
+                continue;
+            };
+            let mut values = vec![0f32; case.n];
+            (k.dequantize)(&case.bytes, &mut values);
+            check(&case, &values, isa.name());
+        }
+    }
+}
