@@ -9,19 +9,27 @@ pub fn shared_dir() -> PathBuf {
     if let Ok(p) = std::env::var("KILN_SHARED") {
         return PathBuf::from(p);
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("shared")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("shared")
 }
 
 /// A small random-weight model from `shared/models`, e.g. `random-llama-q4_0`.
 pub fn random_model(stem: &str) -> PathBuf {
     let p = shared_dir().join("models").join(format!("{stem}.gguf"));
-    assert!(p.exists(), "missing reference model {} (is ../shared beside the repo?)", p.display());
+    assert!(
+        p.exists(),
+        "missing reference model {} (is ../shared beside the repo?)",
+        p.display()
+    );
     p
 }
 
 /// The golden data copied into the repository (`tests/golden`).
 pub fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("golden")
 }
 
 /// Read a JSON-lines golden file.
@@ -34,18 +42,9 @@ pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
 }
 
 /// The real models, by their kiln short name: `smollm2` or `gemma3`.
-/// They live in `$KILN_MODELS` or `~/.cache/kiln/models` (fetched by `kiln pull`).
+/// They live in `$KILN_MODELS` or `~/.cache/kiln/models`; a missing one is downloaded
+/// (as `kiln pull` would), a present one is verified once and then used as is.
 pub fn real_model(name: &str) -> PathBuf {
-    let file = match name {
-        "smollm2" => "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "gemma3" => "gemma-3-270m-q4_k_m.gguf",
-        other => panic!("unknown real model {other}"),
-    };
-    let dir = match std::env::var("KILN_MODELS") {
-        Ok(d) => PathBuf::from(d),
-        Err(_) => PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/kiln/models"),
-    };
-    let p = dir.join(file);
-    assert!(p.exists(), "missing real model {} (run `kiln pull {name}`)", p.display());
-    p
+    kiln::fetch::resolve_model(Some(name), false)
+        .unwrap_or_else(|e| panic!("real model {name}: {e}"))
 }
