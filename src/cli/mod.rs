@@ -4,6 +4,7 @@ mod chat;
 mod common;
 mod inspect;
 mod perplexity;
+mod pull;
 mod run;
 mod tokenize;
 
@@ -33,6 +34,8 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Show a GGUF model's architecture, hyper-parameters, tokenizer and block formats.
     Inspect(inspect::InspectArgs),
+    /// Download models (default: smollm2; `--all`, `--list`).
+    Pull(pull::PullArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -44,5 +47,6 @@ pub fn main() -> anyhow::Result<()> {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Inspect(args) => inspect::run(args),
+        Command::Pull(args) => pull::run(args),
     }
 }

@@ -45,23 +45,10 @@ pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
 }
 
 /// The real models, by their kiln short name: `smollm2` or `gemma3`.
-/// They live in `$KILN_MODELS` or `~/.cache/kiln/models` (fetched by `kiln pull`).
+/// They live in `$KILN_MODELS` or `~/.cache/kiln/models`; a missing one is downloaded
+/// (as `kiln pull` would), a present one is verified once and then used as is.
 pub fn real_model(name: &str) -> PathBuf {
-    let file = match name {
-        "smollm2" => "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "gemma3" => "gemma-3-270m-q4_k_m.gguf",
-        other => panic!("unknown real model {other}"),
-    };
-    let dir = match std::env::var("KILN_MODELS") {
-        Ok(d) => PathBuf::from(d),
-        Err(_) => PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/kiln/models"),
-    };
-    let p = dir.join(file);
-    assert!(
-        p.exists(),
-        "missing real model {} (run `kiln pull {name}`)",
-        p.display()
-    );
-    p
+    kiln::fetch::resolve_model(Some(name), false)
+        .unwrap_or_else(|e| panic!("real model {name}: {e}"))
 }
 pub mod golden;
