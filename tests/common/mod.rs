@@ -9,19 +9,27 @@ pub fn shared_dir() -> PathBuf {
     if let Ok(p) = std::env::var("KILN_SHARED") {
         return PathBuf::from(p);
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("shared")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("shared")
 }
 
 /// A small random-weight model from `shared/models`, e.g. `random-llama-q4_0`.
 pub fn random_model(stem: &str) -> PathBuf {
     let p = shared_dir().join("models").join(format!("{stem}.gguf"));
-    assert!(p.exists(), "missing reference model {} (is ../shared beside the repo?)", p.display());
+    assert!(
+        p.exists(),
+        "missing reference model {} (is ../shared beside the repo?)",
+        p.display()
+    );
     p
 }
 
 /// The golden data copied into the repository (`tests/golden`).
 pub fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("golden")
 }
 
 /// Read a JSON-lines golden file.
@@ -46,6 +54,10 @@ pub fn real_model(name: &str) -> PathBuf {
         Err(_) => PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cache/kiln/models"),
     };
     let p = dir.join(file);
-    assert!(p.exists(), "missing real model {} (run `kiln pull {name}`)", p.display());
+    assert!(
+        p.exists(),
+        "missing real model {} (run `kiln pull {name}`)",
+        p.display()
+    );
     p
 }
