@@ -1,0 +1,390 @@
+//! Chat templates: Jinja templates from `tokenizer.chat_template`, rendered with minijinja the
+//! way Hugging Face's `apply_chat_template` renders them.
+//!
+//! Hugging Face semantics: `trim_blocks` and `lstrip_blocks` on, `raise_exception(msg)`,
+//! `strftime_now(fmt)`, a `tojson` that writes like Python's `json.dumps` (no HTML escaping,
+//! `", "` and `": "` separators), Python string / dict methods (`.strip()`, `.split()`,
+//! `.startswith()`, `.items()`, ... via minijinja-contrib's pycompat), and the variables
+//! `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::Serialize;
+
+use super::{Tokenizer, TokenizerError};
+
+/// One conversation turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Gemma 3's template (google/gemma-3-*-it `tokenizer_config.json`). Some GGUF conversions of
+/// Gemma 3 (the 270M file kiln uses among them) ship without a template; llama.cpp then falls
+/// back to ChatML, which this model was not trained on.
+const GEMMA3_TEMPLATE: &str = r#"{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"#;
+
+/// llama.cpp's default when a model has no template.
+const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}";
+
+/// A built-in template by architecture (`gemma3`) or name (`chatml`).
+pub fn builtin_chat_template(name: &str) -> Option<&'static str> {
+    match name {
+        "gemma3" => Some(GEMMA3_TEMPLATE),
+        "chatml" => Some(CHATML_TEMPLATE),
+        _ => None,
+    }
+}
+
+/// Render `template` for `messages`.
+pub fn render_chat(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String, TokenizerError> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", |fmt: String| strftime(&fmt, unix_now()));
+    env.add_filter("tojson", tojson);
+    let tmpl = env
+        .template_from_str(template)
+        .map_err(|e| TokenizerError::Template(format!("cannot parse template: {e:#}")))?;
+    let ctx = minijinja::context! {
+        messages => Value::from_serialize(messages),
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos_token,
+        eos_token => eos_token,
+    };
+    tmpl.render(ctx)
+        .map_err(|e| TokenizerError::Template(format!("{e:#}")))
+}
+
+impl Tokenizer {
+    /// Render the model's chat template ([`Tokenizer::chat_template`]) with its BOS / EOS
+    /// texts. As llama.cpp does, a leading BOS (trailing EOS) text is removed when the model's
+    /// policy adds that token anyway, so that `encode(prompt, true, true)` does not double it.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let template = self
+            .chat_template()
+            .ok_or_else(|| TokenizerError::Template("the model has no chat template".into()))?;
+        let bos = self.bos().map(|id| self.token_text(id)).unwrap_or("");
+        let eos = self.eos().map(|id| self.token_text(id)).unwrap_or("");
+        let mut text = render_chat(template, messages, add_generation_prompt, bos, eos)?;
+        if self.adds_bos() && !bos.is_empty() && text.starts_with(bos) {
+            text.drain(..bos.len());
+        }
+        if self.adds_eos() && !eos.is_empty() && text.ends_with(eos) {
+            text.truncate(text.len() - eos.len());
+        }
+        Ok(text)
+    }
+}
+
+fn raise_exception(msg: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// `tojson(indent=None, ...)` as Python's `json.dumps(x, ensure_ascii=False, indent=indent)`.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    // Accepted for compatibility; `ensure_ascii` / `separators` beyond the defaults are rare.
+    let _: Option<Value> = kwargs.get("ensure_ascii")?;
+    let _: Option<Value> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut out = String::new();
+    write_py_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_py_json(
+    v: &serde_json::Value,
+    indent: Option<usize>,
+    sort: bool,
+    depth: usize,
+    out: &mut String,
+) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        J::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_py_json(item, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        J::Object(map) if !map.is_empty() => {
+            let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
+            if sort {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            out.push('{');
+            for (i, (k, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&J::String(k.clone()).to_string());
+                out.push_str(": ");
+                write_py_json(item, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// (year, month 1-12, day 1-31) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// A C `strftime` subset (UTC) for templates that stamp the date (Llama 3's "%d %b %Y").
+fn strftime(fmt: &str, unix: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = unix.div_euclid(86_400);
+    let secs = unix.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let weekday = DAYS[days.rem_euclid(7) as usize];
+    let month = MONTHS[(m - 1) as usize];
+    let yday = days - days_from_civil(y, 1, 1) + 1;
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('e') => out.push_str(&format!("{d:>2}")),
+            Some('B') => out.push_str(month),
+            Some('b') | Some('h') => out.push_str(&month[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('H') => out.push_str(&format!("{hh:02}")),
+            Some('I') => out.push_str(&format!("{:02}", (hh + 11) % 12 + 1)),
+            Some('p') => out.push_str(if hh < 12 { "AM" } else { "PM" }),
+            Some('M') => out.push_str(&format!("{mm:02}")),
+            Some('S') => out.push_str(&format!("{ss:02}")),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = m as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
+        pairs
+            .iter()
+            .map(|(r, c)| ChatMessage::new(*r, *c))
+            .collect()
+    }
+
+    #[test]
+    fn trim_and_lstrip_blocks_like_hugging_face() {
+        let t = "{% for m in messages %}\n  {% if m.role == 'user' %}\n[{{ m.content }}]\n  {% endif %}\n{% endfor %}";
+        let out = render_chat(
+            t,
+            &msgs(&[("user", "a"), ("assistant", "b"), ("user", "c")]),
+            false,
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(out, "[a]\n[c]\n");
+    }
+
+    #[test]
+    fn raise_exception_is_an_error() {
+        let t = "{{ raise_exception('roles must alternate') }}";
+        let err = render_chat(t, &[], false, "", "").unwrap_err().to_string();
+        assert!(err.contains("roles must alternate"), "{err}");
+    }
+
+    #[test]
+    fn python_string_methods() {
+        let t = "{{ messages[0].content.strip().upper() }}|{{ messages[0].content.startswith(' x') }}|{{ 'a,b'.split(',') | join('+') }}";
+        let out = render_chat(t, &msgs(&[("user", " xy ")]), false, "", "").unwrap();
+        assert_eq!(out, "XY|True|a+b"); // Python prints booleans capitalised
+    }
+
+    #[test]
+    fn tojson_writes_like_python() {
+        let t = "{{ {'a': 1, 'b': ['x<y', none]} | tojson }}|{{ [1, 2] | tojson(indent=2) }}";
+        let out = render_chat(t, &[], false, "", "").unwrap();
+        assert_eq!(out, "{\"a\": 1, \"b\": [\"x<y\", null]}|[\n  1,\n  2\n]");
+    }
+
+    #[test]
+    fn strftime_formats_dates() {
+        // 2024-02-29 13:05:09 UTC, a Thursday.
+        let t = 1_709_211_909;
+        assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
+        assert_eq!(
+            strftime("%A %B %e, %H:%M:%S %j %y %I%p %%", t),
+            "Thursday February 29, 13:05:09 060 24 01PM %"
+        );
+        assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
+        let out = render_chat("{{ strftime_now('%Y') }}", &[], false, "", "").unwrap();
+        assert!(out.len() == 4 && out.starts_with('2'), "{out}");
+    }
+
+    #[test]
+    fn gemma3_template_alternation_error() {
+        let err = render_chat(
+            GEMMA3_TEMPLATE,
+            &msgs(&[("user", "a"), ("user", "b")]),
+            true,
+            "<bos>",
+            "<eos>",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("alternate"), "{err}");
+    }
+
+    #[test]
+    fn chatml_builtin() {
+        let out = render_chat(CHATML_TEMPLATE, &msgs(&[("user", "hi")]), true, "", "").unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+}

@@ -1,0 +1,584 @@
+//! Pre-tokenizers for byte-level BPE: split text into "words" before merges run.
+//!
+//! llama.cpp picks a list of regexes by `tokenizer.ggml.pre` and applies them in turn, each one
+//! splitting every piece the previous one produced (matches and the gaps between them both
+//! become pieces). The common regexes are not run through a regex engine there but through
+//! hand-written scanners (`unicode_regex_split_custom_*`) whose behaviour differs from a real
+//! regex in corner cases; the rest go through `std::regex` on a text where every non-ASCII
+//! codepoint is collapsed to one byte per Unicode category. We reproduce both exactly: the
+//! scanners line by line, the simple class regexes as the character-class runs they are.
+
+use std::ops::Range;
+
+use super::unicode::{cpt_flags, CptFlags};
+
+/// One splitting step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)` (custom scanner).
+    Gpt2,
+    /// `(?i:'s|..)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+    /// (custom scanner): `max_digits` 3 for llama3, 1 for qwen2.
+    Llama3 { max_digits: usize },
+    /// `\p{N}`: every number codepoint alone.
+    EachNumber,
+    /// `\p{N}+`: runs of numbers.
+    NumberRuns,
+    /// `[\p{P}\$\+<=>\^~\|]+`: runs of punctuation (and a few ASCII symbols).
+    PunctRuns,
+    /// `[0-9][0-9][0-9]`: ASCII digit triples.
+    AsciiDigitTriples,
+}
+
+/// What a `tokenizer.ggml.pre` name implies besides its regexes (llama-vocab.cpp's table).
+#[derive(Clone, Debug)]
+pub(crate) struct PreTokenizer {
+    pub name: String,
+    pub stages: Vec<Stage>,
+    /// A word that is itself a vocabulary token is emitted whole, merges skipped (llama3).
+    pub ignore_merges: bool,
+    /// Default for `add_bos` when the file does not say.
+    pub default_add_bos: bool,
+    /// llama.cpp's `clean_spaces` (clean_up_tokenization_spaces) for decoding.
+    pub clean_spaces: bool,
+}
+
+/// The `tokenizer.ggml.pre` values kiln understands, for error messages.
+pub(crate) const SUPPORTED_PRE: &[&str] = &[
+    "default",
+    "gpt-2",
+    "phi-2",
+    "mpt",
+    "olmo",
+    "jais",
+    "exaone4",
+    "jina-es",
+    "jina-de",
+    "jina-v2-es",
+    "jina-v2-de",
+    "gigachat",
+    "a.x-4.0",
+    "mellum",
+    "modern-bert",
+    "trillion",
+    "granite-docling",
+    "smollm",
+    "starcoder",
+    "refact",
+    "command-r",
+    "codeshell",
+    "exaone",
+    "minerva-7b",
+    "mellum2",
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "jina-v5-nano",
+    "qwen2",
+    "deepseek-r1-qwen",
+    "kormo",
+    "f2llmv2",
+    "hunyuan",
+    "solar-open",
+    "stablelm2",
+    "megrez",
+];
+
+impl PreTokenizer {
+    /// The pre-tokenizer llama.cpp uses for `pre` (an empty name means "default").
+    pub fn for_name(pre: &str) -> Option<PreTokenizer> {
+        use Stage::*;
+        let gpt2 = vec![Gpt2];
+        let starcoder = vec![EachNumber, Gpt2];
+        let llama3 = vec![Llama3 { max_digits: 3 }];
+        let qwen2 = vec![Llama3 { max_digits: 1 }];
+        let default = vec![PunctRuns, Gpt2, NumberRuns, AsciiDigitTriples];
+        // (stages, ignore_merges, default add_bos, clean_spaces)
+        let (stages, ignore_merges, default_add_bos, clean_spaces) = match pre {
+            "" | "default" => (default, false, false, true),
+            "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "exaone4" | "jina-es" | "jina-de"
+            | "jina-v2-es" | "jina-v2-de" | "gigachat" | "a.x-4.0" | "mellum" | "modern-bert" => {
+                (gpt2, false, false, true)
+            }
+            "trillion" | "granite-docling" => (gpt2, false, false, false),
+            "starcoder" | "refact" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
+                (starcoder, false, false, true)
+            }
+            "smollm" | "command-r" => (starcoder, false, false, false),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => (llama3, true, true, true),
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "hunyuan" | "solar-open" => {
+                (qwen2, false, false, false)
+            }
+            "stablelm2" | "megrez" => (qwen2, false, false, true),
+            _ => return None,
+        };
+        Some(PreTokenizer {
+            name: if pre.is_empty() {
+                "default".into()
+            } else {
+                pre.into()
+            },
+            stages,
+            ignore_merges,
+            default_add_bos,
+            clean_spaces,
+        })
+    }
+
+    /// Split `text` into words, appending their byte ranges to `out` in order. The words tile
+    /// the text exactly.
+    pub fn split(&self, text: &str, out: &mut Vec<Range<usize>>) {
+        if text.is_empty() {
+            return;
+        }
+        // cpts[i] starts at byte starts[i]; starts has one extra entry, the text length.
+        let mut cpts = Vec::with_capacity(text.len());
+        let mut starts = Vec::with_capacity(text.len() + 1);
+        for (i, c) in text.char_indices() {
+            cpts.push(c as u32);
+            starts.push(i);
+        }
+        starts.push(text.len());
+
+        // Piece lengths in codepoints; they always sum to cpts.len().
+        let mut pieces = vec![cpts.len()];
+        let mut next = Vec::new();
+        for stage in &self.stages {
+            next.clear();
+            let mut start = 0;
+            for &len in &pieces {
+                let end = start + len;
+                split_piece(*stage, &cpts, start, end, &mut next);
+                start = end;
+            }
+            std::mem::swap(&mut pieces, &mut next);
+        }
+
+        let mut start = 0;
+        for len in pieces {
+            out.push(starts[start]..starts[start + len]);
+            start += len;
+        }
+    }
+}
+
+/// Split `cpts[ini..end]` with one stage, appending piece lengths.
+fn split_piece(stage: Stage, cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
+    match stage {
+        Stage::Gpt2 => scan_gpt2(cpts, ini, end, out),
+        Stage::Llama3 { max_digits } => scan_llama3(cpts, ini, end, max_digits, out),
+        Stage::EachNumber => class_split(cpts, ini, end, out, is_collapsed_number, false),
+        Stage::NumberRuns => class_split(cpts, ini, end, out, is_collapsed_number, true),
+        Stage::PunctRuns => class_split(cpts, ini, end, out, is_default_punct, true),
+        Stage::AsciiDigitTriples => ascii_digit_triples(cpts, ini, end, out),
+    }
+}
+
+/// Records piece boundaries inside one input piece; empty pieces are dropped.
+struct Emitter<'a> {
+    prev_end: usize,
+    out: &'a mut Vec<usize>,
+}
+
+impl Emitter<'_> {
+    fn add(&mut self, end: usize) -> usize {
+        let len = end - self.prev_end;
+        if len > 0 {
+            self.out.push(len);
+        }
+        self.prev_end = end;
+        len
+    }
+}
+
+const OUT_OF_RANGE: u32 = u32::MAX;
+const CR: u32 = '\r' as u32;
+const LF: u32 = '\n' as u32;
+const SPACE: u32 = ' ' as u32;
+const APOSTROPHE: u32 = '\'' as u32;
+
+/// Port of `unicode_regex_split_custom_gpt2`.
+fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
+    let get_cpt = |p: usize| {
+        if p >= ini && p < end {
+            cpts[p]
+        } else {
+            OUT_OF_RANGE
+        }
+    };
+    let get_flags = |p: usize| {
+        if p >= ini && p < end {
+            cpt_flags(cpts[p])
+        } else {
+            CptFlags(0)
+        }
+    };
+    let mut em = Emitter { prev_end: ini, out };
+    let mut pos = ini;
+    while pos < end {
+        let cpt = get_cpt(pos);
+        let flags = get_flags(pos);
+
+        // 's|'t|'re|'ve|'m|'ll|'d
+        if cpt == APOSTROPHE && pos + 1 < end {
+            let next = get_cpt(pos + 1);
+            if [b's', b't', b'm', b'd'].iter().any(|&c| next == c as u32) {
+                pos += em.add(pos + 2);
+                continue;
+            }
+            if pos + 2 < end {
+                let next2 = get_cpt(pos + 2);
+                let is = |a: char, b: char| next == a as u32 && next2 == b as u32;
+                if is('r', 'e') || is('v', 'e') || is('l', 'l') {
+                    pos += em.add(pos + 3);
+                    continue;
+                }
+            }
+        }
+
+        let mut flags2 = if cpt == SPACE {
+            get_flags(pos + 1)
+        } else {
+            flags
+        };
+        // <space>?\p{L}+
+        if flags2.is_letter() {
+            pos += (cpt == SPACE) as usize;
+            while flags2.is_letter() {
+                pos += 1;
+                flags2 = get_flags(pos);
+            }
+            em.add(pos);
+            continue;
+        }
+        // <space>?\p{N}+
+        if flags2.is_number() {
+            pos += (cpt == SPACE) as usize;
+            while flags2.is_number() {
+                pos += 1;
+                flags2 = get_flags(pos);
+            }
+            em.add(pos);
+            continue;
+        }
+        // <space>?[^\s\p{L}\p{N}]+
+        let other = |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.any();
+        if other(flags2) {
+            pos += (cpt == SPACE) as usize;
+            while other(flags2) {
+                pos += 1;
+                flags2 = get_flags(pos);
+            }
+            em.add(pos);
+            continue;
+        }
+
+        let mut num_ws = 0;
+        while get_flags(pos + num_ws).is_whitespace() {
+            num_ws += 1;
+        }
+        // \s+(?!\S)
+        if num_ws > 1 && get_cpt(pos + num_ws) != OUT_OF_RANGE {
+            pos += num_ws - 1;
+            em.add(pos);
+            continue;
+        }
+        // \s+
+        if num_ws > 0 {
+            pos += num_ws;
+            em.add(pos);
+            continue;
+        }
+        // no match
+        pos += 1;
+        em.add(pos);
+    }
+}
+
+/// ASCII lower-casing is all `unicode_tolower` does for the letters compared here.
+fn lower(c: u32) -> u32 {
+    if (b'A' as u32..=b'Z' as u32).contains(&c) {
+        c + 32
+    } else {
+        c
+    }
+}
+
+/// Port of `unicode_regex_split_custom_llama3` (`max_digits` 3) and `_qwen2` (`max_digits` 1).
+fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mut Vec<usize>) {
+    let get_cpt = |p: usize| {
+        if p >= ini && p < end {
+            cpts[p]
+        } else {
+            OUT_OF_RANGE
+        }
+    };
+    let get_flags = |p: usize| {
+        if p >= ini && p < end {
+            cpt_flags(cpts[p])
+        } else {
+            CptFlags(0)
+        }
+    };
+    let mut em = Emitter { prev_end: ini, out };
+    let mut pos = ini;
+    while pos < end {
+        let cpt = get_cpt(pos);
+        let flags = get_flags(pos);
+
+        // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+        if cpt == APOSTROPHE && pos + 1 < end {
+            let next = lower(get_cpt(pos + 1));
+            if [b's', b't', b'm', b'd'].iter().any(|&c| next == c as u32) {
+                pos += em.add(pos + 2);
+                continue;
+            }
+            if pos + 2 < end {
+                let next2 = lower(get_cpt(pos + 2));
+                let is = |a: char, b: char| next == a as u32 && next2 == b as u32;
+                if is('r', 'e') || is('v', 'e') || is('l', 'l') {
+                    pos += em.add(pos + 3);
+                    continue;
+                }
+            }
+        }
+
+        // [^\r\n\p{L}\p{N}]?\p{L}+
+        if !(cpt == CR || cpt == LF || flags.is_number())
+            && (flags.is_letter() || get_flags(pos + 1).is_letter())
+        {
+            pos += 1;
+            while get_flags(pos).is_letter() {
+                pos += 1;
+            }
+            em.add(pos);
+            continue;
+        }
+
+        // \p{N}{1,3} (llama3) or \p{N} (qwen2)
+        if flags.is_number() {
+            if max_digits == 1 {
+                pos += 1;
+                em.add(pos);
+                continue;
+            }
+            let mut group_start = pos;
+            while get_flags(pos).is_number() {
+                pos += 1;
+                if pos - group_start >= max_digits {
+                    em.add(pos);
+                    group_start = pos;
+                }
+            }
+            em.add(pos);
+            continue;
+        }
+
+        // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (note: the reference tests `flags`, not `flags2`,
+        // for "any flag" on entry)
+        let mut flags2 = if cpt == SPACE {
+            get_flags(pos + 1)
+        } else {
+            flags
+        };
+        let other = |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number());
+        if other(flags2) && flags.any() {
+            pos += (cpt == SPACE) as usize;
+            while other(flags2) && flags2.any() {
+                pos += 1;
+                flags2 = get_flags(pos);
+            }
+            let mut c2 = get_cpt(pos);
+            while c2 == CR || c2 == LF {
+                pos += 1;
+                c2 = get_cpt(pos);
+            }
+            em.add(pos);
+            continue;
+        }
+
+        let mut num_ws = 0;
+        let mut last_end_r_or_n = 0;
+        while get_flags(pos + num_ws).is_whitespace() {
+            let c2 = get_cpt(pos + num_ws);
+            if c2 == CR || c2 == LF {
+                last_end_r_or_n = pos + num_ws + 1;
+            }
+            num_ws += 1;
+        }
+        // \s*[\r\n]+
+        if last_end_r_or_n > 0 {
+            pos = last_end_r_or_n;
+            em.add(pos);
+            continue;
+        }
+        // \s+(?!\S)
+        if num_ws > 1 && get_cpt(pos + num_ws) != OUT_OF_RANGE {
+            pos += num_ws - 1;
+            em.add(pos);
+            continue;
+        }
+        // \s+
+        if num_ws > 0 {
+            pos += num_ws;
+            em.add(pos);
+            continue;
+        }
+        // no match
+        pos += 1;
+        em.add(pos);
+    }
+}
+
+/// `\p{N}` on llama.cpp's collapsed text: ASCII digits, or a non-whitespace codepoint whose
+/// category is "number".
+fn is_collapsed_number(c: u32) -> bool {
+    if c < 128 {
+        return (b'0' as u32..=b'9' as u32).contains(&c);
+    }
+    let f = cpt_flags(c);
+    !f.is_whitespace() && f.category() == CptFlags::NUMBER
+}
+
+/// `[\p{P}\$\+<=>\^~\|]` on the collapsed text.
+fn is_default_punct(c: u32) -> bool {
+    if c < 128 {
+        return b"!\"#%&'()*,-./:;?@[\\]_{}$+<=>^~|".contains(&(c as u8));
+    }
+    let f = cpt_flags(c);
+    !f.is_whitespace() && f.category() == CptFlags::PUNCTUATION
+}
+
+/// Regex split with a one-class pattern: each match (a maximal run when `runs`, else a single
+/// codepoint) is a piece, and so is each gap between matches.
+fn class_split(
+    cpts: &[u32],
+    ini: usize,
+    end: usize,
+    out: &mut Vec<usize>,
+    class: fn(u32) -> bool,
+    runs: bool,
+) {
+    let mut em = Emitter { prev_end: ini, out };
+    let mut pos = ini;
+    while pos < end {
+        if class(cpts[pos]) {
+            em.add(pos); // the gap before the match
+            pos += 1;
+            if runs {
+                while pos < end && class(cpts[pos]) {
+                    pos += 1;
+                }
+            }
+            em.add(pos);
+        } else {
+            pos += 1;
+        }
+    }
+    em.add(end);
+}
+
+/// `[0-9][0-9][0-9]`: leftmost non-overlapping triples of ASCII digits.
+fn ascii_digit_triples(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
+    let digit = |c: u32| (b'0' as u32..=b'9' as u32).contains(&c);
+    let mut em = Emitter { prev_end: ini, out };
+    let mut pos = ini;
+    while pos < end {
+        if pos + 3 <= end && cpts[pos..pos + 3].iter().all(|&c| digit(c)) {
+            em.add(pos);
+            pos += 3;
+            em.add(pos);
+        } else {
+            pos += 1;
+        }
+    }
+    em.add(end);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(pre: &str, text: &str) -> Vec<String> {
+        let p = PreTokenizer::for_name(pre).unwrap();
+        let mut out = Vec::new();
+        p.split(text, &mut out);
+        // The pieces tile the text.
+        let mut at = 0;
+        for r in &out {
+            assert_eq!(r.start, at);
+            at = r.end;
+        }
+        assert_eq!(at, text.len());
+        out.into_iter().map(|r| text[r].to_string()).collect()
+    }
+
+    #[test]
+    fn gpt2_words() {
+        assert_eq!(
+            words("gpt-2", "Hello world, it's 2024!  ok\n"),
+            ["Hello", " world", ",", " it", "'s", " 2024", "!", " ", " ok", "\n"]
+        );
+        assert_eq!(words("gpt-2", "a   b"), ["a", "  ", " b"]);
+        assert_eq!(words("gpt-2", "end   "), ["end", "   "]);
+    }
+
+    #[test]
+    fn smollm_splits_digits_first() {
+        assert_eq!(
+            words("smollm", "in 2024 we"),
+            ["in", " ", "2", "0", "2", "4", " we"]
+        );
+    }
+
+    #[test]
+    fn llama3_groups_digits_by_three_and_newlines() {
+        assert_eq!(words("llama3", "12345 abc"), ["123", "45", " abc"]);
+        assert_eq!(words("llama3", "x\n\n  y"), ["x", "\n\n", " ", " y"]);
+        assert_eq!(words("llama3", "I'M ok"), ["I", "'M", " ok"]);
+        assert_eq!(words("llama3", "hi!!\n"), ["hi", "!!\n"]);
+    }
+
+    #[test]
+    fn qwen2_single_digits() {
+        assert_eq!(words("qwen2", "a 123"), ["a", " ", "1", "2", "3"]);
+    }
+
+    #[test]
+    fn default_pre_tokenizer() {
+        // Punctuation runs are isolated first, then gpt2 splitting, then numbers.
+        assert_eq!(
+            words("default", "Hi, 12345!"),
+            ["Hi", ",", " ", "123", "45", "!"]
+        );
+    }
+
+    #[test]
+    fn class_split_keeps_gaps() {
+        let cpts: Vec<u32> = "ab12c3".chars().map(|c| c as u32).collect();
+        let mut out = Vec::new();
+        class_split(&cpts, 0, cpts.len(), &mut out, is_collapsed_number, true);
+        assert_eq!(out, [2, 2, 1, 1]);
+        out.clear();
+        class_split(&cpts, 0, cpts.len(), &mut out, is_collapsed_number, false);
+        assert_eq!(out, [2, 1, 1, 1, 1]);
+        out.clear();
+        let cpts: Vec<u32> = "1234567".chars().map(|c| c as u32).collect();
+        ascii_digit_triples(&cpts, 0, cpts.len(), &mut out);
+        assert_eq!(out, [3, 3, 1]);
+    }
+
+    #[test]
+    fn unknown_name_is_none() {
+        assert!(PreTokenizer::for_name("no-such-pre").is_none());
+        for name in SUPPORTED_PRE {
+            assert!(PreTokenizer::for_name(name).is_some(), "{name}");
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! Tokenizer-level tests on vocabularies built in code (the golden tests against llama.cpp on
+//! the real vocabularies live in `tests/tokenizer_golden.rs`).
+
+use super::unicode::BYTE_TO_UNICODE;
+use super::*;
+
+/// A byte-level BPE config: specials first, then the 256 byte characters, then `extra`.
+fn bpe_config(specials: &[&str], extra: &[&str], merges: &[&str], pre: &str) -> TokenizerConfig {
+    let mut tokens: Vec<String> = specials.iter().map(|s| s.to_string()).collect();
+    let mut types = vec![3; specials.len()];
+    tokens.extend(BYTE_TO_UNICODE.iter().map(|c| c.to_string()));
+    tokens.extend(extra.iter().map(|s| s.to_string()));
+    types.resize(tokens.len(), 1);
+    TokenizerConfig {
+        model: "gpt2".into(),
+        pre: Some(pre.into()),
+        tokens,
+        token_types: Some(types),
+        merges: merges.iter().map(|s| s.to_string()).collect(),
+        special: SpecialIds {
+            bos: Some(0),
+            eos: Some(1),
+            ..Default::default()
+        },
+        add_bos: Some(false),
+        ..Default::default()
+    }
+}
+
+fn chatml() -> Tokenizer {
+    Tokenizer::from_config(bpe_config(
+        &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        &[
+            "Ġt", "he", "Ġthe", "Ġw", "or", "ld", "Ġwor", "Ġworld", "ðŁ", "ĠðŁ",
+        ],
+        &[
+            "Ġ t", "h e", "Ġt he", "Ġ w", "o r", "l d", "Ġw or", "Ġwor ld", "ð Ł", "Ġ ðŁ",
+        ],
+        "smollm",
+    ))
+    .unwrap()
+}
+
+fn texts(t: &Tokenizer, ids: &[u32]) -> Vec<String> {
+    ids.iter().map(|&id| t.token_text(id).to_string()).collect()
+}
+
+#[test]
+fn bpe_encode_and_decode_round_trip() {
+    let t = chatml();
+    let ids = t.encode(" the world", false, false);
+    assert_eq!(texts(&t, &ids), ["Ġthe", "Ġworld"]);
+    assert_eq!(t.decode(&ids), " the world");
+    for s in ["naïve café 日本語 😀 x\ty\n\nz  ", "", " ", "a'll 2024"] {
+        assert_eq!(t.decode(&t.encode(s, false, false)), s);
+    }
+}
+
+#[test]
+fn special_tokens_need_parse_special() {
+    let t = chatml();
+    let text = "<|im_start|>user\nhi<|im_end|>";
+    let parsed = t.encode(text, false, true);
+    assert_eq!(parsed[0], 1);
+    assert_eq!(*parsed.last().unwrap(), 2);
+    let plain = t.encode(text, false, false);
+    assert!(!plain.contains(&1) && !plain.contains(&2));
+    assert_eq!(t.decode(&plain), text);
+    assert_eq!(t.decode(&parsed), text);
+    assert_eq!(t.decode_skip_special(&parsed), "user\nhi");
+}
+
+#[test]
+fn eog_follows_llama_cpp_rules() {
+    let t = chatml();
+    // eos (1 = <|im_start|> here, by the config) plus the texts llama.cpp recognises.
+    assert!(t.is_eog(0)); // <|endoftext|>
+    assert!(t.is_eog(1)); // the eos id
+    assert!(t.is_eog(2)); // <|im_end|>
+    assert!(!t.is_eog(3));
+    // No eot key: llama.cpp picks it by text.
+    assert_eq!(t.eot(), Some(0));
+}
+
+#[test]
+fn bos_eos_policy() {
+    let mut cfg = bpe_config(&["<s>", "</s>"], &[], &[], "gpt-2");
+    cfg.add_bos = Some(true);
+    cfg.add_eos = Some(true);
+    let t = Tokenizer::from_config(cfg).unwrap();
+    let ids = t.encode("a", true, false);
+    assert_eq!(ids.first(), Some(&0));
+    assert_eq!(ids.last(), Some(&1));
+    assert_eq!(t.encode("a", false, false).len(), 1);
+    // Empty text still gets BOS/EOS, as llama.cpp.
+    assert_eq!(t.encode("", true, false), [0, 1]);
+}
+
+#[test]
+fn llama3_defaults_add_bos() {
+    let mut cfg = bpe_config(&["<|begin_of_text|>"], &[], &[], "llama-bpe");
+    cfg.add_bos = None;
+    let t = Tokenizer::from_config(cfg).unwrap();
+    assert!(t.adds_bos());
+}
+
+#[test]
+fn unsupported_model_and_pre_are_clear_errors() {
+    let mut cfg = bpe_config(&[], &[], &[], "gpt-2");
+    cfg.model = "t5".into();
+    let err = Tokenizer::from_config(cfg).unwrap_err().to_string();
+    assert!(
+        err.contains("t5") && err.contains("gpt2") && err.contains("llama"),
+        "{err}"
+    );
+    let err = Tokenizer::from_config(bpe_config(&[], &[], &[], "nope"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("nope") && err.contains("smollm") && err.contains("qwen2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_metadata_is_an_error_not_a_panic() {
+    let mut cfg = bpe_config(&[], &[], &[], "gpt-2");
+    cfg.token_types = Some(vec![1; 3]);
+    assert!(matches!(
+        Tokenizer::from_config(cfg),
+        Err(TokenizerError::LengthMismatch { .. })
+    ));
+    let mut cfg = bpe_config(&[], &[], &[], "gpt-2");
+    cfg.tokens.push("a".into());
+    cfg.token_types = None;
+    assert!(matches!(
+        Tokenizer::from_config(cfg),
+        Err(TokenizerError::DuplicateToken { .. })
+    ));
+    let cfg = TokenizerConfig {
+        model: "gpt2".into(),
+        ..Default::default()
+    };
+    assert!(matches!(
+        Tokenizer::from_config(cfg),
+        Err(TokenizerError::EmptyVocab)
+    ));
+    // Out-of-range special ids fall back to llama.cpp's defaults (disabled when out of range).
+    let mut cfg = bpe_config(&[], &[], &[], "gpt-2");
+    cfg.special.bos = Some(1_000_000);
+    let t = Tokenizer::from_config(cfg).unwrap();
+    assert_eq!(t.bos(), Some(11));
+    assert_eq!(t.token_bytes(1_000_000), b"");
+    assert_eq!(t.decode(&[u32::MAX]), "");
+}
+
+/// A SentencePiece config: <unk> <s> </s>, control/user-defined extras, byte tokens, pieces.
+fn spm_config(
+    pieces: &[(&str, f32)],
+    user_defined: &[&str],
+    add_space_prefix: bool,
+) -> TokenizerConfig {
+    let mut tokens = vec!["<unk>".to_string(), "<s>".into(), "</s>".into()];
+    let mut types = vec![2, 3, 3];
+    let mut scores = vec![0.0, 0.0, 0.0];
+    for u in user_defined {
+        tokens.push(u.to_string());
+        types.push(4);
+        scores.push(0.0);
+    }
+    for b in 0..256 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+        scores.push(0.0);
+    }
+    for (p, s) in pieces {
+        tokens.push(p.to_string());
+        types.push(1);
+        scores.push(*s);
+    }
+    TokenizerConfig {
+        model: "llama".into(),
+        tokens,
+        scores: Some(scores),
+        token_types: Some(types),
+        add_space_prefix: Some(add_space_prefix),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn spm_with_space_prefix_and_byte_fallback() {
+    let pieces = [
+        ("▁", -1.0),
+        ("▁h", -2.0),
+        ("i", -3.0),
+        ("▁hi", -1.5),
+        ("h", -4.0),
+    ];
+    let t = Tokenizer::from_config(spm_config(&pieces, &[], true)).unwrap();
+    assert!(t.adds_bos());
+    let ids = t.encode("hi é", true, false);
+    assert_eq!(texts(&t, &ids), ["<s>", "▁hi", "▁", "<0xC3>", "<0xA9>"]);
+    // The space prefix added by encode is removed again by decode.
+    assert_eq!(t.decode(&t.encode("hi é", false, false)), "hi é");
+    assert_eq!(t.token_bytes(t.token_id("<0x0A>").unwrap()), b"\n");
+    assert_eq!(t.token_bytes(t.token_id("▁hi").unwrap()), b" hi");
+}
+
+#[test]
+fn spm_user_defined_tokens_split_even_without_parse_special() {
+    let pieces = [("▁", -1.0), ("a", -1.0), ("b", -1.0)];
+    let t = Tokenizer::from_config(spm_config(&pieces, &["\n", "  "], false)).unwrap();
+    let ids = t.encode("a\nb  a", false, false);
+    assert_eq!(texts(&t, &ids), ["a", "\n", "b", "  ", "a"]);
+    assert_eq!(t.decode(&ids), "a\nb  a");
+    // Control tokens only with parse_special; SPM default ids: bos 1, eos 2, unk 0.
+    assert_eq!(t.encode("</s>", false, true), [2]);
+    assert!(t.encode("</s>", false, false).len() > 1);
+}
+
+#[test]
+fn stream_decoder_never_splits_characters() {
+    let t = chatml();
+    let text = "Emoji: 😀🎉👍🏽 日本語のテキスト naïve";
+    let ids = t.encode(text, false, false);
+    // Characters are split across tokens; "ĠðŁ" ends in the middle of " 😀".
+    assert!(ids.len() > text.chars().count());
+    assert!(texts(&t, &ids).iter().any(|s| s == "ĠðŁ"));
+    let mut dec = StreamDecoder::new(&t);
+    let mut joined = String::new();
+    for &id in &ids {
+        if let Some(piece) = dec.push(id) {
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "partial character released: {piece:?}"
+            );
+            joined.push_str(&piece);
+        }
+    }
+    assert_eq!(dec.pending_len(), 0);
+    assert!(dec.flush().is_none());
+    assert_eq!(joined, t.decode(&ids));
+    assert_eq!(joined, text);
+}
+
+#[test]
+fn stream_decoder_replaces_invalid_bytes_like_decode() {
+    let t = chatml();
+    // Byte tokens: "ð" (F0, a 4-byte lead) then "a" then a lone continuation byte, then an
+    // unfinished lead at the end.
+    let ids: Vec<u32> = [0xF0u8, b'a', 0x9F, 0xE6]
+        .iter()
+        .map(|&b| {
+            t.token_id(&BYTE_TO_UNICODE[b as usize].to_string())
+                .unwrap()
+        })
+        .collect();
+    let mut dec = StreamDecoder::new(&t);
+    let mut joined = String::new();
+    for &id in &ids {
+        joined.extend(dec.push(id));
+    }
+    joined.extend(dec.flush());
+    assert_eq!(joined, t.decode(&ids));
+    assert_eq!(joined, "\u{FFFD}a\u{FFFD}\u{FFFD}");
+}
+
+#[test]
+fn clean_spaces_pass_matches_llama_cpp() {
+    let mut v = b"a , b . c ' d don 't it 's we 're x".to_vec();
+    clean_up_spaces(&mut v);
+    assert_eq!(
+        String::from_utf8(v).unwrap(),
+        "a, b. c'd don 't it's we're x"
+    );
+}
+
+#[test]
+fn heap_bytes_counts_tables() {
+    let t = chatml();
+    assert!(t.heap_bytes() > 256 * 4);
+}
