@@ -49,8 +49,12 @@ pub(crate) struct Vocab {
     blob: String,
     /// `offsets[id]..offsets[id + 1]` is token `id`'s text; `len() + 1` entries.
     offsets: Vec<u32>,
-    /// Open-addressing index: a power-of-two number of slots holding token ids or `EMPTY`.
-    slots: Vec<u32>,
+    /// Open-addressing index: a power-of-two number of slots holding `(token id, high 32 bits
+    /// of its hash)` or `EMPTY` ids. The hash bits reject most probes without touching the
+    /// (cache-cold) text blob.
+    slots: Vec<(u32, u32)>,
+    /// Longest token text in bytes: longer lookups fail without hashing.
+    max_len: usize,
     /// Per-token attribute bits ([`attr`]).
     pub attrs: Vec<u16>,
     /// Per-token scores (SentencePiece merge priority); all zero when the file has none.
@@ -88,18 +92,20 @@ impl Vocab {
         let mut vocab = Vocab {
             blob,
             offsets,
-            slots: vec![EMPTY; n_slots],
+            slots: vec![(EMPTY, 0); n_slots],
+            max_len: 0,
             attrs,
             scores,
         };
         for id in 0..n as u32 {
             let mask = vocab.slots.len() - 1;
             let text = vocab.text(id);
-            let mut i = hash_bytes(text.as_bytes()) as usize & mask;
+            let h = hash_bytes(text.as_bytes());
+            let mut i = h as usize & mask;
             loop {
-                let s = vocab.slots[i];
+                let (s, _) = vocab.slots[i];
                 if s == EMPTY {
-                    vocab.slots[i] = id;
+                    vocab.slots[i] = (id, (h >> 32) as u32);
                     break;
                 }
                 if vocab.text(s) == text {
@@ -112,6 +118,10 @@ impl Vocab {
                 i = (i + 1) & mask;
             }
         }
+        vocab.max_len = (0..n as u32)
+            .map(|id| vocab.text(id).len())
+            .max()
+            .unwrap_or(0);
         Ok(vocab)
     }
 
@@ -134,14 +144,19 @@ impl Vocab {
 
     #[inline]
     pub fn lookup_bytes(&self, text: &[u8]) -> Option<u32> {
+        if text.len() > self.max_len {
+            return None;
+        }
         let mask = self.slots.len() - 1;
-        let mut i = hash_bytes(text) as usize & mask;
+        let h = hash_bytes(text);
+        let tag = (h >> 32) as u32;
+        let mut i = h as usize & mask;
         loop {
-            let s = self.slots[i];
+            let (s, t) = self.slots[i];
             if s == EMPTY {
                 return None;
             }
-            if self.text(s).as_bytes() == text {
+            if t == tag && self.text(s).as_bytes() == text {
                 return Some(s);
             }
             i = (i + 1) & mask;
@@ -162,7 +177,7 @@ impl Vocab {
     pub fn heap_bytes(&self) -> usize {
         self.blob.capacity()
             + self.offsets.capacity() * 4
-            + self.slots.capacity() * 4
+            + self.slots.capacity() * 8
             + self.attrs.capacity() * 2
             + self.scores.capacity() * 4
     }
