@@ -265,3 +265,54 @@ proptest::proptest! {
         }
     }
 }
+
+/// Degenerate inputs (one huge word, one huge whitespace run, many candidate special-token
+/// starts) stay near-linear and round-trip. Printed timings, no timed assertion.
+#[test]
+fn degenerate_inputs() {
+    let n = 1 << 20;
+    let cases = [
+        ("a", "a".repeat(n)),
+        ("space", " ".repeat(n)),
+        ("newline", "\n".repeat(n)),
+        ("lt", "<".repeat(n / 2) + &"<|im_start|>".repeat(n / 24)),
+        ("mixed-ws", " \t\n".repeat(n / 3)),
+    ];
+    for model in ["smollm2", "gemma3"] {
+        let tok = shared(model);
+        for (name, text) in &cases {
+            let start = Instant::now();
+            let ids = tok.encode(text, false, true);
+            eprintln!(
+                "{model} {name}: {} tokens in {:.1} ms",
+                ids.len(),
+                start.elapsed().as_secs_f64() * 1e3
+            );
+            assert_eq!(&tok.decode(&ids), text, "{model} {name}");
+        }
+    }
+}
+
+#[test]
+fn heap_bytes_of_real_tokenizers() {
+    for model in ["smollm2", "gemma3"] {
+        let tok = shared(model);
+        let text_bytes: usize = (0..tok.vocab_size() as u32)
+            .map(|id| tok.token_text(id).len())
+            .sum();
+        let piece_bytes: usize = (0..tok.vocab_size() as u32)
+            .map(|id| tok.token_bytes(id).len())
+            .sum();
+        let heap = tok.heap_bytes();
+        eprintln!(
+            "{model}: {} tokens, heap {:.1} MB",
+            tok.vocab_size(),
+            heap as f64 / 1e6
+        );
+        assert!(
+            heap >= text_bytes + piece_bytes + 4 * tok.vocab_size(),
+            "{model}: {heap}"
+        );
+        assert!(heap < 64 << 20, "{model}: {heap}");
+    }
+}

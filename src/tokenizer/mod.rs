@@ -1,13 +1,13 @@
 //! Tokenizers that reproduce llama.cpp's token ids exactly, built from GGUF metadata.
 //!
 //! Two vocabulary kinds, chosen by `tokenizer.ggml.model`:
-//! - `gpt2`: byte-level BPE ([`bpe`]), with the pre-tokenizer named by `tokenizer.ggml.pre`
-//!   ([`pretokenize`]) and merges ranked by `tokenizer.ggml.merges`.
-//! - `llama`: SentencePiece-style BPE ([`spm`]) driven by `tokenizer.ggml.scores`, spaces as
+//! - `gpt2`: byte-level BPE (`bpe.rs`), with the pre-tokenizer named by `tokenizer.ggml.pre`
+//!   (`pretokenize.rs`) and merges ranked by `tokenizer.ggml.merges`.
+//! - `llama`: SentencePiece-style BPE (`spm.rs`) driven by `tokenizer.ggml.scores`, spaces as
 //!   `▁`, byte fallback `<0xNN>`.
 //!
 //! Encoding runs in three steps, as in llama.cpp's `llama_vocab::impl::tokenize`:
-//! 1. [`special`]: cut special-token text (control / user-defined tokens) out of the input;
+//! 1. `special.rs`: cut special-token text (control / user-defined tokens) out of the input;
 //! 2. tokenize each remaining raw-text fragment with the model's algorithm;
 //! 3. add BOS / EOS as the file's policy says, when asked to.
 //!
