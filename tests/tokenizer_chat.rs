@@ -29,10 +29,20 @@ fn smollm2_template_renders_chatml() {
     let want = "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n\
                 <|im_start|>user\nWhat is 2+2?<|im_end|>\n\
                 <|im_start|>assistant\n";
-    let got = render_chat(template, &conversation(), true, "<|im_start|>", "<|im_end|>").unwrap();
+    let got = render_chat(
+        template,
+        &conversation(),
+        true,
+        "<|im_start|>",
+        "<|im_end|>",
+    )
+    .unwrap();
     assert_eq!(got, want);
     // SmolLM2 does not add BOS, so nothing is stripped.
-    assert_eq!(tok.apply_chat_template(&conversation(), true).unwrap(), want);
+    assert_eq!(
+        tok.apply_chat_template(&conversation(), true).unwrap(),
+        want
+    );
 
     let user_only = [ChatMessage::new("user", "hi")];
     let got = render_chat(template, &user_only, false, "", "").unwrap();
@@ -54,7 +64,10 @@ fn smollm2_template_renders_chatml() {
     // The tail: <|im_start|> then "assistant\n" as ordinary text.
     let last = ids.iter().rposition(|&id| id == im_start).unwrap();
     assert_eq!(tok.decode(&ids[last + 1..]), "assistant\n");
-    assert_eq!(&ids[last + 1..], &tok.encode("assistant\n", false, false)[..]);
+    assert_eq!(
+        &ids[last + 1..],
+        &tok.encode("assistant\n", false, false)[..]
+    );
     let plain = tok.encode(want, true, false);
     assert!(!plain.contains(&im_start) && !plain.contains(&im_end));
     assert!(tok.is_eog(im_end));
@@ -68,11 +81,18 @@ fn gemma3_template_renders_turns() {
     assert!(tok.chat_template_is_builtin());
 
     // The system message is folded into the first user turn; "assistant" is "model".
-    let want = "<bos><start_of_turn>user\nYou are a terse assistant.\n\nWhat is 2+2?<end_of_turn>\n\
+    let want =
+        "<bos><start_of_turn>user\nYou are a terse assistant.\n\nWhat is 2+2?<end_of_turn>\n\
                 <start_of_turn>model\n";
-    assert_eq!(render_chat(template, &conversation(), true, "<bos>", "<eos>").unwrap(), want);
+    assert_eq!(
+        render_chat(template, &conversation(), true, "<bos>", "<eos>").unwrap(),
+        want
+    );
     let without_prompt = render_chat(template, &conversation(), false, "<bos>", "<eos>").unwrap();
-    assert_eq!(without_prompt, want.strip_suffix("<start_of_turn>model\n").unwrap());
+    assert_eq!(
+        without_prompt,
+        want.strip_suffix("<start_of_turn>model\n").unwrap()
+    );
 
     // apply_chat_template drops the leading <bos> text since encode adds the BOS token.
     let prompt = tok.apply_chat_template(&conversation(), true).unwrap();
