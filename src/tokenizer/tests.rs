@@ -281,3 +281,9 @@ fn heap_bytes_counts_tables() {
     let t = chatml();
     assert!(t.heap_bytes() > 256 * 4);
 }
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+}

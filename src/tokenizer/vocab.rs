@@ -32,15 +32,29 @@ pub mod attr {
 
 const EMPTY: u32 = u32::MAX;
 
-/// FNV-1a with a final mix; token texts are short, so a byte loop is as fast as anything.
+/// A multiplicative hash over 8-byte words (FxHash-style) with a final avalanche, so that both
+/// the low bits (slot) and the high bits (tag) are well mixed.
 #[inline]
 pub(crate) fn hash_bytes(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut h: u64 = bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        h = (h.rotate_left(5) ^ w).wrapping_mul(K);
     }
-    h ^ (h >> 31)
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+    }
+    // Avalanche (murmur3's finaliser).
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 #[derive(Debug)]
@@ -49,8 +63,12 @@ pub(crate) struct Vocab {
     blob: String,
     /// `offsets[id]..offsets[id + 1]` is token `id`'s text; `len() + 1` entries.
     offsets: Vec<u32>,
-    /// Open-addressing index: a power-of-two number of slots holding token ids or `EMPTY`.
-    slots: Vec<u32>,
+    /// Open-addressing index: a power-of-two number of slots holding `(token id, high 32 bits
+    /// of its hash)` or `EMPTY` ids. The hash bits reject most probes without touching the
+    /// (cache-cold) text blob.
+    slots: Vec<(u32, u32)>,
+    /// Longest token text in bytes: longer lookups fail without hashing.
+    max_len: usize,
     /// Per-token attribute bits ([`attr`]).
     pub attrs: Vec<u16>,
     /// Per-token scores (SentencePiece merge priority); all zero when the file has none.
@@ -88,18 +106,20 @@ impl Vocab {
         let mut vocab = Vocab {
             blob,
             offsets,
-            slots: vec![EMPTY; n_slots],
+            slots: vec![(EMPTY, 0); n_slots],
+            max_len: 0,
             attrs,
             scores,
         };
         for id in 0..n as u32 {
             let mask = vocab.slots.len() - 1;
             let text = vocab.text(id);
-            let mut i = hash_bytes(text.as_bytes()) as usize & mask;
+            let h = hash_bytes(text.as_bytes());
+            let mut i = h as usize & mask;
             loop {
-                let s = vocab.slots[i];
+                let (s, _) = vocab.slots[i];
                 if s == EMPTY {
-                    vocab.slots[i] = id;
+                    vocab.slots[i] = (id, (h >> 32) as u32);
                     break;
                 }
                 if vocab.text(s) == text {
@@ -112,6 +132,10 @@ impl Vocab {
                 i = (i + 1) & mask;
             }
         }
+        vocab.max_len = (0..n as u32)
+            .map(|id| vocab.text(id).len())
+            .max()
+            .unwrap_or(0);
         Ok(vocab)
     }
 
@@ -134,14 +158,19 @@ impl Vocab {
 
     #[inline]
     pub fn lookup_bytes(&self, text: &[u8]) -> Option<u32> {
+        if text.len() > self.max_len {
+            return None;
+        }
         let mask = self.slots.len() - 1;
-        let mut i = hash_bytes(text) as usize & mask;
+        let h = hash_bytes(text);
+        let tag = (h >> 32) as u32;
+        let mut i = h as usize & mask;
         loop {
-            let s = self.slots[i];
+            let (s, t) = self.slots[i];
             if s == EMPTY {
                 return None;
             }
-            if self.text(s).as_bytes() == text {
+            if t == tag && self.text(s).as_bytes() == text {
                 return Some(s);
             }
             i = (i + 1) & mask;
@@ -162,7 +191,7 @@ impl Vocab {
     pub fn heap_bytes(&self) -> usize {
         self.blob.capacity()
             + self.offsets.capacity() * 4
-            + self.slots.capacity() * 4
+            + self.slots.capacity() * 8
             + self.attrs.capacity() * 2
             + self.scores.capacity() * 4
     }
