@@ -1,5 +1,6 @@
 //! Subcommands of the `kiln` binary. Each file defines its flags (`clap::Args`) and a `run`.
 
+mod bench;
 mod chat;
 mod common;
 mod inspect;
@@ -30,6 +31,8 @@ enum Command {
     Chat(chat::ChatArgs),
     /// Show the token ids of a text.
     Tokenize(tokenize::TokenizeArgs),
+    /// Prompt and generation throughput (llama-bench's pp/tg), load time, peak RSS.
+    Bench(bench::BenchArgs),
     /// Perplexity of a text file (llama-perplexity's method).
     Perplexity(perplexity::PerplexityArgs),
     /// Show a GGUF model's architecture, hyper-parameters, tokenizer and block formats.
@@ -46,6 +49,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Chat(a) => chat::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Inspect(args) => inspect::run(args),
         Command::Pull(args) => pull::run(args),
     }

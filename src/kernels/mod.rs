@@ -10,6 +10,7 @@ pub mod pool;
 
 pub use pool::ThreadPool;
 pub mod matmul;
+pub mod membw;
 
 use std::ops::Range;
 

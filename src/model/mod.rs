@@ -67,6 +67,22 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Bytes of weights one decoded token reads: every projection of every layer and the
+    /// output head (the embedding lookup reads one row, negligible).
+    pub fn weights_bytes_per_token(&self) -> usize {
+        let w = &self.weights;
+        let mut total = w.output.data.len();
+        for l in &w.layers {
+            for lin in [&l.wq, &l.wk, &l.wv, &l.wqkv, &l.ffn_gate].into_iter().flatten() {
+                total += lin.data.len();
+            }
+            total += l.wo.data.len() + l.ffn_up.data.len() + l.ffn_down.data.len();
+        }
+        total
+    }
+}
+
 /// Hyper-parameters and block traits for the file's architecture.
 pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError> {
     let name = f.architecture()?;

@@ -1,0 +1,209 @@
+//! `kiln bench`: prompt-processing (pp) and text-generation (tg) throughput, as `llama-bench`
+//! measures them, plus load time, peak RSS and decode's share of the memory-bandwidth roofline.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Args;
+
+use super::common::{self, ModelArgs};
+use kiln::engine::{Session, SessionOptions};
+use kiln::sampler::argmax;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens for the pp test (0 = skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens for the tg test (0 = skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Tokens already in the KV cache before each test (llama-bench's -d).
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    pub depth: usize,
+    /// Print rows as JSON (llama-bench's `-o json` fields plus kiln's own).
+    #[arg(long)]
+    pub json: bool,
+    /// Memory read bandwidth in GB/s for the roofline (default: measured now).
+    #[arg(long)]
+    pub bandwidth: Option<f64>,
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    model_filename: String,
+    model_type: String,
+    model_size: u64,
+    model_n_params: u64,
+    n_threads: usize,
+    n_batch: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    n_depth: usize,
+    test: String,
+    avg_ts: f64,
+    stddev_ts: f64,
+    samples_ts: Vec<f64>,
+    // kiln's own fields
+    load_ms: f64,
+    peak_rss_bytes: u64,
+    weight_bytes_per_token: u64,
+    bandwidth_gbs: f64,
+    roofline_share: Option<f64>,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let loaded = common::load(&args.model)?;
+    let model = &loaded.model;
+    let threads = args.model.threads();
+    let n_ctx = args.depth + args.n_prompt.max(args.n_gen) + 1;
+    let mut opts = SessionOptions::new(n_ctx, threads);
+    opts.prefill_chunk = args.model.batch_size;
+    let mut s = Session::new(Arc::clone(model), opts)?;
+    let vocab = model.config.vocab_size as u32;
+    // Deterministic pseudo-random tokens, as llama-bench uses random ids.
+    let tokens = |n: usize, salt: u32| -> Vec<u32> {
+        (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(salt)) % vocab).collect()
+    };
+    let depth_tokens = tokens(args.depth, 7);
+    let fill_depth = |s: &mut Session| -> Result<()> {
+        s.reset();
+        if !depth_tokens.is_empty() {
+            s.prefill(&depth_tokens, &mut |_, _| {})?;
+        }
+        Ok(())
+    };
+
+    let weight_bytes = model.weights_bytes_per_token() as u64;
+    let bandwidth = match args.bandwidth {
+        Some(b) => b,
+        None => kiln::kernels::membw::measure_read_gbs(&s.rt.pool),
+    };
+    let mut rows = Vec::new();
+    let file_size = std::fs::metadata(&loaded.path).map(|m| m.len()).unwrap_or(0);
+    let n_params: u64 = model.file.tensors().iter().map(|t| t.n_elements as u64).sum();
+    let model_type = format!("{} {}", model.config.arch_name, model.config.name);
+    let mut push = |test: &str, n_prompt: usize, n_gen: usize, samples: Vec<f64>| {
+        let (avg, sd) = mean_sd(&samples);
+        let roofline = (n_gen > 0).then(|| weight_bytes as f64 * avg / (bandwidth * 1e9));
+        rows.push(Row {
+            model_filename: loaded.path.display().to_string(),
+            model_type: model_type.clone(),
+            model_size: file_size,
+            model_n_params: n_params,
+            n_threads: threads,
+            n_batch: args.model.batch_size,
+            n_prompt,
+            n_gen,
+            n_depth: args.depth,
+            test: test.to_string(),
+            avg_ts: avg,
+            stddev_ts: sd,
+            samples_ts: samples,
+            load_ms: loaded.load_ms,
+            peak_rss_bytes: peak_rss(),
+            weight_bytes_per_token: weight_bytes,
+            bandwidth_gbs: bandwidth,
+            roofline_share: roofline,
+        });
+    };
+
+    if args.n_prompt > 0 {
+        let prompt = tokens(args.n_prompt, 1);
+        let mut samples = Vec::new();
+        for rep in 0..=args.reps {
+            fill_depth(&mut s)?;
+            let t0 = Instant::now();
+            s.prefill(&prompt, &mut |_, _| {})?;
+            let dt = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                samples.push(args.n_prompt as f64 / dt); // rep 0 is the warm-up
+            }
+        }
+        let name = with_depth(&format!("pp{}", args.n_prompt), args.depth);
+        push(&name, args.n_prompt, 0, samples);
+    }
+    if args.n_gen > 0 {
+        let mut samples = Vec::new();
+        for rep in 0..=args.reps {
+            fill_depth(&mut s)?;
+            let mut t = tokens(1, rep as u32)[0];
+            let t0 = Instant::now();
+            for _ in 0..args.n_gen {
+                let logits = s.decode(t)?;
+                t = argmax(logits);
+            }
+            let dt = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                samples.push(args.n_gen as f64 / dt);
+            }
+        }
+        let name = with_depth(&format!("tg{}", args.n_gen), args.depth);
+        push(&name, 0, args.n_gen, samples);
+    }
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "| model | size | params | threads | test | t/s | load | peak RSS | roofline |"
+    );
+    println!("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
+    for r in &rows {
+        println!(
+            "| {} | {:.2} MiB | {:.2} M | {} | {} | {:.2} ± {:.2} | {:.0} ms | {:.1} MiB | {} |",
+            r.model_type,
+            r.model_size as f64 / (1 << 20) as f64,
+            r.model_n_params as f64 / 1e6,
+            r.n_threads,
+            r.test,
+            r.avg_ts,
+            r.stddev_ts,
+            r.load_ms,
+            r.peak_rss_bytes as f64 / (1 << 20) as f64,
+            r.roofline_share.map_or("-".to_string(), |x| format!(
+                "{:.0}% of {:.1} GB/s",
+                x * 100.0,
+                r.bandwidth_gbs
+            )),
+        );
+    }
+    Ok(())
+}
+
+fn with_depth(name: &str, depth: usize) -> String {
+    if depth > 0 {
+        format!("{name} @ d{depth}")
+    } else {
+        name.to_string()
+    }
+}
+
+fn mean_sd(x: &[f64]) -> (f64, f64) {
+    if x.is_empty() {
+        return (0.0, 0.0);
+    }
+    let m = x.iter().sum::<f64>() / x.len() as f64;
+    let v = if x.len() > 1 { x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (x.len() - 1) as f64 } else { 0.0 };
+    (m, v.sqrt())
+}
+
+/// Peak resident set size of this process (VmHWM), in bytes; 0 where unknown.
+pub fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
