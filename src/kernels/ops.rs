@@ -79,9 +79,24 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// GELU, tanh approximation (as ggml's `gelu` and Gemma's `gelu_pytorch_tanh`).
+/// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`), evaluated as the reference engine
+/// does: through a table indexed by the f16 value of `x`, so input and output are rounded to
+/// f16, with `x <= -10 → 0` and `x >= 10 → x`.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let xh = half::f16::from_f32(x).to_f32();
+        half::f16::from_f32(gelu_tanh_exact(xh)).to_f32()
+    }
+}
+
+/// GELU, tanh approximation, in plain f32.
+#[inline]
+pub fn gelu_tanh_exact(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044_715;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
@@ -249,7 +264,10 @@ mod tests {
     fn activations() {
         assert!((silu(0.0)).abs() < 1e-7);
         assert!((gelu_tanh(0.0)).abs() < 1e-7);
-        assert!((gelu_tanh(3.0) - 2.99636).abs() < 1e-4);
+        assert!((gelu_tanh(3.0) - 2.99636).abs() < 2e-3);
+        assert!((gelu_tanh_exact(3.0) - 2.99636).abs() < 1e-4);
+        assert_eq!(gelu_tanh(-11.0), 0.0);
+        assert_eq!(gelu_tanh(12.5), 12.5);
         assert!((silu(2.0) - 1.761594).abs() < 1e-5);
     }
 }

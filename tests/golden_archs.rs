@@ -1,0 +1,71 @@
+//! Qwen2, Qwen3, GPT-2 (random weights) and Gemma-3 (the real 270M model) against the
+//! reference engine; unknown architectures and missing tensors fail with named errors.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::golden::{compare, Agreement};
+use kiln::gguf::{GgufFile, GgufWriter};
+use kiln::model::{Model, ModelError};
+
+fn check_random(stem: &str) {
+    let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let mut agg = Agreement::default();
+    compare(&model, &common::golden_dir().join(stem).join("logits.jsonl"), 2, true, &mut agg);
+    agg.assert_meets_bar(stem, 4);
+}
+
+#[test]
+fn random_qwen2_matches_reference() {
+    check_random("random-qwen2-f32");
+    check_random("random-qwen2-q4_0");
+}
+
+#[test]
+fn random_qwen3_matches_reference() {
+    check_random("random-qwen3-f32");
+    check_random("random-qwen3-q4_k_m");
+}
+
+#[test]
+fn random_gpt2_matches_reference() {
+    check_random("random-gpt2-f32");
+    check_random("random-gpt2-q8_0");
+}
+
+#[test]
+fn gemma3_matches_reference() {
+    let model = Arc::new(Model::load(common::real_model("gemma3")).expect("load"));
+    let dir = common::golden_dir().join("gemma3-270m-q4_k_m");
+    let mut agg = Agreement::default();
+    compare(&model, &dir.join("logits.jsonl"), 2, true, &mut agg);
+    agg.assert_meets_bar("gemma3 prompts", 4);
+    let mut long = Agreement::default();
+    compare(&model, &dir.join("long.jsonl"), 2, false, &mut long);
+    long.assert_meets_bar("gemma3 long prompt (sliding window)", 0);
+}
+
+/// Rewrite a real file's header with one metadata value or tensor changed.
+fn rewrite(stem: &str, edit: impl FnOnce(&mut GgufWriter)) -> Vec<u8> {
+    let f = GgufFile::open(common::random_model(stem)).expect("open");
+    let mut w = GgufWriter::from_file(&f);
+    edit(&mut w);
+    w.to_bytes()
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let bytes = rewrite("random-llama-q4_0", |w| { w.set("general.architecture", "mamba9".to_string()); });
+    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse")).err().expect("must fail");
+    let msg = err.to_string();
+    assert!(matches!(err, ModelError::UnknownArch { .. }), "{msg}");
+    assert!(msg.contains("mamba9") && msg.contains("llama") && msg.contains("gemma3"), "{msg}");
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let bytes = rewrite("random-llama-q4_0", |w| { w.remove_tensor("blk.2.ffn_down.weight"); });
+    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse")).err().expect("must fail");
+    assert!(err.to_string().contains("blk.2.ffn_down.weight"), "{err}");
+}
