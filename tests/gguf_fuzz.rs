@@ -349,9 +349,17 @@ fn exercise(bytes: Vec<u8>) -> Result<usize, kiln::gguf::GgufError> {
     Ok(touched)
 }
 
+/// 3000 cases (about a second); `PROPTEST_CASES` overrides for long runs.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 3000,
+        cases: cases(),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]

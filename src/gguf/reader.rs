@@ -58,12 +58,12 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Elements per row (`shape[0]`).
     pub fn row_len(&self) -> usize {
-        self.shape[0]
+        self.shape.first().copied().unwrap_or(0)
     }
 
     /// Number of rows (product of `shape[1..]`).
     pub fn n_rows(&self) -> usize {
-        self.shape[1..].iter().product()
+        self.shape.iter().skip(1).product()
     }
 }
 
