@@ -412,7 +412,18 @@ fn huge_value_in_every_field() {
     for seed in seeds() {
         for &(p, width) in &seed.fields {
             let rest = (seed.bytes.len() - p - width) as u64;
-            for value in [u64::MAX, 1 << 60, 1 << 31, rest, rest / 2, rest / 8] {
+            // Near the largest key/value (rest / 13) and tensor (rest / 32) counts the bound allows.
+            for value in [
+                u64::MAX,
+                1 << 60,
+                1 << 31,
+                rest,
+                rest / 2,
+                rest / 8,
+                rest / 14,
+                rest / 16,
+                rest / 40,
+            ] {
                 let mut b = seed.bytes.clone();
                 b[p..p + width].copy_from_slice(&value.to_le_bytes()[..width]);
                 let len = b.len();
