@@ -7,7 +7,9 @@
 use kiln::gguf::{GgufFile, GgufWriter, RawTensor};
 
 fn main() -> anyhow::Result<()> {
-    let dir = std::env::args().nth(1).unwrap_or_else(|| "../../shared/models".into());
+    let dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "../../shared/models".into());
     let out = std::path::Path::new("corpus/gguf_parse");
     std::fs::create_dir_all(out)?;
     let mut n = 0;
@@ -19,7 +21,10 @@ fn main() -> anyhow::Result<()> {
         let stem = path.file_stem().unwrap().to_string_lossy().to_string();
         let bytes = std::fs::read(&path)?;
         let file = GgufFile::from_bytes(bytes.clone())?;
-        std::fs::write(out.join(format!("{stem}.header")), &bytes[..file.data_offset()])?;
+        std::fs::write(
+            out.join(format!("{stem}.header")),
+            &bytes[..file.data_offset()],
+        )?;
 
         let mut w = GgufWriter::from_file(&file);
         let small: Vec<RawTensor> = file
