@@ -349,9 +349,17 @@ fn exercise(bytes: Vec<u8>) -> Result<usize, kiln::gguf::GgufError> {
     Ok(touched)
 }
 
+/// 3000 cases (about a second); `PROPTEST_CASES` overrides for long runs.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 3000,
+        cases: cases(),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -404,7 +412,18 @@ fn huge_value_in_every_field() {
     for seed in seeds() {
         for &(p, width) in &seed.fields {
             let rest = (seed.bytes.len() - p - width) as u64;
-            for value in [u64::MAX, 1 << 60, 1 << 31, rest, rest / 2, rest / 8] {
+            // Near the largest key/value (rest / 13) and tensor (rest / 32) counts the bound allows.
+            for value in [
+                u64::MAX,
+                1 << 60,
+                1 << 31,
+                rest,
+                rest / 2,
+                rest / 8,
+                rest / 14,
+                rest / 16,
+                rest / 40,
+            ] {
                 let mut b = seed.bytes.clone();
                 b[p..p + width].copy_from_slice(&value.to_le_bytes()[..width]);
                 let len = b.len();

@@ -34,6 +34,14 @@ pub const MAX_DIMS: usize = 4;
 /// the bound keeps hostile files from recursing without limit.
 pub const MAX_ARRAY_DEPTH: usize = 4;
 
+/// Tables of parsed entries (key/values, tensor infos, string / bool / nested arrays) reserve at
+/// most this many entries up front and then grow as entries actually parse. A count is only
+/// checked against the bytes remaining, and an entry costs 3–10× its minimum encoded size in
+/// memory, so reserving a bogus count in full would allocate several times the file size
+/// before the first missing entry is noticed. (Fixed-size numeric arrays are read in one
+/// bounds-checked slice first and allocate exactly their encoded size.)
+const PREALLOCATE_MAX: usize = 4096;
+
 /// The smallest encoded size of one key/value pair: empty key (8) + type (4) + a `u8` value.
 const MIN_KV_BYTES: usize = 8 + 4 + 1;
 /// The smallest encoded tensor info: empty name (8) + n_dims (4) + one dim (8) + type (4) +
@@ -58,12 +66,12 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Elements per row (`shape[0]`).
     pub fn row_len(&self) -> usize {
-        self.shape[0]
+        self.shape.first().copied().unwrap_or(0)
     }
 
     /// Number of rows (product of `shape[1..]`).
     pub fn n_rows(&self) -> usize {
-        self.shape[1..].iter().product()
+        self.shape.iter().skip(1).product()
     }
 }
 
@@ -316,8 +324,8 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     };
 
     // --- Metadata. ---
-    let mut metadata = Vec::with_capacity(n_kv);
-    let mut key_index = HashMap::with_capacity(n_kv);
+    let mut metadata = Vec::with_capacity(n_kv.min(PREALLOCATE_MAX));
+    let mut key_index = HashMap::with_capacity(n_kv.min(PREALLOCATE_MAX));
     let mut alignment_pos = 0;
     for i in 0..n_kv {
         let kv_start = c.pos();
@@ -354,9 +362,9 @@ fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     };
 
     // --- Tensor infos. ---
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut info_offsets = Vec::with_capacity(n_tensors);
-    let mut tensor_index = HashMap::with_capacity(n_tensors);
+    let mut tensors = Vec::with_capacity(n_tensors.min(PREALLOCATE_MAX));
+    let mut info_offsets = Vec::with_capacity(n_tensors.min(PREALLOCATE_MAX));
+    let mut tensor_index = HashMap::with_capacity(n_tensors.min(PREALLOCATE_MAX));
     for i in 0..n_tensors {
         let info_start = c.pos();
         let info = read_tensor_info(&mut c, i, info_start, alignment)?;
@@ -505,14 +513,14 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array, GgufErro
         type_id::F32 => Array::F32(read_fixed(c, n, key, f32::from_le_bytes)?),
         type_id::F64 => Array::F64(read_fixed(c, n, key, f64::from_le_bytes)?),
         type_id::BOOL => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = Vec::with_capacity(n.min(PREALLOCATE_MAX));
             for _ in 0..n {
                 v.push(read_bool(c, key)?);
             }
             Array::Bool(v)
         }
         type_id::STRING => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = Vec::with_capacity(n.min(PREALLOCATE_MAX));
             for i in 0..n {
                 v.push(
                     c.string(&|| format!("string #{i} of key '{key}'"))?
@@ -522,7 +530,7 @@ fn read_array(c: &mut Cursor, key: &str, depth: usize) -> Result<Array, GgufErro
             Array::String(v)
         }
         type_id::ARRAY => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = Vec::with_capacity(n.min(PREALLOCATE_MAX));
             for _ in 0..n {
                 v.push(read_array(c, key, depth + 1)?);
             }
