@@ -13,7 +13,10 @@ use std::time::Duration;
 struct CpuTime;
 
 fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid out-pointer; CLOCK_THREAD_CPUTIME_ID is always available on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
@@ -74,7 +77,9 @@ fn weights(ty: GgmlType, n: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
     let bytes = ty.row_bytes(n).unwrap() * rows;
     let mut w: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
     match ty {
-        GgmlType::F32 => w.chunks_mut(4).for_each(|c| c.copy_from_slice(&rng.uniform().to_le_bytes())),
+        GgmlType::F32 => w
+            .chunks_mut(4)
+            .for_each(|c| c.copy_from_slice(&rng.uniform().to_le_bytes())),
         GgmlType::F16 => w
             .chunks_mut(2)
             .for_each(|c| c.copy_from_slice(&half::f16::from_f32(rng.uniform()).to_le_bytes())),
@@ -110,7 +115,10 @@ const TYPES: [GgmlType; 13] = [
 ];
 
 fn tiers() -> Vec<Isa> {
-    Isa::available().into_iter().filter(|&i| i != Isa::Neon).collect()
+    Isa::available()
+        .into_iter()
+        .filter(|&i| i != Isa::Neon)
+        .collect()
 }
 
 /// Matrix-vector: 1024 rows x 2048 (a few MB of weights, beyond L2: roughly the decode regime).
@@ -177,7 +185,13 @@ fn quantize(c: &mut Criterion<CpuTime>) {
     let xf: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
     let mut g = c.benchmark_group("quantize_act");
     g.throughput(Throughput::Elements(n as u64));
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::F16, GgmlType::BF16] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4K,
+        GgmlType::F16,
+        GgmlType::BF16,
+    ] {
         for isa in tiers() {
             let k = kernels_for(ty, isa).unwrap();
             let mut out = vec![0u8; k.act.row_bytes(n).unwrap()];

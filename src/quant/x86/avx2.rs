@@ -118,9 +118,11 @@ pub(super) unsafe fn hmax_ps(v: __m256) -> f32 {
 /// 16 bytes of packed nibbles -> 32 bytes in element order (low nibbles are elements 0..16).
 #[inline(always)]
 unsafe fn nibbles32(p: *const u8) -> __m256i {
-    let t = loadu128(p);
-    let b = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
-    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+    // A broadcast load plus a per-lane variable shift, instead of shift + `vinserti128`: the
+    // insert would compete for port 5 with the fp16 scale conversions.
+    let t = _mm256_broadcastsi128_si256(loadu128(p));
+    let t = _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(t, _mm256_set1_epi8(0x0F))
 }
 
 /// The 32 bits at `p` spread to 32 bytes: 0xFF where the bit is set (element order).
@@ -291,7 +293,11 @@ impl<F: Blk32> Tile for T32<F> {
     const X_BYTES: usize = Self::XB;
 
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: [*const u8; NX]) -> [f32; NX] {
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
         let nb = n / 32;
         // Two sets of accumulators (even / odd blocks) keep the FMA dependency chains short.
         // `ms` collects `m * s` of the unsigned formats in lane 1 (lane 0 is unused).
@@ -765,9 +771,9 @@ impl<F: FloatFmt> Tile for TF<F> {
 /// into the `#[target_feature]` caller).
 #[inline(always)]
 unsafe fn round_i32(v: __m256, mul: __m256) -> __m256i {
-    _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm256_mul_ps(mul, v),
-    ))
+    _mm256_cvtps_epi32(_mm256_round_ps::<
+        { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+    >(_mm256_mul_ps(mul, v)))
 }
 
 /// 32 f32 at `x` -> (i8 quants in element order, as 32 bytes) with multiplier `id`,
@@ -775,8 +781,12 @@ unsafe fn round_i32(v: __m256, mul: __m256) -> __m256i {
 #[inline(always)]
 unsafe fn round_pack32(v: [__m256; 4], id: f32) -> (__m256i, __m256i) {
     let mul = _mm256_set1_ps(id);
-    let (i0, i1, i2, i3) =
-        (round_i32(v[0], mul), round_i32(v[1], mul), round_i32(v[2], mul), round_i32(v[3], mul));
+    let (i0, i1, i2, i3) = (
+        round_i32(v[0], mul),
+        round_i32(v[1], mul),
+        round_i32(v[2], mul),
+        round_i32(v[3], mul),
+    );
     let sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
     let a = _mm256_packs_epi32(i0, i1);
     let b = _mm256_packs_epi32(i2, i3);
