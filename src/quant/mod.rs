@@ -10,8 +10,11 @@
 //! - [`reference`]: scalar (de)quantizers and dot products, the definition everything is tested
 //!   against.
 //! - `x86`: AVX2 / AVX-512 kernels, reachable only through [`Kernels`] after runtime detection.
+//! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod reference;
 mod types;
 #[cfg(target_arch = "x86_64")]
@@ -126,10 +129,13 @@ impl Isa {
         }
     }
 
-    /// Whether this build has kernels for the tier (NEON kernels are not written yet: aarch64
-    /// runs the scalar path).
+    /// Whether this build has kernels for the tier (each architecture compiles only its own).
     fn has_kernels(self) -> bool {
-        !matches!(self, Isa::Neon)
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => cfg!(target_arch = "x86_64"),
+            Isa::Neon => cfg!(target_arch = "aarch64"),
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -194,11 +200,13 @@ pub fn kernels_for(weight: GgmlType, isa: Isa) -> Result<Kernels, QuantError> {
     }
     let scalar = scalar_kernels(weight);
     Ok(match isa {
-        Isa::Scalar | Isa::Neon => scalar,
+        Isa::Scalar => scalar,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => x86::kernels(scalar, isa),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::kernels(scalar),
         #[allow(unreachable_patterns)]
-        _ => scalar,
+        _ => return Err(QuantError::IsaUnavailable(isa)),
     })
 }
 
