@@ -6,8 +6,23 @@
 //! one weight row with that quantized row. [`kernels`] returns the functions for one weight
 //! format, chosen once for the CPU we run on; the model keeps the [`Kernels`] per tensor.
 //!
+//! Using it for `y = W x` with `W` of `rows x n` in format `ty`:
+//! ```ignore
+//! let k = quant::kernels(ty)?;                       // once per tensor
+//! let mut xq = vec![0u8; k.act.row_bytes(n).unwrap()];
+//! (k.quantize_act)(&x, &mut xq);                     // once per activation row
+//! let row = ty.row_bytes(n).unwrap();
+//! (k.gemm)(n, w_bytes, row, rows, &xq, xq.len(), 1, &mut y, rows);   // matvec (nx = 1)
+//! ```
+//! For prefill, quantize every token's row into one buffer and call `gemm` with `nx` tokens:
+//! each weight block is then decoded once per tile of 4 tokens. To use several threads, give
+//! each thread a slice of weight rows (`w` offset by `first_row * row`, `nw` rows, and `out`
+//! offset by `first_row`). The kernels panic only on caller bugs (a row that is not whole
+//! blocks, or buffers shorter than the rows they are told to read); shapes from a file are
+//! expected to be validated when the model loads.
+//!
 //! - [`blocks`]: the `#[repr(C)]` byte layout of every format.
-//! - [`reference`]: scalar (de)quantizers and dot products, the definition everything is tested
+//! - [`reference`](mod@reference): scalar (de)quantizers and dot products, the definition everything is tested
 //!   against.
 //! - `x86`: AVX2 / AVX-512 kernels, reachable only through [`Kernels`] after runtime detection.
 //! - `neon`: AArch64 kernels (baseline NEON).
@@ -311,6 +326,9 @@ fn gemm_scalar<B: BlockFormat>(
     check_gemm(
         row_w, row_x, w, w_stride, nw, x, x_stride, nx, out, out_stride,
     );
+    if nw == 0 {
+        return;
+    }
     for j in 0..nx {
         let xr = &x[j * x_stride..j * x_stride + row_x];
         for i in 0..nw {
