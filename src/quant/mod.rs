@@ -6,12 +6,30 @@
 //! one weight row with that quantized row. [`kernels`] returns the functions for one weight
 //! format, chosen once for the CPU we run on; the model keeps the [`Kernels`] per tensor.
 //!
+//! Using it for `y = W x` with `W` of `rows x n` in format `ty`:
+//! ```ignore
+//! let k = quant::kernels(ty)?;                       // once per tensor
+//! let mut xq = vec![0u8; k.act.row_bytes(n).unwrap()];
+//! (k.quantize_act)(&x, &mut xq);                     // once per activation row
+//! let row = ty.row_bytes(n).unwrap();
+//! (k.gemm)(n, w_bytes, row, rows, &xq, xq.len(), 1, &mut y, rows);   // matvec (nx = 1)
+//! ```
+//! For prefill, quantize every token's row into one buffer and call `gemm` with `nx` tokens:
+//! each weight block is then decoded once per tile of 4 tokens. To use several threads, give
+//! each thread a slice of weight rows (`w` offset by `first_row * row`, `nw` rows, and `out`
+//! offset by `first_row`). The kernels panic only on caller bugs (a row that is not whole
+//! blocks, or buffers shorter than the rows they are told to read); shapes from a file are
+//! expected to be validated when the model loads.
+//!
 //! - [`blocks`]: the `#[repr(C)]` byte layout of every format.
-//! - [`reference`]: scalar (de)quantizers and dot products, the definition everything is tested
+//! - [`reference`](mod@reference): scalar (de)quantizers and dot products, the definition everything is tested
 //!   against.
 //! - `x86`: AVX2 / AVX-512 kernels, reachable only through [`Kernels`] after runtime detection.
+//! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 pub mod reference;
 mod types;
 #[cfg(target_arch = "x86_64")]
@@ -126,10 +144,13 @@ impl Isa {
         }
     }
 
-    /// Whether this build has kernels for the tier (NEON kernels are not written yet: aarch64
-    /// runs the scalar path).
+    /// Whether this build has kernels for the tier (each architecture compiles only its own).
     fn has_kernels(self) -> bool {
-        !matches!(self, Isa::Neon)
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => cfg!(target_arch = "x86_64"),
+            Isa::Neon => cfg!(target_arch = "aarch64"),
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -194,11 +215,13 @@ pub fn kernels_for(weight: GgmlType, isa: Isa) -> Result<Kernels, QuantError> {
     }
     let scalar = scalar_kernels(weight);
     Ok(match isa {
-        Isa::Scalar | Isa::Neon => scalar,
+        Isa::Scalar => scalar,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => x86::kernels(scalar, isa),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => neon::kernels(scalar),
         #[allow(unreachable_patterns)]
-        _ => scalar,
+        _ => return Err(QuantError::IsaUnavailable(isa)),
     })
 }
 
@@ -303,6 +326,9 @@ fn gemm_scalar<B: BlockFormat>(
     check_gemm(
         row_w, row_x, w, w_stride, nw, x, x_stride, nx, out, out_stride,
     );
+    if nw == 0 {
+        return;
+    }
     for j in 0..nx {
         let xr = &x[j * x_stride..j * x_stride + row_x];
         for i in 0..nw {

@@ -400,7 +400,7 @@ fn gemm_matches_reference_on_every_isa() {
 fn available_tiers_report_themselves() {
     let avail = Isa::available();
     assert!(avail.contains(&Isa::Scalar));
-    for isa in avail.iter().copied().filter(|i| *i != Isa::Neon) {
+    for isa in avail.iter().copied() {
         for ty in WEIGHT_TYPES {
             assert_eq!(kernels_for(ty, isa).unwrap().isa, isa, "{ty} on {isa:?}");
         }
@@ -409,8 +409,60 @@ fn available_tiers_report_themselves() {
     if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
         assert_eq!(Isa::detect(), Isa::Avx512Vnni);
     }
+    #[cfg(not(target_arch = "aarch64"))]
     assert!(matches!(
         kernels_for(GgmlType::Q4_0, Isa::Neon),
         Err(QuantError::IsaUnavailable(_))
     ));
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(Isa::detect(), Isa::Neon);
+}
+
+/// Empty shapes are no-ops, not panics: n = 0 dots are 0, nw or nx = 0 gemms write nothing.
+#[test]
+fn empty_shapes() {
+    for isa in Isa::available() {
+        for ty in WEIGHT_TYPES {
+            let Ok(k) = kernels_for(ty, isa) else {
+                continue;
+            };
+            assert_eq!((k.vec_dot)(0, &[], &[]), 0.0, "{ty} {isa:?}");
+            let mut out = [7.0f32; 4];
+            (k.gemm)(0, &[], 0, 2, &[], 0, 2, &mut out, 2);
+            assert_eq!(
+                out,
+                [0.0, 0.0, 0.0, 0.0],
+                "{ty} {isa:?}: n = 0 dots are zero"
+            );
+            let mut out = [7.0f32; 4];
+            (k.gemm)(32 * 8, &[], 0, 0, &[], 0, 3, &mut out, 1);
+            (k.gemm)(32 * 8, &[], 0, 3, &[], 0, 0, &mut out, 3);
+            assert_eq!(out, [7.0; 4], "{ty} {isa:?}: nothing written");
+        }
+    }
+}
+
+/// The kernels read only the bytes of the row: a row that ends exactly at the end of its
+/// buffer (the last tensor in a file) works, and bytes after it do not change the result.
+#[test]
+fn rows_ending_at_buffer_end() {
+    let mut rng = Rng(99);
+    for ty in WEIGHT_TYPES {
+        let n = 2 * ty.block_size().max(32);
+        for isa in Isa::available() {
+            let Ok(k) = kernels_for(ty, isa) else {
+                continue;
+            };
+            let w = random_weight_row(ty, n, &mut rng, Scales::Normal);
+            let x = random_act_row(&k, n, &mut rng);
+            let exact = (k.vec_dot)(n, &w, &x);
+            let mut padded = w.clone();
+            padded.extend_from_slice(&[0xFF; 64]);
+            assert_eq!(
+                (k.vec_dot)(n, &padded, &x).to_bits(),
+                exact.to_bits(),
+                "{ty} {isa:?}"
+            );
+        }
+    }
 }

@@ -53,11 +53,37 @@ pub(super) unsafe fn loadu128(p: *const u8) -> __m128i {
     _mm_loadu_si128(p.cast())
 }
 
-/// fp16 at `p` (unaligned) to f32, exactly (F16C).
+/// The two fp16 values at `p`, `p + 2` (unaligned) to f32 in lanes 0 and 1, exactly (F16C).
+///
+/// The conversion is an `asm!` block on purpose: with the intrinsic, LLVM sees that only one
+/// lane is used, narrows the load to 16 bits and merges it into an arbitrary live register
+/// (`vpinsrw $0, mem, %xmm0`), creating a false dependency on, typically, the accumulator of
+/// the surrounding loop, which serialized the whole dot product. A 32-bit `vmovd` load that
+/// the asm consumes whole zeroes the rest of the register instead.
 #[inline(always)]
-pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
-    let h = core::ptr::read_unaligned(p.cast::<u16>());
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+pub(super) unsafe fn f16x2_at(p: *const u8) -> __m128 {
+    let v = _mm_cvtsi32_si128(core::ptr::read_unaligned(p.cast::<i32>()));
+    let r: __m128;
+    core::arch::asm!(
+        "vcvtph2ps {r}, {v}",
+        v = in(xmm_reg) v,
+        r = lateout(xmm_reg) r,
+        options(pure, nomem, nostack, preserves_flags)
+    );
+    r
+}
+
+/// The fp16 in the *last* two bytes before `end` (reads `end - 4 .. end`, so it never reads
+/// past a block that ends with its scale).
+#[inline(always)]
+pub(super) unsafe fn f16_before(end: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_movehdup_ps(f16x2_at(end.sub(4))))
+}
+
+/// Lanes 0 and 1 as scalars.
+#[inline(always)]
+unsafe fn lanes01(v: __m128) -> (f32, f32) {
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 #[inline(always)]
@@ -92,9 +118,11 @@ pub(super) unsafe fn hmax_ps(v: __m256) -> f32 {
 /// 16 bytes of packed nibbles -> 32 bytes in element order (low nibbles are elements 0..16).
 #[inline(always)]
 unsafe fn nibbles32(p: *const u8) -> __m256i {
-    let t = loadu128(p);
-    let b = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
-    _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+    // A broadcast load plus a per-lane variable shift, instead of shift + `vinserti128`: the
+    // insert would compete for port 5 with the fp16 scale conversions.
+    let t = _mm256_broadcastsi128_si256(loadu128(p));
+    let t = _mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0));
+    _mm256_and_si256(t, _mm256_set1_epi8(0x0F))
 }
 
 /// The 32 bits at `p` spread to 32 bytes: 0xFF where the bit is set (element order).
@@ -271,45 +299,53 @@ impl<F: Blk32> Tile for T32<F> {
         x: [*const u8; NX],
     ) -> [f32; NX] {
         let nb = n / 32;
-        let mut acc = [_mm256_setzero_ps(); NX];
-        let mut acc2 = [_mm256_setzero_ps(); NX];
-        let mut summ = [0f32; NX];
-        let mut b = 0;
-        // Two blocks per step with separate accumulators: shorter FMA dependency chains.
-        while b + 2 <= nb {
-            for (u, acc) in [(0, &mut acc), (1, &mut acc2)] {
-                let wp = w.add((b + u) * F::SIZE);
+        // Two sets of accumulators (even / odd blocks) keep the FMA dependency chains short.
+        // `ms` collects `m * s` of the unsigned formats in lane 1 (lane 0 is unused).
+        let mut acc = [[_mm256_setzero_ps(); NX]; 2];
+        let mut ms = [[_mm_setzero_ps(); NX]; 2];
+        // A macro rather than a closure: closures are not inlined reliably, and a kernel body
+        // outside the `#[target_feature]` function would call every intrinsic out of line.
+        macro_rules! step {
+            ($b:expr, $u:expr) => {{
+                let wp = w.add($b * F::SIZE);
                 let q = F::quants(wp);
                 let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
-                let dw = f16_at(wp);
+                // Lanes: [d, m] of the weight block (m only for unsigned formats).
+                let wdm = f16x2_at(wp);
                 for j in 0..NX {
-                    let xp = x[j].add((b + u) * Self::XB);
+                    let xp = x[j].add($b * Self::XB);
                     let p = Self::block::<D>(q, aq, xp);
-                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(xp)), p, acc[j]);
+                    // [d_w * d_x, m * s]. Signed formats multiply lane 0 only: their lane 1
+                    // holds quant bytes read as fp16, and a denormal product would cost a
+                    // microcode assist.
+                    let prod = if F::SIGNED {
+                        _mm_mul_ss(wdm, f16x2_at(xp))
+                    } else {
+                        _mm_mul_ps(wdm, f16x2_at(xp))
+                    };
+                    acc[$u][j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), p, acc[$u][j]);
                     if !F::SIGNED {
-                        summ[j] += f16_at(wp.add(2)) * f16_at(xp.add(2));
+                        ms[$u][j] = _mm_add_ps(ms[$u][j], prod);
                     }
                 }
-            }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= nb {
+            step!(b, 0);
+            step!(b + 1, 1);
             b += 2;
         }
         if b < nb {
-            let wp = w.add(b * F::SIZE);
-            let q = F::quants(wp);
-            let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
-            let dw = f16_at(wp);
-            for j in 0..NX {
-                let xp = x[j].add(b * Self::XB);
-                let p = Self::block::<D>(q, aq, xp);
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(xp)), p, acc[j]);
-                if !F::SIGNED {
-                    summ[j] += f16_at(wp.add(2)) * f16_at(xp.add(2));
-                }
-            }
+            step!(b, 0);
         }
         let mut out = [0f32; NX];
         for j in 0..NX {
-            out[j] = hsum_ps(_mm256_add_ps(acc[j], acc2[j])) + summ[j];
+            out[j] = hsum_ps(_mm256_add_ps(acc[0][j], acc[1][j]));
+            if !F::SIGNED {
+                let m = _mm_add_ps(ms[0][j], ms[1][j]);
+                out[j] += _mm_cvtss_f32(_mm_movehdup_ps(m));
+            }
         }
         out
     }
@@ -389,9 +425,10 @@ impl BlkK for Q2K {
         let sc = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
         let mins = _mm_and_si128(_mm_srli_epi16::<4>(raw), _mm_set1_epi8(0x0F));
         let sc16 = _mm256_cvtepu8_epi16(sc);
+        let (d, dmin) = lanes01(f16x2_at(p.add(80)));
         KPrep {
-            d: f16_at(p.add(80)),
-            dm: -f16_at(p.add(82)),
+            d,
+            dm: -dmin,
             sc: [
                 _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
                 _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
@@ -425,7 +462,7 @@ impl BlkK for Q3K {
         ];
         let raw = _mm_loadu_si128(s.as_ptr().cast());
         let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(raw, _mm_set1_epi8(32)));
-        let d = f16_at(p.add(108));
+        let d = f16_before(p.add(110));
         KPrep {
             d,
             dm: d,
@@ -476,9 +513,10 @@ impl BlkK for Q4K {
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let (sc, corr) = k4_scales_mins(p.add(4));
+        let (d, dmin) = lanes01(f16x2_at(p));
         KPrep {
-            d: f16_at(p),
-            dm: -f16_at(p.add(2)),
+            d,
+            dm: -dmin,
             sc: [sc, sc],
             corr,
         }
@@ -496,9 +534,10 @@ impl BlkK for Q5K {
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let (sc, corr) = k4_scales_mins(p.add(4));
+        let (d, dmin) = lanes01(f16x2_at(p));
         KPrep {
-            d: f16_at(p),
-            dm: -f16_at(p.add(2)),
+            d,
+            dm: -dmin,
             sc: [sc, sc],
             corr,
         }
@@ -518,9 +557,10 @@ impl BlkK for Q6K {
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let sc16 = _mm256_cvtepi8_epi16(loadu128(p.add(192)));
+        let d = f16_before(p.add(210));
         KPrep {
-            d: f16_at(p.add(208)),
-            dm: f16_at(p.add(208)),
+            d,
+            dm: d,
             sc: [
                 _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
                 _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
@@ -642,7 +682,7 @@ impl FloatFmt for F16 {
     }
     #[inline(always)]
     unsafe fn one(p: *const u8, i: usize) -> f32 {
-        f16_at(p.add(2 * i))
+        half::f16::from_bits(core::ptr::read_unaligned(p.add(2 * i).cast::<u16>())).to_f32()
     }
 }
 
@@ -727,17 +767,26 @@ impl<F: FloatFmt> Tile for TF<F> {
 // ---------------------------------------------------------------------------------------------
 // Activation quantizers, bit-identical to the scalar ones in `reference`.
 
+/// `v * mul` rounded half to even, as i32 (the closures this replaces were not always inlined
+/// into the `#[target_feature]` caller).
+#[inline(always)]
+unsafe fn round_i32(v: __m256, mul: __m256) -> __m256i {
+    _mm256_cvtps_epi32(_mm256_round_ps::<
+        { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+    >(_mm256_mul_ps(mul, v)))
+}
+
 /// 32 f32 at `x` -> (i8 quants in element order, as 32 bytes) with multiplier `id`,
 /// rounding half to even; also the i32 lane sums of the quants (for Q8_1's `s`).
 #[inline(always)]
 unsafe fn round_pack32(v: [__m256; 4], id: f32) -> (__m256i, __m256i) {
     let mul = _mm256_set1_ps(id);
-    let r = |v: __m256| {
-        _mm256_cvtps_epi32(_mm256_round_ps::<
-            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-        >(_mm256_mul_ps(v, mul)))
-    };
-    let (i0, i1, i2, i3) = (r(v[0]), r(v[1]), r(v[2]), r(v[3]));
+    let (i0, i1, i2, i3) = (
+        round_i32(v[0], mul),
+        round_i32(v[1], mul),
+        round_i32(v[2], mul),
+        round_i32(v[3], mul),
+    );
     let sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
     let a = _mm256_packs_epi32(i0, i1);
     let b = _mm256_packs_epi32(i2, i3);
@@ -855,12 +904,13 @@ pub(super) unsafe fn quantize_q8k(x: *const f32, y: *mut u8, nb: usize) {
         let lim = _mm256_set1_epi32(127);
         let mut bsums = [0i16; 16];
         for c in 0..8 {
-            let r = |i: usize| {
-                let v = _mm256_mul_ps(mul, _mm256_loadu_ps(xb.add(32 * c + 8 * i)));
-                let v = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
-                _mm256_min_epi32(_mm256_cvtps_epi32(v), lim)
-            };
-            let (i0, i1, i2, i3) = (r(0), r(1), r(2), r(3));
+            let xc = xb.add(32 * c);
+            macro_rules! r {
+                ($i:expr) => {
+                    _mm256_min_epi32(round_i32(_mm256_loadu_ps(xc.add(8 * $i)), mul), lim)
+                };
+            }
+            let (i0, i1, i2, i3) = (r!(0), r!(1), r!(2), r!(3));
             let q = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
             let q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256(yp.add(4 + 32 * c).cast(), q);

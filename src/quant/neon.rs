@@ -1,0 +1,502 @@
+//! AArch64 Advanced SIMD (NEON, baseline on every AArch64 CPU) dot products for the quantized
+//! weight formats and f32. Integer products use `smull`/`saddlp` (no `sdot`, which is optional
+//! hardware), so this runs on any AArch64 core. The formats without kernels here (F16, BF16)
+//! and the activation quantizers use the scalar reference.
+//!
+//! Structure mirrors the x86 kernels: a weight block is decoded to bytes (signed for the
+//! Q8_0 partners, unsigned for Q8_1 / Q8_K partners) and multiplied 16 bytes at a time with the
+//! activation quants; k-quant sub-block minimums / offsets go through Q8_K's `bsums`.
+
+use super::blocks::{q3k_scales, scale_min_k4};
+use super::{check_gemm, GgmlType, Isa, Kernels};
+use core::arch::aarch64::*;
+
+/// `Σ a·b` of 16 i8 pairs, as four i32 partial sums (|a| <= 128, |b| <= 127: products fit i16).
+#[inline(always)]
+unsafe fn dot16(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    let p1 = vmull_high_s8(a, b);
+    vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1))
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    half::f16::from_bits(core::ptr::read_unaligned(p.cast::<u16>())).to_f32()
+}
+
+/// Bits 0..16 of `bits` (LE) as 16 bytes: `set` where the bit is set, else 0.
+#[inline(always)]
+unsafe fn bits16(bits: u16, set: u8) -> uint8x16_t {
+    const MASK: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let [b0, b1] = bits.to_le_bytes();
+    let v = vcombine_u8(vdup_n_u8(b0), vdup_n_u8(b1));
+    vandq_u8(vtstq_u8(v, vld1q_u8(MASK.as_ptr())), vdupq_n_u8(set))
+}
+
+/// `(v >> s) & mask` on bytes.
+#[inline(always)]
+unsafe fn shr_and(v: uint8x16_t, s: usize, mask: u8) -> uint8x16_t {
+    vandq_u8(vshlq_u8(v, vdupq_n_s8(-(s as i8))), vdupq_n_u8(mask))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy 32-element formats.
+
+/// One 32-element weight format: block size, partner layout, decode to two 16-byte halves.
+trait Blk32 {
+    const SIZE: usize;
+    /// Pairs with Q8_1 (unsigned quants plus `m * s`) rather than Q8_0.
+    const HAS_MIN: bool;
+    /// Elements 0..16 and 16..32 as i8 (unsigned formats are <= 31, so they fit).
+    unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t);
+}
+
+struct Q4_0;
+struct Q4_1;
+struct Q5_0;
+struct Q5_1;
+struct Q8_0;
+
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
+    let v = vld1q_u8(p);
+    (vandq_u8(v, vdupq_n_u8(0x0F)), vshrq_n_u8::<4>(v))
+}
+
+impl Blk32 for Q4_0 {
+    const SIZE: usize = 18;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(p.add(2));
+        let eight = vdupq_n_s8(8);
+        (
+            vsubq_s8(vreinterpretq_s8_u8(lo), eight),
+            vsubq_s8(vreinterpretq_s8_u8(hi), eight),
+        )
+    }
+}
+
+impl Blk32 for Q4_1 {
+    const SIZE: usize = 20;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(p.add(4));
+        (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
+    }
+}
+
+impl Blk32 for Q5_0 {
+    const SIZE: usize = 22;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t) {
+        let qh = core::ptr::read_unaligned(p.add(2).cast::<u32>());
+        let (lo, hi) = nibbles(p.add(6));
+        let lo = vorrq_u8(lo, bits16(qh as u16, 0x10));
+        let hi = vorrq_u8(hi, bits16((qh >> 16) as u16, 0x10));
+        let sixteen = vdupq_n_s8(16);
+        (
+            vsubq_s8(vreinterpretq_s8_u8(lo), sixteen),
+            vsubq_s8(vreinterpretq_s8_u8(hi), sixteen),
+        )
+    }
+}
+
+impl Blk32 for Q5_1 {
+    const SIZE: usize = 24;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t) {
+        let qh = core::ptr::read_unaligned(p.add(4).cast::<u32>());
+        let (lo, hi) = nibbles(p.add(8));
+        let lo = vorrq_u8(lo, bits16(qh as u16, 0x10));
+        let hi = vorrq_u8(hi, bits16((qh >> 16) as u16, 0x10));
+        (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi))
+    }
+}
+
+impl Blk32 for Q8_0 {
+    const SIZE: usize = 34;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t) {
+        (vld1q_s8(p.add(2).cast()), vld1q_s8(p.add(18).cast()))
+    }
+}
+
+/// Dot of `nb` weight blocks at `w` with their Q8_0 / Q8_1 partners at `x`.
+#[inline(always)]
+unsafe fn dot32<F: Blk32>(nb: usize, w: *const u8, x: *const u8) -> f32 {
+    let (xb, xq) = if F::HAS_MIN { (36, 4) } else { (34, 2) };
+    let mut sum = 0f32;
+    for b in 0..nb {
+        let wp = w.add(b * F::SIZE);
+        let xp = x.add(b * xb);
+        let (lo, hi) = F::quants(wp);
+        let y0 = vld1q_s8(xp.add(xq).cast());
+        let y1 = vld1q_s8(xp.add(xq + 16).cast());
+        let isum = vaddvq_s32(vaddq_s32(dot16(lo, y0), dot16(hi, y1)));
+        sum += isum as f32 * (f16_at(wp) * f16_at(xp));
+        if F::HAS_MIN {
+            sum += f16_at(wp.add(2)) * f16_at(xp.add(2));
+        }
+    }
+    sum
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants: chunks of 32 unsigned quants, scales per 16, correction through bsums.
+
+struct KPrep {
+    d: f32,
+    dm: f32,
+    /// Scale of each group of 16 elements.
+    sc: [i32; 16],
+    /// Coefficient of each bsum.
+    corr: [i32; 16],
+}
+
+trait BlkK {
+    const SIZE: usize;
+    /// Offset formats add the correction to the integer sum (`dm == d`).
+    const INT_CORR: bool;
+    unsafe fn prep(p: *const u8) -> KPrep;
+    /// Elements `32k .. 32k+16` and `32k+16 .. 32k+32` as unsigned bytes (<= 63).
+    unsafe fn chunk(p: *const u8, k: usize) -> (uint8x16_t, uint8x16_t);
+}
+
+struct Q2K;
+struct Q3K;
+struct Q4K;
+struct Q5K;
+struct Q6K;
+
+/// Bytes of a block's scale field as a fixed-size array.
+#[inline(always)]
+unsafe fn arr<const N: usize>(p: *const u8) -> [u8; N] {
+    core::ptr::read_unaligned(p.cast::<[u8; N]>())
+}
+
+/// Q4_K / Q5_K: 6-bit scales and mins per 32, spread to per-16 groups.
+#[inline(always)]
+unsafe fn prep_k4(p: *const u8) -> KPrep {
+    let packed: [u8; 12] = arr(p.add(4));
+    let mut sc = [0i32; 16];
+    let mut corr = [0i32; 16];
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, &packed);
+        sc[2 * j] = s as i32;
+        sc[2 * j + 1] = s as i32;
+        corr[2 * j] = m as i32;
+        corr[2 * j + 1] = m as i32;
+    }
+    KPrep {
+        d: f16_at(p),
+        dm: -f16_at(p.add(2)),
+        sc,
+        corr,
+    }
+}
+
+impl BlkK for Q2K {
+    const SIZE: usize = 84;
+    const INT_CORR: bool = false;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        let raw: [u8; 16] = arr(p);
+        let mut sc = [0i32; 16];
+        let mut corr = [0i32; 16];
+        for g in 0..16 {
+            sc[g] = (raw[g] & 0xF) as i32;
+            corr[g] = (raw[g] >> 4) as i32;
+        }
+        KPrep {
+            d: f16_at(p.add(80)),
+            dm: -f16_at(p.add(82)),
+            sc,
+            corr,
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> (uint8x16_t, uint8x16_t) {
+        let q = p.add(16 + 32 * (k / 4));
+        let s = 2 * (k % 4);
+        (
+            shr_and(vld1q_u8(q), s, 3),
+            shr_and(vld1q_u8(q.add(16)), s, 3),
+        )
+    }
+}
+
+impl BlkK for Q3K {
+    const SIZE: usize = 110;
+    const INT_CORR: bool = true;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        let s = q3k_scales(&arr(p.add(96)));
+        let mut sc = [0i32; 16];
+        let mut corr = [0i32; 16];
+        for g in 0..16 {
+            sc[g] = s[g] as i32;
+            corr[g] = -4 * s[g] as i32;
+        }
+        let d = f16_at(p.add(108));
+        KPrep { d, dm: d, sc, corr }
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> (uint8x16_t, uint8x16_t) {
+        let q = p.add(32 + 32 * (k / 4));
+        let s = 2 * (k % 4);
+        let h = |o: usize| vshlq_n_u8::<2>(shr_and(vld1q_u8(p.add(o)), k, 1));
+        (
+            vorrq_u8(shr_and(vld1q_u8(q), s, 3), h(0)),
+            vorrq_u8(shr_and(vld1q_u8(q.add(16)), s, 3), h(16)),
+        )
+    }
+}
+
+impl BlkK for Q4K {
+    const SIZE: usize = 144;
+    const INT_CORR: bool = false;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        prep_k4(p)
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> (uint8x16_t, uint8x16_t) {
+        let q = p.add(16 + 32 * (k / 2));
+        let s = 4 * (k % 2);
+        (
+            shr_and(vld1q_u8(q), s, 0x0F),
+            shr_and(vld1q_u8(q.add(16)), s, 0x0F),
+        )
+    }
+}
+
+impl BlkK for Q5K {
+    const SIZE: usize = 176;
+    const INT_CORR: bool = false;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        prep_k4(p)
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> (uint8x16_t, uint8x16_t) {
+        let q = p.add(48 + 32 * (k / 2));
+        let s = 4 * (k % 2);
+        let h = |o: usize| vshlq_n_u8::<4>(shr_and(vld1q_u8(p.add(16 + o)), k, 1));
+        (
+            vorrq_u8(shr_and(vld1q_u8(q), s, 0x0F), h(0)),
+            vorrq_u8(shr_and(vld1q_u8(q.add(16)), s, 0x0F), h(16)),
+        )
+    }
+}
+
+impl BlkK for Q6K {
+    const SIZE: usize = 210;
+    const INT_CORR: bool = true;
+    #[inline(always)]
+    unsafe fn prep(p: *const u8) -> KPrep {
+        let s: [u8; 16] = arr(p.add(192));
+        let mut sc = [0i32; 16];
+        let mut corr = [0i32; 16];
+        for g in 0..16 {
+            sc[g] = s[g] as i8 as i32;
+            corr[g] = -32 * sc[g];
+        }
+        let d = f16_at(p.add(208));
+        KPrep { d, dm: d, sc, corr }
+    }
+    #[inline(always)]
+    unsafe fn chunk(p: *const u8, k: usize) -> (uint8x16_t, uint8x16_t) {
+        let (h, c) = (k / 4, k % 4);
+        let ql = p.add(64 * h + 32 * (c % 2));
+        let qh = p.add(128 + 32 * h);
+        let part = |o: usize| {
+            let low = shr_and(vld1q_u8(ql.add(o)), 4 * (c / 2), 0x0F);
+            let high = shr_and(vld1q_u8(qh.add(o)), 2 * c, 3);
+            vorrq_u8(low, vshlq_n_u8::<4>(high))
+        };
+        (part(0), part(16))
+    }
+}
+
+/// Q8_K block: f32 d at 0, quants at 4, 16 i16 bsums at 260.
+const Q8K_BYTES: usize = 292;
+
+#[inline(always)]
+unsafe fn dot_k<F: BlkK>(nb: usize, w: *const u8, x: *const u8) -> f32 {
+    let mut sum = 0f32;
+    for b in 0..nb {
+        let wp = w.add(b * F::SIZE);
+        let xp = x.add(b * Q8K_BYTES);
+        let pr = F::prep(wp);
+        let mut acc = vdupq_n_s32(0);
+        for k in 0..8 {
+            let (lo, hi) = F::chunk(wp, k);
+            let y = xp.add(4 + 32 * k);
+            let p0 = dot16(vreinterpretq_s8_u8(lo), vld1q_s8(y.cast()));
+            let p1 = dot16(vreinterpretq_s8_u8(hi), vld1q_s8(y.add(16).cast()));
+            acc = vmlaq_n_s32(acc, p0, pr.sc[2 * k]);
+            acc = vmlaq_n_s32(acc, p1, pr.sc[2 * k + 1]);
+        }
+        let isum = vaddvq_s32(acc);
+        let mut m = 0i32;
+        for g in 0..16 {
+            let bs = core::ptr::read_unaligned(xp.add(260 + 2 * g).cast::<i16>());
+            m += pr.corr[g] * bs as i32;
+        }
+        let yd = core::ptr::read_unaligned(xp.cast::<f32>());
+        if F::INT_CORR {
+            sum += pr.d * yd * (isum + m) as f32;
+        } else {
+            sum += pr.d * yd * isum as f32 + pr.dm * yd * m as f32;
+        }
+    }
+    sum
+}
+
+/// f32 · f32 with four accumulators.
+#[inline(always)]
+unsafe fn dot_f32(n: usize, w: *const u8, x: *const u8) -> f32 {
+    let (w, x) = (w.cast::<f32>(), x.cast::<f32>());
+    let mut a = [vdupq_n_f32(0.0); 4];
+    let mut i = 0;
+    while i + 16 <= n {
+        for (u, a) in a.iter_mut().enumerate() {
+            *a = vfmaq_f32(*a, vld1q_f32(w.add(i + 4 * u)), vld1q_f32(x.add(i + 4 * u)));
+        }
+        i += 16;
+    }
+    let mut sum = vaddvq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])));
+    while i < n {
+        sum += core::ptr::read_unaligned(w.add(i)) * core::ptr::read_unaligned(x.add(i));
+        i += 1;
+    }
+    sum
+}
+
+// ---------------------------------------------------------------------------------------------
+// Safe entry points and the table.
+
+/// A row kernel: elements per block, bytes per weight / activation block, the dot itself.
+trait Row {
+    const BLOCK: usize;
+    const W: usize;
+    const X: usize;
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8) -> f32;
+}
+
+struct R32<F>(core::marker::PhantomData<F>);
+struct RK<F>(core::marker::PhantomData<F>);
+struct RF32;
+
+impl<F: Blk32> Row for R32<F> {
+    const BLOCK: usize = 32;
+    const W: usize = F::SIZE;
+    const X: usize = if F::HAS_MIN { 36 } else { 34 };
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8) -> f32 {
+        dot32::<F>(n / 32, w, x)
+    }
+}
+
+impl<F: BlkK> Row for RK<F> {
+    const BLOCK: usize = 256;
+    const W: usize = F::SIZE;
+    const X: usize = Q8K_BYTES;
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8) -> f32 {
+        dot_k::<F>(n / 256, w, x)
+    }
+}
+
+impl Row for RF32 {
+    const BLOCK: usize = 1;
+    const W: usize = 4;
+    const X: usize = 4;
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8) -> f32 {
+        dot_f32(n, w, x)
+    }
+}
+
+fn rows<R: Row>(n: usize) -> (usize, usize) {
+    assert!(
+        n % R::BLOCK == 0,
+        "row of {n} elements is not whole {}-blocks",
+        R::BLOCK
+    );
+    (n / R::BLOCK * R::W, n / R::BLOCK * R::X)
+}
+
+fn vec_dot<R: Row>(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let (rw, rx) = rows::<R>(n);
+    assert!(
+        w.len() >= rw && x.len() >= rx,
+        "vec_dot buffers shorter than the row"
+    );
+    // SAFETY: NEON is baseline on AArch64; both rows hold `n` elements (checked above) and the
+    // kernel reads only within them.
+    unsafe { R::dot(n, w.as_ptr(), x.as_ptr()) }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm<R: Row>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let (rw, rx) = rows::<R>(n);
+    check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+    for i in 0..nw {
+        for j in 0..nx {
+            // SAFETY: `check_gemm` verified rows i of `w` and j of `x` lie inside the buffers.
+            out[j * out_stride + i] = unsafe {
+                R::dot(
+                    n,
+                    w.as_ptr().add(i * w_stride),
+                    x.as_ptr().add(j * x_stride),
+                )
+            };
+        }
+    }
+}
+
+/// The NEON table for `scalar.weight`. F16 and BF16 (and every activation quantizer) use the
+/// portable reference code inside this table.
+pub(super) fn kernels(scalar: Kernels) -> Kernels {
+    macro_rules! t {
+        ($r:ty) => {
+            Kernels {
+                isa: Isa::Neon,
+                vec_dot: vec_dot::<$r>,
+                gemm: gemm::<$r>,
+                ..scalar
+            }
+        };
+    }
+    let portable = Kernels {
+        isa: Isa::Neon,
+        ..scalar
+    };
+    match scalar.weight {
+        GgmlType::F32 => t!(RF32),
+        GgmlType::Q4_0 => t!(R32<Q4_0>),
+        GgmlType::Q4_1 => t!(R32<Q4_1>),
+        GgmlType::Q5_0 => t!(R32<Q5_0>),
+        GgmlType::Q5_1 => t!(R32<Q5_1>),
+        GgmlType::Q8_0 => t!(R32<Q8_0>),
+        GgmlType::Q2K => t!(RK<Q2K>),
+        GgmlType::Q3K => t!(RK<Q3K>),
+        GgmlType::Q4K => t!(RK<Q4K>),
+        GgmlType::Q5K => t!(RK<Q5K>),
+        GgmlType::Q6K => t!(RK<Q6K>),
+        _ => portable,
+    }
+}
