@@ -17,6 +17,8 @@ use core::arch::x86_64::*;
 
 /// `acc + a·b` on 8-bit / 16-bit lanes, accumulated into 32-bit lanes.
 pub(super) trait IDot {
+    /// The tier has AVX-512BW/VL (byte-masked operations on 256-bit registers).
+    const AVX512: bool = false;
     /// `acc[i] += sum_{k<4} a[4i+k] (u8) * b[4i+k] (i8)`. Callers keep every adjacent-pair sum
     /// within i16 (the AVX2 version saturates there): |a| <= 128, |b| <= 127 with pairs that
     /// cannot both be extreme, or a <= 63.
@@ -27,6 +29,21 @@ pub(super) trait IDot {
 
 /// AVX2: `vpmaddubsw` then `vpmaddwd` by ones.
 pub(super) struct Maddubs;
+
+/// The AVX2 products on an AVX-512 (without VNNI) tier, which may use byte masks elsewhere.
+pub(super) struct Maddubs512;
+
+impl IDot for Maddubs512 {
+    const AVX512: bool = true;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        Maddubs::dpbusd(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        Maddubs::dpwssd(acc, a, b)
+    }
+}
 
 impl IDot for Maddubs {
     #[inline(always)]
@@ -207,7 +224,7 @@ pub(super) trait Blk32 {
     /// multiply is unsigned × signed); unsigned quants pair with Q8_1 and add `m * s`.
     const SIGNED: bool;
     /// The 32 quants in element order.
-    unsafe fn quants(p: *const u8) -> __m256i;
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i;
 }
 
 pub(super) struct Q4_0;
@@ -220,7 +237,7 @@ impl Blk32 for Q4_0 {
     const SIZE: usize = 18;
     const SIGNED: bool = true;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         _mm256_sub_epi8(nibbles32(p.add(2)), _mm256_set1_epi8(8))
     }
 }
@@ -229,7 +246,7 @@ impl Blk32 for Q4_1 {
     const SIZE: usize = 20;
     const SIGNED: bool = false;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         nibbles32(p.add(4))
     }
 }
@@ -238,10 +255,17 @@ impl Blk32 for Q5_0 {
     const SIZE: usize = 22;
     const SIGNED: bool = true;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
-        // nibble | 0xF0 (= nibble - 16 as i8) where the fifth bit is clear.
-        let hi = _mm256_andnot_si256(bits32(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-        _mm256_or_si256(nibbles32(p.add(6)), hi)
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
+        if D::AVX512 {
+            // nibble - 16 where the fifth bit is clear: one byte-masked subtract.
+            let qh = core::ptr::read_unaligned(p.add(2).cast::<u32>());
+            let q = nibbles32(p.add(6));
+            _mm256_mask_sub_epi8(q, !qh, q, _mm256_set1_epi8(16))
+        } else {
+            // nibble | 0xF0 (= nibble - 16 as i8) where the fifth bit is clear.
+            let hi = _mm256_andnot_si256(bits32(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(nibbles32(p.add(6)), hi)
+        }
     }
 }
 
@@ -249,9 +273,15 @@ impl Blk32 for Q5_1 {
     const SIZE: usize = 24;
     const SIGNED: bool = false;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
-        let hi = _mm256_and_si256(bits32(p.add(4)), _mm256_set1_epi8(0x10));
-        _mm256_or_si256(nibbles32(p.add(8)), hi)
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
+        if D::AVX512 {
+            let qh = core::ptr::read_unaligned(p.add(4).cast::<u32>());
+            let q = nibbles32(p.add(8));
+            _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(16))
+        } else {
+            let hi = _mm256_and_si256(bits32(p.add(4)), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles32(p.add(8)), hi)
+        }
     }
 }
 
@@ -259,7 +289,7 @@ impl Blk32 for Q8_0 {
     const SIZE: usize = 34;
     const SIGNED: bool = true;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         loadu(p.add(2))
     }
 }
@@ -308,7 +338,7 @@ impl<F: Blk32> Tile for T32<F> {
         macro_rules! step {
             ($b:expr, $u:expr) => {{
                 let wp = w.add($b * F::SIZE);
-                let q = F::quants(wp);
+                let q = F::quants::<D>(wp);
                 let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
                 // Lanes: [d, m] of the weight block (m only for unsigned formats).
                 let wdm = f16x2_at(wp);

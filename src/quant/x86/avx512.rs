@@ -9,6 +9,7 @@ use core::arch::x86_64::*;
 pub(super) struct Vnni;
 
 impl IDot for Vnni {
+    const AVX512: bool = true;
     #[inline(always)]
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, a, b)

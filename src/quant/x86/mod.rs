@@ -209,7 +209,7 @@ tier!(tier_avx2, "avx2,fma,f16c", k::Maddubs, Isa::Avx2);
 tier!(
     tier_avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq",
-    k::Maddubs,
+    k::Maddubs512,
     Isa::Avx512
 );
 tier!(
