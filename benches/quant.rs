@@ -121,9 +121,17 @@ fn tiers() -> Vec<Isa> {
         .collect()
 }
 
-/// Matrix-vector: 1024 rows x 2048 (a few MB of weights, beyond L2: roughly the decode regime).
+/// `KILN_BENCH_ROWS` overrides the matrix-vector row count (e.g. 16 for an L1-resident matrix).
+fn env_rows(default: usize) -> usize {
+    std::env::var("KILN_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Matrix-vector: 1024 rows x 2048 (about 1-4 MB of weights: L2 and beyond).
 fn vec_dot(c: &mut Criterion<CpuTime>) {
-    let (n, rows) = (2048, 1024);
+    let (n, rows) = (2048, env_rows(1024));
     let mut rng = Rng(1);
     let mut g = c.benchmark_group("vec_dot");
     for ty in TYPES {

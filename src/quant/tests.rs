@@ -384,6 +384,14 @@ fn gemm_matches_reference_on_every_isa() {
                             &want,
                             &format!("{ty} gemm {} {nw}x{nx} ({i},{j})", isa.name()),
                         );
+                        // Batch invariance: a tile gives each row exactly its vec_dot.
+                        let single = (k.vec_dot)(n, &w[i * w_stride..], &x[j * x_stride..]);
+                        assert_eq!(
+                            got.to_bits(),
+                            single.to_bits(),
+                            "{ty} gemm {} ({i},{j}) differs from vec_dot",
+                            isa.name()
+                        );
                     }
                     // Padding between output rows is untouched.
                     for p in nw..out_stride {
