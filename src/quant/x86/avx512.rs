@@ -6,8 +6,11 @@ use super::avx2::IDot;
 use core::arch::x86_64::*;
 
 /// AVX-512 VNNI: one instruction per multiply-accumulate step, exact (no i16 saturation).
+/// These intrinsics are stable since Rust 1.89 (the crate's declared MSRV is older; the
+/// workspace toolchain is newer).
 pub(super) struct Vnni;
 
+#[allow(clippy::incompatible_msrv)]
 impl IDot for Vnni {
     const AVX512: bool = true;
     #[inline(always)]
