@@ -169,6 +169,25 @@ pub(super) trait Tile {
         w: *const u8,
         x: [*const u8; NX],
     ) -> [f32; NX];
+
+    /// `nw x nx` dots (see [`gemm_tiles`]); formats may specialise it.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm<D: IDot>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) where
+        Self: Sized,
+    {
+        gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+    }
 }
 
 /// `nw x nx` dots via tiles of up to 4 activation rows, weight row outermost so the weight row
@@ -317,16 +336,16 @@ impl<F: Blk32> T32<F> {
     }
 }
 
-impl<F: Blk32> Tile for T32<F> {
-    const BLOCK: usize = 32;
-    const W_BYTES: usize = F::SIZE;
-    const X_BYTES: usize = Self::XB;
-
+impl<F: Blk32> T32<F> {
+    /// The tile body. Activation block scales come either straight from the activation rows
+    /// (`sc` null) or from `sc`, where `sc[r * nb + b]` holds `[d, s]` of block `b` of row `r`
+    /// already converted to f32 (exact, so both give identical bits).
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
+    unsafe fn tile_impl<D: IDot, const NX: usize>(
         n: usize,
         w: *const u8,
         x: [*const u8; NX],
+        sc: *const [f32; 2],
     ) -> [f32; NX] {
         let nb = n / 32;
         // Two sets of accumulators (even / odd blocks) keep the FMA dependency chains short.
@@ -345,13 +364,18 @@ impl<F: Blk32> Tile for T32<F> {
                 for j in 0..NX {
                     let xp = x[j].add($b * Self::XB);
                     let p = Self::block::<D>(q, aq, xp);
+                    let xds = if sc.is_null() {
+                        f16x2_at(xp)
+                    } else {
+                        _mm_castpd_ps(_mm_load_sd(sc.add(j * nb + $b).cast::<f64>()))
+                    };
                     // [d_w * d_x, m * s]. Signed formats multiply lane 0 only: their lane 1
                     // holds quant bytes read as fp16, and a denormal product would cost a
                     // microcode assist.
                     let prod = if F::SIGNED {
-                        _mm_mul_ss(wdm, f16x2_at(xp))
+                        _mm_mul_ss(wdm, xds)
                     } else {
-                        _mm_mul_ps(wdm, f16x2_at(xp))
+                        _mm_mul_ps(wdm, xds)
                     };
                     acc[$u][j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), p, acc[$u][j]);
                     if !F::SIGNED {
@@ -378,6 +402,86 @@ impl<F: Blk32> Tile for T32<F> {
             }
         }
         out
+    }
+}
+
+/// Most activation blocks per row whose scales [`T32`]'s gemm converts ahead (rows up to
+/// 16384 elements; longer rows convert on the fly).
+const PREP_BLOCKS: usize = 512;
+/// Weight rows per chunk in [`T32`]'s gemm: small enough to stay in L2 while every tile of
+/// activation rows passes over it.
+const ROW_CHUNK: usize = 64;
+
+impl<F: Blk32> Tile for T32<F> {
+    const BLOCK: usize = 32;
+    const W_BYTES: usize = F::SIZE;
+    const X_BYTES: usize = Self::XB;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        Self::tile_impl::<D, NX>(n, w, x, core::ptr::null())
+    }
+
+    /// Converts the fp16 scales of each tile of (up to 4) activation rows once, then runs that
+    /// tile against a chunk of weight rows: the per-block scale conversion, a large share of
+    /// the work of a 32-element block, is paid once per chunk instead of once per weight row.
+    #[inline(always)]
+    unsafe fn gemm<D: IDot>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let nb = n / 32;
+        if nb > PREP_BLOCKS {
+            return gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+        }
+        // [d, s] per block, for the 4 rows of a tile (16 KiB).
+        let mut sc = [[0f32; 2]; 4 * PREP_BLOCKS];
+        let xr = |j: usize| x.add(j * x_stride);
+        let mut i0 = 0;
+        while i0 < nw {
+            let i1 = (i0 + ROW_CHUNK).min(nw);
+            let mut j = 0;
+            while j < nx {
+                let t = (nx - j).min(4);
+                for r in 0..t {
+                    for b in 0..nb {
+                        let v = f16x2_at(xr(j + r).add(b * Self::XB));
+                        _mm_store_sd(sc.as_mut_ptr().add(r * nb + b).cast(), _mm_castps_pd(v));
+                    }
+                }
+                let scp = sc.as_ptr();
+                for i in i0..i1 {
+                    let wr = w.add(i * w_stride);
+                    macro_rules! run {
+                        ($nx:literal, [$($t:literal),*]) => {{
+                            let r = Self::tile_impl::<D, $nx>(n, wr, [$(xr(j + $t)),*], scp);
+                            for (t, v) in r.into_iter().enumerate() {
+                                *out.add((j + t) * out_stride + i) = v;
+                            }
+                        }};
+                    }
+                    match t {
+                        4 => run!(4, [0, 1, 2, 3]),
+                        3 => run!(3, [0, 1, 2]),
+                        2 => run!(2, [0, 1]),
+                        _ => run!(1, [0]),
+                    }
+                }
+                j += t;
+            }
+            i0 = i1;
+        }
     }
 }
 

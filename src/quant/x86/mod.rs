@@ -56,7 +56,7 @@ macro_rules! tier {
                 out: *mut f32,
                 out_stride: usize,
             ) {
-                k::gemm_tiles::<T, $idot>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+                T::gemm::<$idot>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
             }
 
             /// Row bytes of `n` elements for the weight and activation sides (panics on a
