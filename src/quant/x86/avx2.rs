@@ -367,7 +367,7 @@ impl<F: Blk32> T32<F> {
                     let xds = if sc.is_null() {
                         f16x2_at(xp)
                     } else {
-                        _mm_castpd_ps(_mm_load_sd(sc.add(j * nb + $b).cast::<f64>()))
+                        _mm_castsi128_ps(_mm_loadl_epi64(sc.add(j * nb + $b).cast()))
                     };
                     // [d_w * d_x, m * s]. Signed formats multiply lane 0 only: their lane 1
                     // holds quant bytes read as fp16, and a denormal product would cost a
@@ -457,7 +457,10 @@ impl<F: Blk32> Tile for T32<F> {
                 for r in 0..t {
                     for b in 0..nb {
                         let v = f16x2_at(xr(j + r).add(b * Self::XB));
-                        _mm_store_sd(sc.as_mut_ptr().add(r * nb + b).cast(), _mm_castps_pd(v));
+                        _mm_storel_epi64(
+                            sc.as_mut_ptr().add(r * nb + b).cast(),
+                            _mm_castps_si128(v),
+                        );
                     }
                 }
                 let scp = sc.as_ptr();
