@@ -121,9 +121,17 @@ fn tiers() -> Vec<Isa> {
         .collect()
 }
 
-/// Matrix-vector: 1024 rows x 2048 (a few MB of weights, beyond L2: roughly the decode regime).
+/// `KILN_BENCH_ROWS` overrides the matrix-vector row count (e.g. 16 for an L1-resident matrix).
+fn env_rows(default: usize) -> usize {
+    std::env::var("KILN_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Matrix-vector: 1024 rows x 2048 (about 1-4 MB of weights: L2 and beyond).
 fn vec_dot(c: &mut Criterion<CpuTime>) {
-    let (n, rows) = (2048, 1024);
+    let (n, rows) = (2048, env_rows(1024));
     let mut rng = Rng(1);
     let mut g = c.benchmark_group("vec_dot");
     for ty in TYPES {
@@ -141,6 +149,33 @@ fn vec_dot(c: &mut Criterion<CpuTime>) {
                     for (i, o) in out.iter_mut().enumerate() {
                         *o = (k.vec_dot)(n, &w[i * row..], &x);
                     }
+                    black_box(&out);
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+/// Matrix-vector through `gemm` with one activation row (the decode call): as `vec_dot`, plus
+/// the activation-side work the gemm shares across weight rows.
+fn matvec(c: &mut Criterion<CpuTime>) {
+    let (n, rows) = (2048, env_rows(1024));
+    let mut rng = Rng(4);
+    let mut g = c.benchmark_group("matvec");
+    for ty in TYPES {
+        let w = weights(ty, n, rows, &mut rng);
+        let row = ty.row_bytes(n).unwrap();
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        for isa in tiers().into_iter().filter(|&i| i != Isa::Scalar) {
+            let k = kernels_for(ty, isa).unwrap();
+            let xf: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+            let mut x = vec![0u8; k.act.row_bytes(n).unwrap()];
+            (k.quantize_act)(&xf, &mut x);
+            let mut out = vec![0f32; rows];
+            g.bench_function(BenchmarkId::new(ty.name(), isa.name()), |b| {
+                b.iter(|| {
+                    (k.gemm)(n, &w, row, rows, &x, x.len(), 1, &mut out, rows);
                     black_box(&out);
                 })
             });
@@ -213,6 +248,6 @@ criterion_group! {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_millis(800));
-    targets = vec_dot, gemm, quantize
+    targets = vec_dot, matvec, gemm, quantize
 }
 criterion_main!(benches);

@@ -113,3 +113,68 @@ fn kernel_dequantize_matches_llama_cpp() {
         }
     }
 }
+
+/// Every kernel table on every ISA, on blocks written by llama.cpp's own quantizer (the golden
+/// tensors): each row's dot with a random activation agrees with the exact dot of the
+/// dequantized row and the dequantized activation, to float-accumulation noise (and, for the
+/// Q8_1 partners, the fp16 rounding of the activation block sums).
+#[test]
+fn kernels_on_llama_cpp_blocks() {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut uniform = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    };
+    for case in cases() {
+        let n = 256; // ne[0] of every golden tensor
+        let row_bytes = case.ty.row_bytes(n).unwrap();
+        let rows = case.bytes.len() / row_bytes;
+        let x: Vec<f32> = (0..n).map(|_| uniform()).collect();
+        for isa in Isa::available() {
+            let Ok(k) = kernels_for(case.ty, isa) else {
+                continue;
+            };
+            let mut xq = vec![0u8; k.act.row_bytes(n).unwrap()];
+            (k.quantize_act)(&x, &mut xq);
+            let mut xd = vec![0f32; n];
+            dequantize_row(k.act, &xq, &mut xd).unwrap();
+            let mut out = vec![0f32; rows];
+            (k.gemm)(
+                n,
+                &case.bytes,
+                row_bytes,
+                rows,
+                &xq,
+                xq.len(),
+                1,
+                &mut out,
+                rows,
+            );
+            let mut wd = vec![0f32; n];
+            for r in (0..rows).step_by(7) {
+                let w = &case.bytes[r * row_bytes..(r + 1) * row_bytes];
+                dequantize_row(case.ty, w, &mut wd).unwrap();
+                let exact: f64 = wd.iter().zip(&xd).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f64 = wd
+                    .iter()
+                    .zip(&xd)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
+                let tol = if k.act == GgmlType::Q8_1 { 2e-3 } else { 2e-5 } * mag + 1e-12;
+                let got = (k.vec_dot)(n, w, &xq);
+                let what = format!("{} {} row {r} on {}", case.file, case.tensor, isa.name());
+                assert!(
+                    (got as f64 - exact).abs() <= tol,
+                    "{what}: vec_dot {got} vs {exact}"
+                );
+                assert_eq!(
+                    out[r].to_bits(),
+                    got.to_bits(),
+                    "{what}: gemm(nx=1) differs from vec_dot"
+                );
+            }
+        }
+    }
+}

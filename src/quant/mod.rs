@@ -49,7 +49,8 @@ pub type QuantizeFn = fn(x: &[f32], out: &mut [u8]);
 pub type DequantFn = fn(src: &[u8], out: &mut [f32]);
 /// `nw` weight rows (stride `w_stride` bytes) x `nx` activation rows (stride `x_stride` bytes):
 /// `out[j * out_stride + i] = dot(w row i, x row j)`. The prefill tile: each loaded weight block
-/// serves several tokens.
+/// serves several tokens. Every output is bit-identical to [`VecDotFn`] on the same two rows, so
+/// results do not depend on how tokens are batched.
 pub type GemmFn = fn(
     n: usize,
     w: &[u8],

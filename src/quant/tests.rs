@@ -384,6 +384,14 @@ fn gemm_matches_reference_on_every_isa() {
                             &want,
                             &format!("{ty} gemm {} {nw}x{nx} ({i},{j})", isa.name()),
                         );
+                        // Batch invariance: a tile gives each row exactly its vec_dot.
+                        let single = (k.vec_dot)(n, &w[i * w_stride..], &x[j * x_stride..]);
+                        assert_eq!(
+                            got.to_bits(),
+                            single.to_bits(),
+                            "{ty} gemm {} ({i},{j}) differs from vec_dot",
+                            isa.name()
+                        );
                     }
                     // Padding between output rows is untouched.
                     for p in nw..out_stride {
@@ -463,6 +471,55 @@ fn rows_ending_at_buffer_end() {
                 exact.to_bits(),
                 "{ty} {isa:?}"
             );
+        }
+    }
+}
+
+/// Long rows (beyond the x86 gemm's prepared-scale buffer) and many weight rows (several row
+/// chunks) take the other gemm paths; results stay equal to vec_dot.
+#[test]
+fn gemm_long_rows_and_many_rows() {
+    let mut rng = Rng(0xabc);
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+    ] {
+        for (n, nw, nx) in [(32 * 520, 3, 5), (256, 150, 6)] {
+            for isa in Isa::available() {
+                let Ok(k) = kernels_for(ty, isa) else {
+                    continue;
+                };
+                let (rw, rx) = (ty.row_bytes(n).unwrap(), k.act.row_bytes(n).unwrap());
+                let w: Vec<u8> = (0..nw)
+                    .flat_map(|_| random_weight_row(ty, n, &mut rng, Scales::Normal))
+                    .collect();
+                let x: Vec<u8> = (0..nx)
+                    .flat_map(|_| random_act_row(&k, n, &mut rng))
+                    .collect();
+                let mut out = vec![0f32; nw * nx];
+                (k.gemm)(n, &w, rw, nw, &x, rx, nx, &mut out, nw);
+                for j in 0..nx {
+                    for i in 0..nw {
+                        let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * rx..(j + 1) * rx]);
+                        let single = (k.vec_dot)(n, wi, xj);
+                        let got = out[j * nw + i];
+                        assert_eq!(
+                            got.to_bits(),
+                            single.to_bits(),
+                            "{ty} {isa:?} n={n} ({i},{j})"
+                        );
+                        if i % 17 == 0 {
+                            assert_close(
+                                got,
+                                &reference_dot(ty, n, wi, xj),
+                                &format!("{ty} {isa:?} n={n}"),
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }

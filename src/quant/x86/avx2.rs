@@ -17,6 +17,8 @@ use core::arch::x86_64::*;
 
 /// `acc + a·b` on 8-bit / 16-bit lanes, accumulated into 32-bit lanes.
 pub(super) trait IDot {
+    /// The tier has AVX-512BW/VL (byte-masked operations on 256-bit registers).
+    const AVX512: bool = false;
     /// `acc[i] += sum_{k<4} a[4i+k] (u8) * b[4i+k] (i8)`. Callers keep every adjacent-pair sum
     /// within i16 (the AVX2 version saturates there): |a| <= 128, |b| <= 127 with pairs that
     /// cannot both be extreme, or a <= 63.
@@ -27,6 +29,21 @@ pub(super) trait IDot {
 
 /// AVX2: `vpmaddubsw` then `vpmaddwd` by ones.
 pub(super) struct Maddubs;
+
+/// The AVX2 products on an AVX-512 (without VNNI) tier, which may use byte masks elsewhere.
+pub(super) struct Maddubs512;
+
+impl IDot for Maddubs512 {
+    const AVX512: bool = true;
+    #[inline(always)]
+    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        Maddubs::dpbusd(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        Maddubs::dpwssd(acc, a, b)
+    }
+}
 
 impl IDot for Maddubs {
     #[inline(always)]
@@ -152,6 +169,25 @@ pub(super) trait Tile {
         w: *const u8,
         x: [*const u8; NX],
     ) -> [f32; NX];
+
+    /// `nw x nx` dots (see [`gemm_tiles`]); formats may specialise it.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm<D: IDot>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) where
+        Self: Sized,
+    {
+        gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+    }
 }
 
 /// `nw x nx` dots via tiles of up to 4 activation rows, weight row outermost so the weight row
@@ -207,7 +243,7 @@ pub(super) trait Blk32 {
     /// multiply is unsigned × signed); unsigned quants pair with Q8_1 and add `m * s`.
     const SIGNED: bool;
     /// The 32 quants in element order.
-    unsafe fn quants(p: *const u8) -> __m256i;
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i;
 }
 
 pub(super) struct Q4_0;
@@ -220,7 +256,7 @@ impl Blk32 for Q4_0 {
     const SIZE: usize = 18;
     const SIGNED: bool = true;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         _mm256_sub_epi8(nibbles32(p.add(2)), _mm256_set1_epi8(8))
     }
 }
@@ -229,7 +265,7 @@ impl Blk32 for Q4_1 {
     const SIZE: usize = 20;
     const SIGNED: bool = false;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         nibbles32(p.add(4))
     }
 }
@@ -238,10 +274,17 @@ impl Blk32 for Q5_0 {
     const SIZE: usize = 22;
     const SIGNED: bool = true;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
-        // nibble | 0xF0 (= nibble - 16 as i8) where the fifth bit is clear.
-        let hi = _mm256_andnot_si256(bits32(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
-        _mm256_or_si256(nibbles32(p.add(6)), hi)
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
+        if D::AVX512 {
+            // nibble - 16 where the fifth bit is clear: one byte-masked subtract.
+            let qh = core::ptr::read_unaligned(p.add(2).cast::<u32>());
+            let q = nibbles32(p.add(6));
+            _mm256_mask_sub_epi8(q, !qh, q, _mm256_set1_epi8(16))
+        } else {
+            // nibble | 0xF0 (= nibble - 16 as i8) where the fifth bit is clear.
+            let hi = _mm256_andnot_si256(bits32(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+            _mm256_or_si256(nibbles32(p.add(6)), hi)
+        }
     }
 }
 
@@ -249,9 +292,15 @@ impl Blk32 for Q5_1 {
     const SIZE: usize = 24;
     const SIGNED: bool = false;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
-        let hi = _mm256_and_si256(bits32(p.add(4)), _mm256_set1_epi8(0x10));
-        _mm256_or_si256(nibbles32(p.add(8)), hi)
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
+        if D::AVX512 {
+            let qh = core::ptr::read_unaligned(p.add(4).cast::<u32>());
+            let q = nibbles32(p.add(8));
+            _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(16))
+        } else {
+            let hi = _mm256_and_si256(bits32(p.add(4)), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles32(p.add(8)), hi)
+        }
     }
 }
 
@@ -259,7 +308,7 @@ impl Blk32 for Q8_0 {
     const SIZE: usize = 34;
     const SIGNED: bool = true;
     #[inline(always)]
-    unsafe fn quants(p: *const u8) -> __m256i {
+    unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         loadu(p.add(2))
     }
 }
@@ -287,16 +336,16 @@ impl<F: Blk32> T32<F> {
     }
 }
 
-impl<F: Blk32> Tile for T32<F> {
-    const BLOCK: usize = 32;
-    const W_BYTES: usize = F::SIZE;
-    const X_BYTES: usize = Self::XB;
-
+impl<F: Blk32> T32<F> {
+    /// The tile body. Activation block scales come either straight from the activation rows
+    /// (`sc` null) or from `sc`, where `sc[r * nb + b]` holds `[d, s]` of block `b` of row `r`
+    /// already converted to f32 (exact, so both give identical bits).
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
+    unsafe fn tile_impl<D: IDot, const NX: usize>(
         n: usize,
         w: *const u8,
         x: [*const u8; NX],
+        sc: *const [f32; 2],
     ) -> [f32; NX] {
         let nb = n / 32;
         // Two sets of accumulators (even / odd blocks) keep the FMA dependency chains short.
@@ -308,20 +357,25 @@ impl<F: Blk32> Tile for T32<F> {
         macro_rules! step {
             ($b:expr, $u:expr) => {{
                 let wp = w.add($b * F::SIZE);
-                let q = F::quants(wp);
+                let q = F::quants::<D>(wp);
                 let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
                 // Lanes: [d, m] of the weight block (m only for unsigned formats).
                 let wdm = f16x2_at(wp);
                 for j in 0..NX {
                     let xp = x[j].add($b * Self::XB);
                     let p = Self::block::<D>(q, aq, xp);
+                    let xds = if sc.is_null() {
+                        f16x2_at(xp)
+                    } else {
+                        _mm_castsi128_ps(_mm_loadl_epi64(sc.add(j * nb + $b).cast()))
+                    };
                     // [d_w * d_x, m * s]. Signed formats multiply lane 0 only: their lane 1
                     // holds quant bytes read as fp16, and a denormal product would cost a
                     // microcode assist.
                     let prod = if F::SIGNED {
-                        _mm_mul_ss(wdm, f16x2_at(xp))
+                        _mm_mul_ss(wdm, xds)
                     } else {
-                        _mm_mul_ps(wdm, f16x2_at(xp))
+                        _mm_mul_ps(wdm, xds)
                     };
                     acc[$u][j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), p, acc[$u][j]);
                     if !F::SIGNED {
@@ -348,6 +402,89 @@ impl<F: Blk32> Tile for T32<F> {
             }
         }
         out
+    }
+}
+
+/// Most activation blocks per row whose scales [`T32`]'s gemm converts ahead (rows up to
+/// 16384 elements; longer rows convert on the fly).
+const PREP_BLOCKS: usize = 512;
+/// Weight rows per chunk in [`T32`]'s gemm: small enough to stay in L2 while every tile of
+/// activation rows passes over it.
+const ROW_CHUNK: usize = 64;
+
+impl<F: Blk32> Tile for T32<F> {
+    const BLOCK: usize = 32;
+    const W_BYTES: usize = F::SIZE;
+    const X_BYTES: usize = Self::XB;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        Self::tile_impl::<D, NX>(n, w, x, core::ptr::null())
+    }
+
+    /// Converts the fp16 scales of each tile of (up to 4) activation rows once, then runs that
+    /// tile against a chunk of weight rows: the per-block scale conversion, a large share of
+    /// the work of a 32-element block, is paid once per chunk instead of once per weight row.
+    #[inline(always)]
+    unsafe fn gemm<D: IDot>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let nb = n / 32;
+        if nb > PREP_BLOCKS {
+            return gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+        }
+        // [d, s] per block, for the 4 rows of a tile (16 KiB).
+        let mut sc = [[0f32; 2]; 4 * PREP_BLOCKS];
+        let xr = |j: usize| x.add(j * x_stride);
+        let mut i0 = 0;
+        while i0 < nw {
+            let i1 = (i0 + ROW_CHUNK).min(nw);
+            let mut j = 0;
+            while j < nx {
+                let t = (nx - j).min(4);
+                for r in 0..t {
+                    for b in 0..nb {
+                        let v = f16x2_at(xr(j + r).add(b * Self::XB));
+                        _mm_storel_epi64(
+                            sc.as_mut_ptr().add(r * nb + b).cast(),
+                            _mm_castps_si128(v),
+                        );
+                    }
+                }
+                let scp = sc.as_ptr();
+                for i in i0..i1 {
+                    let wr = w.add(i * w_stride);
+                    macro_rules! run {
+                        ($nx:literal, [$($t:literal),*]) => {{
+                            let r = Self::tile_impl::<D, $nx>(n, wr, [$(xr(j + $t)),*], scp);
+                            for (t, v) in r.into_iter().enumerate() {
+                                *out.add((j + t) * out_stride + i) = v;
+                            }
+                        }};
+                    }
+                    match t {
+                        4 => run!(4, [0, 1, 2, 3]),
+                        3 => run!(3, [0, 1, 2]),
+                        2 => run!(2, [0, 1]),
+                        _ => run!(1, [0]),
+                    }
+                }
+                j += t;
+            }
+            i0 = i1;
+        }
     }
 }
 
@@ -713,46 +850,30 @@ impl<F: FloatFmt> Tile for TF<F> {
         w: *const u8,
         x: [*const u8; NX],
     ) -> [f32; NX] {
+        // The same accumulation order for every NX, so a row's result does not depend on how
+        // many rows share its tile (batch invariance). Two accumulators per row already run
+        // far above memory bandwidth.
         let mut i = 0;
         let mut out = [0f32; NX];
-        if NX == 1 {
-            // Four independent accumulators hide the FMA latency.
-            let mut a = [_mm256_setzero_ps(); 4];
-            while i + 32 <= n {
-                for (u, a) in a.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(F::load8(w, i + 8 * u), F::load8(x[0], i + 8 * u), *a);
-                }
-                i += 32;
-            }
-            while i + 8 <= n {
-                a[0] = _mm256_fmadd_ps(F::load8(w, i), F::load8(x[0], i), a[0]);
-                i += 8;
-            }
-            out[0] = hsum_ps(_mm256_add_ps(
-                _mm256_add_ps(a[0], a[1]),
-                _mm256_add_ps(a[2], a[3]),
-            ));
-        } else {
-            let mut a = [[_mm256_setzero_ps(); 2]; NX];
-            while i + 16 <= n {
-                let w0 = F::load8(w, i);
-                let w1 = F::load8(w, i + 8);
-                for j in 0..NX {
-                    a[j][0] = _mm256_fmadd_ps(w0, F::load8(x[j], i), a[j][0]);
-                    a[j][1] = _mm256_fmadd_ps(w1, F::load8(x[j], i + 8), a[j][1]);
-                }
-                i += 16;
-            }
-            while i + 8 <= n {
-                let w0 = F::load8(w, i);
-                for j in 0..NX {
-                    a[j][0] = _mm256_fmadd_ps(w0, F::load8(x[j], i), a[j][0]);
-                }
-                i += 8;
-            }
+        let mut a = [[_mm256_setzero_ps(); 2]; NX];
+        while i + 16 <= n {
+            let w0 = F::load8(w, i);
+            let w1 = F::load8(w, i + 8);
             for j in 0..NX {
-                out[j] = hsum_ps(_mm256_add_ps(a[j][0], a[j][1]));
+                a[j][0] = _mm256_fmadd_ps(w0, F::load8(x[j], i), a[j][0]);
+                a[j][1] = _mm256_fmadd_ps(w1, F::load8(x[j], i + 8), a[j][1]);
             }
+            i += 16;
+        }
+        while i + 8 <= n {
+            let w0 = F::load8(w, i);
+            for j in 0..NX {
+                a[j][0] = _mm256_fmadd_ps(w0, F::load8(x[j], i), a[j][0]);
+            }
+            i += 8;
+        }
+        for j in 0..NX {
+            out[j] = hsum_ps(_mm256_add_ps(a[j][0], a[j][1]));
         }
         for k in i..n {
             let wk = F::one(w, k);

@@ -56,7 +56,7 @@ macro_rules! tier {
                 out: *mut f32,
                 out_stride: usize,
             ) {
-                k::gemm_tiles::<T, $idot>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+                T::gemm::<$idot>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
             }
 
             /// Row bytes of `n` elements for the weight and activation sides (panics on a
@@ -209,7 +209,7 @@ tier!(tier_avx2, "avx2,fma,f16c", k::Maddubs, Isa::Avx2);
 tier!(
     tier_avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq",
-    k::Maddubs,
+    k::Maddubs512,
     Isa::Avx512
 );
 tier!(
