@@ -53,6 +53,13 @@ pub struct KvOverflow {
     pub requested: usize,
 }
 
+/// `n` zero f16 values from a zeroed allocation: the OS maps zero pages lazily, so only the
+/// positions actually written become resident (`vec![f16::ZERO; n]` would memset them all).
+fn zeroed_f16(n: usize) -> Vec<f16> {
+    use half::vec::HalfBitsVecExt;
+    vec![0u16; n].reinterpret_into()
+}
+
 /// One sequence's KV cache.
 pub struct KvCache {
     layout: KvLayout,
@@ -68,8 +75,8 @@ impl KvCache {
     /// Allocate the whole cache. Zeroed allocations are lazily backed by the OS, so resident
     /// memory grows as positions are written; the plan counts the full size.
     pub fn new(layout: KvLayout) -> KvCache {
-        let k = (0..layout.n_layers).map(|_| vec![f16::ZERO; layout.k_elems_per_layer()]).collect();
-        let v = (0..layout.n_layers).map(|_| vec![f16::ZERO; layout.v_elems_per_layer()]).collect();
+        let k = (0..layout.n_layers).map(|_| zeroed_f16(layout.k_elems_per_layer())).collect();
+        let v = (0..layout.n_layers).map(|_| zeroed_f16(layout.v_elems_per_layer())).collect();
         KvCache { layout, k, v, len: 0 }
     }
 
