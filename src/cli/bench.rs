@@ -197,11 +197,20 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
 
 /// Peak resident set size of this process (VmHWM), in bytes; 0 where unknown.
 pub fn peak_rss() -> u64 {
+    proc_status_kb("VmHWM:")
+}
+
+/// Current resident set size of this process (VmRSS), in bytes; 0 where unknown.
+pub fn current_rss() -> u64 {
+    proc_status_kb("VmRSS:")
+}
+
+fn proc_status_kb(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<u64>().ok())
         })

@@ -5,6 +5,7 @@ mod chat;
 mod common;
 mod inspect;
 mod perplexity;
+mod plan;
 mod pull;
 mod run;
 mod tokenize;
@@ -33,6 +34,8 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Prompt and generation throughput (llama-bench's pp/tg), load time, peak RSS.
     Bench(bench::BenchArgs),
+    /// Memory a session will use, computed before loading any weights.
+    Plan(plan::PlanArgs),
     /// Perplexity of a text file (llama-perplexity's method).
     Perplexity(perplexity::PerplexityArgs),
     /// Show a GGUF model's architecture, hyper-parameters, tokenizer and block formats.
@@ -50,6 +53,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Plan(a) => plan::run(a),
         Command::Inspect(args) => inspect::run(args),
         Command::Pull(args) => pull::run(args),
     }

@@ -2,6 +2,7 @@
 
 pub mod generate;
 pub mod perplexity;
+pub mod plan;
 pub mod session;
 
 pub use generate::{generate, GenStats, GenerateRequest, StopReason};

@@ -58,13 +58,7 @@ impl Session {
         if model.weights.pos_embd.is_some() && n_ctx > c.ctx_train {
             return Err(EngineError::ContextTooLarge { ctx: n_ctx, max: c.ctx_train });
         }
-        let layout = KvLayout {
-            n_layers: c.n_layers,
-            n_kv_heads: c.n_kv_heads,
-            head_dim_k: c.head_dim_k,
-            head_dim_v: c.head_dim_v,
-            max_len: n_ctx,
-        };
+        let layout = kv_layout(c, n_ctx);
         let spec = scratch_spec(&model, &opts);
         let scratch = Scratch::new(c, spec);
         Ok(Session {
@@ -201,12 +195,28 @@ impl Session {
     }
 }
 
+/// The KV cache geometry of a session with `n_ctx` positions.
+pub fn kv_layout(c: &crate::model::ModelConfig, n_ctx: usize) -> KvLayout {
+    KvLayout {
+        n_layers: c.n_layers,
+        n_kv_heads: c.n_kv_heads,
+        head_dim_k: c.head_dim_k,
+        head_dim_v: c.head_dim_v,
+        max_len: n_ctx,
+    }
+}
+
 /// The scratch sizes a session with these options uses.
 pub fn scratch_spec(model: &Model, opts: &SessionOptions) -> ScratchSpec {
+    scratch_spec_for(&model.file, opts)
+}
+
+/// The scratch sizes for a model file, before loading it (the memory plan uses this).
+pub fn scratch_spec_for(file: &crate::gguf::GgufFile, opts: &SessionOptions) -> ScratchSpec {
     ScratchSpec {
         max_tokens: opts.prefill_chunk.clamp(1, opts.n_ctx.max(1)),
         logit_rows: opts.logit_rows.max(1),
         n_threads: opts.n_threads.max(1),
-        act_row_bytes: weights::max_act_row_bytes(&model.weights),
+        act_row_bytes: weights::max_act_row_bytes(file),
     }
 }

@@ -244,14 +244,14 @@ pub fn load(f: &GgufFile, cfg: &ModelConfig, traits: &ArchTraits, ropes: Vec<Opt
     Ok(Weights { token_embd, pos_embd, layers, output_norm, output, output_tied })
 }
 
-/// The largest quantized-activation row any matrix of the model needs, in bytes.
-pub fn max_act_row_bytes(w: &Weights) -> usize {
-    let mut m = w.output.act_row_bytes();
-    for l in &w.layers {
-        for lin in [&l.wq, &l.wk, &l.wv, &l.wqkv, &l.ffn_gate].into_iter().flatten() {
-            m = m.max(lin.act_row_bytes());
-        }
-        m = m.max(l.wo.act_row_bytes()).max(l.ffn_up.act_row_bytes()).max(l.ffn_down.act_row_bytes());
-    }
-    m
+/// The largest quantized-activation row any matrix of the file needs, in bytes: for every
+/// 2-D tensor, a row of its input width in the partner format of its type. Computed from the
+/// tensor table alone, so the memory plan knows it before any weight is loaded.
+pub fn max_act_row_bytes(f: &GgufFile) -> usize {
+    f.tensors()
+        .iter()
+        .filter(|t| t.shape.len() == 2)
+        .filter_map(|t| quant::dot_type(t.ty).row_bytes(t.shape[0]))
+        .max()
+        .unwrap_or(0)
 }

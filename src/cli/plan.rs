@@ -1,0 +1,74 @@
+//! `kiln plan`: the memory a session will use, before loading any weights.
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use kiln::engine::plan::plan;
+use kiln::engine::SessionOptions;
+use kiln::gguf::GgufFile;
+use kiln::tokenizer::Tokenizer;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Model: a GGUF path or a known name (default smollm2).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<String>,
+    /// Context size in tokens.
+    #[arg(short = 'c', long = "ctx", alias = "ctx-size", default_value_t = 4096)]
+    pub ctx: usize,
+    /// Tokens per prefill pass.
+    #[arg(long = "prefill-chunk", default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Threads.
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Memory budget in bytes (default: the system's available memory).
+    #[arg(long)]
+    pub budget: Option<u64>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: PlanArgs) -> Result<()> {
+    let runtime = super::bench::current_rss();
+    let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
+    let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let tok = Tokenizer::from_gguf(&file)?;
+    let threads = args.threads.unwrap_or_else(kiln::kernels::pool::default_threads);
+    let mut opts = SessionOptions::new(args.ctx, threads);
+    opts.prefill_chunk = args.prefill_chunk;
+    let p = plan(&file, &opts, tok.heap_bytes() as u64, runtime)?;
+    let budget = args.budget.or_else(available_memory);
+    let fits = budget.map(|b| p.total_bytes <= b);
+    if args.json {
+        let j = serde_json::json!({
+            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads,
+            "components": p.components, "total_bytes": p.total_bytes, "budget_bytes": budget, "fits": fits,
+        });
+        println!("{}", serde_json::to_string_pretty(&j)?);
+        return Ok(());
+    }
+    println!("memory plan for {} (ctx {}, prefill chunk {}, {} threads)", path.display(), args.ctx, args.prefill_chunk, threads);
+    for c in &p.components {
+        println!("  {:<24} {:>10.2} MiB  {}", c.name, mib(c.bytes), c.formula);
+    }
+    println!("  {:<24} {:>10.2} MiB", "total", mib(p.total_bytes));
+    match (budget, fits) {
+        (Some(b), Some(true)) => println!("fits in {:.2} MiB", mib(b)),
+        (Some(b), Some(false)) => println!("does NOT fit in {:.2} MiB", mib(b)),
+        _ => {}
+    }
+    Ok(())
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+/// MemAvailable from /proc/meminfo, in bytes.
+fn available_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
