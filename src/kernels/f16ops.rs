@@ -1,18 +1,50 @@
-//! f32 × f16 vector primitives used by attention over the f16 KV cache, with AVX-512 and
-//! AVX2+F16C paths picked once at run time and a scalar reference.
+//! Vector primitives of the attention kernel, each reproducing, bit for bit, the arithmetic of
+//! the matching routine in the reference engine's CPU backend as built for AVX-512 (ggml's
+//! `ggml_vec_dot_f16`, `ggml_vec_mad_f16`, `ggml_vec_scale_f16`, `ggml_v_expf`/
+//! `ggml_vec_soft_max_f32` and the `simd_gemm` micro-kernel of its tiled flash attention).
+//!
+//! Why bit-exact rather than "as accurate as possible": the golden outputs we are tested
+//! against come from that engine, and small models are hypersensitive to the rounding inside
+//! attention (an f16 accumulator, an f16 query) — logits move by tenths when it changes. So
+//! the *summation order* is part of each primitive's contract here: every path (AVX-512,
+//! AVX2+FMA+F16C, scalar) computes exactly the same bits, and the tests check that.
+//!
+//! The fixed layouts follow the AVX-512 build of the reference: a dot product of f16 rows runs
+//! 4 accumulators of 16 lanes over blocks of 64 elements, reduces them in a fixed tree, and
+//! adds the leftover elements one by one in f64; the f16 accumulate `y = f16(y + x·v)` is one
+//! fused multiply-add rounded to f32 and then to f16 (round to nearest even).
 
 use half::f16;
 
-/// `Σ q[i] · k[i]`.
-pub type DotF16Fn = fn(q: &[f32], k: &[f16]) -> f32;
-/// `out[i] = out[i] · scale + w · v[i]`.
-pub type AxpbyF16Fn = fn(out: &mut [f32], scale: f32, w: f32, v: &[f16]);
+/// Keys per tile of the batched (tiled) attention path; the softmax sums one tile at a time in
+/// blocks of 16.
+pub const KV_TILE: usize = 64;
 
-/// The f16 primitives for this CPU.
+/// `Σ q[i]·k[i]` in the reference's order; `q` holds f16 values (a query rounded to f16).
+pub type DotF16Fn = fn(q: &[f32], k: &[f16]) -> f32;
+/// `y[i] = f16(fma(x[i], v, y[i]))`.
+pub type MadF16Fn = fn(y: &mut [f16], x: &[f16], v: f32);
+/// `y[i] = f16(y[i] · v)`.
+pub type ScaleF16Fn = fn(y: &mut [f16], v: f32);
+/// Scores of one query row against a tile of keys: `out[j] = fma-chain over d of q[d]·kt[d][j]`
+/// (`d` ascending, starting from 0); `kt` is the tile transposed, `[q.len()][KV_TILE]`.
+pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]);
+/// `s[j] = expf_approx(s[j] − m)` (−∞ gives 0) and the sum of the results, added up per block
+/// of 16 in a fixed tree and across blocks in f64.
+pub type SoftmaxTileFn = fn(s: &mut [f32; KV_TILE], m: f32) -> f64;
+/// `acc[d] = fma-chain over j of v[j][d]·p[j]` (`j` ascending, continuing from `acc[d]`);
+/// `v` holds `p.len()` rows of `acc.len()` values.
+pub type VkqAccFn = fn(acc: &mut [f32], p: &[f32], v: &[f16]);
+
+/// The attention primitives for this CPU.
 #[derive(Clone, Copy)]
 pub struct F16Ops {
     pub dot: DotF16Fn,
-    pub axpby: AxpbyF16Fn,
+    pub mad: MadF16Fn,
+    pub scale: ScaleF16Fn,
+    pub kq_tile: KqTileFn,
+    pub softmax_tile: SoftmaxTileFn,
+    pub vkq_acc: VkqAccFn,
     pub name: &'static str,
 }
 
@@ -22,38 +54,175 @@ impl F16Ops {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
-                return F16Ops { dot: x86::dot_avx512, axpby: x86::axpby_avx512, name: "avx512" };
+                return x86::AVX512;
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
             {
-                return F16Ops { dot: x86::dot_avx2, axpby: x86::axpby_avx2, name: "avx2" };
+                return x86::AVX2;
             }
         }
         Self::scalar()
     }
 
-    /// The reference path.
+    /// The reference path (portable; slow where the CPU has no fused multiply-add).
     pub fn scalar() -> F16Ops {
-        F16Ops { dot: dot_scalar, axpby: axpby_scalar, name: "scalar" }
+        F16Ops {
+            dot: dot_scalar,
+            mad: mad_scalar,
+            scale: scale_scalar,
+            kq_tile: kq_tile_scalar,
+            softmax_tile: softmax_tile_scalar,
+            vkq_acc: vkq_acc_scalar,
+            name: "scalar",
+        }
     }
 }
 
-pub fn dot_scalar(q: &[f32], k: &[f16]) -> f32 {
-    q.iter().zip(k).map(|(&a, &b)| a * b.to_f32()).sum()
+/// Elements per block of the f16 dot product and the f16 accumulate (4 vectors of 16).
+const BLOCK: usize = 64;
+
+/// The reference's horizontal sum of 16 lanes: halves, then quarters, then pairs.
+#[inline]
+fn reduce16(a: &[f32; 16]) -> f32 {
+    let mut t = [0.0f32; 8];
+    for i in 0..8 {
+        t[i] = a[i + 8] + a[i];
+    }
+    let u = [t[4] + t[0], t[5] + t[1], t[6] + t[2], t[7] + t[3]];
+    (u[0] + u[2]) + (u[1] + u[3])
 }
 
-pub fn axpby_scalar(out: &mut [f32], scale: f32, w: f32, v: &[f16]) {
-    for (o, &x) in out.iter_mut().zip(v) {
-        *o = *o * scale + w * x.to_f32();
+pub fn dot_scalar(q: &[f32], k: &[f16]) -> f32 {
+    assert_eq!(q.len(), k.len());
+    let n = q.len();
+    let np = n & !(BLOCK - 1);
+    let mut sumf = 0.0f64;
+    if np > 0 {
+        // acc[j][l]: accumulator j (of 4), lane l (of 16). Products of f16 values are exact in
+        // f32, so `acc + q·k` is the fused multiply-add of the reference.
+        let mut acc = [[0.0f32; 16]; 4];
+        for b in (0..np).step_by(BLOCK) {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (l, x) in a.iter_mut().enumerate() {
+                    let i = b + 16 * j + l;
+                    *x += q[i] * k[i].to_f32();
+                }
+            }
+        }
+        let [mut a0, mut a1, a2, a3] = acc;
+        for ((x0, x1), (x2, x3)) in a0.iter_mut().zip(a1.iter_mut()).zip(a2.iter().zip(&a3)) {
+            *x0 += x2;
+            *x1 += x3;
+        }
+        for (x0, x1) in a0.iter_mut().zip(&a1) {
+            *x0 += x1;
+        }
+        sumf = reduce16(&a0) as f64;
+    }
+    for i in np..n {
+        sumf += (q[i] * k[i].to_f32()) as f64;
+    }
+    sumf as f32
+}
+
+pub fn mad_scalar(y: &mut [f16], x: &[f16], v: f32) {
+    assert_eq!(y.len(), x.len());
+    for (a, &b) in y.iter_mut().zip(x) {
+        *a = f16::from_f32(b.to_f32().mul_add(v, a.to_f32()));
+    }
+}
+
+pub fn scale_scalar(y: &mut [f16], v: f32) {
+    for a in y.iter_mut() {
+        *a = f16::from_f32(a.to_f32() * v);
+    }
+}
+
+pub fn kq_tile_scalar(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
+    assert_eq!(kt.len(), q.len() * KV_TILE);
+    out.fill(0.0);
+    for (&qd, krow) in q.iter().zip(kt.chunks_exact(KV_TILE)) {
+        for (o, &k) in out.iter_mut().zip(krow) {
+            *o = k.mul_add(qd, *o);
+        }
+    }
+}
+
+/// The reference's vectorised `expf` (`ggml_v_expf`, AVX-512 form): a degree-5 polynomial on
+/// the reduced argument, scaled by `2^n` exactly (`vscalefps`).
+#[inline]
+pub fn expf_approx(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
+    let n = z - r;
+    let b = (-n).mul_add(f32::from_bits(0x35bf_be8e), (-n).mul_add(f32::from_bits(0x3f31_7200), x));
+    let u = b * b;
+    let p_hi = f32::from_bits(0x3c07_2010).mul_add(b, f32::from_bits(0x3d2b_9f17));
+    let p_lo = f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb));
+    let p1 = f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0);
+    let j = p_hi.mul_add(u, p_lo).mul_add(u, p1);
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // scalef: j·2^n rounded once (exact in f64, then one rounding to f32).
+    ((j as f64) * (n as f64).exp2()) as f32
+}
+
+pub fn softmax_tile_scalar(s: &mut [f32; KV_TILE], m: f32) -> f64 {
+    let mut sum = 0.0f64;
+    for blk in s.chunks_exact_mut(16) {
+        let mut v = [0.0f32; 16];
+        for (o, x) in v.iter_mut().zip(blk.iter_mut()) {
+            *x = expf_approx(*x - m);
+            *o = *x;
+        }
+        sum += reduce16(&v) as f64;
+    }
+    sum
+}
+
+pub fn vkq_acc_scalar(acc: &mut [f32], p: &[f32], v: &[f16]) {
+    let dv = acc.len();
+    assert_eq!(v.len(), p.len() * dv);
+    if dv == 0 {
+        return;
+    }
+    for (&pj, vrow) in p.iter().zip(v.chunks_exact(dv)) {
+        for (a, &x) in acc.iter_mut().zip(vrow) {
+            *a = x.to_f32().mul_add(pj, *a);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::{F16Ops, BLOCK, KV_TILE};
     use half::f16;
     use std::arch::x86_64::*;
+
+    pub const AVX512: F16Ops = F16Ops {
+        dot: dot_avx512,
+        mad: mad_avx512,
+        scale: scale_avx512,
+        kq_tile: kq_tile_avx512,
+        softmax_tile: softmax_tile_avx512,
+        vkq_acc: vkq_acc_avx512,
+        name: "avx512",
+    };
+
+    pub const AVX2: F16Ops = F16Ops {
+        dot: dot_avx2,
+        mad: mad_avx2,
+        scale: scale_avx2,
+        kq_tile: kq_tile_avx2,
+        softmax_tile: super::softmax_tile_scalar,
+        vkq_acc: vkq_acc_avx2,
+        name: "avx2",
+    };
+
+    // ---------------------------------------------------------------- AVX-512
 
     pub fn dot_avx512(q: &[f32], k: &[f16]) -> f32 {
         assert_eq!(q.len(), k.len());
@@ -64,56 +233,224 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     unsafe fn dot_avx512_impl(q: &[f32], k: &[f16]) -> f32 {
         let n = q.len();
-        let mut acc0 = _mm512_setzero_ps();
-        let mut acc1 = _mm512_setzero_ps();
-        let mut i = 0;
-        // SAFETY: every load reads 16 or 32 elements at `i` with `i + 16/32 <= n`; f16 is a u16.
-        unsafe {
-            while i + 32 <= n {
-                let k0 = _mm512_cvtph_ps(_mm256_loadu_si256(k.as_ptr().add(i) as *const __m256i));
-                let k1 = _mm512_cvtph_ps(_mm256_loadu_si256(k.as_ptr().add(i + 16) as *const __m256i));
-                acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(i)), k0, acc0);
-                acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(i + 16)), k1, acc1);
-                i += 32;
+        let np = n & !(BLOCK - 1);
+        let mut sumf = 0.0f64;
+        if np > 0 {
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
+            // SAFETY: every load reads 16 elements at `i + 16j < np <= n`.
+            unsafe {
+                for i in (0..np).step_by(BLOCK) {
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        let o = i + 16 * j;
+                        let kv = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(o) as *const __m256i));
+                        *a = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(o)), kv, *a);
+                    }
+                }
             }
-            while i + 16 <= n {
-                let k0 = _mm512_cvtph_ps(_mm256_loadu_si256(k.as_ptr().add(i) as *const __m256i));
-                acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(q.as_ptr().add(i)), k0, acc0);
-                i += 16;
-            }
+            let a02 = _mm512_add_ps(acc[0], acc[2]);
+            let a13 = _mm512_add_ps(acc[1], acc[3]);
+            sumf = reduce16_avx512(_mm512_add_ps(a02, a13)) as f64;
         }
-        let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-        for j in i..n {
-            s += q[j] * k[j].to_f32();
+        for i in np..n {
+            sumf += (q[i] * k[i].to_f32()) as f64;
         }
-        s
+        sumf as f32
     }
 
-    pub fn axpby_avx512(out: &mut [f32], scale: f32, w: f32, v: &[f16]) {
-        assert_eq!(out.len(), v.len());
+    /// [`super::reduce16`] on a vector.
+    #[target_feature(enable = "avx512f")]
+    fn reduce16_avx512(a: __m512) -> f32 {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+        let lo = _mm512_castps512_ps256(a);
+        reduce8_avx(_mm256_add_ps(hi, lo))
+    }
+
+    /// The last three steps of [`super::reduce16`], on the 8 half sums.
+    #[target_feature(enable = "avx2")]
+    fn reduce8_avx(t: __m256) -> f32 {
+        let u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
+        let w = _mm_add_ps(u, _mm_shuffle_ps(u, u, 0b01_00_11_10));
+        _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)))
+    }
+
+    pub fn mad_avx512(y: &mut [f16], x: &[f16], v: f32) {
+        assert_eq!(y.len(), x.len());
         // SAFETY: selected only when avx512f was detected at run time.
-        unsafe { axpby_avx512_impl(out, scale, w, v) }
+        unsafe { mad_avx512_impl(y, x, v) }
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn axpby_avx512_impl(out: &mut [f32], scale: f32, w: f32, v: &[f16]) {
-        let n = out.len();
-        let vs = _mm512_set1_ps(scale);
-        let vw = _mm512_set1_ps(w);
+    unsafe fn mad_avx512_impl(y: &mut [f16], x: &[f16], v: f32) {
+        let n = y.len();
+        let vv = _mm512_set1_ps(v);
         let mut i = 0;
+        let (yp, xp) = (y.as_mut_ptr() as *mut u16, x.as_ptr() as *const u16);
         // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
         unsafe {
             while i + 16 <= n {
-                let x = _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(i) as *const __m256i));
-                let o = _mm512_loadu_ps(out.as_ptr().add(i));
-                _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_fmadd_ps(vw, x, _mm512_mul_ps(o, vs)));
+                let xv = _mm512_cvtph_ps(_mm256_loadu_si256(xp.add(i) as *const __m256i));
+                let yv = _mm512_cvtph_ps(_mm256_loadu_si256(yp.add(i) as *const __m256i));
+                let r = _mm512_fmadd_ps(xv, vv, yv);
+                _mm256_storeu_si256(yp.add(i) as *mut __m256i, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
                 i += 16;
             }
         }
-        for j in i..n {
-            out[j] = out[j] * scale + w * v[j].to_f32();
+        super::mad_scalar(&mut y[i..], &x[i..], v);
+    }
+
+    pub fn scale_avx512(y: &mut [f16], v: f32) {
+        // SAFETY: selected only when avx512f was detected at run time.
+        unsafe { scale_avx512_impl(y, v) }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scale_avx512_impl(y: &mut [f16], v: f32) {
+        let n = y.len();
+        let vv = _mm512_set1_ps(v);
+        let mut i = 0;
+        let yp = y.as_mut_ptr() as *mut u16;
+        // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
+        unsafe {
+            while i + 16 <= n {
+                let yv = _mm512_cvtph_ps(_mm256_loadu_si256(yp.add(i) as *const __m256i));
+                let r = _mm512_mul_ps(yv, vv);
+                _mm256_storeu_si256(yp.add(i) as *mut __m256i, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+                i += 16;
+            }
+        }
+        super::scale_scalar(&mut y[i..], v);
+    }
+
+    pub fn kq_tile_avx512(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
+        assert_eq!(kt.len(), q.len() * KV_TILE);
+        // SAFETY: selected only when avx512f was detected at run time.
+        unsafe { kq_tile_avx512_impl(q, kt, out) }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn kq_tile_avx512_impl(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let kp = kt.as_ptr();
+        for (d, &qd) in q.iter().enumerate() {
+            let qv = _mm512_set1_ps(qd);
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `d * KV_TILE + 16r + 16 <= kt.len()` (asserted by the caller).
+                let kv = unsafe { _mm512_loadu_ps(kp.add(d * KV_TILE + 16 * r)) };
+                *a = _mm512_fmadd_ps(kv, qv, *a);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            // SAFETY: 16 floats at 16r of a 64-float array.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * r), *a) };
         }
     }
+
+    pub fn softmax_tile_avx512(s: &mut [f32; KV_TILE], m: f32) -> f64 {
+        // SAFETY: selected only when avx512f was detected at run time.
+        unsafe { softmax_tile_avx512_impl(s, m) }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn softmax_tile_avx512_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
+        let mv = _mm512_set1_ps(m);
+        let mut sum = 0.0f64;
+        for b in 0..KV_TILE / 16 {
+            // SAFETY: 16 floats at 16b of a 64-float array.
+            unsafe {
+                let p = s.as_mut_ptr().add(16 * b);
+                let e = expf_avx512(_mm512_sub_ps(_mm512_loadu_ps(p), mv));
+                _mm512_storeu_ps(p, e);
+                sum += reduce16_avx512(e) as f64;
+            }
+        }
+        sum
+    }
+
+    /// `ggml_v_expf` (AVX-512 form), lane for lane what [`super::expf_approx`] computes.
+    #[target_feature(enable = "avx512f")]
+    fn expf_avx512(x: __m512) -> __m512 {
+        let c = |b: u32| _mm512_set1_ps(f32::from_bits(b));
+        let r = c(0x4b40_0000);
+        let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmadd_ps(n, c(0x3f31_7200), x));
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if d == 0 {
+            return res;
+        }
+        let le0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+        let alt = _mm512_mask_blend_ps(le0, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
+        _mm512_mask_blend_ps(d, res, alt)
+    }
+
+    pub fn vkq_acc_avx512(acc: &mut [f32], p: &[f32], v: &[f16]) {
+        assert_eq!(v.len(), p.len() * acc.len());
+        // SAFETY: selected only when avx512f was detected at run time.
+        unsafe { vkq_acc_avx512_impl(acc, p, v) }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn vkq_acc_avx512_impl(acc: &mut [f32], p: &[f32], v: &[f16]) {
+        let dv = acc.len();
+        let vp = v.as_ptr() as *const u16;
+        let mut d0 = 0;
+        // Four vectors of the accumulator stay in registers across all the keys.
+        while d0 + 64 <= dv {
+            // SAFETY: loads/stores of 16 elements at `d0 + 16r < dv`; V row `j` has `dv` elements.
+            unsafe {
+                let ap = acc.as_mut_ptr().add(d0);
+                let mut a = [
+                    _mm512_loadu_ps(ap),
+                    _mm512_loadu_ps(ap.add(16)),
+                    _mm512_loadu_ps(ap.add(32)),
+                    _mm512_loadu_ps(ap.add(48)),
+                ];
+                for (j, &pj) in p.iter().enumerate() {
+                    let pv = _mm512_set1_ps(pj);
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j * dv + d0 + 16 * r) as *const __m256i));
+                        *ar = _mm512_fmadd_ps(x, pv, *ar);
+                    }
+                }
+                for (r, ar) in a.iter().enumerate() {
+                    _mm512_storeu_ps(ap.add(16 * r), *ar);
+                }
+            }
+            d0 += 64;
+        }
+        while d0 + 16 <= dv {
+            // SAFETY: as above, one vector.
+            unsafe {
+                let ap = acc.as_mut_ptr().add(d0);
+                let mut a = _mm512_loadu_ps(ap);
+                for (j, &pj) in p.iter().enumerate() {
+                    let x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j * dv + d0) as *const __m256i));
+                    a = _mm512_fmadd_ps(x, _mm512_set1_ps(pj), a);
+                }
+                _mm512_storeu_ps(ap, a);
+            }
+            d0 += 16;
+        }
+        for d in d0..dv {
+            for (j, &pj) in p.iter().enumerate() {
+                acc[d] = v[j * dv + d].to_f32().mul_add(pj, acc[d]);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- AVX2 (same bits)
 
     pub fn dot_avx2(q: &[f32], k: &[f16]) -> f32 {
         assert_eq!(q.len(), k.len());
@@ -124,60 +461,142 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_avx2_impl(q: &[f32], k: &[f16]) -> f32 {
         let n = q.len();
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        let mut i = 0;
-        // SAFETY: loads of 8 or 16 elements at `i` with `i + 8/16 <= n`.
-        unsafe {
-            while i + 16 <= n {
-                let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(i) as *const __m128i));
-                let k1 = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(i + 8) as *const __m128i));
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), k0, acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i + 8)), k1, acc1);
-                i += 16;
+        let np = n & !(BLOCK - 1);
+        let mut sumf = 0.0f64;
+        if np > 0 {
+            // acc[2j] / acc[2j+1]: lanes 0..8 / 8..16 of the reference's accumulator j.
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
+            // SAFETY: every load reads 8 elements at `i + 8h < np <= n`.
+            unsafe {
+                for i in (0..np).step_by(BLOCK) {
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        let o = i + 8 * h;
+                        let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(o) as *const __m128i));
+                        *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(o)), kv, *a);
+                    }
+                }
             }
-            while i + 8 <= n {
-                let k0 = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(i) as *const __m128i));
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(i)), k0, acc0);
-                i += 8;
-            }
+            let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+            let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+            sumf = reduce8_avx(_mm256_add_ps(hi, lo)) as f64;
         }
-        let acc = _mm256_add_ps(acc0, acc1);
-        let hi = _mm256_extractf128_ps(acc, 1);
-        let lo = _mm256_castps256_ps128(acc);
-        let s4 = _mm_add_ps(hi, lo);
-        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-        let mut s = _mm_cvtss_f32(s1);
-        for j in i..n {
-            s += q[j] * k[j].to_f32();
+        for i in np..n {
+            sumf += (q[i] * k[i].to_f32()) as f64;
         }
-        s
+        sumf as f32
     }
 
-    pub fn axpby_avx2(out: &mut [f32], scale: f32, w: f32, v: &[f16]) {
-        assert_eq!(out.len(), v.len());
+    pub fn mad_avx2(y: &mut [f16], x: &[f16], v: f32) {
+        assert_eq!(y.len(), x.len());
         // SAFETY: selected only when avx2, fma and f16c were detected at run time.
-        unsafe { axpby_avx2_impl(out, scale, w, v) }
+        unsafe { mad_avx2_impl(y, x, v) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn axpby_avx2_impl(out: &mut [f32], scale: f32, w: f32, v: &[f16]) {
-        let n = out.len();
-        let vs = _mm256_set1_ps(scale);
-        let vw = _mm256_set1_ps(w);
+    unsafe fn mad_avx2_impl(y: &mut [f16], x: &[f16], v: f32) {
+        let n = y.len();
+        let vv = _mm256_set1_ps(v);
         let mut i = 0;
+        let (yp, xp) = (y.as_mut_ptr() as *mut u16, x.as_ptr() as *const u16);
         // SAFETY: loads and stores of 8 elements at `i` with `i + 8 <= n`.
         unsafe {
             while i + 8 <= n {
-                let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i));
-                let o = _mm256_loadu_ps(out.as_ptr().add(i));
-                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_fmadd_ps(vw, x, _mm256_mul_ps(o, vs)));
+                let xv = _mm256_cvtph_ps(_mm_loadu_si128(xp.add(i) as *const __m128i));
+                let yv = _mm256_cvtph_ps(_mm_loadu_si128(yp.add(i) as *const __m128i));
+                let r = _mm256_fmadd_ps(xv, vv, yv);
+                _mm_storeu_si128(yp.add(i) as *mut __m128i, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
                 i += 8;
             }
         }
-        for j in i..n {
-            out[j] = out[j] * scale + w * v[j].to_f32();
+        super::mad_scalar(&mut y[i..], &x[i..], v);
+    }
+
+    pub fn scale_avx2(y: &mut [f16], v: f32) {
+        // SAFETY: selected only when avx2, fma and f16c were detected at run time.
+        unsafe { scale_avx2_impl(y, v) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scale_avx2_impl(y: &mut [f16], v: f32) {
+        let n = y.len();
+        let vv = _mm256_set1_ps(v);
+        let mut i = 0;
+        let yp = y.as_mut_ptr() as *mut u16;
+        // SAFETY: loads and stores of 8 elements at `i` with `i + 8 <= n`.
+        unsafe {
+            while i + 8 <= n {
+                let yv = _mm256_cvtph_ps(_mm_loadu_si128(yp.add(i) as *const __m128i));
+                let r = _mm256_mul_ps(yv, vv);
+                _mm_storeu_si128(yp.add(i) as *mut __m128i, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+                i += 8;
+            }
+        }
+        super::scale_scalar(&mut y[i..], v);
+    }
+
+    pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
+        assert_eq!(kt.len(), q.len() * KV_TILE);
+        // SAFETY: selected only when avx2, fma and f16c were detected at run time.
+        unsafe { kq_tile_avx2_impl(q, kt, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn kq_tile_avx2_impl(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let kp = kt.as_ptr();
+        for (d, &qd) in q.iter().enumerate() {
+            let qv = _mm256_set1_ps(qd);
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `d * KV_TILE + 8r + 8 <= kt.len()` (asserted by the caller).
+                let kv = unsafe { _mm256_loadu_ps(kp.add(d * KV_TILE + 8 * r)) };
+                *a = _mm256_fmadd_ps(kv, qv, *a);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            // SAFETY: 8 floats at 8r of a 64-float array.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * r), *a) };
+        }
+    }
+
+    pub fn vkq_acc_avx2(acc: &mut [f32], p: &[f32], v: &[f16]) {
+        assert_eq!(v.len(), p.len() * acc.len());
+        // SAFETY: selected only when avx2, fma and f16c were detected at run time.
+        unsafe { vkq_acc_avx2_impl(acc, p, v) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn vkq_acc_avx2_impl(acc: &mut [f32], p: &[f32], v: &[f16]) {
+        let dv = acc.len();
+        let vp = v.as_ptr() as *const u16;
+        let mut d0 = 0;
+        while d0 + 32 <= dv {
+            // SAFETY: loads/stores of 8 elements at `d0 + 8r < dv`; V row `j` has `dv` elements.
+            unsafe {
+                let ap = acc.as_mut_ptr().add(d0);
+                let mut a = [
+                    _mm256_loadu_ps(ap),
+                    _mm256_loadu_ps(ap.add(8)),
+                    _mm256_loadu_ps(ap.add(16)),
+                    _mm256_loadu_ps(ap.add(24)),
+                ];
+                for (j, &pj) in p.iter().enumerate() {
+                    let pv = _mm256_set1_ps(pj);
+                    for (r, ar) in a.iter_mut().enumerate() {
+                        let x = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(j * dv + d0 + 8 * r) as *const __m128i));
+                        *ar = _mm256_fmadd_ps(x, pv, *ar);
+                    }
+                }
+                for (r, ar) in a.iter().enumerate() {
+                    _mm256_storeu_ps(ap.add(8 * r), *ar);
+                }
+            }
+            d0 += 32;
+        }
+        for d in d0..dv {
+            for (j, &pj) in p.iter().enumerate() {
+                acc[d] = v[j * dv + d].to_f32().mul_add(pj, acc[d]);
+            }
         }
     }
 }
@@ -191,53 +610,120 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx512f") {
-                v.push(F16Ops { dot: x86::dot_avx512, axpby: x86::axpby_avx512, name: "avx512" });
+                v.push(x86::AVX512);
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
                 && std::arch::is_x86_feature_detected!("f16c")
             {
-                v.push(F16Ops { dot: x86::dot_avx2, axpby: x86::axpby_avx2, name: "avx2" });
+                v.push(x86::AVX2);
             }
         }
         v
     }
 
+    struct Rng(u32);
+    impl Rng {
+        fn next(&mut self) -> f32 {
+            self.0 = self.0.wrapping_mul(1664525).wrapping_add(1013904223);
+            (self.0 >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+        }
+        fn f16s(&mut self, n: usize) -> Vec<f16> {
+            (0..n).map(|_| f16::from_f32(self.next())).collect()
+        }
+    }
+
+    /// Every SIMD path gives the scalar path's bits, at every length (blocks and leftovers).
     #[test]
-    fn simd_matches_scalar() {
-        let mut seed = 1u32;
-        let mut rnd = || {
-            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-        };
-        for n in [0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 64, 100, 256] {
-            let q: Vec<f32> = (0..n).map(|_| rnd()).collect();
-            let k: Vec<f16> = (0..n).map(|_| f16::from_f32(rnd())).collect();
-            let base: Vec<f32> = (0..n).map(|_| rnd()).collect();
-            let want = dot_scalar(&q, &k);
-            let mut want_axpy = base.clone();
-            axpby_scalar(&mut want_axpy, 0.5, 1.5, &k);
-            let mag: f32 = q.iter().zip(&k).map(|(a, b)| (a * b.to_f32()).abs()).sum::<f32>() + 1e-6;
+    fn simd_paths_are_bit_identical_to_scalar() {
+        let mut rng = Rng(1);
+        let scalar = F16Ops::scalar();
+        for n in [0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 256, 300] {
+            let q: Vec<f32> = rng.f16s(n).iter().map(|x| x.to_f32()).collect();
+            let k = rng.f16s(n);
+            let y0 = rng.f16s(n);
+            let w = rng.next();
+            let want_dot = (scalar.dot)(&q, &k);
+            let mut want_mad = y0.clone();
+            (scalar.mad)(&mut want_mad, &k, w);
+            let mut want_scale = y0.clone();
+            (scalar.scale)(&mut want_scale, w);
+            let p: Vec<f32> = (0..5).map(|_| rng.next().abs()).collect();
+            let vrows = rng.f16s(5 * n);
+            let acc0: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+            let mut want_vkq = acc0.clone();
+            (scalar.vkq_acc)(&mut want_vkq, &p, &vrows);
             for ops in all_paths() {
-                let got = (ops.dot)(&q, &k);
-                assert!((got - want).abs() <= 1e-5 * mag, "{} dot n={n}: {got} vs {want}", ops.name);
-                let mut out = base.clone();
-                (ops.axpby)(&mut out, 0.5, 1.5, &k);
-                for (a, b) in out.iter().zip(&want_axpy) {
-                    assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{} axpby n={n}", ops.name);
-                }
+                assert_eq!((ops.dot)(&q, &k).to_bits(), want_dot.to_bits(), "{} dot n={n}", ops.name);
+                let mut y = y0.clone();
+                (ops.mad)(&mut y, &k, w);
+                assert_eq!(y, want_mad, "{} mad n={n}", ops.name);
+                let mut y = y0.clone();
+                (ops.scale)(&mut y, w);
+                assert_eq!(y, want_scale, "{} scale n={n}", ops.name);
+                let mut a = acc0.clone();
+                (ops.vkq_acc)(&mut a, &p, &vrows);
+                assert_eq!(a, want_vkq, "{} vkq n={n}", ops.name);
+            }
+        }
+        for dk in [1, 32, 64, 256] {
+            let q: Vec<f32> = (0..dk).map(|_| rng.next()).collect();
+            let kt: Vec<f32> = (0..dk * KV_TILE).map(|_| rng.next()).collect();
+            let mut want = [0.0f32; KV_TILE];
+            (scalar.kq_tile)(&q, &kt, &mut want);
+            for ops in all_paths() {
+                let mut got = [1.0f32; KV_TILE];
+                (ops.kq_tile)(&q, &kt, &mut got);
+                assert_eq!(got, want, "{} kq_tile dk={dk}", ops.name);
+            }
+        }
+        // Softmax over scores spanning the whole range, with masked (−∞) keys.
+        for round in 0..50 {
+            let mut s = [0.0f32; KV_TILE];
+            for (j, x) in s.iter_mut().enumerate() {
+                *x = if (j + round) % 7 == 0 { f32::NEG_INFINITY } else { rng.next() * (round as f32 + 1.0) * 4.0 };
+            }
+            let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut want = s;
+            let want_sum = (scalar.softmax_tile)(&mut want, m);
+            for ops in all_paths() {
+                let mut got = s;
+                let sum = (ops.softmax_tile)(&mut got, m);
+                assert_eq!(got, want, "{} softmax round {round}", ops.name);
+                assert_eq!(sum.to_bits(), want_sum.to_bits(), "{} softmax sum", ops.name);
             }
         }
     }
 
+    /// The approximate exp is close to the true one, exact at 0, and 0 far below.
     #[test]
-    fn extreme_values_stay_finite() {
-        let k = vec![f16::MAX; 40];
-        let q = vec![1e-3f32; 40];
+    fn expf_approx_is_accurate() {
+        assert_eq!(expf_approx(0.0), 1.0);
+        assert_eq!(expf_approx(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf_approx(-200.0), 0.0);
+        let mut x = -100.0f32;
+        while x <= 0.0 {
+            let want = (x as f64).exp();
+            let got = expf_approx(x) as f64;
+            assert!((got - want).abs() <= 4e-7 * want + 1e-44, "x={x}: {got} vs {want}");
+            x += 0.0137;
+        }
+    }
+
+    /// Hand-checkable cases: the f16 accumulate rounds once to f32 and once to f16.
+    #[test]
+    fn f16_accumulate_rounds_to_f16() {
         for ops in all_paths() {
-            assert!((ops.dot)(&q, &k).is_finite(), "{}", ops.name);
-            let zeros = vec![f16::ZERO; 40];
-            assert_eq!((ops.dot)(&q, &zeros), 0.0);
+            let mut y = vec![f16::from_f32(1.0); 20];
+            let x = vec![f16::from_f32(1.0); 20];
+            // 1 + 2^-12 is not an f16: rounds back to 1 (ties to even).
+            (ops.mad)(&mut y, &x, 1.0 / 4096.0);
+            assert!(y.iter().all(|v| v.to_f32() == 1.0), "{}", ops.name);
+            (ops.mad)(&mut y, &x, 3.0 / 2048.0);
+            assert!(y.iter().all(|v| v.to_f32() == 1.0 + 2.0 / 1024.0), "{}", ops.name);
+            let q = vec![0.5f32; 70];
+            let k = vec![f16::from_f32(2.0); 70];
+            assert_eq!((ops.dot)(&q, &k), 70.0, "{}", ops.name);
         }
     }
 }

@@ -145,9 +145,6 @@ pub fn forward(
                 rope.apply(&mut s.k[j * kv_k..(j + 1) * kv_k], c.head_dim_k, cs);
             }
         }
-        // The reference multiplies f16 keys with f16-rounded queries; do the same so the
-        // scores agree to the last bit that matters.
-        ops::round_to_f16(&mut s.q[..n * q_dim]);
         for j in 0..n {
             kv.write(li, pos0 + j, &s.k[j * kv_k..(j + 1) * kv_k], &s.v[j * kv_v..(j + 1) * kv_v]);
         }
