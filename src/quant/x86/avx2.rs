@@ -271,29 +271,13 @@ impl<F: Blk32> Tile for T32<F> {
         x: [*const u8; NX],
     ) -> [f32; NX] {
         let nb = n / 32;
+        // The reference engine's order (ggml's x86 `ggml_vec_dot_q*_q8_*`): one accumulator
+        // advanced block by block with a fused multiply-add, the offset term `m·s` summed
+        // separately (also fused), then `hsum(acc) + summ`. Small models amplify a last-bit
+        // difference here into visibly different logits, so the order is kept exactly.
         let mut acc = [_mm256_setzero_ps(); NX];
-        let mut acc2 = [_mm256_setzero_ps(); NX];
         let mut summ = [0f32; NX];
-        let mut b = 0;
-        // Two blocks per step with separate accumulators: shorter FMA dependency chains.
-        while b + 2 <= nb {
-            for (u, acc) in [(0, &mut acc), (1, &mut acc2)] {
-                let wp = w.add((b + u) * F::SIZE);
-                let q = F::quants(wp);
-                let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
-                let dw = f16_at(wp);
-                for j in 0..NX {
-                    let xp = x[j].add((b + u) * Self::XB);
-                    let p = Self::block::<D>(q, aq, xp);
-                    acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(xp)), p, acc[j]);
-                    if !F::SIGNED {
-                        summ[j] += f16_at(wp.add(2)) * f16_at(xp.add(2));
-                    }
-                }
-            }
-            b += 2;
-        }
-        if b < nb {
+        for b in 0..nb {
             let wp = w.add(b * F::SIZE);
             let q = F::quants(wp);
             let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
@@ -303,13 +287,13 @@ impl<F: Blk32> Tile for T32<F> {
                 let p = Self::block::<D>(q, aq, xp);
                 acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16_at(xp)), p, acc[j]);
                 if !F::SIGNED {
-                    summ[j] += f16_at(wp.add(2)) * f16_at(xp.add(2));
+                    summ[j] = f16_at(wp.add(2)).mul_add(f16_at(xp.add(2)), summ[j]);
                 }
             }
         }
         let mut out = [0f32; NX];
         for j in 0..NX {
-            out[j] = hsum_ps(_mm256_add_ps(acc[j], acc2[j])) + summ[j];
+            out[j] = hsum_ps(acc[j]) + summ[j];
         }
         out
     }
