@@ -166,8 +166,9 @@ pub fn expf_approx(x: f32) -> f32 {
     if n.abs() > 192.0 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
-    // scalef: j·2^n rounded once (exact in f64, then one rounding to f32).
-    ((j as f64) * (n as f64).exp2()) as f32
+    // scalef: j·2^n rounded once (exact in f64, then one rounding to f32); |n| <= 192 here.
+    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    ((j as f64) * two_n) as f32
 }
 
 pub fn softmax_tile_scalar(s: &mut [f32; KV_TILE], m: f32) -> f64 {

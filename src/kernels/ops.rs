@@ -22,9 +22,10 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// `1/sqrt(mean(x²) + eps)` as the reference engine computes it: f32 squares summed in f64.
 #[inline]
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
-    let sum: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
     1.0 / (mean + eps).sqrt()
 }
@@ -73,10 +74,11 @@ pub fn scale_inplace(y: &mut [f32], s: f32) {
     }
 }
 
-/// SiLU(x) = x · σ(x).
+/// SiLU(x) = x · σ(x), with the reference engine's vectorised `expf` (a polynomial within
+/// about an ulp of the true one) so activations agree with it to the bit.
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + crate::kernels::f16ops::expf_approx(0.0 - x))
 }
 
 /// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`), evaluated as the reference engine
@@ -175,6 +177,9 @@ impl Rope {
     }
 
     /// Rotate every head of a row `x` (`n_heads * head_dim`) with the angles in `cs`.
+    ///
+    /// The products are fused as the reference engine's compiled code fuses them:
+    /// `x0' = fma(x0, cos, -(x1·sin))`, `x1' = fma(x0, sin, x1·cos)`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, cs: &[f32]) {
         let half = self.n_dims / 2;
         for head in x.chunks_exact_mut(head_dim) {
@@ -183,16 +188,16 @@ impl Rope {
                     for i in 0..half {
                         let (c, s) = (cs[2 * i], cs[2 * i + 1]);
                         let (a, b) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = a * c - b * s;
-                        head[2 * i + 1] = a * s + b * c;
+                        head[2 * i] = a.mul_add(c, -(b * s));
+                        head[2 * i + 1] = a.mul_add(s, b * c);
                     }
                 }
                 RopeKind::Neox => {
                     for i in 0..half {
                         let (c, s) = (cs[2 * i], cs[2 * i + 1]);
                         let (a, b) = (head[i], head[i + half]);
-                        head[i] = a * c - b * s;
-                        head[i + half] = a * s + b * c;
+                        head[i] = a.mul_add(c, -(b * s));
+                        head[i + half] = a.mul_add(s, b * c);
                     }
                 }
             }
@@ -203,6 +208,35 @@ impl Rope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RMSNorm, RoPE and SiLU round as the reference engine does (pinned: the golden tests
+    /// agree with it to the last bit only with exactly these roundings).
+    #[test]
+    fn reference_rounding_is_pinned() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect();
+        let mut out = vec![0.0; 64];
+        rms_norm(&x, &[1.5; 64], 1e-5, &mut out);
+        let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((sum / 64.0) as f32 + 1e-5).sqrt();
+        assert!(out.iter().zip(&x).all(|(o, v)| o.to_bits() == (v * scale * 1.5).to_bits()));
+
+        let rope = Rope { kind: RopeKind::Normal, n_dims: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+        let mut cs = vec![0.0; 64];
+        rope.cos_sin(7, &mut cs);
+        let mut y = x.clone();
+        rope.apply(&mut y, 64, &cs);
+        for i in 0..32 {
+            let (c, s, a, b) = (cs[2 * i], cs[2 * i + 1], x[2 * i], x[2 * i + 1]);
+            assert_eq!(y[2 * i].to_bits(), a.mul_add(c, -(b * s)).to_bits());
+            assert_eq!(y[2 * i + 1].to_bits(), a.mul_add(s, b * c).to_bits());
+        }
+
+        for &v in &x {
+            let want = v / (1.0 + crate::kernels::f16ops::expf_approx(-v));
+            assert_eq!(silu(v).to_bits(), want.to_bits());
+            assert!((silu(v) as f64 - v as f64 / (1.0 + (-v as f64).exp())).abs() < 1e-6 * (1.0 + v.abs() as f64));
+        }
+    }
 
     #[test]
     fn rms_norm_unit_rows() {

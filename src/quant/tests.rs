@@ -523,3 +523,66 @@ fn gemm_long_rows_and_many_rows() {
         }
     }
 }
+
+/// ggml's x86 dot of one Q4_1 / Q8_0 row (the reference engine's order), written out: per
+/// block, 8 lanes of 4-element integer sums, each lane advanced by a fused multiply-add with the
+/// block's `dw·dx`; the offset `m·s` summed with fused multiply-adds; then the 8 lanes reduced
+/// as `(l0+l4 + l2+l6) + (l1+l5 + l3+l7)` and the offsets added.
+fn ggml_order_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let h = |b: &[u8], o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
+    let (wb, xb) = match ty {
+        GgmlType::Q4_1 => (20, 36),
+        GgmlType::Q8_0 => (34, 34),
+        _ => unreachable!(),
+    };
+    let mut lanes = [0f32; 8];
+    let mut summ = 0f32;
+    for b in 0..n / 32 {
+        let (wk, xk) = (&w[b * wb..(b + 1) * wb], &x[b * xb..(b + 1) * xb]);
+        let (wq, xq): (Vec<i32>, &[u8]) = match ty {
+            GgmlType::Q4_1 => {
+                let q = (0..32).map(|i| if i < 16 { wk[4 + i] & 15 } else { wk[4 + i - 16] >> 4 } as i32);
+                summ = h(wk, 2).mul_add(h(xk, 2), summ);
+                (q.collect(), &xk[4..])
+            }
+            _ => (wk[2..].iter().map(|&v| v as i8 as i32).collect(), &xk[2..]),
+        };
+        let d = h(wk, 0) * h(xk, 0);
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let s: i32 = (4 * l..4 * l + 4).map(|i| wq[i] * xq[i] as i8 as i32).sum();
+            *lane = d.mul_add(s as f32, *lane);
+        }
+    }
+    let s4: Vec<f32> = (0..4).map(|i| lanes[i] + lanes[i + 4]).collect();
+    ((s4[0] + s4[2]) + (s4[1] + s4[3])) + summ
+}
+
+#[test]
+fn legacy_simd_dots_follow_ggml_accumulation_order() {
+    let n = 576;
+    let mut seed = 9u32;
+    let mut rnd = || {
+        seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+        (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+    };
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar && i.has_kernels()) {
+            let k = kernels_for(ty, isa).unwrap();
+            for _ in 0..20 {
+                let wf: Vec<f32> = (0..n).map(|_| rnd() * 3.0).collect();
+                let xf: Vec<f32> = (0..n).map(|_| rnd() * 5.0).collect();
+                let mut w = vec![0u8; ty.row_bytes(n).unwrap()];
+                quantize_row(ty, &wf, &mut w).unwrap();
+                let mut x = vec![0u8; k.act.row_bytes(n).unwrap()];
+                (k.quantize_act)(&xf, &mut x);
+                let want = ggml_order_dot(ty, n, &w, &x);
+                assert_eq!((k.vec_dot)(n, &w, &x).to_bits(), want.to_bits(), "{ty:?} {isa:?} vec_dot");
+                // The prefill tile keeps the same order for every activation row.
+                let mut out = [0f32; 3];
+                let x3 = [x.clone(), x.clone(), x.clone()].concat();
+                (k.gemm)(n, &w, w.len(), 1, &x3, x.len(), 3, &mut out, 1);
+                assert!(out.iter().all(|o| o.to_bits() == want.to_bits()), "{ty:?} {isa:?} gemm");
+            }
+        }
+    }
+}

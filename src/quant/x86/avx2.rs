@@ -348,10 +348,13 @@ impl<F: Blk32> T32<F> {
         sc: *const [f32; 2],
     ) -> [f32; NX] {
         let nb = n / 32;
-        // Two sets of accumulators (even / odd blocks) keep the FMA dependency chains short.
+        // The reference engine's order (ggml's x86 `ggml_vec_dot_q*_q8_*`): one accumulator
+        // advanced block by block with a fused multiply-add, the offset term `m·s` summed
+        // separately (also fused), then `hsum(acc) + summ`. Small models amplify a last-bit
+        // difference here into visibly different logits, so the order is kept exactly.
         // `ms` collects `m * s` of the unsigned formats in lane 1 (lane 0 is unused).
-        let mut acc = [[_mm256_setzero_ps(); NX]; 2];
-        let mut ms = [[_mm_setzero_ps(); NX]; 2];
+        let mut acc = [[_mm256_setzero_ps(); NX]; 1];
+        let mut ms = [[_mm_setzero_ps(); NX]; 1];
         // A macro rather than a closure: closures are not inlined reliably, and a kernel body
         // outside the `#[target_feature]` function would call every intrinsic out of line.
         macro_rules! step {
@@ -379,26 +382,19 @@ impl<F: Blk32> T32<F> {
                     };
                     acc[$u][j] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), p, acc[$u][j]);
                     if !F::SIGNED {
-                        ms[$u][j] = _mm_add_ps(ms[$u][j], prod);
+                        ms[$u][j] = _mm_fmadd_ps(wdm, xds, ms[$u][j]);
                     }
                 }
             }};
         }
-        let mut b = 0;
-        while b + 2 <= nb {
-            step!(b, 0);
-            step!(b + 1, 1);
-            b += 2;
-        }
-        if b < nb {
+        for b in 0..nb {
             step!(b, 0);
         }
         let mut out = [0f32; NX];
         for j in 0..NX {
-            out[j] = hsum_ps(_mm256_add_ps(acc[0][j], acc[1][j]));
+            out[j] = hsum_ps(acc[0][j]);
             if !F::SIGNED {
-                let m = _mm_add_ps(ms[0][j], ms[1][j]);
-                out[j] += _mm_cvtss_f32(_mm_movehdup_ps(m));
+                out[j] += _mm_cvtss_f32(_mm_movehdup_ps(ms[0][j]));
             }
         }
         out
