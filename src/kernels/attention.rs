@@ -65,8 +65,8 @@ const ITEM_TOKENS: usize = 16;
 pub struct AttnScratch {
     /// `[n_threads][group][head_dim_k]` queries rounded to f16 (vector path).
     q16: Vec<f32>,
-    /// `[n_threads][group][head_dim_v]` f16 accumulators (vector path).
-    acc16: Vec<f16>,
+    /// `[n_threads][group][head_dim_v]` f16 accumulators, held in f32 (vector path).
+    acc16: Vec<f32>,
     /// `[n_threads][head_dim_k][KV_TILE]` one key tile, transposed, in f32 (tiled path).
     kt: Vec<f32>,
     /// `[n_threads][ITEM_TOKENS · group][KV_TILE]` scores of a tile (tiled path).
@@ -88,7 +88,7 @@ impl AttnScratch {
         let l = Layout::new(n_heads, n_kv_heads, head_dim_k, head_dim_v, n_threads);
         AttnScratch {
             q16: vec![0.0; l.q16],
-            acc16: vec![f16::ZERO; l.acc16],
+            acc16: vec![0.0; l.acc16],
             kt: vec![0.0; l.kt],
             scores: vec![0.0; l.scores],
             ms: vec![0.0; l.ms],
@@ -102,8 +102,7 @@ impl AttnScratch {
 
     /// Bytes held (for the memory plan).
     pub fn bytes(&self) -> usize {
-        (self.q16.len() + self.kt.len() + self.scores.len() + self.ms.len() + self.partial.len()) * 4
-            + self.acc16.len() * 2
+        (self.q16.len() + self.acc16.len() + self.kt.len() + self.scores.len() + self.ms.len() + self.partial.len()) * 4
     }
 
     /// The bytes `new` would allocate, without allocating.
@@ -115,7 +114,7 @@ impl AttnScratch {
         n_threads: usize,
     ) -> usize {
         let l = Layout::new(n_heads, n_kv_heads, head_dim_k, head_dim_v, n_threads);
-        (l.q16 + l.kt + l.scores + l.ms + l.partial) * 4 + l.acc16 * 2
+        (l.q16 + l.acc16 + l.kt + l.scores + l.ms + l.partial) * 4
     }
 }
 
@@ -209,7 +208,13 @@ fn vector(
     let n_kv = (pos0 + n_tokens).next_multiple_of(KV_PAD).min(s.kv_stride.next_multiple_of(KV_PAD));
     let n_chunks = if n_tokens == 1 && n_kv >= SPLIT_MIN_KV { pool.n_threads() } else { 1 };
     let chunk_len = n_kv.div_ceil(n_chunks);
-    let n_items = n_tokens * s.n_kv_heads * n_chunks;
+    // Items: (token, kv head, chunk), each streaming its keys once for the heads of its group;
+    // when that leaves threads idle (decode), one item per head instead (rows are independent,
+    // so the bits do not change).
+    let base_items = n_tokens * s.n_kv_heads * n_chunks;
+    let heads_per_item = if base_items < 2 * pool.n_threads() { 1 } else { group };
+    let subs = group / heads_per_item;
+    let n_items = base_items * subs;
     let pstride = 2 + hdv;
 
     let outs = DisjointSlice::new(out);
@@ -222,72 +227,54 @@ fn vector(
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
         let (q16, acc, ms) = unsafe {
             (
-                q16s.part(tid * nq..(tid + 1) * nq),
-                accs.part(tid * na..(tid + 1) * na),
-                &mut mss.part(tid * nm..(tid + 1) * nm)[..2 * group],
+                &mut q16s.part(tid * nq..(tid + 1) * nq)[..heads_per_item * hdk],
+                &mut accs.part(tid * na..(tid + 1) * na)[..heads_per_item * hdv],
+                &mut mss.part(tid * nm..(tid + 1) * nm)[..2 * heads_per_item],
             )
         };
         let mut item = tid;
         while item < n_items {
-            let chunk = item % n_chunks;
-            let kvh = (item / n_chunks) % s.n_kv_heads;
-            let t = item / (n_chunks * s.n_kv_heads);
+            let sub = item % subs;
+            let chunk = (item / subs) % n_chunks;
+            let kvh = (item / (subs * n_chunks)) % s.n_kv_heads;
+            let t = item / (subs * n_chunks * s.n_kv_heads);
             let p = pos0 + t;
             let vis = visible(s, p);
             let lo = vis.start.max(chunk * chunk_len);
             let hi = vis.end.min(((chunk + 1) * chunk_len).min(n_kv));
-            let h0 = kvh * group;
-            let qrow = &q[(t * s.n_heads + h0) * hdk..][..group * hdk];
+            // Query heads h0..h0+heads_per_item, all of kv head `kvh`.
+            let h0 = kvh * group + sub * heads_per_item;
+            let qrow = &q[(t * s.n_heads + h0) * hdk..][..heads_per_item * hdk];
             for (d, &x) in q16.iter_mut().zip(qrow) {
                 *d = f16::from_f32(x).to_f32();
             }
-            acc.fill(f16::ZERO);
+            acc.fill(0.0);
             for m in ms.chunks_exact_mut(2) {
                 m[0] = f32::NEG_INFINITY;
                 m[1] = 0.0;
             }
-            let kbase = &keys[kvh * s.kv_stride * hdk..];
-            let vbase = &values[kvh * s.kv_stride * hdv..];
-            for pos in lo..hi {
-                let krow = &kbase[pos * hdk..(pos + 1) * hdk];
-                let vrow = &vbase[pos * hdv..(pos + 1) * hdv];
-                for j in 0..group {
-                    let score = (ops.dot)(&q16[j * hdk..(j + 1) * hdk], krow) * s.scale;
-                    let a = &mut acc[j * hdv..(j + 1) * hdv];
-                    let (m, sum) = (ms[2 * j], ms[2 * j + 1]);
-                    let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-                    if score > m {
-                        // New maximum: shrink what was accumulated; this key's weight is 1.
-                        rescale = (m - score).exp();
-                        ms[2 * j] = score;
-                        (ops.scale)(a, rescale);
-                    } else {
-                        weight = (score - m).exp();
-                    }
-                    (ops.mad)(a, vrow, weight);
-                    ms[2 * j + 1] = sum.mul_add(rescale, weight);
-                }
+            if lo < hi {
+                let kv = (&keys[(kvh * s.kv_stride + lo) * hdk..], &values[(kvh * s.kv_stride + lo) * hdv..]);
+                (ops.vec_keys)(q16, &kv.0[..(hi - lo) * hdk], &kv.1[..(hi - lo) * hdv], s.scale, ms, acc);
             }
             if n_chunks == 1 {
-                for j in 0..group {
-                    // SAFETY: item (t, kvh) owns the output rows of its heads.
-                    let o = unsafe { outs.part((t * s.n_heads + h0 + j) * hdv..(t * s.n_heads + h0 + j + 1) * hdv) };
-                    let sum = ms[2 * j + 1];
-                    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-                    for (o, a) in o.iter_mut().zip(&acc[j * hdv..(j + 1) * hdv]) {
-                        *o = a.to_f32() * inv;
+                let a = (t * s.n_heads + h0) * hdv;
+                // SAFETY: item (t, heads h0..) owns these output rows.
+                let o = unsafe { outs.part(a..a + heads_per_item * hdv) };
+                for ((o, a), st) in o.chunks_exact_mut(hdv).zip(acc.chunks_exact(hdv)).zip(ms.chunks_exact(2)) {
+                    let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
+                    for (o, a) in o.iter_mut().zip(a) {
+                        *o = a * inv;
                     }
                 }
             } else {
-                let base = (kvh * n_chunks + chunk) * group * pstride;
-                // SAFETY: item (kvh, chunk) owns its partial rows.
-                let part = unsafe { partial.part(base..base + group * pstride) };
-                for (j, r) in part.chunks_exact_mut(pstride).enumerate() {
-                    r[0] = ms[2 * j];
-                    r[1] = ms[2 * j + 1];
-                    for (o, a) in r[2..].iter_mut().zip(&acc[j * hdv..(j + 1) * hdv]) {
-                        *o = a.to_f32();
-                    }
+                let base = ((kvh * n_chunks + chunk) * group + sub * heads_per_item) * pstride;
+                // SAFETY: item (kvh, chunk, heads) owns its partial rows.
+                let part = unsafe { partial.part(base..base + heads_per_item * pstride) };
+                for ((r, a), st) in part.chunks_exact_mut(pstride).zip(acc.chunks_exact(hdv)).zip(ms.chunks_exact(2)) {
+                    r[0] = st[0];
+                    r[1] = st[1];
+                    r[2..].copy_from_slice(a);
                 }
             }
             item += nt;
@@ -624,7 +611,7 @@ mod tests {
                     let mut parts = Vec::new();
                     for ch in 0..n_chunks {
                         let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-                        let mut acc = vec![f16::ZERO; hdv];
+                        let mut acc = vec![0.0f32; hdv];
                         for pos in ch * cl..((ch + 1) * cl).min(n_kv) {
                             if !seen(pos) {
                                 continue;
@@ -641,7 +628,7 @@ mod tests {
                             (ops.mad)(&mut acc, val(pos), vs);
                             sum = sum.mul_add(ms, vs);
                         }
-                        parts.push((m, sum, acc.iter().map(|x| x.to_f32()).collect::<Vec<f32>>()));
+                        parts.push((m, sum, acc));
                     }
                     let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
                     let mut acc = vec![0.0f32; hdv];

@@ -22,10 +22,17 @@ pub const KV_TILE: usize = 64;
 
 /// `Σ q[i]·k[i]` in the reference's order; `q` holds f16 values (a query rounded to f16).
 pub type DotF16Fn = fn(q: &[f32], k: &[f16]) -> f32;
-/// `y[i] = f16(fma(x[i], v, y[i]))`.
-pub type MadF16Fn = fn(y: &mut [f16], x: &[f16], v: f32);
-/// `y[i] = f16(y[i] · v)`.
-pub type ScaleF16Fn = fn(y: &mut [f16], v: f32);
+/// `y[i] = f16(fma(x[i], v, y[i]))`: an f16 accumulator (values held in f32) takes `x·v`.
+pub type MadF16Fn = fn(y: &mut [f32], x: &[f16], v: f32);
+/// `y[i] = f16(y[i] · v)` on an f16 accumulator held in f32.
+pub type ScaleF16Fn = fn(y: &mut [f32], v: f32);
+/// The vector path's online softmax over a run of keys, for the `group` query heads sharing
+/// them: queries `q16` (`[group][hdk]`, f16 values), keys `[n][hdk]`, values `[n][hdv]`; the
+/// running state `m_s` (`[group][2]`: max, sum) and f16 accumulators `acc` (`[group][hdv]`,
+/// held in f32) are continued. Per key and head, in the reference's order:
+/// `s = dot(q16, k)·scale`; on a new maximum `acc = f16(acc·expf(M−s))`, `M = s`, weight 1,
+/// else weight `expf(s−M)`; `acc = f16(acc + v·weight)`; `S = fma(S, rescale, weight)`.
+pub type VecKeysFn = fn(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]);
 /// Scores of one query row against a tile of keys: `out[j] = fma-chain over d of q[d]·kt[d][j]`
 /// (`d` ascending, starting from 0); `kt` is the tile transposed, `[q.len()][KV_TILE]`.
 pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]);
@@ -42,6 +49,7 @@ pub struct F16Ops {
     pub dot: DotF16Fn,
     pub mad: MadF16Fn,
     pub scale: ScaleF16Fn,
+    pub vec_keys: VecKeysFn,
     pub kq_tile: KqTileFn,
     pub softmax_tile: SoftmaxTileFn,
     pub vkq_acc: VkqAccFn,
@@ -72,6 +80,7 @@ impl F16Ops {
             dot: dot_scalar,
             mad: mad_scalar,
             scale: scale_scalar,
+            vec_keys: vec_keys_scalar,
             kq_tile: kq_tile_scalar,
             softmax_tile: softmax_tile_scalar,
             vkq_acc: vkq_acc_scalar,
@@ -127,17 +136,60 @@ pub fn dot_scalar(q: &[f32], k: &[f16]) -> f32 {
     sumf as f32
 }
 
-pub fn mad_scalar(y: &mut [f16], x: &[f16], v: f32) {
+/// Round to the nearest f16 (ties to even), kept in f32.
+#[inline]
+fn round_f16(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+pub fn mad_scalar(y: &mut [f32], x: &[f16], v: f32) {
     assert_eq!(y.len(), x.len());
     for (a, &b) in y.iter_mut().zip(x) {
-        *a = f16::from_f32(b.to_f32().mul_add(v, a.to_f32()));
+        *a = round_f16(b.to_f32().mul_add(v, *a));
     }
 }
 
-pub fn scale_scalar(y: &mut [f16], v: f32) {
+pub fn scale_scalar(y: &mut [f32], v: f32) {
     for a in y.iter_mut() {
-        *a = f16::from_f32(a.to_f32() * v);
+        *a = round_f16(*a * v);
     }
+}
+
+/// [`VecKeysFn`] from a path's dot / scale / mad primitives.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn vec_keys_with(
+    dot: DotF16Fn,
+    mad: MadF16Fn,
+    scale_acc: ScaleF16Fn,
+    q16: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    scale: f32,
+    m_s: &mut [f32],
+    acc: &mut [f32],
+) {
+    let group = m_s.len() / 2;
+    let (hdk, hdv) = (q16.len() / group, acc.len() / group);
+    for (krow, vrow) in keys.chunks_exact(hdk).zip(values.chunks_exact(hdv)) {
+        for ((q, a), st) in q16.chunks_exact(hdk).zip(acc.chunks_exact_mut(hdv)).zip(m_s.chunks_exact_mut(2)) {
+            let s = dot(q, krow) * scale;
+            let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+            if s > st[0] {
+                rescale = (st[0] - s).exp();
+                st[0] = s;
+                scale_acc(a, rescale);
+            } else {
+                weight = (s - st[0]).exp();
+            }
+            mad(a, vrow, weight);
+            st[1] = st[1].mul_add(rescale, weight);
+        }
+    }
+}
+
+pub fn vec_keys_scalar(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
+    vec_keys_with(dot_scalar, mad_scalar, scale_scalar, q16, keys, values, scale, m_s, acc)
 }
 
 pub fn kq_tile_scalar(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
@@ -207,6 +259,7 @@ mod x86 {
         dot: dot_avx512,
         mad: mad_avx512,
         scale: scale_avx512,
+        vec_keys: vec_keys_avx512,
         kq_tile: kq_tile_avx512,
         softmax_tile: softmax_tile_avx512,
         vkq_acc: vkq_acc_avx512,
@@ -217,6 +270,7 @@ mod x86 {
         dot: dot_avx2,
         mad: mad_avx2,
         scale: scale_avx2,
+        vec_keys: vec_keys_avx2,
         kq_tile: kq_tile_avx2,
         softmax_tile: super::softmax_tile_scalar,
         vkq_acc: vkq_acc_avx2,
@@ -232,6 +286,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f")]
+    #[inline]
     unsafe fn dot_avx512_impl(q: &[f32], k: &[f16]) -> f32 {
         let n = q.len();
         let np = n & !(BLOCK - 1);
@@ -275,52 +330,93 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)))
     }
 
-    pub fn mad_avx512(y: &mut [f16], x: &[f16], v: f32) {
+    pub fn mad_avx512(y: &mut [f32], x: &[f16], v: f32) {
         assert_eq!(y.len(), x.len());
         // SAFETY: selected only when avx512f was detected at run time.
         unsafe { mad_avx512_impl(y, x, v) }
     }
 
+    /// Round 16 lanes to f16 and back (ties to even).
     #[target_feature(enable = "avx512f")]
-    unsafe fn mad_avx512_impl(y: &mut [f16], x: &[f16], v: f32) {
+    #[inline]
+    fn round16(x: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn mad_avx512_impl(y: &mut [f32], x: &[f16], v: f32) {
         let n = y.len();
         let vv = _mm512_set1_ps(v);
         let mut i = 0;
-        let (yp, xp) = (y.as_mut_ptr() as *mut u16, x.as_ptr() as *const u16);
+        let (yp, xp) = (y.as_mut_ptr(), x.as_ptr() as *const u16);
         // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
         unsafe {
             while i + 16 <= n {
                 let xv = _mm512_cvtph_ps(_mm256_loadu_si256(xp.add(i) as *const __m256i));
-                let yv = _mm512_cvtph_ps(_mm256_loadu_si256(yp.add(i) as *const __m256i));
-                let r = _mm512_fmadd_ps(xv, vv, yv);
-                _mm256_storeu_si256(yp.add(i) as *mut __m256i, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+                let r = _mm512_fmadd_ps(xv, vv, _mm512_loadu_ps(yp.add(i)));
+                _mm512_storeu_ps(yp.add(i), round16(r));
                 i += 16;
             }
         }
         super::mad_scalar(&mut y[i..], &x[i..], v);
     }
 
-    pub fn scale_avx512(y: &mut [f16], v: f32) {
+    pub fn scale_avx512(y: &mut [f32], v: f32) {
         // SAFETY: selected only when avx512f was detected at run time.
         unsafe { scale_avx512_impl(y, v) }
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn scale_avx512_impl(y: &mut [f16], v: f32) {
+    #[inline]
+    unsafe fn scale_avx512_impl(y: &mut [f32], v: f32) {
         let n = y.len();
         let vv = _mm512_set1_ps(v);
         let mut i = 0;
-        let yp = y.as_mut_ptr() as *mut u16;
+        let yp = y.as_mut_ptr();
         // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
         unsafe {
             while i + 16 <= n {
-                let yv = _mm512_cvtph_ps(_mm256_loadu_si256(yp.add(i) as *const __m256i));
-                let r = _mm512_mul_ps(yv, vv);
-                _mm256_storeu_si256(yp.add(i) as *mut __m256i, _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+                _mm512_storeu_ps(yp.add(i), round16(_mm512_mul_ps(_mm512_loadu_ps(yp.add(i)), vv)));
                 i += 16;
             }
         }
         super::scale_scalar(&mut y[i..], v);
+    }
+
+    pub fn vec_keys_avx512(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
+        // SAFETY: selected only when avx512f was detected at run time.
+        unsafe { vec_keys_avx512_impl(q16, keys, values, scale, m_s, acc) }
+    }
+
+    /// [`super::VecKeysFn`] with the primitives inlined into one loop.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn vec_keys_avx512_impl(
+        q16: &[f32],
+        keys: &[f16],
+        values: &[f16],
+        scale: f32,
+        m_s: &mut [f32],
+        acc: &mut [f32],
+    ) {
+        let group = m_s.len() / 2;
+        let (hdk, hdv) = (q16.len() / group, acc.len() / group);
+        for (krow, vrow) in keys.chunks_exact(hdk).zip(values.chunks_exact(hdv)) {
+            for ((q, a), st) in q16.chunks_exact(hdk).zip(acc.chunks_exact_mut(hdv)).zip(m_s.chunks_exact_mut(2)) {
+                // SAFETY: (all three) the rows have the lengths the kernels expect.
+                let s = unsafe { dot_avx512_impl(q, krow) } * scale;
+                let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+                if s > st[0] {
+                    rescale = (st[0] - s).exp();
+                    st[0] = s;
+                    unsafe { scale_avx512_impl(a, rescale) };
+                } else {
+                    weight = (s - st[0]).exp();
+                }
+                unsafe { mad_avx512_impl(a, vrow, weight) };
+                st[1] = st[1].mul_add(rescale, weight);
+            }
+        }
     }
 
     pub fn kq_tile_avx512(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
@@ -488,52 +584,60 @@ mod x86 {
         sumf as f32
     }
 
-    pub fn mad_avx2(y: &mut [f16], x: &[f16], v: f32) {
+    pub fn mad_avx2(y: &mut [f32], x: &[f16], v: f32) {
         assert_eq!(y.len(), x.len());
         // SAFETY: selected only when avx2, fma and f16c were detected at run time.
         unsafe { mad_avx2_impl(y, x, v) }
     }
 
+    /// Round 8 lanes to f16 and back (ties to even).
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn mad_avx2_impl(y: &mut [f16], x: &[f16], v: f32) {
+    #[inline]
+    fn round8(x: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mad_avx2_impl(y: &mut [f32], x: &[f16], v: f32) {
         let n = y.len();
         let vv = _mm256_set1_ps(v);
         let mut i = 0;
-        let (yp, xp) = (y.as_mut_ptr() as *mut u16, x.as_ptr() as *const u16);
+        let (yp, xp) = (y.as_mut_ptr(), x.as_ptr() as *const u16);
         // SAFETY: loads and stores of 8 elements at `i` with `i + 8 <= n`.
         unsafe {
             while i + 8 <= n {
                 let xv = _mm256_cvtph_ps(_mm_loadu_si128(xp.add(i) as *const __m128i));
-                let yv = _mm256_cvtph_ps(_mm_loadu_si128(yp.add(i) as *const __m128i));
-                let r = _mm256_fmadd_ps(xv, vv, yv);
-                _mm_storeu_si128(yp.add(i) as *mut __m128i, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+                let r = _mm256_fmadd_ps(xv, vv, _mm256_loadu_ps(yp.add(i)));
+                _mm256_storeu_ps(yp.add(i), round8(r));
                 i += 8;
             }
         }
         super::mad_scalar(&mut y[i..], &x[i..], v);
     }
 
-    pub fn scale_avx2(y: &mut [f16], v: f32) {
+    pub fn scale_avx2(y: &mut [f32], v: f32) {
         // SAFETY: selected only when avx2, fma and f16c were detected at run time.
         unsafe { scale_avx2_impl(y, v) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scale_avx2_impl(y: &mut [f16], v: f32) {
+    unsafe fn scale_avx2_impl(y: &mut [f32], v: f32) {
         let n = y.len();
         let vv = _mm256_set1_ps(v);
         let mut i = 0;
-        let yp = y.as_mut_ptr() as *mut u16;
+        let yp = y.as_mut_ptr();
         // SAFETY: loads and stores of 8 elements at `i` with `i + 8 <= n`.
         unsafe {
             while i + 8 <= n {
-                let yv = _mm256_cvtph_ps(_mm_loadu_si128(yp.add(i) as *const __m128i));
-                let r = _mm256_mul_ps(yv, vv);
-                _mm_storeu_si128(yp.add(i) as *mut __m128i, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+                _mm256_storeu_ps(yp.add(i), round8(_mm256_mul_ps(_mm256_loadu_ps(yp.add(i)), vv)));
                 i += 8;
             }
         }
         super::scale_scalar(&mut y[i..], v);
+    }
+
+    pub fn vec_keys_avx2(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
+        super::vec_keys_with(dot_avx2, mad_avx2, scale_avx2, q16, keys, values, scale, m_s, acc)
     }
 
     pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
@@ -642,7 +746,7 @@ mod tests {
         for n in [0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 256, 300] {
             let q: Vec<f32> = rng.f16s(n).iter().map(|x| x.to_f32()).collect();
             let k = rng.f16s(n);
-            let y0 = rng.f16s(n);
+            let y0: Vec<f32> = rng.f16s(n).iter().map(|x| x.to_f32()).collect();
             let w = rng.next();
             let want_dot = (scalar.dot)(&q, &k);
             let mut want_mad = y0.clone();
@@ -696,6 +800,46 @@ mod tests {
         }
     }
 
+    /// The fused vector-path loop gives the scalar loop's bits on every path (head dims with
+    /// and without leftovers, new maxima early and late).
+    #[test]
+    fn vec_keys_paths_agree() {
+        let mut rng = Rng(5);
+        for (group, hdk, hdv) in [(1, 64, 64), (3, 64, 64), (4, 256, 256), (2, 80, 48), (2, 32, 8)] {
+            let n = 37;
+            let q16: Vec<f32> = rng.f16s(group * hdk).iter().map(|x| x.to_f32()).collect();
+            let keys: Vec<f16> = (0..n * hdk).map(|_| f16::from_f32(rng.next() * 2.0)).collect();
+            let values = rng.f16s(n * hdv);
+            let mut m_s0 = vec![0.0f32; 2 * group];
+            for st in m_s0.chunks_exact_mut(2) {
+                st[0] = f32::NEG_INFINITY;
+            }
+            let mut want_ms = m_s0.clone();
+            let mut want_acc = vec![0.0f32; group * hdv];
+            // Two runs continue the state as two chunks of keys would.
+            for (a, b) in [(0, 20), (20, n)] {
+                vec_keys_scalar(
+                    &q16,
+                    &keys[a * hdk..b * hdk],
+                    &values[a * hdv..b * hdv],
+                    0.3,
+                    &mut want_ms,
+                    &mut want_acc,
+                );
+            }
+            for ops in all_paths() {
+                let mut m_s = m_s0.clone();
+                let mut acc = vec![0.0f32; group * hdv];
+                for (a, b) in [(0, 20), (20, n)] {
+                    (ops.vec_keys)(&q16, &keys[a * hdk..b * hdk], &values[a * hdv..b * hdv], 0.3, &mut m_s, &mut acc);
+                }
+                assert_eq!(m_s, want_ms, "{} group {group} hdk {hdk}", ops.name);
+                assert_eq!(acc, want_acc, "{} group {group} hdk {hdk}", ops.name);
+                assert!(acc.iter().all(|&v| f16::from_f32(v).to_f32() == v), "accumulator holds f16 values");
+            }
+        }
+    }
+
     /// The approximate exp is close to the true one, exact at 0, and 0 far below.
     #[test]
     fn expf_approx_is_accurate() {
@@ -715,13 +859,15 @@ mod tests {
     #[test]
     fn f16_accumulate_rounds_to_f16() {
         for ops in all_paths() {
-            let mut y = vec![f16::from_f32(1.0); 20];
+            let mut y = vec![1.0f32; 20];
             let x = vec![f16::from_f32(1.0); 20];
             // 1 + 2^-12 is not an f16: rounds back to 1 (ties to even).
             (ops.mad)(&mut y, &x, 1.0 / 4096.0);
-            assert!(y.iter().all(|v| v.to_f32() == 1.0), "{}", ops.name);
+            assert!(y.iter().all(|&v| v == 1.0), "{}", ops.name);
             (ops.mad)(&mut y, &x, 3.0 / 2048.0);
-            assert!(y.iter().all(|v| v.to_f32() == 1.0 + 2.0 / 1024.0), "{}", ops.name);
+            assert!(y.iter().all(|&v| v == 1.0 + 2.0 / 1024.0), "{}", ops.name);
+            (ops.scale)(&mut y, 1.0 / 3.0);
+            assert!(y.iter().all(|&v| v == f16::from_f32((1.0 + 2.0 / 1024.0) / 3.0).to_f32()), "{}", ops.name);
             let q = vec![0.5f32; 70];
             let k = vec![f16::from_f32(2.0); 70];
             assert_eq!((ops.dot)(&q, &k), 70.0, "{}", ops.name);
