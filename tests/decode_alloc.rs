@@ -45,9 +45,14 @@ fn decode_allocations(stem: &str, threads: usize) -> usize {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
     let vocab = model.config.vocab_size;
     let mut s = Session::new(model, SessionOptions::new(256, threads)).expect("session");
-    let cfg = SamplerConfig { seed: 42, repeat_penalty: 1.1, ..SamplerConfig::default() };
+    let cfg = SamplerConfig {
+        seed: 42,
+        repeat_penalty: 1.1,
+        ..SamplerConfig::default()
+    };
     let mut sampler = Sampler::new(cfg, vocab);
-    s.prefill(&[1, 2, 3, 4, 5, 6, 7, 8], &mut |_, _| {}).expect("prefill");
+    s.prefill(&[1, 2, 3, 4, 5, 6, 7, 8], &mut |_, _| {})
+        .expect("prefill");
     // Warm-up: lazily initialized state (thread wake-ups, CPU detection) settles here.
     for _ in 0..4 {
         let t = sampler.sample(s.logits(), s.tokens());
@@ -65,9 +70,18 @@ fn decode_allocations(stem: &str, threads: usize) -> usize {
 
 #[test]
 fn decode_allocates_nothing() {
-    for stem in ["random-llama-q4_0", "random-llama-q4_k", "random-qwen3-f32", "random-gpt2-q8_0"] {
+    for stem in [
+        "random-llama-q4_0",
+        "random-llama-q4_k",
+        "random-qwen3-f32",
+        "random-gpt2-q8_0",
+    ] {
         for threads in [1, 2] {
-            assert_eq!(decode_allocations(stem, threads), 0, "{stem} with {threads} threads allocated while decoding");
+            assert_eq!(
+                decode_allocations(stem, threads),
+                0,
+                "{stem} with {threads} threads allocated while decoding"
+            );
         }
     }
 }

@@ -35,7 +35,8 @@ fn rollback_then_regenerate_is_identical() {
     s.rollback(prompt.len() - 1);
     assert_eq!(s.n_past(), prompt.len() - 1);
     // Re-evaluate the last prompt token, then generate again.
-    s.prefill(&prompt[prompt.len() - 1..], &mut |_, _| {}).unwrap();
+    s.prefill(&prompt[prompt.len() - 1..], &mut |_, _| {})
+        .unwrap();
     let (t2, l2) = greedy(&mut s, 12);
     assert_eq!(t1, t2);
     assert_eq!(l1, l2, "logits after rollback differ");
@@ -59,12 +60,19 @@ fn chunked_prefill_equals_single_pass() {
     };
     // Tiled path: one pass of 128 against two chunks of 64 — the same bits.
     let (a, b) = (run(128), run(64));
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "chunks of 64 differ from one pass");
+    assert!(
+        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "chunks of 64 differ from one pass"
+    );
     // Vector path: chunks of 7 against one token at a time. The f16 accumulator of this path
     // turns a last-bit difference upstream (matmul tiling differs between batch sizes) into
     // up to one f16 step (2^-11 relative) of an attention output, so logits agree to ~1e-3.
     let (a, b) = (run(1), run(7));
-    let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    let max = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
     assert!(max < 1e-2, "chunked prefill differs by {max}");
     assert_eq!(argmax(&a), argmax(&b));
 }
@@ -75,13 +83,23 @@ fn prompt_longer_than_context_is_refused() {
     let mut s = Session::new(m, SessionOptions::new(16, 1)).unwrap();
     let prompt = vec![5u32; 17];
     let err = s.prefill(&prompt, &mut |_, _| {}).unwrap_err();
-    assert_eq!(err, EngineError::PromptTooLong { prompt: 17, ctx: 16, used: 0 });
+    assert_eq!(
+        err,
+        EngineError::PromptTooLong {
+            prompt: 17,
+            ctx: 16,
+            used: 0
+        }
+    );
     let msg = err.to_string();
     assert!(msg.contains("17") && msg.contains("16"), "{msg}");
     assert_eq!(s.n_past(), 0, "a refused prompt leaves the cache untouched");
     // Fill to the brim, then decoding one more is refused.
     s.prefill(&prompt[..16], &mut |_, _| {}).unwrap();
-    assert_eq!(s.decode(1).unwrap_err(), EngineError::ContextFull { ctx: 16 });
+    assert_eq!(
+        s.decode(1).unwrap_err(),
+        EngineError::ContextFull { ctx: 16 }
+    );
 }
 
 #[test]

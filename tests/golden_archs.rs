@@ -12,7 +12,13 @@ use kiln::model::{Model, ModelError};
 fn check_random(stem: &str) {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
     let mut agg = Agreement::default();
-    compare(&model, &common::golden_dir().join(stem).join("logits.jsonl"), 2, true, &mut agg);
+    compare(
+        &model,
+        &common::golden_dir().join(stem).join("logits.jsonl"),
+        2,
+        true,
+        &mut agg,
+    );
     agg.assert_meets_bar(stem, 4);
 }
 
@@ -79,16 +85,27 @@ fn rewrite(stem: &str, edit: impl FnOnce(&mut GgufWriter)) -> Vec<u8> {
 
 #[test]
 fn unknown_architecture_is_named() {
-    let bytes = rewrite("random-llama-q4_0", |w| { w.set("general.architecture", "mamba9".to_string()); });
-    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse")).err().expect("must fail");
+    let bytes = rewrite("random-llama-q4_0", |w| {
+        w.set("general.architecture", "mamba9".to_string());
+    });
+    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+        .err()
+        .expect("must fail");
     let msg = err.to_string();
     assert!(matches!(err, ModelError::UnknownArch { .. }), "{msg}");
-    assert!(msg.contains("mamba9") && msg.contains("llama") && msg.contains("gemma3"), "{msg}");
+    assert!(
+        msg.contains("mamba9") && msg.contains("llama") && msg.contains("gemma3"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn missing_tensor_is_named() {
-    let bytes = rewrite("random-llama-q4_0", |w| { w.remove_tensor("blk.2.ffn_down.weight"); });
-    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse")).err().expect("must fail");
+    let bytes = rewrite("random-llama-q4_0", |w| {
+        w.remove_tensor("blk.2.ffn_down.weight");
+    });
+    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+        .err()
+        .expect("must fail");
     assert!(err.to_string().contains("blk.2.ffn_down.weight"), "{err}");
 }

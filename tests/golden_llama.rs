@@ -8,8 +8,10 @@ use std::sync::Arc;
 use common::golden::{compare, Agreement};
 use kiln::model::Model;
 
-const FORMATS: &[&str] =
-    &["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"];
+const FORMATS: &[&str] = &[
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
+    "q6_k",
+];
 
 #[test]
 fn random_llama_every_format_matches_reference() {
@@ -17,7 +19,13 @@ fn random_llama_every_format_matches_reference() {
         let stem = format!("random-llama-{f}");
         let model = Arc::new(Model::load(common::random_model(&stem)).expect("load"));
         let mut agg = Agreement::default();
-        compare(&model, &common::golden_dir().join(&stem).join("logits.jsonl"), 2, true, &mut agg);
+        compare(
+            &model,
+            &common::golden_dir().join(&stem).join("logits.jsonl"),
+            2,
+            true,
+            &mut agg,
+        );
         agg.assert_meets_bar(&stem, 4);
     }
 }

@@ -10,7 +10,12 @@ use kiln::tokenizer::Tokenizer;
 
 fn check(name: &str, golden_dir: &str) {
     let golden: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(common::golden_dir().join(golden_dir).join("perplexity.json")).unwrap(),
+        &std::fs::read_to_string(
+            common::golden_dir()
+                .join(golden_dir)
+                .join("perplexity.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
     let want = golden["final_ppl"].as_f64().unwrap();
@@ -26,9 +31,19 @@ fn check(name: &str, golden_dir: &str) {
     let bos = if tok.adds_bos() { tok.bos() } else { None };
     let report = perplexity(&mut s, &tokens, n_ctx, Some(chunks), bos, &mut |_, _| {}).unwrap();
     let rel = (report.final_ppl - want).abs() / want;
-    eprintln!("{name}: PPL {:.4} vs reference {want:.4} ({:+.3}%), running {:?}", report.final_ppl, 100.0 * (report.final_ppl - want) / want, report.running_ppl);
+    eprintln!(
+        "{name}: PPL {:.4} vs reference {want:.4} ({:+.3}%), running {:?}",
+        report.final_ppl,
+        100.0 * (report.final_ppl - want) / want,
+        report.running_ppl
+    );
     assert_eq!(report.chunks, chunks);
-    assert!(rel < 0.005, "{name}: perplexity {:.4} is {:.3}% from {want}", report.final_ppl, rel * 100.0);
+    assert!(
+        rel < 0.005,
+        "{name}: perplexity {:.4} is {:.3}% from {want}",
+        report.final_ppl,
+        rel * 100.0
+    );
 }
 
 #[test]

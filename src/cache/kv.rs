@@ -40,13 +40,17 @@ impl KvLayout {
 
     /// Bytes of the whole cache: `n_layers · n_kv_heads · max_len · (head_dim_k + head_dim_v) · 2`.
     pub fn bytes(&self) -> usize {
-        self.n_layers * (self.k_elems_per_layer() + self.v_elems_per_layer()) * std::mem::size_of::<f16>()
+        self.n_layers
+            * (self.k_elems_per_layer() + self.v_elems_per_layer())
+            * std::mem::size_of::<f16>()
     }
 }
 
 /// Error when a sequence would not fit.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("the KV cache holds {capacity} positions: {current} used + {requested} new would overflow it")]
+#[error(
+    "the KV cache holds {capacity} positions: {current} used + {requested} new would overflow it"
+)]
 pub struct KvOverflow {
     pub capacity: usize,
     pub current: usize,
@@ -75,9 +79,18 @@ impl KvCache {
     /// Allocate the whole cache. Zeroed allocations are lazily backed by the OS, so resident
     /// memory grows as positions are written; the plan counts the full size.
     pub fn new(layout: KvLayout) -> KvCache {
-        let k = (0..layout.n_layers).map(|_| zeroed_f16(layout.k_elems_per_layer())).collect();
-        let v = (0..layout.n_layers).map(|_| zeroed_f16(layout.v_elems_per_layer())).collect();
-        KvCache { layout, k, v, len: 0 }
+        let k = (0..layout.n_layers)
+            .map(|_| zeroed_f16(layout.k_elems_per_layer()))
+            .collect();
+        let v = (0..layout.n_layers)
+            .map(|_| zeroed_f16(layout.v_elems_per_layer()))
+            .collect();
+        KvCache {
+            layout,
+            k,
+            v,
+            len: 0,
+        }
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -100,13 +113,19 @@ impl KvCache {
 
     /// Would `additional` more positions exceed the capacity?
     pub fn would_overflow(&self, additional: usize) -> bool {
-        self.len.checked_add(additional).is_none_or(|n| n > self.layout.max_len)
+        self.len
+            .checked_add(additional)
+            .is_none_or(|n| n > self.layout.max_len)
     }
 
     /// Check that `additional` positions fit.
     pub fn check_fits(&self, additional: usize) -> Result<(), KvOverflow> {
         if self.would_overflow(additional) {
-            Err(KvOverflow { capacity: self.layout.max_len, current: self.len, requested: additional })
+            Err(KvOverflow {
+                capacity: self.layout.max_len,
+                current: self.len,
+                requested: additional,
+            })
         } else {
             Ok(())
         }
@@ -133,7 +152,11 @@ impl KvCache {
     /// `k_row` is `[n_kv_heads * head_dim_k]`, `v_row` is `[n_kv_heads * head_dim_v]`.
     pub fn write(&mut self, layer: usize, pos: usize, k_row: &[f32], v_row: &[f32]) {
         let l = &self.layout;
-        assert!(pos < l.max_len, "KV write at {pos} past capacity {}", l.max_len);
+        assert!(
+            pos < l.max_len,
+            "KV write at {pos} past capacity {}",
+            l.max_len
+        );
         let (hk, hv) = (l.head_dim_k, l.head_dim_v);
         for h in 0..l.n_kv_heads {
             let dst = &mut self.k[layer][(h * l.max_len + pos) * hk..][..hk];
@@ -168,7 +191,13 @@ mod tests {
     use super::*;
 
     fn layout() -> KvLayout {
-        KvLayout { n_layers: 2, n_kv_heads: 2, head_dim_k: 4, head_dim_v: 4, max_len: 8 }
+        KvLayout {
+            n_layers: 2,
+            n_kv_heads: 2,
+            head_dim_k: 4,
+            head_dim_v: 4,
+            max_len: 8,
+        }
     }
 
     #[test]
@@ -179,7 +208,14 @@ mod tests {
         assert!(c.would_overflow(9));
         c.advance(5).unwrap();
         assert_eq!(c.len(), 5);
-        assert_eq!(c.advance(4), Err(KvOverflow { capacity: 8, current: 5, requested: 4 }));
+        assert_eq!(
+            c.advance(4),
+            Err(KvOverflow {
+                capacity: 8,
+                current: 5,
+                requested: 4
+            })
+        );
         assert_eq!(c.len(), 5, "a refused advance changes nothing");
         c.rollback(3);
         assert_eq!(c.len(), 3);
@@ -198,8 +234,14 @@ mod tests {
         c.write(1, 3, &k, &v);
         let keys = c.keys(1);
         // head 0, pos 3 at 3*4; head 1, pos 3 at (8+3)*4
-        assert_eq!(keys[12..16].iter().map(|x| x.to_f32()).collect::<Vec<_>>(), vec![0.0, 1.0, 2.0, 3.0]);
-        assert_eq!(keys[44..48].iter().map(|x| x.to_f32()).collect::<Vec<_>>(), vec![4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(
+            keys[12..16].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+            vec![0.0, 1.0, 2.0, 3.0]
+        );
+        assert_eq!(
+            keys[44..48].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+            vec![4.0, 5.0, 6.0, 7.0]
+        );
         assert_eq!(c.values(1)[44].to_f32(), -4.0);
         assert!(c.keys(0).iter().all(|x| x.to_f32() == 0.0));
         assert_eq!(c.bytes(), 2 * 2 * 8 * 8 * 2);

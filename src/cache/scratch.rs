@@ -87,7 +87,13 @@ impl Scratch {
             xq: vec![0u8; t * spec.act_row_bytes],
             logits: vec![0.0; spec.logit_rows.max(1) * c.vocab_size],
             rope_cs: vec![0.0; t * c.rope_dims.max(2)],
-            attn_scratch: AttnScratch::new(c.n_heads, c.n_kv_heads, c.head_dim_k, c.head_dim_v, spec.n_threads),
+            attn_scratch: AttnScratch::new(
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim_k,
+                c.head_dim_v,
+                spec.n_threads,
+            ),
             matmul: MatmulScratch::new(t, spec.n_threads),
         }
     }
@@ -100,7 +106,13 @@ impl Scratch {
             + t * c.rope_dims.max(2);
         floats * 4
             + t * spec.act_row_bytes
-            + AttnScratch::bytes_for(c.n_heads, c.n_kv_heads, c.head_dim_k, c.head_dim_v, spec.n_threads)
+            + AttnScratch::bytes_for(
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim_k,
+                c.head_dim_v,
+                spec.n_threads,
+            )
             + MatmulScratch::bytes_for(t, spec.n_threads)
     }
 

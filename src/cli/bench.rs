@@ -69,7 +69,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random tokens, as llama-bench uses random ids.
     let tokens = |n: usize, salt: u32| -> Vec<u32> {
-        (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(salt)) % vocab).collect()
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(salt)) % vocab)
+            .collect()
     };
     let depth_tokens = tokens(args.depth, 7);
     let fill_depth = |s: &mut Session| -> Result<()> {
@@ -86,8 +88,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         None => kiln::kernels::membw::measure_read_gbs(&s.rt.pool),
     };
     let mut rows = Vec::new();
-    let file_size = std::fs::metadata(&loaded.path).map(|m| m.len()).unwrap_or(0);
-    let n_params: u64 = model.file.tensors().iter().map(|t| t.n_elements as u64).sum();
+    let file_size = std::fs::metadata(&loaded.path)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let n_params: u64 = model
+        .file
+        .tensors()
+        .iter()
+        .map(|t| t.n_elements as u64)
+        .sum();
     let model_type = format!("{} {}", model.config.arch_name, model.config.name);
     let mut push = |test: &str, n_prompt: usize, n_gen: usize, samples: Vec<f64>| {
         let (avg, sd) = mean_sd(&samples);
@@ -152,9 +161,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!(
-        "| model | size | params | threads | test | t/s | load | peak RSS | roofline |"
-    );
+    println!("| model | size | params | threads | test | t/s | load | peak RSS | roofline |");
     println!("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
     for r in &rows {
         println!(
@@ -191,7 +198,11 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
         return (0.0, 0.0);
     }
     let m = x.iter().sum::<f64>() / x.len() as f64;
-    let v = if x.len() > 1 { x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (x.len() - 1) as f64 } else { 0.0 };
+    let v = if x.len() > 1 {
+        x.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (x.len() - 1) as f64
+    } else {
+        0.0
+    };
     (m, v.sqrt())
 }
 

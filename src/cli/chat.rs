@@ -42,7 +42,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
     if let Some(s) = &args.system {
         messages.push(ChatMessage::new("system", s.as_str()));
     }
-    eprintln!("kiln chat — {} (ctx {}). Type /exit to quit, /reset to start over.", loaded.path.display(), session.n_ctx());
+    eprintln!(
+        "kiln chat — {} (ctx {}). Type /exit to quit, /reset to start over.",
+        loaded.path.display(),
+        session.n_ctx()
+    );
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -84,7 +88,14 @@ pub fn run(args: ChatArgs) -> Result<()> {
             reuse_prefix: true,
             cancel: Some(cancel),
         };
-        let stats = match generate(&mut session, &mut sampler, tok, &req, &mut |_, _| {}, &mut on_token) {
+        let stats = match generate(
+            &mut session,
+            &mut sampler,
+            tok,
+            &req,
+            &mut |_, _| {},
+            &mut on_token,
+        ) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("\nerror: {e}");

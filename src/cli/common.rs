@@ -33,7 +33,9 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn threads(&self) -> usize {
-        self.threads.unwrap_or_else(kiln::kernels::pool::default_threads).max(1)
+        self.threads
+            .unwrap_or_else(kiln::kernels::pool::default_threads)
+            .max(1)
     }
 }
 
@@ -104,10 +106,15 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let t0 = Instant::now();
     let spinner = spinner(&format!("loading {}", path.display()));
     let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    let tokenizer =
-        Tokenizer::from_gguf(&model.file).with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&model.file)
+        .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     spinner.finish_and_clear();
-    Ok(Loaded { path, model: Arc::new(model), tokenizer, load_ms: t0.elapsed().as_secs_f64() * 1e3 })
+    Ok(Loaded {
+        path,
+        model: Arc::new(model),
+        tokenizer,
+        load_ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
 }
 
 /// A session sized from the flags.
@@ -122,7 +129,9 @@ pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
 /// A spinner on stderr (hidden when stderr is not a terminal).
 pub fn spinner(msg: &str) -> ProgressBar {
     let pb = ProgressBar::new_spinner();
-    pb.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"));
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"),
+    );
     pb.set_message(msg.to_string());
     pb.enable_steady_tick(std::time::Duration::from_millis(100));
     pb
@@ -133,7 +142,8 @@ pub fn prefill_bar(total: usize, threshold: usize) -> Option<ProgressBar> {
     (total > threshold).then(|| {
         let pb = ProgressBar::new(total as u64);
         pb.set_style(
-            ProgressStyle::with_template("prefill {bar:30} {pos}/{len} tokens ({per_sec})").expect("valid template"),
+            ProgressStyle::with_template("prefill {bar:30} {pos}/{len} tokens ({per_sec})")
+                .expect("valid template"),
         );
         pb
     })
@@ -148,7 +158,8 @@ pub fn read_prompt(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<St
         return std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()));
     }
     let mut s = String::new();
-    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading the prompt from stdin")?;
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+        .context("reading the prompt from stdin")?;
     Ok(s)
 }
 

@@ -25,7 +25,8 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
     let loaded = common::load(&args.model)?;
     let tok = &loaded.tokenizer;
     let tokens = tok.encode(&text, true, false);
@@ -43,12 +44,22 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             eprint!("[{}]{:.4},", i + 1, ppl);
         }
     };
-    let report = perplexity(&mut session, &tokens, n_ctx, args.chunks, bos, &mut on_chunk)?;
+    let report = perplexity(
+        &mut session,
+        &tokens,
+        n_ctx,
+        args.chunks,
+        bos,
+        &mut on_chunk,
+    )?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         eprintln!();
-        println!("Final estimate: PPL = {:.4} +/- {:.5}", report.final_ppl, report.stderr);
+        println!(
+            "Final estimate: PPL = {:.4} +/- {:.5}",
+            report.final_ppl, report.stderr
+        );
         eprintln!(
             "{} tokens scored in {:.2} s ({:.1} tokens/s evaluated)",
             report.tokens_scored,

@@ -35,7 +35,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
     let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let tok = Tokenizer::from_gguf(&file)?;
-    let threads = args.threads.unwrap_or_else(kiln::kernels::pool::default_threads);
+    let threads = args
+        .threads
+        .unwrap_or_else(kiln::kernels::pool::default_threads);
     let mut opts = SessionOptions::new(args.ctx, threads);
     opts.prefill_chunk = args.prefill_chunk;
     let p = plan(&file, &opts, tok.heap_bytes() as u64, runtime)?;
@@ -49,7 +51,13 @@ pub fn run(args: PlanArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
-    println!("memory plan for {} (ctx {}, prefill chunk {}, {} threads)", path.display(), args.ctx, args.prefill_chunk, threads);
+    println!(
+        "memory plan for {} (ctx {}, prefill chunk {}, {} threads)",
+        path.display(),
+        args.ctx,
+        args.prefill_chunk,
+        threads
+    );
     for c in &p.components {
         println!("  {:<24} {:>10.2} MiB  {}", c.name, mib(c.bytes), c.formula);
     }
@@ -70,5 +78,9 @@ fn mib(b: u64) -> f64 {
 fn available_memory() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
 }

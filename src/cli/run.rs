@@ -22,7 +22,12 @@ pub struct RunArgs {
     #[arg(short = 'f', long = "file", conflicts_with = "prompt")]
     pub file: Option<PathBuf>,
     /// Tokens to generate (-1 = until end of generation or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true)]
+    #[arg(
+        short = 'n',
+        long = "n-predict",
+        default_value_t = 256,
+        allow_negative_numbers = true
+    )]
     pub n_predict: i64,
     /// Apply the model's chat template to the prompt (as a user message).
     #[arg(long)]
@@ -79,7 +84,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
-        let ok = out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_ok();
+        let ok = out
+            .write_all(piece.as_bytes())
+            .and_then(|_| out.flush())
+            .is_ok();
         ok // stop if stdout closed (e.g. piped into `head`)
     };
     let req = GenerateRequest {
@@ -88,7 +96,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         reuse_prefix: false,
         cancel: Some(cancel),
     };
-    let stats = generate(&mut session, &mut sampler, tok, &req, &mut progress, &mut on_token)?;
+    let stats = generate(
+        &mut session,
+        &mut sampler,
+        tok,
+        &req,
+        &mut progress,
+        &mut on_token,
+    )?;
     drop(on_token);
     let _ = writeln!(out);
     eprintln!();

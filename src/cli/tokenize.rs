@@ -47,7 +47,10 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
         println!("[{}]", list.join(", "));
     } else {
         for id in &ids {
-            println!("{id:6} -> '{}'", String::from_utf8_lossy(tok.token_bytes(*id)));
+            println!(
+                "{id:6} -> '{}'",
+                String::from_utf8_lossy(tok.token_bytes(*id))
+            );
         }
     }
     Ok(())

@@ -8,7 +8,6 @@ use super::session::{EngineError, Session};
 use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
-
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -72,7 +71,10 @@ pub fn generate(
     progress: &mut dyn FnMut(usize, usize),
     on_token: &mut dyn FnMut(u32, &str) -> bool,
 ) -> Result<GenStats, EngineError> {
-    let mut stats = GenStats { prompt_tokens: req.prompt.len(), ..GenStats::default() };
+    let mut stats = GenStats {
+        prompt_tokens: req.prompt.len(),
+        ..GenStats::default()
+    };
     let t0 = Instant::now();
     if req.reuse_prefix {
         stats.reused_tokens = session.prefill_reuse(req.prompt, progress)?;

@@ -31,7 +31,11 @@ pub fn perplexity(
     let available = tokens.len() / n_ctx.max(1);
     let chunks = max_chunks.map_or(available, |m| m.min(available));
     if chunks == 0 || n_ctx < 2 {
-        return Err(EngineError::PromptTooLong { prompt: tokens.len(), ctx: 2 * n_ctx, used: 0 });
+        return Err(EngineError::PromptTooLong {
+            prompt: tokens.len(),
+            ctx: 2 * n_ctx,
+            used: 0,
+        });
     }
     let first = n_ctx / 2;
     let mut nll = 0.0f64;

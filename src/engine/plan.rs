@@ -39,8 +39,18 @@ pub fn plan(
     runtime_bytes: u64,
 ) -> Result<MemoryPlan, ModelError> {
     let (c, _) = read_config(file)?;
-    let mapped: u64 = file.tensors().iter().filter(|t| t.shape.len() >= 2).map(|t| t.n_bytes as u64).sum();
-    let owned: u64 = file.tensors().iter().filter(|t| t.shape.len() < 2).map(|t| t.n_elements as u64 * 4).sum();
+    let mapped: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.shape.len() >= 2)
+        .map(|t| t.n_bytes as u64)
+        .sum();
+    let owned: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.shape.len() < 2)
+        .map(|t| t.n_elements as u64 * 4)
+        .sum();
     let kv = kv_layout(&c, opts.n_ctx.max(1));
     let spec = scratch_spec_for(file, opts);
     let scratch = Scratch::bytes_for(&c, spec) as u64;
@@ -96,5 +106,8 @@ pub fn plan(
         },
     ];
     let total_bytes = components.iter().map(|c| c.bytes).sum();
-    Ok(MemoryPlan { components, total_bytes })
+    Ok(MemoryPlan {
+        components,
+        total_bytes,
+    })
 }

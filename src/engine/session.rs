@@ -21,7 +21,12 @@ pub struct SessionOptions {
 
 impl SessionOptions {
     pub fn new(n_ctx: usize, n_threads: usize) -> Self {
-        SessionOptions { n_ctx, n_threads, prefill_chunk: 512, logit_rows: 1 }
+        SessionOptions {
+            n_ctx,
+            n_threads,
+            prefill_chunk: 512,
+            logit_rows: 1,
+        }
     }
 }
 
@@ -31,7 +36,11 @@ pub enum EngineError {
     #[error(transparent)]
     Forward(#[from] ForwardError),
     #[error("the prompt has {prompt} tokens but the context holds {ctx} ({used} already in use); raise -c or shorten the prompt")]
-    PromptTooLong { prompt: usize, ctx: usize, used: usize },
+    PromptTooLong {
+        prompt: usize,
+        ctx: usize,
+        used: usize,
+    },
     #[error("the context of {ctx} tokens is full")]
     ContextFull { ctx: usize },
     #[error("context size {ctx} exceeds what this model supports ({max})")]
@@ -56,7 +65,10 @@ impl Session {
         let c = &model.config;
         let n_ctx = opts.n_ctx.max(1);
         if model.weights.pos_embd.is_some() && n_ctx > c.ctx_train {
-            return Err(EngineError::ContextTooLarge { ctx: n_ctx, max: c.ctx_train });
+            return Err(EngineError::ContextTooLarge {
+                ctx: n_ctx,
+                max: c.ctx_train,
+            });
         }
         let layout = kv_layout(c, n_ctx);
         let spec = scratch_spec(&model, &opts);
@@ -111,20 +123,32 @@ impl Session {
 
     /// Length of the common prefix of the cached tokens and `tokens`.
     pub fn common_prefix(&self, tokens: &[u32]) -> usize {
-        self.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count()
+        self.tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
     }
 
     /// Refuse a prompt of `n` more tokens that would not fit.
     pub fn check_fits(&self, n: usize) -> Result<(), EngineError> {
         if self.kv.would_overflow(n) {
-            return Err(EngineError::PromptTooLong { prompt: n, ctx: self.opts.n_ctx, used: self.n_past() });
+            return Err(EngineError::PromptTooLong {
+                prompt: n,
+                ctx: self.opts.n_ctx,
+                used: self.n_past(),
+            });
         }
         Ok(())
     }
 
     /// Evaluate `tokens` after what is cached, in chunks of `prefill_chunk`, and leave the
     /// last token's logits in [`Session::logits`]. `progress(done, total)` is called per chunk.
-    pub fn prefill(&mut self, tokens: &[u32], progress: &mut dyn FnMut(usize, usize)) -> Result<&[f32], EngineError> {
+    pub fn prefill(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<&[f32], EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -134,7 +158,14 @@ impl Session {
         for part in tokens.chunks(chunk) {
             let last = done + part.len() == tokens.len();
             let want = if last { Logits::Last } else { Logits::None };
-            forward(&self.model, &self.rt, &mut self.kv, &mut self.scratch, part, want)?;
+            forward(
+                &self.model,
+                &self.rt,
+                &mut self.kv,
+                &mut self.scratch,
+                part,
+                want,
+            )?;
             self.tokens.extend_from_slice(part);
             done += part.len();
             progress(done, tokens.len());
@@ -145,14 +176,22 @@ impl Session {
     /// Evaluate `tokens` reusing the longest cached prefix (chat turns, repeated system
     /// prompts): rolls back to the shared part and prefills only the rest. Returns the number
     /// of tokens that were reused.
-    pub fn prefill_reuse(&mut self, tokens: &[u32], progress: &mut dyn FnMut(usize, usize)) -> Result<usize, EngineError> {
+    pub fn prefill_reuse(
+        &mut self,
+        tokens: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<usize, EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
         // Keep at least one token to evaluate so that fresh logits exist.
         let reuse = self.common_prefix(tokens).min(tokens.len() - 1);
         if tokens.len() > self.opts.n_ctx {
-            return Err(EngineError::PromptTooLong { prompt: tokens.len(), ctx: self.opts.n_ctx, used: 0 });
+            return Err(EngineError::PromptTooLong {
+                prompt: tokens.len(),
+                ctx: self.opts.n_ctx,
+                used: 0,
+            });
         }
         self.rollback(reuse);
         self.prefill(&tokens[reuse..], progress)?;
@@ -162,9 +201,18 @@ impl Session {
     /// Evaluate one generated token; returns its logits.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
         if self.kv.would_overflow(1) {
-            return Err(EngineError::ContextFull { ctx: self.opts.n_ctx });
+            return Err(EngineError::ContextFull {
+                ctx: self.opts.n_ctx,
+            });
         }
-        forward(&self.model, &self.rt, &mut self.kv, &mut self.scratch, &[token], Logits::Last)?;
+        forward(
+            &self.model,
+            &self.rt,
+            &mut self.kv,
+            &mut self.scratch,
+            &[token],
+            Logits::Last,
+        )?;
         self.tokens.push(token);
         Ok(self.logits())
     }
@@ -186,8 +234,19 @@ impl Session {
         for part in tokens.chunks(chunk) {
             let lo = first.saturating_sub(base).min(part.len());
             let mut shifted = |row: usize, l: &[f32]| sink(base + row, l);
-            let want = if lo < part.len() { Logits::Rows(lo..part.len(), &mut shifted) } else { Logits::None };
-            forward(&self.model, &self.rt, &mut self.kv, &mut self.scratch, part, want)?;
+            let want = if lo < part.len() {
+                Logits::Rows(lo..part.len(), &mut shifted)
+            } else {
+                Logits::None
+            };
+            forward(
+                &self.model,
+                &self.rt,
+                &mut self.kv,
+                &mut self.scratch,
+                part,
+                want,
+            )?;
             self.tokens.extend_from_slice(part);
             base += part.len();
         }

@@ -84,7 +84,13 @@ pub struct AttnScratch {
 
 impl AttnScratch {
     /// Buffers for `n_threads` threads (any batch size).
-    pub fn new(n_heads: usize, n_kv_heads: usize, head_dim_k: usize, head_dim_v: usize, n_threads: usize) -> Self {
+    pub fn new(
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim_k: usize,
+        head_dim_v: usize,
+        n_threads: usize,
+    ) -> Self {
         let l = Layout::new(n_heads, n_kv_heads, head_dim_k, head_dim_v, n_threads);
         AttnScratch {
             q16: vec![0.0; l.q16],
@@ -102,7 +108,13 @@ impl AttnScratch {
 
     /// Bytes held (for the memory plan).
     pub fn bytes(&self) -> usize {
-        (self.q16.len() + self.acc16.len() + self.kt.len() + self.scores.len() + self.ms.len() + self.partial.len()) * 4
+        (self.q16.len()
+            + self.acc16.len()
+            + self.kt.len()
+            + self.scores.len()
+            + self.ms.len()
+            + self.partial.len())
+            * 4
     }
 
     /// The bytes `new` would allocate, without allocating.
@@ -167,9 +179,15 @@ pub fn attention(
 ) {
     let s = *shape;
     let group = s.n_heads / s.n_kv_heads;
-    assert_eq!(group, scratch.group, "attention scratch built for another head layout");
+    assert_eq!(
+        group, scratch.group,
+        "attention scratch built for another head layout"
+    );
     assert!(scratch.n_threads >= pool.n_threads());
-    assert_eq!((scratch.head_dim_k, scratch.head_dim_v), (s.head_dim_k, s.head_dim_v));
+    assert_eq!(
+        (scratch.head_dim_k, scratch.head_dim_v),
+        (s.head_dim_k, s.head_dim_v)
+    );
     assert!(q.len() >= n_tokens * s.n_heads * s.head_dim_k);
     assert!(out.len() >= n_tokens * s.n_heads * s.head_dim_v);
     assert!(pos0 + n_tokens <= s.kv_stride);
@@ -205,20 +223,31 @@ fn vector(
 ) {
     let (group, hdk, hdv) = (scratch.group, s.head_dim_k, s.head_dim_v);
     // The reference's visible cache length: padded, capped by the (padded) cache size.
-    let n_kv = (pos0 + n_tokens).next_multiple_of(KV_PAD).min(s.kv_stride.next_multiple_of(KV_PAD));
-    let n_chunks = if n_tokens == 1 && n_kv >= SPLIT_MIN_KV { pool.n_threads() } else { 1 };
+    let n_kv = (pos0 + n_tokens)
+        .next_multiple_of(KV_PAD)
+        .min(s.kv_stride.next_multiple_of(KV_PAD));
+    let n_chunks = if n_tokens == 1 && n_kv >= SPLIT_MIN_KV {
+        pool.n_threads()
+    } else {
+        1
+    };
     let chunk_len = n_kv.div_ceil(n_chunks);
     // Items: (token, kv head, chunk), each streaming its keys once for the heads of its group;
     // when that leaves threads idle (decode), one item per head instead (rows are independent,
     // so the bits do not change).
     let base_items = n_tokens * s.n_kv_heads * n_chunks;
-    let heads_per_item = if base_items < 2 * pool.n_threads() { 1 } else { group };
+    let heads_per_item = if base_items < 2 * pool.n_threads() {
+        1
+    } else {
+        group
+    };
     let subs = group / heads_per_item;
     let n_items = base_items * subs;
     let pstride = 2 + hdv;
 
     let outs = DisjointSlice::new(out);
-    let partial = DisjointSlice::new(&mut scratch.partial[..s.n_kv_heads * n_chunks * group * pstride]);
+    let partial =
+        DisjointSlice::new(&mut scratch.partial[..s.n_kv_heads * n_chunks * group * pstride]);
     let q16s = DisjointSlice::new(&mut scratch.q16);
     let accs = DisjointSlice::new(&mut scratch.acc16);
     let mss = DisjointSlice::new(&mut scratch.ms);
@@ -254,14 +283,28 @@ fn vector(
                 m[1] = 0.0;
             }
             if lo < hi {
-                let kv = (&keys[(kvh * s.kv_stride + lo) * hdk..], &values[(kvh * s.kv_stride + lo) * hdv..]);
-                (ops.vec_keys)(q16, &kv.0[..(hi - lo) * hdk], &kv.1[..(hi - lo) * hdv], s.scale, ms, acc);
+                let kv = (
+                    &keys[(kvh * s.kv_stride + lo) * hdk..],
+                    &values[(kvh * s.kv_stride + lo) * hdv..],
+                );
+                (ops.vec_keys)(
+                    q16,
+                    &kv.0[..(hi - lo) * hdk],
+                    &kv.1[..(hi - lo) * hdv],
+                    s.scale,
+                    ms,
+                    acc,
+                );
             }
             if n_chunks == 1 {
                 let a = (t * s.n_heads + h0) * hdv;
                 // SAFETY: item (t, heads h0..) owns these output rows.
                 let o = unsafe { outs.part(a..a + heads_per_item * hdv) };
-                for ((o, a), st) in o.chunks_exact_mut(hdv).zip(acc.chunks_exact(hdv)).zip(ms.chunks_exact(2)) {
+                for ((o, a), st) in o
+                    .chunks_exact_mut(hdv)
+                    .zip(acc.chunks_exact(hdv))
+                    .zip(ms.chunks_exact(2))
+                {
                     let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
                     for (o, a) in o.iter_mut().zip(a) {
                         *o = a * inv;
@@ -271,7 +314,11 @@ fn vector(
                 let base = ((kvh * n_chunks + chunk) * group + sub * heads_per_item) * pstride;
                 // SAFETY: item (kvh, chunk, heads) owns its partial rows.
                 let part = unsafe { partial.part(base..base + heads_per_item * pstride) };
-                for ((r, a), st) in part.chunks_exact_mut(pstride).zip(acc.chunks_exact(hdv)).zip(ms.chunks_exact(2)) {
+                for ((r, a), st) in part
+                    .chunks_exact_mut(pstride)
+                    .zip(acc.chunks_exact(hdv))
+                    .zip(ms.chunks_exact(2))
+                {
                     r[0] = st[0];
                     r[1] = st[1];
                     r[2..].copy_from_slice(a);
@@ -340,7 +387,11 @@ fn tiled(
         let (nk, ns, nm) = (hdk * KV_TILE, rows_max * KV_TILE, rows_max * 2);
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
         let (kt, scores, ms) = unsafe {
-            (kts.part(tid * nk..(tid + 1) * nk), scs.part(tid * ns..(tid + 1) * ns), mss.part(tid * nm..(tid + 1) * nm))
+            (
+                kts.part(tid * nk..(tid + 1) * nk),
+                scs.part(tid * ns..(tid + 1) * ns),
+                mss.part(tid * nm..(tid + 1) * nm),
+            )
         };
         // Items round-robin: later token blocks see more keys, so interleaving balances.
         let mut item = tid;
@@ -382,15 +433,23 @@ fn tiled(
                     }
                     for j in 0..group {
                         let r = (t - t0) * group + j;
-                        let sc: &mut [f32; KV_TILE] =
-                            (&mut scores[r * KV_TILE..(r + 1) * KV_TILE]).try_into().expect("tile row");
+                        let sc: &mut [f32; KV_TILE] = (&mut scores[r * KV_TILE..(r + 1) * KV_TILE])
+                            .try_into()
+                            .expect("tile row");
                         let qh = &q[(t * s.n_heads + h0 + j) * hdk..][..hdk];
                         (ops.kq_tile)(qh, kt, sc);
                         for (jk, x) in sc.iter_mut().enumerate() {
                             let pos = c0 + jk;
-                            *x = if pos >= lo && pos < hi { *x * s.scale } else { f32::NEG_INFINITY };
+                            *x = if pos >= lo && pos < hi {
+                                *x * s.scale
+                            } else {
+                                f32::NEG_INFINITY
+                            };
                         }
-                        let tile_max = sc.iter().copied().fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
+                        let tile_max =
+                            sc.iter()
+                                .copied()
+                                .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
                         let acc = &mut o_rows[t - t0][j * hdv..(j + 1) * hdv];
                         let (m_old, mut sum) = (ms[2 * r], ms[2 * r + 1]);
                         let m_new = m_old.max(tile_max);
@@ -411,7 +470,9 @@ fn tiled(
                     let r = (t - t0) * group + j;
                     let sum = ms[2 * r + 1];
                     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-                    o_rows[t - t0][j * hdv..(j + 1) * hdv].iter_mut().for_each(|a| *a *= inv);
+                    o_rows[t - t0][j * hdv..(j + 1) * hdv]
+                        .iter_mut()
+                        .for_each(|a| *a *= inv);
                 }
             }
             item += nt;
@@ -429,7 +490,10 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> f32 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         }
     }
@@ -446,7 +510,15 @@ mod tests {
 
     /// Keys `3·u`, values `u`, queries `2·u` (u uniform in [-1, 1)), positions past the
     /// filled ones zero; `kv_stride` is the filled length rounded up to 256.
-    fn make_case(dk: usize, h: usize, hkv: usize, n_tokens: usize, pos0: usize, window: usize, seed: u64) -> Case {
+    fn make_case(
+        dk: usize,
+        h: usize,
+        hkv: usize,
+        n_tokens: usize,
+        pos0: usize,
+        window: usize,
+        seed: u64,
+    ) -> Case {
         let len = pos0 + n_tokens;
         let kv_stride = len.next_multiple_of(256);
         let mut rng = Lcg(seed);
@@ -476,15 +548,34 @@ mod tests {
             window: (window > 0).then_some(window),
             kv_stride,
         };
-        Case { shape, n_tokens, pos0, q, keys, values }
+        Case {
+            shape,
+            n_tokens,
+            pos0,
+            q,
+            keys,
+            values,
+        }
     }
 
     fn run(c: &Case, ops: &F16Ops, threads: usize) -> Vec<f32> {
         let s = &c.shape;
         let pool = ThreadPool::new(threads);
-        let mut scratch = AttnScratch::new(s.n_heads, s.n_kv_heads, s.head_dim_k, s.head_dim_v, threads);
+        let mut scratch =
+            AttnScratch::new(s.n_heads, s.n_kv_heads, s.head_dim_k, s.head_dim_v, threads);
         let mut out = vec![f32::NAN; c.n_tokens * s.n_heads * s.head_dim_v];
-        attention(&pool, ops, s, &c.q, c.n_tokens, c.pos0, &c.keys, &c.values, &mut out, &mut scratch);
+        attention(
+            &pool,
+            ops,
+            s,
+            &c.q,
+            c.n_tokens,
+            c.pos0,
+            &c.keys,
+            &c.values,
+            &mut out,
+            &mut scratch,
+        );
         out
     }
 
@@ -505,17 +596,17 @@ mod tests {
         // (head_dim, heads, kv heads, tokens, pos0, window, threads, hash)
         type Fixture = (usize, usize, usize, usize, usize, usize, usize, u64);
         let cases: &[Fixture] = &[
-            (64, 4, 2, 5, 100, 0, 2, 0x2a003c4d4ce80d7a),    // short prompt: vector path
-            (64, 4, 2, 1, 100, 0, 2, 0x4486885bb45acdd9),    // decode, unsplit
-            (64, 4, 2, 1, 600, 0, 2, 0x2bd5da7deafc608f),    // decode split in 2
-            (64, 4, 2, 1, 600, 0, 3, 0x4fbf857400edad5e),    // decode split in 3
-            (64, 4, 2, 1, 600, 100, 2, 0x38b68c6e57450c18),  // split decode, sliding window
-            (64, 4, 2, 70, 10, 0, 2, 0x25d161fbb50990a4),    // tiled path
-            (64, 9, 3, 64, 0, 0, 2, 0x68f99a2b2bf7b496),     // tiled, SmolLM2's head layout
-            (64, 4, 2, 130, 300, 0, 2, 0x9c91cd903be54452),  // tiled after a cached prefix
+            (64, 4, 2, 5, 100, 0, 2, 0x2a003c4d4ce80d7a), // short prompt: vector path
+            (64, 4, 2, 1, 100, 0, 2, 0x4486885bb45acdd9), // decode, unsplit
+            (64, 4, 2, 1, 600, 0, 2, 0x2bd5da7deafc608f), // decode split in 2
+            (64, 4, 2, 1, 600, 0, 3, 0x4fbf857400edad5e), // decode split in 3
+            (64, 4, 2, 1, 600, 100, 2, 0x38b68c6e57450c18), // split decode, sliding window
+            (64, 4, 2, 70, 10, 0, 2, 0x25d161fbb50990a4), // tiled path
+            (64, 9, 3, 64, 0, 0, 2, 0x68f99a2b2bf7b496),  // tiled, SmolLM2's head layout
+            (64, 4, 2, 130, 300, 0, 2, 0x9c91cd903be54452), // tiled after a cached prefix
             (64, 4, 2, 130, 300, 50, 2, 0x2fa60a82b6313608), // tiled, sliding window
-            (64, 4, 2, 7, 300, 50, 2, 0x6a8a80836cf2fb1d),   // vector, sliding window
-            (32, 4, 2, 5, 100, 0, 2, 0x211a0e6dc0993ef0),    // head_dim < 64: dot leftovers only
+            (64, 4, 2, 7, 300, 50, 2, 0x6a8a80836cf2fb1d), // vector, sliding window
+            (32, 4, 2, 5, 100, 0, 2, 0x211a0e6dc0993ef0), // head_dim < 64: dot leftovers only
             (32, 4, 2, 70, 100, 0, 2, 0xa1820569019f510c),
             (80, 2, 1, 3, 100, 0, 2, 0x6af9c560835a0e49), // head_dim 64 + 16
             (80, 2, 1, 66, 100, 0, 2, 0x33a42dc197da3f54),
@@ -548,7 +639,9 @@ mod tests {
         let (hdk, hdv, group) = (s.head_dim_k, s.head_dim_v, s.n_heads / s.n_kv_heads);
         let mut out = vec![0.0f32; c.n_tokens * s.n_heads * hdv];
         let len = c.pos0 + c.n_tokens;
-        let n_kv = len.next_multiple_of(256).min(s.kv_stride.next_multiple_of(256));
+        let n_kv = len
+            .next_multiple_of(256)
+            .min(s.kv_stride.next_multiple_of(256));
         for t in 0..c.n_tokens {
             let p = c.pos0 + t;
             let first = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
@@ -567,7 +660,11 @@ mod tests {
                         for (j, x) in sc.iter_mut().enumerate() {
                             if seen(c0 + j) {
                                 let k = key(c0 + j);
-                                *x = qh.iter().zip(k).fold(0.0f32, |a, (&q, &k)| k.to_f32().mul_add(q, a)) * s.scale;
+                                *x = qh
+                                    .iter()
+                                    .zip(k)
+                                    .fold(0.0f32, |a, (&q, &k)| k.to_f32().mul_add(q, a))
+                                    * s.scale;
                             }
                         }
                         let tmax = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -604,7 +701,11 @@ mod tests {
                         *o = a * inv;
                     }
                 } else {
-                    let n_chunks = if c.n_tokens == 1 && n_kv >= SPLIT_MIN_KV { n_threads } else { 1 };
+                    let n_chunks = if c.n_tokens == 1 && n_kv >= SPLIT_MIN_KV {
+                        n_threads
+                    } else {
+                        1
+                    };
                     let cl = n_kv.div_ceil(n_chunks);
                     let q16: Vec<f32> = qh.iter().map(|&x| f16::from_f32(x).to_f32()).collect();
                     // (M, S, accumulator) of each chunk
@@ -668,7 +769,11 @@ mod tests {
                 let sc: Vec<f64> = (first..=p)
                     .map(|pos| {
                         let k = &c.keys[(kvh * s.kv_stride + pos) * s.head_dim_k..][..s.head_dim_k];
-                        qh.iter().zip(k).map(|(&a, &b)| a as f64 * b.to_f64()).sum::<f64>() * s.scale as f64
+                        qh.iter()
+                            .zip(k)
+                            .map(|(&a, &b)| a as f64 * b.to_f64())
+                            .sum::<f64>()
+                            * s.scale as f64
                     })
                     .collect();
                 let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -697,7 +802,16 @@ mod tests {
         let mut seed = 11;
         for (dk, h, hkv) in [(16, 4, 2), (64, 9, 3), (48, 2, 2), (256, 4, 1)] {
             for window in [0, 5, 200] {
-                for (n, pos0) in [(1, 0), (1, 1), (1, 280), (1, 530), (7, 0), (16, 100), (64, 3), (100, 450)] {
+                for (n, pos0) in [
+                    (1, 0),
+                    (1, 1),
+                    (1, 280),
+                    (1, 530),
+                    (7, 0),
+                    (16, 100),
+                    (64, 3),
+                    (100, 450),
+                ] {
                     seed += 1;
                     let c = make_case(dk, h, hkv, n, pos0, window, seed);
                     let want_exact = exact(&c);
@@ -705,7 +819,10 @@ mod tests {
                         let want = reference_rows(&c, threads);
                         for ops in &paths {
                             let got = run(&c, ops, threads);
-                            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
                             assert!(
                                 same,
                                 "{} dk {dk} h {h}/{hkv} win {window} n {n} pos0 {pos0} thr {threads}",

@@ -32,7 +32,8 @@ pub type ScaleF16Fn = fn(y: &mut [f32], v: f32);
 /// held in f32) are continued. Per key and head, in the reference's order:
 /// `s = dot(q16, k)·scale`; on a new maximum `acc = f16(acc·expf(M−s))`, `M = s`, weight 1,
 /// else weight `expf(s−M)`; `acc = f16(acc + v·weight)`; `S = fma(S, rescale, weight)`.
-pub type VecKeysFn = fn(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]);
+pub type VecKeysFn =
+    fn(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]);
 /// Scores of one query row against a tile of keys: `out[j] = fma-chain over d of q[d]·kt[d][j]`
 /// (`d` ascending, starting from 0); `kt` is the tile transposed, `[q.len()][KV_TILE]`.
 pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]);
@@ -172,7 +173,11 @@ fn vec_keys_with(
     let group = m_s.len() / 2;
     let (hdk, hdv) = (q16.len() / group, acc.len() / group);
     for (krow, vrow) in keys.chunks_exact(hdk).zip(values.chunks_exact(hdv)) {
-        for ((q, a), st) in q16.chunks_exact(hdk).zip(acc.chunks_exact_mut(hdv)).zip(m_s.chunks_exact_mut(2)) {
+        for ((q, a), st) in q16
+            .chunks_exact(hdk)
+            .zip(acc.chunks_exact_mut(hdv))
+            .zip(m_s.chunks_exact_mut(2))
+        {
             let s = dot(q, krow) * scale;
             let (mut rescale, mut weight) = (1.0f32, 1.0f32);
             if s > st[0] {
@@ -188,8 +193,25 @@ fn vec_keys_with(
     }
 }
 
-pub fn vec_keys_scalar(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
-    vec_keys_with(dot_scalar, mad_scalar, scale_scalar, q16, keys, values, scale, m_s, acc)
+pub fn vec_keys_scalar(
+    q16: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    scale: f32,
+    m_s: &mut [f32],
+    acc: &mut [f32],
+) {
+    vec_keys_with(
+        dot_scalar,
+        mad_scalar,
+        scale_scalar,
+        q16,
+        keys,
+        values,
+        scale,
+        m_s,
+        acc,
+    )
 }
 
 pub fn kq_tile_scalar(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
@@ -209,7 +231,10 @@ pub fn expf_approx(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e)
     let n = z - r;
-    let b = (-n).mul_add(f32::from_bits(0x35bf_be8e), (-n).mul_add(f32::from_bits(0x3f31_7200), x));
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
+    );
     let u = b * b;
     let p_hi = f32::from_bits(0x3c07_2010).mul_add(b, f32::from_bits(0x3d2b_9f17));
     let p_lo = f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb));
@@ -377,14 +402,24 @@ mod x86 {
         // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
         unsafe {
             while i + 16 <= n {
-                _mm512_storeu_ps(yp.add(i), round16(_mm512_mul_ps(_mm512_loadu_ps(yp.add(i)), vv)));
+                _mm512_storeu_ps(
+                    yp.add(i),
+                    round16(_mm512_mul_ps(_mm512_loadu_ps(yp.add(i)), vv)),
+                );
                 i += 16;
             }
         }
         super::scale_scalar(&mut y[i..], v);
     }
 
-    pub fn vec_keys_avx512(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
+    pub fn vec_keys_avx512(
+        q16: &[f32],
+        keys: &[f16],
+        values: &[f16],
+        scale: f32,
+        m_s: &mut [f32],
+        acc: &mut [f32],
+    ) {
         // SAFETY: selected only when avx512f was detected at run time.
         unsafe { vec_keys_avx512_impl(q16, keys, values, scale, m_s, acc) }
     }
@@ -402,7 +437,11 @@ mod x86 {
         let group = m_s.len() / 2;
         let (hdk, hdv) = (q16.len() / group, acc.len() / group);
         for (krow, vrow) in keys.chunks_exact(hdk).zip(values.chunks_exact(hdv)) {
-            for ((q, a), st) in q16.chunks_exact(hdk).zip(acc.chunks_exact_mut(hdv)).zip(m_s.chunks_exact_mut(2)) {
+            for ((q, a), st) in q16
+                .chunks_exact(hdk)
+                .zip(acc.chunks_exact_mut(hdv))
+                .zip(m_s.chunks_exact_mut(2))
+            {
                 // SAFETY: (all three) the rows have the lengths the kernels expect.
                 let s = unsafe { dot_avx512_impl(q, krow) } * scale;
                 let (mut rescale, mut weight) = (1.0f32, 1.0f32);
@@ -517,7 +556,9 @@ mod x86 {
                 for (j, &pj) in p.iter().enumerate() {
                     let pv = _mm512_set1_ps(pj);
                     for (r, ar) in a.iter_mut().enumerate() {
-                        let x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j * dv + d0 + 16 * r) as *const __m256i));
+                        let x = _mm512_cvtph_ps(_mm256_loadu_si256(
+                            vp.add(j * dv + d0 + 16 * r) as *const __m256i
+                        ));
                         *ar = _mm512_fmadd_ps(x, pv, *ar);
                     }
                 }
@@ -533,7 +574,8 @@ mod x86 {
                 let ap = acc.as_mut_ptr().add(d0);
                 let mut a = _mm512_loadu_ps(ap);
                 for (j, &pj) in p.iter().enumerate() {
-                    let x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j * dv + d0) as *const __m256i));
+                    let x =
+                        _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j * dv + d0) as *const __m256i));
                     a = _mm512_fmadd_ps(x, _mm512_set1_ps(pj), a);
                 }
                 _mm512_storeu_ps(ap, a);
@@ -629,15 +671,27 @@ mod x86 {
         // SAFETY: loads and stores of 8 elements at `i` with `i + 8 <= n`.
         unsafe {
             while i + 8 <= n {
-                _mm256_storeu_ps(yp.add(i), round8(_mm256_mul_ps(_mm256_loadu_ps(yp.add(i)), vv)));
+                _mm256_storeu_ps(
+                    yp.add(i),
+                    round8(_mm256_mul_ps(_mm256_loadu_ps(yp.add(i)), vv)),
+                );
                 i += 8;
             }
         }
         super::scale_scalar(&mut y[i..], v);
     }
 
-    pub fn vec_keys_avx2(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
-        super::vec_keys_with(dot_avx2, mad_avx2, scale_avx2, q16, keys, values, scale, m_s, acc)
+    pub fn vec_keys_avx2(
+        q16: &[f32],
+        keys: &[f16],
+        values: &[f16],
+        scale: f32,
+        m_s: &mut [f32],
+        acc: &mut [f32],
+    ) {
+        super::vec_keys_with(
+            dot_avx2, mad_avx2, scale_avx2, q16, keys, values, scale, m_s, acc,
+        )
     }
 
     pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
@@ -688,7 +742,9 @@ mod x86 {
                 for (j, &pj) in p.iter().enumerate() {
                     let pv = _mm256_set1_ps(pj);
                     for (r, ar) in a.iter_mut().enumerate() {
-                        let x = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(j * dv + d0 + 8 * r) as *const __m128i));
+                        let x = _mm256_cvtph_ps(_mm_loadu_si128(
+                            vp.add(j * dv + d0 + 8 * r) as *const __m128i
+                        ));
                         *ar = _mm256_fmadd_ps(x, pv, *ar);
                     }
                 }
@@ -743,7 +799,9 @@ mod tests {
     fn simd_paths_are_bit_identical_to_scalar() {
         let mut rng = Rng(1);
         let scalar = F16Ops::scalar();
-        for n in [0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 256, 300] {
+        for n in [
+            0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 256, 300,
+        ] {
             let q: Vec<f32> = rng.f16s(n).iter().map(|x| x.to_f32()).collect();
             let k = rng.f16s(n);
             let y0: Vec<f32> = rng.f16s(n).iter().map(|x| x.to_f32()).collect();
@@ -759,7 +817,12 @@ mod tests {
             let mut want_vkq = acc0.clone();
             (scalar.vkq_acc)(&mut want_vkq, &p, &vrows);
             for ops in all_paths() {
-                assert_eq!((ops.dot)(&q, &k).to_bits(), want_dot.to_bits(), "{} dot n={n}", ops.name);
+                assert_eq!(
+                    (ops.dot)(&q, &k).to_bits(),
+                    want_dot.to_bits(),
+                    "{} dot n={n}",
+                    ops.name
+                );
                 let mut y = y0.clone();
                 (ops.mad)(&mut y, &k, w);
                 assert_eq!(y, want_mad, "{} mad n={n}", ops.name);
@@ -786,7 +849,11 @@ mod tests {
         for round in 0..50 {
             let mut s = [0.0f32; KV_TILE];
             for (j, x) in s.iter_mut().enumerate() {
-                *x = if (j + round) % 7 == 0 { f32::NEG_INFINITY } else { rng.next() * (round as f32 + 1.0) * 4.0 };
+                *x = if (j + round) % 7 == 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    rng.next() * (round as f32 + 1.0) * 4.0
+                };
             }
             let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut want = s;
@@ -795,7 +862,12 @@ mod tests {
                 let mut got = s;
                 let sum = (ops.softmax_tile)(&mut got, m);
                 assert_eq!(got, want, "{} softmax round {round}", ops.name);
-                assert_eq!(sum.to_bits(), want_sum.to_bits(), "{} softmax sum", ops.name);
+                assert_eq!(
+                    sum.to_bits(),
+                    want_sum.to_bits(),
+                    "{} softmax sum",
+                    ops.name
+                );
             }
         }
     }
@@ -805,10 +877,18 @@ mod tests {
     #[test]
     fn vec_keys_paths_agree() {
         let mut rng = Rng(5);
-        for (group, hdk, hdv) in [(1, 64, 64), (3, 64, 64), (4, 256, 256), (2, 80, 48), (2, 32, 8)] {
+        for (group, hdk, hdv) in [
+            (1, 64, 64),
+            (3, 64, 64),
+            (4, 256, 256),
+            (2, 80, 48),
+            (2, 32, 8),
+        ] {
             let n = 37;
             let q16: Vec<f32> = rng.f16s(group * hdk).iter().map(|x| x.to_f32()).collect();
-            let keys: Vec<f16> = (0..n * hdk).map(|_| f16::from_f32(rng.next() * 2.0)).collect();
+            let keys: Vec<f16> = (0..n * hdk)
+                .map(|_| f16::from_f32(rng.next() * 2.0))
+                .collect();
             let values = rng.f16s(n * hdv);
             let mut m_s0 = vec![0.0f32; 2 * group];
             for st in m_s0.chunks_exact_mut(2) {
@@ -831,11 +911,21 @@ mod tests {
                 let mut m_s = m_s0.clone();
                 let mut acc = vec![0.0f32; group * hdv];
                 for (a, b) in [(0, 20), (20, n)] {
-                    (ops.vec_keys)(&q16, &keys[a * hdk..b * hdk], &values[a * hdv..b * hdv], 0.3, &mut m_s, &mut acc);
+                    (ops.vec_keys)(
+                        &q16,
+                        &keys[a * hdk..b * hdk],
+                        &values[a * hdv..b * hdv],
+                        0.3,
+                        &mut m_s,
+                        &mut acc,
+                    );
                 }
                 assert_eq!(m_s, want_ms, "{} group {group} hdk {hdk}", ops.name);
                 assert_eq!(acc, want_acc, "{} group {group} hdk {hdk}", ops.name);
-                assert!(acc.iter().all(|&v| f16::from_f32(v).to_f32() == v), "accumulator holds f16 values");
+                assert!(
+                    acc.iter().all(|&v| f16::from_f32(v).to_f32() == v),
+                    "accumulator holds f16 values"
+                );
             }
         }
     }
@@ -850,7 +940,10 @@ mod tests {
         while x <= 0.0 {
             let want = (x as f64).exp();
             let got = expf_approx(x) as f64;
-            assert!((got - want).abs() <= 4e-7 * want + 1e-44, "x={x}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 4e-7 * want + 1e-44,
+                "x={x}: {got} vs {want}"
+            );
             x += 0.0137;
         }
     }
@@ -867,7 +960,12 @@ mod tests {
             (ops.mad)(&mut y, &x, 3.0 / 2048.0);
             assert!(y.iter().all(|&v| v == 1.0 + 2.0 / 1024.0), "{}", ops.name);
             (ops.scale)(&mut y, 1.0 / 3.0);
-            assert!(y.iter().all(|&v| v == f16::from_f32((1.0 + 2.0 / 1024.0) / 3.0).to_f32()), "{}", ops.name);
+            assert!(
+                y.iter()
+                    .all(|&v| v == f16::from_f32((1.0 + 2.0 / 1024.0) / 3.0).to_f32()),
+                "{}",
+                ops.name
+            );
             let q = vec![0.5f32; 70];
             let k = vec![f16::from_f32(2.0); 70];
             assert_eq!((ops.dot)(&q, &k), 70.0, "{}", ops.name);

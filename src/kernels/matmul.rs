@@ -61,7 +61,10 @@ pub struct MatmulScratch {
 impl MatmulScratch {
     pub fn new(max_tokens: usize, n_threads: usize) -> Self {
         let tile_len = TILE_ROWS * max_tokens;
-        MatmulScratch { tiles: vec![0.0; tile_len * n_threads], tile_len }
+        MatmulScratch {
+            tiles: vec![0.0; tile_len * n_threads],
+            tile_len,
+        }
     }
 
     pub fn bytes_for(max_tokens: usize, n_threads: usize) -> usize {
@@ -75,14 +78,27 @@ impl MatmulScratch {
 
 /// Quantize `n` rows of `x` (`[n, in_dim]` f32) to `lin`'s activation format in `out`.
 /// Returns the bytes per quantized row.
-pub fn quantize_input(pool: &ThreadPool, lin: &Linear, x: &[f32], n: usize, out: &mut [u8]) -> usize {
+pub fn quantize_input(
+    pool: &ThreadPool,
+    lin: &Linear,
+    x: &[f32],
+    n: usize,
+    out: &mut [u8],
+) -> usize {
     let in_dim = lin.in_dim;
     let rb = lin.act_row_bytes();
-    assert!(x.len() >= n * in_dim && out.len() >= n * rb, "{}: activation buffer too small", lin.name);
+    assert!(
+        x.len() >= n * in_dim && out.len() >= n * rb,
+        "{}: activation buffer too small",
+        lin.name
+    );
     let quantize = lin.kernels.quantize_act;
     if n < 4 {
         for j in 0..n {
-            quantize(&x[j * in_dim..(j + 1) * in_dim], &mut out[j * rb..(j + 1) * rb]);
+            quantize(
+                &x[j * in_dim..(j + 1) * in_dim],
+                &mut out[j * rb..(j + 1) * rb],
+            );
         }
         return rb;
     }
@@ -91,7 +107,10 @@ pub fn quantize_input(pool: &ThreadPool, lin: &Linear, x: &[f32], n: usize, out:
         // SAFETY: the pool hands each thread a disjoint range of rows.
         let d = unsafe { dst.part(rows.start * rb..rows.end * rb) };
         for (k, j) in rows.enumerate() {
-            quantize(&x[j * in_dim..(j + 1) * in_dim], &mut d[k * rb..(k + 1) * rb]);
+            quantize(
+                &x[j * in_dim..(j + 1) * in_dim],
+                &mut d[k * rb..(k + 1) * rb],
+            );
         }
     });
     rb
@@ -111,11 +130,22 @@ pub fn matmul_many(
     scratch: &mut MatmulScratch,
 ) {
     assert_eq!(lins.len(), outs.len());
-    assert!(n * TILE_ROWS <= scratch.tile_len, "matmul scratch sized for fewer tokens");
+    assert!(
+        n * TILE_ROWS <= scratch.tile_len,
+        "matmul scratch sized for fewer tokens"
+    );
     for (l, o) in lins.iter().zip(outs.iter()) {
-        assert_eq!(l.kernels.act, lins[0].kernels.act, "{}: mixed activation formats", l.name);
+        assert_eq!(
+            l.kernels.act, lins[0].kernels.act,
+            "{}: mixed activation formats",
+            l.name
+        );
         assert_eq!(l.in_dim, lins[0].in_dim, "{}: mixed input sizes", l.name);
-        assert!(o.len() >= n * l.out_dim, "{}: output buffer too small", l.name);
+        assert!(
+            o.len() >= n * l.out_dim,
+            "{}: output buffer too small",
+            l.name
+        );
     }
     let total_rows: usize = lins.iter().map(|l| l.out_dim).sum();
     // One DisjointSlice per output; at most a handful of matrices, so a fixed array

@@ -24,7 +24,10 @@ pub fn measure_read_gbs(pool: &ThreadPool) -> f64 {
                     *a = a.wrapping_add(v);
                 }
             }
-            sink.fetch_add(acc.iter().fold(0u64, |x, &y| x.wrapping_add(y)), Ordering::Relaxed);
+            sink.fetch_add(
+                acc.iter().fold(0u64, |x, &y| x.wrapping_add(y)),
+                Ordering::Relaxed,
+            );
         });
         let gbs = PROBE_BYTES as f64 / t0.elapsed().as_secs_f64() / 1e9;
         best = best.max(gbs);

@@ -20,7 +20,12 @@ const PAR_MIN_ELEMS: usize = 16 * 1024;
 /// Call `f(rows, part)` over `buf` cut into rows of `width` (the last may be shorter), the
 /// rows split across the pool's threads when the buffer is large enough to be worth it.
 /// `part` holds exactly the elements of `rows`.
-pub fn par_rows(pool: &ThreadPool, buf: &mut [f32], width: usize, f: &(dyn Fn(Range<usize>, &mut [f32]) + Sync)) {
+pub fn par_rows(
+    pool: &ThreadPool,
+    buf: &mut [f32],
+    width: usize,
+    f: &(dyn Fn(Range<usize>, &mut [f32]) + Sync),
+) {
     let len = buf.len();
     let n_rows = len.div_ceil(width.max(1));
     if len < PAR_MIN_ELEMS || pool.n_threads() == 1 {

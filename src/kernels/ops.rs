@@ -213,14 +213,25 @@ mod tests {
     /// agree with it to the last bit only with exactly these roundings).
     #[test]
     fn reference_rounding_is_pinned() {
-        let x: Vec<f32> = (0..64).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect();
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173)
+            .collect();
         let mut out = vec![0.0; 64];
         rms_norm(&x, &[1.5; 64], 1e-5, &mut out);
         let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
         let scale = 1.0 / ((sum / 64.0) as f32 + 1e-5).sqrt();
-        assert!(out.iter().zip(&x).all(|(o, v)| o.to_bits() == (v * scale * 1.5).to_bits()));
+        assert!(out
+            .iter()
+            .zip(&x)
+            .all(|(o, v)| o.to_bits() == (v * scale * 1.5).to_bits()));
 
-        let rope = Rope { kind: RopeKind::Normal, n_dims: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+        let rope = Rope {
+            kind: RopeKind::Normal,
+            n_dims: 64,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            freq_factors: None,
+        };
         let mut cs = vec![0.0; 64];
         rope.cos_sin(7, &mut cs);
         let mut y = x.clone();
@@ -234,7 +245,10 @@ mod tests {
         for &v in &x {
             let want = v / (1.0 + crate::kernels::f16ops::expf_approx(-v));
             assert_eq!(silu(v).to_bits(), want.to_bits());
-            assert!((silu(v) as f64 - v as f64 / (1.0 + (-v as f64).exp())).abs() < 1e-6 * (1.0 + v.abs() as f64));
+            assert!(
+                (silu(v) as f64 - v as f64 / (1.0 + (-v as f64).exp())).abs()
+                    < 1e-6 * (1.0 + v.abs() as f64)
+            );
         }
     }
 
@@ -260,7 +274,13 @@ mod tests {
     #[test]
     fn rope_preserves_norm_and_position_zero_is_identity() {
         for kind in [RopeKind::Normal, RopeKind::Neox] {
-            let rope = Rope { kind, n_dims: 8, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+            let rope = Rope {
+                kind,
+                n_dims: 8,
+                freq_base: 10000.0,
+                freq_scale: 1.0,
+                freq_factors: None,
+            };
             let mut cs = [0.0; 8];
             let orig: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut x = orig.clone();
@@ -279,7 +299,13 @@ mod tests {
     #[test]
     fn rope_relative_property() {
         // <R(p)q, R(p+k)v> depends only on k.
-        let rope = Rope { kind: RopeKind::Neox, n_dims: 4, freq_base: 100.0, freq_scale: 1.0, freq_factors: None };
+        let rope = Rope {
+            kind: RopeKind::Neox,
+            n_dims: 4,
+            freq_base: 100.0,
+            freq_scale: 1.0,
+            freq_factors: None,
+        };
         let q = [0.3f32, -0.2, 0.9, 0.1];
         let v = [0.5f32, 0.4, -0.1, 0.7];
         let dot_at = |p: usize, k: usize| {

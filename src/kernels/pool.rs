@@ -145,7 +145,8 @@ fn worker_loop(s: &Shared, tid: usize) {
                 std::thread::yield_now();
             } else {
                 let guard = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
-                if s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire)
+                if s.generation.load(Ordering::Acquire) == seen
+                    && !s.shutdown.load(Ordering::Acquire)
                 {
                     let _unused = s
                         .wake
@@ -181,15 +182,24 @@ impl Drop for ThreadPool {
 
 /// Physical cores (logical CPUs divided by SMT siblings where the OS tells us), at least 1.
 pub fn default_threads() -> usize {
-    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     #[cfg(target_os = "linux")]
     {
-        if let Ok(s) = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") {
+        if let Ok(s) =
+            std::fs::read_to_string("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")
+        {
             let siblings = s
                 .trim()
                 .split(',')
                 .map(|p| match p.split_once('-') {
-                    Some((a, b)) => b.parse::<usize>().unwrap_or(0).saturating_sub(a.parse().unwrap_or(0)) + 1,
+                    Some((a, b)) => {
+                        b.parse::<usize>()
+                            .unwrap_or(0)
+                            .saturating_sub(a.parse().unwrap_or(0))
+                            + 1
+                    }
                     None => 1,
                 })
                 .sum::<usize>()
@@ -233,7 +243,9 @@ mod tests {
                     total.fetch_add(round * 10 + tid as u64, Ordering::Relaxed);
                 });
             }
-            let expect: u64 = (0..1000u64).map(|r| (0..nt as u64).map(|t| r * 10 + t).sum::<u64>()).sum();
+            let expect: u64 = (0..1000u64)
+                .map(|r| (0..nt as u64).map(|t| r * 10 + t).sum::<u64>())
+                .sum();
             assert_eq!(total.load(Ordering::Relaxed), expect);
         }
     }
@@ -285,7 +297,11 @@ unsafe impl<T: Send> Sync for DisjointSlice<'_, T> {}
 
 impl<'a, T> DisjointSlice<'a, T> {
     pub fn new(s: &'a mut [T]) -> Self {
-        DisjointSlice { ptr: s.as_mut_ptr(), len: s.len(), _borrow: std::marker::PhantomData }
+        DisjointSlice {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _borrow: std::marker::PhantomData,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -302,8 +318,13 @@ impl<'a, T> DisjointSlice<'a, T> {
     /// While the returned slice lives, no other call may return a range overlapping it.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn part(&self, range: std::ops::Range<usize>) -> &mut [T] {
-        assert!(range.start <= range.end && range.end <= self.len, "DisjointSlice range out of bounds");
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "DisjointSlice range out of bounds"
+        );
         // SAFETY: in bounds (checked above); exclusivity is the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
+        }
     }
 }

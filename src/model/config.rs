@@ -27,11 +27,18 @@ impl Arch {
     ];
 
     pub fn from_name(name: &str) -> Option<Arch> {
-        Self::NAMES.iter().find(|(n, _)| *n == name).map(|&(_, a)| a)
+        Self::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, a)| a)
     }
 
     pub fn supported_list() -> String {
-        Self::NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        Self::NAMES
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -118,17 +125,27 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
     let n_layers = f.get_u32(&k("block_count"))? as usize;
     let dim = f.get_u32(&k("embedding_length"))? as usize;
     let n_heads = f.get_u32(&k("attention.head_count"))? as usize;
-    let n_kv_heads = f.opt_u32(&k("attention.head_count_kv"))?.map_or(n_heads, |v| v as usize);
+    let n_kv_heads = f
+        .opt_u32(&k("attention.head_count_kv"))?
+        .map_or(n_heads, |v| v as usize);
     let default_head = if n_heads > 0 { dim / n_heads } else { 0 };
-    let head_dim_k = f.opt_u32(&k("attention.key_length"))?.map_or(default_head, |v| v as usize);
-    let head_dim_v = f.opt_u32(&k("attention.value_length"))?.map_or(head_dim_k, |v| v as usize);
+    let head_dim_k = f
+        .opt_u32(&k("attention.key_length"))?
+        .map_or(default_head, |v| v as usize);
+    let head_dim_v = f
+        .opt_u32(&k("attention.value_length"))?
+        .map_or(head_dim_k, |v| v as usize);
     let ffn_dim = f.get_u32(&k("feed_forward_length"))? as usize;
     let ctx_train = f.opt_u32(&k("context_length"))?.unwrap_or(2048) as usize;
     let norm_eps = match f.opt_f32(&k("attention.layer_norm_rms_epsilon"))? {
         Some(e) => e,
-        None => f.opt_f32(&k("attention.layer_norm_epsilon"))?.unwrap_or(1e-5),
+        None => f
+            .opt_f32(&k("attention.layer_norm_epsilon"))?
+            .unwrap_or(1e-5),
     };
-    let rope_dims = f.opt_u32(&k("rope.dimension_count"))?.map_or(head_dim_k, |v| v as usize);
+    let rope_dims = f
+        .opt_u32(&k("rope.dimension_count"))?
+        .map_or(head_dim_k, |v| v as usize);
     let rope_base = f.opt_f32(&k("rope.freq_base"))?.unwrap_or(10_000.0);
     let rope_freq_scale = match f.opt_str(&k("rope.scaling.type"))? {
         Some("linear") => 1.0 / f.opt_f32(&k("rope.scaling.factor"))?.unwrap_or(1.0),

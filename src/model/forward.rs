@@ -22,7 +22,10 @@ pub struct Runtime {
 
 impl Runtime {
     pub fn new(n_threads: usize) -> Runtime {
-        Runtime { pool: ThreadPool::new(n_threads), f16: F16Ops::detect() }
+        Runtime {
+            pool: ThreadPool::new(n_threads),
+            f16: F16Ops::detect(),
+        }
     }
 }
 
@@ -68,14 +71,23 @@ pub fn forward(
         return Err(ForwardError::Empty);
     }
     if n > s.spec.max_tokens {
-        return Err(ForwardError::BatchTooLarge { n, max: s.spec.max_tokens });
+        return Err(ForwardError::BatchTooLarge {
+            n,
+            max: s.spec.max_tokens,
+        });
     }
     kv.check_fits(n)?;
     if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-        return Err(ForwardError::BadToken { id, vocab: c.vocab_size });
+        return Err(ForwardError::BadToken {
+            id,
+            vocab: c.vocab_size,
+        });
     }
     if w.pos_embd.is_some() && pos0 + n > c.ctx_train {
-        return Err(ForwardError::PositionOutOfRange { pos: pos0 + n - 1, max: c.ctx_train });
+        return Err(ForwardError::PositionOutOfRange {
+            pos: pos0 + n - 1,
+            max: c.ctx_train,
+        });
     }
     let pool = &rt.pool;
     let dim = c.dim;
@@ -99,14 +111,29 @@ pub fn forward(
 
     for (li, layer) in w.layers.iter().enumerate() {
         // --- attention ---
-        norm_rows(pool, &layer.attn_norm, &s.x[..n * dim], &mut s.xb[..n * dim], dim);
+        norm_rows(
+            pool,
+            &layer.attn_norm,
+            &s.x[..n * dim],
+            &mut s.xb[..n * dim],
+            dim,
+        );
         if let Some(wqkv) = &layer.wqkv {
             let qkv = q_dim + kv_k + kv_v;
-            matmul(pool, wqkv, &s.xb, n, &mut s.xq, &mut s.q[..n * qkv], &mut s.matmul);
+            matmul(
+                pool,
+                wqkv,
+                &s.xb,
+                n,
+                &mut s.xq,
+                &mut s.q[..n * qkv],
+                &mut s.matmul,
+            );
             // Split fused rows in place: q stays in front (compacted), k and v move out.
             for j in 0..n {
                 let row = j * qkv;
-                s.k[j * kv_k..(j + 1) * kv_k].copy_from_slice(&s.q[row + q_dim..row + q_dim + kv_k]);
+                s.k[j * kv_k..(j + 1) * kv_k]
+                    .copy_from_slice(&s.q[row + q_dim..row + q_dim + kv_k]);
                 s.v[j * kv_v..(j + 1) * kv_v].copy_from_slice(&s.q[row + q_dim + kv_k..row + qkv]);
                 s.q.copy_within(row..row + q_dim, j * q_dim);
             }
@@ -122,7 +149,11 @@ pub fn forward(
                 &s.xb[..n * dim],
                 n,
                 &mut s.xq,
-                &mut [&mut s.q[..n * q_dim], &mut s.k[..n * kv_k], &mut s.v[..n * kv_v]],
+                &mut [
+                    &mut s.q[..n * q_dim],
+                    &mut s.k[..n * kv_k],
+                    &mut s.v[..n * kv_v],
+                ],
                 &mut s.matmul,
             );
         }
@@ -146,7 +177,12 @@ pub fn forward(
             }
         }
         for j in 0..n {
-            kv.write(li, pos0 + j, &s.k[j * kv_k..(j + 1) * kv_k], &s.v[j * kv_v..(j + 1) * kv_v]);
+            kv.write(
+                li,
+                pos0 + j,
+                &s.k[j * kv_k..(j + 1) * kv_k],
+                &s.v[j * kv_v..(j + 1) * kv_v],
+            );
         }
         let shape = AttnShape {
             n_heads: c.n_heads,
@@ -169,14 +205,28 @@ pub fn forward(
             &mut s.attn[..n * c.attn_out_dim()],
             &mut s.attn_scratch,
         );
-        matmul(pool, &layer.wo, &s.attn, n, &mut s.xq, &mut s.proj[..n * dim], &mut s.matmul);
+        matmul(
+            pool,
+            &layer.wo,
+            &s.attn,
+            n,
+            &mut s.xq,
+            &mut s.proj[..n * dim],
+            &mut s.matmul,
+        );
         if let Some(pn) = &layer.attn_post_norm {
             norm_rows(pool, pn, &[], &mut s.proj[..n * dim], dim);
         }
         ops::add_inplace(&mut s.x[..n * dim], &s.proj[..n * dim]);
 
         // --- feed-forward ---
-        norm_rows(pool, &layer.ffn_norm, &s.x[..n * dim], &mut s.xb[..n * dim], dim);
+        norm_rows(
+            pool,
+            &layer.ffn_norm,
+            &s.x[..n * dim],
+            &mut s.xb[..n * dim],
+            dim,
+        );
         let f = c.ffn_dim;
         let act = m.traits.act;
         if let Some(gate) = &layer.ffn_gate {
@@ -190,11 +240,35 @@ pub fn forward(
                 &mut s.matmul,
             );
             gated_act_rows(pool, &mut s.gate[..n * f], &s.up[..n * f], act);
-            matmul(pool, &layer.ffn_down, &s.gate, n, &mut s.xq, &mut s.proj[..n * dim], &mut s.matmul);
+            matmul(
+                pool,
+                &layer.ffn_down,
+                &s.gate,
+                n,
+                &mut s.xq,
+                &mut s.proj[..n * dim],
+                &mut s.matmul,
+            );
         } else {
-            matmul(pool, &layer.ffn_up, &s.xb, n, &mut s.xq, &mut s.up[..n * f], &mut s.matmul);
+            matmul(
+                pool,
+                &layer.ffn_up,
+                &s.xb,
+                n,
+                &mut s.xq,
+                &mut s.up[..n * f],
+                &mut s.matmul,
+            );
             ops::act_inplace(&mut s.up[..n * f], act);
-            matmul(pool, &layer.ffn_down, &s.up, n, &mut s.xq, &mut s.proj[..n * dim], &mut s.matmul);
+            matmul(
+                pool,
+                &layer.ffn_down,
+                &s.up,
+                n,
+                &mut s.xq,
+                &mut s.proj[..n * dim],
+                &mut s.matmul,
+            );
         }
         if let Some(pn) = &layer.ffn_post_norm {
             norm_rows(pool, pn, &[], &mut s.proj[..n * dim], dim);
@@ -209,7 +283,15 @@ pub fn forward(
         Logits::Last => {
             let last = &s.x[(n - 1) * dim..n * dim];
             norm_row(&w.output_norm, last, &mut s.xb[..dim]);
-            matmul(pool, &w.output, &s.xb, 1, &mut s.xq, &mut s.logits[..c.vocab_size], &mut s.matmul);
+            matmul(
+                pool,
+                &w.output,
+                &s.xb,
+                1,
+                &mut s.xq,
+                &mut s.logits[..c.vocab_size],
+                &mut s.matmul,
+            );
         }
         Logits::Rows(range, sink) => {
             let range = range.start.min(n)..range.end.min(n);
@@ -219,10 +301,21 @@ pub fn forward(
                 let r1 = (r0 + per).min(range.end);
                 let k = r1 - r0;
                 for (i, j) in (r0..r1).enumerate() {
-                    let (src, dst) = (&s.x[j * dim..(j + 1) * dim], &mut s.xb[i * dim..(i + 1) * dim]);
+                    let (src, dst) = (
+                        &s.x[j * dim..(j + 1) * dim],
+                        &mut s.xb[i * dim..(i + 1) * dim],
+                    );
                     norm_row(&w.output_norm, src, dst);
                 }
-                matmul(pool, &w.output, &s.xb, k, &mut s.xq, &mut s.logits[..k * c.vocab_size], &mut s.matmul);
+                matmul(
+                    pool,
+                    &w.output,
+                    &s.xb,
+                    k,
+                    &mut s.xq,
+                    &mut s.logits[..k * c.vocab_size],
+                    &mut s.matmul,
+                );
                 for i in 0..k {
                     sink(r0 + i, &s.logits[i * c.vocab_size..(i + 1) * c.vocab_size]);
                 }
@@ -259,7 +352,13 @@ fn project(
 fn norm_row(nw: &Norm, x: &[f32], out: &mut [f32]) {
     match nw.kind {
         NormKind::Rms => ops::rms_norm(x, &nw.weight, nw.eps, out),
-        NormKind::Layer => ops::layer_norm(x, &nw.weight, nw.bias.as_deref().unwrap_or(&[]), nw.eps, out),
+        NormKind::Layer => ops::layer_norm(
+            x,
+            &nw.weight,
+            nw.bias.as_deref().unwrap_or(&[]),
+            nw.eps,
+            out,
+        ),
     }
 }
 
@@ -272,9 +371,12 @@ fn norm_rows(pool: &ThreadPool, nw: &Norm, x: &[f32], out: &mut [f32], width: us
             if in_place {
                 match nw.kind {
                     NormKind::Rms => ops::rms_norm_inplace(dst, &nw.weight, nw.eps),
-                    NormKind::Layer => {
-                        ops::layer_norm_inplace(dst, &nw.weight, nw.bias.as_deref().unwrap_or(&[]), nw.eps)
-                    }
+                    NormKind::Layer => ops::layer_norm_inplace(
+                        dst,
+                        &nw.weight,
+                        nw.bias.as_deref().unwrap_or(&[]),
+                        nw.eps,
+                    ),
                 }
             } else {
                 norm_row(nw, &x[r * width..(r + 1) * width], dst);
@@ -287,6 +389,10 @@ fn norm_rows(pool: &ThreadPool, nw: &Norm, x: &[f32], out: &mut [f32], width: us
 fn gated_act_rows(pool: &ThreadPool, gate: &mut [f32], up: &[f32], act: Activation) {
     let width = 256;
     crate::kernels::par_rows(pool, gate, width, &|range: Range<usize>, g: &mut [f32]| {
-        ops::gated_act_inplace(g, &up[range.start * width..range.start * width + g.len()], act);
+        ops::gated_act_inplace(
+            g,
+            &up[range.start * width..range.start * width + g.len()],
+            act,
+        );
     });
 }

@@ -25,11 +25,17 @@ const SWA_PATTERN: usize = 6;
 const DEFAULT_SWA_ROPE_BASE: f32 = 10_000.0;
 
 pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), GgufError> {
-    cfg.sliding_window = f.opt_u32(&f.arch_key("attention.sliding_window"))?.map(|w| w as usize);
-    cfg.rope_base_swa =
-        Some(f.opt_f32(&f.arch_key("rope.freq_base_swa"))?.unwrap_or(DEFAULT_SWA_ROPE_BASE));
+    cfg.sliding_window = f
+        .opt_u32(&f.arch_key("attention.sliding_window"))?
+        .map(|w| w as usize);
+    cfg.rope_base_swa = Some(
+        f.opt_f32(&f.arch_key("rope.freq_base_swa"))?
+            .unwrap_or(DEFAULT_SWA_ROPE_BASE),
+    );
     if cfg.sliding_window.is_some() {
-        cfg.swa_layers = (0..cfg.n_layers).map(|i| (i + 1) % SWA_PATTERN != 0).collect();
+        cfg.swa_layers = (0..cfg.n_layers)
+            .map(|i| (i + 1) % SWA_PATTERN != 0)
+            .collect();
     }
     // Gemma-3 scales queries by 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim).
     cfg.attn_scale = 1.0 / (cfg.head_dim_k as f32).sqrt();

@@ -33,9 +33,18 @@ pub enum ModelError {
     #[error("tensor '{name}' is missing from the model file")]
     MissingTensor { name: String },
     #[error("tensor '{name}' ({ty}) has shape {found:?}, expected {expected:?}")]
-    BadShape { name: String, expected: Vec<usize>, found: Vec<usize>, ty: GgmlType },
+    BadShape {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+        ty: GgmlType,
+    },
     #[error("tensor '{name}' has type {ty}, which kiln cannot compute with: {reason}")]
-    UnsupportedType { name: String, ty: GgmlType, reason: String },
+    UnsupportedType {
+        name: String,
+        ty: GgmlType,
+        reason: String,
+    },
     #[error("invalid model configuration: {0}")]
     BadConfig(String),
 }
@@ -62,8 +71,18 @@ impl Model {
         let (config, traits) = read_config(&file)?;
         let ropes = layer_ropes(&file, &config, &traits)?;
         let weights = weights::load(&file, &config, &traits, ropes)?;
-        let embed_scale = if traits.scale_embeddings { (config.dim as f32).sqrt() } else { 1.0 };
-        Ok(Model { config, traits, weights, embed_scale, file })
+        let embed_scale = if traits.scale_embeddings {
+            (config.dim as f32).sqrt()
+        } else {
+            1.0
+        };
+        Ok(Model {
+            config,
+            traits,
+            weights,
+            embed_scale,
+            file,
+        })
     }
 }
 
@@ -74,7 +93,10 @@ impl Model {
         let w = &self.weights;
         let mut total = w.output.data.len();
         for l in &w.layers {
-            for lin in [&l.wq, &l.wk, &l.wv, &l.wqkv, &l.ffn_gate].into_iter().flatten() {
+            for lin in [&l.wq, &l.wk, &l.wv, &l.wqkv, &l.ffn_gate]
+                .into_iter()
+                .flatten()
+            {
                 total += lin.data.len();
             }
             total += l.wo.data.len() + l.ffn_up.data.len() + l.ffn_down.data.len();
@@ -86,8 +108,10 @@ impl Model {
 /// Hyper-parameters and block traits for the file's architecture.
 pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError> {
     let name = f.architecture()?;
-    let arch = Arch::from_name(name)
-        .ok_or_else(|| ModelError::UnknownArch { name: name.to_string(), supported: Arch::supported_list() })?;
+    let arch = Arch::from_name(name).ok_or_else(|| ModelError::UnknownArch {
+        name: name.to_string(),
+        supported: Arch::supported_list(),
+    })?;
     let mut cfg = config::read_common(f, arch)?;
     let traits = match arch {
         Arch::Llama => {
@@ -124,24 +148,43 @@ fn validate(c: &ModelConfig) -> Result<(), ModelError> {
         ));
     }
     if c.n_heads % c.n_kv_heads != 0 {
-        return bad(format!("{} heads is not a multiple of {} kv heads", c.n_heads, c.n_kv_heads));
+        return bad(format!(
+            "{} heads is not a multiple of {} kv heads",
+            c.n_heads, c.n_kv_heads
+        ));
     }
     if c.rope_dims > c.head_dim_k || c.rope_dims % 2 != 0 {
-        return bad(format!("rope dimension {} does not fit head dimension {}", c.rope_dims, c.head_dim_k));
+        return bad(format!(
+            "rope dimension {} does not fit head dimension {}",
+            c.rope_dims, c.head_dim_k
+        ));
     }
     if c.vocab_size == 0 {
         return bad("empty vocabulary".into());
     }
     if c.n_layers > 4096 || c.dim > 1 << 20 || c.ffn_dim > 1 << 22 || c.n_heads > 4096 {
-        return bad(format!("implausible sizes: {} layers, dim {}, ffn {}", c.n_layers, c.dim, c.ffn_dim));
+        return bad(format!(
+            "implausible sizes: {} layers, dim {}, ffn {}",
+            c.n_layers, c.dim, c.ffn_dim
+        ));
     }
     Ok(())
 }
 
 /// Each layer's rotary parameters (local layers may use another base).
-fn layer_ropes(f: &GgufFile, c: &ModelConfig, t: &ArchTraits) -> Result<Vec<Option<Rope>>, ModelError> {
-    let Some(kind) = t.rope else { return Ok(vec![None; c.n_layers]) };
-    let loader = weights::Loader { file: f, norm_kind: t.norm, eps: c.norm_eps };
+fn layer_ropes(
+    f: &GgufFile,
+    c: &ModelConfig,
+    t: &ArchTraits,
+) -> Result<Vec<Option<Rope>>, ModelError> {
+    let Some(kind) = t.rope else {
+        return Ok(vec![None; c.n_layers]);
+    };
+    let loader = weights::Loader {
+        file: f,
+        norm_kind: t.norm,
+        eps: c.norm_eps,
+    };
     let freq_factors = match f.tensor_info(weights::names::ROPE_FREQS) {
         Some(_) => Some(loader.vector(weights::names::ROPE_FREQS, c.rope_dims / 2)?),
         None => None,

@@ -109,7 +109,11 @@ pub struct Loader<'a> {
 
 impl<'a> Loader<'a> {
     fn info(&self, name: &str) -> Result<&'a TensorInfo, ModelError> {
-        self.file.tensor_info(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })
+        self.file
+            .tensor_info(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+            })
     }
 
     fn check_shape(info: &TensorInfo, expected: &[usize]) -> Result<(), ModelError> {
@@ -134,21 +138,37 @@ impl<'a> Loader<'a> {
             ty: info.ty,
             reason: e.to_string(),
         })?;
-        let row_bytes = info.ty.row_bytes(in_dim).ok_or_else(|| ModelError::BadShape {
-            name: name.to_string(),
-            expected: vec![in_dim, out_dim],
-            found: info.shape.clone(),
-            ty: info.ty,
-        })?;
+        let row_bytes = info
+            .ty
+            .row_bytes(in_dim)
+            .ok_or_else(|| ModelError::BadShape {
+                name: name.to_string(),
+                expected: vec![in_dim, out_dim],
+                found: info.shape.clone(),
+                ty: info.ty,
+            })?;
         let bias_name = name.strip_suffix(".weight").map(|b| format!("{b}.bias"));
         let bias = match bias_name {
             Some(b) if self.file.tensor_info(&b).is_some() => Some(self.vector(&b, out_dim)?),
             _ => None,
         };
-        Ok(Linear { name: name.to_string(), in_dim, out_dim, row_bytes, data: self.file.tensor_bytes(info), kernels, bias })
+        Ok(Linear {
+            name: name.to_string(),
+            in_dim,
+            out_dim,
+            row_bytes,
+            data: self.file.tensor_bytes(info),
+            kernels,
+            bias,
+        })
     }
 
-    pub fn opt_linear(&self, name: &str, in_dim: usize, out_dim: usize) -> Result<Option<Linear>, ModelError> {
+    pub fn opt_linear(
+        &self,
+        name: &str,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<Option<Linear>, ModelError> {
         if self.file.tensor_info(name).is_none() {
             return Ok(None);
         }
@@ -161,10 +181,12 @@ impl<'a> Loader<'a> {
         Self::check_shape(info, &[len])?;
         let mut out = vec![0.0f32; len];
         let bytes = self.file.tensor_bytes(info);
-        quant::dequantize_row(info.ty, &bytes, &mut out).map_err(|e| ModelError::UnsupportedType {
-            name: name.to_string(),
-            ty: info.ty,
-            reason: e.to_string(),
+        quant::dequantize_row(info.ty, &bytes, &mut out).map_err(|e| {
+            ModelError::UnsupportedType {
+                name: name.to_string(),
+                ty: info.ty,
+                reason: e.to_string(),
+            }
         })?;
         Ok(out)
     }
@@ -176,7 +198,12 @@ impl<'a> Loader<'a> {
             NormKind::Layer => Some(self.vector(&format!("{base}.bias"), len)?),
             NormKind::Rms => None,
         };
-        Ok(Norm { kind: self.norm_kind, eps: self.eps, weight, bias })
+        Ok(Norm {
+            kind: self.norm_kind,
+            eps: self.eps,
+            weight,
+            bias,
+        })
     }
 
     pub fn opt_norm(&self, base: &str, len: usize) -> Result<Option<Norm>, ModelError> {
@@ -188,17 +215,35 @@ impl<'a> Loader<'a> {
 }
 
 /// Load every weight for `cfg` laid out as `traits` describe.
-pub fn load(f: &GgufFile, cfg: &ModelConfig, traits: &ArchTraits, ropes: Vec<Option<Rope>>) -> Result<Weights, ModelError> {
+pub fn load(
+    f: &GgufFile,
+    cfg: &ModelConfig,
+    traits: &ArchTraits,
+    ropes: Vec<Option<Rope>>,
+) -> Result<Weights, ModelError> {
     use names::*;
-    let ld = Loader { file: f, norm_kind: traits.norm, eps: cfg.norm_eps };
+    let ld = Loader {
+        file: f,
+        norm_kind: traits.norm,
+        eps: cfg.norm_eps,
+    };
     let (dim, q_dim, kv_k, kv_v) = (cfg.dim, cfg.q_dim(), cfg.kv_dim_k(), cfg.kv_dim_v());
     let token_embd = ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?;
-    let pos_embd = if traits.rope.is_none() { Some(ld.linear(POS_EMBD, dim, cfg.ctx_train)?) } else { None };
+    let pos_embd = if traits.rope.is_none() {
+        Some(ld.linear(POS_EMBD, dim, cfg.ctx_train)?)
+    } else {
+        None
+    };
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for (i, rope) in ropes.into_iter().enumerate() {
         let b = |s: &str| blk(i, s);
         let (wq, wk, wv, wqkv) = if traits.fused_qkv {
-            (None, None, None, Some(ld.linear(&b(ATTN_QKV), dim, q_dim + kv_k + kv_v)?))
+            (
+                None,
+                None,
+                None,
+                Some(ld.linear(&b(ATTN_QKV), dim, q_dim + kv_k + kv_v)?),
+            )
         } else {
             (
                 Some(ld.linear(&b(ATTN_Q), dim, q_dim)?),
@@ -208,12 +253,18 @@ pub fn load(f: &GgufFile, cfg: &ModelConfig, traits: &ArchTraits, ropes: Vec<Opt
             )
         };
         let (q_norm, k_norm) = if traits.qk_norm {
-            (Some(ld.norm(&b(ATTN_Q_NORM), cfg.head_dim_k)?), Some(ld.norm(&b(ATTN_K_NORM), cfg.head_dim_k)?))
+            (
+                Some(ld.norm(&b(ATTN_Q_NORM), cfg.head_dim_k)?),
+                Some(ld.norm(&b(ATTN_K_NORM), cfg.head_dim_k)?),
+            )
         } else {
             (None, None)
         };
         let (attn_post_norm, ffn_post_norm) = if traits.post_norms {
-            (Some(ld.norm(&b(ATTN_POST_NORM), dim)?), Some(ld.norm(&b(FFN_POST_NORM), dim)?))
+            (
+                Some(ld.norm(&b(ATTN_POST_NORM), dim)?),
+                Some(ld.norm(&b(FFN_POST_NORM), dim)?),
+            )
         } else {
             (None, None)
         };
@@ -228,11 +279,19 @@ pub fn load(f: &GgufFile, cfg: &ModelConfig, traits: &ArchTraits, ropes: Vec<Opt
             wo: ld.linear(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?,
             attn_post_norm,
             ffn_norm: ld.norm(&b(FFN_NORM), dim)?,
-            ffn_gate: if traits.gated_ffn { Some(ld.linear(&b(FFN_GATE), dim, cfg.ffn_dim)?) } else { None },
+            ffn_gate: if traits.gated_ffn {
+                Some(ld.linear(&b(FFN_GATE), dim, cfg.ffn_dim)?)
+            } else {
+                None
+            },
             ffn_up: ld.linear(&b(FFN_UP), dim, cfg.ffn_dim)?,
             ffn_down: ld.linear(&b(FFN_DOWN), cfg.ffn_dim, dim)?,
             ffn_post_norm,
-            window: if cfg.swa_layers[i] { cfg.sliding_window } else { None },
+            window: if cfg.swa_layers[i] {
+                cfg.sliding_window
+            } else {
+                None
+            },
             rope,
         });
     }
@@ -241,7 +300,14 @@ pub fn load(f: &GgufFile, cfg: &ModelConfig, traits: &ArchTraits, ropes: Vec<Opt
         Some(o) => (o, false),
         None => (ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?, true),
     };
-    Ok(Weights { token_embd, pos_embd, layers, output_norm, output, output_tied })
+    Ok(Weights {
+        token_embd,
+        pos_embd,
+        layers,
+        output_norm,
+        output,
+        output_tied,
+    })
 }
 
 /// The largest quantized-activation row any matrix of the file needs, in bytes: for every

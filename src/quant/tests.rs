@@ -566,7 +566,10 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
         (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
     };
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-        for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar && i.has_kernels()) {
+        for isa in Isa::available()
+            .into_iter()
+            .filter(|&i| i != Isa::Scalar && i.has_kernels())
+        {
             let k = kernels_for(ty, isa).unwrap();
             for _ in 0..20 {
                 let wf: Vec<f32> = (0..n).map(|_| rnd() * 3.0).collect();
@@ -576,12 +579,19 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
                 let mut x = vec![0u8; k.act.row_bytes(n).unwrap()];
                 (k.quantize_act)(&xf, &mut x);
                 let want = ggml_order_dot(ty, n, &w, &x);
-                assert_eq!((k.vec_dot)(n, &w, &x).to_bits(), want.to_bits(), "{ty:?} {isa:?} vec_dot");
+                assert_eq!(
+                    (k.vec_dot)(n, &w, &x).to_bits(),
+                    want.to_bits(),
+                    "{ty:?} {isa:?} vec_dot"
+                );
                 // The prefill tile keeps the same order for every activation row.
                 let mut out = [0f32; 3];
                 let x3 = [x.clone(), x.clone(), x.clone()].concat();
                 (k.gemm)(n, &w, w.len(), 1, &x3, x.len(), 3, &mut out, 1);
-                assert!(out.iter().all(|o| o.to_bits() == want.to_bits()), "{ty:?} {isa:?} gemm");
+                assert!(
+                    out.iter().all(|o| o.to_bits() == want.to_bits()),
+                    "{ty:?} {isa:?} gemm"
+                );
             }
         }
     }

@@ -46,19 +46,46 @@ impl Agreement {
             self.greedy_total
         );
         assert!(self.positions > 0, "{what}: nothing compared");
-        assert!(self.top1_rate() >= 0.99, "{what}: top-1 agreement {:.4} < 0.99", self.top1_rate());
-        assert!(self.confident_misses.is_empty(), "{what}: confident positions missed: {:?}", self.confident_misses);
-        assert!(self.mean_logit_err() <= 0.25, "{what}: mean logit error {:.4} > 0.25", self.mean_logit_err());
-        assert!(self.greedy_equal >= min_greedy, "{what}: greedy {}/{} < {min_greedy}", self.greedy_equal, self.greedy_total);
+        assert!(
+            self.top1_rate() >= 0.99,
+            "{what}: top-1 agreement {:.4} < 0.99",
+            self.top1_rate()
+        );
+        assert!(
+            self.confident_misses.is_empty(),
+            "{what}: confident positions missed: {:?}",
+            self.confident_misses
+        );
+        assert!(
+            self.mean_logit_err() <= 0.25,
+            "{what}: mean logit error {:.4} > 0.25",
+            self.mean_logit_err()
+        );
+        assert!(
+            self.greedy_equal >= min_greedy,
+            "{what}: greedy {}/{} < {min_greedy}",
+            self.greedy_equal,
+            self.greedy_total
+        );
     }
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id list")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 /// Compare a model against a golden logits file. `check_greedy` also replays `gen_ids`.
-pub fn compare(model: &Arc<Model>, golden_file: &std::path::Path, threads: usize, check_greedy: bool, agg: &mut Agreement) {
+pub fn compare(
+    model: &Arc<Model>,
+    golden_file: &std::path::Path,
+    threads: usize,
+    check_greedy: bool,
+    agg: &mut Agreement,
+) {
     for line in super::read_jsonl(golden_file) {
         let prompt = ids(&line["prompt_ids"]);
         let tops = line["prompt_top"].as_array().expect("prompt_top");
@@ -71,7 +98,10 @@ pub fn compare(model: &Arc<Model>, golden_file: &std::path::Path, threads: usize
             let top = tops[pos].as_array().expect("top list");
             let g0 = &top[0];
             let (gid, glogit) = (g0[0].as_u64().unwrap() as u32, g0[1].as_f64().unwrap());
-            let margin = glogit - top.get(1).map_or(f64::NEG_INFINITY, |t| t[1].as_f64().unwrap());
+            let margin = glogit
+                - top
+                    .get(1)
+                    .map_or(f64::NEG_INFINITY, |t| t[1].as_f64().unwrap());
             let mine = argmax(logits);
             agg.positions += 1;
             if mine == gid {
