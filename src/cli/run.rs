@@ -104,7 +104,6 @@ pub fn run(args: RunArgs) -> Result<()> {
         &mut progress,
         &mut on_token,
     )?;
-    drop(on_token);
     let _ = writeln!(out);
     eprintln!();
     eprintln!("load time      = {:10.2} ms", loaded.load_ms);

@@ -210,6 +210,56 @@ pub fn default_threads() -> usize {
     logical
 }
 
+/// A mutable slice that several pool threads write to, each in its own disjoint part.
+///
+/// This is how a parallel kernel hands out `&mut` views of one output buffer: the kernel
+/// decides the partition (by rows, by heads) and asserts it is disjoint.
+pub struct DisjointSlice<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: access goes through `part`, whose contract forbids overlapping parts; with that,
+// sharing the pointer across threads is like handing out disjoint `&mut` sub-slices.
+unsafe impl<T: Send> Send for DisjointSlice<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for DisjointSlice<'_, T> {}
+
+impl<'a, T> DisjointSlice<'a, T> {
+    pub fn new(s: &'a mut [T]) -> Self {
+        DisjointSlice {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A mutable view of `range`.
+    ///
+    /// # Safety
+    /// While the returned slice lives, no other call may return a range overlapping it.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn part(&self, range: std::ops::Range<usize>) -> &mut [T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "DisjointSlice range out of bounds"
+        );
+        // SAFETY: in bounds (checked above); exclusivity is the caller's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,55 +326,5 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 2);
-    }
-}
-
-/// A mutable slice that several pool threads write to, each in its own disjoint part.
-///
-/// This is how a parallel kernel hands out `&mut` views of one output buffer: the kernel
-/// decides the partition (by rows, by heads) and asserts it is disjoint.
-pub struct DisjointSlice<'a, T> {
-    ptr: *mut T,
-    len: usize,
-    _borrow: std::marker::PhantomData<&'a mut [T]>,
-}
-
-// SAFETY: access goes through `part`, whose contract forbids overlapping parts; with that,
-// sharing the pointer across threads is like handing out disjoint `&mut` sub-slices.
-unsafe impl<T: Send> Send for DisjointSlice<'_, T> {}
-// SAFETY: as above.
-unsafe impl<T: Send> Sync for DisjointSlice<'_, T> {}
-
-impl<'a, T> DisjointSlice<'a, T> {
-    pub fn new(s: &'a mut [T]) -> Self {
-        DisjointSlice {
-            ptr: s.as_mut_ptr(),
-            len: s.len(),
-            _borrow: std::marker::PhantomData,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// A mutable view of `range`.
-    ///
-    /// # Safety
-    /// While the returned slice lives, no other call may return a range overlapping it.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn part(&self, range: std::ops::Range<usize>) -> &mut [T] {
-        assert!(
-            range.start <= range.end && range.end <= self.len,
-            "DisjointSlice range out of bounds"
-        );
-        // SAFETY: in bounds (checked above); exclusivity is the caller's contract.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.end - range.start)
-        }
     }
 }

@@ -128,7 +128,7 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
     let n_kv_heads = f
         .opt_u32(&k("attention.head_count_kv"))?
         .map_or(n_heads, |v| v as usize);
-    let default_head = if n_heads > 0 { dim / n_heads } else { 0 };
+    let default_head = dim.checked_div(n_heads).unwrap_or(0);
     let head_dim_k = f
         .opt_u32(&k("attention.key_length"))?
         .map_or(default_head, |v| v as usize);

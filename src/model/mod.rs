@@ -147,13 +147,13 @@ fn validate(c: &ModelConfig) -> Result<(), ModelError> {
             c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim_k
         ));
     }
-    if c.n_heads % c.n_kv_heads != 0 {
+    if !c.n_heads.is_multiple_of(c.n_kv_heads) {
         return bad(format!(
             "{} heads is not a multiple of {} kv heads",
             c.n_heads, c.n_kv_heads
         ));
     }
-    if c.rope_dims > c.head_dim_k || c.rope_dims % 2 != 0 {
+    if c.rope_dims > c.head_dim_k || !c.rope_dims.is_multiple_of(2) {
         return bad(format!(
             "rope dimension {} does not fit head dimension {}",
             c.rope_dims, c.head_dim_k

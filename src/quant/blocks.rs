@@ -302,7 +302,7 @@ raw_block! {
 /// View bytes as blocks; `None` unless the length is a whole number of blocks.
 pub fn cast<B: RawBlock>(bytes: &[u8]) -> Option<&[B]> {
     let size = size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return None;
     }
     // SAFETY: `B: RawBlock` has alignment 1 and accepts any bit pattern; the length is a whole
@@ -313,7 +313,7 @@ pub fn cast<B: RawBlock>(bytes: &[u8]) -> Option<&[B]> {
 /// Mutable view of bytes as blocks; `None` unless the length is a whole number of blocks.
 pub fn cast_mut<B: RawBlock>(bytes: &mut [u8]) -> Option<&mut [B]> {
     let size = size_of::<B>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return None;
     }
     // SAFETY: as in `cast`; the exclusive borrow of `bytes` is moved into the result.

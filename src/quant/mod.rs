@@ -262,7 +262,7 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
 /// the model checks tensor shapes when it loads, so this never sees file data unchecked.
 fn row_blocks<B: RawBlock>(bytes: &[u8], n: usize, block: usize) -> &[B] {
     assert!(
-        n % block == 0,
+        n.is_multiple_of(block),
         "row of {n} elements is not a whole number of {block}-blocks"
     );
     let len = n / block * size_of::<B>();
@@ -345,7 +345,7 @@ fn dequant_bytes<B: BlockFormat>(src: &[u8], out: &mut [f32]) {
 
 fn quantize_bytes<B: Quantize>(x: &[f32], out: &mut [u8]) {
     assert!(
-        x.len() % B::BLOCK == 0,
+        x.len().is_multiple_of(B::BLOCK),
         "row is not a whole number of blocks"
     );
     let len = x.len() / B::BLOCK * size_of::<B>();
@@ -355,13 +355,19 @@ fn quantize_bytes<B: Quantize>(x: &[f32], out: &mut [u8]) {
 
 fn quantize_q8_0_act_bytes(x: &[f32], out: &mut [u8]) {
     let len = x.len() / QK * size_of::<BlockQ8_0>();
-    assert!(x.len() % QK == 0, "row is not a whole number of blocks");
+    assert!(
+        x.len().is_multiple_of(QK),
+        "row is not a whole number of blocks"
+    );
     reference::quantize_q8_0_act(x, cast_mut(&mut out[..len]).expect("whole blocks"));
 }
 
 fn quantize_q8_1_act_bytes(x: &[f32], out: &mut [u8]) {
     let len = x.len() / QK * size_of::<BlockQ8_1>();
-    assert!(x.len() % QK == 0, "row is not a whole number of blocks");
+    assert!(
+        x.len().is_multiple_of(QK),
+        "row is not a whole number of blocks"
+    );
     reference::quantize_q8_1_act(x, cast_mut(&mut out[..len]).expect("whole blocks"));
 }
 
