@@ -53,13 +53,6 @@ pub fn layer_norm_inplace(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
     }
 }
 
-/// Round every value to the nearest f16 (kept in f32).
-pub fn round_to_f16(x: &mut [f32]) {
-    for v in x.iter_mut() {
-        *v = half::f16::from_f32(*v).to_f32();
-    }
-}
-
 /// `y += x`.
 pub fn add_inplace(y: &mut [f32], x: &[f32]) {
     for (a, &b) in y.iter_mut().zip(x) {

@@ -12,7 +12,7 @@ use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{matmul, matmul_many, quantize_input, Linear};
 use crate::kernels::ops::{self, Activation};
 use crate::kernels::pool::ThreadPool;
-use crate::model::{Model, Norm, NormKind};
+use crate::model::{Model, Norm, NormKind, Qkv};
 
 /// Threads and per-CPU kernel choices for running a model.
 pub struct Runtime {
@@ -118,44 +118,43 @@ pub fn forward(
             &mut s.xb[..n * dim],
             dim,
         );
-        if let Some(wqkv) = &layer.wqkv {
-            let qkv = q_dim + kv_k + kv_v;
-            matmul(
-                pool,
-                wqkv,
-                &s.xb,
-                n,
-                &mut s.xq,
-                &mut s.q[..n * qkv],
-                &mut s.matmul,
-            );
-            // Split fused rows in place: q stays in front (compacted), k and v move out.
-            for j in 0..n {
-                let row = j * qkv;
-                s.k[j * kv_k..(j + 1) * kv_k]
-                    .copy_from_slice(&s.q[row + q_dim..row + q_dim + kv_k]);
-                s.v[j * kv_v..(j + 1) * kv_v].copy_from_slice(&s.q[row + q_dim + kv_k..row + qkv]);
-                s.q.copy_within(row..row + q_dim, j * q_dim);
+        match &layer.qkv {
+            Qkv::Fused(wqkv) => {
+                let qkv = q_dim + kv_k + kv_v;
+                matmul(
+                    pool,
+                    wqkv,
+                    &s.xb,
+                    n,
+                    &mut s.xq,
+                    &mut s.q[..n * qkv],
+                    &mut s.matmul,
+                );
+                // Split fused rows in place: q stays in front (compacted), k and v move out.
+                for j in 0..n {
+                    let row = j * qkv;
+                    s.k[j * kv_k..(j + 1) * kv_k]
+                        .copy_from_slice(&s.q[row + q_dim..row + q_dim + kv_k]);
+                    s.v[j * kv_v..(j + 1) * kv_v]
+                        .copy_from_slice(&s.q[row + q_dim + kv_k..row + qkv]);
+                    s.q.copy_within(row..row + q_dim, j * q_dim);
+                }
             }
-        } else {
-            let (wq, wk, wv) = (
-                layer.wq.as_ref().expect("separate q"),
-                layer.wk.as_ref().expect("separate k"),
-                layer.wv.as_ref().expect("separate v"),
-            );
-            project(
-                pool,
-                &[wq, wk, wv],
-                &s.xb[..n * dim],
-                n,
-                &mut s.xq,
-                &mut [
-                    &mut s.q[..n * q_dim],
-                    &mut s.k[..n * kv_k],
-                    &mut s.v[..n * kv_v],
-                ],
-                &mut s.matmul,
-            );
+            Qkv::Separate { wq, wk, wv } => {
+                project(
+                    pool,
+                    &[wq, wk, wv],
+                    &s.xb[..n * dim],
+                    n,
+                    &mut s.xq,
+                    &mut [
+                        &mut s.q[..n * q_dim],
+                        &mut s.k[..n * kv_k],
+                        &mut s.v[..n * kv_v],
+                    ],
+                    &mut s.matmul,
+                );
+            }
         }
         if let Some(qn) = &layer.q_norm {
             norm_rows(pool, qn, &[], &mut s.q[..n * q_dim], c.head_dim_k);

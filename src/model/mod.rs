@@ -17,7 +17,7 @@ mod qwen3;
 use std::path::Path;
 
 pub use config::{Arch, ArchTraits, ModelConfig, NormKind};
-pub use weights::{Layer, Norm, Weights};
+pub use weights::{Layer, Norm, Qkv, Weights};
 
 use crate::gguf::{GgufError, GgufFile};
 use crate::kernels::ops::Rope;
@@ -93,10 +93,7 @@ impl Model {
         let w = &self.weights;
         let mut total = w.output.data.len();
         for l in &w.layers {
-            for lin in [&l.wq, &l.wk, &l.wv, &l.wqkv, &l.ffn_gate]
-                .into_iter()
-                .flatten()
-            {
+            for lin in l.qkv.matrices().into_iter().chain(&l.ffn_gate) {
                 total += lin.data.len();
             }
             total += l.wo.data.len() + l.ffn_up.data.len() + l.ffn_down.data.len();

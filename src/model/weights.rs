@@ -51,18 +51,32 @@ pub struct Norm {
     pub bias: Option<Vec<f32>>,
 }
 
+/// How a block stores its q, k, v projections. (One per layer, built once: the size
+/// difference between the variants does not matter.)
+#[allow(clippy::large_enum_variant)]
+pub enum Qkv {
+    /// `wq [q_dim, dim]`, `wk [kv_dim, dim]`, `wv [kv_dim, dim]`.
+    Separate { wq: Linear, wk: Linear, wv: Linear },
+    /// One `[q_dim + 2·kv_dim, dim]` matrix (GPT-2).
+    Fused(Linear),
+}
+
+impl Qkv {
+    /// The matrices, for walks over every weight.
+    pub fn matrices(&self) -> Vec<&Linear> {
+        match self {
+            Qkv::Separate { wq, wk, wv } => vec![wq, wk, wv],
+            Qkv::Fused(w) => vec![w],
+        }
+    }
+}
+
 /// One transformer block.
 pub struct Layer {
     /// `[dim]`
     pub attn_norm: Norm,
-    /// `[q_dim, dim]` (absent when fused)
-    pub wq: Option<Linear>,
-    /// `[kv_dim, dim]`
-    pub wk: Option<Linear>,
-    /// `[kv_dim, dim]`
-    pub wv: Option<Linear>,
-    /// `[q_dim + 2·kv_dim, dim]` (GPT-2)
-    pub wqkv: Option<Linear>,
+    /// The query, key and value projections.
+    pub qkv: Qkv,
     /// `[head_dim]`, applied to every head of q / k.
     pub q_norm: Option<Norm>,
     pub k_norm: Option<Norm>,
@@ -237,20 +251,14 @@ pub fn load(
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for (i, rope) in ropes.into_iter().enumerate() {
         let b = |s: &str| blk(i, s);
-        let (wq, wk, wv, wqkv) = if traits.fused_qkv {
-            (
-                None,
-                None,
-                None,
-                Some(ld.linear(&b(ATTN_QKV), dim, q_dim + kv_k + kv_v)?),
-            )
+        let qkv = if traits.fused_qkv {
+            Qkv::Fused(ld.linear(&b(ATTN_QKV), dim, q_dim + kv_k + kv_v)?)
         } else {
-            (
-                Some(ld.linear(&b(ATTN_Q), dim, q_dim)?),
-                Some(ld.linear(&b(ATTN_K), dim, kv_k)?),
-                Some(ld.linear(&b(ATTN_V), dim, kv_v)?),
-                None,
-            )
+            Qkv::Separate {
+                wq: ld.linear(&b(ATTN_Q), dim, q_dim)?,
+                wk: ld.linear(&b(ATTN_K), dim, kv_k)?,
+                wv: ld.linear(&b(ATTN_V), dim, kv_v)?,
+            }
         };
         let (q_norm, k_norm) = if traits.qk_norm {
             (
@@ -270,10 +278,7 @@ pub fn load(
         };
         layers.push(Layer {
             attn_norm: ld.norm(&b(ATTN_NORM), dim)?,
-            wq,
-            wk,
-            wv,
-            wqkv,
+            qkv,
             q_norm,
             k_norm,
             wo: ld.linear(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?,
