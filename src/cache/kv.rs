@@ -170,6 +170,30 @@ impl KvCache {
         }
     }
 
+    /// Make this cache hold the first `n` positions of `src` (same layout): the keys and
+    /// values are copied head by head and the cursor set to `n`. This is how a sequence reuses
+    /// a prefix another sequence has already computed (prefix caching across slots).
+    pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<(), KvOverflow> {
+        assert_eq!(
+            self.layout, src.layout,
+            "copying between caches of another shape"
+        );
+        let n = n.min(src.len);
+        self.len = 0;
+        self.check_fits(n)?;
+        let l = self.layout;
+        for layer in 0..l.n_layers {
+            for h in 0..l.n_kv_heads {
+                let ks = h * l.max_len * l.head_dim_k..(h * l.max_len + n) * l.head_dim_k;
+                self.k[layer][ks.clone()].copy_from_slice(&src.k[layer][ks]);
+                let vs = h * l.max_len * l.head_dim_v..(h * l.max_len + n) * l.head_dim_v;
+                self.v[layer][vs.clone()].copy_from_slice(&src.v[layer][vs]);
+            }
+        }
+        self.len = n;
+        Ok(())
+    }
+
     /// All of `layer`'s keys, `[n_kv_heads, max_len, head_dim_k]`.
     pub fn keys(&self, layer: usize) -> &[f16] {
         &self.k[layer]
@@ -224,6 +248,39 @@ mod tests {
         c.reset();
         assert_eq!(c.len(), 0);
         assert!(c.would_overflow(usize::MAX));
+    }
+
+    #[test]
+    fn copy_prefix_copies_only_the_prefix() {
+        let mut a = KvCache::new(layout());
+        for pos in 0..5 {
+            let k: Vec<f32> = (0..8).map(|i| (pos * 10 + i) as f32).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            for layer in 0..2 {
+                a.write(layer, pos, &k, &v);
+            }
+        }
+        a.advance(5).unwrap();
+        let mut b = KvCache::new(layout());
+        b.advance(7).unwrap();
+        b.copy_prefix_from(&a, 3).unwrap();
+        assert_eq!(b.len(), 3);
+        for layer in 0..2 {
+            for h in 0..2 {
+                let off = h * 8 * 4;
+                assert_eq!(b.keys(layer)[off..off + 12], a.keys(layer)[off..off + 12]);
+                assert_eq!(
+                    b.values(layer)[off..off + 12],
+                    a.values(layer)[off..off + 12]
+                );
+                assert!(b.keys(layer)[off + 12..off + 32]
+                    .iter()
+                    .all(|x| x.to_f32() == 0.0));
+            }
+        }
+        // Asking for more than the source holds copies what it has.
+        b.copy_prefix_from(&a, 100).unwrap();
+        assert_eq!(b.len(), 5);
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The engine: sessions over a loaded model, the generation loop, perplexity.
 
+pub mod batch;
 pub mod generate;
 pub mod perplexity;
 pub mod plan;
+pub mod scheduler;
 pub mod session;
 
 pub use generate::{generate, GenStats, GenerateRequest, StopReason};

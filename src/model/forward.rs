@@ -52,6 +52,28 @@ pub enum ForwardError {
     PositionOutOfRange { pos: usize, max: usize },
     #[error("empty batch")]
     Empty,
+    #[error("the batch has {tokens} tokens but its sequences claim {claimed}")]
+    BatchMismatch { tokens: usize, claimed: usize },
+}
+
+/// One sequence's share of a batch: its KV cache and how many of the batch's tokens are its
+/// (consecutive, after the previous sequences' tokens). Its tokens go to positions
+/// `kv.len()..kv.len() + n_tokens`.
+pub struct SeqBatch<'a> {
+    pub kv: &'a mut KvCache,
+    pub n_tokens: usize,
+}
+
+/// Call `f(row, position)` for every row of the batch, in order.
+fn for_each_row(seqs: &[SeqBatch<'_>], mut f: impl FnMut(usize, usize)) {
+    let mut row = 0;
+    for sq in seqs {
+        let pos0 = sq.kv.len();
+        for j in 0..sq.n_tokens {
+            f(row, pos0 + j);
+            row += 1;
+        }
+    }
 }
 
 /// Run `tokens` through the model, appending them to `kv`.
@@ -63,12 +85,31 @@ pub fn forward(
     tokens: &[u32],
     logits: Logits<'_>,
 ) -> Result<(), ForwardError> {
+    let n_tokens = tokens.len();
+    forward_batch(m, rt, &mut [SeqBatch { kv, n_tokens }], s, tokens, logits)
+}
+
+/// Run a batch holding the tokens of several sequences (continuous batching: one decode token
+/// per sequence, or prefill chunks) through the model. Every matrix product reads its weights
+/// once for all rows; attention runs per sequence over its own cache. Row `r` of the logits
+/// belongs to row `r` of `tokens`.
+pub fn forward_batch(
+    m: &Model,
+    rt: &Runtime,
+    seqs: &mut [SeqBatch<'_>],
+    s: &mut Scratch,
+    tokens: &[u32],
+    logits: Logits<'_>,
+) -> Result<(), ForwardError> {
     let c = &m.config;
     let w = &m.weights;
     let n = tokens.len();
-    let pos0 = kv.len();
-    if n == 0 {
+    if n == 0 || seqs.iter().any(|sq| sq.n_tokens == 0) {
         return Err(ForwardError::Empty);
+    }
+    let claimed: usize = seqs.iter().map(|sq| sq.n_tokens).sum();
+    if claimed != n {
+        return Err(ForwardError::BatchMismatch { tokens: n, claimed });
     }
     if n > s.spec.max_tokens {
         return Err(ForwardError::BatchTooLarge {
@@ -76,34 +117,37 @@ pub fn forward(
             max: s.spec.max_tokens,
         });
     }
-    kv.check_fits(n)?;
+    for sq in seqs.iter() {
+        sq.kv.check_fits(sq.n_tokens)?;
+        let end = sq.kv.len() + sq.n_tokens;
+        if w.pos_embd.is_some() && end > c.ctx_train {
+            return Err(ForwardError::PositionOutOfRange {
+                pos: end - 1,
+                max: c.ctx_train,
+            });
+        }
+    }
     if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
         return Err(ForwardError::BadToken {
             id,
             vocab: c.vocab_size,
         });
     }
-    if w.pos_embd.is_some() && pos0 + n > c.ctx_train {
-        return Err(ForwardError::PositionOutOfRange {
-            pos: pos0 + n - 1,
-            max: c.ctx_train,
-        });
-    }
     let pool = &rt.pool;
     let dim = c.dim;
 
     // Embeddings.
-    for (j, &t) in tokens.iter().enumerate() {
+    for_each_row(seqs, |j, pos| {
         let row = &mut s.x[j * dim..(j + 1) * dim];
-        w.token_embd.row_f32(t as usize, row);
+        w.token_embd.row_f32(tokens[j] as usize, row);
         if m.embed_scale != 1.0 {
             ops::scale_inplace(row, m.embed_scale);
         }
         if let Some(pe) = &w.pos_embd {
-            pe.row_f32(pos0 + j, &mut s.xb[..dim]);
+            pe.row_f32(pos, &mut s.xb[..dim]);
             ops::add_inplace(row, &s.xb[..dim]);
         }
-    }
+    });
 
     let (q_dim, kv_k, kv_v) = (c.q_dim(), c.kv_dim_k(), c.kv_dim_v());
     let rd = c.rope_dims.max(2);
@@ -164,9 +208,9 @@ pub fn forward(
         }
         if let Some(rope) = &layer.rope {
             if rope_of_cs != Some(rope) {
-                for j in 0..n {
-                    rope.cos_sin(pos0 + j, &mut s.rope_cs[j * rd..(j + 1) * rd]);
-                }
+                for_each_row(seqs, |j, pos| {
+                    rope.cos_sin(pos, &mut s.rope_cs[j * rd..(j + 1) * rd]);
+                });
                 rope_of_cs = Some(rope);
             }
             for j in 0..n {
@@ -175,35 +219,43 @@ pub fn forward(
                 rope.apply(&mut s.k[j * kv_k..(j + 1) * kv_k], c.head_dim_k, cs);
             }
         }
-        for j in 0..n {
-            kv.write(
-                li,
-                pos0 + j,
-                &s.k[j * kv_k..(j + 1) * kv_k],
-                &s.v[j * kv_v..(j + 1) * kv_v],
+        let mut r0 = 0;
+        for sq in seqs.iter_mut() {
+            let pos0 = sq.kv.len();
+            let rows = r0..r0 + sq.n_tokens;
+            r0 = rows.end;
+            let kv = &mut *sq.kv;
+            for (j, pos) in rows.clone().zip(pos0..) {
+                kv.write(
+                    li,
+                    pos,
+                    &s.k[j * kv_k..(j + 1) * kv_k],
+                    &s.v[j * kv_v..(j + 1) * kv_v],
+                );
+            }
+            let shape = AttnShape {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim_k: c.head_dim_k,
+                head_dim_v: c.head_dim_v,
+                scale: c.attn_scale,
+                window: layer.window,
+                kv_stride: kv.capacity(),
+            };
+            let aod = c.attn_out_dim();
+            attention(
+                pool,
+                &rt.f16,
+                &shape,
+                &s.q[rows.start * q_dim..rows.end * q_dim],
+                rows.len(),
+                pos0,
+                kv.keys(li),
+                kv.values(li),
+                &mut s.attn[rows.start * aod..rows.end * aod],
+                &mut s.attn_scratch,
             );
         }
-        let shape = AttnShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim_k: c.head_dim_k,
-            head_dim_v: c.head_dim_v,
-            scale: c.attn_scale,
-            window: layer.window,
-            kv_stride: kv.capacity(),
-        };
-        attention(
-            pool,
-            &rt.f16,
-            &shape,
-            &s.q[..n * q_dim],
-            n,
-            pos0,
-            kv.keys(li),
-            kv.values(li),
-            &mut s.attn[..n * c.attn_out_dim()],
-            &mut s.attn_scratch,
-        );
         matmul(
             pool,
             &layer.wo,
@@ -274,7 +326,9 @@ pub fn forward(
         }
         ops::add_inplace(&mut s.x[..n * dim], &s.proj[..n * dim]);
     }
-    kv.advance(n)?;
+    for sq in seqs.iter_mut() {
+        sq.kv.advance(sq.n_tokens)?;
+    }
 
     // --- output head ---
     match logits {

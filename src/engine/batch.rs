@@ -1,0 +1,252 @@
+//! Several sequences over one model: the runner of continuous batching.
+//!
+//! Each slot is one sequence's KV region (a [`KvCache`] of `n_ctx` positions) and the tokens it
+//! holds. A decode step evaluates one token for each of several slots as **one** forward pass:
+//! every weight matrix is read once for all of them, which is where batching wins on a
+//! bandwidth-bound CPU. Prefill runs one chunk of one slot at a time, so the scheduler can
+//! interleave it with decode steps of the others.
+//!
+//! All buffers are allocated in [`BatchRunner::new`]: scratch for `max(prefill_chunk, slots)`
+//! rows, one logits row per slot.
+
+use std::sync::Arc;
+
+use super::session::{kv_layout, scratch_spec, EngineError, SessionOptions};
+use crate::cache::{KvCache, Scratch};
+use crate::model::forward::{forward_batch, Logits, Runtime, SeqBatch};
+use crate::model::Model;
+
+/// How a runner is sized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchOptions {
+    /// Sequences served at once (`--parallel`).
+    pub n_slots: usize,
+    /// Context positions of each slot.
+    pub n_ctx: usize,
+    pub n_threads: usize,
+    /// Tokens per prefill pass.
+    pub prefill_chunk: usize,
+}
+
+/// One sequence's KV region and the tokens in it.
+struct Slot {
+    kv: KvCache,
+    tokens: Vec<u32>,
+}
+
+/// The model, the thread pool, the shared scratch and every slot.
+pub struct BatchRunner {
+    pub model: Arc<Model>,
+    pub opts: BatchOptions,
+    rt: Runtime,
+    scratch: Scratch,
+    slots: Vec<Slot>,
+    /// `[n_slots, vocab]`: the logits after each slot's last evaluated token.
+    logits: Vec<f32>,
+    /// `[n_slots]` the batch of the current decode step (reused).
+    step_tokens: Vec<u32>,
+}
+
+impl BatchRunner {
+    pub fn new(model: Arc<Model>, opts: BatchOptions) -> Result<BatchRunner, EngineError> {
+        let c = &model.config;
+        let n_slots = opts.n_slots.max(1);
+        let n_ctx = opts.n_ctx.max(1);
+        if model.weights.pos_embd.is_some() && n_ctx > c.ctx_train {
+            return Err(EngineError::ContextTooLarge {
+                ctx: n_ctx,
+                max: c.ctx_train,
+            });
+        }
+        let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
+        // Rows per pass: a prefill chunk, or one decode token per slot.
+        sopts.prefill_chunk = opts.prefill_chunk.max(1).max(n_slots);
+        sopts.logit_rows = n_slots;
+        let spec = scratch_spec(&model, &sopts);
+        let layout = kv_layout(c, n_ctx);
+        let slots = (0..n_slots)
+            .map(|_| Slot {
+                kv: KvCache::new(layout),
+                tokens: Vec::with_capacity(n_ctx),
+            })
+            .collect();
+        Ok(BatchRunner {
+            rt: Runtime::new(opts.n_threads),
+            scratch: Scratch::new(c, spec),
+            slots,
+            logits: vec![0.0; n_slots * c.vocab_size],
+            step_tokens: Vec::with_capacity(n_slots),
+            opts: BatchOptions {
+                n_slots,
+                n_ctx,
+                prefill_chunk: opts.prefill_chunk.max(1).min(spec.max_tokens),
+                ..opts
+            },
+            model,
+        })
+    }
+
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.opts.n_ctx
+    }
+
+    /// The tokens whose keys and values slot `slot` holds.
+    pub fn tokens(&self, slot: usize) -> &[u32] {
+        &self.slots[slot].tokens
+    }
+
+    /// The logits after slot `slot`'s last evaluated token.
+    pub fn logits(&self, slot: usize) -> &[f32] {
+        let v = self.model.config.vocab_size;
+        &self.logits[slot * v..(slot + 1) * v]
+    }
+
+    /// Would `n` more tokens overflow slot `slot`?
+    pub fn would_overflow(&self, slot: usize, n: usize) -> bool {
+        self.slots[slot].kv.would_overflow(n)
+    }
+
+    /// Length of the common prefix of slot `slot`'s tokens and `tokens`.
+    pub fn common_prefix(&self, slot: usize, tokens: &[u32]) -> usize {
+        self.slots[slot]
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
+
+    /// Keep only the first `n` tokens of slot `slot` (seed 004's rollback).
+    pub fn rollback(&mut self, slot: usize, n: usize) {
+        let s = &mut self.slots[slot];
+        s.kv.rollback(n);
+        s.tokens.truncate(n);
+    }
+
+    /// Make slot `dst` hold the first `n` tokens of slot `src` (a prefix computed by another
+    /// sequence), copying their keys and values.
+    pub fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) {
+        if dst == src {
+            self.rollback(dst, n);
+            return;
+        }
+        let (d, s) = if dst < src {
+            let (a, b) = self.slots.split_at_mut(src);
+            (&mut a[dst], &b[0])
+        } else {
+            let (a, b) = self.slots.split_at_mut(dst);
+            (&mut b[0], &a[src])
+        };
+        let n = n.min(s.tokens.len());
+        d.kv.copy_prefix_from(&s.kv, n)
+            .expect("slots share one layout, so a prefix of one fits another");
+        d.tokens.clear();
+        d.tokens.extend_from_slice(&s.tokens[..n]);
+    }
+
+    /// Evaluate one prefill chunk (at most `opts.prefill_chunk` tokens) of slot `slot`. With
+    /// `want_logits`, the last token's logits become [`BatchRunner::logits`] of the slot.
+    pub fn prefill_chunk(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<(), EngineError> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let v = self.model.config.vocab_size;
+        let s = &mut self.slots[slot];
+        if s.kv.would_overflow(tokens.len()) {
+            return Err(EngineError::PromptTooLong {
+                prompt: tokens.len(),
+                ctx: self.opts.n_ctx,
+                used: s.tokens.len(),
+            });
+        }
+        let want = if want_logits {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        let n_tokens = tokens.len();
+        forward_batch(
+            &self.model,
+            &self.rt,
+            &mut [SeqBatch {
+                kv: &mut s.kv,
+                n_tokens,
+            }],
+            &mut self.scratch,
+            tokens,
+            want,
+        )?;
+        s.tokens.extend_from_slice(tokens);
+        if want_logits {
+            self.logits[slot * v..(slot + 1) * v].copy_from_slice(&self.scratch.logits[..v]);
+        }
+        Ok(())
+    }
+
+    /// One decode step: evaluate `token` for each `(slot, token)` of `batch` in one forward
+    /// pass. Slots must be distinct and in increasing order. Afterwards
+    /// [`BatchRunner::logits`] of each of those slots holds its next-token logits.
+    pub fn decode(&mut self, batch: &[(usize, u32)]) -> Result<(), EngineError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        assert!(
+            batch.windows(2).all(|w| w[0].0 < w[1].0),
+            "decode batch slots must be distinct and increasing"
+        );
+        if batch
+            .iter()
+            .any(|&(s, _)| self.slots[s].kv.would_overflow(1))
+        {
+            return Err(EngineError::ContextFull {
+                ctx: self.opts.n_ctx,
+            });
+        }
+        self.step_tokens.clear();
+        self.step_tokens.extend(batch.iter().map(|&(_, t)| t));
+        let mut seqs: Vec<SeqBatch<'_>> = Vec::with_capacity(batch.len());
+        let mut want = batch.iter().map(|&(s, _)| s).peekable();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if want.peek() == Some(&i) {
+                want.next();
+                seqs.push(SeqBatch {
+                    kv: &mut s.kv,
+                    n_tokens: 1,
+                });
+            }
+        }
+        let v = self.model.config.vocab_size;
+        let logits = &mut self.logits;
+        let mut sink = |row: usize, l: &[f32]| {
+            let slot = batch[row].0;
+            logits[slot * v..(slot + 1) * v].copy_from_slice(l);
+        };
+        forward_batch(
+            &self.model,
+            &self.rt,
+            &mut seqs,
+            &mut self.scratch,
+            &self.step_tokens,
+            Logits::Rows(0..batch.len(), &mut sink),
+        )?;
+        drop(seqs);
+        for &(slot, t) in batch {
+            self.slots[slot].tokens.push(t);
+        }
+        Ok(())
+    }
+
+    /// Bytes of the KV caches of all slots.
+    pub fn kv_bytes(&self) -> usize {
+        self.slots.iter().map(|s| s.kv.bytes()).sum()
+    }
+}

@@ -1,0 +1,509 @@
+//! Continuous batching: many requests over one [`BatchRunner`].
+//!
+//! Requests wait in a FIFO queue until a slot is free. Each iteration of [`Scheduler::step`]
+//! admits waiting requests into free slots, runs **one** prefill chunk of the oldest sequence
+//! still prefilling, then **one** decode step for every sequence that is generating, as a
+//! single batched forward pass. New requests thus join between steps and finished ones leave
+//! without stalling the others.
+//!
+//! Prefix cache: a finished sequence's slot keeps its tokens and KV. A new request goes to the
+//! free slot sharing the longest prefix with its prompt (least recently used among equals) and
+//! prefills only the rest; if a busy slot shares a longer prefix, that prefix's KV is copied
+//! over first (seed 004's rollback, across slots).
+//!
+//! Generation follows [`super::generate`] step for step (same sampler calls on the same
+//! logits), so a request's greedy output equals `kiln run`'s.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::batch::BatchRunner;
+use super::session::EngineError;
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// One generation request.
+pub struct SeqRequest {
+    /// Prompt token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Maximum new tokens.
+    pub max_new: usize,
+    pub sampler: SamplerConfig,
+    /// Stop sequences: generation ends before the first occurrence of any (not included).
+    pub stop: Vec<String>,
+    /// Receives the events of this request; returning `false` (the receiver is gone: a closed
+    /// connection) cancels the request and frees its slot.
+    pub sink: Box<dyn FnMut(SeqEvent) -> bool + Send>,
+}
+
+/// What a request produces, in order: any number of `Text`, then one `Done`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqEvent {
+    /// New text (possibly empty: a liveness probe the receiver may ignore).
+    Text(String),
+    Done(Finished),
+}
+
+/// Why and how a request ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub reason: FinishReason,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or a stop sequence.
+    Stop,
+    /// `max_new` tokens, or the slot's context is full.
+    Length,
+    /// The receiver went away.
+    Cancelled,
+    /// The engine refused the request.
+    Error(String),
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// Counters and gauges of the scheduler, read by the server's `/metrics`.
+#[derive(Debug, Default)]
+pub struct SchedMetrics {
+    pub requests_admitted: AtomicU64,
+    pub requests_finished: AtomicU64,
+    pub requests_cancelled: AtomicU64,
+    pub requests_failed: AtomicU64,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: AtomicU64,
+    /// Prompt tokens actually evaluated.
+    pub prefill_tokens: AtomicU64,
+    /// Requests that reused a cached prefix.
+    pub prefix_hits: AtomicU64,
+    /// Prompt tokens not evaluated thanks to the prefix cache.
+    pub prefill_tokens_saved: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub decode_steps: AtomicU64,
+    /// Requests waiting for a slot.
+    pub queue_depth: AtomicUsize,
+    /// Slots holding an active request.
+    pub slots_in_use: AtomicUsize,
+    pub slots_total: AtomicUsize,
+    /// Generated tokens per second over recent decode steps (f64 bits).
+    decode_tps_bits: AtomicU64,
+}
+
+impl SchedMetrics {
+    /// Recent aggregate decode speed, tokens per second.
+    pub fn decode_tps(&self) -> f64 {
+        f64::from_bits(self.decode_tps_bits.load(Relaxed))
+    }
+
+    fn record_step(&self, tokens: usize, secs: f64) {
+        if secs <= 0.0 {
+            return;
+        }
+        let now = tokens as f64 / secs;
+        let old = self.decode_tps();
+        let tps = if old == 0.0 {
+            now
+        } else {
+            0.9 * old + 0.1 * now
+        };
+        self.decode_tps_bits.store(tps.to_bits(), Relaxed);
+    }
+}
+
+enum Phase {
+    /// Prompt tokens `next..` still to evaluate.
+    Prefill { next: usize },
+    /// `pending` was sampled and emitted; it is evaluated in the next decode step.
+    Decode { pending: u32 },
+}
+
+/// A request holding a slot.
+struct Active<'t> {
+    req: SeqRequest,
+    sampler: Sampler,
+    stream: StreamDecoder<'t>,
+    phase: Phase,
+    /// Text held back because it could be the start of a stop sequence.
+    held: String,
+    generated: usize,
+    cached: usize,
+    /// Admission order, for first-come prefill.
+    order: u64,
+}
+
+enum Emit {
+    Continue,
+    StopHit,
+    Gone,
+}
+
+impl Active<'_> {
+    /// Send `text`, holding back any tail that may begin a stop sequence.
+    fn emit(&mut self, text: &str) -> Emit {
+        self.held.push_str(text);
+        if let Some(at) = self
+            .req
+            .stop
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
+            self.held.truncate(at);
+            let out = std::mem::take(&mut self.held);
+            (self.req.sink)(SeqEvent::Text(out));
+            return Emit::StopHit;
+        }
+        let keep = held_back(&self.held, &self.req.stop);
+        let out: String = self.held.drain(..self.held.len() - keep).collect();
+        if (self.req.sink)(SeqEvent::Text(out)) {
+            Emit::Continue
+        } else {
+            Emit::Gone
+        }
+    }
+}
+
+/// Bytes at the end of `text` that are a proper prefix of some stop sequence (so may still
+/// grow into it), cut at a character boundary.
+fn held_back(text: &str, stops: &[String]) -> usize {
+    let mut keep = 0;
+    for s in stops {
+        for (i, _) in s.char_indices().skip(1) {
+            if i > keep && text.ends_with(&s[..i]) {
+                keep = i;
+            }
+        }
+    }
+    keep
+}
+
+/// The continuous-batching scheduler over one runner.
+pub struct Scheduler<'t> {
+    runner: BatchRunner,
+    tok: &'t Tokenizer,
+    waiting: VecDeque<SeqRequest>,
+    active: Vec<Option<Active<'t>>>,
+    /// Per slot, when it was last released (LRU among free slots).
+    released_at: Vec<u64>,
+    tick: u64,
+    metrics: Arc<SchedMetrics>,
+    /// The decode batch of a step (reused).
+    batch: Vec<(usize, u32)>,
+}
+
+impl<'t> Scheduler<'t> {
+    pub fn new(runner: BatchRunner, tok: &'t Tokenizer, metrics: Arc<SchedMetrics>) -> Self {
+        let n = runner.n_slots();
+        metrics.slots_total.store(n, Relaxed);
+        Scheduler {
+            runner,
+            tok,
+            waiting: VecDeque::new(),
+            active: (0..n).map(|_| None).collect(),
+            released_at: vec![0; n],
+            tick: 0,
+            metrics,
+            batch: Vec::with_capacity(n),
+        }
+    }
+
+    pub fn runner(&self) -> &BatchRunner {
+        &self.runner
+    }
+
+    /// Nothing waiting and nothing running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.active.iter().all(Option::is_none)
+    }
+
+    /// Queue a request. Requests that can never run are answered at once with an error.
+    pub fn submit(&mut self, mut req: SeqRequest) {
+        let n_ctx = self.runner.n_ctx();
+        let err = if req.prompt.is_empty() {
+            Some(EngineError::EmptyPrompt.to_string())
+        } else if req.prompt.len() >= n_ctx {
+            Some(
+                EngineError::PromptTooLong {
+                    prompt: req.prompt.len(),
+                    ctx: n_ctx,
+                    used: 0,
+                }
+                .to_string(),
+            )
+        } else if let Some(&id) = req
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.runner.model.config.vocab_size)
+        {
+            Some(format!("token id {id} is outside the vocabulary"))
+        } else {
+            None
+        };
+        if let Some(e) = err {
+            self.metrics.requests_failed.fetch_add(1, Relaxed);
+            let usage = Usage {
+                prompt_tokens: req.prompt.len(),
+                ..Usage::default()
+            };
+            (req.sink)(SeqEvent::Done(Finished {
+                reason: FinishReason::Error(e),
+                usage,
+            }));
+            return;
+        }
+        self.waiting.push_back(req);
+        self.metrics.queue_depth.store(self.waiting.len(), Relaxed);
+    }
+
+    /// Serve requests from `rx` until every sender is gone and the work is done.
+    pub fn run(mut self, rx: Receiver<SeqRequest>) {
+        loop {
+            if self.is_idle() {
+                match rx.recv() {
+                    Ok(r) => self.submit(r),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(r) = rx.try_recv() {
+                self.submit(r);
+            }
+            self.step();
+        }
+    }
+
+    /// One iteration: admit, one prefill chunk, one batched decode step.
+    pub fn step(&mut self) {
+        self.admit();
+        self.prefill_one_chunk();
+        self.decode_step();
+        let in_use = self.active.iter().filter(|a| a.is_some()).count();
+        self.metrics.slots_in_use.store(in_use, Relaxed);
+        self.metrics.queue_depth.store(self.waiting.len(), Relaxed);
+    }
+
+    fn admit(&mut self) {
+        while !self.waiting.is_empty() {
+            let Some(slot) = self.pick_slot() else {
+                return;
+            };
+            let req = self.waiting.pop_front().expect("checked non-empty");
+            self.tick += 1;
+            // Keep at least one prompt token to evaluate, so that fresh logits exist.
+            let limit = req.prompt.len() - 1;
+            let own = self.runner.common_prefix(slot, &req.prompt).min(limit);
+            let (src, best) = (0..self.runner.n_slots())
+                .map(|s| (s, self.runner.common_prefix(s, &req.prompt).min(limit)))
+                .max_by_key(|&(s, n)| (n, s == slot))
+                .expect("at least one slot");
+            let cached = if best > own {
+                self.runner.copy_prefix(slot, src, best);
+                best
+            } else {
+                self.runner.rollback(slot, own);
+                own
+            };
+            let m = &self.metrics;
+            m.requests_admitted.fetch_add(1, Relaxed);
+            m.prompt_tokens.fetch_add(req.prompt.len() as u64, Relaxed);
+            if cached > 0 {
+                m.prefix_hits.fetch_add(1, Relaxed);
+                m.prefill_tokens_saved.fetch_add(cached as u64, Relaxed);
+            }
+            let vocab = self.runner.model.config.vocab_size;
+            self.active[slot] = Some(Active {
+                sampler: Sampler::new(req.sampler.clone(), vocab),
+                stream: StreamDecoder::new(self.tok),
+                phase: Phase::Prefill { next: cached },
+                held: String::new(),
+                generated: 0,
+                cached,
+                order: self.tick,
+                req,
+            });
+        }
+    }
+
+    /// The free slot for the next waiting request: the longest shared prefix, then the least
+    /// recently released.
+    fn pick_slot(&self) -> Option<usize> {
+        let prompt = &self.waiting.front()?.prompt;
+        (0..self.runner.n_slots())
+            .filter(|&s| self.active[s].is_none())
+            .max_by_key(|&s| {
+                (
+                    self.runner.common_prefix(s, prompt),
+                    std::cmp::Reverse(self.released_at[s]),
+                )
+            })
+    }
+
+    fn prefill_one_chunk(&mut self) {
+        let Some(slot) = (0..self.active.len())
+            .filter(|&s| {
+                matches!(
+                    self.active[s],
+                    Some(Active {
+                        phase: Phase::Prefill { .. },
+                        ..
+                    })
+                )
+            })
+            .min_by_key(|&s| self.active[s].as_ref().map_or(u64::MAX, |a| a.order))
+        else {
+            return;
+        };
+        let chunk = self.runner.opts.prefill_chunk;
+        let a = self.active[slot].as_mut().expect("chosen active");
+        let Phase::Prefill { next } = a.phase else {
+            return;
+        };
+        // A closed connection stops the prefill too.
+        if !(a.req.sink)(SeqEvent::Text(String::new())) {
+            self.finish(slot, FinishReason::Cancelled);
+            return;
+        }
+        let len = a.req.prompt.len();
+        let end = (next + chunk).min(len);
+        let res = self
+            .runner
+            .prefill_chunk(slot, &a.req.prompt[next..end], end == len);
+        self.metrics
+            .prefill_tokens
+            .fetch_add((end - next) as u64, Relaxed);
+        match res {
+            Err(e) => self.finish(slot, FinishReason::Error(e.to_string())),
+            Ok(()) if end == len => self.sample_next(slot),
+            Ok(()) => {
+                if let Some(a) = self.active[slot].as_mut() {
+                    a.phase = Phase::Prefill { next: end };
+                }
+            }
+        }
+    }
+
+    /// Release `slot` without flushing (cancelled, failed, or cut by a stop sequence).
+    fn finish(&mut self, slot: usize, reason: FinishReason) {
+        self.finish_with(slot, reason, false);
+    }
+
+    fn decode_step(&mut self) {
+        self.batch.clear();
+        for (s, a) in self.active.iter().enumerate() {
+            if let Some(Active {
+                phase: Phase::Decode { pending },
+                ..
+            }) = a
+            {
+                self.batch.push((s, *pending));
+            }
+        }
+        if self.batch.is_empty() {
+            return;
+        }
+        let t0 = Instant::now();
+        let batch = std::mem::take(&mut self.batch);
+        let res = self.runner.decode(&batch);
+        self.metrics.decode_steps.fetch_add(1, Relaxed);
+        self.metrics
+            .record_step(batch.len(), t0.elapsed().as_secs_f64());
+        for &(slot, _) in &batch {
+            match &res {
+                Ok(()) => self.sample_next(slot),
+                Err(e) => self.finish(slot, FinishReason::Error(e.to_string())),
+            }
+        }
+        self.batch = batch;
+    }
+
+    /// Sample the next token of `slot` from its fresh logits, emit it, and either finish or
+    /// queue it for the next decode step (the order of [`super::generate`]).
+    fn sample_next(&mut self, slot: usize) {
+        let a = self.active[slot].as_mut().expect("active slot");
+        if a.generated >= a.req.max_new {
+            return self.finish_with(slot, FinishReason::Length, true);
+        }
+        let t = a
+            .sampler
+            .sample(self.runner.logits(slot), self.runner.tokens(slot));
+        if self.tok.is_eog(t) {
+            return self.finish_with(slot, FinishReason::Stop, true);
+        }
+        a.generated += 1;
+        self.metrics.generated_tokens.fetch_add(1, Relaxed);
+        let piece = a.stream.push(t).unwrap_or_default();
+        match a.emit(&piece) {
+            Emit::Continue => {}
+            Emit::StopHit => return self.finish(slot, FinishReason::Stop),
+            Emit::Gone => return self.finish(slot, FinishReason::Cancelled),
+        }
+        if self.runner.would_overflow(slot, 1) {
+            return self.finish_with(slot, FinishReason::Length, true);
+        }
+        a.phase = Phase::Decode { pending: t };
+    }
+
+    /// Release `slot`: with `flush`, output the text still pending or held back; report; keep
+    /// the slot's tokens and KV for prefix reuse.
+    fn finish_with(&mut self, slot: usize, reason: FinishReason, flush: bool) {
+        let Some(mut a) = self.active[slot].take() else {
+            return;
+        };
+        self.tick += 1;
+        self.released_at[slot] = self.tick;
+        let mut reason = reason;
+        if flush {
+            // Text still undecoded or held back for a stop sequence that never came.
+            let tail = a.stream.flush().unwrap_or_default();
+            if let Emit::StopHit = a.emit(&tail) {
+                reason = FinishReason::Stop;
+            } else if !a.held.is_empty() {
+                let rest = std::mem::take(&mut a.held);
+                (a.req.sink)(SeqEvent::Text(rest));
+            }
+        }
+        let m = &self.metrics;
+        match reason {
+            FinishReason::Cancelled => m.requests_cancelled.fetch_add(1, Relaxed),
+            FinishReason::Error(_) => m.requests_failed.fetch_add(1, Relaxed),
+            _ => m.requests_finished.fetch_add(1, Relaxed),
+        };
+        let usage = Usage {
+            prompt_tokens: a.req.prompt.len(),
+            completion_tokens: a.generated,
+            cached_tokens: a.cached,
+        };
+        (a.req.sink)(SeqEvent::Done(Finished { reason, usage }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_back;
+
+    #[test]
+    fn holds_back_possible_stop_prefixes() {
+        let stops = vec!["###".to_string(), "\nUser:".to_string()];
+        assert_eq!(held_back("hello", &stops), 0);
+        assert_eq!(held_back("hello#", &stops), 1);
+        assert_eq!(held_back("hello##", &stops), 2);
+        assert_eq!(held_back("hi\nUs", &stops), 3);
+        assert_eq!(
+            held_back("é", &["éa".to_string()]),
+            2,
+            "whole characters only"
+        );
+    }
+}

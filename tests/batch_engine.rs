@@ -1,0 +1,287 @@
+//! Continuous batching without HTTP: a batched decode step gives each sequence exactly the
+//! logits it would get alone, the scheduler's greedy output equals the single-session
+//! generation loop, and the prefix cache prefills only new tokens.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use kiln::engine::batch::{BatchOptions, BatchRunner};
+use kiln::engine::scheduler::{FinishReason, SchedMetrics, Scheduler, SeqEvent, SeqRequest};
+use kiln::engine::{generate, GenerateRequest, Session, SessionOptions};
+use kiln::model::Model;
+use kiln::sampler::{argmax, Sampler, SamplerConfig};
+use kiln::tokenizer::Tokenizer;
+
+fn opts(n_slots: usize) -> BatchOptions {
+    BatchOptions {
+        n_slots,
+        n_ctx: 256,
+        n_threads: 2,
+        prefill_chunk: 512,
+    }
+}
+
+/// Three sequences of different lengths decoded together, step by step, against each decoded
+/// alone in its own session: logits equal bit for bit.
+fn batched_decode_matches_sessions(stem: &str) {
+    let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[9, 8, 7], &[100, 50, 25, 12, 6, 3, 1]];
+    let mut runner = BatchRunner::new(Arc::clone(&m), opts(4)).unwrap();
+    let mut sessions: Vec<Session> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = Session::new(Arc::clone(&m), SessionOptions::new(256, 2)).unwrap();
+            s.prefill(p, &mut |_, _| {}).unwrap();
+            s
+        })
+        .collect();
+    // Slots 0, 2, 3 (a gap, to exercise the slot mapping).
+    let slots = [0usize, 2, 3];
+    for (&slot, p) in slots.iter().zip(prompts) {
+        runner.prefill_chunk(slot, p, true).unwrap();
+    }
+    for step in 0..12 {
+        let mut batch = Vec::new();
+        for (i, &slot) in slots.iter().enumerate() {
+            assert_eq!(
+                runner.logits(slot),
+                sessions[i].logits(),
+                "{stem}: slot {slot} step {step}"
+            );
+            batch.push((slot, argmax(runner.logits(slot))));
+        }
+        // From step 4 on, one sequence sits out, as a finished one would.
+        if step >= 4 {
+            batch.remove(1);
+        }
+        runner.decode(&batch).unwrap();
+        for &(slot, t) in &batch {
+            let i = slots.iter().position(|&s| s == slot).unwrap();
+            sessions[i].decode(t).unwrap();
+        }
+    }
+}
+
+#[test]
+fn batched_decode_is_bit_identical_to_single_sequences() {
+    for stem in [
+        "random-llama-q4_1",
+        "random-llama-q8_0",
+        "random-llama-q4_k",
+        "random-llama-f16",
+        "random-gpt2-q8_0",
+        "random-qwen3-q4_k_m",
+    ] {
+        batched_decode_matches_sessions(stem);
+    }
+}
+
+/// Collects a request's events.
+fn collector() -> (
+    Arc<Mutex<Vec<SeqEvent>>>,
+    Box<dyn FnMut(SeqEvent) -> bool + Send>,
+) {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let e = Arc::clone(&events);
+    (
+        events,
+        Box::new(move |ev| {
+            e.lock().unwrap().push(ev);
+            true
+        }),
+    )
+}
+
+fn text_of(events: &[SeqEvent]) -> (String, FinishReason) {
+    let mut text = String::new();
+    for e in events {
+        match e {
+            SeqEvent::Text(t) => text.push_str(t),
+            SeqEvent::Done(f) => return (text, f.reason.clone()),
+        }
+    }
+    panic!("request did not finish");
+}
+
+fn sequential(m: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize) -> String {
+    sequential_ids(m, tok, prompt, n).0
+}
+
+fn sequential_ids(m: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize) -> (String, Vec<u32>) {
+    let mut ids = Vec::new();
+    let mut s = Session::new(Arc::clone(m), SessionOptions::new(512, 2)).unwrap();
+    let mut sampler = Sampler::new(SamplerConfig::greedy(), m.config.vocab_size);
+    let mut out = String::new();
+    let req = GenerateRequest {
+        prompt,
+        max_new: Some(n),
+        reuse_prefix: false,
+        cancel: None,
+    };
+    generate(
+        &mut s,
+        &mut sampler,
+        tok,
+        &req,
+        &mut |_, _| {},
+        &mut |id, t| {
+            if id != u32::MAX {
+                ids.push(id);
+            }
+            out.push_str(t);
+            true
+        },
+    )
+    .unwrap();
+    (out, ids)
+}
+
+#[test]
+fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
+    let path = common::real_model("smollm2");
+    let m = Arc::new(Model::load(&path).unwrap());
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let texts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time, in a small village,",
+        "The three primary colors are",
+        "To make a cup of tea, first",
+    ];
+    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, true, false)).collect();
+    let n_new = 24;
+    let expected: Vec<String> = prompts
+        .iter()
+        .map(|p| sequential(&m, &tok, p, n_new))
+        .collect();
+
+    let metrics = Arc::new(SchedMetrics::default());
+    let runner = BatchRunner::new(
+        Arc::clone(&m),
+        BatchOptions {
+            n_slots: 3,
+            n_ctx: 512,
+            n_threads: 2,
+            prefill_chunk: 512,
+        },
+    )
+    .unwrap();
+    let mut sched = Scheduler::new(runner, &tok, Arc::clone(&metrics));
+    // Five requests on three slots: two wait, then join as others finish.
+    let mut logs = Vec::new();
+    for p in &prompts {
+        let (log, sink) = collector();
+        sched.submit(SeqRequest {
+            prompt: p.clone(),
+            max_new: n_new,
+            sampler: SamplerConfig::greedy(),
+            stop: vec![],
+            sink,
+        });
+        logs.push(log);
+    }
+    while !sched.is_idle() {
+        sched.step();
+    }
+    for (i, log) in logs.iter().enumerate() {
+        let (text, reason) = text_of(&log.lock().unwrap());
+        assert_eq!(text, expected[i], "request {i}");
+        assert_eq!(reason, FinishReason::Length);
+    }
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(metrics.requests_finished.load(Relaxed), 5);
+    assert!(
+        metrics.decode_steps.load(Relaxed) < 5 * n_new as u64,
+        "steps were batched"
+    );
+
+    // A second turn that extends the first prompt prefills only its new tokens.
+    let first_turn = [
+        prompts[0].clone(),
+        sequential_ids(&m, &tok, &prompts[0], n_new).1,
+    ]
+    .concat();
+    let more = tok.encode(" And the capital of Italy is", false, false);
+    let second = [first_turn.clone(), more.clone()].concat();
+    // (The five requests above evicted the first one's slot, least recently used first; run
+    // the first turn again so that the second follows it as in a chat.)
+    let (log, sink) = collector();
+    sched.submit(SeqRequest {
+        prompt: prompts[0].clone(),
+        max_new: n_new,
+        sampler: SamplerConfig::greedy(),
+        stop: vec![],
+        sink,
+    });
+    while !sched.is_idle() {
+        sched.step();
+    }
+    assert_eq!(text_of(&log.lock().unwrap()).0, expected[0]);
+    let before = metrics.prefill_tokens.load(Relaxed);
+    let (log, sink) = collector();
+    sched.submit(SeqRequest {
+        prompt: second.clone(),
+        max_new: 16,
+        sampler: SamplerConfig::greedy(),
+        stop: vec![],
+        sink,
+    });
+    while !sched.is_idle() {
+        sched.step();
+    }
+    let evaluated = metrics.prefill_tokens.load(Relaxed) - before;
+    // The slot holds the prompt and all generated tokens but the last (never evaluated).
+    assert!(
+        evaluated <= more.len() as u64 + 1,
+        "prefilled {evaluated} tokens for {} new",
+        more.len()
+    );
+    assert!(metrics.prefix_hits.load(Relaxed) >= 1);
+    let (text, _) = text_of(&log.lock().unwrap());
+    assert_eq!(text, sequential(&m, &tok, &second, 16), "warm == cold");
+}
+
+#[test]
+fn stop_sequences_cut_the_output_and_cancel_frees_the_slot() {
+    let m = Arc::new(Model::load(common::real_model("smollm2")).unwrap());
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let prompt = tok.encode("1, 2, 3, 4, 5,", true, false);
+    let full = sequential(&m, &tok, &prompt, 20);
+    // Stop at the first occurrence of a piece of the known continuation.
+    let stop = full[3..6].to_string();
+    let cut = &full[..full.find(&stop).unwrap()];
+
+    let metrics = Arc::new(SchedMetrics::default());
+    let runner = BatchRunner::new(Arc::clone(&m), opts(2)).unwrap();
+    let mut sched = Scheduler::new(runner, &tok, Arc::clone(&metrics));
+    let (log, sink) = collector();
+    sched.submit(SeqRequest {
+        prompt: prompt.clone(),
+        max_new: 20,
+        sampler: SamplerConfig::greedy(),
+        stop: vec![stop.clone()],
+        sink,
+    });
+    // A request whose receiver is gone after three events.
+    let mut seen = 0;
+    sched.submit(SeqRequest {
+        prompt: prompt.clone(),
+        max_new: 200,
+        sampler: SamplerConfig::greedy(),
+        stop: vec![],
+        sink: Box::new(move |_| {
+            seen += 1;
+            seen < 3
+        }),
+    });
+    while !sched.is_idle() {
+        sched.step();
+    }
+    let (text, reason) = text_of(&log.lock().unwrap());
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(text, cut, "stop sequence {stop:?} in {full:?}");
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(metrics.requests_cancelled.load(Relaxed), 1);
+    assert_eq!(metrics.slots_in_use.load(Relaxed), 0);
+}
