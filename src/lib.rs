@@ -10,6 +10,7 @@
 //! - [`cache`]: the pre-allocated KV cache and scratch buffers.
 //! - [`engine`]: prefill / decode loop, generation, perplexity.
 //! - [`sampler`]: logits → next token.
+//! - [`server`]: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
 //! - [`fetch`]: downloading the real models from their registry packages.
 
 pub mod cache;
@@ -20,4 +21,5 @@ pub mod kernels;
 pub mod model;
 pub mod quant;
 pub mod sampler;
+pub mod server;
 pub mod tokenizer;

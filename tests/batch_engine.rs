@@ -177,6 +177,7 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
             max_new: n_new,
             sampler: SamplerConfig::greedy(),
             stop: vec![],
+            cache_prompt: true,
             sink,
         });
         logs.push(log);
@@ -212,6 +213,7 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
         max_new: n_new,
         sampler: SamplerConfig::greedy(),
         stop: vec![],
+        cache_prompt: true,
         sink,
     });
     while !sched.is_idle() {
@@ -225,6 +227,7 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
         max_new: 16,
         sampler: SamplerConfig::greedy(),
         stop: vec![],
+        cache_prompt: true,
         sink,
     });
     while !sched.is_idle() {
@@ -261,6 +264,7 @@ fn stop_sequences_cut_the_output_and_cancel_frees_the_slot() {
         max_new: 20,
         sampler: SamplerConfig::greedy(),
         stop: vec![stop.clone()],
+        cache_prompt: true,
         sink,
     });
     // A request whose receiver is gone after three events.
@@ -270,6 +274,7 @@ fn stop_sequences_cut_the_output_and_cancel_frees_the_slot() {
         max_new: 200,
         sampler: SamplerConfig::greedy(),
         stop: vec![],
+        cache_prompt: true,
         sink: Box::new(move |_| {
             seen += 1;
             seen < 3

@@ -8,6 +8,7 @@ mod perplexity;
 mod plan;
 mod pull;
 mod run;
+mod serve;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
@@ -17,7 +18,7 @@ use clap::{Parser, Subcommand};
     name = "kiln",
     version,
     about = "Run GGUF language models on the CPU",
-    long_about = "kiln runs GGUF language models on the CPU.\n\nWith no model named, commands use SmolLM2-135M-Instruct, downloading it on first use.\nExamples:\n  kiln run -p \"The capital of France is\"\n  kiln chat -m gemma3\n  kiln inspect model.gguf --json"
+    long_about = "kiln runs GGUF language models on the CPU.\n\nWith no model named, commands use SmolLM2-135M-Instruct, downloading it on first use.\nExamples:\n  kiln run -p \"The capital of France is\"\n  kiln chat -m gemma3\n  kiln serve --port 8080\n  kiln inspect model.gguf --json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,6 +31,8 @@ enum Command {
     Run(run::RunArgs),
     /// Chat interactively, keeping the conversation in the KV cache.
     Chat(chat::ChatArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (continuous batching, prefix cache).
+    Serve(serve::ServeArgs),
     /// Show the token ids of a text.
     Tokenize(tokenize::TokenizeArgs),
     /// Prompt and generation throughput (llama-bench's pp/tg), load time, peak RSS.
@@ -50,6 +53,7 @@ pub fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(a) => run::run(a),
         Command::Chat(a) => chat::run(a),
+        Command::Serve(a) => serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),

@@ -34,6 +34,8 @@ pub struct SeqRequest {
     pub sampler: SamplerConfig,
     /// Stop sequences: generation ends before the first occurrence of any (not included).
     pub stop: Vec<String>,
+    /// Reuse a cached prefix of the prompt (false: evaluate it all, a cold run).
+    pub cache_prompt: bool,
     /// Receives the events of this request; returning `false` (the receiver is gone: a closed
     /// connection) cancels the request and frees its slot.
     pub sink: Box<dyn FnMut(SeqEvent) -> bool + Send>,
@@ -302,7 +304,11 @@ impl<'t> Scheduler<'t> {
             let req = self.waiting.pop_front().expect("checked non-empty");
             self.tick += 1;
             // Keep at least one prompt token to evaluate, so that fresh logits exist.
-            let limit = req.prompt.len() - 1;
+            let limit = if req.cache_prompt {
+                req.prompt.len() - 1
+            } else {
+                0
+            };
             let own = self.runner.common_prefix(slot, &req.prompt).min(limit);
             let (src, best) = (0..self.runner.n_slots())
                 .map(|s| (s, self.runner.common_prefix(s, &req.prompt).min(limit)))

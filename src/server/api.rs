@@ -1,0 +1,472 @@
+//! The OpenAI request bodies we accept, their validation, and the response bodies we send.
+//!
+//! Unknown fields are ignored (clients send many); fields with the wrong type, out-of-range
+//! values and requests that cannot fit the context are refused with a 400 naming the field.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use crate::engine::scheduler::{FinishReason, Usage};
+use crate::sampler::SamplerConfig;
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The generation parameters both endpoints share (OpenAI's, plus llama.cpp server's
+/// `top_k`, `min_p`, `repeat_penalty`, `cache_prompt`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenParams {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    /// Reuse a cached prefix of the prompt (default true).
+    pub cache_prompt: Option<bool>,
+}
+
+/// A message's content: text, or a list of parts of which the text ones are used.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    #[serde(flatten)]
+    pub params: GenParams,
+}
+
+/// `prompt` of `POST /v1/completions`: text, one text in a list, or token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: PromptField,
+    #[serde(flatten)]
+    pub params: GenParams,
+}
+
+/// Parse a JSON body into `T`: malformed JSON and wrong types are 400s naming the field.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            ApiError::bad_request(format!("invalid request: {inner}"))
+        } else {
+            ApiError::invalid_param(&path, format!("invalid `{path}`: {inner}"))
+        }
+    })
+}
+
+impl Message {
+    /// The text of the message (text parts joined).
+    pub fn text(&self) -> Result<String, ApiError> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(Content::Text(t)) => Ok(t.clone()),
+            Some(Content::Parts(parts)) => {
+                let mut out = String::new();
+                for p in parts {
+                    if p.kind != "text" {
+                        return Err(ApiError::invalid_param(
+                            "messages",
+                            format!("content parts of type `{}` are not supported", p.kind),
+                        ));
+                    }
+                    out.push_str(p.text.as_deref().unwrap_or(""));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// What a validated request asks of the engine.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub max_new: usize,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub cache_prompt: bool,
+}
+
+impl GenParams {
+    /// Check the parameters against a prompt of `prompt_len` tokens and a context of `n_ctx`.
+    pub fn validate(&self, prompt_len: usize, n_ctx: usize) -> Result<Generation, ApiError> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::invalid_param(
+                    "n",
+                    format!("n = {n} is not supported (only 1)"),
+                ));
+            }
+        }
+        if prompt_len >= n_ctx {
+            return Err(ApiError {
+                code: Some("context_length_exceeded"),
+                ..ApiError::invalid_param(
+                    "messages",
+                    format!(
+                        "the prompt has {prompt_len} tokens but the context holds {n_ctx}; shorten it"
+                    ),
+                )
+            });
+        }
+        let room = n_ctx - prompt_len;
+        let (name, asked) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => ("max_completion_tokens", Some(m)),
+            (None, m) => ("max_tokens", m),
+        };
+        let max_new = match asked {
+            None => room,
+            Some(m) if m < 1 => {
+                return Err(ApiError::invalid_param(
+                    name,
+                    format!("{name} = {m} must be at least 1"),
+                ))
+            }
+            Some(m) if m as u64 > room as u64 => {
+                return Err(ApiError {
+                    code: Some("context_length_exceeded"),
+                    ..ApiError::invalid_param(
+                        name,
+                        format!(
+                            "{name} = {m} plus the prompt's {prompt_len} tokens exceeds the context of {n_ctx} tokens (at most {room})"
+                        ),
+                    )
+                });
+            }
+            Some(m) => m as usize,
+        };
+        let mut sampler = SamplerConfig::default();
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ApiError::invalid_param(
+                    "temperature",
+                    format!("temperature = {t} must be between 0 and 2"),
+                ));
+            }
+            sampler.temperature = t;
+        }
+        let unit = |name: &str, v: f32| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(v)
+            } else {
+                Err(ApiError::invalid_param(
+                    name,
+                    format!("{name} = {v} must be between 0 and 1"),
+                ))
+            }
+        };
+        if let Some(p) = self.top_p {
+            sampler.top_p = unit("top_p", p)?;
+        }
+        if let Some(p) = self.min_p {
+            sampler.min_p = unit("min_p", p)?;
+        }
+        if let Some(k) = self.top_k {
+            sampler.top_k = k;
+        }
+        let penalty = |name: &str, v: f32| {
+            if (-2.0..=2.0).contains(&v) {
+                Ok(v)
+            } else {
+                Err(ApiError::invalid_param(
+                    name,
+                    format!("{name} = {v} must be between -2 and 2"),
+                ))
+            }
+        };
+        if let Some(f) = self.frequency_penalty {
+            sampler.frequency_penalty = penalty("frequency_penalty", f)?;
+        }
+        if let Some(f) = self.presence_penalty {
+            sampler.presence_penalty = penalty("presence_penalty", f)?;
+        }
+        if let Some(r) = self.repeat_penalty {
+            if !(r.is_finite() && r > 0.0) {
+                return Err(ApiError::invalid_param(
+                    "repeat_penalty",
+                    format!("repeat_penalty = {r} must be > 0"),
+                ));
+            }
+            sampler.repeat_penalty = r;
+        }
+        if let Some(s) = self.seed {
+            sampler.seed = s as u64;
+        }
+        let stop = match &self.stop {
+            None => vec![],
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 || stop.iter().any(|s| s.is_empty() || s.len() > 256) {
+            return Err(ApiError::invalid_param(
+                "stop",
+                "stop takes up to 4 non-empty sequences of at most 256 bytes",
+            ));
+        }
+        Ok(Generation {
+            max_new,
+            sampler,
+            stop,
+            stream: self.stream,
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+            cache_prompt: self.cache_prompt.unwrap_or(true),
+        })
+    }
+}
+
+/// OpenAI's `finish_reason` (null while streaming).
+pub fn finish_reason(r: &FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "cancelled",
+        FinishReason::Error(_) => "error",
+    }
+}
+
+/// The `usage` object.
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+    })
+}
+
+/// Which endpoint a response belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+/// Identity of one response: id, creation time, model.
+#[derive(Debug, Clone)]
+pub struct Head {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub endpoint: Endpoint,
+}
+
+impl Head {
+    /// A whole (non-streaming) response.
+    pub fn complete(&self, text: &str, reason: &FinishReason, usage: &Usage) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": { "role": "assistant", "content": text },
+                "logprobs": null,
+                "finish_reason": finish_reason(reason),
+            }),
+            Endpoint::Completion => json!({
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish_reason(reason),
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "kiln",
+            "choices": [choice],
+            "usage": usage_json(usage),
+        })
+    }
+
+    /// One streaming chunk: `text` (with the assistant role on the first chat chunk), or the
+    /// final one carrying `finish_reason` (and `usage`, if given).
+    pub fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&FinishReason>) -> Value {
+        let reason = finish.map(finish_reason);
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), json!(t));
+                }
+                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": reason })
+            }
+            Endpoint::Completion => json!({
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "logprobs": null,
+                "finish_reason": reason,
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "kiln",
+            "choices": [choice],
+        })
+    }
+
+    /// The usage-only chunk of `stream_options.include_usage`.
+    pub fn usage_chunk(&self, usage: &Usage) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "kiln",
+            "choices": [],
+            "usage": usage_json(usage),
+        })
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let e = parse::<ChatRequest>(br#"{"messages": [], "temperature": "hot"}"#).unwrap_err();
+        assert_eq!(e.status.as_u16(), 400);
+        assert!(e.message.contains("temperature"), "{}", e.message);
+        let e = parse::<ChatRequest>(br#"{"messages": "hi"}"#).unwrap_err();
+        assert!(e.message.contains("messages"), "{}", e.message);
+        let e = parse::<ChatRequest>(b"{not json").unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        let e = parse::<ChatRequest>(b"[1, 2]").unwrap_err();
+        assert!(e.message.contains("object"), "{}", e.message);
+    }
+
+    #[test]
+    fn accepts_openai_shapes() {
+        let r = parse::<ChatRequest>(
+            br#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                 "max_tokens": 5, "stop": "x", "stream": true, "stream_options": {"include_usage": true},
+                 "temperature": 0, "seed": 7, "user": "ignored"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.messages[0].text().unwrap(), "hi");
+        let g = r.params.validate(10, 100).unwrap();
+        assert_eq!((g.max_new, g.stream, g.include_usage), (5, true, true));
+        assert_eq!(g.stop, vec!["x".to_string()]);
+        assert_eq!((g.sampler.temperature, g.sampler.seed), (0.0, 7));
+        let c = parse::<CompletionRequest>(br#"{"prompt": [1, 2, 3]}"#).unwrap();
+        assert!(matches!(c.prompt, PromptField::Tokens(ref t) if t == &[1, 2, 3]));
+        let c = parse::<CompletionRequest>(br#"{"prompt": ["a"]}"#).unwrap();
+        assert!(matches!(c.prompt, PromptField::Texts(_)));
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let p = |j: &str| parse::<ChatRequest>(j.as_bytes()).unwrap().params;
+        let base = r#"{"messages": [], "#;
+        let e = p(&format!(r#"{base}"max_tokens": 95}}"#))
+            .validate(10, 100)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(e.message.contains("at most 90"), "{}", e.message);
+        assert_eq!(
+            p(&format!(r#"{base}"max_tokens": 90}}"#))
+                .validate(10, 100)
+                .unwrap()
+                .max_new,
+            90
+        );
+        assert_eq!(
+            p(r#"{"messages": []}"#).validate(10, 100).unwrap().max_new,
+            90
+        );
+        assert!(p(&format!(r#"{base}"max_tokens": 0}}"#))
+            .validate(1, 9)
+            .is_err());
+        assert!(p(&format!(r#"{base}"n": 2}}"#)).validate(1, 9).is_err());
+        assert!(p(&format!(r#"{base}"temperature": 3}}"#))
+            .validate(1, 9)
+            .is_err());
+        assert!(p(&format!(r#"{base}"top_p": -1}}"#))
+            .validate(1, 9)
+            .is_err());
+        assert!(p(&format!(r#"{base}"stop": ["a","b","c","d","e"]}}"#))
+            .validate(1, 9)
+            .is_err());
+        assert!(
+            p(r#"{"messages": []}"#).validate(9, 9).is_err(),
+            "prompt fills the context"
+        );
+    }
+}

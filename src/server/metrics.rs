@@ -1,0 +1,137 @@
+//! `/metrics` in the Prometheus text format: HTTP requests by endpoint and status, and the
+//! scheduler's counters and gauges.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Mutex;
+
+use super::AppState;
+
+/// Requests answered, by endpoint and status.
+#[derive(Default)]
+pub struct HttpMetrics {
+    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+}
+
+impl HttpMetrics {
+    pub fn record(&self, endpoint: &'static str, status: u16) {
+        if let Ok(mut m) = self.requests.lock() {
+            *m.entry((endpoint, status)).or_insert(0) += 1;
+        }
+    }
+}
+
+/// The whole exposition.
+pub fn render(st: &AppState) -> String {
+    let mut out = String::new();
+    let w = &mut out;
+    header(
+        w,
+        "kiln_requests_total",
+        "counter",
+        "HTTP requests answered, by endpoint and status.",
+    );
+    if let Ok(m) = st.http.requests.lock() {
+        for ((ep, status), n) in m.iter() {
+            let _ = writeln!(
+                w,
+                "kiln_requests_total{{endpoint=\"{ep}\",status=\"{status}\"}} {n}"
+            );
+        }
+    }
+    let s = &st.sched;
+    let counters: [(&str, &str, u64); 10] = [
+        (
+            "kiln_requests_admitted_total",
+            "Generation requests given a slot.",
+            s.requests_admitted.load(Relaxed),
+        ),
+        (
+            "kiln_requests_finished_total",
+            "Generations that ran to a stop or a length limit.",
+            s.requests_finished.load(Relaxed),
+        ),
+        (
+            "kiln_requests_cancelled_total",
+            "Generations cancelled because the client went away.",
+            s.requests_cancelled.load(Relaxed),
+        ),
+        (
+            "kiln_requests_failed_total",
+            "Generations the engine refused.",
+            s.requests_failed.load(Relaxed),
+        ),
+        (
+            "kiln_prompt_tokens_total",
+            "Prompt tokens of admitted requests (tokens in).",
+            s.prompt_tokens.load(Relaxed),
+        ),
+        (
+            "kiln_prefill_tokens_total",
+            "Prompt tokens evaluated.",
+            s.prefill_tokens.load(Relaxed),
+        ),
+        (
+            "kiln_prefill_tokens_saved_total",
+            "Prompt tokens whose KV came from the prefix cache.",
+            s.prefill_tokens_saved.load(Relaxed),
+        ),
+        (
+            "kiln_prefix_cache_hits_total",
+            "Requests that reused a cached prefix.",
+            s.prefix_hits.load(Relaxed),
+        ),
+        (
+            "kiln_generated_tokens_total",
+            "Tokens generated (tokens out).",
+            s.generated_tokens.load(Relaxed),
+        ),
+        (
+            "kiln_decode_steps_total",
+            "Batched decode steps.",
+            s.decode_steps.load(Relaxed),
+        ),
+    ];
+    for (name, help, v) in counters {
+        header(w, name, "counter", help);
+        let _ = writeln!(w, "{name} {v}");
+    }
+    let gauges: [(&str, &str, f64); 5] = [
+        (
+            "kiln_queue_depth",
+            "Requests waiting for a slot.",
+            s.queue_depth.load(Relaxed) as f64,
+        ),
+        (
+            "kiln_kv_slots_in_use",
+            "KV slots holding an active sequence.",
+            s.slots_in_use.load(Relaxed) as f64,
+        ),
+        (
+            "kiln_kv_slots_total",
+            "KV slots (--parallel).",
+            s.slots_total.load(Relaxed) as f64,
+        ),
+        (
+            "kiln_tokens_per_second",
+            "Aggregate decode speed over recent steps.",
+            s.decode_tps(),
+        ),
+        (
+            "kiln_kv_cache_bytes",
+            "Bytes allocated to the KV caches of all slots.",
+            st.kv_bytes as f64,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        header(w, name, "gauge", help);
+        let _ = writeln!(w, "{name} {v}");
+    }
+    out
+}
+
+fn header(w: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(w, "# HELP {name} {help}");
+    let _ = writeln!(w, "# TYPE {name} {kind}");
+}

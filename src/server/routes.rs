@@ -1,0 +1,340 @@
+//! The HTTP routes and the bridge from a request to the engine and back.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Generation, Head, PromptField};
+use super::error::ApiError;
+use super::{metrics, unix_now, AppState};
+use crate::engine::scheduler::{FinishReason, SeqEvent, SeqRequest};
+use crate::tokenizer::ChatMessage;
+
+type St = State<Arc<AppState>>;
+
+pub(super) fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/metrics", get(prometheus))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
+        .layer(DefaultBodyLimit::max(state.opts.max_body_bytes))
+        .with_state(state)
+}
+
+/// Count every answer by route and status.
+async fn count(State(st): St, req: Request, next: Next) -> Response {
+    let ep = match req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
+        Some("/v1/chat/completions") => "/v1/chat/completions",
+        Some("/v1/completions") => "/v1/completions",
+        Some("/v1/models") => "/v1/models",
+        Some("/health") => "/health",
+        Some("/metrics") => "/metrics",
+        _ => "other",
+    };
+    let r = next.run(req).await;
+    st.http.record(ep, r.status().as_u16());
+    r
+}
+
+/// `--api-key`: the `/v1` routes need `Authorization: Bearer KEY`.
+async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.opts.api_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(req.uri().path())
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        ..ApiError::bad_request(format!(
+            "{} is not allowed on {}",
+            req.method(),
+            req.uri().path()
+        ))
+    }
+}
+
+async fn health(State(st): St) -> Json<serde_json::Value> {
+    let s = &st.sched;
+    Json(json!({
+        "status": "ok",
+        "slots_total": s.slots_total.load(Relaxed),
+        "slots_in_use": s.slots_in_use.load(Relaxed),
+        "queue_depth": s.queue_depth.load(Relaxed),
+    }))
+}
+
+async fn prometheus(State(st): St) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics::render(&st),
+    )
+        .into_response()
+}
+
+async fn models(State(st): St) -> Json<serde_json::Value> {
+    let c = &st.model.config;
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.opts.model_id,
+            "object": "model",
+            "created": st.started,
+            "owned_by": "kiln",
+            "meta": {
+                "architecture": format!("{:?}", c.arch).to_lowercase(),
+                "n_ctx": st.opts.n_ctx,
+                "n_ctx_train": c.ctx_train,
+                "n_vocab": c.vocab_size,
+                "parallel": st.opts.n_slots,
+            },
+        }],
+    }))
+}
+
+/// The body, or the error its reading produced (413 over the limit).
+fn body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(st.opts.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("could not read the body: {e}"))
+        }
+    })
+}
+
+fn check_model(st: &AppState, model: &Option<String>) -> Result<String, ApiError> {
+    match model {
+        None => Ok(st.opts.model_id.clone()),
+        Some(m) if *m == st.opts.model_id || st.opts.model_aliases.contains(m) => Ok(m.clone()),
+        Some(m) => Err(ApiError::model_not_found(m, &st.opts.model_id)),
+    }
+}
+
+fn head(model: String, endpoint: Endpoint) -> Head {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completion => "cmpl",
+    };
+    let created = unix_now();
+    Head {
+        id: format!("{prefix}-{created:x}{:06x}", NEXT.fetch_add(1, Relaxed)),
+        created,
+        model,
+        endpoint,
+    }
+}
+
+async fn chat(State(st): St, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: ChatRequest = api::parse(&body(&st, raw)?)?;
+    let model = check_model(&st, &req.params.model)?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
+    }
+    let mut msgs = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].role"),
+                    format!("unsupported role `{other}` (system, developer, user, assistant)"),
+                ))
+            }
+        };
+        msgs.push(ChatMessage::new(role, m.text()?));
+    }
+    let text = st
+        .tokenizer
+        .apply_chat_template(&msgs, true)
+        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+    let prompt = st.tokenizer.encode(&text, true, true);
+    let gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
+    run(&st, head(model, Endpoint::Chat), prompt, gen).await
+}
+
+async fn completions(
+    State(st): St,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = api::parse(&body(&st, raw)?)?;
+    let model = check_model(&st, &req.params.model)?;
+    let prompt = match req.prompt {
+        PromptField::Text(t) => st.tokenizer.encode(&t, true, false),
+        PromptField::Texts(v) if v.len() == 1 => st.tokenizer.encode(&v[0], true, false),
+        PromptField::Texts(v) => {
+            return Err(ApiError::invalid_param(
+                "prompt",
+                format!(
+                    "{} prompts given; only one per request is supported",
+                    v.len()
+                ),
+            ))
+        }
+        PromptField::Tokens(ids) => {
+            let vocab = st.model.config.vocab_size;
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("token id {bad} is outside the vocabulary of {vocab}"),
+                ));
+            }
+            ids
+        }
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+    }
+    let gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
+    run(&st, head(model, Endpoint::Completion), prompt, gen).await
+}
+
+/// Queue the request on the engine and answer with the whole result or an event stream.
+async fn run(
+    st: &AppState,
+    head: Head,
+    prompt: Vec<u32>,
+    gen: Generation,
+) -> Result<Response, ApiError> {
+    let waiting = st.sched.queue_depth.load(Relaxed);
+    if waiting >= st.opts.max_queue {
+        return Err(ApiError::queue_full(waiting));
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<SeqEvent>();
+    let sink = Box::new(move |ev: SeqEvent| match &ev {
+        SeqEvent::Text(t) if t.is_empty() => !tx.is_closed(),
+        _ => tx.send(ev).is_ok(),
+    });
+    st.engine
+        .send(SeqRequest {
+            prompt,
+            max_new: gen.max_new,
+            sampler: gen.sampler.clone(),
+            stop: gen.stop.clone(),
+            cache_prompt: gen.cache_prompt,
+            sink,
+        })
+        .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+    if gen.stream {
+        return Ok(stream(head, rx, gen.include_usage).into_response());
+    }
+    // Dropping this future (the client went away) drops `rx`: the engine cancels.
+    let mut text = String::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            SeqEvent::Text(t) => text.push_str(&t),
+            SeqEvent::Done(f) => {
+                return match &f.reason {
+                    FinishReason::Error(e) => Err(ApiError::bad_request(e.clone())),
+                    r => Ok(Json(head.complete(&text, r, &f.usage)).into_response()),
+                }
+            }
+        }
+    }
+    Err(ApiError::internal("the engine dropped the request"))
+}
+
+/// Server-Sent Events as OpenAI clients parse them: one `data: {chunk}` per piece of text,
+/// a final chunk with `finish_reason`, optionally a usage chunk, then `data: [DONE]`.
+fn stream(
+    head: Head,
+    rx: mpsc::UnboundedReceiver<SeqEvent>,
+    include_usage: bool,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    struct S {
+        rx: mpsc::UnboundedReceiver<SeqEvent>,
+        head: Head,
+        out: VecDeque<Event>,
+        done: bool,
+        include_usage: bool,
+    }
+    let data = |v: serde_json::Value| Event::default().data(v.to_string());
+    let mut first = VecDeque::new();
+    if head.endpoint == Endpoint::Chat {
+        first.push_back(data(head.chunk(Some(""), true, None)));
+    }
+    let s = S {
+        rx,
+        head,
+        out: first,
+        done: false,
+        include_usage,
+    };
+    let events = futures_util::stream::unfold(s, move |mut s| async move {
+        loop {
+            if let Some(e) = s.out.pop_front() {
+                return Some((Ok(e), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some(SeqEvent::Text(t)) if t.is_empty() => {}
+                Some(SeqEvent::Text(t)) => {
+                    s.out.push_back(data(s.head.chunk(Some(&t), false, None)));
+                }
+                Some(SeqEvent::Done(f)) => {
+                    if let FinishReason::Error(e) = &f.reason {
+                        s.out
+                            .push_back(data(ApiError::bad_request(e.clone()).body()));
+                    } else {
+                        let mut last = s.head.chunk(None, false, Some(&f.reason));
+                        if s.include_usage {
+                            s.out.push_back(data(last));
+                            s.out.push_back(data(s.head.usage_chunk(&f.usage)));
+                        } else {
+                            last["usage"] = api::usage_json(&f.usage);
+                            s.out.push_back(data(last));
+                        }
+                    }
+                    s.out.push_back(Event::default().data("[DONE]"));
+                    s.done = true;
+                }
+                None => s.done = true,
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}
