@@ -71,11 +71,15 @@ pub struct Message {
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
-    #[serde(flatten)]
     pub params: GenParams,
+}
+
+#[derive(Deserialize)]
+struct ChatFields {
+    messages: Vec<Message>,
 }
 
 /// `prompt` of `POST /v1/completions`: text, one text in a list, or token ids.
@@ -88,20 +92,54 @@ pub enum PromptField {
 }
 
 /// `POST /v1/completions`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct CompletionRequest {
     pub prompt: PromptField,
-    #[serde(flatten)]
     pub params: GenParams,
 }
 
-/// Parse a JSON body into `T`: malformed JSON and wrong types are 400s naming the field.
-pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+#[derive(Deserialize)]
+struct CompletionFields {
+    prompt: PromptField,
+}
+
+/// A request body: its endpoint's own fields plus the shared [`GenParams`], each read from
+/// the same JSON object (not `#[serde(flatten)]`, which would lose the field names in errors).
+pub trait Body: Sized {
+    fn from_json(v: &Value) -> Result<Self, ApiError>;
+}
+
+impl Body for ChatRequest {
+    fn from_json(v: &Value) -> Result<Self, ApiError> {
+        let f: ChatFields = typed(v)?;
+        Ok(ChatRequest {
+            messages: f.messages,
+            params: typed(v)?,
+        })
+    }
+}
+
+impl Body for CompletionRequest {
+    fn from_json(v: &Value) -> Result<Self, ApiError> {
+        let f: CompletionFields = typed(v)?;
+        Ok(CompletionRequest {
+            prompt: f.prompt,
+            params: typed(v)?,
+        })
+    }
+}
+
+/// Parse a JSON body: malformed JSON and wrong types are 400s naming the field.
+pub fn parse<T: Body>(body: &[u8]) -> Result<T, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
+    T::from_json(&value)
+}
+
+fn typed<'v, T: Deserialize<'v>>(value: &'v Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
