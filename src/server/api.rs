@@ -507,4 +507,36 @@ mod tests {
             "prompt fills the context"
         );
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// Arbitrary bytes and mutated valid bodies are answered with a value or a 400, never a
+        /// panic, and validation of whatever parses never panics either.
+        #[test]
+        fn hostile_bodies_never_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            cut in 0usize..400,
+            flip in 0usize..400,
+            byte in proptest::prelude::any::<u8>(),
+            plen in 0usize..5000,
+        ) {
+            let _ = parse::<ChatRequest>(&bytes);
+            let valid = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"temperature":0.5,"top_p":0.9,"stop":["a"],"seed":-3,"n":1,"stream":true,"stream_options":{"include_usage":true}}"#;
+            let mut m = valid.to_vec();
+            let f = flip % m.len();
+            m[f] = byte;
+            m.truncate(cut.max(1).min(m.len()));
+            for body in [&m[..], &valid[..]] {
+                if let Ok(r) = parse::<ChatRequest>(body) {
+                    let _ = r.params.validate(plen, 4096);
+                    for msg in &r.messages {
+                        let _ = msg.text();
+                    }
+                }
+                if let Ok(r) = parse::<CompletionRequest>(body) {
+                    let _ = r.params.validate(plen, 4096);
+                }
+            }
+        }
+    }
 }
