@@ -175,6 +175,9 @@ pub fn forward(
                 rope.apply(&mut s.k[j * kv_k..(j + 1) * kv_k], c.head_dim_k, cs);
             }
         }
+        if let Some(qs) = c.q_scale {
+            ops::scale_inplace(&mut s.q[..n * q_dim], qs);
+        }
         for j in 0..n {
             kv.write(
                 li,
