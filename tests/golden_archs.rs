@@ -49,11 +49,9 @@ fn gemma3_prompts_teacher_forced_match_reference() {
     agg.assert_meets_bar("gemma3 prompts", 0);
 }
 
-/// The 2,600-token prompt exercises the 512-token sliding window. Errors are the same before
-/// and after position 512 (about 0.2 in logit), so the window is right, but top-1 agreement is
-/// 95.8%: see the note on K-quants below. Run with `--ignored`.
+/// The 2,600-token prompt exercises the 512-token sliding window and the reference's tiled
+/// (batch) kernels: its Q4_K gemm, its Q6_K tiled matmul and its tiled flash attention.
 #[test]
-#[ignore = "needs bit-exact K-quant accumulation order (96% top-1 today, bar 99%)"]
 fn gemma3_long_prompt_matches_reference() {
     let model = Arc::new(Model::load(common::real_model("gemma3")).expect("load"));
     let dir = common::golden_dir().join("gemma3-270m-q4_k_m");
@@ -62,11 +60,9 @@ fn gemma3_long_prompt_matches_reference() {
     long.assert_meets_bar("gemma3 long prompt (sliding window)", 0);
 }
 
-/// Greedy continuations of Gemma-3 diverge from the reference after a near-tie: its Q4_K/Q6_K
-/// matrices go through the reference engine's repacked x86 kernels, whose accumulation order
-/// kiln does not reproduce yet (the Q4_1/Q5_x/Q8_0 paths are bit-exact). Run with `--ignored`.
+/// Greedy continuations through the KV cache: decode steps take the reference's single-row
+/// paths (Q4_K gemv, Q6_K vec_dot, vector flash attention).
 #[test]
-#[ignore = "needs bit-exact K-quant accumulation order (0/5 today, bar 4/5)"]
 fn gemma3_greedy_matches_reference() {
     let model = Arc::new(Model::load(common::real_model("gemma3")).expect("load"));
     let dir = common::golden_dir().join("gemma3-270m-q4_k_m");

@@ -89,12 +89,15 @@ pub fn gelu_tanh(x: f32) -> f32 {
     }
 }
 
-/// GELU, tanh approximation, in plain f32.
+/// GELU, tanh approximation, in plain f32, as the reference engine's table is filled:
+/// `(0.5·x)·(1 + tanh((√(2/π)·x)·fma(0.044715·x, x, 1)))` (its compiler fuses the inner
+/// `1 + a·x·x`; the fused and unfused forms differ in the last bit often enough to flip
+/// an f16 table entry).
 #[inline]
 pub fn gelu_tanh_exact(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044_715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// The FFN's activation function.

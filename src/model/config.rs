@@ -100,6 +100,11 @@ pub struct ModelConfig {
     pub swa_layers: Vec<bool>,
     /// Multiplier of q·k.
     pub attn_scale: f32,
+    /// Queries are multiplied by this after RoPE, before attention (Gemma's
+    /// `ggml_scale(Qcur, f_attention_scale)`; attention then runs with `attn_scale` = 1).
+    /// Equal in real arithmetic to folding it into `attn_scale`, but the attention rounds
+    /// queries to f16, so where the scale is applied shows in the last bits.
+    pub q_scale: Option<f32>,
 }
 
 impl ModelConfig {
@@ -180,5 +185,6 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         sliding_window: None,
         swa_layers: vec![false; n_layers],
         attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
+        q_scale: None,
     })
 }

@@ -219,6 +219,9 @@ pub fn forward_batch(
                 rope.apply(&mut s.k[j * kv_k..(j + 1) * kv_k], c.head_dim_k, cs);
             }
         }
+        if let Some(qs) = c.q_scale {
+            ops::scale_inplace(&mut s.q[..n * q_dim], qs);
+        }
         let mut r0 = 0;
         for sq in seqs.iter_mut() {
             let pos0 = sq.kv.len();

@@ -37,7 +37,10 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), GgufError> {
             .map(|i| (i + 1) % SWA_PATTERN != 0)
             .collect();
     }
-    // Gemma-3 scales queries by 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim).
-    cfg.attn_scale = 1.0 / (cfg.head_dim_k as f32).sqrt();
+    // Gemma-3 scales queries by 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim) before
+    // attention, as the reference's graph does (`ggml_scale(Qcur, ...)`, then attention with
+    // scale 1).
+    cfg.q_scale = Some(1.0 / (cfg.head_dim_k as f32).sqrt());
+    cfg.attn_scale = 1.0;
     Ok(())
 }

@@ -28,6 +28,7 @@
 //! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
+pub mod kquant_order;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod reference;
@@ -50,7 +51,11 @@ pub type DequantFn = fn(src: &[u8], out: &mut [f32]);
 /// `nw` weight rows (stride `w_stride` bytes) x `nx` activation rows (stride `x_stride` bytes):
 /// `out[j * out_stride + i] = dot(w row i, x row j)`. The prefill tile: each loaded weight block
 /// serves several tokens. Every output is bit-identical to [`VecDotFn`] on the same two rows, so
-/// results do not depend on how tokens are batched.
+/// results do not depend on how tokens are batched, except for Q4_K and Q6_K, which reproduce
+/// the reference engine's batch-dependent arithmetic ([`kquant_order`]): Q4_K rows in the
+/// batch's groups of four differ in the last bits from the `nx % 4` rows after them, and Q6_K
+/// batches of 8 rows or more differ from smaller ones. Pass the whole batch (`nx` = tokens in
+/// it) to get the reference's results.
 pub type GemmFn = fn(
     n: usize,
     w: &[u8],
@@ -251,10 +256,74 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
         GgmlType::Q8_0 => k!(BlockQ8_0, quantize_q8_0_act_bytes),
         GgmlType::Q2K => k!(BlockQ2K, quantize_bytes::<BlockQ8K>),
         GgmlType::Q3K => k!(BlockQ3K, quantize_bytes::<BlockQ8K>),
-        GgmlType::Q4K => k!(BlockQ4K, quantize_bytes::<BlockQ8K>),
+        GgmlType::Q4K => Kernels {
+            vec_dot: vec_dot_kq_scalar::<{ KQ_Q4K }>,
+            gemm: gemm_kq_scalar::<{ KQ_Q4K }>,
+            ..k!(BlockQ4K, quantize_bytes::<BlockQ8K>)
+        },
         GgmlType::Q5K => k!(BlockQ5K, quantize_bytes::<BlockQ8K>),
-        GgmlType::Q6K => k!(BlockQ6K, quantize_bytes::<BlockQ8K>),
+        GgmlType::Q6K => Kernels {
+            vec_dot: vec_dot_kq_scalar::<{ KQ_Q6K }>,
+            gemm: gemm_kq_scalar::<{ KQ_Q6K }>,
+            ..k!(BlockQ6K, quantize_bytes::<BlockQ8K>)
+        },
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("activation-only formats are rejected"),
+    }
+}
+
+/// Formats whose scalar kernels follow the reference engine's order exactly
+/// ([`kquant_order`]), as const-generic tags.
+const KQ_Q4K: u8 = 0;
+const KQ_Q6K: u8 = 1;
+
+fn kq_type(tag: u8) -> GgmlType {
+    if tag == KQ_Q4K {
+        GgmlType::Q4K
+    } else {
+        GgmlType::Q6K
+    }
+}
+
+/// A single row: the reference's decode path (one activation row).
+fn vec_dot_kq_scalar<const TAG: u8>(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let ty = kq_type(TAG);
+    let _ = row_blocks::<BlockQ8K>(x, n, QK_K);
+    assert!(
+        w.len() >= ty.row_bytes(n).expect("whole blocks"),
+        "short weight row"
+    );
+    kquant_order::gemm_dot(ty, w, x, n, 1, 0).expect("k-quant with an exact order")
+}
+
+/// A batch of `nx` rows, each computed the way the reference computes that row of the batch.
+#[allow(clippy::too_many_arguments)]
+fn gemm_kq_scalar<const TAG: u8>(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let ty = kq_type(TAG);
+    let row_w = ty.row_bytes(n).expect("whole blocks");
+    let row_x = GgmlType::Q8K.row_bytes(n).expect("whole blocks");
+    check_gemm(
+        row_w, row_x, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+    );
+    if nw == 0 {
+        return;
+    }
+    for j in 0..nx {
+        let xr = &x[j * x_stride..j * x_stride + row_x];
+        for i in 0..nw {
+            let wr = &w[i * w_stride..i * w_stride + row_w];
+            out[j * out_stride + i] =
+                kquant_order::gemm_dot(ty, wr, xr, n, nx, j).expect("k-quant with an exact order");
+        }
     }
 }
 

@@ -329,6 +329,15 @@ fn vec_dot_matches_reference_on_every_isa() {
                         &want,
                         &format!("{ty} vec_dot {} n={n} {scales:?}", isa.name()),
                     );
+                    // Formats whose reference-engine order is reproduced: bit for bit.
+                    if let Some(exact) = super::kquant_order::gemm_dot(ty, &w, &x, n, 1, 0) {
+                        assert_eq!(
+                            got.to_bits(),
+                            exact.to_bits(),
+                            "{ty} vec_dot {} n={n} {scales:?}: {got} vs reference order {exact}",
+                            isa.name()
+                        );
+                    }
                 }
             }
             // All-zero activations and weights: exactly zero, no NaN.
@@ -358,6 +367,8 @@ fn gemm_matches_reference_on_every_isa() {
                 (4, 8),
                 (7, 9),
                 (3, 5),
+                (2, 12),
+                (3, 17),
             ] {
                 // Padded strides, so row starts are not contiguous.
                 let row_w = ty.row_bytes(n).unwrap();
@@ -384,14 +395,26 @@ fn gemm_matches_reference_on_every_isa() {
                             &want,
                             &format!("{ty} gemm {} {nw}x{nx} ({i},{j})", isa.name()),
                         );
-                        // Batch invariance: a tile gives each row exactly its vec_dot.
-                        let single = (k.vec_dot)(n, &w[i * w_stride..], &x[j * x_stride..]);
-                        assert_eq!(
-                            got.to_bits(),
-                            single.to_bits(),
-                            "{ty} gemm {} ({i},{j}) differs from vec_dot",
-                            isa.name()
-                        );
+                        let (wr, xr) = (&w[i * w_stride..], &x[j * x_stride..]);
+                        if let Some(exact) = super::kquant_order::gemm_dot(ty, wr, xr, n, nx, j) {
+                            // Q4_K / Q6_K: the reference engine's arithmetic depends on the
+                            // row's place in the batch and on the batch size; reproduced exactly.
+                            assert_eq!(
+                                got.to_bits(),
+                                exact.to_bits(),
+                                "{ty} gemm {} {nw}x{nx} ({i},{j}): {got} vs reference order {exact}",
+                                isa.name()
+                            );
+                        } else {
+                            // Batch invariance: a tile gives each row exactly its vec_dot.
+                            let single = (k.vec_dot)(n, wr, xr);
+                            assert_eq!(
+                                got.to_bits(),
+                                single.to_bits(),
+                                "{ty} gemm {} ({i},{j}) differs from vec_dot",
+                                isa.name()
+                            );
+                        }
                     }
                     // Padding between output rows is untouched.
                     for p in nw..out_stride {
@@ -476,7 +499,8 @@ fn rows_ending_at_buffer_end() {
 }
 
 /// Long rows (beyond the x86 gemm's prepared-scale buffer) and many weight rows (several row
-/// chunks) take the other gemm paths; results stay equal to vec_dot.
+/// chunks) take the other gemm paths; results stay equal to vec_dot (Q4_K: to the reference
+/// engine's order for each row of the batch).
 #[test]
 fn gemm_long_rows_and_many_rows() {
     let mut rng = Rng(0xabc);
@@ -503,7 +527,9 @@ fn gemm_long_rows_and_many_rows() {
                 for j in 0..nx {
                     for i in 0..nw {
                         let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * rx..(j + 1) * rx]);
-                        let single = (k.vec_dot)(n, wi, xj);
+                        // Q4_K: the reference's order for this row of the batch.
+                        let single = super::kquant_order::gemm_dot(ty, wi, xj, n, nx, j)
+                            .unwrap_or_else(|| (k.vec_dot)(n, wi, xj));
                         let got = out[j * nw + i];
                         assert_eq!(
                             got.to_bits(),

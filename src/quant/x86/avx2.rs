@@ -512,6 +512,9 @@ pub(super) trait BlkK {
     const PER16: bool;
     /// Offset format: the correction is added to the integer sum.
     const INT_CORR: bool;
+    /// Batches of at least this many rows use the per-super-block arithmetic of the
+    /// reference's tiled kernel (only Q6_K, whose order is reproduced: `kquant_order`).
+    const TILED_FROM: usize = usize::MAX;
     unsafe fn prep(p: *const u8) -> KPrep;
     /// Unsigned quants of chunk `k` (elements `32k..32k+32`).
     unsafe fn chunk(p: *const u8, k: usize) -> __m256i;
@@ -687,6 +690,7 @@ impl BlkK for Q6K {
     const SIZE: usize = 210;
     const PER16: bool = true;
     const INT_CORR: bool = true;
+    const TILED_FROM: usize = crate::quant::kquant_order::Q6K_TILED_MIN_ROWS;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let sc16 = _mm256_cvtepi8_epi16(loadu128(p.add(192)));
@@ -716,19 +720,21 @@ const Q8K_BYTES: usize = 292;
 /// Tile adapter for the k-quants.
 pub(super) struct TK<F>(core::marker::PhantomData<F>);
 
-impl<F: BlkK> Tile for TK<F> {
-    const BLOCK: usize = 256;
-    const W_BYTES: usize = F::SIZE;
-    const X_BYTES: usize = Q8K_BYTES;
-
+impl<F: BlkK> TK<F> {
+    /// The tile body. `total` (offset formats only): each super-block's exact integer sum is
+    /// reduced first, scaled by the weight's `d` and fused-multiply-added with the activation's
+    /// `d` (the reference's tiled Q6_K kernel, see `kquant_order::q6k_dot_tiled`); otherwise 8
+    /// lanes are advanced per super-block and reduced at the end (its `vec_dot`).
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
+    unsafe fn tile_impl<D: IDot, const NX: usize>(
         n: usize,
         w: *const u8,
         x: [*const u8; NX],
+        total: bool,
     ) -> [f32; NX] {
         let nb = n / 256;
         let mut acc = [_mm256_setzero_ps(); NX];
+        let mut tot = [0f32; NX];
         for b in 0..nb {
             let wp = w.add(b * F::SIZE);
             let pr = F::prep(wp);
@@ -763,8 +769,16 @@ impl<F: BlkK> Tile for TK<F> {
                 let s = _mm256_add_epi32(isum[j][0], isum[j][1]);
                 if F::INT_CORR {
                     let s = _mm256_add_epi32(s, m);
-                    acc[j] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(pr.d * yd), _mm256_cvtepi32_ps(s), acc[j]);
+                    if total {
+                        let r = hsum_epi32(s) as f32 * pr.d;
+                        tot[j] = r.mul_add(yd, tot[j]);
+                    } else {
+                        acc[j] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(yd * pr.d),
+                            _mm256_cvtepi32_ps(s),
+                            acc[j],
+                        );
+                    }
                 } else {
                     acc[j] =
                         _mm256_fmadd_ps(_mm256_set1_ps(pr.d * yd), _mm256_cvtepi32_ps(s), acc[j]);
@@ -773,11 +787,213 @@ impl<F: BlkK> Tile for TK<F> {
                 }
             }
         }
+        if total {
+            return tot;
+        }
         let mut out = [0f32; NX];
         for j in 0..NX {
             out[j] = hsum_ps(acc[j]);
         }
         out
+    }
+}
+
+impl<F: BlkK> Tile for TK<F> {
+    const BLOCK: usize = 256;
+    const W_BYTES: usize = F::SIZE;
+    const X_BYTES: usize = Q8K_BYTES;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        Self::tile_impl::<D, NX>(n, w, x, false)
+    }
+
+    /// Batches of at least `F::TILED_FROM` rows take the reference's tiled arithmetic.
+    #[inline(always)]
+    unsafe fn gemm<D: IDot>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        if nx >= F::TILED_FROM {
+            gemm_tiles::<TKTiled<F>, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+        } else {
+            gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+        }
+    }
+}
+
+/// [`TK`] in its per-super-block ("tiled") arithmetic, for large batches.
+pub(super) struct TKTiled<F>(core::marker::PhantomData<F>);
+
+impl<F: BlkK> Tile for TKTiled<F> {
+    const BLOCK: usize = 256;
+    const W_BYTES: usize = F::SIZE;
+    const X_BYTES: usize = Q8K_BYTES;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        TK::<F>::tile_impl::<D, NX>(n, w, x, true)
+    }
+}
+
+/// Q4_K in the reference engine's repacked order (`kquant_order::q4k_dot`): per super-block the
+/// exact integer scale sums and minimum sums of each pair of sub-blocks, accumulated in two
+/// fused-multiply-add chains, per pair (rows in the batch's groups of four) or per super-block
+/// (the batch's last `nx % 4` rows, and single rows), subtracted at the end.
+pub(super) struct TQ4K;
+
+impl TQ4K {
+    #[inline(always)]
+    unsafe fn tile_impl<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+        per_pair: bool,
+    ) -> [f32; NX] {
+        let nb = n / 256;
+        let mut acc = [0f32; NX];
+        let mut acc_min = [0f32; NX];
+        for b in 0..nb {
+            let wp = w.add(b * Q4K::SIZE);
+            let pr = Q4K::prep(wp);
+            let dmin = -pr.dm;
+            // Scale-weighted 4-element sums, one 8-lane accumulator per pair of sub-blocks.
+            let mut pairs = [[_mm256_setzero_si256(); 4]; NX];
+            macro_rules! step {
+                ($k:expr) => {{
+                    let q = Q4K::chunk(wp, $k);
+                    let sc = _mm256_shuffle_epi8(pr.sc[0], scale_shuffle(false, $k));
+                    for j in 0..NX {
+                        let y = loadu(x[j].add(b * Q8K_BYTES + 4 + 32 * $k));
+                        let p16 = _mm256_maddubs_epi16(q, y);
+                        pairs[j][$k / 2] = D::dpwssd(pairs[j][$k / 2], p16, sc);
+                    }
+                }};
+            }
+            step!(0);
+            step!(1);
+            step!(2);
+            step!(3);
+            step!(4);
+            step!(5);
+            step!(6);
+            step!(7);
+            for j in 0..NX {
+                let xp = x[j].add(b * Q8K_BYTES);
+                let yd = f32_at(xp);
+                let (dd, dm) = (pr.d * yd, dmin * yd);
+                // [S0, S1, S2, S3]: the pairs' exact sums.
+                let p = &pairs[j];
+                let h =
+                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                let s4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                // Lane l = min[l] * (sum of the 32 activation quants of sub-block l).
+                let m8 = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
+                let hm = _mm256_hadd_epi32(m8, m8);
+                let m4 = _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b00_00_10_00>(hm));
+                if per_pair {
+                    let mut sf = [0f32; 4];
+                    let mut mf = [0f32; 4];
+                    _mm_storeu_ps(sf.as_mut_ptr(), _mm_cvtepi32_ps(s4));
+                    _mm_storeu_ps(mf.as_mut_ptr(), _mm_cvtepi32_ps(m4));
+                    for t in 0..4 {
+                        acc[j] = sf[t].mul_add(dd, acc[j]);
+                        acc_min[j] = mf[t].mul_add(dm, acc_min[j]);
+                    }
+                } else {
+                    let s = hsum_epi128(s4);
+                    let m = hsum_epi128(m4);
+                    acc[j] = (s as f32).mul_add(dd, acc[j]);
+                    acc_min[j] = (m as f32).mul_add(dm, acc_min[j]);
+                }
+            }
+        }
+        let mut out = [0f32; NX];
+        for j in 0..NX {
+            out[j] = acc[j] - acc_min[j];
+        }
+        out
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum_epi128(v: __m128i) -> i32 {
+    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+impl Tile for TQ4K {
+    const BLOCK: usize = 256;
+    const W_BYTES: usize = Q4K::SIZE;
+    const X_BYTES: usize = Q8K_BYTES;
+
+    /// One row alone is the reference's gemv.
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        Self::tile_impl::<D, NX>(n, w, x, false)
+    }
+
+    /// Rows `0 .. nx - nx % 4` in the reference's 4-row gemm order, the rest in its gemv order.
+    #[inline(always)]
+    unsafe fn gemm<D: IDot>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let xr = |j: usize| x.add(j * x_stride);
+        let full = nx - nx % 4;
+        for i in 0..nw {
+            let wr = w.add(i * w_stride);
+            let mut j = 0;
+            while j < full {
+                let r =
+                    Self::tile_impl::<D, 4>(n, wr, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)], true);
+                for (t, v) in r.into_iter().enumerate() {
+                    *out.add((j + t) * out_stride + i) = v;
+                }
+                j += 4;
+            }
+            macro_rules! rest {
+                ($nx:literal, [$($t:literal),*]) => {{
+                    let r = Self::tile_impl::<D, $nx>(n, wr, [$(xr(j + $t)),*], false);
+                    for (t, v) in r.into_iter().enumerate() {
+                        *out.add((j + t) * out_stride + i) = v;
+                    }
+                }};
+            }
+            match nx - j {
+                3 => rest!(3, [0, 1, 2]),
+                2 => rest!(2, [0, 1]),
+                1 => rest!(1, [0]),
+                _ => {}
+            }
+        }
     }
 }
 

@@ -169,8 +169,8 @@ macro_rules! tier {
             /// The table of this tier; `scalar` supplies the dequantizer and F32 activation copy.
             pub(in super::super) fn table(scalar: Kernels) -> Kernels {
                 use k::{
-                    BF16, F16, F32, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, T32, TF,
-                    TK,
+                    BF16, F16, F32, Q2K, Q3K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, T32, TF, TK,
+                    TQ4K,
                 };
                 macro_rules! t {
                     ($tile:ty, $quant:expr) => {
@@ -195,7 +195,7 @@ macro_rules! tier {
                     GgmlType::Q8_0 => t!(T32<Q8_0>, quantize_q8_0),
                     GgmlType::Q2K => t!(TK<Q2K>, quantize_q8k),
                     GgmlType::Q3K => t!(TK<Q3K>, quantize_q8k),
-                    GgmlType::Q4K => t!(TK<Q4K>, quantize_q8k),
+                    GgmlType::Q4K => t!(TQ4K, quantize_q8k),
                     GgmlType::Q5K => t!(TK<Q5K>, quantize_q8k),
                     GgmlType::Q6K => t!(TK<Q6K>, quantize_q8k),
                     GgmlType::Q8_1 | GgmlType::Q8K => scalar,
