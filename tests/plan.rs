@@ -19,7 +19,7 @@ fn plan_equals_session_allocations() {
             let model = Arc::new(Model::load(common::random_model(stem)).unwrap());
             let mut opts = SessionOptions::new(ctx, threads);
             opts.prefill_chunk = chunk;
-            let p = plan(&model.file, &opts, 0, 0).unwrap();
+            let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
             let s = Session::new(Arc::clone(&model), opts).unwrap();
             assert_eq!(
                 p.get("KV cache").unwrap().bytes,
@@ -48,7 +48,7 @@ fn plan_equals_session_allocations() {
 #[test]
 fn kv_cache_formula_for_smollm2() {
     let file = kiln::gguf::GgufFile::open(common::real_model("smollm2")).unwrap();
-    let p = plan(&file, &SessionOptions::new(8192, 2), 0, 0).unwrap();
+    let p = plan(&file, &SessionOptions::new(8192, 2), 1, Default::default()).unwrap();
     // 30 layers × 3 kv heads × 8192 positions × (64 + 64) × 2 bytes
     assert_eq!(p.get("KV cache").unwrap().bytes, 30 * 3 * 8192 * 128 * 2);
 }
