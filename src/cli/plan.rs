@@ -22,6 +22,9 @@ pub struct PlanArgs {
     /// Threads.
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    /// KV cache element type: f16 or q8_0.
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: kiln::cache::KvType,
     /// Sequences served at once (each with its own KV cache and sampler).
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
@@ -43,6 +46,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         .unwrap_or_else(kiln::kernels::pool::default_threads);
     let mut opts = SessionOptions::new(args.ctx, threads);
     opts.prefill_chunk = args.prefill_chunk;
+    opts.kv_type = args.kv_type;
     let host = HostTerms {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
@@ -52,7 +56,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let fits = budget.map(|b| p.total_bytes <= b);
     if args.json {
         let j = serde_json::json!({
-            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel,
+            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type,
             "components": p.components, "total_bytes": p.total_bytes, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);

@@ -2,7 +2,7 @@
 //! weight is loaded, with the same functions the session allocates with (one source of truth).
 
 use super::session::{kv_layout, scratch_spec_for, SessionOptions};
-use crate::cache::Scratch;
+use crate::cache::{KvType, KvTypeError, Scratch};
 use crate::gguf::GgufFile;
 use crate::model::{read_config, ModelError};
 
@@ -28,6 +28,15 @@ impl MemoryPlan {
     pub fn get(&self, name: &str) -> Option<&Component> {
         self.components.iter().find(|c| c.name == name)
     }
+}
+
+/// Why a plan could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    KvType(#[from] KvTypeError),
 }
 
 /// Bytes glibc's `malloc` takes from the system for a request of `n` bytes: a chunk with an
@@ -70,8 +79,10 @@ pub fn plan(
     opts: &SessionOptions,
     parallel: usize,
     host: HostTerms,
-) -> Result<MemoryPlan, ModelError> {
+) -> Result<MemoryPlan, PlanError> {
     let (c, _) = read_config(file)?;
+    opts.kv_type.check_head_dim(c.head_dim_k)?;
+    opts.kv_type.check_head_dim(c.head_dim_v)?;
     let parallel = parallel.max(1) as u64;
     let tensors = file.tensors();
     let mapped: u64 = tensors
@@ -134,12 +145,18 @@ pub fn plan(
         },
         Component {
             name: "KV cache",
-            bytes: kv.bytes() as u64 * parallel,
+            bytes: kv.bytes_as(opts.kv_type) as u64 * parallel,
             mapped: false,
-            formula: format!(
-                "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims × 2 bytes (f16)",
-                kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
-            ),
+            formula: match opts.kv_type {
+                KvType::F16 => format!(
+                    "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims × 2 bytes (f16)",
+                    kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
+                ),
+                KvType::Q8_0 => format!(
+                    "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims / 32 × 34 bytes (q8_0)",
+                    kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
+                ),
+            },
         },
         Component {
             name: "scratch (activations)",

@@ -153,7 +153,12 @@ impl GgufFile {
             // hashbrown: one allocation of `buckets` (key, value) slots plus a control byte per
             // bucket and a group's worth of trailing control bytes.
             let slot = std::mem::size_of::<(String, usize)>();
-            let buckets = m.capacity().max(1).saturating_mul(8).div_ceil(7).next_power_of_two();
+            let buckets = m
+                .capacity()
+                .max(1)
+                .saturating_mul(8)
+                .div_ceil(7)
+                .next_power_of_two();
             alloc(buckets * (slot + 1) + 16) + m.keys().map(|k| alloc(k.capacity())).sum::<usize>()
         }
         alloc(self.metadata.capacity() * std::mem::size_of::<(String, Value)>())

@@ -190,9 +190,7 @@ impl Array {
             Array::String(v) => {
                 buf(v, alloc) + v.iter().map(|s| alloc(s.capacity())).sum::<usize>()
             }
-            Array::Array(v) => {
-                buf(v, alloc) + v.iter().map(|a| a.heap_bytes(alloc)).sum::<usize>()
-            }
+            Array::Array(v) => buf(v, alloc) + v.iter().map(|a| a.heap_bytes(alloc)).sum::<usize>(),
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use crate::cache::{KvCache, KvOverflow, Scratch};
-use crate::kernels::attention::{attention, AttnShape};
+use crate::kernels::attention::{attention_kv, AttnShape};
 use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{matmul, matmul_many, quantize_input, Linear};
 use crate::kernels::ops::{self, Activation};
@@ -192,15 +192,14 @@ pub fn forward(
             window: layer.window,
             kv_stride: kv.capacity(),
         };
-        attention(
+        attention_kv(
             pool,
             &rt.f16,
             &shape,
             &s.q[..n * q_dim],
             n,
             pos0,
-            kv.keys(li),
-            kv.values(li),
+            kv.layer(li),
             &mut s.attn[..n * c.attn_out_dim()],
             &mut s.attn_scratch,
         );
