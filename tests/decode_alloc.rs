@@ -7,6 +7,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use kiln::cache::KvType;
 use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::{Sampler, SamplerConfig};
@@ -41,10 +42,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn decode_allocations(stem: &str, threads: usize) -> usize {
+fn decode_allocations(stem: &str, threads: usize, kv_type: KvType) -> usize {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
     let vocab = model.config.vocab_size;
-    let mut s = Session::new(model, SessionOptions::new(256, threads)).expect("session");
+    let mut opts = SessionOptions::new(256, threads);
+    opts.kv_type = kv_type;
+    let mut s = Session::new(model, opts).expect("session");
     let cfg = SamplerConfig {
         seed: 42,
         repeat_penalty: 1.1,
@@ -78,10 +81,21 @@ fn decode_allocates_nothing() {
     ] {
         for threads in [1, 2] {
             assert_eq!(
-                decode_allocations(stem, threads),
+                decode_allocations(stem, threads, KvType::F16),
                 0,
                 "{stem} with {threads} threads allocated while decoding"
             );
         }
+    }
+}
+
+#[test]
+fn decode_with_q8_0_kv_allocates_nothing() {
+    for threads in [1, 2] {
+        assert_eq!(
+            decode_allocations("random-llama-q4_0", threads, KvType::Q8_0),
+            0,
+            "q8_0 KV with {threads} threads allocated while decoding"
+        );
     }
 }

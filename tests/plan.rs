@@ -4,6 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
+use kiln::cache::KvType;
 use kiln::engine::plan::plan;
 use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
@@ -15,16 +16,22 @@ fn plan_equals_session_allocations() {
         "random-qwen3-q4_k_m",
         "random-gpt2-q8_0",
     ] {
-        for (ctx, chunk, threads) in [(64, 16, 1), (256, 512, 2), (200, 7, 3)] {
+        for (ctx, chunk, threads, kv_type) in [
+            (64, 16, 1, KvType::F16),
+            (256, 512, 2, KvType::F16),
+            (200, 7, 3, KvType::F16),
+            (256, 64, 2, KvType::Q8_0),
+        ] {
             let model = Arc::new(Model::load(common::random_model(stem)).unwrap());
             let mut opts = SessionOptions::new(ctx, threads);
             opts.prefill_chunk = chunk;
-            let p = plan(&model.file, &opts, 0, 0).unwrap();
+            opts.kv_type = kv_type;
+            let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
             let s = Session::new(Arc::clone(&model), opts).unwrap();
             assert_eq!(
                 p.get("KV cache").unwrap().bytes,
                 s.kv().bytes() as u64,
-                "{stem} ctx {ctx}"
+                "{stem} ctx {ctx} {kv_type}"
             );
             let scratch =
                 p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
@@ -48,7 +55,30 @@ fn plan_equals_session_allocations() {
 #[test]
 fn kv_cache_formula_for_smollm2() {
     let file = kiln::gguf::GgufFile::open(common::real_model("smollm2")).unwrap();
-    let p = plan(&file, &SessionOptions::new(8192, 2), 0, 0).unwrap();
+    let p = plan(&file, &SessionOptions::new(8192, 2), 1, Default::default()).unwrap();
     // 30 layers × 3 kv heads × 8192 positions × (64 + 64) × 2 bytes
     assert_eq!(p.get("KV cache").unwrap().bytes, 30 * 3 * 8192 * 128 * 2);
+}
+
+#[test]
+fn q8_0_kv_is_34_64ths_of_f16() {
+    let file = kiln::gguf::GgufFile::open(common::real_model("smollm2")).unwrap();
+    let mut opts = SessionOptions::new(8192, 2);
+    let f16 = plan(&file, &opts, 1, Default::default()).unwrap();
+    opts.kv_type = KvType::Q8_0;
+    let q8 = plan(&file, &opts, 1, Default::default()).unwrap();
+    let kv = |p: &kiln::engine::plan::MemoryPlan| p.get("KV cache").unwrap().bytes;
+    // 30 layers × 3 kv heads × 8192 positions × (2 + 2) blocks × 34 bytes
+    assert_eq!(kv(&q8), 30 * 3 * 8192 * 4 * 34);
+    assert_eq!(kv(&q8) * 64, kv(&f16) * 34);
+    // Everything else is the same except the attention's tile buffers for dequantizing.
+    let rest = |p: &kiln::engine::plan::MemoryPlan| p.total_bytes - kv(p);
+    assert!(rest(&q8) > rest(&f16) && rest(&q8) - rest(&f16) < 1 << 20);
+    // --parallel multiplies the per-sequence terms only.
+    let two = plan(&file, &opts, 2, Default::default()).unwrap();
+    assert_eq!(kv(&two), 2 * kv(&q8));
+    assert_eq!(
+        two.get("scratch (activations)").unwrap().bytes,
+        q8.get("scratch (activations)").unwrap().bytes
+    );
 }

@@ -3,5 +3,5 @@
 pub mod kv;
 pub mod scratch;
 
-pub use kv::{KvCache, KvLayout, KvOverflow};
+pub use kv::{KvCache, KvLayer, KvLayout, KvOverflow, KvType, KvTypeError};
 pub use scratch::{Scratch, ScratchSpec};

@@ -6,6 +6,7 @@
 //! up to `max_tokens` rows (the prefill chunk), so activation memory is fixed by the chunk size
 //! and independent of the prompt's length.
 
+use super::kv::KvType;
 use crate::kernels::attention::AttnScratch;
 use crate::kernels::matmul::MatmulScratch;
 use crate::model::ModelConfig;
@@ -20,6 +21,8 @@ pub struct ScratchSpec {
     pub n_threads: usize,
     /// Bytes of the largest quantized activation row any matrix needs.
     pub act_row_bytes: usize,
+    /// Element type of the KV cache the attention reads (a quantized one needs tile buffers).
+    pub kv_type: KvType,
 }
 
 /// The named buffers. Shapes are `[rows, width]`, row-major, f32.
@@ -87,12 +90,13 @@ impl Scratch {
             xq: vec![0u8; t * spec.act_row_bytes],
             logits: vec![0.0; spec.logit_rows.max(1) * c.vocab_size],
             rope_cs: vec![0.0; t * c.rope_dims.max(2)],
-            attn_scratch: AttnScratch::new(
+            attn_scratch: AttnScratch::with_kv(
                 c.n_heads,
                 c.n_kv_heads,
                 c.head_dim_k,
                 c.head_dim_v,
                 spec.n_threads,
+                spec.kv_type,
             ),
             matmul: MatmulScratch::new(t, spec.n_threads),
         }
@@ -106,12 +110,13 @@ impl Scratch {
             + t * c.rope_dims.max(2);
         floats * 4
             + t * spec.act_row_bytes
-            + AttnScratch::bytes_for(
+            + AttnScratch::bytes_for_kv(
                 c.n_heads,
                 c.n_kv_heads,
                 c.head_dim_k,
                 c.head_dim_v,
                 spec.n_threads,
+                spec.kv_type,
             )
             + MatmulScratch::bytes_for(t, spec.n_threads)
     }

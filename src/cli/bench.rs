@@ -65,6 +65,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let n_ctx = args.depth + args.n_prompt.max(args.n_gen) + 1;
     let mut opts = SessionOptions::new(n_ctx, threads);
     opts.prefill_chunk = args.model.batch_size;
+    opts.kv_type = args.model.kv_type;
     let mut s = Session::new(Arc::clone(model), opts)?;
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random tokens, as llama-bench uses random ids.

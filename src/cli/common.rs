@@ -29,6 +29,9 @@ pub struct ModelArgs {
     /// Tokens per prefill pass (bounds activation memory).
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
+    /// KV cache element type: f16, or q8_0 (about half the memory).
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: kiln::cache::KvType,
 }
 
 impl ModelArgs {
@@ -123,6 +126,7 @@ pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
     let n_ctx = args.ctx_size.unwrap_or(4096.min(train)).max(8);
     let mut opts = SessionOptions::new(n_ctx, args.threads());
     opts.prefill_chunk = args.batch_size.max(1);
+    opts.kv_type = args.kv_type;
     Ok(Session::new(Arc::clone(&loaded.model), opts)?)
 }
 

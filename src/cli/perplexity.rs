@@ -33,6 +33,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let n_ctx = args.model.ctx_size.unwrap_or(512);
     let mut opts = SessionOptions::new(n_ctx, args.model.threads());
     opts.prefill_chunk = args.model.batch_size.min(n_ctx);
+    opts.kv_type = args.model.kv_type;
     opts.logit_rows = 32;
     let mut session = Session::new(Arc::clone(&loaded.model), opts)?;
     let bos = if tok.adds_bos() { tok.bos() } else { None };

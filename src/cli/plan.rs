@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 
-use kiln::engine::plan::plan;
+use kiln::engine::plan::{plan, HostTerms};
 use kiln::engine::SessionOptions;
 use kiln::gguf::GgufFile;
 use kiln::tokenizer::Tokenizer;
@@ -22,6 +22,12 @@ pub struct PlanArgs {
     /// Threads.
     #[arg(short = 't', long = "threads")]
     pub threads: Option<usize>,
+    /// KV cache element type: f16 or q8_0.
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: kiln::cache::KvType,
+    /// Sequences served at once (each with its own KV cache and sampler).
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
     /// Memory budget in bytes (default: the system's available memory).
     #[arg(long)]
     pub budget: Option<u64>,
@@ -40,26 +46,39 @@ pub fn run(args: PlanArgs) -> Result<()> {
         .unwrap_or_else(kiln::kernels::pool::default_threads);
     let mut opts = SessionOptions::new(args.ctx, threads);
     opts.prefill_chunk = args.prefill_chunk;
-    let p = plan(&file, &opts, tok.heap_bytes() as u64, runtime)?;
+    opts.kv_type = args.kv_type;
+    let host = HostTerms {
+        tokenizer_bytes: tok.heap_bytes() as u64,
+        runtime_bytes: runtime,
+    };
+    let p = plan(&file, &opts, args.parallel, host)?;
     let budget = args.budget.or_else(available_memory);
     let fits = budget.map(|b| p.total_bytes <= b);
     if args.json {
         let j = serde_json::json!({
-            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads,
+            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type,
             "components": p.components, "total_bytes": p.total_bytes, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
     println!(
-        "memory plan for {} (ctx {}, prefill chunk {}, {} threads)",
+        "memory plan for {} (ctx {}, prefill chunk {}, {} threads, {} sequences)",
         path.display(),
         args.ctx,
         args.prefill_chunk,
-        threads
+        threads,
+        args.parallel
     );
     for c in &p.components {
-        println!("  {:<24} {:>10.2} MiB  {}", c.name, mib(c.bytes), c.formula);
+        let kind = if c.mapped { "mapped" } else { "owned" };
+        println!(
+            "  {:<24} {:>10.2} MiB  {:<6}  {}",
+            c.name,
+            mib(c.bytes),
+            kind,
+            c.formula
+        );
     }
     println!("  {:<24} {:>10.2} MiB", "total", mib(p.total_bytes));
     match (budget, fits) {

@@ -130,6 +130,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "gen_ms": stats.gen_ms,
             "gen_tps": stats.gen_tps(),
             "stop": stats.stop,
+            "peak_rss_bytes": super::bench::peak_rss(),
         });
         eprintln!("{j}");
     }

@@ -2,7 +2,7 @@
 //! weight is loaded, with the same functions the session allocates with (one source of truth).
 
 use super::session::{kv_layout, scratch_spec_for, SessionOptions};
-use crate::cache::Scratch;
+use crate::cache::{KvType, KvTypeError, Scratch};
 use crate::gguf::GgufFile;
 use crate::model::{read_config, ModelError};
 
@@ -30,52 +30,133 @@ impl MemoryPlan {
     }
 }
 
-/// Plan a session over `file` sized by `opts`. `tokenizer_bytes` and `runtime_bytes` are
-/// supplied by the caller (the tokenizer's tables and the process's own baseline).
+/// Why a plan could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    KvType(#[from] KvTypeError),
+}
+
+/// Bytes glibc's `malloc` takes from the system for a request of `n` bytes: a chunk with an
+/// 8-byte header rounded up to 16 (32 at least); requests at or above the mmap threshold
+/// (128 KiB) get their own page-rounded mapping.
+pub fn malloc_bytes(n: usize) -> usize {
+    const MMAP_THRESHOLD: usize = 128 * 1024;
+    if n == 0 {
+        0
+    } else if n >= MMAP_THRESHOLD {
+        (n + 16).next_multiple_of(4096)
+    } else {
+        (n + 8).next_multiple_of(16).max(32)
+    }
+}
+
+/// Terms the caller measures or builds before planning (all zero in tests that compare the
+/// formulas with a session's allocations).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostTerms {
+    /// Heap of the tokenizer built from the file's metadata ([`crate::tokenizer::Tokenizer::heap_bytes`]).
+    pub tokenizer_bytes: u64,
+    /// Resident memory of the process before it opens the model (binary, libraries, allocator).
+    pub runtime_bytes: u64,
+}
+
+/// Code pages and thread stacks a running session touches beyond what a fresh process has
+/// resident: the kernels, the tokenizer and generation loop, one stack per pool thread.
+/// Measured, not derived: file-backed RSS of `kiln run` minus the model file and the
+/// pre-load baseline was 1.3–1.6 MiB for both real models at 1–2 threads.
+pub const CODE_TOUCHED_BYTES: u64 = 3 << 19;
+/// Stack touched by each worker thread of the pool (kernels keep their tiles in the scratch,
+/// so worker stacks stay shallow).
+pub const THREAD_STACK_BYTES: u64 = 64 << 10;
+
+/// Plan a session over `file` sized by `opts` (times `parallel` sequences, each with its own KV
+/// cache, token history and sampler, sharing the scratch of one forward pass).
 pub fn plan(
     file: &GgufFile,
     opts: &SessionOptions,
-    tokenizer_bytes: u64,
-    runtime_bytes: u64,
-) -> Result<MemoryPlan, ModelError> {
+    parallel: usize,
+    host: HostTerms,
+) -> Result<MemoryPlan, PlanError> {
     let (c, _) = read_config(file)?;
-    let mapped: u64 = file
-        .tensors()
+    opts.kv_type.check_head_dim(c.head_dim_k)?;
+    opts.kv_type.check_head_dim(c.head_dim_v)?;
+    let parallel = parallel.max(1) as u64;
+    let tensors = file.tensors();
+    let mapped: u64 = tensors
         .iter()
         .filter(|t| t.shape.len() >= 2)
         .map(|t| t.n_bytes as u64)
         .sum();
-    let owned: u64 = file
-        .tensors()
+    let file_rest = (file.file_size() as u64).saturating_sub(mapped);
+    let small: Vec<_> = tensors.iter().filter(|t| t.shape.len() < 2).collect();
+    let owned: u64 = small
         .iter()
-        .filter(|t| t.shape.len() < 2)
-        .map(|t| t.n_elements as u64 * 4)
+        .map(|t| malloc_bytes(t.n_elements * 4) as u64)
         .sum();
+    let header_heap = file.heap_bytes(&malloc_bytes) as u64;
     let kv = kv_layout(&c, opts.n_ctx.max(1));
     let spec = scratch_spec_for(file, opts);
     let scratch = Scratch::bytes_for(&c, spec) as u64;
     let logits = (spec.logit_rows.max(1) * c.vocab_size * 4) as u64;
+    let per_seq = (malloc_bytes(c.vocab_size * 8)
+        + malloc_bytes(c.vocab_size * 4) * 2
+        + malloc_bytes(opts.n_ctx.max(1) * 4)) as u64;
+    let n_tensors_2d = tensors.len() - small.len();
     let components = vec![
         Component {
             name: "weights (mapped)",
             bytes: mapped,
             mapped: true,
-            formula: "Σ bytes of the 2-D tensors, read in place from the file mapping".into(),
+            formula: format!(
+                "Σ bytes of the {n_tensors_2d} 2-D tensors, read in place from the file mapping; \
+                 all resident once a token has passed (each is read per token)"
+            ),
+        },
+        Component {
+            name: "header (mapped)",
+            bytes: file_rest,
+            mapped: true,
+            formula: format!(
+                "file size − 2-D tensors: header, metadata and {} 1-D tensors, paged in at load",
+                small.len()
+            ),
         },
         Component {
             name: "weights (f32 copies)",
             bytes: owned,
             mapped: false,
-            formula: "Σ elements of the 1-D tensors (norms, biases) × 4".into(),
+            formula: format!(
+                "{} 1-D tensors (norms, biases) × elements × 4, each one allocation",
+                small.len()
+            ),
+        },
+        Component {
+            name: "GGUF metadata (parsed)",
+            bytes: header_heap,
+            mapped: false,
+            formula: format!(
+                "{} key/value pairs and {} tensor infos held by the parsed file (strings, arrays, indexes), malloc chunks",
+                file.metadata().len(),
+                tensors.len()
+            ),
         },
         Component {
             name: "KV cache",
-            bytes: kv.bytes() as u64,
+            bytes: kv.bytes_as(opts.kv_type) as u64 * parallel,
             mapped: false,
-            formula: format!(
-                "{} layers × {} kv heads × {} positions × ({} + {}) dims × 2 bytes (f16)",
-                kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
-            ),
+            formula: match opts.kv_type {
+                KvType::F16 => format!(
+                    "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims × 2 bytes (f16)",
+                    kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
+                ),
+                KvType::Q8_0 => format!(
+                    "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims / 32 × 34 bytes (q8_0)",
+                    kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
+                ),
+            },
         },
         Component {
             name: "scratch (activations)",
@@ -93,16 +174,34 @@ pub fn plan(
             formula: format!("{} rows × {} vocab × 4", spec.logit_rows.max(1), c.vocab_size),
         },
         Component {
+            name: "sampler and history",
+            bytes: per_seq * parallel,
+            mapped: false,
+            formula: format!(
+                "{parallel} seq × ({} vocab × (8 + 4 + 4) candidate/probability/count + {} positions × 4 token ids)",
+                c.vocab_size,
+                opts.n_ctx.max(1)
+            ),
+        },
+        Component {
             name: "tokenizer tables",
-            bytes: tokenizer_bytes,
+            bytes: host.tokenizer_bytes,
             mapped: false,
             formula: "vocabulary, merges and lookup tables built from the metadata".into(),
         },
         Component {
             name: "runtime",
-            bytes: runtime_bytes,
+            bytes: host.runtime_bytes
+                + CODE_TOUCHED_BYTES
+                + THREAD_STACK_BYTES * spec.n_threads.saturating_sub(1) as u64,
             mapped: false,
-            formula: "resident memory of the process before loading (binary, libraries, allocator)".into(),
+            formula: format!(
+                "resident before loading ({:.2} MiB: binary, libraries) + {:.2} MiB code touched by inference + {} worker stacks × {} KiB",
+                host.runtime_bytes as f64 / (1u64 << 20) as f64,
+                CODE_TOUCHED_BYTES as f64 / (1u64 << 20) as f64,
+                spec.n_threads.saturating_sub(1),
+                THREAD_STACK_BYTES >> 10
+            ),
         },
     ];
     let total_bytes = components.iter().map(|c| c.bytes).sum();

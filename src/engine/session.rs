@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::cache::{KvCache, KvLayout, Scratch, ScratchSpec};
+use crate::cache::{KvCache, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec};
 use crate::model::forward::{forward, ForwardError, Logits, Runtime};
 use crate::model::{weights, Model};
 
@@ -17,6 +17,8 @@ pub struct SessionOptions {
     pub prefill_chunk: usize,
     /// Logit rows computed at once when every position's logits are wanted (perplexity).
     pub logit_rows: usize,
+    /// Element type of the KV cache.
+    pub kv_type: KvType,
 }
 
 impl SessionOptions {
@@ -26,6 +28,7 @@ impl SessionOptions {
             n_threads,
             prefill_chunk: 512,
             logit_rows: 1,
+            kv_type: KvType::F16,
         }
     }
 }
@@ -47,6 +50,8 @@ pub enum EngineError {
     ContextTooLarge { ctx: usize, max: usize },
     #[error("empty prompt")]
     EmptyPrompt,
+    #[error(transparent)]
+    KvType(#[from] KvTypeError),
 }
 
 /// One sequence being evaluated.
@@ -75,7 +80,7 @@ impl Session {
         let scratch = Scratch::new(c, spec);
         Ok(Session {
             rt: Runtime::new(opts.n_threads),
-            kv: KvCache::new(layout),
+            kv: KvCache::with_type(layout, opts.kv_type)?,
             scratch,
             tokens: Vec::with_capacity(n_ctx),
             opts: SessionOptions { n_ctx, ..opts },
@@ -277,5 +282,6 @@ pub fn scratch_spec_for(file: &crate::gguf::GgufFile, opts: &SessionOptions) -> 
         logit_rows: opts.logit_rows.max(1),
         n_threads: opts.n_threads.max(1),
         act_row_bytes: weights::max_act_row_bytes(file),
+        kv_type: opts.kv_type,
     }
 }

@@ -146,6 +146,37 @@ impl GgufFile {
         &self.metadata
     }
 
+    /// Heap bytes of the parsed header (metadata values, tensor infos and both indexes), each
+    /// allocation of `n` bytes costing `alloc(n)`. The tensor data is mapped, not counted here.
+    pub fn heap_bytes(&self, alloc: &dyn Fn(usize) -> usize) -> usize {
+        fn index(m: &HashMap<String, usize>, alloc: &dyn Fn(usize) -> usize) -> usize {
+            // hashbrown: one allocation of `buckets` (key, value) slots plus a control byte per
+            // bucket and a group's worth of trailing control bytes.
+            let slot = std::mem::size_of::<(String, usize)>();
+            let buckets = m
+                .capacity()
+                .max(1)
+                .saturating_mul(8)
+                .div_ceil(7)
+                .next_power_of_two();
+            alloc(buckets * (slot + 1) + 16) + m.keys().map(|k| alloc(k.capacity())).sum::<usize>()
+        }
+        alloc(self.metadata.capacity() * std::mem::size_of::<(String, Value)>())
+            + self
+                .metadata
+                .iter()
+                .map(|(k, v)| alloc(k.capacity()) + v.heap_bytes(alloc))
+                .sum::<usize>()
+            + alloc(self.tensors.capacity() * std::mem::size_of::<TensorInfo>())
+            + self
+                .tensors
+                .iter()
+                .map(|t| alloc(t.name.capacity()) + alloc(t.shape.capacity() * 8))
+                .sum::<usize>()
+            + index(&self.key_index, alloc)
+            + index(&self.tensor_index, alloc)
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.key_index.get(key).map(|&i| &self.metadata[i].1)
     }

@@ -157,6 +157,44 @@ impl Value {
     }
 }
 
+impl Value {
+    /// Heap bytes this value owns, each allocation of `n` bytes costing `alloc(n)` (the
+    /// allocator's chunk size; see the memory plan).
+    pub fn heap_bytes(&self, alloc: &dyn Fn(usize) -> usize) -> usize {
+        match self {
+            Value::String(s) => alloc(s.capacity()),
+            Value::Array(a) => a.heap_bytes(alloc),
+            _ => 0,
+        }
+    }
+}
+
+impl Array {
+    /// Heap bytes this array owns (its buffer, and each string's or nested array's).
+    pub fn heap_bytes(&self, alloc: &dyn Fn(usize) -> usize) -> usize {
+        fn buf<T>(v: &Vec<T>, alloc: &dyn Fn(usize) -> usize) -> usize {
+            alloc(v.capacity() * std::mem::size_of::<T>())
+        }
+        match self {
+            Array::U8(v) => buf(v, alloc),
+            Array::I8(v) => buf(v, alloc),
+            Array::U16(v) => buf(v, alloc),
+            Array::I16(v) => buf(v, alloc),
+            Array::U32(v) => buf(v, alloc),
+            Array::I32(v) => buf(v, alloc),
+            Array::U64(v) => buf(v, alloc),
+            Array::I64(v) => buf(v, alloc),
+            Array::F32(v) => buf(v, alloc),
+            Array::F64(v) => buf(v, alloc),
+            Array::Bool(v) => buf(v, alloc),
+            Array::String(v) => {
+                buf(v, alloc) + v.iter().map(|s| alloc(s.capacity())).sum::<usize>()
+            }
+            Array::Array(v) => buf(v, alloc) + v.iter().map(|a| a.heap_bytes(alloc)).sum::<usize>(),
+        }
+    }
+}
+
 impl Array {
     pub fn len(&self) -> usize {
         match self {

@@ -34,6 +34,7 @@
 
 use super::f16ops::{F16Ops, KV_TILE};
 use super::pool::{DisjointSlice, ThreadPool};
+use crate::cache::{KvLayer, KvType};
 use half::f16;
 
 /// Shape and masking of one attention layer.
@@ -76,6 +77,11 @@ pub struct AttnScratch {
     /// Decode split partials, `[n_kv_heads][n_threads chunks][group][2 + head_dim_v]`
     /// (max, sum, f32 accumulator).
     partial: Vec<f32>,
+    /// `[n_threads][KV_TILE][head_dim_k]` keys of a quantized cache, dequantized to f16
+    /// (empty for an f16 cache, which is read in place).
+    kq: Vec<f16>,
+    /// `[n_threads][KV_TILE][head_dim_v]` values likewise.
+    vq: Vec<f16>,
     group: usize,
     n_threads: usize,
     head_dim_k: usize,
@@ -83,7 +89,7 @@ pub struct AttnScratch {
 }
 
 impl AttnScratch {
-    /// Buffers for `n_threads` threads (any batch size).
+    /// Buffers for `n_threads` threads (any batch size) over an f16 cache.
     pub fn new(
         n_heads: usize,
         n_kv_heads: usize,
@@ -91,8 +97,29 @@ impl AttnScratch {
         head_dim_v: usize,
         n_threads: usize,
     ) -> Self {
-        let l = Layout::new(n_heads, n_kv_heads, head_dim_k, head_dim_v, n_threads);
+        Self::with_kv(
+            n_heads,
+            n_kv_heads,
+            head_dim_k,
+            head_dim_v,
+            n_threads,
+            KvType::F16,
+        )
+    }
+
+    /// Buffers for `n_threads` threads over a cache of type `kv`.
+    pub fn with_kv(
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim_k: usize,
+        head_dim_v: usize,
+        n_threads: usize,
+        kv: KvType,
+    ) -> Self {
+        let l = Layout::new(n_heads, n_kv_heads, head_dim_k, head_dim_v, n_threads, kv);
         AttnScratch {
+            kq: vec![f16::ZERO; l.kq],
+            vq: vec![f16::ZERO; l.vq],
             q16: vec![0.0; l.q16],
             acc16: vec![0.0; l.acc16],
             kt: vec![0.0; l.kt],
@@ -115,6 +142,7 @@ impl AttnScratch {
             + self.ms.len()
             + self.partial.len())
             * 4
+            + (self.kq.len() + self.vq.len()) * 2
     }
 
     /// The bytes `new` would allocate, without allocating.
@@ -125,8 +153,27 @@ impl AttnScratch {
         head_dim_v: usize,
         n_threads: usize,
     ) -> usize {
-        let l = Layout::new(n_heads, n_kv_heads, head_dim_k, head_dim_v, n_threads);
-        (l.q16 + l.acc16 + l.kt + l.scores + l.ms + l.partial) * 4
+        Self::bytes_for_kv(
+            n_heads,
+            n_kv_heads,
+            head_dim_k,
+            head_dim_v,
+            n_threads,
+            KvType::F16,
+        )
+    }
+
+    /// The bytes `with_kv` would allocate, without allocating.
+    pub fn bytes_for_kv(
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim_k: usize,
+        head_dim_v: usize,
+        n_threads: usize,
+        kv: KvType,
+    ) -> usize {
+        let l = Layout::new(n_heads, n_kv_heads, head_dim_k, head_dim_v, n_threads, kv);
+        (l.q16 + l.acc16 + l.kt + l.scores + l.ms + l.partial) * 4 + (l.kq + l.vq) * 2
     }
 }
 
@@ -139,10 +186,19 @@ struct Layout {
     scores: usize,
     ms: usize,
     partial: usize,
+    kq: usize,
+    vq: usize,
 }
 
 impl Layout {
-    fn new(n_heads: usize, n_kv_heads: usize, hdk: usize, hdv: usize, n_threads: usize) -> Layout {
+    fn new(
+        n_heads: usize,
+        n_kv_heads: usize,
+        hdk: usize,
+        hdv: usize,
+        n_threads: usize,
+        kv: KvType,
+    ) -> Layout {
         let group = n_heads / n_kv_heads.max(1);
         let nt = n_threads.max(1);
         let rows = ITEM_TOKENS * group;
@@ -154,6 +210,16 @@ impl Layout {
             scores: nt * rows * KV_TILE,
             ms: nt * rows * 2,
             partial: n_kv_heads * nt * group * (2 + hdv),
+            kq: if kv == KvType::F16 {
+                0
+            } else {
+                nt * KV_TILE * hdk
+            },
+            vq: if kv == KvType::F16 {
+                0
+            } else {
+                nt * KV_TILE * hdv
+            },
         }
     }
 }
@@ -177,6 +243,34 @@ pub fn attention(
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
+    attention_kv(
+        pool,
+        ops,
+        shape,
+        q,
+        n_tokens,
+        pos0,
+        KvLayer::F16 { keys, values },
+        out,
+        scratch,
+    )
+}
+
+/// [`attention`] over one layer of a cache of any type. A quantized layer is dequantized to
+/// f16 one tile of [`KV_TILE`] positions at a time into per-thread buffers, then takes exactly
+/// the f16 path's arithmetic.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_kv(
+    pool: &ThreadPool,
+    ops: &F16Ops,
+    shape: &AttnShape,
+    q: &[f32],
+    n_tokens: usize,
+    pos0: usize,
+    kv: KvLayer<'_>,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
     let s = *shape;
     let group = s.n_heads / s.n_kv_heads;
     assert_eq!(
@@ -191,13 +285,18 @@ pub fn attention(
     assert!(q.len() >= n_tokens * s.n_heads * s.head_dim_k);
     assert!(out.len() >= n_tokens * s.n_heads * s.head_dim_v);
     assert!(pos0 + n_tokens <= s.kv_stride);
-    assert!(keys.len() >= s.n_kv_heads * s.kv_stride * s.head_dim_k);
-    assert!(values.len() >= s.n_kv_heads * s.kv_stride * s.head_dim_v);
+    assert!(kv.holds(s.n_kv_heads * s.kv_stride, s.head_dim_k, s.head_dim_v));
+    assert!(
+        kv.ty() == KvType::F16
+            || (scratch.kq.len() >= scratch.n_threads * KV_TILE * s.head_dim_k
+                && scratch.vq.len() >= scratch.n_threads * KV_TILE * s.head_dim_v),
+        "attention scratch built for an f16 cache"
+    );
     let out = &mut out[..n_tokens * s.n_heads * s.head_dim_v];
     if n_tokens >= TILE_Q {
-        tiled(pool, ops, &s, q, n_tokens, pos0, keys, values, out, scratch);
+        tiled(pool, ops, &s, q, n_tokens, pos0, kv, out, scratch);
     } else {
-        vector(pool, ops, &s, q, n_tokens, pos0, keys, values, out, scratch);
+        vector(pool, ops, &s, q, n_tokens, pos0, kv, out, scratch);
     }
 }
 
@@ -216,12 +315,18 @@ fn vector(
     q: &[f32],
     n_tokens: usize,
     pos0: usize,
-    keys: &[f16],
-    values: &[f16],
+    kv: KvLayer<'_>,
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
     let (group, hdk, hdv) = (scratch.group, s.head_dim_k, s.head_dim_v);
+    // An f16 cache is read in place in one run; a quantized one a tile at a time (the online
+    // softmax visits keys in order either way, so the split changes no bits).
+    let piece = if kv.ty() == KvType::F16 {
+        usize::MAX
+    } else {
+        KV_TILE
+    };
     // The reference's visible cache length: padded, capped by the (padded) cache size.
     let n_kv = (pos0 + n_tokens)
         .next_multiple_of(KV_PAD)
@@ -251,6 +356,9 @@ fn vector(
     let q16s = DisjointSlice::new(&mut scratch.q16);
     let accs = DisjointSlice::new(&mut scratch.acc16);
     let mss = DisjointSlice::new(&mut scratch.ms);
+    let kqs = DisjointSlice::new(&mut scratch.kq);
+    let vqs = DisjointSlice::new(&mut scratch.vq);
+    let quantized = kv.ty() != KvType::F16;
     pool.run(&|tid, nt| {
         let (nq, na, nm) = (group * hdk, group * hdv, ITEM_TOKENS * group * 2);
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
@@ -259,6 +367,18 @@ fn vector(
                 &mut q16s.part(tid * nq..(tid + 1) * nq)[..heads_per_item * hdk],
                 &mut accs.part(tid * na..(tid + 1) * na)[..heads_per_item * hdv],
                 &mut mss.part(tid * nm..(tid + 1) * nm)[..2 * heads_per_item],
+            )
+        };
+        let (nkq, nvq) = if quantized {
+            (KV_TILE * hdk, KV_TILE * hdv)
+        } else {
+            (0, 0)
+        };
+        // SAFETY: as above (empty for an f16 cache).
+        let (kbuf, vbuf) = unsafe {
+            (
+                kqs.part(tid * nkq..(tid + 1) * nkq),
+                vqs.part(tid * nvq..(tid + 1) * nvq),
             )
         };
         let mut item = tid;
@@ -282,19 +402,14 @@ fn vector(
                 m[0] = f32::NEG_INFINITY;
                 m[1] = 0.0;
             }
-            if lo < hi {
-                let kv = (
-                    &keys[(kvh * s.kv_stride + lo) * hdk..],
-                    &values[(kvh * s.kv_stride + lo) * hdv..],
-                );
-                (ops.vec_keys)(
-                    q16,
-                    &kv.0[..(hi - lo) * hdk],
-                    &kv.1[..(hi - lo) * hdv],
-                    s.scale,
-                    ms,
-                    acc,
-                );
+            let row0 = kvh * s.kv_stride;
+            let mut a = lo;
+            while a < hi {
+                let b = hi.min(a.saturating_add(piece));
+                let keys = kv.keys_f16(row0 + a..row0 + b, hdk, kbuf);
+                let values = kv.values_f16(row0 + a..row0 + b, hdv, vbuf);
+                (ops.vec_keys)(q16, keys, values, s.scale, ms, acc);
+                a = b;
             }
             if n_chunks == 1 {
                 let a = (t * s.n_heads + h0) * hdv;
@@ -369,8 +484,7 @@ fn tiled(
     q: &[f32],
     n_tokens: usize,
     pos0: usize,
-    keys: &[f16],
-    values: &[f16],
+    kv: KvLayer<'_>,
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
@@ -383,6 +497,9 @@ fn tiled(
     let kts = DisjointSlice::new(&mut scratch.kt);
     let scs = DisjointSlice::new(&mut scratch.scores);
     let mss = DisjointSlice::new(&mut scratch.ms);
+    let kqs = DisjointSlice::new(&mut scratch.kq);
+    let vqs = DisjointSlice::new(&mut scratch.vq);
+    let quantized = kv.ty() != KvType::F16;
     pool.run(&|tid, nt| {
         let (nk, ns, nm) = (hdk * KV_TILE, rows_max * KV_TILE, rows_max * 2);
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
@@ -391,6 +508,18 @@ fn tiled(
                 kts.part(tid * nk..(tid + 1) * nk),
                 scs.part(tid * ns..(tid + 1) * ns),
                 mss.part(tid * nm..(tid + 1) * nm),
+            )
+        };
+        let (nkq, nvq) = if quantized {
+            (KV_TILE * hdk, KV_TILE * hdv)
+        } else {
+            (0, 0)
+        };
+        // SAFETY: as above (empty for an f16 cache).
+        let (kbuf, vbuf) = unsafe {
+            (
+                kqs.part(tid * nkq..(tid + 1) * nkq),
+                vqs.part(tid * nvq..(tid + 1) * nvq),
             )
         };
         // Items round-robin: later token blocks see more keys, so interleaving balances.
@@ -412,19 +541,20 @@ fn tiled(
                 m[0] = f32::NEG_INFINITY;
                 m[1] = 0.0;
             }
-            let kbase = &keys[kvh * s.kv_stride * hdk..];
-            let vbase = &values[kvh * s.kv_stride * hdv..];
+            let row0 = kvh * s.kv_stride;
             let first = visible(s, pos0 + t0).start / KV_TILE;
             let end = pos0 + t1; // one past the last visible key of the item
             for tile in first..end.div_ceil(KV_TILE) {
                 let c0 = tile * KV_TILE;
                 let c1 = (c0 + KV_TILE).min(end);
-                // The tile's keys, transposed to [d][key] in f32.
-                for (jk, pos) in (c0..c1).enumerate() {
-                    for (d, &x) in kbase[pos * hdk..(pos + 1) * hdk].iter().enumerate() {
+                // The tile's keys, transposed to [d][key] in f32, and its values (rows c0..c1).
+                let ktile = kv.keys_f16(row0 + c0..row0 + c1, hdk, &mut *kbuf);
+                for (jk, krow) in ktile.chunks_exact(hdk).enumerate() {
+                    for (d, &x) in krow.iter().enumerate() {
                         kt[d * KV_TILE + jk] = x.to_f32();
                     }
                 }
+                let vtile = kv.values_f16(row0 + c0..row0 + c1, hdv, &mut *vbuf);
                 for t in t0..t1 {
                     let vis = visible(s, pos0 + t);
                     let (lo, hi) = (vis.start.max(c0), vis.end.min(c0 + KV_TILE));
@@ -461,7 +591,11 @@ fn tiled(
                         ms[2 * r] = m_new;
                         let tile_sum = (ops.softmax_tile)(sc, m_new);
                         ms[2 * r + 1] = (sum as f64 + tile_sum) as f32;
-                        (ops.vkq_acc)(acc, &sc[lo - c0..hi - c0], &vbase[lo * hdv..hi * hdv]);
+                        (ops.vkq_acc)(
+                            acc,
+                            &sc[lo - c0..hi - c0],
+                            &vtile[(lo - c0) * hdv..(hi - c0) * hdv],
+                        );
                     }
                 }
             }
@@ -848,5 +982,85 @@ mod tests {
         assert_eq!(s.bytes(), AttnScratch::bytes_for(9, 3, 64, 64, 2));
         let s = AttnScratch::new(4, 1, 256, 128, 3);
         assert_eq!(s.bytes(), AttnScratch::bytes_for(4, 1, 256, 128, 3));
+        let s = AttnScratch::with_kv(4, 1, 256, 128, 3, KvType::Q8_0);
+        assert_eq!(
+            s.bytes(),
+            AttnScratch::bytes_for_kv(4, 1, 256, 128, 3, KvType::Q8_0)
+        );
+        assert_eq!(
+            s.bytes() - AttnScratch::bytes_for(4, 1, 256, 128, 3),
+            3 * KV_TILE * (256 + 128) * 2
+        );
+    }
+
+    /// A Q8_0 cache is attended exactly as an f16 cache holding its dequantized values: same
+    /// bits on both paths, with windows, splits, any thread count and every SIMD tier.
+    #[test]
+    fn q8_0_cache_is_f16_arithmetic_on_dequantized_values() {
+        use crate::cache::kv::dequant_q8_0_f16;
+        use crate::quant::blocks::BlockQ8_0;
+        use crate::quant::reference::Quantize;
+        // (head_dim, heads, kv heads, tokens, pos0, window, threads)
+        let cases = [
+            (64, 4, 2, 5, 100, 0, 2),
+            (64, 4, 2, 1, 600, 0, 3),
+            (64, 4, 2, 1, 600, 100, 2),
+            (64, 9, 3, 70, 10, 0, 2),
+            (64, 4, 2, 130, 300, 50, 1),
+            (32, 4, 2, 5, 100, 0, 2),
+            (256, 4, 1, 80, 100, 0, 2),
+            (256, 4, 1, 1, 700, 512, 2),
+        ];
+        let mut paths = vec![F16Ops::scalar()];
+        if F16Ops::detect().name != "scalar" {
+            paths.push(F16Ops::detect());
+        }
+        for (dk, h, hkv, n, pos0, win, threads) in cases {
+            let mut c = make_case(dk, h, hkv, n, pos0, win, 11);
+            let quant = |x: &[f16]| {
+                let f: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                let mut b = vec![BlockQ8_0::default(); f.len() / 32];
+                BlockQ8_0::quantize(&f, &mut b);
+                b
+            };
+            let (kq, vq) = (quant(&c.keys), quant(&c.values));
+            dequant_q8_0_f16(&kq, &mut c.keys);
+            dequant_q8_0_f16(&vq, &mut c.values);
+            let s = &c.shape;
+            let pool = ThreadPool::new(threads);
+            for ops in &paths {
+                let want = run(&c, ops, threads);
+                let mut scratch = AttnScratch::with_kv(
+                    s.n_heads,
+                    s.n_kv_heads,
+                    s.head_dim_k,
+                    s.head_dim_v,
+                    threads,
+                    KvType::Q8_0,
+                );
+                let mut got = vec![f32::NAN; want.len()];
+                attention_kv(
+                    &pool,
+                    ops,
+                    s,
+                    &c.q,
+                    c.n_tokens,
+                    c.pos0,
+                    KvLayer::Q8_0 {
+                        keys: &kq,
+                        values: &vq,
+                    },
+                    &mut got,
+                    &mut scratch,
+                );
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} dk {dk} heads {h}/{hkv} n {n} pos0 {pos0} window {win} threads {threads}",
+                    ops.name
+                );
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@
 use std::ops::Range;
 
 use crate::cache::{KvCache, KvOverflow, Scratch};
-use crate::kernels::attention::{attention, AttnShape};
+use crate::kernels::attention::{attention_kv, AttnShape};
 use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{matmul, matmul_many, quantize_input, Linear};
 use crate::kernels::ops::{self, Activation};
@@ -246,15 +246,14 @@ pub fn forward_batch(
                 kv_stride: kv.capacity(),
             };
             let aod = c.attn_out_dim();
-            attention(
+            attention_kv(
                 pool,
                 &rt.f16,
                 &shape,
                 &s.q[rows.start * q_dim..rows.end * q_dim],
                 rows.len(),
                 pos0,
-                kv.keys(li),
-                kv.values(li),
+                kv.layer(li),
                 &mut s.attn[rows.start * aod..rows.end * aod],
                 &mut s.attn_scratch,
             );
