@@ -93,6 +93,29 @@ fn collector() -> (
     )
 }
 
+/// A greedy request with a collecting sink; returns its event log.
+fn greedy_request(
+    prompt: &[u32],
+    max_new: usize,
+    stop: &[&str],
+) -> (Arc<Mutex<Vec<SeqEvent>>>, SeqRequest) {
+    let (log, sink) = collector();
+    let req = SeqRequest {
+        prompt: prompt.to_vec(),
+        max_new,
+        sampler: SamplerConfig::greedy(),
+        stop: stop.iter().map(|s| s.to_string()).collect(),
+        cache_prompt: true,
+        sink,
+    };
+    (log, req)
+}
+
+/// Step the scheduler until every request has finished.
+fn drain(sched: &mut Scheduler<'_>) {
+    drain(&mut sched);
+}
+
 fn text_of(events: &[SeqEvent]) -> (String, FinishReason) {
     let mut text = String::new();
     for e in events {
@@ -171,20 +194,11 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
     // Five requests on three slots: two wait, then join as others finish.
     let mut logs = Vec::new();
     for p in &prompts {
-        let (log, sink) = collector();
-        sched.submit(SeqRequest {
-            prompt: p.clone(),
-            max_new: n_new,
-            sampler: SamplerConfig::greedy(),
-            stop: vec![],
-            cache_prompt: true,
-            sink,
-        });
+        let (log, req) = greedy_request(p, n_new, &[]);
+        sched.submit(req);
         logs.push(log);
     }
-    while !sched.is_idle() {
-        sched.step();
-    }
+    drain(&mut sched);
     for (i, log) in logs.iter().enumerate() {
         let (text, reason) = text_of(&log.lock().unwrap());
         assert_eq!(text, expected[i], "request {i}");
@@ -207,32 +221,14 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
     let second = [first_turn.clone(), more.clone()].concat();
     // (The five requests above evicted the first one's slot, least recently used first; run
     // the first turn again so that the second follows it as in a chat.)
-    let (log, sink) = collector();
-    sched.submit(SeqRequest {
-        prompt: prompts[0].clone(),
-        max_new: n_new,
-        sampler: SamplerConfig::greedy(),
-        stop: vec![],
-        cache_prompt: true,
-        sink,
-    });
-    while !sched.is_idle() {
-        sched.step();
-    }
+    let (log, req) = greedy_request(&prompts[0], n_new, &[]);
+    sched.submit(req);
+    drain(&mut sched);
     assert_eq!(text_of(&log.lock().unwrap()).0, expected[0]);
     let before = metrics.prefill_tokens.load(Relaxed);
-    let (log, sink) = collector();
-    sched.submit(SeqRequest {
-        prompt: second.clone(),
-        max_new: 16,
-        sampler: SamplerConfig::greedy(),
-        stop: vec![],
-        cache_prompt: true,
-        sink,
-    });
-    while !sched.is_idle() {
-        sched.step();
-    }
+    let (log, req) = greedy_request(&second, 16, &[]);
+    sched.submit(req);
+    drain(&mut sched);
     let evaluated = metrics.prefill_tokens.load(Relaxed) - before;
     // The slot holds the prompt and all generated tokens but the last (never evaluated).
     assert!(
@@ -258,31 +254,17 @@ fn stop_sequences_cut_the_output_and_cancel_frees_the_slot() {
     let metrics = Arc::new(SchedMetrics::default());
     let runner = BatchRunner::new(Arc::clone(&m), opts(2)).unwrap();
     let mut sched = Scheduler::new(runner, &tok, Arc::clone(&metrics));
-    let (log, sink) = collector();
-    sched.submit(SeqRequest {
-        prompt: prompt.clone(),
-        max_new: 20,
-        sampler: SamplerConfig::greedy(),
-        stop: vec![stop.clone()],
-        cache_prompt: true,
-        sink,
-    });
+    let (log, req) = greedy_request(&prompt, 20, &[stop.as_str()]);
+    sched.submit(req);
     // A request whose receiver is gone after three events.
     let mut seen = 0;
-    sched.submit(SeqRequest {
-        prompt: prompt.clone(),
-        max_new: 200,
-        sampler: SamplerConfig::greedy(),
-        stop: vec![],
-        cache_prompt: true,
-        sink: Box::new(move |_| {
-            seen += 1;
-            seen < 3
-        }),
+    let (_, mut req) = greedy_request(&prompt, 200, &[]);
+    req.sink = Box::new(move |_| {
+        seen += 1;
+        seen < 3
     });
-    while !sched.is_idle() {
-        sched.step();
-    }
+    sched.submit(req);
+    drain(&mut sched);
     let (text, reason) = text_of(&log.lock().unwrap());
     assert_eq!(reason, FinishReason::Stop);
     assert_eq!(text, cut, "stop sequence {stop:?} in {full:?}");

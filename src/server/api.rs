@@ -234,49 +234,43 @@ impl GenParams {
             Some(m) => m as usize,
         };
         let mut sampler = SamplerConfig::default();
-        if let Some(t) = self.temperature {
-            if !(0.0..=2.0).contains(&t) {
-                return Err(ApiError::invalid_param(
-                    "temperature",
-                    format!("temperature = {t} must be between 0 and 2"),
-                ));
+        let set = |dst: &mut f32, name: &str, v: Option<f32>, lo: f32, hi: f32| match v {
+            Some(v) if !(lo..=hi).contains(&v) => Err(ApiError::invalid_param(
+                name,
+                format!("{name} = {v} must be between {lo} and {hi}"),
+            )),
+            Some(v) => {
+                *dst = v;
+                Ok(())
             }
-            sampler.temperature = t;
-        }
-        let unit = |name: &str, v: f32| {
-            if (0.0..=1.0).contains(&v) {
-                Ok(v)
-            } else {
-                Err(ApiError::invalid_param(
-                    name,
-                    format!("{name} = {v} must be between 0 and 1"),
-                ))
-            }
+            None => Ok(()),
         };
-        if let Some(p) = self.top_p {
-            sampler.top_p = unit("top_p", p)?;
-        }
-        if let Some(p) = self.min_p {
-            sampler.min_p = unit("min_p", p)?;
-        }
+        set(
+            &mut sampler.temperature,
+            "temperature",
+            self.temperature,
+            0.0,
+            2.0,
+        )?;
+        set(&mut sampler.top_p, "top_p", self.top_p, 0.0, 1.0)?;
+        set(&mut sampler.min_p, "min_p", self.min_p, 0.0, 1.0)?;
+        let (f, p) = (self.frequency_penalty, self.presence_penalty);
+        set(
+            &mut sampler.frequency_penalty,
+            "frequency_penalty",
+            f,
+            -2.0,
+            2.0,
+        )?;
+        set(
+            &mut sampler.presence_penalty,
+            "presence_penalty",
+            p,
+            -2.0,
+            2.0,
+        )?;
         if let Some(k) = self.top_k {
             sampler.top_k = k;
-        }
-        let penalty = |name: &str, v: f32| {
-            if (-2.0..=2.0).contains(&v) {
-                Ok(v)
-            } else {
-                Err(ApiError::invalid_param(
-                    name,
-                    format!("{name} = {v} must be between -2 and 2"),
-                ))
-            }
-        };
-        if let Some(f) = self.frequency_penalty {
-            sampler.frequency_penalty = penalty("frequency_penalty", f)?;
-        }
-        if let Some(f) = self.presence_penalty {
-            sampler.presence_penalty = penalty("presence_penalty", f)?;
         }
         if let Some(r) = self.repeat_penalty {
             if !(r.is_finite() && r > 0.0) {
