@@ -113,7 +113,9 @@ fn greedy_request(
 
 /// Step the scheduler until every request has finished.
 fn drain(sched: &mut Scheduler<'_>) {
-    drain(&mut sched);
+    while !sched.is_idle() {
+        sched.step();
+    }
 }
 
 fn text_of(events: &[SeqEvent]) -> (String, FinishReason) {
