@@ -6,9 +6,9 @@
 Starts its own server (--parallel N) on a free loopback port, warms it up, then measures
   single: one streaming request at a time (N requests in a row), tokens/s of generation
   concurrent: N streaming requests at once, total generated tokens / wall time
-and prints both and their ratio (needs `pip install httpx`). Prompts differ per client and
-use `ignore_eos`-free greedy decoding with a fixed max_tokens; generated token counts come from
-the `usage` of each response, so early stops are counted honestly.
+and prints both and their ratio (needs `pip install httpx`). Prompts differ per client;
+decoding is greedy with `ignore_eos`, so every request generates exactly max_tokens (counted
+from the `usage` of each response).
 """
 
 import argparse
@@ -46,7 +46,7 @@ TOPICS = ["the sea", "a mountain", "the city at night", "a library", "the desert
 
 def one(i, out):
     body = {"messages": [{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}],
-            "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+            "max_tokens": args.max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     t0 = time.time()
     first = None

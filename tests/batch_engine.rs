@@ -106,6 +106,7 @@ fn greedy_request(
         sampler: SamplerConfig::greedy(),
         stop: stop.iter().map(|s| s.to_string()).collect(),
         cache_prompt: true,
+        ignore_eos: false,
         sink,
     };
     (log, req)

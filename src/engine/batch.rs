@@ -105,6 +105,17 @@ impl BatchRunner {
         &self.logits[slot * v..(slot + 1) * v]
     }
 
+    /// Make `tokens` impossible to sample from slot `slot`'s current logits (set to `-inf`).
+    pub fn mask_tokens(&mut self, slot: usize, tokens: &[u32]) {
+        let v = self.model.config.vocab_size;
+        let row = &mut self.logits[slot * v..(slot + 1) * v];
+        for &t in tokens {
+            if let Some(l) = row.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
     /// Would `n` more tokens overflow slot `slot`?
     pub fn would_overflow(&self, slot: usize, n: usize) -> bool {
         self.slots[slot].kv.would_overflow(n)

@@ -36,6 +36,9 @@ pub struct SeqRequest {
     pub stop: Vec<String>,
     /// Reuse a cached prefix of the prompt (false: evaluate it all, a cold run).
     pub cache_prompt: bool,
+    /// Never stop at an end-of-generation token (their logits are masked): generate exactly
+    /// `max_new` tokens unless a stop sequence or the context ends it (benchmarks, tests).
+    pub ignore_eos: bool,
     /// Receives the events of this request; returning `false` (the receiver is gone: a closed
     /// connection) cancels the request and frees its slot.
     pub sink: Box<dyn FnMut(SeqEvent) -> bool + Send>,
@@ -440,6 +443,9 @@ impl<'t> Scheduler<'t> {
         let a = self.active[slot].as_mut().expect("active slot");
         if a.generated >= a.req.max_new {
             return self.finish_with(slot, FinishReason::Length, true);
+        }
+        if a.req.ignore_eos {
+            self.runner.mask_tokens(slot, self.tok.eog_ids());
         }
         let t = a
             .sampler

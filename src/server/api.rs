@@ -47,6 +47,9 @@ pub struct GenParams {
     pub n: Option<i64>,
     /// Reuse a cached prefix of the prompt (default true).
     pub cache_prompt: Option<bool>,
+    /// Keep generating past end-of-generation tokens (llama.cpp server's `ignore_eos`).
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 /// A message's content: text, or a list of parts of which the text ones are used.
@@ -183,6 +186,7 @@ pub struct Generation {
     pub stream: bool,
     pub include_usage: bool,
     pub cache_prompt: bool,
+    pub ignore_eos: bool,
 }
 
 impl GenParams {
@@ -305,6 +309,7 @@ impl GenParams {
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
             cache_prompt: self.cache_prompt.unwrap_or(true),
+            ignore_eos: self.ignore_eos,
         })
     }
 }

