@@ -270,7 +270,7 @@ impl<'t> Scheduler<'t> {
             return;
         }
         self.waiting.push_back(req);
-        self.metrics.queue_depth.store(self.waiting.len(), Relaxed);
+        self.publish_gauges();
     }
 
     /// Serve requests from `rx` until every sender is gone and the work is done.
@@ -294,6 +294,11 @@ impl<'t> Scheduler<'t> {
         self.admit();
         self.prefill_one_chunk();
         self.decode_step();
+    }
+
+    /// Publish the queue and slot gauges (called at every change, so that a client that has
+    /// just seen a response start reads gauges that already count it).
+    fn publish_gauges(&self) {
         let in_use = self.active.iter().filter(|a| a.is_some()).count();
         self.metrics.slots_in_use.store(in_use, Relaxed);
         self.metrics.queue_depth.store(self.waiting.len(), Relaxed);
@@ -342,6 +347,7 @@ impl<'t> Scheduler<'t> {
                 order: self.tick,
                 req,
             });
+            self.publish_gauges();
         }
     }
 
@@ -475,6 +481,7 @@ impl<'t> Scheduler<'t> {
         };
         self.tick += 1;
         self.released_at[slot] = self.tick;
+        self.publish_gauges();
         let mut reason = reason;
         if flush {
             // Text still undecoded or held back for a stop sequence that never came.
