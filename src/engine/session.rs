@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use crate::cache::{KvCache, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec};
+use crate::cache::{
+    KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
+};
 use crate::model::forward::{forward, ForwardError, Logits, Runtime};
 use crate::model::{weights, Model};
 
@@ -19,6 +21,9 @@ pub struct SessionOptions {
     pub logit_rows: usize,
     /// Element type of the KV cache.
     pub kv_type: KvType,
+    /// RAM for the KV cache: when the whole cache is larger, it lives in a file and a ring of
+    /// layer buffers fitting this budget is streamed (None = always in RAM).
+    pub kv_budget: Option<usize>,
 }
 
 impl SessionOptions {
@@ -29,6 +34,7 @@ impl SessionOptions {
             prefill_chunk: 512,
             logit_rows: 1,
             kv_type: KvType::F16,
+            kv_budget: None,
         }
     }
 }
@@ -52,6 +58,19 @@ pub enum EngineError {
     EmptyPrompt,
     #[error(transparent)]
     KvType(#[from] KvTypeError),
+    #[error(transparent)]
+    KvBudget(#[from] KvBudgetError),
+    #[error("cannot create the KV cache: {0}")]
+    KvCache(String),
+}
+
+impl From<KvCacheError> for EngineError {
+    fn from(e: KvCacheError) -> Self {
+        match e {
+            KvCacheError::Type(t) => EngineError::KvType(t),
+            KvCacheError::Offload(o) => EngineError::KvCache(o.to_string()),
+        }
+    }
 }
 
 /// One sequence being evaluated.
@@ -80,7 +99,10 @@ impl Session {
         let scratch = Scratch::new(c, spec);
         Ok(Session {
             rt: Runtime::new(opts.n_threads),
-            kv: KvCache::with_type(layout, opts.kv_type)?,
+            kv: match layout.offload_ring(opts.kv_type, opts.kv_budget)? {
+                None => KvCache::with_type(layout, opts.kv_type)?,
+                Some(ring) => KvCache::offloaded(layout, opts.kv_type, ring)?,
+            },
             scratch,
             tokens: Vec::with_capacity(n_ctx),
             opts: SessionOptions { n_ctx, ..opts },

@@ -175,6 +175,7 @@ pub fn forward(
                 rope.apply(&mut s.k[j * kv_k..(j + 1) * kv_k], c.head_dim_k, cs);
             }
         }
+        kv.begin_layer(li);
         for j in 0..n {
             kv.write(
                 li,
@@ -203,6 +204,7 @@ pub fn forward(
             &mut s.attn[..n * c.attn_out_dim()],
             &mut s.attn_scratch,
         );
+        kv.end_layer(li, pos0..pos0 + n);
         matmul(
             pool,
             &layer.wo,
