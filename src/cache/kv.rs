@@ -331,7 +331,6 @@ fn write_rows(
     k_row: &[f32],
     v_row: &[f32],
 ) {
-    use zerocopy::FromBytes;
     let (hk, hv) = (l.head_dim_k, l.head_dim_v);
     let (rk, rv) = (ty.row_bytes(hk), ty.row_bytes(hv));
     for h in 0..l.n_kv_heads {

@@ -49,8 +49,8 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1000,
-        "m" | "mb" => 1000_000,
-        "g" | "gb" => 1000_000_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
         "kib" => 1 << 10,
         "mib" => 1 << 20,
         "gib" => 1 << 30,
@@ -212,4 +212,21 @@ pub fn cancel_flag() -> &'static AtomicBool {
         });
     });
     &FLAG
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("123"), Ok(123));
+        assert_eq!(parse_bytes("24MiB"), Ok(24 << 20));
+        assert_eq!(parse_bytes("2 GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("5k"), Ok(5000));
+        assert_eq!(parse_bytes("1G"), Ok(1_000_000_000));
+        assert!(parse_bytes("MiB").is_err());
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("99999999999999GiB").is_err());
+    }
 }
