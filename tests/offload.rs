@@ -128,3 +128,23 @@ fn smollm2_long_prompt_offloaded_matches_in_ram() {
         assert!(g == w, "step {i}: offloaded logits differ");
     }
 }
+
+#[test]
+fn contexts_past_the_training_context_are_refused() {
+    let model = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
+    let max = model.config.ctx_train;
+    assert!(Session::new(Arc::clone(&model), SessionOptions::new(max, 1)).is_ok());
+    let err = Session::new(Arc::clone(&model), SessionOptions::new(max + 1, 1))
+        .err()
+        .unwrap();
+    assert_eq!(err, EngineError::ContextTooLarge { ctx: max + 1, max });
+    let e = kiln::engine::plan::plan(
+        &model.file,
+        &SessionOptions::new(max + 1, 1),
+        1,
+        Default::default(),
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("exceeds"), "{e}");
+}

@@ -39,6 +39,8 @@ pub enum PlanError {
     KvType(#[from] KvTypeError),
     #[error(transparent)]
     KvBudget(#[from] KvBudgetError),
+    #[error("context size {ctx} exceeds what this model supports ({max} positions, its training context); lower --ctx")]
+    ContextTooLarge { ctx: usize, max: usize },
 }
 
 /// Bytes glibc's `malloc` takes from the system for a request of `n` bytes: a chunk with an
@@ -83,6 +85,12 @@ pub fn plan(
     host: HostTerms,
 ) -> Result<MemoryPlan, PlanError> {
     let (c, _) = read_config(file)?;
+    if c.ctx_train > 0 && opts.n_ctx > c.ctx_train {
+        return Err(PlanError::ContextTooLarge {
+            ctx: opts.n_ctx,
+            max: c.ctx_train,
+        });
+    }
     opts.kv_type.check_head_dim(c.head_dim_k)?;
     opts.kv_type.check_head_dim(c.head_dim_v)?;
     let parallel = parallel.max(1) as u64;

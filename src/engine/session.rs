@@ -52,7 +52,7 @@ pub enum EngineError {
     },
     #[error("the context of {ctx} tokens is full")]
     ContextFull { ctx: usize },
-    #[error("context size {ctx} exceeds what this model supports ({max})")]
+    #[error("context size {ctx} exceeds what this model supports ({max} positions, its training context); lower -c")]
     ContextTooLarge { ctx: usize, max: usize },
     #[error("empty prompt")]
     EmptyPrompt,
@@ -88,7 +88,9 @@ impl Session {
     pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Session, EngineError> {
         let c = &model.config;
         let n_ctx = opts.n_ctx.max(1);
-        if model.weights.pos_embd.is_some() && n_ctx > c.ctx_train {
+        // Past the training context RoPE models produce garbage and learned positions do not
+        // exist: refuse rather than run.
+        if c.ctx_train > 0 && n_ctx > c.ctx_train {
             return Err(EngineError::ContextTooLarge {
                 ctx: n_ctx,
                 max: c.ctx_train,
