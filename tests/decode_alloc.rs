@@ -82,6 +82,7 @@ fn decode_allocations_with(
     ALLOCS.load(Ordering::SeqCst)
 }
 
+/// One test: the counting allocator is global, so concurrent tests would count each other.
 #[test]
 fn decode_allocates_nothing() {
     for stem in [
@@ -98,10 +99,7 @@ fn decode_allocates_nothing() {
             );
         }
     }
-}
-
-#[test]
-fn decode_with_q8_0_kv_allocates_nothing() {
+    // A q8_0 cache.
     for threads in [1, 2] {
         assert_eq!(
             decode_allocations("random-llama-q4_0", threads, KvType::Q8_0),
@@ -109,17 +107,16 @@ fn decode_with_q8_0_kv_allocates_nothing() {
             "q8_0 KV with {threads} threads allocated while decoding"
         );
     }
-}
-
-#[test]
-fn decode_with_offloaded_kv_allocates_nothing() {
-    // random-llama: 4 layers; a budget of two layer buffers offloads the cache.
-    let slot = 2 * 2 * 256 * 32 * 2; // (K + V) × kv heads × positions × head_dim × f16
-    for threads in [1, 2] {
-        assert_eq!(
-            decode_allocations_with("random-llama-q4_0", threads, KvType::F16, Some(2 * slot)),
-            0,
-            "offloaded KV with {threads} threads allocated while decoding"
-        );
+    // An offloaded cache: random-llama has 4 layers; a budget of two layer buffers
+    // ((K + V) × kv heads × positions × head_dim × f16 each) streams it from a file.
+    let slot = 2 * 2 * 256 * 32 * 2;
+    for ty in [KvType::F16, KvType::Q8_0] {
+        for threads in [1, 2] {
+            assert_eq!(
+                decode_allocations_with("random-llama-q4_0", threads, ty, Some(2 * slot)),
+                0,
+                "offloaded {ty} KV with {threads} threads allocated while decoding"
+            );
+        }
     }
 }

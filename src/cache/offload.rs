@@ -18,17 +18,19 @@
 //! precedes its next load. The bytes the attention reads are exactly those an in-RAM cache
 //! would hold: results are bit-identical.
 //!
-//! The channels are bounded (`sync_channel(R)`, preallocated) and the ring's buffers move
-//! between the threads by ownership, so decoding allocates nothing. The file is created in
+//! The two queues are preallocated for the `R` buffers (a mutex and condition variable each:
+//! waiting allocates nothing, unlike `std::sync::mpsc`'s first block on a thread) and the
+//! ring's buffers move between the threads by ownership, so decoding allocates nothing. The file is created in
 //! the temporary directory and unlinked at once (its disk space is freed when the cache is
 //! dropped); its pages go through the OS page cache, which is shared and evictable, not part of
 //! the process's resident set.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use half::f16;
@@ -92,6 +94,50 @@ struct Job {
 
 type Ready = Result<(usize, Vec<f16>), String>;
 
+/// A FIFO between the two threads, preallocated for every item that can be in flight.
+struct Queue<T> {
+    state: Mutex<(VecDeque<T>, bool)>,
+    cv: Condvar,
+}
+
+impl<T> Queue<T> {
+    fn new(cap: usize) -> Self {
+        Queue {
+            state: Mutex::new((VecDeque::with_capacity(cap), false)),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (VecDeque<T>, bool)> {
+        // A panic while holding the lock leaves the queue itself consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, item: T) {
+        self.lock().0.push_back(item);
+        self.cv.notify_one();
+    }
+
+    /// The next item, waiting for one; `None` once closed and empty.
+    fn pop(&self) -> Option<T> {
+        let mut g = self.lock();
+        loop {
+            if let Some(item) = g.0.pop_front() {
+                return Some(item);
+            }
+            if g.1 {
+                return None;
+            }
+            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn close(&self) {
+        self.lock().1 = true;
+        self.cv.notify_all();
+    }
+}
+
 /// The file-backed store with its ring of layer buffers.
 pub struct OffloadStore {
     geom: LayerGeom,
@@ -99,8 +145,8 @@ pub struct OffloadStore {
     ring: usize,
     /// The layer being computed and its buffer (between `begin_layer` and `end_layer`).
     current: Option<(usize, Vec<f16>)>,
-    jobs: Option<SyncSender<Job>>,
-    ready: Receiver<Ready>,
+    jobs: Arc<Queue<Job>>,
+    ready: Arc<Queue<Ready>>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -129,26 +175,35 @@ impl OffloadStore {
         std::fs::remove_file(&path).map_err(io)?;
         file.set_len((n_layers * geom.bytes()) as u64).map_err(io)?;
 
-        let (jobs, job_rx) = sync_channel::<Job>(ring);
-        let (ready_tx, ready) = sync_channel::<Ready>(ring);
+        let jobs = Arc::new(Queue::<Job>::new(ring));
+        let ready = Arc::new(Queue::<Ready>::new(ring));
         let layer_bytes = geom.bytes();
-        let worker = std::thread::Builder::new()
-            .name("kiln-kv-offload".into())
-            .spawn(move || {
-                for job in job_rx {
-                    let r = run_job(&file, &geom, layer_bytes, job);
-                    if ready_tx.send(r).is_err() {
-                        break;
+        let worker = {
+            let (jobs, ready) = (Arc::clone(&jobs), Arc::clone(&ready));
+            std::thread::Builder::new()
+                .name("kiln-kv-offload".into())
+                .spawn(move || {
+                    // However the loop ends (closed, or a panic), the compute side must not
+                    // wait forever: close its queue.
+                    struct CloseOnExit(Arc<Queue<Ready>>);
+                    impl Drop for CloseOnExit {
+                        fn drop(&mut self) {
+                            self.0.close();
+                        }
                     }
-                }
-            })
-            .map_err(io)?;
+                    let ready = CloseOnExit(ready);
+                    while let Some(job) = jobs.pop() {
+                        ready.0.push(run_job(&file, &geom, layer_bytes, job));
+                    }
+                })
+                .map_err(io)?
+        };
         let store = OffloadStore {
             geom,
             n_layers,
             ring,
             current: None,
-            jobs: Some(jobs),
+            jobs,
             ready,
             worker: Some(worker),
         };
@@ -179,11 +234,7 @@ impl OffloadStore {
     }
 
     fn send(&self, job: Job) {
-        self.jobs
-            .as_ref()
-            .expect("offload channel open")
-            .send(job)
-            .expect("the KV offload thread stopped");
+        self.jobs.push(job);
     }
 
     /// Wait until `layer` is in a buffer and make it current.
@@ -192,7 +243,7 @@ impl OffloadStore {
             assert_eq!(*l, layer, "KV offload: layer {l} still open");
             return;
         }
-        match self.ready.recv().expect("the KV offload thread stopped") {
+        match self.ready.pop().expect("the KV offload thread stopped") {
             Ok((l, buf)) => {
                 assert_eq!(l, layer, "KV offload: ring out of order");
                 self.current = Some((layer, buf));
@@ -242,8 +293,8 @@ impl OffloadStore {
 
 impl Drop for OffloadStore {
     fn drop(&mut self) {
-        // Closing the job channel ends the worker's loop.
-        self.jobs = None;
+        // Closing the job queue ends the worker's loop once the queued jobs are done.
+        self.jobs.close();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
