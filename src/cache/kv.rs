@@ -17,6 +17,11 @@
 //! `head_dim` values stored as `head_dim / 32` blocks of 32 signed bytes and one f16 scale
 //! (34 bytes per 32 values instead of 64), same head-major layout with rows of blocks. The
 //! attention kernel dequantizes a Q8_0 cache tile by tile ([`KvLayer`]).
+//!
+//! Where it lives is chosen at creation too: in RAM, or — when a RAM budget is smaller than
+//! the whole cache ([`KvLayout::offload_ring`]) — in a file streamed through a ring of layer
+//! buffers ([`super::offload`]). A forward pass brackets each layer's writes and attention with
+//! [`KvCache::begin_layer`] / [`KvCache::end_layer`] (no-ops in RAM).
 
 use half::f16;
 
