@@ -6,6 +6,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
+use kiln::cache::KvType;
 use kiln::engine::batch::{BatchOptions, BatchRunner};
 use kiln::engine::scheduler::{FinishReason, SchedMetrics, Scheduler, SeqEvent, SeqRequest};
 use kiln::engine::{generate, GenerateRequest, Session, SessionOptions};
@@ -14,24 +15,31 @@ use kiln::sampler::{argmax, Sampler, SamplerConfig};
 use kiln::tokenizer::Tokenizer;
 
 fn opts(n_slots: usize) -> BatchOptions {
+    opts_kv(n_slots, KvType::F16)
+}
+
+fn opts_kv(n_slots: usize, kv_type: KvType) -> BatchOptions {
     BatchOptions {
         n_slots,
         n_ctx: 256,
         n_threads: 2,
         prefill_chunk: 512,
+        kv_type,
     }
 }
 
 /// Three sequences of different lengths decoded together, step by step, against each decoded
 /// alone in its own session: logits equal bit for bit.
-fn batched_decode_matches_sessions(stem: &str) {
+fn batched_decode_matches_sessions(stem: &str, kv_type: KvType) {
     let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
     let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5], &[9, 8, 7], &[100, 50, 25, 12, 6, 3, 1]];
-    let mut runner = BatchRunner::new(Arc::clone(&m), opts(4)).unwrap();
+    let mut runner = BatchRunner::new(Arc::clone(&m), opts_kv(4, kv_type)).unwrap();
     let mut sessions: Vec<Session> = prompts
         .iter()
         .map(|p| {
-            let mut s = Session::new(Arc::clone(&m), SessionOptions::new(256, 2)).unwrap();
+            let mut so = SessionOptions::new(256, 2);
+            so.kv_type = kv_type;
+            let mut s = Session::new(Arc::clone(&m), so).unwrap();
             s.prefill(p, &mut |_, _| {}).unwrap();
             s
         })
@@ -73,8 +81,9 @@ fn batched_decode_is_bit_identical_to_single_sequences() {
         "random-gpt2-q8_0",
         "random-qwen3-q4_k_m",
     ] {
-        batched_decode_matches_sessions(stem);
+        batched_decode_matches_sessions(stem, KvType::F16);
     }
+    batched_decode_matches_sessions("random-llama-q4_1", KvType::Q8_0);
 }
 
 /// Collects a request's events.
@@ -190,6 +199,7 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
             n_ctx: 512,
             n_threads: 2,
             prefill_chunk: 512,
+            kv_type: KvType::F16,
         },
     )
     .unwrap();

@@ -135,3 +135,93 @@ fn bad_model_file_is_a_clear_error() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn kv_memory_flags_work_end_to_end_and_bad_values_are_clear_errors() {
+    let model = common::random_model("random-llama-q8_0");
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            m,
+            "-p",
+            "Hello world, once more",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "-c",
+            "256",
+            "-b",
+            "4",
+        ];
+        args.extend_from_slice(extra);
+        kiln(&args)
+    };
+    let base = run(&[]);
+    assert!(
+        base.status.success(),
+        "{}",
+        String::from_utf8_lossy(&base.stderr)
+    );
+    // Offloaded (4 layers × 64 KiB in f16; a 160 KiB budget holds a ring of 2): same text.
+    let off = run(&["--kv-budget", "160KiB"]);
+    assert!(
+        off.status.success(),
+        "{}",
+        String::from_utf8_lossy(&off.stderr)
+    );
+    assert_eq!(off.stdout, base.stdout);
+    for extra in [
+        &["--kv-type", "q8_0"][..],
+        &["--kv-type", "q8_0", "--kv-budget", "80KiB"],
+    ] {
+        let out = run(extra);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.stdout.is_empty());
+    }
+    for (extra, msg) in [
+        (&["--kv-budget", "1"][..], "too small"),
+        (&["--kv-type", "q9"][..], "unknown KV cache type"),
+        (&["--kv-budget", "12 parsecs"][..], "unknown unit"),
+    ] {
+        let out = run(extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} succeeded");
+        assert!(stderr.contains(msg), "{extra:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{extra:?}: {stderr}");
+    }
+    let out = kiln(&["run", "-m", m, "-p", "hi", "-c", "5000"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("exceeds what this model supports"),
+        "{stderr}"
+    );
+    // The plan refuses the same way and accepts the same flags.
+    let plan = kiln(&[
+        "plan",
+        "-m",
+        m,
+        "--ctx",
+        "256",
+        "--kv-type",
+        "q8_0",
+        "--kv-budget",
+        "80KiB",
+        "--json",
+    ]);
+    assert!(
+        plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    assert_eq!(j["kv_type"], "q8_0");
+    assert!(j["total_bytes"].as_u64().unwrap() > 0);
+}

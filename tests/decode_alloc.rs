@@ -43,11 +43,22 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 fn decode_allocations(stem: &str, threads: usize, kv_type: KvType) -> usize {
+    decode_allocations_with(stem, threads, kv_type, None)
+}
+
+fn decode_allocations_with(
+    stem: &str,
+    threads: usize,
+    kv_type: KvType,
+    kv_budget: Option<usize>,
+) -> usize {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
     let vocab = model.config.vocab_size;
     let mut opts = SessionOptions::new(256, threads);
     opts.kv_type = kv_type;
+    opts.kv_budget = kv_budget;
     let mut s = Session::new(model, opts).expect("session");
+    assert_eq!(s.kv().offload_ring().is_some(), kv_budget.is_some());
     let cfg = SamplerConfig {
         seed: 42,
         repeat_penalty: 1.1,
@@ -71,6 +82,7 @@ fn decode_allocations(stem: &str, threads: usize, kv_type: KvType) -> usize {
     ALLOCS.load(Ordering::SeqCst)
 }
 
+/// One test: the counting allocator is global, so concurrent tests would count each other.
 #[test]
 fn decode_allocates_nothing() {
     for stem in [
@@ -87,15 +99,24 @@ fn decode_allocates_nothing() {
             );
         }
     }
-}
-
-#[test]
-fn decode_with_q8_0_kv_allocates_nothing() {
+    // A q8_0 cache.
     for threads in [1, 2] {
         assert_eq!(
             decode_allocations("random-llama-q4_0", threads, KvType::Q8_0),
             0,
             "q8_0 KV with {threads} threads allocated while decoding"
         );
+    }
+    // An offloaded cache: random-llama has 4 layers; a budget of two layer buffers
+    // ((K + V) × kv heads × positions × head_dim × f16 each) streams it from a file.
+    let slot = 2 * 2 * 256 * 32 * 2;
+    for ty in [KvType::F16, KvType::Q8_0] {
+        for threads in [1, 2] {
+            assert_eq!(
+                decode_allocations_with("random-llama-q4_0", threads, ty, Some(2 * slot)),
+                0,
+                "offloaded {ty} KV with {threads} threads allocated while decoding"
+            );
+        }
     }
 }

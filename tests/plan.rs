@@ -82,3 +82,24 @@ fn q8_0_kv_is_34_64ths_of_f16() {
         q8.get("scratch (activations)").unwrap().bytes
     );
 }
+
+#[test]
+fn offloaded_plan_equals_session_ring() {
+    let model = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
+    for ty in [KvType::F16, KvType::Q8_0] {
+        let mut opts = SessionOptions::new(1024, 2);
+        opts.kv_type = ty;
+        let full = plan(&model.file, &opts, 1, Default::default()).unwrap();
+        let slot = kiln::engine::session::kv_layout(&model.config, 1024).layer_kv_bytes(ty);
+        opts.kv_budget = Some(2 * slot + 100);
+        let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
+        let s = Session::new(Arc::clone(&model), opts).unwrap();
+        assert_eq!(s.kv().offload_ring(), Some(2));
+        let kv = p.get("KV cache").unwrap();
+        assert_eq!(kv.bytes, s.kv().bytes() as u64, "{ty}");
+        assert_eq!(kv.bytes, 2 * slot as u64);
+        assert!(kv.bytes <= opts.kv_budget.unwrap() as u64);
+        assert!(kv.formula.contains("file"), "{}", kv.formula);
+        assert!(full.get("KV cache").unwrap().bytes > kv.bytes);
+    }
+}

@@ -17,11 +17,28 @@
 //! `head_dim` values stored as `head_dim / 32` blocks of 32 signed bytes and one f16 scale
 //! (34 bytes per 32 values instead of 64), same head-major layout with rows of blocks. The
 //! attention kernel dequantizes a Q8_0 cache tile by tile ([`KvLayer`]).
+//!
+//! Where it lives is chosen at creation too: in RAM, or — when a RAM budget is smaller than
+//! the whole cache ([`KvLayout::offload_ring`]) — in a file streamed through a ring of layer
+//! buffers ([`super::offload`]). A forward pass brackets each layer's writes and attention with
+//! [`KvCache::begin_layer`] / [`KvCache::end_layer`] (no-ops in RAM).
 
 use half::f16;
 
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::offload::{LayerGeom, OffloadError, OffloadStore};
 use crate::quant::blocks::{cast, cast_mut, BlockQ8_0, QK};
 use crate::quant::reference::Quantize;
+
+/// Why a KV cache could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum KvCacheError {
+    #[error(transparent)]
+    Type(#[from] KvTypeError),
+    #[error(transparent)]
+    Offload(#[from] OffloadError),
+}
 
 /// Element type of the KV cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
@@ -127,6 +144,39 @@ impl KvLayout {
     /// Bytes of one layer's keys (or values) in `ty`.
     pub fn layer_bytes(&self, ty: KvType, head_dim: usize) -> usize {
         self.n_kv_heads * self.max_len * ty.row_bytes(head_dim)
+    }
+
+    /// Bytes of one layer's keys and values together in `ty` (one offload ring buffer).
+    pub fn layer_kv_bytes(&self, ty: KvType) -> usize {
+        self.layer_bytes(ty, self.head_dim_k) + self.layer_bytes(ty, self.head_dim_v)
+    }
+
+    /// How a cache of `ty` fits a RAM budget: `None` if the whole cache fits (kept in RAM),
+    /// else the number of layer buffers of the offload ring (at least 2).
+    pub fn offload_ring(
+        &self,
+        ty: KvType,
+        budget: Option<usize>,
+    ) -> Result<Option<usize>, KvBudgetError> {
+        let Some(budget) = budget else {
+            return Ok(None);
+        };
+        let slot = self.layer_kv_bytes(ty);
+        if self.bytes_as(ty) <= budget {
+            return Ok(None);
+        }
+        let ring = budget / slot.max(1);
+        if ring < 2 || self.n_layers < 3 {
+            return Err(KvBudgetError {
+                budget,
+                min: if self.n_layers < 3 {
+                    self.bytes_as(ty)
+                } else {
+                    2 * slot
+                },
+            });
+        }
+        Ok(Some(ring.min(self.n_layers - 1)))
     }
 
     /// Bytes of the whole cache in `ty`:
@@ -237,6 +287,14 @@ pub fn dequant_q8_0_f16(blocks: &[BlockQ8_0], out: &mut [f16]) {
     }
 }
 
+/// A KV budget too small to run with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("a KV budget of {budget} bytes is too small: the offload ring needs two layer buffers, {min} bytes")]
+pub struct KvBudgetError {
+    pub budget: usize,
+    pub min: usize,
+}
+
 /// Error when a sequence would not fit.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
@@ -250,7 +308,7 @@ pub struct KvOverflow {
 
 /// `n` zero f16 values from a zeroed allocation: the OS maps zero pages lazily, so only the
 /// positions actually written become resident (`vec![f16::ZERO; n]` would memset them all).
-fn zeroed_f16(n: usize) -> Vec<f16> {
+pub(crate) fn zeroed_f16(n: usize) -> Vec<f16> {
     use half::vec::HalfBitsVecExt;
     vec![0u16; n].reinterpret_into()
 }
@@ -261,6 +319,48 @@ enum Store {
     F16 { k: Vec<Vec<f16>>, v: Vec<Vec<f16>> },
     /// Per layer, `[n_kv_heads, max_len, head_dim / 32]` Q8_0 blocks, as bytes.
     Q8_0 { k: Vec<Vec<u8>>, v: Vec<Vec<u8>> },
+    /// Every layer in a file, streamed through a ring of layer buffers (`[K][V]` bytes of the
+    /// layout above, held as f16 words).
+    Offload { ty: KvType, store: OffloadStore },
+}
+
+/// Write position `pos` of every head into one layer's keys `k` and values `v` (bytes of
+/// `[n_kv_heads, max_len, row]`) in type `ty`.
+#[allow(clippy::too_many_arguments)]
+fn write_rows(
+    ty: KvType,
+    l: &KvLayout,
+    k: &mut [u8],
+    v: &mut [u8],
+    pos: usize,
+    k_row: &[f32],
+    v_row: &[f32],
+) {
+    let (hk, hv) = (l.head_dim_k, l.head_dim_v);
+    let (rk, rv) = (ty.row_bytes(hk), ty.row_bytes(hv));
+    for h in 0..l.n_kv_heads {
+        let row = h * l.max_len + pos;
+        let (kd, vd) = (
+            &mut k[row * rk..(row + 1) * rk],
+            &mut v[row * rv..(row + 1) * rv],
+        );
+        let (ks, vs) = (&k_row[h * hk..(h + 1) * hk], &v_row[h * hv..(h + 1) * hv]);
+        match ty {
+            KvType::F16 => {
+                for (dst, src) in [(kd, ks), (vd, vs)] {
+                    let dst = <[f16]>::mut_from_bytes(dst).expect("f16 rows are aligned");
+                    for (d, &x) in dst.iter_mut().zip(src) {
+                        *d = f16::from_f32(x);
+                    }
+                }
+            }
+            KvType::Q8_0 => {
+                for (dst, src) in [(kd, ks), (vd, vs)] {
+                    BlockQ8_0::quantize(src, cast_mut(dst).expect("whole blocks"));
+                }
+            }
+        }
+    }
 }
 
 /// Copy positions `0..n` of every head, per layer `[heads, max_len, row]`, from `src` to `dst`.
@@ -328,11 +428,55 @@ impl KvCache {
         })
     }
 
+    /// A cache of type `ty` whose layers live in a file, streamed through a ring of `ring`
+    /// layer buffers by a background thread (`2 <= ring < n_layers`; see [`super::offload`]).
+    pub fn offloaded(layout: KvLayout, ty: KvType, ring: usize) -> Result<KvCache, KvCacheError> {
+        ty.check_head_dim(layout.head_dim_k)?;
+        ty.check_head_dim(layout.head_dim_v)?;
+        let geom = LayerGeom {
+            n_kv_heads: layout.n_kv_heads,
+            max_len: layout.max_len,
+            row_k: ty.row_bytes(layout.head_dim_k),
+            row_v: ty.row_bytes(layout.head_dim_v),
+        };
+        let store = OffloadStore::new(geom, layout.n_layers, ring)?;
+        Ok(KvCache {
+            layout,
+            store: Store::Offload { ty, store },
+            len: 0,
+        })
+    }
+
     /// The element type.
     pub fn ty(&self) -> KvType {
         match self.store {
             Store::F16 { .. } => KvType::F16,
             Store::Q8_0 { .. } => KvType::Q8_0,
+            Store::Offload { ty, .. } => ty,
+        }
+    }
+
+    /// Is the cache streamed from a file (and how many layer buffers are in RAM)?
+    pub fn offload_ring(&self) -> Option<usize> {
+        match &self.store {
+            Store::Offload { store, .. } => Some(store.ring()),
+            _ => None,
+        }
+    }
+
+    /// Make `layer` readable and writable (an offloaded cache waits for its buffer; the
+    /// in-RAM caches have nothing to do). Call before writing a forward pass's positions.
+    pub fn begin_layer(&mut self, layer: usize) {
+        if let Store::Offload { store, .. } = &mut self.store {
+            store.begin_layer(layer);
+        }
+    }
+
+    /// Done with `layer` for this pass, whose positions `new` were written (an offloaded
+    /// cache writes them back and prefetches the layer its buffer serves next).
+    pub fn end_layer(&mut self, layer: usize, new: std::ops::Range<usize>) {
+        if let Store::Offload { store, .. } = &mut self.store {
+            store.end_layer(layer, new);
         }
     }
 
@@ -416,16 +560,20 @@ impl KvCache {
                 }
             }
             Store::Q8_0 { k, v } => {
-                let (rk, rv) = (KvType::Q8_0.row_bytes(hk), KvType::Q8_0.row_bytes(hv));
-                for h in 0..l.n_kv_heads {
-                    let row = h * l.max_len + pos;
-                    let dst = cast_mut::<BlockQ8_0>(&mut k[layer][row * rk..(row + 1) * rk])
-                        .expect("whole blocks");
-                    BlockQ8_0::quantize(&k_row[h * hk..(h + 1) * hk], dst);
-                    let dst = cast_mut::<BlockQ8_0>(&mut v[layer][row * rv..(row + 1) * rv])
-                        .expect("whole blocks");
-                    BlockQ8_0::quantize(&v_row[h * hv..(h + 1) * hv], dst);
-                }
+                write_rows(
+                    KvType::Q8_0,
+                    l,
+                    &mut k[layer],
+                    &mut v[layer],
+                    pos,
+                    k_row,
+                    v_row,
+                );
+            }
+            Store::Offload { ty, store } => {
+                let kb = store.geom().k_bytes();
+                let (k, v) = store.current_mut(layer).as_mut_bytes().split_at_mut(kb);
+                write_rows(*ty, l, k, v, pos, k_row, v_row);
             }
         }
     }
@@ -470,6 +618,22 @@ impl KvCache {
                 keys: cast(&k[layer]).expect("whole blocks"),
                 values: cast(&v[layer]).expect("whole blocks"),
             },
+            Store::Offload { ty, store } => {
+                let (k, v) = store
+                    .current(layer)
+                    .as_bytes()
+                    .split_at(store.geom().k_bytes());
+                match ty {
+                    KvType::F16 => KvLayer::F16 {
+                        keys: <[f16]>::ref_from_bytes(k).expect("f16 rows"),
+                        values: <[f16]>::ref_from_bytes(v).expect("f16 rows"),
+                    },
+                    KvType::Q8_0 => KvLayer::Q8_0 {
+                        keys: cast(k).expect("whole blocks"),
+                        values: cast(v).expect("whole blocks"),
+                    },
+                }
+            }
         }
     }
 
@@ -495,9 +659,12 @@ impl KvCache {
         }
     }
 
-    /// Bytes allocated.
+    /// Bytes allocated in RAM (for an offloaded cache, its ring of layer buffers).
     pub fn bytes(&self) -> usize {
-        self.layout.bytes_as(self.ty())
+        match &self.store {
+            Store::Offload { store, .. } => store.ram_bytes(),
+            _ => self.layout.bytes_as(self.ty()),
+        }
     }
 }
 

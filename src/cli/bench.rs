@@ -66,6 +66,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut opts = SessionOptions::new(n_ctx, threads);
     opts.prefill_chunk = args.model.batch_size;
     opts.kv_type = args.model.kv_type;
+    opts.kv_budget = args.model.kv_budget.map(|b| b as usize);
     let mut s = Session::new(Arc::clone(model), opts)?;
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random tokens, as llama-bench uses random ids.

@@ -32,6 +32,36 @@ pub struct ModelArgs {
     /// KV cache element type: f16, or q8_0 (about half the memory).
     #[arg(long = "kv-type", default_value = "f16")]
     pub kv_type: kiln::cache::KvType,
+    /// RAM for the KV cache (bytes; K/M/G/KiB/MiB/GiB suffixes). A larger cache lives in a
+    /// temporary file, streamed through a ring of layer buffers that fits this budget.
+    #[arg(long = "kv-budget", value_parser = parse_bytes)]
+    pub kv_budget: Option<u64>,
+}
+
+/// A byte count: digits with an optional K, M, G (powers of 1000) or KiB, MiB, GiB suffix.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 512MiB)"))?;
+    let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        u => {
+            return Err(format!(
+                "unknown unit {u:?} in {s:?} (K, M, G, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    n.checked_mul(mul)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 impl ModelArgs {
@@ -127,6 +157,7 @@ pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
     let mut opts = SessionOptions::new(n_ctx, args.threads());
     opts.prefill_chunk = args.batch_size.max(1);
     opts.kv_type = args.kv_type;
+    opts.kv_budget = args.kv_budget.map(|b| b as usize);
     Ok(Session::new(Arc::clone(&loaded.model), opts)?)
 }
 
@@ -181,4 +212,21 @@ pub fn cancel_flag() -> &'static AtomicBool {
         });
     });
     &FLAG
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("123"), Ok(123));
+        assert_eq!(parse_bytes("24MiB"), Ok(24 << 20));
+        assert_eq!(parse_bytes("2 GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("5k"), Ok(5000));
+        assert_eq!(parse_bytes("1G"), Ok(1_000_000_000));
+        assert!(parse_bytes("MiB").is_err());
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("99999999999999GiB").is_err());
+    }
 }

@@ -28,8 +28,12 @@ pub struct PlanArgs {
     /// Sequences served at once (each with its own KV cache and sampler).
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
-    /// Memory budget in bytes (default: the system's available memory).
-    #[arg(long)]
+    /// RAM for the KV cache; a larger cache is offloaded to a file (see `kiln run --kv-budget`).
+    #[arg(long = "kv-budget", value_parser = super::common::parse_bytes)]
+    pub kv_budget: Option<u64>,
+    /// Memory budget in bytes, K/M/G/KiB/MiB/GiB suffixes allowed (default: the system's
+    /// available memory).
+    #[arg(long, value_parser = super::common::parse_bytes)]
     pub budget: Option<u64>,
     /// Print the plan as JSON.
     #[arg(long)]
@@ -47,6 +51,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let mut opts = SessionOptions::new(args.ctx, threads);
     opts.prefill_chunk = args.prefill_chunk;
     opts.kv_type = args.kv_type;
+    opts.kv_budget = args.kv_budget.map(|b| b as usize);
     let host = HostTerms {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
@@ -56,7 +61,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let fits = budget.map(|b| p.total_bytes <= b);
     if args.json {
         let j = serde_json::json!({
-            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type,
+            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget,
             "components": p.components, "total_bytes": p.total_bytes, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);

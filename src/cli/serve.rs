@@ -37,6 +37,11 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    if args.model.kv_budget.is_some() {
+        anyhow::bail!(
+            "--kv-budget (KV offload) is not supported by `kiln serve`; use --kv-type q8_0 or fewer --parallel sequences to save memory"
+        );
+    }
     let loaded = common::load(&args.model)?;
     let train = loaded.model.config.ctx_train;
     let n_ctx = args.model.ctx_size.unwrap_or(4096.min(train)).max(8);
@@ -60,6 +65,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         n_ctx,
         n_threads: args.model.threads(),
         prefill_chunk: args.model.batch_size.max(1),
+        kv_type: args.model.kv_type,
         max_queue: args.queue,
         max_body_bytes: args.max_body,
         api_key: args.api_key.clone(),

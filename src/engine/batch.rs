@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use super::session::{kv_layout, scratch_spec, EngineError, SessionOptions};
-use crate::cache::{KvCache, Scratch};
+use crate::cache::{KvCache, KvType, Scratch};
 use crate::model::forward::{forward_batch, Logits, Runtime, SeqBatch};
 use crate::model::Model;
 
@@ -26,6 +26,8 @@ pub struct BatchOptions {
     pub n_threads: usize,
     /// Tokens per prefill pass.
     pub prefill_chunk: usize,
+    /// Element type of every slot's KV cache.
+    pub kv_type: KvType,
 }
 
 /// One sequence's KV region and the tokens in it.
@@ -52,24 +54,27 @@ impl BatchRunner {
         let c = &model.config;
         let n_slots = opts.n_slots.max(1);
         let n_ctx = opts.n_ctx.max(1);
-        if model.weights.pos_embd.is_some() && n_ctx > c.ctx_train {
+        if c.ctx_train > 0 && n_ctx > c.ctx_train {
             return Err(EngineError::ContextTooLarge {
                 ctx: n_ctx,
                 max: c.ctx_train,
             });
         }
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
+        sopts.kv_type = opts.kv_type;
         // Rows per pass: a prefill chunk, or one decode token per slot.
         sopts.prefill_chunk = opts.prefill_chunk.max(1).max(n_slots);
         sopts.logit_rows = n_slots;
         let spec = scratch_spec(&model, &sopts);
         let layout = kv_layout(c, n_ctx);
         let slots = (0..n_slots)
-            .map(|_| Slot {
-                kv: KvCache::new(layout),
-                tokens: Vec::with_capacity(n_ctx),
+            .map(|_| {
+                Ok(Slot {
+                    kv: KvCache::with_type(layout, opts.kv_type)?,
+                    tokens: Vec::with_capacity(n_ctx),
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>, EngineError>>()?;
         Ok(BatchRunner {
             rt: Runtime::new(opts.n_threads),
             scratch: Scratch::new(c, spec),

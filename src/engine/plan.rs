@@ -2,7 +2,7 @@
 //! weight is loaded, with the same functions the session allocates with (one source of truth).
 
 use super::session::{kv_layout, scratch_spec_for, SessionOptions};
-use crate::cache::{KvType, KvTypeError, Scratch};
+use crate::cache::{KvBudgetError, KvType, KvTypeError, Scratch};
 use crate::gguf::GgufFile;
 use crate::model::{read_config, ModelError};
 
@@ -37,6 +37,10 @@ pub enum PlanError {
     Model(#[from] ModelError),
     #[error(transparent)]
     KvType(#[from] KvTypeError),
+    #[error(transparent)]
+    KvBudget(#[from] KvBudgetError),
+    #[error("context size {ctx} exceeds what this model supports ({max} positions, its training context); lower --ctx")]
+    ContextTooLarge { ctx: usize, max: usize },
 }
 
 /// Bytes glibc's `malloc` takes from the system for a request of `n` bytes: a chunk with an
@@ -81,6 +85,12 @@ pub fn plan(
     host: HostTerms,
 ) -> Result<MemoryPlan, PlanError> {
     let (c, _) = read_config(file)?;
+    if c.ctx_train > 0 && opts.n_ctx > c.ctx_train {
+        return Err(PlanError::ContextTooLarge {
+            ctx: opts.n_ctx,
+            max: c.ctx_train,
+        });
+    }
     opts.kv_type.check_head_dim(c.head_dim_k)?;
     opts.kv_type.check_head_dim(c.head_dim_v)?;
     let parallel = parallel.max(1) as u64;
@@ -98,6 +108,7 @@ pub fn plan(
         .sum();
     let header_heap = file.heap_bytes(&malloc_bytes) as u64;
     let kv = kv_layout(&c, opts.n_ctx.max(1));
+    let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
     let spec = scratch_spec_for(file, opts);
     let scratch = Scratch::bytes_for(&c, spec) as u64;
     let logits = (spec.logit_rows.max(1) * c.vocab_size * 4) as u64;
@@ -145,9 +156,21 @@ pub fn plan(
         },
         Component {
             name: "KV cache",
-            bytes: kv.bytes_as(opts.kv_type) as u64 * parallel,
+            bytes: match ring {
+                None => kv.bytes_as(opts.kv_type),
+                Some(r) => r * kv.layer_kv_bytes(opts.kv_type),
+            } as u64
+                * parallel,
             mapped: false,
-            formula: match opts.kv_type {
+            formula: match (ring, opts.kv_type) {
+                (Some(r), ty) => format!(
+                    "{parallel} seq × ring of {r} layer buffers × {} kv heads × {} positions × ({} + {}) dims in {ty} \
+                     ({} bytes each); all {} layers ({:.1} MiB) in a file streamed by a background thread",
+                    kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v,
+                    kv.layer_kv_bytes(ty), kv.n_layers,
+                    kv.bytes_as(ty) as f64 / (1u64 << 20) as f64
+                ),
+                (None, _) => match opts.kv_type {
                 KvType::F16 => format!(
                     "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims × 2 bytes (f16)",
                     kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
@@ -156,6 +179,7 @@ pub fn plan(
                     "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims / 32 × 34 bytes (q8_0)",
                     kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
                 ),
+                },
             },
         },
         Component {
@@ -193,13 +217,13 @@ pub fn plan(
             name: "runtime",
             bytes: host.runtime_bytes
                 + CODE_TOUCHED_BYTES
-                + THREAD_STACK_BYTES * spec.n_threads.saturating_sub(1) as u64,
+                + THREAD_STACK_BYTES * (spec.n_threads.saturating_sub(1) + ring.is_some() as usize) as u64,
             mapped: false,
             formula: format!(
                 "resident before loading ({:.2} MiB: binary, libraries) + {:.2} MiB code touched by inference + {} worker stacks × {} KiB",
                 host.runtime_bytes as f64 / (1u64 << 20) as f64,
                 CODE_TOUCHED_BYTES as f64 / (1u64 << 20) as f64,
-                spec.n_threads.saturating_sub(1),
+                spec.n_threads.saturating_sub(1) + ring.is_some() as usize,
                 THREAD_STACK_BYTES >> 10
             ),
         },

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use crate::cache::{KvCache, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec};
+use crate::cache::{
+    KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
+};
 use crate::model::forward::{forward, ForwardError, Logits, Runtime};
 use crate::model::{weights, Model};
 
@@ -19,6 +21,9 @@ pub struct SessionOptions {
     pub logit_rows: usize,
     /// Element type of the KV cache.
     pub kv_type: KvType,
+    /// RAM for the KV cache: when the whole cache is larger, it lives in a file and a ring of
+    /// layer buffers fitting this budget is streamed (None = always in RAM).
+    pub kv_budget: Option<usize>,
 }
 
 impl SessionOptions {
@@ -29,6 +34,7 @@ impl SessionOptions {
             prefill_chunk: 512,
             logit_rows: 1,
             kv_type: KvType::F16,
+            kv_budget: None,
         }
     }
 }
@@ -46,12 +52,25 @@ pub enum EngineError {
     },
     #[error("the context of {ctx} tokens is full")]
     ContextFull { ctx: usize },
-    #[error("context size {ctx} exceeds what this model supports ({max})")]
+    #[error("context size {ctx} exceeds what this model supports ({max} positions, its training context); lower -c")]
     ContextTooLarge { ctx: usize, max: usize },
     #[error("empty prompt")]
     EmptyPrompt,
     #[error(transparent)]
     KvType(#[from] KvTypeError),
+    #[error(transparent)]
+    KvBudget(#[from] KvBudgetError),
+    #[error("cannot create the KV cache: {0}")]
+    KvCache(String),
+}
+
+impl From<KvCacheError> for EngineError {
+    fn from(e: KvCacheError) -> Self {
+        match e {
+            KvCacheError::Type(t) => EngineError::KvType(t),
+            KvCacheError::Offload(o) => EngineError::KvCache(o.to_string()),
+        }
+    }
 }
 
 /// One sequence being evaluated.
@@ -69,7 +88,9 @@ impl Session {
     pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Session, EngineError> {
         let c = &model.config;
         let n_ctx = opts.n_ctx.max(1);
-        if model.weights.pos_embd.is_some() && n_ctx > c.ctx_train {
+        // Past the training context RoPE models produce garbage and learned positions do not
+        // exist: refuse rather than run.
+        if c.ctx_train > 0 && n_ctx > c.ctx_train {
             return Err(EngineError::ContextTooLarge {
                 ctx: n_ctx,
                 max: c.ctx_train,
@@ -80,7 +101,10 @@ impl Session {
         let scratch = Scratch::new(c, spec);
         Ok(Session {
             rt: Runtime::new(opts.n_threads),
-            kv: KvCache::with_type(layout, opts.kv_type)?,
+            kv: match layout.offload_ring(opts.kv_type, opts.kv_budget)? {
+                None => KvCache::with_type(layout, opts.kv_type)?,
+                Some(ring) => KvCache::offloaded(layout, opts.kv_type, ring)?,
+            },
             scratch,
             tokens: Vec::with_capacity(n_ctx),
             opts: SessionOptions { n_ctx, ..opts },

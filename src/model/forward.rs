@@ -228,6 +228,7 @@ pub fn forward_batch(
             let rows = r0..r0 + sq.n_tokens;
             r0 = rows.end;
             let kv = &mut *sq.kv;
+            kv.begin_layer(li);
             for (j, pos) in rows.clone().zip(pos0..) {
                 kv.write(
                     li,
@@ -257,6 +258,7 @@ pub fn forward_batch(
                 &mut s.attn[rows.start * aod..rows.end * aod],
                 &mut s.attn_scratch,
             );
+            kv.end_layer(li, pos0..pos0 + rows.len());
         }
         matmul(
             pool,

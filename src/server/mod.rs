@@ -35,6 +35,8 @@ pub struct ServeOptions {
     pub n_ctx: usize,
     pub n_threads: usize,
     pub prefill_chunk: usize,
+    /// Element type of the KV caches.
+    pub kv_type: crate::cache::KvType,
     /// Requests allowed to wait for a slot; more are refused with 429.
     pub max_queue: usize,
     /// Largest accepted request body.
@@ -73,6 +75,7 @@ pub async fn serve(
             n_ctx: opts.n_ctx,
             n_threads: opts.n_threads,
             prefill_chunk: opts.prefill_chunk,
+            kv_type: opts.kv_type,
         },
     )?;
     let kv_bytes = runner.kv_bytes();
