@@ -900,27 +900,38 @@ impl TQ4K {
             q4k_chunks!(wp, pr, x, b, 4, |j, k, p16, sc| {
                 pairs[j][k / 2] = D::dpwssd(pairs[j][k / 2], p16, sc);
             });
-            // Per row: [S0..S3], the pairs' exact scale sums, and [M0..M3], their exact
-            // minimum sums (lane l of `m8` = min[l] · the 32 activation quants of sub-block l).
-            let mut s4 = [_mm_setzero_si128(); 4];
-            let mut m4 = [_mm_setzero_si128(); 4];
+            // Per pair p: [S_0p, S_1p, S_2p, S_3p], the four rows' exact scale sums, and the same
+            // for the minimum sums (lane l of a row's `m8` = min[l] · the 32 activation quants
+            // of sub-block l), built directly in row-per-lane order.
             let mut yd = [0f32; 4];
+            let mut m8 = [_mm256_setzero_si256(); 4];
             for j in 0..4 {
                 let xp = x[j].add(b * Q8K_BYTES);
                 yd[j] = f32_at(xp);
-                let p = &pairs[j];
-                let h =
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                s4[j] = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-                let m8 = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
-                let hm = _mm256_hadd_epi32(m8, m8);
-                m4[j] = _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b00_00_10_00>(hm));
+                m8[j] = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
             }
+            let mut st = [_mm_setzero_si128(); 4];
+            for (t, s) in st.iter_mut().enumerate() {
+                let h = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(pairs[0][t], pairs[1][t]),
+                    _mm256_hadd_epi32(pairs[2][t], pairs[3][t]),
+                );
+                *s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            }
+            // hadd(m8_0, m8_1) = [M00 M01 M10 M11 | M02 M03 M12 M13] (M_jp: row j, pair p).
+            let h01 = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(m8[0], m8[1]));
+            let h23 = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(m8[2], m8[3]));
+            let m02 = _mm256_unpacklo_epi64(h01, h23);
+            let m13 = _mm256_unpackhi_epi64(h01, h23);
+            let mt = [
+                _mm256_castsi256_si128(m02),
+                _mm256_castsi256_si128(m13),
+                _mm256_extracti128_si256::<1>(m02),
+                _mm256_extracti128_si256::<1>(m13),
+            ];
             let ydv = _mm_loadu_ps(yd.as_ptr());
             let dd = _mm_mul_ps(_mm_set1_ps(pr.d), ydv);
             let dm = _mm_mul_ps(_mm_set1_ps(-pr.dm), ydv);
-            let st = transpose4(s4[0], s4[1], s4[2], s4[3]);
-            let mt = transpose4(m4[0], m4[1], m4[2], m4[3]);
             for t in 0..4 {
                 acc = _mm_fmadd_ps(_mm_cvtepi32_ps(st[t]), dd, acc);
                 acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mt[t]), dm, acc_min);
@@ -992,21 +1003,6 @@ unsafe fn reduce4(v: [__m256i; 4]) -> [i32; 4] {
     let mut r = [0i32; 4];
     _mm_storeu_si128(r.as_mut_ptr().cast(), s);
     r
-}
-
-/// The 4x4 transpose of four i32x4 rows.
-#[inline(always)]
-unsafe fn transpose4(a0: __m128i, a1: __m128i, a2: __m128i, a3: __m128i) -> [__m128i; 4] {
-    let t0 = _mm_unpacklo_epi32(a0, a1);
-    let t1 = _mm_unpacklo_epi32(a2, a3);
-    let t2 = _mm_unpackhi_epi32(a0, a1);
-    let t3 = _mm_unpackhi_epi32(a2, a3);
-    [
-        _mm_unpacklo_epi64(t0, t1),
-        _mm_unpackhi_epi64(t0, t1),
-        _mm_unpacklo_epi64(t2, t3),
-        _mm_unpackhi_epi64(t2, t3),
-    ]
 }
 
 impl Tile for TQ4K {
