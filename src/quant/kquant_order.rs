@@ -3,8 +3,8 @@
 //!
 //! The integer part of every k-quant dot is exact whatever the order; what differs between
 //! the reference engine's kernels is *where* the exact integer sums are turned into floats and
-//! how those floats are accumulated. On x86 the reference (ggml-cpu, the version vendored by
-//! the golden outputs' llama-cpp-python) runs:
+//! how those floats are accumulated. On x86 the reference (ggml-cpu 0.25.3 as vendored by
+//! llama-cpp-python 0.3.36, which produced the golden outputs, built with AVX-512 + VNNI) runs:
 //!
 //! - **Q4_K** through its repacked kernels (`block_q4_Kx8`; every Q4_K matrix whose row count is
 //!   a multiple of 8 is repacked at load). Activation rows are processed in groups of four by
@@ -20,6 +20,14 @@
 //!   fused multiply-add per lane per super-block, reduced at the end: [`q6k_dot_lanes`].
 //!
 //! [`gemm_dot`] picks the right one for row `j` of a batch of `nx` activation rows.
+//!
+//! Not reproduced: Q4_K matrices whose row count is not a multiple of 8 (the reference does
+//! not repack those and uses `ggml_vec_dot_q4_K_q8_K`; kiln uses the repacked order for every
+//! Q4_K matrix), the other k-quants (Q2_K is repacked on AVX-512, Q3_K/Q5_K go through the
+//! tiled kernel), and Q4_0 (repacked `q4_0_8x8`). Those stay within float-accumulation noise.
+//! The activation quantizer is the same for all of them (`quantize_row_q8_K`; the repacked
+//! path's 4-row `ggml_quantize_mat_q8_K_4x8` picks the sign of the scale differently when
+//! `+amax` and `-amax` both occur, which negates both the quants and the scale: same dot).
 
 use super::blocks::{scale_min_k4, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
 use super::GgmlType;

@@ -857,71 +857,135 @@ impl<F: BlkK> Tile for TKTiled<F> {
 /// (the batch's last `nx % 4` rows, and single rows), subtracted at the end.
 pub(super) struct TQ4K;
 
+/// The chunks of Q4_K super-block `$b` (weights at `$wp`, decoded scales `$pr`) against `$NX`
+/// activation rows: runs `$body` with row `$j`, chunk `$k`, the 16-bit products `$p` of the
+/// chunk's quants and the row's activations, and the chunk's scale `$sc` in every 16-bit lane.
+macro_rules! q4k_chunks {
+    ($wp:expr, $pr:expr, $x:expr, $b:expr, $NX:expr, |$j:ident, $k:ident, $p:ident, $sc:ident| $body:block) => {{
+        macro_rules! step {
+            ($kk:expr) => {{
+                let q = Q4K::chunk($wp, $kk);
+                let $sc = _mm256_shuffle_epi8($pr.sc[0], scale_shuffle(false, $kk));
+                for $j in 0..$NX {
+                    let y = loadu($x[$j].add($b * Q8K_BYTES + 4 + 32 * $kk));
+                    let $p = _mm256_maddubs_epi16(q, y);
+                    let $k: usize = $kk;
+                    $body
+                }
+            }};
+        }
+        step!(0);
+        step!(1);
+        step!(2);
+        step!(3);
+        step!(4);
+        step!(5);
+        step!(6);
+        step!(7);
+    }};
+}
+
 impl TQ4K {
+    /// Four rows of one batch group, in the reference's 4-row gemm order: per pair of
+    /// sub-blocks. Lanes are rows, each lane its own pair of fused-multiply-add chains.
     #[inline(always)]
-    unsafe fn tile_impl<D: IDot, const NX: usize>(
+    unsafe fn tile4<D: IDot>(n: usize, w: *const u8, x: [*const u8; 4]) -> [f32; 4] {
+        let nb = n / 256;
+        let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
+        for b in 0..nb {
+            let wp = w.add(b * Q4K::SIZE);
+            let pr = Q4K::prep(wp);
+            // Scale-weighted 4-element sums, one 8-lane accumulator per pair of sub-blocks.
+            let mut pairs = [[_mm256_setzero_si256(); 4]; 4];
+            q4k_chunks!(wp, pr, x, b, 4, |j, k, p16, sc| {
+                pairs[j][k / 2] = D::dpwssd(pairs[j][k / 2], p16, sc);
+            });
+            // Per pair p: [S_0p, S_1p, S_2p, S_3p], the four rows' exact scale sums, and the same
+            // for the minimum sums (lane l of a row's `m8` = min[l] · the 32 activation quants
+            // of sub-block l), built directly in row-per-lane order.
+            let mut yd = [0f32; 4];
+            let mut m8 = [_mm256_setzero_si256(); 4];
+            for j in 0..4 {
+                let xp = x[j].add(b * Q8K_BYTES);
+                yd[j] = f32_at(xp);
+                m8[j] = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
+            }
+            let mut st = [_mm_setzero_si128(); 4];
+            for (t, s) in st.iter_mut().enumerate() {
+                let h = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(pairs[0][t], pairs[1][t]),
+                    _mm256_hadd_epi32(pairs[2][t], pairs[3][t]),
+                );
+                *s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            }
+            // hadd(m8_0, m8_1) = [M00 M01 M10 M11 | M02 M03 M12 M13] (M_jp: row j, pair p).
+            let h01 = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(m8[0], m8[1]));
+            let h23 = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(m8[2], m8[3]));
+            let m02 = _mm256_unpacklo_epi64(h01, h23);
+            let m13 = _mm256_unpackhi_epi64(h01, h23);
+            let mt = [
+                _mm256_castsi256_si128(m02),
+                _mm256_castsi256_si128(m13),
+                _mm256_extracti128_si256::<1>(m02),
+                _mm256_extracti128_si256::<1>(m13),
+            ];
+            let ydv = _mm_loadu_ps(yd.as_ptr());
+            let dd = _mm_mul_ps(_mm_set1_ps(pr.d), ydv);
+            let dm = _mm_mul_ps(_mm_set1_ps(-pr.dm), ydv);
+            for t in 0..4 {
+                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(st[t]), dd, acc);
+                acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mt[t]), dm, acc_min);
+            }
+        }
+        let mut r = [0f32; 4];
+        _mm_storeu_ps(r.as_mut_ptr(), _mm_sub_ps(acc, acc_min));
+        r
+    }
+
+    /// Rows in the reference's gemv order: one conversion and fused multiply-add per
+    /// super-block. The horizontal sums are taken four super-blocks at a time.
+    #[inline(always)]
+    unsafe fn gemv<D: IDot, const NX: usize>(
         n: usize,
         w: *const u8,
         x: [*const u8; NX],
-        per_pair: bool,
     ) -> [f32; NX] {
         let nb = n / 256;
         let mut acc = [0f32; NX];
         let mut acc_min = [0f32; NX];
-        for b in 0..nb {
-            let wp = w.add(b * Q4K::SIZE);
-            let pr = Q4K::prep(wp);
-            let dmin = -pr.dm;
-            // Scale-weighted 4-element sums, one 8-lane accumulator per pair of sub-blocks.
-            let mut pairs = [[_mm256_setzero_si256(); 4]; NX];
-            macro_rules! step {
-                ($k:expr) => {{
-                    let q = Q4K::chunk(wp, $k);
-                    let sc = _mm256_shuffle_epi8(pr.sc[0], scale_shuffle(false, $k));
-                    for j in 0..NX {
-                        let y = loadu(x[j].add(b * Q8K_BYTES + 4 + 32 * $k));
-                        let p16 = _mm256_maddubs_epi16(q, y);
-                        pairs[j][$k / 2] = D::dpwssd(pairs[j][$k / 2], p16, sc);
-                    }
-                }};
-            }
-            step!(0);
-            step!(1);
-            step!(2);
-            step!(3);
-            step!(4);
-            step!(5);
-            step!(6);
-            step!(7);
-            for j in 0..NX {
-                let xp = x[j].add(b * Q8K_BYTES);
-                let yd = f32_at(xp);
-                let (dd, dm) = (pr.d * yd, dmin * yd);
-                // [S0, S1, S2, S3]: the pairs' exact sums.
-                let p = &pairs[j];
-                let h =
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                let s4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-                // Lane l = min[l] * (sum of the 32 activation quants of sub-block l).
-                let m8 = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
-                let hm = _mm256_hadd_epi32(m8, m8);
-                let m4 = _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0b00_00_10_00>(hm));
-                if per_pair {
-                    let mut sf = [0f32; 4];
-                    let mut mf = [0f32; 4];
-                    _mm_storeu_ps(sf.as_mut_ptr(), _mm_cvtepi32_ps(s4));
-                    _mm_storeu_ps(mf.as_mut_ptr(), _mm_cvtepi32_ps(m4));
-                    for t in 0..4 {
-                        acc[j] = sf[t].mul_add(dd, acc[j]);
-                        acc_min[j] = mf[t].mul_add(dm, acc_min[j]);
-                    }
-                } else {
-                    let s = hsum_epi128(s4);
-                    let m = hsum_epi128(m4);
-                    acc[j] = (s as f32).mul_add(dd, acc[j]);
-                    acc_min[j] = (m as f32).mul_add(dm, acc_min[j]);
+        let mut b0 = 0;
+        while b0 < nb {
+            let g = (nb - b0).min(4);
+            let mut v = [[_mm256_setzero_si256(); 4]; NX];
+            let mut m = [[_mm256_setzero_si256(); 4]; NX];
+            let mut dd = [[0f32; 4]; NX];
+            let mut dm = [[0f32; 4]; NX];
+            for t in 0..g {
+                let b = b0 + t;
+                let wp = w.add(b * Q4K::SIZE);
+                let pr = Q4K::prep(wp);
+                let mut isum = [[_mm256_setzero_si256(); 2]; NX];
+                q4k_chunks!(wp, pr, x, b, NX, |j, k, p16, sc| {
+                    isum[j][k % 2] = D::dpwssd(isum[j][k % 2], p16, sc);
+                });
+                for j in 0..NX {
+                    let xp = x[j].add(b * Q8K_BYTES);
+                    let yd = f32_at(xp);
+                    v[j][t] = _mm256_add_epi32(isum[j][0], isum[j][1]);
+                    m[j][t] = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
+                    dd[j][t] = pr.d * yd;
+                    dm[j][t] = -pr.dm * yd;
                 }
             }
+            for j in 0..NX {
+                let tv = reduce4(v[j]);
+                let tm = reduce4(m[j]);
+                for t in 0..g {
+                    acc[j] = (tv[t] as f32).mul_add(dd[j][t], acc[j]);
+                    acc_min[j] = (tm[t] as f32).mul_add(dm[j][t], acc_min[j]);
+                }
+            }
+            b0 += g;
         }
         let mut out = [0f32; NX];
         for j in 0..NX {
@@ -931,11 +995,14 @@ impl TQ4K {
     }
 }
 
+/// The four horizontal sums of four 8-lane i32 vectors.
 #[inline(always)]
-unsafe fn hsum_epi128(v: __m128i) -> i32 {
-    let s = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
+unsafe fn reduce4(v: [__m256i; 4]) -> [i32; 4] {
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+    let mut r = [0i32; 4];
+    _mm_storeu_si128(r.as_mut_ptr().cast(), s);
+    r
 }
 
 impl Tile for TQ4K {
@@ -943,14 +1010,14 @@ impl Tile for TQ4K {
     const W_BYTES: usize = Q4K::SIZE;
     const X_BYTES: usize = Q8K_BYTES;
 
-    /// One row alone is the reference's gemv.
+    /// Rows alone (and the batch's tail) are the reference's gemv.
     #[inline(always)]
     unsafe fn tile<D: IDot, const NX: usize>(
         n: usize,
         w: *const u8,
         x: [*const u8; NX],
     ) -> [f32; NX] {
-        Self::tile_impl::<D, NX>(n, w, x, false)
+        Self::gemv::<D, NX>(n, w, x)
     }
 
     /// Rows `0 .. nx - nx % 4` in the reference's 4-row gemm order, the rest in its gemv order.
@@ -972,8 +1039,7 @@ impl Tile for TQ4K {
             let wr = w.add(i * w_stride);
             let mut j = 0;
             while j < full {
-                let r =
-                    Self::tile_impl::<D, 4>(n, wr, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)], true);
+                let r = Self::tile4::<D>(n, wr, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)]);
                 for (t, v) in r.into_iter().enumerate() {
                     *out.add((j + t) * out_stride + i) = v;
                 }
@@ -981,7 +1047,7 @@ impl Tile for TQ4K {
             }
             macro_rules! rest {
                 ($nx:literal, [$($t:literal),*]) => {{
-                    let r = Self::tile_impl::<D, $nx>(n, wr, [$(xr(j + $t)),*], false);
+                    let r = Self::gemv::<D, $nx>(n, wr, [$(xr(j + $t)),*]);
                     for (t, v) in r.into_iter().enumerate() {
                         *out.add((j + t) * out_stride + i) = v;
                     }
