@@ -56,6 +56,11 @@ pub struct MatmulScratch {
     /// `[n_threads][TILE_ROWS * max_tokens]`.
     tiles: Vec<f32>,
     tile_len: usize,
+    /// Token counts of the independent sequences in the batch, in order (empty: one sequence).
+    /// Formats whose arithmetic depends on the batch (Q4_K, Q6_K: see [`crate::quant::GemmFn`])
+    /// then run each sequence's rows as a batch of their own, so a sequence's results do not
+    /// depend on what it is batched with.
+    segments: Vec<usize>,
 }
 
 impl MatmulScratch {
@@ -64,6 +69,17 @@ impl MatmulScratch {
         MatmulScratch {
             tiles: vec![0.0; tile_len * n_threads],
             tile_len,
+            segments: Vec::with_capacity(max_tokens),
+        }
+    }
+
+    /// Declare the batch's sequences by their token counts (one entry, or none, for a single
+    /// sequence). Allocation-free up to `max_tokens` sequences.
+    pub fn set_segments(&mut self, lens: impl Iterator<Item = usize>) {
+        self.segments.clear();
+        self.segments.extend(lens);
+        if self.segments.len() < 2 {
+            self.segments.clear();
         }
     }
 
@@ -156,6 +172,11 @@ pub fn matmul_many(
         *s = Some(DisjointSlice::new(o));
     }
     let tile_len = scratch.tile_len;
+    // Segments describe the whole batch; a product over part of it (logit rows) ignores them.
+    let segments = match &scratch.segments[..] {
+        seg if seg.iter().sum::<usize>() == n => seg,
+        _ => &[],
+    };
     let tiles = DisjointSlice::new(&mut scratch.tiles);
 
     pool.run(&|tid, nt| {
@@ -177,7 +198,17 @@ pub fn matmul_many(
             while i < r1 {
                 let nw = (r1 - i).min(TILE_ROWS);
                 let w = &lin.data[i * lin.row_bytes..(i + nw) * lin.row_bytes];
-                (lin.kernels.gemm)(lin.in_dim, w, lin.row_bytes, nw, xq, xq_stride, n, tile, nw);
+                let gemm = lin.kernels.gemm;
+                if segments.is_empty() || !batch_dependent(lin.ty()) {
+                    gemm(lin.in_dim, w, lin.row_bytes, nw, xq, xq_stride, n, tile, nw);
+                } else {
+                    let mut j0 = 0;
+                    for &len in segments {
+                        let (x, t) = (&xq[j0 * xq_stride..], &mut tile[j0 * nw..]);
+                        gemm(lin.in_dim, w, lin.row_bytes, nw, x, xq_stride, len, t, nw);
+                        j0 += len;
+                    }
+                }
                 for j in 0..n {
                     // SAFETY: rows `i..i+nw` of every token belong to this thread alone.
                     let dst = unsafe { out.part(j * lin.out_dim + i..j * lin.out_dim + i + nw) };
@@ -192,6 +223,11 @@ pub fn matmul_many(
             }
         }
     });
+}
+
+/// Formats whose gemm results depend on the batch's size and a row's place in it.
+fn batch_dependent(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
 }
 
 /// `out = lin · x` for `n` f32 rows: quantizes into `xq` then multiplies.

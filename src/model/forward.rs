@@ -135,6 +135,7 @@ pub fn forward_batch(
     }
     let pool = &rt.pool;
     let dim = c.dim;
+    s.matmul.set_segments(seqs.iter().map(|sq| sq.n_tokens));
 
     // Embeddings.
     for_each_row(seqs, |j, pos| {
