@@ -74,18 +74,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect()
     };
     let depth_tokens = tokens(args.depth, 7);
-    let fill_depth = |s: &mut Session| -> Result<()> {
+    // The depth is filled once and every repetition rolls back to it, as llama-bench restores
+    // a saved state instead of re-running the depth prompt.
+    let mut depth_filled = false;
+    let mut fill_depth = |s: &mut Session| -> Result<()> {
+        if depth_filled {
+            s.rollback(depth_tokens.len());
+            return Ok(());
+        }
         s.reset();
         if !depth_tokens.is_empty() {
             s.prefill(&depth_tokens, &mut |_, _| {})?;
         }
+        depth_filled = true;
         Ok(())
     };
 
     let weight_bytes = model.weights_bytes_per_token() as u64;
     let bandwidth = match args.bandwidth {
         Some(b) => b,
-        None => kiln::kernels::membw::measure_read_gbs(&s.rt.pool),
+        None => {
+            let b = kiln::kernels::membw::measure_read_gbs(&s.rt.pool);
+            // The probe's buffer is gone; do not let it count as the engine's peak RSS.
+            reset_peak_rss();
+            b
+        }
     };
     let mut rows = Vec::new();
     let file_size = std::fs::metadata(&loaded.path)
@@ -209,6 +222,12 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
 /// Peak resident set size of this process (VmHWM), in bytes; 0 where unknown.
 pub fn peak_rss() -> u64 {
     proc_status_kb("VmHWM:")
+}
+
+/// Restart the peak-RSS watermark at the current RSS (Linux; a no-op elsewhere).
+fn reset_peak_rss() {
+    // Writing 5 to clear_refs resets VmHWM (Documentation/filesystems/proc.rst).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// Current resident set size of this process (VmRSS), in bytes; 0 where unknown.

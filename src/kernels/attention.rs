@@ -251,7 +251,7 @@ fn vector(
     let q16s = DisjointSlice::new(&mut scratch.q16);
     let accs = DisjointSlice::new(&mut scratch.acc16);
     let mss = DisjointSlice::new(&mut scratch.ms);
-    pool.run(&|tid, nt| {
+    pool.run_items(n_items, &|tid, item| {
         let (nq, na, nm) = (group * hdk, group * hdv, ITEM_TOKENS * group * 2);
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
         let (q16, acc, ms) = unsafe {
@@ -261,8 +261,7 @@ fn vector(
                 &mut mss.part(tid * nm..(tid + 1) * nm)[..2 * heads_per_item],
             )
         };
-        let mut item = tid;
-        while item < n_items {
+        {
             let sub = item % subs;
             let chunk = (item / subs) % n_chunks;
             let kvh = (item / (subs * n_chunks)) % s.n_kv_heads;
@@ -324,7 +323,6 @@ fn vector(
                     r[2..].copy_from_slice(a);
                 }
             }
-            item += nt;
         }
     });
     if n_chunks == 1 {
@@ -383,7 +381,7 @@ fn tiled(
     let kts = DisjointSlice::new(&mut scratch.kt);
     let scs = DisjointSlice::new(&mut scratch.scores);
     let mss = DisjointSlice::new(&mut scratch.ms);
-    pool.run(&|tid, nt| {
+    pool.run_items(n_items, &|tid, item| {
         let (nk, ns, nm) = (hdk * KV_TILE, rows_max * KV_TILE, rows_max * 2);
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
         let (kt, scores, ms) = unsafe {
@@ -393,9 +391,10 @@ fn tiled(
                 mss.part(tid * nm..(tid + 1) * nm),
             )
         };
-        // Items round-robin: later token blocks see more keys, so interleaving balances.
-        let mut item = tid;
-        while item < n_items {
+        // Later token blocks see more keys: hand out the most expensive items first, so the
+        // last items taken are the short ones and the threads finish together.
+        let item = n_items - 1 - item;
+        {
             let kvh = item % s.n_kv_heads;
             let t0 = (item / s.n_kv_heads) * ITEM_TOKENS;
             let t1 = (t0 + ITEM_TOKENS).min(n_tokens);
@@ -475,7 +474,6 @@ fn tiled(
                         .for_each(|a| *a *= inv);
                 }
             }
-            item += nt;
         }
     });
 }
