@@ -441,8 +441,9 @@ impl<F: Blk32> Tile for T32<F> {
         if nb > PREP_BLOCKS {
             return gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
         }
-        // [d, s] per block, for the 4 rows of a tile (16 KiB).
-        let mut sc = [[0f32; 2]; 4 * PREP_BLOCKS];
+        // [d, s] per block, for the 4 rows of a tile (16 KiB). Left uninitialized: zeroing it
+        // cost more than a whole decode-step matvec; only entries written below are read.
+        let mut sc = [core::mem::MaybeUninit::<[f32; 2]>::uninit(); 4 * PREP_BLOCKS];
         let xr = |j: usize| x.add(j * x_stride);
         let mut i0 = 0;
         while i0 < nw {
@@ -459,7 +460,7 @@ impl<F: Blk32> Tile for T32<F> {
                         );
                     }
                 }
-                let scp = sc.as_ptr();
+                let scp = sc.as_ptr().cast::<[f32; 2]>();
                 for i in i0..i1 {
                     let wr = w.add(i * w_stride);
                     macro_rules! run {
