@@ -43,6 +43,15 @@ pub type SoftmaxTileFn = fn(s: &mut [f32; KV_TILE], m: f32) -> f64;
 /// `acc[d] = fma-chain over j of v[j][d]·p[j]` (`j` ascending, continuing from `acc[d]`);
 /// `v` holds `p.len()` rows of `acc.len()` values.
 pub type VkqAccFn = fn(acc: &mut [f32], p: &[f32], v: &[f16]);
+/// `gate[i] = silu(gate[i]) · up[i]`, SiLU as [`crate::kernels::ops::silu`] computes it.
+pub type SwigluFn = fn(gate: &mut [f32], up: &[f32]);
+
+/// The scalar SwiGLU (the reference every SIMD path must match bit for bit).
+pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = crate::kernels::ops::silu(*g) * u;
+    }
+}
 
 /// The attention primitives for this CPU.
 #[derive(Clone, Copy)]
@@ -54,6 +63,7 @@ pub struct F16Ops {
     pub kq_tile: KqTileFn,
     pub softmax_tile: SoftmaxTileFn,
     pub vkq_acc: VkqAccFn,
+    pub swiglu: SwigluFn,
     pub name: &'static str,
 }
 
@@ -85,6 +95,7 @@ impl F16Ops {
             kq_tile: kq_tile_scalar,
             softmax_tile: softmax_tile_scalar,
             vkq_acc: vkq_acc_scalar,
+            swiglu: swiglu_scalar,
             name: "scalar",
         }
     }
@@ -288,6 +299,7 @@ mod x86 {
         kq_tile: kq_tile_avx512,
         softmax_tile: softmax_tile_avx512,
         vkq_acc: vkq_acc_avx512,
+        swiglu: swiglu_avx512,
         name: "avx512",
     };
 
@@ -299,6 +311,7 @@ mod x86 {
         kq_tile: kq_tile_avx2,
         softmax_tile: super::softmax_tile_scalar,
         vkq_acc: vkq_acc_avx2,
+        swiglu: super::swiglu_scalar,
         name: "avx2",
     };
 
@@ -501,6 +514,30 @@ mod x86 {
             }
         }
         sum
+    }
+
+    pub fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
+        assert!(up.len() >= gate.len());
+        // SAFETY: this table is used only when AVX-512F was detected; lengths checked.
+        unsafe { swiglu_avx512_impl(gate, up) }
+    }
+
+    /// `ggml_vec_swiglu_f32` (AVX-512): `x / (1 + expf(0 − x)) · g`, 16 lanes at a time, the
+    /// tail through the scalar definition (the same arithmetic per element).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn swiglu_avx512_impl(gate: &mut [f32], up: &[f32]) {
+        let n16 = gate.len() / 16 * 16;
+        let one = _mm512_set1_ps(1.0);
+        let mut i = 0;
+        while i < n16 {
+            let x = _mm512_loadu_ps(gate.as_ptr().add(i));
+            let g = _mm512_loadu_ps(up.as_ptr().add(i));
+            let e = expf_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            let silu = _mm512_div_ps(x, _mm512_add_ps(one, e));
+            _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(silu, g));
+            i += 16;
+        }
+        super::swiglu_scalar(&mut gate[n16..], &up[n16..]);
     }
 
     /// `ggml_v_expf` (AVX-512 form), lane for lane what [`super::expf_approx`] computes.
@@ -931,6 +968,25 @@ mod tests {
     }
 
     /// The approximate exp is close to the true one, exact at 0, and 0 far below.
+    #[test]
+    fn swiglu_paths_are_bit_identical_to_scalar() {
+        let mut rng = Rng(7);
+        for n in [0, 1, 15, 16, 17, 100, 1536] {
+            // Wide range: large |x| hits the overflow/underflow branches of expf.
+            let gate: Vec<f32> = (0..n).map(|_| rng.next() * 60.0).collect();
+            let up: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+            let mut want = gate.clone();
+            swiglu_scalar(&mut want, &up);
+            for p in all_paths() {
+                let mut got = gate.clone();
+                (p.swiglu)(&mut got, &up);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{} n={n} i={i}", p.name);
+                }
+            }
+        }
+    }
+
     #[test]
     fn expf_approx_is_accurate() {
         assert_eq!(expf_approx(0.0), 1.0);
