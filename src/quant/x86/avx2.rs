@@ -25,6 +25,20 @@ pub(super) trait IDot {
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
     /// `acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1]` (i16 inputs).
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+
+    /// The tier has [`IDot::t32_tile4`].
+    const TILE4: bool = false;
+    /// A 512-bit version of `T32::tile_impl::<Self, 4>` with identical results (see
+    /// `avx512::t32_tile4`); only called where [`IDot::TILE4`] is true.
+    #[inline(always)]
+    unsafe fn t32_tile4<F: Blk32>(
+        _n: usize,
+        _w: *const u8,
+        _x: [*const u8; 4],
+        _sc4: *const [f32; 8],
+    ) -> [f32; 4] {
+        unreachable!("t32_tile4 on a tier without it")
+    }
 }
 
 /// AVX2: `vpmaddubsw` then `vpmaddwd` by ones.
@@ -494,6 +508,8 @@ impl<F: Blk32> Tile for T32<F> {
         // [d, s] per block, for the 4 rows of a tile (16 KiB). Left uninitialized: zeroing it
         // cost more than a whole decode-step matvec; only entries written below are read.
         let mut sc = [core::mem::MaybeUninit::<[f32; 2]>::uninit(); 4 * PREP_BLOCKS];
+        // The same, per block [d_0..d_3, s_0..s_3] of a full tile, for `IDot::t32_tile4`.
+        let mut sc4 = [core::mem::MaybeUninit::<[f32; 8]>::uninit(); PREP_BLOCKS];
         let xr = |j: usize| x.add(j * x_stride);
         let mut i0 = 0;
         while i0 < nw {
@@ -511,6 +527,28 @@ impl<F: Blk32> Tile for T32<F> {
                     }
                 }
                 let scp = sc.as_ptr().cast::<[f32; 2]>();
+                if D::TILE4 && t == 4 {
+                    for b in 0..nb {
+                        let mut v = [0f32; 8];
+                        for r in 0..4 {
+                            let ds = *scp.add(r * nb + b);
+                            v[r] = ds[0];
+                            v[4 + r] = ds[1];
+                        }
+                        sc4[b].write(v);
+                    }
+                    let sc4p = sc4.as_ptr().cast::<[f32; 8]>();
+                    for i in i0..i1 {
+                        let wr = w.add(i * w_stride);
+                        let x4 = [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)];
+                        let r = D::t32_tile4::<F>(n, wr, x4, sc4p);
+                        for (k, v) in r.into_iter().enumerate() {
+                            *out.add((j + k) * out_stride + i) = v;
+                        }
+                    }
+                    j += t;
+                    continue;
+                }
                 let mut i = i0;
                 if t == 1 {
                     // One activation row (decode): four weight rows at a time, each with its
