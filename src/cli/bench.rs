@@ -54,6 +54,8 @@ struct Row {
     load_ms: f64,
     peak_rss_bytes: u64,
     weight_bytes_per_token: u64,
+    /// Mean KV-cache bytes read per generated token (in the roofline with the weights).
+    kv_bytes_per_token: u64,
     bandwidth_gbs: f64,
     roofline_share: Option<f64>,
 }
@@ -113,7 +115,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let model_type = format!("{} {}", model.config.arch_name, model.config.name);
     let mut push = |test: &str, n_prompt: usize, n_gen: usize, samples: Vec<f64>| {
         let (avg, sd) = mean_sd(&samples);
-        let roofline = (n_gen > 0).then(|| weight_bytes as f64 * avg / (bandwidth * 1e9));
+        // Bytes one decode step reads: every weight once, plus the cached keys and values it
+        // attends to (f16) at the test's mean position.
+        let kv_bytes = if n_gen > 0 {
+            let pos = args.depth + n_gen / 2;
+            let c = &model.config;
+            model
+                .weights
+                .layers
+                .iter()
+                .map(|l| l.window.map_or(pos, |w| pos.min(w)) * (c.kv_dim_k() + c.kv_dim_v()) * 2)
+                .sum::<usize>() as u64
+        } else {
+            0
+        };
+        let step_bytes = weight_bytes + kv_bytes;
+        let roofline = (n_gen > 0).then(|| step_bytes as f64 * avg / (bandwidth * 1e9));
         rows.push(Row {
             model_filename: loaded.path.display().to_string(),
             model_type: model_type.clone(),
@@ -131,6 +148,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             load_ms: loaded.load_ms,
             peak_rss_bytes: peak_rss(),
             weight_bytes_per_token: weight_bytes,
+            kv_bytes_per_token: kv_bytes,
             bandwidth_gbs: bandwidth,
             roofline_share: roofline,
         });

@@ -32,8 +32,44 @@ pub type ScaleF16Fn = fn(y: &mut [f32], v: f32);
 /// held in f32) are continued. Per key and head, in the reference's order:
 /// `s = dot(q16, k)·scale`; on a new maximum `acc = f16(acc·expf(M−s))`, `M = s`, weight 1,
 /// else weight `expf(s−M)`; `acc = f16(acc + v·weight)`; `S = fma(S, rescale, weight)`.
-pub type VecKeysFn =
-    fn(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]);
+///
+/// Several kv heads ("streams") may run together, keys interleaved (key 0 of every stream, then
+/// key 1, ...): each head's arithmetic is unchanged, but the independent chains overlap. Then
+/// `q16`, `m_s` and `acc` hold `streams × group` heads, stream-major.
+pub type VecKeysFn = fn(q16: &[f32], kv: KeyRun<'_>, scale: f32, m_s: &mut [f32], acc: &mut [f32]);
+
+/// The keys and values a [`VecKeysFn`] visits: `streams` runs of `n` rows; run `s` starts at
+/// row `s · k_stride` of `keys` (`[row][hdk]`) and `s · v_stride` of `values` (`[row][hdv]`).
+#[derive(Clone, Copy)]
+pub struct KeyRun<'a> {
+    pub keys: &'a [f16],
+    pub values: &'a [f16],
+    pub n: usize,
+    pub streams: usize,
+    pub k_stride: usize,
+    pub v_stride: usize,
+}
+
+impl<'a> KeyRun<'a> {
+    /// One stream of `n` keys.
+    pub fn single(keys: &'a [f16], values: &'a [f16], n: usize) -> Self {
+        KeyRun {
+            keys,
+            values,
+            n,
+            streams: 1,
+            k_stride: 0,
+            v_stride: 0,
+        }
+    }
+
+    /// Key and value rows `i` of stream `s`.
+    #[inline(always)]
+    fn rows(&self, s: usize, i: usize, hdk: usize, hdv: usize) -> (&'a [f16], &'a [f16]) {
+        let (k, v) = ((s * self.k_stride + i) * hdk, (s * self.v_stride + i) * hdv);
+        (&self.keys[k..k + hdk], &self.values[v..v + hdv])
+    }
+}
 /// Scores of one query row against a tile of keys: `out[j] = fma-chain over d of q[d]·kt[d][j]`
 /// (`d` ascending, starting from 0); `kt` is the tile transposed, `[q.len()][KV_TILE]`.
 pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]);
@@ -175,20 +211,22 @@ fn vec_keys_with(
     mad: MadF16Fn,
     scale_acc: ScaleF16Fn,
     q16: &[f32],
-    keys: &[f16],
-    values: &[f16],
+    kv: KeyRun<'_>,
     scale: f32,
     m_s: &mut [f32],
     acc: &mut [f32],
 ) {
-    let group = m_s.len() / 2;
-    let (hdk, hdv) = (q16.len() / group, acc.len() / group);
-    for (krow, vrow) in keys.chunks_exact(hdk).zip(values.chunks_exact(hdv)) {
-        for ((q, a), st) in q16
+    let heads = m_s.len() / 2;
+    let group = heads / kv.streams;
+    let (hdk, hdv) = (q16.len() / heads, acc.len() / heads);
+    for i in 0..kv.n {
+        for (h, ((q, a), st)) in q16
             .chunks_exact(hdk)
             .zip(acc.chunks_exact_mut(hdv))
             .zip(m_s.chunks_exact_mut(2))
+            .enumerate()
         {
+            let (krow, vrow) = kv.rows(h / group, i, hdk, hdv);
             let s = dot(q, krow) * scale;
             let (mut rescale, mut weight) = (1.0f32, 1.0f32);
             if s > st[0] {
@@ -204,21 +242,13 @@ fn vec_keys_with(
     }
 }
 
-pub fn vec_keys_scalar(
-    q16: &[f32],
-    keys: &[f16],
-    values: &[f16],
-    scale: f32,
-    m_s: &mut [f32],
-    acc: &mut [f32],
-) {
+pub fn vec_keys_scalar(q16: &[f32], kv: KeyRun<'_>, scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
     vec_keys_with(
         dot_scalar,
         mad_scalar,
         scale_scalar,
         q16,
-        keys,
-        values,
+        kv,
         scale,
         m_s,
         acc,
@@ -427,34 +457,35 @@ mod x86 {
 
     pub fn vec_keys_avx512(
         q16: &[f32],
-        keys: &[f16],
-        values: &[f16],
+        kv: super::KeyRun<'_>,
         scale: f32,
         m_s: &mut [f32],
         acc: &mut [f32],
     ) {
         // SAFETY: selected only when avx512f was detected at run time.
-        unsafe { vec_keys_avx512_impl(q16, keys, values, scale, m_s, acc) }
+        unsafe { vec_keys_avx512_impl(q16, kv, scale, m_s, acc) }
     }
 
     /// [`super::VecKeysFn`] with the primitives inlined into one loop.
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn vec_keys_avx512_impl(
         q16: &[f32],
-        keys: &[f16],
-        values: &[f16],
+        kv: super::KeyRun<'_>,
         scale: f32,
         m_s: &mut [f32],
         acc: &mut [f32],
     ) {
-        let group = m_s.len() / 2;
-        let (hdk, hdv) = (q16.len() / group, acc.len() / group);
-        for (krow, vrow) in keys.chunks_exact(hdk).zip(values.chunks_exact(hdv)) {
-            for ((q, a), st) in q16
+        let heads = m_s.len() / 2;
+        let group = heads / kv.streams;
+        let (hdk, hdv) = (q16.len() / heads, acc.len() / heads);
+        for i in 0..kv.n {
+            for (h, ((q, a), st)) in q16
                 .chunks_exact(hdk)
                 .zip(acc.chunks_exact_mut(hdv))
                 .zip(m_s.chunks_exact_mut(2))
+                .enumerate()
             {
+                let (krow, vrow) = kv.rows(h / group, i, hdk, hdv);
                 // SAFETY: (all three) the rows have the lengths the kernels expect.
                 let s = unsafe { dot_avx512_impl(q, krow) } * scale;
                 let (mut rescale, mut weight) = (1.0f32, 1.0f32);
@@ -720,15 +751,12 @@ mod x86 {
 
     pub fn vec_keys_avx2(
         q16: &[f32],
-        keys: &[f16],
-        values: &[f16],
+        kv: super::KeyRun<'_>,
         scale: f32,
         m_s: &mut [f32],
         acc: &mut [f32],
     ) {
-        super::vec_keys_with(
-            dot_avx2, mad_avx2, scale_avx2, q16, keys, values, scale, m_s, acc,
-        )
+        super::vec_keys_with(dot_avx2, mad_avx2, scale_avx2, q16, kv, scale, m_s, acc)
     }
 
     pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
@@ -937,8 +965,7 @@ mod tests {
             for (a, b) in [(0, 20), (20, n)] {
                 vec_keys_scalar(
                     &q16,
-                    &keys[a * hdk..b * hdk],
-                    &values[a * hdv..b * hdv],
+                    KeyRun::single(&keys[a * hdk..b * hdk], &values[a * hdv..b * hdv], b - a),
                     0.3,
                     &mut want_ms,
                     &mut want_acc,
@@ -950,8 +977,7 @@ mod tests {
                 for (a, b) in [(0, 20), (20, n)] {
                     (ops.vec_keys)(
                         &q16,
-                        &keys[a * hdk..b * hdk],
-                        &values[a * hdv..b * hdv],
+                        KeyRun::single(&keys[a * hdk..b * hdk], &values[a * hdv..b * hdv], b - a),
                         0.3,
                         &mut m_s,
                         &mut acc,
@@ -967,7 +993,64 @@ mod tests {
         }
     }
 
-    /// The approximate exp is close to the true one, exact at 0, and 0 far below.
+    /// Several kv heads run together (interleaved) give each head the bits of its own run.
+    #[test]
+    fn vec_keys_streams_match_separate_runs() {
+        let mut rng = Rng(9);
+        let (streams, group, hdk, hdv, n, stride) = (3, 2, 64, 64, 29, 40);
+        let heads = streams * group;
+        let q16: Vec<f32> = rng.f16s(heads * hdk).iter().map(|x| x.to_f32()).collect();
+        let keys: Vec<f16> = (0..streams * stride * hdk)
+            .map(|_| f16::from_f32(rng.next() * 2.0))
+            .collect();
+        let values = rng.f16s(streams * stride * hdv);
+        let fresh = |h: usize| {
+            let mut m = vec![0.0f32; 2 * h];
+            m.chunks_exact_mut(2)
+                .for_each(|st| st[0] = f32::NEG_INFINITY);
+            (m, vec![0.0f32; h * hdv])
+        };
+        for ops in all_paths() {
+            let (mut m_s, mut acc) = fresh(heads);
+            let run = KeyRun {
+                keys: &keys,
+                values: &values,
+                n,
+                streams,
+                k_stride: stride,
+                v_stride: stride,
+            };
+            (ops.vec_keys)(&q16, run, 0.3, &mut m_s, &mut acc);
+            for s in 0..streams {
+                let (mut m1, mut a1) = fresh(group);
+                let one = KeyRun::single(
+                    &keys[s * stride * hdk..(s * stride + n) * hdk],
+                    &values[s * stride * hdv..(s * stride + n) * hdv],
+                    n,
+                );
+                vec_keys_scalar(
+                    &q16[s * group * hdk..(s + 1) * group * hdk],
+                    one,
+                    0.3,
+                    &mut m1,
+                    &mut a1,
+                );
+                assert_eq!(
+                    m_s[s * group * 2..(s + 1) * group * 2],
+                    m1[..],
+                    "{}",
+                    ops.name
+                );
+                assert_eq!(
+                    acc[s * group * hdv..(s + 1) * group * hdv],
+                    a1[..],
+                    "{}",
+                    ops.name
+                );
+            }
+        }
+    }
+
     #[test]
     fn swiglu_paths_are_bit_identical_to_scalar() {
         let mut rng = Rng(7);
@@ -987,6 +1070,7 @@ mod tests {
         }
     }
 
+    /// The approximate exp is close to the true one, exact at 0, and 0 far below.
     #[test]
     fn expf_approx_is_accurate() {
         assert_eq!(expf_approx(0.0), 1.0);
