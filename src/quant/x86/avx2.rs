@@ -528,14 +528,14 @@ impl<F: Blk32> Tile for T32<F> {
                 }
                 let scp = sc.as_ptr().cast::<[f32; 2]>();
                 if D::TILE4 && t == 4 {
-                    for b in 0..nb {
+                    for (b, slot) in sc4[..nb].iter_mut().enumerate() {
                         let mut v = [0f32; 8];
                         for r in 0..4 {
                             let ds = *scp.add(r * nb + b);
                             v[r] = ds[0];
                             v[4 + r] = ds[1];
                         }
-                        sc4[b].write(v);
+                        slot.write(v);
                     }
                     let sc4p = sc4.as_ptr().cast::<[f32; 8]>();
                     for i in i0..i1 {
