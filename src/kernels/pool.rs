@@ -402,6 +402,47 @@ mod tests {
         assert!(out.iter().enumerate().all(|(i, &v)| v as usize == i));
     }
 
+    /// Every item runs exactly once, whoever takes it, over many back-to-back jobs of every
+    /// size, with some items slow (a thread stuck in one while the others drain the rest).
+    #[test]
+    fn run_items_runs_each_item_once() {
+        for nt in [1, 2, 3, 4] {
+            let pool = ThreadPool::new(nt);
+            let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+            for round in 0..2000usize {
+                let n = round % 65;
+                pool.run_items(n, &|tid, item| {
+                    assert!(tid < nt);
+                    if round % 500 == 7 && item == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(3));
+                    }
+                    hits[item].fetch_add(1, Ordering::Relaxed);
+                });
+                for (i, h) in hits.iter().enumerate() {
+                    let got = h.swap(0, Ordering::Relaxed);
+                    assert_eq!(got, usize::from(i < n), "nt {nt} round {round} item {i}");
+                }
+            }
+        }
+    }
+
+    /// Per-thread indices are exclusive: no two concurrent calls share one.
+    #[test]
+    fn thread_indices_are_exclusive() {
+        let pool = ThreadPool::new(3);
+        let busy: Vec<AtomicBool> = (0..3).map(|_| AtomicBool::new(false)).collect();
+        for _ in 0..300 {
+            pool.run_items(24, &|tid, _| {
+                assert!(
+                    !busy[tid].swap(true, Ordering::AcqRel),
+                    "thread index {tid} reused"
+                );
+                std::hint::spin_loop();
+                busy[tid].store(false, Ordering::Release);
+            });
+        }
+    }
+
     #[test]
     fn idle_workers_wake_up() {
         let pool = ThreadPool::new(2);
