@@ -54,6 +54,8 @@ struct Row {
     load_ms: f64,
     peak_rss_bytes: u64,
     weight_bytes_per_token: u64,
+    /// Mean KV-cache bytes read per generated token (in the roofline with the weights).
+    kv_bytes_per_token: u64,
     bandwidth_gbs: f64,
     roofline_share: Option<f64>,
 }
@@ -76,18 +78,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect()
     };
     let depth_tokens = tokens(args.depth, 7);
-    let fill_depth = |s: &mut Session| -> Result<()> {
+    // The depth is filled once and every repetition rolls back to it, as llama-bench restores
+    // a saved state instead of re-running the depth prompt.
+    let mut depth_filled = false;
+    let mut fill_depth = |s: &mut Session| -> Result<()> {
+        if depth_filled {
+            s.rollback(depth_tokens.len());
+            return Ok(());
+        }
         s.reset();
         if !depth_tokens.is_empty() {
             s.prefill(&depth_tokens, &mut |_, _| {})?;
         }
+        depth_filled = true;
         Ok(())
     };
 
     let weight_bytes = model.weights_bytes_per_token() as u64;
     let bandwidth = match args.bandwidth {
         Some(b) => b,
-        None => kiln::kernels::membw::measure_read_gbs(&s.rt.pool),
+        None => {
+            let b = kiln::kernels::membw::measure_read_gbs(&s.rt.pool);
+            // The probe's buffer is gone; do not let it count as the engine's peak RSS.
+            reset_peak_rss();
+            b
+        }
     };
     let mut rows = Vec::new();
     let file_size = std::fs::metadata(&loaded.path)
@@ -102,7 +117,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let model_type = format!("{} {}", model.config.arch_name, model.config.name);
     let mut push = |test: &str, n_prompt: usize, n_gen: usize, samples: Vec<f64>| {
         let (avg, sd) = mean_sd(&samples);
-        let roofline = (n_gen > 0).then(|| weight_bytes as f64 * avg / (bandwidth * 1e9));
+        // Bytes one decode step reads: every weight once, plus the cached keys and values it
+        // attends to (f16) at the test's mean position.
+        let kv_bytes = if n_gen > 0 {
+            let pos = args.depth + n_gen / 2;
+            let c = &model.config;
+            model
+                .weights
+                .layers
+                .iter()
+                .map(|l| l.window.map_or(pos, |w| pos.min(w)) * (c.kv_dim_k() + c.kv_dim_v()) * 2)
+                .sum::<usize>() as u64
+        } else {
+            0
+        };
+        let step_bytes = weight_bytes + kv_bytes;
+        let roofline = (n_gen > 0).then(|| step_bytes as f64 * avg / (bandwidth * 1e9));
         rows.push(Row {
             model_filename: loaded.path.display().to_string(),
             model_type: model_type.clone(),
@@ -120,6 +150,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             load_ms: loaded.load_ms,
             peak_rss_bytes: peak_rss(),
             weight_bytes_per_token: weight_bytes,
+            kv_bytes_per_token: kv_bytes,
             bandwidth_gbs: bandwidth,
             roofline_share: roofline,
         });
@@ -211,6 +242,12 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
 /// Peak resident set size of this process (VmHWM), in bytes; 0 where unknown.
 pub fn peak_rss() -> u64 {
     proc_status_kb("VmHWM:")
+}
+
+/// Restart the peak-RSS watermark at the current RSS (Linux; a no-op elsewhere).
+fn reset_peak_rss() {
+    // Writing 5 to clear_refs resets VmHWM (Documentation/filesystems/proc.rst).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// Current resident set size of this process (VmRSS), in bytes; 0 where unknown.

@@ -32,7 +32,7 @@
 //! Work is split into items that each read their keys and values once for all the query heads
 //! of one kv head (GQA).
 
-use super::f16ops::{F16Ops, KV_TILE};
+use super::f16ops::{F16Ops, KeyRun, KV_TILE};
 use super::pool::{DisjointSlice, ThreadPool};
 use crate::cache::{KvLayer, KvType};
 use half::f16;
@@ -64,15 +64,15 @@ const ITEM_TOKENS: usize = 16;
 
 /// Per-thread and partial-result buffers, sized once at load.
 pub struct AttnScratch {
-    /// `[n_threads][group][head_dim_k]` queries rounded to f16 (vector path).
+    /// `[n_threads][n_heads][head_dim_k]` queries rounded to f16 (vector path).
     q16: Vec<f32>,
-    /// `[n_threads][group][head_dim_v]` f16 accumulators, held in f32 (vector path).
+    /// `[n_threads][n_heads][head_dim_v]` f16 accumulators, held in f32 (vector path).
     acc16: Vec<f32>,
     /// `[n_threads][head_dim_k][KV_TILE]` one key tile, transposed, in f32 (tiled path).
     kt: Vec<f32>,
     /// `[n_threads][ITEM_TOKENS · group][KV_TILE]` scores of a tile (tiled path).
     scores: Vec<f32>,
-    /// `[n_threads][ITEM_TOKENS · group][2]` running max and sum (both paths).
+    /// `[n_threads][max(ITEM_TOKENS · group, n_heads)][2]` running max and sum (both paths).
     ms: Vec<f32>,
     /// Decode split partials, `[n_kv_heads][n_threads chunks][group][2 + head_dim_v]`
     /// (max, sum, f32 accumulator).
@@ -204,11 +204,11 @@ impl Layout {
         let rows = ITEM_TOKENS * group;
         Layout {
             group,
-            q16: nt * group * hdk,
-            acc16: nt * group * hdv,
+            q16: nt * n_heads * hdk,
+            acc16: nt * n_heads * hdv,
             kt: nt * hdk * KV_TILE,
             scores: nt * rows * KV_TILE,
-            ms: nt * rows * 2,
+            ms: nt * rows.max(n_heads) * 2,
             partial: n_kv_heads * nt * group * (2 + hdv),
             kq: if kv == KvType::F16 {
                 0
@@ -320,13 +320,6 @@ fn vector(
     scratch: &mut AttnScratch,
 ) {
     let (group, hdk, hdv) = (scratch.group, s.head_dim_k, s.head_dim_v);
-    // An f16 cache is read in place in one run; a quantized one a tile at a time (the online
-    // softmax visits keys in order either way, so the split changes no bits).
-    let piece = if kv.ty() == KvType::F16 {
-        usize::MAX
-    } else {
-        KV_TILE
-    };
     // The reference's visible cache length: padded, capped by the (padded) cache size.
     let n_kv = (pos0 + n_tokens)
         .next_multiple_of(KV_PAD)
@@ -340,14 +333,24 @@ fn vector(
     // Items: (token, kv head, chunk), each streaming its keys once for the heads of its group;
     // when that leaves threads idle (decode), one item per head instead (rows are independent,
     // so the bits do not change).
-    let base_items = n_tokens * s.n_kv_heads * n_chunks;
-    let heads_per_item = if base_items < 2 * pool.n_threads() {
+    // A split decode (or a single-threaded one) runs every kv head of its chunk in one item,
+    // the heads' independent chains interleaved key by key.
+    // (A quantized cache is dequantized one head's tile at a time: one stream.)
+    let quantized = kv.ty() != KvType::F16;
+    let streams = if !quantized && n_tokens == 1 && (n_chunks > 1 || pool.n_threads() == 1) {
+        s.n_kv_heads
+    } else {
+        1
+    };
+    let base_items = n_tokens * s.n_kv_heads / streams * n_chunks;
+    let heads_per_item = if streams == 1 && base_items < 2 * pool.n_threads() {
         1
     } else {
         group
     };
     let subs = group / heads_per_item;
     let n_items = base_items * subs;
+    let item_heads = streams * heads_per_item;
     let pstride = 2 + hdv;
 
     let outs = DisjointSlice::new(out);
@@ -358,15 +361,18 @@ fn vector(
     let mss = DisjointSlice::new(&mut scratch.ms);
     let kqs = DisjointSlice::new(&mut scratch.kq);
     let vqs = DisjointSlice::new(&mut scratch.vq);
-    let quantized = kv.ty() != KvType::F16;
-    pool.run(&|tid, nt| {
-        let (nq, na, nm) = (group * hdk, group * hdv, ITEM_TOKENS * group * 2);
+    pool.run_items(n_items, &|tid, item| {
+        let (nq, na, nm) = (
+            s.n_heads * hdk,
+            s.n_heads * hdv,
+            (ITEM_TOKENS * group).max(s.n_heads) * 2,
+        );
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
         let (q16, acc, ms) = unsafe {
             (
-                &mut q16s.part(tid * nq..(tid + 1) * nq)[..heads_per_item * hdk],
-                &mut accs.part(tid * na..(tid + 1) * na)[..heads_per_item * hdv],
-                &mut mss.part(tid * nm..(tid + 1) * nm)[..2 * heads_per_item],
+                &mut q16s.part(tid * nq..(tid + 1) * nq)[..item_heads * hdk],
+                &mut accs.part(tid * na..(tid + 1) * na)[..item_heads * hdv],
+                &mut mss.part(tid * nm..(tid + 1) * nm)[..2 * item_heads],
             )
         };
         let (nkq, nvq) = if quantized {
@@ -381,19 +387,20 @@ fn vector(
                 vqs.part(tid * nvq..(tid + 1) * nvq),
             )
         };
-        let mut item = tid;
-        while item < n_items {
+        {
             let sub = item % subs;
             let chunk = (item / subs) % n_chunks;
-            let kvh = (item / (subs * n_chunks)) % s.n_kv_heads;
-            let t = item / (subs * n_chunks * s.n_kv_heads);
+            let kv_items = s.n_kv_heads / streams;
+            // The first kv head of the item (streams > 1: every kv head, so 0).
+            let kvh = (item / (subs * n_chunks)) % kv_items;
+            let t = item / (subs * n_chunks * kv_items);
             let p = pos0 + t;
             let vis = visible(s, p);
             let lo = vis.start.max(chunk * chunk_len);
             let hi = vis.end.min(((chunk + 1) * chunk_len).min(n_kv));
-            // Query heads h0..h0+heads_per_item, all of kv head `kvh`.
+            // Query heads h0..h0+item_heads: of kv head `kvh`, or of every kv head (streams).
             let h0 = kvh * group + sub * heads_per_item;
-            let qrow = &q[(t * s.n_heads + h0) * hdk..][..heads_per_item * hdk];
+            let qrow = &q[(t * s.n_heads + h0) * hdk..][..item_heads * hdk];
             for (d, &x) in q16.iter_mut().zip(qrow) {
                 *d = f16::from_f32(x).to_f32();
             }
@@ -402,19 +409,37 @@ fn vector(
                 m[0] = f32::NEG_INFINITY;
                 m[1] = 0.0;
             }
-            let row0 = kvh * s.kv_stride;
-            let mut a = lo;
-            while a < hi {
-                let b = hi.min(a.saturating_add(piece));
-                let keys = kv.keys_f16(row0 + a..row0 + b, hdk, kbuf);
-                let values = kv.values_f16(row0 + a..row0 + b, hdv, vbuf);
-                (ops.vec_keys)(q16, keys, values, s.scale, ms, acc);
-                a = b;
+            match kv {
+                KvLayer::F16 { keys, values } if lo < hi => {
+                    let run = KeyRun {
+                        keys: &keys[(kvh * s.kv_stride + lo) * hdk..],
+                        values: &values[(kvh * s.kv_stride + lo) * hdv..],
+                        n: hi - lo,
+                        streams,
+                        k_stride: s.kv_stride,
+                        v_stride: s.kv_stride,
+                    };
+                    (ops.vec_keys)(q16, run, s.scale, ms, acc);
+                }
+                KvLayer::F16 { .. } => {}
+                _ => {
+                    // A tile at a time: the online softmax visits keys in order either way,
+                    // so the split changes no bits.
+                    let row0 = kvh * s.kv_stride;
+                    let mut a = lo;
+                    while a < hi {
+                        let b = hi.min(a + KV_TILE);
+                        let keys = kv.keys_f16(row0 + a..row0 + b, hdk, kbuf);
+                        let values = kv.values_f16(row0 + a..row0 + b, hdv, vbuf);
+                        (ops.vec_keys)(q16, KeyRun::single(keys, values, b - a), s.scale, ms, acc);
+                        a = b;
+                    }
+                }
             }
             if n_chunks == 1 {
                 let a = (t * s.n_heads + h0) * hdv;
                 // SAFETY: item (t, heads h0..) owns these output rows.
-                let o = unsafe { outs.part(a..a + heads_per_item * hdv) };
+                let o = unsafe { outs.part(a..a + item_heads * hdv) };
                 for ((o, a), st) in o
                     .chunks_exact_mut(hdv)
                     .zip(acc.chunks_exact(hdv))
@@ -426,20 +451,26 @@ fn vector(
                     }
                 }
             } else {
-                let base = ((kvh * n_chunks + chunk) * group + sub * heads_per_item) * pstride;
-                // SAFETY: item (kvh, chunk, heads) owns its partial rows.
-                let part = unsafe { partial.part(base..base + heads_per_item * pstride) };
-                for ((r, a), st) in part
-                    .chunks_exact_mut(pstride)
-                    .zip(acc.chunks_exact(hdv))
-                    .zip(ms.chunks_exact(2))
-                {
-                    r[0] = st[0];
-                    r[1] = st[1];
-                    r[2..].copy_from_slice(a);
+                for st_i in 0..streams {
+                    let (acc, ms) = (
+                        &acc[st_i * heads_per_item * hdv..][..heads_per_item * hdv],
+                        &ms[st_i * heads_per_item * 2..][..heads_per_item * 2],
+                    );
+                    let kvh = kvh + st_i;
+                    let base = ((kvh * n_chunks + chunk) * group + sub * heads_per_item) * pstride;
+                    // SAFETY: item (kvh, chunk, heads) owns its partial rows.
+                    let part = unsafe { partial.part(base..base + heads_per_item * pstride) };
+                    for ((r, a), st) in part
+                        .chunks_exact_mut(pstride)
+                        .zip(acc.chunks_exact(hdv))
+                        .zip(ms.chunks_exact(2))
+                    {
+                        r[0] = st[0];
+                        r[1] = st[1];
+                        r[2..].copy_from_slice(a);
+                    }
                 }
             }
-            item += nt;
         }
     });
     if n_chunks == 1 {
@@ -500,7 +531,7 @@ fn tiled(
     let kqs = DisjointSlice::new(&mut scratch.kq);
     let vqs = DisjointSlice::new(&mut scratch.vq);
     let quantized = kv.ty() != KvType::F16;
-    pool.run(&|tid, nt| {
+    pool.run_items(n_items, &|tid, item| {
         let (nk, ns, nm) = (hdk * KV_TILE, rows_max * KV_TILE, rows_max * 2);
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
         let (kt, scores, ms) = unsafe {
@@ -522,9 +553,10 @@ fn tiled(
                 vqs.part(tid * nvq..(tid + 1) * nvq),
             )
         };
-        // Items round-robin: later token blocks see more keys, so interleaving balances.
-        let mut item = tid;
-        while item < n_items {
+        // Later token blocks see more keys: hand out the most expensive items first, so the
+        // last items taken are the short ones and the threads finish together.
+        let item = n_items - 1 - item;
+        {
             let kvh = item % s.n_kv_heads;
             let t0 = (item / s.n_kv_heads) * ITEM_TOKENS;
             let t1 = (t0 + ITEM_TOKENS).min(n_tokens);
@@ -609,7 +641,6 @@ fn tiled(
                         .for_each(|a| *a *= inv);
                 }
             }
-            item += nt;
         }
     });
 }

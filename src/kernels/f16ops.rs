@@ -32,8 +32,44 @@ pub type ScaleF16Fn = fn(y: &mut [f32], v: f32);
 /// held in f32) are continued. Per key and head, in the reference's order:
 /// `s = dot(q16, k)·scale`; on a new maximum `acc = f16(acc·expf(M−s))`, `M = s`, weight 1,
 /// else weight `expf(s−M)`; `acc = f16(acc + v·weight)`; `S = fma(S, rescale, weight)`.
-pub type VecKeysFn =
-    fn(q16: &[f32], keys: &[f16], values: &[f16], scale: f32, m_s: &mut [f32], acc: &mut [f32]);
+///
+/// Several kv heads ("streams") may run together, keys interleaved (key 0 of every stream, then
+/// key 1, ...): each head's arithmetic is unchanged, but the independent chains overlap. Then
+/// `q16`, `m_s` and `acc` hold `streams × group` heads, stream-major.
+pub type VecKeysFn = fn(q16: &[f32], kv: KeyRun<'_>, scale: f32, m_s: &mut [f32], acc: &mut [f32]);
+
+/// The keys and values a [`VecKeysFn`] visits: `streams` runs of `n` rows; run `s` starts at
+/// row `s · k_stride` of `keys` (`[row][hdk]`) and `s · v_stride` of `values` (`[row][hdv]`).
+#[derive(Clone, Copy)]
+pub struct KeyRun<'a> {
+    pub keys: &'a [f16],
+    pub values: &'a [f16],
+    pub n: usize,
+    pub streams: usize,
+    pub k_stride: usize,
+    pub v_stride: usize,
+}
+
+impl<'a> KeyRun<'a> {
+    /// One stream of `n` keys.
+    pub fn single(keys: &'a [f16], values: &'a [f16], n: usize) -> Self {
+        KeyRun {
+            keys,
+            values,
+            n,
+            streams: 1,
+            k_stride: 0,
+            v_stride: 0,
+        }
+    }
+
+    /// Key and value rows `i` of stream `s`.
+    #[inline(always)]
+    fn rows(&self, s: usize, i: usize, hdk: usize, hdv: usize) -> (&'a [f16], &'a [f16]) {
+        let (k, v) = ((s * self.k_stride + i) * hdk, (s * self.v_stride + i) * hdv);
+        (&self.keys[k..k + hdk], &self.values[v..v + hdv])
+    }
+}
 /// Scores of one query row against a tile of keys: `out[j] = fma-chain over d of q[d]·kt[d][j]`
 /// (`d` ascending, starting from 0); `kt` is the tile transposed, `[q.len()][KV_TILE]`.
 pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]);
@@ -43,6 +79,15 @@ pub type SoftmaxTileFn = fn(s: &mut [f32; KV_TILE], m: f32) -> f64;
 /// `acc[d] = fma-chain over j of v[j][d]·p[j]` (`j` ascending, continuing from `acc[d]`);
 /// `v` holds `p.len()` rows of `acc.len()` values.
 pub type VkqAccFn = fn(acc: &mut [f32], p: &[f32], v: &[f16]);
+/// `gate[i] = silu(gate[i]) · up[i]`, SiLU as [`crate::kernels::ops::silu`] computes it.
+pub type SwigluFn = fn(gate: &mut [f32], up: &[f32]);
+
+/// The scalar SwiGLU (the reference every SIMD path must match bit for bit).
+pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = crate::kernels::ops::silu(*g) * u;
+    }
+}
 
 /// The attention primitives for this CPU.
 #[derive(Clone, Copy)]
@@ -54,6 +99,7 @@ pub struct F16Ops {
     pub kq_tile: KqTileFn,
     pub softmax_tile: SoftmaxTileFn,
     pub vkq_acc: VkqAccFn,
+    pub swiglu: SwigluFn,
     pub name: &'static str,
 }
 
@@ -85,6 +131,7 @@ impl F16Ops {
             kq_tile: kq_tile_scalar,
             softmax_tile: softmax_tile_scalar,
             vkq_acc: vkq_acc_scalar,
+            swiglu: swiglu_scalar,
             name: "scalar",
         }
     }
@@ -164,20 +211,22 @@ fn vec_keys_with(
     mad: MadF16Fn,
     scale_acc: ScaleF16Fn,
     q16: &[f32],
-    keys: &[f16],
-    values: &[f16],
+    kv: KeyRun<'_>,
     scale: f32,
     m_s: &mut [f32],
     acc: &mut [f32],
 ) {
-    let group = m_s.len() / 2;
-    let (hdk, hdv) = (q16.len() / group, acc.len() / group);
-    for (krow, vrow) in keys.chunks_exact(hdk).zip(values.chunks_exact(hdv)) {
-        for ((q, a), st) in q16
+    let heads = m_s.len() / 2;
+    let group = heads / kv.streams;
+    let (hdk, hdv) = (q16.len() / heads, acc.len() / heads);
+    for i in 0..kv.n {
+        for (h, ((q, a), st)) in q16
             .chunks_exact(hdk)
             .zip(acc.chunks_exact_mut(hdv))
             .zip(m_s.chunks_exact_mut(2))
+            .enumerate()
         {
+            let (krow, vrow) = kv.rows(h / group, i, hdk, hdv);
             let s = dot(q, krow) * scale;
             let (mut rescale, mut weight) = (1.0f32, 1.0f32);
             if s > st[0] {
@@ -193,21 +242,13 @@ fn vec_keys_with(
     }
 }
 
-pub fn vec_keys_scalar(
-    q16: &[f32],
-    keys: &[f16],
-    values: &[f16],
-    scale: f32,
-    m_s: &mut [f32],
-    acc: &mut [f32],
-) {
+pub fn vec_keys_scalar(q16: &[f32], kv: KeyRun<'_>, scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
     vec_keys_with(
         dot_scalar,
         mad_scalar,
         scale_scalar,
         q16,
-        keys,
-        values,
+        kv,
         scale,
         m_s,
         acc,
@@ -288,6 +329,7 @@ mod x86 {
         kq_tile: kq_tile_avx512,
         softmax_tile: softmax_tile_avx512,
         vkq_acc: vkq_acc_avx512,
+        swiglu: swiglu_avx512,
         name: "avx512",
     };
 
@@ -299,6 +341,7 @@ mod x86 {
         kq_tile: kq_tile_avx2,
         softmax_tile: super::softmax_tile_scalar,
         vkq_acc: vkq_acc_avx2,
+        swiglu: super::swiglu_scalar,
         name: "avx2",
     };
 
@@ -414,34 +457,35 @@ mod x86 {
 
     pub fn vec_keys_avx512(
         q16: &[f32],
-        keys: &[f16],
-        values: &[f16],
+        kv: super::KeyRun<'_>,
         scale: f32,
         m_s: &mut [f32],
         acc: &mut [f32],
     ) {
         // SAFETY: selected only when avx512f was detected at run time.
-        unsafe { vec_keys_avx512_impl(q16, keys, values, scale, m_s, acc) }
+        unsafe { vec_keys_avx512_impl(q16, kv, scale, m_s, acc) }
     }
 
     /// [`super::VecKeysFn`] with the primitives inlined into one loop.
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn vec_keys_avx512_impl(
         q16: &[f32],
-        keys: &[f16],
-        values: &[f16],
+        kv: super::KeyRun<'_>,
         scale: f32,
         m_s: &mut [f32],
         acc: &mut [f32],
     ) {
-        let group = m_s.len() / 2;
-        let (hdk, hdv) = (q16.len() / group, acc.len() / group);
-        for (krow, vrow) in keys.chunks_exact(hdk).zip(values.chunks_exact(hdv)) {
-            for ((q, a), st) in q16
+        let heads = m_s.len() / 2;
+        let group = heads / kv.streams;
+        let (hdk, hdv) = (q16.len() / heads, acc.len() / heads);
+        for i in 0..kv.n {
+            for (h, ((q, a), st)) in q16
                 .chunks_exact(hdk)
                 .zip(acc.chunks_exact_mut(hdv))
                 .zip(m_s.chunks_exact_mut(2))
+                .enumerate()
             {
+                let (krow, vrow) = kv.rows(h / group, i, hdk, hdv);
                 // SAFETY: (all three) the rows have the lengths the kernels expect.
                 let s = unsafe { dot_avx512_impl(q, krow) } * scale;
                 let (mut rescale, mut weight) = (1.0f32, 1.0f32);
@@ -501,6 +545,30 @@ mod x86 {
             }
         }
         sum
+    }
+
+    pub fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
+        assert!(up.len() >= gate.len());
+        // SAFETY: this table is used only when AVX-512F was detected; lengths checked.
+        unsafe { swiglu_avx512_impl(gate, up) }
+    }
+
+    /// `ggml_vec_swiglu_f32` (AVX-512): `x / (1 + expf(0 − x)) · g`, 16 lanes at a time, the
+    /// tail through the scalar definition (the same arithmetic per element).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn swiglu_avx512_impl(gate: &mut [f32], up: &[f32]) {
+        let n16 = gate.len() / 16 * 16;
+        let one = _mm512_set1_ps(1.0);
+        let mut i = 0;
+        while i < n16 {
+            let x = _mm512_loadu_ps(gate.as_ptr().add(i));
+            let g = _mm512_loadu_ps(up.as_ptr().add(i));
+            let e = expf_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+            let silu = _mm512_div_ps(x, _mm512_add_ps(one, e));
+            _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(silu, g));
+            i += 16;
+        }
+        super::swiglu_scalar(&mut gate[n16..], &up[n16..]);
     }
 
     /// `ggml_v_expf` (AVX-512 form), lane for lane what [`super::expf_approx`] computes.
@@ -683,15 +751,12 @@ mod x86 {
 
     pub fn vec_keys_avx2(
         q16: &[f32],
-        keys: &[f16],
-        values: &[f16],
+        kv: super::KeyRun<'_>,
         scale: f32,
         m_s: &mut [f32],
         acc: &mut [f32],
     ) {
-        super::vec_keys_with(
-            dot_avx2, mad_avx2, scale_avx2, q16, keys, values, scale, m_s, acc,
-        )
+        super::vec_keys_with(dot_avx2, mad_avx2, scale_avx2, q16, kv, scale, m_s, acc)
     }
 
     pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
@@ -900,8 +965,7 @@ mod tests {
             for (a, b) in [(0, 20), (20, n)] {
                 vec_keys_scalar(
                     &q16,
-                    &keys[a * hdk..b * hdk],
-                    &values[a * hdv..b * hdv],
+                    KeyRun::single(&keys[a * hdk..b * hdk], &values[a * hdv..b * hdv], b - a),
                     0.3,
                     &mut want_ms,
                     &mut want_acc,
@@ -913,8 +977,7 @@ mod tests {
                 for (a, b) in [(0, 20), (20, n)] {
                     (ops.vec_keys)(
                         &q16,
-                        &keys[a * hdk..b * hdk],
-                        &values[a * hdv..b * hdv],
+                        KeyRun::single(&keys[a * hdk..b * hdk], &values[a * hdv..b * hdv], b - a),
                         0.3,
                         &mut m_s,
                         &mut acc,
@@ -926,6 +989,83 @@ mod tests {
                     acc.iter().all(|&v| f16::from_f32(v).to_f32() == v),
                     "accumulator holds f16 values"
                 );
+            }
+        }
+    }
+
+    /// Several kv heads run together (interleaved) give each head the bits of its own run.
+    #[test]
+    fn vec_keys_streams_match_separate_runs() {
+        let mut rng = Rng(9);
+        let (streams, group, hdk, hdv, n, stride) = (3, 2, 64, 64, 29, 40);
+        let heads = streams * group;
+        let q16: Vec<f32> = rng.f16s(heads * hdk).iter().map(|x| x.to_f32()).collect();
+        let keys: Vec<f16> = (0..streams * stride * hdk)
+            .map(|_| f16::from_f32(rng.next() * 2.0))
+            .collect();
+        let values = rng.f16s(streams * stride * hdv);
+        let fresh = |h: usize| {
+            let mut m = vec![0.0f32; 2 * h];
+            m.chunks_exact_mut(2)
+                .for_each(|st| st[0] = f32::NEG_INFINITY);
+            (m, vec![0.0f32; h * hdv])
+        };
+        for ops in all_paths() {
+            let (mut m_s, mut acc) = fresh(heads);
+            let run = KeyRun {
+                keys: &keys,
+                values: &values,
+                n,
+                streams,
+                k_stride: stride,
+                v_stride: stride,
+            };
+            (ops.vec_keys)(&q16, run, 0.3, &mut m_s, &mut acc);
+            for s in 0..streams {
+                let (mut m1, mut a1) = fresh(group);
+                let one = KeyRun::single(
+                    &keys[s * stride * hdk..(s * stride + n) * hdk],
+                    &values[s * stride * hdv..(s * stride + n) * hdv],
+                    n,
+                );
+                vec_keys_scalar(
+                    &q16[s * group * hdk..(s + 1) * group * hdk],
+                    one,
+                    0.3,
+                    &mut m1,
+                    &mut a1,
+                );
+                assert_eq!(
+                    m_s[s * group * 2..(s + 1) * group * 2],
+                    m1[..],
+                    "{}",
+                    ops.name
+                );
+                assert_eq!(
+                    acc[s * group * hdv..(s + 1) * group * hdv],
+                    a1[..],
+                    "{}",
+                    ops.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn swiglu_paths_are_bit_identical_to_scalar() {
+        let mut rng = Rng(7);
+        for n in [0, 1, 15, 16, 17, 100, 1536] {
+            // Wide range: large |x| hits the overflow/underflow branches of expf.
+            let gate: Vec<f32> = (0..n).map(|_| rng.next() * 60.0).collect();
+            let up: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+            let mut want = gate.clone();
+            swiglu_scalar(&mut want, &up);
+            for p in all_paths() {
+                let mut got = gate.clone();
+                (p.swiglu)(&mut got, &up);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{} n={n} i={i}", p.name);
+                }
             }
         }
     }

@@ -9,12 +9,15 @@
 //! product against them. Several projections reading the same input (Q, K and V; gate and up)
 //! run as one pool dispatch, so both cores work on one combined list of rows.
 
-use super::pool::{split_range, DisjointSlice, ThreadPool};
+use super::pool::{DisjointSlice, ThreadPool};
 use crate::gguf::TensorBytes;
 use crate::quant::{GgmlType, Kernels};
 
 /// Rows computed per call of the gemm micro-kernel.
 const TILE_ROWS: usize = 16;
+/// Work items per thread in a matrix product: enough that a descheduled or slower thread's
+/// share is picked up by the others, few enough that taking an item costs nothing.
+const ITEMS_PER_THREAD: usize = 6;
 
 /// A weight matrix `[out_dim, in_dim]` with the kernels for its block format.
 pub struct Linear {
@@ -179,10 +182,17 @@ pub fn matmul_many(
     };
     let tiles = DisjointSlice::new(&mut scratch.tiles);
 
-    pool.run(&|tid, nt| {
-        // SAFETY: thread `tid` owns tile `tid`.
+    // Items of whole tiles of rows, about `ITEMS_PER_THREAD` per thread, taken dynamically.
+    let nt = pool.n_threads();
+    let item_rows = total_rows
+        .div_ceil(nt * ITEMS_PER_THREAD)
+        .next_multiple_of(TILE_ROWS)
+        .max(TILE_ROWS);
+    let n_items = total_rows.div_ceil(item_rows);
+    pool.run_items(n_items, &|tid, item| {
+        // SAFETY: thread `tid` owns tile `tid` while it runs an item.
         let tile = unsafe { tiles.part(tid * tile_len..(tid + 1) * tile_len) };
-        let mine = split_range(total_rows, tid, nt);
+        let mine = item * item_rows..((item + 1) * item_rows).min(total_rows);
         let mut base = 0;
         for (m, lin) in lins.iter().enumerate() {
             let lr = base..base + lin.out_dim;

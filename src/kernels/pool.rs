@@ -1,35 +1,59 @@
 //! A persistent worker pool: threads are spawned once, at load, and every parallel operation of
-//! a forward pass is one `run` call that hands the same closure to all of them.
+//! a forward pass is one dispatch that hands the same closure to all of them.
 //!
-//! Dispatch is a generation counter the workers spin on (then yield, then sleep on a condvar
-//! when idle for long), and completion is a countdown the caller spins on. No allocation and no
-//! thread spawn per operation; the caller does its own share of the work as thread 0.
+//! A dispatch is a list of *items* that threads take from a shared counter, so the work splits
+//! itself: when a worker is descheduled (the machine is shared with other processes), the
+//! others, the caller included, take its items instead of waiting for it. A worker takes part
+//! in a job only by *joining* it (an atomic compare-and-swap on the job state) while the job is
+//! open; the caller, once every item is taken and its own are done, *closes* the job and waits
+//! only for workers that joined and are still finishing an item. A worker that wakes up late
+//! finds the job closed and leaves it alone, so one slow thread never stalls a dispatch.
+//!
+//! Idle workers spin, then yield, then sleep on a condvar; the caller pays for a wake-up call
+//! only when some worker sleeps. No allocation and no thread spawn per operation.
 
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// The work of one `run`: called as `f(thread_index, n_threads)` on every thread.
-type Job<'a> = &'a (dyn Fn(usize, usize) + Sync);
+/// The work of one dispatch: called as `f(thread_index, item)` for every item, by whichever
+/// thread takes it. `thread_index < n_threads` identifies the thread (for per-thread scratch):
+/// no two concurrent calls share it.
+type ItemFn<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
+/// Job state word: `generation << GEN_SHIFT | CLOSED? | active workers`.
+const ACTIVE_MASK: usize = (1 << 16) - 1;
+const CLOSED: usize = 1 << 16;
+const GEN_SHIFT: u32 = 17;
+
+/// The current job: written by the caller only while no worker is inside a job (every joined
+/// worker left, and the state is closed so none can join), read by workers only after joining.
+struct JobCell {
+    f: *const (dyn Fn(usize, usize) + Sync),
+    n_items: usize,
+}
 
 struct Shared {
-    /// Incremented by `run` to publish a new job.
-    generation: AtomicUsize,
-    /// Workers still busy with the current job.
-    pending: AtomicUsize,
-    /// The current job, valid while `pending > 0` (a lifetime-erased `Job`).
-    job: Mutex<Option<JobPtr>>,
-    /// Sleeping workers wait here when no work came for a while.
+    /// See [`ACTIVE_MASK`], [`CLOSED`], [`GEN_SHIFT`].
+    state: AtomicUsize,
+    /// Next item to take.
+    next: AtomicUsize,
+    job: UnsafeCell<JobCell>,
+    /// Workers that are (about to be) asleep on `wake`.
+    sleepers: AtomicUsize,
     sleep: Mutex<()>,
     wake: Condvar,
     shutdown: AtomicBool,
     n_threads: usize,
 }
 
-#[derive(Clone, Copy)]
-struct JobPtr(*const (dyn Fn(usize, usize) + Sync));
-// SAFETY: the pointee is `Sync`, and `run` keeps it alive until every worker is done with it.
-unsafe impl Send for JobPtr {}
+// SAFETY: `job` is accessed under the join/close protocol described on `JobCell` (never written
+// while a reader may hold it); everything else is atomics and std sync primitives. The closure
+// behind `job.f` is `Sync`.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw pointer is only dereferenced under that protocol.
+unsafe impl Send for Shared {}
 
 /// A fixed set of threads that execute closures together.
 pub struct ThreadPool {
@@ -37,18 +61,24 @@ pub struct ThreadPool {
     workers: Vec<JoinHandle<()>>,
 }
 
-/// Spins before a waiting worker yields, then sleeps.
+/// Spins before a waiting thread yields; yields before an idle worker sleeps.
 const SPIN_ITERS: usize = 20_000;
 const YIELD_ITERS: usize = 2_000;
+
+fn noop(_: usize, _: usize) {}
 
 impl ThreadPool {
     /// A pool of `n_threads` (the caller counts as one, so `n_threads - 1` are spawned).
     pub fn new(n_threads: usize) -> ThreadPool {
-        let n_threads = n_threads.max(1);
+        let n_threads = n_threads.clamp(1, ACTIVE_MASK);
         let shared = Arc::new(Shared {
-            generation: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
-            job: Mutex::new(None),
+            state: AtomicUsize::new(CLOSED),
+            next: AtomicUsize::new(0),
+            job: UnsafeCell::new(JobCell {
+                f: &noop as &(dyn Fn(usize, usize) + Sync) as *const _,
+                n_items: 0,
+            }),
+            sleepers: AtomicUsize::new(0),
             sleep: Mutex::new(()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
@@ -71,45 +101,80 @@ impl ThreadPool {
         self.shared.n_threads
     }
 
-    /// Run `f(thread_index, n_threads)` on every thread of the pool and return when all are done.
-    pub fn run(&self, f: Job<'_>) {
-        let n = self.shared.n_threads;
-        if n == 1 {
-            f(0, 1);
+    /// Call `f(thread_index, item)` once for every `item` in `0..n_items`, spread over the
+    /// pool's threads as they come, and return when all calls are done.
+    pub fn run_items(&self, n_items: usize, f: ItemFn<'_>) {
+        let s = &*self.shared;
+        if s.n_threads == 1 || n_items <= 1 {
+            for i in 0..n_items {
+                f(0, i);
+            }
             return;
         }
-        // SAFETY: we erase the closure's lifetime to hand it to the workers. This function does
-        // not return until `pending` reaches zero, i.e. until every worker has finished calling
-        // it, so the reference never outlives the borrow it came from.
-        let ptr: *const (dyn Fn(usize, usize) + Sync) = unsafe { std::mem::transmute(f) };
-        *self.shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(JobPtr(ptr));
-        self.shared.pending.store(n - 1, Ordering::Release);
-        self.shared.generation.fetch_add(1, Ordering::AcqRel);
-        // Wake sleepers (cheap when nobody sleeps: the lock is uncontended).
-        {
-            let _g = self.shared.sleep.lock().unwrap_or_else(|e| e.into_inner());
-            self.shared.wake.notify_all();
+        let st = s.state.load(Ordering::Acquire);
+        debug_assert!(st & CLOSED != 0 && st & ACTIVE_MASK == 0);
+        // SAFETY: the previous job is closed and every worker that joined it has left (the
+        // previous call waited for that), so no thread reads the cell now. We erase the
+        // closure's lifetime; this function does not return before every joined worker left
+        // again, so the pointer never outlives the borrow.
+        unsafe {
+            let cell = &mut *s.job.get();
+            cell.f = std::mem::transmute::<ItemFn<'_>, ItemFn<'static>>(f);
+            cell.n_items = n_items;
         }
-        f(0, n);
+        s.next.store(0, Ordering::Relaxed);
+        let gen = (st >> GEN_SHIFT).wrapping_add(1);
+        // Open the new generation (publishes the cell and the counter).
+        s.state.store(gen << GEN_SHIFT, Ordering::SeqCst);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        take_items(s, f, n_items, 0);
+        // Every item is taken: close, then wait for the workers still inside.
+        let mut st = s.state.fetch_or(CLOSED, Ordering::AcqRel) | CLOSED;
         let mut spins = 0usize;
-        while self.shared.pending.load(Ordering::Acquire) != 0 {
+        while st & ACTIVE_MASK != 0 {
             spins += 1;
             if spins < SPIN_ITERS {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
             }
+            st = s.state.load(Ordering::Acquire);
         }
     }
 
-    /// Split `0..n` into `n_threads` contiguous ranges and call `f(range)` on each thread.
+    /// Run `f(part, n_threads)` for every `part` in `0..n_threads` (a static split into one
+    /// part per thread; a part's index also names its per-thread scratch). Parts are taken
+    /// like items, so a descheduled thread's part is done by another.
+    pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
+        let n = self.shared.n_threads;
+        self.run_items(n, &|_, part| f(part, n));
+    }
+
+    /// Split `0..n` into contiguous ranges (a few per thread, so the split balances itself)
+    /// and call `f(range)` on each, in parallel.
     pub fn for_each_range(&self, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
-        self.run(&|tid, nt| {
-            let r = split_range(n, tid, nt);
+        let parts = (self.shared.n_threads * 4).min(n);
+        self.run_items(parts, &|_, p| {
+            let r = split_range(n, p, parts);
             if !r.is_empty() {
                 f(r);
             }
         });
+    }
+}
+
+/// Take items from the shared counter until none are left.
+#[inline]
+fn take_items(s: &Shared, f: ItemFn<'_>, n_items: usize, tid: usize) {
+    loop {
+        let i = s.next.fetch_add(1, Ordering::Relaxed);
+        if i >= n_items {
+            return;
+        }
+        f(tid, i);
     }
 }
 
@@ -124,18 +189,17 @@ pub fn split_range(n: usize, tid: usize, nt: usize) -> std::ops::Range<usize> {
 }
 
 fn worker_loop(s: &Shared, tid: usize) {
-    // The generation at construction: a worker that starts late must still see the first job.
-    let mut seen = 0;
+    let mut seen = s.state.load(Ordering::Acquire) >> GEN_SHIFT;
     loop {
         // Wait for a new generation: spin, then yield, then sleep.
         let mut iters = 0usize;
+        let mut st;
         loop {
             if s.shutdown.load(Ordering::Acquire) {
                 return;
             }
-            let g = s.generation.load(Ordering::Acquire);
-            if g != seen {
-                seen = g;
+            st = s.state.load(Ordering::Acquire);
+            if st >> GEN_SHIFT != seen {
                 break;
             }
             iters += 1;
@@ -144,32 +208,53 @@ fn worker_loop(s: &Shared, tid: usize) {
             } else if iters < SPIN_ITERS + YIELD_ITERS {
                 std::thread::yield_now();
             } else {
+                s.sleepers.fetch_add(1, Ordering::SeqCst);
                 let guard = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
-                if s.generation.load(Ordering::Acquire) == seen
-                    && !s.shutdown.load(Ordering::Acquire)
+                if s.state.load(Ordering::SeqCst) >> GEN_SHIFT == seen
+                    && !s.shutdown.load(Ordering::SeqCst)
                 {
                     let _unused = s
                         .wake
                         .wait_timeout(guard, std::time::Duration::from_millis(50))
                         .unwrap_or_else(|e| e.into_inner());
+                } else {
+                    drop(guard);
                 }
+                s.sleepers.fetch_sub(1, Ordering::SeqCst);
                 iters = SPIN_ITERS; // keep yielding/sleeping until work arrives
             }
         }
-        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(JobPtr(ptr)) = job {
-            // SAFETY: `run` published this pointer before bumping the generation and keeps the
-            // closure alive until `pending` reaches zero, which happens only after this call.
-            let f = unsafe { &*ptr };
-            f(tid, s.n_threads);
+        seen = st >> GEN_SHIFT;
+        // Join the job while it is open; a closed (or already replaced) job is not ours.
+        let joined = loop {
+            if st & CLOSED != 0 || st >> GEN_SHIFT != seen {
+                break false;
+            }
+            match s
+                .state
+                .compare_exchange_weak(st, st + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break true,
+                Err(now) => st = now,
+            }
+        };
+        if !joined {
+            continue;
         }
-        s.pending.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: we joined the open job, so the caller wrote the cell before opening it and
+        // will not touch it (nor drop the closure) until we leave below.
+        let (f, n_items) = unsafe {
+            let cell = &*s.job.get();
+            (&*cell.f, cell.n_items)
+        };
+        take_items(s, f, n_items, tid);
+        s.state.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.shutdown.store(true, Ordering::SeqCst);
         {
             let _g = self.shared.sleep.lock().unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
@@ -315,6 +400,47 @@ mod tests {
             });
         }
         assert!(out.iter().enumerate().all(|(i, &v)| v as usize == i));
+    }
+
+    /// Every item runs exactly once, whoever takes it, over many back-to-back jobs of every
+    /// size, with some items slow (a thread stuck in one while the others drain the rest).
+    #[test]
+    fn run_items_runs_each_item_once() {
+        for nt in [1, 2, 3, 4] {
+            let pool = ThreadPool::new(nt);
+            let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+            for round in 0..2000usize {
+                let n = round % 65;
+                pool.run_items(n, &|tid, item| {
+                    assert!(tid < nt);
+                    if round % 500 == 7 && item == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(3));
+                    }
+                    hits[item].fetch_add(1, Ordering::Relaxed);
+                });
+                for (i, h) in hits.iter().enumerate() {
+                    let got = h.swap(0, Ordering::Relaxed);
+                    assert_eq!(got, usize::from(i < n), "nt {nt} round {round} item {i}");
+                }
+            }
+        }
+    }
+
+    /// Per-thread indices are exclusive: no two concurrent calls share one.
+    #[test]
+    fn thread_indices_are_exclusive() {
+        let pool = ThreadPool::new(3);
+        let busy: Vec<AtomicBool> = (0..3).map(|_| AtomicBool::new(false)).collect();
+        for _ in 0..300 {
+            pool.run_items(24, &|tid, _| {
+                assert!(
+                    !busy[tid].swap(true, Ordering::AcqRel),
+                    "thread index {tid} reused"
+                );
+                std::hint::spin_loop();
+                busy[tid].store(false, Ordering::Release);
+            });
+        }
     }
 
     #[test]

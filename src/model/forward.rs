@@ -295,7 +295,7 @@ pub fn forward_batch(
                 &mut [&mut s.gate[..n * f], &mut s.up[..n * f]],
                 &mut s.matmul,
             );
-            gated_act_rows(pool, &mut s.gate[..n * f], &s.up[..n * f], act);
+            gated_act_rows(pool, &rt.f16, &mut s.gate[..n * f], &s.up[..n * f], act);
             matmul(
                 pool,
                 &layer.ffn_down,
@@ -444,13 +444,14 @@ fn norm_rows(pool: &ThreadPool, nw: &Norm, x: &[f32], out: &mut [f32], width: us
     crate::kernels::par_rows(pool, out, width, &body);
 }
 
-fn gated_act_rows(pool: &ThreadPool, gate: &mut [f32], up: &[f32], act: Activation) {
+fn gated_act_rows(pool: &ThreadPool, f16: &F16Ops, gate: &mut [f32], up: &[f32], act: Activation) {
     let width = 256;
     crate::kernels::par_rows(pool, gate, width, &|range: Range<usize>, g: &mut [f32]| {
-        ops::gated_act_inplace(
-            g,
-            &up[range.start * width..range.start * width + g.len()],
-            act,
-        );
+        let u = &up[range.start * width..range.start * width + g.len()];
+        match act {
+            // The SIMD SwiGLU: the same bits as the scalar activation.
+            Activation::Silu => (f16.swiglu)(g, u),
+            _ => ops::gated_act_inplace(g, u, act),
+        }
     });
 }

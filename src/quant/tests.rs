@@ -529,7 +529,7 @@ fn gemm_long_rows_and_many_rows() {
         GgmlType::Q8_0,
         GgmlType::Q4K,
     ] {
-        for (n, nw, nx) in [(32 * 520, 3, 5), (256, 150, 6)] {
+        for (n, nw, nx) in [(32 * 520, 3, 5), (256, 150, 6), (256, 150, 1), (768, 70, 5)] {
             for isa in Isa::available() {
                 let Ok(k) = kernels_for(ty, isa) else {
                     continue;

@@ -25,6 +25,20 @@ pub(super) trait IDot {
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
     /// `acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1]` (i16 inputs).
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+
+    /// The tier has [`IDot::t32_tile4`].
+    const TILE4: bool = false;
+    /// A 512-bit version of `T32::tile_impl::<Self, 4>` with identical results (see
+    /// `avx512::t32_tile4`); only called where [`IDot::TILE4`] is true.
+    #[inline(always)]
+    unsafe fn t32_tile4<F: Blk32>(
+        _n: usize,
+        _w: *const u8,
+        _x: [*const u8; 4],
+        _sc4: *const [f32; 8],
+    ) -> [f32; 4] {
+        unreachable!("t32_tile4 on a tier without it")
+    }
 }
 
 /// AVX2: `vpmaddubsw` then `vpmaddwd` by ones.
@@ -401,6 +415,56 @@ impl<F: Blk32> T32<F> {
     }
 }
 
+impl<F: Blk32> T32<F> {
+    /// `NW` weight rows against the activation row `x`, whose block scales are in `sc`
+    /// (converted as for [`Self::tile_impl`]). Each row's result is bit-identical to
+    /// `tile_impl::<D, 1>` on that row: the same operations in the same order, only
+    /// interleaved with the other rows'.
+    #[inline(always)]
+    unsafe fn rows_impl<D: IDot, const NW: usize>(
+        n: usize,
+        w: [*const u8; NW],
+        x: *const u8,
+        sc: *const [f32; 2],
+        prefetch: usize,
+    ) -> [f32; NW] {
+        let nb = n / 32;
+        let mut acc = [_mm256_setzero_ps(); NW];
+        let mut ms = [_mm_setzero_ps(); NW];
+        for b in 0..nb {
+            let xp = x.add(b * Self::XB);
+            let xds = _mm_castsi128_ps(_mm_loadl_epi64(sc.add(b).cast()));
+            for r in 0..NW {
+                let wp = w[r].add(b * F::SIZE);
+                // Interleaved rows defeat the hardware's stream detection: fetch ahead by hand
+                // (a prefetch never faults, so running past the matrix is harmless).
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(prefetch).cast());
+                let q = F::quants::<D>(wp);
+                let aq = if F::SIGNED { _mm256_sign_epi8(q, q) } else { q };
+                let wdm = f16x2_at(wp);
+                let p = Self::block::<D>(q, aq, xp);
+                let prod = if F::SIGNED {
+                    _mm_mul_ss(wdm, xds)
+                } else {
+                    _mm_mul_ps(wdm, xds)
+                };
+                acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), p, acc[r]);
+                if !F::SIGNED {
+                    ms[r] = _mm_fmadd_ps(wdm, xds, ms[r]);
+                }
+            }
+        }
+        let mut out = [0f32; NW];
+        for r in 0..NW {
+            out[r] = hsum_ps(acc[r]);
+            if !F::SIGNED {
+                out[r] += _mm_cvtss_f32(_mm_movehdup_ps(ms[r]));
+            }
+        }
+        out
+    }
+}
+
 /// Most activation blocks per row whose scales [`T32`]'s gemm converts ahead (rows up to
 /// 16384 elements; longer rows convert on the fly).
 const PREP_BLOCKS: usize = 512;
@@ -441,8 +505,11 @@ impl<F: Blk32> Tile for T32<F> {
         if nb > PREP_BLOCKS {
             return gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
         }
-        // [d, s] per block, for the 4 rows of a tile (16 KiB).
-        let mut sc = [[0f32; 2]; 4 * PREP_BLOCKS];
+        // [d, s] per block, for the 4 rows of a tile (16 KiB). Left uninitialized: zeroing it
+        // cost more than a whole decode-step matvec; only entries written below are read.
+        let mut sc = [core::mem::MaybeUninit::<[f32; 2]>::uninit(); 4 * PREP_BLOCKS];
+        // The same, per block [d_0..d_3, s_0..s_3] of a full tile, for `IDot::t32_tile4`.
+        let mut sc4 = [core::mem::MaybeUninit::<[f32; 8]>::uninit(); PREP_BLOCKS];
         let xr = |j: usize| x.add(j * x_stride);
         let mut i0 = 0;
         while i0 < nw {
@@ -459,8 +526,44 @@ impl<F: Blk32> Tile for T32<F> {
                         );
                     }
                 }
-                let scp = sc.as_ptr();
-                for i in i0..i1 {
+                let scp = sc.as_ptr().cast::<[f32; 2]>();
+                if D::TILE4 && t == 4 {
+                    for (b, slot) in sc4[..nb].iter_mut().enumerate() {
+                        let mut v = [0f32; 8];
+                        for r in 0..4 {
+                            let ds = *scp.add(r * nb + b);
+                            v[r] = ds[0];
+                            v[4 + r] = ds[1];
+                        }
+                        slot.write(v);
+                    }
+                    let sc4p = sc4.as_ptr().cast::<[f32; 8]>();
+                    for i in i0..i1 {
+                        let wr = w.add(i * w_stride);
+                        let x4 = [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)];
+                        let r = D::t32_tile4::<F>(n, wr, x4, sc4p);
+                        for (k, v) in r.into_iter().enumerate() {
+                            *out.add((j + k) * out_stride + i) = v;
+                        }
+                    }
+                    j += t;
+                    continue;
+                }
+                let mut i = i0;
+                if t == 1 {
+                    // One activation row (decode): four weight rows at a time, each with its
+                    // own accumulator chain, so the chains overlap instead of waiting on one
+                    // another; every row's arithmetic is unchanged.
+                    while i + 4 <= i1 {
+                        let wr = [0, 1, 2, 3].map(|k| w.add((i + k) * w_stride));
+                        let r = Self::rows_impl::<D, 4>(n, wr, xr(j), scp, 32 * w_stride);
+                        for (k, v) in r.into_iter().enumerate() {
+                            *out.add(j * out_stride + i + k) = v;
+                        }
+                        i += 4;
+                    }
+                }
+                for i in i..i1 {
                     let wr = w.add(i * w_stride);
                     macro_rules! run {
                         ($nx:literal, [$($t:literal),*]) => {{

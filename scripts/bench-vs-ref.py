@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""kiln against the reference engine (llama.cpp's llama-bench), side by side, from one run.
+
+Builds the reference from the `llama-cpp-python` source package (its vendored llama.cpp) into a
+cache directory outside the repository, builds kiln in release mode, then runs both engines on
+the same GGUF files with the same thread count, alternating engine order round by round so that
+load from other processes on a shared machine hits both alike. Prints one table with the ratio
+kiln / reference for every test. Benchmarks, not tests: nothing here asserts on speed.
+
+    scripts/bench-vs-ref.py                      # both real models, pp512 / tg128 / tg128 @ d4096
+    scripts/bench-vs-ref.py -t 2 -r 3 --rounds 2 --tests pp512,tg128
+    scripts/bench-vs-ref.py --ref-bin /path/to/llama-bench   # skip the reference build
+
+Needs: python3 (stdlib only), a C/C++ compiler, cargo, network access to PyPI for the first
+build (the sdist, and cmake/ninja wheels into a private venv). Everything reference-side lives
+in $KILN_CACHE/ref (default ~/.cache/kiln/ref); models in $KILN_MODELS (default
+~/.cache/kiln/models, fetched with `kiln pull --all` when missing).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("KILN_CACHE", Path.home() / ".cache" / "kiln"))
+MODELS_DIR = Path(os.environ.get("KILN_MODELS", CACHE / "models"))
+REF_DIR = CACHE / "ref"
+
+MODELS = {
+    "SmolLM2-135M Q4_1": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "Gemma-3-270M Q4_K_M": "gemma-3-270m-q4_k_m.gguf",
+}
+
+# name -> (n_prompt, n_gen, depth)
+TESTS = {
+    "pp512": (512, 0, 0),
+    "tg128": (0, 128, 0),
+    "tg128@d4096": (0, 128, 4096),
+    "pp512@d4096": (512, 0, 4096),
+}
+DEFAULT_TESTS = "pp512,tg128,tg128@d4096"
+
+# The reference build: portable (no -march=native), AVX-512 + VNNI on, AMX off (it faults on
+# the machines this project targets), OpenMP threading as shipped.
+CMAKE_FLAGS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX512=ON",
+    "-DGGML_AVX512_VNNI=ON",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+]
+
+
+def log(msg):
+    print(f"[bench-vs-ref {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    log("$ " + " ".join(str(c) for c in cmd))
+    subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def build_reference(jobs):
+    """Build llama-bench from the llama-cpp-python sdist; returns the binary's path."""
+    binary = REF_DIR / "build" / "bin" / "llama-bench"
+    if binary.exists():
+        return binary
+    REF_DIR.mkdir(parents=True, exist_ok=True)
+    venv = REF_DIR / "venv"
+    if not (venv / "bin" / "cmake").exists():
+        run([sys.executable, "-m", "venv", venv])
+        # Wheels of the build tools; the sdist's own (heavy) build backend is never run.
+        run([venv / "bin" / "pip", "install", "-q", "cmake", "ninja"])
+    src = REF_DIR / "src"
+    sdists = sorted(src.glob("llama_cpp_python-*.tar.gz")) if src.exists() else []
+    if not sdists:
+        src.mkdir(parents=True, exist_ok=True)
+        # `--no-binary llama-cpp-python` (not `:all:`): only this package as source; pip's
+        # metadata step then gets its build dependencies as wheels instead of compiling cmake.
+        run([venv / "bin" / "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+             "llama-cpp-python", "-d", src])
+        sdists = sorted(src.glob("llama_cpp_python-*.tar.gz"))
+    sdist = sdists[-1]
+    tree = src / sdist.name[: -len(".tar.gz")]
+    llama = tree / "vendor" / "llama.cpp"
+    if not (llama / "CMakeLists.txt").exists():
+        log(f"extracting {sdist.name}")
+        with tarfile.open(sdist) as t:
+            t.extractall(src, filter="data") if sys.version_info >= (3, 12) else t.extractall(src)
+    env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
+    build = REF_DIR / "build"
+    run([venv / "bin" / "cmake", "-S", llama, "-B", build, "-G", "Ninja", *CMAKE_FLAGS], env=env,
+        stdout=subprocess.DEVNULL)
+    run([venv / "bin" / "cmake", "--build", build, "--target", "llama-bench", "-j", str(jobs)],
+        env=env)
+    return binary
+
+
+def build_kiln():
+    run(["cargo", "build", "--release", "--bin", "kiln"], cwd=REPO)
+    return REPO / "target" / "release" / "kiln"
+
+
+def ensure_models(kiln):
+    missing = [f for f in MODELS.values() if not (MODELS_DIR / f).exists()]
+    if missing:
+        run([kiln, "pull", "--all"])
+
+
+def timed_wait4(cmd):
+    """Run `cmd`, return (stdout text, peak RSS of that process in bytes)."""
+    log("$ " + " ".join(str(c) for c in cmd))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(w, 1)
+        os.close(r)
+        os.close(w)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        try:
+            os.execv(str(cmd[0]), [str(c) for c in cmd])
+        finally:
+            os._exit(127)
+    os.close(w)
+    chunks = []
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(r)
+    _, status, ru = os.wait4(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"command failed ({os.waitstatus_to_exitcode(status)}): {cmd}")
+    return b"".join(chunks).decode(), ru.ru_maxrss * 1024
+
+
+def bench_ref(binary, model, test, threads, reps):
+    n_prompt, n_gen, depth = TESTS[test]
+    cmd = [binary, "-m", model, "-p", n_prompt, "-n", n_gen, "-d", depth, "-r", reps,
+           "-t", threads, "-o", "json"]
+    out, rss = timed_wait4(cmd)
+    rows = json.loads(out)
+    return rows[0]["avg_ts"], rows[0]["samples_ts"], rss
+
+
+def bench_kiln(binary, model, test, threads, reps, bandwidth):
+    n_prompt, n_gen, depth = TESTS[test]
+    cmd = [binary, "bench", "-m", model, "-p", n_prompt, "-n", n_gen, "-d", depth, "-r", reps,
+           "-t", threads, "--json"]
+    if bandwidth:
+        cmd += ["--bandwidth", bandwidth]
+    out, rss = timed_wait4(cmd)
+    rows = json.loads(out)
+    return rows[0]["avg_ts"], rows[0]["samples_ts"], rss, rows[0].get("roofline_share")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--reps", type=int, default=3, help="repetitions per engine invocation")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="invocations per engine and test, alternating which engine goes first")
+    ap.add_argument("--tests", default=DEFAULT_TESTS, help=f"comma list of {', '.join(TESTS)}")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma list of model names")
+    ap.add_argument("--ref-bin", help="an existing llama-bench binary (skips the build)")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel jobs for the reference build")
+    ap.add_argument("--bandwidth", type=float,
+                    help="memory read GB/s for kiln's roofline column (default: kiln measures)")
+    a = ap.parse_args()
+
+    tests = [t.strip() for t in a.tests.split(",") if t.strip()]
+    for t in tests:
+        if t not in TESTS:
+            raise SystemExit(f"unknown test {t!r}; known: {', '.join(TESTS)}")
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    for m in models:
+        if m not in MODELS:
+            raise SystemExit(f"unknown model {m!r}; known: {', '.join(MODELS)}")
+
+    ref = Path(a.ref_bin) if a.ref_bin else build_reference(a.jobs)
+    kiln = build_kiln()
+    ensure_models(kiln)
+
+    results = {}  # (model, test, engine) -> list of samples
+    extra = {}  # (model, test, engine) -> peak rss / roofline
+    for rnd in range(a.rounds):
+        for m in models:
+            path = MODELS_DIR / MODELS[m]
+            for t in tests:
+                order = ["ref", "kiln"] if rnd % 2 == 0 else ["kiln", "ref"]
+                for eng in order:
+                    if eng == "ref":
+                        avg, samples, rss = bench_ref(ref, path, t, a.threads, a.reps)
+                        roof = None
+                    else:
+                        avg, samples, rss, roof = bench_kiln(kiln, path, t, a.threads, a.reps,
+                                                             a.bandwidth)
+                    key = (m, t, eng)
+                    results.setdefault(key, []).extend(samples)
+                    e = extra.setdefault(key, {"rss": 0, "roof": []})
+                    e["rss"] = max(e["rss"], rss)
+                    if roof is not None:
+                        e["roof"].append(roof)
+                    log(f"{m} {t} {eng}: {avg:.1f} t/s, peak RSS {rss / 2**20:.0f} MiB")
+
+    def stats(xs):
+        xs = sorted(xs)
+        n = len(xs)
+        med = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+        mean = sum(xs) / n
+        sd = (sum((x - mean) ** 2 for x in xs) / (n - 1)) ** 0.5 if n > 1 else 0.0
+        return med, sd
+
+    print()
+    print(f"threads {a.threads}, {a.rounds} rounds x {a.reps} reps per engine, alternating; "
+          f"t/s = median of all samples")
+    print()
+    print("| model | test | reference t/s | kiln t/s | kiln / ref | ref peak RSS | kiln peak RSS | kiln roofline |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for m in models:
+        for t in tests:
+            rm, rsd = stats(results[(m, t, "ref")])
+            km, ksd = stats(results[(m, t, "kiln")])
+            ek, er = extra[(m, t, "kiln")], extra[(m, t, "ref")]
+            roof = f"{100 * sum(ek['roof']) / len(ek['roof']):.0f}%" if ek["roof"] else "-"
+            print(f"| {m} | {t} | {rm:.1f} ± {rsd:.1f} | {km:.1f} ± {ksd:.1f} | {km / rm:.2f}x | "
+                  f"{er['rss'] / 2**20:.0f} MiB | {ek['rss'] / 2**20:.0f} MiB | {roof} |")
+
+
+if __name__ == "__main__":
+    main()
