@@ -45,6 +45,8 @@ struct Shared {
     sleep: Mutex<()>,
     wake: Condvar,
     shutdown: AtomicBool,
+    /// Workers that have started running (see [`ThreadPool::new`]).
+    started: AtomicUsize,
     n_threads: usize,
 }
 
@@ -82,6 +84,7 @@ impl ThreadPool {
             sleep: Mutex::new(()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
             n_threads,
         });
         let workers = (1..n_threads)
@@ -93,6 +96,12 @@ impl ThreadPool {
                     .expect("spawning a worker thread")
             })
             .collect();
+        // Wait until every worker runs: a thread's start-up allocates (its name, thread-local
+        // state), and a worker that is still starting when the first jobs are done without it
+        // would allocate later, in the middle of decoding.
+        while shared.started.load(Ordering::Acquire) < n_threads - 1 {
+            std::thread::yield_now();
+        }
         ThreadPool { shared, workers }
     }
 
@@ -190,6 +199,7 @@ pub fn split_range(n: usize, tid: usize, nt: usize) -> std::ops::Range<usize> {
 
 fn worker_loop(s: &Shared, tid: usize) {
     let mut seen = s.state.load(Ordering::Acquire) >> GEN_SHIFT;
+    s.started.fetch_add(1, Ordering::Release);
     loop {
         // Wait for a new generation: spin, then yield, then sleep.
         let mut iters = 0usize;
