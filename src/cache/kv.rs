@@ -214,10 +214,7 @@ impl<'a> KvLayer<'a> {
     where
         'a: 'b,
     {
-        match *self {
-            KvLayer::F16 { keys, .. } => &keys[rows.start * head_dim..rows.end * head_dim],
-            KvLayer::Q8_0 { keys, .. } => dequant_rows(keys, rows, head_dim, buf),
-        }
+        self.rows_f16(true, rows, head_dim, buf)
     }
 
     /// As [`KvLayer::keys_f16`] for values.
@@ -231,9 +228,27 @@ impl<'a> KvLayer<'a> {
     where
         'a: 'b,
     {
+        self.rows_f16(false, rows, head_dim, buf)
+    }
+
+    #[inline]
+    fn rows_f16<'b>(
+        &self,
+        keys: bool,
+        rows: std::ops::Range<usize>,
+        head_dim: usize,
+        buf: &'b mut [f16],
+    ) -> &'b [f16]
+    where
+        'a: 'b,
+    {
         match *self {
-            KvLayer::F16 { values, .. } => &values[rows.start * head_dim..rows.end * head_dim],
-            KvLayer::Q8_0 { values, .. } => dequant_rows(values, rows, head_dim, buf),
+            KvLayer::F16 { keys: k, values: v } => {
+                &(if keys { k } else { v })[rows.start * head_dim..rows.end * head_dim]
+            }
+            KvLayer::Q8_0 { keys: k, values: v } => {
+                dequant_rows(if keys { k } else { v }, rows, head_dim, buf)
+            }
         }
     }
 

@@ -177,6 +177,46 @@ impl AttnScratch {
     }
 }
 
+/// Per-thread buffers a quantized cache is dequantized into, a tile at a time (empty parts for
+/// an f16 cache, which is read in place).
+struct DequantBufs<'s> {
+    k: DisjointSlice<'s, f16>,
+    v: DisjointSlice<'s, f16>,
+    nk: usize,
+    nv: usize,
+}
+
+impl<'s> DequantBufs<'s> {
+    fn new(kq: &'s mut [f16], vq: &'s mut [f16], quantized: bool, hdk: usize, hdv: usize) -> Self {
+        let (nk, nv) = if quantized {
+            (KV_TILE * hdk, KV_TILE * hdv)
+        } else {
+            (0, 0)
+        };
+        DequantBufs {
+            k: DisjointSlice::new(kq),
+            v: DisjointSlice::new(vq),
+            nk,
+            nv,
+        }
+    }
+
+    /// Thread `tid`'s key and value tiles.
+    ///
+    /// # Safety
+    /// At most one caller per `tid` at a time.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn part(&self, tid: usize) -> (&mut [f16], &mut [f16]) {
+        // SAFETY: parts of distinct threads are disjoint; the caller guarantees one user each.
+        unsafe {
+            (
+                self.k.part(tid * self.nk..(tid + 1) * self.nk),
+                self.v.part(tid * self.nv..(tid + 1) * self.nv),
+            )
+        }
+    }
+}
+
 /// Element counts of the scratch buffers.
 struct Layout {
     group: usize,
@@ -359,8 +399,7 @@ fn vector(
     let q16s = DisjointSlice::new(&mut scratch.q16);
     let accs = DisjointSlice::new(&mut scratch.acc16);
     let mss = DisjointSlice::new(&mut scratch.ms);
-    let kqs = DisjointSlice::new(&mut scratch.kq);
-    let vqs = DisjointSlice::new(&mut scratch.vq);
+    let deq = DequantBufs::new(&mut scratch.kq, &mut scratch.vq, quantized, hdk, hdv);
     pool.run_items(n_items, &|tid, item| {
         let (nq, na, nm) = (
             s.n_heads * hdk,
@@ -375,18 +414,8 @@ fn vector(
                 &mut mss.part(tid * nm..(tid + 1) * nm)[..2 * item_heads],
             )
         };
-        let (nkq, nvq) = if quantized {
-            (KV_TILE * hdk, KV_TILE * hdv)
-        } else {
-            (0, 0)
-        };
-        // SAFETY: as above (empty for an f16 cache).
-        let (kbuf, vbuf) = unsafe {
-            (
-                kqs.part(tid * nkq..(tid + 1) * nkq),
-                vqs.part(tid * nvq..(tid + 1) * nvq),
-            )
-        };
+        // SAFETY: thread `tid` is the only user of its part.
+        let (kbuf, vbuf) = unsafe { deq.part(tid) };
         {
             let sub = item % subs;
             let chunk = (item / subs) % n_chunks;
@@ -528,9 +557,8 @@ fn tiled(
     let kts = DisjointSlice::new(&mut scratch.kt);
     let scs = DisjointSlice::new(&mut scratch.scores);
     let mss = DisjointSlice::new(&mut scratch.ms);
-    let kqs = DisjointSlice::new(&mut scratch.kq);
-    let vqs = DisjointSlice::new(&mut scratch.vq);
     let quantized = kv.ty() != KvType::F16;
+    let deq = DequantBufs::new(&mut scratch.kq, &mut scratch.vq, quantized, hdk, hdv);
     pool.run_items(n_items, &|tid, item| {
         let (nk, ns, nm) = (hdk * KV_TILE, rows_max * KV_TILE, rows_max * 2);
         // SAFETY: thread `tid` is the only user of part `tid` of each per-thread buffer.
@@ -541,18 +569,8 @@ fn tiled(
                 mss.part(tid * nm..(tid + 1) * nm),
             )
         };
-        let (nkq, nvq) = if quantized {
-            (KV_TILE * hdk, KV_TILE * hdv)
-        } else {
-            (0, 0)
-        };
-        // SAFETY: as above (empty for an f16 cache).
-        let (kbuf, vbuf) = unsafe {
-            (
-                kqs.part(tid * nkq..(tid + 1) * nkq),
-                vqs.part(tid * nvq..(tid + 1) * nvq),
-            )
-        };
+        // SAFETY: thread `tid` is the only user of its part.
+        let (kbuf, vbuf) = unsafe { deq.part(tid) };
         // Later token blocks see more keys: hand out the most expensive items first, so the
         // last items taken are the short ones and the threads finish together.
         let item = n_items - 1 - item;
