@@ -93,11 +93,11 @@ fn batched_decode_is_bit_identical_to_single_sequences() {
     batched_decode_matches_sessions("random-llama-q4_1", KvType::Q8_0);
 }
 
+type EventLog = Arc<Mutex<Vec<SeqEvent>>>;
+type Sink = Box<dyn FnMut(SeqEvent) -> bool + Send>;
+
 /// Collects a request's events.
-fn collector() -> (
-    Arc<Mutex<Vec<SeqEvent>>>,
-    Box<dyn FnMut(SeqEvent) -> bool + Send>,
-) {
+fn collector() -> (EventLog, Sink) {
     let events = Arc::new(Mutex::new(Vec::new()));
     let e = Arc::clone(&events);
     (
@@ -110,11 +110,7 @@ fn collector() -> (
 }
 
 /// A greedy request with a collecting sink; returns its event log.
-fn greedy_request(
-    prompt: &[u32],
-    max_new: usize,
-    stop: &[&str],
-) -> (Arc<Mutex<Vec<SeqEvent>>>, SeqRequest) {
+fn greedy_request(prompt: &[u32], max_new: usize, stop: &[&str]) -> (EventLog, SeqRequest) {
     let (log, sink) = collector();
     let req = SeqRequest {
         prompt: prompt.to_vec(),
