@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use super::session::{kv_layout, scratch_spec, EngineError, SessionOptions};
 use crate::cache::{KvCache, KvType, Scratch};
+use crate::kernels::attention::SoloAttention;
 use crate::model::forward::{forward_batch, Logits, Runtime, SeqBatch};
 use crate::model::Model;
 
@@ -47,6 +48,8 @@ pub struct BatchRunner {
     logits: Vec<f32>,
     /// `[n_slots]` the batch of the current decode step (reused).
     step_tokens: Vec<u32>,
+    /// Single-thread attention scratch per pool thread, for decode steps over short contexts.
+    solo: SoloAttention,
 }
 
 impl BatchRunner {
@@ -81,6 +84,14 @@ impl BatchRunner {
             slots,
             logits: vec![0.0; n_slots * c.vocab_size],
             step_tokens: Vec::with_capacity(n_slots),
+            solo: SoloAttention::new(
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim_k,
+                c.head_dim_v,
+                opts.n_threads,
+                opts.kv_type,
+            ),
             opts: BatchOptions {
                 n_slots,
                 n_ctx,
@@ -200,6 +211,7 @@ impl BatchRunner {
             &mut self.scratch,
             tokens,
             want,
+            None,
         )?;
         s.tokens.extend_from_slice(tokens);
         if want_logits {
@@ -253,6 +265,7 @@ impl BatchRunner {
             &mut self.scratch,
             &self.step_tokens,
             Logits::Rows(0..batch.len(), &mut sink),
+            Some(&mut self.solo),
         )?;
         drop(seqs);
         for &(slot, t) in batch {

@@ -177,6 +177,86 @@ impl AttnScratch {
     }
 }
 
+/// Whether one decode token at position `pos0` takes the same bits whatever the thread count
+/// (no split across threads: the padded visible length is under [`SPLIT_MIN_KV`]).
+pub fn decode_is_thread_invariant(kv_stride: usize, pos0: usize) -> bool {
+    let n_kv = (pos0 + 1)
+        .next_multiple_of(KV_PAD)
+        .min(kv_stride.next_multiple_of(KV_PAD));
+    n_kv < SPLIT_MIN_KV
+}
+
+/// Attention for many short decode rows at once: each sequence's attention runs on one thread
+/// with its own scratch, the sequences spread over the pool (one dispatch instead of one per
+/// sequence). Only for rows where [`decode_is_thread_invariant`] holds, so the bits equal a
+/// single-sequence decode's.
+pub struct SoloAttention {
+    /// A pool of one (runs inline).
+    solo: ThreadPool,
+    /// One single-thread scratch per thread of the outer pool.
+    scratch: Vec<AttnScratch>,
+}
+
+impl SoloAttention {
+    pub fn new(
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim_k: usize,
+        head_dim_v: usize,
+        n_threads: usize,
+        kv: KvType,
+    ) -> Self {
+        SoloAttention {
+            solo: ThreadPool::new(1),
+            scratch: (0..n_threads.max(1))
+                .map(|_| AttnScratch::with_kv(n_heads, n_kv_heads, head_dim_k, head_dim_v, 1, kv))
+                .collect(),
+        }
+    }
+
+    /// `out` rows of sequence `i` = attention of its query row over `seqs[i] = (layer, pos0)`;
+    /// `q` and `out` hold one row per sequence.
+    pub fn run(
+        &mut self,
+        pool: &ThreadPool,
+        ops: &F16Ops,
+        shape: &AttnShape,
+        q: &[f32],
+        seqs: &[(KvLayer<'_>, usize)],
+        out: &mut [f32],
+    ) {
+        assert!(self.scratch.len() >= pool.n_threads());
+        let (qd, od) = (
+            shape.n_heads * shape.head_dim_k,
+            shape.n_heads * shape.head_dim_v,
+        );
+        let outs = DisjointSlice::new(&mut out[..seqs.len() * od]);
+        let scr = DisjointSlice::new(&mut self.scratch[..]);
+        let solo = &self.solo;
+        pool.run_items(seqs.len(), &|tid, i| {
+            let (kv, pos0) = seqs[i];
+            // SAFETY: thread `tid` alone uses scratch `tid`; sequence `i` owns output row `i`.
+            let (scratch, o) = unsafe {
+                (
+                    &mut scr.part(tid..tid + 1)[0],
+                    outs.part(i * od..(i + 1) * od),
+                )
+            };
+            attention_kv(
+                solo,
+                ops,
+                shape,
+                &q[i * qd..(i + 1) * qd],
+                1,
+                pos0,
+                kv,
+                o,
+                scratch,
+            );
+        });
+    }
+}
+
 /// Per-thread buffers a quantized cache is dequantized into, a tile at a time (empty parts for
 /// an f16 cache, which is read in place).
 struct DequantBufs<'s> {

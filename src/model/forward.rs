@@ -7,7 +7,9 @@
 use std::ops::Range;
 
 use crate::cache::{KvCache, KvOverflow, Scratch};
-use crate::kernels::attention::{attention_kv, AttnShape};
+use crate::kernels::attention::{
+    attention_kv, decode_is_thread_invariant, AttnShape, SoloAttention,
+};
 use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{matmul, matmul_many, quantize_input, Linear};
 use crate::kernels::ops::{self, Activation};
@@ -86,13 +88,22 @@ pub fn forward(
     logits: Logits<'_>,
 ) -> Result<(), ForwardError> {
     let n_tokens = tokens.len();
-    forward_batch(m, rt, &mut [SeqBatch { kv, n_tokens }], s, tokens, logits)
+    forward_batch(
+        m,
+        rt,
+        &mut [SeqBatch { kv, n_tokens }],
+        s,
+        tokens,
+        logits,
+        None,
+    )
 }
 
 /// Run a batch holding the tokens of several sequences (continuous batching: one decode token
 /// per sequence, or prefill chunks) through the model. Every matrix product reads its weights
 /// once for all rows; attention runs per sequence over its own cache. Row `r` of the logits
-/// belongs to row `r` of `tokens`.
+/// belongs to row `r` of `tokens`. With `solo`, a batch of short decode rows runs all its
+/// sequences' attention in one dispatch (see [`SoloAttention`]).
 pub fn forward_batch(
     m: &Model,
     rt: &Runtime,
@@ -100,6 +111,7 @@ pub fn forward_batch(
     s: &mut Scratch,
     tokens: &[u32],
     logits: Logits<'_>,
+    solo: Option<&mut SoloAttention>,
 ) -> Result<(), ForwardError> {
     let c = &m.config;
     let w = &m.weights;
@@ -136,6 +148,15 @@ pub fn forward_batch(
     let pool = &rt.pool;
     let dim = c.dim;
     s.matmul.set_segments(seqs.iter().map(|sq| sq.n_tokens));
+    let cap = seqs[0].kv.capacity();
+    let mut solo = solo.filter(|_| {
+        seqs.len() > 1
+            && seqs.iter().all(|sq| {
+                sq.n_tokens == 1
+                    && sq.kv.capacity() == cap
+                    && decode_is_thread_invariant(cap, sq.kv.len())
+            })
+    });
 
     // Embeddings.
     for_each_row(seqs, |j, pos| {
@@ -223,43 +244,77 @@ pub fn forward_batch(
         if let Some(qs) = c.q_scale {
             ops::scale_inplace(&mut s.q[..n * q_dim], qs);
         }
-        let mut r0 = 0;
-        for sq in seqs.iter_mut() {
-            let pos0 = sq.kv.len();
-            let rows = r0..r0 + sq.n_tokens;
-            r0 = rows.end;
-            let kv = &mut *sq.kv;
-            kv.begin_layer(li);
-            for (j, pos) in rows.clone().zip(pos0..) {
-                kv.write(
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim_k: c.head_dim_k,
+            head_dim_v: c.head_dim_v,
+            scale: c.attn_scale,
+            window: layer.window,
+            kv_stride: cap,
+        };
+        let aod = c.attn_out_dim();
+        if let Some(solo) = solo.as_deref_mut() {
+            // One decode row per sequence: write them all, attend in one dispatch.
+            for (j, sq) in seqs.iter_mut().enumerate() {
+                let pos = sq.kv.len();
+                sq.kv.begin_layer(li);
+                sq.kv.write(
                     li,
                     pos,
                     &s.k[j * kv_k..(j + 1) * kv_k],
                     &s.v[j * kv_v..(j + 1) * kv_v],
                 );
             }
-            let shape = AttnShape {
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim_k: c.head_dim_k,
-                head_dim_v: c.head_dim_v,
-                scale: c.attn_scale,
-                window: layer.window,
-                kv_stride: kv.capacity(),
-            };
-            let aod = c.attn_out_dim();
-            attention_kv(
+            let layers: Vec<_> = seqs
+                .iter()
+                .map(|sq| (sq.kv.layer(li), sq.kv.len()))
+                .collect();
+            solo.run(
                 pool,
                 &rt.f16,
                 &shape,
-                &s.q[rows.start * q_dim..rows.end * q_dim],
-                rows.len(),
-                pos0,
-                kv.layer(li),
-                &mut s.attn[rows.start * aod..rows.end * aod],
-                &mut s.attn_scratch,
+                &s.q[..n * q_dim],
+                &layers,
+                &mut s.attn[..n * aod],
             );
-            kv.end_layer(li, pos0..pos0 + rows.len());
+            drop(layers);
+            for sq in seqs.iter_mut() {
+                let pos = sq.kv.len();
+                sq.kv.end_layer(li, pos..pos + 1);
+            }
+        } else {
+            let mut r0 = 0;
+            for sq in seqs.iter_mut() {
+                let pos0 = sq.kv.len();
+                let rows = r0..r0 + sq.n_tokens;
+                r0 = rows.end;
+                let kv = &mut *sq.kv;
+                kv.begin_layer(li);
+                for (j, pos) in rows.clone().zip(pos0..) {
+                    kv.write(
+                        li,
+                        pos,
+                        &s.k[j * kv_k..(j + 1) * kv_k],
+                        &s.v[j * kv_v..(j + 1) * kv_v],
+                    );
+                }
+                attention_kv(
+                    pool,
+                    &rt.f16,
+                    &AttnShape {
+                        kv_stride: kv.capacity(),
+                        ..shape
+                    },
+                    &s.q[rows.start * q_dim..rows.end * q_dim],
+                    rows.len(),
+                    pos0,
+                    kv.layer(li),
+                    &mut s.attn[rows.start * aod..rows.end * aod],
+                    &mut s.attn_scratch,
+                );
+                kv.end_layer(li, pos0..pos0 + rows.len());
+            }
         }
         matmul(
             pool,
