@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use super::session::{kv_layout, scratch_spec, EngineError, SessionOptions};
+use super::session::{check_context, kv_layout, scratch_spec, EngineError, SessionOptions};
 use crate::cache::{KvCache, KvType, Scratch};
 use crate::kernels::attention::SoloAttention;
 use crate::model::forward::{forward_batch, Logits, Runtime, SeqBatch};
@@ -57,12 +57,7 @@ impl BatchRunner {
         let c = &model.config;
         let n_slots = opts.n_slots.max(1);
         let n_ctx = opts.n_ctx.max(1);
-        if c.ctx_train > 0 && n_ctx > c.ctx_train {
-            return Err(EngineError::ContextTooLarge {
-                ctx: n_ctx,
-                max: c.ctx_train,
-            });
-        }
+        check_context(c, n_ctx)?;
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
         sopts.kv_type = opts.kv_type;
         // Rows per pass: a prefill chunk, or one decode token per slot.

@@ -195,6 +195,15 @@ fn held_back(text: &str, stops: &[String]) -> usize {
     keep
 }
 
+/// [`Scheduler::pick_slot`]'s answer: shared-prefix lengths of the chosen free slot and of the
+/// best source slot.
+struct SlotChoice {
+    slot: usize,
+    own: usize,
+    src: usize,
+    best: usize,
+}
+
 /// The continuous-batching scheduler over one runner.
 pub struct Scheduler<'t> {
     runner: BatchRunner,
@@ -223,10 +232,6 @@ impl<'t> Scheduler<'t> {
             metrics,
             batch: Vec::with_capacity(n),
         }
-    }
-
-    pub fn runner(&self) -> &BatchRunner {
-        &self.runner
     }
 
     /// Nothing waiting and nothing running.
@@ -305,11 +310,8 @@ impl<'t> Scheduler<'t> {
     }
 
     fn admit(&mut self) {
-        while !self.waiting.is_empty() {
-            let Some(slot) = self.pick_slot() else {
-                return;
-            };
-            let req = self.waiting.pop_front().expect("checked non-empty");
+        while let Some(choice) = self.pick_slot() {
+            let req = self.waiting.pop_front().expect("pick_slot saw a request");
             self.tick += 1;
             // Keep at least one prompt token to evaluate, so that fresh logits exist.
             let limit = if req.cache_prompt {
@@ -317,11 +319,8 @@ impl<'t> Scheduler<'t> {
             } else {
                 0
             };
-            let own = self.runner.common_prefix(slot, &req.prompt).min(limit);
-            let (src, best) = (0..self.runner.n_slots())
-                .map(|s| (s, self.runner.common_prefix(s, &req.prompt).min(limit)))
-                .max_by_key(|&(s, n)| (n, s == slot))
-                .expect("at least one slot");
+            let (slot, own) = (choice.slot, choice.own.min(limit));
+            let (src, best) = (choice.src, choice.best.min(limit));
             let cached = if best > own {
                 self.runner.copy_prefix(slot, src, best);
                 best
@@ -351,18 +350,31 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// The free slot for the next waiting request: the longest shared prefix, then the least
-    /// recently released.
-    fn pick_slot(&self) -> Option<usize> {
+    /// Where the next waiting request goes, from one pass over the slots: the free slot with
+    /// the longest shared prefix (then the least recently released), and the slot of any state
+    /// sharing the longest prefix (a source to copy from). `None` if nothing waits or no slot
+    /// is free.
+    fn pick_slot(&self) -> Option<SlotChoice> {
         let prompt = &self.waiting.front()?.prompt;
-        (0..self.runner.n_slots())
-            .filter(|&s| self.active[s].is_none())
-            .max_by_key(|&s| {
-                (
-                    self.runner.common_prefix(s, prompt),
-                    std::cmp::Reverse(self.released_at[s]),
-                )
-            })
+        let mut free: Option<(usize, usize)> = None;
+        let (mut src, mut best) = (0, 0);
+        for s in 0..self.runner.n_slots() {
+            let n = self.runner.common_prefix(s, prompt);
+            if n > best {
+                (src, best) = (s, n);
+            }
+            let key = |s: usize, n: usize| (n, std::cmp::Reverse(self.released_at[s]));
+            if self.active[s].is_none() && free.is_none_or(|(f, fnum)| key(s, n) > key(f, fnum)) {
+                free = Some((s, n));
+            }
+        }
+        let (slot, own) = free?;
+        Some(SlotChoice {
+            slot,
+            own,
+            src,
+            best,
+        })
     }
 
     fn prefill_one_chunk(&mut self) {

@@ -88,14 +88,7 @@ impl Session {
     pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Session, EngineError> {
         let c = &model.config;
         let n_ctx = opts.n_ctx.max(1);
-        // Past the training context RoPE models produce garbage and learned positions do not
-        // exist: refuse rather than run.
-        if c.ctx_train > 0 && n_ctx > c.ctx_train {
-            return Err(EngineError::ContextTooLarge {
-                ctx: n_ctx,
-                max: c.ctx_train,
-            });
-        }
+        check_context(c, n_ctx)?;
         let layout = kv_layout(c, n_ctx);
         let spec = scratch_spec(&model, &opts);
         let scratch = Scratch::new(c, spec);
@@ -281,6 +274,18 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Refuse a context past the training context: there RoPE models produce garbage and learned
+/// positions do not exist.
+pub fn check_context(c: &crate::model::ModelConfig, n_ctx: usize) -> Result<(), EngineError> {
+    if c.ctx_train > 0 && n_ctx > c.ctx_train {
+        return Err(EngineError::ContextTooLarge {
+            ctx: n_ctx,
+            max: c.ctx_train,
+        });
+    }
+    Ok(())
 }
 
 /// The KV cache geometry of a session with `n_ctx` positions.

@@ -78,6 +78,15 @@ fn for_each_row(seqs: &[SeqBatch<'_>], mut f: impl FnMut(usize, usize)) {
     }
 }
 
+/// Call `f(first_row, sequence)` for every sequence of the batch, in order.
+fn for_each_seq(seqs: &mut [SeqBatch<'_>], mut f: impl FnMut(usize, &mut SeqBatch<'_>)) {
+    let mut row = 0;
+    for sq in seqs {
+        f(row, sq);
+        row += sq.n_tokens;
+    }
+}
+
 /// Run `tokens` through the model, appending them to `kv`.
 pub fn forward(
     m: &Model,
@@ -254,51 +263,30 @@ pub fn forward_batch(
             kv_stride: cap,
         };
         let aod = c.attn_out_dim();
-        if let Some(solo) = solo.as_deref_mut() {
-            // One decode row per sequence: write them all, attend in one dispatch.
-            for (j, sq) in seqs.iter_mut().enumerate() {
-                let pos = sq.kv.len();
-                sq.kv.begin_layer(li);
-                sq.kv.write(
-                    li,
-                    pos,
+        // Each sequence's keys and values go to its own cache, at its own positions.
+        for_each_seq(seqs, |j0, sq| {
+            let pos0 = sq.kv.len();
+            sq.kv.begin_layer(li);
+            for j in j0..j0 + sq.n_tokens {
+                let (k, v) = (
                     &s.k[j * kv_k..(j + 1) * kv_k],
                     &s.v[j * kv_v..(j + 1) * kv_v],
                 );
+                sq.kv.write(li, pos0 + j - j0, k, v);
             }
+        });
+        if let Some(solo) = solo.as_deref_mut() {
+            // One decode row per sequence: attend in one dispatch.
             let layers: Vec<_> = seqs
                 .iter()
                 .map(|sq| (sq.kv.layer(li), sq.kv.len()))
                 .collect();
-            solo.run(
-                pool,
-                &rt.f16,
-                &shape,
-                &s.q[..n * q_dim],
-                &layers,
-                &mut s.attn[..n * aod],
-            );
-            drop(layers);
-            for sq in seqs.iter_mut() {
-                let pos = sq.kv.len();
-                sq.kv.end_layer(li, pos..pos + 1);
-            }
+            let q = &s.q[..n * q_dim];
+            solo.run(pool, &rt.f16, &shape, q, &layers, &mut s.attn[..n * aod]);
         } else {
-            let mut r0 = 0;
-            for sq in seqs.iter_mut() {
-                let pos0 = sq.kv.len();
-                let rows = r0..r0 + sq.n_tokens;
-                r0 = rows.end;
-                let kv = &mut *sq.kv;
-                kv.begin_layer(li);
-                for (j, pos) in rows.clone().zip(pos0..) {
-                    kv.write(
-                        li,
-                        pos,
-                        &s.k[j * kv_k..(j + 1) * kv_k],
-                        &s.v[j * kv_v..(j + 1) * kv_v],
-                    );
-                }
+            for_each_seq(seqs, |j0, sq| {
+                let rows = j0..j0 + sq.n_tokens;
+                let kv = &*sq.kv;
                 attention_kv(
                     pool,
                     &rt.f16,
@@ -308,14 +296,17 @@ pub fn forward_batch(
                     },
                     &s.q[rows.start * q_dim..rows.end * q_dim],
                     rows.len(),
-                    pos0,
+                    kv.len(),
                     kv.layer(li),
                     &mut s.attn[rows.start * aod..rows.end * aod],
                     &mut s.attn_scratch,
                 );
-                kv.end_layer(li, pos0..pos0 + rows.len());
-            }
+            });
         }
+        for_each_seq(seqs, |_, sq| {
+            let pos0 = sq.kv.len();
+            sq.kv.end_layer(li, pos0..pos0 + sq.n_tokens);
+        });
         matmul(
             pool,
             &layer.wo,
