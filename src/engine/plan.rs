@@ -4,6 +4,7 @@
 use super::session::{kv_layout, scratch_spec_for, SessionOptions};
 use crate::cache::{KvBudgetError, KvType, KvTypeError, Scratch};
 use crate::gguf::GgufFile;
+use crate::kernels::ops::{Activation, GELU_TABLE_LEN};
 use crate::model::{read_config, ModelError};
 
 /// One line of the plan.
@@ -84,7 +85,7 @@ pub fn plan(
     parallel: usize,
     host: HostTerms,
 ) -> Result<MemoryPlan, PlanError> {
-    let (c, _) = read_config(file)?;
+    let (c, traits) = read_config(file)?;
     if c.ctx_train > 0 && opts.n_ctx > c.ctx_train {
         return Err(PlanError::ContextTooLarge {
             ctx: opts.n_ctx,
@@ -206,6 +207,15 @@ pub fn plan(
                 c.vocab_size,
                 opts.n_ctx.max(1)
             ),
+        },
+        Component {
+            name: "activation table",
+            bytes: match traits.act {
+                Activation::GeluTanh => malloc_bytes(GELU_TABLE_LEN * 2) as u64,
+                Activation::Silu => 0,
+            },
+            mapped: false,
+            formula: "GELU models: one f16 GELU value per f16 input (the reference's table)".into(),
         },
         Component {
             name: "tokenizer tables",

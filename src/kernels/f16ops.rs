@@ -82,6 +82,25 @@ pub type VkqAccFn = fn(acc: &mut [f32], p: &[f32], v: &[f16]);
 /// `gate[i] = silu(gate[i]) · up[i]`, SiLU as [`crate::kernels::ops::silu`] computes it.
 pub type SwigluFn = fn(gate: &mut [f32], up: &[f32]);
 
+/// `x[i] = gelu(x[i])`, GELU as [`crate::kernels::ops::gelu_tanh`] computes it (the table).
+pub type GeluFn = fn(x: &mut [f32]);
+
+/// The scalar GeGLU: `gate[i] = gelu(gate[i]) · up[i]` (what every SIMD path must match).
+pub fn geglu_scalar(gate: &mut [f32], up: &[f32]) {
+    let t = crate::kernels::ops::gelu_table();
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = crate::kernels::ops::gelu_tanh_with(t, *g) * u;
+    }
+}
+
+/// The scalar GELU in place (GPT-2's ungated FFN).
+pub fn gelu_scalar(x: &mut [f32]) {
+    let t = crate::kernels::ops::gelu_table();
+    for v in x.iter_mut() {
+        *v = crate::kernels::ops::gelu_tanh_with(t, *v);
+    }
+}
+
 /// The scalar SwiGLU (the reference every SIMD path must match bit for bit).
 pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
@@ -100,6 +119,9 @@ pub struct F16Ops {
     pub softmax_tile: SoftmaxTileFn,
     pub vkq_acc: VkqAccFn,
     pub swiglu: SwigluFn,
+    /// GeGLU, same contract as `swiglu` with GELU (tanh) for SiLU.
+    pub geglu: SwigluFn,
+    pub gelu: GeluFn,
     pub name: &'static str,
 }
 
@@ -132,6 +154,8 @@ impl F16Ops {
             softmax_tile: softmax_tile_scalar,
             vkq_acc: vkq_acc_scalar,
             swiglu: swiglu_scalar,
+            geglu: geglu_scalar,
+            gelu: gelu_scalar,
             name: "scalar",
         }
     }
@@ -330,6 +354,8 @@ mod x86 {
         softmax_tile: softmax_tile_avx512,
         vkq_acc: vkq_acc_avx512,
         swiglu: swiglu_avx512,
+        geglu: geglu_avx512,
+        gelu: gelu_avx512,
         name: "avx512",
     };
 
@@ -342,6 +368,8 @@ mod x86 {
         softmax_tile: super::softmax_tile_scalar,
         vkq_acc: vkq_acc_avx2,
         swiglu: super::swiglu_scalar,
+        geglu: super::geglu_scalar,
+        gelu: super::gelu_scalar,
         name: "avx2",
     };
 
@@ -569,6 +597,61 @@ mod x86 {
             i += 16;
         }
         super::swiglu_scalar(&mut gate[n16..], &up[n16..]);
+    }
+
+    pub fn geglu_avx512(gate: &mut [f32], up: &[f32]) {
+        assert!(up.len() >= gate.len());
+        let t = crate::kernels::ops::gelu_table();
+        // SAFETY: used only when AVX-512F was detected; lengths checked; the table has
+        // `GELU_TABLE_LEN` entries (see `gelu16`).
+        unsafe { gelu_avx512_impl(gate, Some(up), t.as_ptr()) }
+        let n16 = gate.len() / 16 * 16;
+        super::geglu_scalar(&mut gate[n16..], &up[n16..]);
+    }
+
+    pub fn gelu_avx512(x: &mut [f32]) {
+        let t = crate::kernels::ops::gelu_table();
+        // SAFETY: as `geglu_avx512`.
+        unsafe { gelu_avx512_impl(x, None, t.as_ptr()) }
+        let n16 = x.len() / 16 * 16;
+        super::gelu_scalar(&mut x[n16..]);
+    }
+
+    /// GELU of the whole 16-lane blocks of `x` (times `up` when given), the tail left alone.
+    /// Caller: `up` is at least as long as `x`; `table` points at the GELU table.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn gelu_avx512_impl(x: &mut [f32], up: Option<&[f32]>, table: *const u16) {
+        let n16 = x.len() / 16 * 16;
+        let mut i = 0;
+        while i < n16 {
+            // SAFETY: 16 elements at `i + 16 <= n16` of `x` (and of `up`, no shorter).
+            unsafe {
+                let p = x.as_mut_ptr().add(i);
+                let mut y = gelu16(_mm512_loadu_ps(p), table);
+                if let Some(u) = up {
+                    y = _mm512_mul_ps(y, _mm512_loadu_ps(u.as_ptr().add(i)));
+                }
+                _mm512_storeu_ps(p, y);
+            }
+            i += 16;
+        }
+    }
+
+    /// `ggml_vec_gelu_f32` on 16 lanes: the table entry at the f16 bits of `x` (round to
+    /// nearest even, as the scalar conversion), `0` for `x <= -10`, `x` for `x >= 10`.
+    /// Each lane gathers 32 bits at `table + 2·bits` and keeps the low half: the table has
+    /// one entry past the last index, so the read stays inside.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn gelu16(x: __m512, table: *const u16) -> __m512 {
+        let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        let idx = _mm512_cvtepu16_epi32(h);
+        // SAFETY: every index is < 65536 and the table holds 65537 u16 (caller's contract).
+        let g = unsafe { _mm512_i32gather_epi32::<2>(idx, table.cast()) };
+        let y = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+        let hi = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(10.0));
+        let lo = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, _mm512_set1_ps(-10.0));
+        _mm512_maskz_mov_ps(!lo, _mm512_mask_blend_ps(hi, y, x))
     }
 
     /// `ggml_v_expf` (AVX-512 form), lane for lane what [`super::expf_approx`] computes.
@@ -1065,6 +1148,45 @@ mod tests {
                 (p.swiglu)(&mut got, &up);
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{} n={n} i={i}", p.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_paths_are_bit_identical_to_scalar() {
+        let mut rng = Rng(11);
+        for n in [0, 1, 15, 16, 17, 100, 2048] {
+            // Past ±10 (the cut-offs), around 0, and every f16 neighbourhood in between.
+            let mut x: Vec<f32> = (0..n).map(|_| rng.next() * 30.0).collect();
+            for (i, v) in [10.0, -10.0, 9.999, -9.999, 0.0, -0.0, 65504.0, 1e-8]
+                .iter()
+                .enumerate()
+            {
+                if i < n {
+                    x[i] = *v;
+                }
+            }
+            let up: Vec<f32> = (0..n).map(|_| rng.next()).collect();
+            let mut want_g = x.clone();
+            geglu_scalar(&mut want_g, &up);
+            let mut want = x.clone();
+            gelu_scalar(&mut want);
+            for (i, (&w, &v)) in want.iter().zip(&x).enumerate() {
+                let e = crate::kernels::ops::gelu_tanh_exact(f16::from_f32(v).to_f32());
+                let expect = if v <= -10.0 { 0.0 } else if v >= 10.0 { v } else { f16::from_f32(e).to_f32() };
+                assert_eq!(w.to_bits(), expect.to_bits(), "scalar i={i} x={v}");
+            }
+            for p in all_paths() {
+                let mut got = x.clone();
+                (p.geglu)(&mut got, &up);
+                for (i, (a, b)) in got.iter().zip(&want_g).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{} geglu n={n} i={i}", p.name);
+                }
+                let mut got = x.clone();
+                (p.gelu)(&mut got);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{} gelu n={n} i={i}", p.name);
                 }
             }
         }

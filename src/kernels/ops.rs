@@ -75,18 +75,45 @@ pub fn silu(x: f32) -> f32 {
 }
 
 /// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`), evaluated as the reference engine
-/// does: through a table indexed by the f16 value of `x`, so input and output are rounded to
-/// f16, with `x <= -10 → 0` and `x >= 10 → x`.
+/// does: through a table indexed by the f16 value of `x` ([`gelu_table`]), so input and output
+/// are rounded to f16, with `x <= -10 → 0` and `x >= 10 → x`.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
+    gelu_tanh_with(gelu_table(), x)
+}
+
+/// [`gelu_tanh`] with the table already in hand (loops fetch it once).
+#[inline]
+pub fn gelu_tanh_with(table: &[u16], x: f32) -> f32 {
     if x <= -10.0 {
         0.0
     } else if x >= 10.0 {
         x
     } else {
-        let xh = half::f16::from_f32(x).to_f32();
-        half::f16::from_f32(gelu_tanh_exact(xh)).to_f32()
+        let i = half::f16::from_f32(x).to_bits() as usize;
+        half::f16::from_bits(table[i]).to_f32()
     }
+}
+
+/// Entries of [`gelu_table`]: one per f16 bit pattern, plus one zero entry so a 32-bit gather
+/// at the last index stays inside the table.
+pub const GELU_TABLE_LEN: usize = 65537;
+
+/// The reference engine's GELU table (`ggml_table_gelu_f16`): for every f16 bit pattern `i`,
+/// the f16 bits of [`gelu_tanh_exact`] of that value. 128 KiB, built once on first use.
+pub fn gelu_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..GELU_TABLE_LEN)
+            .map(|i| match u16::try_from(i) {
+                Ok(bits) => {
+                    let x = half::f16::from_bits(bits).to_f32();
+                    half::f16::from_f32(gelu_tanh_exact(x)).to_bits()
+                }
+                Err(_) => 0,
+            })
+            .collect()
+    })
 }
 
 /// GELU, tanh approximation, in plain f32, as the reference engine's table is filled:
@@ -105,30 +132,6 @@ pub fn gelu_tanh_exact(x: f32) -> f32 {
 pub enum Activation {
     Silu,
     GeluTanh,
-}
-
-impl Activation {
-    #[inline]
-    pub fn apply(self, x: f32) -> f32 {
-        match self {
-            Activation::Silu => silu(x),
-            Activation::GeluTanh => gelu_tanh(x),
-        }
-    }
-}
-
-/// Gated FFN activation in place: `gate = act(gate) * up`.
-pub fn gated_act_inplace(gate: &mut [f32], up: &[f32], act: Activation) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = act.apply(*g) * u;
-    }
-}
-
-/// Activation in place (non-gated FFN, GPT-2).
-pub fn act_inplace(x: &mut [f32], act: Activation) {
-    for v in x.iter_mut() {
-        *v = act.apply(*v);
-    }
 }
 
 /// How rotary dimensions are paired.

@@ -361,7 +361,7 @@ pub fn forward_batch(
                 &mut s.up[..n * f],
                 &mut s.matmul,
             );
-            ops::act_inplace(&mut s.up[..n * f], act);
+            act_rows(pool, &rt.f16, &mut s.up[..n * f], act);
             matmul(
                 pool,
                 &layer.ffn_down,
@@ -497,7 +497,15 @@ fn gated_act_rows(pool: &ThreadPool, f16: &F16Ops, gate: &mut [f32], up: &[f32],
         match act {
             // The SIMD SwiGLU: the same bits as the scalar activation.
             Activation::Silu => (f16.swiglu)(g, u),
-            _ => ops::gated_act_inplace(g, u, act),
+            Activation::GeluTanh => (f16.geglu)(g, u),
         }
+    });
+}
+
+/// `x = act(x)` (ungated FFN) over the pool.
+fn act_rows(pool: &ThreadPool, f16: &F16Ops, x: &mut [f32], act: Activation) {
+    crate::kernels::par_rows(pool, x, 256, &|_, v: &mut [f32]| match act {
+        Activation::Silu => v.iter_mut().for_each(|a| *a = ops::silu(*a)),
+        Activation::GeluTanh => (f16.gelu)(v),
     });
 }

@@ -71,6 +71,10 @@ impl Model {
         let (config, traits) = read_config(&file)?;
         let ropes = layer_ropes(&file, &config, &traits)?;
         let weights = weights::load(&file, &config, &traits, ropes)?;
+        if traits.act == crate::kernels::ops::Activation::GeluTanh {
+            // Built now, not inside the first forward pass (decoding allocates nothing).
+            crate::kernels::ops::gelu_table();
+        }
         let embed_scale = if traits.scale_embeddings {
             (config.dim as f32).sqrt()
         } else {
