@@ -73,6 +73,88 @@ impl<'a> KeyRun<'a> {
 /// Scores of one query row against a tile of keys: `out[j] = fma-chain over d of q[d]·kt[d][j]`
 /// (`d` ascending, starting from 0); `kt` is the tile transposed, `[q.len()][KV_TILE]`.
 pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]);
+/// Scores of `heads` query rows (`q`: `[heads][hd]` f32) against `n <= KV_TILE` key rows
+/// (`k`: `[n][hd]`): `out[g·KV_TILE + j] = dot(q_g, k_j)`, each exactly what [`DotF16Fn`]
+/// returns for that pair (16 lanes of fused multiply-adds, the reference's lane tree). The
+/// long-decode scores: key rows are read in place, with no transposed tile.
+pub type KqRowsFn = fn(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]);
+/// `vkq_acc` for `heads` rows at once: for each `g`, `acc[g·acc_stride..][..hdv]` takes
+/// `p[g·p_stride..][..n]` against the same `n` value rows `v` (`[n][hdv]`), the bits of
+/// [`VkqAccFn`] on that row; each value row is converted once for every head.
+pub type VkqMultiFn = fn(
+    acc: &mut [f32],
+    acc_stride: usize,
+    p: &[f32],
+    p_stride: usize,
+    heads: usize,
+    v: &[f16],
+    hdv: usize,
+);
+
+/// `(hd, n)` of a [`KqRowsFn`] call, checked.
+fn rows_shape(q: &[f32], heads: usize, k: &[f16], out: &[f32]) -> (usize, usize) {
+    assert!(heads > 0 && q.len() % heads == 0 && out.len() >= heads * KV_TILE);
+    let hd = q.len() / heads;
+    assert!(hd > 0 && k.len() % hd == 0 && k.len() / hd <= KV_TILE);
+    (hd, k.len() / hd)
+}
+
+pub fn kq_rows_scalar(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
+    let (hd, _) = rows_shape(q, heads, k, out);
+    for (g, qg) in q.chunks_exact(hd).enumerate() {
+        for (j, kj) in k.chunks_exact(hd).enumerate() {
+            out[g * KV_TILE + j] = dot_scalar(qg, kj);
+        }
+    }
+}
+
+/// `n` of a [`VkqMultiFn`] call, every row checked to lie inside its buffer.
+fn multi_shape(
+    acc: &[f32],
+    acc_stride: usize,
+    p: &[f32],
+    p_stride: usize,
+    heads: usize,
+    v: &[f16],
+    hdv: usize,
+) -> usize {
+    assert!(heads > 0 && hdv > 0 && v.len() % hdv == 0, "value rows of {hdv}");
+    let n = v.len() / hdv;
+    assert!(acc.len() >= (heads - 1) * acc_stride + hdv, "accumulator rows");
+    assert!(p.len() >= (heads - 1) * p_stride + n, "weight rows");
+    n
+}
+
+pub fn vkq_multi_scalar(
+    acc: &mut [f32],
+    acc_stride: usize,
+    p: &[f32],
+    p_stride: usize,
+    heads: usize,
+    v: &[f16],
+    hdv: usize,
+) {
+    let n = multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
+    for g in 0..heads {
+        vkq_acc_scalar(&mut acc[g * acc_stride..][..hdv], &p[g * p_stride..][..n], v);
+    }
+}
+
+/// A tile of key rows (`k`: `n <= KV_TILE` rows of `hd` f16) transposed to f32 in `kt`
+/// (`[hd][KV_TILE]`, column `j` = key `j`); columns `n..` hold zeros or stale values.
+pub type KeyTileFn = fn(k: &[f16], kt: &mut [f32]);
+
+/// The scalar [`KeyTileFn`] (the conversion is exact, so every path gives these bits).
+pub fn key_tile_scalar(k: &[f16], kt: &mut [f32]) {
+    let hd = kt.len() / KV_TILE;
+    assert!(hd > 0 && k.len() % hd == 0 && k.len() / hd <= KV_TILE);
+    for (j, row) in k.chunks_exact(hd).enumerate() {
+        for (d, &x) in row.iter().enumerate() {
+            kt[d * KV_TILE + j] = x.to_f32();
+        }
+    }
+}
+
 /// `s[j] = expf_approx(s[j] − m)` (−∞ gives 0) and the sum of the results, added up per block
 /// of 16 in a fixed tree and across blocks in f64.
 pub type SoftmaxTileFn = fn(s: &mut [f32; KV_TILE], m: f32) -> f64;
@@ -116,6 +198,9 @@ pub struct F16Ops {
     pub scale: ScaleF16Fn,
     pub vec_keys: VecKeysFn,
     pub kq_tile: KqTileFn,
+    pub key_tile: KeyTileFn,
+    pub kq_rows: KqRowsFn,
+    pub vkq_multi: VkqMultiFn,
     pub softmax_tile: SoftmaxTileFn,
     pub vkq_acc: VkqAccFn,
     pub swiglu: SwigluFn,
@@ -151,6 +236,9 @@ impl F16Ops {
             scale: scale_scalar,
             vec_keys: vec_keys_scalar,
             kq_tile: kq_tile_scalar,
+            key_tile: key_tile_scalar,
+            kq_rows: kq_rows_scalar,
+            vkq_multi: vkq_multi_scalar,
             softmax_tile: softmax_tile_scalar,
             vkq_acc: vkq_acc_scalar,
             swiglu: swiglu_scalar,
@@ -181,14 +269,16 @@ pub fn dot_scalar(q: &[f32], k: &[f16]) -> f32 {
     let np = n & !(BLOCK - 1);
     let mut sumf = 0.0f64;
     if np > 0 {
-        // acc[j][l]: accumulator j (of 4), lane l (of 16). Products of f16 values are exact in
-        // f32, so `acc + q·k` is the fused multiply-add of the reference.
+        // acc[j][l]: accumulator j (of 4), lane l (of 16), advanced by fused multiply-adds as
+        // the SIMD paths do. (For a query rounded to f16, as the reference's, products of f16
+        // values are exact in f32 and `acc + q·k` would give the same bits; a long decode row
+        // passes its query in f32.)
         let mut acc = [[0.0f32; 16]; 4];
         for b in (0..np).step_by(BLOCK) {
             for (j, a) in acc.iter_mut().enumerate() {
                 for (l, x) in a.iter_mut().enumerate() {
                     let i = b + 16 * j + l;
-                    *x += q[i] * k[i].to_f32();
+                    *x = q[i].mul_add(k[i].to_f32(), *x);
                 }
             }
         }
@@ -351,6 +441,9 @@ mod x86 {
         scale: scale_avx512,
         vec_keys: vec_keys_avx512,
         kq_tile: kq_tile_avx512,
+        key_tile: key_tile_avx512,
+        kq_rows: kq_rows_avx512,
+        vkq_multi: vkq_multi_avx512,
         softmax_tile: softmax_tile_avx512,
         vkq_acc: vkq_acc_avx512,
         swiglu: swiglu_avx512,
@@ -365,6 +458,9 @@ mod x86 {
         scale: scale_avx2,
         vec_keys: vec_keys_avx2,
         kq_tile: kq_tile_avx2,
+        key_tile: super::key_tile_scalar,
+        kq_rows: kq_rows_avx2,
+        vkq_multi: vkq_multi_avx2,
         softmax_tile: super::softmax_tile_scalar,
         vkq_acc: vkq_acc_avx2,
         swiglu: super::swiglu_scalar,
@@ -552,6 +648,230 @@ mod x86 {
             // SAFETY: 16 floats at 16r of a 64-float array.
             unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * r), *a) };
         }
+    }
+
+    pub fn kq_rows_avx512(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
+        let (hd, n) = super::rows_shape(q, heads, k, out);
+        if hd % BLOCK != 0 {
+            // Leftover elements go through the dot's scalar tail: one pair at a time.
+            for g in 0..heads {
+                for j in 0..n {
+                    out[g * KV_TILE + j] = dot_avx512(&q[g * hd..][..hd], &k[j * hd..][..hd]);
+                }
+            }
+            return;
+        }
+        let mut g0 = 0;
+        while g0 < heads {
+            let gn = (heads - g0).min(4);
+            let (qg, og) = (&q[g0 * hd..(g0 + gn) * hd], &mut out[g0 * KV_TILE..]);
+            // SAFETY: avx512f detected; `qg` holds `gn` rows of `hd`, `k` holds `n` rows,
+            // `og` holds `gn` rows of KV_TILE >= n (checked by `rows_shape`).
+            unsafe {
+                match gn {
+                    4 => kq_rows_impl::<4>(qg, k, hd, n, og),
+                    3 => kq_rows_impl::<3>(qg, k, hd, n, og),
+                    2 => kq_rows_impl::<2>(qg, k, hd, n, og),
+                    _ => kq_rows_impl::<1>(qg, k, hd, n, og),
+                }
+            }
+            g0 += gn;
+        }
+    }
+
+    /// `G` query rows against `n` key rows, `hd` a multiple of 64: per key, each 64-block of
+    /// the key is converted once and multiplied into all `G` rows' four accumulators; then
+    /// each row's accumulators are reduced exactly as `dot_avx512_impl` reduces them.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn kq_rows_impl<const G: usize>(
+        q: &[f32],
+        k: &[f16],
+        hd: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
+        for j in 0..n {
+            let mut acc = [[_mm512_setzero_ps(); 4]; G];
+            for b in (0..hd).step_by(BLOCK) {
+                // SAFETY: key row `j < n` has `hd >= b + 64` elements, as has each query row.
+                unsafe {
+                    let kv: [__m512; 4] = std::array::from_fn(|c| {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(
+                            kp.add(j * hd + b + 16 * c) as *const __m256i
+                        ))
+                    });
+                    for (g, a) in acc.iter_mut().enumerate() {
+                        for (c, ac) in a.iter_mut().enumerate() {
+                            let qv = _mm512_loadu_ps(qp.add(g * hd + b + 16 * c));
+                            *ac = _mm512_fmadd_ps(qv, kv[c], *ac);
+                        }
+                    }
+                }
+            }
+            for (g, a) in acc.iter().enumerate() {
+                let a02 = _mm512_add_ps(a[0], a[2]);
+                let a13 = _mm512_add_ps(a[1], a[3]);
+                out[g * KV_TILE + j] = reduce16_avx512(_mm512_add_ps(a02, a13));
+            }
+        }
+    }
+
+    pub fn vkq_multi_avx512(
+        acc: &mut [f32],
+        acc_stride: usize,
+        p: &[f32],
+        p_stride: usize,
+        heads: usize,
+        v: &[f16],
+        hdv: usize,
+    ) {
+        let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
+        if hdv % BLOCK != 0 {
+            for g in 0..heads {
+                vkq_acc_avx512(&mut acc[g * acc_stride..][..hdv], &p[g * p_stride..][..n], v);
+            }
+            return;
+        }
+        let mut g0 = 0;
+        while g0 < heads {
+            let gn = (heads - g0).min(4);
+            let (a, pg) = (&mut acc[g0 * acc_stride..], &p[g0 * p_stride..]);
+            // SAFETY: avx512f detected; rows checked by `multi_shape`; `hdv` is whole blocks.
+            unsafe {
+                match gn {
+                    4 => vkq_multi_impl::<4>(a, acc_stride, pg, p_stride, v, n, hdv),
+                    3 => vkq_multi_impl::<3>(a, acc_stride, pg, p_stride, v, n, hdv),
+                    2 => vkq_multi_impl::<2>(a, acc_stride, pg, p_stride, v, n, hdv),
+                    _ => vkq_multi_impl::<1>(a, acc_stride, pg, p_stride, v, n, hdv),
+                }
+            }
+            g0 += gn;
+        }
+    }
+
+    /// `G` accumulator rows (`hdv` a multiple of 64), 64 columns at a time: 4 vectors per row
+    /// stay in registers across the `n` keys, each value block converted once for the `G` rows.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn vkq_multi_impl<const G: usize>(
+        acc: &mut [f32],
+        acc_stride: usize,
+        p: &[f32],
+        p_stride: usize,
+        v: &[f16],
+        n: usize,
+        hdv: usize,
+    ) {
+        let (ap, pp, vp) = (acc.as_mut_ptr(), p.as_ptr(), v.as_ptr() as *const u16);
+        for d0 in (0..hdv).step_by(BLOCK) {
+            // SAFETY: rows `g < G` of `acc` hold `hdv >= d0 + 64` elements at `g·acc_stride`;
+            // value row `j < n` holds `hdv`; weight row `g` holds `n` at `g·p_stride`.
+            unsafe {
+                let mut a: [[__m512; 4]; G] = std::array::from_fn(|g| {
+                    std::array::from_fn(|c| _mm512_loadu_ps(ap.add(g * acc_stride + d0 + 16 * c)))
+                });
+                for j in 0..n {
+                    let x: [__m512; 4] = std::array::from_fn(|c| {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(
+                            vp.add(j * hdv + d0 + 16 * c) as *const __m256i
+                        ))
+                    });
+                    for (g, ag) in a.iter_mut().enumerate() {
+                        let pv = _mm512_set1_ps(*pp.add(g * p_stride + j));
+                        for (c, ac) in ag.iter_mut().enumerate() {
+                            *ac = _mm512_fmadd_ps(x[c], pv, *ac);
+                        }
+                    }
+                }
+                for (g, ag) in a.iter().enumerate() {
+                    for (c, ac) in ag.iter().enumerate() {
+                        _mm512_storeu_ps(ap.add(g * acc_stride + d0 + 16 * c), *ac);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn key_tile_avx512(k: &[f16], kt: &mut [f32]) {
+        let hd = kt.len() / KV_TILE;
+        assert!(hd > 0 && k.len() % hd == 0 && k.len() / hd <= KV_TILE);
+        // SAFETY: selected only when avx512f was detected at run time; shapes checked.
+        unsafe { key_tile_avx512_impl(k, kt, hd) }
+    }
+
+    /// 16×16 blocks: 16 key rows converted to f32, transposed in registers, stored as 16
+    /// dimension rows of `kt`; leftover dimensions (`hd % 16`) element by element.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn key_tile_avx512_impl(k: &[f16], kt: &mut [f32], hd: usize) {
+        let n = k.len() / hd;
+        let d16 = hd / 16 * 16;
+        let (kp, ktp) = (k.as_ptr() as *const u16, kt.as_mut_ptr());
+        for j0 in (0..n).step_by(16) {
+            let nj = (n - j0).min(16);
+            for d0 in (0..d16).step_by(16) {
+                let mut r = [_mm512_setzero_ps(); 16];
+                for (i, ri) in r.iter_mut().enumerate().take(nj) {
+                    // SAFETY: row `j0 + i < n` has `hd >= d0 + 16` elements.
+                    *ri = unsafe {
+                        _mm512_cvtph_ps(_mm256_loadu_si256(
+                            kp.add((j0 + i) * hd + d0) as *const __m256i
+                        ))
+                    };
+                }
+                let t = transpose16(r);
+                for (d, v) in t.into_iter().enumerate() {
+                    // SAFETY: row `d0 + d < hd` of `kt`, columns `j0..j0 + 16 <= KV_TILE`.
+                    unsafe { _mm512_storeu_ps(ktp.add((d0 + d) * KV_TILE + j0), v) };
+                }
+            }
+            for j in j0..j0 + nj {
+                for d in d16..hd {
+                    kt[d * KV_TILE + j] = k[j * hd + d].to_f32();
+                }
+            }
+        }
+    }
+
+    /// Transpose of a 16×16 f32 matrix held as 16 row vectors.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+        let pd = _mm512_castps_pd;
+        let ps = _mm512_castpd_ps;
+        // Pairs of rows interleaved by 32 bits within each 128-bit lane.
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        // Quads of rows by 64 bits: u[4i + c] holds column c of each 128-bit lane for rows
+        // 4i..4i+4.
+        let u: [__m512; 16] = std::array::from_fn(|k| {
+            let (i, c) = (k / 4, k % 4);
+            let (a, b) = (pd(t[4 * i + c / 2]), pd(t[4 * i + 2 + c / 2]));
+            ps(if c % 2 == 0 {
+                _mm512_unpacklo_pd(a, b)
+            } else {
+                _mm512_unpackhi_pd(a, b)
+            })
+        });
+        // Across 128-bit lanes: column 4L + c gathers lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+        let mut out = [_mm512_setzero_ps(); 16];
+        for c in 0..4 {
+            let v1 = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
+            let v2 = _mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]);
+            let w1 = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
+            let w2 = _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]);
+            out[c] = _mm512_shuffle_f32x4::<0x88>(v1, w1);
+            out[8 + c] = _mm512_shuffle_f32x4::<0xDD>(v1, w1);
+            out[4 + c] = _mm512_shuffle_f32x4::<0x88>(v2, w2);
+            out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(v2, w2);
+        }
+        out
     }
 
     pub fn softmax_tile_avx512(s: &mut [f32; KV_TILE], m: f32) -> f64 {
@@ -840,6 +1160,30 @@ mod x86 {
         acc: &mut [f32],
     ) {
         super::vec_keys_with(dot_avx2, mad_avx2, scale_avx2, q16, kv, scale, m_s, acc)
+    }
+
+    pub fn kq_rows_avx2(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
+        let (hd, n) = super::rows_shape(q, heads, k, out);
+        for g in 0..heads {
+            for j in 0..n {
+                out[g * KV_TILE + j] = dot_avx2(&q[g * hd..][..hd], &k[j * hd..][..hd]);
+            }
+        }
+    }
+
+    pub fn vkq_multi_avx2(
+        acc: &mut [f32],
+        acc_stride: usize,
+        p: &[f32],
+        p_stride: usize,
+        heads: usize,
+        v: &[f16],
+        hdv: usize,
+    ) {
+        let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
+        for g in 0..heads {
+            vkq_acc_avx2(&mut acc[g * acc_stride..][..hdv], &p[g * p_stride..][..n], v);
+        }
     }
 
     pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
@@ -1148,6 +1492,77 @@ mod tests {
                 (p.swiglu)(&mut got, &up);
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{} n={n} i={i}", p.name);
+                }
+            }
+        }
+    }
+
+    /// `kq_rows` is `dot` pair by pair, and `vkq_multi` is `vkq_acc` row by row, bit for bit,
+    /// on every path (head counts past the 4-row register block, head sizes with leftovers).
+    #[test]
+    fn multi_head_kernels_equal_their_single_forms() {
+        let mut rng = Rng(21);
+        for hd in [64, 256, 80, 32] {
+            for heads in [1, 3, 4, 5, 9] {
+                for n in [1, 7, 16, 64] {
+                    let q: Vec<f32> = (0..heads * hd).map(|_| rng.next() * 3.0).collect();
+                    let k: Vec<f16> = (0..n * hd).map(|_| f16::from_f32(rng.next() * 2.0)).collect();
+                    let p: Vec<f32> = (0..heads * KV_TILE).map(|_| rng.next().abs()).collect();
+                    let stride = hd + 2;
+                    let acc0: Vec<f32> = (0..heads * stride).map(|_| rng.next()).collect();
+                    for ops in all_paths() {
+                        let mut out = vec![f32::NAN; heads * KV_TILE];
+                        (ops.kq_rows)(&q, heads, &k, &mut out);
+                        let mut acc = acc0.clone();
+                        (ops.vkq_multi)(&mut acc, stride, &p, KV_TILE, heads, &k, hd);
+                        for g in 0..heads {
+                            let qg = &q[g * hd..][..hd];
+                            for j in 0..n {
+                                let want = dot_scalar(qg, &k[j * hd..][..hd]);
+                                assert_eq!(
+                                    out[g * KV_TILE + j].to_bits(),
+                                    want.to_bits(),
+                                    "{} kq_rows hd {hd} heads {heads} n {n} g {g} j {j}",
+                                    ops.name
+                                );
+                            }
+                            let mut want = acc0[g * stride..][..hd].to_vec();
+                            (ops.vkq_acc)(&mut want, &p[g * KV_TILE..][..n], &k);
+                            assert_eq!(
+                                &acc[g * stride..][..hd],
+                                &want[..],
+                                "{} vkq_multi hd {hd} heads {heads} n {n} g {g}",
+                                ops.name
+                            );
+                            // The two columns between rows are left alone.
+                            assert_eq!(&acc[g * stride + hd..(g * stride + stride).min(acc.len())],
+                                &acc0[g * stride + hd..(g * stride + stride).min(acc.len())]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn key_tile_paths_transpose_exactly() {
+        let mut rng = Rng(5);
+        for hd in [64, 256, 80, 16, 8] {
+            for n in [1, 5, 15, 16, 17, 33, 63, 64] {
+                let k: Vec<f16> = (0..n * hd).map(|_| f16::from_f32(rng.next() * 8.0)).collect();
+                for p in all_paths() {
+                    let mut kt = vec![f32::NAN; hd * KV_TILE];
+                    (p.key_tile)(&k, &mut kt);
+                    for j in 0..n {
+                        for d in 0..hd {
+                            assert_eq!(
+                                kt[d * KV_TILE + j].to_bits(),
+                                k[j * hd + d].to_f32().to_bits(),
+                                "{} hd={hd} n={n} j={j} d={d}",
+                                p.name
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use crate::cache::{KvCache, KvOverflow, Scratch};
 use crate::kernels::attention::{
-    attention_kv, decode_is_thread_invariant, AttnShape, SoloAttention,
+    attention_kv, decode_is_short, AttnShape, SoloAttention,
 };
 use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{matmul, matmul_many, quantize_input, Linear};
@@ -158,12 +158,15 @@ pub fn forward_batch(
     let dim = c.dim;
     s.matmul.set_segments(seqs.iter().map(|sq| sq.n_tokens));
     let cap = seqs[0].kv.capacity();
+    // One thread per sequence when every row is a decode row and either the contexts are
+    // short or there are enough sequences to keep every thread busy (same bits either way).
+    let many = seqs.len() >= 2 * pool.n_threads();
     let mut solo = solo.filter(|_| {
         seqs.len() > 1
             && seqs.iter().all(|sq| {
                 sq.n_tokens == 1
                     && sq.kv.capacity() == cap
-                    && decode_is_thread_invariant(cap, sq.kv.len())
+                    && (many || decode_is_short(cap, sq.kv.len()))
             })
     });
 
