@@ -252,26 +252,6 @@ impl<'a> KvLayer<'a> {
         }
     }
 
-    /// Start loading the keys and values of `rows` into the CPU caches (see
-    /// [`crate::kernels::prefetch`]); rows past the end are ignored.
-    pub fn prefetch(&self, rows: std::ops::Range<usize>, head_dim_k: usize, head_dim_v: usize) {
-        fn part<'x, T>(x: &'x [T], rows: &std::ops::Range<usize>, hd: usize, per: usize) -> &'x [T] {
-            let a = (rows.start * hd / per).min(x.len());
-            let b = (rows.end * hd / per).min(x.len());
-            &x[a..b]
-        }
-        match *self {
-            KvLayer::F16 { keys, values } => {
-                crate::kernels::prefetch(part(keys, &rows, head_dim_k, 1));
-                crate::kernels::prefetch(part(values, &rows, head_dim_v, 1));
-            }
-            KvLayer::Q8_0 { keys, values } => {
-                crate::kernels::prefetch(part(keys, &rows, head_dim_k, 32));
-                crate::kernels::prefetch(part(values, &rows, head_dim_v, 32));
-            }
-        }
-    }
-
     /// Rows of `head_dim_k`/`head_dim_v` values it holds, checked against a geometry.
     pub fn holds(&self, rows: usize, head_dim_k: usize, head_dim_v: usize) -> bool {
         match *self {

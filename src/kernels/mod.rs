@@ -14,25 +14,6 @@ pub mod membw;
 
 use std::ops::Range;
 
-/// Ask the CPU to start loading `data` into its caches (L2 and up), one request per cache
-/// line: for streams the hardware prefetcher would start too late, such as the next tile of
-/// a KV cache while the current one is being computed on.
-#[inline]
-pub fn prefetch<T>(data: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let p = data.as_ptr().cast::<i8>();
-        let bytes = std::mem::size_of_val(data);
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: a prefetch is a hint that never faults; the address lies inside `data`.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(off)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
-
 /// Below this many elements a row-wise operation runs on the calling thread alone.
 const PAR_MIN_ELEMS: usize = 16 * 1024;
 
