@@ -524,12 +524,23 @@ fn rows_ending_at_buffer_end() {
 fn gemm_long_rows_and_many_rows() {
     let mut rng = Rng(0xabc);
     for ty in [
+        GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q8_0,
         GgmlType::Q4K,
     ] {
-        for (n, nw, nx) in [(32 * 520, 3, 5), (256, 150, 6), (256, 150, 1), (768, 70, 5)] {
+        // nx >= 8: the x86 pair kernel, with rows longer than its block chunk (32 * 72) and
+        // more weight rows than it keeps at once (150), plus leftover activation rows.
+        for (n, nw, nx) in [
+            (32 * 520, 3, 5),
+            (256, 150, 6),
+            (256, 150, 1),
+            (768, 70, 5),
+            (32 * 72, 20, 11),
+            (32 * 520, 3, 9),
+            (256, 150, 16),
+        ] {
             for isa in Isa::available() {
                 let Ok(k) = kernels_for(ty, isa) else {
                     continue;

@@ -26,6 +26,26 @@ pub(super) trait IDot {
     /// `acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1]` (i16 inputs).
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
 
+    /// The tier has [`IDot::t32_gemm_pairs`] (AVX-512 VNNI).
+    const PAIRS: bool = false;
+    /// A gemm over whole tiles of 8 activation rows of a signed 32-element format, with the
+    /// same bits as `T32::tile_impl` row by row (see `avx512::t32_gemm_pairs`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn t32_gemm_pairs<F: Blk32>(
+        _n: usize,
+        _w: *const u8,
+        _w_stride: usize,
+        _nw: usize,
+        _x: *const u8,
+        _x_stride: usize,
+        _nx: usize,
+        _out: *mut f32,
+        _out_stride: usize,
+    ) {
+        unreachable!("t32_gemm_pairs on a tier without it")
+    }
+
     /// The tier has [`IDot::t32_tile4`].
     const TILE4: bool = false;
     /// A 512-bit version of `T32::tile_impl::<Self, 4>` with identical results (see
@@ -258,6 +278,13 @@ pub(super) trait Blk32 {
     const SIGNED: bool;
     /// The 32 quants in element order.
     unsafe fn quants<D: IDot>(p: *const u8) -> __m256i;
+    /// Signed formats: `quants + OFFSET` as unsigned bytes (the AVX-512 tiers only; see
+    /// `avx512::t32_gemm_pairs`).
+    const OFFSET: u8 = 0;
+    #[inline(always)]
+    unsafe fn uquants(_p: *const u8) -> __m256i {
+        unreachable!("uquants of an unsigned format")
+    }
 }
 
 pub(super) struct Q4_0;
@@ -269,6 +296,11 @@ pub(super) struct Q8_0;
 impl Blk32 for Q4_0 {
     const SIZE: usize = 18;
     const SIGNED: bool = true;
+    const OFFSET: u8 = 8;
+    #[inline(always)]
+    unsafe fn uquants(p: *const u8) -> __m256i {
+        nibbles32(p.add(2))
+    }
     #[inline(always)]
     unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         _mm256_sub_epi8(nibbles32(p.add(2)), _mm256_set1_epi8(8))
@@ -287,6 +319,14 @@ impl Blk32 for Q4_1 {
 impl Blk32 for Q5_0 {
     const SIZE: usize = 22;
     const SIGNED: bool = true;
+    const OFFSET: u8 = 16;
+    #[inline(always)]
+    unsafe fn uquants(p: *const u8) -> __m256i {
+        // nibble + 16 where the fifth bit is set: one byte-masked add.
+        let qh = core::ptr::read_unaligned(p.add(2).cast::<u32>());
+        let q = nibbles32(p.add(6));
+        _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(16))
+    }
     #[inline(always)]
     unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         if D::AVX512 {
@@ -321,6 +361,11 @@ impl Blk32 for Q5_1 {
 impl Blk32 for Q8_0 {
     const SIZE: usize = 34;
     const SIGNED: bool = true;
+    const OFFSET: u8 = 128;
+    #[inline(always)]
+    unsafe fn uquants(p: *const u8) -> __m256i {
+        _mm256_xor_si256(loadu(p.add(2)), _mm256_set1_epi8(0x80u8 as i8))
+    }
     #[inline(always)]
     unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         loadu(p.add(2))
@@ -502,6 +547,16 @@ impl<F: Blk32> Tile for T32<F> {
         out_stride: usize,
     ) {
         let nb = n / 32;
+        if D::PAIRS && F::SIGNED && nx >= 8 {
+            // Whole tiles of 8 activation rows through the pair kernel, the rest below.
+            let n8 = nx / 8 * 8;
+            D::t32_gemm_pairs::<F>(n, w, w_stride, nw, x, x_stride, n8, out, out_stride);
+            if n8 == nx {
+                return;
+            }
+            let (x, out, nx) = (x.add(n8 * x_stride), out.add(n8 * out_stride), nx - n8);
+            return Self::gemm::<D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+        }
         if nb > PREP_BLOCKS {
             return gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
         }

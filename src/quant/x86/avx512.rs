@@ -21,6 +21,21 @@ impl IDot for Vnni {
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         _mm256_dpwssd_epi32(acc, a, b)
     }
+    const PAIRS: bool = true;
+    #[inline(always)]
+    unsafe fn t32_gemm_pairs<F: Blk32>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        t32_gemm_pairs::<F>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+    }
     const TILE4: bool = true;
     #[inline(always)]
     unsafe fn t32_tile4<F: Blk32>(
@@ -103,4 +118,119 @@ pub(super) unsafe fn t32_tile4<F: Blk32, D: IDot>(
         }
     }
     out
+}
+
+/// Weight rows whose accumulators one pass of [`t32_gemm_pairs`] keeps (in memory between
+/// chunks of blocks).
+const PAIR_ROWS: usize = 16;
+/// Activation blocks per prepared chunk of [`t32_gemm_pairs`] (24 KiB of stack).
+const PAIR_KB: usize = 32;
+
+/// Two activation rows' block `b`, prepared once for every weight row: their quants side by
+/// side, `−OFFSET · Σ` of each 4 quants (the i32 lanes a `vpdpbusd` of the unsigned weights
+/// starts from, so the lane ends as the signed dot), and their scales spread over 8 lanes each.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct PairBlock {
+    y: [i8; 64],
+    corr: [i32; 16],
+    dx: [f32; 16],
+}
+
+/// The gemm of a signed 32-element format (Q4_0, Q5_0, Q8_0) against Q8_0 activations over
+/// whole tiles of 8 activation rows (`nx` a multiple of 8), 2 rows per 512-bit register.
+///
+/// Per weight block and pair of activation rows it takes one `vpdpbusd` of the weight quants
+/// made unsigned (`q + OFFSET`) against both rows' quants, starting from the prepared offset
+/// correction, so each i32 lane is exactly the signed 4-element dot of `T32::tile_impl`; then
+/// the same `d_w · d_x` product and fused multiply-add into the same 8 lanes per row, in block
+/// order, and the same horizontal sum. Every output has `tile_impl`'s bits; the per-pair work
+/// drops from the sign trick's six vector operations to four.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
+    n: usize,
+    w: *const u8,
+    w_stride: usize,
+    nw: usize,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    const XB: usize = 34;
+    let nb = n / 32;
+    let mut prep = [core::mem::MaybeUninit::<PairBlock>::uninit(); 4 * PAIR_KB];
+    let mut accs = [[_mm512_setzero_ps(); 4]; PAIR_ROWS];
+    let off = _mm512_set1_epi8(F::OFFSET as i8);
+    let mut j = 0;
+    while j + 8 <= nx {
+        let mut r0 = 0;
+        while r0 < nw {
+            let r1 = (r0 + PAIR_ROWS).min(nw);
+            for a in accs.iter_mut() {
+                *a = [_mm512_setzero_ps(); 4];
+            }
+            let mut b0 = 0;
+            while b0 < nb {
+                let b1 = (b0 + PAIR_KB).min(nb);
+                // Prepare the 4 pairs of activation rows for blocks b0..b1.
+                for p in 0..4 {
+                    let (t0, t1) = (x.add((j + 2 * p) * x_stride), x.add((j + 2 * p + 1) * x_stride));
+                    for b in b0..b1 {
+                        let (x0, x1) = (t0.add(b * XB), t1.add(b * XB));
+                        let y = _mm512_inserti64x4::<1>(
+                            _mm512_castsi256_si512(loadu(x0.add(2))),
+                            loadu(x1.add(2)),
+                        );
+                        let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, y);
+                        let (d0, d1) = (f16x2_at(x0), f16x2_at(x1));
+                        let dx = _mm512_insertf32x8::<1>(
+                            _mm512_broadcastss_ps(d0),
+                            _mm256_broadcastss_ps(d1),
+                        );
+                        let slot = prep[p * PAIR_KB + b - b0].as_mut_ptr();
+                        _mm512_store_si512((*slot).y.as_mut_ptr().cast(), y);
+                        _mm512_store_si512(
+                            (*slot).corr.as_mut_ptr().cast(),
+                            _mm512_sub_epi32(_mm512_setzero_si512(), c),
+                        );
+                        _mm512_store_ps((*slot).dx.as_mut_ptr(), dx);
+                    }
+                }
+                let pb = prep.as_ptr().cast::<PairBlock>();
+                for (r, acc) in (r0..r1).zip(accs.iter_mut()) {
+                    let wr = w.add(r * w_stride);
+                    let mut a = *acc;
+                    for b in b0..b1 {
+                        let wp = wr.add(b * F::SIZE);
+                        let q = _mm512_broadcast_i64x4(F::uquants(wp));
+                        let dw = _mm512_broadcastss_ps(f16x2_at(wp));
+                        for (p, ap) in a.iter_mut().enumerate() {
+                            let s = &*pb.add(p * PAIR_KB + b - b0);
+                            let i = _mm512_dpbusd_epi32(
+                                _mm512_load_si512(s.corr.as_ptr().cast()),
+                                q,
+                                _mm512_load_si512(s.y.as_ptr().cast()),
+                            );
+                            let prod = _mm512_mul_ps(dw, _mm512_load_ps(s.dx.as_ptr()));
+                            *ap = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(i), *ap);
+                        }
+                    }
+                    *acc = a;
+                }
+                b0 = b1;
+            }
+            for (r, acc) in (r0..r1).zip(accs.iter()) {
+                for (p, ap) in acc.iter().enumerate() {
+                    *out.add((j + 2 * p) * out_stride + r) = hsum_ps(_mm512_castps512_ps256(*ap));
+                    *out.add((j + 2 * p + 1) * out_stride + r) =
+                        hsum_ps(_mm512_extractf32x8_ps::<1>(*ap));
+                }
+            }
+            r0 = r1;
+        }
+        j += 8;
+    }
 }
