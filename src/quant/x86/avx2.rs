@@ -28,8 +28,8 @@ pub(super) trait IDot {
 
     /// The tier has [`IDot::t32_gemm_pairs`] (AVX-512 VNNI).
     const PAIRS: bool = false;
-    /// A gemm over whole tiles of 8 activation rows of a signed 32-element format, with the
-    /// same bits as `T32::tile_impl` row by row (see `avx512::t32_gemm_pairs`).
+    /// A gemm over whole tiles of 8 activation rows of a 32-element format, with the same bits
+    /// as `T32::tile_impl` row by row (see `avx512::t32_gemm_pairs`).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn t32_gemm_pairs<F: Blk32>(
@@ -547,7 +547,7 @@ impl<F: Blk32> Tile for T32<F> {
         out_stride: usize,
     ) {
         let nb = n / 32;
-        if D::PAIRS && F::SIGNED && nx >= 8 {
+        if D::PAIRS && nx >= 8 {
             // Whole tiles of 8 activation rows through the pair kernel, the rest below.
             let n8 = nx / 8 * 8;
             D::t32_gemm_pairs::<F>(n, w, w_stride, nw, x, x_stride, n8, out, out_stride);

@@ -127,8 +127,9 @@ const PAIR_ROWS: usize = 16;
 const PAIR_KB: usize = 32;
 
 /// Two activation rows' block `b`, prepared once for every weight row: their quants side by
-/// side, `−OFFSET · Σ` of each 4 quants (the i32 lanes a `vpdpbusd` of the unsigned weights
-/// starts from, so the lane ends as the signed dot), and their scales spread over 8 lanes each.
+/// side, for signed formats `−OFFSET · Σ` of each 4 quants (the i32 lanes a `vpdpbusd` of the
+/// unsigned weights starts from, so the lane ends as the signed dot), and their scales spread
+/// over 8 lanes each.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct PairBlock {
@@ -137,15 +138,17 @@ struct PairBlock {
     dx: [f32; 16],
 }
 
-/// The gemm of a signed 32-element format (Q4_0, Q5_0, Q8_0) against Q8_0 activations over
-/// whole tiles of 8 activation rows (`nx` a multiple of 8), 2 rows per 512-bit register.
+/// The gemm of a 32-element format against Q8_0 (signed formats: Q4_0, Q5_0, Q8_0) or Q8_1
+/// (unsigned: Q4_1, Q5_1) activations over whole tiles of 8 activation rows (`nx` a multiple
+/// of 8), 2 rows per 512-bit register.
 ///
-/// Per weight block and pair of activation rows it takes one `vpdpbusd` of the weight quants
-/// made unsigned (`q + OFFSET`) against both rows' quants, starting from the prepared offset
-/// correction, so each i32 lane is exactly the signed 4-element dot of `T32::tile_impl`; then
-/// the same `d_w · d_x` product and fused multiply-add into the same 8 lanes per row, in block
-/// order, and the same horizontal sum. Every output has `tile_impl`'s bits; the per-pair work
-/// drops from the sign trick's six vector operations to four.
+/// Per weight block and pair of activation rows it takes one `vpdpbusd` of the (unsigned, or
+/// made unsigned as `q + OFFSET`) weight quants against both rows' quants, starting from zero
+/// or from the prepared offset correction, so each i32 lane is exactly the 4-element dot of
+/// `T32::tile_impl`; then the same `d_w · d_x` product and fused multiply-add into the same 8
+/// lanes per row, in block order, and the same horizontal sum. Unsigned formats add their
+/// `m_w · s_x` chain, run for the 8 rows in the lanes of one register. Every output has
+/// `tile_impl`'s bits, at about two thirds of the vector operations of `t32_tile4`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
@@ -159,32 +162,37 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    const XB: usize = 34;
+    // Activation block: Q8_0 (d, qs) or Q8_1 (d, s, qs).
+    let (xb, xq) = if F::SIGNED { (34, 2) } else { (36, 4) };
     let nb = n / 32;
     let mut prep = [core::mem::MaybeUninit::<PairBlock>::uninit(); 4 * PAIR_KB];
+    // `s_x` of the 8 activation rows, per block (unsigned formats).
+    let mut sx = [core::mem::MaybeUninit::<__m256>::uninit(); PAIR_KB];
     let mut accs = [[_mm512_setzero_ps(); 4]; PAIR_ROWS];
+    let mut mss = [_mm256_setzero_ps(); PAIR_ROWS];
     let off = _mm512_set1_epi8(F::OFFSET as i8);
     let mut j = 0;
     while j + 8 <= nx {
+        let xr = |t: usize| x.add((j + t) * x_stride);
         let mut r0 = 0;
         while r0 < nw {
             let r1 = (r0 + PAIR_ROWS).min(nw);
-            for a in accs.iter_mut() {
+            for (a, m) in accs.iter_mut().zip(mss.iter_mut()) {
                 *a = [_mm512_setzero_ps(); 4];
+                *m = _mm256_setzero_ps();
             }
             let mut b0 = 0;
             while b0 < nb {
                 let b1 = (b0 + PAIR_KB).min(nb);
                 // Prepare the 4 pairs of activation rows for blocks b0..b1.
                 for p in 0..4 {
-                    let (t0, t1) = (x.add((j + 2 * p) * x_stride), x.add((j + 2 * p + 1) * x_stride));
+                    let (t0, t1) = (xr(2 * p), xr(2 * p + 1));
                     for b in b0..b1 {
-                        let (x0, x1) = (t0.add(b * XB), t1.add(b * XB));
+                        let (x0, x1) = (t0.add(b * xb), t1.add(b * xb));
                         let y = _mm512_inserti64x4::<1>(
-                            _mm512_castsi256_si512(loadu(x0.add(2))),
-                            loadu(x1.add(2)),
+                            _mm512_castsi256_si512(loadu(x0.add(xq))),
+                            loadu(x1.add(xq)),
                         );
-                        let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, y);
                         let (d0, d1) = (f16x2_at(x0), f16x2_at(x1));
                         let dx = _mm512_insertf32x8::<1>(
                             _mm512_broadcastss_ps(d0),
@@ -192,41 +200,71 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
                         );
                         let slot = prep[p * PAIR_KB + b - b0].as_mut_ptr();
                         _mm512_store_si512((*slot).y.as_mut_ptr().cast(), y);
-                        _mm512_store_si512(
-                            (*slot).corr.as_mut_ptr().cast(),
-                            _mm512_sub_epi32(_mm512_setzero_si512(), c),
-                        );
+                        if F::SIGNED {
+                            let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, y);
+                            _mm512_store_si512(
+                                (*slot).corr.as_mut_ptr().cast(),
+                                _mm512_sub_epi32(_mm512_setzero_si512(), c),
+                            );
+                        }
                         _mm512_store_ps((*slot).dx.as_mut_ptr(), dx);
                     }
                 }
+                if !F::SIGNED {
+                    for (b, slot) in (b0..b1).zip(sx.iter_mut()) {
+                        let s: [f32; 8] = core::array::from_fn(|t| {
+                            _mm_cvtss_f32(_mm_movehdup_ps(f16x2_at(xr(t).add(b * xb))))
+                        });
+                        slot.write(_mm256_loadu_ps(s.as_ptr()));
+                    }
+                }
                 let pb = prep.as_ptr().cast::<PairBlock>();
-                for (r, acc) in (r0..r1).zip(accs.iter_mut()) {
+                for ((r, acc), ms) in (r0..r1).zip(accs.iter_mut()).zip(mss.iter_mut()) {
                     let wr = w.add(r * w_stride);
-                    let mut a = *acc;
+                    let (mut a, mut m) = (*acc, *ms);
                     for b in b0..b1 {
                         let wp = wr.add(b * F::SIZE);
-                        let q = _mm512_broadcast_i64x4(F::uquants(wp));
-                        let dw = _mm512_broadcastss_ps(f16x2_at(wp));
+                        let (q, start) = if F::SIGNED {
+                            (F::uquants(wp), None)
+                        } else {
+                            (F::quants::<Vnni>(wp), Some(_mm512_setzero_si512()))
+                        };
+                        let q = _mm512_broadcast_i64x4(q);
+                        // [d_w, m_w]
+                        let wdm = f16x2_at(wp);
+                        let dw = _mm512_broadcastss_ps(wdm);
+                        if !F::SIGNED {
+                            let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(wdm));
+                            m = _mm256_fmadd_ps(mw, sx[b - b0].assume_init(), m);
+                        }
                         for (p, ap) in a.iter_mut().enumerate() {
                             let s = &*pb.add(p * PAIR_KB + b - b0);
-                            let i = _mm512_dpbusd_epi32(
-                                _mm512_load_si512(s.corr.as_ptr().cast()),
-                                q,
-                                _mm512_load_si512(s.y.as_ptr().cast()),
-                            );
+                            let y = _mm512_load_si512(s.y.as_ptr().cast());
+                            let c = match start {
+                                Some(z) => z,
+                                None => _mm512_load_si512(s.corr.as_ptr().cast()),
+                            };
+                            let i = _mm512_dpbusd_epi32(c, q, y);
                             let prod = _mm512_mul_ps(dw, _mm512_load_ps(s.dx.as_ptr()));
                             *ap = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(i), *ap);
                         }
                     }
-                    *acc = a;
+                    (*acc, *ms) = (a, m);
                 }
                 b0 = b1;
             }
-            for (r, acc) in (r0..r1).zip(accs.iter()) {
+            for ((r, acc), ms) in (r0..r1).zip(accs.iter()).zip(mss.iter()) {
+                let msv: [f32; 8] = core::mem::transmute(*ms);
                 for (p, ap) in acc.iter().enumerate() {
-                    *out.add((j + 2 * p) * out_stride + r) = hsum_ps(_mm512_castps512_ps256(*ap));
-                    *out.add((j + 2 * p + 1) * out_stride + r) =
-                        hsum_ps(_mm512_extractf32x8_ps::<1>(*ap));
+                    let (t0, t1) = (2 * p, 2 * p + 1);
+                    let mut o0 = hsum_ps(_mm512_castps512_ps256(*ap));
+                    let mut o1 = hsum_ps(_mm512_extractf32x8_ps::<1>(*ap));
+                    if !F::SIGNED {
+                        o0 += msv[t0];
+                        o1 += msv[t1];
+                    }
+                    *out.add((j + t0) * out_stride + r) = o0;
+                    *out.add((j + t1) * out_stride + r) = o1;
                 }
             }
             r0 = r1;
