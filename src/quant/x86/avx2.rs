@@ -25,6 +25,11 @@ pub(super) trait IDot {
     unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
     /// `acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1]` (i16 inputs).
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// [`IDot::dpwssd`] on 512-bit registers; only called where [`IDot::AVX512`] is true.
+    #[inline(always)]
+    unsafe fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
+    }
 
     /// The tier has [`IDot::t32_gemm_pairs`] (AVX-512 VNNI).
     const PAIRS: bool = false;
@@ -1055,9 +1060,35 @@ impl TQ4K {
             let pr = Q4K::prep(wp);
             // Scale-weighted 4-element sums, one 8-lane accumulator per pair of sub-blocks.
             let mut pairs = [[_mm256_setzero_si256(); 4]; 4];
-            q4k_chunks!(wp, pr, x, b, 4, |j, k, p16, sc| {
-                pairs[j][k / 2] = D::dpwssd(pairs[j][k / 2], p16, sc);
-            });
+            if D::AVX512 {
+                // Two activation rows per 512-bit register (each half the 256-bit lanes below,
+                // the same exact integers), half the instructions.
+                let mut p2 = [[_mm512_setzero_si512(); 4]; 2];
+                for k in 0..8 {
+                    let q = _mm512_broadcast_i64x4(Q4K::chunk(wp, k));
+                    let sc = _mm512_broadcast_i64x4(_mm256_shuffle_epi8(
+                        pr.sc[0],
+                        scale_shuffle(false, k),
+                    ));
+                    for (t, acc) in p2.iter_mut().enumerate() {
+                        let y = _mm512_inserti64x4::<1>(
+                            _mm512_castsi256_si512(loadu(x[2 * t].add(b * Q8K_BYTES + 4 + 32 * k))),
+                            loadu(x[2 * t + 1].add(b * Q8K_BYTES + 4 + 32 * k)),
+                        );
+                        acc[k / 2] = D::dpwssd512(acc[k / 2], _mm512_maddubs_epi16(q, y), sc);
+                    }
+                }
+                for (t, acc) in p2.iter().enumerate() {
+                    for (s, a) in acc.iter().enumerate() {
+                        pairs[2 * t][s] = _mm512_castsi512_si256(*a);
+                        pairs[2 * t + 1][s] = _mm512_extracti64x4_epi64::<1>(*a);
+                    }
+                }
+            } else {
+                q4k_chunks!(wp, pr, x, b, 4, |j, k, p16, sc| {
+                    pairs[j][k / 2] = D::dpwssd(pairs[j][k / 2], p16, sc);
+                });
+            }
             // Per pair p: [S_0p, S_1p, S_2p, S_3p], the four rows' exact scale sums, and the same
             // for the minimum sums (lane l of a row's `m8` = min[l] · the 32 activation quants
             // of sub-block l), built directly in row-per-lane order.

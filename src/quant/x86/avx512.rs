@@ -21,6 +21,10 @@ impl IDot for Vnni {
     unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         _mm256_dpwssd_epi32(acc, a, b)
     }
+    #[inline(always)]
+    unsafe fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        _mm512_dpwssd_epi32(acc, a, b)
+    }
     const PAIRS: bool = true;
     #[inline(always)]
     unsafe fn t32_gemm_pairs<F: Blk32>(
