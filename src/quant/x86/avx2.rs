@@ -51,6 +51,19 @@ pub(super) trait IDot {
         unreachable!("t32_gemm_pairs on a tier without it")
     }
 
+    /// `T32::rows_impl::<Self, 4>` with the same bits, two weight rows per 512-bit register
+    /// (see `avx512::t32_rows4`); only called where [`IDot::PAIRS`] is true.
+    #[inline(always)]
+    unsafe fn t32_rows4<F: Blk32>(
+        _n: usize,
+        _w: [*const u8; 4],
+        _x: *const u8,
+        _sc: *const [f32; 2],
+        _prefetch: usize,
+    ) -> [f32; 4] {
+        unreachable!("t32_rows4 on a tier without it")
+    }
+
     /// The tier has [`IDot::t32_tile4`].
     const TILE4: bool = false;
     /// A 512-bit version of `T32::tile_impl::<Self, 4>` with identical results (see
@@ -616,7 +629,11 @@ impl<F: Blk32> Tile for T32<F> {
                     // another; every row's arithmetic is unchanged.
                     while i + 4 <= i1 {
                         let wr = [0, 1, 2, 3].map(|k| w.add((i + k) * w_stride));
-                        let r = Self::rows_impl::<D, 4>(n, wr, xr(j), scp, 32 * w_stride);
+                        let r = if D::PAIRS {
+                            D::t32_rows4::<F>(n, wr, xr(j), scp, 32 * w_stride)
+                        } else {
+                            Self::rows_impl::<D, 4>(n, wr, xr(j), scp, 32 * w_stride)
+                        };
                         for (k, v) in r.into_iter().enumerate() {
                             *out.add(j * out_stride + i + k) = v;
                         }

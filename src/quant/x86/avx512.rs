@@ -40,6 +40,16 @@ impl IDot for Vnni {
     ) {
         t32_gemm_pairs::<F>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
     }
+    #[inline(always)]
+    unsafe fn t32_rows4<F: Blk32>(
+        n: usize,
+        w: [*const u8; 4],
+        x: *const u8,
+        sc: *const [f32; 2],
+        prefetch: usize,
+    ) -> [f32; 4] {
+        t32_rows4::<F>(n, w, x, sc, prefetch)
+    }
     const TILE4: bool = true;
     #[inline(always)]
     unsafe fn t32_tile4<F: Blk32>(
@@ -275,4 +285,85 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
         }
         j += 8;
     }
+}
+
+/// Four weight rows of a 32-element format against one activation row (decode), two rows per
+/// 512-bit register: `T32::rows_impl::<D, 4>`'s bits at about half its vector operations.
+///
+/// Each half of a register is one row's 8-lane accumulator, taking per block the same exact
+/// 4-element integer dots (signed formats: the weights made unsigned, `q + OFFSET`, from the
+/// block's offset correction, as in [`t32_gemm_pairs`]), the same `d_w · d_x` product and fused
+/// multiply-add, in block order; unsigned formats run the four rows' `m_w · s_x` chains in the
+/// lanes of one register. `sc[b]` holds the activation block's `[d, s]` in f32.
+#[inline(always)]
+pub(super) unsafe fn t32_rows4<F: Blk32>(
+    n: usize,
+    w: [*const u8; 4],
+    x: *const u8,
+    sc: *const [f32; 2],
+    prefetch: usize,
+) -> [f32; 4] {
+    let (xb, xq) = if F::SIGNED { (34, 2) } else { (36, 4) };
+    let nb = n / 32;
+    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut ms = _mm_setzero_ps();
+    let off = _mm512_set1_epi8(F::OFFSET as i8);
+    // [d_0, m_0, .., d_3, m_3] (f32, 8 lanes) → row 2p's d in lanes 0-7, row 2p+1's in 8-15.
+    let spread = [
+        _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0),
+        _mm512_set_epi32(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4),
+    ];
+    let mins = _mm256_set_epi32(0, 0, 0, 0, 7, 5, 3, 1);
+    for b in 0..nb {
+        let wp = w.map(|r| r.add(b * F::SIZE));
+        for p in wp {
+            // Interleaved rows defeat the hardware's stream detection: fetch ahead by hand
+            // (a prefetch never faults, so running past the matrix is harmless).
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(prefetch).cast());
+        }
+        let xp = x.add(b * xb);
+        let y = _mm512_broadcast_i64x4(loadu(xp.add(xq)));
+        let start = if F::SIGNED {
+            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, y))
+        } else {
+            _mm512_setzero_si512()
+        };
+        let xds = *sc.add(b);
+        // The four rows' [d, m] (the f16 pairs at each block's start), exactly in f32.
+        let dm4 = _mm256_cvtph_ps(_mm_set_epi32(
+            core::ptr::read_unaligned(wp[3].cast::<i32>()),
+            core::ptr::read_unaligned(wp[2].cast::<i32>()),
+            core::ptr::read_unaligned(wp[1].cast::<i32>()),
+            core::ptr::read_unaligned(wp[0].cast::<i32>()),
+        ));
+        let dm = _mm512_castps256_ps512(dm4);
+        let dx = _mm512_set1_ps(xds[0]);
+        for (h, a) in acc.iter_mut().enumerate() {
+            let (q0, q1) = if F::SIGNED {
+                (F::uquants(wp[2 * h]), F::uquants(wp[2 * h + 1]))
+            } else {
+                (F::quants::<Vnni>(wp[2 * h]), F::quants::<Vnni>(wp[2 * h + 1]))
+            };
+            let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1);
+            let i = _mm512_dpbusd_epi32(start, q, y);
+            let prod = _mm512_mul_ps(_mm512_permutexvar_ps(spread[h], dm), dx);
+            *a = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(i), *a);
+        }
+        if !F::SIGNED {
+            let m4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm4, mins));
+            ms = _mm_fmadd_ps(m4, _mm_set1_ps(xds[1]), ms);
+        }
+    }
+    let msv: [f32; 4] = core::mem::transmute(ms);
+    let mut out = [0f32; 4];
+    for h in 0..2 {
+        out[2 * h] = hsum_ps(_mm512_castps512_ps256(acc[h]));
+        out[2 * h + 1] = hsum_ps(_mm512_extractf32x8_ps::<1>(acc[h]));
+    }
+    if !F::SIGNED {
+        for (o, m) in out.iter_mut().zip(msv) {
+            *o += m;
+        }
+    }
+    out
 }
