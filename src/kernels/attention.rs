@@ -688,9 +688,7 @@ fn tiled(
                     // A decode row: dot products over the key rows in place.
                     (ops.kq_rows)(q_rows, group, ktile, sc_rows);
                 } else {
-                    for (qh, sc) in q_rows.chunks_exact(hdk).zip(sc_rows.chunks_exact_mut(KV_TILE)) {
-                        (ops.kq_tile)(qh, kt, sc.try_into().expect("tile row"));
-                    }
+                    (ops.kq_tile)(q_rows, kt, sc_rows);
                 }
                 for j in 0..group {
                     let r = r0 + j;

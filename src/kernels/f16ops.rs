@@ -70,9 +70,19 @@ impl<'a> KeyRun<'a> {
         (&self.keys[k..k + hdk], &self.values[v..v + hdv])
     }
 }
-/// Scores of one query row against a tile of keys: `out[j] = fma-chain over d of q[d]·kt[d][j]`
-/// (`d` ascending, starting from 0); `kt` is the tile transposed, `[q.len()][KV_TILE]`.
-pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]);
+/// Scores of query rows against a tile of keys: `q` holds `rows = out.len() / KV_TILE` rows of
+/// `hd` (`kt` is the tile transposed, `[hd][KV_TILE]`), and `out[r·KV_TILE + j]` = the
+/// fma-chain over d of `q_r[d]·kt[d][j]` (`d` ascending, starting from 0).
+pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32]);
+
+/// `(rows, hd)` of a [`KqTileFn`] call, checked.
+fn tile_shape(q: &[f32], kt: &[f32], out: &[f32]) -> (usize, usize) {
+    let rows = out.len() / KV_TILE;
+    assert!(rows > 0 && out.len() == rows * KV_TILE && q.len() % rows == 0);
+    let hd = q.len() / rows;
+    assert_eq!(kt.len(), hd * KV_TILE);
+    (rows, hd)
+}
 /// Scores of `heads` query rows (`q`: `[heads][hd]` f32) against `n <= KV_TILE` key rows
 /// (`k`: `[n][hd]`): `out[g·KV_TILE + j] = dot(q_g, k_j)`, each exactly what [`DotF16Fn`]
 /// returns for that pair (16 lanes of fused multiply-adds, the reference's lane tree). The
@@ -369,12 +379,14 @@ pub fn vec_keys_scalar(q16: &[f32], kv: KeyRun<'_>, scale: f32, m_s: &mut [f32],
     )
 }
 
-pub fn kq_tile_scalar(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
-    assert_eq!(kt.len(), q.len() * KV_TILE);
+pub fn kq_tile_scalar(q: &[f32], kt: &[f32], out: &mut [f32]) {
+    let (_, hd) = tile_shape(q, kt, out);
     out.fill(0.0);
-    for (&qd, krow) in q.iter().zip(kt.chunks_exact(KV_TILE)) {
-        for (o, &k) in out.iter_mut().zip(krow) {
-            *o = k.mul_add(qd, *o);
+    for (qr, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(KV_TILE)) {
+        for (&qd, krow) in qr.iter().zip(kt.chunks_exact(KV_TILE)) {
+            for (o, &k) in o.iter_mut().zip(krow) {
+                *o = k.mul_add(qd, *o);
+            }
         }
     }
 }
@@ -626,27 +638,45 @@ mod x86 {
         }
     }
 
-    pub fn kq_tile_avx512(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
-        assert_eq!(kt.len(), q.len() * KV_TILE);
-        // SAFETY: selected only when avx512f was detected at run time.
-        unsafe { kq_tile_avx512_impl(q, kt, out) }
+    pub fn kq_tile_avx512(q: &[f32], kt: &[f32], out: &mut [f32]) {
+        let (rows, hd) = super::tile_shape(q, kt, out);
+        let mut r = 0;
+        // Two rows at a time: eight independent chains keep both FMA pipes busy (four would
+        // wait on the latency of the previous FMA).
+        while r + 2 <= rows {
+            // SAFETY: avx512f detected; rows `r`, `r + 1` of `q` and `out` exist (checked).
+            unsafe { kq_tile_avx512_impl::<2>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+            r += 2;
+        }
+        if r < rows {
+            // SAFETY: as above, one row.
+            unsafe { kq_tile_avx512_impl::<1>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+        }
     }
 
+    /// `R` query rows (`hd` apart in `q`) against the transposed tile, into `R` rows of `out`.
     #[target_feature(enable = "avx512f")]
-    unsafe fn kq_tile_avx512_impl(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let kp = kt.as_ptr();
-        for (d, &qd) in q.iter().enumerate() {
-            let qv = _mm512_set1_ps(qd);
-            for (r, a) in acc.iter_mut().enumerate() {
-                // SAFETY: `d * KV_TILE + 16r + 16 <= kt.len()` (asserted by the caller).
-                let kv = unsafe { _mm512_loadu_ps(kp.add(d * KV_TILE + 16 * r)) };
-                *a = _mm512_fmadd_ps(kv, qv, *a);
+    unsafe fn kq_tile_avx512_impl<const R: usize>(q: &[f32], hd: usize, kt: &[f32], out: &mut [f32]) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        let (kp, qp) = (kt.as_ptr(), q.as_ptr());
+        for d in 0..hd {
+            // SAFETY: `d * KV_TILE + 64 <= kt.len()`, row `i < R` of `q` has `hd` elements.
+            unsafe {
+                let kv: [__m512; 4] =
+                    std::array::from_fn(|c| _mm512_loadu_ps(kp.add(d * KV_TILE + 16 * c)));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let qv = _mm512_set1_ps(*qp.add(i * hd + d));
+                    for (c, ac) in a.iter_mut().enumerate() {
+                        *ac = _mm512_fmadd_ps(kv[c], qv, *ac);
+                    }
+                }
             }
         }
-        for (r, a) in acc.iter().enumerate() {
-            // SAFETY: 16 floats at 16r of a 64-float array.
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * r), *a) };
+        for (i, a) in acc.iter().enumerate() {
+            for (c, ac) in a.iter().enumerate() {
+                // SAFETY: row `i < R` of `out` holds KV_TILE floats.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i * KV_TILE + 16 * c), *ac) };
+            }
         }
     }
 
@@ -1186,10 +1216,13 @@ mod x86 {
         }
     }
 
-    pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32; KV_TILE]) {
-        assert_eq!(kt.len(), q.len() * KV_TILE);
-        // SAFETY: selected only when avx2, fma and f16c were detected at run time.
-        unsafe { kq_tile_avx2_impl(q, kt, out) }
+    pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32]) {
+        let (_, hd) = super::tile_shape(q, kt, out);
+        for (qr, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(KV_TILE)) {
+            // SAFETY: selected only when avx2, fma and f16c were detected at run time; each
+            // row has `hd` elements and `kt` `hd` rows of KV_TILE (checked).
+            unsafe { kq_tile_avx2_impl(qr, kt, o.try_into().expect("tile row")) }
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -1327,14 +1360,22 @@ mod tests {
             }
         }
         for dk in [1, 32, 64, 256] {
-            let q: Vec<f32> = (0..dk).map(|_| rng.next()).collect();
-            let kt: Vec<f32> = (0..dk * KV_TILE).map(|_| rng.next()).collect();
-            let mut want = [0.0f32; KV_TILE];
-            (scalar.kq_tile)(&q, &kt, &mut want);
-            for ops in all_paths() {
-                let mut got = [1.0f32; KV_TILE];
-                (ops.kq_tile)(&q, &kt, &mut got);
-                assert_eq!(got, want, "{} kq_tile dk={dk}", ops.name);
+            for rows in [1, 2, 3, 4] {
+                let q: Vec<f32> = (0..rows * dk).map(|_| rng.next()).collect();
+                let kt: Vec<f32> = (0..dk * KV_TILE).map(|_| rng.next()).collect();
+                let mut want = vec![0.0f32; rows * KV_TILE];
+                (scalar.kq_tile)(&q, &kt, &mut want);
+                for ops in all_paths() {
+                    let mut got = vec![1.0f32; rows * KV_TILE];
+                    (ops.kq_tile)(&q, &kt, &mut got);
+                    assert_eq!(got, want, "{} kq_tile dk={dk} rows={rows}", ops.name);
+                    // Each row as its own call.
+                    for r in 0..rows {
+                        let mut one = vec![1.0f32; KV_TILE];
+                        (ops.kq_tile)(&q[r * dk..(r + 1) * dk], &kt, &mut one);
+                        assert_eq!(one[..], want[r * KV_TILE..(r + 1) * KV_TILE], "{}", ops.name);
+                    }
+                }
             }
         }
         // Softmax over scores spanning the whole range, with masked (−∞) keys.
