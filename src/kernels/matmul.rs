@@ -222,7 +222,13 @@ pub fn matmul_many(
                 for j in 0..n {
                     // SAFETY: rows `i..i+nw` of every token belong to this thread alone.
                     let dst = unsafe { out.part(j * lin.out_dim + i..j * lin.out_dim + i + nw) };
-                    dst.copy_from_slice(&tile[j * nw..(j + 1) * nw]);
+                    let src = &tile[j * nw..(j + 1) * nw];
+                    match (<&mut [f32; TILE_ROWS]>::try_from(&mut *dst), <&[f32; TILE_ROWS]>::try_from(src)) {
+                        // A whole tile row: a fixed-size copy the compiler inlines (a call to
+                        // `memmove` per token and tile cost 2-4% of a prefill).
+                        (Ok(d), Ok(s)) => *d = *s,
+                        _ => dst.copy_from_slice(src),
+                    }
                     if let Some(b) = &lin.bias {
                         for (d, &bb) in dst.iter_mut().zip(&b[i..i + nw]) {
                             *d += bb;
