@@ -78,6 +78,18 @@ fn for_each_row(seqs: &[SeqBatch<'_>], mut f: impl FnMut(usize, usize)) {
     }
 }
 
+/// The position of batch row `j` (rows are the sequences' tokens, in order).
+fn row_pos(seqs: &[SeqBatch<'_>], j: usize) -> usize {
+    let mut r = j;
+    for sq in seqs {
+        if r < sq.n_tokens {
+            return sq.kv.len() + r;
+        }
+        r -= sq.n_tokens;
+    }
+    panic!("row {j} past the batch")
+}
+
 /// Call `f(first_row, sequence)` for every sequence of the batch, in order.
 fn for_each_seq(seqs: &mut [SeqBatch<'_>], mut f: impl FnMut(usize, &mut SeqBatch<'_>)) {
     let mut row = 0;
@@ -241,16 +253,23 @@ pub fn forward_batch(
             norm_rows(pool, kn, &[], &mut s.k[..n * kv_k], c.head_dim_k);
         }
         if let Some(rope) = &layer.rope {
+            // Angles and rotations row by row over the pool (a prompt's rows are independent).
             if rope_of_cs != Some(rope) {
-                for_each_row(seqs, |j, pos| {
-                    rope.cos_sin(pos, &mut s.rope_cs[j * rd..(j + 1) * rd]);
+                let seqs = &*seqs;
+                crate::kernels::par_rows(pool, &mut s.rope_cs[..n * rd], rd, &|rows, cs| {
+                    for (j, cs) in rows.zip(cs.chunks_exact_mut(rd)) {
+                        rope.cos_sin(row_pos(seqs, j), cs);
+                    }
                 });
                 rope_of_cs = Some(rope);
             }
-            for j in 0..n {
-                let cs = &s.rope_cs[j * rd..(j + 1) * rd];
-                rope.apply(&mut s.q[j * q_dim..(j + 1) * q_dim], c.head_dim_k, cs);
-                rope.apply(&mut s.k[j * kv_k..(j + 1) * kv_k], c.head_dim_k, cs);
+            let (cs_all, hd) = (&s.rope_cs, c.head_dim_k);
+            for (x, width) in [(&mut s.q[..n * q_dim], q_dim), (&mut s.k[..n * kv_k], kv_k)] {
+                crate::kernels::par_rows(pool, x, width, &|rows, x| {
+                    for (j, row) in rows.zip(x.chunks_exact_mut(width)) {
+                        rope.apply(row, hd, &cs_all[j * rd..(j + 1) * rd]);
+                    }
+                });
             }
         }
         if let Some(qs) = c.q_scale {
