@@ -696,8 +696,8 @@ fn tiled(
                         .try_into()
                         .expect("tile row");
                     let tile_max = scale_and_mask(sc, s.scale, lo - c0, hi - c0);
-                    let acc =
-                        &mut o_rows[t - t0][j * acc_stride + acc_off..j * acc_stride + acc_off + hdv];
+                    let acc = &mut o_rows[t - t0]
+                        [j * acc_stride + acc_off..j * acc_stride + acc_off + hdv];
                     let (m_old, mut sum) = (ms[2 * r], ms[2 * r + 1]);
                     let m_new = m_old.max(tile_max);
                     if m_new > m_old {

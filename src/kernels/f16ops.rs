@@ -78,7 +78,7 @@ pub type KqTileFn = fn(q: &[f32], kt: &[f32], out: &mut [f32]);
 /// `(rows, hd)` of a [`KqTileFn`] call, checked.
 fn tile_shape(q: &[f32], kt: &[f32], out: &[f32]) -> (usize, usize) {
     let rows = out.len() / KV_TILE;
-    assert!(rows > 0 && out.len() == rows * KV_TILE && q.len() % rows == 0);
+    assert!(rows > 0 && out.len() == rows * KV_TILE && q.len().is_multiple_of(rows));
     let hd = q.len() / rows;
     assert_eq!(kt.len(), hd * KV_TILE);
     (rows, hd)
@@ -103,9 +103,9 @@ pub type VkqMultiFn = fn(
 
 /// `(hd, n)` of a [`KqRowsFn`] call, checked.
 fn rows_shape(q: &[f32], heads: usize, k: &[f16], out: &[f32]) -> (usize, usize) {
-    assert!(heads > 0 && q.len() % heads == 0 && out.len() >= heads * KV_TILE);
+    assert!(heads > 0 && q.len().is_multiple_of(heads) && out.len() >= heads * KV_TILE);
     let hd = q.len() / heads;
-    assert!(hd > 0 && k.len() % hd == 0 && k.len() / hd <= KV_TILE);
+    assert!(hd > 0 && k.len().is_multiple_of(hd) && k.len() / hd <= KV_TILE);
     (hd, k.len() / hd)
 }
 
@@ -128,9 +128,15 @@ fn multi_shape(
     v: &[f16],
     hdv: usize,
 ) -> usize {
-    assert!(heads > 0 && hdv > 0 && v.len() % hdv == 0, "value rows of {hdv}");
+    assert!(
+        heads > 0 && hdv > 0 && v.len().is_multiple_of(hdv),
+        "value rows of {hdv}"
+    );
     let n = v.len() / hdv;
-    assert!(acc.len() >= (heads - 1) * acc_stride + hdv, "accumulator rows");
+    assert!(
+        acc.len() >= (heads - 1) * acc_stride + hdv,
+        "accumulator rows"
+    );
     assert!(p.len() >= (heads - 1) * p_stride + n, "weight rows");
     n
 }
@@ -146,7 +152,11 @@ pub fn vkq_multi_scalar(
 ) {
     let n = multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
     for g in 0..heads {
-        vkq_acc_scalar(&mut acc[g * acc_stride..][..hdv], &p[g * p_stride..][..n], v);
+        vkq_acc_scalar(
+            &mut acc[g * acc_stride..][..hdv],
+            &p[g * p_stride..][..n],
+            v,
+        );
     }
 }
 
@@ -157,7 +167,7 @@ pub type KeyTileFn = fn(k: &[f16], kt: &mut [f32]);
 /// The scalar [`KeyTileFn`] (the conversion is exact, so every path gives these bits).
 pub fn key_tile_scalar(k: &[f16], kt: &mut [f32]) {
     let hd = kt.len() / KV_TILE;
-    assert!(hd > 0 && k.len() % hd == 0 && k.len() / hd <= KV_TILE);
+    assert!(hd > 0 && k.len().is_multiple_of(hd) && k.len() / hd <= KV_TILE);
     for (j, row) in k.chunks_exact(hd).enumerate() {
         for (d, &x) in row.iter().enumerate() {
             kt[d * KV_TILE + j] = x.to_f32();
@@ -656,7 +666,12 @@ mod x86 {
 
     /// `R` query rows (`hd` apart in `q`) against the transposed tile, into `R` rows of `out`.
     #[target_feature(enable = "avx512f")]
-    unsafe fn kq_tile_avx512_impl<const R: usize>(q: &[f32], hd: usize, kt: &[f32], out: &mut [f32]) {
+    unsafe fn kq_tile_avx512_impl<const R: usize>(
+        q: &[f32],
+        hd: usize,
+        kt: &[f32],
+        out: &mut [f32],
+    ) {
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
         let (kp, qp) = (kt.as_ptr(), q.as_ptr());
         for d in 0..hd {
@@ -757,9 +772,13 @@ mod x86 {
         hdv: usize,
     ) {
         let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
-        if hdv % BLOCK != 0 {
+        if !hdv.is_multiple_of(BLOCK) {
             for g in 0..heads {
-                vkq_acc_avx512(&mut acc[g * acc_stride..][..hdv], &p[g * p_stride..][..n], v);
+                vkq_acc_avx512(
+                    &mut acc[g * acc_stride..][..hdv],
+                    &p[g * p_stride..][..n],
+                    v,
+                );
             }
             return;
         }
@@ -825,7 +844,7 @@ mod x86 {
 
     pub fn key_tile_avx512(k: &[f16], kt: &mut [f32]) {
         let hd = kt.len() / KV_TILE;
-        assert!(hd > 0 && k.len() % hd == 0 && k.len() / hd <= KV_TILE);
+        assert!(hd > 0 && k.len().is_multiple_of(hd) && k.len() / hd <= KV_TILE);
         // SAFETY: selected only when avx512f was detected at run time; shapes checked.
         unsafe { key_tile_avx512_impl(k, kt, hd) }
     }
@@ -1212,7 +1231,11 @@ mod x86 {
     ) {
         let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
         for g in 0..heads {
-            vkq_acc_avx2(&mut acc[g * acc_stride..][..hdv], &p[g * p_stride..][..n], v);
+            vkq_acc_avx2(
+                &mut acc[g * acc_stride..][..hdv],
+                &p[g * p_stride..][..n],
+                v,
+            );
         }
     }
 
@@ -1373,7 +1396,12 @@ mod tests {
                     for r in 0..rows {
                         let mut one = vec![1.0f32; KV_TILE];
                         (ops.kq_tile)(&q[r * dk..(r + 1) * dk], &kt, &mut one);
-                        assert_eq!(one[..], want[r * KV_TILE..(r + 1) * KV_TILE], "{}", ops.name);
+                        assert_eq!(
+                            one[..],
+                            want[r * KV_TILE..(r + 1) * KV_TILE],
+                            "{}",
+                            ops.name
+                        );
                     }
                 }
             }
@@ -1547,7 +1575,9 @@ mod tests {
             for heads in [1, 3, 4, 5, 9] {
                 for n in [1, 7, 16, 64] {
                     let q: Vec<f32> = (0..heads * hd).map(|_| rng.next() * 3.0).collect();
-                    let k: Vec<f16> = (0..n * hd).map(|_| f16::from_f32(rng.next() * 2.0)).collect();
+                    let k: Vec<f16> = (0..n * hd)
+                        .map(|_| f16::from_f32(rng.next() * 2.0))
+                        .collect();
                     let p: Vec<f32> = (0..heads * KV_TILE).map(|_| rng.next().abs()).collect();
                     let stride = hd + 2;
                     let acc0: Vec<f32> = (0..heads * stride).map(|_| rng.next()).collect();
@@ -1576,8 +1606,10 @@ mod tests {
                                 ops.name
                             );
                             // The two columns between rows are left alone.
-                            assert_eq!(&acc[g * stride + hd..(g * stride + stride).min(acc.len())],
-                                &acc0[g * stride + hd..(g * stride + stride).min(acc.len())]);
+                            assert_eq!(
+                                &acc[g * stride + hd..(g * stride + stride).min(acc.len())],
+                                &acc0[g * stride + hd..(g * stride + stride).min(acc.len())]
+                            );
                         }
                     }
                 }
@@ -1590,7 +1622,9 @@ mod tests {
         let mut rng = Rng(5);
         for hd in [64, 256, 80, 16, 8] {
             for n in [1, 5, 15, 16, 17, 33, 63, 64] {
-                let k: Vec<f16> = (0..n * hd).map(|_| f16::from_f32(rng.next() * 8.0)).collect();
+                let k: Vec<f16> = (0..n * hd)
+                    .map(|_| f16::from_f32(rng.next() * 8.0))
+                    .collect();
                 for p in all_paths() {
                     let mut kt = vec![f32::NAN; hd * KV_TILE];
                     (p.key_tile)(&k, &mut kt);
@@ -1630,7 +1664,13 @@ mod tests {
             gelu_scalar(&mut want);
             for (i, (&w, &v)) in want.iter().zip(&x).enumerate() {
                 let e = crate::kernels::ops::gelu_tanh_exact(f16::from_f32(v).to_f32());
-                let expect = if v <= -10.0 { 0.0 } else if v >= 10.0 { v } else { f16::from_f32(e).to_f32() };
+                let expect = if v <= -10.0 {
+                    0.0
+                } else if v >= 10.0 {
+                    v
+                } else {
+                    f16::from_f32(e).to_f32()
+                };
                 assert_eq!(w.to_bits(), expect.to_bits(), "scalar i={i} x={v}");
             }
             for p in all_paths() {

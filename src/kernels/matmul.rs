@@ -223,7 +223,10 @@ pub fn matmul_many(
                     // SAFETY: rows `i..i+nw` of every token belong to this thread alone.
                     let dst = unsafe { out.part(j * lin.out_dim + i..j * lin.out_dim + i + nw) };
                     let src = &tile[j * nw..(j + 1) * nw];
-                    match (<&mut [f32; TILE_ROWS]>::try_from(&mut *dst), <&[f32; TILE_ROWS]>::try_from(src)) {
+                    match (
+                        <&mut [f32; TILE_ROWS]>::try_from(&mut *dst),
+                        <&[f32; TILE_ROWS]>::try_from(src),
+                    ) {
                         // A whole tile row: a fixed-size copy the compiler inlines (a call to
                         // `memmove` per token and tile cost 2-4% of a prefill).
                         (Ok(d), Ok(s)) => *d = *s,

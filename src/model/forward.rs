@@ -7,9 +7,7 @@
 use std::ops::Range;
 
 use crate::cache::{KvCache, KvOverflow, Scratch};
-use crate::kernels::attention::{
-    attention_kv, decode_is_short, AttnShape, SoloAttention,
-};
+use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{matmul, matmul_many, quantize_input, Linear};
 use crate::kernels::ops::{self, Activation};

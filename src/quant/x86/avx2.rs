@@ -920,7 +920,7 @@ impl<F: BlkK> TK<F> {
             let pr = F::prep(wp);
             // Two integer accumulators per row (even/odd chunks): shorter dependency chains.
             let mut isum = [[_mm256_setzero_si256(); 2]; NX];
-            if D::AVX512 && NX % 2 == 0 {
+            if D::AVX512 && NX.is_multiple_of(2) {
                 // Two activation rows per 512-bit register (each half the 256-bit lanes of the
                 // other branch: the same exact integers), half the instructions.
                 let mut i2 = [[_mm512_setzero_si512(); 2]; NX];

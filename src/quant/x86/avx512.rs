@@ -324,7 +324,10 @@ pub(super) unsafe fn t32_rows4<F: Blk32>(
         let xp = x.add(b * xb);
         let y = _mm512_broadcast_i64x4(loadu(xp.add(xq)));
         let start = if F::SIGNED {
-            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, y))
+            _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, y),
+            )
         } else {
             _mm512_setzero_si512()
         };
@@ -342,7 +345,10 @@ pub(super) unsafe fn t32_rows4<F: Blk32>(
             let (q0, q1) = if F::SIGNED {
                 (F::uquants(wp[2 * h]), F::uquants(wp[2 * h + 1]))
             } else {
-                (F::quants::<Vnni>(wp[2 * h]), F::quants::<Vnni>(wp[2 * h + 1]))
+                (
+                    F::quants::<Vnni>(wp[2 * h]),
+                    F::quants::<Vnni>(wp[2 * h + 1]),
+                )
             };
             let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1);
             let i = _mm512_dpbusd_epi32(start, q, y);
