@@ -1096,81 +1096,107 @@ impl TQ4K {
     /// sub-blocks. Lanes are rows, each lane its own pair of fused-multiply-add chains.
     #[inline(always)]
     unsafe fn tile4<D: IDot>(n: usize, w: *const u8, x: [*const u8; 4]) -> [f32; 4] {
+        Self::tile4x::<D, 1>(n, w, [x])[0]
+    }
+
+    /// `G` batch groups of four rows at once (`G > 1` on AVX-512 tiers only): each group's
+    /// arithmetic is [`Self::tile4`]'s; the weight chunks are decoded once for all of them.
+    #[inline(always)]
+    unsafe fn tile4x<D: IDot, const G: usize>(
+        n: usize,
+        w: *const u8,
+        x: [[*const u8; 4]; G],
+    ) -> [[f32; 4]; G] {
         let nb = n / 256;
-        let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
+        let mut acc = [_mm_setzero_ps(); G];
+        let mut acc_min = [_mm_setzero_ps(); G];
         for b in 0..nb {
             let wp = w.add(b * Q4K::SIZE);
             let pr = Q4K::prep(wp);
             // Scale-weighted 4-element sums, one 8-lane accumulator per pair of sub-blocks.
-            let mut pairs = [[_mm256_setzero_si256(); 4]; 4];
+            let mut pairs = [[[_mm256_setzero_si256(); 4]; 4]; G];
             if D::AVX512 {
                 // Two activation rows per 512-bit register (each half the 256-bit lanes below,
                 // the same exact integers), half the instructions.
-                let mut p2 = [[_mm512_setzero_si512(); 4]; 2];
+                let mut p2 = [[[_mm512_setzero_si512(); 4]; 2]; G];
                 for k in 0..8 {
                     let q = _mm512_broadcast_i64x4(Q4K::chunk(wp, k));
                     let sc = _mm512_broadcast_i64x4(_mm256_shuffle_epi8(
                         pr.sc[0],
                         scale_shuffle(false, k),
                     ));
-                    for (t, acc) in p2.iter_mut().enumerate() {
-                        let y = _mm512_inserti64x4::<1>(
-                            _mm512_castsi256_si512(loadu(x[2 * t].add(b * Q8K_BYTES + 4 + 32 * k))),
-                            loadu(x[2 * t + 1].add(b * Q8K_BYTES + 4 + 32 * k)),
-                        );
-                        acc[k / 2] = D::dpwssd512(acc[k / 2], _mm512_maddubs_epi16(q, y), sc);
+                    for (xg, pg) in x.iter().zip(p2.iter_mut()) {
+                        for (t, acc) in pg.iter_mut().enumerate() {
+                            let y = _mm512_inserti64x4::<1>(
+                                _mm512_castsi256_si512(loadu(
+                                    xg[2 * t].add(b * Q8K_BYTES + 4 + 32 * k),
+                                )),
+                                loadu(xg[2 * t + 1].add(b * Q8K_BYTES + 4 + 32 * k)),
+                            );
+                            acc[k / 2] =
+                                D::dpwssd512(acc[k / 2], _mm512_maddubs_epi16(q, y), sc);
+                        }
                     }
                 }
-                for (t, acc) in p2.iter().enumerate() {
-                    for (s, a) in acc.iter().enumerate() {
-                        pairs[2 * t][s] = _mm512_castsi512_si256(*a);
-                        pairs[2 * t + 1][s] = _mm512_extracti64x4_epi64::<1>(*a);
+                for (pg, p2g) in pairs.iter_mut().zip(p2.iter()) {
+                    for (t, acc) in p2g.iter().enumerate() {
+                        for (s, a) in acc.iter().enumerate() {
+                            pg[2 * t][s] = _mm512_castsi512_si256(*a);
+                            pg[2 * t + 1][s] = _mm512_extracti64x4_epi64::<1>(*a);
+                        }
                     }
                 }
             } else {
-                q4k_chunks!(wp, pr, x, b, 4, |j, k, p16, sc| {
-                    pairs[j][k / 2] = D::dpwssd(pairs[j][k / 2], p16, sc);
-                });
+                for (xg, pg) in x.iter().zip(pairs.iter_mut()) {
+                    q4k_chunks!(wp, pr, xg, b, 4, |j, k, p16, sc| {
+                        pg[j][k / 2] = D::dpwssd(pg[j][k / 2], p16, sc);
+                    });
+                }
             }
-            // Per pair p: [S_0p, S_1p, S_2p, S_3p], the four rows' exact scale sums, and the same
-            // for the minimum sums (lane l of a row's `m8` = min[l] · the 32 activation quants
-            // of sub-block l), built directly in row-per-lane order.
-            let mut yd = [0f32; 4];
-            let mut m8 = [_mm256_setzero_si256(); 4];
-            for j in 0..4 {
-                let xp = x[j].add(b * Q8K_BYTES);
-                yd[j] = f32_at(xp);
-                m8[j] = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
-            }
-            let mut st = [_mm_setzero_si128(); 4];
-            for (t, s) in st.iter_mut().enumerate() {
-                let h = _mm256_hadd_epi32(
-                    _mm256_hadd_epi32(pairs[0][t], pairs[1][t]),
-                    _mm256_hadd_epi32(pairs[2][t], pairs[3][t]),
-                );
-                *s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
-            }
-            // hadd(m8_0, m8_1) = [M00 M01 M10 M11 | M02 M03 M12 M13] (M_jp: row j, pair p).
-            let h01 = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(m8[0], m8[1]));
-            let h23 = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(m8[2], m8[3]));
-            let m02 = _mm256_unpacklo_epi64(h01, h23);
-            let m13 = _mm256_unpackhi_epi64(h01, h23);
-            let mt = [
-                _mm256_castsi256_si128(m02),
-                _mm256_castsi256_si128(m13),
-                _mm256_extracti128_si256::<1>(m02),
-                _mm256_extracti128_si256::<1>(m13),
-            ];
-            let ydv = _mm_loadu_ps(yd.as_ptr());
-            let dd = _mm_mul_ps(_mm_set1_ps(pr.d), ydv);
-            let dm = _mm_mul_ps(_mm_set1_ps(-pr.dm), ydv);
-            for t in 0..4 {
-                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(st[t]), dd, acc);
-                acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mt[t]), dm, acc_min);
+            for g in 0..G {
+                let (x, pairs) = (&x[g], &pairs[g]);
+                // Per pair p: [S_0p, S_1p, S_2p, S_3p], the four rows' exact scale sums, and the
+                // same for the minimum sums (lane l of a row's `m8` = min[l] · the 32 activation
+                // quants of sub-block l), built directly in row-per-lane order.
+                let mut yd = [0f32; 4];
+                let mut m8 = [_mm256_setzero_si256(); 4];
+                for j in 0..4 {
+                    let xp = x[j].add(b * Q8K_BYTES);
+                    yd[j] = f32_at(xp);
+                    m8[j] = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
+                }
+                let mut st = [_mm_setzero_si128(); 4];
+                for (t, s) in st.iter_mut().enumerate() {
+                    let h = _mm256_hadd_epi32(
+                        _mm256_hadd_epi32(pairs[0][t], pairs[1][t]),
+                        _mm256_hadd_epi32(pairs[2][t], pairs[3][t]),
+                    );
+                    *s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                }
+                // hadd(m8_0, m8_1) = [M00 M01 M10 M11 | M02 M03 M12 M13] (M_jp: row j, pair p).
+                let h01 = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(m8[0], m8[1]));
+                let h23 = _mm256_shuffle_epi32::<0b11_01_10_00>(_mm256_hadd_epi32(m8[2], m8[3]));
+                let m02 = _mm256_unpacklo_epi64(h01, h23);
+                let m13 = _mm256_unpackhi_epi64(h01, h23);
+                let mt = [
+                    _mm256_castsi256_si128(m02),
+                    _mm256_castsi256_si128(m13),
+                    _mm256_extracti128_si256::<1>(m02),
+                    _mm256_extracti128_si256::<1>(m13),
+                ];
+                let ydv = _mm_loadu_ps(yd.as_ptr());
+                let dd = _mm_mul_ps(_mm_set1_ps(pr.d), ydv);
+                let dm = _mm_mul_ps(_mm_set1_ps(-pr.dm), ydv);
+                for t in 0..4 {
+                    acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(st[t]), dd, acc[g]);
+                    acc_min[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(mt[t]), dm, acc_min[g]);
+                }
             }
         }
-        let mut r = [0f32; 4];
-        _mm_storeu_ps(r.as_mut_ptr(), _mm_sub_ps(acc, acc_min));
+        let mut r = [[0f32; 4]; G];
+        for (g, rg) in r.iter_mut().enumerate() {
+            _mm_storeu_ps(rg.as_mut_ptr(), _mm_sub_ps(acc[g], acc_min[g]));
+        }
         r
     }
 
@@ -1270,6 +1296,17 @@ impl Tile for TQ4K {
         for i in 0..nw {
             let wr = w.add(i * w_stride);
             let mut j = 0;
+            if D::AVX512 {
+                // Two groups per pass: each weight chunk decoded once for eight rows.
+                while j + 8 <= full {
+                    let g = |j: usize| [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)];
+                    let r = Self::tile4x::<D, 2>(n, wr, [g(j), g(j + 4)]);
+                    for (t, v) in r.into_iter().flatten().enumerate() {
+                        *out.add((j + t) * out_stride + i) = v;
+                    }
+                    j += 8;
+                }
+            }
             while j < full {
                 let r = Self::tile4::<D>(n, wr, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)]);
                 for (t, v) in r.into_iter().enumerate() {
