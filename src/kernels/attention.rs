@@ -598,7 +598,22 @@ fn tiled(
     let rows_max = ITEM_TOKENS * group;
     let n_blocks = n_tokens.div_ceil(ITEM_TOKENS);
     let (n_chunks, chunk_tiles) = decode_chunks(s, pos0, n_tokens);
-    let n_items = n_blocks * s.n_kv_heads * n_chunks;
+    // Only a long decode row comes here with one token.
+    let decode = n_tokens == 1;
+    // A decode with fewer (kv head, chunk) items than threads splits each group's query heads
+    // over several items (`subs`, a divisor of the group; each head's arithmetic is its own, so
+    // the bits do not change): a sliding-window layer's few keys fit one chunk.
+    let base = s.n_kv_heads * n_chunks;
+    let subs = if decode {
+        (1..=group)
+            .filter(|d| group.is_multiple_of(*d))
+            .find(|d| base * d >= pool.n_threads())
+            .unwrap_or(group)
+    } else {
+        1
+    };
+    let hpi = group / subs;
+    let n_items = n_blocks * base * subs;
     // Accumulator rows: the output rows (`hdv` apart), or, split, rows of `partial` laid out
     // `[chunk][head][max, sum, acc..]`.
     let pstride = 2 + hdv;
@@ -608,8 +623,6 @@ fn tiled(
         (false, hdv, 0)
     };
     assert!(n_chunks <= MAX_CHUNKS);
-    // Only a long decode row comes here with one token.
-    let decode = n_tokens == 1;
 
     let outs = DisjointSlice::new(out);
     let partial = DisjointSlice::new(&mut scratch.partial[..n_chunks * s.n_heads * pstride]);
@@ -633,22 +646,23 @@ fn tiled(
         // Later token blocks see more keys: hand out the most expensive items first, so the
         // last items taken are the short ones and the threads finish together.
         let item = n_items - 1 - item;
-        let chunk = item % n_chunks;
-        let kvh = (item / n_chunks) % s.n_kv_heads;
-        let t0 = (item / (n_chunks * s.n_kv_heads)) * ITEM_TOKENS;
+        let sub = item % subs;
+        let chunk = (item / subs) % n_chunks;
+        let kvh = (item / (subs * n_chunks)) % s.n_kv_heads;
+        let t0 = (item / (subs * base)) * ITEM_TOKENS;
         let t1 = (t0 + ITEM_TOKENS).min(n_tokens);
-        let h0 = kvh * group;
-        // Accumulator rows of the item, tokens t0..t1 × heads h0..h0+group.
+        let h0 = kvh * group + sub * hpi;
+        // Accumulator rows of the item, tokens t0..t1 × heads h0..h0+hpi.
         let mut o_rows: [&mut [f32]; ITEM_TOKENS] = std::array::from_fn(|_| &mut [][..]);
         for t in t0..t1 {
             let rows = if split {
                 let a = (chunk * s.n_heads + h0) * pstride;
-                // SAFETY: item (kvh, chunk) owns these partial rows (split: one token).
-                unsafe { partial.part(a..a + group * pstride) }
+                // SAFETY: item (kvh, chunk, sub) owns these partial rows (split: one token).
+                unsafe { partial.part(a..a + hpi * pstride) }
             } else {
                 let a = (t * s.n_heads + h0) * hdv;
-                // SAFETY: item (block, kvh) owns these rows; they are disjoint across items.
-                unsafe { outs.part(a..a + group * hdv) }
+                // SAFETY: item (block, kvh, sub) owns these rows; disjoint across items.
+                unsafe { outs.part(a..a + hpi * hdv) }
             };
             rows.fill(0.0);
             o_rows[t - t0] = rows;
@@ -681,16 +695,16 @@ fn tiled(
                 if lo >= hi {
                     continue; // every key of the tile masked for this row
                 }
-                let r0 = (t - t0) * group;
-                let sc_rows = &mut scores[r0 * KV_TILE..(r0 + group) * KV_TILE];
-                let q_rows = &q[(t * s.n_heads + h0) * hdk..][..group * hdk];
+                let r0 = (t - t0) * hpi;
+                let sc_rows = &mut scores[r0 * KV_TILE..(r0 + hpi) * KV_TILE];
+                let q_rows = &q[(t * s.n_heads + h0) * hdk..][..hpi * hdk];
                 if decode {
                     // A decode row: dot products over the key rows in place.
-                    (ops.kq_rows)(q_rows, group, ktile, sc_rows);
+                    (ops.kq_rows)(q_rows, hpi, ktile, sc_rows);
                 } else {
                     (ops.kq_tile)(q_rows, kt, sc_rows);
                 }
-                for j in 0..group {
+                for j in 0..hpi {
                     let r = r0 + j;
                     let sc: &mut [f32; KV_TILE] = (&mut sc_rows[j * KV_TILE..(j + 1) * KV_TILE])
                         .try_into()
@@ -715,15 +729,15 @@ fn tiled(
                     acc_stride,
                     &sc_rows[lo - c0..],
                     KV_TILE,
-                    group,
+                    hpi,
                     &vtile[(lo - c0) * hdv..(hi - c0) * hdv],
                     hdv,
                 );
             }
         }
         for t in t0..t1 {
-            for j in 0..group {
-                let r = (t - t0) * group + j;
+            for j in 0..hpi {
+                let r = (t - t0) * hpi + j;
                 let row = &mut o_rows[t - t0][j * acc_stride..(j + 1) * acc_stride];
                 if split {
                     row[0] = ms[2 * r];

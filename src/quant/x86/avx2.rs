@@ -630,7 +630,7 @@ impl<F: Blk32> Tile for T32<F> {
                     while i + 4 <= i1 {
                         let wr = [0, 1, 2, 3].map(|k| w.add((i + k) * w_stride));
                         let r = if D::PAIRS {
-                            D::t32_rows4::<F>(n, wr, xr(j), scp, 32 * w_stride)
+                            D::t32_rows4::<F>(n, wr, xr(j), scp, 64 * w_stride)
                         } else {
                             Self::rows_impl::<D, 4>(n, wr, xr(j), scp, 32 * w_stride)
                         };
