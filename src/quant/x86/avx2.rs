@@ -1133,8 +1133,7 @@ impl TQ4K {
                                 )),
                                 loadu(xg[2 * t + 1].add(b * Q8K_BYTES + 4 + 32 * k)),
                             );
-                            acc[k / 2] =
-                                D::dpwssd512(acc[k / 2], _mm512_maddubs_epi16(q, y), sc);
+                            acc[k / 2] = D::dpwssd512(acc[k / 2], _mm512_maddubs_epi16(q, y), sc);
                         }
                     }
                 }

@@ -233,37 +233,37 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
                     }
                 }
                 let pb = prep.as_ptr().cast::<PairBlock>();
-                for ((r, acc), ms) in (r0..r1).zip(accs.iter_mut()).zip(mss.iter_mut()) {
-                    let wr = w.add(r * w_stride);
-                    let (mut a, mut m) = (*acc, *ms);
-                    for b in b0..b1 {
-                        let wp = wr.add(b * F::SIZE);
-                        let (q, start) = if F::SIGNED {
-                            (F::uquants(wp), None)
-                        } else {
-                            (F::quants::<Vnni>(wp), Some(_mm512_setzero_si512()))
-                        };
-                        let q = _mm512_broadcast_i64x4(q);
-                        // [d_w, m_w]
-                        let wdm = f16x2_at(wp);
-                        let dw = _mm512_broadcastss_ps(wdm);
-                        if !F::SIGNED {
-                            let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(wdm));
-                            m = _mm256_fmadd_ps(mw, sx[b - b0].assume_init(), m);
-                        }
-                        for (p, ap) in a.iter_mut().enumerate() {
-                            let s = &*pb.add(p * PAIR_KB + b - b0);
-                            let y = _mm512_load_si512(s.y.as_ptr().cast());
-                            let c = match start {
-                                Some(z) => z,
-                                None => _mm512_load_si512(s.corr.as_ptr().cast()),
-                            };
-                            let i = _mm512_dpbusd_epi32(c, q, y);
-                            let prod = _mm512_mul_ps(dw, _mm512_load_ps(s.dx.as_ptr()));
-                            *ap = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(i), *ap);
-                        }
+                // Two weight rows per pass share each prepared block's loads.
+                let mut r = r0;
+                while r < r1 {
+                    let k = r - r0;
+                    if r + 2 <= r1 {
+                        pair_rows::<F, 2>(
+                            w,
+                            w_stride,
+                            r,
+                            b0,
+                            b1,
+                            pb,
+                            &sx,
+                            &mut accs[k..k + 2],
+                            &mut mss[k..k + 2],
+                        );
+                        r += 2;
+                    } else {
+                        pair_rows::<F, 1>(
+                            w,
+                            w_stride,
+                            r,
+                            b0,
+                            b1,
+                            pb,
+                            &sx,
+                            &mut accs[k..k + 1],
+                            &mut mss[k..k + 1],
+                        );
+                        r += 1;
                     }
-                    (*acc, *ms) = (a, m);
                 }
                 b0 = b1;
             }
@@ -372,4 +372,63 @@ pub(super) unsafe fn t32_rows4<F: Blk32>(
         }
     }
     out
+}
+
+/// Blocks `b0..b1` of `R` weight rows from row `r` against the prepared pairs `pb` (and, for
+/// unsigned formats, the rows' `s_x` in `sx`), into the rows' accumulators: each row's
+/// operations exactly as one row alone, the prepared loads shared.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pair_rows<F: Blk32, const R: usize>(
+    w: *const u8,
+    w_stride: usize,
+    r: usize,
+    b0: usize,
+    b1: usize,
+    pb: *const PairBlock,
+    sx: &[core::mem::MaybeUninit<__m256>; PAIR_KB],
+    accs: &mut [[__m512; 4]],
+    mss: &mut [__m256],
+) {
+    let mut a: [[__m512; 4]; R] = core::array::from_fn(|i| accs[i]);
+    let mut m: [__m256; R] = core::array::from_fn(|i| mss[i]);
+    for b in b0..b1 {
+        let wp: [*const u8; R] = core::array::from_fn(|i| w.add((r + i) * w_stride + b * F::SIZE));
+        let q: [__m512i; R] = core::array::from_fn(|i| {
+            _mm512_broadcast_i64x4(if F::SIGNED {
+                F::uquants(wp[i])
+            } else {
+                F::quants::<Vnni>(wp[i])
+            })
+        });
+        // [d_w, m_w]
+        let wdm: [__m128; R] = core::array::from_fn(|i| f16x2_at(wp[i]));
+        let dw: [__m512; R] = core::array::from_fn(|i| _mm512_broadcastss_ps(wdm[i]));
+        if !F::SIGNED {
+            let s = sx[b - b0].assume_init();
+            for i in 0..R {
+                let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(wdm[i]));
+                m[i] = _mm256_fmadd_ps(mw, s, m[i]);
+            }
+        }
+        for p in 0..4 {
+            let s = &*pb.add(p * PAIR_KB + b - b0);
+            let y = _mm512_load_si512(s.y.as_ptr().cast());
+            let c = if F::SIGNED {
+                _mm512_load_si512(s.corr.as_ptr().cast())
+            } else {
+                _mm512_setzero_si512()
+            };
+            let dx = _mm512_load_ps(s.dx.as_ptr());
+            for i in 0..R {
+                let di = _mm512_dpbusd_epi32(c, q[i], y);
+                let prod = _mm512_mul_ps(dw[i], dx);
+                a[i][p] = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(di), a[i][p]);
+            }
+        }
+    }
+    for i in 0..R {
+        accs[i] = a[i];
+        mss[i] = m[i];
+    }
 }
