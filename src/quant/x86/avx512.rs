@@ -120,11 +120,19 @@ pub(super) unsafe fn t32_tile4<F: Blk32, D: IDot>(
             acc[p] = _mm512_fmadd_ps(pp, pf, acc[p]);
         }
     }
+    finish4::<F>(acc, ms)
+}
+
+/// Four results from two 512-bit accumulators holding two 8-lane results each (each half
+/// summed as `hsum_ps` sums a 256-bit accumulator), plus, for unsigned formats, lane `i` of
+/// the `m·s` sums `ms`.
+#[inline(always)]
+unsafe fn finish4<F: Blk32>(acc: [__m512; 2], ms: __m128) -> [f32; 4] {
     let msv: [f32; 4] = core::mem::transmute(ms);
     let mut out = [0f32; 4];
-    for p in 0..2 {
-        out[2 * p] = hsum_ps(_mm512_castps512_ps256(acc[p]));
-        out[2 * p + 1] = hsum_ps(_mm512_extractf32x8_ps::<1>(acc[p]));
+    for h in 0..2 {
+        out[2 * h] = hsum_ps(_mm512_castps512_ps256(acc[h]));
+        out[2 * h + 1] = hsum_ps(_mm512_extractf32x8_ps::<1>(acc[h]));
     }
     if !F::SIGNED {
         for (o, m) in out.iter_mut().zip(msv) {
@@ -360,18 +368,7 @@ pub(super) unsafe fn t32_rows4<F: Blk32>(
             ms = _mm_fmadd_ps(m4, _mm_set1_ps(xds[1]), ms);
         }
     }
-    let msv: [f32; 4] = core::mem::transmute(ms);
-    let mut out = [0f32; 4];
-    for h in 0..2 {
-        out[2 * h] = hsum_ps(_mm512_castps512_ps256(acc[h]));
-        out[2 * h + 1] = hsum_ps(_mm512_extractf32x8_ps::<1>(acc[h]));
-    }
-    if !F::SIGNED {
-        for (o, m) in out.iter_mut().zip(msv) {
-            *o += m;
-        }
-    }
-    out
+    finish4::<F>(acc, ms)
 }
 
 /// Blocks `b0..b1` of `R` weight rows from row `r` against the prepared pairs `pb` (and, for
