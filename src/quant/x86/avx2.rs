@@ -303,6 +303,39 @@ pub(super) trait Blk32 {
     unsafe fn uquants(_p: *const u8) -> __m256i {
         unreachable!("uquants of an unsigned format")
     }
+    /// Two blocks' unsigned quants (`uquants` of a signed format, `quants` of an unsigned
+    /// one) in the two halves of a 512-bit register (AVX-512 VNNI tier only).
+    #[inline(always)]
+    unsafe fn quants2(p0: *const u8, p1: *const u8) -> __m512i {
+        let (q0, q1) = if Self::SIGNED {
+            (Self::uquants(p0), Self::uquants(p1))
+        } else {
+            (
+                Self::quants::<super::avx512::Vnni>(p0),
+                Self::quants::<super::avx512::Vnni>(p1),
+            )
+        };
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1)
+    }
+}
+
+/// [`nibbles32`] of two blocks at once, one per 256-bit half.
+#[inline(always)]
+unsafe fn nibbles64(p0: *const u8, p1: *const u8) -> __m512i {
+    let t = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(loadu128(p0))),
+        _mm256_broadcastsi128_si256(loadu128(p1)),
+    );
+    let t = _mm512_srlv_epi64(t, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    _mm512_and_si512(t, _mm512_set1_epi8(0x0F))
+}
+
+/// The fifth bits of two 5-bit blocks (`qh` at `p0 + off`, `p1 + off`) as one 64-bit mask.
+#[inline(always)]
+unsafe fn qh64(p0: *const u8, p1: *const u8, off: usize) -> u64 {
+    let lo = core::ptr::read_unaligned(p0.add(off).cast::<u32>()) as u64;
+    let hi = core::ptr::read_unaligned(p1.add(off).cast::<u32>()) as u64;
+    lo | (hi << 32)
 }
 
 pub(super) struct Q4_0;
@@ -320,6 +353,10 @@ impl Blk32 for Q4_0 {
         nibbles32(p.add(2))
     }
     #[inline(always)]
+    unsafe fn quants2(p0: *const u8, p1: *const u8) -> __m512i {
+        nibbles64(p0.add(2), p1.add(2))
+    }
+    #[inline(always)]
     unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         _mm256_sub_epi8(nibbles32(p.add(2)), _mm256_set1_epi8(8))
     }
@@ -328,6 +365,10 @@ impl Blk32 for Q4_0 {
 impl Blk32 for Q4_1 {
     const SIZE: usize = 20;
     const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn quants2(p0: *const u8, p1: *const u8) -> __m512i {
+        nibbles64(p0.add(4), p1.add(4))
+    }
     #[inline(always)]
     unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         nibbles32(p.add(4))
@@ -344,6 +385,11 @@ impl Blk32 for Q5_0 {
         let qh = core::ptr::read_unaligned(p.add(2).cast::<u32>());
         let q = nibbles32(p.add(6));
         _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(16))
+    }
+    #[inline(always)]
+    unsafe fn quants2(p0: *const u8, p1: *const u8) -> __m512i {
+        let q = nibbles64(p0.add(6), p1.add(6));
+        _mm512_mask_add_epi8(q, qh64(p0, p1, 2), q, _mm512_set1_epi8(16))
     }
     #[inline(always)]
     unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
@@ -363,6 +409,11 @@ impl Blk32 for Q5_0 {
 impl Blk32 for Q5_1 {
     const SIZE: usize = 24;
     const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn quants2(p0: *const u8, p1: *const u8) -> __m512i {
+        let q = nibbles64(p0.add(8), p1.add(8));
+        _mm512_mask_add_epi8(q, qh64(p0, p1, 4), q, _mm512_set1_epi8(16))
+    }
     #[inline(always)]
     unsafe fn quants<D: IDot>(p: *const u8) -> __m256i {
         if D::AVX512 {

@@ -350,15 +350,7 @@ pub(super) unsafe fn t32_rows4<F: Blk32>(
         let dm = _mm512_castps256_ps512(dm4);
         let dx = _mm512_set1_ps(xds[0]);
         for (h, a) in acc.iter_mut().enumerate() {
-            let (q0, q1) = if F::SIGNED {
-                (F::uquants(wp[2 * h]), F::uquants(wp[2 * h + 1]))
-            } else {
-                (
-                    F::quants::<Vnni>(wp[2 * h]),
-                    F::quants::<Vnni>(wp[2 * h + 1]),
-                )
-            };
-            let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1);
+            let q = F::quants2(wp[2 * h], wp[2 * h + 1]);
             let i = _mm512_dpbusd_epi32(start, q, y);
             let prod = _mm512_mul_ps(_mm512_permutexvar_ps(spread[h], dm), dx);
             *a = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(i), *a);
