@@ -400,6 +400,7 @@ unsafe fn pair_rows<F: Blk32, const R: usize>(
                 m[i] = _mm256_fmadd_ps(mw, s, m[i]);
             }
         }
+        #[allow(clippy::needless_range_loop)] // `p` indexes the prepared pairs too
         for p in 0..4 {
             let s = &*pb.add(p * PAIR_KB + b - b0);
             let y = _mm512_load_si512(s.y.as_ptr().cast());
@@ -416,8 +417,6 @@ unsafe fn pair_rows<F: Blk32, const R: usize>(
             }
         }
     }
-    for i in 0..R {
-        accs[i] = a[i];
-        mss[i] = m[i];
-    }
+    accs[..R].copy_from_slice(&a);
+    mss[..R].copy_from_slice(&m);
 }
