@@ -19,10 +19,11 @@ const TILE_ROWS: usize = 16;
 /// slower thread's share is picked up by the others, few enough that taking an item costs
 /// nothing.
 const ITEMS_PER_THREAD: usize = 6;
-/// The same for a matrix-vector product (decode), which streams its weights: longer runs of
-/// rows read faster (measured with 2 threads: 6 items per thread gave SmolLM2 tg128 ~213 t/s,
-/// 3 gave ~242, 2 gave ~257; Gemma-3 131 → 151).
-const ITEMS_PER_THREAD_MATVEC: usize = 2;
+/// The same for a matrix-vector product (decode), which streams its weights: one run of rows
+/// per thread reads fastest (measured with 2 threads, SmolLM2 tg128: 6 items per thread ~213
+/// t/s, 3 ~242, 2 ~257-295, 1 ~330; Gemma-3: 6 → 1 took ~125 to ~131-150). A worker that has
+/// not started still loses nothing: the caller takes its item.
+const ITEMS_PER_THREAD_MATVEC: usize = 1;
 
 /// A weight matrix `[out_dim, in_dim]` with the kernels for its block format.
 pub struct Linear {
