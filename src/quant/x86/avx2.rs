@@ -31,52 +31,9 @@ pub(super) trait IDot {
         _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
     }
 
-    /// The tier has [`IDot::t32_gemm_pairs`] (AVX-512 VNNI).
-    const PAIRS: bool = false;
-    /// A gemm over whole tiles of 8 activation rows of a 32-element format, with the same bits
-    /// as `T32::tile_impl` row by row (see `avx512::t32_gemm_pairs`).
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    unsafe fn t32_gemm_pairs<F: Blk32>(
-        _n: usize,
-        _w: *const u8,
-        _w_stride: usize,
-        _nw: usize,
-        _x: *const u8,
-        _x_stride: usize,
-        _nx: usize,
-        _out: *mut f32,
-        _out_stride: usize,
-    ) {
-        unreachable!("t32_gemm_pairs on a tier without it")
-    }
-
-    /// `T32::rows_impl::<Self, 4>` with the same bits, two weight rows per 512-bit register
-    /// (see `avx512::t32_rows4`); only called where [`IDot::PAIRS`] is true.
-    #[inline(always)]
-    unsafe fn t32_rows4<F: Blk32>(
-        _n: usize,
-        _w: [*const u8; 4],
-        _x: *const u8,
-        _sc: *const [f32; 2],
-        _prefetch: usize,
-    ) -> [f32; 4] {
-        unreachable!("t32_rows4 on a tier without it")
-    }
-
-    /// The tier has [`IDot::t32_tile4`].
-    const TILE4: bool = false;
-    /// A 512-bit version of `T32::tile_impl::<Self, 4>` with identical results (see
-    /// `avx512::t32_tile4`); only called where [`IDot::TILE4`] is true.
-    #[inline(always)]
-    unsafe fn t32_tile4<F: Blk32>(
-        _n: usize,
-        _w: *const u8,
-        _x: [*const u8; 4],
-        _sc4: *const [f32; 8],
-    ) -> [f32; 4] {
-        unreachable!("t32_tile4 on a tier without it")
-    }
+    /// The tier has AVX-512 VNNI: the 512-bit kernels of `avx512.rs` (`t32_tile4`,
+    /// `t32_gemm_pairs`, `t32_rows4`) are called only where this is true.
+    const VNNI: bool = false;
 }
 
 /// AVX2: `vpmaddubsw` then `vpmaddwd` by ones.
@@ -616,10 +573,12 @@ impl<F: Blk32> Tile for T32<F> {
         out_stride: usize,
     ) {
         let nb = n / 32;
-        if D::PAIRS && nx >= 8 {
+        if D::VNNI && nx >= 8 {
             // Whole tiles of 8 activation rows through the pair kernel, the rest below.
             let n8 = nx / 8 * 8;
-            D::t32_gemm_pairs::<F>(n, w, w_stride, nw, x, x_stride, n8, out, out_stride);
+            super::avx512::t32_gemm_pairs::<F>(
+                n, w, w_stride, nw, x, x_stride, n8, out, out_stride,
+            );
             if n8 == nx {
                 return;
             }
@@ -632,7 +591,7 @@ impl<F: Blk32> Tile for T32<F> {
         // [d, s] per block, for the 4 rows of a tile (16 KiB). Left uninitialized: zeroing it
         // cost more than a whole decode-step matvec; only entries written below are read.
         let mut sc = [core::mem::MaybeUninit::<[f32; 2]>::uninit(); 4 * PREP_BLOCKS];
-        // The same, per block [d_0..d_3, s_0..s_3] of a full tile, for `IDot::t32_tile4`.
+        // The same, per block [d_0..d_3, s_0..s_3] of a full tile, for `avx512::t32_tile4`.
         let mut sc4 = [core::mem::MaybeUninit::<[f32; 8]>::uninit(); PREP_BLOCKS];
         let xr = |j: usize| x.add(j * x_stride);
         let mut i0 = 0;
@@ -651,7 +610,7 @@ impl<F: Blk32> Tile for T32<F> {
                     }
                 }
                 let scp = sc.as_ptr().cast::<[f32; 2]>();
-                if D::TILE4 && t == 4 {
+                if D::VNNI && t == 4 {
                     for (b, slot) in sc4[..nb].iter_mut().enumerate() {
                         let mut v = [0f32; 8];
                         for r in 0..4 {
@@ -665,7 +624,7 @@ impl<F: Blk32> Tile for T32<F> {
                     for i in i0..i1 {
                         let wr = w.add(i * w_stride);
                         let x4 = [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)];
-                        let r = D::t32_tile4::<F>(n, wr, x4, sc4p);
+                        let r = super::avx512::t32_tile4::<F, D>(n, wr, x4, sc4p);
                         for (k, v) in r.into_iter().enumerate() {
                             *out.add((j + k) * out_stride + i) = v;
                         }
@@ -680,8 +639,8 @@ impl<F: Blk32> Tile for T32<F> {
                     // another; every row's arithmetic is unchanged.
                     while i + 4 <= i1 {
                         let wr = [0, 1, 2, 3].map(|k| w.add((i + k) * w_stride));
-                        let r = if D::PAIRS {
-                            D::t32_rows4::<F>(n, wr, xr(j), scp, 64 * w_stride)
+                        let r = if D::VNNI {
+                            super::avx512::t32_rows4::<F>(n, wr, xr(j), scp, 64 * w_stride)
                         } else {
                             Self::rows_impl::<D, 4>(n, wr, xr(j), scp, 32 * w_stride)
                         };
@@ -1143,15 +1102,9 @@ macro_rules! q4k_chunks {
 }
 
 impl TQ4K {
-    /// Four rows of one batch group, in the reference's 4-row gemm order: per pair of
-    /// sub-blocks. Lanes are rows, each lane its own pair of fused-multiply-add chains.
-    #[inline(always)]
-    unsafe fn tile4<D: IDot>(n: usize, w: *const u8, x: [*const u8; 4]) -> [f32; 4] {
-        Self::tile4x::<D, 1>(n, w, [x])[0]
-    }
-
-    /// `G` batch groups of four rows at once (`G > 1` on AVX-512 tiers only): each group's
-    /// arithmetic is [`Self::tile4`]'s; the weight chunks are decoded once for all of them.
+    /// `G` batch groups of four rows (`G > 1` on AVX-512 tiers only), each in the reference's
+    /// 4-row gemm order: per pair of sub-blocks. Lanes are rows, each lane its own pair of
+    /// fused-multiply-add chains; the weight chunks are decoded once for all the groups.
     #[inline(always)]
     unsafe fn tile4x<D: IDot, const G: usize>(
         n: usize,
@@ -1342,6 +1295,7 @@ impl Tile for TQ4K {
         out_stride: usize,
     ) {
         let xr = |j: usize| x.add(j * x_stride);
+        let g = |j: usize| [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)];
         let full = nx - nx % 4;
         for i in 0..nw {
             let wr = w.add(i * w_stride);
@@ -1349,7 +1303,6 @@ impl Tile for TQ4K {
             if D::AVX512 {
                 // Two groups per pass: each weight chunk decoded once for eight rows.
                 while j + 8 <= full {
-                    let g = |j: usize| [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)];
                     let r = Self::tile4x::<D, 2>(n, wr, [g(j), g(j + 4)]);
                     for (t, v) in r.into_iter().flatten().enumerate() {
                         *out.add((j + t) * out_stride + i) = v;
@@ -1358,26 +1311,17 @@ impl Tile for TQ4K {
                 }
             }
             while j < full {
-                let r = Self::tile4::<D>(n, wr, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)]);
+                let [r] = Self::tile4x::<D, 1>(n, wr, [g(j)]);
                 for (t, v) in r.into_iter().enumerate() {
                     *out.add((j + t) * out_stride + i) = v;
                 }
                 j += 4;
             }
-            macro_rules! rest {
-                ($nx:literal, [$($t:literal),*]) => {{
-                    let r = Self::gemv::<D, $nx>(n, wr, [$(xr(j + $t)),*]);
-                    for (t, v) in r.into_iter().enumerate() {
-                        *out.add((j + t) * out_stride + i) = v;
-                    }
-                }};
-            }
-            match nx - j {
-                3 => rest!(3, [0, 1, 2]),
-                2 => rest!(2, [0, 1]),
-                1 => rest!(1, [0]),
-                _ => {}
-            }
+        }
+        // The `nx % 4` rows left: the gemv order (`Tile::tile`), as `gemm_tiles` runs them.
+        if full < nx {
+            let (x, out) = (xr(full), out.add(full * out_stride));
+            gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx - full, out, out_stride);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! AVX-512 specifics: the VNNI integer-dot primitive (`vpdpbusd` / `vpdpwssd` on 256-bit
 //! registers, which need AVX-512VL), used by the `Avx512Vnni` tier's instantiation of the
-//! generic kernels in `avx2.rs`.
+//! generic kernels in `avx2.rs`, and the 512-bit kernels those call where `IDot::VNNI` holds.
 
 use super::avx2::IDot;
 use core::arch::x86_64::*;
@@ -25,41 +25,7 @@ impl IDot for Vnni {
     unsafe fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
         _mm512_dpwssd_epi32(acc, a, b)
     }
-    const PAIRS: bool = true;
-    #[inline(always)]
-    unsafe fn t32_gemm_pairs<F: Blk32>(
-        n: usize,
-        w: *const u8,
-        w_stride: usize,
-        nw: usize,
-        x: *const u8,
-        x_stride: usize,
-        nx: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        t32_gemm_pairs::<F>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
-    }
-    #[inline(always)]
-    unsafe fn t32_rows4<F: Blk32>(
-        n: usize,
-        w: [*const u8; 4],
-        x: *const u8,
-        sc: *const [f32; 2],
-        prefetch: usize,
-    ) -> [f32; 4] {
-        t32_rows4::<F>(n, w, x, sc, prefetch)
-    }
-    const TILE4: bool = true;
-    #[inline(always)]
-    unsafe fn t32_tile4<F: Blk32>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; 4],
-        sc4: *const [f32; 8],
-    ) -> [f32; 4] {
-        t32_tile4::<F, Self>(n, w, x, sc4)
-    }
+    const VNNI: bool = true;
 }
 
 use super::avx2::{f16x2_at, hsum_ps, loadu, Blk32};
