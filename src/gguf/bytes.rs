@@ -63,9 +63,36 @@ impl TensorBytes {
         }
     }
 
+    /// Bytes that belong to no file (a weight rearranged at load).
+    pub fn owned(bytes: Vec<u8>) -> TensorBytes {
+        let len = bytes.len();
+        TensorBytes::new(Arc::new(Backing::Owned(bytes)), 0, len)
+    }
+
     /// Absolute byte offset of the first byte in the file.
     pub fn file_offset(&self) -> usize {
         self.start
+    }
+
+    /// Tells the kernel this view's bytes will not be read again for a while: the whole pages
+    /// inside it are dropped from memory (a later read loads them from the file again). For a
+    /// tensor whose bytes were copied out at load, so they do not count twice in resident
+    /// memory. Does nothing for owned bytes or where the hint is unsupported.
+    pub fn release(&self) {
+        #[cfg(unix)]
+        if let Backing::Mmap(m) = &*self.backing {
+            const PAGE: usize = 4096;
+            let start = self.start.next_multiple_of(PAGE);
+            let end = (self.start + self.len) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the map is private and never written, so dropping its pages loses
+                // nothing: any later read of them (through this or another view) faults the
+                // file's bytes back in. The range lies inside the map (`new` checked the view).
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                };
+            }
+        }
     }
 }
 

@@ -11,7 +11,7 @@
 
 use super::pool::{DisjointSlice, ThreadPool};
 use crate::gguf::TensorBytes;
-use crate::quant::{GgmlType, Kernels};
+use crate::quant::{self, repack, GgmlType, Kernels};
 
 /// Rows computed per call of the gemm micro-kernel.
 const TILE_ROWS: usize = 16;
@@ -55,8 +55,31 @@ impl Linear {
 
     /// Dequantize stored row `i` (an embedding lookup) into `out[..in_dim]`.
     pub fn row_f32(&self, i: usize, out: &mut [f32]) {
+        let g = self.kernels.group;
+        if g > 1 && i < self.out_dim / g * g {
+            let group = &self.data[i / g * g * self.row_bytes..(i / g + 1) * g * self.row_bytes];
+            repack::dequantize_row(&self.kernels, group, i % g, &mut out[..self.in_dim]);
+            return;
+        }
         let src = &self.data[i * self.row_bytes..(i + 1) * self.row_bytes];
         (self.kernels.dequantize)(src, &mut out[..self.in_dim]);
+    }
+
+    /// This matrix in the layout its format multiplies fastest in on this CPU, if that is not
+    /// the file's (`quant::repacked`): the rearranged bytes are owned, and the file's pages
+    /// behind the old view are released. Not for a matrix read by row (an embedding).
+    pub fn repacked(self) -> Linear {
+        match quant::repacked(&self.kernels, &self.data, self.out_dim, self.in_dim) {
+            Some((bytes, kernels)) => {
+                self.data.release();
+                Linear {
+                    data: TensorBytes::owned(bytes),
+                    kernels,
+                    ..self
+                }
+            }
+            None => self,
+        }
     }
 }
 
@@ -172,7 +195,17 @@ pub fn matmul_many(
             l.name
         );
     }
-    let total_rows: usize = lins.iter().map(|l| l.out_dim).sum();
+    // Work is counted in tiles of `TILE_ROWS` rows, each matrix's tiles starting at its row 0
+    // (a repacked matrix needs tiles aligned to its groups: `Kernels::group`).
+    let tiles_of = |l: &Linear| l.out_dim.div_ceil(TILE_ROWS);
+    let total_tiles: usize = lins.iter().map(|l| tiles_of(l)).sum();
+    for l in lins {
+        assert!(
+            TILE_ROWS % l.kernels.group == 0,
+            "{}: tile rows not whole groups",
+            l.name
+        );
+    }
     // One DisjointSlice per output; at most a handful of matrices, so a fixed array
     // (no allocation on the hot path).
     assert!(lins.len() <= 4, "matmul_many takes at most 4 matrices");
@@ -188,45 +221,70 @@ pub fn matmul_many(
     };
     let tiles = DisjointSlice::new(&mut scratch.tiles);
 
-    // Items of whole tiles of rows, about `per_thread` per thread, taken dynamically.
+    // Items of whole tiles, about `per_thread` per thread, taken dynamically.
     let nt = pool.n_threads();
     let per_thread = if n < 4 {
         ITEMS_PER_THREAD_MATVEC
     } else {
         ITEMS_PER_THREAD
     };
-    let item_rows = total_rows
-        .div_ceil(nt * per_thread)
-        .next_multiple_of(TILE_ROWS)
-        .max(TILE_ROWS);
-    let n_items = total_rows.div_ceil(item_rows);
+    let item_tiles = total_tiles.div_ceil(nt * per_thread).max(1);
+    let n_items = total_tiles.div_ceil(item_tiles);
     pool.run_items(n_items, &|tid, item| {
         // SAFETY: thread `tid` owns tile `tid` while it runs an item.
         let tile = unsafe { tiles.part(tid * tile_len..(tid + 1) * tile_len) };
-        let mine = item * item_rows..((item + 1) * item_rows).min(total_rows);
+        let mine = item * item_tiles..((item + 1) * item_tiles).min(total_tiles);
         let mut base = 0;
         for (m, lin) in lins.iter().enumerate() {
-            let lr = base..base + lin.out_dim;
-            base += lin.out_dim;
-            let r0 = mine.start.max(lr.start);
-            let r1 = mine.end.min(lr.end);
-            if r0 >= r1 {
+            let lt = base..base + tiles_of(lin);
+            base = lt.end;
+            let t0 = mine.start.max(lt.start);
+            let t1 = mine.end.min(lt.end);
+            if t0 >= t1 {
                 continue;
             }
+            let (r0, r1) = (
+                (t0 - lt.start) * TILE_ROWS,
+                ((t1 - lt.start) * TILE_ROWS).min(lin.out_dim),
+            );
             let out = slots[m].as_ref().expect("one slot per matrix");
-            let (r0, r1) = (r0 - lr.start, r1 - lr.start);
             let mut i = r0;
             while i < r1 {
                 let nw = (r1 - i).min(TILE_ROWS);
                 let w = &lin.data[i * lin.row_bytes..(i + nw) * lin.row_bytes];
-                let gemm = lin.kernels.gemm;
+                let gemm = |j0: usize, len: usize, tile: &mut [f32]| {
+                    // Activation rows in runs that stay in L2 while the weight tile passes
+                    // over them; runs start at multiples of 8 and the last takes at least
+                    // `chunk` rows, so batch-dependent formats see the same groups.
+                    let chunk = chunk_rows(xq_stride);
+                    let mut j = j0;
+                    while j < j0 + len {
+                        let m = if j0 + len - j < 2 * chunk {
+                            j0 + len - j
+                        } else {
+                            chunk
+                        };
+                        let (x, t) = (&xq[j * xq_stride..], &mut tile[j * nw..]);
+                        (lin.kernels.gemm)(
+                            lin.in_dim,
+                            w,
+                            lin.row_bytes,
+                            nw,
+                            x,
+                            xq_stride,
+                            m,
+                            t,
+                            nw,
+                        );
+                        j += m;
+                    }
+                };
                 if segments.is_empty() || !batch_dependent(lin.ty()) {
-                    gemm(lin.in_dim, w, lin.row_bytes, nw, xq, xq_stride, n, tile, nw);
+                    gemm(0, n, tile);
                 } else {
                     let mut j0 = 0;
                     for &len in segments {
-                        let (x, t) = (&xq[j0 * xq_stride..], &mut tile[j0 * nw..]);
-                        gemm(lin.in_dim, w, lin.row_bytes, nw, x, xq_stride, len, t, nw);
+                        gemm(j0, len, tile);
                         j0 += len;
                     }
                 }
@@ -253,6 +311,16 @@ pub fn matmul_many(
             }
         }
     });
+}
+
+/// Bytes of quantized activation rows one gemm call takes: well inside L2 (1 MiB per core on
+/// the machines measured), so the rows stay there while the tile of weight rows passes over
+/// them instead of streaming from L3 once per weight row.
+const CHUNK_BYTES: usize = 256 * 1024;
+
+/// Activation rows per gemm call for rows of `row_bytes`: a multiple of 8, at least 64.
+fn chunk_rows(row_bytes: usize) -> usize {
+    (CHUNK_BYTES / row_bytes.max(1) / 8 * 8).max(64)
 }
 
 /// Formats whose gemm results depend on the batch's size and a row's place in it.

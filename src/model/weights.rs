@@ -177,6 +177,12 @@ impl<'a> Loader<'a> {
         })
     }
 
+    /// A matrix used only in products (never read by row): [`Self::linear`] in the layout
+    /// this CPU multiplies it fastest in ([`Linear::repacked`]).
+    pub fn matrix(&self, name: &str, in_dim: usize, out_dim: usize) -> Result<Linear, ModelError> {
+        Ok(self.linear(name, in_dim, out_dim)?.repacked())
+    }
+
     pub fn opt_linear(
         &self,
         name: &str,
@@ -252,12 +258,12 @@ pub fn load(
     for (i, rope) in ropes.into_iter().enumerate() {
         let b = |s: &str| blk(i, s);
         let qkv = if traits.fused_qkv {
-            Qkv::Fused(ld.linear(&b(ATTN_QKV), dim, q_dim + kv_k + kv_v)?)
+            Qkv::Fused(ld.matrix(&b(ATTN_QKV), dim, q_dim + kv_k + kv_v)?)
         } else {
             Qkv::Separate {
-                wq: ld.linear(&b(ATTN_Q), dim, q_dim)?,
-                wk: ld.linear(&b(ATTN_K), dim, kv_k)?,
-                wv: ld.linear(&b(ATTN_V), dim, kv_v)?,
+                wq: ld.matrix(&b(ATTN_Q), dim, q_dim)?,
+                wk: ld.matrix(&b(ATTN_K), dim, kv_k)?,
+                wv: ld.matrix(&b(ATTN_V), dim, kv_v)?,
             }
         };
         let (q_norm, k_norm) = if traits.qk_norm {
@@ -281,16 +287,16 @@ pub fn load(
             qkv,
             q_norm,
             k_norm,
-            wo: ld.linear(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?,
+            wo: ld.matrix(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?,
             attn_post_norm,
             ffn_norm: ld.norm(&b(FFN_NORM), dim)?,
             ffn_gate: if traits.gated_ffn {
-                Some(ld.linear(&b(FFN_GATE), dim, cfg.ffn_dim)?)
+                Some(ld.matrix(&b(FFN_GATE), dim, cfg.ffn_dim)?)
             } else {
                 None
             },
-            ffn_up: ld.linear(&b(FFN_UP), dim, cfg.ffn_dim)?,
-            ffn_down: ld.linear(&b(FFN_DOWN), cfg.ffn_dim, dim)?,
+            ffn_up: ld.matrix(&b(FFN_UP), dim, cfg.ffn_dim)?,
+            ffn_down: ld.matrix(&b(FFN_DOWN), cfg.ffn_dim, dim)?,
             ffn_post_norm,
             window: if cfg.swa_layers[i] {
                 cfg.sliding_window
@@ -302,7 +308,7 @@ pub fn load(
     }
     let output_norm = ld.norm(OUTPUT_NORM, dim)?;
     let (output, output_tied) = match ld.opt_linear(OUTPUT, dim, cfg.vocab_size)? {
-        Some(o) => (o, false),
+        Some(o) => (o.repacked(), false),
         None => (ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?, true),
     };
     Ok(Weights {

@@ -32,6 +32,7 @@ pub mod kquant_order;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod reference;
+pub mod repack;
 mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -183,6 +184,29 @@ pub struct Kernels {
     pub quantize_act: QuantizeFn,
     /// `weight` bytes -> f32 (for embeddings lookups and debugging).
     pub dequantize: DequantFn,
+    /// Weight rows stored together: 1 for plain row-major matrices, [`repack::Q4K_GROUP`] for
+    /// a matrix [`repacked`] into groups. `gemm` must then be given tiles that start at a
+    /// multiple of `group` rows (whole groups, or the plain rows after the last one), and
+    /// `vec_dot` / `dequantize` apply only to those plain rows.
+    pub group: usize,
+}
+
+/// A layout of the `rows × n` matrix `data` (format `k.weight`) that this CPU multiplies faster,
+/// with the kernels that read it: the same number of bytes, rearranged. `None` when the plain
+/// layout is already the fastest one here.
+pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<u8>, Kernels)> {
+    #[cfg(target_arch = "x86_64")]
+    if k.weight == GgmlType::Q4K && k.isa == Isa::Avx512Vnni && rows >= repack::Q4K_GROUP {
+        let bytes = repack::repack_q4k_x16(data, rows, n);
+        let kernels = Kernels {
+            gemm: x86::gemm_q4k_x16,
+            group: repack::Q4K_GROUP,
+            ..*k
+        };
+        return Some((bytes, kernels));
+    }
+    let _ = (k, data, rows, n);
+    None
 }
 
 /// The activation format a weight format is multiplied with (ggml's `vec_dot_type`).
@@ -242,6 +266,7 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
                 gemm: gemm_scalar::<$w>,
                 quantize_act: $quant,
                 dequantize: dequant_bytes::<$w>,
+                group: 1,
             }
         };
     }

@@ -652,3 +652,97 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
         }
     }
 }
+
+/// A Q4_K matrix repacked into 16-row groups (where this CPU has kernels for that layout)
+/// gives every row of every batch the reference engine's bits, group rows and tail rows alike,
+/// and its rows dequantize as before.
+#[test]
+fn repacked_q4k_matches_reference_order() {
+    let ty = GgmlType::Q4K;
+    let mut rng = Rng(0x5eed_4b);
+    let mut tested = false;
+    for isa in Isa::available() {
+        let Ok(k) = kernels_for(ty, isa) else {
+            continue;
+        };
+        for (rows, n) in [(16, 256), (37, 768), (48, 2048)] {
+            for scales in [
+                Scales::Normal,
+                Scales::Huge,
+                Scales::Subnormal,
+                Scales::Zero,
+            ] {
+                let rw = ty.row_bytes(n).unwrap();
+                let w: Vec<u8> = (0..rows)
+                    .flat_map(|_| random_weight_row(ty, n, &mut rng, scales))
+                    .collect();
+                let Some((packed, kp)) = super::repacked(&k, &w, rows, n) else {
+                    continue;
+                };
+                tested = true;
+                assert_eq!(packed.len(), w.len());
+                let g = kp.group;
+                // Rows dequantize to the same values through the repacked layout.
+                for i in [0, 5, g - 1, rows - 1] {
+                    let mut want = vec![0f32; n];
+                    (k.dequantize)(&w[i * rw..(i + 1) * rw], &mut want);
+                    let mut got = vec![0f32; n];
+                    if i < rows / g * g {
+                        let group = &packed[i / g * g * rw..(i / g + 1) * g * rw];
+                        super::repack::dequantize_row(&kp, group, i % g, &mut got);
+                    } else {
+                        (kp.dequantize)(&packed[i * rw..(i + 1) * rw], &mut got);
+                    }
+                    assert_eq!(got, want, "row {i}");
+                }
+                for nx in [1, 2, 3, 4, 5, 7, 8, 9, 13] {
+                    let rx = k.act.row_bytes(n).unwrap();
+                    let x_stride = rx + 3;
+                    let mut x = vec![0u8; nx * x_stride];
+                    for j in 0..nx {
+                        let r = random_act_row(&k, n, &mut rng);
+                        x[j * x_stride..j * x_stride + rx].copy_from_slice(&r);
+                    }
+                    let out_stride = rows + 2;
+                    let mut out = vec![f32::NAN; nx * out_stride];
+                    // Tiles of whole groups, then the plain rows after them.
+                    let mut i0 = 0;
+                    while i0 < rows {
+                        let nw = (rows - i0).min(g);
+                        (kp.gemm)(
+                            n,
+                            &packed[i0 * rw..],
+                            rw,
+                            nw,
+                            &x,
+                            x_stride,
+                            nx,
+                            &mut out[i0..],
+                            out_stride,
+                        );
+                        i0 += nw;
+                    }
+                    for j in 0..nx {
+                        for i in 0..rows {
+                            let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * x_stride..]);
+                            let want = exact_order(isa, ty, wi, xj, n, nx, j).unwrap();
+                            let got = out[j * out_stride + i];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{isa:?} {rows}x{n} nx={nx} ({i},{j}) {scales:?}: {got} vs {want}"
+                            );
+                        }
+                        for p in rows..out_stride {
+                            assert!(out[j * out_stride + p].is_nan(), "wrote padding");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The layout exists for AVX-512 VNNI; elsewhere this test checks nothing.
+    if Isa::available().contains(&Isa::Avx512Vnni) {
+        assert!(tested, "no repacked kernels on an AVX-512 VNNI machine");
+    }
+}

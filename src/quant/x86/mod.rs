@@ -9,6 +9,7 @@
 
 mod avx2;
 mod avx512;
+mod q4k_x16;
 
 use super::{check_gemm, GgmlType, Isa, Kernels, QuantizeFn};
 
@@ -82,7 +83,7 @@ macro_rules! tier {
             }
 
             #[allow(clippy::too_many_arguments)]
-            fn gemm<T: Tile>(
+            pub(super) fn gemm<T: Tile>(
                 n: usize,
                 w: &[u8],
                 w_stride: usize,
@@ -226,5 +227,48 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
         Isa::Avx512 => tier_avx512::table(scalar),
         Isa::Avx512Vnni => tier_vnni::table(scalar),
         Isa::Scalar | Isa::Neon => scalar,
+    }
+}
+
+/// The gemm of a Q4_K matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows
+/// is one group, a shorter tile the plain rows after the last group. Handed out only with the
+/// `Avx512Vnni` tier, after its detection.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_q4k_x16(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    use super::repack::Q4K_GROUP;
+    if nw != Q4K_GROUP {
+        return tier_vnni::gemm::<avx2::TQ4K>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+    }
+    assert!(n % 256 == 0, "Q4_K row of {n} elements");
+    let (rw, rx) = (n / 256 * 144, n / 256 * 292);
+    assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
+    check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+    if nx == 0 {
+        return;
+    }
+    assert!(has_avx512vnni(), "repacked Q4_K kernels need AVX-512 VNNI");
+    // SAFETY: the CPU has AVX-512 VNNI (checked); `check_gemm` verified the 16 rows (one group
+    // of `n / 256` repacked super-blocks), the `nx` activation rows and every output lie inside
+    // the buffers.
+    unsafe {
+        q4k_x16::gemm_tf(
+            n,
+            w.as_ptr(),
+            x.as_ptr(),
+            x_stride,
+            nx,
+            out.as_mut_ptr(),
+            out_stride,
+        )
     }
 }

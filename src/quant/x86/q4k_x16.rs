@@ -1,0 +1,149 @@
+//! Q4_K against Q8_K over a matrix repacked into 16-row groups (`quant::repack`), AVX-512 VNNI:
+//! each 32-bit lane of a 512-bit register is one weight row, so the kernel never adds lanes.
+//!
+//! Per super-block, activation row and weight row it forms the same exact integers as the
+//! row-major kernel (`avx2::TQ4K`): per sub-block `s` the dot `Σ q·y` (`vpdpbusd` of the
+//! unsigned nibbles against the activation quants, four at a time broadcast to every row),
+//! times its 6-bit scale, and the minimum part `m_s · Σ y` from Q8_K's `bsums`. It then turns
+//! them into floats where the reference engine does: per pair of sub-blocks for rows in the
+//! batch's groups of four (`PAIR`), per super-block for the `nx % 4` rows after them, with the
+//! same `d·y_d` products and the same two fused-multiply-add chains subtracted at the end. Every
+//! output therefore has `TQ4K`'s bits (`kquant_order::q4k_dot`).
+
+use super::avx2::f32_at;
+use crate::quant::repack::{Q4K_GROUP, Q4K_X16_BYTES};
+use core::arch::x86_64::*;
+
+/// Bytes of a Q8_K activation block: f32 `d`, 256 quants, 16 `bsums`.
+const Q8K_BYTES: usize = 292;
+
+/// One 16-row group (`w`) against `nx` activation rows: `out[j * out_stride + r]` for rows
+/// `r < 16`. `n` is a multiple of 256.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW and VNNI; `w` holds `n / 256` repacked super-blocks, each of
+/// the `nx` rows at `x + j·x_stride` holds `n / 256` Q8_K blocks, and `out` has room for every
+/// output written.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+pub(super) unsafe fn gemm_tf(
+    n: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let nb = n / 256;
+    let xr = |j: usize| x.add(j * x_stride);
+    let full = nx - nx % 4;
+    let mut j = 0;
+    while j < full {
+        let r = group::<4, true>(nb, w, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)]);
+        for (t, v) in r.into_iter().enumerate() {
+            _mm512_storeu_ps(out.add((j + t) * out_stride), v);
+        }
+        j += 4;
+    }
+    for j in full..nx {
+        let [v] = group::<1, false>(nb, w, [xr(j)]);
+        _mm512_storeu_ps(out.add(j * out_stride), v);
+    }
+}
+
+/// The 16 rows' results for `T` activation rows, converted per pair of sub-blocks (`PAIR`) or
+/// per super-block.
+#[inline(always)]
+unsafe fn group<const T: usize, const PAIR: bool>(
+    nb: usize,
+    w: *const u8,
+    x: [*const u8; T],
+) -> [__m512; T] {
+    const _: () = assert!(Q4K_GROUP == 16);
+    let six = _mm512_set1_epi32(0x3F3F_3F3F);
+    let four = _mm512_set1_epi32(0x0F0F_0F0F);
+    let top = _mm512_set1_epi32(0x3030_3030);
+    let byte = _mm512_set1_epi32(0xFF);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm512_setzero_ps(); T];
+    let mut acc_min = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let sb = w.add(b * Q4K_X16_BYTES);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast()));
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(sb.add(32).cast()));
+        // The packed 6-bit scales and minimums, a row per lane, a sub-block per byte
+        // (`blocks::scale_min_k4`): [sub-blocks 0-3, sub-blocks 4-7].
+        let wa = _mm512_loadu_si512(sb.add(64).cast());
+        let wb = _mm512_loadu_si512(sb.add(128).cast());
+        let wc = _mm512_loadu_si512(sb.add(192).cast());
+        let hi2 = |v: __m512i| _mm512_and_si512(_mm512_srli_epi32::<2>(v), top);
+        let scales = [
+            _mm512_and_si512(wa, six),
+            _mm512_or_si512(_mm512_and_si512(wc, four), hi2(wa)),
+        ];
+        let mins = [
+            _mm512_and_si512(wb, six),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(wc), four), hi2(wb)),
+        ];
+        // Sub-block `s`'s byte of `v` as an i32 per lane.
+        let pick = |v: &[__m512i; 2], s: usize| {
+            let sh = _mm_cvtsi32_si128(8 * (s % 4) as i32);
+            _mm512_and_si512(_mm512_srl_epi32(v[s / 4], sh), byte)
+        };
+        // Per activation row: d·y_d, dmin·y_d and Σ y of each sub-block.
+        let mut dd = [_mm512_setzero_ps(); T];
+        let mut dm = [_mm512_setzero_ps(); T];
+        let mut bsum = [[0i32; 8]; T];
+        for t in 0..T {
+            let xp = x[t].add(b * Q8K_BYTES);
+            let yd = _mm512_set1_ps(f32_at(xp));
+            dd[t] = _mm512_mul_ps(d, yd);
+            dm[t] = _mm512_mul_ps(dmin, yd);
+            let s = _mm256_madd_epi16(_mm256_loadu_si256(xp.add(260).cast()), ones);
+            _mm256_storeu_si256(bsum[t].as_mut_ptr().cast(), s);
+        }
+        let mut s_sb = [_mm512_setzero_si512(); T];
+        let mut m_sb = [_mm512_setzero_si512(); T];
+        for p in 0..4 {
+            // Σ q·y of sub-blocks 2p (low nibbles) and 2p+1 (high nibbles).
+            let mut lo = [_mm512_setzero_si512(); T];
+            let mut hi = [_mm512_setzero_si512(); T];
+            for k in 0..8 {
+                let q = _mm512_loadu_si512(sb.add(256 + 64 * (8 * p + k)).cast());
+                let ql = _mm512_and_si512(q, four);
+                let qh = _mm512_and_si512(_mm512_srli_epi32::<4>(q), four);
+                for t in 0..T {
+                    let yp = x[t].add(b * Q8K_BYTES + 4 + 64 * p + 4 * k);
+                    let y0 = _mm512_set1_epi32(core::ptr::read_unaligned(yp.cast::<i32>()));
+                    let y1 = _mm512_set1_epi32(core::ptr::read_unaligned(yp.add(32).cast::<i32>()));
+                    lo[t] = _mm512_dpbusd_epi32(lo[t], ql, y0);
+                    hi[t] = _mm512_dpbusd_epi32(hi[t], qh, y1);
+                }
+            }
+            let (s0, s1) = (pick(&scales, 2 * p), pick(&scales, 2 * p + 1));
+            let (m0, m1) = (pick(&mins, 2 * p), pick(&mins, 2 * p + 1));
+            for t in 0..T {
+                let s =
+                    _mm512_add_epi32(_mm512_mullo_epi32(lo[t], s0), _mm512_mullo_epi32(hi[t], s1));
+                let m = _mm512_add_epi32(
+                    _mm512_mullo_epi32(m0, _mm512_set1_epi32(bsum[t][2 * p])),
+                    _mm512_mullo_epi32(m1, _mm512_set1_epi32(bsum[t][2 * p + 1])),
+                );
+                if PAIR {
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd[t], acc[t]);
+                    acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm[t], acc_min[t]);
+                } else {
+                    s_sb[t] = _mm512_add_epi32(s_sb[t], s);
+                    m_sb[t] = _mm512_add_epi32(m_sb[t], m);
+                }
+            }
+        }
+        if !PAIR {
+            for t in 0..T {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_sb[t]), dd[t], acc[t]);
+                acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m_sb[t]), dm[t], acc_min[t]);
+            }
+        }
+    }
+    core::array::from_fn(|t| _mm512_sub_ps(acc[t], acc_min[t]))
+}
