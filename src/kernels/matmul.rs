@@ -201,7 +201,7 @@ pub fn matmul_many(
     let total_tiles: usize = lins.iter().map(|l| tiles_of(l)).sum();
     for l in lins {
         assert!(
-            TILE_ROWS % l.kernels.group == 0,
+            TILE_ROWS.is_multiple_of(l.kernels.group),
             "{}: tile rows not whole groups",
             l.name
         );

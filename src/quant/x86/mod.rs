@@ -249,7 +249,7 @@ pub(super) fn gemm_q4k_x16(
     if nw != Q4K_GROUP {
         return tier_vnni::gemm::<avx2::TQ4K>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
     }
-    assert!(n % 256 == 0, "Q4_K row of {n} elements");
+    assert!(n.is_multiple_of(256), "Q4_K row of {n} elements");
     let (rw, rx) = (n / 256 * 144, n / 256 * 292);
     assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
     check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
