@@ -205,6 +205,16 @@ pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<
         };
         return Some((bytes, kernels));
     }
+    #[cfg(target_arch = "x86_64")]
+    if k.weight == GgmlType::Q6K && k.isa == Isa::Avx512Vnni && rows >= repack::Q6K_GROUP {
+        let bytes = repack::repack_q6k_x16(data, rows, n);
+        let kernels = Kernels {
+            gemm: x86::gemm_q6k_x16,
+            group: repack::Q6K_GROUP,
+            ..*k
+        };
+        return Some((bytes, kernels));
+    }
     let _ = (k, data, rows, n);
     None
 }

@@ -17,11 +17,22 @@
 //! | 64 | 192 | the 12 packed scale bytes as three 32-bit words `w`: word `w` of row `r` at `64 + 64w + 4r` |
 //! | 256 | 2048 | quant bytes: `qs[32p + 4k .. 32p + 4k + 4]` of row `r` at `256 + 64(8p + k) + 4r` |
 //!
+//! **Q6_K × 16**, the same idea; super-block `b` of the 16 rows is one 3360-byte block
+//! ([`Q6K_X16_BYTES`]). Element `i = 32c + 4l + e` (chunk `c` < 8, dword `l` < 8, byte `e` < 4)
+//! has the 6-bit value `u` (the signed quant + 32):
+//!
+//! | offset | bytes | content |
+//! | ---: | ---: | --- |
+//! | 0 | 32 | `d` of rows 0..16 (f16) |
+//! | 32 | 256 | scales: `[scales[2l], scales[2l+1]]` (i8) of row `r` at `32 + 32l + 2r` |
+//! | 288 | 2048 | low 4 bits: byte `e` of row `r` at `288 + 64(8c' + l) + 4r + e` holds `u & 15` of chunk `c'` (< 4) in its low nibble and of chunk `c' + 4` in its high nibble |
+//! | 2336 | 1024 | high 2 bits: byte `e` of row `r` at `2336 + 64(8c' + l) + 4r + e` holds `u >> 4` of chunk `c' + 2k` (`c'` < 2) in bits `2k, 2k+1` |
+//!
 //! Rows after the last whole group (`rows % 16`) keep the plain layout. The kernels of a
 //! repacked matrix must be called on tiles that start at a multiple of 16 rows
 //! ([`super::Kernels::group`]).
 
-use super::blocks::{BlockQ4K, QK_K};
+use super::blocks::{BlockQ4K, BlockQ6K, QK_K};
 
 /// Rows per repacked Q4_K group.
 pub const Q4K_GROUP: usize = 16;
@@ -78,12 +89,99 @@ pub fn q4k_x16_block(group: &[u8], r: usize, b: usize) -> [u8; BQ] {
     std::array::from_fn(|i| sb[slot(r, i)])
 }
 
+/// Rows per repacked Q6_K group.
+pub const Q6K_GROUP: usize = 16;
+/// Bytes of one super-block of a Q6_K group: 16 plain blocks' worth.
+pub const Q6K_X16_BYTES: usize = Q6K_GROUP * B6;
+/// Bytes of one plain Q6_K block.
+const B6: usize = std::mem::size_of::<BlockQ6K>();
+
+/// Element `i`'s 6-bit value in a plain Q6_K block (`ql` at 0, `qh` at 128).
+fn q6k_get(blk: &[u8], i: usize) -> u8 {
+    let (half, r) = (i / 128, i % 128);
+    let (c, l) = (r / 32, r % 32);
+    let ql = blk[64 * half + 32 * (c % 2) + l];
+    let low = if c < 2 { ql & 0xF } else { ql >> 4 };
+    let high = (blk[128 + 32 * half + l] >> (2 * c)) & 3;
+    low | (high << 4)
+}
+
+/// Sets element `i`'s 6-bit value in a plain Q6_K block whose quant bytes start zeroed.
+fn q6k_set(blk: &mut [u8], i: usize, u: u8) {
+    let (half, r) = (i / 128, i % 128);
+    let (c, l) = (r / 32, r % 32);
+    let shift = if c < 2 { 0 } else { 4 };
+    blk[64 * half + 32 * (c % 2) + l] |= (u & 0xF) << shift;
+    blk[128 + 32 * half + l] |= (u >> 4) << (2 * c);
+}
+
+/// Where the low and high bits of element `i = 32c + 4l + e` of row `r` go in its group's
+/// super-block: `(low byte, low shift, high byte, high shift)`.
+fn q6k_slots(r: usize, i: usize) -> (usize, u32, usize, u32) {
+    let (c, l, e) = (i / 32, i % 32 / 4, i % 4);
+    let low = 288 + 64 * (8 * (c % 4) + l) + 4 * r + e;
+    let high = 2336 + 64 * (8 * (c % 2) + l) + 4 * r + e;
+    (low, 4 * (c / 4) as u32, high, 2 * (c / 2) as u32)
+}
+
+/// The Q6_K matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
+/// Panics if `src` is not exactly that matrix (the loader checked the shape).
+pub fn repack_q6k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
+    assert!(n.is_multiple_of(QK_K), "Q6_K row of {n} elements");
+    let nb = n / QK_K;
+    let row_bytes = nb * B6;
+    assert_eq!(src.len(), rows * row_bytes, "Q6_K matrix bytes");
+    let mut out = src.to_vec();
+    for g in 0..rows / Q6K_GROUP {
+        let base = g * Q6K_GROUP * row_bytes;
+        out[base..base + Q6K_GROUP * row_bytes].fill(0);
+        for r in 0..Q6K_GROUP {
+            for b in 0..nb {
+                let blk = &src[base + r * row_bytes + b * B6..][..B6];
+                let sb = &mut out[base + b * Q6K_X16_BYTES..][..Q6K_X16_BYTES];
+                sb[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
+                for l in 0..8 {
+                    sb[32 + 32 * l + 2 * r] = blk[192 + 2 * l];
+                    sb[32 + 32 * l + 2 * r + 1] = blk[192 + 2 * l + 1];
+                }
+                for i in 0..QK_K {
+                    let u = q6k_get(blk, i);
+                    let (lo, ls, hi, hs) = q6k_slots(r, i);
+                    sb[lo] |= (u & 0xF) << ls;
+                    sb[hi] |= (u >> 4) << hs;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Block `b` of row `r` of the repacked Q6_K group starting at `group`, in the plain byte order.
+pub fn q6k_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B6] {
+    let sb = &group[b * Q6K_X16_BYTES..(b + 1) * Q6K_X16_BYTES];
+    let mut blk = [0u8; B6];
+    blk[208..210].copy_from_slice(&sb[2 * r..2 * r + 2]);
+    for l in 0..8 {
+        blk[192 + 2 * l] = sb[32 + 32 * l + 2 * r];
+        blk[192 + 2 * l + 1] = sb[32 + 32 * l + 2 * r + 1];
+    }
+    for i in 0..QK_K {
+        let (lo, ls, hi, hs) = q6k_slots(r, i);
+        let u = ((sb[lo] >> ls) & 0xF) | (((sb[hi] >> hs) & 3) << 4);
+        q6k_set(&mut blk, i, u);
+    }
+    blk
+}
+
 /// Row `r` of a repacked group (`group`: the group's bytes) dequantized into `out` (the row's
 /// `n` elements), for a matrix with kernels `k` (`k.group > 1`).
 pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32]) {
-    assert_eq!(k.group, Q4K_GROUP, "only Q4_K is repacked");
     for (b, o) in out.chunks_exact_mut(QK_K).enumerate() {
-        (k.dequantize)(&q4k_x16_block(group, r, b), o);
+        match k.weight {
+            super::GgmlType::Q4K => (k.dequantize)(&q4k_x16_block(group, r, b), o),
+            super::GgmlType::Q6K => (k.dequantize)(&q6k_x16_block(group, r, b), o),
+            ty => panic!("{ty} is not repacked"),
+        }
     }
 }
 
@@ -120,6 +218,42 @@ mod tests {
                 let blk = q4k_x16_block(group, r, b);
                 let at = row * row_bytes + b * BQ;
                 assert_eq!(&blk[..], &src[at..at + BQ], "row {row} block {b}");
+            }
+        }
+        assert_eq!(&out[32 * row_bytes..], &src[32 * row_bytes..]);
+    }
+
+    #[test]
+    fn q6k_slots_fill_the_quant_bits_once() {
+        let mut seen = vec![0u8; Q6K_X16_BYTES];
+        for r in 0..Q6K_GROUP {
+            for i in 0..QK_K {
+                let (lo, ls, hi, hs) = q6k_slots(r, i);
+                assert_eq!(seen[lo] & (0xF << ls), 0);
+                seen[lo] |= 0xF << ls;
+                assert_eq!(seen[hi] & (3 << hs), 0);
+                seen[hi] |= 3 << hs;
+            }
+        }
+        assert!(seen[288..].iter().all(|&b| b == 0xFF));
+    }
+
+    #[test]
+    fn q6k_repack_round_trips_and_keeps_the_tail() {
+        let (rows, n) = (35, 512);
+        let row_bytes = n / QK_K * B6;
+        let src: Vec<u8> = (0..rows * row_bytes)
+            .map(|i| (i * 7919 % 253) as u8)
+            .collect();
+        let out = repack_q6k_x16(&src, rows, n);
+        assert_eq!(out.len(), src.len());
+        for row in 0..32 {
+            let (g, r) = (row / 16, row % 16);
+            let group = &out[g * 16 * row_bytes..(g + 1) * 16 * row_bytes];
+            for b in 0..n / QK_K {
+                let blk = q6k_x16_block(group, r, b);
+                let at = row * row_bytes + b * B6;
+                assert_eq!(&blk[..], &src[at..at + B6], "row {row} block {b}");
             }
         }
         assert_eq!(&out[32 * row_bytes..], &src[32 * row_bytes..]);

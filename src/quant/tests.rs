@@ -653,15 +653,17 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
     }
 }
 
-/// A Q4_K matrix repacked into 16-row groups (where this CPU has kernels for that layout)
-/// gives every row of every batch the reference engine's bits, group rows and tail rows alike,
-/// and its rows dequantize as before.
+/// Q4_K and Q6_K matrices repacked into 16-row groups (where this CPU has kernels for that
+/// layout) give every row of every batch the reference engine's bits, group rows and tail
+/// rows alike, and their rows dequantize as before.
 #[test]
-fn repacked_q4k_matches_reference_order() {
-    let ty = GgmlType::Q4K;
+fn repacked_kquants_match_reference_order() {
     let mut rng = Rng(0x005e_ed4b);
-    let mut tested = false;
-    for isa in Isa::available() {
+    let mut tested = 0;
+    for (ty, isa) in [GgmlType::Q4K, GgmlType::Q6K]
+        .into_iter()
+        .flat_map(|ty| Isa::available().into_iter().map(move |isa| (ty, isa)))
+    {
         let Ok(k) = kernels_for(ty, isa) else {
             continue;
         };
@@ -679,7 +681,7 @@ fn repacked_q4k_matches_reference_order() {
                 let Some((packed, kp)) = super::repacked(&k, &w, rows, n) else {
                     continue;
                 };
-                tested = true;
+                tested += 1;
                 assert_eq!(packed.len(), w.len());
                 let g = kp.group;
                 // Rows dequantize to the same values through the repacked layout.
@@ -695,7 +697,7 @@ fn repacked_q4k_matches_reference_order() {
                     }
                     assert_eq!(got, want, "row {i}");
                 }
-                for nx in [1, 2, 3, 4, 5, 7, 8, 9, 13] {
+                for nx in [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 19] {
                     let rx = k.act.row_bytes(n).unwrap();
                     let x_stride = rx + 3;
                     let mut x = vec![0u8; nx * x_stride];
@@ -730,7 +732,7 @@ fn repacked_q4k_matches_reference_order() {
                             assert_eq!(
                                 got.to_bits(),
                                 want.to_bits(),
-                                "{isa:?} {rows}x{n} nx={nx} ({i},{j}) {scales:?}: {got} vs {want}"
+                                "{ty} {isa:?} {rows}x{n} nx={nx} ({i},{j}) {scales:?}: {got} vs {want}"
                             );
                         }
                         for p in rows..out_stride {
@@ -743,6 +745,9 @@ fn repacked_q4k_matches_reference_order() {
     }
     // The layout exists for AVX-512 VNNI; elsewhere this test checks nothing.
     if Isa::available().contains(&Isa::Avx512Vnni) {
-        assert!(tested, "no repacked kernels on an AVX-512 VNNI machine");
+        assert_eq!(
+            tested, 24,
+            "repacked kernels missing on an AVX-512 VNNI machine"
+        );
     }
 }

@@ -10,6 +10,7 @@
 mod avx2;
 mod avx512;
 mod q4k_x16;
+mod q6k_x16;
 
 use super::{check_gemm, GgmlType, Isa, Kernels, QuantizeFn};
 
@@ -262,6 +263,51 @@ pub(super) fn gemm_q4k_x16(
     // the buffers.
     unsafe {
         q4k_x16::gemm_tf(
+            n,
+            w.as_ptr(),
+            x.as_ptr(),
+            x_stride,
+            nx,
+            out.as_mut_ptr(),
+            out_stride,
+        )
+    }
+}
+
+/// The gemm of a Q6_K matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows
+/// is one group, a shorter tile the plain rows after the last group. Handed out only with the
+/// `Avx512Vnni` tier, after its detection.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_q6k_x16(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    use super::repack::Q6K_GROUP;
+    if nw != Q6K_GROUP {
+        return tier_vnni::gemm::<avx2::TK<avx2::Q6K>>(
+            n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+        );
+    }
+    assert!(n.is_multiple_of(256), "Q6_K row of {n} elements");
+    let (rw, rx) = (n / 256 * 210, n / 256 * 292);
+    assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
+    check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+    if nx == 0 {
+        return;
+    }
+    assert!(has_avx512vnni(), "repacked Q6_K kernels need AVX-512 VNNI");
+    // SAFETY: the CPU has AVX-512 VNNI (checked); `check_gemm` verified the 16 rows (one group
+    // of `n / 256` repacked super-blocks), the `nx` activation rows and every output lie inside
+    // the buffers.
+    unsafe {
+        q6k_x16::gemm_tf(
             n,
             w.as_ptr(),
             x.as_ptr(),
