@@ -530,8 +530,9 @@ fn gemm_long_rows_and_many_rows() {
         GgmlType::Q8_0,
         GgmlType::Q4K,
     ] {
-        // nx >= 8: the x86 pair kernel, with rows longer than its block chunk (32 * 72) and
-        // more weight rows than it keeps at once (150), plus leftover activation rows.
+        // nx >= 8: the x86 pair kernel (tiles of 16 and of 8 activation rows), with rows
+        // longer than its block chunk (32 * 72) and more weight rows than it keeps at once
+        // (150), plus leftover activation rows.
         for (n, nw, nx) in [
             (32 * 520, 3, 5),
             (256, 150, 6),
@@ -540,6 +541,8 @@ fn gemm_long_rows_and_many_rows() {
             (32 * 72, 20, 11),
             (32 * 520, 3, 9),
             (256, 150, 16),
+            (256, 40, 24),
+            (32 * 72, 20, 35),
         ] {
             for isa in Isa::available() {
                 let Ok(k) = kernels_for(ty, isa) else {

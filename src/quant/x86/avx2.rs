@@ -574,10 +574,24 @@ impl<F: Blk32> Tile for T32<F> {
     ) {
         let nb = n / 32;
         if D::VNNI && nx >= 8 {
-            // Whole tiles of 8 activation rows through the pair kernel, the rest below.
+            // Whole tiles of 16, then 8, activation rows through the pair kernel, the rest
+            // below.
+            let n16 = nx / 16 * 16;
+            super::avx512::t32_gemm_pairs::<F, 8>(
+                n, w, w_stride, nw, x, x_stride, n16, out, out_stride,
+            );
             let n8 = nx / 8 * 8;
-            super::avx512::t32_gemm_pairs::<F>(
-                n, w, w_stride, nw, x, x_stride, n8, out, out_stride,
+            let (xs, os) = (x.add(n16 * x_stride), out.add(n16 * out_stride));
+            super::avx512::t32_gemm_pairs::<F, 4>(
+                n,
+                w,
+                w_stride,
+                nw,
+                xs,
+                x_stride,
+                n8 - n16,
+                os,
+                out_stride,
             );
             if n8 == nx {
                 return;

@@ -111,7 +111,8 @@ unsafe fn finish4<F: Blk32>(acc: [__m512; 2], ms: __m128) -> [f32; 4] {
 /// Weight rows whose accumulators one pass of [`t32_gemm_pairs`] keeps (in memory between
 /// chunks of blocks).
 const PAIR_ROWS: usize = 16;
-/// Activation blocks per prepared chunk of [`t32_gemm_pairs`] (24 KiB of stack).
+/// Activation blocks per prepared chunk of [`t32_gemm_pairs`] with 4 pairs of rows (24 KiB
+/// of stack; 8 pairs take half as many blocks).
 const PAIR_KB: usize = 32;
 
 /// Two activation rows' block `b`, prepared once for every weight row: their quants side by
@@ -127,8 +128,9 @@ struct PairBlock {
 }
 
 /// The gemm of a 32-element format against Q8_0 (signed formats: Q4_0, Q5_0, Q8_0) or Q8_1
-/// (unsigned: Q4_1, Q5_1) activations over whole tiles of 8 activation rows (`nx` a multiple
-/// of 8), 2 rows per 512-bit register.
+/// (unsigned: Q4_1, Q5_1) activations over whole tiles of `2·NP` activation rows (`nx` a
+/// multiple of that), 2 rows per 512-bit register. `NP` is 4 or 8: eight pairs per pass decode
+/// each weight block once for 16 activation rows.
 ///
 /// Per weight block and pair of activation rows it takes one `vpdpbusd` of the (unsigned, or
 /// made unsigned as `q + OFFSET`) weight quants against both rows' quants, starting from zero
@@ -139,7 +141,7 @@ struct PairBlock {
 /// `tile_impl`'s bits, at about two thirds of the vector operations of `t32_tile4`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
+pub(super) unsafe fn t32_gemm_pairs<F: Blk32, const NP: usize>(
     n: usize,
     w: *const u8,
     w_stride: usize,
@@ -153,27 +155,28 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
     // Activation block: Q8_0 (d, qs) or Q8_1 (d, s, qs).
     let (xb, xq) = if F::SIGNED { (34, 2) } else { (36, 4) };
     let nb = n / 32;
+    let kb = PAIR_KB * 4 / NP;
     let mut prep = [core::mem::MaybeUninit::<PairBlock>::uninit(); 4 * PAIR_KB];
-    // `s_x` of the 8 activation rows, per block (unsigned formats).
-    let mut sx = [core::mem::MaybeUninit::<__m256>::uninit(); PAIR_KB];
-    let mut accs = [[_mm512_setzero_ps(); 4]; PAIR_ROWS];
-    let mut mss = [_mm256_setzero_ps(); PAIR_ROWS];
+    // `s_x` of the activation rows (8 per register), per block (unsigned formats).
+    let mut sx = [[core::mem::MaybeUninit::<__m256>::uninit(); PAIR_KB]; 2];
+    let mut accs = [[_mm512_setzero_ps(); NP]; PAIR_ROWS];
+    let mut mss = [[_mm256_setzero_ps(); 2]; PAIR_ROWS];
     let off = _mm512_set1_epi8(F::OFFSET as i8);
     let mut j = 0;
-    while j + 8 <= nx {
+    while j + 2 * NP <= nx {
         let xr = |t: usize| x.add((j + t) * x_stride);
         let mut r0 = 0;
         while r0 < nw {
             let r1 = (r0 + PAIR_ROWS).min(nw);
             for (a, m) in accs.iter_mut().zip(mss.iter_mut()) {
-                *a = [_mm512_setzero_ps(); 4];
-                *m = _mm256_setzero_ps();
+                *a = [_mm512_setzero_ps(); NP];
+                *m = [_mm256_setzero_ps(); 2];
             }
             let mut b0 = 0;
             while b0 < nb {
-                let b1 = (b0 + PAIR_KB).min(nb);
-                // Prepare the 4 pairs of activation rows for blocks b0..b1.
-                for p in 0..4 {
+                let b1 = (b0 + kb).min(nb);
+                // Prepare the pairs of activation rows for blocks b0..b1.
+                for p in 0..NP {
                     let (t0, t1) = (xr(2 * p), xr(2 * p + 1));
                     for b in b0..b1 {
                         let (x0, x1) = (t0.add(b * xb), t1.add(b * xb));
@@ -186,7 +189,7 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
                             _mm512_broadcastss_ps(d0),
                             _mm256_broadcastss_ps(d1),
                         );
-                        let slot = prep[p * PAIR_KB + b - b0].as_mut_ptr();
+                        let slot = prep[p * kb + b - b0].as_mut_ptr();
                         _mm512_store_si512((*slot).y.as_mut_ptr().cast(), y);
                         if F::SIGNED {
                             let c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, y);
@@ -199,11 +202,14 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
                     }
                 }
                 if !F::SIGNED {
-                    for (b, slot) in (b0..b1).zip(sx.iter_mut()) {
-                        let s: [f32; 8] = core::array::from_fn(|t| {
-                            _mm_cvtss_f32(_mm_movehdup_ps(f16x2_at(xr(t).add(b * xb))))
-                        });
-                        slot.write(_mm256_loadu_ps(s.as_ptr()));
+                    for (h, sxh) in sx.iter_mut().enumerate().take(NP / 4) {
+                        for (b, slot) in (b0..b1).zip(sxh.iter_mut()) {
+                            let s: [f32; 8] = core::array::from_fn(|t| {
+                                let xp = xr(8 * h + t).add(b * xb);
+                                _mm_cvtss_f32(_mm_movehdup_ps(f16x2_at(xp)))
+                            });
+                            slot.write(_mm256_loadu_ps(s.as_ptr()));
+                        }
                     }
                 }
                 let pb = prep.as_ptr().cast::<PairBlock>();
@@ -212,12 +218,13 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
                 while r < r1 {
                     let k = r - r0;
                     if r + 2 <= r1 {
-                        pair_rows::<F, 2>(
+                        pair_rows::<F, 2, NP>(
                             w,
                             w_stride,
                             r,
                             b0,
                             b1,
+                            kb,
                             pb,
                             &sx,
                             &mut accs[k..k + 2],
@@ -225,12 +232,13 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
                         );
                         r += 2;
                     } else {
-                        pair_rows::<F, 1>(
+                        pair_rows::<F, 1, NP>(
                             w,
                             w_stride,
                             r,
                             b0,
                             b1,
+                            kb,
                             pb,
                             &sx,
                             &mut accs[k..k + 1],
@@ -242,14 +250,14 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
                 b0 = b1;
             }
             for ((r, acc), ms) in (r0..r1).zip(accs.iter()).zip(mss.iter()) {
-                let msv: [f32; 8] = core::mem::transmute(*ms);
+                let msv: [[f32; 8]; 2] = core::mem::transmute(*ms);
                 for (p, ap) in acc.iter().enumerate() {
                     let (t0, t1) = (2 * p, 2 * p + 1);
                     let mut o0 = hsum_ps(_mm512_castps512_ps256(*ap));
                     let mut o1 = hsum_ps(_mm512_extractf32x8_ps::<1>(*ap));
                     if !F::SIGNED {
-                        o0 += msv[t0];
-                        o1 += msv[t1];
+                        o0 += msv[t0 / 8][t0 % 8];
+                        o1 += msv[t1 / 8][t1 % 8];
                     }
                     *out.add((j + t0) * out_stride + r) = o0;
                     *out.add((j + t1) * out_stride + r) = o1;
@@ -257,7 +265,7 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32>(
             }
             r0 = r1;
         }
-        j += 8;
+        j += 2 * NP;
     }
 }
 
@@ -329,24 +337,25 @@ pub(super) unsafe fn t32_rows4<F: Blk32>(
     finish4::<F>(acc, ms)
 }
 
-/// Blocks `b0..b1` of `R` weight rows from row `r` against the prepared pairs `pb` (and, for
-/// unsigned formats, the rows' `s_x` in `sx`), into the rows' accumulators: each row's
-/// operations exactly as one row alone, the prepared loads shared.
+/// Blocks `b0..b1` of `R` weight rows from row `r` against the `NP` prepared pairs `pb` (`kb`
+/// blocks each; and, for unsigned formats, the rows' `s_x` in `sx`), into the rows'
+/// accumulators: each row's operations exactly as one row alone, the prepared loads shared.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pair_rows<F: Blk32, const R: usize>(
+unsafe fn pair_rows<F: Blk32, const R: usize, const NP: usize>(
     w: *const u8,
     w_stride: usize,
     r: usize,
     b0: usize,
     b1: usize,
+    kb: usize,
     pb: *const PairBlock,
-    sx: &[core::mem::MaybeUninit<__m256>; PAIR_KB],
-    accs: &mut [[__m512; 4]],
-    mss: &mut [__m256],
+    sx: &[[core::mem::MaybeUninit<__m256>; PAIR_KB]; 2],
+    accs: &mut [[__m512; NP]],
+    mss: &mut [[__m256; 2]],
 ) {
-    let mut a: [[__m512; 4]; R] = core::array::from_fn(|i| accs[i]);
-    let mut m: [__m256; R] = core::array::from_fn(|i| mss[i]);
+    let mut a: [[__m512; NP]; R] = core::array::from_fn(|i| accs[i]);
+    let mut m: [[__m256; 2]; R] = core::array::from_fn(|i| mss[i]);
     for b in b0..b1 {
         let wp: [*const u8; R] = core::array::from_fn(|i| w.add((r + i) * w_stride + b * F::SIZE));
         let q: [__m512i; R] = core::array::from_fn(|i| {
@@ -360,15 +369,17 @@ unsafe fn pair_rows<F: Blk32, const R: usize>(
         let wdm: [__m128; R] = core::array::from_fn(|i| f16x2_at(wp[i]));
         let dw: [__m512; R] = core::array::from_fn(|i| _mm512_broadcastss_ps(wdm[i]));
         if !F::SIGNED {
-            let s = sx[b - b0].assume_init();
-            for i in 0..R {
-                let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(wdm[i]));
-                m[i] = _mm256_fmadd_ps(mw, s, m[i]);
+            for (h, sxh) in sx.iter().enumerate().take(NP / 4) {
+                let s = sxh[b - b0].assume_init();
+                for i in 0..R {
+                    let mw = _mm256_broadcastss_ps(_mm_movehdup_ps(wdm[i]));
+                    m[i][h] = _mm256_fmadd_ps(mw, s, m[i][h]);
+                }
             }
         }
         #[allow(clippy::needless_range_loop)] // `p` indexes the prepared pairs too
-        for p in 0..4 {
-            let s = &*pb.add(p * PAIR_KB + b - b0);
+        for p in 0..NP {
+            let s = &*pb.add(p * kb + b - b0);
             let y = _mm512_load_si512(s.y.as_ptr().cast());
             let c = if F::SIGNED {
                 _mm512_load_si512(s.corr.as_ptr().cast())
