@@ -85,7 +85,8 @@ impl Linear {
 
 /// Per-thread output tiles for the matrix products, sized once for the largest batch.
 pub struct MatmulScratch {
-    /// `[n_threads][TILE_ROWS * max_tokens]`.
+    /// `[n_threads][2][TILE_ROWS * max_tokens]`: a thread's pair of tiles (a gated product
+    /// fills both).
     tiles: Vec<f32>,
     tile_len: usize,
     /// Token counts of the independent sequences in the batch, in order (empty: one sequence).
@@ -99,7 +100,7 @@ impl MatmulScratch {
     pub fn new(max_tokens: usize, n_threads: usize) -> Self {
         let tile_len = TILE_ROWS * max_tokens;
         MatmulScratch {
-            tiles: vec![0.0; tile_len * n_threads],
+            tiles: vec![0.0; 2 * tile_len * n_threads],
             tile_len,
             segments: Vec::with_capacity(max_tokens),
         }
@@ -116,7 +117,7 @@ impl MatmulScratch {
     }
 
     pub fn bytes_for(max_tokens: usize, n_threads: usize) -> usize {
-        TILE_ROWS * max_tokens * n_threads * 4
+        2 * TILE_ROWS * max_tokens * n_threads * 4
     }
 
     pub fn bytes(&self) -> usize {
@@ -178,34 +179,15 @@ pub fn matmul_many(
     scratch: &mut MatmulScratch,
 ) {
     assert_eq!(lins.len(), outs.len());
-    assert!(
-        n * TILE_ROWS <= scratch.tile_len,
-        "matmul scratch sized for fewer tokens"
-    );
+    check_inputs(lins, n, scratch);
     for (l, o) in lins.iter().zip(outs.iter()) {
-        assert_eq!(
-            l.kernels.act, lins[0].kernels.act,
-            "{}: mixed activation formats",
-            l.name
-        );
-        assert_eq!(l.in_dim, lins[0].in_dim, "{}: mixed input sizes", l.name);
         assert!(
             o.len() >= n * l.out_dim,
             "{}: output buffer too small",
             l.name
         );
     }
-    // Work is counted in tiles of `TILE_ROWS` rows, each matrix's tiles starting at its row 0
-    // (a repacked matrix needs tiles aligned to its groups: `Kernels::group`).
-    let tiles_of = |l: &Linear| l.out_dim.div_ceil(TILE_ROWS);
     let total_tiles: usize = lins.iter().map(|l| tiles_of(l)).sum();
-    for l in lins {
-        assert!(
-            TILE_ROWS.is_multiple_of(l.kernels.group),
-            "{}: tile rows not whole groups",
-            l.name
-        );
-    }
     // One DisjointSlice per output; at most a handful of matrices, so a fixed array
     // (no allocation on the hot path).
     assert!(lins.len() <= 4, "matmul_many takes at most 4 matrices");
@@ -214,103 +196,195 @@ pub fn matmul_many(
         *s = Some(DisjointSlice::new(o));
     }
     let tile_len = scratch.tile_len;
-    // Segments describe the whole batch; a product over part of it (logit rows) ignores them.
-    let segments = match &scratch.segments[..] {
-        seg if seg.iter().sum::<usize>() == n => seg,
-        _ => &[],
-    };
+    let segments = segments_of(&scratch.segments, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
-
-    // Items of whole tiles, about `per_thread` per thread, taken dynamically.
-    let nt = pool.n_threads();
-    let per_thread = if n < 4 {
-        ITEMS_PER_THREAD_MATVEC
-    } else {
-        ITEMS_PER_THREAD
-    };
-    let item_tiles = total_tiles.div_ceil(nt * per_thread).max(1);
-    let n_items = total_tiles.div_ceil(item_tiles);
+    let (item_tiles, n_items) = items(pool, total_tiles, n);
     pool.run_items(n_items, &|tid, item| {
         // SAFETY: thread `tid` owns tile `tid` while it runs an item.
-        let tile = unsafe { tiles.part(tid * tile_len..(tid + 1) * tile_len) };
+        let tile = unsafe { tiles.part(2 * tid * tile_len..(2 * tid + 1) * tile_len) };
         let mine = item * item_tiles..((item + 1) * item_tiles).min(total_tiles);
         let mut base = 0;
         for (m, lin) in lins.iter().enumerate() {
             let lt = base..base + tiles_of(lin);
             base = lt.end;
-            let t0 = mine.start.max(lt.start);
-            let t1 = mine.end.min(lt.end);
-            if t0 >= t1 {
-                continue;
-            }
-            let (r0, r1) = (
-                (t0 - lt.start) * TILE_ROWS,
-                ((t1 - lt.start) * TILE_ROWS).min(lin.out_dim),
-            );
             let out = slots[m].as_ref().expect("one slot per matrix");
-            let mut i = r0;
-            while i < r1 {
-                let nw = (r1 - i).min(TILE_ROWS);
-                let w = &lin.data[i * lin.row_bytes..(i + nw) * lin.row_bytes];
-                let gemm = |j0: usize, len: usize, tile: &mut [f32]| {
-                    // Activation rows in runs that stay in L2 while the weight tile passes
-                    // over them; runs start at multiples of 8 and the last takes at least
-                    // `chunk` rows, so batch-dependent formats see the same groups.
-                    let chunk = chunk_rows(xq_stride);
-                    let mut j = j0;
-                    while j < j0 + len {
-                        let m = if j0 + len - j < 2 * chunk {
-                            j0 + len - j
-                        } else {
-                            chunk
-                        };
-                        let (x, t) = (&xq[j * xq_stride..], &mut tile[j * nw..]);
-                        (lin.kernels.gemm)(
-                            lin.in_dim,
-                            w,
-                            lin.row_bytes,
-                            nw,
-                            x,
-                            xq_stride,
-                            m,
-                            t,
-                            nw,
-                        );
-                        j += m;
-                    }
-                };
-                if segments.is_empty() || !batch_dependent(lin.ty()) {
-                    gemm(0, n, tile);
-                } else {
-                    let mut j0 = 0;
-                    for &len in segments {
-                        gemm(j0, len, tile);
-                        j0 += len;
-                    }
-                }
-                for j in 0..n {
-                    // SAFETY: rows `i..i+nw` of every token belong to this thread alone.
-                    let dst = unsafe { out.part(j * lin.out_dim + i..j * lin.out_dim + i + nw) };
-                    let src = &tile[j * nw..(j + 1) * nw];
-                    match (
-                        <&mut [f32; TILE_ROWS]>::try_from(&mut *dst),
-                        <&[f32; TILE_ROWS]>::try_from(src),
-                    ) {
-                        // A whole tile row: a fixed-size copy the compiler inlines (a call to
-                        // `memmove` per token and tile cost 2-4% of a prefill).
-                        (Ok(d), Ok(s)) => *d = *s,
-                        _ => dst.copy_from_slice(src),
-                    }
-                    if let Some(b) = &lin.bias {
-                        for (d, &bb) in dst.iter_mut().zip(&b[i..i + nw]) {
-                            *d += bb;
-                        }
-                    }
-                }
-                i += nw;
+            for t in mine.start.max(lt.start)..mine.end.min(lt.end) {
+                let i = (t - lt.start) * TILE_ROWS;
+                let nw = (lin.out_dim - i).min(TILE_ROWS);
+                gemm_tile(lin, i, nw, xq, xq_stride, n, segments, tile);
+                store_tile(out, lin.out_dim, i, nw, n, tile);
             }
         }
     });
+}
+
+/// `out = act(gate · x, up · x)` (a gated feed-forward's first half, `[n, gate.out_dim]`),
+/// both products and the activation tile by tile: the two products of a tile of rows stay in
+/// this thread's cache until the activation combines them, and only the result is written,
+/// without a pass of its own. `act` works element by element (the same bits as applying it
+/// to the whole rows afterwards).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_gated(
+    pool: &ThreadPool,
+    gate: &Linear,
+    up: &Linear,
+    xq: &[u8],
+    xq_stride: usize,
+    n: usize,
+    out: &mut [f32],
+    act: fn(&mut [f32], &[f32]),
+    scratch: &mut MatmulScratch,
+) {
+    check_inputs(&[gate, up], n, scratch);
+    assert_eq!(
+        gate.out_dim, up.out_dim,
+        "{}: gate and up differ",
+        gate.name
+    );
+    let f = gate.out_dim;
+    assert!(out.len() >= n * f, "{}: output buffer too small", gate.name);
+    let total_tiles = tiles_of(gate);
+    let tile_len = scratch.tile_len;
+    let segments = segments_of(&scratch.segments, n);
+    let tiles = DisjointSlice::new(&mut scratch.tiles);
+    let out = DisjointSlice::new(out);
+    let (item_tiles, n_items) = items(pool, total_tiles, n);
+    pool.run_items(n_items, &|tid, item| {
+        // SAFETY: thread `tid` owns its pair of tiles while it runs an item.
+        let pair = unsafe { tiles.part(2 * tid * tile_len..(2 * tid + 2) * tile_len) };
+        let (tg, tu) = pair.split_at_mut(tile_len);
+        for t in item * item_tiles..((item + 1) * item_tiles).min(total_tiles) {
+            let i = t * TILE_ROWS;
+            let nw = (f - i).min(TILE_ROWS);
+            gemm_tile(gate, i, nw, xq, xq_stride, n, segments, tg);
+            gemm_tile(up, i, nw, xq, xq_stride, n, segments, tu);
+            act(&mut tg[..n * nw], &tu[..n * nw]);
+            store_tile(&out, f, i, nw, n, tg);
+        }
+    });
+}
+
+/// The declared sequences if they make up this batch of `n` rows (a product over part of a
+/// batch, the logit rows, ignores them).
+fn segments_of(segments: &[usize], n: usize) -> &[usize] {
+    if segments.iter().sum::<usize>() == n {
+        segments
+    } else {
+        &[]
+    }
+}
+
+/// Checks shared by the products: one activation format and input size, scratch for `n`
+/// tokens, tiles that are whole groups of a repacked matrix.
+fn check_inputs(lins: &[&Linear], n: usize, scratch: &MatmulScratch) {
+    assert!(
+        n * TILE_ROWS <= scratch.tile_len,
+        "matmul scratch sized for fewer tokens"
+    );
+    for l in lins {
+        assert_eq!(
+            l.kernels.act, lins[0].kernels.act,
+            "{}: mixed activation formats",
+            l.name
+        );
+        assert_eq!(l.in_dim, lins[0].in_dim, "{}: mixed input sizes", l.name);
+        assert!(
+            TILE_ROWS.is_multiple_of(l.kernels.group),
+            "{}: tile rows not whole groups",
+            l.name
+        );
+    }
+}
+
+/// Tiles of `TILE_ROWS` rows in a matrix, counted from its row 0 (a repacked matrix needs
+/// tiles aligned to its groups: `Kernels::group`).
+fn tiles_of(l: &Linear) -> usize {
+    l.out_dim.div_ceil(TILE_ROWS)
+}
+
+/// Work items of whole tiles, about `per_thread` per thread, taken dynamically:
+/// `(tiles per item, items)`.
+fn items(pool: &ThreadPool, total_tiles: usize, n: usize) -> (usize, usize) {
+    let per_thread = if n < 4 {
+        ITEMS_PER_THREAD_MATVEC
+    } else {
+        ITEMS_PER_THREAD
+    };
+    let item_tiles = total_tiles.div_ceil(pool.n_threads() * per_thread).max(1);
+    (item_tiles, total_tiles.div_ceil(item_tiles))
+}
+
+/// `tile[j * nw + r] = (lin row i + r) · (activation row j)` for `n` rows, bias added.
+#[allow(clippy::too_many_arguments)]
+fn gemm_tile(
+    lin: &Linear,
+    i: usize,
+    nw: usize,
+    xq: &[u8],
+    xq_stride: usize,
+    n: usize,
+    segments: &[usize],
+    tile: &mut [f32],
+) {
+    let w = &lin.data[i * lin.row_bytes..(i + nw) * lin.row_bytes];
+    let mut gemm = |j0: usize, len: usize| {
+        // Activation rows in runs that stay in L2 while the weight tile passes over them;
+        // runs start at multiples of 8 and the last takes at least `chunk` rows, so
+        // batch-dependent formats see the same groups.
+        let chunk = chunk_rows(xq_stride);
+        let mut j = j0;
+        while j < j0 + len {
+            let m = if j0 + len - j < 2 * chunk {
+                j0 + len - j
+            } else {
+                chunk
+            };
+            let (x, t) = (&xq[j * xq_stride..], &mut tile[j * nw..]);
+            (lin.kernels.gemm)(lin.in_dim, w, lin.row_bytes, nw, x, xq_stride, m, t, nw);
+            j += m;
+        }
+    };
+    if segments.is_empty() || !batch_dependent(lin.ty()) {
+        gemm(0, n);
+    } else {
+        let mut j0 = 0;
+        for &len in segments {
+            gemm(j0, len);
+            j0 += len;
+        }
+    }
+    if let Some(b) = &lin.bias {
+        for row in tile[..n * nw].chunks_exact_mut(nw) {
+            for (d, &bb) in row.iter_mut().zip(&b[i..i + nw]) {
+                *d += bb;
+            }
+        }
+    }
+}
+
+/// Rows `i..i+nw` of every token of `out` (`[n, out_dim]`) from `tile`.
+fn store_tile(
+    out: &DisjointSlice<f32>,
+    out_dim: usize,
+    i: usize,
+    nw: usize,
+    n: usize,
+    tile: &[f32],
+) {
+    for j in 0..n {
+        // SAFETY: rows `i..i+nw` of every token belong to the calling thread alone.
+        let dst = unsafe { out.part(j * out_dim + i..j * out_dim + i + nw) };
+        let src = &tile[j * nw..(j + 1) * nw];
+        match (
+            <&mut [f32; TILE_ROWS]>::try_from(&mut *dst),
+            <&[f32; TILE_ROWS]>::try_from(src),
+        ) {
+            // A whole tile row: a fixed-size copy the compiler inlines (a call to `memmove`
+            // per token and tile cost 2-4% of a prefill).
+            (Ok(d), Ok(s)) => *d = *s,
+            _ => dst.copy_from_slice(src),
+        }
+    }
 }
 
 /// Bytes of quantized activation rows one gemm call takes: well inside L2 (1 MiB per core on
@@ -340,4 +414,101 @@ pub fn matmul(
 ) {
     let rb = quantize_input(pool, lin, x, n, xq);
     matmul_many(pool, &[lin], xq, rb, n, &mut [out], scratch);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::tests::{random_weight_row, Rng, Scales};
+
+    /// A `rows × n` matrix of random `ty` blocks in the layout the loader would give it.
+    fn random_linear(ty: GgmlType, n: usize, rows: usize, rng: &mut Rng) -> (Linear, Vec<u8>) {
+        let plain: Vec<u8> = (0..rows)
+            .flat_map(|_| random_weight_row(ty, n, rng, Scales::Normal))
+            .collect();
+        let lin = Linear {
+            name: format!("{ty}"),
+            in_dim: n,
+            out_dim: rows,
+            row_bytes: ty.row_bytes(n).unwrap(),
+            data: TensorBytes::owned(plain.clone()),
+            kernels: quant::kernels(ty).unwrap(),
+            bias: None,
+        };
+        (lin.repacked(), plain)
+    }
+
+    /// The pooled, tiled products (repacked layouts included, segments of independent
+    /// sequences included) give each output the bits of one gemm call over the plain matrix
+    /// and the whole batch (or the whole segment), and the gated product equals the two
+    /// products followed by the activation.
+    #[test]
+    fn pooled_products_match_one_plain_gemm() {
+        let mut rng = Rng(0x3a7);
+        let pool = ThreadPool::new(2);
+        let (n, rows) = (512, 40);
+        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5_0, GgmlType::Q4_1] {
+            let (gate, gate_plain) = random_linear(ty, n, rows, &mut rng);
+            let (up, up_plain) = random_linear(ty, n, rows, &mut rng);
+            for (tokens, segs) in [(1, vec![]), (5, vec![]), (37, vec![]), (13, vec![6, 7])] {
+                let x: Vec<f32> = (0..tokens * n).map(|_| rng.uniform() * 3.0).collect();
+                let rb = gate.act_row_bytes();
+                let mut xq = vec![0u8; tokens * rb];
+                let mut scratch = MatmulScratch::new(tokens, 2);
+                scratch.set_segments(segs.iter().copied());
+                quantize_input(&pool, &gate, &x, tokens, &mut xq);
+                let (mut og, mut ou) = (vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
+                matmul_many(
+                    &pool,
+                    &[&gate, &up],
+                    &xq,
+                    rb,
+                    tokens,
+                    &mut [&mut og, &mut ou],
+                    &mut scratch,
+                );
+                // One call of the plain kernels per segment, all rows at once.
+                let plain = |w: &[u8]| {
+                    let k = quant::kernels(ty).unwrap();
+                    let mut out = vec![0f32; tokens * rows];
+                    let lens = if segs.is_empty() {
+                        vec![tokens]
+                    } else {
+                        segs.clone()
+                    };
+                    let mut j0 = 0;
+                    for len in lens {
+                        let row_w = ty.row_bytes(n).unwrap();
+                        let x = &xq[j0 * rb..];
+                        (k.gemm)(n, w, row_w, rows, x, rb, len, &mut out[j0 * rows..], rows);
+                        j0 += len;
+                    }
+                    out
+                };
+                let (wg, wu) = (plain(&gate_plain), plain(&up_plain));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&og), bits(&wg), "{ty} gate, {tokens} tokens {segs:?}");
+                assert_eq!(bits(&ou), bits(&wu), "{ty} up, {tokens} tokens {segs:?}");
+                let act: fn(&mut [f32], &[f32]) = |g, u| {
+                    for (a, b) in g.iter_mut().zip(u) {
+                        *a = *a * 0.5 + b;
+                    }
+                };
+                let mut fused = vec![0f32; tokens * rows];
+                matmul_gated(
+                    &pool,
+                    &gate,
+                    &up,
+                    &xq,
+                    rb,
+                    tokens,
+                    &mut fused,
+                    act,
+                    &mut scratch,
+                );
+                act(&mut og, &ou);
+                assert_eq!(bits(&fused), bits(&og), "{ty} gated, {tokens} tokens");
+            }
+        }
+    }
 }

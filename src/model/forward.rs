@@ -9,7 +9,7 @@ use std::ops::Range;
 use crate::cache::{KvCache, KvOverflow, Scratch};
 use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
-use crate::kernels::matmul::{matmul, matmul_many, quantize_input, Linear};
+use crate::kernels::matmul::{matmul, matmul_gated, matmul_many, quantize_input, Linear};
 use crate::kernels::ops::{self, Activation};
 use crate::kernels::pool::ThreadPool;
 use crate::model::{Model, Norm, NormKind, Qkv};
@@ -352,16 +352,28 @@ pub fn forward_batch(
         let f = c.ffn_dim;
         let act = m.traits.act;
         if let Some(gate) = &layer.ffn_gate {
-            project(
-                pool,
-                &[gate, &layer.ffn_up],
-                &s.xb[..n * dim],
-                n,
-                &mut s.xq,
-                &mut [&mut s.gate[..n * f], &mut s.up[..n * f]],
-                &mut s.matmul,
-            );
-            gated_act_rows(pool, &rt.f16, &mut s.gate[..n * f], &s.up[..n * f], act);
+            let up = &layer.ffn_up;
+            if gate.kernels.act == up.kernels.act && n >= GATED_MIN_ROWS {
+                // Both products and the activation in one pass over tiles of rows.
+                let rb = quantize_input(pool, gate, &s.xb[..n * dim], n, &mut s.xq);
+                let act_fn = match act {
+                    Activation::Silu => rt.f16.swiglu,
+                    Activation::GeluTanh => rt.f16.geglu,
+                };
+                let out = &mut s.gate[..n * f];
+                matmul_gated(pool, gate, up, &s.xq, rb, n, out, act_fn, &mut s.matmul);
+            } else {
+                project(
+                    pool,
+                    &[gate, up],
+                    &s.xb[..n * dim],
+                    n,
+                    &mut s.xq,
+                    &mut [&mut s.gate[..n * f], &mut s.up[..n * f]],
+                    &mut s.matmul,
+                );
+                gated_act_rows(pool, &rt.f16, &mut s.gate[..n * f], &s.up[..n * f], act);
+            }
             matmul(
                 pool,
                 &layer.ffn_down,
@@ -449,6 +461,12 @@ pub fn forward_batch(
     }
     Ok(())
 }
+
+/// Batches from which the gated feed-forward runs its two products and the activation tile by
+/// tile (`matmul_gated`). A decode step keeps them apart: there each thread streams one
+/// matrix's rows at a time, which reads faster than alternating between the two every tile
+/// (Gemma-3 tg128 measured ~8% slower fused).
+const GATED_MIN_ROWS: usize = 4;
 
 /// Several projections of the same input: the input is quantized once per activation format
 /// and the matrices sharing it run in one dispatch.

@@ -547,4 +547,4 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
