@@ -73,8 +73,11 @@ pub fn repack_q4k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
             for b in 0..nb {
                 let from = base + r * row_bytes + b * BQ;
                 let to = base + b * Q4K_X16_BYTES;
-                for i in 0..BQ {
-                    out[to + slot(r, i)] = src[from + i];
+                // Every 4-byte piece of the block (d and dmin are 2 bytes) moves as a whole.
+                for i in [0, 2].into_iter().chain((4..BQ).step_by(4)) {
+                    let len = if i < 4 { 2 } else { 4 };
+                    let at = to + slot(r, i);
+                    out[at..at + len].copy_from_slice(&src[from + i..from + i + len]);
                 }
             }
         }
@@ -97,6 +100,7 @@ pub const Q6K_X16_BYTES: usize = Q6K_GROUP * B6;
 const B6: usize = std::mem::size_of::<BlockQ6K>();
 
 /// Element `i`'s 6-bit value in a plain Q6_K block (`ql` at 0, `qh` at 128).
+#[cfg(test)]
 fn q6k_get(blk: &[u8], i: usize) -> u8 {
     let (half, r) = (i / 128, i % 128);
     let (c, l) = (r / 32, r % 32);
@@ -104,6 +108,22 @@ fn q6k_get(blk: &[u8], i: usize) -> u8 {
     let low = if c < 2 { ql & 0xF } else { ql >> 4 };
     let high = (blk[128 + 32 * half + l] >> (2 * c)) & 3;
     low | (high << 4)
+}
+
+/// The 256 6-bit values of a plain Q6_K block, in element order.
+fn q6k_values(blk: &[u8]) -> [u8; QK_K] {
+    let mut u = [0u8; QK_K];
+    for half in 0..2 {
+        for c in 0..4 {
+            for l in 0..32 {
+                let ql = blk[64 * half + 32 * (c % 2) + l];
+                let low = if c < 2 { ql & 0xF } else { ql >> 4 };
+                let high = (blk[128 + 32 * half + l] >> (2 * c)) & 3;
+                u[128 * half + 32 * c + l] = low | (high << 4);
+            }
+        }
+    }
+    u
 }
 
 /// Sets element `i`'s 6-bit value in a plain Q6_K block whose quant bytes start zeroed.
@@ -144,11 +164,18 @@ pub fn repack_q6k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
                     sb[32 + 32 * l + 2 * r] = blk[192 + 2 * l];
                     sb[32 + 32 * l + 2 * r + 1] = blk[192 + 2 * l + 1];
                 }
-                for i in 0..QK_K {
-                    let u = q6k_get(blk, i);
-                    let (lo, ls, hi, hs) = q6k_slots(r, i);
-                    sb[lo] |= (u & 0xF) << ls;
-                    sb[hi] |= (u >> 4) << hs;
+                let u = q6k_values(blk);
+                for c in 0..8 {
+                    let (ls, hs) = (4 * (c / 4), 2 * (c / 2));
+                    for l in 0..8 {
+                        let lo = 288 + 64 * (8 * (c % 4) + l) + 4 * r;
+                        let hi = 2336 + 64 * (8 * (c % 2) + l) + 4 * r;
+                        for e in 0..4 {
+                            let v = u[32 * c + 4 * l + e];
+                            sb[lo + e] |= (v & 0xF) << ls;
+                            sb[hi + e] |= (v >> 4) << hs;
+                        }
+                    }
                 }
             }
         }
@@ -221,6 +248,15 @@ mod tests {
             }
         }
         assert_eq!(&out[32 * row_bytes..], &src[32 * row_bytes..]);
+    }
+
+    #[test]
+    fn q6k_values_in_element_order() {
+        let blk: Vec<u8> = (0..B6).map(|i| (i * 37 % 256) as u8).collect();
+        let u = q6k_values(&blk);
+        for (i, &v) in u.iter().enumerate() {
+            assert_eq!(v, q6k_get(&blk, i), "element {i}");
+        }
     }
 
     #[test]
