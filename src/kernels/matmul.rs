@@ -198,7 +198,8 @@ pub fn matmul_many(
     let tile_len = scratch.tile_len;
     let segments = segments_of(&scratch.segments, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
-    let (item_tiles, n_items) = items(pool, total_tiles, n);
+    let tile_bytes = TILE_ROWS * lins[0].row_bytes;
+    let (item_tiles, n_items) = items(pool, total_tiles, n, tile_bytes);
     pool.run_items(n_items, &|tid, item| {
         // SAFETY: thread `tid` owns tile `tid` while it runs an item.
         let tile = unsafe { tiles.part(2 * tid * tile_len..(2 * tid + 1) * tile_len) };
@@ -248,7 +249,8 @@ pub fn matmul_gated(
     let segments = segments_of(&scratch.segments, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let out = DisjointSlice::new(out);
-    let (item_tiles, n_items) = items(pool, total_tiles, n);
+    let tile_bytes = TILE_ROWS * (gate.row_bytes + up.row_bytes);
+    let (item_tiles, n_items) = items(pool, total_tiles, n, tile_bytes);
     pool.run_items(n_items, &|tid, item| {
         // SAFETY: thread `tid` owns its pair of tiles while it runs an item.
         let pair = unsafe { tiles.part(2 * tid * tile_len..(2 * tid + 2) * tile_len) };
@@ -302,17 +304,26 @@ fn tiles_of(l: &Linear) -> usize {
     l.out_dim.div_ceil(TILE_ROWS)
 }
 
-/// Work items of whole tiles, about `per_thread` per thread, taken dynamically:
-/// `(tiles per item, items)`.
-fn items(pool: &ThreadPool, total_tiles: usize, n: usize) -> (usize, usize) {
+/// Work items of whole tiles (of `tile_bytes` weight bytes each), about `per_thread` per
+/// thread, taken dynamically: `(tiles per item, items)`. A matrix-vector product over a large
+/// matrix is cut into items of about [`MATVEC_ITEM_BYTES`], so a thread slowed down (by
+/// another process on a shared machine) hands its remaining items to the other.
+fn items(pool: &ThreadPool, total_tiles: usize, n: usize, tile_bytes: usize) -> (usize, usize) {
     let per_thread = if n < 4 {
         ITEMS_PER_THREAD_MATVEC
     } else {
         ITEMS_PER_THREAD
     };
-    let item_tiles = total_tiles.div_ceil(pool.n_threads() * per_thread).max(1);
+    let mut item_tiles = total_tiles.div_ceil(pool.n_threads() * per_thread).max(1);
+    if n < 4 {
+        item_tiles = item_tiles.min((MATVEC_ITEM_BYTES / tile_bytes.max(1)).max(1));
+    }
     (item_tiles, total_tiles.div_ceil(item_tiles))
 }
+
+/// Largest item of a matrix-vector product, in weight bytes: long runs still stream at full
+/// speed, and a 178 MB output matrix becomes ~40 items.
+const MATVEC_ITEM_BYTES: usize = 4 << 20;
 
 /// `tile[j * nw + r] = (lin row i + r) · (activation row j)` for `n` rows, bias added.
 #[allow(clippy::too_many_arguments)]
