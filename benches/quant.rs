@@ -5,7 +5,7 @@
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kiln::quant::{kernels_for, GgmlType, Isa};
+use kiln::quant::{kernels_for, repacked, GgmlType, Isa, Kernels};
 use std::time::Duration;
 
 /// This thread's CPU time (not wall time): the machine is shared, and a kernel's speed is what it
@@ -179,9 +179,37 @@ fn matvec(c: &mut Criterion<CpuTime>) {
                     black_box(&out);
                 })
             });
+            if let Some((wp, kp)) = repacked(&k, &w, rows, n) {
+                let id = BenchmarkId::new(format!("{} x{}", ty.name(), kp.group), isa.name());
+                g.bench_function(id, |b| {
+                    b.iter(|| {
+                        by_groups(&kp, n, &wp, row, rows, &x, x.len(), 1, &mut out);
+                        black_box(&out);
+                    })
+                });
+            }
         }
     }
     g.finish();
+}
+
+/// A gemm over a repacked matrix, one call per group of rows (as the model's tiles run it).
+#[allow(clippy::too_many_arguments)]
+fn by_groups(
+    k: &Kernels,
+    n: usize,
+    w: &[u8],
+    row: usize,
+    rows: usize,
+    x: &[u8],
+    xr: usize,
+    nx: usize,
+    out: &mut [f32],
+) {
+    for i in (0..rows).step_by(k.group) {
+        let nw = (rows - i).min(k.group);
+        (k.gemm)(n, &w[i * row..], row, nw, x, xr, nx, &mut out[i..], rows);
+    }
 }
 
 /// Prefill tile: 256 weight rows x 2048 against 32 activation rows.
@@ -208,6 +236,15 @@ fn gemm(c: &mut Criterion<CpuTime>) {
                     black_box(&out);
                 })
             });
+            if let Some((wp, kp)) = repacked(&k, &w, rows, n) {
+                let id = BenchmarkId::new(format!("{} x{}", ty.name(), kp.group), isa.name());
+                g.bench_function(id, |b| {
+                    b.iter(|| {
+                        by_groups(&kp, n, &wp, row, rows, &x, xr, nx, &mut out);
+                        black_box(&out);
+                    })
+                });
+            }
         }
     }
     g.finish();
