@@ -1315,6 +1315,7 @@ mod tests {
     use super::*;
 
     fn all_paths() -> Vec<F16Ops> {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut v = vec![F16Ops::scalar()];
         #[cfg(target_arch = "x86_64")]
         {
