@@ -625,9 +625,11 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
         (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
     };
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+        // The x86 tiers reproduce ggml's x86 order; the NEON kernels keep their own (checked
+        // within tolerance by the other tests).
         for isa in Isa::available()
             .into_iter()
-            .filter(|&i| i != Isa::Scalar && i.has_kernels())
+            .filter(|&i| i != Isa::Scalar && i != Isa::Neon && i.has_kernels())
         {
             let k = kernels_for(ty, isa).unwrap();
             for _ in 0..20 {
