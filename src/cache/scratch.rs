@@ -23,6 +23,9 @@ pub struct ScratchSpec {
     pub act_row_bytes: usize,
     /// Element type of the KV cache the attention reads (a quantized one needs tile buffers).
     pub kv_type: KvType,
+    /// Rows of the `up` buffer: `max_tokens`, or fewer when prompt batches run the gated
+    /// feed-forward fused and never write it (`weights::gated_ffn_fuses`).
+    pub up_rows: usize,
 }
 
 /// The named buffers. Shapes are `[rows, width]`, row-major, f32.
@@ -44,7 +47,7 @@ pub struct Scratch {
     pub proj: Vec<f32>,
     /// `[T, ffn_dim]` gate projection, then the activated product.
     pub gate: Vec<f32>,
-    /// `[T, ffn_dim]`
+    /// `[spec.up_rows, ffn_dim]`
     pub up: Vec<f32>,
     /// `[T, act_row_bytes]` quantized activations.
     pub xq: Vec<u8>,
@@ -54,6 +57,13 @@ pub struct Scratch {
     pub rope_cs: Vec<f32>,
     pub attn_scratch: AttnScratch,
     pub matmul: MatmulScratch,
+}
+
+/// Rows of each buffer of [`widths`]: all `t`, except `up` (`spec.up_rows`).
+fn rows(spec: &ScratchSpec, t: usize) -> [usize; 9] {
+    let mut r = [t; 9];
+    r[8] = spec.up_rows.min(t);
+    r
 }
 
 fn widths(c: &ModelConfig) -> [usize; 9] {
@@ -74,8 +84,8 @@ fn widths(c: &ModelConfig) -> [usize; 9] {
 impl Scratch {
     pub fn new(c: &ModelConfig, spec: ScratchSpec) -> Scratch {
         let t = spec.max_tokens.max(1);
-        let w = widths(c);
-        let buf = |i: usize| vec![0.0f32; t * w[i]];
+        let (w, r) = (widths(c), rows(&spec, t));
+        let buf = |i: usize| vec![0.0f32; r[i] * w[i]];
         Scratch {
             spec,
             x: buf(0),
@@ -105,7 +115,8 @@ impl Scratch {
     /// Bytes `new` allocates for this model and spec (the memory plan's formula).
     pub fn bytes_for(c: &ModelConfig, spec: ScratchSpec) -> usize {
         let t = spec.max_tokens.max(1);
-        let floats: usize = widths(c).iter().map(|w| t * w).sum::<usize>()
+        let r = rows(&spec, t);
+        let floats: usize = widths(c).iter().zip(r).map(|(w, r)| r * w).sum::<usize>()
             + spec.logit_rows.max(1) * c.vocab_size
             + t * c.rope_dims.max(2);
         floats * 4

@@ -306,8 +306,14 @@ pub fn scratch_spec(model: &Model, opts: &SessionOptions) -> ScratchSpec {
 
 /// The scratch sizes for a model file, before loading it (the memory plan uses this).
 pub fn scratch_spec_for(file: &crate::gguf::GgufFile, opts: &SessionOptions) -> ScratchSpec {
+    let max_tokens = opts.prefill_chunk.clamp(1, opts.n_ctx.max(1));
     ScratchSpec {
-        max_tokens: opts.prefill_chunk.clamp(1, opts.n_ctx.max(1)),
+        max_tokens,
+        up_rows: if weights::gated_ffn_fuses(file) {
+            max_tokens.min(crate::kernels::matmul::GATED_MIN_ROWS - 1)
+        } else {
+            max_tokens
+        },
         logit_rows: opts.logit_rows.max(1),
         n_threads: opts.n_threads.max(1),
         act_row_bytes: weights::max_act_row_bytes(file),

@@ -9,7 +9,9 @@ use std::ops::Range;
 use crate::cache::{KvCache, KvOverflow, Scratch};
 use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
-use crate::kernels::matmul::{matmul, matmul_gated, matmul_many, quantize_input, Linear};
+use crate::kernels::matmul::{
+    matmul, matmul_gated, matmul_many, quantize_input, Linear, GATED_MIN_ROWS,
+};
 use crate::kernels::ops::{self, Activation};
 use crate::kernels::pool::ThreadPool;
 use crate::model::{Model, Norm, NormKind, Qkv};
@@ -354,7 +356,8 @@ pub fn forward_batch(
         if let Some(gate) = &layer.ffn_gate {
             let up = &layer.ffn_up;
             if gate.kernels.act == up.kernels.act && n >= GATED_MIN_ROWS {
-                // Both products and the activation in one pass over tiles of rows.
+                // Both products and the activation in one pass over tiles of rows (the `up`
+                // buffer then holds only decode rows: `weights::gated_ffn_fuses`).
                 let rb = quantize_input(pool, gate, &s.xb[..n * dim], n, &mut s.xq);
                 let act_fn = match act {
                     Activation::Silu => rt.f16.swiglu,
@@ -461,12 +464,6 @@ pub fn forward_batch(
     }
     Ok(())
 }
-
-/// Batches from which the gated feed-forward runs its two products and the activation tile by
-/// tile (`matmul_gated`). A decode step keeps them apart: there each thread streams one
-/// matrix's rows at a time, which reads faster than alternating between the two every tile
-/// (Gemma-3 tg128 measured ~8% slower fused).
-const GATED_MIN_ROWS: usize = 4;
 
 /// Several projections of the same input: the input is quantized once per activation format
 /// and the matrices sharing it run in one dispatch.

@@ -324,6 +324,22 @@ pub fn load(
 /// The largest quantized-activation row any matrix of the file needs, in bytes: for every
 /// 2-D tensor, a row of its input width in the partner format of its type. Computed from the
 /// tensor table alone, so the memory plan knows it before any weight is loaded.
+/// Whether every layer's gated feed-forward runs fused for prompt batches (`forward`: a gate
+/// and an up matrix sharing one activation format), so the `up` scratch buffer only ever holds
+/// the rows of a batch smaller than `GATED_MIN_ROWS`. From the tensor table alone.
+pub fn gated_ffn_fuses(f: &GgufFile) -> bool {
+    use names::{blk, FFN_GATE, FFN_UP};
+    let ty = |name: &str| f.tensor_info(name).map(|t| quant::dot_type(t.ty));
+    let mut layers = 0;
+    while let Some(up) = ty(&blk(layers, FFN_UP)) {
+        if ty(&blk(layers, FFN_GATE)) != Some(up) {
+            return false;
+        }
+        layers += 1;
+    }
+    layers > 0
+}
+
 pub fn max_act_row_bytes(f: &GgufFile) -> usize {
     f.tensors()
         .iter()
