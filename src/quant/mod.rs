@@ -184,7 +184,7 @@ pub struct Kernels {
     pub quantize_act: QuantizeFn,
     /// `weight` bytes -> f32 (for embeddings lookups and debugging).
     pub dequantize: DequantFn,
-    /// Weight rows stored together: 1 for plain row-major matrices, [`repack::Q4K_GROUP`] for
+    /// Weight rows stored together: 1 for plain row-major matrices, [`repack::GROUP`] for
     /// a matrix [`repacked`] into groups. `gemm` must then be given tiles that start at a
     /// multiple of `group` rows (whole groups, or the plain rows after the last one), and
     /// `vec_dot` / `dequantize` apply only to those plain rows.
@@ -196,24 +196,18 @@ pub struct Kernels {
 /// layout is already the fastest one here.
 pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<u8>, Kernels)> {
     #[cfg(target_arch = "x86_64")]
-    if k.weight == GgmlType::Q4K && k.isa == Isa::Avx512Vnni && rows >= repack::Q4K_GROUP {
-        let bytes = repack::repack_q4k_x16(data, rows, n);
+    if k.isa == Isa::Avx512Vnni && rows >= repack::GROUP {
+        let (layout, gemm): (repack::RepackFn, GemmFn) = match k.weight {
+            GgmlType::Q4K => (repack::repack_q4k_x16, x86::gemm_q4k_x16),
+            GgmlType::Q6K => (repack::repack_q6k_x16, x86::gemm_q6k_x16),
+            _ => return None,
+        };
         let kernels = Kernels {
-            gemm: x86::gemm_q4k_x16,
-            group: repack::Q4K_GROUP,
+            gemm,
+            group: repack::GROUP,
             ..*k
         };
-        return Some((bytes, kernels));
-    }
-    #[cfg(target_arch = "x86_64")]
-    if k.weight == GgmlType::Q6K && k.isa == Isa::Avx512Vnni && rows >= repack::Q6K_GROUP {
-        let bytes = repack::repack_q6k_x16(data, rows, n);
-        let kernels = Kernels {
-            gemm: x86::gemm_q6k_x16,
-            group: repack::Q6K_GROUP,
-            ..*k
-        };
-        return Some((bytes, kernels));
+        return Some((layout(data, rows, n), kernels));
     }
     let _ = (k, data, rows, n);
     None

@@ -34,10 +34,10 @@
 
 use super::blocks::{BlockQ4K, BlockQ6K, QK_K};
 
-/// Rows per repacked Q4_K group.
-pub const Q4K_GROUP: usize = 16;
+/// Rows per repacked group (Q4_K and Q6_K).
+pub const GROUP: usize = 16;
 /// Bytes of one super-block of a group: 16 plain blocks' worth.
-pub const Q4K_X16_BYTES: usize = Q4K_GROUP * BQ;
+pub const Q4K_X16_BYTES: usize = GROUP * BQ;
 /// Bytes of one plain Q4_K block.
 const BQ: usize = std::mem::size_of::<BlockQ4K>();
 
@@ -62,23 +62,43 @@ fn slot(r: usize, i: usize) -> usize {
 /// The Q4_K matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
 /// Panics if `src` is not exactly that matrix (the loader checked the shape).
 pub fn repack_q4k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
-    assert!(n.is_multiple_of(QK_K), "Q4_K row of {n} elements");
+    repack_groups(src, rows, n, BQ, |r, blk, sb| {
+        // Every 4-byte piece of the block (d and dmin are 2 bytes) moves as a whole.
+        for i in [0, 2].into_iter().chain((4..BQ).step_by(4)) {
+            let len = if i < 4 { 2 } else { 4 };
+            let at = slot(r, i);
+            sb[at..at + len].copy_from_slice(&blk[i..i + len]);
+        }
+    })
+}
+
+/// A signature shared by the repacking functions: `(matrix, rows, n) -> repacked matrix`.
+pub type RepackFn = fn(&[u8], usize, usize) -> Vec<u8>;
+
+/// The matrix `src` (`rows` rows of `n` elements in `bq`-byte blocks, row-major) with each
+/// whole group of 16 rows rebuilt by `place(r, block, super_block)`: block `b` of row `r`
+/// placed into the group's zeroed super-block `b` (16 blocks' worth); the rows after the
+/// last whole group are copied. Panics if `src` is not exactly that matrix (the loader
+/// checked the shape).
+fn repack_groups(
+    src: &[u8],
+    rows: usize,
+    n: usize,
+    bq: usize,
+    place: impl Fn(usize, &[u8], &mut [u8]),
+) -> Vec<u8> {
+    assert!(n.is_multiple_of(QK_K), "k-quant row of {n} elements");
     let nb = n / QK_K;
-    let row_bytes = nb * BQ;
-    assert_eq!(src.len(), rows * row_bytes, "Q4_K matrix bytes");
+    let row_bytes = nb * bq;
+    assert_eq!(src.len(), rows * row_bytes, "k-quant matrix bytes");
     let mut out = src.to_vec();
-    for g in 0..rows / Q4K_GROUP {
-        let base = g * Q4K_GROUP * row_bytes;
-        for r in 0..Q4K_GROUP {
+    for g in 0..rows / GROUP {
+        let base = g * GROUP * row_bytes;
+        out[base..base + GROUP * row_bytes].fill(0);
+        for r in 0..GROUP {
             for b in 0..nb {
-                let from = base + r * row_bytes + b * BQ;
-                let to = base + b * Q4K_X16_BYTES;
-                // Every 4-byte piece of the block (d and dmin are 2 bytes) moves as a whole.
-                for i in [0, 2].into_iter().chain((4..BQ).step_by(4)) {
-                    let len = if i < 4 { 2 } else { 4 };
-                    let at = to + slot(r, i);
-                    out[at..at + len].copy_from_slice(&src[from + i..from + i + len]);
-                }
+                let blk = &src[base + r * row_bytes + b * bq..][..bq];
+                place(r, blk, &mut out[base + b * GROUP * bq..][..GROUP * bq]);
             }
         }
     }
@@ -92,10 +112,8 @@ pub fn q4k_x16_block(group: &[u8], r: usize, b: usize) -> [u8; BQ] {
     std::array::from_fn(|i| sb[slot(r, i)])
 }
 
-/// Rows per repacked Q6_K group.
-pub const Q6K_GROUP: usize = 16;
 /// Bytes of one super-block of a Q6_K group: 16 plain blocks' worth.
-pub const Q6K_X16_BYTES: usize = Q6K_GROUP * B6;
+pub const Q6K_X16_BYTES: usize = GROUP * B6;
 /// Bytes of one plain Q6_K block.
 const B6: usize = std::mem::size_of::<BlockQ6K>();
 
@@ -147,40 +165,26 @@ fn q6k_slots(r: usize, i: usize) -> (usize, u32, usize, u32) {
 /// The Q6_K matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
 /// Panics if `src` is not exactly that matrix (the loader checked the shape).
 pub fn repack_q6k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
-    assert!(n.is_multiple_of(QK_K), "Q6_K row of {n} elements");
-    let nb = n / QK_K;
-    let row_bytes = nb * B6;
-    assert_eq!(src.len(), rows * row_bytes, "Q6_K matrix bytes");
-    let mut out = src.to_vec();
-    for g in 0..rows / Q6K_GROUP {
-        let base = g * Q6K_GROUP * row_bytes;
-        out[base..base + Q6K_GROUP * row_bytes].fill(0);
-        for r in 0..Q6K_GROUP {
-            for b in 0..nb {
-                let blk = &src[base + r * row_bytes + b * B6..][..B6];
-                let sb = &mut out[base + b * Q6K_X16_BYTES..][..Q6K_X16_BYTES];
-                sb[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
-                for l in 0..8 {
-                    sb[32 + 32 * l + 2 * r] = blk[192 + 2 * l];
-                    sb[32 + 32 * l + 2 * r + 1] = blk[192 + 2 * l + 1];
-                }
-                let u = q6k_values(blk);
-                for c in 0..8 {
-                    let (ls, hs) = (4 * (c / 4), 2 * (c / 2));
-                    for l in 0..8 {
-                        let lo = 288 + 64 * (8 * (c % 4) + l) + 4 * r;
-                        let hi = 2336 + 64 * (8 * (c % 2) + l) + 4 * r;
-                        for e in 0..4 {
-                            let v = u[32 * c + 4 * l + e];
-                            sb[lo + e] |= (v & 0xF) << ls;
-                            sb[hi + e] |= (v >> 4) << hs;
-                        }
-                    }
+    repack_groups(src, rows, n, B6, |r, blk, sb| {
+        sb[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
+        for l in 0..8 {
+            sb[32 + 32 * l + 2 * r] = blk[192 + 2 * l];
+            sb[32 + 32 * l + 2 * r + 1] = blk[192 + 2 * l + 1];
+        }
+        let u = q6k_values(blk);
+        for c in 0..8 {
+            let (ls, hs) = (4 * (c / 4), 2 * (c / 2));
+            for l in 0..8 {
+                let lo = 288 + 64 * (8 * (c % 4) + l) + 4 * r;
+                let hi = 2336 + 64 * (8 * (c % 2) + l) + 4 * r;
+                for e in 0..4 {
+                    let v = u[32 * c + 4 * l + e];
+                    sb[lo + e] |= (v & 0xF) << ls;
+                    sb[hi + e] |= (v >> 4) << hs;
                 }
             }
         }
-    }
-    out
+    })
 }
 
 /// Block `b` of row `r` of the repacked Q6_K group starting at `group`, in the plain byte order.
@@ -219,7 +223,7 @@ mod tests {
     #[test]
     fn slots_are_a_permutation_of_the_group() {
         let mut seen = vec![false; Q4K_X16_BYTES];
-        for r in 0..Q4K_GROUP {
+        for r in 0..GROUP {
             for i in 0..BQ {
                 let s = slot(r, i);
                 assert!(!seen[s], "slot {s} taken twice");
@@ -229,25 +233,37 @@ mod tests {
         assert!(seen.iter().all(|&s| s));
     }
 
-    #[test]
-    fn repack_round_trips_and_keeps_the_tail() {
-        let (rows, n) = (37, 512);
-        let row_bytes = n / QK_K * BQ;
+    /// `repack` of a `rows × 512` matrix of `bq`-byte blocks gives back every block of the
+    /// whole groups through `block`, and leaves the tail rows as they were.
+    fn round_trip<const BQB: usize>(
+        rows: usize,
+        repack: RepackFn,
+        block: fn(&[u8], usize, usize) -> [u8; BQB],
+    ) {
+        let n = 512;
+        let row_bytes = n / QK_K * BQB;
         let src: Vec<u8> = (0..rows * row_bytes)
             .map(|i| (i * 7919 % 251) as u8)
             .collect();
-        let out = repack_q4k_x16(&src, rows, n);
+        let out = repack(&src, rows, n);
         assert_eq!(out.len(), src.len());
-        for row in 0..32 {
-            let (g, r) = (row / 16, row % 16);
-            let group = &out[g * 16 * row_bytes..(g + 1) * 16 * row_bytes];
+        let whole = rows / GROUP * GROUP;
+        for row in 0..whole {
+            let (g, r) = (row / GROUP, row % GROUP);
+            let group = &out[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes];
             for b in 0..n / QK_K {
-                let blk = q4k_x16_block(group, r, b);
-                let at = row * row_bytes + b * BQ;
-                assert_eq!(&blk[..], &src[at..at + BQ], "row {row} block {b}");
+                let blk = block(group, r, b);
+                let at = row * row_bytes + b * BQB;
+                assert_eq!(&blk[..], &src[at..at + BQB], "row {row} block {b}");
             }
         }
-        assert_eq!(&out[32 * row_bytes..], &src[32 * row_bytes..]);
+        assert_eq!(&out[whole * row_bytes..], &src[whole * row_bytes..]);
+    }
+
+    #[test]
+    fn repack_round_trips_and_keeps_the_tail() {
+        round_trip::<BQ>(37, repack_q4k_x16, q4k_x16_block);
+        round_trip::<B6>(35, repack_q6k_x16, q6k_x16_block);
     }
 
     #[test]
@@ -262,7 +278,7 @@ mod tests {
     #[test]
     fn q6k_slots_fill_the_quant_bits_once() {
         let mut seen = vec![0u8; Q6K_X16_BYTES];
-        for r in 0..Q6K_GROUP {
+        for r in 0..GROUP {
             for i in 0..QK_K {
                 let (lo, ls, hi, hs) = q6k_slots(r, i);
                 assert_eq!(seen[lo] & (0xF << ls), 0);
@@ -272,26 +288,5 @@ mod tests {
             }
         }
         assert!(seen[288..].iter().all(|&b| b == 0xFF));
-    }
-
-    #[test]
-    fn q6k_repack_round_trips_and_keeps_the_tail() {
-        let (rows, n) = (35, 512);
-        let row_bytes = n / QK_K * B6;
-        let src: Vec<u8> = (0..rows * row_bytes)
-            .map(|i| (i * 7919 % 253) as u8)
-            .collect();
-        let out = repack_q6k_x16(&src, rows, n);
-        assert_eq!(out.len(), src.len());
-        for row in 0..32 {
-            let (g, r) = (row / 16, row % 16);
-            let group = &out[g * 16 * row_bytes..(g + 1) * 16 * row_bytes];
-            for b in 0..n / QK_K {
-                let blk = q6k_x16_block(group, r, b);
-                let at = row * row_bytes + b * B6;
-                assert_eq!(&blk[..], &src[at..at + B6], "row {row} block {b}");
-            }
-        }
-        assert_eq!(&out[32 * row_bytes..], &src[32 * row_bytes..]);
     }
 }

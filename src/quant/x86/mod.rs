@@ -231,9 +231,55 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
     }
 }
 
-/// The gemm of a Q4_K matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows
-/// is one group, a shorter tile the plain rows after the last group. Handed out only with the
-/// `Avx512Vnni` tier, after its detection.
+/// A kernel over one repacked group of rows (`q4k_x16::gemm_tf`, `q6k_x16::gemm_tf`).
+type GroupKernel = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
+
+/// The gemm of a k-quant matrix repacked into 16-row groups (`quant::repack`): a tile of 16
+/// rows is one group, run by `kernel`; a shorter tile is the plain rows after the last group,
+/// run by the row-major kernel `P`. `block`: bytes of one plain super-block. Handed out only
+/// with the `Avx512Vnni` tier, after its detection.
+#[allow(clippy::too_many_arguments)]
+fn gemm_groups<P: avx2::Tile>(
+    kernel: GroupKernel,
+    block: usize,
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    if nw != super::repack::GROUP {
+        return tier_vnni::gemm::<P>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+    }
+    assert!(n.is_multiple_of(256), "k-quant row of {n} elements");
+    let (rw, rx) = (n / 256 * block, n / 256 * 292);
+    assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
+    check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+    if nx == 0 {
+        return;
+    }
+    assert!(has_avx512vnni(), "repacked kernels need AVX-512 VNNI");
+    // SAFETY: the CPU has AVX-512 VNNI (checked); `check_gemm` verified the 16 rows (one group
+    // of `n / 256` repacked super-blocks), the `nx` activation rows and every output lie inside
+    // the buffers.
+    unsafe {
+        kernel(
+            n,
+            w.as_ptr(),
+            x.as_ptr(),
+            x_stride,
+            nx,
+            out.as_mut_ptr(),
+            out_stride,
+        )
+    }
+}
+
+/// [`gemm_groups`] for Q4_K.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_q4k_x16(
     n: usize,
@@ -246,37 +292,11 @@ pub(super) fn gemm_q4k_x16(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    use super::repack::Q4K_GROUP;
-    if nw != Q4K_GROUP {
-        return tier_vnni::gemm::<avx2::TQ4K>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
-    }
-    assert!(n.is_multiple_of(256), "Q4_K row of {n} elements");
-    let (rw, rx) = (n / 256 * 144, n / 256 * 292);
-    assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
-    check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
-    if nx == 0 {
-        return;
-    }
-    assert!(has_avx512vnni(), "repacked Q4_K kernels need AVX-512 VNNI");
-    // SAFETY: the CPU has AVX-512 VNNI (checked); `check_gemm` verified the 16 rows (one group
-    // of `n / 256` repacked super-blocks), the `nx` activation rows and every output lie inside
-    // the buffers.
-    unsafe {
-        q4k_x16::gemm_tf(
-            n,
-            w.as_ptr(),
-            x.as_ptr(),
-            x_stride,
-            nx,
-            out.as_mut_ptr(),
-            out_stride,
-        )
-    }
+    let k: GroupKernel = q4k_x16::gemm_tf;
+    gemm_groups::<avx2::TQ4K>(k, 144, n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
 }
 
-/// The gemm of a Q6_K matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows
-/// is one group, a shorter tile the plain rows after the last group. Handed out only with the
-/// `Avx512Vnni` tier, after its detection.
+/// [`gemm_groups`] for Q6_K.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_q6k_x16(
     n: usize,
@@ -289,32 +309,6 @@ pub(super) fn gemm_q6k_x16(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    use super::repack::Q6K_GROUP;
-    if nw != Q6K_GROUP {
-        return tier_vnni::gemm::<avx2::TK<avx2::Q6K>>(
-            n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
-        );
-    }
-    assert!(n.is_multiple_of(256), "Q6_K row of {n} elements");
-    let (rw, rx) = (n / 256 * 210, n / 256 * 292);
-    assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
-    check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
-    if nx == 0 {
-        return;
-    }
-    assert!(has_avx512vnni(), "repacked Q6_K kernels need AVX-512 VNNI");
-    // SAFETY: the CPU has AVX-512 VNNI (checked); `check_gemm` verified the 16 rows (one group
-    // of `n / 256` repacked super-blocks), the `nx` activation rows and every output lie inside
-    // the buffers.
-    unsafe {
-        q6k_x16::gemm_tf(
-            n,
-            w.as_ptr(),
-            x.as_ptr(),
-            x_stride,
-            nx,
-            out.as_mut_ptr(),
-            out_stride,
-        )
-    }
+    let k: GroupKernel = q6k_x16::gemm_tf;
+    gemm_groups::<avx2::TK<avx2::Q6K>>(k, 210, n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
 }

@@ -11,7 +11,7 @@
 //! output therefore has `TQ4K`'s bits (`kquant_order::q4k_dot`).
 
 use super::avx2::f32_at;
-use crate::quant::repack::{Q4K_GROUP, Q4K_X16_BYTES};
+use crate::quant::repack::{GROUP, Q4K_X16_BYTES};
 use core::arch::x86_64::*;
 
 /// Bytes of a Q8_K activation block: f32 `d`, 256 quants, 16 `bsums`.
@@ -59,7 +59,7 @@ unsafe fn group<const T: usize, const PAIR: bool>(
     w: *const u8,
     x: [*const u8; T],
 ) -> [__m512; T] {
-    const _: () = assert!(Q4K_GROUP == 16);
+    const _: () = assert!(GROUP == 16);
     let six = _mm512_set1_epi32(0x3F3F_3F3F);
     let four = _mm512_set1_epi32(0x0F0F_0F0F);
     let top = _mm512_set1_epi32(0x3030_3030);

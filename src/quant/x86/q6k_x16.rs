@@ -11,7 +11,7 @@
 
 use super::avx2::f32_at;
 use crate::quant::kquant_order::Q6K_TILED_MIN_ROWS;
-use crate::quant::repack::{Q6K_GROUP, Q6K_X16_BYTES};
+use crate::quant::repack::{GROUP, Q6K_X16_BYTES};
 use core::arch::x86_64::*;
 
 /// Bytes of a Q8_K activation block: f32 `d`, 256 quants, 16 `bsums`.
@@ -34,7 +34,7 @@ pub(super) unsafe fn gemm_tf(
     out: *mut f32,
     out_stride: usize,
 ) {
-    const _: () = assert!(Q6K_GROUP == 16);
+    const _: () = assert!(GROUP == 16);
     let nb = n / 256;
     let xr = |j: usize| x.add(j * x_stride);
     let store = |j: usize, v: __m512| _mm512_storeu_ps(out.add(j * out_stride), v);
