@@ -228,15 +228,18 @@ impl SoloAttention {
         }
     }
 
-    /// `out` rows of sequence `i` = attention of its query row over `seqs[i] = (layer, pos0)`;
-    /// `q` and `out` hold one row per sequence.
-    pub fn run(
+    /// `out` rows of sequence `i < n` = attention of its query row over `seq(i) = (layer,
+    /// pos0)`; `q` and `out` hold one row per sequence. (A function rather than a list of the
+    /// layers, so a decode step allocates nothing.)
+    #[allow(clippy::too_many_arguments)]
+    pub fn run<'a>(
         &mut self,
         pool: &ThreadPool,
         ops: &F16Ops,
         shape: &AttnShape,
         q: &[f32],
-        seqs: &[(KvLayer<'_>, usize)],
+        n: usize,
+        seq: &(dyn Fn(usize) -> (KvLayer<'a>, usize) + Sync),
         out: &mut [f32],
     ) {
         assert!(self.scratch.len() >= pool.n_threads());
@@ -244,11 +247,11 @@ impl SoloAttention {
             shape.n_heads * shape.head_dim_k,
             shape.n_heads * shape.head_dim_v,
         );
-        let outs = DisjointSlice::new(&mut out[..seqs.len() * od]);
+        let outs = DisjointSlice::new(&mut out[..n * od]);
         let scr = DisjointSlice::new(&mut self.scratch[..]);
         let solo = &self.solo;
-        pool.run_items(seqs.len(), &|tid, i| {
-            let (kv, pos0) = seqs[i];
+        pool.run_items(n, &|tid, i| {
+            let (kv, pos0) = seq(i);
             // SAFETY: thread `tid` alone uses scratch `tid`; sequence `i` owns output row `i`.
             let (scratch, o) = unsafe {
                 (

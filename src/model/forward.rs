@@ -299,12 +299,18 @@ pub fn forward_batch(
         });
         if let Some(solo) = solo.as_deref_mut() {
             // One decode row per sequence: attend in one dispatch.
-            let layers: Vec<_> = seqs
-                .iter()
-                .map(|sq| (sq.kv.layer(li), sq.kv.len()))
-                .collect();
+            let all = &*seqs;
+            let seq = |i: usize| (all[i].kv.layer(li), all[i].kv.len());
             let q = &s.q[..n * q_dim];
-            solo.run(pool, &rt.f16, &shape, q, &layers, &mut s.attn[..n * aod]);
+            solo.run(
+                pool,
+                &rt.f16,
+                &shape,
+                q,
+                all.len(),
+                &seq,
+                &mut s.attn[..n * aod],
+            );
         } else {
             for_each_seq(seqs, |j0, sq| {
                 let rows = j0..j0 + sq.n_tokens;
