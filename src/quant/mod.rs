@@ -122,16 +122,34 @@ impl Isa {
         .collect()
     }
 
-    /// The strongest tier this CPU can run (detected once).
+    /// The strongest tier this CPU can run (detected once). The environment variable
+    /// `KILN_ISA` (a tier's [`name`](Isa::name), e.g. `scalar` or `avx2`) caps it, to compare
+    /// paths when debugging; an unknown name is ignored.
     pub fn detect() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
+            let cap = std::env::var("KILN_ISA")
+                .ok()
+                .and_then(|v| Isa::from_name(&v));
             Isa::available()
                 .into_iter()
-                .filter(|i| i.has_kernels())
+                .filter(|i| i.has_kernels() && (cap.is_none() || Some(*i) <= cap))
                 .max()
                 .unwrap_or(Isa::Scalar)
         })
+    }
+
+    /// The tier called `name` ([`Isa::name`]).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        [
+            Isa::Scalar,
+            Isa::Avx2,
+            Isa::Avx512,
+            Isa::Avx512Vnni,
+            Isa::Neon,
+        ]
+        .into_iter()
+        .find(|i| i.name() == name)
     }
 
     /// Whether this CPU supports the tier (runtime CPUID on x86).
