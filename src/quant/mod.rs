@@ -108,18 +108,18 @@ pub enum Isa {
 }
 
 impl Isa {
+    /// Every tier, weakest first.
+    pub const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+        Isa::Neon,
+    ];
+
     /// Every tier this CPU can run, weakest first.
     pub fn available() -> Vec<Isa> {
-        [
-            Isa::Scalar,
-            Isa::Avx2,
-            Isa::Avx512,
-            Isa::Avx512Vnni,
-            Isa::Neon,
-        ]
-        .into_iter()
-        .filter(|i| i.is_available())
-        .collect()
+        Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
     }
 
     /// The strongest tier this CPU can run (detected once). The environment variable
@@ -141,15 +141,7 @@ impl Isa {
 
     /// The tier called `name` ([`Isa::name`]).
     pub fn from_name(name: &str) -> Option<Isa> {
-        [
-            Isa::Scalar,
-            Isa::Avx2,
-            Isa::Avx512,
-            Isa::Avx512Vnni,
-            Isa::Neon,
-        ]
-        .into_iter()
-        .find(|i| i.name() == name)
+        Isa::ALL.into_iter().find(|i| i.name() == name)
     }
 
     /// Whether this CPU supports the tier (runtime CPUID on x86).

@@ -760,13 +760,7 @@ fn repacked_kquants_match_reference_order() {
 /// `KILN_ISA` names every tier by [`Isa::name`].
 #[test]
 fn tiers_parse_from_their_names() {
-    for isa in [
-        Isa::Scalar,
-        Isa::Avx2,
-        Isa::Avx512,
-        Isa::Avx512Vnni,
-        Isa::Neon,
-    ] {
+    for isa in Isa::ALL {
         assert_eq!(Isa::from_name(isa.name()), Some(isa));
     }
     assert_eq!(Isa::from_name("sse2"), None);
