@@ -110,10 +110,15 @@ fn rows_shape(q: &[f32], heads: usize, k: &[f16], out: &[f32]) -> (usize, usize)
 }
 
 pub fn kq_rows_scalar(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
+    kq_rows_with(dot_scalar, q, heads, k, out)
+}
+
+/// A [`KqRowsFn`] as one `dot` per (query row, key row) pair.
+fn kq_rows_with(dot: DotF16Fn, q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
     let (hd, _) = rows_shape(q, heads, k, out);
     for (g, qg) in q.chunks_exact(hd).enumerate() {
         for (j, kj) in k.chunks_exact(hd).enumerate() {
-            out[g * KV_TILE + j] = dot_scalar(qg, kj);
+            out[g * KV_TILE + j] = dot(qg, kj);
         }
     }
 }
@@ -150,9 +155,24 @@ pub fn vkq_multi_scalar(
     v: &[f16],
     hdv: usize,
 ) {
+    vkq_multi_with(vkq_acc_scalar, acc, acc_stride, p, p_stride, heads, v, hdv)
+}
+
+/// A [`VkqMultiFn`] as one `vkq_acc` per head.
+#[allow(clippy::too_many_arguments)]
+fn vkq_multi_with(
+    vkq_acc: VkqAccFn,
+    acc: &mut [f32],
+    acc_stride: usize,
+    p: &[f32],
+    p_stride: usize,
+    heads: usize,
+    v: &[f16],
+    hdv: usize,
+) {
     let n = multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
     for g in 0..heads {
-        vkq_acc_scalar(
+        vkq_acc(
             &mut acc[g * acc_stride..][..hdv],
             &p[g * p_stride..][..n],
             v,
@@ -771,17 +791,11 @@ mod x86 {
         v: &[f16],
         hdv: usize,
     ) {
-        let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
         if !hdv.is_multiple_of(BLOCK) {
-            for g in 0..heads {
-                vkq_acc_avx512(
-                    &mut acc[g * acc_stride..][..hdv],
-                    &p[g * p_stride..][..n],
-                    v,
-                );
-            }
-            return;
+            let one: super::VkqAccFn = vkq_acc_avx512;
+            return super::vkq_multi_with(one, acc, acc_stride, p, p_stride, heads, v, hdv);
         }
+        let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
         let mut g0 = 0;
         while g0 < heads {
             let gn = (heads - g0).min(4);
@@ -1212,12 +1226,7 @@ mod x86 {
     }
 
     pub fn kq_rows_avx2(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
-        let (hd, n) = super::rows_shape(q, heads, k, out);
-        for g in 0..heads {
-            for j in 0..n {
-                out[g * KV_TILE + j] = dot_avx2(&q[g * hd..][..hd], &k[j * hd..][..hd]);
-            }
-        }
+        super::kq_rows_with(dot_avx2, q, heads, k, out)
     }
 
     pub fn vkq_multi_avx2(
@@ -1229,14 +1238,7 @@ mod x86 {
         v: &[f16],
         hdv: usize,
     ) {
-        let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
-        for g in 0..heads {
-            vkq_acc_avx2(
-                &mut acc[g * acc_stride..][..hdv],
-                &p[g * p_stride..][..n],
-                v,
-            );
-        }
+        super::vkq_multi_with(vkq_acc_avx2, acc, acc_stride, p, p_stride, heads, v, hdv)
     }
 
     pub fn kq_tile_avx2(q: &[f32], kt: &[f32], out: &mut [f32]) {
