@@ -921,6 +921,38 @@ impl BlkK for Q6K {
 /// Q8_K activation block: f32 d at 0, 256 quants at 4, 16 i16 bsums at 260.
 const Q8K_BYTES: usize = 292;
 
+/// The 8 chunks of k-quant super-block `$b` of format `$F` (weights at `$wp`, decoded scales
+/// `$pr`) against `$NX` activation rows: runs `$body` with row `$j`, chunk `$k`, the 16-bit
+/// products `$p` of the chunk's quants and the row's activations, and the chunk's scale `$sc`
+/// in every 16-bit lane. Unrolled, so every chunk index is a constant.
+macro_rules! k_chunks {
+    ($F:ty, $wp:expr, $pr:expr, $x:expr, $b:expr, $NX:expr, |$j:ident, $k:ident, $p:ident, $sc:ident| $body:block) => {{
+        macro_rules! step {
+            ($kk:expr) => {{
+                let q = <$F>::chunk($wp, $kk);
+                let $sc = _mm256_shuffle_epi8(
+                    $pr.sc[if <$F>::PER16 { $kk / 4 } else { 0 }],
+                    scale_shuffle(<$F>::PER16, $kk),
+                );
+                for $j in 0..$NX {
+                    let y = loadu($x[$j].add($b * Q8K_BYTES + 4 + 32 * $kk));
+                    let $p = _mm256_maddubs_epi16(q, y);
+                    let $k: usize = $kk;
+                    $body
+                }
+            }};
+        }
+        step!(0);
+        step!(1);
+        step!(2);
+        step!(3);
+        step!(4);
+        step!(5);
+        step!(6);
+        step!(7);
+    }};
+}
+
 /// Tile adapter for the k-quants.
 pub(super) struct TK<F>(core::marker::PhantomData<F>);
 
@@ -969,28 +1001,9 @@ impl<F: BlkK> TK<F> {
                     }
                 }
             } else {
-                macro_rules! step {
-                    ($k:expr) => {{
-                        let q = F::chunk(wp, $k);
-                        let sc = _mm256_shuffle_epi8(
-                            pr.sc[if F::PER16 { $k / 4 } else { 0 }],
-                            scale_shuffle(F::PER16, $k),
-                        );
-                        for j in 0..NX {
-                            let y = loadu(x[j].add(b * Q8K_BYTES + 4 + 32 * $k));
-                            let p16 = _mm256_maddubs_epi16(q, y);
-                            isum[j][$k % 2] = D::dpwssd(isum[j][$k % 2], p16, sc);
-                        }
-                    }};
-                }
-                step!(0);
-                step!(1);
-                step!(2);
-                step!(3);
-                step!(4);
-                step!(5);
-                step!(6);
-                step!(7);
+                k_chunks!(F, wp, pr, x, b, NX, |j, k, p16, sc| {
+                    isum[j][k % 2] = D::dpwssd(isum[j][k % 2], p16, sc);
+                });
             }
             for j in 0..NX {
                 let xp = x[j].add(b * Q8K_BYTES);
@@ -1087,34 +1100,6 @@ impl<F: BlkK> Tile for TKTiled<F> {
 /// (the batch's last `nx % 4` rows, and single rows), subtracted at the end.
 pub(super) struct TQ4K;
 
-/// The chunks of Q4_K super-block `$b` (weights at `$wp`, decoded scales `$pr`) against `$NX`
-/// activation rows: runs `$body` with row `$j`, chunk `$k`, the 16-bit products `$p` of the
-/// chunk's quants and the row's activations, and the chunk's scale `$sc` in every 16-bit lane.
-macro_rules! q4k_chunks {
-    ($wp:expr, $pr:expr, $x:expr, $b:expr, $NX:expr, |$j:ident, $k:ident, $p:ident, $sc:ident| $body:block) => {{
-        macro_rules! step {
-            ($kk:expr) => {{
-                let q = Q4K::chunk($wp, $kk);
-                let $sc = _mm256_shuffle_epi8($pr.sc[0], scale_shuffle(false, $kk));
-                for $j in 0..$NX {
-                    let y = loadu($x[$j].add($b * Q8K_BYTES + 4 + 32 * $kk));
-                    let $p = _mm256_maddubs_epi16(q, y);
-                    let $k: usize = $kk;
-                    $body
-                }
-            }};
-        }
-        step!(0);
-        step!(1);
-        step!(2);
-        step!(3);
-        step!(4);
-        step!(5);
-        step!(6);
-        step!(7);
-    }};
-}
-
 impl TQ4K {
     /// `G` batch groups of four rows (`G > 1` on AVX-512 tiers only), each in the reference's
     /// 4-row gemm order: per pair of sub-blocks. Lanes are rows, each lane its own pair of
@@ -1165,7 +1150,7 @@ impl TQ4K {
                 }
             } else {
                 for (xg, pg) in x.iter().zip(pairs.iter_mut()) {
-                    q4k_chunks!(wp, pr, xg, b, 4, |j, k, p16, sc| {
+                    k_chunks!(Q4K, wp, pr, xg, b, 4, |j, k, p16, sc| {
                         pg[j][k / 2] = D::dpwssd(pg[j][k / 2], p16, sc);
                     });
                 }
@@ -1240,7 +1225,7 @@ impl TQ4K {
                 let wp = w.add(b * Q4K::SIZE);
                 let pr = Q4K::prep(wp);
                 let mut isum = [[_mm256_setzero_si256(); 2]; NX];
-                q4k_chunks!(wp, pr, x, b, NX, |j, k, p16, sc| {
+                k_chunks!(Q4K, wp, pr, x, b, NX, |j, k, p16, sc| {
                     isum[j][k % 2] = D::dpwssd(isum[j][k % 2], p16, sc);
                 });
                 for j in 0..NX {

@@ -217,34 +217,17 @@ pub(super) unsafe fn t32_gemm_pairs<F: Blk32, const NP: usize>(
                 let mut r = r0;
                 while r < r1 {
                     let k = r - r0;
+                    macro_rules! rows {
+                        ($R:literal) => {{
+                            let (a, m) = (&mut accs[k..k + $R], &mut mss[k..k + $R]);
+                            pair_rows::<F, $R, NP>(w, w_stride, r, b0, b1, kb, pb, &sx, a, m);
+                            r += $R;
+                        }};
+                    }
                     if r + 2 <= r1 {
-                        pair_rows::<F, 2, NP>(
-                            w,
-                            w_stride,
-                            r,
-                            b0,
-                            b1,
-                            kb,
-                            pb,
-                            &sx,
-                            &mut accs[k..k + 2],
-                            &mut mss[k..k + 2],
-                        );
-                        r += 2;
+                        rows!(2)
                     } else {
-                        pair_rows::<F, 1, NP>(
-                            w,
-                            w_stride,
-                            r,
-                            b0,
-                            b1,
-                            kb,
-                            pb,
-                            &sx,
-                            &mut accs[k..k + 1],
-                            &mut mss[k..k + 1],
-                        );
-                        r += 1;
+                        rows!(1)
                     }
                 }
                 b0 = b1;
