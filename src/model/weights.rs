@@ -324,6 +324,15 @@ pub fn load(
 /// The largest quantized-activation row any matrix of the file needs, in bytes: for every
 /// 2-D tensor, a row of its input width in the partner format of its type. Computed from the
 /// tensor table alone, so the memory plan knows it before any weight is loaded.
+pub fn max_act_row_bytes(f: &GgufFile) -> usize {
+    f.tensors()
+        .iter()
+        .filter(|t| t.shape.len() == 2)
+        .filter_map(|t| quant::dot_type(t.ty).row_bytes(t.shape[0]))
+        .max()
+        .unwrap_or(0)
+}
+
 /// Whether every layer's gated feed-forward runs fused for prompt batches (`forward`: a gate
 /// and an up matrix sharing one activation format), so the `up` scratch buffer only ever holds
 /// the rows of a batch smaller than `GATED_MIN_ROWS`. From the tensor table alone.
@@ -338,13 +347,4 @@ pub fn gated_ffn_fuses(f: &GgufFile) -> bool {
         layers += 1;
     }
     layers > 0
-}
-
-pub fn max_act_row_bytes(f: &GgufFile) -> usize {
-    f.tensors()
-        .iter()
-        .filter(|t| t.shape.len() == 2)
-        .filter_map(|t| quant::dot_type(t.ty).row_bytes(t.shape[0]))
-        .max()
-        .unwrap_or(0)
 }
