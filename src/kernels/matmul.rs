@@ -17,13 +17,9 @@ use crate::quant::{self, repack, GgmlType, Kernels};
 const TILE_ROWS: usize = 16;
 /// Work items per thread in a matrix product over a batch: enough that a descheduled or
 /// slower thread's share is picked up by the others, few enough that taking an item costs
-/// nothing.
+/// nothing. (A matrix-vector product instead streams one run per thread, shared out only
+/// when a thread falls behind: [`ThreadPool::run_split`].)
 const ITEMS_PER_THREAD: usize = 6;
-/// The same for a matrix-vector product (decode), which streams its weights: one run of rows
-/// per thread reads fastest (measured with 2 threads, SmolLM2 tg128: 6 items per thread ~213
-/// t/s, 3 ~242, 2 ~257-295, 1 ~330; Gemma-3: 6 → 1 took ~125 to ~131-150). A worker that has
-/// not started still loses nothing: the caller takes its item.
-const ITEMS_PER_THREAD_MATVEC: usize = 1;
 
 /// A weight matrix `[out_dim, in_dim]` with the kernels for its block format.
 pub struct Linear {
@@ -199,11 +195,9 @@ pub fn matmul_many(
     let segments = segments_of(&scratch.segments, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let tile_bytes = TILE_ROWS * lins[0].row_bytes;
-    let (item_tiles, n_items) = items(pool, total_tiles, n, tile_bytes);
-    pool.run_items(n_items, &|tid, item| {
-        // SAFETY: thread `tid` owns tile `tid` while it runs an item.
+    let run = &|tid: usize, mine: std::ops::Range<usize>| {
+        // SAFETY: thread `tid` owns tile `tid` while it runs a range.
         let tile = unsafe { tiles.part(2 * tid * tile_len..(2 * tid + 1) * tile_len) };
-        let mine = item * item_tiles..((item + 1) * item_tiles).min(total_tiles);
         let mut base = 0;
         for (m, lin) in lins.iter().enumerate() {
             let lt = base..base + tiles_of(lin);
@@ -216,8 +210,28 @@ pub fn matmul_many(
                 store_tile(out, lin.out_dim, i, nw, n, tile);
             }
         }
-    });
+    };
+    if n < GATED_MIN_ROWS {
+        // A matrix-vector product streams its weights: one run per thread, shared out when
+        // a thread falls behind.
+        pool.run_split(
+            total_tiles,
+            (SPLIT_GRAIN_BYTES / tile_bytes.max(1)).max(1),
+            run,
+        );
+    } else {
+        let (item_tiles, n_items) = items(pool, total_tiles);
+        pool.run_items(n_items, &|tid, item| {
+            run(
+                tid,
+                item * item_tiles..((item + 1) * item_tiles).min(total_tiles),
+            )
+        });
+    }
 }
+
+/// Weight bytes a matrix-vector product takes from its share at a time.
+const SPLIT_GRAIN_BYTES: usize = 64 << 10;
 
 /// Batches from which a gated feed-forward runs its two products and the activation tile by
 /// tile ([`matmul_gated`]). A decode step keeps them apart: there each thread streams one
@@ -255,8 +269,7 @@ pub fn matmul_gated(
     let segments = segments_of(&scratch.segments, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let out = DisjointSlice::new(out);
-    let tile_bytes = TILE_ROWS * (gate.row_bytes + up.row_bytes);
-    let (item_tiles, n_items) = items(pool, total_tiles, n, tile_bytes);
+    let (item_tiles, n_items) = items(pool, total_tiles);
     pool.run_items(n_items, &|tid, item| {
         // SAFETY: thread `tid` owns its pair of tiles while it runs an item.
         let pair = unsafe { tiles.part(2 * tid * tile_len..(2 * tid + 2) * tile_len) };
@@ -310,26 +323,14 @@ fn tiles_of(l: &Linear) -> usize {
     l.out_dim.div_ceil(TILE_ROWS)
 }
 
-/// Work items of whole tiles (of `tile_bytes` weight bytes each), about `per_thread` per
-/// thread, taken dynamically: `(tiles per item, items)`. A matrix-vector product over a large
-/// matrix is cut into items of about [`MATVEC_ITEM_BYTES`], so a thread slowed down (by
-/// another process on a shared machine) hands its remaining items to the other.
-fn items(pool: &ThreadPool, total_tiles: usize, n: usize, tile_bytes: usize) -> (usize, usize) {
-    let per_thread = if n < 4 {
-        ITEMS_PER_THREAD_MATVEC
-    } else {
-        ITEMS_PER_THREAD
-    };
-    let mut item_tiles = total_tiles.div_ceil(pool.n_threads() * per_thread).max(1);
-    if n < 4 {
-        item_tiles = item_tiles.min((MATVEC_ITEM_BYTES / tile_bytes.max(1)).max(1));
-    }
+/// Work items of whole tiles, about [`ITEMS_PER_THREAD`] per thread, taken dynamically:
+/// `(tiles per item, items)`.
+fn items(pool: &ThreadPool, total_tiles: usize) -> (usize, usize) {
+    let item_tiles = total_tiles
+        .div_ceil(pool.n_threads() * ITEMS_PER_THREAD)
+        .max(1);
     (item_tiles, total_tiles.div_ceil(item_tiles))
 }
-
-/// Largest item of a matrix-vector product, in weight bytes: long runs still stream at full
-/// speed, and a 178 MB output matrix becomes ~40 items.
-const MATVEC_ITEM_BYTES: usize = 4 << 20;
 
 /// `tile[j * nw + r] = (lin row i + r) · (activation row j)` for `n` rows, bias added.
 #[allow(clippy::too_many_arguments)]

@@ -13,7 +13,8 @@
 //! only when some worker sleeps. No allocation and no thread spawn per operation.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -48,6 +49,9 @@ struct Shared {
     /// Workers that have started running (see [`ThreadPool::new`]).
     started: AtomicUsize,
     n_threads: usize,
+    /// Per thread, the part of a [`ThreadPool::run_split`] it has not taken yet:
+    /// `start << 32 | end`.
+    shares: Box<[AtomicU64]>,
 }
 
 // SAFETY: `job` is accessed under the join/close protocol described on `JobCell` (never written
@@ -86,6 +90,7 @@ impl ThreadPool {
             shutdown: AtomicBool::new(false),
             started: AtomicUsize::new(0),
             n_threads,
+            shares: (0..n_threads).map(|_| AtomicU64::new(0)).collect(),
         });
         let workers = (1..n_threads)
             .map(|tid| {
@@ -162,6 +167,47 @@ impl ThreadPool {
         self.run_items(n, &|_, part| f(part, n));
     }
 
+    /// Call `f(thread_index, range)` over ranges that together cover `0..n` once.
+    ///
+    /// Each thread starts on its own contiguous share (one run, which streams fastest) and
+    /// takes it from the front `grain` units at a time; a thread whose share is done takes the
+    /// back half of the largest share left and goes on with that. So a thread slowed down by
+    /// another process hands its remaining work over, without the cost of many small items.
+    pub fn run_split(&self, n: usize, grain: usize, f: &(dyn Fn(usize, Range<usize>) + Sync)) {
+        let s = &*self.shared;
+        let nt = s.n_threads;
+        let grain = grain.max(1);
+        if nt == 1 || n <= grain || n > u32::MAX as usize {
+            self.run_items(n.div_ceil(grain), &|tid, i| {
+                f(tid, i * grain..n.min((i + 1) * grain))
+            });
+            return;
+        }
+        for (t, share) in s.shares.iter().enumerate() {
+            let r = split_range(n, t, nt);
+            share.store(pack(r), Ordering::Relaxed);
+        }
+        // One item per thread; the job's opening publishes the shares. A thread that takes a
+        // second item (its peer had not joined yet) finds every share already taken.
+        self.run_items(nt, &|tid, _| {
+            let own = &s.shares[tid];
+            loop {
+                while let Some(r) = take(own, grain, false) {
+                    f(tid, r);
+                }
+                // Steal the back half of the largest share left into our own.
+                let victim = s
+                    .shares
+                    .iter()
+                    .max_by_key(|v| unpack(v.load(Ordering::Relaxed)).len());
+                match victim.and_then(|v| take(v, grain, true)) {
+                    Some(r) => own.store(pack(r), Ordering::Relaxed),
+                    None => return,
+                }
+            }
+        });
+    }
+
     /// Split `0..n` into contiguous ranges (a few per thread, so the split balances itself)
     /// and call `f(range)` on each, in parallel.
     pub fn for_each_range(&self, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
@@ -184,6 +230,38 @@ fn take_items(s: &Shared, f: ItemFn<'_>, n_items: usize, tid: usize) {
             return;
         }
         f(tid, i);
+    }
+}
+
+fn pack(r: Range<usize>) -> u64 {
+    ((r.start as u64) << 32) | r.end as u64
+}
+
+fn unpack(v: u64) -> Range<usize> {
+    let (a, b) = ((v >> 32) as usize, (v & u32::MAX as u64) as usize);
+    a..b.max(a)
+}
+
+/// Take from a [`ThreadPool::run_split`] share: `grain` units from the front, or (`steal`)
+/// the back half (at least `grain` units, or all that is left). `None` once it is empty.
+fn take(share: &AtomicU64, grain: usize, steal: bool) -> Option<Range<usize>> {
+    let mut v = share.load(Ordering::Relaxed);
+    loop {
+        let r = unpack(v);
+        if r.is_empty() {
+            return None;
+        }
+        let (mine, left) = if steal {
+            let k = (r.len() / 2).max(grain.min(r.len()));
+            (r.end - k..r.end, r.start..r.end - k)
+        } else {
+            let k = grain.min(r.len());
+            (r.start..r.start + k, r.start + k..r.end)
+        };
+        match share.compare_exchange_weak(v, pack(left), Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return Some(mine),
+            Err(now) => v = now,
+        }
     }
 }
 
@@ -434,6 +512,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `run_split` hands out every unit of `0..n` exactly once, in ranges of at most `grain`
+    /// from a share's front (or a stolen back half), whatever the sizes and thread counts, and
+    /// a thread stuck in its first range has the rest of its share taken by the others.
+    #[test]
+    fn run_split_covers_each_unit_once() {
+        for nt in [1, 2, 3, 4] {
+            let pool = ThreadPool::new(nt);
+            let hits: Vec<AtomicUsize> = (0..300).map(|_| AtomicUsize::new(0)).collect();
+            for round in 0..1500usize {
+                let (n, grain) = (round % 301, 1 + round % 7);
+                let slow = round % 100 == 3;
+                pool.run_split(n, grain, &|tid, r| {
+                    assert!(tid < nt && !r.is_empty() && r.end <= n);
+                    if slow && r.start == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                    for h in &hits[r] {
+                        h.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                for (i, h) in hits.iter().enumerate() {
+                    let got = h.swap(0, Ordering::Relaxed);
+                    assert_eq!(got, usize::from(i < n), "nt {nt} round {round} unit {i}");
+                }
+            }
+        }
+    }
+
+    /// A thread stuck in its share's first range has the rest of that share taken over: the
+    /// caller waits inside its first range until the worker has run a unit of the caller's
+    /// share (or gives up after 10 s, and the test fails).
+    #[test]
+    fn run_split_steals_from_a_stuck_thread() {
+        let pool = ThreadPool::new(2);
+        let (n, grain) = (1000, 10);
+        let stolen = AtomicBool::new(false);
+        pool.run_split(n, grain, &|tid, r| {
+            if tid == 0 && r.start == 0 {
+                let t0 = std::time::Instant::now();
+                while !stolen.load(Ordering::Acquire) && t0.elapsed().as_secs() < 10 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            } else if tid != 0 && r.start < n / 2 {
+                stolen.store(true, Ordering::Release);
+            }
+        });
+        assert!(
+            stolen.load(Ordering::Acquire),
+            "the worker never took the caller's units"
+        );
     }
 
     /// Per-thread indices are exclusive: no two concurrent calls share one.
