@@ -187,3 +187,33 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
         _ => None,
     }
 }
+
+/// The reference engine's Q5_0 × Q8_0 dot (its AVX2 `vec_dot`, every batch size), in scalar
+/// code: 8 lanes, lane `l` taking per block the exact integer dot of elements `4l .. 4l + 4`,
+/// converted and fused-multiply-added with `d_w · d_x` (an f32 product of the two f16 scales),
+/// then added as `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`. `w` and `x` hold `n / 32` blocks.
+pub fn q5_0_dot_lanes(w: &[u8], x: &[u8], n: usize) -> f32 {
+    let mut acc = [0f32; 8];
+    for b in 0..n / 32 {
+        let (wb, xb) = (&w[22 * b..22 * (b + 1)], &x[34 * b..34 * (b + 1)]);
+        let f16 = |p: &[u8]| half::f16::from_le_bytes([p[0], p[1]]).to_f32();
+        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+        let q = |i: usize| {
+            let nib = if i < 16 {
+                wb[6 + i] & 0xF
+            } else {
+                wb[6 + i - 16] >> 4
+            };
+            i32::from(nib | (((qh >> i) & 1) as u8) << 4) - 16
+        };
+        let prod = f16(wb) * f16(xb);
+        for (l, a) in acc.iter_mut().enumerate() {
+            let dot: i32 = (4 * l..4 * l + 4)
+                .map(|i| q(i) * i32::from(xb[2 + i] as i8))
+                .sum();
+            *a = prod.mul_add(dot as f32, *a);
+        }
+    }
+    let s: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
+    (s[0] + s[2]) + (s[1] + s[3])
+}

@@ -210,6 +210,9 @@ pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<
         let (layout, gemm): (repack::RepackFn, GemmFn) = match k.weight {
             GgmlType::Q4K => (repack::repack_q4k_x16, x86::gemm_q4k_x16),
             GgmlType::Q6K => (repack::repack_q6k_x16, x86::gemm_q6k_x16),
+            GgmlType::Q5_0 if n <= 32 * x86::Q5_0_X16_MAX_BLOCKS => {
+                (repack::repack_q5_0_x16, x86::gemm_q5_0_x16)
+            }
             _ => return None,
         };
         let kernels = Kernels {

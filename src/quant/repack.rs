@@ -28,11 +28,21 @@
 //! | 288 | 2048 | low 4 bits: byte `e` of row `r` at `288 + 64(8c' + l) + 4r + e` holds `u & 15` of chunk `c'` (< 4) in its low nibble and of chunk `c' + 4` in its high nibble |
 //! | 2336 | 1024 | high 2 bits: byte `e` of row `r` at `2336 + 64(8c' + l) + 4r + e` holds `u >> 4` of chunk `c' + 2k` (`c'` < 2) in bits `2k, 2k+1` |
 //!
+//! **Q5_0 × 16**: block `b` (32 elements) of the 16 rows is one 352-byte block
+//! ([`Q5_0_X16_BYTES`]). Lane `l` of the reference's 8-lane dot is elements `4l .. 4l + 4`;
+//! here it is one register of 16 rows:
+//!
+//! | offset | bytes | content |
+//! | ---: | ---: | --- |
+//! | 0 | 32 | `d` of rows 0..16 (f16) |
+//! | 32 | 64 | fifth bits, one 64-bit mask per lane `l`: bit `4r + e` is row `r`'s element `4l + e` |
+//! | 96 | 256 | nibbles: `qs[4j .. 4j + 4]` of row `r` at `96 + 64j + 4r` (low nibbles: lane `j`, high: lane `j + 4`) |
+//!
 //! Rows after the last whole group (`rows % 16`) keep the plain layout. The kernels of a
 //! repacked matrix must be called on tiles that start at a multiple of 16 rows
 //! ([`super::Kernels::group`]).
 
-use super::blocks::{BlockQ4K, BlockQ6K, QK_K};
+use super::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, QK_K};
 
 /// Rows per repacked group (Q4_K and Q6_K).
 pub const GROUP: usize = 16;
@@ -62,7 +72,7 @@ fn slot(r: usize, i: usize) -> usize {
 /// The Q4_K matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
 /// Panics if `src` is not exactly that matrix (the loader checked the shape).
 pub fn repack_q4k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
-    repack_groups(src, rows, n, BQ, |r, blk, sb| {
+    repack_groups(src, rows, n, QK_K, BQ, |r, blk, sb| {
         // Every 4-byte piece of the block (d and dmin are 2 bytes) moves as a whole.
         for i in [0, 2].into_iter().chain((4..BQ).step_by(4)) {
             let len = if i < 4 { 2 } else { 4 };
@@ -75,22 +85,26 @@ pub fn repack_q4k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
 /// A signature shared by the repacking functions: `(matrix, rows, n) -> repacked matrix`.
 pub type RepackFn = fn(&[u8], usize, usize) -> Vec<u8>;
 
-/// The matrix `src` (`rows` rows of `n` elements in `bq`-byte blocks, row-major) with each
-/// whole group of 16 rows rebuilt by `place(r, block, super_block)`: block `b` of row `r`
-/// placed into the group's zeroed super-block `b` (16 blocks' worth); the rows after the
-/// last whole group are copied. Panics if `src` is not exactly that matrix (the loader
-/// checked the shape).
+/// The matrix `src` (`rows` rows of `n` elements in `bq`-byte blocks of `qk` elements,
+/// row-major) with each whole group of 16 rows rebuilt by `place(r, block, super_block)`:
+/// block `b` of row `r` placed into the group's zeroed super-block `b` (16 blocks' worth); the
+/// rows after the last whole group are copied. Panics if `src` is not exactly that matrix (the
+/// loader checked the shape).
 fn repack_groups(
     src: &[u8],
     rows: usize,
     n: usize,
+    qk: usize,
     bq: usize,
     place: impl Fn(usize, &[u8], &mut [u8]),
 ) -> Vec<u8> {
-    assert!(n.is_multiple_of(QK_K), "k-quant row of {n} elements");
-    let nb = n / QK_K;
+    assert!(
+        n.is_multiple_of(qk),
+        "row of {n} elements in blocks of {qk}"
+    );
+    let nb = n / qk;
     let row_bytes = nb * bq;
-    assert_eq!(src.len(), rows * row_bytes, "k-quant matrix bytes");
+    assert_eq!(src.len(), rows * row_bytes, "quantized matrix bytes");
     let mut out = src.to_vec();
     for g in 0..rows / GROUP {
         let base = g * GROUP * row_bytes;
@@ -165,7 +179,7 @@ fn q6k_slots(r: usize, i: usize) -> (usize, u32, usize, u32) {
 /// The Q6_K matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
 /// Panics if `src` is not exactly that matrix (the loader checked the shape).
 pub fn repack_q6k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
-    repack_groups(src, rows, n, B6, |r, blk, sb| {
+    repack_groups(src, rows, n, QK_K, B6, |r, blk, sb| {
         sb[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
         for l in 0..8 {
             sb[32 + 32 * l + 2 * r] = blk[192 + 2 * l];
@@ -204,13 +218,58 @@ pub fn q6k_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B6] {
     blk
 }
 
+/// Bytes of one block of a Q5_0 group: 16 plain blocks' worth.
+pub const Q5_0_X16_BYTES: usize = GROUP * B5;
+/// Bytes of one plain Q5_0 block: `d` (f16), `qh` (32 fifth bits), `qs` (32 nibbles).
+const B5: usize = std::mem::size_of::<BlockQ5_0>();
+
+/// The Q5_0 matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
+/// Panics if `src` is not exactly that matrix (the loader checked the shape).
+pub fn repack_q5_0_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
+    repack_groups(src, rows, n, 32, B5, |r, blk, sb| {
+        sb[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+        let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+        for l in 0..8 {
+            let nib = u64::from((qh >> (4 * l)) & 0xF) << (4 * r);
+            let at = 32 + 8 * l;
+            let mask = u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes")) | nib;
+            sb[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+        }
+        for j in 0..4 {
+            let at = 96 + 64 * j + 4 * r;
+            sb[at..at + 4].copy_from_slice(&blk[6 + 4 * j..10 + 4 * j]);
+        }
+    })
+}
+
+/// Block `b` of row `r` of the repacked Q5_0 group starting at `group`, in the plain byte order.
+pub fn q5_0_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B5] {
+    let sb = &group[b * Q5_0_X16_BYTES..(b + 1) * Q5_0_X16_BYTES];
+    let mut blk = [0u8; B5];
+    blk[..2].copy_from_slice(&sb[2 * r..2 * r + 2]);
+    let mut qh = 0u32;
+    for l in 0..8 {
+        let at = 32 + 8 * l;
+        let mask = u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes"));
+        qh |= (((mask >> (4 * r)) & 0xF) as u32) << (4 * l);
+    }
+    blk[2..6].copy_from_slice(&qh.to_le_bytes());
+    for j in 0..4 {
+        let at = 96 + 64 * j + 4 * r;
+        blk[6 + 4 * j..10 + 4 * j].copy_from_slice(&sb[at..at + 4]);
+    }
+    blk
+}
+
 /// Row `r` of a repacked group (`group`: the group's bytes) dequantized into `out` (the row's
 /// `n` elements), for a matrix with kernels `k` (`k.group > 1`).
 pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32]) {
-    for (b, o) in out.chunks_exact_mut(QK_K).enumerate() {
+    let qk = k.weight.block_size();
+    for (b, o) in out.chunks_exact_mut(qk).enumerate() {
         match k.weight {
             super::GgmlType::Q4K => (k.dequantize)(&q4k_x16_block(group, r, b), o),
             super::GgmlType::Q6K => (k.dequantize)(&q6k_x16_block(group, r, b), o),
+            super::GgmlType::Q5_0 => (k.dequantize)(&q5_0_x16_block(group, r, b), o),
             ty => panic!("{ty} is not repacked"),
         }
     }
@@ -237,11 +296,12 @@ mod tests {
     /// whole groups through `block`, and leaves the tail rows as they were.
     fn round_trip<const BQB: usize>(
         rows: usize,
+        qk: usize,
         repack: RepackFn,
         block: fn(&[u8], usize, usize) -> [u8; BQB],
     ) {
         let n = 512;
-        let row_bytes = n / QK_K * BQB;
+        let row_bytes = n / qk * BQB;
         let src: Vec<u8> = (0..rows * row_bytes)
             .map(|i| (i * 7919 % 251) as u8)
             .collect();
@@ -251,7 +311,7 @@ mod tests {
         for row in 0..whole {
             let (g, r) = (row / GROUP, row % GROUP);
             let group = &out[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes];
-            for b in 0..n / QK_K {
+            for b in 0..n / qk {
                 let blk = block(group, r, b);
                 let at = row * row_bytes + b * BQB;
                 assert_eq!(&blk[..], &src[at..at + BQB], "row {row} block {b}");
@@ -262,8 +322,9 @@ mod tests {
 
     #[test]
     fn repack_round_trips_and_keeps_the_tail() {
-        round_trip::<BQ>(37, repack_q4k_x16, q4k_x16_block);
-        round_trip::<B6>(35, repack_q6k_x16, q6k_x16_block);
+        round_trip::<BQ>(37, QK_K, repack_q4k_x16, q4k_x16_block);
+        round_trip::<B6>(35, QK_K, repack_q6k_x16, q6k_x16_block);
+        round_trip::<B5>(33, 32, repack_q5_0_x16, q5_0_x16_block);
     }
 
     #[test]

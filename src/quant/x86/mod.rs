@@ -10,7 +10,10 @@
 mod avx2;
 mod avx512;
 mod q4k_x16;
+mod q5_0_x16;
 mod q6k_x16;
+
+pub(crate) use q5_0_x16::MAX_BLOCKS as Q5_0_X16_MAX_BLOCKS;
 
 use super::{check_gemm, GgmlType, Isa, Kernels, QuantizeFn};
 
@@ -234,14 +237,22 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
 /// A kernel over one repacked group of rows (`q4k_x16::gemm_tf`, `q6k_x16::gemm_tf`).
 type GroupKernel = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
 
-/// The gemm of a k-quant matrix repacked into 16-row groups (`quant::repack`): a tile of 16
-/// rows is one group, run by `kernel`; a shorter tile is the plain rows after the last group,
-/// run by the row-major kernel `P`. `block`: bytes of one plain super-block. Handed out only
-/// with the `Avx512Vnni` tier, after its detection.
+/// A repacked layout's block shape: elements per block, bytes of one plain weight block and of
+/// one activation block, and the longest row its group kernel takes.
+struct GroupShape {
+    qk: usize,
+    block: usize,
+    act_block: usize,
+    max_n: usize,
+}
+
+/// The gemm of a matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows is
+/// one group, run by `kernel`; a shorter tile is the plain rows after the last group, run by
+/// the row-major kernel `P`. Handed out only with the `Avx512Vnni` tier, after its detection.
 #[allow(clippy::too_many_arguments)]
 fn gemm_groups<P: avx2::Tile>(
     kernel: GroupKernel,
-    block: usize,
+    shape: GroupShape,
     n: usize,
     w: &[u8],
     w_stride: usize,
@@ -255,8 +266,17 @@ fn gemm_groups<P: avx2::Tile>(
     if nw != super::repack::GROUP {
         return tier_vnni::gemm::<P>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
     }
-    assert!(n.is_multiple_of(256), "k-quant row of {n} elements");
-    let (rw, rx) = (n / 256 * block, n / 256 * 292);
+    let GroupShape {
+        qk,
+        block,
+        act_block,
+        max_n,
+    } = shape;
+    assert!(
+        n.is_multiple_of(qk) && n <= max_n,
+        "repacked row of {n} elements"
+    );
+    let (rw, rx) = (n / qk * block, n / qk * act_block);
     assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
     check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
     if nx == 0 {
@@ -264,8 +284,8 @@ fn gemm_groups<P: avx2::Tile>(
     }
     assert!(has_avx512vnni(), "repacked kernels need AVX-512 VNNI");
     // SAFETY: the CPU has AVX-512 VNNI (checked); `check_gemm` verified the 16 rows (one group
-    // of `n / 256` repacked super-blocks), the `nx` activation rows and every output lie inside
-    // the buffers.
+    // of `n / qk` repacked blocks, `n` within the kernel's limit), the `nx` activation rows and
+    // every output lie inside the buffers.
     unsafe {
         kernel(
             n,
@@ -276,6 +296,16 @@ fn gemm_groups<P: avx2::Tile>(
             out.as_mut_ptr(),
             out_stride,
         )
+    }
+}
+
+/// The shape of a repacked k-quant (`block`: bytes of one plain super-block).
+const fn k_shape(block: usize) -> GroupShape {
+    GroupShape {
+        qk: 256,
+        block,
+        act_block: 292,
+        max_n: usize::MAX,
     }
 }
 
@@ -293,7 +323,19 @@ pub(super) fn gemm_q4k_x16(
     out_stride: usize,
 ) {
     let k: GroupKernel = q4k_x16::gemm_tf;
-    gemm_groups::<avx2::TQ4K>(k, 144, n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+    gemm_groups::<avx2::TQ4K>(
+        k,
+        k_shape(144),
+        n,
+        w,
+        w_stride,
+        nw,
+        x,
+        x_stride,
+        nx,
+        out,
+        out_stride,
+    )
 }
 
 /// [`gemm_groups`] for Q6_K.
@@ -310,5 +352,42 @@ pub(super) fn gemm_q6k_x16(
     out_stride: usize,
 ) {
     let k: GroupKernel = q6k_x16::gemm_tf;
-    gemm_groups::<avx2::TK<avx2::Q6K>>(k, 210, n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+    gemm_groups::<avx2::TK<avx2::Q6K>>(
+        k,
+        k_shape(210),
+        n,
+        w,
+        w_stride,
+        nw,
+        x,
+        x_stride,
+        nx,
+        out,
+        out_stride,
+    )
+}
+
+/// [`gemm_groups`] for Q5_0.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_q5_0_x16(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let k: GroupKernel = q5_0_x16::gemm_tf;
+    let shape = GroupShape {
+        qk: 32,
+        block: 22,
+        act_block: 34,
+        max_n: 32 * q5_0_x16::MAX_BLOCKS,
+    };
+    gemm_groups::<avx2::T32<avx2::Q5_0>>(
+        k, shape, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+    )
 }

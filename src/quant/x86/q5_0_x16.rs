@@ -1,0 +1,175 @@
+//! Q5_0 against Q8_0 over a matrix repacked into 16-row groups (`quant::repack`), AVX-512 VNNI:
+//! each 32-bit lane of a 512-bit register is one weight row.
+//!
+//! The reference engine's Q5_0 dot keeps 8 lanes per row: lane `l` takes, per block, the exact
+//! integer `Σ q·y` over elements `4l .. 4l + 4`, converted to f32 and fused-multiply-added with
+//! the block's `d_w · d_x`; the lanes are added at the end as `((l0+l4) + (l2+l6)) + ((l1+l5) +
+//! (l3+l7))` (`avx2::hsum_ps`). Lane `l` is one register of this layout, so the 8 lanes become 8
+//! registers of 16 rows and the same operations run on all 16 rows at once. The weights are
+//! the unsigned 5-bit values `v = q + 16`; each lane's dot starts from `−16 · Σ y` of its four
+//! activations, so the integer is the signed one exactly. Every output has the bits of the
+//! row-major kernels (`avx2::T32<Q5_0>`, `avx512::t32_rows4`, `avx512::t32_gemm_pairs`).
+
+use crate::quant::repack::Q5_0_X16_BYTES;
+use core::arch::x86_64::*;
+use core::mem::MaybeUninit;
+
+/// Bytes of a Q8_0 activation block: f16 `d`, 32 quants.
+const Q8_0_BYTES: usize = 34;
+/// Longest row, in blocks, the kernel takes (8192 elements): a batch decodes the group's
+/// weights once into a stack buffer of this many blocks. `quant::repacked` keeps longer rows
+/// in the plain layout.
+pub(crate) const MAX_BLOCKS: usize = 256;
+
+/// One 16-row group (`w`) against `nx` activation rows: `out[j * out_stride + r]` for rows
+/// `r < 16`. `n` is a multiple of 32, at most `32 · MAX_BLOCKS`.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW/VL and VNNI; `w` holds `n / 32` repacked blocks, each of the
+/// `nx` rows at `x + j·x_stride` holds `n / 32` Q8_0 blocks, and `out` has room for every
+/// output written.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+pub(super) unsafe fn gemm_tf(
+    n: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let nb = n / 32;
+    debug_assert!(nb <= MAX_BLOCKS);
+    if nx == 1 {
+        _mm512_storeu_ps(out, tree(&row(nb, w, x)));
+    } else {
+        batch(nb, w, x, x_stride, nx, out, out_stride);
+    }
+}
+
+/// One activation row (decode): the group streamed once, each block decoded in registers.
+#[inline(always)]
+unsafe fn row(nb: usize, w: *const u8, x: *const u8) -> [__m512; 8] {
+    let mut acc = [_mm512_setzero_ps(); 8];
+    for b in 0..nb {
+        let sb = w.add(b * Q5_0_X16_BYTES);
+        let xp = x.add(b * Q8_0_BYTES);
+        let prod = _mm512_mul_ps(d16(sb), dx(xp));
+        let corr = corrections(xp);
+        for j in 0..4 {
+            let [lo, hi] = values(sb, j);
+            acc[j] = lane(acc[j], prod, lo, xp, corr, j);
+            acc[j + 4] = lane(acc[j + 4], prod, hi, xp, corr, j + 4);
+        }
+    }
+    acc
+}
+
+/// A batch: the group's weights decoded once (8 registers and the 16 `d` per block, on the
+/// stack), then the activation rows run over them two at a time.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+unsafe fn batch(
+    nb: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let mut vals = [const { MaybeUninit::<__m512i>::uninit() }; 8 * MAX_BLOCKS];
+    let mut ds = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];
+    for b in 0..nb {
+        let sb = w.add(b * Q5_0_X16_BYTES);
+        ds[b].write(d16(sb));
+        for j in 0..4 {
+            let [lo, hi] = values(sb, j);
+            vals[8 * b + j].write(lo);
+            vals[8 * b + j + 4].write(hi);
+        }
+    }
+    let vals = vals.as_ptr().cast::<__m512i>();
+    let ds = ds.as_ptr().cast::<__m512>();
+    let xr = |j: usize| x.add(j * x_stride);
+    let mut j = 0;
+    while j < nx {
+        let t = (nx - j).min(2);
+        let mut acc = [[_mm512_setzero_ps(); 8]; 2];
+        for b in 0..nb {
+            let d = *ds.add(b);
+            for (i, a) in acc.iter_mut().enumerate().take(t) {
+                let xp = xr(j + i).add(b * Q8_0_BYTES);
+                let prod = _mm512_mul_ps(d, dx(xp));
+                let corr = corrections(xp);
+                for (l, al) in a.iter_mut().enumerate() {
+                    *al = lane(*al, prod, *vals.add(8 * b + l), xp, corr, l);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate().take(t) {
+            _mm512_storeu_ps(out.add((j + i) * out_stride), tree(a));
+        }
+        j += t;
+    }
+}
+
+/// The activation block's `d` in f32, in every lane.
+#[inline(always)]
+unsafe fn dx(xp: *const u8) -> __m512 {
+    let h = core::ptr::read_unaligned(xp.cast::<u16>());
+    _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))))
+}
+
+/// `−16 · Σ y` over each dword of the activation block's quants (lane `l`'s start value in
+/// dword `l`).
+#[inline(always)]
+unsafe fn corrections(xp: *const u8) -> __m512i {
+    let y = _mm256_loadu_si256(xp.add(2).cast());
+    let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(16), y);
+    _mm512_castsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), s))
+}
+
+/// The 16 rows' `d` of block `sb`, in f32.
+#[inline(always)]
+unsafe fn d16(sb: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast()))
+}
+
+/// The 5-bit values of lanes `j` and `j + 4` of block `sb` (`j < 4`), 4 per row.
+#[inline(always)]
+unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2] {
+    let four = _mm512_set1_epi8(0x0F);
+    let q = _mm512_loadu_si512(sb.add(96 + 64 * j).cast());
+    let lo = _mm512_and_si512(q, four);
+    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), four);
+    let mask = |l: usize| core::ptr::read_unaligned(sb.add(32 + 8 * l).cast::<u64>());
+    let sixteen = _mm512_set1_epi8(16);
+    [
+        _mm512_mask_add_epi8(lo, mask(j), lo, sixteen),
+        _mm512_mask_add_epi8(hi, mask(j + 4), hi, sixteen),
+    ]
+}
+
+/// Lane `l` of one block: `acc + prod · (Σ v·y − 16·Σ y)` over elements `4l .. 4l + 4`.
+#[inline(always)]
+unsafe fn lane(
+    acc: __m512,
+    prod: __m512,
+    v: __m512i,
+    xp: *const u8,
+    corr: __m512i,
+    l: usize,
+) -> __m512 {
+    let y = _mm512_set1_epi32(core::ptr::read_unaligned(xp.add(2 + 4 * l).cast::<i32>()));
+    let start = _mm512_permutexvar_epi32(_mm512_set1_epi32(l as i32), corr);
+    let dot = _mm512_dpbusd_epi32(start, v, y);
+    _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(dot), acc)
+}
+
+/// The 8 lanes added in the reference's order.
+#[inline(always)]
+unsafe fn tree(acc: &[__m512; 8]) -> __m512 {
+    let s: [__m512; 4] = core::array::from_fn(|i| _mm512_add_ps(acc[i], acc[i + 4]));
+    _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]))
+}
