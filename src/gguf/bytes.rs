@@ -79,20 +79,29 @@ impl TensorBytes {
     /// tensor whose bytes were copied out at load, so they do not count twice in resident
     /// memory. Does nothing for owned bytes or where the hint is unsupported.
     pub fn release(&self) {
+        self.release_range(0..self.len);
+    }
+
+    /// [`TensorBytes::release`] for bytes `range` of this view only.
+    pub fn release_range(&self, range: std::ops::Range<usize>) {
         #[cfg(unix)]
         if let Backing::Mmap(m) = &*self.backing {
             const PAGE: usize = 4096;
-            let start = self.start.next_multiple_of(PAGE);
-            let end = (self.start + self.len) / PAGE * PAGE;
+            let (a, b) = (range.start.min(self.len), range.end.min(self.len));
+            let start = (self.start + a).next_multiple_of(PAGE);
+            let end = (self.start + b) / PAGE * PAGE;
             if end > start {
                 // SAFETY: the map is private and never written, so dropping its pages loses
                 // nothing: any later read of them (through this or another view) faults the
-                // file's bytes back in. The range lies inside the map (`new` checked the view).
+                // file's bytes back in. The range lies inside the map (`new` checked the view,
+                // and `a..b` is clamped to it).
                 let _ = unsafe {
                     m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
                 };
             }
         }
+        #[cfg(not(unix))]
+        let _ = range;
     }
 }
 

@@ -21,7 +21,9 @@ const TILE_ROWS: usize = 16;
 /// when a thread falls behind: [`ThreadPool::run_split`].)
 const ITEMS_PER_THREAD: usize = 6;
 
-/// A weight matrix `[out_dim, in_dim]` with the kernels for its block format.
+/// A weight matrix `[out_dim, in_dim]` with the kernels for its block format. (A clone shares
+/// the bytes.)
+#[derive(Clone)]
 pub struct Linear {
     /// The tensor's name in the file, for error messages and debugging taps.
     pub name: String,
@@ -62,22 +64,46 @@ impl Linear {
     }
 
     /// This matrix in the layout its format multiplies fastest in on this CPU, if that is not
-    /// the file's (`quant::repacked`): the rearranged bytes are owned, and the file's pages
-    /// behind the old view are released. Not for a matrix read by row (an embedding).
+    /// the file's (`quant::repacking`): the rearranged bytes are owned. Whole groups of rows
+    /// are rearranged a few MiB at a time, and the file's pages behind each run are released
+    /// once it is copied, so the two copies never sit in memory together beyond one run.
+    /// [`Linear::row_f32`] still reads single rows (a tied embedding).
     pub fn repacked(self) -> Linear {
-        match quant::repacked(&self.kernels, &self.data, self.out_dim, self.in_dim) {
-            Some((bytes, kernels)) => {
-                self.data.release();
-                Linear {
-                    data: TensorBytes::owned(bytes),
-                    kernels,
-                    ..self
-                }
+        let Some((layout, kernels)) = quant::repacking(&self.kernels, self.out_dim, self.in_dim)
+        else {
+            return self;
+        };
+        let mut out = vec![0u8; self.data.len()];
+        let rb = self.row_bytes;
+        let run = (REPACK_RUN_BYTES / rb.max(1)).next_multiple_of(kernels.group);
+        let runs = std::sync::Mutex::new(out.chunks_mut(run * rb.max(1)).enumerate());
+        let work = || loop {
+            let Some((k, dst)) = runs.lock().unwrap_or_else(|e| e.into_inner()).next() else {
+                return;
+            };
+            let bytes = k * run * rb..k * run * rb + dst.len();
+            layout(&self.data[bytes.clone()], dst.len() / rb, self.in_dim, dst);
+            self.data.release_range(bytes);
+        };
+        // A large matrix (a tied output matrix of 178 MB) is rearranged by several threads.
+        let helpers =
+            (self.data.len() / (4 * REPACK_RUN_BYTES)).min(super::pool::default_threads() - 1);
+        std::thread::scope(|sc| {
+            for _ in 0..helpers {
+                sc.spawn(work);
             }
-            None => self,
+            work();
+        });
+        Linear {
+            data: TensorBytes::owned(out),
+            kernels,
+            ..self
         }
     }
 }
+
+/// Weight bytes [`Linear::repacked`] rearranges at a time.
+const REPACK_RUN_BYTES: usize = 4 << 20;
 
 /// Per-thread output tiles for the matrix products, sized once for the largest batch.
 pub struct MatmulScratch {

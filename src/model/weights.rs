@@ -248,7 +248,7 @@ pub fn load(
         eps: cfg.norm_eps,
     };
     let (dim, q_dim, kv_k, kv_v) = (cfg.dim, cfg.q_dim(), cfg.kv_dim_k(), cfg.kv_dim_v());
-    let token_embd = ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?;
+    let mut token_embd = ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?;
     let pos_embd = if traits.rope.is_none() {
         Some(ld.linear(POS_EMBD, dim, cfg.ctx_train)?)
     } else {
@@ -309,7 +309,13 @@ pub fn load(
     let output_norm = ld.norm(OUTPUT_NORM, dim)?;
     let (output, output_tied) = match ld.opt_linear(OUTPUT, dim, cfg.vocab_size)? {
         Some(o) => (o.repacked(), false),
-        None => (ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?, true),
+        None => {
+            // Tied: the embedding matrix, rearranged for the product; the lookups then read
+            // their rows from the same bytes (so the file's pages are not brought back in).
+            let output = token_embd.repacked();
+            token_embd = output.clone();
+            (output, true)
+        }
     };
     Ok(Weights {
         token_embd,

@@ -188,17 +188,26 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
     }
 }
 
-/// The reference engine's Q5_0 × Q8_0 dot (its AVX2 `vec_dot`, every batch size), in scalar
-/// code: 8 lanes, lane `l` taking per block the exact integer dot of elements `4l .. 4l + 4`,
-/// converted and fused-multiply-added with `d_w · d_x` (an f32 product of the two f16 scales),
-/// then added as `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`. `w` and `x` hold `n / 32` blocks.
-pub fn q5_0_dot_lanes(w: &[u8], x: &[u8], n: usize) -> f32 {
+/// The reference engine's Q5_0 or Q8_0 × Q8_0 dot (its AVX2 `vec_dot`, every batch size), in
+/// scalar code: 8 lanes, lane `l` taking per block the exact integer dot of elements
+/// `4l .. 4l + 4`, converted and fused-multiply-added with `d_w · d_x` (an f32 product of the
+/// two f16 scales), then added as `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`. `w` and `x` hold
+/// `n / 32` blocks.
+pub fn t32_dot_lanes(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
+    let bw = match ty {
+        GgmlType::Q5_0 => 22,
+        GgmlType::Q8_0 => 34,
+        _ => panic!("{ty}: no 8-lane order here"),
+    };
     let mut acc = [0f32; 8];
     for b in 0..n / 32 {
-        let (wb, xb) = (&w[22 * b..22 * (b + 1)], &x[34 * b..34 * (b + 1)]);
+        let (wb, xb) = (&w[bw * b..bw * (b + 1)], &x[34 * b..34 * (b + 1)]);
         let f16 = |p: &[u8]| half::f16::from_le_bytes([p[0], p[1]]).to_f32();
-        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
         let q = |i: usize| {
+            if ty == GgmlType::Q8_0 {
+                return i32::from(wb[2 + i] as i8);
+            }
+            let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
             let nib = if i < 16 {
                 wb[6 + i] & 0xF
             } else {

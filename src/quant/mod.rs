@@ -201,17 +201,21 @@ pub struct Kernels {
     pub group: usize,
 }
 
-/// A layout of the `rows × n` matrix `data` (format `k.weight`) that this CPU multiplies faster,
-/// with the kernels that read it: the same number of bytes, rearranged. `None` when the plain
-/// layout is already the fastest one here.
-pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<u8>, Kernels)> {
+/// A layout of a `rows × n` matrix of format `k.weight` that this CPU multiplies faster: the
+/// function that writes it (the same number of bytes, rearranged; whole groups of rows are
+/// independent, so it may be applied to any run of rows starting on a group) and the kernels
+/// that read it. `None` when the plain layout is already the fastest one here.
+pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn, Kernels)> {
     #[cfg(target_arch = "x86_64")]
     if k.isa == Isa::Avx512Vnni && rows >= repack::GROUP {
         let (layout, gemm): (repack::RepackFn, GemmFn) = match k.weight {
             GgmlType::Q4K => (repack::repack_q4k_x16, x86::gemm_q4k_x16),
             GgmlType::Q6K => (repack::repack_q6k_x16, x86::gemm_q6k_x16),
-            GgmlType::Q5_0 if n <= 32 * x86::Q5_0_X16_MAX_BLOCKS => {
+            GgmlType::Q5_0 if n <= 32 * x86::T32_X16_MAX_BLOCKS => {
                 (repack::repack_q5_0_x16, x86::gemm_q5_0_x16)
+            }
+            GgmlType::Q8_0 if n <= 32 * x86::T32_X16_MAX_BLOCKS => {
+                (repack::repack_q8_0_x16, x86::gemm_q8_0_x16)
             }
             _ => return None,
         };
@@ -220,10 +224,19 @@ pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<
             group: repack::GROUP,
             ..*k
         };
-        return Some((layout(data, rows, n), kernels));
+        return Some((layout, kernels));
     }
-    let _ = (k, data, rows, n);
+    let _ = (k, rows, n);
     None
+}
+
+/// The matrix `data` in the [`repacking`] layout, with its kernels, in one go (tests and
+/// benchmarks; the loader repacks a run of rows at a time).
+pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<u8>, Kernels)> {
+    let (layout, kernels) = repacking(k, rows, n)?;
+    let mut out = vec![0u8; data.len()];
+    layout(data, rows, n, &mut out);
+    Some((out, kernels))
 }
 
 /// The activation format a weight format is multiplied with (ggml's `vec_dot_type`).

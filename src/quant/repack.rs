@@ -38,11 +38,15 @@
 //! | 32 | 64 | fifth bits, one 64-bit mask per lane `l`: bit `4r + e` is row `r`'s element `4l + e` |
 //! | 96 | 256 | nibbles: `qs[4j .. 4j + 4]` of row `r` at `96 + 64j + 4r` (low nibbles: lane `j`, high: lane `j + 4`) |
 //!
+//! **Q8_0 × 16**: block `b` of the 16 rows is one 544-byte block ([`Q8_0_X16_BYTES`]): `d` of
+//! rows 0..16 (f16) at 0, then lane `l`'s quants `q[4l .. 4l + 4]` of row `r`, stored as
+//! `q ^ 0x80` (unsigned, `q + 128`), at `32 + 64l + 4r`.
+//!
 //! Rows after the last whole group (`rows % 16`) keep the plain layout. The kernels of a
 //! repacked matrix must be called on tiles that start at a multiple of 16 rows
 //! ([`super::Kernels::group`]).
 
-use super::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, QK_K};
+use super::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, QK_K};
 
 /// Rows per repacked group (Q4_K and Q6_K).
 pub const GROUP: usize = 16;
@@ -71,8 +75,8 @@ fn slot(r: usize, i: usize) -> usize {
 
 /// The Q4_K matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
 /// Panics if `src` is not exactly that matrix (the loader checked the shape).
-pub fn repack_q4k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
-    repack_groups(src, rows, n, QK_K, BQ, |r, blk, sb| {
+pub fn repack_q4k_x16(src: &[u8], rows: usize, n: usize, out: &mut [u8]) {
+    repack_groups(src, rows, n, out, QK_K, BQ, |r, blk, sb| {
         // Every 4-byte piece of the block (d and dmin are 2 bytes) moves as a whole.
         for i in [0, 2].into_iter().chain((4..BQ).step_by(4)) {
             let len = if i < 4 { 2 } else { 4 };
@@ -82,22 +86,25 @@ pub fn repack_q4k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
     })
 }
 
-/// A signature shared by the repacking functions: `(matrix, rows, n) -> repacked matrix`.
-pub type RepackFn = fn(&[u8], usize, usize) -> Vec<u8>;
+/// A signature shared by the repacking functions: `(matrix, rows, n, out)`, the repacked
+/// matrix written to `out` (as long as the matrix).
+pub type RepackFn = fn(&[u8], usize, usize, &mut [u8]);
 
 /// The matrix `src` (`rows` rows of `n` elements in `bq`-byte blocks of `qk` elements,
-/// row-major) with each whole group of 16 rows rebuilt by `place(r, block, super_block)`:
-/// block `b` of row `r` placed into the group's zeroed super-block `b` (16 blocks' worth); the
-/// rows after the last whole group are copied. Panics if `src` is not exactly that matrix (the
-/// loader checked the shape).
+/// row-major) into `out`, each whole group of 16 rows rebuilt by `place(r, block,
+/// super_block)`: block `b` of row `r` placed into the group's zeroed super-block `b` (16
+/// blocks' worth); the rows after the last whole group are copied. Panics if `src` is not
+/// exactly that matrix (the loader checked the shape) or `out` is not as long.
+#[allow(clippy::too_many_arguments)]
 fn repack_groups(
     src: &[u8],
     rows: usize,
     n: usize,
+    out: &mut [u8],
     qk: usize,
     bq: usize,
     place: impl Fn(usize, &[u8], &mut [u8]),
-) -> Vec<u8> {
+) {
     assert!(
         n.is_multiple_of(qk),
         "row of {n} elements in blocks of {qk}"
@@ -105,7 +112,8 @@ fn repack_groups(
     let nb = n / qk;
     let row_bytes = nb * bq;
     assert_eq!(src.len(), rows * row_bytes, "quantized matrix bytes");
-    let mut out = src.to_vec();
+    let whole = rows / GROUP * GROUP * row_bytes;
+    out[whole..].copy_from_slice(&src[whole..]);
     for g in 0..rows / GROUP {
         let base = g * GROUP * row_bytes;
         out[base..base + GROUP * row_bytes].fill(0);
@@ -116,7 +124,6 @@ fn repack_groups(
             }
         }
     }
-    out
 }
 
 /// Block `b` of row `r` of the repacked group starting at `group` (whose rows hold `nb`
@@ -178,8 +185,8 @@ fn q6k_slots(r: usize, i: usize) -> (usize, u32, usize, u32) {
 
 /// The Q6_K matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
 /// Panics if `src` is not exactly that matrix (the loader checked the shape).
-pub fn repack_q6k_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
-    repack_groups(src, rows, n, QK_K, B6, |r, blk, sb| {
+pub fn repack_q6k_x16(src: &[u8], rows: usize, n: usize, out: &mut [u8]) {
+    repack_groups(src, rows, n, out, QK_K, B6, |r, blk, sb| {
         sb[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
         for l in 0..8 {
             sb[32 + 32 * l + 2 * r] = blk[192 + 2 * l];
@@ -225,8 +232,8 @@ const B5: usize = std::mem::size_of::<BlockQ5_0>();
 
 /// The Q5_0 matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
 /// Panics if `src` is not exactly that matrix (the loader checked the shape).
-pub fn repack_q5_0_x16(src: &[u8], rows: usize, n: usize) -> Vec<u8> {
-    repack_groups(src, rows, n, 32, B5, |r, blk, sb| {
+pub fn repack_q5_0_x16(src: &[u8], rows: usize, n: usize, out: &mut [u8]) {
+    repack_groups(src, rows, n, out, 32, B5, |r, blk, sb| {
         sb[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
         let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
         for l in 0..8 {
@@ -261,6 +268,35 @@ pub fn q5_0_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B5] {
     blk
 }
 
+/// Bytes of one block of a Q8_0 group: 16 plain blocks' worth.
+pub const Q8_0_X16_BYTES: usize = GROUP * B8;
+/// Bytes of one plain Q8_0 block: `d` (f16), 32 quants.
+const B8: usize = std::mem::size_of::<BlockQ8_0>();
+
+/// The Q8_0 matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
+/// Panics if `src` is not exactly that matrix (the loader checked the shape).
+pub fn repack_q8_0_x16(src: &[u8], rows: usize, n: usize, out: &mut [u8]) {
+    repack_groups(src, rows, n, out, 32, B8, |r, blk, sb| {
+        sb[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
+        for l in 0..8 {
+            let at = 32 + 64 * l + 4 * r;
+            let q = u32::from_le_bytes(blk[2 + 4 * l..6 + 4 * l].try_into().expect("4 bytes"));
+            sb[at..at + 4].copy_from_slice(&(q ^ 0x8080_8080).to_le_bytes());
+        }
+    })
+}
+
+/// Block `b` of row `r` of the repacked Q8_0 group starting at `group`, in the plain byte order.
+pub fn q8_0_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B8] {
+    let sb = &group[b * Q8_0_X16_BYTES..(b + 1) * Q8_0_X16_BYTES];
+    let mut blk = [0u8; B8];
+    blk[..2].copy_from_slice(&sb[2 * r..2 * r + 2]);
+    for (i, q) in blk[2..].iter_mut().enumerate() {
+        *q = sb[32 + 64 * (i / 4) + 4 * r + i % 4] ^ 0x80;
+    }
+    blk
+}
+
 /// Row `r` of a repacked group (`group`: the group's bytes) dequantized into `out` (the row's
 /// `n` elements), for a matrix with kernels `k` (`k.group > 1`).
 pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32]) {
@@ -270,6 +306,7 @@ pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32
             super::GgmlType::Q4K => (k.dequantize)(&q4k_x16_block(group, r, b), o),
             super::GgmlType::Q6K => (k.dequantize)(&q6k_x16_block(group, r, b), o),
             super::GgmlType::Q5_0 => (k.dequantize)(&q5_0_x16_block(group, r, b), o),
+            super::GgmlType::Q8_0 => (k.dequantize)(&q8_0_x16_block(group, r, b), o),
             ty => panic!("{ty} is not repacked"),
         }
     }
@@ -305,8 +342,8 @@ mod tests {
         let src: Vec<u8> = (0..rows * row_bytes)
             .map(|i| (i * 7919 % 251) as u8)
             .collect();
-        let out = repack(&src, rows, n);
-        assert_eq!(out.len(), src.len());
+        let mut out = vec![0u8; src.len()];
+        repack(&src, rows, n, &mut out);
         let whole = rows / GROUP * GROUP;
         for row in 0..whole {
             let (g, r) = (row / GROUP, row % GROUP);
@@ -325,6 +362,7 @@ mod tests {
         round_trip::<BQ>(37, QK_K, repack_q4k_x16, q4k_x16_block);
         round_trip::<B6>(35, QK_K, repack_q6k_x16, q6k_x16_block);
         round_trip::<B5>(33, 32, repack_q5_0_x16, q5_0_x16_block);
+        round_trip::<B8>(17, 32, repack_q8_0_x16, q8_0_x16_block);
     }
 
     #[test]

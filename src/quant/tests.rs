@@ -658,21 +658,21 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
     }
 }
 
-/// Q4_K, Q6_K and Q5_0 matrices repacked into 16-row groups (where this CPU has kernels for that
+/// Q4_K, Q6_K, Q5_0 and Q8_0 matrices repacked into 16-row groups (where this CPU has kernels for that
 /// layout) give every row of every batch the reference engine's bits, group rows and tail
 /// rows alike, and their rows dequantize as before.
 #[test]
 fn repacked_kquants_match_reference_order() {
     let mut rng = Rng(0x005e_ed4b);
     let mut tested = 0;
-    for (ty, isa) in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5_0]
+    for (ty, isa) in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5_0, GgmlType::Q8_0]
         .into_iter()
         .flat_map(|ty| Isa::available().into_iter().map(move |isa| (ty, isa)))
     {
         let Ok(k) = kernels_for(ty, isa) else {
             continue;
         };
-        let shapes: &[(usize, usize)] = if ty == GgmlType::Q5_0 {
+        let shapes: &[(usize, usize)] = if ty.block_size() == 32 {
             &[(16, 32), (37, 640), (48, 2048)]
         } else {
             &[(16, 256), (37, 768), (48, 2048)]
@@ -739,12 +739,12 @@ fn repacked_kquants_match_reference_order() {
                             let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * x_stride..]);
                             let want = match exact_order(isa, ty, wi, xj, n, nx, j) {
                                 Some(v) => v,
-                                // Q5_0: the plain layout's kernel, and the reference's 8-lane
-                                // order written out in scalar code.
+                                // Q5_0, Q8_0: the plain layout's kernel, and the reference's
+                                // 8-lane order written out in scalar code.
                                 None => {
                                     let mut o = [0f32];
                                     (k.gemm)(n, wi, rw, 1, xj, x_stride, 1, &mut o, 1);
-                                    let lanes = super::kquant_order::q5_0_dot_lanes(wi, xj, n);
+                                    let lanes = super::kquant_order::t32_dot_lanes(ty, wi, xj, n);
                                     assert_eq!(o[0].to_bits(), lanes.to_bits(), "plain kernel");
                                     o[0]
                                 }
@@ -767,7 +767,7 @@ fn repacked_kquants_match_reference_order() {
     // The layout exists for AVX-512 VNNI; elsewhere this test checks nothing.
     if Isa::available().contains(&Isa::Avx512Vnni) {
         assert_eq!(
-            tested, 36,
+            tested, 48,
             "repacked kernels missing on an AVX-512 VNNI machine"
         );
     }

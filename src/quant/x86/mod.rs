@@ -10,10 +10,10 @@
 mod avx2;
 mod avx512;
 mod q4k_x16;
-mod q5_0_x16;
 mod q6k_x16;
+mod t32_x16;
 
-pub(crate) use q5_0_x16::MAX_BLOCKS as Q5_0_X16_MAX_BLOCKS;
+pub(crate) use t32_x16::MAX_BLOCKS as T32_X16_MAX_BLOCKS;
 
 use super::{check_gemm, GgmlType, Isa, Kernels, QuantizeFn};
 
@@ -367,6 +367,32 @@ pub(super) fn gemm_q6k_x16(
     )
 }
 
+/// [`gemm_groups`] for a 32-element format against Q8_0 (`block`: bytes of a plain block).
+#[allow(clippy::too_many_arguments)]
+fn gemm_t32_x16<F: t32_x16::Group32, P: avx2::Blk32>(
+    block: usize,
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let k: GroupKernel = t32_x16::gemm_tf::<F>;
+    let shape = GroupShape {
+        qk: 32,
+        block,
+        act_block: 34,
+        max_n: 32 * t32_x16::MAX_BLOCKS,
+    };
+    gemm_groups::<avx2::T32<P>>(
+        k, shape, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+    )
+}
+
 /// [`gemm_groups`] for Q5_0.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_q5_0_x16(
@@ -380,14 +406,25 @@ pub(super) fn gemm_q5_0_x16(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let k: GroupKernel = q5_0_x16::gemm_tf;
-    let shape = GroupShape {
-        qk: 32,
-        block: 22,
-        act_block: 34,
-        max_n: 32 * q5_0_x16::MAX_BLOCKS,
-    };
-    gemm_groups::<avx2::T32<avx2::Q5_0>>(
-        k, shape, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+    gemm_t32_x16::<t32_x16::Q5_0, avx2::Q5_0>(
+        22, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+    )
+}
+
+/// [`gemm_groups`] for Q8_0.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_q8_0_x16(
+    n: usize,
+    w: &[u8],
+    w_stride: usize,
+    nw: usize,
+    x: &[u8],
+    x_stride: usize,
+    nx: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    gemm_t32_x16::<t32_x16::Q8_0, avx2::Q8_0>(
+        34, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
     )
 }

@@ -1,16 +1,17 @@
-//! Q5_0 against Q8_0 over a matrix repacked into 16-row groups (`quant::repack`), AVX-512 VNNI:
-//! each 32-bit lane of a 512-bit register is one weight row.
+//! Q5_0 and Q8_0 against Q8_0 over a matrix repacked into 16-row groups (`quant::repack`),
+//! AVX-512 VNNI: each 32-bit lane of a 512-bit register is one weight row.
 //!
-//! The reference engine's Q5_0 dot keeps 8 lanes per row: lane `l` takes, per block, the exact
+//! The reference engine's dot of these formats keeps 8 lanes per row: lane `l` takes, per block, the exact
 //! integer `Σ q·y` over elements `4l .. 4l + 4`, converted to f32 and fused-multiply-added with
 //! the block's `d_w · d_x`; the lanes are added at the end as `((l0+l4) + (l2+l6)) + ((l1+l5) +
 //! (l3+l7))` (`avx2::hsum_ps`). Lane `l` is one register of this layout, so the 8 lanes become 8
 //! registers of 16 rows and the same operations run on all 16 rows at once. The weights are
-//! the unsigned 5-bit values `v = q + 16`; each lane's dot starts from `−16 · Σ y` of its four
-//! activations, so the integer is the signed one exactly. Every output has the bits of the
-//! row-major kernels (`avx2::T32<Q5_0>`, `avx512::t32_rows4`, `avx512::t32_gemm_pairs`).
+//! unsigned, `v = q + OFFSET` (Q5_0: the 5-bit values, offset 16; Q8_0: stored as `q ^ 0x80`,
+//! offset 128); each lane's dot starts from `−OFFSET · Σ y` of its four activations, so the
+//! integer is the signed one exactly. Every output has the bits of the row-major kernels
+//! (`avx2::T32`, `avx512::t32_rows4`, `avx512::t32_gemm_pairs`).
 
-use crate::quant::repack::Q5_0_X16_BYTES;
+use crate::quant::repack::{Q5_0_X16_BYTES, Q8_0_X16_BYTES};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
@@ -29,7 +30,7 @@ pub(crate) const MAX_BLOCKS: usize = 256;
 /// `nx` rows at `x + j·x_stride` holds `n / 32` Q8_0 blocks, and `out` has room for every
 /// output written.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf(
+pub(super) unsafe fn gemm_tf<F: Group32>(
     n: usize,
     w: *const u8,
     x: *const u8,
@@ -41,23 +42,23 @@ pub(super) unsafe fn gemm_tf(
     let nb = n / 32;
     debug_assert!(nb <= MAX_BLOCKS);
     if nx == 1 {
-        _mm512_storeu_ps(out, tree(&row(nb, w, x)));
+        _mm512_storeu_ps(out, tree(&row::<F>(nb, w, x)));
     } else {
-        batch(nb, w, x, x_stride, nx, out, out_stride);
+        batch::<F>(nb, w, x, x_stride, nx, out, out_stride);
     }
 }
 
 /// One activation row (decode): the group streamed once, each block decoded in registers.
 #[inline(always)]
-unsafe fn row(nb: usize, w: *const u8, x: *const u8) -> [__m512; 8] {
+unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> [__m512; 8] {
     let mut acc = [_mm512_setzero_ps(); 8];
     for b in 0..nb {
-        let sb = w.add(b * Q5_0_X16_BYTES);
+        let sb = w.add(b * F::BYTES);
         let xp = x.add(b * Q8_0_BYTES);
         let prod = _mm512_mul_ps(d16(sb), dx(xp));
-        let corr = corrections(xp);
+        let corr = corrections::<F>(xp);
         for j in 0..4 {
-            let [lo, hi] = values(sb, j);
+            let [lo, hi] = F::values(sb, j);
             acc[j] = lane(acc[j], prod, lo, xp, corr, j);
             acc[j + 4] = lane(acc[j + 4], prod, hi, xp, corr, j + 4);
         }
@@ -69,7 +70,7 @@ unsafe fn row(nb: usize, w: *const u8, x: *const u8) -> [__m512; 8] {
 /// stack), then the activation rows run over them two at a time.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-unsafe fn batch(
+unsafe fn batch<F: Group32>(
     nb: usize,
     w: *const u8,
     x: *const u8,
@@ -81,10 +82,10 @@ unsafe fn batch(
     let mut vals = [const { MaybeUninit::<__m512i>::uninit() }; 8 * MAX_BLOCKS];
     let mut ds = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];
     for b in 0..nb {
-        let sb = w.add(b * Q5_0_X16_BYTES);
+        let sb = w.add(b * F::BYTES);
         ds[b].write(d16(sb));
         for j in 0..4 {
-            let [lo, hi] = values(sb, j);
+            let [lo, hi] = F::values(sb, j);
             vals[8 * b + j].write(lo);
             vals[8 * b + j + 4].write(hi);
         }
@@ -101,7 +102,7 @@ unsafe fn batch(
             for (i, a) in acc.iter_mut().enumerate().take(t) {
                 let xp = xr(j + i).add(b * Q8_0_BYTES);
                 let prod = _mm512_mul_ps(d, dx(xp));
-                let corr = corrections(xp);
+                let corr = corrections::<F>(xp);
                 for (l, al) in a.iter_mut().enumerate() {
                     *al = lane(*al, prod, *vals.add(8 * b + l), xp, corr, l);
                 }
@@ -121,12 +122,13 @@ unsafe fn dx(xp: *const u8) -> __m512 {
     _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))))
 }
 
-/// `−16 · Σ y` over each dword of the activation block's quants (lane `l`'s start value in
+/// `−OFFSET · Σ y` over each dword of the activation block's quants (lane `l`'s start value in
 /// dword `l`).
 #[inline(always)]
-unsafe fn corrections(xp: *const u8) -> __m512i {
+unsafe fn corrections<F: Group32>(xp: *const u8) -> __m512i {
     let y = _mm256_loadu_si256(xp.add(2).cast());
-    let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(16), y);
+    let off = _mm256_set1_epi8(F::OFFSET as i8);
+    let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, y);
     _mm512_castsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), s))
 }
 
@@ -136,19 +138,49 @@ unsafe fn d16(sb: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast()))
 }
 
-/// The 5-bit values of lanes `j` and `j + 4` of block `sb` (`j < 4`), 4 per row.
-#[inline(always)]
-unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2] {
-    let four = _mm512_set1_epi8(0x0F);
-    let q = _mm512_loadu_si512(sb.add(96 + 64 * j).cast());
-    let lo = _mm512_and_si512(q, four);
-    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), four);
-    let mask = |l: usize| core::ptr::read_unaligned(sb.add(32 + 8 * l).cast::<u64>());
-    let sixteen = _mm512_set1_epi8(16);
-    [
-        _mm512_mask_add_epi8(lo, mask(j), lo, sixteen),
-        _mm512_mask_add_epi8(hi, mask(j + 4), hi, sixteen),
-    ]
+/// A 32-element format in the 16-row layout: `d` of the 16 rows (f16) at the start of each
+/// block, then its unsigned values.
+pub(super) trait Group32 {
+    /// Bytes of one block of 16 rows.
+    const BYTES: usize;
+    /// `v − OFFSET` is the signed quant.
+    const OFFSET: u8;
+    /// The values of lanes `j` and `j + 4` of block `sb` (`j < 4`), 4 per row.
+    unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2];
+}
+
+/// Q5_0 × 16: fifth-bit masks at 32, nibbles at 96 (`quant::repack`).
+pub(super) struct Q5_0;
+
+impl Group32 for Q5_0 {
+    const BYTES: usize = Q5_0_X16_BYTES;
+    const OFFSET: u8 = 16;
+    #[inline(always)]
+    unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2] {
+        let four = _mm512_set1_epi8(0x0F);
+        let q = _mm512_loadu_si512(sb.add(96 + 64 * j).cast());
+        let lo = _mm512_and_si512(q, four);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), four);
+        let mask = |l: usize| core::ptr::read_unaligned(sb.add(32 + 8 * l).cast::<u64>());
+        let sixteen = _mm512_set1_epi8(16);
+        [
+            _mm512_mask_add_epi8(lo, mask(j), lo, sixteen),
+            _mm512_mask_add_epi8(hi, mask(j + 4), hi, sixteen),
+        ]
+    }
+}
+
+/// Q8_0 × 16: `q ^ 0x80` of lane `l` at `32 + 64l` (`quant::repack`).
+pub(super) struct Q8_0;
+
+impl Group32 for Q8_0 {
+    const BYTES: usize = Q8_0_X16_BYTES;
+    const OFFSET: u8 = 128;
+    #[inline(always)]
+    unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2] {
+        let at = |l: usize| _mm512_loadu_si512(sb.add(32 + 64 * l).cast());
+        [at(j), at(j + 4)]
+    }
 }
 
 /// Lane `l` of one block: `acc + prod · (Σ v·y − 16·Σ y)` over elements `4l .. 4l + 4`.
