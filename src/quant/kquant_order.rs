@@ -1,5 +1,6 @@
-//! The reference engine's float arithmetic for Q4_K and Q6_K dot products, written out in
-//! plain scalar code: the definition the SIMD kernels are tested against bit for bit.
+//! The reference engine's float arithmetic for Q4_K and Q6_K dot products (and, in
+//! [`t32_dot_lanes`], for Q5_0 and Q8_0), written out in plain scalar code: the definition the
+//! SIMD kernels are tested against bit for bit.
 //!
 //! The integer part of every k-quant dot is exact whatever the order; what differs between
 //! the reference engine's kernels is *where* the exact integer sums are turned into floats and
