@@ -309,122 +309,64 @@ const fn k_shape(block: usize) -> GroupShape {
     }
 }
 
-/// [`gemm_groups`] for Q4_K.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gemm_q4k_x16(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let k: GroupKernel = q4k_x16::gemm_tf;
-    gemm_groups::<avx2::TQ4K>(
-        k,
-        k_shape(144),
-        n,
-        w,
-        w_stride,
-        nw,
-        x,
-        x_stride,
-        nx,
-        out,
-        out_stride,
-    )
-}
-
-/// [`gemm_groups`] for Q6_K.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gemm_q6k_x16(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let k: GroupKernel = q6k_x16::gemm_tf;
-    gemm_groups::<avx2::TK<avx2::Q6K>>(
-        k,
-        k_shape(210),
-        n,
-        w,
-        w_stride,
-        nw,
-        x,
-        x_stride,
-        nx,
-        out,
-        out_stride,
-    )
-}
-
-/// [`gemm_groups`] for a 32-element format against Q8_0 (`block`: bytes of a plain block).
-#[allow(clippy::too_many_arguments)]
-fn gemm_t32_x16<F: t32_x16::Group32, P: avx2::Blk32>(
-    block: usize,
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let k: GroupKernel = t32_x16::gemm_tf::<F>;
-    let shape = GroupShape {
+/// The shape of a repacked 32-element format against Q8_0 (`block`: bytes of a plain block).
+const fn t32_shape(block: usize) -> GroupShape {
+    GroupShape {
         qk: 32,
         block,
         act_block: 34,
         max_n: 32 * t32_x16::MAX_BLOCKS,
+    }
+}
+
+/// `$name`: a `GemmFn` running [`gemm_groups`] with the group kernel `$kernel`, the row-major
+/// tile `$plain` for the rows after the last group, and the layout's `$shape`.
+macro_rules! group_gemm {
+    ($(#[$doc:meta])* $name:ident, $plain:ty, $kernel:expr, $shape:expr) => {
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        pub(super) fn $name(
+            n: usize,
+            w: &[u8],
+            w_stride: usize,
+            nw: usize,
+            x: &[u8],
+            x_stride: usize,
+            nx: usize,
+            out: &mut [f32],
+            out_stride: usize,
+        ) {
+            let k: GroupKernel = $kernel;
+            gemm_groups::<$plain>(k, $shape, n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+        }
     };
-    gemm_groups::<avx2::T32<P>>(
-        k, shape, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
-    )
 }
 
-/// [`gemm_groups`] for Q5_0.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gemm_q5_0_x16(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    gemm_t32_x16::<t32_x16::Q5_0, avx2::Q5_0>(
-        22, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
-    )
-}
-
-/// [`gemm_groups`] for Q8_0.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gemm_q8_0_x16(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    gemm_t32_x16::<t32_x16::Q8_0, avx2::Q8_0>(
-        34, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
-    )
-}
+group_gemm!(
+    /// [`gemm_groups`] for Q4_K.
+    gemm_q4k_x16,
+    avx2::TQ4K,
+    q4k_x16::gemm_tf,
+    k_shape(144)
+);
+group_gemm!(
+    /// [`gemm_groups`] for Q6_K.
+    gemm_q6k_x16,
+    avx2::TK<avx2::Q6K>,
+    q6k_x16::gemm_tf,
+    k_shape(210)
+);
+group_gemm!(
+    /// [`gemm_groups`] for Q5_0.
+    gemm_q5_0_x16,
+    avx2::T32<avx2::Q5_0>,
+    t32_x16::gemm_tf::<t32_x16::Q5_0>,
+    t32_shape(22)
+);
+group_gemm!(
+    /// [`gemm_groups`] for Q8_0.
+    gemm_q8_0_x16,
+    avx2::T32<avx2::Q8_0>,
+    t32_x16::gemm_tf::<t32_x16::Q8_0>,
+    t32_shape(34)
+);
