@@ -40,14 +40,40 @@ fn plan_equals_session_allocations() {
                 s.scratch().bytes() as u64,
                 "{stem} ctx {ctx} chunk {chunk} threads {threads}"
             );
-            let mapped: usize = model
+            let all_2d: usize = model
                 .file
                 .tensors()
                 .iter()
                 .filter(|t| t.shape.len() == 2)
                 .map(|t| t.n_bytes)
                 .sum();
-            assert_eq!(p.get("weights (mapped)").unwrap().bytes, mapped as u64);
+            // The matrices the loader actually rearranged (a repacked layout has groups).
+            let w = &model.weights;
+            let repacked: usize = w
+                .layers
+                .iter()
+                .flat_map(|l| {
+                    let ffn = [
+                        Some(&l.wo),
+                        l.ffn_gate.as_ref(),
+                        Some(&l.ffn_up),
+                        Some(&l.ffn_down),
+                    ];
+                    l.qkv
+                        .matrices()
+                        .into_iter()
+                        .chain(ffn.into_iter().flatten())
+                })
+                .chain([&w.output])
+                .filter(|l| l.kernels.group > 1)
+                .map(|l| l.data.len())
+                .sum();
+            let bytes = |name: &str| p.get(name).unwrap().bytes;
+            assert_eq!(bytes("weights (repacked)"), repacked as u64, "{stem}");
+            assert_eq!(
+                bytes("weights (mapped)") + bytes("weights (repacked)"),
+                all_2d as u64
+            );
         }
     }
 }

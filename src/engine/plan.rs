@@ -73,9 +73,10 @@ pub struct HostTerms {
 /// Measured, not derived: file-backed RSS of `kiln run` minus the model file and the
 /// pre-load baseline was 1.3–1.6 MiB for both real models at 1–2 threads.
 pub const CODE_TOUCHED_BYTES: u64 = 3 << 19;
-/// Stack touched by each worker thread of the pool (kernels keep their tiles in the scratch,
-/// so worker stacks stay shallow).
-pub const THREAD_STACK_BYTES: u64 = 64 << 10;
+/// Stack touched by each worker thread of the pool: the kernels keep their tiles in the
+/// scratch, except the repacked-group kernels' decoded weights of a prompt batch
+/// ([`crate::quant::GROUP_KERNEL_STACK_BYTES`]).
+pub const THREAD_STACK_BYTES: u64 = (64 << 10) + crate::quant::GROUP_KERNEL_STACK_BYTES as u64;
 
 /// Plan a session over `file` sized by `opts` (times `parallel` sequences, each with its own KV
 /// cache, token history and sampler, sharing the scratch of one forward pass).
@@ -96,12 +97,13 @@ pub fn plan(
     opts.kv_type.check_head_dim(c.head_dim_v)?;
     let parallel = parallel.max(1) as u64;
     let tensors = file.tensors();
-    let mapped: u64 = tensors
+    let matrices: Vec<_> = tensors.iter().filter(|t| t.shape.len() >= 2).collect();
+    let (repacked, in_place): (Vec<_>, Vec<_>) = matrices
         .iter()
-        .filter(|t| t.shape.len() >= 2)
-        .map(|t| t.n_bytes as u64)
-        .sum();
-    let file_rest = (file.file_size() as u64).saturating_sub(mapped);
+        .partition(|t| crate::model::weights::repacked_at_load(file, t));
+    let bytes_of = |ts: &[&&crate::gguf::TensorInfo]| ts.iter().map(|t| t.n_bytes as u64).sum();
+    let (mapped, owned_2d): (u64, u64) = (bytes_of(&in_place), bytes_of(&repacked));
+    let file_rest = (file.file_size() as u64).saturating_sub(mapped + owned_2d);
     let small: Vec<_> = tensors.iter().filter(|t| t.shape.len() < 2).collect();
     let owned: u64 = small
         .iter()
@@ -116,15 +118,25 @@ pub fn plan(
     let per_seq = (malloc_bytes(c.vocab_size * 8)
         + malloc_bytes(c.vocab_size * 4) * 2
         + malloc_bytes(opts.n_ctx.max(1) * 4)) as u64;
-    let n_tensors_2d = tensors.len() - small.len();
     let components = vec![
         Component {
             name: "weights (mapped)",
             bytes: mapped,
             mapped: true,
             formula: format!(
-                "Σ bytes of the {n_tensors_2d} 2-D tensors, read in place from the file mapping; \
-                 all resident once a token has passed (each is read per token)"
+                "Σ bytes of the {} 2-D tensors read in place from the file mapping; \
+                 all resident once a token has passed (each is read per token)",
+                in_place.len()
+            ),
+        },
+        Component {
+            name: "weights (repacked)",
+            bytes: owned_2d,
+            mapped: false,
+            formula: format!(
+                "Σ bytes of the {} 2-D tensors rearranged at load for this CPU's kernels \
+                 (same size; the file's pages are released)",
+                repacked.len()
             ),
         },
         Component {

@@ -354,3 +354,17 @@ pub fn gated_ffn_fuses(f: &GgufFile) -> bool {
     }
     layers > 0
 }
+
+/// Whether the loader keeps 2-D tensor `t` in owned memory, rearranged for this CPU
+/// (`Linear::repacked`), rather than reading it in place from the file mapping: every layer
+/// matrix and the output matrix (the embedding matrix when tied) whose format has a faster
+/// layout here. From the tensor table alone, so the memory plan knows it.
+pub fn repacked_at_load(f: &GgufFile, t: &crate::gguf::TensorInfo) -> bool {
+    if t.shape.len() != 2
+        || t.name == names::POS_EMBD
+        || (t.name == names::TOKEN_EMBD && f.tensor_info(names::OUTPUT).is_some())
+    {
+        return false;
+    }
+    quant::kernels(t.ty).is_ok_and(|k| quant::repacking(&k, t.shape[1], t.shape[0]).is_some())
+}

@@ -230,6 +230,13 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
     None
 }
 
+/// Stack a repacked-group kernel uses for a batch (its decoded weights), at most.
+#[cfg(target_arch = "x86_64")]
+pub const GROUP_KERNEL_STACK_BYTES: usize = x86::GROUP_KERNEL_STACK_BYTES;
+/// Stack a repacked-group kernel uses for a batch (none: no repacked layouts here).
+#[cfg(not(target_arch = "x86_64"))]
+pub const GROUP_KERNEL_STACK_BYTES: usize = 0;
+
 /// The matrix `data` in the [`repacking`] layout, with its kernels, in one go (tests and
 /// benchmarks; the loader repacks a run of rows at a time).
 pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<u8>, Kernels)> {

@@ -13,7 +13,9 @@ mod q4k_x16;
 mod q6k_x16;
 mod t32_x16;
 
-pub(crate) use t32_x16::MAX_BLOCKS as T32_X16_MAX_BLOCKS;
+pub(crate) use t32_x16::{
+    MAX_BLOCKS as T32_X16_MAX_BLOCKS, STACK_BYTES as GROUP_KERNEL_STACK_BYTES,
+};
 
 use super::{check_gemm, GgmlType, Isa, Kernels, QuantizeFn};
 

@@ -21,6 +21,8 @@ const Q8_0_BYTES: usize = 34;
 /// weights once into a stack buffer of this many blocks. `quant::repacked` keeps longer rows
 /// in the plain layout.
 pub(crate) const MAX_BLOCKS: usize = 256;
+/// Stack [`batch`] takes for the decoded weights.
+pub(crate) const STACK_BYTES: usize = 9 * 64 * MAX_BLOCKS;
 
 /// One 16-row group (`w`) against `nx` activation rows: `out[j * out_stride + r]` for rows
 /// `r < 16`. `n` is a multiple of 32, at most `32 · MAX_BLOCKS`.
