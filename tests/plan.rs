@@ -68,12 +68,32 @@ fn plan_equals_session_allocations() {
                 .filter(|l| l.kernels.group > 1)
                 .map(|l| l.data.len())
                 .sum();
+            // And those it reads in place: the rest, and the embeddings unless tied.
+            let in_place: usize = w
+                .layers
+                .iter()
+                .flat_map(|l| {
+                    let ffn = [
+                        Some(&l.wo),
+                        l.ffn_gate.as_ref(),
+                        Some(&l.ffn_up),
+                        Some(&l.ffn_down),
+                    ];
+                    l.qkv
+                        .matrices()
+                        .into_iter()
+                        .chain(ffn.into_iter().flatten())
+                })
+                .chain([&w.output])
+                .chain((!w.output_tied).then_some(&w.token_embd))
+                .chain(w.pos_embd.as_ref())
+                .filter(|l| l.kernels.group == 1)
+                .map(|l| l.data.len())
+                .sum();
             let bytes = |name: &str| p.get(name).unwrap().bytes;
             assert_eq!(bytes("weights (repacked)"), repacked as u64, "{stem}");
-            assert_eq!(
-                bytes("weights (mapped)") + bytes("weights (repacked)"),
-                all_2d as u64
-            );
+            assert_eq!(bytes("weights (mapped)"), in_place as u64, "{stem}");
+            assert_eq!(in_place + repacked, all_2d, "{stem}: every 2-D tensor once");
         }
     }
 }

@@ -27,9 +27,10 @@
 //!   except for the scores, which are lane-split dot products over the key rows in place (the
 //!   vector path's `dot`, on the f32 query) instead of chains over a transposed tile; its keys
 //!   split into at most 16 chunks of whole tiles (at least 32 tiles each, or two halves of a
-//!   shorter row), the chunks' results merged in order in f32. The vector path's key-by-key f16 chain cannot be spread
-//!   over the cores and dominated decode at depth; this split depends on the context length
-//!   only, so decode gives the same bits whatever the thread count.
+//!   shorter row), the chunks' results merged in order in f32. The vector path's key-by-key
+//!   f16 chain cannot be spread over the cores and dominated decode at depth; this split
+//!   depends on the context length only, so decode gives the same bits whatever the thread
+//!   count.
 //!
 //! The primitives with their exact summation orders are in [`super::f16ops`]; the merge
 //! order, the tile boundaries and the split rule are here. Every thread count and SIMD path
@@ -610,7 +611,7 @@ fn tiled(
     let decode = n_tokens == 1;
     // A decode with fewer (kv head, chunk) items than threads splits each group's query heads
     // over several items (`subs`, a divisor of the group; each head's arithmetic is its own, so
-    // the bits do not change): a sliding-window layer's few keys fit one chunk.
+    // the bits do not change).
     let base = s.n_kv_heads * n_chunks;
     let subs = if decode {
         (1..=group)

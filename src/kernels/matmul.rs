@@ -33,7 +33,8 @@ pub struct Linear {
     pub out_dim: usize,
     /// Bytes per stored row.
     pub row_bytes: usize,
-    /// `out_dim * row_bytes` bytes, a zero-copy view into the model file.
+    /// `out_dim * row_bytes` bytes: a zero-copy view into the model file, or owned bytes
+    /// rearranged at load ([`Linear::repacked`]).
     pub data: TensorBytes,
     /// Dot products, activation quantizer and dequantizer for this format, chosen at load.
     pub kernels: Kernels,
@@ -66,17 +67,28 @@ impl Linear {
     /// This matrix in the layout its format multiplies fastest in on this CPU, if that is not
     /// the file's (`quant::repacking`): the rearranged bytes are owned. Whole groups of rows
     /// are rearranged a few MiB at a time, and the file's pages behind each run are released
-    /// once it is copied, so the two copies never sit in memory together beyond one run.
-    /// [`Linear::row_f32`] still reads single rows (a tied embedding).
+    /// once it is copied, so the two copies never sit in memory together beyond a run per
+    /// thread. [`Linear::row_f32`] still reads single rows (a tied embedding).
     pub fn repacked(self) -> Linear {
+        // A large matrix (a tied output matrix of 178 MB) is rearranged by a thread per core
+        // (at load, before any `--threads` pool exists).
+        let helpers = (self.data.len() / (4 * REPACK_RUN_BYTES))
+            .min(super::pool::default_threads().saturating_sub(1));
+        self.repacked_in_runs(REPACK_RUN_BYTES, helpers)
+    }
+
+    /// [`Linear::repacked`] in runs of about `run_bytes`, with `helpers` threads besides the
+    /// calling one.
+    fn repacked_in_runs(self, run_bytes: usize, helpers: usize) -> Linear {
         let Some((layout, kernels)) = quant::repacking(&self.kernels, self.out_dim, self.in_dim)
         else {
             return self;
         };
         let mut out = vec![0u8; self.data.len()];
-        let rb = self.row_bytes;
-        let run = (REPACK_RUN_BYTES / rb.max(1)).next_multiple_of(kernels.group);
-        let runs = std::sync::Mutex::new(out.chunks_mut(run * rb.max(1)).enumerate());
+        let rb = self.row_bytes.max(1);
+        // Runs of whole groups; the last one also holds the rows after the last group.
+        let run = (run_bytes / rb).max(1).next_multiple_of(kernels.group);
+        let runs = std::sync::Mutex::new(out.chunks_mut(run * rb).enumerate());
         let work = || loop {
             let Some((k, dst)) = runs.lock().unwrap_or_else(|e| e.into_inner()).next() else {
                 return;
@@ -85,15 +97,14 @@ impl Linear {
             layout(&self.data[bytes.clone()], dst.len() / rb, self.in_dim, dst);
             self.data.release_range(bytes);
         };
-        // A large matrix (a tied output matrix of 178 MB) is rearranged by several threads.
-        let helpers =
-            (self.data.len() / (4 * REPACK_RUN_BYTES)).min(super::pool::default_threads() - 1);
         std::thread::scope(|sc| {
             for _ in 0..helpers {
                 sc.spawn(work);
             }
             work();
         });
+        // The pages straddling two runs, which neither run could release alone.
+        self.data.release();
         Linear {
             data: TensorBytes::owned(out),
             kernels,
@@ -260,9 +271,10 @@ pub fn matmul_many(
 const SPLIT_GRAIN_BYTES: usize = 64 << 10;
 
 /// Batches from which a gated feed-forward runs its two products and the activation tile by
-/// tile ([`matmul_gated`]). A decode step keeps them apart: there each thread streams one
-/// matrix's rows at a time, which reads faster than alternating between the two every tile
-/// (Gemma-3 tg128 measured ~8% slower fused).
+/// tile ([`matmul_gated`]), and from which a product is shared out as items rather than as one
+/// streamed share per thread ([`ThreadPool::run_split`]). A decode step keeps the gated
+/// products apart: there each thread streams one matrix's rows at a time, which reads faster
+/// than alternating between the two every tile (Gemma-3 tg128 measured ~8% slower fused).
 pub const GATED_MIN_ROWS: usize = 4;
 
 /// `out = act(gate · x, up · x)` (a gated feed-forward's first half, `[n, gate.out_dim]`),
@@ -482,6 +494,36 @@ mod tests {
         (lin.repacked(), plain)
     }
 
+    /// Repacking in runs, on several threads, gives the bytes of repacking at once: runs of
+    /// whole groups, the tail rows in the last run.
+    #[test]
+    fn repacking_in_runs_equals_repacking_at_once() {
+        let mut rng = Rng(0x5e9);
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+            let n = 512;
+            for rows in [16, 37, 100] {
+                let (lin, plain) = random_linear(ty, n, rows, &mut rng);
+                let Some((want, _)) = quant::repacked(&lin.kernels, &plain, rows, n) else {
+                    continue; // no repacked layout on this CPU
+                };
+                for (run_bytes, helpers) in [(1, 0), (16 * lin.row_bytes, 2), (1 << 20, 1)] {
+                    let plain_lin = Linear {
+                        data: TensorBytes::owned(plain.clone()),
+                        kernels: quant::kernels(ty).unwrap(),
+                        ..lin.clone()
+                    };
+                    let got = plain_lin.repacked_in_runs(run_bytes, helpers);
+                    assert!(got.kernels.group > 1);
+                    assert_eq!(
+                        &got.data[..],
+                        &want[..],
+                        "{ty} {rows} rows, runs {run_bytes}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The pooled, tiled products (repacked layouts included, segments of independent
     /// sequences included) give each output the bits of one gemm call over the plain matrix
     /// and the whole batch (or the whole segment), and the gated product equals the two
@@ -491,7 +533,13 @@ mod tests {
         let mut rng = Rng(0x3a7);
         let pool = ThreadPool::new(2);
         let (n, rows) = (512, 40);
-        for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5_0, GgmlType::Q4_1] {
+        for ty in [
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_1,
+        ] {
             let (gate, gate_plain) = random_linear(ty, n, rows, &mut rng);
             let (up, up_plain) = random_linear(ty, n, rows, &mut rng);
             for (tokens, segs) in [(1, vec![]), (5, vec![]), (37, vec![]), (13, vec![6, 7])] {

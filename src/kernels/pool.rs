@@ -187,8 +187,10 @@ impl ThreadPool {
             let r = split_range(n, t, nt);
             share.store(pack(r), Ordering::Relaxed);
         }
-        // One item per thread; the job's opening publishes the shares. A thread that takes a
-        // second item (its peer had not joined yet) finds every share already taken.
+        // One item per thread; the job's opening publishes the shares. Each item runs its own
+        // share, then steals until the share it picks is empty; a thread that takes a second
+        // item (its peer had not joined yet) usually finds nothing left. Every unit runs once
+        // either way, and the job ends only when every thread has left its items.
         self.run_items(nt, &|tid, _| {
             let own = &s.shares[tid];
             loop {

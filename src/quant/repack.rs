@@ -48,7 +48,7 @@
 
 use super::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, QK_K};
 
-/// Rows per repacked group (Q4_K and Q6_K).
+/// Rows per repacked group (every layout here).
 pub const GROUP: usize = 16;
 /// Bytes of one super-block of a group: 16 plain blocks' worth.
 pub const Q4K_X16_BYTES: usize = GROUP * BQ;

@@ -658,9 +658,9 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
     }
 }
 
-/// Q4_K, Q6_K, Q5_0 and Q8_0 matrices repacked into 16-row groups (where this CPU has kernels for that
-/// layout) give every row of every batch the reference engine's bits, group rows and tail
-/// rows alike, and their rows dequantize as before.
+/// Q4_K, Q6_K, Q5_0 and Q8_0 matrices repacked into 16-row groups (where this CPU has
+/// kernels for that layout) give every row of every batch the reference engine's bits, group
+/// rows and tail rows alike, and their rows dequantize as before.
 #[test]
 fn repacked_kquants_match_reference_order() {
     let mut rng = Rng(0x005e_ed4b);
@@ -673,7 +673,7 @@ fn repacked_kquants_match_reference_order() {
             continue;
         };
         let shapes: &[(usize, usize)] = if ty.block_size() == 32 {
-            &[(16, 32), (37, 640), (48, 2048)]
+            &[(16, 32), (37, 640), (48, 2048), (16, 8192)]
         } else {
             &[(16, 256), (37, 768), (48, 2048)]
         };
@@ -767,9 +767,28 @@ fn repacked_kquants_match_reference_order() {
     // The layout exists for AVX-512 VNNI; elsewhere this test checks nothing.
     if Isa::available().contains(&Isa::Avx512Vnni) {
         assert_eq!(
-            tested, 48,
+            tested, 56,
             "repacked kernels missing on an AVX-512 VNNI machine"
         );
+    }
+}
+
+/// Q5_0 and Q8_0 rows longer than the group kernel's stack buffer keep the plain layout; rows
+/// up to it are repacked where the CPU has the kernel.
+#[test]
+fn long_rows_stay_plain() {
+    for ty in [GgmlType::Q5_0, GgmlType::Q8_0] {
+        for isa in Isa::available() {
+            let Ok(k) = kernels_for(ty, isa) else {
+                continue;
+            };
+            assert!(
+                super::repacking(&k, 16, 8192 + 32).is_none(),
+                "{ty} {isa:?}"
+            );
+            let fits = super::repacking(&k, 16, 8192).is_some();
+            assert_eq!(fits, isa == Isa::Avx512Vnni, "{ty} {isa:?}");
+        }
     }
 }
 

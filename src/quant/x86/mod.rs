@@ -236,7 +236,8 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
     }
 }
 
-/// A kernel over one repacked group of rows (`q4k_x16::gemm_tf`, `q6k_x16::gemm_tf`).
+/// A kernel over one repacked group of rows (`q4k_x16::gemm_tf`, `q6k_x16::gemm_tf`,
+/// `t32_x16::gemm_tf`).
 type GroupKernel = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
 
 /// A repacked layout's block shape: elements per block, bytes of one plain weight block and of

@@ -1,10 +1,10 @@
-//! Q5_0 and Q8_0 against Q8_0 over a matrix repacked into 16-row groups (`quant::repack`),
-//! AVX-512 VNNI: each 32-bit lane of a 512-bit register is one weight row.
+//! Q5_0 and Q8_0 against Q8_0 over a matrix repacked into 16-row groups
+//! (`quant::repack`), AVX-512 VNNI: each 32-bit lane of a 512-bit register is one weight row.
 //!
-//! The reference engine's dot of these formats keeps 8 lanes per row: lane `l` takes, per block, the exact
-//! integer `Σ q·y` over elements `4l .. 4l + 4`, converted to f32 and fused-multiply-added with
-//! the block's `d_w · d_x`; the lanes are added at the end as `((l0+l4) + (l2+l6)) + ((l1+l5) +
-//! (l3+l7))` (`avx2::hsum_ps`). Lane `l` is one register of this layout, so the 8 lanes become 8
+//! The reference engine's dot of these formats keeps 8 lanes per row: lane `l` takes, per
+//! block, the exact integer `Σ q·y` over elements `4l .. 4l + 4`, converted to f32 and
+//! fused-multiply-added with the block's `d_w · d_x`; the lanes are added at the end as
+//! `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))` (`avx2::hsum_ps`). Lane `l` is one register of this layout, so the 8 lanes become 8
 //! registers of 16 rows and the same operations run on all 16 rows at once. The weights are
 //! unsigned, `v = q + OFFSET` (Q5_0: the 5-bit values, offset 16; Q8_0: stored as `q ^ 0x80`,
 //! offset 128); each lane's dot starts from `−OFFSET · Σ y` of its four activations, so the
@@ -18,7 +18,7 @@ use core::mem::MaybeUninit;
 /// Bytes of a Q8_0 activation block: f16 `d`, 32 quants.
 const Q8_0_BYTES: usize = 34;
 /// Longest row, in blocks, the kernel takes (8192 elements): a batch decodes the group's
-/// weights once into a stack buffer of this many blocks. `quant::repacked` keeps longer rows
+/// weights once into a stack buffer of this many blocks. `quant::repacking` keeps longer rows
 /// in the plain layout.
 pub(crate) const MAX_BLOCKS: usize = 256;
 /// Stack [`batch`] takes for the decoded weights.
@@ -51,6 +51,9 @@ pub(super) unsafe fn gemm_tf<F: Group32>(
 }
 
 /// One activation row (decode): the group streamed once, each block decoded in registers.
+///
+/// # Safety
+/// As [`gemm_tf`] with `nx = 1`: `w` holds `nb` blocks of the layout, `x` `nb` Q8_0 blocks.
 #[inline(always)]
 unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> [__m512; 8] {
     let mut acc = [_mm512_setzero_ps(); 8];
@@ -70,6 +73,10 @@ unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> [__m512; 8] 
 
 /// A batch: the group's weights decoded once (8 registers and the 16 `d` per block, on the
 /// stack), then the activation rows run over them two at a time.
+///
+/// # Safety
+/// As [`gemm_tf`], with `nb ≤ MAX_BLOCKS` (the buffers' size: only blocks `< nb` are written,
+/// and only those are read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
 unsafe fn batch<F: Group32>(
@@ -118,6 +125,9 @@ unsafe fn batch<F: Group32>(
 }
 
 /// The activation block's `d` in f32, in every lane.
+///
+/// # Safety
+/// `xp` points to a Q8_0 block (2 readable bytes); AVX-512 F.
 #[inline(always)]
 unsafe fn dx(xp: *const u8) -> __m512 {
     let h = core::ptr::read_unaligned(xp.cast::<u16>());
@@ -126,6 +136,9 @@ unsafe fn dx(xp: *const u8) -> __m512 {
 
 /// `−OFFSET · Σ y` over each dword of the activation block's quants (lane `l`'s start value in
 /// dword `l`).
+///
+/// # Safety
+/// `xp` points to a whole Q8_0 block; AVX-512 VL and VNNI.
 #[inline(always)]
 unsafe fn corrections<F: Group32>(xp: *const u8) -> __m512i {
     let y = _mm256_loadu_si256(xp.add(2).cast());
@@ -135,6 +148,9 @@ unsafe fn corrections<F: Group32>(xp: *const u8) -> __m512i {
 }
 
 /// The 16 rows' `d` of block `sb`, in f32.
+///
+/// # Safety
+/// `sb` points to a whole block of the layout; AVX-512 F.
 #[inline(always)]
 unsafe fn d16(sb: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast()))
@@ -148,6 +164,9 @@ pub(super) trait Group32 {
     /// `v − OFFSET` is the signed quant.
     const OFFSET: u8;
     /// The values of lanes `j` and `j + 4` of block `sb` (`j < 4`), 4 per row.
+    ///
+    /// # Safety
+    /// `sb` points to a whole block of the layout (`BYTES` readable bytes); AVX-512 F/BW.
     unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2];
 }
 
@@ -185,7 +204,11 @@ impl Group32 for Q8_0 {
     }
 }
 
-/// Lane `l` of one block: `acc + prod · (Σ v·y − 16·Σ y)` over elements `4l .. 4l + 4`.
+/// Lane `l` of one block: `acc + prod · (Σ v·y − OFFSET·Σ y)` over elements `4l .. 4l + 4`
+/// (`corr` holds the `−OFFSET·Σ y` of every lane).
+///
+/// # Safety
+/// AVX-512 F/VL and VNNI; `xp` points to a whole Q8_0 block.
 #[inline(always)]
 unsafe fn lane(
     acc: __m512,
@@ -202,6 +225,9 @@ unsafe fn lane(
 }
 
 /// The 8 lanes added in the reference's order.
+///
+/// # Safety
+/// AVX-512 F.
 #[inline(always)]
 unsafe fn tree(acc: &[__m512; 8]) -> __m512 {
     let s: [__m512; 4] = core::array::from_fn(|i| _mm512_add_ps(acc[i], acc[i + 4]));
