@@ -47,29 +47,11 @@ fn plan_equals_session_allocations() {
                 .filter(|t| t.shape.len() == 2)
                 .map(|t| t.n_bytes)
                 .sum();
-            // The matrices the loader actually rearranged (a repacked layout has groups).
+            // Every matrix the model holds (the embeddings once: a tied one is the output),
+            // split into those the loader rearranged (a repacked layout has groups) and those
+            // it reads in place.
             let w = &model.weights;
-            let repacked: usize = w
-                .layers
-                .iter()
-                .flat_map(|l| {
-                    let ffn = [
-                        Some(&l.wo),
-                        l.ffn_gate.as_ref(),
-                        Some(&l.ffn_up),
-                        Some(&l.ffn_down),
-                    ];
-                    l.qkv
-                        .matrices()
-                        .into_iter()
-                        .chain(ffn.into_iter().flatten())
-                })
-                .chain([&w.output])
-                .filter(|l| l.kernels.group > 1)
-                .map(|l| l.data.len())
-                .sum();
-            // And those it reads in place: the rest, and the embeddings unless tied.
-            let in_place: usize = w
+            let held: Vec<_> = w
                 .layers
                 .iter()
                 .flat_map(|l| {
@@ -87,9 +69,14 @@ fn plan_equals_session_allocations() {
                 .chain([&w.output])
                 .chain((!w.output_tied).then_some(&w.token_embd))
                 .chain(w.pos_embd.as_ref())
-                .filter(|l| l.kernels.group == 1)
-                .map(|l| l.data.len())
-                .sum();
+                .collect();
+            let total = |repacked: bool| -> usize {
+                held.iter()
+                    .filter(|l| (l.kernels.group > 1) == repacked)
+                    .map(|l| l.data.len())
+                    .sum()
+            };
+            let (repacked, in_place) = (total(true), total(false));
             let bytes = |name: &str| p.get(name).unwrap().bytes;
             assert_eq!(bytes("weights (repacked)"), repacked as u64, "{stem}");
             assert_eq!(bytes("weights (mapped)"), in_place as u64, "{stem}");
