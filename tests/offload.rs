@@ -8,6 +8,7 @@ use std::sync::Arc;
 use kiln::cache::KvType;
 use kiln::engine::{EngineError, Session, SessionOptions};
 use kiln::model::Model;
+use kiln::sampler::argmax;
 
 fn session(
     model: &Arc<Model>,
@@ -25,16 +26,6 @@ fn session(
 
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Prefill `prompt`, decode `steps` greedy tokens; every logits vector, in order.

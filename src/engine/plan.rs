@@ -97,11 +97,11 @@ pub fn plan(
     opts.kv_type.check_head_dim(c.head_dim_v)?;
     let parallel = parallel.max(1) as u64;
     let tensors = file.tensors();
-    let matrices: Vec<_> = tensors.iter().filter(|t| t.shape.len() >= 2).collect();
-    let (repacked, in_place): (Vec<_>, Vec<_>) = matrices
+    let (repacked, in_place): (Vec<_>, Vec<_>) = tensors
         .iter()
+        .filter(|t| t.shape.len() >= 2)
         .partition(|t| crate::model::weights::repacked_at_load(file, t));
-    let bytes_of = |ts: &[&&crate::gguf::TensorInfo]| ts.iter().map(|t| t.n_bytes as u64).sum();
+    let bytes_of = |ts: &[&crate::gguf::TensorInfo]| ts.iter().map(|t| t.n_bytes as u64).sum();
     let (mapped, owned_2d): (u64, u64) = (bytes_of(&in_place), bytes_of(&repacked));
     let file_rest = (file.file_size() as u64).saturating_sub(mapped + owned_2d);
     let small: Vec<_> = tensors.iter().filter(|t| t.shape.len() < 2).collect();

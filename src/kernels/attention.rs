@@ -578,10 +578,16 @@ fn decode_chunks(s: &AttnShape, pos0: usize, n_tokens: usize) -> (usize, usize) 
     }
     let first = visible(s, pos0).start / KV_TILE;
     let n_tiles = (pos0 + 1).div_ceil(KV_TILE) - first;
-    let per = n_tiles
-        .div_ceil(MAX_CHUNKS)
-        .max(MIN_CHUNK_TILES.min(n_tiles.div_ceil(2)));
+    let per = chunk_tiles(n_tiles);
     (n_tiles.div_ceil(per), per)
+}
+
+/// Tiles per chunk of a long decode row of `n_tiles` visible tiles: at most [`MAX_CHUNKS`]
+/// chunks of at least [`MIN_CHUNK_TILES`], or two halves of a row too short for two.
+fn chunk_tiles(n_tiles: usize) -> usize {
+    n_tiles
+        .div_ceil(MAX_CHUNKS)
+        .max(MIN_CHUNK_TILES.min(n_tiles.div_ceil(2)))
 }
 
 /// The tiled path: f32 queries, key tiles of [`KV_TILE`] aligned to multiples of 64
@@ -1042,11 +1048,8 @@ mod tests {
                     // A long decode row: chunks of max(⌈tiles / 16⌉, min(32, ⌈tiles / 2⌉))
                     // tiles from the first visible one, merged in order in f32 (unfused).
                     let (t_first, t_end) = (first / KV_TILE, (p + 1).div_ceil(KV_TILE));
-                    let n_tiles = t_end - t_first;
                     let per = if long_decode {
-                        n_tiles
-                            .div_ceil(MAX_CHUNKS)
-                            .max(MIN_CHUNK_TILES.min(n_tiles.div_ceil(2)))
+                        chunk_tiles(t_end - t_first)
                     } else {
                         t_end
                     };

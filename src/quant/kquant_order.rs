@@ -195,35 +195,35 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
 /// two f16 scales), then added as `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`. `w` and `x` hold
 /// `n / 32` blocks.
 pub fn t32_dot_lanes(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
-    let bw = match ty {
-        GgmlType::Q5_0 => 22,
-        GgmlType::Q8_0 => 34,
+    use super::blocks::{cast, BlockQ5_0, BlockQ8_0};
+    use super::reference::{bit5, nibble};
+    use std::mem::size_of;
+    let nb = n / 32;
+    let xb = cast::<BlockQ8_0>(&x[..nb * size_of::<BlockQ8_0>()]).expect("Q8_0 blocks");
+    // Each weight block's f16 scale in f32 and its 32 signed quants.
+    let wb: Vec<(f32, [i32; 32])> = match ty {
+        GgmlType::Q5_0 => cast::<BlockQ5_0>(&w[..nb * size_of::<BlockQ5_0>()])
+            .expect("Q5_0 blocks")
+            .iter()
+            .map(|b| {
+                let q = |i| (nibble(&b.qs, i) | (bit5(&b.qh, i) << 4)) - 16;
+                (b.d.to_f32(), core::array::from_fn(q))
+            })
+            .collect(),
+        GgmlType::Q8_0 => cast::<BlockQ8_0>(&w[..nb * size_of::<BlockQ8_0>()])
+            .expect("Q8_0 blocks")
+            .iter()
+            .map(|b| (b.d.to_f32(), b.qs.map(i32::from)))
+            .collect(),
         _ => panic!("{ty}: no 8-lane order here"),
     };
     let mut acc = [0f32; 8];
-    for b in 0..n / 32 {
-        let (wb, xb) = (&w[bw * b..bw * (b + 1)], &x[34 * b..34 * (b + 1)]);
-        let f16 = |p: &[u8]| half::f16::from_le_bytes([p[0], p[1]]).to_f32();
-        let q = |i: usize| {
-            if ty == GgmlType::Q8_0 {
-                return i32::from(wb[2 + i] as i8);
-            }
-            let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-            let nib = if i < 16 {
-                wb[6 + i] & 0xF
-            } else {
-                wb[6 + i - 16] >> 4
-            };
-            i32::from(nib | (((qh >> i) & 1) as u8) << 4) - 16
-        };
-        let prod = f16(wb) * f16(xb);
+    for ((d, q), y) in wb.iter().zip(xb) {
+        let prod = d * y.d.to_f32();
         for (l, a) in acc.iter_mut().enumerate() {
-            let dot: i32 = (4 * l..4 * l + 4)
-                .map(|i| q(i) * i32::from(xb[2 + i] as i8))
-                .sum();
+            let dot: i32 = (4 * l..4 * l + 4).map(|i| q[i] * i32::from(y.qs[i])).sum();
             *a = prod.mul_add(dot as f32, *a);
         }
     }
-    let s: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
-    (s[0] + s[2]) + (s[1] + s[3])
+    hsum8(acc)
 }

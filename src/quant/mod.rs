@@ -204,8 +204,8 @@ pub struct Kernels {
 /// A layout of a `rows × n` matrix of format `k.weight` that this CPU multiplies faster: the
 /// function that writes it (the same number of bytes, rearranged; whole groups of rows are
 /// independent, so it may be applied to any run of whole groups, or to a last run that also
-/// holds the rows after the last group) and the kernels
-/// that read it. `None` when the plain layout is already the fastest one here.
+/// holds the rows after the last group) and the kernels that read it. `None` when the plain
+/// layout is already the fastest one here.
 pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn, Kernels)> {
     #[cfg(target_arch = "x86_64")]
     if k.isa == Isa::Avx512Vnni && rows >= repack::GROUP {

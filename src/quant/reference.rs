@@ -141,7 +141,7 @@ impl Quantize for Bf16Le {
 
 /// Element j of a 4-bit block: low nibbles hold elements 0..16, high nibbles 16..32.
 #[inline]
-fn nibble(qs: &[u8; 16], j: usize) -> i32 {
+pub(super) fn nibble(qs: &[u8; 16], j: usize) -> i32 {
     if j < 16 {
         (qs[j] & 0xF) as i32
     } else {
@@ -151,7 +151,7 @@ fn nibble(qs: &[u8; 16], j: usize) -> i32 {
 
 /// Fifth bit of element j of a Q5 block.
 #[inline]
-fn bit5(qh: &[u8; 4], j: usize) -> i32 {
+pub(super) fn bit5(qh: &[u8; 4], j: usize) -> i32 {
     ((u32::from_le_bytes(*qh) >> j) & 1) as i32
 }
 

@@ -919,7 +919,7 @@ impl BlkK for Q6K {
 }
 
 /// Q8_K activation block: f32 d at 0, 256 quants at 4, 16 i16 bsums at 260.
-const Q8K_BYTES: usize = 292;
+pub(super) const Q8K_BYTES: usize = 292;
 
 /// The 8 chunks of k-quant super-block `$b` of format `$F` (weights at `$wp`, decoded scales
 /// `$pr`) against `$NX` activation rows: runs `$body` with row `$j`, chunk `$k`, the 16-bit

@@ -240,22 +240,15 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
 /// `t32_x16::gemm_tf`).
 type GroupKernel = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
 
-/// A repacked layout's block shape: elements per block, bytes of one plain weight block and of
-/// one activation block, and the longest row its group kernel takes.
-struct GroupShape {
-    qk: usize,
-    block: usize,
-    act_block: usize,
-    max_n: usize,
-}
-
-/// The gemm of a matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows is
-/// one group, run by `kernel`; a shorter tile is the plain rows after the last group, run by
-/// the row-major kernel `P`. Handed out only with the `Avx512Vnni` tier, after its detection.
+/// The gemm of a `ty` matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows
+/// is one group, run by `kernel` (rows of at most `max_n` elements); a shorter tile is the
+/// plain rows after the last group, run by the row-major kernel `P`. Handed out only with the
+/// `Avx512Vnni` tier, after its detection.
 #[allow(clippy::too_many_arguments)]
 fn gemm_groups<P: avx2::Tile>(
     kernel: GroupKernel,
-    shape: GroupShape,
+    ty: GgmlType,
+    max_n: usize,
     n: usize,
     w: &[u8],
     w_stride: usize,
@@ -269,17 +262,16 @@ fn gemm_groups<P: avx2::Tile>(
     if nw != super::repack::GROUP {
         return tier_vnni::gemm::<P>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
     }
-    let GroupShape {
-        qk,
-        block,
-        act_block,
-        max_n,
-    } = shape;
+    let qk = ty.block_size();
     assert!(
         n.is_multiple_of(qk) && n <= max_n,
-        "repacked row of {n} elements"
+        "repacked {ty} row of {n} elements"
     );
-    let (rw, rx) = (n / qk * block, n / qk * act_block);
+    let blocks = n / qk;
+    let (rw, rx) = (
+        blocks * ty.type_size(),
+        blocks * super::dot_type(ty).type_size(),
+    );
     assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
     check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
     if nx == 0 {
@@ -302,30 +294,11 @@ fn gemm_groups<P: avx2::Tile>(
     }
 }
 
-/// The shape of a repacked k-quant (`block`: bytes of one plain super-block).
-const fn k_shape(block: usize) -> GroupShape {
-    GroupShape {
-        qk: 256,
-        block,
-        act_block: 292,
-        max_n: usize::MAX,
-    }
-}
-
-/// The shape of a repacked 32-element format against Q8_0 (`block`: bytes of a plain block).
-const fn t32_shape(block: usize) -> GroupShape {
-    GroupShape {
-        qk: 32,
-        block,
-        act_block: 34,
-        max_n: 32 * t32_x16::MAX_BLOCKS,
-    }
-}
-
-/// `$name`: a `GemmFn` running [`gemm_groups`] with the group kernel `$kernel`, the row-major
-/// tile `$plain` for the rows after the last group, and the layout's `$shape`.
+/// `$name`: a `GemmFn` running [`gemm_groups`] for format `$ty` with the group kernel
+/// `$kernel` (rows of at most `$max_n` elements) and the row-major tile `$plain` for the rows
+/// after the last group.
 macro_rules! group_gemm {
-    ($(#[$doc:meta])* $name:ident, $plain:ty, $kernel:expr, $shape:expr) => {
+    ($(#[$doc:meta])* $name:ident, $ty:expr, $plain:ty, $kernel:expr, $max_n:expr) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
         pub(super) fn $name(
@@ -340,7 +313,9 @@ macro_rules! group_gemm {
             out_stride: usize,
         ) {
             let k: GroupKernel = $kernel;
-            gemm_groups::<$plain>(k, $shape, n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+            gemm_groups::<$plain>(
+                k, $ty, $max_n, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+            )
         }
     };
 }
@@ -348,28 +323,32 @@ macro_rules! group_gemm {
 group_gemm!(
     /// [`gemm_groups`] for Q4_K.
     gemm_q4k_x16,
+    GgmlType::Q4K,
     avx2::TQ4K,
     q4k_x16::gemm_tf,
-    k_shape(144)
+    usize::MAX
 );
 group_gemm!(
     /// [`gemm_groups`] for Q6_K.
     gemm_q6k_x16,
+    GgmlType::Q6K,
     avx2::TK<avx2::Q6K>,
     q6k_x16::gemm_tf,
-    k_shape(210)
+    usize::MAX
 );
 group_gemm!(
     /// [`gemm_groups`] for Q5_0.
     gemm_q5_0_x16,
+    GgmlType::Q5_0,
     avx2::T32<avx2::Q5_0>,
     t32_x16::gemm_tf::<t32_x16::Q5_0>,
-    t32_shape(22)
+    32 * t32_x16::MAX_BLOCKS
 );
 group_gemm!(
     /// [`gemm_groups`] for Q8_0.
     gemm_q8_0_x16,
+    GgmlType::Q8_0,
     avx2::T32<avx2::Q8_0>,
     t32_x16::gemm_tf::<t32_x16::Q8_0>,
-    t32_shape(34)
+    32 * t32_x16::MAX_BLOCKS
 );

@@ -10,12 +10,9 @@
 //! same `d·y_d` products and the same two fused-multiply-add chains subtracted at the end. Every
 //! output therefore has `TQ4K`'s bits (`kquant_order::q4k_dot`).
 
-use super::avx2::f32_at;
+use super::avx2::{f32_at, Q8K_BYTES};
 use crate::quant::repack::{GROUP, Q4K_X16_BYTES};
 use core::arch::x86_64::*;
-
-/// Bytes of a Q8_K activation block: f32 `d`, 256 quants, 16 `bsums`.
-const Q8K_BYTES: usize = 292;
 
 /// One 16-row group (`w`) against `nx` activation rows: `out[j * out_stride + r]` for rows
 /// `r < 16`. `n` is a multiple of 256.

@@ -9,13 +9,10 @@
 //! that kernel holds dword `l` of every 32-element chunk, which is exactly dword `l` of this
 //! layout, so its 8 lanes become 8 registers of 16 rows.
 
-use super::avx2::f32_at;
+use super::avx2::{f32_at, Q8K_BYTES};
 use crate::quant::kquant_order::Q6K_TILED_MIN_ROWS;
 use crate::quant::repack::{GROUP, Q6K_X16_BYTES};
 use core::arch::x86_64::*;
-
-/// Bytes of a Q8_K activation block: f32 `d`, 256 quants, 16 `bsums`.
-const Q8K_BYTES: usize = 292;
 
 /// One 16-row group (`w`) against `nx` activation rows: `out[j * out_stride + r]` for rows
 /// `r < 16`. `n` is a multiple of 256.

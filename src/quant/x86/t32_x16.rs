@@ -4,13 +4,15 @@
 //! The reference engine's dot of these formats keeps 8 lanes per row: lane `l` takes, per
 //! block, the exact integer `Σ q·y` over elements `4l .. 4l + 4`, converted to f32 and
 //! fused-multiply-added with the block's `d_w · d_x`; the lanes are added at the end as
-//! `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))` (`avx2::hsum_ps`). Lane `l` is one register of this layout, so the 8 lanes become 8
-//! registers of 16 rows and the same operations run on all 16 rows at once. The weights are
+//! `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))` (`avx2::hsum_ps`). Lane `l` is one register of
+//! this layout, so the 8 lanes become 8 registers of 16 rows and the same operations run on
+//! all 16 rows at once. The weights are
 //! unsigned, `v = q + OFFSET` (Q5_0: the 5-bit values, offset 16; Q8_0: stored as `q ^ 0x80`,
 //! offset 128); each lane's dot starts from `−OFFSET · Σ y` of its four activations, so the
 //! integer is the signed one exactly. Every output has the bits of the row-major kernels
 //! (`avx2::T32`, `avx512::t32_rows4`, `avx512::t32_gemm_pairs`).
 
+use super::avx2::f16x2_at;
 use crate::quant::repack::{Q5_0_X16_BYTES, Q8_0_X16_BYTES};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
@@ -127,11 +129,10 @@ unsafe fn batch<F: Group32>(
 /// The activation block's `d` in f32, in every lane.
 ///
 /// # Safety
-/// `xp` points to a Q8_0 block (2 readable bytes); AVX-512 F.
+/// `xp` points to a whole Q8_0 block; AVX-512 F and F16C.
 #[inline(always)]
 unsafe fn dx(xp: *const u8) -> __m512 {
-    let h = core::ptr::read_unaligned(xp.cast::<u16>());
-    _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))))
+    _mm512_broadcastss_ps(f16x2_at(xp))
 }
 
 /// `−OFFSET · Σ y` over each dword of the activation block's quants (lane `l`'s start value in
