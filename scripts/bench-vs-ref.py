@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """kiln against the reference engine (llama.cpp's llama-bench), side by side, from one run.
 
-Builds the reference from the `llama-cpp-python` source package (its vendored llama.cpp) into a
-cache directory outside the repository, builds kiln in release mode, then runs both engines on
+Builds the reference from the `llama-cpp-python` source package (its vendored llama.cpp) for this
+machine's instruction-set tier (scripts/reference.py: AVX-512, AVX2 or NEON) into a cache
+directory outside the repository, builds kiln in release mode, then runs both engines on
 the same GGUF files with the same thread count, alternating engine order round by round so that
 load from other processes on a shared machine hits both alike. Prints one table with the ratio
 kiln / reference for every test. Benchmarks, not tests: nothing here asserts on speed.
@@ -20,17 +21,16 @@ in $KILN_CACHE/ref (default ~/.cache/kiln/ref); models in $KILN_MODELS (default
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reference  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("KILN_CACHE", Path.home() / ".cache" / "kiln"))
-MODELS_DIR = Path(os.environ.get("KILN_MODELS", CACHE / "models"))
-REF_DIR = CACHE / "ref"
+MODELS_DIR = Path(os.environ.get("KILN_MODELS", reference.CACHE / "models"))
 
 MODELS = {
     "SmolLM2-135M Q4_1": "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -46,24 +46,6 @@ TESTS = {
 }
 DEFAULT_TESTS = "pp512,tg128,tg128@d4096"
 
-# The reference build: portable (no -march=native), AVX-512 + VNNI on, AMX off (it faults on
-# the machines this project targets), OpenMP threading as shipped.
-CMAKE_FLAGS = [
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_AVX512=ON",
-    "-DGGML_AVX512_VNNI=ON",
-    "-DGGML_AMX_TILE=OFF",
-    "-DGGML_AMX_INT8=OFF",
-    "-DGGML_AMX_BF16=OFF",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
-    "-DBUILD_SHARED_LIBS=OFF",
-]
-
-
 def log(msg):
     print(f"[bench-vs-ref {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -74,39 +56,21 @@ def run(cmd, **kw):
 
 
 def build_reference(jobs):
-    """Build llama-bench from the llama-cpp-python sdist; returns the binary's path."""
-    binary = REF_DIR / "build" / "bin" / "llama-bench"
-    if binary.exists():
-        return binary
-    REF_DIR.mkdir(parents=True, exist_ok=True)
-    venv = REF_DIR / "venv"
-    if not (venv / "bin" / "cmake").exists():
-        run([sys.executable, "-m", "venv", venv])
-        # Wheels of the build tools; the sdist's own (heavy) build backend is never run.
-        run([venv / "bin" / "pip", "install", "-q", "cmake", "ninja"])
-    src = REF_DIR / "src"
-    sdists = sorted(src.glob("llama_cpp_python-*.tar.gz")) if src.exists() else []
-    if not sdists:
-        src.mkdir(parents=True, exist_ok=True)
-        # `--no-binary llama-cpp-python` (not `:all:`): only this package as source; pip's
-        # metadata step then gets its build dependencies as wheels instead of compiling cmake.
-        run([venv / "bin" / "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
-             "llama-cpp-python", "-d", src])
-        sdists = sorted(src.glob("llama_cpp_python-*.tar.gz"))
-    sdist = sdists[-1]
-    tree = src / sdist.name[: -len(".tar.gz")]
-    llama = tree / "vendor" / "llama.cpp"
-    if not (llama / "CMakeLists.txt").exists():
-        log(f"extracting {sdist.name}")
-        with tarfile.open(sdist) as t:
-            t.extractall(src, filter="data") if sys.version_info >= (3, 12) else t.extractall(src)
-    env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}")
-    build = REF_DIR / "build"
-    run([venv / "bin" / "cmake", "-S", llama, "-B", build, "-G", "Ninja", *CMAKE_FLAGS], env=env,
-        stdout=subprocess.DEVNULL)
-    run([venv / "bin" / "cmake", "--build", build, "--target", "llama-bench", "-j", str(jobs)],
-        env=env)
-    return binary
+    """llama-bench for this machine's instruction-set tier (scripts/reference.py)."""
+    return reference.build(["llama-bench"], jobs=jobs) / "llama-bench"
+
+
+def machine_name():
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    return f"{os.uname().machine}, {os.cpu_count()} CPUs"
+
+
+def kiln_tier(kiln):
+    """The kernel tier kiln picks here (`kiln bench --isa` prints it; KILN_ISA caps it)."""
+    p = subprocess.run([str(kiln), "bench", "--isa"], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else "unknown"
 
 
 def build_kiln():
@@ -229,6 +193,8 @@ def main():
     print()
     print(f"threads {a.threads}, {a.rounds} rounds x {a.reps} reps per engine, alternating; "
           f"t/s = median of all samples")
+    print(f"machine: {machine_name()}; reference built for {reference.tier()}"
+          f"{' + AMX' if reference.amx() else ''}; kiln: {kiln_tier(kiln)}")
     print()
     print("| model | test | reference t/s | kiln t/s | kiln / ref | ref peak RSS | kiln peak RSS | kiln roofline |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")

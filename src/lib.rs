@@ -12,10 +12,12 @@
 //! - [`sampler`]: logits → next token.
 //! - [`server`]: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
 //! - [`fetch`]: downloading the real models from their registry packages.
+//! - [`fixtures`]: the small random-weight models the tests check against the reference engine.
 
 pub mod cache;
 pub mod engine;
 pub mod fetch;
+pub mod fixtures;
 pub mod gguf;
 pub mod kernels;
 pub mod model;

@@ -9,7 +9,7 @@ use kiln::gguf::{GgufFile, GgufWriter, RawTensor};
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "../../shared/models".into());
+        .unwrap_or_else(|| "../target/tmp/fixtures".into());
     let out = std::path::Path::new("corpus/gguf_parse");
     std::fs::create_dir_all(out)?;
     let mut n = 0;

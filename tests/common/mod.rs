@@ -2,27 +2,41 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
 
-/// `../shared` beside the repository (CI clones the repo with `shared/` beside it),
-/// or `$KILN_SHARED`.
-pub fn shared_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("KILN_SHARED") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("shared")
+use kiln::fixtures::Manifest;
+
+/// `tests/golden/models.json`: how every fixture model is made (see `kiln::fixtures`).
+pub fn manifest() -> &'static Manifest {
+    static M: OnceLock<Manifest> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = golden_dir().join("models.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Manifest::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    })
 }
 
-/// A small random-weight model from `shared/models`, e.g. `random-llama-q4_0`.
+/// Where the fixture models are made: the cargo target directory, so a fresh clone makes them
+/// once and `cargo clean` forgets them.
+pub fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fixtures")
+}
+
+/// A small random-weight model, e.g. `random-llama-q4_0`: made by the test suite (generator and
+/// quantizers of `kiln::fixtures`) and checked byte for byte against the file the reference
+/// engine's quantizer wrote, whose outputs are the goldens. Every name in the manifest.
 pub fn random_model(stem: &str) -> PathBuf {
-    let p = shared_dir().join("models").join(format!("{stem}.gguf"));
-    assert!(
-        p.exists(),
-        "missing reference model {} (is ../shared beside the repo?)",
-        p.display()
-    );
-    p
+    // One maker at a time in this process; other processes are safe too (atomic rename).
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    kiln::fixtures::build(manifest(), stem, &fixtures_dir())
+        .unwrap_or_else(|e| panic!("fixture {stem}: {e}"))
+}
+
+/// Every fixture model's name.
+pub fn random_model_names() -> Vec<String> {
+    manifest().models.keys().cloned().collect()
 }
 
 /// The golden data copied into the repository (`tests/golden`).

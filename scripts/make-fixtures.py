@@ -1,0 +1,404 @@
+#!/usr/bin/env python3
+"""Regenerate the test fixtures and the reference engine's outputs for them.
+
+The test suite checks kiln against llama.cpp on small random-weight models that it makes itself
+(`kiln::fixtures`): nothing binary is committed. This script is how those models and the
+reference's answers on them come to be:
+
+1. builds the reference (llama.cpp from the `llama-cpp-python` source package, for this
+   machine's instruction-set tier; see scripts/reference.py): `llama-quantize`,
+   `llama-perplexity` and the shared libraries its Python bindings load;
+2. writes the F32 random models with kiln's generator
+   (`cargo run --release --example fixtures -- recipes DIR`);
+3. quantizes them with `llama-quantize` into every block format the tests cover;
+4. records in `tests/golden/models.json` how each file is made (recipe, or source + file type +
+   each tensor's format) and the sha256 of the file the reference wrote;
+5. runs the reference on every file: `tests/golden/<model>/logits.jsonl` (top-10 logits at each
+   position of the golden prompts, 16 greedy tokens) and `tests/golden/dequant.json` (ggml's own
+   dequantization of three tensors of every random-llama file);
+6. checks that kiln makes every file byte for byte as the reference wrote it
+   (`cargo run --release --example fixtures -- check`).
+
+With `--real` it also regenerates the real models' goldens (SmolLM2, Gemma-3: tokenizer ids,
+logits, the long prompt, perplexity), downloading the models as `kiln pull` does.
+
+    scripts/make-fixtures.py                 # random models: manifest, logits, dequant
+    scripts/make-fixtures.py --real          # and the real models' goldens
+    scripts/make-fixtures.py --out /tmp/g    # write goldens elsewhere (to compare)
+
+Needs python3, a C/C++ compiler, cargo, and PyPI (the sdist; cmake, ninja, numpy and the
+bindings' dependencies into a private venv). Takes ~15 minutes on 2 cores the first time
+(the reference build), ~1 minute after.
+"""
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reference  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "golden"
+# (module, pip package) the bindings and gguf-py import.
+PY_PACKAGES = [("numpy", "numpy"), ("jinja2", "jinja2"), ("diskcache", "diskcache"),
+               ("typing_extensions", "typing_extensions"), ("yaml", "pyyaml"),
+               ("requests", "requests"), ("tqdm", "tqdm")]
+
+# name -> (recipe, llama-quantize type, --pure). The F32 models are `random-<recipe>-f32`.
+VARIANTS = {
+    "random-llama-f16": ("llama", "F16", True),
+    "random-llama-bf16": ("llama", "BF16", True),
+    "random-llama-q8_0": ("llama", "Q8_0", True),
+    "random-llama-q4_0": ("llama", "Q4_0", True),
+    "random-llama-q4_1": ("llama", "Q4_1", True),
+    "random-llama-q5_0": ("llama", "Q5_0", True),
+    "random-llama-q5_1": ("llama", "Q5_1", True),
+    "random-llama-q2_k": ("llama", "Q2_K", True),
+    "random-llama-q3_k": ("llama", "Q3_K", True),
+    "random-llama-q4_k": ("llama", "Q4_K", True),
+    "random-llama-q5_k": ("llama", "Q5_K", True),
+    "random-llama-q6_k": ("llama", "Q6_K", True),
+    "random-qwen2-q4_0": ("qwen2", "Q4_0", True),
+    # Not --pure: llama-quantize's own Q4_K_M mix (Q6_K for some v and ffn_down matrices).
+    "random-qwen3-q4_k_m": ("qwen3", "Q4_K_M", False),
+    "random-gpt2-q8_0": ("gpt2", "Q8_0", True),
+}
+RECIPES = ["llama", "qwen2", "qwen3", "gpt2"]
+DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
+
+# The real models: golden directory -> kiln's short name.
+REAL = {
+    "smollm2-135m-instruct-q4_1": "smollm2",
+    "gemma3-270m-q4_k_m": "gemma3",
+}
+
+log = reference.log
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def in_venv():
+    return Path(sys.prefix).resolve() == reference.VENV.resolve()
+
+
+# ---------------------------------------------------------------------------------------------
+# The models and the manifest
+
+
+def make_models(bin_dir, work):
+    run_env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir))
+    reference.run(["cargo", "run", "--release", "--quiet", "--example", "fixtures", "--",
+                   "recipes", work], cwd=REPO)
+    for name, (recipe, qtype, pure) in VARIANTS.items():
+        src = work / f"random-{recipe}-f32.gguf"
+        cmd = [bin_dir / "llama-quantize", *(["--pure"] if pure else []), src,
+               work / f"{name}.gguf", qtype]
+        reference.run(cmd, env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def gguf_reader(path):
+    import gguf  # noqa: vendored gguf-py, on sys.path (see main)
+    return gguf.GGUFReader(str(path))
+
+
+def write_manifest(work):
+    models = {}
+    for recipe in RECIPES:
+        p = work / f"random-{recipe}-f32.gguf"
+        models[p.stem] = {"recipe": recipe, "sha256": sha256(p), "bytes": p.stat().st_size}
+    for name, (recipe, _, _) in VARIANTS.items():
+        p = work / f"{name}.gguf"
+        r = gguf_reader(p)
+        ftype = int(r.fields["general.file_type"].parts[-1][0])
+        tensors = [[t.name, t.tensor_type.name] for t in r.tensors]
+        models[name] = {"from": f"random-{recipe}-f32", "ftype": ftype, "tensors": tensors,
+                        "sha256": sha256(p), "bytes": p.stat().st_size}
+    text = json.dumps({"models": dict(sorted(models.items()))}, indent=1)
+    # One tensor per line keeps the file short to read and its diffs meaningful.
+    text = re.sub(r'\[\n\s+("[^"]+"),\n\s+("[^"]+")\n\s+\]', r"[\1, \2]", text)
+    (GOLDEN / "models.json").write_text(text + "\n")
+    log(f"wrote {GOLDEN / 'models.json'} ({len(models)} models)")
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference engine through its Python bindings (llama_cpp, from the same sdist)
+
+
+def _quiet(level, text, user_data):
+    pass
+
+
+_QUIET = None  # the C callback, kept alive for the process (set in main)
+
+
+class Ref:
+    """One loaded model and context; logits of every position, greedy continuation."""
+
+    def __init__(self, path, n_ctx, threads=2):
+        import numpy as np
+        import llama_cpp.llama_cpp as L
+        self.L, self.np = L, np
+        L.llama_log_set(_QUIET, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        self.model = L.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise SystemExit(f"the reference cannot load {path}")
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = 512
+        cp.n_ubatch = 512
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.batch = L.llama_batch_init(512, 0, 1)
+
+    def close(self):
+        L = self.L
+        L.llama_batch_free(self.batch)
+        L.llama_free(self.ctx)
+        L.llama_model_free(self.model)
+
+    def tokenize(self, text, add_special, parse_special=False):
+        b = text.encode()
+        cap = len(b) + 16
+        buf = (self.L.llama_token * cap)()
+        n = self.L.llama_tokenize(self.vocab, b, len(b), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise SystemExit(f"tokenize failed ({n})")
+        return list(buf[:n])
+
+    def detokenize(self, ids):
+        out = b""
+        buf = ctypes.create_string_buffer(256)
+        for t in ids:
+            n = self.L.llama_token_to_piece(self.vocab, t, buf, 256, 0, False)
+            out += buf.raw[:n]
+        return out.decode("utf-8", errors="replace")
+
+    def clear(self):
+        mem = self.L.llama_get_memory(self.ctx)
+        self.L.llama_memory_clear(mem, True)
+
+    def eval(self, ids, pos0, on_logits):
+        """Decode `ids` from position `pos0`, calling on_logits(i, logits) for every token."""
+        L = self.L
+        for start in range(0, len(ids), 512):
+            chunk = ids[start:start + 512]
+            for i, t in enumerate(chunk):
+                self.batch.token[i] = t
+                self.batch.pos[i] = pos0 + start + i
+                self.batch.n_seq_id[i] = 1
+                self.batch.seq_id[i][0] = 0
+                self.batch.logits[i] = 1
+            self.batch.n_tokens = len(chunk)
+            if L.llama_decode(self.ctx, self.batch) != 0:
+                raise SystemExit("llama_decode failed")
+            for i in range(len(chunk)):
+                ptr = L.llama_get_logits_ith(self.ctx, i)
+                on_logits(start + i, self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
+
+    def top(self, logits, k):
+        np = self.np
+        idx = np.argsort(-logits, kind="stable")[:k]
+        return [[int(i), float(f"{float(logits[i]):.6g}")] for i in idx]
+
+    def golden_line(self, ids, k, n_gen):
+        """prompt_top (top-k after each prompt position) and the greedy continuation."""
+        self.clear()
+        tops, last = [], []
+
+        def keep(i, logits):
+            tops.append(self.top(logits, k))
+            if i == len(ids) - 1:
+                last.append(logits.copy())
+
+        self.eval(ids, 0, keep)
+        gen, logits = [], last[0]
+        for step in range(n_gen):
+            t = int(self.np.argmax(logits))
+            if self.L.llama_vocab_is_eog(self.vocab, t):
+                break
+            gen.append(t)
+            if step + 1 < n_gen:
+                out = []
+                self.eval([t], len(ids) + step, lambda _i, l: out.append(l.copy()))
+                logits = out[0]
+        return {"prompt_ids": ids, "prompt_top": tops, "gen_ids": gen,
+                "gen_text": self.detokenize(gen)}
+
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
+    log(f"wrote {path}")
+
+
+def logits_goldens(path, out_dir, texts, top_k, n_gen, long_prompt=False):
+    prompts = texts["prompts"]
+    ref = Ref(path, 4096)
+    rows = [ref.golden_line(ref.tokenize(p, True), top_k, n_gen) for p in prompts]
+    write_jsonl(out_dir / "logits.jsonl", rows)
+    if long_prompt:
+        ids = ref.tokenize(texts["long_prompt"], True)
+        write_jsonl(out_dir / "long.jsonl", [ref.golden_line(ids, 5, 16)])
+    ref.close()
+
+
+def tokenize_golden(path, out_dir, texts):
+    ref = Ref(path, 512)
+    rows = [{"text_index": i, "ids": ref.tokenize(t, False), "ids_special": ref.tokenize(t, True)}
+            for i, t in enumerate(texts["tokenize"])]
+    ref.close()
+    write_jsonl(out_dir / "tokenize.jsonl", rows)
+
+
+def perplexity_golden(bin_dir, path, out_dir):
+    corpus = GOLDEN / "corpus_pydoc.txt"
+    cmd = [bin_dir / "llama-perplexity", "-m", path, "-f", corpus, "-c", "512", "-b", "512",
+           "--chunks", "12", "-t", "2"]
+    log("$ " + " ".join(map(str, cmd)))
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
+                       env=dict(os.environ, LD_LIBRARY_PATH=str(bin_dir)))
+    text = p.stdout + p.stderr
+    running = [float(x) for x in re.findall(r"\[\d+\]([0-9.]+)", text)]
+    final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", text)
+    if p.returncode != 0 or not final or len(running) != 12:
+        raise SystemExit(f"llama-perplexity failed:\n{text[-2000:]}")
+    out = {
+        "corpus": corpus.name, "n_ctx": 512, "n_batch": 512, "chunks": 12,
+        "method": "llama.cpp perplexity: text tokenized whole (BOS per model); for each chunk "
+                  "of n_ctx tokens (first token replaced by BOS when the model adds one) score "
+                  "the log-likelihood of the second half of the chunk (tokens n_ctx/2..n_ctx-1); "
+                  "running PPL after each chunk",
+        "running_ppl": running, "final_ppl": float(final.group(1)),
+        "stderr": float(final.group(2)),
+    }
+    (out_dir / "perplexity.json").write_text(json.dumps(out, indent=1) + "\n")
+    log(f"wrote {out_dir / 'perplexity.json'}")
+
+
+def dequant_golden(bin_dir, work, out_path):
+    """ggml's own `to_float` on three tensors of every random-llama file."""
+    import numpy as np
+
+    class Traits(ctypes.Structure):
+        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                    ("from_float_ref", ctypes.c_void_p)]
+
+    ggml = ctypes.CDLL(str(bin_dir / "libggml-base.so"))
+    ggml.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
+    ggml.ggml_get_type_traits.argtypes = [ctypes.c_int]
+    to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
+                                  ctypes.c_int64)
+    out = {}
+    for name in sorted(n for n in [*VARIANTS, "random-llama-f32"] if n.startswith("random-llama")):
+        path = work / f"{name}.gguf"
+        r = gguf_reader(path)
+        raw = path.read_bytes()
+        entry = {}
+        for t in r.tensors:
+            if t.name not in DEQUANT_TENSORS:
+                continue
+            n = int(t.n_elements)
+            data = raw[t.data_offset:t.data_offset + t.n_bytes]
+            traits = ggml.ggml_get_type_traits(int(t.tensor_type)).contents
+            if traits.to_float:
+                vals = (ctypes.c_float * n)()
+                to_float_t(traits.to_float)(data, vals, n)
+                v = np.ctypeslib.as_array(vals).astype(np.float64)
+            else:  # F32: ggml has nothing to convert
+                v = np.frombuffer(data, dtype="<f4").astype(np.float64)
+            entry[t.name] = {
+                "type": t.tensor_type.name, "ne": [int(x) for x in t.shape], "n": n,
+                "first": [float(x) for x in v[:64]], "sum": float(v.sum()),
+                "sum_sq": float((v * v).sum()), "data_offset": int(t.data_offset),
+                "n_bytes": int(t.n_bytes),
+            }
+        out[f"{name}.gguf"] = dict(sorted(entry.items(), key=lambda kv: DEQUANT_TENSORS.index(kv[0])))
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    log(f"wrote {out_path}")
+
+
+def real_model_path(name):
+    kiln = REPO / "target" / "release" / "kiln"
+    reference.run(["cargo", "build", "--release", "--quiet", "--bin", "kiln"], cwd=REPO)
+    p = subprocess.run([str(kiln), "pull", "--quiet", name], capture_output=True, text=True,
+                       check=True)
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--real", action="store_true", help="also the real models' goldens")
+    ap.add_argument("--out", type=Path, default=GOLDEN,
+                    help="where the goldens go (default tests/golden; the manifest always "
+                         "goes to tests/golden/models.json)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--keep", type=Path, help="keep the model files in this directory")
+    ap.add_argument("--no-check", action="store_true",
+                    help="write the goldens even if kiln does not make every file as the "
+                         "reference wrote it (while porting a quantizer; the tests will fail)")
+    a = ap.parse_args()
+
+    if not in_venv():
+        # The bindings and gguf-py need numpy: continue inside the reference's venv.
+        bin_dir = reference.venv(PY_PACKAGES)
+        os.execv(str(bin_dir / "python"), [str(bin_dir / "python"), __file__, *sys.argv[1:]])
+
+    bin_dir = reference.build(["llama-quantize", "llama-perplexity", "llama"], shared=True,
+                              jobs=a.jobs)
+    tree = reference.source_tree()
+    sys.path[:0] = [str(tree), str(tree / "vendor" / "llama.cpp" / "gguf-py")]
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(bin_dir)
+    global _QUIET
+    import llama_cpp.llama_cpp as L
+    _QUIET = L.llama_log_callback(_quiet)
+    texts = json.loads((GOLDEN / "texts.json").read_text())
+
+    with tempfile.TemporaryDirectory(prefix="kiln-fixtures-") as tmp:
+        work = a.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        make_models(bin_dir, work)
+        write_manifest(work)
+        check = subprocess.run(["cargo", "run", "--release", "--quiet", "--example", "fixtures",
+                                "--", "check", str(GOLDEN / "models.json"), str(work)], cwd=REPO)
+        if check.returncode != 0 and not a.no_check:
+            raise SystemExit("kiln does not make every fixture as the reference wrote it (above)")
+        a.out.mkdir(parents=True, exist_ok=True)
+        dequant_golden(bin_dir, work, a.out / "dequant.json")
+        for name in sorted([*VARIANTS, *(f"random-{r}-f32" for r in RECIPES)]):
+            logits_goldens(work / f"{name}.gguf", a.out / name, texts, 10, 16)
+
+    if a.real:
+        for golden_name, kiln_name in REAL.items():
+            path = real_model_path(kiln_name)
+            out_dir = a.out / golden_name
+            tokenize_golden(path, out_dir, texts)
+            logits_goldens(path, out_dir, texts, 20, 32, long_prompt=True)
+            perplexity_golden(bin_dir, path, out_dir)
+
+
+if __name__ == "__main__":
+    main()
