@@ -20,7 +20,12 @@ reference's answers on them come to be:
    (`cargo run --release --example fixtures -- check`).
 
 With `--real` it also regenerates the real models' goldens (SmolLM2, Gemma-3: tokenizer ids,
-logits, the long prompt, perplexity), downloading the models as `kiln pull` does.
+logits, the long prompt, perplexity), downloading the models as `kiln pull` does. Checked on
+2026-11-24 against the committed ones (an AVX-512 build of llama-cpp-python 0.3.36's llama.cpp):
+tokenizer ids, prompt ids, the short prompts' logits and both perplexities come out identical;
+Gemma-3's long prompt too; SmolLM2's long prompt differs at 4 of 2,618 near-tied positions
+(top-1 logits within 0.5) and in its greedy tail, so those committed files were made with a
+slightly different context setup. Regenerate them only on purpose.
 
     scripts/make-fixtures.py                 # random models: manifest, logits, dequant
     scripts/make-fixtures.py --real          # and the real models' goldens
