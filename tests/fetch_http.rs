@@ -664,7 +664,7 @@ fn a_second_pull_of_the_same_model_is_refused_while_the_first_runs() {
     server.route(
         "/busy.gguf",
         Route {
-            stall: Some((1000, Duration::from_secs(3))),
+            stall: Some((1000, Duration::from_secs(120))),
             ..Route::file(&bytes)
         },
     );
@@ -682,6 +682,7 @@ fn a_second_pull_of_the_same_model_is_refused_while_the_first_runs() {
     assert!(err.to_string().contains("another kiln pull"), "{err}");
     assert_eq!(server.seen().len(), 1, "the second pull sent no request");
     // The first ends when the server closes the stalled connection: interrupted, resumable.
+    server.release();
     let first = first.join().unwrap().unwrap_err();
     assert!(
         matches!(first, FetchError::Interrupted { received: 1000, .. }),

@@ -213,12 +213,13 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<Pulled, FetchError> {
     let part = store::part_path(&dest);
     let mut file = lock_part(&part)?;
     // Another pull may have installed the model while this one waited for the lock; then the
-    // part file is the empty one this pull created.
+    // part file is the empty one this pull created. (Side files are removed while the lock is
+    // held, so that a pull waiting for it never works on a file about to disappear.)
     let unused_part = |file: File| {
-        drop(file);
         if store::read_part_meta(&dest).is_none() {
             store::remove_partial(&dest);
         }
+        drop(file);
     };
     match already_pulled(&dest, url, expected.as_deref(), &name, opts.force) {
         Ok(None) => {}
@@ -233,8 +234,7 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<Pulled, FetchError> {
     }
 
     let mut bar = Progress::hidden();
-    let got = download(url, &dest, &mut file, opts, &name, &mut bar);
-    let got = got.and_then(|d| {
+    let got = download(url, &dest, &mut file, opts, &name, &mut bar).and_then(|d| {
         bar.finish();
         if let Some(e) = &expected {
             if *e != d.sha256 {
@@ -246,14 +246,13 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<Pulled, FetchError> {
             }
         }
         file.sync_all().map_err(io_err(&part))?;
-        GgufFile::open(&part).map_err(|source| FetchError::InvalidGguf {
+        GgufFile::open(&part).map_err(|error| FetchError::InvalidGguf {
             url: url.to_string(),
-            source,
+            error,
         })?;
         Ok(d)
     });
     drop(bar);
-    drop(file);
     let d = match got {
         Ok(d) => d,
         Err(e) => {
@@ -268,10 +267,14 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<Pulled, FetchError> {
             if empty || delete {
                 store::remove_partial(&dest);
             }
+            drop(file);
             return Err(e);
         }
     };
 
+    // Install while still holding the lock: a pull waiting for it then finds the model in
+    // place (renaming an open file is fine on Unix, and on Windows, where the standard library
+    // opens files with FILE_SHARE_DELETE).
     let _ = fs::remove_file(marker_path(&dest));
     fs::rename(&part, &dest).map_err(io_err(&dest))?;
     let _ = fs::remove_file(store::part_meta_path(&dest));
@@ -281,6 +284,7 @@ pub fn pull_url(url: &str, opts: &PullOptions) -> Result<Pulled, FetchError> {
         size: d.size,
     };
     store::write_origin(&dest, &origin)?;
+    drop(file);
     Ok(Pulled {
         name,
         path: dest,
@@ -610,7 +614,7 @@ fn download(
         }
         let resp = req.call().map_err(|e| FetchError::Http {
             url: url.to_string(),
-            source: Box::new(e),
+            error: Box::new(e),
         })?;
         match classify(url, &resp, offset, meta.as_ref())? {
             Answer::Whole { total: t } => {
@@ -619,8 +623,8 @@ fn download(
                         bar,
                         opts.progress,
                         &format!(
-                            "the server does not resume downloads (it sent the whole file): \
-                         downloading {name} from the start"
+                            "the server sent the whole file, not the rest (it does not resume \
+                             downloads, or the file changed): downloading {name} from the start"
                         ),
                     );
                 }
@@ -737,13 +741,13 @@ fn download(
                 });
             }
         };
-        if let Some(source) = read_err {
+        if let Some(error) = read_err {
             return Err(FetchError::Interrupted {
                 url: url.to_string(),
                 part,
                 received: offset,
                 total: total.map_or_else(|| "unknown".to_string(), |t| t.to_string()),
-                source,
+                error,
             });
         }
         match total {

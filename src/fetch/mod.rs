@@ -91,10 +91,12 @@ pub enum FetchError {
     BadName { name: String, reason: String },
     #[error("invalid sha256 {given:?}: expected 64 hexadecimal digits")]
     BadSha256 { given: String },
-    #[error("downloading {url}: {source}")]
+    // The inner errors below are part of the message, not a `source` (which anyhow would print
+    // a second time).
+    #[error("downloading {url}: {error}")]
     Http {
         url: String,
-        source: Box<ureq::Error>,
+        error: Box<ureq::Error>,
     },
     #[error("downloading {url}: the server answered HTTP {status}{hint}")]
     HttpStatus {
@@ -106,7 +108,7 @@ pub enum FetchError {
     #[error("downloading {url}: {detail}")]
     Protocol { url: String, detail: String },
     #[error(
-        "download of {url} interrupted after {received} of {total} bytes ({source}); the partial \
+        "download of {url} interrupted after {received} of {total} bytes ({error}); the partial \
          file {} is kept: run the same `kiln pull` again to resume",
         part.display()
     )]
@@ -117,7 +119,7 @@ pub enum FetchError {
         received: u64,
         /// The size in bytes, or `unknown`.
         total: String,
-        source: io::Error,
+        error: io::Error,
     },
     #[error(
         "sha256 of {url} is {actual}, expected {expected} (a corrupt or tampered download, or a \
@@ -134,10 +136,10 @@ pub enum FetchError {
         found: String,
         hint: &'static str,
     },
-    #[error("{url} has a GGUF header kiln cannot read ({source}); the download was deleted")]
+    #[error("{url} has a GGUF header kiln cannot read ({error}); the download was deleted")]
     InvalidGguf {
         url: String,
-        source: crate::gguf::GgufError,
+        error: crate::gguf::GgufError,
     },
     #[error(
         "a model named {name:?} already exists at {} ({origin}); pass --name NEW to keep both, \

@@ -27,7 +27,8 @@ pub struct Route {
     pub status: Option<u16>,
     /// Answer `302 Found` to this location instead.
     pub redirect: Option<String>,
-    /// Send the headers, then this many body bytes, then wait this long before closing.
+    /// Send the headers, then this many body bytes, then wait this long (or until
+    /// [`Server::release`]) before closing.
     pub stall: Option<(usize, Duration)>,
 }
 
@@ -63,6 +64,7 @@ impl Seen {
 struct State {
     routes: HashMap<String, Route>,
     seen: Vec<Seen>,
+    released: bool,
 }
 
 pub struct Server {
@@ -108,6 +110,11 @@ impl Server {
             .routes
             .get_mut(path)
             .expect("route"))
+    }
+
+    /// End every stall now (and every later one at once).
+    pub fn release(&self) {
+        self.state.lock().unwrap().released = true;
     }
 
     /// Every request so far, in order.
@@ -235,7 +242,12 @@ fn handle(mut conn: TcpStream, state: &Mutex<State>) {
     let _ = conn.write_all(&body[..send]);
     let _ = conn.flush();
     if let Some((_, wait)) = stall {
-        std::thread::sleep(wait);
+        let step = Duration::from_millis(10);
+        let mut waited = Duration::ZERO;
+        while waited < wait && !state.lock().unwrap().released {
+            std::thread::sleep(step);
+            waited += step;
+        }
     }
     let _ = conn.shutdown(Shutdown::Both);
 }
