@@ -736,3 +736,47 @@ fn ctrl_c_keeps_what_was_received_and_the_next_pull_resumes() {
     assert_eq!(seen[1].header("range"), Some("bytes=50000-"));
     assert_eq!(fs::read(models.0.join("ctrlc.gguf")).unwrap(), bytes);
 }
+
+#[test]
+fn known_models_are_listed_by_their_short_name_and_can_be_removed() {
+    let models = Scratch::new("registry");
+    // Stand-ins under the registry's file names (list and rm only read headers and names).
+    fs::copy(
+        common::random_model("random-llama-q4_0"),
+        models.0.join("gemma-3-270m-q4_k_m.gguf"),
+    )
+    .unwrap();
+    fs::write(models.0.join(".gemma-3-270m-q4_k_m.gguf.verified"), "x").unwrap();
+    fs::copy(
+        common::random_model("random-llama-q4_0"),
+        models.0.join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+    )
+    .unwrap();
+    let out = kiln(&["list", "--json"], &models.0);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["gemma3", "smollm2"]);
+    assert!(
+        v[0]["source"] == "registry" && v[1]["source"] == "registry",
+        "{v}"
+    );
+
+    // By short name or alias, in any case: the file and its marker go.
+    let out = kiln(&["rm", "Gemma-3-270M"], &models.0);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("gemma3"), "{}", stdout(&out));
+    assert_eq!(listing(&models.0), vec!["SmolLM2-135M-Instruct.Q4_1.gguf"]);
+    // A known model that is not downloaded is not installed.
+    let out = kiln(&["rm", "gemma3"], &models.0);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("installed: smollm2"),
+        "{}",
+        stderr(&out)
+    );
+}
