@@ -11,7 +11,8 @@
 //! - [`engine`]: prefill / decode loop, generation, perplexity.
 //! - [`sampler`]: logits → next token.
 //! - [`server`]: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
-//! - [`fetch`]: downloading the real models from their registry packages.
+//! - [`fetch`]: getting models: the reference models from their registry packages, any GGUF
+//!   file over HTTP(S) (resumable), the models directory (`kiln list`, `kiln rm`, `-m NAME`).
 //! - [`fixtures`]: the small random-weight models the tests check against the reference engine.
 
 pub mod cache;

@@ -4,9 +4,11 @@ mod bench;
 mod chat;
 mod common;
 mod inspect;
+mod list;
 mod perplexity;
 mod plan;
 mod pull;
+mod rm;
 mod run;
 mod serve;
 mod tokenize;
@@ -43,8 +45,13 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Show a GGUF model's architecture, hyper-parameters, tokenizer and block formats.
     Inspect(inspect::InspectArgs),
-    /// Download models (default: smollm2; `--all`, `--list`).
+    /// Download a model: a known name (default: smollm2) or any GGUF file by URL.
     Pull(pull::PullArgs),
+    /// List the downloaded models (name, size, block format, architecture, path).
+    #[command(visible_alias = "ls")]
+    List(list::ListArgs),
+    /// Delete downloaded models.
+    Rm(rm::RmArgs),
 }
 
 pub fn main() -> anyhow::Result<()> {
@@ -60,5 +67,7 @@ pub fn main() -> anyhow::Result<()> {
         Command::Plan(a) => plan::run(a),
         Command::Inspect(args) => inspect::run(args),
         Command::Pull(args) => pull::run(args),
+        Command::List(args) => list::run(args),
+        Command::Rm(args) => rm::run(args),
     }
 }
