@@ -24,11 +24,13 @@
 //! - [`blocks`]: the `#[repr(C)]` byte layout of every format.
 //! - [`reference`](mod@reference): scalar (de)quantizers and dot products, the definition everything is tested
 //!   against.
+//! - `kquant_quantize`: ggml's reference quantizers of Q2_K..Q6_K (through [`quantize_row`]).
 //! - `x86`: AVX2 / AVX-512 kernels, reachable only through [`Kernels`] after runtime detection.
 //! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
 pub mod kquant_order;
+mod kquant_quantize;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod reference;
@@ -547,7 +549,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
 }
 
 /// Scalar reference quantization of one row: ggml's `quantize_row_*_ref` for Q4_0, Q4_1, Q5_0,
-/// Q5_1, Q8_0, Q8_1, Q8_K (the model-file quantizers), and plain conversion for F32/F16/BF16.
+/// Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K (the model-file quantizers `llama-quantize` runs when it
+/// has no importance matrix; the output is byte-identical to theirs), and plain conversion for
+/// F32/F16/BF16. A row that is not a whole number of blocks (32 elements, or 256 for the
+/// K-quants) is refused with [`QuantError::NotBlockMultiple`].
 /// Activations for a matmul should use [`Kernels::quantize_act`] instead, which follows ggml's
 /// CPU backend (for Q8_0/Q8_1 it rounds ties to even; see [`reference::quantize_q8_0_act`]).
 pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
@@ -563,12 +568,11 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::Q8_0 => quantize_bytes::<BlockQ8_0>,
         GgmlType::Q8_1 => quantize_bytes::<BlockQ8_1>,
         GgmlType::Q8K => quantize_bytes::<BlockQ8K>,
-        GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => {
-            return Err(QuantError::Unsupported {
-                ty,
-                op: "reference quantizer",
-            })
-        }
+        GgmlType::Q2K => quantize_bytes::<BlockQ2K>,
+        GgmlType::Q3K => quantize_bytes::<BlockQ3K>,
+        GgmlType::Q4K => quantize_bytes::<BlockQ4K>,
+        GgmlType::Q5K => quantize_bytes::<BlockQ5K>,
+        GgmlType::Q6K => quantize_bytes::<BlockQ6K>,
     };
     f(x, out);
     Ok(())

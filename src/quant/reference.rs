@@ -45,7 +45,7 @@ pub trait Quantize: BlockFormat {
     fn quantize(x: &[f32], out: &mut [Self]);
 }
 
-fn check_lengths(nblocks: usize, block: usize, out: usize) {
+pub(super) fn check_lengths(nblocks: usize, block: usize, out: usize) {
     assert_eq!(nblocks * block, out, "block/element count mismatch");
 }
 

@@ -67,9 +67,10 @@ fn row_api_checks_lengths() {
     ));
     assert!(dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut out).is_ok());
     let mut bytes = [0u8; 144];
+    assert!(quantize_row(GgmlType::Q4K, &[0.0; 256], &mut bytes).is_ok());
     assert!(matches!(
-        quantize_row(GgmlType::Q4K, &[0.0; 256], &mut bytes),
-        Err(QuantError::Unsupported { .. })
+        quantize_row(GgmlType::Q4K, &[0.0; 32], &mut bytes),
+        Err(QuantError::NotBlockMultiple { block: 256, .. })
     ));
 }
 
