@@ -13,7 +13,7 @@ import argparse, json, os, re, subprocess, sys, tempfile
 N_GEN = 8
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.environ.get("KILN_CORPUS",
-                        os.path.join(HERE, "..", "..", "shared", "golden", "corpus_pydoc.txt"))
+                        os.path.join(HERE, "..", "tests", "golden", "corpus_pydoc.txt"))
 
 
 def count(kiln, model, text):
