@@ -10,7 +10,10 @@
 //!    mass reaches `p`;
 //! 4. **min-p**: keep the candidates whose probability is at least `min_p ×` the top one
 //!    (done on logits: `logit >= max + ln(min_p)`);
-//! 5. **temperature**: divide the logits by `t`; `t <= 0` means greedy (argmax after penalties);
+//! 5. **temperature**: scale the logits by `1/t`, relative to the best one (`(l - max) / t`, never
+//!    above 0, so no positive `t` overflows: as `t` shrinks toward 0 every token below the best
+//!    gets probability 0 and the draw becomes uniform among the tokens tied at the best logit,
+//!    the limit of `softmax(l / t)`); `t <= 0` means greedy (argmax after penalties);
 //! 6. **softmax** and a draw with [`Rng`], our own small xoshiro256** generator, so a seed gives
 //!    the same tokens on every platform and every kiln version.
 //!
@@ -445,10 +448,23 @@ impl Sampler {
             min_p(&mut self.candidates, self.cfg.min_p, sorted);
         }
 
+        // `l / t` overflows to +inf for a tiny `t` (7.5 / 1e-38), and a softmax over tied
+        // infinities would draw among every overflowed token. `(l - max) / t` is at most 0 for
+        // any positive `t`, the same distribution wherever `l / t` is finite. With a +inf logit
+        // (or none above -inf) the logits go as they are: softmax shares the mass among the +inf
+        // ones (or uniformly).
         let t = self.cfg.temperature;
+        let max = self
+            .candidates
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &(_, l)| m.max(l));
         self.probs.clear();
-        self.probs
-            .extend(self.candidates.iter().map(|&(_, l)| l / t));
+        if max.is_finite() {
+            self.probs
+                .extend(self.candidates.iter().map(|&(_, l)| (l - max) / t));
+        } else {
+            self.probs.extend(self.candidates.iter().map(|&(_, l)| l));
+        }
         softmax_in_place(&mut self.probs);
         let i = draw(&self.probs, self.rng.next_f64());
         self.candidates[i].0
@@ -909,6 +925,54 @@ mod tests {
             let f = freq(t);
             assert!((f - sig(1.0 / t as f64)).abs() < 0.015, "t={t}: {f}");
         }
+    }
+
+    #[test]
+    fn tiny_temperatures_are_the_greedy_limit() {
+        // 7.5 / 1e-38 and 5.0 / 1e-38 both overflow f32: dividing first would draw token 1 as
+        // often as token 2.
+        let logits = [1.0f32, 5.0, 7.5, -3.0, f32::NEG_INFINITY];
+        let subnormals = [1e-40f32, f32::from_bits(1), f32::MIN_POSITIVE / 2.0];
+        for t in [1e-38f32, 1e-30, f32::MIN_POSITIVE]
+            .into_iter()
+            .chain(subnormals)
+        {
+            assert!(t > 0.0);
+            for seed in 0..200 {
+                let mut s = Sampler::new(SamplerConfig { seed, ..cfg(t) }, 5);
+                assert_eq!(s.sample(&logits, &[]), 2, "t={t:e} seed={seed}");
+            }
+            // All negative, and huge magnitudes.
+            let mut s = Sampler::new(cfg(t), 3);
+            assert_eq!(s.sample(&[-5.0, -1.0, -2.0], &[]), 1, "t={t:e}");
+            assert_eq!(s.sample(&[-3e38, 3e38, 2.9e38], &[]), 1, "t={t:e}");
+            // Tied best logits: the limit is uniform over the tie, never another token.
+            let mut s = Sampler::new(cfg(t), 4);
+            let mut seen = [0usize; 4];
+            for _ in 0..400 {
+                seen[s.sample(&[7.5, 0.0, 7.5, 7.0], &[]) as usize] += 1;
+            }
+            assert_eq!(seen[1] + seen[3], 0, "t={t:e}: {seen:?}");
+            assert!(seen[0] > 100 && seen[2] > 100, "t={t:e}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn huge_temperatures_are_uniform() {
+        let logits = [1.0f32, 5.0, 7.5, -3.0];
+        for t in [1e30f32, f32::MAX, f32::INFINITY] {
+            let mut s = Sampler::new(cfg(t), 4);
+            let mut seen = [0usize; 4];
+            for _ in 0..4000 {
+                seen[s.sample(&logits, &[]) as usize] += 1;
+            }
+            for n in seen {
+                assert!((900..1100).contains(&n), "t={t:e}: {seen:?}");
+            }
+        }
+        // A +inf logit still wins at any temperature.
+        let mut s = Sampler::new(cfg(1e-38), 3);
+        assert_eq!(s.sample(&[1.0, f32::INFINITY, 2.0], &[]), 1);
     }
 
     #[test]
