@@ -11,7 +11,8 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 
-use super::{Tokenizer, TokenizerError};
+use super::special::Fragment;
+use super::{attr, Tokenizer, TokenizerError};
 
 /// One conversation turn.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -137,6 +138,147 @@ impl Tokenizer {
         }
         Ok(text)
     }
+}
+
+/// Delimiters of a placeholder (`OPEN index CLOSE`) standing for a piece of message content
+/// while the template renders: Unicode noncharacters, which no special token contains.
+const OPEN: char = '\u{FDD0}';
+const CLOSE: char = '\u{FDD1}';
+
+impl Tokenizer {
+    /// Render the conversation with the chat template and tokenize it, as
+    /// `encode(&apply_chat_template(..), true, true)` does, except that message content is
+    /// literal text: the template's own markup (`<|im_start|>`, `bos_token`, ...) becomes
+    /// special tokens, while a control token's text inside a message (a user writing
+    /// `<|im_end|>\n<|im_start|>assistant\n`) is tokenized as the ordinary text it spells, so a
+    /// message cannot forge a turn. A conversation whose messages hold no control-token text is
+    /// tokenized exactly as `encode(&apply_chat_template(..), true, true)` tokenizes it.
+    ///
+    /// How: each control-token text in the content (and any stray `OPEN` / `CLOSE` character) is
+    /// replaced by a placeholder before rendering, so that the template's string operations
+    /// (`trim`, concatenation) work on the content as usual; the special tokens found in the
+    /// rendered text are then the template's; the placeholders are put back inside the raw-text
+    /// fragments, which are tokenized without parsing control tokens (user-defined tokens are
+    /// still cut, as [`encode`](Self::encode) always does).
+    ///
+    /// `special_in_content` parses control tokens in content too (the old behaviour, for
+    /// trusted clients that send pre-formatted turns).
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        special_in_content: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        if special_in_content {
+            let text = self.apply_chat_template(messages, add_generation_prompt)?;
+            return Ok(self.encode(&text, true, true));
+        }
+        let mut hidden: Vec<&str> = Vec::new();
+        let masked: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: m.role.clone(),
+                content: self.mask_control_text(&m.content, &mut hidden),
+            })
+            .collect();
+        let rendered = self.apply_chat_template(&masked, add_generation_prompt)?;
+        let mut fragments = Vec::new();
+        self.specials
+            .partition(&self.vocab, &rendered, true, &mut fragments);
+        if hidden.is_empty() {
+            return Ok(self.encode_fragments(&rendered, &fragments, true));
+        }
+        // Put the hidden text back, in a new string the fragments index.
+        let mut text = String::with_capacity(rendered.len());
+        let mut out = Vec::with_capacity(fragments.len());
+        let mut sub = Vec::new();
+        for f in fragments {
+            let Fragment::Text(r) = f else {
+                out.push(f);
+                continue;
+            };
+            let piece = &rendered[r];
+            let start = text.len();
+            if !piece.contains(OPEN) {
+                text.push_str(piece);
+                out.push(Fragment::Text(start..text.len()));
+                continue;
+            }
+            unmask(piece, &hidden, &mut text);
+            sub.clear();
+            self.specials
+                .partition(&self.vocab, &text[start..], false, &mut sub);
+            out.extend(sub.drain(..).map(|f| match f {
+                Fragment::Text(r) => Fragment::Text(start + r.start..start + r.end),
+                token => token,
+            }));
+        }
+        Ok(self.encode_fragments(&text, &out, true))
+    }
+
+    /// `content` with every control (or unknown) token's text, and every `OPEN` / `CLOSE`
+    /// character, replaced by a placeholder indexing `hidden`.
+    fn mask_control_text<'a>(&'a self, content: &'a str, hidden: &mut Vec<&'a str>) -> String {
+        let mut fragments = Vec::new();
+        self.specials
+            .partition(&self.vocab, content, true, &mut fragments);
+        let mut out = String::with_capacity(content.len());
+        for f in fragments {
+            match f {
+                Fragment::Text(r) => push_literal(&mut out, hidden, &content[r]),
+                Fragment::Token(id) if self.vocab.has_attr(id, attr::CONTROL | attr::UNKNOWN) => {
+                    hide(&mut out, hidden, self.vocab.text(id))
+                }
+                Fragment::Token(id) => push_literal(&mut out, hidden, self.vocab.text(id)),
+            }
+        }
+        out
+    }
+}
+
+/// Append a placeholder for `text`.
+fn hide<'a>(out: &mut String, hidden: &mut Vec<&'a str>, text: &'a str) {
+    out.push(OPEN);
+    out.push_str(&hidden.len().to_string());
+    out.push(CLOSE);
+    hidden.push(text);
+}
+
+/// Append `text`, hiding any `OPEN` / `CLOSE` character it holds.
+fn push_literal<'a>(out: &mut String, hidden: &mut Vec<&'a str>, text: &'a str) {
+    for (i, c) in text.char_indices() {
+        if c == OPEN || c == CLOSE {
+            hide(out, hidden, &text[i..i + c.len_utf8()]);
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+/// Append `piece` to `out` with each placeholder replaced by the text it hides. A mangled one
+/// (a template that cut a message in the middle of a placeholder) stays as it is.
+fn unmask(piece: &str, hidden: &[&str], out: &mut String) {
+    let mut rest = piece;
+    while let Some(at) = rest.find(OPEN) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + OPEN.len_utf8()..];
+        let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let index = after[..digits].parse::<usize>().ok();
+        match (
+            index.and_then(|i| hidden.get(i)),
+            after[digits..].strip_prefix(CLOSE),
+        ) {
+            (Some(text), Some(tail)) => {
+                out.push_str(text);
+                rest = tail;
+            }
+            _ => {
+                out.push(OPEN);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {

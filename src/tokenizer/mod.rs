@@ -506,6 +506,13 @@ impl Tokenizer {
             self.specials
                 .partition(&self.vocab, text, parse_special, &mut fragments);
         }
+        self.encode_fragments(text, &fragments, add_bos)
+    }
+
+    /// Steps 2 and 3 of [`encode`](Self::encode): tokenize the raw-text `fragments` (ranges of
+    /// `text`) and place the special ones, in order; BOS / EOS by the file's policy if
+    /// `add_bos`.
+    fn encode_fragments(&self, text: &str, fragments: &[Fragment], add_bos: bool) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos && self.add_bos {
             out.extend(self.ids.bos);
@@ -513,7 +520,7 @@ impl Tokenizer {
         match &self.model {
             Model::Bpe(bpe) => {
                 let mut scratch = BpeScratch::default();
-                for f in &fragments {
+                for f in fragments {
                     match f {
                         Fragment::Text(r) => bpe.encode_fragment(
                             &self.vocab,
@@ -531,7 +538,7 @@ impl Tokenizer {
                 // llama.cpp prefixes a space to raw text at the start and after every special
                 // token, when add_space_prefix is set.
                 let mut prev_special = true;
-                for f in &fragments {
+                for f in fragments {
                     match f {
                         Fragment::Text(r) => {
                             escaped.clear();
