@@ -1,12 +1,13 @@
 //! `kiln serve`: the OpenAI-compatible HTTP server.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
 use super::common::{self, ModelArgs};
-use kiln::server::{self, ServeOptions};
+use kiln::server::{self, HttpLimits, ServeOptions};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -25,15 +26,57 @@ pub struct ServeArgs {
     /// Requests allowed to wait for a free sequence slot; beyond that the server answers 429.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
-    /// Require `Authorization: Bearer KEY` on the /v1 routes.
+    /// Require `Authorization: Bearer KEY` on the /v1 routes and /metrics (/health stays open).
     #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Serve /metrics without the API key.
+    #[arg(long)]
+    pub metrics_public: bool,
+    /// Parse special-token text (`<|im_end|>`) inside chat message content. By default content
+    /// is literal text, so that a message cannot forge turns; only the template's own markup
+    /// becomes special tokens.
+    #[arg(long)]
+    pub special_in_content: bool,
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body: usize,
     /// Another name clients may use for the model (repeatable).
     #[arg(long = "alias")]
     pub aliases: Vec<String>,
+    /// Connections served at once; more are answered 503 and closed. Keep it below the
+    /// descriptor limit (`ulimit -n`).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Seconds a client has to send a request's head (request line and headers), counted from
+    /// the connection's opening or from the first byte of a later request; then the connection
+    /// is closed.
+    #[arg(long, default_value = "10", value_parser = seconds, value_name = "SECS")]
+    pub header_timeout: Duration,
+    /// Seconds a client has to send a request's body once its head has arrived (408).
+    #[arg(long, default_value = "60", value_parser = seconds, value_name = "SECS")]
+    pub body_timeout: Duration,
+    /// Seconds a kept-alive connection may wait for its next request before it is closed.
+    #[arg(long, default_value = "30", value_parser = seconds, value_name = "SECS")]
+    pub idle_timeout: Duration,
+    /// Seconds a write to a client may make no progress (a client that stopped reading) before
+    /// the connection is closed and its generation cancelled.
+    #[arg(long, default_value = "600", value_parser = seconds, value_name = "SECS")]
+    pub write_timeout: Duration,
+    /// Seconds the responses in progress have to finish after SIGTERM / Ctrl-C; what is left
+    /// then is dropped. Idle connections and unfinished requests close at once.
+    #[arg(long, default_value = "30", value_parser = seconds, value_name = "SECS")]
+    pub shutdown_timeout: Duration,
+}
+
+/// A positive number of seconds (fractions allowed).
+fn seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(v > 0.0 && v <= 1e9) {
+        return Err(format!("`{s}`: expected seconds > 0"));
+    }
+    Ok(Duration::from_secs_f64(v))
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -69,8 +112,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_queue: args.queue,
         max_body_bytes: args.max_body,
         api_key: args.api_key.clone(),
+        metrics_public: args.metrics_public,
+        special_in_content: args.special_in_content,
         model_id: stem,
         model_aliases: aliases,
+        http: HttpLimits {
+            max_connections: args.max_connections as usize,
+            header_timeout: args.header_timeout,
+            body_timeout: args.body_timeout,
+            idle_timeout: args.idle_timeout,
+            write_timeout: args.write_timeout,
+            shutdown_grace: args.shutdown_timeout,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -105,7 +158,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// flight finish); a second one exits at once.
 async fn shutdown_signal() {
     wait_signal().await;
-    eprintln!("kiln: shutting down: finishing the requests in flight (again to force)");
+    eprintln!(
+        "kiln: shutting down: finishing the responses in progress (--shutdown-timeout; again to force)"
+    );
     tokio::spawn(async {
         wait_signal().await;
         std::process::exit(130);

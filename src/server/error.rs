@@ -16,6 +16,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds, for 429 and 503.
     pub retry_after: Option<u64>,
+    /// Answer with `Connection: close` (the request body was left unread).
+    pub close: bool,
 }
 
 impl ApiError {
@@ -27,7 +29,19 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            close: false,
         }
+    }
+
+    /// Any error status, with OpenAI's `type` for its class (`invalid_request_error` for 4xx,
+    /// `server_error` for 5xx).
+    pub fn with_status(status: StatusCode, message: impl Into<String>) -> ApiError {
+        let kind = if status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        ApiError::new(status, kind, message)
     }
 
     /// 400: the request is malformed or asks for something impossible.
@@ -74,22 +88,42 @@ impl ApiError {
         )
     }
 
+    /// 413; the rest of the body is not read, so the connection closes.
     pub fn too_large(limit: usize) -> ApiError {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            format!("request body larger than {limit} bytes"),
-        )
+        ApiError {
+            close: true,
+            ..ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("request body larger than {limit} bytes (--max-body)"),
+            )
+        }
     }
 
-    pub fn queue_full(depth: usize) -> ApiError {
+    /// 408: the body did not arrive within `--body-timeout`.
+    pub fn body_timeout(secs: f64) -> ApiError {
+        ApiError {
+            close: true,
+            code: Some("request_timeout"),
+            ..ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!("the request body did not arrive within {secs} s (--body-timeout)"),
+            )
+        }
+    }
+
+    /// 429: `parallel` requests are generating and `queue` more wait.
+    pub fn queue_full(parallel: usize, queue: usize) -> ApiError {
         ApiError {
             code: Some("rate_limit_exceeded"),
             retry_after: Some(1),
             ..ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
-                format!("the server is busy ({depth} requests waiting); retry shortly"),
+                format!(
+                    "the server is busy ({parallel} requests generating, {queue} waiting: the --parallel and --queue limits); retry shortly"
+                ),
             )
         }
     }
@@ -124,6 +158,10 @@ impl IntoResponse for ApiError {
         if let Some(s) = self.retry_after {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.close {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
     }

@@ -3,21 +3,54 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use super::AppState;
 
-/// Requests answered, by endpoint and status.
+/// The `status` label of a request: the HTTP status answered, or `cancelled` when the client
+/// left before the answer was ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    Code(u16),
+    Cancelled,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Status::Code(c) => write!(f, "{c}"),
+            Status::Cancelled => f.write_str("cancelled"),
+        }
+    }
+}
+
+/// Requests answered, by endpoint and status; connections.
 #[derive(Default)]
 pub struct HttpMetrics {
-    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    requests: Mutex<BTreeMap<(&'static str, Status), u64>>,
+    /// Connections being served.
+    pub connections_open: AtomicUsize,
+    /// Connections turned away past `--max-connections`.
+    pub connections_refused: AtomicU64,
+    /// Connections closed by a timeout, by kind (`header`, `idle`, `write`).
+    timeouts: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl HttpMetrics {
     pub fn record(&self, endpoint: &'static str, status: u16) {
+        self.record_status(endpoint, Status::Code(status));
+    }
+
+    pub fn record_status(&self, endpoint: &'static str, status: Status) {
         if let Ok(mut m) = self.requests.lock() {
             *m.entry((endpoint, status)).or_insert(0) += 1;
+        }
+    }
+
+    pub fn timed_out(&self, kind: &'static str) {
+        if let Ok(mut m) = self.timeouts.lock() {
+            *m.entry(kind).or_insert(0) += 1;
         }
     }
 }
@@ -30,7 +63,7 @@ pub fn render(st: &AppState) -> String {
         w,
         "kiln_requests_total",
         "counter",
-        "HTTP requests answered, by endpoint and status.",
+        "HTTP requests answered, by endpoint and status (`cancelled`: the client left first).",
     );
     if let Ok(m) = st.http.requests.lock() {
         for ((ep, status), n) in m.iter() {
@@ -40,6 +73,39 @@ pub fn render(st: &AppState) -> String {
             );
         }
     }
+    header(
+        w,
+        "kiln_http_timeouts_total",
+        "counter",
+        "Connections closed by a timeout, by kind (header, idle, write).",
+    );
+    if let Ok(m) = st.http.timeouts.lock() {
+        for (kind, n) in m.iter() {
+            let _ = writeln!(w, "kiln_http_timeouts_total{{kind=\"{kind}\"}} {n}");
+        }
+    }
+    header(
+        w,
+        "kiln_http_connections_refused_total",
+        "counter",
+        "Connections turned away past --max-connections.",
+    );
+    let _ = writeln!(
+        w,
+        "kiln_http_connections_refused_total {}",
+        st.http.connections_refused.load(Relaxed)
+    );
+    header(
+        w,
+        "kiln_http_connections_open",
+        "gauge",
+        "Connections being served.",
+    );
+    let _ = writeln!(
+        w,
+        "kiln_http_connections_open {}",
+        st.http.connections_open.load(Relaxed)
+    );
     let s = &st.sched;
     let counters: [(&str, &str, u64); 10] = [
         (

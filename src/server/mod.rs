@@ -11,15 +11,22 @@
 //! The model runs on one dedicated thread (with its own worker pool); the async side only
 //! parses, tokenizes and streams. A dropped response (client gone) drops the event receiver,
 //! which the engine notices at its next event and frees the slot.
+//!
+//! At most `--parallel + --queue` requests are in the engine at once: a request takes a permit
+//! of [`AppState::admission`] before it is sent and gives it back when the engine has finished
+//! with it, however it ends; without a permit the answer is 429. The connections themselves
+//! (limit, timeouts, shutdown) are `conn.rs`.
 
 pub mod api;
+mod conn;
 pub mod error;
+mod io;
 mod metrics;
 mod routes;
 
-use std::net::SocketAddr;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::engine::batch::{BatchOptions, BatchRunner};
 use crate::engine::scheduler::{SchedMetrics, Scheduler, SeqRequest};
@@ -41,11 +48,49 @@ pub struct ServeOptions {
     pub max_queue: usize,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
-    /// Required `Authorization: Bearer` key, if any.
+    /// Required `Authorization: Bearer` key, if any (on `/v1/*`, and `/metrics` unless
+    /// `metrics_public`).
     pub api_key: Option<String>,
+    /// `/metrics` answers without the API key.
+    pub metrics_public: bool,
+    /// Parse special-token text inside chat message content (by default it is literal text,
+    /// so that a message cannot forge a turn).
+    pub special_in_content: bool,
     /// The model id reported by `/v1/models`; requests may name it or any alias.
     pub model_id: String,
     pub model_aliases: Vec<String>,
+    pub http: HttpLimits,
+}
+
+/// Connection limits and timeouts.
+#[derive(Clone, Debug)]
+pub struct HttpLimits {
+    /// Connections served at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// From a connection's opening, or the first byte of a later request, to the end of the
+    /// request head.
+    pub header_timeout: Duration,
+    /// From the end of the request head to the end of its body.
+    pub body_timeout: Duration,
+    /// A kept-alive connection with no request in progress is closed after this long.
+    pub idle_timeout: Duration,
+    /// A write to the client that makes no progress for this long closes the connection.
+    pub write_timeout: Duration,
+    /// After SIGTERM, how long the responses in progress have to finish.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            max_connections: 512,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Shared by every handler.
@@ -55,12 +100,15 @@ pub(crate) struct AppState {
     pub model: Arc<Model>,
     pub opts: ServeOptions,
     pub sched: Arc<SchedMetrics>,
-    pub http: metrics::HttpMetrics,
+    /// `--parallel + --queue` permits: one per request in the engine.
+    pub admission: Arc<tokio::sync::Semaphore>,
+    pub http: Arc<metrics::HttpMetrics>,
     pub started: u64,
     pub kv_bytes: usize,
 }
 
-/// Serve on `listener` until `shutdown` resolves, then finish the requests in flight.
+/// Serve on `listener` until `shutdown` resolves, then let the responses in progress finish
+/// (within `opts.http.shutdown_grace`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     model: Arc<Model>,
@@ -88,30 +136,43 @@ pub async fn serve(
             .name("kiln-engine".into())
             .spawn(move || Scheduler::new(runner, &tok, metrics).run(rx))?
     };
+    let admitted =
+        (opts.n_slots.saturating_add(opts.max_queue)).min(tokio::sync::Semaphore::MAX_PERMITS);
     let state = Arc::new(AppState {
         engine: tx,
         tokenizer,
         model,
-        opts,
         sched,
-        http: metrics::HttpMetrics::default(),
+        admission: Arc::new(tokio::sync::Semaphore::new(admitted)),
+        http: Arc::new(metrics::HttpMetrics::default()),
         started: unix_now(),
         kv_bytes,
+        opts,
     });
     let app = routes::router(Arc::clone(&state));
+    let limits = state.opts.http.clone();
+    let http = Arc::clone(&state.http);
     drop(state);
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await?;
-    // Every handler (and so every sender) is gone: the engine finishes and exits.
-    tokio::task::spawn_blocking(move || engine.join())
-        .await?
+    conn::serve(listener, app, limits, http, shutdown).await;
+    // Every connection is gone, and with it every handler and sender: the engine cancels what
+    // is left and exits. It is waited for a little (one step); past that, the process exit
+    // that follows ends it.
+    let deadline = tokio::time::Instant::now() + ENGINE_EXIT_WAIT;
+    while !engine.is_finished() {
+        if tokio::time::Instant::now() >= deadline {
+            log::warn!("the engine thread is still busy; exiting without it");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    engine
+        .join()
         .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
     Ok(())
 }
+
+/// How long the engine thread has to exit once every request is gone.
+const ENGINE_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()

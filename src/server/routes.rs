@@ -5,44 +5,67 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::StreamExt;
 use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 
 use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Generation, Head, PromptField};
 use super::error::ApiError;
-use super::{metrics, unix_now, AppState};
+use super::metrics::{self, HttpMetrics, Status};
+use super::{unix_now, AppState};
 use crate::engine::scheduler::{FinishReason, SeqEvent, SeqRequest};
 use crate::tokenizer::ChatMessage;
 
 type St = State<Arc<AppState>>;
 
 pub(super) fn router(state: Arc<AppState>) -> Router {
-    let v1 = Router::new()
+    let mut keyed = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
+        .route("/v1/models", get(models));
+    let mut open = Router::new().route("/health", get(health));
+    if state.opts.metrics_public {
+        open = open.route("/metrics", get(prometheus));
+    } else {
+        keyed = keyed.route("/metrics", get(prometheus));
+    }
+    let keyed = keyed.route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
-        .merge(v1)
-        .route("/health", get(health))
-        .route("/metrics", get(prometheus))
+        .merge(keyed)
+        .merge(open)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
-        .layer(DefaultBodyLimit::max(state.opts.max_body_bytes))
         .with_state(state)
 }
 
-/// Count every answer by route and status.
+/// Records a request as `cancelled` if it is dropped before its answer (the client left).
+struct Pending {
+    http: Arc<HttpMetrics>,
+    endpoint: &'static str,
+    answered: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.http.record_status(self.endpoint, Status::Cancelled);
+        }
+    }
+}
+
+/// Count every answer by route and status, a request whose client left as `cancelled`; and
+/// make sure no error leaves without OpenAI's JSON body.
 async fn count(State(st): St, req: Request, next: Next) -> Response {
     let ep = match req
         .extensions()
@@ -56,9 +79,36 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
         Some("/metrics") => "/metrics",
         _ => "other",
     };
-    let r = next.run(req).await;
+    let mut pending = Pending {
+        http: Arc::clone(&st.http),
+        endpoint: ep,
+        answered: false,
+    };
+    let mut r = next.run(req).await;
+    pending.answered = true;
     st.http.record(ep, r.status().as_u16());
+    let status = r.status();
+    if (status.is_client_error() || status.is_server_error())
+        && r.body().size_hint().exact() == Some(0)
+    {
+        let reason = status.canonical_reason().unwrap_or("error").to_lowercase();
+        let mut json = ApiError::with_status(status, reason).into_response();
+        for (name, value) in r.headers() {
+            if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+                json.headers_mut().insert(name.clone(), value.clone());
+            }
+        }
+        r = json;
+    }
     r
+}
+
+/// Whether `given` is the key, in time that does not depend on where they differ (both are
+/// hashed first, so neither does it depend on the lengths).
+fn key_matches(given: &str, key: &str) -> bool {
+    let a = Sha256::digest(given.as_bytes());
+    let b = Sha256::digest(key.as_bytes());
+    a.ct_eq(&b).into()
 }
 
 /// `--api-key`: the `/v1` routes need `Authorization: Bearer KEY`.
@@ -68,7 +118,7 @@ async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Re
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+        if !given.is_some_and(|g| key_matches(g, key)) {
             return ApiError::unauthorized().into_response();
         }
     }
@@ -128,15 +178,33 @@ async fn models(State(st): St) -> Json<serde_json::Value> {
     }))
 }
 
-/// The body, or the error its reading produced (413 over the limit).
-fn body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(st.opts.max_body_bytes)
-        } else {
-            ApiError::bad_request(format!("could not read the body: {e}"))
+/// The whole body, within `--max-body` (413) and `--body-timeout` (408).
+async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = st.opts.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(limit));
+    }
+    let read = async {
+        let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+        let mut chunks = body.into_data_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk
+                .map_err(|e| ApiError::bad_request(format!("could not read the body: {e}")))?;
+            if out.len() + chunk.len() > limit {
+                return Err(ApiError::too_large(limit));
+            }
+            out.extend_from_slice(&chunk);
         }
-    })
+        Ok(Bytes::from(out))
+    };
+    let timeout = st.opts.http.body_timeout;
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout.as_secs_f64())))
 }
 
 fn check_model(st: &AppState, model: &Option<String>) -> Result<String, ApiError> {
@@ -162,8 +230,8 @@ fn head(model: String, endpoint: Endpoint) -> Head {
     }
 }
 
-async fn chat(State(st): St, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let req: ChatRequest = api::parse(&body(&st, raw)?)?;
+async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let req: ChatRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid_param(
@@ -186,20 +254,16 @@ async fn chat(State(st): St, raw: Result<Bytes, BytesRejection>) -> Result<Respo
         };
         msgs.push(ChatMessage::new(role, m.text()?));
     }
-    let text = st
+    let prompt = st
         .tokenizer
-        .apply_chat_template(&msgs, true)
+        .encode_chat(&msgs, true, st.opts.special_in_content)
         .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
-    let prompt = st.tokenizer.encode(&text, true, true);
     let gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
     run(&st, head(model, Endpoint::Chat), prompt, gen).await
 }
 
-async fn completions(
-    State(st): St,
-    raw: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let req: CompletionRequest = api::parse(&body(&st, raw)?)?;
+async fn completions(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let req: CompletionRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
     let prompt = match req.prompt {
         PromptField::Text(t) => st.tokenizer.encode(&t, true, false),
@@ -238,14 +302,22 @@ async fn run(
     prompt: Vec<u32>,
     gen: Generation,
 ) -> Result<Response, ApiError> {
-    let waiting = st.sched.queue_depth.load(Relaxed);
-    if waiting >= st.opts.max_queue {
-        return Err(ApiError::queue_full(waiting));
-    }
+    // Taken here, atomically: at most --parallel + --queue requests are in the engine.
+    let Ok(permit) = Arc::clone(&st.admission).try_acquire_owned() else {
+        return Err(ApiError::queue_full(st.opts.n_slots, st.opts.max_queue));
+    };
+    let mut permit = Some(permit);
     let (tx, mut rx) = mpsc::unbounded_channel::<SeqEvent>();
+    // The engine owns the sink until it is done with the request, however the request ends
+    // (finished, cancelled, refused); the permit goes back with the final event, before the
+    // client can see it, or at the latest when the engine drops the sink.
     let sink = Box::new(move |ev: SeqEvent| match &ev {
         SeqEvent::Text(t) if t.is_empty() => !tx.is_closed(),
-        _ => tx.send(ev).is_ok(),
+        SeqEvent::Text(_) => tx.send(ev).is_ok(),
+        SeqEvent::Done(_) => {
+            permit.take();
+            tx.send(ev).is_ok()
+        }
     });
     st.engine
         .send(SeqRequest {

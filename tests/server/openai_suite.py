@@ -56,7 +56,10 @@ def kiln_run(prompt, n, chat):
 
 
 def metrics(base=None):
-    text = httpx.get((base or ARGS.a) + "/metrics", timeout=30).text
+    # /metrics is behind the API key (server B has none; the header is ignored there).
+    r = httpx.get((base or ARGS.a) + "/metrics", headers=AUTH, timeout=30)
+    assert r.status_code == 200, (r.status_code, r.text)
+    text = r.text
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
