@@ -176,6 +176,20 @@ fn connections_past_the_limit_are_refused() {
         assert!(Instant::now() < deadline, "the place never came back");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // (The place of the last connection comes back only once the server has closed it.)
+    let metrics = loop {
+        let a = server.request("GET", "/metrics", &[], "");
+        if a.status == 200 {
+            break a.text();
+        }
+        assert!(Instant::now() < deadline, "the place never came back");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let refused = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kiln_http_connections_refused_total "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(refused.is_some_and(|n| n >= 1), "{metrics}");
 }
 
 #[test]

@@ -57,16 +57,23 @@ pub(super) async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut shutdown = pin!(shutdown);
+    let mut failing = false;
     loop {
         while tasks.try_join_next().is_some() {}
         let tcp = tokio::select! {
             _ = &mut shutdown => break,
             r = listener.accept() => match r {
-                Ok((tcp, _peer)) => tcp,
+                Ok((tcp, _peer)) => {
+                    failing = false;
+                    tcp
+                }
                 Err(e) => {
                     // Out of descriptors (EMFILE) and the like: the pending connection stays
-                    // in the backlog; wait rather than spin.
-                    log::warn!("accept: {e}");
+                    // in the backlog; wait rather than spin (and say so once per episode).
+                    if !failing {
+                        log::warn!("accept: {e} (lower --max-connections below `ulimit -n`?)");
+                    }
+                    failing = true;
                     tokio::select! {
                         _ = &mut shutdown => break,
                         _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
@@ -212,7 +219,7 @@ struct Activity {
 }
 
 impl ConnState {
-    fn new() -> ConnState {
+    pub fn new() -> ConnState {
         ConnState {
             inner: Mutex::new(Activity {
                 busy: 0,

@@ -20,15 +20,14 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 use super::conn::ConnState;
 use super::error::ApiError;
 use super::metrics::HttpMetrics;
 
-pub(super) struct ConnIo {
-    tcp: TcpStream,
+pub(super) struct ConnIo<T> {
+    tcp: T,
     conn: Arc<ConnState>,
     metrics: Arc<HttpMetrics>,
     /// How long one write may make no progress (a client that stopped reading).
@@ -40,13 +39,13 @@ pub(super) struct ConnIo {
     replaced: usize,
 }
 
-impl ConnIo {
+impl<T: AsyncRead + AsyncWrite + Unpin> ConnIo<T> {
     pub fn new(
-        tcp: TcpStream,
+        tcp: T,
         conn: Arc<ConnState>,
         metrics: Arc<HttpMetrics>,
         write_timeout: Duration,
-    ) -> ConnIo {
+    ) -> ConnIo<T> {
         ConnIo {
             tcp,
             conn,
@@ -60,7 +59,7 @@ impl ConnIo {
 
     /// `Pending` from the client: start (or keep) the stall clock; past the write timeout the
     /// write fails and hyper closes the connection.
-    fn on_write<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    fn on_write<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
         if r.is_ready() {
             self.stall = None;
             return r;
@@ -94,7 +93,7 @@ impl ConnIo {
     }
 }
 
-impl AsyncRead for ConnIo {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for ConnIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -109,7 +108,7 @@ impl AsyncRead for ConnIo {
     }
 }
 
-impl AsyncWrite for ConnIo {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ConnIo<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -243,5 +242,75 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["message"], "busy");
         assert_eq!(v["error"]["type"], "server_error");
+    }
+
+    fn pipe(write_timeout: Duration) -> (ConnIo<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
+        let (ours, client) = tokio::io::duplex(64);
+        let io = ConnIo::new(
+            ours,
+            Arc::new(ConnState::new()),
+            Arc::new(HttpMetrics::default()),
+            write_timeout,
+        );
+        (io, client)
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_times_out() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut io, mut client) = pipe(Duration::from_secs(1));
+        // Progress, however slow, keeps the connection: the client reads every 100 ms.
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 16];
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = client.read(&mut buf).await;
+            }
+            client
+        });
+        io.write_all(&[b'x'; 64 + 16 * 19]).await.unwrap();
+        let _client = reader.await.unwrap();
+        // Now it reads nothing: the write fails after the timeout.
+        let write = io.write_all(&[b'y'; 1000]);
+        let err = tokio::time::timeout(Duration::from_secs(20), write)
+            .await
+            .expect("the stalled write never timed out")
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test]
+    async fn hyper_bare_error_goes_out_as_json() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut io, mut client) = pipe(Duration::from_secs(5));
+        let bare = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        let reading = tokio::spawn(async move {
+            let mut out = Vec::new();
+            client.read_to_end(&mut out).await.unwrap();
+            out
+        });
+        // hyper writes the head, flushes, shuts down; the replacement (longer than the pipe's
+        // buffer) goes out across those calls.
+        assert_eq!(io.write(bare).await.unwrap(), bare.len());
+        io.flush().await.unwrap();
+        io.shutdown().await.unwrap();
+        drop(io);
+        let out = String::from_utf8(reading.await.unwrap()).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        // A service answer passes through untouched.
+        let (mut io, mut client) = pipe(Duration::from_secs(5));
+        let ok = b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}";
+        let reading = tokio::spawn(async move {
+            let mut out = Vec::new();
+            client.read_to_end(&mut out).await.unwrap();
+            out
+        });
+        io.write_all(ok).await.unwrap();
+        drop(io);
+        assert_eq!(reading.await.unwrap(), ok);
     }
 }

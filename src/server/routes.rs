@@ -84,23 +84,29 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
         endpoint: ep,
         answered: false,
     };
-    let mut r = next.run(req).await;
+    let r = next.run(req).await;
     pending.answered = true;
     st.http.record(ep, r.status().as_u16());
+    json_error_body(r)
+}
+
+/// An error answer without a body gets OpenAI's JSON one. Every error of ours has a body
+/// already; this covers what axum might answer by itself, and makes sure that io.rs, which
+/// takes a bodiless error head for hyper's own answer, never sees one from the service.
+fn json_error_body(r: Response) -> Response {
     let status = r.status();
-    if (status.is_client_error() || status.is_server_error())
-        && r.body().size_hint().exact() == Some(0)
-    {
-        let reason = status.canonical_reason().unwrap_or("error").to_lowercase();
-        let mut json = ApiError::with_status(status, reason).into_response();
-        for (name, value) in r.headers() {
-            if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
-                json.headers_mut().insert(name.clone(), value.clone());
-            }
-        }
-        r = json;
+    let bodiless = r.body().size_hint().exact() == Some(0);
+    if !(status.is_client_error() || status.is_server_error()) || !bodiless {
+        return r;
     }
-    r
+    let reason = status.canonical_reason().unwrap_or("error").to_lowercase();
+    let mut json = ApiError::with_status(status, reason).into_response();
+    for (name, value) in r.headers() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            json.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    json
 }
 
 /// Whether `given` is the key, in time that does not depend on where they differ (both are
@@ -410,4 +416,39 @@ fn stream(
         }
     });
     Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bodiless_errors_get_a_json_body() {
+        let bare = (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "GET")]).into_response();
+        let r = json_error_body(bare);
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(r.headers()[header::ALLOW], "GET");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["message"], "method not allowed");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        // Answers with a body, and successes, are left alone.
+        let ours = ApiError::not_found("/x").into_response();
+        let body = axum::body::to_bytes(json_error_body(ours).into_body(), 1 << 16)
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("no route for /x"));
+        let ok = json_error_body(StatusCode::NO_CONTENT.into_response());
+        assert_eq!(ok.status(), StatusCode::NO_CONTENT);
+        assert_eq!(ok.body().size_hint().exact(), Some(0));
+    }
+
+    #[test]
+    fn key_comparison() {
+        assert!(key_matches("abc", "abc"));
+        for other in ["abd", "ab", "abcd", "", "ABC"] {
+            assert!(!key_matches(other, "abc"), "{other}");
+        }
+    }
 }
