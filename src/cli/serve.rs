@@ -63,7 +63,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "600", value_parser = seconds, value_name = "SECS")]
     pub write_timeout: Duration,
     /// Seconds the responses in progress have to finish after SIGTERM / Ctrl-C; what is left
-    /// then is dropped. Idle connections and unfinished requests close at once.
+    /// then is dropped. Connections not being answered (idle, or a head still arriving) close
+    /// at once.
     #[arg(long, default_value = "30", value_parser = seconds, value_name = "SECS")]
     pub shutdown_timeout: Duration,
 }
