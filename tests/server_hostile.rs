@@ -30,7 +30,7 @@ fn long_stream_request() -> Vec<u8> {
 
 #[test]
 fn a_burst_admits_exactly_parallel_plus_queue() {
-    let server = Server::start(&model(), &["-P", "2", "--queue", "2"]);
+    let server = Server::start(&model(), &["-P", "4", "--queue", "4"]);
     let request = long_stream_request();
     // 40 connections, then all 40 requests as fast as they can go.
     let mut socks: Vec<TcpStream> = (0..40).map(|_| server.connect()).collect();
@@ -53,12 +53,12 @@ fn a_burst_admits_exactly_parallel_plus_queue() {
     }
     assert_eq!(
         (admitted, refused),
-        (4, 36),
-        "-P 2 --queue 2 must admit exactly 4 of 40"
+        (8, 32),
+        "-P 4 --queue 4 must admit exactly 8 of 40"
     );
     let health = server.request("GET", "/health", &[], "").json();
     assert!(
-        health["queue_depth"].as_u64().unwrap() <= 2,
+        health["queue_depth"].as_u64().unwrap() <= 4,
         "the queue outgrew --queue: {health}"
     );
     // A refusal is a whole JSON error.
