@@ -83,7 +83,9 @@ fn ring_attention_is_bit_identical_to_full_cache() {
         for ty in [KvType::F16, KvType::Q8_0] {
             let full = KvLayout::full(1, HKV, HD, HD, ctx);
             let ringed = full.clone().with_window(window, &[true], n);
-            let rows = ringed.ring_rows(0).expect("a ring smaller than the context");
+            let rows = ringed
+                .ring_rows(0)
+                .expect("a ring smaller than the context");
             assert!(rows.is_multiple_of(64) && rows + 1 >= window + n);
             let mut a = KvCache::with_type(full, ty).unwrap();
             let mut b = KvCache::with_type(ringed, ty).unwrap();

@@ -150,7 +150,8 @@ fn gemma3_plan_counts_the_sliding_window_ring() {
     assert_eq!(kv.bytes, (3 * 32768 + 15 * 1024) * 512 * 2);
     assert_eq!(kv.bytes, 111 << 20);
     assert!(
-        kv.formula.contains("15 sliding-window layers × ring of 1024 positions"),
+        kv.formula
+            .contains("15 sliding-window layers × ring of 1024 positions"),
         "{}",
         kv.formula
     );

@@ -66,7 +66,9 @@ pub struct KvOverflow {
 /// A pass the sliding-window rings cannot serve exactly.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KvWindowError {
-    #[error("a pass of {n} tokens exceeds the {max} the sliding-window ring of {rows} rows allows")]
+    #[error(
+        "a pass of {n} tokens exceeds the {max} the sliding-window ring of {rows} rows allows"
+    )]
     PassTooLong { n: usize, max: usize, rows: usize },
     #[error("the sliding-window ring no longer holds the window before position {pos} (it keeps positions {kept} and up)")]
     WindowLost { pos: usize, kept: usize },
@@ -814,8 +816,16 @@ mod ring_tests {
         let mut out = Vec::new();
         for h in 0..HEADS {
             let row = h * rows + r;
-            out.extend(l.keys_f16(row..row + 1, HD, &mut buf).iter().map(|x| x.to_f32()));
-            out.extend(l.values_f16(row..row + 1, HD, &mut buf).iter().map(|x| x.to_f32()));
+            out.extend(
+                l.keys_f16(row..row + 1, HD, &mut buf)
+                    .iter()
+                    .map(|x| x.to_f32()),
+            );
+            out.extend(
+                l.values_f16(row..row + 1, HD, &mut buf)
+                    .iter()
+                    .map(|x| x.to_f32()),
+            );
         }
         out
     }
@@ -827,9 +837,17 @@ mod ring_tests {
         let len = ring.len();
         assert!(ring.can_resume_at(len));
         for layer in 0..3 {
-            let lo = if layer == 1 { (len + 1).saturating_sub(10) } else { 0 };
+            let lo = if layer == 1 {
+                (len + 1).saturating_sub(10)
+            } else {
+                0
+            };
             for p in lo..len {
-                assert_eq!(read(full, layer, p), read(ring, layer, p), "layer {layer} pos {p}");
+                assert_eq!(
+                    read(full, layer, p),
+                    read(ring, layer, p),
+                    "layer {layer} pos {p}"
+                );
             }
         }
     }
@@ -957,7 +975,10 @@ mod ring_tests {
         let lr = full.with_window(10, &[false, true, false, true, false], 4);
         assert_eq!(lr.n_full_layers(), 3);
         assert_eq!(
-            lr.offload_ring(KvType::F16, Some(lr.ring_kv_bytes(KvType::F16) + 2 * lr.layer_kv_bytes(KvType::F16))),
+            lr.offload_ring(
+                KvType::F16,
+                Some(lr.ring_kv_bytes(KvType::F16) + 2 * lr.layer_kv_bytes(KvType::F16))
+            ),
             Ok(Some(2))
         );
         let mut ram = KvCache::new(lr.clone());
@@ -983,7 +1004,11 @@ mod ring_tests {
                     0
                 };
                 for p in lo..pos0 + n {
-                    assert_eq!(read(&ram, layer, p), read(&off, layer, p), "layer {layer} pos {p}");
+                    assert_eq!(
+                        read(&ram, layer, p),
+                        read(&off, layer, p),
+                        "layer {layer} pos {p}"
+                    );
                 }
                 ram.end_layer(layer, pos0..pos0 + n);
                 off.end_layer(layer, pos0..pos0 + n);

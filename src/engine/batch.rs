@@ -166,10 +166,9 @@ impl BatchRunner {
             (&mut b[0], &a[src])
         };
         let n = n.min(s.tokens.len());
-        let n = d
-            .kv
-            .copy_prefix_from(&s.kv, n)
-            .expect("slots share one layout, so a prefix of one fits another");
+        let n =
+            d.kv.copy_prefix_from(&s.kv, n)
+                .expect("slots share one layout, so a prefix of one fits another");
         d.tokens.clear();
         d.tokens.extend_from_slice(&s.tokens[..n]);
         n

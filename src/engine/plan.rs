@@ -243,7 +243,10 @@ pub fn plan(
 /// ring, and the offload ring where the cache streams from a file.
 fn kv_formula(kv: &KvLayout, ty: KvType, offload: Option<usize>, parallel: u64) -> String {
     let dims = match ty {
-        KvType::F16 => format!("({} + {}) dims × 2 bytes (f16)", kv.head_dim_k, kv.head_dim_v),
+        KvType::F16 => format!(
+            "({} + {}) dims × 2 bytes (f16)",
+            kv.head_dim_k, kv.head_dim_v
+        ),
         KvType::Q8_0 => format!(
             "({} + {}) dims / 32 × 34 bytes (q8_0)",
             kv.head_dim_k, kv.head_dim_v

@@ -450,7 +450,10 @@ pub fn attention_kv(
         // Every position a query of the pass sees is still in the ring, and no tile of 64
         // positions wraps.
         let w = s.window.expect("a ring only serves a sliding window");
-        assert!(r.is_multiple_of(KV_TILE) && r + 1 >= w + n_tokens, "ring of {r} rows");
+        assert!(
+            r.is_multiple_of(KV_TILE) && r + 1 >= w + n_tokens,
+            "ring of {r} rows"
+        );
     }
     assert!(
         kv.ty() == KvType::F16
