@@ -44,6 +44,7 @@ fn bench(c: &mut Criterion) {
                 scale: 1.0 / (hd as f32).sqrt(),
                 window: None,
                 kv_stride: stride,
+                ring: None,
             };
             let mut scratch = AttnScratch::new(h, hkv, hd, hd, 1);
             let mut out = vec![0.0f32; n_tokens * h * hd];

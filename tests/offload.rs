@@ -139,3 +139,21 @@ fn contexts_past_the_training_context_are_refused() {
     .unwrap();
     assert!(e.to_string().contains("exceeds"), "{e}");
 }
+
+/// Gemma-3 offloaded: its 3 global layers stream through 2 buffers while the 15 sliding-window
+/// rings stay in RAM; prefill and a decode past the window give the in-RAM cache's bits.
+#[test]
+fn offloaded_gemma3_with_rings_is_bit_identical() {
+    let model = Arc::new(Model::load(common::real_model("gemma3")).unwrap());
+    let mut ram = session(&model, 2048, 128, KvType::F16, None);
+    let layout = ram.kv().layout().clone();
+    assert_eq!(layout.n_ring_layers(), 15);
+    let budget = layout.ring_kv_bytes(KvType::F16) + 2 * layout.layer_kv_bytes(KvType::F16);
+    let mut off = session(&model, 2048, 128, KvType::F16, Some(budget));
+    assert_eq!(off.kv().offload_ring(), Some(2));
+    assert_eq!(off.kv().bytes(), budget);
+    let prompt: Vec<u32> = (0..700u32).map(|i| 1000 + (i * 7919) % 200_000).collect();
+    let a = trace(&mut ram, &prompt, 40);
+    let b = trace(&mut off, &prompt, 40);
+    assert!(a == b, "offloaded logits differ");
+}

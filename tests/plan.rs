@@ -123,7 +123,7 @@ fn offloaded_plan_equals_session_ring() {
         let mut opts = SessionOptions::new(1024, 2);
         opts.kv_type = ty;
         let full = plan(&model.file, &opts, 1, Default::default()).unwrap();
-        let slot = kiln::engine::session::kv_layout(&model.config, 1024).layer_kv_bytes(ty);
+        let slot = kiln::engine::session::kv_layout(&model.config, &opts).layer_kv_bytes(ty);
         opts.kv_budget = Some(2 * slot + 100);
         let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
         let s = Session::new(Arc::clone(&model), opts).unwrap();
@@ -135,4 +135,53 @@ fn offloaded_plan_equals_session_ring() {
         assert!(kv.formula.contains("file"), "{}", kv.formula);
         assert!(full.get("KV cache").unwrap().bytes > kv.bytes);
     }
+}
+
+/// Gemma-3's 15 sliding-window layers keep a ring of 512 + 512 − 1 → 1,024 positions, the 3
+/// global layers the whole context: at 32K the KV cache is 111 MiB instead of 576 MiB (with
+/// `--swa-full`), the plan shows the ring, and it is what a session allocates.
+#[test]
+fn gemma3_plan_counts_the_sliding_window_ring() {
+    let model = Arc::new(Model::load(common::real_model("gemma3")).unwrap());
+    let opts = SessionOptions::new(32768, 2);
+    let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
+    let kv = p.get("KV cache").unwrap();
+    // (3 layers × 32768 + 15 layers × 1024) positions × 1 kv head × (256 + 256) × 2 bytes
+    assert_eq!(kv.bytes, (3 * 32768 + 15 * 1024) * 512 * 2);
+    assert_eq!(kv.bytes, 111 << 20);
+    assert!(
+        kv.formula
+            .contains("15 sliding-window layers × ring of 1024 positions"),
+        "{}",
+        kv.formula
+    );
+    let s = Session::new(Arc::clone(&model), opts).unwrap();
+    assert_eq!(kv.bytes, s.kv().bytes() as u64);
+    let mut full = opts;
+    full.swa_full = true;
+    let pf = plan(&model.file, &full, 1, Default::default()).unwrap();
+    assert_eq!(pf.get("KV cache").unwrap().bytes, 576 << 20);
+    assert_eq!(pf.total_bytes - p.total_bytes, (576 - 111) << 20);
+    // A prefill chunk of 64: 512 + 63 → 576 rows; a context the ring would not shrink has none.
+    let mut small = opts;
+    small.prefill_chunk = 64;
+    let kv = plan(&model.file, &small, 1, Default::default()).unwrap();
+    assert_eq!(
+        kv.get("KV cache").unwrap().bytes,
+        (3 * 32768 + 15 * 576) * 512 * 2
+    );
+    let short = SessionOptions::new(1024, 2);
+    let kv = plan(&model.file, &short, 1, Default::default()).unwrap();
+    assert_eq!(kv.get("KV cache").unwrap().bytes, 18 * 1024 * 512 * 2);
+    // Offloading streams the global layers only; the rings stay in RAM.
+    let mut off = opts;
+    off.kv_budget = Some((2 * 32768 + 15 * 1024) * 512 * 2 + 100);
+    let po = plan(&model.file, &off, 1, Default::default()).unwrap();
+    let so = Session::new(Arc::clone(&model), off).unwrap();
+    assert_eq!(so.kv().offload_ring(), Some(2));
+    assert_eq!(
+        po.get("KV cache").unwrap().bytes,
+        (2 * 32768 + 15 * 1024) * 512 * 2
+    );
+    assert_eq!(po.get("KV cache").unwrap().bytes, so.kv().bytes() as u64);
 }

@@ -3,14 +3,22 @@
 //!
 //! Layout of one layer's keys (values alike):
 //! ```text
-//! k[layer]: [n_kv_heads, max_len, head_dim]   f16
-//! offset(h, p, d) = h * max_len * head_dim + p * head_dim + d
+//! k[layer]: [n_kv_heads, rows, head_dim]   f16
+//! offset(h, p, d) = h * rows * head_dim + row(p) * head_dim + d
 //! ```
-//! Head-major keeps every head's history contiguous, so attention over positions `0..len`
-//! of one head is one sequential read.
+//! For a layer that sees the whole context, `rows = max_len` and `row(p) = p`. A
+//! sliding-window layer keeps only a ring of its last positions ([`super::layout`]):
+//! `rows = window + max_tokens − 1` rounded up to 64 and `row(p) = p mod rows`. Head-major
+//! keeps every head's history contiguous, so attention over a head's positions is one
+//! sequential read (two for a ring that wraps).
 //!
 //! Invariant: positions `>= len` hold stale or zero data and are never read. A forward pass
 //! writes the K/V of its new tokens at `len..len+n`, attends over `0..len+n`, then `advance(n)`.
+//! A ring holds positions `kept_from()..len` intact; older ones have been overwritten. That is
+//! all a sliding-window layer needs to go on from `len`, and it stays so after a rollback of
+//! up to `rows − window + 1` positions; a rollback or a prefix copy to a point whose window
+//! the ring no longer holds empties the cache instead, so the caller recomputes (never a
+//! wrong number: [`KvCache::can_resume_at`]).
 //!
 //! The element type is chosen when the cache is created ([`KvType`]): f16 (the reference
 //! engine's default, what the golden outputs were made with), or Q8_0 — each head's row of
@@ -19,17 +27,21 @@
 //! attention kernel dequantizes a Q8_0 cache tile by tile ([`KvLayer`]).
 //!
 //! Where it lives is chosen at creation too: in RAM, or — when a RAM budget is smaller than
-//! the whole cache ([`KvLayout::offload_ring`]) — in a file streamed through a ring of layer
-//! buffers ([`super::offload`]). A forward pass brackets each layer's writes and attention with
-//! [`KvCache::begin_layer`] / [`KvCache::end_layer`] (no-ops in RAM).
+//! the whole cache ([`KvLayout::offload_ring`]) — the full layers in a file streamed through a
+//! ring of layer buffers ([`super::offload`]), the sliding-window rings in RAM. A forward pass
+//! brackets each layer's writes and attention with [`KvCache::begin_layer`] /
+//! [`KvCache::end_layer`] (no-ops in RAM).
 
 use half::f16;
 
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::offload::{LayerGeom, OffloadError, OffloadStore};
-use crate::quant::blocks::{cast, cast_mut, BlockQ8_0, QK};
+use crate::quant::blocks::{cast, cast_mut, BlockQ8_0};
 use crate::quant::reference::Quantize;
+
+pub use super::kv_type::{dequant_q8_0_f16, KvLayer, KvType, KvTypeError};
+pub use super::layout::{KvBudgetError, KvLayout, KvWindow, RING_ALIGN};
 
 /// Why a KV cache could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -38,276 +50,6 @@ pub enum KvCacheError {
     Type(#[from] KvTypeError),
     #[error(transparent)]
     Offload(#[from] OffloadError),
-}
-
-/// Element type of the KV cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KvType {
-    /// IEEE half precision (2 bytes per value).
-    #[default]
-    F16,
-    /// Blocks of 32 values: an f16 scale and 32 signed bytes (34 bytes per 32 values).
-    Q8_0,
-}
-
-impl KvType {
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F16 => "f16",
-            KvType::Q8_0 => "q8_0",
-        }
-    }
-
-    /// Bytes of one head's row of `head_dim` values (`head_dim` a multiple of 32 for Q8_0).
-    pub fn row_bytes(self, head_dim: usize) -> usize {
-        match self {
-            KvType::F16 => head_dim * 2,
-            KvType::Q8_0 => head_dim.div_ceil(QK) * std::mem::size_of::<BlockQ8_0>(),
-        }
-    }
-
-    /// Can a head of `head_dim` values be stored in this type?
-    pub fn check_head_dim(self, head_dim: usize) -> Result<(), KvTypeError> {
-        match self {
-            KvType::Q8_0 if !head_dim.is_multiple_of(QK) => Err(KvTypeError::HeadDim {
-                ty: self.name(),
-                head_dim,
-                block: QK,
-            }),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl std::fmt::Display for KvType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for KvType {
-    type Err = KvTypeError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().as_str() {
-            "f16" => Ok(KvType::F16),
-            "q8_0" | "q8" => Ok(KvType::Q8_0),
-            _ => Err(KvTypeError::Unknown(s.to_owned())),
-        }
-    }
-}
-
-/// A KV cache type that cannot be used.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum KvTypeError {
-    #[error("unknown KV cache type {0:?} (expected f16 or q8_0)")]
-    Unknown(String),
-    #[error(
-        "a {ty} KV cache needs a head dimension divisible by {block}; this model's is {head_dim}"
-    )]
-    HeadDim {
-        ty: &'static str,
-        head_dim: usize,
-        block: usize,
-    },
-}
-
-/// Geometry of a KV cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvLayout {
-    pub n_layers: usize,
-    pub n_kv_heads: usize,
-    /// Key head dimension.
-    pub head_dim_k: usize,
-    /// Value head dimension (equal to the key's for every architecture we run so far).
-    pub head_dim_v: usize,
-    /// Maximum number of positions (the context size).
-    pub max_len: usize,
-}
-
-impl KvLayout {
-    /// Elements of one layer's keys.
-    pub fn k_elems_per_layer(&self) -> usize {
-        self.n_kv_heads * self.max_len * self.head_dim_k
-    }
-
-    /// Elements of one layer's values.
-    pub fn v_elems_per_layer(&self) -> usize {
-        self.n_kv_heads * self.max_len * self.head_dim_v
-    }
-
-    /// Bytes of the whole f16 cache: `n_layers · n_kv_heads · max_len · (head_dim_k + head_dim_v) · 2`.
-    pub fn bytes(&self) -> usize {
-        self.bytes_as(KvType::F16)
-    }
-
-    /// Bytes of one layer's keys (or values) in `ty`.
-    pub fn layer_bytes(&self, ty: KvType, head_dim: usize) -> usize {
-        self.n_kv_heads * self.max_len * ty.row_bytes(head_dim)
-    }
-
-    /// Bytes of one layer's keys and values together in `ty` (one offload ring buffer).
-    pub fn layer_kv_bytes(&self, ty: KvType) -> usize {
-        self.layer_bytes(ty, self.head_dim_k) + self.layer_bytes(ty, self.head_dim_v)
-    }
-
-    /// How a cache of `ty` fits a RAM budget: `None` if the whole cache fits (kept in RAM),
-    /// else the number of layer buffers of the offload ring (at least 2).
-    pub fn offload_ring(
-        &self,
-        ty: KvType,
-        budget: Option<usize>,
-    ) -> Result<Option<usize>, KvBudgetError> {
-        let Some(budget) = budget else {
-            return Ok(None);
-        };
-        let slot = self.layer_kv_bytes(ty);
-        if self.bytes_as(ty) <= budget {
-            return Ok(None);
-        }
-        let ring = budget / slot.max(1);
-        if ring < 2 || self.n_layers < 3 {
-            return Err(KvBudgetError {
-                budget,
-                min: if self.n_layers < 3 {
-                    self.bytes_as(ty)
-                } else {
-                    2 * slot
-                },
-            });
-        }
-        Ok(Some(ring.min(self.n_layers - 1)))
-    }
-
-    /// Bytes of the whole cache in `ty`:
-    /// `n_layers · n_kv_heads · max_len · (row_bytes(head_dim_k) + row_bytes(head_dim_v))`.
-    pub fn bytes_as(&self, ty: KvType) -> usize {
-        self.n_layers
-            * (self.layer_bytes(ty, self.head_dim_k) + self.layer_bytes(ty, self.head_dim_v))
-    }
-}
-
-/// One layer of the cache as the attention kernel reads it: rows of `[n_kv_heads, max_len]`,
-/// each `head_dim` values in the cache's type.
-#[derive(Clone, Copy, Debug)]
-pub enum KvLayer<'a> {
-    F16 {
-        keys: &'a [f16],
-        values: &'a [f16],
-    },
-    Q8_0 {
-        keys: &'a [BlockQ8_0],
-        values: &'a [BlockQ8_0],
-    },
-}
-
-impl<'a> KvLayer<'a> {
-    /// Rows `lo..hi` (row = head · max_len + position) of `head_dim` keys as f16: borrowed from
-    /// an f16 cache, dequantized into `buf` from a Q8_0 one.
-    #[inline]
-    pub fn keys_f16<'b>(
-        &self,
-        rows: std::ops::Range<usize>,
-        head_dim: usize,
-        buf: &'b mut [f16],
-    ) -> &'b [f16]
-    where
-        'a: 'b,
-    {
-        self.rows_f16(true, rows, head_dim, buf)
-    }
-
-    /// As [`KvLayer::keys_f16`] for values.
-    #[inline]
-    pub fn values_f16<'b>(
-        &self,
-        rows: std::ops::Range<usize>,
-        head_dim: usize,
-        buf: &'b mut [f16],
-    ) -> &'b [f16]
-    where
-        'a: 'b,
-    {
-        self.rows_f16(false, rows, head_dim, buf)
-    }
-
-    #[inline]
-    fn rows_f16<'b>(
-        &self,
-        keys: bool,
-        rows: std::ops::Range<usize>,
-        head_dim: usize,
-        buf: &'b mut [f16],
-    ) -> &'b [f16]
-    where
-        'a: 'b,
-    {
-        match *self {
-            KvLayer::F16 { keys: k, values: v } => {
-                &(if keys { k } else { v })[rows.start * head_dim..rows.end * head_dim]
-            }
-            KvLayer::Q8_0 { keys: k, values: v } => {
-                dequant_rows(if keys { k } else { v }, rows, head_dim, buf)
-            }
-        }
-    }
-
-    /// Rows of `head_dim_k`/`head_dim_v` values it holds, checked against a geometry.
-    pub fn holds(&self, rows: usize, head_dim_k: usize, head_dim_v: usize) -> bool {
-        match *self {
-            KvLayer::F16 { keys, values } => {
-                keys.len() >= rows * head_dim_k && values.len() >= rows * head_dim_v
-            }
-            KvLayer::Q8_0 { keys, values } => {
-                keys.len() * QK >= rows * head_dim_k && values.len() * QK >= rows * head_dim_v
-            }
-        }
-    }
-
-    pub fn ty(&self) -> KvType {
-        match self {
-            KvLayer::F16 { .. } => KvType::F16,
-            KvLayer::Q8_0 { .. } => KvType::Q8_0,
-        }
-    }
-}
-
-/// Dequantize rows `rows` of `head_dim` values (`head_dim / 32` blocks each) into `buf`:
-/// `x = f16(d · q)`, the product in f32 rounded once to f16.
-fn dequant_rows<'b>(
-    blocks: &[BlockQ8_0],
-    rows: std::ops::Range<usize>,
-    head_dim: usize,
-    buf: &'b mut [f16],
-) -> &'b [f16] {
-    let bpr = head_dim / QK;
-    let n = rows.len() * head_dim;
-    let out = &mut buf[..n];
-    let src = &blocks[rows.start * bpr..rows.end * bpr];
-    dequant_q8_0_f16(src, out);
-    out
-}
-
-/// Q8_0 blocks to f16: `f16(d · q)` per value.
-pub fn dequant_q8_0_f16(blocks: &[BlockQ8_0], out: &mut [f16]) {
-    use half::slice::HalfFloatSliceExt;
-    assert_eq!(blocks.len() * QK, out.len());
-    let mut tmp = [0.0f32; QK];
-    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-        let d = b.d.to_f32();
-        for (t, &q) in tmp.iter_mut().zip(&b.qs) {
-            *t = q as f32 * d;
-        }
-        o.convert_from_f32_slice(&tmp);
-    }
-}
-
-/// A KV budget too small to run with.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("a KV budget of {budget} bytes is too small: the offload ring needs two layer buffers, {min} bytes")]
-pub struct KvBudgetError {
-    pub budget: usize,
-    pub min: usize,
 }
 
 /// Error when a sequence would not fit.
@@ -321,6 +63,17 @@ pub struct KvOverflow {
     pub requested: usize,
 }
 
+/// A pass the sliding-window rings cannot serve exactly.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KvWindowError {
+    #[error(
+        "a pass of {n} tokens exceeds the {max} the sliding-window ring of {rows} rows allows"
+    )]
+    PassTooLong { n: usize, max: usize, rows: usize },
+    #[error("the sliding-window ring no longer holds the window before position {pos} (it keeps positions {kept} and up)")]
+    WindowLost { pos: usize, kept: usize },
+}
+
 /// `n` zero f16 values from a zeroed allocation: the OS maps zero pages lazily, so only the
 /// positions actually written become resident (`vec![f16::ZERO; n]` would memset them all).
 pub(crate) fn zeroed_f16(n: usize) -> Vec<f16> {
@@ -330,35 +83,40 @@ pub(crate) fn zeroed_f16(n: usize) -> Vec<f16> {
 
 /// The per-layer buffers of one element type.
 enum Store {
-    /// Per layer, `[n_kv_heads, max_len, head_dim]` f16.
+    /// Per layer, `[n_kv_heads, rows, head_dim]` f16.
     F16 { k: Vec<Vec<f16>>, v: Vec<Vec<f16>> },
-    /// Per layer, `[n_kv_heads, max_len, head_dim / 32]` Q8_0 blocks, as bytes.
+    /// Per layer, `[n_kv_heads, rows, head_dim / 32]` Q8_0 blocks, as bytes.
     Q8_0 { k: Vec<Vec<u8>>, v: Vec<Vec<u8>> },
-    /// Every layer in a file, streamed through a ring of layer buffers (`[K][V]` bytes of the
-    /// layout above, held as f16 words).
-    Offload { ty: KvType, store: OffloadStore },
+    /// The full layers in a file, streamed through a ring of layer buffers (`[K][V]` bytes of
+    /// the layout above, held as f16 words); the sliding-window rings in RAM, `[K][V]` bytes
+    /// alike (empty for a full layer).
+    Offload {
+        ty: KvType,
+        store: OffloadStore,
+        rings: Vec<Vec<f16>>,
+        /// Per layer, its index among the full layers (the offload store's layer number).
+        slot: Vec<usize>,
+    },
 }
 
-/// Write position `pos` of every head into one layer's keys `k` and values `v` (bytes of
-/// `[n_kv_heads, max_len, row]`) in type `ty`.
+/// Write one position of every head into row `row` of one layer's keys `k` and values `v`
+/// (bytes of `[heads, rows, row bytes]`) in type `ty`.
 #[allow(clippy::too_many_arguments)]
 fn write_rows(
     ty: KvType,
     l: &KvLayout,
+    rows: usize,
     k: &mut [u8],
     v: &mut [u8],
-    pos: usize,
+    row: usize,
     k_row: &[f32],
     v_row: &[f32],
 ) {
     let (hk, hv) = (l.head_dim_k, l.head_dim_v);
     let (rk, rv) = (ty.row_bytes(hk), ty.row_bytes(hv));
     for h in 0..l.n_kv_heads {
-        let row = h * l.max_len + pos;
-        let (kd, vd) = (
-            &mut k[row * rk..(row + 1) * rk],
-            &mut v[row * rv..(row + 1) * rv],
-        );
+        let r = h * rows + row;
+        let (kd, vd) = (&mut k[r * rk..(r + 1) * rk], &mut v[r * rv..(r + 1) * rv]);
         let (ks, vs) = (&k_row[h * hk..(h + 1) * hk], &v_row[h * hv..(h + 1) * hv]);
         match ty {
             KvType::F16 => {
@@ -378,20 +136,24 @@ fn write_rows(
     }
 }
 
-/// Copy positions `0..n` of every head, per layer `[heads, max_len, row]`, from `src` to `dst`.
-fn copy_head_prefix<T: Copy>(
-    dst: &mut [Vec<T>],
-    src: &[Vec<T>],
+/// Make one layer of `dst` hold what `src` holds for positions `0..n` (`row` elements per
+/// position and head): the first `n` rows of every head of a full layer, the whole of a ring.
+fn copy_layer<T: Copy>(
+    dst: &mut [T],
+    src: &[T],
     heads: usize,
-    max_len: usize,
+    rows: usize,
+    ring: bool,
     row: usize,
     n: usize,
 ) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        for h in 0..heads {
-            let r = h * max_len * row..(h * max_len + n) * row;
-            d[r.clone()].copy_from_slice(&s[r]);
-        }
+    if ring {
+        dst.copy_from_slice(src);
+        return;
+    }
+    for h in 0..heads {
+        let r = h * rows * row..(h * rows + n) * row;
+        dst[r.clone()].copy_from_slice(&src[r]);
     }
 }
 
@@ -401,6 +163,8 @@ pub struct KvCache {
     store: Store,
     /// Positions written so far (`current_length` in the seed).
     len: usize,
+    /// The sliding-window rings hold positions `kept..len` intact (0 without rings).
+    kept: usize,
 }
 
 impl KvCache {
@@ -408,15 +172,16 @@ impl KvCache {
     /// resident memory grows as positions are written; the plan counts the full size.
     pub fn new(layout: KvLayout) -> KvCache {
         let k = (0..layout.n_layers)
-            .map(|_| zeroed_f16(layout.k_elems_per_layer()))
+            .map(|l| zeroed_f16(layout.k_elems(l)))
             .collect();
         let v = (0..layout.n_layers)
-            .map(|_| zeroed_f16(layout.v_elems_per_layer()))
+            .map(|l| zeroed_f16(layout.v_elems(l)))
             .collect();
         KvCache {
             layout,
             store: Store::F16 { k, v },
             len: 0,
+            kept: 0,
         }
     }
 
@@ -427,24 +192,26 @@ impl KvCache {
         Ok(match ty {
             KvType::F16 => KvCache::new(layout),
             KvType::Q8_0 => {
-                let (kb, vb) = (
-                    layout.layer_bytes(ty, layout.head_dim_k),
-                    layout.layer_bytes(ty, layout.head_dim_v),
-                );
+                let bytes = |l: usize, hd: usize| vec![0u8; layout.layer_bytes_at(l, ty, hd)];
+                let k = (0..layout.n_layers)
+                    .map(|l| bytes(l, layout.head_dim_k))
+                    .collect();
+                let v = (0..layout.n_layers)
+                    .map(|l| bytes(l, layout.head_dim_v))
+                    .collect();
                 KvCache {
                     layout,
-                    store: Store::Q8_0 {
-                        k: (0..layout.n_layers).map(|_| vec![0u8; kb]).collect(),
-                        v: (0..layout.n_layers).map(|_| vec![0u8; vb]).collect(),
-                    },
+                    store: Store::Q8_0 { k, v },
                     len: 0,
+                    kept: 0,
                 }
             }
         })
     }
 
-    /// A cache of type `ty` whose layers live in a file, streamed through a ring of `ring`
-    /// layer buffers by a background thread (`2 <= ring < n_layers`; see [`super::offload`]).
+    /// A cache of type `ty` whose full layers live in a file, streamed through a ring of
+    /// `ring` layer buffers by a background thread (`2 <= ring < full layers`; see
+    /// [`super::offload`]); the sliding-window rings stay in RAM.
     pub fn offloaded(layout: KvLayout, ty: KvType, ring: usize) -> Result<KvCache, KvCacheError> {
         ty.check_head_dim(layout.head_dim_k)?;
         ty.check_head_dim(layout.head_dim_v)?;
@@ -454,11 +221,31 @@ impl KvCache {
             row_k: ty.row_bytes(layout.head_dim_k),
             row_v: ty.row_bytes(layout.head_dim_v),
         };
-        let store = OffloadStore::new(geom, layout.n_layers, ring)?;
+        let store = OffloadStore::new(geom, layout.n_full_layers(), ring)?;
+        let mut slot = Vec::with_capacity(layout.n_layers);
+        let mut rings = Vec::with_capacity(layout.n_layers);
+        let mut full = 0;
+        for l in 0..layout.n_layers {
+            slot.push(full);
+            if layout.ring_rows(l).is_some() {
+                let bytes = layout.layer_bytes_at(l, ty, layout.head_dim_k)
+                    + layout.layer_bytes_at(l, ty, layout.head_dim_v);
+                rings.push(zeroed_f16(bytes / 2));
+            } else {
+                rings.push(Vec::new());
+                full += 1;
+            }
+        }
         Ok(KvCache {
             layout,
-            store: Store::Offload { ty, store },
+            store: Store::Offload {
+                ty,
+                store,
+                rings,
+                slot,
+            },
             len: 0,
+            kept: 0,
         })
     }
 
@@ -479,19 +266,30 @@ impl KvCache {
         }
     }
 
+    /// The offload store's layer number of `layer`, if that layer is streamed from the file.
+    fn offloaded_layer(&mut self, layer: usize) -> Option<(&mut OffloadStore, usize)> {
+        match &mut self.store {
+            Store::Offload { store, slot, .. } if self.layout.ring_rows(layer).is_none() => {
+                Some((store, slot[layer]))
+            }
+            _ => None,
+        }
+    }
+
     /// Make `layer` readable and writable (an offloaded cache waits for its buffer; the
-    /// in-RAM caches have nothing to do). Call before writing a forward pass's positions.
+    /// in-RAM caches and rings have nothing to do). Call before writing a forward pass's
+    /// positions.
     pub fn begin_layer(&mut self, layer: usize) {
-        if let Store::Offload { store, .. } = &mut self.store {
-            store.begin_layer(layer);
+        if let Some((store, l)) = self.offloaded_layer(layer) {
+            store.begin_layer(l);
         }
     }
 
     /// Done with `layer` for this pass, whose positions `new` were written (an offloaded
     /// cache writes them back and prefetches the layer its buffer serves next).
     pub fn end_layer(&mut self, layer: usize, new: std::ops::Range<usize>) {
-        if let Store::Offload { store, .. } = &mut self.store {
-            store.end_layer(layer, new);
+        if let Some((store, l)) = self.offloaded_layer(layer) {
+            store.end_layer(l, new);
         }
     }
 
@@ -511,6 +309,48 @@ impl KvCache {
     /// Maximum positions.
     pub fn capacity(&self) -> usize {
         self.layout.max_len
+    }
+
+    /// Ring rows of `layer`, if it is a sliding-window layer keeping a ring.
+    pub fn ring_rows(&self, layer: usize) -> Option<usize> {
+        self.layout.ring_rows(layer)
+    }
+
+    /// The sliding-window rings hold positions `kept_from()..len()` intact.
+    pub fn kept_from(&self) -> usize {
+        self.kept
+    }
+
+    /// Can a pass start at position `pos` (`<= len`) and attend exactly: does every ring
+    /// still hold the window before `pos` (positions `pos + 1 − window .. pos`)? Always true
+    /// without rings, and at 0.
+    pub fn can_resume_at(&self, pos: usize) -> bool {
+        match &self.layout.window {
+            None => true,
+            Some(w) => pos == 0 || (pos + 1).saturating_sub(w.window) >= self.kept,
+        }
+    }
+
+    /// Check that a pass of `n` tokens from `len()` is exact with the rings: the pass fits in a
+    /// ring beside the window, and the window before `len()` is still held.
+    pub fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
+        let Some(w) = &self.layout.window else {
+            return Ok(());
+        };
+        if n > w.max_pass() {
+            return Err(KvWindowError::PassTooLong {
+                n,
+                max: w.max_pass(),
+                rows: w.rows,
+            });
+        }
+        if !self.can_resume_at(self.len) {
+            return Err(KvWindowError::WindowLost {
+                pos: self.len,
+                kept: self.kept,
+            });
+        }
+        Ok(())
     }
 
     /// Would `additional` more positions exceed the capacity?
@@ -533,21 +373,35 @@ impl KvCache {
         }
     }
 
-    /// Commit `count` positions written by the last forward pass.
+    /// Commit `count` positions written by the last forward pass. The rings have overwritten
+    /// positions `< len − rows`.
     pub fn advance(&mut self, count: usize) -> Result<(), KvOverflow> {
         self.check_fits(count)?;
         self.len += count;
+        if let Some(w) = &self.layout.window {
+            self.kept = self.kept.max(self.len.saturating_sub(w.rows));
+        }
         Ok(())
     }
 
-    /// Move the cursor back to `to_len` (no-op if already shorter). Data past it becomes stale.
-    pub fn rollback(&mut self, to_len: usize) {
-        self.len = self.len.min(to_len);
+    /// Move the cursor back to `to_len` (no-op if already shorter) and return the new length.
+    /// Data past it becomes stale. Where the sliding-window rings no longer hold the window
+    /// before `to_len` (a rollback of more than `rows − window + 1` positions), the cache is
+    /// emptied instead (length 0): the caller evaluates the tokens again.
+    pub fn rollback(&mut self, to_len: usize) -> usize {
+        let to = self.len.min(to_len);
+        if self.can_resume_at(to) {
+            self.len = to;
+        } else {
+            self.reset();
+        }
+        self.len
     }
 
     /// Forget everything.
     pub fn reset(&mut self) {
         self.len = 0;
+        self.kept = 0;
     }
 
     /// Store the keys and values of position `pos` for `layer`, converting to the cache's
@@ -560,66 +414,86 @@ impl KvCache {
             "KV write at {pos} past capacity {}",
             l.max_len
         );
-        let (hk, hv) = (l.head_dim_k, l.head_dim_v);
+        let (rows, row) = (l.rows(layer), l.row_of(layer, pos));
         match &mut self.store {
             Store::F16 { k, v } => {
-                for h in 0..l.n_kv_heads {
-                    let dst = &mut k[layer][(h * l.max_len + pos) * hk..][..hk];
-                    for (d, &s) in dst.iter_mut().zip(&k_row[h * hk..(h + 1) * hk]) {
-                        *d = f16::from_f32(s);
-                    }
-                    let dst = &mut v[layer][(h * l.max_len + pos) * hv..][..hv];
-                    for (d, &s) in dst.iter_mut().zip(&v_row[h * hv..(h + 1) * hv]) {
-                        *d = f16::from_f32(s);
-                    }
-                }
+                let (k, v) = (k[layer].as_mut_bytes(), v[layer].as_mut_bytes());
+                write_rows(KvType::F16, l, rows, k, v, row, k_row, v_row);
             }
             Store::Q8_0 { k, v } => {
                 write_rows(
                     KvType::Q8_0,
                     l,
+                    rows,
                     &mut k[layer],
                     &mut v[layer],
-                    pos,
+                    row,
                     k_row,
                     v_row,
                 );
             }
-            Store::Offload { ty, store } => {
-                let kb = store.geom().k_bytes();
-                let (k, v) = store.current_mut(layer).as_mut_bytes().split_at_mut(kb);
-                write_rows(*ty, l, k, v, pos, k_row, v_row);
+            Store::Offload {
+                ty,
+                store,
+                rings,
+                slot,
+            } => {
+                let kb = l.layer_bytes_at(layer, *ty, l.head_dim_k);
+                let buf = if l.ring_rows(layer).is_some() {
+                    &mut rings[layer][..]
+                } else {
+                    store.current_mut(slot[layer])
+                };
+                let (k, v) = buf.as_mut_bytes().split_at_mut(kb);
+                write_rows(*ty, l, rows, k, v, row, k_row, v_row);
             }
         }
     }
 
     /// Make this cache hold the first `n` positions of `src` (same layout and type): the keys
-    /// and values are copied head by head and the cursor set to `n`. This is how a sequence
-    /// reuses a prefix another sequence has already computed (prefix caching across slots).
-    pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<(), KvOverflow> {
+    /// and values are copied head by head and the cursor set to `n`, which is returned. This
+    /// is how a sequence reuses a prefix another sequence has already computed (prefix caching
+    /// across slots). Asking for more than `src` holds copies what it has; a prefix whose
+    /// window `src`'s rings no longer hold ([`KvCache::can_resume_at`]) copies nothing, and
+    /// the caller computes it.
+    pub fn copy_prefix_from(&mut self, src: &KvCache, n: usize) -> Result<usize, KvOverflow> {
         assert_eq!(
             self.layout, src.layout,
             "copying between caches of another shape"
         );
-        let n = n.min(src.len);
-        self.len = 0;
+        let mut n = n.min(src.len);
+        if !src.can_resume_at(n) {
+            n = 0;
+        }
+        self.reset();
         self.check_fits(n)?;
-        let l = self.layout;
+        if n == 0 {
+            return Ok(0);
+        }
+        let l = &self.layout;
         let (hk, hv) = (l.head_dim_k, l.head_dim_v);
+        let heads = l.n_kv_heads;
         match (&mut self.store, &src.store) {
             (Store::F16 { k, v }, Store::F16 { k: sk, v: sv }) => {
-                copy_head_prefix(k, sk, l.n_kv_heads, l.max_len, hk, n);
-                copy_head_prefix(v, sv, l.n_kv_heads, l.max_len, hv, n);
+                for layer in 0..l.n_layers {
+                    let (rows, ring) = (l.rows(layer), l.ring_rows(layer).is_some());
+                    copy_layer(&mut k[layer], &sk[layer], heads, rows, ring, hk, n);
+                    copy_layer(&mut v[layer], &sv[layer], heads, rows, ring, hv, n);
+                }
             }
             (Store::Q8_0 { k, v }, Store::Q8_0 { k: sk, v: sv }) => {
                 let (rk, rv) = (KvType::Q8_0.row_bytes(hk), KvType::Q8_0.row_bytes(hv));
-                copy_head_prefix(k, sk, l.n_kv_heads, l.max_len, rk, n);
-                copy_head_prefix(v, sv, l.n_kv_heads, l.max_len, rv, n);
+                for layer in 0..l.n_layers {
+                    let (rows, ring) = (l.rows(layer), l.ring_rows(layer).is_some());
+                    copy_layer(&mut k[layer], &sk[layer], heads, rows, ring, rk, n);
+                    copy_layer(&mut v[layer], &sv[layer], heads, rows, ring, rv, n);
+                }
             }
-            _ => panic!("copying between KV caches of different element types"),
+            _ => panic!("copying between KV caches of different element types or offloaded"),
         }
         self.len = n;
-        Ok(())
+        self.kept = src.kept;
+        Ok(n)
     }
 
     /// `layer` as the attention kernel reads it.
@@ -633,11 +507,21 @@ impl KvCache {
                 keys: cast(&k[layer]).expect("whole blocks"),
                 values: cast(&v[layer]).expect("whole blocks"),
             },
-            Store::Offload { ty, store } => {
-                let (k, v) = store
-                    .current(layer)
+            Store::Offload {
+                ty,
+                store,
+                rings,
+                slot,
+            } => {
+                let l = &self.layout;
+                let buf = if l.ring_rows(layer).is_some() {
+                    &rings[layer][..]
+                } else {
+                    store.current(slot[layer])
+                };
+                let (k, v) = buf
                     .as_bytes()
-                    .split_at(store.geom().k_bytes());
+                    .split_at(l.layer_bytes_at(layer, *ty, l.head_dim_k));
                 match ty {
                     KvType::F16 => KvLayer::F16 {
                         keys: <[f16]>::ref_from_bytes(k).expect("f16 rows"),
@@ -652,7 +536,7 @@ impl KvCache {
         }
     }
 
-    /// All of `layer`'s keys of an f16 cache, `[n_kv_heads, max_len, head_dim_k]`.
+    /// All of `layer`'s keys of an f16 cache, `[n_kv_heads, rows, head_dim_k]`.
     ///
     /// # Panics
     /// On a Q8_0 cache (use [`KvCache::layer`]).
@@ -663,7 +547,7 @@ impl KvCache {
         }
     }
 
-    /// All of `layer`'s values of an f16 cache, `[n_kv_heads, max_len, head_dim_v]`.
+    /// All of `layer`'s values of an f16 cache, `[n_kv_heads, rows, head_dim_v]`.
     ///
     /// # Panics
     /// On a Q8_0 cache (use [`KvCache::layer`]).
@@ -674,10 +558,13 @@ impl KvCache {
         }
     }
 
-    /// Bytes allocated in RAM (for an offloaded cache, its ring of layer buffers).
+    /// Bytes allocated in RAM (for an offloaded cache, its ring of layer buffers and the
+    /// sliding-window rings).
     pub fn bytes(&self) -> usize {
         match &self.store {
-            Store::Offload { store, .. } => store.ram_bytes(),
+            Store::Offload { store, .. } => {
+                store.ram_bytes() + self.layout.ring_kv_bytes(self.ty())
+            }
             _ => self.layout.bytes_as(self.ty()),
         }
     }
@@ -694,6 +581,7 @@ mod tests {
             head_dim_k: 4,
             head_dim_v: 4,
             max_len: 8,
+            window: None,
         }
     }
 
@@ -784,13 +672,14 @@ mod tests {
             head_dim_k: 64,
             head_dim_v: 32,
             max_len: 5,
+            window: None,
         }
     }
 
     #[test]
     fn q8_0_rows_round_trip_within_half_a_step() {
         let l = layout64();
-        let mut c = KvCache::with_type(l, KvType::Q8_0).unwrap();
+        let mut c = KvCache::with_type(l.clone(), KvType::Q8_0).unwrap();
         assert_eq!(c.ty(), KvType::Q8_0);
         // 2 layers × 3 heads × 5 positions × (2 + 1 blocks) × 34 bytes
         assert_eq!(c.bytes(), 2 * 3 * 5 * 3 * 34);
@@ -857,15 +746,19 @@ mod tests {
             head_dim_k: 48,
             ..layout64()
         };
-        assert!(KvCache::with_type(odd, KvType::F16).is_ok());
+        assert!(KvCache::with_type(odd.clone(), KvType::F16).is_ok());
         let err = KvCache::with_type(odd, KvType::Q8_0).err().unwrap();
         assert!(err.to_string().contains("divisible by 32"), "{err}");
         // Q8_0 is 34/64 of f16.
         let l = layout64();
         assert_eq!(l.bytes_as(KvType::Q8_0) * 64, l.bytes_as(KvType::F16) * 34);
         // The f16 accessors keep working for an f16 cache built either way.
-        let c = KvCache::with_type(l, KvType::F16).unwrap();
+        let c = KvCache::with_type(l.clone(), KvType::F16).unwrap();
         assert_eq!(c.keys(0).len(), 3 * 5 * 64);
         assert_eq!(c.bytes(), l.bytes());
     }
 }
+
+#[cfg(test)]
+#[path = "kv_ring_tests.rs"]
+mod ring_tests;

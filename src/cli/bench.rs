@@ -69,6 +69,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     opts.prefill_chunk = args.model.batch_size;
     opts.kv_type = args.model.kv_type;
     opts.kv_budget = args.model.kv_budget.map(|b| b as usize);
+    opts.swa_full = args.model.swa_full;
     let mut s = Session::new(Arc::clone(model), opts)?;
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random tokens, as llama-bench uses random ids.
@@ -82,8 +83,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // a saved state instead of re-running the depth prompt.
     let mut depth_filled = false;
     let mut fill_depth = |s: &mut Session| -> Result<()> {
-        if depth_filled {
-            s.rollback(depth_tokens.len());
+        // (A rollback past what a sliding-window ring keeps empties the cache: fill again.)
+        if depth_filled && s.rollback(depth_tokens.len()) == depth_tokens.len() {
             return Ok(());
         }
         s.reset();

@@ -36,6 +36,10 @@ pub struct ModelArgs {
     /// temporary file, streamed through a ring of layer buffers that fits this budget.
     #[arg(long = "kv-budget", value_parser = parse_bytes)]
     pub kv_budget: Option<u64>,
+    /// Give sliding-window layers (Gemma-3's local layers) a KV cache of the whole context
+    /// instead of a ring of their window (more memory, same results).
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
 }
 
 /// A byte count: digits with an optional K, M, G (powers of 1000) or KiB, MiB, GiB suffix.
@@ -158,6 +162,7 @@ pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
     opts.prefill_chunk = args.batch_size.max(1);
     opts.kv_type = args.kv_type;
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
+    opts.swa_full = args.swa_full;
     Ok(Session::new(Arc::clone(&loaded.model), opts)?)
 }
 

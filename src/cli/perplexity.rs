@@ -35,6 +35,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     opts.prefill_chunk = args.model.batch_size.min(n_ctx);
     opts.kv_type = args.model.kv_type;
     opts.kv_budget = args.model.kv_budget.map(|b| b as usize);
+    opts.swa_full = args.model.swa_full;
     opts.logit_rows = 32;
     let mut session = Session::new(Arc::clone(&loaded.model), opts)?;
     let bos = if tok.adds_bos() { tok.bos() } else { None };

@@ -31,6 +31,9 @@ pub struct PlanArgs {
     /// RAM for the KV cache; a larger cache is offloaded to a file (see `kiln run --kv-budget`).
     #[arg(long = "kv-budget", value_parser = super::common::parse_bytes)]
     pub kv_budget: Option<u64>,
+    /// Plan sliding-window layers with a cache of the whole context (see `kiln run --swa-full`).
+    #[arg(long = "swa-full")]
+    pub swa_full: bool,
     /// Memory budget in bytes, K/M/G/KiB/MiB/GiB suffixes allowed (default: the system's
     /// available memory).
     #[arg(long, value_parser = super::common::parse_bytes)]
@@ -52,6 +55,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     opts.prefill_chunk = args.prefill_chunk;
     opts.kv_type = args.kv_type;
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
+    opts.swa_full = args.swa_full;
     let host = HostTerms {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
@@ -61,7 +65,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let fits = budget.map(|b| p.total_bytes <= b);
     if args.json {
         let j = serde_json::json!({
-            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget,
+            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full,
             "components": p.components, "total_bytes": p.total_bytes, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);

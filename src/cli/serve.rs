@@ -86,6 +86,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "--kv-budget (KV offload) is not supported by `kiln serve`; use --kv-type q8_0 or fewer --parallel sequences to save memory"
         );
     }
+    if args.model.swa_full {
+        anyhow::bail!("--swa-full is not supported by `kiln serve`");
+    }
     let loaded = common::load(&args.model)?;
     let train = loaded.model.config.ctx_train;
     let n_ctx = args.model.ctx_size.unwrap_or(4096.min(train)).max(8);

@@ -64,11 +64,11 @@ impl BatchRunner {
         sopts.prefill_chunk = opts.prefill_chunk.max(1).max(n_slots);
         sopts.logit_rows = n_slots;
         let spec = scratch_spec(&model, &sopts);
-        let layout = kv_layout(c, n_ctx);
+        let layout = kv_layout(c, &sopts);
         let slots = (0..n_slots)
             .map(|_| {
                 Ok(Slot {
-                    kv: KvCache::with_type(layout, opts.kv_type)?,
+                    kv: KvCache::with_type(layout.clone(), opts.kv_type)?,
                     tokens: Vec::with_capacity(n_ctx),
                 })
             })
@@ -142,19 +142,21 @@ impl BatchRunner {
             .count()
     }
 
-    /// Keep only the first `n` tokens of slot `slot` (seed 004's rollback).
-    pub fn rollback(&mut self, slot: usize, n: usize) {
+    /// Keep only the first `n` tokens of slot `slot` (seed 004's rollback); returns how many
+    /// are kept (0 where the sliding-window rings no longer hold the window before `n`).
+    pub fn rollback(&mut self, slot: usize, n: usize) -> usize {
         let s = &mut self.slots[slot];
-        s.kv.rollback(n);
-        s.tokens.truncate(n);
+        let kept = s.kv.rollback(n);
+        s.tokens.truncate(kept);
+        kept
     }
 
     /// Make slot `dst` hold the first `n` tokens of slot `src` (a prefix computed by another
-    /// sequence), copying their keys and values.
-    pub fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) {
+    /// sequence), copying their keys and values; returns how many it holds (0 where `src`'s
+    /// sliding-window rings no longer hold the window before `n`).
+    pub fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
         if dst == src {
-            self.rollback(dst, n);
-            return;
+            return self.rollback(dst, n);
         }
         let (d, s) = if dst < src {
             let (a, b) = self.slots.split_at_mut(src);
@@ -164,10 +166,12 @@ impl BatchRunner {
             (&mut b[0], &a[src])
         };
         let n = n.min(s.tokens.len());
-        d.kv.copy_prefix_from(&s.kv, n)
-            .expect("slots share one layout, so a prefix of one fits another");
+        let n =
+            d.kv.copy_prefix_from(&s.kv, n)
+                .expect("slots share one layout, so a prefix of one fits another");
         d.tokens.clear();
         d.tokens.extend_from_slice(&s.tokens[..n]);
+        n
     }
 
     /// Evaluate one prefill chunk (at most `opts.prefill_chunk` tokens) of slot `slot`. With

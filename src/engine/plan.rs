@@ -2,7 +2,7 @@
 //! weight is loaded, with the same functions the session allocates with (one source of truth).
 
 use super::session::{kv_layout, scratch_spec_for, SessionOptions};
-use crate::cache::{KvBudgetError, KvType, KvTypeError, Scratch};
+use crate::cache::{KvBudgetError, KvLayout, KvType, KvTypeError, Scratch};
 use crate::gguf::GgufFile;
 use crate::kernels::ops::{Activation, GELU_TABLE_LEN};
 use crate::model::{read_config, ModelError};
@@ -110,7 +110,7 @@ pub fn plan(
         .map(|t| malloc_bytes(t.n_elements * 4) as u64)
         .sum();
     let header_heap = file.heap_bytes(&malloc_bytes) as u64;
-    let kv = kv_layout(&c, opts.n_ctx.max(1));
+    let kv = kv_layout(&c, opts);
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
     let spec = scratch_spec_for(file, opts);
     let scratch = Scratch::bytes_for(&c, spec) as u64;
@@ -171,29 +171,11 @@ pub fn plan(
             name: "KV cache",
             bytes: match ring {
                 None => kv.bytes_as(opts.kv_type),
-                Some(r) => r * kv.layer_kv_bytes(opts.kv_type),
+                Some(r) => r * kv.layer_kv_bytes(opts.kv_type) + kv.ring_kv_bytes(opts.kv_type),
             } as u64
                 * parallel,
             mapped: false,
-            formula: match (ring, opts.kv_type) {
-                (Some(r), ty) => format!(
-                    "{parallel} seq × ring of {r} layer buffers × {} kv heads × {} positions × ({} + {}) dims in {ty} \
-                     ({} bytes each); all {} layers ({:.1} MiB) in a file streamed by a background thread",
-                    kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v,
-                    kv.layer_kv_bytes(ty), kv.n_layers,
-                    kv.bytes_as(ty) as f64 / (1u64 << 20) as f64
-                ),
-                (None, _) => match opts.kv_type {
-                KvType::F16 => format!(
-                    "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims × 2 bytes (f16)",
-                    kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
-                ),
-                KvType::Q8_0 => format!(
-                    "{parallel} seq × {} layers × {} kv heads × {} positions × ({} + {}) dims / 32 × 34 bytes (q8_0)",
-                    kv.n_layers, kv.n_kv_heads, kv.max_len, kv.head_dim_k, kv.head_dim_v
-                ),
-                },
-            },
+            formula: kv_formula(&kv, opts.kv_type, ring, parallel),
         },
         Component {
             name: "scratch (activations)",
@@ -255,4 +237,47 @@ pub fn plan(
         components,
         total_bytes,
     })
+}
+
+/// How the KV cache line is computed: full layers × context, sliding-window layers × their
+/// ring, and the offload ring where the cache streams from a file.
+fn kv_formula(kv: &KvLayout, ty: KvType, offload: Option<usize>, parallel: u64) -> String {
+    let dims = match ty {
+        KvType::F16 => format!(
+            "({} + {}) dims × 2 bytes (f16)",
+            kv.head_dim_k, kv.head_dim_v
+        ),
+        KvType::Q8_0 => format!(
+            "({} + {}) dims / 32 × 34 bytes (q8_0)",
+            kv.head_dim_k, kv.head_dim_v
+        ),
+    };
+    let heads = kv.n_kv_heads;
+    let full = kv.n_full_layers();
+    let rings = match &kv.window {
+        None => String::new(),
+        Some(w) => format!(
+            " + {} sliding-window layers × ring of {} positions (window {} + {} tokens per pass − 1, \
+             rounded up to 64; {:.1} MiB)",
+            kv.n_ring_layers(),
+            w.rows,
+            w.window,
+            w.max_tokens,
+            kv.ring_kv_bytes(ty) as f64 / (1u64 << 20) as f64
+        ),
+    };
+    match offload {
+        None => format!(
+            "{parallel} seq × ({full} layers × {} positions{rings}) × {heads} kv heads × {dims}",
+            kv.max_len
+        ),
+        Some(r) => format!(
+            "{parallel} seq × (ring of {r} layer buffers × {} positions{rings}) × {heads} kv heads \
+             × {dims} ({} bytes each); all {full} full layers ({:.1} MiB) in a file streamed by a \
+             background thread",
+            kv.max_len,
+            kv.layer_kv_bytes(ty),
+            (full * kv.layer_kv_bytes(ty)) as f64 / (1u64 << 20) as f64
+        ),
+    }
 }

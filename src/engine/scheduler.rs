@@ -321,12 +321,11 @@ impl<'t> Scheduler<'t> {
             };
             let (slot, own) = (choice.slot, choice.own.min(limit));
             let (src, best) = (choice.src, choice.best.min(limit));
+            // What is kept may be less (0) where a sliding-window ring no longer holds it.
             let cached = if best > own {
-                self.runner.copy_prefix(slot, src, best);
-                best
+                self.runner.copy_prefix(slot, src, best)
             } else {
-                self.runner.rollback(slot, own);
-                own
+                self.runner.rollback(slot, own)
             };
             let m = &self.metrics;
             m.requests_admitted.fetch_add(1, Relaxed);

@@ -24,6 +24,9 @@ pub struct SessionOptions {
     /// RAM for the KV cache: when the whole cache is larger, it lives in a file and a ring of
     /// layer buffers fitting this budget is streamed (None = always in RAM).
     pub kv_budget: Option<usize>,
+    /// Give sliding-window layers a cache of the whole context, as the other layers
+    /// (llama.cpp's `--swa-full`), instead of a ring of their window.
+    pub swa_full: bool,
 }
 
 impl SessionOptions {
@@ -35,6 +38,7 @@ impl SessionOptions {
             logit_rows: 1,
             kv_type: KvType::F16,
             kv_budget: None,
+            swa_full: false,
         }
     }
 }
@@ -89,7 +93,8 @@ impl Session {
         let c = &model.config;
         let n_ctx = opts.n_ctx.max(1);
         check_context(c, n_ctx)?;
-        let layout = kv_layout(c, n_ctx);
+        let opts = SessionOptions { n_ctx, ..opts };
+        let layout = kv_layout(c, &opts);
         let spec = scratch_spec(&model, &opts);
         let scratch = Scratch::new(c, spec);
         Ok(Session {
@@ -100,7 +105,7 @@ impl Session {
             },
             scratch,
             tokens: Vec::with_capacity(n_ctx),
-            opts: SessionOptions { n_ctx, ..opts },
+            opts,
             model,
         })
     }
@@ -137,10 +142,13 @@ impl Session {
         self.tokens.clear();
     }
 
-    /// Drop every token after the first `n` (seed 004's rollback).
-    pub fn rollback(&mut self, n: usize) {
-        self.kv.rollback(n);
-        self.tokens.truncate(n);
+    /// Drop every token after the first `n` (seed 004's rollback) and return how many are
+    /// kept: `n`, or 0 where the sliding-window rings no longer hold the window before `n`
+    /// (then everything is evaluated again; see [`KvCache::rollback`]).
+    pub fn rollback(&mut self, n: usize) -> usize {
+        let kept = self.kv.rollback(n);
+        self.tokens.truncate(kept);
+        kept
     }
 
     /// Length of the common prefix of the cached tokens and `tokens`.
@@ -215,7 +223,7 @@ impl Session {
                 used: 0,
             });
         }
-        self.rollback(reuse);
+        let reuse = self.rollback(reuse);
         self.prefill(&tokens[reuse..], progress)?;
         Ok(reuse)
     }
@@ -288,14 +296,18 @@ pub fn check_context(c: &crate::model::ModelConfig, n_ctx: usize) -> Result<(), 
     Ok(())
 }
 
-/// The KV cache geometry of a session with `n_ctx` positions.
-pub fn kv_layout(c: &crate::model::ModelConfig, n_ctx: usize) -> KvLayout {
-    KvLayout {
-        n_layers: c.n_layers,
-        n_kv_heads: c.n_kv_heads,
-        head_dim_k: c.head_dim_k,
-        head_dim_v: c.head_dim_v,
-        max_len: n_ctx,
+/// The KV cache geometry of a session with these options: `n_ctx` positions per layer, except
+/// that sliding-window layers keep a ring of `window + max_tokens − 1` rows (rounded up to 64)
+/// when that is shorter and `swa_full` is off (`max_tokens`: the most tokens of one pass, as
+/// [`scratch_spec_for`] sizes it).
+pub fn kv_layout(c: &crate::model::ModelConfig, opts: &SessionOptions) -> KvLayout {
+    let n_ctx = opts.n_ctx.max(1);
+    let full = KvLayout::full(c.n_layers, c.n_kv_heads, c.head_dim_k, c.head_dim_v, n_ctx);
+    match c.sliding_window {
+        Some(w) if !opts.swa_full => {
+            full.with_window(w, &c.swa_layers, opts.prefill_chunk.clamp(1, n_ctx))
+        }
+        _ => full,
     }
 }
 

@@ -55,8 +55,30 @@ pub struct AttnShape {
     pub scale: f32,
     /// Sliding window: a query at position p sees keys at positions `> p - window`.
     pub window: Option<usize>,
-    /// Positions per head in the cache buffers (the cache's `max_len`).
+    /// Positions per head of the cache (its `max_len`, the context): with `ring` unset, the
+    /// rows per head of the buffers too. It picks the path (as the reference's padded cache
+    /// length does), so a ring takes the same path as a full cache.
     pub kv_stride: usize,
+    /// A sliding-window layer's ring: the buffers hold this many rows per head (a multiple of
+    /// [`KV_TILE`], at least `window + n_tokens − 1`), position `p` at row `p mod ring`.
+    pub ring: Option<usize>,
+}
+
+impl AttnShape {
+    /// Rows per head of the buffers.
+    #[inline]
+    pub fn rows(&self) -> usize {
+        self.ring.unwrap_or(self.kv_stride)
+    }
+
+    /// The row of position `pos`.
+    #[inline]
+    pub fn row_of(&self, pos: usize) -> usize {
+        match self.ring {
+            Some(r) => pos % r,
+            None => pos,
+        }
+    }
 }
 
 /// Batches of at least this many tokens take the tiled path (the reference's query tile).
@@ -365,8 +387,8 @@ impl Layout {
 /// Attention for `n_tokens` queries at positions `pos0..pos0+n_tokens`.
 ///
 /// - `q`: `[n_tokens, n_heads * head_dim_k]` (RoPE applied, f32)
-/// - `keys`/`values`: one layer of the cache, `[n_kv_heads, kv_stride, head_dim]`, holding
-///   every position `< pos0 + n_tokens`
+/// - `keys`/`values`: one layer of the cache, `[n_kv_heads, rows, head_dim]` (`rows`: `kv_stride`,
+///   or the ring's), holding every position a query sees
 /// - `out`: `[n_tokens, n_heads * head_dim_v]`
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
@@ -423,7 +445,16 @@ pub fn attention_kv(
     assert!(q.len() >= n_tokens * s.n_heads * s.head_dim_k);
     assert!(out.len() >= n_tokens * s.n_heads * s.head_dim_v);
     assert!(pos0 + n_tokens <= s.kv_stride);
-    assert!(kv.holds(s.n_kv_heads * s.kv_stride, s.head_dim_k, s.head_dim_v));
+    assert!(kv.holds(s.n_kv_heads * s.rows(), s.head_dim_k, s.head_dim_v));
+    if let Some(r) = s.ring {
+        // Every position a query of the pass sees is still in the ring, and no tile of 64
+        // positions wraps.
+        let w = s.window.expect("a ring only serves a sliding window");
+        assert!(
+            r.is_multiple_of(KV_TILE) && r + 1 >= w + n_tokens,
+            "ring of {r} rows"
+        );
+    }
     assert!(
         kv.ty() == KvType::F16
             || (scratch.kq.len() >= scratch.n_threads * KV_TILE * s.head_dim_k
@@ -520,25 +551,37 @@ fn vector(
         }
         match kv {
             KvLayer::F16 { keys, values } => {
-                let run = KeyRun {
-                    keys: &keys[(kvh * s.kv_stride + lo) * hdk..],
-                    values: &values[(kvh * s.kv_stride + lo) * hdv..],
-                    n: hi - lo,
-                    streams,
-                    k_stride: s.kv_stride,
-                    v_stride: s.kv_stride,
-                };
-                (ops.vec_keys)(q16, run, s.scale, ms, acc);
-            }
-            _ => {
-                // A tile at a time: the online softmax visits keys in order either way, so
-                // the split changes no bits.
-                let row0 = kvh * s.kv_stride;
+                // One run of keys, or two where a ring wraps: the online softmax visits keys
+                // in order either way, so the split changes no bits.
+                let rows = s.rows();
                 let mut a = lo;
                 while a < hi {
-                    let b = hi.min(a + KV_TILE);
-                    let keys = kv.keys_f16(row0 + a..row0 + b, hdk, kbuf);
-                    let values = kv.values_f16(row0 + a..row0 + b, hdv, vbuf);
+                    let r = s.row_of(a);
+                    let b = hi.min(a + (rows - r));
+                    let run = KeyRun {
+                        keys: &keys[(kvh * rows + r) * hdk..],
+                        values: &values[(kvh * rows + r) * hdv..],
+                        n: b - a,
+                        streams,
+                        k_stride: rows,
+                        v_stride: rows,
+                    };
+                    (ops.vec_keys)(q16, run, s.scale, ms, acc);
+                    a = b;
+                }
+            }
+            _ => {
+                // A tile at a time (cut where a ring wraps): the online softmax visits keys in
+                // order either way, so the split changes no bits.
+                let rows = s.rows();
+                let head0 = kvh * rows;
+                let mut a = lo;
+                while a < hi {
+                    let r = s.row_of(a);
+                    let b = hi.min(a + KV_TILE).min(a + (rows - r));
+                    let row0 = head0 + r;
+                    let keys = kv.keys_f16(row0..row0 + (b - a), hdk, kbuf);
+                    let values = kv.values_f16(row0..row0 + (b - a), hdv, vbuf);
                     (ops.vec_keys)(q16, KeyRun::single(keys, values, b - a), s.scale, ms, acc);
                     a = b;
                 }
@@ -686,7 +729,7 @@ fn tiled(
             m[0] = f32::NEG_INFINITY;
             m[1] = 0.0;
         }
-        let row0 = kvh * s.kv_stride;
+        let head0 = kvh * s.rows();
         let first = visible(s, pos0 + t0).start / KV_TILE;
         let end = pos0 + t1; // one past the last visible key of the item
         let tiles = if split {
@@ -698,12 +741,14 @@ fn tiled(
         for tile in tiles {
             let c0 = tile * KV_TILE;
             let c1 = (c0 + KV_TILE).min(end);
-            let ktile = kv.keys_f16(row0 + c0..row0 + c1, hdk, &mut *kbuf);
+            // A tile starts at a multiple of 64, so it never wraps in a ring.
+            let rows = head0 + s.row_of(c0)..head0 + s.row_of(c0) + (c1 - c0);
+            let ktile = kv.keys_f16(rows.clone(), hdk, &mut *kbuf);
             if !decode {
                 // Prompt rows: the keys transposed to [d][key] in f32, shared by every row.
                 (ops.key_tile)(ktile, kt);
             }
-            let vtile = kv.values_f16(row0 + c0..row0 + c1, hdv, &mut *vbuf);
+            let vtile = kv.values_f16(rows, hdv, &mut *vbuf);
             for t in t0..t1 {
                 let vis = visible(s, pos0 + t);
                 let (lo, hi) = (vis.start.max(c0), vis.end.min(c0 + KV_TILE));
@@ -889,6 +934,7 @@ mod tests {
             scale: 1.0 / (dk as f32).sqrt(),
             window: (window > 0).then_some(window),
             kv_stride,
+            ring: None,
         };
         Case {
             shape,

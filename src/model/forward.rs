@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use crate::cache::{KvCache, KvOverflow, Scratch};
+use crate::cache::{KvCache, KvOverflow, KvWindowError, Scratch};
 use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{
@@ -46,6 +46,8 @@ pub enum Logits<'a> {
 pub enum ForwardError {
     #[error(transparent)]
     Overflow(#[from] KvOverflow),
+    #[error(transparent)]
+    Window(#[from] KvWindowError),
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
     #[error("batch of {n} tokens exceeds the scratch size of {max}")]
@@ -152,6 +154,7 @@ pub fn forward_batch(
     }
     for sq in seqs.iter() {
         sq.kv.check_fits(sq.n_tokens)?;
+        sq.kv.check_window(sq.n_tokens)?;
         let end = sq.kv.len() + sq.n_tokens;
         if w.pos_embd.is_some() && end > c.ctx_train {
             return Err(ForwardError::PositionOutOfRange {
@@ -178,6 +181,7 @@ pub fn forward_batch(
             && seqs.iter().all(|sq| {
                 sq.n_tokens == 1
                     && sq.kv.capacity() == cap
+                    && sq.kv.layout().window == seqs[0].kv.layout().window
                     && (many || decode_is_short(cap, sq.kv.len()))
             })
     });
@@ -283,6 +287,7 @@ pub fn forward_batch(
             scale: c.attn_scale,
             window: layer.window,
             kv_stride: cap,
+            ring: seqs[0].kv.ring_rows(li),
         };
         let aod = c.attn_out_dim();
         // Each sequence's keys and values go to its own cache, at its own positions.
@@ -320,6 +325,7 @@ pub fn forward_batch(
                     &rt.f16,
                     &AttnShape {
                         kv_stride: kv.capacity(),
+                        ring: kv.ring_rows(li),
                         ..shape
                     },
                     &s.q[rows.start * q_dim..rows.end * q_dim],
