@@ -1,6 +1,6 @@
 //! The `kiln` command line.
 mod cli;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     cli::main()
 }

@@ -156,6 +156,7 @@ fn sequential_ids(m: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize) -> 
         max_new: Some(n),
         reuse_prefix: false,
         cancel: None,
+        ignore_eos: false,
     };
     generate(
         &mut s,

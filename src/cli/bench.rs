@@ -39,6 +39,8 @@ pub struct BenchArgs {
 struct Row {
     model_filename: String,
     model_type: String,
+    /// The kernel tier chosen at load (`avx512vnni`, `avx2`, `neon`, ...; `KILN_ISA` caps it).
+    kernels: String,
     model_size: u64,
     model_n_params: u64,
     n_threads: usize,
@@ -115,7 +117,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .iter()
         .map(|t| t.n_elements as u64)
         .sum();
-    let model_type = format!("{} {}", model.config.arch_name, model.config.name);
+    // llama-bench's model column: architecture, size label, block format ("llama 135M Q4_1").
+    let summary = kiln::gguf::ModelSummary::from_file(&model.file);
+    let format = kiln::fetch::store::format_name(&model.file, &summary).unwrap_or_default();
+    let model_type = format!(
+        "{} {} {}",
+        model.config.arch_name,
+        size_label(n_params),
+        format
+    );
+    let kernels = kiln::quant::Isa::detect().name().to_string();
     let mut push = |test: &str, n_prompt: usize, n_gen: usize, samples: Vec<f64>| {
         let (avg, sd) = mean_sd(&samples);
         // Bytes one decode step reads: every weight once, plus the cached keys and values it
@@ -137,6 +148,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         rows.push(Row {
             model_filename: loaded.path.display().to_string(),
             model_type: model_type.clone(),
+            kernels: kernels.clone(),
             model_size: file_size,
             model_n_params: n_params,
             n_threads: threads,
@@ -217,6 +229,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A parameter count as llama.cpp labels model sizes: 135M, 1.2B.
+fn size_label(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.1}B", n as f64 / 1e9)
+    } else {
+        format!("{}M", (n as f64 / 1e6).round() as u64)
+    }
 }
 
 fn with_depth(name: &str, depth: usize) -> String {

@@ -20,16 +20,30 @@ pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// System message.
-    #[arg(long)]
+    #[arg(long = "system-prompt", visible_alias = "system")]
     pub system: Option<String>,
     /// Maximum tokens per reply (-1 = until end of turn).
     #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
     pub n_predict: i64,
-    /// Print prefill/generation speed after each reply.
-    #[arg(long)]
-    pub verbose: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+}
+
+impl ChatArgs {
+    /// The chat `kiln run` starts (no prompt on a terminal, or -cnv).
+    pub fn new(
+        model: ModelArgs,
+        sampling: SamplingArgs,
+        system: Option<String>,
+        n_predict: i64,
+    ) -> ChatArgs {
+        ChatArgs {
+            model,
+            system,
+            n_predict,
+            sampling,
+        }
+    }
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
@@ -87,6 +101,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             max_new: usize::try_from(args.n_predict).ok(),
             reuse_prefix: true,
             cancel: Some(cancel),
+            ignore_eos: false,
         };
         let stats = match generate(
             &mut session,
@@ -104,7 +119,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             }
         };
         let _ = writeln!(out);
-        if args.verbose {
+        if args.model.verbose {
             eprintln!(
                 "[reused {} of {} prompt tokens; prefill {:.1} tok/s; generation {} tokens at {:.1} tok/s]",
                 stats.reused_tokens,

@@ -17,29 +17,96 @@ use kiln::tokenizer::Tokenizer;
 /// Which model, and how to size the session.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model: a GGUF path or a known name (smollm2, gemma3); default smollm2, downloaded if missing.
-    #[arg(short = 'm', long = "model")]
+    /// Model: a GGUF path, a known name (smollm2, gemma3) or a pulled model's name; default
+    /// smollm2, downloaded if missing.
+    #[arg(short = 'm', long = "model", help_heading = "Model")]
     pub model: Option<String>,
-    /// Threads (default: physical cores).
-    #[arg(short = 't', long = "threads")]
+    /// Read the whole model file at load instead of paging it in on first use (kiln always maps
+    /// the file; this populates the map up front, as llama.cpp's --no-mmap reads it).
+    #[arg(long = "no-mmap", help_heading = "Model")]
+    pub no_mmap: bool,
+    /// Layers on the GPU (llama.cpp's -ngl). This build has no GPU backend: only 0 is accepted.
+    #[arg(long = "n-gpu-layers", alias = "gpu-layers", value_name = "N", default_value_t = 0,
+          value_parser = gpu_layers, help_heading = "Model")]
+    pub n_gpu_layers: u32,
+    /// Flash attention (llama.cpp's -fa [on|off|auto]). kiln's attention is always the fused,
+    /// online-softmax kernel, so `on` and `auto` are what it does and `off` is refused.
+    #[arg(long = "flash-attn", value_name = "on|off|auto", num_args = 0..=1,
+          default_missing_value = "on", value_parser = flash_attn, help_heading = "Model")]
+    pub flash_attn: Option<String>,
+    /// Threads (default and 0: the physical cores).
+    #[arg(short = 't', long = "threads", value_parser = thread_count, help_heading = "Performance")]
     pub threads: Option<usize>,
-    /// Context size in tokens (default 4096, capped at the model's training context).
-    #[arg(short = 'c', long = "ctx-size")]
+    /// More logging on stderr.
+    #[arg(short = 'v', long = "verbose", help_heading = "Performance")]
+    pub verbose: bool,
+    /// Context size in tokens (default 4096, capped at the model's training context; 0: the
+    /// training context).
+    #[arg(short = 'c', long = "ctx-size", help_heading = "Context")]
     pub ctx_size: Option<usize>,
     /// Tokens per prefill pass (bounds activation memory).
-    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    #[arg(
+        short = 'b',
+        long = "batch-size",
+        default_value_t = 512,
+        help_heading = "Context"
+    )]
     pub batch_size: usize,
     /// KV cache element type: f16, or q8_0 (about half the memory).
-    #[arg(long = "kv-type", default_value = "f16")]
+    #[arg(
+        long = "kv-type",
+        alias = "cache-type-k",
+        default_value = "f16",
+        help_heading = "Memory"
+    )]
     pub kv_type: kiln::cache::KvType,
     /// RAM for the KV cache (bytes; K/M/G/KiB/MiB/GiB suffixes). A larger cache lives in a
     /// temporary file, streamed through a ring of layer buffers that fits this budget.
-    #[arg(long = "kv-budget", value_parser = parse_bytes)]
+    #[arg(long = "kv-budget", value_parser = parse_bytes, help_heading = "Memory")]
     pub kv_budget: Option<u64>,
     /// Give sliding-window layers (Gemma-3's local layers) a KV cache of the whole context
     /// instead of a ring of their window (more memory, same results).
-    #[arg(long = "swa-full")]
+    #[arg(long = "swa-full", help_heading = "Memory")]
     pub swa_full: bool,
+}
+
+/// `-t`: 0 (the physical cores) up to 4 threads per logical CPU.
+pub fn thread_count(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a thread count"))?;
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let max = (4 * logical).min(1024);
+    if n > max {
+        return Err(format!(
+            "{n} threads on {logical} logical CPUs makes no sense (at most {max}; 0 = the physical cores)"
+        ));
+    }
+    Ok(n)
+}
+
+/// `-ngl`: accepted only as 0 until kiln has a GPU backend.
+fn gpu_layers(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a layer count"))?;
+    if n > 0 {
+        return Err("this build of kiln has no GPU backend; it runs on the CPU (use -ngl 0 or leave it out)".into());
+    }
+    Ok(n)
+}
+
+/// `-fa`: on / auto are what kiln does; off does not exist.
+fn flash_attn(s: &str) -> Result<String, String> {
+    match s {
+        "on" | "auto" | "1" | "true" => Ok(s.to_string()),
+        "off" | "0" | "false" => Err(
+            "kiln's attention is always the fused (flash) kernel; it cannot be turned off".into(),
+        ),
+        _ => Err(format!("{s:?}: expected on, off or auto")),
+    }
 }
 
 /// A byte count: digits with an optional K, M, G (powers of 1000) or KiB, MiB, GiB suffix.
@@ -69,10 +136,21 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 impl ModelArgs {
+    /// `-t`, with 0 or absent meaning the physical cores.
     pub fn threads(&self) -> usize {
-        self.threads
-            .unwrap_or_else(kiln::kernels::pool::default_threads)
-            .max(1)
+        match self.threads {
+            None | Some(0) => kiln::kernels::pool::default_threads().max(1),
+            Some(n) => n,
+        }
+    }
+
+    /// `-c`: `default` when absent (capped at the training context `train`), `train` for 0.
+    pub fn ctx(&self, train: usize, default: usize) -> usize {
+        match self.ctx_size {
+            None => default.min(train).max(8),
+            Some(0) => train,
+            Some(n) => n,
+        }
     }
 }
 
@@ -80,31 +158,47 @@ impl ModelArgs {
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Temperature; 0 = greedy.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, help_heading = "Sampling")]
     pub temp: f32,
     /// Top-k (0 = off).
-    #[arg(long = "top-k", default_value_t = 40)]
+    #[arg(long = "top-k", default_value_t = 40, help_heading = "Sampling")]
     pub top_k: usize,
     /// Top-p (1 = off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, help_heading = "Sampling")]
     pub top_p: f32,
     /// Min-p (0 = off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, help_heading = "Sampling")]
     pub min_p: f32,
     /// Repetition penalty (1 = off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(
+        long = "repeat-penalty",
+        default_value_t = 1.0,
+        help_heading = "Sampling"
+    )]
     pub repeat_penalty: f32,
     /// Tokens of history the penalties consider.
-    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    #[arg(
+        long = "repeat-last-n",
+        default_value_t = 64,
+        help_heading = "Sampling"
+    )]
     pub repeat_last_n: usize,
     /// Frequency penalty (0 = off).
-    #[arg(long = "frequency-penalty", default_value_t = 0.0)]
+    #[arg(
+        long = "frequency-penalty",
+        default_value_t = 0.0,
+        help_heading = "Sampling"
+    )]
     pub frequency_penalty: f32,
     /// Presence penalty (0 = off).
-    #[arg(long = "presence-penalty", default_value_t = 0.0)]
+    #[arg(
+        long = "presence-penalty",
+        default_value_t = 0.0,
+        help_heading = "Sampling"
+    )]
     pub presence_penalty: f32,
     /// RNG seed (default: random).
-    #[arg(short = 's', long = "seed")]
+    #[arg(short = 's', long = "seed", help_heading = "Sampling")]
     pub seed: Option<u64>,
 }
 
@@ -142,7 +236,15 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
     let t0 = Instant::now();
     let spinner = spinner(&format!("loading {}", path.display()));
-    let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let file = if args.no_mmap {
+        kiln::gguf::GgufFile::open_preloaded(&path)
+    } else {
+        kiln::gguf::GgufFile::open(&path)
+    };
+    let model = file
+        .map_err(kiln::model::ModelError::from)
+        .and_then(Model::from_gguf)
+        .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&model.file)
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
     spinner.finish_and_clear();
@@ -157,7 +259,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
 /// A session sized from the flags.
 pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
     let train = loaded.model.config.ctx_train;
-    let n_ctx = args.ctx_size.unwrap_or(4096.min(train)).max(8);
+    let n_ctx = args.ctx(train, 4096);
     let mut opts = SessionOptions::new(n_ctx, args.threads());
     opts.prefill_chunk = args.batch_size.max(1);
     opts.kv_type = args.kv_type;
@@ -222,6 +324,17 @@ pub fn cancel_flag() -> &'static AtomicBool {
 #[cfg(test)]
 mod tests {
     use super::parse_bytes;
+
+    #[test]
+    fn thread_counts() {
+        use super::thread_count;
+        assert_eq!(thread_count("0"), Ok(0));
+        assert_eq!(thread_count("2"), Ok(2));
+        assert!(thread_count("100000")
+            .unwrap_err()
+            .contains("makes no sense"));
+        assert!(thread_count("-1").is_err());
+    }
 
     #[test]
     fn byte_counts() {

@@ -1,16 +1,15 @@
 //! `kiln inspect FILE.gguf`: a model's headline figures, its block formats and (optionally) its
 //! tensors. The figures come from [`kiln::gguf::ModelSummary`]; this file only prints them.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use kiln::gguf::summary::{human_bytes, human_count};
 use kiln::gguf::{GgufFile, ModelSummary, TensorRow};
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
-    /// The GGUF file.
-    file: PathBuf,
+    /// The model: a GGUF path, a known name or a pulled model's name.
+    #[arg(value_name = "MODEL")]
+    model: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -20,8 +19,8 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
-    let f = GgufFile::open(&args.file)
-        .with_context(|| format!("inspecting {}", args.file.display()))?;
+    let path = kiln::fetch::resolve_model(Some(&args.model), true)?;
+    let f = GgufFile::open(&path).with_context(|| format!("inspecting {}", path.display()))?;
     let summary = ModelSummary::from_file(&f);
     let tensors: Option<Vec<TensorRow>> = args
         .tensors
@@ -37,7 +36,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             tensors: Option<&'a [TensorRow]>,
         }
         let out = Out {
-            file: args.file.display().to_string(),
+            file: path.display().to_string(),
             summary: &summary,
             tensors: tensors.as_deref(),
         };
@@ -45,7 +44,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    print_summary(&args.file, &summary);
+    print_summary(&path, &summary);
     if let Some(rows) = &tensors {
         println!();
         print_tensors(rows);

@@ -30,7 +30,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let loaded = common::load(&args.model)?;
     let tok = &loaded.tokenizer;
     let tokens = tok.encode(&text, true, false);
-    let n_ctx = args.model.ctx_size.unwrap_or(512);
+    let n_ctx = args.model.ctx(loaded.model.config.ctx_train, 512);
     let mut opts = SessionOptions::new(n_ctx, args.model.threads());
     opts.prefill_chunk = args.model.batch_size.min(n_ctx);
     opts.kv_type = args.model.kv_type;

@@ -13,14 +13,15 @@ pub struct PlanArgs {
     /// Model: a GGUF path or a known name (default smollm2).
     #[arg(short = 'm', long = "model")]
     pub model: Option<String>,
-    /// Context size in tokens.
-    #[arg(short = 'c', long = "ctx", alias = "ctx-size", default_value_t = 4096)]
-    pub ctx: usize,
+    /// Context size in tokens (default 4096, capped at the model's training context; 0: the
+    /// training context).
+    #[arg(short = 'c', long = "ctx-size", alias = "ctx")]
+    pub ctx_size: Option<usize>,
     /// Tokens per prefill pass.
     #[arg(long = "prefill-chunk", default_value_t = 512)]
     pub prefill_chunk: usize,
-    /// Threads.
-    #[arg(short = 't', long = "threads")]
+    /// Threads (default and 0: the physical cores).
+    #[arg(short = 't', long = "threads", value_parser = super::common::thread_count)]
     pub threads: Option<usize>,
     /// KV cache element type: f16 or q8_0.
     #[arg(long = "kv-type", default_value = "f16")]
@@ -48,10 +49,17 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
     let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let tok = Tokenizer::from_gguf(&file)?;
-    let threads = args
-        .threads
-        .unwrap_or_else(kiln::kernels::pool::default_threads);
-    let mut opts = SessionOptions::new(args.ctx, threads);
+    let threads = match args.threads {
+        None | Some(0) => kiln::kernels::pool::default_threads(),
+        Some(n) => n,
+    };
+    let (config, _) = kiln::model::read_config(&file)?;
+    let ctx = match args.ctx_size {
+        None => 4096.min(config.ctx_train).max(8),
+        Some(0) => config.ctx_train,
+        Some(n) => n,
+    };
+    let mut opts = SessionOptions::new(ctx, threads);
     opts.prefill_chunk = args.prefill_chunk;
     opts.kv_type = args.kv_type;
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
@@ -65,16 +73,16 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let fits = budget.map(|b| p.total_bytes <= b);
     if args.json {
         let j = serde_json::json!({
-            "model": path, "ctx": args.ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full,
+            "model": path, "ctx": ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full,
             "components": p.components, "total_bytes": p.total_bytes, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
-        return Ok(());
+        return verdict(fits, budget);
     }
     println!(
         "memory plan for {} (ctx {}, prefill chunk {}, {} threads, {} sequences)",
         path.display(),
-        args.ctx,
+        ctx,
         args.prefill_chunk,
         threads,
         args.parallel
@@ -95,7 +103,18 @@ pub fn run(args: PlanArgs) -> Result<()> {
         (Some(b), Some(false)) => println!("does NOT fit in {:.2} MiB", mib(b)),
         _ => {}
     }
-    Ok(())
+    verdict(fits, budget)
+}
+
+/// A plan that does not fit the budget is an error (exit status 1), so scripts can test it.
+fn verdict(fits: Option<bool>, budget: Option<u64>) -> Result<()> {
+    match (fits, budget) {
+        (Some(false), Some(b)) => anyhow::bail!(
+            "the plan does not fit the memory budget of {:.2} MiB",
+            mib(b)
+        ),
+        _ => Ok(()),
+    }
 }
 
 fn mib(b: u64) -> f64 {

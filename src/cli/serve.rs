@@ -91,7 +91,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let loaded = common::load(&args.model)?;
     let train = loaded.model.config.ctx_train;
-    let n_ctx = args.model.ctx_size.unwrap_or(4096.min(train)).max(8);
+    let n_ctx = args.model.ctx(train, 4096);
     let stem = loaded
         .path
         .file_stem()

@@ -59,6 +59,9 @@ pub struct GenerateRequest<'a> {
     /// Reuse a cached prefix of the prompt (chat turns).
     pub reuse_prefix: bool,
     pub cancel: Option<&'a AtomicBool>,
+    /// Never end at an end-of-generation token: their logits are masked (llama.cpp's
+    /// `--ignore-eos`), so generation runs to `max_new` or a full context.
+    pub ignore_eos: bool,
 }
 
 /// Generate from `req.prompt`, handing each new token and its text (complete UTF-8 only) to
@@ -94,6 +97,9 @@ pub fn generate(
         }
         if cancelled() {
             break StopReason::Cancelled;
+        }
+        if req.ignore_eos {
+            session.mask_tokens(tok.eog_ids());
         }
         let next = sampler.sample(session.logits(), session.tokens());
         if tok.is_eog(next) {

@@ -128,6 +128,17 @@ impl Session {
         &self.scratch.logits[..self.model.config.vocab_size]
     }
 
+    /// Set the logits of `tokens` to -inf, so no sampler picks them (`--ignore-eos`).
+    pub fn mask_tokens(&mut self, tokens: &[u32]) {
+        let v = self.model.config.vocab_size;
+        let row = &mut self.scratch.logits[..v];
+        for &t in tokens {
+            if let Some(l) = row.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+
     pub fn kv(&self) -> &KvCache {
         &self.kv
     }

@@ -235,13 +235,7 @@ pub fn list_models(dir: &Path) -> Vec<StoredModel> {
                 Ok(f) => {
                     let s = ModelSummary::from_file(&f);
                     m.formats = s.formats.iter().map(|f| f.ty.clone()).collect();
-                    m.format = f
-                        .opt_u32("general.file_type")
-                        .ok()
-                        .flatten()
-                        .and_then(file_type_name)
-                        .map(str::to_string)
-                        .or_else(|| m.formats.first().cloned());
+                    m.format = format_name(&f, &s);
                     m.architecture = s.architecture;
                     m.parameters = Some(s.parameters);
                 }
@@ -257,6 +251,17 @@ pub fn list_models(dir: &Path) -> Vec<StoredModel> {
             .then_with(|| a.path.cmp(&b.path))
     });
     out
+}
+
+/// A file's block format as llama.cpp names it (`general.file_type`: `Q4_K_M`, `Q8_0`, ...), or,
+/// when the file does not say, the block format holding most of its bytes.
+pub fn format_name(f: &GgufFile, summary: &ModelSummary) -> Option<String> {
+    f.opt_u32("general.file_type")
+        .ok()
+        .flatten()
+        .and_then(file_type_name)
+        .map(str::to_string)
+        .or_else(|| summary.formats.first().map(|t| t.ty.clone()))
 }
 
 /// llama.cpp's short name of a `general.file_type` (`llama_ftype`), as `llama-quantize` takes it.

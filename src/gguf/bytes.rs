@@ -16,7 +16,9 @@ pub(crate) enum Backing {
 }
 
 impl Backing {
-    pub(crate) fn map(path: &Path) -> Result<Backing, GgufError> {
+    /// Map `path`; with `populate`, read the whole file into the map now (MAP_POPULATE) instead
+    /// of paging it in on first use.
+    pub(crate) fn map(path: &Path, populate: bool) -> Result<Backing, GgufError> {
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
@@ -26,7 +28,11 @@ impl Backing {
         // process truncating or rewriting the file while it is mapped (reads would then see new
         // bytes or fault); like every mmap-based loader (llama.cpp included) we accept that
         // model files are not modified while in use. All reads go through bounds-checked slices.
-        let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(io)?;
+        let mut opts = memmap2::MmapOptions::new();
+        if populate {
+            opts.populate();
+        }
+        let map = unsafe { opts.map(&file) }.map_err(io)?;
         Ok(Backing::Mmap(map))
     }
 }

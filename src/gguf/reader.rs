@@ -101,7 +101,13 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Memory-map `path` read-only and parse it. Tensor data is not read (or paged in) here.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
-        Self::parse(Arc::new(Backing::map(path.as_ref())?))
+        Self::parse(Arc::new(Backing::map(path.as_ref(), false)?))
+    }
+
+    /// [`GgufFile::open`], reading the whole file at once (the CLI's `--no-mmap`): load takes
+    /// longer, the first token does not wait on page faults.
+    pub fn open_preloaded(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        Self::parse(Arc::new(Backing::map(path.as_ref(), true)?))
     }
 
     /// Parse an owned buffer (tests, fuzzing, files built in memory).
