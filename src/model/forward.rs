@@ -39,6 +39,9 @@ pub enum Logits<'a> {
     Last,
     /// Rows `range` of the batch, each handed to the sink as `(row, logits)`.
     Rows(Range<usize>, &'a mut dyn FnMut(usize, &[f32])),
+    /// The listed rows of the batch (increasing), each handed to the sink as
+    /// `(index in the list, logits)`.
+    Picked(&'a [usize], &'a mut dyn FnMut(usize, &[f32])),
 }
 
 /// Why a forward pass was refused. Nothing is modified when it is.
@@ -446,35 +449,60 @@ pub fn forward_batch(
         }
         Logits::Rows(range, sink) => {
             let range = range.start.min(n)..range.end.min(n);
-            let per = s.spec.logit_rows.max(1);
-            let mut r0 = range.start;
-            while r0 < range.end {
-                let r1 = (r0 + per).min(range.end);
-                let k = r1 - r0;
-                for (i, j) in (r0..r1).enumerate() {
-                    let (src, dst) = (
-                        &s.x[j * dim..(j + 1) * dim],
-                        &mut s.xb[i * dim..(i + 1) * dim],
-                    );
-                    norm_row(&w.output_norm, src, dst);
-                }
-                matmul(
-                    pool,
-                    &w.output,
-                    &s.xb,
-                    k,
-                    &mut s.xq,
-                    &mut s.logits[..k * c.vocab_size],
-                    &mut s.matmul,
-                );
-                for i in 0..k {
-                    sink(r0 + i, &s.logits[i * c.vocab_size..(i + 1) * c.vocab_size]);
-                }
-                r0 = r1;
-            }
+            output_rows(m, pool, s, range.len(), |i| range.start + i, &mut |i, l| {
+                sink(range.start + i, l)
+            });
+        }
+        Logits::Picked(rows, sink) => {
+            assert!(
+                rows.iter().all(|&r| r < n),
+                "picked logit row past the batch"
+            );
+            output_rows(m, pool, s, rows.len(), |i| rows[i], sink);
         }
     }
     Ok(())
+}
+
+/// The logits of `count` rows of the batch (the `i`-th is batch row `row_of(i)`), computed
+/// `logit_rows` at a time and handed to `sink` as `(i, logits)`.
+fn output_rows(
+    m: &Model,
+    pool: &ThreadPool,
+    s: &mut Scratch,
+    count: usize,
+    row_of: impl Fn(usize) -> usize,
+    sink: &mut dyn FnMut(usize, &[f32]),
+) {
+    let (c, w) = (&m.config, &m.weights);
+    let dim = c.dim;
+    let per = s.spec.logit_rows.max(1);
+    let mut i0 = 0;
+    while i0 < count {
+        let i1 = (i0 + per).min(count);
+        let k = i1 - i0;
+        for (o, i) in (i0..i1).enumerate() {
+            let j = row_of(i);
+            let (src, dst) = (
+                &s.x[j * dim..(j + 1) * dim],
+                &mut s.xb[o * dim..(o + 1) * dim],
+            );
+            norm_row(&w.output_norm, src, dst);
+        }
+        matmul(
+            pool,
+            &w.output,
+            &s.xb,
+            k,
+            &mut s.xq,
+            &mut s.logits[..k * c.vocab_size],
+            &mut s.matmul,
+        );
+        for o in 0..k {
+            sink(i0 + o, &s.logits[o * c.vocab_size..(o + 1) * c.vocab_size]);
+        }
+        i0 = i1;
+    }
 }
 
 /// Several projections of the same input: the input is quantized once per activation format
