@@ -6,6 +6,7 @@
 
 use std::ops::Range;
 
+use crate::cache::offload::OffloadFault;
 use crate::cache::{KvCache, KvOverflow, KvWindowError, Scratch};
 use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
@@ -44,13 +45,18 @@ pub enum Logits<'a> {
     Picked(&'a [usize], &'a mut dyn FnMut(usize, &[f32])),
 }
 
-/// Why a forward pass was refused. Nothing is modified when it is.
+/// Why a forward pass was refused. Nothing is modified when it is (but see
+/// [`ForwardError::Offload`]).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ForwardError {
     #[error(transparent)]
     Overflow(#[from] KvOverflow),
     #[error(transparent)]
     Window(#[from] KvWindowError),
+    /// An offloaded cache's file I/O failed (unlike the other errors, the pass had begun: the
+    /// cache is lost).
+    #[error(transparent)]
+    Offload(#[from] OffloadFault),
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
     #[error("batch of {n} tokens exceeds the scratch size of {max}")]
@@ -294,9 +300,10 @@ pub fn forward_batch(
         };
         let aod = c.attn_out_dim();
         // Each sequence's keys and values go to its own cache, at its own positions.
-        for_each_seq(seqs, |j0, sq| {
+        let mut j0 = 0;
+        for sq in seqs.iter_mut() {
             let pos0 = sq.kv.len();
-            sq.kv.begin_layer(li);
+            sq.kv.begin_layer(li)?;
             for j in j0..j0 + sq.n_tokens {
                 let (k, v) = (
                     &s.k[j * kv_k..(j + 1) * kv_k],
@@ -304,7 +311,8 @@ pub fn forward_batch(
                 );
                 sq.kv.write(li, pos0 + j - j0, k, v);
             }
-        });
+            j0 += sq.n_tokens;
+        }
         if let Some(solo) = solo.as_deref_mut() {
             // One decode row per sequence: attend in one dispatch.
             let all = &*seqs;
