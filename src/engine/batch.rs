@@ -17,7 +17,7 @@ use std::sync::Arc;
 use super::session::{check_context, kv_layout, scratch_spec, EngineError, SessionOptions};
 use crate::cache::{KvCache, KvType, Scratch};
 use crate::kernels::attention::SoloAttention;
-use crate::model::forward::{forward_batch, Logits, Runtime, SeqBatch};
+use crate::model::forward::{forward_batch, ForwardError, Logits, Runtime, SeqBatch};
 use crate::model::Model;
 
 /// How a runner is sized.
@@ -79,11 +79,14 @@ impl BatchRunner {
         check_context(c, n_ctx)?;
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
         sopts.kv_type = opts.kv_type;
-        // Rows per pass: a prefill chunk beside one decode token per slot.
+        // A sequence gets at most a prefill chunk per pass (what its sliding-window rings must
+        // hold beside the window)...
+        sopts.prefill_chunk = opts.prefill_chunk.max(1);
+        let layout = kv_layout(c, &sopts);
+        // ...and a pass carries a chunk beside one decode token per slot.
         sopts.prefill_chunk = opts.prefill_chunk.max(1) + n_slots;
         sopts.logit_rows = n_slots;
         let spec = scratch_spec(&model, &sopts);
-        let layout = kv_layout(c, &sopts);
         let slots = (0..n_slots)
             .map(|_| {
                 Ok(Slot {
@@ -208,6 +211,13 @@ impl BatchRunner {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
+        if tokens.len() > self.opts.prefill_chunk {
+            return Err(ForwardError::BatchTooLarge {
+                n: tokens.len(),
+                max: self.opts.prefill_chunk,
+            }
+            .into());
+        }
         let v = self.model.config.vocab_size;
         let s = &mut self.slots[slot];
         if s.kv.would_overflow(tokens.len()) {
@@ -286,6 +296,13 @@ impl BatchRunner {
         for p in &self.parts {
             if p.tokens.is_empty() {
                 return Err(EngineError::EmptyPrompt);
+            }
+            if p.tokens.len() > self.opts.prefill_chunk {
+                return Err(ForwardError::BatchTooLarge {
+                    n: p.tokens.len(),
+                    max: self.opts.prefill_chunk,
+                }
+                .into());
             }
             let s = &self.slots[p.slot];
             if s.kv.would_overflow(p.tokens.len()) {
