@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use kiln::cache::KvType;
 use kiln::engine::batch::{BatchOptions, BatchRunner};
-use kiln::engine::scheduler::{FinishReason, SchedMetrics, Scheduler, SeqEvent, SeqRequest};
+use kiln::engine::scheduler::{
+    FinishReason, SchedMetrics, Scheduler, SeqEvent, SeqRequest, SeqSink,
+};
 use kiln::engine::{generate, GenerateRequest, Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::{argmax, Sampler, SamplerConfig};
@@ -94,7 +96,7 @@ fn batched_decode_is_bit_identical_to_single_sequences() {
 }
 
 type EventLog = Arc<Mutex<Vec<SeqEvent>>>;
-type Sink = Box<dyn FnMut(SeqEvent) -> bool + Send>;
+type Sink = Box<dyn SeqSink>;
 
 /// Collects a request's events.
 fn collector() -> (EventLog, Sink) {
@@ -102,7 +104,7 @@ fn collector() -> (EventLog, Sink) {
     let e = Arc::clone(&events);
     (
         events,
-        Box::new(move |ev| {
+        Box::new(move |ev: SeqEvent| {
             e.lock().unwrap().push(ev);
             true
         }),
@@ -276,7 +278,7 @@ fn stop_sequences_cut_the_output_and_cancel_frees_the_slot() {
     // A request whose receiver is gone after three events.
     let mut seen = 0;
     let (_, mut req) = greedy_request(&prompt, 200, &[]);
-    req.sink = Box::new(move |_| {
+    req.sink = Box::new(move |_: SeqEvent| {
         seen += 1;
         seen < 3
     });

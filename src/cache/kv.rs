@@ -36,7 +36,7 @@ use half::f16;
 
 use zerocopy::{FromBytes, IntoBytes};
 
-use super::offload::{LayerGeom, OffloadError, OffloadStore};
+use super::offload::{LayerGeom, OffloadError, OffloadFault, OffloadStore};
 use crate::quant::blocks::{cast, cast_mut, BlockQ8_0};
 use crate::quant::reference::Quantize;
 
@@ -278,10 +278,11 @@ impl KvCache {
 
     /// Make `layer` readable and writable (an offloaded cache waits for its buffer; the
     /// in-RAM caches and rings have nothing to do). Call before writing a forward pass's
-    /// positions.
-    pub fn begin_layer(&mut self, layer: usize) {
-        if let Some((store, l)) = self.offloaded_layer(layer) {
-            store.begin_layer(l);
+    /// positions. Fails when an offloaded cache's file I/O failed (the cache is lost).
+    pub fn begin_layer(&mut self, layer: usize) -> Result<(), OffloadFault> {
+        match self.offloaded_layer(layer) {
+            Some((store, l)) => store.begin_layer(l),
+            None => Ok(()),
         }
     }
 

@@ -35,7 +35,7 @@ fn pass(c: &mut KvCache, n: usize, salt: u64) {
     c.check_window(n).unwrap();
     let pos0 = c.len();
     for layer in 0..3 {
-        c.begin_layer(layer);
+        c.begin_layer(layer).unwrap();
         for p in pos0..pos0 + n {
             let (k, v) = rows(layer, p, salt);
             c.write(layer, p, &k, &v);
@@ -229,8 +229,8 @@ fn offloaded_cache_with_rings_reads_like_ram() {
         let n = step % 4 + 1;
         let pos0 = ram.len();
         for layer in 0..5 {
-            ram.begin_layer(layer);
-            off.begin_layer(layer);
+            ram.begin_layer(layer).unwrap();
+            off.begin_layer(layer).unwrap();
             for p in pos0..pos0 + n {
                 let (k, v) = rows(layer, p, 9);
                 ram.write(layer, p, &k, &v);

@@ -83,6 +83,24 @@ pub enum OffloadError {
     },
 }
 
+/// Why an offloaded cache failed during a forward pass. The cache's contents are lost then:
+/// every later pass on it fails with [`OffloadFault::Lost`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OffloadFault {
+    #[error("KV offload file: {op} layer {layer}: {message}")]
+    Io {
+        /// `"writing"` or `"reading"`.
+        op: &'static str,
+        layer: usize,
+        kind: std::io::ErrorKind,
+        message: String,
+    },
+    #[error("the KV offload cache was lost to an earlier I/O error or an interrupted pass")]
+    Lost,
+    #[error("the KV offload thread stopped")]
+    Stopped,
+}
+
 /// One unit of work for the I/O thread.
 struct Job {
     buf: Vec<f16>,
@@ -92,7 +110,7 @@ struct Job {
     load: (usize, usize),
 }
 
-type Ready = Result<(usize, Vec<f16>), String>;
+type Ready = Result<(usize, Vec<f16>), OffloadFault>;
 
 /// A FIFO between the two threads, preallocated for every item that can be in flight.
 struct Queue<T> {
@@ -148,17 +166,14 @@ pub struct OffloadStore {
     jobs: Arc<Queue<Job>>,
     ready: Arc<Queue<Ready>>,
     worker: Option<JoinHandle<()>>,
+    /// An I/O error or an interrupted pass broke the ring.
+    failed: bool,
 }
 
 impl OffloadStore {
     /// A store of `n_layers` layers of `geom` on disk with a ring of `ring` buffers in RAM
     /// (`2 <= ring < n_layers`).
     pub fn new(geom: LayerGeom, n_layers: usize, ring: usize) -> Result<Self, OffloadError> {
-        assert!(
-            ring >= 2 && ring < n_layers,
-            "ring {ring} for {n_layers} layers"
-        );
-        assert!(geom.bytes().is_multiple_of(2));
         let path =
             std::env::temp_dir().join(format!("kiln-kv-{}-{}.bin", std::process::id(), unique()));
         let io = |source| OffloadError::Io {
@@ -174,7 +189,21 @@ impl OffloadStore {
         // Unlinked now: the space is released when the file is closed, even on a crash.
         std::fs::remove_file(&path).map_err(io)?;
         file.set_len((n_layers * geom.bytes()) as u64).map_err(io)?;
+        Self::with_file(file, geom, n_layers, ring).map_err(io)
+    }
 
+    /// [`OffloadStore::new`] over `file`, which holds `n_layers * geom.bytes()` bytes.
+    fn with_file(
+        file: File,
+        geom: LayerGeom,
+        n_layers: usize,
+        ring: usize,
+    ) -> std::io::Result<Self> {
+        assert!(
+            ring >= 2 && ring < n_layers,
+            "ring {ring} for {n_layers} layers"
+        );
+        assert!(geom.bytes().is_multiple_of(2));
         let jobs = Arc::new(Queue::<Job>::new(ring));
         let ready = Arc::new(Queue::<Ready>::new(ring));
         let layer_bytes = geom.bytes();
@@ -195,8 +224,7 @@ impl OffloadStore {
                     while let Some(job) = jobs.pop() {
                         ready.0.push(run_job(&file, &geom, layer_bytes, job));
                     }
-                })
-                .map_err(io)?
+                })?
         };
         let store = OffloadStore {
             geom,
@@ -206,6 +234,7 @@ impl OffloadStore {
             jobs,
             ready,
             worker: Some(worker),
+            failed: false,
         };
         // Prime the ring with layers 0..ring (nothing to read yet).
         for l in 0..ring {
@@ -237,18 +266,31 @@ impl OffloadStore {
         self.jobs.push(job);
     }
 
-    /// Wait until `layer` is in a buffer and make it current.
-    pub fn begin_layer(&mut self, layer: usize) {
+    /// Wait until `layer` is in a buffer and make it current. An I/O error of the background
+    /// thread comes back here; after one (or after a pass that stopped with another layer
+    /// open) the store is lost and every call fails.
+    pub fn begin_layer(&mut self, layer: usize) -> Result<(), OffloadFault> {
         if let Some((l, _)) = &self.current {
-            assert_eq!(*l, layer, "KV offload: layer {l} still open");
-            return;
+            if *l == layer {
+                return Ok(());
+            }
+            // A pass ended early (another sequence's error) with this layer open.
+            self.failed = true;
         }
-        match self.ready.pop().expect("the KV offload thread stopped") {
+        if self.failed {
+            return Err(OffloadFault::Lost);
+        }
+        let got = self.ready.pop().unwrap_or(Err(OffloadFault::Stopped));
+        match got {
             Ok((l, buf)) => {
                 assert_eq!(l, layer, "KV offload: ring out of order");
                 self.current = Some((layer, buf));
+                Ok(())
             }
-            Err(e) => panic!("KV offload I/O failed: {e}"),
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
         }
     }
 
@@ -302,7 +344,12 @@ impl Drop for OffloadStore {
 }
 
 fn run_job(file: &File, geom: &LayerGeom, layer_bytes: usize, mut job: Job) -> Ready {
-    let fail = |what: &str, l: usize, e: std::io::Error| format!("{what} layer {l}: {e}");
+    let fail = |op: &'static str, layer: usize, e: std::io::Error| OffloadFault::Io {
+        op,
+        layer,
+        kind: e.kind(),
+        message: e.to_string(),
+    };
     if let Some((l, rows)) = job.write.take() {
         let base = (l * layer_bytes) as u64;
         let bytes = job.buf.as_bytes();
@@ -360,7 +407,7 @@ mod tests {
         assert_eq!(s.ram_bytes(), 2 * 16);
         // Pass 1 writes position 0 of every layer: the layer number in K and V.
         for l in 0..n_layers {
-            s.begin_layer(l);
+            s.begin_layer(l).unwrap();
             let buf = s.current_mut(l);
             buf[0] = f16::from_f32(l as f32); // K row, head 0, position 0 (2 bytes)
             buf[4] = f16::from_f32(-(l as f32)); // V row
@@ -368,7 +415,7 @@ mod tests {
         }
         // Pass 2 sees them, writes position 1.
         for l in 0..n_layers {
-            s.begin_layer(l);
+            s.begin_layer(l).unwrap();
             let buf = s.current_mut(l);
             assert_eq!(buf[0].to_f32(), l as f32, "layer {l}");
             assert_eq!(buf[4].to_f32(), -(l as f32), "layer {l}");
@@ -376,10 +423,86 @@ mod tests {
             s.end_layer(l, 1..2);
         }
         for l in 0..n_layers {
-            s.begin_layer(l);
+            s.begin_layer(l).unwrap();
             assert_eq!(s.current(l)[1].to_f32(), 10.0 + l as f32, "layer {l}");
             assert_eq!(s.current(l)[0].to_f32(), l as f32, "layer {l}");
             s.end_layer(l, 2..2);
         }
+    }
+
+    /// Layers 0..5 of the small geometry over `file`, ring of 2.
+    fn store_over(file: File) -> OffloadStore {
+        let g = LayerGeom {
+            n_kv_heads: 1,
+            max_len: 4,
+            row_k: 2,
+            row_v: 2,
+        };
+        OffloadStore::with_file(file, g, 5, 2).unwrap()
+    }
+
+    /// A file of the right size, reopened with `opts`.
+    fn scratch_file(opts: &std::fs::OpenOptions) -> File {
+        let path = std::env::temp_dir().join(format!(
+            "kiln-kv-test-{}-{}.bin",
+            std::process::id(),
+            unique()
+        ));
+        File::create(&path).unwrap().set_len(5 * 16).unwrap();
+        let f = opts.open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f
+    }
+
+    /// A write-back that fails (the file is read-only) comes back as an error from the
+    /// `begin_layer` that waits for that buffer, not a panic; the store is lost from then on
+    /// and is dropped without hanging.
+    #[test]
+    fn write_errors_are_returned() {
+        let mut s = store_over(scratch_file(std::fs::OpenOptions::new().read(true)));
+        // Layers 0 and 1 were primed without I/O.
+        s.begin_layer(0).unwrap();
+        s.end_layer(0, 0..1); // write-back fails on the I/O thread
+        s.begin_layer(1).unwrap();
+        s.end_layer(1, 0..1);
+        let err = s.begin_layer(2).unwrap_err();
+        match &err {
+            OffloadFault::Io { op, layer, .. } => assert_eq!((*op, *layer), ("writing", 0)),
+            e => panic!("unexpected {e:?}"),
+        }
+        assert!(err.to_string().contains("writing layer 0"), "{err}");
+        assert_eq!(s.begin_layer(2), Err(OffloadFault::Lost));
+        assert_eq!(s.begin_layer(0), Err(OffloadFault::Lost));
+    }
+
+    /// A load that fails (the file cannot be read) is an error too, from the `begin_layer`
+    /// that needs the layer.
+    #[test]
+    fn read_errors_are_returned() {
+        let mut s = store_over(scratch_file(std::fs::OpenOptions::new().write(true)));
+        // Pass 1 writes position 0 of every layer; closing layers 3 and 4 loads layers 0 and 1
+        // (their position 0) for the next pass.
+        for l in 0..5 {
+            s.begin_layer(l).unwrap();
+            s.end_layer(l, 0..1);
+        }
+        match s.begin_layer(0) {
+            Err(OffloadFault::Io { op, layer, .. }) => assert_eq!((op, layer), ("reading", 0)),
+            r => panic!("unexpected {r:?}"),
+        }
+        assert_eq!(s.begin_layer(1), Err(OffloadFault::Lost));
+    }
+
+    /// A pass that stopped with a layer open (another sequence's error) loses the store
+    /// instead of tripping an assertion on the next pass.
+    #[test]
+    fn an_interrupted_pass_loses_the_store() {
+        let mut s = store_over(scratch_file(
+            std::fs::OpenOptions::new().read(true).write(true),
+        ));
+        s.begin_layer(0).unwrap();
+        s.end_layer(0, 0..1);
+        s.begin_layer(1).unwrap();
+        assert_eq!(s.begin_layer(0), Err(OffloadFault::Lost));
     }
 }

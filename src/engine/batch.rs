@@ -3,18 +3,21 @@
 //! Each slot is one sequence's KV region (a [`KvCache`] of `n_ctx` positions) and the tokens it
 //! holds. A decode step evaluates one token for each of several slots as **one** forward pass:
 //! every weight matrix is read once for all of them, which is where batching wins on a
-//! bandwidth-bound CPU. Prefill runs one chunk of one slot at a time, so the scheduler can
-//! interleave it with decode steps of the others.
+//! bandwidth-bound CPU. A step may also carry prefill chunks of some slots beside the decode
+//! tokens of the others ([`BatchRunner::step`]: chunked prefill), so a long prompt never stops
+//! the running sequences for more than one chunk.
 //!
-//! All buffers are allocated in [`BatchRunner::new`]: scratch for `max(prefill_chunk, slots)`
-//! rows, one logits row per slot.
+//! All buffers are allocated in [`BatchRunner::new`]: scratch for `prefill_chunk + slots` rows
+//! (one chunk beside one decode token per slot), one logits row per slot. A step allocates
+//! nothing.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::session::{check_context, kv_layout, scratch_spec, EngineError, SessionOptions};
 use crate::cache::{KvCache, KvType, Scratch};
 use crate::kernels::attention::SoloAttention;
-use crate::model::forward::{forward_batch, Logits, Runtime, SeqBatch};
+use crate::model::forward::{forward_batch, ForwardError, Logits, Runtime, SeqBatch};
 use crate::model::Model;
 
 /// How a runner is sized.
@@ -29,6 +32,15 @@ pub struct BatchOptions {
     pub prefill_chunk: usize,
     /// Element type of every slot's KV cache.
     pub kv_type: KvType,
+}
+
+/// One slot's part of a step: `tokens` of the step's token buffer, and whether the slot's
+/// logits after its last token are wanted.
+#[derive(Clone, Debug)]
+struct StepPart {
+    slot: usize,
+    tokens: Range<usize>,
+    logits: bool,
 }
 
 /// One sequence's KV region and the tokens in it.
@@ -46,8 +58,15 @@ pub struct BatchRunner {
     slots: Vec<Slot>,
     /// `[n_slots, vocab]`: the logits after each slot's last evaluated token.
     logits: Vec<f32>,
-    /// `[n_slots]` the batch of the current decode step (reused).
+    /// The tokens of the step being built, slot after slot (reused).
     step_tokens: Vec<u32>,
+    /// The parts of the step being built, by increasing slot (reused).
+    parts: Vec<StepPart>,
+    /// Per logits row of a step: its batch row, and its slot (reused).
+    logit_rows: Vec<usize>,
+    logit_slots: Vec<usize>,
+    /// The per-sequence views of a step, empty between steps: only its allocation is kept.
+    seq_buf: Vec<SeqBatch<'static>>,
     /// Single-thread attention scratch per pool thread, for decode steps over short contexts.
     solo: SoloAttention,
 }
@@ -60,11 +79,14 @@ impl BatchRunner {
         check_context(c, n_ctx)?;
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
         sopts.kv_type = opts.kv_type;
-        // Rows per pass: a prefill chunk, or one decode token per slot.
-        sopts.prefill_chunk = opts.prefill_chunk.max(1).max(n_slots);
+        // A sequence gets at most a prefill chunk per pass (what its sliding-window rings must
+        // hold beside the window)...
+        sopts.prefill_chunk = opts.prefill_chunk.max(1);
+        let layout = kv_layout(c, &sopts);
+        // ...and a pass carries a chunk beside one decode token per slot.
+        sopts.prefill_chunk = opts.prefill_chunk.max(1) + n_slots;
         sopts.logit_rows = n_slots;
         let spec = scratch_spec(&model, &sopts);
-        let layout = kv_layout(c, &sopts);
         let slots = (0..n_slots)
             .map(|_| {
                 Ok(Slot {
@@ -78,7 +100,11 @@ impl BatchRunner {
             scratch: Scratch::new(c, spec),
             slots,
             logits: vec![0.0; n_slots * c.vocab_size],
-            step_tokens: Vec::with_capacity(n_slots),
+            step_tokens: Vec::with_capacity(spec.max_tokens),
+            parts: Vec::with_capacity(n_slots),
+            logit_rows: Vec::with_capacity(n_slots),
+            logit_slots: Vec::with_capacity(n_slots),
+            seq_buf: Vec::with_capacity(n_slots),
             solo: SoloAttention::new(
                 c.n_heads,
                 c.n_kv_heads,
@@ -185,6 +211,13 @@ impl BatchRunner {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
+        if tokens.len() > self.opts.prefill_chunk {
+            return Err(ForwardError::BatchTooLarge {
+                n: tokens.len(),
+                max: self.opts.prefill_chunk,
+            }
+            .into());
+        }
         let v = self.model.config.vocab_size;
         let s = &mut self.slots[slot];
         if s.kv.would_overflow(tokens.len()) {
@@ -219,62 +252,140 @@ impl BatchRunner {
         Ok(())
     }
 
-    /// One decode step: evaluate `token` for each `(slot, token)` of `batch` in one forward
-    /// pass. Slots must be distinct and in increasing order. Afterwards
-    /// [`BatchRunner::logits`] of each of those slots holds its next-token logits.
-    pub fn decode(&mut self, batch: &[(usize, u32)]) -> Result<(), EngineError> {
-        if batch.is_empty() {
+    /// Most tokens one step can carry (the scratch rows).
+    pub fn max_step_tokens(&self) -> usize {
+        self.scratch.spec.max_tokens
+    }
+
+    /// Tokens in the step being built.
+    pub fn step_len(&self) -> usize {
+        self.step_tokens.len()
+    }
+
+    /// Start building a step (forgets any parts not run).
+    pub fn begin_step(&mut self) {
+        self.step_tokens.clear();
+        self.parts.clear();
+    }
+
+    /// Add slot `slot`'s next `tokens` (a decode token, or a prefill chunk) to the step being
+    /// built. With `logits`, [`BatchRunner::logits`] of the slot holds the logits after the
+    /// last of them once the step has run. Slots must come in increasing order, each once.
+    pub fn push_part(&mut self, slot: usize, tokens: &[u32], logits: bool) {
+        assert!(slot < self.slots.len(), "slot {slot} out of range");
+        assert!(
+            self.parts.last().is_none_or(|p| p.slot < slot),
+            "step parts must come by increasing slot"
+        );
+        let start = self.step_tokens.len();
+        self.step_tokens.extend_from_slice(tokens);
+        self.parts.push(StepPart {
+            slot,
+            tokens: start..self.step_tokens.len(),
+            logits,
+        });
+    }
+
+    /// Run the step built with [`BatchRunner::push_part`] as one forward pass: every matrix
+    /// is read once for all its rows, attention runs per slot over its own cache. On error
+    /// nothing is evaluated (no slot changes).
+    pub fn run_step(&mut self) -> Result<(), EngineError> {
+        if self.parts.is_empty() {
             return Ok(());
         }
-        assert!(
-            batch.windows(2).all(|w| w[0].0 < w[1].0),
-            "decode batch slots must be distinct and increasing"
-        );
-        if batch
-            .iter()
-            .any(|&(s, _)| self.slots[s].kv.would_overflow(1))
-        {
-            return Err(EngineError::ContextFull {
-                ctx: self.opts.n_ctx,
-            });
+        for p in &self.parts {
+            if p.tokens.is_empty() {
+                return Err(EngineError::EmptyPrompt);
+            }
+            if p.tokens.len() > self.opts.prefill_chunk {
+                return Err(ForwardError::BatchTooLarge {
+                    n: p.tokens.len(),
+                    max: self.opts.prefill_chunk,
+                }
+                .into());
+            }
+            let s = &self.slots[p.slot];
+            if s.kv.would_overflow(p.tokens.len()) {
+                return Err(if p.tokens.len() == 1 {
+                    EngineError::ContextFull {
+                        ctx: self.opts.n_ctx,
+                    }
+                } else {
+                    EngineError::PromptTooLong {
+                        prompt: p.tokens.len(),
+                        ctx: self.opts.n_ctx,
+                        used: s.tokens.len(),
+                    }
+                });
+            }
         }
-        self.step_tokens.clear();
-        self.step_tokens.extend(batch.iter().map(|&(_, t)| t));
-        let mut seqs: Vec<SeqBatch<'_>> = Vec::with_capacity(batch.len());
-        let mut want = batch.iter().map(|&(s, _)| s).peekable();
+        self.logit_rows.clear();
+        self.logit_slots.clear();
+        for p in self.parts.iter().filter(|p| p.logits) {
+            self.logit_rows.push(p.tokens.end - 1);
+            self.logit_slots.push(p.slot);
+        }
+        let mut seqs = recycle(std::mem::take(&mut self.seq_buf));
+        let mut parts = self.parts.iter().peekable();
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if want.peek() == Some(&i) {
-                want.next();
+            if let Some(p) = parts.next_if(|p| p.slot == i) {
                 seqs.push(SeqBatch {
                     kv: &mut s.kv,
-                    n_tokens: 1,
+                    n_tokens: p.tokens.len(),
                 });
             }
         }
         let v = self.model.config.vocab_size;
-        let logits = &mut self.logits;
-        let mut sink = |row: usize, l: &[f32]| {
-            let slot = batch[row].0;
+        let (logits, logit_slots) = (&mut self.logits, &self.logit_slots);
+        let mut sink = |i: usize, l: &[f32]| {
+            let slot = logit_slots[i];
             logits[slot * v..(slot + 1) * v].copy_from_slice(l);
         };
-        forward_batch(
+        let res = forward_batch(
             &self.model,
             &self.rt,
             &mut seqs,
             &mut self.scratch,
             &self.step_tokens,
-            Logits::Rows(0..batch.len(), &mut sink),
+            Logits::Picked(&self.logit_rows, &mut sink),
             Some(&mut self.solo),
-        )?;
-        drop(seqs);
-        for &(slot, t) in batch {
-            self.slots[slot].tokens.push(t);
+        );
+        self.seq_buf = recycle(seqs);
+        res?;
+        for p in &self.parts {
+            let t = &self.step_tokens[p.tokens.clone()];
+            self.slots[p.slot].tokens.extend_from_slice(t);
         }
         Ok(())
+    }
+
+    /// One decode step: evaluate `token` for each `(slot, token)` of `batch` in one forward
+    /// pass. Slots must be distinct and in increasing order. Afterwards
+    /// [`BatchRunner::logits`] of each of those slots holds its next-token logits.
+    pub fn decode(&mut self, batch: &[(usize, u32)]) -> Result<(), EngineError> {
+        assert!(
+            batch.windows(2).all(|w| w[0].0 < w[1].0),
+            "decode batch slots must be distinct and increasing"
+        );
+        self.begin_step();
+        for &(slot, t) in batch {
+            self.push_part(slot, &[t], true);
+        }
+        self.run_step()
     }
 
     /// Bytes of the KV caches of all slots.
     pub fn kv_bytes(&self) -> usize {
         self.slots.iter().map(|s| s.kv.bytes()).sum()
     }
+}
+
+/// An empty vector of sequence views for another lifetime, keeping the allocation: the items'
+/// types differ only in lifetimes, so `collect` reuses the buffer in place (no value crosses:
+/// the vector is emptied first). `tests/decode_alloc.rs` checks that a step allocates nothing.
+fn recycle<'b>(mut v: Vec<SeqBatch<'_>>) -> Vec<SeqBatch<'b>> {
+    v.clear();
+    v.into_iter()
+        .map(|_| unreachable!("the vector is empty"))
+        .collect()
 }

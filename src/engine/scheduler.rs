@@ -1,10 +1,17 @@
 //! Continuous batching: many requests over one [`BatchRunner`].
 //!
 //! Requests wait in a FIFO queue until a slot is free. Each iteration of [`Scheduler::step`]
-//! admits waiting requests into free slots, runs **one** prefill chunk of the oldest sequence
-//! still prefilling, then **one** decode step for every sequence that is generating, as a
-//! single batched forward pass. New requests thus join between steps and finished ones leave
-//! without stalling the others.
+//! admits waiting requests into free slots, then runs **one** forward pass carrying the next
+//! token of every sequence that is generating and at most one prefill chunk's worth of prompt
+//! tokens (chunked prefill, the scheduling of Sarathi-Serve and vLLM). New requests thus join
+//! between steps and finished ones leave without stalling the others; a long prompt delays
+//! the running sequences by at most one chunk per step.
+//!
+//! Prompt tokens are handed out shortest remaining prompt first (then oldest first), each
+//! sequence's in the pieces [`super::Session::prefill`] uses (`prefill_chunk` tokens from the
+//! first uncached one, same bits). A short prompt arriving while a long one is being
+//! prefilled is thus evaluated in the next step, and the long prompt waits one step per
+//! request that overtakes it (at most one per slot freed, as admission needs a free slot).
 //!
 //! Prefix cache: a finished sequence's slot keeps its tokens and KV. A new request goes to the
 //! free slot sharing the longest prefix with its prompt (least recently used among equals) and
@@ -40,8 +47,30 @@ pub struct SeqRequest {
     /// `max_new` tokens unless a stop sequence or the context ends it (benchmarks, tests).
     pub ignore_eos: bool,
     /// Receives the events of this request; returning `false` (the receiver is gone: a closed
-    /// connection) cancels the request and frees its slot.
-    pub sink: Box<dyn FnMut(SeqEvent) -> bool + Send>,
+    /// connection) cancels the request and frees its slot. Any `FnMut(SeqEvent) -> bool` is
+    /// one (it receives owned text); [`SeqSink`] itself takes borrowed text.
+    pub sink: Box<dyn SeqSink>,
+}
+
+/// Where a request's output goes. The scheduler calls it from its own thread, in order:
+/// any number of [`SeqSink::text`] (and [`SeqSink::token`]), then one [`SeqSink::done`].
+pub trait SeqSink: Send {
+    /// New text (possibly empty: a liveness probe). `false` cancels the request.
+    fn text(&mut self, text: &str) -> bool;
+    /// The id of a generated token (before its text, which may come later or be held back).
+    fn token(&mut self, _id: u32) {}
+    /// The request ended.
+    fn done(&mut self, finished: Finished);
+}
+
+/// A closure receiving owned events (allocates each text event).
+impl<F: FnMut(SeqEvent) -> bool + Send> SeqSink for F {
+    fn text(&mut self, text: &str) -> bool {
+        self(SeqEvent::Text(text.to_owned()))
+    }
+    fn done(&mut self, finished: Finished) {
+        self(SeqEvent::Done(finished));
+    }
 }
 
 /// What a request produces, in order: any number of `Text`, then one `Done`.
@@ -144,7 +173,7 @@ struct Active<'t> {
     held: String,
     generated: usize,
     cached: usize,
-    /// Admission order, for first-come prefill.
+    /// Admission order (ties of the prefill order).
     order: u64,
 }
 
@@ -167,16 +196,25 @@ impl Active<'_> {
             .min()
         {
             self.held.truncate(at);
-            let out = std::mem::take(&mut self.held);
-            (self.req.sink)(SeqEvent::Text(out));
+            self.req.sink.text(&self.held);
+            self.held.clear();
             return Emit::StopHit;
         }
-        let keep = held_back(&self.held, &self.req.stop);
-        let out: String = self.held.drain(..self.held.len() - keep).collect();
-        if (self.req.sink)(SeqEvent::Text(out)) {
+        let n = self.held.len() - held_back(&self.held, &self.req.stop);
+        let alive = self.req.sink.text(&self.held[..n]);
+        self.held.drain(..n);
+        if alive {
             Emit::Continue
         } else {
             Emit::Gone
+        }
+    }
+
+    /// Prompt tokens still to evaluate (0 once generating).
+    fn remaining(&self) -> usize {
+        match self.phase {
+            Phase::Prefill { next } => self.req.prompt.len() - next,
+            Phase::Decode { .. } => 0,
         }
     }
 }
@@ -214,8 +252,10 @@ pub struct Scheduler<'t> {
     released_at: Vec<u64>,
     tick: u64,
     metrics: Arc<SchedMetrics>,
-    /// The decode batch of a step (reused).
-    batch: Vec<(usize, u32)>,
+    /// Per slot, the prompt tokens it evaluates in the step being planned (reused).
+    plan: Vec<usize>,
+    /// The text of the token being emitted (reused).
+    piece: String,
 }
 
 impl<'t> Scheduler<'t> {
@@ -230,7 +270,8 @@ impl<'t> Scheduler<'t> {
             released_at: vec![0; n],
             tick: 0,
             metrics,
-            batch: Vec::with_capacity(n),
+            plan: vec![0; n],
+            piece: String::with_capacity(64),
         }
     }
 
@@ -268,10 +309,10 @@ impl<'t> Scheduler<'t> {
                 prompt_tokens: req.prompt.len(),
                 ..Usage::default()
             };
-            (req.sink)(SeqEvent::Done(Finished {
+            req.sink.done(Finished {
                 reason: FinishReason::Error(e),
                 usage,
-            }));
+            });
             return;
         }
         self.waiting.push_back(req);
@@ -294,11 +335,12 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// One iteration: admit, one prefill chunk, one batched decode step.
+    /// One iteration: admit, then one forward pass with every generating sequence's next
+    /// token and up to one prefill chunk of prompt tokens.
     pub fn step(&mut self) {
         self.admit();
-        self.prefill_one_chunk();
-        self.decode_step();
+        self.plan_prefill();
+        self.run_step();
     }
 
     /// Publish the queue and slot gauges (called at every change, so that a client that has
@@ -339,7 +381,7 @@ impl<'t> Scheduler<'t> {
                 sampler: Sampler::new(req.sampler.clone(), vocab),
                 stream: StreamDecoder::new(self.tok),
                 phase: Phase::Prefill { next: cached },
-                held: String::new(),
+                held: String::with_capacity(64),
                 generated: 0,
                 cached,
                 order: self.tick,
@@ -376,45 +418,110 @@ impl<'t> Scheduler<'t> {
         })
     }
 
-    fn prefill_one_chunk(&mut self) {
-        let Some(slot) = (0..self.active.len())
-            .filter(|&s| {
-                matches!(
-                    self.active[s],
-                    Some(Active {
-                        phase: Phase::Prefill { .. },
-                        ..
-                    })
-                )
-            })
-            .min_by_key(|&s| self.active[s].as_ref().map_or(u64::MAX, |a| a.order))
-        else {
-            return;
-        };
+    /// Choose the prompt tokens of the next step into `plan`: the sequences with the fewest
+    /// prompt tokens left first (then the oldest), each its next piece of `prefill_chunk`
+    /// tokens (or what is left), while they fit in one chunk beside the decode tokens. The
+    /// first always goes (cut to the room left if the scratch is smaller than a chunk plus
+    /// every decode row). A sequence whose receiver is gone is cancelled here.
+    fn plan_prefill(&mut self) {
         let chunk = self.runner.opts.prefill_chunk;
-        let a = self.active[slot].as_mut().expect("chosen active");
-        let Phase::Prefill { next } = a.phase else {
-            return;
-        };
-        // A closed connection stops the prefill too.
-        if !(a.req.sink)(SeqEvent::Text(String::new())) {
-            self.finish(slot, FinishReason::Cancelled);
+        let n_decode = self
+            .active
+            .iter()
+            .filter(|a| matches!(a, Some(a) if matches!(a.phase, Phase::Decode { .. })))
+            .count();
+        let mut room = chunk.min(self.runner.max_step_tokens().saturating_sub(n_decode));
+        self.plan.fill(0);
+        let mut first = true;
+        while room > 0 {
+            let Some((slot, left)) = self
+                .active
+                .iter()
+                .enumerate()
+                .filter(|&(s, _)| self.plan[s] == 0)
+                .filter_map(|(s, a)| a.as_ref().map(|a| (s, a)))
+                .filter(|(_, a)| a.remaining() > 0)
+                .min_by_key(|(_, a)| (a.remaining(), a.order))
+                .map(|(s, a)| (s, a.remaining()))
+            else {
+                break;
+            };
+            let mut piece = chunk.min(left);
+            if piece > room {
+                if !first {
+                    break;
+                }
+                piece = room;
+            }
+            // A closed connection stops the prefill too.
+            let a = self.active[slot].as_mut().expect("chosen active");
+            if !a.req.sink.text("") {
+                self.finish(slot, FinishReason::Cancelled);
+                continue;
+            }
+            self.plan[slot] = piece;
+            room -= piece;
+            first = false;
+        }
+    }
+
+    /// Run the planned step: every generating sequence's pending token and the planned prompt
+    /// pieces, in one forward pass; then sample where a sequence has fresh logits.
+    fn run_step(&mut self) {
+        self.runner.begin_step();
+        let (mut n_decode, mut n_prefill) = (0, 0);
+        for (s, a) in self.active.iter().enumerate() {
+            let Some(a) = a else { continue };
+            match a.phase {
+                Phase::Decode { pending } => {
+                    self.runner.push_part(s, &[pending], true);
+                    n_decode += 1;
+                }
+                Phase::Prefill { next } if self.plan[s] > 0 => {
+                    let end = next + self.plan[s];
+                    let prompt = &a.req.prompt;
+                    self.runner
+                        .push_part(s, &prompt[next..end], end == prompt.len());
+                    n_prefill += end - next;
+                }
+                Phase::Prefill { .. } => {}
+            }
+        }
+        if n_decode + n_prefill == 0 {
             return;
         }
-        let len = a.req.prompt.len();
-        let end = (next + chunk).min(len);
-        let res = self
-            .runner
-            .prefill_chunk(slot, &a.req.prompt[next..end], end == len);
-        self.metrics
-            .prefill_tokens
-            .fetch_add((end - next) as u64, Relaxed);
-        match res {
-            Err(e) => self.finish(slot, FinishReason::Error(e.to_string())),
-            Ok(()) if end == len => self.sample_next(slot),
-            Ok(()) => {
-                if let Some(a) = self.active[slot].as_mut() {
-                    a.phase = Phase::Prefill { next: end };
+        let t0 = Instant::now();
+        let res = self.runner.run_step();
+        let m = &self.metrics;
+        m.prefill_tokens.fetch_add(n_prefill as u64, Relaxed);
+        if n_decode > 0 {
+            m.decode_steps.fetch_add(1, Relaxed);
+            m.record_step(n_decode, t0.elapsed().as_secs_f64());
+        }
+        for slot in 0..self.active.len() {
+            let Some(a) = self.active[slot].as_mut() else {
+                continue;
+            };
+            let took = match a.phase {
+                Phase::Decode { .. } => true,
+                Phase::Prefill { .. } => self.plan[slot] > 0,
+            };
+            if !took {
+                continue;
+            }
+            if let Err(e) = &res {
+                self.finish(slot, FinishReason::Error(e.to_string()));
+                continue;
+            }
+            match a.phase {
+                Phase::Decode { .. } => self.sample_next(slot),
+                Phase::Prefill { next } => {
+                    let next = next + self.plan[slot];
+                    if next == a.req.prompt.len() {
+                        self.sample_next(slot);
+                    } else {
+                        a.phase = Phase::Prefill { next };
+                    }
                 }
             }
         }
@@ -423,35 +530,6 @@ impl<'t> Scheduler<'t> {
     /// Release `slot` without flushing (cancelled, failed, or cut by a stop sequence).
     fn finish(&mut self, slot: usize, reason: FinishReason) {
         self.finish_with(slot, reason, false);
-    }
-
-    fn decode_step(&mut self) {
-        self.batch.clear();
-        for (s, a) in self.active.iter().enumerate() {
-            if let Some(Active {
-                phase: Phase::Decode { pending },
-                ..
-            }) = a
-            {
-                self.batch.push((s, *pending));
-            }
-        }
-        if self.batch.is_empty() {
-            return;
-        }
-        let t0 = Instant::now();
-        let batch = std::mem::take(&mut self.batch);
-        let res = self.runner.decode(&batch);
-        self.metrics.decode_steps.fetch_add(1, Relaxed);
-        self.metrics
-            .record_step(batch.len(), t0.elapsed().as_secs_f64());
-        for &(slot, _) in &batch {
-            match &res {
-                Ok(()) => self.sample_next(slot),
-                Err(e) => self.finish(slot, FinishReason::Error(e.to_string())),
-            }
-        }
-        self.batch = batch;
     }
 
     /// Sample the next token of `slot` from its fresh logits, emit it, and either finish or
@@ -472,8 +550,10 @@ impl<'t> Scheduler<'t> {
         }
         a.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
-        let piece = a.stream.push(t).unwrap_or_default();
-        match a.emit(&piece) {
+        a.req.sink.token(t);
+        self.piece.clear();
+        a.stream.push_into(t, &mut self.piece);
+        match a.emit(&self.piece) {
             Emit::Continue => {}
             Emit::StopHit => return self.finish(slot, FinishReason::Stop),
             Emit::Gone => return self.finish(slot, FinishReason::Cancelled),
@@ -500,8 +580,7 @@ impl<'t> Scheduler<'t> {
             if let Emit::StopHit = a.emit(&tail) {
                 reason = FinishReason::Stop;
             } else if !a.held.is_empty() {
-                let rest = std::mem::take(&mut a.held);
-                (a.req.sink)(SeqEvent::Text(rest));
+                a.req.sink.text(&a.held);
             }
         }
         let m = &self.metrics;
@@ -515,7 +594,7 @@ impl<'t> Scheduler<'t> {
             completion_tokens: a.generated,
             cached_tokens: a.cached,
         };
-        (a.req.sink)(SeqEvent::Done(Finished { reason, usage }));
+        a.req.sink.done(Finished { reason, usage });
     }
 }
 

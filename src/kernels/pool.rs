@@ -11,11 +11,29 @@
 //!
 //! Idle workers spin, then yield, then sleep on a condvar; the caller pays for a wake-up call
 //! only when some worker sleeps. No allocation and no thread spawn per operation.
+//!
+//! # Soundness
+//!
+//! Workers call the caller's closure through a pointer whose lifetime is erased, so the
+//! dispatch must not end (return *or unwind*) while a worker may still call it. Three rules
+//! make that hold whatever the closure does:
+//!
+//! - the caller's wait for the workers is the `Drop` of a guard ([`EndJob`]) made before the
+//!   pointer is stored, so a panic in the caller's own share waits for the workers too, and is
+//!   re-raised only after they left;
+//! - a worker runs its share under `catch_unwind`: a panic there ends the job (no items are
+//!   handed out any more), the worker leaves it normally and lives on, and the caller re-raises
+//!   the panic once every worker is out;
+//! - one dispatch at a time, by construction: dispatches take the pool's lock, and a dispatch
+//!   from inside a job of the same pool (which would wait for itself) runs inline on its
+//!   thread, under that thread's index.
 
-use std::cell::UnsafeCell;
+use std::any::Any;
+use std::cell::{Cell, UnsafeCell};
 use std::ops::Range;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 /// The work of one dispatch: called as `f(thread_index, item)` for every item, by whichever
@@ -52,6 +70,17 @@ struct Shared {
     /// Per thread, the part of a [`ThreadPool::run_split`] it has not taken yet:
     /// `start << 32 | end`.
     shares: Box<[AtomicU64]>,
+    /// Held for the whole of a dispatch: one job (and one set of `shares`) at a time.
+    dispatch: Mutex<()>,
+    /// Set when a worker's share of the current job panicked; its payload is in `payload`.
+    panicked: AtomicBool,
+    payload: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+thread_local! {
+    /// The pool (its `Shared` address) whose job this thread is running, and the thread's index
+    /// in it; `(0, 0)` outside any job. A dispatch to that same pool from here runs inline.
+    static IN_JOB: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
 // SAFETY: `job` is accessed under the join/close protocol described on `JobCell` (never written
@@ -91,6 +120,9 @@ impl ThreadPool {
             started: AtomicUsize::new(0),
             n_threads,
             shares: (0..n_threads).map(|_| AtomicU64::new(0)).collect(),
+            dispatch: Mutex::new(()),
+            panicked: AtomicBool::new(false),
+            payload: Mutex::new(None),
         });
         let workers = (1..n_threads)
             .map(|tid| {
@@ -117,6 +149,10 @@ impl ThreadPool {
 
     /// Call `f(thread_index, item)` once for every `item` in `0..n_items`, spread over the
     /// pool's threads as they come, and return when all calls are done.
+    ///
+    /// A panic in `f`, on any thread, is re-raised here once no thread runs `f` any more (the
+    /// remaining items are then skipped). Calls from several threads at once take turns; a
+    /// call from inside `f` runs on the calling thread alone.
     pub fn run_items(&self, n_items: usize, f: ItemFn<'_>) {
         let s = &*self.shared;
         if s.n_threads == 1 || n_items <= 1 {
@@ -125,12 +161,52 @@ impl ThreadPool {
             }
             return;
         }
+        if let Some(tid) = self.nested_index() {
+            for i in 0..n_items {
+                f(tid, i);
+            }
+            return;
+        }
+        let _turn = self.lock();
+        self.dispatch(n_items, f);
+    }
+
+    /// This thread's index if it is inside a job of this pool.
+    #[inline]
+    fn nested_index(&self) -> Option<usize> {
+        let (pool, tid) = IN_JOB.with(Cell::get);
+        (pool == Arc::as_ptr(&self.shared) as usize).then_some(tid)
+    }
+
+    /// The pool's turn: dispatches are one at a time. A panic in a job is re-raised with the
+    /// guard held (poisoning the mutex) but never leaves the pool inconsistent, as the job is
+    /// wound up first; so poisoning is ignored.
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.shared
+            .dispatch
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One job over the pool's threads. The caller holds [`ThreadPool::lock`] and is not inside
+    /// a job of this pool.
+    fn dispatch(&self, n_items: usize, f: ItemFn<'_>) {
+        let s = &*self.shared;
+        // From here on, leaving this function (by return or unwinding) first closes the job
+        // and waits until every worker that joined it has left.
+        let mut end = EndJob {
+            s,
+            n_items,
+            finished: false,
+            outer: IN_JOB.with(|c| c.replace((Arc::as_ptr(&self.shared) as usize, 0))),
+        };
         let st = s.state.load(Ordering::Acquire);
-        debug_assert!(st & CLOSED != 0 && st & ACTIVE_MASK == 0);
-        // SAFETY: the previous job is closed and every worker that joined it has left (the
-        // previous call waited for that), so no thread reads the cell now. We erase the
-        // closure's lifetime; this function does not return before every joined worker left
-        // again, so the pointer never outlives the borrow.
+        // SAFETY: we hold the pool's lock, so no other dispatch runs; the previous one ended
+        // by its `EndJob`, which left the state closed with no worker inside, so no thread
+        // reads the cell now and none can join until we open the job below. We erase the
+        // closure's lifetime: `end` (dropped on every way out of this function, unwinding
+        // included) waits until every worker that joined has left, so no worker dereferences
+        // the pointer after the borrow ends.
         unsafe {
             let cell = &mut *s.job.get();
             cell.f = std::mem::transmute::<ItemFn<'_>, ItemFn<'static>>(f);
@@ -141,21 +217,22 @@ impl ThreadPool {
         // Open the new generation (publishes the cell and the counter).
         s.state.store(gen << GEN_SHIFT, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            let _g = s.sleep.lock().unwrap_or_else(PoisonError::into_inner);
             s.wake.notify_all();
         }
         take_items(s, f, n_items, 0);
-        // Every item is taken: close, then wait for the workers still inside.
-        let mut st = s.state.fetch_or(CLOSED, Ordering::AcqRel) | CLOSED;
-        let mut spins = 0usize;
-        while st & ACTIVE_MASK != 0 {
-            spins += 1;
-            if spins < SPIN_ITERS {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+        end.finished = true;
+        drop(end);
+        if s.panicked.load(Ordering::Acquire) {
+            s.panicked.store(false, Ordering::Relaxed);
+            let payload = s
+                .payload
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(p) = payload {
+                std::panic::resume_unwind(p);
             }
-            st = s.state.load(Ordering::Acquire);
         }
     }
 
@@ -177,12 +254,14 @@ impl ThreadPool {
         let s = &*self.shared;
         let nt = s.n_threads;
         let grain = grain.max(1);
-        if nt == 1 || n <= grain || n > u32::MAX as usize {
+        if nt == 1 || n <= grain || n > u32::MAX as usize || self.nested_index().is_some() {
             self.run_items(n.div_ceil(grain), &|tid, i| {
                 f(tid, i * grain..n.min((i + 1) * grain))
             });
             return;
         }
+        // The shares belong to the job: write them only on our turn.
+        let _turn = self.lock();
         for (t, share) in s.shares.iter().enumerate() {
             let r = split_range(n, t, nt);
             share.store(pack(r), Ordering::Relaxed);
@@ -191,7 +270,7 @@ impl ThreadPool {
         // share, then steals until the share it picks is empty; a thread that takes a second
         // item (its peer had not joined yet) usually finds nothing left. Every unit runs once
         // either way, and the job ends only when every thread has left its items.
-        self.run_items(nt, &|tid, _| {
+        self.dispatch(nt, &|tid, _| {
             let own = &s.shares[tid];
             loop {
                 while let Some(r) = take(own, grain, false) {
@@ -232,6 +311,50 @@ fn take_items(s: &Shared, f: ItemFn<'_>, n_items: usize, tid: usize) {
             return;
         }
         f(tid, i);
+    }
+}
+
+/// Winds up a dispatch when dropped (on return or unwinding): ends the job early if the
+/// caller's share did not finish, closes it, and waits until every worker that joined it has
+/// left. Only then may the closure's borrow end.
+struct EndJob<'a> {
+    s: &'a Shared,
+    n_items: usize,
+    /// The caller's share ran to its end (false: it is unwinding).
+    finished: bool,
+    /// The caller's [`IN_JOB`] before this job.
+    outer: (usize, usize),
+}
+
+impl Drop for EndJob<'_> {
+    fn drop(&mut self) {
+        let s = self.s;
+        if !self.finished {
+            // Hand out no more items: the job ends with the panic.
+            s.next.store(self.n_items, Ordering::Relaxed);
+        }
+        // Close, then wait for the workers still inside.
+        let mut st = s.state.fetch_or(CLOSED, Ordering::AcqRel) | CLOSED;
+        let mut spins = 0usize;
+        while st & ACTIVE_MASK != 0 {
+            spins += 1;
+            if spins < SPIN_ITERS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            st = s.state.load(Ordering::Acquire);
+        }
+        IN_JOB.with(|c| c.set(self.outer));
+        if !self.finished && s.panicked.swap(false, Ordering::Acquire) {
+            // The caller's own panic wins; a worker's is dropped with the job.
+            let p = s
+                .payload
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            drop(p);
+        }
     }
 }
 
@@ -278,6 +401,8 @@ pub fn split_range(n: usize, tid: usize, nt: usize) -> std::ops::Range<usize> {
 }
 
 fn worker_loop(s: &Shared, tid: usize) {
+    // A worker only ever runs jobs of this pool: a dispatch from inside one runs inline.
+    IN_JOB.with(|c| c.set((s as *const Shared as usize, tid)));
     let mut seen = s.state.load(Ordering::Acquire) >> GEN_SHIFT;
     s.started.fetch_add(1, Ordering::Release);
     loop {
@@ -299,7 +424,7 @@ fn worker_loop(s: &Shared, tid: usize) {
                 std::thread::yield_now();
             } else {
                 s.sleepers.fetch_add(1, Ordering::SeqCst);
-                let guard = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+                let guard = s.sleep.lock().unwrap_or_else(PoisonError::into_inner);
                 if s.state.load(Ordering::SeqCst) >> GEN_SHIFT == seen
                     && !s.shutdown.load(Ordering::SeqCst)
                 {
@@ -337,7 +462,17 @@ fn worker_loop(s: &Shared, tid: usize) {
             let cell = &*s.job.get();
             (&*cell.f, cell.n_items)
         };
-        take_items(s, f, n_items, tid);
+        let run = std::panic::catch_unwind(AssertUnwindSafe(|| take_items(s, f, n_items, tid)));
+        if let Err(p) = run {
+            // End the job (no more items for anyone) and leave the panic to the caller.
+            s.next.store(n_items, Ordering::Relaxed);
+            let mut slot = s.payload.lock().unwrap_or_else(PoisonError::into_inner);
+            if slot.is_none() {
+                *slot = Some(p);
+            }
+            drop(slot);
+            s.panicked.store(true, Ordering::Release);
+        }
         s.state.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -582,6 +717,166 @@ mod tests {
                 std::hint::spin_loop();
                 busy[tid].store(false, Ordering::Release);
             });
+        }
+    }
+
+    /// Every thread of the pool takes part in one job: each item waits (at most 10 s) until
+    /// every thread index has been seen. False if a worker is gone.
+    fn all_threads_take_part(pool: &ThreadPool) -> bool {
+        let nt = pool.n_threads();
+        let seen: Vec<AtomicBool> = (0..nt).map(|_| AtomicBool::new(false)).collect();
+        pool.run_items(nt, &|tid, _| {
+            seen[tid].store(true, Ordering::Release);
+            let t0 = std::time::Instant::now();
+            while !seen.iter().all(|s| s.load(Ordering::Acquire)) && t0.elapsed().as_secs() < 10 {
+                std::thread::yield_now();
+            }
+        });
+        seen.iter().all(|s| s.load(Ordering::Acquire))
+    }
+
+    fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default()
+    }
+
+    /// A panic on the caller's share reaches the caller only after the workers have left the
+    /// job (they were still running the closure, which borrows the caller's stack), and the
+    /// pool works afterwards.
+    #[test]
+    fn caller_panic_waits_for_the_workers() {
+        let pool = ThreadPool::new(2);
+        let inside = AtomicUsize::new(0);
+        let caller_took = AtomicBool::new(false);
+        for _ in 0..20 {
+            caller_took.store(false, Ordering::SeqCst);
+            let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                pool.run_items(64, &|tid, _| {
+                    if tid == 0 {
+                        caller_took.store(true, Ordering::SeqCst);
+                        panic!("caller share");
+                    }
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    let t0 = std::time::Instant::now();
+                    while !caller_took.load(Ordering::SeqCst) && t0.elapsed().as_secs() < 10 {
+                        std::thread::yield_now();
+                    }
+                    // Still running the closure while the caller unwinds.
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                });
+            }));
+            let p = r.expect_err("the caller's panic is propagated");
+            assert_eq!(panic_message(p), "caller share");
+            assert_eq!(
+                inside.load(Ordering::SeqCst),
+                0,
+                "run_items unwound while a worker was still inside the job"
+            );
+        }
+        assert!(all_threads_take_part(&pool));
+        let sum = AtomicUsize::new(0);
+        pool.run_items(100, &|_, i| {
+            sum.fetch_add(i, Ordering::Relaxed);
+        });
+        assert_eq!(sum.load(Ordering::Relaxed), 4950);
+    }
+
+    /// A panic on a worker is caught there and re-raised on the caller (instead of the worker
+    /// dying inside the job and the caller waiting for it forever); the worker lives on.
+    #[test]
+    fn worker_panic_reaches_the_caller() {
+        for nt in [2, 3] {
+            let pool = ThreadPool::new(nt);
+            let worker_took = AtomicBool::new(false);
+            for round in 0..20 {
+                worker_took.store(false, Ordering::SeqCst);
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    pool.run_items(64, &|tid, _| {
+                        if tid != 0 {
+                            worker_took.store(true, Ordering::SeqCst);
+                            panic!("worker share {round}");
+                        }
+                        let t0 = std::time::Instant::now();
+                        while !worker_took.load(Ordering::SeqCst) && t0.elapsed().as_secs() < 10 {
+                            std::thread::yield_now();
+                        }
+                    });
+                }));
+                let p = r.expect_err("the worker's panic is propagated");
+                assert_eq!(panic_message(p), format!("worker share {round}"));
+                // run_split goes through the same dispatch.
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    pool.run_split(10_000, 10, &|tid, r| {
+                        if tid != 0 && r.start > 0 {
+                            panic!("split share");
+                        }
+                    });
+                }));
+                if let Err(p) = r {
+                    assert_eq!(panic_message(p), "split share");
+                }
+            }
+            assert!(all_threads_take_part(&pool), "a worker died with its panic");
+        }
+    }
+
+    /// Two threads using one pool at once (each dispatch owns the workers or runs alone):
+    /// every item and unit runs exactly once per call, thread indices stay exclusive within a
+    /// call.
+    #[test]
+    fn concurrent_callers_get_correct_results() {
+        let pool = ThreadPool::new(3);
+        std::thread::scope(|sc| {
+            for caller in 0..2usize {
+                let pool = &pool;
+                sc.spawn(move || {
+                    let hits: Vec<AtomicUsize> = (0..200).map(|_| AtomicUsize::new(0)).collect();
+                    let busy: Vec<AtomicBool> = (0..3).map(|_| AtomicBool::new(false)).collect();
+                    for round in 0..3000usize {
+                        let n = (round * 7 + caller * 13) % 200;
+                        if round % 2 == 0 {
+                            pool.run_items(n, &|tid, i| {
+                                assert!(!busy[tid].swap(true, Ordering::AcqRel));
+                                hits[i].fetch_add(1, Ordering::Relaxed);
+                                busy[tid].store(false, Ordering::Release);
+                            });
+                        } else {
+                            pool.run_split(n, 1 + round % 5, &|tid, r| {
+                                assert!(!busy[tid].swap(true, Ordering::AcqRel));
+                                for h in &hits[r] {
+                                    h.fetch_add(1, Ordering::Relaxed);
+                                }
+                                busy[tid].store(false, Ordering::Release);
+                            });
+                        }
+                        for (i, h) in hits.iter().enumerate() {
+                            let got = h.swap(0, Ordering::Relaxed);
+                            assert_eq!(got, usize::from(i < n), "caller {caller} round {round}");
+                        }
+                    }
+                });
+            }
+        });
+        assert!(all_threads_take_part(&pool));
+    }
+
+    /// A dispatch from inside a job of the same pool runs on its thread alone.
+    #[test]
+    fn nested_dispatch_runs_inline() {
+        let pool = ThreadPool::new(2);
+        let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
+        for _ in 0..100 {
+            pool.run_items(8, &|_, i| {
+                pool.run_items(8, &|_, j| {
+                    hits[i * 8 + j].fetch_add(1, Ordering::Relaxed);
+                });
+            });
+            for h in &hits {
+                assert_eq!(h.swap(0, Ordering::Relaxed), 1);
+            }
         }
     }
 

@@ -6,6 +6,7 @@
 
 use std::ops::Range;
 
+use crate::cache::offload::OffloadFault;
 use crate::cache::{KvCache, KvOverflow, KvWindowError, Scratch};
 use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
@@ -39,15 +40,23 @@ pub enum Logits<'a> {
     Last,
     /// Rows `range` of the batch, each handed to the sink as `(row, logits)`.
     Rows(Range<usize>, &'a mut dyn FnMut(usize, &[f32])),
+    /// The listed rows of the batch (increasing), each handed to the sink as
+    /// `(index in the list, logits)`.
+    Picked(&'a [usize], &'a mut dyn FnMut(usize, &[f32])),
 }
 
-/// Why a forward pass was refused. Nothing is modified when it is.
+/// Why a forward pass was refused. Nothing is modified when it is (but see
+/// [`ForwardError::Offload`]).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ForwardError {
     #[error(transparent)]
     Overflow(#[from] KvOverflow),
     #[error(transparent)]
     Window(#[from] KvWindowError),
+    /// An offloaded cache's file I/O failed (unlike the other errors, the pass had begun: the
+    /// cache is lost).
+    #[error(transparent)]
+    Offload(#[from] OffloadFault),
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
     #[error("batch of {n} tokens exceeds the scratch size of {max}")]
@@ -291,9 +300,10 @@ pub fn forward_batch(
         };
         let aod = c.attn_out_dim();
         // Each sequence's keys and values go to its own cache, at its own positions.
-        for_each_seq(seqs, |j0, sq| {
+        let mut j0 = 0;
+        for sq in seqs.iter_mut() {
             let pos0 = sq.kv.len();
-            sq.kv.begin_layer(li);
+            sq.kv.begin_layer(li)?;
             for j in j0..j0 + sq.n_tokens {
                 let (k, v) = (
                     &s.k[j * kv_k..(j + 1) * kv_k],
@@ -301,7 +311,8 @@ pub fn forward_batch(
                 );
                 sq.kv.write(li, pos0 + j - j0, k, v);
             }
-        });
+            j0 += sq.n_tokens;
+        }
         if let Some(solo) = solo.as_deref_mut() {
             // One decode row per sequence: attend in one dispatch.
             let all = &*seqs;
@@ -446,35 +457,60 @@ pub fn forward_batch(
         }
         Logits::Rows(range, sink) => {
             let range = range.start.min(n)..range.end.min(n);
-            let per = s.spec.logit_rows.max(1);
-            let mut r0 = range.start;
-            while r0 < range.end {
-                let r1 = (r0 + per).min(range.end);
-                let k = r1 - r0;
-                for (i, j) in (r0..r1).enumerate() {
-                    let (src, dst) = (
-                        &s.x[j * dim..(j + 1) * dim],
-                        &mut s.xb[i * dim..(i + 1) * dim],
-                    );
-                    norm_row(&w.output_norm, src, dst);
-                }
-                matmul(
-                    pool,
-                    &w.output,
-                    &s.xb,
-                    k,
-                    &mut s.xq,
-                    &mut s.logits[..k * c.vocab_size],
-                    &mut s.matmul,
-                );
-                for i in 0..k {
-                    sink(r0 + i, &s.logits[i * c.vocab_size..(i + 1) * c.vocab_size]);
-                }
-                r0 = r1;
-            }
+            output_rows(m, pool, s, range.len(), |i| range.start + i, &mut |i, l| {
+                sink(range.start + i, l)
+            });
+        }
+        Logits::Picked(rows, sink) => {
+            assert!(
+                rows.iter().all(|&r| r < n),
+                "picked logit row past the batch"
+            );
+            output_rows(m, pool, s, rows.len(), |i| rows[i], sink);
         }
     }
     Ok(())
+}
+
+/// The logits of `count` rows of the batch (the `i`-th is batch row `row_of(i)`), computed
+/// `logit_rows` at a time and handed to `sink` as `(i, logits)`.
+fn output_rows(
+    m: &Model,
+    pool: &ThreadPool,
+    s: &mut Scratch,
+    count: usize,
+    row_of: impl Fn(usize) -> usize,
+    sink: &mut dyn FnMut(usize, &[f32]),
+) {
+    let (c, w) = (&m.config, &m.weights);
+    let dim = c.dim;
+    let per = s.spec.logit_rows.max(1);
+    let mut i0 = 0;
+    while i0 < count {
+        let i1 = (i0 + per).min(count);
+        let k = i1 - i0;
+        for (o, i) in (i0..i1).enumerate() {
+            let j = row_of(i);
+            let (src, dst) = (
+                &s.x[j * dim..(j + 1) * dim],
+                &mut s.xb[o * dim..(o + 1) * dim],
+            );
+            norm_row(&w.output_norm, src, dst);
+        }
+        matmul(
+            pool,
+            &w.output,
+            &s.xb,
+            k,
+            &mut s.xq,
+            &mut s.logits[..k * c.vocab_size],
+            &mut s.matmul,
+        );
+        for o in 0..k {
+            sink(i0 + o, &s.logits[o * c.vocab_size..(o + 1) * c.vocab_size]);
+        }
+        i0 = i1;
+    }
 }
 
 /// Several projections of the same input: the input is quantized once per activation format

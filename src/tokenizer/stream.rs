@@ -39,13 +39,21 @@ impl<'t> StreamDecoder<'t> {
     /// spaces across token boundaries in [`Tokenizer::decode`]; the stream does not, so there
     /// the concatenation can differ from `decode` in those spaces.
     pub fn push(&mut self, id: u32) -> Option<String> {
+        let mut out = String::new();
+        self.push_into(id, &mut out);
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// [`StreamDecoder::push`] appending the completed text to `out` (no allocation once
+    /// `out` and the decoder's buffer have grown to a token's size).
+    pub fn push_into(&mut self, id: u32, out: &mut String) {
         let mut piece = self.tokenizer.token_bytes(id);
         if self.first && self.tokenizer.add_space_prefix && piece.first() == Some(&b' ') {
             piece = &piece[1..];
         }
         self.first = false;
         self.pending.extend_from_slice(piece);
-        self.take_complete()
+        self.take_complete(out);
     }
 
     /// End of stream: whatever is left, with incomplete characters replaced by U+FFFD.
@@ -63,8 +71,7 @@ impl<'t> StreamDecoder<'t> {
         self.pending.len()
     }
 
-    fn take_complete(&mut self) -> Option<String> {
-        let mut out = String::new();
+    fn take_complete(&mut self, out: &mut String) {
         let mut consumed = 0;
         loop {
             match std::str::from_utf8(&self.pending[consumed..]) {
@@ -94,10 +101,5 @@ impl<'t> StreamDecoder<'t> {
             }
         }
         self.pending.drain(..consumed);
-        if out.is_empty() {
-            None
-        } else {
-            Some(out)
-        }
     }
 }
