@@ -29,11 +29,9 @@ fn peak(model: &str, chars: usize, chunk: usize) -> (u64, u64) {
     let _ = std::fs::remove_file(&file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let json = stderr
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .expect("--json line");
+    // `run --json` prints JSON lines on stdout, the statistics last.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = stdout.lines().last().expect("--json line");
     let j: serde_json::Value = serde_json::from_str(json).unwrap();
     (
         j["prompt_tokens"].as_u64().unwrap(),

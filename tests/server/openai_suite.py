@@ -49,8 +49,8 @@ def kiln_run(prompt, n, chat):
     """Greedy output of `kiln run` (what the server must reproduce)."""
     cmd = [ARGS.kiln, "run", "-m", ARGS.model, "-p", prompt, "-n", str(n), "--temp", "0",
            "-c", str(ARGS.ctx)]
-    if chat:
-        cmd.append("--chat")
+    # An instruct model gets its chat template by default; --raw is a plain completion.
+    cmd.append("--chat" if chat else "--raw")
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return out[:-1] if out.endswith("\n") else out  # `run` ends with one newline of its own
 
