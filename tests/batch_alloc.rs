@@ -115,6 +115,7 @@ impl SeqSink for Quiet {
 
 fn request(prompt: Vec<u32>, tokens: &Arc<AtomicUsize>) -> SeqRequest {
     SeqRequest {
+        grammar: None,
         prompt,
         max_new: 200,
         sampler: SamplerConfig {

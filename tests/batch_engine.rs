@@ -115,6 +115,7 @@ fn collector() -> (EventLog, Sink) {
 fn greedy_request(prompt: &[u32], max_new: usize, stop: &[&str]) -> (EventLog, SeqRequest) {
     let (log, sink) = collector();
     let req = SeqRequest {
+        grammar: None,
         prompt: prompt.to_vec(),
         max_new,
         sampler: SamplerConfig::greedy(),

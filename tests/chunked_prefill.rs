@@ -46,6 +46,7 @@ impl SeqSink for Log {
 fn request(prompt: &[u32], max_new: usize) -> (Log, SeqRequest) {
     let log = Log::default();
     let req = SeqRequest {
+        grammar: None,
         prompt: prompt.to_vec(),
         max_new,
         sampler: SamplerConfig::greedy(),

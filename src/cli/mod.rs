@@ -3,6 +3,7 @@
 mod bench;
 mod chat;
 mod common;
+mod grammar;
 mod inspect;
 mod list;
 mod perplexity;

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::chat::{self, ChatArgs};
 use super::common::{self, ModelArgs, SamplingArgs};
-use kiln::engine::{generate, GenerateRequest};
+use kiln::engine::{generate_constrained, GenerateRequest};
 use kiln::sampler::Sampler;
 use kiln::tokenizer::ChatMessage;
 
@@ -75,6 +75,8 @@ pub struct RunArgs {
     pub ignore_eos: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub grammar: super::grammar::GrammarArgs,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -89,6 +91,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let text = common::read_prompt(&args.prompt, &args.file)?;
     let sampler_cfg = args.sampling.config()?;
+    let spec = args.grammar.spec()?;
     let loaded = common::load(&args.model)?;
     let tok = &loaded.tokenizer;
     let own_template = tok.chat_template().is_some() && !tok.chat_template_is_builtin();
@@ -110,6 +113,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let mut session = common::session(&loaded, &args.model)?;
     session.check_fits(ids.len())?;
     let mut sampler = Sampler::new(sampler_cfg, loaded.model.config.vocab_size);
+    let mut constraint = super::grammar::constraint(spec.as_ref(), tok)?;
     let cancel = common::cancel_flag();
 
     let stdout = std::io::stdout();
@@ -151,11 +155,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         cancel: Some(cancel),
         ignore_eos: args.ignore_eos,
     };
-    let stats = generate(
+    let stats = generate_constrained(
         &mut session,
         &mut sampler,
         tok,
         &req,
+        constraint.as_mut(),
         &mut progress,
         &mut on_token,
     )?;

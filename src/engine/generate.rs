@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::session::{EngineError, Session};
+use crate::grammar::{overlap, Constraint};
 use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -74,17 +75,37 @@ pub fn generate(
     progress: &mut dyn FnMut(usize, usize),
     on_token: &mut dyn FnMut(u32, &str) -> bool,
 ) -> Result<GenStats, EngineError> {
+    generate_constrained(session, sampler, tok, req, None, progress, on_token)
+}
+
+/// [`generate`] with the output held to a grammar: each token is sampled from the logits
+/// masked by `constraint`, whose next mask is computed on a helper thread while the token's
+/// forward pass runs; generation stops (as [`StopReason::EndOfGeneration`]) when the grammar
+/// is complete.
+pub fn generate_constrained(
+    session: &mut Session,
+    sampler: &mut Sampler,
+    tok: &Tokenizer,
+    req: &GenerateRequest<'_>,
+    mut constraint: Option<&mut Constraint>,
+    progress: &mut dyn FnMut(usize, usize),
+    on_token: &mut dyn FnMut(u32, &str) -> bool,
+) -> Result<GenStats, EngineError> {
     let mut stats = GenStats {
         prompt_tokens: req.prompt.len(),
         ..GenStats::default()
     };
     let t0 = Instant::now();
+    // The first mask is computed while the prompt is evaluated.
+    let mut first: Vec<(&mut Constraint, Option<u32>)> = Vec::new();
+    first.extend(constraint.as_deref_mut().map(|c| (c, None)));
     if req.reuse_prefix {
-        stats.reused_tokens = session.prefill_reuse(req.prompt, progress)?;
+        stats.reused_tokens = overlap(&mut first, || session.prefill_reuse(req.prompt, progress))?;
     } else {
         session.reset();
-        session.prefill(req.prompt, progress)?;
+        overlap(&mut first, || session.prefill(req.prompt, progress))?;
     }
+    drop(first);
     stats.prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let cancelled = || req.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
@@ -101,7 +122,11 @@ pub fn generate(
         if req.ignore_eos {
             session.mask_tokens(tok.eog_ids());
         }
-        let next = sampler.sample(session.logits(), session.tokens());
+        let next = match constraint.as_deref_mut() {
+            Some(c) if c.is_done() => break StopReason::EndOfGeneration,
+            Some(c) => sampler.sample(c.apply(session.logits())?, session.tokens()),
+            None => sampler.sample(session.logits(), session.tokens()),
+        };
         if tok.is_eog(next) {
             break StopReason::EndOfGeneration;
         }
@@ -113,7 +138,9 @@ pub fn generate(
         if session.kv().would_overflow(1) {
             break StopReason::ContextFull;
         }
-        session.decode(next)?;
+        let mut step: Vec<(&mut Constraint, Option<u32>)> = Vec::new();
+        step.extend(constraint.as_deref_mut().map(|c| (c, Some(next))));
+        overlap(&mut step, || session.decode(next))?;
     };
     if let Some(tail) = stream.flush() {
         on_token(u32::MAX, &tail);

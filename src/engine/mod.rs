@@ -7,6 +7,6 @@ pub mod plan;
 pub mod scheduler;
 pub mod session;
 
-pub use generate::{generate, GenStats, GenerateRequest, StopReason};
+pub use generate::{generate, generate_constrained, GenStats, GenerateRequest, StopReason};
 pub use perplexity::{perplexity, PerplexityReport};
 pub use session::{EngineError, Session, SessionOptions};

@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use super::batch::BatchRunner;
 use super::session::EngineError;
+use crate::grammar::{overlap, Constraint};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -46,6 +47,10 @@ pub struct SeqRequest {
     /// Never stop at an end-of-generation token (their logits are masked): generate exactly
     /// `max_new` tokens unless a stop sequence or the context ends it (benchmarks, tests).
     pub ignore_eos: bool,
+    /// Structured output: tokens are sampled from the logits this grammar allows, its masks
+    /// computed while the batch's forward pass runs; the request ends (`Stop`) when the
+    /// grammar is complete.
+    pub grammar: Option<Constraint>,
     /// Receives the events of this request; returning `false` (the receiver is gone: a closed
     /// connection) cancels the request and frees its slot. Any `FnMut(SeqEvent) -> bool` is
     /// one (it receives owned text); [`SeqSink`] itself takes borrowed text.
@@ -491,7 +496,28 @@ impl<'t> Scheduler<'t> {
             return;
         }
         let t0 = Instant::now();
-        let res = self.runner.run_step();
+        // Each constrained sequence with fresh logits coming (a decode token, or its prompt's
+        // last piece: the first mask) consumes its pending token and computes its next mask
+        // on a helper thread while the step's forward pass runs.
+        let mut masks: Vec<(&mut Constraint, Option<u32>)> = Vec::new();
+        for (s, a) in self.active.iter_mut().enumerate() {
+            let Some(a) = a else { continue };
+            let Some(c) = a.req.grammar.as_mut() else {
+                continue;
+            };
+            match a.phase {
+                Phase::Decode { pending } => masks.push((c, Some(pending))),
+                Phase::Prefill { next } if next + self.plan[s] == a.req.prompt.len() => {
+                    if self.plan[s] > 0 {
+                        masks.push((c, None));
+                    }
+                }
+                Phase::Prefill { .. } => {}
+            }
+        }
+        let runner = &mut self.runner;
+        let res = overlap(&mut masks, || runner.run_step());
+        drop(masks);
         let m = &self.metrics;
         m.prefill_tokens.fetch_add(n_prefill as u64, Relaxed);
         if n_decode > 0 {
@@ -542,9 +568,15 @@ impl<'t> Scheduler<'t> {
         if a.req.ignore_eos {
             self.runner.mask_tokens(slot, self.tok.eog_ids());
         }
-        let t = a
-            .sampler
-            .sample(self.runner.logits(slot), self.runner.tokens(slot));
+        let logits = self.runner.logits(slot);
+        let t = match a.req.grammar.as_mut() {
+            Some(c) if c.is_done() => return self.finish_with(slot, FinishReason::Stop, true),
+            Some(c) => match c.apply(logits) {
+                Ok(masked) => a.sampler.sample(masked, self.runner.tokens(slot)),
+                Err(e) => return self.finish(slot, FinishReason::Error(e.to_string())),
+            },
+            None => a.sampler.sample(logits, self.runner.tokens(slot)),
+        };
         if self.tok.is_eog(t) {
             return self.finish_with(slot, FinishReason::Stop, true);
         }

@@ -66,6 +66,8 @@ pub enum EngineError {
     KvBudget(#[from] KvBudgetError),
     #[error("cannot create the KV cache: {0}")]
     KvCache(String),
+    #[error(transparent)]
+    Grammar(#[from] crate::grammar::GrammarError),
 }
 
 impl From<KvCacheError> for EngineError {

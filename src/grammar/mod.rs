@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use crate::tokenizer::Tokenizer;
 
 /// Why a constraint could not be built or followed.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GrammarError {
     /// A JSON-schema keyword or construct llguidance does not implement.
     #[error("unsupported JSON schema feature: {0}")]

@@ -226,3 +226,35 @@ fn unsupported_schema_features_are_named() {
         .expect("refused");
     assert!(matches!(err, GrammarError::InvalidGrammar(_)), "{err}");
 }
+
+#[test]
+fn multiple_of_bounds_the_fraction_digits() {
+    // A plain JSON number may have any number of digits (a small model can loop on zeros);
+    // `multipleOf` is how a schema bounds them.
+    let (e, ..) = engine();
+    let spec = |s: Value| GrammarSpec::JsonSchema(s);
+    let mut c = e
+        .compile(&spec(
+            json!({"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 100}),
+        ))
+        .unwrap();
+    c.advance(None);
+    for b in b"1.00" {
+        c.advance(Some(*b as u32));
+    }
+    assert!(c.is_done(), "no third fraction digit");
+    let mut c = e
+        .compile(&spec(
+            json!({"type": "number", "minimum": 0, "maximum": 100}),
+        ))
+        .unwrap();
+    c.advance(None);
+    for b in b"1.00" {
+        c.advance(Some(*b as u32));
+    }
+    let row = c.apply(&[0.0; 300]).unwrap();
+    assert_eq!(
+        row[b'0' as usize], 0.0,
+        "without multipleOf, more digits may follow"
+    );
+}

@@ -50,6 +50,10 @@ pub struct GenParams {
     /// Keep generating past end-of-generation tokens (llama.cpp server's `ignore_eos`).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Structured output ([`super::structured`]): OpenAI's, and llama.cpp server's two.
+    pub response_format: Option<Value>,
+    pub json_schema: Option<Value>,
+    pub grammar: Option<String>,
 }
 
 /// A message's content: text, or a list of parts of which the text ones are used.
@@ -187,6 +191,7 @@ pub struct Generation {
     pub include_usage: bool,
     pub cache_prompt: bool,
     pub ignore_eos: bool,
+    pub structured: Option<super::structured::Structured>,
 }
 
 impl GenParams {
@@ -310,6 +315,11 @@ impl GenParams {
                 .is_some_and(|o| o.include_usage),
             cache_prompt: self.cache_prompt.unwrap_or(true),
             ignore_eos: self.ignore_eos,
+            structured: super::structured::read(
+                self.response_format.as_ref(),
+                self.json_schema.as_ref(),
+                self.grammar.as_deref(),
+            )?,
         })
     }
 }

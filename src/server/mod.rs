@@ -23,6 +23,7 @@ pub mod error;
 mod io;
 mod metrics;
 mod routes;
+pub mod structured;
 
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
@@ -105,6 +106,12 @@ pub(crate) struct AppState {
     pub http: Arc<metrics::HttpMetrics>,
     pub started: u64,
     pub kv_bytes: usize,
+    /// The model's grammar compiler, built by the first structured-output request.
+    pub grammar: Arc<
+        std::sync::OnceLock<
+            Result<Arc<crate::grammar::GrammarEngine>, crate::grammar::GrammarError>,
+        >,
+    >,
 }
 
 /// Serve on `listener` until `shutdown` resolves, then let the responses in progress finish
@@ -139,6 +146,7 @@ pub async fn serve(
     let admitted =
         (opts.n_slots.saturating_add(opts.max_queue)).min(tokio::sync::Semaphore::MAX_PERMITS);
     let state = Arc::new(AppState {
+        grammar: Arc::default(),
         engine: tx,
         tokenizer,
         model,

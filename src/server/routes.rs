@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Generation, Head, PromptField};
 use super::error::ApiError;
 use super::metrics::{self, HttpMetrics, Status};
-use super::{unix_now, AppState};
+use super::{structured, unix_now, AppState};
 use crate::engine::scheduler::{FinishReason, SeqEvent, SeqRequest};
 use crate::tokenizer::ChatMessage;
 
@@ -308,6 +308,12 @@ async fn run(
     prompt: Vec<u32>,
     gen: Generation,
 ) -> Result<Response, ApiError> {
+    let grammar = match gen.structured.clone() {
+        Some(s) => {
+            Some(structured::compile(Arc::clone(&st.grammar), Arc::clone(&st.tokenizer), s).await?)
+        }
+        None => None,
+    };
     // Taken here, atomically: at most --parallel + --queue requests are in the engine.
     let Ok(permit) = Arc::clone(&st.admission).try_acquire_owned() else {
         return Err(ApiError::queue_full(st.opts.n_slots, st.opts.max_queue));
@@ -333,6 +339,7 @@ async fn run(
             stop: gen.stop.clone(),
             cache_prompt: gen.cache_prompt,
             ignore_eos: gen.ignore_eos,
+            grammar,
             sink,
         })
         .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
