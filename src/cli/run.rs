@@ -87,6 +87,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             args.sampling,
             args.system,
             args.n_predict,
+            args.ignore_eos,
         ));
     }
     let text = common::read_prompt(&args.prompt, &args.file)?;
