@@ -181,9 +181,12 @@ fn multi_line_blocks_are_one_message() {
 #[test]
 fn ctrl_d_at_the_prompt_exits_cleanly() {
     let mut c = Chat::start("chat", "ctrld", &["-n", "2"]);
-    c.say("hi");
+    c.say("hi there");
     c.p.send_control('d').unwrap();
     assert_eq!(c.wait_exit(), 0);
+    // The line went to the history file, for the arrow keys of the next chat.
+    let history = std::fs::read_to_string(c.file("history")).unwrap();
+    assert!(history.lines().any(|l| l == "hi there"), "{history:?}");
 }
 
 #[test]
