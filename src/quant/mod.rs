@@ -7,7 +7,7 @@
 //! format, chosen once for the CPU we run on; the model keeps the [`Kernels`] per tensor.
 //!
 //! Using it for `y = W x` with `W` of `rows x n` in format `ty`:
-//! ```ignore
+//! ```text
 //! let k = quant::kernels(ty)?;                       // once per tensor
 //! let mut xq = vec![0u8; k.act.row_bytes(n).unwrap()];
 //! (k.quantize_act)(&x, &mut xq);                     // once per activation row
