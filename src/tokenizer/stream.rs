@@ -10,7 +10,7 @@ use super::Tokenizer;
 
 /// Turns a stream of token ids into text pieces that never split a character.
 ///
-/// ```ignore
+/// ```text
 /// let mut dec = StreamDecoder::new(&tokenizer);
 /// for id in generated { if let Some(text) = dec.push(id) { print!("{text}") } }
 /// if let Some(text) = dec.flush() { print!("{text}") }
