@@ -2,7 +2,7 @@
 """Plan vs measured peak RSS of a `kiln run` that fills the context.
 
 For each (model, ctx): a prompt of ctx - N_GEN tokens is cut from corpus_pydoc.txt (repeated
-as needed), `kiln run -c ctx -n N_GEN --temp 0` runs under /usr/bin/time -v, and its peak RSS
+as needed), `kiln run -c ctx -n N_GEN --temp 0 --raw` (a plain completion: no chat template) runs under /usr/bin/time -v, and its peak RSS
 (the kernel's max RSS, which is VmHWM; `kiln run --json` reports VmHWM too) is compared with
 `kiln plan --json`'s total_bytes for the same options.
 
@@ -59,17 +59,18 @@ def main():
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(text)
         plan = json.loads(subprocess.run(
-            [a.kiln, "plan", "-m", model, "--ctx", str(ctx), "--json"] + plan_flags(extra),
+            [a.kiln, "plan", "-m", model, "-c", str(ctx), "--json"] + plan_flags(extra),
             capture_output=True, text=True, check=True).stdout)
         r = subprocess.run(["/usr/bin/time", "-v", a.kiln, "run", "-m", model, "-c", str(ctx),
-                            "-f", f.name, "-n", str(N_GEN), "--temp", "0", "--json"] + extra,
+                            "-f", f.name, "-n", str(N_GEN), "--temp", "0", "--raw", "--json"] + extra,
                            capture_output=True, text=True)
         os.unlink(f.name)
         if r.returncode != 0:
             print(r.stderr, file=sys.stderr)
             sys.exit(1)
         max_rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1)) * 1024
-        stats = json.loads([l for l in r.stderr.splitlines() if l.startswith("{")][-1])
+        # `run --json` writes JSON lines on stdout, the statistics last.
+        stats = json.loads(r.stdout.splitlines()[-1])
         total = plan["total_bytes"]
         rows.append((model, ctx, stats["prompt_tokens"] + stats["gen_tokens"], total, max_rss,
                      stats["peak_rss_bytes"], stats["prompt_tps"], stats["gen_tps"]))
