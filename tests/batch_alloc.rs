@@ -116,6 +116,8 @@ impl SeqSink for Quiet {
 fn request(prompt: Vec<u32>, tokens: &Arc<AtomicUsize>) -> SeqRequest {
     SeqRequest {
         grammar: None,
+        logprobs: None,
+        forks: Vec::new(),
         prompt,
         max_new: 200,
         sampler: SamplerConfig {

@@ -340,6 +340,8 @@ async fn run(
             cache_prompt: gen.cache_prompt,
             ignore_eos: gen.ignore_eos,
             grammar,
+            logprobs: None,
+            forks: Vec::new(),
             sink,
         })
         .map_err(|_| ApiError::unavailable("the engine has stopped"))?;

@@ -22,6 +22,7 @@ mod pretokenize;
 mod special;
 mod spm;
 mod stream;
+pub mod toolcall;
 mod unicode;
 mod unicode_data;
 mod vocab;
@@ -32,7 +33,7 @@ use special::{Fragment, SpecialMatcher};
 use spm::SpmScratch;
 use vocab::{Vocab, VocabBuildError};
 
-pub use chat::{builtin_chat_template, render_chat, ChatMessage};
+pub use chat::{builtin_chat_template, render_chat, render_chat_tools, ChatMessage};
 pub use stream::StreamDecoder;
 pub use vocab::attr;
 
