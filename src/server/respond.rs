@@ -284,7 +284,9 @@ impl Answers {
                     },
                 }
             }
-            if !calls.is_empty() {
+            if calls.is_empty() {
+                message["content"] = json!(content);
+            } else {
                 for c in &mut calls {
                     if let Some(o) = c.as_object_mut() {
                         o.remove("index");

@@ -169,19 +169,19 @@ pub fn read(
     }
     let choice = match tool_choice {
         None | Some(Value::Null) => Choice::Auto,
-        Some(Value::String(s)) => {
-            match s.as_str() {
-                "none" => Choice::None,
-                "auto" => Choice::Auto,
-                "required" => Choice::Required,
-                other => return Err(bad(
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => Choice::None,
+            "auto" => Choice::Auto,
+            "required" => Choice::Required,
+            other => {
+                return Err(bad(
                     "tool_choice",
                     format!(
                         "tool_choice `{other}` is not one of none, auto, required (or a function)"
                     ),
-                )),
+                ))
             }
-        }
+        },
         Some(v @ Value::Object(_)) => {
             let name = v
                 .pointer("/function/name")

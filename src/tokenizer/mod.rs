@@ -712,6 +712,16 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// Use `template` as the chat template (llama.cpp's `--chat-template-file`); an error if it
+    /// does not render a conversation.
+    pub fn set_chat_template(&mut self, template: String) -> Result<(), TokenizerError> {
+        let probe = [ChatMessage::new("user", "Hello")];
+        render_chat(&template, &probe, true, "", "")?;
+        self.chat_template = Some(template);
+        self.builtin_template = false;
+        Ok(())
+    }
+
     /// True when [`chat_template`](Self::chat_template) is kiln's built-in fallback rather than
     /// the file's own.
     pub fn chat_template_is_builtin(&self) -> bool {
