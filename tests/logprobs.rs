@@ -177,14 +177,7 @@ fn greedy_steps(server: &Server, tok: &Tokenizer, lines: &[Value], stream: bool)
 fn merge_stream(sse: &str) -> Value {
     let mut out =
         json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
-    for line in sse.lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let v: Value = serde_json::from_str(data).expect("chunk JSON");
+    for v in harness::sse_events(sse) {
         let Some(lp) = v["choices"][0].get("logprobs").filter(|l| !l.is_null()) else {
             continue;
         };

@@ -77,6 +77,18 @@ fn request(prompt: &[u32], seed: u64, sink: &Shared) -> SeqRequest {
     }
 }
 
+/// `req` with a fork per sink, seeded `seed`, `seed + 1`, ...
+fn with_forks(mut req: SeqRequest, sinks: &[Shared], seed: u64) -> SeqRequest {
+    for (i, sink) in sinks.iter().enumerate() {
+        req.forks.push(Fork {
+            sampler: sampler(seed + i as u64),
+            grammar: None,
+            sink: Box::new(sink.clone()),
+        });
+    }
+    req
+}
+
 fn scheduler<'t>(
     m: &Arc<Model>,
     tok: &'t Tokenizer,
@@ -125,14 +137,7 @@ fn choices_share_one_prefill_and_equal_separate_requests() {
         s.submit(request(&[5, 6, 7], 1, &other));
         s.step();
         let sinks: Vec<Shared> = (0..3).map(|_| Shared::default()).collect();
-        let mut req = request(&prompt, 100, &sinks[0]);
-        for (i, sink) in sinks.iter().enumerate().skip(1) {
-            req.forks.push(Fork {
-                sampler: sampler(100 + i as u64),
-                grammar: None,
-                sink: Box::new(sink.clone()),
-            });
-        }
+        let req = with_forks(request(&prompt, 100, &sinks[0]), &sinks[1..], 101);
         let prefilled = metrics
             .prefill_tokens
             .load(std::sync::atomic::Ordering::Relaxed);
@@ -176,15 +181,11 @@ fn choices_wait_for_slots_and_more_than_the_slots_are_refused() {
     let (mut s, _) = scheduler(&m, &tok, 2);
     // Three choices, two slots: refused at once, every choice told.
     let sinks: Vec<Shared> = (0..3).map(|_| Shared::default()).collect();
-    let mut req = request(&[1, 2, 3], 1, &sinks[0]);
-    for sink in &sinks[1..] {
-        req.forks.push(Fork {
-            sampler: sampler(2),
-            grammar: None,
-            sink: Box::new(sink.clone()),
-        });
-    }
-    s.submit(req);
+    s.submit(with_forks(
+        request(&[1, 2, 3], 1, &sinks[0]),
+        &sinks[1..],
+        2,
+    ));
     for sink in &sinks {
         match sink.get().done.map(|f| f.reason) {
             Some(FinishReason::Error(e)) => assert!(e.contains("3 choices"), "{e}"),
@@ -196,13 +197,11 @@ fn choices_wait_for_slots_and_more_than_the_slots_are_refused() {
     s.submit(request(&[9, 9, 9], 1, &busy));
     s.step();
     let pair: Vec<Shared> = (0..2).map(|_| Shared::default()).collect();
-    let mut req = request(&[1, 2, 3, 4], 1, &pair[0]);
-    req.forks.push(Fork {
-        sampler: sampler(2),
-        grammar: None,
-        sink: Box::new(pair[1].clone()),
-    });
-    s.submit(req);
+    s.submit(with_forks(
+        request(&[1, 2, 3, 4], 1, &pair[0]),
+        &pair[1..],
+        2,
+    ));
     s.step();
     assert!(pair[0].get().ids.is_empty() && busy.get().done.is_none());
     drain(&mut s);
@@ -220,15 +219,7 @@ fn forks_end_with_a_request_cancelled_before_its_prefill() {
     sinks[0].0.lock().unwrap().leave = true;
     // A long prompt (8 tokens a step): the client leaves during its prefill.
     let prompt: Vec<u32> = (0..40).map(|i| 3 + i % 100).collect();
-    let mut req = request(&prompt, 1, &sinks[0]);
-    for sink in &sinks[1..] {
-        req.forks.push(Fork {
-            sampler: sampler(2),
-            grammar: None,
-            sink: Box::new(sink.clone()),
-        });
-    }
-    s.submit(req);
+    s.submit(with_forks(request(&prompt, 1, &sinks[0]), &sinks[1..], 2));
     drain(&mut s);
     for sink in &sinks {
         let o = sink.get();

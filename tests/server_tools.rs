@@ -76,14 +76,7 @@ fn chat_stream(s: &Server, mut body: Value) -> (String, Vec<Value>, String) {
     let a = s.request("POST", "/v1/chat/completions", &[], &body.to_string());
     assert_eq!(a.status, 200, "{}", a.text());
     let (mut content, mut calls, mut finish) = (String::new(), Vec::<Value>::new(), String::new());
-    for line in a.text().lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            break;
-        }
-        let v: Value = serde_json::from_str(data).unwrap();
+    for v in harness::sse_events(&a.text()) {
         let Some(c) = v["choices"].get(0) else {
             continue;
         };

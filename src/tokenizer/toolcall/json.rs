@@ -109,8 +109,8 @@ impl Parser<'_> {
         }
         let start = self.i;
         match self.b[self.i] {
-            b'{' => self.object(start, depth),
-            b'[' => self.array(start, depth),
+            b'{' => self.container(start, depth, true),
+            b'[' => self.container(start, depth, false),
             b'"' => {
                 let (s, complete) = self.string()?;
                 Ok(Node {
@@ -126,117 +126,73 @@ impl Parser<'_> {
         }
     }
 
-    fn open(&self, start: usize, kind: Kind) -> Node {
-        Node {
+    /// An object (`object`) or an array from its opening bracket.
+    fn container(&mut self, start: usize, depth: usize, object: bool) -> Result<Node, JsonError> {
+        let close = if object { b'}' } else { b']' };
+        let (mut members, mut items) = (Vec::new(), Vec::new());
+        let node = |p: &Self, members: Vec<(String, Option<Node>)>, items, complete| Node {
             start,
-            end: self.i,
-            complete: false,
-            kind,
-        }
-    }
-
-    fn object(&mut self, start: usize, depth: usize) -> Result<Node, JsonError> {
+            end: p.i,
+            complete,
+            kind: if object {
+                Kind::Object(members)
+            } else {
+                Kind::Array(items)
+            },
+        };
         self.i += 1;
-        let mut members: Vec<(String, Option<Node>)> = Vec::new();
         loop {
             self.ws();
             if self.at_end() {
-                return Ok(self.open(start, Kind::Object(members)));
+                return Ok(node(self, members, items, false));
             }
-            if self.b[self.i] == b'}' && members.is_empty() {
+            if self.b[self.i] == close && members.is_empty() && items.is_empty() {
                 self.i += 1;
-                return Ok(Node {
-                    start,
-                    end: self.i,
-                    complete: true,
-                    kind: Kind::Object(members),
-                });
+                return Ok(node(self, members, items, true));
             }
-            if self.b[self.i] != b'"' {
-                return Err(self.err("a key was expected"));
-            }
-            let (key, complete) = self.string()?;
-            if !complete {
-                return Ok(self.open(start, Kind::Object(members)));
+            if object {
+                if self.b[self.i] != b'"' {
+                    return Err(self.err("a key was expected"));
+                }
+                let (key, complete) = self.string()?;
+                if !complete {
+                    return Ok(node(self, members, items, false));
+                }
+                self.ws();
+                if !self.at_end() && self.b[self.i] != b':' {
+                    return Err(self.err("`:` was expected"));
+                }
+                self.i = (self.i + 1).min(self.b.len());
+                self.ws();
+                if self.at_end() {
+                    members.push((key, None));
+                    return Ok(node(self, members, items, false));
+                }
+                let v = self.value(depth + 1)?;
+                let done = v.complete;
+                members.push((key, Some(v)));
+                if !done {
+                    return Ok(node(self, members, items, false));
+                }
+            } else {
+                let v = self.value(depth + 1)?;
+                let done = v.complete;
+                items.push(v);
+                if !done {
+                    return Ok(node(self, members, items, false));
+                }
             }
             self.ws();
             if self.at_end() {
-                members.push((key, None));
-                return Ok(self.open(start, Kind::Object(members)));
-            }
-            if self.b[self.i] != b':' {
-                return Err(self.err("`:` was expected"));
-            }
-            self.i += 1;
-            self.ws();
-            if self.at_end() {
-                members.push((key, None));
-                return Ok(self.open(start, Kind::Object(members)));
-            }
-            let v = self.value(depth + 1)?;
-            let done = v.complete;
-            members.push((key, Some(v)));
-            if !done {
-                return Ok(self.open(start, Kind::Object(members)));
-            }
-            self.ws();
-            if self.at_end() {
-                return Ok(self.open(start, Kind::Object(members)));
+                return Ok(node(self, members, items, false));
             }
             match self.b[self.i] {
                 b',' => self.i += 1,
-                b'}' => {
+                c if c == close => {
                     self.i += 1;
-                    return Ok(Node {
-                        start,
-                        end: self.i,
-                        complete: true,
-                        kind: Kind::Object(members),
-                    });
+                    return Ok(node(self, members, items, true));
                 }
-                _ => return Err(self.err("`,` or `}` was expected")),
-            }
-        }
-    }
-
-    fn array(&mut self, start: usize, depth: usize) -> Result<Node, JsonError> {
-        self.i += 1;
-        let mut items = Vec::new();
-        loop {
-            self.ws();
-            if self.at_end() {
-                return Ok(self.open(start, Kind::Array(items)));
-            }
-            if self.b[self.i] == b']' && items.is_empty() {
-                self.i += 1;
-                return Ok(Node {
-                    start,
-                    end: self.i,
-                    complete: true,
-                    kind: Kind::Array(items),
-                });
-            }
-            let v = self.value(depth + 1)?;
-            let done = v.complete;
-            items.push(v);
-            if !done {
-                return Ok(self.open(start, Kind::Array(items)));
-            }
-            self.ws();
-            if self.at_end() {
-                return Ok(self.open(start, Kind::Array(items)));
-            }
-            match self.b[self.i] {
-                b',' => self.i += 1,
-                b']' => {
-                    self.i += 1;
-                    return Ok(Node {
-                        start,
-                        end: self.i,
-                        complete: true,
-                        kind: Kind::Array(items),
-                    });
-                }
+                _ if object => return Err(self.err("`,` or `}` was expected")),
                 _ => return Err(self.err("`,` or `]` was expected")),
             }
         }
@@ -376,64 +332,45 @@ impl Parser<'_> {
     fn number(&mut self, start: usize) -> Result<Node, JsonError> {
         // -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?, checked as far as it goes.
         let b = self.b;
-        let mut i = start;
-        let digits = |i: &mut usize| {
+        let run = |i: &mut usize| {
             let s = *i;
             while *i < b.len() && b[*i].is_ascii_digit() {
                 *i += 1;
             }
             *i - s
         };
-        if b[i] == b'-' {
-            i += 1;
-        }
-        let open = |i: usize, this: &mut Self| {
-            this.i = i;
-            Ok(Node {
-                start,
-                end: i,
-                complete: false,
-                kind: Kind::Scalar,
-            })
-        };
-        if i == b.len() {
-            return open(i, self);
-        }
-        if b[i] == b'0' {
-            i += 1;
-        } else if digits(&mut i) == 0 {
-            self.i = i;
-            return Err(self.err("a digit was expected"));
-        }
-        if i < b.len() && b[i] == b'.' {
-            i += 1;
-            if digits(&mut i) == 0 {
-                if i == b.len() {
-                    return open(i, self);
-                }
+        let mut i = start + usize::from(b[start] == b'-');
+        // The text ends inside the number (it may still grow).
+        let mut open = i == b.len();
+        if !open {
+            if b[i] == b'0' {
+                i += 1;
+            } else if run(&mut i) == 0 {
                 self.i = i;
                 return Err(self.err("a digit was expected"));
             }
         }
-        if i < b.len() && (b[i] == b'e' || b[i] == b'E') {
+        for (marks, signed) in [(&b"."[..], false), (&b"eE"[..], true)] {
+            if open || i >= b.len() || !marks.contains(&b[i]) {
+                continue;
+            }
             i += 1;
-            if i < b.len() && (b[i] == b'+' || b[i] == b'-') {
+            if signed && i < b.len() && (b[i] == b'+' || b[i] == b'-') {
                 i += 1;
             }
-            if digits(&mut i) == 0 {
-                if i == b.len() {
-                    return open(i, self);
+            if run(&mut i) == 0 {
+                if i < b.len() {
+                    self.i = i;
+                    return Err(self.err("a digit was expected"));
                 }
-                self.i = i;
-                return Err(self.err("a digit was expected"));
+                open = true;
             }
         }
         self.i = i;
-        // At the end of the text a number may still grow.
         Ok(Node {
             start,
             end: i,
-            complete: i < b.len(),
+            complete: !open && i < b.len(),
             kind: Kind::Scalar,
         })
     }
