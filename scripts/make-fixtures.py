@@ -17,7 +17,11 @@ reference's answers on them come to be:
    position of the golden prompts, 16 greedy tokens) and `tests/golden/dequant.json` (ggml's own
    dequantization of three tensors of every random-llama file);
 6. checks that kiln makes every file byte for byte as the reference wrote it
-   (`cargo run --release --example fixtures -- check`).
+   (`cargo run --release --example fixtures -- check`);
+7. writes `tests/golden/<model>/logprobs.jsonl` for the models in LOGPROB_MODELS (and, with
+   `--real`, the real models): the reference's top-5 log-probabilities (log-softmax of its raw
+   logits, in float64) after each position of the golden prompts and at each of its greedy
+   steps, which `tests/logprobs.rs` compares with what `kiln serve` reports.
 
 With `--real` it also regenerates the real models' goldens (SmolLM2, Gemma-3: tokenizer ids,
 logits, the long prompt, perplexity), downloading the models as `kiln pull` does. Checked on
@@ -30,6 +34,7 @@ slightly different context setup. Regenerate them only on purpose.
     scripts/make-fixtures.py                 # random models: manifest, logits, dequant
     scripts/make-fixtures.py --real          # and the real models' goldens
     scripts/make-fixtures.py --out /tmp/g    # write goldens elsewhere (to compare)
+    scripts/make-fixtures.py --only-logprobs [--real]   # just the log-probability goldens
 
 Needs python3, a C/C++ compiler, cargo, and PyPI (the sdist; cmake, ninja, numpy and the
 bindings' dependencies into a private venv). Takes ~15 minutes on 2 cores the first time
@@ -78,6 +83,10 @@ VARIANTS = {
 }
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
+# The random models with a log-probability golden (one per architecture, and two formats).
+LOGPROB_MODELS = ["random-llama-f32", "random-llama-q4_0", "random-qwen2-f32",
+                  "random-qwen3-q4_k_m", "random-gpt2-f32"]
+LOGPROB_TOP = 5
 
 # The real models: golden directory -> kiln's short name.
 REAL = {
@@ -249,6 +258,51 @@ class Ref:
                 "gen_text": self.detokenize(gen)}
 
 
+def log_softmax_top(logits, k):
+    """The top-k tokens (ties: lower id first) and their log-softmax, in float64."""
+    import numpy as np
+    x = logits.astype(np.float64)
+    m = x.max()
+    norm = m + np.log(np.exp(x - m).sum())
+    idx = np.argsort(-logits, kind="stable")[:k]
+    return [[int(i), float(f"{x[i] - norm:.7g}")] for i in idx]
+
+
+def logprob_line(ref, ids, k, n_gen):
+    """prompt_top: top-k log-probabilities after each prompt position; gen_ids: the greedy
+    continuation; gen_top[i]: the top-k of the distribution gen_ids[i] was chosen from."""
+    np = ref.np
+    ref.clear()
+    tops, last = [], []
+
+    def keep(i, logits):
+        tops.append(log_softmax_top(logits, k))
+        if i == len(ids) - 1:
+            last.append(logits.copy())
+
+    ref.eval(ids, 0, keep)
+    gen, gen_top, logits = [], [], last[0]
+    for step in range(n_gen):
+        t = int(np.argmax(logits))
+        if ref.L.llama_vocab_is_eog(ref.vocab, t):
+            break
+        gen.append(t)
+        gen_top.append(log_softmax_top(logits, k))
+        if step + 1 < n_gen:
+            out = []
+            ref.eval([t], len(ids) + step, lambda _i, l: out.append(l.copy()))
+            logits = out[0]
+    return {"prompt_ids": ids, "prompt_top": tops, "gen_ids": gen, "gen_top": gen_top}
+
+
+def logprobs_golden(path, out_dir, texts, n_gen):
+    ref = Ref(path, 4096)
+    rows = [logprob_line(ref, ref.tokenize(p, True), LOGPROB_TOP, n_gen)
+            for p in texts["prompts"]]
+    ref.close()
+    write_jsonl(out_dir / "logprobs.jsonl", rows)
+
+
 def write_jsonl(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
@@ -362,6 +416,9 @@ def main():
                          "goes to tests/golden/models.json)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep", type=Path, help="keep the model files in this directory")
+    ap.add_argument("--only-logprobs", action="store_true",
+                    help="write only the log-probability goldens (the models are made in a "
+                         "temporary directory; the manifest and other goldens are untouched)")
     ap.add_argument("--no-check", action="store_true",
                     help="write the goldens even if kiln does not make every file as the "
                          "reference wrote it (while porting a quantizer; the tests will fail)")
@@ -386,6 +443,13 @@ def main():
         work = a.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         make_models(bin_dir, work)
+        if a.only_logprobs:
+            for name in LOGPROB_MODELS:
+                logprobs_golden(work / f"{name}.gguf", a.out / name, texts, 16)
+            if a.real:
+                for golden_name, kiln_name in REAL.items():
+                    logprobs_golden(real_model_path(kiln_name), a.out / golden_name, texts, 16)
+            return
         write_manifest(work)
         check = subprocess.run(["cargo", "run", "--release", "--quiet", "--example", "fixtures",
                                 "--", "check", str(GOLDEN / "models.json"), str(work)], cwd=REPO)
@@ -395,6 +459,8 @@ def main():
         dequant_golden(bin_dir, work, a.out / "dequant.json")
         for name in sorted([*VARIANTS, *(f"random-{r}-f32" for r in RECIPES)]):
             logits_goldens(work / f"{name}.gguf", a.out / name, texts, 10, 16)
+        for name in LOGPROB_MODELS:
+            logprobs_golden(work / f"{name}.gguf", a.out / name, texts, 16)
 
     if a.real:
         for golden_name, kiln_name in REAL.items():
@@ -402,6 +468,7 @@ def main():
             out_dir = a.out / golden_name
             tokenize_golden(path, out_dir, texts)
             logits_goldens(path, out_dir, texts, 20, 32, long_prompt=True)
+            logprobs_golden(path, out_dir, texts, 16)
             perplexity_golden(bin_dir, path, out_dir)
 
 

@@ -1,6 +1,7 @@
 //! Batched decoding allocates nothing: a step of the batch runner over four sequences, and a
 //! step of the scheduler (four requests generating, or three beside a prompt being prefilled
-//! in chunks), after warm-up. A counting global allocator watches, as in tests/decode_alloc.rs.
+//! in chunks, or four choices reporting log-probabilities, two of them forks of one prompt),
+//! after warm-up. A counting global allocator watches, as in tests/decode_alloc.rs.
 
 mod common;
 
@@ -10,7 +11,8 @@ use std::sync::Arc;
 
 use kiln::cache::KvType;
 use kiln::engine::batch::{BatchOptions, BatchRunner};
-use kiln::engine::scheduler::{Finished, SchedMetrics, Scheduler, SeqRequest, SeqSink};
+use kiln::engine::logprobs::TokenLogprobs;
+use kiln::engine::scheduler::{Finished, Fork, SchedMetrics, Scheduler, SeqRequest, SeqSink};
 use kiln::model::Model;
 use kiln::sampler::{Sampler, SamplerConfig};
 use kiln::tokenizer::Tokenizer;
@@ -110,12 +112,17 @@ impl SeqSink for Quiet {
     fn token(&mut self, _: u32) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
+    fn logprobs(&mut self, lp: &TokenLogprobs) {
+        assert!(lp.logprob <= 0.0 && lp.top.len() == lp.k());
+    }
     fn done(&mut self, _: Finished) {}
 }
 
 fn request(prompt: Vec<u32>, tokens: &Arc<AtomicUsize>) -> SeqRequest {
     SeqRequest {
         grammar: None,
+        logprobs: None,
+        forks: Vec::new(),
         prompt,
         max_new: 200,
         sampler: SamplerConfig {
@@ -188,6 +195,44 @@ fn scheduler_allocations(m: &Arc<Model>, tok: &Tokenizer, threads: usize) -> (us
     (decoding, prefilling)
 }
 
+/// Four choices generating and reporting log-probabilities (20 alternatives, or none), two
+/// of them forks of one prompt.
+fn logprob_fork_allocations(m: &Arc<Model>, tok: &Tokenizer, threads: usize) -> usize {
+    let metrics = Arc::new(SchedMetrics::default());
+    let mut sched = Scheduler::new(runner(m, threads, KvType::F16), tok, metrics);
+    let counters: Vec<Arc<AtomicUsize>> = (0..4).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let mut forked = request((1..=5).collect(), &counters[0]);
+    forked.logprobs = Some(20);
+    forked.forks.push(Fork {
+        sampler: SamplerConfig {
+            seed: 8,
+            ..SamplerConfig::default()
+        },
+        grammar: None,
+        sink: Box::new(Quiet(Arc::clone(&counters[1]))),
+    });
+    sched.submit(forked);
+    let mut plain = request((1..=7).collect(), &counters[2]);
+    plain.logprobs = Some(0);
+    sched.submit(plain);
+    sched.submit(request((1..=6).collect(), &counters[3]));
+    for _ in 0..8 {
+        sched.step();
+    }
+    let before: Vec<usize> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    let n = count(|| {
+        for _ in 0..32 {
+            sched.step();
+        }
+    });
+    let after: Vec<usize> = counters.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    assert!(
+        before.iter().zip(&after).all(|(b, a)| a - b == 32),
+        "all four choices generated at every step: {before:?} -> {after:?}"
+    );
+    n
+}
+
 /// One test: the counting allocator is global, so concurrent tests would count each other.
 #[test]
 fn batched_steps_allocate_nothing() {
@@ -216,6 +261,11 @@ fn batched_steps_allocate_nothing() {
         assert_eq!(
             prefilling, 0,
             "scheduler steps with a prompt chunk, {threads} threads"
+        );
+        assert_eq!(
+            logprob_fork_allocations(&m, &tok, threads),
+            0,
+            "scheduler steps with log-probabilities and forks, {threads} threads"
         );
     }
 }

@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body: usize,
+    /// Use this Jinja chat template instead of the model's (llama.cpp's option): for example
+    /// one that renders tools, for a model whose file has none.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template_file: Option<std::path::PathBuf>,
     /// Another name clients may use for the model (repeatable).
     #[arg(long = "alias")]
     pub aliases: Vec<String>,
@@ -89,7 +93,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.model.swa_full {
         anyhow::bail!("--swa-full is not supported by `kiln serve`");
     }
-    let loaded = common::load(&args.model)?;
+    let mut loaded = common::load(&args.model)?;
+    if let Some(path) = &args.chat_template_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the chat template {}", path.display()))?;
+        loaded
+            .tokenizer
+            .set_chat_template(text)
+            .with_context(|| format!("the chat template {}", path.display()))?;
+    }
     let train = loaded.model.config.ctx_train;
     let n_ctx = args.model.ctx(train, 4096);
     let stem = loaded

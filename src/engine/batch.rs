@@ -142,6 +142,12 @@ impl BatchRunner {
         &self.logits[slot * v..(slot + 1) * v]
     }
 
+    /// Make slot `dst`'s logits a copy of slot `src`'s (a fork continuing from `src`'s prompt).
+    pub fn copy_logits(&mut self, dst: usize, src: usize) {
+        let v = self.model.config.vocab_size;
+        self.logits.copy_within(src * v..(src + 1) * v, dst * v);
+    }
+
     /// Make `tokens` impossible to sample from slot `slot`'s current logits (set to `-inf`).
     pub fn mask_tokens(&mut self, slot: usize, tokens: &[u32]) {
         let v = self.model.config.vocab_size;

@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod generate;
+pub mod logprobs;
 pub mod perplexity;
 pub mod plan;
 pub mod scheduler;

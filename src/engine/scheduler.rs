@@ -20,6 +20,14 @@
 //!
 //! Generation follows [`super::generate`] step for step (same sampler calls on the same
 //! logits), so a request's greedy output equals `kiln run`'s.
+//!
+//! Several choices of one prompt (`n > 1`, [`SeqRequest::forks`]) share one prefill: the request
+//! is admitted when a slot is free for each choice; its own slot evaluates the prompt while the
+//! others wait, then each of them takes a copy of the prompt's KV and of its last logits and
+//! samples on with its own sampler, grammar and sink.
+//!
+//! Log-probabilities ([`SeqRequest::logprobs`]) are read from the raw logits row before any
+//! mask or sampling, into buffers allocated at admission ([`super::logprobs`]).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -28,6 +36,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::batch::BatchRunner;
+use super::logprobs::TokenLogprobs;
 use super::session::EngineError;
 use crate::grammar::{overlap, Constraint};
 use crate::sampler::{Sampler, SamplerConfig};
@@ -51,9 +60,23 @@ pub struct SeqRequest {
     /// computed while the batch's forward pass runs; the request ends (`Stop`) when the
     /// grammar is complete.
     pub grammar: Option<Constraint>,
+    /// Report each generated token's log-probability and its position's `k` most likely
+    /// alternatives ([`SeqSink::logprobs`]; `Some(0)`: the token's own only).
+    pub logprobs: Option<usize>,
+    /// More choices of the same prompt (`n > 1`): each gets a slot of its own at admission and
+    /// continues from this request's prefill with its own sampler, grammar and sink (the other
+    /// fields are this request's).
+    pub forks: Vec<Fork>,
     /// Receives the events of this request; returning `false` (the receiver is gone: a closed
     /// connection) cancels the request and frees its slot. Any `FnMut(SeqEvent) -> bool` is
     /// one (it receives owned text); [`SeqSink`] itself takes borrowed text.
+    pub sink: Box<dyn SeqSink>,
+}
+
+/// Another choice of a [`SeqRequest`]'s prompt.
+pub struct Fork {
+    pub sampler: SamplerConfig,
+    pub grammar: Option<Constraint>,
     pub sink: Box<dyn SeqSink>,
 }
 
@@ -64,6 +87,9 @@ pub trait SeqSink: Send {
     fn text(&mut self, text: &str) -> bool;
     /// The id of a generated token (before its text, which may come later or be held back).
     fn token(&mut self, _id: u32) {}
+    /// The generated token's log-probabilities (after [`SeqSink::token`]; only for requests
+    /// with [`SeqRequest::logprobs`]).
+    fn logprobs(&mut self, _lp: &TokenLogprobs) {}
     /// The request ended.
     fn done(&mut self, finished: Finished);
 }
@@ -166,6 +192,8 @@ enum Phase {
     Prefill { next: usize },
     /// `pending` was sampled and emitted; it is evaluated in the next decode step.
     Decode { pending: u32 },
+    /// A fork waiting for the prefill of the request in slot `on` (whose prompt it shares).
+    Waiting { on: usize },
 }
 
 /// A request holding a slot.
@@ -180,6 +208,8 @@ struct Active<'t> {
     cached: usize,
     /// Admission order (ties of the prefill order).
     order: u64,
+    /// Log-probability buffers, for requests that report them.
+    logprobs: Option<TokenLogprobs>,
 }
 
 enum Emit {
@@ -219,7 +249,7 @@ impl Active<'_> {
     fn remaining(&self) -> usize {
         match self.phase {
             Phase::Prefill { next } => self.req.prompt.len() - next,
-            Phase::Decode { .. } => 0,
+            Phase::Decode { .. } | Phase::Waiting { .. } => 0,
         }
     }
 }
@@ -259,6 +289,10 @@ pub struct Scheduler<'t> {
     metrics: Arc<SchedMetrics>,
     /// Per slot, the prompt tokens it evaluates in the step being planned (reused).
     plan: Vec<usize>,
+    /// Per slot, whether it has tokens in the step being run, and whether that step evaluates
+    /// the last of its prompt (reused).
+    in_step: Vec<bool>,
+    completing: Vec<bool>,
     /// The text of the token being emitted (reused).
     piece: String,
 }
@@ -276,6 +310,8 @@ impl<'t> Scheduler<'t> {
             tick: 0,
             metrics,
             plan: vec![0; n],
+            in_step: vec![false; n],
+            completing: vec![false; n],
             piece: String::with_capacity(64),
         }
     }
@@ -288,7 +324,13 @@ impl<'t> Scheduler<'t> {
     /// Queue a request. Requests that can never run are answered at once with an error.
     pub fn submit(&mut self, mut req: SeqRequest) {
         let n_ctx = self.runner.n_ctx();
-        let err = if req.prompt.is_empty() {
+        let choices = 1 + req.forks.len();
+        let err = if choices > self.runner.n_slots() {
+            Some(format!(
+                "{choices} choices need {choices} sequence slots; there are {}",
+                self.runner.n_slots()
+            ))
+        } else if req.prompt.is_empty() {
             Some(EngineError::EmptyPrompt.to_string())
         } else if req.prompt.len() >= n_ctx {
             Some(
@@ -314,6 +356,12 @@ impl<'t> Scheduler<'t> {
                 prompt_tokens: req.prompt.len(),
                 ..Usage::default()
             };
+            for f in &mut req.forks {
+                f.sink.done(Finished {
+                    reason: FinishReason::Error(e.clone()),
+                    usage,
+                });
+            }
             req.sink.done(Finished {
                 reason: FinishReason::Error(e),
                 usage,
@@ -358,7 +406,7 @@ impl<'t> Scheduler<'t> {
 
     fn admit(&mut self) {
         while let Some(choice) = self.pick_slot() {
-            let req = self.waiting.pop_front().expect("pick_slot saw a request");
+            let mut req = self.waiting.pop_front().expect("pick_slot saw a request");
             self.tick += 1;
             // Keep at least one prompt token to evaluate, so that fresh logits exist.
             let limit = if req.cache_prompt {
@@ -375,25 +423,61 @@ impl<'t> Scheduler<'t> {
                 self.runner.rollback(slot, own)
             };
             let m = &self.metrics;
-            m.requests_admitted.fetch_add(1, Relaxed);
+            m.requests_admitted
+                .fetch_add(1 + req.forks.len() as u64, Relaxed);
             m.prompt_tokens.fetch_add(req.prompt.len() as u64, Relaxed);
             if cached > 0 {
                 m.prefix_hits.fetch_add(1, Relaxed);
                 m.prefill_tokens_saved.fetch_add(cached as u64, Relaxed);
             }
-            let vocab = self.runner.model.config.vocab_size;
-            self.active[slot] = Some(Active {
-                sampler: Sampler::new(req.sampler.clone(), vocab),
-                stream: StreamDecoder::new(self.tok),
-                phase: Phase::Prefill { next: cached },
-                held: String::with_capacity(64),
-                generated: 0,
-                cached,
-                order: self.tick,
-                req,
-            });
+            let forks = std::mem::take(&mut req.forks);
+            let fork_reqs: Vec<SeqRequest> = forks
+                .into_iter()
+                .map(|f| SeqRequest {
+                    prompt: req.prompt.clone(),
+                    max_new: req.max_new,
+                    sampler: f.sampler,
+                    stop: req.stop.clone(),
+                    cache_prompt: req.cache_prompt,
+                    ignore_eos: req.ignore_eos,
+                    grammar: f.grammar,
+                    logprobs: req.logprobs,
+                    forks: Vec::new(),
+                    sink: f.sink,
+                })
+                .collect();
+            self.active[slot] = Some(self.activate(req, Phase::Prefill { next: cached }, cached));
+            for fork in fork_reqs {
+                let f = self
+                    .lru_free_slot()
+                    .expect("admission counted a slot per choice");
+                self.active[f] = Some(self.activate(fork, Phase::Waiting { on: slot }, 0));
+            }
             self.publish_gauges();
         }
+    }
+
+    /// A request's state in a slot.
+    fn activate(&self, req: SeqRequest, phase: Phase, cached: usize) -> Active<'t> {
+        let vocab = self.runner.model.config.vocab_size;
+        Active {
+            sampler: Sampler::new(req.sampler.clone(), vocab),
+            stream: StreamDecoder::new(self.tok),
+            phase,
+            held: String::with_capacity(64),
+            generated: 0,
+            cached,
+            order: self.tick,
+            logprobs: req.logprobs.map(TokenLogprobs::new),
+            req,
+        }
+    }
+
+    /// The free slot released longest ago.
+    fn lru_free_slot(&self) -> Option<usize> {
+        (0..self.active.len())
+            .filter(|&s| self.active[s].is_none())
+            .min_by_key(|&s| self.released_at[s])
     }
 
     /// Where the next waiting request goes, from one pass over the slots: the free slot with
@@ -401,7 +485,12 @@ impl<'t> Scheduler<'t> {
     /// sharing the longest prefix (a source to copy from). `None` if nothing waits or no slot
     /// is free.
     fn pick_slot(&self) -> Option<SlotChoice> {
-        let prompt = &self.waiting.front()?.prompt;
+        let front = self.waiting.front()?;
+        let prompt = &front.prompt;
+        let free_slots = self.active.iter().filter(|a| a.is_none()).count();
+        if free_slots < 1 + front.forks.len() {
+            return None;
+        }
         let mut free: Option<(usize, usize)> = None;
         let (mut src, mut best) = (0, 0);
         for s in 0..self.runner.n_slots() {
@@ -475,12 +564,15 @@ impl<'t> Scheduler<'t> {
     fn run_step(&mut self) {
         self.runner.begin_step();
         let (mut n_decode, mut n_prefill) = (0, 0);
+        self.in_step.fill(false);
+        self.completing.fill(false);
         for (s, a) in self.active.iter().enumerate() {
             let Some(a) = a else { continue };
             match a.phase {
                 Phase::Decode { pending } => {
                     self.runner.push_part(s, &[pending], true);
                     n_decode += 1;
+                    self.in_step[s] = true;
                 }
                 Phase::Prefill { next } if self.plan[s] > 0 => {
                     let end = next + self.plan[s];
@@ -488,8 +580,10 @@ impl<'t> Scheduler<'t> {
                     self.runner
                         .push_part(s, &prompt[next..end], end == prompt.len());
                     n_prefill += end - next;
+                    self.in_step[s] = true;
+                    self.completing[s] = end == prompt.len();
                 }
-                Phase::Prefill { .. } => {}
+                Phase::Prefill { .. } | Phase::Waiting { .. } => {}
             }
         }
         if n_decode + n_prefill == 0 {
@@ -497,8 +591,8 @@ impl<'t> Scheduler<'t> {
         }
         let t0 = Instant::now();
         // Each constrained sequence with fresh logits coming (a decode token, or its prompt's
-        // last piece: the first mask) consumes its pending token and computes its next mask
-        // on a helper thread while the step's forward pass runs.
+        // last piece: the first mask; a fork, its prompt's) consumes its pending token and
+        // computes its next mask on a helper thread while the step's forward pass runs.
         let mut masks: Vec<(&mut Constraint, Option<u32>)> = Vec::new();
         for (s, a) in self.active.iter_mut().enumerate() {
             let Some(a) = a else { continue };
@@ -507,12 +601,9 @@ impl<'t> Scheduler<'t> {
             };
             match a.phase {
                 Phase::Decode { pending } => masks.push((c, Some(pending))),
-                Phase::Prefill { next } if next + self.plan[s] == a.req.prompt.len() => {
-                    if self.plan[s] > 0 {
-                        masks.push((c, None));
-                    }
-                }
-                Phase::Prefill { .. } => {}
+                Phase::Prefill { .. } if self.completing[s] => masks.push((c, None)),
+                Phase::Waiting { on } if self.completing[on] => masks.push((c, None)),
+                Phase::Prefill { .. } | Phase::Waiting { .. } => {}
             }
         }
         let runner = &mut self.runner;
@@ -525,16 +616,13 @@ impl<'t> Scheduler<'t> {
             m.record_step(n_decode, t0.elapsed().as_secs_f64());
         }
         for slot in 0..self.active.len() {
+            // (a fork released by an earlier slot of this loop is not in the step)
+            if !self.in_step[slot] {
+                continue;
+            }
             let Some(a) = self.active[slot].as_mut() else {
                 continue;
             };
-            let took = match a.phase {
-                Phase::Decode { .. } => true,
-                Phase::Prefill { .. } => self.plan[slot] > 0,
-            };
-            if !took {
-                continue;
-            }
             if let Err(e) = &res {
                 self.finish(slot, FinishReason::Error(e.to_string()));
                 continue;
@@ -544,11 +632,36 @@ impl<'t> Scheduler<'t> {
                 Phase::Prefill { next } => {
                     let next = next + self.plan[slot];
                     if next == a.req.prompt.len() {
+                        self.release_forks(slot);
                         self.sample_next(slot);
                     } else {
                         a.phase = Phase::Prefill { next };
                     }
                 }
+                Phase::Waiting { .. } => {}
+            }
+        }
+    }
+
+    /// The prompt of the request in `main` is evaluated: each fork waiting on it takes a copy
+    /// of its KV and logits and samples its first token (where a sliding-window ring no longer
+    /// holds what a copy needs, the fork evaluates the rest of the prompt itself).
+    fn release_forks(&mut self, main: usize) {
+        for f in 0..self.active.len() {
+            let Some(a) = self.active[f].as_mut() else {
+                continue;
+            };
+            if !matches!(a.phase, Phase::Waiting { on } if on == main) {
+                continue;
+            }
+            let len = a.req.prompt.len();
+            let kept = self.runner.copy_prefix(f, main, len);
+            a.cached = kept;
+            if kept == len {
+                self.runner.copy_logits(f, main);
+                self.sample_next(f);
+            } else {
+                a.phase = Phase::Prefill { next: kept };
             }
         }
     }
@@ -564,6 +677,10 @@ impl<'t> Scheduler<'t> {
         let a = self.active[slot].as_mut().expect("active slot");
         if a.generated >= a.req.max_new {
             return self.finish_with(slot, FinishReason::Length, true);
+        }
+        if let Some(lp) = a.logprobs.as_mut() {
+            // The raw logits: before `ignore_eos`, the grammar and the sampler touch them.
+            lp.observe(self.runner.logits(slot));
         }
         if a.req.ignore_eos {
             self.runner.mask_tokens(slot, self.tok.eog_ids());
@@ -583,6 +700,10 @@ impl<'t> Scheduler<'t> {
         a.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
         a.req.sink.token(t);
+        if let Some(lp) = a.logprobs.as_mut() {
+            lp.choose(t, self.runner.logits(slot)[t as usize]);
+            a.req.sink.logprobs(lp);
+        }
         self.piece.clear();
         a.stream.push_into(t, &mut self.piece);
         match a.emit(&self.piece) {
@@ -626,6 +747,15 @@ impl<'t> Scheduler<'t> {
             completion_tokens: a.generated,
             cached_tokens: a.cached,
         };
+        if matches!(a.phase, Phase::Prefill { .. }) {
+            // Its forks never got their prompt: they end the same way.
+            for f in 0..self.active.len() {
+                if matches!(&self.active[f], Some(w) if matches!(w.phase, Phase::Waiting { on } if on == slot))
+                {
+                    self.finish_with(f, reason.clone(), false);
+                }
+            }
+        }
         a.req.sink.done(Finished { reason, usage });
     }
 }

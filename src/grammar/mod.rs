@@ -18,6 +18,7 @@
 //! grammar may end or go on, the model's end-of-generation tokens are allowed.
 
 pub mod gbnf;
+pub mod tools;
 
 use std::sync::{Arc, OnceLock};
 

@@ -10,7 +10,7 @@ const WORDS: &[&str] = &[
 ];
 
 /// Ids 0..=255 are the bytes, then `WORDS`, then `<eos>` and `<eot>` (control).
-fn engine() -> (GrammarEngine, u32, u32) {
+pub(crate) fn engine() -> (GrammarEngine, u32, u32) {
     let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
     words.extend(WORDS.iter().map(|w| w.as_bytes().to_vec()));
     let eos = words.len() as u32;
@@ -30,6 +30,26 @@ fn text_of(ids: &[u32]) -> String {
 
 /// Generate under `spec` from random logits (argmax of the masked row), as the engine does:
 /// stop at an end-of-generation token or when the grammar is done.
+pub(crate) fn generate_with(spec: &GrammarSpec, seed: u64, limit: usize) -> (String, bool) {
+    generate(spec, seed, limit)
+}
+
+/// Consume `text` (one byte token per byte) and compute the next mask: the ASCII bytes it
+/// allows, in order.
+pub(crate) fn feed(c: &mut Constraint, text: &str) -> String {
+    if text.is_empty() {
+        c.advance(None);
+    }
+    for b in text.bytes() {
+        c.advance(Some(b as u32));
+    }
+    let m = c.mask.as_ref().expect("a mask");
+    (0..128u32)
+        .filter(|&t| m.is_allowed(t))
+        .map(|t| t as u8 as char)
+        .collect()
+}
+
 fn generate(spec: &GrammarSpec, seed: u64, limit: usize) -> (String, bool) {
     let (e, eos, eot) = engine();
     let mut c = e.compile(spec).unwrap();

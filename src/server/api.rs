@@ -75,18 +75,35 @@ pub struct ContentPart {
 pub struct Message {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant turn's calls (checked in [`super::tools`]).
+    pub tool_calls: Option<Vec<Value>>,
+    /// A `tool` turn: the call it answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
+    /// Tool calling ([`super::tools`]).
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// Log-probabilities of the answer's tokens, and how many alternatives per token.
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
     pub params: GenParams,
 }
 
 #[derive(Deserialize)]
 struct ChatFields {
     messages: Vec<Message>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
 }
 
 /// `prompt` of `POST /v1/completions`: text, one text in a list, or token ids.
@@ -102,12 +119,16 @@ pub enum PromptField {
 #[derive(Debug, Clone)]
 pub struct CompletionRequest {
     pub prompt: PromptField,
+    /// The legacy `logprobs`: alternatives per token (their log-probabilities with each
+    /// token's own).
+    pub logprobs: Option<i64>,
     pub params: GenParams,
 }
 
 #[derive(Deserialize)]
 struct CompletionFields {
     prompt: PromptField,
+    logprobs: Option<i64>,
 }
 
 /// A request body: its endpoint's own fields plus the shared [`GenParams`], each read from
@@ -121,6 +142,11 @@ impl Body for ChatRequest {
         let f: ChatFields = typed(v)?;
         Ok(ChatRequest {
             messages: f.messages,
+            tools: f.tools,
+            tool_choice: f.tool_choice,
+            parallel_tool_calls: f.parallel_tool_calls,
+            logprobs: f.logprobs,
+            top_logprobs: f.top_logprobs,
             params: typed(v)?,
         })
     }
@@ -131,6 +157,7 @@ impl Body for CompletionRequest {
         let f: CompletionFields = typed(v)?;
         Ok(CompletionRequest {
             prompt: f.prompt,
+            logprobs: f.logprobs,
             params: typed(v)?,
         })
     }
@@ -192,19 +219,67 @@ pub struct Generation {
     pub cache_prompt: bool,
     pub ignore_eos: bool,
     pub structured: Option<super::structured::Structured>,
+    /// Choices (`n`).
+    pub n: usize,
+    /// Log-probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
+}
+
+impl ChatRequest {
+    /// `logprobs` / `top_logprobs` (OpenAI: `top_logprobs` in 0..=20 needs `logprobs: true`).
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let max = crate::engine::logprobs::MAX_TOP_LOGPROBS as i64;
+        match (self.logprobs.unwrap_or(false), self.top_logprobs) {
+            (_, Some(k)) if !(0..=max).contains(&k) => Err(ApiError::invalid_param(
+                "top_logprobs",
+                format!("top_logprobs = {k} must be between 0 and {max}"),
+            )),
+            (false, Some(_)) => Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs needs `logprobs: true`",
+            )),
+            (true, k) => Ok(Some(k.unwrap_or(0) as usize)),
+            (false, None) => Ok(None),
+        }
+    }
+}
+
+impl CompletionRequest {
+    /// The legacy `logprobs: N` (0..=20; OpenAI allows 5, vLLM and llama-server more).
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let max = crate::engine::logprobs::MAX_TOP_LOGPROBS as i64;
+        match self.logprobs {
+            Some(k) if !(0..=max).contains(&k) => Err(ApiError::invalid_param(
+                "logprobs",
+                format!("logprobs = {k} must be between 0 and {max}"),
+            )),
+            Some(k) => Ok(Some(k as usize)),
+            None => Ok(None),
+        }
+    }
 }
 
 impl GenParams {
     /// Check the parameters against a prompt of `prompt_len` tokens and a context of `n_ctx`.
-    pub fn validate(&self, prompt_len: usize, n_ctx: usize) -> Result<Generation, ApiError> {
-        if let Some(n) = self.n {
-            if n != 1 {
-                return Err(ApiError::invalid_param(
-                    "n",
-                    format!("n = {n} is not supported (only 1)"),
-                ));
-            }
+    /// `n`: at least 1, at most the server's slots (each choice generates in one).
+    pub fn choices(&self, n_slots: usize) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if n < 1 => Err(ApiError::invalid_param(
+                "n",
+                format!("n = {n} must be at least 1"),
+            )),
+            Some(n) if n as u64 > n_slots as u64 => Err(ApiError::invalid_param(
+                "n",
+                format!(
+                    "n = {n} is more choices than this server generates at once (--parallel {n_slots})"
+                ),
+            )),
+            Some(n) => Ok(n as usize),
         }
+    }
+
+    pub fn validate(&self, prompt_len: usize, n_ctx: usize) -> Result<Generation, ApiError> {
         if prompt_len >= n_ctx {
             return Err(ApiError {
                 code: Some("context_length_exceeded"),
@@ -320,6 +395,8 @@ impl GenParams {
                 self.json_schema.as_ref(),
                 self.grammar.as_deref(),
             )?,
+            n: 1,
+            logprobs: None,
         })
     }
 }
@@ -361,76 +438,34 @@ pub struct Head {
 }
 
 impl Head {
-    /// A whole (non-streaming) response.
-    pub fn complete(&self, text: &str, reason: &FinishReason, usage: &Usage) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": { "role": "assistant", "content": text },
-                "logprobs": null,
-                "finish_reason": finish_reason(reason),
-            }),
-            Endpoint::Completion => json!({
-                "index": 0,
-                "text": text,
-                "logprobs": null,
-                "finish_reason": finish_reason(reason),
-            }),
-        };
+    /// A whole (non-streaming) response with these choices.
+    pub fn complete(&self, choices: Vec<Value>, usage: &Usage) -> Value {
         json!({
             "id": self.id,
             "object": self.object(false),
             "created": self.created,
             "model": self.model,
             "system_fingerprint": "kiln",
-            "choices": [choice],
+            "choices": choices,
             "usage": usage_json(usage),
         })
     }
 
-    /// One streaming chunk: `text` (with the assistant role on the first chat chunk), or the
-    /// final one carrying `finish_reason` (and `usage`, if given).
-    pub fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&FinishReason>) -> Value {
-        let reason = finish.map(finish_reason);
-        let choice = match self.endpoint {
-            Endpoint::Chat => {
-                let mut delta = serde_json::Map::new();
-                if first {
-                    delta.insert("role".into(), json!("assistant"));
-                }
-                if let Some(t) = text {
-                    delta.insert("content".into(), json!(t));
-                }
-                json!({ "index": 0, "delta": delta, "logprobs": null, "finish_reason": reason })
-            }
-            Endpoint::Completion => json!({
-                "index": 0,
-                "text": text.unwrap_or(""),
-                "logprobs": null,
-                "finish_reason": reason,
-            }),
-        };
-        json!({
+    /// One streaming chunk with these choices (`[]` for the usage-only chunk of
+    /// `stream_options.include_usage`, which then gets `usage`).
+    pub fn chunk(&self, choices: Vec<Value>, usage: Option<&Usage>) -> Value {
+        let mut v = json!({
             "id": self.id,
             "object": self.object(true),
             "created": self.created,
             "model": self.model,
             "system_fingerprint": "kiln",
-            "choices": [choice],
-        })
-    }
-
-    /// The usage-only chunk of `stream_options.include_usage`.
-    pub fn usage_chunk(&self, usage: &Usage) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.object(true),
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": "kiln",
-            "choices": [],
-            "usage": usage_json(usage),
-        })
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            v["usage"] = usage_json(u);
+        }
+        v
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -501,7 +536,12 @@ mod tests {
         assert!(p(&format!(r#"{base}"max_tokens": 0}}"#))
             .validate(1, 9)
             .is_err());
-        assert!(p(&format!(r#"{base}"n": 2}}"#)).validate(1, 9).is_err());
+        assert_eq!(p(&format!(r#"{base}"n": 2}}"#)).choices(2).unwrap(), 2);
+        let e = p(&format!(r#"{base}"n": 3}}"#)).choices(2).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        assert!(e.message.contains("--parallel 2"), "{}", e.message);
+        assert!(p(&format!(r#"{base}"n": 0}}"#)).choices(2).is_err());
+        assert_eq!(p(r#"{"messages": []}"#).choices(1).unwrap(), 1);
         assert!(p(&format!(r#"{base}"temperature": 3}}"#))
             .validate(1, 9)
             .is_err());

@@ -21,9 +21,12 @@ pub mod api;
 mod conn;
 pub mod error;
 mod io;
+mod logprobs;
 mod metrics;
+mod respond;
 mod routes;
 pub mod structured;
+pub mod tools;
 
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
@@ -112,6 +115,8 @@ pub(crate) struct AppState {
             Result<Arc<crate::grammar::GrammarEngine>, crate::grammar::GrammarError>,
         >,
     >,
+    /// What the chat template renders of tools, probed by the first chat request.
+    pub tool_support: std::sync::OnceLock<crate::tokenizer::toolcall::template::ToolSupport>,
 }
 
 /// Serve on `listener` until `shutdown` resolves, then let the responses in progress finish
@@ -147,6 +152,7 @@ pub async fn serve(
         (opts.n_slots.saturating_add(opts.max_queue)).min(tokio::sync::Semaphore::MAX_PERMITS);
     let state = Arc::new(AppState {
         grammar: Arc::default(),
+        tool_support: std::sync::OnceLock::new(),
         engine: tx,
         tokenizer,
         model,

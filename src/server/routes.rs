@@ -1,7 +1,5 @@
 //! The HTTP routes and the bridge from a request to the engine and back.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -9,7 +7,6 @@ use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -17,14 +14,14 @@ use futures_util::StreamExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
-use tokio::sync::mpsc;
 
-use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Generation, Head, PromptField};
+use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Head, PromptField};
 use super::error::ApiError;
 use super::metrics::{self, HttpMetrics, Status};
-use super::{structured, unix_now, AppState};
-use crate::engine::scheduler::{FinishReason, SeqEvent, SeqRequest};
-use crate::tokenizer::ChatMessage;
+use super::respond::{self, Job};
+use super::structured::Structured;
+use super::{tools, unix_now, AppState};
+use crate::tokenizer::toolcall::template::ToolSupport;
 
 type St = State<Arc<AppState>>;
 
@@ -245,33 +242,63 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response,
             "messages must not be empty",
         ));
     }
-    let mut msgs = Vec::with_capacity(req.messages.len());
-    for (i, m) in req.messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "system" | "developer" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
-            other => {
-                return Err(ApiError::invalid_param(
-                    &format!("messages[{i}].role"),
-                    format!("unsupported role `{other}` (system, developer, user, assistant)"),
-                ))
-            }
-        };
-        msgs.push(ChatMessage::new(role, m.text()?));
-    }
+    let tools = tools::read(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
+    let msgs = tools::chat_messages(&req.messages)?;
+    let support = st
+        .tool_support
+        .get_or_init(|| ToolSupport::probe(&st.tokenizer));
+    let plan = tools::plan(msgs, tools.as_ref(), support, &st.tokenizer);
     let prompt = st
         .tokenizer
-        .encode_chat(&msgs, true, st.opts.special_in_content)
+        .encode_chat_tools(
+            &plan.messages,
+            plan.template_tools.as_ref(),
+            true,
+            st.opts.special_in_content,
+        )
         .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
-    let gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
-    run(&st, head(model, Endpoint::Chat), prompt, gen).await
+    let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
+    gen.n = req.params.choices(st.opts.n_slots)?;
+    gen.logprobs = req.logprobs()?;
+    let constraint = match plan.grammar {
+        Some(spec) => {
+            if let Some(s) = &gen.structured {
+                return Err(ApiError::invalid_param(
+                    s.field,
+                    format!(
+                        "{} cannot be combined with tools (unless tool_choice is \"none\")",
+                        s.field
+                    ),
+                ));
+            }
+            Some(Structured {
+                spec,
+                field: "tools",
+            })
+        }
+        None => gen.structured.take(),
+    };
+    let job = Job {
+        head: head(model, Endpoint::Chat),
+        prompt,
+        gen,
+        constraint,
+        tools: plan.format,
+    };
+    respond::run(&st, job).await.map_err(|e| match &tools {
+        Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, &st),
+        _ => e,
+    })
 }
 
 async fn completions(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let req: CompletionRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
-    let prompt = match req.prompt {
+    let prompt = match req.prompt.clone() {
         PromptField::Text(t) => st.tokenizer.encode(&t, true, false),
         PromptField::Texts(v) if v.len() == 1 => st.tokenizer.encode(&v[0], true, false),
         PromptField::Texts(v) => {
@@ -297,132 +324,17 @@ async fn completions(State(st): St, headers: HeaderMap, body: Body) -> Result<Re
     if prompt.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
-    let gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
-    run(&st, head(model, Endpoint::Completion), prompt, gen).await
-}
-
-/// Queue the request on the engine and answer with the whole result or an event stream.
-async fn run(
-    st: &AppState,
-    head: Head,
-    prompt: Vec<u32>,
-    gen: Generation,
-) -> Result<Response, ApiError> {
-    let grammar = match gen.structured.clone() {
-        Some(s) => {
-            Some(structured::compile(Arc::clone(&st.grammar), Arc::clone(&st.tokenizer), s).await?)
-        }
-        None => None,
+    let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
+    gen.n = req.params.choices(st.opts.n_slots)?;
+    gen.logprobs = req.logprobs()?;
+    let job = Job {
+        head: head(model, Endpoint::Completion),
+        prompt,
+        constraint: gen.structured.take(),
+        gen,
+        tools: None,
     };
-    // Taken here, atomically: at most --parallel + --queue requests are in the engine.
-    let Ok(permit) = Arc::clone(&st.admission).try_acquire_owned() else {
-        return Err(ApiError::queue_full(st.opts.n_slots, st.opts.max_queue));
-    };
-    let mut permit = Some(permit);
-    let (tx, mut rx) = mpsc::unbounded_channel::<SeqEvent>();
-    // The engine owns the sink until it is done with the request, however the request ends
-    // (finished, cancelled, refused); the permit goes back with the final event, before the
-    // client can see it, or at the latest when the engine drops the sink.
-    let sink = Box::new(move |ev: SeqEvent| match &ev {
-        SeqEvent::Text(t) if t.is_empty() => !tx.is_closed(),
-        SeqEvent::Text(_) => tx.send(ev).is_ok(),
-        SeqEvent::Done(_) => {
-            permit.take();
-            tx.send(ev).is_ok()
-        }
-    });
-    st.engine
-        .send(SeqRequest {
-            prompt,
-            max_new: gen.max_new,
-            sampler: gen.sampler.clone(),
-            stop: gen.stop.clone(),
-            cache_prompt: gen.cache_prompt,
-            ignore_eos: gen.ignore_eos,
-            grammar,
-            sink,
-        })
-        .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
-    if gen.stream {
-        return Ok(stream(head, rx, gen.include_usage).into_response());
-    }
-    // Dropping this future (the client went away) drops `rx`: the engine cancels.
-    let mut text = String::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            SeqEvent::Text(t) => text.push_str(&t),
-            SeqEvent::Done(f) => {
-                return match &f.reason {
-                    FinishReason::Error(e) => Err(ApiError::bad_request(e.clone())),
-                    r => Ok(Json(head.complete(&text, r, &f.usage)).into_response()),
-                }
-            }
-        }
-    }
-    Err(ApiError::internal("the engine dropped the request"))
-}
-
-/// Server-Sent Events as OpenAI clients parse them: one `data: {chunk}` per piece of text,
-/// a final chunk with `finish_reason`, optionally a usage chunk, then `data: [DONE]`.
-fn stream(
-    head: Head,
-    rx: mpsc::UnboundedReceiver<SeqEvent>,
-    include_usage: bool,
-) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
-    struct S {
-        rx: mpsc::UnboundedReceiver<SeqEvent>,
-        head: Head,
-        out: VecDeque<Event>,
-        done: bool,
-        include_usage: bool,
-    }
-    let data = |v: serde_json::Value| Event::default().data(v.to_string());
-    let mut first = VecDeque::new();
-    if head.endpoint == Endpoint::Chat {
-        first.push_back(data(head.chunk(Some(""), true, None)));
-    }
-    let s = S {
-        rx,
-        head,
-        out: first,
-        done: false,
-        include_usage,
-    };
-    let events = futures_util::stream::unfold(s, move |mut s| async move {
-        loop {
-            if let Some(e) = s.out.pop_front() {
-                return Some((Ok(e), s));
-            }
-            if s.done {
-                return None;
-            }
-            match s.rx.recv().await {
-                Some(SeqEvent::Text(t)) if t.is_empty() => {}
-                Some(SeqEvent::Text(t)) => {
-                    s.out.push_back(data(s.head.chunk(Some(&t), false, None)));
-                }
-                Some(SeqEvent::Done(f)) => {
-                    if let FinishReason::Error(e) = &f.reason {
-                        s.out
-                            .push_back(data(ApiError::bad_request(e.clone()).body()));
-                    } else {
-                        let mut last = s.head.chunk(None, false, Some(&f.reason));
-                        if s.include_usage {
-                            s.out.push_back(data(last));
-                            s.out.push_back(data(s.head.usage_chunk(&f.usage)));
-                        } else {
-                            last["usage"] = api::usage_json(&f.usage);
-                            s.out.push_back(data(last));
-                        }
-                    }
-                    s.out.push_back(Event::default().data("[DONE]"));
-                    s.done = true;
-                }
-                None => s.done = true,
-            }
-        }
-    });
-    Sse::new(events).keep_alive(KeepAlive::default())
+    respond::run(&st, job).await
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 //! `strftime_now(fmt)`, a `tojson` that writes like Python's `json.dumps` (no HTML escaping,
 //! `", "` and `": "` separators), Python string / dict methods (`.strip()`, `.split()`,
 //! `.startswith()`, `.items()`, ... via minijinja-contrib's pycompat), and the variables
-//! `messages`, `add_generation_prompt`, `bos_token`, `eos_token`.
+//! `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and `tools` when a request
+//! offers tools (OpenAI's list, as `transformers` passes it). Messages carry `tool_calls`,
+//! `tool_call_id` and `name` where they have them.
 
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
@@ -19,6 +21,16 @@ use super::{attr, Tokenizer, TokenizerError};
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls: OpenAI's `[{"id", "type": "function", "function": {"name",
+    /// "arguments"}}]`, the arguments an object (as templates expect them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` turn: the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` turn: the function that answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -26,6 +38,9 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -95,6 +110,25 @@ pub fn render_chat(
     bos_token: &str,
     eos_token: &str,
 ) -> Result<String, TokenizerError> {
+    render_chat_tools(
+        template,
+        messages,
+        None,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+    )
+}
+
+/// Render `template` for `messages`, with `tools` (OpenAI's list) when given.
+pub fn render_chat_tools(
+    template: &str,
+    messages: &[ChatMessage],
+    tools: Option<&serde_json::Value>,
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String, TokenizerError> {
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -110,6 +144,7 @@ pub fn render_chat(
         add_generation_prompt => add_generation_prompt,
         bos_token => bos_token,
         eos_token => eos_token,
+        tools => tools.map(Value::from_serialize),
     };
     tmpl.render(ctx)
         .map_err(|e| TokenizerError::Template(format!("{e:#}")))
@@ -124,12 +159,23 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with `tools` (OpenAI's list) given to the template.
+    pub fn apply_chat_template_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let template = self
             .chat_template()
             .ok_or_else(|| TokenizerError::Template("the model has no chat template".into()))?;
         let bos = self.bos().map(|id| self.token_text(id)).unwrap_or("");
         let eos = self.eos().map(|id| self.token_text(id)).unwrap_or("");
-        let mut text = render_chat(template, messages, add_generation_prompt, bos, eos)?;
+        let mut text =
+            render_chat_tools(template, messages, tools, add_generation_prompt, bos, eos)?;
         if self.adds_bos() && !bos.is_empty() && text.starts_with(bos) {
             text.drain(..bos.len());
         }
@@ -169,8 +215,21 @@ impl Tokenizer {
         add_generation_prompt: bool,
         special_in_content: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_chat_tools(messages, None, add_generation_prompt, special_in_content)
+    }
+
+    /// [`Tokenizer::encode_chat`] with `tools` given to the template. Every string of the tool
+    /// definitions and of the messages' calls, call ids and names is literal text, as message
+    /// content is.
+    pub fn encode_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        special_in_content: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         if special_in_content {
-            let text = self.apply_chat_template(messages, add_generation_prompt)?;
+            let text = self.apply_chat_template_tools(messages, tools, add_generation_prompt)?;
             return Ok(self.encode(&text, true, true));
         }
         let mut hidden: Vec<&str> = Vec::new();
@@ -179,9 +238,25 @@ impl Tokenizer {
             .map(|m| ChatMessage {
                 role: m.role.clone(),
                 content: self.mask_control_text(&m.content, &mut hidden),
+                tool_calls: m.tool_calls.as_ref().map(|calls| {
+                    calls
+                        .iter()
+                        .map(|c| self.mask_json(c, &mut hidden))
+                        .collect()
+                }),
+                tool_call_id: m
+                    .tool_call_id
+                    .as_ref()
+                    .map(|t| self.mask_control_text(t, &mut hidden)),
+                name: m
+                    .name
+                    .as_ref()
+                    .map(|t| self.mask_control_text(t, &mut hidden)),
             })
             .collect();
-        let rendered = self.apply_chat_template(&masked, add_generation_prompt)?;
+        let tools = tools.map(|t| self.mask_json(t, &mut hidden));
+        let rendered =
+            self.apply_chat_template_tools(&masked, tools.as_ref(), add_generation_prompt)?;
         let mut fragments = Vec::new();
         self.specials
             .partition(&self.vocab, &rendered, true, &mut fragments);
@@ -233,6 +308,28 @@ impl Tokenizer {
             }
         }
         out
+    }
+}
+
+impl Tokenizer {
+    /// `value` with every string (keys too) masked as [`Tokenizer::mask_control_text`] masks
+    /// message content.
+    fn mask_json<'a>(
+        &'a self,
+        value: &'a serde_json::Value,
+        hidden: &mut Vec<&'a str>,
+    ) -> serde_json::Value {
+        use serde_json::Value as J;
+        match value {
+            J::String(s) => J::String(self.mask_control_text(s, hidden)),
+            J::Array(items) => J::Array(items.iter().map(|v| self.mask_json(v, hidden)).collect()),
+            J::Object(map) => J::Object(
+                map.iter()
+                    .map(|(k, v)| (self.mask_control_text(k, hidden), self.mask_json(v, hidden)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
     }
 }
 

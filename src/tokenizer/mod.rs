@@ -22,6 +22,7 @@ mod pretokenize;
 mod special;
 mod spm;
 mod stream;
+pub mod toolcall;
 mod unicode;
 mod unicode_data;
 mod vocab;
@@ -32,7 +33,7 @@ use special::{Fragment, SpecialMatcher};
 use spm::SpmScratch;
 use vocab::{Vocab, VocabBuildError};
 
-pub use chat::{builtin_chat_template, render_chat, ChatMessage};
+pub use chat::{builtin_chat_template, render_chat, render_chat_tools, ChatMessage};
 pub use stream::StreamDecoder;
 pub use vocab::attr;
 
@@ -709,6 +710,16 @@ impl Tokenizer {
     /// has none (see [`chat_template_is_builtin`](Self::chat_template_is_builtin)).
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// Use `template` as the chat template (llama.cpp's `--chat-template-file`); an error if it
+    /// does not render a conversation.
+    pub fn set_chat_template(&mut self, template: String) -> Result<(), TokenizerError> {
+        let probe = [ChatMessage::new("user", "Hello")];
+        render_chat(&template, &probe, true, "", "")?;
+        self.chat_template = Some(template);
+        self.builtin_template = false;
+        Ok(())
     }
 
     /// True when [`chat_template`](Self::chat_template) is kiln's built-in fallback rather than

@@ -177,6 +177,15 @@ impl Answer {
     }
 }
 
+/// The JSON events of a Server-Sent Events body, up to `data: [DONE]`.
+pub fn sse_events(body: &str) -> Vec<serde_json::Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .take_while(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("event {d:?}: {e}")))
+        .collect()
+}
+
 /// Read a status line and headers (up to the blank line).
 pub fn read_head(s: &mut TcpStream) -> (u16, Vec<(String, String)>) {
     let mut head = Vec::new();

@@ -8,6 +8,7 @@ Prints one line per check and a closing 'N passed, M failed'; exits non-zero on 
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -234,7 +235,8 @@ def test_bad_input():
     e = expect_error(post("/v1/chat/completions", {**good, "max_tokens": 10 ** 6}), 400,
                      "max_tokens past the context")
     assert e["param"] == "max_tokens", e
-    expect_error(post("/v1/chat/completions", {**good, "n": 3}), 400, "n")
+    e = expect_error(post("/v1/chat/completions", {**good, "n": 9}), 400, "n beyond the slots")
+    assert e["param"] == "n" and "--parallel 8" in e["message"], e
     expect_error(post("/v1/chat/completions",
                       {**good, "messages": [{"role": "wizard", "content": "x"}]}), 400, "role")
     expect_error(post("/v1/completions", {"model": MODEL, "prompt": ""}), 400, "empty prompt")
@@ -258,6 +260,244 @@ def test_bad_input():
     # Still serving.
     r = post("/v1/chat/completions", good)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the local time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 24}},
+                   "required": ["zone"], "additionalProperties": False}}}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def check_call(name, arguments):
+    """A call of one of the offered functions whose arguments follow its schema."""
+    args = json.loads(arguments)
+    if name == "get_weather":
+        assert set(args) == {"city", "unit"}, args
+        assert isinstance(args["city"], str) and len(args["city"]) <= 24, args
+        assert args["unit"] in ("celsius", "fahrenheit"), args
+    else:
+        assert name == "get_time", name
+        assert set(args) == {"zone"} and isinstance(args["zone"], str), args
+    return args
+
+
+def streamed_chat(**kw):
+    """A streamed chat completion joined: per choice index, content, tool calls, finish."""
+    out = {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            o = out.setdefault(c.index, {"content": "", "calls": {}, "finish": None,
+                                         "logprobs": []})
+            if c.delta.content:
+                o["content"] += c.delta.content
+            for t in c.delta.tool_calls or []:
+                call = o["calls"].setdefault(t.index, {"id": None, "name": None, "arguments": ""})
+                if t.id:
+                    assert call["id"] is None, "one id per call"
+                    call["id"] = t.id
+                    assert t.type == "function" and t.function.name, t
+                    call["name"] = t.function.name
+                else:
+                    assert call["id"] is not None, "the first delta of a call has its id and name"
+                if t.function and t.function.arguments:
+                    call["arguments"] += t.function.arguments
+            if c.logprobs and c.logprobs.content:
+                o["logprobs"] += c.logprobs.content
+            if c.finish_reason:
+                o["finish"] = c.finish_reason
+    return out
+
+
+def test_tool_calls_required_and_named():
+    r = client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, CLOCK],
+                                       tool_choice="required", max_tokens=96, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    assert c.message.content is None, c.message
+    assert c.message.tool_calls, c.message
+    for t in c.message.tool_calls:
+        assert t.type == "function" and t.id.startswith("call_"), t
+        check_call(t.function.name, t.function.arguments)
+    # Streamed: the same calls, the name first, then the arguments in pieces.
+    s = streamed_chat(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, CLOCK],
+                      tool_choice="required", max_tokens=96, temperature=0)[0]
+    assert s["finish"] == "tool_calls" and s["content"] == "", s
+    got = [(s["calls"][i]["name"], s["calls"][i]["arguments"]) for i in sorted(s["calls"])]
+    want = [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+    assert got == want, (got, want)
+    # A named function is the one called.
+    r = client.chat.completions.create(
+        model=MODEL, messages=ASK_WEATHER, tools=[WEATHER, CLOCK], max_tokens=96, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    calls = r.choices[0].message.tool_calls
+    assert calls and all(t.function.name == "get_time" for t in calls), calls
+    for t in calls:
+        check_call(t.function.name, t.function.arguments)
+    # `none`: no tools offered, a plain answer.
+    r = client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER],
+                                       tool_choice="none", max_tokens=24, temperature=0)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def tool_loop(stream):
+    """Call, result, answer: the second turn carries the call and the tool's result."""
+    tools = [WEATHER, CLOCK]
+    kw = dict(model=MODEL, tools=tools, max_tokens=96, temperature=0)
+    if stream:
+        s = streamed_chat(messages=ASK_WEATHER, tool_choice="required", **kw)[0]
+        calls = [s["calls"][i] for i in sorted(s["calls"])]
+        assert s["finish"] == "tool_calls" and calls, s
+        tool_calls = [{"id": c["id"], "type": "function",
+                       "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
+    else:
+        r = client.chat.completions.create(messages=ASK_WEATHER, tool_choice="required", **kw)
+        assert r.choices[0].finish_reason == "tool_calls"
+        tool_calls = [t.model_dump() for t in r.choices[0].message.tool_calls]
+    history = ASK_WEATHER + [{"role": "assistant", "content": None, "tool_calls": tool_calls}]
+    for t in tool_calls:
+        args = check_call(t["function"]["name"], t["function"]["arguments"])
+        result = ({"city": args["city"], "temperature": 21, "unit": args["unit"],
+                   "sky": "sunny"} if t["function"]["name"] == "get_weather"
+                  else {"time": "14:05"})
+        history.append({"role": "tool", "tool_call_id": t["id"], "content": json.dumps(result)})
+    kw["max_tokens"] = 48
+    if stream:
+        s = streamed_chat(messages=history, tool_choice="auto", **kw)[0]
+        answer, finish, calls = s["content"], s["finish"], s["calls"]
+    else:
+        r = client.chat.completions.create(messages=history, tool_choice="auto", **kw)
+        answer, finish = r.choices[0].message.content, r.choices[0].finish_reason
+        calls = r.choices[0].message.tool_calls
+    assert not calls, f"a second call instead of an answer: {calls}"
+    assert finish in ("stop", "length") and answer and answer.strip(), (finish, answer)
+    return answer
+
+
+def test_tool_loop():
+    whole = tool_loop(stream=False)
+    streamed = tool_loop(stream=True)
+    assert whole == streamed, (whole, streamed)
+    print(f"    answer after the tool result: {whole!r}")
+
+
+def test_tool_bad_input():
+    base = {"model": MODEL, "messages": ASK_WEATHER, "max_tokens": 8}
+    chat = "/v1/chat/completions"
+    e = expect_error(post(chat, {**base, "tools": [{"type": "function", "function": {
+        "parameters": {"type": "object"}}}]}), 400, "tool without a name")
+    assert e["param"] == "tools[0].function.name" and "name" in e["message"], e
+    e = expect_error(post(chat, {**base, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": ["not", "an", "object"]}}]}), 400, "parameters not an object")
+    assert e["param"] == "tools[0].function.parameters", e
+    e = expect_error(post(chat, {**base, "tools": [WEATHER], "tool_choice": {
+        "type": "function", "function": {"name": "launch"}}}), 400, "unknown function")
+    assert e["param"] == "tool_choice" and "launch" in e["message"], e
+    odd = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "dependentSchemas": {"a": {"required": ["b"]}}}}}
+    e = expect_error(post(chat, {**base, "tools": [WEATHER, odd], "tool_choice": "required"}), 400,
+                     "unsupported schema keyword")
+    assert e["param"] == "tools[1].function.parameters", e
+    assert "dependentSchemas" in e["message"], e
+    e = expect_error(post(chat, {**base, "tools": [WEATHER],
+                                 "response_format": {"type": "json_object"}}), 400,
+                     "tools and response_format")
+    assert e["param"] == "response_format", e
+    e = expect_error(post(chat, {**base, "messages": ASK_WEATHER + [
+        {"role": "tool", "content": "x"}]}), 400, "tool message without its call id")
+    assert e["param"] == "messages[1].tool_call_id", e
+    try:
+        client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[
+            {"type": "function", "function": {"description": "nameless"}}])
+        raise AssertionError("a tool without a name was accepted")
+    except openai.BadRequestError:
+        pass
+
+
+def test_logprobs():
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=12,
+              temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    entries = c.logprobs.content
+    assert len(entries) == r.usage.completion_tokens, (len(entries), r.usage)
+    assert "".join(e.token for e in entries) == c.message.content
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3, e
+        assert bytes(e.bytes).decode("utf-8", "replace") == e.token, e
+        lps = [t.logprob for t in e.top_logprobs]
+        assert lps == sorted(lps, reverse=True), lps
+        # Greedy: the token is the most likely one.
+        assert e.top_logprobs[0].token == e.token and abs(lps[0] - e.logprob) < 1e-6, e
+    assert sum(math.exp(t.logprob) for t in entries[0].top_logprobs) <= 1.0 + 1e-5
+    # Streamed: the same entries, chunk by chunk.
+    s = streamed_chat(**kw)[0]
+    assert [(e.token, e.logprob) for e in s["logprobs"]] == [(e.token, e.logprob) for e in entries]
+    # Sampling settings change the draw, not the values (the raw logits').
+    hot = client.chat.completions.create(**{**kw, "temperature": 1.5, "seed": 3, "max_tokens": 1},
+                                         extra_body={"top_k": 2})
+    first = hot.choices[0].logprobs.content[0]
+    want = {t.token: t.logprob for t in entries[0].top_logprobs}
+    assert abs(first.top_logprobs[0].logprob - entries[0].top_logprobs[0].logprob) < 1e-6
+    assert first.token in want or first.logprob < min(want.values()), (first, want)
+    # Legacy completions: tokens, their log-probabilities, alternatives, offsets.
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
+                                  temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    for tok, l, alts in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert tok in alts and abs(alts[tok] - l) < 1e-6 and 1 <= len(alts) <= 3, (tok, l, alts)
+    for body, what in [({"logprobs": False, "top_logprobs": 2}, "top_logprobs without logprobs"),
+                       ({"logprobs": True, "top_logprobs": 21}, "top_logprobs over 20")]:
+        e = expect_error(post("/v1/chat/completions", {"model": MODEL, "messages": kw["messages"],
+                                                       **body}), 400, what)
+        assert e["param"] == "top_logprobs", e
+    e = expect_error(post("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": -1}),
+                     400, "negative logprobs")
+    assert e["param"] == "logprobs", e
+
+
+def test_n_choices_share_one_prefill():
+    msgs = [{"role": "user", "content": "Invent a name for a cat."}]
+    kw = dict(model=MODEL, messages=msgs, max_tokens=12, temperature=1.0, seed=11)
+    before = metrics()
+    r = client.chat.completions.create(n=3, extra_body={"cache_prompt": False}, **kw)
+    after = metrics()
+    assert [c.index for c in r.choices] == [0, 1, 2], r.choices
+    single = [client.chat.completions.create(**{**kw, "seed": 11 + i},
+                                             extra_body={"cache_prompt": False})
+              for i in range(3)]
+    # Choice i is what seed + i gives alone; the prompt counts once.
+    for i, c in enumerate(r.choices):
+        assert c.message.content == single[i].choices[0].message.content, (i, c, single[i])
+    assert r.usage.prompt_tokens == single[0].usage.prompt_tokens
+    assert r.usage.completion_tokens == sum(s.usage.completion_tokens for s in single)
+    prefilled = after["kiln_prefill_tokens_total"] - before["kiln_prefill_tokens_total"]
+    assert prefilled == r.usage.prompt_tokens, (prefilled, r.usage)
+    # Streamed: chunks carry their choice's index.
+    s = streamed_chat(n=3, **kw)
+    assert sorted(s) == [0, 1, 2], s
+    for i in range(3):
+        assert s[i]["content"] == r.choices[i].message.content, (i, s[i], r.choices[i])
+        assert s[i]["finish"] == r.choices[i].finish_reason
+    # Completions too, with tools' and logprobs' company.
+    c = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, n=2,
+                                  temperature=0, logprobs=1)
+    assert [x.index for x in c.choices] == [0, 1] and c.choices[0].text == c.choices[1].text
+    assert c.choices[0].logprobs.tokens == c.choices[1].logprobs.tokens
+    r = client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER], n=2,
+                                       tool_choice="required", max_tokens=96, temperature=0)
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls" and ch.message.tool_calls, ch
 
 
 def test_disconnect_frees_slot():
@@ -359,6 +599,11 @@ TESTS = [
     test_eight_concurrent_streams_equal_sequential,
     test_prefix_cache_second_turn,
     test_bad_input,
+    test_tool_calls_required_and_named,
+    test_tool_loop,
+    test_tool_bad_input,
+    test_logprobs,
+    test_n_choices_share_one_prefill,
     test_disconnect_frees_slot,
     test_queue_full_is_429,
     test_sigterm_finishes_started_response,

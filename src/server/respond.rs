@@ -1,0 +1,488 @@
+//! From a checked request to its answer: the request's choices queued on the engine (one
+//! prefill, `n` slots), their events turned into one OpenAI response or an event stream, with
+//! tool calls parsed out of each answer and log-probabilities attached.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::api::{finish_reason, Endpoint, Generation, Head};
+use super::error::ApiError;
+use super::logprobs::Logprobs;
+use super::structured::{self, Structured};
+use super::tools::call_id;
+use super::AppState;
+use crate::engine::logprobs::TokenLogprobs;
+use crate::engine::scheduler::{FinishReason, Finished, Fork, SeqRequest, SeqSink, Usage};
+use crate::sampler::Rng;
+use crate::tokenizer::toolcall::{ToolCallParser, ToolEvent, ToolFormat};
+use crate::tokenizer::Tokenizer;
+
+/// A request ready to run.
+pub struct Job {
+    pub head: Head,
+    pub prompt: Vec<u32>,
+    pub gen: Generation,
+    /// What constrains every choice (a structured-output field, or the tool-call grammar).
+    pub constraint: Option<Structured>,
+    /// Parse each answer for tool calls in this format.
+    pub tools: Option<ToolFormat>,
+}
+
+/// What a choice's sink sends.
+enum Ev {
+    Text(String),
+    Logprobs(TokenLogprobs),
+    Done(Finished),
+}
+
+/// One choice's events, tagged with its index; the admission permit goes back when the last
+/// choice is done (before its final event is sent).
+struct ChoiceSink {
+    index: usize,
+    tx: mpsc::UnboundedSender<(usize, Ev)>,
+    permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
+}
+
+impl SeqSink for ChoiceSink {
+    fn text(&mut self, text: &str) -> bool {
+        if text.is_empty() {
+            return !self.tx.is_closed();
+        }
+        self.tx
+            .send((self.index, Ev::Text(text.to_owned())))
+            .is_ok()
+    }
+    fn logprobs(&mut self, lp: &TokenLogprobs) {
+        let _ = self.tx.send((self.index, Ev::Logprobs(lp.clone())));
+    }
+    fn done(&mut self, finished: Finished) {
+        self.permit.take();
+        let _ = self.tx.send((self.index, Ev::Done(finished)));
+    }
+}
+
+/// Queue the job on the engine and answer with the whole result or an event stream.
+pub async fn run(st: &AppState, job: Job) -> Result<Response, ApiError> {
+    let n = job.gen.n.max(1);
+    let mut grammars = Vec::with_capacity(n);
+    if let Some(c) = &job.constraint {
+        for _ in 0..n {
+            let g = structured::compile(
+                Arc::clone(&st.grammar),
+                Arc::clone(&st.tokenizer),
+                c.clone(),
+            )
+            .await?;
+            grammars.push(Some(g));
+        }
+    } else {
+        grammars.resize_with(n, || None);
+    }
+    // Taken here, atomically: at most --parallel + --queue requests are in the engine.
+    let Ok(permit) = Arc::clone(&st.admission).try_acquire_owned() else {
+        return Err(ApiError::queue_full(st.opts.n_slots, st.opts.max_queue));
+    };
+    let permit = Arc::new(permit);
+    let (tx, rx) = mpsc::unbounded_channel::<(usize, Ev)>();
+    let mut forks = Vec::with_capacity(n - 1);
+    let mut first = None;
+    for (i, grammar) in grammars.into_iter().enumerate() {
+        let mut sampler = job.gen.sampler.clone();
+        sampler.seed = sampler.seed.wrapping_add(i as u64);
+        let sink = Box::new(ChoiceSink {
+            index: i,
+            tx: tx.clone(),
+            permit: Some(Arc::clone(&permit)),
+        });
+        if i == 0 {
+            first = Some((sampler, grammar, sink));
+        } else {
+            forks.push(Fork {
+                sampler,
+                grammar,
+                sink,
+            });
+        }
+    }
+    drop((tx, permit));
+    let (sampler, grammar, sink) = first.expect("at least one choice");
+    let gen = &job.gen;
+    st.engine
+        .send(SeqRequest {
+            prompt: job.prompt,
+            max_new: gen.max_new,
+            sampler,
+            stop: gen.stop.clone(),
+            cache_prompt: gen.cache_prompt,
+            ignore_eos: gen.ignore_eos,
+            grammar,
+            logprobs: gen.logprobs,
+            forks,
+            sink,
+        })
+        .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+    let answers = Answers::new(&job.head, n, job.tools, Arc::clone(&st.tokenizer));
+    if gen.stream {
+        return Ok(stream(job.head, answers, rx, gen.include_usage).into_response());
+    }
+    whole(job.head, answers, rx).await
+}
+
+/// The state of every choice of a response.
+struct Answers {
+    chat: bool,
+    tok: Arc<Tokenizer>,
+    choices: Vec<Answer>,
+    rng: Rng,
+    /// A choice failed (the stream ends with the error).
+    failed: bool,
+}
+
+struct Answer {
+    /// The answer's text (without tools: its content).
+    text: String,
+    parser: Option<ToolCallParser>,
+    /// Ids of the calls begun.
+    ids: Vec<String>,
+    logprobs: Logprobs,
+    done: Option<Finished>,
+}
+
+impl Answers {
+    fn new(head: &Head, n: usize, tools: Option<ToolFormat>, tok: Arc<Tokenizer>) -> Answers {
+        let seed = (head.created << 20)
+            ^ head
+                .id
+                .bytes()
+                .fold(0u64, |h, b| h.wrapping_mul(31) ^ b as u64);
+        Answers {
+            chat: head.endpoint == Endpoint::Chat,
+            tok,
+            choices: (0..n)
+                .map(|_| Answer {
+                    text: String::new(),
+                    parser: tools.map(ToolCallParser::new),
+                    ids: Vec::new(),
+                    logprobs: Logprobs::default(),
+                    done: None,
+                })
+                .collect(),
+            rng: Rng::new(seed),
+            failed: false,
+        }
+    }
+
+    fn all_done(&self) -> bool {
+        self.choices.iter().all(|c| c.done.is_some())
+    }
+
+    /// The request's usage: the prompt once, every choice's completion.
+    fn usage(&self) -> Usage {
+        let main = self.choices[0]
+            .done
+            .as_ref()
+            .map(|f| f.usage)
+            .unwrap_or_default();
+        Usage {
+            prompt_tokens: main.prompt_tokens,
+            completion_tokens: self
+                .choices
+                .iter()
+                .filter_map(|c| c.done.as_ref())
+                .map(|f| f.usage.completion_tokens)
+                .sum(),
+            cached_tokens: main.cached_tokens,
+        }
+    }
+
+    /// OpenAI's finish reason of a choice: `tool_calls` where the answer called tools.
+    fn reason(&self, i: usize) -> &'static str {
+        let c = &self.choices[i];
+        let r = c
+            .done
+            .as_ref()
+            .map(|f| &f.reason)
+            .unwrap_or(&FinishReason::Stop);
+        if *r == FinishReason::Stop && !c.ids.is_empty() {
+            "tool_calls"
+        } else {
+            finish_reason(r)
+        }
+    }
+
+    /// Tool-call events as delta entries (`delta.tool_calls` items) or content; new calls get
+    /// their ids.
+    fn tool_deltas(&mut self, i: usize, events: Vec<ToolEvent>) -> Vec<Delta> {
+        let mut out = Vec::with_capacity(events.len());
+        for e in events {
+            match e {
+                ToolEvent::Content(t) => out.push(Delta::Content(t)),
+                ToolEvent::Call { index, name } => {
+                    let format = self.choices[i]
+                        .parser
+                        .as_ref()
+                        .map_or(ToolFormat::Generic, ToolCallParser::format);
+                    let id = call_id(format, &mut self.rng);
+                    self.choices[i].ids.push(id.clone());
+                    out.push(Delta::Call(
+                        json!({"index": index, "id": id, "type": "function",
+                        "function": {"name": name, "arguments": ""}}),
+                    ));
+                }
+                ToolEvent::Args { index, text } => out.push(Delta::Call(
+                    json!({"index": index, "function": {"arguments": text}}),
+                )),
+            }
+        }
+        out
+    }
+
+    /// The whole choice `i` (non-streaming).
+    fn complete(&mut self, i: usize) -> Value {
+        let text = std::mem::take(&mut self.choices[i].text);
+        let chat = self.chat;
+        let logprobs = if self.choices[i].logprobs.is_empty() {
+            Value::Null
+        } else {
+            self.choices[i].logprobs.take(chat)
+        };
+        if !chat {
+            return json!({"index": i, "text": text, "logprobs": logprobs,
+                          "finish_reason": self.reason(i)});
+        }
+        let mut message = json!({"role": "assistant", "content": text});
+        if let Some(mut p) = self.choices[i].parser.take() {
+            let mut events = Vec::new();
+            p.push(&text, &mut events);
+            p.finish(&mut events);
+            let mut content = String::new();
+            let mut calls: Vec<Value> = Vec::new();
+            for d in self.tool_deltas(i, events) {
+                match d {
+                    Delta::Content(c) => content.push_str(&c),
+                    Delta::Call(c) => match c.get("id") {
+                        Some(_) => calls.push(c),
+                        None => {
+                            let k = c["index"].as_u64().unwrap_or(0) as usize;
+                            let more = c["function"]["arguments"].as_str().unwrap_or("");
+                            if let Some(call) = calls.get_mut(k) {
+                                let args = call["function"]["arguments"]
+                                    .as_str()
+                                    .unwrap_or("")
+                                    .to_owned()
+                                    + more;
+                                call["function"]["arguments"] = json!(args);
+                            }
+                        }
+                    },
+                }
+            }
+            if calls.is_empty() {
+                message["content"] = json!(content);
+            } else {
+                for c in &mut calls {
+                    if let Some(o) = c.as_object_mut() {
+                        o.remove("index");
+                    }
+                }
+                message["content"] = if content.trim().is_empty() {
+                    Value::Null
+                } else {
+                    json!(content)
+                };
+                message["tool_calls"] = json!(calls);
+            }
+        }
+        json!({"index": i, "message": message, "logprobs": logprobs,
+               "finish_reason": self.reason(i)})
+    }
+}
+
+/// A piece of a streamed chat answer.
+enum Delta {
+    Content(String),
+    /// One `delta.tool_calls` entry.
+    Call(Value),
+}
+
+/// Collect every choice, then answer once.
+async fn whole(
+    head: Head,
+    mut answers: Answers,
+    mut rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+) -> Result<Response, ApiError> {
+    // Dropping this future (the client went away) drops `rx`: the engine cancels.
+    while let Some((i, ev)) = rx.recv().await {
+        match ev {
+            Ev::Text(t) => answers.choices[i].text.push_str(&t),
+            Ev::Logprobs(lp) => {
+                let chat = answers.chat;
+                answers.choices[i].logprobs.push(&answers.tok, &lp, chat);
+            }
+            Ev::Done(f) => {
+                if let FinishReason::Error(e) = &f.reason {
+                    return Err(ApiError::bad_request(e.clone()));
+                }
+                answers.choices[i].done = Some(f);
+                if answers.all_done() {
+                    let usage = answers.usage();
+                    let choices = (0..answers.choices.len())
+                        .map(|i| answers.complete(i))
+                        .collect();
+                    return Ok(Json(head.complete(choices, &usage)).into_response());
+                }
+            }
+        }
+    }
+    Err(ApiError::internal("the engine dropped the request"))
+}
+
+/// Server-Sent Events as OpenAI clients parse them: a first chunk per chat choice with the
+/// assistant role, one chunk per piece of text (or of a tool call), a final chunk per choice
+/// with its `finish_reason`, optionally a usage chunk, then `data: [DONE]`.
+fn stream(
+    head: Head,
+    answers: Answers,
+    rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+    include_usage: bool,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    struct S {
+        rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+        head: Head,
+        answers: Answers,
+        out: VecDeque<Event>,
+        done: bool,
+        include_usage: bool,
+    }
+    let data = |v: Value| Event::default().data(v.to_string());
+    let mut first = VecDeque::new();
+    if head.endpoint == Endpoint::Chat {
+        for i in 0..answers.choices.len() {
+            let c = json!({"index": i, "delta": {"role": "assistant", "content": ""},
+                           "logprobs": null, "finish_reason": null});
+            first.push_back(data(head.chunk(vec![c], None)));
+        }
+    }
+    let s = S {
+        rx,
+        head,
+        answers,
+        out: first,
+        done: false,
+        include_usage,
+    };
+    let events = futures_util::stream::unfold(s, move |mut s| async move {
+        loop {
+            if let Some(e) = s.out.pop_front() {
+                return Some((Ok(e), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some((i, ev)) => {
+                    for v in s.answers.on_event(&s.head, i, ev, s.include_usage) {
+                        s.out.push_back(data(v));
+                    }
+                    if s.answers.failed || s.answers.all_done() {
+                        s.out.push_back(Event::default().data("[DONE]"));
+                        s.done = true;
+                    }
+                }
+                None => s.done = true,
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+impl Answers {
+    /// The chunks one event of choice `i` makes.
+    fn on_event(&mut self, head: &Head, i: usize, ev: Ev, include_usage: bool) -> Vec<Value> {
+        let chat = self.chat;
+        let mut chunks = Vec::new();
+        match ev {
+            Ev::Logprobs(lp) => self.choices[i].logprobs.push(&self.tok, &lp, chat),
+            Ev::Text(t) => {
+                if !chat {
+                    let lp = self.take_logprobs(i);
+                    let c = json!({"index": i, "text": t, "logprobs": lp, "finish_reason": null});
+                    chunks.push(head.chunk(vec![c], None));
+                } else {
+                    let deltas = match self.choices[i].parser.as_mut() {
+                        Some(p) => {
+                            let mut events = Vec::new();
+                            p.push(&t, &mut events);
+                            self.tool_deltas(i, events)
+                        }
+                        None => vec![Delta::Content(t)],
+                    };
+                    for d in deltas {
+                        chunks.push(self.delta_chunk(head, i, d));
+                    }
+                }
+            }
+            Ev::Done(f) => {
+                if let FinishReason::Error(e) = &f.reason {
+                    self.failed = true;
+                    return vec![ApiError::bad_request(e.clone()).body()];
+                }
+                self.choices[i].done = Some(f);
+                if let Some(mut p) = self.choices[i].parser.take() {
+                    let mut events = Vec::new();
+                    p.finish(&mut events);
+                    for d in self.tool_deltas(i, events) {
+                        chunks.push(self.delta_chunk(head, i, d));
+                    }
+                }
+                let lp = self.take_logprobs(i);
+                let reason = self.reason(i);
+                let c = if chat {
+                    json!({"index": i, "delta": {}, "logprobs": lp, "finish_reason": reason})
+                } else {
+                    json!({"index": i, "text": "", "logprobs": lp, "finish_reason": reason})
+                };
+                let mut last = head.chunk(vec![c], None);
+                if self.all_done() {
+                    let usage = self.usage();
+                    if include_usage {
+                        chunks.push(last);
+                        last = head.chunk(vec![], Some(&usage));
+                    } else {
+                        last["usage"] = super::api::usage_json(&usage);
+                    }
+                }
+                chunks.push(last);
+            }
+        }
+        chunks
+    }
+
+    fn take_logprobs(&mut self, i: usize) -> Value {
+        let c = &mut self.choices[i];
+        if c.logprobs.is_empty() {
+            Value::Null
+        } else {
+            c.logprobs.take(self.chat)
+        }
+    }
+
+    fn delta_chunk(&mut self, head: &Head, i: usize, d: Delta) -> Value {
+        let delta = match d {
+            Delta::Content(t) => json!({"content": t}),
+            Delta::Call(c) => json!({"tool_calls": [c]}),
+        };
+        let lp = self.take_logprobs(i);
+        head.chunk(
+            vec![json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": null})],
+            None,
+        )
+    }
+}
