@@ -17,7 +17,10 @@ reference's answers on them come to be:
    position of the golden prompts, 16 greedy tokens) and `tests/golden/dequant.json` (ggml's own
    dequantization of three tensors of every random-llama file);
 6. checks that kiln makes every file byte for byte as the reference wrote it
-   (`cargo run --release --example fixtures -- check`).
+   (`cargo run --release --example fixtures -- check`);
+7. computes the reference's embeddings of the golden prompts on a few of them
+   (`tests/golden/<model>/embeddings.json`: mean, cls and last pooling, the pooled vectors as
+   `llama_get_embeddings_seq` returns them, before normalization).
 
 With `--real` it also regenerates the real models' goldens (SmolLM2, Gemma-3: tokenizer ids,
 logits, the long prompt, perplexity), downloading the models as `kiln pull` does. Checked on
@@ -30,6 +33,7 @@ slightly different context setup. Regenerate them only on purpose.
     scripts/make-fixtures.py                 # random models: manifest, logits, dequant
     scripts/make-fixtures.py --real          # and the real models' goldens
     scripts/make-fixtures.py --out /tmp/g    # write goldens elsewhere (to compare)
+    scripts/make-fixtures.py --only-embeddings   # the models, checked; then only step 7
 
 Needs python3, a C/C++ compiler, cargo, and PyPI (the sdist; cmake, ninja, numpy and the
 bindings' dependencies into a private venv). Takes ~15 minutes on 2 cores the first time
@@ -78,6 +82,10 @@ VARIANTS = {
 }
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
+# Embedding goldens: these models, the golden prompts, llama.cpp's pooling types by value.
+EMBED_MODELS = ["random-llama-f32", "random-qwen2-f32", "random-qwen3-f32", "random-gpt2-f32",
+                "random-llama-q8_0"]
+POOLINGS = {"mean": 1, "cls": 2, "last": 3}
 
 # The real models: golden directory -> kiln's short name.
 REAL = {
@@ -153,7 +161,7 @@ _QUIET = None  # the C callback, kept alive for the process (set in main)
 class Ref:
     """One loaded model and context; logits of every position, greedy continuation."""
 
-    def __init__(self, path, n_ctx, threads=2):
+    def __init__(self, path, n_ctx, threads=2, pooling=None):
         import numpy as np
         import llama_cpp.llama_cpp as L
         self.L, self.np = L, np
@@ -169,6 +177,9 @@ class Ref:
         cp.n_ubatch = 512
         cp.n_threads = threads
         cp.n_threads_batch = threads
+        if pooling is not None:
+            cp.embeddings = True
+            cp.pooling_type = pooling
         self.ctx = L.llama_init_from_model(self.model, cp)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
@@ -219,6 +230,27 @@ class Ref:
                 ptr = L.llama_get_logits_ith(self.ctx, i)
                 on_logits(start + i, self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
 
+    def pooled(self, ids):
+        """The sequence embedding of `ids` (one ubatch), as llama_get_embeddings_seq gives it."""
+        L = self.L
+        if len(ids) > 512:
+            raise SystemExit("an embedding prompt must fit one batch of 512")
+        self.clear()
+        for i, t in enumerate(ids):
+            self.batch.token[i] = t
+            self.batch.pos[i] = i
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = 0
+            self.batch.logits[i] = 1
+        self.batch.n_tokens = len(ids)
+        if L.llama_decode(self.ctx, self.batch) != 0:
+            raise SystemExit("llama_decode failed")
+        ptr = L.llama_get_embeddings_seq(self.ctx, 0)
+        if not ptr:
+            raise SystemExit("the reference gave no sequence embedding")
+        n = L.llama_model_n_embd(self.model)
+        return [float(x) for x in self.np.ctypeslib.as_array(ptr, shape=(n,))]
+
     def top(self, logits, k):
         np = self.np
         idx = np.argsort(-logits, kind="stable")[:k]
@@ -266,6 +298,32 @@ def logits_goldens(path, out_dir, texts, top_k, n_gen, long_prompt=False):
         ids = ref.tokenize(texts["long_prompt"], True)
         write_jsonl(out_dir / "long.jsonl", [ref.golden_line(ids, 5, 16)])
     ref.close()
+
+
+def embeddings_golden(path, out_dir, texts):
+    """The reference's pooled embeddings of the golden prompts, per pooling type."""
+    rows, n_embd = [], None
+    for name, ptype in POOLINGS.items():
+        ref = Ref(path, 512, pooling=ptype)
+        for i, p in enumerate(texts["prompts"]):
+            # As llama-server tokenizes embedding inputs: special tokens added and parsed.
+            ids = ref.tokenize(p, True, True)
+            v = ref.pooled(ids)
+            n_embd = len(v)
+            rows.append({"pooling": name, "prompt_index": i, "ids": ids,
+                         "embedding": [float(f"{x:.7g}") for x in v]})
+        ref.close()
+    out = {"n_embd": n_embd,
+           "method": "llama.cpp context with embeddings=true and pooling_type set; each prompt "
+                     "decoded alone in one batch (all tokens output) from an empty cache; "
+                     "llama_get_embeddings_seq(ctx, 0), not normalized",
+           "rows": rows}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(out, separators=(",", ":"))
+    # One row per line: short diffs.
+    text = text.replace(',{"pooling"', ',\n{"pooling"')
+    (out_dir / "embeddings.json").write_text(text + "\n")
+    log(f"wrote {out_dir / 'embeddings.json'}")
 
 
 def tokenize_golden(path, out_dir, texts):
@@ -362,6 +420,8 @@ def main():
                          "goes to tests/golden/models.json)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep", type=Path, help="keep the model files in this directory")
+    ap.add_argument("--only-embeddings", action="store_true",
+                    help="make and check the models, then write only the embedding goldens")
     ap.add_argument("--no-check", action="store_true",
                     help="write the goldens even if kiln does not make every file as the "
                          "reference wrote it (while porting a quantizer; the tests will fail)")
@@ -386,12 +446,17 @@ def main():
         work = a.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         make_models(bin_dir, work)
-        write_manifest(work)
+        if not a.only_embeddings:
+            write_manifest(work)
         check = subprocess.run(["cargo", "run", "--release", "--quiet", "--example", "fixtures",
                                 "--", "check", str(GOLDEN / "models.json"), str(work)], cwd=REPO)
         if check.returncode != 0 and not a.no_check:
             raise SystemExit("kiln does not make every fixture as the reference wrote it (above)")
         a.out.mkdir(parents=True, exist_ok=True)
+        for name in EMBED_MODELS:
+            embeddings_golden(work / f"{name}.gguf", a.out / name, texts)
+        if a.only_embeddings:
+            return
         dequant_golden(bin_dir, work, a.out / "dequant.json")
         for name in sorted([*VARIANTS, *(f"random-{r}-f32" for r in RECIPES)]):
             logits_goldens(work / f"{name}.gguf", a.out / name, texts, 10, 16)

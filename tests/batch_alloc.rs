@@ -116,6 +116,7 @@ impl SeqSink for Quiet {
 fn request(prompt: Vec<u32>, tokens: &Arc<AtomicUsize>) -> SeqRequest {
     SeqRequest {
         grammar: None,
+        embed: None,
         prompt,
         max_new: 200,
         sampler: SamplerConfig {

@@ -116,6 +116,7 @@ fn greedy_request(prompt: &[u32], max_new: usize, stop: &[&str]) -> (EventLog, S
     let (log, sink) = collector();
     let req = SeqRequest {
         grammar: None,
+        embed: None,
         prompt: prompt.to_vec(),
         max_new,
         sampler: SamplerConfig::greedy(),

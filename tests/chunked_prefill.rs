@@ -47,6 +47,7 @@ fn request(prompt: &[u32], max_new: usize) -> (Log, SeqRequest) {
     let log = Log::default();
     let req = SeqRequest {
         grammar: None,
+        embed: None,
         prompt: prompt.to_vec(),
         max_new,
         sampler: SamplerConfig::greedy(),

@@ -4,6 +4,7 @@ pub mod batch;
 pub mod generate;
 pub mod perplexity;
 pub mod plan;
+pub mod pooling;
 pub mod scheduler;
 pub mod session;
 

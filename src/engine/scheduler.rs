@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::batch::BatchRunner;
+use super::pooling::{EmbedSpec, Pooler};
 use super::session::EngineError;
 use crate::grammar::{overlap, Constraint};
 use crate::sampler::{Sampler, SamplerConfig};
@@ -51,6 +52,10 @@ pub struct SeqRequest {
     /// computed while the batch's forward pass runs; the request ends (`Stop`) when the
     /// grammar is complete.
     pub grammar: Option<Constraint>,
+    /// An embedding instead of a generation: the prompt is evaluated (in prefill chunks, beside
+    /// the other sequences) with no logits, its hidden states pooled; the sink gets
+    /// [`SeqSink::embedding`], then `done` (`Stop`). `max_new`, sampling and stops are unused.
+    pub embed: Option<EmbedSpec>,
     /// Receives the events of this request; returning `false` (the receiver is gone: a closed
     /// connection) cancels the request and frees its slot. Any `FnMut(SeqEvent) -> bool` is
     /// one (it receives owned text); [`SeqSink`] itself takes borrowed text.
@@ -64,6 +69,9 @@ pub trait SeqSink: Send {
     fn text(&mut self, text: &str) -> bool;
     /// The id of a generated token (before its text, which may come later or be held back).
     fn token(&mut self, _id: u32) {}
+    /// An embedding request's vectors (one, or one per position with pooling `none`), just
+    /// before `done`.
+    fn embedding(&mut self, _rows: Vec<Vec<f32>>) {}
     /// The request ended.
     fn done(&mut self, finished: Finished);
 }
@@ -136,6 +144,10 @@ pub struct SchedMetrics {
     /// Slots holding an active request.
     pub slots_in_use: AtomicUsize,
     pub slots_total: AtomicUsize,
+    /// KV positions holding the tokens of active requests, and all the slots' positions (the
+    /// cache usage routers read; a finished sequence's cached prefix counts as free).
+    pub kv_tokens_in_use: AtomicUsize,
+    pub kv_tokens_total: AtomicUsize,
     /// Generated tokens per second over recent decode steps (f64 bits).
     decode_tps_bits: AtomicU64,
 }
@@ -261,12 +273,17 @@ pub struct Scheduler<'t> {
     plan: Vec<usize>,
     /// The text of the token being emitted (reused).
     piece: String,
+    /// Per slot, the pooling of the embedding request it holds.
+    poolers: Vec<Option<Pooler>>,
 }
 
 impl<'t> Scheduler<'t> {
     pub fn new(runner: BatchRunner, tok: &'t Tokenizer, metrics: Arc<SchedMetrics>) -> Self {
         let n = runner.n_slots();
         metrics.slots_total.store(n, Relaxed);
+        metrics
+            .kv_tokens_total
+            .store(n.saturating_mul(runner.n_ctx()), Relaxed);
         Scheduler {
             runner,
             tok,
@@ -277,6 +294,7 @@ impl<'t> Scheduler<'t> {
             metrics,
             plan: vec![0; n],
             piece: String::with_capacity(64),
+            poolers: (0..n).map(|_| None).collect(),
         }
     }
 
@@ -288,9 +306,15 @@ impl<'t> Scheduler<'t> {
     /// Queue a request. Requests that can never run are answered at once with an error.
     pub fn submit(&mut self, mut req: SeqRequest) {
         let n_ctx = self.runner.n_ctx();
+        // A generation needs room for one token more; an embedding only its prompt.
+        let room = if req.embed.is_some() {
+            n_ctx + 1
+        } else {
+            n_ctx
+        };
         let err = if req.prompt.is_empty() {
             Some(EngineError::EmptyPrompt.to_string())
-        } else if req.prompt.len() >= n_ctx {
+        } else if req.prompt.len() >= room {
             Some(
                 EngineError::PromptTooLong {
                     prompt: req.prompt.len(),
@@ -353,6 +377,11 @@ impl<'t> Scheduler<'t> {
     fn publish_gauges(&self) {
         let in_use = self.active.iter().filter(|a| a.is_some()).count();
         self.metrics.slots_in_use.store(in_use, Relaxed);
+        let kv: usize = (0..self.active.len())
+            .filter(|&s| self.active[s].is_some())
+            .map(|s| self.runner.tokens(s).len())
+            .sum();
+        self.metrics.kv_tokens_in_use.store(kv, Relaxed);
         self.metrics.queue_depth.store(self.waiting.len(), Relaxed);
     }
 
@@ -360,8 +389,10 @@ impl<'t> Scheduler<'t> {
         while let Some(choice) = self.pick_slot() {
             let req = self.waiting.pop_front().expect("pick_slot saw a request");
             self.tick += 1;
-            // Keep at least one prompt token to evaluate, so that fresh logits exist.
-            let limit = if req.cache_prompt {
+            // Keep at least one prompt token to evaluate, so that fresh logits exist (an
+            // embedding reuses no prefix whose hidden states its pooling reads).
+            let reuse = req.embed.is_none_or(|e| e.pooling.reuses_prefix());
+            let limit = if req.cache_prompt && reuse {
                 req.prompt.len() - 1
             } else {
                 0
@@ -382,6 +413,8 @@ impl<'t> Scheduler<'t> {
                 m.prefill_tokens_saved.fetch_add(cached as u64, Relaxed);
             }
             let vocab = self.runner.model.config.vocab_size;
+            let dim = self.runner.model.config.dim;
+            self.poolers[slot] = req.embed.map(|e| Pooler::new(e, dim));
             self.active[slot] = Some(Active {
                 sampler: Sampler::new(req.sampler.clone(), vocab),
                 stream: StreamDecoder::new(self.tok),
@@ -485,8 +518,14 @@ impl<'t> Scheduler<'t> {
                 Phase::Prefill { next } if self.plan[s] > 0 => {
                     let end = next + self.plan[s];
                     let prompt = &a.req.prompt;
-                    self.runner
-                        .push_part(s, &prompt[next..end], end == prompt.len());
+                    let part = &prompt[next..end];
+                    match a.req.embed {
+                        Some(e) => {
+                            let rows = e.pooling.rows_wanted(next, part.len(), prompt.len());
+                            self.runner.push_embed_part(s, part, rows);
+                        }
+                        None => self.runner.push_part(s, part, end == prompt.len()),
+                    }
                     n_prefill += end - next;
                 }
                 Phase::Prefill { .. } => {}
@@ -515,8 +554,13 @@ impl<'t> Scheduler<'t> {
                 Phase::Prefill { .. } => {}
             }
         }
-        let runner = &mut self.runner;
-        let res = overlap(&mut masks, || runner.run_step());
+        let (runner, poolers) = (&mut self.runner, &mut self.poolers);
+        let mut pool = |slot: usize, _pos: usize, state: &[f32]| {
+            if let Some(p) = poolers[slot].as_mut() {
+                p.add(state);
+            }
+        };
+        let res = overlap(&mut masks, || runner.run_step_with(&mut pool));
         drop(masks);
         let m = &self.metrics;
         m.prefill_tokens.fetch_add(n_prefill as u64, Relaxed);
@@ -543,7 +587,9 @@ impl<'t> Scheduler<'t> {
                 Phase::Decode { .. } => self.sample_next(slot),
                 Phase::Prefill { next } => {
                     let next = next + self.plan[slot];
-                    if next == a.req.prompt.len() {
+                    if next == a.req.prompt.len() && a.req.embed.is_some() {
+                        self.finish_embedding(slot);
+                    } else if next == a.req.prompt.len() {
                         self.sample_next(slot);
                     } else {
                         a.phase = Phase::Prefill { next };
@@ -551,11 +597,20 @@ impl<'t> Scheduler<'t> {
                 }
             }
         }
+        self.publish_gauges();
     }
 
     /// Release `slot` without flushing (cancelled, failed, or cut by a stop sequence).
     fn finish(&mut self, slot: usize, reason: FinishReason) {
         self.finish_with(slot, reason, false);
+    }
+
+    /// An embedding's prompt is evaluated: hand over its pooled vectors and release the slot.
+    fn finish_embedding(&mut self, slot: usize) {
+        if let (Some(p), Some(a)) = (self.poolers[slot].take(), self.active[slot].as_mut()) {
+            a.req.sink.embedding(p.finish());
+        }
+        self.finish_with(slot, FinishReason::Stop, false);
     }
 
     /// Sample the next token of `slot` from its fresh logits, emit it, and either finish or
@@ -602,6 +657,7 @@ impl<'t> Scheduler<'t> {
         let Some(mut a) = self.active[slot].take() else {
             return;
         };
+        self.poolers[slot] = None;
         self.tick += 1;
         self.released_at[slot] = self.tick;
         self.publish_gauges();

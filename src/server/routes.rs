@@ -32,6 +32,7 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
     let mut keyed = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(super::embeddings::embeddings))
         .route("/v1/models", get(models));
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
@@ -74,6 +75,7 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
     {
         Some("/v1/chat/completions") => "/v1/chat/completions",
         Some("/v1/completions") => "/v1/completions",
+        Some("/v1/embeddings") => "/v1/embeddings",
         Some("/v1/models") => "/v1/models",
         Some("/health") => "/health",
         Some("/metrics") => "/metrics",
@@ -178,6 +180,7 @@ async fn models(State(st): St) -> Json<serde_json::Value> {
                 "n_ctx": st.opts.n_ctx,
                 "n_ctx_train": c.ctx_train,
                 "n_vocab": c.vocab_size,
+                "n_embd": c.dim,
                 "parallel": st.opts.n_slots,
             },
         }],
@@ -185,7 +188,11 @@ async fn models(State(st): St) -> Json<serde_json::Value> {
 }
 
 /// The whole body, within `--max-body` (413) and `--body-timeout` (408).
-async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let limit = st.opts.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -213,7 +220,7 @@ async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Byt
         .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout.as_secs_f64())))
 }
 
-fn check_model(st: &AppState, model: &Option<String>) -> Result<String, ApiError> {
+pub(super) fn check_model(st: &AppState, model: &Option<String>) -> Result<String, ApiError> {
     match model {
         None => Ok(st.opts.model_id.clone()),
         Some(m) if *m == st.opts.model_id || st.opts.model_aliases.contains(m) => Ok(m.clone()),
@@ -340,6 +347,7 @@ async fn run(
             cache_prompt: gen.cache_prompt,
             ignore_eos: gen.ignore_eos,
             grammar,
+            embed: None,
             sink,
         })
         .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
