@@ -261,6 +261,11 @@ fn escape_label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+fn header(w: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(w, "# HELP {name} {help}");
+    let _ = writeln!(w, "# TYPE {name} {kind}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::escape_label;
@@ -270,9 +275,4 @@ mod tests {
         assert_eq!(escape_label("model-1"), "model-1");
         assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
-}
-
-fn header(w: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(w, "# HELP {name} {help}");
-    let _ = writeln!(w, "# TYPE {name} {kind}");
 }
