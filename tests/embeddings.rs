@@ -4,7 +4,7 @@
 //! embeddings and a generating sequence in the same steps), agree with llama.cpp's
 //! `llama_get_embeddings_seq` (tests/golden/<model>/embeddings.json, scripts/make-fixtures.py)
 //! to 1e-3 in cosine distance. The pooling a GGUF file declares is read; what kiln cannot pool
-//! is refused by name.
+//! is refused by name. `kiln embedding` prints the same vectors.
 
 mod common;
 
@@ -279,4 +279,89 @@ fn declared_pooling_and_refusals() {
     });
     let e = Pooling::for_model(&bidirectional, Some(Pooling::Mean)).unwrap_err();
     assert!(e.to_string().contains("llama.attention.causal"), "{e}");
+}
+
+/// `kiln embedding` as llama-embedding is run: the reference's vector through --json, one line
+/// per prompt and the similarity matrix in text, and bad flags refused.
+#[test]
+fn embedding_command() {
+    let model = common::random_model("random-llama-f32");
+    let path = common::golden_dir()
+        .join("random-llama-f32")
+        .join("embeddings.json");
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let row = golden["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pooling"] == "cls" && r["prompt_index"] == 1)
+        .unwrap();
+    let texts: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::golden_dir().join("texts.json")).unwrap(),
+    )
+    .unwrap();
+    let prompt = texts["prompts"][1].as_str().unwrap();
+    let kiln = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("embedding")
+            .arg("-m")
+            .arg(&model)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = kiln(&[
+        "-p",
+        prompt,
+        "--pooling",
+        "cls",
+        "--json",
+        "--embd-normalize",
+        "-1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<f32> = v["data"][0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    let want: Vec<f32> = row["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    assert!(1.0 - cosine(&got, &want) < MAX_COS_DIST);
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64(),
+        Some(row["ids"].as_array().unwrap().len() as u64)
+    );
+
+    let two = format!("{}\n{prompt}\n", texts["prompts"][0].as_str().unwrap());
+    let out = kiln(&["-p", &two, "--pooling", "mean"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("embedding ")).count(),
+        2
+    );
+    assert!(text.contains("cosine similarity matrix"), "{text}");
+    assert!(text.contains("  1.00"), "{text}");
+
+    for (flag, needle) in [("rank", "rank pooling"), ("max", "expected none, mean")] {
+        let out = kiln(&["-p", "x", "--pooling", flag]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains(needle));
+    }
 }
