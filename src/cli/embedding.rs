@@ -51,19 +51,26 @@ pub struct EmbeddingArgs {
     pub json: bool,
 }
 
+/// One prompt's vectors and how its request ended.
+#[derive(Default)]
+struct Collected {
+    rows: Vec<Vec<f32>>,
+    finished: Option<Finished>,
+}
+
 /// Collects one prompt's vectors.
 #[derive(Clone, Default)]
-struct Collect(Arc<Mutex<(Vec<Vec<f32>>, Option<Finished>)>>);
+struct Collect(Arc<Mutex<Collected>>);
 
 impl SeqSink for Collect {
     fn text(&mut self, _: &str) -> bool {
         true
     }
     fn embedding(&mut self, rows: Vec<Vec<f32>>) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).0 = rows;
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).rows = rows;
     }
     fn done(&mut self, f: Finished) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(f);
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).finished = Some(f);
     }
 }
 
@@ -136,8 +143,8 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
     let mut vectors: Vec<Vec<Vec<f32>>> = Vec::with_capacity(outs.len());
     for (i, o) in outs.iter().enumerate() {
         let mut g = o.0.lock().unwrap_or_else(|e| e.into_inner());
-        match g.1.as_ref().map(|f| &f.reason) {
-            Some(FinishReason::Stop) => vectors.push(std::mem::take(&mut g.0)),
+        match g.finished.as_ref().map(|f| &f.reason) {
+            Some(FinishReason::Stop) => vectors.push(std::mem::take(&mut g.rows)),
             Some(FinishReason::Error(e)) => bail!("prompt {i}: {e}"),
             other => bail!("prompt {i} ended without an embedding ({other:?})"),
         }
