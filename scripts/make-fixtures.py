@@ -212,20 +212,25 @@ class Ref:
         mem = self.L.llama_get_memory(self.ctx)
         self.L.llama_memory_clear(mem, True)
 
+    def decode(self, chunk, pos0):
+        """Decode `chunk` (at most 512 tokens) of sequence 0 from position `pos0`, every
+        token an output."""
+        for i, t in enumerate(chunk):
+            self.batch.token[i] = t
+            self.batch.pos[i] = pos0 + i
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = 0
+            self.batch.logits[i] = 1
+        self.batch.n_tokens = len(chunk)
+        if self.L.llama_decode(self.ctx, self.batch) != 0:
+            raise SystemExit("llama_decode failed")
+
     def eval(self, ids, pos0, on_logits):
         """Decode `ids` from position `pos0`, calling on_logits(i, logits) for every token."""
         L = self.L
         for start in range(0, len(ids), 512):
             chunk = ids[start:start + 512]
-            for i, t in enumerate(chunk):
-                self.batch.token[i] = t
-                self.batch.pos[i] = pos0 + start + i
-                self.batch.n_seq_id[i] = 1
-                self.batch.seq_id[i][0] = 0
-                self.batch.logits[i] = 1
-            self.batch.n_tokens = len(chunk)
-            if L.llama_decode(self.ctx, self.batch) != 0:
-                raise SystemExit("llama_decode failed")
+            self.decode(chunk, pos0 + start)
             for i in range(len(chunk)):
                 ptr = L.llama_get_logits_ith(self.ctx, i)
                 on_logits(start + i, self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
@@ -236,15 +241,7 @@ class Ref:
         if len(ids) > 512:
             raise SystemExit("an embedding prompt must fit one batch of 512")
         self.clear()
-        for i, t in enumerate(ids):
-            self.batch.token[i] = t
-            self.batch.pos[i] = i
-            self.batch.n_seq_id[i] = 1
-            self.batch.seq_id[i][0] = 0
-            self.batch.logits[i] = 1
-        self.batch.n_tokens = len(ids)
-        if L.llama_decode(self.ctx, self.batch) != 0:
-            raise SystemExit("llama_decode failed")
+        self.decode(ids, 0)
         ptr = L.llama_get_embeddings_seq(self.ctx, 0)
         if not ptr:
             raise SystemExit("the reference gave no sequence embedding")

@@ -18,7 +18,6 @@ use kiln::engine::pooling::{cosine, EmbedSpec, Pooling};
 use kiln::engine::scheduler::{
     FinishReason, Finished, SchedMetrics, Scheduler, SeqRequest, SeqSink,
 };
-use kiln::sampler::SamplerConfig;
 
 #[derive(Args, Debug)]
 pub struct EmbeddingArgs {
@@ -123,17 +122,8 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
         .iter()
         .map(|prompt| {
             let out = Collect::default();
-            sched.submit(SeqRequest {
-                prompt: prompt.clone(),
-                max_new: 0,
-                sampler: SamplerConfig::default(),
-                stop: Vec::new(),
-                cache_prompt: true,
-                ignore_eos: false,
-                grammar: None,
-                embed: Some(spec),
-                sink: Box::new(out.clone()),
-            });
+            let sink = Box::new(out.clone());
+            sched.submit(SeqRequest::embedding(prompt.clone(), spec, sink));
             out
         })
         .collect();

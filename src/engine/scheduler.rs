@@ -62,6 +62,23 @@ pub struct SeqRequest {
     pub sink: Box<dyn SeqSink>,
 }
 
+impl SeqRequest {
+    /// An embedding request: `prompt`'s pooled vector goes to `sink` (no generation).
+    pub fn embedding(prompt: Vec<u32>, spec: EmbedSpec, sink: Box<dyn SeqSink>) -> SeqRequest {
+        SeqRequest {
+            prompt,
+            max_new: 0,
+            sampler: SamplerConfig::default(),
+            stop: Vec::new(),
+            cache_prompt: true,
+            ignore_eos: false,
+            grammar: None,
+            embed: Some(spec),
+            sink,
+        }
+    }
+}
+
 /// Where a request's output goes. The scheduler calls it from its own thread, in order:
 /// any number of [`SeqSink::text`] (and [`SeqSink::token`]), then one [`SeqSink::done`].
 pub trait SeqSink: Send {

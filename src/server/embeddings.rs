@@ -29,7 +29,6 @@ use super::routes::{check_model, read_body};
 use super::AppState;
 use crate::engine::pooling::{EmbedSpec, Pooling};
 use crate::engine::scheduler::{FinishReason, Finished, SeqRequest, SeqSink};
-use crate::sampler::SamplerConfig;
 
 /// OpenAI's limit on the inputs of one request.
 const MAX_INPUTS: usize = 2048;
@@ -231,17 +230,9 @@ pub(super) async fn embeddings(
             vector: None,
             _permit: Arc::clone(&permit),
         };
-        let sent = st.engine.send(SeqRequest {
-            prompt,
-            max_new: 0,
-            sampler: SamplerConfig::default(),
-            stop: Vec::new(),
-            cache_prompt: true,
-            ignore_eos: false,
-            grammar: None,
-            embed: Some(spec),
-            sink: Box::new(sink),
-        });
+        let sent = st
+            .engine
+            .send(SeqRequest::embedding(prompt, spec, Box::new(sink)));
         async move {
             sent.map_err(|_| ApiError::unavailable("the engine has stopped"))?;
             match rx.await {
