@@ -365,3 +365,58 @@ fn embedding_command() {
         assert!(String::from_utf8_lossy(&out.stderr).contains(needle));
     }
 }
+
+/// A cached prefix is reused only where the pooling reads no state of it (`last`), and gives
+/// the same vector; a prompt may fill the whole context, one token more is refused.
+#[test]
+fn prefix_reuse_and_context_limits() {
+    let m = Arc::new(Model::load(common::random_model("random-qwen2-f32")).expect("load"));
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let ids = tok.encode(
+        "Once upon a time, in a small village by the sea,",
+        true,
+        true,
+    );
+    let mut sched = Scheduler::new(
+        scheduler_runner(&m, 1, 7),
+        &tok,
+        Arc::new(SchedMetrics::default()),
+    );
+    let mut run = |pooling, prompt: &[u32]| {
+        let spec = EmbedSpec {
+            pooling,
+            normalize: -1,
+        };
+        let (out, req) = request(prompt.to_vec(), Some(spec), 0);
+        run_all(&mut sched, vec![req]);
+        let o = out.0.lock().unwrap();
+        let f = o.finished.clone().expect("finished");
+        (o.rows.clone(), f)
+    };
+    for pooling in [Pooling::Last, Pooling::Mean, Pooling::Cls] {
+        let (first, f1) = run(pooling, &ids);
+        let (again, f2) = run(pooling, &ids);
+        assert_eq!(f1.reason, FinishReason::Stop);
+        let reused = f2.usage.cached_tokens;
+        if pooling == Pooling::Last {
+            assert_eq!(reused, ids.len() - 1, "last: all but the last token reused");
+        } else {
+            assert_eq!(reused, 0, "{pooling:?} reads every state: no reuse");
+        }
+        let (a, b) = (&first.unwrap()[0], &again.unwrap()[0]);
+        assert!(1.0 - cosine(a, b) < 1e-6, "{pooling:?}: same vector");
+    }
+    // The runner's context is 256 positions.
+    let full: Vec<u32> = (0..256).map(|i| 3 + (i % 200) as u32).collect();
+    let (rows, f) = run(Pooling::Mean, &full);
+    assert_eq!(f.reason, FinishReason::Stop, "a prompt filling the context");
+    assert_eq!(rows.unwrap().len(), 1);
+    let over: Vec<u32> = (0..257).map(|i| 3 + (i % 200) as u32).collect();
+    let (rows, f) = run(Pooling::Mean, &over);
+    assert!(
+        matches!(f.reason, FinishReason::Error(ref e) if e.contains("257")),
+        "{:?}",
+        f.reason
+    );
+    assert!(rows.is_none());
+}
