@@ -22,6 +22,9 @@ reference's answers on them come to be:
    `--real`, the real models): the reference's top-5 log-probabilities (log-softmax of its raw
    logits, in float64) after each position of the golden prompts and at each of its greedy
    steps, which `tests/logprobs.rs` compares with what `kiln serve` reports.
+8. computes the reference's embeddings of the golden prompts on a few of them
+   (`tests/golden/<model>/embeddings.json`: mean, cls and last pooling, the pooled vectors as
+   `llama_get_embeddings_seq` returns them, before normalization).
 
 With `--real` it also regenerates the real models' goldens (SmolLM2, Gemma-3: tokenizer ids,
 logits, the long prompt, perplexity), downloading the models as `kiln pull` does. Checked on
@@ -35,6 +38,7 @@ slightly different context setup. Regenerate them only on purpose.
     scripts/make-fixtures.py --real          # and the real models' goldens
     scripts/make-fixtures.py --out /tmp/g    # write goldens elsewhere (to compare)
     scripts/make-fixtures.py --only-logprobs [--real]   # just the log-probability goldens
+    scripts/make-fixtures.py --only-embeddings   # the models, checked; then only step 7
 
 Needs python3, a C/C++ compiler, cargo, and PyPI (the sdist; cmake, ninja, numpy and the
 bindings' dependencies into a private venv). Takes ~15 minutes on 2 cores the first time
@@ -87,6 +91,11 @@ DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.w
 LOGPROB_MODELS = ["random-llama-f32", "random-llama-q4_0", "random-qwen2-f32",
                   "random-qwen3-q4_k_m", "random-gpt2-f32"]
 LOGPROB_TOP = 5
+
+# Embedding goldens: these models, the golden prompts, llama.cpp's pooling types by value.
+EMBED_MODELS = ["random-llama-f32", "random-qwen2-f32", "random-qwen3-f32", "random-gpt2-f32",
+                "random-llama-q8_0"]
+POOLINGS = {"mean": 1, "cls": 2, "last": 3}
 
 # The real models: golden directory -> kiln's short name.
 REAL = {
@@ -162,7 +171,7 @@ _QUIET = None  # the C callback, kept alive for the process (set in main)
 class Ref:
     """One loaded model and context; logits of every position, greedy continuation."""
 
-    def __init__(self, path, n_ctx, threads=2):
+    def __init__(self, path, n_ctx, threads=2, pooling=None):
         import numpy as np
         import llama_cpp.llama_cpp as L
         self.L, self.np = L, np
@@ -178,6 +187,9 @@ class Ref:
         cp.n_ubatch = 512
         cp.n_threads = threads
         cp.n_threads_batch = threads
+        if pooling is not None:
+            cp.embeddings = True
+            cp.pooling_type = pooling
         self.ctx = L.llama_init_from_model(self.model, cp)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
@@ -210,23 +222,41 @@ class Ref:
         mem = self.L.llama_get_memory(self.ctx)
         self.L.llama_memory_clear(mem, True)
 
+    def decode(self, chunk, pos0):
+        """Decode `chunk` (at most 512 tokens) of sequence 0 from position `pos0`, every
+        token an output."""
+        for i, t in enumerate(chunk):
+            self.batch.token[i] = t
+            self.batch.pos[i] = pos0 + i
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = 0
+            self.batch.logits[i] = 1
+        self.batch.n_tokens = len(chunk)
+        if self.L.llama_decode(self.ctx, self.batch) != 0:
+            raise SystemExit("llama_decode failed")
+
     def eval(self, ids, pos0, on_logits):
         """Decode `ids` from position `pos0`, calling on_logits(i, logits) for every token."""
         L = self.L
         for start in range(0, len(ids), 512):
             chunk = ids[start:start + 512]
-            for i, t in enumerate(chunk):
-                self.batch.token[i] = t
-                self.batch.pos[i] = pos0 + start + i
-                self.batch.n_seq_id[i] = 1
-                self.batch.seq_id[i][0] = 0
-                self.batch.logits[i] = 1
-            self.batch.n_tokens = len(chunk)
-            if L.llama_decode(self.ctx, self.batch) != 0:
-                raise SystemExit("llama_decode failed")
+            self.decode(chunk, pos0 + start)
             for i in range(len(chunk)):
                 ptr = L.llama_get_logits_ith(self.ctx, i)
                 on_logits(start + i, self.np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
+
+    def pooled(self, ids):
+        """The sequence embedding of `ids` (one ubatch), as llama_get_embeddings_seq gives it."""
+        L = self.L
+        if len(ids) > 512:
+            raise SystemExit("an embedding prompt must fit one batch of 512")
+        self.clear()
+        self.decode(ids, 0)
+        ptr = L.llama_get_embeddings_seq(self.ctx, 0)
+        if not ptr:
+            raise SystemExit("the reference gave no sequence embedding")
+        n = L.llama_model_n_embd(self.model)
+        return [float(x) for x in self.np.ctypeslib.as_array(ptr, shape=(n,))]
 
     def top(self, logits, k):
         np = self.np
@@ -320,6 +350,32 @@ def logits_goldens(path, out_dir, texts, top_k, n_gen, long_prompt=False):
         ids = ref.tokenize(texts["long_prompt"], True)
         write_jsonl(out_dir / "long.jsonl", [ref.golden_line(ids, 5, 16)])
     ref.close()
+
+
+def embeddings_golden(path, out_dir, texts):
+    """The reference's pooled embeddings of the golden prompts, per pooling type."""
+    rows, n_embd = [], None
+    for name, ptype in POOLINGS.items():
+        ref = Ref(path, 512, pooling=ptype)
+        for i, p in enumerate(texts["prompts"]):
+            # As llama-server tokenizes embedding inputs: special tokens added and parsed.
+            ids = ref.tokenize(p, True, True)
+            v = ref.pooled(ids)
+            n_embd = len(v)
+            rows.append({"pooling": name, "prompt_index": i, "ids": ids,
+                         "embedding": [float(f"{x:.7g}") for x in v]})
+        ref.close()
+    out = {"n_embd": n_embd,
+           "method": "llama.cpp context with embeddings=true and pooling_type set; each prompt "
+                     "decoded alone in one batch (all tokens output) from an empty cache; "
+                     "llama_get_embeddings_seq(ctx, 0), not normalized",
+           "rows": rows}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(out, separators=(",", ":"))
+    # One row per line: short diffs.
+    text = text.replace(',{"pooling"', ',\n{"pooling"')
+    (out_dir / "embeddings.json").write_text(text + "\n")
+    log(f"wrote {out_dir / 'embeddings.json'}")
 
 
 def tokenize_golden(path, out_dir, texts):
@@ -419,6 +475,8 @@ def main():
     ap.add_argument("--only-logprobs", action="store_true",
                     help="write only the log-probability goldens (the models are made in a "
                          "temporary directory; the manifest and other goldens are untouched)")
+    ap.add_argument("--only-embeddings", action="store_true",
+                    help="make and check the models, then write only the embedding goldens")
     ap.add_argument("--no-check", action="store_true",
                     help="write the goldens even if kiln does not make every file as the "
                          "reference wrote it (while porting a quantizer; the tests will fail)")
@@ -450,12 +508,17 @@ def main():
                 for golden_name, kiln_name in REAL.items():
                     logprobs_golden(real_model_path(kiln_name), a.out / golden_name, texts, 16)
             return
-        write_manifest(work)
+        if not a.only_embeddings:
+            write_manifest(work)
         check = subprocess.run(["cargo", "run", "--release", "--quiet", "--example", "fixtures",
                                 "--", "check", str(GOLDEN / "models.json"), str(work)], cwd=REPO)
         if check.returncode != 0 and not a.no_check:
             raise SystemExit("kiln does not make every fixture as the reference wrote it (above)")
         a.out.mkdir(parents=True, exist_ok=True)
+        for name in EMBED_MODELS:
+            embeddings_golden(work / f"{name}.gguf", a.out / name, texts)
+        if a.only_embeddings:
+            return
         dequant_golden(bin_dir, work, a.out / "dequant.json")
         for name in sorted([*VARIANTS, *(f"random-{r}-f32" for r in RECIPES)]):
             logits_goldens(work / f"{name}.gguf", a.out / name, texts, 10, 16)

@@ -123,6 +123,7 @@ fn request(prompt: Vec<u32>, tokens: &Arc<AtomicUsize>) -> SeqRequest {
         grammar: None,
         logprobs: None,
         forks: Vec::new(),
+        embed: None,
         prompt,
         max_new: 200,
         sampler: SamplerConfig {

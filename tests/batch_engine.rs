@@ -118,6 +118,7 @@ fn greedy_request(prompt: &[u32], max_new: usize, stop: &[&str]) -> (EventLog, S
         grammar: None,
         logprobs: None,
         forks: Vec::new(),
+        embed: None,
         prompt: prompt.to_vec(),
         max_new,
         sampler: SamplerConfig::greedy(),

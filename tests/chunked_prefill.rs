@@ -49,6 +49,7 @@ fn request(prompt: &[u32], max_new: usize) -> (Log, SeqRequest) {
         grammar: None,
         logprobs: None,
         forks: Vec::new(),
+        embed: None,
         prompt: prompt.to_vec(),
         max_new,
         sampler: SamplerConfig::greedy(),

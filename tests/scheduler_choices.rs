@@ -73,6 +73,7 @@ fn request(prompt: &[u32], seed: u64, sink: &Shared) -> SeqRequest {
         grammar: None,
         logprobs: Some(3),
         forks: Vec::new(),
+        embed: None,
         sink: Box::new(sink.clone()),
     }
 }

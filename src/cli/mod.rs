@@ -3,6 +3,7 @@
 mod bench;
 mod chat;
 mod common;
+mod embedding;
 mod grammar;
 mod inspect;
 mod list;
@@ -41,6 +42,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Show the token ids of a text.
     Tokenize(tokenize::TokenizeArgs),
+    /// Embeddings of prompts (llama-embedding's -p, -f, --pooling, --embd-normalize).
+    Embedding(embedding::EmbeddingArgs),
     /// Prompt and generation throughput (llama-bench's pp/tg), load time, peak RSS.
     Bench(bench::BenchArgs),
     /// Memory a session will use, computed before loading any weights.
@@ -76,6 +79,7 @@ pub fn main() -> ExitCode {
         Command::Chat(a) => chat::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Embedding(a) => embedding::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Plan(a) => plan::run(a),
@@ -104,6 +108,7 @@ impl Command {
             Command::Run(a) => &a.model,
             Command::Chat(a) => &a.model,
             Command::Serve(a) => &a.model,
+            Command::Embedding(a) => &a.model,
             Command::Perplexity(a) => &a.model,
             Command::Bench(a) => &a.model,
             _ => return false,

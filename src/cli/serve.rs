@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use super::common::{self, ModelArgs};
-use kiln::server::{self, HttpLimits, ServeOptions};
+use kiln::engine::pooling::Pooling;
+use kiln::server::{self, HttpLimits, Loaded, ServeOptions};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -71,6 +72,24 @@ pub struct ServeArgs {
     /// at once.
     #[arg(long, default_value = "30", value_parser = seconds, value_name = "SECS")]
     pub shutdown_timeout: Duration,
+    /// Serve POST /v1/embeddings (llama-server's flag; completions are served too). The
+    /// pooling is the model's own (GGUF `{arch}.pooling_type`) or --pooling.
+    #[arg(long = "embeddings", alias = "embedding", help_heading = "Embeddings")]
+    pub embeddings: bool,
+    /// Pooling of embeddings instead of the model's: mean, cls or last (none: per-token
+    /// vectors, which /v1/embeddings refuses).
+    #[arg(long, value_parser = pooling, value_name = "none|mean|cls|last", help_heading = "Embeddings")]
+    pub pooling: Option<Pooling>,
+    /// Normalization of embeddings, as llama.cpp's: -1 none, 0 max-abs int16, 1 taxicab,
+    /// 2 euclidean, >2 p-norm.
+    #[arg(long = "embd-normalize", default_value_t = 2, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-1..), help_heading = "Embeddings")]
+    pub embd_normalize: i32,
+}
+
+/// `--pooling` as llama.cpp spells it.
+pub fn pooling(s: &str) -> Result<Pooling, String> {
+    Pooling::parse(s).map_err(|e| e.to_string())
 }
 
 /// A positive number of seconds (fractions allowed).
@@ -84,15 +103,8 @@ fn seconds(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
-    if args.model.kv_budget.is_some() {
-        anyhow::bail!(
-            "--kv-budget (KV offload) is not supported by `kiln serve`; use --kv-type q8_0 or fewer --parallel sequences to save memory"
-        );
-    }
-    if args.model.swa_full {
-        anyhow::bail!("--swa-full is not supported by `kiln serve`");
-    }
+/// Load the model and size the server from the flags.
+fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
     let mut loaded = common::load(&args.model)?;
     if let Some(path) = &args.chat_template_file {
         let text = std::fs::read_to_string(path)
@@ -132,14 +144,46 @@ pub fn run(args: ServeArgs) -> Result<()> {
         special_in_content: args.special_in_content,
         model_id: stem,
         model_aliases: aliases,
-        http: HttpLimits {
-            max_connections: args.max_connections as usize,
-            header_timeout: args.header_timeout,
-            body_timeout: args.body_timeout,
-            idle_timeout: args.idle_timeout,
-            write_timeout: args.write_timeout,
-            shutdown_grace: args.shutdown_timeout,
-        },
+        http,
+        embeddings: args.embeddings,
+        pooling: args.pooling,
+        embd_normalize: args.embd_normalize,
+    };
+    Ok(Loaded {
+        model: Arc::clone(&loaded.model),
+        tokenizer: Arc::new(loaded.tokenizer),
+        opts,
+    })
+}
+
+/// `KILN_LOAD_GATE=PATH` holds the load until PATH exists (tests use it to watch the loading
+/// state; an orchestrator may use it to start the server before the model file is in place).
+fn wait_load_gate() {
+    let Some(gate) = std::env::var_os("KILN_LOAD_GATE") else {
+        return;
+    };
+    let gate = std::path::PathBuf::from(gate);
+    while !gate.exists() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    if args.model.kv_budget.is_some() {
+        anyhow::bail!(
+            "--kv-budget (KV offload) is not supported by `kiln serve`; use --kv-type q8_0 or fewer --parallel sequences to save memory"
+        );
+    }
+    if args.model.swa_full {
+        anyhow::bail!("--swa-full is not supported by `kiln serve`");
+    }
+    let limits = HttpLimits {
+        max_connections: args.max_connections as usize,
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
+        idle_timeout: args.idle_timeout,
+        write_timeout: args.write_timeout,
+        shutdown_grace: args.shutdown_timeout,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -147,24 +191,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        // Bound first: /health answers 503 ("loading") while the model loads.
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
-        eprintln!(
-            "kiln: serving {} on http://{local} ({} sequences in parallel, context {} each; Ctrl-C to stop)",
-            opts.model_id, opts.n_slots, opts.n_ctx
-        );
-        eprintln!("kiln: listening on http://{local}");
-        server::serve(
-            listener,
-            Arc::clone(&loaded.model),
-            Arc::new(loaded.tokenizer),
-            opts,
-            shutdown_signal(),
-        )
-        .await
+        eprintln!("kiln: bound to http://{local}; loading the model (/health answers 503 until it is ready)");
+        let http = limits.clone();
+        let load = move || {
+            wait_load_gate();
+            load(&args, http)
+        };
+        let ready = move |opts: &ServeOptions| {
+            eprintln!(
+                "kiln: serving {} on http://{local} ({} sequences in parallel, context {} each; Ctrl-C to stop)",
+                opts.model_id, opts.n_slots, opts.n_ctx
+            );
+            eprintln!("kiln: listening on http://{local}");
+        };
+        server::serve(listener, limits, load, ready, shutdown_signal()).await
     })?;
     eprintln!("kiln: stopped");
     Ok(())

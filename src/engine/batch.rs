@@ -34,13 +34,15 @@ pub struct BatchOptions {
     pub kv_type: KvType,
 }
 
-/// One slot's part of a step: `tokens` of the step's token buffer, and whether the slot's
-/// logits after its last token are wanted.
+/// One slot's part of a step: `tokens` of the step's token buffer, whether the slot's
+/// logits after its last token are wanted, and which of its tokens' final hidden states
+/// (relative to the part; embeddings).
 #[derive(Clone, Debug)]
 struct StepPart {
     slot: usize,
     tokens: Range<usize>,
     logits: bool,
+    hidden: Range<usize>,
 }
 
 /// One sequence's KV region and the tokens in it.
@@ -65,6 +67,10 @@ pub struct BatchRunner {
     /// Per logits row of a step: its batch row, and its slot (reused).
     logit_rows: Vec<usize>,
     logit_slots: Vec<usize>,
+    /// The batch rows whose hidden states a step hands out, and per range its slot and the
+    /// position of its first row (reused).
+    hidden_rows: Vec<Range<usize>>,
+    hidden_at: Vec<(usize, usize)>,
     /// The per-sequence views of a step, empty between steps: only its allocation is kept.
     seq_buf: Vec<SeqBatch<'static>>,
     /// Single-thread attention scratch per pool thread, for decode steps over short contexts.
@@ -104,6 +110,8 @@ impl BatchRunner {
             parts: Vec::with_capacity(n_slots),
             logit_rows: Vec::with_capacity(n_slots),
             logit_slots: Vec::with_capacity(n_slots),
+            hidden_rows: Vec::with_capacity(n_slots),
+            hidden_at: Vec::with_capacity(n_slots),
             seq_buf: Vec::with_capacity(n_slots),
             solo: SoloAttention::new(
                 c.n_heads,
@@ -278,6 +286,18 @@ impl BatchRunner {
     /// built. With `logits`, [`BatchRunner::logits`] of the slot holds the logits after the
     /// last of them once the step has run. Slots must come in increasing order, each once.
     pub fn push_part(&mut self, slot: usize, tokens: &[u32], logits: bool) {
+        self.push(slot, tokens, logits, 0..0);
+    }
+
+    /// Add slot `slot`'s next `tokens` for an embedding: no logits; the final-normed hidden
+    /// states of its tokens `hidden` (indices into `tokens`) go to the sink of
+    /// [`BatchRunner::run_step_with`].
+    pub fn push_embed_part(&mut self, slot: usize, tokens: &[u32], hidden: Range<usize>) {
+        assert!(hidden.end <= tokens.len(), "hidden rows past the part");
+        self.push(slot, tokens, false, hidden);
+    }
+
+    fn push(&mut self, slot: usize, tokens: &[u32], logits: bool, hidden: Range<usize>) {
         assert!(slot < self.slots.len(), "slot {slot} out of range");
         assert!(
             self.parts.last().is_none_or(|p| p.slot < slot),
@@ -289,6 +309,7 @@ impl BatchRunner {
             slot,
             tokens: start..self.step_tokens.len(),
             logits,
+            hidden,
         });
     }
 
@@ -296,6 +317,15 @@ impl BatchRunner {
     /// is read once for all its rows, attention runs per slot over its own cache. On error
     /// nothing is evaluated (no slot changes).
     pub fn run_step(&mut self) -> Result<(), EngineError> {
+        self.run_step_with(&mut |_, _, _| {})
+    }
+
+    /// [`BatchRunner::run_step`], handing the hidden states asked for by
+    /// [`BatchRunner::push_embed_part`] to `hidden` as `(slot, position, state)`, in order.
+    pub fn run_step_with(
+        &mut self,
+        hidden: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<(), EngineError> {
         if self.parts.is_empty() {
             return Ok(());
         }
@@ -331,6 +361,14 @@ impl BatchRunner {
             self.logit_rows.push(p.tokens.end - 1);
             self.logit_slots.push(p.slot);
         }
+        self.hidden_rows.clear();
+        self.hidden_at.clear();
+        for p in self.parts.iter().filter(|p| !p.hidden.is_empty()) {
+            let first = p.tokens.start + p.hidden.start;
+            self.hidden_rows.push(first..p.tokens.start + p.hidden.end);
+            let pos = self.slots[p.slot].tokens.len() + p.hidden.start;
+            self.hidden_at.push((p.slot, pos));
+        }
         let mut seqs = recycle(std::mem::take(&mut self.seq_buf));
         let mut parts = self.parts.iter().peekable();
         for (i, s) in self.slots.iter_mut().enumerate() {
@@ -347,13 +385,30 @@ impl BatchRunner {
             let slot = logit_slots[i];
             logits[slot * v..(slot + 1) * v].copy_from_slice(l);
         };
+        let (hidden_rows, hidden_at) = (&self.hidden_rows, &self.hidden_at);
+        let mut hidden_sink = |row: usize, state: &[f32]| {
+            // Ranges come in increasing order and are few (one per embedding in the step).
+            let i = hidden_rows.partition_point(|r| r.end <= row);
+            let (slot, pos) = hidden_at[i];
+            hidden(slot, pos + row - hidden_rows[i].start, state);
+        };
+        let want = if hidden_rows.is_empty() {
+            Logits::Picked(&self.logit_rows, &mut sink)
+        } else {
+            Logits::Hidden {
+                hidden: hidden_rows,
+                hidden_sink: &mut hidden_sink,
+                picked: &self.logit_rows,
+                sink: &mut sink,
+            }
+        };
         let res = forward_batch(
             &self.model,
             &self.rt,
             &mut seqs,
             &mut self.scratch,
             &self.step_tokens,
-            Logits::Picked(&self.logit_rows, &mut sink),
+            want,
             Some(&mut self.solo),
         );
         self.seq_buf = recycle(seqs);

@@ -5,6 +5,7 @@ pub mod generate;
 pub mod logprobs;
 pub mod perplexity;
 pub mod plan;
+pub mod pooling;
 pub mod scheduler;
 pub mod session;
 

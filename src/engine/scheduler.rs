@@ -37,6 +37,7 @@ use std::time::Instant;
 
 use super::batch::BatchRunner;
 use super::logprobs::TokenLogprobs;
+use super::pooling::{EmbedSpec, Pooler};
 use super::session::EngineError;
 use crate::grammar::{overlap, Constraint};
 use crate::sampler::{Sampler, SamplerConfig};
@@ -67,6 +68,10 @@ pub struct SeqRequest {
     /// continues from this request's prefill with its own sampler, grammar and sink (the other
     /// fields are this request's).
     pub forks: Vec<Fork>,
+    /// An embedding instead of a generation: the prompt is evaluated (in prefill chunks, beside
+    /// the other sequences) with no logits, its hidden states pooled; the sink gets
+    /// [`SeqSink::embedding`], then `done` (`Stop`). `max_new`, sampling and stops are unused.
+    pub embed: Option<EmbedSpec>,
     /// Receives the events of this request; returning `false` (the receiver is gone: a closed
     /// connection) cancels the request and frees its slot. Any `FnMut(SeqEvent) -> bool` is
     /// one (it receives owned text); [`SeqSink`] itself takes borrowed text.
@@ -80,6 +85,25 @@ pub struct Fork {
     pub sink: Box<dyn SeqSink>,
 }
 
+impl SeqRequest {
+    /// An embedding request: `prompt`'s pooled vector goes to `sink` (no generation).
+    pub fn embedding(prompt: Vec<u32>, spec: EmbedSpec, sink: Box<dyn SeqSink>) -> SeqRequest {
+        SeqRequest {
+            prompt,
+            max_new: 0,
+            sampler: SamplerConfig::default(),
+            stop: Vec::new(),
+            cache_prompt: true,
+            ignore_eos: false,
+            grammar: None,
+            logprobs: None,
+            forks: Vec::new(),
+            embed: Some(spec),
+            sink,
+        }
+    }
+}
+
 /// Where a request's output goes. The scheduler calls it from its own thread, in order:
 /// any number of [`SeqSink::text`] (and [`SeqSink::token`]), then one [`SeqSink::done`].
 pub trait SeqSink: Send {
@@ -90,6 +114,9 @@ pub trait SeqSink: Send {
     /// The generated token's log-probabilities (after [`SeqSink::token`]; only for requests
     /// with [`SeqRequest::logprobs`]).
     fn logprobs(&mut self, _lp: &TokenLogprobs) {}
+    /// An embedding request's vectors (one, or one per position with pooling `none`), just
+    /// before `done`.
+    fn embedding(&mut self, _rows: Vec<Vec<f32>>) {}
     /// The request ended.
     fn done(&mut self, finished: Finished);
 }
@@ -162,6 +189,10 @@ pub struct SchedMetrics {
     /// Slots holding an active request.
     pub slots_in_use: AtomicUsize,
     pub slots_total: AtomicUsize,
+    /// KV positions holding the tokens of active requests, and all the slots' positions (the
+    /// cache usage routers read; a finished sequence's cached prefix counts as free).
+    pub kv_tokens_in_use: AtomicUsize,
+    pub kv_tokens_total: AtomicUsize,
     /// Generated tokens per second over recent decode steps (f64 bits).
     decode_tps_bits: AtomicU64,
 }
@@ -295,12 +326,17 @@ pub struct Scheduler<'t> {
     completing: Vec<bool>,
     /// The text of the token being emitted (reused).
     piece: String,
+    /// Per slot, the pooling of the embedding request it holds.
+    poolers: Vec<Option<Pooler>>,
 }
 
 impl<'t> Scheduler<'t> {
     pub fn new(runner: BatchRunner, tok: &'t Tokenizer, metrics: Arc<SchedMetrics>) -> Self {
         let n = runner.n_slots();
         metrics.slots_total.store(n, Relaxed);
+        metrics
+            .kv_tokens_total
+            .store(n.saturating_mul(runner.n_ctx()), Relaxed);
         Scheduler {
             runner,
             tok,
@@ -313,6 +349,7 @@ impl<'t> Scheduler<'t> {
             in_step: vec![false; n],
             completing: vec![false; n],
             piece: String::with_capacity(64),
+            poolers: (0..n).map(|_| None).collect(),
         }
     }
 
@@ -325,6 +362,12 @@ impl<'t> Scheduler<'t> {
     pub fn submit(&mut self, mut req: SeqRequest) {
         let n_ctx = self.runner.n_ctx();
         let choices = 1 + req.forks.len();
+        // A generation needs room for one token more; an embedding only its prompt.
+        let room = if req.embed.is_some() {
+            n_ctx + 1
+        } else {
+            n_ctx
+        };
         let err = if choices > self.runner.n_slots() {
             Some(format!(
                 "{choices} choices need {choices} sequence slots; there are {}",
@@ -332,7 +375,7 @@ impl<'t> Scheduler<'t> {
             ))
         } else if req.prompt.is_empty() {
             Some(EngineError::EmptyPrompt.to_string())
-        } else if req.prompt.len() >= n_ctx {
+        } else if req.prompt.len() >= room {
             Some(
                 EngineError::PromptTooLong {
                     prompt: req.prompt.len(),
@@ -401,6 +444,11 @@ impl<'t> Scheduler<'t> {
     fn publish_gauges(&self) {
         let in_use = self.active.iter().filter(|a| a.is_some()).count();
         self.metrics.slots_in_use.store(in_use, Relaxed);
+        let kv: usize = (0..self.active.len())
+            .filter(|&s| self.active[s].is_some())
+            .map(|s| self.runner.tokens(s).len())
+            .sum();
+        self.metrics.kv_tokens_in_use.store(kv, Relaxed);
         self.metrics.queue_depth.store(self.waiting.len(), Relaxed);
     }
 
@@ -408,8 +456,10 @@ impl<'t> Scheduler<'t> {
         while let Some(choice) = self.pick_slot() {
             let mut req = self.waiting.pop_front().expect("pick_slot saw a request");
             self.tick += 1;
-            // Keep at least one prompt token to evaluate, so that fresh logits exist.
-            let limit = if req.cache_prompt {
+            // Keep at least one prompt token to evaluate, so that fresh logits exist (an
+            // embedding reuses no prefix whose hidden states its pooling reads).
+            let reuse = req.embed.is_none_or(|e| e.pooling.reuses_prefix());
+            let limit = if req.cache_prompt && reuse {
                 req.prompt.len() - 1
             } else {
                 0
@@ -442,15 +492,19 @@ impl<'t> Scheduler<'t> {
                     ignore_eos: req.ignore_eos,
                     grammar: f.grammar,
                     logprobs: req.logprobs,
+                    embed: None,
                     forks: Vec::new(),
                     sink: f.sink,
                 })
                 .collect();
+            let dim = self.runner.model.config.dim;
+            self.poolers[slot] = req.embed.map(|e| Pooler::new(e, dim));
             self.active[slot] = Some(self.activate(req, Phase::Prefill { next: cached }, cached));
             for fork in fork_reqs {
                 let f = self
                     .lru_free_slot()
                     .expect("admission counted a slot per choice");
+                self.poolers[f] = None;
                 self.active[f] = Some(self.activate(fork, Phase::Waiting { on: slot }, 0));
             }
             self.publish_gauges();
@@ -577,8 +631,14 @@ impl<'t> Scheduler<'t> {
                 Phase::Prefill { next } if self.plan[s] > 0 => {
                     let end = next + self.plan[s];
                     let prompt = &a.req.prompt;
-                    self.runner
-                        .push_part(s, &prompt[next..end], end == prompt.len());
+                    let part = &prompt[next..end];
+                    match a.req.embed {
+                        Some(e) => {
+                            let rows = e.pooling.rows_wanted(next, part.len(), prompt.len());
+                            self.runner.push_embed_part(s, part, rows);
+                        }
+                        None => self.runner.push_part(s, part, end == prompt.len()),
+                    }
                     n_prefill += end - next;
                     self.in_step[s] = true;
                     self.completing[s] = end == prompt.len();
@@ -606,8 +666,13 @@ impl<'t> Scheduler<'t> {
                 Phase::Prefill { .. } | Phase::Waiting { .. } => {}
             }
         }
-        let runner = &mut self.runner;
-        let res = overlap(&mut masks, || runner.run_step());
+        let (runner, poolers) = (&mut self.runner, &mut self.poolers);
+        let mut pool = |slot: usize, _pos: usize, state: &[f32]| {
+            if let Some(p) = poolers[slot].as_mut() {
+                p.add(state);
+            }
+        };
+        let res = overlap(&mut masks, || runner.run_step_with(&mut pool));
         drop(masks);
         let m = &self.metrics;
         m.prefill_tokens.fetch_add(n_prefill as u64, Relaxed);
@@ -631,7 +696,9 @@ impl<'t> Scheduler<'t> {
                 Phase::Decode { .. } => self.sample_next(slot),
                 Phase::Prefill { next } => {
                     let next = next + self.plan[slot];
-                    if next == a.req.prompt.len() {
+                    if next == a.req.prompt.len() && a.req.embed.is_some() {
+                        self.finish_embedding(slot);
+                    } else if next == a.req.prompt.len() {
                         self.release_forks(slot);
                         self.sample_next(slot);
                     } else {
@@ -664,11 +731,20 @@ impl<'t> Scheduler<'t> {
                 a.phase = Phase::Prefill { next: kept };
             }
         }
+        self.publish_gauges();
     }
 
     /// Release `slot` without flushing (cancelled, failed, or cut by a stop sequence).
     fn finish(&mut self, slot: usize, reason: FinishReason) {
         self.finish_with(slot, reason, false);
+    }
+
+    /// An embedding's prompt is evaluated: hand over its pooled vectors and release the slot.
+    fn finish_embedding(&mut self, slot: usize) {
+        if let (Some(p), Some(a)) = (self.poolers[slot].take(), self.active[slot].as_mut()) {
+            a.req.sink.embedding(p.finish());
+        }
+        self.finish_with(slot, FinishReason::Stop, false);
     }
 
     /// Sample the next token of `slot` from its fresh logits, emit it, and either finish or
@@ -723,6 +799,7 @@ impl<'t> Scheduler<'t> {
         let Some(mut a) = self.active[slot].take() else {
             return;
         };
+        self.poolers[slot] = None;
         self.tick += 1;
         self.released_at[slot] = self.tick;
         self.publish_gauges();

@@ -43,6 +43,16 @@ pub enum Logits<'a> {
     /// The listed rows of the batch (increasing), each handed to the sink as
     /// `(index in the list, logits)`.
     Picked(&'a [usize], &'a mut dyn FnMut(usize, &[f32])),
+    /// Embeddings: the final-normed hidden state (what the output matrix multiplies, the
+    /// reference's `t_embd`, which its pooling reads) of every row in the `hidden` ranges of
+    /// the batch, handed to `hidden_sink` as `(row, state)`; and the logits of the `picked`
+    /// rows, as [`Logits::Picked`] hands them.
+    Hidden {
+        hidden: &'a [Range<usize>],
+        hidden_sink: &'a mut dyn FnMut(usize, &[f32]),
+        picked: &'a [usize],
+        sink: &'a mut dyn FnMut(usize, &[f32]),
+    },
 }
 
 /// Why a forward pass was refused. Nothing is modified when it is (but see
@@ -467,6 +477,28 @@ pub fn forward_batch(
                 "picked logit row past the batch"
             );
             output_rows(m, pool, s, rows.len(), |i| rows[i], sink);
+        }
+        Logits::Hidden {
+            hidden,
+            hidden_sink,
+            picked,
+            sink,
+        } => {
+            assert!(
+                hidden.iter().all(|r| r.end <= n) && picked.iter().all(|&r| r < n),
+                "hidden or logit row past the batch"
+            );
+            for r in hidden {
+                let (src, dst) = (
+                    &s.x[r.start * dim..r.end * dim],
+                    &mut s.xb[r.start * dim..r.end * dim],
+                );
+                norm_rows(pool, &w.output_norm, src, dst, dim);
+                for j in r.clone() {
+                    hidden_sink(j, &s.xb[j * dim..(j + 1) * dim]);
+                }
+            }
+            output_rows(m, pool, s, picked.len(), |i| picked[i], sink);
         }
     }
     Ok(())

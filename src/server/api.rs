@@ -173,7 +173,7 @@ pub fn parse<T: Body>(body: &[u8]) -> Result<T, ApiError> {
     T::from_json(&value)
 }
 
-fn typed<'v, T: Deserialize<'v>>(value: &'v Value) -> Result<T, ApiError> {
+pub(crate) fn typed<'v, T: Deserialize<'v>>(value: &'v Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();

@@ -128,6 +128,11 @@ impl ApiError {
         }
     }
 
+    /// 501: a feature this server was not started with (llama-server's `not_supported_error`).
+    pub fn not_supported(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_supported_error", message)
+    }
+
     pub fn unavailable(message: impl Into<String>) -> ApiError {
         ApiError {
             retry_after: Some(1),

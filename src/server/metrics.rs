@@ -194,10 +194,85 @@ pub fn render(st: &AppState) -> String {
         header(w, name, "gauge", help);
         let _ = writeln!(w, "{name} {v}");
     }
+    router_gauges(w, st);
     out
+}
+
+/// What routers read, under vLLM's names (the Gateway API Inference Extension's model-server
+/// protocol: queued and running requests, KV-cache usage as a fraction; its prefix-aware
+/// scorers and dashboards: prefix-cache queries and hits, in tokens), labelled by model.
+fn router_gauges(w: &mut String, st: &AppState) {
+    let s = &st.sched;
+    let model = escape_label(&st.opts.model_id);
+    let total = s.kv_tokens_total.load(Relaxed);
+    let usage = if total == 0 {
+        0.0
+    } else {
+        s.kv_tokens_in_use.load(Relaxed) as f64 / total as f64
+    };
+    let rows: [(&str, &str, &str, f64); 6] = [
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Requests holding a sequence slot (generating, or evaluating their prompt).",
+            s.slots_in_use.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Requests waiting for a sequence slot.",
+            s.queue_depth.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage, 0 to 1: positions holding running requests' tokens over all positions (a finished sequence's cached prefix counts as free).",
+            usage,
+        ),
+        (
+            "vllm:gpu_cache_usage_perc",
+            "gauge",
+            "KV-cache usage, 0 to 1 (vLLM's older name of vllm:kv_cache_usage_perc).",
+            usage,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache (prompt tokens of admitted requests).",
+            s.prompt_tokens.load(Relaxed) as f64,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens found in the prefix cache (not evaluated again).",
+            s.prefill_tokens_saved.load(Relaxed) as f64,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        header(w, name, kind, help);
+        let _ = writeln!(w, "{name}{{model_name=\"{model}\"}} {v}");
+    }
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn header(w: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(w, "# HELP {name} {help}");
     let _ = writeln!(w, "# TYPE {name} {kind}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_label;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("model-1"), "model-1");
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
 }

@@ -16,14 +16,20 @@
 //! of [`AppState::admission`] before it is sent and gives it back when the engine has finished
 //! with it, however it ends; without a permit the answer is 429. The connections themselves
 //! (limit, timeouts, shutdown) are `conn.rs`.
+//!
+//! The port is bound before the model loads: until it is ready every route answers 503
+//! (llama-server's "Loading model"; `/health` adds `"status": "loading"`), so that a router or
+//! a Kubernetes readiness probe sees a replica that is up but not ready (`ready.rs`).
 
 pub mod api;
 mod conn;
+mod embeddings;
 pub mod error;
 mod io;
 mod logprobs;
 mod metrics;
 mod respond;
+mod ready;
 mod routes;
 pub mod structured;
 pub mod tools;
@@ -33,6 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::batch::{BatchOptions, BatchRunner};
+use crate::engine::pooling::Pooling;
 use crate::engine::scheduler::{SchedMetrics, Scheduler, SeqRequest};
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
@@ -64,6 +71,12 @@ pub struct ServeOptions {
     pub model_id: String,
     pub model_aliases: Vec<String>,
     pub http: HttpLimits,
+    /// Serve `/v1/embeddings` (`--embeddings`).
+    pub embeddings: bool,
+    /// `--pooling`: instead of the model's own.
+    pub pooling: Option<Pooling>,
+    /// `--embd-normalize`: llama.cpp's normalization of embeddings (2: euclidean).
+    pub embd_normalize: i32,
 }
 
 /// Connection limits and timeouts.
@@ -109,6 +122,8 @@ pub(crate) struct AppState {
     pub http: Arc<metrics::HttpMetrics>,
     pub started: u64,
     pub kv_bytes: usize,
+    /// The pooling of `/v1/embeddings`, or why the model cannot give embeddings.
+    pub pooling: Result<Pooling, String>,
     /// The model's grammar compiler, built by the first structured-output request.
     pub grammar: Arc<
         std::sync::OnceLock<
@@ -119,15 +134,88 @@ pub(crate) struct AppState {
     pub tool_support: std::sync::OnceLock<crate::tokenizer::toolcall::template::ToolSupport>,
 }
 
+/// What the server runs, once loaded.
+pub struct Loaded {
+    pub model: Arc<Model>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub opts: ServeOptions,
+}
+
 /// Serve on `listener` until `shutdown` resolves, then let the responses in progress finish
-/// (within `opts.http.shutdown_grace`).
+/// (within `limits.shutdown_grace`). `load` runs on a blocking thread while the port already
+/// answers (503 until it returns); if it fails, the server stops and returns its error.
+/// `ready` is called once the routes answer.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    model: Arc<Model>,
-    tokenizer: Arc<Tokenizer>,
-    opts: ServeOptions,
+    limits: HttpLimits,
+    load: impl FnOnce() -> anyhow::Result<Loaded> + Send + 'static,
+    ready: impl FnOnce(&ServeOptions) + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let http = Arc::new(metrics::HttpMetrics::default());
+    let app = Arc::new(std::sync::OnceLock::new());
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<()>();
+    let loader = {
+        let (app, http) = (Arc::clone(&app), Arc::clone(&http));
+        tokio::task::spawn_blocking(move || {
+            let (state, engine) = start(load, http).inspect_err(|_| {
+                let _ = failed_tx.send(());
+            })?;
+            let opts = state.opts.clone();
+            let _ = app.set(routes::router(state));
+            ready(&opts);
+            Ok::<_, anyhow::Error>(engine)
+        })
+    };
+    let stop = async move {
+        // The loader drops its sender when it succeeds: only a sent failure stops the server.
+        let failed = async {
+            if failed_rx.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = shutdown => {},
+            _ = failed => {},
+        }
+    };
+    conn::serve(listener, ready::gate(Arc::clone(&app)), limits, http, stop).await;
+    // Every connection is gone; with the app (the last sender) dropped, the engine cancels
+    // what is left and exits. It is waited for a little (one step); past that, the process
+    // exit that follows ends it.
+    drop(app);
+    let deadline = tokio::time::Instant::now() + ENGINE_EXIT_WAIT;
+    let engine = match tokio::time::timeout_at(deadline, loader).await {
+        Ok(Ok(r)) => r?,
+        Ok(Err(_)) => anyhow::bail!("loading the model panicked"),
+        Err(_) => {
+            log::warn!("still loading the model; exiting without it");
+            return Ok(());
+        }
+    };
+    while !engine.is_finished() {
+        if tokio::time::Instant::now() >= deadline {
+            log::warn!("the engine thread is still busy; exiting without it");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    engine
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+    Ok(())
+}
+
+/// Load, size the runner, start the engine thread: the state the routes share.
+fn start(
+    load: impl FnOnce() -> anyhow::Result<Loaded>,
+    http: Arc<metrics::HttpMetrics>,
+) -> anyhow::Result<(Arc<AppState>, std::thread::JoinHandle<()>)> {
+    let Loaded {
+        model,
+        tokenizer,
+        opts,
+    } = load()?;
     let runner = BatchRunner::new(
         Arc::clone(&model),
         BatchOptions {
@@ -148,6 +236,16 @@ pub async fn serve(
             .name("kiln-engine".into())
             .spawn(move || Scheduler::new(runner, &tok, metrics).run(rx))?
     };
+    let pooling = Pooling::for_model(&model, opts.pooling).map_err(|e| e.to_string());
+    if opts.embeddings {
+        match &pooling {
+            Ok(Pooling::None) => eprintln!(
+                "kiln: --embeddings: this model declares no pooling; /v1/embeddings answers 400 until kiln is started with --pooling mean, cls or last"
+            ),
+            Ok(p) => eprintln!("kiln: /v1/embeddings with {} pooling", p.name()),
+            Err(e) => eprintln!("kiln: --embeddings: {e}; /v1/embeddings answers 400"),
+        }
+    }
     let admitted =
         (opts.n_slots.saturating_add(opts.max_queue)).min(tokio::sync::Semaphore::MAX_PERMITS);
     let state = Arc::new(AppState {
@@ -158,31 +256,13 @@ pub async fn serve(
         model,
         sched,
         admission: Arc::new(tokio::sync::Semaphore::new(admitted)),
-        http: Arc::new(metrics::HttpMetrics::default()),
+        http,
         started: unix_now(),
         kv_bytes,
+        pooling,
         opts,
     });
-    let app = routes::router(Arc::clone(&state));
-    let limits = state.opts.http.clone();
-    let http = Arc::clone(&state.http);
-    drop(state);
-    conn::serve(listener, app, limits, http, shutdown).await;
-    // Every connection is gone, and with it every handler and sender: the engine cancels what
-    // is left and exits. It is waited for a little (one step); past that, the process exit
-    // that follows ends it.
-    let deadline = tokio::time::Instant::now() + ENGINE_EXIT_WAIT;
-    while !engine.is_finished() {
-        if tokio::time::Instant::now() >= deadline {
-            log::warn!("the engine thread is still busy; exiting without it");
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    engine
-        .join()
-        .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
-    Ok(())
+    Ok((state, engine))
 }
 
 /// How long the engine thread has to exit once every request is gone.

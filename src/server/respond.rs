@@ -125,6 +125,7 @@ pub async fn run(st: &AppState, job: Job) -> Result<Response, ApiError> {
             grammar,
             logprobs: gen.logprobs,
             forks,
+            embed: None,
             sink,
         })
         .map_err(|_| ApiError::unavailable("the engine has stopped"))?;

@@ -29,6 +29,7 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
     let mut keyed = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(super::embeddings::embeddings))
         .route("/v1/models", get(models));
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
@@ -71,6 +72,7 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
     {
         Some("/v1/chat/completions") => "/v1/chat/completions",
         Some("/v1/completions") => "/v1/completions",
+        Some("/v1/embeddings") => "/v1/embeddings",
         Some("/v1/models") => "/v1/models",
         Some("/health") => "/health",
         Some("/metrics") => "/metrics",
@@ -175,6 +177,7 @@ async fn models(State(st): St) -> Json<serde_json::Value> {
                 "n_ctx": st.opts.n_ctx,
                 "n_ctx_train": c.ctx_train,
                 "n_vocab": c.vocab_size,
+                "n_embd": c.dim,
                 "parallel": st.opts.n_slots,
             },
         }],
@@ -182,7 +185,11 @@ async fn models(State(st): St) -> Json<serde_json::Value> {
 }
 
 /// The whole body, within `--max-body` (413) and `--body-timeout` (408).
-async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let limit = st.opts.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -210,7 +217,7 @@ async fn read_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Byt
         .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout.as_secs_f64())))
 }
 
-fn check_model(st: &AppState, model: &Option<String>) -> Result<String, ApiError> {
+pub(super) fn check_model(st: &AppState, model: &Option<String>) -> Result<String, ApiError> {
     match model {
         None => Ok(st.opts.model_id.clone()),
         Some(m) if *m == st.opts.model_id || st.opts.model_aliases.contains(m) => Ok(m.clone()),

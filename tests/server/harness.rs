@@ -20,23 +20,32 @@ pub struct Server {
 impl Server {
     /// Start `kiln serve --port 0 -c 1024 -m MODEL EXTRA...` and wait until it listens.
     pub fn start(model: &Path, extra: &[&str]) -> Server {
+        Server::start_with(model, extra, &[], "kiln: listening on ")
+    }
+
+    /// [`Server::start`] with environment variables `env`, returning once stderr has shown
+    /// `line` followed by the URL (`"kiln: bound to "`: the port answers, the model may still
+    /// be loading; `"kiln: listening on "`: ready).
+    pub fn start_with(model: &Path, extra: &[&str], env: &[(&str, &str)], line: &str) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args(["serve", "--port", "0", "-c", "1024", "-m"])
             .arg(model)
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start kiln serve");
         let stderr = child.stderr.take().expect("piped stderr");
         let mut lines = BufReader::new(stderr).lines();
+        let want = line;
         let url = loop {
             let line = lines
                 .next()
                 .expect("kiln serve exited before listening")
                 .expect("read stderr");
-            if let Some(u) = line.strip_prefix("kiln: listening on ") {
-                break u.trim().to_string();
+            if let Some(u) = line.strip_prefix(want) {
+                break u.split([';', ' ']).next().unwrap_or_default().to_string();
             }
         };
         // Keep draining stderr so the server never blocks on a full pipe.

@@ -1,0 +1,211 @@
+//! `kiln embedding`: embeddings of prompts, as `llama-embedding` prints them.
+//!
+//! The prompts (`-p`, `-f` or standard input) are split at `--embd-separator` (a newline by
+//! default; empty ones dropped), tokenized as llama.cpp does (BOS/EOS by the model's policy,
+//! special tokens parsed) and evaluated together through the server's scheduler (continuous
+//! batching over up to four sequences). The pooling is the model's own or `--pooling`; with
+//! `none` every token's vector is printed.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use super::common::{self, ModelArgs};
+use kiln::engine::batch::{BatchOptions, BatchRunner};
+use kiln::engine::pooling::{cosine, EmbedSpec, Pooling};
+use kiln::engine::scheduler::{
+    FinishReason, Finished, SchedMetrics, Scheduler, SeqRequest, SeqSink,
+};
+
+#[derive(Args, Debug)]
+pub struct EmbeddingArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text to embed (one prompt per line, or per --embd-separator).
+    #[arg(short = 'p', long = "prompt", help_heading = "Prompt")]
+    pub prompt: Option<String>,
+    /// Read the prompts from a file.
+    #[arg(
+        short = 'f',
+        long = "file",
+        conflicts_with = "prompt",
+        help_heading = "Prompt"
+    )]
+    pub file: Option<PathBuf>,
+    /// What separates prompts.
+    #[arg(long = "embd-separator", default_value = "\n", help_heading = "Prompt")]
+    pub separator: String,
+    /// Pooling instead of the model's own: none (every token's vector), mean, cls, last.
+    #[arg(long, value_parser = super::serve::pooling, value_name = "none|mean|cls|last",
+          help_heading = "Embeddings")]
+    pub pooling: Option<Pooling>,
+    /// Normalization: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean, >2 p-norm.
+    #[arg(long = "embd-normalize", default_value_t = 2, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-1..), help_heading = "Embeddings")]
+    pub embd_normalize: i32,
+    /// Print OpenAI's JSON (`{"object": "list", "data": [...]}`) with every value.
+    #[arg(long, help_heading = "Embeddings")]
+    pub json: bool,
+}
+
+/// One prompt's vectors and how its request ended.
+#[derive(Default)]
+struct Collected {
+    rows: Vec<Vec<f32>>,
+    finished: Option<Finished>,
+}
+
+/// Collects one prompt's vectors.
+#[derive(Clone, Default)]
+struct Collect(Arc<Mutex<Collected>>);
+
+impl SeqSink for Collect {
+    fn text(&mut self, _: &str) -> bool {
+        true
+    }
+    fn embedding(&mut self, rows: Vec<Vec<f32>>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).rows = rows;
+    }
+    fn done(&mut self, f: Finished) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).finished = Some(f);
+    }
+}
+
+pub fn run(args: EmbeddingArgs) -> Result<()> {
+    if args.model.kv_budget.is_some() || args.model.swa_full {
+        bail!("--kv-budget and --swa-full are not supported by `kiln embedding`");
+    }
+    let text = common::read_prompt(&args.prompt, &args.file)?;
+    let sep = if args.separator.is_empty() {
+        "\n"
+    } else {
+        &args.separator
+    };
+    let prompts: Vec<&str> = text.split(sep).filter(|p| !p.trim().is_empty()).collect();
+    if prompts.is_empty() {
+        bail!("no prompt to embed");
+    }
+    let loaded = common::load(&args.model)?;
+    let m = Arc::clone(&loaded.model);
+    let pooling = Pooling::for_model(&m, args.pooling)?;
+    let n_ctx = args.model.ctx(m.config.ctx_train, 4096);
+    let ids: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| loaded.tokenizer.encode(p, true, true))
+        .collect();
+    for (i, t) in ids.iter().enumerate() {
+        if t.len() > n_ctx {
+            bail!(
+                "prompt {i} has {} tokens, more than the context of {n_ctx} (-c)",
+                t.len()
+            );
+        }
+    }
+    let runner = BatchRunner::new(
+        Arc::clone(&m),
+        BatchOptions {
+            n_slots: prompts.len().min(4),
+            n_ctx,
+            n_threads: args.model.threads(),
+            prefill_chunk: args.model.batch_size.max(1),
+            kv_type: args.model.kv_type,
+        },
+    )?;
+    let mut sched = Scheduler::new(runner, &loaded.tokenizer, Arc::new(SchedMetrics::default()));
+    let spec = EmbedSpec {
+        pooling,
+        normalize: args.embd_normalize,
+    };
+    let outs: Vec<Collect> = ids
+        .iter()
+        .map(|prompt| {
+            let out = Collect::default();
+            let sink = Box::new(out.clone());
+            sched.submit(SeqRequest::embedding(prompt.clone(), spec, sink));
+            out
+        })
+        .collect();
+    while !sched.is_idle() {
+        sched.step();
+    }
+    let mut vectors: Vec<Vec<Vec<f32>>> = Vec::with_capacity(outs.len());
+    for (i, o) in outs.iter().enumerate() {
+        let mut g = o.0.lock().unwrap_or_else(|e| e.into_inner());
+        match g.finished.as_ref().map(|f| &f.reason) {
+            Some(FinishReason::Stop) => vectors.push(std::mem::take(&mut g.rows)),
+            Some(FinishReason::Error(e)) => bail!("prompt {i}: {e}"),
+            other => bail!("prompt {i} ended without an embedding ({other:?})"),
+        }
+    }
+    let tokens: usize = ids.iter().map(Vec::len).sum();
+    if args.json {
+        let data: Vec<serde_json::Value> = vectors
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, v)| serde_json::json!({"object": "embedding", "index": i, "embedding": v}))
+            .collect();
+        let out = serde_json::json!({
+            "object": "list",
+            "data": data,
+            "model": loaded.path.file_stem().map(|s| s.to_string_lossy().into_owned()),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    print_text(&prompts, &vectors, args.embd_normalize);
+    Ok(())
+}
+
+/// llama-embedding's text output: each vector (the first 16 values when there are several
+/// prompts; per token, the first and last three), then the cosine similarities.
+fn print_text(prompts: &[&str], vectors: &[Vec<Vec<f32>>], normalize: i32) {
+    let fmt = |x: f32| {
+        if normalize == 0 {
+            format!("{x:6.0}")
+        } else {
+            format!("{x:9.6}")
+        }
+    };
+    let join = |v: &[f32]| v.iter().map(|&x| fmt(x)).collect::<Vec<_>>().join(" ");
+    let pooled = vectors.iter().all(|v| v.len() == 1);
+    for (j, rows) in vectors.iter().enumerate() {
+        if pooled {
+            let v = &rows[0];
+            let n = if prompts.len() > 1 {
+                v.len().min(16)
+            } else {
+                v.len()
+            };
+            println!("embedding {j}: {}", join(&v[..n]));
+        } else {
+            for (t, v) in rows.iter().enumerate() {
+                let k = v.len().min(3);
+                println!(
+                    "embedding {j} token {t}: {} ... {}",
+                    join(&v[..k]),
+                    join(&v[v.len() - k..])
+                );
+            }
+        }
+    }
+    if pooled && prompts.len() > 1 {
+        println!("\ncosine similarity matrix:\n");
+        let head: Vec<String> = prompts
+            .iter()
+            .map(|p| format!("{:>6.6}", p.chars().take(6).collect::<String>()))
+            .collect();
+        println!("{}", head.join(" "));
+        for (i, a) in vectors.iter().enumerate() {
+            let row: Vec<String> = vectors
+                .iter()
+                .map(|b| format!("{:6.2}", cosine(&a[0], &b[0])))
+                .collect();
+            let label: String = prompts[i].chars().take(10).collect();
+            println!("{} {label}", row.join(" "));
+        }
+    }
+}
