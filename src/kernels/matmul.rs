@@ -499,7 +499,15 @@ mod tests {
     #[test]
     fn repacking_in_runs_equals_repacking_at_once() {
         let mut rng = Rng(0x5e9);
-        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4K, GgmlType::Q6K] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_1,
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+        ] {
             let n = 512;
             for rows in [16, 37, 100] {
                 let (lin, plain) = random_linear(ty, n, rows, &mut rng);

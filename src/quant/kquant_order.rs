@@ -1,5 +1,5 @@
 //! The reference engine's float arithmetic for Q4_K and Q6_K dot products (and, in
-//! [`t32_dot_lanes`], for Q5_0 and Q8_0), written out in plain scalar code: the definition the
+//! [`t32_dot_lanes`], for the 32-element formats), written out in plain scalar code: the definition the
 //! SIMD kernels are tested against bit for bit.
 //!
 //! The integer part of every k-quant dot is exact whatever the order; what differs between
@@ -189,41 +189,85 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
     }
 }
 
-/// The reference engine's Q5_0 or Q8_0 × Q8_0 dot (its AVX2 `vec_dot`, every batch size), in
-/// scalar code: 8 lanes, lane `l` taking per block the exact integer dot of elements
+/// The reference engine's dot of a 32-element format (its AVX2 `vec_dot`, every batch size),
+/// in scalar code: 8 lanes, lane `l` taking per block the exact integer dot of elements
 /// `4l .. 4l + 4`, converted and fused-multiply-added with `d_w · d_x` (an f32 product of the
-/// two f16 scales), then added as `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`. `w` and `x` hold
-/// `n / 32` blocks.
+/// two f16 scales), then added as `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`. Q4_0, Q5_0 and
+/// Q8_0 pair with Q8_0 activations and take signed quants; Q4_1 and Q5_1 pair with Q8_1, take
+/// the unsigned quants and add `m_w · s_x` per block into a separate sum (fused), added after
+/// the lanes. `w` and `x` hold `n / 32` blocks.
 pub fn t32_dot_lanes(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
-    use super::blocks::{cast, BlockQ5_0, BlockQ8_0};
+    use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
     use super::reference::{bit5, nibble};
     use std::mem::size_of;
     let nb = n / 32;
-    let xb = cast::<BlockQ8_0>(&x[..nb * size_of::<BlockQ8_0>()]).expect("Q8_0 blocks");
-    // Each weight block's f16 scale in f32 and its 32 signed quants.
-    let wb: Vec<(f32, [i32; 32])> = match ty {
-        GgmlType::Q5_0 => cast::<BlockQ5_0>(&w[..nb * size_of::<BlockQ5_0>()])
-            .expect("Q5_0 blocks")
+    // Each weight block's f16 scale and minimum in f32 and its 32 quants.
+    fn blocks<B: super::blocks::RawBlock>(
+        w: &[u8],
+        nb: usize,
+        f: impl Fn(&B) -> (f32, f32, [i32; 32]),
+    ) -> Vec<(f32, f32, [i32; 32])> {
+        cast::<B>(&w[..nb * size_of::<B>()])
+            .expect("weight blocks")
             .iter()
-            .map(|b| {
-                let q = |i| (nibble(&b.qs, i) | (bit5(&b.qh, i) << 4)) - 16;
-                (b.d.to_f32(), core::array::from_fn(q))
-            })
-            .collect(),
-        GgmlType::Q8_0 => cast::<BlockQ8_0>(&w[..nb * size_of::<BlockQ8_0>()])
-            .expect("Q8_0 blocks")
-            .iter()
-            .map(|b| (b.d.to_f32(), b.qs.map(i32::from)))
-            .collect(),
+            .map(f)
+            .collect()
+    }
+    let wb = match ty {
+        GgmlType::Q4_0 => blocks(w, nb, |b: &BlockQ4_0| {
+            (
+                b.d.to_f32(),
+                0.0,
+                core::array::from_fn(|i| nibble(&b.qs, i) - 8),
+            )
+        }),
+        GgmlType::Q4_1 => blocks(w, nb, |b: &BlockQ4_1| {
+            (
+                b.d.to_f32(),
+                b.m.to_f32(),
+                core::array::from_fn(|i| nibble(&b.qs, i)),
+            )
+        }),
+        GgmlType::Q5_0 => blocks(w, nb, |b: &BlockQ5_0| {
+            let q = |i| (nibble(&b.qs, i) | (bit5(&b.qh, i) << 4)) - 16;
+            (b.d.to_f32(), 0.0, core::array::from_fn(q))
+        }),
+        GgmlType::Q5_1 => blocks(w, nb, |b: &BlockQ5_1| {
+            let q = |i| nibble(&b.qs, i) | (bit5(&b.qh, i) << 4);
+            (b.d.to_f32(), b.m.to_f32(), core::array::from_fn(q))
+        }),
+        GgmlType::Q8_0 => blocks(w, nb, |b: &BlockQ8_0| {
+            (b.d.to_f32(), 0.0, b.qs.map(i32::from))
+        }),
         _ => panic!("{ty}: no 8-lane order here"),
     };
+    // Each activation block's `d`, `s` (Q8_1 only) and quants.
+    let xb: Vec<(f32, f32, [i8; 32])> = if super::dot_type(ty) == GgmlType::Q8_1 {
+        cast::<BlockQ8_1>(&x[..nb * size_of::<BlockQ8_1>()])
+            .expect("Q8_1 blocks")
+            .iter()
+            .map(|y| (y.d.to_f32(), y.s.to_f32(), y.qs))
+            .collect()
+    } else {
+        cast::<BlockQ8_0>(&x[..nb * size_of::<BlockQ8_0>()])
+            .expect("Q8_0 blocks")
+            .iter()
+            .map(|y| (y.d.to_f32(), 0.0, y.qs))
+            .collect()
+    };
     let mut acc = [0f32; 8];
-    for ((d, q), y) in wb.iter().zip(xb) {
-        let prod = d * y.d.to_f32();
+    let mut ms = 0f32;
+    for (&(d, m, q), &(yd, ys, yq)) in wb.iter().zip(&xb) {
+        let prod = d * yd;
         for (l, a) in acc.iter_mut().enumerate() {
-            let dot: i32 = (4 * l..4 * l + 4).map(|i| q[i] * i32::from(y.qs[i])).sum();
+            let dot: i32 = (4 * l..4 * l + 4).map(|i| q[i] * i32::from(yq[i])).sum();
             *a = prod.mul_add(dot as f32, *a);
         }
+        ms = m.mul_add(ys, ms);
     }
-    hsum8(acc)
+    if super::dot_type(ty) == GgmlType::Q8_1 {
+        hsum8(acc) + ms
+    } else {
+        hsum8(acc)
+    }
 }

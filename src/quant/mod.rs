@@ -214,12 +214,12 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
         let (layout, gemm): (repack::RepackFn, GemmFn) = match k.weight {
             GgmlType::Q4K => (repack::repack_q4k_x16, x86::gemm_q4k_x16),
             GgmlType::Q6K => (repack::repack_q6k_x16, x86::gemm_q6k_x16),
-            GgmlType::Q5_0 if n <= 32 * x86::T32_X16_MAX_BLOCKS => {
-                (repack::repack_q5_0_x16, x86::gemm_q5_0_x16)
-            }
-            GgmlType::Q8_0 if n <= 32 * x86::T32_X16_MAX_BLOCKS => {
-                (repack::repack_q8_0_x16, x86::gemm_q8_0_x16)
-            }
+            ty if ty.block_size() == 32 && n > 32 * x86::T32_X16_MAX_BLOCKS => return None,
+            GgmlType::Q4_0 => (repack::repack_nib32_x16::<false, false>, x86::gemm_q4_0_x16),
+            GgmlType::Q4_1 => (repack::repack_nib32_x16::<true, false>, x86::gemm_q4_1_x16),
+            GgmlType::Q5_0 => (repack::repack_nib32_x16::<false, true>, x86::gemm_q5_0_x16),
+            GgmlType::Q5_1 => (repack::repack_nib32_x16::<true, true>, x86::gemm_q5_1_x16),
+            GgmlType::Q8_0 => (repack::repack_q8_0_x16, x86::gemm_q8_0_x16),
             _ => return None,
         };
         let kernels = Kernels {

@@ -28,15 +28,16 @@
 //! | 288 | 2048 | low 4 bits: byte `e` of row `r` at `288 + 64(8c' + l) + 4r + e` holds `u & 15` of chunk `c'` (< 4) in its low nibble and of chunk `c' + 4` in its high nibble |
 //! | 2336 | 1024 | high 2 bits: byte `e` of row `r` at `2336 + 64(8c' + l) + 4r + e` holds `u >> 4` of chunk `c' + 2k` (`c'` < 2) in bits `2k, 2k+1` |
 //!
-//! **Q5_0 × 16**: block `b` (32 elements) of the 16 rows is one 352-byte block
-//! ([`Q5_0_X16_BYTES`]). Lane `l` of the reference's 8-lane dot is elements `4l .. 4l + 4`;
-//! here it is one register of 16 rows:
+//! **Q4_0, Q4_1, Q5_0, Q5_1 × 16** ([`Nib32`]): block `b` (32 elements) of the 16 rows is one
+//! block of 16 plain blocks' bytes (288, 320, 352, 384). Lane `l` of the reference's 8-lane
+//! dot is elements `4l .. 4l + 4`; here it is one register of 16 rows:
 //!
 //! | offset | bytes | content |
 //! | ---: | ---: | --- |
 //! | 0 | 32 | `d` of rows 0..16 (f16) |
-//! | 32 | 64 | fifth bits, one 64-bit mask per lane `l`: bit `4r + e` is row `r`'s element `4l + e` |
-//! | 96 | 256 | nibbles: `qs[4j .. 4j + 4]` of row `r` at `96 + 64j + 4r` (low nibbles: lane `j`, high: lane `j + 4`) |
+//! | 32 | 32 | Q4_1, Q5_1: `m` of rows 0..16 (f16) |
+//! | 32 or 64 | 64 | Q5_0, Q5_1: fifth bits, one 64-bit mask per lane `l`: bit `4r + e` is row `r`'s element `4l + e` |
+//! | then | 256 | nibbles: `qs[4j .. 4j + 4]` of row `r` at `+64j + 4r` (low nibbles: lane `j`, high: lane `j + 4`) |
 //!
 //! **Q8_0 × 16**: block `b` of the 16 rows is one 544-byte block ([`Q8_0_X16_BYTES`]): `d` of
 //! rows 0..16 (f16) at 0, then lane `l`'s quants `q[4l .. 4l + 4]` of row `r`, stored as
@@ -46,7 +47,7 @@
 //! repacked matrix must be called on tiles that start at a multiple of 16 rows
 //! ([`super::Kernels::group`]).
 
-use super::blocks::{BlockQ4K, BlockQ5_0, BlockQ6K, BlockQ8_0, QK_K};
+use super::blocks::{BlockQ4K, BlockQ6K, BlockQ8_0, QK_K};
 
 /// Rows per repacked group (every layout here).
 pub const GROUP: usize = 16;
@@ -225,45 +226,136 @@ pub fn q6k_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B6] {
     blk
 }
 
-/// Bytes of one block of a Q5_0 group: 16 plain blocks' worth.
-pub const Q5_0_X16_BYTES: usize = GROUP * B5;
-/// Bytes of one plain Q5_0 block: `d` (f16), `qh` (32 fifth bits), `qs` (32 nibbles).
-const B5: usize = std::mem::size_of::<BlockQ5_0>();
+/// The layout of a 4-bit legacy format's group (Q4_0, Q4_1, Q5_0, Q5_1): whether its blocks
+/// carry a minimum `m` (Q4_1, Q5_1) and fifth bits `qh` (Q5_0, Q5_1). A plain block is `d`,
+/// then `m`, then `qh`, then the 16 nibble bytes `qs`, each part present or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Nib32 {
+    pub min: bool,
+    pub fifth: bool,
+}
 
-/// The Q5_0 matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
-/// Panics if `src` is not exactly that matrix (the loader checked the shape).
-pub fn repack_q5_0_x16(src: &[u8], rows: usize, n: usize, out: &mut [u8]) {
-    repack_groups(src, rows, n, out, 32, B5, |r, blk, sb| {
+impl Nib32 {
+    /// Bytes of one plain block.
+    pub const fn block_bytes(self) -> usize {
+        2 + 2 * self.min as usize + 4 * self.fifth as usize + 16
+    }
+    /// Bytes of one block of a group: 16 plain blocks' worth.
+    pub const fn group_bytes(self) -> usize {
+        GROUP * self.block_bytes()
+    }
+    /// Offset of the 16 rows' `m` in a group's block (when `min`).
+    pub const M_AT: usize = 32;
+    /// Offset of the fifth-bit masks in a group's block (when `fifth`).
+    pub const fn masks_at(self) -> usize {
+        32 + 32 * self.min as usize
+    }
+    /// Offset of the nibbles in a group's block.
+    pub const fn nibbles_at(self) -> usize {
+        self.masks_at() + 64 * self.fifth as usize
+    }
+    /// Offset of `qh` in a plain block (when `fifth`).
+    const fn qh_at(self) -> usize {
+        2 + 2 * self.min as usize
+    }
+    /// Offset of `qs` in a plain block.
+    const fn qs_at(self) -> usize {
+        self.qh_at() + 4 * self.fifth as usize
+    }
+    /// Which layout `ty` has, if it is one of these formats.
+    pub fn of(ty: super::GgmlType) -> Option<Nib32> {
+        use super::GgmlType as T;
+        let (min, fifth) = match ty {
+            T::Q4_0 => (false, false),
+            T::Q4_1 => (true, false),
+            T::Q5_0 => (false, true),
+            T::Q5_1 => (true, true),
+            _ => return None,
+        };
+        Some(Nib32 { min, fifth })
+    }
+}
+
+/// Q4_0 × 16: `d`, nibbles.
+pub const Q4_0_X16: Nib32 = Nib32 {
+    min: false,
+    fifth: false,
+};
+/// Q4_1 × 16: `d`, `m`, nibbles.
+pub const Q4_1_X16: Nib32 = Nib32 {
+    min: true,
+    fifth: false,
+};
+/// Q5_0 × 16: `d`, fifth-bit masks, nibbles.
+pub const Q5_0_X16: Nib32 = Nib32 {
+    min: false,
+    fifth: true,
+};
+/// Q5_1 × 16: `d`, `m`, fifth-bit masks, nibbles.
+pub const Q5_1_X16: Nib32 = Nib32 {
+    min: true,
+    fifth: true,
+};
+
+/// The matrix `src` of the 4-bit legacy format `MIN`/`FIFTH` ([`Nib32`]; `rows` rows of `n`
+/// elements, row-major) in the 16-row layout. Panics if `src` is not exactly that matrix (the
+/// loader checked the shape).
+pub fn repack_nib32_x16<const MIN: bool, const FIFTH: bool>(
+    src: &[u8],
+    rows: usize,
+    n: usize,
+    out: &mut [u8],
+) {
+    let f = Nib32 {
+        min: MIN,
+        fifth: FIFTH,
+    };
+    repack_groups(src, rows, n, out, 32, f.block_bytes(), |r, blk, sb| {
         sb[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
-        let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-        for l in 0..8 {
-            let nib = u64::from((qh >> (4 * l)) & 0xF) << (4 * r);
-            let at = 32 + 8 * l;
-            let mask = u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes")) | nib;
-            sb[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+        if MIN {
+            let at = Nib32::M_AT + 2 * r;
+            sb[at..at + 2].copy_from_slice(&blk[2..4]);
+        }
+        if FIFTH {
+            let q = f.qh_at();
+            let qh = u32::from_le_bytes(blk[q..q + 4].try_into().expect("4 bytes"));
+            for l in 0..8 {
+                let nib = u64::from((qh >> (4 * l)) & 0xF) << (4 * r);
+                let at = f.masks_at() + 8 * l;
+                let mask = u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes")) | nib;
+                sb[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+            }
         }
         for j in 0..4 {
-            let at = 96 + 64 * j + 4 * r;
-            sb[at..at + 4].copy_from_slice(&blk[6 + 4 * j..10 + 4 * j]);
+            let at = f.nibbles_at() + 64 * j + 4 * r;
+            let from = f.qs_at() + 4 * j;
+            sb[at..at + 4].copy_from_slice(&blk[from..from + 4]);
         }
     })
 }
 
-/// Block `b` of row `r` of the repacked Q5_0 group starting at `group`, in the plain byte order.
-pub fn q5_0_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B5] {
-    let sb = &group[b * Q5_0_X16_BYTES..(b + 1) * Q5_0_X16_BYTES];
-    let mut blk = [0u8; B5];
+/// Block `b` of row `r` of a repacked group of layout `f` starting at `group`, in the plain
+/// byte order (the first `f.block_bytes()` bytes of the result).
+pub fn nib32_x16_block(f: Nib32, group: &[u8], r: usize, b: usize) -> [u8; 24] {
+    let sb = &group[b * f.group_bytes()..(b + 1) * f.group_bytes()];
+    let mut blk = [0u8; 24];
     blk[..2].copy_from_slice(&sb[2 * r..2 * r + 2]);
-    let mut qh = 0u32;
-    for l in 0..8 {
-        let at = 32 + 8 * l;
-        let mask = u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes"));
-        qh |= (((mask >> (4 * r)) & 0xF) as u32) << (4 * l);
+    if f.min {
+        blk[2..4].copy_from_slice(&sb[Nib32::M_AT + 2 * r..Nib32::M_AT + 2 * r + 2]);
     }
-    blk[2..6].copy_from_slice(&qh.to_le_bytes());
+    if f.fifth {
+        let mut qh = 0u32;
+        for l in 0..8 {
+            let at = f.masks_at() + 8 * l;
+            let mask = u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes"));
+            qh |= (((mask >> (4 * r)) & 0xF) as u32) << (4 * l);
+        }
+        blk[f.qh_at()..f.qh_at() + 4].copy_from_slice(&qh.to_le_bytes());
+    }
     for j in 0..4 {
-        let at = 96 + 64 * j + 4 * r;
-        blk[6 + 4 * j..10 + 4 * j].copy_from_slice(&sb[at..at + 4]);
+        let at = f.nibbles_at() + 64 * j + 4 * r;
+        let to = f.qs_at() + 4 * j;
+        blk[to..to + 4].copy_from_slice(&sb[at..at + 4]);
     }
     blk
 }
@@ -305,7 +397,10 @@ pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32
         match k.weight {
             super::GgmlType::Q4K => (k.dequantize)(&q4k_x16_block(group, r, b), o),
             super::GgmlType::Q6K => (k.dequantize)(&q6k_x16_block(group, r, b), o),
-            super::GgmlType::Q5_0 => (k.dequantize)(&q5_0_x16_block(group, r, b), o),
+            ty if Nib32::of(ty).is_some() => {
+                let f = Nib32::of(ty).expect("a 4-bit legacy format");
+                (k.dequantize)(&nib32_x16_block(f, group, r, b)[..f.block_bytes()], o)
+            }
             super::GgmlType::Q8_0 => (k.dequantize)(&q8_0_x16_block(group, r, b), o),
             ty => panic!("{ty} is not repacked"),
         }
@@ -331,14 +426,15 @@ mod tests {
 
     /// `repack` of a `rows × 512` matrix of `bq`-byte blocks gives back every block of the
     /// whole groups through `block`, and leaves the tail rows as they were.
-    fn round_trip<const BQB: usize>(
+    fn round_trip(
         rows: usize,
         qk: usize,
+        bq: usize,
         repack: RepackFn,
-        block: fn(&[u8], usize, usize) -> [u8; BQB],
+        block: impl Fn(&[u8], usize, usize) -> Vec<u8>,
     ) {
         let n = 512;
-        let row_bytes = n / qk * BQB;
+        let row_bytes = n / qk * bq;
         let src: Vec<u8> = (0..rows * row_bytes)
             .map(|i| (i * 7919 % 251) as u8)
             .collect();
@@ -350,8 +446,8 @@ mod tests {
             let group = &out[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes];
             for b in 0..n / qk {
                 let blk = block(group, r, b);
-                let at = row * row_bytes + b * BQB;
-                assert_eq!(&blk[..], &src[at..at + BQB], "row {row} block {b}");
+                let at = row * row_bytes + b * bq;
+                assert_eq!(&blk[..], &src[at..at + bq], "row {row} block {b}");
             }
         }
         assert_eq!(&out[whole * row_bytes..], &src[whole * row_bytes..]);
@@ -359,10 +455,39 @@ mod tests {
 
     #[test]
     fn repack_round_trips_and_keeps_the_tail() {
-        round_trip::<BQ>(37, QK_K, repack_q4k_x16, q4k_x16_block);
-        round_trip::<B6>(35, QK_K, repack_q6k_x16, q6k_x16_block);
-        round_trip::<B5>(33, 32, repack_q5_0_x16, q5_0_x16_block);
-        round_trip::<B8>(17, 32, repack_q8_0_x16, q8_0_x16_block);
+        round_trip(37, QK_K, BQ, repack_q4k_x16, |g, r, b| {
+            q4k_x16_block(g, r, b).to_vec()
+        });
+        round_trip(35, QK_K, B6, repack_q6k_x16, |g, r, b| {
+            q6k_x16_block(g, r, b).to_vec()
+        });
+        round_trip(17, 32, B8, repack_q8_0_x16, |g, r, b| {
+            q8_0_x16_block(g, r, b).to_vec()
+        });
+        let layouts: [(Nib32, RepackFn); 4] = [
+            (Q4_0_X16, repack_nib32_x16::<false, false>),
+            (Q4_1_X16, repack_nib32_x16::<true, false>),
+            (Q5_0_X16, repack_nib32_x16::<false, true>),
+            (Q5_1_X16, repack_nib32_x16::<true, true>),
+        ];
+        for (f, repack) in layouts {
+            round_trip(33, 32, f.block_bytes(), repack, |g, r, b| {
+                nib32_x16_block(f, g, r, b)[..f.block_bytes()].to_vec()
+            });
+        }
+    }
+
+    #[test]
+    fn nib32_layouts_match_the_block_structs() {
+        use super::super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1};
+        use std::mem::size_of;
+        assert_eq!(Q4_0_X16.block_bytes(), size_of::<BlockQ4_0>());
+        assert_eq!(Q4_1_X16.block_bytes(), size_of::<BlockQ4_1>());
+        assert_eq!(Q5_0_X16.block_bytes(), size_of::<BlockQ5_0>());
+        assert_eq!(Q5_1_X16.block_bytes(), size_of::<BlockQ5_1>());
+        for f in [Q4_0_X16, Q4_1_X16, Q5_0_X16, Q5_1_X16] {
+            assert_eq!(f.nibbles_at() + 256, f.group_bytes(), "{f:?}");
+        }
     }
 
     #[test]

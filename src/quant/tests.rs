@@ -659,16 +659,24 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
     }
 }
 
-/// Q4_K, Q6_K, Q5_0 and Q8_0 matrices repacked into 16-row groups (where this CPU has
-/// kernels for that layout) give every row of every batch the reference engine's bits, group
+/// Q4_K, Q6_K and the 32-element formats' matrices repacked into 16-row groups (where this CPU
+/// has kernels for that layout) give every row of every batch the reference engine's bits, group
 /// rows and tail rows alike, and their rows dequantize as before.
 #[test]
 fn repacked_kquants_match_reference_order() {
     let mut rng = Rng(0x005e_ed4b);
     let mut tested = 0;
-    for (ty, isa) in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q5_0, GgmlType::Q8_0]
-        .into_iter()
-        .flat_map(|ty| Isa::available().into_iter().map(move |isa| (ty, isa)))
+    for (ty, isa) in [
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ]
+    .into_iter()
+    .flat_map(|ty| Isa::available().into_iter().map(move |isa| (ty, isa)))
     {
         let Ok(k) = kernels_for(ty, isa) else {
             continue;
@@ -740,8 +748,8 @@ fn repacked_kquants_match_reference_order() {
                             let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * x_stride..]);
                             let want = match exact_order(isa, ty, wi, xj, n, nx, j) {
                                 Some(v) => v,
-                                // Q5_0, Q8_0: the plain layout's kernel, and the reference's
-                                // 8-lane order written out in scalar code.
+                                // The 32-element formats: the plain layout's kernel, and the
+                                // reference's 8-lane order written out in scalar code.
                                 None => {
                                     let mut o = [0f32];
                                     (k.gemm)(n, wi, rw, 1, xj, x_stride, 1, &mut o, 1);
@@ -768,17 +776,23 @@ fn repacked_kquants_match_reference_order() {
     // The layout exists for AVX-512 VNNI; elsewhere this test checks nothing.
     if Isa::available().contains(&Isa::Avx512Vnni) {
         assert_eq!(
-            tested, 56,
+            tested, 104,
             "repacked kernels missing on an AVX-512 VNNI machine"
         );
     }
 }
 
-/// Q5_0 and Q8_0 rows longer than the group kernel's stack buffer keep the plain layout; rows
-/// up to it are repacked where the CPU has the kernel.
+/// 32-element rows longer than the group kernel's stack buffer keep the plain layout; rows up
+/// to it are repacked where the CPU has the kernel.
 #[test]
 fn long_rows_stay_plain() {
-    for ty in [GgmlType::Q5_0, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
         for isa in Isa::available() {
             let Ok(k) = kernels_for(ty, isa) else {
                 continue;

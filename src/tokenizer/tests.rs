@@ -393,7 +393,9 @@ fn tool_text_is_literal() {
             ..ChatMessage::new("tool", "ok")
         },
     ];
-    let ids = t.encode_chat_tools(&msgs, Some(&tools), false, false).unwrap();
+    let ids = t
+        .encode_chat_tools(&msgs, Some(&tools), false, false)
+        .unwrap();
     let rendered = t
         .apply_chat_template_tools(&msgs, Some(&tools), false)
         .unwrap();
@@ -404,6 +406,8 @@ fn tool_text_is_literal() {
     // ... while the text holds eight: the template's three and five forged ones.
     assert_eq!(rendered.matches("<|im_end|>").count(), 8, "{rendered}");
     // Parsed as before with special_in_content.
-    let parsed = t.encode_chat_tools(&msgs, Some(&tools), false, true).unwrap();
+    let parsed = t
+        .encode_chat_tools(&msgs, Some(&tools), false, true)
+        .unwrap();
     assert!(parsed.iter().filter(|&&id| id == 2).count() > 3);
 }

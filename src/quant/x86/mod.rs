@@ -337,11 +337,35 @@ group_gemm!(
     usize::MAX
 );
 group_gemm!(
+    /// [`gemm_groups`] for Q4_0.
+    gemm_q4_0_x16,
+    GgmlType::Q4_0,
+    avx2::T32<avx2::Q4_0>,
+    t32_x16::gemm_tf::<t32_x16::Q4_0>,
+    32 * t32_x16::MAX_BLOCKS
+);
+group_gemm!(
+    /// [`gemm_groups`] for Q4_1.
+    gemm_q4_1_x16,
+    GgmlType::Q4_1,
+    avx2::T32<avx2::Q4_1>,
+    t32_x16::gemm_tf::<t32_x16::Q4_1>,
+    32 * t32_x16::MAX_BLOCKS
+);
+group_gemm!(
     /// [`gemm_groups`] for Q5_0.
     gemm_q5_0_x16,
     GgmlType::Q5_0,
     avx2::T32<avx2::Q5_0>,
     t32_x16::gemm_tf::<t32_x16::Q5_0>,
+    32 * t32_x16::MAX_BLOCKS
+);
+group_gemm!(
+    /// [`gemm_groups`] for Q5_1.
+    gemm_q5_1_x16,
+    GgmlType::Q5_1,
+    avx2::T32<avx2::Q5_1>,
+    t32_x16::gemm_tf::<t32_x16::Q5_1>,
     32 * t32_x16::MAX_BLOCKS
 );
 group_gemm!(
