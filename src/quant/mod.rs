@@ -210,16 +210,27 @@ pub struct Kernels {
 /// layout is already the fastest one here.
 pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn, Kernels)> {
     #[cfg(target_arch = "x86_64")]
-    if k.isa == Isa::Avx512Vnni && rows >= repack::GROUP {
-        let (layout, gemm): (repack::RepackFn, GemmFn) = match k.weight {
-            GgmlType::Q4K => (repack::repack_q4k_x16, x86::gemm_q4k_x16),
-            GgmlType::Q6K => (repack::repack_q6k_x16, x86::gemm_q6k_x16),
-            ty if ty.block_size() == 32 && n > 32 * x86::T32_X16_MAX_BLOCKS => return None,
-            GgmlType::Q4_0 => (repack::repack_nib32_x16::<false, false>, x86::gemm_q4_0_x16),
-            GgmlType::Q4_1 => (repack::repack_nib32_x16::<true, false>, x86::gemm_q4_1_x16),
-            GgmlType::Q5_0 => (repack::repack_nib32_x16::<false, true>, x86::gemm_q5_0_x16),
-            GgmlType::Q5_1 => (repack::repack_nib32_x16::<true, true>, x86::gemm_q5_1_x16),
-            GgmlType::Q8_0 => (repack::repack_q8_0_x16, x86::gemm_q8_0_x16),
+    if rows >= repack::GROUP {
+        let layout: repack::RepackFn = match k.weight {
+            GgmlType::Q4K => repack::repack_q4k_x16,
+            GgmlType::Q6K => repack::repack_q6k_x16,
+            GgmlType::Q4_0 => repack::repack_nib32_x16::<false, false>,
+            GgmlType::Q4_1 => repack::repack_nib32_x16::<true, false>,
+            GgmlType::Q5_0 => repack::repack_nib32_x16::<false, true>,
+            GgmlType::Q5_1 => repack::repack_nib32_x16::<true, true>,
+            GgmlType::Q8_0 => repack::repack_q8_0_x16,
+            _ => return None,
+        };
+        // The 32-element formats' kernels hold a group's row within a stack buffer.
+        if k.weight.block_size() == 32 && n > 32 * x86::T32_X16_MAX_BLOCKS {
+            return None;
+        }
+        let gemm: GemmFn = match (k.isa, k.weight) {
+            (Isa::Avx512Vnni, GgmlType::Q4K) => x86::gemm_q4k_x16,
+            (Isa::Avx512Vnni, GgmlType::Q6K) => x86::gemm_q6k_x16,
+            (Isa::Avx512Vnni, ty) => x86::groups_vnni::group_gemm(ty)?,
+            (Isa::Avx512, ty) => x86::groups_avx512::group_gemm(ty)?,
+            (Isa::Avx2, ty) => x86::groups_avx2::group_gemm(ty)?,
             _ => return None,
         };
         let kernels = Kernels {

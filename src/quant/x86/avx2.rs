@@ -153,7 +153,7 @@ unsafe fn nibbles32(p: *const u8) -> __m256i {
 
 /// The 32 bits at `p` spread to 32 bytes: 0xFF where the bit is set (element order).
 #[inline(always)]
-unsafe fn bits32(p: *const u8) -> __m256i {
+pub(super) unsafe fn bits32(p: *const u8) -> __m256i {
     let x = core::ptr::read_unaligned(p.cast::<u32>());
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,

@@ -12,6 +12,7 @@ mod avx512;
 mod q4k_x16;
 mod q6k_x16;
 mod t32_x16;
+mod t32_x16_ymm;
 
 pub(crate) use t32_x16::{
     MAX_BLOCKS as T32_X16_MAX_BLOCKS, STACK_BYTES as GROUP_KERNEL_STACK_BYTES,
@@ -237,16 +238,21 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
 }
 
 /// A kernel over one repacked group of rows (`q4k_x16::gemm_tf`, `q6k_x16::gemm_tf`,
-/// `t32_x16::gemm_tf`).
+/// `t32_x16::gemm_tf`, `t32_x16_ymm::gemm_tf`).
 type GroupKernel = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
 
+/// The plain-layout gemm of a tier (`tier_*::gemm`), for the rows after the last group.
+type PlainGemm = fn(usize, &[u8], usize, usize, &[u8], usize, usize, &mut [f32], usize);
+
 /// The gemm of a `ty` matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows
-/// is one group, run by `kernel` (rows of at most `max_n` elements); a shorter tile is the
-/// plain rows after the last group, run by the row-major kernel `P`. Handed out only with the
-/// `Avx512Vnni` tier, after its detection.
+/// is one group, run by `kernel` (rows of at most `max_n` elements, on a CPU where `has()`);
+/// a shorter tile is the plain rows after the last group, run by the tier's row-major `plain`.
+/// Handed out only with the tier whose detection `has` repeats.
 #[allow(clippy::too_many_arguments)]
-fn gemm_groups<P: avx2::Tile>(
+fn gemm_groups(
     kernel: GroupKernel,
+    plain: PlainGemm,
+    has: fn() -> bool,
     ty: GgmlType,
     max_n: usize,
     n: usize,
@@ -260,7 +266,7 @@ fn gemm_groups<P: avx2::Tile>(
     out_stride: usize,
 ) {
     if nw != super::repack::GROUP {
-        return tier_vnni::gemm::<P>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+        return plain(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
     }
     let qk = ty.block_size();
     assert!(
@@ -277,10 +283,10 @@ fn gemm_groups<P: avx2::Tile>(
     if nx == 0 {
         return;
     }
-    assert!(has_avx512vnni(), "repacked kernels need AVX-512 VNNI");
-    // SAFETY: the CPU has AVX-512 VNNI (checked); `check_gemm` verified the 16 rows (one group
-    // of `n / qk` repacked blocks, `n` within the kernel's limit), the `nx` activation rows and
-    // every output lie inside the buffers.
+    assert!(has(), "repacked kernels need their tier's instructions");
+    // SAFETY: the CPU has the kernel's instructions (checked); `check_gemm` verified the 16
+    // rows (one group of `n / qk` repacked blocks, `n` within the kernel's limit), the `nx`
+    // activation rows and every output lie inside the buffers.
     unsafe {
         kernel(
             n,
@@ -295,10 +301,10 @@ fn gemm_groups<P: avx2::Tile>(
 }
 
 /// `$name`: a `GemmFn` running [`gemm_groups`] for format `$ty` with the group kernel
-/// `$kernel` (rows of at most `$max_n` elements) and the row-major tile `$plain` for the rows
-/// after the last group.
+/// `$kernel` (rows of at most `$max_n` elements, on a CPU where `$has()`) and the row-major
+/// tile `$plain` of tier `$tier` for the rows after the last group.
 macro_rules! group_gemm {
-    ($(#[$doc:meta])* $name:ident, $ty:expr, $plain:ty, $kernel:expr, $max_n:expr) => {
+    ($(#[$doc:meta])* $name:ident, $ty:expr, $tier:ident, $has:expr, $plain:ty, $kernel:expr, $max_n:expr) => {
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
         pub(super) fn $name(
@@ -313,8 +319,21 @@ macro_rules! group_gemm {
             out_stride: usize,
         ) {
             let k: GroupKernel = $kernel;
-            gemm_groups::<$plain>(
-                k, $ty, $max_n, n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+            gemm_groups(
+                k,
+                $tier::gemm::<$plain>,
+                $has,
+                $ty,
+                $max_n,
+                n,
+                w,
+                w_stride,
+                nw,
+                x,
+                x_stride,
+                nx,
+                out,
+                out_stride,
             )
         }
     };
@@ -324,6 +343,8 @@ group_gemm!(
     /// [`gemm_groups`] for Q4_K.
     gemm_q4k_x16,
     GgmlType::Q4K,
+    tier_vnni,
+    has_avx512vnni,
     avx2::TQ4K,
     q4k_x16::gemm_tf,
     usize::MAX
@@ -332,47 +353,80 @@ group_gemm!(
     /// [`gemm_groups`] for Q6_K.
     gemm_q6k_x16,
     GgmlType::Q6K,
+    tier_vnni,
+    has_avx512vnni,
     avx2::TK<avx2::Q6K>,
     q6k_x16::gemm_tf,
     usize::MAX
 );
-group_gemm!(
-    /// [`gemm_groups`] for Q4_0.
-    gemm_q4_0_x16,
-    GgmlType::Q4_0,
-    avx2::T32<avx2::Q4_0>,
-    t32_x16::gemm_tf::<t32_x16::Q4_0>,
-    32 * t32_x16::MAX_BLOCKS
-);
-group_gemm!(
-    /// [`gemm_groups`] for Q4_1.
-    gemm_q4_1_x16,
-    GgmlType::Q4_1,
-    avx2::T32<avx2::Q4_1>,
-    t32_x16::gemm_tf::<t32_x16::Q4_1>,
-    32 * t32_x16::MAX_BLOCKS
-);
-group_gemm!(
-    /// [`gemm_groups`] for Q5_0.
-    gemm_q5_0_x16,
-    GgmlType::Q5_0,
-    avx2::T32<avx2::Q5_0>,
-    t32_x16::gemm_tf::<t32_x16::Q5_0>,
-    32 * t32_x16::MAX_BLOCKS
-);
-group_gemm!(
-    /// [`gemm_groups`] for Q5_1.
-    gemm_q5_1_x16,
-    GgmlType::Q5_1,
-    avx2::T32<avx2::Q5_1>,
-    t32_x16::gemm_tf::<t32_x16::Q5_1>,
-    32 * t32_x16::MAX_BLOCKS
-);
-group_gemm!(
-    /// [`gemm_groups`] for Q8_0.
-    gemm_q8_0_x16,
-    GgmlType::Q8_0,
-    avx2::T32<avx2::Q8_0>,
-    t32_x16::gemm_tf::<t32_x16::Q8_0>,
-    32 * t32_x16::MAX_BLOCKS
-);
+
+/// The 32-element formats' group gemms of one tier, as `$tier::group_gemm(ty)`: the kernels of
+/// module `$kernels` with the row-major tiles of tier `$tier`.
+macro_rules! t32_group_gemms {
+    ($mod:ident, $tier:ident, $has:expr, $kernels:ident) => {
+        pub(super) mod $mod {
+            use super::*;
+            group_gemm!(
+                q4_0,
+                GgmlType::Q4_0,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q4_0>,
+                $kernels::gemm_tf::<t32_x16::Q4_0>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+            group_gemm!(
+                q4_1,
+                GgmlType::Q4_1,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q4_1>,
+                $kernels::gemm_tf::<t32_x16::Q4_1>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+            group_gemm!(
+                q5_0,
+                GgmlType::Q5_0,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q5_0>,
+                $kernels::gemm_tf::<t32_x16::Q5_0>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+            group_gemm!(
+                q5_1,
+                GgmlType::Q5_1,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q5_1>,
+                $kernels::gemm_tf::<t32_x16::Q5_1>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+            group_gemm!(
+                q8_0,
+                GgmlType::Q8_0,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q8_0>,
+                $kernels::gemm_tf::<t32_x16::Q8_0>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+
+            /// The group gemm of the 32-element format `ty`, if it is one.
+            pub(in super::super) fn group_gemm(ty: GgmlType) -> Option<crate::quant::GemmFn> {
+                Some(match ty {
+                    GgmlType::Q4_0 => q4_0,
+                    GgmlType::Q4_1 => q4_1,
+                    GgmlType::Q5_0 => q5_0,
+                    GgmlType::Q5_1 => q5_1,
+                    GgmlType::Q8_0 => q8_0,
+                    _ => return None,
+                })
+            }
+        }
+    };
+}
+
+t32_group_gemms!(groups_vnni, tier_vnni, has_avx512vnni, t32_x16);
+t32_group_gemms!(groups_avx512, tier_avx512, has_avx512, t32_x16_ymm);
+t32_group_gemms!(groups_avx2, tier_avx2, has_avx2, t32_x16_ymm);

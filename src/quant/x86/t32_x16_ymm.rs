@@ -1,0 +1,248 @@
+//! The 32-element formats over a matrix repacked into 16-row groups (`quant::repack`: the
+//! layouts `t32_x16` reads), for the tiers without VNNI (AVX2, and AVX-512 without VNNI): a
+//! group is read as two halves of 8 rows, each 32-bit lane of a 256-bit register one weight
+//! row.
+//!
+//! The arithmetic is `t32_x16`'s, and so the reference's: lane `l` of the reference's 8-lane
+//! dot (elements `4l .. 4l + 4`) is one register of 8 rows; per block its exact integer is
+//! converted and fused-multiply-added with `d_w · d_x`; the 8 lanes are added at the end in the
+//! reference's tree, then (Q4_1, Q5_1) the minimum's separate sum. The integer comes from
+//! `maddubs` (unsigned × signed bytes, adjacent pairs summed in i16) instead of `vpdpbusd`:
+//! exact for the 4- and 5-bit values (a pair is at most 2 · 31 · 128), which run as
+//! `Σ v·y − OFFSET·Σ y`; Q8_0's values would overflow a pair, so it runs as the row-major
+//! kernels do, `Σ |q| · (sign(q)·y)`. Every output has the bits of the row-major kernels of the
+//! same tier (`avx2::T32`).
+
+use super::avx2::{bits32, f16x2_at, loadu, loadu128, IDot, Maddubs};
+use super::t32_x16::{Group32, Nib, MAX_BLOCKS, Q8_0};
+use crate::quant::repack::Nib32;
+use core::arch::x86_64::*;
+use core::mem::MaybeUninit;
+
+/// Rows of a group read at once.
+const HALF: usize = 8;
+
+/// One 16-row group (`w`) against `nx` activation rows: `out[j * out_stride + r]` for rows
+/// `r < 16`. `n` is a multiple of 32, at most `32 · MAX_BLOCKS`.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; `w` holds `n / 32` repacked blocks, each of the `nx`
+/// rows at `x + j·x_stride` holds `n / 32` activation blocks (Q8_0, or Q8_1 for a format with a
+/// minimum), and `out` has room for every output written.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm_tf<F: Half32>(
+    n: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let nb = n / 32;
+    debug_assert!(nb <= MAX_BLOCKS);
+    if nx == 1 {
+        for h in 0..2 {
+            let r = half::<F>(
+                nb,
+                x,
+                |b, l| F::prepared(w.add(b * F::BYTES), l, h),
+                |b| {
+                    let sb = w.add(b * F::BYTES);
+                    (f16x8(sb, h), f16x8(sb.add(Nib32::M_AT), h))
+                },
+            );
+            _mm256_storeu_ps(out.add(HALF * h), r);
+        }
+    } else {
+        batch::<F>(nb, w, x, x_stride, nx, out, out_stride);
+    }
+}
+
+// The batch's buffers fit the stack the plan gives a worker for a group kernel.
+const _: () = assert!((16 + 2 + 2) * 32 * MAX_BLOCKS <= super::t32_x16::STACK_BYTES);
+
+/// A batch: the group's values prepared once (8 lanes × 2 halves, the 16 `d` and `m` per
+/// block, on the stack), then every activation row runs over them.
+///
+/// # Safety
+/// As [`gemm_tf`], with `nb ≤ MAX_BLOCKS` (the buffers' size: only blocks `< nb` are written,
+/// and only those are read).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn batch<F: Half32>(
+    nb: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let mut vals = [const { MaybeUninit::<__m256i>::uninit() }; 16 * MAX_BLOCKS];
+    let mut ds = [const { MaybeUninit::<__m256>::uninit() }; 2 * MAX_BLOCKS];
+    let mut mins = [const { MaybeUninit::<__m256>::uninit() }; 2 * MAX_BLOCKS];
+    for b in 0..nb {
+        let sb = w.add(b * F::BYTES);
+        for h in 0..2 {
+            ds[2 * b + h].write(f16x8(sb, h));
+            if F::MIN {
+                mins[2 * b + h].write(f16x8(sb.add(Nib32::M_AT), h));
+            }
+            for l in 0..8 {
+                vals[16 * b + 8 * h + l].write(F::prepared(sb, l, h));
+            }
+        }
+    }
+    let vals = vals.as_ptr().cast::<__m256i>();
+    let ds = ds.as_ptr().cast::<__m256>();
+    let mins = mins.as_ptr().cast::<__m256>();
+    for j in 0..nx {
+        for h in 0..2 {
+            let r = half::<F>(
+                nb,
+                x.add(j * x_stride),
+                |b, l| *vals.add(16 * b + 8 * h + l),
+                |b| {
+                    let m = if F::MIN {
+                        *mins.add(2 * b + h)
+                    } else {
+                        _mm256_setzero_ps()
+                    };
+                    (*ds.add(2 * b + h), m)
+                },
+            );
+            _mm256_storeu_ps(out.add(j * out_stride + HALF * h), r);
+        }
+    }
+}
+
+/// Rows `8h .. 8h + 8` of the group against one activation row `x`: `value(b, l)` gives lane
+/// `l` of block `b` prepared ([`Half32::prepared`]), `scales(b)` the 8 rows' `d` and `m` (the
+/// latter read only for formats with a minimum).
+///
+/// # Safety
+/// `x` holds `nb` activation blocks of the format; AVX2, FMA, F16C.
+#[inline(always)]
+unsafe fn half<F: Half32>(
+    nb: usize,
+    x: *const u8,
+    value: impl Fn(usize, usize) -> __m256i,
+    scales: impl Fn(usize) -> (__m256, __m256),
+) -> __m256 {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut ms = _mm256_setzero_ps();
+    for b in 0..nb {
+        let xp = x.add(b * F::XB);
+        let xds = f16x2_at(xp);
+        let (d, m) = scales(b);
+        let prod = _mm256_mul_ps(d, _mm256_broadcastss_ps(xds));
+        let corr = corrections::<F>(loadu(xp.add(F::XQ)));
+        for (l, a) in acc.iter_mut().enumerate() {
+            let y = _mm256_set1_epi32(core::ptr::read_unaligned(
+                xp.add(F::XQ + 4 * l).cast::<i32>(),
+            ));
+            let dot = F::dot(value(b, l), y, corr, l);
+            *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(dot), *a);
+        }
+        if F::MIN {
+            ms = _mm256_fmadd_ps(m, _mm256_broadcastss_ps(_mm_movehdup_ps(xds)), ms);
+        }
+    }
+    let s: [__m256; 4] = core::array::from_fn(|i| _mm256_add_ps(acc[i], acc[i + 4]));
+    let t = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+    if F::MIN {
+        _mm256_add_ps(t, ms)
+    } else {
+        t
+    }
+}
+
+/// The 8 f16 values of half `h` at `p` (16 consecutive f16, one per row), in f32.
+///
+/// # Safety
+/// `p` points to 16 readable f16; F16C.
+#[inline(always)]
+unsafe fn f16x8(p: *const u8, h: usize) -> __m256 {
+    _mm256_cvtph_ps(loadu128(p.add(16 * h)))
+}
+
+/// `−OFFSET · Σ y` over each dword of the activation block's quants `y` (lane `l`'s start
+/// value in dword `l`); zero for formats without an offset.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn corrections<F: Group32>(y: __m256i) -> __m256i {
+    if F::OFFSET == 0 {
+        return _mm256_setzero_si256();
+    }
+    let s = Maddubs::dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(F::OFFSET as i8), y);
+    _mm256_sub_epi32(_mm256_setzero_si256(), s)
+}
+
+/// A [`Group32`] layout read 8 rows at a time.
+pub(super) trait Half32: Group32 {
+    /// Lane `l` (< 8) of the 8 rows of half `h` (< 2) of block `sb`, in the form [`Self::dot`]
+    /// takes.
+    ///
+    /// # Safety
+    /// `sb` points to a whole block of the layout; AVX2.
+    unsafe fn prepared(sb: *const u8, l: usize, h: usize) -> __m256i;
+    /// The exact integer `Σ q·y` of each row of a prepared lane `p` with the lane's 4
+    /// activation quants `y` (in every dword); `corr` as [`corrections`] gives it, `l` the lane.
+    ///
+    /// # Safety
+    /// AVX2.
+    unsafe fn dot(p: __m256i, y: __m256i, corr: __m256i, l: usize) -> __m256i;
+}
+
+impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
+    #[inline(always)]
+    unsafe fn prepared(sb: *const u8, l: usize, h: usize) -> __m256i {
+        let f = Nib32 {
+            min: MIN,
+            fifth: FIFTH,
+        };
+        // Lane `l < 4`: the low nibbles of `qs[4l .. 4l + 4]`; lane `l + 4`: their high ones.
+        let q = loadu(sb.add(f.nibbles_at() + 64 * (l % 4) + 32 * h));
+        let q = if l < 4 { q } else { _mm256_srli_epi16::<4>(q) };
+        let q = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+        if !FIFTH {
+            return q;
+        }
+        // Bit `4r + e` of the lane's mask is row `r`'s element `4l + e`: byte `4r + e` of this
+        // half's register.
+        let bits = bits32(sb.add(f.masks_at() + 8 * l + 4 * h));
+        _mm256_or_si256(q, _mm256_and_si256(bits, _mm256_set1_epi8(16)))
+    }
+    #[inline(always)]
+    unsafe fn dot(p: __m256i, y: __m256i, corr: __m256i, l: usize) -> __m256i {
+        let start = if Self::OFFSET == 0 {
+            _mm256_setzero_si256()
+        } else {
+            _mm256_permutevar8x32_epi32(corr, _mm256_set1_epi32(l as i32))
+        };
+        Maddubs::dpbusd(start, p, y)
+    }
+}
+
+impl Half32 for Q8_0 {
+    #[inline(always)]
+    unsafe fn prepared(sb: *const u8, l: usize, h: usize) -> __m256i {
+        // Stored as `q ^ 0x80`: back to the signed quants.
+        _mm256_xor_si256(
+            loadu(sb.add(32 + 64 * l + 32 * h)),
+            _mm256_set1_epi8(0x80u8 as i8),
+        )
+    }
+    #[inline(always)]
+    unsafe fn dot(q: __m256i, y: __m256i, _corr: __m256i, _l: usize) -> __m256i {
+        // The row-major kernels' sign trick, so that no pair of products overflows.
+        Maddubs::dpbusd(
+            _mm256_setzero_si256(),
+            _mm256_sign_epi8(q, q),
+            _mm256_sign_epi8(y, q),
+        )
+    }
+}
