@@ -226,7 +226,6 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
             return None;
         }
         let gemm: GemmFn = match (k.isa, k.weight) {
-            (Isa::Avx512Vnni, GgmlType::Q4K) => x86::gemm_q4k_x16,
             (Isa::Avx512Vnni, GgmlType::Q6K) => x86::gemm_q6k_x16,
             (Isa::Avx512Vnni, ty) => x86::groups_vnni::group_gemm(ty)?,
             (Isa::Avx512, ty) => x86::groups_avx512::group_gemm(ty)?,

@@ -10,6 +10,7 @@
 mod avx2;
 mod avx512;
 mod q4k_x16;
+mod q4k_x16_ymm;
 mod q6k_x16;
 mod t32_x16;
 mod t32_x16_ymm;
@@ -339,31 +340,11 @@ macro_rules! group_gemm {
     };
 }
 
-group_gemm!(
-    /// [`gemm_groups`] for Q4_K.
-    gemm_q4k_x16,
-    GgmlType::Q4K,
-    tier_vnni,
-    has_avx512vnni,
-    avx2::TQ4K,
-    q4k_x16::gemm_tf,
-    usize::MAX
-);
-group_gemm!(
-    /// [`gemm_groups`] for Q6_K.
-    gemm_q6k_x16,
-    GgmlType::Q6K,
-    tier_vnni,
-    has_avx512vnni,
-    avx2::TK<avx2::Q6K>,
-    q6k_x16::gemm_tf,
-    usize::MAX
-);
-
-/// The 32-element formats' group gemms of one tier, as `$tier::group_gemm(ty)`: the kernels of
-/// module `$kernels` with the row-major tiles of tier `$tier`.
-macro_rules! t32_group_gemms {
-    ($mod:ident, $tier:ident, $has:expr, $kernels:ident) => {
+/// The group gemms of one tier, as `$mod::group_gemm(ty)`: the 32-element formats' kernels of
+/// module `$t32` and Q4_K's `$q4k`, with the row-major tiles of tier `$tier` for the rows
+/// after the last group.
+macro_rules! group_gemms {
+    ($mod:ident, $tier:ident, $has:expr, $t32:ident, $q4k:expr) => {
         pub(super) mod $mod {
             use super::*;
             group_gemm!(
@@ -372,7 +353,7 @@ macro_rules! t32_group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q4_0>,
-                $kernels::gemm_tf::<t32_x16::Q4_0>,
+                $t32::gemm_tf::<t32_x16::Q4_0>,
                 32 * t32_x16::MAX_BLOCKS
             );
             group_gemm!(
@@ -381,7 +362,7 @@ macro_rules! t32_group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q4_1>,
-                $kernels::gemm_tf::<t32_x16::Q4_1>,
+                $t32::gemm_tf::<t32_x16::Q4_1>,
                 32 * t32_x16::MAX_BLOCKS
             );
             group_gemm!(
@@ -390,7 +371,7 @@ macro_rules! t32_group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q5_0>,
-                $kernels::gemm_tf::<t32_x16::Q5_0>,
+                $t32::gemm_tf::<t32_x16::Q5_0>,
                 32 * t32_x16::MAX_BLOCKS
             );
             group_gemm!(
@@ -399,7 +380,7 @@ macro_rules! t32_group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q5_1>,
-                $kernels::gemm_tf::<t32_x16::Q5_1>,
+                $t32::gemm_tf::<t32_x16::Q5_1>,
                 32 * t32_x16::MAX_BLOCKS
             );
             group_gemm!(
@@ -408,11 +389,20 @@ macro_rules! t32_group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q8_0>,
-                $kernels::gemm_tf::<t32_x16::Q8_0>,
+                $t32::gemm_tf::<t32_x16::Q8_0>,
                 32 * t32_x16::MAX_BLOCKS
             );
+            group_gemm!(
+                q4k,
+                GgmlType::Q4K,
+                $tier,
+                $has,
+                avx2::TQ4K,
+                $q4k,
+                usize::MAX
+            );
 
-            /// The group gemm of the 32-element format `ty`, if it is one.
+            /// The group gemm of `ty`, if this tier repacks it.
             pub(in super::super) fn group_gemm(ty: GgmlType) -> Option<crate::quant::GemmFn> {
                 Some(match ty {
                     GgmlType::Q4_0 => q4_0,
@@ -420,6 +410,7 @@ macro_rules! t32_group_gemms {
                     GgmlType::Q5_0 => q5_0,
                     GgmlType::Q5_1 => q5_1,
                     GgmlType::Q8_0 => q8_0,
+                    GgmlType::Q4K => q4k,
                     _ => return None,
                 })
             }
@@ -427,6 +418,35 @@ macro_rules! t32_group_gemms {
     };
 }
 
-t32_group_gemms!(groups_vnni, tier_vnni, has_avx512vnni, t32_x16);
-t32_group_gemms!(groups_avx512, tier_avx512, has_avx512, t32_x16_ymm);
-t32_group_gemms!(groups_avx2, tier_avx2, has_avx2, t32_x16_ymm);
+group_gemms!(
+    groups_vnni,
+    tier_vnni,
+    has_avx512vnni,
+    t32_x16,
+    q4k_x16::gemm_tf
+);
+group_gemm!(
+    /// [`gemm_groups`] for Q6_K (AVX-512 VNNI only: read 8 rows at a time it was slower than
+    /// the row-major kernel).
+    gemm_q6k_x16,
+    GgmlType::Q6K,
+    tier_vnni,
+    has_avx512vnni,
+    avx2::TK<avx2::Q6K>,
+    q6k_x16::gemm_tf,
+    usize::MAX
+);
+group_gemms!(
+    groups_avx512,
+    tier_avx512,
+    has_avx512,
+    t32_x16_ymm,
+    q4k_x16_ymm::gemm_q4k
+);
+group_gemms!(
+    groups_avx2,
+    tier_avx2,
+    has_avx2,
+    t32_x16_ymm,
+    q4k_x16_ymm::gemm_q4k
+);
