@@ -67,10 +67,15 @@ def machine_name():
     return f"{os.uname().machine}, {os.cpu_count()} CPUs"
 
 
-def kiln_tier(kiln):
-    """The kernel tier kiln picks here (`kiln bench --isa` prints it; KILN_ISA caps it)."""
-    p = subprocess.run([str(kiln), "bench", "--isa"], capture_output=True, text=True)
-    return p.stdout.strip() if p.returncode == 0 else "unknown"
+def kiln_tier(kiln, model):
+    """The kernel tier kiln picks here (the `kernels` field of its bench rows; KILN_ISA caps
+    it), from a one-token run on `model`."""
+    p = subprocess.run([str(kiln), "bench", "-m", str(model), "-p", "0", "-n", "1", "-r", "1",
+                        "--json"], capture_output=True, text=True)
+    try:
+        return json.loads(p.stdout)[0]["kernels"]
+    except (ValueError, LookupError, TypeError):
+        return "unknown"
 
 
 def build_kiln():
@@ -194,7 +199,7 @@ def main():
     print(f"threads {a.threads}, {a.rounds} rounds x {a.reps} reps per engine, alternating; "
           f"t/s = median of all samples")
     print(f"machine: {machine_name()}; reference built for {reference.tier()}"
-          f"{' + AMX' if reference.amx() else ''}; kiln: {kiln_tier(kiln)}")
+          f"{' + AMX' if reference.amx() else ''}; kiln: {kiln_tier(kiln, MODELS_DIR / next(iter(MODELS.values())))}")
     print()
     print("| model | test | reference t/s | kiln t/s | kiln / ref | ref peak RSS | kiln peak RSS | kiln roofline |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
