@@ -102,8 +102,28 @@ pub fn plan(
         .filter(|t| t.shape.len() >= 2)
         .partition(|t| crate::model::weights::repacked_at_load(file, t));
     let bytes_of = |ts: &[&crate::gguf::TensorInfo]| ts.iter().map(|t| t.n_bytes as u64).sum();
-    let (mapped, owned_2d): (u64, u64) = (bytes_of(&in_place), bytes_of(&repacked));
-    let file_rest = (file.file_size() as u64).saturating_sub(mapped + owned_2d);
+    // A rearranged tensor is one allocation of its size.
+    let owned_2d: u64 = repacked
+        .iter()
+        .map(|t| malloc_bytes(t.n_bytes) as u64)
+        .sum();
+    let mapped: u64 = bytes_of(&in_place);
+    use crate::gguf::PAGE;
+    // A rearranged tensor's file pages are released once copied, all but the partial pages at
+    // its two ends (`TensorBytes::release`), which stay resident with the rest of the file.
+    let released: u64 = repacked
+        .iter()
+        .map(|t| {
+            let start = file.data_offset() + t.offset;
+            let (a, b) = (
+                start.next_multiple_of(PAGE),
+                (start + t.n_bytes) / PAGE * PAGE,
+            );
+            b.saturating_sub(a) as u64
+        })
+        .sum();
+    let file_pages = file.file_size().next_multiple_of(PAGE) as u64;
+    let file_rest = file_pages.saturating_sub(mapped + released);
     let small: Vec<_> = tensors.iter().filter(|t| t.shape.len() < 2).collect();
     let owned: u64 = small
         .iter()
@@ -135,7 +155,7 @@ pub fn plan(
             mapped: false,
             formula: format!(
                 "Σ bytes of the {} 2-D tensors rearranged at load for this CPU's kernels \
-                 (same size; the file's pages are released)",
+                 (same size, one allocation each; the file's pages are released)",
                 repacked.len()
             ),
         },
@@ -144,7 +164,9 @@ pub fn plan(
             bytes: file_rest,
             mapped: true,
             formula: format!(
-                "file size − 2-D tensors: header, metadata and {} 1-D tensors, paged in at load",
+                "file pages − 2-D tensors read in place − the whole pages inside the rearranged \
+                 ones: header, metadata, {} 1-D tensors and the rearranged tensors' end pages, \
+                 paged in at load",
                 small.len()
             ),
         },

@@ -47,6 +47,9 @@ impl Deref for Backing {
     }
 }
 
+/// The page size `release_range` assumes (the memory plan counts released pages with it).
+pub const PAGE: usize = 4096;
+
 /// A tensor's raw bytes: a cheap-to-clone view (`Arc` + range) into the file's backing.
 ///
 /// Derefs to `&[u8]`. Data offsets are multiples of the file's alignment (32 by default) and a
@@ -92,7 +95,6 @@ impl TensorBytes {
     pub fn release_range(&self, range: std::ops::Range<usize>) {
         #[cfg(unix)]
         if let Backing::Mmap(m) = &*self.backing {
-            const PAGE: usize = 4096;
             let (a, b) = (range.start.min(self.len), range.end.min(self.len));
             let start = (self.start + a).next_multiple_of(PAGE);
             let end = (self.start + b) / PAGE * PAGE;
