@@ -254,6 +254,30 @@ pub fn load(
     } else {
         None
     };
+    // Reading a tensor faults its file pages in together with their neighbours where those are
+    // in the page cache, which maps back pages of tensors rearranged (and released) just
+    // before it: each layer's reads are followed by releasing the rearranged tensors of the
+    // last few layers again, so the pages never pile up during the load, and a last pass at
+    // the end leaves resident exactly what the plan counts, whatever the page cache held.
+    let release = |t: &crate::gguf::TensorInfo| {
+        if repacked_at_load(f, t) {
+            f.tensor_bytes(t).release();
+        }
+    };
+    let release_layers = |layers: std::ops::Range<usize>| {
+        for t in f.tensors() {
+            let layer = t
+                .name
+                .strip_prefix("blk.")
+                .and_then(|r| r.split('.').next());
+            if layer
+                .and_then(|l| l.parse::<usize>().ok())
+                .is_some_and(|l| layers.contains(&l))
+            {
+                release(t);
+            }
+        }
+    };
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for (i, rope) in ropes.into_iter().enumerate() {
         let b = |s: &str| blk(i, s);
@@ -305,6 +329,7 @@ pub fn load(
             },
             rope,
         });
+        release_layers(i.saturating_sub(2)..i + 1);
     }
     let output_norm = ld.norm(OUTPUT_NORM, dim)?;
     let (output, output_tied) = match ld.opt_linear(OUTPUT, dim, cfg.vocab_size)? {
@@ -317,6 +342,7 @@ pub fn load(
             (output, true)
         }
     };
+    f.tensors().iter().for_each(release);
     Ok(Weights {
         token_embd,
         pos_embd,
