@@ -4,8 +4,8 @@
 //! holds. A decode step evaluates one token for each of several slots as **one** forward pass:
 //! every weight matrix is read once for all of them, which is where batching wins on a
 //! bandwidth-bound CPU. A step may also carry prefill chunks of some slots beside the decode
-//! tokens of the others ([`BatchRunner::step`]: chunked prefill), so a long prompt never stops
-//! the running sequences for more than one chunk.
+//! tokens of the others ([`BatchRunner::push_part`], then [`BatchRunner::run_step`]: chunked
+//! prefill), so a long prompt never stops the running sequences for more than one chunk.
 //!
 //! All buffers are allocated in [`BatchRunner::new`]: scratch for `prefill_chunk + slots` rows
 //! (one chunk beside one decode token per slot), one logits row per slot. A step allocates

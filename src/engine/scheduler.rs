@@ -18,7 +18,7 @@
 //! prefills only the rest; if a busy slot shares a longer prefix, that prefix's KV is copied
 //! over first (seed 004's rollback, across slots).
 //!
-//! Generation follows [`super::generate`] step for step (same sampler calls on the same
+//! Generation follows [`super::generate()`] step for step (same sampler calls on the same
 //! logits), so a request's greedy output equals `kiln run`'s.
 //!
 //! Several choices of one prompt (`n > 1`, [`SeqRequest::forks`]) share one prefill: the request
@@ -748,7 +748,7 @@ impl<'t> Scheduler<'t> {
     }
 
     /// Sample the next token of `slot` from its fresh logits, emit it, and either finish or
-    /// queue it for the next decode step (the order of [`super::generate`]).
+    /// queue it for the next decode step (the order of [`super::generate()`]).
     fn sample_next(&mut self, slot: usize) {
         let a = self.active[slot].as_mut().expect("active slot");
         if a.generated >= a.req.max_new {

@@ -18,7 +18,7 @@
 //! dispatch must not end (return *or unwind*) while a worker may still call it. Three rules
 //! make that hold whatever the closure does:
 //!
-//! - the caller's wait for the workers is the `Drop` of a guard ([`EndJob`]) made before the
+//! - the caller's wait for the workers is the `Drop` of a guard (`EndJob`) made before the
 //!   pointer is stored, so a panic in the caller's own share waits for the workers too, and is
 //!   re-raised only after they left;
 //! - a worker runs its share under `catch_unwind`: a panic there ends the job (no items are

@@ -13,7 +13,7 @@
 //! which the engine notices at its next event and frees the slot.
 //!
 //! At most `--parallel + --queue` requests are in the engine at once: a request takes a permit
-//! of [`AppState::admission`] before it is sent and gives it back when the engine has finished
+//! of `AppState::admission` before it is sent and gives it back when the engine has finished
 //! with it, however it ends; without a permit the answer is 429. The connections themselves
 //! (limit, timeouts, shutdown) are `conn.rs`.
 //!
