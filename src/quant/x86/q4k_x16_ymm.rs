@@ -9,15 +9,14 @@
 //! (`avx2::TQ4K`). (Q6_K read this way was slower than its row-major kernel on AVX2: 22.7
 //! against 28.6 GiB/s in the matrix-vector benchmark on a Zen 4, so it is not repacked here.)
 
-use super::avx2::{f32_at, loadu, loadu128, IDot, Maddubs, Q8K_BYTES};
+use super::avx2::{f32_at, loadu, IDot, Maddubs, Q8K_BYTES};
+use super::t32_x16_ymm::{f16x8, HALF};
 use crate::quant::repack::Q4K_X16_BYTES;
 use core::arch::x86_64::*;
 
-/// Rows of a group read at once.
-const HALF: usize = 8;
-
-/// `f(rows, h)` for the activation rows of a batch in tiles of at most `T` rows, for both
-/// halves `h` of the group, storing each result row `j` at `out + j·out_stride + 8h`.
+/// `f(j, h)` (the results of activation rows `j .. j + T` against half `h` of the group) for
+/// every tile of `T` rows in `rows` (a multiple of `T` long), stored at
+/// `out + (j + i)·out_stride + 8h`.
 ///
 /// # Safety
 /// `out` has room for every output written; AVX.
@@ -26,18 +25,15 @@ unsafe fn tiles<const T: usize>(
     rows: core::ops::Range<usize>,
     out: *mut f32,
     out_stride: usize,
-    mut f: impl FnMut(usize, usize, &mut [__m256; T]) -> usize,
+    f: impl Fn(usize, usize) -> [__m256; T],
 ) {
-    let mut j = rows.start;
-    while j < rows.end {
+    debug_assert!(rows.len().is_multiple_of(T));
+    for j in rows.step_by(T) {
         for h in 0..2 {
-            let mut r = [_mm256_setzero_ps(); T];
-            let t = f(j, h, &mut r);
-            for (i, v) in r.iter().enumerate().take(t) {
+            for (i, v) in f(j, h).iter().enumerate() {
                 _mm256_storeu_ps(out.add((j + i) * out_stride + HALF * h), *v);
             }
         }
-        j += T.min(rows.end - j);
     }
 }
 
@@ -63,13 +59,11 @@ pub(super) unsafe fn gemm_q4k(
     // Rows in the batch's groups of four convert per pair of sub-blocks, the rest per
     // super-block (as `q4k_x16`); two rows at a time either way.
     let full = nx - nx % 4;
-    tiles::<2>(0..full, out, out_stride, |j, h, r| {
-        *r = q4k_half::<2, true>(nb, w, [xr(j), xr(j + 1)], h);
-        2
+    tiles::<2>(0..full, out, out_stride, |j, h| {
+        q4k_half::<2, true>(nb, w, [xr(j), xr(j + 1)], h)
     });
-    tiles::<1>(full..nx, out, out_stride, |j, h, r| {
-        *r = q4k_half::<1, false>(nb, w, [xr(j)], h);
-        1
+    tiles::<1>(full..nx, out, out_stride, |j, h| {
+        q4k_half::<1, false>(nb, w, [xr(j)], h)
     });
 }
 
@@ -90,8 +84,8 @@ unsafe fn q4k_half<const T: usize, const PAIR: bool>(
     let mut acc_min = [_mm256_setzero_ps(); T];
     for b in 0..nb {
         let sb = w.add(b * Q4K_X16_BYTES);
-        let d = _mm256_cvtph_ps(loadu128(sb.add(16 * h)));
-        let dmin = _mm256_cvtph_ps(loadu128(sb.add(32 + 16 * h)));
+        let d = f16x8(sb, h);
+        let dmin = f16x8(sb.add(32), h);
         let wa = loadu(sb.add(64 + 32 * h));
         let wb = loadu(sb.add(128 + 32 * h));
         let wc = loadu(sb.add(192 + 32 * h));

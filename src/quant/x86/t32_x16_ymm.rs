@@ -20,7 +20,7 @@ use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
 /// Rows of a group read at once.
-const HALF: usize = 8;
+pub(super) const HALF: usize = 8;
 
 /// One 16-row group (`w`) against `nx` activation rows: `out[j * out_stride + r]` for rows
 /// `r < 16`. `n` is a multiple of 32, at most `32 · MAX_BLOCKS`.
@@ -43,14 +43,12 @@ pub(super) unsafe fn gemm_tf<F: Half32>(
     debug_assert!(nb <= MAX_BLOCKS);
     if nx == 1 {
         for h in 0..2 {
+            let sb = |b: usize| w.add(b * F::BYTES);
             let r = half::<F>(
                 nb,
                 x,
-                |b, l| F::prepared(w.add(b * F::BYTES), l, h),
-                |b| {
-                    let sb = w.add(b * F::BYTES);
-                    (f16x8(sb, h), f16x8(sb.add(Nib32::M_AT), h))
-                },
+                |b, l| F::prepared(sb(b), l, h),
+                |b| scales::<F>(sb(b), h),
             );
             _mm256_storeu_ps(out.add(HALF * h), r);
         }
@@ -85,10 +83,9 @@ unsafe fn batch<F: Half32>(
     for b in 0..nb {
         let sb = w.add(b * F::BYTES);
         for h in 0..2 {
-            ds[2 * b + h].write(f16x8(sb, h));
-            if F::MIN {
-                mins[2 * b + h].write(f16x8(sb.add(Nib32::M_AT), h));
-            }
+            let (d, m) = scales::<F>(sb, h);
+            ds[2 * b + h].write(d);
+            mins[2 * b + h].write(m);
             for l in 0..8 {
                 vals[16 * b + 8 * h + l].write(F::prepared(sb, l, h));
             }
@@ -103,14 +100,7 @@ unsafe fn batch<F: Half32>(
                 nb,
                 x.add(j * x_stride),
                 |b, l| *vals.add(16 * b + 8 * h + l),
-                |b| {
-                    let m = if F::MIN {
-                        *mins.add(2 * b + h)
-                    } else {
-                        _mm256_setzero_ps()
-                    };
-                    (*ds.add(2 * b + h), m)
-                },
+                |b| (*ds.add(2 * b + h), *mins.add(2 * b + h)),
             );
             _mm256_storeu_ps(out.add(j * out_stride + HALF * h), r);
         }
@@ -118,8 +108,8 @@ unsafe fn batch<F: Half32>(
 }
 
 /// Rows `8h .. 8h + 8` of the group against one activation row `x`: `value(b, l)` gives lane
-/// `l` of block `b` prepared ([`Half32::prepared`]), `scales(b)` the 8 rows' `d` and `m` (the
-/// latter read only for formats with a minimum).
+/// `l` of block `b` prepared ([`Half32::prepared`]), `scales(b)` the 8 rows' `d` and `m`
+/// ([`scales`]).
 ///
 /// # Safety
 /// `x` holds `nb` activation blocks of the format; AVX2, FMA, F16C.
@@ -137,7 +127,7 @@ unsafe fn half<F: Half32>(
         let xds = f16x2_at(xp);
         let (d, m) = scales(b);
         let prod = _mm256_mul_ps(d, _mm256_broadcastss_ps(xds));
-        let corr = corrections::<F>(loadu(xp.add(F::XQ)));
+        let corr = F::corrections(loadu(xp.add(F::XQ)));
         for (l, a) in acc.iter_mut().enumerate() {
             let y = _mm256_set1_epi32(core::ptr::read_unaligned(
                 xp.add(F::XQ + 4 * l).cast::<i32>(),
@@ -163,22 +153,22 @@ unsafe fn half<F: Half32>(
 /// # Safety
 /// `p` points to 16 readable f16; F16C.
 #[inline(always)]
-unsafe fn f16x8(p: *const u8, h: usize) -> __m256 {
+pub(super) unsafe fn f16x8(p: *const u8, h: usize) -> __m256 {
     _mm256_cvtph_ps(loadu128(p.add(16 * h)))
 }
 
-/// `−OFFSET · Σ y` over each dword of the activation block's quants `y` (lane `l`'s start
-/// value in dword `l`); zero for formats without an offset.
+/// The 8 rows' `d` of half `h` of block `sb`, and their `m` (zero for a format without one).
 ///
 /// # Safety
-/// AVX2.
+/// `sb` points to a whole block of the layout; F16C.
 #[inline(always)]
-unsafe fn corrections<F: Group32>(y: __m256i) -> __m256i {
-    if F::OFFSET == 0 {
-        return _mm256_setzero_si256();
-    }
-    let s = Maddubs::dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(F::OFFSET as i8), y);
-    _mm256_sub_epi32(_mm256_setzero_si256(), s)
+unsafe fn scales<F: Group32>(sb: *const u8, h: usize) -> (__m256, __m256) {
+    let m = if F::MIN {
+        f16x8(sb.add(Nib32::M_AT), h)
+    } else {
+        _mm256_setzero_ps()
+    };
+    (f16x8(sb, h), m)
 }
 
 /// A [`Group32`] layout read 8 rows at a time.
@@ -189,8 +179,24 @@ pub(super) trait Half32: Group32 {
     /// # Safety
     /// `sb` points to a whole block of the layout; AVX2.
     unsafe fn prepared(sb: *const u8, l: usize, h: usize) -> __m256i;
+    /// What [`Self::dot`] needs of the activation block's quants `y` beyond each lane's own:
+    /// `−OFFSET · Σ y` over each dword (lane `l`'s start value in dword `l`), zero for formats
+    /// without an offset.
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline(always)]
+    unsafe fn corrections(y: __m256i) -> __m256i {
+        if Self::OFFSET == 0 {
+            return _mm256_setzero_si256();
+        }
+        let off = _mm256_set1_epi8(Self::OFFSET as i8);
+        let s = Maddubs::dpbusd(_mm256_setzero_si256(), off, y);
+        _mm256_sub_epi32(_mm256_setzero_si256(), s)
+    }
     /// The exact integer `Σ q·y` of each row of a prepared lane `p` with the lane's 4
-    /// activation quants `y` (in every dword); `corr` as [`corrections`] gives it, `l` the lane.
+    /// activation quants `y` (in every dword); `corr` as [`Self::corrections`] gives it, `l`
+    /// the lane.
     ///
     /// # Safety
     /// AVX2.
@@ -235,6 +241,11 @@ impl Half32 for Q8_0 {
             loadu(sb.add(32 + 64 * l + 32 * h)),
             _mm256_set1_epi8(0x80u8 as i8),
         )
+    }
+    #[inline(always)]
+    unsafe fn corrections(_y: __m256i) -> __m256i {
+        // The sign trick needs no offset correction.
+        _mm256_setzero_si256()
     }
     #[inline(always)]
     unsafe fn dot(q: __m256i, y: __m256i, _corr: __m256i, _l: usize) -> __m256i {
