@@ -108,21 +108,16 @@ pub fn plan(
         .map(|t| malloc_bytes(t.n_bytes) as u64)
         .sum();
     let mapped: u64 = bytes_of(&in_place);
-    use crate::gguf::PAGE;
     // A rearranged tensor's file pages are released once copied, all but the partial pages at
     // its two ends (`TensorBytes::release`), which stay resident with the rest of the file.
     let released: u64 = repacked
         .iter()
         .map(|t| {
             let start = file.data_offset() + t.offset;
-            let (a, b) = (
-                start.next_multiple_of(PAGE),
-                (start + t.n_bytes) / PAGE * PAGE,
-            );
-            b.saturating_sub(a) as u64
+            crate::gguf::whole_pages(start..start + t.n_bytes).len() as u64
         })
         .sum();
-    let file_pages = file.file_size().next_multiple_of(PAGE) as u64;
+    let file_pages = file.file_size().next_multiple_of(crate::gguf::PAGE) as u64;
     let file_rest = file_pages.saturating_sub(mapped + released);
     let small: Vec<_> = tensors.iter().filter(|t| t.shape.len() < 2).collect();
     let owned: u64 = small

@@ -47,8 +47,16 @@ impl Deref for Backing {
     }
 }
 
-/// The page size `release_range` assumes (the memory plan counts released pages with it).
+/// The page size `release_range` assumes.
 pub const PAGE: usize = 4096;
+
+/// The whole pages inside the file byte range `range`: what releasing it gives back (the
+/// partial pages at its ends stay, shared with the bytes beside it). The memory plan counts
+/// released pages with it.
+pub fn whole_pages(range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+    let start = range.start.next_multiple_of(PAGE);
+    start..(range.end / PAGE * PAGE).max(start)
+}
 
 /// A tensor's raw bytes: a cheap-to-clone view (`Arc` + range) into the file's backing.
 ///
@@ -96,15 +104,18 @@ impl TensorBytes {
         #[cfg(unix)]
         if let Backing::Mmap(m) = &*self.backing {
             let (a, b) = (range.start.min(self.len), range.end.min(self.len));
-            let start = (self.start + a).next_multiple_of(PAGE);
-            let end = (self.start + b) / PAGE * PAGE;
-            if end > start {
+            let pages = whole_pages(self.start + a..self.start + b);
+            if !pages.is_empty() {
                 // SAFETY: the map is private and never written, so dropping its pages loses
                 // nothing: any later read of them (through this or another view) faults the
                 // file's bytes back in. The range lies inside the map (`new` checked the view,
                 // and `a..b` is clamped to it).
                 let _ = unsafe {
-                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                    m.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        pages.start,
+                        pages.len(),
+                    )
                 };
             }
         }
@@ -237,6 +248,14 @@ impl<'a> Cursor<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_pages_keep_the_partial_ends() {
+        assert_eq!(whole_pages(0..3 * PAGE), 0..3 * PAGE);
+        assert_eq!(whole_pages(10..3 * PAGE - 1), PAGE..2 * PAGE);
+        assert_eq!(whole_pages(PAGE + 1..2 * PAGE + 5), 2 * PAGE..2 * PAGE);
+        assert!(whole_pages(5..PAGE - 5).is_empty());
+    }
 
     #[test]
     fn cursor_reads_and_reports_truncation() {

@@ -12,7 +12,7 @@ pub mod summary;
 mod value;
 pub mod writer;
 
-pub use bytes::{TensorBytes, PAGE};
+pub use bytes::{whole_pages, TensorBytes, PAGE};
 pub use error::GgufError;
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use summary::{FormatStats, ModelSummary, TensorRow};
