@@ -276,27 +276,6 @@ impl Nib32 {
     }
 }
 
-/// Q4_0 × 16: `d`, nibbles.
-pub const Q4_0_X16: Nib32 = Nib32 {
-    min: false,
-    fifth: false,
-};
-/// Q4_1 × 16: `d`, `m`, nibbles.
-pub const Q4_1_X16: Nib32 = Nib32 {
-    min: true,
-    fifth: false,
-};
-/// Q5_0 × 16: `d`, fifth-bit masks, nibbles.
-pub const Q5_0_X16: Nib32 = Nib32 {
-    min: false,
-    fifth: true,
-};
-/// Q5_1 × 16: `d`, `m`, fifth-bit masks, nibbles.
-pub const Q5_1_X16: Nib32 = Nib32 {
-    min: true,
-    fifth: true,
-};
-
 /// The matrix `src` of the 4-bit legacy format `MIN`/`FIFTH` ([`Nib32`]; `rows` rows of `n`
 /// elements, row-major) in the 16-row layout. Panics if `src` is not exactly that matrix (the
 /// loader checked the shape).
@@ -464,13 +443,15 @@ mod tests {
         round_trip(17, 32, B8, repack_q8_0_x16, |g, r, b| {
             q8_0_x16_block(g, r, b).to_vec()
         });
-        let layouts: [(Nib32, RepackFn); 4] = [
-            (Q4_0_X16, repack_nib32_x16::<false, false>),
-            (Q4_1_X16, repack_nib32_x16::<true, false>),
-            (Q5_0_X16, repack_nib32_x16::<false, true>),
-            (Q5_1_X16, repack_nib32_x16::<true, true>),
+        use super::super::GgmlType as T;
+        let layouts: [(T, RepackFn); 4] = [
+            (T::Q4_0, repack_nib32_x16::<false, false>),
+            (T::Q4_1, repack_nib32_x16::<true, false>),
+            (T::Q5_0, repack_nib32_x16::<false, true>),
+            (T::Q5_1, repack_nib32_x16::<true, true>),
         ];
-        for (f, repack) in layouts {
+        for (ty, repack) in layouts {
+            let f = Nib32::of(ty).unwrap();
             round_trip(33, 32, f.block_bytes(), repack, |g, r, b| {
                 nib32_x16_block(f, g, r, b)[..f.block_bytes()].to_vec()
             });
@@ -479,15 +460,13 @@ mod tests {
 
     #[test]
     fn nib32_layouts_match_the_block_structs() {
-        use super::super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1};
-        use std::mem::size_of;
-        assert_eq!(Q4_0_X16.block_bytes(), size_of::<BlockQ4_0>());
-        assert_eq!(Q4_1_X16.block_bytes(), size_of::<BlockQ4_1>());
-        assert_eq!(Q5_0_X16.block_bytes(), size_of::<BlockQ5_0>());
-        assert_eq!(Q5_1_X16.block_bytes(), size_of::<BlockQ5_1>());
-        for f in [Q4_0_X16, Q4_1_X16, Q5_0_X16, Q5_1_X16] {
-            assert_eq!(f.nibbles_at() + 256, f.group_bytes(), "{f:?}");
+        use super::super::GgmlType as T;
+        for ty in [T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1] {
+            let f = Nib32::of(ty).unwrap();
+            assert_eq!(f.block_bytes(), ty.type_size(), "{ty}");
+            assert_eq!(f.nibbles_at() + 256, f.group_bytes(), "{ty}");
         }
+        assert_eq!(Nib32::of(T::Q8_0), None);
     }
 
     #[test]

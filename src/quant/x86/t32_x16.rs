@@ -238,7 +238,8 @@ pub(super) type Q5_0 = Nib<false, true>;
 pub(super) type Q5_1 = Nib<true, true>;
 
 impl<const MIN: bool, const FIFTH: bool> Nib<MIN, FIFTH> {
-    const LAYOUT: Nib32 = Nib32 {
+    /// The layout this format's groups have.
+    pub(super) const LAYOUT: Nib32 = Nib32 {
         min: MIN,
         fifth: FIFTH,
     };

@@ -206,10 +206,7 @@ pub(super) trait Half32: Group32 {
 impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
     #[inline(always)]
     unsafe fn prepared(sb: *const u8, l: usize, h: usize) -> __m256i {
-        let f = Nib32 {
-            min: MIN,
-            fifth: FIFTH,
-        };
+        let f = Self::LAYOUT;
         // Lane `l < 4`: the low nibbles of `qs[4l .. 4l + 4]`; lane `l + 4`: their high ones.
         let q = loadu(sb.add(f.nibbles_at() + 64 * (l % 4) + 32 * h));
         let q = if l < 4 { q } else { _mm256_srli_epi16::<4>(q) };
