@@ -16,6 +16,7 @@
 //!   file over HTTP(S) (resumable), the models directory (`kiln list`, `kiln rm`, `-m NAME`).
 //! - [`fixtures`]: the small random-weight models the tests check against the reference engine.
 
+pub mod backend;
 pub mod cache;
 pub mod engine;
 pub mod fetch;

@@ -15,9 +15,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::session::{check_context, kv_layout, scratch_spec, EngineError, SessionOptions};
+use crate::backend::cpu::{forward_batch, Runtime};
 use crate::cache::{KvCache, KvType, Scratch};
 use crate::kernels::attention::SoloAttention;
-use crate::model::forward::{forward_batch, ForwardError, Logits, Runtime, SeqBatch};
+use crate::model::forward::{ForwardError, Logits, SeqBatch};
 use crate::model::Model;
 
 /// How a runner is sized.

@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
+use crate::backend::cpu::{forward, Runtime};
 use crate::cache::{
     KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
 };
-use crate::model::forward::{forward, ForwardError, Logits, Runtime};
+use crate::model::forward::{ForwardError, Logits};
 use crate::model::{weights, Model};
 
 /// How a session is sized.

@@ -1,0 +1,568 @@
+//! The CPU backend: the seam's ops over the thread pool, the SIMD kernels chosen at load and
+//! the [`Scratch`] buffers; each sequence's KV storage is a [`KvCache`] in RAM (or offloaded to
+//! a file a layer at a time).
+//!
+//! A [`Cpu`] is a view made for one forward pass from what a session owns (the runtime, the
+//! scratch, the model); making it allocates nothing.
+
+use std::ops::Range;
+
+use super::{row_pos, Backend, Buf, Mat, NormW, RowSel, SeqBatch};
+use crate::cache::{KvCache, Scratch};
+use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
+use crate::kernels::f16ops::F16Ops;
+use crate::kernels::matmul::{
+    matmul, matmul_gated, matmul_many, quantize_input, Linear, MatmulScratch, GATED_MIN_ROWS,
+};
+use crate::kernels::ops::{self, Activation, Rope};
+use crate::kernels::par_rows;
+use crate::kernels::pool::ThreadPool;
+use crate::model::forward::{ForwardError, Logits};
+use crate::model::{Model, Norm, NormKind, Qkv};
+
+/// Threads and per-CPU kernel choices for running a model.
+pub struct Runtime {
+    pub pool: ThreadPool,
+    pub f16: F16Ops,
+}
+
+impl Runtime {
+    pub fn new(n_threads: usize) -> Runtime {
+        Runtime {
+            pool: ThreadPool::new(n_threads),
+            f16: F16Ops::detect(),
+        }
+    }
+}
+
+/// Run `tokens` through the model on the CPU, appending them to `kv`.
+pub fn forward(
+    m: &Model,
+    rt: &Runtime,
+    kv: &mut KvCache,
+    s: &mut Scratch,
+    tokens: &[u32],
+    logits: Logits<'_>,
+) -> Result<(), ForwardError> {
+    let n_tokens = tokens.len();
+    forward_batch(
+        m,
+        rt,
+        &mut [SeqBatch { kv, n_tokens }],
+        s,
+        tokens,
+        logits,
+        None,
+    )
+}
+
+/// Run a batch of several sequences' tokens on the CPU (see
+/// [`crate::model::forward::forward_batch`]). With `solo`, a batch of short decode rows runs
+/// all its sequences' attention in one dispatch (see [`SoloAttention`]).
+pub fn forward_batch(
+    m: &Model,
+    rt: &Runtime,
+    seqs: &mut [SeqBatch<'_>],
+    s: &mut Scratch,
+    tokens: &[u32],
+    logits: Logits<'_>,
+    solo: Option<&mut SoloAttention>,
+) -> Result<(), ForwardError> {
+    let mut cpu = Cpu {
+        m,
+        rt,
+        s,
+        solo,
+        use_solo: false,
+        rope_of_cs: None,
+    };
+    crate::model::forward::forward_batch(m, &mut cpu, seqs, tokens, logits)
+}
+
+/// The CPU backend for one forward pass.
+pub struct Cpu<'a> {
+    m: &'a Model,
+    rt: &'a Runtime,
+    s: &'a mut Scratch,
+    solo: Option<&'a mut SoloAttention>,
+    /// Whether this step's attention runs one sequence per thread (decided in `begin`).
+    use_solo: bool,
+    /// The RoPE whose angles `s.rope_cs` holds for this step's positions.
+    rope_of_cs: Option<&'a Rope>,
+}
+
+/// The scratch split into its named buffers and the matrix products' scratch, so that an op
+/// can hold several at once.
+struct Parts<'s> {
+    bufs: [Option<&'s mut Vec<f32>>; 10],
+    xq: &'s mut Vec<u8>,
+    mm: &'s mut MatmulScratch,
+}
+
+impl<'s> Parts<'s> {
+    fn of(s: &'s mut Scratch) -> Parts<'s> {
+        let Scratch {
+            x,
+            xb,
+            q,
+            k,
+            v,
+            attn,
+            proj,
+            gate,
+            up,
+            logits,
+            xq,
+            matmul,
+            ..
+        } = s;
+        // In `Buf`'s order.
+        let bufs = [x, xb, q, k, v, attn, proj, gate, up, logits].map(Some);
+        Parts {
+            bufs,
+            xq,
+            mm: matmul,
+        }
+    }
+
+    /// Take buffer `b` (each at most once).
+    fn take(&mut self, b: Buf) -> &'s mut Vec<f32> {
+        self.bufs[b as usize]
+            .take()
+            .expect("an op names one buffer twice")
+    }
+}
+
+impl<'a> Cpu<'a> {
+    fn lin(&self, w: Mat) -> &'a Linear {
+        let ws = &self.m.weights;
+        let separate = |l: usize| match &ws.layers[l].qkv {
+            Qkv::Separate { wq, wk, wv } => (wq, wk, wv),
+            Qkv::Fused(_) => panic!("layer {l} has a fused QKV projection"),
+        };
+        match w {
+            Mat::Qkv(l) => match &ws.layers[l].qkv {
+                Qkv::Fused(w) => w,
+                Qkv::Separate { .. } => panic!("layer {l} has separate q, k, v projections"),
+            },
+            Mat::Q(l) => separate(l).0,
+            Mat::K(l) => separate(l).1,
+            Mat::V(l) => separate(l).2,
+            Mat::O(l) => &ws.layers[l].wo,
+            Mat::Gate(l) => ws.layers[l]
+                .ffn_gate
+                .as_ref()
+                .expect("an ungated feed-forward has no gate"),
+            Mat::Up(l) => &ws.layers[l].ffn_up,
+            Mat::Down(l) => &ws.layers[l].ffn_down,
+            Mat::Output => &ws.output,
+        }
+    }
+
+    fn norm_w(&self, w: NormW) -> &'a Norm {
+        let ws = &self.m.weights;
+        let opt = |n: &'a Option<Norm>| n.as_ref().expect("the model has no such norm");
+        match w {
+            NormW::Attn(l) => &ws.layers[l].attn_norm,
+            NormW::QHead(l) => opt(&ws.layers[l].q_norm),
+            NormW::KHead(l) => opt(&ws.layers[l].k_norm),
+            NormW::AttnPost(l) => opt(&ws.layers[l].attn_post_norm),
+            NormW::Ffn(l) => &ws.layers[l].ffn_norm,
+            NormW::FfnPost(l) => opt(&ws.layers[l].ffn_post_norm),
+            NormW::Output => &ws.output_norm,
+        }
+    }
+
+    /// Row width of a buffer.
+    fn width(&self, b: Buf) -> usize {
+        let c = &self.m.config;
+        match b {
+            Buf::X | Buf::Xb | Buf::Proj => c.dim,
+            Buf::Q => c.q_dim(),
+            Buf::K => c.kv_dim_k(),
+            Buf::V => c.kv_dim_v(),
+            Buf::Attn => c.attn_out_dim(),
+            Buf::Gate | Buf::Up => c.ffn_dim,
+            Buf::Logits => c.vocab_size,
+        }
+    }
+}
+
+impl<'a> Backend for Cpu<'a> {
+    type Kv = KvCache;
+
+    fn max_rows(&self) -> usize {
+        self.s.spec.max_tokens
+    }
+
+    fn logit_rows(&self) -> usize {
+        self.s.spec.logit_rows.max(1)
+    }
+
+    fn begin(&mut self, seqs: &[SeqBatch<'_>]) {
+        self.s
+            .matmul
+            .set_segments(seqs.iter().map(|sq| sq.n_tokens));
+        // One thread per sequence when every row is a decode row and either the contexts are
+        // short or there are enough sequences to keep every thread busy (same bits either way).
+        let cap = seqs[0].kv.capacity();
+        let many = seqs.len() >= 2 * self.rt.pool.n_threads();
+        self.use_solo = self.solo.is_some()
+            && seqs.len() > 1
+            && seqs.iter().all(|sq| {
+                sq.n_tokens == 1
+                    && sq.kv.capacity() == cap
+                    && sq.kv.layout().window == seqs[0].kv.layout().window
+                    && (many || decode_is_short(cap, sq.kv.len()))
+            });
+        self.rope_of_cs = None;
+    }
+
+    fn embed(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_>], scale: f32) {
+        let (w, dim) = (&self.m.weights, self.m.config.dim);
+        let s = &mut *self.s;
+        let mut row = 0;
+        for sq in seqs {
+            let pos0 = sq.kv.len();
+            for pos in pos0..pos0 + sq.n_tokens {
+                let x = &mut s.x[row * dim..(row + 1) * dim];
+                w.token_embd.row_f32(tokens[row] as usize, x);
+                if scale != 1.0 {
+                    ops::scale_inplace(x, scale);
+                }
+                if let Some(pe) = &w.pos_embd {
+                    pe.row_f32(pos, &mut s.xb[..dim]);
+                    ops::add_inplace(x, &s.xb[..dim]);
+                }
+                row += 1;
+            }
+        }
+    }
+
+    fn norm(&mut self, w: NormW, src: Buf, dst: Buf, rows: Range<usize>) {
+        let nw = self.norm_w(w);
+        let (width, group) = (self.width(dst), nw.weight.len());
+        let span = rows.start * width..rows.end * width;
+        let pool = &self.rt.pool;
+        let mut p = Parts::of(self.s);
+        let out = &mut p.take(dst)[span.clone()];
+        if src == dst {
+            norm_rows(pool, nw, &[], out, group);
+        } else {
+            norm_rows(pool, nw, &p.take(src)[span], out, group);
+        }
+    }
+
+    fn norm_gather(&mut self, w: NormW, src: Buf, sel: RowSel<'_>, dst: Buf) {
+        let nw = self.norm_w(w);
+        let width = self.width(src);
+        let mut p = Parts::of(self.s);
+        let (x, out) = (p.take(src), p.take(dst));
+        for o in 0..sel.len() {
+            let j = sel.get(o);
+            norm_row(
+                nw,
+                &x[j * width..(j + 1) * width],
+                &mut out[o * width..(o + 1) * width],
+            );
+        }
+    }
+
+    fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize) {
+        assert_eq!(ws.len(), dsts.len());
+        let pool = &self.rt.pool;
+        let l = |i: usize| self.lin(ws[i]);
+        match ws.len() {
+            1 => {
+                let lin = l(0);
+                let mut p = Parts::of(self.s);
+                let x = p.take(src);
+                let out = &mut p.take(dsts[0])[..rows * lin.out_dim];
+                matmul(pool, lin, x, rows, p.xq, out, p.mm);
+            }
+            2 => {
+                let lins = [l(0), l(1)];
+                let mut p = Parts::of(self.s);
+                let x = &p.take(src)[..rows * lins[0].in_dim];
+                let (a, b) = (p.take(dsts[0]), p.take(dsts[1]));
+                let outs = &mut [
+                    &mut a[..rows * lins[0].out_dim],
+                    &mut b[..rows * lins[1].out_dim],
+                ];
+                project(pool, &lins, x, rows, p.xq, outs, p.mm);
+            }
+            3 => {
+                let lins = [l(0), l(1), l(2)];
+                let mut p = Parts::of(self.s);
+                let x = &p.take(src)[..rows * lins[0].in_dim];
+                let (a, b, c) = (p.take(dsts[0]), p.take(dsts[1]), p.take(dsts[2]));
+                let outs = &mut [
+                    &mut a[..rows * lins[0].out_dim],
+                    &mut b[..rows * lins[1].out_dim],
+                    &mut c[..rows * lins[2].out_dim],
+                ];
+                project(pool, &lins, x, rows, p.xq, outs, p.mm);
+            }
+            n => panic!("{n} products of one input (the forward pass has at most three)"),
+        }
+    }
+
+    fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {
+        let (gate, up) = (self.lin(gate), self.lin(up));
+        let (pool, f16) = (&self.rt.pool, &self.rt.f16);
+        let (dim, f) = (self.m.config.dim, self.m.config.ffn_dim);
+        let s = &mut *self.s;
+        let x = &s.xb[..rows * dim];
+        if gate.kernels.act == up.kernels.act && rows >= GATED_MIN_ROWS {
+            // Both products and the activation in one pass over tiles of rows (the `up`
+            // buffer then holds only decode rows: `weights::gated_ffn_fuses`).
+            let rb = quantize_input(pool, gate, x, rows, &mut s.xq);
+            let act_fn = match act {
+                Activation::Silu => f16.swiglu,
+                Activation::GeluTanh => f16.geglu,
+            };
+            let out = &mut s.gate[..rows * f];
+            matmul_gated(pool, gate, up, &s.xq, rb, rows, out, act_fn, &mut s.matmul);
+        } else {
+            project(
+                pool,
+                &[gate, up],
+                x,
+                rows,
+                &mut s.xq,
+                &mut [&mut s.gate[..rows * f], &mut s.up[..rows * f]],
+                &mut s.matmul,
+            );
+            gated_act_rows(pool, f16, &mut s.gate[..rows * f], &s.up[..rows * f], act);
+        }
+    }
+
+    fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {
+        let width = self.width(buf);
+        let (pool, f16) = (&self.rt.pool, &self.rt.f16);
+        let x = &mut Parts::of(self.s).take(buf)[..rows * width];
+        par_rows(pool, x, 256, &|_, v: &mut [f32]| match act {
+            Activation::Silu => v.iter_mut().for_each(|a| *a = ops::silu(*a)),
+            Activation::GeluTanh => (f16.gelu)(v),
+        });
+    }
+
+    fn split_qkv(&mut self, rows: usize) {
+        let c = &self.m.config;
+        let (q_dim, kv_k, kv_v) = (c.q_dim(), c.kv_dim_k(), c.kv_dim_v());
+        let qkv = q_dim + kv_k + kv_v;
+        let s = &mut *self.s;
+        // In place: q stays in front (compacted), k and v move out.
+        for j in 0..rows {
+            let row = j * qkv;
+            s.k[j * kv_k..(j + 1) * kv_k].copy_from_slice(&s.q[row + q_dim..row + q_dim + kv_k]);
+            s.v[j * kv_v..(j + 1) * kv_v].copy_from_slice(&s.q[row + q_dim + kv_k..row + qkv]);
+            s.q.copy_within(row..row + q_dim, j * q_dim);
+        }
+    }
+
+    fn rope(&mut self, layer: usize, seqs: &[SeqBatch<'_>], rows: usize) {
+        let c = &self.m.config;
+        let rope = self.m.weights.layers[layer]
+            .rope
+            .as_ref()
+            .expect("a layer without RoPE");
+        let (q_dim, kv_k, hd) = (c.q_dim(), c.kv_dim_k(), c.head_dim_k);
+        let rd = c.rope_dims.max(2);
+        let pool = &self.rt.pool;
+        let s = &mut *self.s;
+        // Angles and rotations row by row over the pool (a prompt's rows are independent).
+        if self.rope_of_cs != Some(rope) {
+            par_rows(pool, &mut s.rope_cs[..rows * rd], rd, &|rs, cs| {
+                for (j, cs) in rs.zip(cs.chunks_exact_mut(rd)) {
+                    rope.cos_sin(row_pos(seqs, j), cs);
+                }
+            });
+            self.rope_of_cs = Some(rope);
+        }
+        let cs_all = &s.rope_cs;
+        for (x, width) in [
+            (&mut s.q[..rows * q_dim], q_dim),
+            (&mut s.k[..rows * kv_k], kv_k),
+        ] {
+            par_rows(pool, x, width, &|rs, x| {
+                for (j, row) in rs.zip(x.chunks_exact_mut(width)) {
+                    rope.apply(row, hd, &cs_all[j * rd..(j + 1) * rd]);
+                }
+            });
+        }
+    }
+
+    fn scale(&mut self, buf: Buf, s: f32, rows: usize) {
+        let width = self.width(buf);
+        ops::scale_inplace(&mut Parts::of(self.s).take(buf)[..rows * width], s);
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
+        let width = self.width(dst);
+        let mut p = Parts::of(self.s);
+        let (d, x) = (p.take(dst), p.take(src));
+        ops::add_inplace(&mut d[..rows * width], &x[..rows * width]);
+    }
+
+    fn attend(
+        &mut self,
+        li: usize,
+        seqs: &mut [SeqBatch<'_>],
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let c = &self.m.config;
+        let (q_dim, kv_k, kv_v, aod) = (c.q_dim(), c.kv_dim_k(), c.kv_dim_v(), c.attn_out_dim());
+        let (pool, f16) = (&self.rt.pool, &self.rt.f16);
+        let s = &mut *self.s;
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim_k: c.head_dim_k,
+            head_dim_v: c.head_dim_v,
+            scale: c.attn_scale,
+            window: self.m.weights.layers[li].window,
+            kv_stride: seqs[0].kv.capacity(),
+            ring: seqs[0].kv.ring_rows(li),
+        };
+        // Each sequence's keys and values go to its own cache, at its own positions.
+        let mut j0 = 0;
+        for sq in seqs.iter_mut() {
+            let pos0 = sq.kv.len();
+            sq.kv.begin_layer(li)?;
+            for j in j0..j0 + sq.n_tokens {
+                let (k, v) = (
+                    &s.k[j * kv_k..(j + 1) * kv_k],
+                    &s.v[j * kv_v..(j + 1) * kv_v],
+                );
+                sq.kv.write(li, pos0 + j - j0, k, v);
+            }
+            j0 += sq.n_tokens;
+        }
+        match self.solo.as_deref_mut().filter(|_| self.use_solo) {
+            Some(solo) => {
+                // One decode row per sequence: attend in one dispatch.
+                let all = &*seqs;
+                let seq = |i: usize| (all[i].kv.layer(li), all[i].kv.len());
+                let q = &s.q[..rows * q_dim];
+                solo.run(
+                    pool,
+                    f16,
+                    &shape,
+                    q,
+                    all.len(),
+                    &seq,
+                    &mut s.attn[..rows * aod],
+                );
+            }
+            None => {
+                let mut j0 = 0;
+                for sq in seqs.iter() {
+                    let r = j0..j0 + sq.n_tokens;
+                    let kv = &*sq.kv;
+                    attention_kv(
+                        pool,
+                        f16,
+                        &AttnShape {
+                            kv_stride: kv.capacity(),
+                            ring: kv.ring_rows(li),
+                            ..shape
+                        },
+                        &s.q[r.start * q_dim..r.end * q_dim],
+                        r.len(),
+                        kv.len(),
+                        kv.layer(li),
+                        &mut s.attn[r.start * aod..r.end * aod],
+                        &mut s.attn_scratch,
+                    );
+                    j0 = r.end;
+                }
+            }
+        }
+        for sq in seqs.iter_mut() {
+            let pos0 = sq.kv.len();
+            sq.kv.end_layer(li, pos0..pos0 + sq.n_tokens);
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, buf: Buf, rows: Range<usize>, sink: &mut dyn FnMut(usize, &[f32])) {
+        let width = self.width(buf);
+        let x = Parts::of(self.s).take(buf);
+        for j in rows {
+            sink(j, &x[j * width..(j + 1) * width]);
+        }
+    }
+}
+
+/// Several projections of the same input: the input is quantized once per activation format
+/// and the matrices sharing it run in one dispatch.
+fn project(
+    pool: &ThreadPool,
+    lins: &[&Linear],
+    x: &[f32],
+    n: usize,
+    xq: &mut [u8],
+    outs: &mut [&mut [f32]],
+    mm: &mut MatmulScratch,
+) {
+    let same = lins.iter().all(|l| l.kernels.act == lins[0].kernels.act);
+    if same {
+        let rb = quantize_input(pool, lins[0], x, n, xq);
+        matmul_many(pool, lins, xq, rb, n, outs, mm);
+    } else {
+        for (l, o) in lins.iter().zip(outs.iter_mut()) {
+            matmul(pool, l, x, n, xq, o, mm);
+        }
+    }
+}
+
+/// Normalize one row.
+fn norm_row(nw: &Norm, x: &[f32], out: &mut [f32]) {
+    match nw.kind {
+        NormKind::Rms => ops::rms_norm(x, &nw.weight, nw.eps, out),
+        NormKind::Layer => ops::layer_norm(
+            x,
+            &nw.weight,
+            nw.bias.as_deref().unwrap_or(&[]),
+            nw.eps,
+            out,
+        ),
+    }
+}
+
+/// Normalize every `width`-wide row of `x` into `out`, or `out` in place when `x` is empty.
+fn norm_rows(pool: &ThreadPool, nw: &Norm, x: &[f32], out: &mut [f32], width: usize) {
+    let in_place = x.is_empty();
+    let body = |rows: Range<usize>, o: &mut [f32]| {
+        for (k, r) in rows.enumerate() {
+            let dst = &mut o[k * width..(k + 1) * width];
+            if in_place {
+                match nw.kind {
+                    NormKind::Rms => ops::rms_norm_inplace(dst, &nw.weight, nw.eps),
+                    NormKind::Layer => ops::layer_norm_inplace(
+                        dst,
+                        &nw.weight,
+                        nw.bias.as_deref().unwrap_or(&[]),
+                        nw.eps,
+                    ),
+                }
+            } else {
+                norm_row(nw, &x[r * width..(r + 1) * width], dst);
+            }
+        }
+    };
+    par_rows(pool, out, width, &body);
+}
+
+fn gated_act_rows(pool: &ThreadPool, f16: &F16Ops, gate: &mut [f32], up: &[f32], act: Activation) {
+    let width = 256;
+    par_rows(pool, gate, width, &|range: Range<usize>, g: &mut [f32]| {
+        let u = &up[range.start * width..range.start * width + g.len()];
+        match act {
+            // The SIMD SwiGLU: the same bits as the scalar activation.
+            Activation::Silu => (f16.swiglu)(g, u),
+            Activation::GeluTanh => (f16.geglu)(g, u),
+        }
+    });
+}

@@ -1,0 +1,226 @@
+//! The backend seam: the op set the forward pass uses, and nothing else.
+//!
+//! [`crate::model::forward`] writes the layer logic once as a sequence of calls on a
+//! [`Backend`]; a backend owns the activation buffers (named by [`Buf`]), resolves weights
+//! named by [`Mat`] and [`NormW`] against its own copy of them, and keeps each sequence's KV
+//! storage (its [`Backend::Kv`]). The CPU backend ([`cpu`]) runs today's SIMD kernels over the
+//! thread pool and the [`crate::cache::Scratch`] buffers.
+//!
+//! Rules a backend may rely on, so that a step can be recorded once and replayed (a CUDA
+//! graph):
+//! - control flow inside a step depends only on the model and the batch's row count; the
+//!   positions and lengths of the sequences are data, read by [`Backend::begin`],
+//!   [`Backend::embed`], [`Backend::rope`] and [`Backend::attend`] from the sequences' caches;
+//! - every op works on rows `0..rows` of its buffers unless it takes a range;
+//! - a buffer's row width is fixed by the model (see [`Buf`]), except [`Buf::Q`] right after a
+//!   fused QKV product, whose rows are `q + k + v` wide until [`Backend::split_qkv`].
+//!
+//! What each op computes is written once, in scalar form, beside the CPU's version; a second
+//! backend is tested op by op against the CPU's.
+
+pub mod cpu;
+
+use std::ops::Range;
+
+use crate::cache::{KvCache, KvOverflow, KvWindowError};
+use crate::kernels::ops::Activation;
+use crate::model::forward::ForwardError;
+
+/// The named activation buffers of a step. Widths per row: `X`, `Xb`, `Proj`: dim; `Q`: heads ×
+/// head_dim_k; `K`: kv heads × head_dim_k; `V`: kv heads × head_dim_v; `Attn`: heads ×
+/// head_dim_v; `Gate`, `Up`: ffn_dim; `Logits`: vocab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Buf {
+    /// The residual stream.
+    X,
+    /// A normalized input of a projection.
+    Xb,
+    Q,
+    K,
+    V,
+    /// Attention output, the input of `wo`.
+    Attn,
+    /// Output of `wo` or `ffn_down` before the residual add.
+    Proj,
+    /// The gate projection, then the activated product.
+    Gate,
+    Up,
+    Logits,
+}
+
+/// A weight matrix, by role (and layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mat {
+    /// `[q + k + v, dim]` (GPT-2's fused projection).
+    Qkv(usize),
+    Q(usize),
+    K(usize),
+    V(usize),
+    O(usize),
+    Gate(usize),
+    Up(usize),
+    Down(usize),
+    /// `[vocab, dim]`.
+    Output,
+}
+
+/// A norm's weights, by role (and layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormW {
+    Attn(usize),
+    /// Per head of q (`[head_dim_k]`).
+    QHead(usize),
+    /// Per head of k.
+    KHead(usize),
+    AttnPost(usize),
+    Ffn(usize),
+    FfnPost(usize),
+    Output,
+}
+
+/// Which rows of a buffer: a range, or a list.
+#[derive(Clone, Copy, Debug)]
+pub enum RowSel<'a> {
+    Range(usize, usize),
+    List(&'a [usize]),
+}
+
+impl RowSel<'_> {
+    pub fn len(&self) -> usize {
+        match *self {
+            RowSel::Range(a, b) => b - a,
+            RowSel::List(l) => l.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Selected rows `i0..i1` (positions in this selection).
+    pub fn part(&self, i0: usize, i1: usize) -> RowSel<'_> {
+        match *self {
+            RowSel::Range(a, _) => RowSel::Range(a + i0, a + i1),
+            RowSel::List(l) => RowSel::List(&l[i0..i1]),
+        }
+    }
+
+    /// The `i`-th row selected.
+    pub fn get(&self, i: usize) -> usize {
+        match *self {
+            RowSel::Range(a, _) => a + i,
+            RowSel::List(l) => l[i],
+        }
+    }
+}
+
+/// What the forward pass reads of a sequence's cache: its cursor. The storage behind it is
+/// the backend's.
+pub trait SeqCache {
+    /// Positions held (the next token goes to position `len`).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Refuse `n` more positions past the capacity.
+    fn check_fits(&self, n: usize) -> Result<(), KvOverflow>;
+    /// Refuse `n` more positions that sliding-window rings could not hold beside the window.
+    fn check_window(&self, n: usize) -> Result<(), KvWindowError>;
+    /// Commit `n` positions written by the pass.
+    fn advance(&mut self, n: usize) -> Result<(), KvOverflow>;
+}
+
+impl SeqCache for KvCache {
+    fn len(&self) -> usize {
+        KvCache::len(self)
+    }
+    fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
+        KvCache::check_fits(self, n)
+    }
+    fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
+        KvCache::check_window(self, n)
+    }
+    fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
+        KvCache::advance(self, n)
+    }
+}
+
+/// One sequence's share of a batch: its KV cache and how many of the batch's tokens are its
+/// (consecutive, after the previous sequences' tokens). Its tokens go to positions
+/// `kv.len()..kv.len() + n_tokens`.
+pub struct SeqBatch<'a, K = KvCache> {
+    pub kv: &'a mut K,
+    pub n_tokens: usize,
+}
+
+/// The position of batch row `j` (rows are the sequences' tokens, in order).
+pub fn row_pos<K: SeqCache>(seqs: &[SeqBatch<'_, K>], j: usize) -> usize {
+    let mut r = j;
+    for sq in seqs {
+        if r < sq.n_tokens {
+            return sq.kv.len() + r;
+        }
+        r -= sq.n_tokens;
+    }
+    panic!("row {j} past the batch")
+}
+
+/// The op set of a forward pass. See the module documentation for the rules.
+pub trait Backend {
+    /// One sequence's KV cache.
+    type Kv: SeqCache;
+
+    /// Rows a step may hold.
+    fn max_rows(&self) -> usize;
+
+    /// Rows of logits computed at once (the [`Buf::Logits`] buffer's rows).
+    fn logit_rows(&self) -> usize;
+
+    /// Start a step over `seqs` (their lengths are the positions of their first new rows).
+    fn begin(&mut self, seqs: &[SeqBatch<'_, Self::Kv>]);
+
+    /// `X[j] = embed(tokens[j]) · scale (+ learned position embedding of row j's position)`.
+    fn embed(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, Self::Kv>], scale: f32);
+
+    /// Normalize the rows `rows` of `src` into the same rows of `dst` (in place when they are
+    /// the same buffer), in groups as wide as the norm's weights (heads for q/k norms).
+    fn norm(&mut self, w: NormW, src: Buf, dst: Buf, rows: Range<usize>);
+
+    /// Row `i` of `dst` = the normalized row `sel.get(i)` of `src` (the output head's rows).
+    fn norm_gather(&mut self, w: NormW, src: Buf, sel: RowSel<'_>, dst: Buf);
+
+    /// `dst[i][r] = Σ_c W_i[r][c] · src[r'][c] (+ bias)` for each matrix: several products of
+    /// one input, which a backend may run together.
+    fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize);
+
+    /// The gated feed-forward's first half: `Gate = act(Xb·Wgateᵀ) ⊙ (Xb·Wupᵀ)`.
+    fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize);
+
+    /// `buf = act(buf)` (an ungated feed-forward).
+    fn activate(&mut self, buf: Buf, act: Activation, rows: usize);
+
+    /// Move the fused QKV product's rows (in `Q`) into `Q`, `K` and `V`.
+    fn split_qkv(&mut self, rows: usize);
+
+    /// Rotate the heads of `Q` and `K` by layer `layer`'s RoPE at each row's position.
+    fn rope(&mut self, layer: usize, seqs: &[SeqBatch<'_, Self::Kv>], rows: usize);
+
+    /// `buf *= s`.
+    fn scale(&mut self, buf: Buf, s: f32, rows: usize);
+
+    /// `dst += src`.
+    fn add(&mut self, dst: Buf, src: Buf, rows: usize);
+
+    /// Store `K` and `V` of every row into its sequence's cache at its position, then `Attn` =
+    /// attention of each row's queries over its sequence's keys up to and including its own
+    /// position (layer `layer`'s window, if any).
+    fn attend(
+        &mut self,
+        layer: usize,
+        seqs: &mut [SeqBatch<'_, Self::Kv>],
+        rows: usize,
+    ) -> Result<(), ForwardError>;
+
+    /// Hand rows `rows` of `buf` to `sink(row, values)`, in order.
+    fn read(&mut self, buf: Buf, rows: Range<usize>, sink: &mut dyn FnMut(usize, &[f32]));
+}
