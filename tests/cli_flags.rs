@@ -70,7 +70,7 @@ fn features_that_do_not_exist_are_refused_in_one_line() {
     let model = common::random_model("random-llama-q4_0");
     let m = model.to_str().unwrap();
     for (extra, msg) in [
-        (&["-ngl", "99"][..], "no GPU backend"),
+        (&["-ngl", "99"][..], "no CUDA driver"),
         (&["-fa", "off"], "cannot be turned off"),
         (&["-t", "100000"], "makes no sense"),
         (&["-t", "-3"], "-3"),

@@ -19,12 +19,42 @@
 //! backend is tested op by op against the CPU's.
 
 pub mod cpu;
+pub mod cuda;
 
 use std::ops::Range;
 
 use crate::cache::{KvCache, KvOverflow, KvWindowError};
 use crate::kernels::ops::Activation;
 use crate::model::forward::ForwardError;
+
+/// Where a model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" | "none" => Ok(Device::Cpu),
+            "cuda" | "gpu" | "cuda0" => Ok(Device::Cuda),
+            other => Err(format!("unknown device {other:?} (cpu or cuda)")),
+        }
+    }
+}
+
+impl Device {
+    /// Check that this device can run a model here.
+    pub fn open(self) -> Result<(), cuda::CudaError> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda => cuda::open(),
+        }
+    }
+}
 
 /// The named activation buffers of a step. Widths per row: `X`, `Xb`, `Proj`: dim; `Q`: heads ×
 /// head_dim_k; `K`: kv heads × head_dim_k; `V`: kv heads × head_dim_v; `Attn`: heads ×

@@ -25,7 +25,16 @@ pub struct ModelArgs {
     /// the file; this populates the map up front, as llama.cpp's --no-mmap reads it).
     #[arg(long = "no-mmap", help_heading = "Model")]
     pub no_mmap: bool,
-    /// Layers on the GPU (llama.cpp's -ngl). This build has no GPU backend: only 0 is accepted.
+    /// Where the model runs: cpu, or cuda (an NVIDIA GPU; refused where there is no driver).
+    #[arg(
+        long = "device",
+        value_name = "cpu|cuda",
+        default_value = "cpu",
+        help_heading = "Model"
+    )]
+    pub device: kiln::backend::Device,
+    /// Layers on the GPU (llama.cpp's -ngl): any N > 0 means the whole model on the GPU, as
+    /// --device cuda.
     #[arg(long = "n-gpu-layers", alias = "gpu-layers", value_name = "N", default_value_t = 0,
           value_parser = gpu_layers, help_heading = "Model")]
     pub n_gpu_layers: u32,
@@ -86,16 +95,11 @@ pub fn thread_count(s: &str) -> Result<usize, String> {
     Ok(n)
 }
 
-/// `-ngl`: accepted only as 0 until kiln has a GPU backend.
+/// `-ngl`: a layer count (llama.cpp's `-ngl 99` is the usual "everything").
 fn gpu_layers(s: &str) -> Result<u32, String> {
-    let n: u32 = s
-        .trim()
+    s.trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a layer count"))?;
-    if n > 0 {
-        return Err("this build of kiln has no GPU backend; it runs on the CPU (use -ngl 0 or leave it out)".into());
-    }
-    Ok(n)
+        .map_err(|_| format!("{s:?} is not a layer count"))
 }
 
 /// `-fa`: on / auto are what kiln does; off does not exist.
@@ -136,6 +140,17 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 impl ModelArgs {
+    /// `--device`, or cuda for `-ngl N` with N > 0; refused (one line) where it cannot run.
+    pub fn device(&self) -> Result<kiln::backend::Device> {
+        let d = if self.n_gpu_layers > 0 {
+            kiln::backend::Device::Cuda
+        } else {
+            self.device
+        };
+        d.open()?;
+        Ok(d)
+    }
+
     /// `-t`, with 0 or absent meaning the physical cores.
     pub fn threads(&self) -> usize {
         match self.threads {
@@ -233,6 +248,7 @@ pub struct Loaded {
 
 /// Resolve (downloading the default model if needed), map and load.
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    args.device()?;
     let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
     let t0 = Instant::now();
     let spinner = spinner(&format!("loading {}", path.display()));

@@ -1,0 +1,133 @@
+// The block formats: bytes and elements per block, and element `i` of a block, dequantized
+// (ggml's layouts; the CPU's reference dequantizers are in src/quant/reference.rs).
+//
+// Plain C over `u8`/`h2f`/`ld16`, so the test suite also compiles this file with the host's C
+// compiler (`KILN_FN` = `static inline`) and checks every format against the CPU's reference
+// dequantizer, bit for bit, on machines without a GPU.
+
+#ifndef KILN_FN
+#define KILN_FN __device__ __forceinline__
+#endif
+
+#define Q4_0_BYTES 18
+#define Q4_1_BYTES 20
+#define Q5_0_BYTES 22
+#define Q5_1_BYTES 24
+#define Q8_0_BYTES 34
+#define Q2_K_BYTES 84
+#define Q3_K_BYTES 110
+#define Q4_K_BYTES 144
+#define Q5_K_BYTES 176
+#define Q6_K_BYTES 210
+
+KILN_FN float dq_f32(const u8* b, int i) {
+    u32 v = (u32)b[4 * i] | ((u32)b[4 * i + 1] << 8) | ((u32)b[4 * i + 2] << 16) |
+            ((u32)b[4 * i + 3] << 24);
+    return u2f(v);
+}
+
+KILN_FN float dq_f16(const u8* b, int i) { return h2f(ld16(b + 2 * i)); }
+
+KILN_FN float dq_bf16(const u8* b, int i) { return u2f(((u32)ld16(b + 2 * i)) << 16); }
+
+// q4_0: d (f16), 16 bytes of nibbles; element j < 16 is the low nibble of byte j, j >= 16 the
+// high nibble of byte j - 16; value d·(q − 8).
+KILN_FN float dq_q4_0(const u8* b, int i) {
+    u8 q = b[2 + (i & 15)];
+    int v = (i < 16 ? (q & 15) : (q >> 4)) - 8;
+    return h2f(ld16(b)) * (float)v;
+}
+
+// q4_1: d, m (f16), nibbles as q4_0; value d·q + m.
+KILN_FN float dq_q4_1(const u8* b, int i) {
+    u8 q = b[4 + (i & 15)];
+    int v = i < 16 ? (q & 15) : (q >> 4);
+    return h2f(ld16(b)) * (float)v + h2f(ld16(b + 2));
+}
+
+// q5_0: d, 32 fifth bits (qh, little-endian), nibbles; value d·(q − 16).
+KILN_FN float dq_q5_0(const u8* b, int i) {
+    u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
+    u8 q = b[6 + (i & 15)];
+    int v = (i < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> i) & 1) << 4);
+    return h2f(ld16(b)) * (float)(v - 16);
+}
+
+// q5_1: d, m, qh, nibbles; value d·q + m.
+KILN_FN float dq_q5_1(const u8* b, int i) {
+    u32 qh = (u32)b[4] | ((u32)b[5] << 8) | ((u32)b[6] << 16) | ((u32)b[7] << 24);
+    u8 q = b[8 + (i & 15)];
+    int v = (i < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> i) & 1) << 4);
+    return h2f(ld16(b)) * (float)v + h2f(ld16(b + 2));
+}
+
+// q8_0: d, 32 signed bytes.
+KILN_FN float dq_q8_0(const u8* b, int i) { return h2f(ld16(b)) * (float)(i8)b[2 + i]; }
+
+// q2_K: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit values, d, dmin;
+// 256 elements in two halves of 128, each four shifts of 32 (16 per scale).
+KILN_FN float dq_q2_k(const u8* b, int i) {
+    int h = i >> 7, r = i & 127, j = r >> 5, w = r & 31;
+    u8 sc = b[8 * h + 2 * j + (w >> 4)];
+    int v = (b[16 + 32 * h + w] >> (2 * j)) & 3;
+    return h2f(ld16(b + 80)) * (float)(sc & 15) * (float)v - h2f(ld16(b + 82)) * (float)(sc >> 4);
+}
+
+// q3_K: 32 bytes of high-bit masks, 64 bytes of 2-bit values, 12 bytes of packed 6-bit
+// scales (offset 32), d; value d·(s − 32)·(q − (high bit ? 0 : 4)).
+KILN_FN float dq_q3_k(const u8* b, int i) {
+    int h = i >> 7, r = i & 127, j = r >> 5, w = r & 31;
+    int k = 8 * h + 2 * j + (w >> 4);
+    const u8* s = b + 96;
+    int sc;
+    if (k < 4) sc = (s[k] & 15) | ((s[8 + k] & 3) << 4);
+    else if (k < 8) sc = (s[k] & 15) | (((s[4 + k] >> 2) & 3) << 4);
+    else if (k < 12) sc = (s[k - 8] >> 4) | (((s[k] >> 4) & 3) << 4);
+    else sc = (s[k - 8] >> 4) | (((s[k - 4] >> 6) & 3) << 4);
+    int q = (b[32 + 32 * h + w] >> (2 * j)) & 3;
+    int hi = (b[w] >> (4 * h + j)) & 1;
+    return h2f(ld16(b + 108)) * (float)(sc - 32) * (float)(q - (hi ? 0 : 4));
+}
+
+// q4_K / q5_K: d, dmin (f16), 12 bytes of packed 6-bit scales and mins; sub-block j of 32.
+KILN_FN void k4_scale_min(const u8* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// q4_K: then 128 bytes of nibbles; 256 elements in four chunks of 64 (low nibbles, then high).
+KILN_FN float dq_q4_k(const u8* b, int i) {
+    int chunk = i >> 6, w = i & 63, is = 2 * chunk + (w >> 5);
+    u8 q = b[16 + 32 * chunk + (w & 31)];
+    int v = w < 32 ? (q & 15) : (q >> 4);
+    int sc, m;
+    k4_scale_min(b + 4, is, &sc, &m);
+    return h2f(ld16(b)) * (float)sc * (float)v - h2f(ld16(b + 2)) * (float)m;
+}
+
+// q5_K: then 32 bytes of fifth bits and 128 bytes of nibbles.
+KILN_FN float dq_q5_k(const u8* b, int i) {
+    int chunk = i >> 6, w = i & 63, is = 2 * chunk + (w >> 5), l = w & 31;
+    u8 q = b[48 + 32 * chunk + l];
+    int v = (w < 32 ? (q & 15) : (q >> 4)) + (((b[16 + l] >> is) & 1) ? 16 : 0);
+    int sc, m;
+    k4_scale_min(b + 4, is, &sc, &m);
+    return h2f(ld16(b)) * (float)sc * (float)v - h2f(ld16(b + 2)) * (float)m;
+}
+
+// q6_K: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 signed scales, d; 256
+// elements in two halves of 128, each four quarters of 32.
+KILN_FN float dq_q6_k(const u8* b, int i) {
+    int h = i >> 7, r = i & 127, quarter = r >> 5, l = r & 31;
+    u8 lo = b[64 * h + l + ((quarter & 1) ? 32 : 0)];
+    int nib = quarter < 2 ? (lo & 15) : (lo >> 4);
+    int hi = (b[128 + 32 * h + l] >> (2 * quarter)) & 3;
+    int v = (nib | (hi << 4)) - 32;
+    i8 sc = (i8)b[192 + 8 * h + (l >> 4) + 2 * quarter];
+    return h2f(ld16(b + 208)) * (float)sc * (float)v;
+}

@@ -1,0 +1,66 @@
+// Prelude of every kiln kernel file (prepended by nvrtc.rs). No CUDA headers: f16 and bf16
+// conversions are inline PTX or bit operations, so NVRTC alone compiles the kernels.
+//
+// Conventions: matrices are the GGUF file's bytes, row-major, each row a whole number of
+// blocks; activations are f32, row-major, `[rows, width]`; positions and lengths are read from
+// device memory (never kernel arguments), so a recorded graph replays with new ones.
+
+#define KILN_INF __int_as_float(0x7f800000)
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float u2f(u32 v) { return __uint_as_float(v); }
+
+// A little-endian u16 at any even offset (block fields are 2-byte aligned at best).
+__device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int n = (blockDim.x + 31) >> 5;
+    v = lane < n ? part[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int n = (blockDim.x + 31) >> 5;
+    v = lane < n ? part[lane] : -KILN_INF;
+    return warp_max(v);
+}
+

@@ -1,0 +1,44 @@
+// Norms over groups of `width` floats (a row, or one head of a row): one block per group.
+// `y` may be `x` (in place): each thread reads its elements before writing them.
+
+// y = x / sqrt(mean(x²) + eps) · w
+extern "C" __global__ void rms_norm_f32(const float* x, float* y, const float* w, int width,
+                                        float eps) {
+    const float* xr = x + (long)blockIdx.x * width;
+    float* yr = y + (long)blockIdx.x * width;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    float scale = 1.0f / sqrtf(ss / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+// y = (x − mean) / sqrt(var + eps) · w + b
+extern "C" __global__ void layer_norm_f32(const float* x, float* y, const float* w,
+                                          const float* b, int width, float eps) {
+    const float* xr = x + (long)blockIdx.x * width;
+    float* yr = y + (long)blockIdx.x * width;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) s += xr[i];
+    float mean = block_sum(s) / (float)width;
+    float v = 0.0f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float d = xr[i] - mean;
+        v += d * d;
+    }
+    float inv = 1.0f / sqrtf(block_sum(v) / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x)
+        yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
+// Row `sel[i]` of x, normalized, into row i of y (the output head's rows).
+extern "C" __global__ void rms_norm_gather_f32(const float* x, const int* sel, float* y,
+                                               const float* w, int width, float eps) {
+    const float* xr = x + (long)sel[blockIdx.x] * width;
+    float* yr = y + (long)blockIdx.x * width;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    float scale = 1.0f / sqrtf(ss / (float)width + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}

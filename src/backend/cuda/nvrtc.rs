@@ -1,0 +1,159 @@
+//! Building the kernels: CUDA C files embedded in the binary, compiled by NVRTC at first use for
+//! the GPU present, and cached on disk under the hash of what went in (sources, architecture,
+//! NVRTC's version), so a second start loads PTX instead of compiling.
+//!
+//! The kernels need no CUDA headers: f16 conversions are inline PTX (`common.cuh`), so the NVRTC
+//! library alone (the toolkit's, or the `nvidia-cuda-nvrtc` wheel's) compiles them, on a machine
+//! without a GPU too; the test suite does that for every file.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use sha2::{Digest, Sha256};
+
+use super::CudaError;
+
+/// The prelude of every kernel file: f16 conversion, reductions.
+pub const COMMON: &str = include_str!("kernels/common.cuh");
+/// Then the block formats' element dequantizers (plain C; also compiled on the host by the
+/// tests).
+pub const BLOCKS: &str = include_str!("kernels/blocks.cuh");
+
+/// The kernel files, by name.
+pub const KERNELS: &[(&str, &str)] = &[
+    ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("norm.cu", include_str!("kernels/norm.cu")),
+    ("rope.cu", include_str!("kernels/rope.cu")),
+    ("embed.cu", include_str!("kernels/embed.cu")),
+    ("matvec.cu", include_str!("kernels/matvec.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+];
+
+/// Make NVRTC loadable: the library named by `KILN_NVRTC` (a path to `libnvrtc.so.13`) if set,
+/// else the one the dynamic loader finds by name.
+pub fn load() -> Result<(), CudaError> {
+    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
+    let r = LOADED.get_or_init(|| {
+        if let Some(path) = std::env::var_os("KILN_NVRTC") {
+            preload(Path::new(&path)).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    });
+    if let Err(reason) = r {
+        return Err(CudaError::Load {
+            path: std::env::var("KILN_NVRTC").unwrap_or_default(),
+            reason: reason.clone(),
+        });
+    }
+    // SAFETY: loading libnvrtc runs its initializers only; cudarc keeps it loaded.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(CudaError::NoNvrtc)
+    }
+}
+
+/// Load the library at `path` for the rest of the process, with its symbols global, so that
+/// loading it by its name (`libnvrtc.so.13`, which cudarc does) finds this copy.
+pub fn preload(path: &Path) -> Result<(), CudaError> {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    // SAFETY: libnvrtc's initializers have no preconditions; the handle is leaked on purpose,
+    // so the library is never unloaded while cudarc's copy of the handle is in use.
+    let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map_err(|e| {
+        CudaError::Load {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }
+    })?;
+    std::mem::forget(lib);
+    Ok(())
+}
+
+/// NVRTC's version, `(major, minor)`.
+pub fn version() -> Result<(i32, i32), CudaError> {
+    load()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-pointers to live integers.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if status != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::NoNvrtc);
+    }
+    Ok((major, minor))
+}
+
+/// The source NVRTC compiles for kernel file `name`: the prelude, then the file (with line
+/// numbers of the file in messages).
+fn full_source(name: &str, src: &str) -> String {
+    format!("{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n#line 1 \"{name}\"\n{src}")
+}
+
+/// Compile kernel file `name` for `arch` (`"sm_90"`, or `"compute_90"` for PTX that any later
+/// GPU can run); returns PTX.
+pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<String, CudaError> {
+    load()?;
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        name: Some(name.to_string()),
+        options: vec!["--std=c++17".into(), "-default-device".into()],
+        ..Default::default()
+    };
+    match cudarc::nvrtc::compile_ptx_with_opts(full_source(name, src), opts) {
+        Ok(ptx) => Ok(ptx.to_src()),
+        Err(e) => {
+            let log = match &e {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                    log.to_string_lossy().into_owned()
+                }
+                other => other.to_string(),
+            };
+            Err(CudaError::Compile {
+                file: name.to_string(),
+                arch: arch.to_string(),
+                log,
+            })
+        }
+    }
+}
+
+/// [`compile`], through a cache in `dir`: the PTX is kept as `{name}-{hash}.ptx`, the hash
+/// over the prelude, the file, the architecture and NVRTC's version.
+pub fn compile_cached(
+    dir: &Path,
+    name: &str,
+    src: &str,
+    arch: &'static str,
+) -> Result<String, CudaError> {
+    let (major, minor) = version()?;
+    let mut h = Sha256::new();
+    for part in [full_source(name, src).as_bytes(), arch.as_bytes()] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.update(major.to_le_bytes());
+    h.update(minor.to_le_bytes());
+    let hex: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let path = dir.join(format!("{name}-{hex}.ptx"));
+    if let Ok(ptx) = std::fs::read_to_string(&path) {
+        return Ok(ptx);
+    }
+    let ptx = compile(name, src, arch)?;
+    let cache_err = |p: &Path, e: std::io::Error| CudaError::Cache {
+        path: p.display().to_string(),
+        reason: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| cache_err(dir, e))?;
+    // Written whole beside, then renamed: a concurrent start never reads half a file.
+    let tmp = dir.join(format!(".{name}-{hex}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, &ptx).map_err(|e| cache_err(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| cache_err(&path, e))?;
+    Ok(ptx)
+}
+
+/// Where compiled kernels are cached: `cuda/` beside the models directory
+/// ([`crate::fetch::models_dir`]).
+pub fn cache_dir() -> PathBuf {
+    crate::fetch::models_dir().with_file_name("cuda")
+}

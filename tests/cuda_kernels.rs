@@ -1,0 +1,335 @@
+//! The CUDA kernels compile: every kernel file, with NVRTC, for the GPUs kiln targets — on any
+//! machine, GPU or not. NVRTC comes from `$KILN_NVRTC` (a path to `libnvrtc.so.13`), or else
+//! from its PyPI wheel (`nvidia-cuda-nvrtc`), downloaded once into the target directory.
+//! A kernel that does not compile fails here, not on a GPU machine.
+//!
+//! Also: the disk cache of compiled kernels, and `--device cuda` refused with one line where
+//! there is no driver.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kiln::backend::cuda::{self, nvrtc};
+
+/// The wheel NVRTC is taken from (CUDA 13, as the GPU machine's toolkit).
+const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc==13.5.37";
+
+/// Make NVRTC loadable in this process.
+fn nvrtc_ready() {
+    static READY: OnceLock<()> = OnceLock::new();
+    READY.get_or_init(|| {
+        let lib = match std::env::var_os("KILN_NVRTC") {
+            Some(p) => PathBuf::from(p),
+            None => wheel_lib(),
+        };
+        // NVRTC loads its builtins library by name when it compiles: load it first, from
+        // beside libnvrtc, so that name is found.
+        let dir = lib.parent().expect("libnvrtc's folder");
+        for e in std::fs::read_dir(dir).expect("libnvrtc's folder").flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("libnvrtc-builtins.so") {
+                nvrtc::preload(&e.path()).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        nvrtc::preload(&lib).unwrap_or_else(|e| panic!("{e}"));
+        nvrtc::load().unwrap_or_else(|e| panic!("{e}"));
+    });
+}
+
+/// `libnvrtc.so.13` from the PyPI wheel, fetched and unpacked under the target directory once.
+fn wheel_lib() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nvrtc");
+    let lib = root.join("nvidia/cu13/lib/libnvrtc.so.13");
+    if lib.exists() {
+        return lib;
+    }
+    let wheels = root.join("wheel");
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+        ])
+        .args(["--no-input", "--quiet", "--dest"])
+        .arg(&wheels)
+        .arg(NVRTC_WHEEL)
+        .status()
+        .expect("running python3 -m pip");
+    assert!(status.success(), "pip download {NVRTC_WHEEL} failed");
+    let whl = std::fs::read_dir(&wheels)
+        .expect("the wheel folder")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .expect("a wheel");
+    unpack_libs(&whl, &root);
+    assert!(lib.exists(), "{} not in the wheel", lib.display());
+    lib
+}
+
+/// Unpack the wheel's shared libraries into `root`, each written beside and renamed (another
+/// test process may be reading them).
+fn unpack_libs(whl: &Path, root: &Path) {
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(whl).unwrap()).unwrap();
+    for i in 0..zip.len() {
+        let mut f = zip.by_index(i).unwrap();
+        let name = f.name().to_string();
+        if !name.contains("/lib/") || name.ends_with('/') {
+            continue;
+        }
+        let out = root.join(&name);
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+        let mut w = std::fs::File::create(&tmp).unwrap();
+        std::io::copy(&mut f, &mut w).unwrap();
+        std::fs::rename(&tmp, &out).unwrap();
+    }
+}
+
+/// The `extern "C" __global__` functions a kernel file defines, by scanning its text
+/// (including the ones its macros stamp out).
+fn entry_names(src: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in src.lines() {
+        let l = line.trim_start();
+        if let Some(rest) = l.strip_prefix("extern \"C\" __global__ void ") {
+            if !rest.starts_with("NAME") {
+                names.push(rest.split('(').next().unwrap().trim().to_string());
+            }
+        }
+        // Macro instances: `MATVEC(matvec_q4_0, ...)` / `EMBED(embed_f32, ...)`.
+        for mac in ["MATVEC(", "MATVEC_PLAIN(", "EMBED("] {
+            if let Some(rest) = l.strip_prefix(mac) {
+                if !rest.starts_with("NAME") {
+                    names.push(rest.split(',').next().unwrap().trim().to_string());
+                }
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_kernel_compiles_for_hopper_and_ampere() {
+    nvrtc_ready();
+    let (major, minor) = nvrtc::version().unwrap();
+    println!("NVRTC {major}.{minor}");
+    for (name, src) in nvrtc::KERNELS {
+        let entries = entry_names(src);
+        assert!(!entries.is_empty(), "{name}: no kernels found");
+        for arch in ["sm_90", "sm_80", "compute_80"] {
+            let ptx = nvrtc::compile(name, src, arch).unwrap_or_else(|e| panic!("{e}"));
+            for e in &entries {
+                assert!(
+                    ptx.contains(&format!(".entry {e}(")),
+                    "{name} for {arch}: kernel {e} missing from the PTX"
+                );
+            }
+        }
+        println!("{name}: {} kernels", entries.len());
+    }
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_is_an_error_with_the_compilers_log() {
+    nvrtc_ready();
+    let bad = "extern \"C\" __global__ void k(float* x) { x[0] = undefined_thing; }";
+    let err = nvrtc::compile("bad.cu", bad, "sm_90").unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("bad.cu"), "{text}");
+    assert!(text.contains("undefined_thing"), "{text}");
+}
+
+#[test]
+fn compiled_kernels_are_cached_on_disk_by_hash() {
+    nvrtc_ready();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("nvrtc-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (name, src) = nvrtc::KERNELS[0];
+    let first = nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap();
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1, "one PTX file");
+    // A second build reads the file: make its content recognizable to see that it does.
+    let path = files[0].path();
+    std::fs::write(&path, "// cached\n").unwrap();
+    assert_eq!(
+        nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap(),
+        "// cached\n"
+    );
+    // Another source or architecture is another entry.
+    let other = format!("{src}\n// changed\n");
+    let second = nvrtc::compile_cached(&dir, name, &other, "sm_90").unwrap();
+    assert!(second.contains(".entry"));
+    nvrtc::compile_cached(&dir, name, src, "sm_80").unwrap();
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3);
+    assert!(first.contains(".entry"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn device_cuda_is_refused_in_one_line_without_a_driver() {
+    if cuda::driver_present() {
+        println!("skipped: this machine has a CUDA driver (the refusal is for machines without)");
+        return;
+    }
+    let model = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("fixtures")
+        .join("random-llama-q4_0.gguf");
+    for args in [
+        &["--device", "cuda"][..],
+        &["-ngl", "99"],
+        &["--device=cuda"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["run", "-m"])
+            .arg(&model)
+            .args(["-p", "x", "-n", "1"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains("no CUDA driver"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// The host's C compiler builds `blocks.cuh` (the kernels' element dequantizers) into a small
+/// program; every format's blocks, quantized from random values and edge cases by the CPU's
+/// reference quantizer, must dequantize to exactly the CPU reference's values.
+#[test]
+fn block_dequantizers_match_the_cpu_reference_on_the_host() {
+    use kiln::quant::{dequantize_row, quantize_row, GgmlType};
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("blocks-twin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = dir.join("twin.c");
+    let formats = [
+        ("f32", GgmlType::F32),
+        ("f16", GgmlType::F16),
+        ("bf16", GgmlType::BF16),
+        ("q4_0", GgmlType::Q4_0),
+        ("q4_1", GgmlType::Q4_1),
+        ("q5_0", GgmlType::Q5_0),
+        ("q5_1", GgmlType::Q5_1),
+        ("q8_0", GgmlType::Q8_0),
+        ("q2_k", GgmlType::Q2K),
+        ("q3_k", GgmlType::Q3K),
+        ("q4_k", GgmlType::Q4K),
+        ("q5_k", GgmlType::Q5K),
+        ("q6_k", GgmlType::Q6K),
+    ];
+    let mut table = String::new();
+    for (name, ty) in formats {
+        let (elems, bytes) = (ty.block_size(), ty.type_size());
+        table.push_str(&format!("  {{\"{name}\", dq_{name}, {elems}, {bytes}}},\n"));
+    }
+    let src = format!(
+        r#"#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+static float h2f(u16 h) {{ _Float16 f; memcpy(&f, &h, 2); return (float)f; }}
+static float u2f(u32 v) {{ float f; memcpy(&f, &v, 4); return f; }}
+static u16 ld16(const u8* p) {{ return (u16)(p[0] | (p[1] << 8)); }}
+#define KILN_FN static inline
+{blocks}
+struct fmt {{ const char* name; float (*dq)(const u8*, int); int elems, bytes; }};
+static const struct fmt FORMATS[] = {{
+{table}}};
+/* twin FORMAT IN OUT: dequantize every block of IN (raw bytes) into OUT (f32). */
+int main(int argc, char** argv) {{
+    if (argc != 4) return 2;
+    for (size_t f = 0; f < sizeof FORMATS / sizeof FORMATS[0]; ++f) {{
+        if (strcmp(FORMATS[f].name, argv[1])) continue;
+        FILE* in = fopen(argv[2], "rb");
+        FILE* out = fopen(argv[3], "wb");
+        if (!in || !out) return 3;
+        u8 block[256 * 4];
+        while (fread(block, 1, FORMATS[f].bytes, in) == (size_t)FORMATS[f].bytes)
+            for (int i = 0; i < FORMATS[f].elems; ++i) {{
+                float v = FORMATS[f].dq(block, i);
+                fwrite(&v, 4, 1, out);
+            }}
+        fclose(out);
+        return 0;
+    }}
+    return 4;
+}}
+"#,
+        blocks = nvrtc::BLOCKS
+    );
+    std::fs::write(&c, src).unwrap();
+    let exe = dir.join("twin");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args([
+            "-O1",
+            "-std=gnu11",
+            "-Wall",
+            "-Werror",
+            "-ffp-contract=off",
+            "-o",
+        ])
+        .arg(&exe)
+        .arg(&c)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cc}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cc} on blocks.cuh:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut rng = 0x9e3779b97f4a7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    };
+    for (name, ty) in formats {
+        let n = 256 * 24;
+        // Random rows of several scales, then edge cases: zeros, one large value, constants.
+        let mut x: Vec<f32> = (0..n)
+            .map(|i| next() * [1.0, 0.01, 30.0, 1e-4][(i / 1024) % 4])
+            .collect();
+        x[..256].iter_mut().for_each(|v| *v = 0.0);
+        x[256..512].iter_mut().for_each(|v| *v = 0.5);
+        x[600] = 1000.0;
+        x[1000] = -7.25;
+        let mut q = vec![0u8; n / ty.block_size() * ty.type_size()];
+        quantize_row(ty, &x, &mut q).unwrap();
+        let mut want = vec![0f32; n];
+        dequantize_row(ty, &q, &mut want).unwrap();
+        let (inp, outp) = (
+            dir.join(format!("{name}.in")),
+            dir.join(format!("{name}.out")),
+        );
+        std::fs::write(&inp, &q).unwrap();
+        let st = Command::new(&exe)
+            .arg(name)
+            .arg(&inp)
+            .arg(&outp)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{name}: twin exited {st}");
+        let got: Vec<f32> = std::fs::read(&outp)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(got.len(), n, "{name}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{name}: element {i}: {g} vs {w}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
