@@ -391,6 +391,12 @@ impl Sampler {
     }
 
     /// Restart the random stream from `seed`.
+    /// Whether every draw is the plain argmax of the logits (greedy, no penalties): then a
+    /// GPU session can pick the token on the device.
+    pub fn is_argmax(&self) -> bool {
+        self.cfg.temperature <= 0.0 && !self.cfg.penalties_on()
+    }
+
     pub fn reseed(&mut self, seed: u64) {
         self.cfg.seed = seed;
         self.rng = Rng::new(seed);

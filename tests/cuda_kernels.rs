@@ -6,6 +6,8 @@
 //! Also: the disk cache of compiled kernels, and `--device cuda` refused with one line where
 //! there is no driver.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -39,7 +41,7 @@ fn nvrtc_ready() {
 
 /// `libnvrtc.so.13` from the PyPI wheel, fetched and unpacked under the target directory once.
 fn wheel_lib() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nvrtc");
+    let root = common::tmp_dir().join("nvrtc");
     let lib = root.join("nvidia/cu13/lib/libnvrtc.so.13");
     if lib.exists() {
         return lib;
@@ -89,36 +91,13 @@ fn unpack_libs(whl: &Path, root: &Path) {
     }
 }
 
-/// The `extern "C" __global__` functions a kernel file defines, by scanning its text
-/// (including the ones its macros stamp out).
-fn entry_names(src: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    for line in src.lines() {
-        let l = line.trim_start();
-        if let Some(rest) = l.strip_prefix("extern \"C\" __global__ void ") {
-            if !rest.starts_with("NAME") {
-                names.push(rest.split('(').next().unwrap().trim().to_string());
-            }
-        }
-        // Macro instances: `MATVEC(matvec_q4_0, ...)` / `EMBED(embed_f32, ...)`.
-        for mac in ["MATVEC(", "MATVEC_PLAIN(", "EMBED("] {
-            if let Some(rest) = l.strip_prefix(mac) {
-                if !rest.starts_with("NAME") {
-                    names.push(rest.split(',').next().unwrap().trim().to_string());
-                }
-            }
-        }
-    }
-    names
-}
-
 #[test]
 fn every_kernel_compiles_for_hopper_and_ampere() {
     nvrtc_ready();
     let (major, minor) = nvrtc::version().unwrap();
     println!("NVRTC {major}.{minor}");
     for (name, src) in nvrtc::KERNELS {
-        let entries = entry_names(src);
+        let entries = nvrtc::entries(src);
         assert!(!entries.is_empty(), "{name}: no kernels found");
         for arch in ["sm_90", "sm_80", "compute_80"] {
             let ptx = nvrtc::compile(name, src, arch).unwrap_or_else(|e| panic!("{e}"));
@@ -146,8 +125,7 @@ fn a_kernel_that_does_not_compile_is_an_error_with_the_compilers_log() {
 #[test]
 fn compiled_kernels_are_cached_on_disk_by_hash() {
     nvrtc_ready();
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("nvrtc-cache-{}", std::process::id()));
+    let dir = common::tmp_dir().join(format!("nvrtc-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let (name, src) = nvrtc::KERNELS[0];
     let first = nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap();
@@ -176,9 +154,8 @@ fn device_cuda_is_refused_in_one_line_without_a_driver() {
         println!("skipped: this machine has a CUDA driver (the refusal is for machines without)");
         return;
     }
-    let model = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("fixtures")
-        .join("random-llama-q4_0.gguf");
+    // Refused before the model is read: the file need not exist.
+    let model = common::tmp_dir().join("unused.gguf");
     for args in [
         &["--device", "cuda"][..],
         &["-ngl", "99"],
@@ -205,8 +182,7 @@ fn device_cuda_is_refused_in_one_line_without_a_driver() {
 #[test]
 fn block_dequantizers_match_the_cpu_reference_on_the_host() {
     use kiln::quant::{dequantize_row, quantize_row, GgmlType};
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("blocks-twin-{}", std::process::id()));
+    let dir = common::tmp_dir().join(format!("blocks-twin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let c = dir.join("twin.c");
     let formats = [
@@ -332,4 +308,28 @@ int main(int argc, char** argv) {{
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `kiln plan --device cuda` counts the weights from the file's header; the upload lays them
+/// out from the loaded model: the two agree for every fixture model and both real models.
+#[test]
+fn device_plan_of_the_weights_equals_the_upload_layout() {
+    use kiln::backend::cuda::{weights::planned_bytes, DeviceWeights};
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for stem in [
+        "random-llama-q4_0",
+        "random-gpt2-q8_0",
+        "random-qwen3-q4_k_m",
+        "random-qwen2-q4_0",
+        "random-llama-q2_k",
+    ] {
+        paths.push(common::random_model(stem));
+    }
+    paths.push(common::real_model("gemma3"));
+    paths.push(common::real_model("smollm2"));
+    for p in paths {
+        let m = kiln::model::Model::load(&p).unwrap();
+        let laid = DeviceWeights::layout_bytes(&m).unwrap();
+        assert_eq!(laid, planned_bytes(&m.file), "{}", p.display());
+    }
 }

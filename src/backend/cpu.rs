@@ -199,7 +199,7 @@ impl<'a> Backend for Cpu<'a> {
         self.s.spec.logit_rows.max(1)
     }
 
-    fn begin(&mut self, seqs: &[SeqBatch<'_>]) {
+    fn begin(&mut self, _tokens: &[u32], seqs: &[SeqBatch<'_>]) {
         self.s
             .matmul
             .set_segments(seqs.iter().map(|sq| sq.n_tokens));

@@ -51,7 +51,7 @@ impl Device {
     pub fn open(self) -> Result<(), cuda::CudaError> {
         match self {
             Device::Cpu => Ok(()),
-            Device::Cuda => cuda::open(),
+            Device::Cuda => cuda::open().map(|_| ()),
         }
     }
 }
@@ -206,8 +206,9 @@ pub trait Backend {
     /// Rows of logits computed at once (the [`Buf::Logits`] buffer's rows).
     fn logit_rows(&self) -> usize;
 
-    /// Start a step over `seqs` (their lengths are the positions of their first new rows).
-    fn begin(&mut self, seqs: &[SeqBatch<'_, Self::Kv>]);
+    /// Start a step of `tokens` over `seqs` (their lengths are the positions of their first new
+    /// rows): what varies from step to step goes to the device here.
+    fn begin(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, Self::Kv>]);
 
     /// `X[j] = embed(tokens[j]) · scale (+ learned position embedding of row j's position)`.
     fn embed(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, Self::Kv>], scale: f32);
@@ -253,4 +254,10 @@ pub trait Backend {
 
     /// Hand rows `rows` of `buf` to `sink(row, values)`, in order.
     fn read(&mut self, buf: Buf, rows: Range<usize>, sink: &mut dyn FnMut(usize, &[f32]));
+
+    /// End the step: wait for the device, and report an error any op met (ops on a device
+    /// run asynchronously, so their errors surface here).
+    fn finish(&mut self) -> Result<(), ForwardError> {
+        Ok(())
+    }
 }

@@ -1,7 +1,6 @@
 //! `kiln bench`: prompt-processing (pp) and text-generation (tg) throughput, as `llama-bench`
 //! measures them, plus load time, peak RSS and decode's share of the memory-bandwidth roofline.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -9,7 +8,6 @@ use clap::Args;
 
 use super::common::{self, ModelArgs};
 use kiln::engine::{Session, SessionOptions};
-use kiln::sampler::argmax;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -72,7 +70,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     opts.kv_type = args.model.kv_type;
     opts.kv_budget = args.model.kv_budget.map(|b| b as usize);
     opts.swa_full = args.model.swa_full;
-    let mut s = Session::new(Arc::clone(model), opts)?;
+    opts.device = args.model.device()?;
+    let mut s = common::new_session(model, opts)?;
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random tokens, as llama-bench uses random ids.
     let tokens = |n: usize, salt: u32| -> Vec<u32> {
@@ -191,8 +190,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let mut t = tokens(1, rep as u32)[0];
             let t0 = Instant::now();
             for _ in 0..args.n_gen {
-                let logits = s.decode(t)?;
-                t = argmax(logits);
+                // Greedy: on a GPU the argmax is taken there (one token id comes back).
+                t = s.decode_greedy(t)?;
             }
             let dt = t0.elapsed().as_secs_f64();
             if rep > 0 {

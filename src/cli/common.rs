@@ -272,6 +272,16 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     })
 }
 
+/// Refuse `--device cuda` for a command that runs on the CPU only so far.
+pub fn cpu_only(args: &ModelArgs, command: &str) -> Result<()> {
+    if args.device()? == kiln::backend::Device::Cuda {
+        anyhow::bail!(
+            "`kiln {command}` runs on the CPU only so far (--device cuda works for run, chat, bench and perplexity)"
+        );
+    }
+    Ok(())
+}
+
 /// A session sized from the flags.
 pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
     let train = loaded.model.config.ctx_train;
@@ -281,7 +291,29 @@ pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
     opts.kv_type = args.kv_type;
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
     opts.swa_full = args.swa_full;
-    Ok(Session::new(Arc::clone(&loaded.model), opts)?)
+    opts.device = args.device()?;
+    new_session(&loaded.model, opts)
+}
+
+/// A session, with a progress bar while the weights go to the GPU.
+pub fn new_session(model: &Arc<Model>, opts: SessionOptions) -> Result<Session> {
+    let mut bar: Option<ProgressBar> = None;
+    let mut progress = |done: usize, total: usize| {
+        let b = bar.get_or_insert_with(|| {
+            let b = ProgressBar::new(total as u64);
+            b.set_style(
+                ProgressStyle::with_template("uploading weights {bar:30} {bytes}/{total_bytes}")
+                    .expect("valid template"),
+            );
+            b
+        });
+        b.set_position(done as u64);
+    };
+    let s = Session::with_progress(Arc::clone(model), opts, &mut progress)?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(s)
 }
 
 /// A spinner on stderr (hidden when stderr is not a terminal).

@@ -87,6 +87,7 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
     if prompts.is_empty() {
         bail!("no prompt to embed");
     }
+    common::cpu_only(&args.model, "embedding")?;
     let loaded = common::load(&args.model)?;
     let m = Arc::clone(&loaded.model);
     let pooling = Pooling::for_model(&m, args.pooling)?;

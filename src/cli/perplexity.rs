@@ -1,13 +1,12 @@
 //! `kiln perplexity`: perplexity of a text file, as `llama-perplexity` computes it.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
 use super::common::{self, ModelArgs};
-use kiln::engine::{perplexity, Session, SessionOptions};
+use kiln::engine::{perplexity, SessionOptions};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -36,8 +35,9 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     opts.kv_type = args.model.kv_type;
     opts.kv_budget = args.model.kv_budget.map(|b| b as usize);
     opts.swa_full = args.model.swa_full;
+    opts.device = args.model.device()?;
     opts.logit_rows = 32;
-    let mut session = Session::new(Arc::clone(&loaded.model), opts)?;
+    let mut session = common::new_session(&loaded.model, opts)?;
     let bos = if tok.adds_bos() { tok.bos() } else { None };
     eprintln!("perplexity: {} tokens, {} per chunk", tokens.len(), n_ctx);
     let t0 = std::time::Instant::now();

@@ -39,6 +39,10 @@ pub struct PlanArgs {
     /// available memory).
     #[arg(long, value_parser = super::common::parse_bytes)]
     pub budget: Option<u64>,
+    /// Plan for this device: cpu (RAM), or cuda (device memory of an NVIDIA GPU; the budget
+    /// is then the GPU's free memory).
+    #[arg(long = "device", value_name = "cpu|cuda", default_value = "cpu")]
+    pub device: kiln::backend::Device,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -68,12 +72,24 @@ pub fn run(args: PlanArgs) -> Result<()> {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
     };
-    let p = plan(&file, &opts, args.parallel, host)?;
-    let budget = args.budget.or_else(available_memory);
+    let cuda = args.device == kiln::backend::Device::Cuda;
+    let p = if cuda {
+        if args.parallel > 1 || args.kv_budget.is_some() || args.kv_type != kiln::cache::KvType::F16
+        {
+            anyhow::bail!("a GPU plan is for one sequence with an f16 KV cache in device memory");
+        }
+        kiln::engine::plan::device_plan(&file, &opts)?
+    } else {
+        plan(&file, &opts, args.parallel, host)?
+    };
+    let budget = match cuda {
+        true => args.budget.or_else(gpu_free_memory),
+        false => args.budget.or_else(available_memory),
+    };
     let fits = budget.map(|b| p.total_bytes <= b);
     if args.json {
         let j = serde_json::json!({
-            "model": path, "ctx": ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full,
+            "model": path, "device": if cuda { "cuda" } else { "cpu" }, "ctx": ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full,
             "components": p.components, "total_bytes": p.total_bytes, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
@@ -104,6 +120,12 @@ pub fn run(args: PlanArgs) -> Result<()> {
         _ => {}
     }
     verdict(fits, budget)
+}
+
+/// Free memory of the GPU, when there is one.
+fn gpu_free_memory() -> Option<u64> {
+    let gpu = kiln::backend::cuda::open().ok()?;
+    gpu.mem_info().ok().map(|(free, _)| free as u64)
 }
 
 /// A plan that does not fit the budget is an error (exit status 1), so scripts can test it.

@@ -105,6 +105,7 @@ fn seconds(s: &str) -> Result<Duration, String> {
 
 /// Load the model and size the server from the flags.
 fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
+    common::cpu_only(&args.model, "serve")?;
     let mut loaded = common::load(&args.model)?;
     if let Some(path) = &args.chat_template_file {
         let text = std::fs::read_to_string(path)

@@ -112,6 +112,9 @@ pub fn generate_constrained(
     let mut stream = StreamDecoder::new(tok);
     let t1 = Instant::now();
     let limit = req.max_new.unwrap_or(usize::MAX);
+    let on_device =
+        session.cuda().is_some() && sampler.is_argmax() && constraint.is_none() && !req.ignore_eos;
+    let mut device_next: Option<u32> = None;
     let stop = loop {
         if stats.gen_tokens >= limit {
             break StopReason::Length;
@@ -122,10 +125,11 @@ pub fn generate_constrained(
         if req.ignore_eos {
             session.mask_tokens(tok.eog_ids());
         }
-        let next = match constraint.as_deref_mut() {
-            Some(c) if c.is_done() => break StopReason::EndOfGeneration,
-            Some(c) => sampler.sample(c.apply(session.logits())?, session.tokens()),
-            None => sampler.sample(session.logits(), session.tokens()),
+        let next = match (device_next.take(), constraint.as_deref_mut()) {
+            (Some(t), _) => t,
+            (None, Some(c)) if c.is_done() => break StopReason::EndOfGeneration,
+            (None, Some(c)) => sampler.sample(c.apply(session.logits())?, session.tokens()),
+            (None, None) => sampler.sample(session.logits(), session.tokens()),
         };
         if tok.is_eog(next) {
             break StopReason::EndOfGeneration;
@@ -135,8 +139,13 @@ pub fn generate_constrained(
         if !on_token(next, &text) {
             break StopReason::Cancelled;
         }
-        if session.kv().would_overflow(1) {
+        if session.would_overflow(1) {
             break StopReason::ContextFull;
+        }
+        if on_device {
+            // Greedy on the GPU: the next token is picked there; no logits cross the bus.
+            device_next = Some(session.decode_greedy(next)?);
+            continue;
         }
         let mut step: Vec<(&mut Constraint, Option<u32>)> = Vec::new();
         step.extend(constraint.as_deref_mut().map(|c| (c, Some(next))));

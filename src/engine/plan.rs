@@ -298,3 +298,64 @@ fn kv_formula(kv: &KvLayout, ty: KvType, offload: Option<usize>, parallel: u64) 
         ),
     }
 }
+
+/// What a session on the GPU will hold in device memory, from the file's header: the weights
+/// as [`crate::backend::cuda::DeviceWeights::upload`] lays them out, and the activation and
+/// KV-cache allocations as [`crate::backend::cuda::CudaSession::new`] makes them (the same
+/// layout functions). The driver's own context memory is not included.
+pub fn device_plan(file: &GgufFile, opts: &SessionOptions) -> Result<MemoryPlan, PlanError> {
+    use crate::backend::cuda::step::{CudaSizes, SessionLayout};
+    let (c, _) = read_config(file)?;
+    if c.ctx_train > 0 && opts.n_ctx > c.ctx_train {
+        return Err(PlanError::ContextTooLarge {
+            ctx: opts.n_ctx,
+            max: c.ctx_train,
+        });
+    }
+    let spec = scratch_spec_for(file, opts);
+    let fused = file
+        .tensor_info(&crate::model::weights::names::blk(
+            0,
+            crate::model::weights::names::ATTN_QKV,
+        ))
+        .is_some();
+    let sizes = CudaSizes {
+        max_rows: spec.max_tokens,
+        logit_rows: spec.logit_rows,
+        n_ctx: opts.n_ctx.max(1),
+        slots: 1,
+    };
+    let l = SessionLayout::new(&c, fused, sizes);
+    let weights = crate::backend::cuda::weights::planned_bytes(file) as u64;
+    let components = vec![
+        Component {
+            name: "weights (device)",
+            bytes: weights,
+            mapped: false,
+            formula: "every matrix as stored, vectors as f32, 256-byte aligned".into(),
+        },
+        Component {
+            name: "kv cache (device)",
+            bytes: l.kv_bytes as u64,
+            mapped: false,
+            formula: format!(
+                "{} layers × {} ctx × {} kv heads × ({} + {}) dims × 2 B (f16)",
+                c.n_layers, sizes.n_ctx, c.n_kv_heads, c.head_dim_k, c.head_dim_v
+            ),
+        },
+        Component {
+            name: "activations (device)",
+            bytes: l.act_bytes as u64,
+            mapped: false,
+            formula: format!(
+                "{} rows of every buffer, {} logit rows of {}",
+                sizes.max_rows, sizes.logit_rows, c.vocab_size
+            ),
+        },
+    ];
+    let total_bytes = components.iter().map(|c| c.bytes).sum();
+    Ok(MemoryPlan {
+        components,
+        total_bytes,
+    })
+}

@@ -4,10 +4,12 @@
 use std::sync::Arc;
 
 use crate::backend::cpu::{forward, Runtime};
+use crate::backend::cuda::{self, CudaKv, CudaSession, CudaSizes, CudaStep, DeviceWeights};
+use crate::backend::{Device, SeqBatch};
 use crate::cache::{
     KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
 };
-use crate::model::forward::{ForwardError, Logits};
+use crate::model::forward::{forward_batch, ForwardError, Logits};
 use crate::model::{weights, Model};
 
 /// How a session is sized.
@@ -28,6 +30,8 @@ pub struct SessionOptions {
     /// Give sliding-window layers a cache of the whole context, as the other layers
     /// (llama.cpp's `--swa-full`), instead of a ring of their window.
     pub swa_full: bool,
+    /// Where the forward pass runs.
+    pub device: Device,
 }
 
 impl SessionOptions {
@@ -40,6 +44,7 @@ impl SessionOptions {
             kv_type: KvType::F16,
             kv_budget: None,
             swa_full: false,
+            device: Device::Cpu,
         }
     }
 }
@@ -69,6 +74,8 @@ pub enum EngineError {
     KvCache(String),
     #[error(transparent)]
     Grammar(#[from] crate::grammar::GrammarError),
+    #[error(transparent)]
+    Cuda(#[from] crate::backend::cuda::CudaError),
 }
 
 impl From<KvCacheError> for EngineError {
@@ -83,34 +90,126 @@ impl From<KvCacheError> for EngineError {
 /// One sequence being evaluated.
 pub struct Session {
     pub model: Arc<Model>,
+    /// The CPU's threads (a session on the GPU keeps one, for host work).
     pub rt: Runtime,
     pub opts: SessionOptions,
-    kv: KvCache,
-    scratch: Scratch,
-    /// The tokens whose keys and values are in `kv`, in order.
+    exec: Exec,
+    /// The tokens whose keys and values are in the cache, in order.
     tokens: Vec<u32>,
+}
+
+/// Where a session's cache and buffers live.
+#[allow(clippy::large_enum_variant)]
+enum Exec {
+    Cpu {
+        kv: KvCache,
+        scratch: Scratch,
+    },
+    Cuda {
+        s: Box<CudaSession>,
+        kv: CudaKv,
+        /// `[vocab]`: the last token's logits, copied back.
+        logits: Vec<f32>,
+    },
 }
 
 impl Session {
     pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Session, EngineError> {
+        Session::with_progress(model, opts, &mut |_, _| {})
+    }
+
+    /// [`Session::new`], calling `progress(bytes done, bytes in all)` while the weights go to
+    /// the GPU (not at all on the CPU, or when another session already put them there).
+    pub fn with_progress(
+        model: Arc<Model>,
+        opts: SessionOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Session, EngineError> {
         let c = &model.config;
         let n_ctx = opts.n_ctx.max(1);
         check_context(c, n_ctx)?;
         let opts = SessionOptions { n_ctx, ..opts };
-        let layout = kv_layout(c, &opts);
         let spec = scratch_spec(&model, &opts);
-        let scratch = Scratch::new(c, spec);
+        let (exec, threads) = match opts.device {
+            Device::Cpu => {
+                let layout = kv_layout(c, &opts);
+                let kv = match layout.offload_ring(opts.kv_type, opts.kv_budget)? {
+                    None => KvCache::with_type(layout, opts.kv_type)?,
+                    Some(ring) => KvCache::offloaded(layout, opts.kv_type, ring)?,
+                };
+                let scratch = Scratch::new(c, spec);
+                (Exec::Cpu { kv, scratch }, opts.n_threads)
+            }
+            Device::Cuda => {
+                if opts.kv_type != KvType::F16 || opts.kv_budget.is_some() {
+                    return Err(cuda::CudaError::Unsupported(
+                        "a KV cache other than f16 in device memory (--kv-type, --kv-budget)"
+                            .into(),
+                    )
+                    .into());
+                }
+                let gpu = cuda::open()?;
+                let w = device_weights(&gpu, &model, progress)?;
+                let sizes = CudaSizes {
+                    max_rows: spec.max_tokens,
+                    logit_rows: spec.logit_rows,
+                    n_ctx,
+                    slots: 1,
+                };
+                let s = Box::new(CudaSession::new(gpu, w, &model, sizes)?);
+                let exec = Exec::Cuda {
+                    s,
+                    kv: CudaKv::new(0, n_ctx),
+                    logits: vec![0.0; c.vocab_size],
+                };
+                (exec, 1)
+            }
+        };
         Ok(Session {
-            rt: Runtime::new(opts.n_threads),
-            kv: match layout.offload_ring(opts.kv_type, opts.kv_budget)? {
-                None => KvCache::with_type(layout, opts.kv_type)?,
-                Some(ring) => KvCache::offloaded(layout, opts.kv_type, ring)?,
-            },
-            scratch,
+            rt: Runtime::new(threads),
+            exec,
             tokens: Vec::with_capacity(n_ctx),
             opts,
             model,
         })
+    }
+
+    /// Run `tokens` after the cached ones on this session's device.
+    fn run(&mut self, tokens: &[u32], logits: Logits<'_>) -> Result<(), ForwardError> {
+        self.run_copy(tokens, logits, true)
+    }
+
+    /// [`Session::run`]; on the GPU, the last token's logits come back to the host only with
+    /// `copy` (else they stay on the device, for [`Session::decode_greedy`]).
+    fn run_copy(
+        &mut self,
+        tokens: &[u32],
+        logits: Logits<'_>,
+        copy: bool,
+    ) -> Result<(), ForwardError> {
+        match &mut self.exec {
+            Exec::Cpu { kv, scratch } => {
+                forward(&self.model, &self.rt, kv, scratch, tokens, logits)
+            }
+            Exec::Cuda {
+                s,
+                kv,
+                logits: host,
+            } => {
+                let last = copy && matches!(logits, Logits::Last);
+                let m = &*self.model;
+                let n_tokens = tokens.len();
+                let seqs = &mut [SeqBatch { kv, n_tokens }];
+                forward_batch(m, &mut CudaStep { m, s }, seqs, tokens, logits)?;
+                if last {
+                    let l = s
+                        .logits(0..1)
+                        .map_err(|e| ForwardError::Device(e.to_string()))?;
+                    host.copy_from_slice(l);
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Tokens in the cache.
@@ -128,13 +227,20 @@ impl Session {
 
     /// Logits of the last evaluated token, `[vocab]`.
     pub fn logits(&self) -> &[f32] {
-        &self.scratch.logits[..self.model.config.vocab_size]
+        let v = self.model.config.vocab_size;
+        match &self.exec {
+            Exec::Cpu { scratch, .. } => &scratch.logits[..v],
+            Exec::Cuda { logits, .. } => logits,
+        }
     }
 
     /// Set the logits of `tokens` to -inf, so no sampler picks them (`--ignore-eos`).
     pub fn mask_tokens(&mut self, tokens: &[u32]) {
         let v = self.model.config.vocab_size;
-        let row = &mut self.scratch.logits[..v];
+        let row = match &mut self.exec {
+            Exec::Cpu { scratch, .. } => &mut scratch.logits[..v],
+            Exec::Cuda { logits, .. } => &mut logits[..],
+        };
         for &t in tokens {
             if let Some(l) = row.get_mut(t as usize) {
                 *l = f32::NEG_INFINITY;
@@ -142,17 +248,58 @@ impl Session {
         }
     }
 
+    /// The KV cache of a session on the CPU.
+    ///
+    /// # Panics
+    /// On a session on the GPU (its cache is in device memory).
     pub fn kv(&self) -> &KvCache {
-        &self.kv
+        match &self.exec {
+            Exec::Cpu { kv, .. } => kv,
+            Exec::Cuda { .. } => panic!("a GPU session's KV cache is in device memory"),
+        }
     }
 
+    /// The scratch buffers of a session on the CPU.
+    ///
+    /// # Panics
+    /// On a session on the GPU.
     pub fn scratch(&self) -> &Scratch {
-        &self.scratch
+        match &self.exec {
+            Exec::Cpu { scratch, .. } => scratch,
+            Exec::Cuda { .. } => panic!("a GPU session's buffers are in device memory"),
+        }
+    }
+
+    /// The session's state on the GPU, if it runs there.
+    pub fn cuda(&self) -> Option<&CudaSession> {
+        match &self.exec {
+            Exec::Cpu { .. } => None,
+            Exec::Cuda { s, .. } => Some(s),
+        }
+    }
+
+    /// Record decode steps as CUDA graphs (the default) or launch every op (for comparison).
+    /// Nothing on the CPU.
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        if let Exec::Cuda { s, .. } = &mut self.exec {
+            s.use_graphs = on;
+        }
+    }
+
+    /// Whether `n` more tokens would overflow the context.
+    pub fn would_overflow(&self, n: usize) -> bool {
+        match &self.exec {
+            Exec::Cpu { kv, .. } => kv.would_overflow(n),
+            Exec::Cuda { kv, .. } => kv.would_overflow(n),
+        }
     }
 
     /// Forget the sequence.
     pub fn reset(&mut self) {
-        self.kv.reset();
+        match &mut self.exec {
+            Exec::Cpu { kv, .. } => kv.reset(),
+            Exec::Cuda { kv, .. } => kv.reset(),
+        }
         self.tokens.clear();
     }
 
@@ -160,7 +307,10 @@ impl Session {
     /// kept: `n`, or 0 where the sliding-window rings no longer hold the window before `n`
     /// (then everything is evaluated again; see [`KvCache::rollback`]).
     pub fn rollback(&mut self, n: usize) -> usize {
-        let kept = self.kv.rollback(n);
+        let kept = match &mut self.exec {
+            Exec::Cpu { kv, .. } => kv.rollback(n),
+            Exec::Cuda { kv, .. } => kv.rollback(n),
+        };
         self.tokens.truncate(kept);
         kept
     }
@@ -176,7 +326,7 @@ impl Session {
 
     /// Refuse a prompt of `n` more tokens that would not fit.
     pub fn check_fits(&self, n: usize) -> Result<(), EngineError> {
-        if self.kv.would_overflow(n) {
+        if self.would_overflow(n) {
             return Err(EngineError::PromptTooLong {
                 prompt: n,
                 ctx: self.opts.n_ctx,
@@ -197,19 +347,12 @@ impl Session {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_fits(tokens.len())?;
-        let chunk = self.scratch.spec.max_tokens;
+        let chunk = self.max_tokens();
         let mut done = 0;
         for part in tokens.chunks(chunk) {
             let last = done + part.len() == tokens.len();
             let want = if last { Logits::Last } else { Logits::None };
-            forward(
-                &self.model,
-                &self.rt,
-                &mut self.kv,
-                &mut self.scratch,
-                part,
-                want,
-            )?;
+            self.run(part, want)?;
             self.tokens.extend_from_slice(part);
             done += part.len();
             progress(done, tokens.len());
@@ -244,21 +387,35 @@ impl Session {
 
     /// Evaluate one generated token; returns its logits.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
-        if self.kv.would_overflow(1) {
+        if self.would_overflow(1) {
             return Err(EngineError::ContextFull {
                 ctx: self.opts.n_ctx,
             });
         }
-        forward(
-            &self.model,
-            &self.rt,
-            &mut self.kv,
-            &mut self.scratch,
-            &[token],
-            Logits::Last,
-        )?;
+        self.run(&[token], Logits::Last)?;
         self.tokens.push(token);
         Ok(self.logits())
+    }
+
+    /// Evaluate one token and return the most likely next one (greedy decoding). On the GPU
+    /// the choice is made there and only the token id comes back; [`Session::logits`] then
+    /// still holds the logits before this step.
+    pub fn decode_greedy(&mut self, token: u32) -> Result<u32, EngineError> {
+        if self.cuda().is_none() {
+            return Ok(crate::sampler::argmax(self.decode(token)?));
+        }
+        if self.would_overflow(1) {
+            return Err(EngineError::ContextFull {
+                ctx: self.opts.n_ctx,
+            });
+        }
+        self.run_copy(&[token], Logits::Last, false)?;
+        self.tokens.push(token);
+        let mut next = [0u32];
+        if let Exec::Cuda { s, .. } = &mut self.exec {
+            s.argmax(1, &mut next)?;
+        }
+        Ok(next[0])
     }
 
     /// Evaluate `tokens` and hand the logits of every position `>= first` to
@@ -273,7 +430,7 @@ impl Session {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_fits(tokens.len())?;
-        let chunk = self.scratch.spec.max_tokens;
+        let chunk = self.max_tokens();
         let mut base = 0;
         for part in tokens.chunks(chunk) {
             let lo = first.saturating_sub(base).min(part.len());
@@ -283,19 +440,43 @@ impl Session {
             } else {
                 Logits::None
             };
-            forward(
-                &self.model,
-                &self.rt,
-                &mut self.kv,
-                &mut self.scratch,
-                part,
-                want,
-            )?;
+            self.run(part, want)?;
             self.tokens.extend_from_slice(part);
             base += part.len();
         }
         Ok(())
     }
+}
+
+impl Session {
+    /// Most tokens of one forward pass.
+    fn max_tokens(&self) -> usize {
+        match &self.exec {
+            Exec::Cpu { scratch, .. } => scratch.spec.max_tokens,
+            Exec::Cuda { s, .. } => s.sizes().max_rows,
+        }
+    }
+}
+
+/// `m`'s weights on `gpu`: uploaded by the first session of a model, shared by the sessions
+/// alive at the same time (freed with the last of them).
+fn device_weights(
+    gpu: &cuda::Gpu,
+    m: &Arc<Model>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Arc<DeviceWeights>, EngineError> {
+    use std::sync::{Mutex, Weak};
+    type Resident = Vec<(Weak<Model>, Weak<DeviceWeights>)>;
+    static RESIDENT: Mutex<Resident> = Mutex::new(Vec::new());
+    let mut r = RESIDENT.lock().unwrap_or_else(|e| e.into_inner());
+    r.retain(|(m, w)| m.strong_count() > 0 && w.strong_count() > 0);
+    let same = |(w, _): &&(Weak<Model>, Weak<DeviceWeights>)| w.as_ptr() == Arc::as_ptr(m);
+    if let Some(dw) = r.iter().find(same).and_then(|(_, d)| d.upgrade()) {
+        return Ok(dw);
+    }
+    let dw = Arc::new(DeviceWeights::upload(gpu, m, progress)?);
+    r.push((Arc::downgrade(m), Arc::downgrade(&dw)));
+    Ok(dw)
 }
 
 /// Refuse a context past the training context: there RoPE models produce garbage and learned

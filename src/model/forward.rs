@@ -59,6 +59,9 @@ pub enum ForwardError {
     Empty,
     #[error("the batch has {tokens} tokens but its sequences claim {claimed}")]
     BatchMismatch { tokens: usize, claimed: usize },
+    /// The device failed during the pass (its caches are then lost).
+    #[error("GPU: {0}")]
+    Device(String),
 }
 
 /// Run a batch holding the tokens of several sequences (continuous batching: one decode token
@@ -75,7 +78,7 @@ pub fn forward_batch<B: Backend>(
     let (c, w) = (&m.config, &m.weights);
     let n = tokens.len();
     check_batch(m, b.max_rows(), seqs, tokens)?;
-    b.begin(seqs);
+    b.begin(tokens, seqs);
     b.embed(tokens, seqs, m.embed_scale);
     for (li, layer) in w.layers.iter().enumerate() {
         // --- attention ---
@@ -167,7 +170,7 @@ pub fn forward_batch<B: Backend>(
             output_rows(b, RowSel::List(picked), sink);
         }
     }
-    Ok(())
+    b.finish()
 }
 
 /// Refuse a batch that does not fit, before anything is modified.

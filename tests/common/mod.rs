@@ -20,7 +20,24 @@ pub fn manifest() -> &'static Manifest {
 /// Where the fixture models are made: the cargo target directory, so a fresh clone makes them
 /// once and `cargo clean` forgets them.
 pub fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("fixtures")
+    tmp_dir().join("fixtures")
+}
+
+/// The tests' scratch folder: `CARGO_TARGET_TMPDIR`, or `$KILN_TEST_TMP` where the test
+/// binaries run away from their build tree (the GPU machine: `scripts/gpu-check.sh`).
+pub fn tmp_dir() -> PathBuf {
+    match std::env::var_os("KILN_TEST_TMP") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_TARGET_TMPDIR")),
+    }
+}
+
+/// The repository: `CARGO_MANIFEST_DIR`, or `$KILN_TEST_ROOT` (as [`tmp_dir`]).
+pub fn repo_dir() -> PathBuf {
+    match std::env::var_os("KILN_TEST_ROOT") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+    }
 }
 
 /// A small random-weight model, e.g. `random-llama-q4_0`: made by the test suite (generator and
@@ -41,9 +58,7 @@ pub fn random_model_names() -> Vec<String> {
 
 /// The golden data copied into the repository (`tests/golden`).
 pub fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join("golden")
+    repo_dir().join("tests").join("golden")
 }
 
 /// Read a JSON-lines golden file.

@@ -6,14 +6,22 @@
 //! line. Kernels are CUDA C files in `kernels/`, compiled at first use by NVRTC for the GPU
 //! present and cached on disk by hash ([`nvrtc`]).
 //!
-//! What exists so far: the device probe and the kernel build (every kernel compiles under
-//! NVRTC in the test suite, on machines without a GPU too). The CUDA implementation of
-//! [`super::Backend`] is not written yet, so [`open`] refuses on a machine with a GPU as well.
+//! - [`gpu`]: context, stream, kernels, typed launches, counted allocations;
+//! - [`weights`]: the model's tensors uploaded once, as the file stores them;
+//! - [`step`]: a session's buffers and KV cache, and the seam's ops as launches, decode steps
+//!   recorded as CUDA graphs.
 
+pub mod gpu;
 pub mod nvrtc;
+pub mod step;
+pub mod weights;
+
+pub use gpu::Gpu;
+pub use step::{CudaKv, CudaSession, CudaSizes, CudaStep};
+pub use weights::DeviceWeights;
 
 /// Why the GPU cannot be used.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CudaError {
     #[error("no CUDA driver on this machine (libcuda.so.1 not found): --device cuda needs an NVIDIA GPU and its driver; use --device cpu")]
     NoDriver,
@@ -29,8 +37,10 @@ pub enum CudaError {
     },
     #[error("kernel cache {path}: {reason}")]
     Cache { path: String, reason: String },
-    #[error("this build of kiln has no CUDA forward pass yet (the GPU was found, but only the kernels and the backend seam exist); use --device cpu")]
-    NotBuilt,
+    #[error("CUDA: {0}")]
+    Driver(String),
+    #[error("not supported on the GPU yet: {0}")]
+    Unsupported(String),
 }
 
 /// Whether libcuda can be loaded.
@@ -40,10 +50,14 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-/// Open the GPU for a forward pass.
-pub fn open() -> Result<(), CudaError> {
-    if !driver_present() {
-        return Err(CudaError::NoDriver);
+/// Open the GPU (once per process) and build its kernels.
+pub fn open() -> Result<std::sync::Arc<Gpu>, CudaError> {
+    static GPU: std::sync::Mutex<Option<std::sync::Arc<Gpu>>> = std::sync::Mutex::new(None);
+    let mut g = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(gpu) = g.as_ref() {
+        return Ok(gpu.clone());
     }
-    Err(CudaError::NotBuilt)
+    let gpu = Gpu::open()?;
+    *g = Some(gpu.clone());
+    Ok(gpu)
 }

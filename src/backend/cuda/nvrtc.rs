@@ -29,6 +29,27 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("attention.cu", include_str!("kernels/attention.cu")),
 ];
 
+/// The `extern "C" __global__` functions a kernel file defines, found in its text: plain
+/// definitions and the instances of its stamping macros (`MATVEC(matvec_q4_0, ...)`).
+pub fn entries(src: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in src.lines() {
+        let l = line.trim_start();
+        if let Some(rest) = l.strip_prefix("extern \"C\" __global__ void ") {
+            if !rest.starts_with("NAME") {
+                names.push(rest.split('(').next().unwrap_or("").trim().to_string());
+            }
+        }
+        for mac in ["MATVEC(", "MATVEC_PLAIN(", "EMBED("] {
+            if let Some(rest) = l.strip_prefix(mac) {
+                names.push(rest.split(',').next().unwrap_or("").trim().to_string());
+            }
+        }
+    }
+    names.retain(|n| !n.is_empty());
+    names
+}
+
 /// Make NVRTC loadable: the library named by `KILN_NVRTC` (a path to `libnvrtc.so.13`) if set,
 /// else the one the dynamic loader finds by name.
 pub fn load() -> Result<(), CudaError> {

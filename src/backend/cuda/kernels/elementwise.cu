@@ -60,7 +60,7 @@ extern "C" __global__ void split_qkv_f32(const float* qkv, float* q, float* k, f
 extern "C" __global__ void argmax_f32(const float* logits, int vocab, int* out) {
     const float* row = logits + (long)blockIdx.x * vocab;
     float best = -KILN_INF;
-    int idx = 0x7fffffff;
+    int idx = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
         float v = row[i];
         if (v > best || (v == best && i < idx)) { best = v; idx = i; }

@@ -1,5 +1,5 @@
 // Embedding rows: out[r] = row ids[r] of the matrix, dequantized, times `scale`; plus row
-// pos[r] of a learned position matrix (f32) when given. One block per row.
+// pos[r] of a learned position matrix (uploaded as f32) when given. One block per row.
 
 #define EMBED(NAME, BYTES, ELEMS, DQ)                                                         \
     extern "C" __global__ void NAME(const u8* w, const int* ids, float* out, int cols,       \

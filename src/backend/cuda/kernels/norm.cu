@@ -1,10 +1,15 @@
 // Norms over groups of `width` floats (a row, or one head of a row): one block per group.
-// `y` may be `x` (in place): each thread reads its elements before writing them.
+// Group g reads row `sel[g]` of x when `sel` is given (the output head's rows), else row g.
+// `y` may be `x` (in place, without `sel`): each thread reads its elements before writing them.
+
+__device__ __forceinline__ long src_row(const int* sel) {
+    return sel ? (long)sel[blockIdx.x] : (long)blockIdx.x;
+}
 
 // y = x / sqrt(mean(x²) + eps) · w
-extern "C" __global__ void rms_norm_f32(const float* x, float* y, const float* w, int width,
-                                        float eps) {
-    const float* xr = x + (long)blockIdx.x * width;
+extern "C" __global__ void rms_norm_f32(const float* x, const int* sel, float* y, const float* w,
+                                        int width, float eps) {
+    const float* xr = x + src_row(sel) * width;
     float* yr = y + (long)blockIdx.x * width;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < width; i += blockDim.x) ss += xr[i] * xr[i];
@@ -14,9 +19,9 @@ extern "C" __global__ void rms_norm_f32(const float* x, float* y, const float* w
 }
 
 // y = (x − mean) / sqrt(var + eps) · w + b
-extern "C" __global__ void layer_norm_f32(const float* x, float* y, const float* w,
-                                          const float* b, int width, float eps) {
-    const float* xr = x + (long)blockIdx.x * width;
+extern "C" __global__ void layer_norm_f32(const float* x, const int* sel, float* y,
+                                          const float* w, const float* b, int width, float eps) {
+    const float* xr = x + src_row(sel) * width;
     float* yr = y + (long)blockIdx.x * width;
     float s = 0.0f;
     for (int i = threadIdx.x; i < width; i += blockDim.x) s += xr[i];
@@ -29,16 +34,4 @@ extern "C" __global__ void layer_norm_f32(const float* x, float* y, const float*
     float inv = 1.0f / sqrtf(block_sum(v) / (float)width + eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x)
         yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
-}
-
-// Row `sel[i]` of x, normalized, into row i of y (the output head's rows).
-extern "C" __global__ void rms_norm_gather_f32(const float* x, const int* sel, float* y,
-                                               const float* w, int width, float eps) {
-    const float* xr = x + (long)sel[blockIdx.x] * width;
-    float* yr = y + (long)blockIdx.x * width;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss);
-    float scale = 1.0f / sqrtf(ss / (float)width + eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }

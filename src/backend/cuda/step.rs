@@ -1,0 +1,725 @@
+//! The CUDA backend: a session's device buffers and KV cache ([`CudaSession`], allocated once),
+//! and the seam's ops as kernel launches ([`CudaStep`], made per forward pass).
+//!
+//! A decode step (one token per sequence) is recorded once per row count as a CUDA graph, from
+//! the embedding to the last layer, and replayed after that: positions, slots and token ids
+//! are copied to the device before the replay and read by the kernels there. The output head
+//! (a gather by row, the product with the vocabulary, the copy back) runs outside the graph.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaGraph};
+
+use super::gpu::{blocks_for, Arena, Arg, Gpu, Layout};
+use super::weights::{kernel_suffix, DevMat, DevNorm, DeviceWeights};
+use super::CudaError;
+use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
+use crate::cache::{KvOverflow, KvWindowError};
+use crate::kernels::ops::{Activation, RopeKind};
+use crate::model::forward::ForwardError;
+use crate::model::{Model, NormKind};
+
+/// The most sequences a recorded decode step may carry (more run without a graph).
+const MAX_GRAPH_ROWS: usize = 64;
+
+/// One sequence's cursor into a session's device KV cache (the storage is the session's).
+#[derive(Clone, Debug)]
+pub struct CudaKv {
+    len: usize,
+    capacity: usize,
+    /// Which of the session's cache slots holds this sequence.
+    pub slot: usize,
+}
+
+impl CudaKv {
+    pub fn new(slot: usize, capacity: usize) -> CudaKv {
+        CudaKv {
+            len: 0,
+            capacity,
+            slot,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn would_overflow(&self, n: usize) -> bool {
+        self.len + n > self.capacity
+    }
+
+    /// Keep the first `n` positions (positions past `len` are never read).
+    pub fn rollback(&mut self, n: usize) -> usize {
+        self.len = self.len.min(n);
+        self.len
+    }
+
+    pub fn reset(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl SeqCache for CudaKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
+        if self.would_overflow(n) {
+            return Err(KvOverflow {
+                capacity: self.capacity,
+                current: self.len,
+                requested: n,
+            });
+        }
+        Ok(())
+    }
+    fn check_window(&self, _n: usize) -> Result<(), KvWindowError> {
+        // Sliding-window layers keep the whole context on the GPU (masked by position).
+        Ok(())
+    }
+    fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
+        self.check_fits(n)?;
+        self.len += n;
+        Ok(())
+    }
+}
+
+/// How a session is sized on the GPU.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaSizes {
+    /// Rows per forward pass.
+    pub max_rows: usize,
+    /// Logit rows computed at once.
+    pub logit_rows: usize,
+    /// KV positions per sequence.
+    pub n_ctx: usize,
+    /// Sequences (KV slots).
+    pub slots: usize,
+}
+
+enum Capture {
+    /// Ops launch as they come.
+    Direct,
+    /// Ops are recorded into the graph of this many rows.
+    Recording(usize),
+    /// The graph of this many rows replays in place of the ops.
+    Replaying(usize),
+}
+
+/// Where a session's buffers go: the activations and step parameters in one allocation, the
+/// KV cache in another. [`CudaSession::new`] allocates exactly this; the memory plan reports it.
+#[derive(Clone, Debug)]
+pub struct SessionLayout {
+    /// Offsets of the activation buffers, in [`Buf`]'s order, and their row widths.
+    buf: [usize; 10],
+    width: [usize; 10],
+    qkv: Option<usize>,
+    /// `[rows]` i32 each: token ids, positions, slots; gathered rows and argmax results.
+    ids: usize,
+    pos: usize,
+    seq: usize,
+    sel: usize,
+    argmax: usize,
+    /// Rows of the i32 buffers.
+    rows_i32: usize,
+    /// Bytes of the activation allocation.
+    pub act_bytes: usize,
+    /// Per layer, offsets of keys `[slots, n_kv_heads, n_ctx, head_dim_k]` and values (f16).
+    kv: Vec<(usize, usize)>,
+    /// Elements of one slot's keys and values in a layer.
+    slot_stride: (usize, usize),
+    /// Bytes of the KV allocation.
+    pub kv_bytes: usize,
+}
+
+impl SessionLayout {
+    pub fn new(c: &crate::model::ModelConfig, fused_qkv: bool, sizes: CudaSizes) -> Self {
+        let t = sizes.max_rows.max(1);
+        let width = [
+            c.dim,
+            c.dim,
+            c.q_dim(),
+            c.kv_dim_k(),
+            c.kv_dim_v(),
+            c.attn_out_dim(),
+            c.dim,
+            c.ffn_dim,
+            c.ffn_dim,
+            c.vocab_size,
+        ];
+        let mut l = Layout::default();
+        let mut buf = [0; 10];
+        for (i, &w) in width.iter().enumerate() {
+            let rows = if i == Buf::Logits as usize {
+                sizes.logit_rows.max(1)
+            } else {
+                t
+            };
+            buf[i] = l.take(rows * w * 4);
+        }
+        let qkv = fused_qkv.then(|| l.take(t * (c.q_dim() + c.kv_dim_k() + c.kv_dim_v()) * 4));
+        let rows_i32 = t.max(sizes.logit_rows).max(sizes.slots);
+        let (ids, pos, seq) = (l.take(t * 4), l.take(t * 4), l.take(t * 4));
+        let (sel, argmax) = (l.take(rows_i32 * 4), l.take(rows_i32 * 4));
+        let per_k = c.n_kv_heads * sizes.n_ctx * c.head_dim_k;
+        let per_v = c.n_kv_heads * sizes.n_ctx * c.head_dim_v;
+        let mut kl = Layout::default();
+        let kv = (0..c.n_layers)
+            .map(|_| {
+                (
+                    kl.take(sizes.slots * per_k * 2),
+                    kl.take(sizes.slots * per_v * 2),
+                )
+            })
+            .collect();
+        SessionLayout {
+            buf,
+            width,
+            qkv,
+            ids,
+            pos,
+            seq,
+            sel,
+            argmax,
+            rows_i32,
+            act_bytes: l.bytes,
+            kv,
+            slot_stride: (per_k, per_v),
+            kv_bytes: kl.bytes,
+        }
+    }
+}
+
+/// Everything a session keeps on the GPU besides the weights, allocated once.
+pub struct CudaSession {
+    gpu: Arc<Gpu>,
+    w: Arc<DeviceWeights>,
+    sizes: CudaSizes,
+    layout: SessionLayout,
+    act: Arena,
+    _kv: Arena,
+    /// Device addresses of the activation buffers, in [`Buf`]'s order.
+    ptr: [u64; 10],
+    qkv: Option<u64>,
+    ids: u64,
+    pos: u64,
+    seq: u64,
+    sel: u64,
+    argmax: u64,
+    kv_ptr: Vec<(u64, u64)>,
+    host_i32: Vec<i32>,
+    host_f32: Vec<f32>,
+    graphs: HashMap<usize, CudaGraph>,
+    capture: Capture,
+    /// Record decode steps as graphs.
+    pub use_graphs: bool,
+    /// The first error of the pass in progress.
+    err: Option<CudaError>,
+}
+
+impl CudaSession {
+    /// Allocate a session's buffers and KV cache for `m` (whose weights are `w`).
+    pub fn new(
+        gpu: Arc<Gpu>,
+        w: Arc<DeviceWeights>,
+        m: &Model,
+        sizes: CudaSizes,
+    ) -> Result<CudaSession, CudaError> {
+        let c = &m.config;
+        let fused = m
+            .weights
+            .layers
+            .iter()
+            .any(|l| matches!(l.qkv, crate::model::Qkv::Fused(_)));
+        let layout = SessionLayout::new(c, fused, sizes);
+        let act = Arena::new(&gpu, layout.act_bytes)?;
+        let kv = Arena::new(&gpu, layout.kv_bytes)?;
+        let ptr = layout.buf.map(|o| act.ptr(o));
+        let kv_ptr = layout
+            .kv
+            .iter()
+            .map(|&(k, v)| (kv.ptr(k), kv.ptr(v)))
+            .collect();
+        let t = sizes.max_rows.max(1);
+        let host_f32 = vec![0.0; (sizes.logit_rows.max(1) * c.vocab_size).max(t * c.dim)];
+        Ok(CudaSession {
+            qkv: layout.qkv.map(|o| act.ptr(o)),
+            ids: act.ptr(layout.ids),
+            pos: act.ptr(layout.pos),
+            seq: act.ptr(layout.seq),
+            sel: act.ptr(layout.sel),
+            argmax: act.ptr(layout.argmax),
+            host_i32: vec![0; layout.rows_i32],
+            host_f32,
+            ptr,
+            kv_ptr,
+            act,
+            _kv: kv,
+            layout,
+            gpu,
+            w,
+            sizes,
+            graphs: HashMap::new(),
+            capture: Capture::Direct,
+            use_graphs: true,
+            err: None,
+        })
+    }
+
+    /// Copy `n` i32 from the host staging buffer to the step parameter at `off`.
+    fn put_i32(&mut self, off: usize, n: usize) {
+        let bytes = zerocopy::IntoBytes::as_bytes(&self.host_i32[..n]);
+        let r = self.act.write(&self.gpu, off, bytes);
+        self.fail(r);
+    }
+
+    /// Copy `n` floats of the activations at `off` into the host staging buffer.
+    fn get_f32(&mut self, off: usize, n: usize) -> Result<(), CudaError> {
+        let out = zerocopy::IntoBytes::as_mut_bytes(&mut self.host_f32[..n]);
+        self.act.read(&self.gpu, off, out)
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub fn sizes(&self) -> CudaSizes {
+        self.sizes
+    }
+
+    /// Rows `rows` of the logits buffer, copied to the host (`[rows.len(), vocab]`).
+    pub fn logits(&mut self, rows: Range<usize>) -> Result<&[f32], CudaError> {
+        let v = self.w(Buf::Logits);
+        let n = rows.len() * v;
+        let off = self.layout.buf[Buf::Logits as usize] + rows.start * v * 4;
+        self.get_f32(off, n)?;
+        Ok(&self.host_f32[..n])
+    }
+
+    /// The index of the largest logit of each of the first `rows` logit rows, computed on the
+    /// device: one token id per row crosses the bus.
+    pub fn argmax(&mut self, rows: usize, out: &mut [u32]) -> Result<(), CudaError> {
+        let v = self.w(Buf::Logits);
+        self.gpu.launch(
+            "argmax_f32",
+            rows as u32,
+            1024,
+            &[
+                Arg::P(self.buf(Buf::Logits)),
+                Arg::I(v as i32),
+                Arg::P(self.argmax),
+            ],
+        )?;
+        let got = zerocopy::IntoBytes::as_mut_bytes(&mut self.host_i32[..rows]);
+        self.act.read(&self.gpu, self.layout.argmax, got)?;
+        for (o, &i) in out.iter_mut().zip(&self.host_i32[..rows]) {
+            *o = i as u32;
+        }
+        Ok(())
+    }
+
+    /// Decode graphs recorded so far.
+    pub fn graphs(&self) -> usize {
+        self.graphs.len()
+    }
+
+    fn fail(&mut self, r: Result<(), CudaError>) {
+        if let Err(e) = r {
+            self.err.get_or_insert(e);
+        }
+    }
+
+    /// Launch, unless a graph replays in place of the ops.
+    fn go(&mut self, name: &str, grid: u32, block: u32, args: &[Arg]) {
+        if matches!(self.capture, Capture::Replaying(_)) || self.err.is_some() {
+            return;
+        }
+        let r = self.gpu.launch(name, grid, block, args);
+        self.fail(r);
+    }
+
+    /// End the recorded part of a step: finish recording (and run it), or replay.
+    fn flush(&mut self) {
+        match std::mem::replace(&mut self.capture, Capture::Direct) {
+            Capture::Direct => {}
+            Capture::Recording(rows) => {
+                let flags = sys::CUgraphInstantiate_flags(0);
+                let r = match self.gpu.stream.end_capture(flags) {
+                    // An op failed while recording: the graph is incomplete; drop it.
+                    Ok(Some(_)) if self.err.is_some() => Ok(()),
+                    Ok(Some(g)) => g.launch().map_err(CudaError::from).map(|()| {
+                        self.graphs.insert(rows, g);
+                    }),
+                    Ok(None) => Err(CudaError::Driver("graph capture recorded nothing".into())),
+                    Err(e) => Err(e.into()),
+                };
+                self.fail(r);
+            }
+            Capture::Replaying(rows) => {
+                let r = match self.graphs.get(&rows) {
+                    Some(g) => g.launch().map_err(CudaError::from),
+                    None => Err(CudaError::Driver(format!("no graph for {rows} rows"))),
+                };
+                self.fail(r);
+            }
+        }
+    }
+
+    fn buf(&self, b: Buf) -> u64 {
+        self.ptr[b as usize]
+    }
+
+    fn w(&self, b: Buf) -> usize {
+        self.layout.width[b as usize]
+    }
+
+    fn matvec(&mut self, m: DevMat, x: u64, y: u64, rows: usize) {
+        let name = match kernel_suffix(m.ty) {
+            Ok(s) => format!("matvec_{s}"),
+            Err(e) => {
+                self.err.get_or_insert(e);
+                return;
+            }
+        };
+        let args = [
+            Arg::P(m.ptr),
+            Arg::P(x),
+            Arg::P(y),
+            Arg::I(m.rows as i32),
+            Arg::I(m.cols as i32),
+            Arg::I(rows as i32),
+        ];
+        self.go(&name, m.rows.div_ceil(8) as u32, 256, &args);
+        if let Some(b) = m.bias {
+            let args = [
+                Arg::P(y),
+                Arg::P(b),
+                Arg::L(rows as i64),
+                Arg::I(m.rows as i32),
+            ];
+            self.go("add_bias_f32", blocks_for(rows * m.rows), 256, &args);
+        }
+    }
+
+    fn norm_groups(&mut self, n: DevNorm, x: u64, sel: u64, y: u64, groups: usize) {
+        match n.kind {
+            NormKind::Rms => self.go(
+                "rms_norm_f32",
+                groups as u32,
+                256,
+                &[
+                    Arg::P(x),
+                    Arg::P(sel),
+                    Arg::P(y),
+                    Arg::P(n.w),
+                    Arg::I(n.len as i32),
+                    Arg::F(n.eps),
+                ],
+            ),
+            NormKind::Layer => self.go(
+                "layer_norm_f32",
+                groups as u32,
+                256,
+                &[
+                    Arg::P(x),
+                    Arg::P(sel),
+                    Arg::P(y),
+                    Arg::P(n.w),
+                    Arg::P(n.b.unwrap_or(0)),
+                    Arg::I(n.len as i32),
+                    Arg::F(n.eps),
+                ],
+            ),
+        }
+    }
+
+    fn elementwise(&mut self, name: &str, args: &[Arg], n: usize) {
+        self.go(name, blocks_for(n), 256, args);
+    }
+}
+
+/// The CUDA backend for one forward pass.
+pub struct CudaStep<'a> {
+    pub m: &'a Model,
+    pub s: &'a mut CudaSession,
+}
+
+impl Backend for CudaStep<'_> {
+    type Kv = CudaKv;
+
+    fn max_rows(&self) -> usize {
+        self.s.sizes.max_rows
+    }
+
+    fn logit_rows(&self) -> usize {
+        self.s.sizes.logit_rows.max(1)
+    }
+
+    fn begin(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, CudaKv>]) {
+        let s = &mut *self.s;
+        s.err = None;
+        s.capture = Capture::Direct;
+        let n = tokens.len();
+        for (h, &t) in s.host_i32.iter_mut().zip(tokens) {
+            *h = t as i32;
+        }
+        s.put_i32(s.layout.ids, n);
+        let mut j = 0;
+        for sq in seqs {
+            for p in sq.kv.len()..sq.kv.len() + sq.n_tokens {
+                s.host_i32[j] = p as i32;
+                j += 1;
+            }
+        }
+        s.put_i32(s.layout.pos, n);
+        let mut j = 0;
+        for sq in seqs {
+            for _ in 0..sq.n_tokens {
+                s.host_i32[j] = sq.kv.slot as i32;
+                j += 1;
+            }
+        }
+        s.put_i32(s.layout.seq, n);
+        let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
+        if s.use_graphs && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
+            if s.graphs.contains_key(&n) {
+                s.capture = Capture::Replaying(n);
+            } else {
+                let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+                match s.gpu.stream.begin_capture(mode) {
+                    Ok(()) => s.capture = Capture::Recording(n),
+                    Err(e) => s.fail(Err(e.into())),
+                }
+            }
+        }
+    }
+
+    fn embed(&mut self, tokens: &[u32], _seqs: &[SeqBatch<'_, CudaKv>], scale: f32) {
+        let s = &mut *self.s;
+        let e = s.w.token_embd;
+        let name = match kernel_suffix(e.ty) {
+            Ok(x) => format!("embed_{x}"),
+            Err(err) => {
+                s.err.get_or_insert(err);
+                return;
+            }
+        };
+        let args = [
+            Arg::P(e.ptr),
+            Arg::P(s.ids),
+            Arg::P(s.buf(Buf::X)),
+            Arg::I(e.cols as i32),
+            Arg::F(scale),
+            Arg::P(s.w.pos_embd.unwrap_or(0)),
+            Arg::P(s.pos),
+        ];
+        s.go(&name, tokens.len() as u32, 256, &args);
+    }
+
+    fn norm(&mut self, w: NormW, src: Buf, dst: Buf, rows: Range<usize>) {
+        let s = &mut *self.s;
+        if w == NormW::Output {
+            s.flush();
+        }
+        let n = s.w.norm(w);
+        let width = s.w(dst);
+        let off = (rows.start * width * 4) as u64;
+        let groups = rows.len() * width / n.len.max(1);
+        let (x, y) = (s.buf(src) + off, s.buf(dst) + off);
+        s.norm_groups(n, x, 0, y, groups);
+    }
+
+    fn norm_gather(&mut self, w: NormW, src: Buf, sel: RowSel<'_>, dst: Buf) {
+        let s = &mut *self.s;
+        s.flush();
+        for i in 0..sel.len() {
+            s.host_i32[i] = sel.get(i) as i32;
+        }
+        s.put_i32(s.layout.sel, sel.len());
+        let n = s.w.norm(w);
+        let (x, y, sp) = (s.buf(src), s.buf(dst), s.sel);
+        s.norm_groups(n, x, sp, y, sel.len());
+    }
+
+    fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize) {
+        let s = &mut *self.s;
+        for (&m, &d) in ws.iter().zip(dsts) {
+            let mat = s.w.mat(m);
+            // A fused QKV product goes to its own buffer; `split_qkv` moves it out.
+            let y = match (m, s.qkv) {
+                (Mat::Qkv(_), Some(p)) => p,
+                _ => s.buf(d),
+            };
+            let x = s.buf(src);
+            s.matvec(mat, x, y, rows);
+        }
+    }
+
+    fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {
+        let s = &mut *self.s;
+        let (g, u) = (s.w.mat(gate), s.w.mat(up));
+        let (x, gp, upp) = (s.buf(Buf::Xb), s.buf(Buf::Gate), s.buf(Buf::Up));
+        s.matvec(g, x, gp, rows);
+        s.matvec(u, x, upp, rows);
+        let n = rows * g.rows;
+        let name = match act {
+            Activation::Silu => "swiglu_f32",
+            Activation::GeluTanh => "geglu_f32",
+        };
+        s.elementwise(name, &[Arg::P(gp), Arg::P(upp), Arg::L(n as i64)], n);
+    }
+
+    fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {
+        let s = &mut *self.s;
+        let n = rows * s.w(buf);
+        let name = match act {
+            Activation::Silu => "silu_f32",
+            Activation::GeluTanh => "gelu_f32",
+        };
+        let p = s.buf(buf);
+        s.elementwise(name, &[Arg::P(p), Arg::L(n as i64)], n);
+    }
+
+    fn split_qkv(&mut self, rows: usize) {
+        let s = &mut *self.s;
+        let Some(qkv) = s.qkv else {
+            s.err
+                .get_or_insert(CudaError::Driver("no fused QKV buffer".into()));
+            return;
+        };
+        let (q, k, v) = (s.w(Buf::Q), s.w(Buf::K), s.w(Buf::V));
+        let args = [
+            Arg::P(qkv),
+            Arg::P(s.buf(Buf::Q)),
+            Arg::P(s.buf(Buf::K)),
+            Arg::P(s.buf(Buf::V)),
+            Arg::L(rows as i64),
+            Arg::I(q as i32),
+            Arg::I(k as i32),
+            Arg::I(v as i32),
+        ];
+        s.elementwise("split_qkv_f32", &args, rows * (q + k + v));
+    }
+
+    fn rope(&mut self, layer: usize, _seqs: &[SeqBatch<'_, CudaKv>], rows: usize) {
+        let c = &self.m.config;
+        let Some(rope) = self.m.weights.layers[layer].rope.as_ref() else {
+            return;
+        };
+        let s = &mut *self.s;
+        let ff = s.w.rope_factors(layer);
+        let neox = matches!(rope.kind, RopeKind::Neox) as i32;
+        for (b, heads) in [(Buf::Q, c.n_heads), (Buf::K, c.n_kv_heads)] {
+            let n = rows * heads * rope.n_dims / 2;
+            let args = [
+                Arg::P(s.buf(b)),
+                Arg::P(s.pos),
+                Arg::L(rows as i64),
+                Arg::I(heads as i32),
+                Arg::I(c.head_dim_k as i32),
+                Arg::I(rope.n_dims as i32),
+                Arg::F(rope.freq_base),
+                Arg::F(rope.freq_scale),
+                Arg::P(ff),
+                Arg::I(neox),
+            ];
+            s.elementwise("rope_f32", &args, n);
+        }
+    }
+
+    fn scale(&mut self, buf: Buf, k: f32, rows: usize) {
+        let s = &mut *self.s;
+        let n = rows * s.w(buf);
+        let p = s.buf(buf);
+        s.elementwise("scale_f32", &[Arg::P(p), Arg::F(k), Arg::L(n as i64)], n);
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
+        let s = &mut *self.s;
+        let n = rows * s.w(dst);
+        let (d, x) = (s.buf(dst), s.buf(src));
+        s.elementwise("add_f32", &[Arg::P(d), Arg::P(x), Arg::L(n as i64)], n);
+    }
+
+    fn attend(
+        &mut self,
+        layer: usize,
+        _seqs: &mut [SeqBatch<'_, CudaKv>],
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        let c = &self.m.config;
+        let window = self.m.weights.layers[layer].window.unwrap_or(0);
+        let s = &mut *self.s;
+        let (kc, vc) = s.kv_ptr[layer];
+        let (sk, sv) = (s.layout.slot_stride.0 as i64, s.layout.slot_stride.1 as i64);
+        let ctx = s.sizes.n_ctx as i32;
+        let store = [
+            Arg::P(s.buf(Buf::K)),
+            Arg::P(s.buf(Buf::V)),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(s.pos),
+            Arg::P(s.seq),
+            Arg::L(sk),
+            Arg::L(sv),
+            Arg::I(c.n_kv_heads as i32),
+            Arg::I(c.head_dim_k as i32),
+            Arg::I(c.head_dim_v as i32),
+            Arg::I(ctx),
+        ];
+        s.go("kv_store_f16", rows as u32, 256, &store);
+        let attend = [
+            Arg::P(s.buf(Buf::Q)),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(s.pos),
+            Arg::P(s.seq),
+            Arg::L(sk),
+            Arg::L(sv),
+            Arg::P(s.buf(Buf::Attn)),
+            Arg::I(c.n_heads as i32),
+            Arg::I(c.n_kv_heads as i32),
+            Arg::I(c.head_dim_k as i32),
+            Arg::I(c.head_dim_v as i32),
+            Arg::I(ctx),
+            Arg::F(c.attn_scale),
+            Arg::I(window as i32),
+        ];
+        let block = c.head_dim_v.next_multiple_of(32).clamp(128, 1024) as u32;
+        s.go(
+            "attend_decode_f16",
+            (rows * c.n_heads) as u32,
+            block,
+            &attend,
+        );
+        Ok(())
+    }
+
+    fn read(&mut self, buf: Buf, rows: Range<usize>, sink: &mut dyn FnMut(usize, &[f32])) {
+        let s = &mut *self.s;
+        s.flush();
+        let w = s.w(buf);
+        let n = rows.len() * w;
+        let off = s.layout.buf[buf as usize] + rows.start * w * 4;
+        if let Err(e) = s.get_f32(off, n) {
+            s.err.get_or_insert(e);
+            return;
+        }
+        for (i, row) in rows.zip(s.host_f32[..n].chunks_exact(w)) {
+            sink(i, row);
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), ForwardError> {
+        let s = &mut *self.s;
+        s.flush();
+        let r = s.gpu.stream.synchronize().map_err(CudaError::from);
+        s.fail(r);
+        match s.err.take() {
+            None => Ok(()),
+            Some(e) => Err(ForwardError::Device(e.to_string())),
+        }
+    }
+}

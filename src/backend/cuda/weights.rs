@@ -1,0 +1,311 @@
+//! The model's weights on the GPU: every matrix uploaded once, as the file stores it (the
+//! CPU's repacked layouts are not used here), norms, biases and RoPE factors as f32.
+
+use super::gpu::{Arena, Gpu, Layout};
+use super::CudaError;
+use crate::backend::{Mat, NormW};
+use crate::kernels::matmul::Linear;
+use crate::model::{Model, Norm, NormKind, Qkv};
+use crate::quant::GgmlType;
+
+/// A matrix on the device: `[rows, cols]` in the file's block format.
+#[derive(Clone, Copy, Debug)]
+pub struct DevMat {
+    pub ty: GgmlType,
+    pub ptr: u64,
+    pub rows: usize,
+    pub cols: usize,
+    /// `[rows]` f32.
+    pub bias: Option<u64>,
+}
+
+/// A norm's weights on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct DevNorm {
+    pub kind: NormKind,
+    pub eps: f32,
+    /// `[len]` f32.
+    pub w: u64,
+    pub b: Option<u64>,
+    pub len: usize,
+}
+
+struct DevLayer {
+    qkv: Option<DevMat>,
+    q: Option<DevMat>,
+    k: Option<DevMat>,
+    v: Option<DevMat>,
+    o: DevMat,
+    gate: Option<DevMat>,
+    up: DevMat,
+    down: DevMat,
+    attn_norm: DevNorm,
+    q_norm: Option<DevNorm>,
+    k_norm: Option<DevNorm>,
+    attn_post: Option<DevNorm>,
+    ffn_norm: DevNorm,
+    ffn_post: Option<DevNorm>,
+    /// RoPE frequency divisors `[rope_dims / 2]`, if the model has them.
+    rope_factors: Option<u64>,
+}
+
+/// Every weight of a model on one GPU, in one allocation.
+pub struct DeviceWeights {
+    /// The allocation (none while only laying out).
+    _arena: Option<Arena>,
+    pub token_embd: DevMat,
+    /// `[ctx_train, dim]` f32 (GPT-2's learned positions).
+    pub pos_embd: Option<u64>,
+    layers: Vec<DevLayer>,
+    pub output_norm: DevNorm,
+    pub output: DevMat,
+    /// Bytes of the allocation.
+    pub bytes: usize,
+}
+
+/// The suffix of a format's kernels (`matvec_q4_0`, `embed_q4_0`).
+pub fn kernel_suffix(ty: GgmlType) -> Result<&'static str, CudaError> {
+    Ok(match ty {
+        GgmlType::F32 => "f32",
+        GgmlType::F16 => "f16",
+        GgmlType::BF16 => "bf16",
+        GgmlType::Q4_0 => "q4_0",
+        GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
+        GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q2K => "q2_k",
+        GgmlType::Q3K => "q3_k",
+        GgmlType::Q4K => "q4_k",
+        GgmlType::Q5K => "q5_k",
+        GgmlType::Q6K => "q6_k",
+        GgmlType::Q8_1 | GgmlType::Q8K => {
+            return Err(CudaError::Unsupported(format!(
+                "{ty} is an activation format, not a weight format"
+            )))
+        }
+    })
+}
+
+/// Bytes the weights of a model file take on the device, from its header: every matrix as
+/// stored, every vector as f32 (norms, biases, RoPE factors), learned positions as f32, each
+/// in an [`ALIGN`]ed slot, as [`DeviceWeights::upload`] lays them out.
+pub fn planned_bytes(file: &crate::gguf::GgufFile) -> usize {
+    let mut l = Layout::default();
+    for t in file.tensors() {
+        let f32s = t.shape.len() == 1 || t.name == crate::model::weights::names::POS_EMBD;
+        l.take(if f32s { t.n_elements * 4 } else { t.n_bytes });
+    }
+    l.bytes
+}
+
+/// Walks the model's tensors twice in the same order: first only laying them out, then
+/// copying each to its place in the one allocation.
+struct Uploader<'a> {
+    /// None: only lay out (no GPU needed).
+    gpu: Option<&'a Gpu>,
+    m: &'a Model,
+    layout: Layout,
+    arena: Option<Arena>,
+    progress: &'a mut dyn FnMut(usize, usize),
+    total: usize,
+}
+
+impl Uploader<'_> {
+    fn place(&mut self, data: &[u8]) -> Result<u64, CudaError> {
+        let off = self.layout.take(data.len());
+        match (&mut self.arena, self.gpu) {
+            (Some(a), Some(gpu)) => {
+                a.write(gpu, off, data)?;
+                (self.progress)(self.layout.bytes, self.total);
+                Ok(a.ptr(off))
+            }
+            _ => Ok(0),
+        }
+    }
+
+    fn floats(&mut self, v: &[f32]) -> Result<u64, CudaError> {
+        self.place(zerocopy::IntoBytes::as_bytes(v))
+    }
+
+    /// A matrix's bytes as the file stores them (looked up by name: a CPU-repacked `Linear`
+    /// holds another layout).
+    fn matrix(&mut self, l: &Linear) -> Result<DevMat, CudaError> {
+        let f = &self.m.file;
+        let info = f
+            .tensor_info(&l.name)
+            .ok_or_else(|| CudaError::Unsupported(format!("tensor {} not in the file", l.name)))?;
+        kernel_suffix(info.ty)?;
+        let data = f.tensor_bytes(info);
+        let ptr = self.place(&data)?;
+        let bias = match &l.bias {
+            Some(b) => Some(self.floats(b)?),
+            None => None,
+        };
+        Ok(DevMat {
+            ty: info.ty,
+            ptr,
+            rows: l.out_dim,
+            cols: l.in_dim,
+            bias,
+        })
+    }
+
+    fn norm(&mut self, n: &Norm) -> Result<DevNorm, CudaError> {
+        let w = self.floats(&n.weight)?;
+        let b = match &n.bias {
+            Some(b) => Some(self.floats(b)?),
+            None => None,
+        };
+        Ok(DevNorm {
+            kind: n.kind,
+            eps: n.eps,
+            w,
+            b,
+            len: n.weight.len(),
+        })
+    }
+
+    fn opt_norm(&mut self, n: &Option<Norm>) -> Result<Option<DevNorm>, CudaError> {
+        n.as_ref().map(|n| self.norm(n)).transpose()
+    }
+
+    /// Every tensor, in order.
+    fn walk(&mut self) -> Result<DeviceWeights, CudaError> {
+        let w = &self.m.weights;
+        let token_embd = self.matrix(&w.token_embd)?;
+        let pos_embd = match &w.pos_embd {
+            Some(pe) => {
+                let mut all = vec![0f32; pe.out_dim * pe.in_dim];
+                for (r, row) in all.chunks_exact_mut(pe.in_dim).enumerate() {
+                    pe.row_f32(r, row);
+                }
+                Some(self.floats(&all)?)
+            }
+            None => None,
+        };
+        // The RoPE factors are one tensor shared by every layer.
+        let factors = w
+            .layers
+            .iter()
+            .find_map(|l| l.rope.as_ref().and_then(|r| r.freq_factors.as_ref()));
+        let rope_factors = factors.map(|f| self.floats(f)).transpose()?;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let (qkv, q, k, v) = match &l.qkv {
+                Qkv::Fused(f) => (Some(self.matrix(f)?), None, None, None),
+                Qkv::Separate { wq, wk, wv } => (
+                    None,
+                    Some(self.matrix(wq)?),
+                    Some(self.matrix(wk)?),
+                    Some(self.matrix(wv)?),
+                ),
+            };
+            layers.push(DevLayer {
+                qkv,
+                q,
+                k,
+                v,
+                o: self.matrix(&l.wo)?,
+                gate: l.ffn_gate.as_ref().map(|g| self.matrix(g)).transpose()?,
+                up: self.matrix(&l.ffn_up)?,
+                down: self.matrix(&l.ffn_down)?,
+                attn_norm: self.norm(&l.attn_norm)?,
+                q_norm: self.opt_norm(&l.q_norm)?,
+                k_norm: self.opt_norm(&l.k_norm)?,
+                attn_post: self.opt_norm(&l.attn_post_norm)?,
+                ffn_norm: self.norm(&l.ffn_norm)?,
+                ffn_post: self.opt_norm(&l.ffn_post_norm)?,
+                rope_factors: l.rope.as_ref().and(rope_factors),
+            });
+        }
+        let output_norm = self.norm(&w.output_norm)?;
+        let output = if w.output_tied {
+            token_embd
+        } else {
+            self.matrix(&w.output)?
+        };
+        Ok(DeviceWeights {
+            _arena: self.arena.take(),
+            token_embd,
+            pos_embd,
+            layers,
+            output_norm,
+            output,
+            bytes: self.layout.bytes,
+        })
+    }
+}
+
+impl DeviceWeights {
+    /// Upload `m`'s weights into one allocation; `progress(bytes done, bytes in all)` after
+    /// each tensor.
+    pub fn upload(
+        gpu: &Gpu,
+        m: &Model,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<DeviceWeights, CudaError> {
+        let total = Self::layout_bytes(m)?;
+        let mut up = Uploader {
+            gpu: Some(gpu),
+            m,
+            layout: Layout::default(),
+            arena: None,
+            progress,
+            total,
+        };
+        up.arena = Some(Arena::new(gpu, total)?);
+        up.walk()
+    }
+
+    /// Bytes [`DeviceWeights::upload`] allocates for `m` (laid out without a GPU).
+    pub fn layout_bytes(m: &Model) -> Result<usize, CudaError> {
+        let mut nothing = |_: usize, _: usize| {};
+        let mut up = Uploader {
+            gpu: None,
+            m,
+            layout: Layout::default(),
+            arena: None,
+            progress: &mut nothing,
+            total: 0,
+        };
+        Ok(up.walk()?.bytes)
+    }
+
+    /// A matrix by role.
+    pub fn mat(&self, m: Mat) -> DevMat {
+        let l = |i: usize| &self.layers[i];
+        let some = |x: Option<DevMat>| x.expect("the model has no such matrix");
+        match m {
+            Mat::Qkv(i) => some(l(i).qkv),
+            Mat::Q(i) => some(l(i).q),
+            Mat::K(i) => some(l(i).k),
+            Mat::V(i) => some(l(i).v),
+            Mat::O(i) => l(i).o,
+            Mat::Gate(i) => some(l(i).gate),
+            Mat::Up(i) => l(i).up,
+            Mat::Down(i) => l(i).down,
+            Mat::Output => self.output,
+        }
+    }
+
+    /// A norm by role.
+    pub fn norm(&self, n: NormW) -> DevNorm {
+        let l = |i: usize| &self.layers[i];
+        let some = |x: Option<DevNorm>| x.expect("the model has no such norm");
+        match n {
+            NormW::Attn(i) => l(i).attn_norm,
+            NormW::QHead(i) => some(l(i).q_norm),
+            NormW::KHead(i) => some(l(i).k_norm),
+            NormW::AttnPost(i) => some(l(i).attn_post),
+            NormW::Ffn(i) => l(i).ffn_norm,
+            NormW::FfnPost(i) => some(l(i).ffn_post),
+            NormW::Output => self.output_norm,
+        }
+    }
+
+    /// Layer `i`'s RoPE frequency factors (0 when none).
+    pub fn rope_factors(&self, i: usize) -> u64 {
+        self.layers[i].rope_factors.unwrap_or(0)
+    }
+}
