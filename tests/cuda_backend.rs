@@ -1,6 +1,8 @@
-//! The CUDA backend against the CPU's, on a machine with an NVIDIA GPU (elsewhere every test
-//! here says why it skips; the kernels' compilation is checked everywhere by
-//! `tests/cuda_kernels.rs`). `scripts/gpu-check.sh` runs this file on the GPU machine.
+//! The CUDA backend against the CPU's: on the machine's NVIDIA GPU, or where there is none
+//! (CI) on the software GPU — the same kernel sources compiled for the host and run with
+//! block/thread semantics (`src/backend/cuda/emulator.cpp`), under the same backend code
+//! (arenas, launches, graph recording and replay). `scripts/gpu-check.sh` runs this file on
+//! the GPU machine; `tests/cuda_kernels.rs` checks that NVRTC compiles every kernel.
 //!
 //! - every random fixture model (five architectures, every block format): the prompt's
 //!   logits and a greedy continuation agree with the CPU's;
@@ -10,6 +12,8 @@
 
 mod common;
 
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::Arc;
 
 use kiln::backend::{cuda, Device};
@@ -17,18 +21,82 @@ use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::argmax;
 
-/// Whether this machine has a GPU; prints why the test skips when not.
+/// Whether these tests have a GPU: the machine's, or else the software GPU (the same kernels
+/// built for the host by its C++ compiler). Prints which, or why the test skips.
 fn gpu(test: &str) -> bool {
     match cuda::open() {
         Ok(g) => {
             println!("{test}: on {} ({})", g.name, g.arch);
             true
         }
-        Err(e) => {
-            println!("{test}: skipped: {e}");
-            false
-        }
+        Err(no_gpu) => match emulator() {
+            Ok(()) => {
+                println!("{test}: {no_gpu}; running on the software GPU");
+                true
+            }
+            Err(why) => {
+                println!("{test}: skipped: {no_gpu}, and no software GPU: {why}");
+                false
+            }
+        },
     }
+}
+
+/// Build the emulator library (once per source, cached in the target directory) and make it
+/// this process's GPU.
+fn emulator() -> Result<(), String> {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let lib = BUILT.get_or_init(|| {
+        if !cfg!(target_arch = "x86_64") {
+            return Err("the emulator's fibers are x86-64 code".into());
+        }
+        let src = cuda::nvrtc::emulator_source();
+        let hash: u64 = src.bytes().fold(0xcbf29ce484222325, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100000001b3)
+        });
+        let dir = common::tmp_dir().join("cuda-emulator");
+        let lib = dir.join(format!("libkiln_emu_{hash:016x}.so"));
+        if lib.exists() {
+            return Ok(lib);
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let cpp = dir.join(format!("emulator_{hash:016x}.cpp"));
+        std::fs::write(&cpp, &src).map_err(|e| e.to_string())?;
+        let tmp = dir.join(format!("lib.{}.tmp", std::process::id()));
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let out = Command::new(&cxx)
+            .args([
+                "-std=c++20",
+                "-O2",
+                "-fno-ipa-reference",
+                "-shared",
+                "-fPIC",
+                "-o",
+            ])
+            .arg(&tmp)
+            .arg(&cpp)
+            .output()
+            .map_err(|e| format!("running {cxx}: {e}"))?;
+        if !out.status.success() {
+            // The kernels are the code under test: a compile error is a failure, not a skip.
+            panic!(
+                "the emulator does not build:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::rename(&tmp, &lib).map_err(|e| e.to_string())?;
+        Ok(lib)
+    });
+    let lib = lib.clone()?;
+    cuda::use_emulator(&lib)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// One test at a time on the GPU: they count its allocations and measure its memory.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn session(m: &Arc<Model>, device: Device, n_ctx: usize) -> Session {
@@ -52,48 +120,76 @@ fn run(s: &mut Session, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
     (toks, logits)
 }
 
-/// Largest difference between two logit rows, relative to the row's spread.
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let spread = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
-        / spread
+/// How far the GPU's logit rows are from the CPU's: the largest difference at the CPU's top
+/// token (the golden tests' measure against the reference, whose bar is a mean of 0.25), and
+/// the mean difference over the vocabulary.
+fn logit_err(cpu: &[Vec<f32>], gpu: &[Vec<f32>]) -> (f32, f32) {
+    let mut top = 0f32;
+    let mut mean = 0f32;
+    for (a, b) in cpu.iter().zip(gpu) {
+        let t = argmax(a) as usize;
+        top = top.max((a[t] - b[t]).abs());
+        let m = a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32;
+        mean = mean.max(m);
+    }
+    (top, mean)
+}
+
+/// Compare a CPU and a GPU run: greedy tokens equal for at least `min_same` steps, and the
+/// logits (up to the first divergence, after which they follow other tokens) within `bar` at
+/// the CPU's top token on average over the steps (the golden tests' measure against the
+/// reference engine, whose bar is 0.25).
+fn check(
+    what: &str,
+    (ct, cl): (Vec<u32>, Vec<Vec<f32>>),
+    (gt, gl): (Vec<u32>, Vec<Vec<f32>>),
+    min_same: usize,
+    bar: f32,
+) {
+    let same = ct.iter().zip(&gt).take_while(|(a, b)| a == b).count();
+    let n = same + 1;
+    let tops: Vec<f32> = cl[..n]
+        .iter()
+        .zip(&gl[..n])
+        .map(|(a, b)| {
+            let t = argmax(a) as usize;
+            (a[t] - b[t]).abs()
+        })
+        .collect();
+    let mean_top = tops.iter().sum::<f32>() / n as f32;
+    let (max_top, mean_all) = logit_err(&cl[..n], &gl[..n]);
+    println!(
+        "{what}: greedy equal for {same}/{}, |Δlogit| at the top token: mean {mean_top:.4}, max {max_top:.4}; mean over the vocabulary ≤ {mean_all:.5}",
+        ct.len()
+    );
+    assert!(
+        mean_top <= bar,
+        "{what}: the top token's logit differs from the CPU's by {mean_top} on average"
+    );
+    assert!(
+        same >= min_same,
+        "{what}: greedy diverges at step {same}: {ct:?} vs {gt:?}"
+    );
 }
 
 #[test]
 fn every_fixture_model_agrees_with_the_cpu() {
+    let _gpu = one_at_a_time();
     if !gpu("every_fixture_model_agrees_with_the_cpu") {
         return;
     }
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 200 + 3) as u32).collect();
     for stem in common::random_model_names() {
         let m = Arc::new(Model::load(common::random_model(&stem)).unwrap());
-        let (ct, cl) = run(&mut session(&m, Device::Cpu, 256), &prompt, 16);
-        let (gt, gl) = run(&mut session(&m, Device::Cuda, 256), &prompt, 16);
-        let worst = cl
-            .iter()
-            .zip(&gl)
-            .map(|(a, b)| rel_err(a, b))
-            .fold(0f32, f32::max);
-        let same = ct.iter().zip(&gt).take_while(|(a, b)| a == b).count();
-        println!(
-            "{stem}: greedy tokens equal for {same}/16, worst relative logit error {worst:.2e}"
-        );
-        assert!(
-            worst < 2e-2,
-            "{stem}: logits differ from the CPU's by {worst}"
-        );
-        assert!(
-            same >= 8,
-            "{stem}: greedy diverges at step {same}: {ct:?} vs {gt:?}"
-        );
+        let cpu = run(&mut session(&m, Device::Cpu, 256), &prompt, 16);
+        let gpu = run(&mut session(&m, Device::Cuda, 256), &prompt, 16);
+        check(&stem, cpu, gpu, 8, 0.05);
     }
 }
 
 #[test]
 fn decode_allocates_nothing_and_replays_one_graph() {
+    let _gpu = one_at_a_time();
     if !gpu("decode_allocates_nothing_and_replays_one_graph") {
         return;
     }
@@ -143,6 +239,7 @@ fn plain_graphs(m: &Arc<Model>) -> usize {
 
 #[test]
 fn rollback_and_prefix_reuse_on_the_device_cache() {
+    let _gpu = one_at_a_time();
     if !gpu("rollback_and_prefix_reuse_on_the_device_cache") {
         return;
     }
@@ -162,19 +259,22 @@ fn rollback_and_prefix_reuse_on_the_device_cache() {
         l2.push(s.logits().to_vec());
     }
     assert_eq!(t1, t2);
-    for (a, b) in l1.iter().zip(&l2) {
-        assert!(rel_err(a, b) < 1e-5, "logits after rollback differ");
-    }
+    assert_eq!(l1, l2, "logits after rollback differ");
 }
 
 /// `kiln plan --device cuda` against the device: the bytes the session allocates equal the
 /// plan, and the driver's free memory drops by the plan within 3%, at several context sizes.
 #[test]
 fn device_plan_matches_the_measured_device_memory() {
+    let _gpu = one_at_a_time();
     if !gpu("device_plan_matches_the_measured_device_memory") {
         return;
     }
     let g = cuda::open().unwrap();
+    if g.is_emulated() {
+        println!("skipped: the software GPU has no device memory to measure");
+        return;
+    }
     // A model big enough that the driver's page granularity is noise: the real Gemma-3, or
     // `$KILN_PLAN_MODEL` (its twin on the GPU machine, which cannot download).
     let path = match std::env::var_os("KILN_PLAN_MODEL") {
@@ -208,5 +308,115 @@ fn device_plan_matches_the_measured_device_memory() {
             p.total_bytes
         );
         drop(s);
+    }
+}
+
+/// The real models (Gemma-3: sliding windows, q/k norms, post norms, GeGLU, scaled and tied
+/// embeddings of 262k tokens; SmolLM2) agree with the CPU on a prompt and a few greedy steps,
+/// as closely as the CPU agrees with the reference engine (0.25 at the top token). The GPU
+/// multiplies f32 activations where the CPU (and the reference's CPU backend) quantizes them
+/// to 8 bits, so on real weights the two differ by about that much.
+#[test]
+fn real_models_agree_with_the_cpu() {
+    let _gpu = one_at_a_time();
+    if !gpu("real_models_agree_with_the_cpu") {
+        return;
+    }
+    for name in ["smollm2", "gemma3"] {
+        let m = Arc::new(Model::load(common::real_model(name)).unwrap());
+        let tok = kiln::tokenizer::Tokenizer::from_gguf(&m.file).unwrap();
+        let prompt = tok.encode(
+            "The capital of France is Paris, and the capital of",
+            true,
+            false,
+        );
+        let cpu = run(&mut session(&m, Device::Cpu, 128), &prompt, 4);
+        let gpu = run(&mut session(&m, Device::Cuda, 128), &prompt, 4);
+        check(name, cpu, gpu, 3, 0.25);
+    }
+}
+
+/// The golden checks the CPU passes (tests/golden_*.rs), on the GPU: top-1 agreement with the
+/// reference engine, its confident tokens, mean logit error, greedy continuations.
+#[test]
+fn golden_checks_on_the_gpu() {
+    let _gpu = one_at_a_time();
+    if !gpu("golden_checks_on_the_gpu") {
+        return;
+    }
+    for (stem, greedy) in [
+        ("random-llama-q4_0", 1),
+        ("random-gpt2-q8_0", 1),
+        ("random-qwen3-q4_k_m", 1),
+    ] {
+        let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        let mut agg = common::golden::Agreement::default();
+        let file = common::golden_dir().join(stem).join("logits.jsonl");
+        common::golden::compare_on(Device::Cuda, &m, &file, 2, true, &mut agg);
+        agg.assert_meets_bar(stem, greedy);
+    }
+}
+
+/// The bar for the real models, on a real GPU (minutes of emulation elsewhere): greedy
+/// text equal to the CPU's on the golden prompts (one near-tie may flip), perplexity within
+/// 0.5% of the CPU's.
+#[test]
+fn real_models_greedy_text_and_perplexity_match_the_cpu() {
+    let _gpu = one_at_a_time();
+    if !gpu("real_models_greedy_text_and_perplexity_match_the_cpu") {
+        return;
+    }
+    if cuda::open().unwrap().is_emulated() {
+        println!(
+            "skipped on the software GPU (minutes of emulation); scripts/gpu-check.sh runs it"
+        );
+        return;
+    }
+    let text = std::fs::read_to_string(common::golden_dir().join("corpus_pydoc.txt")).unwrap();
+    for (name, dir) in [
+        ("smollm2", "smollm2-135m-instruct-q4_1"),
+        ("gemma3", "gemma3-270m-q4_k_m"),
+    ] {
+        let m = Arc::new(Model::load(common::real_model(name)).unwrap());
+        let mut flips = 0;
+        for line in common::read_jsonl(&common::golden_dir().join(dir).join("logits.jsonl")) {
+            let prompt: Vec<u32> = line["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let (ct, _) = run(&mut session(&m, Device::Cpu, 256), &prompt, 16);
+            let (gt, _) = run(&mut session(&m, Device::Cuda, 256), &prompt, 16);
+            if ct != gt {
+                flips += 1;
+                println!("{name}: greedy differs: {ct:?} vs {gt:?}");
+            }
+        }
+        assert!(
+            flips <= 1,
+            "{name}: {flips} prompts' greedy text differs from the CPU's"
+        );
+        let tok = kiln::tokenizer::Tokenizer::from_gguf(&m.file).unwrap();
+        let tokens = tok.encode(&text, true, false);
+        let bos = if tok.adds_bos() { tok.bos() } else { None };
+        let ppl = |device: Device| {
+            let mut o = SessionOptions::new(512, 2);
+            o.logit_rows = 32;
+            o.device = device;
+            let mut s = Session::new(Arc::clone(&m), o).unwrap();
+            kiln::engine::perplexity(&mut s, &tokens, 512, Some(8), bos, &mut |_, _| {})
+                .unwrap()
+                .final_ppl
+        };
+        let (c, g) = (ppl(Device::Cpu), ppl(Device::Cuda));
+        println!(
+            "{name}: perplexity CPU {c:.4}, GPU {g:.4} ({:+.3}%)",
+            100.0 * (g - c) / c
+        );
+        assert!(
+            (g - c).abs() / c < 0.005,
+            "{name}: GPU perplexity {g} vs CPU {c}"
+        );
     }
 }

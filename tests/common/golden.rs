@@ -86,6 +86,25 @@ pub fn compare(
     check_greedy: bool,
     agg: &mut Agreement,
 ) {
+    compare_on(
+        kiln::backend::Device::Cpu,
+        model,
+        golden_file,
+        threads,
+        check_greedy,
+        agg,
+    )
+}
+
+/// [`compare`] with the model on `device`.
+pub fn compare_on(
+    device: kiln::backend::Device,
+    model: &Arc<Model>,
+    golden_file: &std::path::Path,
+    threads: usize,
+    check_greedy: bool,
+    agg: &mut Agreement,
+) {
     for line in super::read_jsonl(golden_file) {
         let prompt = ids(&line["prompt_ids"]);
         let tops = line["prompt_top"].as_array().expect("prompt_top");
@@ -93,6 +112,7 @@ pub fn compare(
         let n_ctx = (prompt.len() + gen.len() + 8).next_power_of_two();
         let mut opts = SessionOptions::new(n_ctx, threads);
         opts.logit_rows = 16;
+        opts.device = device;
         let mut s = Session::new(Arc::clone(model), opts).expect("session");
         let mut sink = |pos: usize, logits: &[f32]| {
             let top = tops[pos].as_array().expect("top list");

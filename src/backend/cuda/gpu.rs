@@ -7,12 +7,13 @@
 //! none.
 
 use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
-    PushKernelArg, ValidAsZeroBits,
+    sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
 };
 
 use super::{nvrtc, CudaError};
@@ -32,16 +33,58 @@ pub enum Arg {
     F(f32),
 }
 
-/// An opened GPU with its kernels loaded.
+/// An opened GPU with its kernels loaded: a real one through the driver, or the software GPU
+/// of the tests ([`Gpu::emulated`]), which runs the same kernels on the host.
 pub struct Gpu {
-    pub ctx: Arc<CudaContext>,
-    pub stream: Arc<CudaStream>,
-    funcs: HashMap<String, CudaFunction>,
+    engine: Engine,
+    /// The stream of work that is not a session's (uploading weights).
+    default: Stream,
     /// The device's name and the architecture the kernels were built for.
     pub name: String,
     pub arch: &'static str,
     allocations: AtomicUsize,
     allocated_bytes: AtomicUsize,
+}
+
+enum Engine {
+    Cuda {
+        ctx: Arc<CudaContext>,
+        funcs: HashMap<String, CudaFunction>,
+    },
+    Emulated {
+        launch: EmuLaunch,
+        /// Held while a launch runs: the emulator runs one at a time.
+        running: Mutex<()>,
+        _lib: libloading::Library,
+    },
+}
+
+/// An ordered queue of work on the GPU. Each session has its own, so that recording one
+/// session's decode step never catches another's launches.
+pub struct Stream(StreamKind);
+
+enum StreamKind {
+    Cuda(Arc<CudaStream>),
+    /// The launches of a graph being recorded, if one is.
+    Emulated(Mutex<Option<Vec<Launch>>>),
+}
+
+/// `kiln_emu_launch(name, grid, block, params)` of the emulator library.
+type EmuLaunch = unsafe extern "C" fn(*const c_char, u32, u32, *mut *mut c_void) -> i32;
+
+/// A recorded launch (the emulator's graphs are lists of them).
+#[derive(Clone, Debug)]
+pub struct Launch {
+    name: CString,
+    grid: u32,
+    block: u32,
+    args: Vec<Arg>,
+}
+
+/// A recorded sequence of launches, replayed as one.
+pub enum Graph {
+    Cuda(CudaGraph),
+    Emulated(Vec<Launch>),
 }
 
 /// The NVRTC architecture for a compute capability: native code for the GPUs kiln knows,
@@ -85,13 +128,42 @@ impl Gpu {
         }
         Ok(Arc::new(Gpu {
             name: ctx.name()?,
-            ctx,
-            stream,
-            funcs,
+            default: Stream(StreamKind::Cuda(stream)),
+            engine: Engine::Cuda { ctx, funcs },
             arch,
             allocations: AtomicUsize::new(0),
             allocated_bytes: AtomicUsize::new(0),
         }))
+    }
+
+    /// The software GPU: the library built from [`nvrtc::emulator_source`].
+    pub fn emulated(lib: &std::path::Path) -> Result<Arc<Gpu>, CudaError> {
+        let load_err = |e: libloading::Error| CudaError::Load {
+            path: lib.display().to_string(),
+            reason: e.to_string(),
+        };
+        // SAFETY: the library is kiln's emulator, whose initializers only set up its tables.
+        let l = unsafe { libloading::Library::new(lib) }.map_err(load_err)?;
+        // SAFETY: `kiln_emu_launch` has the type `EmuLaunch` in emulator source.
+        let launch: EmuLaunch =
+            *unsafe { l.get::<EmuLaunch>(b"kiln_emu_launch\0") }.map_err(load_err)?;
+        Ok(Arc::new(Gpu {
+            name: "software GPU (kiln's emulator)".into(),
+            engine: Engine::Emulated {
+                launch,
+                running: Mutex::new(()),
+                _lib: l,
+            },
+            default: Stream(StreamKind::Emulated(Mutex::new(None))),
+            arch: "emulated",
+            allocations: AtomicUsize::new(0),
+            allocated_bytes: AtomicUsize::new(0),
+        }))
+    }
+
+    /// Whether this is the software GPU.
+    pub fn is_emulated(&self) -> bool {
+        matches!(self.engine, Engine::Emulated { .. })
     }
 
     /// Device allocations made so far, and their bytes.
@@ -102,86 +174,176 @@ impl Gpu {
         )
     }
 
-    fn count<T>(&self, n: usize) {
-        self.allocations.fetch_add(1, Ordering::Relaxed);
-        self.allocated_bytes
-            .fetch_add(n * std::mem::size_of::<T>(), Ordering::Relaxed);
-    }
-
-    /// `n` zeroed elements on the device (at least one, so every buffer has an address).
-    pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        n: usize,
-    ) -> Result<CudaSlice<T>, CudaError> {
-        self.count::<T>(n.max(1));
-        Ok(self.stream.alloc_zeros::<T>(n.max(1))?)
-    }
-
-    /// A copy of `host` on the device.
-    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, CudaError> {
-        self.count::<T>(host.len());
-        Ok(self.stream.clone_htod(host)?)
-    }
-
-    /// The device address of a buffer.
-    pub fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
-        let (p, _sync) = s.device_ptr(&self.stream);
-        p
-    }
-
-    /// Copy `host` into the start of `dst` (stream-ordered).
-    pub fn write<T: DeviceRepr>(
-        &self,
-        host: &[T],
-        dst: &mut CudaSlice<T>,
-    ) -> Result<(), CudaError> {
-        let mut view = dst.slice_mut(..host.len());
-        Ok(self.stream.memcpy_htod(host, &mut view)?)
-    }
-
-    /// Copy the first `host.len()` elements of `src` at element offset `at` into `host`, and
-    /// wait for it.
-    pub fn read<T: DeviceRepr>(
-        &self,
-        src: &CudaSlice<T>,
-        at: usize,
-        host: &mut [T],
-    ) -> Result<(), CudaError> {
-        let view = src.slice(at..at + host.len());
-        self.stream.memcpy_dtoh(&view, host)?;
-        Ok(self.stream.synchronize()?)
-    }
-
     /// Bytes free and total on the device.
     pub fn mem_info(&self) -> Result<(usize, usize), CudaError> {
-        Ok(self.ctx.mem_get_info()?)
+        match &self.engine {
+            Engine::Cuda { ctx, .. } => Ok(ctx.mem_get_info()?),
+            Engine::Emulated { .. } => Err(CudaError::Unsupported(
+                "device memory figures of the software GPU".into(),
+            )),
+        }
     }
 
-    /// Launch kernel `name` over `grid` blocks of `block` threads.
-    pub fn launch(&self, name: &str, grid: u32, block: u32, args: &[Arg]) -> Result<(), CudaError> {
-        let f = self
-            .funcs
-            .get(name)
-            .ok_or_else(|| CudaError::Driver(format!("no kernel named {name}")))?;
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::P(v) => b.arg(v),
-                Arg::I(v) => b.arg(v),
-                Arg::L(v) => b.arg(v),
-                Arg::F(v) => b.arg(v),
-            };
+    /// A new stream.
+    pub fn stream(&self) -> Result<Stream, CudaError> {
+        Ok(Stream(match &self.engine {
+            Engine::Cuda { ctx, .. } => StreamKind::Cuda(ctx.new_stream()?),
+            Engine::Emulated { .. } => StreamKind::Emulated(Mutex::new(None)),
+        }))
+    }
+
+    /// The stream for work outside sessions.
+    pub fn default_stream(&self) -> &Stream {
+        &self.default
+    }
+
+    /// Wait until every launch on `s` so far has finished.
+    pub fn synchronize(&self, s: &Stream) -> Result<(), CudaError> {
+        match &s.0 {
+            StreamKind::Cuda(stream) => Ok(stream.synchronize()?),
+            StreamKind::Emulated(_) => Ok(()),
         }
-        let cfg = LaunchConfig {
-            grid_dim: (grid.max(1), 1, 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+    }
+
+    /// Start recording the launches on `s` into a graph instead of running them.
+    pub fn begin_capture(&self, s: &Stream) -> Result<(), CudaError> {
+        match &s.0 {
+            StreamKind::Cuda(stream) => {
+                let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+                Ok(stream.begin_capture(mode)?)
+            }
+            StreamKind::Emulated(rec) => {
+                *rec.lock().unwrap_or_else(|e| e.into_inner()) = Some(Vec::new());
+                Ok(())
+            }
+        }
+    }
+
+    /// Stop recording on `s`; the graph of what was recorded.
+    pub fn end_capture(&self, s: &Stream) -> Result<Graph, CudaError> {
+        match &s.0 {
+            StreamKind::Cuda(stream) => {
+                match stream.end_capture(sys::CUgraphInstantiate_flags(0))? {
+                    Some(g) => Ok(Graph::Cuda(g)),
+                    None => Err(CudaError::Driver("graph capture recorded nothing".into())),
+                }
+            }
+            StreamKind::Emulated(rec) => {
+                let r = rec.lock().unwrap_or_else(|e| e.into_inner()).take();
+                Ok(Graph::Emulated(r.unwrap_or_default()))
+            }
+        }
+    }
+
+    /// Run a recorded graph (on the stream it was recorded on).
+    pub fn replay(&self, g: &Graph) -> Result<(), CudaError> {
+        match g {
+            Graph::Cuda(g) => Ok(g.launch()?),
+            Graph::Emulated(launches) => {
+                for l in launches {
+                    self.emulate(l)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn count(&self, bytes: usize) {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        self.allocated_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Launch kernel `name` on `s` over `grid` blocks of `block` threads.
+    pub fn launch(
+        &self,
+        s: &Stream,
+        name: &str,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        let grid = grid.max(1);
+        match (&self.engine, &s.0) {
+            (Engine::Cuda { funcs, .. }, StreamKind::Cuda(stream)) => {
+                let f = funcs
+                    .get(name)
+                    .ok_or_else(|| CudaError::Driver(format!("no kernel named {name}")))?;
+                let mut b = stream.launch_builder(f);
+                for a in args {
+                    match a {
+                        Arg::P(v) => b.arg(v),
+                        Arg::I(v) => b.arg(v),
+                        Arg::L(v) => b.arg(v),
+                        Arg::F(v) => b.arg(v),
+                    };
+                }
+                let cfg = LaunchConfig {
+                    grid_dim: (grid, 1, 1),
+                    block_dim: (block, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: the launches in `step` pass each kernel the arguments its definition
+                // in kernels/*.cu declares, in order and width, with pointers into live buffers
+                // of the sizes the kernel indexes (checked on the software GPU by the tests).
+                unsafe { b.launch(cfg) }?;
+                Ok(())
+            }
+            (Engine::Emulated { .. }, StreamKind::Emulated(rec)) => {
+                let l = Launch {
+                    name: CString::new(name)
+                        .map_err(|_| CudaError::Driver(format!("bad kernel name {name:?}")))?,
+                    grid,
+                    block,
+                    args: args.to_vec(),
+                };
+                let mut rec = rec.lock().unwrap_or_else(|e| e.into_inner());
+                match rec.as_mut() {
+                    Some(r) => {
+                        r.push(l);
+                        Ok(())
+                    }
+                    None => {
+                        drop(rec);
+                        self.emulate(&l)
+                    }
+                }
+            }
+            _ => Err(CudaError::Driver("a stream of another GPU".into())),
+        }
+    }
+
+    /// Run one launch on the software GPU.
+    fn emulate(&self, l: &Launch) -> Result<(), CudaError> {
+        let Engine::Emulated {
+            launch, running, ..
+        } = &self.engine
+        else {
+            return Err(CudaError::Driver("not the software GPU".into()));
         };
-        // SAFETY: the typed launchers in `ops` pass each kernel the arguments its definition in
-        // kernels/*.cu declares, in order and width, with pointers into live buffers of the
-        // sizes the kernel indexes (checked by the op tests against the CPU).
-        unsafe { b.launch(cfg) }?;
-        Ok(())
+        // One launch at a time: the emulator's fibers are global.
+        let _one = running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut vals = l.args.clone();
+        let mut params: Vec<*mut c_void> = vals
+            .iter_mut()
+            .map(|a| match a {
+                Arg::P(v) => v as *mut u64 as *mut c_void,
+                Arg::I(v) => v as *mut i32 as *mut c_void,
+                Arg::L(v) => v as *mut i64 as *mut c_void,
+                Arg::F(v) => v as *mut f32 as *mut c_void,
+            })
+            .collect();
+        // SAFETY: `params` holds one pointer per kernel parameter, to values of the parameter's
+        // width that live across the call, as cuLaunchKernel's kernelParams; the pointers among
+        // them address live host allocations of the software GPU's arenas.
+        let rc = unsafe { launch(l.name.as_ptr(), l.grid, l.block, params.as_mut_ptr()) };
+        match rc {
+            0 => Ok(()),
+            1 => Err(CudaError::Driver(format!("no kernel named {:?}", l.name))),
+            _ => Err(CudaError::Driver(format!(
+                "bad launch of {:?}: {} blocks of {}",
+                l.name, l.grid, l.block
+            ))),
+        }
     }
 }
 
@@ -206,15 +368,57 @@ impl Layout {
 
 /// One device allocation holding many buffers at [`Layout`] offsets.
 pub struct Arena {
-    buf: CudaSlice<u8>,
+    mem: Memory,
     base: u64,
+    bytes: usize,
 }
 
+enum Memory {
+    Cuda(CudaSlice<u8>),
+    /// The software GPU's memory: host memory, reached only through raw pointers (the kernels
+    /// write it through the addresses they are given).
+    Host(*mut u8, std::alloc::Layout),
+}
+
+// SAFETY: the host memory of the software GPU is owned by the arena alone and reached through
+// its methods or by the kernels, which the GPU runs one at a time.
+unsafe impl Send for Arena {}
+// SAFETY: as above; `&Arena` only reads it (`read`), and `write` needs `&mut`.
+unsafe impl Sync for Arena {}
+
 impl Arena {
+    /// `bytes` zeroed bytes of device memory (at least one, so it has an address).
     pub fn new(gpu: &Gpu, bytes: usize) -> Result<Arena, CudaError> {
-        let buf = gpu.alloc::<u8>(bytes)?;
-        let base = gpu.ptr(&buf);
-        Ok(Arena { buf, base })
+        let n = bytes.max(1);
+        gpu.count(n);
+        let mem = match &gpu.default.0 {
+            StreamKind::Cuda(stream) => Memory::Cuda(stream.alloc_zeros::<u8>(n)?),
+            StreamKind::Emulated(_) => {
+                let layout = std::alloc::Layout::from_size_align(n, ALIGN)
+                    .map_err(|e| CudaError::Driver(e.to_string()))?;
+                // SAFETY: the layout has a non-zero size.
+                let p = unsafe { std::alloc::alloc_zeroed(layout) };
+                if p.is_null() {
+                    return Err(CudaError::Driver(format!("out of host memory ({n} bytes)")));
+                }
+                Memory::Host(p, layout)
+            }
+        };
+        let base = match (&mem, &gpu.default.0) {
+            (Memory::Cuda(m), StreamKind::Cuda(stream)) => {
+                let p = m.device_ptr(stream).0;
+                // Zeroed before any other stream uses it.
+                stream.synchronize()?;
+                p
+            }
+            (Memory::Host(p, _), _) => *p as u64,
+            _ => return Err(CudaError::Driver("memory of another GPU".into())),
+        };
+        Ok(Arena {
+            mem,
+            base,
+            bytes: n,
+        })
     }
 
     /// The device address of offset `off`.
@@ -223,20 +427,62 @@ impl Arena {
     }
 
     pub fn bytes(&self) -> usize {
-        self.buf.len()
+        self.bytes
     }
 
-    /// Copy `data` to offset `off`.
-    pub fn write(&mut self, gpu: &Gpu, off: usize, data: &[u8]) -> Result<(), CudaError> {
-        let mut view = self.buf.slice_mut(off..off + data.len());
-        Ok(gpu.stream.memcpy_htod(data, &mut view)?)
+    /// Copy `data` to offset `off`, in order with the other work on `s`.
+    pub fn write(&mut self, s: &Stream, off: usize, data: &[u8]) -> Result<(), CudaError> {
+        self.check(off, data.len())?;
+        match (&mut self.mem, &s.0) {
+            (Memory::Cuda(m), StreamKind::Cuda(stream)) => {
+                let mut view = m.slice_mut(off..off + data.len());
+                Ok(stream.memcpy_htod(data, &mut view)?)
+            }
+            (Memory::Host(p, _), _) => {
+                // SAFETY: `off + len` is inside the allocation (checked), which no kernel is
+                // using now (the software GPU runs launches to completion).
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.add(off), data.len()) };
+                Ok(())
+            }
+            _ => Err(CudaError::Driver("arena of another GPU".into())),
+        }
     }
 
-    /// Copy `out.len()` bytes from offset `off`, and wait for them.
-    pub fn read(&self, gpu: &Gpu, off: usize, out: &mut [u8]) -> Result<(), CudaError> {
-        let view = self.buf.slice(off..off + out.len());
-        gpu.stream.memcpy_dtoh(&view, out)?;
-        Ok(gpu.stream.synchronize()?)
+    /// Copy `out.len()` bytes from offset `off` after the work on `s`, and wait for them.
+    pub fn read(&self, s: &Stream, off: usize, out: &mut [u8]) -> Result<(), CudaError> {
+        self.check(off, out.len())?;
+        match (&self.mem, &s.0) {
+            (Memory::Cuda(m), StreamKind::Cuda(stream)) => {
+                let view = m.slice(off..off + out.len());
+                stream.memcpy_dtoh(&view, out)?;
+                Ok(stream.synchronize()?)
+            }
+            (Memory::Host(p, _), _) => {
+                // SAFETY: as in `write`.
+                unsafe { std::ptr::copy_nonoverlapping(p.add(off), out.as_mut_ptr(), out.len()) };
+                Ok(())
+            }
+            _ => Err(CudaError::Driver("arena of another GPU".into())),
+        }
+    }
+
+    fn check(&self, off: usize, len: usize) -> Result<(), CudaError> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.bytes => Ok(()),
+            _ => Err(CudaError::Driver(format!(
+                "{len} bytes at {off} past an allocation of {}",
+                self.bytes
+            ))),
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if let Memory::Host(p, layout) = self.mem {
+            // SAFETY: allocated in `new` with this layout, freed once.
+            unsafe { std::alloc::dealloc(p, layout) };
+        }
     }
 }
 

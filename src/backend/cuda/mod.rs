@@ -43,6 +43,19 @@ pub enum CudaError {
     Unsupported(String),
 }
 
+/// Make the software GPU (the emulator library built from [`nvrtc::emulator_source`]) this
+/// process's GPU, for the tests on machines without one: `--device cuda` sessions then run
+/// the CUDA backend's kernels on the host.
+pub fn use_emulator(lib: &std::path::Path) -> Result<std::sync::Arc<Gpu>, CudaError> {
+    let mut g = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(gpu) = g.as_ref().filter(|g| g.is_emulated()) {
+        return Ok(gpu.clone());
+    }
+    let gpu = Gpu::emulated(lib)?;
+    *g = Some(gpu.clone());
+    Ok(gpu)
+}
+
 /// Whether libcuda can be loaded.
 pub fn driver_present() -> bool {
     // SAFETY: loading libcuda runs its initializers, as in any CUDA program; cudarc keeps the
@@ -50,9 +63,11 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
+/// The process's GPU, once opened.
+static GPU: std::sync::Mutex<Option<std::sync::Arc<Gpu>>> = std::sync::Mutex::new(None);
+
 /// Open the GPU (once per process) and build its kernels.
 pub fn open() -> Result<std::sync::Arc<Gpu>, CudaError> {
-    static GPU: std::sync::Mutex<Option<std::sync::Arc<Gpu>>> = std::sync::Mutex::new(None);
     let mut g = GPU.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(gpu) = g.as_ref() {
         return Ok(gpu.clone());

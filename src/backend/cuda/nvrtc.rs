@@ -50,6 +50,43 @@ pub fn entries(src: &str) -> Vec<String> {
     names
 }
 
+/// The software GPU's source (`emulator.cpp`): the emulation layer, the prelude, the block
+/// formats and every kernel file, then `kiln_emu_launch(name, grid, block, params)`, which runs
+/// a kernel as `cuLaunchKernel` would (parameters by address). The tests build it with the
+/// host's C++ compiler into a library [`super::Gpu::emulated`] loads.
+pub fn emulator_source() -> String {
+    let mut s = String::from(include_str!("emulator.cpp"));
+    s.push_str(&format!(
+        "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n"
+    ));
+    let mut table = String::new();
+    for (name, src) in KERNELS {
+        s.push_str(&format!("#line 1 \"{name}\"\n{src}\n"));
+        for e in entries(src) {
+            table.push_str(&format!(
+                "    {{\"{e}\", [](void** p) {{ call({e}, p); }}}},\n"
+            ));
+        }
+    }
+    s.push_str(&format!(
+        r#"
+static const Launcher LAUNCHERS[] = {{
+{table}}};
+
+extern "C" int kiln_emu_launch(const char* name, unsigned grid, unsigned block, void** params) {{
+    for (const auto& l : LAUNCHERS)
+        if (!std::strcmp(l.name, name)) {{
+            if (block == 0 || block > 1024 || grid == 0) return 2;
+            emulate(grid, block, [&] {{ l.run(params); }});
+            return 0;
+        }}
+    return 1;
+}}
+"#
+    ));
+    s
+}
+
 /// Make NVRTC loadable: the library named by `KILN_NVRTC` (a path to `libnvrtc.so.13`) if set,
 /// else the one the dynamic loader finds by name.
 pub fn load() -> Result<(), CudaError> {

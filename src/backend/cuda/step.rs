@@ -10,9 +10,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaGraph};
-
-use super::gpu::{blocks_for, Arena, Arg, Gpu, Layout};
+use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Layout, Stream};
 use super::weights::{kernel_suffix, DevMat, DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
@@ -198,6 +196,8 @@ pub struct CudaSession {
     w: Arc<DeviceWeights>,
     sizes: CudaSizes,
     layout: SessionLayout,
+    /// This session's queue of work.
+    stream: Stream,
     act: Arena,
     _kv: Arena,
     /// Device addresses of the activation buffers, in [`Buf`]'s order.
@@ -211,7 +211,7 @@ pub struct CudaSession {
     kv_ptr: Vec<(u64, u64)>,
     host_i32: Vec<i32>,
     host_f32: Vec<f32>,
-    graphs: HashMap<usize, CudaGraph>,
+    graphs: HashMap<usize, Graph>,
     capture: Capture,
     /// Record decode steps as graphs.
     pub use_graphs: bool,
@@ -234,6 +234,7 @@ impl CudaSession {
             .iter()
             .any(|l| matches!(l.qkv, crate::model::Qkv::Fused(_)));
         let layout = SessionLayout::new(c, fused, sizes);
+        let stream = gpu.stream()?;
         let act = Arena::new(&gpu, layout.act_bytes)?;
         let kv = Arena::new(&gpu, layout.kv_bytes)?;
         let ptr = layout.buf.map(|o| act.ptr(o));
@@ -258,6 +259,7 @@ impl CudaSession {
             act,
             _kv: kv,
             layout,
+            stream,
             gpu,
             w,
             sizes,
@@ -271,14 +273,14 @@ impl CudaSession {
     /// Copy `n` i32 from the host staging buffer to the step parameter at `off`.
     fn put_i32(&mut self, off: usize, n: usize) {
         let bytes = zerocopy::IntoBytes::as_bytes(&self.host_i32[..n]);
-        let r = self.act.write(&self.gpu, off, bytes);
+        let r = self.act.write(&self.stream, off, bytes);
         self.fail(r);
     }
 
     /// Copy `n` floats of the activations at `off` into the host staging buffer.
     fn get_f32(&mut self, off: usize, n: usize) -> Result<(), CudaError> {
         let out = zerocopy::IntoBytes::as_mut_bytes(&mut self.host_f32[..n]);
-        self.act.read(&self.gpu, off, out)
+        self.act.read(&self.stream, off, out)
     }
 
     pub fn gpu(&self) -> &Arc<Gpu> {
@@ -303,6 +305,7 @@ impl CudaSession {
     pub fn argmax(&mut self, rows: usize, out: &mut [u32]) -> Result<(), CudaError> {
         let v = self.w(Buf::Logits);
         self.gpu.launch(
+            &self.stream,
             "argmax_f32",
             rows as u32,
             1024,
@@ -313,7 +316,7 @@ impl CudaSession {
             ],
         )?;
         let got = zerocopy::IntoBytes::as_mut_bytes(&mut self.host_i32[..rows]);
-        self.act.read(&self.gpu, self.layout.argmax, got)?;
+        self.act.read(&self.stream, self.layout.argmax, got)?;
         for (o, &i) in out.iter_mut().zip(&self.host_i32[..rows]) {
             *o = i as u32;
         }
@@ -336,7 +339,7 @@ impl CudaSession {
         if matches!(self.capture, Capture::Replaying(_)) || self.err.is_some() {
             return;
         }
-        let r = self.gpu.launch(name, grid, block, args);
+        let r = self.gpu.launch(&self.stream, name, grid, block, args);
         self.fail(r);
     }
 
@@ -345,21 +348,20 @@ impl CudaSession {
         match std::mem::replace(&mut self.capture, Capture::Direct) {
             Capture::Direct => {}
             Capture::Recording(rows) => {
-                let flags = sys::CUgraphInstantiate_flags(0);
-                let r = match self.gpu.stream.end_capture(flags) {
+                let r = self.gpu.end_capture(&self.stream).and_then(|g| {
                     // An op failed while recording: the graph is incomplete; drop it.
-                    Ok(Some(_)) if self.err.is_some() => Ok(()),
-                    Ok(Some(g)) => g.launch().map_err(CudaError::from).map(|()| {
-                        self.graphs.insert(rows, g);
-                    }),
-                    Ok(None) => Err(CudaError::Driver("graph capture recorded nothing".into())),
-                    Err(e) => Err(e.into()),
-                };
+                    if self.err.is_some() {
+                        return Ok(());
+                    }
+                    self.gpu.replay(&g)?;
+                    self.graphs.insert(rows, g);
+                    Ok(())
+                });
                 self.fail(r);
             }
             Capture::Replaying(rows) => {
                 let r = match self.graphs.get(&rows) {
-                    Some(g) => g.launch().map_err(CudaError::from),
+                    Some(g) => self.gpu.replay(g),
                     None => Err(CudaError::Driver(format!("no graph for {rows} rows"))),
                 };
                 self.fail(r);
@@ -487,10 +489,9 @@ impl Backend for CudaStep<'_> {
             if s.graphs.contains_key(&n) {
                 s.capture = Capture::Replaying(n);
             } else {
-                let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-                match s.gpu.stream.begin_capture(mode) {
+                match s.gpu.begin_capture(&s.stream) {
                     Ok(()) => s.capture = Capture::Recording(n),
-                    Err(e) => s.fail(Err(e.into())),
+                    Err(e) => s.fail(Err(e)),
                 }
             }
         }
@@ -715,7 +716,7 @@ impl Backend for CudaStep<'_> {
     fn finish(&mut self) -> Result<(), ForwardError> {
         let s = &mut *self.s;
         s.flush();
-        let r = s.gpu.stream.synchronize().map_err(CudaError::from);
+        let r = s.gpu.synchronize(&s.stream);
         s.fail(r);
         match s.err.take() {
             None => Ok(()),

@@ -116,7 +116,7 @@ impl Uploader<'_> {
         let off = self.layout.take(data.len());
         match (&mut self.arena, self.gpu) {
             (Some(a), Some(gpu)) => {
-                a.write(gpu, off, data)?;
+                a.write(gpu.default_stream(), off, data)?;
                 (self.progress)(self.layout.bytes, self.total);
                 Ok(a.ptr(off))
             }
@@ -255,7 +255,9 @@ impl DeviceWeights {
             total,
         };
         up.arena = Some(Arena::new(gpu, total)?);
-        up.walk()
+        let w = up.walk()?;
+        gpu.synchronize(gpu.default_stream())?;
+        Ok(w)
     }
 
     /// Bytes [`DeviceWeights::upload`] allocates for `m` (laid out without a GPU).

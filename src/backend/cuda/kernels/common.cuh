@@ -12,6 +12,7 @@ typedef signed char i8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 
+#ifndef KILN_EMULATED  // (the emulator, emulator.cpp, defines these three for the host)
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
@@ -25,6 +26,7 @@ __device__ __forceinline__ u16 f2h(float f) {
 }
 
 __device__ __forceinline__ float u2f(u32 v) { return __uint_as_float(v); }
+#endif
 
 // A little-endian u16 at any even offset (block fields are 2-byte aligned at best).
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
