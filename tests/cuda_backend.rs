@@ -12,8 +12,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 use kiln::backend::{cuda, Device};
@@ -42,52 +40,9 @@ fn gpu(test: &str) -> bool {
     }
 }
 
-/// Build the emulator library (once per source, cached in the target directory) and make it
-/// this process's GPU.
+/// Make the software GPU this process's GPU.
 fn emulator() -> Result<(), String> {
-    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    let lib = BUILT.get_or_init(|| {
-        if !cfg!(target_arch = "x86_64") {
-            return Err("the emulator's fibers are x86-64 code".into());
-        }
-        let src = cuda::nvrtc::emulator_source();
-        let hash: u64 = src.bytes().fold(0xcbf29ce484222325, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100000001b3)
-        });
-        let dir = common::tmp_dir().join("cuda-emulator");
-        let lib = dir.join(format!("libkiln_emu_{hash:016x}.so"));
-        if lib.exists() {
-            return Ok(lib);
-        }
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let cpp = dir.join(format!("emulator_{hash:016x}.cpp"));
-        std::fs::write(&cpp, &src).map_err(|e| e.to_string())?;
-        let tmp = dir.join(format!("lib.{}.tmp", std::process::id()));
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        let out = Command::new(&cxx)
-            .args([
-                "-std=c++20",
-                "-O2",
-                "-fno-ipa-reference",
-                "-shared",
-                "-fPIC",
-                "-o",
-            ])
-            .arg(&tmp)
-            .arg(&cpp)
-            .output()
-            .map_err(|e| format!("running {cxx}: {e}"))?;
-        if !out.status.success() {
-            // The kernels are the code under test: a compile error is a failure, not a skip.
-            panic!(
-                "the emulator does not build:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::fs::rename(&tmp, &lib).map_err(|e| e.to_string())?;
-        Ok(lib)
-    });
-    let lib = lib.clone()?;
+    let lib = common::emulator_lib()?;
     cuda::use_emulator(&lib)
         .map(|_| ())
         .map_err(|e| e.to_string())

@@ -333,3 +333,96 @@ fn device_plan_of_the_weights_equals_the_upload_layout() {
         assert_eq!(laid, planned_bytes(&m.file), "{}", p.display());
     }
 }
+
+/// The command line with `--device cuda`, on the software GPU (`$KILN_CUDA_EMULATOR`): greedy
+/// `run` prints the CPU's text, `bench` reports both tests, `perplexity` is the CPU's within
+/// 0.5%, `plan --device cuda` lists the device components.
+#[test]
+fn command_line_on_the_software_gpu() {
+    let Ok(lib) = common::emulator_lib() else {
+        println!("skipped: no software GPU on this machine");
+        return;
+    };
+    let model = common::random_model("random-qwen3-q4_k_m");
+    let kiln = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .arg("-m")
+            .arg(&model)
+            .env("KILN_CUDA_EMULATOR", &lib)
+            .output()
+            .unwrap();
+        let (o, e) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(out.status.success(), "{args:?}: {e}");
+        (o, e)
+    };
+    let run = [
+        "run",
+        "-p",
+        "Once upon a time",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "--raw",
+    ];
+    let (cpu, _) = kiln(&run);
+    let (gpu, _) = kiln(&[&run[..], &["--device", "cuda"]].concat());
+    assert_eq!(gpu, cpu, "greedy text on the GPU");
+    let (b, _) = kiln(&[
+        "bench", "-ngl", "99", "-p", "16", "-n", "8", "-r", "1", "--json",
+    ]);
+    let rows: serde_json::Value = serde_json::from_str(&b).unwrap();
+    let tests: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["test"].as_str().unwrap())
+        .collect();
+    assert_eq!(tests, ["pp16", "tg8"]);
+    assert!(
+        rows[0]["kernels"].as_str().unwrap().starts_with("cuda"),
+        "{b}"
+    );
+    let text = std::fs::read_to_string(common::golden_dir().join("corpus_pydoc.txt")).unwrap();
+    let f = common::tmp_dir().join(format!("ppl-{}.txt", std::process::id()));
+    std::fs::write(&f, &text[..6000.min(text.len())]).unwrap();
+    let ppl = |dev: &str| {
+        let (o, _) = kiln(&[
+            "perplexity",
+            "-f",
+            f.to_str().unwrap(),
+            "-c",
+            "128",
+            "--chunks",
+            "3",
+            "--json",
+            "--device",
+            dev,
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+        v["final_ppl"].as_f64().unwrap()
+    };
+    let (c, g) = (ppl("cpu"), ppl("cuda"));
+    assert!((g - c).abs() / c < 0.005, "perplexity CPU {c} vs GPU {g}");
+    let (p, _) = kiln(&["plan", "--device", "cuda", "--json", "--budget", "1GiB"]);
+    let v: serde_json::Value = serde_json::from_str(&p).unwrap();
+    let names: Vec<&str> = v["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "weights (device)",
+            "kv cache (device)",
+            "activations (device)"
+        ]
+    );
+    std::fs::remove_file(&f).unwrap();
+}

@@ -97,8 +97,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
 
     let weight_bytes = model.weights_bytes_per_token() as u64;
+    let on_gpu = s.cuda().map(|c| c.gpu().name.clone());
     let bandwidth = match args.bandwidth {
         Some(b) => b,
+        // The host's bandwidth says nothing of the device's: no roofline unless given.
+        None if on_gpu.is_some() => 0.0,
         None => {
             let b = kiln::kernels::membw::measure_read_gbs(&s.rt.pool);
             // The probe's buffer is gone; do not let it count as the engine's peak RSS.
@@ -125,7 +128,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         size_label(n_params),
         format
     );
-    let kernels = kiln::quant::Isa::detect().name().to_string();
+    let kernels = match &on_gpu {
+        Some(name) => format!("cuda ({name})"),
+        None => kiln::quant::Isa::detect().name().to_string(),
+    };
     let mut push = |test: &str, n_prompt: usize, n_gen: usize, samples: Vec<f64>| {
         let (avg, sd) = mean_sd(&samples);
         // Bytes one decode step reads: every weight once, plus the cached keys and values it
@@ -143,7 +149,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             0
         };
         let step_bytes = weight_bytes + kv_bytes;
-        let roofline = (n_gen > 0).then(|| step_bytes as f64 * avg / (bandwidth * 1e9));
+        let roofline =
+            (n_gen > 0 && bandwidth > 0.0).then(|| step_bytes as f64 * avg / (bandwidth * 1e9));
         rows.push(Row {
             model_filename: loaded.path.display().to_string(),
             model_type: model_type.clone(),

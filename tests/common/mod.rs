@@ -81,3 +81,51 @@ pub fn real_model(name: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("real model {name}: {e}"))
 }
 pub mod golden;
+
+/// The software GPU's library (`kiln::backend::cuda::nvrtc::emulator_source` built by the host's
+/// C++ compiler, `$CXX` or `c++`), built once per source into the target directory. A build
+/// error panics: the kernels are the code under test. Err: this machine cannot run it.
+pub fn emulator_lib() -> Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if !cfg!(target_arch = "x86_64") {
+                return Err("the emulator's fibers are x86-64 code".into());
+            }
+            let src = kiln::backend::cuda::nvrtc::emulator_source();
+            let hash: u64 = src.bytes().fold(0xcbf29ce484222325, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100000001b3)
+            });
+            let dir = tmp_dir().join("cuda-emulator");
+            let lib = dir.join(format!("libkiln_emu_{hash:016x}.so"));
+            if lib.exists() {
+                return Ok(lib);
+            }
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            let cpp = dir.join(format!("emulator_{hash:016x}.cpp"));
+            std::fs::write(&cpp, &src).map_err(|e| e.to_string())?;
+            let tmp = dir.join(format!("lib.{}.tmp", std::process::id()));
+            let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+            let out = std::process::Command::new(&cxx)
+                .args([
+                    "-std=c++20",
+                    "-O2",
+                    "-fno-ipa-reference",
+                    "-shared",
+                    "-fPIC",
+                    "-o",
+                ])
+                .arg(&tmp)
+                .arg(&cpp)
+                .output()
+                .map_err(|e| format!("running {cxx}: {e}"))?;
+            assert!(
+                out.status.success(),
+                "the software GPU does not build:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::rename(&tmp, &lib).map_err(|e| e.to_string())?;
+            Ok(lib)
+        })
+        .clone()
+}
