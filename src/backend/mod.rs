@@ -158,6 +158,10 @@ pub trait SeqCache {
     fn check_window(&self, n: usize) -> Result<(), KvWindowError>;
     /// Commit `n` positions written by the pass.
     fn advance(&mut self, n: usize) -> Result<(), KvOverflow>;
+    /// Keep the first `n` positions; returns how many are kept.
+    fn rollback(&mut self, n: usize) -> usize;
+    /// Forget every position.
+    fn reset(&mut self);
 }
 
 impl SeqCache for KvCache {
@@ -172,6 +176,12 @@ impl SeqCache for KvCache {
     }
     fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
         KvCache::advance(self, n)
+    }
+    fn rollback(&mut self, n: usize) -> usize {
+        KvCache::rollback(self, n)
+    }
+    fn reset(&mut self) {
+        KvCache::reset(self)
     }
 }
 

@@ -14,6 +14,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::sequence::{mask_logits, Sequence};
 use super::session::{check_context, kv_layout, scratch_spec, EngineError, SessionOptions};
 use crate::backend::cpu::{forward_batch, Runtime};
 use crate::cache::{KvCache, KvType, Scratch};
@@ -47,10 +48,7 @@ struct StepPart {
 }
 
 /// One sequence's KV region and the tokens in it.
-struct Slot {
-    kv: KvCache,
-    tokens: Vec<u32>,
-}
+type Slot = Sequence<KvCache>;
 
 /// The model, the thread pool, the shared scratch and every slot.
 pub struct BatchRunner {
@@ -96,10 +94,8 @@ impl BatchRunner {
         let spec = scratch_spec(&model, &sopts);
         let slots = (0..n_slots)
             .map(|_| {
-                Ok(Slot {
-                    kv: KvCache::with_type(layout.clone(), opts.kv_type)?,
-                    tokens: Vec::with_capacity(n_ctx),
-                })
+                let kv = KvCache::with_type(layout.clone(), opts.kv_type)?;
+                Ok(Slot::new(kv, n_ctx))
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
         Ok(BatchRunner {
@@ -160,36 +156,23 @@ impl BatchRunner {
     /// Make `tokens` impossible to sample from slot `slot`'s current logits (set to `-inf`).
     pub fn mask_tokens(&mut self, slot: usize, tokens: &[u32]) {
         let v = self.model.config.vocab_size;
-        let row = &mut self.logits[slot * v..(slot + 1) * v];
-        for &t in tokens {
-            if let Some(l) = row.get_mut(t as usize) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
+        mask_logits(&mut self.logits[slot * v..(slot + 1) * v], tokens);
     }
 
     /// Would `n` more tokens overflow slot `slot`?
     pub fn would_overflow(&self, slot: usize, n: usize) -> bool {
-        self.slots[slot].kv.would_overflow(n)
+        self.slots[slot].would_overflow(n)
     }
 
     /// Length of the common prefix of slot `slot`'s tokens and `tokens`.
     pub fn common_prefix(&self, slot: usize, tokens: &[u32]) -> usize {
-        self.slots[slot]
-            .tokens
-            .iter()
-            .zip(tokens)
-            .take_while(|(a, b)| a == b)
-            .count()
+        self.slots[slot].common_prefix(tokens)
     }
 
     /// Keep only the first `n` tokens of slot `slot` (seed 004's rollback); returns how many
     /// are kept (0 where the sliding-window rings no longer hold the window before `n`).
     pub fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        let s = &mut self.slots[slot];
-        let kept = s.kv.rollback(n);
-        s.tokens.truncate(kept);
-        kept
+        self.slots[slot].rollback(n)
     }
 
     /// Make slot `dst` hold the first `n` tokens of slot `src` (a prefix computed by another

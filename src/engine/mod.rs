@@ -7,6 +7,7 @@ pub mod perplexity;
 pub mod plan;
 pub mod pooling;
 pub mod scheduler;
+pub mod sequence;
 pub mod session;
 
 pub use generate::{generate, generate_constrained, GenStats, GenerateRequest, StopReason};

@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use crate::backend::cpu::{forward, Runtime};
 use crate::backend::cuda::{self, CudaKv, CudaSession, CudaSizes, CudaStep, DeviceWeights};
-use crate::backend::{Device, SeqBatch};
+use crate::backend::{Device, SeqBatch, SeqCache};
 use crate::cache::{
-    KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
+    KvBudgetError, KvCache, KvCacheError, KvLayout, KvOverflow, KvType, KvTypeError, KvWindowError,
+    Scratch, ScratchSpec,
 };
+use crate::engine::sequence::{mask_logits, Sequence};
 use crate::model::forward::{forward_batch, ForwardError, Logits};
 use crate::model::{weights, Model};
 
@@ -93,21 +95,66 @@ pub struct Session {
     /// The CPU's threads (a session on the GPU keeps one, for host work).
     pub rt: Runtime,
     pub opts: SessionOptions,
+    /// The KV cache and the tokens in it.
+    seq: Sequence<Kv>,
     exec: Exec,
-    /// The tokens whose keys and values are in the cache, in order.
-    tokens: Vec<u32>,
 }
 
-/// Where a session's cache and buffers live.
+/// A session's KV cache: in RAM (or a file), or on the GPU. (One per session: the size
+/// difference of the variants does not matter.)
+#[allow(clippy::large_enum_variant)]
+enum Kv {
+    Cpu(KvCache),
+    Cuda(CudaKv),
+}
+
+impl SeqCache for Kv {
+    fn len(&self) -> usize {
+        match self {
+            Kv::Cpu(k) => SeqCache::len(k),
+            Kv::Cuda(k) => k.len(),
+        }
+    }
+    fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
+        match self {
+            Kv::Cpu(k) => k.check_fits(n),
+            Kv::Cuda(k) => k.check_fits(n),
+        }
+    }
+    fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
+        match self {
+            Kv::Cpu(k) => k.check_window(n),
+            Kv::Cuda(k) => k.check_window(n),
+        }
+    }
+    fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
+        match self {
+            Kv::Cpu(k) => k.advance(n),
+            Kv::Cuda(k) => k.advance(n),
+        }
+    }
+    fn rollback(&mut self, n: usize) -> usize {
+        match self {
+            Kv::Cpu(k) => k.rollback(n),
+            Kv::Cuda(k) => k.rollback(n),
+        }
+    }
+    fn reset(&mut self) {
+        match self {
+            Kv::Cpu(k) => k.reset(),
+            Kv::Cuda(k) => k.reset(),
+        }
+    }
+}
+
+/// Where a session's buffers live (its cache is on the same device).
 #[allow(clippy::large_enum_variant)]
 enum Exec {
     Cpu {
-        kv: KvCache,
         scratch: Scratch,
     },
     Cuda {
         s: Box<CudaSession>,
-        kv: CudaKv,
         /// `[vocab]`: the last token's logits, copied back.
         logits: Vec<f32>,
     },
@@ -130,7 +177,7 @@ impl Session {
         check_context(c, n_ctx)?;
         let opts = SessionOptions { n_ctx, ..opts };
         let spec = scratch_spec(&model, &opts);
-        let (exec, threads) = match opts.device {
+        let (kv, exec, threads) = match opts.device {
             Device::Cpu => {
                 let layout = kv_layout(c, &opts);
                 let kv = match layout.offload_ring(opts.kv_type, opts.kv_budget)? {
@@ -138,7 +185,7 @@ impl Session {
                     Some(ring) => KvCache::offloaded(layout, opts.kv_type, ring)?,
                 };
                 let scratch = Scratch::new(c, spec);
-                (Exec::Cpu { kv, scratch }, opts.n_threads)
+                (Kv::Cpu(kv), Exec::Cpu { scratch }, opts.n_threads)
             }
             Device::Cuda => {
                 if opts.kv_type != KvType::F16 || opts.kv_budget.is_some() {
@@ -159,16 +206,15 @@ impl Session {
                 let s = Box::new(CudaSession::new(gpu, w, &model, sizes)?);
                 let exec = Exec::Cuda {
                     s,
-                    kv: CudaKv::new(0, n_ctx),
                     logits: vec![0.0; c.vocab_size],
                 };
-                (exec, 1)
+                (Kv::Cuda(CudaKv::new(0, n_ctx)), exec, 1)
             }
         };
         Ok(Session {
             rt: Runtime::new(threads),
+            seq: Sequence::new(kv, n_ctx),
             exec,
-            tokens: Vec::with_capacity(n_ctx),
             opts,
             model,
         })
@@ -187,15 +233,11 @@ impl Session {
         logits: Logits<'_>,
         copy: bool,
     ) -> Result<(), ForwardError> {
-        match &mut self.exec {
-            Exec::Cpu { kv, scratch } => {
+        match (&mut self.seq.kv, &mut self.exec) {
+            (Kv::Cpu(kv), Exec::Cpu { scratch }) => {
                 forward(&self.model, &self.rt, kv, scratch, tokens, logits)
             }
-            Exec::Cuda {
-                s,
-                kv,
-                logits: host,
-            } => {
+            (Kv::Cuda(kv), Exec::Cuda { s, logits: host }) => {
                 let last = copy && matches!(logits, Logits::Last);
                 let m = &*self.model;
                 let n_tokens = tokens.len();
@@ -209,16 +251,19 @@ impl Session {
                 }
                 Ok(())
             }
+            _ => Err(ForwardError::Device(
+                "the cache and the buffers are on different devices".into(),
+            )),
         }
     }
 
     /// Tokens in the cache.
     pub fn tokens(&self) -> &[u32] {
-        &self.tokens
+        &self.seq.tokens
     }
 
     pub fn n_past(&self) -> usize {
-        self.tokens.len()
+        self.seq.tokens.len()
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -237,14 +282,9 @@ impl Session {
     /// Set the logits of `tokens` to -inf, so no sampler picks them (`--ignore-eos`).
     pub fn mask_tokens(&mut self, tokens: &[u32]) {
         let v = self.model.config.vocab_size;
-        let row = match &mut self.exec {
-            Exec::Cpu { scratch, .. } => &mut scratch.logits[..v],
-            Exec::Cuda { logits, .. } => &mut logits[..],
-        };
-        for &t in tokens {
-            if let Some(l) = row.get_mut(t as usize) {
-                *l = f32::NEG_INFINITY;
-            }
+        match &mut self.exec {
+            Exec::Cpu { scratch } => mask_logits(&mut scratch.logits[..v], tokens),
+            Exec::Cuda { logits, .. } => mask_logits(logits, tokens),
         }
     }
 
@@ -253,9 +293,9 @@ impl Session {
     /// # Panics
     /// On a session on the GPU (its cache is in device memory).
     pub fn kv(&self) -> &KvCache {
-        match &self.exec {
-            Exec::Cpu { kv, .. } => kv,
-            Exec::Cuda { .. } => panic!("a GPU session's KV cache is in device memory"),
+        match &self.seq.kv {
+            Kv::Cpu(kv) => kv,
+            Kv::Cuda(_) => panic!("a GPU session's KV cache is in device memory"),
         }
     }
 
@@ -288,40 +328,24 @@ impl Session {
 
     /// Whether `n` more tokens would overflow the context.
     pub fn would_overflow(&self, n: usize) -> bool {
-        match &self.exec {
-            Exec::Cpu { kv, .. } => kv.would_overflow(n),
-            Exec::Cuda { kv, .. } => kv.would_overflow(n),
-        }
+        self.seq.would_overflow(n)
     }
 
     /// Forget the sequence.
     pub fn reset(&mut self) {
-        match &mut self.exec {
-            Exec::Cpu { kv, .. } => kv.reset(),
-            Exec::Cuda { kv, .. } => kv.reset(),
-        }
-        self.tokens.clear();
+        self.seq.reset();
     }
 
     /// Drop every token after the first `n` (seed 004's rollback) and return how many are
     /// kept: `n`, or 0 where the sliding-window rings no longer hold the window before `n`
     /// (then everything is evaluated again; see [`KvCache::rollback`]).
     pub fn rollback(&mut self, n: usize) -> usize {
-        let kept = match &mut self.exec {
-            Exec::Cpu { kv, .. } => kv.rollback(n),
-            Exec::Cuda { kv, .. } => kv.rollback(n),
-        };
-        self.tokens.truncate(kept);
-        kept
+        self.seq.rollback(n)
     }
 
     /// Length of the common prefix of the cached tokens and `tokens`.
     pub fn common_prefix(&self, tokens: &[u32]) -> usize {
-        self.tokens
-            .iter()
-            .zip(tokens)
-            .take_while(|(a, b)| a == b)
-            .count()
+        self.seq.common_prefix(tokens)
     }
 
     /// Refuse a prompt of `n` more tokens that would not fit.
@@ -353,7 +377,7 @@ impl Session {
             let last = done + part.len() == tokens.len();
             let want = if last { Logits::Last } else { Logits::None };
             self.run(part, want)?;
-            self.tokens.extend_from_slice(part);
+            self.seq.tokens.extend_from_slice(part);
             done += part.len();
             progress(done, tokens.len());
         }
@@ -393,7 +417,7 @@ impl Session {
             });
         }
         self.run(&[token], Logits::Last)?;
-        self.tokens.push(token);
+        self.seq.tokens.push(token);
         Ok(self.logits())
     }
 
@@ -410,7 +434,7 @@ impl Session {
             });
         }
         self.run_copy(&[token], Logits::Last, false)?;
-        self.tokens.push(token);
+        self.seq.tokens.push(token);
         let mut next = [0u32];
         if let Exec::Cuda { s, .. } = &mut self.exec {
             s.argmax(1, &mut next)?;
@@ -441,7 +465,7 @@ impl Session {
                 Logits::None
             };
             self.run(part, want)?;
-            self.tokens.extend_from_slice(part);
+            self.seq.tokens.extend_from_slice(part);
             base += part.len();
         }
         Ok(())

@@ -47,16 +47,6 @@ impl CudaKv {
     pub fn would_overflow(&self, n: usize) -> bool {
         self.len + n > self.capacity
     }
-
-    /// Keep the first `n` positions (positions past `len` are never read).
-    pub fn rollback(&mut self, n: usize) -> usize {
-        self.len = self.len.min(n);
-        self.len
-    }
-
-    pub fn reset(&mut self) {
-        self.len = 0;
-    }
 }
 
 impl SeqCache for CudaKv {
@@ -81,6 +71,14 @@ impl SeqCache for CudaKv {
         self.check_fits(n)?;
         self.len += n;
         Ok(())
+    }
+    /// Positions past `len` are never read: going back is moving the cursor.
+    fn rollback(&mut self, n: usize) -> usize {
+        self.len = self.len.min(n);
+        self.len
+    }
+    fn reset(&mut self) {
+        self.len = 0;
     }
 }
 
