@@ -24,7 +24,7 @@ pub mod cuda;
 use std::ops::Range;
 
 use crate::cache::{KvCache, KvOverflow, KvWindowError};
-use crate::kernels::ops::Activation;
+use crate::model::config::Activation;
 use crate::model::forward::ForwardError;
 
 /// Where a model runs.

@@ -127,21 +127,8 @@ pub fn gelu_tanh_exact(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
-/// The FFN's activation function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    Silu,
-    GeluTanh,
-}
-
-/// How rotary dimensions are paired.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeKind {
-    /// Adjacent pairs `(2i, 2i+1)` (LLaMA as converted to GGUF).
-    Normal,
-    /// Halves `(i, i + n/2)` (GPT-NeoX, Qwen2/3, Gemma).
-    Neox,
-}
+/// The architecture's choices these kernels implement (described in [`crate::model::config`]).
+pub use crate::model::config::{Activation, RopeKind};
 
 /// Rotary position embedding parameters of one layer.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,7 +1,22 @@
 //! Hyper-parameters read from GGUF metadata, and how each architecture differs.
 
 use crate::gguf::{GgufError, GgufFile};
-use crate::kernels::ops::{Activation, RopeKind};
+
+/// The FFN's activation function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
+}
+
+/// How rotary dimensions are paired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// Adjacent pairs `(2i, 2i+1)` (LLaMA as converted to GGUF).
+    Normal,
+    /// Halves `(i, i + n/2)` (GPT-NeoX, Qwen2/3, Gemma).
+    Neox,
+}
 
 /// The architectures kiln runs, from `general.architecture`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

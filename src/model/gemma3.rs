@@ -4,9 +4,9 @@
 //! global. llama.cpp's converter stores Gemma's norm weights with the `+1` already added, so
 //! they are ordinary RMSNorm weights here.
 
+use super::config::{Activation, RopeKind};
 use super::config::{ArchTraits, ModelConfig, NormKind};
 use crate::gguf::{GgufError, GgufFile};
-use crate::kernels::ops::{Activation, RopeKind};
 
 pub const TRAITS: ArchTraits = ArchTraits {
     norm: NormKind::Rms,

@@ -1,8 +1,8 @@
 //! GPT-2 (the ember seed's model): LayerNorm with bias, learned absolute positions, one fused
 //! QKV matrix, biases everywhere, a non-gated GELU FFN.
 
+use super::config::Activation;
 use super::config::{ArchTraits, ModelConfig, NormKind};
-use crate::kernels::ops::Activation;
 
 pub const TRAITS: ArchTraits = ArchTraits {
     norm: NormKind::Layer,

@@ -1,8 +1,8 @@
 //! LLaMA (and the models converted as `llama`: Mistral, TinyLlama, SmolLM, Llama 3).
 //! RMSNorm, adjacent-pair RoPE, SwiGLU, optional separate output head.
 
+use super::config::{Activation, RopeKind};
 use super::config::{ArchTraits, ModelConfig, NormKind};
-use crate::kernels::ops::{Activation, RopeKind};
 
 pub const TRAITS: ArchTraits = ArchTraits {
     norm: NormKind::Rms,

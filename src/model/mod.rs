@@ -71,7 +71,7 @@ impl Model {
         let (config, traits) = read_config(&file)?;
         let ropes = layer_ropes(&file, &config, &traits)?;
         let weights = weights::load(&file, &config, &traits, ropes)?;
-        if traits.act == crate::kernels::ops::Activation::GeluTanh {
+        if traits.act == config::Activation::GeluTanh {
             // Built now, not inside the first forward pass (decoding allocates nothing).
             crate::kernels::ops::gelu_table();
         }

@@ -1,8 +1,8 @@
 //! Qwen2: the llama block with biases on q, k, v (loaded whenever the file has them) and
 //! NeoX-ordered RoPE; the output head is usually tied to the embeddings.
 
+use super::config::{Activation, RopeKind};
 use super::config::{ArchTraits, ModelConfig, NormKind};
-use crate::kernels::ops::{Activation, RopeKind};
 
 pub const TRAITS: ArchTraits = ArchTraits {
     norm: NormKind::Rms,

@@ -1,8 +1,8 @@
 //! Qwen3: Qwen2 without biases, plus a per-head RMSNorm of q and k before RoPE; its head
 //! dimension (`attention.key_length`) need not be `dim / heads`.
 
+use super::config::{Activation, RopeKind};
 use super::config::{ArchTraits, ModelConfig, NormKind};
-use crate::kernels::ops::{Activation, RopeKind};
 
 pub const TRAITS: ArchTraits = ArchTraits {
     norm: NormKind::Rms,

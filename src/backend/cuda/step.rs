@@ -15,7 +15,7 @@ use super::weights::{kernel_suffix, DevMat, DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
 use crate::cache::{KvOverflow, KvWindowError};
-use crate::kernels::ops::{Activation, RopeKind};
+use crate::model::config::{Activation, RopeKind};
 use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
 
