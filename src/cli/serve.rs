@@ -105,7 +105,6 @@ fn seconds(s: &str) -> Result<Duration, String> {
 
 /// Load the model and size the server from the flags.
 fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
-    common::cpu_only(&args.model, "serve")?;
     let mut loaded = common::load(&args.model)?;
     if let Some(path) = &args.chat_template_file {
         let text = std::fs::read_to_string(path)
@@ -178,6 +177,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.model.swa_full {
         anyhow::bail!("--swa-full is not supported by `kiln serve`");
     }
+    // Refused before the port is bound.
+    common::cpu_only(&args.model, "serve")?;
     let limits = HttpLimits {
         max_connections: args.max_connections as usize,
         header_timeout: args.header_timeout,

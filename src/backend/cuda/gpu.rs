@@ -490,3 +490,45 @@ impl Drop for Arena {
 pub fn blocks_for(n: usize) -> u32 {
     n.div_ceil(256).clamp(1, 65_535) as u32
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_aligns_every_buffer_and_its_end() {
+        let mut l = Layout::default();
+        assert_eq!(l.take(10), 0);
+        assert_eq!(l.take(256), 256);
+        assert_eq!(l.take(0), 512);
+        assert_eq!(l.take(1), 512);
+        assert_eq!(l.bytes, 768);
+        // The total is the sum of the rounded sizes, whatever their order.
+        let sizes = [3usize, 700, 256, 1, 4096];
+        let total = |order: &[usize]| {
+            let mut l = Layout::default();
+            order.iter().for_each(|&n| {
+                l.take(n);
+            });
+            l.bytes
+        };
+        let mut rev = sizes;
+        rev.reverse();
+        assert_eq!(total(&sizes), total(&rev));
+        assert_eq!(
+            total(&sizes),
+            sizes
+                .iter()
+                .map(|n| n.next_multiple_of(ALIGN))
+                .sum::<usize>()
+        );
+    }
+
+    #[test]
+    fn blocks_cover_the_elements_within_the_grid_limit() {
+        assert_eq!(blocks_for(0), 1);
+        assert_eq!(blocks_for(256), 1);
+        assert_eq!(blocks_for(257), 2);
+        assert_eq!(blocks_for(usize::MAX / 2), 65_535);
+    }
+}
