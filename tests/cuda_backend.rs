@@ -19,25 +19,23 @@ use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::argmax;
 
-/// Whether these tests have a GPU: the machine's, or else the software GPU (the same kernels
-/// built for the host by its C++ compiler). Prints which, or why the test skips.
-fn gpu(test: &str) -> bool {
+/// The GPU for a test, held for its duration (one test at a time: they count its allocations
+/// and measure its memory): the machine's, or else the software GPU (the same kernel sources
+/// built for the host by its C++ compiler). Prints which, or why the test skips (`None`).
+fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     match cuda::open() {
-        Ok(g) => {
-            println!("{test}: on {} ({})", g.name, g.arch);
-            true
-        }
+        Ok(g) => println!("{test}: on {} ({})", g.name, g.arch),
         Err(no_gpu) => match emulator() {
-            Ok(()) => {
-                println!("{test}: {no_gpu}; running on the software GPU");
-                true
-            }
+            Ok(()) => println!("{test}: {no_gpu}; running on the software GPU"),
             Err(why) => {
                 println!("{test}: skipped: {no_gpu}, and no software GPU: {why}");
-                false
+                return None;
             }
         },
     }
+    Some(guard)
 }
 
 /// Make the software GPU this process's GPU.
@@ -46,12 +44,6 @@ fn emulator() -> Result<(), String> {
     cuda::use_emulator(&lib)
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-/// One test at a time on the GPU: they count its allocations and measure its memory.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn session(m: &Arc<Model>, device: Device, n_ctx: usize) -> Session {
@@ -129,10 +121,9 @@ fn check(
 
 #[test]
 fn every_fixture_model_agrees_with_the_cpu() {
-    let _gpu = one_at_a_time();
-    if !gpu("every_fixture_model_agrees_with_the_cpu") {
+    let Some(_gpu) = gpu("every_fixture_model_agrees_with_the_cpu") else {
         return;
-    }
+    };
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 200 + 3) as u32).collect();
     for stem in common::random_model_names() {
         let m = Arc::new(Model::load(common::random_model(&stem)).unwrap());
@@ -144,10 +135,9 @@ fn every_fixture_model_agrees_with_the_cpu() {
 
 #[test]
 fn decode_allocates_nothing_and_replays_one_graph() {
-    let _gpu = one_at_a_time();
-    if !gpu("decode_allocates_nothing_and_replays_one_graph") {
+    let Some(_gpu) = gpu("decode_allocates_nothing_and_replays_one_graph") else {
         return;
-    }
+    };
     let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
     let mut s = session(&m, Device::Cuda, 256);
     s.prefill(&[1, 2, 3, 4, 5], &mut |_, _| {}).unwrap();
@@ -194,10 +184,9 @@ fn plain_graphs(m: &Arc<Model>) -> usize {
 
 #[test]
 fn rollback_and_prefix_reuse_on_the_device_cache() {
-    let _gpu = one_at_a_time();
-    if !gpu("rollback_and_prefix_reuse_on_the_device_cache") {
+    let Some(_gpu) = gpu("rollback_and_prefix_reuse_on_the_device_cache") else {
         return;
-    }
+    };
     let m = Arc::new(Model::load(common::random_model("random-qwen3-f32")).unwrap());
     let prompt: Vec<u32> = (0..30).map(|i| (i * 11 % 150 + 1) as u32).collect();
     let mut s = session(&m, Device::Cuda, 128);
@@ -221,10 +210,9 @@ fn rollback_and_prefix_reuse_on_the_device_cache() {
 /// plan, and the driver's free memory drops by the plan within 3%, at several context sizes.
 #[test]
 fn device_plan_matches_the_measured_device_memory() {
-    let _gpu = one_at_a_time();
-    if !gpu("device_plan_matches_the_measured_device_memory") {
+    let Some(_gpu) = gpu("device_plan_matches_the_measured_device_memory") else {
         return;
-    }
+    };
     let g = cuda::open().unwrap();
     if g.is_emulated() {
         println!("skipped: the software GPU has no device memory to measure");
@@ -273,10 +261,9 @@ fn device_plan_matches_the_measured_device_memory() {
 /// to 8 bits, so on real weights the two differ by about that much.
 #[test]
 fn real_models_agree_with_the_cpu() {
-    let _gpu = one_at_a_time();
-    if !gpu("real_models_agree_with_the_cpu") {
+    let Some(_gpu) = gpu("real_models_agree_with_the_cpu") else {
         return;
-    }
+    };
     for name in ["smollm2", "gemma3"] {
         let m = Arc::new(Model::load(common::real_model(name)).unwrap());
         let tok = kiln::tokenizer::Tokenizer::from_gguf(&m.file).unwrap();
@@ -295,10 +282,9 @@ fn real_models_agree_with_the_cpu() {
 /// reference engine, its confident tokens, mean logit error, greedy continuations.
 #[test]
 fn golden_checks_on_the_gpu() {
-    let _gpu = one_at_a_time();
-    if !gpu("golden_checks_on_the_gpu") {
+    let Some(_gpu) = gpu("golden_checks_on_the_gpu") else {
         return;
-    }
+    };
     for (stem, greedy) in [
         ("random-llama-q4_0", 1),
         ("random-gpt2-q8_0", 1),
@@ -317,10 +303,9 @@ fn golden_checks_on_the_gpu() {
 /// 0.5% of the CPU's.
 #[test]
 fn real_models_greedy_text_and_perplexity_match_the_cpu() {
-    let _gpu = one_at_a_time();
-    if !gpu("real_models_greedy_text_and_perplexity_match_the_cpu") {
+    let Some(_gpu) = gpu("real_models_greedy_text_and_perplexity_match_the_cpu") else {
         return;
-    }
+    };
     if cuda::open().unwrap().is_emulated() {
         println!(
             "skipped on the software GPU (minutes of emulation); scripts/gpu-check.sh runs it"

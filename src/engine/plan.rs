@@ -87,12 +87,7 @@ pub fn plan(
     host: HostTerms,
 ) -> Result<MemoryPlan, PlanError> {
     let (c, traits) = read_config(file)?;
-    if c.ctx_train > 0 && opts.n_ctx > c.ctx_train {
-        return Err(PlanError::ContextTooLarge {
-            ctx: opts.n_ctx,
-            max: c.ctx_train,
-        });
-    }
+    check_ctx(&c, opts)?;
     opts.kv_type.check_head_dim(c.head_dim_k)?;
     opts.kv_type.check_head_dim(c.head_dim_v)?;
     let parallel = parallel.max(1) as u64;
@@ -299,33 +294,33 @@ fn kv_formula(kv: &KvLayout, ty: KvType, offload: Option<usize>, parallel: u64) 
     }
 }
 
-/// What a session on the GPU will hold in device memory, from the file's header: the weights
-/// as [`crate::backend::cuda::DeviceWeights::upload`] lays them out, and the activation and
-/// KV-cache allocations as [`crate::backend::cuda::CudaSession::new`] makes them (the same
-/// layout functions). The driver's own context memory is not included.
-pub fn device_plan(file: &GgufFile, opts: &SessionOptions) -> Result<MemoryPlan, PlanError> {
-    use crate::backend::cuda::step::{CudaSizes, SessionLayout};
-    let (c, _) = read_config(file)?;
+/// Refuse a context past the model's training context (as a session does).
+fn check_ctx(c: &crate::model::ModelConfig, opts: &SessionOptions) -> Result<(), PlanError> {
     if c.ctx_train > 0 && opts.n_ctx > c.ctx_train {
         return Err(PlanError::ContextTooLarge {
             ctx: opts.n_ctx,
             max: c.ctx_train,
         });
     }
+    Ok(())
+}
+
+/// What a session on the GPU will hold in device memory, from the file's header: the weights
+/// as [`crate::backend::cuda::DeviceWeights::upload`] lays them out, and the activation and
+/// KV-cache allocations as [`crate::backend::cuda::CudaSession::new`] makes them (the same
+/// layout functions). The driver's own context memory is not included.
+pub fn device_plan(file: &GgufFile, opts: &SessionOptions) -> Result<MemoryPlan, PlanError> {
+    use crate::backend::cuda::step::{CudaSizes, SessionLayout};
+    let (c, traits) = read_config(file)?;
+    check_ctx(&c, opts)?;
     let spec = scratch_spec_for(file, opts);
-    let fused = file
-        .tensor_info(&crate::model::weights::names::blk(
-            0,
-            crate::model::weights::names::ATTN_QKV,
-        ))
-        .is_some();
     let sizes = CudaSizes {
         max_rows: spec.max_tokens,
         logit_rows: spec.logit_rows,
         n_ctx: opts.n_ctx.max(1),
         slots: 1,
     };
-    let l = SessionLayout::new(&c, fused, sizes);
+    let l = SessionLayout::new(&c, traits.fused_qkv, sizes);
     let weights = crate::backend::cuda::weights::planned_bytes(file) as u64;
     let components = vec![
         Component {

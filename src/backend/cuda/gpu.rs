@@ -426,10 +426,6 @@ impl Arena {
         self.base + off as u64
     }
 
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
     /// Copy `data` to offset `off`, in order with the other work on `s`.
     pub fn write(&mut self, s: &Stream, off: usize, data: &[u8]) -> Result<(), CudaError> {
         self.check(off, data.len())?;

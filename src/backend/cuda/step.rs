@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Layout, Stream};
-use super::weights::{kernel_suffix, DevMat, DevNorm, DeviceWeights};
+use super::weights::{DevMat, DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
 use crate::cache::{KvOverflow, KvWindowError};
@@ -197,16 +197,7 @@ pub struct CudaSession {
     /// This session's queue of work.
     stream: Stream,
     act: Arena,
-    _kv: Arena,
-    /// Device addresses of the activation buffers, in [`Buf`]'s order.
-    ptr: [u64; 10],
-    qkv: Option<u64>,
-    ids: u64,
-    pos: u64,
-    seq: u64,
-    sel: u64,
-    argmax: u64,
-    kv_ptr: Vec<(u64, u64)>,
+    kv: Arena,
     host_i32: Vec<i32>,
     host_f32: Vec<f32>,
     graphs: HashMap<usize, Graph>,
@@ -226,36 +217,17 @@ impl CudaSession {
         sizes: CudaSizes,
     ) -> Result<CudaSession, CudaError> {
         let c = &m.config;
-        let fused = m
-            .weights
-            .layers
-            .iter()
-            .any(|l| matches!(l.qkv, crate::model::Qkv::Fused(_)));
-        let layout = SessionLayout::new(c, fused, sizes);
+        let layout = SessionLayout::new(c, m.traits.fused_qkv, sizes);
         let stream = gpu.stream()?;
         let act = Arena::new(&gpu, layout.act_bytes)?;
         let kv = Arena::new(&gpu, layout.kv_bytes)?;
-        let ptr = layout.buf.map(|o| act.ptr(o));
-        let kv_ptr = layout
-            .kv
-            .iter()
-            .map(|&(k, v)| (kv.ptr(k), kv.ptr(v)))
-            .collect();
         let t = sizes.max_rows.max(1);
         let host_f32 = vec![0.0; (sizes.logit_rows.max(1) * c.vocab_size).max(t * c.dim)];
         Ok(CudaSession {
-            qkv: layout.qkv.map(|o| act.ptr(o)),
-            ids: act.ptr(layout.ids),
-            pos: act.ptr(layout.pos),
-            seq: act.ptr(layout.seq),
-            sel: act.ptr(layout.sel),
-            argmax: act.ptr(layout.argmax),
             host_i32: vec![0; layout.rows_i32],
             host_f32,
-            ptr,
-            kv_ptr,
             act,
-            _kv: kv,
+            kv,
             layout,
             stream,
             gpu,
@@ -275,10 +247,14 @@ impl CudaSession {
         self.fail(r);
     }
 
-    /// Copy `n` floats of the activations at `off` into the host staging buffer.
-    fn get_f32(&mut self, off: usize, n: usize) -> Result<(), CudaError> {
+    /// Rows `rows` of buffer `b`, copied to the host staging buffer (`[rows.len(), width]`).
+    fn fetch(&mut self, b: Buf, rows: Range<usize>) -> Result<&[f32], CudaError> {
+        let w = self.w(b);
+        let n = rows.len() * w;
+        let off = self.layout.buf[b as usize] + rows.start * w * 4;
         let out = zerocopy::IntoBytes::as_mut_bytes(&mut self.host_f32[..n]);
-        self.act.read(&self.stream, off, out)
+        self.act.read(&self.stream, off, out)?;
+        Ok(&self.host_f32[..n])
     }
 
     pub fn gpu(&self) -> &Arc<Gpu> {
@@ -291,11 +267,7 @@ impl CudaSession {
 
     /// Rows `rows` of the logits buffer, copied to the host (`[rows.len(), vocab]`).
     pub fn logits(&mut self, rows: Range<usize>) -> Result<&[f32], CudaError> {
-        let v = self.w(Buf::Logits);
-        let n = rows.len() * v;
-        let off = self.layout.buf[Buf::Logits as usize] + rows.start * v * 4;
-        self.get_f32(off, n)?;
-        Ok(&self.host_f32[..n])
+        self.fetch(Buf::Logits, rows)
     }
 
     /// The index of the largest logit of each of the first `rows` logit rows, computed on the
@@ -310,7 +282,7 @@ impl CudaSession {
             &[
                 Arg::P(self.buf(Buf::Logits)),
                 Arg::I(v as i32),
-                Arg::P(self.argmax),
+                Arg::P(self.at(self.layout.argmax)),
             ],
         )?;
         let got = zerocopy::IntoBytes::as_mut_bytes(&mut self.host_i32[..rows]);
@@ -367,8 +339,13 @@ impl CudaSession {
         }
     }
 
+    /// Device addresses of the activation buffers and step parameters.
     fn buf(&self, b: Buf) -> u64 {
-        self.ptr[b as usize]
+        self.act.ptr(self.layout.buf[b as usize])
+    }
+
+    fn at(&self, off: usize) -> u64 {
+        self.act.ptr(off)
     }
 
     fn w(&self, b: Buf) -> usize {
@@ -376,13 +353,6 @@ impl CudaSession {
     }
 
     fn matvec(&mut self, m: DevMat, x: u64, y: u64, rows: usize) {
-        let name = match kernel_suffix(m.ty) {
-            Ok(s) => format!("matvec_{s}"),
-            Err(e) => {
-                self.err.get_or_insert(e);
-                return;
-            }
-        };
         let args = [
             Arg::P(m.ptr),
             Arg::P(x),
@@ -391,7 +361,7 @@ impl CudaSession {
             Arg::I(m.cols as i32),
             Arg::I(rows as i32),
         ];
-        self.go(&name, m.rows.div_ceil(8) as u32, 256, &args);
+        self.go(m.kernels.matvec, m.rows.div_ceil(8) as u32, 256, &args);
         if let Some(b) = m.bias {
             let args = [
                 Arg::P(y),
@@ -498,23 +468,16 @@ impl Backend for CudaStep<'_> {
     fn embed(&mut self, tokens: &[u32], _seqs: &[SeqBatch<'_, CudaKv>], scale: f32) {
         let s = &mut *self.s;
         let e = s.w.token_embd;
-        let name = match kernel_suffix(e.ty) {
-            Ok(x) => format!("embed_{x}"),
-            Err(err) => {
-                s.err.get_or_insert(err);
-                return;
-            }
-        };
         let args = [
             Arg::P(e.ptr),
-            Arg::P(s.ids),
+            Arg::P(s.at(s.layout.ids)),
             Arg::P(s.buf(Buf::X)),
             Arg::I(e.cols as i32),
             Arg::F(scale),
             Arg::P(s.w.pos_embd.unwrap_or(0)),
-            Arg::P(s.pos),
+            Arg::P(s.at(s.layout.pos)),
         ];
-        s.go(&name, tokens.len() as u32, 256, &args);
+        s.go(e.kernels.embed, tokens.len() as u32, 256, &args);
     }
 
     fn norm(&mut self, w: NormW, src: Buf, dst: Buf, rows: Range<usize>) {
@@ -538,7 +501,7 @@ impl Backend for CudaStep<'_> {
         }
         s.put_i32(s.layout.sel, sel.len());
         let n = s.w.norm(w);
-        let (x, y, sp) = (s.buf(src), s.buf(dst), s.sel);
+        let (x, y, sp) = (s.buf(src), s.buf(dst), s.at(s.layout.sel));
         s.norm_groups(n, x, sp, y, sel.len());
     }
 
@@ -547,8 +510,8 @@ impl Backend for CudaStep<'_> {
         for (&m, &d) in ws.iter().zip(dsts) {
             let mat = s.w.mat(m);
             // A fused QKV product goes to its own buffer; `split_qkv` moves it out.
-            let y = match (m, s.qkv) {
-                (Mat::Qkv(_), Some(p)) => p,
+            let y = match (m, s.layout.qkv) {
+                (Mat::Qkv(_), Some(o)) => s.at(o),
                 _ => s.buf(d),
             };
             let x = s.buf(src);
@@ -583,7 +546,7 @@ impl Backend for CudaStep<'_> {
 
     fn split_qkv(&mut self, rows: usize) {
         let s = &mut *self.s;
-        let Some(qkv) = s.qkv else {
+        let Some(qkv) = s.layout.qkv.map(|o| s.at(o)) else {
             s.err
                 .get_or_insert(CudaError::Driver("no fused QKV buffer".into()));
             return;
@@ -614,7 +577,7 @@ impl Backend for CudaStep<'_> {
             let n = rows * heads * rope.n_dims / 2;
             let args = [
                 Arg::P(s.buf(b)),
-                Arg::P(s.pos),
+                Arg::P(s.at(s.layout.pos)),
                 Arg::L(rows as i64),
                 Arg::I(heads as i32),
                 Arg::I(c.head_dim_k as i32),
@@ -651,7 +614,8 @@ impl Backend for CudaStep<'_> {
         let c = &self.m.config;
         let window = self.m.weights.layers[layer].window.unwrap_or(0);
         let s = &mut *self.s;
-        let (kc, vc) = s.kv_ptr[layer];
+        let (kc, vc) = s.layout.kv[layer];
+        let (kc, vc) = (s.kv.ptr(kc), s.kv.ptr(vc));
         let (sk, sv) = (s.layout.slot_stride.0 as i64, s.layout.slot_stride.1 as i64);
         let ctx = s.sizes.n_ctx as i32;
         let store = [
@@ -659,8 +623,8 @@ impl Backend for CudaStep<'_> {
             Arg::P(s.buf(Buf::V)),
             Arg::P(kc),
             Arg::P(vc),
-            Arg::P(s.pos),
-            Arg::P(s.seq),
+            Arg::P(s.at(s.layout.pos)),
+            Arg::P(s.at(s.layout.seq)),
             Arg::L(sk),
             Arg::L(sv),
             Arg::I(c.n_kv_heads as i32),
@@ -673,8 +637,8 @@ impl Backend for CudaStep<'_> {
             Arg::P(s.buf(Buf::Q)),
             Arg::P(kc),
             Arg::P(vc),
-            Arg::P(s.pos),
-            Arg::P(s.seq),
+            Arg::P(s.at(s.layout.pos)),
+            Arg::P(s.at(s.layout.seq)),
             Arg::L(sk),
             Arg::L(sv),
             Arg::P(s.buf(Buf::Attn)),
@@ -700,14 +664,13 @@ impl Backend for CudaStep<'_> {
         let s = &mut *self.s;
         s.flush();
         let w = s.w(buf);
-        let n = rows.len() * w;
-        let off = s.layout.buf[buf as usize] + rows.start * w * 4;
-        if let Err(e) = s.get_f32(off, n) {
-            s.err.get_or_insert(e);
-            return;
-        }
-        for (i, row) in rows.zip(s.host_f32[..n].chunks_exact(w)) {
-            sink(i, row);
+        match s.fetch(buf, rows.clone()) {
+            Ok(got) => rows
+                .zip(got.chunks_exact(w))
+                .for_each(|(i, row)| sink(i, row)),
+            Err(e) => {
+                s.err.get_or_insert(e);
+            }
         }
     }
 

@@ -12,6 +12,8 @@ use crate::quant::GgmlType;
 #[derive(Clone, Copy, Debug)]
 pub struct DevMat {
     pub ty: GgmlType,
+    /// Its format's kernels (chosen at upload).
+    pub kernels: FormatKernels,
     pub ptr: u64,
     pub rows: usize,
     pub cols: usize,
@@ -63,28 +65,34 @@ pub struct DeviceWeights {
     pub bytes: usize,
 }
 
-/// The suffix of a format's kernels (`matvec_q4_0`, `embed_q4_0`).
-pub fn kernel_suffix(ty: GgmlType) -> Result<&'static str, CudaError> {
-    Ok(match ty {
-        GgmlType::F32 => "f32",
-        GgmlType::F16 => "f16",
-        GgmlType::BF16 => "bf16",
-        GgmlType::Q4_0 => "q4_0",
-        GgmlType::Q4_1 => "q4_1",
-        GgmlType::Q5_0 => "q5_0",
-        GgmlType::Q5_1 => "q5_1",
-        GgmlType::Q8_0 => "q8_0",
-        GgmlType::Q2K => "q2_k",
-        GgmlType::Q3K => "q3_k",
-        GgmlType::Q4K => "q4_k",
-        GgmlType::Q5K => "q5_k",
-        GgmlType::Q6K => "q6_k",
-        GgmlType::Q8_1 | GgmlType::Q8K => {
-            return Err(CudaError::Unsupported(format!(
-                "{ty} is an activation format, not a weight format"
-            )))
-        }
-    })
+/// A format's kernels in `matvec.cu` and `embed.cu`.
+#[derive(Clone, Copy, Debug)]
+pub struct FormatKernels {
+    pub matvec: &'static str,
+    pub embed: &'static str,
+}
+
+/// The kernels of a weight format, or why the GPU has none.
+pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
+    let k = |matvec, embed| Ok(FormatKernels { matvec, embed });
+    match ty {
+        GgmlType::F32 => k("matvec_f32", "embed_f32"),
+        GgmlType::F16 => k("matvec_f16", "embed_f16"),
+        GgmlType::BF16 => k("matvec_bf16", "embed_bf16"),
+        GgmlType::Q4_0 => k("matvec_q4_0", "embed_q4_0"),
+        GgmlType::Q4_1 => k("matvec_q4_1", "embed_q4_1"),
+        GgmlType::Q5_0 => k("matvec_q5_0", "embed_q5_0"),
+        GgmlType::Q5_1 => k("matvec_q5_1", "embed_q5_1"),
+        GgmlType::Q8_0 => k("matvec_q8_0", "embed_q8_0"),
+        GgmlType::Q2K => k("matvec_q2_k", "embed_q2_k"),
+        GgmlType::Q3K => k("matvec_q3_k", "embed_q3_k"),
+        GgmlType::Q4K => k("matvec_q4_k", "embed_q4_k"),
+        GgmlType::Q5K => k("matvec_q5_k", "embed_q5_k"),
+        GgmlType::Q6K => k("matvec_q6_k", "embed_q6_k"),
+        GgmlType::Q8_1 | GgmlType::Q8K => Err(CudaError::Unsupported(format!(
+            "{ty} is an activation format, not a weight format"
+        ))),
+    }
 }
 
 /// Bytes the weights of a model file take on the device, from its header: every matrix as
@@ -135,7 +143,7 @@ impl Uploader<'_> {
         let info = f
             .tensor_info(&l.name)
             .ok_or_else(|| CudaError::Unsupported(format!("tensor {} not in the file", l.name)))?;
-        kernel_suffix(info.ty)?;
+        let kernels = format_kernels(info.ty)?;
         let data = f.tensor_bytes(info);
         let ptr = self.place(&data)?;
         let bias = match &l.bias {
@@ -144,6 +152,7 @@ impl Uploader<'_> {
         };
         Ok(DevMat {
             ty: info.ty,
+            kernels,
             ptr,
             rows: l.out_dim,
             cols: l.in_dim,
@@ -309,5 +318,27 @@ impl DeviceWeights {
     /// Layer `i`'s RoPE frequency factors (0 when none).
     pub fn rope_factors(&self, i: usize) -> u64 {
         self.layers[i].rope_factors.unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_weight_format_names_kernels_that_exist() {
+        let all: Vec<String> = crate::backend::cuda::nvrtc::KERNELS
+            .iter()
+            .flat_map(|(_, src)| crate::backend::cuda::nvrtc::entries(src))
+            .collect();
+        let mut formats = 0;
+        for ty in GgmlType::ALL {
+            let Ok(k) = format_kernels(ty) else { continue };
+            formats += 1;
+            for name in [k.matvec, k.embed] {
+                assert!(all.iter().any(|e| e == name), "{ty}: no kernel {name}");
+            }
+        }
+        assert_eq!(formats, 13, "the 13 weight formats the CPU reads");
     }
 }

@@ -31,38 +31,32 @@ __device__ __forceinline__ float u2f(u32 v) { return __uint_as_float(v); }
 // A little-endian u16 at any even offset (block fields are 2-byte aligned at best).
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+// A sum (MAX false) or maximum (MAX true) over the warp; every lane gets it.
+template <bool MAX>
+__device__ __forceinline__ float warp_reduce(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, w) : v + w;
+    }
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<false>(v); }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float v) {
+// The same over the block (blockDim.x a multiple of 32, at most 1024).
+template <bool MAX>
+__device__ float block_reduce(float v) {
     __shared__ float part[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce<MAX>(v);
     __syncthreads();
     if (lane == 0) part[warp] = v;
     __syncthreads();
     int n = (blockDim.x + 31) >> 5;
-    v = lane < n ? part[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < n ? part[lane] : (MAX ? -KILN_INF : 0.0f);
+    return warp_reduce<MAX>(v);
 }
 
-__device__ float block_max(float v) {
-    __shared__ float part[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    int n = (blockDim.x + 31) >> 5;
-    v = lane < n ? part[lane] : -KILN_INF;
-    return warp_max(v);
-}
+__device__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ float block_max(float v) { return block_reduce<true>(v); }
 
