@@ -42,11 +42,21 @@ for l in sys.stdin:
 
 run() {
     local out=${OUT:-.gpu/out}
-    mkdir -p "$out" .gpu/tmp
+    mkdir -p "$out" .gpu/tmp/models
     local log="$out/gpu-check.txt"
     exec > >(tee "$log") 2>&1
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    pip install --quiet --no-index --no-deps .gpu/whl/gguf-*.whl 2>/dev/null || true
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+    lscpu | grep -E '^Model name' || true
+    # The reference (llama.cpp CUDA) builds in the background while the tests run (~6 min).
+    local ref=.gpu/llama.cpp
+    if [ -z "${KILN_NO_REF:-}" ] && [ -f .gpu/llama.cpp.tar.gz ] && [ ! -x $ref/build/bin/llama-bench ]; then
+        mkdir -p $ref && tar xzf .gpu/llama.cpp.tar.gz -C $ref
+        (cd $ref && setsid bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && nice cmake --build build -j16 --target llama-bench >> build.log 2>&1; echo $? > build.rc' \
+            < /dev/null > /dev/null 2>&1 &)
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/gguf-*.whl && export PYTHONPATH=/tmp/site
     local m=.gpu/models
     [ -f $m/smol.gguf ] || python3 .gpu/twin_gguf.py twin $m/SmolLM2-135M-Instruct.Q4_1.head $m/smol.gguf
     [ -f $m/gemma.gguf ] || python3 .gpu/twin_gguf.py twin $m/gemma-3-270m-q4_k_m.head $m/gemma.gguf
@@ -54,29 +64,42 @@ run() {
         --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 --vocab 128256
     [ -f $m/llama8b.gguf ] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama8b.gguf \
         --layers 32 --dim 4096 --ffn 14336 --heads 32 --kv-heads 8 --vocab 128256
+    # The real models cannot travel: their twins (real header and tokenizer, random blocks)
+    # stand in for them under their own names.
+    export KILN_REAL_SMOLLM2=$PWD/$m/smol.gguf KILN_REAL_GEMMA3=$PWD/$m/gemma.gguf
     # NVRTC of the toolkit, for the kernel tests.
     local nvrtc
     nvrtc=$(ls /usr/local/cuda/lib64/libnvrtc.so.1* 2>/dev/null | head -1 || true)
     export KILN_TEST_ROOT=$PWD KILN_TEST_TMP=$PWD/.gpu/tmp KILN_PLAN_MODEL=$PWD/$m/gemma.gguf
-    export KILN_MODELS=$PWD/.gpu/tmp/models
-    echo "== kernel tests"
-    KILN_NVRTC=$nvrtc .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels 2>&1 | tail -8 || true
-    echo "== GPU tests"
-    .gpu/cuda_backend --test-threads 1 --nocapture 2>&1 | grep -v '^$' || true
-    echo "== bench (kiln --device cuda)"
+    export KILN_MODELS=$PWD/.gpu/tmp/models RUST_BACKTRACE=1
+    if [ -z "${KILN_SKIP_TESTS:-}" ]; then
+        echo "== kernel tests"
+        KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
+        echo "== GPU tests"
+        timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
+    fi
+    # Wait for the reference build (at most KILN_REF_WAIT seconds).
+    local waited=0
+    while [ -d $ref ] && [ ! -f $ref/build.rc ] && [ $waited -lt ${KILN_REF_WAIT:-420} ]; do
+        sleep 5; waited=$((waited + 5))
+    done
+    [ -f $ref/build.log ] && { echo "== reference build (rc $(cat $ref/build.rc 2>/dev/null || echo running))"; tail -3 $ref/build.log; }
+    echo "== bench (kiln --device cuda beside llama-bench -ngl 99 -fa 1)"
     local table=()
     for pair in "smol:SmolLM2 Q4_1" "gemma:Gemma-3 Q4_K_M" "llama1b:Llama-1B Q4_0" "llama8b:Llama-8B Q4_0"; do
         local f=$m/${pair%%:*}.gguf name=${pair#*:}
         local k r
-        k=$(.gpu/kiln bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json 2>/dev/null |
+        k=$(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json 2>>"$out/bench-err.txt" |
             python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo "failed")
         r="-"
-        if [ -x .gpu/llama.cpp/build/bin/llama-bench ]; then
-            r=$(.gpu/llama.cpp/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json 2>/dev/null |
+        if [ -x $ref/build/bin/llama-bench ]; then
+            r=$(timeout 120 $ref/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json 2>/dev/null |
                 python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%("pp%d"%x["n_prompt"] if x["n_prompt"] else "tg%d"%x["n_gen"], x["avg_ts"]) for x in d))' || echo "failed")
         fi
         table+=("| $name | $k | $r |")
+        echo "${table[-1]}"
     done
+    tail -20 "$out/bench-err.txt" 2>/dev/null || true
     echo
     echo "| model | kiln (t/s) | llama.cpp CUDA (t/s) |"
     echo "| --- | --- | --- |"

@@ -76,7 +76,12 @@ pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
 /// The real models, by their kiln short name: `smollm2` or `gemma3`.
 /// They live in `$KILN_MODELS` or `~/.cache/kiln/models`; a missing one is downloaded
 /// (as `kiln pull` would), a present one is verified once and then used as is.
+/// `$KILN_REAL_<NAME>` stands in for it where it cannot be downloaded (the GPU machine, which
+/// has twins: the real header and tokenizer with random blocks).
 pub fn real_model(name: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(format!("KILN_REAL_{}", name.to_uppercase())) {
+        return PathBuf::from(p);
+    }
     kiln::fetch::resolve_model(Some(name), false)
         .unwrap_or_else(|e| panic!("real model {name}: {e}"))
 }

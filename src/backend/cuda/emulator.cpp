@@ -100,6 +100,17 @@ static inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
     return r;
 }
 
+static double exchange64[1024];
+
+static inline double __shfl_xor_sync(unsigned, double v, int lane_mask) {
+    unsigned t = threadIdx.x;
+    exchange64[t] = v;
+    yield_to_scheduler();
+    double r = exchange64[(t & ~31u) | ((t & 31u) ^ (unsigned)lane_mask)];
+    yield_to_scheduler();
+    return r;
+}
+
 static inline float __int_as_float(int v) {
     float f;
     std::memcpy(&f, &v, 4);
@@ -109,6 +120,16 @@ static inline float __uint_as_float(unsigned v) {
     float f;
     std::memcpy(&f, &v, 4);
     return f;
+}
+static inline unsigned __float_as_uint(float f) {
+    unsigned v;
+    std::memcpy(&v, &f, 4);
+    return v;
+}
+// Four signed bytes of a times those of b, plus c.
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 32; i += 8) c += (int)(signed char)(a >> i) * (int)(signed char)(b >> i);
+    return c;
 }
 
 typedef unsigned short u16;

@@ -16,6 +16,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 
+use super::blas::Blas;
 use super::{nvrtc, CudaError};
 
 impl From<cudarc::driver::DriverError> for CudaError {
@@ -50,6 +51,8 @@ enum Engine {
     Cuda {
         ctx: Arc<CudaContext>,
         funcs: HashMap<String, CudaFunction>,
+        /// For prompt-sized products (none without libcublas).
+        blas: Option<Mutex<Blas>>,
     },
     Emulated {
         launch: EmuLaunch,
@@ -62,6 +65,16 @@ enum Engine {
 /// An ordered queue of work on the GPU. Each session has its own, so that recording one
 /// session's decode step never catches another's launches.
 pub struct Stream(StreamKind);
+
+impl Stream {
+    /// The driver's stream (none on the software GPU).
+    pub fn cuda(&self) -> Option<&Arc<CudaStream>> {
+        match &self.0 {
+            StreamKind::Cuda(s) => Some(s),
+            StreamKind::Emulated(_) => None,
+        }
+    }
+}
 
 enum StreamKind {
     Cuda(Arc<CudaStream>),
@@ -129,7 +142,11 @@ impl Gpu {
         Ok(Arc::new(Gpu {
             name: ctx.name()?,
             default: Stream(StreamKind::Cuda(stream)),
-            engine: Engine::Cuda { ctx, funcs },
+            engine: Engine::Cuda {
+                blas: Blas::new(&ctx)?.map(Mutex::new),
+                ctx,
+                funcs,
+            },
             arch,
             allocations: AtomicUsize::new(0),
             allocated_bytes: AtomicUsize::new(0),
@@ -182,6 +199,46 @@ impl Gpu {
                 "device memory figures of the software GPU".into(),
             )),
         }
+    }
+
+    /// `y[t][r] = Σ_c w[r][c] · x[t][c]` by cuBLAS (bf16 w and x, f32 y with rows `ldy` apart)
+    /// on `s`, in `workspace`. `Ok(false)`: no cuBLAS here (the software GPU, or no library).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16(
+        &self,
+        s: &Stream,
+        workspace: u64,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        n_tok: usize,
+        ldy: usize,
+    ) -> Result<bool, CudaError> {
+        let (Engine::Cuda { blas: Some(b), .. }, StreamKind::Cuda(stream)) = (&self.engine, &s.0)
+        else {
+            return Ok(false);
+        };
+        let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
+        b.gemm_bf16(stream, workspace, w, x, y, rows, cols, n_tok, ldy)?;
+        Ok(true)
+    }
+
+    /// Give the memory that freed allocations left in the driver's pool back to the device,
+    /// so that free-memory figures count only live allocations.
+    pub fn release_cached(&self) -> Result<(), CudaError> {
+        let Engine::Cuda { ctx, .. } = &self.engine else {
+            return Ok(());
+        };
+        ctx.synchronize()?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: plain driver calls on this context's device; `pool` is written by the first.
+        unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result()?;
+            sys::cuMemPoolTrimTo(pool, 0).result()?;
+        }
+        Ok(())
     }
 
     /// A new stream.

@@ -11,8 +11,10 @@
 //! - [`step`]: a session's buffers and KV cache, and the seam's ops as launches, decode steps
 //!   recorded as CUDA graphs.
 
+pub mod blas;
 pub mod gpu;
 pub mod nvrtc;
+pub mod profile;
 pub mod step;
 pub mod weights;
 

@@ -26,6 +26,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("embed.cu", include_str!("kernels/embed.cu")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
+    ("gemm.cu", include_str!("kernels/gemm.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
 ];
 
@@ -40,7 +41,7 @@ pub fn entries(src: &str) -> Vec<String> {
                 names.push(rest.split('(').next().unwrap_or("").trim().to_string());
             }
         }
-        for mac in ["MATVEC(", "MATVEC_PLAIN(", "EMBED("] {
+        for mac in ["MATVEC_Q(", "MATVEC_PLAIN(", "EMBED(", "DEQUANT_BF16("] {
             if let Some(rest) = l.strip_prefix(mac) {
                 names.push(rest.split(',').next().unwrap_or("").trim().to_string());
             }

@@ -11,6 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Layout, Stream};
+use super::profile::Profile;
 use super::weights::{DevMat, DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
@@ -19,8 +20,23 @@ use crate::model::config::{Activation, RopeKind};
 use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
 
-/// The most sequences a recorded decode step may carry (more run without a graph).
-const MAX_GRAPH_ROWS: usize = 64;
+/// Products of at least this many rows dequantize the weights to bf16 and multiply on the
+/// tensor cores (cuBLAS); fewer rows take the matvec kernels.
+pub const GEMM_MIN_ROWS: usize = 64;
+
+/// Threads per output row of the matvec kernels: four warps on a GPU; one on the software
+/// GPU, where every warp costs fiber switches and loads have no latency to hide.
+fn mv_threads(gpu: &Gpu) -> u32 {
+    if gpu.is_emulated() {
+        32
+    } else {
+        128
+    }
+}
+
+/// The most sequences a recorded decode step may carry (more run without a graph): the steps
+/// whose products all take the matvec kernels.
+const MAX_GRAPH_ROWS: usize = GEMM_MIN_ROWS - 1;
 
 /// One sequence's cursor into a session's device KV cache (the storage is the session's).
 #[derive(Clone, Debug)]
@@ -120,6 +136,10 @@ pub struct SessionLayout {
     argmax: usize,
     /// Rows of the i32 buffers.
     rows_i32: usize,
+    /// A product's input quantized to 8 bits: `[rows, widest input / 32]` groups of 40 bytes.
+    xq: usize,
+    /// Prompt-sized products (when `max_rows >= GEMM_MIN_ROWS`).
+    gemm: Option<GemmLayout>,
     /// Bytes of the activation allocation.
     pub act_bytes: usize,
     /// Per layer, offsets of keys `[slots, n_kv_heads, n_ctx, head_dim_k]` and values (f16).
@@ -129,6 +149,20 @@ pub struct SessionLayout {
     /// Bytes of the KV allocation.
     pub kv_bytes: usize,
 }
+
+/// The scratch of prompt-sized products: the input as bf16, a chunk of weight rows as bf16,
+/// cuBLAS's workspace.
+#[derive(Clone, Copy, Debug)]
+struct GemmLayout {
+    xbf: usize,
+    wbf: usize,
+    /// Elements of the weight chunk (the largest layer matrix; the output head goes by parts).
+    wbf_elems: usize,
+    workspace: usize,
+}
+
+/// Bytes of one 8-bit activation group (`Q8x` in matvec.cu: d, s, 32 values).
+const Q8X_BYTES: usize = 40;
 
 impl SessionLayout {
     pub fn new(c: &crate::model::ModelConfig, fused_qkv: bool, sizes: CudaSizes) -> Self {
@@ -159,6 +193,23 @@ impl SessionLayout {
         let rows_i32 = t.max(sizes.logit_rows).max(sizes.slots);
         let (ids, pos, seq) = (l.take(t * 4), l.take(t * 4), l.take(t * 4));
         let (sel, argmax) = (l.take(rows_i32 * 4), l.take(rows_i32 * 4));
+        // The products' inputs: x, the attention output, the FFN's hidden state.
+        let widest = c.dim.max(c.q_dim()).max(c.attn_out_dim()).max(c.ffn_dim);
+        let xq = l.take(t * widest.div_ceil(32) * Q8X_BYTES);
+        let gemm = (t >= GEMM_MIN_ROWS).then(|| {
+            let qkv = c.q_dim() + c.kv_dim_k() + c.kv_dim_v();
+            let wbf_elems = [qkv * c.dim, c.dim * c.attn_out_dim(), c.ffn_dim * c.dim]
+                .into_iter()
+                .max()
+                .unwrap_or(0)
+                .max(c.dim);
+            GemmLayout {
+                xbf: l.take(t * widest * 2),
+                wbf: l.take(wbf_elems * 2),
+                wbf_elems,
+                workspace: l.take(super::blas::WORKSPACE_BYTES),
+            }
+        });
         let per_k = c.n_kv_heads * sizes.n_ctx * c.head_dim_k;
         let per_v = c.n_kv_heads * sizes.n_ctx * c.head_dim_v;
         let mut kl = Layout::default();
@@ -180,6 +231,8 @@ impl SessionLayout {
             sel,
             argmax,
             rows_i32,
+            xq,
+            gemm,
             act_bytes: l.bytes,
             kv,
             slot_stride: (per_k, per_v),
@@ -206,6 +259,16 @@ pub struct CudaSession {
     pub use_graphs: bool,
     /// The first error of the pass in progress.
     err: Option<CudaError>,
+    /// Time per kernel (`KILN_CUDA_PROFILE`).
+    profile: Option<Profile>,
+}
+
+impl Drop for CudaSession {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            eprint!("{}", p.report());
+        }
+    }
 }
 
 impl CudaSession {
@@ -217,10 +280,17 @@ impl CudaSession {
         sizes: CudaSizes,
     ) -> Result<CudaSession, CudaError> {
         let c = &m.config;
+        if c.head_dim_k > 256 || c.head_dim_v > 1024 {
+            return Err(CudaError::Unsupported(format!(
+                "heads of {} key / {} value dimensions (the CUDA attention takes up to 256 / 1024)",
+                c.head_dim_k, c.head_dim_v
+            )));
+        }
         let layout = SessionLayout::new(c, m.traits.fused_qkv, sizes);
         let stream = gpu.stream()?;
         let act = Arena::new(&gpu, layout.act_bytes)?;
         let kv = Arena::new(&gpu, layout.kv_bytes)?;
+        let profile = Profile::from_env();
         let t = sizes.max_rows.max(1);
         let host_f32 = vec![0.0; (sizes.logit_rows.max(1) * c.vocab_size).max(t * c.dim)];
         Ok(CudaSession {
@@ -235,8 +305,9 @@ impl CudaSession {
             sizes,
             graphs: HashMap::new(),
             capture: Capture::Direct,
-            use_graphs: true,
+            use_graphs: profile.is_none(),
             err: None,
+            profile,
         })
     }
 
@@ -309,8 +380,28 @@ impl CudaSession {
         if matches!(self.capture, Capture::Replaying(_)) || self.err.is_some() {
             return;
         }
+        let t = self.start_op();
         let r = self.gpu.launch(&self.stream, name, grid, block, args);
         self.fail(r);
+        self.end_op(name, t);
+    }
+
+    /// With a profile: wait for the work so far; the op's start.
+    fn start_op(&mut self) -> Option<std::time::Instant> {
+        self.profile.as_ref()?;
+        let r = self.gpu.synchronize(&self.stream);
+        self.fail(r);
+        Some(std::time::Instant::now())
+    }
+
+    /// With a profile: wait for the op, and count its time.
+    fn end_op(&mut self, name: &str, t: Option<std::time::Instant>) {
+        let Some(t) = t else { return };
+        let r = self.gpu.synchronize(&self.stream);
+        self.fail(r);
+        if let Some(p) = self.profile.as_mut() {
+            p.add(name, t);
+        }
     }
 
     /// End the recorded part of a step: finish recording (and run it), or replay.
@@ -352,16 +443,42 @@ impl CudaSession {
         self.layout.width[b as usize]
     }
 
-    fn matvec(&mut self, m: DevMat, x: u64, y: u64, rows: usize) {
-        let args = [
-            Arg::P(m.ptr),
-            Arg::P(x),
-            Arg::P(y),
-            Arg::I(m.rows as i32),
-            Arg::I(m.cols as i32),
-            Arg::I(rows as i32),
-        ];
-        self.go(m.kernels.matvec, m.rows.div_ceil(8) as u32, 256, &args);
+    /// `y = x · mᵀ` for `rows` rows of x (`[rows, m.cols]` f32) into y (`[rows, m.rows]`).
+    /// `prep` remembers which forms of x the products sharing it have made.
+    fn product(&mut self, m: DevMat, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
+        match (m.kernels.dequant, self.layout.gemm) {
+            (Some(dq), Some(g)) if rows >= GEMM_MIN_ROWS => self.gemm(m, dq, g, x, y, rows, prep),
+            _ => {
+                let input = match m.kernels.quantize {
+                    Some(q) => {
+                        let xq = self.at(self.layout.xq);
+                        if prep.q8 != Some(q) {
+                            let n = rows * m.cols;
+                            let args = [Arg::P(x), Arg::P(xq), Arg::L(n as i64)];
+                            let grid = if q == "quantize_q8_k" {
+                                (n / 256) as u32
+                            } else {
+                                blocks_for(n)
+                            };
+                            self.go(q, grid, 256, &args);
+                            prep.q8 = Some(q);
+                        }
+                        xq
+                    }
+                    None => x,
+                };
+                let args = [
+                    Arg::P(m.ptr),
+                    Arg::P(input),
+                    Arg::P(y),
+                    Arg::I(m.rows as i32),
+                    Arg::I(m.cols as i32),
+                    Arg::I(rows as i32),
+                ];
+                let threads = mv_threads(&self.gpu);
+                self.go(m.kernels.matvec, m.rows as u32, threads, &args);
+            }
+        }
         if let Some(b) = m.bias {
             let args = [
                 Arg::P(y),
@@ -370,6 +487,84 @@ impl CudaSession {
                 Arg::I(m.rows as i32),
             ];
             self.go("add_bias_f32", blocks_for(rows * m.rows), 256, &args);
+        }
+    }
+
+    /// A prompt-sized product: x to bf16 (once per input), then per chunk of weight rows that
+    /// fits the scratch, dequantize them to bf16 and multiply (cuBLAS, or `gemm_bf16` on the
+    /// software GPU).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        m: DevMat,
+        dq: &str,
+        g: GemmLayout,
+        x: u64,
+        y: u64,
+        rows: usize,
+        prep: &mut Prepared,
+    ) {
+        let (xbf, wbf) = (self.at(g.xbf), self.at(g.wbf));
+        if !prep.bf16 {
+            let n = rows * m.cols;
+            self.elementwise(
+                "f32_to_bf16",
+                &[Arg::P(x), Arg::P(xbf), Arg::L(n as i64)],
+                n,
+            );
+            prep.bf16 = true;
+        }
+        let chunk = (g.wbf_elems / m.cols.max(1)).max(1);
+        let mut r0 = 0;
+        while r0 < m.rows && self.err.is_none() {
+            let nr = chunk.min(m.rows - r0);
+            let n = nr * m.cols;
+            let args = [
+                Arg::P(m.ptr),
+                Arg::P(wbf),
+                Arg::I(m.cols as i32),
+                Arg::L(r0 as i64),
+                Arg::L(n as i64),
+            ];
+            self.elementwise(dq, &args, n);
+            let yc = y + (r0 * 4) as u64;
+            let done = match self.capture {
+                Capture::Replaying(_) => true,
+                _ if self.err.is_some() => true,
+                _ => {
+                    let ws = self.at(g.workspace);
+                    let t = self.start_op();
+                    let r = self.gpu.gemm_bf16(
+                        &self.stream,
+                        ws,
+                        wbf,
+                        xbf,
+                        yc,
+                        nr,
+                        m.cols,
+                        rows,
+                        m.rows,
+                    );
+                    self.end_op("cublas_gemm_bf16", t);
+                    r.unwrap_or_else(|e| {
+                        self.fail(Err(e));
+                        true
+                    })
+                }
+            };
+            if !done {
+                let args = [
+                    Arg::P(wbf),
+                    Arg::P(xbf),
+                    Arg::P(yc),
+                    Arg::I(nr as i32),
+                    Arg::I(m.cols as i32),
+                    Arg::I(rows as i32),
+                    Arg::I(m.rows as i32),
+                ];
+                self.elementwise("gemm_bf16", &args, nr * rows);
+            }
+            r0 += nr;
         }
     }
 
@@ -408,6 +603,14 @@ impl CudaSession {
     fn elementwise(&mut self, name: &str, args: &[Arg], n: usize) {
         self.go(name, blocks_for(n), 256, args);
     }
+}
+
+/// Which forms of a product's input exist (products that share an input make them once).
+#[derive(Default)]
+struct Prepared {
+    /// The quantizer x went through last (into the layout's `xq`).
+    q8: Option<&'static str>,
+    bf16: bool,
 }
 
 /// The CUDA backend for one forward pass.
@@ -507,6 +710,7 @@ impl Backend for CudaStep<'_> {
 
     fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize) {
         let s = &mut *self.s;
+        let mut prep = Prepared::default();
         for (&m, &d) in ws.iter().zip(dsts) {
             let mat = s.w.mat(m);
             // A fused QKV product goes to its own buffer; `split_qkv` moves it out.
@@ -515,7 +719,7 @@ impl Backend for CudaStep<'_> {
                 _ => s.buf(d),
             };
             let x = s.buf(src);
-            s.matvec(mat, x, y, rows);
+            s.product(mat, x, y, rows, &mut prep);
         }
     }
 
@@ -523,8 +727,9 @@ impl Backend for CudaStep<'_> {
         let s = &mut *self.s;
         let (g, u) = (s.w.mat(gate), s.w.mat(up));
         let (x, gp, upp) = (s.buf(Buf::Xb), s.buf(Buf::Gate), s.buf(Buf::Up));
-        s.matvec(g, x, gp, rows);
-        s.matvec(u, x, upp, rows);
+        let mut prep = Prepared::default();
+        s.product(g, x, gp, rows, &mut prep);
+        s.product(u, x, upp, rows, &mut prep);
         let n = rows * g.rows;
         let name = match act {
             Activation::Silu => "swiglu_f32",
@@ -582,7 +787,7 @@ impl Backend for CudaStep<'_> {
                 Arg::I(heads as i32),
                 Arg::I(c.head_dim_k as i32),
                 Arg::I(rope.n_dims as i32),
-                Arg::F(rope.freq_base),
+                Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
                 Arg::F(rope.freq_scale),
                 Arg::P(ff),
                 Arg::I(neox),
@@ -608,10 +813,21 @@ impl Backend for CudaStep<'_> {
     fn attend(
         &mut self,
         layer: usize,
-        _seqs: &mut [SeqBatch<'_, CudaKv>],
+        seqs: &mut [SeqBatch<'_, CudaKv>],
         rows: usize,
     ) -> Result<(), ForwardError> {
         let c = &self.m.config;
+        // The CPU's choice of arithmetic for this pass (see `attend_f16`).
+        let vec = if seqs.iter().all(|sq| sq.n_tokens == 1) {
+            2
+        } else if seqs
+            .iter()
+            .all(|sq| sq.n_tokens < crate::kernels::attention::TILE_Q)
+        {
+            1
+        } else {
+            0
+        };
         let window = self.m.weights.layers[layer].window.unwrap_or(0);
         let s = &mut *self.s;
         let (kc, vc) = s.layout.kv[layer];
@@ -649,14 +865,10 @@ impl Backend for CudaStep<'_> {
             Arg::I(ctx),
             Arg::F(c.attn_scale),
             Arg::I(window as i32),
+            Arg::I(vec),
         ];
         let block = c.head_dim_v.next_multiple_of(32).clamp(128, 1024) as u32;
-        s.go(
-            "attend_decode_f16",
-            (rows * c.n_heads) as u32,
-            block,
-            &attend,
-        );
+        s.go("attend_f16", (rows * c.n_heads) as u32, block, &attend);
         Ok(())
     }
 

@@ -65,30 +65,101 @@ pub struct DeviceWeights {
     pub bytes: usize,
 }
 
-/// A format's kernels in `matvec.cu` and `embed.cu`.
+/// A format's kernels in `matvec.cu`, `embed.cu` and `gemm.cu`.
 #[derive(Clone, Copy, Debug)]
 pub struct FormatKernels {
     pub matvec: &'static str,
+    /// The kernel that quantizes the matvec kernel's activations to 8 bits (as the CPU does
+    /// for this format); none: it takes f32.
+    pub quantize: Option<&'static str>,
     pub embed: &'static str,
+    /// Dequantization to bf16 for prompt-sized products on the tensor cores (none for F32 and
+    /// F16, which bf16 would round: they keep the f32 matvec).
+    pub dequant: Option<&'static str>,
 }
 
 /// The kernels of a weight format, or why the GPU has none.
 pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
-    let k = |matvec, embed| Ok(FormatKernels { matvec, embed });
+    let plain = |matvec, embed, dequant| {
+        Ok(FormatKernels {
+            matvec,
+            quantize: None,
+            embed,
+            dequant,
+        })
+    };
+    let quant = |matvec, quantize, embed, dequant| {
+        Ok(FormatKernels {
+            matvec,
+            quantize: Some(quantize),
+            embed,
+            dequant: Some(dequant),
+        })
+    };
     match ty {
-        GgmlType::F32 => k("matvec_f32", "embed_f32"),
-        GgmlType::F16 => k("matvec_f16", "embed_f16"),
-        GgmlType::BF16 => k("matvec_bf16", "embed_bf16"),
-        GgmlType::Q4_0 => k("matvec_q4_0", "embed_q4_0"),
-        GgmlType::Q4_1 => k("matvec_q4_1", "embed_q4_1"),
-        GgmlType::Q5_0 => k("matvec_q5_0", "embed_q5_0"),
-        GgmlType::Q5_1 => k("matvec_q5_1", "embed_q5_1"),
-        GgmlType::Q8_0 => k("matvec_q8_0", "embed_q8_0"),
-        GgmlType::Q2K => k("matvec_q2_k", "embed_q2_k"),
-        GgmlType::Q3K => k("matvec_q3_k", "embed_q3_k"),
-        GgmlType::Q4K => k("matvec_q4_k", "embed_q4_k"),
-        GgmlType::Q5K => k("matvec_q5_k", "embed_q5_k"),
-        GgmlType::Q6K => k("matvec_q6_k", "embed_q6_k"),
+        GgmlType::F32 => plain("matvec_f32", "embed_f32", None),
+        GgmlType::F16 => plain("matvec_f16", "embed_f16", None),
+        GgmlType::BF16 => plain("matvec_bf16", "embed_bf16", Some("dequant_bf16_bf16")),
+        GgmlType::Q4_0 => quant(
+            "matvec_q4_0",
+            "quantize_q8_0",
+            "embed_q4_0",
+            "dequant_bf16_q4_0",
+        ),
+        GgmlType::Q4_1 => quant(
+            "matvec_q4_1",
+            "quantize_q8_1",
+            "embed_q4_1",
+            "dequant_bf16_q4_1",
+        ),
+        GgmlType::Q5_0 => quant(
+            "matvec_q5_0",
+            "quantize_q8_0",
+            "embed_q5_0",
+            "dequant_bf16_q5_0",
+        ),
+        GgmlType::Q5_1 => quant(
+            "matvec_q5_1",
+            "quantize_q8_1",
+            "embed_q5_1",
+            "dequant_bf16_q5_1",
+        ),
+        GgmlType::Q8_0 => quant(
+            "matvec_q8_0",
+            "quantize_q8_0",
+            "embed_q8_0",
+            "dequant_bf16_q8_0",
+        ),
+        GgmlType::Q2K => quant(
+            "matvec_q2_k",
+            "quantize_q8_k",
+            "embed_q2_k",
+            "dequant_bf16_q2_k",
+        ),
+        GgmlType::Q3K => quant(
+            "matvec_q3_k",
+            "quantize_q8_k",
+            "embed_q3_k",
+            "dequant_bf16_q3_k",
+        ),
+        GgmlType::Q4K => quant(
+            "matvec_q4_k",
+            "quantize_q8_k",
+            "embed_q4_k",
+            "dequant_bf16_q4_k",
+        ),
+        GgmlType::Q5K => quant(
+            "matvec_q5_k",
+            "quantize_q8_k",
+            "embed_q5_k",
+            "dequant_bf16_q5_k",
+        ),
+        GgmlType::Q6K => quant(
+            "matvec_q6_k",
+            "quantize_q8_k",
+            "embed_q6_k",
+            "dequant_bf16_q6_k",
+        ),
         GgmlType::Q8_1 | GgmlType::Q8K => Err(CudaError::Unsupported(format!(
             "{ty} is an activation format, not a weight format"
         ))),
@@ -335,7 +406,11 @@ mod tests {
         for ty in GgmlType::ALL {
             let Ok(k) = format_kernels(ty) else { continue };
             formats += 1;
-            for name in [k.matvec, k.embed] {
+            for name in [k.matvec, k.embed]
+                .into_iter()
+                .chain(k.dequant)
+                .chain(k.quantize)
+            {
                 assert!(all.iter().any(|e| e == name), "{ty}: no kernel {name}");
             }
         }

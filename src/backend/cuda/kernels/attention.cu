@@ -23,15 +23,47 @@ extern "C" __global__ void kv_store_f16(const float* k, const float* v, u16* kc,
 
 #define ATT_CHUNK 256
 
+// The CPU's (and the reference's) f16 dot product of a query rounded to f16 with a key row:
+// 64 lanes (4 accumulators of 16) advanced by fused multiply-adds over blocks of 64, summed
+// pairwise, then halves, quarters and pairs of 16; a tail past the last block of 64 in f64.
+// (src/kernels/f16ops.rs `dot_scalar`.)
+__device__ float dot_ref(const float* q16, const u16* k, int hd) {
+    int np = hd & ~63;
+    double sum = 0.0;
+    if (np > 0) {
+        float a[64];
+        for (int l = 0; l < 64; ++l) a[l] = 0.0f;
+        for (int b = 0; b < np; b += 64)
+            for (int l = 0; l < 64; ++l) a[l] = fmaf(q16[b + l], h2f(k[b + l]), a[l]);
+        float t[16];
+        for (int l = 0; l < 16; ++l) t[l] = (a[l] + a[32 + l]) + (a[16 + l] + a[48 + l]);
+        float u[8];
+        for (int l = 0; l < 8; ++l) u[l] = t[l + 8] + t[l];
+        sum = (double)(((u[4] + u[0]) + (u[6] + u[2])) + ((u[5] + u[1]) + (u[7] + u[3])));
+    }
+    for (int i = np; i < hd; ++i) sum += (double)(q16[i] * h2f(k[i]));
+    return (float)sum;
+}
+
+__device__ __forceinline__ float round_f16(float x) { return h2f(f2h(x)); }
+
 // Attention of each row's query heads over its sequence's keys at positions
-// `max(0, pos − window + 1) ..= pos` (window 0: no window). One block per (row, head);
-// the keys go by in chunks: scores into shared memory, a running max and sum (online softmax),
-// then each thread accumulates its output dimensions. Needs blockDim.x >= hd_v.
-extern "C" __global__ void attend_decode_f16(const float* q, const u16* kc, const u16* vc,
-                                             const int* pos, const int* seq, long seq_stride_k,
-                                             long seq_stride_v, float* out, int n_heads,
-                                             int n_kv_heads, int hd_k, int hd_v, int ctx,
-                                             float scale, int window) {
+// `max(0, pos − window + 1) ..= pos` (window 0: no window). One block per (row, head); needs
+// blockDim.x >= hd_v.
+//
+// `vec` picks the arithmetic the CPU backend uses for the same pass, after the reference
+// (src/kernels/attention.rs): 1 for passes of fewer than 64 tokens per sequence, 2 for decode
+// passes (one token per sequence), whose rows with a long context (the cache's padded length
+// from 512 positions) take the f32 arithmetic, 0 for prompt batches. The vector arithmetic
+// rounds the query to f16 and keeps the weighted sum of values as f16, key by key: the keys'
+// scores are computed in parallel a chunk at a time, then every thread runs the online softmax
+// over the chunk in order for its output dimension. The f32 arithmetic: scores into shared
+// memory a chunk at a time, a running max and sum, f32 sums of values.
+extern "C" __global__ void attend_f16(const float* q, const u16* kc, const u16* vc,
+                                      const int* pos, const int* seq, long seq_stride_k,
+                                      long seq_stride_v, float* out, int n_heads,
+                                      int n_kv_heads, int hd_k, int hd_v, int ctx, float scale,
+                                      int window, int vec) {
     int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     int kvh = h / (n_heads / n_kv_heads);
     int p = pos[r];
@@ -40,8 +72,36 @@ extern "C" __global__ void attend_decode_f16(const float* q, const u16* kc, cons
     const u16* kh = kc + seq[r] * seq_stride_k + (long)kvh * ctx * hd_k;
     const u16* vh = vc + seq[r] * seq_stride_v + (long)kvh * ctx * hd_v;
     __shared__ float sc[ATT_CHUNK];
-    float m = -KILN_INF, l = 0.0f, acc = 0.0f;
+    __shared__ float q16[256];
     int d = threadIdx.x;
+    int padded = min((p + 256) / 256 * 256, (ctx + 255) / 256 * 256);
+    if (vec == 1 || (vec == 2 && padded < 512)) {
+        for (int i = threadIdx.x; i < hd_k; i += blockDim.x) q16[i] = round_f16(qh[i]);
+        __syncthreads();
+        float m = -KILN_INF, l = 0.0f, acc = 0.0f;
+        for (int t0 = first; t0 <= p; t0 += ATT_CHUNK) {
+            int n = min(ATT_CHUNK, p + 1 - t0);
+            for (int j = threadIdx.x; j < n; j += blockDim.x)
+                sc[j] = dot_ref(q16, kh + (long)(t0 + j) * hd_k, hd_k) * scale;
+            __syncthreads();
+            for (int j = 0; j < n; ++j) {
+                float s = sc[j], rescale = 1.0f, weight = 1.0f;
+                if (s > m) {
+                    rescale = expf(m - s);
+                    m = s;
+                    acc = round_f16(acc * rescale);
+                } else {
+                    weight = expf(s - m);
+                }
+                if (d < hd_v) acc = round_f16(fmaf(h2f(vh[(long)(t0 + j) * hd_v + d]), weight, acc));
+                l = fmaf(l, rescale, weight);
+            }
+            __syncthreads();
+        }
+        if (d < hd_v) out[((long)r * n_heads + h) * hd_v + d] = acc * (l == 0.0f ? 0.0f : 1.0f / l);
+        return;
+    }
+    float m = -KILN_INF, l = 0.0f, acc = 0.0f;
     for (int t0 = first; t0 <= p; t0 += ATT_CHUNK) {
         int n = min(ATT_CHUNK, p + 1 - t0);
         for (int j = threadIdx.x; j < n; j += blockDim.x) {

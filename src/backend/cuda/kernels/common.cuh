@@ -58,5 +58,19 @@ __device__ float block_reduce(float v) {
 }
 
 __device__ float block_sum(float v) { return block_reduce<false>(v); }
+
+// A sum in f64 over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ double block_sum_f64(double v) {
+    __shared__ double part64[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) part64[warp] = v;
+    __syncthreads();
+    int n = (blockDim.x + 31) >> 5;
+    v = lane < n ? part64[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 __device__ float block_max(float v) { return block_reduce<true>(v); }
 

@@ -1,55 +1,292 @@
 // Matrix products for decode-sized batches: y[t][r] = Σ_c W[r][c] · x[t][c] for `n_tok` rows
-// of x (a few decode tokens), W the file's blocks. One warp per output row; its lanes take
-// blocks in turn, each dequantizing its block and multiplying it by x as f32, then the warp
-// sums. The weight row is read from memory once for all tokens (later tokens hit the cache).
-// Prompt-sized batches will take tensor-core kernels instead.
+// of x (a few decode tokens), W the file's blocks.
+//
+// Quantized weights multiply 8-bit activations, as the CPU does (and ggml's MMVQ): x is first
+// quantized (`quantize_q8_*`: int8 values in groups of 32, a scale d and s = d·Σq), then each
+// 32-element group of a weight row meets its activation group in integer dot products of four
+// bytes (`__dp4a`), and one multiply by the two scales. One block of four warps per output
+// row; thread i takes groups i, i + 128, ... (i + blockDim.x); the block sums. Consecutive threads read
+// consecutive groups, so a warp's loads cover a contiguous stretch of the row. Unquantized weights (F32, F16, BF16) multiply f32
+// activations. Prompt-sized batches go through dequantization and a tensor-core product
+// instead (gemm.cu).
 
-#define MATVEC(NAME, BYTES, ELEMS, DQ)                                                        \
-    extern "C" __global__ void NAME(const u8* w, const float* x, float* y, int rows,         \
-                                    int cols, int n_tok) {                                    \
-        int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                       \
-        int lane = threadIdx.x & 31;                                                          \
-        if (row >= rows) return;                                                              \
-        int nb = cols / ELEMS;                                                                \
-        const u8* wr = w + (long)row * nb * BYTES;                                            \
+// 32 activations quantized to 8 bits: x ≈ d · q, and s = d · Σ q (the sum that the formats
+// with an offset or a minimum need).
+struct Q8x {
+    float d;
+    float s;
+    int qs[8];
+};
+
+// The activations are quantized as the CPU backend (kiln's, and ggml's on x86) quantizes them
+// for the same weight format, so both devices round alike: Q8_0 for q4_0, q5_0 and q8_0, Q8_1
+// for q4_1 and q5_1 (groups of 32: d = max|x| / 127 kept as f16, q = x · 127 / max|x| rounded
+// to nearest even; Q8_1's s also as f16), Q8_K for the K formats (groups of 256 sharing one
+// f32 scale that maps the signed extreme to −127, q clamped at 127). Each kernel takes `n`
+// floats (a multiple of its group) and writes `n / 32` Q8x; one thread per element.
+
+template <bool S_F16>
+__device__ void quantize_32(const float* x, Q8x* y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;  // whole warps: n is a multiple of 32
+    float v = x[i];
+    float amax = warp_reduce<true>(fabsf(v));
+    float d = amax / 127.0f;
+    int q = amax == 0.0f ? 0 : (int)rintf(v * (127.0f / amax));
+    float sum = warp_sum((float)q);
+    Q8x* g = y + (i >> 5);
+    ((i8*)g->qs)[i & 31] = (i8)q;
+    if ((i & 31) == 0) {
+        g->d = h2f(f2h(d));
+        g->s = S_F16 ? h2f(f2h(d * sum)) : h2f(f2h(d)) * sum;
+    }
+}
+
+extern "C" __global__ void quantize_q8_0(const float* x, Q8x* y, long n) {
+    quantize_32<false>(x, y, n);
+}
+
+extern "C" __global__ void quantize_q8_1(const float* x, Q8x* y, long n) {
+    quantize_32<true>(x, y, n);
+}
+
+// One block of 256 threads per group of 256.
+extern "C" __global__ void quantize_q8_k(const float* x, Q8x* y, long n) {
+    __shared__ float extreme;
+    long i = (long)blockIdx.x * 256 + threadIdx.x;
+    float v = x[i];
+    float amax = block_max(fabsf(v));
+    // The first element of largest magnitude (its sign sets the scale's).
+    float first = block_max(fabsf(v) == amax ? -(float)threadIdx.x : -1024.0f);
+    if (-(int)first == (int)threadIdx.x) extreme = v;
+    __syncthreads();
+    float iscale = amax == 0.0f ? 0.0f : -127.0f / extreme;
+    int q = amax == 0.0f ? 0 : min(127, (int)rintf(iscale * v));
+    float d = amax == 0.0f ? 0.0f : 1.0f / iscale;
+    float sum = warp_sum((float)q);
+    Q8x* g = y + (i >> 5);
+    ((i8*)g->qs)[i & 31] = (i8)q;
+    if ((i & 31) == 0) {
+        g->d = d;
+        g->s = d * sum;
+    }
+}
+
+// A u32 from a 2-byte-aligned address (block fields are 2-byte aligned at best).
+__device__ __forceinline__ int ld32(const u8* p) {
+    return (int)((u32)ld16(p) | ((u32)ld16(p + 2) << 16));
+}
+
+// Four bits, one per byte, into bit 4 of each byte (the fifth bit of q5 formats).
+__device__ __forceinline__ int spread4(u32 b) {
+    return (int)(((b & 1) << 4) | ((b & 2) << 11) | ((b & 4) << 18) | ((b & 8) << 25));
+}
+
+#define ONES 0x01010101
+
+// Each `dot_*` returns Σ W[row][32g + i] · x[32g + i] over one group g of a row's bytes `w`.
+
+// q4_0: d, 16 bytes of nibbles (low nibbles elements 0..15, high 16..31); value d·(q − 8).
+__device__ __forceinline__ float dot_q4_0(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)g * Q4_0_BYTES;
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        int v = ld32(b + 2 + 4 * k);
+        s = __dp4a(v & 0x0F0F0F0F, y->qs[k], s);
+        s = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
+    }
+    return h2f(ld16(b)) * (y->d * (float)s - 8.0f * y->s);
+}
+
+// q4_1: d, m, nibbles; value d·q + m.
+__device__ __forceinline__ float dot_q4_1(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)g * Q4_1_BYTES;
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        int v = ld32(b + 4 + 4 * k);
+        s = __dp4a(v & 0x0F0F0F0F, y->qs[k], s);
+        s = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
+    }
+    return h2f(ld16(b)) * y->d * (float)s + h2f(ld16(b + 2)) * y->s;
+}
+
+// q5_0: d, 32 fifth bits, nibbles; value d·(q − 16).
+__device__ __forceinline__ float dot_q5_0(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)g * Q5_0_BYTES;
+    u32 qh = (u32)ld32(b + 2);
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        int v = ld32(b + 6 + 4 * k);
+        s = __dp4a((v & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
+        s = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
+    }
+    return h2f(ld16(b)) * (y->d * (float)s - 16.0f * y->s);
+}
+
+// q5_1: d, m, fifth bits, nibbles; value d·q + m.
+__device__ __forceinline__ float dot_q5_1(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)g * Q5_1_BYTES;
+    u32 qh = (u32)ld32(b + 4);
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        int v = ld32(b + 8 + 4 * k);
+        s = __dp4a((v & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
+        s = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
+    }
+    return h2f(ld16(b)) * y->d * (float)s + h2f(ld16(b + 2)) * y->s;
+}
+
+// q8_0: d, 32 signed bytes.
+__device__ __forceinline__ float dot_q8_0(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)g * Q8_0_BYTES;
+    int s = 0;
+    for (int k = 0; k < 8; ++k) s = __dp4a(ld32(b + 2 + 4 * k), y->qs[k], s);
+    return h2f(ld16(b)) * y->d * (float)s;
+}
+
+// The K formats: group g is sub-block g % 8 of super-block g / 8 (256 elements).
+
+// q2_K: elements 32·sub.. take shift 2·(sub % 4) of bytes 16 + 32·(sub / 4).., and two scale
+// bytes (low nibble scale, high nibble min), one per 16 elements.
+__device__ __forceinline__ float dot_q2_k(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)(g >> 3) * Q2_K_BYTES;
+    int sub = g & 7, h = sub >> 2, j = sub & 3;
+    int s[2] = {0, 0}, ys[2] = {0, 0};
+    for (int k = 0; k < 8; ++k) {
+        int v = (ld32(b + 16 + 32 * h + 4 * k) >> (2 * j)) & 0x03030303;
+        s[k >> 2] = __dp4a(v, y->qs[k], s[k >> 2]);
+        ys[k >> 2] = __dp4a(ONES, y->qs[k], ys[k >> 2]);
+    }
+    int sc0 = b[8 * h + 2 * j], sc1 = b[8 * h + 2 * j + 1];
+    float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+    return y->d * (d * (float)((sc0 & 15) * s[0] + (sc1 & 15) * s[1]) -
+                   dmin * (float)((sc0 >> 4) * ys[0] + (sc1 >> 4) * ys[1]));
+}
+
+// q3_K's 6-bit scale k (of 16), packed in 12 bytes.
+__device__ __forceinline__ int q3k_scale(const u8* s, int k) {
+    if (k < 4) return (s[k] & 15) | ((s[8 + k] & 3) << 4);
+    if (k < 8) return (s[k] & 15) | (((s[4 + k] >> 2) & 3) << 4);
+    if (k < 12) return (s[k - 8] >> 4) | (((s[k] >> 4) & 3) << 4);
+    return (s[k - 8] >> 4) | (((s[k - 4] >> 6) & 3) << 4);
+}
+
+// q3_K: value (s − 32)·(q + 4·hi − 4), q the 2-bit value, hi the bit of the high mask.
+__device__ __forceinline__ float dot_q3_k(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)(g >> 3) * Q3_K_BYTES;
+    int sub = g & 7, h = sub >> 2, j = sub & 3;
+    int s[2] = {0, 0}, ys[2] = {0, 0};
+    for (int k = 0; k < 8; ++k) {
+        int q = (ld32(b + 32 + 32 * h + 4 * k) >> (2 * j)) & 0x03030303;
+        int hi = (ld32(b + 4 * k) >> (4 * h + j)) & ONES;
+        s[k >> 2] = __dp4a(q | (hi << 2), y->qs[k], s[k >> 2]);
+        ys[k >> 2] = __dp4a(ONES, y->qs[k], ys[k >> 2]);
+    }
+    int k0 = 8 * h + 2 * j;
+    int sc0 = q3k_scale(b + 96, k0) - 32, sc1 = q3k_scale(b + 96, k0 + 1) - 32;
+    return h2f(ld16(b + 108)) * y->d *
+           (float)(sc0 * (s[0] - 4 * ys[0]) + sc1 * (s[1] - 4 * ys[1]));
+}
+
+// q4_K: sub-block sub takes the low (even sub) or high nibbles of bytes 16 + 32·(sub / 2)..;
+// value d·sc·q − dmin·m.
+__device__ __forceinline__ float dot_q4_k(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)(g >> 3) * Q4_K_BYTES;
+    int sub = g & 7, shift = 4 * (sub & 1);
+    int s = 0;
+    for (int k = 0; k < 8; ++k)
+        s = __dp4a((ld32(b + 16 + 32 * (sub >> 1) + 4 * k) >> shift) & 0x0F0F0F0F, y->qs[k], s);
+    int sc, m;
+    k4_scale_min(b + 4, sub, &sc, &m);
+    return h2f(ld16(b)) * (float)sc * y->d * (float)s - h2f(ld16(b + 2)) * (float)m * y->s;
+}
+
+// q5_K: as q4_K, with fifth bits (bit sub of the bytes 16..47).
+__device__ __forceinline__ float dot_q5_k(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)(g >> 3) * Q5_K_BYTES;
+    int sub = g & 7, shift = 4 * (sub & 1);
+    int s = 0;
+    for (int k = 0; k < 8; ++k) {
+        int q = (ld32(b + 48 + 32 * (sub >> 1) + 4 * k) >> shift) & 0x0F0F0F0F;
+        int hi = (ld32(b + 16 + 4 * k) >> sub) & ONES;
+        s = __dp4a(q | (hi << 4), y->qs[k], s);
+    }
+    int sc, m;
+    k4_scale_min(b + 4, sub, &sc, &m);
+    return h2f(ld16(b)) * (float)sc * y->d * (float)s - h2f(ld16(b + 2)) * (float)m * y->s;
+}
+
+// q6_K: value sc·(q − 32), q = low nibble | high pair << 4; one signed scale per 16.
+__device__ __forceinline__ float dot_q6_k(const u8* w, int g, const Q8x* y) {
+    const u8* b = w + (long)(g >> 3) * Q6_K_BYTES;
+    int sub = g & 7, h = sub >> 2, quarter = sub & 3;
+    const u8* lo = b + 64 * h + ((quarter & 1) ? 32 : 0);
+    int nshift = quarter < 2 ? 0 : 4;
+    int s[2] = {0, 0}, ys[2] = {0, 0};
+    for (int k = 0; k < 8; ++k) {
+        int q = (ld32(lo + 4 * k) >> nshift) & 0x0F0F0F0F;
+        int hi = (ld32(b + 128 + 32 * h + 4 * k) >> (2 * quarter)) & 0x03030303;
+        s[k >> 2] = __dp4a(q | (hi << 4), y->qs[k], s[k >> 2]);
+        ys[k >> 2] = __dp4a(ONES, y->qs[k], ys[k >> 2]);
+    }
+    int sc0 = (i8)b[192 + 8 * h + 2 * quarter], sc1 = (i8)b[192 + 8 * h + 2 * quarter + 1];
+    return h2f(ld16(b + 208)) * y->d *
+           (float)(sc0 * (s[0] - 32 * ys[0]) + sc1 * (s[1] - 32 * ys[1]));
+}
+
+// The sum of v over the block (whole warps, at most 32); every thread gets it.
+__device__ __forceinline__ float row_sum(float v) {
+    __shared__ float part[32];
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = 0.0f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); ++i) r += part[i];
+    __syncthreads();
+    return r;
+}
+
+// One block per output row (grid: rows), of whole warps: four on a GPU, so that a row's groups
+// are read by many loads in flight (step.rs `mv_threads`).
+#define MATVEC_Q(NAME, BYTES, ELEMS, DOT)                                                     \
+    extern "C" __global__ void NAME(const u8* w, const Q8x* x, float* y, int rows, int cols, \
+                                    int n_tok) {                                              \
+        int row = blockIdx.x;                                                                 \
+        int ng = cols >> 5;                                                                   \
+        const u8* wr = w + (long)row * (cols / ELEMS) * BYTES;                                \
         for (int t = 0; t < n_tok; ++t) {                                                     \
-            const float* xt = x + (long)t * cols;                                             \
+            const Q8x* xt = x + (long)t * ng;                                                 \
             float acc = 0.0f;                                                                 \
-            for (int b = lane; b < nb; b += 32) {                                             \
-                const u8* blk = wr + (long)b * BYTES;                                         \
-                const float* xb = xt + (long)b * ELEMS;                                       \
-                for (int i = 0; i < ELEMS; ++i) acc += DQ(blk, i) * xb[i];                    \
-            }                                                                                 \
-            acc = warp_sum(acc);                                                              \
-            if (lane == 0) y[(long)t * rows + row] = acc;                                     \
+            _Pragma("unroll 2") for (int g = threadIdx.x; g < ng; g += blockDim.x)            \
+                acc += DOT(wr, g, xt + g);                                                    \
+            acc = row_sum(acc);                                                               \
+            if (threadIdx.x == 0) y[(long)t * rows + row] = acc;                              \
         }                                                                                     \
     }
 
-MATVEC(matvec_q4_0, Q4_0_BYTES, 32, dq_q4_0)
-MATVEC(matvec_q4_1, Q4_1_BYTES, 32, dq_q4_1)
-MATVEC(matvec_q5_0, Q5_0_BYTES, 32, dq_q5_0)
-MATVEC(matvec_q5_1, Q5_1_BYTES, 32, dq_q5_1)
-MATVEC(matvec_q8_0, Q8_0_BYTES, 32, dq_q8_0)
-MATVEC(matvec_q2_k, Q2_K_BYTES, 256, dq_q2_k)
-MATVEC(matvec_q3_k, Q3_K_BYTES, 256, dq_q3_k)
-MATVEC(matvec_q4_k, Q4_K_BYTES, 256, dq_q4_k)
-MATVEC(matvec_q5_k, Q5_K_BYTES, 256, dq_q5_k)
-MATVEC(matvec_q6_k, Q6_K_BYTES, 256, dq_q6_k)
+MATVEC_Q(matvec_q4_0, Q4_0_BYTES, 32, dot_q4_0)
+MATVEC_Q(matvec_q4_1, Q4_1_BYTES, 32, dot_q4_1)
+MATVEC_Q(matvec_q5_0, Q5_0_BYTES, 32, dot_q5_0)
+MATVEC_Q(matvec_q5_1, Q5_1_BYTES, 32, dot_q5_1)
+MATVEC_Q(matvec_q8_0, Q8_0_BYTES, 32, dot_q8_0)
+MATVEC_Q(matvec_q2_k, Q2_K_BYTES, 256, dot_q2_k)
+MATVEC_Q(matvec_q3_k, Q3_K_BYTES, 256, dot_q3_k)
+MATVEC_Q(matvec_q4_k, Q4_K_BYTES, 256, dot_q4_k)
+MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k)
+MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k)
 
-// Unquantized rows: lanes take elements in turn.
+// Unquantized rows: the block's threads take elements in turn, f32 activations.
 #define MATVEC_PLAIN(NAME, T, CVT)                                                            \
     extern "C" __global__ void NAME(const T* w, const float* x, float* y, int rows, int cols, \
                                     int n_tok) {                                              \
-        int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                       \
-        int lane = threadIdx.x & 31;                                                          \
-        if (row >= rows) return;                                                              \
+        int row = blockIdx.x;                                                                 \
         const T* wr = w + (long)row * cols;                                                   \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             const float* xt = x + (long)t * cols;                                             \
             float acc = 0.0f;                                                                 \
-            for (int c = lane; c < cols; c += 32) acc += CVT(wr[c]) * xt[c];                  \
-            acc = warp_sum(acc);                                                              \
-            if (lane == 0) y[(long)t * rows + row] = acc;                                     \
+            for (int c = threadIdx.x; c < cols; c += blockDim.x) acc += CVT(wr[c]) * xt[c];   \
+            acc = row_sum(acc);                                                               \
+            if (threadIdx.x == 0) y[(long)t * rows + row] = acc;                              \
         }                                                                                     \
     }
 

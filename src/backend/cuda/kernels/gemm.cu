@@ -1,0 +1,54 @@
+// Prompt-sized matrix products: the weight rows are dequantized to bf16 into a scratch buffer,
+// the activations converted to bf16, and cuBLAS multiplies them on the tensor cores with f32
+// accumulation (step.rs). bf16 keeps f32's range, so large activations cannot overflow; its 8
+// bits of mantissa are as fine as the CPU's 8-bit activations. On the software GPU (no cuBLAS)
+// `gemm_bf16` below does the product.
+
+// f32 → bf16, rounding to nearest even.
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float bf2f(u16 v) { return u2f(((u32)v) << 16); }
+
+extern "C" __global__ void f32_to_bf16(const float* x, u16* y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2bf(x[i]);
+}
+
+// Rows `[r0, r0 + n / cols)` of W (`cols` per row) to bf16 `[n / cols, cols]`.
+#define DEQUANT_BF16(NAME, BYTES, ELEMS, DQ)                                                  \
+    extern "C" __global__ void NAME(const u8* w, u16* out, int cols, long r0, long n) {      \
+        long i = (long)blockIdx.x * blockDim.x + threadIdx.x;                                 \
+        if (i >= n) return;                                                                   \
+        long r = r0 + i / cols;                                                               \
+        int c = (int)(i % cols);                                                              \
+        const u8* blk = w + (r * (cols / ELEMS) + c / ELEMS) * BYTES;                         \
+        out[i] = f2bf(DQ(blk, c % ELEMS));                                                    \
+    }
+
+DEQUANT_BF16(dequant_bf16_q4_0, Q4_0_BYTES, 32, dq_q4_0)
+DEQUANT_BF16(dequant_bf16_q4_1, Q4_1_BYTES, 32, dq_q4_1)
+DEQUANT_BF16(dequant_bf16_q5_0, Q5_0_BYTES, 32, dq_q5_0)
+DEQUANT_BF16(dequant_bf16_q5_1, Q5_1_BYTES, 32, dq_q5_1)
+DEQUANT_BF16(dequant_bf16_q8_0, Q8_0_BYTES, 32, dq_q8_0)
+DEQUANT_BF16(dequant_bf16_q2_k, Q2_K_BYTES, 256, dq_q2_k)
+DEQUANT_BF16(dequant_bf16_q3_k, Q3_K_BYTES, 256, dq_q3_k)
+DEQUANT_BF16(dequant_bf16_q4_k, Q4_K_BYTES, 256, dq_q4_k)
+DEQUANT_BF16(dequant_bf16_q5_k, Q5_K_BYTES, 256, dq_q5_k)
+DEQUANT_BF16(dequant_bf16_q6_k, Q6_K_BYTES, 256, dq_q6_k)
+DEQUANT_BF16(dequant_bf16_bf16, 2, 1, dq_bf16)
+
+// y[t][r] (row stride ldy) = Σ_c w[r][c] · x[t][c], bf16 operands, f32 sums: what cuBLAS
+// computes in step.rs, one thread per output, for the software GPU.
+extern "C" __global__ void gemm_bf16(const u16* w, const u16* x, float* y, int rows, int cols,
+                                     int n_tok, int ldy) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)rows * n_tok) return;
+    int t = (int)(i / rows), r = (int)(i % rows);
+    float acc = 0.0f;
+    for (int c = 0; c < cols; ++c) acc += bf2f(w[(long)r * cols + c]) * bf2f(x[(long)t * cols + c]);
+    y[(long)t * ldy + r] = acc;
+}
