@@ -19,7 +19,7 @@ prepare() {
     cargo build --release --bin kiln
     strip -o .gpu/kiln target/release/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.
-    for t in cuda_backend cuda_kernels; do
+    for t in cuda_backend cuda_kernels cuda_ops; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
 for l in sys.stdin:
@@ -49,10 +49,15 @@ run() {
     lscpu | grep -E '^Model name' || true
     # The reference (llama.cpp CUDA) builds in the background while the tests run (~6 min).
     local ref=.gpu/llama.cpp
+    # A llama-bench brought back by an earlier run (static, xz parts) saves the build.
+    if ls .gpu/llama-bench.xz.* >/dev/null 2>&1 && [ ! -x $ref/build/bin/llama-bench ]; then
+        mkdir -p $ref/build/bin && cat .gpu/llama-bench.xz.* | xz -d > $ref/build/bin/llama-bench
+        chmod +x $ref/build/bin/llama-bench && echo 0 > $ref/build.rc
+    fi
     if [ -z "${KILN_NO_REF:-}" ] && [ -f .gpu/llama.cpp.tar.gz ] && [ ! -x $ref/build/bin/llama-bench ]; then
         mkdir -p $ref && tar xzf .gpu/llama.cpp.tar.gz -C $ref
         (cd $ref && setsid bash -c 'cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
             -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 && nice cmake --build build -j16 --target llama-bench >> build.log 2>&1; echo $? > build.rc' \
             < /dev/null > /dev/null 2>&1 &)
     fi
@@ -74,6 +79,7 @@ run() {
     export KILN_MODELS=$PWD/.gpu/tmp/models RUST_BACKTRACE=1
     if [ -z "${KILN_SKIP_TESTS:-}" ]; then
         echo "== kernel tests"
+        timeout 120 .gpu/cuda_ops --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
         KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
         echo "== GPU tests"
         timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
@@ -100,6 +106,29 @@ run() {
         echo "${table[-1]}"
     done
     tail -20 "$out/bench-err.txt" 2>/dev/null || true
+    # Decode at depth 4096 (the issue's third column).
+    for pair in "smol:SmolLM2 Q4_1" "llama8b:Llama-8B Q4_0"; do
+        local f=$m/${pair%%:*}.gguf name=${pair#*:} k r="-"
+        k=$(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 128 -d 4096 -r 3 --json 2>>"$out/bench-err.txt" |
+            python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo "failed")
+        if [ -x $ref/build/bin/llama-bench ]; then
+            r=$(timeout 120 $ref/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 0 -n 128 -d 4096 -r 3 -o json 2>/dev/null |
+                python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("tg%d@d%d=%.0f"%(x["n_gen"], x["n_depth"], x["avg_ts"]) for x in d))' || echo "failed")
+        fi
+        table+=("| $name (depth 4096) | $k | $r |")
+    done
+    # Where a step's time goes (ops run one at a time, so the totals rank them).
+    if [ -n "${KILN_PROFILE:-}" ]; then
+        for f in $m/smol.gguf $m/llama8b.gguf; do
+            echo "== profile $f (pp512 + tg32)"
+            KILN_CUDA_PROFILE=1 timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 512 -n 32 -r 1 2>&1 | grep -A14 "CUDA profile" | head -30 || true
+        done
+    fi
+    # Bring the reference back for the next run (static; the parts go under $OUT).
+    if [ -n "${KILN_KEEP_REF:-}" ] && [ -x $ref/build/bin/llama-bench ] && ! ls .gpu/llama-bench.xz.* >/dev/null 2>&1; then
+        strip -o /tmp/llama-bench $ref/build/bin/llama-bench && xz -T16 -6 -c /tmp/llama-bench | split -b 15M - "$out/llama-bench.xz."
+        ls -la "$out" | grep llama-bench || true
+    fi
     echo
     echo "| model | kiln (t/s) | llama.cpp CUDA (t/s) |"
     echo "| --- | --- | --- |"

@@ -154,11 +154,18 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
         );
         g.launch(s, q, grid, 256, &[Arg::P(xp), Arg::P(xq), Arg::L(n as i64)])
             .unwrap();
+        // One matrix (the kernel takes up to three: rows of the others 0).
         let args = [
+            Arg::P(wp),
+            Arg::P(wp),
             Arg::P(wp),
             Arg::P(xq),
             Arg::P(yp),
+            Arg::P(yp),
+            Arg::P(yp),
             Arg::I(rows as i32),
+            Arg::I(0),
+            Arg::I(0),
             Arg::I(cols as i32),
             Arg::I(n_tok as i32),
         ];
@@ -166,7 +173,9 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
         for threads in [32, 128] {
             let poison = vec![f32::NAN; n_tok * rows];
             let y = b.y;
-            b.arena.write(s, y, zerocopy::IntoBytes::as_bytes(&poison[..])).unwrap();
+            b.arena
+                .write(s, y, zerocopy::IntoBytes::as_bytes(&poison[..]))
+                .unwrap();
             g.launch(s, k.matvec, rows as u32, threads, &args).unwrap();
             let got = read_y(&g, &b, n_tok * rows);
             // The CPU: the same activation quantizer, the same integer dot.
@@ -196,6 +205,53 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
                 }
             }
             println!("{ty}: matvec ({threads} threads a row) vs CPU vec_dot, worst error / Σ|w·x| {worst:.2e}");
+        }
+        // The gated FFN's kernel (gate = up = w here): act(w·x) · (w·x), for either activation.
+        let cpu = kiln::quant::kernels_for(ty, kiln::quant::Isa::Scalar).unwrap();
+        let (rb, ab) = (
+            ty.row_bytes(cols).unwrap(),
+            cpu.act.row_bytes(cols).unwrap(),
+        );
+        for gelu in [0, 1] {
+            let poison = vec![f32::NAN; n_tok * rows];
+            let y = b.y;
+            b.arena
+                .write(s, y, zerocopy::IntoBytes::as_bytes(&poison[..]))
+                .unwrap();
+            let args = [
+                Arg::P(wp),
+                Arg::P(wp),
+                Arg::P(xq),
+                Arg::P(yp),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(n_tok as i32),
+                Arg::I(gelu),
+            ];
+            g.launch(s, k.gated.unwrap(), rows as u32, 128, &args)
+                .unwrap();
+            let got = read_y(&g, &b, n_tok * rows);
+            let mut xq8 = vec![0u8; ab];
+            for t in 0..n_tok {
+                (cpu.quantize_act)(&x[t * cols..(t + 1) * cols], &mut xq8);
+                for r in 0..rows {
+                    let d = (cpu.vec_dot)(cols, &w[r * rb..(r + 1) * rb], &xq8);
+                    let mut a = [d];
+                    let up = [d];
+                    if gelu == 1 {
+                        kiln::kernels::f16ops::geglu_scalar(&mut a, &up);
+                    } else {
+                        kiln::kernels::f16ops::swiglu_scalar(&mut a, &up);
+                    }
+                    let e = (got[t * rows + r] - a[0]).abs();
+                    assert!(
+                        e <= 1e-5 * (1.0 + a[0].abs()) + 1e-4 * d.abs(),
+                        "{ty} gated (gelu {gelu}): token {t} row {r}: {} vs {}",
+                        got[t * rows + r],
+                        a[0]
+                    );
+                }
+            }
         }
     }
 }

@@ -41,7 +41,13 @@ pub fn entries(src: &str) -> Vec<String> {
                 names.push(rest.split('(').next().unwrap_or("").trim().to_string());
             }
         }
-        for mac in ["MATVEC_Q(", "MATVEC_PLAIN(", "EMBED(", "DEQUANT_BF16("] {
+        for mac in [
+            "MATVEC_Q(",
+            "MATVEC_GATED(",
+            "MATVEC_PLAIN(",
+            "EMBED(",
+            "DEQUANT_BF16(",
+        ] {
             if let Some(rest) = l.strip_prefix(mac) {
                 names.push(rest.split(',').next().unwrap_or("").trim().to_string());
             }

@@ -448,37 +448,12 @@ impl CudaSession {
     fn product(&mut self, m: DevMat, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
         match (m.kernels.dequant, self.layout.gemm) {
             (Some(dq), Some(g)) if rows >= GEMM_MIN_ROWS => self.gemm(m, dq, g, x, y, rows, prep),
-            _ => {
-                let input = match m.kernels.quantize {
-                    Some(q) => {
-                        let xq = self.at(self.layout.xq);
-                        if prep.q8 != Some(q) {
-                            let n = rows * m.cols;
-                            let args = [Arg::P(x), Arg::P(xq), Arg::L(n as i64)];
-                            let grid = if q == "quantize_q8_k" {
-                                (n / 256) as u32
-                            } else {
-                                blocks_for(n)
-                            };
-                            self.go(q, grid, 256, &args);
-                            prep.q8 = Some(q);
-                        }
-                        xq
-                    }
-                    None => x,
-                };
-                let args = [
-                    Arg::P(m.ptr),
-                    Arg::P(input),
-                    Arg::P(y),
-                    Arg::I(m.rows as i32),
-                    Arg::I(m.cols as i32),
-                    Arg::I(rows as i32),
-                ];
-                let threads = mv_threads(&self.gpu);
-                self.go(m.kernels.matvec, m.rows as u32, threads, &args);
-            }
+            _ => self.matvecs(&[(m, y)], x, rows, prep),
         }
+        self.bias(m, y, rows);
+    }
+
+    fn bias(&mut self, m: DevMat, y: u64, rows: usize) {
         if let Some(b) = m.bias {
             let args = [
                 Arg::P(y),
@@ -488,6 +463,64 @@ impl CudaSession {
             ];
             self.go("add_bias_f32", blocks_for(rows * m.rows), 256, &args);
         }
+    }
+
+    /// Decode-sized products of 1–3 matrices of one format that share the input x, into their
+    /// outputs, in one launch (biases not included).
+    fn matvecs(&mut self, mats: &[(DevMat, u64)], x: u64, rows: usize, prep: &mut Prepared) {
+        let m = mats[0].0;
+        let threads = mv_threads(&self.gpu);
+        let Some(input) = self.quantized(m, x, rows, prep) else {
+            for &(m, y) in mats {
+                let args = [
+                    Arg::P(m.ptr),
+                    Arg::P(x),
+                    Arg::P(y),
+                    Arg::I(m.rows as i32),
+                    Arg::I(m.cols as i32),
+                    Arg::I(rows as i32),
+                ];
+                self.go(m.kernels.matvec, m.rows as u32, threads, &args);
+            }
+            return;
+        };
+        let at = |i: usize| mats.get(i).copied().unwrap_or((DevMat { rows: 0, ..m }, 0));
+        let (a, b, c) = (at(0), at(1), at(2));
+        let args = [
+            Arg::P(a.0.ptr),
+            Arg::P(b.0.ptr),
+            Arg::P(c.0.ptr),
+            Arg::P(input),
+            Arg::P(a.1),
+            Arg::P(b.1),
+            Arg::P(c.1),
+            Arg::I(a.0.rows as i32),
+            Arg::I(b.0.rows as i32),
+            Arg::I(c.0.rows as i32),
+            Arg::I(m.cols as i32),
+            Arg::I(rows as i32),
+        ];
+        let grid = (a.0.rows + b.0.rows + c.0.rows) as u32;
+        self.go(m.kernels.matvec, grid, threads, &args);
+    }
+
+    /// x quantized for `m`'s matvec kernel (once for the products that share it), or `None`
+    /// when the kernel takes f32.
+    fn quantized(&mut self, m: DevMat, x: u64, rows: usize, prep: &mut Prepared) -> Option<u64> {
+        let q = m.kernels.quantize?;
+        let xq = self.at(self.layout.xq);
+        if prep.q8 != Some(q) {
+            let n = rows * m.cols;
+            let args = [Arg::P(x), Arg::P(xq), Arg::L(n as i64)];
+            let grid = if q == "quantize_q8_k" {
+                (n / 256) as u32
+            } else {
+                blocks_for(n)
+            };
+            self.go(q, grid, 256, &args);
+            prep.q8 = Some(q);
+        }
+        Some(xq)
     }
 
     /// A prompt-sized product: x to bf16 (once per input), then per chunk of weight rows that
@@ -711,15 +744,35 @@ impl Backend for CudaStep<'_> {
     fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize) {
         let s = &mut *self.s;
         let mut prep = Prepared::default();
-        for (&m, &d) in ws.iter().zip(dsts) {
-            let mat = s.w.mat(m);
+        let x = s.buf(src);
+        // (No allocation: this runs for every op of every decoded token.)
+        let n = ws.len().clamp(1, 3);
+        let pick = |i: usize| {
+            let (m, d) = (ws[i.min(n - 1)], dsts[i.min(n - 1)]);
             // A fused QKV product goes to its own buffer; `split_qkv` moves it out.
             let y = match (m, s.layout.qkv) {
                 (Mat::Qkv(_), Some(o)) => s.at(o),
                 _ => s.buf(d),
             };
-            let x = s.buf(src);
-            s.product(mat, x, y, rows, &mut prep);
+            (s.w.mat(m), y)
+        };
+        let all = [pick(0), pick(1), pick(2)];
+        let mats = &all[..n];
+        // Decode-sized products of one quantized format: one launch for all.
+        let m0 = mats[0].0;
+        let one_launch = mats.len() > 1
+            && (rows < GEMM_MIN_ROWS || s.layout.gemm.is_none())
+            && m0.kernels.quantize.is_some()
+            && mats.iter().all(|(m, _)| m.ty == m0.ty && m.cols == m0.cols);
+        if one_launch {
+            s.matvecs(mats, x, rows, &mut prep);
+            for &(m, y) in mats {
+                s.bias(m, y, rows);
+            }
+            return;
+        }
+        for &(m, y) in mats {
+            s.product(m, x, y, rows, &mut prep);
         }
     }
 
@@ -728,6 +781,28 @@ impl Backend for CudaStep<'_> {
         let (g, u) = (s.w.mat(gate), s.w.mat(up));
         let (x, gp, upp) = (s.buf(Buf::Xb), s.buf(Buf::Gate), s.buf(Buf::Up));
         let mut prep = Prepared::default();
+        // Decode-sized, one quantized format, no biases: products and activation in one launch.
+        let fused = (rows < GEMM_MIN_ROWS || s.layout.gemm.is_none())
+            && g.ty == u.ty
+            && g.bias.is_none()
+            && u.bias.is_none();
+        if let (true, Some(name)) = (fused, g.kernels.gated) {
+            if let Some(xq) = s.quantized(g, x, rows, &mut prep) {
+                let args = [
+                    Arg::P(g.ptr),
+                    Arg::P(u.ptr),
+                    Arg::P(xq),
+                    Arg::P(gp),
+                    Arg::I(g.rows as i32),
+                    Arg::I(g.cols as i32),
+                    Arg::I(rows as i32),
+                    Arg::I(matches!(act, Activation::GeluTanh) as i32),
+                ];
+                let threads = mv_threads(&s.gpu);
+                s.go(name, g.rows as u32, threads, &args);
+                return;
+            }
+        }
         s.product(g, x, gp, rows, &mut prep);
         s.product(u, x, upp, rows, &mut prep);
         let n = rows * g.rows;

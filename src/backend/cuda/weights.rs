@@ -72,6 +72,8 @@ pub struct FormatKernels {
     /// The kernel that quantizes the matvec kernel's activations to 8 bits (as the CPU does
     /// for this format); none: it takes f32.
     pub quantize: Option<&'static str>,
+    /// The gated FFN's two products and activation in one launch (quantized formats).
+    pub gated: Option<&'static str>,
     pub embed: &'static str,
     /// Dequantization to bf16 for prompt-sized products on the tensor cores (none for F32 and
     /// F16, which bf16 would round: they keep the f32 matvec).
@@ -84,14 +86,16 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         Ok(FormatKernels {
             matvec,
             quantize: None,
+            gated: None,
             embed,
             dequant,
         })
     };
-    let quant = |matvec, quantize, embed, dequant| {
+    let quant = |matvec, gated, quantize, embed, dequant| {
         Ok(FormatKernels {
             matvec,
             quantize: Some(quantize),
+            gated: Some(gated),
             embed,
             dequant: Some(dequant),
         })
@@ -102,60 +106,70 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         GgmlType::BF16 => plain("matvec_bf16", "embed_bf16", Some("dequant_bf16_bf16")),
         GgmlType::Q4_0 => quant(
             "matvec_q4_0",
+            "gated_q4_0",
             "quantize_q8_0",
             "embed_q4_0",
             "dequant_bf16_q4_0",
         ),
         GgmlType::Q4_1 => quant(
             "matvec_q4_1",
+            "gated_q4_1",
             "quantize_q8_1",
             "embed_q4_1",
             "dequant_bf16_q4_1",
         ),
         GgmlType::Q5_0 => quant(
             "matvec_q5_0",
+            "gated_q5_0",
             "quantize_q8_0",
             "embed_q5_0",
             "dequant_bf16_q5_0",
         ),
         GgmlType::Q5_1 => quant(
             "matvec_q5_1",
+            "gated_q5_1",
             "quantize_q8_1",
             "embed_q5_1",
             "dequant_bf16_q5_1",
         ),
         GgmlType::Q8_0 => quant(
             "matvec_q8_0",
+            "gated_q8_0",
             "quantize_q8_0",
             "embed_q8_0",
             "dequant_bf16_q8_0",
         ),
         GgmlType::Q2K => quant(
             "matvec_q2_k",
+            "gated_q2_k",
             "quantize_q8_k",
             "embed_q2_k",
             "dequant_bf16_q2_k",
         ),
         GgmlType::Q3K => quant(
             "matvec_q3_k",
+            "gated_q3_k",
             "quantize_q8_k",
             "embed_q3_k",
             "dequant_bf16_q3_k",
         ),
         GgmlType::Q4K => quant(
             "matvec_q4_k",
+            "gated_q4_k",
             "quantize_q8_k",
             "embed_q4_k",
             "dequant_bf16_q4_k",
         ),
         GgmlType::Q5K => quant(
             "matvec_q5_k",
+            "gated_q5_k",
             "quantize_q8_k",
             "embed_q5_k",
             "dequant_bf16_q5_k",
         ),
         GgmlType::Q6K => quant(
             "matvec_q6_k",
+            "gated_q6_k",
             "quantize_q8_k",
             "embed_q6_k",
             "dequant_bf16_q6_k",

@@ -74,3 +74,16 @@ __device__ double block_sum_f64(double v) {
 }
 __device__ float block_max(float v) { return block_reduce<true>(v); }
 
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// GELU, tanh approximation, as the reference (and the CPU) computes it: from a table of f16
+// entries (`ggml_table_gelu_f16`), i.e. of the input rounded to f16, the f32 formula, the
+// result rounded to f16; identity from 10, zero to −10. (src/kernels/ops.rs `gelu_tanh_with`.)
+__device__ __forceinline__ float gelu_tanh(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    float v = h2f(f2h(x));
+    float g = 0.5f * v * (1.0f + tanhf(0.7978846f * v * fmaf(0.044715f * v, v, 1.0f)));
+    return h2f(f2h(g));
+}

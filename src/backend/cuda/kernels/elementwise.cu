@@ -2,14 +2,6 @@
 
 #define FOR_EACH(i, n) for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
-// GELU, tanh approximation (the reference's `ggml_gelu`).
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; // sqrt(2/pi)
-    return 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x)));
-}
-
 extern "C" __global__ void add_f32(float* dst, const float* src, long n) {
     FOR_EACH(i, n) dst[i] += src[i];
 }

@@ -246,12 +246,21 @@ __device__ __forceinline__ float row_sum(float v) {
     return r;
 }
 
-// One block per output row (grid: rows), of whole warps: four on a GPU, so that a row's groups
-// are read by many loads in flight (step.rs `mv_threads`).
+// One block per output row, of whole warps: four on a GPU, so that a row's groups are read by
+// many loads in flight (step.rs `mv_threads`). Up to three matrices of one format that share
+// the input (the attention's q, k and v) go in one launch: grid rows0 + rows1 + rows2, block b
+// taking row b of the first, then of the second, then of the third (rows1 = rows2 = 0: one).
 #define MATVEC_Q(NAME, BYTES, ELEMS, DOT)                                                     \
-    extern "C" __global__ void NAME(const u8* w, const Q8x* x, float* y, int rows, int cols, \
-                                    int n_tok) {                                              \
-        int row = blockIdx.x;                                                                 \
+    extern "C" __global__ void NAME(const u8* w0, const u8* w1, const u8* w2, const Q8x* x,  \
+                                    float* y0, float* y1, float* y2, int rows0, int rows1,    \
+                                    int rows2, int cols, int n_tok) {                         \
+        int row = blockIdx.x, rows = rows0;                                                   \
+        const u8* w = w0;                                                                     \
+        float* y = y0;                                                                        \
+        if (row >= rows0) {                                                                   \
+            row -= rows0, rows = rows1, w = w1, y = y1;                                       \
+            if (row >= rows1) row -= rows1, rows = rows2, w = w2, y = y2;                     \
+        }                                                                                     \
         int ng = cols >> 5;                                                                   \
         const u8* wr = w + (long)row * (cols / ELEMS) * BYTES;                                \
         for (int t = 0; t < n_tok; ++t) {                                                     \
@@ -261,6 +270,28 @@ __device__ __forceinline__ float row_sum(float v) {
                 acc += DOT(wr, g, xt + g);                                                    \
             acc = row_sum(acc);                                                               \
             if (threadIdx.x == 0) y[(long)t * rows + row] = acc;                              \
+        }                                                                                     \
+    }
+
+// The gated FFN's two products and its activation in one launch:
+// y[t][r] = act(gate_r · x_t) · (up_r · x_t), act SiLU (gelu 0) or GELU (gelu 1).
+#define MATVEC_GATED(NAME, BYTES, ELEMS, DOT)                                                 \
+    extern "C" __global__ void NAME(const u8* wg, const u8* wu, const Q8x* x, float* y,      \
+                                    int rows, int cols, int n_tok, int gelu) {                \
+        int row = blockIdx.x;                                                                 \
+        int ng = cols >> 5;                                                                   \
+        long off = (long)row * (cols / ELEMS) * BYTES;                                        \
+        const u8 *gr = wg + off, *ur = wu + off;                                              \
+        for (int t = 0; t < n_tok; ++t) {                                                     \
+            const Q8x* xt = x + (long)t * ng;                                                 \
+            float ag = 0.0f, au = 0.0f;                                                       \
+            for (int g = threadIdx.x; g < ng; g += blockDim.x) {                              \
+                ag += DOT(gr, g, xt + g);                                                     \
+                au += DOT(ur, g, xt + g);                                                     \
+            }                                                                                 \
+            ag = row_sum(ag);                                                                 \
+            au = row_sum(au);                                                                 \
+            if (threadIdx.x == 0) y[(long)t * rows + row] = (gelu ? gelu_tanh(ag) : silu(ag)) * au; \
         }                                                                                     \
     }
 
@@ -274,6 +305,17 @@ MATVEC_Q(matvec_q3_k, Q3_K_BYTES, 256, dot_q3_k)
 MATVEC_Q(matvec_q4_k, Q4_K_BYTES, 256, dot_q4_k)
 MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k)
 MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k)
+
+MATVEC_GATED(gated_q4_0, Q4_0_BYTES, 32, dot_q4_0)
+MATVEC_GATED(gated_q4_1, Q4_1_BYTES, 32, dot_q4_1)
+MATVEC_GATED(gated_q5_0, Q5_0_BYTES, 32, dot_q5_0)
+MATVEC_GATED(gated_q5_1, Q5_1_BYTES, 32, dot_q5_1)
+MATVEC_GATED(gated_q8_0, Q8_0_BYTES, 32, dot_q8_0)
+MATVEC_GATED(gated_q2_k, Q2_K_BYTES, 256, dot_q2_k)
+MATVEC_GATED(gated_q3_k, Q3_K_BYTES, 256, dot_q3_k)
+MATVEC_GATED(gated_q4_k, Q4_K_BYTES, 256, dot_q4_k)
+MATVEC_GATED(gated_q5_k, Q5_K_BYTES, 256, dot_q5_k)
+MATVEC_GATED(gated_q6_k, Q6_K_BYTES, 256, dot_q6_k)
 
 // Unquantized rows: the block's threads take elements in turn, f32 activations.
 #define MATVEC_PLAIN(NAME, T, CVT)                                                            \
