@@ -17,7 +17,9 @@ prepare() {
     mkdir -p .gpu/whl .gpu/models
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
     cargo build --release --bin kiln
-    strip -o .gpu/kiln target/release/kiln
+    # Binaries go xz-compressed (the call carries 64 MiB at most); `run` unpacks them.
+    strip -o /tmp/kiln-gpu target/release/kiln && xz -T0 -6 -c /tmp/kiln-gpu > .gpu/kiln.xz
+    rm -f .gpu/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.
     for t in cuda_backend cuda_kernels cuda_ops; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
@@ -25,7 +27,8 @@ prepare() {
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"] and m["target"]["name"]==sys.argv[1]: print(m["executable"])' "$t")
-        strip -o ".gpu/$t" "$exe"
+        strip -o "/tmp/$t-gpu" "$exe" && xz -T0 -6 -c "/tmp/$t-gpu" > ".gpu/$t.xz"
+        rm -f ".gpu/$t"
     done
     # The fixture models the tests use are made from tests/golden (it travels with the tree).
     local models=${KILN_MODELS:-$HOME/.cache/kiln/models}
@@ -45,6 +48,7 @@ run() {
     mkdir -p "$out" .gpu/tmp/models
     local log="$out/gpu-check.txt"
     exec > >(tee "$log") 2>&1
+    for f in .gpu/*.xz; do [ -f "$f" ] && xz -d -c "$f" > "${f%.xz}" && chmod +x "${f%.xz}"; done
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
     lscpu | grep -E '^Model name' || true
     # The reference (llama.cpp CUDA) builds in the background while the tests run (~6 min).
@@ -117,6 +121,18 @@ run() {
         fi
         table+=("| $name (depth 4096) | $k | $r |")
     done
+    # What each decode optimization is worth (tg128 from an empty context, one switch off).
+    if [ -n "${KILN_AB:-}" ]; then
+        echo "== A/B: tg128, kiln --device cuda"
+        for f in $m/smol.gguf $m/llama8b.gguf; do
+            for envs in "" "KILN_CUDA_FUSE=0" "KILN_CUDA_MIRROR=0" "KILN_CUDA_MV_THREADS=32" "KILN_CUDA_MV_THREADS=256" ""; do
+                local v
+                v=$(env $envs timeout 60 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 128 -r 3 --json 2>/dev/null |
+                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)
+                echo "$(basename $f) ${envs:-defaults}: $v"
+            done
+        done
+    fi
     # Where a step's time goes (ops run one at a time, so the totals rank them).
     if [ -n "${KILN_PROFILE:-}" ]; then
         for f in $m/smol.gguf $m/llama8b.gguf; do

@@ -133,6 +133,22 @@ fn every_fixture_model_agrees_with_the_cpu() {
     }
 }
 
+/// Decode past 512 positions, where the attention splits each row's keys over many blocks and
+/// merges their partial results, agrees with the CPU.
+#[test]
+fn long_context_decode_agrees_with_the_cpu() {
+    let Some(_gpu) = gpu("long_context_decode_agrees_with_the_cpu") else {
+        return;
+    };
+    let prompt: Vec<u32> = (0..700).map(|i| (i * 37 % 200 + 3) as u32).collect();
+    for stem in ["random-llama-q4_0", "random-qwen3-q4_k_m"] {
+        let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        let cpu = run(&mut session(&m, Device::Cpu, 1024), &prompt, 6);
+        let gpu = run(&mut session(&m, Device::Cuda, 1024), &prompt, 6);
+        check(&format!("{stem} at 700"), cpu, gpu, 4, 0.05);
+    }
+}
+
 #[test]
 fn decode_allocates_nothing_and_replays_one_graph() {
     let Some(_gpu) = gpu("decode_allocates_nothing_and_replays_one_graph") else {

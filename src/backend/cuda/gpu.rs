@@ -12,8 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaGraph, CudaStream, LaunchConfig, PushKernelArg,
 };
 
 use super::blas::Blas;
@@ -431,7 +430,10 @@ pub struct Arena {
 }
 
 enum Memory {
-    Cuda(CudaSlice<u8>),
+    /// `cuMemAlloc` memory (not the stream-ordered pool: its reservations grow in large steps
+    /// and outlive frees, so the driver's free memory would not follow the plan), with the
+    /// context it belongs to.
+    Cuda(u64, Arc<CudaContext>),
     /// The software GPU's memory: host memory, reached only through raw pointers (the kernels
     /// write it through the addresses they are given).
     Host(*mut u8, std::alloc::Layout),
@@ -449,7 +451,18 @@ impl Arena {
         let n = bytes.max(1);
         gpu.count(n);
         let mem = match &gpu.default.0 {
-            StreamKind::Cuda(stream) => Memory::Cuda(stream.alloc_zeros::<u8>(n)?),
+            StreamKind::Cuda(stream) => {
+                let ctx = stream.context().clone();
+                ctx.bind_to_thread()?;
+                // SAFETY: a plain allocation of `n > 0` bytes in the bound context, zeroed
+                // before anything else can use it; freed once, in `drop`.
+                let p = unsafe {
+                    let p = cudarc::driver::result::malloc_sync(n)?;
+                    cudarc::driver::result::memset_d8_sync(p, 0, n)?;
+                    p
+                };
+                Memory::Cuda(p, ctx)
+            }
             StreamKind::Emulated(_) => {
                 let layout = std::alloc::Layout::from_size_align(n, ALIGN)
                     .map_err(|e| CudaError::Driver(e.to_string()))?;
@@ -461,15 +474,9 @@ impl Arena {
                 Memory::Host(p, layout)
             }
         };
-        let base = match (&mem, &gpu.default.0) {
-            (Memory::Cuda(m), StreamKind::Cuda(stream)) => {
-                let p = m.device_ptr(stream).0;
-                // Zeroed before any other stream uses it.
-                stream.synchronize()?;
-                p
-            }
-            (Memory::Host(p, _), _) => *p as u64,
-            _ => return Err(CudaError::Driver("memory of another GPU".into())),
+        let base = match &mem {
+            Memory::Cuda(p, _) => *p,
+            Memory::Host(p, _) => *p as u64,
         };
         Ok(Arena {
             mem,
@@ -487,9 +494,17 @@ impl Arena {
     pub fn write(&mut self, s: &Stream, off: usize, data: &[u8]) -> Result<(), CudaError> {
         self.check(off, data.len())?;
         match (&mut self.mem, &s.0) {
-            (Memory::Cuda(m), StreamKind::Cuda(stream)) => {
-                let mut view = m.slice_mut(off..off + data.len());
-                Ok(stream.memcpy_htod(data, &mut view)?)
+            (Memory::Cuda(p, _), StreamKind::Cuda(stream)) => {
+                // SAFETY: `off + len` is inside the allocation (checked); the copy from
+                // pageable memory has read `data` when the call returns.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(
+                        *p + off as u64,
+                        data,
+                        stream.cu_stream(),
+                    )?
+                };
+                Ok(())
             }
             (Memory::Host(p, _), _) => {
                 // SAFETY: `off + len` is inside the allocation (checked), which no kernel is
@@ -505,9 +520,16 @@ impl Arena {
     pub fn read(&self, s: &Stream, off: usize, out: &mut [u8]) -> Result<(), CudaError> {
         self.check(off, out.len())?;
         match (&self.mem, &s.0) {
-            (Memory::Cuda(m), StreamKind::Cuda(stream)) => {
-                let view = m.slice(off..off + out.len());
-                stream.memcpy_dtoh(&view, out)?;
+            (Memory::Cuda(p, _), StreamKind::Cuda(stream)) => {
+                // SAFETY: `off + len` is inside the allocation (checked); `out` outlives the
+                // copy, which the synchronize below waits for.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(
+                        out,
+                        *p + off as u64,
+                        stream.cu_stream(),
+                    )?
+                };
                 Ok(stream.synchronize()?)
             }
             (Memory::Host(p, _), _) => {
@@ -532,9 +554,17 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        if let Memory::Host(p, layout) = self.mem {
-            // SAFETY: allocated in `new` with this layout, freed once.
-            unsafe { std::alloc::dealloc(p, layout) };
+        match &self.mem {
+            Memory::Host(p, layout) => {
+                // SAFETY: allocated in `new` with this layout, freed once.
+                unsafe { std::alloc::dealloc(*p, *layout) };
+            }
+            Memory::Cuda(p, ctx) => {
+                // Work on the memory must end first; errors cannot be reported from here.
+                let _ = ctx.bind_to_thread().and_then(|()| ctx.synchronize());
+                // SAFETY: allocated in `new`, freed once; no work uses it any more.
+                let _ = unsafe { cudarc::driver::result::free_sync(*p) };
+            }
         }
     }
 }

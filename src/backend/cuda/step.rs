@@ -26,12 +26,28 @@ pub const GEMM_MIN_ROWS: usize = 64;
 
 /// Threads per output row of the matvec kernels: four warps on a GPU; one on the software
 /// GPU, where every warp costs fiber switches and loads have no latency to hide.
+/// (`KILN_CUDA_MV_THREADS` overrides it, for measuring.)
 fn mv_threads(gpu: &Gpu) -> u32 {
-    if gpu.is_emulated() {
-        32
-    } else {
-        128
+    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let set = SET.get_or_init(|| {
+        let v = std::env::var("KILN_CUDA_MV_THREADS")
+            .ok()?
+            .parse::<u32>()
+            .ok()?;
+        (v.is_multiple_of(32) && (32..=1024).contains(&v)).then_some(v)
+    });
+    match (set, gpu.is_emulated()) {
+        (Some(v), _) => *v,
+        (None, true) => 32,
+        (None, false) => 128,
     }
+}
+
+/// Switches for measuring what an optimization is worth on a GPU (environment, read once):
+/// `KILN_CUDA_FUSE=0` launches each product alone, `KILN_CUDA_MIRROR=0` gives decode the f32
+/// attention instead of the CPU's f16 arithmetic on short contexts.
+fn switch(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
 }
 
 /// The most sequences a recorded decode step may carry (more run without a graph): the steps
@@ -140,6 +156,9 @@ pub struct SessionLayout {
     xq: usize,
     /// Prompt-sized products (when `max_rows >= GEMM_MIN_ROWS`).
     gemm: Option<GemmLayout>,
+    /// Decode attention split over the keys: the splits' partial results
+    /// `[decode rows, n_heads, n_split, head_dim_v + 2]` f32 (when the context has 2+ splits).
+    split: Option<SplitLayout>,
     /// Bytes of the activation allocation.
     pub act_bytes: usize,
     /// Per layer, offsets of keys `[slots, n_kv_heads, n_ctx, head_dim_k]` and values (f16).
@@ -160,6 +179,20 @@ struct GemmLayout {
     wbf_elems: usize,
     workspace: usize,
 }
+
+/// How decode attention splits a long context: `n_split` runs of `chunk` positions, for up to
+/// `rows` rows.
+#[derive(Clone, Copy, Debug)]
+struct SplitLayout {
+    part: usize,
+    rows: usize,
+    n_split: usize,
+    chunk: usize,
+}
+
+/// Positions per split of decode attention (at least), and the most splits.
+const SPLIT_KEYS: usize = 256;
+const MAX_SPLITS: usize = 32;
 
 /// Bytes of one 8-bit activation group (`Q8x` in matvec.cu: d, s, 32 values).
 const Q8X_BYTES: usize = 40;
@@ -221,6 +254,16 @@ impl SessionLayout {
                 )
             })
             .collect();
+        let n_split = sizes.n_ctx.div_ceil(SPLIT_KEYS).min(MAX_SPLITS);
+        let split = (n_split > 1).then(|| {
+            let rows = t.min(MAX_GRAPH_ROWS);
+            SplitLayout {
+                part: l.take(rows * c.n_heads * n_split * (c.head_dim_v + 2) * 4),
+                rows,
+                n_split,
+                chunk: sizes.n_ctx.div_ceil(n_split),
+            }
+        });
         SessionLayout {
             buf,
             width,
@@ -233,6 +276,7 @@ impl SessionLayout {
             rows_i32,
             xq,
             gemm,
+            split,
             act_bytes: l.bytes,
             kv,
             slot_stride: (per_k, per_v),
@@ -261,6 +305,10 @@ pub struct CudaSession {
     err: Option<CudaError>,
     /// Time per kernel (`KILN_CUDA_PROFILE`).
     profile: Option<Profile>,
+    /// Products that share an input in one launch; the CPU's attention arithmetic on short
+    /// decode contexts (see [`switch`]).
+    fuse: bool,
+    mirror: bool,
 }
 
 impl Drop for CudaSession {
@@ -308,6 +356,8 @@ impl CudaSession {
             use_graphs: profile.is_none(),
             err: None,
             profile,
+            fuse: switch("KILN_CUDA_FUSE"),
+            mirror: switch("KILN_CUDA_MIRROR"),
         })
     }
 
@@ -761,6 +811,7 @@ impl Backend for CudaStep<'_> {
         // Decode-sized products of one quantized format: one launch for all.
         let m0 = mats[0].0;
         let one_launch = mats.len() > 1
+            && s.fuse
             && (rows < GEMM_MIN_ROWS || s.layout.gemm.is_none())
             && m0.kernels.quantize.is_some()
             && mats.iter().all(|(m, _)| m.ty == m0.ty && m.cols == m0.cols);
@@ -782,7 +833,8 @@ impl Backend for CudaStep<'_> {
         let (x, gp, upp) = (s.buf(Buf::Xb), s.buf(Buf::Gate), s.buf(Buf::Up));
         let mut prep = Prepared::default();
         // Decode-sized, one quantized format, no biases: products and activation in one launch.
-        let fused = (rows < GEMM_MIN_ROWS || s.layout.gemm.is_none())
+        let fused = s.fuse
+            && (rows < GEMM_MIN_ROWS || s.layout.gemm.is_none())
             && g.ty == u.ty
             && g.bias.is_none()
             && u.bias.is_none();
@@ -893,7 +945,10 @@ impl Backend for CudaStep<'_> {
     ) -> Result<(), ForwardError> {
         let c = &self.m.config;
         // The CPU's choice of arithmetic for this pass (see `attend_f16`).
-        let vec = if seqs.iter().all(|sq| sq.n_tokens == 1) {
+        let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
+        let vec = if decode && !self.s.mirror {
+            0
+        } else if decode {
             2
         } else if seqs
             .iter()
@@ -943,7 +998,48 @@ impl Backend for CudaStep<'_> {
             Arg::I(vec),
         ];
         let block = c.head_dim_v.next_multiple_of(32).clamp(128, 1024) as u32;
-        s.go("attend_f16", (rows * c.n_heads) as u32, block, &attend);
+        match s.layout.split {
+            // Decode: the keys split over many blocks, then merged.
+            Some(sp) if decode && rows <= sp.rows => {
+                let part = s.at(sp.part);
+                let a = &attend;
+                let split = [
+                    a[0],
+                    a[1],
+                    a[2],
+                    a[3],
+                    a[4],
+                    a[5],
+                    a[6],
+                    a[7],
+                    Arg::P(part),
+                    a[8],
+                    a[9],
+                    a[10],
+                    a[11],
+                    a[12],
+                    a[13],
+                    a[14],
+                    Arg::I(sp.n_split as i32),
+                    Arg::I(sp.chunk as i32),
+                    Arg::I(s.mirror as i32),
+                ];
+                let grid = (rows * c.n_heads * sp.n_split) as u32;
+                s.go("attend_split_f16", grid, block, &split);
+                let merge = [
+                    Arg::P(s.at(s.layout.pos)),
+                    Arg::P(part),
+                    Arg::P(s.buf(Buf::Attn)),
+                    Arg::I(c.n_heads as i32),
+                    Arg::I(c.head_dim_v as i32),
+                    Arg::I(ctx),
+                    Arg::I(sp.n_split as i32),
+                    Arg::I(s.mirror as i32),
+                ];
+                s.go("attend_merge", (rows * c.n_heads) as u32, block, &merge);
+            }
+            _ => s.go("attend_f16", (rows * c.n_heads) as u32, block, &attend),
+        }
         Ok(())
     }
 

@@ -47,6 +47,100 @@ __device__ float dot_ref(const float* q16, const u16* k, int hd) {
 
 __device__ __forceinline__ float round_f16(float x) { return h2f(f2h(x)); }
 
+// One (row, head) of attention: where its query, keys and values are, which keys it sees.
+struct Head {
+    const float* q;
+    const u16* k;
+    const u16* v;
+    int first, last;  // visible positions first..=last
+    int hd_k, hd_v;
+    bool short_ctx;   // the cache's padded length is under 512 (the vector path's domain)
+};
+
+__device__ Head head_of(int r, int h, const float* q, const u16* kc, const u16* vc,
+                        const int* pos, const int* seq, long seq_stride_k, long seq_stride_v,
+                        int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, int window) {
+    Head a;
+    int kvh = h / (n_heads / n_kv_heads);
+    int p = pos[r];
+    a.first = window > 0 && p + 1 > window ? p + 1 - window : 0;
+    a.last = p;
+    a.q = q + ((long)r * n_heads + h) * hd_k;
+    a.k = kc + seq[r] * seq_stride_k + (long)kvh * ctx * hd_k;
+    a.v = vc + seq[r] * seq_stride_v + (long)kvh * ctx * hd_v;
+    a.hd_k = hd_k;
+    a.hd_v = hd_v;
+    a.short_ctx = min((p + 256) / 256 * 256, (ctx + 255) / 256 * 256) < 512;
+    return a;
+}
+
+// The vector arithmetic over all visible keys (see `attend_f16`); thread d < hd_v returns
+// output dimension d.
+__device__ float attend_vec(const Head& a, float scale) {
+    __shared__ float sc[ATT_CHUNK];
+    __shared__ float q16[256];
+    int d = threadIdx.x;
+    for (int i = threadIdx.x; i < a.hd_k; i += blockDim.x) q16[i] = round_f16(a.q[i]);
+    __syncthreads();
+    float m = -KILN_INF, l = 0.0f, acc = 0.0f;
+    for (int t0 = a.first; t0 <= a.last; t0 += ATT_CHUNK) {
+        int n = min(ATT_CHUNK, a.last + 1 - t0);
+        for (int j = threadIdx.x; j < n; j += blockDim.x)
+            sc[j] = dot_ref(q16, a.k + (long)(t0 + j) * a.hd_k, a.hd_k) * scale;
+        __syncthreads();
+        for (int j = 0; j < n; ++j) {
+            float s = sc[j], rescale = 1.0f, weight = 1.0f;
+            if (s > m) {
+                rescale = expf(m - s);
+                m = s;
+                acc = round_f16(acc * rescale);
+            } else {
+                weight = expf(s - m);
+            }
+            if (d < a.hd_v) acc = round_f16(fmaf(h2f(a.v[(long)(t0 + j) * a.hd_v + d]), weight, acc));
+            l = fmaf(l, rescale, weight);
+        }
+        __syncthreads();
+    }
+    return acc * (l == 0.0f ? 0.0f : 1.0f / l);
+}
+
+// The f32 arithmetic over keys lo..hi-1 (an online softmax a chunk at a time): the running
+// max `m`, the sum `l` and thread d's unnormalized output dimension `acc`.
+__device__ void attend_f32(const Head& a, float scale, int lo, int hi, float* m_out,
+                           float* l_out, float* acc_out) {
+    __shared__ float sc[ATT_CHUNK];
+    int d = threadIdx.x;
+    float m = -KILN_INF, l = 0.0f, acc = 0.0f;
+    for (int t0 = lo; t0 < hi; t0 += ATT_CHUNK) {
+        int n = min(ATT_CHUNK, hi - t0);
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const u16* kt = a.k + (long)(t0 + j) * a.hd_k;
+            float s = 0.0f;
+            for (int i = 0; i < a.hd_k; ++i) s += a.q[i] * h2f(kt[i]);
+            sc[j] = s * scale;
+        }
+        __syncthreads();
+        float cm = -KILN_INF;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) cm = fmaxf(cm, sc[j]);
+        cm = block_max(cm);
+        float m_new = fmaxf(m, cm);
+        float corr = expf(m - m_new);
+        l *= corr;
+        acc *= corr;
+        float part = 0.0f;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) part += expf(sc[j] - m_new);
+        l += block_sum(part);
+        if (d < a.hd_v)
+            for (int j = 0; j < n; ++j) acc += expf(sc[j] - m_new) * h2f(a.v[(long)(t0 + j) * a.hd_v + d]);
+        m = m_new;
+        __syncthreads();
+    }
+    *m_out = m;
+    *l_out = l;
+    *acc_out = acc;
+}
+
 // Attention of each row's query heads over its sequence's keys at positions
 // `max(0, pos − window + 1) ..= pos` (window 0: no window). One block per (row, head); needs
 // blockDim.x >= hd_v.
@@ -65,66 +159,69 @@ extern "C" __global__ void attend_f16(const float* q, const u16* kc, const u16* 
                                       int n_kv_heads, int hd_k, int hd_v, int ctx, float scale,
                                       int window, int vec) {
     int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-    int kvh = h / (n_heads / n_kv_heads);
-    int p = pos[r];
-    int first = window > 0 && p + 1 > window ? p + 1 - window : 0;
-    const float* qh = q + ((long)r * n_heads + h) * hd_k;
-    const u16* kh = kc + seq[r] * seq_stride_k + (long)kvh * ctx * hd_k;
-    const u16* vh = vc + seq[r] * seq_stride_v + (long)kvh * ctx * hd_v;
-    __shared__ float sc[ATT_CHUNK];
-    __shared__ float q16[256];
-    int d = threadIdx.x;
-    int padded = min((p + 256) / 256 * 256, (ctx + 255) / 256 * 256);
-    if (vec == 1 || (vec == 2 && padded < 512)) {
-        for (int i = threadIdx.x; i < hd_k; i += blockDim.x) q16[i] = round_f16(qh[i]);
-        __syncthreads();
-        float m = -KILN_INF, l = 0.0f, acc = 0.0f;
-        for (int t0 = first; t0 <= p; t0 += ATT_CHUNK) {
-            int n = min(ATT_CHUNK, p + 1 - t0);
-            for (int j = threadIdx.x; j < n; j += blockDim.x)
-                sc[j] = dot_ref(q16, kh + (long)(t0 + j) * hd_k, hd_k) * scale;
-            __syncthreads();
-            for (int j = 0; j < n; ++j) {
-                float s = sc[j], rescale = 1.0f, weight = 1.0f;
-                if (s > m) {
-                    rescale = expf(m - s);
-                    m = s;
-                    acc = round_f16(acc * rescale);
-                } else {
-                    weight = expf(s - m);
-                }
-                if (d < hd_v) acc = round_f16(fmaf(h2f(vh[(long)(t0 + j) * hd_v + d]), weight, acc));
-                l = fmaf(l, rescale, weight);
-            }
-            __syncthreads();
-        }
-        if (d < hd_v) out[((long)r * n_heads + h) * hd_v + d] = acc * (l == 0.0f ? 0.0f : 1.0f / l);
+    Head a = head_of(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads, n_kv_heads,
+                     hd_k, hd_v, ctx, window);
+    float* o = out + ((long)r * n_heads + h) * hd_v;
+    if (vec == 1 || (vec == 2 && a.short_ctx)) {
+        float v = attend_vec(a, scale);
+        if (threadIdx.x < hd_v) o[threadIdx.x] = v;
         return;
     }
-    float m = -KILN_INF, l = 0.0f, acc = 0.0f;
-    for (int t0 = first; t0 <= p; t0 += ATT_CHUNK) {
-        int n = min(ATT_CHUNK, p + 1 - t0);
-        for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            const u16* kt = kh + (long)(t0 + j) * hd_k;
-            float s = 0.0f;
-            for (int i = 0; i < hd_k; ++i) s += qh[i] * h2f(kt[i]);
-            sc[j] = s * scale;
+    float m, l, acc;
+    attend_f32(a, scale, a.first, a.last + 1, &m, &l, &acc);
+    if (threadIdx.x < hd_v) o[threadIdx.x] = acc / l;
+}
+
+// Decode attention split over the keys (long contexts): block (row, head, split) takes keys
+// split·chunk .. (split + 1)·chunk − 1 of the visible ones and writes its running max, sum and
+// unnormalized output to `part` (`[rows, heads, n_split, hd_v + 2]`); `attend_merge` combines
+// them. A row with a short context takes the vector arithmetic whole in split 0, straight to
+// `out` (the CPU's choice for it, as in `attend_f16` with vec 2), unless `mirror` is 0.
+extern "C" __global__ void attend_split_f16(const float* q, const u16* kc, const u16* vc,
+                                            const int* pos, const int* seq, long seq_stride_k,
+                                            long seq_stride_v, float* out, float* part,
+                                            int n_heads, int n_kv_heads, int hd_k, int hd_v,
+                                            int ctx, float scale, int window, int n_split,
+                                            int chunk, int mirror) {
+    int sp = blockIdx.x % n_split, rh = blockIdx.x / n_split;
+    int r = rh / n_heads, h = rh % n_heads;
+    Head a = head_of(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads, n_kv_heads,
+                     hd_k, hd_v, ctx, window);
+    if (mirror && a.short_ctx) {
+        if (sp == 0) {
+            float v = attend_vec(a, scale);
+            if (threadIdx.x < hd_v) out[(long)rh * hd_v + threadIdx.x] = v;
         }
-        __syncthreads();
-        float cm = -KILN_INF;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) cm = fmaxf(cm, sc[j]);
-        cm = block_max(cm);
-        float m_new = fmaxf(m, cm);
-        float corr = expf(m - m_new);
-        l *= corr;
-        acc *= corr;
-        float part = 0.0f;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) part += expf(sc[j] - m_new);
-        l += block_sum(part);
-        if (d < hd_v)
-            for (int j = 0; j < n; ++j) acc += expf(sc[j] - m_new) * h2f(vh[(long)(t0 + j) * hd_v + d]);
-        m = m_new;
-        __syncthreads();
+        return;
     }
-    if (d < hd_v) out[((long)r * n_heads + h) * hd_v + d] = acc / l;
+    int lo = max(a.first, sp * chunk), hi = min(a.last + 1, (sp + 1) * chunk);
+    float m = -KILN_INF, l = 0.0f, acc = 0.0f;
+    if (lo < hi) attend_f32(a, scale, lo, hi, &m, &l, &acc);
+    float* pr = part + ((long)rh * n_split + sp) * (hd_v + 2);
+    if (threadIdx.x < hd_v) pr[2 + threadIdx.x] = acc;
+    if (threadIdx.x == 0) {
+        pr[0] = m;
+        pr[1] = l;
+    }
+}
+
+// The splits of each (row, head) combined: out = Σ acc_s·e^(m_s − M) / Σ l_s·e^(m_s − M).
+extern "C" __global__ void attend_merge(const int* pos, const float* part, float* out,
+                                        int n_heads, int hd_v, int ctx, int n_split,
+                                        int mirror) {
+    int rh = blockIdx.x, r = rh / n_heads;
+    int p = pos[r];
+    if (mirror && min((p + 256) / 256 * 256, (ctx + 255) / 256 * 256) < 512) return;  // done
+    const float* pr = part + (long)rh * n_split * (hd_v + 2);
+    float mx = -KILN_INF;
+    for (int s = 0; s < n_split; ++s) mx = fmaxf(mx, pr[s * (hd_v + 2)]);
+    float l = 0.0f, acc = 0.0f;
+    for (int s = 0; s < n_split; ++s) {
+        const float* ps = pr + s * (hd_v + 2);
+        if (ps[0] == -KILN_INF) continue;
+        float w = expf(ps[0] - mx);
+        l += ps[1] * w;
+        if (threadIdx.x < hd_v) acc += ps[2 + threadIdx.x] * w;
+    }
+    if (threadIdx.x < hd_v) out[(long)rh * hd_v + threadIdx.x] = acc / l;
 }
