@@ -260,7 +260,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
 fn prompt_products_match_an_f64_product_of_the_bf16_operands() {
     let Some(g) = gpu() else { return };
     let (rows, cols) = (40, 512);
-    let n_tok = GEMM_MIN_ROWS.min(8).max(3);
+    let n_tok = GEMM_MIN_ROWS.clamp(3, 8);
     let mut x = random(n_tok * cols, 11);
     x[5] = 4.0e4; // past f16's range: bf16 keeps it
     let mut types = QUANTIZED.to_vec();

@@ -26,7 +26,7 @@ impl Profile {
     /// The table, largest total first.
     pub fn report(&self) -> String {
         let mut rows: Vec<_> = self.by_op.iter().collect();
-        rows.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.1 .1));
         let total: Duration = rows.iter().map(|r| r.1 .1).sum();
         let mut out = format!(
             "kiln CUDA profile: {:.3} ms in ops\n",
