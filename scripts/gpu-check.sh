@@ -67,11 +67,13 @@ run() {
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/gguf-*.whl && export PYTHONPATH=/tmp/site
     local m=.gpu/models
+    # The models to bench (KILN_BENCH_MODELS: a subset of "smol gemma llama1b llama8b").
+    local want=" ${KILN_BENCH_MODELS:-smol gemma llama1b llama8b} "
     [ -f $m/smol.gguf ] || python3 .gpu/twin_gguf.py twin $m/SmolLM2-135M-Instruct.Q4_1.head $m/smol.gguf
-    [ -f $m/gemma.gguf ] || python3 .gpu/twin_gguf.py twin $m/gemma-3-270m-q4_k_m.head $m/gemma.gguf
-    [ -f $m/llama1b.gguf ] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama1b.gguf \
+    [ -f $m/gemma.gguf ] || [[ "$want" != *" gemma "* ]] || python3 .gpu/twin_gguf.py twin $m/gemma-3-270m-q4_k_m.head $m/gemma.gguf
+    [ -f $m/llama1b.gguf ] || [[ "$want" != *" llama1b "* ]] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama1b.gguf \
         --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 --vocab 128256
-    [ -f $m/llama8b.gguf ] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama8b.gguf \
+    [ -f $m/llama8b.gguf ] || [[ "$want" != *" llama8b "* ]] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama8b.gguf \
         --layers 32 --dim 4096 --ffn 14336 --heads 32 --kv-heads 8 --vocab 128256
     # The real models cannot travel: their twins (real header and tokenizer, random blocks)
     # stand in for them under their own names.
@@ -86,7 +88,7 @@ run() {
         timeout 120 .gpu/cuda_ops --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
         KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
         echo "== GPU tests"
-        timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
+        timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
     fi
     # Wait for the reference build (at most KILN_REF_WAIT seconds).
     local waited=0
@@ -98,6 +100,7 @@ run() {
     local table=()
     for pair in "smol:SmolLM2 Q4_1" "gemma:Gemma-3 Q4_K_M" "llama1b:Llama-1B Q4_0" "llama8b:Llama-8B Q4_0"; do
         local f=$m/${pair%%:*}.gguf name=${pair#*:}
+        [[ "$want" == *" ${pair%%:*} "* ]] || continue
         local k r
         k=$(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json 2>>"$out/bench-err.txt" |
             python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo "failed")
@@ -113,6 +116,7 @@ run() {
     # Decode at depth 4096 (the third column).
     for pair in "smol:SmolLM2 Q4_1" "llama8b:Llama-8B Q4_0"; do
         local f=$m/${pair%%:*}.gguf name=${pair#*:} k r="-"
+        [ -n "${KILN_NO_DEPTH:-}" ] && continue
         k=$(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 128 -d 4096 -r 3 --json 2>>"$out/bench-err.txt" |
             python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo "failed")
         if [ -x $ref/build/bin/llama-bench ]; then
@@ -125,7 +129,9 @@ run() {
     if [ -n "${KILN_AB:-}" ]; then
         echo "== A/B: tg128, kiln --device cuda"
         for f in $m/smol.gguf $m/llama8b.gguf; do
+            [ -f "$f" ] || continue
             for envs in "" "KILN_CUDA_FUSE=0" "KILN_CUDA_MIRROR=0" "KILN_CUDA_MV_THREADS=32" "KILN_CUDA_MV_THREADS=256" ""; do
+                [ -n "${KILN_AB_SHORT:-}" ] && [[ "$envs" == *THREADS* || "$envs" == *FUSE* ]] && continue
                 local v
                 v=$(env $envs timeout 60 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 128 -r 3 --json 2>/dev/null |
                     python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)

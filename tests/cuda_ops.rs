@@ -57,18 +57,13 @@ fn activations(cols: usize) -> Vec<f32> {
     x
 }
 
-const QUANTIZED: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+/// The formats whose matvec takes 8-bit activations.
+fn quantized() -> Vec<GgmlType> {
+    GgmlType::ALL
+        .into_iter()
+        .filter(|&ty| format_kernels(ty).is_ok_and(|k| k.quantize.is_some()))
+        .collect()
+}
 
 struct Bufs {
     arena: Arena,
@@ -134,7 +129,9 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
     let (rows, cols) = (12, 768);
     let x = activations(cols);
     let n_tok = x.len() / cols;
-    for ty in QUANTIZED {
+    let types = quantized();
+    assert_eq!(types.len(), 10, "the ten quantized weight formats");
+    for ty in types {
         let w = weights(ty, rows, cols);
         let k = format_kernels(ty).unwrap();
         let mut b = bufs(&g, &w, &x, rows, cols, n_tok);
@@ -263,7 +260,7 @@ fn prompt_products_match_an_f64_product_of_the_bf16_operands() {
     let n_tok = GEMM_MIN_ROWS.clamp(3, 8);
     let mut x = random(n_tok * cols, 11);
     x[5] = 4.0e4; // past f16's range: bf16 keeps it
-    let mut types = QUANTIZED.to_vec();
+    let mut types = quantized();
     types.push(GgmlType::BF16);
     for ty in types {
         let w = weights(ty, rows, cols);

@@ -100,6 +100,16 @@ static inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
     return r;
 }
 
+static inline float __shfl_up_sync(unsigned, float v, unsigned delta) {
+    unsigned t = threadIdx.x;
+    exchange[t] = v;
+    yield_to_scheduler();
+    unsigned lane = t & 31u;
+    float r = lane >= delta ? exchange[t - delta] : v;
+    yield_to_scheduler();
+    return r;
+}
+
 static double exchange64[1024];
 
 static inline double __shfl_xor_sync(unsigned, double v, int lane_mask) {

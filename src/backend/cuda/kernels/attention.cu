@@ -75,11 +75,18 @@ __device__ Head head_of(int r, int h, const float* q, const u16* kc, const u16* 
 }
 
 // The vector arithmetic over all visible keys (see `attend_f16`); thread d < hd_v returns
-// output dimension d.
+// output dimension d. Key by key it is the CPU's chain: with M the largest score so far, a new
+// maximum s rescales the f16 sum by e^(M − s), else the key weighs e^(s − M); the sum takes
+// v·weight and is rounded to f16. Only that accumulation is sequential: per chunk of keys the
+// scores, the maxima before each key (a scan over a warp) and the factors (e^ in parallel) are
+// computed first, and the values are loaded 32 keys at a time ahead of the chain.
 __device__ float attend_vec(const Head& a, float scale) {
     __shared__ float sc[ATT_CHUNK];
+    __shared__ float resc[ATT_CHUNK];
+    __shared__ float wt[ATT_CHUNK];
     __shared__ float q16[256];
-    int d = threadIdx.x;
+    __shared__ float chunk_max;
+    int d = threadIdx.x, lane = threadIdx.x & 31;
     for (int i = threadIdx.x; i < a.hd_k; i += blockDim.x) q16[i] = round_f16(a.q[i]);
     __syncthreads();
     float m = -KILN_INF, l = 0.0f, acc = 0.0f;
@@ -88,18 +95,56 @@ __device__ float attend_vec(const Head& a, float scale) {
         for (int j = threadIdx.x; j < n; j += blockDim.x)
             sc[j] = dot_ref(q16, a.k + (long)(t0 + j) * a.hd_k, a.hd_k) * scale;
         __syncthreads();
-        for (int j = 0; j < n; ++j) {
-            float s = sc[j], rescale = 1.0f, weight = 1.0f;
-            if (s > m) {
-                rescale = expf(m - s);
-                m = s;
-                acc = round_f16(acc * rescale);
-            } else {
-                weight = expf(s - m);
+        {
+            // Lane i takes keys 8i..8i+7: the maxima before each within its run, then the
+            // maxima of the runs before it (a scan over the lanes), with the carried maximum.
+            // Every warp computes the same (identical writes): warps stay in step, as the
+            // software GPU needs for its shuffles.
+            const int per = ATT_CHUNK / 32;
+            float before[per], run = -KILN_INF;
+            for (int k = 0; k < per; ++k) {
+                int j = lane * per + k;
+                before[k] = run;
+                if (j < n) run = fmaxf(run, sc[j]);
             }
-            if (d < a.hd_v) acc = round_f16(fmaf(h2f(a.v[(long)(t0 + j) * a.hd_v + d]), weight, acc));
-            l = fmaf(l, rescale, weight);
+            float incl = run;
+            for (int o = 1; o < 32; o <<= 1) {
+                float v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl = fmaxf(incl, v);
+            }
+            float prev = __shfl_up_sync(0xffffffffu, incl, 1);
+            prev = fmaxf(lane == 0 ? -KILN_INF : prev, m);
+            for (int k = 0; k < per; ++k) {
+                int j = lane * per + k;
+                if (j >= n) break;
+                float pm = fmaxf(prev, before[k]), s = sc[j];
+                if (s > pm) {
+                    resc[j] = expf(pm - s);
+                    wt[j] = 1.0f;
+                } else {
+                    resc[j] = 1.0f;
+                    wt[j] = expf(s - pm);
+                }
+            }
+            if (lane == 31) chunk_max = incl;
         }
+        __syncthreads();
+        for (int j0 = 0; j0 < n; j0 += 32) {
+            float vv[32];
+#pragma unroll
+            for (int k = 0; k < 32; ++k)
+                vv[k] = d < a.hd_v && j0 + k < n ? h2f(a.v[(long)(t0 + j0 + k) * a.hd_v + d]) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 32; ++k) {
+                if (j0 + k < n) {
+                    float r = resc[j0 + k], w = wt[j0 + k];
+                    // (No new maximum: r is 1 and the rounding leaves the f16 sum as it is.)
+                    acc = round_f16(fmaf(vv[k], w, round_f16(acc * r)));
+                    l = fmaf(l, r, w);
+                }
+            }
+        }
+        m = fmaxf(m, chunk_max);
         __syncthreads();
     }
     return acc * (l == 0.0f ? 0.0f : 1.0f / l);
