@@ -1,0 +1,206 @@
+//! A session's matrix products: decode-sized ones as 8-bit integer matvecs (one launch for the
+//! matrices that share an input), prompt-sized ones as bf16 dequantization and a tensor-core
+//! product (see docs/gpu.md).
+
+use super::{Capture, CudaSession, GemmLayout, GEMM_MIN_ROWS};
+use crate::backend::cuda::gpu::{blocks_for, Arg, Gpu};
+use crate::backend::cuda::weights::DevMat;
+
+/// Threads per output row of the matvec kernels: four warps on a GPU; one on the software
+/// GPU, where every warp costs fiber switches and loads have no latency to hide.
+/// (`KILN_CUDA_MV_THREADS` overrides it, for measuring.)
+pub(super) fn mv_threads(gpu: &Gpu) -> u32 {
+    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let set = SET.get_or_init(|| {
+        let v = std::env::var("KILN_CUDA_MV_THREADS")
+            .ok()?
+            .parse::<u32>()
+            .ok()?;
+        (v.is_multiple_of(32) && (32..=1024).contains(&v)).then_some(v)
+    });
+    match (set, gpu.is_emulated()) {
+        (Some(v), _) => *v,
+        (None, true) => 32,
+        (None, false) => 128,
+    }
+}
+
+/// Which forms of a product's input exist (products that share an input make them once).
+#[derive(Default)]
+pub(super) struct Prepared {
+    /// The quantizer x went through last (into the layout's `xq`).
+    pub(super) q8: Option<&'static str>,
+    pub(super) bf16: bool,
+}
+
+impl CudaSession {
+    /// `y = x · mᵀ` for `rows` rows of x (`[rows, m.cols]` f32) into y (`[rows, m.rows]`).
+    /// `prep` remembers which forms of x the products sharing it have made.
+    pub(super) fn product(&mut self, m: DevMat, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
+        match (m.kernels.dequant, self.layout.gemm) {
+            (Some(dq), Some(g)) if rows >= GEMM_MIN_ROWS => self.gemm(m, dq, g, x, y, rows, prep),
+            _ => self.matvecs(&[(m, y)], x, rows, prep),
+        }
+        self.bias(m, y, rows);
+    }
+
+    pub(super) fn bias(&mut self, m: DevMat, y: u64, rows: usize) {
+        if let Some(b) = m.bias {
+            let args = [
+                Arg::P(y),
+                Arg::P(b),
+                Arg::L(rows as i64),
+                Arg::I(m.rows as i32),
+            ];
+            self.go("add_bias_f32", blocks_for(rows * m.rows), 256, &args);
+        }
+    }
+
+    /// Decode-sized products of 1–3 matrices of one format that share the input x, into their
+    /// outputs, in one launch (biases not included).
+    pub(super) fn matvecs(
+        &mut self,
+        mats: &[(DevMat, u64)],
+        x: u64,
+        rows: usize,
+        prep: &mut Prepared,
+    ) {
+        let m = mats[0].0;
+        let threads = mv_threads(&self.gpu);
+        let Some(input) = self.quantized(m, x, rows, prep) else {
+            for &(m, y) in mats {
+                let args = [
+                    Arg::P(m.ptr),
+                    Arg::P(x),
+                    Arg::P(y),
+                    Arg::I(m.rows as i32),
+                    Arg::I(m.cols as i32),
+                    Arg::I(rows as i32),
+                ];
+                self.go(m.kernels.matvec, m.rows as u32, threads, &args);
+            }
+            return;
+        };
+        let at = |i: usize| mats.get(i).copied().unwrap_or((DevMat { rows: 0, ..m }, 0));
+        let (a, b, c) = (at(0), at(1), at(2));
+        let args = [
+            Arg::P(a.0.ptr),
+            Arg::P(b.0.ptr),
+            Arg::P(c.0.ptr),
+            Arg::P(input),
+            Arg::P(a.1),
+            Arg::P(b.1),
+            Arg::P(c.1),
+            Arg::I(a.0.rows as i32),
+            Arg::I(b.0.rows as i32),
+            Arg::I(c.0.rows as i32),
+            Arg::I(m.cols as i32),
+            Arg::I(rows as i32),
+        ];
+        let grid = (a.0.rows + b.0.rows + c.0.rows) as u32;
+        self.go(m.kernels.matvec, grid, threads, &args);
+    }
+
+    /// x quantized for `m`'s matvec kernel (once for the products that share it), or `None`
+    /// when the kernel takes f32.
+    pub(super) fn quantized(
+        &mut self,
+        m: DevMat,
+        x: u64,
+        rows: usize,
+        prep: &mut Prepared,
+    ) -> Option<u64> {
+        let q = m.kernels.quantize?;
+        let xq = self.at(self.layout.xq);
+        if prep.q8 != Some(q) {
+            let n = rows * m.cols;
+            let args = [Arg::P(x), Arg::P(xq), Arg::L(n as i64)];
+            let grid = if q == "quantize_q8_k" {
+                (n / 256) as u32
+            } else {
+                blocks_for(n)
+            };
+            self.go(q, grid, 256, &args);
+            prep.q8 = Some(q);
+        }
+        Some(xq)
+    }
+
+    /// A prompt-sized product: x to bf16 (once per input), then per chunk of weight rows that
+    /// fits the scratch, dequantize them to bf16 and multiply (cuBLAS, or `gemm_bf16` on the
+    /// software GPU).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        m: DevMat,
+        dq: &str,
+        g: GemmLayout,
+        x: u64,
+        y: u64,
+        rows: usize,
+        prep: &mut Prepared,
+    ) {
+        let (xbf, wbf) = (self.at(g.xbf), self.at(g.wbf));
+        if !prep.bf16 {
+            let n = rows * m.cols;
+            self.elementwise(
+                "f32_to_bf16",
+                &[Arg::P(x), Arg::P(xbf), Arg::L(n as i64)],
+                n,
+            );
+            prep.bf16 = true;
+        }
+        let chunk = (g.wbf_elems / m.cols.max(1)).max(1);
+        let mut r0 = 0;
+        while r0 < m.rows && self.err.is_none() {
+            let nr = chunk.min(m.rows - r0);
+            let n = nr * m.cols;
+            let args = [
+                Arg::P(m.ptr),
+                Arg::P(wbf),
+                Arg::I(m.cols as i32),
+                Arg::L(r0 as i64),
+                Arg::L(n as i64),
+            ];
+            self.elementwise(dq, &args, n);
+            let yc = y + (r0 * 4) as u64;
+            let done = match self.capture {
+                Capture::Replaying(_) => true,
+                _ if self.err.is_some() => true,
+                _ => {
+                    let ws = self.at(g.workspace);
+                    let t = self.start_op();
+                    let r = self.gpu.gemm_bf16(
+                        &self.stream,
+                        ws,
+                        wbf,
+                        xbf,
+                        yc,
+                        nr,
+                        m.cols,
+                        rows,
+                        m.rows,
+                    );
+                    self.end_op("cublas_gemm_bf16", t);
+                    r.unwrap_or_else(|e| {
+                        self.fail(Err(e));
+                        true
+                    })
+                }
+            };
+            if !done {
+                let args = [
+                    Arg::P(wbf),
+                    Arg::P(xbf),
+                    Arg::P(yc),
+                    Arg::I(nr as i32),
+                    Arg::I(m.cols as i32),
+                    Arg::I(rows as i32),
+                    Arg::I(m.rows as i32),
+                ];
+                self.elementwise("gemm_bf16", &args, nr * rows);
+            }
+            r0 += nr;
+        }
+    }
+}
