@@ -65,16 +65,6 @@ enum Engine {
 /// session's decode step never catches another's launches.
 pub struct Stream(StreamKind);
 
-impl Stream {
-    /// The driver's stream (none on the software GPU).
-    pub fn cuda(&self) -> Option<&Arc<CudaStream>> {
-        match &self.0 {
-            StreamKind::Cuda(s) => Some(s),
-            StreamKind::Emulated(_) => None,
-        }
-    }
-}
-
 enum StreamKind {
     Cuda(Arc<CudaStream>),
     /// The launches of a graph being recorded, if one is.

@@ -57,6 +57,12 @@ struct Head {
     bool short_ctx;   // the cache's padded length is under 512 (the vector path's domain)
 };
 
+// Whether a row at position p has a short context: the cache's padded length (the reference's,
+// in steps of 256) is under 512, the vector arithmetic's domain for decode.
+__device__ __forceinline__ bool short_context(int p, int ctx) {
+    return min((p + 256) / 256 * 256, (ctx + 255) / 256 * 256) < 512;
+}
+
 __device__ Head head_of(int r, int h, const float* q, const u16* kc, const u16* vc,
                         const int* pos, const int* seq, long seq_stride_k, long seq_stride_v,
                         int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, int window) {
@@ -70,7 +76,7 @@ __device__ Head head_of(int r, int h, const float* q, const u16* kc, const u16* 
     a.v = vc + seq[r] * seq_stride_v + (long)kvh * ctx * hd_v;
     a.hd_k = hd_k;
     a.hd_v = hd_v;
-    a.short_ctx = min((p + 256) / 256 * 256, (ctx + 255) / 256 * 256) < 512;
+    a.short_ctx = short_context(p, ctx);
     return a;
 }
 
@@ -256,7 +262,7 @@ extern "C" __global__ void attend_merge(const int* pos, const float* part, float
                                         int mirror) {
     int rh = blockIdx.x, r = rh / n_heads;
     int p = pos[r];
-    if (mirror && min((p + 256) / 256 * 256, (ctx + 255) / 256 * 256) < 512) return;  // done
+    if (mirror && short_context(p, ctx)) return;  // done whole by split 0
     const float* pr = part + (long)rh * n_split * (hd_v + 2);
     float mx = -KILN_INF;
     for (int s = 0; s < n_split; ++s) mx = fmaxf(mx, pr[s * (hd_v + 2)]);

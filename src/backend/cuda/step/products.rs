@@ -115,11 +115,9 @@ impl CudaSession {
         if prep.q8 != Some(q) {
             let n = rows * m.cols;
             let args = [Arg::P(x), Arg::P(xq), Arg::L(n as i64)];
-            let grid = if q == "quantize_q8_k" {
-                (n / 256) as u32
-            } else {
-                blocks_for(n)
-            };
+            // One thread per element (n is whole groups: of 32, or of 256 for Q8_K, whose
+            // kernel takes a block of 256 per group).
+            let grid = n.div_ceil(256) as u32;
             self.go(q, grid, 256, &args);
             prep.q8 = Some(q);
         }
