@@ -65,6 +65,7 @@ fn runner(m: &Arc<Model>, threads: usize, kv_type: KvType) -> BatchRunner {
             n_threads: threads,
             prefill_chunk: 16,
             kv_type,
+            device: Default::default(),
         },
     )
     .unwrap()

@@ -27,6 +27,7 @@ fn opts_kv(n_slots: usize, kv_type: KvType) -> BatchOptions {
         n_threads: 2,
         prefill_chunk: 512,
         kv_type,
+        device: Default::default(),
     }
 }
 
@@ -210,6 +211,7 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
             n_threads: 2,
             prefill_chunk: 512,
             kv_type: KvType::F16,
+            device: Default::default(),
         },
     )
     .unwrap();

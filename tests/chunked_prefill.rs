@@ -105,6 +105,7 @@ fn short_request_overtakes_a_long_prompt_and_outputs_match() {
             n_threads: 2,
             prefill_chunk: CHUNK,
             kv_type: KvType::F16,
+            device: Default::default(),
         },
     )
     .unwrap();
@@ -197,6 +198,7 @@ fn prompts_share_the_chunk_shortest_first() {
             n_threads: 2,
             prefill_chunk: CHUNK,
             kv_type: KvType::F16,
+            device: Default::default(),
         },
     )
     .unwrap();

@@ -14,42 +14,22 @@ mod common;
 
 use std::sync::Arc;
 
+use common::gpu;
 use kiln::backend::{cuda, Device};
+use kiln::cache::KvType;
 use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::argmax;
 
-/// The GPU for a test, held for its duration (one test at a time: they count its allocations
-/// and measure its memory): the machine's, or else the software GPU (the same kernel sources
-/// built for the host by its C++ compiler). Prints which, or why the test skips (`None`).
-fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
-    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    match cuda::open() {
-        Ok(g) => println!("{test}: on {} ({})", g.name, g.arch),
-        Err(no_gpu) => match emulator() {
-            Ok(()) => println!("{test}: {no_gpu}; running on the software GPU"),
-            Err(why) => {
-                println!("{test}: skipped: {no_gpu}, and no software GPU: {why}");
-                return None;
-            }
-        },
-    }
-    Some(guard)
-}
-
-/// Make the software GPU this process's GPU.
-fn emulator() -> Result<(), String> {
-    let lib = common::emulator_lib()?;
-    cuda::use_emulator(&lib)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-}
-
 fn session(m: &Arc<Model>, device: Device, n_ctx: usize) -> Session {
+    session_kv(m, device, n_ctx, KvType::F16)
+}
+
+fn session_kv(m: &Arc<Model>, device: Device, n_ctx: usize, kv: KvType) -> Session {
     let mut o = SessionOptions::new(n_ctx, 2);
     o.prefill_chunk = 64;
     o.device = device;
+    o.kv_type = kv;
     Session::new(Arc::clone(m), o).unwrap_or_else(|e| panic!("{device:?} session: {e}"))
 }
 
@@ -149,6 +129,37 @@ fn long_context_decode_agrees_with_the_cpu() {
     }
 }
 
+/// A Q8_0 KV cache on the GPU (keys and values quantized as the CPU's cache quantizes them,
+/// attended as the f16 values they stand for) agrees with the CPU's Q8_0 cache: prompts and
+/// greedy steps, and decode past 512 positions (attention split over the keys).
+#[test]
+fn q8_0_kv_cache_agrees_with_the_cpu() {
+    let Some(_gpu) = gpu("q8_0_kv_cache_agrees_with_the_cpu") else {
+        return;
+    };
+    let cases = [
+        ("random-llama-q4_0", 40, 256),
+        ("random-qwen3-q4_k_m", 40, 256),
+        ("random-qwen2-q4_0", 40, 256),
+        ("random-llama-q8_0", 700, 1024),
+    ];
+    for (stem, len, ctx) in cases {
+        let prompt: Vec<u32> = (0..len).map(|i| (i * 37 % 200 + 3) as u32).collect();
+        let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        let cpu = run(
+            &mut session_kv(&m, Device::Cpu, ctx, KvType::Q8_0),
+            &prompt,
+            8,
+        );
+        let gpu = run(
+            &mut session_kv(&m, Device::Cuda, ctx, KvType::Q8_0),
+            &prompt,
+            8,
+        );
+        check(&format!("{stem} q8_0 KV at {len}"), cpu, gpu, 6, 0.05);
+    }
+}
+
 #[test]
 fn decode_allocates_nothing_and_replays_one_graph() {
     let Some(_gpu) = gpu("decode_allocates_nothing_and_replays_one_graph") else {
@@ -244,7 +255,7 @@ fn device_plan_matches_the_measured_device_memory() {
         let m = Arc::new(Model::load(&path).unwrap());
         let mut o = SessionOptions::new(ctx, 2);
         o.device = Device::Cuda;
-        let p = kiln::engine::plan::device_plan(&m.file, &o).unwrap();
+        let p = kiln::engine::plan::device_plan(&m.file, &o, 1).unwrap();
         // What the last round's session freed stays in the driver's pool unless given back.
         g.release_cached().unwrap();
         let (free0, _) = g.mem_info().unwrap();

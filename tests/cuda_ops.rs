@@ -339,3 +339,84 @@ fn prompt_products_match_an_f64_product_of_the_bf16_operands() {
         println!("{ty}: bf16 product vs f64, worst error / Σ|w·x| {worst:.2e}");
     }
 }
+
+/// `kv_store_q8_0` writes a row's keys and values into a Q8_0 cache as the CPU's cache
+/// quantizes them (`BlockQ8_0::quantize`: d = amax / 127, rounding half away from zero), bit
+/// for bit: random heads, a zero block, ties at half a step, a negative extreme, large and
+/// tiny magnitudes; at its position and slot only.
+#[test]
+fn q8_0_kv_store_matches_the_cpu_cache() {
+    use kiln::quant::blocks::BlockQ8_0;
+    let Some(g) = gpu() else { return };
+    let (heads, hd, ctx, slots) = (3usize, 64usize, 5usize, 2usize);
+    let n = heads * hd;
+    let mut k = random(n, 21);
+    k[32..64].fill(0.0);
+    // amax 127 gives d = 1: x.5 values sit exactly on ties.
+    for (i, v) in k[64..96].iter_mut().enumerate() {
+        *v = if i == 0 { 127.0 } else { i as f32 * 1.5 - 20.5 };
+    }
+    k[100] = -9.0;
+    let mut v: Vec<f32> = random(n, 22).iter().map(|x| x * 1e4).collect();
+    v[130..160].iter_mut().for_each(|x| *x *= 1e-8);
+    let row = kiln::cache::KvType::Q8_0.row_bytes(hd);
+    let per_slot = heads * ctx * row;
+    let mut l = Layout::default();
+    let (ko, vo) = (l.take(n * 4), l.take(n * 4));
+    // Keys, then values.
+    let kc = l.take(2 * slots * per_slot);
+    let vc = kc + slots * per_slot;
+    let (po, so) = (l.take(4), l.take(4));
+    let mut a = Arena::new(&g, l.bytes).unwrap();
+    let s = g.default_stream();
+    let bytes = zerocopy::IntoBytes::as_bytes;
+    a.write(s, ko, bytes(&k[..])).unwrap();
+    a.write(s, vo, bytes(&v[..])).unwrap();
+    a.write(s, kc, &vec![0xAB; 2 * slots * per_slot]).unwrap();
+    let (pos, slot) = (3usize, 1usize);
+    a.write(s, po, &(pos as i32).to_le_bytes()).unwrap();
+    a.write(s, so, &(slot as i32).to_le_bytes()).unwrap();
+    let args = [
+        Arg::P(a.ptr(ko)),
+        Arg::P(a.ptr(vo)),
+        Arg::P(a.ptr(kc)),
+        Arg::P(a.ptr(vc)),
+        Arg::P(a.ptr(po)),
+        Arg::P(a.ptr(so)),
+        Arg::L(per_slot as i64),
+        Arg::L(per_slot as i64),
+        Arg::I(heads as i32),
+        Arg::I(hd as i32),
+        Arg::I(hd as i32),
+        Arg::I(ctx as i32),
+    ];
+    g.launch(s, "kv_store_q8_0", 1, 256, &args).unwrap();
+    let mut cache = vec![0u8; 2 * slots * per_slot];
+    g.synchronize(s).unwrap();
+    a.read(s, kc, &mut cache).unwrap();
+    for (which, x, base) in [("keys", &k, 0), ("values", &v, slots * per_slot)] {
+        for h in 0..heads {
+            let mut want = vec![BlockQ8_0::default(); hd / 32];
+            <BlockQ8_0 as kiln::quant::reference::Quantize>::quantize(
+                &x[h * hd..(h + 1) * hd],
+                &mut want,
+            );
+            let at = base + slot * per_slot + (h * ctx + pos) * row;
+            assert_eq!(
+                &cache[at..at + row],
+                kiln::quant::blocks::as_bytes(&want[..]),
+                "{which}, head {h}"
+            );
+        }
+        // Every other position and slot is untouched.
+        let untouched = cache[base..base + slots * per_slot]
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| {
+                let (sl, r) = (i / per_slot, i % per_slot);
+                !(sl == slot && (r / row) % ctx == pos)
+            })
+            .all(|(_, &b)| b == 0xAB);
+        assert!(untouched, "{which}: bytes outside the row changed");
+    }
+}

@@ -76,6 +76,7 @@ fn scheduler_runner(m: &Arc<Model>, slots: usize, chunk: usize) -> BatchRunner {
             n_threads: 2,
             prefill_chunk: chunk,
             kv_type: KvType::F16,
+            device: Default::default(),
         },
     )
     .unwrap()

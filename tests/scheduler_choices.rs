@@ -103,6 +103,7 @@ fn scheduler<'t>(
             n_threads: 2,
             prefill_chunk: 8,
             kv_type: KvType::F16,
+            device: Default::default(),
         },
     )
     .unwrap();

@@ -158,6 +158,7 @@ fn ring_prefix_copy_between_slots_is_exact_or_recomputed() {
             n_threads: 2,
             prefill_chunk: 256,
             kv_type: kiln::cache::KvType::F16,
+            device: Default::default(),
         },
     )
     .unwrap();

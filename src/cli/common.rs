@@ -272,16 +272,6 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     })
 }
 
-/// Refuse `--device cuda` for a command that runs on the CPU only so far.
-pub fn cpu_only(args: &ModelArgs, command: &str) -> Result<()> {
-    if args.device()? == kiln::backend::Device::Cuda {
-        anyhow::bail!(
-            "`kiln {command}` runs on the CPU only so far (--device cuda works for run, chat, bench and perplexity)"
-        );
-    }
-    Ok(())
-}
-
 /// A session sized from the flags.
 pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
     let train = loaded.model.config.ctx_train;

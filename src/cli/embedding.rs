@@ -87,7 +87,7 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
     if prompts.is_empty() {
         bail!("no prompt to embed");
     }
-    common::cpu_only(&args.model, "embedding")?;
+    let device = args.model.device()?;
     let loaded = common::load(&args.model)?;
     let m = Arc::clone(&loaded.model);
     let pooling = Pooling::for_model(&m, args.pooling)?;
@@ -112,6 +112,7 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
             n_threads: args.model.threads(),
             prefill_chunk: args.model.batch_size.max(1),
             kv_type: args.model.kv_type,
+            device,
         },
     )?;
     let mut sched = Scheduler::new(runner, &loaded.tokenizer, Arc::new(SchedMetrics::default()));

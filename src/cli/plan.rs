@@ -74,11 +74,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
     };
     let cuda = args.device == kiln::backend::Device::Cuda;
     let p = if cuda {
-        if args.parallel > 1 || args.kv_budget.is_some() || args.kv_type != kiln::cache::KvType::F16
-        {
-            anyhow::bail!("a GPU plan is for one sequence with an f16 KV cache in device memory");
+        if args.kv_budget.is_some() {
+            anyhow::bail!("a GPU plan keeps the KV cache in device memory (no --kv-budget)");
         }
-        kiln::engine::plan::device_plan(&file, &opts)?
+        kiln::engine::plan::device_plan(&file, &opts, args.parallel)?
     } else {
         plan(&file, &opts, args.parallel, host)?
     };

@@ -137,6 +137,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         n_threads: args.model.threads(),
         prefill_chunk: args.model.batch_size.max(1),
         kv_type: args.model.kv_type,
+        device: args.model.device()?,
         max_queue: args.queue,
         max_body_bytes: args.max_body,
         api_key: args.api_key.clone(),
@@ -178,7 +179,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--swa-full is not supported by `kiln serve`");
     }
     // Refused before the port is bound.
-    common::cpu_only(&args.model, "serve")?;
+    args.model.device()?;
     let limits = HttpLimits {
         max_connections: args.max_connections as usize,
         header_timeout: args.header_timeout,

@@ -14,12 +14,16 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::sequence::{mask_logits, Sequence};
-use super::session::{check_context, kv_layout, scratch_spec, EngineError, SessionOptions};
-use crate::backend::cpu::{forward_batch, Runtime};
+use super::sequence::{mask_logits, Kv, Sequence};
+use super::session::{
+    check_context, cuda_session, kv_layout, scratch_spec, EngineError, SessionOptions,
+};
+use crate::backend::cpu::{self, Runtime};
+use crate::backend::cuda::{CudaKv, CudaSession, CudaStep};
+use crate::backend::{Device, SeqCache};
 use crate::cache::{KvCache, KvType, Scratch};
 use crate::kernels::attention::SoloAttention;
-use crate::model::forward::{ForwardError, Logits, SeqBatch};
+use crate::model::forward::{forward_batch, ForwardError, Logits, SeqBatch};
 use crate::model::Model;
 
 /// How a runner is sized.
@@ -34,6 +38,8 @@ pub struct BatchOptions {
     pub prefill_chunk: usize,
     /// Element type of every slot's KV cache.
     pub kv_type: KvType,
+    /// Where the steps run (every slot's cache is there too).
+    pub device: Device,
 }
 
 /// One slot's part of a step: `tokens` of the step's token buffer, whether the slot's
@@ -48,14 +54,32 @@ struct StepPart {
 }
 
 /// One sequence's KV region and the tokens in it.
-type Slot = Sequence<KvCache>;
+type Slot = Sequence<Kv>;
 
-/// The model, the thread pool, the shared scratch and every slot.
+/// Where a runner's steps run: the CPU's thread pool and scratch, or a GPU session whose KV
+/// cache has a slot per sequence. Each keeps the allocation of its per-step sequence views.
+#[allow(clippy::large_enum_variant)]
+enum Exec {
+    Cpu {
+        rt: Runtime,
+        scratch: Scratch,
+        /// Single-thread attention scratch per pool thread, for decode steps over short
+        /// contexts.
+        solo: SoloAttention,
+        seqs: Vec<SeqBatch<'static>>,
+    },
+    Cuda {
+        s: Box<CudaSession>,
+        seqs: Vec<SeqBatch<'static, CudaKv>>,
+    },
+}
+
+/// The model, the device's buffers (a CPU's thread pool and scratch, or a GPU session) and
+/// every slot.
 pub struct BatchRunner {
     pub model: Arc<Model>,
     pub opts: BatchOptions,
-    rt: Runtime,
-    scratch: Scratch,
+    exec: Exec,
     slots: Vec<Slot>,
     /// `[n_slots, vocab]`: the logits after each slot's last evaluated token.
     logits: Vec<f32>,
@@ -70,10 +94,6 @@ pub struct BatchRunner {
     /// position of its first row (reused).
     hidden_rows: Vec<Range<usize>>,
     hidden_at: Vec<(usize, usize)>,
-    /// The per-sequence views of a step, empty between steps: only its allocation is kept.
-    seq_buf: Vec<SeqBatch<'static>>,
-    /// Single-thread attention scratch per pool thread, for decode steps over short contexts.
-    solo: SoloAttention,
 }
 
 impl BatchRunner {
@@ -84,23 +104,48 @@ impl BatchRunner {
         check_context(c, n_ctx)?;
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
         sopts.kv_type = opts.kv_type;
+        sopts.device = opts.device;
         // A sequence gets at most a prefill chunk per pass (what its sliding-window rings must
         // hold beside the window)...
         sopts.prefill_chunk = opts.prefill_chunk.max(1);
         let layout = kv_layout(c, &sopts);
         // ...and a pass carries a chunk beside one decode token per slot.
-        sopts.prefill_chunk = opts.prefill_chunk.max(1) + n_slots;
-        sopts.logit_rows = n_slots;
+        let sopts = runner_session_options(&sopts, n_slots);
         let spec = scratch_spec(&model, &sopts);
-        let slots = (0..n_slots)
-            .map(|_| {
-                let kv = KvCache::with_type(layout.clone(), opts.kv_type)?;
-                Ok(Slot::new(kv, n_ctx))
-            })
-            .collect::<Result<Vec<_>, EngineError>>()?;
+        let (exec, slots) = match opts.device {
+            Device::Cpu => {
+                let slots = (0..n_slots)
+                    .map(|_| {
+                        let kv = KvCache::with_type(layout.clone(), opts.kv_type)?;
+                        Ok(Slot::new(Kv::Cpu(kv), n_ctx))
+                    })
+                    .collect::<Result<Vec<_>, EngineError>>()?;
+                let exec = Exec::Cpu {
+                    rt: Runtime::new(opts.n_threads),
+                    scratch: Scratch::new(c, spec),
+                    solo: SoloAttention::new(
+                        c.n_heads,
+                        c.n_kv_heads,
+                        c.head_dim_k,
+                        c.head_dim_v,
+                        opts.n_threads,
+                        opts.kv_type,
+                    ),
+                    seqs: Vec::with_capacity(n_slots),
+                };
+                (exec, slots)
+            }
+            Device::Cuda => {
+                let s = cuda_session(&model, &sopts, spec, n_slots, &mut |_, _| {})?;
+                let slots = (0..n_slots)
+                    .map(|i| Slot::new(Kv::Cuda(CudaKv::new(i, n_ctx)), n_ctx))
+                    .collect();
+                let seqs = Vec::with_capacity(n_slots);
+                (Exec::Cuda { s, seqs }, slots)
+            }
+        };
         Ok(BatchRunner {
-            rt: Runtime::new(opts.n_threads),
-            scratch: Scratch::new(c, spec),
+            exec,
             slots,
             logits: vec![0.0; n_slots * c.vocab_size],
             step_tokens: Vec::with_capacity(spec.max_tokens),
@@ -109,15 +154,6 @@ impl BatchRunner {
             logit_slots: Vec::with_capacity(n_slots),
             hidden_rows: Vec::with_capacity(n_slots),
             hidden_at: Vec::with_capacity(n_slots),
-            seq_buf: Vec::with_capacity(n_slots),
-            solo: SoloAttention::new(
-                c.n_heads,
-                c.n_kv_heads,
-                c.head_dim_k,
-                c.head_dim_v,
-                opts.n_threads,
-                opts.kv_type,
-            ),
             opts: BatchOptions {
                 n_slots,
                 n_ctx,
@@ -190,9 +226,22 @@ impl BatchRunner {
             (&mut b[0], &a[src])
         };
         let n = n.min(s.tokens.len());
-        let n =
-            d.kv.copy_prefix_from(&s.kv, n)
-                .expect("slots share one layout, so a prefix of one fits another");
+        let n = match (&mut d.kv, &s.kv, &mut self.exec) {
+            (Kv::Cpu(dk), Kv::Cpu(sk), _) => dk
+                .copy_prefix_from(sk, n)
+                .expect("slots share one layout, so a prefix of one fits another"),
+            (Kv::Cuda(dk), Kv::Cuda(sk), Exec::Cuda { s: gpu, .. }) => {
+                match gpu.copy_prefix(dk.slot, sk.slot, n) {
+                    Ok(()) => {
+                        dk.rollback(0);
+                        dk.advance(n).map_or(0, |()| n)
+                    }
+                    // The device failed: nothing is reused.
+                    Err(_) => dk.rollback(0),
+                }
+            }
+            _ => 0,
+        };
         d.tokens.clear();
         d.tokens.extend_from_slice(&s.tokens[..n]);
         n
@@ -218,41 +267,39 @@ impl BatchRunner {
         }
         let v = self.model.config.vocab_size;
         let s = &mut self.slots[slot];
-        if s.kv.would_overflow(tokens.len()) {
+        if s.would_overflow(tokens.len()) {
             return Err(EngineError::PromptTooLong {
                 prompt: tokens.len(),
                 ctx: self.opts.n_ctx,
                 used: s.tokens.len(),
             });
         }
+        let part = [StepPart {
+            slot,
+            tokens: 0..tokens.len(),
+            logits: want_logits,
+            hidden: 0..0,
+        }];
+        let row = [tokens.len() - 1];
+        let out = &mut self.logits[slot * v..(slot + 1) * v];
+        let mut sink = |_: usize, l: &[f32]| out.copy_from_slice(l);
         let want = if want_logits {
-            Logits::Last
+            Logits::Picked(&row, &mut sink)
         } else {
             Logits::None
         };
-        let n_tokens = tokens.len();
-        forward_batch(
-            &self.model,
-            &self.rt,
-            &mut [SeqBatch {
-                kv: &mut s.kv,
-                n_tokens,
-            }],
-            &mut self.scratch,
-            tokens,
-            want,
-            None,
-        )?;
-        s.tokens.extend_from_slice(tokens);
-        if want_logits {
-            self.logits[slot * v..(slot + 1) * v].copy_from_slice(&self.scratch.logits[..v]);
-        }
+        let (m, exec) = (&self.model, &mut self.exec);
+        run_forward(m, exec, &mut self.slots, &part, tokens, want, false)?;
+        self.slots[slot].tokens.extend_from_slice(tokens);
         Ok(())
     }
 
     /// Most tokens one step can carry (the scratch rows).
     pub fn max_step_tokens(&self) -> usize {
-        self.scratch.spec.max_tokens
+        match &self.exec {
+            Exec::Cpu { scratch, .. } => scratch.spec.max_tokens,
+            Exec::Cuda { s, .. } => s.sizes().max_rows,
+        }
     }
 
     /// Tokens in the step being built.
@@ -325,7 +372,7 @@ impl BatchRunner {
                 .into());
             }
             let s = &self.slots[p.slot];
-            if s.kv.would_overflow(p.tokens.len()) {
+            if s.would_overflow(p.tokens.len()) {
                 return Err(if p.tokens.len() == 1 {
                     EngineError::ContextFull {
                         ctx: self.opts.n_ctx,
@@ -353,16 +400,6 @@ impl BatchRunner {
             let pos = self.slots[p.slot].tokens.len() + p.hidden.start;
             self.hidden_at.push((p.slot, pos));
         }
-        let mut seqs = recycle(std::mem::take(&mut self.seq_buf));
-        let mut parts = self.parts.iter().peekable();
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if let Some(p) = parts.next_if(|p| p.slot == i) {
-                seqs.push(SeqBatch {
-                    kv: &mut s.kv,
-                    n_tokens: p.tokens.len(),
-                });
-            }
-        }
         let v = self.model.config.vocab_size;
         let (logits, logit_slots) = (&mut self.logits, &self.logit_slots);
         let mut sink = |i: usize, l: &[f32]| {
@@ -386,17 +423,16 @@ impl BatchRunner {
                 sink: &mut sink,
             }
         };
-        let res = forward_batch(
-            &self.model,
-            &self.rt,
-            &mut seqs,
-            &mut self.scratch,
+        let (m, exec, parts) = (&self.model, &mut self.exec, &self.parts);
+        run_forward(
+            m,
+            exec,
+            &mut self.slots,
+            parts,
             &self.step_tokens,
             want,
-            Some(&mut self.solo),
-        );
-        self.seq_buf = recycle(seqs);
-        res?;
+            true,
+        )?;
         for p in &self.parts {
             let t = &self.step_tokens[p.tokens.clone()];
             self.slots[p.slot].tokens.extend_from_slice(t);
@@ -421,14 +457,100 @@ impl BatchRunner {
 
     /// Bytes of the KV caches of all slots.
     pub fn kv_bytes(&self) -> usize {
-        self.slots.iter().map(|s| s.kv.bytes()).sum()
+        self.slots
+            .iter()
+            .map(|s| match &s.kv {
+                Kv::Cpu(kv) => kv.bytes(),
+                Kv::Cuda(_) => 0,
+            })
+            .sum::<usize>()
+            + match &self.exec {
+                Exec::Cpu { .. } => 0,
+                Exec::Cuda { s, .. } => s.kv_bytes(),
+            }
     }
+}
+
+/// How a runner of `n_slots` sizes its buffers, from a session's options: a pass carries a
+/// prefill chunk beside one decode token per slot, and a logits row per slot. (The memory
+/// plan sizes a server's GPU session with this.)
+pub fn runner_session_options(opts: &SessionOptions, n_slots: usize) -> SessionOptions {
+    SessionOptions {
+        prefill_chunk: opts.prefill_chunk.max(1) + n_slots,
+        logit_rows: n_slots,
+        ..*opts
+    }
+}
+
+/// Run one step of `parts` (each a slot's `tokens` of the step's) on the runner's device. With
+/// `solo`, the CPU may run short decode rows' attention one sequence per thread.
+fn run_forward(
+    m: &Model,
+    exec: &mut Exec,
+    slots: &mut [Slot],
+    parts: &[StepPart],
+    tokens: &[u32],
+    want: Logits<'_>,
+    solo: bool,
+) -> Result<(), ForwardError> {
+    match exec {
+        Exec::Cpu {
+            rt,
+            scratch,
+            solo: s1,
+            seqs,
+        } => {
+            let mut views = slot_views(std::mem::take(seqs), slots, parts, |kv| match kv {
+                Kv::Cpu(k) => Some(k),
+                Kv::Cuda(_) => None,
+            })?;
+            let s1 = solo.then_some(s1);
+            let r = cpu::forward_batch(m, rt, &mut views, scratch, tokens, want, s1);
+            *seqs = recycle(views);
+            r
+        }
+        Exec::Cuda { s, seqs } => {
+            let mut views = slot_views(std::mem::take(seqs), slots, parts, |kv| match kv {
+                Kv::Cuda(k) => Some(k),
+                Kv::Cpu(_) => None,
+            })?;
+            let r = forward_batch(m, &mut CudaStep { m, s }, &mut views, tokens, want);
+            *seqs = recycle(views);
+            r
+        }
+    }
+}
+
+/// The views of the slots in `parts` (by increasing slot), in `buf`'s allocation: their caches
+/// on the runner's device (`pick`).
+fn slot_views<'a, K>(
+    buf: Vec<SeqBatch<'static, K>>,
+    slots: &'a mut [Slot],
+    parts: &[StepPart],
+    pick: impl Fn(&mut Kv) -> Option<&mut K>,
+) -> Result<Vec<SeqBatch<'a, K>>, ForwardError> {
+    let mut views = recycle(buf);
+    let mut parts = parts.iter().peekable();
+    for (i, s) in slots.iter_mut().enumerate() {
+        if let Some(p) = parts.next_if(|p| p.slot == i) {
+            let Some(kv) = pick(&mut s.kv) else {
+                return Err(ForwardError::Device(
+                    "a slot's cache is on another device than the runner".into(),
+                ));
+            };
+            views.push(SeqBatch {
+                kv,
+                n_tokens: p.tokens.len(),
+            });
+        }
+    }
+    Ok(views)
 }
 
 /// An empty vector of sequence views for another lifetime, keeping the allocation: the items'
 /// types differ only in lifetimes, so `collect` reuses the buffer in place (no value crosses:
 /// the vector is emptied first). `tests/decode_alloc.rs` checks that a step allocates nothing.
-fn recycle<'b>(mut v: Vec<SeqBatch<'_>>) -> Vec<SeqBatch<'b>> {
+fn recycle<'b, K>(mut v: Vec<SeqBatch<'_, K>>) -> Vec<SeqBatch<'b, K>> {
     v.clear();
     v.into_iter()
         .map(|_| unreachable!("the vector is empty"))

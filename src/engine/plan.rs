@@ -308,17 +308,31 @@ fn check_ctx(c: &crate::model::ModelConfig, opts: &SessionOptions) -> Result<(),
 /// What a session on the GPU will hold in device memory, from the file's header: the weights
 /// as [`crate::backend::cuda::DeviceWeights::upload`] lays them out, and the activation and
 /// KV-cache allocations as [`crate::backend::cuda::CudaSession::new`] makes them (the same
-/// layout functions). The driver's own context memory is not included.
-pub fn device_plan(file: &GgufFile, opts: &SessionOptions) -> Result<MemoryPlan, PlanError> {
+/// layout functions). With `parallel` > 1, the session of a server's batch runner
+/// ([`crate::engine::batch::BatchRunner`]): that many KV slots, and rows for a prefill chunk
+/// beside a decode token per slot. The driver's own context memory is not included.
+pub fn device_plan(
+    file: &GgufFile,
+    opts: &SessionOptions,
+    parallel: usize,
+) -> Result<MemoryPlan, PlanError> {
     use crate::backend::cuda::step::{CudaSizes, SessionLayout};
     let (c, traits) = read_config(file)?;
     check_ctx(&c, opts)?;
-    let spec = scratch_spec_for(file, opts);
+    opts.kv_type.check_head_dim(c.head_dim_k)?;
+    opts.kv_type.check_head_dim(c.head_dim_v)?;
+    let slots = parallel.max(1);
+    let opts = match slots {
+        1 => *opts,
+        _ => crate::engine::batch::runner_session_options(opts, slots),
+    };
+    let spec = scratch_spec_for(file, &opts);
     let sizes = CudaSizes {
         max_rows: spec.max_tokens,
         logit_rows: spec.logit_rows,
         n_ctx: opts.n_ctx.max(1),
-        slots: 1,
+        slots,
+        kv_type: opts.kv_type,
     };
     let l = SessionLayout::new(&c, traits.fused_qkv, sizes);
     let weights = crate::backend::cuda::weights::planned_bytes(file) as u64;
@@ -334,8 +348,15 @@ pub fn device_plan(file: &GgufFile, opts: &SessionOptions) -> Result<MemoryPlan,
             bytes: l.kv_bytes as u64,
             mapped: false,
             formula: format!(
-                "{} layers × {} ctx × {} kv heads × ({} + {}) dims × 2 B (f16)",
-                c.n_layers, sizes.n_ctx, c.n_kv_heads, c.head_dim_k, c.head_dim_v
+                "{slots} seq × {} layers × {} ctx × {} kv heads × ({} + {}) B ({} rows of {} + {} dims)",
+                c.n_layers,
+                sizes.n_ctx,
+                c.n_kv_heads,
+                opts.kv_type.row_bytes(c.head_dim_k),
+                opts.kv_type.row_bytes(c.head_dim_v),
+                opts.kv_type.name(),
+                c.head_dim_k,
+                c.head_dim_v
             ),
         },
         Component {

@@ -2,7 +2,9 @@
 //! cache holds. A session keeps one, the batch runner one per slot; rollback, prefix reuse and
 //! logit masking are written here once for both.
 
+use crate::backend::cuda::CudaKv;
 use crate::backend::SeqCache;
+use crate::cache::{KvCache, KvOverflow, KvWindowError};
 
 /// A KV cache and the tokens in it, in order.
 pub struct Sequence<K> {
@@ -45,6 +47,53 @@ impl<K: SeqCache> Sequence<K> {
     /// Whether `n` more tokens would overflow the cache.
     pub fn would_overflow(&self, n: usize) -> bool {
         self.kv.check_fits(n).is_err()
+    }
+}
+
+/// A sequence's KV cache: in RAM (or a file), or a slot of a session's cache on the GPU.
+/// (Few per process: the size difference of the variants does not matter.)
+#[allow(clippy::large_enum_variant)]
+pub enum Kv {
+    Cpu(KvCache),
+    Cuda(CudaKv),
+}
+
+impl SeqCache for Kv {
+    fn len(&self) -> usize {
+        match self {
+            Kv::Cpu(k) => SeqCache::len(k),
+            Kv::Cuda(k) => k.len(),
+        }
+    }
+    fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
+        match self {
+            Kv::Cpu(k) => k.check_fits(n),
+            Kv::Cuda(k) => k.check_fits(n),
+        }
+    }
+    fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
+        match self {
+            Kv::Cpu(k) => k.check_window(n),
+            Kv::Cuda(k) => k.check_window(n),
+        }
+    }
+    fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
+        match self {
+            Kv::Cpu(k) => k.advance(n),
+            Kv::Cuda(k) => k.advance(n),
+        }
+    }
+    fn rollback(&mut self, n: usize) -> usize {
+        match self {
+            Kv::Cpu(k) => k.rollback(n),
+            Kv::Cuda(k) => k.rollback(n),
+        }
+    }
+    fn reset(&mut self) {
+        match self {
+            Kv::Cpu(k) => k.reset(),
+            Kv::Cuda(k) => k.reset(),
+        }
     }
 }
 

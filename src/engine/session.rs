@@ -5,12 +5,11 @@ use std::sync::Arc;
 
 use crate::backend::cpu::{forward, Runtime};
 use crate::backend::cuda::{self, CudaKv, CudaSession, CudaSizes, CudaStep, DeviceWeights};
-use crate::backend::{Device, SeqBatch, SeqCache};
+use crate::backend::{Device, SeqBatch};
 use crate::cache::{
-    KvBudgetError, KvCache, KvCacheError, KvLayout, KvOverflow, KvType, KvTypeError, KvWindowError,
-    Scratch, ScratchSpec,
+    KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
 };
-use crate::engine::sequence::{mask_logits, Sequence};
+use crate::engine::sequence::{mask_logits, Kv, Sequence};
 use crate::model::forward::{forward_batch, ForwardError, Logits};
 use crate::model::{weights, Model};
 
@@ -100,53 +99,6 @@ pub struct Session {
     exec: Exec,
 }
 
-/// A session's KV cache: in RAM (or a file), or on the GPU. (One per session: the size
-/// difference of the variants does not matter.)
-#[allow(clippy::large_enum_variant)]
-enum Kv {
-    Cpu(KvCache),
-    Cuda(CudaKv),
-}
-
-impl SeqCache for Kv {
-    fn len(&self) -> usize {
-        match self {
-            Kv::Cpu(k) => SeqCache::len(k),
-            Kv::Cuda(k) => k.len(),
-        }
-    }
-    fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
-        match self {
-            Kv::Cpu(k) => k.check_fits(n),
-            Kv::Cuda(k) => k.check_fits(n),
-        }
-    }
-    fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
-        match self {
-            Kv::Cpu(k) => k.check_window(n),
-            Kv::Cuda(k) => k.check_window(n),
-        }
-    }
-    fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
-        match self {
-            Kv::Cpu(k) => k.advance(n),
-            Kv::Cuda(k) => k.advance(n),
-        }
-    }
-    fn rollback(&mut self, n: usize) -> usize {
-        match self {
-            Kv::Cpu(k) => k.rollback(n),
-            Kv::Cuda(k) => k.rollback(n),
-        }
-    }
-    fn reset(&mut self) {
-        match self {
-            Kv::Cpu(k) => k.reset(),
-            Kv::Cuda(k) => k.reset(),
-        }
-    }
-}
-
 /// Where a session's buffers live (its cache is on the same device).
 #[allow(clippy::large_enum_variant)]
 enum Exec {
@@ -188,22 +140,7 @@ impl Session {
                 (Kv::Cpu(kv), Exec::Cpu { scratch }, opts.n_threads)
             }
             Device::Cuda => {
-                if opts.kv_type != KvType::F16 || opts.kv_budget.is_some() {
-                    return Err(cuda::CudaError::Unsupported(
-                        "a KV cache other than f16 in device memory (--kv-type, --kv-budget)"
-                            .into(),
-                    )
-                    .into());
-                }
-                let gpu = cuda::open()?;
-                let w = device_weights(&gpu, &model, progress)?;
-                let sizes = CudaSizes {
-                    max_rows: spec.max_tokens,
-                    logit_rows: spec.logit_rows,
-                    n_ctx,
-                    slots: 1,
-                };
-                let s = Box::new(CudaSession::new(gpu, w, &model, sizes)?);
+                let s = cuda_session(&model, &opts, spec, 1, progress)?;
                 let exec = Exec::Cuda {
                     s,
                     logits: vec![0.0; c.vocab_size],
@@ -480,6 +417,33 @@ impl Session {
             Exec::Cuda { s, .. } => s.sizes().max_rows,
         }
     }
+}
+
+/// A session's buffers and KV cache on the GPU for `slots` sequences, sized by `spec` (the
+/// weights uploaded first, unless another session of the model already holds them there).
+pub(crate) fn cuda_session(
+    model: &Arc<Model>,
+    opts: &SessionOptions,
+    spec: ScratchSpec,
+    slots: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Box<CudaSession>, EngineError> {
+    if opts.kv_budget.is_some() {
+        return Err(cuda::CudaError::Unsupported(
+            "a KV cache offloaded to host memory (--kv-budget)".into(),
+        )
+        .into());
+    }
+    let gpu = cuda::open()?;
+    let w = device_weights(&gpu, model, progress)?;
+    let sizes = CudaSizes {
+        max_rows: spec.max_tokens,
+        logit_rows: spec.logit_rows,
+        n_ctx: opts.n_ctx.max(1),
+        slots,
+        kv_type: opts.kv_type,
+    };
+    Ok(Box::new(CudaSession::new(gpu, w, model, sizes)?))
 }
 
 /// `m`'s weights on `gpu`: uploaded by the first session of a model, shared by the sessions

@@ -55,6 +55,8 @@ pub struct ServeOptions {
     pub prefill_chunk: usize,
     /// Element type of the KV caches.
     pub kv_type: crate::cache::KvType,
+    /// Where the model runs (`--device`).
+    pub device: crate::backend::Device,
     /// Requests allowed to wait for a slot; more are refused with 429.
     pub max_queue: usize,
     /// Largest accepted request body.
@@ -224,6 +226,7 @@ fn start(
             n_threads: opts.n_threads,
             prefill_chunk: opts.prefill_chunk,
             kv_type: opts.kv_type,
+            device: opts.device,
         },
     )?;
     let kv_bytes = runner.kv_bytes();

@@ -134,3 +134,30 @@ pub fn emulator_lib() -> Result<PathBuf, String> {
         })
         .clone()
 }
+
+/// The GPU for a test, held for its duration (one test at a time: they count its allocations
+/// and measure its memory): the machine's, or else the software GPU (the same kernel sources
+/// built for the host by its C++ compiler). Prints which, or why the test skips (`None`).
+pub fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    match kiln::backend::cuda::open() {
+        Ok(g) => println!("{test}: on {} ({})", g.name, g.arch),
+        Err(no_gpu) => match emulator() {
+            Ok(()) => println!("{test}: {no_gpu}; running on the software GPU"),
+            Err(why) => {
+                println!("{test}: skipped: {no_gpu}, and no software GPU: {why}");
+                return None;
+            }
+        },
+    }
+    Some(guard)
+}
+
+/// Make the software GPU this process's GPU.
+pub fn emulator() -> Result<(), String> {
+    let lib = emulator_lib()?;
+    kiln::backend::cuda::use_emulator(&lib)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

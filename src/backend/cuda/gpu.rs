@@ -89,6 +89,12 @@ pub enum Graph {
     Emulated(Vec<Launch>),
 }
 
+// SAFETY: a graph belongs to one session, which uses it from one thread at a time (a server's
+// engine thread takes the session over from the thread that loaded it). cudarc's
+// `CudaGraph::launch` makes the context current on the calling thread before it launches, and
+// the driver's graph handles are not tied to the thread that made them.
+unsafe impl Send for Graph {}
+
 /// The NVRTC architecture for a compute capability: native code for the GPUs kiln knows,
 /// else PTX that the driver compiles for what it finds.
 fn arch_for(major: i32, minor: i32) -> &'static str {

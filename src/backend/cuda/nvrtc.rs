@@ -47,6 +47,8 @@ pub fn entries(src: &str) -> Vec<String> {
             "MATVEC_PLAIN(",
             "EMBED(",
             "DEQUANT_BF16(",
+            "ATTEND(",
+            "ATTEND_SPLIT(",
         ] {
             if let Some(rest) = l.strip_prefix(mac) {
                 names.push(rest.split(',').next().unwrap_or("").trim().to_string());

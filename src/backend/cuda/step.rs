@@ -17,7 +17,7 @@ mod products;
 use super::weights::{DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
-use crate::cache::{KvOverflow, KvWindowError};
+use crate::cache::{KvOverflow, KvType, KvWindowError};
 use crate::model::config::{Activation, RopeKind};
 use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
@@ -109,6 +109,8 @@ pub struct CudaSizes {
     pub n_ctx: usize,
     /// Sequences (KV slots).
     pub slots: usize,
+    /// Element type of the KV cache.
+    pub kv_type: KvType,
 }
 
 enum Capture {
@@ -128,10 +130,12 @@ pub struct SessionLayout {
     buf: [usize; 10],
     width: [usize; 10],
     qkv: Option<usize>,
-    /// `[rows]` i32 each: token ids, positions, slots; gathered rows and argmax results.
+    /// `[rows]` i32 each: token ids, positions, slots, attention arithmetic (see `attend`);
+    /// gathered rows and argmax results.
     ids: usize,
     pos: usize,
     seq: usize,
+    mode: usize,
     sel: usize,
     argmax: usize,
     /// Rows of the i32 buffers.
@@ -145,10 +149,15 @@ pub struct SessionLayout {
     split: Option<SplitLayout>,
     /// Bytes of the activation allocation.
     pub act_bytes: usize,
-    /// Per layer, offsets of keys `[slots, n_kv_heads, n_ctx, head_dim_k]` and values (f16).
+    /// Per layer, offsets of keys `[slots, n_kv_heads, n_ctx]` rows of `head_dim_k` values (f16,
+    /// or Q8_0 blocks) and of values.
     kv: Vec<(usize, usize)>,
-    /// Elements of one slot's keys and values in a layer.
+    /// Bytes of one slot's keys and values in a layer, KV heads, and the bytes of one
+    /// position of a head's keys and values.
     slot_stride: (usize, usize),
+    kv_heads: usize,
+    row_bytes: (usize, usize),
+    kv_type: KvType,
     /// Bytes of the KV allocation.
     pub kv_bytes: usize,
 }
@@ -208,7 +217,7 @@ impl SessionLayout {
         }
         let qkv = fused_qkv.then(|| l.take(t * (c.q_dim() + c.kv_dim_k() + c.kv_dim_v()) * 4));
         let rows_i32 = t.max(sizes.logit_rows).max(sizes.slots);
-        let (ids, pos, seq) = (l.take(t * 4), l.take(t * 4), l.take(t * 4));
+        let (ids, pos, seq, mode) = (l.take(t * 4), l.take(t * 4), l.take(t * 4), l.take(t * 4));
         let (sel, argmax) = (l.take(rows_i32 * 4), l.take(rows_i32 * 4));
         // The products' inputs: x, the attention output, the FFN's hidden state.
         let widest = c.dim.max(c.q_dim()).max(c.attn_out_dim()).max(c.ffn_dim);
@@ -227,16 +236,15 @@ impl SessionLayout {
                 workspace: l.take(super::blas::WORKSPACE_BYTES),
             }
         });
-        let per_k = c.n_kv_heads * sizes.n_ctx * c.head_dim_k;
-        let per_v = c.n_kv_heads * sizes.n_ctx * c.head_dim_v;
+        let row_bytes = (
+            sizes.kv_type.row_bytes(c.head_dim_k),
+            sizes.kv_type.row_bytes(c.head_dim_v),
+        );
+        let per_k = c.n_kv_heads * sizes.n_ctx * row_bytes.0;
+        let per_v = c.n_kv_heads * sizes.n_ctx * row_bytes.1;
         let mut kl = Layout::default();
         let kv = (0..c.n_layers)
-            .map(|_| {
-                (
-                    kl.take(sizes.slots * per_k * 2),
-                    kl.take(sizes.slots * per_v * 2),
-                )
-            })
+            .map(|_| (kl.take(sizes.slots * per_k), kl.take(sizes.slots * per_v)))
             .collect();
         let n_split = sizes.n_ctx.div_ceil(SPLIT_KEYS).min(MAX_SPLITS);
         let split = (n_split > 1).then(|| {
@@ -255,6 +263,7 @@ impl SessionLayout {
             ids,
             pos,
             seq,
+            mode,
             sel,
             argmax,
             rows_i32,
@@ -264,6 +273,9 @@ impl SessionLayout {
             act_bytes: l.bytes,
             kv,
             slot_stride: (per_k, per_v),
+            kv_heads: c.n_kv_heads,
+            row_bytes,
+            kv_type: sizes.kv_type,
             kv_bytes: kl.bytes,
         }
     }
@@ -318,6 +330,11 @@ impl CudaSession {
                 c.head_dim_k, c.head_dim_v
             )));
         }
+        for hd in [c.head_dim_k, c.head_dim_v] {
+            if let Err(e) = sizes.kv_type.check_head_dim(hd) {
+                return Err(CudaError::Unsupported(e.to_string()));
+            }
+        }
         let layout = SessionLayout::new(c, m.traits.fused_qkv, sizes);
         let stream = gpu.stream()?;
         let act = Arena::new(&gpu, layout.act_bytes)?;
@@ -370,6 +387,11 @@ impl CudaSession {
         self.sizes
     }
 
+    /// Bytes of the KV cache (every slot's).
+    pub fn kv_bytes(&self) -> usize {
+        self.layout.kv_bytes
+    }
+
     /// Rows `rows` of the logits buffer, copied to the host (`[rows.len(), vocab]`).
     pub fn logits(&mut self, rows: Range<usize>) -> Result<&[f32], CudaError> {
         self.fetch(Buf::Logits, rows)
@@ -396,6 +418,43 @@ impl CudaSession {
             *o = i as u32;
         }
         Ok(())
+    }
+
+    /// Make the first `n` positions of slot `dst`'s cache a copy of slot `src`'s, every layer
+    /// (a prefix another sequence computed).
+    pub fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> Result<(), CudaError> {
+        let l = &self.layout;
+        let ctx = self.sizes.n_ctx;
+        if dst >= self.sizes.slots || src >= self.sizes.slots || n > ctx {
+            return Err(CudaError::Driver(format!(
+                "prefix copy of {n} positions from slot {src} to slot {dst} ({} slots of {ctx})",
+                self.sizes.slots
+            )));
+        }
+        if dst == src || n == 0 {
+            return Ok(());
+        }
+        let heads = l.kv_heads;
+        for &(k, v) in &l.kv {
+            let parts = [
+                (k, l.slot_stride.0, l.row_bytes.0),
+                (v, l.slot_stride.1, l.row_bytes.1),
+            ];
+            // (Rows are whole u16: f16 values, or Q8_0 blocks of 34 bytes.)
+            for (base, per, row) in parts {
+                let args = [
+                    Arg::P(self.kv.ptr(base + src * per)),
+                    Arg::P(self.kv.ptr(base + dst * per)),
+                    Arg::I(heads as i32),
+                    Arg::L((n * row / 2) as i64),
+                    Arg::L((ctx * row / 2) as i64),
+                ];
+                let grid = blocks_for(heads * n * row / 2);
+                self.gpu
+                    .launch(&self.stream, "kv_copy_f16", grid, 256, &args)?;
+            }
+        }
+        self.gpu.synchronize(&self.stream)
     }
 
     /// Decode graphs recorded so far.
@@ -556,6 +615,18 @@ impl Backend for CudaStep<'_> {
             }
         }
         s.put_i32(s.layout.seq, n);
+        // Per row, the CPU's choice of attention arithmetic for its sequence's part of the pass.
+        let mut j = 0;
+        for sq in seqs {
+            let mode = match sq.n_tokens {
+                1 if s.mirror => 2,
+                n if n > 1 && n < crate::kernels::attention::TILE_Q => 1,
+                _ => 0,
+            };
+            s.host_i32[j..j + sq.n_tokens].fill(mode);
+            j += sq.n_tokens;
+        }
+        s.put_i32(s.layout.mode, n);
         let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
         if s.use_graphs && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
             if s.graphs.contains_key(&n) {
@@ -762,20 +833,7 @@ impl Backend for CudaStep<'_> {
         rows: usize,
     ) -> Result<(), ForwardError> {
         let c = &self.m.config;
-        // The CPU's choice of arithmetic for this pass (see `attend_f16`).
         let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
-        let vec = if decode && !self.s.mirror {
-            0
-        } else if decode {
-            2
-        } else if seqs
-            .iter()
-            .all(|sq| sq.n_tokens < crate::kernels::attention::TILE_Q)
-        {
-            1
-        } else {
-            0
-        };
         let window = self.m.weights.layers[layer].window.unwrap_or(0);
         let s = &mut *self.s;
         let (kc, vc) = s.layout.kv[layer];
@@ -796,7 +854,9 @@ impl Backend for CudaStep<'_> {
             Arg::I(c.head_dim_v as i32),
             Arg::I(ctx),
         ];
-        s.go("kv_store_f16", rows as u32, 256, &store);
+        let q8 = s.layout.kv_type == KvType::Q8_0;
+        let store_kernel = if q8 { "kv_store_q8_0" } else { "kv_store_f16" };
+        s.go(store_kernel, rows as u32, 256, &store);
         let attend = [
             Arg::P(s.buf(Buf::Q)),
             Arg::P(kc),
@@ -813,7 +873,7 @@ impl Backend for CudaStep<'_> {
             Arg::I(ctx),
             Arg::F(c.attn_scale),
             Arg::I(window as i32),
-            Arg::I(vec),
+            Arg::P(s.at(s.layout.mode)),
         ];
         let block = c.head_dim_v.next_multiple_of(32).clamp(128, 1024) as u32;
         match s.layout.split {
@@ -843,7 +903,12 @@ impl Backend for CudaStep<'_> {
                     Arg::I(s.mirror as i32),
                 ];
                 let grid = (rows * c.n_heads * sp.n_split) as u32;
-                s.go("attend_split_f16", grid, block, &split);
+                let name = if q8 {
+                    "attend_split_q8_0"
+                } else {
+                    "attend_split_f16"
+                };
+                s.go(name, grid, block, &split);
                 let merge = [
                     Arg::P(s.at(s.layout.pos)),
                     Arg::P(part),
@@ -856,7 +921,10 @@ impl Backend for CudaStep<'_> {
                 ];
                 s.go("attend_merge", (rows * c.n_heads) as u32, block, &merge);
             }
-            _ => s.go("attend_f16", (rows * c.n_heads) as u32, block, &attend),
+            _ => {
+                let name = if q8 { "attend_q8_0" } else { "attend_f16" };
+                s.go(name, (rows * c.n_heads) as u32, block, &attend)
+            }
         }
         Ok(())
     }

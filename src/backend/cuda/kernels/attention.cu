@@ -3,14 +3,37 @@
 
 // Store row r's keys and values at position pos[r] of its sequence's cache (seq[r] picks the
 // cache: `kc + seq[r] · seq_stride`).
-extern "C" __global__ void kv_store_f16(const float* k, const float* v, u16* kc, u16* vc,
+// How a cache stores one position of a head: f16 values (`F16Row`), or Q8_0 blocks
+// (`Q8Row`: per 32 values an f16 scale and 32 signed bytes, 34 bytes). Element `i` read through
+// either is an f32; a Q8_0 element is the CPU's dequantization, q·d rounded to f16 (a Q8_0
+// cache is attended as an f16 cache of those values: src/kernels/attention.rs).
+struct F16Row {
+    const u16* p;
+    __device__ static long bytes(int hd) { return 2L * hd; }
+    __device__ F16Row(const u8* b) : p((const u16*)b) {}
+    __device__ __forceinline__ float operator[](int i) const { return h2f(p[i]); }
+};
+
+struct Q8Row {
+    const u8* p;
+    __device__ static long bytes(int hd) { return hd / 32 * 34L; }
+    __device__ Q8Row(const u8* b) : p(b) {}
+    __device__ __forceinline__ float operator[](int i) const {
+        const u8* b = p + (i >> 5) * 34;
+        return h2f(f2h((float)(i8)b[2 + (i & 31)] * h2f(ld16(b))));
+    }
+};
+
+// Row r's keys and values into its sequence's cache (`[n_kv_heads, ctx]` rows per slot,
+// `seq_stride_*` bytes apart) at its position, as f16.
+extern "C" __global__ void kv_store_f16(const float* k, const float* v, u8* kc, u8* vc,
                                         const int* pos, const int* seq, long seq_stride_k,
                                         long seq_stride_v, int n_kv_heads, int hd_k, int hd_v,
                                         int ctx) {
     int r = blockIdx.x;
     long p = pos[r];
-    u16* kr = kc + seq[r] * seq_stride_k;
-    u16* vr = vc + seq[r] * seq_stride_v;
+    u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
+    u16* vr = (u16*)(vc + seq[r] * seq_stride_v);
     for (int i = threadIdx.x; i < n_kv_heads * hd_k; i += blockDim.x) {
         int h = i / hd_k, d = i % hd_k;
         kr[((long)h * ctx + p) * hd_k + d] = f2h(k[(long)r * n_kv_heads * hd_k + i]);
@@ -21,40 +44,89 @@ extern "C" __global__ void kv_store_f16(const float* k, const float* v, u16* kc,
     }
 }
 
+// Quantize `heads` rows of `hd` values (x) to Q8_0 at `dst` (rows `ctx` positions apart: row h
+// at dst + h·ctx·row bytes) as the CPU's cache does (ggml's `quantize_row_q8_0_ref`):
+// d = amax / 127, q = round(x · (1 / d)) half away from zero, d stored as f16. One warp per
+// block of 32.
+__device__ void store_q8_0(const float* x, u8* dst, int heads, int hd, long ctx) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int per = hd / 32;
+    for (int b = warp; b < heads * per; b += nw) {
+        int h = b / per, bi = b % per;
+        float v = x[(long)h * hd + bi * 32 + lane];
+        float amax = warp_reduce<true>(fabsf(v));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        u8* blk = dst + (long)h * ctx * Q8Row::bytes(hd) + bi * 34L;
+        blk[2 + lane] = (u8)(i8)roundf(v * id);
+        if (lane == 0) *(u16*)blk = f2h(d);
+    }
+}
+
+// `kv_store_f16` for a Q8_0 cache (head dimensions multiples of 32).
+extern "C" __global__ void kv_store_q8_0(const float* k, const float* v, u8* kc, u8* vc,
+                                         const int* pos, const int* seq, long seq_stride_k,
+                                         long seq_stride_v, int n_kv_heads, int hd_k, int hd_v,
+                                         int ctx) {
+    int r = blockIdx.x;
+    long p = pos[r];
+    u8* kr = kc + seq[r] * seq_stride_k + p * Q8Row::bytes(hd_k);
+    u8* vr = vc + seq[r] * seq_stride_v + p * Q8Row::bytes(hd_v);
+    store_q8_0(k + (long)r * n_kv_heads * hd_k, kr, n_kv_heads, hd_k, ctx);
+    store_q8_0(v + (long)r * n_kv_heads * hd_v, vr, n_kv_heads, hd_v, ctx);
+}
+
+// Copy the first `n` u16 of each of `heads` heads (`stride` u16 apart) of one slot's keys or
+// values to another slot's (either element type): prefix reuse between sequences.
+extern "C" __global__ void kv_copy_f16(const u16* src, u16* dst, int heads, long n,
+                                       long stride) {
+    long total = (long)heads * n;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long)gridDim.x * blockDim.x) {
+        long h = i / n, e = i % n;
+        dst[h * stride + e] = src[h * stride + e];
+    }
+}
+
 #define ATT_CHUNK 256
 
 // The CPU's (and the reference's) f16 dot product of a query rounded to f16 with a key row:
 // 64 lanes (4 accumulators of 16) advanced by fused multiply-adds over blocks of 64, summed
 // pairwise, then halves, quarters and pairs of 16; a tail past the last block of 64 in f64.
 // (src/kernels/f16ops.rs `dot_scalar`.)
-__device__ float dot_ref(const float* q16, const u16* k, int hd) {
+template <class R>
+__device__ float dot_ref(const float* q16, R k, int hd) {
     int np = hd & ~63;
     double sum = 0.0;
     if (np > 0) {
         float a[64];
         for (int l = 0; l < 64; ++l) a[l] = 0.0f;
         for (int b = 0; b < np; b += 64)
-            for (int l = 0; l < 64; ++l) a[l] = fmaf(q16[b + l], h2f(k[b + l]), a[l]);
+            for (int l = 0; l < 64; ++l) a[l] = fmaf(q16[b + l], k[b + l], a[l]);
         float t[16];
         for (int l = 0; l < 16; ++l) t[l] = (a[l] + a[32 + l]) + (a[16 + l] + a[48 + l]);
         float u[8];
         for (int l = 0; l < 8; ++l) u[l] = t[l + 8] + t[l];
         sum = (double)(((u[4] + u[0]) + (u[6] + u[2])) + ((u[5] + u[1]) + (u[7] + u[3])));
     }
-    for (int i = np; i < hd; ++i) sum += (double)(q16[i] * h2f(k[i]));
+    for (int i = np; i < hd; ++i) sum += (double)(q16[i] * k[i]);
     return (float)sum;
 }
 
 __device__ __forceinline__ float round_f16(float x) { return h2f(f2h(x)); }
 
-// One (row, head) of attention: where its query, keys and values are, which keys it sees.
+// One (row, head) of attention: where its query, keys and values are (rows of the cache as
+// `R`), which keys it sees.
+template <class R>
 struct Head {
     const float* q;
-    const u16* k;
-    const u16* v;
+    const u8* k;
+    const u8* v;
     int first, last;  // visible positions first..=last
     int hd_k, hd_v;
     bool short_ctx;   // the cache's padded length is under 512 (the vector path's domain)
+    __device__ R key(int t) const { return R(k + t * R::bytes(hd_k)); }
+    __device__ R value(int t) const { return R(v + t * R::bytes(hd_v)); }
 };
 
 // Whether a row at position p has a short context: the cache's padded length (the reference's,
@@ -63,17 +135,18 @@ __device__ __forceinline__ bool short_context(int p, int ctx) {
     return min((p + 256) / 256 * 256, (ctx + 255) / 256 * 256) < 512;
 }
 
-__device__ Head head_of(int r, int h, const float* q, const u16* kc, const u16* vc,
-                        const int* pos, const int* seq, long seq_stride_k, long seq_stride_v,
-                        int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, int window) {
-    Head a;
+template <class R>
+__device__ Head<R> head_of(int r, int h, const float* q, const u8* kc, const u8* vc,
+                           const int* pos, const int* seq, long seq_stride_k, long seq_stride_v,
+                           int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, int window) {
+    Head<R> a;
     int kvh = h / (n_heads / n_kv_heads);
     int p = pos[r];
     a.first = window > 0 && p + 1 > window ? p + 1 - window : 0;
     a.last = p;
     a.q = q + ((long)r * n_heads + h) * hd_k;
-    a.k = kc + seq[r] * seq_stride_k + (long)kvh * ctx * hd_k;
-    a.v = vc + seq[r] * seq_stride_v + (long)kvh * ctx * hd_v;
+    a.k = kc + seq[r] * seq_stride_k + (long)kvh * ctx * R::bytes(hd_k);
+    a.v = vc + seq[r] * seq_stride_v + (long)kvh * ctx * R::bytes(hd_v);
     a.hd_k = hd_k;
     a.hd_v = hd_v;
     a.short_ctx = short_context(p, ctx);
@@ -86,7 +159,8 @@ __device__ Head head_of(int r, int h, const float* q, const u16* kc, const u16* 
 // v·weight and is rounded to f16. Only that accumulation is sequential: per chunk of keys the
 // scores, the maxima before each key (a scan over a warp) and the factors (e^ in parallel) are
 // computed first, and the values are loaded 32 keys at a time ahead of the chain.
-__device__ float attend_vec(const Head& a, float scale) {
+template <class R>
+__device__ float attend_vec(const Head<R>& a, float scale) {
     __shared__ float sc[ATT_CHUNK];
     __shared__ float resc[ATT_CHUNK];
     __shared__ float wt[ATT_CHUNK];
@@ -99,7 +173,7 @@ __device__ float attend_vec(const Head& a, float scale) {
     for (int t0 = a.first; t0 <= a.last; t0 += ATT_CHUNK) {
         int n = min(ATT_CHUNK, a.last + 1 - t0);
         for (int j = threadIdx.x; j < n; j += blockDim.x)
-            sc[j] = dot_ref(q16, a.k + (long)(t0 + j) * a.hd_k, a.hd_k) * scale;
+            sc[j] = dot_ref(q16, a.key(t0 + j), a.hd_k) * scale;
         __syncthreads();
         {
             // Lane i takes keys 8i..8i+7: the maxima before each within its run, then the
@@ -139,7 +213,7 @@ __device__ float attend_vec(const Head& a, float scale) {
             float vv[32];
 #pragma unroll
             for (int k = 0; k < 32; ++k)
-                vv[k] = d < a.hd_v && j0 + k < n ? h2f(a.v[(long)(t0 + j0 + k) * a.hd_v + d]) : 0.0f;
+                vv[k] = d < a.hd_v && j0 + k < n ? a.value(t0 + j0 + k)[d] : 0.0f;
 #pragma unroll
             for (int k = 0; k < 32; ++k) {
                 if (j0 + k < n) {
@@ -158,7 +232,8 @@ __device__ float attend_vec(const Head& a, float scale) {
 
 // The f32 arithmetic over keys lo..hi-1 (an online softmax a chunk at a time): the running
 // max `m`, the sum `l` and thread d's unnormalized output dimension `acc`.
-__device__ void attend_f32(const Head& a, float scale, int lo, int hi, float* m_out,
+template <class R>
+__device__ void attend_f32(const Head<R>& a, float scale, int lo, int hi, float* m_out,
                            float* l_out, float* acc_out) {
     __shared__ float sc[ATT_CHUNK];
     int d = threadIdx.x;
@@ -166,9 +241,9 @@ __device__ void attend_f32(const Head& a, float scale, int lo, int hi, float* m_
     for (int t0 = lo; t0 < hi; t0 += ATT_CHUNK) {
         int n = min(ATT_CHUNK, hi - t0);
         for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            const u16* kt = a.k + (long)(t0 + j) * a.hd_k;
+            R kt = a.key(t0 + j);
             float s = 0.0f;
-            for (int i = 0; i < a.hd_k; ++i) s += a.q[i] * h2f(kt[i]);
+            for (int i = 0; i < a.hd_k; ++i) s += a.q[i] * kt[i];
             sc[j] = s * scale;
         }
         __syncthreads();
@@ -183,7 +258,7 @@ __device__ void attend_f32(const Head& a, float scale, int lo, int hi, float* m_
         for (int j = threadIdx.x; j < n; j += blockDim.x) part += expf(sc[j] - m_new);
         l += block_sum(part);
         if (d < a.hd_v)
-            for (int j = 0; j < n; ++j) acc += expf(sc[j] - m_new) * h2f(a.v[(long)(t0 + j) * a.hd_v + d]);
+            for (int j = 0; j < n; ++j) acc += expf(sc[j] - m_new) * a.value(t0 + j)[d];
         m = m_new;
         __syncthreads();
     }
@@ -196,22 +271,23 @@ __device__ void attend_f32(const Head& a, float scale, int lo, int hi, float* m_
 // `max(0, pos − window + 1) ..= pos` (window 0: no window). One block per (row, head); needs
 // blockDim.x >= hd_v.
 //
-// `vec` picks the arithmetic the CPU backend uses for the same pass, after the reference
-// (src/kernels/attention.rs): 1 for passes of fewer than 64 tokens per sequence, 2 for decode
-// passes (one token per sequence), whose rows with a long context (the cache's padded length
-// from 512 positions) take the f32 arithmetic, 0 for prompt batches. The vector arithmetic
+// `mode[row]` picks the arithmetic the CPU backend uses for the row's sequence in this pass,
+// after the reference (src/kernels/attention.rs): 1 for fewer than 64 tokens, 2 for one token
+// (decode), whose rows with a long context (the cache's padded length from 512 positions)
+// take the f32 arithmetic, 0 for prompt batches. The vector arithmetic
 // rounds the query to f16 and keeps the weighted sum of values as f16, key by key: the keys'
 // scores are computed in parallel a chunk at a time, then every thread runs the online softmax
 // over the chunk in order for its output dimension. The f32 arithmetic: scores into shared
 // memory a chunk at a time, a running max and sum, f32 sums of values.
-extern "C" __global__ void attend_f16(const float* q, const u16* kc, const u16* vc,
-                                      const int* pos, const int* seq, long seq_stride_k,
-                                      long seq_stride_v, float* out, int n_heads,
-                                      int n_kv_heads, int hd_k, int hd_v, int ctx, float scale,
-                                      int window, int vec) {
+template <class R>
+__device__ void attend(const float* q, const u8* kc, const u8* vc, const int* pos,
+                       const int* seq, long seq_stride_k, long seq_stride_v, float* out,
+                       int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, float scale,
+                       int window, const int* mode) {
     int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-    Head a = head_of(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads, n_kv_heads,
-                     hd_k, hd_v, ctx, window);
+    int vec = mode[r];
+    Head<R> a = head_of<R>(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads,
+                           n_kv_heads, hd_k, hd_v, ctx, window);
     float* o = out + ((long)r * n_heads + h) * hd_v;
     if (vec == 1 || (vec == 2 && a.short_ctx)) {
         float v = attend_vec(a, scale);
@@ -223,21 +299,34 @@ extern "C" __global__ void attend_f16(const float* q, const u16* kc, const u16* 
     if (threadIdx.x < hd_v) o[threadIdx.x] = acc / l;
 }
 
+// The kernel of `attend` for a cache of rows `R` (`attend_f16`, `attend_q8_0`).
+#define ATTEND(NAME, R)                                                                         \
+    extern "C" __global__ void NAME(const float* q, const u8* kc, const u8* vc, const int* pos, \
+                                    const int* seq, long seq_stride_k, long seq_stride_v,       \
+                                    float* out, int n_heads, int n_kv_heads, int hd_k,          \
+                                    int hd_v, int ctx, float scale, int window,                 \
+                                    const int* mode) {                                          \
+        attend<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, n_heads, n_kv_heads,    \
+                  hd_k, hd_v, ctx, scale, window, mode);                                        \
+    }
+ATTEND(attend_f16, F16Row)
+ATTEND(attend_q8_0, Q8Row)
+
 // Decode attention split over the keys (long contexts): block (row, head, split) takes keys
 // split·chunk .. (split + 1)·chunk − 1 of the visible ones and writes its running max, sum and
 // unnormalized output to `part` (`[rows, heads, n_split, hd_v + 2]`); `attend_merge` combines
 // them. A row with a short context takes the vector arithmetic whole in split 0, straight to
-// `out` (the CPU's choice for it, as in `attend_f16` with vec 2), unless `mirror` is 0.
-extern "C" __global__ void attend_split_f16(const float* q, const u16* kc, const u16* vc,
-                                            const int* pos, const int* seq, long seq_stride_k,
-                                            long seq_stride_v, float* out, float* part,
-                                            int n_heads, int n_kv_heads, int hd_k, int hd_v,
-                                            int ctx, float scale, int window, int n_split,
-                                            int chunk, int mirror) {
+// `out` (the CPU's choice for it, as in `attend` with mode 2), unless `mirror` is 0.
+template <class R>
+__device__ void attend_split(const float* q, const u8* kc, const u8* vc, const int* pos,
+                             const int* seq, long seq_stride_k, long seq_stride_v, float* out,
+                             float* part, int n_heads, int n_kv_heads, int hd_k, int hd_v,
+                             int ctx, float scale, int window, int n_split, int chunk,
+                             int mirror) {
     int sp = blockIdx.x % n_split, rh = blockIdx.x / n_split;
     int r = rh / n_heads, h = rh % n_heads;
-    Head a = head_of(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads, n_kv_heads,
-                     hd_k, hd_v, ctx, window);
+    Head<R> a = head_of<R>(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads,
+                           n_kv_heads, hd_k, hd_v, ctx, window);
     if (mirror && a.short_ctx) {
         if (sp == 0) {
             float v = attend_vec(a, scale);
@@ -255,6 +344,18 @@ extern "C" __global__ void attend_split_f16(const float* q, const u16* kc, const
         pr[1] = l;
     }
 }
+
+#define ATTEND_SPLIT(NAME, R)                                                                   \
+    extern "C" __global__ void NAME(const float* q, const u8* kc, const u8* vc, const int* pos, \
+                                    const int* seq, long seq_stride_k, long seq_stride_v,       \
+                                    float* out, float* part, int n_heads, int n_kv_heads,       \
+                                    int hd_k, int hd_v, int ctx, float scale, int window,       \
+                                    int n_split, int chunk, int mirror) {                       \
+        attend_split<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, part, n_heads,    \
+                        n_kv_heads, hd_k, hd_v, ctx, scale, window, n_split, chunk, mirror);    \
+    }
+ATTEND_SPLIT(attend_split_f16, F16Row)
+ATTEND_SPLIT(attend_split_q8_0, Q8Row)
 
 // The splits of each (row, head) combined: out = Σ acc_s·e^(m_s − M) / Σ l_s·e^(m_s − M).
 extern "C" __global__ void attend_merge(const int* pos, const float* part, float* out,
