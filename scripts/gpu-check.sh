@@ -132,8 +132,8 @@ run() {
         echo "== A/B: tg128, kiln --device cuda"
         for f in $m/smol.gguf $m/llama8b.gguf; do
             [ -f "$f" ] || continue
-            for envs in "" "KILN_CUDA_FUSE=0" "KILN_CUDA_MIRROR=0" "KILN_CUDA_MV_THREADS=32" "KILN_CUDA_MV_THREADS=256" ""; do
-                [ -n "${KILN_AB_SHORT:-}" ] && [[ "$envs" == *THREADS* || "$envs" == *FUSE* ]] && continue
+            for envs in "" "KILN_CUDA_FUSE=0" "KILN_CUDA_REPACK=0" "KILN_CUDA_MIRROR=0" "KILN_CUDA_MV_THREADS=32" "KILN_CUDA_MV_THREADS=256" ""; do
+                [ -n "${KILN_AB_SHORT:-}" ] && [[ "$envs" == *THREADS* || "$envs" == *MIRROR* ]] && continue
                 local v
                 v=$(env $envs timeout 60 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 128 -r 3 --json 2>/dev/null |
                     python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)

@@ -160,6 +160,45 @@ fn q8_0_kv_cache_agrees_with_the_cpu() {
     }
 }
 
+/// Fused ops change no bits: a norm with the 8-bit quantizer of the products after it, q, k
+/// and v in one launch, the gated FFN in one, the residual add in the output projections'
+/// epilogue. Prompt and decode with fusion on equal those with every op alone, on models whose
+/// products quantize to Q8_0, Q8_1 and Q8_K, and on GPT-2 (layer norms, biases: not fused).
+/// Prints the kernels per decode step (its graph's launches).
+#[test]
+fn fused_ops_change_no_bits() {
+    let Some(_gpu) = gpu("fused_ops_change_no_bits") else {
+        return;
+    };
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 200 + 3) as u32).collect();
+    for stem in [
+        "random-llama-q4_0",
+        "random-llama-q4_1",
+        "random-qwen3-q4_k_m",
+        "random-qwen2-q4_0",
+        "random-gpt2-q8_0",
+    ] {
+        let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        let mut runs = Vec::new();
+        for fuse in [true, false] {
+            let mut s = session(&m, Device::Cuda, 256);
+            s.set_cuda_fusion(fuse);
+            let r = run(&mut s, &prompt, 6);
+            runs.push((r, s.cuda().unwrap().graph_launches(1).unwrap()));
+        }
+        let layers = m.config.n_layers;
+        let (fused, alone) = (runs[0].1, runs[1].1);
+        println!("{stem}: kernels per decode step, {layers} layers: {fused} fused, {alone} alone");
+        assert_eq!(runs[0].0, runs[1].0, "{stem}: fusion changed the results");
+        if stem != "random-gpt2-q8_0" {
+            assert!(
+                fused < alone,
+                "{stem}: {fused} launches fused, {alone} alone"
+            );
+        }
+    }
+}
+
 #[test]
 fn decode_allocates_nothing_and_replays_one_graph() {
     let Some(_gpu) = gpu("decode_allocates_nothing_and_replays_one_graph") else {

@@ -161,6 +161,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
             Arg::I(0),
             Arg::I(cols as i32),
             Arg::I(n_tok as i32),
+            Arg::I(0),
         ];
         // One warp per row (the software GPU's choice) and four (a GPU's).
         for threads in [32, 128] {
@@ -171,6 +172,19 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
                 .unwrap();
             g.launch(s, k.matvec, rows as u32, threads, &args).unwrap();
             let got = read_y(&g, &b, n_tok * rows);
+            // With `add`, the products go onto y: y + product, rounded once.
+            let base = random(n_tok * rows, 99);
+            b.arena
+                .write(s, y, zerocopy::IntoBytes::as_bytes(&base[..]))
+                .unwrap();
+            let mut add_args = args;
+            add_args[12] = Arg::I(1);
+            g.launch(s, k.matvec, rows as u32, threads, &add_args)
+                .unwrap();
+            let added = read_y(&g, &b, n_tok * rows);
+            for i in 0..n_tok * rows {
+                assert_eq!(added[i], base[i] + got[i], "{ty}: added product {i}");
+            }
             // The CPU: the same activation quantizer, the same integer dot.
             let cpu = kiln::quant::kernels_for(ty, kiln::quant::Isa::Scalar).unwrap();
             let rb = ty.row_bytes(cols).unwrap();
@@ -419,4 +433,91 @@ fn q8_0_kv_store_matches_the_cpu_cache() {
             .all(|(_, &b)| b == 0xAB);
         assert!(untouched, "{which}: bytes outside the row changed");
     }
+}
+
+/// q4_0 rearranged at upload (`repack_q4_0`: each row's nibbles 16-byte aligned, then its
+/// scales): its matvec (alone and adding), gated kernel and bf16 dequantization give the file
+/// layout's kernels' results bit for bit.
+#[test]
+fn repacked_q4_0_kernels_match_the_file_layout() {
+    use kiln::backend::cuda::weights::repack_q4_0;
+    let Some(g) = gpu() else { return };
+    let (rows, cols) = (12, 768);
+    let x = activations(cols);
+    let n_tok = x.len() / cols;
+    let w = weights(GgmlType::Q4_0, rows, cols);
+    let wr = repack_q4_0(&w, rows, cols);
+    assert_eq!(wr.len(), w.len());
+    let s = g.default_stream();
+    let run = |w: &[u8], matvec: &str, gated: &str, dequant: &str| {
+        let b = bufs(&g, w, &x, rows, cols, n_tok);
+        let n = n_tok * cols;
+        let (wp, xp, xq, yp) = (
+            b.arena.ptr(b.w),
+            b.arena.ptr(b.x),
+            b.arena.ptr(b.xq),
+            b.arena.ptr(b.y),
+        );
+        let q = [Arg::P(xp), Arg::P(xq), Arg::L(n as i64)];
+        g.launch(s, "quantize_q8_0", n.div_ceil(256) as u32, 256, &q)
+            .unwrap();
+        let mut out = Vec::new();
+        for add in [0, 1] {
+            let args = [
+                Arg::P(wp),
+                Arg::P(wp),
+                Arg::P(wp),
+                Arg::P(xq),
+                Arg::P(yp),
+                Arg::P(yp),
+                Arg::P(yp),
+                Arg::I(rows as i32),
+                Arg::I(0),
+                Arg::I(0),
+                Arg::I(cols as i32),
+                Arg::I(n_tok as i32),
+                Arg::I(add),
+            ];
+            g.launch(s, matvec, rows as u32, 128, &args).unwrap();
+            out.push(read_y(&g, &b, n_tok * rows));
+        }
+        let args = [
+            Arg::P(wp),
+            Arg::P(wp),
+            Arg::P(xq),
+            Arg::P(yp),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::I(n_tok as i32),
+            Arg::I(0),
+        ];
+        g.launch(s, gated, rows as u32, 128, &args).unwrap();
+        out.push(read_y(&g, &b, n_tok * rows));
+        let wbf = b.arena.ptr(b.wbf);
+        let m = rows * cols;
+        let args = [
+            Arg::P(wp),
+            Arg::P(wbf),
+            Arg::I(cols as i32),
+            Arg::L(0),
+            Arg::L(m as i64),
+        ];
+        g.launch(s, dequant, blocks_for(m), 256, &args).unwrap();
+        let mut deq = vec![0u16; m];
+        g.synchronize(s).unwrap();
+        b.arena
+            .read(s, b.wbf, zerocopy::IntoBytes::as_mut_bytes(&mut deq[..]))
+            .unwrap();
+        (out, deq)
+    };
+    let (file, file_deq) = run(&w, "matvec_q4_0", "gated_q4_0", "dequant_bf16_q4_0");
+    let (re, re_deq) = run(&wr, "matvec_q4_0r", "gated_q4_0r", "dequant_bf16_q4_0r");
+    for (i, what) in ["matvec", "matvec adding", "gated"].iter().enumerate() {
+        let same = file[i]
+            .iter()
+            .zip(&re[i])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}: {:?} vs {:?}", &file[i][..4], &re[i][..4]);
+    }
+    assert_eq!(file_deq, re_deq, "dequantized to bf16");
 }

@@ -234,6 +234,14 @@ pub trait Backend {
     /// one input, which a backend may run together.
     fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize);
 
+    /// `dst += src · Wᵀ (+ bias)`: a product added to the residual stream. By default the
+    /// product goes to [`Buf::Proj`], then is added (a backend may add it in the product's
+    /// epilogue: the same sum, `dst + product`, rounded once).
+    fn matmul_add(&mut self, w: Mat, src: Buf, dst: Buf, rows: usize) {
+        self.matmul(&[w], src, &[Buf::Proj], rows);
+        self.add(dst, Buf::Proj, rows);
+    }
+
     /// The gated feed-forward's first half: `Gate = act(Xb·Wgateᵀ) ⊙ (Xb·Wupᵀ)`.
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize);
 

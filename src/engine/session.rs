@@ -263,6 +263,14 @@ impl Session {
         }
     }
 
+    /// Fuse ops on the GPU (the default) or launch each alone (for comparison). Nothing on the
+    /// CPU.
+    pub fn set_cuda_fusion(&mut self, on: bool) {
+        if let Exec::Cuda { s, .. } = &mut self.exec {
+            s.set_fusion(on);
+        }
+    }
+
     /// Whether `n` more tokens would overflow the context.
     pub fn would_overflow(&self, n: usize) -> bool {
         self.seq.would_overflow(n)

@@ -108,27 +108,25 @@ pub fn forward_batch<B: Backend>(
             b.scale(Buf::Q, qs, n);
         }
         b.attend(li, seqs, n)?;
-        b.matmul(&[Mat::O(li)], Buf::Attn, &[Buf::Proj], n);
-        if layer.attn_post_norm.is_some() {
-            b.norm(NormW::AttnPost(li), Buf::Proj, Buf::Proj, 0..n);
-        }
-        b.add(Buf::X, Buf::Proj, n);
+        let post = layer
+            .attn_post_norm
+            .is_some()
+            .then_some(NormW::AttnPost(li));
+        residual(b, Mat::O(li), Buf::Attn, post, n);
 
         // --- feed-forward ---
         b.norm(NormW::Ffn(li), Buf::X, Buf::Xb, 0..n);
         let act = m.traits.act;
-        if layer.ffn_gate.is_some() {
+        let hidden = if layer.ffn_gate.is_some() {
             b.gated_ffn(Mat::Gate(li), Mat::Up(li), act, n);
-            b.matmul(&[Mat::Down(li)], Buf::Gate, &[Buf::Proj], n);
+            Buf::Gate
         } else {
             b.matmul(&[Mat::Up(li)], Buf::Xb, &[Buf::Up], n);
             b.activate(Buf::Up, act, n);
-            b.matmul(&[Mat::Down(li)], Buf::Up, &[Buf::Proj], n);
-        }
-        if layer.ffn_post_norm.is_some() {
-            b.norm(NormW::FfnPost(li), Buf::Proj, Buf::Proj, 0..n);
-        }
-        b.add(Buf::X, Buf::Proj, n);
+            Buf::Up
+        };
+        let post = layer.ffn_post_norm.is_some().then_some(NormW::FfnPost(li));
+        residual(b, Mat::Down(li), hidden, post, n);
     }
     for sq in seqs.iter_mut() {
         sq.kv.advance(sq.n_tokens)?;
@@ -171,6 +169,19 @@ pub fn forward_batch<B: Backend>(
         }
     }
     b.finish()
+}
+
+/// `X += post(src · Wᵀ)`: a block's output projection added to the residual stream, through
+/// its post-norm when the architecture has one (Gemma-3).
+fn residual<B: Backend>(b: &mut B, w: Mat, src: Buf, post: Option<NormW>, n: usize) {
+    match post {
+        None => b.matmul_add(w, src, Buf::X, n),
+        Some(norm) => {
+            b.matmul(&[w], src, &[Buf::Proj], n);
+            b.norm(norm, Buf::Proj, Buf::Proj, 0..n);
+            b.add(Buf::X, Buf::Proj, n);
+        }
+    }
 }
 
 /// Refuse a batch that does not fit, before anything is modified.

@@ -293,8 +293,11 @@ pub struct CudaSession {
     kv: Arena,
     host_i32: Vec<i32>,
     host_f32: Vec<f32>,
-    graphs: HashMap<usize, Graph>,
+    /// Recorded decode steps by row count, and how many kernels each launches.
+    graphs: HashMap<usize, (Graph, usize)>,
     capture: Capture,
+    /// Kernels launched since the recording in progress began.
+    recorded: usize,
     /// Record decode steps as graphs.
     pub use_graphs: bool,
     /// The first error of the pass in progress.
@@ -305,6 +308,12 @@ pub struct CudaSession {
     /// decode contexts (see [`switch`]).
     fuse: bool,
     mirror: bool,
+    /// What the `xq` buffer holds: `rows` of the buffer at this address, quantized by this
+    /// kernel (a norm quantizes for the products after it). Ops that may write a buffer forget
+    /// it.
+    xq_holds: Option<(u64, &'static str, usize)>,
+    /// The layer whose keys and values the RoPE has put in the cache in this step.
+    kv_stored: Option<usize>,
 }
 
 impl Drop for CudaSession {
@@ -353,11 +362,14 @@ impl CudaSession {
             w,
             sizes,
             graphs: HashMap::new(),
+            recorded: 0,
             capture: Capture::Direct,
             use_graphs: profile.is_none(),
             err: None,
             profile,
             fuse: switch("KILN_CUDA_FUSE"),
+            xq_holds: None,
+            kv_stored: None,
             mirror: switch("KILN_CUDA_MIRROR"),
         })
     }
@@ -457,6 +469,18 @@ impl CudaSession {
         self.gpu.synchronize(&self.stream)
     }
 
+    /// Kernels the recorded decode step of `rows` rows launches, if there is one.
+    pub fn graph_launches(&self, rows: usize) -> Option<usize> {
+        self.graphs.get(&rows).map(|&(_, n)| n)
+    }
+
+    /// Fuse ops where the kernels allow (the default, unless `KILN_CUDA_FUSE=0`), or launch
+    /// each op alone (for comparison: the results are the same).
+    pub fn set_fusion(&mut self, on: bool) {
+        self.fuse = on;
+        self.graphs.clear();
+    }
+
     /// Decode graphs recorded so far.
     pub fn graphs(&self) -> usize {
         self.graphs.len()
@@ -472,6 +496,9 @@ impl CudaSession {
     fn go(&mut self, name: &str, grid: u32, block: u32, args: &[Arg]) {
         if matches!(self.capture, Capture::Replaying(_)) || self.err.is_some() {
             return;
+        }
+        if matches!(self.capture, Capture::Recording(_)) {
+            self.recorded += 1;
         }
         let t = self.start_op();
         let r = self.gpu.launch(&self.stream, name, grid, block, args);
@@ -508,14 +535,14 @@ impl CudaSession {
                         return Ok(());
                     }
                     self.gpu.replay(&g)?;
-                    self.graphs.insert(rows, g);
+                    self.graphs.insert(rows, (g, self.recorded));
                     Ok(())
                 });
                 self.fail(r);
             }
             Capture::Replaying(rows) => {
                 let r = match self.graphs.get(&rows) {
-                    Some(g) => self.gpu.replay(g),
+                    Some((g, _)) => self.gpu.replay(g),
                     None => Err(CudaError::Driver(format!("no graph for {rows} rows"))),
                 };
                 self.fail(r);
@@ -568,6 +595,64 @@ impl CudaSession {
         }
     }
 
+    /// An op will write buffer `b`: forget `xq`'s contents if they were made from it.
+    fn writes(&mut self, b: Buf) {
+        let p = self.buf(b);
+        if self.xq_holds.is_some_and(|(x, _, _)| x == p) {
+            self.xq_holds = None;
+        }
+    }
+
+    /// A decode-sized RMS norm of whole rows whose readers (`mats`) all take the same 8-bit
+    /// input: normalize and quantize for them in one launch (`rms_norm_q8`), and remember that
+    /// `xq` holds y quantized. False (nothing launched) otherwise.
+    fn norm_quantized(
+        &mut self,
+        mats: [Option<Mat>; 3],
+        n: DevNorm,
+        x: u64,
+        sel: u64,
+        y: u64,
+        rows: usize,
+    ) -> bool {
+        let decode = rows < GEMM_MIN_ROWS || self.layout.gemm.is_none();
+        if !self.fuse || !decode || n.kind != NormKind::Rms || mats[0].is_none() {
+            return false;
+        }
+        let mut q = None;
+        for m in mats.into_iter().flatten() {
+            let m = self.w.mat(m);
+            match (q, m.kernels.quantize) {
+                (_, None) => return false,
+                (None, Some(k)) => q = Some(k),
+                (Some(a), Some(b)) if a != b => return false,
+                _ => {}
+            }
+        }
+        let (Some(q), true) = (q, n.len == self.w(Buf::Xb)) else {
+            return false;
+        };
+        let kind = match q {
+            "quantize_q8_0" => 1,
+            "quantize_q8_1" => 2,
+            "quantize_q8_k" if n.len.is_multiple_of(256) => 3,
+            _ => return false,
+        };
+        let args = [
+            Arg::P(x),
+            Arg::P(sel),
+            Arg::P(y),
+            Arg::P(n.w),
+            Arg::I(n.len as i32),
+            Arg::F(n.eps),
+            Arg::P(self.at(self.layout.xq)),
+            Arg::I(kind),
+        ];
+        self.go("rms_norm_q8", rows as u32, 256, &args);
+        self.xq_holds = Some((y, q, rows));
+        true
+    }
+
     fn elementwise(&mut self, name: &str, args: &[Arg], n: usize) {
         self.go(name, blocks_for(n), 256, args);
     }
@@ -594,6 +679,8 @@ impl Backend for CudaStep<'_> {
         let s = &mut *self.s;
         s.err = None;
         s.capture = Capture::Direct;
+        s.xq_holds = None;
+        s.kv_stored = None;
         let n = tokens.len();
         for (h, &t) in s.host_i32.iter_mut().zip(tokens) {
             *h = t as i32;
@@ -633,7 +720,10 @@ impl Backend for CudaStep<'_> {
                 s.capture = Capture::Replaying(n);
             } else {
                 match s.gpu.begin_capture(&s.stream) {
-                    Ok(()) => s.capture = Capture::Recording(n),
+                    Ok(()) => {
+                        s.capture = Capture::Recording(n);
+                        s.recorded = 0;
+                    }
                     Err(e) => s.fail(Err(e)),
                 }
             }
@@ -642,6 +732,7 @@ impl Backend for CudaStep<'_> {
 
     fn embed(&mut self, tokens: &[u32], _seqs: &[SeqBatch<'_, CudaKv>], scale: f32) {
         let s = &mut *self.s;
+        s.xq_holds = None;
         let e = s.w.token_embd;
         let args = [
             Arg::P(e.ptr),
@@ -660,11 +751,15 @@ impl Backend for CudaStep<'_> {
         if w == NormW::Output {
             s.flush();
         }
+        s.xq_holds = None;
         let n = s.w.norm(w);
         let width = s.w(dst);
         let off = (rows.start * width * 4) as u64;
         let groups = rows.len() * width / n.len.max(1);
         let (x, y) = (s.buf(src) + off, s.buf(dst) + off);
+        if rows.start == 0 && s.norm_quantized(readers(self.m, w), n, x, 0, y, rows.end) {
+            return;
+        }
         s.norm_groups(n, x, 0, y, groups);
     }
 
@@ -675,13 +770,20 @@ impl Backend for CudaStep<'_> {
             s.host_i32[i] = sel.get(i) as i32;
         }
         s.put_i32(s.layout.sel, sel.len());
+        s.xq_holds = None;
         let n = s.w.norm(w);
         let (x, y, sp) = (s.buf(src), s.buf(dst), s.at(s.layout.sel));
+        if s.norm_quantized(readers(self.m, w), n, x, sp, y, sel.len()) {
+            return;
+        }
         s.norm_groups(n, x, sp, y, sel.len());
     }
 
     fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize) {
         let s = &mut *self.s;
+        for &d in dsts {
+            s.writes(d);
+        }
         let mut prep = Prepared::default();
         let x = s.buf(src);
         // (No allocation: this runs for every op of every decoded token.)
@@ -705,7 +807,7 @@ impl Backend for CudaStep<'_> {
             && m0.kernels.quantize.is_some()
             && mats.iter().all(|(m, _)| m.ty == m0.ty && m.cols == m0.cols);
         if one_launch {
-            s.matvecs(mats, x, rows, &mut prep);
+            s.matvecs(mats, x, rows, &mut prep, false);
             for &(m, y) in mats {
                 s.bias(m, y, rows);
             }
@@ -716,8 +818,25 @@ impl Backend for CudaStep<'_> {
         }
     }
 
+    fn matmul_add(&mut self, w: Mat, src: Buf, dst: Buf, rows: usize) {
+        let s = &mut *self.s;
+        s.writes(dst);
+        let m = s.w.mat(w);
+        // Decode-sized, quantized, no bias: the matvec adds its products to dst.
+        let decode = rows < GEMM_MIN_ROWS || s.layout.gemm.is_none();
+        if s.fuse && decode && m.bias.is_none() && m.kernels.quantize.is_some() {
+            let (x, y) = (s.buf(src), s.buf(dst));
+            s.matvecs(&[(m, y)], x, rows, &mut Prepared::default(), true);
+            return;
+        }
+        self.matmul(&[w], src, &[Buf::Proj], rows);
+        self.add(dst, Buf::Proj, rows);
+    }
+
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {
         let s = &mut *self.s;
+        s.writes(Buf::Gate);
+        s.writes(Buf::Up);
         let (g, u) = (s.w.mat(gate), s.w.mat(up));
         let (x, gp, upp) = (s.buf(Buf::Xb), s.buf(Buf::Gate), s.buf(Buf::Up));
         let mut prep = Prepared::default();
@@ -756,6 +875,7 @@ impl Backend for CudaStep<'_> {
 
     fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {
         let s = &mut *self.s;
+        s.xq_holds = None;
         let n = rows * s.w(buf);
         let name = match act {
             Activation::Silu => "silu_f32",
@@ -767,6 +887,7 @@ impl Backend for CudaStep<'_> {
 
     fn split_qkv(&mut self, rows: usize) {
         let s = &mut *self.s;
+        s.xq_holds = None;
         let Some(qkv) = s.layout.qkv.map(|o| s.at(o)) else {
             s.err
                 .get_or_insert(CudaError::Driver("no fused QKV buffer".into()));
@@ -792,28 +913,51 @@ impl Backend for CudaStep<'_> {
             return;
         };
         let s = &mut *self.s;
+        s.xq_holds = None;
         let ff = s.w.rope_factors(layer);
         let neox = matches!(rope.kind, RopeKind::Neox) as i32;
-        for (b, heads) in [(Buf::Q, c.n_heads), (Buf::K, c.n_kv_heads)] {
-            let n = rows * heads * rope.n_dims / 2;
-            let args = [
-                Arg::P(s.buf(b)),
-                Arg::P(s.at(s.layout.pos)),
-                Arg::L(rows as i64),
-                Arg::I(heads as i32),
-                Arg::I(c.head_dim_k as i32),
-                Arg::I(rope.n_dims as i32),
-                Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
-                Arg::F(rope.freq_scale),
-                Arg::P(ff),
-                Arg::I(neox),
-            ];
-            s.elementwise("rope_f32", &args, n);
-        }
+        // The keys and values go to an f16 cache in the same launch (the attention then
+        // skips its store).
+        let store = s.fuse && s.layout.kv_type == KvType::F16;
+        let (kc, vc) = match store {
+            true => (
+                s.kv.ptr(s.layout.kv[layer].0),
+                s.kv.ptr(s.layout.kv[layer].1),
+            ),
+            false => (0, 0),
+        };
+        let (sk, sv) = (s.layout.slot_stride.0 as i64, s.layout.slot_stride.1 as i64);
+        let args = [
+            Arg::P(s.buf(Buf::Q)),
+            Arg::P(s.buf(Buf::K)),
+            Arg::P(s.buf(Buf::V)),
+            Arg::P(s.at(s.layout.pos)),
+            Arg::L(rows as i64),
+            Arg::I(c.n_heads as i32),
+            Arg::I(c.n_kv_heads as i32),
+            Arg::I(c.head_dim_k as i32),
+            Arg::I(rope.n_dims as i32),
+            Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
+            Arg::F(rope.freq_scale),
+            Arg::P(ff),
+            Arg::I(neox),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(s.at(s.layout.seq)),
+            Arg::L(sk),
+            Arg::L(sv),
+            Arg::I(c.head_dim_v as i32),
+            Arg::I(s.sizes.n_ctx as i32),
+        ];
+        let n_rot = rows * (c.n_heads + c.n_kv_heads) * rope.n_dims / 2;
+        let n_store = rows * c.n_kv_heads * (c.head_dim_k - rope.n_dims + c.head_dim_v);
+        s.elementwise("rope_qk", &args, n_rot + if store { n_store } else { 0 });
+        s.kv_stored = store.then_some(layer);
     }
 
     fn scale(&mut self, buf: Buf, k: f32, rows: usize) {
         let s = &mut *self.s;
+        s.xq_holds = None;
         let n = rows * s.w(buf);
         let p = s.buf(buf);
         s.elementwise("scale_f32", &[Arg::P(p), Arg::F(k), Arg::L(n as i64)], n);
@@ -821,6 +965,7 @@ impl Backend for CudaStep<'_> {
 
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
         let s = &mut *self.s;
+        s.xq_holds = None;
         let n = rows * s.w(dst);
         let (d, x) = (s.buf(dst), s.buf(src));
         s.elementwise("add_f32", &[Arg::P(d), Arg::P(x), Arg::L(n as i64)], n);
@@ -836,6 +981,7 @@ impl Backend for CudaStep<'_> {
         let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
         let window = self.m.weights.layers[layer].window.unwrap_or(0);
         let s = &mut *self.s;
+        s.xq_holds = None;
         let (kc, vc) = s.layout.kv[layer];
         let (kc, vc) = (s.kv.ptr(kc), s.kv.ptr(vc));
         let (sk, sv) = (s.layout.slot_stride.0 as i64, s.layout.slot_stride.1 as i64);
@@ -855,8 +1001,11 @@ impl Backend for CudaStep<'_> {
             Arg::I(ctx),
         ];
         let q8 = s.layout.kv_type == KvType::Q8_0;
-        let store_kernel = if q8 { "kv_store_q8_0" } else { "kv_store_f16" };
-        s.go(store_kernel, rows as u32, 256, &store);
+        // (Unless the RoPE stored this layer's keys and values.)
+        if s.kv_stored.take() != Some(layer) {
+            let store_kernel = if q8 { "kv_store_q8_0" } else { "kv_store_f16" };
+            s.go(store_kernel, rows as u32, 256, &store);
+        }
         let attend = [
             Arg::P(s.buf(Buf::Q)),
             Arg::P(kc),
@@ -952,5 +1101,24 @@ impl Backend for CudaStep<'_> {
             None => Ok(()),
             Some(e) => Err(ForwardError::Device(e.to_string())),
         }
+    }
+}
+
+/// The matrices that read a norm's output next: the attention's projections, the FFN's first
+/// products, the output head.
+fn readers(m: &Model, w: NormW) -> [Option<Mat>; 3] {
+    match w {
+        NormW::Attn(li) => match m.weights.layers[li].qkv {
+            crate::model::Qkv::Fused(_) => [Some(Mat::Qkv(li)), None, None],
+            crate::model::Qkv::Separate { .. } => {
+                [Some(Mat::Q(li)), Some(Mat::K(li)), Some(Mat::V(li))]
+            }
+        },
+        NormW::Ffn(li) if m.weights.layers[li].ffn_gate.is_some() => {
+            [Some(Mat::Gate(li)), Some(Mat::Up(li)), None]
+        }
+        NormW::Ffn(li) => [Some(Mat::Up(li)), None, None],
+        NormW::Output => [Some(Mat::Output), None, None],
+        _ => [None; 3],
     }
 }

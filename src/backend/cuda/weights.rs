@@ -180,6 +180,47 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
     }
 }
 
+/// The kernels of a matrix rearranged at upload ([`repack_q4_0`]).
+fn repacked_kernels(ty: GgmlType) -> Option<FormatKernels> {
+    (ty == GgmlType::Q4_0).then_some(FormatKernels {
+        matvec: "matvec_q4_0r",
+        quantize: Some("quantize_q8_0"),
+        gated: Some("gated_q4_0r"),
+        // (The token embedding keeps the file's layout.)
+        embed: "embed_q4_0",
+        dequant: Some("dequant_bf16_q4_0r"),
+    })
+}
+
+/// Whether a matrix of `ty` with rows of `cols` is rearranged at upload: q4_0 rows of whole
+/// groups of 256 (so that each row's nibbles start 16-byte aligned), unless
+/// `KILN_CUDA_REPACK=0` (for measuring). The same bytes, another order: the plan is unchanged.
+fn repacks(ty: GgmlType, cols: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0"));
+    on && repacked_kernels(ty).is_some() && cols.is_multiple_of(256)
+}
+
+/// q4_0 rows rearranged for `matvec_q4_0r`: per row, the 16 bytes of nibbles of each group,
+/// then the groups' f16 scales (`rows × cols / 32 × 18` bytes, as the file's).
+pub fn repack_q4_0(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    const B: usize = 18;
+    let g = cols / 32;
+    let mut out = vec![0u8; rows * g * B];
+    for (src, dst) in data
+        .chunks_exact(g * B)
+        .zip(out.chunks_exact_mut(g * B))
+        .take(rows)
+    {
+        let (qs, ds) = dst.split_at_mut(g * 16);
+        for (i, blk) in src.chunks_exact(B).enumerate() {
+            ds[2 * i..2 * i + 2].copy_from_slice(&blk[..2]);
+            qs[16 * i..16 * i + 16].copy_from_slice(&blk[2..]);
+        }
+    }
+    out
+}
+
 /// Bytes the weights of a model file take on the device, from its header: every matrix as
 /// stored, every vector as f32 (norms, biases, RoPE factors), learned positions as f32, each
 /// in an [`ALIGN`]ed slot, as [`DeviceWeights::upload`] lays them out.
@@ -222,15 +263,24 @@ impl Uploader<'_> {
     }
 
     /// A matrix's bytes as the file stores them (looked up by name: a CPU-repacked `Linear`
-    /// holds another layout).
-    fn matrix(&mut self, l: &Linear) -> Result<DevMat, CudaError> {
+    /// holds another layout), or rearranged for the GPU's matvec where it gains from it
+    /// ([`repacks`]; not the token embedding, which `embed` reads by rows).
+    fn matrix(&mut self, l: &Linear, may_repack: bool) -> Result<DevMat, CudaError> {
         let f = &self.m.file;
         let info = f
             .tensor_info(&l.name)
             .ok_or_else(|| CudaError::Unsupported(format!("tensor {} not in the file", l.name)))?;
-        let kernels = format_kernels(info.ty)?;
         let data = f.tensor_bytes(info);
-        let ptr = self.place(&data)?;
+        let repack = may_repack && repacks(info.ty, l.in_dim);
+        let kernels = match repacked_kernels(info.ty) {
+            Some(k) if repack => k,
+            _ => format_kernels(info.ty)?,
+        };
+        // (Only laying out, without a GPU: the same size either way.)
+        let ptr = match repack && self.gpu.is_some() {
+            true => self.place(&repack_q4_0(&data, l.out_dim, l.in_dim))?,
+            false => self.place(&data)?,
+        };
         let bias = match &l.bias {
             Some(b) => Some(self.floats(b)?),
             None => None,
@@ -267,7 +317,7 @@ impl Uploader<'_> {
     /// Every tensor, in order.
     fn walk(&mut self) -> Result<DeviceWeights, CudaError> {
         let w = &self.m.weights;
-        let token_embd = self.matrix(&w.token_embd)?;
+        let token_embd = self.matrix(&w.token_embd, false)?;
         let pos_embd = match &w.pos_embd {
             Some(pe) => {
                 let mut all = vec![0f32; pe.out_dim * pe.in_dim];
@@ -287,12 +337,12 @@ impl Uploader<'_> {
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let (qkv, q, k, v) = match &l.qkv {
-                Qkv::Fused(f) => (Some(self.matrix(f)?), None, None, None),
+                Qkv::Fused(f) => (Some(self.matrix(f, true)?), None, None, None),
                 Qkv::Separate { wq, wk, wv } => (
                     None,
-                    Some(self.matrix(wq)?),
-                    Some(self.matrix(wk)?),
-                    Some(self.matrix(wv)?),
+                    Some(self.matrix(wq, true)?),
+                    Some(self.matrix(wk, true)?),
+                    Some(self.matrix(wv, true)?),
                 ),
             };
             layers.push(DevLayer {
@@ -300,10 +350,14 @@ impl Uploader<'_> {
                 q,
                 k,
                 v,
-                o: self.matrix(&l.wo)?,
-                gate: l.ffn_gate.as_ref().map(|g| self.matrix(g)).transpose()?,
-                up: self.matrix(&l.ffn_up)?,
-                down: self.matrix(&l.ffn_down)?,
+                o: self.matrix(&l.wo, true)?,
+                gate: l
+                    .ffn_gate
+                    .as_ref()
+                    .map(|g| self.matrix(g, true))
+                    .transpose()?,
+                up: self.matrix(&l.ffn_up, true)?,
+                down: self.matrix(&l.ffn_down, true)?,
                 attn_norm: self.norm(&l.attn_norm)?,
                 q_norm: self.opt_norm(&l.q_norm)?,
                 k_norm: self.opt_norm(&l.k_norm)?,
@@ -317,7 +371,7 @@ impl Uploader<'_> {
         let output = if w.output_tied {
             token_embd
         } else {
-            self.matrix(&w.output)?
+            self.matrix(&w.output, true)?
         };
         Ok(DeviceWeights {
             _arena: self.arena.take(),

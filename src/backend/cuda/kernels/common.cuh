@@ -28,6 +28,11 @@ __device__ __forceinline__ u16 f2h(float f) {
 __device__ __forceinline__ float u2f(u32 v) { return __uint_as_float(v); }
 #endif
 
+// 16 bytes loaded at once (from a 16-byte aligned address).
+struct alignas(16) u32x4 {
+    u32 x, y, z, w;
+};
+
 // A little-endian u16 at any even offset (block fields are 2-byte aligned at best).
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
 
@@ -73,6 +78,15 @@ __device__ double block_sum_f64(double v) {
     return v;
 }
 __device__ float block_max(float v) { return block_reduce<true>(v); }
+
+// 1 / sqrt(mean(x²) + eps) over a row of `width` (the block's threads take elements in turn):
+// as the CPU (and the reference), f32 squares summed in f64, the mean rounded to f32.
+__device__ float rms_scale(const float* xr, int width, float eps) {
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += (double)(xr[i] * xr[i]);
+    ss = block_sum_f64(ss);
+    return 1.0f / sqrtf((float)(ss / (double)width) + eps);
+}
 
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }

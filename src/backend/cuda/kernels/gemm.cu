@@ -41,6 +41,18 @@ DEQUANT_BF16(dequant_bf16_q5_k, Q5_K_BYTES, 256, dq_q5_k)
 DEQUANT_BF16(dequant_bf16_q6_k, Q6_K_BYTES, 256, dq_q6_k)
 DEQUANT_BF16(dequant_bf16_bf16, 2, 1, dq_bf16)
 
+// `dequant_bf16_q4_0` for q4_0 rearranged at upload (matvec.cu `dot_q4_0r`).
+extern "C" __global__ void dequant_bf16_q4_0r(const u8* w, u16* out, int cols, long r0, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    long r = r0 + i / cols;
+    int c = (int)(i % cols), ng = cols / 32, g = c / 32, e = c % 32;
+    const u8* row = w + r * ng * Q4_0_BYTES;
+    u8 q = row[g * 16 + (e & 15)];
+    int v = (e < 16 ? (q & 15) : (q >> 4)) - 8;
+    out[i] = f2bf(h2f(ld16(row + ng * 16 + 2 * g)) * (float)v);
+}
+
 // y[t][r] (row stride ldy) = Σ_c w[r][c] · x[t][c], bf16 operands, f32 sums: what cuBLAS
 // computes in step.rs, one thread per output, for the software GPU.
 extern "C" __global__ void gemm_bf16(const u16* w, const u16* x, float* y, int rows, int cols,

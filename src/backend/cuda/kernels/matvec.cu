@@ -25,11 +25,9 @@ struct Q8x {
 // f32 scale that maps the signed extreme to −127, q clamped at 127). Each kernel takes `n`
 // floats (a multiple of its group) and writes `n / 32` Q8x; one thread per element.
 
+// Element i (of a flat run of groups) quantized by the whole warp holding its group of 32.
 template <bool S_F16>
-__device__ void quantize_32(const float* x, Q8x* y, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;  // whole warps: n is a multiple of 32
-    float v = x[i];
+__device__ void q8_32(float v, long i, Q8x* y) {
     float amax = warp_reduce<true>(fabsf(v));
     float d = amax / 127.0f;
     int q = amax == 0.0f ? 0 : (int)rintf(v * (127.0f / amax));
@@ -42,19 +40,10 @@ __device__ void quantize_32(const float* x, Q8x* y, long n) {
     }
 }
 
-extern "C" __global__ void quantize_q8_0(const float* x, Q8x* y, long n) {
-    quantize_32<false>(x, y, n);
-}
-
-extern "C" __global__ void quantize_q8_1(const float* x, Q8x* y, long n) {
-    quantize_32<true>(x, y, n);
-}
-
-// One block of 256 threads per group of 256.
-extern "C" __global__ void quantize_q8_k(const float* x, Q8x* y, long n) {
+// Element i quantized by a block of 256 threads holding its group of 256 (thread t: element
+// t of the group).
+__device__ void q8_256(float v, long i, Q8x* y) {
     __shared__ float extreme;
-    long i = (long)blockIdx.x * 256 + threadIdx.x;
-    float v = x[i];
     float amax = block_max(fabsf(v));
     // The first element of largest magnitude (its sign sets the scale's).
     float first = block_max(fabsf(v) == amax ? -(float)threadIdx.x : -1024.0f);
@@ -69,6 +58,45 @@ extern "C" __global__ void quantize_q8_k(const float* x, Q8x* y, long n) {
     if ((i & 31) == 0) {
         g->d = d;
         g->s = d * sum;
+    }
+    __syncthreads();  // (`extreme` is read before the next group writes it)
+}
+
+extern "C" __global__ void quantize_q8_0(const float* x, Q8x* y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) q8_32<false>(x[i], i, y);  // (whole warps: n is a multiple of 32)
+}
+
+extern "C" __global__ void quantize_q8_1(const float* x, Q8x* y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) q8_32<true>(x[i], i, y);
+}
+
+// One block of 256 threads per group of 256.
+extern "C" __global__ void quantize_q8_k(const float* x, Q8x* y, long n) {
+    long i = (long)blockIdx.x * 256 + threadIdx.x;
+    q8_256(x[i], i, y);
+}
+
+// RMS norm (as `rms_norm_f32`, into y) with the normalized rows also quantized for the
+// products that read them, as `quantize_q8_*` would (`kind` 1: Q8_0, 2: Q8_1, 3: Q8_K, whose
+// rows are whole groups of 256), into xq (`[rows, width / 32]`): one launch for both. One
+// block of 256 threads per row; row `sel[b]` of x when `sel` is given.
+extern "C" __global__ void rms_norm_q8(const float* x, const int* sel, float* y, const float* w,
+                                       int width, float eps, Q8x* xq, int kind) {
+    long r = sel ? (long)sel[blockIdx.x] : (long)blockIdx.x;
+    const float* xr = x + r * width;
+    float* yr = y + (long)blockIdx.x * width;
+    float scale = rms_scale(xr, width, eps);
+    for (int base = 0; base < width; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        float v = i < width ? xr[i] * scale * w[i] : 0.0f;
+        if (i < width) yr[i] = v;
+        long gi = (long)blockIdx.x * width + i;
+        if (kind == 3)
+            q8_256(v, gi, xq);
+        else if (i < width)  // (whole warps: width is a multiple of 32)
+            kind == 2 ? q8_32<true>(v, gi, xq) : q8_32<false>(v, gi, xq);
     }
 }
 
@@ -87,7 +115,7 @@ __device__ __forceinline__ int spread4(u32 b) {
 // Each `dot_*` returns Σ W[row][32g + i] · x[32g + i] over one group g of a row's bytes `w`.
 
 // q4_0: d, 16 bytes of nibbles (low nibbles elements 0..15, high 16..31); value d·(q − 8).
-__device__ __forceinline__ float dot_q4_0(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q4_0(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)g * Q4_0_BYTES;
     int s = 0;
     for (int k = 0; k < 4; ++k) {
@@ -98,8 +126,22 @@ __device__ __forceinline__ float dot_q4_0(const u8* w, int g, const Q8x* y) {
     return h2f(ld16(b)) * (y->d * (float)s - 8.0f * y->s);
 }
 
+// q4_0 rearranged at upload (weights.rs `repack_q4_0`), rows of `ng` groups: the groups'
+// 16 bytes of nibbles, 16-byte aligned, then their scales d. One 16-byte load per group
+// instead of eight of two bytes; the same arithmetic as `dot_q4_0`.
+__device__ __forceinline__ float dot_q4_0r(const u8* w, int g, const Q8x* y, int ng) {
+    u32x4 v4 = *(const u32x4*)(w + (long)g * 16);
+    int v[4] = {(int)v4.x, (int)v4.y, (int)v4.z, (int)v4.w};
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        s = __dp4a(v[k] & 0x0F0F0F0F, y->qs[k], s);
+        s = __dp4a((v[k] >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
+    }
+    return h2f(ld16(w + (long)ng * 16 + 2 * g)) * (y->d * (float)s - 8.0f * y->s);
+}
+
 // q4_1: d, m, nibbles; value d·q + m.
-__device__ __forceinline__ float dot_q4_1(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q4_1(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)g * Q4_1_BYTES;
     int s = 0;
     for (int k = 0; k < 4; ++k) {
@@ -111,7 +153,7 @@ __device__ __forceinline__ float dot_q4_1(const u8* w, int g, const Q8x* y) {
 }
 
 // q5_0: d, 32 fifth bits, nibbles; value d·(q − 16).
-__device__ __forceinline__ float dot_q5_0(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q5_0(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)g * Q5_0_BYTES;
     u32 qh = (u32)ld32(b + 2);
     int s = 0;
@@ -124,7 +166,7 @@ __device__ __forceinline__ float dot_q5_0(const u8* w, int g, const Q8x* y) {
 }
 
 // q5_1: d, m, fifth bits, nibbles; value d·q + m.
-__device__ __forceinline__ float dot_q5_1(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q5_1(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)g * Q5_1_BYTES;
     u32 qh = (u32)ld32(b + 4);
     int s = 0;
@@ -137,7 +179,7 @@ __device__ __forceinline__ float dot_q5_1(const u8* w, int g, const Q8x* y) {
 }
 
 // q8_0: d, 32 signed bytes.
-__device__ __forceinline__ float dot_q8_0(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q8_0(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)g * Q8_0_BYTES;
     int s = 0;
     for (int k = 0; k < 8; ++k) s = __dp4a(ld32(b + 2 + 4 * k), y->qs[k], s);
@@ -148,7 +190,7 @@ __device__ __forceinline__ float dot_q8_0(const u8* w, int g, const Q8x* y) {
 
 // q2_K: elements 32·sub.. take shift 2·(sub % 4) of bytes 16 + 32·(sub / 4).., and two scale
 // bytes (low nibble scale, high nibble min), one per 16 elements.
-__device__ __forceinline__ float dot_q2_k(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q2_k(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)(g >> 3) * Q2_K_BYTES;
     int sub = g & 7, h = sub >> 2, j = sub & 3;
     int s[2] = {0, 0}, ys[2] = {0, 0};
@@ -172,7 +214,7 @@ __device__ __forceinline__ int q3k_scale(const u8* s, int k) {
 }
 
 // q3_K: value (s − 32)·(q + 4·hi − 4), q the 2-bit value, hi the bit of the high mask.
-__device__ __forceinline__ float dot_q3_k(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q3_k(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)(g >> 3) * Q3_K_BYTES;
     int sub = g & 7, h = sub >> 2, j = sub & 3;
     int s[2] = {0, 0}, ys[2] = {0, 0};
@@ -190,7 +232,7 @@ __device__ __forceinline__ float dot_q3_k(const u8* w, int g, const Q8x* y) {
 
 // q4_K: sub-block sub takes the low (even sub) or high nibbles of bytes 16 + 32·(sub / 2)..;
 // value d·sc·q − dmin·m.
-__device__ __forceinline__ float dot_q4_k(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q4_k(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)(g >> 3) * Q4_K_BYTES;
     int sub = g & 7, shift = 4 * (sub & 1);
     int s = 0;
@@ -202,7 +244,7 @@ __device__ __forceinline__ float dot_q4_k(const u8* w, int g, const Q8x* y) {
 }
 
 // q5_K: as q4_K, with fifth bits (bit sub of the bytes 16..47).
-__device__ __forceinline__ float dot_q5_k(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q5_k(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)(g >> 3) * Q5_K_BYTES;
     int sub = g & 7, shift = 4 * (sub & 1);
     int s = 0;
@@ -217,7 +259,7 @@ __device__ __forceinline__ float dot_q5_k(const u8* w, int g, const Q8x* y) {
 }
 
 // q6_K: value sc·(q − 32), q = low nibble | high pair << 4; one signed scale per 16.
-__device__ __forceinline__ float dot_q6_k(const u8* w, int g, const Q8x* y) {
+__device__ __forceinline__ float dot_q6_k(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)(g >> 3) * Q6_K_BYTES;
     int sub = g & 7, h = sub >> 2, quarter = sub & 3;
     const u8* lo = b + 64 * h + ((quarter & 1) ? 32 : 0);
@@ -250,10 +292,12 @@ __device__ __forceinline__ float row_sum(float v) {
 // many loads in flight (step.rs `mv_threads`). Up to three matrices of one format that share
 // the input (the attention's q, k and v) go in one launch: grid rows0 + rows1 + rows2, block b
 // taking row b of the first, then of the second, then of the third (rows1 = rows2 = 0: one).
+// With `add`, the products are added to y (a residual stream: y + (w·x), as a separate add
+// of the product would round it).
 #define MATVEC_Q(NAME, BYTES, ELEMS, DOT)                                                     \
     extern "C" __global__ void NAME(const u8* w0, const u8* w1, const u8* w2, const Q8x* x,  \
                                     float* y0, float* y1, float* y2, int rows0, int rows1,    \
-                                    int rows2, int cols, int n_tok) {                         \
+                                    int rows2, int cols, int n_tok, int add) {                \
         int row = blockIdx.x, rows = rows0;                                                   \
         const u8* w = w0;                                                                     \
         float* y = y0;                                                                        \
@@ -267,9 +311,10 @@ __device__ __forceinline__ float row_sum(float v) {
             const Q8x* xt = x + (long)t * ng;                                                 \
             float acc = 0.0f;                                                                 \
             _Pragma("unroll 2") for (int g = threadIdx.x; g < ng; g += blockDim.x)            \
-                acc += DOT(wr, g, xt + g);                                                    \
+                acc += DOT(wr, g, xt + g, ng);                                                    \
             acc = row_sum(acc);                                                               \
-            if (threadIdx.x == 0) y[(long)t * rows + row] = acc;                              \
+            float* yo = y + (long)t * rows + row;                                             \
+            if (threadIdx.x == 0) *yo = add ? *yo + acc : acc;                                \
         }                                                                                     \
     }
 
@@ -286,8 +331,8 @@ __device__ __forceinline__ float row_sum(float v) {
             const Q8x* xt = x + (long)t * ng;                                                 \
             float ag = 0.0f, au = 0.0f;                                                       \
             for (int g = threadIdx.x; g < ng; g += blockDim.x) {                              \
-                ag += DOT(gr, g, xt + g);                                                     \
-                au += DOT(ur, g, xt + g);                                                     \
+                ag += DOT(gr, g, xt + g, ng);                                                     \
+                au += DOT(ur, g, xt + g, ng);                                                     \
             }                                                                                 \
             ag = row_sum(ag);                                                                 \
             au = row_sum(au);                                                                 \
@@ -296,6 +341,7 @@ __device__ __forceinline__ float row_sum(float v) {
     }
 
 MATVEC_Q(matvec_q4_0, Q4_0_BYTES, 32, dot_q4_0)
+MATVEC_Q(matvec_q4_0r, Q4_0_BYTES, 32, dot_q4_0r)
 MATVEC_Q(matvec_q4_1, Q4_1_BYTES, 32, dot_q4_1)
 MATVEC_Q(matvec_q5_0, Q5_0_BYTES, 32, dot_q5_0)
 MATVEC_Q(matvec_q5_1, Q5_1_BYTES, 32, dot_q5_1)
@@ -307,6 +353,7 @@ MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k)
 MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k)
 
 MATVEC_GATED(gated_q4_0, Q4_0_BYTES, 32, dot_q4_0)
+MATVEC_GATED(gated_q4_0r, Q4_0_BYTES, 32, dot_q4_0r)
 MATVEC_GATED(gated_q4_1, Q4_1_BYTES, 32, dot_q4_1)
 MATVEC_GATED(gated_q5_0, Q5_0_BYTES, 32, dot_q5_0)
 MATVEC_GATED(gated_q5_1, Q5_1_BYTES, 32, dot_q5_1)

@@ -11,11 +11,7 @@ extern "C" __global__ void rms_norm_f32(const float* x, const int* sel, float* y
                                         int width, float eps) {
     const float* xr = x + src_row(sel) * width;
     float* yr = y + (long)blockIdx.x * width;
-    // As the CPU (and the reference): f32 squares summed in f64, the mean rounded to f32.
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += (double)(xr[i] * xr[i]);
-    ss = block_sum_f64(ss);
-    float scale = 1.0f / sqrtf((float)(ss / (double)width) + eps);
+    float scale = rms_scale(xr, width, eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
 

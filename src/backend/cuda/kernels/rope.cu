@@ -1,30 +1,69 @@
-// Rotary position embedding, in place, over `[rows, n_heads · head_dim]`: row r is at position
-// pos[r]. The first `n_dims` of each head rotate in pairs: adjacent (2i, 2i+1) for the normal
-// kind, split halves (i, i + n_dims/2) for NeoX. θ_i = freq_scale · pos · theta_scale^i,
-// divided by freq_factors[i] when given, with theta_scale = base^(−2/n_dims) computed by the
-// host: the running product in f32 and the fused rotation are the CPU's (and the reference's)
+// Rotary position embedding, in place, over q `[rows, n_heads · head_dim]` and k `[rows,
+// n_kv_heads · head_dim]` in one launch: row r is at position pos[r]. The first `n_dims` of
+// each head rotate in pairs: adjacent (2i, 2i+1) for the normal kind, split halves
+// (i, i + n_dims/2) for NeoX. θ_i = freq_scale · pos · theta_scale^i, divided by
+// freq_factors[i] when given, with theta_scale = base^(−2/n_dims) computed by the host: the
+// running product in f32 and the fused rotation are the CPU's (and the reference's)
 // arithmetic, so the angles agree to the last bit but for cosf/sinf's rounding.
-// One thread per (row, head, pair).
-extern "C" __global__ void rope_f32(float* x, const int* pos, long rows, int n_heads,
-                                    int head_dim, int n_dims, float theta_scale,
-                                    float freq_scale, const float* freq_factors, int neox) {
-    int half_dims = n_dims / 2;
-    long n = rows * n_heads * half_dims;
-    for (long t = blockIdx.x * (long)blockDim.x + threadIdx.x; t < n;
+//
+// With `kc` given (an f16 cache, as `kv_store_f16` lays it out), each row's rotated keys and
+// its values `v` (`[rows, n_kv_heads · hd_v]`) also go to its sequence's cache at its
+// position: the store of the attention that follows, done here.
+//
+// One thread per (row, head, pair), then per key element past `n_dims`, then per value.
+extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int* pos,
+                                   long rows, int n_heads, int n_kv_heads, int head_dim,
+                                   int n_dims, float theta_scale, float freq_scale,
+                                   const float* freq_factors, int neox, u8* kc, u8* vc,
+                                   const int* seq, long seq_stride_k, long seq_stride_v,
+                                   int hd_v, int ctx) {
+    int half_dims = n_dims / 2, heads = n_heads + n_kv_heads;
+    long n_rot = rows * heads * half_dims;
+    long n_pass = kc ? rows * n_kv_heads * (head_dim - n_dims) : 0;
+    long n_v = kc ? rows * n_kv_heads * hd_v : 0;
+    for (long t = blockIdx.x * (long)blockDim.x + threadIdx.x; t < n_rot + n_pass + n_v;
          t += (long)gridDim.x * blockDim.x) {
+        if (t >= n_rot + n_pass) {  // a value to the cache
+            long e = t - n_rot - n_pass;
+            long r = e / ((long)n_kv_heads * hd_v);
+            int i = (int)(e % ((long)n_kv_heads * hd_v)), h = i / hd_v, d = i % hd_v;
+            u16* vr = (u16*)(vc + seq[r] * seq_stride_v);
+            vr[((long)h * ctx + pos[r]) * hd_v + d] = f2h(v[r * n_kv_heads * hd_v + i]);
+            continue;
+        }
+        if (t >= n_rot) {  // a key element that does not rotate, to the cache
+            long e = t - n_rot;
+            int rest = head_dim - n_dims;
+            long rh = e / rest;
+            long r = rh / n_kv_heads;
+            int h = (int)(rh % n_kv_heads), d = n_dims + (int)(e % rest);
+            u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
+            kr[((long)h * ctx + pos[r]) * head_dim + d] = f2h(k[rh * head_dim + d]);
+            continue;
+        }
         int i = (int)(t % half_dims);
         long rh = t / half_dims;
-        long r = rh / n_heads;
-        float* h = x + rh * head_dim;
+        long r = rh / heads;
+        int hh = (int)(rh % heads);
+        bool is_k = hh >= n_heads;
+        float* h = is_k ? k + (r * n_kv_heads + hh - n_heads) * head_dim
+                        : q + (r * n_heads + hh) * head_dim;
         float theta = (float)pos[r];
-        for (int k = 0; k < i; ++k) theta *= theta_scale;
+        for (int j = 0; j < i; ++j) theta *= theta_scale;
         float ff = freq_factors ? freq_factors[i] : 1.0f;
         float a_ = freq_scale * theta / ff;
         float c = cosf(a_), s = sinf(a_);
         int a = neox ? i : 2 * i;
         int b = neox ? i + half_dims : 2 * i + 1;
         float x0 = h[a], x1 = h[b];
-        h[a] = fmaf(x0, c, -(x1 * s));
-        h[b] = fmaf(x0, s, x1 * c);
+        float y0 = fmaf(x0, c, -(x1 * s)), y1 = fmaf(x0, s, x1 * c);
+        h[a] = y0;
+        h[b] = y1;
+        if (is_k && kc) {
+            u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
+            long at = ((long)(hh - n_heads) * ctx + pos[r]) * head_dim;
+            kr[at + a] = f2h(y0);
+            kr[at + b] = f2h(y1);
+        }
     }
 }

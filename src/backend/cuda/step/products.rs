@@ -39,7 +39,7 @@ impl CudaSession {
     pub(super) fn product(&mut self, m: DevMat, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
         match (m.kernels.dequant, self.layout.gemm) {
             (Some(dq), Some(g)) if rows >= GEMM_MIN_ROWS => self.gemm(m, dq, g, x, y, rows, prep),
-            _ => self.matvecs(&[(m, y)], x, rows, prep),
+            _ => self.matvecs(&[(m, y)], x, rows, prep, false),
         }
         self.bias(m, y, rows);
     }
@@ -57,17 +57,20 @@ impl CudaSession {
     }
 
     /// Decode-sized products of 1–3 matrices of one format that share the input x, into their
-    /// outputs, in one launch (biases not included).
+    /// outputs (added to them with `add`, which the f32 kernels of unquantized weights do not
+    /// take), in one launch (biases not included).
     pub(super) fn matvecs(
         &mut self,
         mats: &[(DevMat, u64)],
         x: u64,
         rows: usize,
         prep: &mut Prepared,
+        add: bool,
     ) {
         let m = mats[0].0;
         let threads = mv_threads(&self.gpu);
         let Some(input) = self.quantized(m, x, rows, prep) else {
+            debug_assert!(!add, "an f32 matvec cannot add to its output");
             for &(m, y) in mats {
                 let args = [
                     Arg::P(m.ptr),
@@ -96,6 +99,7 @@ impl CudaSession {
             Arg::I(c.0.rows as i32),
             Arg::I(m.cols as i32),
             Arg::I(rows as i32),
+            Arg::I(add as i32),
         ];
         let grid = (a.0.rows + b.0.rows + c.0.rows) as u32;
         self.go(m.kernels.matvec, grid, threads, &args);
@@ -112,6 +116,9 @@ impl CudaSession {
     ) -> Option<u64> {
         let q = m.kernels.quantize?;
         let xq = self.at(self.layout.xq);
+        if prep.q8 != Some(q) && self.xq_holds == Some((x, q, rows)) {
+            prep.q8 = Some(q);
+        }
         if prep.q8 != Some(q) {
             let n = rows * m.cols;
             let args = [Arg::P(x), Arg::P(xq), Arg::L(n as i64)];
@@ -120,6 +127,7 @@ impl CudaSession {
             let grid = n.div_ceil(256) as u32;
             self.go(q, grid, 256, &args);
             prep.q8 = Some(q);
+            self.xq_holds = Some((x, q, rows));
         }
         Some(xq)
     }
