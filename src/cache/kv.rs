@@ -41,7 +41,7 @@ use crate::quant::blocks::{cast, cast_mut, BlockQ8_0};
 use crate::quant::reference::Quantize;
 
 pub use super::kv_type::{dequant_q8_0_f16, KvLayer, KvType, KvTypeError};
-pub use super::layout::{KvBudgetError, KvLayout, KvWindow, RING_ALIGN};
+pub use super::layout::{Cursor, KvBudgetError, KvLayout, KvWindow, RING_ALIGN};
 
 /// Why a KV cache could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -161,10 +161,9 @@ fn copy_layer<T: Copy>(
 pub struct KvCache {
     layout: KvLayout,
     store: Store,
-    /// Positions written so far (`current_length` in the seed).
-    len: usize,
-    /// The sliding-window rings hold positions `kept..len` intact (0 without rings).
-    kept: usize,
+    /// Positions written so far (`current_length` in the seed), and how far back the
+    /// sliding-window rings hold everything.
+    cur: Cursor,
 }
 
 impl KvCache {
@@ -180,8 +179,7 @@ impl KvCache {
         KvCache {
             layout,
             store: Store::F16 { k, v },
-            len: 0,
-            kept: 0,
+            cur: Cursor::default(),
         }
     }
 
@@ -202,8 +200,7 @@ impl KvCache {
                 KvCache {
                     layout,
                     store: Store::Q8_0 { k, v },
-                    len: 0,
-                    kept: 0,
+                    cur: Cursor::default(),
                 }
             }
         })
@@ -244,8 +241,7 @@ impl KvCache {
                 rings,
                 slot,
             },
-            len: 0,
-            kept: 0,
+            cur: Cursor::default(),
         })
     }
 
@@ -300,11 +296,11 @@ impl KvCache {
 
     /// Positions in use.
     pub fn len(&self) -> usize {
-        self.len
+        self.cur.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.cur.len == 0
     }
 
     /// Maximum positions.
@@ -319,70 +315,32 @@ impl KvCache {
 
     /// The sliding-window rings hold positions `kept_from()..len()` intact.
     pub fn kept_from(&self) -> usize {
-        self.kept
+        self.cur.kept
     }
 
-    /// Can a pass start at position `pos` (`<= len`) and attend exactly: does every ring
-    /// still hold the window before `pos` (positions `pos + 1 − window .. pos`)? Always true
-    /// without rings, and at 0.
+    /// See [`Cursor::can_resume_at`].
     pub fn can_resume_at(&self, pos: usize) -> bool {
-        match &self.layout.window {
-            None => true,
-            Some(w) => pos == 0 || (pos + 1).saturating_sub(w.window) >= self.kept,
-        }
+        self.cur.can_resume_at(&self.layout, pos)
     }
 
-    /// Check that a pass of `n` tokens from `len()` is exact with the rings: the pass fits in a
-    /// ring beside the window, and the window before `len()` is still held.
+    /// See [`Cursor::check_window`].
     pub fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
-        let Some(w) = &self.layout.window else {
-            return Ok(());
-        };
-        if n > w.max_pass() {
-            return Err(KvWindowError::PassTooLong {
-                n,
-                max: w.max_pass(),
-                rows: w.rows,
-            });
-        }
-        if !self.can_resume_at(self.len) {
-            return Err(KvWindowError::WindowLost {
-                pos: self.len,
-                kept: self.kept,
-            });
-        }
-        Ok(())
+        self.cur.check_window(&self.layout, n)
     }
 
     /// Would `additional` more positions exceed the capacity?
     pub fn would_overflow(&self, additional: usize) -> bool {
-        self.len
-            .checked_add(additional)
-            .is_none_or(|n| n > self.layout.max_len)
+        self.cur.would_overflow(&self.layout, additional)
     }
 
     /// Check that `additional` positions fit.
     pub fn check_fits(&self, additional: usize) -> Result<(), KvOverflow> {
-        if self.would_overflow(additional) {
-            Err(KvOverflow {
-                capacity: self.layout.max_len,
-                current: self.len,
-                requested: additional,
-            })
-        } else {
-            Ok(())
-        }
+        self.cur.check_fits(&self.layout, additional)
     }
 
-    /// Commit `count` positions written by the last forward pass. The rings have overwritten
-    /// positions `< len − rows`.
+    /// Commit `count` positions written by the last forward pass (see [`Cursor::advance`]).
     pub fn advance(&mut self, count: usize) -> Result<(), KvOverflow> {
-        self.check_fits(count)?;
-        self.len += count;
-        if let Some(w) = &self.layout.window {
-            self.kept = self.kept.max(self.len.saturating_sub(w.rows));
-        }
-        Ok(())
+        self.cur.advance(&self.layout, count)
     }
 
     /// Move the cursor back to `to_len` (no-op if already shorter) and return the new length.
@@ -390,19 +348,12 @@ impl KvCache {
     /// before `to_len` (a rollback of more than `rows − window + 1` positions), the cache is
     /// emptied instead (length 0): the caller evaluates the tokens again.
     pub fn rollback(&mut self, to_len: usize) -> usize {
-        let to = self.len.min(to_len);
-        if self.can_resume_at(to) {
-            self.len = to;
-        } else {
-            self.reset();
-        }
-        self.len
+        self.cur.rollback(&self.layout, to_len)
     }
 
     /// Forget everything.
     pub fn reset(&mut self) {
-        self.len = 0;
-        self.kept = 0;
+        self.cur = Cursor::default();
     }
 
     /// Store the keys and values of position `pos` for `layer`, converting to the cache's
@@ -462,10 +413,7 @@ impl KvCache {
             self.layout, src.layout,
             "copying between caches of another shape"
         );
-        let mut n = n.min(src.len);
-        if !src.can_resume_at(n) {
-            n = 0;
-        }
+        let (n, cur) = Cursor::prefix_of(&src.cur, &self.layout, n);
         self.reset();
         self.check_fits(n)?;
         if n == 0 {
@@ -492,8 +440,7 @@ impl KvCache {
             }
             _ => panic!("copying between KV caches of different element types or offloaded"),
         }
-        self.len = n;
-        self.kept = src.kept;
+        self.cur = cur;
         Ok(n)
     }
 

@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use super::kv::{KvOverflow, KvWindowError};
 use super::kv_type::KvType;
 
 /// Ring rows are a multiple of this: the attention kernel's key tile.
@@ -213,6 +214,111 @@ impl KvLayout {
                     + self.layer_bytes_at(l, ty, self.head_dim_v)
             })
             .sum()
+    }
+}
+
+/// Where a sequence stands in a cache of some layout: the positions written, and — with
+/// sliding-window rings — the oldest position from which the rings still hold everything
+/// written. The bookkeeping of every backend's cache (`KvCache` in RAM, a GPU session's slot),
+/// written once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cursor {
+    /// Positions written (`current_length` in the seed).
+    pub len: usize,
+    /// The rings hold positions `kept..len` intact (0 without rings).
+    pub kept: usize,
+}
+
+impl Cursor {
+    /// Can a pass start at position `pos` (`<= len`) and attend exactly: does every ring
+    /// still hold the window before `pos` (positions `pos + 1 − window .. pos`)? Always true
+    /// without rings, and at 0.
+    pub fn can_resume_at(&self, l: &KvLayout, pos: usize) -> bool {
+        match &l.window {
+            None => true,
+            Some(w) => pos == 0 || (pos + 1).saturating_sub(w.window) >= self.kept,
+        }
+    }
+
+    /// Check that a pass of `n` tokens from `len` is exact with the rings: the pass fits in a
+    /// ring beside the window, and the window before `len` is still held.
+    pub fn check_window(&self, l: &KvLayout, n: usize) -> Result<(), KvWindowError> {
+        let Some(w) = &l.window else {
+            return Ok(());
+        };
+        if n > w.max_pass() {
+            return Err(KvWindowError::PassTooLong {
+                n,
+                max: w.max_pass(),
+                rows: w.rows,
+            });
+        }
+        if !self.can_resume_at(l, self.len) {
+            return Err(KvWindowError::WindowLost {
+                pos: self.len,
+                kept: self.kept,
+            });
+        }
+        Ok(())
+    }
+
+    /// Would `additional` more positions exceed the capacity?
+    pub fn would_overflow(&self, l: &KvLayout, additional: usize) -> bool {
+        self.len
+            .checked_add(additional)
+            .is_none_or(|n| n > l.max_len)
+    }
+
+    /// Check that `additional` positions fit.
+    pub fn check_fits(&self, l: &KvLayout, additional: usize) -> Result<(), KvOverflow> {
+        if self.would_overflow(l, additional) {
+            return Err(KvOverflow {
+                capacity: l.max_len,
+                current: self.len,
+                requested: additional,
+            });
+        }
+        Ok(())
+    }
+
+    /// Commit `count` positions written by a pass. The rings have overwritten positions
+    /// `< len − rows`.
+    pub fn advance(&mut self, l: &KvLayout, count: usize) -> Result<(), KvOverflow> {
+        self.check_fits(l, count)?;
+        self.len += count;
+        if let Some(w) = &l.window {
+            self.kept = self.kept.max(self.len.saturating_sub(w.rows));
+        }
+        Ok(())
+    }
+
+    /// Move back to `to_len` (no-op if already shorter) and return the new length. Where the
+    /// rings no longer hold the window before `to_len`, everything is forgotten instead
+    /// (length 0): the caller evaluates the tokens again.
+    pub fn rollback(&mut self, l: &KvLayout, to_len: usize) -> usize {
+        let to = self.len.min(to_len);
+        if self.can_resume_at(l, to) {
+            self.len = to;
+        } else {
+            *self = Cursor::default();
+        }
+        self.len
+    }
+
+    /// How many of `src`'s first `n` positions another cache of the same layout can take over
+    /// (0 where the rings no longer hold the window before them), and the cursor it then has.
+    pub fn prefix_of(src: &Cursor, l: &KvLayout, n: usize) -> (usize, Cursor) {
+        let n = n.min(src.len);
+        match src.can_resume_at(l, n) && n > 0 {
+            true => (
+                n,
+                Cursor {
+                    len: n,
+                    kept: src.kept,
+                },
+            ),
+            false => (0, Cursor::default()),
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use super::session::{
 use crate::backend::cpu::{self, Runtime};
 use crate::backend::cuda::{CudaKv, CudaSession, CudaStep};
 use crate::backend::{Device, SeqCache};
+use crate::cache::layout::Cursor;
 use crate::cache::{KvCache, KvType, Scratch};
 use crate::kernels::attention::SoloAttention;
 use crate::model::forward::{forward_batch, ForwardError, Logits, SeqBatch};
@@ -136,9 +137,9 @@ impl BatchRunner {
                 (exec, slots)
             }
             Device::Cuda => {
-                let s = cuda_session(&model, &sopts, spec, n_slots, &mut |_, _| {})?;
+                let s = cuda_session(&model, &sopts, spec, &layout, n_slots, &mut |_, _| {})?;
                 let slots = (0..n_slots)
-                    .map(|i| Slot::new(Kv::Cuda(CudaKv::new(i, n_ctx)), n_ctx))
+                    .map(|i| Slot::new(Kv::Cuda(CudaKv::new(i, layout.clone())), n_ctx))
                     .collect();
                 let seqs = Vec::with_capacity(n_slots);
                 (Exec::Cuda { s, seqs }, slots)
@@ -231,13 +232,15 @@ impl BatchRunner {
                 .copy_prefix_from(sk, n)
                 .expect("slots share one layout, so a prefix of one fits another"),
             (Kv::Cuda(dk), Kv::Cuda(sk), Exec::Cuda { s: gpu, .. }) => {
-                match gpu.copy_prefix(dk.slot, sk.slot, n) {
-                    Ok(()) => {
-                        dk.rollback(0);
-                        dk.advance(n).map_or(0, |()| n)
+                let (n, cur) = Cursor::prefix_of(&sk.cursor(), sk.layout(), n);
+                dk.reset();
+                match n > 0 && gpu.copy_prefix(dk.slot, sk.slot, n).is_ok() {
+                    true => {
+                        dk.set_cursor(cur);
+                        n
                     }
-                    // The device failed: nothing is reused.
-                    Err(_) => dk.rollback(0),
+                    // Nothing to take over, or the device failed: nothing is reused.
+                    false => 0,
                 }
             }
             _ => 0,

@@ -322,6 +322,8 @@ pub fn device_plan(
     opts.kv_type.check_head_dim(c.head_dim_k)?;
     opts.kv_type.check_head_dim(c.head_dim_v)?;
     let slots = parallel.max(1);
+    // (Rings are sized for one sequence's chunk, before a runner adds a row per slot.)
+    let kv = crate::engine::session::kv_layout(&c, opts);
     let opts = match slots {
         1 => *opts,
         _ => crate::engine::batch::runner_session_options(opts, slots),
@@ -334,7 +336,7 @@ pub fn device_plan(
         slots,
         kv_type: opts.kv_type,
     };
-    let l = SessionLayout::new(&c, traits.fused_qkv, sizes);
+    let l = SessionLayout::new(&c, traits.fused_qkv, sizes, &kv);
     let weights = crate::backend::cuda::weights::planned_bytes(file) as u64;
     let components = vec![
         Component {
@@ -348,9 +350,13 @@ pub fn device_plan(
             bytes: l.kv_bytes as u64,
             mapped: false,
             formula: format!(
-                "{slots} seq × {} layers × {} ctx × {} kv heads × ({} + {}) B ({} rows of {} + {} dims)",
-                c.n_layers,
+                "{slots} seq × ({} layers × {} ctx{}) × {} kv heads × ({} + {}) B ({} rows of {} + {} dims)",
+                kv.n_full_layers(),
                 sizes.n_ctx,
+                match kv.window.as_ref() {
+                    Some(w) => format!(" + {} rings × {}", kv.n_ring_layers(), w.rows),
+                    None => String::new(),
+                },
                 c.n_kv_heads,
                 opts.kv_type.row_bytes(c.head_dim_k),
                 opts.kv_type.row_bytes(c.head_dim_v),

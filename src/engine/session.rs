@@ -140,12 +140,13 @@ impl Session {
                 (Kv::Cpu(kv), Exec::Cpu { scratch }, opts.n_threads)
             }
             Device::Cuda => {
-                let s = cuda_session(&model, &opts, spec, 1, progress)?;
+                let layout = kv_layout(c, &opts);
+                let s = cuda_session(&model, &opts, spec, &layout, 1, progress)?;
                 let exec = Exec::Cuda {
                     s,
                     logits: vec![0.0; c.vocab_size],
                 };
-                (Kv::Cuda(CudaKv::new(0, n_ctx)), exec, 1)
+                (Kv::Cuda(CudaKv::new(0, layout)), exec, 1)
             }
         };
         Ok(Session {
@@ -433,6 +434,7 @@ pub(crate) fn cuda_session(
     model: &Arc<Model>,
     opts: &SessionOptions,
     spec: ScratchSpec,
+    kv: &KvLayout,
     slots: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<CudaSession>, EngineError> {
@@ -451,7 +453,7 @@ pub(crate) fn cuda_session(
         slots,
         kv_type: opts.kv_type,
     };
-    Ok(Box::new(CudaSession::new(gpu, w, model, sizes)?))
+    Ok(Box::new(CudaSession::new(gpu, w, model, sizes, kv)?))
 }
 
 /// `m`'s weights on `gpu`: uploaded by the first session of a model, shared by the sessions

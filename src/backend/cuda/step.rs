@@ -17,7 +17,8 @@ mod products;
 use super::weights::{DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
-use crate::cache::{KvOverflow, KvType, KvWindowError};
+use crate::cache::layout::Cursor;
+use crate::cache::{KvLayout, KvOverflow, KvType, KvWindowError};
 use crate::model::config::{Activation, RopeKind};
 use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
@@ -38,63 +39,67 @@ fn switch(name: &str) -> bool {
 /// whose products all take the matvec kernels.
 const MAX_GRAPH_ROWS: usize = GEMM_MIN_ROWS - 1;
 
-/// One sequence's cursor into a session's device KV cache (the storage is the session's).
+/// One sequence's cursor into a session's device KV cache (the storage is the session's):
+/// the same bookkeeping as a cache in RAM ([`Cursor`], over the same [`KvLayout`]: sliding-
+/// window layers keep rings).
 #[derive(Clone, Debug)]
 pub struct CudaKv {
-    len: usize,
-    capacity: usize,
+    cur: Cursor,
+    layout: KvLayout,
     /// Which of the session's cache slots holds this sequence.
     pub slot: usize,
 }
 
 impl CudaKv {
-    pub fn new(slot: usize, capacity: usize) -> CudaKv {
+    pub fn new(slot: usize, layout: KvLayout) -> CudaKv {
         CudaKv {
-            len: 0,
-            capacity,
+            cur: Cursor::default(),
+            layout,
             slot,
         }
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.layout.max_len
     }
 
     pub fn would_overflow(&self, n: usize) -> bool {
-        self.len + n > self.capacity
+        self.cur.would_overflow(&self.layout, n)
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    pub fn cursor(&self) -> Cursor {
+        self.cur
+    }
+
+    /// Take over a cursor (after the session copied the positions it covers into this slot).
+    pub fn set_cursor(&mut self, c: Cursor) {
+        self.cur = c;
     }
 }
 
 impl SeqCache for CudaKv {
     fn len(&self) -> usize {
-        self.len
+        self.cur.len
     }
     fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
-        if self.would_overflow(n) {
-            return Err(KvOverflow {
-                capacity: self.capacity,
-                current: self.len,
-                requested: n,
-            });
-        }
-        Ok(())
+        self.cur.check_fits(&self.layout, n)
     }
-    fn check_window(&self, _n: usize) -> Result<(), KvWindowError> {
-        // Sliding-window layers keep the whole context on the GPU (masked by position).
-        Ok(())
+    fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
+        self.cur.check_window(&self.layout, n)
     }
     fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
-        self.check_fits(n)?;
-        self.len += n;
-        Ok(())
+        self.cur.advance(&self.layout, n)
     }
     /// Positions past `len` are never read: going back is moving the cursor.
     fn rollback(&mut self, n: usize) -> usize {
-        self.len = self.len.min(n);
-        self.len
+        self.cur.rollback(&self.layout, n)
     }
     fn reset(&mut self) {
-        self.len = 0;
+        self.cur = Cursor::default();
     }
 }
 
@@ -149,17 +154,26 @@ pub struct SessionLayout {
     split: Option<SplitLayout>,
     /// Bytes of the activation allocation.
     pub act_bytes: usize,
-    /// Per layer, offsets of keys `[slots, n_kv_heads, n_ctx]` rows of `head_dim_k` values (f16,
-    /// or Q8_0 blocks) and of values.
-    kv: Vec<(usize, usize)>,
-    /// Bytes of one slot's keys and values in a layer, KV heads, and the bytes of one
-    /// position of a head's keys and values.
-    slot_stride: (usize, usize),
+    /// Per layer, where its keys and values are.
+    kv: Vec<KvLayerAt>,
     kv_heads: usize,
+    /// Bytes of one position of a head's keys and values.
     row_bytes: (usize, usize),
     kv_type: KvType,
     /// Bytes of the KV allocation.
     pub kv_bytes: usize,
+}
+
+/// One layer's keys `[slots, n_kv_heads, rows]` rows of `head_dim_k` values (f16, or Q8_0
+/// blocks) and values: `rows` is the context, or a sliding-window layer's ring (position `p` at
+/// row `p mod rows`, as in RAM: `KvLayout`).
+#[derive(Clone, Copy, Debug)]
+struct KvLayerAt {
+    k: usize,
+    v: usize,
+    rows: usize,
+    /// Bytes of one slot's keys and values.
+    slot_stride: (usize, usize),
 }
 
 /// The scratch of prompt-sized products: the input as bf16, a chunk of weight rows as bf16,
@@ -191,7 +205,13 @@ const MAX_SPLITS: usize = 32;
 const Q8X_BYTES: usize = 40;
 
 impl SessionLayout {
-    pub fn new(c: &crate::model::ModelConfig, fused_qkv: bool, sizes: CudaSizes) -> Self {
+    /// `kv`: the cache's geometry (which layers keep rings), as a cache in RAM would have it.
+    pub fn new(
+        c: &crate::model::ModelConfig,
+        fused_qkv: bool,
+        sizes: CudaSizes,
+        kv: &KvLayout,
+    ) -> Self {
         let t = sizes.max_rows.max(1);
         let width = [
             c.dim,
@@ -240,11 +260,19 @@ impl SessionLayout {
             sizes.kv_type.row_bytes(c.head_dim_k),
             sizes.kv_type.row_bytes(c.head_dim_v),
         );
-        let per_k = c.n_kv_heads * sizes.n_ctx * row_bytes.0;
-        let per_v = c.n_kv_heads * sizes.n_ctx * row_bytes.1;
         let mut kl = Layout::default();
         let kv = (0..c.n_layers)
-            .map(|_| (kl.take(sizes.slots * per_k), kl.take(sizes.slots * per_v)))
+            .map(|l| {
+                let rows = kv.rows(l);
+                let per_k = c.n_kv_heads * rows * row_bytes.0;
+                let per_v = c.n_kv_heads * rows * row_bytes.1;
+                KvLayerAt {
+                    k: kl.take(sizes.slots * per_k),
+                    v: kl.take(sizes.slots * per_v),
+                    rows,
+                    slot_stride: (per_k, per_v),
+                }
+            })
             .collect();
         let n_split = sizes.n_ctx.div_ceil(SPLIT_KEYS).min(MAX_SPLITS);
         let split = (n_split > 1).then(|| {
@@ -272,7 +300,6 @@ impl SessionLayout {
             split,
             act_bytes: l.bytes,
             kv,
-            slot_stride: (per_k, per_v),
             kv_heads: c.n_kv_heads,
             row_bytes,
             kv_type: sizes.kv_type,
@@ -325,12 +352,14 @@ impl Drop for CudaSession {
 }
 
 impl CudaSession {
-    /// Allocate a session's buffers and KV cache for `m` (whose weights are `w`).
+    /// Allocate a session's buffers and KV cache for `m` (whose weights are `w`), the cache of
+    /// geometry `kv` (sliding-window layers keep rings) for `sizes.slots` sequences.
     pub fn new(
         gpu: Arc<Gpu>,
         w: Arc<DeviceWeights>,
         m: &Model,
         sizes: CudaSizes,
+        kv: &KvLayout,
     ) -> Result<CudaSession, CudaError> {
         let c = &m.config;
         if c.head_dim_k > 256 || c.head_dim_v > 1024 {
@@ -344,7 +373,7 @@ impl CudaSession {
                 return Err(CudaError::Unsupported(e.to_string()));
             }
         }
-        let layout = SessionLayout::new(c, m.traits.fused_qkv, sizes);
+        let layout = SessionLayout::new(c, m.traits.fused_qkv, sizes, kv);
         let stream = gpu.stream()?;
         let act = Arena::new(&gpu, layout.act_bytes)?;
         let kv = Arena::new(&gpu, layout.kv_bytes)?;
@@ -447,21 +476,24 @@ impl CudaSession {
             return Ok(());
         }
         let heads = l.kv_heads;
-        for &(k, v) in &l.kv {
+        for at in &l.kv {
             let parts = [
-                (k, l.slot_stride.0, l.row_bytes.0),
-                (v, l.slot_stride.1, l.row_bytes.1),
+                (at.k, at.slot_stride.0, l.row_bytes.0),
+                (at.v, at.slot_stride.1, l.row_bytes.1),
             ];
-            // (Rows are whole u16: f16 values, or Q8_0 blocks of 34 bytes.)
+            // A ring's rows 0..n, or all of them once positions wrapped (position p at row
+            // p mod rows in both slots). (Rows are whole u16: f16 values, or Q8_0 blocks of 34
+            // bytes.)
+            let used = n.min(at.rows);
             for (base, per, row) in parts {
                 let args = [
                     Arg::P(self.kv.ptr(base + src * per)),
                     Arg::P(self.kv.ptr(base + dst * per)),
                     Arg::I(heads as i32),
-                    Arg::L((n * row / 2) as i64),
-                    Arg::L((ctx * row / 2) as i64),
+                    Arg::L((used * row / 2) as i64),
+                    Arg::L((at.rows * row / 2) as i64),
                 ];
-                let grid = blocks_for(heads * n * row / 2);
+                let grid = blocks_for(heads * used * row / 2);
                 self.gpu
                     .launch(&self.stream, "kv_copy_f16", grid, 256, &args)?;
             }
@@ -919,14 +951,12 @@ impl Backend for CudaStep<'_> {
         // The keys and values go to an f16 cache in the same launch (the attention then
         // skips its store).
         let store = s.fuse && s.layout.kv_type == KvType::F16;
+        let at = s.layout.kv[layer];
         let (kc, vc) = match store {
-            true => (
-                s.kv.ptr(s.layout.kv[layer].0),
-                s.kv.ptr(s.layout.kv[layer].1),
-            ),
+            true => (s.kv.ptr(at.k), s.kv.ptr(at.v)),
             false => (0, 0),
         };
-        let (sk, sv) = (s.layout.slot_stride.0 as i64, s.layout.slot_stride.1 as i64);
+        let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
         let args = [
             Arg::P(s.buf(Buf::Q)),
             Arg::P(s.buf(Buf::K)),
@@ -947,7 +977,7 @@ impl Backend for CudaStep<'_> {
             Arg::L(sk),
             Arg::L(sv),
             Arg::I(c.head_dim_v as i32),
-            Arg::I(s.sizes.n_ctx as i32),
+            Arg::I(at.rows as i32),
         ];
         let n_rot = rows * (c.n_heads + c.n_kv_heads) * rope.n_dims / 2;
         let n_store = rows * c.n_kv_heads * (c.head_dim_k - rope.n_dims + c.head_dim_v);
@@ -982,10 +1012,10 @@ impl Backend for CudaStep<'_> {
         let window = self.m.weights.layers[layer].window.unwrap_or(0);
         let s = &mut *self.s;
         s.xq_holds = None;
-        let (kc, vc) = s.layout.kv[layer];
-        let (kc, vc) = (s.kv.ptr(kc), s.kv.ptr(vc));
-        let (sk, sv) = (s.layout.slot_stride.0 as i64, s.layout.slot_stride.1 as i64);
-        let ctx = s.sizes.n_ctx as i32;
+        let at = s.layout.kv[layer];
+        let (kc, vc) = (s.kv.ptr(at.k), s.kv.ptr(at.v));
+        let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
+        let (ctx, ring) = (s.sizes.n_ctx as i32, at.rows as i32);
         let store = [
             Arg::P(s.buf(Buf::K)),
             Arg::P(s.buf(Buf::V)),
@@ -998,7 +1028,7 @@ impl Backend for CudaStep<'_> {
             Arg::I(c.n_kv_heads as i32),
             Arg::I(c.head_dim_k as i32),
             Arg::I(c.head_dim_v as i32),
-            Arg::I(ctx),
+            Arg::I(ring),
         ];
         let q8 = s.layout.kv_type == KvType::Q8_0;
         // (Unless the RoPE stored this layer's keys and values.)
@@ -1020,6 +1050,7 @@ impl Backend for CudaStep<'_> {
             Arg::I(c.head_dim_k as i32),
             Arg::I(c.head_dim_v as i32),
             Arg::I(ctx),
+            Arg::I(ring),
             Arg::F(c.attn_scale),
             Arg::I(window as i32),
             Arg::P(s.at(s.layout.mode)),
@@ -1047,6 +1078,7 @@ impl Backend for CudaStep<'_> {
                     a[12],
                     a[13],
                     a[14],
+                    a[15],
                     Arg::I(sp.n_split as i32),
                     Arg::I(sp.chunk as i32),
                     Arg::I(s.mirror as i32),

@@ -24,14 +24,15 @@ struct Q8Row {
     }
 };
 
-// Row r's keys and values into its sequence's cache (`[n_kv_heads, ctx]` rows per slot,
-// `seq_stride_*` bytes apart) at its position, as f16.
+// Row r's keys and values into its sequence's cache (`[n_kv_heads, rows]` rows per slot,
+// `seq_stride_*` bytes apart) at its position's row (`pos mod rows`: `rows` is the context, or
+// a sliding-window layer's ring), as f16.
 extern "C" __global__ void kv_store_f16(const float* k, const float* v, u8* kc, u8* vc,
                                         const int* pos, const int* seq, long seq_stride_k,
                                         long seq_stride_v, int n_kv_heads, int hd_k, int hd_v,
                                         int ctx) {
     int r = blockIdx.x;
-    long p = pos[r];
+    long p = pos[r] % ctx;
     u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
     u16* vr = (u16*)(vc + seq[r] * seq_stride_v);
     for (int i = threadIdx.x; i < n_kv_heads * hd_k; i += blockDim.x) {
@@ -69,7 +70,7 @@ extern "C" __global__ void kv_store_q8_0(const float* k, const float* v, u8* kc,
                                          long seq_stride_v, int n_kv_heads, int hd_k, int hd_v,
                                          int ctx) {
     int r = blockIdx.x;
-    long p = pos[r];
+    long p = pos[r] % ctx;  // (the layer's rows: see kv_store_f16)
     u8* kr = kc + seq[r] * seq_stride_k + p * Q8Row::bytes(hd_k);
     u8* vr = vc + seq[r] * seq_stride_v + p * Q8Row::bytes(hd_v);
     store_q8_0(k + (long)r * n_kv_heads * hd_k, kr, n_kv_heads, hd_k, ctx);
@@ -124,9 +125,10 @@ struct Head {
     const u8* v;
     int first, last;  // visible positions first..=last
     int hd_k, hd_v;
+    int rows;         // the layer's rows per head: position t at row t mod rows
     bool short_ctx;   // the cache's padded length is under 512 (the vector path's domain)
-    __device__ R key(int t) const { return R(k + t * R::bytes(hd_k)); }
-    __device__ R value(int t) const { return R(v + t * R::bytes(hd_v)); }
+    __device__ R key(int t) const { return R(k + (long)(t % rows) * R::bytes(hd_k)); }
+    __device__ R value(int t) const { return R(v + (long)(t % rows) * R::bytes(hd_v)); }
 };
 
 // Whether a row at position p has a short context: the cache's padded length (the reference's,
@@ -138,17 +140,19 @@ __device__ __forceinline__ bool short_context(int p, int ctx) {
 template <class R>
 __device__ Head<R> head_of(int r, int h, const float* q, const u8* kc, const u8* vc,
                            const int* pos, const int* seq, long seq_stride_k, long seq_stride_v,
-                           int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, int window) {
+                           int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, int rows,
+                           int window) {
     Head<R> a;
     int kvh = h / (n_heads / n_kv_heads);
     int p = pos[r];
     a.first = window > 0 && p + 1 > window ? p + 1 - window : 0;
     a.last = p;
     a.q = q + ((long)r * n_heads + h) * hd_k;
-    a.k = kc + seq[r] * seq_stride_k + (long)kvh * ctx * R::bytes(hd_k);
-    a.v = vc + seq[r] * seq_stride_v + (long)kvh * ctx * R::bytes(hd_v);
+    a.k = kc + seq[r] * seq_stride_k + (long)kvh * rows * R::bytes(hd_k);
+    a.v = vc + seq[r] * seq_stride_v + (long)kvh * rows * R::bytes(hd_v);
     a.hd_k = hd_k;
     a.hd_v = hd_v;
+    a.rows = rows;
     a.short_ctx = short_context(p, ctx);
     return a;
 }
@@ -282,12 +286,12 @@ __device__ void attend_f32(const Head<R>& a, float scale, int lo, int hi, float*
 template <class R>
 __device__ void attend(const float* q, const u8* kc, const u8* vc, const int* pos,
                        const int* seq, long seq_stride_k, long seq_stride_v, float* out,
-                       int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, float scale,
-                       int window, const int* mode) {
+                       int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, int rows,
+                       float scale, int window, const int* mode) {
     int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     int vec = mode[r];
     Head<R> a = head_of<R>(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads,
-                           n_kv_heads, hd_k, hd_v, ctx, window);
+                           n_kv_heads, hd_k, hd_v, ctx, rows, window);
     float* o = out + ((long)r * n_heads + h) * hd_v;
     if (vec == 1 || (vec == 2 && a.short_ctx)) {
         float v = attend_vec(a, scale);
@@ -304,10 +308,10 @@ __device__ void attend(const float* q, const u8* kc, const u8* vc, const int* po
     extern "C" __global__ void NAME(const float* q, const u8* kc, const u8* vc, const int* pos, \
                                     const int* seq, long seq_stride_k, long seq_stride_v,       \
                                     float* out, int n_heads, int n_kv_heads, int hd_k,          \
-                                    int hd_v, int ctx, float scale, int window,                 \
+                                    int hd_v, int ctx, int rows, float scale, int window,       \
                                     const int* mode) {                                          \
         attend<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, n_heads, n_kv_heads,    \
-                  hd_k, hd_v, ctx, scale, window, mode);                                        \
+                  hd_k, hd_v, ctx, rows, scale, window, mode);                                  \
     }
 ATTEND(attend_f16, F16Row)
 ATTEND(attend_q8_0, Q8Row)
@@ -321,12 +325,12 @@ template <class R>
 __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const int* pos,
                              const int* seq, long seq_stride_k, long seq_stride_v, float* out,
                              float* part, int n_heads, int n_kv_heads, int hd_k, int hd_v,
-                             int ctx, float scale, int window, int n_split, int chunk,
+                             int ctx, int rows, float scale, int window, int n_split, int chunk,
                              int mirror) {
     int sp = blockIdx.x % n_split, rh = blockIdx.x / n_split;
     int r = rh / n_heads, h = rh % n_heads;
     Head<R> a = head_of<R>(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads,
-                           n_kv_heads, hd_k, hd_v, ctx, window);
+                           n_kv_heads, hd_k, hd_v, ctx, rows, window);
     if (mirror && a.short_ctx) {
         if (sp == 0) {
             float v = attend_vec(a, scale);
@@ -349,10 +353,11 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
     extern "C" __global__ void NAME(const float* q, const u8* kc, const u8* vc, const int* pos, \
                                     const int* seq, long seq_stride_k, long seq_stride_v,       \
                                     float* out, float* part, int n_heads, int n_kv_heads,       \
-                                    int hd_k, int hd_v, int ctx, float scale, int window,       \
-                                    int n_split, int chunk, int mirror) {                       \
+                                    int hd_k, int hd_v, int ctx, int rows, float scale,         \
+                                    int window, int n_split, int chunk, int mirror) {           \
         attend_split<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, part, n_heads,    \
-                        n_kv_heads, hd_k, hd_v, ctx, scale, window, n_split, chunk, mirror);    \
+                        n_kv_heads, hd_k, hd_v, ctx, rows, scale, window, n_split, chunk,       \
+                        mirror);                                                                \
     }
 ATTEND_SPLIT(attend_split_f16, F16Row)
 ATTEND_SPLIT(attend_split_q8_0, Q8Row)

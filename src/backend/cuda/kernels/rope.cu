@@ -6,9 +6,10 @@
 // running product in f32 and the fused rotation are the CPU's (and the reference's)
 // arithmetic, so the angles agree to the last bit but for cosf/sinf's rounding.
 //
-// With `kc` given (an f16 cache, as `kv_store_f16` lays it out), each row's rotated keys and
-// its values `v` (`[rows, n_kv_heads · hd_v]`) also go to its sequence's cache at its
-// position: the store of the attention that follows, done here.
+// With `kc` given (an f16 cache of `ctx` rows per head, the layer's: its position's row is
+// `pos mod ctx`, as `kv_store_f16` lays it out), each row's rotated keys and its values `v`
+// (`[rows, n_kv_heads · hd_v]`) also go to its sequence's cache: the store of the attention
+// that follows, done here.
 //
 // One thread per (row, head, pair), then per key element past `n_dims`, then per value.
 extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int* pos,
@@ -28,7 +29,7 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
             long r = e / ((long)n_kv_heads * hd_v);
             int i = (int)(e % ((long)n_kv_heads * hd_v)), h = i / hd_v, d = i % hd_v;
             u16* vr = (u16*)(vc + seq[r] * seq_stride_v);
-            vr[((long)h * ctx + pos[r]) * hd_v + d] = f2h(v[r * n_kv_heads * hd_v + i]);
+            vr[((long)h * ctx + pos[r] % ctx) * hd_v + d] = f2h(v[r * n_kv_heads * hd_v + i]);
             continue;
         }
         if (t >= n_rot) {  // a key element that does not rotate, to the cache
@@ -38,7 +39,7 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
             long r = rh / n_kv_heads;
             int h = (int)(rh % n_kv_heads), d = n_dims + (int)(e % rest);
             u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
-            kr[((long)h * ctx + pos[r]) * head_dim + d] = f2h(k[rh * head_dim + d]);
+            kr[((long)h * ctx + pos[r] % ctx) * head_dim + d] = f2h(k[rh * head_dim + d]);
             continue;
         }
         int i = (int)(t % half_dims);
@@ -61,7 +62,7 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
         h[b] = y1;
         if (is_k && kc) {
             u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
-            long at = ((long)(hh - n_heads) * ctx + pos[r]) * head_dim;
+            long at = ((long)(hh - n_heads) * ctx + pos[r] % ctx) * head_dim;
             kr[at + a] = f2h(y0);
             kr[at + b] = f2h(y1);
         }
