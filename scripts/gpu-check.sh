@@ -21,7 +21,7 @@ prepare() {
     strip -o /tmp/kiln-gpu target/release/kiln && xz -T0 -6 -c /tmp/kiln-gpu > .gpu/kiln.xz
     rm -f .gpu/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.
-    for t in cuda_backend cuda_batch cuda_kernels cuda_ops; do
+    for t in cuda_backend cuda_batch cuda_ring cuda_kernels cuda_ops; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
 for l in sys.stdin:
@@ -91,6 +91,7 @@ run() {
         timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
         # (The served test needs this machine's kiln binary and software GPU.)
         timeout 180 .gpu/cuda_batch ${KILN_TEST_FILTER:-} --skip serve_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -30 || true
+        timeout 180 .gpu/cuda_ring ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
     fi
     # Wait for the reference build (at most KILN_REF_WAIT seconds).
     local waited=0
