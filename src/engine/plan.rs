@@ -316,7 +316,7 @@ pub fn device_plan(
     opts: &SessionOptions,
     parallel: usize,
 ) -> Result<MemoryPlan, PlanError> {
-    use crate::backend::cuda::step::{CudaSizes, SessionLayout};
+    use crate::backend::cuda::step::SessionLayout;
     let (c, traits) = read_config(file)?;
     check_ctx(&c, opts)?;
     opts.kv_type.check_head_dim(c.head_dim_k)?;
@@ -329,13 +329,7 @@ pub fn device_plan(
         _ => crate::engine::batch::runner_session_options(opts, slots),
     };
     let spec = scratch_spec_for(file, &opts);
-    let sizes = CudaSizes {
-        max_rows: spec.max_tokens,
-        logit_rows: spec.logit_rows,
-        n_ctx: opts.n_ctx.max(1),
-        slots,
-        kv_type: opts.kv_type,
-    };
+    let sizes = crate::engine::session::cuda_sizes(spec, &opts, slots);
     let l = SessionLayout::new(&c, traits.fused_qkv, sizes, &kv);
     let weights = crate::backend::cuda::weights::planned_bytes(file) as u64;
     let components = vec![

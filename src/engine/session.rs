@@ -446,14 +446,19 @@ pub(crate) fn cuda_session(
     }
     let gpu = cuda::open()?;
     let w = device_weights(&gpu, model, progress)?;
-    let sizes = CudaSizes {
+    let sizes = cuda_sizes(spec, opts, slots);
+    Ok(Box::new(CudaSession::new(gpu, w, model, sizes, kv)?))
+}
+
+/// How a GPU session with these options and scratch sizes is sized, for `slots` sequences.
+pub(crate) fn cuda_sizes(spec: ScratchSpec, opts: &SessionOptions, slots: usize) -> CudaSizes {
+    CudaSizes {
         max_rows: spec.max_tokens,
         logit_rows: spec.logit_rows,
         n_ctx: opts.n_ctx.max(1),
         slots,
         kv_type: opts.kv_type,
-    };
-    Ok(Box::new(CudaSession::new(gpu, w, model, sizes, kv)?))
+    }
 }
 
 /// `m`'s weights on `gpu`: uploaded by the first session of a model, shared by the sessions

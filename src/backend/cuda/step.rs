@@ -10,18 +10,20 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Layout, Stream};
+use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Stream};
 use super::profile::Profile;
 
+mod layout;
 mod products;
 use super::weights::{DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
-use crate::cache::layout::Cursor;
-use crate::cache::{KvLayout, KvOverflow, KvType, KvWindowError};
+use crate::cache::{KvLayout, KvType};
 use crate::model::config::{Activation, RopeKind};
 use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
+use layout::GemmLayout;
+pub use layout::{CudaKv, CudaSizes, SessionLayout};
 use products::{mv_threads, Prepared};
 
 /// Products of at least this many rows dequantize the weights to bf16 and multiply on the
@@ -39,85 +41,6 @@ fn switch(name: &str) -> bool {
 /// whose products all take the matvec kernels.
 const MAX_GRAPH_ROWS: usize = GEMM_MIN_ROWS - 1;
 
-/// One sequence's cursor into a session's device KV cache (the storage is the session's):
-/// the same bookkeeping as a cache in RAM ([`Cursor`], over the same [`KvLayout`]: sliding-
-/// window layers keep rings).
-#[derive(Clone, Debug)]
-pub struct CudaKv {
-    cur: Cursor,
-    layout: KvLayout,
-    /// Which of the session's cache slots holds this sequence.
-    pub slot: usize,
-}
-
-impl CudaKv {
-    pub fn new(slot: usize, layout: KvLayout) -> CudaKv {
-        CudaKv {
-            cur: Cursor::default(),
-            layout,
-            slot,
-        }
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.layout.max_len
-    }
-
-    pub fn would_overflow(&self, n: usize) -> bool {
-        self.cur.would_overflow(&self.layout, n)
-    }
-
-    pub fn layout(&self) -> &KvLayout {
-        &self.layout
-    }
-
-    pub fn cursor(&self) -> Cursor {
-        self.cur
-    }
-
-    /// Take over a cursor (after the session copied the positions it covers into this slot).
-    pub fn set_cursor(&mut self, c: Cursor) {
-        self.cur = c;
-    }
-}
-
-impl SeqCache for CudaKv {
-    fn len(&self) -> usize {
-        self.cur.len
-    }
-    fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
-        self.cur.check_fits(&self.layout, n)
-    }
-    fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
-        self.cur.check_window(&self.layout, n)
-    }
-    fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
-        self.cur.advance(&self.layout, n)
-    }
-    /// Positions past `len` are never read: going back is moving the cursor.
-    fn rollback(&mut self, n: usize) -> usize {
-        self.cur.rollback(&self.layout, n)
-    }
-    fn reset(&mut self) {
-        self.cur = Cursor::default();
-    }
-}
-
-/// How a session is sized on the GPU.
-#[derive(Clone, Copy, Debug)]
-pub struct CudaSizes {
-    /// Rows per forward pass.
-    pub max_rows: usize,
-    /// Logit rows computed at once.
-    pub logit_rows: usize,
-    /// KV positions per sequence.
-    pub n_ctx: usize,
-    /// Sequences (KV slots).
-    pub slots: usize,
-    /// Element type of the KV cache.
-    pub kv_type: KvType,
-}
-
 enum Capture {
     /// Ops launch as they come.
     Direct,
@@ -125,187 +48,6 @@ enum Capture {
     Recording(usize),
     /// The graph of this many rows replays in place of the ops.
     Replaying(usize),
-}
-
-/// Where a session's buffers go: the activations and step parameters in one allocation, the
-/// KV cache in another. [`CudaSession::new`] allocates exactly this; the memory plan reports it.
-#[derive(Clone, Debug)]
-pub struct SessionLayout {
-    /// Offsets of the activation buffers, in [`Buf`]'s order, and their row widths.
-    buf: [usize; 10],
-    width: [usize; 10],
-    qkv: Option<usize>,
-    /// `[rows]` i32 each: token ids, positions, slots, attention arithmetic (see `attend`);
-    /// gathered rows and argmax results.
-    ids: usize,
-    pos: usize,
-    seq: usize,
-    mode: usize,
-    sel: usize,
-    argmax: usize,
-    /// Rows of the i32 buffers.
-    rows_i32: usize,
-    /// A product's input quantized to 8 bits: `[rows, widest input / 32]` groups of 40 bytes.
-    xq: usize,
-    /// Prompt-sized products (when `max_rows >= GEMM_MIN_ROWS`).
-    gemm: Option<GemmLayout>,
-    /// Decode attention split over the keys: the splits' partial results
-    /// `[decode rows, n_heads, n_split, head_dim_v + 2]` f32 (when the context has 2+ splits).
-    split: Option<SplitLayout>,
-    /// Bytes of the activation allocation.
-    pub act_bytes: usize,
-    /// Per layer, where its keys and values are.
-    kv: Vec<KvLayerAt>,
-    kv_heads: usize,
-    /// Bytes of one position of a head's keys and values.
-    row_bytes: (usize, usize),
-    kv_type: KvType,
-    /// Bytes of the KV allocation.
-    pub kv_bytes: usize,
-}
-
-/// One layer's keys `[slots, n_kv_heads, rows]` rows of `head_dim_k` values (f16, or Q8_0
-/// blocks) and values: `rows` is the context, or a sliding-window layer's ring (position `p` at
-/// row `p mod rows`, as in RAM: `KvLayout`).
-#[derive(Clone, Copy, Debug)]
-struct KvLayerAt {
-    k: usize,
-    v: usize,
-    rows: usize,
-    /// Bytes of one slot's keys and values.
-    slot_stride: (usize, usize),
-}
-
-/// The scratch of prompt-sized products: the input as bf16, a chunk of weight rows as bf16,
-/// cuBLAS's workspace.
-#[derive(Clone, Copy, Debug)]
-struct GemmLayout {
-    xbf: usize,
-    wbf: usize,
-    /// Elements of the weight chunk (the largest layer matrix; the output head goes by parts).
-    wbf_elems: usize,
-    workspace: usize,
-}
-
-/// How decode attention splits a long context: `n_split` runs of `chunk` positions, for up to
-/// `rows` rows.
-#[derive(Clone, Copy, Debug)]
-struct SplitLayout {
-    part: usize,
-    rows: usize,
-    n_split: usize,
-    chunk: usize,
-}
-
-/// Positions per split of decode attention (at least), and the most splits.
-const SPLIT_KEYS: usize = 256;
-const MAX_SPLITS: usize = 32;
-
-/// Bytes of one 8-bit activation group (`Q8x` in matvec.cu: d, s, 32 values).
-const Q8X_BYTES: usize = 40;
-
-impl SessionLayout {
-    /// `kv`: the cache's geometry (which layers keep rings), as a cache in RAM would have it.
-    pub fn new(
-        c: &crate::model::ModelConfig,
-        fused_qkv: bool,
-        sizes: CudaSizes,
-        kv: &KvLayout,
-    ) -> Self {
-        let t = sizes.max_rows.max(1);
-        let width = [
-            c.dim,
-            c.dim,
-            c.q_dim(),
-            c.kv_dim_k(),
-            c.kv_dim_v(),
-            c.attn_out_dim(),
-            c.dim,
-            c.ffn_dim,
-            c.ffn_dim,
-            c.vocab_size,
-        ];
-        let mut l = Layout::default();
-        let mut buf = [0; 10];
-        for (i, &w) in width.iter().enumerate() {
-            let rows = if i == Buf::Logits as usize {
-                sizes.logit_rows.max(1)
-            } else {
-                t
-            };
-            buf[i] = l.take(rows * w * 4);
-        }
-        let qkv = fused_qkv.then(|| l.take(t * (c.q_dim() + c.kv_dim_k() + c.kv_dim_v()) * 4));
-        let rows_i32 = t.max(sizes.logit_rows).max(sizes.slots);
-        let (ids, pos, seq, mode) = (l.take(t * 4), l.take(t * 4), l.take(t * 4), l.take(t * 4));
-        let (sel, argmax) = (l.take(rows_i32 * 4), l.take(rows_i32 * 4));
-        // The products' inputs: x, the attention output, the FFN's hidden state.
-        let widest = c.dim.max(c.q_dim()).max(c.attn_out_dim()).max(c.ffn_dim);
-        let xq = l.take(t * widest.div_ceil(32) * Q8X_BYTES);
-        let gemm = (t >= GEMM_MIN_ROWS).then(|| {
-            let qkv = c.q_dim() + c.kv_dim_k() + c.kv_dim_v();
-            let wbf_elems = [qkv * c.dim, c.dim * c.attn_out_dim(), c.ffn_dim * c.dim]
-                .into_iter()
-                .max()
-                .unwrap_or(0)
-                .max(c.dim);
-            GemmLayout {
-                xbf: l.take(t * widest * 2),
-                wbf: l.take(wbf_elems * 2),
-                wbf_elems,
-                workspace: l.take(super::blas::WORKSPACE_BYTES),
-            }
-        });
-        let row_bytes = (
-            sizes.kv_type.row_bytes(c.head_dim_k),
-            sizes.kv_type.row_bytes(c.head_dim_v),
-        );
-        let mut kl = Layout::default();
-        let kv = (0..c.n_layers)
-            .map(|l| {
-                let rows = kv.rows(l);
-                let per_k = c.n_kv_heads * rows * row_bytes.0;
-                let per_v = c.n_kv_heads * rows * row_bytes.1;
-                KvLayerAt {
-                    k: kl.take(sizes.slots * per_k),
-                    v: kl.take(sizes.slots * per_v),
-                    rows,
-                    slot_stride: (per_k, per_v),
-                }
-            })
-            .collect();
-        let n_split = sizes.n_ctx.div_ceil(SPLIT_KEYS).min(MAX_SPLITS);
-        let split = (n_split > 1).then(|| {
-            let rows = t.min(MAX_GRAPH_ROWS);
-            SplitLayout {
-                part: l.take(rows * c.n_heads * n_split * (c.head_dim_v + 2) * 4),
-                rows,
-                n_split,
-                chunk: sizes.n_ctx.div_ceil(n_split),
-            }
-        });
-        SessionLayout {
-            buf,
-            width,
-            qkv,
-            ids,
-            pos,
-            seq,
-            mode,
-            sel,
-            argmax,
-            rows_i32,
-            xq,
-            gemm,
-            split,
-            act_bytes: l.bytes,
-            kv,
-            kv_heads: c.n_kv_heads,
-            row_bytes,
-            kv_type: sizes.kv_type,
-            kv_bytes: kl.bytes,
-        }
-    }
 }
 
 /// Everything a session keeps on the GPU besides the weights, allocated once.
