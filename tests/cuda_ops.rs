@@ -112,6 +112,34 @@ fn read_y(g: &Gpu, b: &Bufs, n: usize) -> Vec<f32> {
     y
 }
 
+/// A matvec kernel's arguments for one matrix `w` (the kernel takes up to three: rows of the
+/// others 0), its products into `y`, or added to it.
+fn matvec_args(
+    w: u64,
+    xq: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    n_tok: usize,
+    add: bool,
+) -> [Arg; 13] {
+    [
+        Arg::P(w),
+        Arg::P(w),
+        Arg::P(w),
+        Arg::P(xq),
+        Arg::P(y),
+        Arg::P(y),
+        Arg::P(y),
+        Arg::I(rows as i32),
+        Arg::I(0),
+        Arg::I(0),
+        Arg::I(cols as i32),
+        Arg::I(n_tok as i32),
+        Arg::I(add as i32),
+    ]
+}
+
 /// Weights of `ty`, `rows × cols`, quantized by the CPU from random values.
 fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let f = random(rows * cols, ty as u64 + 1);
@@ -147,22 +175,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
         );
         g.launch(s, q, grid, 256, &[Arg::P(xp), Arg::P(xq), Arg::L(n as i64)])
             .unwrap();
-        // One matrix (the kernel takes up to three: rows of the others 0).
-        let args = [
-            Arg::P(wp),
-            Arg::P(wp),
-            Arg::P(wp),
-            Arg::P(xq),
-            Arg::P(yp),
-            Arg::P(yp),
-            Arg::P(yp),
-            Arg::I(rows as i32),
-            Arg::I(0),
-            Arg::I(0),
-            Arg::I(cols as i32),
-            Arg::I(n_tok as i32),
-            Arg::I(0),
-        ];
+        let args = matvec_args(wp, xq, yp, rows, cols, n_tok, false);
         // One warp per row (the software GPU's choice) and four (a GPU's).
         for threads in [32, 128] {
             let poison = vec![f32::NAN; n_tok * rows];
@@ -177,8 +190,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
             b.arena
                 .write(s, y, zerocopy::IntoBytes::as_bytes(&base[..]))
                 .unwrap();
-            let mut add_args = args;
-            add_args[12] = Arg::I(1);
+            let add_args = matvec_args(wp, xq, yp, rows, cols, n_tok, true);
             g.launch(s, k.matvec, rows as u32, threads, &add_args)
                 .unwrap();
             let added = read_y(&g, &b, n_tok * rows);
@@ -462,22 +474,8 @@ fn repacked_q4_0_kernels_match_the_file_layout() {
         g.launch(s, "quantize_q8_0", n.div_ceil(256) as u32, 256, &q)
             .unwrap();
         let mut out = Vec::new();
-        for add in [0, 1] {
-            let args = [
-                Arg::P(wp),
-                Arg::P(wp),
-                Arg::P(wp),
-                Arg::P(xq),
-                Arg::P(yp),
-                Arg::P(yp),
-                Arg::P(yp),
-                Arg::I(rows as i32),
-                Arg::I(0),
-                Arg::I(0),
-                Arg::I(cols as i32),
-                Arg::I(n_tok as i32),
-                Arg::I(add),
-            ];
+        for add in [false, true] {
+            let args = matvec_args(wp, xq, yp, rows, cols, n_tok, add);
             g.launch(s, matvec, rows as u32, 128, &args).unwrap();
             out.push(read_y(&g, &b, n_tok * rows));
         }

@@ -581,7 +581,7 @@ impl Backend for CudaStep<'_> {
             && m0.kernels.quantize.is_some()
             && mats.iter().all(|(m, _)| m.ty == m0.ty && m.cols == m0.cols);
         if one_launch {
-            s.matvecs(mats, x, rows, &mut prep, false);
+            s.matvecs(mats, x, rows, false);
             for &(m, y) in mats {
                 s.bias(m, y, rows);
             }
@@ -600,7 +600,7 @@ impl Backend for CudaStep<'_> {
         let decode = rows < GEMM_MIN_ROWS || s.layout.gemm.is_none();
         if s.fuse && decode && m.bias.is_none() && m.kernels.quantize.is_some() {
             let (x, y) = (s.buf(src), s.buf(dst));
-            s.matvecs(&[(m, y)], x, rows, &mut Prepared::default(), true);
+            s.matvecs(&[(m, y)], x, rows, true);
             return;
         }
         self.matmul(&[w], src, &[Buf::Proj], rows);
@@ -621,7 +621,7 @@ impl Backend for CudaStep<'_> {
             && g.bias.is_none()
             && u.bias.is_none();
         if let (true, Some(name)) = (fused, g.kernels.gated) {
-            if let Some(xq) = s.quantized(g, x, rows, &mut prep) {
+            if let Some(xq) = s.quantized(g, x, rows) {
                 let args = [
                     Arg::P(g.ptr),
                     Arg::P(u.ptr),

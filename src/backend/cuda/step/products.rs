@@ -25,11 +25,10 @@ pub(super) fn mv_threads(gpu: &Gpu) -> u32 {
     }
 }
 
-/// Which forms of a product's input exist (products that share an input make them once).
+/// Which forms of a product's input exist (products that share an input make them once; the
+/// 8-bit form is the session's `xq_holds`).
 #[derive(Default)]
 pub(super) struct Prepared {
-    /// The quantizer x went through last (into the layout's `xq`).
-    pub(super) q8: Option<&'static str>,
     pub(super) bf16: bool,
 }
 
@@ -39,7 +38,7 @@ impl CudaSession {
     pub(super) fn product(&mut self, m: DevMat, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
         match (m.kernels.dequant, self.layout.gemm) {
             (Some(dq), Some(g)) if rows >= GEMM_MIN_ROWS => self.gemm(m, dq, g, x, y, rows, prep),
-            _ => self.matvecs(&[(m, y)], x, rows, prep, false),
+            _ => self.matvecs(&[(m, y)], x, rows, false),
         }
         self.bias(m, y, rows);
     }
@@ -59,17 +58,10 @@ impl CudaSession {
     /// Decode-sized products of 1–3 matrices of one format that share the input x, into their
     /// outputs (added to them with `add`, which the f32 kernels of unquantized weights do not
     /// take), in one launch (biases not included).
-    pub(super) fn matvecs(
-        &mut self,
-        mats: &[(DevMat, u64)],
-        x: u64,
-        rows: usize,
-        prep: &mut Prepared,
-        add: bool,
-    ) {
+    pub(super) fn matvecs(&mut self, mats: &[(DevMat, u64)], x: u64, rows: usize, add: bool) {
         let m = mats[0].0;
         let threads = mv_threads(&self.gpu);
-        let Some(input) = self.quantized(m, x, rows, prep) else {
+        let Some(input) = self.quantized(m, x, rows) else {
             debug_assert!(!add, "an f32 matvec cannot add to its output");
             for &(m, y) in mats {
                 let args = [
@@ -105,28 +97,19 @@ impl CudaSession {
         self.go(m.kernels.matvec, grid, threads, &args);
     }
 
-    /// x quantized for `m`'s matvec kernel (once for the products that share it), or `None`
-    /// when the kernel takes f32.
-    pub(super) fn quantized(
-        &mut self,
-        m: DevMat,
-        x: u64,
-        rows: usize,
-        prep: &mut Prepared,
-    ) -> Option<u64> {
+    /// x quantized for `m`'s matvec kernel, or `None` when the kernel takes f32. Made once
+    /// for the products that share it (and not at all after a norm that quantized it):
+    /// `xq_holds` says what the buffer holds.
+    pub(super) fn quantized(&mut self, m: DevMat, x: u64, rows: usize) -> Option<u64> {
         let q = m.kernels.quantize?;
         let xq = self.at(self.layout.xq);
-        if prep.q8 != Some(q) && self.xq_holds == Some((x, q, rows)) {
-            prep.q8 = Some(q);
-        }
-        if prep.q8 != Some(q) {
+        if self.xq_holds != Some((x, q, rows)) {
             let n = rows * m.cols;
             let args = [Arg::P(x), Arg::P(xq), Arg::L(n as i64)];
             // One thread per element (n is whole groups: of 32, or of 256 for Q8_K, whose
             // kernel takes a block of 256 per group).
             let grid = n.div_ceil(256) as u32;
             self.go(q, grid, 256, &args);
-            prep.q8 = Some(q);
             self.xq_holds = Some((x, q, rows));
         }
         Some(xq)
