@@ -3,7 +3,8 @@
 #
 #   scripts/gpu-check.sh prepare    here: build the release binary and the GPU test binaries,
 #                                   strip them into .gpu/, add the header-only prefixes of the
-#                                   real models, twin_gguf.py and the gguf wheel
+#                                   real models, twin_gguf.py and the gguf wheel (KILN_OLD=rev:
+#                                   also that commit's binary, timed beside this one)
 #   scripts/gpu-check.sh run        there (device tool, carry [".gpu"]): make the twins, run the
 #                                   GPU tests, then kiln bench --device cuda beside llama-bench
 #                                   (when .gpu/llama.cpp/build has it), and print one table
@@ -36,8 +37,16 @@ for l in sys.stdin:
         local m=${pair#*:} f="$models/${pair#*:}.gguf"
         [ -f "$f" ] || ./target/release/kiln pull "${pair%%:*}" >/dev/null
         off=$(./target/release/kiln inspect "$f" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["data_offset"])')
-        head -c "$off" "$f" > ".gpu/models/$m.head"
+        head -c "$off" "$f" | xz -T0 -6 > ".gpu/models/$m.head.xz"
+        rm -f ".gpu/models/$m.head"
     done
+    # An earlier commit's binary to time beside this one (KILN_OLD=<commit>: .gpu/kiln-old.xz).
+    if [ -n "${KILN_OLD:-}" ]; then
+        local tree=/tmp/kiln-old-tree
+        [ -d $tree ] || git worktree add -f $tree "$KILN_OLD"
+        (cd $tree && git checkout -q "$KILN_OLD" && CARGO_TARGET_DIR=$tree/target cargo build --release --bin kiln)
+        strip -o /tmp/kiln-old $tree/target/release/kiln && xz -T0 -6 -c /tmp/kiln-old > .gpu/kiln-old.xz
+    fi
     cp ../shared/tools/twin_gguf.py .gpu/ 2>/dev/null || true
     python3 -m pip download --quiet --no-deps gguf==0.19.0 -d .gpu/whl
     du -sh .gpu
@@ -49,6 +58,7 @@ run() {
     local log="$out/gpu-check.txt"
     exec > >(tee "$log") 2>&1
     for f in .gpu/*.xz; do [ -f "$f" ] && xz -d -c "$f" > "${f%.xz}" && chmod +x "${f%.xz}"; done
+    for f in .gpu/models/*.head.xz; do [ -f "$f" ] && xz -d -c "$f" > "${f%.xz}"; done
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
     lscpu | grep -E '^Model name' || true
     # The reference (llama.cpp CUDA) builds in the background while the tests run (~6 min).
@@ -84,10 +94,10 @@ run() {
     export KILN_TEST_ROOT=$PWD KILN_TEST_TMP=$PWD/.gpu/tmp KILN_PLAN_MODEL=$PWD/$m/gemma.gguf
     export KILN_MODELS=$PWD/.gpu/tmp/models RUST_BACKTRACE=1
     if [ -z "${KILN_SKIP_TESTS:-}" ]; then
-        echo "== kernel tests"
+        echo "== kernel tests (${SECONDS}s)"
         timeout 120 .gpu/cuda_ops --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
         KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
-        echo "== GPU tests"
+        echo "== GPU tests (${SECONDS}s)"
         timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
         # (The served test needs this machine's kiln binary and software GPU.)
         timeout 180 .gpu/cuda_batch ${KILN_TEST_FILTER:-} --skip serve_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -30 || true
@@ -99,7 +109,7 @@ run() {
         sleep 5; waited=$((waited + 5))
     done
     [ -f $ref/build.log ] && { echo "== reference build (rc $(cat $ref/build.rc 2>/dev/null || echo running))"; tail -3 $ref/build.log; }
-    echo "== bench (kiln --device cuda beside llama-bench -ngl 99 -fa 1)"
+    echo "== bench (${SECONDS}s; kiln --device cuda beside llama-bench -ngl 99 -fa 1)"
     local table=()
     for pair in "smol:SmolLM2 Q4_1" "gemma:Gemma-3 Q4_K_M" "llama1b:Llama-1B Q4_0" "llama8b:Llama-8B Q4_0"; do
         local f=$m/${pair%%:*}.gguf name=${pair#*:}
@@ -128,25 +138,46 @@ run() {
         fi
         table+=("| $name (depth 4096) | $k | $r |")
     done
-    # What each decode optimization is worth (tg128 from an empty context, one switch off).
+    # What each optimization is worth: kiln bench with one switch off at a time (KILN_AB_SETS:
+    # "defaults" or VAR=value, space-separated; KILN_AB_BENCH: the bench's arguments).
     if [ -n "${KILN_AB:-}" ]; then
-        echo "== A/B: tg128, kiln --device cuda"
+        local sets=${KILN_AB_SETS:-defaults KILN_CUDA_FUSE=0 KILN_CUDA_REPACK=0 KILN_CUDA_MIRROR=0 KILN_CUDA_MV_THREADS=32 KILN_CUDA_MV_THREADS=256 defaults}
+        local args=${KILN_AB_BENCH:--p 0 -n 128}
+        echo "== A/B (${SECONDS}s): kiln --device cuda bench $args"
         for f in $m/smol.gguf $m/llama8b.gguf; do
             [ -f "$f" ] || continue
-            for envs in "" "KILN_CUDA_FUSE=0" "KILN_CUDA_REPACK=0" "KILN_CUDA_MIRROR=0" "KILN_CUDA_MV_THREADS=32" "KILN_CUDA_MV_THREADS=256" ""; do
-                [ -n "${KILN_AB_SHORT:-}" ] && [[ "$envs" == *THREADS* || "$envs" == *MIRROR* ]] && continue
+            for envs in $sets; do
                 local v
-                v=$(env $envs timeout 60 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 128 -r 3 --json 2>/dev/null |
+                [ "$envs" = defaults ] && envs=
+                v=$(env $envs timeout 60 .gpu/kiln bench -m "$f" --device cuda $args -r 3 --json 2>/dev/null |
                     python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)
                 echo "$(basename $f) ${envs:-defaults}: $v"
             done
         done
     fi
-    # Where a step's time goes (ops run one at a time, so the totals rank them).
+    # The earlier commit's binary beside this one (tg128 from an empty context).
+    if [ -x .gpu/kiln-old ]; then
+        echo "== this commit vs ${KILN_OLD:-the earlier binary} (${SECONDS}s)"
+        for f in $m/smol.gguf $m/llama8b.gguf; do
+            [ -f "$f" ] || continue
+            for k in .gpu/kiln-old .gpu/kiln .gpu/kiln-old .gpu/kiln; do
+                echo "$(basename $f) $k: $(timeout 60 $k bench -m "$f" --device cuda -p 0 -n 128 -r 3 --json 2>/dev/null |
+                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)"
+            done
+        done
+    fi
+    # kiln on the host's CPU by thread count (KILN_CPU_THREADS, e.g. "2 8 16"; issue #19).
+    for t in ${KILN_CPU_THREADS:-}; do
+        [ "$t" = "${KILN_CPU_THREADS%% *}" ] && echo "== CPU ($(nproc) threads here; ${SECONDS}s)"
+        echo "smol CPU -t $t: $(timeout 90 .gpu/kiln bench -m $m/smol.gguf -t $t -p 512 -n 64 -r 2 --json 2>/dev/null |
+            python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)"
+    done
+    # Where a decode step's time goes (KILN_PROFILE; ops run one at a time, each timed with a
+    # synchronization, so small ops carry the launch; the totals rank them).
     if [ -n "${KILN_PROFILE:-}" ]; then
         for f in $m/smol.gguf $m/llama8b.gguf; do
-            echo "== profile $f (pp512 + tg32)"
-            KILN_CUDA_PROFILE=1 timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 512 -n 32 -r 1 2>&1 | grep -A14 "CUDA profile" | head -30 || true
+            echo "== profile $f (${KILN_PROFILE_BENCH:--p 0 -n 32})"
+            KILN_CUDA_PROFILE=1 timeout 120 .gpu/kiln bench -m "$f" --device cuda ${KILN_PROFILE_BENCH:--p 0 -n 32} -r 1 2>&1 | grep -A16 "CUDA profile" | head -30 || true
         done
     fi
     # Bring the reference back for the next run (static; the parts go under $OUT).
@@ -154,6 +185,7 @@ run() {
         strip -o /tmp/llama-bench $ref/build/bin/llama-bench && xz -T16 -6 -c /tmp/llama-bench | split -b 15M - "$out/llama-bench.xz."
         ls -la "$out" | grep llama-bench || true
     fi
+    echo "== done (${SECONDS}s)"
     echo
     echo "| model | kiln (t/s) | llama.cpp CUDA (t/s) |"
     echo "| --- | --- | --- |"

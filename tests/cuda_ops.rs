@@ -113,7 +113,8 @@ fn read_y(g: &Gpu, b: &Bufs, n: usize) -> Vec<f32> {
 }
 
 /// A matvec kernel's arguments for one matrix `w` (the kernel takes up to three: rows of the
-/// others 0), its products into `y`, or added to it.
+/// others 0), its products into `y`, or added to it, `tpr` threads per row.
+#[allow(clippy::too_many_arguments)]
 fn matvec_args(
     w: u64,
     xq: u64,
@@ -122,7 +123,8 @@ fn matvec_args(
     cols: usize,
     n_tok: usize,
     add: bool,
-) -> [Arg; 13] {
+    tpr: u32,
+) -> [Arg; 14] {
     [
         Arg::P(w),
         Arg::P(w),
@@ -137,6 +139,7 @@ fn matvec_args(
         Arg::I(cols as i32),
         Arg::I(n_tok as i32),
         Arg::I(add as i32),
+        Arg::I(tpr as i32),
     ]
 }
 
@@ -175,24 +178,25 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
         );
         g.launch(s, q, grid, 256, &[Arg::P(xp), Arg::P(xq), Arg::L(n as i64)])
             .unwrap();
-        let args = matvec_args(wp, xq, yp, rows, cols, n_tok, false);
-        // One warp per row (the software GPU's choice) and four (a GPU's).
-        for threads in [32, 128] {
+        // One warp per row (the software GPU's choice), four (a GPU's), and one warp per row
+        // eight rows to a block (narrow rows; the last block is part empty).
+        for (threads, tpr) in [(32u32, 32u32), (128, 128), (256, 32)] {
+            let args = matvec_args(wp, xq, yp, rows, cols, n_tok, false, tpr);
+            let grid = rows.div_ceil((threads / tpr) as usize) as u32;
             let poison = vec![f32::NAN; n_tok * rows];
             let y = b.y;
             b.arena
                 .write(s, y, zerocopy::IntoBytes::as_bytes(&poison[..]))
                 .unwrap();
-            g.launch(s, k.matvec, rows as u32, threads, &args).unwrap();
+            g.launch(s, k.matvec, grid, threads, &args).unwrap();
             let got = read_y(&g, &b, n_tok * rows);
             // With `add`, the products go onto y: y + product, rounded once.
             let base = random(n_tok * rows, 99);
             b.arena
                 .write(s, y, zerocopy::IntoBytes::as_bytes(&base[..]))
                 .unwrap();
-            let add_args = matvec_args(wp, xq, yp, rows, cols, n_tok, true);
-            g.launch(s, k.matvec, rows as u32, threads, &add_args)
-                .unwrap();
+            let add_args = matvec_args(wp, xq, yp, rows, cols, n_tok, true, tpr);
+            g.launch(s, k.matvec, grid, threads, &add_args).unwrap();
             let added = read_y(&g, &b, n_tok * rows);
             for i in 0..n_tok * rows {
                 assert_eq!(added[i], base[i] + got[i], "{ty}: added product {i}");
@@ -223,7 +227,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
                     worst = worst.max(e);
                 }
             }
-            println!("{ty}: matvec ({threads} threads a row) vs CPU vec_dot, worst error / Σ|w·x| {worst:.2e}");
+            println!("{ty}: matvec ({tpr} threads a row, {threads} a block) vs CPU vec_dot, worst error / Σ|w·x| {worst:.2e}");
         }
         // The gated FFN's kernel (gate = up = w here): act(w·x) · (w·x), for either activation.
         let cpu = kiln::quant::kernels_for(ty, kiln::quant::Isa::Scalar).unwrap();
@@ -475,7 +479,7 @@ fn repacked_q4_0_kernels_match_the_file_layout() {
             .unwrap();
         let mut out = Vec::new();
         for add in [false, true] {
-            let args = matvec_args(wp, xq, yp, rows, cols, n_tok, add);
+            let args = matvec_args(wp, xq, yp, rows, cols, n_tok, add, 128);
             g.launch(s, matvec, rows as u32, 128, &args).unwrap();
             out.push(read_y(&g, &b, n_tok * rows));
         }
@@ -518,4 +522,421 @@ fn repacked_q4_0_kernels_match_the_file_layout() {
         assert!(same, "{what}: {:?} vs {:?}", &file[i][..4], &re[i][..4]);
     }
     assert_eq!(file_deq, re_deq, "dequantized to bf16");
+}
+
+/// A KV cache of random values for the attention tests: `slots` slots of `n_kv` heads of
+/// `rows` rows of `hd` values, f16 or Q8_0; its bytes (keys, values) and the values its rows
+/// stand for (what the kernels read back).
+struct TestCache {
+    n_kv: usize,
+    hd: usize,
+    rows: usize,
+    per_slot: usize,
+    bytes: [Vec<u8>; 2],
+    vals: [Vec<f64>; 2],
+}
+
+impl TestCache {
+    fn new(slots: usize, n_kv: usize, hd: usize, rows: usize, q8: bool, seed: u64) -> TestCache {
+        use half::f16;
+        use kiln::quant::blocks::BlockQ8_0;
+        let row_bytes = if q8 { hd / 32 * 34 } else { hd * 2 };
+        let mut vals = [Vec::new(), Vec::new()];
+        let mut bytes = [Vec::new(), Vec::new()];
+        for (w, (vals, bytes)) in vals.iter_mut().zip(bytes.iter_mut()).enumerate() {
+            let x = random(slots * n_kv * rows * hd, seed + w as u64);
+            for r in x.chunks_exact(hd) {
+                if q8 {
+                    let mut b = vec![BlockQ8_0::default(); hd / 32];
+                    <BlockQ8_0 as kiln::quant::reference::Quantize>::quantize(r, &mut b);
+                    for blk in &b {
+                        let d = blk.d.to_f32();
+                        vals.extend(blk.qs.iter().map(|&q| f16::from_f32(q as f32 * d).to_f64()));
+                    }
+                    bytes.extend_from_slice(kiln::quant::blocks::as_bytes(&b[..]));
+                } else {
+                    for &v in r {
+                        let h = f16::from_f32(v);
+                        vals.push(h.to_f64());
+                        bytes.extend_from_slice(&h.to_bits().to_le_bytes());
+                    }
+                }
+            }
+        }
+        let per_slot = n_kv * rows * row_bytes;
+        TestCache {
+            n_kv,
+            hd,
+            rows,
+            per_slot,
+            bytes,
+            vals,
+        }
+    }
+
+    /// Attention in f64 of query `q` (head `h` of `n_heads`) over positions first..=last of
+    /// slot `slot` (position t at row t mod rows).
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &[f32],
+        h: usize,
+        n_heads: usize,
+        slot: usize,
+        first: usize,
+        last: usize,
+        scale: f32,
+    ) -> Vec<f64> {
+        let (hd, kvh) = (self.hd, h / (n_heads / self.n_kv));
+        let at = |w: usize, t: usize| {
+            &self.vals[w][((slot * self.n_kv + kvh) * self.rows + t % self.rows) * hd..][..hd]
+        };
+        let sc: Vec<f64> = (first..=last)
+            .map(|t| {
+                q.iter()
+                    .zip(at(0, t))
+                    .map(|(&a, &b)| a as f64 * b)
+                    .sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        (0..hd)
+            .map(|d| {
+                (first..=last)
+                    .zip(&e)
+                    .map(|(t, w)| w * at(1, t)[d])
+                    .sum::<f64>()
+                    / sum
+            })
+            .collect()
+    }
+}
+
+/// |x − y|, infinite where x is not a number (an output the kernel never wrote).
+fn gap(x: f32, y: f64) -> f64 {
+    if x.is_finite() {
+        (x as f64 - y).abs()
+    } else {
+        f64::INFINITY
+    }
+}
+
+fn i32_bytes(v: impl IntoIterator<Item = i32>) -> Vec<u8> {
+    v.into_iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Prompt attention in tiles (`attend_tile_*`, rows of mode 3) against an f64 attention of the
+/// same cache values, and the rows of other modes left alone: query groups of 1, 3 and 4 heads
+/// per kv head, head sizes 48 (a partial chunk of dimensions), 64, 128 and 256, rows of two
+/// sequences in one tile, a sliding window over a ring, an f16 and a Q8_0 cache.
+#[test]
+fn tiled_prompt_attention_matches_an_f64_attention() {
+    let Some(g) = gpu() else { return };
+    // (query heads, kv heads, head size, ring rows, window, Q8_0 cache)
+    let cases = [
+        (9usize, 3usize, 64usize, 256usize, 0usize, false),
+        (4, 4, 48, 256, 0, false),
+        (8, 2, 128, 128, 40, false),
+        (4, 1, 256, 256, 0, false),
+        (6, 2, 64, 256, 0, true),
+    ];
+    for (case, &(n_heads, n_kv, hd, rows, window, q8)) in cases.iter().enumerate() {
+        let slots = 2usize;
+        // Sequence 0: 70 prompt rows at positions 0..70; then one row of mode 1 (left to the
+        // row kernel, untouched here); sequence 1: 90 rows at positions 150..240 (past the
+        // 128-row ring when it has one).
+        let mut rows_at: Vec<(usize, usize, i32)> = (0..70).map(|p| (0, p, 3)).collect();
+        rows_at.push((0, 70, 1));
+        rows_at.extend((150..240).map(|p| (1, p, 3)));
+        let n_rows = rows_at.len();
+        let cache = TestCache::new(slots, n_kv, hd, rows, q8, 40 + case as u64 * 2);
+        let q = random(n_rows * n_heads * hd, 50 + case as u64);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut l = Layout::default();
+        let (qo, oo) = (l.take(q.len() * 4), l.take(n_rows * n_heads * hd * 4));
+        let (kc, vc) = (
+            l.take(slots * cache.per_slot),
+            l.take(slots * cache.per_slot),
+        );
+        let (po, so, mo) = (l.take(n_rows * 4), l.take(n_rows * 4), l.take(n_rows * 4));
+        let mut a = Arena::new(&g, l.bytes).unwrap();
+        let s = g.default_stream();
+        a.write(s, qo, zerocopy::IntoBytes::as_bytes(&q[..]))
+            .unwrap();
+        a.write(s, oo, &vec![0xFF; n_rows * n_heads * hd * 4])
+            .unwrap();
+        a.write(s, kc, &cache.bytes[0]).unwrap();
+        a.write(s, vc, &cache.bytes[1]).unwrap();
+        a.write(s, po, &i32_bytes(rows_at.iter().map(|r| r.1 as i32)))
+            .unwrap();
+        a.write(s, so, &i32_bytes(rows_at.iter().map(|r| r.0 as i32)))
+            .unwrap();
+        a.write(s, mo, &i32_bytes(rows_at.iter().map(|r| r.2)))
+            .unwrap();
+        let args = [
+            Arg::P(a.ptr(qo)),
+            Arg::P(a.ptr(kc)),
+            Arg::P(a.ptr(vc)),
+            Arg::P(a.ptr(po)),
+            Arg::P(a.ptr(so)),
+            Arg::L(cache.per_slot as i64),
+            Arg::L(cache.per_slot as i64),
+            Arg::P(a.ptr(oo)),
+            Arg::I(n_rows as i32),
+            Arg::I(n_heads as i32),
+            Arg::I(n_kv as i32),
+            Arg::I(hd as i32),
+            Arg::I(hd as i32),
+            Arg::I(rows as i32),
+            Arg::F(scale),
+            Arg::I(window as i32),
+            Arg::P(a.ptr(mo)),
+        ];
+        // Blocks of 64, 32 and 16 query vectors.
+        for (per, tag) in [(64usize, ""), (32, "32"), (16, "16")] {
+            a.write(s, oo, &vec![0xFF; n_rows * n_heads * hd * 4])
+                .unwrap();
+            let grid = (n_rows * (n_heads / n_kv)).div_ceil(per) * n_kv;
+            let name = format!("attend_tile{tag}_{}", if q8 { "q8_0" } else { "f16" });
+            g.launch(s, &name, grid as u32, 256, &args).unwrap();
+            let mut out = vec![0f32; n_rows * n_heads * hd];
+            g.synchronize(s).unwrap();
+            a.read(s, oo, zerocopy::IntoBytes::as_mut_bytes(&mut out[..]))
+                .unwrap();
+            let mut worst = 0f64;
+            for (r, &(slot, p, mode)) in rows_at.iter().enumerate() {
+                for h in 0..n_heads {
+                    let got = &out[(r * n_heads + h) * hd..][..hd];
+                    if mode != 3 {
+                        assert!(
+                            got.iter().all(|v| v.to_bits() == u32::MAX),
+                            "row {r} written"
+                        );
+                        continue;
+                    }
+                    let first = if window > 0 && p + 1 > window {
+                        p + 1 - window
+                    } else {
+                        0
+                    };
+                    let qr = &q[(r * n_heads + h) * hd..][..hd];
+                    let want = cache.attend(qr, h, n_heads, slot, first, p, scale);
+                    for (x, y) in got.iter().zip(&want) {
+                        worst = worst.max(gap(*x, *y));
+                    }
+                }
+            }
+            println!(
+                "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}), {name}: worst |Δ| {worst:.2e}"
+            );
+            assert!(worst < 2e-6, "case {case}, {name}: worst |Δ| {worst}");
+        }
+    }
+}
+
+/// Decode attention split over the keys (`attend_split_*`, the f32 arithmetic: `mirror` 0)
+/// then merged (`attend_merge`), against an f64 attention: groups of 1, 3, 4 and 8 query heads
+/// per kv head (more than one block's group of 4), rows of two slots at positions in empty,
+/// partial and full splits, a window over a ring, an f16 and a Q8_0 cache.
+#[test]
+fn split_decode_attention_matches_an_f64_attention() {
+    let Some(g) = gpu() else { return };
+    // (query heads, kv heads, head size, ring rows, window, Q8_0 cache)
+    let cases = [
+        (9usize, 3usize, 64usize, 1024usize, 0usize, false),
+        (4, 4, 48, 1024, 0, false),
+        (16, 2, 128, 320, 300, false),
+        (8, 2, 64, 1024, 0, true),
+    ];
+    let (ctx, n_split) = (1024usize, 4usize);
+    let chunk = ctx / n_split;
+    for (case, &(n_heads, n_kv, hd, rows, window, q8)) in cases.iter().enumerate() {
+        let slots = 2usize;
+        // (slot, position) per decode row.
+        let rows_at = [
+            (0usize, 0usize),
+            (1, 300),
+            (0, 700),
+            (1, 1023),
+            (0, 255),
+            (1, 256),
+        ];
+        let n_rows = rows_at.len();
+        let cache = TestCache::new(slots, n_kv, hd, rows, q8, 60 + case as u64 * 2);
+        let q = random(n_rows * n_heads * hd, 70 + case as u64);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut l = Layout::default();
+        let (qo, oo) = (l.take(q.len() * 4), l.take(n_rows * n_heads * hd * 4));
+        let (kc, vc) = (
+            l.take(slots * cache.per_slot),
+            l.take(slots * cache.per_slot),
+        );
+        let (po, so) = (l.take(n_rows * 4), l.take(n_rows * 4));
+        let part = l.take(n_rows * n_heads * n_split * (hd + 2) * 4);
+        let mut a = Arena::new(&g, l.bytes).unwrap();
+        let s = g.default_stream();
+        a.write(s, qo, zerocopy::IntoBytes::as_bytes(&q[..]))
+            .unwrap();
+        a.write(s, kc, &cache.bytes[0]).unwrap();
+        a.write(s, vc, &cache.bytes[1]).unwrap();
+        a.write(s, po, &i32_bytes(rows_at.iter().map(|r| r.1 as i32)))
+            .unwrap();
+        a.write(s, so, &i32_bytes(rows_at.iter().map(|r| r.0 as i32)))
+            .unwrap();
+        let args = [
+            Arg::P(a.ptr(qo)),
+            Arg::P(a.ptr(kc)),
+            Arg::P(a.ptr(vc)),
+            Arg::P(a.ptr(po)),
+            Arg::P(a.ptr(so)),
+            Arg::L(cache.per_slot as i64),
+            Arg::L(cache.per_slot as i64),
+            Arg::P(a.ptr(oo)),
+            Arg::P(a.ptr(part)),
+            Arg::I(n_heads as i32),
+            Arg::I(n_kv as i32),
+            Arg::I(hd as i32),
+            Arg::I(hd as i32),
+            Arg::I(ctx as i32),
+            Arg::I(rows as i32),
+            Arg::F(scale),
+            Arg::I(window as i32),
+            Arg::I(n_split as i32),
+            Arg::I(chunk as i32),
+            Arg::I(0),
+        ];
+        let name = if q8 {
+            "attend_split_q8_0"
+        } else {
+            "attend_split_f16"
+        };
+        let block = hd.next_multiple_of(32).clamp(128, 1024) as u32;
+        g.launch(s, name, (n_rows * n_heads * n_split) as u32, block, &args)
+            .unwrap();
+        let merge = [
+            Arg::P(a.ptr(po)),
+            Arg::P(a.ptr(part)),
+            Arg::P(a.ptr(oo)),
+            Arg::I(n_heads as i32),
+            Arg::I(hd as i32),
+            Arg::I(ctx as i32),
+            Arg::I(n_split as i32),
+            Arg::I(0),
+        ];
+        g.launch(s, "attend_merge", (n_rows * n_heads) as u32, block, &merge)
+            .unwrap();
+        let mut out = vec![0f32; n_rows * n_heads * hd];
+        g.synchronize(s).unwrap();
+        a.read(s, oo, zerocopy::IntoBytes::as_mut_bytes(&mut out[..]))
+            .unwrap();
+        let mut worst = 0f64;
+        for (r, &(slot, p)) in rows_at.iter().enumerate() {
+            for h in 0..n_heads {
+                let got = &out[(r * n_heads + h) * hd..][..hd];
+                let first = if window > 0 && p + 1 > window {
+                    p + 1 - window
+                } else {
+                    0
+                };
+                let qr = &q[(r * n_heads + h) * hd..][..hd];
+                let want = cache.attend(qr, h, n_heads, slot, first, p, scale);
+                for (x, y) in got.iter().zip(&want) {
+                    worst = worst.max(gap(*x, *y));
+                }
+            }
+        }
+        println!(
+            "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}): worst |Δ| {worst:.2e}"
+        );
+        assert!(worst < 2e-6, "case {case}: worst |Δ| {worst}");
+    }
+}
+
+/// The norm that quantizes for the products after it (`rms_norm_q8`, rows over several blocks
+/// of 512 elements) gives `rms_norm_f32` then `quantize_q8_*` bit for bit: widths of one,
+/// two (a partial slice) and eight slices, each 8-bit format, rows picked by `sel`.
+#[test]
+fn norm_and_quantize_in_one_launch_match_the_two_ops() {
+    let Some(g) = gpu() else { return };
+    for (width, kind, quantize) in [
+        (576usize, 2i32, "quantize_q8_1"),
+        (640, 1, "quantize_q8_0"),
+        (4096, 1, "quantize_q8_0"),
+        (4096, 3, "quantize_q8_k"),
+        (512, 3, "quantize_q8_k"),
+    ] {
+        let rows = 3usize;
+        let mut x: Vec<f32> = random(rows * width, 80 + width as u64)
+            .iter()
+            .map(|v| v * 4.0)
+            .collect();
+        x[width + 7] = 30.0; // (a spike in row 1)
+        let w: Vec<f32> = random(width, 81).iter().map(|v| 1.0 + v * 0.5).collect();
+        let sel = [2i32, 0, 1];
+        let q8 = rows * width / 32 * 40; // (Q8x: d, s and 32 bytes)
+        let mut l = Layout::default();
+        let (xo, wo, so) = (l.take(x.len() * 4), l.take(width * 4), l.take(12));
+        let (y1, y2, q1, q2) = (
+            l.take(x.len() * 4),
+            l.take(x.len() * 4),
+            l.take(q8),
+            l.take(q8),
+        );
+        let mut a = Arena::new(&g, l.bytes).unwrap();
+        let s = g.default_stream();
+        a.write(s, xo, zerocopy::IntoBytes::as_bytes(&x[..]))
+            .unwrap();
+        a.write(s, wo, zerocopy::IntoBytes::as_bytes(&w[..]))
+            .unwrap();
+        a.write(s, so, &i32_bytes(sel)).unwrap();
+        let eps = 1e-5f32;
+        let fused = [
+            Arg::P(a.ptr(xo)),
+            Arg::P(a.ptr(so)),
+            Arg::P(a.ptr(y1)),
+            Arg::P(a.ptr(wo)),
+            Arg::I(width as i32),
+            Arg::F(eps),
+            Arg::P(a.ptr(q1)),
+            Arg::I(kind),
+            Arg::I(512),
+        ];
+        g.launch(
+            s,
+            "rms_norm_q8",
+            (rows * width.div_ceil(512)) as u32,
+            256,
+            &fused,
+        )
+        .unwrap();
+        let norm = [
+            Arg::P(a.ptr(xo)),
+            Arg::P(a.ptr(so)),
+            Arg::P(a.ptr(y2)),
+            Arg::P(a.ptr(wo)),
+            Arg::I(width as i32),
+            Arg::F(eps),
+        ];
+        g.launch(s, "rms_norm_f32", rows as u32, 256, &norm)
+            .unwrap();
+        let n = rows * width;
+        let quant = [Arg::P(a.ptr(y2)), Arg::P(a.ptr(q2)), Arg::L(n as i64)];
+        g.launch(s, quantize, n.div_ceil(256) as u32, 256, &quant)
+            .unwrap();
+        g.synchronize(s).unwrap();
+        let read = |off: usize, len: usize| {
+            let mut b = vec![0u8; len];
+            a.read(s, off, &mut b).unwrap();
+            b
+        };
+        assert_eq!(
+            read(y1, n * 4),
+            read(y2, n * 4),
+            "width {width}: normalized rows"
+        );
+        assert_eq!(read(q1, q8), read(q2, q8), "width {width}: {quantize}");
+    }
 }

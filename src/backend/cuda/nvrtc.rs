@@ -49,6 +49,7 @@ pub fn entries(src: &str) -> Vec<String> {
             "DEQUANT_BF16(",
             "ATTEND(",
             "ATTEND_SPLIT(",
+            "ATTEND_TILE(",
         ] {
             if let Some(rest) = l.strip_prefix(mac) {
                 names.push(rest.split(',').next().unwrap_or("").trim().to_string());

@@ -19,6 +19,7 @@ use super::weights::{DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
 use crate::cache::{KvLayout, KvType};
+use crate::kernels::attention::TILE_Q;
 use crate::model::config::{Activation, RopeKind};
 use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
@@ -40,6 +41,50 @@ fn switch(name: &str) -> bool {
 /// The most sequences a recorded decode step may carry (more run without a graph): the steps
 /// whose products all take the matvec kernels.
 const MAX_GRAPH_ROWS: usize = GEMM_MIN_ROWS - 1;
+
+/// Elements of a row each block of `rms_norm_q8` normalizes and quantizes: 512, or
+/// `KILN_CUDA_NORM_SLICE` (a multiple of 256; a large one keeps a row in one block).
+fn norm_slice() -> usize {
+    static SLICE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SLICE.get_or_init(|| {
+        std::env::var("KILN_CUDA_NORM_SLICE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|v| *v > 0 && v.is_multiple_of(256))
+            .unwrap_or(512)
+    })
+}
+
+/// The prompt attention kernel for `rows` rows and its grid: 64 query vectors per block
+/// (`attend_tile_*`), or 32 or 16 where 64 would make fewer than 256 blocks (models with few
+/// kv heads: more blocks, each reading its keys for fewer queries). `KILN_CUDA_TILE_Q` sets it.
+fn tile_kernel(
+    c: &crate::model::config::ModelConfig,
+    rows: usize,
+    q8: bool,
+) -> (&'static str, usize) {
+    let group = c.n_heads / c.n_kv_heads;
+    let blocks = |per: usize| (rows * group).div_ceil(per) * c.n_kv_heads;
+    let forced = std::env::var("KILN_CUDA_TILE_Q")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let per = forced.unwrap_or_else(|| {
+        [64, 32, 16]
+            .into_iter()
+            .find(|&p| blocks(p) >= 256)
+            .unwrap_or(16)
+    });
+    let name = match (per, q8) {
+        (16, false) => "attend_tile16_f16",
+        (16, true) => "attend_tile16_q8_0",
+        (32, false) => "attend_tile32_f16",
+        (32, true) => "attend_tile32_q8_0",
+        (_, false) => "attend_tile_f16",
+        (_, true) => "attend_tile_q8_0",
+    };
+    let per = if per == 16 || per == 32 { per } else { 64 };
+    (name, blocks(per))
+}
 
 enum Capture {
     /// Ops launch as they come.
@@ -77,6 +122,9 @@ pub struct CudaSession {
     /// decode contexts (see [`switch`]).
     fuse: bool,
     mirror: bool,
+    /// Prompt attention in tiles (`attend_tile_*`) for passes of at least `TILE_Q` tokens of a
+    /// sequence (`KILN_CUDA_TILE=0`: one block per row and head, as the shorter passes).
+    tile: bool,
     /// What the `xq` buffer holds: `rows` of the buffer at this address, quantized by this
     /// kernel (a norm quantizes for the products after it). Ops that may write a buffer forget
     /// it.
@@ -142,6 +190,9 @@ impl CudaSession {
             xq_holds: None,
             kv_stored: None,
             mirror: switch("KILN_CUDA_MIRROR"),
+            tile: switch("KILN_CUDA_TILE")
+                && c.head_dim_v.is_multiple_of(16)
+                && c.head_dim_v <= 256,
         })
     }
 
@@ -412,6 +463,12 @@ impl CudaSession {
             "quantize_q8_k" if n.len.is_multiple_of(256) => 3,
             _ => return false,
         };
+        // Rows in slices over several blocks (x is not y: each block reads the whole row).
+        let slice = if x == y {
+            n.len.next_multiple_of(256)
+        } else {
+            norm_slice()
+        };
         let args = [
             Arg::P(x),
             Arg::P(sel),
@@ -421,8 +478,14 @@ impl CudaSession {
             Arg::F(n.eps),
             Arg::P(self.at(self.layout.xq)),
             Arg::I(kind),
+            Arg::I(slice as i32),
         ];
-        self.go("rms_norm_q8", rows as u32, 256, &args);
+        self.go(
+            "rms_norm_q8",
+            (rows * n.len.div_ceil(slice)) as u32,
+            256,
+            &args,
+        );
         self.xq_holds = Some((y, q, rows));
         true
     }
@@ -481,7 +544,8 @@ impl Backend for CudaStep<'_> {
         for sq in seqs {
             let mode = match sq.n_tokens {
                 1 if s.mirror => 2,
-                n if n > 1 && n < crate::kernels::attention::TILE_Q => 1,
+                n if n > 1 && n < TILE_Q => 1,
+                _ if s.tile => 3,
                 _ => 0,
             };
             s.host_i32[j..j + sq.n_tokens].fill(mode);
@@ -845,8 +909,37 @@ impl Backend for CudaStep<'_> {
                 s.go("attend_merge", (rows * c.n_heads) as u32, block, &merge);
             }
             _ => {
-                let name = if q8 { "attend_q8_0" } else { "attend_f16" };
-                s.go(name, (rows * c.n_heads) as u32, block, &attend)
+                // Rows of passes of TILE_Q tokens or more (mode 3) in tiles, the others (if
+                // any) one block per row and head.
+                let long = |sq: &SeqBatch<'_, CudaKv>| sq.n_tokens >= TILE_Q;
+                if s.tile && seqs.iter().any(long) {
+                    let a = &attend;
+                    let tile = [
+                        a[0],
+                        a[1],
+                        a[2],
+                        a[3],
+                        a[4],
+                        a[5],
+                        a[6],
+                        a[7],
+                        Arg::I(rows as i32),
+                        a[8],
+                        a[9],
+                        a[10],
+                        a[11],
+                        a[13],
+                        a[14],
+                        a[15],
+                        a[16],
+                    ];
+                    let (name, tiles) = tile_kernel(c, rows, q8);
+                    s.go(name, tiles as u32, 256, &tile);
+                }
+                if !s.tile || !seqs.iter().all(long) {
+                    let name = if q8 { "attend_q8_0" } else { "attend_f16" };
+                    s.go(name, (rows * c.n_heads) as u32, block, &attend)
+                }
             }
         }
         Ok(())

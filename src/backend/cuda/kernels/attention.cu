@@ -12,6 +12,17 @@ struct F16Row {
     __device__ static long bytes(int hd) { return 2L * hd; }
     __device__ F16Row(const u8* b) : p((const u16*)b) {}
     __device__ __forceinline__ float operator[](int i) const { return h2f(p[i]); }
+    // Elements i..i+7 (i a multiple of 8; rows of a multiple of 8 elements are 16-byte
+    // aligned): one 16-byte load.
+    __device__ __forceinline__ void get8(int i, float* o) const {
+        u32x4 w = *(const u32x4*)(p + i);
+        u32 v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            o[2 * k] = h2f((u16)(v[k] & 0xFFFF));
+            o[2 * k + 1] = h2f((u16)(v[k] >> 16));
+        }
+    }
 };
 
 struct Q8Row {
@@ -21,6 +32,12 @@ struct Q8Row {
     __device__ __forceinline__ float operator[](int i) const {
         const u8* b = p + (i >> 5) * 34;
         return h2f(f2h((float)(i8)b[2 + (i & 31)] * h2f(ld16(b))));
+    }
+    __device__ __forceinline__ void get8(int i, float* o) const {
+        const u8* b = p + (i >> 5) * 34;
+        float d = h2f(ld16(b));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o[k] = h2f(f2h((float)(i8)b[2 + (i & 31) + k] * d));
     }
 };
 
@@ -116,6 +133,10 @@ __device__ float dot_ref(const float* q16, R k, int hd) {
 
 __device__ __forceinline__ float round_f16(float x) { return h2f(f2h(x)); }
 
+// The row of position t in a layer of `rows` rows per head (a ring when t can pass it): no
+// division while t is inside (the whole-context cache, and a ring before it wraps).
+__device__ __forceinline__ int ring_row(int t, int rows) { return t < rows ? t : t % rows; }
+
 // One (row, head) of attention: where its query, keys and values are (rows of the cache as
 // `R`), which keys it sees.
 template <class R>
@@ -127,8 +148,8 @@ struct Head {
     int hd_k, hd_v;
     int rows;         // the layer's rows per head: position t at row t mod rows
     bool short_ctx;   // the cache's padded length is under 512 (the vector path's domain)
-    __device__ R key(int t) const { return R(k + (long)(t % rows) * R::bytes(hd_k)); }
-    __device__ R value(int t) const { return R(v + (long)(t % rows) * R::bytes(hd_v)); }
+    __device__ R key(int t) const { return R(k + (long)ring_row(t, rows) * R::bytes(hd_k)); }
+    __device__ R value(int t) const { return R(v + (long)ring_row(t, rows) * R::bytes(hd_v)); }
 };
 
 // Whether a row at position p has a short context: the cache's padded length (the reference's,
@@ -278,10 +299,10 @@ __device__ void attend_f32(const Head<R>& a, float scale, int lo, int hi, float*
 // `mode[row]` picks the arithmetic the CPU backend uses for the row's sequence in this pass,
 // after the reference (src/kernels/attention.rs): 1 for fewer than 64 tokens, 2 for one token
 // (decode), whose rows with a long context (the cache's padded length from 512 positions)
-// take the f32 arithmetic, 0 for prompt batches. The vector arithmetic
-// rounds the query to f16 and keeps the weighted sum of values as f16, key by key: the keys'
-// scores are computed in parallel a chunk at a time, then every thread runs the online softmax
-// over the chunk in order for its output dimension. The f32 arithmetic: scores into shared
+// take the f32 arithmetic, 0 for prompt batches; 3 for prompt batches left to `attend_tile`.
+// The vector arithmetic rounds the query to f16 and keeps the weighted sum of values as f16,
+// key by key: the keys' scores are computed in parallel a chunk at a time, then every thread
+// runs the online softmax over the chunk in order for its output dimension. The f32 arithmetic: scores into shared
 // memory a chunk at a time, a running max and sum, f32 sums of values.
 template <class R>
 __device__ void attend(const float* q, const u8* kc, const u8* vc, const int* pos,
@@ -290,6 +311,7 @@ __device__ void attend(const float* q, const u8* kc, const u8* vc, const int* po
                        float scale, int window, const int* mode) {
     int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     int vec = mode[r];
+    if (vec == 3) return;  // (attend_tile's)
     Head<R> a = head_of<R>(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads,
                            n_kv_heads, hd_k, hd_v, ctx, rows, window);
     float* o = out + ((long)r * n_heads + h) * hd_v;
@@ -319,8 +341,106 @@ ATTEND(attend_q8_0, Q8Row)
 // Decode attention split over the keys (long contexts): block (row, head, split) takes keys
 // split·chunk .. (split + 1)·chunk − 1 of the visible ones and writes its running max, sum and
 // unnormalized output to `part` (`[rows, heads, n_split, hd_v + 2]`); `attend_merge` combines
-// them. A row with a short context takes the vector arithmetic whole in split 0, straight to
+// them. The block of the first head of each group sharing a kv head does the whole group
+// (`attend_group`: the keys and values read once for all of them), the others return. A row
+// with a short context takes the vector arithmetic whole in split 0 of each head, straight to
 // `out` (the CPU's choice for it, as in `attend` with mode 2), unless `mirror` is 0.
+#define GROUP_HEADS 4
+
+// The f32 arithmetic over keys lo..hi-1 for query heads h0 .. h0 + ng − 1 (ng ≤ GROUP_HEADS)
+// of one kv head, a chunk of keys at a time: the queries in shared memory, one thread per key
+// for the scores (keys read 8 elements at a time when hd_k allows), the weights e^(s − max)
+// computed once per key, then thread d sums the values of dimension d for every head. Writes
+// each head's running max, sum and unnormalized output at `pr + g · stride`.
+template <class R>
+__device__ void attend_group(const Head<R>& a, int ng, float scale, int lo, int hi, float* pr,
+                             long stride) {
+    __shared__ float qg[GROUP_HEADS][256];
+    __shared__ float sc[GROUP_HEADS][ATT_CHUNK];
+    int d = threadIdx.x;
+    for (int i = threadIdx.x; i < ng * a.hd_k; i += blockDim.x)
+        qg[i / a.hd_k][i % a.hd_k] = a.q[i];  // (the group's heads are consecutive)
+    float m[GROUP_HEADS], l[GROUP_HEADS], acc[GROUP_HEADS];
+#pragma unroll
+    for (int g = 0; g < GROUP_HEADS; ++g) {
+        m[g] = -KILN_INF;
+        l[g] = 0.0f;
+        acc[g] = 0.0f;
+    }
+    __syncthreads();
+    for (int t0 = lo; t0 < hi; t0 += ATT_CHUNK) {
+        int n = min(ATT_CHUNK, hi - t0);
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            R kt = a.key(t0 + j);
+            float s[GROUP_HEADS] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (a.hd_k % 8 == 0) {
+                for (int i = 0; i < a.hd_k; i += 8) {
+                    float k8[8];
+                    kt.get8(i, k8);
+#pragma unroll
+                    for (int g = 0; g < GROUP_HEADS; ++g) {
+                        if (g < ng) {
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) s[g] += qg[g][i + e] * k8[e];
+                        }
+                    }
+                }
+            } else {
+                for (int i = 0; i < a.hd_k; ++i) {
+                    float k1 = kt[i];
+#pragma unroll
+                    for (int g = 0; g < GROUP_HEADS; ++g)
+                        if (g < ng) s[g] += qg[g][i] * k1;
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < GROUP_HEADS; ++g)
+                if (g < ng) sc[g][j] = s[g] * scale;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < GROUP_HEADS; ++g) {
+            if (g >= ng) break;  // (ng is the same for the whole block)
+            float cm = -KILN_INF;
+            for (int j = threadIdx.x; j < n; j += blockDim.x) cm = fmaxf(cm, sc[g][j]);
+            cm = block_max(cm);
+            float m_new = fmaxf(m[g], cm);
+            float corr = expf(m[g] - m_new);
+            float part = 0.0f;
+            for (int j = threadIdx.x; j < n; j += blockDim.x) {
+                float e = expf(sc[g][j] - m_new);
+                sc[g][j] = e;
+                part += e;
+            }
+            l[g] = l[g] * corr + block_sum(part);
+            acc[g] *= corr;
+            m[g] = m_new;
+        }
+        __syncthreads();
+        if (d < a.hd_v) {
+            int row = ring_row(t0, a.rows);
+            for (int j = 0; j < n; ++j) {
+                float v = R(a.v + (long)row * R::bytes(a.hd_v))[d];
+#pragma unroll
+                for (int g = 0; g < GROUP_HEADS; ++g)
+                    if (g < ng) acc[g] += sc[g][j] * v;
+                if (++row == a.rows) row = 0;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int g = 0; g < GROUP_HEADS; ++g) {
+        if (g >= ng) break;
+        float* pg = pr + g * stride;
+        if (d < a.hd_v) pg[2 + d] = acc[g];
+        if (threadIdx.x == 0) {
+            pg[0] = m[g];
+            pg[1] = l[g];
+        }
+    }
+}
+
 template <class R>
 __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const int* pos,
                              const int* seq, long seq_stride_k, long seq_stride_v, float* out,
@@ -338,15 +458,22 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
         }
         return;
     }
+    // Heads h .. h + ng − 1 of the group, GROUP_HEADS at a time.
+    int G = n_heads / n_kv_heads;
+    if ((h % G) % GROUP_HEADS != 0) return;
+    int ng = min(GROUP_HEADS, G - h % G);
     int lo = max(a.first, sp * chunk), hi = min(a.last + 1, (sp + 1) * chunk);
-    float m = -KILN_INF, l = 0.0f, acc = 0.0f;
-    if (lo < hi) attend_f32(a, scale, lo, hi, &m, &l, &acc);
     float* pr = part + ((long)rh * n_split + sp) * (hd_v + 2);
-    if (threadIdx.x < hd_v) pr[2 + threadIdx.x] = acc;
-    if (threadIdx.x == 0) {
-        pr[0] = m;
-        pr[1] = l;
+    long stride = (long)n_split * (hd_v + 2);
+    if (lo < hi) {
+        attend_group(a, ng, scale, lo, hi, pr, stride);
+        return;
     }
+    for (int g = 0; g < ng; ++g)
+        if (threadIdx.x == 0) {
+            pr[g * stride] = -KILN_INF;
+            pr[g * stride + 1] = 0.0f;
+        }
 }
 
 #define ATTEND_SPLIT(NAME, R)                                                                   \
@@ -382,3 +509,196 @@ extern "C" __global__ void attend_merge(const int* pos, const float* part, float
     }
     if (threadIdx.x < hd_v) out[(long)rh * hd_v + threadIdx.x] = acc / l;
 }
+
+// Prompt attention in tiles (rows of mode 3: prompt rows of a sequence's pass of at least 64
+// tokens, the f32 arithmetic of `attend_f32`, which `attend` leaves to this kernel). The query
+// vectors sharing a kv head are numbered row · G + g (G query heads per kv head); block
+// (tile, kv head) takes FA_Q of them and runs an online softmax over their keys FA_K at a
+// time: the scores of the tile of keys for every query (a FA_Q × FA_K product over the head
+// dimension, FA_DC dimensions at a time, both operands in shared memory), then the values
+// weighted by them. The keys and values are read once per block for all its queries. Rows of
+// several sequences in one tile are taken one sequence at a time. 256 threads: thread
+// (ty, tx) = (t / 16, t % 16) holds queries QPT·ty .. QPT·ty + QPT − 1, keys tx and tx + 16
+// of a tile, and output dimensions tx + 16·c; FA_Q = 16·QPT (64, 32 or 16: fewer queries per
+// block make more blocks, for models with few kv heads). Needs hd_v a multiple of 16, at most
+// 256.
+#define FA_K 32
+#define FA_DC 32
+
+template <class R, int QPT>
+__device__ void attend_tile(const float* q, const u8* kc, const u8* vc, const int* pos,
+                            const int* seq, long seq_stride_k, long seq_stride_v, float* out,
+                            int n_rows, int n_heads, int n_kv_heads, int hd_k, int hd_v,
+                            int rows, float scale, int window, const int* mode) {
+    const int FA_Q = 16 * QPT;
+    __shared__ float qs[FA_Q][FA_DC + 1];
+    __shared__ float ks[FA_DC][FA_K + 1];
+    __shared__ float ps[FA_K][FA_Q + 1];
+    __shared__ u16 vs[FA_K][256];
+    __shared__ int q_first[FA_Q], q_last[FA_Q], q_seq[FA_Q], q_state[FA_Q];
+    __shared__ int pass_seq, pass_lo, pass_hi;
+    int t = threadIdx.x, tx = t & 15, ty = t >> 4;
+    int G = n_heads / n_kv_heads;
+    int tiles = (n_rows * G + FA_Q - 1) / FA_Q;
+    int tile = blockIdx.x % tiles, kvh = blockIdx.x / tiles;
+    long flat0 = (long)tile * FA_Q;
+    // Each query vector's row, visible keys and sequence; state 1: to do, 2: in this pass.
+    if (t < FA_Q) {
+        long f = flat0 + t;
+        int r = (int)(f / G);
+        q_state[t] = 0;
+        if (f < (long)n_rows * G && mode[r] == 3) {
+            int p = pos[r];
+            q_first[t] = window > 0 && p + 1 > window ? p + 1 - window : 0;
+            q_last[t] = p;
+            q_seq[t] = seq[r];
+            q_state[t] = 1;
+        }
+    }
+    const int nc = hd_v / 16;
+    for (;;) {
+        __syncthreads();
+        if (t == 0) {
+            pass_seq = -1;
+            int lo = 0x7fffffff, hi = 0;
+            for (int i = 0; i < FA_Q; ++i) {
+                if (q_state[i] != 1 || (pass_seq >= 0 && q_seq[i] != pass_seq)) continue;
+                pass_seq = q_seq[i];
+                q_state[i] = 2;
+                lo = min(lo, q_first[i]);
+                hi = max(hi, q_last[i] + 1);
+            }
+            pass_lo = lo;
+            pass_hi = hi;
+        }
+        __syncthreads();
+        if (pass_seq < 0) break;
+        const u8* kb = kc + pass_seq * seq_stride_k + (long)kvh * rows * R::bytes(hd_k);
+        const u8* vb = vc + pass_seq * seq_stride_v + (long)kvh * rows * R::bytes(hd_v);
+        bool act[QPT];
+        float m[QPT], l[QPT], o[QPT][16];
+#pragma unroll
+        for (int i = 0; i < QPT; ++i) {
+            act[i] = q_state[ty * QPT + i] == 2;
+            m[i] = -KILN_INF;
+            l[i] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 16; ++c) o[i][c] = 0.0f;
+        }
+        for (int t0 = pass_lo; t0 < pass_hi; t0 += FA_K) {
+            float s[QPT][2];
+#pragma unroll
+            for (int i = 0; i < QPT; ++i) s[i][0] = s[i][1] = 0.0f;
+            for (int d0 = 0; d0 < hd_k; d0 += FA_DC) {
+                for (int e = t; e < FA_Q * FA_DC; e += blockDim.x) {
+                    int qv = e / FA_DC, dd = e % FA_DC;
+                    long f = flat0 + qv;
+                    float x = 0.0f;
+                    if (q_state[qv] == 2 && d0 + dd < hd_k) {
+                        int r = (int)(f / G), h = kvh * G + (int)(f % G);
+                        x = q[((long)r * n_heads + h) * hd_k + d0 + dd];
+                    }
+                    qs[qv][dd] = x;
+                }
+                for (int e = t; e < FA_K * FA_DC; e += blockDim.x) {
+                    int kk = e / FA_DC, dd = e % FA_DC;
+                    int tk = t0 + kk;
+                    ks[dd][kk] = tk < pass_hi && d0 + dd < hd_k
+                                     ? R(kb + (long)ring_row(tk, rows) * R::bytes(hd_k))[d0 + dd]
+                                     : 0.0f;
+                }
+                __syncthreads();
+#pragma unroll 8
+                for (int dd = 0; dd < FA_DC; ++dd) {
+                    float b0 = ks[dd][tx], b1 = ks[dd][tx + 16];
+#pragma unroll
+                    for (int i = 0; i < QPT; ++i) {
+                        float a = qs[ty * QPT + i][dd];
+                        s[i][0] = fmaf(a, b0, s[i][0]);
+                        s[i][1] = fmaf(a, b1, s[i][1]);
+                    }
+                }
+                __syncthreads();
+            }
+            // The tile's values, as f16 (either row type's values are f16 numbers).
+            for (int e = t; e < FA_K * hd_v; e += blockDim.x) {
+                int kk = e / hd_v, d = e % hd_v;
+                int tk = t0 + kk;
+                vs[kk][d] = tk < pass_hi ? f2h(R(vb + (long)ring_row(tk, rows) * R::bytes(hd_v))[d]) : 0;
+            }
+            // Mask, then the online softmax per query (its 32 scores are over 16 lanes).
+#pragma unroll
+            for (int i = 0; i < QPT; ++i) {
+                int qv = ty * QPT + i;
+                float mx = -KILN_INF;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    int tk = t0 + tx + 16 * j;
+                    bool vis = act[i] && tk >= q_first[qv] && tk <= q_last[qv];
+                    s[i][j] = vis ? s[i][j] * scale : -KILN_INF;
+                    mx = fmaxf(mx, s[i][j]);
+                }
+                for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                float m_new = fmaxf(m[i], mx);
+                float corr = m_new == -KILN_INF ? 1.0f : expf(m[i] - m_new);
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    float p = m_new == -KILN_INF ? 0.0f : expf(s[i][j] - m_new);
+                    ps[tx + 16 * j][qv] = p;
+                    sum += p;
+                }
+                for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+                l[i] = l[i] * corr + sum;
+                m[i] = m_new;
+#pragma unroll
+                for (int c = 0; c < 16; ++c) o[i][c] *= corr;
+            }
+            __syncthreads();
+            for (int kk = 0; kk < FA_K; ++kk) {
+                float pv[QPT];
+#pragma unroll
+                for (int i = 0; i < QPT; ++i) pv[i] = ps[kk][ty * QPT + i];
+#pragma unroll
+                for (int c = 0; c < 16; ++c) {
+                    if (c < nc) {
+                        float v = h2f(vs[kk][tx + 16 * c]);
+#pragma unroll
+                        for (int i = 0; i < QPT; ++i) o[i][c] = fmaf(pv[i], v, o[i][c]);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < QPT; ++i) {
+            int qv = ty * QPT + i;
+            if (!act[i]) continue;
+            long f = flat0 + qv;
+            int r = (int)(f / G), h = kvh * G + (int)(f % G);
+            float inv = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
+            float* orow = out + ((long)r * n_heads + h) * hd_v;
+#pragma unroll
+            for (int c = 0; c < 16; ++c)
+                if (c < nc) orow[tx + 16 * c] = o[i][c] * inv;
+        }
+        __syncthreads();
+        if (t < FA_Q && q_state[t] == 2) q_state[t] = 0;
+    }
+}
+
+#define ATTEND_TILE(NAME, R, QPT)                                                               \
+    extern "C" __global__ void NAME(const float* q, const u8* kc, const u8* vc, const int* pos, \
+                                    const int* seq, long seq_stride_k, long seq_stride_v,       \
+                                    float* out, int n_rows, int n_heads, int n_kv_heads,        \
+                                    int hd_k, int hd_v, int rows, float scale, int window,      \
+                                    const int* mode) {                                          \
+        attend_tile<R, QPT>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, n_rows,       \
+                            n_heads, n_kv_heads, hd_k, hd_v, rows, scale, window, mode);        \
+    }
+ATTEND_TILE(attend_tile_f16, F16Row, 4)
+ATTEND_TILE(attend_tile_q8_0, Q8Row, 4)
+ATTEND_TILE(attend_tile32_f16, F16Row, 2)
+ATTEND_TILE(attend_tile32_q8_0, Q8Row, 2)
+ATTEND_TILE(attend_tile16_f16, F16Row, 1)
+ATTEND_TILE(attend_tile16_q8_0, Q8Row, 1)

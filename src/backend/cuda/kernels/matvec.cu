@@ -81,18 +81,23 @@ extern "C" __global__ void quantize_q8_k(const float* x, Q8x* y, long n) {
 // RMS norm (as `rms_norm_f32`, into y) with the normalized rows also quantized for the
 // products that read them, as `quantize_q8_*` would (`kind` 1: Q8_0, 2: Q8_1, 3: Q8_K, whose
 // rows are whole groups of 256), into xq (`[rows, width / 32]`): one launch for both. One
-// block of 256 threads per row; row `sel[b]` of x when `sel` is given.
+// block of 256 threads per `slice` elements of a row (a multiple of 256): each block sums the
+// whole row's squares (the same sum, in the same order, in every block of the row), then
+// normalizes and quantizes its slice; x must not be y. Row `sel[b]` of x when `sel` is given.
 extern "C" __global__ void rms_norm_q8(const float* x, const int* sel, float* y, const float* w,
-                                       int width, float eps, Q8x* xq, int kind) {
-    long r = sel ? (long)sel[blockIdx.x] : (long)blockIdx.x;
+                                       int width, float eps, Q8x* xq, int kind, int slice) {
+    int parts = (width + slice - 1) / slice;
+    int b = blockIdx.x / parts, part = blockIdx.x % parts;
+    long r = sel ? (long)sel[b] : (long)b;
     const float* xr = x + r * width;
-    float* yr = y + (long)blockIdx.x * width;
+    float* yr = y + (long)b * width;
     float scale = rms_scale(xr, width, eps);
-    for (int base = 0; base < width; base += blockDim.x) {
+    int end = min(width, (part + 1) * slice);
+    for (int base = part * slice; base < end; base += blockDim.x) {
         int i = base + threadIdx.x;
         float v = i < width ? xr[i] * scale * w[i] : 0.0f;
         if (i < width) yr[i] = v;
-        long gi = (long)blockIdx.x * width + i;
+        long gi = (long)b * width + i;
         if (kind == 3)
             q8_256(v, gi, xq);
         else if (i < width)  // (whole warps: width is a multiple of 32)
@@ -288,17 +293,21 @@ __device__ __forceinline__ float row_sum(float v) {
     return r;
 }
 
-// One block per output row, of whole warps: four on a GPU, so that a row's groups are read by
-// many loads in flight (step.rs `mv_threads`). Up to three matrices of one format that share
-// the input (the attention's q, k and v) go in one launch: grid rows0 + rows1 + rows2, block b
-// taking row b of the first, then of the second, then of the third (rows1 = rows2 = 0: one).
+// `tpr` threads per output row, whole warps: a block of four warps per row on a GPU, so that a
+// row's groups are read by many loads in flight; for narrow rows (step/products.rs
+// `mv_shape`) one warp per row and blockDim.x / 32 rows per block, so that a block has work
+// for all its threads. Up to three matrices of one format that share the input (the
+// attention's q, k and v) go in one launch: rows0 + rows1 + rows2 rows, row i of the launch
+// being row i of the first, then of the second, then of the third (rows1 = rows2 = 0: one).
 // With `add`, the products are added to y (a residual stream: y + (w·x), as a separate add
 // of the product would round it).
 #define MATVEC_Q(NAME, BYTES, ELEMS, DOT)                                                     \
     extern "C" __global__ void NAME(const u8* w0, const u8* w1, const u8* w2, const Q8x* x,  \
                                     float* y0, float* y1, float* y2, int rows0, int rows1,    \
-                                    int rows2, int cols, int n_tok, int add) {                \
-        int row = blockIdx.x, rows = rows0;                                                   \
+                                    int rows2, int cols, int n_tok, int add, int tpr) {       \
+        int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr, rows = rows0;          \
+        int lane = threadIdx.x % tpr;                                                         \
+        if (row >= rows0 + rows1 + rows2) return;  /* (a whole warp: tpr < blockDim.x) */     \
         const u8* w = w0;                                                                     \
         float* y = y0;                                                                        \
         if (row >= rows0) {                                                                   \
@@ -310,11 +319,11 @@ __device__ __forceinline__ float row_sum(float v) {
         for (int t = 0; t < n_tok; ++t) {                                                     \
             const Q8x* xt = x + (long)t * ng;                                                 \
             float acc = 0.0f;                                                                 \
-            _Pragma("unroll 2") for (int g = threadIdx.x; g < ng; g += blockDim.x)            \
-                acc += DOT(wr, g, xt + g, ng);                                                    \
-            acc = row_sum(acc);                                                               \
+            _Pragma("unroll 2") for (int g = lane; g < ng; g += tpr)                          \
+                acc += DOT(wr, g, xt + g, ng);                                                \
+            acc = tpr == (int)blockDim.x ? row_sum(acc) : warp_sum(acc);                      \
             float* yo = y + (long)t * rows + row;                                             \
-            if (threadIdx.x == 0) *yo = add ? *yo + acc : acc;                                \
+            if (lane == 0) *yo = add ? *yo + acc : acc;                                       \
         }                                                                                     \
     }
 

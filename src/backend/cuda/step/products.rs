@@ -25,6 +25,23 @@ pub(super) fn mv_threads(gpu: &Gpu) -> u32 {
     }
 }
 
+/// How a quantized matvec over rows of `cols` elements launches: (threads per block, threads
+/// per row). Rows of up to 64 groups of 32 take one warp each, eight rows to a block of 256
+/// (the narrow matrices of small models, whose rows leave most of a four-warp block idle, and
+/// their output heads of 50,000–260,000 rows); wider rows take a block of `mv_threads`.
+/// `KILN_CUDA_MV_NARROW=0` gives every row a block.
+pub(super) fn mv_shape(gpu: &Gpu, cols: usize) -> (u32, u32) {
+    static NARROW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let narrow =
+        *NARROW.get_or_init(|| std::env::var("KILN_CUDA_MV_NARROW").map_or(true, |v| v != "0"));
+    let t = mv_threads(gpu);
+    if narrow && cols / 32 <= 64 {
+        (256, 32)
+    } else {
+        (t, t)
+    }
+}
+
 /// Which forms of a product's input exist (products that share an input make them once; the
 /// 8-bit form is the session's `xq_holds`).
 #[derive(Default)]
@@ -76,6 +93,7 @@ impl CudaSession {
             }
             return;
         };
+        let (block, tpr) = mv_shape(&self.gpu, m.cols);
         let at = |i: usize| mats.get(i).copied().unwrap_or((DevMat { rows: 0, ..m }, 0));
         let (a, b, c) = (at(0), at(1), at(2));
         let args = [
@@ -92,9 +110,10 @@ impl CudaSession {
             Arg::I(m.cols as i32),
             Arg::I(rows as i32),
             Arg::I(add as i32),
+            Arg::I(tpr as i32),
         ];
-        let grid = (a.0.rows + b.0.rows + c.0.rows) as u32;
-        self.go(m.kernels.matvec, grid, threads, &args);
+        let grid = (a.0.rows + b.0.rows + c.0.rows).div_ceil((block / tpr) as usize) as u32;
+        self.go(m.kernels.matvec, grid, block, &args);
     }
 
     /// x quantized for `m`'s matvec kernel, or `None` when the kernel takes f32. Made once
