@@ -613,6 +613,32 @@ impl TestCache {
             })
             .collect()
     }
+
+    /// The largest |got − f64 attention| over a row at position p (`window` 0: none), infinite
+    /// where got is not a number (never written).
+    #[allow(clippy::too_many_arguments)]
+    fn gap(
+        &self,
+        got: &[f32],
+        q: &[f32],
+        h: usize,
+        n_heads: usize,
+        slot: usize,
+        p: usize,
+        window: usize,
+        scale: f32,
+    ) -> f64 {
+        let first = if window > 0 && p + 1 > window {
+            p + 1 - window
+        } else {
+            0
+        };
+        let want = self.attend(q, h, n_heads, slot, first, p, scale);
+        got.iter()
+            .zip(&want)
+            .map(|(x, y)| gap(*x, *y))
+            .fold(0.0, f64::max)
+    }
 }
 
 /// |x − y|, infinite where x is not a number (an output the kernel never wrote).
@@ -717,16 +743,8 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
                         );
                         continue;
                     }
-                    let first = if window > 0 && p + 1 > window {
-                        p + 1 - window
-                    } else {
-                        0
-                    };
                     let qr = &q[(r * n_heads + h) * hd..][..hd];
-                    let want = cache.attend(qr, h, n_heads, slot, first, p, scale);
-                    for (x, y) in got.iter().zip(&want) {
-                        worst = worst.max(gap(*x, *y));
-                    }
+                    worst = worst.max(cache.gap(got, qr, h, n_heads, slot, p, window, scale));
                 }
             }
             println!(
@@ -836,16 +854,8 @@ fn split_decode_attention_matches_an_f64_attention() {
         for (r, &(slot, p)) in rows_at.iter().enumerate() {
             for h in 0..n_heads {
                 let got = &out[(r * n_heads + h) * hd..][..hd];
-                let first = if window > 0 && p + 1 > window {
-                    p + 1 - window
-                } else {
-                    0
-                };
                 let qr = &q[(r * n_heads + h) * hd..][..hd];
-                let want = cache.attend(qr, h, n_heads, slot, first, p, scale);
-                for (x, y) in got.iter().zip(&want) {
-                    worst = worst.max(gap(*x, *y));
-                }
+                worst = worst.max(cache.gap(got, qr, h, n_heads, slot, p, window, scale));
             }
         }
         println!(

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Stream};
 use super::profile::Profile;
 
+mod attention;
 mod layout;
 mod products;
 use super::weights::{DevNorm, DeviceWeights};
@@ -53,37 +54,6 @@ fn norm_slice() -> usize {
             .filter(|v| *v > 0 && v.is_multiple_of(256))
             .unwrap_or(512)
     })
-}
-
-/// The prompt attention kernel for `rows` rows and its grid: 64 query vectors per block
-/// (`attend_tile_*`), or 32 or 16 where 64 would make fewer than 256 blocks (models with few
-/// kv heads: more blocks, each reading its keys for fewer queries). `KILN_CUDA_TILE_Q` sets it.
-fn tile_kernel(
-    c: &crate::model::config::ModelConfig,
-    rows: usize,
-    q8: bool,
-) -> (&'static str, usize) {
-    let group = c.n_heads / c.n_kv_heads;
-    let blocks = |per: usize| (rows * group).div_ceil(per) * c.n_kv_heads;
-    let forced = std::env::var("KILN_CUDA_TILE_Q")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    let per = forced.unwrap_or_else(|| {
-        [64, 32, 16]
-            .into_iter()
-            .find(|&p| blocks(p) >= 256)
-            .unwrap_or(16)
-    });
-    let name = match (per, q8) {
-        (16, false) => "attend_tile16_f16",
-        (16, true) => "attend_tile16_q8_0",
-        (32, false) => "attend_tile32_f16",
-        (32, true) => "attend_tile32_q8_0",
-        (_, false) => "attend_tile_f16",
-        (_, true) => "attend_tile_q8_0",
-    };
-    let per = if per == 16 || per == 32 { per } else { 64 };
-    (name, blocks(per))
 }
 
 enum Capture {
@@ -813,135 +783,8 @@ impl Backend for CudaStep<'_> {
         seqs: &mut [SeqBatch<'_, CudaKv>],
         rows: usize,
     ) -> Result<(), ForwardError> {
-        let c = &self.m.config;
-        let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
         let window = self.m.weights.layers[layer].window.unwrap_or(0);
-        let s = &mut *self.s;
-        s.xq_holds = None;
-        let at = s.layout.kv[layer];
-        let (kc, vc) = (s.kv.ptr(at.k), s.kv.ptr(at.v));
-        let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
-        let (ctx, ring) = (s.sizes.n_ctx as i32, at.rows as i32);
-        let store = [
-            Arg::P(s.buf(Buf::K)),
-            Arg::P(s.buf(Buf::V)),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::P(s.at(s.layout.pos)),
-            Arg::P(s.at(s.layout.seq)),
-            Arg::L(sk),
-            Arg::L(sv),
-            Arg::I(c.n_kv_heads as i32),
-            Arg::I(c.head_dim_k as i32),
-            Arg::I(c.head_dim_v as i32),
-            Arg::I(ring),
-        ];
-        let q8 = s.layout.kv_type == KvType::Q8_0;
-        // (Unless the RoPE stored this layer's keys and values.)
-        if s.kv_stored.take() != Some(layer) {
-            let store_kernel = if q8 { "kv_store_q8_0" } else { "kv_store_f16" };
-            s.go(store_kernel, rows as u32, 256, &store);
-        }
-        let attend = [
-            Arg::P(s.buf(Buf::Q)),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::P(s.at(s.layout.pos)),
-            Arg::P(s.at(s.layout.seq)),
-            Arg::L(sk),
-            Arg::L(sv),
-            Arg::P(s.buf(Buf::Attn)),
-            Arg::I(c.n_heads as i32),
-            Arg::I(c.n_kv_heads as i32),
-            Arg::I(c.head_dim_k as i32),
-            Arg::I(c.head_dim_v as i32),
-            Arg::I(ctx),
-            Arg::I(ring),
-            Arg::F(c.attn_scale),
-            Arg::I(window as i32),
-            Arg::P(s.at(s.layout.mode)),
-        ];
-        let block = c.head_dim_v.next_multiple_of(32).clamp(128, 1024) as u32;
-        match s.layout.split {
-            // Decode: the keys split over many blocks, then merged.
-            Some(sp) if decode && rows <= sp.rows => {
-                let part = s.at(sp.part);
-                let a = &attend;
-                let split = [
-                    a[0],
-                    a[1],
-                    a[2],
-                    a[3],
-                    a[4],
-                    a[5],
-                    a[6],
-                    a[7],
-                    Arg::P(part),
-                    a[8],
-                    a[9],
-                    a[10],
-                    a[11],
-                    a[12],
-                    a[13],
-                    a[14],
-                    a[15],
-                    Arg::I(sp.n_split as i32),
-                    Arg::I(sp.chunk as i32),
-                    Arg::I(s.mirror as i32),
-                ];
-                let grid = (rows * c.n_heads * sp.n_split) as u32;
-                let name = if q8 {
-                    "attend_split_q8_0"
-                } else {
-                    "attend_split_f16"
-                };
-                s.go(name, grid, block, &split);
-                let merge = [
-                    Arg::P(s.at(s.layout.pos)),
-                    Arg::P(part),
-                    Arg::P(s.buf(Buf::Attn)),
-                    Arg::I(c.n_heads as i32),
-                    Arg::I(c.head_dim_v as i32),
-                    Arg::I(ctx),
-                    Arg::I(sp.n_split as i32),
-                    Arg::I(s.mirror as i32),
-                ];
-                s.go("attend_merge", (rows * c.n_heads) as u32, block, &merge);
-            }
-            _ => {
-                // Rows of passes of TILE_Q tokens or more (mode 3) in tiles, the others (if
-                // any) one block per row and head.
-                let long = |sq: &SeqBatch<'_, CudaKv>| sq.n_tokens >= TILE_Q;
-                if s.tile && seqs.iter().any(long) {
-                    let a = &attend;
-                    let tile = [
-                        a[0],
-                        a[1],
-                        a[2],
-                        a[3],
-                        a[4],
-                        a[5],
-                        a[6],
-                        a[7],
-                        Arg::I(rows as i32),
-                        a[8],
-                        a[9],
-                        a[10],
-                        a[11],
-                        a[13],
-                        a[14],
-                        a[15],
-                        a[16],
-                    ];
-                    let (name, tiles) = tile_kernel(c, rows, q8);
-                    s.go(name, tiles as u32, 256, &tile);
-                }
-                if !s.tile || !seqs.iter().all(long) {
-                    let name = if q8 { "attend_q8_0" } else { "attend_f16" };
-                    s.go(name, (rows * c.n_heads) as u32, block, &attend)
-                }
-            }
-        }
+        self.s.attention(&self.m.config, layer, window, seqs, rows);
         Ok(())
     }
 

@@ -149,7 +149,8 @@ struct Head {
     int rows;         // the layer's rows per head: position t at row t mod rows
     bool short_ctx;   // the cache's padded length is under 512 (the vector path's domain)
     __device__ R key(int t) const { return R(k + (long)ring_row(t, rows) * R::bytes(hd_k)); }
-    __device__ R value(int t) const { return R(v + (long)ring_row(t, rows) * R::bytes(hd_v)); }
+    __device__ R value(int t) const { return value_at(ring_row(t, rows)); }
+    __device__ R value_at(int row) const { return R(v + (long)row * R::bytes(hd_v)); }
 };
 
 // Whether a row at position p has a short context: the cache's padded length (the reference's,
@@ -235,10 +236,15 @@ __device__ float attend_vec(const Head<R>& a, float scale) {
         }
         __syncthreads();
         for (int j0 = 0; j0 < n; j0 += 32) {
+            // The 32 keys' rows without a branch between the loads (a ring of at least 64
+            // rows wraps at most once in 32 keys; a whole-context cache never does).
             float vv[32];
+            int r0 = ring_row(t0 + j0, a.rows);
 #pragma unroll
-            for (int k = 0; k < 32; ++k)
-                vv[k] = d < a.hd_v && j0 + k < n ? a.value(t0 + j0 + k)[d] : 0.0f;
+            for (int k = 0; k < 32; ++k) {
+                int rk = r0 + k >= a.rows ? r0 + k - a.rows : r0 + k;
+                vv[k] = d < a.hd_v && j0 + k < n ? a.value_at(rk)[d] : 0.0f;
+            }
 #pragma unroll
             for (int k = 0; k < 32; ++k) {
                 if (j0 + k < n) {
@@ -282,8 +288,13 @@ __device__ void attend_f32(const Head<R>& a, float scale, int lo, int hi, float*
         float part = 0.0f;
         for (int j = threadIdx.x; j < n; j += blockDim.x) part += expf(sc[j] - m_new);
         l += block_sum(part);
-        if (d < a.hd_v)
-            for (int j = 0; j < n; ++j) acc += expf(sc[j] - m_new) * a.value(t0 + j)[d];
+        if (d < a.hd_v) {
+            int row = ring_row(t0, a.rows);
+            for (int j = 0; j < n; ++j) {
+                acc += expf(sc[j] - m_new) * a.value_at(row)[d];
+                if (++row == a.rows) row = 0;
+            }
+        }
         m = m_new;
         __syncthreads();
     }
@@ -420,7 +431,7 @@ __device__ void attend_group(const Head<R>& a, int ng, float scale, int lo, int 
         if (d < a.hd_v) {
             int row = ring_row(t0, a.rows);
             for (int j = 0; j < n; ++j) {
-                float v = R(a.v + (long)row * R::bytes(a.hd_v))[d];
+                float v = a.value_at(row)[d];
 #pragma unroll
                 for (int g = 0; g < GROUP_HEADS; ++g)
                     if (g < ng) acc[g] += sc[g][j] * v;

@@ -1,0 +1,150 @@
+//! A session's attention: the keys and values of a step into the cache (unless the RoPE
+//! stored them), then the attention kernels for its rows: decode split over the keys and
+//! merged, prompt rows of long passes in tiles, the others one block per row and head
+//! (kernels/attention.cu).
+
+use super::{Arg, Buf, CudaKv, CudaSession};
+use crate::backend::SeqBatch;
+use crate::cache::KvType;
+use crate::kernels::attention::TILE_Q;
+use crate::model::config::ModelConfig;
+
+/// The prompt attention kernel for `rows` rows and its grid: 64 query vectors per block
+/// (`attend_tile_*`), or 32 or 16 where 64 would make fewer than 256 blocks (models with few
+/// kv heads: more blocks, each reading its keys for fewer queries). `KILN_CUDA_TILE_Q` sets it.
+fn tile_kernel(c: &ModelConfig, rows: usize, q8: bool) -> (&'static str, usize) {
+    let group = c.n_heads / c.n_kv_heads;
+    let blocks = |per: usize| (rows * group).div_ceil(per) * c.n_kv_heads;
+    let forced = std::env::var("KILN_CUDA_TILE_Q")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let per = forced.unwrap_or_else(|| {
+        [64, 32, 16]
+            .into_iter()
+            .find(|&p| blocks(p) >= 256)
+            .unwrap_or(16)
+    });
+    let name = match (per, q8) {
+        (16, false) => "attend_tile16_f16",
+        (16, true) => "attend_tile16_q8_0",
+        (32, false) => "attend_tile32_f16",
+        (32, true) => "attend_tile32_q8_0",
+        (_, false) => "attend_tile_f16",
+        (_, true) => "attend_tile_q8_0",
+    };
+    let per = if per == 16 || per == 32 { per } else { 64 };
+    (name, blocks(per))
+}
+
+impl CudaSession {
+    /// Attention of a step's rows of layer `layer` (`window` 0: none) into `Attn`.
+    pub(super) fn attention(
+        &mut self,
+        c: &ModelConfig,
+        layer: usize,
+        window: usize,
+        seqs: &[SeqBatch<'_, CudaKv>],
+        rows: usize,
+    ) {
+        let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
+        self.xq_holds = None;
+        let at = self.layout.kv[layer];
+        let (kc, vc) = (self.kv.ptr(at.k), self.kv.ptr(at.v));
+        let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
+        let (ctx, ring) = (self.sizes.n_ctx as i32, at.rows as i32);
+        let store = [
+            Arg::P(self.buf(Buf::K)),
+            Arg::P(self.buf(Buf::V)),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(self.at(self.layout.pos)),
+            Arg::P(self.at(self.layout.seq)),
+            Arg::L(sk),
+            Arg::L(sv),
+            Arg::I(c.n_kv_heads as i32),
+            Arg::I(c.head_dim_k as i32),
+            Arg::I(c.head_dim_v as i32),
+            Arg::I(ring),
+        ];
+        let q8 = self.layout.kv_type == KvType::Q8_0;
+        // (Unless the RoPE stored this layer's keys and values.)
+        if self.kv_stored.take() != Some(layer) {
+            let store_kernel = if q8 { "kv_store_q8_0" } else { "kv_store_f16" };
+            self.go(store_kernel, rows as u32, 256, &store);
+        }
+        let attend = [
+            Arg::P(self.buf(Buf::Q)),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(self.at(self.layout.pos)),
+            Arg::P(self.at(self.layout.seq)),
+            Arg::L(sk),
+            Arg::L(sv),
+            Arg::P(self.buf(Buf::Attn)),
+            Arg::I(c.n_heads as i32),
+            Arg::I(c.n_kv_heads as i32),
+            Arg::I(c.head_dim_k as i32),
+            Arg::I(c.head_dim_v as i32),
+            Arg::I(ctx),
+            Arg::I(ring),
+            Arg::F(c.attn_scale),
+            Arg::I(window as i32),
+            Arg::P(self.at(self.layout.mode)),
+        ];
+        let block = c.head_dim_v.next_multiple_of(32).clamp(128, 1024) as u32;
+        match self.layout.split {
+            // Decode: the keys split over many blocks, then merged.
+            Some(sp) if decode && rows <= sp.rows => {
+                let part = self.at(sp.part);
+                // The row kernel's arguments with `part` after `out`, then the split'self.
+                let split: [Arg; 20] = std::array::from_fn(|i| match i {
+                    0..=7 => attend[i],
+                    8 => Arg::P(part),
+                    9..=16 => attend[i - 1],
+                    17 => Arg::I(sp.n_split as i32),
+                    18 => Arg::I(sp.chunk as i32),
+                    _ => Arg::I(self.mirror as i32),
+                });
+                let grid = (rows * c.n_heads * sp.n_split) as u32;
+                let name = if q8 {
+                    "attend_split_q8_0"
+                } else {
+                    "attend_split_f16"
+                };
+                self.go(name, grid, block, &split);
+                let merge = [
+                    Arg::P(self.at(self.layout.pos)),
+                    Arg::P(part),
+                    Arg::P(self.buf(Buf::Attn)),
+                    Arg::I(c.n_heads as i32),
+                    Arg::I(c.head_dim_v as i32),
+                    Arg::I(ctx),
+                    Arg::I(sp.n_split as i32),
+                    Arg::I(self.mirror as i32),
+                ];
+                self.go("attend_merge", (rows * c.n_heads) as u32, block, &merge);
+            }
+            _ => {
+                // Rows of passes of TILE_Q tokens or more (mode 3) in tiles, the others (if
+                // any) one block per row and head.
+                let long = |sq: &SeqBatch<'_, CudaKv>| sq.n_tokens >= TILE_Q;
+                if self.tile && seqs.iter().any(long) {
+                    // The row kernel's arguments with the row count after `out` and
+                    // without `ctx` (a tile's keys are its rows' own).
+                    let tile: [Arg; 17] = std::array::from_fn(|i| match i {
+                        0..=7 => attend[i],
+                        8 => Arg::I(rows as i32),
+                        9..=12 => attend[i - 1],
+                        _ => attend[i],
+                    });
+                    let (name, tiles) = tile_kernel(c, rows, q8);
+                    self.go(name, tiles as u32, 256, &tile);
+                }
+                if !self.tile || !seqs.iter().all(long) {
+                    let name = if q8 { "attend_q8_0" } else { "attend_f16" };
+                    self.go(name, (rows * c.n_heads) as u32, block, &attend)
+                }
+            }
+        }
+    }
+}
