@@ -58,7 +58,10 @@ fn decode_allocations_with(
     opts.kv_type = kv_type;
     opts.kv_budget = kv_budget;
     let mut s = Session::new(model, opts).expect("session");
-    assert_eq!(s.kv().offload_ring().is_some(), kv_budget.is_some());
+    assert_eq!(
+        s.kv().unwrap().offload_ring().is_some(),
+        kv_budget.is_some()
+    );
     let cfg = SamplerConfig {
         seed: 42,
         repeat_penalty: 1.1,

@@ -46,13 +46,13 @@ fn offloaded_cache_is_bit_identical_on_random_models() {
         let prompt: Vec<u32> = (0..300u32).map(|i| (i * 7 + 3) % vocab).collect();
         for ty in [KvType::F16, KvType::Q8_0] {
             let mut ram = session(&model, 512, 64, ty, None);
-            let slot = ram.kv().layout().layer_kv_bytes(ty);
-            let full = ram.kv().bytes();
+            let slot = ram.kv().unwrap().layout().layer_kv_bytes(ty);
+            let full = ram.kv().unwrap().bytes();
             for ring in [2, 3] {
                 let mut off = session(&model, 512, 64, ty, Some(ring * slot + slot / 2));
-                assert_eq!(off.kv().offload_ring(), Some(ring));
-                assert_eq!(off.kv().bytes(), ring * slot);
-                assert!(off.kv().bytes() < full);
+                assert_eq!(off.kv().unwrap().offload_ring(), Some(ring));
+                assert_eq!(off.kv().unwrap().bytes(), ring * slot);
+                assert!(off.kv().unwrap().bytes() < full);
                 let want = trace(&mut ram, &prompt, 12);
                 assert_eq!(
                     trace(&mut off, &prompt, 12),
@@ -81,8 +81,8 @@ fn offloaded_cache_is_bit_identical_on_random_models() {
 fn budget_covering_the_cache_keeps_it_in_ram_and_a_tiny_one_is_refused() {
     let model = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
     let s = session(&model, 256, 64, KvType::F16, Some(1 << 30));
-    assert_eq!(s.kv().offload_ring(), None);
-    let slot = s.kv().layout().layer_kv_bytes(KvType::F16);
+    assert_eq!(s.kv().unwrap().offload_ring(), None);
+    let slot = s.kv().unwrap().layout().layer_kv_bytes(KvType::F16);
     let mut opts = SessionOptions::new(256, 1);
     opts.kv_budget = Some(slot + 1);
     let err = Session::new(Arc::clone(&model), opts).err().unwrap();
@@ -109,10 +109,13 @@ fn smollm2_long_prompt_offloaded_matches_in_ram() {
     let model = Arc::new(Model::load(common::real_model("smollm2")).unwrap());
     let ctx = 4096;
     let mut ram = session(&model, ctx, 512, KvType::F16, None);
-    let slot = ram.kv().layout().layer_kv_bytes(KvType::F16);
+    let slot = ram.kv().unwrap().layout().layer_kv_bytes(KvType::F16);
     let mut off = session(&model, ctx, 512, KvType::F16, Some(4 * slot));
-    assert_eq!(off.kv().offload_ring(), Some(4));
-    assert_eq!(off.kv().bytes() * 30, ram.kv().bytes() * 4);
+    assert_eq!(off.kv().unwrap().offload_ring(), Some(4));
+    assert_eq!(
+        off.kv().unwrap().bytes() * 30,
+        ram.kv().unwrap().bytes() * 4
+    );
     let want = trace(&mut ram, &prompt, 4);
     let got = trace(&mut off, &prompt, 4);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -146,12 +149,12 @@ fn contexts_past_the_training_context_are_refused() {
 fn offloaded_gemma3_with_rings_is_bit_identical() {
     let model = Arc::new(Model::load(common::real_model("gemma3")).unwrap());
     let mut ram = session(&model, 2048, 128, KvType::F16, None);
-    let layout = ram.kv().layout().clone();
+    let layout = ram.kv().unwrap().layout().clone();
     assert_eq!(layout.n_ring_layers(), 15);
     let budget = layout.ring_kv_bytes(KvType::F16) + 2 * layout.layer_kv_bytes(KvType::F16);
     let mut off = session(&model, 2048, 128, KvType::F16, Some(budget));
-    assert_eq!(off.kv().offload_ring(), Some(2));
-    assert_eq!(off.kv().bytes(), budget);
+    assert_eq!(off.kv().unwrap().offload_ring(), Some(2));
+    assert_eq!(off.kv().unwrap().bytes(), budget);
     let prompt: Vec<u32> = (0..700u32).map(|i| 1000 + (i * 7919) % 200_000).collect();
     let a = trace(&mut ram, &prompt, 40);
     let b = trace(&mut off, &prompt, 40);

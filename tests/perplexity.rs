@@ -71,7 +71,7 @@ fn smollm2_q8_0_kv_perplexity_within_1pct_of_f16() {
         opts.logit_rows = 32;
         opts.kv_type = kv_type;
         let mut s = Session::new(Arc::clone(&model), opts).unwrap();
-        assert_eq!(s.kv().ty(), kv_type);
+        assert_eq!(s.kv().unwrap().ty(), kv_type);
         perplexity(&mut s, &tokens, 512, Some(12), bos, &mut |_, _| {})
             .unwrap()
             .final_ppl

@@ -30,14 +30,14 @@ fn plan_equals_session_allocations() {
             let s = Session::new(Arc::clone(&model), opts).unwrap();
             assert_eq!(
                 p.get("KV cache").unwrap().bytes,
-                s.kv().bytes() as u64,
+                s.kv().unwrap().bytes() as u64,
                 "{stem} ctx {ctx} {kv_type}"
             );
             let scratch =
                 p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
             assert_eq!(
                 scratch,
-                s.scratch().bytes() as u64,
+                s.scratch().unwrap().bytes() as u64,
                 "{stem} ctx {ctx} chunk {chunk} threads {threads}"
             );
             let all_2d: usize = model
@@ -133,9 +133,9 @@ fn offloaded_plan_equals_session_ring() {
         opts.kv_budget = Some(2 * slot + 100);
         let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
         let s = Session::new(Arc::clone(&model), opts).unwrap();
-        assert_eq!(s.kv().offload_ring(), Some(2));
+        assert_eq!(s.kv().unwrap().offload_ring(), Some(2));
         let kv = p.get("KV cache").unwrap();
-        assert_eq!(kv.bytes, s.kv().bytes() as u64, "{ty}");
+        assert_eq!(kv.bytes, s.kv().unwrap().bytes() as u64, "{ty}");
         assert_eq!(kv.bytes, 2 * slot as u64);
         assert!(kv.bytes <= opts.kv_budget.unwrap() as u64);
         assert!(kv.formula.contains("file"), "{}", kv.formula);
@@ -162,7 +162,7 @@ fn gemma3_plan_counts_the_sliding_window_ring() {
         kv.formula
     );
     let s = Session::new(Arc::clone(&model), opts).unwrap();
-    assert_eq!(kv.bytes, s.kv().bytes() as u64);
+    assert_eq!(kv.bytes, s.kv().unwrap().bytes() as u64);
     let mut full = opts;
     full.swa_full = true;
     let pf = plan(&model.file, &full, 1, Default::default()).unwrap();
@@ -184,10 +184,13 @@ fn gemma3_plan_counts_the_sliding_window_ring() {
     off.kv_budget = Some((2 * 32768 + 15 * 1024) * 512 * 2 + 100);
     let po = plan(&model.file, &off, 1, Default::default()).unwrap();
     let so = Session::new(Arc::clone(&model), off).unwrap();
-    assert_eq!(so.kv().offload_ring(), Some(2));
+    assert_eq!(so.kv().unwrap().offload_ring(), Some(2));
     assert_eq!(
         po.get("KV cache").unwrap().bytes,
         (2 * 32768 + 15 * 1024) * 512 * 2
     );
-    assert_eq!(po.get("KV cache").unwrap().bytes, so.kv().bytes() as u64);
+    assert_eq!(
+        po.get("KV cache").unwrap().bytes,
+        so.kv().unwrap().bytes() as u64
+    );
 }

@@ -60,12 +60,12 @@ fn ring_decodes_past_the_window_like_the_full_cache() {
     // Chunks of 128: ring of 512 + 127 → 640 rows, a fifth of the 3,072 positions.
     let mut full = session(&m, 3072, 128, true);
     let mut ring = session(&m, 3072, 128, false);
-    let layout = ring.kv().layout().clone();
+    let layout = ring.kv().unwrap().layout().clone();
     assert_eq!(layout.n_ring_layers(), 15);
     assert_eq!(layout.window.as_ref().unwrap().rows, 640);
-    assert!(full.kv().layout().window.is_none());
+    assert!(full.kv().unwrap().layout().window.is_none());
     assert_eq!(
-        ring.kv().bytes(),
+        ring.kv().unwrap().bytes(),
         (3 * 3072 + 15 * 640) * 256 * 2 * 2,
         "3 global layers of the whole context, 15 rings"
     );
@@ -77,7 +77,7 @@ fn ring_decodes_past_the_window_like_the_full_cache() {
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         assert!(x == y, "decode step {i} differs");
     }
-    assert!(ring.kv().kept_from() > 0);
+    assert!(ring.kv().unwrap().kept_from() > 0);
 
     // Back 100 tokens (inside the ring's margin of 129): exact, and decodes the same again.
     let n = ring.n_past();
@@ -125,7 +125,7 @@ fn ring_teacher_forcing_and_prefix_reuse_match_the_full_cache() {
     let mut rows = [Vec::new(), Vec::new()];
     for (i, swa_full) in [true, false].into_iter().enumerate() {
         let mut s = session(&m, 2048, 333, swa_full);
-        assert_eq!(s.kv().layout().window.is_none(), swa_full);
+        assert_eq!(s.kv().unwrap().layout().window.is_none(), swa_full);
         s.eval_all(prompt, 500, &mut |p, l| {
             if p % 7 == 0 || p + 1 == prompt.len() {
                 rows[i].push(bits(l));

@@ -226,25 +226,20 @@ impl Session {
         }
     }
 
-    /// The KV cache of a session on the CPU.
-    ///
-    /// # Panics
-    /// On a session on the GPU (its cache is in device memory).
-    pub fn kv(&self) -> &KvCache {
+    /// The KV cache of a session on the CPU; `None` on the GPU, whose cache is in device memory
+    /// ([`Session::cuda`]).
+    pub fn kv(&self) -> Option<&KvCache> {
         match &self.seq.kv {
-            Kv::Cpu(kv) => kv,
-            Kv::Cuda(_) => panic!("a GPU session's KV cache is in device memory"),
+            Kv::Cpu(kv) => Some(kv),
+            Kv::Cuda(_) => None,
         }
     }
 
-    /// The scratch buffers of a session on the CPU.
-    ///
-    /// # Panics
-    /// On a session on the GPU.
-    pub fn scratch(&self) -> &Scratch {
+    /// The scratch buffers of a session on the CPU; `None` on the GPU.
+    pub fn scratch(&self) -> Option<&Scratch> {
         match &self.exec {
-            Exec::Cpu { scratch, .. } => scratch,
-            Exec::Cuda { .. } => panic!("a GPU session's buffers are in device memory"),
+            Exec::Cpu { scratch, .. } => Some(scratch),
+            Exec::Cuda { .. } => None,
         }
     }
 
