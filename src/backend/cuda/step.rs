@@ -258,7 +258,7 @@ impl CudaSession {
                 ];
                 let grid = blocks_for(heads * used * row / 2);
                 self.gpu
-                    .launch(&self.stream, "kv_copy_f16", grid, 256, &args)?;
+                    .launch(&self.stream, "kv_copy_u16", grid, 256, &args)?;
             }
         }
         self.gpu.synchronize(&self.stream)

@@ -96,7 +96,7 @@ extern "C" __global__ void kv_store_q8_0(const float* k, const float* v, u8* kc,
 
 // Copy the first `n` u16 of each of `heads` heads (`stride` u16 apart) of one slot's keys or
 // values to another slot's (either element type): prefix reuse between sequences.
-extern "C" __global__ void kv_copy_f16(const u16* src, u16* dst, int heads, long n,
+extern "C" __global__ void kv_copy_u16(const u16* src, u16* dst, int heads, long n,
                                        long stride) {
     long total = (long)heads * n;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
