@@ -160,6 +160,24 @@ fn q8_0_kv_cache_agrees_with_the_cpu() {
     }
 }
 
+/// With f32 decode attention (`set_cuda_mirror(false)`, `KILN_CUDA_MIRROR=0`) and a context
+/// too short to split, decode rows still get their attention: a tiled prompt, then decode,
+/// agrees with the CPU. (Decode rows once took the tiled prompt's mode, which no kernel ran.)
+#[test]
+fn f32_decode_attention_after_a_tiled_prompt_agrees_with_the_cpu() {
+    let Some(_gpu) = gpu("f32_decode_attention_after_a_tiled_prompt_agrees_with_the_cpu") else {
+        return;
+    };
+    let stem = "random-llama-q4_0";
+    let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
+    let prompt: Vec<u32> = (0..80).map(|i| (i * 37 % 200 + 3) as u32).collect();
+    let cpu = run(&mut session(&m, Device::Cpu, 256), &prompt, 6);
+    let mut s = session(&m, Device::Cuda, 256);
+    s.set_cuda_mirror(false);
+    let gpu = run(&mut s, &prompt, 6);
+    check(&format!("{stem}, f32 decode attention"), cpu, gpu, 4, 0.05);
+}
+
 /// Fused ops change no bits: a norm with the 8-bit quantizer of the products after it, q, k
 /// and v in one launch, the gated FFN in one, the residual add in the output projections'
 /// epilogue. Prompt and decode with fusion on equal those with every op alone, on models whose

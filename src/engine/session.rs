@@ -267,6 +267,14 @@ impl Session {
         }
     }
 
+    /// On the GPU, the CPU's f16 attention arithmetic on short decode contexts, or f32
+    /// (`KILN_CUDA_MIRROR=0`); nothing on the CPU.
+    pub fn set_cuda_mirror(&mut self, on: bool) {
+        if let Exec::Cuda { s, .. } = &mut self.exec {
+            s.set_mirror(on);
+        }
+    }
+
     /// Whether `n` more tokens would overflow the context.
     pub fn would_overflow(&self, n: usize) -> bool {
         self.seq.would_overflow(n)

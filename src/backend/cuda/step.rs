@@ -276,6 +276,13 @@ impl CudaSession {
         self.graphs.clear();
     }
 
+    /// Follow the CPU's f16 attention arithmetic on short decode contexts (the default), or not
+    /// (f32, as `KILN_CUDA_MIRROR=0`); recorded graphs are dropped.
+    pub fn set_mirror(&mut self, on: bool) {
+        self.mirror = on;
+        self.graphs.clear();
+    }
+
     /// Decode graphs recorded so far.
     pub fn graphs(&self) -> usize {
         self.graphs.len()
@@ -515,7 +522,7 @@ impl Backend for CudaStep<'_> {
             let mode = match sq.n_tokens {
                 1 if s.mirror => 2,
                 n if n > 1 && n < TILE_Q => 1,
-                _ if s.tile => 3,
+                n if s.tiled(n) => 3,
                 _ => 0,
             };
             s.host_i32[j..j + sq.n_tokens].fill(mode);

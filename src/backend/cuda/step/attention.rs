@@ -11,13 +11,16 @@ use crate::model::config::ModelConfig;
 
 /// The prompt attention kernel for `rows` rows and its grid: 64 query vectors per block
 /// (`attend_tile_*`), or 32 or 16 where 64 would make fewer than 256 blocks (models with few
-/// kv heads: more blocks, each reading its keys for fewer queries). `KILN_CUDA_TILE_Q` sets it.
+/// kv heads: more blocks, each reading its keys for fewer queries). `KILN_CUDA_TILE_Q` (64, 32
+/// or 16, read once) sets it.
 fn tile_kernel(c: &ModelConfig, rows: usize, q8: bool) -> (&'static str, usize) {
     let group = c.n_heads / c.n_kv_heads;
     let blocks = |per: usize| (rows * group).div_ceil(per) * c.n_kv_heads;
-    let forced = std::env::var("KILN_CUDA_TILE_Q")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        let v = std::env::var("KILN_CUDA_TILE_Q").ok()?.parse().ok()?;
+        [64, 32, 16].contains(&v).then_some(v)
+    });
     let per = forced.unwrap_or_else(|| {
         [64, 32, 16]
             .into_iter()
@@ -32,11 +35,15 @@ fn tile_kernel(c: &ModelConfig, rows: usize, q8: bool) -> (&'static str, usize) 
         (_, false) => "attend_tile_f16",
         (_, true) => "attend_tile_q8_0",
     };
-    let per = if per == 16 || per == 32 { per } else { 64 };
     (name, blocks(per))
 }
 
 impl CudaSession {
+    /// Whether a sequence's pass of `n_tokens` attends in tiles (its rows' mode 3).
+    pub(super) fn tiled(&self, n_tokens: usize) -> bool {
+        self.tile && n_tokens >= TILE_Q
+    }
+
     /// Attention of a step's rows of layer `layer` (`window` 0: none) into `Attn`.
     pub(super) fn attention(
         &mut self,
@@ -96,7 +103,7 @@ impl CudaSession {
             // Decode: the keys split over many blocks, then merged.
             Some(sp) if decode && rows <= sp.rows => {
                 let part = self.at(sp.part);
-                // The row kernel's arguments with `part` after `out`, then the split'self.
+                // The row kernel's arguments with `part` after `out`, then the split's.
                 let split: [Arg; 20] = std::array::from_fn(|i| match i {
                     0..=7 => attend[i],
                     8 => Arg::P(part),
@@ -125,10 +132,13 @@ impl CudaSession {
                 self.go("attend_merge", (rows * c.n_heads) as u32, block, &merge);
             }
             _ => {
-                // Rows of passes of TILE_Q tokens or more (mode 3) in tiles, the others (if
-                // any) one block per row and head.
-                let long = |sq: &SeqBatch<'_, CudaKv>| sq.n_tokens >= TILE_Q;
-                if self.tile && seqs.iter().any(long) {
+                // Rows of tiled passes (mode 3) in tiles, the others (if any) one block per
+                // row and head.
+                let (any, all) = (
+                    seqs.iter().any(|sq| self.tiled(sq.n_tokens)),
+                    seqs.iter().all(|sq| self.tiled(sq.n_tokens)),
+                );
+                if any {
                     // The row kernel's arguments with the row count after `out` and
                     // without `ctx` (a tile's keys are its rows' own).
                     let tile: [Arg; 17] = std::array::from_fn(|i| match i {
@@ -140,7 +150,7 @@ impl CudaSession {
                     let (name, tiles) = tile_kernel(c, rows, q8);
                     self.go(name, tiles as u32, 256, &tile);
                 }
-                if !self.tile || !seqs.iter().all(long) {
+                if !all {
                     let name = if q8 { "attend_q8_0" } else { "attend_f16" };
                     self.go(name, (rows * c.n_heads) as u32, block, &attend)
                 }
