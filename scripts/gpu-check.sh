@@ -31,6 +31,14 @@ for l in sys.stdin:
         strip -o "/tmp/$t-gpu" "$exe" && xz -T0 -6 -c "/tmp/$t-gpu" > ".gpu/$t.xz"
         rm -f ".gpu/$t"
     done
+    # The library's unit tests, for the CPU kernels of the host (its AMX tier, #19).
+    exe=$(cargo test --release --lib --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["lib"]: print(m["executable"])')
+    strip -o /tmp/kiln-lib-gpu "$exe" && xz -T0 -6 -c /tmp/kiln-lib-gpu > .gpu/kiln-lib.xz
+    rm -f .gpu/kiln-lib
     # The fixture models the tests use are made from tests/golden (it travels with the tree).
     local models=${KILN_MODELS:-$HOME/.cache/kiln/models}
     for pair in smollm2:SmolLM2-135M-Instruct.Q4_1 gemma3:gemma-3-270m-q4_k_m; do
@@ -60,7 +68,8 @@ run() {
     for f in .gpu/*.xz; do [ -f "$f" ] && xz -d -c "$f" > "${f%.xz}" && chmod +x "${f%.xz}"; done
     for f in .gpu/models/*.head.xz; do [ -f "$f" ] && xz -d -c "$f" > "${f%.xz}"; done
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
-    lscpu | grep -E '^Model name' || true
+    lscpu | grep -E '^(Model name|Thread|Core|Socket|NUMA node\(s\)|L2|L3)' || true
+    echo "CPU tiles: $(grep -o 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
     # The reference (llama.cpp CUDA) builds in the background while the tests run (~6 min).
     local ref=.gpu/llama.cpp
     # A llama-bench brought back by an earlier run (static, xz parts) saves the build.
@@ -97,6 +106,8 @@ run() {
         echo "== kernel tests (${SECONDS}s)"
         timeout 120 .gpu/cuda_ops --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
         KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
+        echo "== CPU kernel tests (${SECONDS}s): quant, AMX among them where the host has it"
+        timeout 120 .gpu/kiln-lib quant:: --test-threads 4 --nocapture 2>&1 | grep -E "skipped|panicked|test result" | tail -8 || true
         echo "== GPU tests (${SECONDS}s)"
         timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
         # (The served test needs this machine's kiln binary and software GPU.)
@@ -166,11 +177,26 @@ run() {
             done
         done
     fi
-    # kiln on the host's CPU by thread count (KILN_CPU_THREADS, e.g. "2 8 16"; issue #19).
+    # The host's CPU by thread count (KILN_CPU_THREADS, e.g. "2 8 16"; issue #19): kiln on its
+    # best tier, kiln held to AVX-512 VNNI (KILN_CPU_AB=1: without the AMX tier), and the
+    # reference on the CPU alone (no CUDA device visible), on KILN_CPU_MODELS (default smol).
     for t in ${KILN_CPU_THREADS:-}; do
         [ "$t" = "${KILN_CPU_THREADS%% *}" ] && echo "== CPU ($(nproc) threads here; ${SECONDS}s)"
-        echo "smol CPU -t $t: $(timeout 90 .gpu/kiln bench -m $m/smol.gguf -t $t -p 512 -n 64 -r 2 --json 2>/dev/null |
-            python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)"
+        for c in ${KILN_CPU_MODELS:-smol}; do
+            [ -f $m/$c.gguf ] || continue
+            local isas=default
+            [ -n "${KILN_CPU_AB:-}" ] && isas="default avx512vnni"
+            for isa in $isas; do
+                local e=
+                [ "$isa" = default ] || e="KILN_ISA=$isa"
+                echo "$c CPU -t $t kiln ${isa}: $(env $e timeout 120 .gpu/kiln bench -m $m/$c.gguf -t $t -p 512 -n 64 -r 2 --json 2>/dev/null |
+                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f (%s)"%(r["test"],r["avg_ts"],r.get("kernels","")) for r in d))' || echo failed)"
+            done
+            if [ -x $ref/build/bin/llama-bench ]; then
+                echo "$c CPU -t $t llama.cpp: $(CUDA_VISIBLE_DEVICES= timeout 120 $ref/build/bin/llama-bench -m $m/$c.gguf -ngl 0 -t $t -p 512 -n 64 -r 2 -o json 2>/dev/null |
+                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%("pp%d"%x["n_prompt"] if x["n_prompt"] else "tg%d"%x["n_gen"], x["avg_ts"]) for x in d))' || echo failed)"
+            fi
+        done
     done
     # Where a decode step's time goes (KILN_PROFILE; ops run one at a time, each timed with a
     # synchronization, so small ops carry the launch; the totals rank them).

@@ -197,6 +197,53 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
 /// the unsigned quants and add `m_w · s_x` per block into a separate sum (fused), added after
 /// the lanes. `w` and `x` hold `n / 32` blocks.
 pub fn t32_dot_lanes(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
+    let (wb, xb) = t32_blocks(ty, w, x, n);
+    let mut acc = [0f32; 8];
+    let mut ms = 0f32;
+    for (&(d, m, q), &(yd, ys, yq)) in wb.iter().zip(&xb) {
+        let prod = d * yd;
+        for (l, a) in acc.iter_mut().enumerate() {
+            let dot: i32 = (4 * l..4 * l + 4).map(|i| q[i] * i32::from(yq[i])).sum();
+            *a = prod.mul_add(dot as f32, *a);
+        }
+        ms = m.mul_add(ys, ms);
+    }
+    if super::dot_type(ty) == GgmlType::Q8_1 {
+        hsum8(acc) + ms
+    } else {
+        hsum8(acc)
+    }
+}
+
+/// The AMX tier's dot of a 32-element format (`x86::amx`), in scalar code: one lane, taking
+/// per block the exact integer dot of all 32 elements, converted and fused-multiply-added with
+/// `d_w · d_x`; the minimum's `m_w · s_x` summed apart (fused) and added at the end, as in
+/// [`t32_dot_lanes`]. An AMX tile product yields a block's whole integer dot, so this order,
+/// unlike the reference's 8 lanes, is one a tile kernel can keep.
+pub fn t32_dot_blocks(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
+    let (wb, xb) = t32_blocks(ty, w, x, n);
+    let (mut acc, mut ms) = (0f32, 0f32);
+    for (&(d, m, q), &(yd, ys, yq)) in wb.iter().zip(&xb) {
+        let dot: i32 = (0..32).map(|i| q[i] * i32::from(yq[i])).sum();
+        acc = (d * yd).mul_add(dot as f32, acc);
+        ms = m.mul_add(ys, ms);
+    }
+    if super::dot_type(ty) == GgmlType::Q8_1 {
+        acc + ms
+    } else {
+        acc
+    }
+}
+
+/// Weight blocks `(d, m, quants)` and activation blocks `(d, s, quants)` of a 32-element
+/// format's row pair, scales in f32 (`m`, `s`: 0 where the format has none).
+#[allow(clippy::type_complexity)]
+fn t32_blocks(
+    ty: GgmlType,
+    w: &[u8],
+    x: &[u8],
+    n: usize,
+) -> (Vec<(f32, f32, [i32; 32])>, Vec<(f32, f32, [i8; 32])>) {
     use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
     use super::reference::{bit5, nibble};
     use std::mem::size_of;
@@ -239,7 +286,7 @@ pub fn t32_dot_lanes(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
         GgmlType::Q8_0 => blocks(w, nb, |b: &BlockQ8_0| {
             (b.d.to_f32(), 0.0, b.qs.map(i32::from))
         }),
-        _ => panic!("{ty}: no 8-lane order here"),
+        _ => panic!("{ty}: not a 32-element format"),
     };
     // Each activation block's `d`, `s` (Q8_1 only) and quants.
     let xb: Vec<(f32, f32, [i8; 32])> = if super::dot_type(ty) == GgmlType::Q8_1 {
@@ -255,19 +302,5 @@ pub fn t32_dot_lanes(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
             .map(|y| (y.d.to_f32(), 0.0, y.qs))
             .collect()
     };
-    let mut acc = [0f32; 8];
-    let mut ms = 0f32;
-    for (&(d, m, q), &(yd, ys, yq)) in wb.iter().zip(&xb) {
-        let prod = d * yd;
-        for (l, a) in acc.iter_mut().enumerate() {
-            let dot: i32 = (4 * l..4 * l + 4).map(|i| q[i] * i32::from(yq[i])).sum();
-            *a = prod.mul_add(dot as f32, *a);
-        }
-        ms = m.mul_add(ys, ms);
-    }
-    if super::dot_type(ty) == GgmlType::Q8_1 {
-        hsum8(acc) + ms
-    } else {
-        hsum8(acc)
-    }
+    (wb, xb)
 }

@@ -105,17 +105,22 @@ pub enum Isa {
     Avx512,
     /// AVX-512 plus VNNI (`vpdpbusd` / `vpdpwssd`).
     Avx512Vnni,
+    /// AVX-512 VNNI plus AMX's int8 tiles (prompt products of the 32-element formats), where
+    /// the OS grants the tile state. Its 32-element products sum each block's whole integer
+    /// dot ([`kquant_order::t32_dot_blocks`]) instead of the reference's 8 lanes.
+    Amx,
     /// AArch64 Advanced SIMD.
     Neon,
 }
 
 impl Isa {
     /// Every tier, weakest first.
-    pub const ALL: [Isa; 5] = [
+    pub const ALL: [Isa; 6] = [
         Isa::Scalar,
         Isa::Avx2,
         Isa::Avx512,
         Isa::Avx512Vnni,
+        Isa::Amx,
         Isa::Neon,
     ];
 
@@ -156,6 +161,8 @@ impl Isa {
             Isa::Avx512 => x86::has_avx512(),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => x86::has_avx512vnni(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => x86::has_amx(),
             #[cfg(target_arch = "aarch64")]
             Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)]
@@ -167,7 +174,9 @@ impl Isa {
     fn has_kernels(self) -> bool {
         match self {
             Isa::Scalar => true,
-            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => cfg!(target_arch = "x86_64"),
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => {
+                cfg!(target_arch = "x86_64")
+            }
             Isa::Neon => cfg!(target_arch = "aarch64"),
         }
     }
@@ -178,6 +187,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Avx512Vnni => "avx512vnni",
+            Isa::Amx => "amx",
             Isa::Neon => "neon",
         }
     }
@@ -226,7 +236,8 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
             return None;
         }
         let gemm: GemmFn = match (k.isa, k.weight) {
-            (Isa::Avx512Vnni, GgmlType::Q6K) => x86::gemm_q6k_x16,
+            (Isa::Avx512Vnni | Isa::Amx, GgmlType::Q6K) => x86::gemm_q6k_x16,
+            (Isa::Amx, ty) => x86::groups_amx::group_gemm(ty)?,
             (Isa::Avx512Vnni, ty) => x86::groups_vnni::group_gemm(ty)?,
             (Isa::Avx512, ty) => x86::groups_avx512::group_gemm(ty)?,
             (Isa::Avx2, ty) => x86::groups_avx2::group_gemm(ty)?,
@@ -297,7 +308,7 @@ pub fn kernels_for(weight: GgmlType, isa: Isa) -> Result<Kernels, QuantError> {
     Ok(match isa {
         Isa::Scalar => scalar,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => x86::kernels(scalar, isa),
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => x86::kernels(scalar, isa),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => neon::kernels(scalar),
         #[allow(unreachable_patterns)]

@@ -458,7 +458,12 @@ fn available_tiers_report_themselves() {
     }
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
-        assert_eq!(Isa::detect(), Isa::Avx512Vnni);
+        let best = if Isa::Amx.is_available() {
+            Isa::Amx
+        } else {
+            Isa::Avx512Vnni
+        };
+        assert_eq!(Isa::detect(), best);
     }
     #[cfg(not(target_arch = "aarch64"))]
     assert!(matches!(
@@ -748,6 +753,11 @@ fn repacked_kquants_match_reference_order() {
                             let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * x_stride..]);
                             let want = match exact_order(isa, ty, wi, xj, n, nx, j) {
                                 Some(v) => v,
+                                // The AMX tier's groups of the 32-element formats: whole
+                                // blocks' integer dots.
+                                None if isa == Isa::Amx && i < rows / g * g => {
+                                    super::kquant_order::t32_dot_blocks(ty, wi, xj, n)
+                                }
                                 // The 32-element formats: the plain layout's kernel, and the
                                 // reference's 8-lane order written out in scalar code.
                                 None => {
@@ -774,15 +784,18 @@ fn repacked_kquants_match_reference_order() {
         }
     }
     // Every x86 tier from AVX2 up repacks Q4_K (3 shapes and 4 scale regimes) and the
-    // 32-element formats (5 of them, 4 shapes and 4 scale regimes each), AVX-512 VNNI Q6_K too;
-    // elsewhere this test checks nothing.
+    // 32-element formats (5 of them, 4 shapes and 4 scale regimes each), AVX-512 VNNI and AMX
+    // Q6_K too; elsewhere this test checks nothing.
     let avail = Isa::available();
     let x86_tiers = avail
         .iter()
-        .filter(|isa| matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni))
+        .filter(|isa| matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx))
         .count();
-    let vnni = usize::from(avail.contains(&Isa::Avx512Vnni));
-    let expect = x86_tiers * (3 * 4 + 5 * 4 * 4) + vnni * 3 * 4;
+    let q6k = avail
+        .iter()
+        .filter(|isa| matches!(isa, Isa::Avx512Vnni | Isa::Amx))
+        .count();
+    let expect = x86_tiers * (3 * 4 + 5 * 4 * 4) + q6k * 3 * 4;
     assert_eq!(tested, expect, "repacked kernels missing on this machine");
 }
 
@@ -806,7 +819,7 @@ fn long_rows_stay_plain() {
                 "{ty} {isa:?}"
             );
             let fits = super::repacking(&k, 16, 8192).is_some();
-            let x86 = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni);
+            let x86 = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx);
             assert_eq!(fits, x86, "{ty} {isa:?}");
         }
     }

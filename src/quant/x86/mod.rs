@@ -7,6 +7,7 @@
 //! points, so the same source compiles to AVX2 code, to AVX-512VL code, and to AVX-512 VNNI code
 //! (`vpdpbusd` / `vpdpwssd`, see `avx512.rs`).
 
+mod amx;
 mod avx2;
 mod avx512;
 mod q4k_x16;
@@ -38,6 +39,8 @@ pub(super) fn has_avx512() -> bool {
 pub(super) fn has_avx512vnni() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vnni")
 }
+
+pub(super) use amx::has_amx;
 
 /// Generates one tier: `#[target_feature]` entry points instantiating the generic kernels with
 /// the tier's integer-dot primitive, and safe wrappers that check buffer lengths first.
@@ -234,6 +237,12 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
         Isa::Avx2 => tier_avx2::table(scalar),
         Isa::Avx512 => tier_avx512::table(scalar),
         Isa::Avx512Vnni => tier_vnni::table(scalar),
+        // AVX-512 VNNI's kernels, but for the repacked groups of the 32-element formats
+        // (`repacking`: `groups_amx`).
+        Isa::Amx => Kernels {
+            isa: Isa::Amx,
+            ..tier_vnni::table(scalar)
+        },
         Isa::Scalar | Isa::Neon => scalar,
     }
 }
@@ -425,6 +434,7 @@ group_gemms!(
     t32_x16,
     q4k_x16::gemm_tf
 );
+group_gemms!(groups_amx, tier_vnni, has_amx, amx, q4k_x16::gemm_tf);
 group_gemm!(
     /// [`gemm_groups`] for Q6_K (AVX-512 VNNI only: read 8 rows at a time it was slower than
     /// the row-major kernel).

@@ -148,7 +148,7 @@ unsafe fn batch<F: Group32>(
 /// # Safety
 /// `xp` points to a whole activation block; AVX-512 F and F16C.
 #[inline(always)]
-unsafe fn dx(xp: *const u8) -> __m512 {
+pub(super) unsafe fn dx(xp: *const u8) -> __m512 {
     _mm512_broadcastss_ps(f16x2_at(xp))
 }
 
@@ -157,7 +157,7 @@ unsafe fn dx(xp: *const u8) -> __m512 {
 /// # Safety
 /// `xp` points to a whole Q8_1 block; AVX-512 F and F16C.
 #[inline(always)]
-unsafe fn sx(xp: *const u8) -> __m512 {
+pub(super) unsafe fn sx(xp: *const u8) -> __m512 {
     _mm512_broadcastss_ps(_mm_movehdup_ps(f16x2_at(xp)))
 }
 
@@ -166,7 +166,7 @@ unsafe fn sx(xp: *const u8) -> __m512 {
 /// # Safety
 /// `sb` points to a whole block of such a layout; AVX-512 F.
 #[inline(always)]
-unsafe fn m16(sb: *const u8) -> __m512 {
+pub(super) unsafe fn m16(sb: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(sb.add(Nib32::M_AT).cast()))
 }
 
@@ -189,7 +189,7 @@ unsafe fn finish<F: Group32>(acc: &[__m512; 8], ms: __m512) -> __m512 {
 /// # Safety
 /// `xp` points to a whole activation block; AVX-512 VL and VNNI.
 #[inline(always)]
-unsafe fn corrections<F: Group32>(xp: *const u8) -> __m512i {
+pub(super) unsafe fn corrections<F: Group32>(xp: *const u8) -> __m512i {
     if F::OFFSET == 0 {
         return _mm512_setzero_si512();
     }
@@ -204,7 +204,7 @@ unsafe fn corrections<F: Group32>(xp: *const u8) -> __m512i {
 /// # Safety
 /// `sb` points to a whole block of the layout; AVX-512 F.
 #[inline(always)]
-unsafe fn d16(sb: *const u8) -> __m512 {
+pub(super) unsafe fn d16(sb: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast()))
 }
 
