@@ -395,14 +395,18 @@ impl<'a> Backend for Cpu<'a> {
 
     fn scale(&mut self, buf: Buf, s: f32, rows: usize) {
         let width = self.width(buf);
-        ops::scale_inplace(&mut Parts::of(self.s).take(buf)[..rows * width], s);
+        let x = &mut Parts::of(self.s).take(buf)[..rows * width];
+        par_rows(&self.rt.pool, x, width, &|_, v| ops::scale_inplace(v, s));
     }
 
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
         let width = self.width(dst);
         let mut p = Parts::of(self.s);
         let (d, x) = (p.take(dst), p.take(src));
-        ops::add_inplace(&mut d[..rows * width], &x[..rows * width]);
+        let x = &x[..rows * width];
+        par_rows(&self.rt.pool, &mut d[..rows * width], width, &|rs, d| {
+            ops::add_inplace(d, &x[rs.start * width..rs.end * width])
+        });
     }
 
     fn attend(

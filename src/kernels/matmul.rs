@@ -12,6 +12,7 @@
 use super::pool::{DisjointSlice, ThreadPool};
 use crate::gguf::TensorBytes;
 use crate::quant::{self, repack, GgmlType, Kernels};
+use std::ops::Range;
 
 /// Rows computed per call of the gemm micro-kernel.
 const TILE_ROWS: usize = 16;
@@ -232,7 +233,7 @@ pub fn matmul_many(
     let segments = segments_of(&scratch.segments, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let tile_bytes = TILE_ROWS * lins[0].row_bytes;
-    let run = &|tid: usize, mine: std::ops::Range<usize>| {
+    let run = &|tid: usize, mine: Range<usize>, tokens: Range<usize>| {
         // SAFETY: thread `tid` owns tile `tid` while it runs a range.
         let tile = unsafe { tiles.part(2 * tid * tile_len..(2 * tid + 1) * tile_len) };
         let mut base = 0;
@@ -243,8 +244,8 @@ pub fn matmul_many(
             for t in mine.start.max(lt.start)..mine.end.min(lt.end) {
                 let i = (t - lt.start) * TILE_ROWS;
                 let nw = (lin.out_dim - i).min(TILE_ROWS);
-                gemm_tile(lin, i, nw, xq, xq_stride, n, segments, tile);
-                store_tile(out, lin.out_dim, i, nw, n, tile);
+                gemm_tile(lin, i, nw, xq, xq_stride, tokens.clone(), segments, tile);
+                store_tile(out, lin.out_dim, i, nw, tokens.clone(), tile);
             }
         }
     };
@@ -254,16 +255,65 @@ pub fn matmul_many(
         pool.run_split(
             total_tiles,
             (SPLIT_GRAIN_BYTES / tile_bytes.max(1)).max(1),
-            run,
+            &|tid, mine| run(tid, mine, 0..n),
         );
     } else {
-        let (item_tiles, n_items) = items(pool, total_tiles);
-        pool.run_items(n_items, &|tid, item| {
-            run(
-                tid,
-                item * item_tiles..((item + 1) * item_tiles).min(total_tiles),
-            )
+        let split = Split::new(pool, total_tiles, n, lins);
+        pool.run_items(split.n_items, &|tid, item| {
+            let (mine, tokens) = split.item(item);
+            run(tid, mine, tokens)
         });
+    }
+}
+
+/// A batch product's work items: runs of whole tiles, about [`ITEMS_PER_THREAD`] per thread,
+/// taken dynamically. A product with fewer tiles than that (a narrow matrix on many threads)
+/// also splits the batch's tokens into parts of whole 16-row groups, each item one run of
+/// tiles over one part: the threads then finish together instead of idling through the last
+/// round. Only formats whose results do not depend on the batch ([`batch_dependent`]) split,
+/// so every output keeps its bits.
+struct Split {
+    item_tiles: usize,
+    total_tiles: usize,
+    part_tokens: usize,
+    parts: usize,
+    n: usize,
+    n_items: usize,
+}
+
+/// Fewest tokens in a part of a split batch (two 16-row tiles of an AMX product).
+const MIN_PART_TOKENS: usize = 32;
+
+impl Split {
+    fn new(pool: &ThreadPool, total_tiles: usize, n: usize, lins: &[&Linear]) -> Split {
+        let want = pool.n_threads() * ITEMS_PER_THREAD;
+        let item_tiles = total_tiles.div_ceil(want).max(1);
+        let tile_items = total_tiles.div_ceil(item_tiles);
+        let parts = if lins.iter().any(|l| batch_dependent(l.ty())) {
+            1
+        } else {
+            want.div_ceil(tile_items).min(n / MIN_PART_TOKENS).max(1)
+        };
+        let part_tokens = n.div_ceil(parts).next_multiple_of(16);
+        let parts = n.div_ceil(part_tokens);
+        Split {
+            item_tiles,
+            total_tiles,
+            part_tokens,
+            parts,
+            n,
+            n_items: tile_items * parts,
+        }
+    }
+
+    /// Item `item`'s tiles and tokens (consecutive items share a run of tiles, so its weights
+    /// stay in cache).
+    fn item(&self, item: usize) -> (Range<usize>, Range<usize>) {
+        let (t, p) = (item / self.parts, item % self.parts);
+        (
+            t * self.item_tiles..((t + 1) * self.item_tiles).min(self.total_tiles),
+            p * self.part_tokens..((p + 1) * self.part_tokens).min(self.n),
+        )
     }
 }
 
@@ -307,18 +357,20 @@ pub fn matmul_gated(
     let segments = segments_of(&scratch.segments, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let out = DisjointSlice::new(out);
-    let (item_tiles, n_items) = items(pool, total_tiles);
-    pool.run_items(n_items, &|tid, item| {
+    let split = Split::new(pool, total_tiles, n, &[gate, up]);
+    pool.run_items(split.n_items, &|tid, item| {
         // SAFETY: thread `tid` owns its pair of tiles while it runs an item.
         let pair = unsafe { tiles.part(2 * tid * tile_len..(2 * tid + 2) * tile_len) };
         let (tg, tu) = pair.split_at_mut(tile_len);
-        for t in item * item_tiles..((item + 1) * item_tiles).min(total_tiles) {
+        let (mine, tokens) = split.item(item);
+        let len = tokens.len();
+        for t in mine {
             let i = t * TILE_ROWS;
             let nw = (f - i).min(TILE_ROWS);
-            gemm_tile(gate, i, nw, xq, xq_stride, n, segments, tg);
-            gemm_tile(up, i, nw, xq, xq_stride, n, segments, tu);
-            act(&mut tg[..n * nw], &tu[..n * nw]);
-            store_tile(&out, f, i, nw, n, tg);
+            gemm_tile(gate, i, nw, xq, xq_stride, tokens.clone(), segments, tg);
+            gemm_tile(up, i, nw, xq, xq_stride, tokens.clone(), segments, tu);
+            act(&mut tg[..len * nw], &tu[..len * nw]);
+            store_tile(&out, f, i, nw, tokens.clone(), tg);
         }
     });
 }
@@ -361,16 +413,9 @@ fn tiles_of(l: &Linear) -> usize {
     l.out_dim.div_ceil(TILE_ROWS)
 }
 
-/// Work items of whole tiles, about [`ITEMS_PER_THREAD`] per thread, taken dynamically:
-/// `(tiles per item, items)`.
-fn items(pool: &ThreadPool, total_tiles: usize) -> (usize, usize) {
-    let item_tiles = total_tiles
-        .div_ceil(pool.n_threads() * ITEMS_PER_THREAD)
-        .max(1);
-    (item_tiles, total_tiles.div_ceil(item_tiles))
-}
-
-/// `tile[j * nw + r] = (lin row i + r) · (activation row j)` for `n` rows, bias added.
+/// `tile[(j - tokens.start) * nw + r] = (lin row i + r) · (activation row j)` for the
+/// activation rows `tokens` (all of the batch's, or, for a format that does not depend on the
+/// batch, any part of them: see [`Split`]), bias added.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tile(
     lin: &Linear,
@@ -378,10 +423,11 @@ fn gemm_tile(
     nw: usize,
     xq: &[u8],
     xq_stride: usize,
-    n: usize,
+    tokens: Range<usize>,
     segments: &[usize],
     tile: &mut [f32],
 ) {
+    let (xq, n) = (&xq[tokens.start * xq_stride..], tokens.len());
     let w = &lin.data[i * lin.row_bytes..(i + nw) * lin.row_bytes];
     let mut gemm = |j0: usize, len: usize| {
         // Activation rows in runs that stay in L2 while the weight tile passes over them;
@@ -418,19 +464,21 @@ fn gemm_tile(
     }
 }
 
-/// Rows `i..i+nw` of every token of `out` (`[n, out_dim]`) from `tile`.
+/// Rows `i..i+nw` of the tokens `tokens` of `out` (`[n, out_dim]`) from `tile` (token
+/// `tokens.start` first).
 fn store_tile(
     out: &DisjointSlice<f32>,
     out_dim: usize,
     i: usize,
     nw: usize,
-    n: usize,
+    tokens: Range<usize>,
     tile: &[f32],
 ) {
-    for j in 0..n {
-        // SAFETY: rows `i..i+nw` of every token belong to the calling thread alone.
+    let t0 = tokens.start;
+    for j in tokens {
+        // SAFETY: rows `i..i+nw` of these tokens belong to the calling thread alone.
         let dst = unsafe { out.part(j * out_dim + i..j * out_dim + i + nw) };
-        let src = &tile[j * nw..(j + 1) * nw];
+        let src = &tile[(j - t0) * nw..(j - t0 + 1) * nw];
         match (
             <&mut [f32; TILE_ROWS]>::try_from(&mut *dst),
             <&[f32; TILE_ROWS]>::try_from(src),
@@ -533,28 +581,47 @@ mod tests {
     }
 
     /// The pooled, tiled products (repacked layouts included, segments of independent
-    /// sequences included) give each output the bits of one gemm call over the plain matrix
-    /// and the whole batch (or the whole segment), and the gated product equals the two
-    /// products followed by the activation.
+    /// sequences included, batches split into parts of tokens on many threads included) give
+    /// each output the bits of one call of the matrix's kernels over the whole batch (or the
+    /// whole segment), and the gated product equals the two products followed by the
+    /// activation.
     #[test]
-    fn pooled_products_match_one_plain_gemm() {
+    fn pooled_products_match_whole_batch_gemms() {
         let mut rng = Rng(0x3a7);
-        let pool = ThreadPool::new(2);
         let (n, rows) = (512, 40);
-        for ty in [
-            GgmlType::Q4K,
-            GgmlType::Q6K,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-            GgmlType::Q4_1,
+        for (ty, threads) in [
+            (GgmlType::Q4K, 2),
+            (GgmlType::Q6K, 2),
+            (GgmlType::Q5_0, 2),
+            (GgmlType::Q8_0, 2),
+            (GgmlType::Q4_1, 2),
+            (GgmlType::Q4K, 6),
+            (GgmlType::Q4_0, 6),
+            (GgmlType::Q5_1, 6),
         ] {
-            let (gate, gate_plain) = random_linear(ty, n, rows, &mut rng);
-            let (up, up_plain) = random_linear(ty, n, rows, &mut rng);
-            for (tokens, segs) in [(1, vec![]), (5, vec![]), (37, vec![]), (13, vec![6, 7])] {
+            let pool = ThreadPool::new(threads);
+            let (gate, _) = random_linear(ty, n, rows, &mut rng);
+            let (up, _) = random_linear(ty, n, rows, &mut rng);
+            for (tokens, segs) in [
+                (1, vec![]),
+                (5, vec![]),
+                (37, vec![]),
+                (13, vec![6, 7]),
+                (200, vec![]),
+                (100, vec![64, 36]),
+            ] {
+                if threads > 2 && tokens > 1 {
+                    // 3 tiles on 6 threads: a product of 64 tokens or more splits them.
+                    let split = Split::new(&pool, 3, tokens, &[&gate]);
+                    let splits = !batch_dependent(ty) && tokens >= 64;
+                    assert_eq!(split.parts > 1, splits, "{ty} {tokens} tokens");
+                    assert!(split.part_tokens.is_multiple_of(16));
+                    assert_eq!(split.item(split.n_items - 1).1.end, tokens);
+                }
                 let x: Vec<f32> = (0..tokens * n).map(|_| rng.uniform() * 3.0).collect();
                 let rb = gate.act_row_bytes();
                 let mut xq = vec![0u8; tokens * rb];
-                let mut scratch = MatmulScratch::new(tokens, 2);
+                let mut scratch = MatmulScratch::new(tokens, threads);
                 scratch.set_segments(segs.iter().copied());
                 quantize_input(&pool, &gate, &x, tokens, &mut xq);
                 let (mut og, mut ou) = (vec![0f32; tokens * rows], vec![0f32; tokens * rows]);
@@ -567,9 +634,10 @@ mod tests {
                     &mut [&mut og, &mut ou],
                     &mut scratch,
                 );
-                // One call of the plain kernels per segment, all rows at once.
-                let plain = |w: &[u8]| {
-                    let k = quant::kernels(ty).unwrap();
+                // The matrix's own kernels, one call per group of rows (or the rows after the
+                // last group) and segment, all of the segment's tokens at once.
+                let whole = |lin: &Linear| {
+                    let (k, g) = (lin.kernels, lin.kernels.group);
                     let mut out = vec![0f32; tokens * rows];
                     let lens = if segs.is_empty() {
                         vec![tokens]
@@ -577,15 +645,18 @@ mod tests {
                         segs.clone()
                     };
                     let mut j0 = 0;
+                    let rw = lin.row_bytes;
                     for len in lens {
-                        let row_w = ty.row_bytes(n).unwrap();
                         let x = &xq[j0 * rb..];
-                        (k.gemm)(n, w, row_w, rows, x, rb, len, &mut out[j0 * rows..], rows);
+                        for i in (0..rows).step_by(g) {
+                            let (w, nw) = (&lin.data[i * rw..], (rows - i).min(g));
+                            (k.gemm)(n, w, rw, nw, x, rb, len, &mut out[j0 * rows + i..], rows);
+                        }
                         j0 += len;
                     }
                     out
                 };
-                let (wg, wu) = (plain(&gate_plain), plain(&up_plain));
+                let (wg, wu) = (whole(&gate), whole(&up));
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&og), bits(&wg), "{ty} gate, {tokens} tokens {segs:?}");
                 assert_eq!(bits(&ou), bits(&wu), "{ty} up, {tokens} tokens {segs:?}");
