@@ -254,6 +254,21 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
     None
 }
 
+/// Whether `isa`'s repacked groups of the 32-element format `ty` sum each block's whole integer
+/// dot ([`kquant_order::t32_dot_blocks`]) instead of the reference's 8 lanes
+/// ([`kquant_order::t32_dot_lanes`]): the AMX tier's (a tile product yields whole blocks), and
+/// Q4_0's on every x86 tier, where this is the reference engine's own arithmetic (from AVX2 up
+/// it rearranges Q4_0 matrices at load and sums whole blocks over them). Plain rows keep the
+/// 8 lanes, as the reference's plain dot does.
+pub fn sums_whole_blocks(isa: Isa, ty: GgmlType) -> bool {
+    ty.block_size() == 32
+        && match isa {
+            Isa::Amx => true,
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => ty == GgmlType::Q4_0,
+            Isa::Scalar | Isa::Neon => false,
+        }
+}
+
 /// Stack a repacked-group kernel uses for a batch (its decoded weights), at most.
 #[cfg(target_arch = "x86_64")]
 pub const GROUP_KERNEL_STACK_BYTES: usize = x86::GROUP_KERNEL_STACK_BYTES;

@@ -753,9 +753,8 @@ fn repacked_kquants_match_reference_order() {
                             let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * x_stride..]);
                             let want = match exact_order(isa, ty, wi, xj, n, nx, j) {
                                 Some(v) => v,
-                                // The AMX tier's groups of the 32-element formats: whole
-                                // blocks' integer dots.
-                                None if isa == Isa::Amx && i < rows / g * g => {
+                                // Groups that sum whole blocks' integer dots.
+                                None if super::sums_whole_blocks(isa, ty) && i < rows / g * g => {
                                     super::kquant_order::t32_dot_blocks(ty, wi, xj, n)
                                 }
                                 // The 32-element formats: the plain layout's kernel, and the

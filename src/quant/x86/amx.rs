@@ -18,12 +18,14 @@
 //!   registers (one per activation row, 16 weight rows each). Two blocks are in flight at a
 //!   time, in two sets of tiles.
 //!
-//! Rows after the last 16 (and a decode's single row) run on AVX-512 VNNI, in the same order.
+//! Rows after the last 16 (and a decode's single row) run on AVX-512 VNNI, in the same order
+//! (`t32_blocks::row`).
 //!
 //! The tile instructions go through [`Tiles`]: [`Hw`] issues them; the tests run the same
 //! kernel over `Model`, which computes them in software, so the layouts are checked on any
 //! AVX-512 VNNI machine, and the instructions themselves where the CPU has AMX.
 
+use super::t32_blocks::row;
 use super::t32_x16::{d16, dx, m16, sx, Group32, MAX_BLOCKS};
 use core::arch::asm;
 use core::arch::x86_64::*;
@@ -277,65 +279,6 @@ pub(super) unsafe fn gemm_on<F: Group32, T: Tiles>(
     }
 }
 
-/// One activation row on VNNI: per block, the 8 lanes' `dpbusd` into one integer (less
-/// `OFFSET · Σ y`), scaled and added in f32.
-///
-/// # Safety
-/// AVX-512 F/BW/VL and VNNI; `w` holds `nb` blocks of the layout, `x` `nb` activation blocks.
-#[inline(always)]
-unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> __m512 {
-    let mut acc = _mm512_setzero_ps();
-    let mut ms = _mm512_setzero_ps();
-    for b in 0..nb {
-        let sb = w.add(b * F::BYTES);
-        let xp = x.add(b * F::XB);
-        let prod = _mm512_mul_ps(d16(sb), dx(xp));
-        let y = |l: usize| {
-            _mm512_set1_epi32(core::ptr::read_unaligned(
-                xp.add(F::XQ + 4 * l).cast::<i32>(),
-            ))
-        };
-        // Eight independent lane dots (one chain would wait on each `dpbusd`), then added:
-        // integers, so the order does not matter.
-        let zero = _mm512_setzero_si512();
-        let mut lanes = [zero; 8];
-        for j in 0..4 {
-            let [lo, hi] = F::values(sb, j);
-            lanes[j] = _mm512_dpbusd_epi32(zero, lo, y(j));
-            lanes[j + 4] = _mm512_dpbusd_epi32(zero, hi, y(j + 4));
-        }
-        let s: [__m512i; 4] = core::array::from_fn(|i| _mm512_add_epi32(lanes[i], lanes[i + 4]));
-        let dot = _mm512_sub_epi32(
-            _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3])),
-            _mm512_set1_epi32(offset_sum::<F>(xp)),
-        );
-        acc = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(dot), acc);
-        if F::MIN {
-            ms = _mm512_fmadd_ps(m16(sb), sx(xp), ms);
-        }
-    }
-    if F::MIN {
-        _mm512_add_ps(acc, ms)
-    } else {
-        acc
-    }
-}
-
-/// `OFFSET · Σ y` over the activation block's 32 quants (0 for unsigned formats).
-///
-/// # Safety
-/// `xp` points to a whole activation block; AVX-512 F/VL and VNNI.
-#[inline(always)]
-unsafe fn offset_sum<F: Group32>(xp: *const u8) -> i32 {
-    if F::OFFSET == 0 {
-        return 0;
-    }
-    let y = _mm256_loadu_si256(xp.add(F::XQ).cast());
-    let off = _mm256_set1_epi8(F::OFFSET as i8);
-    let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, y);
-    _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s))
-}
-
 /// `nx` (a multiple of 16) activation rows on the tile unit: the group decoded once into B
 /// tiles and scales, then each 16 rows' blocks two at a time.
 ///
@@ -503,7 +446,7 @@ impl Tiles for Model {
 
 #[cfg(test)]
 mod tests {
-    use super::super::t32_x16;
+    use super::super::{t32_blocks, t32_x16};
     use super::*;
     use crate::quant::kquant_order::t32_dot_blocks;
     use crate::quant::tests::{random_act_row, random_weight_row, Rng, Scales};
@@ -554,38 +497,41 @@ mod tests {
         }
     }
 
-    /// Every group of `c` through the tier's kernel over the tile unit `t`, each output
-    /// against the scalar block order, bit for bit.
-    fn check<T: Tiles>(c: &Case, t: &mut T, what: &str) {
-        type K<T> = unsafe fn(&mut T, usize, *const u8, *const u8, usize, usize, *mut f32, usize);
-        let kernel: K<T> = match c.ty {
+    /// A group kernel over the tile unit `T` (`gemm_on`).
+    type TileKernel<T> =
+        unsafe fn(&mut T, usize, *const u8, *const u8, usize, usize, *mut f32, usize);
+
+    fn tile_kernel<T: Tiles>(ty: GgmlType) -> TileKernel<T> {
+        match ty {
             GgmlType::Q4_0 => gemm_on::<t32_x16::Q4_0, T>,
             GgmlType::Q4_1 => gemm_on::<t32_x16::Q4_1, T>,
             GgmlType::Q5_0 => gemm_on::<t32_x16::Q5_0, T>,
             GgmlType::Q5_1 => gemm_on::<t32_x16::Q5_1, T>,
             GgmlType::Q8_0 => gemm_on::<t32_x16::Q8_0, T>,
             ty => unreachable!("{ty}"),
-        };
+        }
+    }
+
+    /// `c` through the tile kernel over `t`.
+    fn check_tiles<T: Tiles>(c: &Case, t: &mut T, what: &str) {
+        let k = tile_kernel::<T>(c.ty);
+        check(c, what, &mut |w, out, os| {
+            // SAFETY: as `check` says of `run`; `t` is usable (the callers check).
+            unsafe { k(t, c.n, w, c.x.as_ptr(), c.x_stride, c.nx, out, os) }
+        });
+    }
+
+    /// Every group of `c` through `run(group, out, out_stride)` (a kernel over the group at
+    /// `group`, `c`'s activation rows and outputs at `out`), each output against the scalar
+    /// block order, bit for bit. `run` is given one repacked group of `c.n`-element rows and
+    /// room for 16 outputs of each of `c.nx` rows, `out_stride` apart.
+    fn check(c: &Case, what: &str, run: &mut dyn FnMut(*const u8, *mut f32, usize)) {
         let rw = c.ty.row_bytes(c.n).unwrap();
         let out_stride = c.rows + 3;
         let mut out = vec![f32::NAN; c.nx * out_stride];
         for g in (0..c.rows).step_by(16) {
             let w = &c.packed[g * rw..(g + 16) * rw];
-            // SAFETY: the CPU has AVX-512 VNNI (the callers check; `Hw`: AMX too); `w` is one
-            // repacked group of `c.n`-element rows, `c.x` holds `c.nx` activation rows
-            // `c.x_stride` apart, and `out` from column `g` has 16 outputs for each of them.
-            unsafe {
-                kernel(
-                    t,
-                    c.n,
-                    w.as_ptr(),
-                    c.x.as_ptr(),
-                    c.x_stride,
-                    c.nx,
-                    out.as_mut_ptr().add(g),
-                    out_stride,
-                )
-            }
+            run(w.as_ptr(), out[g..].as_mut_ptr(), out_stride);
         }
         for j in 0..c.nx {
             for i in 0..c.rows {
@@ -636,12 +582,43 @@ mod tests {
                     Scales::Zero,
                 ] {
                     let c = case(ty, rows, n, nx, scales, &mut rng);
-                    check(&c, &mut Model::new(), "model");
+                    check_tiles(&c, &mut Model::new(), "model");
                     cases += 1;
                 }
             }
         }
         assert_eq!(cases, 5 * 4 * 4);
+    }
+
+    /// The VNNI kernels of the block order (`t32_blocks`: decode rows and batches), every
+    /// format, with and without an offset or a minimum.
+    #[test]
+    fn vnni_block_kernels_match_the_block_order() {
+        if !crate::quant::x86::has_avx512vnni() {
+            eprintln!("skipped: needs AVX-512 VNNI");
+            return;
+        }
+        type K = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
+        let mut rng = Rng(0xa3c5_0003);
+        for ty in FORMATS {
+            let k: K = match ty {
+                GgmlType::Q4_0 => t32_blocks::gemm_tf::<t32_x16::Q4_0>,
+                GgmlType::Q4_1 => t32_blocks::gemm_tf::<t32_x16::Q4_1>,
+                GgmlType::Q5_0 => t32_blocks::gemm_tf::<t32_x16::Q5_0>,
+                GgmlType::Q5_1 => t32_blocks::gemm_tf::<t32_x16::Q5_1>,
+                GgmlType::Q8_0 => t32_blocks::gemm_tf::<t32_x16::Q8_0>,
+                ty => unreachable!("{ty}"),
+            };
+            for &(rows, n, nx) in &[(16, 32, 1), (32, 640, 7), (16, 8192, 2), (48, 576, 13)] {
+                for scales in [Scales::Normal, Scales::Huge, Scales::Subnormal] {
+                    let c = case(ty, rows, n, nx, scales, &mut rng);
+                    check(&c, "vnni", &mut |w, out, os| {
+                        // SAFETY: as `check` says of `run`; the CPU has AVX-512 VNNI.
+                        unsafe { k(c.n, w, c.x.as_ptr(), c.x_stride, c.nx, out, os) }
+                    });
+                }
+            }
+        }
     }
 
     /// The same on the CPU's tile unit, where it has one.
@@ -655,7 +632,7 @@ mod tests {
         for ty in FORMATS {
             for &(rows, n, nx) in &[(16, 32, 16), (32, 640, 35), (16, 8192, 33), (48, 576, 512)] {
                 let c = case(ty, rows, n, nx, Scales::Normal, &mut rng);
-                check(&c, &mut Hw, "hw");
+                check_tiles(&c, &mut Hw, "hw");
             }
         }
     }

@@ -13,6 +13,7 @@ mod avx512;
 mod q4k_x16;
 mod q4k_x16_ymm;
 mod q6k_x16;
+mod t32_blocks;
 mod t32_x16;
 mod t32_x16_ymm;
 
@@ -350,10 +351,10 @@ macro_rules! group_gemm {
 }
 
 /// The group gemms of one tier, as `$mod::group_gemm(ty)`: the 32-element formats' kernels of
-/// module `$t32` and Q4_K's `$q4k`, with the row-major tiles of tier `$tier` for the rows
-/// after the last group.
+/// module `$t32` (Q4_0's `$q4_0`) and Q4_K's `$q4k`, with the row-major tiles of tier `$tier`
+/// for the rows after the last group.
 macro_rules! group_gemms {
-    ($mod:ident, $tier:ident, $has:expr, $t32:ident, $q4k:expr) => {
+    ($mod:ident, $tier:ident, $has:expr, $t32:ident, $q4_0:expr, $q4k:expr) => {
         pub(super) mod $mod {
             use super::*;
             group_gemm!(
@@ -362,7 +363,7 @@ macro_rules! group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q4_0>,
-                $t32::gemm_tf::<t32_x16::Q4_0>,
+                $q4_0,
                 32 * t32_x16::MAX_BLOCKS
             );
             group_gemm!(
@@ -432,9 +433,17 @@ group_gemms!(
     tier_vnni,
     has_avx512vnni,
     t32_x16,
+    t32_blocks::gemm_tf::<t32_x16::Q4_0>,
     q4k_x16::gemm_tf
 );
-group_gemms!(groups_amx, tier_vnni, has_amx, amx, q4k_x16::gemm_tf);
+group_gemms!(
+    groups_amx,
+    tier_vnni,
+    has_amx,
+    amx,
+    amx::gemm_tf::<t32_x16::Q4_0>,
+    q4k_x16::gemm_tf
+);
 group_gemm!(
     /// [`gemm_groups`] for Q6_K (AVX-512 VNNI only: read 8 rows at a time it was slower than
     /// the row-major kernel).
@@ -451,6 +460,7 @@ group_gemms!(
     tier_avx512,
     has_avx512,
     t32_x16_ymm,
+    t32_x16_ymm::gemm_blocks::<t32_x16::Q4_0>,
     q4k_x16_ymm::gemm_q4k
 );
 group_gemms!(
@@ -458,5 +468,6 @@ group_gemms!(
     tier_avx2,
     has_avx2,
     t32_x16_ymm,
+    t32_x16_ymm::gemm_blocks::<t32_x16::Q4_0>,
     q4k_x16_ymm::gemm_q4k
 );

@@ -11,7 +11,8 @@
 //! exact for the 4- and 5-bit values (a pair is at most 2 · 31 · 128), which run as
 //! `Σ v·y − OFFSET·Σ y`; Q8_0's values would overflow a pair, so it runs as the row-major
 //! kernels do, `Σ |q| · (sign(q)·y)`. Every output has the bits of the row-major kernels of the
-//! same tier (`avx2::T32`).
+//! same tier (`avx2::T32`), but for Q4_0's ([`gemm_blocks`]), which sum each block's lanes in
+//! integers first, as the reference does over its rearranged Q4_0 (`t32_blocks`).
 
 use super::avx2::{bits32, f16x2_at, loadu, loadu128, IDot, Maddubs};
 use super::t32_x16::{Group32, Nib, MAX_BLOCKS, Q8_0};
@@ -39,12 +40,48 @@ pub(super) unsafe fn gemm_tf<F: Half32>(
     out: *mut f32,
     out_stride: usize,
 ) {
+    gemm::<F, false>(n, w, x, x_stride, nx, out, out_stride)
+}
+
+/// [`gemm_tf`] in the block-sum order (`t32_blocks`; the reference's arithmetic for Q4_0 over
+/// its rearranged matrices): per block, the 8 lanes' integers added first, then one
+/// conversion and one fused multiply-add.
+///
+/// # Safety
+/// As [`gemm_tf`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm_blocks<F: Half32>(
+    n: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    gemm::<F, true>(n, w, x, x_stride, nx, out, out_stride)
+}
+
+/// [`gemm_tf`] (`WHOLE`: [`gemm_blocks`]).
+///
+/// # Safety
+/// As [`gemm_tf`].
+#[inline(always)]
+unsafe fn gemm<F: Half32, const WHOLE: bool>(
+    n: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
     let nb = n / 32;
     debug_assert!(nb <= MAX_BLOCKS);
     if nx == 1 {
         for h in 0..2 {
             let sb = |b: usize| w.add(b * F::BYTES);
-            let r = half::<F>(
+            let r = half::<F, WHOLE>(
                 nb,
                 x,
                 |b, l| F::prepared(sb(b), l, h),
@@ -53,7 +90,7 @@ pub(super) unsafe fn gemm_tf<F: Half32>(
             _mm256_storeu_ps(out.add(HALF * h), r);
         }
     } else {
-        batch::<F>(nb, w, x, x_stride, nx, out, out_stride);
+        batch::<F, WHOLE>(nb, w, x, x_stride, nx, out, out_stride);
     }
 }
 
@@ -68,7 +105,7 @@ const _: () = assert!((16 + 2 + 2) * 32 * MAX_BLOCKS <= super::t32_x16::STACK_BY
 /// and only those are read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn batch<F: Half32>(
+unsafe fn batch<F: Half32, const WHOLE: bool>(
     nb: usize,
     w: *const u8,
     x: *const u8,
@@ -96,7 +133,7 @@ unsafe fn batch<F: Half32>(
     let mins = mins.as_ptr().cast::<__m256>();
     for j in 0..nx {
         for h in 0..2 {
-            let r = half::<F>(
+            let r = half::<F, WHOLE>(
                 nb,
                 x.add(j * x_stride),
                 |b, l| *vals.add(16 * b + 8 * h + l),
@@ -109,12 +146,12 @@ unsafe fn batch<F: Half32>(
 
 /// Rows `8h .. 8h + 8` of the group against one activation row `x`: `value(b, l)` gives lane
 /// `l` of block `b` prepared ([`Half32::prepared`]), `scales(b)` the 8 rows' `d` and `m`
-/// ([`scales`]).
+/// ([`scales`]). `WHOLE`: the block-sum order, one sum instead of 8 lanes.
 ///
 /// # Safety
 /// `x` holds `nb` activation blocks of the format; AVX2, FMA, F16C.
 #[inline(always)]
-unsafe fn half<F: Half32>(
+unsafe fn half<F: Half32, const WHOLE: bool>(
     nb: usize,
     x: *const u8,
     value: impl Fn(usize, usize) -> __m256i,
@@ -128,19 +165,33 @@ unsafe fn half<F: Half32>(
         let (d, m) = scales(b);
         let prod = _mm256_mul_ps(d, _mm256_broadcastss_ps(xds));
         let corr = F::corrections(loadu(xp.add(F::XQ)));
-        for (l, a) in acc.iter_mut().enumerate() {
+        let dot = |l: usize| {
             let y = _mm256_set1_epi32(core::ptr::read_unaligned(
                 xp.add(F::XQ + 4 * l).cast::<i32>(),
             ));
-            let dot = F::dot(value(b, l), y, corr, l);
-            *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(dot), *a);
+            F::dot(value(b, l), y, corr, l)
+        };
+        if WHOLE {
+            // The lanes' integers added (exact, any order), then scaled once.
+            let d: [__m256i; 8] = core::array::from_fn(dot);
+            let s: [__m256i; 4] = core::array::from_fn(|i| _mm256_add_epi32(d[i], d[i + 4]));
+            let t = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+            acc[0] = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(t), acc[0]);
+        } else {
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(dot(l)), *a);
+            }
         }
         if F::MIN {
             ms = _mm256_fmadd_ps(m, _mm256_broadcastss_ps(_mm_movehdup_ps(xds)), ms);
         }
     }
-    let s: [__m256; 4] = core::array::from_fn(|i| _mm256_add_ps(acc[i], acc[i + 4]));
-    let t = _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]));
+    let t = if WHOLE {
+        acc[0]
+    } else {
+        let s: [__m256; 4] = core::array::from_fn(|i| _mm256_add_ps(acc[i], acc[i + 4]));
+        _mm256_add_ps(_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3]))
+    };
     if F::MIN {
         _mm256_add_ps(t, ms)
     } else {

@@ -1,0 +1,218 @@
+//! The 32-element formats over 16-row groups (`quant::repack`, read as in `t32_x16`) in the
+//! block-sum order ([`kquant_order::t32_dot_blocks`](crate::quant::kquant_order::t32_dot_blocks)),
+//! AVX-512 VNNI: per block, the exact integer dot of all 32 elements, converted and
+//! fused-multiply-added with `d_w · d_x` into one f32 sum per row (a minimum's `m_w · s_x`
+//! summed apart, added at the end).
+//!
+//! This is the reference engine's own arithmetic for Q4_0 on x86: it rearranges Q4_0 matrices
+//! at load (`q4_0_8x8`, AVX2 and up) and its products over them sum each block in integers
+//! before one fused multiply-add, where its plain dot keeps 8 lanes (`t32_x16`). The AVX-512
+//! VNNI tier uses it for Q4_0, the AMX tier (`amx`) for every 32-element format. It costs
+//! one conversion and one multiply-add per block and activation row instead of 8.
+//!
+//! A batch decodes the group once into signed bytes. With signed weights the activations are
+//! the unsigned operand of `vpdpbusd`: `y + 128` (`y ^ 0x80`), and each weight row's
+//! `128 · Σ w` over the block, computed once with the decoding, starts the integer. Formats
+//! without an offset (Q4_1, Q5_1: unsigned weights) multiply as stored, the activations signed.
+
+use super::t32_x16::{d16, dx, m16, sx, Group32, MAX_BLOCKS};
+use core::arch::x86_64::*;
+use core::mem::MaybeUninit;
+
+/// Activation rows a batch runs at a time (independent integer chains for the core to
+/// overlap).
+const ROWS: usize = 4;
+
+/// One 16-row group (`w`) against `nx` activation rows in the block-sum order:
+/// `out[j * out_stride + r]` for rows `r < 16`. `n` is a multiple of 32, at most
+/// `32 · MAX_BLOCKS`.
+///
+/// # Safety
+/// As `t32_x16::gemm_tf`: AVX-512 F/BW/VL and VNNI; `w` holds `n / 32` repacked blocks, each
+/// of the `nx` rows at `x + j·x_stride` holds `n / 32` activation blocks, and `out` has room
+/// for every output written.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+pub(super) unsafe fn gemm_tf<F: Group32>(
+    n: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let nb = n / 32;
+    debug_assert!(nb <= MAX_BLOCKS);
+    if nx == 1 {
+        _mm512_storeu_ps(out, row::<F>(nb, w, x));
+    } else {
+        batch::<F>(nb, w, x, x_stride, nx, out, out_stride);
+    }
+}
+
+/// One activation row (decode; a tile kernel's rows after its last tile): the group streamed
+/// once, per block the 8 lanes' `dpbusd` as stored (unsigned weights, signed activations)
+/// added in integers, less `OFFSET · Σ y`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and VNNI; `w` holds `nb` blocks of the layout, `x` `nb` activation blocks.
+#[inline(always)]
+pub(super) unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> __m512 {
+    let mut acc = _mm512_setzero_ps();
+    let mut ms = _mm512_setzero_ps();
+    for b in 0..nb {
+        let sb = w.add(b * F::BYTES);
+        let xp = x.add(b * F::XB);
+        let prod = _mm512_mul_ps(d16(sb), dx(xp));
+        let y = |l: usize| {
+            _mm512_set1_epi32(core::ptr::read_unaligned(
+                xp.add(F::XQ + 4 * l).cast::<i32>(),
+            ))
+        };
+        // Eight independent lane dots (one chain would wait on each `dpbusd`), then added:
+        // integers, so the order does not matter.
+        let zero = _mm512_setzero_si512();
+        let mut lanes = [zero; 8];
+        for j in 0..4 {
+            let [lo, hi] = F::values(sb, j);
+            lanes[j] = _mm512_dpbusd_epi32(zero, lo, y(j));
+            lanes[j + 4] = _mm512_dpbusd_epi32(zero, hi, y(j + 4));
+        }
+        let s: [__m512i; 4] = core::array::from_fn(|i| _mm512_add_epi32(lanes[i], lanes[i + 4]));
+        let dot = _mm512_sub_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3])),
+            _mm512_set1_epi32(offset_sum::<F>(xp)),
+        );
+        acc = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(dot), acc);
+        if F::MIN {
+            ms = _mm512_fmadd_ps(m16(sb), sx(xp), ms);
+        }
+    }
+    if F::MIN {
+        _mm512_add_ps(acc, ms)
+    } else {
+        acc
+    }
+}
+
+/// `OFFSET · Σ y` over the activation block's 32 quants (0 for unsigned formats).
+///
+/// # Safety
+/// `xp` points to a whole activation block; AVX-512 F/VL and VNNI.
+#[inline(always)]
+unsafe fn offset_sum<F: Group32>(xp: *const u8) -> i32 {
+    if F::OFFSET == 0 {
+        return 0;
+    }
+    let y = _mm256_loadu_si256(xp.add(F::XQ).cast());
+    let off = _mm256_set1_epi8(F::OFFSET as i8);
+    let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, y);
+    _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s))
+}
+
+/// A batch: the group decoded once (signed values, the 16 `d` per block, and per block
+/// either the rows' `−128 · Σ w` or, with a minimum, their `m`), then the activation rows
+/// [`ROWS`] at a time.
+///
+/// # Safety
+/// As [`gemm_tf`], with `nb ≤ MAX_BLOCKS` (the buffers' size: only blocks `< nb` are written,
+/// and only those are read).
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+unsafe fn batch<F: Group32>(
+    nb: usize,
+    w: *const u8,
+    x: *const u8,
+    x_stride: usize,
+    nx: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    // `t32_x16::STACK_BYTES`: 8 value registers, `d`, and `m` or the start per block.
+    let mut vals = [const { MaybeUninit::<[__m512i; 8]>::uninit() }; MAX_BLOCKS];
+    let mut ds = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];
+    let mut extra = [const { MaybeUninit::<__m512i>::uninit() }; MAX_BLOCKS];
+    let off = _mm512_set1_epi8(F::OFFSET as i8);
+    let high = _mm512_set1_epi8(-128);
+    for b in 0..nb {
+        let sb = w.add(b * F::BYTES);
+        ds[b].write(d16(sb));
+        let mut v = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            let [lo, hi] = F::values(sb, j);
+            (v[j], v[j + 4]) = (lo, hi);
+        }
+        if F::MIN {
+            extra[b].write(_mm512_castps_si512(m16(sb)));
+        } else {
+            // Signed values (Q8_0's `q ^ 0x80` − 128 wraps back to `q`), and the start
+            // `−128 · Σ w`: the `+128` of every unsigned activation, taken back.
+            let mut start = _mm512_setzero_si512();
+            for l in &mut v {
+                *l = _mm512_sub_epi8(*l, off);
+                start = _mm512_dpbusd_epi32(start, high, *l);
+            }
+            extra[b].write(_mm512_sub_epi32(_mm512_setzero_si512(), start));
+        }
+        vals[b].write(v);
+    }
+    let vals = vals.as_ptr().cast::<[__m512i; 8]>();
+    let ds = ds.as_ptr().cast::<__m512>();
+    let extra = extra.as_ptr().cast::<__m512i>();
+    let xr = |j: usize| x.add(j * x_stride);
+    let flip = _mm256_set1_epi8(-128);
+    let mut j = 0;
+    while j < nx {
+        let t = (nx - j).min(ROWS);
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        let mut ms = [_mm512_setzero_ps(); ROWS];
+        for b in 0..nb {
+            let (d, v) = (*ds.add(b), &*vals.add(b));
+            // The rows' quants, `+128` for signed weights (as unsigned bytes).
+            let mut ys = [[0i32; 8]; ROWS];
+            for (i, y) in ys.iter_mut().enumerate().take(t) {
+                let q = _mm256_loadu_si256(xr(j + i).add(b * F::XB + F::XQ).cast());
+                let q = if F::MIN { q } else { _mm256_xor_si256(q, flip) };
+                _mm256_storeu_si256(y.as_mut_ptr().cast(), q);
+            }
+            for i in 0..t {
+                let xp = xr(j + i).add(b * F::XB);
+                let y = |l: usize| _mm512_set1_epi32(ys[i][l]);
+                // Two chains of four (lanes 0-3, 4-7), added: integers, any order.
+                let (mut lo, mut hi) = if F::MIN {
+                    (_mm512_setzero_si512(), _mm512_setzero_si512())
+                } else {
+                    (*extra.add(b), _mm512_setzero_si512())
+                };
+                for l in 0..4 {
+                    (lo, hi) = if F::MIN {
+                        (
+                            _mm512_dpbusd_epi32(lo, v[l], y(l)),
+                            _mm512_dpbusd_epi32(hi, v[l + 4], y(l + 4)),
+                        )
+                    } else {
+                        (
+                            _mm512_dpbusd_epi32(lo, y(l), v[l]),
+                            _mm512_dpbusd_epi32(hi, y(l + 4), v[l + 4]),
+                        )
+                    };
+                }
+                let dot = _mm512_add_epi32(lo, hi);
+                let prod = _mm512_mul_ps(d, dx(xp));
+                acc[i] = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(dot), acc[i]);
+                if F::MIN {
+                    ms[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(*extra.add(b)), sx(xp), ms[i]);
+                }
+            }
+        }
+        for i in 0..t {
+            let r = if F::MIN {
+                _mm512_add_ps(acc[i], ms[i])
+            } else {
+                acc[i]
+            };
+            _mm512_storeu_ps(out.add((j + i) * out_stride), r);
+        }
+        j += t;
+    }
+}
