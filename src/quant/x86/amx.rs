@@ -37,7 +37,71 @@ use std::sync::OnceLock;
 /// with `arch_prctl(ARCH_REQ_XCOMP_PERM)`; without the grant a tile instruction faults).
 pub(crate) fn has_amx() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| super::has_avx512vnni() && cpu_has_amx_int8() && tile_data_granted())
+    *OK.get_or_init(|| {
+        super::has_avx512vnni()
+            && cpu_has_amx_int8()
+            && tile_data_granted()
+            // SAFETY: the CPU has AVX-512 VNNI and AMX-INT8 with the tile data granted
+            // (checked just before).
+            && unsafe { known_answer(&mut Hw) }
+    })
+}
+
+/// A known answer before the tier is handed out: 16 activation rows of a small Q4_0 group
+/// through the tile unit equal, bit for bit, the VNNI kernel of the same order
+/// (`t32_blocks`). A CPU, hypervisor or kernel whose tiles compute otherwise is left on AVX-512
+/// VNNI, with a warning, instead of producing wrong numbers.
+///
+/// # Safety
+/// The CPU has AVX-512 VNNI, and `t` is usable ([`Tiles`]).
+unsafe fn known_answer<T: Tiles>(t: &mut T) -> bool {
+    use super::t32_x16::Q4_0;
+    const NB: usize = 2;
+    const XB: usize = 34;
+    let mut w = [0u8; NB * Q4_0::BYTES];
+    let mut x = [0u8; TILE_ROWS * NB * XB];
+    let mut seed = 0x2545_f491_u32;
+    let mut next = || {
+        seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (seed >> 24) as u8
+    };
+    for b in 0..NB {
+        let sb = &mut w[b * Q4_0::BYTES..(b + 1) * Q4_0::BYTES];
+        for r in 0..16 {
+            // d = 1 + r/64 (f16), then random nibbles.
+            sb[2 * r..2 * r + 2].copy_from_slice(&(0x3c00u16 + 16 * r as u16).to_le_bytes());
+        }
+        sb[32..].iter_mut().for_each(|v| *v = next());
+    }
+    for blk in x.chunks_exact_mut(XB) {
+        blk[..2].copy_from_slice(&0x3800u16.to_le_bytes());
+        blk[2..].iter_mut().for_each(|v| *v = next());
+    }
+    let (mut tiles, mut vnni) = ([0f32; 16 * TILE_ROWS], [1f32; 16 * TILE_ROWS]);
+    // SAFETY: as the function's contract; `w` is one repacked Q4_0 group of `NB` blocks, `x`
+    // holds 16 rows of `NB` Q8_0 blocks `NB · XB` bytes apart, and each output holds 16 rows
+    // of 16.
+    unsafe {
+        let (n, xp) = (32 * NB, x.as_ptr());
+        gemm_on::<Q4_0, T>(t, n, w.as_ptr(), xp, NB * XB, 16, tiles.as_mut_ptr(), 16);
+        super::t32_blocks::gemm_tf::<Q4_0>(
+            32 * NB,
+            w.as_ptr(),
+            x.as_ptr(),
+            NB * XB,
+            16,
+            vnni.as_mut_ptr(),
+            16,
+        );
+    }
+    let same = tiles
+        .iter()
+        .zip(&vnni)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    if !same {
+        log::warn!("AMX tiles disagree with the VNNI kernels on a known product: AMX left unused");
+    }
+    same
 }
 
 /// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (EDX bit 25).
@@ -618,6 +682,49 @@ mod tests {
                     });
                 }
             }
+        }
+    }
+
+    /// The known answer the tier is chosen on: the software tile unit gives it, and one
+    /// whose products are off by one is refused.
+    #[test]
+    fn known_answer_refuses_a_wrong_tile_unit() {
+        if !crate::quant::x86::has_avx512vnni() {
+            eprintln!("skipped: needs AVX-512 VNNI");
+            return;
+        }
+        /// The model, with every product's first dot one too many.
+        struct OffByOne(Model);
+        impl Tiles for OffByOne {
+            unsafe fn config(&mut self, cfg: &TileConfig) {
+                self.0.config(cfg)
+            }
+            unsafe fn load_a(&mut self, s: usize, p: *const u8, stride: usize) {
+                self.0.load_a(s, p, stride)
+            }
+            unsafe fn load_b(&mut self, s: usize, p: *const u8) {
+                self.0.load_b(s, p)
+            }
+            unsafe fn zero_c(&mut self, s: usize) {
+                self.0.zero_c(s)
+            }
+            unsafe fn dot(&mut self, s: usize) {
+                self.0.dot(s);
+                let c = &mut self.0.data[3 * s + 2];
+                let v = i32::from_le_bytes([c[0], c[1], c[2], c[3]]) + 1;
+                c[..4].copy_from_slice(&v.to_le_bytes());
+            }
+            unsafe fn store_c(&mut self, s: usize, p: *mut u8) {
+                self.0.store_c(s, p)
+            }
+            unsafe fn release(&mut self) {
+                self.0.release()
+            }
+        }
+        // SAFETY: the CPU has AVX-512 VNNI (checked); the tile units are software.
+        unsafe {
+            assert!(known_answer(&mut Model::new()));
+            assert!(!known_answer(&mut OffByOne(Model::new())));
         }
     }
 
