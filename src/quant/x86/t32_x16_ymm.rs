@@ -173,9 +173,12 @@ unsafe fn half<F: Half32, const WHOLE: bool>(
         };
         if WHOLE {
             // The lanes' integers added (exact, any order), then scaled once.
-            let d: [__m256i; 8] = core::array::from_fn(dot);
-            let s: [__m256i; 4] = core::array::from_fn(|i| _mm256_add_epi32(d[i], d[i + 4]));
-            let t = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+            let y = |l: usize| {
+                _mm256_set1_epi32(core::ptr::read_unaligned(
+                    xp.add(F::XQ + 4 * l).cast::<i32>(),
+                ))
+            };
+            let t = F::block_dot(|l| value(b, l), y, corr);
             acc[0] = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(t), acc[0]);
         } else {
             for (l, a) in acc.iter_mut().enumerate() {
@@ -252,6 +255,21 @@ pub(super) trait Half32: Group32 {
     /// # Safety
     /// AVX2.
     unsafe fn dot(p: __m256i, y: __m256i, corr: __m256i, l: usize) -> __m256i;
+    /// The exact integer `Σ q·y` of each row over a whole block: prepared lanes `p(l)`, each
+    /// lane's 4 activation quants `y(l)` in every dword, `corr` as [`Self::corrections`].
+    ///
+    /// # Safety
+    /// AVX2.
+    #[inline(always)]
+    unsafe fn block_dot(
+        p: impl Fn(usize) -> __m256i,
+        y: impl Fn(usize) -> __m256i,
+        corr: __m256i,
+    ) -> __m256i {
+        let d: [__m256i; 8] = core::array::from_fn(|l| Self::dot(p(l), y(l), corr, l));
+        let s: [__m256i; 4] = core::array::from_fn(|i| _mm256_add_epi32(d[i], d[i + 4]));
+        _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]))
+    }
 }
 
 impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
@@ -278,6 +296,34 @@ impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
             _mm256_permutevar8x32_epi32(corr, _mm256_set1_epi32(l as i32))
         };
         Maddubs::dpbusd(start, p, y)
+    }
+    #[inline(always)]
+    unsafe fn block_dot(
+        p: impl Fn(usize) -> __m256i,
+        y: impl Fn(usize) -> __m256i,
+        corr: __m256i,
+    ) -> __m256i {
+        if FIFTH {
+            // 5-bit values: 8 lanes' pairs could pass an i16.
+            let d: [__m256i; 8] = core::array::from_fn(|l| Self::dot(p(l), y(l), corr, l));
+            let s: [__m256i; 4] = core::array::from_fn(|i| _mm256_add_epi32(d[i], d[i + 4]));
+            return _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+        }
+        // 4-bit values: a pair of products is at most 2 · 15 · 128 = 3840 in magnitude, so
+        // the 8 lanes' pairs add up exactly in i16 (≤ 30720) before one widening.
+        let mut s16 = _mm256_maddubs_epi16(p(0), y(0));
+        for l in 1..8 {
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(p(l), y(l)));
+        }
+        let dot = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+        if Self::OFFSET == 0 {
+            return dot;
+        }
+        // The lanes' corrections, added into every dword.
+        let c = _mm256_add_epi32(corr, _mm256_permute2x128_si256::<1>(corr, corr));
+        let c = _mm256_add_epi32(c, _mm256_shuffle_epi32::<0b0100_1110>(c));
+        let c = _mm256_add_epi32(c, _mm256_shuffle_epi32::<0b1011_0001>(c));
+        _mm256_add_epi32(dot, c)
     }
 }
 
