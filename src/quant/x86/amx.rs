@@ -25,11 +25,10 @@
 //! kernel over `Model`, which computes them in software, so the layouts are checked on any
 //! AVX-512 VNNI machine, and the instructions themselves where the CPU has AMX.
 
-use super::t32_blocks::row;
-use super::t32_x16::{d16, dx, m16, sx, Group32, MAX_BLOCKS};
+use super::t32_blocks::{row, Decoded};
+use super::t32_x16::{dx, sx, Group32, MAX_BLOCKS};
 use core::arch::asm;
 use core::arch::x86_64::*;
-use core::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 (with AVX-512 VNNI for the rest of the tier),
@@ -361,29 +360,9 @@ unsafe fn batch<F: Group32, T: Tiles>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    // The same stack as `t32_x16::batch` (its `STACK_BYTES`): B tiles, `d` and `m` per block.
-    let mut tiles = [const { MaybeUninit::<[__m512i; 8]>::uninit() }; MAX_BLOCKS];
-    let mut ds = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];
-    let mut mins = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];
-    let off = _mm512_set1_epi8(F::OFFSET as i8);
-    for b in 0..nb {
-        let sb = w.add(b * F::BYTES);
-        ds[b].write(d16(sb));
-        if F::MIN {
-            mins[b].write(m16(sb));
-        }
-        let mut v = [_mm512_setzero_si512(); 8];
-        for j in 0..4 {
-            let [lo, hi] = F::values(sb, j);
-            // Signed values: `v − OFFSET` (Q8_0's `q ^ 0x80` − 128 wraps back to `q`).
-            v[j] = _mm512_sub_epi8(lo, off);
-            v[j + 4] = _mm512_sub_epi8(hi, off);
-        }
-        tiles[b].write(v);
-    }
-    let tiles = tiles.as_ptr().cast::<[__m512i; 8]>();
-    let ds = ds.as_ptr().cast::<__m512>();
-    let mins = mins.as_ptr().cast::<__m512>();
+    // The B tiles are the decoded lanes: row `k` is lane `k`.
+    let mut g = Decoded::new();
+    g.fill::<F>(nb, w, false);
     // Each set's C, stored: row `r` is activation row `r`'s 16 integer dots.
     let mut c = [[_mm512_setzero_si512(); TILE_ROWS]; SETS];
     t.config(&TileConfig::KERNEL);
@@ -396,12 +375,12 @@ unsafe fn batch<F: Group32, T: Tiles>(
                 let b = b0 + s;
                 t.zero_c(s);
                 t.load_a(s, xj.add(b * F::XB + F::XQ), x_stride);
-                t.load_b(s, tiles.add(b).cast());
+                t.load_b(s, g.lanes(b).as_ptr().cast());
                 t.dot(s);
                 t.store_c(s, cs.as_mut_ptr().cast());
             }
             for (s, cs) in c.iter().enumerate().take(sets) {
-                let (b, d) = (b0 + s, *ds.add(b0 + s));
+                let (b, d) = (b0 + s, g.d(b0 + s));
                 for (r, a) in acc.iter_mut().enumerate() {
                     let prod = _mm512_mul_ps(d, dx(xj.add(r * x_stride + b * F::XB)));
                     *a = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(cs[r]), *a);
@@ -413,7 +392,7 @@ unsafe fn batch<F: Group32, T: Tiles>(
             let v = if F::MIN {
                 let mut ms = _mm512_setzero_ps();
                 for b in 0..nb {
-                    ms = _mm512_fmadd_ps(*mins.add(b), sx(xr.add(b * F::XB)), ms);
+                    ms = _mm512_fmadd_ps(g.m(b), sx(xr.add(b * F::XB)), ms);
                 }
                 _mm512_add_ps(*a, ms)
             } else {

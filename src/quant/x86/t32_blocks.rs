@@ -110,8 +110,7 @@ unsafe fn offset_sum<F: Group32>(xp: *const u8) -> i32 {
     _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s))
 }
 
-/// A batch: the group decoded once (signed values, the 16 `d` per block, and per block
-/// either the rows' `−128 · Σ w` or, with a minimum, their `m`), then the activation rows
+/// A batch: the group decoded once ([`Decoded`], with the starts), then the activation rows
 /// [`ROWS`] at a time.
 ///
 /// # Safety
@@ -128,37 +127,8 @@ unsafe fn batch<F: Group32>(
     out: *mut f32,
     out_stride: usize,
 ) {
-    // `t32_x16::STACK_BYTES`: 8 value registers, `d`, and `m` or the start per block.
-    let mut vals = [const { MaybeUninit::<[__m512i; 8]>::uninit() }; MAX_BLOCKS];
-    let mut ds = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];
-    let mut extra = [const { MaybeUninit::<__m512i>::uninit() }; MAX_BLOCKS];
-    let off = _mm512_set1_epi8(F::OFFSET as i8);
-    let high = _mm512_set1_epi8(-128);
-    for b in 0..nb {
-        let sb = w.add(b * F::BYTES);
-        ds[b].write(d16(sb));
-        let mut v = [_mm512_setzero_si512(); 8];
-        for j in 0..4 {
-            let [lo, hi] = F::values(sb, j);
-            (v[j], v[j + 4]) = (lo, hi);
-        }
-        if F::MIN {
-            extra[b].write(_mm512_castps_si512(m16(sb)));
-        } else {
-            // Signed values (Q8_0's `q ^ 0x80` − 128 wraps back to `q`), and the start
-            // `−128 · Σ w`: the `+128` of every unsigned activation, taken back.
-            let mut start = _mm512_setzero_si512();
-            for l in &mut v {
-                *l = _mm512_sub_epi8(*l, off);
-                start = _mm512_dpbusd_epi32(start, high, *l);
-            }
-            extra[b].write(_mm512_sub_epi32(_mm512_setzero_si512(), start));
-        }
-        vals[b].write(v);
-    }
-    let vals = vals.as_ptr().cast::<[__m512i; 8]>();
-    let ds = ds.as_ptr().cast::<__m512>();
-    let extra = extra.as_ptr().cast::<__m512i>();
+    let mut g = Decoded::new();
+    g.fill::<F>(nb, w, true);
     let xr = |j: usize| x.add(j * x_stride);
     let flip = _mm256_set1_epi8(-128);
     let mut j = 0;
@@ -167,7 +137,7 @@ unsafe fn batch<F: Group32>(
         let mut acc = [_mm512_setzero_ps(); ROWS];
         let mut ms = [_mm512_setzero_ps(); ROWS];
         for b in 0..nb {
-            let (d, v) = (*ds.add(b), &*vals.add(b));
+            let (d, v) = (g.d(b), g.lanes(b));
             // The rows' quants, `+128` for signed weights (as unsigned bytes).
             let mut ys = [[0i32; 8]; ROWS];
             for (i, y) in ys.iter_mut().enumerate().take(t) {
@@ -182,7 +152,7 @@ unsafe fn batch<F: Group32>(
                 let (mut lo, mut hi) = if F::MIN {
                     (_mm512_setzero_si512(), _mm512_setzero_si512())
                 } else {
-                    (*extra.add(b), _mm512_setzero_si512())
+                    (g.start(b), _mm512_setzero_si512())
                 };
                 for l in 0..4 {
                     (lo, hi) = if F::MIN {
@@ -201,7 +171,7 @@ unsafe fn batch<F: Group32>(
                 let prod = _mm512_mul_ps(d, dx(xp));
                 acc[i] = _mm512_fmadd_ps(prod, _mm512_cvtepi32_ps(dot), acc[i]);
                 if F::MIN {
-                    ms[i] = _mm512_fmadd_ps(_mm512_castsi512_ps(*extra.add(b)), sx(xp), ms[i]);
+                    ms[i] = _mm512_fmadd_ps(g.m(b), sx(xp), ms[i]);
                 }
             }
         }
@@ -214,5 +184,80 @@ unsafe fn batch<F: Group32>(
             _mm512_storeu_ps(out.add((j + i) * out_stride), r);
         }
         j += t;
+    }
+}
+
+/// A group decoded once for a batch, on the stack (`t32_x16::STACK_BYTES`): per block its 8
+/// lanes as signed bytes (`v − OFFSET`; formats without an offset as stored, `0 ..= 31`), its
+/// 16 rows' `d`, and their `m` (formats with a minimum) or, when asked, the start
+/// `−128 · Σ v` of a product with the activations made unsigned (`y + 128`).
+pub(super) struct Decoded {
+    lanes: [MaybeUninit<[__m512i; 8]>; MAX_BLOCKS],
+    ds: [MaybeUninit<__m512>; MAX_BLOCKS],
+    extra: [MaybeUninit<__m512i>; MAX_BLOCKS],
+}
+
+impl Decoded {
+    #[inline(always)]
+    pub(super) fn new() -> Decoded {
+        Decoded {
+            lanes: [const { MaybeUninit::uninit() }; MAX_BLOCKS],
+            ds: [const { MaybeUninit::uninit() }; MAX_BLOCKS],
+            extra: [const { MaybeUninit::uninit() }; MAX_BLOCKS],
+        }
+    }
+
+    /// Blocks `0 .. nb` of the group `w` (`starts`: the starts of formats without a minimum).
+    ///
+    /// # Safety
+    /// `w` holds `nb ≤ MAX_BLOCKS` blocks of `F`'s layout; AVX-512 F/BW/VL and VNNI.
+    #[inline(always)]
+    pub(super) unsafe fn fill<F: Group32>(&mut self, nb: usize, w: *const u8, starts: bool) {
+        assert!(nb <= MAX_BLOCKS);
+        let off = _mm512_set1_epi8(F::OFFSET as i8);
+        let high = _mm512_set1_epi8(-128);
+        for b in 0..nb {
+            let sb = w.add(b * F::BYTES);
+            self.ds[b].write(d16(sb));
+            let mut v = [_mm512_setzero_si512(); 8];
+            for j in 0..4 {
+                let [lo, hi] = F::values(sb, j);
+                // Q8_0's `q ^ 0x80` − 128 wraps back to `q`.
+                (v[j], v[j + 4]) = (_mm512_sub_epi8(lo, off), _mm512_sub_epi8(hi, off));
+            }
+            if F::MIN {
+                self.extra[b].write(_mm512_castps_si512(m16(sb)));
+            } else if starts {
+                let sum = v.iter().fold(_mm512_setzero_si512(), |s, l| {
+                    _mm512_dpbusd_epi32(s, high, *l)
+                });
+                self.extra[b].write(_mm512_sub_epi32(_mm512_setzero_si512(), sum));
+            }
+            self.lanes[b].write(v);
+        }
+    }
+
+    /// Block `b`'s lanes (filled: `b < nb`).
+    #[inline(always)]
+    pub(super) unsafe fn lanes(&self, b: usize) -> &[__m512i; 8] {
+        self.lanes[b].assume_init_ref()
+    }
+
+    /// Block `b`'s 16 `d` (filled: `b < nb`).
+    #[inline(always)]
+    pub(super) unsafe fn d(&self, b: usize) -> __m512 {
+        self.ds[b].assume_init()
+    }
+
+    /// Block `b`'s 16 `m` (filled, a format with a minimum).
+    #[inline(always)]
+    pub(super) unsafe fn m(&self, b: usize) -> __m512 {
+        _mm512_castsi512_ps(self.extra[b].assume_init())
+    }
+
+    /// Block `b`'s start (filled with the starts, a format without a minimum).
+    #[inline(always)]
+    pub(super) unsafe fn start(&self, b: usize) -> __m512i {
+        self.extra[b].assume_init()
     }
 }
