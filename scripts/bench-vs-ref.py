@@ -146,6 +146,8 @@ def main():
                     help="invocations per engine and test, alternating which engine goes first")
     ap.add_argument("--tests", default=DEFAULT_TESTS, help=f"comma list of {', '.join(TESTS)}")
     ap.add_argument("--models", default=",".join(MODELS), help="comma list of model names")
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=PATH",
+                    help="one more GGUF file to bench under NAME (e.g. a twin_gguf.py llama shape); repeatable")
     ap.add_argument("--ref-bin", help="an existing llama-bench binary (skips the build)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel jobs for the reference build")
     ap.add_argument("--bandwidth", type=float,
@@ -160,6 +162,13 @@ def main():
     for m in models:
         if m not in MODELS:
             raise SystemExit(f"unknown model {m!r}; known: {', '.join(MODELS)}")
+    paths = {m: MODELS_DIR / MODELS[m] for m in models}
+    for spec in a.model:
+        name, sep, file = spec.partition("=")
+        if not sep or not Path(file).is_file():
+            raise SystemExit(f"--model {spec!r}: expected NAME=PATH of an existing file")
+        models.append(name)
+        paths[name] = Path(file)
 
     ref = Path(a.ref_bin) if a.ref_bin else build_reference(a.jobs)
     kiln = build_kiln()
@@ -169,7 +178,7 @@ def main():
     extra = {}  # (model, test, engine) -> peak rss / roofline
     for rnd in range(a.rounds):
         for m in models:
-            path = MODELS_DIR / MODELS[m]
+            path = paths[m]
             for t in tests:
                 order = ["ref", "kiln"] if rnd % 2 == 0 else ["kiln", "ref"]
                 for eng in order:
