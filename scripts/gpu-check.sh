@@ -9,6 +9,11 @@
 #                                   GPU tests, then kiln bench --device cuda beside llama-bench
 #                                   (when .gpu/llama.cpp/build has it), and print one table
 #
+# The host's CPU (issue #19: AMX, thread scaling) in the same call: KILN_CPU_THREADS="2 8 16"
+# KILN_CPU_MODELS="smol gemma llama1b" KILN_CPU_AB=1 (kiln on its best tier and held to AVX-512
+# VNNI, beside llama.cpp with no CUDA device visible); the CPU kernel tests (the AMX tile kernel
+# among them) run with the GPU tests.
+#
 # Results go to $OUT (or .gpu/out) as gpu-check.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
