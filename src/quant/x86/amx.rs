@@ -138,7 +138,15 @@ fn tile_data_granted() -> bool {
             ),
         )
     };
-    asked == 0 && read == 0 && granted & (1 << XFEATURE_XTILEDATA) != 0
+    let ok = asked == 0 && read == 0 && granted & (1 << XFEATURE_XTILEDATA) != 0;
+    if !ok {
+        // (ENOSPC: a thread's alternate signal stack is too small for the tile state.)
+        log::warn!(
+            "AMX: Linux did not grant the tile data ({}): AMX left unused",
+            std::io::Error::last_os_error()
+        );
+    }
+    ok
 }
 
 #[cfg(not(target_os = "linux"))]
