@@ -207,8 +207,10 @@ def main():
     print()
     print(f"threads {a.threads}, {a.rounds} rounds x {a.reps} reps per engine, alternating; "
           f"t/s = median of all samples")
-    print(f"machine: {machine_name()}; reference built for {reference.tier()}"
-          f"{' + AMX' if reference.amx() else ''}; kiln: {kiln_tier(kiln, MODELS_DIR / next(iter(MODELS.values())))}")
+    built = (f"reference: {a.ref_bin} (given; its tier is the builder's)" if a.ref_bin else
+             f"reference built for {reference.tier()}{' + AMX' if reference.amx() else ''}")
+    print(f"machine: {machine_name()}; {built}; "
+          f"kiln: {kiln_tier(kiln, MODELS_DIR / next(iter(MODELS.values())))}")
     print()
     print("| model | test | reference t/s | kiln t/s | kiln / ref | ref peak RSS | kiln peak RSS | kiln roofline |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
