@@ -6,6 +6,11 @@
 //! (`avx2.rs`); each tier below instantiates them inside its own `#[target_feature]` entry
 //! points, so the same source compiles to AVX2 code, to AVX-512VL code, and to AVX-512 VNNI code
 //! (`vpdpbusd` / `vpdpwssd`, see `avx512.rs`).
+//!
+//! Matrices repacked into 16-row groups (`quant::repack`) have kernels of their own: `t32_x16`
+//! (the 32-element formats on VNNI, the reference's 8 lanes), `t32_x16_ymm` (the same 8 rows at a
+//! time without VNNI), `t32_blocks` (whole-block sums: Q4_0 on VNNI, and the AMX tier's rows off
+//! the tiles), `amx` (the AMX tier's tile products), `q4k_x16`, `q4k_x16_ymm` and `q6k_x16`.
 
 mod amx;
 mod avx2;
