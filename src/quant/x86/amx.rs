@@ -56,7 +56,7 @@ pub(crate) fn has_amx() -> bool {
 unsafe fn known_answer<T: Tiles>(t: &mut T) -> bool {
     use super::t32_x16::Q4_0;
     const NB: usize = 2;
-    const XB: usize = 34;
+    const XB: usize = Q4_0::XB;
     let mut w = [0u8; NB * Q4_0::BYTES];
     let mut x = [0u8; TILE_ROWS * NB * XB];
     let mut seed = 0x2545_f491_u32;
@@ -81,17 +81,9 @@ unsafe fn known_answer<T: Tiles>(t: &mut T) -> bool {
     // holds 16 rows of `NB` Q8_0 blocks `NB · XB` bytes apart, and each output holds 16 rows
     // of 16.
     unsafe {
-        let (n, xp) = (32 * NB, x.as_ptr());
-        gemm_on::<Q4_0, T>(t, n, w.as_ptr(), xp, NB * XB, 16, tiles.as_mut_ptr(), 16);
-        super::t32_blocks::gemm_tf::<Q4_0>(
-            32 * NB,
-            w.as_ptr(),
-            x.as_ptr(),
-            NB * XB,
-            16,
-            vnni.as_mut_ptr(),
-            16,
-        );
+        let (n, wp, xp) = (32 * NB, w.as_ptr(), x.as_ptr());
+        gemm_on::<Q4_0, T>(t, n, wp, xp, NB * XB, 16, tiles.as_mut_ptr(), 16);
+        super::t32_blocks::gemm_tf::<Q4_0>(n, wp, xp, NB * XB, 16, vnni.as_mut_ptr(), 16);
     }
     let same = tiles
         .iter()
@@ -501,7 +493,7 @@ mod tests {
     use super::*;
     use crate::quant::kquant_order::t32_dot_blocks;
     use crate::quant::tests::{random_act_row, random_weight_row, Rng, Scales};
-    use crate::quant::{kernels_for, repack, GgmlType, Isa};
+    use crate::quant::{kernels_for, GgmlType, Isa};
 
     /// `rows × n` weights of `ty` (plain and repacked) and `nx` activation rows (`x_stride`
     /// bytes apart, with padding between them).
@@ -521,15 +513,9 @@ mod tests {
         let w: Vec<u8> = (0..rows)
             .flat_map(|_| random_weight_row(ty, n, rng, scales))
             .collect();
-        let mut packed = vec![0u8; w.len()];
-        match ty {
-            GgmlType::Q4_0 => repack::repack_nib32_x16::<false, false>(&w, rows, n, &mut packed),
-            GgmlType::Q4_1 => repack::repack_nib32_x16::<true, false>(&w, rows, n, &mut packed),
-            GgmlType::Q5_0 => repack::repack_nib32_x16::<false, true>(&w, rows, n, &mut packed),
-            GgmlType::Q5_1 => repack::repack_nib32_x16::<true, true>(&w, rows, n, &mut packed),
-            GgmlType::Q8_0 => repack::repack_q8_0_x16(&w, rows, n, &mut packed),
-            _ => unreachable!("{ty}"),
-        }
+        // Every x86 tier repacks into the same layout; the callers checked for VNNI.
+        let vnni = kernels_for(ty, Isa::Avx512Vnni).unwrap();
+        let (packed, _) = crate::quant::repacked(&vnni, &w, rows, n).expect("a repacked layout");
         let rx = k.act.row_bytes(n).unwrap();
         let x_stride = rx + 5;
         let mut x = vec![0u8; nx * x_stride];

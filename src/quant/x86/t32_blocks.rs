@@ -15,7 +15,7 @@
 //! `128 · Σ w` over the block, computed once with the decoding, starts the integer. Formats
 //! without an offset (Q4_1, Q5_1: unsigned weights) multiply as stored, the activations signed.
 
-use super::t32_x16::{d16, dx, m16, sx, Group32, MAX_BLOCKS};
+use super::t32_x16::{corrections, d16, dx, m16, sx, Group32, MAX_BLOCKS};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
@@ -104,10 +104,9 @@ unsafe fn offset_sum<F: Group32>(xp: *const u8) -> i32 {
     if F::OFFSET == 0 {
         return 0;
     }
-    let y = _mm256_loadu_si256(xp.add(F::XQ).cast());
-    let off = _mm256_set1_epi8(F::OFFSET as i8);
-    let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, y);
-    _mm512_reduce_add_epi32(_mm512_zextsi256_si512(s))
+    // The lanes' `−OFFSET · Σ y` (the low 8 dwords), added.
+    let lanes = _mm512_castsi512_si256(corrections::<F>(xp));
+    -_mm512_reduce_add_epi32(_mm512_zextsi256_si512(lanes))
 }
 
 /// A batch: the group decoded once ([`Decoded`], with the starts), then the activation rows

@@ -271,10 +271,23 @@ pub(super) trait Half32: Group32 {
         y: impl Fn(usize) -> __m256i,
         corr: __m256i,
     ) -> __m256i {
-        let d: [__m256i; 8] = core::array::from_fn(|l| Self::dot(p(l), y(l), corr, l));
-        let s: [__m256i; 4] = core::array::from_fn(|i| _mm256_add_epi32(d[i], d[i + 4]));
-        _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]))
+        lane_sum::<Self>(p, y, corr)
     }
+}
+
+/// [`Half32::block_dot`] as the 8 lanes' [`Half32::dot`] added.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn lane_sum<F: Half32 + ?Sized>(
+    p: impl Fn(usize) -> __m256i,
+    y: impl Fn(usize) -> __m256i,
+    corr: __m256i,
+) -> __m256i {
+    let d: [__m256i; 8] = core::array::from_fn(|l| F::dot(p(l), y(l), corr, l));
+    let s: [__m256i; 4] = core::array::from_fn(|i| _mm256_add_epi32(d[i], d[i + 4]));
+    _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]))
 }
 
 impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
@@ -310,9 +323,7 @@ impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
     ) -> __m256i {
         if FIFTH {
             // 5-bit values: 8 lanes' pairs could pass an i16.
-            let d: [__m256i; 8] = core::array::from_fn(|l| Self::dot(p(l), y(l), corr, l));
-            let s: [__m256i; 4] = core::array::from_fn(|i| _mm256_add_epi32(d[i], d[i + 4]));
-            return _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+            return lane_sum::<Self>(p, y, corr);
         }
         // 4-bit values: a pair of products is at most 2 · 15 · 128 = 3840 in magnitude, so
         // the 8 lanes' pairs add up exactly in i16 (≤ 30720) before one widening.
