@@ -1,0 +1,614 @@
+//! The AVX-512 paths of [`super::F16Ops`]: the reference's own layouts (16 lanes), each bit for
+//! bit the scalar definition in `super`.
+
+use super::avx2::reduce8_avx;
+use super::{F16Ops, BLOCK, KV_TILE};
+use half::f16;
+use std::arch::x86_64::*;
+
+pub const AVX512: F16Ops = F16Ops {
+    dot: dot_avx512,
+    mad: mad_avx512,
+    scale: scale_avx512,
+    vec_keys: vec_keys_avx512,
+    kq_tile: kq_tile_avx512,
+    key_tile: key_tile_avx512,
+    kq_rows: kq_rows_avx512,
+    vkq_multi: vkq_multi_avx512,
+    softmax_tile: softmax_tile_avx512,
+    vkq_acc: vkq_acc_avx512,
+    swiglu: swiglu_avx512,
+    geglu: geglu_avx512,
+    gelu: gelu_avx512,
+    name: "avx512",
+};
+
+pub fn dot_avx512(q: &[f32], k: &[f16]) -> f32 {
+    assert_eq!(q.len(), k.len());
+    // SAFETY: selected only when avx512f was detected at run time.
+    unsafe { dot_avx512_impl(q, k) }
+}
+
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn dot_avx512_impl(q: &[f32], k: &[f16]) -> f32 {
+    let n = q.len();
+    let np = n & !(BLOCK - 1);
+    let mut sumf = 0.0f64;
+    if np > 0 {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
+        // SAFETY: every load reads 16 elements at `i + 16j < np <= n`.
+        unsafe {
+            for i in (0..np).step_by(BLOCK) {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let o = i + 16 * j;
+                    let kv = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(o) as *const __m256i));
+                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(o)), kv, *a);
+                }
+            }
+        }
+        let a02 = _mm512_add_ps(acc[0], acc[2]);
+        let a13 = _mm512_add_ps(acc[1], acc[3]);
+        sumf = reduce16_avx512(_mm512_add_ps(a02, a13)) as f64;
+    }
+    for i in np..n {
+        sumf += (q[i] * k[i].to_f32()) as f64;
+    }
+    sumf as f32
+}
+
+/// [`super::reduce16`] on a vector.
+#[target_feature(enable = "avx512f")]
+fn reduce16_avx512(a: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+    let lo = _mm512_castps512_ps256(a);
+    reduce8_avx(_mm256_add_ps(hi, lo))
+}
+
+pub fn mad_avx512(y: &mut [f32], x: &[f16], v: f32) {
+    assert_eq!(y.len(), x.len());
+    // SAFETY: selected only when avx512f was detected at run time.
+    unsafe { mad_avx512_impl(y, x, v) }
+}
+
+/// Round 16 lanes to f16 and back (ties to even).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn round16(x: __m512) -> __m512 {
+    _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn mad_avx512_impl(y: &mut [f32], x: &[f16], v: f32) {
+    let n = y.len();
+    let vv = _mm512_set1_ps(v);
+    let mut i = 0;
+    let (yp, xp) = (y.as_mut_ptr(), x.as_ptr() as *const u16);
+    // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
+    unsafe {
+        while i + 16 <= n {
+            let xv = _mm512_cvtph_ps(_mm256_loadu_si256(xp.add(i) as *const __m256i));
+            let r = _mm512_fmadd_ps(xv, vv, _mm512_loadu_ps(yp.add(i)));
+            _mm512_storeu_ps(yp.add(i), round16(r));
+            i += 16;
+        }
+    }
+    super::mad_scalar(&mut y[i..], &x[i..], v);
+}
+
+pub fn scale_avx512(y: &mut [f32], v: f32) {
+    // SAFETY: selected only when avx512f was detected at run time.
+    unsafe { scale_avx512_impl(y, v) }
+}
+
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scale_avx512_impl(y: &mut [f32], v: f32) {
+    let n = y.len();
+    let vv = _mm512_set1_ps(v);
+    let mut i = 0;
+    let yp = y.as_mut_ptr();
+    // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
+    unsafe {
+        while i + 16 <= n {
+            _mm512_storeu_ps(
+                yp.add(i),
+                round16(_mm512_mul_ps(_mm512_loadu_ps(yp.add(i)), vv)),
+            );
+            i += 16;
+        }
+    }
+    super::scale_scalar(&mut y[i..], v);
+}
+
+pub fn vec_keys_avx512(
+    q16: &[f32],
+    kv: super::KeyRun<'_>,
+    scale: f32,
+    m_s: &mut [f32],
+    acc: &mut [f32],
+) {
+    // SAFETY: selected only when avx512f was detected at run time.
+    unsafe { vec_keys_avx512_impl(q16, kv, scale, m_s, acc) }
+}
+
+/// [`super::VecKeysFn`] with the primitives inlined into one loop.
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn vec_keys_avx512_impl(
+    q16: &[f32],
+    kv: super::KeyRun<'_>,
+    scale: f32,
+    m_s: &mut [f32],
+    acc: &mut [f32],
+) {
+    let heads = m_s.len() / 2;
+    let group = heads / kv.streams;
+    let (hdk, hdv) = (q16.len() / heads, acc.len() / heads);
+    for i in 0..kv.n {
+        for (h, ((q, a), st)) in q16
+            .chunks_exact(hdk)
+            .zip(acc.chunks_exact_mut(hdv))
+            .zip(m_s.chunks_exact_mut(2))
+            .enumerate()
+        {
+            let (krow, vrow) = kv.rows(h / group, i, hdk, hdv);
+            // SAFETY: (all three) the rows have the lengths the kernels expect.
+            let s = unsafe { dot_avx512_impl(q, krow) } * scale;
+            let (mut rescale, mut weight) = (1.0f32, 1.0f32);
+            if s > st[0] {
+                rescale = (st[0] - s).exp();
+                st[0] = s;
+                unsafe { scale_avx512_impl(a, rescale) };
+            } else {
+                weight = (s - st[0]).exp();
+            }
+            unsafe { mad_avx512_impl(a, vrow, weight) };
+            st[1] = st[1].mul_add(rescale, weight);
+        }
+    }
+}
+
+pub fn kq_tile_avx512(q: &[f32], kt: &[f32], out: &mut [f32]) {
+    let (rows, hd) = super::tile_shape(q, kt, out);
+    let mut r = 0;
+    // Two rows at a time: eight independent chains keep both FMA pipes busy (four would
+    // wait on the latency of the previous FMA).
+    while r + 2 <= rows {
+        // SAFETY: avx512f detected; rows `r`, `r + 1` of `q` and `out` exist (checked).
+        unsafe { kq_tile_avx512_impl::<2>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+        r += 2;
+    }
+    if r < rows {
+        // SAFETY: as above, one row.
+        unsafe { kq_tile_avx512_impl::<1>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+    }
+}
+
+/// `R` query rows (`hd` apart in `q`) against the transposed tile, into `R` rows of `out`.
+#[target_feature(enable = "avx512f")]
+unsafe fn kq_tile_avx512_impl<const R: usize>(q: &[f32], hd: usize, kt: &[f32], out: &mut [f32]) {
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let (kp, qp) = (kt.as_ptr(), q.as_ptr());
+    for d in 0..hd {
+        // SAFETY: `d * KV_TILE + 64 <= kt.len()`, row `i < R` of `q` has `hd` elements.
+        unsafe {
+            let kv: [__m512; 4] =
+                std::array::from_fn(|c| _mm512_loadu_ps(kp.add(d * KV_TILE + 16 * c)));
+            for (i, a) in acc.iter_mut().enumerate() {
+                let qv = _mm512_set1_ps(*qp.add(i * hd + d));
+                for (c, ac) in a.iter_mut().enumerate() {
+                    *ac = _mm512_fmadd_ps(kv[c], qv, *ac);
+                }
+            }
+        }
+    }
+    for (i, a) in acc.iter().enumerate() {
+        for (c, ac) in a.iter().enumerate() {
+            // SAFETY: row `i < R` of `out` holds KV_TILE floats.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i * KV_TILE + 16 * c), *ac) };
+        }
+    }
+}
+
+pub fn kq_rows_avx512(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
+    let (hd, n) = super::rows_shape(q, heads, k, out);
+    if hd % BLOCK != 0 {
+        // Leftover elements go through the dot's scalar tail: one pair at a time.
+        for g in 0..heads {
+            for j in 0..n {
+                out[g * KV_TILE + j] = dot_avx512(&q[g * hd..][..hd], &k[j * hd..][..hd]);
+            }
+        }
+        return;
+    }
+    let mut g0 = 0;
+    while g0 < heads {
+        let gn = (heads - g0).min(4);
+        let (qg, og) = (&q[g0 * hd..(g0 + gn) * hd], &mut out[g0 * KV_TILE..]);
+        // SAFETY: avx512f detected; `qg` holds `gn` rows of `hd`, `k` holds `n` rows,
+        // `og` holds `gn` rows of KV_TILE >= n (checked by `rows_shape`).
+        unsafe {
+            match gn {
+                4 => kq_rows_impl::<4>(qg, k, hd, n, og),
+                3 => kq_rows_impl::<3>(qg, k, hd, n, og),
+                2 => kq_rows_impl::<2>(qg, k, hd, n, og),
+                _ => kq_rows_impl::<1>(qg, k, hd, n, og),
+            }
+        }
+        g0 += gn;
+    }
+}
+
+/// `G` query rows against `n` key rows, `hd` a multiple of 64: per key, each 64-block of
+/// the key is converted once and multiplied into all `G` rows' four accumulators; then
+/// each row's accumulators are reduced exactly as `dot_avx512_impl` reduces them.
+#[target_feature(enable = "avx512f")]
+unsafe fn kq_rows_impl<const G: usize>(q: &[f32], k: &[f16], hd: usize, n: usize, out: &mut [f32]) {
+    let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
+    for j in 0..n {
+        let mut acc = [[_mm512_setzero_ps(); 4]; G];
+        for b in (0..hd).step_by(BLOCK) {
+            // SAFETY: key row `j < n` has `hd >= b + 64` elements, as has each query row.
+            unsafe {
+                let kv: [__m512; 4] = std::array::from_fn(|c| {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(
+                        kp.add(j * hd + b + 16 * c) as *const __m256i
+                    ))
+                });
+                for (g, a) in acc.iter_mut().enumerate() {
+                    for (c, ac) in a.iter_mut().enumerate() {
+                        let qv = _mm512_loadu_ps(qp.add(g * hd + b + 16 * c));
+                        *ac = _mm512_fmadd_ps(qv, kv[c], *ac);
+                    }
+                }
+            }
+        }
+        for (g, a) in acc.iter().enumerate() {
+            let a02 = _mm512_add_ps(a[0], a[2]);
+            let a13 = _mm512_add_ps(a[1], a[3]);
+            out[g * KV_TILE + j] = reduce16_avx512(_mm512_add_ps(a02, a13));
+        }
+    }
+}
+
+pub fn vkq_multi_avx512(
+    acc: &mut [f32],
+    acc_stride: usize,
+    p: &[f32],
+    p_stride: usize,
+    heads: usize,
+    v: &[f16],
+    hdv: usize,
+) {
+    if !hdv.is_multiple_of(BLOCK) {
+        let one: super::VkqAccFn = vkq_acc_avx512;
+        return super::vkq_multi_with(one, acc, acc_stride, p, p_stride, heads, v, hdv);
+    }
+    let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
+    let mut g0 = 0;
+    while g0 < heads {
+        let gn = (heads - g0).min(4);
+        let (a, pg) = (&mut acc[g0 * acc_stride..], &p[g0 * p_stride..]);
+        // SAFETY: avx512f detected; rows checked by `multi_shape`; `hdv` is whole blocks.
+        unsafe {
+            match gn {
+                4 => vkq_multi_impl::<4>(a, acc_stride, pg, p_stride, v, n, hdv),
+                3 => vkq_multi_impl::<3>(a, acc_stride, pg, p_stride, v, n, hdv),
+                2 => vkq_multi_impl::<2>(a, acc_stride, pg, p_stride, v, n, hdv),
+                _ => vkq_multi_impl::<1>(a, acc_stride, pg, p_stride, v, n, hdv),
+            }
+        }
+        g0 += gn;
+    }
+}
+
+/// `G` accumulator rows (`hdv` a multiple of 64), 64 columns at a time: 4 vectors per row
+/// stay in registers across the `n` keys, each value block converted once for the `G` rows.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vkq_multi_impl<const G: usize>(
+    acc: &mut [f32],
+    acc_stride: usize,
+    p: &[f32],
+    p_stride: usize,
+    v: &[f16],
+    n: usize,
+    hdv: usize,
+) {
+    let (ap, pp, vp) = (acc.as_mut_ptr(), p.as_ptr(), v.as_ptr() as *const u16);
+    for d0 in (0..hdv).step_by(BLOCK) {
+        // SAFETY: rows `g < G` of `acc` hold `hdv >= d0 + 64` elements at `g·acc_stride`;
+        // value row `j < n` holds `hdv`; weight row `g` holds `n` at `g·p_stride`.
+        unsafe {
+            let mut a: [[__m512; 4]; G] = std::array::from_fn(|g| {
+                std::array::from_fn(|c| _mm512_loadu_ps(ap.add(g * acc_stride + d0 + 16 * c)))
+            });
+            for j in 0..n {
+                let x: [__m512; 4] = std::array::from_fn(|c| {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(
+                        vp.add(j * hdv + d0 + 16 * c) as *const __m256i
+                    ))
+                });
+                for (g, ag) in a.iter_mut().enumerate() {
+                    let pv = _mm512_set1_ps(*pp.add(g * p_stride + j));
+                    for (c, ac) in ag.iter_mut().enumerate() {
+                        *ac = _mm512_fmadd_ps(x[c], pv, *ac);
+                    }
+                }
+            }
+            for (g, ag) in a.iter().enumerate() {
+                for (c, ac) in ag.iter().enumerate() {
+                    _mm512_storeu_ps(ap.add(g * acc_stride + d0 + 16 * c), *ac);
+                }
+            }
+        }
+    }
+}
+
+pub fn key_tile_avx512(k: &[f16], kt: &mut [f32]) {
+    let hd = kt.len() / KV_TILE;
+    assert!(hd > 0 && k.len().is_multiple_of(hd) && k.len() / hd <= KV_TILE);
+    // SAFETY: selected only when avx512f was detected at run time; shapes checked.
+    unsafe { key_tile_avx512_impl(k, kt, hd) }
+}
+
+/// 16×16 blocks: 16 key rows converted to f32, transposed in registers, stored as 16
+/// dimension rows of `kt`; leftover dimensions (`hd % 16`) element by element.
+#[target_feature(enable = "avx512f")]
+unsafe fn key_tile_avx512_impl(k: &[f16], kt: &mut [f32], hd: usize) {
+    let n = k.len() / hd;
+    let d16 = hd / 16 * 16;
+    let (kp, ktp) = (k.as_ptr() as *const u16, kt.as_mut_ptr());
+    for j0 in (0..n).step_by(16) {
+        let nj = (n - j0).min(16);
+        for d0 in (0..d16).step_by(16) {
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, ri) in r.iter_mut().enumerate().take(nj) {
+                // SAFETY: row `j0 + i < n` has `hd >= d0 + 16` elements.
+                *ri = unsafe {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(
+                        kp.add((j0 + i) * hd + d0) as *const __m256i
+                    ))
+                };
+            }
+            let t = transpose16(r);
+            for (d, v) in t.into_iter().enumerate() {
+                // SAFETY: row `d0 + d < hd` of `kt`, columns `j0..j0 + 16 <= KV_TILE`.
+                unsafe { _mm512_storeu_ps(ktp.add((d0 + d) * KV_TILE + j0), v) };
+            }
+        }
+        for j in j0..j0 + nj {
+            for d in d16..hd {
+                kt[d * KV_TILE + j] = k[j * hd + d].to_f32();
+            }
+        }
+    }
+}
+
+/// Transpose of a 16×16 f32 matrix held as 16 row vectors.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    let pd = _mm512_castps_pd;
+    let ps = _mm512_castpd_ps;
+    // Pairs of rows interleaved by 32 bits within each 128-bit lane.
+    let t: [__m512; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    // Quads of rows by 64 bits: u[4i + c] holds column c of each 128-bit lane for rows
+    // 4i..4i+4.
+    let u: [__m512; 16] = std::array::from_fn(|k| {
+        let (i, c) = (k / 4, k % 4);
+        let (a, b) = (pd(t[4 * i + c / 2]), pd(t[4 * i + 2 + c / 2]));
+        ps(if c % 2 == 0 {
+            _mm512_unpacklo_pd(a, b)
+        } else {
+            _mm512_unpackhi_pd(a, b)
+        })
+    });
+    // Across 128-bit lanes: column 4L + c gathers lane L of u[c], u[4 + c], u[8 + c], u[12 + c].
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        let v1 = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
+        let v2 = _mm512_shuffle_f32x4::<0xDD>(u[c], u[4 + c]);
+        let w1 = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
+        let w2 = _mm512_shuffle_f32x4::<0xDD>(u[8 + c], u[12 + c]);
+        out[c] = _mm512_shuffle_f32x4::<0x88>(v1, w1);
+        out[8 + c] = _mm512_shuffle_f32x4::<0xDD>(v1, w1);
+        out[4 + c] = _mm512_shuffle_f32x4::<0x88>(v2, w2);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(v2, w2);
+    }
+    out
+}
+
+pub fn softmax_tile_avx512(s: &mut [f32; KV_TILE], m: f32) -> f64 {
+    // SAFETY: selected only when avx512f was detected at run time.
+    unsafe { softmax_tile_avx512_impl(s, m) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_tile_avx512_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
+    let mv = _mm512_set1_ps(m);
+    let mut sum = 0.0f64;
+    for b in 0..KV_TILE / 16 {
+        // SAFETY: 16 floats at 16b of a 64-float array.
+        unsafe {
+            let p = s.as_mut_ptr().add(16 * b);
+            let e = expf_avx512(_mm512_sub_ps(_mm512_loadu_ps(p), mv));
+            _mm512_storeu_ps(p, e);
+            sum += reduce16_avx512(e) as f64;
+        }
+    }
+    sum
+}
+
+pub fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
+    assert!(up.len() >= gate.len());
+    // SAFETY: this table is used only when AVX-512F was detected; lengths checked.
+    unsafe { swiglu_avx512_impl(gate, up) }
+}
+
+/// `ggml_vec_swiglu_f32` (AVX-512): `x / (1 + expf(0 − x)) · g`, 16 lanes at a time, the
+/// tail through the scalar definition (the same arithmetic per element).
+#[target_feature(enable = "avx512f")]
+unsafe fn swiglu_avx512_impl(gate: &mut [f32], up: &[f32]) {
+    let n16 = gate.len() / 16 * 16;
+    let one = _mm512_set1_ps(1.0);
+    let mut i = 0;
+    while i < n16 {
+        let x = _mm512_loadu_ps(gate.as_ptr().add(i));
+        let g = _mm512_loadu_ps(up.as_ptr().add(i));
+        let e = expf_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        let silu = _mm512_div_ps(x, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(silu, g));
+        i += 16;
+    }
+    super::swiglu_scalar(&mut gate[n16..], &up[n16..]);
+}
+
+pub fn geglu_avx512(gate: &mut [f32], up: &[f32]) {
+    assert!(up.len() >= gate.len());
+    let t = crate::kernels::ops::gelu_table();
+    // SAFETY: used only when AVX-512F was detected; lengths checked; the table has
+    // `GELU_TABLE_LEN` entries (see `gelu16`).
+    unsafe { gelu_avx512_impl(gate, Some(up), t.as_ptr()) }
+    let n16 = gate.len() / 16 * 16;
+    super::geglu_scalar(&mut gate[n16..], &up[n16..]);
+}
+
+pub fn gelu_avx512(x: &mut [f32]) {
+    let t = crate::kernels::ops::gelu_table();
+    // SAFETY: as `geglu_avx512`.
+    unsafe { gelu_avx512_impl(x, None, t.as_ptr()) }
+    let n16 = x.len() / 16 * 16;
+    super::gelu_scalar(&mut x[n16..]);
+}
+
+/// GELU of the whole 16-lane blocks of `x` (times `up` when given), the tail left alone.
+/// Caller: `up` is at least as long as `x`; `table` points at the GELU table.
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu_avx512_impl(x: &mut [f32], up: Option<&[f32]>, table: *const u16) {
+    let n16 = x.len() / 16 * 16;
+    let mut i = 0;
+    while i < n16 {
+        // SAFETY: 16 elements at `i + 16 <= n16` of `x` (and of `up`, no shorter).
+        unsafe {
+            let p = x.as_mut_ptr().add(i);
+            let mut y = gelu16(_mm512_loadu_ps(p), table);
+            if let Some(u) = up {
+                y = _mm512_mul_ps(y, _mm512_loadu_ps(u.as_ptr().add(i)));
+            }
+            _mm512_storeu_ps(p, y);
+        }
+        i += 16;
+    }
+}
+
+/// `ggml_vec_gelu_f32` on 16 lanes: the table entry at the f16 bits of `x` (round to
+/// nearest even, as the scalar conversion), `0` for `x <= -10`, `x` for `x >= 10`.
+/// Each lane gathers 32 bits at `table + 2·bits` and keeps the low half: the table has
+/// one entry past the last index, so the read stays inside.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn gelu16(x: __m512, table: *const u16) -> __m512 {
+    let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+    let idx = _mm512_cvtepu16_epi32(h);
+    // SAFETY: every index is < 65536 and the table holds 65537 u16 (caller's contract).
+    let g = unsafe { _mm512_i32gather_epi32::<2>(idx, table.cast()) };
+    let y = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+    let hi = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, _mm512_set1_ps(10.0));
+    let lo = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, _mm512_set1_ps(-10.0));
+    _mm512_maskz_mov_ps(!lo, _mm512_mask_blend_ps(hi, y, x))
+}
+
+/// `ggml_v_expf` (AVX-512 form), lane for lane what [`super::expf_approx`] computes.
+#[target_feature(enable = "avx512f")]
+fn expf_avx512(x: __m512) -> __m512 {
+    let c = |b: u32| _mm512_set1_ps(f32::from_bits(b));
+    let r = c(0x4b40_0000);
+    let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmadd_ps(n, c(0x3f31_7200), x));
+    let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+    let u = _mm512_mul_ps(b, b);
+    let j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
+    );
+    let res = _mm512_scalef_ps(j, n);
+    if d == 0 {
+        return res;
+    }
+    let le0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
+    let alt = _mm512_mask_blend_ps(le0, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
+    _mm512_mask_blend_ps(d, res, alt)
+}
+
+pub fn vkq_acc_avx512(acc: &mut [f32], p: &[f32], v: &[f16]) {
+    assert_eq!(v.len(), p.len() * acc.len());
+    // SAFETY: selected only when avx512f was detected at run time.
+    unsafe { vkq_acc_avx512_impl(acc, p, v) }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn vkq_acc_avx512_impl(acc: &mut [f32], p: &[f32], v: &[f16]) {
+    let dv = acc.len();
+    let vp = v.as_ptr() as *const u16;
+    let mut d0 = 0;
+    // Four vectors of the accumulator stay in registers across all the keys.
+    while d0 + 64 <= dv {
+        // SAFETY: loads/stores of 16 elements at `d0 + 16r < dv`; V row `j` has `dv` elements.
+        unsafe {
+            let ap = acc.as_mut_ptr().add(d0);
+            let mut a = [
+                _mm512_loadu_ps(ap),
+                _mm512_loadu_ps(ap.add(16)),
+                _mm512_loadu_ps(ap.add(32)),
+                _mm512_loadu_ps(ap.add(48)),
+            ];
+            for (j, &pj) in p.iter().enumerate() {
+                let pv = _mm512_set1_ps(pj);
+                for (r, ar) in a.iter_mut().enumerate() {
+                    let x = _mm512_cvtph_ps(_mm256_loadu_si256(
+                        vp.add(j * dv + d0 + 16 * r) as *const __m256i
+                    ));
+                    *ar = _mm512_fmadd_ps(x, pv, *ar);
+                }
+            }
+            for (r, ar) in a.iter().enumerate() {
+                _mm512_storeu_ps(ap.add(16 * r), *ar);
+            }
+        }
+        d0 += 64;
+    }
+    while d0 + 16 <= dv {
+        // SAFETY: as above, one vector.
+        unsafe {
+            let ap = acc.as_mut_ptr().add(d0);
+            let mut a = _mm512_loadu_ps(ap);
+            for (j, &pj) in p.iter().enumerate() {
+                let x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j * dv + d0) as *const __m256i));
+                a = _mm512_fmadd_ps(x, _mm512_set1_ps(pj), a);
+            }
+            _mm512_storeu_ps(ap, a);
+        }
+        d0 += 16;
+    }
+    for d in d0..dv {
+        for (j, &pj) in p.iter().enumerate() {
+            acc[d] = v[j * dv + d].to_f32().mul_add(pj, acc[d]);
+        }
+    }
+}
