@@ -102,6 +102,30 @@ fn simd_paths_are_bit_identical_to_scalar() {
             }
         }
     }
+    // Softmax through every regime of `expf`: results below f32's normal range (subnormal
+    // and zero), near 1, past the overflow, with NaN and ±∞ among them.
+    for round in 0..40 {
+        let mut s: [f32; KV_TILE] =
+            std::array::from_fn(|j| -110.0 + 0.37 * (round * KV_TILE + j) as f32 * 0.3);
+        s[(round * 7) % KV_TILE] = f32::NAN;
+        s[(round * 11 + 3) % KV_TILE] = f32::INFINITY;
+        s[(round * 13 + 5) % KV_TILE] = f32::NEG_INFINITY;
+        let mut want = s;
+        let want_sum = (scalar.softmax_tile)(&mut want, 0.0);
+        for ops in all_paths() {
+            let mut got = s;
+            let sum = (ops.softmax_tile)(&mut got, 0.0);
+            for (a, b) in got.iter().zip(&want) {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{} expf regimes {round}",
+                    ops.name
+                );
+            }
+            assert_eq!(sum.is_nan(), want_sum.is_nan(), "{}", ops.name);
+        }
+    }
     // Softmax over scores spanning the whole range, with masked (−∞) keys.
     for round in 0..50 {
         let mut s = [0.0f32; KV_TILE];
