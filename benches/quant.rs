@@ -212,12 +212,23 @@ fn by_groups(
     }
 }
 
-/// Prefill tile: 256 weight rows x 2048 against 32 activation rows.
+/// Prefill tile: 256 weight rows x 2048 against 32 activation rows (`KILN_BENCH_GEMM=n,rows,nx`
+/// sets another shape, e.g. `640,256,64` for Gemma-3's 640-wide products).
 fn gemm(c: &mut Criterion<CpuTime>) {
-    let (n, rows, nx) = (2048, 256, 32);
+    let shape: Vec<usize> = std::env::var("KILN_BENCH_GEMM")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    let (n, rows, nx) = match shape[..] {
+        [n, rows, nx] if n % 32 == 0 && rows > 0 && nx > 0 => (n, rows, nx),
+        _ => (2048, 256, 32),
+    };
     let mut rng = Rng(2);
     let mut g = c.benchmark_group("gemm");
     for ty in TYPES {
+        if ty.row_bytes(n).is_none() {
+            continue; // `n` is not whole blocks of this format
+        }
         let w = weights(ty, n, rows, &mut rng);
         let row = ty.row_bytes(n).unwrap();
         g.throughput(Throughput::Elements((n * rows * nx) as u64));
