@@ -9,7 +9,7 @@
 //! (`avx2::TQ4K`). (Q6_K read this way was slower than its row-major kernel on AVX2: 22.7
 //! against 28.6 GiB/s in the matrix-vector benchmark on a Zen 4, so it is not repacked here.)
 
-use super::avx2::{f32_at, loadu, IDot, Maddubs, Q8K_BYTES};
+use super::avx2::{f32_at, loadu, Q8K_BYTES};
 use super::t32_x16_ymm::{f16x8, HALF};
 use crate::quant::repack::Q4K_X16_BYTES;
 use core::arch::x86_64::*;
@@ -116,6 +116,9 @@ unsafe fn q4k_half<const T: usize, const PAIR: bool>(
         let mut s_sb = [_mm256_setzero_si256(); T];
         let mut m_sb = [_mm256_setzero_si256(); T];
         for p in 0..4 {
+            // A sub-block's pairs add up exactly in i16: a pair is at most 2 · 15 · 128 = 3840
+            // in magnitude, 8 of them 30720. One widening per sub-block, not per 4 elements
+            // (`vpmaddwd` shares the multiply pipes with `vpmaddubsw` and the FMAs).
             let mut lo = [_mm256_setzero_si256(); T];
             let mut hi = [_mm256_setzero_si256(); T];
             for k in 0..8 {
@@ -126,10 +129,12 @@ unsafe fn q4k_half<const T: usize, const PAIR: bool>(
                     let yp = x[t].add(b * Q8K_BYTES + 4 + 64 * p + 4 * k);
                     let y0 = _mm256_set1_epi32(core::ptr::read_unaligned(yp.cast::<i32>()));
                     let y1 = _mm256_set1_epi32(core::ptr::read_unaligned(yp.add(32).cast::<i32>()));
-                    lo[t] = Maddubs::dpbusd(lo[t], ql, y0);
-                    hi[t] = Maddubs::dpbusd(hi[t], qh, y1);
+                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(ql, y0));
+                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(qh, y1));
                 }
             }
+            let lo = lo.map(|v| _mm256_madd_epi16(v, ones));
+            let hi = hi.map(|v| _mm256_madd_epi16(v, ones));
             let (s0, s1) = (pick(&scales, 2 * p), pick(&scales, 2 * p + 1));
             let (m0, m1) = (pick(&mins, 2 * p), pick(&mins, 2 * p + 1));
             for t in 0..T {
