@@ -426,21 +426,13 @@ unsafe fn swiglu_impl(gate: &mut [f32], up: &[f32]) {
 }
 
 pub fn geglu_avx2(gate: &mut [f32], up: &[f32]) {
-    assert!(up.len() >= gate.len());
-    let t = crate::kernels::ops::gelu_table();
-    // SAFETY: selected only when avx2, fma and f16c were detected; lengths checked; the table
-    // has `GELU_TABLE_LEN` entries (see `gelu8`).
-    unsafe { gelu_impl(gate, Some(up), t.as_ptr()) }
-    let n8 = gate.len() / 8 * 8;
-    super::geglu_scalar(&mut gate[n8..], &up[n8..]);
+    // SAFETY: selected only when avx2, fma and f16c were detected at run time.
+    unsafe { super::gelu_with(gate, Some(up), 8, gelu_impl) }
 }
 
 pub fn gelu_avx2(x: &mut [f32]) {
-    let t = crate::kernels::ops::gelu_table();
     // SAFETY: as `geglu_avx2`.
-    unsafe { gelu_impl(x, None, t.as_ptr()) }
-    let n8 = x.len() / 8 * 8;
-    super::gelu_scalar(&mut x[n8..]);
+    unsafe { super::gelu_with(x, None, 8, gelu_impl) }
 }
 
 /// GELU of the whole 8-lane blocks of `x` (times `up` when given), the tail left alone.

@@ -474,21 +474,13 @@ unsafe fn swiglu_avx512_impl(gate: &mut [f32], up: &[f32]) {
 }
 
 pub fn geglu_avx512(gate: &mut [f32], up: &[f32]) {
-    assert!(up.len() >= gate.len());
-    let t = crate::kernels::ops::gelu_table();
-    // SAFETY: used only when AVX-512F was detected; lengths checked; the table has
-    // `GELU_TABLE_LEN` entries (see `gelu16`).
-    unsafe { gelu_avx512_impl(gate, Some(up), t.as_ptr()) }
-    let n16 = gate.len() / 16 * 16;
-    super::geglu_scalar(&mut gate[n16..], &up[n16..]);
+    // SAFETY: selected only when AVX-512F was detected at run time.
+    unsafe { super::gelu_with(gate, Some(up), 16, gelu_avx512_impl) }
 }
 
 pub fn gelu_avx512(x: &mut [f32]) {
-    let t = crate::kernels::ops::gelu_table();
     // SAFETY: as `geglu_avx512`.
-    unsafe { gelu_avx512_impl(x, None, t.as_ptr()) }
-    let n16 = x.len() / 16 * 16;
-    super::gelu_scalar(&mut x[n16..]);
+    unsafe { super::gelu_with(x, None, 16, gelu_avx512_impl) }
 }
 
 /// GELU of the whole 16-lane blocks of `x` (times `up` when given), the tail left alone.

@@ -224,6 +224,33 @@ pub fn gelu_scalar(x: &mut [f32]) {
     }
 }
 
+/// GELU of `x` (times `up` when given: GeGLU) through a SIMD path's kernel for the whole
+/// blocks of `lanes` (`blocks(x, up, table)`, the tail left alone), the tail through the scalar
+/// definition.
+///
+/// # Safety
+/// `blocks` runs on this CPU (its tier was detected), and reads `up` only as far as `x`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn gelu_with(
+    x: &mut [f32],
+    up: Option<&[f32]>,
+    lanes: usize,
+    blocks: unsafe fn(&mut [f32], Option<&[f32]>, *const u16),
+) {
+    if let Some(u) = up {
+        assert!(u.len() >= x.len());
+    }
+    let t = crate::kernels::ops::gelu_table();
+    // SAFETY: the caller's contract; `up` is no shorter than `x` (checked); the table has
+    // `GELU_TABLE_LEN` entries, as the kernels' gathers need.
+    unsafe { blocks(x, up, t.as_ptr()) };
+    let n = x.len() / lanes * lanes;
+    match up {
+        Some(u) => geglu_scalar(&mut x[n..], &u[n..]),
+        None => gelu_scalar(&mut x[n..]),
+    }
+}
+
 /// The scalar SwiGLU (the reference every SIMD path must match bit for bit).
 pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
