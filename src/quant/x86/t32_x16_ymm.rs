@@ -176,7 +176,9 @@ unsafe fn batch<F: Half32, const WHOLE: bool>(
 
 /// [`half`] for a [`Half32::SIGNED`] format in the lanes' order: `pair(b, l)` gives lane `l`
 /// of block `b` as its signed quants `q` and `|q|`, and each lane's integer is
-/// `Σ |q| · sign(y, q)`, the same integer as the prepared form's. `d(b)` is the 8 rows' `d`.
+/// `Σ |q| · sign(y, q)`, the same integer as the prepared form's (activation quants lie in
+/// −127..=127, as the Q8_0 quantizer makes them, so no sign flip overflows a byte; the row-major
+/// Q8_0 kernels rely on the same). `d(b)` is the 8 rows' `d`.
 ///
 /// # Safety
 /// As [`half`].
