@@ -226,11 +226,10 @@ fn gemm(c: &mut Criterion<CpuTime>) {
     let mut rng = Rng(2);
     let mut g = c.benchmark_group("gemm");
     for ty in TYPES {
-        if ty.row_bytes(n).is_none() {
+        let Some(row) = ty.row_bytes(n) else {
             continue; // `n` is not whole blocks of this format
-        }
+        };
         let w = weights(ty, n, rows, &mut rng);
-        let row = ty.row_bytes(n).unwrap();
         g.throughput(Throughput::Elements((n * rows * nx) as u64));
         for isa in tiers() {
             let k = kernels_for(ty, isa).unwrap();

@@ -143,26 +143,26 @@ pub fn vkq_multi_avx2(
     v: &[f16],
     hdv: usize,
 ) {
-    if !hdv.is_multiple_of(16) {
-        let one: super::VkqAccFn = vkq_acc_avx2;
-        return super::vkq_multi_with(one, acc, acc_stride, p, p_stride, heads, v, hdv);
-    }
-    let n = super::multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
-    let mut g0 = 0;
-    while g0 < heads {
-        let gn = (heads - g0).min(4);
-        let (a, pg) = (&mut acc[g0 * acc_stride..], &p[g0 * p_stride..]);
-        // SAFETY: avx2, fma and f16c detected; rows checked by `multi_shape`; `hdv` is whole
-        // 16-column blocks.
-        unsafe {
-            match gn {
-                4 => vkq_multi_impl::<4>(a, acc_stride, pg, p_stride, v, n, hdv),
-                3 => vkq_multi_impl::<3>(a, acc_stride, pg, p_stride, v, n, hdv),
-                2 => vkq_multi_impl::<2>(a, acc_stride, pg, p_stride, v, n, hdv),
-                _ => vkq_multi_impl::<1>(a, acc_stride, pg, p_stride, v, n, hdv),
-            }
-        }
-        g0 += gn;
+    let blocks = [
+        vkq_multi_impl::<1>,
+        vkq_multi_impl::<2>,
+        vkq_multi_impl::<3>,
+        vkq_multi_impl::<4>,
+    ];
+    // SAFETY: selected only when avx2, fma and f16c were detected at run time.
+    unsafe {
+        super::vkq_multi_blocked(
+            vkq_acc_avx2,
+            16,
+            blocks,
+            acc,
+            acc_stride,
+            p,
+            p_stride,
+            heads,
+            v,
+            hdv,
+        )
     }
 }
 

@@ -159,6 +159,46 @@ pub fn vkq_multi_scalar(
     vkq_multi_with(vkq_acc_scalar, acc, acc_stride, p, p_stride, heads, v, hdv)
 }
 
+/// A SIMD path's register-blocked [`VkqMultiFn`] kernel for `G` heads at once:
+/// `(acc, acc_stride, p, p_stride, v, n, hdv)`.
+#[cfg(target_arch = "x86_64")]
+type VkqBlockFn = unsafe fn(&mut [f32], usize, &[f32], usize, &[f16], usize, usize);
+
+/// [`VkqMultiFn`] through a SIMD path's kernels: when `hdv` is whole blocks of `cols` columns,
+/// the heads in groups of up to 4, group of `G` through `blocks[G − 1]`; otherwise one
+/// `vkq_acc` per head.
+///
+/// # Safety
+/// The kernels run on this CPU (their tier was detected) and read `hdv` columns of the rows
+/// [`multi_shape`] checks.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vkq_multi_blocked(
+    vkq_acc: VkqAccFn,
+    cols: usize,
+    blocks: [VkqBlockFn; 4],
+    acc: &mut [f32],
+    acc_stride: usize,
+    p: &[f32],
+    p_stride: usize,
+    heads: usize,
+    v: &[f16],
+    hdv: usize,
+) {
+    if !hdv.is_multiple_of(cols) {
+        return vkq_multi_with(vkq_acc, acc, acc_stride, p, p_stride, heads, v, hdv);
+    }
+    let n = multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
+    let mut g0 = 0;
+    while g0 < heads {
+        let gn = (heads - g0).min(4);
+        let (a, pg) = (&mut acc[g0 * acc_stride..], &p[g0 * p_stride..]);
+        // SAFETY: the caller's contract; the rows are checked by `multi_shape`.
+        unsafe { blocks[gn - 1](a, acc_stride, pg, p_stride, v, n, hdv) };
+        g0 += gn;
+    }
+}
+
 /// A [`VkqMultiFn`] as one `vkq_acc` per head.
 #[allow(clippy::too_many_arguments)]
 fn vkq_multi_with(

@@ -195,15 +195,24 @@ unsafe fn half_signed<F: Half32>(
         let xp = x.add(b * F::XB);
         let prod = _mm256_mul_ps(d(b), _mm256_broadcastss_ps(f16x2_at(xp)));
         for (l, a) in acc.iter_mut().enumerate() {
-            let y = _mm256_set1_epi32(core::ptr::read_unaligned(
-                xp.add(F::XQ + 4 * l).cast::<i32>(),
-            ));
             let (q, abs) = pair(b, l);
+            let y = lane_y::<F>(xp, l);
             let dot = Maddubs::dpbusd(_mm256_setzero_si256(), abs, _mm256_sign_epi8(y, q));
             *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(dot), *a);
         }
     }
     lane_tree(acc)
+}
+
+/// Lane `l`'s 4 activation quants of the activation block at `xp`, in every dword.
+///
+/// # Safety
+/// `xp` points to a whole activation block of the format; AVX2.
+#[inline(always)]
+unsafe fn lane_y<F: Group32>(xp: *const u8, l: usize) -> __m256i {
+    _mm256_set1_epi32(core::ptr::read_unaligned(
+        xp.add(F::XQ + 4 * l).cast::<i32>(),
+    ))
 }
 
 /// The reference's sum of the 8 lanes' accumulators.
@@ -237,20 +246,10 @@ unsafe fn half<F: Half32, const WHOLE: bool>(
         let (d, m) = scales(b);
         let prod = _mm256_mul_ps(d, _mm256_broadcastss_ps(xds));
         let corr = F::corrections(loadu(xp.add(F::XQ)));
-        let dot = |l: usize| {
-            let y = _mm256_set1_epi32(core::ptr::read_unaligned(
-                xp.add(F::XQ + 4 * l).cast::<i32>(),
-            ));
-            F::dot(value(b, l), y, corr, l)
-        };
+        let dot = |l: usize| F::dot(value(b, l), lane_y::<F>(xp, l), corr, l);
         if WHOLE {
             // The lanes' integers added (exact, any order), then scaled once.
-            let y = |l: usize| {
-                _mm256_set1_epi32(core::ptr::read_unaligned(
-                    xp.add(F::XQ + 4 * l).cast::<i32>(),
-                ))
-            };
-            let t = F::block_dot(|l| value(b, l), y, corr);
+            let t = F::block_dot(|l| value(b, l), |l| lane_y::<F>(xp, l), corr);
             acc[0] = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(t), acc[0]);
         } else {
             for (l, a) in acc.iter_mut().enumerate() {
