@@ -211,6 +211,20 @@ run() {
             KILN_CUDA_PROFILE=1 timeout 120 .gpu/kiln bench -m "$f" --device cuda ${KILN_PROFILE_BENCH:--p 0 -n 32} -r 1 2>&1 | grep -A16 "CUDA profile" | head -30 || true
         done
     fi
+    # Each kernel's own device time in a few decode steps (KILN_NCU=1: Nsight Compute, graph
+    # nodes one by one, clocks left alone, caches flushed before each), as CSV under $OUT for
+    # summing per kernel and token (KILN_NCU_MODELS, KILN_NCU_KERNELS: how many kernels).
+    if [ -n "${KILN_NCU:-}" ] && command -v ncu >/dev/null; then
+        for c in ${KILN_NCU_MODELS:-smol llama8b}; do
+            local f=$m/$c.gguf
+            [ -f "$f" ] || continue
+            echo "== ncu $(basename $f) (${SECONDS}s)"
+            timeout 120 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
+                --csv -c ${KILN_NCU_KERNELS:-2000} .gpu/kiln bench -m "$f" --device cuda -p 0 -n 4 -r 1 \
+                > "$out/ncu-$(basename $f .gguf).csv" 2> "$out/ncu-$(basename $f .gguf).err" || true
+            wc -l "$out/ncu-$(basename $f .gguf).csv"; tail -2 "$out/ncu-$(basename $f .gguf).err"
+        done
+    fi
     # Bring the reference back for the next run (static; the parts go under $OUT).
     if [ -n "${KILN_KEEP_REF:-}" ] && [ -x $ref/build/bin/llama-bench ] && ! ls .gpu/llama-bench.xz.* >/dev/null 2>&1; then
         strip -o /tmp/llama-bench $ref/build/bin/llama-bench && xz -T16 -6 -c /tmp/llama-bench | split -b 15M - "$out/llama-bench.xz."

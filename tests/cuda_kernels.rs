@@ -101,11 +101,32 @@ fn every_kernel_compiles_for_hopper_and_ampere() {
         assert!(!entries.is_empty(), "{name}: no kernels found");
         for arch in ["sm_90", "sm_80", "compute_80"] {
             let ptx = nvrtc::compile(name, src, arch).unwrap_or_else(|e| panic!("{e}"));
+            // KILN_PTX_DUMP=<folder>: keep the PTX, to read what NVRTC made of a kernel.
+            if let Some(dir) = std::env::var_os("KILN_PTX_DUMP") {
+                let dir = PathBuf::from(dir);
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(dir.join(format!("{name}.{arch}.ptx")), &ptx).unwrap();
+            }
             for e in &entries {
-                assert!(
-                    ptx.contains(&format!(".entry {e}(")),
-                    "{name} for {arch}: kernel {e} missing from the PTX"
-                );
+                let at = ptx.find(&format!(".entry {e}(")).unwrap_or_else(|| {
+                    panic!("{name} for {arch}: kernel {e} missing from the PTX")
+                });
+                // Launched with programmatic stream serialization on sm_90 (gpu.rs), a kernel
+                // may start before the one ahead of it has finished: it must wait before it
+                // reads or writes memory (`pdl_begin`), or it races that kernel.
+                if arch == "sm_90" {
+                    let body = &ptx[at..];
+                    let body = &body[..body[1..].find(".entry ").map_or(body.len(), |n| n + 1)];
+                    let wait = body.find("griddepcontrol.wait");
+                    let first_access = ["ld.global", "st.global", "atom.global", "red.global"]
+                        .iter()
+                        .filter_map(|op| body.find(op))
+                        .min();
+                    assert!(
+                        wait.is_some_and(|w| first_access.is_none_or(|a| w < a)),
+                        "{name}: kernel {e} touches memory before griddepcontrol.wait"
+                    );
+                }
             }
         }
         println!("{name}: {} kernels", entries.len());

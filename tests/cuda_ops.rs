@@ -235,7 +235,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
             ty.row_bytes(cols).unwrap(),
             cpu.act.row_bytes(cols).unwrap(),
         );
-        for gelu in [0, 1] {
+        for (gelu, (threads, tpr)) in [(0, (128u32, 128u32)), (1, (128, 128)), (0, (256, 32))] {
             let poison = vec![f32::NAN; n_tok * rows];
             let y = b.y;
             b.arena
@@ -250,9 +250,10 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
                 Arg::I(cols as i32),
                 Arg::I(n_tok as i32),
                 Arg::I(gelu),
+                Arg::I(tpr as i32),
             ];
-            g.launch(s, k.gated.unwrap(), rows as u32, 128, &args)
-                .unwrap();
+            let grid = rows.div_ceil((threads / tpr) as usize) as u32;
+            g.launch(s, k.gated.unwrap(), grid, threads, &args).unwrap();
             let got = read_y(&g, &b, n_tok * rows);
             let mut xq8 = vec![0u8; ab];
             for t in 0..n_tok {
@@ -269,13 +270,144 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
                     let e = (got[t * rows + r] - a[0]).abs();
                     assert!(
                         e <= 1e-5 * (1.0 + a[0].abs()) + 1e-4 * d.abs(),
-                        "{ty} gated (gelu {gelu}): token {t} row {r}: {} vs {}",
+                        "{ty} gated (gelu {gelu}, {tpr} threads a row): token {t} row {r}: {} vs {}",
                         got[t * rows + r],
                         a[0]
                     );
                 }
             }
         }
+    }
+}
+
+/// The products over f32 input (`matvec_*_f`, `gated_*_f`: each block quantizes the input
+/// itself, RMS-normalized first when given norm weights) give what the quantizer (or
+/// `rms_norm_q8`) then the product give, bit for bit: every quantized format, rows of 1 to 8
+/// blocks of 256 elements (the widest the kernels take) and, for the formats of groups of 32,
+/// rows that end inside a block (576: SmolLM2's), several tokens (the zero, spiked and large
+/// ones of `activations`), alone and adding, a part-empty last block.
+#[test]
+fn f32_input_products_match_quantize_then_product() {
+    let Some(g) = gpu() else { return };
+    let rows = 13;
+    let eps = 1e-6f32;
+    for cols in [256, 576, 768, 2048] {
+        let x = activations(cols);
+        let n_tok = x.len() / cols;
+        // Norm weights, and room for `rms_norm_q8`'s normalized rows.
+        let nw: Vec<f32> = random(cols, 3).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let mut l = Layout::default();
+        let (nwo, ny) = (l.take(cols * 4), l.take(x.len() * 4));
+        let mut na = Arena::new(&g, l.bytes).unwrap();
+        na.write(
+            g.default_stream(),
+            nwo,
+            zerocopy::IntoBytes::as_bytes(&nw[..]),
+        )
+        .unwrap();
+        for ty in quantized() {
+            if !cols.is_multiple_of(ty.block_size()) {
+                continue;
+            }
+            let w = weights(ty, rows, cols);
+            let k = format_kernels(ty).unwrap();
+            let mut b = bufs(&g, &w, &x, rows, cols, n_tok);
+            let s = g.default_stream();
+            let (wp, xp, xq, yp) = (
+                b.arena.ptr(b.w),
+                b.arena.ptr(b.x),
+                b.arena.ptr(b.xq),
+                b.arena.ptr(b.y),
+            );
+            let n = n_tok * cols;
+            let grid = rows.div_ceil(8) as u32;
+            let base = random(n_tok * rows, 5);
+            for norm in [false, true] {
+                // The input as the separate kernels make it.
+                let q = k.quantize.unwrap();
+                if norm {
+                    let kind = match q {
+                        "quantize_q8_0" => 1,
+                        "quantize_q8_1" => 2,
+                        _ => 3,
+                    };
+                    let args = [
+                        Arg::P(xp),
+                        Arg::P(0),
+                        Arg::P(na.ptr(ny)),
+                        Arg::P(na.ptr(nwo)),
+                        Arg::I(cols as i32),
+                        Arg::F(eps),
+                        Arg::P(xq),
+                        Arg::I(kind),
+                        Arg::I(512),
+                    ];
+                    let blocks = n_tok * cols.div_ceil(512);
+                    g.launch(s, "rms_norm_q8", blocks as u32, 256, &args)
+                        .unwrap();
+                } else {
+                    let args = [Arg::P(xp), Arg::P(xq), Arg::L(n as i64)];
+                    g.launch(s, q, n.div_ceil(256) as u32, 256, &args).unwrap();
+                }
+                let (nwp, e) = if norm { (na.ptr(nwo), eps) } else { (0, 0.0) };
+                let tail = [Arg::P(nwp), Arg::F(e)];
+                let what =
+                    |k: &str, add: bool| format!("{ty} cols {cols} norm {norm} {k} add {add}");
+                for add in [false, true] {
+                    let mut out = Vec::new();
+                    for (name, input) in [(k.matvec, xq), (k.matvec_f32.unwrap(), xp)] {
+                        let start = if add {
+                            base.clone()
+                        } else {
+                            vec![f32::NAN; n_tok * rows]
+                        };
+                        b.arena
+                            .write(s, b.y, zerocopy::IntoBytes::as_bytes(&start[..]))
+                            .unwrap();
+                        let args = matvec_args(wp, input, yp, rows, cols, n_tok, add, 32);
+                        let args: Vec<Arg> = args.iter().chain(&tail).copied().collect();
+                        g.launch(s, name, grid, 256, &args).unwrap();
+                        out.push(read_y(&g, &b, n_tok * rows));
+                    }
+                    same_bits(&out[0], &out[1], &what("matvec", add));
+                }
+                let mut out = Vec::new();
+                for (name, input) in [(k.gated.unwrap(), xq), (k.gated_f32.unwrap(), xp)] {
+                    b.arena
+                        .write(
+                            s,
+                            b.y,
+                            zerocopy::IntoBytes::as_bytes(&vec![f32::NAN; n_tok * rows][..]),
+                        )
+                        .unwrap();
+                    let args = [
+                        Arg::P(wp),
+                        Arg::P(wp),
+                        Arg::P(input),
+                        Arg::P(yp),
+                        Arg::I(rows as i32),
+                        Arg::I(cols as i32),
+                        Arg::I(n_tok as i32),
+                        Arg::I(0),
+                        Arg::I(32),
+                    ];
+                    let args: Vec<Arg> = args.iter().chain(&tail).copied().collect();
+                    g.launch(s, name, grid, 256, &args).unwrap();
+                    out.push(read_y(&g, &b, n_tok * rows));
+                }
+                same_bits(&out[0], &out[1], &what("gated", false));
+            }
+        }
+    }
+}
+
+/// `a` and `b` bit for bit (an unwritten output, NaN, fails too).
+fn same_bits(a: &[f32], b: &[f32], what: &str) {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            x.to_bits() == y.to_bits() && !x.is_nan(),
+            "{what}: output {i}: {x} after the separate kernels, {y} over f32"
+        );
     }
 }
 
@@ -483,18 +615,23 @@ fn repacked_q4_0_kernels_match_the_file_layout() {
             g.launch(s, matvec, rows as u32, 128, &args).unwrap();
             out.push(read_y(&g, &b, n_tok * rows));
         }
-        let args = [
-            Arg::P(wp),
-            Arg::P(wp),
-            Arg::P(xq),
-            Arg::P(yp),
-            Arg::I(rows as i32),
-            Arg::I(cols as i32),
-            Arg::I(n_tok as i32),
-            Arg::I(0),
-        ];
-        g.launch(s, gated, rows as u32, 128, &args).unwrap();
-        out.push(read_y(&g, &b, n_tok * rows));
+        // A block per row, and (narrow rows) a warp per row, eight to a block.
+        for (block, tpr) in [(128, 128), (256, 32)] {
+            let args = [
+                Arg::P(wp),
+                Arg::P(wp),
+                Arg::P(xq),
+                Arg::P(yp),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(n_tok as i32),
+                Arg::I(0),
+                Arg::I(tpr),
+            ];
+            let grid = rows.div_ceil((block / tpr) as usize) as u32;
+            g.launch(s, gated, grid, block as u32, &args).unwrap();
+            out.push(read_y(&g, &b, n_tok * rows));
+        }
         let wbf = b.arena.ptr(b.wbf);
         let m = rows * cols;
         let args = [
@@ -514,7 +651,10 @@ fn repacked_q4_0_kernels_match_the_file_layout() {
     };
     let (file, file_deq) = run(&w, "matvec_q4_0", "gated_q4_0", "dequant_bf16_q4_0");
     let (re, re_deq) = run(&wr, "matvec_q4_0r", "gated_q4_0r", "dequant_bf16_q4_0r");
-    for (i, what) in ["matvec", "matvec adding", "gated"].iter().enumerate() {
+    for (i, what) in ["matvec", "matvec adding", "gated", "gated, narrow"]
+        .iter()
+        .enumerate()
+    {
         let same = file[i]
             .iter()
             .zip(&re[i])

@@ -50,6 +50,11 @@ enum Engine {
     Cuda {
         ctx: Arc<CudaContext>,
         funcs: HashMap<String, CudaFunction>,
+        /// Launch with programmatic stream serialization (sm_90 and later, unless
+        /// `KILN_CUDA_PDL=0`): a kernel's blocks may be placed while the kernel before it in
+        /// the stream finishes, and wait on the device (`pdl_begin` in common.cuh) until its
+        /// writes are visible, instead of the launch waiting for it.
+        pdl: bool,
         /// For prompt-sized products (none without libcublas).
         blas: Option<Mutex<Blas>>,
     },
@@ -139,6 +144,7 @@ impl Gpu {
             default: Stream(StreamKind::Cuda(stream)),
             engine: Engine::Cuda {
                 blas: Blas::new(&ctx)?.map(Mutex::new),
+                pdl: major >= 9 && std::env::var("KILN_CUDA_PDL").map_or(true, |v| v != "0"),
                 ctx,
                 funcs,
             },
@@ -316,10 +322,13 @@ impl Gpu {
     ) -> Result<(), CudaError> {
         let grid = grid.max(1);
         match (&self.engine, &s.0) {
-            (Engine::Cuda { funcs, .. }, StreamKind::Cuda(stream)) => {
+            (Engine::Cuda { funcs, pdl, .. }, StreamKind::Cuda(stream)) => {
                 let f = funcs
                     .get(name)
                     .ok_or_else(|| CudaError::Driver(format!("no kernel named {name}")))?;
+                if *pdl {
+                    return launch_programmatic(stream, f, grid, block, args);
+                }
                 let mut b = stream.launch_builder(f);
                 for a in args {
                     match a {
@@ -375,15 +384,7 @@ impl Gpu {
         // One launch at a time: the emulator's fibers are global.
         let _one = running.lock().unwrap_or_else(|e| e.into_inner());
         let mut vals = l.args.clone();
-        let mut params: Vec<*mut c_void> = vals
-            .iter_mut()
-            .map(|a| match a {
-                Arg::P(v) => v as *mut u64 as *mut c_void,
-                Arg::I(v) => v as *mut i32 as *mut c_void,
-                Arg::L(v) => v as *mut i64 as *mut c_void,
-                Arg::F(v) => v as *mut f32 as *mut c_void,
-            })
-            .collect();
+        let mut params: Vec<*mut c_void> = vals.iter_mut().map(Arg::as_param).collect();
         // SAFETY: `params` holds one pointer per kernel parameter, to values of the parameter's
         // width that live across the call, as cuLaunchKernel's kernelParams; the pointers among
         // them address live host allocations of the software GPU's arenas.
@@ -395,6 +396,76 @@ impl Gpu {
                 "bad launch of {:?}: {} blocks of {}",
                 l.name, l.grid, l.block
             ))),
+        }
+    }
+}
+
+/// Launch `f` on `stream` with programmatic stream serialization: the driver may start its
+/// blocks before the kernel ahead of it has finished; the kernel's `pdl_begin` waits for that
+/// one's writes on the device. (cudarc's launch builder sets no launch attributes.)
+fn launch_programmatic(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    grid: u32,
+    block: u32,
+    args: &[Arg],
+) -> Result<(), CudaError> {
+    stream.context().bind_to_thread()?;
+    // On the stack: graphs are recorded once, but the output head launches every token.
+    const MAX_ARGS: usize = 32;
+    if args.len() > MAX_ARGS {
+        return Err(CudaError::Driver(format!(
+            "{} kernel arguments",
+            args.len()
+        )));
+    }
+    let mut vals = [Arg::I(0); MAX_ARGS];
+    vals[..args.len()].copy_from_slice(args);
+    let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+    for (p, v) in params.iter_mut().zip(&mut vals[..args.len()]) {
+        *p = v.as_param();
+    }
+    // SAFETY: a zeroed attribute (plain integers and a union of plain data) with its id and
+    // value then set, as the driver API documents for this attribute.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `params` holds one pointer per kernel parameter, to values of the parameter's
+    // width that live across the call (as for `Gpu::launch`'s other path, the arguments are
+    // those the kernel's definition declares, pointing into live buffers); `cfg` and `attr`
+    // live across the call; the context is current on this thread.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()?;
+    }
+    Ok(())
+}
+
+impl Arg {
+    /// A pointer to this argument's value, as a kernel parameter.
+    fn as_param(&mut self) -> *mut c_void {
+        match self {
+            Arg::P(v) => v as *mut u64 as *mut c_void,
+            Arg::I(v) => v as *mut i32 as *mut c_void,
+            Arg::L(v) => v as *mut i64 as *mut c_void,
+            Arg::F(v) => v as *mut f32 as *mut c_void,
         }
     }
 }

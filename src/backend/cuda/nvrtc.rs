@@ -31,7 +31,7 @@ pub const KERNELS: &[(&str, &str)] = &[
 ];
 
 /// The `extern "C" __global__` functions a kernel file defines, found in its text: plain
-/// definitions and the instances of its stamping macros (`MATVEC(matvec_q4_0, ...)`).
+/// definitions and the instances of its stamping macros (`MATVEC_Q(matvec_q4_0, ...)`).
 pub fn entries(src: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in src.lines() {
@@ -52,7 +52,12 @@ pub fn entries(src: &str) -> Vec<String> {
             "ATTEND_TILE(",
         ] {
             if let Some(rest) = l.strip_prefix(mac) {
-                names.push(rest.split(',').next().unwrap_or("").trim().to_string());
+                let name = rest.split(',').next().unwrap_or("").trim();
+                names.push(name.to_string());
+                // (These two also stamp the kernel over f32 input.)
+                if (mac == "MATVEC_Q(" || mac == "MATVEC_GATED(") && !name.is_empty() {
+                    names.push(format!("{name}_f"));
+                }
             }
         }
     }

@@ -14,6 +14,7 @@ use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Stream};
 use super::profile::Profile;
 
 mod attention;
+mod deferred;
 mod layout;
 mod products;
 use super::weights::{DevNorm, DeviceWeights};
@@ -26,15 +27,16 @@ use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
 use layout::GemmLayout;
 pub use layout::{CudaKv, CudaSizes, SessionLayout};
-use products::{mv_threads, Prepared};
+use products::{mv_shape, Prepared};
 
 /// Products of at least this many rows dequantize the weights to bf16 and multiply on the
 /// tensor cores (cuBLAS); fewer rows take the matvec kernels.
 pub const GEMM_MIN_ROWS: usize = 64;
 
 /// Switches for measuring what an optimization is worth on a GPU (environment, read once):
-/// `KILN_CUDA_FUSE=0` launches each product alone, `KILN_CUDA_MIRROR=0` gives decode the f32
-/// attention instead of the CPU's f16 arithmetic on short contexts.
+/// `KILN_CUDA_FUSE=0` launches each product alone, `KILN_CUDA_F32_INPUT=0` keeps the
+/// quantizer's and norm's launches before narrow products, `KILN_CUDA_MIRROR=0` gives decode
+/// the f32 attention instead of the CPU's f16 arithmetic on short contexts.
 fn switch(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
 }
@@ -91,6 +93,9 @@ pub struct CudaSession {
     /// Products that share an input in one launch; the CPU's attention arithmetic on short
     /// decode contexts (see [`switch`]).
     fuse: bool,
+    /// Narrow products over f32 input quantize (and normalize) it in their blocks
+    /// (`KILN_CUDA_F32_INPUT=0`: the quantizer's and the norm's launches, as before).
+    f32_input: bool,
     mirror: bool,
     /// Prompt attention in tiles (`attend_tile_*`) for passes of at least `TILE_Q` tokens of a
     /// sequence (`KILN_CUDA_TILE=0`: one block per row and head, as the shorter passes).
@@ -101,6 +106,10 @@ pub struct CudaSession {
     xq_holds: Option<(u64, &'static str, usize)>,
     /// The layer whose keys and values the RoPE has put in the cache in this step.
     kv_stored: Option<usize>,
+    /// A norm its products apply themselves (step/deferred.rs), and the buffer such a norm
+    /// left unwritten.
+    deferred: Option<deferred::DeferredNorm>,
+    skipped: Option<u64>,
 }
 
 impl Drop for CudaSession {
@@ -141,7 +150,8 @@ impl CudaSession {
         let t = sizes.max_rows.max(1);
         let host_f32 = vec![0.0; (sizes.logit_rows.max(1) * c.vocab_size).max(t * c.dim)];
         Ok(CudaSession {
-            host_i32: vec![0; layout.rows_i32],
+            // (At least the image of the step's four parameter arrays: see `begin`.)
+            host_i32: vec![0; layout.rows_i32.max((layout.mode - layout.ids) / 4 + t)],
             host_f32,
             act,
             kv,
@@ -157,8 +167,11 @@ impl CudaSession {
             err: None,
             profile,
             fuse: switch("KILN_CUDA_FUSE"),
+            f32_input: switch("KILN_CUDA_F32_INPUT"),
             xq_holds: None,
             kv_stored: None,
+            deferred: None,
+            skipped: None,
             mirror: switch("KILN_CUDA_MIRROR"),
             tile: switch("KILN_CUDA_TILE")
                 && c.head_dim_v.is_multiple_of(16)
@@ -328,6 +341,7 @@ impl CudaSession {
 
     /// End the recorded part of a step: finish recording (and run it), or replay.
     fn flush(&mut self) {
+        self.settle();
         match std::mem::replace(&mut self.capture, Capture::Direct) {
             Capture::Direct => {}
             Capture::Recording(rows) => {
@@ -400,6 +414,7 @@ impl CudaSession {
     /// An op will write buffer `b`: forget `xq`'s contents if they were made from it.
     fn writes(&mut self, b: Buf) {
         let p = self.buf(b);
+        self.writing(p);
         if self.xq_holds.is_some_and(|(x, _, _)| x == p) {
             self.xq_holds = None;
         }
@@ -495,40 +510,36 @@ impl Backend for CudaStep<'_> {
         s.capture = Capture::Direct;
         s.xq_holds = None;
         s.kv_stored = None;
+        s.deferred = None;
+        s.skipped = None;
         let n = tokens.len();
-        for (h, &t) in s.host_i32.iter_mut().zip(tokens) {
+        // The step's parameters (token ids, positions, slots, attention arithmetic) lie one
+        // after another in the arena, `stride` i32 apart: staged as that image, one copy.
+        let stride = (s.layout.pos - s.layout.ids) / 4;
+        let (mirror, tile) = (s.mirror, s.tile);
+        let (ids, rest) = s.host_i32.split_at_mut(stride);
+        let (pos, rest) = rest.split_at_mut(stride);
+        let (seq, mode) = rest.split_at_mut(stride);
+        for (h, &t) in ids.iter_mut().zip(tokens) {
             *h = t as i32;
         }
-        s.put_i32(s.layout.ids, n);
         let mut j = 0;
         for sq in seqs {
-            for p in sq.kv.len()..sq.kv.len() + sq.n_tokens {
-                s.host_i32[j] = p as i32;
-                j += 1;
-            }
-        }
-        s.put_i32(s.layout.pos, n);
-        let mut j = 0;
-        for sq in seqs {
-            for _ in 0..sq.n_tokens {
-                s.host_i32[j] = sq.kv.slot as i32;
-                j += 1;
-            }
-        }
-        s.put_i32(s.layout.seq, n);
-        // Per row, the CPU's choice of attention arithmetic for its sequence's part of the pass.
-        let mut j = 0;
-        for sq in seqs {
-            let mode = match sq.n_tokens {
-                1 if s.mirror => 2,
+            // Per row, the CPU's choice of attention arithmetic for its sequence's part.
+            let m = match sq.n_tokens {
+                1 if mirror => 2,
                 n if n > 1 && n < TILE_Q => 1,
-                n if s.tiled(n) => 3,
+                n if attention::tiles(tile, n) => 3,
                 _ => 0,
             };
-            s.host_i32[j..j + sq.n_tokens].fill(mode);
-            j += sq.n_tokens;
+            for p in sq.kv.len()..sq.kv.len() + sq.n_tokens {
+                pos[j] = p as i32;
+                seq[j] = sq.kv.slot as i32;
+                mode[j] = m;
+                j += 1;
+            }
         }
-        s.put_i32(s.layout.mode, n);
+        s.put_i32(s.layout.ids, 3 * stride + n);
         let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
         if s.use_graphs && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
             if s.graphs.contains_key(&n) {
@@ -566,13 +577,20 @@ impl Backend for CudaStep<'_> {
         if w == NormW::Output {
             s.flush();
         }
+        let (sp, dp) = (s.buf(src), s.buf(dst));
+        s.reading(sp);
+        s.writing(dp);
         s.xq_holds = None;
         let n = s.w.norm(w);
         let width = s.w(dst);
         let off = (rows.start * width * 4) as u64;
         let groups = rows.len() * width / n.len.max(1);
-        let (x, y) = (s.buf(src) + off, s.buf(dst) + off);
-        if rows.start == 0 && s.norm_quantized(readers(self.m, w), n, x, 0, y, rows.end) {
+        let (x, y) = (sp + off, dp + off);
+        let mats = readers(self.m, w);
+        if rows.start == 0 && w != NormW::Output && s.defer_norm(mats, n, x, y, rows.end) {
+            return;
+        }
+        if rows.start == 0 && s.norm_quantized(mats, n, x, 0, y, rows.end) {
             return;
         }
         s.norm_groups(n, x, 0, y, groups);
@@ -580,6 +598,9 @@ impl Backend for CudaStep<'_> {
 
     fn norm_gather(&mut self, w: NormW, src: Buf, sel: RowSel<'_>, dst: Buf) {
         let s = &mut *self.s;
+        let (sp, dp) = (s.buf(src), s.buf(dst));
+        s.reading(sp);
+        s.writing(dp);
         s.flush();
         for i in 0..sel.len() {
             s.host_i32[i] = sel.get(i) as i32;
@@ -601,6 +622,9 @@ impl Backend for CudaStep<'_> {
         }
         let mut prep = Prepared::default();
         let x = s.buf(src);
+        if s.deferred_for(x, rows).is_none() {
+            s.reading(x);
+        }
         // (No allocation: this runs for every op of every decoded token.)
         let n = ws.len().clamp(1, 3);
         let pick = |i: usize| {
@@ -626,11 +650,12 @@ impl Backend for CudaStep<'_> {
             for &(m, y) in mats {
                 s.bias(m, y, rows);
             }
-            return;
+        } else {
+            for &(m, y) in mats {
+                s.product(m, x, y, rows, &mut prep);
+            }
         }
-        for &(m, y) in mats {
-            s.product(m, x, y, rows, &mut prep);
-        }
+        s.consumed_by(x);
     }
 
     fn matmul_add(&mut self, w: Mat, src: Buf, dst: Buf, rows: usize) {
@@ -641,6 +666,7 @@ impl Backend for CudaStep<'_> {
         let decode = rows < GEMM_MIN_ROWS || s.layout.gemm.is_none();
         if s.fuse && decode && m.bias.is_none() && m.kernels.quantize.is_some() {
             let (x, y) = (s.buf(src), s.buf(dst));
+            s.reading(x);
             s.matvecs(&[(m, y)], x, rows, true);
             return;
         }
@@ -662,24 +688,43 @@ impl Backend for CudaStep<'_> {
             && g.bias.is_none()
             && u.bias.is_none();
         if let (true, Some(name)) = (fused, g.kernels.gated) {
-            if let Some(xq) = s.quantized(g, x, rows) {
+            let (block, tpr) = mv_shape(&s.gpu, g.cols);
+            let own = s.own_input(g.kernels.gated_f32, g, x, rows);
+            // The input and the norm the blocks apply first (as `matvecs`).
+            let (input, norm) = match (own, s.deferred_for(x, rows)) {
+                (Some(_), Some(d)) => (Some(d.x), (d.n.w, d.n.eps)),
+                (Some(_), None) => (Some(x), (0, 0.0)),
+                (None, _) => {
+                    s.settle();
+                    (s.quantized(g, x, rows), (0, 0.0))
+                }
+            };
+            if let Some(input) = input {
                 let args = [
                     Arg::P(g.ptr),
                     Arg::P(u.ptr),
-                    Arg::P(xq),
+                    Arg::P(input),
                     Arg::P(gp),
                     Arg::I(g.rows as i32),
                     Arg::I(g.cols as i32),
                     Arg::I(rows as i32),
                     Arg::I(matches!(act, Activation::GeluTanh) as i32),
+                    Arg::I(tpr as i32),
+                    Arg::P(norm.0),
+                    Arg::F(norm.1),
                 ];
-                let threads = mv_threads(&s.gpu);
-                s.go(name, g.rows as u32, threads, &args);
+                let grid = g.rows.div_ceil((block / tpr) as usize) as u32;
+                match own {
+                    Some(k) => s.go(k, grid, block, &args),
+                    None => s.go(name, grid, block, &args[..9]),
+                }
+                s.consumed_by(x);
                 return;
             }
         }
         s.product(g, x, gp, rows, &mut prep);
         s.product(u, x, upp, rows, &mut prep);
+        s.consumed_by(x);
         let n = rows * g.rows;
         let name = match act {
             Activation::Silu => "swiglu_f32",
@@ -690,6 +735,8 @@ impl Backend for CudaStep<'_> {
 
     fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {
         let s = &mut *self.s;
+        s.writes(buf);
+        s.reading(s.buf(buf));
         s.xq_holds = None;
         let n = rows * s.w(buf);
         let name = match act {
@@ -770,6 +817,8 @@ impl Backend for CudaStep<'_> {
 
     fn scale(&mut self, buf: Buf, k: f32, rows: usize) {
         let s = &mut *self.s;
+        s.writes(buf);
+        s.reading(s.buf(buf));
         s.xq_holds = None;
         let n = rows * s.w(buf);
         let p = s.buf(buf);
@@ -778,6 +827,9 @@ impl Backend for CudaStep<'_> {
 
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
         let s = &mut *self.s;
+        s.writes(dst);
+        s.reading(s.buf(dst));
+        s.reading(s.buf(src));
         s.xq_holds = None;
         let n = rows * s.w(dst);
         let (d, x) = (s.buf(dst), s.buf(src));
@@ -797,6 +849,7 @@ impl Backend for CudaStep<'_> {
 
     fn read(&mut self, buf: Buf, rows: Range<usize>, sink: &mut dyn FnMut(usize, &[f32])) {
         let s = &mut *self.s;
+        s.reading(s.buf(buf));
         s.flush();
         let w = s.w(buf);
         match s.fetch(buf, rows.clone()) {

@@ -69,33 +69,47 @@ pub struct DeviceWeights {
 #[derive(Clone, Copy, Debug)]
 pub struct FormatKernels {
     pub matvec: &'static str,
+    /// The same product over f32 input that each block quantizes itself, as `quantize`
+    /// would (rows of at most [`F32_INPUT_MAX_COLS`], a warp per row): one launch fewer
+    /// where nothing quantized the input already.
+    pub matvec_f32: Option<&'static str>,
     /// The kernel that quantizes the matvec kernel's activations to 8 bits (as the CPU does
     /// for this format); none: it takes f32.
     pub quantize: Option<&'static str>,
     /// The gated FFN's two products and activation in one launch (quantized formats).
     pub gated: Option<&'static str>,
+    /// The same over f32 input, as `matvec_f32`.
+    pub gated_f32: Option<&'static str>,
     pub embed: &'static str,
     /// Dequantization to bf16 for prompt-sized products on the tensor cores (none for F32 and
     /// F16, which bf16 would round: they keep the f32 matvec).
     pub dequant: Option<&'static str>,
 }
 
+/// The widest rows the matvecs over f32 input take (`matvec_*_f`: their shared memory holds
+/// one token's input quantized, 64 groups of 32).
+pub const F32_INPUT_MAX_COLS: usize = 2048;
+
 /// The kernels of a weight format, or why the GPU has none.
 pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
     let plain = |matvec, embed, dequant| {
         Ok(FormatKernels {
             matvec,
+            matvec_f32: None,
             quantize: None,
             gated: None,
+            gated_f32: None,
             embed,
             dequant,
         })
     };
-    let quant = |matvec, gated, quantize, embed, dequant| {
+    let quant = |matvec, matvec_f32, gated, gated_f32, quantize, embed, dequant| {
         Ok(FormatKernels {
             matvec,
+            matvec_f32: Some(matvec_f32),
             quantize: Some(quantize),
             gated: Some(gated),
+            gated_f32: Some(gated_f32),
             embed,
             dequant: Some(dequant),
         })
@@ -106,70 +120,90 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         GgmlType::BF16 => plain("matvec_bf16", "embed_bf16", Some("dequant_bf16_bf16")),
         GgmlType::Q4_0 => quant(
             "matvec_q4_0",
+            "matvec_q4_0_f",
             "gated_q4_0",
+            "gated_q4_0_f",
             "quantize_q8_0",
             "embed_q4_0",
             "dequant_bf16_q4_0",
         ),
         GgmlType::Q4_1 => quant(
             "matvec_q4_1",
+            "matvec_q4_1_f",
             "gated_q4_1",
+            "gated_q4_1_f",
             "quantize_q8_1",
             "embed_q4_1",
             "dequant_bf16_q4_1",
         ),
         GgmlType::Q5_0 => quant(
             "matvec_q5_0",
+            "matvec_q5_0_f",
             "gated_q5_0",
+            "gated_q5_0_f",
             "quantize_q8_0",
             "embed_q5_0",
             "dequant_bf16_q5_0",
         ),
         GgmlType::Q5_1 => quant(
             "matvec_q5_1",
+            "matvec_q5_1_f",
             "gated_q5_1",
+            "gated_q5_1_f",
             "quantize_q8_1",
             "embed_q5_1",
             "dequant_bf16_q5_1",
         ),
         GgmlType::Q8_0 => quant(
             "matvec_q8_0",
+            "matvec_q8_0_f",
             "gated_q8_0",
+            "gated_q8_0_f",
             "quantize_q8_0",
             "embed_q8_0",
             "dequant_bf16_q8_0",
         ),
         GgmlType::Q2K => quant(
             "matvec_q2_k",
+            "matvec_q2_k_f",
             "gated_q2_k",
+            "gated_q2_k_f",
             "quantize_q8_k",
             "embed_q2_k",
             "dequant_bf16_q2_k",
         ),
         GgmlType::Q3K => quant(
             "matvec_q3_k",
+            "matvec_q3_k_f",
             "gated_q3_k",
+            "gated_q3_k_f",
             "quantize_q8_k",
             "embed_q3_k",
             "dequant_bf16_q3_k",
         ),
         GgmlType::Q4K => quant(
             "matvec_q4_k",
+            "matvec_q4_k_f",
             "gated_q4_k",
+            "gated_q4_k_f",
             "quantize_q8_k",
             "embed_q4_k",
             "dequant_bf16_q4_k",
         ),
         GgmlType::Q5K => quant(
             "matvec_q5_k",
+            "matvec_q5_k_f",
             "gated_q5_k",
+            "gated_q5_k_f",
             "quantize_q8_k",
             "embed_q5_k",
             "dequant_bf16_q5_k",
         ),
         GgmlType::Q6K => quant(
             "matvec_q6_k",
+            "matvec_q6_k_f",
             "gated_q6_k",
+            "gated_q6_k_f",
             "quantize_q8_k",
             "embed_q6_k",
             "dequant_bf16_q6_k",
@@ -184,8 +218,10 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
 fn repacked_kernels(ty: GgmlType) -> Option<FormatKernels> {
     (ty == GgmlType::Q4_0).then_some(FormatKernels {
         matvec: "matvec_q4_0r",
+        matvec_f32: Some("matvec_q4_0r_f"),
         quantize: Some("quantize_q8_0"),
         gated: Some("gated_q4_0r"),
+        gated_f32: Some("gated_q4_0r_f"),
         // (The token embedding keeps the file's layout.)
         embed: "embed_q4_0",
         dequant: Some("dequant_bf16_q4_0r"),

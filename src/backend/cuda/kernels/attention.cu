@@ -48,6 +48,7 @@ extern "C" __global__ void kv_store_f16(const float* k, const float* v, u8* kc, 
                                         const int* pos, const int* seq, long seq_stride_k,
                                         long seq_stride_v, int n_kv_heads, int hd_k, int hd_v,
                                         int ctx) {
+    pdl_begin();
     int r = blockIdx.x;
     long p = pos[r] % ctx;
     u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
@@ -86,6 +87,7 @@ extern "C" __global__ void kv_store_q8_0(const float* k, const float* v, u8* kc,
                                          const int* pos, const int* seq, long seq_stride_k,
                                          long seq_stride_v, int n_kv_heads, int hd_k, int hd_v,
                                          int ctx) {
+    pdl_begin();
     int r = blockIdx.x;
     long p = pos[r] % ctx;  // (the layer's rows: see kv_store_f16)
     u8* kr = kc + seq[r] * seq_stride_k + p * Q8Row::bytes(hd_k);
@@ -98,6 +100,7 @@ extern "C" __global__ void kv_store_q8_0(const float* k, const float* v, u8* kc,
 // values to another slot's (either element type): prefix reuse between sequences.
 extern "C" __global__ void kv_copy_u16(const u16* src, u16* dst, int heads, long n,
                                        long stride) {
+    pdl_begin();
     long total = (long)heads * n;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long)gridDim.x * blockDim.x) {
@@ -343,6 +346,7 @@ __device__ void attend(const float* q, const u8* kc, const u8* vc, const int* po
                                     float* out, int n_heads, int n_kv_heads, int hd_k,          \
                                     int hd_v, int ctx, int rows, float scale, int window,       \
                                     const int* mode) {                                          \
+        pdl_begin();                                                                            \
         attend<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, n_heads, n_kv_heads,    \
                   hd_k, hd_v, ctx, rows, scale, window, mode);                                  \
     }
@@ -493,6 +497,7 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
                                     float* out, float* part, int n_heads, int n_kv_heads,       \
                                     int hd_k, int hd_v, int ctx, int rows, float scale,         \
                                     int window, int n_split, int chunk, int mirror) {           \
+        pdl_begin();                                                                            \
         attend_split<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, part, n_heads,    \
                         n_kv_heads, hd_k, hd_v, ctx, rows, scale, window, n_split, chunk,       \
                         mirror);                                                                \
@@ -504,6 +509,7 @@ ATTEND_SPLIT(attend_split_q8_0, Q8Row)
 extern "C" __global__ void attend_merge(const int* pos, const float* part, float* out,
                                         int n_heads, int hd_v, int ctx, int n_split,
                                         int mirror) {
+    pdl_begin();
     int rh = blockIdx.x, r = rh / n_heads;
     int p = pos[r];
     if (mirror && short_context(p, ctx)) return;  // done whole by split 0
@@ -704,6 +710,7 @@ __device__ void attend_tile(const float* q, const u8* kc, const u8* vc, const in
                                     float* out, int n_rows, int n_heads, int n_kv_heads,        \
                                     int hd_k, int hd_v, int rows, float scale, int window,      \
                                     const int* mode) {                                          \
+        pdl_begin();                                                                            \
         attend_tile<R, QPT>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, n_rows,       \
                             n_heads, n_kv_heads, hd_k, hd_v, rows, scale, window, mode);        \
     }

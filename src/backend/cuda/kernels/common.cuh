@@ -28,6 +28,17 @@ __device__ __forceinline__ u16 f2h(float f) {
 __device__ __forceinline__ float u2f(u32 v) { return __uint_as_float(v); }
 #endif
 
+// The start of every kernel. Launched with programmatic stream serialization (gpu.rs, sm_90
+// and later), a kernel's blocks may be placed before the kernel ahead of it in the stream has
+// finished: wait here until it has and its writes are visible, then let the kernel after this
+// one be placed (it waits in turn). Elsewhere (older GPUs, the software GPU) nothing.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // 16 bytes loaded at once (from a 16-byte aligned address).
 struct alignas(16) u32x4 {
     u32 x, y, z, w;
@@ -83,7 +94,23 @@ __device__ float block_max(float v) { return block_reduce<true>(v); }
 // as the CPU (and the reference), f32 squares summed in f64, the mean rounded to f32.
 __device__ float rms_scale(const float* xr, int width, float eps) {
     double ss = 0.0;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += (double)(xr[i] * xr[i]);
+    int i = threadIdx.x, step = blockDim.x;
+    // Four loads in flight at a time (a row is read right after another kernel wrote it, so
+    // each load waits on the L2); the sum keeps the one-at-a-time order.
+    for (; i + 3 * step < width; i += 4 * step) {
+        float a = xr[i], b = xr[i + step], c = xr[i + 2 * step], d = xr[i + 3 * step];
+        ss += (double)(a * a);
+        ss += (double)(b * b);
+        ss += (double)(c * c);
+        ss += (double)(d * d);
+    }
+    if (i + step < width) {
+        float a = xr[i], b = xr[i + step];
+        ss += (double)(a * a);
+        ss += (double)(b * b);
+        i += 2 * step;
+    }
+    if (i < width) ss += (double)(xr[i] * xr[i]);
     ss = block_sum_f64(ss);
     return 1.0f / sqrtf((float)(ss / (double)width) + eps);
 }

@@ -4,6 +4,7 @@
 #define EMBED(NAME, BYTES, ELEMS, DQ)                                                         \
     extern "C" __global__ void NAME(const u8* w, const int* ids, float* out, int cols,       \
                                     float scale, const float* pos_embd, const int* pos) {    \
+        pdl_begin();                                                                         \
         const u8* row = w + (long)ids[blockIdx.x] * (cols / ELEMS) * BYTES;                   \
         float* o = out + (long)blockIdx.x * cols;                                             \
         for (int c = threadIdx.x; c < cols; c += blockDim.x) {                               \

@@ -14,6 +14,7 @@ __device__ __forceinline__ u16 f2bf(float f) {
 __device__ __forceinline__ float bf2f(u16 v) { return u2f(((u32)v) << 16); }
 
 extern "C" __global__ void f32_to_bf16(const float* x, u16* y, long n) {
+    pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(x[i]);
 }
@@ -21,6 +22,7 @@ extern "C" __global__ void f32_to_bf16(const float* x, u16* y, long n) {
 // Rows `[r0, r0 + n / cols)` of W (`cols` per row) to bf16 `[n / cols, cols]`.
 #define DEQUANT_BF16(NAME, BYTES, ELEMS, DQ)                                                  \
     extern "C" __global__ void NAME(const u8* w, u16* out, int cols, long r0, long n) {      \
+        pdl_begin();                                                                         \
         long i = (long)blockIdx.x * blockDim.x + threadIdx.x;                                 \
         if (i >= n) return;                                                                   \
         long r = r0 + i / cols;                                                               \
@@ -43,6 +45,7 @@ DEQUANT_BF16(dequant_bf16_bf16, 2, 1, dq_bf16)
 
 // `dequant_bf16_q4_0` for q4_0 rearranged at upload (matvec.cu `dot_q4_0r`).
 extern "C" __global__ void dequant_bf16_q4_0r(const u8* w, u16* out, int cols, long r0, long n) {
+    pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     long r = r0 + i / cols;
@@ -57,6 +60,7 @@ extern "C" __global__ void dequant_bf16_q4_0r(const u8* w, u16* out, int cols, l
 // computes in step.rs, one thread per output, for the software GPU.
 extern "C" __global__ void gemm_bf16(const u16* w, const u16* x, float* y, int rows, int cols,
                                      int n_tok, int ldy) {
+    pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * n_tok) return;
     int t = (int)(i / rows), r = (int)(i % rows);

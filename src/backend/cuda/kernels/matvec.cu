@@ -63,17 +63,20 @@ __device__ void q8_256(float v, long i, Q8x* y) {
 }
 
 extern "C" __global__ void quantize_q8_0(const float* x, Q8x* y, long n) {
+    pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) q8_32<false>(x[i], i, y);  // (whole warps: n is a multiple of 32)
 }
 
 extern "C" __global__ void quantize_q8_1(const float* x, Q8x* y, long n) {
+    pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) q8_32<true>(x[i], i, y);
 }
 
 // One block of 256 threads per group of 256.
 extern "C" __global__ void quantize_q8_k(const float* x, Q8x* y, long n) {
+    pdl_begin();
     long i = (long)blockIdx.x * 256 + threadIdx.x;
     q8_256(x[i], i, y);
 }
@@ -86,6 +89,7 @@ extern "C" __global__ void quantize_q8_k(const float* x, Q8x* y, long n) {
 // normalizes and quantizes its slice; x must not be y. Row `sel[b]` of x when `sel` is given.
 extern "C" __global__ void rms_norm_q8(const float* x, const int* sel, float* y, const float* w,
                                        int width, float eps, Q8x* xq, int kind, int slice) {
+    pdl_begin();
     int parts = (width + slice - 1) / slice;
     int b = blockIdx.x / parts, part = blockIdx.x % parts;
     long r = sel ? (long)sel[b] : (long)b;
@@ -301,82 +305,183 @@ __device__ __forceinline__ float row_sum(float v) {
 // being row i of the first, then of the second, then of the third (rows1 = rows2 = 0: one).
 // With `add`, the products are added to y (a residual stream: y + (w·x), as a separate add
 // of the product would round it).
-#define MATVEC_Q(NAME, BYTES, ELEMS, DOT)                                                     \
+// `NAME##_f` takes f32 input, which each block quantizes into shared memory (as
+// `quantize_q8_*` would: KIND 0 Q8_0, 1 Q8_1, 2 Q8_K), a token at a time, RMS-normalized
+// first with weights `nw` (as `rms_norm_q8` would) unless `nw` is null: rows of at most 2048
+// elements, a warp per row, blocks of 256. Its sums are those of `NAME` after those kernels,
+// bit for bit, and their launches are saved.
+// Row `row` of a launch over up to three matrices (rows0 + rows1 + rows2 rows): its matrix's
+// bytes, its output, its row there and that matrix's rows.
+struct MvRow {
+    const u8* w;
+    float* y;
+    int row, rows;
+};
+
+__device__ __forceinline__ MvRow mv_row(int row, const u8* w0, const u8* w1, const u8* w2,
+                                        float* y0, float* y1, float* y2, int rows0, int rows1,
+                                        int rows2) {
+    MvRow r = {w0, y0, row, rows0};
+    if (row >= rows0) {
+        r.row -= rows0, r.rows = rows1, r.w = w1, r.y = y1;
+        if (r.row >= rows1) r.row -= rows1, r.rows = rows2, r.w = w2, r.y = y2;
+    }
+    return r;
+}
+
+// One token's input row (`cols` ≤ 2048 f32, whole groups) quantized into shared `xs` (64
+// groups) by a block of 256 threads, as `quantize_q8_*` quantizes it, RMS-normalized first
+// (as `rms_norm_q8`: x · scale · nw) when `nw` is given: each thread loads its (up to eight)
+// elements first, so the loads are in flight together. Every warp takes part in every round
+// (past `cols`, zeros into groups no one reads), so the block meets each shuffle together (as
+// the software GPU requires).
+template <int KIND>
+__device__ __forceinline__ void quantize_row_shared(const float* x, int cols, const float* nw,
+                                                    float eps, Q8x* xs) {
+    float scale = nw ? rms_scale(x, cols, eps) : 1.0f;
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        int i = k * 256 + threadIdx.x;
+        v[k] = i >= cols ? 0.0f : nw ? x[i] * scale * nw[i] : x[i];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        int i = k * 256 + threadIdx.x;
+        if (k * 256 >= cols) break;
+        if (KIND == 2)
+            q8_256(v[k], i, xs);  // (rows of Q8_K are whole groups of 256)
+        else
+            q8_32<KIND == 1>(v[k], i, xs);
+    }
+}
+
+#define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND)                                               \
+    __device__ __forceinline__ float NAME##_row(const u8* wr, const Q8x* xt, int ng, int lane,\
+                                                int tpr) {                                    \
+        float acc = 0.0f;                                                                     \
+        _Pragma("unroll 2") for (int g = lane; g < ng; g += tpr)                              \
+            acc += DOT(wr, g, xt + g, ng);                                                    \
+        return tpr == (int)blockDim.x ? row_sum(acc) : warp_sum(acc);                         \
+    }                                                                                         \
     extern "C" __global__ void NAME(const u8* w0, const u8* w1, const u8* w2, const Q8x* x,  \
                                     float* y0, float* y1, float* y2, int rows0, int rows1,    \
                                     int rows2, int cols, int n_tok, int add, int tpr) {       \
-        int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr, rows = rows0;          \
+        pdl_begin();                                                                          \
+        int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
         if (row >= rows0 + rows1 + rows2) return;  /* (a whole warp: tpr < blockDim.x) */     \
-        const u8* w = w0;                                                                     \
-        float* y = y0;                                                                        \
-        if (row >= rows0) {                                                                   \
-            row -= rows0, rows = rows1, w = w1, y = y1;                                       \
-            if (row >= rows1) row -= rows1, rows = rows2, w = w2, y = y2;                     \
-        }                                                                                     \
+        MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
         int ng = cols >> 5;                                                                   \
-        const u8* wr = w + (long)row * (cols / ELEMS) * BYTES;                                \
+        const u8* wr = r.w + (long)r.row * (cols / ELEMS) * BYTES;                            \
         for (int t = 0; t < n_tok; ++t) {                                                     \
-            const Q8x* xt = x + (long)t * ng;                                                 \
-            float acc = 0.0f;                                                                 \
-            _Pragma("unroll 2") for (int g = lane; g < ng; g += tpr)                          \
-                acc += DOT(wr, g, xt + g, ng);                                                \
-            acc = tpr == (int)blockDim.x ? row_sum(acc) : warp_sum(acc);                      \
-            float* yo = y + (long)t * rows + row;                                             \
+            float acc = NAME##_row(wr, x + (long)t * ng, ng, lane, tpr);                      \
+            float* yo = r.y + (long)t * r.rows + r.row;                                       \
             if (lane == 0) *yo = add ? *yo + acc : acc;                                       \
+        }                                                                                     \
+    }                                                                                         \
+    extern "C" __global__ void NAME##_f(const u8* w0, const u8* w1, const u8* w2,            \
+                                        const float* x, float* y0, float* y1, float* y2,      \
+                                        int rows0, int rows1, int rows2, int cols, int n_tok, \
+                                        int add, int tpr, const float* nw, float eps) {       \
+        pdl_begin();                                                                          \
+        __shared__ Q8x xs[64];                                                                \
+        int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
+        int lane = threadIdx.x % tpr;                                                         \
+        bool live = row < rows0 + rows1 + rows2;  /* (all threads meet every barrier) */      \
+        MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
+        int ng = cols >> 5;                                                                   \
+        const u8* wr = r.w + (long)r.row * (cols / ELEMS) * BYTES;                            \
+        for (int t = 0; t < n_tok; ++t) {                                                     \
+            quantize_row_shared<KIND>(x + (long)t * cols, cols, nw, eps, xs);                 \
+            __syncthreads();                                                                  \
+            /* (Warps past the last row sum nothing, through the same shuffles.) */           \
+            float acc = NAME##_row(wr, xs, live ? ng : 0, lane, tpr);                         \
+            float* yo = r.y + (long)t * r.rows + r.row;                                       \
+            if (live && lane == 0) *yo = add ? *yo + acc : acc;                               \
+            __syncthreads();  /* (xs is rewritten for the next token) */                      \
         }                                                                                     \
     }
 
 // The gated FFN's two products and its activation in one launch:
-// y[t][r] = act(gate_r · x_t) · (up_r · x_t), act SiLU (gelu 0) or GELU (gelu 1).
-#define MATVEC_GATED(NAME, BYTES, ELEMS, DOT)                                                 \
+// y[t][r] = act(gate_r · x_t) · (up_r · x_t), act SiLU (gelu 0) or GELU (gelu 1). Rows are
+// shared out as `MATVEC_Q` shares them (`tpr` threads per row), so each product sums in the
+// order of its matvec alone. `NAME##_f` takes f32 input as `MATVEC_Q`'s does (normalized
+// with `nw` unless null; narrow rows, blocks of 256).
+#define MATVEC_GATED(NAME, BYTES, ELEMS, DOT, KIND)                                           \
+    __device__ __forceinline__ float NAME##_row(const u8* gr, const u8* ur, const Q8x* xt,   \
+                                                int ng, int lane, int tpr, int gelu) {        \
+        float ag = 0.0f, au = 0.0f;                                                           \
+        for (int g = lane; g < ng; g += tpr) {                                                \
+            ag += DOT(gr, g, xt + g, ng);                                                     \
+            au += DOT(ur, g, xt + g, ng);                                                     \
+        }                                                                                     \
+        bool block = tpr == (int)blockDim.x;                                                  \
+        ag = block ? row_sum(ag) : warp_sum(ag);                                              \
+        au = block ? row_sum(au) : warp_sum(au);                                              \
+        return (gelu ? gelu_tanh(ag) : silu(ag)) * au;                                        \
+    }                                                                                         \
     extern "C" __global__ void NAME(const u8* wg, const u8* wu, const Q8x* x, float* y,      \
-                                    int rows, int cols, int n_tok, int gelu) {                \
-        int row = blockIdx.x;                                                                 \
+                                    int rows, int cols, int n_tok, int gelu, int tpr) {       \
+        pdl_begin();                                                                          \
+        int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
+        int lane = threadIdx.x % tpr;                                                         \
+        if (row >= rows) return;  /* (a whole warp: tpr < blockDim.x) */                      \
         int ng = cols >> 5;                                                                   \
         long off = (long)row * (cols / ELEMS) * BYTES;                                        \
-        const u8 *gr = wg + off, *ur = wu + off;                                              \
         for (int t = 0; t < n_tok; ++t) {                                                     \
-            const Q8x* xt = x + (long)t * ng;                                                 \
-            float ag = 0.0f, au = 0.0f;                                                       \
-            for (int g = threadIdx.x; g < ng; g += blockDim.x) {                              \
-                ag += DOT(gr, g, xt + g, ng);                                                     \
-                au += DOT(ur, g, xt + g, ng);                                                     \
-            }                                                                                 \
-            ag = row_sum(ag);                                                                 \
-            au = row_sum(au);                                                                 \
-            if (threadIdx.x == 0) y[(long)t * rows + row] = (gelu ? gelu_tanh(ag) : silu(ag)) * au; \
+            float v = NAME##_row(wg + off, wu + off, x + (long)t * ng, ng, lane, tpr, gelu);  \
+            if (lane == 0) y[(long)t * rows + row] = v;                                       \
+        }                                                                                     \
+    }                                                                                         \
+    extern "C" __global__ void NAME##_f(const u8* wg, const u8* wu, const float* x, float* y,\
+                                        int rows, int cols, int n_tok, int gelu, int tpr,     \
+                                        const float* nw, float eps) {                         \
+        pdl_begin();                                                                          \
+        __shared__ Q8x xs[64];                                                                \
+        int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
+        int lane = threadIdx.x % tpr;                                                         \
+        bool live = row < rows;  /* (all threads meet every barrier) */                       \
+        int ng = cols >> 5;                                                                   \
+        long off = (long)(live ? row : 0) * (cols / ELEMS) * BYTES;                           \
+        for (int t = 0; t < n_tok; ++t) {                                                     \
+            quantize_row_shared<KIND>(x + (long)t * cols, cols, nw, eps, xs);                 \
+            __syncthreads();                                                                  \
+            float v = NAME##_row(wg + off, wu + off, xs, live ? ng : 0, lane, tpr, gelu);     \
+            if (live && lane == 0) y[(long)t * rows + row] = v;                               \
+            __syncthreads();  /* (xs is rewritten for the next token) */                      \
         }                                                                                     \
     }
 
-MATVEC_Q(matvec_q4_0, Q4_0_BYTES, 32, dot_q4_0)
-MATVEC_Q(matvec_q4_0r, Q4_0_BYTES, 32, dot_q4_0r)
-MATVEC_Q(matvec_q4_1, Q4_1_BYTES, 32, dot_q4_1)
-MATVEC_Q(matvec_q5_0, Q5_0_BYTES, 32, dot_q5_0)
-MATVEC_Q(matvec_q5_1, Q5_1_BYTES, 32, dot_q5_1)
-MATVEC_Q(matvec_q8_0, Q8_0_BYTES, 32, dot_q8_0)
-MATVEC_Q(matvec_q2_k, Q2_K_BYTES, 256, dot_q2_k)
-MATVEC_Q(matvec_q3_k, Q3_K_BYTES, 256, dot_q3_k)
-MATVEC_Q(matvec_q4_k, Q4_K_BYTES, 256, dot_q4_k)
-MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k)
-MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k)
+MATVEC_Q(matvec_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0)
+MATVEC_Q(matvec_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0)
+MATVEC_Q(matvec_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1)
+MATVEC_Q(matvec_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0)
+MATVEC_Q(matvec_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1)
+MATVEC_Q(matvec_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0)
+MATVEC_Q(matvec_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2)
+MATVEC_Q(matvec_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2)
+MATVEC_Q(matvec_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2)
+MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2)
+MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2)
 
-MATVEC_GATED(gated_q4_0, Q4_0_BYTES, 32, dot_q4_0)
-MATVEC_GATED(gated_q4_0r, Q4_0_BYTES, 32, dot_q4_0r)
-MATVEC_GATED(gated_q4_1, Q4_1_BYTES, 32, dot_q4_1)
-MATVEC_GATED(gated_q5_0, Q5_0_BYTES, 32, dot_q5_0)
-MATVEC_GATED(gated_q5_1, Q5_1_BYTES, 32, dot_q5_1)
-MATVEC_GATED(gated_q8_0, Q8_0_BYTES, 32, dot_q8_0)
-MATVEC_GATED(gated_q2_k, Q2_K_BYTES, 256, dot_q2_k)
-MATVEC_GATED(gated_q3_k, Q3_K_BYTES, 256, dot_q3_k)
-MATVEC_GATED(gated_q4_k, Q4_K_BYTES, 256, dot_q4_k)
-MATVEC_GATED(gated_q5_k, Q5_K_BYTES, 256, dot_q5_k)
-MATVEC_GATED(gated_q6_k, Q6_K_BYTES, 256, dot_q6_k)
+MATVEC_GATED(gated_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0)
+MATVEC_GATED(gated_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0)
+MATVEC_GATED(gated_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1)
+MATVEC_GATED(gated_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0)
+MATVEC_GATED(gated_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1)
+MATVEC_GATED(gated_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0)
+MATVEC_GATED(gated_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2)
+MATVEC_GATED(gated_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2)
+MATVEC_GATED(gated_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2)
+MATVEC_GATED(gated_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2)
+MATVEC_GATED(gated_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2)
 
 // Unquantized rows: the block's threads take elements in turn, f32 activations.
 #define MATVEC_PLAIN(NAME, T, CVT)                                                            \
     extern "C" __global__ void NAME(const T* w, const float* x, float* y, int rows, int cols, \
                                     int n_tok) {                                              \
+        pdl_begin();                                                                          \
         int row = blockIdx.x;                                                                 \
         const T* wr = w + (long)row * cols;                                                   \
         for (int t = 0; t < n_tok; ++t) {                                                     \

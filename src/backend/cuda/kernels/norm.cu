@@ -9,6 +9,7 @@ __device__ __forceinline__ long src_row(const int* sel) {
 // y = x / sqrt(mean(x²) + eps) · w
 extern "C" __global__ void rms_norm_f32(const float* x, const int* sel, float* y, const float* w,
                                         int width, float eps) {
+    pdl_begin();
     const float* xr = x + src_row(sel) * width;
     float* yr = y + (long)blockIdx.x * width;
     float scale = rms_scale(xr, width, eps);
@@ -18,6 +19,7 @@ extern "C" __global__ void rms_norm_f32(const float* x, const int* sel, float* y
 // y = (x − mean) / sqrt(var + eps) · w + b
 extern "C" __global__ void layer_norm_f32(const float* x, const int* sel, float* y,
                                           const float* w, const float* b, int width, float eps) {
+    pdl_begin();
     const float* xr = x + src_row(sel) * width;
     float* yr = y + (long)blockIdx.x * width;
     float s = 0.0f;

@@ -18,6 +18,7 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
                                    const float* freq_factors, int neox, u8* kc, u8* vc,
                                    const int* seq, long seq_stride_k, long seq_stride_v,
                                    int hd_v, int ctx) {
+    pdl_begin();
     int half_dims = n_dims / 2, heads = n_heads + n_kv_heads;
     long n_rot = rows * heads * half_dims;
     long n_pass = kc ? rows * n_kv_heads * (head_dim - n_dims) : 0;

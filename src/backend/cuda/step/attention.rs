@@ -38,10 +38,16 @@ fn tile_kernel(c: &ModelConfig, rows: usize, q8: bool) -> (&'static str, usize) 
     (name, blocks(per))
 }
 
+/// Whether a sequence's pass of `n_tokens` attends in tiles (its rows' mode 3), with tiles
+/// on (`CudaSession::tile`).
+pub(super) fn tiles(tile: bool, n_tokens: usize) -> bool {
+    tile && n_tokens >= TILE_Q
+}
+
 impl CudaSession {
     /// Whether a sequence's pass of `n_tokens` attends in tiles (its rows' mode 3).
     pub(super) fn tiled(&self, n_tokens: usize) -> bool {
-        self.tile && n_tokens >= TILE_Q
+        tiles(self.tile, n_tokens)
     }
 
     /// Attention of a step's rows of layer `layer` (`window` 0: none) into `Attn`.

@@ -4,7 +4,7 @@
 
 use super::{Capture, CudaSession, GemmLayout, GEMM_MIN_ROWS};
 use crate::backend::cuda::gpu::{blocks_for, Arg, Gpu};
-use crate::backend::cuda::weights::DevMat;
+use crate::backend::cuda::weights::{DevMat, F32_INPUT_MAX_COLS};
 
 /// Threads per output row of the matvec kernels: four warps on a GPU; one on the software
 /// GPU, where every warp costs fiber switches and loads have no latency to hide.
@@ -29,18 +29,30 @@ pub(super) fn mv_threads(gpu: &Gpu) -> u32 {
 /// per row). Rows of up to 64 groups of 32 take one warp each, eight rows to a block of 256
 /// (the narrow matrices of small models, whose rows leave most of a four-warp block idle, and
 /// their output heads of 50,000–260,000 rows); wider rows take a block of `mv_threads`.
-/// `KILN_CUDA_MV_NARROW=0` gives every row a block.
+/// `KILN_CUDA_MV_NARROW=0` gives every row a block; `KILN_CUDA_MV_WARP_GROUPS=n` moves the
+/// bound of 64 groups (for measuring).
 pub(super) fn mv_shape(gpu: &Gpu, cols: usize) -> (u32, u32) {
-    static NARROW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let narrow =
-        *NARROW.get_or_init(|| std::env::var("KILN_CUDA_MV_NARROW").map_or(true, |v| v != "0"));
-    let t = mv_threads(gpu);
-    if narrow && cols / 32 <= 64 {
+    static WARP_GROUPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let warp_groups = *WARP_GROUPS.get_or_init(|| {
+        if std::env::var("KILN_CUDA_MV_NARROW").is_ok_and(|v| v == "0") {
+            return 0;
+        }
+        std::env::var("KILN_CUDA_MV_WARP_GROUPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64)
+    });
+    if cols / 32 <= warp_groups {
         (256, 32)
     } else {
+        let t = mv_threads(gpu);
         (t, t)
     }
 }
+
+/// The most tokens a decode-sized product quantizes its input inside its blocks for (each
+/// block quantizes every token's row: more tokens quantize once, in a launch of their own).
+pub(super) const F32_INPUT_MAX_TOKENS: usize = 4;
 
 /// Which forms of a product's input exist (products that share an input make them once; the
 /// 8-bit form is the session's `xq_holds`).
@@ -78,7 +90,18 @@ impl CudaSession {
     pub(super) fn matvecs(&mut self, mats: &[(DevMat, u64)], x: u64, rows: usize, add: bool) {
         let m = mats[0].0;
         let threads = mv_threads(&self.gpu);
-        let Some(input) = self.quantized(m, x, rows) else {
+        let (block, tpr) = mv_shape(&self.gpu, m.cols);
+        let own = self.own_input(m.kernels.matvec_f32, m, x, rows);
+        // The input and the norm the blocks apply first (none: weights 0).
+        let (quantized, norm) = match (own, self.deferred_for(x, rows)) {
+            (Some(_), Some(d)) => (Some(d.x), (d.n.w, d.n.eps)),
+            (Some(_), None) => (Some(x), (0, 0.0)),
+            (None, _) => {
+                self.settle();
+                (self.quantized(m, x, rows), (0, 0.0))
+            }
+        };
+        let Some(input) = quantized else {
             debug_assert!(!add, "an f32 matvec cannot add to its output");
             for &(m, y) in mats {
                 let args = [
@@ -93,7 +116,6 @@ impl CudaSession {
             }
             return;
         };
-        let (block, tpr) = mv_shape(&self.gpu, m.cols);
         let at = |i: usize| mats.get(i).copied().unwrap_or((DevMat { rows: 0, ..m }, 0));
         let (a, b, c) = (at(0), at(1), at(2));
         let args = [
@@ -111,9 +133,35 @@ impl CudaSession {
             Arg::I(rows as i32),
             Arg::I(add as i32),
             Arg::I(tpr as i32),
+            Arg::P(norm.0),
+            Arg::F(norm.1),
         ];
         let grid = (a.0.rows + b.0.rows + c.0.rows).div_ceil((block / tpr) as usize) as u32;
-        self.go(m.kernels.matvec, grid, block, &args);
+        match own {
+            Some(k) => self.go(k, grid, block, &args),
+            None => self.go(m.kernels.matvec, grid, block, &args[..14]),
+        }
+    }
+
+    /// The kernel over f32 input (`k`: `matvec_f32` or `gated_f32` of `m`) for a product of
+    /// `rows` tokens of x, if it applies: narrow rows, a few tokens, x that nothing quantized
+    /// yet (or the output of a deferred norm). Each block quantizes the input itself: the same
+    /// bits, one launch fewer.
+    pub(super) fn own_input(
+        &self,
+        k: Option<&'static str>,
+        m: DevMat,
+        x: u64,
+        rows: usize,
+    ) -> Option<&'static str> {
+        let q = m.kernels.quantize?;
+        let ok = self.fuse
+            && self.f32_input
+            && mv_shape(&self.gpu, m.cols) == (256, 32)
+            && m.cols <= F32_INPUT_MAX_COLS
+            && rows <= F32_INPUT_MAX_TOKENS
+            && self.xq_holds != Some((x, q, rows));
+        k.filter(|_| ok)
     }
 
     /// x quantized for `m`'s matvec kernel, or `None` when the kernel takes f32. Made once

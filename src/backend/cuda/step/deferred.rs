@@ -1,0 +1,116 @@
+//! Norms left to the products that read them. A decode step's RMS norm before narrow products
+//! (the attention's projections, the FFN's first products, in models of up to 2048 wide) is
+//! not launched: each block of those products normalizes and quantizes the rows itself
+//! (`matvec_*_f`, `gated_*_f` with norm weights), as `rms_norm_q8` would, bit for bit. One
+//! launch fewer per norm.
+//!
+//! The norm's output buffer is then never written. The forward pass reads it only through
+//! those products, and writes it again (the next norm) before anything else reads it; the
+//! session checks that: any other op that reads the buffer first launches the norm after all
+//! ([`CudaSession::settle`]), and a read after the products, once the norm's input may have
+//! changed, is an error instead of stale numbers.
+
+use super::{CudaSession, Mat, GEMM_MIN_ROWS};
+use crate::backend::cuda::step::products::{mv_shape, F32_INPUT_MAX_TOKENS};
+use crate::backend::cuda::weights::{DevNorm, F32_INPUT_MAX_COLS};
+use crate::backend::cuda::CudaError;
+use crate::model::NormKind;
+
+/// An RMS norm of rows `x` into `y` that the products reading `y` do themselves.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DeferredNorm {
+    pub(super) n: DevNorm,
+    pub(super) x: u64,
+    pub(super) y: u64,
+    pub(super) rows: usize,
+    readers: [Option<Mat>; 3],
+}
+
+impl CudaSession {
+    /// Leave the norm of `rows` whole rows `x` → `y` (`x` ≠ `y`) to its readers `mats` when
+    /// every one of them can take it; true if so (nothing launched).
+    pub(super) fn defer_norm(
+        &mut self,
+        mats: [Option<Mat>; 3],
+        n: DevNorm,
+        x: u64,
+        y: u64,
+        rows: usize,
+    ) -> bool {
+        let ok = self.fuse
+            && self.f32_input
+            && n.kind == NormKind::Rms
+            && x != y
+            && rows <= F32_INPUT_MAX_TOKENS
+            && rows < GEMM_MIN_ROWS
+            && mats[0].is_some()
+            && mats.into_iter().flatten().all(|m| {
+                let m = self.w.mat(m);
+                m.kernels.matvec_f32.is_some()
+                    && m.cols == n.len
+                    && m.cols <= F32_INPUT_MAX_COLS
+                    && mv_shape(&self.gpu, m.cols) == (256, 32)
+            });
+        if ok {
+            self.settle();
+            self.deferred = Some(DeferredNorm {
+                n,
+                x,
+                y,
+                rows,
+                readers: mats,
+            });
+            self.skipped = None;
+        }
+        ok
+    }
+
+    /// The deferred norm whose output is `x` for `rows` rows, if there is one.
+    pub(super) fn deferred_for(&self, x: u64, rows: usize) -> Option<DeferredNorm> {
+        self.deferred.filter(|d| d.y == x && d.rows == rows)
+    }
+
+    /// Launch the deferred norm after all (an op other than its products reads its output).
+    pub(super) fn settle(&mut self) {
+        if let Some(d) = self.deferred.take() {
+            if !self.norm_quantized(d.readers, d.n, d.x, 0, d.y, d.rows) {
+                let groups = d.rows * d.n.len / d.n.len.max(1);
+                self.norm_groups(d.n, d.x, 0, d.y, groups);
+            }
+        }
+    }
+
+    /// The products that read `x` are done: if it is a deferred norm's output, that buffer
+    /// stays unwritten.
+    pub(super) fn consumed_by(&mut self, x: u64) {
+        if let Some(d) = self.deferred.take_if(|d| d.y == x) {
+            self.skipped = Some(d.y);
+        }
+    }
+
+    /// An op reads buffer `p`: launch a deferred norm into it; refuse to read one whose
+    /// products were done without writing it.
+    pub(super) fn reading(&mut self, p: u64) {
+        if self.deferred.is_some_and(|d| d.y == p) {
+            self.settle();
+        }
+        if self.skipped == Some(p) {
+            self.err.get_or_insert(CudaError::Driver(
+                "internal: a norm's output was read after its products normalized for \
+                 themselves (the forward pass must norm again before reading it)"
+                    .into(),
+            ));
+        }
+    }
+
+    /// An op writes buffer `p`: a deferred norm that reads or writes it is launched first; a
+    /// skipped output that it overwrites is whole again.
+    pub(super) fn writing(&mut self, p: u64) {
+        if self.deferred.is_some_and(|d| d.x == p || d.y == p) {
+            self.settle();
+        }
+        if self.skipped == Some(p) {
+            self.skipped = None;
+        }
+    }
+}
