@@ -297,10 +297,10 @@ __device__ __forceinline__ float row_sum(float v) {
     return r;
 }
 
-// `tpr` threads per output row, whole warps: a block of four warps per row on a GPU, so that a
-// row's groups are read by many loads in flight; for narrow rows (step/products.rs
-// `mv_shape`) one warp per row and blockDim.x / 32 rows per block, so that a block has work
-// for all its threads. Up to three matrices of one format that share the input (the
+// `tpr` threads per output row, whole warps: one warp per row and blockDim.x / 32 rows per
+// block for rows of up to 512 groups (step/products.rs `mv_shape`: the warp sums its row
+// without a barrier, and a block has work for all its threads), a block of four warps per
+// row past that. Up to three matrices of one format that share the input (the
 // attention's q, k and v) go in one launch: rows0 + rows1 + rows2 rows, row i of the launch
 // being row i of the first, then of the second, then of the third (rows1 = rows2 = 0: one).
 // With `add`, the products are added to y (a residual stream: y + (w·x), as a separate add
