@@ -144,6 +144,32 @@ fn matvec_args(
 }
 
 /// Weights of `ty`, `rows × cols`, quantized by the CPU from random values.
+/// A gated kernel's arguments with `w` as both the gate and the up matrix (`gelu` 1: GELU,
+/// else SiLU), `tpr` threads per row.
+#[allow(clippy::too_many_arguments)]
+fn gated_args(
+    w: u64,
+    x: u64,
+    y: u64,
+    rows: usize,
+    cols: usize,
+    n_tok: usize,
+    gelu: i32,
+    tpr: u32,
+) -> [Arg; 9] {
+    [
+        Arg::P(w),
+        Arg::P(w),
+        Arg::P(x),
+        Arg::P(y),
+        Arg::I(rows as i32),
+        Arg::I(cols as i32),
+        Arg::I(n_tok as i32),
+        Arg::I(gelu),
+        Arg::I(tpr as i32),
+    ]
+}
+
 fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let f = random(rows * cols, ty as u64 + 1);
     let rb = ty.row_bytes(cols).unwrap();
@@ -241,17 +267,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
             b.arena
                 .write(s, y, zerocopy::IntoBytes::as_bytes(&poison[..]))
                 .unwrap();
-            let args = [
-                Arg::P(wp),
-                Arg::P(wp),
-                Arg::P(xq),
-                Arg::P(yp),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::I(n_tok as i32),
-                Arg::I(gelu),
-                Arg::I(tpr as i32),
-            ];
+            let args = gated_args(wp, xq, yp, rows, cols, n_tok, gelu, tpr);
             let grid = rows.div_ceil((threads / tpr) as usize) as u32;
             g.launch(s, k.gated.unwrap(), grid, threads, &args).unwrap();
             let got = read_y(&g, &b, n_tok * rows);
@@ -380,17 +396,7 @@ fn f32_input_products_match_quantize_then_product() {
                             zerocopy::IntoBytes::as_bytes(&vec![f32::NAN; n_tok * rows][..]),
                         )
                         .unwrap();
-                    let args = [
-                        Arg::P(wp),
-                        Arg::P(wp),
-                        Arg::P(input),
-                        Arg::P(yp),
-                        Arg::I(rows as i32),
-                        Arg::I(cols as i32),
-                        Arg::I(n_tok as i32),
-                        Arg::I(0),
-                        Arg::I(32),
-                    ];
+                    let args = gated_args(wp, input, yp, rows, cols, n_tok, 0, 32);
                     let args: Vec<Arg> = args.iter().chain(&tail).copied().collect();
                     g.launch(s, name, grid, 256, &args).unwrap();
                     out.push(read_y(&g, &b, n_tok * rows));
@@ -617,17 +623,7 @@ fn repacked_q4_0_kernels_match_the_file_layout() {
         }
         // A block per row, and (narrow rows) a warp per row, eight to a block.
         for (block, tpr) in [(128, 128), (256, 32)] {
-            let args = [
-                Arg::P(wp),
-                Arg::P(wp),
-                Arg::P(xq),
-                Arg::P(yp),
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::I(n_tok as i32),
-                Arg::I(0),
-                Arg::I(tpr),
-            ];
+            let args = gated_args(wp, xq, yp, rows, cols, n_tok, 0, tpr as u32);
             let grid = rows.div_ceil((block / tpr) as usize) as u32;
             g.launch(s, gated, grid, block as u32, &args).unwrap();
             out.push(read_y(&g, &b, n_tok * rows));

@@ -690,15 +690,7 @@ impl Backend for CudaStep<'_> {
         if let (true, Some(name)) = (fused, g.kernels.gated) {
             let (block, tpr) = mv_shape(&s.gpu, g.cols);
             let own = s.own_input(g.kernels.gated_f32, g, x, rows);
-            // The input and the norm the blocks apply first (as `matvecs`).
-            let (input, norm) = match (own, s.deferred_for(x, rows)) {
-                (Some(_), Some(d)) => (Some(d.x), (d.n.w, d.n.eps)),
-                (Some(_), None) => (Some(x), (0, 0.0)),
-                (None, _) => {
-                    s.settle();
-                    (s.quantized(g, x, rows), (0, 0.0))
-                }
-            };
+            let (input, norm) = s.product_input(own, g, x, rows);
             if let Some(input) = input {
                 let args = [
                     Arg::P(g.ptr),

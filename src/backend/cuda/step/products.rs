@@ -93,15 +93,7 @@ impl CudaSession {
         let threads = mv_threads(&self.gpu);
         let (block, tpr) = mv_shape(&self.gpu, m.cols);
         let own = self.own_input(m.kernels.matvec_f32, m, x, rows);
-        // The input and the norm the blocks apply first (none: weights 0).
-        let (quantized, norm) = match (own, self.deferred_for(x, rows)) {
-            (Some(_), Some(d)) => (Some(d.x), (d.n.w, d.n.eps)),
-            (Some(_), None) => (Some(x), (0, 0.0)),
-            (None, _) => {
-                self.settle();
-                (self.quantized(m, x, rows), (0, 0.0))
-            }
-        };
+        let (quantized, norm) = self.product_input(own, m, x, rows);
         let Some(input) = quantized else {
             debug_assert!(!add, "an f32 matvec cannot add to its output");
             for &(m, y) in mats {
@@ -141,6 +133,27 @@ impl CudaSession {
         match own {
             Some(k) => self.go(k, grid, block, &args),
             None => self.go(m.kernels.matvec, grid, block, &args[..14]),
+        }
+    }
+
+    /// What a decode-sized product of `m` over x reads, given its kernel over f32 input `own`
+    /// (if it applies): the f32 rows (those of a deferred norm's input, x's own otherwise) and
+    /// the norm its blocks apply first (weights 0: none), or x quantized (`None`: the kernel
+    /// takes f32), after launching a deferred norm that x would have been.
+    pub(super) fn product_input(
+        &mut self,
+        own: Option<&'static str>,
+        m: DevMat,
+        x: u64,
+        rows: usize,
+    ) -> (Option<u64>, (u64, f32)) {
+        match (own, self.deferred_for(x, rows)) {
+            (Some(_), Some(d)) => (Some(d.x), (d.n.w, d.n.eps)),
+            (Some(_), None) => (Some(x), (0, 0.0)),
+            (None, _) => {
+                self.settle();
+                (self.quantized(m, x, rows), (0, 0.0))
+            }
         }
     }
 
