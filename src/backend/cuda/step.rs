@@ -516,6 +516,9 @@ impl Backend for CudaStep<'_> {
         // The step's parameters (token ids, positions, slots, attention arithmetic) lie one
         // after another in the arena, `stride` i32 apart: staged as that image, one copy.
         let stride = (s.layout.pos - s.layout.ids) / 4;
+        debug_assert!(
+            s.layout.seq - s.layout.pos == 4 * stride && s.layout.mode - s.layout.seq == 4 * stride
+        );
         let (mirror, tile) = (s.mirror, s.tile);
         let (ids, rest) = s.host_i32.split_at_mut(stride);
         let (pos, rest) = rest.split_at_mut(stride);
@@ -727,8 +730,8 @@ impl Backend for CudaStep<'_> {
 
     fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {
         let s = &mut *self.s;
-        s.writes(buf);
         s.reading(s.buf(buf));
+        s.writes(buf);
         s.xq_holds = None;
         let n = rows * s.w(buf);
         let name = match act {
@@ -809,8 +812,8 @@ impl Backend for CudaStep<'_> {
 
     fn scale(&mut self, buf: Buf, k: f32, rows: usize) {
         let s = &mut *self.s;
-        s.writes(buf);
         s.reading(s.buf(buf));
+        s.writes(buf);
         s.xq_holds = None;
         let n = rows * s.w(buf);
         let p = s.buf(buf);
@@ -819,9 +822,9 @@ impl Backend for CudaStep<'_> {
 
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
         let s = &mut *self.s;
-        s.writes(dst);
         s.reading(s.buf(dst));
         s.reading(s.buf(src));
+        s.writes(dst);
         s.xq_holds = None;
         let n = rows * s.w(dst);
         let (d, x) = (s.buf(dst), s.buf(src));

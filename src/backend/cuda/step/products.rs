@@ -92,7 +92,10 @@ impl CudaSession {
         let m = mats[0].0;
         let threads = mv_threads(&self.gpu);
         let (block, tpr) = mv_shape(&self.gpu, m.cols);
-        let own = self.own_input(m.kernels.matvec_f32, m, x, rows);
+        // (Blocks that quantize x themselves read it while others write: not in place.)
+        let own = self
+            .own_input(m.kernels.matvec_f32, m, x, rows)
+            .filter(|_| mats.iter().all(|&(_, y)| y != x));
         let (quantized, norm) = self.product_input(own, m, x, rows);
         let Some(input) = quantized else {
             debug_assert!(!add, "an f32 matvec cannot add to its output");
