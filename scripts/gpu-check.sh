@@ -27,7 +27,7 @@ prepare() {
     strip -o /tmp/kiln-gpu target/release/kiln && xz -T0 -6 -c /tmp/kiln-gpu > .gpu/kiln.xz
     rm -f .gpu/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.
-    for t in cuda_backend cuda_batch cuda_ring cuda_kernels cuda_ops; do
+    for t in cuda_backend cuda_batch cuda_ring cuda_kernels cuda_ops cuda_attention; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
 for l in sys.stdin:
@@ -109,7 +109,9 @@ run() {
     export KILN_MODELS=$PWD/.gpu/tmp/models RUST_BACKTRACE=1
     if [ -z "${KILN_SKIP_TESTS:-}" ]; then
         echo "== kernel tests (${SECONDS}s)"
-        timeout 120 .gpu/cuda_ops --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
+        for t in cuda_ops cuda_attention; do
+            timeout 120 .gpu/$t --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
+        done
         KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
         echo "== CPU kernel tests (${SECONDS}s): quant, AMX among them where the host has it"
         timeout 120 .gpu/kiln-lib quant:: --test-threads 4 --nocapture 2>&1 | grep -E "skipped|panicked|test result" | tail -8 || true

@@ -86,6 +86,7 @@ pub fn real_model(name: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("real model {name}: {e}"))
 }
 pub mod golden;
+pub mod ops;
 
 /// The software GPU's library (`kiln::backend::cuda::nvrtc::emulator_source` built by the host's
 /// C++ compiler, `$CXX` or `c++`), built once per source into the target directory. A build

@@ -1,0 +1,346 @@
+//! The CUDA backend's attention kernels against an f64 attention of the same cache values, on
+//! random inputs: prompt attention in tiles and decode attention split over the keys, with
+//! f16 and Q8_0 caches, rings with windows, query heads grouped over kv heads. Runs on a real
+//! GPU, else on the software GPU (see tests/cuda_backend.rs), else says why it skips.
+
+mod common;
+
+use common::ops::{gpu, i32_bytes, random};
+use kiln::backend::cuda::gpu::{Arena, Arg, Layout};
+
+/// A KV cache of random values for the attention tests: `slots` slots of `n_kv` heads of
+/// `rows` rows of `hd` values, f16 or Q8_0; its bytes (keys, values) and the values its rows
+/// stand for (what the kernels read back).
+struct TestCache {
+    n_kv: usize,
+    hd: usize,
+    rows: usize,
+    per_slot: usize,
+    bytes: [Vec<u8>; 2],
+    vals: [Vec<f64>; 2],
+}
+
+impl TestCache {
+    fn new(slots: usize, n_kv: usize, hd: usize, rows: usize, q8: bool, seed: u64) -> TestCache {
+        use half::f16;
+        use kiln::quant::blocks::BlockQ8_0;
+        let row_bytes = if q8 { hd / 32 * 34 } else { hd * 2 };
+        let mut vals = [Vec::new(), Vec::new()];
+        let mut bytes = [Vec::new(), Vec::new()];
+        for (w, (vals, bytes)) in vals.iter_mut().zip(bytes.iter_mut()).enumerate() {
+            let x = random(slots * n_kv * rows * hd, seed + w as u64);
+            for r in x.chunks_exact(hd) {
+                if q8 {
+                    let mut b = vec![BlockQ8_0::default(); hd / 32];
+                    <BlockQ8_0 as kiln::quant::reference::Quantize>::quantize(r, &mut b);
+                    for blk in &b {
+                        let d = blk.d.to_f32();
+                        vals.extend(blk.qs.iter().map(|&q| f16::from_f32(q as f32 * d).to_f64()));
+                    }
+                    bytes.extend_from_slice(kiln::quant::blocks::as_bytes(&b[..]));
+                } else {
+                    for &v in r {
+                        let h = f16::from_f32(v);
+                        vals.push(h.to_f64());
+                        bytes.extend_from_slice(&h.to_bits().to_le_bytes());
+                    }
+                }
+            }
+        }
+        let per_slot = n_kv * rows * row_bytes;
+        TestCache {
+            n_kv,
+            hd,
+            rows,
+            per_slot,
+            bytes,
+            vals,
+        }
+    }
+
+    /// Attention in f64 of query `q` (head `h` of `n_heads`) over positions first..=last of
+    /// slot `slot` (position t at row t mod rows).
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &[f32],
+        h: usize,
+        n_heads: usize,
+        slot: usize,
+        first: usize,
+        last: usize,
+        scale: f32,
+    ) -> Vec<f64> {
+        let (hd, kvh) = (self.hd, h / (n_heads / self.n_kv));
+        let at = |w: usize, t: usize| {
+            &self.vals[w][((slot * self.n_kv + kvh) * self.rows + t % self.rows) * hd..][..hd]
+        };
+        let sc: Vec<f64> = (first..=last)
+            .map(|t| {
+                q.iter()
+                    .zip(at(0, t))
+                    .map(|(&a, &b)| a as f64 * b)
+                    .sum::<f64>()
+                    * scale as f64
+            })
+            .collect();
+        let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        (0..hd)
+            .map(|d| {
+                (first..=last)
+                    .zip(&e)
+                    .map(|(t, w)| w * at(1, t)[d])
+                    .sum::<f64>()
+                    / sum
+            })
+            .collect()
+    }
+
+    /// The largest |got − f64 attention| over a row at position p (`window` 0: none), infinite
+    /// where got is not a number (never written).
+    #[allow(clippy::too_many_arguments)]
+    fn gap(
+        &self,
+        got: &[f32],
+        q: &[f32],
+        h: usize,
+        n_heads: usize,
+        slot: usize,
+        p: usize,
+        window: usize,
+        scale: f32,
+    ) -> f64 {
+        let first = if window > 0 && p + 1 > window {
+            p + 1 - window
+        } else {
+            0
+        };
+        let want = self.attend(q, h, n_heads, slot, first, p, scale);
+        got.iter()
+            .zip(&want)
+            .map(|(x, y)| gap(*x, *y))
+            .fold(0.0, f64::max)
+    }
+}
+
+/// |x − y|, infinite where x is not a number (an output the kernel never wrote).
+fn gap(x: f32, y: f64) -> f64 {
+    if x.is_finite() {
+        (x as f64 - y).abs()
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// Prompt attention in tiles (`attend_tile_*`, rows of mode 3) against an f64 attention of the
+/// same cache values, and the rows of other modes left alone: query groups of 1, 3 and 4 heads
+/// per kv head, head sizes 48 (a partial chunk of dimensions), 64, 128 and 256, rows of two
+/// sequences in one tile, a sliding window over a ring, an f16 and a Q8_0 cache.
+#[test]
+fn tiled_prompt_attention_matches_an_f64_attention() {
+    let Some(g) = gpu() else { return };
+    // (query heads, kv heads, head size, ring rows, window, Q8_0 cache)
+    let cases = [
+        (9usize, 3usize, 64usize, 256usize, 0usize, false),
+        (4, 4, 48, 256, 0, false),
+        (8, 2, 128, 128, 40, false),
+        (4, 1, 256, 256, 0, false),
+        (6, 2, 64, 256, 0, true),
+    ];
+    for (case, &(n_heads, n_kv, hd, rows, window, q8)) in cases.iter().enumerate() {
+        let slots = 2usize;
+        // Sequence 0: 70 prompt rows at positions 0..70; then one row of mode 1 (left to the
+        // row kernel, untouched here); sequence 1: 90 rows at positions 150..240 (past the
+        // 128-row ring when it has one).
+        let mut rows_at: Vec<(usize, usize, i32)> = (0..70).map(|p| (0, p, 3)).collect();
+        rows_at.push((0, 70, 1));
+        rows_at.extend((150..240).map(|p| (1, p, 3)));
+        let n_rows = rows_at.len();
+        let cache = TestCache::new(slots, n_kv, hd, rows, q8, 40 + case as u64 * 2);
+        let q = random(n_rows * n_heads * hd, 50 + case as u64);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut l = Layout::default();
+        let (qo, oo) = (l.take(q.len() * 4), l.take(n_rows * n_heads * hd * 4));
+        let (kc, vc) = (
+            l.take(slots * cache.per_slot),
+            l.take(slots * cache.per_slot),
+        );
+        let (po, so, mo) = (l.take(n_rows * 4), l.take(n_rows * 4), l.take(n_rows * 4));
+        let mut a = Arena::new(&g, l.bytes).unwrap();
+        let s = g.default_stream();
+        a.write(s, qo, zerocopy::IntoBytes::as_bytes(&q[..]))
+            .unwrap();
+        a.write(s, oo, &vec![0xFF; n_rows * n_heads * hd * 4])
+            .unwrap();
+        a.write(s, kc, &cache.bytes[0]).unwrap();
+        a.write(s, vc, &cache.bytes[1]).unwrap();
+        a.write(s, po, &i32_bytes(rows_at.iter().map(|r| r.1 as i32)))
+            .unwrap();
+        a.write(s, so, &i32_bytes(rows_at.iter().map(|r| r.0 as i32)))
+            .unwrap();
+        a.write(s, mo, &i32_bytes(rows_at.iter().map(|r| r.2)))
+            .unwrap();
+        let args = [
+            Arg::P(a.ptr(qo)),
+            Arg::P(a.ptr(kc)),
+            Arg::P(a.ptr(vc)),
+            Arg::P(a.ptr(po)),
+            Arg::P(a.ptr(so)),
+            Arg::L(cache.per_slot as i64),
+            Arg::L(cache.per_slot as i64),
+            Arg::P(a.ptr(oo)),
+            Arg::I(n_rows as i32),
+            Arg::I(n_heads as i32),
+            Arg::I(n_kv as i32),
+            Arg::I(hd as i32),
+            Arg::I(hd as i32),
+            Arg::I(rows as i32),
+            Arg::F(scale),
+            Arg::I(window as i32),
+            Arg::P(a.ptr(mo)),
+        ];
+        // Blocks of 64, 32 and 16 query vectors.
+        for (per, tag) in [(64usize, ""), (32, "32"), (16, "16")] {
+            a.write(s, oo, &vec![0xFF; n_rows * n_heads * hd * 4])
+                .unwrap();
+            let grid = (n_rows * (n_heads / n_kv)).div_ceil(per) * n_kv;
+            let name = format!("attend_tile{tag}_{}", if q8 { "q8_0" } else { "f16" });
+            g.launch(s, &name, grid as u32, 256, &args).unwrap();
+            let mut out = vec![0f32; n_rows * n_heads * hd];
+            g.synchronize(s).unwrap();
+            a.read(s, oo, zerocopy::IntoBytes::as_mut_bytes(&mut out[..]))
+                .unwrap();
+            let mut worst = 0f64;
+            for (r, &(slot, p, mode)) in rows_at.iter().enumerate() {
+                for h in 0..n_heads {
+                    let got = &out[(r * n_heads + h) * hd..][..hd];
+                    if mode != 3 {
+                        assert!(
+                            got.iter().all(|v| v.to_bits() == u32::MAX),
+                            "row {r} written"
+                        );
+                        continue;
+                    }
+                    let qr = &q[(r * n_heads + h) * hd..][..hd];
+                    worst = worst.max(cache.gap(got, qr, h, n_heads, slot, p, window, scale));
+                }
+            }
+            println!(
+                "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}), {name}: worst |Δ| {worst:.2e}"
+            );
+            assert!(worst < 2e-6, "case {case}, {name}: worst |Δ| {worst}");
+        }
+    }
+}
+
+/// Decode attention split over the keys (`attend_split_*`, the f32 arithmetic: `mirror` 0)
+/// then merged (`attend_merge`), against an f64 attention: groups of 1, 3, 4 and 8 query heads
+/// per kv head (more than one block's group of 4), rows of two slots at positions in empty,
+/// partial and full splits, a window over a ring, an f16 and a Q8_0 cache.
+#[test]
+fn split_decode_attention_matches_an_f64_attention() {
+    let Some(g) = gpu() else { return };
+    // (query heads, kv heads, head size, ring rows, window, Q8_0 cache)
+    let cases = [
+        (9usize, 3usize, 64usize, 1024usize, 0usize, false),
+        (4, 4, 48, 1024, 0, false),
+        (16, 2, 128, 320, 300, false),
+        (8, 2, 64, 1024, 0, true),
+    ];
+    let (ctx, n_split) = (1024usize, 4usize);
+    let chunk = ctx / n_split;
+    for (case, &(n_heads, n_kv, hd, rows, window, q8)) in cases.iter().enumerate() {
+        let slots = 2usize;
+        // (slot, position) per decode row.
+        let rows_at = [
+            (0usize, 0usize),
+            (1, 300),
+            (0, 700),
+            (1, 1023),
+            (0, 255),
+            (1, 256),
+        ];
+        let n_rows = rows_at.len();
+        let cache = TestCache::new(slots, n_kv, hd, rows, q8, 60 + case as u64 * 2);
+        let q = random(n_rows * n_heads * hd, 70 + case as u64);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut l = Layout::default();
+        let (qo, oo) = (l.take(q.len() * 4), l.take(n_rows * n_heads * hd * 4));
+        let (kc, vc) = (
+            l.take(slots * cache.per_slot),
+            l.take(slots * cache.per_slot),
+        );
+        let (po, so) = (l.take(n_rows * 4), l.take(n_rows * 4));
+        let part = l.take(n_rows * n_heads * n_split * (hd + 2) * 4);
+        let mut a = Arena::new(&g, l.bytes).unwrap();
+        let s = g.default_stream();
+        a.write(s, qo, zerocopy::IntoBytes::as_bytes(&q[..]))
+            .unwrap();
+        a.write(s, kc, &cache.bytes[0]).unwrap();
+        a.write(s, vc, &cache.bytes[1]).unwrap();
+        a.write(s, po, &i32_bytes(rows_at.iter().map(|r| r.1 as i32)))
+            .unwrap();
+        a.write(s, so, &i32_bytes(rows_at.iter().map(|r| r.0 as i32)))
+            .unwrap();
+        let args = [
+            Arg::P(a.ptr(qo)),
+            Arg::P(a.ptr(kc)),
+            Arg::P(a.ptr(vc)),
+            Arg::P(a.ptr(po)),
+            Arg::P(a.ptr(so)),
+            Arg::L(cache.per_slot as i64),
+            Arg::L(cache.per_slot as i64),
+            Arg::P(a.ptr(oo)),
+            Arg::P(a.ptr(part)),
+            Arg::I(n_heads as i32),
+            Arg::I(n_kv as i32),
+            Arg::I(hd as i32),
+            Arg::I(hd as i32),
+            Arg::I(ctx as i32),
+            Arg::I(rows as i32),
+            Arg::F(scale),
+            Arg::I(window as i32),
+            Arg::I(n_split as i32),
+            Arg::I(chunk as i32),
+            Arg::I(0),
+        ];
+        let name = if q8 {
+            "attend_split_q8_0"
+        } else {
+            "attend_split_f16"
+        };
+        let block = hd.next_multiple_of(32).clamp(128, 1024) as u32;
+        g.launch(s, name, (n_rows * n_heads * n_split) as u32, block, &args)
+            .unwrap();
+        let merge = [
+            Arg::P(a.ptr(po)),
+            Arg::P(a.ptr(part)),
+            Arg::P(a.ptr(oo)),
+            Arg::I(n_heads as i32),
+            Arg::I(hd as i32),
+            Arg::I(ctx as i32),
+            Arg::I(n_split as i32),
+            Arg::I(0),
+        ];
+        g.launch(s, "attend_merge", (n_rows * n_heads) as u32, block, &merge)
+            .unwrap();
+        let mut out = vec![0f32; n_rows * n_heads * hd];
+        g.synchronize(s).unwrap();
+        a.read(s, oo, zerocopy::IntoBytes::as_mut_bytes(&mut out[..]))
+            .unwrap();
+        let mut worst = 0f64;
+        for (r, &(slot, p)) in rows_at.iter().enumerate() {
+            for h in 0..n_heads {
+                let got = &out[(r * n_heads + h) * hd..][..hd];
+                let qr = &q[(r * n_heads + h) * hd..][..hd];
+                worst = worst.max(cache.gap(got, qr, h, n_heads, slot, p, window, scale));
+            }
+        }
+        println!(
+            "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}): worst |Δ| {worst:.2e}"
+        );
+        assert!(worst < 2e-6, "case {case}: worst |Δ| {worst}");
+    }
+}
