@@ -8,16 +8,23 @@
 //!   logits and a greedy continuation agree with the CPU's;
 //! - decode steps allocate nothing on the device and run as one recorded graph per batch
 //!   shape, with the same results as without the graph;
-//! - rollback and prefix reuse on the device cache give the logits of a fresh evaluation.
+//! - rollback and prefix reuse on the device cache give the logits of a fresh evaluation;
+//! - a norm left to its products (never written) cannot be read afterwards.
 
 mod common;
 
 use std::sync::Arc;
 
+use std::ops::Range;
+
 use common::gpu;
-use kiln::backend::{cuda, Device};
+use kiln::backend::cuda::step::{CudaKv, CudaStep};
+use kiln::backend::{cuda, Backend, Buf, Device, Mat, NormW, RowSel, SeqBatch};
 use kiln::cache::KvType;
+use kiln::engine::session::{cuda_session, kv_layout, scratch_spec};
 use kiln::engine::{Session, SessionOptions};
+use kiln::model::config::Activation;
+use kiln::model::forward::{forward_batch, ForwardError, Logits};
 use kiln::model::Model;
 use kiln::sampler::argmax;
 
@@ -444,5 +451,109 @@ fn real_models_greedy_text_and_perplexity_match_the_cpu() {
             (g - c).abs() / c < 0.005,
             "{name}: GPU perplexity {g} vs CPU {c}"
         );
+    }
+}
+
+/// A backend that reads the first layer's attention-norm output once the products that read it
+/// are done, as no forward pass does. On the GPU that buffer was never written (the products
+/// normalized for themselves: step/deferred.rs), so the step must fail, not hand back stale
+/// rows.
+struct ReadsNormAfterProducts<'a> {
+    step: CudaStep<'a>,
+    read: bool,
+}
+
+impl Backend for ReadsNormAfterProducts<'_> {
+    type Kv = CudaKv;
+    fn max_rows(&self) -> usize {
+        self.step.max_rows()
+    }
+    fn logit_rows(&self) -> usize {
+        self.step.logit_rows()
+    }
+    fn begin(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, CudaKv>]) {
+        self.step.begin(tokens, seqs)
+    }
+    fn embed(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, CudaKv>], scale: f32) {
+        self.step.embed(tokens, seqs, scale)
+    }
+    fn norm(&mut self, w: NormW, src: Buf, dst: Buf, rows: Range<usize>) {
+        self.step.norm(w, src, dst, rows)
+    }
+    fn norm_gather(&mut self, w: NormW, src: Buf, sel: RowSel<'_>, dst: Buf) {
+        self.step.norm_gather(w, src, sel, dst)
+    }
+    fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize) {
+        self.step.matmul(ws, src, dsts, rows)
+    }
+    fn matmul_add(&mut self, w: Mat, src: Buf, dst: Buf, rows: usize) {
+        self.step.matmul_add(w, src, dst, rows)
+    }
+    fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {
+        self.step.gated_ffn(gate, up, act, rows)
+    }
+    fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {
+        self.step.activate(buf, act, rows)
+    }
+    fn split_qkv(&mut self, rows: usize) {
+        self.step.split_qkv(rows)
+    }
+    fn rope(&mut self, layer: usize, seqs: &[SeqBatch<'_, CudaKv>], rows: usize) {
+        self.step.rope(layer, seqs, rows)
+    }
+    fn scale(&mut self, buf: Buf, s: f32, rows: usize) {
+        self.step.scale(buf, s, rows)
+    }
+    fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
+        self.step.add(dst, src, rows)
+    }
+    fn attend(
+        &mut self,
+        layer: usize,
+        seqs: &mut [SeqBatch<'_, CudaKv>],
+        rows: usize,
+    ) -> Result<(), ForwardError> {
+        if self.read && layer == 0 {
+            self.step.read(Buf::Xb, 0..rows, &mut |_, _| {});
+        }
+        self.step.attend(layer, seqs, rows)
+    }
+    fn read(&mut self, buf: Buf, rows: Range<usize>, sink: &mut dyn FnMut(usize, &[f32])) {
+        self.step.read(buf, rows, sink)
+    }
+    fn finish(&mut self) -> Result<(), ForwardError> {
+        self.step.finish()
+    }
+}
+
+/// A norm left to its products (step/deferred.rs) never writes its output: reading that
+/// output afterwards is an error (and the same step without the read runs).
+#[test]
+fn a_norm_output_read_after_its_products_is_an_error() {
+    let Some(_gpu) = gpu("a_norm_output_read_after_its_products_is_an_error") else {
+        return;
+    };
+    let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
+    for read in [false, true] {
+        let mut o = SessionOptions::new(32, 1);
+        o.device = Device::Cuda;
+        let layout = kv_layout(&m.config, &o);
+        let spec = scratch_spec(&m, &o);
+        let mut s = cuda_session(&m, &o, spec, &layout, 1, &mut |_, _| {}).unwrap();
+        let mut kv = CudaKv::new(0, layout);
+        let mut b = ReadsNormAfterProducts {
+            step: CudaStep { m: &m, s: &mut s },
+            read,
+        };
+        let seqs = &mut [SeqBatch {
+            kv: &mut kv,
+            n_tokens: 1,
+        }];
+        let r = forward_batch(&m, &mut b, seqs, &[1], Logits::None);
+        match (read, r) {
+            (false, r) => r.unwrap(),
+            (true, Err(e)) => assert!(e.to_string().contains("read after its products"), "{e}"),
+            (true, Ok(())) => panic!("a skipped norm output was read without an error"),
+        }
     }
 }

@@ -433,7 +433,7 @@ impl Session {
 
 /// A session's buffers and KV cache on the GPU for `slots` sequences, sized by `spec` (the
 /// weights uploaded first, unless another session of the model already holds them there).
-pub(crate) fn cuda_session(
+pub fn cuda_session(
     model: &Arc<Model>,
     opts: &SessionOptions,
     spec: ScratchSpec,
