@@ -10,9 +10,8 @@
 //! ([`CudaSession::settle`]), and a read after the products, once the norm's input may have
 //! changed, is an error instead of stale numbers.
 
-use super::{CudaSession, Mat, GEMM_MIN_ROWS};
-use crate::backend::cuda::step::products::{mv_shape, F32_INPUT_MAX_TOKENS};
-use crate::backend::cuda::weights::{DevNorm, F32_INPUT_MAX_COLS};
+use super::{CudaSession, Mat};
+use crate::backend::cuda::weights::DevNorm;
 use crate::backend::cuda::CudaError;
 use crate::model::NormKind;
 
@@ -37,19 +36,14 @@ impl CudaSession {
         y: u64,
         rows: usize,
     ) -> bool {
-        let ok = self.fuse
-            && self.f32_input
-            && n.kind == NormKind::Rms
+        // Every reader takes its kernel over f32 input on y (`own_input`'s rule: narrow rows,
+        // a few tokens, the switches on), over whole rows of the norm.
+        let ok = n.kind == NormKind::Rms
             && x != y
-            && rows <= F32_INPUT_MAX_TOKENS
-            && rows < GEMM_MIN_ROWS
             && mats[0].is_some()
             && mats.into_iter().flatten().all(|m| {
                 let m = self.w.mat(m);
-                m.kernels.matvec_f32.is_some()
-                    && m.cols == n.len
-                    && m.cols <= F32_INPUT_MAX_COLS
-                    && mv_shape(&self.gpu, m.cols) == (256, 32)
+                m.cols == n.len && self.own_input(m.kernels.matvec_f32, m, y, rows).is_some()
             });
         if ok {
             self.settle();
@@ -74,8 +68,8 @@ impl CudaSession {
     pub(super) fn settle(&mut self) {
         if let Some(d) = self.deferred.take() {
             if !self.norm_quantized(d.readers, d.n, d.x, 0, d.y, d.rows) {
-                let groups = d.rows * d.n.len / d.n.len.max(1);
-                self.norm_groups(d.n, d.x, 0, d.y, groups);
+                // (Whole rows, the norm's width: one group each.)
+                self.norm_groups(d.n, d.x, 0, d.y, d.rows);
             }
         }
     }

@@ -53,7 +53,7 @@ pub(super) fn mv_shape(gpu: &Gpu, cols: usize) -> (u32, u32) {
 
 /// The most tokens a decode-sized product quantizes its input inside its blocks for (each
 /// block quantizes every token's row: more tokens quantize once, in a launch of their own).
-pub(super) const F32_INPUT_MAX_TOKENS: usize = 4;
+const F32_INPUT_MAX_TOKENS: usize = 4;
 
 /// Which forms of a product's input exist (products that share an input make them once; the
 /// 8-bit form is the session's `xq_holds`).
