@@ -1,6 +1,6 @@
 //! AVX-512 specifics: the VNNI integer-dot primitive (`vpdpbusd` / `vpdpwssd` on 256-bit
 //! registers, which need AVX-512VL), used by the `Avx512Vnni` tier's instantiation of the
-//! generic kernels in `avx2.rs`, and the 512-bit kernels those call where `IDot::VNNI` holds.
+//! generic kernels in `avx2`, and the 512-bit kernels those call where `IDot::VNNI` holds.
 
 use super::avx2::IDot;
 use core::arch::x86_64::*;

@@ -3,7 +3,7 @@
 //! calls only for a tier that [`Isa::is_available`] confirmed at run time (CPUID).
 //!
 //! The kernels are written once, generic over the block format and the integer-dot primitive
-//! (`avx2.rs`); each tier below instantiates them inside its own `#[target_feature]` entry
+//! (`avx2`); each tier below instantiates them inside its own `#[target_feature]` entry
 //! points, so the same source compiles to AVX2 code, to AVX-512VL code, and to AVX-512 VNNI code
 //! (`vpdpbusd` / `vpdpwssd`, see `avx512.rs`).
 //!
