@@ -102,16 +102,25 @@ fn a_failed_load_stops_the_server() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The value of a vLLM-named series (any labels).
-fn vllm(s: &Server, name: &str) -> f64 {
+/// The server's `/metrics` text, one scrape.
+fn metrics(s: &Server) -> String {
     let a = s.request("GET", "/metrics", &[], "");
     assert_eq!(a.status, 200);
-    let text = a.text();
+    a.text()
+}
+
+/// The value of a vLLM-named series in a scrape's `text`.
+fn series(text: &str, name: &str) -> f64 {
     let line = text
         .lines()
         .find(|l| l.starts_with(&format!("{name}{{model_name=\"random-llama-f32\"}} ")))
         .unwrap_or_else(|| panic!("no {name} in /metrics"));
     line.rsplit_once(' ').unwrap().1.parse().unwrap()
+}
+
+/// The value of a vLLM-named series, in a scrape of its own.
+fn vllm(s: &Server, name: &str) -> f64 {
+    series(&metrics(s), name)
 }
 
 #[test]
@@ -157,9 +166,10 @@ fn router_gauges_follow_the_load() {
     let end = Instant::now() + Duration::from_secs(30);
     let (mut running, mut queued, mut usage) = (0.0, 0.0, 0.0);
     while Instant::now() < end {
-        running = vllm(&s, "vllm:num_requests_running");
-        queued = vllm(&s, "vllm:num_requests_waiting");
-        usage = vllm(&s, "vllm:kv_cache_usage_perc");
+        let m = metrics(&s);
+        running = series(&m, "vllm:num_requests_running");
+        queued = series(&m, "vllm:num_requests_waiting");
+        usage = series(&m, "vllm:kv_cache_usage_perc");
         if running == 1.0 && queued >= 1.0 {
             break;
         }
@@ -167,9 +177,11 @@ fn router_gauges_follow_the_load() {
     assert_eq!(running, 1.0, "one request in the slot");
     assert!(queued >= 1.0, "requests wait behind it: {queued}");
     assert!(usage > 0.0 && usage <= 1.0, "KV usage {usage}");
+    // One scrape: the generation in the slot keeps filling the cache between two.
+    let m = metrics(&s);
     assert_eq!(
-        vllm(&s, "vllm:gpu_cache_usage_perc"),
-        vllm(&s, "vllm:kv_cache_usage_perc")
+        series(&m, "vllm:gpu_cache_usage_perc"),
+        series(&m, "vllm:kv_cache_usage_perc")
     );
     drop(reader);
     drop(first); // cancels the first; the others run in turn
