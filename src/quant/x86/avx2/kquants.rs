@@ -161,20 +161,26 @@ unsafe fn k4_scales_mins(p: *const u8) -> (__m256i, __m256i) {
     (sc, corr)
 }
 
+/// Q4_K's and Q5_K's shared head (`d`, `dmin`, then the 12 packed scale bytes) decoded.
+#[inline(always)]
+unsafe fn k4_prep(p: *const u8) -> KPrep {
+    let (sc, corr) = k4_scales_mins(p.add(4));
+    let (d, dmin) = lanes01(f16x2_at(p));
+    KPrep {
+        d,
+        dm: -dmin,
+        sc: [sc, sc],
+        corr,
+    }
+}
+
 impl BlkK for Q4K {
     const SIZE: usize = 144;
     const PER16: bool = false;
     const INT_CORR: bool = false;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
-        let (sc, corr) = k4_scales_mins(p.add(4));
-        let (d, dmin) = lanes01(f16x2_at(p));
-        KPrep {
-            d,
-            dm: -dmin,
-            sc: [sc, sc],
-            corr,
-        }
+        k4_prep(p)
     }
     #[inline(always)]
     unsafe fn chunk(p: *const u8, k: usize) -> __m256i {
@@ -188,14 +194,7 @@ impl BlkK for Q5K {
     const INT_CORR: bool = false;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
-        let (sc, corr) = k4_scales_mins(p.add(4));
-        let (d, dmin) = lanes01(f16x2_at(p));
-        KPrep {
-            d,
-            dm: -dmin,
-            sc: [sc, sc],
-            corr,
-        }
+        k4_prep(p)
     }
     #[inline(always)]
     unsafe fn chunk(p: *const u8, k: usize) -> __m256i {
