@@ -27,7 +27,7 @@ prepare() {
     strip -o /tmp/kiln-gpu target/release/kiln && xz -T0 -6 -c /tmp/kiln-gpu > .gpu/kiln.xz
     rm -f .gpu/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.
-    for t in cuda_backend cuda_batch cuda_ring cuda_kernels cuda_ops cuda_attention; do
+    for t in cuda_backend cuda_batch cuda_ring cuda_offload cuda_kernels cuda_ops cuda_attention; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
 for l in sys.stdin:
@@ -120,6 +120,7 @@ run() {
         # (The served test needs this machine's kiln binary and software GPU.)
         timeout 180 .gpu/cuda_batch ${KILN_TEST_FILTER:-} --skip serve_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -30 || true
         timeout 180 .gpu/cuda_ring ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
+        timeout 180 .gpu/cuda_offload ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
     fi
     # Wait for the reference build (at most KILN_REF_WAIT seconds).
     local waited=0
@@ -156,6 +157,22 @@ run() {
         fi
         table+=("| $name (depth 4096) | $k | $r |")
     done
+    # KV offload (KILN_OFFLOAD_BENCH=1): decode at depth 4096 with the cache on the device,
+    # then in pinned host memory through a ring of 4 layers (--kv-budget), and the reference
+    # with its cache in host memory (-nkvo 1).
+    if [ -n "${KILN_OFFLOAD_BENCH:-}" ]; then
+        echo "== KV offload (${SECONDS}s): tg32 at depth 4096"
+        for pair in "smol:14MiB" "llama8b:72MiB"; do
+            local f=$m/${pair%%:*}.gguf
+            [ -f "$f" ] || continue
+            for kv in "" "--kv-budget ${pair#*:}"; do
+                echo "$(basename $f) ${kv:-resident}: $(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 32 -d 4096 -r 2 $kv --json 2>&1 |
+                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.1f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)"
+            done
+            [ -x $ref/build/bin/llama-bench ] && echo "$(basename $f) reference -nkvo 1: $(timeout 120 $ref/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -nkvo 1 -p 0 -n 32 -d 4096 -r 2 -o json 2>/dev/null |
+                python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("tg%d@d%d=%.1f"%(x["n_gen"], x["n_depth"], x["avg_ts"]) for x in d))' || echo failed)"
+        done
+    fi
     # What each optimization is worth: kiln bench with one switch off at a time (KILN_AB_SETS:
     # "defaults" or VAR=value, space-separated; KILN_AB_BENCH: the bench's arguments).
     if [ -n "${KILN_AB:-}" ]; then

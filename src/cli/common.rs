@@ -70,7 +70,8 @@ pub struct ModelArgs {
     )]
     pub kv_type: kiln::cache::KvType,
     /// RAM for the KV cache (bytes; K/M/G/KiB/MiB/GiB suffixes). A larger cache lives in a
-    /// temporary file, streamed through a ring of layer buffers that fits this budget.
+    /// temporary file, streamed through a ring of layer buffers that fits this budget. With
+    /// --device cuda: device memory for it; a larger cache lives in pinned host memory.
     #[arg(long = "kv-budget", value_parser = parse_bytes, help_heading = "Memory")]
     pub kv_budget: Option<u64>,
     /// Give sliding-window layers (Gemma-3's local layers) a KV cache of the whole context

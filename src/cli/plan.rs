@@ -29,7 +29,8 @@ pub struct PlanArgs {
     /// Sequences served at once (each with its own KV cache and sampler).
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
-    /// RAM for the KV cache; a larger cache is offloaded to a file (see `kiln run --kv-budget`).
+    /// RAM (device memory with --device cuda) for the KV cache; a larger cache is offloaded to
+    /// a file (pinned host memory) (see `kiln run --kv-budget`).
     #[arg(long = "kv-budget", value_parser = super::common::parse_bytes)]
     pub kv_budget: Option<u64>,
     /// Plan sliding-window layers with a cache of the whole context (see `kiln run --swa-full`).
@@ -74,9 +75,6 @@ pub fn run(args: PlanArgs) -> Result<()> {
     };
     let cuda = args.device == kiln::backend::Device::Cuda;
     let p = if cuda {
-        if args.kv_budget.is_some() {
-            anyhow::bail!("a GPU plan keeps the KV cache in device memory (no --kv-budget)");
-        }
         kiln::engine::plan::device_plan(&file, &opts, args.parallel)?
     } else {
         plan(&file, &opts, args.parallel, host)?

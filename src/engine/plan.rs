@@ -251,6 +251,9 @@ pub fn plan(
     })
 }
 
+/// The device plan's component for an offloaded KV cache's host memory.
+pub const HOST_KV: &str = "kv cache (pinned host)";
+
 /// How the KV cache line is computed: full layers × context, sliding-window layers × their
 /// ring, and the offload ring where the cache streams from a file.
 fn kv_formula(kv: &KvLayout, ty: KvType, offload: Option<usize>, parallel: u64) -> String {
@@ -329,8 +332,24 @@ pub fn device_plan(
         _ => crate::engine::batch::runner_session_options(opts, slots),
     };
     let spec = scratch_spec_for(file, &opts);
-    let sizes = crate::engine::session::cuda_sizes(spec, &opts, slots);
+    let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
+    let sizes = crate::engine::session::cuda_sizes(spec, &opts, slots, ring);
     let l = SessionLayout::new(&c, traits.fused_qkv, sizes, &kv);
+    let whole = format!(
+        "{slots} seq × ({} layers × {} ctx{}) × {} kv heads × ({} + {}) B ({} rows of {} + {} dims)",
+        kv.n_full_layers(),
+        sizes.n_ctx,
+        match kv.window.as_ref() {
+            Some(w) => format!(" + {} rings × {}", kv.n_ring_layers(), w.rows),
+            None => String::new(),
+        },
+        c.n_kv_heads,
+        opts.kv_type.row_bytes(c.head_dim_k),
+        opts.kv_type.row_bytes(c.head_dim_v),
+        opts.kv_type.name(),
+        c.head_dim_k,
+        c.head_dim_v
+    );
     let weights = crate::backend::cuda::weights::planned_bytes(file) as u64;
     let components = vec![
         Component {
@@ -343,21 +362,19 @@ pub fn device_plan(
             name: "kv cache (device)",
             bytes: l.kv_bytes as u64,
             mapped: false,
-            formula: format!(
-                "{slots} seq × ({} layers × {} ctx{}) × {} kv heads × ({} + {}) B ({} rows of {} + {} dims)",
-                kv.n_full_layers(),
-                sizes.n_ctx,
-                match kv.window.as_ref() {
-                    Some(w) => format!(" + {} rings × {}", kv.n_ring_layers(), w.rows),
-                    None => String::new(),
-                },
-                c.n_kv_heads,
-                opts.kv_type.row_bytes(c.head_dim_k),
-                opts.kv_type.row_bytes(c.head_dim_v),
-                opts.kv_type.name(),
-                c.head_dim_k,
-                c.head_dim_v
-            ),
+            formula: match l.ring {
+                None => whole,
+                Some(r) => format!(
+                    "a ring of {} layer slots × {} B (a layer's keys and values; --kv-budget){}",
+                    r.layers,
+                    r.slot_bytes,
+                    match kv.window.as_ref() {
+                        Some(w) =>
+                            format!(" + {} rings × {} (resident)", kv.n_ring_layers(), w.rows),
+                        None => String::new(),
+                    }
+                ),
+            },
         },
         Component {
             name: "activations (device)",
@@ -369,7 +386,24 @@ pub fn device_plan(
             ),
         },
     ];
+    // The device's total; an offloaded cache's host memory is listed after it.
     let total_bytes = components.iter().map(|c| c.bytes).sum();
+    let mut components = components;
+    if let Some(r) = l.ring {
+        components.push(Component {
+            name: HOST_KV,
+            bytes: r.host_bytes as u64,
+            mapped: false,
+            formula: format!(
+                "{} layers × {} ctx × {} kv heads × ({} + {}) B, page-locked host memory (not in the device total)",
+                kv.n_full_layers(),
+                sizes.n_ctx,
+                c.n_kv_heads,
+                opts.kv_type.row_bytes(c.head_dim_k),
+                opts.kv_type.row_bytes(c.head_dim_v),
+            ),
+        });
+    }
     Ok(MemoryPlan {
         components,
         total_bytes,

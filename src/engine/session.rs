@@ -441,26 +441,28 @@ pub fn cuda_session(
     slots: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<CudaSession>, EngineError> {
-    if opts.kv_budget.is_some() {
-        return Err(cuda::CudaError::Unsupported(
-            "a KV cache offloaded to host memory (--kv-budget)".into(),
-        )
-        .into());
-    }
+    let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
     let gpu = cuda::open()?;
     let w = device_weights(&gpu, model, progress)?;
-    let sizes = cuda_sizes(spec, opts, slots);
+    let sizes = cuda_sizes(spec, opts, slots, ring);
     Ok(Box::new(CudaSession::new(gpu, w, model, sizes, kv)?))
 }
 
-/// How a GPU session with these options and scratch sizes is sized, for `slots` sequences.
-pub(crate) fn cuda_sizes(spec: ScratchSpec, opts: &SessionOptions, slots: usize) -> CudaSizes {
+/// How a GPU session with these options and scratch sizes is sized, for `slots` sequences
+/// (`ring`: the layers of an offloaded KV cache the device holds, `KvLayout::offload_ring`).
+pub(crate) fn cuda_sizes(
+    spec: ScratchSpec,
+    opts: &SessionOptions,
+    slots: usize,
+    ring: Option<usize>,
+) -> CudaSizes {
     CudaSizes {
         max_rows: spec.max_tokens,
         logit_rows: spec.logit_rows,
         n_ctx: opts.n_ctx.max(1),
         slots,
         kv_type: opts.kv_type,
+        kv_ring: ring,
     }
 }
 

@@ -70,6 +70,16 @@ enum Engine {
 /// session's decode step never catches another's launches.
 pub struct Stream(StreamKind);
 
+impl Stream {
+    /// The driver's stream (none on the software GPU).
+    pub fn cuda(&self) -> Option<&Arc<CudaStream>> {
+        match &self.0 {
+            StreamKind::Cuda(s) => Some(s),
+            StreamKind::Emulated(_) => None,
+        }
+    }
+}
+
 enum StreamKind {
     Cuda(Arc<CudaStream>),
     /// The launches of a graph being recorded, if one is.
@@ -177,6 +187,14 @@ impl Gpu {
             allocations: AtomicUsize::new(0),
             allocated_bytes: AtomicUsize::new(0),
         }))
+    }
+
+    /// The driver's context (none on the software GPU).
+    pub fn context(&self) -> Option<&Arc<CudaContext>> {
+        match &self.engine {
+            Engine::Cuda { ctx, .. } => Some(ctx),
+            Engine::Emulated { .. } => None,
+        }
     }
 
     /// Whether this is the software GPU.
@@ -550,6 +568,11 @@ impl Arena {
             base,
             bytes: n,
         })
+    }
+
+    /// Bytes of the allocation.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The device address of offset `off`.

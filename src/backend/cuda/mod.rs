@@ -7,6 +7,7 @@
 //! present and cached on disk by hash ([`nvrtc`]).
 //!
 //! - [`gpu`]: context, stream, kernels, typed launches, counted allocations;
+//! - [`pinned`]: page-locked host memory, copies between it and the device, events;
 //! - [`weights`]: the model's tensors uploaded once, as the file stores them;
 //! - [`step`]: a session's buffers and KV cache, and the seam's ops as launches, decode steps
 //!   recorded as CUDA graphs.
@@ -14,6 +15,7 @@
 pub mod blas;
 pub mod gpu;
 pub mod nvrtc;
+pub mod pinned;
 pub mod profile;
 pub mod step;
 pub mod weights;

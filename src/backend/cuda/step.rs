@@ -16,6 +16,7 @@ use super::profile::Profile;
 mod attention;
 mod deferred;
 mod layout;
+mod offload;
 mod products;
 use super::weights::{DevNorm, DeviceWeights};
 use super::CudaError;
@@ -26,7 +27,7 @@ use crate::model::config::{Activation, RopeKind};
 use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
 use layout::GemmLayout;
-pub use layout::{CudaKv, CudaSizes, SessionLayout};
+pub use layout::{CudaKv, CudaSizes, RingLayout, SessionLayout};
 use products::{mv_shape, Prepared};
 
 /// Products of at least this many rows dequantize the weights to bf16 and multiply on the
@@ -76,7 +77,9 @@ pub struct CudaSession {
     /// This session's queue of work.
     stream: Stream,
     act: Arena,
+    /// The KV cache, or the ring of an offloaded one (`offload`).
     kv: Arena,
+    offload: Option<offload::Offload>,
     host_i32: Vec<i32>,
     host_f32: Vec<f32>,
     /// Recorded decode steps by row count, and how many kernels each launches.
@@ -146,6 +149,19 @@ impl CudaSession {
         let stream = gpu.stream()?;
         let act = Arena::new(&gpu, layout.act_bytes)?;
         let kv = Arena::new(&gpu, layout.kv_bytes)?;
+        let offload = match layout.ring {
+            Some(_) if sizes.slots != 1 => {
+                return Err(CudaError::Unsupported(format!(
+                    "a KV cache offloaded to host memory for {} sequences (one only)",
+                    sizes.slots
+                )))
+            }
+            Some(r) => {
+                let order = (0..c.n_layers).filter(|&l| layout.kv[l].offloaded);
+                Some(offload::Offload::new(&gpu, r, order.collect())?)
+            }
+            None => None,
+        };
         let profile = Profile::from_env();
         let t = sizes.max_rows.max(1);
         let host_f32 = vec![0.0; (sizes.logit_rows.max(1) * c.vocab_size).max(t * c.dim)];
@@ -155,6 +171,7 @@ impl CudaSession {
             host_f32,
             act,
             kv,
+            offload,
             layout,
             stream,
             gpu,
@@ -204,9 +221,14 @@ impl CudaSession {
         self.sizes
     }
 
-    /// Bytes of the KV cache (every slot's).
+    /// Bytes of the KV cache on the device (every slot's; an offloaded cache's ring).
     pub fn kv_bytes(&self) -> usize {
         self.layout.kv_bytes
+    }
+
+    /// Bytes of an offloaded KV cache in host memory (0 when the cache is on the device).
+    pub fn host_kv_bytes(&self) -> usize {
+        self.offload.as_ref().map_or(0, |o| o.host_bytes())
     }
 
     /// Rows `rows` of the logits buffer, copied to the host (`[rows.len(), vocab]`).
@@ -543,8 +565,10 @@ impl Backend for CudaStep<'_> {
             }
         }
         s.put_i32(s.layout.ids, 3 * stride + n);
+        s.offload_begin(seqs.len(), seqs.first().map_or(0, |sq| sq.kv.len()), n);
         let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
-        if s.use_graphs && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
+        let graph = s.use_graphs && s.offload.is_none();
+        if graph && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
             if s.graphs.contains_key(&n) {
                 s.capture = Capture::Replaying(n);
             } else {
@@ -778,7 +802,7 @@ impl Backend for CudaStep<'_> {
         let store = s.fuse && s.layout.kv_type == KvType::F16;
         let at = s.layout.kv[layer];
         let (kc, vc) = match store {
-            true => (s.kv.ptr(at.k), s.kv.ptr(at.v)),
+            true => s.kv_at(layer),
             false => (0, 0),
         };
         let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
@@ -839,6 +863,7 @@ impl Backend for CudaStep<'_> {
     ) -> Result<(), ForwardError> {
         let window = self.m.weights.layers[layer].window.unwrap_or(0);
         self.s.attention(&self.m.config, layer, window, seqs, rows);
+        self.s.offload_end_layer(layer);
         Ok(())
     }
 

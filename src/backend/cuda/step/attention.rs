@@ -62,7 +62,7 @@ impl CudaSession {
         let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
         self.xq_holds = None;
         let at = self.layout.kv[layer];
-        let (kc, vc) = (self.kv.ptr(at.k), self.kv.ptr(at.v));
+        let (kc, vc) = self.kv_at(layer);
         let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
         let (ctx, ring) = (self.sizes.n_ctx as i32, at.rows as i32);
         let store = [

@@ -86,6 +86,9 @@ pub struct CudaSizes {
     pub slots: usize,
     /// Element type of the KV cache.
     pub kv_type: KvType,
+    /// Keep the KV cache in page-locked host memory and this many layers of it on the device
+    /// (`--kv-budget`; one sequence only): see `step/offload.rs`.
+    pub kv_ring: Option<usize>,
 }
 
 /// Where a session's buffers go: the activations and step parameters in one allocation, the
@@ -121,8 +124,33 @@ pub struct SessionLayout {
     /// Bytes of one position of a head's keys and values.
     pub(super) row_bytes: (usize, usize),
     pub(super) kv_type: KvType,
-    /// Bytes of the KV allocation.
+    /// Bytes of the KV allocation on the device: the whole cache, or an offloaded one's
+    /// sliding-window rings and its ring of layers.
     pub kv_bytes: usize,
+    /// An offloaded cache: the layers of the whole context are in host memory (at the offsets
+    /// `kv` gives them), and visit a ring of slots on the device.
+    pub ring: Option<RingLayout>,
+}
+
+/// The device's ring of an offloaded KV cache: `layers` slots of `slot_bytes` from device
+/// offset `at`, each holding one offloaded layer's keys (at the slot's start) and values (at
+/// `v_at(layer)` past it), laid out as in host memory (`KvLayerAt`, one sequence).
+#[derive(Clone, Copy, Debug)]
+pub struct RingLayout {
+    pub layers: usize,
+    pub slot_bytes: usize,
+    pub at: usize,
+    /// Bytes of the offloaded layers, in host memory.
+    pub host_bytes: usize,
+}
+
+impl RingLayout {
+    /// Offset of a layer's values in its slot.
+    pub(super) fn v_at(at: &KvLayerAt) -> usize {
+        at.slot_stride
+            .0
+            .next_multiple_of(crate::backend::cuda::gpu::ALIGN)
+    }
 }
 
 /// One layer's keys `[slots, n_kv_heads, rows]` rows of `head_dim_k` values (f16, or Q8_0
@@ -135,6 +163,9 @@ pub(super) struct KvLayerAt {
     pub(super) rows: usize,
     /// Bytes of one slot's keys and values.
     pub(super) slot_stride: (usize, usize),
+    /// `k` and `v` are offsets in host memory: the layer is offloaded, and visits the
+    /// device's ring (`RingLayout`).
+    pub(super) offloaded: bool,
 }
 
 /// The scratch of prompt-sized products: the input as bf16, a chunk of weight rows as bf16,
@@ -221,20 +252,40 @@ impl SessionLayout {
             sizes.kv_type.row_bytes(c.head_dim_k),
             sizes.kv_type.row_bytes(c.head_dim_v),
         );
-        let mut kl = Layout::default();
-        let kv = (0..c.n_layers)
-            .map(|l| {
-                let rows = kv.rows(l);
-                let per_k = c.n_kv_heads * rows * row_bytes.0;
-                let per_v = c.n_kv_heads * rows * row_bytes.1;
-                KvLayerAt {
-                    k: kl.take(sizes.slots * per_k),
-                    v: kl.take(sizes.slots * per_v),
-                    rows,
-                    slot_stride: (per_k, per_v),
-                }
-            })
-            .collect();
+        // The device's cache, and an offloaded cache's layers in host memory: with a ring,
+        // the layers of the whole context go to host memory; sliding-window rings stay.
+        let (mut kl, mut hl) = (Layout::default(), Layout::default());
+        let mut at = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let rows = kv.rows(l);
+            let per_k = c.n_kv_heads * rows * row_bytes.0;
+            let per_v = c.n_kv_heads * rows * row_bytes.1;
+            let offloaded = sizes.kv_ring.is_some() && kv.ring_rows(l).is_none();
+            let m = if offloaded { &mut hl } else { &mut kl };
+            at.push(KvLayerAt {
+                k: m.take(sizes.slots * per_k),
+                v: m.take(sizes.slots * per_v),
+                rows,
+                slot_stride: (per_k, per_v),
+                offloaded,
+            });
+        }
+        let kv = at;
+        let ring = sizes.kv_ring.map(|layers| {
+            let a = crate::backend::cuda::gpu::ALIGN;
+            let slot_bytes = kv
+                .iter()
+                .filter(|at| at.offloaded)
+                .map(|at| RingLayout::v_at(at) + at.slot_stride.1.next_multiple_of(a))
+                .max()
+                .unwrap_or(0);
+            RingLayout {
+                layers,
+                slot_bytes,
+                at: kl.take(layers * slot_bytes),
+                host_bytes: hl.bytes,
+            }
+        });
         let n_split = sizes.n_ctx.div_ceil(SPLIT_KEYS).min(MAX_SPLITS);
         let split = (n_split > 1).then(|| {
             let rows = t.min(MAX_GRAPH_ROWS);
@@ -265,6 +316,7 @@ impl SessionLayout {
             row_bytes,
             kv_type: sizes.kv_type,
             kv_bytes: kl.bytes,
+            ring,
         }
     }
 }
