@@ -698,87 +698,12 @@ fn repacked_kquants_match_reference_order() {
                 Scales::Subnormal,
                 Scales::Zero,
             ] {
-                let rw = ty.row_bytes(n).unwrap();
                 let w: Vec<u8> = (0..rows)
                     .flat_map(|_| random_weight_row(ty, n, &mut rng, scales))
                     .collect();
-                let Some((packed, kp)) = super::repacked(&k, &w, rows, n) else {
-                    continue;
-                };
-                tested += 1;
-                assert_eq!(packed.len(), w.len());
-                let g = kp.group;
-                // Rows dequantize to the same values through the repacked layout.
-                for i in [0, 5, g - 1, rows - 1] {
-                    let mut want = vec![0f32; n];
-                    (k.dequantize)(&w[i * rw..(i + 1) * rw], &mut want);
-                    let mut got = vec![0f32; n];
-                    if i < rows / g * g {
-                        let group = &packed[i / g * g * rw..(i / g + 1) * g * rw];
-                        super::repack::dequantize_row(&kp, group, i % g, &mut got);
-                    } else {
-                        (kp.dequantize)(&packed[i * rw..(i + 1) * rw], &mut got);
-                    }
-                    assert_eq!(got, want, "row {i}");
-                }
-                for nx in [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 19] {
-                    let rx = k.act.row_bytes(n).unwrap();
-                    let x_stride = rx + 3;
-                    let mut x = vec![0u8; nx * x_stride];
-                    for j in 0..nx {
-                        let r = random_act_row(&k, n, &mut rng);
-                        x[j * x_stride..j * x_stride + rx].copy_from_slice(&r);
-                    }
-                    let out_stride = rows + 2;
-                    let mut out = vec![f32::NAN; nx * out_stride];
-                    // Tiles of whole groups, then the plain rows after them.
-                    let mut i0 = 0;
-                    while i0 < rows {
-                        let nw = (rows - i0).min(g);
-                        (kp.gemm)(
-                            n,
-                            &packed[i0 * rw..],
-                            rw,
-                            nw,
-                            &x,
-                            x_stride,
-                            nx,
-                            &mut out[i0..],
-                            out_stride,
-                        );
-                        i0 += nw;
-                    }
-                    for j in 0..nx {
-                        for i in 0..rows {
-                            let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * x_stride..]);
-                            let want = match exact_order(isa, ty, wi, xj, n, nx, j) {
-                                Some(v) => v,
-                                // Groups that sum whole blocks' integer dots.
-                                None if super::sums_whole_blocks(isa, ty) && i < rows / g * g => {
-                                    super::kquant_order::t32_dot_blocks(ty, wi, xj, n)
-                                }
-                                // The 32-element formats: the plain layout's kernel, and the
-                                // reference's 8-lane order written out in scalar code.
-                                None => {
-                                    let mut o = [0f32];
-                                    (k.gemm)(n, wi, rw, 1, xj, x_stride, 1, &mut o, 1);
-                                    let lanes = super::kquant_order::t32_dot_lanes(ty, wi, xj, n);
-                                    assert_eq!(o[0].to_bits(), lanes.to_bits(), "plain kernel");
-                                    o[0]
-                                }
-                            };
-                            let got = out[j * out_stride + i];
-                            assert_eq!(
-                                got.to_bits(),
-                                want.to_bits(),
-                                "{ty} {isa:?} {rows}x{n} nx={nx} ({i},{j}) {scales:?}: {got} vs {want}"
-                            );
-                        }
-                        for p in rows..out_stride {
-                            assert!(out[j * out_stride + p].is_nan(), "wrote padding");
-                        }
-                    }
-                }
+                let label = format!("{scales:?}");
+                let mut acts = |_: usize| random_act_row(&k, n, &mut rng);
+                tested += usize::from(repacked_rows_match(&k, isa, rows, n, &w, &mut acts, &label));
             }
         }
     }
@@ -796,6 +721,164 @@ fn repacked_kquants_match_reference_order() {
         .count();
     let expect = x86_tiers * (3 * 4 + 5 * 4 * 4) + q6k * 3 * 4;
     assert_eq!(tested, expect, "repacked kernels missing on this machine");
+}
+
+/// Whether `w` (`rows` rows of `n` elements of `k`'s format) repacks on `isa`; if it does, its
+/// rows dequantize as before and every row of every batch (activation rows from `acts(j)`)
+/// gets the reference engine's bits.
+fn repacked_rows_match(
+    k: &Kernels,
+    isa: Isa,
+    rows: usize,
+    n: usize,
+    w: &[u8],
+    acts: &mut dyn FnMut(usize) -> Vec<u8>,
+    label: &str,
+) -> bool {
+    let ty = k.weight;
+    let rw = ty.row_bytes(n).unwrap();
+    let Some((packed, kp)) = super::repacked(k, w, rows, n) else {
+        return false;
+    };
+    assert_eq!(packed.len(), w.len());
+    let g = kp.group;
+    // Rows dequantize to the same values through the repacked layout.
+    for i in [0, 5, g - 1, rows - 1] {
+        let mut want = vec![0f32; n];
+        (k.dequantize)(&w[i * rw..(i + 1) * rw], &mut want);
+        let mut got = vec![0f32; n];
+        if i < rows / g * g {
+            let group = &packed[i / g * g * rw..(i / g + 1) * g * rw];
+            super::repack::dequantize_row(&kp, group, i % g, &mut got);
+        } else {
+            (kp.dequantize)(&packed[i * rw..(i + 1) * rw], &mut got);
+        }
+        assert_eq!(got, want, "row {i}");
+    }
+    for nx in [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 19] {
+        let rx = k.act.row_bytes(n).unwrap();
+        let x_stride = rx + 3;
+        let mut x = vec![0u8; nx * x_stride];
+        for j in 0..nx {
+            let r = acts(j);
+            x[j * x_stride..j * x_stride + rx].copy_from_slice(&r);
+        }
+        let out_stride = rows + 2;
+        let mut out = vec![f32::NAN; nx * out_stride];
+        // Tiles of whole groups, then the plain rows after them.
+        let mut i0 = 0;
+        while i0 < rows {
+            let nw = (rows - i0).min(g);
+            (kp.gemm)(
+                n,
+                &packed[i0 * rw..],
+                rw,
+                nw,
+                &x,
+                x_stride,
+                nx,
+                &mut out[i0..],
+                out_stride,
+            );
+            i0 += nw;
+        }
+        for j in 0..nx {
+            for i in 0..rows {
+                let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * x_stride..]);
+                let want = match exact_order(isa, ty, wi, xj, n, nx, j) {
+                    Some(v) => v,
+                    // Groups that sum whole blocks' integer dots.
+                    None if super::sums_whole_blocks(isa, ty) && i < rows / g * g => {
+                        super::kquant_order::t32_dot_blocks(ty, wi, xj, n)
+                    }
+                    // The 32-element formats: the plain layout's kernel, and the
+                    // reference's 8-lane order written out in scalar code.
+                    None => {
+                        let mut o = [0f32];
+                        (k.gemm)(n, wi, rw, 1, xj, x_stride, 1, &mut o, 1);
+                        let lanes = super::kquant_order::t32_dot_lanes(ty, wi, xj, n);
+                        assert_eq!(o[0].to_bits(), lanes.to_bits(), "plain kernel");
+                        o[0]
+                    }
+                };
+                let got = out[j * out_stride + i];
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{ty} {isa:?} {rows}x{n} nx={nx} ({i},{j}) {label}: {got} vs {want}"
+                );
+            }
+            for p in rows..out_stride {
+                assert!(out[j * out_stride + p].is_nan(), "wrote padding");
+            }
+        }
+    }
+    true
+}
+
+/// The 32-element formats' repacked kernels add pairs of integer products in 16 bits (and
+/// whole blocks' pairs, where they sum blocks) before widening, which must never wrap: quants
+/// at both ends of their range, against activations of ±127 (all one sign, or alternating by
+/// block and row), give the reference's bits.
+#[test]
+fn repacked_kernels_are_exact_on_extreme_quants() {
+    let mut tested = 0;
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
+        for isa in Isa::available() {
+            let Ok(k) = kernels_for(ty, isa) else {
+                continue;
+            };
+            let (rows, n) = (37, 640);
+            // All quant bits set or clear (Q8_0: +127 or −127), scales of one.
+            let fills: [u8; 2] = if ty == GgmlType::Q8_0 {
+                [0x7f, 0x81]
+            } else {
+                [0xff, 0x00]
+            };
+            for fill in fills {
+                let mut row = vec![fill; ty.row_bytes(n).unwrap()];
+                for blk in row.chunks_mut(ty.type_size()) {
+                    for &off in scale_offsets(ty) {
+                        blk[off..off + 2].copy_from_slice(&F16Le::from_f32(1.0).0);
+                    }
+                }
+                let w: Vec<u8> = (0..rows).flat_map(|_| row.clone()).collect();
+                for sign in [1.0f32, -1.0, 0.0] {
+                    let mut acts = |j: usize| {
+                        // sign 0: the sign alternates every block, and from row to row.
+                        let x: Vec<f32> = (0..n)
+                            .map(|e| match sign {
+                                0.0 if (e / 32 + j) % 2 == 0 => 1.0,
+                                0.0 => -1.0,
+                                s => s,
+                            })
+                            .collect();
+                        let mut out = vec![0u8; k.act.row_bytes(n).unwrap()];
+                        (k.quantize_act)(&x, &mut out);
+                        out
+                    };
+                    let label = format!("fill {fill:#x}, activations {sign}");
+                    tested +=
+                        usize::from(repacked_rows_match(&k, isa, rows, n, &w, &mut acts, &label));
+                }
+            }
+        }
+    }
+    let x86_tiers = Isa::available()
+        .iter()
+        .filter(|isa| matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx))
+        .count();
+    assert_eq!(
+        tested,
+        x86_tiers * 5 * 2 * 3,
+        "repacked kernels missing on this machine"
+    );
 }
 
 /// 32-element rows longer than the group kernel's stack buffer keep the plain layout; rows up
