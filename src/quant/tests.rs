@@ -854,7 +854,7 @@ fn repacked_kernels_are_exact_on_extreme_quants() {
                         // sign 0: the sign alternates every block, and from row to row.
                         let x: Vec<f32> = (0..n)
                             .map(|e| match sign {
-                                0.0 if (e / 32 + j) % 2 == 0 => 1.0,
+                                0.0 if (e / 32 + j).is_multiple_of(2) => 1.0,
                                 0.0 => -1.0,
                                 s => s,
                             })
