@@ -5,7 +5,8 @@
 //! the GPU machine; `tests/cuda_kernels.rs` checks that NVRTC compiles every kernel.
 //!
 //! - every random fixture model (five architectures, every block format): the prompt's
-//!   logits and a greedy continuation agree with the CPU's;
+//!   logits and a greedy continuation agree with the CPU's (and with prompts of 64 rows and
+//!   more, the prompt-sized products, on the unquantized formats);
 //! - decode steps allocate nothing on the device and run as one recorded graph per batch
 //!   shape, with the same results as without the graph;
 //! - rollback and prefix reuse on the device cache give the logits of a fresh evaluation;
@@ -117,6 +118,27 @@ fn every_fixture_model_agrees_with_the_cpu() {
         let cpu = run(&mut session(&m, Device::Cpu, 256), &prompt, 16);
         let gpu = run(&mut session(&m, Device::Cuda, 256), &prompt, 16);
         check(&stem, cpu, gpu, 8, 0.05);
+    }
+}
+
+/// Prompts long enough for the prompt-sized products (64 rows and more) on the unquantized
+/// formats: F32 and F16 in f32 (bf16 would round them), BF16 on the bf16 path; a bias (qwen2).
+#[test]
+fn float_weights_prompt_products_agree_with_the_cpu() {
+    let Some(_gpu) = gpu("float_weights_prompt_products_agree_with_the_cpu") else {
+        return;
+    };
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 37 % 200 + 3) as u32).collect();
+    for stem in [
+        "random-llama-f32",
+        "random-llama-f16",
+        "random-llama-bf16",
+        "random-qwen2-f32",
+    ] {
+        let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        let cpu = run(&mut session(&m, Device::Cpu, 256), &prompt, 8);
+        let gpu = run(&mut session(&m, Device::Cuda, 256), &prompt, 8);
+        check(stem, cpu, gpu, 4, 0.05);
     }
 }
 

@@ -12,7 +12,7 @@ mod common;
 use common::ops::{gpu, i32_bytes, random};
 use kiln::backend::cuda::gpu::{blocks_for, Arena, Arg, Gpu, Layout};
 use kiln::backend::cuda::step::GEMM_MIN_ROWS;
-use kiln::backend::cuda::weights::format_kernels;
+use kiln::backend::cuda::weights::{format_kernels, PromptProduct};
 use kiln::quant::GgmlType;
 
 /// Activation rows that test the quantizers' edges: random, all zero, one spike among small
@@ -400,85 +400,116 @@ fn prompt_products_match_an_f64_product_of_the_bf16_operands() {
     let mut types = quantized();
     types.push(GgmlType::BF16);
     for ty in types {
-        let w = weights(ty, rows, cols);
-        let k = format_kernels(ty).unwrap();
-        let b = bufs(&g, &w, &x, rows, cols, n_tok);
-        let s = g.default_stream();
-        let (wp, xp, xbf, wbf, yp) = (
-            b.arena.ptr(b.w),
-            b.arena.ptr(b.x),
-            b.arena.ptr(b.xbf),
-            b.arena.ptr(b.wbf),
-            b.arena.ptr(b.y),
-        );
-        let n = n_tok * cols;
-        g.launch(
-            s,
-            "f32_to_bf16",
-            blocks_for(n),
-            256,
-            &[Arg::P(xp), Arg::P(xbf), Arg::L(n as i64)],
-        )
-        .unwrap();
-        // Two chunks of rows, as the session dequantizes a large matrix in parts.
-        let half = rows / 2;
-        for (r0, nr) in [(0, half), (half, rows - half)] {
-            let m = nr * cols;
-            let args = [
-                Arg::P(wp),
-                Arg::P(wbf),
-                Arg::I(cols as i32),
-                Arg::L(r0 as i64),
-                Arg::L(m as i64),
-            ];
-            g.launch(s, k.dequant.unwrap(), blocks_for(m), 256, &args)
-                .unwrap();
-            let yc = yp + (r0 * 4) as u64;
-            let ws = b.arena.ptr(b.ws);
-            if !g
-                .gemm_bf16(s, ws, wbf, xbf, yc, nr, cols, n_tok, rows)
-                .unwrap()
-            {
-                let args = [
-                    Arg::P(wbf),
-                    Arg::P(xbf),
-                    Arg::P(yc),
-                    Arg::I(nr as i32),
-                    Arg::I(cols as i32),
-                    Arg::I(n_tok as i32),
-                    Arg::I(rows as i32),
-                ];
-                g.launch(s, "gemm_bf16", blocks_for(nr * n_tok), 256, &args)
-                    .unwrap();
-            }
-            g.synchronize(s).unwrap();
-        }
-        let got = read_y(&g, &b, n_tok * rows);
-        let bf = |v: f32| half::bf16::from_f32(v).to_f32() as f64;
-        let rb = ty.row_bytes(cols).unwrap();
-        let mut deq = vec![0f32; cols];
-        let mut worst = 0.0f64;
-        for r in 0..rows {
-            kiln::quant::dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut deq).unwrap();
-            for t in 0..n_tok {
-                let xr = &x[t * cols..(t + 1) * cols];
-                let want: f64 = deq.iter().zip(xr).map(|(&a, &b)| bf(a) * bf(b)).sum();
-                let mag: f64 = deq
-                    .iter()
-                    .zip(xr)
-                    .map(|(&a, &b)| (bf(a) * bf(b)).abs())
-                    .sum();
-                let e = (got[t * rows + r] as f64 - want).abs() / mag;
-                assert!(
-                    e <= 1e-5,
-                    "{ty}: token {t} row {r}: {} vs {want} ({e:.2e})",
-                    got[t * rows + r]
-                );
-                worst = worst.max(e);
-            }
-        }
-        println!("{ty}: bf16 product vs f64, worst error / Σ|w·x| {worst:.2e}");
+        prompt_product_matches_f64(&g, ty, &x, (rows, cols, n_tok), 1e-5);
     }
+}
+
+/// F32 and F16 weights, which bf16 would round, take f32 prompt products: F32 rows as they
+/// are, F16 rows widened a chunk at a time (exactly), x in f32; against an f64 product of the
+/// same operands.
+#[test]
+fn f32_prompt_products_match_an_f64_product() {
+    let Some(g) = gpu() else { return };
+    let (rows, cols) = (40, 512);
+    let n_tok = GEMM_MIN_ROWS.clamp(3, 8);
+    let mut x = random(n_tok * cols, 13);
+    x[7] = 1.0e5; // past f16's range and bf16's precision
+                  // A sum of `cols` f32 products, in any order: at most cols · u of Σ|w·x| off.
+    let bound = cols as f64 * f32::EPSILON as f64 / 2.0;
+    for ty in [GgmlType::F32, GgmlType::F16] {
+        prompt_product_matches_f64(&g, ty, &x, (rows, cols, n_tok), bound);
+    }
+}
+
+/// A prompt-sized product of `ty` weights as the session runs it (`step/products.rs` `gemm`):
+/// x to bf16 (unless the format multiplies in f32), then the rows in two chunks, as the
+/// session does a large matrix in parts, each made into the operand by the format's kernel
+/// (F32 rows: none) and multiplied (cuBLAS, or the software GPU's kernel); every output
+/// within `bound` of Σ|w·x| of an f64 product of the same operands.
+fn prompt_product_matches_f64(
+    g: &Gpu,
+    ty: GgmlType,
+    x: &[f32],
+    (rows, cols, n_tok): (usize, usize, usize),
+    bound: f64,
+) {
+    let w = weights(ty, rows, cols);
+    let k = format_kernels(ty).unwrap();
+    let f32 = matches!(k.prompt, PromptProduct::F32(_));
+    let b = bufs(g, &w, x, rows, cols, n_tok);
+    let s = g.default_stream();
+    let p = |off: usize| b.arena.ptr(off);
+    let (wp, yp, scratch) = (p(b.w), p(b.y), p(b.wbf));
+    let xs = if f32 { p(b.x) } else { p(b.xbf) };
+    if !f32 {
+        let n = n_tok * cols;
+        let args = [Arg::P(p(b.x)), Arg::P(xs), Arg::L(n as i64)];
+        g.launch(s, "f32_to_bf16", blocks_for(n), 256, &args)
+            .unwrap();
+    }
+    let half = rows / 2;
+    for (r0, nr) in [(0, half), (half, rows - half)] {
+        let m = nr * cols;
+        let wc = match k.prompt.kernel() {
+            Some(kernel) => {
+                let args = [
+                    Arg::P(wp),
+                    Arg::P(scratch),
+                    Arg::I(cols as i32),
+                    Arg::L(r0 as i64),
+                    Arg::L(m as i64),
+                ];
+                g.launch(s, kernel, blocks_for(m), 256, &args).unwrap();
+                scratch
+            }
+            None => wp + (r0 * cols * 4) as u64,
+        };
+        let yc = yp + (r0 * 4) as u64;
+        if !g
+            .gemm(f32, s, p(b.ws), wc, xs, yc, nr, cols, n_tok, rows)
+            .unwrap()
+        {
+            let args = [
+                Arg::P(wc),
+                Arg::P(xs),
+                Arg::P(yc),
+                Arg::I(nr as i32),
+                Arg::I(cols as i32),
+                Arg::I(n_tok as i32),
+                Arg::I(rows as i32),
+            ];
+            let kernel = if f32 { "gemm_f32" } else { "gemm_bf16" };
+            g.launch(s, kernel, blocks_for(nr * n_tok), 256, &args)
+                .unwrap();
+        }
+        g.synchronize(s).unwrap();
+    }
+    let got = read_y(g, &b, n_tok * rows);
+    // The operands as the product sees them.
+    let op = |v: f32| match f32 {
+        true => v as f64,
+        false => half::bf16::from_f32(v).to_f32() as f64,
+    };
+    let rb = ty.row_bytes(cols).unwrap();
+    let mut deq = vec![0f32; cols];
+    let mut worst = 0.0f64;
+    for r in 0..rows {
+        kiln::quant::dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut deq).unwrap();
+        for t in 0..n_tok {
+            let xr = &x[t * cols..(t + 1) * cols];
+            let terms = deq.iter().zip(xr).map(|(&a, &b)| op(a) * op(b));
+            let (want, mag) = terms.fold((0.0, 0.0), |(s, m), v| (s + v, m + v.abs()));
+            let e = (got[t * rows + r] as f64 - want).abs() / mag;
+            assert!(
+                e <= bound,
+                "{ty}: token {t} row {r}: {} vs {want} ({e:.2e})",
+                got[t * rows + r]
+            );
+            worst = worst.max(e);
+        }
+    }
+    let form = if f32 { "f32" } else { "bf16" };
+    println!("{ty}: {form} product vs f64, worst error / Σ|w·x| {worst:.2e}");
 }
 
 /// `kv_store_q8_0` writes a row's keys and values into a Q8_0 cache as the CPU's cache

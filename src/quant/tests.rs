@@ -816,6 +816,22 @@ fn repacked_rows_match(
     true
 }
 
+/// Every tier's kernels of each 32-element format.
+fn t32_kernels() -> impl Iterator<Item = (GgmlType, Isa, Kernels)> {
+    let formats = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ];
+    formats.into_iter().flat_map(|ty| {
+        Isa::available()
+            .into_iter()
+            .filter_map(move |isa| Some((ty, isa, kernels_for(ty, isa).ok()?)))
+    })
+}
+
 /// The 32-element formats' repacked kernels add pairs of integer products in 16 bits (and
 /// whole blocks' pairs, where they sum blocks) before widening, which must never wrap: quants
 /// at both ends of their range, against activations of ±127 (all one sign, or alternating by
@@ -823,50 +839,38 @@ fn repacked_rows_match(
 #[test]
 fn repacked_kernels_are_exact_on_extreme_quants() {
     let mut tested = 0;
-    for ty in [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-    ] {
-        for isa in Isa::available() {
-            let Ok(k) = kernels_for(ty, isa) else {
-                continue;
-            };
-            let (rows, n) = (37, 640);
-            // All quant bits set or clear (Q8_0: +127 or −127), scales of one.
-            let fills: [u8; 2] = if ty == GgmlType::Q8_0 {
-                [0x7f, 0x81]
-            } else {
-                [0xff, 0x00]
-            };
-            for fill in fills {
-                let mut row = vec![fill; ty.row_bytes(n).unwrap()];
-                for blk in row.chunks_mut(ty.type_size()) {
-                    for &off in scale_offsets(ty) {
-                        blk[off..off + 2].copy_from_slice(&F16Le::from_f32(1.0).0);
-                    }
+    for (ty, isa, k) in t32_kernels() {
+        let (rows, n) = (37, 640);
+        // All quant bits set or clear (Q8_0: +127 or −127), scales of one.
+        let fills: [u8; 2] = if ty == GgmlType::Q8_0 {
+            [0x7f, 0x81]
+        } else {
+            [0xff, 0x00]
+        };
+        for fill in fills {
+            let mut row = vec![fill; ty.row_bytes(n).unwrap()];
+            for blk in row.chunks_mut(ty.type_size()) {
+                for &off in scale_offsets(ty) {
+                    blk[off..off + 2].copy_from_slice(&F16Le::from_f32(1.0).0);
                 }
-                let w: Vec<u8> = (0..rows).flat_map(|_| row.clone()).collect();
-                for sign in [1.0f32, -1.0, 0.0] {
-                    let mut acts = |j: usize| {
-                        // sign 0: the sign alternates every block, and from row to row.
-                        let x: Vec<f32> = (0..n)
-                            .map(|e| match sign {
-                                0.0 if (e / 32 + j).is_multiple_of(2) => 1.0,
-                                0.0 => -1.0,
-                                s => s,
-                            })
-                            .collect();
-                        let mut out = vec![0u8; k.act.row_bytes(n).unwrap()];
-                        (k.quantize_act)(&x, &mut out);
-                        out
-                    };
-                    let label = format!("fill {fill:#x}, activations {sign}");
-                    tested +=
-                        usize::from(repacked_rows_match(&k, isa, rows, n, &w, &mut acts, &label));
-                }
+            }
+            let w: Vec<u8> = (0..rows).flat_map(|_| row.clone()).collect();
+            for sign in [1.0f32, -1.0, 0.0] {
+                let mut acts = |j: usize| {
+                    // sign 0: the sign alternates every block, and from row to row.
+                    let x: Vec<f32> = (0..n)
+                        .map(|e| match sign {
+                            0.0 if (e / 32 + j).is_multiple_of(2) => 1.0,
+                            0.0 => -1.0,
+                            s => s,
+                        })
+                        .collect();
+                    let mut out = vec![0u8; k.act.row_bytes(n).unwrap()];
+                    (k.quantize_act)(&x, &mut out);
+                    out
+                };
+                let label = format!("fill {fill:#x}, activations {sign}");
+                tested += usize::from(repacked_rows_match(&k, isa, rows, n, &w, &mut acts, &label));
             }
         }
     }
@@ -885,25 +889,14 @@ fn repacked_kernels_are_exact_on_extreme_quants() {
 /// to it are repacked where the CPU has the kernel.
 #[test]
 fn long_rows_stay_plain() {
-    for ty in [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-    ] {
-        for isa in Isa::available() {
-            let Ok(k) = kernels_for(ty, isa) else {
-                continue;
-            };
-            assert!(
-                super::repacking(&k, 16, 8192 + 32).is_none(),
-                "{ty} {isa:?}"
-            );
-            let fits = super::repacking(&k, 16, 8192).is_some();
-            let x86 = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx);
-            assert_eq!(fits, x86, "{ty} {isa:?}");
-        }
+    for (ty, isa, k) in t32_kernels() {
+        assert!(
+            super::repacking(&k, 16, 8192 + 32).is_none(),
+            "{ty} {isa:?}"
+        );
+        let fits = super::repacking(&k, 16, 8192).is_some();
+        let x86 = matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx);
+        assert_eq!(fits, x86, "{ty} {isa:?}");
     }
 }
 

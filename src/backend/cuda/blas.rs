@@ -1,5 +1,5 @@
 //! cuBLAS for prompt-sized products (the issue: "cuBLAS only where it wins"): bf16 operands on
-//! the tensor cores, f32 sums. Part of the driver layer: the raw calls are here, each with what
+//! the tensor cores, f32 sums; f32 operands for the weights bf16 would round. Part of the driver layer: the raw calls are here, each with what
 //! makes it sound.
 //!
 //! One handle per process, made when the GPU is opened (loading cuBLAS takes device memory once,
@@ -44,11 +44,14 @@ impl Blas {
         }))
     }
 
-    /// `y[t][r] = Σ_c w[r][c] · x[t][c]` for `r < rows`, `t < n_tok`, `c < cols`: w and x bf16,
-    /// row-major; y f32 with rows `ldy` apart; on `stream`, in `workspace` (`WORKSPACE_BYTES`).
+    /// `y[t][r] = Σ_c w[r][c] · x[t][c]` for `r < rows`, `t < n_tok`, `c < cols`: w and x bf16
+    /// (`f32`: f32, in f32 arithmetic, not TF32: the handle keeps cuBLAS's default math
+    /// mode), row-major; y f32 with rows `ldy` apart; on `stream`, in `workspace`
+    /// (`WORKSPACE_BYTES`).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_bf16(
+    pub fn gemm(
         &mut self,
+        f32: bool,
         stream: &Arc<CudaStream>,
         workspace: u64,
         w: u64,
@@ -64,6 +67,10 @@ impl Blas {
         };
         let (m, n, k, ld) = (dim(rows)?, dim(n_tok)?, dim(cols)?, dim(ldy)?);
         let (alpha, beta) = (1.0f32, 0.0f32);
+        let ab = match f32 {
+            true => sys::cudaDataType::CUDA_R_32F,
+            false => sys::cudaDataType::CUDA_R_16BF,
+        };
         stream.context().bind_to_thread()?;
         // SAFETY: the handle is live; the stream and the workspace (device memory of
         // WORKSPACE_BYTES) outlive the product, which runs on that stream.
@@ -77,7 +84,7 @@ impl Blas {
         // Column-major, cuBLAS's view: y (rows × n_tok, ld ldy) = wᵀ' · x, where w's row-major
         // bytes are a cols × rows column-major matrix (transposed: op T) and x's a cols × n_tok
         // one. SAFETY: the pointers address live device buffers of at least rows·cols and
-        // n_tok·cols bf16 and (n_tok − 1)·ldy + rows f32 (the caller's layout); alpha and beta
+        // n_tok·cols elements of `ab` and (n_tok − 1)·ldy + rows f32 (the caller's layout); alpha and beta
         // are host scalars (cuBLAS's default pointer mode).
         unsafe {
             result::gemm_ex(
@@ -89,10 +96,10 @@ impl Blas {
                 k,
                 &alpha as *const f32 as *const c_void,
                 w as *const c_void,
-                sys::cudaDataType::CUDA_R_16BF,
+                ab,
                 k,
                 x as *const c_void,
-                sys::cudaDataType::CUDA_R_16BF,
+                ab,
                 k,
                 &beta as *const f32 as *const c_void,
                 y as *mut c_void,

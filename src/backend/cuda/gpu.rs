@@ -220,11 +220,13 @@ impl Gpu {
         }
     }
 
-    /// `y[t][r] = Σ_c w[r][c] · x[t][c]` by cuBLAS (bf16 w and x, f32 y with rows `ldy` apart)
-    /// on `s`, in `workspace`. `Ok(false)`: no cuBLAS here (the software GPU, or no library).
+    /// `y[t][r] = Σ_c w[r][c] · x[t][c]` by cuBLAS (bf16 w and x, or f32 ones with `f32`; f32
+    /// y with rows `ldy` apart) on `s`, in `workspace`. `Ok(false)`: no cuBLAS here (the
+    /// software GPU, or no library).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_bf16(
+    pub fn gemm(
         &self,
+        f32: bool,
         s: &Stream,
         workspace: u64,
         w: u64,
@@ -240,7 +242,7 @@ impl Gpu {
             return Ok(false);
         };
         let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-        b.gemm_bf16(stream, workspace, w, x, y, rows, cols, n_tok, ldy)?;
+        b.gemm(f32, stream, workspace, w, x, y, rows, cols, n_tok, ldy)?;
         Ok(true)
     }
 

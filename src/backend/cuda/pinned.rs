@@ -60,7 +60,9 @@ impl HostArena {
                 // SAFETY: a plain allocation of `n > 0` bytes in the bound context, zeroed
                 // before anything else can use it; freed once, in `drop`.
                 let p = unsafe {
-                    let p = cudarc::driver::result::malloc_host(n, 0)? as *mut u8;
+                    let p = cudarc::driver::result::malloc_host(n, 0).map_err(|e| {
+                        CudaError::Driver(format!("{n} bytes of page-locked host memory: {e}"))
+                    })? as *mut u8;
                     std::ptr::write_bytes(p, 0, n);
                     p
                 };

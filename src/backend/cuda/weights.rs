@@ -81,9 +81,28 @@ pub struct FormatKernels {
     /// The same over f32 input, as `matvec_f32`.
     pub gated_f32: Option<&'static str>,
     pub embed: &'static str,
-    /// Dequantization to bf16 for prompt-sized products on the tensor cores (none for F32 and
-    /// F16, which bf16 would round: they keep the f32 matvec).
-    pub dequant: Option<&'static str>,
+    /// How prompt-sized products multiply this format.
+    pub prompt: PromptProduct,
+}
+
+/// How a format's prompt-sized products multiply (`step/products.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptProduct {
+    /// Chunks of rows dequantized to bf16 by this kernel, on the tensor cores.
+    Bf16(&'static str),
+    /// f32 operands, which bf16 would round: F32 rows as they are (`None`), F16 rows widened
+    /// exactly a chunk at a time by this kernel.
+    F32(Option<&'static str>),
+}
+
+impl PromptProduct {
+    /// The kernel that makes a chunk of rows into the product's operand, if any.
+    pub fn kernel(self) -> Option<&'static str> {
+        match self {
+            PromptProduct::Bf16(k) => Some(k),
+            PromptProduct::F32(k) => k,
+        }
+    }
 }
 
 /// The widest rows the matvecs over f32 input take (`matvec_*_f`: their shared memory holds
@@ -92,7 +111,7 @@ pub const F32_INPUT_MAX_COLS: usize = 2048;
 
 /// The kernels of a weight format, or why the GPU has none.
 pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
-    let plain = |matvec, embed, dequant| {
+    let plain = |matvec, embed, prompt| {
         Ok(FormatKernels {
             matvec,
             matvec_f32: None,
@@ -100,7 +119,7 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
             gated: None,
             gated_f32: None,
             embed,
-            dequant,
+            prompt,
         })
     };
     let quant = |matvec, matvec_f32, gated, gated_f32, quantize, embed, dequant| {
@@ -111,13 +130,21 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
             gated: Some(gated),
             gated_f32: Some(gated_f32),
             embed,
-            dequant: Some(dequant),
+            prompt: PromptProduct::Bf16(dequant),
         })
     };
     match ty {
-        GgmlType::F32 => plain("matvec_f32", "embed_f32", None),
-        GgmlType::F16 => plain("matvec_f16", "embed_f16", None),
-        GgmlType::BF16 => plain("matvec_bf16", "embed_bf16", Some("dequant_bf16_bf16")),
+        GgmlType::F32 => plain("matvec_f32", "embed_f32", PromptProduct::F32(None)),
+        GgmlType::F16 => plain(
+            "matvec_f16",
+            "embed_f16",
+            PromptProduct::F32(Some("widen_f16")),
+        ),
+        GgmlType::BF16 => plain(
+            "matvec_bf16",
+            "embed_bf16",
+            PromptProduct::Bf16("dequant_bf16_bf16"),
+        ),
         GgmlType::Q4_0 => quant(
             "matvec_q4_0",
             "matvec_q4_0_f",
@@ -224,7 +251,7 @@ fn repacked_kernels(ty: GgmlType) -> Option<FormatKernels> {
         gated_f32: Some("gated_q4_0r_f"),
         // (The token embedding keeps the file's layout.)
         embed: "embed_q4_0",
-        dequant: Some("dequant_bf16_q4_0r"),
+        prompt: PromptProduct::Bf16("dequant_bf16_q4_0r"),
     })
 }
 
@@ -512,7 +539,7 @@ mod tests {
             formats += 1;
             for name in [k.matvec, k.embed]
                 .into_iter()
-                .chain(k.dequant)
+                .chain(k.prompt.kernel())
                 .chain(k.quantize)
             {
                 assert!(all.iter().any(|e| e == name), "{ty}: no kernel {name}");

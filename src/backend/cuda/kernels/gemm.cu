@@ -1,8 +1,9 @@
 // Prompt-sized matrix products: the weight rows are dequantized to bf16 into a scratch buffer,
 // the activations converted to bf16, and cuBLAS multiplies them on the tensor cores with f32
 // accumulation (step.rs). bf16 keeps f32's range, so large activations cannot overflow; its 8
-// bits of mantissa are as fine as the CPU's 8-bit activations. On the software GPU (no cuBLAS)
-// `gemm_bf16` below does the product.
+// bits of mantissa are as fine as the CPU's 8-bit activations. F32 and F16 weights, which bf16
+// would round, multiply in f32 (F16 rows widened exactly a chunk at a time). On the software
+// GPU (no cuBLAS) `gemm_bf16` and `gemm_f32` below do the products.
 
 // f32 → bf16, rounding to nearest even.
 __device__ __forceinline__ u16 f2bf(float f) {
@@ -43,6 +44,14 @@ DEQUANT_BF16(dequant_bf16_q5_k, Q5_K_BYTES, 256, dq_q5_k)
 DEQUANT_BF16(dequant_bf16_q6_k, Q6_K_BYTES, 256, dq_q6_k)
 DEQUANT_BF16(dequant_bf16_bf16, 2, 1, dq_bf16)
 
+// Rows `[r0, r0 + n / cols)` of an F16 matrix to f32 `[n / cols, cols]` (exact).
+extern "C" __global__ void widen_f16(const u8* w, float* out, int cols, long r0, long n) {
+    pdl_begin();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = h2f(ld16(w + (r0 * cols + i) * 2));
+}
+
 // `dequant_bf16_q4_0` for q4_0 rearranged at upload (matvec.cu `dot_q4_0r`).
 extern "C" __global__ void dequant_bf16_q4_0r(const u8* w, u16* out, int cols, long r0, long n) {
     pdl_begin();
@@ -56,15 +65,28 @@ extern "C" __global__ void dequant_bf16_q4_0r(const u8* w, u16* out, int cols, l
     out[i] = f2bf(h2f(ld16(row + ng * 16 + 2 * g)) * (float)v);
 }
 
-// y[t][r] (row stride ldy) = Σ_c w[r][c] · x[t][c], bf16 operands, f32 sums: what cuBLAS
-// computes in step.rs, one thread per output, for the software GPU.
-extern "C" __global__ void gemm_bf16(const u16* w, const u16* x, float* y, int rows, int cols,
-                                     int n_tok, int ldy) {
+// y[t][r] (row stride ldy) = Σ_c w[r][c] · x[t][c], operands of type T read by F, f32 sums:
+// what cuBLAS computes in step.rs, one thread per output, for the software GPU.
+template <typename T, float (*F)(T)>
+__device__ __forceinline__ void gemm_naive(const T* w, const T* x, float* y, int rows, int cols,
+                                           int n_tok, int ldy) {
     pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * n_tok) return;
     int t = (int)(i / rows), r = (int)(i % rows);
     float acc = 0.0f;
-    for (int c = 0; c < cols; ++c) acc += bf2f(w[(long)r * cols + c]) * bf2f(x[(long)t * cols + c]);
+    for (int c = 0; c < cols; ++c) acc += F(w[(long)r * cols + c]) * F(x[(long)t * cols + c]);
     y[(long)t * ldy + r] = acc;
+}
+
+__device__ __forceinline__ float f32_id(float v) { return v; }
+
+extern "C" __global__ void gemm_bf16(const u16* w, const u16* x, float* y, int rows, int cols,
+                                     int n_tok, int ldy) {
+    gemm_naive<u16, bf2f>(w, x, y, rows, cols, n_tok, ldy);
+}
+
+extern "C" __global__ void gemm_f32(const float* w, const float* x, float* y, int rows, int cols,
+                                    int n_tok, int ldy) {
+    gemm_naive<float, f32_id>(w, x, y, rows, cols, n_tok, ldy);
 }

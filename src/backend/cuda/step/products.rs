@@ -4,7 +4,7 @@
 
 use super::{Capture, CudaSession, GemmLayout, GEMM_MIN_ROWS};
 use crate::backend::cuda::gpu::{blocks_for, Arg, Gpu};
-use crate::backend::cuda::weights::{DevMat, F32_INPUT_MAX_COLS};
+use crate::backend::cuda::weights::{DevMat, PromptProduct, F32_INPUT_MAX_COLS};
 
 /// Threads per output row of the matvec kernels: four warps on a GPU; one on the software
 /// GPU, where every warp costs fiber switches and loads have no latency to hide.
@@ -66,8 +66,8 @@ impl CudaSession {
     /// `y = x · mᵀ` for `rows` rows of x (`[rows, m.cols]` f32) into y (`[rows, m.rows]`).
     /// `prep` remembers which forms of x the products sharing it have made.
     pub(super) fn product(&mut self, m: DevMat, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
-        match (m.kernels.dequant, self.layout.gemm) {
-            (Some(dq), Some(g)) if rows >= GEMM_MIN_ROWS => self.gemm(m, dq, g, x, y, rows, prep),
+        match self.layout.gemm {
+            Some(g) if rows >= GEMM_MIN_ROWS => self.gemm(m, g, x, y, rows, prep),
             _ => self.matvecs(&[(m, y)], x, rows, false),
         }
         self.bias(m, y, rows);
@@ -201,41 +201,45 @@ impl CudaSession {
 
     /// A prompt-sized product: x to bf16 (once per input), then per chunk of weight rows that
     /// fits the scratch, dequantize them to bf16 and multiply (cuBLAS, or `gemm_bf16` on the
-    /// software GPU).
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
-        &mut self,
-        m: DevMat,
-        dq: &str,
-        g: GemmLayout,
-        x: u64,
-        y: u64,
-        rows: usize,
-        prep: &mut Prepared,
-    ) {
-        let (xbf, wbf) = (self.at(g.xbf), self.at(g.wbf));
-        if !prep.bf16 {
+    /// software GPU). Weights that bf16 would round multiply in f32: F32 rows as they are, F16
+    /// rows widened a chunk at a time, x as it is.
+    fn gemm(&mut self, m: DevMat, g: GemmLayout, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
+        let f32 = matches!(m.kernels.prompt, PromptProduct::F32(_));
+        let (xs, wbf) = match f32 {
+            true => (x, self.at(g.wbf)),
+            false => (self.at(g.xbf), self.at(g.wbf)),
+        };
+        if !f32 && !prep.bf16 {
             let n = rows * m.cols;
-            self.elementwise(
-                "f32_to_bf16",
-                &[Arg::P(x), Arg::P(xbf), Arg::L(n as i64)],
-                n,
-            );
+            self.elementwise("f32_to_bf16", &[Arg::P(x), Arg::P(xs), Arg::L(n as i64)], n);
             prep.bf16 = true;
         }
-        let chunk = (g.wbf_elems / m.cols.max(1)).max(1);
+        // The scratch holds `wbf_elems` bf16, half as many f32; F32 rows need no scratch.
+        let kernel = m.kernels.prompt.kernel();
+        let chunk = match (kernel, f32) {
+            (None, _) => m.rows,
+            (Some(_), true) => g.wbf_elems / 2 / m.cols.max(1),
+            (Some(_), false) => g.wbf_elems / m.cols.max(1),
+        }
+        .max(1);
         let mut r0 = 0;
         while r0 < m.rows && self.err.is_none() {
             let nr = chunk.min(m.rows - r0);
             let n = nr * m.cols;
-            let args = [
-                Arg::P(m.ptr),
-                Arg::P(wbf),
-                Arg::I(m.cols as i32),
-                Arg::L(r0 as i64),
-                Arg::L(n as i64),
-            ];
-            self.elementwise(dq, &args, n);
+            let w = match kernel {
+                Some(k) => {
+                    let args = [
+                        Arg::P(m.ptr),
+                        Arg::P(wbf),
+                        Arg::I(m.cols as i32),
+                        Arg::L(r0 as i64),
+                        Arg::L(n as i64),
+                    ];
+                    self.elementwise(k, &args, n);
+                    wbf
+                }
+                None => m.ptr + (r0 * m.cols * 4) as u64,
+            };
             let yc = y + (r0 * 4) as u64;
             let done = match self.capture {
                 Capture::Replaying(_) => true,
@@ -243,18 +247,17 @@ impl CudaSession {
                 _ => {
                     let ws = self.at(g.workspace);
                     let t = self.start_op();
-                    let r = self.gpu.gemm_bf16(
-                        &self.stream,
-                        ws,
-                        wbf,
-                        xbf,
-                        yc,
-                        nr,
-                        m.cols,
-                        rows,
-                        m.rows,
+                    let r =
+                        self.gpu
+                            .gemm(f32, &self.stream, ws, w, xs, yc, nr, m.cols, rows, m.rows);
+                    self.end_op(
+                        if f32 {
+                            "cublas_gemm_f32"
+                        } else {
+                            "cublas_gemm_bf16"
+                        },
+                        t,
                     );
-                    self.end_op("cublas_gemm_bf16", t);
                     r.unwrap_or_else(|e| {
                         self.fail(Err(e));
                         true
@@ -263,15 +266,16 @@ impl CudaSession {
             };
             if !done {
                 let args = [
-                    Arg::P(wbf),
-                    Arg::P(xbf),
+                    Arg::P(w),
+                    Arg::P(xs),
                     Arg::P(yc),
                     Arg::I(nr as i32),
                     Arg::I(m.cols as i32),
                     Arg::I(rows as i32),
                     Arg::I(m.rows as i32),
                 ];
-                self.elementwise("gemm_bf16", &args, nr * rows);
+                let k = if f32 { "gemm_f32" } else { "gemm_bf16" };
+                self.elementwise(k, &args, nr * rows);
             }
             r0 += nr;
         }
