@@ -335,14 +335,14 @@ pub fn device_plan(
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
     let sizes = crate::engine::session::cuda_sizes(spec, &opts, slots, ring);
     let l = SessionLayout::new(&c, traits.fused_qkv, sizes, &kv);
+    let rings = match kv.window.as_ref() {
+        Some(w) => format!(" + {} rings × {}", kv.n_ring_layers(), w.rows),
+        None => String::new(),
+    };
     let whole = format!(
-        "{slots} seq × ({} layers × {} ctx{}) × {} kv heads × ({} + {}) B ({} rows of {} + {} dims)",
+        "{slots} seq × ({} layers × {} ctx{rings}) × {} kv heads × ({} + {}) B ({} rows of {} + {} dims)",
         kv.n_full_layers(),
         sizes.n_ctx,
-        match kv.window.as_ref() {
-            Some(w) => format!(" + {} rings × {}", kv.n_ring_layers(), w.rows),
-            None => String::new(),
-        },
         c.n_kv_heads,
         opts.kv_type.row_bytes(c.head_dim_k),
         opts.kv_type.row_bytes(c.head_dim_v),
@@ -368,10 +368,9 @@ pub fn device_plan(
                     "a ring of {} layer slots × {} B (a layer's keys and values; --kv-budget){}",
                     r.layers,
                     r.slot_bytes,
-                    match kv.window.as_ref() {
-                        Some(w) =>
-                            format!(" + {} rings × {} (resident)", kv.n_ring_layers(), w.rows),
-                        None => String::new(),
+                    match rings.is_empty() {
+                        true => rings,
+                        false => format!("{rings} (resident)"),
                     }
                 ),
             },

@@ -1,6 +1,6 @@
 //! cuBLAS for prompt-sized products (the issue: "cuBLAS only where it wins"): bf16 operands on
-//! the tensor cores, f32 sums; f32 operands for the weights bf16 would round. Part of the driver layer: the raw calls are here, each with what
-//! makes it sound.
+//! the tensor cores, f32 sums; f32 operands for the weights bf16 would round. Part of the
+//! driver layer: the raw calls are here, each with what makes it sound.
 //!
 //! One handle per process, made when the GPU is opened (loading cuBLAS takes device memory once,
 //! as the context does, outside any session's plan). Each product names its session's stream
@@ -84,8 +84,8 @@ impl Blas {
         // Column-major, cuBLAS's view: y (rows × n_tok, ld ldy) = wᵀ' · x, where w's row-major
         // bytes are a cols × rows column-major matrix (transposed: op T) and x's a cols × n_tok
         // one. SAFETY: the pointers address live device buffers of at least rows·cols and
-        // n_tok·cols elements of `ab` and (n_tok − 1)·ldy + rows f32 (the caller's layout); alpha and beta
-        // are host scalars (cuBLAS's default pointer mode).
+        // n_tok·cols elements of `ab` and (n_tok − 1)·ldy + rows f32 (the caller's layout);
+        // alpha and beta are host scalars (cuBLAS's default pointer mode).
         unsafe {
             result::gemm_ex(
                 self.handle,

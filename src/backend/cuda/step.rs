@@ -156,10 +156,7 @@ impl CudaSession {
                     sizes.slots
                 )))
             }
-            Some(r) => {
-                let order = (0..c.n_layers).filter(|&l| layout.kv[l].offloaded);
-                Some(offload::Offload::new(&gpu, r, order.collect())?)
-            }
+            Some(r) => Some(offload::Offload::new(&gpu, r, &layout.kv)?),
             None => None,
         };
         let profile = Profile::from_env();

@@ -53,10 +53,11 @@ pub(super) struct Offload {
 }
 
 impl Offload {
+    /// The ring `ring` for a cache of layers `layers` (the offloaded ones stream through it).
     pub(super) fn new(
         gpu: &Gpu,
         ring: RingLayout,
-        order: Vec<usize>,
+        layers: &[KvLayerAt],
     ) -> Result<Offload, CudaError> {
         let events = || {
             (0..ring.layers)
@@ -68,7 +69,7 @@ impl Offload {
             copy: gpu.stream()?,
             loaded: events()?,
             freed: events()?,
-            order,
+            order: (0..layers.len()).filter(|&l| layers[l].offloaded).collect(),
             visits: 0,
             current: None,
             len0: 0,

@@ -205,10 +205,7 @@ impl CudaSession {
     /// rows widened a chunk at a time, x as it is.
     fn gemm(&mut self, m: DevMat, g: GemmLayout, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
         let f32 = matches!(m.kernels.prompt, PromptProduct::F32(_));
-        let (xs, wbf) = match f32 {
-            true => (x, self.at(g.wbf)),
-            false => (self.at(g.xbf), self.at(g.wbf)),
-        };
+        let (xs, wbf) = (if f32 { x } else { self.at(g.xbf) }, self.at(g.wbf));
         if !f32 && !prep.bf16 {
             let n = rows * m.cols;
             self.elementwise("f32_to_bf16", &[Arg::P(x), Arg::P(xs), Arg::L(n as i64)], n);
@@ -250,14 +247,12 @@ impl CudaSession {
                     let r =
                         self.gpu
                             .gemm(f32, &self.stream, ws, w, xs, yc, nr, m.cols, rows, m.rows);
-                    self.end_op(
-                        if f32 {
-                            "cublas_gemm_f32"
-                        } else {
-                            "cublas_gemm_bf16"
-                        },
-                        t,
-                    );
+                    let op = if f32 {
+                        "cublas_gemm_f32"
+                    } else {
+                        "cublas_gemm_bf16"
+                    };
+                    self.end_op(op, t);
                     r.unwrap_or_else(|e| {
                         self.fail(Err(e));
                         true
