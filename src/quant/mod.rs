@@ -224,10 +224,16 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
         let layout: repack::RepackFn = match k.weight {
             GgmlType::Q4K => repack::repack_q4k_x16,
             GgmlType::Q6K => repack::repack_q6k_x16,
-            GgmlType::Q4_0 => repack::repack_nib32_x16::<false, false>,
-            GgmlType::Q4_1 => repack::repack_nib32_x16::<true, false>,
-            GgmlType::Q5_0 => repack::repack_nib32_x16::<false, true>,
-            GgmlType::Q5_1 => repack::repack_nib32_x16::<true, true>,
+            GgmlType::Q4_0 => repack::repack_nib32_x16::<false, false, false>,
+            GgmlType::Q4_1 => repack::repack_nib32_x16::<true, false, false>,
+            GgmlType::Q5_0 if fifth_bit_planes(k.isa) => {
+                repack::repack_nib32_x16::<false, true, true>
+            }
+            GgmlType::Q5_1 if fifth_bit_planes(k.isa) => {
+                repack::repack_nib32_x16::<true, true, true>
+            }
+            GgmlType::Q5_0 => repack::repack_nib32_x16::<false, true, false>,
+            GgmlType::Q5_1 => repack::repack_nib32_x16::<true, true, false>,
             GgmlType::Q8_0 => repack::repack_q8_0_x16,
             _ => return None,
         };
@@ -252,6 +258,14 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
     }
     let _ = (k, rows, n);
     None
+}
+
+/// Whether `isa`'s repacked Q5_0 and Q5_1 groups keep their fifth bits as bit planes
+/// ([`repack::Nib32::planes`]): the tiers that read a group 8 rows at a time (AVX2, and AVX-512
+/// without VNNI), where a lane's bits then take one shift instead of a byte shuffle. AVX-512
+/// VNNI and AMX read one 64-bit mask per lane.
+pub fn fifth_bit_planes(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Avx512)
 }
 
 /// Whether `isa`'s repacked groups of the 32-element format `ty` sum each block's whole integer

@@ -39,6 +39,12 @@
 //! | 32 or 64 | 64 | Q5_0, Q5_1: fifth bits, one 64-bit mask per lane `l`: bit `4r + e` is row `r`'s element `4l + e` |
 //! | then | 256 | nibbles: `qs[4j .. 4j + 4]` of row `r` at `+64j + 4r` (low nibbles: lane `j`, high: lane `j + 4`) |
 //!
+//! The tiers without AVX-512 VNNI read the fifth bits as bit planes instead ([`Nib32::planes`],
+//! the same 64 bytes): byte `32h + 4r' + e` holds, in bit `l`, the fifth bit of row
+//! `8h + r'`'s element `4l + e`, so that one 32-byte load serves the 8 lanes of a half and
+//! a lane's bits reach bit 4 of each byte by one shift. Q5_0's are stored inverted (`1 − bit`):
+//! its signed quant is then `nibble − 16 · bit'`.
+//!
 //! **Q8_0 × 16**: block `b` of the 16 rows is one 544-byte block ([`Q8_0_X16_BYTES`]): `d` of
 //! rows 0..16 (f16) at 0, then lane `l`'s quants `q[4l .. 4l + 4]` of row `r`, stored as
 //! `q ^ 0x80` (unsigned, `q + 128`), at `32 + 64l + 4r`.
@@ -227,12 +233,16 @@ pub fn q6k_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B6] {
 }
 
 /// The layout of a 4-bit legacy format's group (Q4_0, Q4_1, Q5_0, Q5_1): whether its blocks
-/// carry a minimum `m` (Q4_1, Q5_1) and fifth bits `qh` (Q5_0, Q5_1). A plain block is `d`,
-/// then `m`, then `qh`, then the 16 nibble bytes `qs`, each part present or not.
+/// carry a minimum `m` (Q4_1, Q5_1) and fifth bits `qh` (Q5_0, Q5_1), and how a group keeps
+/// those bits. A plain block is `d`, then `m`, then `qh`, then the 16 nibble bytes `qs`, each
+/// part present or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Nib32 {
     pub min: bool,
     pub fifth: bool,
+    /// The fifth bits as bit planes (Q5_0's inverted) rather than one mask per lane (see the
+    /// module's table).
+    pub planes: bool,
 }
 
 impl Nib32 {
@@ -250,6 +260,19 @@ impl Nib32 {
     pub const fn masks_at(self) -> usize {
         32 + 32 * self.min as usize
     }
+    /// Offset of the fifth-bit plane byte of row `r`'s elements `4l + e` (every lane `l`),
+    /// when `planes`.
+    pub const fn plane_at(self, r: usize, e: usize) -> usize {
+        self.masks_at() + 32 * (r / 8) + 4 * (r % 8) + e
+    }
+    /// What the planes XOR `qh` with: all of Q5_0's bits (stored inverted), none of Q5_1's.
+    const fn plane_inversion(self) -> u32 {
+        if self.planes && !self.min {
+            u32::MAX
+        } else {
+            0
+        }
+    }
     /// Offset of the nibbles in a group's block.
     pub const fn nibbles_at(self) -> usize {
         self.masks_at() + 64 * self.fifth as usize
@@ -262,8 +285,9 @@ impl Nib32 {
     const fn qs_at(self) -> usize {
         self.qh_at() + 4 * self.fifth as usize
     }
-    /// Which layout `ty` has, if it is one of these formats.
-    pub fn of(ty: super::GgmlType) -> Option<Nib32> {
+    /// Which layout `ty` has, if it is one of these formats (`planes`: the bit-plane form of
+    /// the fifth bits, for a format that has them).
+    pub fn of(ty: super::GgmlType, planes: bool) -> Option<Nib32> {
         use super::GgmlType as T;
         let (min, fifth) = match ty {
             T::Q4_0 => (false, false),
@@ -272,14 +296,18 @@ impl Nib32 {
             T::Q5_1 => (true, true),
             _ => return None,
         };
-        Some(Nib32 { min, fifth })
+        Some(Nib32 {
+            min,
+            fifth,
+            planes: planes && fifth,
+        })
     }
 }
 
 /// The matrix `src` of the 4-bit legacy format `MIN`/`FIFTH` ([`Nib32`]; `rows` rows of `n`
-/// elements, row-major) in the 16-row layout. Panics if `src` is not exactly that matrix (the
-/// loader checked the shape).
-pub fn repack_nib32_x16<const MIN: bool, const FIFTH: bool>(
+/// elements, row-major) in the 16-row layout, its fifth bits as planes when `PLANES`. Panics if
+/// `src` is not exactly that matrix (the loader checked the shape).
+pub fn repack_nib32_x16<const MIN: bool, const FIFTH: bool, const PLANES: bool>(
     src: &[u8],
     rows: usize,
     n: usize,
@@ -288,6 +316,7 @@ pub fn repack_nib32_x16<const MIN: bool, const FIFTH: bool>(
     let f = Nib32 {
         min: MIN,
         fifth: FIFTH,
+        planes: PLANES && FIFTH,
     };
     repack_groups(src, rows, n, out, 32, f.block_bytes(), |r, blk, sb| {
         sb[2 * r..2 * r + 2].copy_from_slice(&blk[..2]);
@@ -298,11 +327,20 @@ pub fn repack_nib32_x16<const MIN: bool, const FIFTH: bool>(
         if FIFTH {
             let q = f.qh_at();
             let qh = u32::from_le_bytes(blk[q..q + 4].try_into().expect("4 bytes"));
-            for l in 0..8 {
-                let nib = u64::from((qh >> (4 * l)) & 0xF) << (4 * r);
-                let at = f.masks_at() + 8 * l;
-                let mask = u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes")) | nib;
-                sb[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+            if f.planes {
+                let qh = qh ^ f.plane_inversion();
+                for e in 0..4 {
+                    let plane = (0..8).fold(0u8, |p, l| p | (((qh >> (4 * l + e)) & 1) << l) as u8);
+                    sb[f.plane_at(r, e)] = plane;
+                }
+            } else {
+                for l in 0..8 {
+                    let nib = u64::from((qh >> (4 * l)) & 0xF) << (4 * r);
+                    let at = f.masks_at() + 8 * l;
+                    let mask =
+                        u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes")) | nib;
+                    sb[at..at + 8].copy_from_slice(&mask.to_le_bytes());
+                }
             }
         }
         for j in 0..4 {
@@ -325,10 +363,16 @@ pub fn nib32_x16_block(f: Nib32, group: &[u8], r: usize, b: usize) -> [u8; 24] {
     if f.fifth {
         let mut qh = 0u32;
         for l in 0..8 {
-            let at = f.masks_at() + 8 * l;
-            let mask = u64::from_le_bytes(sb[at..at + 8].try_into().expect("8 bytes"));
-            qh |= (((mask >> (4 * r)) & 0xF) as u32) << (4 * l);
+            for e in 0..4 {
+                let bit = if f.planes {
+                    sb[f.plane_at(r, e)] >> l & 1
+                } else {
+                    (sb[f.masks_at() + 8 * l + (4 * r + e) / 8] >> ((4 * r + e) % 8)) & 1
+                };
+                qh |= u32::from(bit) << (4 * l + e);
+            }
         }
+        let qh = qh ^ f.plane_inversion();
         blk[f.qh_at()..f.qh_at() + 4].copy_from_slice(&qh.to_le_bytes());
     }
     for j in 0..4 {
@@ -376,8 +420,9 @@ pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32
         match k.weight {
             super::GgmlType::Q4K => (k.dequantize)(&q4k_x16_block(group, r, b), o),
             super::GgmlType::Q6K => (k.dequantize)(&q6k_x16_block(group, r, b), o),
-            ty if Nib32::of(ty).is_some() => {
-                let f = Nib32::of(ty).expect("a 4-bit legacy format");
+            ty if Nib32::of(ty, false).is_some() => {
+                let planes = super::fifth_bit_planes(k.isa);
+                let f = Nib32::of(ty, planes).expect("a 4-bit legacy format");
                 (k.dequantize)(&nib32_x16_block(f, group, r, b)[..f.block_bytes()], o)
             }
             super::GgmlType::Q8_0 => (k.dequantize)(&q8_0_x16_block(group, r, b), o),
@@ -444,14 +489,16 @@ mod tests {
             q8_0_x16_block(g, r, b).to_vec()
         });
         use super::super::GgmlType as T;
-        let layouts: [(T, RepackFn); 4] = [
-            (T::Q4_0, repack_nib32_x16::<false, false>),
-            (T::Q4_1, repack_nib32_x16::<true, false>),
-            (T::Q5_0, repack_nib32_x16::<false, true>),
-            (T::Q5_1, repack_nib32_x16::<true, true>),
+        let layouts: [(T, bool, RepackFn); 6] = [
+            (T::Q4_0, false, repack_nib32_x16::<false, false, false>),
+            (T::Q4_1, false, repack_nib32_x16::<true, false, false>),
+            (T::Q5_0, false, repack_nib32_x16::<false, true, false>),
+            (T::Q5_1, false, repack_nib32_x16::<true, true, false>),
+            (T::Q5_0, true, repack_nib32_x16::<false, true, true>),
+            (T::Q5_1, true, repack_nib32_x16::<true, true, true>),
         ];
-        for (ty, repack) in layouts {
-            let f = Nib32::of(ty).unwrap();
+        for (ty, planes, repack) in layouts {
+            let f = Nib32::of(ty, planes).unwrap();
             round_trip(33, 32, f.block_bytes(), repack, |g, r, b| {
                 nib32_x16_block(f, g, r, b)[..f.block_bytes()].to_vec()
             });
@@ -462,11 +509,14 @@ mod tests {
     fn nib32_layouts_match_the_block_structs() {
         use super::super::GgmlType as T;
         for ty in [T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1] {
-            let f = Nib32::of(ty).unwrap();
-            assert_eq!(f.block_bytes(), ty.type_size(), "{ty}");
-            assert_eq!(f.nibbles_at() + 256, f.group_bytes(), "{ty}");
+            for planes in [false, true] {
+                let f = Nib32::of(ty, planes).unwrap();
+                assert_eq!(f.block_bytes(), ty.type_size(), "{ty}");
+                assert_eq!(f.nibbles_at() + 256, f.group_bytes(), "{ty}");
+                assert_eq!(f.planes, planes && f.fifth, "{ty}");
+            }
         }
-        assert_eq!(Nib32::of(T::Q8_0), None);
+        assert_eq!(Nib32::of(T::Q8_0, false), None);
     }
 
     #[test]

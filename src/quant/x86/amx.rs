@@ -26,7 +26,7 @@
 //! AVX-512 VNNI machine, and the instructions themselves where the CPU has AMX.
 
 use super::t32_blocks::{row, Decoded};
-use super::t32_x16::{dx, sx, Group32, MAX_BLOCKS};
+use super::t32_x16::{dx, sx, Group32, Lanes512, MAX_BLOCKS};
 use core::arch::asm;
 use core::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -300,7 +300,7 @@ const TILE_ROWS: usize = 16;
 /// # Safety
 /// As `t32_x16::gemm_tf`, and the CPU has AMX-INT8 with the tile data granted ([`has_amx`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf<F: Group32>(
+pub(super) unsafe fn gemm_tf<F: Lanes512>(
     n: usize,
     w: *const u8,
     x: *const u8,
@@ -318,7 +318,7 @@ pub(super) unsafe fn gemm_tf<F: Group32>(
 /// As [`gemm_tf`], with `t` usable ([`Tiles`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn gemm_on<F: Group32, T: Tiles>(
+pub(super) unsafe fn gemm_on<F: Lanes512, T: Tiles>(
     t: &mut T,
     n: usize,
     w: *const u8,
@@ -350,7 +350,7 @@ pub(super) unsafe fn gemm_on<F: Group32, T: Tiles>(
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn batch<F: Group32, T: Tiles>(
+unsafe fn batch<F: Lanes512, T: Tiles>(
     t: &mut T,
     nb: usize,
     w: *const u8,

@@ -359,7 +359,7 @@ macro_rules! group_gemm {
 /// module `$t32` (Q4_0's `$q4_0`) and Q4_K's `$q4k`, with the row-major tiles of tier `$tier`
 /// for the rows after the last group.
 macro_rules! group_gemms {
-    ($mod:ident, $tier:ident, $has:expr, $t32:ident, $q4_0:expr, $q4k:expr) => {
+    ($mod:ident, $tier:ident, $has:expr, $t32:ident, $q4_0:expr, $q5_0:ty, $q5_1:ty, $q4k:expr) => {
         pub(super) mod $mod {
             use super::*;
             group_gemm!(
@@ -386,7 +386,7 @@ macro_rules! group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q5_0>,
-                $t32::gemm_tf::<t32_x16::Q5_0>,
+                $t32::gemm_tf::<$q5_0>,
                 32 * t32_x16::MAX_BLOCKS
             );
             group_gemm!(
@@ -395,7 +395,7 @@ macro_rules! group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q5_1>,
-                $t32::gemm_tf::<t32_x16::Q5_1>,
+                $t32::gemm_tf::<$q5_1>,
                 32 * t32_x16::MAX_BLOCKS
             );
             group_gemm!(
@@ -439,6 +439,8 @@ group_gemms!(
     has_avx512vnni,
     t32_x16,
     t32_blocks::gemm_tf::<t32_x16::Q4_0>,
+    t32_x16::Q5_0,
+    t32_x16::Q5_1,
     q4k_x16::gemm_tf
 );
 group_gemms!(
@@ -447,6 +449,8 @@ group_gemms!(
     has_amx,
     amx,
     amx::gemm_tf::<t32_x16::Q4_0>,
+    t32_x16::Q5_0,
+    t32_x16::Q5_1,
     q4k_x16::gemm_tf
 );
 group_gemm!(
@@ -466,6 +470,8 @@ group_gemms!(
     has_avx512,
     t32_x16_ymm,
     t32_x16_ymm::gemm_blocks::<t32_x16::Q4_0>,
+    t32_x16_ymm::Q5_0P,
+    t32_x16_ymm::Q5_1P,
     q4k_x16_ymm::gemm_q4k
 );
 group_gemms!(
@@ -474,5 +480,7 @@ group_gemms!(
     has_avx2,
     t32_x16_ymm,
     t32_x16_ymm::gemm_blocks::<t32_x16::Q4_0>,
+    t32_x16_ymm::Q5_0P,
+    t32_x16_ymm::Q5_1P,
     q4k_x16_ymm::gemm_q4k
 );

@@ -15,7 +15,7 @@
 //! `128 · Σ w` over the block, computed once with the decoding, starts the integer. Formats
 //! without an offset (Q4_1, Q5_1: unsigned weights) multiply as stored, the activations signed.
 
-use super::t32_x16::{corrections, d16, dx, m16, sx, Group32, MAX_BLOCKS};
+use super::t32_x16::{corrections, d16, dx, m16, sx, Lanes512, MAX_BLOCKS};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
@@ -32,7 +32,7 @@ const ROWS: usize = 4;
 /// of the `nx` rows at `x + j·x_stride` holds `n / 32` activation blocks, and `out` has room
 /// for every output written.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf<F: Group32>(
+pub(super) unsafe fn gemm_tf<F: Lanes512>(
     n: usize,
     w: *const u8,
     x: *const u8,
@@ -57,7 +57,7 @@ pub(super) unsafe fn gemm_tf<F: Group32>(
 /// # Safety
 /// AVX-512 F/BW/VL and VNNI; `w` holds `nb` blocks of the layout, `x` `nb` activation blocks.
 #[inline(always)]
-pub(super) unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> __m512 {
+pub(super) unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> __m512 {
     let mut acc = _mm512_setzero_ps();
     let mut ms = _mm512_setzero_ps();
     for b in 0..nb {
@@ -100,7 +100,7 @@ pub(super) unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> _
 /// # Safety
 /// `xp` points to a whole activation block; AVX-512 F/VL and VNNI.
 #[inline(always)]
-unsafe fn offset_sum<F: Group32>(xp: *const u8) -> i32 {
+unsafe fn offset_sum<F: Lanes512>(xp: *const u8) -> i32 {
     if F::OFFSET == 0 {
         return 0;
     }
@@ -117,7 +117,7 @@ unsafe fn offset_sum<F: Group32>(xp: *const u8) -> i32 {
 /// and only those are read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-unsafe fn batch<F: Group32>(
+unsafe fn batch<F: Lanes512>(
     nb: usize,
     w: *const u8,
     x: *const u8,
@@ -211,7 +211,7 @@ impl Decoded {
     /// # Safety
     /// `w` holds `nb ≤ MAX_BLOCKS` blocks of `F`'s layout; AVX-512 F/BW/VL and VNNI.
     #[inline(always)]
-    pub(super) unsafe fn fill<F: Group32>(&mut self, nb: usize, w: *const u8, starts: bool) {
+    pub(super) unsafe fn fill<F: Lanes512>(&mut self, nb: usize, w: *const u8, starts: bool) {
         assert!(nb <= MAX_BLOCKS);
         let off = _mm512_set1_epi8(F::OFFSET as i8);
         let high = _mm512_set1_epi8(-128);

@@ -36,7 +36,7 @@ pub(crate) const STACK_BYTES: usize = 10 * 64 * MAX_BLOCKS;
 /// `nx` rows at `x + j·x_stride` holds `n / 32` activation blocks (Q8_0, or Q8_1 for a format
 /// with a minimum), and `out` has room for every output written.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf<F: Group32>(
+pub(super) unsafe fn gemm_tf<F: Lanes512>(
     n: usize,
     w: *const u8,
     x: *const u8,
@@ -61,7 +61,7 @@ pub(super) unsafe fn gemm_tf<F: Group32>(
 /// As [`gemm_tf`] with `nx = 1`: `w` holds `nb` blocks of the layout, `x` `nb` activation
 /// blocks.
 #[inline(always)]
-unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> ([__m512; 8], __m512) {
+unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> ([__m512; 8], __m512) {
     let mut acc = [_mm512_setzero_ps(); 8];
     let mut ms = _mm512_setzero_ps();
     for b in 0..nb {
@@ -89,7 +89,7 @@ unsafe fn row<F: Group32>(nb: usize, w: *const u8, x: *const u8) -> ([__m512; 8]
 /// and only those are read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-unsafe fn batch<F: Group32>(
+unsafe fn batch<F: Lanes512>(
     nb: usize,
     w: *const u8,
     x: *const u8,
@@ -175,7 +175,7 @@ pub(super) unsafe fn m16(sb: *const u8) -> __m512 {
 /// # Safety
 /// AVX-512 F.
 #[inline(always)]
-unsafe fn finish<F: Group32>(acc: &[__m512; 8], ms: __m512) -> __m512 {
+unsafe fn finish<F: Lanes512>(acc: &[__m512; 8], ms: __m512) -> __m512 {
     if F::MIN {
         _mm512_add_ps(tree(acc), ms)
     } else {
@@ -189,7 +189,7 @@ unsafe fn finish<F: Group32>(acc: &[__m512; 8], ms: __m512) -> __m512 {
 /// # Safety
 /// `xp` points to a whole activation block; AVX-512 VL and VNNI.
 #[inline(always)]
-pub(super) unsafe fn corrections<F: Group32>(xp: *const u8) -> __m512i {
+pub(super) unsafe fn corrections<F: Lanes512>(xp: *const u8) -> __m512i {
     if F::OFFSET == 0 {
         return _mm512_setzero_si512();
     }
@@ -221,6 +221,10 @@ pub(super) trait Group32 {
     const XB: usize = if Self::MIN { 36 } else { 34 };
     /// Offset of the quants in an activation block.
     const XQ: usize = if Self::MIN { 4 } else { 2 };
+}
+
+/// A [`Group32`] layout read 16 rows at a time, by 512-bit registers.
+pub(super) trait Lanes512: Group32 {
     /// The values of lanes `j` and `j + 4` of block `sb` (`j < 4`), 4 per row.
     ///
     /// # Safety
@@ -242,6 +246,7 @@ impl<const MIN: bool, const FIFTH: bool> Nib<MIN, FIFTH> {
     pub(super) const LAYOUT: Nib32 = Nib32 {
         min: MIN,
         fifth: FIFTH,
+        planes: false,
     };
 }
 
@@ -253,6 +258,9 @@ impl<const MIN: bool, const FIFTH: bool> Group32 for Nib<MIN, FIFTH> {
         (false, true) => 16,
     };
     const MIN: bool = MIN;
+}
+
+impl<const MIN: bool, const FIFTH: bool> Lanes512 for Nib<MIN, FIFTH> {
     #[inline(always)]
     unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2] {
         let four = _mm512_set1_epi8(0x0F);
@@ -278,6 +286,9 @@ pub(super) struct Q8_0;
 impl Group32 for Q8_0 {
     const BYTES: usize = Q8_0_X16_BYTES;
     const OFFSET: u8 = 128;
+}
+
+impl Lanes512 for Q8_0 {
     #[inline(always)]
     unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2] {
         let at = |l: usize| _mm512_loadu_si512(sb.add(32 + 64 * l).cast());
@@ -291,7 +302,7 @@ impl Group32 for Q8_0 {
 /// # Safety
 /// AVX-512 F/VL and VNNI; `xp` points to a whole activation block.
 #[inline(always)]
-unsafe fn lane<F: Group32>(
+unsafe fn lane<F: Lanes512>(
     acc: __m512,
     prod: __m512,
     v: __m512i,

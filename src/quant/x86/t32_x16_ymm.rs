@@ -10,11 +10,13 @@
 //! `maddubs` (unsigned × signed bytes, adjacent pairs summed in i16) instead of `vpdpbusd`:
 //! exact for the 4- and 5-bit values (a pair is at most 2 · 31 · 128), which run as
 //! `Σ v·y − OFFSET·Σ y`; Q8_0's values would overflow a pair, so it runs as the row-major
-//! kernels do, `Σ |q| · (sign(q)·y)`. Every output has the bits of the row-major kernels of the
-//! same tier (`avx2::T32`), but for Q4_0's ([`gemm_blocks`]), which sum each block's lanes in
-//! integers first, as the reference does over its rearranged Q4_0 (`t32_blocks`).
+//! kernels do, `Σ |q| · (sign(q)·y)`. Q5_0 and Q5_1 are read from their own layout, fifth bits
+//! as bit planes ([`Planes`]); Q5_0's signed quants then take the sign trick too. Every output
+//! has the bits of the row-major kernels of the same tier (`avx2::T32`), but for Q4_0's
+//! ([`gemm_blocks`]), which sum each block's lanes in integers first, as the reference does over
+//! its rearranged Q4_0 (`t32_blocks`).
 
-use super::avx2::{bits32, f16x2_at, loadu, loadu128, IDot, Maddubs};
+use super::avx2::{f16x2_at, loadu, loadu128, IDot, Maddubs};
 use super::t32_x16::{Group32, Nib, MAX_BLOCKS, Q8_0};
 use crate::quant::repack::Nib32;
 use core::arch::x86_64::*;
@@ -221,6 +223,9 @@ unsafe fn lane_y<F: Group32>(xp: *const u8, l: usize) -> __m256i {
     ))
 }
 
+/// The order a block's lanes are visited in.
+const LANE_ORDER: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
 /// The reference's sum of the 8 lanes' accumulators.
 ///
 /// # Safety
@@ -260,8 +265,10 @@ unsafe fn half<F: Half32, const WHOLE: bool>(
             let t = F::block_dot(|l| value(b, l), |l| lane_y::<F>(xp, l), corr);
             acc[0] = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(t), acc[0]);
         } else {
-            for (l, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(dot(l)), *a);
+            // Lanes `l` and `l + 4` share their nibble bytes: taken together, the block's
+            // registers live shorter (each lane's sum is its own, so any order is the same).
+            for l in LANE_ORDER {
+                acc[l] = _mm256_fmadd_ps(prod, _mm256_cvtepi32_ps(dot(l)), acc[l]);
             }
         }
         if F::MIN {
@@ -391,22 +398,11 @@ unsafe fn lane_sum<F: Half32 + ?Sized>(
     _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]))
 }
 
-impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
+impl<const MIN: bool> Half32 for Nib<MIN, false> {
     const SIGNED: bool = !MIN;
     #[inline(always)]
     unsafe fn prepared(sb: *const u8, l: usize, h: usize) -> __m256i {
-        let f = Self::LAYOUT;
-        // Lane `l < 4`: the low nibbles of `qs[4l .. 4l + 4]`; lane `l + 4`: their high ones.
-        let q = loadu(sb.add(f.nibbles_at() + 64 * (l % 4) + 32 * h));
-        let q = if l < 4 { q } else { _mm256_srli_epi16::<4>(q) };
-        let q = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
-        if !FIFTH {
-            return q;
-        }
-        // Bit `4r + e` of the lane's mask is row `r`'s element `4l + e`: byte `4r + e` of this
-        // half's register.
-        let bits = bits32(sb.add(f.masks_at() + 8 * l + 4 * h));
-        _mm256_or_si256(q, _mm256_and_si256(bits, _mm256_set1_epi8(16)))
+        nibbles(sb.add(Self::LAYOUT.nibbles_at()), l, h)
     }
     #[inline(always)]
     unsafe fn dot(p: __m256i, y: __m256i, corr: __m256i, l: usize) -> __m256i {
@@ -423,10 +419,6 @@ impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
         y: impl Fn(usize) -> __m256i,
         corr: __m256i,
     ) -> __m256i {
-        if FIFTH {
-            // 5-bit values: 8 lanes' pairs could pass an i16.
-            return lane_sum::<Self>(p, y, corr);
-        }
         // 4-bit values: a pair of products is at most 2 · 15 · 128 = 3840 in magnitude, so
         // the 8 lanes' pairs add up exactly in i16 (≤ 30720) before one widening.
         let mut s16 = _mm256_maddubs_epi16(p(0), y(0));
@@ -442,6 +434,98 @@ impl<const MIN: bool, const FIFTH: bool> Half32 for Nib<MIN, FIFTH> {
         let c = _mm256_add_epi32(c, _mm256_shuffle_epi32::<0b0100_1110>(c));
         let c = _mm256_add_epi32(c, _mm256_shuffle_epi32::<0b1011_0001>(c));
         _mm256_add_epi32(dot, c)
+    }
+}
+
+/// Q5_0 (`MIN = false`) and Q5_1 (`MIN = true`) × 16 with their fifth bits as bit planes
+/// (`quant::repack::Nib32::planes`): one 32-byte load holds a half's bits for all 8 lanes, and
+/// lane `l`'s reach bit 4 of each byte by one shift. Q5_0's bits are stored inverted, so that
+/// `nibble − 16 · bit'` is the signed quant, which runs as Q8_0's do, `Σ |q| · sign(y, q)`,
+/// with no offset correction; Q5_1's values are unsigned, as in [`Nib`].
+pub(super) struct Planes<const MIN: bool>;
+
+/// Q5_0 in the bit-plane layout.
+pub(super) type Q5_0P = Planes<false>;
+/// Q5_1 in the bit-plane layout.
+pub(super) type Q5_1P = Planes<true>;
+
+impl<const MIN: bool> Planes<MIN> {
+    /// The layout this format's groups have.
+    const LAYOUT: Nib32 = Nib32 {
+        min: MIN,
+        fifth: true,
+        planes: true,
+    };
+}
+
+impl<const MIN: bool> Group32 for Planes<MIN> {
+    const BYTES: usize = Self::LAYOUT.group_bytes();
+    const OFFSET: u8 = if MIN { 0 } else { 16 };
+    const MIN: bool = MIN;
+}
+
+impl<const MIN: bool> Half32 for Planes<MIN> {
+    const SIGNED: bool = !MIN;
+    #[inline(always)]
+    unsafe fn signed(p: __m256i) -> __m256i {
+        p // Q5_0's `prepared` gives the signed quants
+    }
+    #[inline(always)]
+    unsafe fn prepared(sb: *const u8, l: usize, h: usize) -> __m256i {
+        let f = Self::LAYOUT;
+        let q = nibbles(sb.add(f.nibbles_at()), l, h);
+        // Bit `l` of each byte of the half's planes to bit 4.
+        let planes = loadu(sb.add(f.plane_at(8 * h, 0)));
+        let b = _mm256_and_si256(shift_to_bit4(planes, l), _mm256_set1_epi8(16));
+        if MIN {
+            _mm256_or_si256(q, b)
+        } else {
+            _mm256_sub_epi8(q, b)
+        }
+    }
+    #[inline(always)]
+    unsafe fn corrections(_y: __m256i) -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn dot(p: __m256i, y: __m256i, corr: __m256i, l: usize) -> __m256i {
+        if MIN {
+            Maddubs::dpbusd(_mm256_setzero_si256(), p, y)
+        } else {
+            // Signed quants of at most 16 in magnitude: Q8_0's sign trick.
+            Q8_0::dot(p, y, corr, l)
+        }
+    }
+}
+
+/// Lane `l`'s nibbles of half `h` of a group's block, its nibble bytes at `nb`, as bytes: lane
+/// `l < 4` is the low nibbles of `qs[4l .. 4l + 4]`, lane `l + 4` their high ones.
+///
+/// # Safety
+/// `nb` points to the block's 256 nibble bytes; AVX2.
+#[inline(always)]
+unsafe fn nibbles(nb: *const u8, l: usize, h: usize) -> __m256i {
+    let q = loadu(nb.add(64 * (l % 4) + 32 * h));
+    let q = if l < 4 { q } else { _mm256_srli_epi16::<4>(q) };
+    _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
+}
+
+/// `planes` shifted so that bit `l` of each byte lands on bit 4 (the other bits are left
+/// unmasked): a 16-bit shift by at most 4 moves no bit of one byte into bit 4 of the other.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn shift_to_bit4(planes: __m256i, l: usize) -> __m256i {
+    match l {
+        0 => _mm256_slli_epi16::<4>(planes),
+        1 => _mm256_slli_epi16::<3>(planes),
+        2 => _mm256_slli_epi16::<2>(planes),
+        3 => _mm256_slli_epi16::<1>(planes),
+        4 => planes,
+        5 => _mm256_srli_epi16::<1>(planes),
+        6 => _mm256_srli_epi16::<2>(planes),
+        _ => _mm256_srli_epi16::<3>(planes),
     }
 }
 
