@@ -71,18 +71,35 @@ impl Linear {
     /// once it is copied, so the two copies never sit in memory together beyond a run per
     /// thread. [`Linear::row_f32`] still reads single rows (a tied embedding).
     pub fn repacked(self) -> Linear {
+        let choice = quant::repacking(&self.kernels, self.out_dim, self.in_dim);
+        self.repacked_as(choice)
+    }
+
+    /// [`Linear::repacked`] for the output (logits) matrix, whose 32-element formats then sum
+    /// whole blocks (`quant::repacking_for_logits`).
+    pub fn repacked_for_logits(self) -> Linear {
+        let choice = quant::repacking_for_logits(&self.kernels, self.out_dim, self.in_dim);
+        self.repacked_as(choice)
+    }
+
+    /// This matrix rearranged by `choice` (a layout and its kernels), if any.
+    fn repacked_as(self, choice: Option<(repack::RepackFn, Kernels)>) -> Linear {
         // A large matrix (a tied output matrix of 178 MB) is rearranged by a thread per core
         // (at load, before any `--threads` pool exists).
         let helpers = (self.data.len() / (4 * REPACK_RUN_BYTES))
             .min(super::pool::default_threads().saturating_sub(1));
-        self.repacked_in_runs(REPACK_RUN_BYTES, helpers)
+        self.repacked_in_runs(choice, REPACK_RUN_BYTES, helpers)
     }
 
-    /// [`Linear::repacked`] in runs of about `run_bytes`, with `helpers` threads besides the
+    /// [`Linear::repacked_as`] in runs of about `run_bytes`, with `helpers` threads besides the
     /// calling one.
-    fn repacked_in_runs(self, run_bytes: usize, helpers: usize) -> Linear {
-        let Some((layout, kernels)) = quant::repacking(&self.kernels, self.out_dim, self.in_dim)
-        else {
+    fn repacked_in_runs(
+        self,
+        choice: Option<(repack::RepackFn, Kernels)>,
+        run_bytes: usize,
+        helpers: usize,
+    ) -> Linear {
+        let Some((layout, kernels)) = choice else {
             return self;
         };
         let mut out = vec![0u8; self.data.len()];
@@ -568,7 +585,8 @@ mod tests {
                         kernels: quant::kernels(ty).unwrap(),
                         ..lin.clone()
                     };
-                    let got = plain_lin.repacked_in_runs(run_bytes, helpers);
+                    let choice = quant::repacking(&plain_lin.kernels, rows, n);
+                    let got = plain_lin.repacked_in_runs(choice, run_bytes, helpers);
                     assert!(got.kernels.group > 1);
                     assert_eq!(
                         &got.data[..],

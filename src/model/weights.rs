@@ -333,11 +333,11 @@ pub fn load(
     }
     let output_norm = ld.norm(OUTPUT_NORM, dim)?;
     let (output, output_tied) = match ld.opt_linear(OUTPUT, dim, cfg.vocab_size)? {
-        Some(o) => (o.repacked(), false),
+        Some(o) => (o.repacked_for_logits(), false),
         None => {
             // Tied: the embedding matrix, rearranged for the product; the lookups then read
             // their rows from the same bytes (so the file's pages are not brought back in).
-            let output = token_embd.repacked();
+            let output = token_embd.repacked_for_logits();
             token_embd = output.clone();
             (output, true)
         }

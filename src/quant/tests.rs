@@ -702,8 +702,12 @@ fn repacked_kquants_match_reference_order() {
                     .flat_map(|_| random_weight_row(ty, n, &mut rng, scales))
                     .collect();
                 let label = format!("{scales:?}");
-                let mut acts = |_: usize| random_act_row(&k, n, &mut rng);
-                tested += usize::from(repacked_rows_match(&k, isa, rows, n, &w, &mut acts, &label));
+                for logits in [false, true] {
+                    let mut acts = |_: usize| random_act_row(&k, n, &mut rng);
+                    let label = format!("{label}, logits {logits}");
+                    let m = repacked_rows_match(&k, isa, rows, n, &w, &mut acts, &label, logits);
+                    tested += usize::from(m);
+                }
             }
         }
     }
@@ -719,13 +723,16 @@ fn repacked_kquants_match_reference_order() {
         .iter()
         .filter(|isa| matches!(isa, Isa::Avx512Vnni | Isa::Amx))
         .count();
-    let expect = x86_tiers * (3 * 4 + 5 * 4 * 4) + q6k * 3 * 4;
+    // Each twice: as a layer's matrix and as the output matrix.
+    let expect = 2 * (x86_tiers * (3 * 4 + 5 * 4 * 4) + q6k * 3 * 4);
     assert_eq!(tested, expect, "repacked kernels missing on this machine");
 }
 
 /// Whether `w` (`rows` rows of `n` elements of `k`'s format) repacks on `isa`; if it does, its
 /// rows dequantize as before and every row of every batch (activation rows from `acts(j)`)
-/// gets the reference engine's bits.
+/// gets the reference engine's bits; with `logits`, as the output matrix
+/// (`repacking_for_logits`: the 32-element formats' groups in the block-sum order).
+#[allow(clippy::too_many_arguments)]
 fn repacked_rows_match(
     k: &Kernels,
     isa: Isa,
@@ -734,12 +741,20 @@ fn repacked_rows_match(
     w: &[u8],
     acts: &mut dyn FnMut(usize) -> Vec<u8>,
     label: &str,
+    logits: bool,
 ) -> bool {
     let ty = k.weight;
     let rw = ty.row_bytes(n).unwrap();
-    let Some((packed, kp)) = super::repacked(k, w, rows, n) else {
+    let choice = if logits {
+        super::repacking_for_logits(k, rows, n)
+    } else {
+        super::repacking(k, rows, n)
+    };
+    let Some((layout, kp)) = choice else {
         return false;
     };
+    let mut packed = vec![0u8; w.len()];
+    layout(w, rows, n, &mut packed);
     assert_eq!(packed.len(), w.len());
     let g = kp.group;
     // Rows dequantize to the same values through the repacked layout.
@@ -788,7 +803,7 @@ fn repacked_rows_match(
                 let want = match exact_order(isa, ty, wi, xj, n, nx, j) {
                     Some(v) => v,
                     // Groups that sum whole blocks' integer dots.
-                    None if super::sums_whole_blocks(isa, ty) && i < rows / g * g => {
+                    None if super::sums_whole_blocks(isa, ty, logits) && i < rows / g * g => {
                         super::kquant_order::t32_dot_blocks(ty, wi, xj, n)
                     }
                     // The 32-element formats: the plain layout's kernel, and the
@@ -869,8 +884,11 @@ fn repacked_kernels_are_exact_on_extreme_quants() {
                     (k.quantize_act)(&x, &mut out);
                     out
                 };
-                let label = format!("fill {fill:#x}, activations {sign}");
-                tested += usize::from(repacked_rows_match(&k, isa, rows, n, &w, &mut acts, &label));
+                for logits in [false, true] {
+                    let label = format!("fill {fill:#x}, activations {sign}, logits {logits}");
+                    let m = repacked_rows_match(&k, isa, rows, n, &w, &mut acts, &label, logits);
+                    tested += usize::from(m);
+                }
             }
         }
     }
@@ -880,7 +898,7 @@ fn repacked_kernels_are_exact_on_extreme_quants() {
         .count();
     assert_eq!(
         tested,
-        x86_tiers * 5 * 2 * 3,
+        x86_tiers * 5 * 2 * 3 * 2,
         "repacked kernels missing on this machine"
     );
 }

@@ -356,10 +356,12 @@ macro_rules! group_gemm {
 }
 
 /// The group gemms of one tier, as `$mod::group_gemm(ty)`: the 32-element formats' kernels of
-/// module `$t32` (Q4_0's `$q4_0`) and Q4_K's `$q4k`, with the row-major tiles of tier `$tier`
-/// for the rows after the last group.
+/// module `$t32` (Q5_0 and Q5_1 as the layouts `$q5_0`, `$q5_1`; Q4_0 in the block-sum order,
+/// `$blocks::$bfn`) and Q4_K's `$q4k`, with the row-major tiles of tier `$tier` for the rows
+/// after the last group; and as `$mod::block_gemm(ty)` the 32-element formats' kernels in the
+/// block-sum order (`quant::repacking_for_logits`).
 macro_rules! group_gemms {
-    ($mod:ident, $tier:ident, $has:expr, $t32:ident, $q4_0:expr, $q5_0:ty, $q5_1:ty, $q4k:expr) => {
+    ($mod:ident, $tier:ident, $has:expr, $t32:ident, $blocks:ident::$bfn:ident, $q5_0:ty, $q5_1:ty, $q4k:expr) => {
         pub(super) mod $mod {
             use super::*;
             group_gemm!(
@@ -368,7 +370,7 @@ macro_rules! group_gemms {
                 $tier,
                 $has,
                 avx2::T32<avx2::Q4_0>,
-                $q4_0,
+                $blocks::$bfn::<t32_x16::Q4_0>,
                 32 * t32_x16::MAX_BLOCKS
             );
             group_gemm!(
@@ -417,6 +419,43 @@ macro_rules! group_gemms {
                 usize::MAX
             );
 
+            group_gemm!(
+                blocks_q4_1,
+                GgmlType::Q4_1,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q4_1>,
+                $blocks::$bfn::<t32_x16::Q4_1>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+            group_gemm!(
+                blocks_q5_0,
+                GgmlType::Q5_0,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q5_0>,
+                $blocks::$bfn::<$q5_0>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+            group_gemm!(
+                blocks_q5_1,
+                GgmlType::Q5_1,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q5_1>,
+                $blocks::$bfn::<$q5_1>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+            group_gemm!(
+                blocks_q8_0,
+                GgmlType::Q8_0,
+                $tier,
+                $has,
+                avx2::T32<avx2::Q8_0>,
+                $blocks::$bfn::<t32_x16::Q8_0>,
+                32 * t32_x16::MAX_BLOCKS
+            );
+
             /// The group gemm of `ty`, if this tier repacks it.
             pub(in super::super) fn group_gemm(ty: GgmlType) -> Option<crate::quant::GemmFn> {
                 Some(match ty {
@@ -429,6 +468,18 @@ macro_rules! group_gemms {
                     _ => return None,
                 })
             }
+
+            /// The group gemm of the 32-element format `ty` in the block-sum order.
+            pub(in super::super) fn block_gemm(ty: GgmlType) -> Option<crate::quant::GemmFn> {
+                Some(match ty {
+                    GgmlType::Q4_0 => q4_0,
+                    GgmlType::Q4_1 => blocks_q4_1,
+                    GgmlType::Q5_0 => blocks_q5_0,
+                    GgmlType::Q5_1 => blocks_q5_1,
+                    GgmlType::Q8_0 => blocks_q8_0,
+                    _ => return None,
+                })
+            }
         }
     };
 }
@@ -438,7 +489,7 @@ group_gemms!(
     tier_vnni,
     has_avx512vnni,
     t32_x16,
-    t32_blocks::gemm_tf::<t32_x16::Q4_0>,
+    t32_blocks::gemm_tf,
     t32_x16::Q5_0,
     t32_x16::Q5_1,
     q4k_x16::gemm_tf
@@ -448,7 +499,7 @@ group_gemms!(
     tier_vnni,
     has_amx,
     amx,
-    amx::gemm_tf::<t32_x16::Q4_0>,
+    amx::gemm_tf,
     t32_x16::Q5_0,
     t32_x16::Q5_1,
     q4k_x16::gemm_tf
@@ -469,7 +520,7 @@ group_gemms!(
     tier_avx512,
     has_avx512,
     t32_x16_ymm,
-    t32_x16_ymm::gemm_blocks::<t32_x16::Q4_0>,
+    t32_x16_ymm::gemm_blocks,
     t32_x16_ymm::Q5_0P,
     t32_x16_ymm::Q5_1P,
     q4k_x16_ymm::gemm_q4k
@@ -479,7 +530,7 @@ group_gemms!(
     tier_avx2,
     has_avx2,
     t32_x16_ymm,
-    t32_x16_ymm::gemm_blocks::<t32_x16::Q4_0>,
+    t32_x16_ymm::gemm_blocks,
     t32_x16_ymm::Q5_0P,
     t32_x16_ymm::Q5_1P,
     q4k_x16_ymm::gemm_q4k
