@@ -330,7 +330,18 @@ pub const GROUP_KERNEL_STACK_BYTES: usize = 0;
 /// The matrix `data` in the [`repacking`] layout, with its kernels, in one go (tests and
 /// benchmarks; the loader repacks a run of rows at a time).
 pub fn repacked(k: &Kernels, data: &[u8], rows: usize, n: usize) -> Option<(Vec<u8>, Kernels)> {
-    let (layout, kernels) = repacking(k, rows, n)?;
+    repacked_by(repacking(k, rows, n), data, rows, n)
+}
+
+/// The matrix `data` rearranged by `choice` (a layout and its kernels, from [`repacking`] or
+/// [`repacking_for_logits`]), if there is one.
+pub fn repacked_by(
+    choice: Option<(repack::RepackFn, Kernels)>,
+    data: &[u8],
+    rows: usize,
+    n: usize,
+) -> Option<(Vec<u8>, Kernels)> {
+    let (layout, kernels) = choice?;
     let mut out = vec![0u8; data.len()];
     layout(data, rows, n, &mut out);
     Some((out, kernels))

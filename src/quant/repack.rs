@@ -416,17 +416,14 @@ pub fn q8_0_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B8] {
 /// `n` elements), for a matrix with kernels `k` (`k.group > 1`).
 pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32]) {
     let qk = k.weight.block_size();
+    let nib = Nib32::of(k.weight, super::fifth_bit_planes(k.isa));
     for (b, o) in out.chunks_exact_mut(qk).enumerate() {
-        match k.weight {
-            super::GgmlType::Q4K => (k.dequantize)(&q4k_x16_block(group, r, b), o),
-            super::GgmlType::Q6K => (k.dequantize)(&q6k_x16_block(group, r, b), o),
-            ty if Nib32::of(ty, false).is_some() => {
-                let planes = super::fifth_bit_planes(k.isa);
-                let f = Nib32::of(ty, planes).expect("a 4-bit legacy format");
-                (k.dequantize)(&nib32_x16_block(f, group, r, b)[..f.block_bytes()], o)
-            }
-            super::GgmlType::Q8_0 => (k.dequantize)(&q8_0_x16_block(group, r, b), o),
-            ty => panic!("{ty} is not repacked"),
+        match (k.weight, nib) {
+            (super::GgmlType::Q4K, _) => (k.dequantize)(&q4k_x16_block(group, r, b), o),
+            (super::GgmlType::Q6K, _) => (k.dequantize)(&q6k_x16_block(group, r, b), o),
+            (_, Some(f)) => (k.dequantize)(&nib32_x16_block(f, group, r, b)[..f.block_bytes()], o),
+            (super::GgmlType::Q8_0, _) => (k.dequantize)(&q8_0_x16_block(group, r, b), o),
+            (ty, _) => panic!("{ty} is not repacked"),
         }
     }
 }

@@ -750,11 +750,9 @@ fn repacked_rows_match(
     } else {
         super::repacking(k, rows, n)
     };
-    let Some((layout, kp)) = choice else {
+    let Some((packed, kp)) = super::repacked_by(choice, w, rows, n) else {
         return false;
     };
-    let mut packed = vec![0u8; w.len()];
-    layout(w, rows, n, &mut packed);
     assert_eq!(packed.len(), w.len());
     let g = kp.group;
     // Rows dequantize to the same values through the repacked layout.

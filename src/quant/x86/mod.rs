@@ -355,6 +355,23 @@ macro_rules! group_gemm {
     };
 }
 
+/// [`group_gemm!`] for the 32-element format `$q` (a `GgmlType` and an `avx2` format of that
+/// name): rows of at most `32 · t32_x16::MAX_BLOCKS` elements, the tier's row-major `T32` tile
+/// for the rows after the last group.
+macro_rules! t32_gemm {
+    ($name:ident, $q:ident, $tier:ident, $has:expr, $kernel:expr) => {
+        group_gemm!(
+            $name,
+            GgmlType::$q,
+            $tier,
+            $has,
+            avx2::T32<avx2::$q>,
+            $kernel,
+            32 * t32_x16::MAX_BLOCKS
+        );
+    };
+}
+
 /// The group gemms of one tier, as `$mod::group_gemm(ty)`: the 32-element formats' kernels of
 /// module `$t32` (Q5_0 and Q5_1 as the layouts `$q5_0`, `$q5_1`; Q4_0 in the block-sum order,
 /// `$blocks::$bfn`) and Q4_K's `$q4k`, with the row-major tiles of tier `$tier` for the rows
@@ -364,51 +381,11 @@ macro_rules! group_gemms {
     ($mod:ident, $tier:ident, $has:expr, $t32:ident, $blocks:ident::$bfn:ident, $q5_0:ty, $q5_1:ty, $q4k:expr) => {
         pub(super) mod $mod {
             use super::*;
-            group_gemm!(
-                q4_0,
-                GgmlType::Q4_0,
-                $tier,
-                $has,
-                avx2::T32<avx2::Q4_0>,
-                $blocks::$bfn::<t32_x16::Q4_0>,
-                32 * t32_x16::MAX_BLOCKS
-            );
-            group_gemm!(
-                q4_1,
-                GgmlType::Q4_1,
-                $tier,
-                $has,
-                avx2::T32<avx2::Q4_1>,
-                $t32::gemm_tf::<t32_x16::Q4_1>,
-                32 * t32_x16::MAX_BLOCKS
-            );
-            group_gemm!(
-                q5_0,
-                GgmlType::Q5_0,
-                $tier,
-                $has,
-                avx2::T32<avx2::Q5_0>,
-                $t32::gemm_tf::<$q5_0>,
-                32 * t32_x16::MAX_BLOCKS
-            );
-            group_gemm!(
-                q5_1,
-                GgmlType::Q5_1,
-                $tier,
-                $has,
-                avx2::T32<avx2::Q5_1>,
-                $t32::gemm_tf::<$q5_1>,
-                32 * t32_x16::MAX_BLOCKS
-            );
-            group_gemm!(
-                q8_0,
-                GgmlType::Q8_0,
-                $tier,
-                $has,
-                avx2::T32<avx2::Q8_0>,
-                $t32::gemm_tf::<t32_x16::Q8_0>,
-                32 * t32_x16::MAX_BLOCKS
-            );
+            t32_gemm!(q4_0, Q4_0, $tier, $has, $blocks::$bfn::<t32_x16::Q4_0>);
+            t32_gemm!(q4_1, Q4_1, $tier, $has, $t32::gemm_tf::<t32_x16::Q4_1>);
+            t32_gemm!(q5_0, Q5_0, $tier, $has, $t32::gemm_tf::<$q5_0>);
+            t32_gemm!(q5_1, Q5_1, $tier, $has, $t32::gemm_tf::<$q5_1>);
+            t32_gemm!(q8_0, Q8_0, $tier, $has, $t32::gemm_tf::<t32_x16::Q8_0>);
             group_gemm!(
                 q4k,
                 GgmlType::Q4K,
@@ -419,41 +396,21 @@ macro_rules! group_gemms {
                 usize::MAX
             );
 
-            group_gemm!(
+            t32_gemm!(
                 blocks_q4_1,
-                GgmlType::Q4_1,
+                Q4_1,
                 $tier,
                 $has,
-                avx2::T32<avx2::Q4_1>,
-                $blocks::$bfn::<t32_x16::Q4_1>,
-                32 * t32_x16::MAX_BLOCKS
+                $blocks::$bfn::<t32_x16::Q4_1>
             );
-            group_gemm!(
-                blocks_q5_0,
-                GgmlType::Q5_0,
-                $tier,
-                $has,
-                avx2::T32<avx2::Q5_0>,
-                $blocks::$bfn::<$q5_0>,
-                32 * t32_x16::MAX_BLOCKS
-            );
-            group_gemm!(
-                blocks_q5_1,
-                GgmlType::Q5_1,
-                $tier,
-                $has,
-                avx2::T32<avx2::Q5_1>,
-                $blocks::$bfn::<$q5_1>,
-                32 * t32_x16::MAX_BLOCKS
-            );
-            group_gemm!(
+            t32_gemm!(blocks_q5_0, Q5_0, $tier, $has, $blocks::$bfn::<$q5_0>);
+            t32_gemm!(blocks_q5_1, Q5_1, $tier, $has, $blocks::$bfn::<$q5_1>);
+            t32_gemm!(
                 blocks_q8_0,
-                GgmlType::Q8_0,
+                Q8_0,
                 $tier,
                 $has,
-                avx2::T32<avx2::Q8_0>,
-                $blocks::$bfn::<t32_x16::Q8_0>,
-                32 * t32_x16::MAX_BLOCKS
+                $blocks::$bfn::<t32_x16::Q8_0>
             );
 
             /// The group gemm of `ty`, if this tier repacks it.

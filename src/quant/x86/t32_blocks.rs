@@ -15,7 +15,7 @@
 //! `128 · Σ w` over the block, computed once with the decoding, starts the integer. Formats
 //! without an offset (Q4_1, Q5_1: unsigned weights) multiply as stored, the activations signed.
 
-use super::t32_x16::{corrections, d16, dx, m16, sx, Lanes512, MAX_BLOCKS};
+use super::t32_x16::{corrections, d16, dx, m16, sx, Group32, Lanes512, MAX_BLOCKS};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
@@ -100,7 +100,7 @@ pub(super) unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> 
 /// # Safety
 /// `xp` points to a whole activation block; AVX-512 F/VL and VNNI.
 #[inline(always)]
-unsafe fn offset_sum<F: Lanes512>(xp: *const u8) -> i32 {
+unsafe fn offset_sum<F: Group32>(xp: *const u8) -> i32 {
     if F::OFFSET == 0 {
         return 0;
     }

@@ -175,7 +175,7 @@ pub(super) unsafe fn m16(sb: *const u8) -> __m512 {
 /// # Safety
 /// AVX-512 F.
 #[inline(always)]
-unsafe fn finish<F: Lanes512>(acc: &[__m512; 8], ms: __m512) -> __m512 {
+unsafe fn finish<F: Group32>(acc: &[__m512; 8], ms: __m512) -> __m512 {
     if F::MIN {
         _mm512_add_ps(tree(acc), ms)
     } else {
@@ -189,7 +189,7 @@ unsafe fn finish<F: Lanes512>(acc: &[__m512; 8], ms: __m512) -> __m512 {
 /// # Safety
 /// `xp` points to a whole activation block; AVX-512 VL and VNNI.
 #[inline(always)]
-pub(super) unsafe fn corrections<F: Lanes512>(xp: *const u8) -> __m512i {
+pub(super) unsafe fn corrections<F: Group32>(xp: *const u8) -> __m512i {
     if F::OFFSET == 0 {
         return _mm512_setzero_si512();
     }
@@ -302,7 +302,7 @@ impl Lanes512 for Q8_0 {
 /// # Safety
 /// AVX-512 F/VL and VNNI; `xp` points to a whole activation block.
 #[inline(always)]
-unsafe fn lane<F: Lanes512>(
+unsafe fn lane<F: Group32>(
     acc: __m512,
     prod: __m512,
     v: __m512i,
