@@ -127,20 +127,39 @@ impl HostArena {
         match (&self.mem, s.cuda()) {
             (HostMem::Cuda(..), Some(stream)) => {
                 use sys::CUmemorytype::{CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST};
-                // SAFETY: an all-zero CUDA_MEMCPY2D is a valid value of the plain C struct
-                // (null pointers, zero sizes); the fields a 2-D copy reads are set below.
-                let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-                p.WidthInBytes = c.width;
-                p.Height = c.height;
-                p.srcPitch = c.pitch;
-                p.dstPitch = c.pitch;
-                if up {
-                    (p.srcMemoryType, p.srcHost) = (CU_MEMORYTYPE_HOST, host as *const _);
-                    (p.dstMemoryType, p.dstDevice) = (CU_MEMORYTYPE_DEVICE, device);
+                // Every field written out: the memory-type enums have no zero value, so an
+                // all-zero struct is not a valid value (Rust refuses `mem::zeroed` on it).
+                let (src_type, dst_type) = if up {
+                    (CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE)
                 } else {
-                    (p.srcMemoryType, p.srcDevice) = (CU_MEMORYTYPE_DEVICE, device);
-                    (p.dstMemoryType, p.dstHost) = (CU_MEMORYTYPE_HOST, host as *mut _);
-                }
+                    (CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_HOST)
+                };
+                let p = sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: src_type,
+                    srcHost: if up {
+                        host as *const _
+                    } else {
+                        std::ptr::null()
+                    },
+                    srcDevice: if up { 0 } else { device },
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: c.pitch,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: dst_type,
+                    dstHost: if up {
+                        std::ptr::null_mut()
+                    } else {
+                        host as *mut _
+                    },
+                    dstDevice: if up { device } else { 0 },
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: c.pitch,
+                    WidthInBytes: c.width,
+                    Height: c.height,
+                };
                 // SAFETY: both ranges lie inside their allocations (checked above), which
                 // outlive the copy: the session that owns them waits for its streams before
                 // it frees them (`Drop` of `Arena` synchronizes the context).
