@@ -271,7 +271,7 @@ fn repacking_in(
         // The tier's group gemms: in its own order, and in the block-sum order.
         type ByType = fn(GgmlType) -> Option<GemmFn>;
         let (group, blocks): (ByType, ByType) = match k.isa {
-            Isa::Amx => (x86::groups_amx::group_gemm, x86::groups_amx::block_gemm),
+            Isa::Amx => (amx_layer_gemm, x86::groups_amx::block_gemm),
             Isa::Avx512Vnni => (x86::groups_vnni::group_gemm, x86::groups_vnni::block_gemm),
             Isa::Avx512 => (
                 x86::groups_avx512::group_gemm,
@@ -296,6 +296,20 @@ fn repacking_in(
     None
 }
 
+/// The AMX tier's group gemm for a layer's matrix of `ty`: the int8 tiles (whole blocks) for
+/// Q4_0, whose reference order that is; AVX-512 VNNI's kernels, in the reference's 8 lanes,
+/// for the other 32-element formats, where whole-block sums flip near-ties inside the network
+/// that the golden checks catch (random-llama-q5_0 on a Sapphire Rapids: top-1 140/141,
+/// greedy 3/5; session 35). The output matrix takes the tiles for every 32-element format
+/// ([`repacking_for_logits`]).
+#[cfg(target_arch = "x86_64")]
+fn amx_layer_gemm(ty: GgmlType) -> Option<GemmFn> {
+    match ty {
+        GgmlType::Q4_0 => x86::groups_amx::group_gemm(ty),
+        _ => x86::groups_vnni::group_gemm(ty),
+    }
+}
+
 /// Whether `isa`'s repacked Q5_0 and Q5_1 groups keep their fifth bits as bit planes
 /// ([`repack::Nib32::planes`]): the tiers that read a group 8 rows at a time (AVX2, and AVX-512
 /// without VNNI), where a lane's bits then take one shift instead of a byte shuffle. AVX-512
@@ -306,16 +320,15 @@ pub fn fifth_bit_planes(isa: Isa) -> bool {
 
 /// Whether `isa`'s repacked groups of the 32-element format `ty` sum each block's whole integer
 /// dot ([`kquant_order::t32_dot_blocks`]) instead of the reference's 8 lanes
-/// ([`kquant_order::t32_dot_lanes`]): the AMX tier's (a tile product yields whole blocks), and
-/// Q4_0's on every x86 tier, where this is the reference engine's own arithmetic (from AVX2 up
-/// it rearranges Q4_0 matrices at load and sums whole blocks over them); with `logits`
-/// ([`repacking_for_logits`]), every x86 tier's for every 32-element format. Plain rows keep
-/// the 8 lanes, as the reference's plain dot does.
+/// ([`kquant_order::t32_dot_lanes`]): Q4_0's on every x86 tier, where this is the reference
+/// engine's own arithmetic (from AVX2 up it rearranges Q4_0 matrices at load and sums whole
+/// blocks over them; on AMX, a tile product); with `logits` ([`repacking_for_logits`]), every
+/// x86 tier's for every 32-element format. Plain rows keep the 8 lanes, as the reference's
+/// plain dot does.
 pub fn sums_whole_blocks(isa: Isa, ty: GgmlType, logits: bool) -> bool {
     ty.block_size() == 32
         && match isa {
-            Isa::Amx => true,
-            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => logits || ty == GgmlType::Q4_0,
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => logits || ty == GgmlType::Q4_0,
             Isa::Scalar | Isa::Neon => false,
         }
 }
