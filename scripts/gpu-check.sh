@@ -27,7 +27,7 @@ prepare() {
     strip -o /tmp/kiln-gpu target/release/kiln && xz -T0 -6 -c /tmp/kiln-gpu > .gpu/kiln.xz
     rm -f .gpu/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.
-    for t in cuda_backend cuda_batch cuda_ring cuda_offload cuda_kernels cuda_ops cuda_attention; do
+    for t in cuda_backend cuda_batch cuda_ring cuda_offload cuda_kernels cuda_ops cuda_attention golden_llama golden_archs; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
 for l in sys.stdin:
@@ -94,7 +94,7 @@ run() {
     # The models to bench (KILN_BENCH_MODELS: a subset of "smol gemma llama1b llama8b").
     local want=" ${KILN_BENCH_MODELS:-smol gemma llama1b llama8b} "
     [ -f $m/smol.gguf ] || python3 .gpu/twin_gguf.py twin $m/SmolLM2-135M-Instruct.Q4_1.head $m/smol.gguf
-    [ -f $m/gemma.gguf ] || [[ "$want" != *" gemma "* ]] || python3 .gpu/twin_gguf.py twin $m/gemma-3-270m-q4_k_m.head $m/gemma.gguf
+    [ -f $m/gemma.gguf ] || { [[ "$want" != *" gemma "* ]] && [ -n "${KILN_SKIP_TESTS:-}" ]; } || python3 .gpu/twin_gguf.py twin $m/gemma-3-270m-q4_k_m.head $m/gemma.gguf
     [ -f $m/llama1b.gguf ] || [[ "$want" != *" llama1b "* ]] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama1b.gguf \
         --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 --vocab 128256
     [ -f $m/llama8b.gguf ] || [[ "$want" != *" llama8b "* ]] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama8b.gguf \
@@ -115,12 +115,56 @@ run() {
         KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
         echo "== CPU kernel tests (${SECONDS}s): quant, AMX among them where the host has it"
         timeout 120 .gpu/kiln-lib quant:: --test-threads 4 --nocapture 2>&1 | grep -E "skipped|panicked|test result" | tail -8 || true
+        # The random models' goldens on the host's default tier (AMX where it has it; the
+        # real models cannot travel).
+        for t in golden_llama golden_archs; do
+            [ -x .gpu/$t ] && { timeout 180 .gpu/$t --skip smollm2 --skip gemma3 --test-threads 4 --nocapture 2>&1 |
+                grep -E "top-1|greedy|panicked|test result|kernels" | tail -30 || true; }
+        done
         echo "== GPU tests (${SECONDS}s)"
         timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
         # (The served test needs this machine's kiln binary and software GPU.)
         timeout 180 .gpu/cuda_batch ${KILN_TEST_FILTER:-} --skip serve_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -30 || true
         timeout 180 .gpu/cuda_ring ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
         timeout 180 .gpu/cuda_offload ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
+    fi
+    # (kiln alone first: the reference builds meanwhile.)
+    # What each optimization is worth: kiln bench with one switch off at a time (KILN_AB_SETS:
+    # "defaults" or VAR=value, space-separated; KILN_AB_BENCH: the bench's arguments, several
+    # sets separated by ';'; KILN_AB_MODELS: of "smol gemma llama1b llama8b", for this and the
+    # earlier binary's comparison).
+    # Rows of `kiln bench --device cuda`: for each ';'-separated set of bench arguments (`$1`)
+    # and model of KILN_AB_MODELS, one line per variant (`$2`...: "ENV=value@binary",
+    # "defaults@binary").
+    compare() {
+        local benches
+        IFS=';' read -ra benches <<< "$1"
+        shift
+        for args in "${benches[@]}"; do
+            echo "== $title (${SECONDS}s): bench $args"
+            for c in ${KILN_AB_MODELS:-smol llama8b}; do
+                [ -f "$m/$c.gguf" ] || continue
+                for v in "$@"; do
+                    local envs=${v%@*} k=${v#*@}
+                    [ "$envs" = defaults ] && envs=
+                    echo "$c ${envs:-defaults} $k: $(env $envs timeout 60 "$k" bench -m "$m/$c.gguf" --device cuda $args -r 3 --json 2>/dev/null |
+                        python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)"
+                done
+            done
+        done
+    }
+    if [ -n "${KILN_AB:-}" ]; then
+        local variants=()
+        for e in ${KILN_AB_SETS:-defaults KILN_CUDA_FUSE=0 KILN_CUDA_REPACK=0 KILN_CUDA_MIRROR=0 KILN_CUDA_MV_THREADS=32 KILN_CUDA_MV_THREADS=256 defaults}; do
+            variants+=("$e@.gpu/kiln")
+        done
+        title="A/B" compare "${KILN_AB_BENCH:--p 0 -n 128}" "${variants[@]}"
+    fi
+    # The earlier commit's binary beside this one, alternating (KILN_OLD_BENCH: the bench's
+    # arguments, ';'-separated sets; tg128 from an empty context by default).
+    if [ -x .gpu/kiln-old ]; then
+        title="this commit vs ${KILN_OLD:-the earlier binary}" compare "${KILN_OLD_BENCH:--p 0 -n 128}" \
+            defaults@.gpu/kiln-old defaults@.gpu/kiln defaults@.gpu/kiln-old defaults@.gpu/kiln
     fi
     # Wait for the reference build (at most KILN_REF_WAIT seconds).
     local waited=0
@@ -171,34 +215,6 @@ run() {
             done
             [ -x $ref/build/bin/llama-bench ] && echo "$(basename $f) reference -nkvo 1: $(timeout 120 $ref/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -nkvo 1 -p 0 -n 32 -d 4096 -r 2 -o json 2>/dev/null |
                 python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("tg%d@d%d=%.1f"%(x["n_gen"], x["n_depth"], x["avg_ts"]) for x in d))' || echo failed)"
-        done
-    fi
-    # What each optimization is worth: kiln bench with one switch off at a time (KILN_AB_SETS:
-    # "defaults" or VAR=value, space-separated; KILN_AB_BENCH: the bench's arguments).
-    if [ -n "${KILN_AB:-}" ]; then
-        local sets=${KILN_AB_SETS:-defaults KILN_CUDA_FUSE=0 KILN_CUDA_REPACK=0 KILN_CUDA_MIRROR=0 KILN_CUDA_MV_THREADS=32 KILN_CUDA_MV_THREADS=256 defaults}
-        local args=${KILN_AB_BENCH:--p 0 -n 128}
-        echo "== A/B (${SECONDS}s): kiln --device cuda bench $args"
-        for f in $m/smol.gguf $m/llama8b.gguf; do
-            [ -f "$f" ] || continue
-            for envs in $sets; do
-                local v
-                [ "$envs" = defaults ] && envs=
-                v=$(env $envs timeout 60 .gpu/kiln bench -m "$f" --device cuda $args -r 3 --json 2>/dev/null |
-                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)
-                echo "$(basename $f) ${envs:-defaults}: $v"
-            done
-        done
-    fi
-    # The earlier commit's binary beside this one (tg128 from an empty context).
-    if [ -x .gpu/kiln-old ]; then
-        echo "== this commit vs ${KILN_OLD:-the earlier binary} (${SECONDS}s)"
-        for f in $m/smol.gguf $m/llama8b.gguf; do
-            [ -f "$f" ] || continue
-            for k in .gpu/kiln-old .gpu/kiln .gpu/kiln-old .gpu/kiln; do
-                echo "$(basename $f) $k: $(timeout 60 $k bench -m "$f" --device cuda -p 0 -n 128 -r 3 --json 2>/dev/null |
-                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo failed)"
-            done
         done
     fi
     # The host's CPU by thread count (KILN_CPU_THREADS, e.g. "2 8 16"; issue #19): kiln on its

@@ -6,7 +6,8 @@
 mod common;
 
 use common::ops::{gpu, i32_bytes, random};
-use kiln::backend::cuda::gpu::{Arena, Arg, Layout};
+use kiln::backend::cuda::gpu::{Arena, Arg, Gpu, Layout};
+use std::sync::Arc;
 
 /// A KV cache of random values for the attention tests: `slots` slots of `n_kv` heads of
 /// `rows` rows of `hd` values, f16 or Q8_0; its bytes (keys, values) and the values its rows
@@ -134,6 +135,57 @@ fn gap(x: f32, y: f64) -> f64 {
     }
 }
 
+/// An attention test's inputs in one arena: the queries `q`, an output of `out` floats, the
+/// cache's two halves, the rows' positions and slots (`slot_pos`), and `extra` more regions
+/// of the given sizes after them (offsets in `at.extra`). `args` are the attention kernels'
+/// first eight arguments (q, k and v caches, positions, slots, the two slot strides, out).
+struct Inputs {
+    a: Arena,
+    oo: usize,
+    extra: Vec<usize>,
+    args: [Arg; 8],
+}
+
+fn upload(
+    g: &Arc<Gpu>,
+    q: &[f32],
+    out: usize,
+    cache: &TestCache,
+    slots: usize,
+    slot_pos: &[(usize, usize)],
+    extra: &[usize],
+) -> Inputs {
+    let n = slot_pos.len();
+    let mut l = Layout::default();
+    let (qo, oo) = (l.take(q.len() * 4), l.take(out * 4));
+    let (kc, vc) = (
+        l.take(slots * cache.per_slot),
+        l.take(slots * cache.per_slot),
+    );
+    let (po, so) = (l.take(n * 4), l.take(n * 4));
+    let extra: Vec<usize> = extra.iter().map(|&b| l.take(b)).collect();
+    let mut a = Arena::new(g, l.bytes).unwrap();
+    let s = g.default_stream();
+    a.write(s, qo, zerocopy::IntoBytes::as_bytes(q)).unwrap();
+    a.write(s, kc, &cache.bytes[0]).unwrap();
+    a.write(s, vc, &cache.bytes[1]).unwrap();
+    a.write(s, po, &i32_bytes(slot_pos.iter().map(|r| r.1 as i32)))
+        .unwrap();
+    a.write(s, so, &i32_bytes(slot_pos.iter().map(|r| r.0 as i32)))
+        .unwrap();
+    let args = [
+        Arg::P(a.ptr(qo)),
+        Arg::P(a.ptr(kc)),
+        Arg::P(a.ptr(vc)),
+        Arg::P(a.ptr(po)),
+        Arg::P(a.ptr(so)),
+        Arg::L(cache.per_slot as i64),
+        Arg::L(cache.per_slot as i64),
+        Arg::P(a.ptr(oo)),
+    ];
+    Inputs { a, oo, extra, args }
+}
+
 /// Prompt attention in tiles (`attend_tile_*`, rows of mode 3) against an f64 attention of the
 /// same cache values, and the rows of other modes left alone: query groups of 1, 3 and 4 heads
 /// per kv head, head sizes 48 (a partial chunk of dimensions), 64, 128 and 256, rows of two
@@ -161,46 +213,29 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
         let cache = TestCache::new(slots, n_kv, hd, rows, q8, 40 + case as u64 * 2);
         let q = random(n_rows * n_heads * hd, 50 + case as u64);
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut l = Layout::default();
-        let (qo, oo) = (l.take(q.len() * 4), l.take(n_rows * n_heads * hd * 4));
-        let (kc, vc) = (
-            l.take(slots * cache.per_slot),
-            l.take(slots * cache.per_slot),
-        );
-        let (po, so, mo) = (l.take(n_rows * 4), l.take(n_rows * 4), l.take(n_rows * 4));
-        let mut a = Arena::new(&g, l.bytes).unwrap();
+        let slot_pos: Vec<(usize, usize)> = rows_at.iter().map(|r| (r.0, r.1)).collect();
+        let out_len = n_rows * n_heads * hd;
+        let up = upload(&g, &q, out_len, &cache, slots, &slot_pos, &[n_rows * 4]);
+        let (mut a, oo, mo) = (up.a, up.oo, up.extra[0]);
         let s = g.default_stream();
-        a.write(s, qo, zerocopy::IntoBytes::as_bytes(&q[..]))
-            .unwrap();
-        a.write(s, oo, &vec![0xFF; n_rows * n_heads * hd * 4])
-            .unwrap();
-        a.write(s, kc, &cache.bytes[0]).unwrap();
-        a.write(s, vc, &cache.bytes[1]).unwrap();
-        a.write(s, po, &i32_bytes(rows_at.iter().map(|r| r.1 as i32)))
-            .unwrap();
-        a.write(s, so, &i32_bytes(rows_at.iter().map(|r| r.0 as i32)))
-            .unwrap();
         a.write(s, mo, &i32_bytes(rows_at.iter().map(|r| r.2)))
             .unwrap();
-        let args = [
-            Arg::P(a.ptr(qo)),
-            Arg::P(a.ptr(kc)),
-            Arg::P(a.ptr(vc)),
-            Arg::P(a.ptr(po)),
-            Arg::P(a.ptr(so)),
-            Arg::L(cache.per_slot as i64),
-            Arg::L(cache.per_slot as i64),
-            Arg::P(a.ptr(oo)),
-            Arg::I(n_rows as i32),
-            Arg::I(n_heads as i32),
-            Arg::I(n_kv as i32),
-            Arg::I(hd as i32),
-            Arg::I(hd as i32),
-            Arg::I(rows as i32),
-            Arg::F(scale),
-            Arg::I(window as i32),
-            Arg::P(a.ptr(mo)),
-        ];
+        let args: Vec<Arg> = up
+            .args
+            .iter()
+            .copied()
+            .chain([
+                Arg::I(n_rows as i32),
+                Arg::I(n_heads as i32),
+                Arg::I(n_kv as i32),
+                Arg::I(hd as i32),
+                Arg::I(hd as i32),
+                Arg::I(rows as i32),
+                Arg::F(scale),
+                Arg::I(window as i32),
+                Arg::P(a.ptr(mo)),
+            ])
+            .collect();
         // Blocks of 64, 32 and 16 query vectors.
         for (per, tag) in [(64usize, ""), (32, "32"), (16, "16")] {
             a.write(s, oo, &vec![0xFF; n_rows * n_heads * hd * 4])
@@ -236,7 +271,7 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
 }
 
 /// Decode attention split over the keys (`attend_split_*`, the f32 arithmetic: `mirror` 0)
-/// then merged (`attend_merge`), against an f64 attention: groups of 1, 3, 4 and 8 query heads
+/// then merged by the last split of each group (`merge_splits`), against an f64 attention: groups of 1, 3, 4 and 8 query heads
 /// per kv head (more than one block's group of 4), rows of two slots at positions in empty,
 /// partial and full splits, a window over a ring, an f16 and a Q8_0 cache.
 #[test]
@@ -249,98 +284,91 @@ fn split_decode_attention_matches_an_f64_attention() {
         (16, 2, 128, 320, 300, false),
         (8, 2, 64, 1024, 0, true),
     ];
-    let (ctx, n_split) = (1024usize, 4usize);
-    let chunk = ctx / n_split;
+    let ctx = 1024usize;
+    // (4 splits of 256 keys; 64 of 16: runs of values and streams in a split of few keys)
     for (case, &(n_heads, n_kv, hd, rows, window, q8)) in cases.iter().enumerate() {
-        let slots = 2usize;
-        // (slot, position) per decode row.
-        let rows_at = [
-            (0usize, 0usize),
-            (1, 300),
-            (0, 700),
-            (1, 1023),
-            (0, 255),
-            (1, 256),
-        ];
-        let n_rows = rows_at.len();
-        let cache = TestCache::new(slots, n_kv, hd, rows, q8, 60 + case as u64 * 2);
-        let q = random(n_rows * n_heads * hd, 70 + case as u64);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut l = Layout::default();
-        let (qo, oo) = (l.take(q.len() * 4), l.take(n_rows * n_heads * hd * 4));
-        let (kc, vc) = (
-            l.take(slots * cache.per_slot),
-            l.take(slots * cache.per_slot),
-        );
-        let (po, so) = (l.take(n_rows * 4), l.take(n_rows * 4));
-        let part = l.take(n_rows * n_heads * n_split * (hd + 2) * 4);
-        let mut a = Arena::new(&g, l.bytes).unwrap();
-        let s = g.default_stream();
-        a.write(s, qo, zerocopy::IntoBytes::as_bytes(&q[..]))
-            .unwrap();
-        a.write(s, kc, &cache.bytes[0]).unwrap();
-        a.write(s, vc, &cache.bytes[1]).unwrap();
-        a.write(s, po, &i32_bytes(rows_at.iter().map(|r| r.1 as i32)))
-            .unwrap();
-        a.write(s, so, &i32_bytes(rows_at.iter().map(|r| r.0 as i32)))
-            .unwrap();
-        let args = [
-            Arg::P(a.ptr(qo)),
-            Arg::P(a.ptr(kc)),
-            Arg::P(a.ptr(vc)),
-            Arg::P(a.ptr(po)),
-            Arg::P(a.ptr(so)),
-            Arg::L(cache.per_slot as i64),
-            Arg::L(cache.per_slot as i64),
-            Arg::P(a.ptr(oo)),
-            Arg::P(a.ptr(part)),
-            Arg::I(n_heads as i32),
-            Arg::I(n_kv as i32),
-            Arg::I(hd as i32),
-            Arg::I(hd as i32),
-            Arg::I(ctx as i32),
-            Arg::I(rows as i32),
-            Arg::F(scale),
-            Arg::I(window as i32),
-            Arg::I(n_split as i32),
-            Arg::I(chunk as i32),
-            Arg::I(0),
-        ];
-        let name = if q8 {
-            "attend_split_q8_0"
-        } else {
-            "attend_split_f16"
-        };
-        let block = hd.next_multiple_of(32).clamp(128, 1024) as u32;
-        g.launch(s, name, (n_rows * n_heads * n_split) as u32, block, &args)
-            .unwrap();
-        let merge = [
-            Arg::P(a.ptr(po)),
-            Arg::P(a.ptr(part)),
-            Arg::P(a.ptr(oo)),
-            Arg::I(n_heads as i32),
-            Arg::I(hd as i32),
-            Arg::I(ctx as i32),
-            Arg::I(n_split as i32),
-            Arg::I(0),
-        ];
-        g.launch(s, "attend_merge", (n_rows * n_heads) as u32, block, &merge)
-            .unwrap();
-        let mut out = vec![0f32; n_rows * n_heads * hd];
-        g.synchronize(s).unwrap();
-        a.read(s, oo, zerocopy::IntoBytes::as_mut_bytes(&mut out[..]))
-            .unwrap();
-        let mut worst = 0f64;
-        for (r, &(slot, p)) in rows_at.iter().enumerate() {
-            for h in 0..n_heads {
-                let got = &out[(r * n_heads + h) * hd..][..hd];
-                let qr = &q[(r * n_heads + h) * hd..][..hd];
-                worst = worst.max(cache.gap(got, qr, h, n_heads, slot, p, window, scale));
+        for n_split in [4usize, 64] {
+            let chunk = ctx / n_split;
+            let slots = 2usize;
+            // (slot, position) per decode row.
+            let rows_at = [
+                (0usize, 0usize),
+                (1, 300),
+                (0, 700),
+                (1, 1023),
+                (0, 255),
+                (1, 256),
+            ];
+            let n_rows = rows_at.len();
+            let cache = TestCache::new(slots, n_kv, hd, rows, q8, 60 + case as u64 * 2);
+            let q = random(n_rows * n_heads * hd, 70 + case as u64);
+            let scale = 1.0 / (hd as f32).sqrt();
+            let parts = [
+                n_rows * n_heads * n_split * (hd + 2) * 4,
+                n_rows * n_heads * 4,
+            ];
+            let up = upload(
+                &g,
+                &q,
+                n_rows * n_heads * hd,
+                &cache,
+                slots,
+                &rows_at,
+                &parts,
+            );
+            let (mut a, oo) = (up.a, up.oo);
+            let (part, counts) = (up.extra[0], up.extra[1]);
+            let s = g.default_stream();
+            let args: Vec<Arg> = up
+                .args
+                .iter()
+                .copied()
+                .chain([
+                    Arg::P(a.ptr(part)),
+                    Arg::P(a.ptr(counts)),
+                    Arg::I(n_heads as i32),
+                    Arg::I(n_kv as i32),
+                    Arg::I(hd as i32),
+                    Arg::I(hd as i32),
+                    Arg::I(ctx as i32),
+                    Arg::I(rows as i32),
+                    Arg::F(scale),
+                    Arg::I(window as i32),
+                    Arg::I(n_split as i32),
+                    Arg::I(chunk as i32),
+                    Arg::I(0),
+                ])
+                .collect();
+            let name = if q8 {
+                "attend_split_q8_0"
+            } else {
+                "attend_split_f16"
+            };
+            let block = hd.next_multiple_of(32).clamp(128, 1024) as u32;
+            // Twice, the output cleared between: the last split of each group sets its
+            // counter back to zero, so the second launch merges as the first did.
+            let mut out = vec![f32::NAN; n_rows * n_heads * hd];
+            for _ in 0..2 {
+                a.write(s, oo, zerocopy::IntoBytes::as_bytes(&out[..]))
+                    .unwrap();
+                g.launch(s, name, (n_rows * n_heads * n_split) as u32, block, &args)
+                    .unwrap();
             }
+            g.synchronize(s).unwrap();
+            a.read(s, oo, zerocopy::IntoBytes::as_mut_bytes(&mut out[..]))
+                .unwrap();
+            let mut worst = 0f64;
+            for (r, &(slot, p)) in rows_at.iter().enumerate() {
+                for h in 0..n_heads {
+                    let got = &out[(r * n_heads + h) * hd..][..hd];
+                    let qr = &q[(r * n_heads + h) * hd..][..hd];
+                    worst = worst.max(cache.gap(got, qr, h, n_heads, slot, p, window, scale));
+                }
+            }
+            println!(
+                "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}, {n_split} splits): worst |Δ| {worst:.2e}"
+            );
+            assert!(worst < 2e-6, "case {case}: worst |Δ| {worst}");
         }
-        println!(
-            "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}): worst |Δ| {worst:.2e}"
-        );
-        assert!(worst < 2e-6, "case {case}: worst |Δ| {worst}");
     }
 }

@@ -118,6 +118,16 @@ static void* fiber_start(char* stack_top) {
 }
 
 static inline void __syncthreads() { yield_to_scheduler(); }
+// Blocks run one after another, so an atomic is a plain update and fences have nothing to
+// order.
+static inline void __threadfence() {}
+static inline int atomicAdd(int* p, int v) {
+    int old = *p;
+    *p += v;
+    return old;
+}
+template <class T>
+static inline T __ldcg(const T* p) { return *p; }
 
 // A warp shuffle: each thread writes its value, yields once (a round of the scheduler runs
 // every thread of the block to its next barrier, so all have written), then reads. The

@@ -54,9 +54,14 @@ pub fn entries(src: &str) -> Vec<String> {
             if let Some(rest) = l.strip_prefix(mac) {
                 let name = rest.split(',').next().unwrap_or("").trim();
                 names.push(name.to_string());
-                // (These two also stamp the kernel over f32 input.)
+                // (These two also stamp the kernel over f32 input; MATVEC_Q both with a RoPE
+                // epilogue too.)
                 if (mac == "MATVEC_Q(" || mac == "MATVEC_GATED(") && !name.is_empty() {
                     names.push(format!("{name}_f"));
+                }
+                if mac == "MATVEC_Q(" && !name.is_empty() {
+                    names.push(format!("{name}_rope"));
+                    names.push(format!("{name}_f_rope"));
                 }
             }
         }
@@ -155,9 +160,17 @@ pub fn version() -> Result<(i32, i32), CudaError> {
 }
 
 /// The source NVRTC compiles for kernel file `name`: the prelude, then the file (with line
-/// numbers of the file in messages).
+/// numbers of the file in messages). `KILN_CUDA_PREFETCH=0` (for measuring) compiles the
+/// kernels without their L2 prefetch of the weights (`prefetch_l2` in common.cuh); the cache's
+/// hash covers it.
 fn full_source(name: &str, src: &str) -> String {
-    format!("{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n#line 1 \"{name}\"\n{src}")
+    let off = std::env::var("KILN_CUDA_PREFETCH").is_ok_and(|v| v == "0");
+    let switches = if off {
+        "#define KILN_L2_PREFETCH 0\n"
+    } else {
+        ""
+    };
+    format!("{switches}{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n#line 1 \"{name}\"\n{src}")
 }
 
 /// Compile kernel file `name` for `arch` (`"sm_90"`, or `"compute_90"` for PTX that any later

@@ -18,7 +18,7 @@ mod deferred;
 mod layout;
 mod offload;
 mod products;
-use super::weights::{DevNorm, DeviceWeights};
+use super::weights::{DevNorm, DeviceWeights, F32_INPUT_MAX_COLS};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
 use crate::cache::{KvLayout, KvType};
@@ -100,6 +100,9 @@ pub struct CudaSession {
     /// (`KILN_CUDA_F32_INPUT=0`: the quantizer's and the norm's launches, as before).
     f32_input: bool,
     mirror: bool,
+    /// The attention's RoPE in its products' epilogue where it can go there
+    /// (`KILN_CUDA_ROPE_EPILOGUE=0`: `rope_qk` launched after them, for measuring).
+    rope_in_products: bool,
     /// Prompt attention in tiles (`attend_tile_*`) for passes of at least `TILE_Q` tokens of a
     /// sequence (`KILN_CUDA_TILE=0`: one block per row and head, as the shorter passes).
     tile: bool,
@@ -109,6 +112,9 @@ pub struct CudaSession {
     xq_holds: Option<(u64, &'static str, usize)>,
     /// The layer whose keys and values the RoPE has put in the cache in this step.
     kv_stored: Option<usize>,
+    /// The layer whose q, k and v products applied its RoPE in their epilogue (its `rope`
+    /// then launches nothing).
+    roped: Option<usize>,
     /// A norm its products apply themselves (step/deferred.rs), and the buffer such a norm
     /// left unwritten.
     deferred: Option<deferred::DeferredNorm>,
@@ -184,9 +190,11 @@ impl CudaSession {
             f32_input: switch("KILN_CUDA_F32_INPUT"),
             xq_holds: None,
             kv_stored: None,
+            roped: None,
             deferred: None,
             skipped: None,
             mirror: switch("KILN_CUDA_MIRROR"),
+            rope_in_products: switch("KILN_CUDA_ROPE_EPILOGUE"),
             tile: switch("KILN_CUDA_TILE")
                 && c.head_dim_v.is_multiple_of(16)
                 && c.head_dim_v <= 256,
@@ -507,6 +515,63 @@ impl CudaSession {
 }
 
 /// The CUDA backend for one forward pass.
+impl CudaSession {
+    /// The RoPE epilogue's arguments for the one-launch q, k and v products `mats` of layer
+    /// `layer`, when its RoPE can go there: the RoPE follows the products directly (no q/k
+    /// norms, no biases), adjacent pairs (the normal kind), rows of a warp each in whole
+    /// blocks of eight, of at most [`F32_INPUT_MAX_COLS`] (a small model's launch-bound decode:
+    /// SmolLM2 937 against 922 tok/s without it; an 8B model's 4096-wide products were slower
+    /// with it, 270 against 301, H100, session 35), the switches on. Then the layer's `rope`
+    /// launches nothing, and with an f16 cache the epilogue also stores the keys and values
+    /// (`kv_stored`).
+    fn rope_epilogue(
+        &mut self,
+        m: &Model,
+        layer: usize,
+        mats: &[(super::weights::DevMat, u64)],
+    ) -> Option<[Arg; products::ROPE_ARGS]> {
+        let (c, l) = (&m.config, &m.weights.layers[layer]);
+        let rope = l.rope.as_ref()?;
+        let whole_blocks = mats
+            .iter()
+            .all(|(d, _)| d.rows % 8 == 0 && d.bias.is_none());
+        let ok = self.fuse
+            && self.rope_in_products
+            && mats[0].0.kernels.matvec_rope.is_some()
+            && matches!(rope.kind, RopeKind::Normal)
+            && l.q_norm.is_none()
+            && l.k_norm.is_none()
+            && whole_blocks
+            && c.head_dim_k % 2 == 0
+            && mats.len() == 3
+            && mats[0].0.cols <= F32_INPUT_MAX_COLS
+            && mv_shape(&self.gpu, mats[0].0.cols) == (256, 32);
+        if !ok {
+            return None;
+        }
+        let store = self.layout.kv_type == KvType::F16;
+        let (kc, vc) = if store { self.kv_at(layer) } else { (0, 0) };
+        let at = self.layout.kv[layer];
+        self.roped = Some(layer);
+        self.kv_stored = store.then_some(layer);
+        Some([
+            Arg::P(self.at(self.layout.pos)),
+            Arg::P(self.at(self.layout.seq)),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::L(at.slot_stride.0 as i64),
+            Arg::L(at.slot_stride.1 as i64),
+            Arg::P(self.w.rope_factors(layer)),
+            Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
+            Arg::F(rope.freq_scale),
+            Arg::I(c.head_dim_k as i32),
+            Arg::I(rope.n_dims as i32),
+            Arg::I(c.head_dim_v as i32),
+            Arg::I(at.rows as i32),
+        ])
+    }
+}
+
 pub struct CudaStep<'a> {
     pub m: &'a Model,
     pub s: &'a mut CudaSession,
@@ -529,6 +594,7 @@ impl Backend for CudaStep<'_> {
         s.capture = Capture::Direct;
         s.xq_holds = None;
         s.kv_stored = None;
+        s.roped = None;
         s.deferred = None;
         s.skipped = None;
         let n = tokens.len();
@@ -670,7 +736,11 @@ impl Backend for CudaStep<'_> {
             && m0.kernels.quantize.is_some()
             && mats.iter().all(|(m, _)| m.ty == m0.ty && m.cols == m0.cols);
         if one_launch {
-            s.matvecs(mats, x, rows, false);
+            let rope = match ws {
+                [Mat::Q(l), Mat::K(_), Mat::V(_)] => s.rope_epilogue(self.m, *l, mats),
+                _ => None,
+            };
+            s.matvecs(mats, x, rows, false, rope.as_ref());
             for &(m, y) in mats {
                 s.bias(m, y, rows);
             }
@@ -691,7 +761,7 @@ impl Backend for CudaStep<'_> {
         if s.fuse && decode && m.bias.is_none() && m.kernels.quantize.is_some() {
             let (x, y) = (s.buf(src), s.buf(dst));
             s.reading(x);
-            s.matvecs(&[(m, y)], x, rows, true);
+            s.matvecs(&[(m, y)], x, rows, true, None);
             return;
         }
         self.matmul(&[w], src, &[Buf::Proj], rows);
@@ -792,6 +862,9 @@ impl Backend for CudaStep<'_> {
         };
         let s = &mut *self.s;
         s.xq_holds = None;
+        if s.roped.take() == Some(layer) {
+            return; // (done in the products' epilogue)
+        }
         let ff = s.w.rope_factors(layer);
         let neox = matches!(rope.kind, RopeKind::Neox) as i32;
         // The keys and values go to an f16 cache in the same launch (the attention then

@@ -80,6 +80,9 @@ pub struct FormatKernels {
     pub gated: Option<&'static str>,
     /// The same over f32 input, as `matvec_f32`.
     pub gated_f32: Option<&'static str>,
+    /// `matvec` and `matvec_f32` with the attention's RoPE (and cache store) in their
+    /// epilogue (`rope_epilogue` in matvec.cu).
+    pub matvec_rope: Option<[&'static str; 2]>,
     pub embed: &'static str,
     /// How prompt-sized products multiply this format.
     pub prompt: PromptProduct,
@@ -109,6 +112,26 @@ impl PromptProduct {
 /// one token's input quantized, 64 groups of 32).
 pub const F32_INPUT_MAX_COLS: usize = 2048;
 
+/// The kernels of quantized format `$t` (the names `MATVEC_Q`, `MATVEC_GATED` and
+/// `DEQUANT_BF16` stamp in the kernel files), its activations' quantizer and its embedding.
+macro_rules! quant_kernels {
+    ($t:literal, $quantize:literal, $embed:literal) => {
+        FormatKernels {
+            matvec: concat!("matvec_", $t),
+            matvec_f32: Some(concat!("matvec_", $t, "_f")),
+            quantize: Some($quantize),
+            gated: Some(concat!("gated_", $t)),
+            gated_f32: Some(concat!("gated_", $t, "_f")),
+            matvec_rope: Some([
+                concat!("matvec_", $t, "_rope"),
+                concat!("matvec_", $t, "_f_rope"),
+            ]),
+            embed: $embed,
+            prompt: PromptProduct::Bf16(concat!("dequant_bf16_", $t)),
+        }
+    };
+}
+
 /// The kernels of a weight format, or why the GPU has none.
 pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
     let plain = |matvec, embed, prompt| {
@@ -118,19 +141,9 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
             quantize: None,
             gated: None,
             gated_f32: None,
+            matvec_rope: None,
             embed,
             prompt,
-        })
-    };
-    let quant = |matvec, matvec_f32, gated, gated_f32, quantize, embed, dequant| {
-        Ok(FormatKernels {
-            matvec,
-            matvec_f32: Some(matvec_f32),
-            quantize: Some(quantize),
-            gated: Some(gated),
-            gated_f32: Some(gated_f32),
-            embed,
-            prompt: PromptProduct::Bf16(dequant),
         })
     };
     match ty {
@@ -145,96 +158,16 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
             "embed_bf16",
             PromptProduct::Bf16("dequant_bf16_bf16"),
         ),
-        GgmlType::Q4_0 => quant(
-            "matvec_q4_0",
-            "matvec_q4_0_f",
-            "gated_q4_0",
-            "gated_q4_0_f",
-            "quantize_q8_0",
-            "embed_q4_0",
-            "dequant_bf16_q4_0",
-        ),
-        GgmlType::Q4_1 => quant(
-            "matvec_q4_1",
-            "matvec_q4_1_f",
-            "gated_q4_1",
-            "gated_q4_1_f",
-            "quantize_q8_1",
-            "embed_q4_1",
-            "dequant_bf16_q4_1",
-        ),
-        GgmlType::Q5_0 => quant(
-            "matvec_q5_0",
-            "matvec_q5_0_f",
-            "gated_q5_0",
-            "gated_q5_0_f",
-            "quantize_q8_0",
-            "embed_q5_0",
-            "dequant_bf16_q5_0",
-        ),
-        GgmlType::Q5_1 => quant(
-            "matvec_q5_1",
-            "matvec_q5_1_f",
-            "gated_q5_1",
-            "gated_q5_1_f",
-            "quantize_q8_1",
-            "embed_q5_1",
-            "dequant_bf16_q5_1",
-        ),
-        GgmlType::Q8_0 => quant(
-            "matvec_q8_0",
-            "matvec_q8_0_f",
-            "gated_q8_0",
-            "gated_q8_0_f",
-            "quantize_q8_0",
-            "embed_q8_0",
-            "dequant_bf16_q8_0",
-        ),
-        GgmlType::Q2K => quant(
-            "matvec_q2_k",
-            "matvec_q2_k_f",
-            "gated_q2_k",
-            "gated_q2_k_f",
-            "quantize_q8_k",
-            "embed_q2_k",
-            "dequant_bf16_q2_k",
-        ),
-        GgmlType::Q3K => quant(
-            "matvec_q3_k",
-            "matvec_q3_k_f",
-            "gated_q3_k",
-            "gated_q3_k_f",
-            "quantize_q8_k",
-            "embed_q3_k",
-            "dequant_bf16_q3_k",
-        ),
-        GgmlType::Q4K => quant(
-            "matvec_q4_k",
-            "matvec_q4_k_f",
-            "gated_q4_k",
-            "gated_q4_k_f",
-            "quantize_q8_k",
-            "embed_q4_k",
-            "dequant_bf16_q4_k",
-        ),
-        GgmlType::Q5K => quant(
-            "matvec_q5_k",
-            "matvec_q5_k_f",
-            "gated_q5_k",
-            "gated_q5_k_f",
-            "quantize_q8_k",
-            "embed_q5_k",
-            "dequant_bf16_q5_k",
-        ),
-        GgmlType::Q6K => quant(
-            "matvec_q6_k",
-            "matvec_q6_k_f",
-            "gated_q6_k",
-            "gated_q6_k_f",
-            "quantize_q8_k",
-            "embed_q6_k",
-            "dequant_bf16_q6_k",
-        ),
+        GgmlType::Q4_0 => Ok(quant_kernels!("q4_0", "quantize_q8_0", "embed_q4_0")),
+        GgmlType::Q4_1 => Ok(quant_kernels!("q4_1", "quantize_q8_1", "embed_q4_1")),
+        GgmlType::Q5_0 => Ok(quant_kernels!("q5_0", "quantize_q8_0", "embed_q5_0")),
+        GgmlType::Q5_1 => Ok(quant_kernels!("q5_1", "quantize_q8_1", "embed_q5_1")),
+        GgmlType::Q8_0 => Ok(quant_kernels!("q8_0", "quantize_q8_0", "embed_q8_0")),
+        GgmlType::Q2K => Ok(quant_kernels!("q2_k", "quantize_q8_k", "embed_q2_k")),
+        GgmlType::Q3K => Ok(quant_kernels!("q3_k", "quantize_q8_k", "embed_q3_k")),
+        GgmlType::Q4K => Ok(quant_kernels!("q4_k", "quantize_q8_k", "embed_q4_k")),
+        GgmlType::Q5K => Ok(quant_kernels!("q5_k", "quantize_q8_k", "embed_q5_k")),
+        GgmlType::Q6K => Ok(quant_kernels!("q6_k", "quantize_q8_k", "embed_q6_k")),
         GgmlType::Q8_1 | GgmlType::Q8K => Err(CudaError::Unsupported(format!(
             "{ty} is an activation format, not a weight format"
         ))),
@@ -243,16 +176,8 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
 
 /// The kernels of a matrix rearranged at upload ([`repack_q4_0`]).
 fn repacked_kernels(ty: GgmlType) -> Option<FormatKernels> {
-    (ty == GgmlType::Q4_0).then_some(FormatKernels {
-        matvec: "matvec_q4_0r",
-        matvec_f32: Some("matvec_q4_0r_f"),
-        quantize: Some("quantize_q8_0"),
-        gated: Some("gated_q4_0r"),
-        gated_f32: Some("gated_q4_0r_f"),
-        // (The token embedding keeps the file's layout.)
-        embed: "embed_q4_0",
-        prompt: PromptProduct::Bf16("dequant_bf16_q4_0r"),
-    })
+    // (The token embedding keeps the file's layout.)
+    (ty == GgmlType::Q4_0).then_some(quant_kernels!("q4_0r", "quantize_q8_0", "embed_q4_0"))
 }
 
 /// Whether a matrix of `ty` with rows of `cols` is rearranged at upload: q4_0 rows of whole

@@ -111,6 +111,10 @@ extern "C" __global__ void kv_copy_u16(const u16* src, u16* dst, int heads, long
 
 #define ATT_CHUNK 256
 
+// The most splits of a decode row's keys (step/layout.rs `MAX_SPLITS`; at most the 128
+// threads of a block, which `merge_splits` reads them with).
+#define MAX_SPLITS 64
+
 // The CPU's (and the reference's) f16 dot product of a query rounded to f16 with a key row:
 // 64 lanes (4 accumulators of 16) advanced by fused multiply-adds over blocks of 64, summed
 // pairwise, then halves, quarters and pairs of 16; a tail past the last block of 64 in f64.
@@ -355,24 +359,32 @@ ATTEND(attend_q8_0, Q8Row)
 
 // Decode attention split over the keys (long contexts): block (row, head, split) takes keys
 // split·chunk .. (split + 1)·chunk − 1 of the visible ones and writes its running max, sum and
-// unnormalized output to `part` (`[rows, heads, n_split, hd_v + 2]`); `attend_merge` combines
-// them. The block of the first head of each group sharing a kv head does the whole group
+// unnormalized output to `part` (`[rows, heads, n_split, hd_v + 2]`); the last of them to
+// finish combines them (`merge_splits`). The block of the first head of each group sharing a kv head does the whole group
 // (`attend_group`: the keys and values read once for all of them), the others return. A row
 // with a short context takes the vector arithmetic whole in split 0 of each head, straight to
 // `out` (the CPU's choice for it, as in `attend` with mode 2), unless `mirror` is 0.
 #define GROUP_HEADS 4
 
+// Keys whose values a thread loads together before summing them (attend_group).
+#define VALUE_RUN 8
+
 // The f32 arithmetic over keys lo..hi-1 for query heads h0 .. h0 + ng − 1 (ng ≤ GROUP_HEADS)
 // of one kv head, a chunk of keys at a time: the queries in shared memory, one thread per key
 // for the scores (keys read 8 elements at a time when hd_k allows), the weights e^(s − max)
-// computed once per key, then thread d sums the values of dimension d for every head. Writes
-// each head's running max, sum and unnormalized output at `pr + g · stride`.
+// computed once per key, then the values: the block's threads are P = blockDim / hd_v streams
+// of hd_v (thread p·hd_v + d: dimension d of stream p), stream p taking runs p, p + P, ... of
+// VALUE_RUN keys, each run's values loaded together before they are summed; the streams' sums
+// are added at the end. Writes each head's running max, sum and unnormalized output at
+// `pr + g · stride`.
 template <class R>
 __device__ void attend_group(const Head<R>& a, int ng, float scale, int lo, int hi, float* pr,
                              long stride) {
     __shared__ float qg[GROUP_HEADS][256];
     __shared__ float sc[GROUP_HEADS][ATT_CHUNK];
-    int d = threadIdx.x;
+    __shared__ float streams[1024];
+    int P = max(1, (int)blockDim.x / a.hd_v);
+    int p = threadIdx.x / a.hd_v, d = threadIdx.x % a.hd_v;
     for (int i = threadIdx.x; i < ng * a.hd_k; i += blockDim.x)
         qg[i / a.hd_k][i % a.hd_k] = a.q[i];  // (the group's heads are consecutive)
     float m[GROUP_HEADS], l[GROUP_HEADS], acc[GROUP_HEADS];
@@ -432,23 +444,40 @@ __device__ void attend_group(const Head<R>& a, int ng, float scale, int lo, int 
             m[g] = m_new;
         }
         __syncthreads();
-        if (d < a.hd_v) {
-            int row = ring_row(t0, a.rows);
-            for (int j = 0; j < n; ++j) {
-                float v = a.value_at(row)[d];
+        if (p < P) {
+            for (int j0 = p * VALUE_RUN; j0 < n; j0 += P * VALUE_RUN) {
+                // (A ring of at least VALUE_RUN rows wraps at most once in a run.)
+                float v[VALUE_RUN];
+                int r0 = ring_row(t0 + j0, a.rows);
 #pragma unroll
-                for (int g = 0; g < GROUP_HEADS; ++g)
-                    if (g < ng) acc[g] += sc[g][j] * v;
-                if (++row == a.rows) row = 0;
+                for (int k = 0; k < VALUE_RUN; ++k) {
+                    int rk = r0 + k >= a.rows ? r0 + k - a.rows : r0 + k;
+                    v[k] = j0 + k < n ? a.value_at(rk)[d] : 0.0f;
+                }
+#pragma unroll
+                for (int k = 0; k < VALUE_RUN; ++k) {
+                    if (j0 + k >= n) break;
+#pragma unroll
+                    for (int g = 0; g < GROUP_HEADS; ++g)
+                        if (g < ng) acc[g] += sc[g][j0 + k] * v[k];
+                }
             }
         }
         __syncthreads();
     }
 #pragma unroll
     for (int g = 0; g < GROUP_HEADS; ++g) {
-        if (g >= ng) break;
+        if (g >= ng) break;  // (ng is the same for the whole block)
+        // The streams' sums of head g, added into stream 0.
+        if (P > 1) {
+            if (p > 0 && p < P) streams[(p - 1) * a.hd_v + d] = acc[g];
+            __syncthreads();
+            if (p == 0)
+                for (int o = 1; o < P; ++o) acc[g] += streams[(o - 1) * a.hd_v + d];
+            __syncthreads();
+        }
         float* pg = pr + g * stride;
-        if (d < a.hd_v) pg[2 + d] = acc[g];
+        if (p == 0) pg[2 + d] = acc[g];
         if (threadIdx.x == 0) {
             pg[0] = m[g];
             pg[1] = l[g];
@@ -456,12 +485,41 @@ __device__ void attend_group(const Head<R>& a, int ng, float scale, int lo, int 
     }
 }
 
+// The splits of head rh (row · n_heads + head) combined into its output: out = Σ acc_s ·
+// e^(m_s − M) / Σ l_s · e^(m_s − M). Thread s reads split s's max and sum (all at once), the
+// block finds the largest max; each split's weight goes to shared memory, then thread d sums
+// dimension d over the splits, several loads in flight at a time. The partials were written
+// by other blocks of the launch: read past L1 (`__ldcg`).
+__device__ void merge_splits(const float* part, float* out, long rh, int hd_v, int n_split) {
+    __shared__ float w[MAX_SPLITS];
+    const float* pr = part + rh * n_split * (hd_v + 2);
+    int s = threadIdx.x;
+    float ms = s < n_split ? __ldcg(pr + s * (hd_v + 2)) : -KILN_INF;
+    float ls = s < n_split ? __ldcg(pr + s * (hd_v + 2) + 1) : 0.0f;
+    float mx = block_max(ms);
+    float ws = ms == -KILN_INF ? 0.0f : expf(ms - mx);
+    if (s < n_split) w[s] = ws;
+    float l = block_sum(ls * ws);
+    __syncthreads();
+    if (threadIdx.x < hd_v) {
+        float acc = 0.0f;
+        const float* pd = pr + 2 + threadIdx.x;
+#pragma unroll 8
+        for (int k = 0; k < n_split; ++k) acc += __ldcg(pd + (long)k * (hd_v + 2)) * w[k];
+        out[rh * hd_v + threadIdx.x] = acc / l;
+    }
+    __syncthreads();  // (w is rewritten for the next head)
+}
+
+// `counts` (one per row and head, zero between launches): the splits of a group that have
+// written their partials; the last to arrive merges the group's heads and sets it back to
+// zero, so no second launch is needed (and a recorded graph replays it as it is).
 template <class R>
 __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const int* pos,
                              const int* seq, long seq_stride_k, long seq_stride_v, float* out,
-                             float* part, int n_heads, int n_kv_heads, int hd_k, int hd_v,
-                             int ctx, int rows, float scale, int window, int n_split, int chunk,
-                             int mirror) {
+                             float* part, int* counts, int n_heads, int n_kv_heads, int hd_k,
+                             int hd_v, int ctx, int rows, float scale, int window, int n_split,
+                             int chunk, int mirror) {
     int sp = blockIdx.x % n_split, rh = blockIdx.x / n_split;
     int r = rh / n_heads, h = rh % n_heads;
     Head<R> a = head_of<R>(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads,
@@ -482,50 +540,42 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
     long stride = (long)n_split * (hd_v + 2);
     if (lo < hi) {
         attend_group(a, ng, scale, lo, hi, pr, stride);
-        return;
+    } else {
+        for (int g = 0; g < ng; ++g)
+            if (threadIdx.x == 0) {
+                pr[g * stride] = -KILN_INF;
+                pr[g * stride + 1] = 0.0f;
+            }
     }
-    for (int g = 0; g < ng; ++g)
-        if (threadIdx.x == 0) {
-            pr[g * stride] = -KILN_INF;
-            pr[g * stride + 1] = 0.0f;
-        }
+    // This block's partials visible to the whole GPU before it is counted; the last block of
+    // the group merges.
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counts + rh, 1) == n_split - 1;
+        if (last) counts[rh] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int g = 0; g < ng; ++g) merge_splits(part, out, rh + g, hd_v, n_split);
 }
 
 #define ATTEND_SPLIT(NAME, R)                                                                   \
     extern "C" __global__ void NAME(const float* q, const u8* kc, const u8* vc, const int* pos, \
                                     const int* seq, long seq_stride_k, long seq_stride_v,       \
-                                    float* out, float* part, int n_heads, int n_kv_heads,       \
-                                    int hd_k, int hd_v, int ctx, int rows, float scale,         \
-                                    int window, int n_split, int chunk, int mirror) {           \
+                                    float* out, float* part, int* counts, int n_heads,          \
+                                    int n_kv_heads, int hd_k, int hd_v, int ctx, int rows,      \
+                                    float scale, int window, int n_split, int chunk,            \
+                                    int mirror) {                                               \
         pdl_begin();                                                                            \
-        attend_split<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, part, n_heads,    \
-                        n_kv_heads, hd_k, hd_v, ctx, rows, scale, window, n_split, chunk,       \
-                        mirror);                                                                \
+        attend_split<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, part, counts,     \
+                        n_heads, n_kv_heads, hd_k, hd_v, ctx, rows, scale, window, n_split,     \
+                        chunk, mirror);                                                         \
     }
 ATTEND_SPLIT(attend_split_f16, F16Row)
 ATTEND_SPLIT(attend_split_q8_0, Q8Row)
-
-// The splits of each (row, head) combined: out = Σ acc_s·e^(m_s − M) / Σ l_s·e^(m_s − M).
-extern "C" __global__ void attend_merge(const int* pos, const float* part, float* out,
-                                        int n_heads, int hd_v, int ctx, int n_split,
-                                        int mirror) {
-    pdl_begin();
-    int rh = blockIdx.x, r = rh / n_heads;
-    int p = pos[r];
-    if (mirror && short_context(p, ctx)) return;  // done whole by split 0
-    const float* pr = part + (long)rh * n_split * (hd_v + 2);
-    float mx = -KILN_INF;
-    for (int s = 0; s < n_split; ++s) mx = fmaxf(mx, pr[s * (hd_v + 2)]);
-    float l = 0.0f, acc = 0.0f;
-    for (int s = 0; s < n_split; ++s) {
-        const float* ps = pr + s * (hd_v + 2);
-        if (ps[0] == -KILN_INF) continue;
-        float w = expf(ps[0] - mx);
-        l += ps[1] * w;
-        if (threadIdx.x < hd_v) acc += ps[2 + threadIdx.x] * w;
-    }
-    if (threadIdx.x < hd_v) out[(long)rh * hd_v + threadIdx.x] = acc / l;
-}
 
 // Prompt attention in tiles (rows of mode 3: prompt rows of a sequence's pass of at least 64
 // tokens, the f32 arithmetic of `attend_f32`, which `attend` leaves to this kernel). The query

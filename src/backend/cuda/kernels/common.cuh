@@ -39,6 +39,30 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// Before `pdl_begin`: ask L2 for a row of `bytes` bytes at `p`, of a launch over `rows` such
+// rows, thread `lane` of `lanes` taking every `lanes`-th line of 128 bytes (from the line
+// holding `p`). For the weights alone, which no kernel writes: while this kernel waits for the
+// one ahead, its weights come from memory, so its first loads after the wait find them in L2.
+// Only for launches of at most KILN_L2_PREFETCH_MAX bytes of weights: a small model's matrices
+// (its decode is a chain of short kernels, each waiting on memory), not a large model's,
+// whose products stream at bandwidth and whose prefetches would compete with the kernel ahead
+// (an 8B model decoded 4% slower with them, SmolLM2 5% faster; H100, session 35). A hint (no
+// load: nothing is read, nothing can fault); KILN_L2_PREFETCH 0 (`KILN_CUDA_PREFETCH=0`,
+// nvrtc.rs) turns it off.
+#ifndef KILN_L2_PREFETCH
+#define KILN_L2_PREFETCH 1
+#endif
+#define KILN_L2_PREFETCH_MAX (8l << 20)
+__device__ __forceinline__ void prefetch_rows(const u8* p, long bytes, int rows, int lane,
+                                              int lanes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KILN_L2_PREFETCH
+    if (bytes * rows > KILN_L2_PREFETCH_MAX) return;
+    const u8* first = (const u8*)((unsigned long long)p & ~127ull);
+    for (const u8* q = first + 128l * lane; q < p + bytes; q += 128l * lanes)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
+#endif
+}
+
 // 16 bytes loaded at once (from a 16-byte aligned address).
 struct alignas(16) u32x4 {
     u32 x, y, z, w;

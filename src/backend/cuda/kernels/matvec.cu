@@ -356,6 +356,60 @@ __device__ __forceinline__ void quantize_row_shared(const float* x, int cols, co
     }
 }
 
+// RoPE in the epilogue of the attention's q, k and v products (one launch of `MATVEC_Q`'s
+// `NAME_rope` or `NAME_f_rope`; step.rs `matmul`, for layers whose RoPE follows the products
+// directly): the
+// `rope_qk` kernel's arithmetic on the products' rows, bit for bit, and, with `kc` and `vc`
+// given, the rotated keys and the values to the layer's f16 cache. Rows of a warp each (eight
+// to a block): the pair (2i, 2i + 1) of a head is warps (w & ~1, w | 1) of one block, as the
+// three matrices' rows are multiples of eight. Token t is at position rpos[t] of sequence
+// rseq[t]; the cache has `ctx` rows per head (`pos mod ctx`).
+#define ROPE_PARAMS                                                                           \
+    const int *rpos, const int *rseq, u8 *kc, u8 *vc, long sk, long sv, const float *ff,      \
+        float theta_scale, float freq_scale, int head_dim, int n_dims, int hd_v, int ctx
+#define ROPE_ARGS \
+    rpos, rseq, kc, vc, sk, sv, ff, theta_scale, freq_scale, head_dim, n_dims, hd_v, ctx
+
+// The parameters `MATVEC_Q`'s kernels share (their input x's type given), and no epilogue.
+#define MATVEC_PARAMS(X)                                                                          const u8 *w0, const u8 *w1, const u8 *w2, X, float *y0, float *y1, float *y2, int rows0,          int rows1, int rows2, int cols, int n_tok, int add, int tpr
+#define MATVEC_ARGS w0, w1, w2, x, y0, y1, y2, rows0, rows1, rows2, cols, n_tok, add, tpr
+#define NO_ROPE nullptr, nullptr, nullptr, nullptr, 0, 0, nullptr, 0.0f, 0.0f, 0, 0, 0, 0
+
+__device__ __forceinline__ void rope_epilogue(float acc, int row, int rows0, int rows1,
+                                              const MvRow& r, int t, int lane, ROPE_PARAMS) {
+    __shared__ float res[8];
+    int w = threadIdx.x >> 5;
+    if (lane == 0) res[w] = acc;
+    __syncthreads();
+    if (lane == 0) {
+        int p = rpos[t];
+        float out = acc;
+        if (row < rows0 + rows1) {  // q or k: rotated
+            int d = r.row % head_dim, h = r.row / head_dim;
+            if (d < n_dims) {
+                int i = d >> 1;
+                float theta = (float)p;
+                for (int j = 0; j < i; ++j) theta *= theta_scale;
+                float f = ff ? ff[i] : 1.0f;
+                float a = freq_scale * theta / f;
+                float c = cosf(a), sn = sinf(a);
+                float x0 = res[w & ~1], x1 = res[w | 1];
+                out = (d & 1) ? fmaf(x0, sn, x1 * c) : fmaf(x0, c, -(x1 * sn));
+            }
+            if (row >= rows0 && kc) {
+                u16* kr = (u16*)(kc + rseq[t] * sk);
+                kr[((long)h * ctx + p % ctx) * head_dim + d] = f2h(out);
+            }
+        } else if (vc) {
+            int d = r.row % hd_v, h = r.row / hd_v;
+            u16* vr = (u16*)(vc + rseq[t] * sv);
+            vr[((long)h * ctx + p % ctx) * hd_v + d] = f2h(out);
+        }
+        r.y[(long)t * r.rows + r.row] = out;
+    }
+    __syncthreads();  // (res is rewritten for the next token)
+}
+
 #define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND)                                               \
     __device__ __forceinline__ float NAME##_row(const u8* wr, const Q8x* xt, int ng, int lane,\
                                                 int tpr) {                                    \
@@ -364,43 +418,66 @@ __device__ __forceinline__ void quantize_row_shared(const float* x, int cols, co
             acc += DOT(wr, g, xt + g, ng);                                                    \
         return tpr == (int)blockDim.x ? row_sum(acc) : warp_sum(acc);                         \
     }                                                                                         \
-    extern "C" __global__ void NAME(const u8* w0, const u8* w1, const u8* w2, const Q8x* x,  \
-                                    float* y0, float* y1, float* y2, int rows0, int rows1,    \
-                                    int rows2, int cols, int n_tok, int add, int tpr) {       \
-        pdl_begin();                                                                          \
+    template <bool ROPE>                                                                      \
+    __device__ __forceinline__ void NAME##_q(MATVEC_PARAMS(const Q8x* x), ROPE_PARAMS) {      \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
-        if (row >= rows0 + rows1 + rows2) return;  /* (a whole warp: tpr < blockDim.x) */     \
+        bool live = row < rows0 + rows1 + rows2;                                              \
         MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
         int ng = cols >> 5;                                                                   \
-        const u8* wr = r.w + (long)r.row * (cols / ELEMS) * BYTES;                            \
+        long row_bytes = (long)(cols / ELEMS) * BYTES;                                        \
+        const u8* wr = r.w + (long)r.row * row_bytes;                                         \
+        if (live) prefetch_rows(wr, row_bytes, rows0 + rows1 + rows2, lane, tpr);             \
+        pdl_begin();                                                                          \
+        if (!live) return;  /* (a whole warp: tpr < blockDim.x; every warp lives with RoPE) */\
         for (int t = 0; t < n_tok; ++t) {                                                     \
             float acc = NAME##_row(wr, x + (long)t * ng, ng, lane, tpr);                      \
             float* yo = r.y + (long)t * r.rows + r.row;                                       \
-            if (lane == 0) *yo = add ? *yo + acc : acc;                                       \
+            if (ROPE)                                                                         \
+                rope_epilogue(acc, row, rows0, rows1, r, t, lane, ROPE_ARGS);                 \
+            else if (lane == 0)                                                               \
+                *yo = add ? *yo + acc : acc;                                                  \
         }                                                                                     \
     }                                                                                         \
-    extern "C" __global__ void NAME##_f(const u8* w0, const u8* w1, const u8* w2,            \
-                                        const float* x, float* y0, float* y1, float* y2,      \
-                                        int rows0, int rows1, int rows2, int cols, int n_tok, \
-                                        int add, int tpr, const float* nw, float eps) {       \
-        pdl_begin();                                                                          \
+    template <bool ROPE>                                                                      \
+    __device__ __forceinline__ void NAME##_fq(MATVEC_PARAMS(const float* x), ROPE_PARAMS,     \
+                                              const float* nw, float eps) {                   \
         __shared__ Q8x xs[64];                                                                \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
         bool live = row < rows0 + rows1 + rows2;  /* (all threads meet every barrier) */      \
         MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
         int ng = cols >> 5;                                                                   \
-        const u8* wr = r.w + (long)r.row * (cols / ELEMS) * BYTES;                            \
+        long row_bytes = (long)(cols / ELEMS) * BYTES;                                        \
+        const u8* wr = r.w + (long)r.row * row_bytes;                                         \
+        if (live) prefetch_rows(wr, row_bytes, rows0 + rows1 + rows2, lane, tpr);             \
+        pdl_begin();                                                                          \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             quantize_row_shared<KIND>(x + (long)t * cols, cols, nw, eps, xs);                 \
             __syncthreads();                                                                  \
             /* (Warps past the last row sum nothing, through the same shuffles.) */           \
             float acc = NAME##_row(wr, xs, live ? ng : 0, lane, tpr);                         \
             float* yo = r.y + (long)t * r.rows + r.row;                                       \
-            if (live && lane == 0) *yo = add ? *yo + acc : acc;                               \
+            if (ROPE)                                                                         \
+                rope_epilogue(acc, row, rows0, rows1, r, t, lane, ROPE_ARGS);                 \
+            else if (live && lane == 0)                                                       \
+                *yo = add ? *yo + acc : acc;                                                  \
             __syncthreads();  /* (xs is rewritten for the next token) */                      \
         }                                                                                     \
+    }                                                                                         \
+    extern "C" __global__ void NAME(MATVEC_PARAMS(const Q8x* x)) {                            \
+        NAME##_q<false>(MATVEC_ARGS, NO_ROPE);                                                \
+    }                                                                                         \
+    extern "C" __global__ void NAME##_rope(MATVEC_PARAMS(const Q8x* x), ROPE_PARAMS) {        \
+        NAME##_q<true>(MATVEC_ARGS, ROPE_ARGS);                                               \
+    }                                                                                         \
+    extern "C" __global__ void NAME##_f(MATVEC_PARAMS(const float* x), const float* nw,       \
+                                        float eps) {                                          \
+        NAME##_fq<false>(MATVEC_ARGS, NO_ROPE, nw, eps);                                      \
+    }                                                                                         \
+    extern "C" __global__ void NAME##_f_rope(MATVEC_PARAMS(const float* x), ROPE_PARAMS,      \
+                                             const float* nw, float eps) {                    \
+        NAME##_fq<true>(MATVEC_ARGS, ROPE_ARGS, nw, eps);                                     \
     }
 
 // The gated FFN's two products and its activation in one launch:
@@ -423,12 +500,16 @@ __device__ __forceinline__ void quantize_row_shared(const float* x, int cols, co
     }                                                                                         \
     extern "C" __global__ void NAME(const u8* wg, const u8* wu, const Q8x* x, float* y,      \
                                     int rows, int cols, int n_tok, int gelu, int tpr) {       \
-        pdl_begin();                                                                          \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
-        if (row >= rows) return;  /* (a whole warp: tpr < blockDim.x) */                      \
         int ng = cols >> 5;                                                                   \
-        long off = (long)row * (cols / ELEMS) * BYTES;                                        \
+        long row_bytes = (long)(cols / ELEMS) * BYTES, off = (long)row * row_bytes;           \
+        if (row < rows) {                                                                     \
+            prefetch_rows(wg + off, row_bytes, 2 * rows, lane, tpr);                          \
+            prefetch_rows(wu + off, row_bytes, 2 * rows, lane, tpr);                          \
+        }                                                                                     \
+        pdl_begin();                                                                          \
+        if (row >= rows) return;  /* (a whole warp: tpr < blockDim.x) */                      \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             float v = NAME##_row(wg + off, wu + off, x + (long)t * ng, ng, lane, tpr, gelu);  \
             if (lane == 0) y[(long)t * rows + row] = v;                                       \
@@ -437,13 +518,17 @@ __device__ __forceinline__ void quantize_row_shared(const float* x, int cols, co
     extern "C" __global__ void NAME##_f(const u8* wg, const u8* wu, const float* x, float* y,\
                                         int rows, int cols, int n_tok, int gelu, int tpr,     \
                                         const float* nw, float eps) {                         \
-        pdl_begin();                                                                          \
         __shared__ Q8x xs[64];                                                                \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
         bool live = row < rows;  /* (all threads meet every barrier) */                       \
         int ng = cols >> 5;                                                                   \
-        long off = (long)(live ? row : 0) * (cols / ELEMS) * BYTES;                           \
+        long row_bytes = (long)(cols / ELEMS) * BYTES, off = (long)(live ? row : 0) * row_bytes;\
+        if (live) {                                                                           \
+            prefetch_rows(wg + off, row_bytes, 2 * rows, lane, tpr);                          \
+            prefetch_rows(wu + off, row_bytes, 2 * rows, lane, tpr);                          \
+        }                                                                                     \
+        pdl_begin();                                                                          \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             quantize_row_shared<KIND>(x + (long)t * cols, cols, nw, eps, xs);                 \
             __syncthreads();                                                                  \

@@ -106,16 +106,18 @@ impl CudaSession {
         ];
         let block = c.head_dim_v.next_multiple_of(32).clamp(128, 1024) as u32;
         match self.layout.split {
-            // Decode: the keys split over many blocks, then merged.
+            // Decode: the keys split over many blocks, merged by the last of them.
             Some(sp) if decode && rows <= sp.rows => {
-                let part = self.at(sp.part);
-                // The row kernel's arguments with `part` after `out`, then the split's.
-                let split: [Arg; 20] = std::array::from_fn(|i| match i {
+                let (part, counts) = (self.at(sp.part), self.at(sp.counts));
+                // The row kernel's arguments with `part` and `counts` after `out`, then the
+                // split's.
+                let split: [Arg; 21] = std::array::from_fn(|i| match i {
                     0..=7 => attend[i],
                     8 => Arg::P(part),
-                    9..=16 => attend[i - 1],
-                    17 => Arg::I(sp.n_split as i32),
-                    18 => Arg::I(sp.chunk as i32),
+                    9 => Arg::P(counts),
+                    10..=17 => attend[i - 2],
+                    18 => Arg::I(sp.n_split as i32),
+                    19 => Arg::I(sp.chunk as i32),
                     _ => Arg::I(self.mirror as i32),
                 });
                 let grid = (rows * c.n_heads * sp.n_split) as u32;
@@ -125,17 +127,6 @@ impl CudaSession {
                     "attend_split_f16"
                 };
                 self.go(name, grid, block, &split);
-                let merge = [
-                    Arg::P(self.at(self.layout.pos)),
-                    Arg::P(part),
-                    Arg::P(self.buf(Buf::Attn)),
-                    Arg::I(c.n_heads as i32),
-                    Arg::I(c.head_dim_v as i32),
-                    Arg::I(ctx),
-                    Arg::I(sp.n_split as i32),
-                    Arg::I(self.mirror as i32),
-                ];
-                self.go("attend_merge", (rows * c.n_heads) as u32, block, &merge);
             }
             _ => {
                 // Rows of tiled passes (mode 3) in tiles, the others (if any) one block per

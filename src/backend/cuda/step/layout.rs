@@ -114,7 +114,8 @@ pub struct SessionLayout {
     /// Prompt-sized products (when `max_rows >= GEMM_MIN_ROWS`).
     pub(super) gemm: Option<GemmLayout>,
     /// Decode attention split over the keys: the splits' partial results
-    /// `[decode rows, n_heads, n_split, head_dim_v + 2]` f32 (when the context has 2+ splits).
+    /// `[decode rows, n_heads, n_split, head_dim_v + 2]` f32 and their counters (when the
+    /// context has 2+ splits).
     pub(super) split: Option<SplitLayout>,
     /// Bytes of the activation allocation.
     pub act_bytes: usize,
@@ -184,14 +185,29 @@ pub(super) struct GemmLayout {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct SplitLayout {
     pub(super) part: usize,
+    /// One i32 per row and head: the splits that have finished (zero between launches).
+    pub(super) counts: usize,
     pub(super) rows: usize,
     pub(super) n_split: usize,
     pub(super) chunk: usize,
 }
 
-/// Positions per split of decode attention (at least), and the most splits.
-const SPLIT_KEYS: usize = 256;
-const MAX_SPLITS: usize = 32;
+/// The most splits of decode attention (`MAX_SPLITS` in attention.cu: `merge_splits` reads
+/// one per thread).
+const MAX_SPLITS: usize = 64;
+
+/// Positions per split of decode attention (at least): 64, or `KILN_CUDA_SPLIT_KEYS` (16 to
+/// 4096, for measuring). Fewer keys a block means more blocks reading the cache at once.
+fn split_keys() -> usize {
+    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        std::env::var("KILN_CUDA_SPLIT_KEYS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|v| (16..=4096).contains(v))
+            .unwrap_or(64)
+    })
+}
 
 /// Bytes of one 8-bit activation group (`Q8x` in matvec.cu: d, s, 32 values).
 const Q8X_BYTES: usize = 40;
@@ -286,11 +302,17 @@ impl SessionLayout {
                 host_bytes: hl.bytes,
             }
         });
-        let n_split = sizes.n_ctx.div_ceil(SPLIT_KEYS).min(MAX_SPLITS);
+        // (Contexts of up to 256 positions attend in one block per row and head: the CPU's
+        // arithmetic covers them whole, no split ever runs.)
+        let n_split = match sizes.n_ctx {
+            0..=256 => 1,
+            n => n.div_ceil(split_keys()).min(MAX_SPLITS),
+        };
         let split = (n_split > 1).then(|| {
             let rows = t.min(MAX_GRAPH_ROWS);
             SplitLayout {
                 part: l.take(rows * c.n_heads * n_split * (c.head_dim_v + 2) * 4),
+                counts: l.take(rows * c.n_heads * 4),
                 rows,
                 n_split,
                 chunk: sizes.n_ctx.div_ceil(n_split),

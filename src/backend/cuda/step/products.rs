@@ -51,6 +51,9 @@ pub(super) fn mv_shape(gpu: &Gpu, cols: usize) -> (u32, u32) {
     }
 }
 
+/// The RoPE epilogue's arguments of the matvec kernels (`ROPE_PARAMS` in matvec.cu).
+pub(super) const ROPE_ARGS: usize = 13;
+
 /// The most tokens a decode-sized product quantizes its input inside its blocks for (each
 /// block quantizes every token's row: more tokens quantize once, in a launch of their own).
 const F32_INPUT_MAX_TOKENS: usize = 4;
@@ -68,7 +71,7 @@ impl CudaSession {
     pub(super) fn product(&mut self, m: DevMat, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
         match self.layout.gemm {
             Some(g) if rows >= GEMM_MIN_ROWS => self.gemm(m, g, x, y, rows, prep),
-            _ => self.matvecs(&[(m, y)], x, rows, false),
+            _ => self.matvecs(&[(m, y)], x, rows, false, None),
         }
         self.bias(m, y, rows);
     }
@@ -87,8 +90,17 @@ impl CudaSession {
 
     /// Decode-sized products of 1–3 matrices of one format that share the input x, into their
     /// outputs (added to them with `add`, which the f32 kernels of unquantized weights do not
-    /// take), in one launch (biases not included).
-    pub(super) fn matvecs(&mut self, mats: &[(DevMat, u64)], x: u64, rows: usize, add: bool) {
+    /// take), in one launch (biases not included). `rope`: the attention's q, k and v with
+    /// their RoPE (and cache store) in the epilogue (`rope_epilogue` in matvec.cu; quantized
+    /// formats, rows of a warp each).
+    pub(super) fn matvecs(
+        &mut self,
+        mats: &[(DevMat, u64)],
+        x: u64,
+        rows: usize,
+        add: bool,
+        rope: Option<&[Arg; ROPE_ARGS]>,
+    ) {
         let m = mats[0].0;
         let threads = mv_threads(&self.gpu);
         let (block, tpr) = mv_shape(&self.gpu, m.cols);
@@ -99,6 +111,7 @@ impl CudaSession {
         let (quantized, norm) = self.product_input(own, m, x, rows);
         let Some(input) = quantized else {
             debug_assert!(!add, "an f32 matvec cannot add to its output");
+            debug_assert!(rope.is_none(), "an f32 matvec has no RoPE epilogue");
             for &(m, y) in mats {
                 let args = [
                     Arg::P(m.ptr),
@@ -114,7 +127,10 @@ impl CudaSession {
         };
         let at = |i: usize| mats.get(i).copied().unwrap_or((DevMat { rows: 0, ..m }, 0));
         let (a, b, c) = (at(0), at(1), at(2));
-        let args = [
+        // The kernel's arguments: 14 of the product, the RoPE epilogue's (`NAME_rope`,
+        // `NAME_f_rope`), then the norm's (`NAME_f`, `NAME_f_rope`).
+        let mut args = [Arg::I(0); 14 + ROPE_ARGS + 2];
+        args[..14].copy_from_slice(&[
             Arg::P(a.0.ptr),
             Arg::P(b.0.ptr),
             Arg::P(c.0.ptr),
@@ -129,14 +145,20 @@ impl CudaSession {
             Arg::I(rows as i32),
             Arg::I(add as i32),
             Arg::I(tpr as i32),
-            Arg::P(norm.0),
-            Arg::F(norm.1),
-        ];
-        let grid = (a.0.rows + b.0.rows + c.0.rows).div_ceil((block / tpr) as usize) as u32;
-        match own {
-            Some(k) => self.go(k, grid, block, &args),
-            None => self.go(m.kernels.matvec, grid, block, &args[..14]),
+        ]);
+        let mut n = 14;
+        let mut kernel = own.unwrap_or(m.kernels.matvec);
+        if let (Some(r), Some([plain, f32_input])) = (rope, m.kernels.matvec_rope) {
+            args[n..n + ROPE_ARGS].copy_from_slice(r);
+            n += ROPE_ARGS;
+            kernel = if own.is_some() { f32_input } else { plain };
         }
+        if own.is_some() {
+            args[n..n + 2].copy_from_slice(&[Arg::P(norm.0), Arg::F(norm.1)]);
+            n += 2;
+        }
+        let grid = (a.0.rows + b.0.rows + c.0.rows).div_ceil((block / tpr) as usize) as u32;
+        self.go(kernel, grid, block, &args[..n]);
     }
 
     /// What a decode-sized product of `m` over x reads, given its kernel over f32 input `own`
