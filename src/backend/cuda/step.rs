@@ -18,7 +18,7 @@ mod deferred;
 mod layout;
 mod offload;
 mod products;
-use super::weights::{DevNorm, DeviceWeights, F32_INPUT_MAX_COLS};
+use super::weights::{DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
 use crate::cache::{KvLayout, KvType};
@@ -515,63 +515,6 @@ impl CudaSession {
 }
 
 /// The CUDA backend for one forward pass.
-impl CudaSession {
-    /// The RoPE epilogue's arguments for the one-launch q, k and v products `mats` of layer
-    /// `layer`, when its RoPE can go there: the RoPE follows the products directly (no q/k
-    /// norms, no biases), adjacent pairs (the normal kind), rows of a warp each in whole
-    /// blocks of eight, of at most [`F32_INPUT_MAX_COLS`] (a small model's launch-bound decode:
-    /// SmolLM2 937 against 922 tok/s without it; an 8B model's 4096-wide products were slower
-    /// with it, 270 against 301, H100, session 35), the switches on. Then the layer's `rope`
-    /// launches nothing, and with an f16 cache the epilogue also stores the keys and values
-    /// (`kv_stored`).
-    fn rope_epilogue(
-        &mut self,
-        m: &Model,
-        layer: usize,
-        mats: &[(super::weights::DevMat, u64)],
-    ) -> Option<[Arg; products::ROPE_ARGS]> {
-        let (c, l) = (&m.config, &m.weights.layers[layer]);
-        let rope = l.rope.as_ref()?;
-        let whole_blocks = mats
-            .iter()
-            .all(|(d, _)| d.rows % 8 == 0 && d.bias.is_none());
-        let ok = self.fuse
-            && self.rope_in_products
-            && mats[0].0.kernels.matvec_rope.is_some()
-            && matches!(rope.kind, RopeKind::Normal)
-            && l.q_norm.is_none()
-            && l.k_norm.is_none()
-            && whole_blocks
-            && c.head_dim_k % 2 == 0
-            && mats.len() == 3
-            && mats[0].0.cols <= F32_INPUT_MAX_COLS
-            && mv_shape(&self.gpu, mats[0].0.cols) == (256, 32);
-        if !ok {
-            return None;
-        }
-        let store = self.layout.kv_type == KvType::F16;
-        let (kc, vc) = if store { self.kv_at(layer) } else { (0, 0) };
-        let at = self.layout.kv[layer];
-        self.roped = Some(layer);
-        self.kv_stored = store.then_some(layer);
-        Some([
-            Arg::P(self.at(self.layout.pos)),
-            Arg::P(self.at(self.layout.seq)),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::L(at.slot_stride.0 as i64),
-            Arg::L(at.slot_stride.1 as i64),
-            Arg::P(self.w.rope_factors(layer)),
-            Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
-            Arg::F(rope.freq_scale),
-            Arg::I(c.head_dim_k as i32),
-            Arg::I(rope.n_dims as i32),
-            Arg::I(c.head_dim_v as i32),
-            Arg::I(at.rows as i32),
-        ])
-    }
-}
-
 pub struct CudaStep<'a> {
     pub m: &'a Model,
     pub s: &'a mut CudaSession,

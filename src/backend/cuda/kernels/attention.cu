@@ -360,8 +360,9 @@ ATTEND(attend_q8_0, Q8Row)
 // Decode attention split over the keys (long contexts): block (row, head, split) takes keys
 // split·chunk .. (split + 1)·chunk − 1 of the visible ones and writes its running max, sum and
 // unnormalized output to `part` (`[rows, heads, n_split, hd_v + 2]`); the last of them to
-// finish combines them (`merge_splits`). The block of the first head of each group sharing a kv head does the whole group
-// (`attend_group`: the keys and values read once for all of them), the others return. A row
+// finish combines them (`merge_splits`). The block of the first head of each group sharing a
+// kv head does the whole group (`attend_group`: the keys and values read once for all of
+// them), the others return. A row
 // with a short context takes the vector arithmetic whole in split 0 of each head, straight to
 // `out` (the CPU's choice for it, as in `attend` with mode 2), unless `mirror` is 0.
 #define GROUP_HEADS 4

@@ -371,7 +371,9 @@ __device__ __forceinline__ void quantize_row_shared(const float* x, int cols, co
     rpos, rseq, kc, vc, sk, sv, ff, theta_scale, freq_scale, head_dim, n_dims, hd_v, ctx
 
 // The parameters `MATVEC_Q`'s kernels share (their input x's type given), and no epilogue.
-#define MATVEC_PARAMS(X)                                                                          const u8 *w0, const u8 *w1, const u8 *w2, X, float *y0, float *y1, float *y2, int rows0,          int rows1, int rows2, int cols, int n_tok, int add, int tpr
+#define MATVEC_PARAMS(X)                                                                      \
+    const u8 *w0, const u8 *w1, const u8 *w2, X, float *y0, float *y1, float *y2, int rows0,  \
+        int rows1, int rows2, int cols, int n_tok, int add, int tpr
 #define MATVEC_ARGS w0, w1, w2, x, y0, y1, y2, rows0, rows1, rows2, cols, n_tok, add, tpr
 #define NO_ROPE nullptr, nullptr, nullptr, nullptr, 0, 0, nullptr, 0.0f, 0.0f, 0, 0, 0, 0
 
