@@ -268,10 +268,14 @@ fn repacking_in(
         if k.weight.block_size() == 32 && n > 32 * x86::T32_X16_MAX_BLOCKS {
             return None;
         }
-        // The tier's group gemms: in its own order, and in the block-sum order.
+        // The tier's group gemms: in the reference's order, and in the block-sum order
+        // (`sums_whole_blocks` picks). AMX: AVX-512 VNNI's kernels, and the int8 tiles for
+        // whole blocks (inside the network, whole-block sums where the reference sums 8
+        // lanes flip near-ties that the golden checks catch: random-llama-q5_0 on a Sapphire
+        // Rapids, top-1 140/141, greedy 3/5; session 35).
         type ByType = fn(GgmlType) -> Option<GemmFn>;
         let (group, blocks): (ByType, ByType) = match k.isa {
-            Isa::Amx => (amx_layer_gemm, x86::groups_amx::block_gemm),
+            Isa::Amx => (x86::groups_vnni::group_gemm, x86::groups_amx::block_gemm),
             Isa::Avx512Vnni => (x86::groups_vnni::group_gemm, x86::groups_vnni::block_gemm),
             Isa::Avx512 => (
                 x86::groups_avx512::group_gemm,
@@ -282,7 +286,7 @@ fn repacking_in(
         };
         let gemm: GemmFn = match (k.isa, k.weight) {
             (Isa::Avx512Vnni | Isa::Amx, GgmlType::Q6K) => x86::gemm_q6k_x16,
-            (_, ty) if whole => blocks(ty).or_else(|| group(ty))?,
+            (isa, ty) if sums_whole_blocks(isa, ty, whole) => blocks(ty)?,
             (_, ty) => group(ty)?,
         };
         let kernels = Kernels {
@@ -294,20 +298,6 @@ fn repacking_in(
     }
     let _ = (k, rows, n, whole);
     None
-}
-
-/// The AMX tier's group gemm for a layer's matrix of `ty`: the int8 tiles (whole blocks) for
-/// Q4_0, whose reference order that is; AVX-512 VNNI's kernels, in the reference's 8 lanes,
-/// for the other 32-element formats, where whole-block sums flip near-ties inside the network
-/// that the golden checks catch (random-llama-q5_0 on a Sapphire Rapids: top-1 140/141,
-/// greedy 3/5; session 35). The output matrix takes the tiles for every 32-element format
-/// ([`repacking_for_logits`]).
-#[cfg(target_arch = "x86_64")]
-fn amx_layer_gemm(ty: GgmlType) -> Option<GemmFn> {
-    match ty {
-        GgmlType::Q4_0 => x86::groups_amx::group_gemm(ty),
-        _ => x86::groups_vnni::group_gemm(ty),
-    }
 }
 
 /// Whether `isa`'s repacked Q5_0 and Q5_1 groups keep their fifth bits as bit planes

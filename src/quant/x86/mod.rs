@@ -372,16 +372,59 @@ macro_rules! t32_gemm {
     };
 }
 
+/// The 32-element formats' group gemms of one tier in the block-sum order, as
+/// `block_gemm(ty)` (`quant::repacking_for_logits`, and Q4_0 everywhere): kernel `$blocks::$bfn`
+/// over the layouts (Q5_0 and Q5_1 as `$q5_0`, `$q5_1`), the row-major tiles of tier `$tier`
+/// for the rows after the last group.
+macro_rules! block_gemms {
+    ($tier:ident, $has:expr, $blocks:ident::$bfn:ident, $q5_0:ty, $q5_1:ty) => {
+        t32_gemm!(
+            blocks_q4_0,
+            Q4_0,
+            $tier,
+            $has,
+            $blocks::$bfn::<t32_x16::Q4_0>
+        );
+        t32_gemm!(
+            blocks_q4_1,
+            Q4_1,
+            $tier,
+            $has,
+            $blocks::$bfn::<t32_x16::Q4_1>
+        );
+        t32_gemm!(blocks_q5_0, Q5_0, $tier, $has, $blocks::$bfn::<$q5_0>);
+        t32_gemm!(blocks_q5_1, Q5_1, $tier, $has, $blocks::$bfn::<$q5_1>);
+        t32_gemm!(
+            blocks_q8_0,
+            Q8_0,
+            $tier,
+            $has,
+            $blocks::$bfn::<t32_x16::Q8_0>
+        );
+
+        /// The group gemm of the 32-element format `ty` in the block-sum order.
+        pub(in super::super) fn block_gemm(ty: GgmlType) -> Option<crate::quant::GemmFn> {
+            Some(match ty {
+                GgmlType::Q4_0 => blocks_q4_0,
+                GgmlType::Q4_1 => blocks_q4_1,
+                GgmlType::Q5_0 => blocks_q5_0,
+                GgmlType::Q5_1 => blocks_q5_1,
+                GgmlType::Q8_0 => blocks_q8_0,
+                _ => return None,
+            })
+        }
+    };
+}
+
 /// The group gemms of one tier, as `$mod::group_gemm(ty)`: the 32-element formats' kernels of
-/// module `$t32` (Q5_0 and Q5_1 as the layouts `$q5_0`, `$q5_1`; Q4_0 in the block-sum order,
-/// `$blocks::$bfn`) and Q4_K's `$q4k`, with the row-major tiles of tier `$tier` for the rows
-/// after the last group; and as `$mod::block_gemm(ty)` the 32-element formats' kernels in the
-/// block-sum order (`quant::repacking_for_logits`).
+/// module `$t32` (Q5_0 and Q5_1 as the layouts `$q5_0`, `$q5_1`; Q4_0 in the block-sum order)
+/// and Q4_K's `$q4k`, with the row-major tiles of tier `$tier` for the rows after the last
+/// group; and the [`block_gemms!`] of `$blocks::$bfn` as `$mod::block_gemm(ty)`.
 macro_rules! group_gemms {
     ($mod:ident, $tier:ident, $has:expr, $t32:ident, $blocks:ident::$bfn:ident, $q5_0:ty, $q5_1:ty, $q4k:expr) => {
         pub(super) mod $mod {
             use super::*;
-            t32_gemm!(q4_0, Q4_0, $tier, $has, $blocks::$bfn::<t32_x16::Q4_0>);
+            block_gemms!($tier, $has, $blocks::$bfn, $q5_0, $q5_1);
             t32_gemm!(q4_1, Q4_1, $tier, $has, $t32::gemm_tf::<t32_x16::Q4_1>);
             t32_gemm!(q5_0, Q5_0, $tier, $has, $t32::gemm_tf::<$q5_0>);
             t32_gemm!(q5_1, Q5_1, $tier, $has, $t32::gemm_tf::<$q5_1>);
@@ -396,44 +439,15 @@ macro_rules! group_gemms {
                 usize::MAX
             );
 
-            t32_gemm!(
-                blocks_q4_1,
-                Q4_1,
-                $tier,
-                $has,
-                $blocks::$bfn::<t32_x16::Q4_1>
-            );
-            t32_gemm!(blocks_q5_0, Q5_0, $tier, $has, $blocks::$bfn::<$q5_0>);
-            t32_gemm!(blocks_q5_1, Q5_1, $tier, $has, $blocks::$bfn::<$q5_1>);
-            t32_gemm!(
-                blocks_q8_0,
-                Q8_0,
-                $tier,
-                $has,
-                $blocks::$bfn::<t32_x16::Q8_0>
-            );
-
             /// The group gemm of `ty`, if this tier repacks it.
             pub(in super::super) fn group_gemm(ty: GgmlType) -> Option<crate::quant::GemmFn> {
                 Some(match ty {
-                    GgmlType::Q4_0 => q4_0,
+                    GgmlType::Q4_0 => blocks_q4_0,
                     GgmlType::Q4_1 => q4_1,
                     GgmlType::Q5_0 => q5_0,
                     GgmlType::Q5_1 => q5_1,
                     GgmlType::Q8_0 => q8_0,
                     GgmlType::Q4K => q4k,
-                    _ => return None,
-                })
-            }
-
-            /// The group gemm of the 32-element format `ty` in the block-sum order.
-            pub(in super::super) fn block_gemm(ty: GgmlType) -> Option<crate::quant::GemmFn> {
-                Some(match ty {
-                    GgmlType::Q4_0 => q4_0,
-                    GgmlType::Q4_1 => blocks_q4_1,
-                    GgmlType::Q5_0 => blocks_q5_0,
-                    GgmlType::Q5_1 => blocks_q5_1,
-                    GgmlType::Q8_0 => blocks_q8_0,
                     _ => return None,
                 })
             }
@@ -451,16 +465,18 @@ group_gemms!(
     t32_x16::Q5_1,
     q4k_x16::gemm_tf
 );
-group_gemms!(
-    groups_amx,
-    tier_vnni,
-    has_amx,
-    amx,
-    amx::gemm_tf,
-    t32_x16::Q5_0,
-    t32_x16::Q5_1,
-    q4k_x16::gemm_tf
-);
+/// The AMX tier's int8 tiles, which sum whole blocks: its layers otherwise take
+/// [`groups_vnni`]'s kernels (`quant::repacking`).
+pub(super) mod groups_amx {
+    use super::*;
+    block_gemms!(
+        tier_vnni,
+        has_amx,
+        amx::gemm_tf,
+        t32_x16::Q5_0,
+        t32_x16::Q5_1
+    );
+}
 group_gemm!(
     /// [`gemm_groups`] for Q6_K (AVX-512 VNNI only: read 8 rows at a time it was slower than
     /// the row-major kernel).
