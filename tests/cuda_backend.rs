@@ -209,9 +209,11 @@ fn f32_decode_attention_after_a_tiled_prompt_agrees_with_the_cpu() {
 
 /// Fused ops change no bits: a norm with the 8-bit quantizer of the products after it, q, k
 /// and v in one launch, the gated FFN in one, the residual add in the output projections'
-/// epilogue. Prompt and decode with fusion on equal those with every op alone, on models whose
-/// products quantize to Q8_0, Q8_1 and Q8_K, and on GPT-2 (layer norms, biases: not fused).
-/// Prints the kernels per decode step (its graph's launches).
+/// epilogue, the q/k head norms (and Gemma-3's query scale) in the RoPE's launch, a post-norm
+/// in the residual add's. Prompt and decode with fusion on equal those with every op alone, on
+/// models whose products quantize to Q8_0, Q8_1 and Q8_K, on GPT-2 (layer norms, biases: not
+/// fused) and on Gemma-3 (head norms, query scale, post-norms). Prints the kernels per decode
+/// step (its graph's launches).
 #[test]
 fn fused_ops_change_no_bits() {
     let Some(_gpu) = gpu("fused_ops_change_no_bits") else {
@@ -224,13 +226,19 @@ fn fused_ops_change_no_bits() {
         "random-qwen3-q4_k_m",
         "random-qwen2-q4_0",
         "random-gpt2-q8_0",
+        "gemma3",
     ] {
-        let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        // (The real Gemma-3, shorter: its vocabulary makes every step long on the software GPU.)
+        let (m, prompt, steps) = match stem {
+            "gemma3" => (common::real_model("gemma3"), &prompt[..12], 2),
+            _ => (common::random_model(stem), &prompt[..], 6),
+        };
+        let m = Arc::new(Model::load(m).unwrap());
         let mut runs = Vec::new();
         for fuse in [true, false] {
             let mut s = session(&m, Device::Cuda, 256);
             s.set_cuda_fusion(fuse);
-            let r = run(&mut s, &prompt, 6);
+            let r = run(&mut s, prompt, steps);
             runs.push((r, s.cuda().unwrap().graph_launches(1).unwrap()));
         }
         let layers = m.config.n_layers;

@@ -128,6 +128,9 @@ static inline int atomicAdd(int* p, int v) {
 }
 template <class T>
 static inline T __ldcg(const T* p) { return *p; }
+// Rounded one by one (this file is built without FMA instructions, so nothing is contracted).
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
 
 // A warp shuffle: each thread writes its value, yields once (a round of the scheduler runs
 // every thread of the block to its next barrier, so all have written), then reads. The

@@ -18,12 +18,13 @@ mod deferred;
 mod layout;
 mod offload;
 mod products;
+mod rope;
 use super::weights::{DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
-use crate::cache::{KvLayout, KvType};
+use crate::cache::KvLayout;
 use crate::kernels::attention::TILE_Q;
-use crate::model::config::{Activation, RopeKind};
+use crate::model::config::Activation;
 use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
 use layout::GemmLayout;
@@ -115,6 +116,12 @@ pub struct CudaSession {
     /// The layer whose q, k and v products applied its RoPE in their epilogue (its `rope`
     /// then launches nothing).
     roped: Option<usize>,
+    /// A layer's q and k head norms, held back for its RoPE launch (step/rope.rs).
+    head_norms: Option<rope::HeadNorms>,
+    /// A post-norm held back for the residual add after it (step/deferred.rs).
+    post_norm: Option<deferred::PostNorm>,
+    /// The RoPE's launch applied the query scale (the next `scale` of q launches nothing).
+    q_scaled: bool,
     /// A norm its products apply themselves (step/deferred.rs), and the buffer such a norm
     /// left unwritten.
     deferred: Option<deferred::DeferredNorm>,
@@ -191,6 +198,9 @@ impl CudaSession {
             xq_holds: None,
             kv_stored: None,
             roped: None,
+            head_norms: None,
+            post_norm: None,
+            q_scaled: false,
             deferred: None,
             skipped: None,
             mirror: switch("KILN_CUDA_MIRROR"),
@@ -538,6 +548,9 @@ impl Backend for CudaStep<'_> {
         s.xq_holds = None;
         s.kv_stored = None;
         s.roped = None;
+        s.head_norms = None;
+        s.post_norm = None;
+        s.q_scaled = false;
         s.deferred = None;
         s.skipped = None;
         let n = tokens.len();
@@ -619,6 +632,11 @@ impl Backend for CudaStep<'_> {
         let off = (rows.start * width * 4) as u64;
         let groups = rows.len() * width / n.len.max(1);
         let (x, y) = (sp + off, dp + off);
+        if s.defer_head_norm(self.m, w, x, y, &rows, groups)
+            || s.defer_post_norm(w, n, x, y, &rows, groups)
+        {
+            return; // (applied by the RoPE's launch, or by the add after it)
+        }
         let mats = readers(self.m, w);
         if rows.start == 0 && w != NormW::Output && s.defer_norm(mats, n, x, y, rows.end) {
             return;
@@ -799,56 +817,14 @@ impl Backend for CudaStep<'_> {
     }
 
     fn rope(&mut self, layer: usize, _seqs: &[SeqBatch<'_, CudaKv>], rows: usize) {
-        let c = &self.m.config;
-        let Some(rope) = self.m.weights.layers[layer].rope.as_ref() else {
-            return;
-        };
-        let s = &mut *self.s;
-        s.xq_holds = None;
-        if s.roped.take() == Some(layer) {
-            return; // (done in the products' epilogue)
-        }
-        let ff = s.w.rope_factors(layer);
-        let neox = matches!(rope.kind, RopeKind::Neox) as i32;
-        // The keys and values go to an f16 cache in the same launch (the attention then
-        // skips its store).
-        let store = s.fuse && s.layout.kv_type == KvType::F16;
-        let at = s.layout.kv[layer];
-        let (kc, vc) = match store {
-            true => s.kv_at(layer),
-            false => (0, 0),
-        };
-        let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
-        let args = [
-            Arg::P(s.buf(Buf::Q)),
-            Arg::P(s.buf(Buf::K)),
-            Arg::P(s.buf(Buf::V)),
-            Arg::P(s.at(s.layout.pos)),
-            Arg::L(rows as i64),
-            Arg::I(c.n_heads as i32),
-            Arg::I(c.n_kv_heads as i32),
-            Arg::I(c.head_dim_k as i32),
-            Arg::I(rope.n_dims as i32),
-            Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
-            Arg::F(rope.freq_scale),
-            Arg::P(ff),
-            Arg::I(neox),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::P(s.at(s.layout.seq)),
-            Arg::L(sk),
-            Arg::L(sv),
-            Arg::I(c.head_dim_v as i32),
-            Arg::I(at.rows as i32),
-        ];
-        let n_rot = rows * (c.n_heads + c.n_kv_heads) * rope.n_dims / 2;
-        let n_store = rows * c.n_kv_heads * (c.head_dim_k - rope.n_dims + c.head_dim_v);
-        s.elementwise("rope_qk", &args, n_rot + if store { n_store } else { 0 });
-        s.kv_stored = store.then_some(layer);
+        self.s.rope_qk(self.m, layer, rows);
     }
 
     fn scale(&mut self, buf: Buf, k: f32, rows: usize) {
         let s = &mut *self.s;
+        if buf == Buf::Q && std::mem::take(&mut s.q_scaled) {
+            return; // (done in the RoPE's launch)
+        }
         s.reading(s.buf(buf));
         s.writes(buf);
         s.xq_holds = None;
@@ -859,12 +835,15 @@ impl Backend for CudaStep<'_> {
 
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
         let s = &mut *self.s;
-        s.reading(s.buf(dst));
-        s.reading(s.buf(src));
+        let (d, x) = (s.buf(dst), s.buf(src));
+        s.reading(d);
         s.writes(dst);
         s.xq_holds = None;
+        if s.post_norm_add(d, x, rows) {
+            return;
+        }
+        s.reading(x);
         let n = rows * s.w(dst);
-        let (d, x) = (s.buf(dst), s.buf(src));
         s.elementwise("add_f32", &[Arg::P(d), Arg::P(x), Arg::L(n as i64)], n);
     }
 

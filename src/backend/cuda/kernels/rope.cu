@@ -69,3 +69,67 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
         }
     }
 }
+
+// `rope_qk` with the heads' RMS norms before it (`wq`, `wk`: the q and k norm weights, null
+// for none) and the query scale `q_scale` after it (Gemma-3's 1/sqrt(head_dim); 1 for none),
+// in one launch where the forward pass has three or four (rms_norm_f32 over the q heads, over
+// the k heads, rope_qk, scale_f32): one block per (row, head), q heads then k heads, of 256
+// threads, rms_norm_f32's block, so each head's sum of squares is the same sum. Every step is
+// its separate kernel's arithmetic in its order: the same bits.
+extern "C" __global__ void norm_rope_qk(float* q, float* k, const float* v, const int* pos,
+                                        long rows, int n_heads, int n_kv_heads, int head_dim,
+                                        int n_dims, float theta_scale, float freq_scale,
+                                        const float* freq_factors, int neox, u8* kc, u8* vc,
+                                        const int* seq, long seq_stride_k, long seq_stride_v,
+                                        int hd_v, int ctx, const float* wq, const float* wk,
+                                        float eps_q, float eps_k, float q_scale) {
+    pdl_begin();
+    int half_dims = n_dims / 2, heads = n_heads + n_kv_heads;
+    long r = blockIdx.x / heads;
+    int hh = (int)(blockIdx.x % heads), kh = hh - n_heads;
+    bool is_k = hh >= n_heads;
+    float* h = is_k ? k + (r * n_kv_heads + kh) * head_dim : q + (r * n_heads + hh) * head_dim;
+    const float* w = is_k ? wk : wq;
+    if (w) {  // (the same for the whole block)
+        float scale = rms_scale(h, head_dim, is_k ? eps_k : eps_q);
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) h[i] = h[i] * scale * w[i];
+        __syncthreads();  // a pair's two elements may be other threads'
+    }
+    u16* kr = 0;
+    long at = 0;
+    if (is_k && kc) {
+        kr = (u16*)(kc + seq[r] * seq_stride_k);
+        at = ((long)kh * ctx + pos[r] % ctx) * head_dim;
+    }
+    for (int i = threadIdx.x; i < half_dims; i += blockDim.x) {
+        float theta = (float)pos[r];
+        for (int j = 0; j < i; ++j) theta *= theta_scale;
+        float ff = freq_factors ? freq_factors[i] : 1.0f;
+        float a_ = freq_scale * theta / ff;
+        float c = cosf(a_), s = sinf(a_);
+        int a = neox ? i : 2 * i;
+        int b = neox ? i + half_dims : 2 * i + 1;
+        float x0 = h[a], x1 = h[b];
+        float y0 = fmaf(x0, c, -(x1 * s)), y1 = fmaf(x0, s, x1 * c);
+        if (!is_k) {
+            y0 *= q_scale;
+            y1 *= q_scale;
+        }
+        h[a] = y0;
+        h[b] = y1;
+        if (kr) {
+            kr[at + a] = f2h(y0);
+            kr[at + b] = f2h(y1);
+        }
+    }
+    for (int d = n_dims + threadIdx.x; d < head_dim; d += blockDim.x) {  // past the rotation
+        if (!is_k) h[d] *= q_scale;
+        else if (kr) kr[at + d] = f2h(h[d]);
+    }
+    if (is_k && kc) {  // the head's values to the cache
+        u16* vr = (u16*)(vc + seq[r] * seq_stride_v);
+        const float* vs = v + (r * n_kv_heads + kh) * hd_v;
+        for (int d = threadIdx.x; d < hd_v; d += blockDim.x)
+            vr[((long)kh * ctx + pos[r] % ctx) * hd_v + d] = f2h(vs[d]);
+    }
+}

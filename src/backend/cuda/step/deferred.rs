@@ -10,9 +10,13 @@
 //! ([`CudaSession::settle`]), and a read after the products, once the norm's input may have
 //! changed, is an error instead of stale numbers.
 
+use std::ops::Range;
+
 use super::{CudaSession, Mat};
+use crate::backend::cuda::gpu::Arg;
 use crate::backend::cuda::weights::DevNorm;
 use crate::backend::cuda::CudaError;
+use crate::backend::NormW;
 use crate::model::NormKind;
 
 /// An RMS norm of rows `x` into `y` that the products reading `y` do themselves.
@@ -88,6 +92,7 @@ impl CudaSession {
         if self.deferred.is_some_and(|d| d.y == p) {
             self.settle();
         }
+        self.settle_held(p);
         if self.skipped == Some(p) {
             self.err.get_or_insert(CudaError::Driver(
                 "internal: a norm's output was read after its products normalized for \
@@ -103,8 +108,75 @@ impl CudaSession {
         if self.deferred.is_some_and(|d| d.x == p || d.y == p) {
             self.settle();
         }
+        self.settle_held(p);
         if self.skipped == Some(p) {
             self.skipped = None;
         }
+    }
+}
+
+/// A post-norm held back for the residual add after it (Gemma-3 normalizes a block's output,
+/// in place, before adding it to the residual stream): `add` then launches both as one
+/// (`rms_norm_add_f32`, the same bits as the norm and the add).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PostNorm {
+    n: DevNorm,
+    y: u64,
+    rows: usize,
+}
+
+impl CudaSession {
+    /// Hold back the post-norm `w` of `rows` whole rows of `y`, in place, for the add that
+    /// reads it; true if held (nothing launched).
+    pub(super) fn defer_post_norm(
+        &mut self,
+        w: NormW,
+        n: DevNorm,
+        x: u64,
+        y: u64,
+        rows: &Range<usize>,
+        groups: usize,
+    ) -> bool {
+        let ok = self.fuse
+            && matches!(w, NormW::AttnPost(_) | NormW::FfnPost(_))
+            && n.kind == NormKind::Rms
+            && x == y
+            && rows.start == 0
+            && groups == rows.end;
+        if ok {
+            self.settle_held(y);
+            self.post_norm = Some(PostNorm {
+                n,
+                y,
+                rows: rows.end,
+            });
+        }
+        ok
+    }
+
+    /// `dst += src` over `rows` rows when `src` is the held post-norm's output: the norm and
+    /// the add in one launch; true if so.
+    pub(super) fn post_norm_add(&mut self, dst: u64, src: u64, rows: usize) -> bool {
+        let Some(p) = self.post_norm.take_if(|p| p.y == src && p.rows == rows) else {
+            return false;
+        };
+        let args = [
+            Arg::P(dst),
+            Arg::P(src),
+            Arg::P(p.n.w),
+            Arg::I(p.n.len as i32),
+            Arg::F(p.n.eps),
+        ];
+        self.go("rms_norm_add_f32", rows as u32, 256, &args);
+        true
+    }
+
+    /// An op other than the add reads or writes buffer `p`: launch the norms held back for
+    /// ops that touch it after all (a post-norm, the head norms).
+    fn settle_held(&mut self, p: u64) {
+        if let Some(h) = self.post_norm.take_if(|h| h.y == p) {
+            self.norm_groups(h.n, h.y, 0, h.y, h.rows);
+        }
+        self.settle_head_norms(p);
     }
 }

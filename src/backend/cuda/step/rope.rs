@@ -1,0 +1,151 @@
+//! A layer's rotary position embedding over q and k (`rope_qk`), which also stores the keys and
+//! values into an f16 cache; where the layer normalizes its q and k heads first (Gemma-3,
+//! Qwen3), those norms and the query scale after it (Gemma-3) go into the same launch
+//! (`norm_rope_qk`): one kernel where the forward pass asks for three or four.
+
+use std::ops::Range;
+
+use super::CudaSession;
+use crate::backend::cuda::gpu::Arg;
+use crate::backend::cuda::weights::DevNorm;
+use crate::backend::NormW;
+use crate::cache::KvType;
+use crate::model::config::RopeKind;
+use crate::model::{Model, NormKind};
+
+/// The q and k head norms of one layer, held back for its RoPE launch: each norm's weights,
+/// buffer (normalized in place) and head count.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HeadNorms {
+    layer: usize,
+    q: Option<(DevNorm, u64, usize)>,
+    k: Option<(DevNorm, u64, usize)>,
+}
+
+impl CudaSession {
+    /// Hold back the head norm `w` (in place over every row of the buffer `x`) for the layer's
+    /// RoPE launch, where it can go there: fusion on, an RMS norm, a layer with a RoPE (which
+    /// the forward pass runs right after its head norms). Returns whether it was held.
+    pub(super) fn defer_head_norm(
+        &mut self,
+        m: &Model,
+        w: NormW,
+        x: u64,
+        y: u64,
+        rows: &Range<usize>,
+        groups: usize,
+    ) -> bool {
+        let (NormW::QHead(layer) | NormW::KHead(layer)) = w else {
+            return false;
+        };
+        let n = self.w.norm(w);
+        let ok = self.fuse
+            && x == y
+            && rows.start == 0
+            && n.kind == NormKind::Rms
+            && m.weights.layers[layer].rope.is_some();
+        if !ok {
+            return false;
+        }
+        let h = self.head_norms.get_or_insert(HeadNorms {
+            layer,
+            q: None,
+            k: None,
+        });
+        if h.layer != layer {
+            *h = HeadNorms {
+                layer,
+                q: None,
+                k: None,
+            };
+        }
+        match w {
+            NormW::QHead(_) => h.q = Some((n, x, groups)),
+            _ => h.k = Some((n, x, groups)),
+        }
+        true
+    }
+
+    /// An op other than the RoPE reads or writes buffer `p`: launch the head norms held back
+    /// for it after all, as the forward pass asked for them.
+    pub(super) fn settle_head_norms(&mut self, p: u64) {
+        let held = |n: Option<(DevNorm, u64, usize)>| n.is_some_and(|(_, x, _)| x == p);
+        if let Some(h) = self.head_norms.take_if(|h| held(h.q) || held(h.k)) {
+            for (n, x, groups) in [h.q, h.k].into_iter().flatten() {
+                self.norm_groups(n, x, 0, x, groups);
+            }
+        }
+    }
+
+    /// Layer `layer`'s RoPE over the step's `rows` rows of q and k: `rope_qk`, or
+    /// `norm_rope_qk` with the head norms held back for it (and then the query scale, which
+    /// the layer's `scale` then skips: `q_scaled`). With an f16 cache the keys and values go
+    /// there in the same launch (the attention then skips its store).
+    pub(super) fn rope_qk(&mut self, m: &Model, layer: usize, rows: usize) {
+        let c = &m.config;
+        let norms = self.head_norms.take().filter(|h| h.layer == layer);
+        let Some(rope) = m.weights.layers[layer].rope.as_ref() else {
+            return;
+        };
+        self.xq_holds = None;
+        if self.roped.take() == Some(layer) {
+            return; // (done in the products' epilogue)
+        }
+        let ff = self.w.rope_factors(layer);
+        let neox = matches!(rope.kind, RopeKind::Neox) as i32;
+        let store = self.fuse && self.layout.kv_type == KvType::F16;
+        let at = self.layout.kv[layer];
+        let (kc, vc) = match store {
+            true => self.kv_at(layer),
+            false => (0, 0),
+        };
+        let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
+        let mut args = [
+            Arg::P(self.buf(crate::backend::Buf::Q)),
+            Arg::P(self.buf(crate::backend::Buf::K)),
+            Arg::P(self.buf(crate::backend::Buf::V)),
+            Arg::P(self.at(self.layout.pos)),
+            Arg::L(rows as i64),
+            Arg::I(c.n_heads as i32),
+            Arg::I(c.n_kv_heads as i32),
+            Arg::I(c.head_dim_k as i32),
+            Arg::I(rope.n_dims as i32),
+            Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
+            Arg::F(rope.freq_scale),
+            Arg::P(ff),
+            Arg::I(neox),
+            Arg::P(kc),
+            Arg::P(vc),
+            Arg::P(self.at(self.layout.seq)),
+            Arg::L(sk),
+            Arg::L(sv),
+            Arg::I(c.head_dim_v as i32),
+            Arg::I(at.rows as i32),
+            // `norm_rope_qk`'s: the head norms' weights and epsilons, the query scale.
+            Arg::P(0),
+            Arg::P(0),
+            Arg::F(0.0),
+            Arg::F(0.0),
+            Arg::F(1.0),
+        ];
+        self.kv_stored = store.then_some(layer);
+        if let Some(h) = norms {
+            let (q, k) = (h.q.map(|n| n.0), h.k.map(|n| n.0));
+            args[20] = Arg::P(q.map_or(0, |n| n.w));
+            args[21] = Arg::P(k.map_or(0, |n| n.w));
+            args[22] = Arg::F(q.map_or(0.0, |n| n.eps));
+            args[23] = Arg::F(k.map_or(0.0, |n| n.eps));
+            if let Some(qs) = c.q_scale {
+                args[24] = Arg::F(qs);
+                self.q_scaled = true;
+            }
+            let blocks = rows * (c.n_heads + c.n_kv_heads);
+            self.go("norm_rope_qk", blocks as u32, 256, &args);
+            return;
+        }
+        let n_rot = rows * (c.n_heads + c.n_kv_heads) * rope.n_dims / 2;
+        let n_store = rows * c.n_kv_heads * (c.head_dim_k - rope.n_dims + c.head_dim_v);
+        let n = n_rot + if store { n_store } else { 0 };
+        self.elementwise("rope_qk", &args[..20], n);
+    }
+}
