@@ -12,6 +12,22 @@
 // that follows, done here.
 //
 // One thread per (row, head, pair), then per key element past `n_dims`, then per value.
+
+// Rotates the pair (h[a], h[b]), pair `i` of a head at position `pos`, in place: θ_i as the
+// running product, then the fused rotation.
+__device__ __forceinline__ void rotate_pair(float* h, int a, int b, int i, int pos,
+                                            float theta_scale, float freq_scale,
+                                            const float* freq_factors) {
+    float theta = (float)pos;
+    for (int j = 0; j < i; ++j) theta *= theta_scale;
+    float ff = freq_factors ? freq_factors[i] : 1.0f;
+    float a_ = freq_scale * theta / ff;
+    float c = cosf(a_), s = sinf(a_);
+    float x0 = h[a], x1 = h[b];
+    h[a] = fmaf(x0, c, -(x1 * s));
+    h[b] = fmaf(x0, s, x1 * c);
+}
+
 extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int* pos,
                                    long rows, int n_heads, int n_kv_heads, int head_dim,
                                    int n_dims, float theta_scale, float freq_scale,
@@ -50,22 +66,14 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
         bool is_k = hh >= n_heads;
         float* h = is_k ? k + (r * n_kv_heads + hh - n_heads) * head_dim
                         : q + (r * n_heads + hh) * head_dim;
-        float theta = (float)pos[r];
-        for (int j = 0; j < i; ++j) theta *= theta_scale;
-        float ff = freq_factors ? freq_factors[i] : 1.0f;
-        float a_ = freq_scale * theta / ff;
-        float c = cosf(a_), s = sinf(a_);
         int a = neox ? i : 2 * i;
         int b = neox ? i + half_dims : 2 * i + 1;
-        float x0 = h[a], x1 = h[b];
-        float y0 = fmaf(x0, c, -(x1 * s)), y1 = fmaf(x0, s, x1 * c);
-        h[a] = y0;
-        h[b] = y1;
+        rotate_pair(h, a, b, i, pos[r], theta_scale, freq_scale, freq_factors);
         if (is_k && kc) {
             u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
             long at = ((long)(hh - n_heads) * ctx + pos[r] % ctx) * head_dim;
-            kr[at + a] = f2h(y0);
-            kr[at + b] = f2h(y1);
+            kr[at + a] = f2h(h[a]);
+            kr[at + b] = f2h(h[b]);
         }
     }
 }
@@ -102,24 +110,16 @@ extern "C" __global__ void norm_rope_qk(float* q, float* k, const float* v, cons
         at = ((long)kh * ctx + pos[r] % ctx) * head_dim;
     }
     for (int i = threadIdx.x; i < half_dims; i += blockDim.x) {
-        float theta = (float)pos[r];
-        for (int j = 0; j < i; ++j) theta *= theta_scale;
-        float ff = freq_factors ? freq_factors[i] : 1.0f;
-        float a_ = freq_scale * theta / ff;
-        float c = cosf(a_), s = sinf(a_);
         int a = neox ? i : 2 * i;
         int b = neox ? i + half_dims : 2 * i + 1;
-        float x0 = h[a], x1 = h[b];
-        float y0 = fmaf(x0, c, -(x1 * s)), y1 = fmaf(x0, s, x1 * c);
+        rotate_pair(h, a, b, i, pos[r], theta_scale, freq_scale, freq_factors);
         if (!is_k) {
-            y0 *= q_scale;
-            y1 *= q_scale;
+            h[a] *= q_scale;
+            h[b] *= q_scale;
         }
-        h[a] = y0;
-        h[b] = y1;
         if (kr) {
-            kr[at + a] = f2h(y0);
-            kr[at + b] = f2h(y1);
+            kr[at + a] = f2h(h[a]);
+            kr[at + b] = f2h(h[b]);
         }
     }
     for (int d = n_dims + threadIdx.x; d < head_dim; d += blockDim.x) {  // past the rotation
