@@ -632,7 +632,7 @@ impl Backend for CudaStep<'_> {
         let off = (rows.start * width * 4) as u64;
         let groups = rows.len() * width / n.len.max(1);
         let (x, y) = (sp + off, dp + off);
-        if s.defer_head_norm(self.m, w, x, y, &rows, groups)
+        if s.defer_head_norm(self.m, w, n, x, y, &rows, groups)
             || s.defer_post_norm(w, n, x, y, &rows, groups)
         {
             return; // (applied by the RoPE's launch, or by the add after it)

@@ -144,7 +144,10 @@ impl CudaSession {
             && rows.start == 0
             && groups == rows.end;
         if ok {
-            self.settle_held(y);
+            // (One held at a time: an earlier one, never consumed, runs as asked.)
+            if let Some(h) = self.post_norm.take() {
+                self.launch_post_norm(h);
+            }
             self.post_norm = Some(PostNorm {
                 n,
                 y,
@@ -175,8 +178,13 @@ impl CudaSession {
     /// ops that touch it after all (a post-norm, the head norms).
     fn settle_held(&mut self, p: u64) {
         if let Some(h) = self.post_norm.take_if(|h| h.y == p) {
-            self.norm_groups(h.n, h.y, 0, h.y, h.rows);
+            self.launch_post_norm(h);
         }
         self.settle_head_norms(p);
+    }
+
+    /// The held post-norm `h` in a launch of its own (`rms_norm_f32`, in place).
+    fn launch_post_norm(&mut self, h: PostNorm) {
+        self.norm_groups(h.n, h.y, 0, h.y, h.rows);
     }
 }

@@ -8,7 +8,7 @@ use std::ops::Range;
 use super::CudaSession;
 use crate::backend::cuda::gpu::Arg;
 use crate::backend::cuda::weights::DevNorm;
-use crate::backend::NormW;
+use crate::backend::{Buf, NormW};
 use crate::cache::KvType;
 use crate::model::config::RopeKind;
 use crate::model::{Model, NormKind};
@@ -26,10 +26,12 @@ impl CudaSession {
     /// Hold back the head norm `w` (in place over every row of the buffer `x`) for the layer's
     /// RoPE launch, where it can go there: fusion on, an RMS norm, a layer with a RoPE (which
     /// the forward pass runs right after its head norms). Returns whether it was held.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn defer_head_norm(
         &mut self,
         m: &Model,
         w: NormW,
+        n: DevNorm,
         x: u64,
         y: u64,
         rows: &Range<usize>,
@@ -38,7 +40,6 @@ impl CudaSession {
         let (NormW::QHead(layer) | NormW::KHead(layer)) = w else {
             return false;
         };
-        let n = self.w.norm(w);
         let ok = self.fuse
             && x == y
             && rows.start == 0
@@ -47,18 +48,15 @@ impl CudaSession {
         if !ok {
             return false;
         }
+        // (Another layer's, never consumed: launched as asked, not dropped.)
+        if let Some(h) = self.head_norms.take_if(|h| h.layer != layer) {
+            self.launch_head_norms(h);
+        }
         let h = self.head_norms.get_or_insert(HeadNorms {
             layer,
             q: None,
             k: None,
         });
-        if h.layer != layer {
-            *h = HeadNorms {
-                layer,
-                q: None,
-                k: None,
-            };
-        }
         match w {
             NormW::QHead(_) => h.q = Some((n, x, groups)),
             _ => h.k = Some((n, x, groups)),
@@ -71,9 +69,14 @@ impl CudaSession {
     pub(super) fn settle_head_norms(&mut self, p: u64) {
         let held = |n: Option<(DevNorm, u64, usize)>| n.is_some_and(|(_, x, _)| x == p);
         if let Some(h) = self.head_norms.take_if(|h| held(h.q) || held(h.k)) {
-            for (n, x, groups) in [h.q, h.k].into_iter().flatten() {
-                self.norm_groups(n, x, 0, x, groups);
-            }
+            self.launch_head_norms(h);
+        }
+    }
+
+    /// The held head norms `h`, each in a launch of its own (`rms_norm_f32` over its heads).
+    fn launch_head_norms(&mut self, h: HeadNorms) {
+        for (n, x, groups) in [h.q, h.k].into_iter().flatten() {
+            self.norm_groups(n, x, 0, x, groups);
         }
     }
 
@@ -83,7 +86,17 @@ impl CudaSession {
     /// there in the same launch (the attention then skips its store).
     pub(super) fn rope_qk(&mut self, m: &Model, layer: usize, rows: usize) {
         let c = &m.config;
-        let norms = self.head_norms.take().filter(|h| h.layer == layer);
+        // Held norms this launch cannot take (another layer's; a RoPE already done in the
+        // products' epilogue, which never follows head norms) run as asked, before it.
+        let norms = match self.head_norms.take() {
+            Some(h) if h.layer == layer && self.roped != Some(layer) => Some(h),
+            other => {
+                if let Some(h) = other {
+                    self.launch_head_norms(h);
+                }
+                None
+            }
+        };
         let Some(rope) = m.weights.layers[layer].rope.as_ref() else {
             return;
         };
@@ -101,9 +114,9 @@ impl CudaSession {
         };
         let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
         let mut args = [
-            Arg::P(self.buf(crate::backend::Buf::Q)),
-            Arg::P(self.buf(crate::backend::Buf::K)),
-            Arg::P(self.buf(crate::backend::Buf::V)),
+            Arg::P(self.buf(Buf::Q)),
+            Arg::P(self.buf(Buf::K)),
+            Arg::P(self.buf(Buf::V)),
             Arg::P(self.at(self.layout.pos)),
             Arg::L(rows as i64),
             Arg::I(c.n_heads as i32),
