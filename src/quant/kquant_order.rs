@@ -1,9 +1,12 @@
-//! The reference engine's float arithmetic for Q4_K and Q6_K dot products (and, in
-//! [`t32_dot_lanes`], for the 32-element formats), written out in plain scalar code: the definition the
-//! SIMD kernels are tested against bit for bit.
+//! The float arithmetic of the quantized dot products, written out in plain scalar code: the
+//! definition the SIMD kernels (x86 and NEON) and the scalar tier are tested against bit for
+//! bit. It is the reference engine's x86 arithmetic, so kiln computes the same on every machine
+//! what the reference's golden outputs were computed with, but for the orders listed below as
+//! not reproduced and the x86 tiers' whole-block sums ([`t32_dot_blocks`]) over repacked Q4_0
+//! and output matrices (`quant::sums_whole_blocks`).
 //!
-//! The integer part of every k-quant dot is exact whatever the order; what differs between
-//! the reference engine's kernels is *where* the exact integer sums are turned into floats and
+//! The integer part of every dot is exact whatever the order; what differs between the
+//! reference engine's kernels is *where* the exact integer sums are turned into floats and
 //! how those floats are accumulated. On x86 the reference (ggml-cpu 0.25.3 as vendored by
 //! llama-cpp-python 0.3.36, which produced the golden outputs, built with AVX-512 + VNNI) runs:
 //!
@@ -18,41 +21,30 @@
 //!   activation rows (one exact integer per super-block, scaled by the weight's `d`, then
 //!   fused-multiply-added with the activation's `d`: [`q6k_dot_tiled`]); smaller batches use
 //!   `ggml_vec_dot_q6_K_q8_K`, whose AVX2 code keeps 8 lanes of 4-element integer sums and one
-//!   fused multiply-add per lane per super-block, reduced at the end: [`q6k_dot_lanes`].
+//!   fused multiply-add per lane per super-block, reduced at the end: [`k_dot_lanes`].
+//! - **The 32-element formats** through their 8-lane `vec_dot` ([`t32_dot_lanes`]).
 //!
 //! [`gemm_dot`] picks the right one for row `j` of a batch of `nx` activation rows.
 //!
 //! Not reproduced: Q4_K matrices whose row count is not a multiple of 8 (the reference does
 //! not repack those and uses `ggml_vec_dot_q4_K_q8_K`; kiln uses the repacked order for every
-//! Q4_K matrix), the other k-quants (Q2_K is repacked on AVX-512, Q3_K/Q5_K go through the
-//! tiled kernel), and Q4_0 (repacked `q4_0_8x8`). Those stay within float-accumulation noise.
+//! Q4_K matrix), Q2_K, Q3_K and Q5_K (the reference repacks Q2_K on AVX-512 and takes Q3_K and
+//! Q5_K through its tiled kernel; kiln keeps its AVX2 `vec_dot`'s 8 lanes, [`k_dot_lanes`]),
+//! and Q4_0 (repacked `q4_0_8x8`; kiln sums whole blocks, [`t32_dot_blocks`], as the
+//! reference's AVX2 build does). Those stay within float-accumulation noise.
 //! The activation quantizer is the same for all of them (`quantize_row_q8_K`; the repacked
 //! path's 4-row `ggml_quantize_mat_q8_K_4x8` picks the sign of the scale differently when
 //! `+amax` and `-amax` both occur, which negates both the quants and the scale: same dot).
 
-use super::blocks::{scale_min_k4, BlockQ4K, BlockQ6K, BlockQ8K, QK_K};
+use super::blocks::{
+    cast, q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
+    RawBlock, QK_K,
+};
+use super::reference::{q2k_q, q3k_u, q4k_q, q5k_q, q6k_u};
 use super::GgmlType;
 
 /// Rows per batch from which the reference multiplies Q6_K through its tiled kernel.
 pub const Q6K_TILED_MIN_ROWS: usize = 8;
-
-/// Q4_K element i: nibble of `qs[32*(i/64) + i%32]`, low for the first 32 of each 64.
-#[inline]
-fn q4k_q(b: &BlockQ4K, i: usize) -> i32 {
-    let byte = b.qs[32 * (i / 64) + i % 32];
-    (if (i % 64) < 32 { byte & 0xF } else { byte >> 4 }) as i32
-}
-
-/// Q6_K element i as an unsigned 0..64 value (signed value + 32).
-#[inline]
-fn q6k_u(b: &BlockQ6K, i: usize) -> i32 {
-    let (half, r) = (i / 128, i % 128);
-    let (c, l) = (r / 32, r % 32);
-    let ql = b.ql[64 * half + 32 * (c % 2) + l];
-    let low = if c < 2 { ql & 0xF } else { ql >> 4 };
-    let high = (b.qh[32 * half + l] >> (2 * c)) & 3;
-    (low | (high << 4)) as i32
-}
 
 /// Sum of the activation quants of sub-block `s` (32 elements) from the per-16 `bsums`.
 #[inline]
@@ -102,23 +94,80 @@ pub fn q4k_dot(w: &[BlockQ4K], x: &[BlockQ8K], per_pair: bool) -> f32 {
     acc - acc_min
 }
 
-/// Exact integer Σ scale·(q-32)·y of one Q6_K super-block, split into ggml's 8 AVX2 lanes:
-/// lane `l` holds elements `4(l%4)+(l/4)*16 .. +4` of every 32-element chunk (scale-weighted),
-/// minus `32·(bsum[2l]·scale[2l] + bsum[2l+1]·scale[2l+1])`.
-fn q6k_lanes(b: &BlockQ6K, y: &BlockQ8K) -> [i32; 8] {
-    let mut lanes = [0i32; 8];
-    for (l, lane) in lanes.iter_mut().enumerate() {
-        for c in 0..8 {
-            for e in 4 * l..4 * l + 4 {
-                let i = 32 * c + e;
-                *lane += b.scales[i / 16] as i32 * q6k_u(b, i) * y.qs[i] as i32;
-            }
+/// One k-quant super-block against its Q8_K partner, split as the reference's AVX2 `vec_dot`
+/// splits it (and kiln's `TK` kernels, on every tier): the block is `u` unsigned quants with a
+/// scale per 16 elements, and a coefficient `corr` per 16-element activation sum (`bsums`) that
+/// carries the sub-block minimums (Q2_K, Q5_K) or the quants' offset (Q3_K: −4, Q6_K: −32).
+/// Lane `l` holds the exact Σ scale·u·y over elements `4l .. 4l + 4` of every 32-element chunk
+/// (`s`) and `corr[2l]·bsum[2l] + corr[2l+1]·bsum[2l+1]` (`m`).
+struct KLanes {
+    /// The weight's `d`.
+    d: f32,
+    /// The coefficient of `m`: `−dmin` (minimum formats), or `d` (offset formats).
+    dm: f32,
+    /// An offset format: `s + m` is summed as integers before its conversion.
+    offset: bool,
+    s: [i32; 8],
+    m: [i32; 8],
+}
+
+impl KLanes {
+    fn new(
+        (d, dm, offset): (f32, f32, bool),
+        u: impl Fn(usize) -> i32,
+        scale: impl Fn(usize) -> i32,
+        corr: impl Fn(usize) -> i32,
+        y: &BlockQ8K,
+    ) -> KLanes {
+        let mut s = [0i32; 8];
+        for (i, &q) in y.qs.iter().enumerate() {
+            s[(i % 32) / 4] += scale(i / 16) * u(i) * q as i32;
         }
-        *lane -= 32
-            * (y.bsums[2 * l].get() as i32 * b.scales[2 * l] as i32
-                + y.bsums[2 * l + 1].get() as i32 * b.scales[2 * l + 1] as i32);
+        let bs = |g: usize| corr(g) * y.bsums[g].get() as i32;
+        let m = core::array::from_fn(|l| bs(2 * l) + bs(2 * l + 1));
+        KLanes {
+            d,
+            dm,
+            offset,
+            s,
+            m,
+        }
     }
-    lanes
+
+    /// Super-block `b` of a row of `ty` (Q2_K, Q3_K, Q5_K or Q6_K) against `y`.
+    fn of(ty: GgmlType, w: &[u8], b: usize, y: &BlockQ8K) -> KLanes {
+        match ty {
+            GgmlType::Q2K => {
+                let k = block::<BlockQ2K>(w, b);
+                let f = (k.d.to_f32(), -k.dmin.to_f32(), false);
+                let sc = |g: usize| k.scales[g];
+                let u = |i| q2k_q(k, i);
+                KLanes::new(f, u, |g| (sc(g) & 0xF) as i32, |g| (sc(g) >> 4) as i32, y)
+            }
+            GgmlType::Q3K => {
+                let k = block::<BlockQ3K>(w, b);
+                let sc = q3k_scales(&k.scales);
+                let d = k.d.to_f32();
+                let u = |i| q3k_u(k, i);
+                KLanes::new((d, d, true), u, |g| sc[g] as i32, |g| -4 * sc[g] as i32, y)
+            }
+            GgmlType::Q5K => {
+                let k = block::<BlockQ5K>(w, b);
+                let f = (k.d.to_f32(), -k.dmin.to_f32(), false);
+                let sm = |g: usize| scale_min_k4(g / 2, &k.scales);
+                let u = |i| q5k_q(k, i);
+                KLanes::new(f, u, |g| sm(g).0 as i32, |g| sm(g).1 as i32, y)
+            }
+            GgmlType::Q6K => {
+                let k = block::<BlockQ6K>(w, b);
+                let d = k.d.to_f32();
+                let sc = |g: usize| k.scales[g] as i32;
+                let u = |i| q6k_u(k, i);
+                KLanes::new((d, d, true), u, sc, |g| -32 * sc(g), y)
+            }
+            _ => panic!("{ty}: no 8-lane k-quant order"),
+        }
+    }
 }
 
 /// ggml's 8-lane horizontal sum: `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`.
@@ -128,15 +177,22 @@ pub fn hsum8(v: [f32; 8]) -> f32 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
-/// `ggml_vec_dot_q6_K_q8_K` (x86 AVX2): per super-block, each of 8 integer lanes is converted
-/// and fused-multiply-added with `d_y·d_w`; the lanes are reduced at the end.
-pub fn q6k_dot_lanes(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
-    assert_eq!(w.len(), x.len());
+/// `ggml_vec_dot_q*_K_q8_K` (x86 AVX2) for Q2_K, Q3_K, Q5_K and Q6_K: per super-block, each of
+/// the 8 integer lanes ([`KLanes`]) is converted and fused-multiply-added with `d_w·d_y`
+/// (an offset format's `s + m` in one; a minimum format's `s`, then `m` with `−dmin_w·d_y`); the
+/// lanes are reduced at the end ([`hsum8`]). `w` holds `x.len()` blocks of `ty`.
+pub fn k_dot_lanes(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
-    for (b, y) in w.iter().zip(x) {
-        let d = y.d.to_f32() * b.d.to_f32();
-        for (a, s) in acc.iter_mut().zip(q6k_lanes(b, y)) {
-            *a = d.mul_add(s as f32, *a);
+    for (b, y) in x.iter().enumerate() {
+        let k = KLanes::of(ty, w, b, y);
+        let yd = y.d.to_f32();
+        for (l, a) in acc.iter_mut().enumerate() {
+            if k.offset {
+                *a = (yd * k.d).mul_add((k.s[l] + k.m[l]) as f32, *a);
+            } else {
+                *a = (k.d * yd).mul_add(k.s[l] as f32, *a);
+                *a = (k.dm * yd).mul_add(k.m[l] as f32, *a);
+            }
         }
     }
     hsum8(acc)
@@ -144,13 +200,13 @@ pub fn q6k_dot_lanes(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
 
 /// The reference's tiled Q6_K kernel (batches of 8 rows or more): per super-block the exact
 /// integer sum times the weight's `d`, then fused-multiply-added with the activation's `d`.
-pub fn q6k_dot_tiled(w: &[BlockQ6K], x: &[BlockQ8K]) -> f32 {
-    assert_eq!(w.len(), x.len());
+/// `w` holds `x.len()` Q6_K blocks.
+pub fn q6k_dot_tiled(w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut acc = 0f32;
-    for (b, y) in w.iter().zip(x) {
-        let s: i32 = q6k_lanes(b, y).iter().sum();
-        let r = s as f32 * b.d.to_f32();
-        acc = r.mul_add(y.d.to_f32(), acc);
+    for (b, y) in x.iter().enumerate() {
+        let k = KLanes::of(GgmlType::Q6K, w, b, y);
+        let s: i32 = k.s.iter().chain(&k.m).sum();
+        acc = (s as f32 * k.d).mul_add(y.d.to_f32(), acc);
     }
     acc
 }
@@ -162,30 +218,34 @@ pub fn q4k_row_uses_gemm(nx: usize, j: usize) -> bool {
     j < nx - nx % 4
 }
 
-/// The reference engine's result for row `j` of a batch of `nx` activation rows, for the
-/// formats whose order is reproduced exactly here (Q4_K, Q6_K); `None` for the others.
+/// kiln's result for row `j` of a batch of `nx` activation rows against a k-quant row, on
+/// every tier: the reference engine's x86 order for Q4_K and Q6_K (batch-dependent), and its
+/// AVX2 `vec_dot`'s for Q2_K, Q3_K and Q5_K ([`k_dot_lanes`]); `None` for the other formats.
 pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize) -> Option<f32> {
-    use super::blocks::cast;
     use std::mem::size_of;
-    if !matches!(ty, GgmlType::Q4K | GgmlType::Q6K) {
+    if ty.block_size() != QK_K {
         return None;
     }
     let nb = n / QK_K;
     let xb = cast::<BlockQ8K>(&x[..nb * size_of::<BlockQ8K>()])?;
-    match ty {
+    let w = &w[..ty.row_bytes(n)?];
+    Some(match ty {
         GgmlType::Q4K => {
-            let wb = cast::<BlockQ4K>(&w[..nb * size_of::<BlockQ4K>()])?;
-            Some(q4k_dot(wb, xb, q4k_row_uses_gemm(nx, j)))
+            let wb = cast::<BlockQ4K>(w)?;
+            q4k_dot(wb, xb, q4k_row_uses_gemm(nx, j))
         }
-        GgmlType::Q6K => {
-            let wb = cast::<BlockQ6K>(&w[..nb * size_of::<BlockQ6K>()])?;
-            Some(if nx >= Q6K_TILED_MIN_ROWS {
-                q6k_dot_tiled(wb, xb)
-            } else {
-                q6k_dot_lanes(wb, xb)
-            })
-        }
-        _ => None,
+        GgmlType::Q6K if nx >= Q6K_TILED_MIN_ROWS => q6k_dot_tiled(w, xb),
+        _ => k_dot_lanes(ty, w, xb),
+    })
+}
+
+/// kiln's result for row `j` of a batch of `nx` activation rows against a row of any block
+/// format: [`gemm_dot`] for the k-quants, [`t32_dot_lanes`] for the 32-element formats (the
+/// order of every tier's plain rows); `None` for the float formats.
+pub fn row_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize) -> Option<f32> {
+    match ty.block_size() {
+        32 => Some(t32_dot_lanes(ty, w, x, n)),
+        _ => gemm_dot(ty, w, x, n, nx, j),
     }
 }
 
@@ -197,10 +257,10 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
 /// the unsigned quants and add `m_w · s_x` per block into a separate sum (fused), added after
 /// the lanes. `w` and `x` hold `n / 32` blocks.
 pub fn t32_dot_lanes(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
-    let (wb, xb) = t32_blocks(ty, w, x, n);
     let mut acc = [0f32; 8];
     let mut ms = 0f32;
-    for (&(d, m, q), &(yd, ys, yq)) in wb.iter().zip(&xb) {
+    for b in 0..n / 32 {
+        let ((d, m, q), (yd, ys, yq)) = t32_block(ty, w, x, b);
         let prod = d * yd;
         for (l, a) in acc.iter_mut().enumerate() {
             let dot: i32 = (4 * l..4 * l + 4).map(|i| q[i] * i32::from(yq[i])).sum();
@@ -221,9 +281,9 @@ pub fn t32_dot_lanes(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
 /// [`t32_dot_lanes`]. An AMX tile product yields a block's whole integer dot, so this order,
 /// unlike the reference's 8 lanes, is one a tile kernel can keep.
 pub fn t32_dot_blocks(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
-    let (wb, xb) = t32_blocks(ty, w, x, n);
     let (mut acc, mut ms) = (0f32, 0f32);
-    for (&(d, m, q), &(yd, ys, yq)) in wb.iter().zip(&xb) {
+    for b in 0..n / 32 {
+        let ((d, m, q), (yd, ys, yq)) = t32_block(ty, w, x, b);
         let dot: i32 = (0..32).map(|i| q[i] * i32::from(yq[i])).sum();
         acc = (d * yd).mul_add(dot as f32, acc);
         ms = m.mul_add(ys, ms);
@@ -235,72 +295,56 @@ pub fn t32_dot_blocks(ty: GgmlType, w: &[u8], x: &[u8], n: usize) -> f32 {
     }
 }
 
-/// Weight blocks `(d, m, quants)` and activation blocks `(d, s, quants)` of a 32-element
-/// format's row pair, scales in f32 (`m`, `s`: 0 where the format has none).
+/// Block `b` of a row of blocks `B`.
+fn block<B: RawBlock>(row: &[u8], b: usize) -> &B {
+    let size = core::mem::size_of::<B>();
+    &cast::<B>(&row[b * size..(b + 1) * size]).expect("whole blocks")[0]
+}
+
+/// Block `b` of a 32-element format's row pair: the weight's `(d, m, quants)` and the
+/// activation's `(d, s, quants)`, scales in f32 (`m`, `s`: 0 where the format has none).
 #[allow(clippy::type_complexity)]
-fn t32_blocks(
+fn t32_block(
     ty: GgmlType,
     w: &[u8],
     x: &[u8],
-    n: usize,
-) -> (Vec<(f32, f32, [i32; 32])>, Vec<(f32, f32, [i8; 32])>) {
-    use super::blocks::{cast, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
+    b: usize,
+) -> ((f32, f32, [i32; 32]), (f32, f32, [i8; 32])) {
+    use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
     use super::reference::{bit5, nibble};
-    use std::mem::size_of;
-    let nb = n / 32;
-    // Each weight block's f16 scale and minimum in f32 and its 32 quants.
-    fn blocks<B: super::blocks::RawBlock>(
-        w: &[u8],
-        nb: usize,
-        f: impl Fn(&B) -> (f32, f32, [i32; 32]),
-    ) -> Vec<(f32, f32, [i32; 32])> {
-        cast::<B>(&w[..nb * size_of::<B>()])
-            .expect("weight blocks")
-            .iter()
-            .map(f)
-            .collect()
-    }
     let wb = match ty {
-        GgmlType::Q4_0 => blocks(w, nb, |b: &BlockQ4_0| {
-            (
-                b.d.to_f32(),
-                0.0,
-                core::array::from_fn(|i| nibble(&b.qs, i) - 8),
-            )
-        }),
-        GgmlType::Q4_1 => blocks(w, nb, |b: &BlockQ4_1| {
-            (
-                b.d.to_f32(),
-                b.m.to_f32(),
-                core::array::from_fn(|i| nibble(&b.qs, i)),
-            )
-        }),
-        GgmlType::Q5_0 => blocks(w, nb, |b: &BlockQ5_0| {
-            let q = |i| (nibble(&b.qs, i) | (bit5(&b.qh, i) << 4)) - 16;
-            (b.d.to_f32(), 0.0, core::array::from_fn(q))
-        }),
-        GgmlType::Q5_1 => blocks(w, nb, |b: &BlockQ5_1| {
-            let q = |i| nibble(&b.qs, i) | (bit5(&b.qh, i) << 4);
-            (b.d.to_f32(), b.m.to_f32(), core::array::from_fn(q))
-        }),
-        GgmlType::Q8_0 => blocks(w, nb, |b: &BlockQ8_0| {
-            (b.d.to_f32(), 0.0, b.qs.map(i32::from))
-        }),
+        GgmlType::Q4_0 => {
+            let k = block::<BlockQ4_0>(w, b);
+            let q = core::array::from_fn(|i| nibble(&k.qs, i) - 8);
+            (k.d.to_f32(), 0.0, q)
+        }
+        GgmlType::Q4_1 => {
+            let k = block::<BlockQ4_1>(w, b);
+            let q = core::array::from_fn(|i| nibble(&k.qs, i));
+            (k.d.to_f32(), k.m.to_f32(), q)
+        }
+        GgmlType::Q5_0 => {
+            let k = block::<BlockQ5_0>(w, b);
+            let q = core::array::from_fn(|i| (nibble(&k.qs, i) | (bit5(&k.qh, i) << 4)) - 16);
+            (k.d.to_f32(), 0.0, q)
+        }
+        GgmlType::Q5_1 => {
+            let k = block::<BlockQ5_1>(w, b);
+            let q = core::array::from_fn(|i| nibble(&k.qs, i) | (bit5(&k.qh, i) << 4));
+            (k.d.to_f32(), k.m.to_f32(), q)
+        }
+        GgmlType::Q8_0 => {
+            let k = block::<BlockQ8_0>(w, b);
+            (k.d.to_f32(), 0.0, k.qs.map(i32::from))
+        }
         _ => panic!("{ty}: not a 32-element format"),
     };
-    // Each activation block's `d`, `s` (Q8_1 only) and quants.
-    let xb: Vec<(f32, f32, [i8; 32])> = if super::dot_type(ty) == GgmlType::Q8_1 {
-        cast::<BlockQ8_1>(&x[..nb * size_of::<BlockQ8_1>()])
-            .expect("Q8_1 blocks")
-            .iter()
-            .map(|y| (y.d.to_f32(), y.s.to_f32(), y.qs))
-            .collect()
+    let xb = if super::dot_type(ty) == GgmlType::Q8_1 {
+        let y = block::<BlockQ8_1>(x, b);
+        (y.d.to_f32(), y.s.to_f32(), y.qs)
     } else {
-        cast::<BlockQ8_0>(&x[..nb * size_of::<BlockQ8_0>()])
-            .expect("Q8_0 blocks")
-            .iter()
-            .map(|y| (y.d.to_f32(), 0.0, y.qs))
-            .collect()
+        let y = block::<BlockQ8_0>(x, b);
+        (y.d.to_f32(), 0.0, y.qs)
     };
     (wb, xb)
 }

@@ -410,60 +410,67 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
                 group: 1,
             }
         };
+        // A block format: its dot in [`kquant_order`]'s arithmetic.
+        ($w:ty, $quant:expr, $tag:literal) => {
+            Kernels {
+                vec_dot: vec_dot_ordered::<$tag>,
+                gemm: gemm_ordered::<$tag>,
+                ..k!($w, $quant)
+            }
+        };
     }
+    let k8k = quantize_bytes::<BlockQ8K>;
     match weight {
         GgmlType::F32 => k!(F32Le, quantize_bytes::<F32Le>),
         GgmlType::F16 => k!(F16Le, quantize_bytes::<F16Le>),
         GgmlType::BF16 => k!(Bf16Le, quantize_bytes::<Bf16Le>),
-        GgmlType::Q4_0 => k!(BlockQ4_0, quantize_q8_0_act_bytes),
-        GgmlType::Q4_1 => k!(BlockQ4_1, quantize_q8_1_act_bytes),
-        GgmlType::Q5_0 => k!(BlockQ5_0, quantize_q8_0_act_bytes),
-        GgmlType::Q5_1 => k!(BlockQ5_1, quantize_q8_1_act_bytes),
-        GgmlType::Q8_0 => k!(BlockQ8_0, quantize_q8_0_act_bytes),
-        GgmlType::Q2K => k!(BlockQ2K, quantize_bytes::<BlockQ8K>),
-        GgmlType::Q3K => k!(BlockQ3K, quantize_bytes::<BlockQ8K>),
-        GgmlType::Q4K => Kernels {
-            vec_dot: vec_dot_kq_scalar::<{ KQ_Q4K }>,
-            gemm: gemm_kq_scalar::<{ KQ_Q4K }>,
-            ..k!(BlockQ4K, quantize_bytes::<BlockQ8K>)
-        },
-        GgmlType::Q5K => k!(BlockQ5K, quantize_bytes::<BlockQ8K>),
-        GgmlType::Q6K => Kernels {
-            vec_dot: vec_dot_kq_scalar::<{ KQ_Q6K }>,
-            gemm: gemm_kq_scalar::<{ KQ_Q6K }>,
-            ..k!(BlockQ6K, quantize_bytes::<BlockQ8K>)
-        },
+        GgmlType::Q4_0 => k!(BlockQ4_0, quantize_q8_0_act_bytes, 0),
+        GgmlType::Q4_1 => k!(BlockQ4_1, quantize_q8_1_act_bytes, 1),
+        GgmlType::Q5_0 => k!(BlockQ5_0, quantize_q8_0_act_bytes, 2),
+        GgmlType::Q5_1 => k!(BlockQ5_1, quantize_q8_1_act_bytes, 3),
+        GgmlType::Q8_0 => k!(BlockQ8_0, quantize_q8_0_act_bytes, 4),
+        GgmlType::Q2K => k!(BlockQ2K, k8k, 5),
+        GgmlType::Q3K => k!(BlockQ3K, k8k, 6),
+        GgmlType::Q4K => k!(BlockQ4K, k8k, 7),
+        GgmlType::Q5K => k!(BlockQ5K, k8k, 8),
+        GgmlType::Q6K => k!(BlockQ6K, k8k, 9),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("activation-only formats are rejected"),
     }
 }
 
-/// Formats whose scalar kernels follow the reference engine's order exactly
-/// ([`kquant_order`]), as const-generic tags.
-const KQ_Q4K: u8 = 0;
-const KQ_Q6K: u8 = 1;
-
-fn kq_type(tag: u8) -> GgmlType {
-    if tag == KQ_Q4K {
-        GgmlType::Q4K
-    } else {
-        GgmlType::Q6K
-    }
-}
+/// The block formats, whose scalar kernels are [`kquant_order`]'s definitions (so the scalar
+/// tier adds in the order of every other tier), indexed by a const-generic tag.
+const ORDERED: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
 
 /// A single row: the reference's decode path (one activation row).
-fn vec_dot_kq_scalar<const TAG: u8>(n: usize, w: &[u8], x: &[u8]) -> f32 {
-    let ty = kq_type(TAG);
-    let _ = row_blocks::<BlockQ8K>(x, n, QK_K);
+fn vec_dot_ordered<const TAG: usize>(n: usize, w: &[u8], x: &[u8]) -> f32 {
+    let ty = ORDERED[TAG];
+    let act = dot_type(ty);
+    assert!(
+        x.len() >= act.row_bytes(n).expect("whole blocks"),
+        "short activation row"
+    );
     assert!(
         w.len() >= ty.row_bytes(n).expect("whole blocks"),
         "short weight row"
     );
-    kquant_order::gemm_dot(ty, w, x, n, 1, 0).expect("k-quant with an exact order")
+    kquant_order::row_dot(ty, w, x, n, 1, 0).expect("a block format")
 }
 
 /// A batch of `nx` rows, each computed the way the reference computes that row of the batch.
 #[allow(clippy::too_many_arguments)]
-fn gemm_kq_scalar<const TAG: u8>(
+fn gemm_ordered<const TAG: usize>(
     n: usize,
     w: &[u8],
     w_stride: usize,
@@ -474,9 +481,9 @@ fn gemm_kq_scalar<const TAG: u8>(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let ty = kq_type(TAG);
+    let ty = ORDERED[TAG];
     let row_w = ty.row_bytes(n).expect("whole blocks");
-    let row_x = GgmlType::Q8K.row_bytes(n).expect("whole blocks");
+    let row_x = dot_type(ty).row_bytes(n).expect("whole blocks");
     check_gemm(
         row_w, row_x, w, w_stride, nw, x, x_stride, nx, out, out_stride,
     );
@@ -488,7 +495,7 @@ fn gemm_kq_scalar<const TAG: u8>(
         for i in 0..nw {
             let wr = &w[i * w_stride..i * w_stride + row_w];
             out[j * out_stride + i] =
-                kquant_order::gemm_dot(ty, wr, xr, n, nx, j).expect("k-quant with an exact order");
+                kquant_order::row_dot(ty, wr, xr, n, nx, j).expect("a block format");
         }
     }
 }

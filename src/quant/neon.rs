@@ -5,7 +5,13 @@
 //!
 //! Structure mirrors the x86 kernels: a weight block is decoded to bytes (signed for the
 //! Q8_0 partners, unsigned for Q8_1 / Q8_K partners) and multiplied 16 bytes at a time with the
-//! activation quants; k-quant sub-block minimums / offsets go through Q8_K's `bsums`.
+//! activation quants; k-quant sub-block minimums / offsets go through Q8_K's `bsums`. The
+//! float arithmetic is the x86 kernels' ([`kquant_order`]: the reference engine's x86 order),
+//! bit for bit: the exact integers of ggml's 8 AVX2 lanes (elements `4l .. 4l + 4` of each
+//! 32) are kept as two 4-lane registers, converted and fused-multiply-added as there, and
+//! reduced in ggml's tree. So a model's logits here are those of an x86 machine.
+//!
+//! [`kquant_order`]: super::kquant_order
 
 use super::blocks::{q3k_scales, scale_min_k4};
 use super::{check_gemm, GgmlType, Isa, Kernels};
@@ -17,6 +23,26 @@ unsafe fn dot16(a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
     let p1 = vmull_high_s8(a, b);
     vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1))
+}
+
+/// `Σ a·b` of 16 i8 pairs as ggml's AVX2 lanes: lane `l` the exact sum of elements
+/// `4l .. 4l + 4` (products fit i16 as in [`dot16`]).
+#[inline(always)]
+unsafe fn lanes16(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    let p1 = vmull_high_s8(a, b);
+    vpaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1))
+}
+
+/// ggml's sum of its 8 lanes (`a[0]`: lanes 0..4, `a[1]`: 4..8):
+/// `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))` ([`kquant_order::hsum8`]).
+///
+/// [`kquant_order::hsum8`]: super::kquant_order::hsum8
+#[inline(always)]
+unsafe fn hsum8(a: [float32x4_t; 2]) -> f32 {
+    let s = vaddq_f32(a[0], a[1]);
+    let t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+    vget_lane_f32::<0>(t) + vget_lane_f32::<1>(t)
 }
 
 #[inline(always)]
@@ -126,24 +152,34 @@ impl Blk32 for Q8_0 {
     }
 }
 
-/// Dot of `nb` weight blocks at `w` with their Q8_0 / Q8_1 partners at `x`.
+/// Dot of `nb` weight blocks at `w` with their Q8_0 / Q8_1 partners at `x`, in ggml's 8
+/// lanes ([`kquant_order::t32_dot_lanes`]): per block each lane's integer fused-multiply-added
+/// with `d_w · d_x`; a minimum's `m_w · s_x` summed apart and added after the lanes.
+///
+/// [`kquant_order::t32_dot_lanes`]: super::kquant_order::t32_dot_lanes
 #[inline(always)]
 unsafe fn dot32<F: Blk32>(nb: usize, w: *const u8, x: *const u8) -> f32 {
     let (xb, xq) = if F::HAS_MIN { (36, 4) } else { (34, 2) };
-    let mut sum = 0f32;
+    let mut acc = [vdupq_n_f32(0.0); 2];
+    let mut ms = 0f32;
     for b in 0..nb {
         let wp = w.add(b * F::SIZE);
         let xp = x.add(b * xb);
         let (lo, hi) = F::quants(wp);
         let y0 = vld1q_s8(xp.add(xq).cast());
         let y1 = vld1q_s8(xp.add(xq + 16).cast());
-        let isum = vaddvq_s32(vaddq_s32(dot16(lo, y0), dot16(hi, y1)));
-        sum += isum as f32 * (f16_at(wp) * f16_at(xp));
+        let prod = f16_at(wp) * f16_at(xp);
+        acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(lanes16(lo, y0)), prod);
+        acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(lanes16(hi, y1)), prod);
         if F::HAS_MIN {
-            sum += f16_at(wp.add(2)) * f16_at(xp.add(2));
+            ms = f16_at(wp.add(2)).mul_add(f16_at(xp.add(2)), ms);
         }
     }
-    sum
+    if F::HAS_MIN {
+        hsum8(acc) + ms
+    } else {
+        hsum8(acc)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -162,6 +198,9 @@ trait BlkK {
     const SIZE: usize;
     /// Offset formats add the correction to the integer sum (`dm == d`).
     const INT_CORR: bool;
+    /// Batches of at least this many rows reduce each super-block's integers first (the
+    /// reference's tiled kernel: Q6_K only, as on x86).
+    const TILED_FROM: usize = usize::MAX;
     unsafe fn prep(p: *const u8) -> KPrep;
     /// Elements `32k .. 32k+16` and `32k+16 .. 32k+32` as unsigned bytes (<= 63).
     unsafe fn chunk(p: *const u8, k: usize) -> (uint8x16_t, uint8x16_t);
@@ -297,6 +336,7 @@ impl BlkK for Q5K {
 impl BlkK for Q6K {
     const SIZE: usize = 210;
     const INT_CORR: bool = true;
+    const TILED_FROM: usize = super::kquant_order::Q6K_TILED_MIN_ROWS;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let s: [u8; 16] = arr(p.add(192));
@@ -326,36 +366,108 @@ impl BlkK for Q6K {
 /// Q8_K block: f32 d at 0, quants at 4, 16 i16 bsums at 260.
 const Q8K_BYTES: usize = 292;
 
+/// The bsum coefficients' lanes of a super-block: lane `l` is
+/// `corr[2l]·bsum[2l] + corr[2l+1]·bsum[2l+1]`, as `vpmaddwd` pairs them on x86.
 #[inline(always)]
-unsafe fn dot_k<F: BlkK>(nb: usize, w: *const u8, x: *const u8) -> f32 {
-    let mut sum = 0f32;
+unsafe fn corr_lanes(corr: &[i32; 16], xp: *const u8) -> [int32x4_t; 2] {
+    let bs =
+        |g: usize| corr[g] * core::ptr::read_unaligned(xp.add(260 + 2 * g).cast::<i16>()) as i32;
+    let m: [i32; 8] = core::array::from_fn(|l| bs(2 * l) + bs(2 * l + 1));
+    [vld1q_s32(m.as_ptr()), vld1q_s32(m.as_ptr().add(4))]
+}
+
+/// A k-quant row in ggml's AVX2 `vec_dot` order ([`kquant_order::k_dot_lanes`]): per
+/// super-block the 8 lanes of Σ scale·u·y (lane `l`: elements `4l .. 4l + 4` of every
+/// 32-element chunk) and of the bsum correction ([`corr_lanes`]), converted and
+/// fused-multiply-added; with `tiled` (Q6_K in batches of 8 rows or more,
+/// [`kquant_order::q6k_dot_tiled`]) each super-block's integers summed first instead.
+///
+/// [`kquant_order::k_dot_lanes`]: super::kquant_order::k_dot_lanes
+/// [`kquant_order::q6k_dot_tiled`]: super::kquant_order::q6k_dot_tiled
+#[inline(always)]
+unsafe fn dot_k<F: BlkK>(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> f32 {
+    let mut acc = [vdupq_n_f32(0.0); 2];
+    let mut tot = 0f32;
     for b in 0..nb {
         let wp = w.add(b * F::SIZE);
         let xp = x.add(b * Q8K_BYTES);
         let pr = F::prep(wp);
-        let mut acc = vdupq_n_s32(0);
+        let mut s = [vdupq_n_s32(0); 2];
         for k in 0..8 {
             let (lo, hi) = F::chunk(wp, k);
             let y = xp.add(4 + 32 * k);
-            let p0 = dot16(vreinterpretq_s8_u8(lo), vld1q_s8(y.cast()));
-            let p1 = dot16(vreinterpretq_s8_u8(hi), vld1q_s8(y.add(16).cast()));
-            acc = vmlaq_n_s32(acc, p0, pr.sc[2 * k]);
-            acc = vmlaq_n_s32(acc, p1, pr.sc[2 * k + 1]);
+            let p0 = lanes16(vreinterpretq_s8_u8(lo), vld1q_s8(y.cast()));
+            let p1 = lanes16(vreinterpretq_s8_u8(hi), vld1q_s8(y.add(16).cast()));
+            s[0] = vmlaq_n_s32(s[0], p0, pr.sc[2 * k]);
+            s[1] = vmlaq_n_s32(s[1], p1, pr.sc[2 * k + 1]);
         }
-        let isum = vaddvq_s32(acc);
-        let mut m = 0i32;
-        for g in 0..16 {
-            let bs = core::ptr::read_unaligned(xp.add(260 + 2 * g).cast::<i16>());
-            m += pr.corr[g] * bs as i32;
-        }
+        let m = corr_lanes(&pr.corr, xp);
         let yd = core::ptr::read_unaligned(xp.cast::<f32>());
         if F::INT_CORR {
-            sum += pr.d * yd * (isum + m) as f32;
+            let t = [vaddq_s32(s[0], m[0]), vaddq_s32(s[1], m[1])];
+            if tiled {
+                let r = vaddvq_s32(vaddq_s32(t[0], t[1])) as f32 * pr.d;
+                tot = r.mul_add(yd, tot);
+            } else {
+                for h in 0..2 {
+                    acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(t[h]), yd * pr.d);
+                }
+            }
         } else {
-            sum += pr.d * yd * isum as f32 + pr.dm * yd * m as f32;
+            for h in 0..2 {
+                acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(s[h]), pr.d * yd);
+                acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(m[h]), pr.dm * yd);
+            }
         }
     }
-    sum
+    if tiled {
+        tot
+    } else {
+        hsum8(acc)
+    }
+}
+
+/// Q4_K in the reference's repacked order ([`kquant_order::q4k_dot`]): per super-block and
+/// pair of sub-blocks the exact Σ scale·q·y and Σ min·bsum, fused-multiply-added into two
+/// chains per pair (`per_pair`: rows in a batch's groups of four) or per super-block, and
+/// subtracted at the end.
+///
+/// [`kquant_order::q4k_dot`]: super::kquant_order::q4k_dot
+#[inline(always)]
+unsafe fn dot_q4k(nb: usize, w: *const u8, x: *const u8, per_pair: bool) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for b in 0..nb {
+        let wp = w.add(b * Q4K::SIZE);
+        let xp = x.add(b * Q8K_BYTES);
+        let packed: [u8; 12] = arr(wp.add(4));
+        let yd = core::ptr::read_unaligned(xp.cast::<f32>());
+        let dd = f16_at(wp) * yd;
+        let dm = f16_at(wp.add(2)) * yd;
+        let bsum = |g: usize| core::ptr::read_unaligned(xp.add(260 + 2 * g).cast::<i16>()) as i32;
+        let mut pairs = [(0i32, 0i32); 4];
+        for k in 0..8 {
+            let (sc, mn) = scale_min_k4(k, &packed);
+            let (lo, hi) = Q4K::chunk(wp, k);
+            let y = xp.add(4 + 32 * k);
+            let p0 = dot16(vreinterpretq_s8_u8(lo), vld1q_s8(y.cast()));
+            let p1 = dot16(vreinterpretq_s8_u8(hi), vld1q_s8(y.add(16).cast()));
+            let pair = &mut pairs[k / 2];
+            pair.0 += sc as i32 * vaddvq_s32(vaddq_s32(p0, p1));
+            pair.1 += mn as i32 * (bsum(2 * k) + bsum(2 * k + 1));
+        }
+        if per_pair {
+            for (s, m) in pairs {
+                acc = (s as f32).mul_add(dd, acc);
+                acc_min = (m as f32).mul_add(dm, acc_min);
+            }
+        } else {
+            let s: i32 = pairs.iter().map(|p| p.0).sum();
+            let m: i32 = pairs.iter().map(|p| p.1).sum();
+            acc = (s as f32).mul_add(dd, acc);
+            acc_min = (m as f32).mul_add(dm, acc_min);
+        }
+    }
+    acc - acc_min
 }
 
 /// f32 · f32 with four accumulators.
@@ -381,23 +493,26 @@ unsafe fn dot_f32(n: usize, w: *const u8, x: *const u8) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // Safe entry points and the table.
 
-/// A row kernel: elements per block, bytes per weight / activation block, the dot itself.
+/// A row kernel: elements per block, bytes per weight / activation block, the dot itself for
+/// row `j` of a batch of `nx` activation rows (Q4_K's and Q6_K's arithmetic depends on them,
+/// as the reference's does).
 trait Row {
     const BLOCK: usize;
     const W: usize;
     const X: usize;
-    unsafe fn dot(n: usize, w: *const u8, x: *const u8) -> f32;
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8, nx: usize, j: usize) -> f32;
 }
 
 struct R32<F>(core::marker::PhantomData<F>);
 struct RK<F>(core::marker::PhantomData<F>);
+struct RQ4K;
 struct RF32;
 
 impl<F: Blk32> Row for R32<F> {
     const BLOCK: usize = 32;
     const W: usize = F::SIZE;
     const X: usize = if F::HAS_MIN { 36 } else { 34 };
-    unsafe fn dot(n: usize, w: *const u8, x: *const u8) -> f32 {
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8, _: usize, _: usize) -> f32 {
         dot32::<F>(n / 32, w, x)
     }
 }
@@ -406,8 +521,18 @@ impl<F: BlkK> Row for RK<F> {
     const BLOCK: usize = 256;
     const W: usize = F::SIZE;
     const X: usize = Q8K_BYTES;
-    unsafe fn dot(n: usize, w: *const u8, x: *const u8) -> f32 {
-        dot_k::<F>(n / 256, w, x)
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8, nx: usize, _: usize) -> f32 {
+        dot_k::<F>(n / 256, w, x, nx >= F::TILED_FROM)
+    }
+}
+
+impl Row for RQ4K {
+    const BLOCK: usize = 256;
+    const W: usize = Q4K::SIZE;
+    const X: usize = Q8K_BYTES;
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8, nx: usize, j: usize) -> f32 {
+        let per_pair = super::kquant_order::q4k_row_uses_gemm(nx, j);
+        dot_q4k(n / 256, w, x, per_pair)
     }
 }
 
@@ -415,14 +540,14 @@ impl Row for RF32 {
     const BLOCK: usize = 1;
     const W: usize = 4;
     const X: usize = 4;
-    unsafe fn dot(n: usize, w: *const u8, x: *const u8) -> f32 {
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8, _: usize, _: usize) -> f32 {
         dot_f32(n, w, x)
     }
 }
 
 fn rows<R: Row>(n: usize) -> (usize, usize) {
     assert!(
-        n % R::BLOCK == 0,
+        n.is_multiple_of(R::BLOCK),
         "row of {n} elements is not whole {}-blocks",
         R::BLOCK
     );
@@ -437,7 +562,7 @@ fn vec_dot<R: Row>(n: usize, w: &[u8], x: &[u8]) -> f32 {
     );
     // SAFETY: NEON is baseline on AArch64; both rows hold `n` elements (checked above) and the
     // kernel reads only within them.
-    unsafe { R::dot(n, w.as_ptr(), x.as_ptr()) }
+    unsafe { R::dot(n, w.as_ptr(), x.as_ptr(), 1, 0) }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -462,6 +587,8 @@ fn gemm<R: Row>(
                     n,
                     w.as_ptr().add(i * w_stride),
                     x.as_ptr().add(j * x_stride),
+                    nx,
+                    j,
                 )
             };
         }
@@ -494,7 +621,7 @@ pub(super) fn kernels(scalar: Kernels) -> Kernels {
         GgmlType::Q8_0 => t!(R32<Q8_0>),
         GgmlType::Q2K => t!(RK<Q2K>),
         GgmlType::Q3K => t!(RK<Q3K>),
-        GgmlType::Q4K => t!(RK<Q4K>),
+        GgmlType::Q4K => t!(RQ4K),
         GgmlType::Q5K => t!(RK<Q5K>),
         GgmlType::Q6K => t!(RK<Q6K>),
         _ => portable,

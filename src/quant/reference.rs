@@ -585,7 +585,7 @@ fn kbsum(coef: impl Fn(usize) -> i32, y: &BlockQ8K) -> (i64, i64) {
 
 /// Q2_K element i: 2 bits from `qs[32*(i/128) + i%32]` at shift `2*((i%128)/32)`.
 #[inline]
-fn q2k_q(b: &BlockQ2K, i: usize) -> i32 {
+pub(super) fn q2k_q(b: &BlockQ2K, i: usize) -> i32 {
     let (half, r) = (i / 128, i % 128);
     ((b.qs[32 * half + r % 32] >> (2 * (r / 32))) & 3) as i32
 }
@@ -623,7 +623,7 @@ impl BlockFormat for BlockQ2K {
 
 /// Q3_K element i as an unsigned 0..8 value (`q + 4*hbit`; the signed value is this minus 4).
 #[inline]
-fn q3k_u(b: &BlockQ3K, i: usize) -> i32 {
+pub(super) fn q3k_u(b: &BlockQ3K, i: usize) -> i32 {
     let (half, r) = (i / 128, i % 128);
     let low = (b.qs[32 * half + r % 32] >> (2 * (r / 32))) & 3;
     let high = (b.hmask[i % 32] >> (i / 32)) & 1;
@@ -659,7 +659,7 @@ impl BlockFormat for BlockQ3K {
 
 /// Q4_K element i: nibble of `qs[32*(i/64) + i%32]`, low for the first 32 of each 64.
 #[inline]
-fn q4k_q(b: &BlockQ4K, i: usize) -> i32 {
+pub(super) fn q4k_q(b: &BlockQ4K, i: usize) -> i32 {
     let byte = b.qs[32 * (i / 64) + i % 32];
     (if (i % 64) < 32 { byte & 0xF } else { byte >> 4 }) as i32
 }
@@ -700,7 +700,7 @@ impl BlockFormat for BlockQ4K {
 
 /// Q5_K element i: the Q4_K nibble plus 16 if bit `i/32` of `qh[i%32]` is set.
 #[inline]
-fn q5k_q(b: &BlockQ5K, i: usize) -> i32 {
+pub(super) fn q5k_q(b: &BlockQ5K, i: usize) -> i32 {
     let byte = b.qs[32 * (i / 64) + i % 32];
     let low = if (i % 64) < 32 { byte & 0xF } else { byte >> 4 };
     let high = (b.qh[i % 32] >> (i / 32)) & 1;
@@ -745,7 +745,7 @@ impl BlockFormat for BlockQ5K {
 /// within each 128-half, the 32-element chunk c takes `ql[c%2 * 32 + l]` (low nibble for c < 2)
 /// and bits `2c..2c+2` of `qh[l]`.
 #[inline]
-fn q6k_u(b: &BlockQ6K, i: usize) -> i32 {
+pub(super) fn q6k_u(b: &BlockQ6K, i: usize) -> i32 {
     let (half, r) = (i / 128, i % 128);
     let (c, l) = (r / 32, r % 32);
     let ql = b.ql[64 * half + 32 * (c % 2) + l];

@@ -294,23 +294,12 @@ fn reference_dot_equals_dequantized_dot() {
     }
 }
 
-/// The reference engine's exact result for row `j` of a batch of `nx`, where `isa` reproduces
-/// its order (Q4_K and Q6_K on the scalar and x86 tiers; the NEON kernels keep their own
-/// order and are checked within tolerance only).
-#[allow(clippy::too_many_arguments)]
-fn exact_order(
-    isa: Isa,
-    ty: GgmlType,
-    w: &[u8],
-    x: &[u8],
-    n: usize,
-    nx: usize,
-    j: usize,
-) -> Option<f32> {
-    if isa == Isa::Neon {
-        return None;
-    }
-    super::kquant_order::gemm_dot(ty, w, x, n, nx, j)
+/// kiln's exact result for row `j` of a batch of `nx` on every tier ([`kquant_order::row_dot`]:
+/// the reference engine's x86 order), for the block formats.
+///
+/// [`kquant_order::row_dot`]: super::kquant_order::row_dot
+fn exact_order(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize) -> Option<f32> {
+    super::kquant_order::row_dot(ty, w, x, n, nx, j)
 }
 
 /// Block counts, including odd ones, for the dot tests.
@@ -350,7 +339,7 @@ fn vec_dot_matches_reference_on_every_isa() {
                         &format!("{ty} vec_dot {} n={n} {scales:?}", isa.name()),
                     );
                     // Formats whose reference-engine order is reproduced: bit for bit.
-                    if let Some(exact) = exact_order(isa, ty, &w, &x, n, 1, 0) {
+                    if let Some(exact) = exact_order(ty, &w, &x, n, 1, 0) {
                         assert_eq!(
                             got.to_bits(),
                             exact.to_bits(),
@@ -416,9 +405,9 @@ fn gemm_matches_reference_on_every_isa() {
                             &format!("{ty} gemm {} {nw}x{nx} ({i},{j})", isa.name()),
                         );
                         let (wr, xr) = (&w[i * w_stride..], &x[j * x_stride..]);
-                        if let Some(exact) = exact_order(isa, ty, wr, xr, n, nx, j) {
-                            // Q4_K / Q6_K: the reference engine's arithmetic depends on the
-                            // row's place in the batch and on the batch size; reproduced exactly.
+                        if let Some(exact) = exact_order(ty, wr, xr, n, nx, j) {
+                            // The block formats' order, on every tier (Q4_K's and Q6_K's
+                            // depend on the row's place in the batch and on its size).
                             assert_eq!(
                                 got.to_bits(),
                                 exact.to_bits(),
@@ -567,7 +556,7 @@ fn gemm_long_rows_and_many_rows() {
                     for i in 0..nw {
                         let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * rx..(j + 1) * rx]);
                         // Q4_K: the reference's order for this row of the batch.
-                        let single = exact_order(isa, ty, wi, xj, n, nx, j)
+                        let single = exact_order(ty, wi, xj, n, nx, j)
                             .unwrap_or_else(|| (k.vec_dot)(n, wi, xj));
                         let got = out[j * nw + i];
                         assert_eq!(
@@ -631,12 +620,8 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
         (seed >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
     };
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-        // The x86 tiers reproduce ggml's x86 order; the NEON kernels keep their own (checked
-        // within tolerance by the other tests).
-        for isa in Isa::available()
-            .into_iter()
-            .filter(|&i| i != Isa::Scalar && i != Isa::Neon && i.has_kernels())
-        {
+        // Every tier reproduces ggml's x86 order, the scalar code and NEON's too.
+        for isa in Isa::available().into_iter().filter(|&i| i.has_kernels()) {
             let k = kernels_for(ty, isa).unwrap();
             for _ in 0..20 {
                 let wf: Vec<f32> = (0..n).map(|_| rnd() * 3.0).collect();
@@ -798,7 +783,8 @@ fn repacked_rows_match(
         for j in 0..nx {
             for i in 0..rows {
                 let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * x_stride..]);
-                let want = match exact_order(isa, ty, wi, xj, n, nx, j) {
+                // The k-quants' order (the 32-element formats' groups may sum whole blocks).
+                let want = match super::kquant_order::gemm_dot(ty, wi, xj, n, nx, j) {
                     Some(v) => v,
                     // Groups that sum whole blocks' integer dots.
                     None if super::sums_whole_blocks(isa, ty, logits) && i < rows / g * g => {
