@@ -78,20 +78,37 @@ pub fn q4k_dot(w: &[BlockQ4K], x: &[BlockQ8K], per_pair: bool) -> f32 {
         let yd = y.d.to_f32();
         let dd = b.d.to_f32() * yd;
         let dm = b.dmin.to_f32() * yd;
-        let pairs = q4k_pairs(b, y);
-        if per_pair {
-            for (s, m) in pairs {
-                acc = (s as f32).mul_add(dd, acc);
-                acc_min = (m as f32).mul_add(dm, acc_min);
-            }
-        } else {
-            let s: i32 = pairs.iter().map(|p| p.0).sum();
-            let m: i32 = pairs.iter().map(|p| p.1).sum();
-            acc = (s as f32).mul_add(dd, acc);
-            acc_min = (m as f32).mul_add(dm, acc_min);
-        }
+        q4k_add(
+            q4k_pairs(b, y),
+            (dd, dm),
+            per_pair,
+            (&mut acc, &mut acc_min),
+        );
     }
     acc - acc_min
+}
+
+/// [`q4k_dot`]'s float step for one super-block: its pairs' exact integers `(s, m)` into the
+/// scale chain `acc.0` (times `dd = d·d_y`) and the minimum chain `acc.1` (times
+/// `dm = dmin·d_y`), per pair or (`per_pair` false) summed over the super-block first.
+#[inline(always)]
+pub(super) fn q4k_add(
+    pairs: [(i32, i32); 4],
+    (dd, dm): (f32, f32),
+    per_pair: bool,
+    acc: (&mut f32, &mut f32),
+) {
+    if per_pair {
+        for (s, m) in pairs {
+            *acc.0 = (s as f32).mul_add(dd, *acc.0);
+            *acc.1 = (m as f32).mul_add(dm, *acc.1);
+        }
+    } else {
+        let s: i32 = pairs.iter().map(|p| p.0).sum();
+        let m: i32 = pairs.iter().map(|p| p.1).sum();
+        *acc.0 = (s as f32).mul_add(dd, *acc.0);
+        *acc.1 = (m as f32).mul_add(dm, *acc.1);
+    }
 }
 
 /// One k-quant super-block against its Q8_K partner, split as the reference's AVX2 `vec_dot`

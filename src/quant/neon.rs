@@ -455,17 +455,7 @@ unsafe fn dot_q4k(nb: usize, w: *const u8, x: *const u8, per_pair: bool) -> f32 
             pair.0 += sc as i32 * vaddvq_s32(vaddq_s32(p0, p1));
             pair.1 += mn as i32 * (bsum(2 * k) + bsum(2 * k + 1));
         }
-        if per_pair {
-            for (s, m) in pairs {
-                acc = (s as f32).mul_add(dd, acc);
-                acc_min = (m as f32).mul_add(dm, acc_min);
-            }
-        } else {
-            let s: i32 = pairs.iter().map(|p| p.0).sum();
-            let m: i32 = pairs.iter().map(|p| p.1).sum();
-            acc = (s as f32).mul_add(dd, acc);
-            acc_min = (m as f32).mul_add(dm, acc_min);
-        }
+        super::kquant_order::q4k_add(pairs, (dd, dm), per_pair, (&mut acc, &mut acc_min));
     }
     acc - acc_min
 }

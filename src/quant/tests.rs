@@ -237,21 +237,17 @@ pub(crate) fn reference_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> DotAc
     }
 }
 
-pub(crate) const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+/// Every weight format: the float ones, then the block formats.
+pub(crate) const WEIGHT_TYPES: [GgmlType; 13] = {
+    let mut t = [GgmlType::F32; 13];
+    (t[1], t[2]) = (GgmlType::F16, GgmlType::BF16);
+    let mut i = 0;
+    while i < super::ORDERED.len() {
+        t[3 + i] = super::ORDERED[i];
+        i += 1;
+    }
+    t
+};
 
 /// Kernel result within float-accumulation noise of the reference: 1e-5 of the magnitude.
 fn assert_close(got: f32, want: &DotAcc, what: &str) {
