@@ -334,25 +334,22 @@ impl CudaSession {
         if !ok {
             return None;
         }
-        let store = self.layout.kv_type == KvType::F16;
-        let (kc, vc) = if store { self.kv_at(layer) } else { (0, 0) };
-        let at = self.layout.kv[layer];
         self.roped = Some(layer);
-        self.kv_stored = store.then_some(layer);
+        let a = self.rope_args(m, layer, self.layout.kv_type == KvType::F16);
         Some([
-            Arg::P(self.at(self.layout.pos)),
-            Arg::P(self.at(self.layout.seq)),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::L(at.slot_stride.0 as i64),
-            Arg::L(at.slot_stride.1 as i64),
-            Arg::P(self.w.rope_factors(layer)),
-            Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
-            Arg::F(rope.freq_scale),
-            Arg::I(c.head_dim_k as i32),
-            Arg::I(rope.n_dims as i32),
-            Arg::I(c.head_dim_v as i32),
-            Arg::I(at.rows as i32),
+            a.pos,
+            a.seq,
+            a.k_cache,
+            a.v_cache,
+            a.k_stride,
+            a.v_stride,
+            a.factors,
+            a.theta_scale,
+            a.freq_scale,
+            a.head_dim_k,
+            a.n_dims,
+            a.head_dim_v,
+            a.slots,
         ])
     }
 }

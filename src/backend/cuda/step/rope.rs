@@ -104,36 +104,30 @@ impl CudaSession {
         if self.roped.take() == Some(layer) {
             return; // (done in the products' epilogue)
         }
-        let ff = self.w.rope_factors(layer);
         let neox = matches!(rope.kind, RopeKind::Neox) as i32;
         let store = self.fuse && self.layout.kv_type == KvType::F16;
-        let at = self.layout.kv[layer];
-        let (kc, vc) = match store {
-            true => self.kv_at(layer),
-            false => (0, 0),
-        };
-        let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
+        let a = self.rope_args(m, layer, store);
         let mut args = [
             Arg::P(self.buf(Buf::Q)),
             Arg::P(self.buf(Buf::K)),
             Arg::P(self.buf(Buf::V)),
-            Arg::P(self.at(self.layout.pos)),
+            a.pos,
             Arg::L(rows as i64),
             Arg::I(c.n_heads as i32),
             Arg::I(c.n_kv_heads as i32),
-            Arg::I(c.head_dim_k as i32),
-            Arg::I(rope.n_dims as i32),
-            Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
-            Arg::F(rope.freq_scale),
-            Arg::P(ff),
+            a.head_dim_k,
+            a.n_dims,
+            a.theta_scale,
+            a.freq_scale,
+            a.factors,
             Arg::I(neox),
-            Arg::P(kc),
-            Arg::P(vc),
-            Arg::P(self.at(self.layout.seq)),
-            Arg::L(sk),
-            Arg::L(sv),
-            Arg::I(c.head_dim_v as i32),
-            Arg::I(at.rows as i32),
+            a.k_cache,
+            a.v_cache,
+            a.seq,
+            a.k_stride,
+            a.v_stride,
+            a.head_dim_v,
+            a.slots,
             // `norm_rope_qk`'s: the head norms' weights and epsilons, the query scale.
             Arg::P(0),
             Arg::P(0),
@@ -141,7 +135,6 @@ impl CudaSession {
             Arg::F(0.0),
             Arg::F(1.0),
         ];
-        self.kv_stored = store.then_some(layer);
         if let Some(h) = norms {
             let (q, k) = (h.q.map(|n| n.0), h.k.map(|n| n.0));
             args[20] = Arg::P(q.map_or(0, |n| n.w));
@@ -161,4 +154,51 @@ impl CudaSession {
         let n = n_rot + if store { n_store } else { 0 };
         self.elementwise("rope_qk", &args[..20], n);
     }
+
+    /// Layer `layer`'s rotation and, with `store`, its f16 cache for the keys and values
+    /// (else null pointers), as every launch that rotates takes them (`rope_qk`,
+    /// `norm_rope_qk`, the products' epilogue: each in its own parameter order).
+    pub(super) fn rope_args(&mut self, m: &Model, layer: usize, store: bool) -> RopeArgs {
+        let c = &m.config;
+        let rope = m.weights.layers[layer]
+            .rope
+            .as_ref()
+            .expect("a layer with a RoPE");
+        let at = self.layout.kv[layer];
+        let (kc, vc) = if store { self.kv_at(layer) } else { (0, 0) };
+        self.kv_stored = store.then_some(layer);
+        RopeArgs {
+            pos: Arg::P(self.at(self.layout.pos)),
+            seq: Arg::P(self.at(self.layout.seq)),
+            k_cache: Arg::P(kc),
+            v_cache: Arg::P(vc),
+            k_stride: Arg::L(at.slot_stride.0 as i64),
+            v_stride: Arg::L(at.slot_stride.1 as i64),
+            factors: Arg::P(self.w.rope_factors(layer)),
+            theta_scale: Arg::F(rope.freq_base.powf(-2.0 / rope.n_dims as f32)),
+            freq_scale: Arg::F(rope.freq_scale),
+            head_dim_k: Arg::I(c.head_dim_k as i32),
+            n_dims: Arg::I(rope.n_dims as i32),
+            head_dim_v: Arg::I(c.head_dim_v as i32),
+            slots: Arg::I(at.rows as i32),
+        }
+    }
+}
+
+/// A layer's RoPE arguments ([`CudaSession::rope_args`]): the step's positions and sequence
+/// slots, the f16 cache and its slot strides, the frequency factors and scales, the head sizes.
+pub(super) struct RopeArgs {
+    pub pos: Arg,
+    pub seq: Arg,
+    pub k_cache: Arg,
+    pub v_cache: Arg,
+    pub k_stride: Arg,
+    pub v_stride: Arg,
+    pub factors: Arg,
+    pub theta_scale: Arg,
+    pub freq_scale: Arg,
+    pub head_dim_k: Arg,
+    pub n_dims: Arg,
+    pub head_dim_v: Arg,
+    pub slots: Arg,
 }
