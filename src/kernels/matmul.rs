@@ -520,7 +520,10 @@ fn chunk_rows(row_bytes: usize) -> usize {
 
 /// Formats whose gemm results depend on the batch's size and a row's place in it.
 fn batch_dependent(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4K | GgmlType::Q6K)
+    matches!(
+        ty,
+        GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K
+    )
 }
 
 /// `out = lin · x` for `n` f32 rows: quantizes into `xq` then multiplies.

@@ -17,21 +17,24 @@
 //!   through `ggml_gemv_q4_K_8x8_q8_K`, which does so once per super-block. Both keep the
 //!   scale part and the minimum part in two separate fused-multiply-add chains and subtract
 //!   them at the end: see [`q4k_dot`].
-//! - **Q6_K** (not repacked on x86) through its "tiled" matmul when a batch has at least 8
-//!   activation rows (one exact integer per super-block, scaled by the weight's `d`, then
-//!   fused-multiply-added with the activation's `d`: [`q6k_dot_tiled`]); smaller batches use
-//!   `ggml_vec_dot_q6_K_q8_K`, whose AVX2 code keeps 8 lanes of 4-element integer sums and one
-//!   fused multiply-add per lane per super-block, reduced at the end: [`k_dot_lanes`].
+//! - **Q3_K, Q5_K and Q6_K** (not repacked on x86) through its tiled matmul (`ggml-cpu/tiled`)
+//!   when a batch has at least 8 activation rows (per super-block the exact integers, times the
+//!   weight's `d`, a minimum's sum fused-multiply-added with `−dmin`, then fused-multiply-added
+//!   with the activation's `d`: [`k_dot_tiled`]); smaller batches use its AVX2
+//!   `ggml_vec_dot_q*_K_q8_K`, which keeps 8 lanes of 4-element integer sums and fused
+//!   multiply-adds per lane per super-block, reduced at the end: [`k_dot_lanes`], which kiln
+//!   also takes for Q2_K.
 //! - **The 32-element formats** through their 8-lane `vec_dot` ([`t32_dot_lanes`]).
 //!
 //! [`gemm_dot`] picks the right one for row `j` of a batch of `nx` activation rows.
 //!
 //! Not reproduced: Q4_K matrices whose row count is not a multiple of 8 (the reference does
 //! not repack those and uses `ggml_vec_dot_q4_K_q8_K`; kiln uses the repacked order for every
-//! Q4_K matrix), Q2_K, Q3_K and Q5_K (the reference repacks Q2_K on AVX-512 and takes Q3_K and
-//! Q5_K through its tiled kernel; kiln keeps its AVX2 `vec_dot`'s 8 lanes, [`k_dot_lanes`]),
-//! and Q4_0 (repacked `q4_0_8x8`; kiln sums whole blocks, [`t32_dot_blocks`], as the
-//! reference's AVX2 build does). Those stay within float-accumulation noise.
+//! Q4_K matrix); Q2_K (the reference repacks it on AVX-512); Q5_K's single rows (the
+//! reference's `vec_dot` sums its minimums apart, in one scalar chain added after the lanes,
+//! where [`k_dot_lanes`] folds them into the lanes); and Q4_0 (repacked `q4_0_8x8`; kiln sums
+//! whole blocks, [`t32_dot_blocks`], as the reference's AVX2 build does). Those stay within
+//! float-accumulation noise.
 //! The activation quantizer is the same for all of them (`quantize_row_q8_K`; the repacked
 //! path's 4-row `ggml_quantize_mat_q8_K_4x8` picks the sign of the scale differently when
 //! `+amax` and `-amax` both occur, which negates both the quants and the scale: same dot).
@@ -43,8 +46,9 @@ use super::blocks::{
 use super::reference::{q2k_q, q3k_u, q4k_q, q5k_q, q6k_u};
 use super::GgmlType;
 
-/// Rows per batch from which the reference multiplies Q6_K through its tiled kernel.
-pub const Q6K_TILED_MIN_ROWS: usize = 8;
+/// Rows per batch from which the reference multiplies Q3_K, Q5_K and Q6_K through its tiled
+/// kernel ([`k_dot_tiled`]).
+pub const TILED_MIN_ROWS: usize = 8;
 
 /// Sum of the activation quants of sub-block `s` (32 elements) from the per-16 `bsums`.
 #[inline]
@@ -215,17 +219,33 @@ pub fn k_dot_lanes(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
     hsum8(acc)
 }
 
-/// The reference's tiled Q6_K kernel (batches of 8 rows or more): per super-block the exact
-/// integer sum times the weight's `d`, then fused-multiply-added with the activation's `d`.
-/// `w` holds `x.len()` Q6_K blocks.
-pub fn q6k_dot_tiled(w: &[u8], x: &[BlockQ8K]) -> f32 {
+/// The reference's tiled kernel (`ggml-cpu/tiled`, batches of [`TILED_MIN_ROWS`] rows or more)
+/// for Q3_K, Q5_K and Q6_K: per super-block the exact integers summed, `s` (with an offset
+/// format's offset) times the weight's `d`, a minimum format's `m` then fused-multiply-added
+/// with `−dmin` (its `fnmadd`), and the result fused-multiply-added with the activation's `d`
+/// (the reference's `buf + r·d1`, which its compiler contracts). `w` holds `x.len()` blocks
+/// of `ty`.
+pub fn k_dot_tiled(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut acc = 0f32;
     for (b, y) in x.iter().enumerate() {
-        let k = KLanes::of(GgmlType::Q6K, w, b, y);
-        let s: i32 = k.s.iter().chain(&k.m).sum();
-        acc = (s as f32 * k.d).mul_add(y.d.to_f32(), acc);
+        let k = KLanes::of(ty, w, b, y);
+        let (s, m): (i32, i32) = (k.s.iter().sum(), k.m.iter().sum());
+        let r = if k.offset {
+            (s + m) as f32 * k.d
+        } else {
+            k.dm.mul_add(m as f32, s as f32 * k.d)
+        };
+        acc = r.mul_add(y.d.to_f32(), acc);
     }
     acc
+}
+
+/// Whether the reference takes `ty`'s products of a batch of `nx` rows through its tiled
+/// kernel ([`k_dot_tiled`]): Q3_K, Q5_K and Q6_K from [`TILED_MIN_ROWS`] rows (Q2_K and Q4_K
+/// it repacks on x86 instead).
+#[inline]
+pub fn tiled(ty: GgmlType, nx: usize) -> bool {
+    matches!(ty, GgmlType::Q3K | GgmlType::Q5K | GgmlType::Q6K) && nx >= TILED_MIN_ROWS
 }
 
 /// How the reference computes row `j` of a batch of `nx` activation rows against a Q4_K matrix:
@@ -251,7 +271,7 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
             let wb = cast::<BlockQ4K>(w)?;
             q4k_dot(wb, xb, q4k_row_uses_gemm(nx, j))
         }
-        GgmlType::Q6K if nx >= Q6K_TILED_MIN_ROWS => q6k_dot_tiled(w, xb),
+        _ if tiled(ty, nx) => k_dot_tiled(ty, w, xb),
         _ => k_dot_lanes(ty, w, xb),
     })
 }

@@ -199,7 +199,7 @@ trait BlkK {
     /// Offset formats add the correction to the integer sum (`dm == d`).
     const INT_CORR: bool;
     /// Batches of at least this many rows reduce each super-block's integers first (the
-    /// reference's tiled kernel: Q6_K only, as on x86).
+    /// reference's tiled kernel: Q3_K, Q5_K and Q6_K, as on x86).
     const TILED_FROM: usize = usize::MAX;
     unsafe fn prep(p: *const u8) -> KPrep;
     /// Elements `32k .. 32k+16` and `32k+16 .. 32k+32` as unsigned bytes (<= 63).
@@ -272,6 +272,7 @@ impl BlkK for Q2K {
 impl BlkK for Q3K {
     const SIZE: usize = 110;
     const INT_CORR: bool = true;
+    const TILED_FROM: usize = super::kquant_order::TILED_MIN_ROWS;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let s = q3k_scales(&arr(p.add(96)));
@@ -317,6 +318,7 @@ impl BlkK for Q4K {
 impl BlkK for Q5K {
     const SIZE: usize = 176;
     const INT_CORR: bool = false;
+    const TILED_FROM: usize = super::kquant_order::TILED_MIN_ROWS;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         prep_k4(p)
@@ -336,7 +338,7 @@ impl BlkK for Q5K {
 impl BlkK for Q6K {
     const SIZE: usize = 210;
     const INT_CORR: bool = true;
-    const TILED_FROM: usize = super::kquant_order::Q6K_TILED_MIN_ROWS;
+    const TILED_FROM: usize = super::kquant_order::TILED_MIN_ROWS;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let s: [u8; 16] = arr(p.add(192));
@@ -379,11 +381,11 @@ unsafe fn corr_lanes(corr: &[i32; 16], xp: *const u8) -> [int32x4_t; 2] {
 /// A k-quant row in ggml's AVX2 `vec_dot` order ([`kquant_order::k_dot_lanes`]): per
 /// super-block the 8 lanes of Σ scale·u·y (lane `l`: elements `4l .. 4l + 4` of every
 /// 32-element chunk) and of the bsum correction ([`corr_lanes`]), converted and
-/// fused-multiply-added; with `tiled` (Q6_K in batches of 8 rows or more,
-/// [`kquant_order::q6k_dot_tiled`]) each super-block's integers summed first instead.
+/// fused-multiply-added; with `tiled` (Q3_K, Q5_K and Q6_K in batches of 8 rows or more,
+/// [`kquant_order::k_dot_tiled`]) each super-block's integers summed first instead.
 ///
 /// [`kquant_order::k_dot_lanes`]: super::kquant_order::k_dot_lanes
-/// [`kquant_order::q6k_dot_tiled`]: super::kquant_order::q6k_dot_tiled
+/// [`kquant_order::k_dot_tiled`]: super::kquant_order::k_dot_tiled
 #[inline(always)]
 unsafe fn dot_k<F: BlkK>(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> f32 {
     let mut acc = [vdupq_n_f32(0.0); 2];
@@ -413,6 +415,12 @@ unsafe fn dot_k<F: BlkK>(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> 
                     acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(t[h]), yd * pr.d);
                 }
             }
+        } else if tiled {
+            let (s, m) = (vaddq_s32(s[0], s[1]), vaddq_s32(m[0], m[1]));
+            let r = pr
+                .dm
+                .mul_add(vaddvq_s32(m) as f32, vaddvq_s32(s) as f32 * pr.d);
+            tot = r.mul_add(yd, tot);
         } else {
             for h in 0..2 {
                 acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(s[h]), pr.d * yd);

@@ -10,7 +10,7 @@
 //! layout, so its 8 lanes become 8 registers of 16 rows.
 
 use super::avx2::{f32_at, Q8K_BYTES};
-use crate::quant::kquant_order::Q6K_TILED_MIN_ROWS;
+use crate::quant::kquant_order::TILED_MIN_ROWS;
 use crate::quant::repack::{GROUP, Q6K_X16_BYTES};
 use core::arch::x86_64::*;
 
@@ -35,7 +35,7 @@ pub(super) unsafe fn gemm_tf(
     let nb = n / 256;
     let xr = |j: usize| x.add(j * x_stride);
     let store = |j: usize, v: __m512| _mm512_storeu_ps(out.add(j * out_stride), v);
-    if nx < Q6K_TILED_MIN_ROWS {
+    if nx < TILED_MIN_ROWS {
         for j in 0..nx {
             store(j, lanes(nb, w, xr(j)));
         }

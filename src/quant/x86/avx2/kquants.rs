@@ -32,7 +32,7 @@ pub(in crate::quant::x86) trait BlkK {
     /// Offset format: the correction is added to the integer sum.
     const INT_CORR: bool;
     /// Batches of at least this many rows use the per-super-block arithmetic of the
-    /// reference's tiled kernel (only Q6_K, whose order is reproduced: `kquant_order`).
+    /// reference's tiled kernel (Q3_K, Q5_K and Q6_K: `kquant_order::tiled`).
     const TILED_FROM: usize = usize::MAX;
     unsafe fn prep(p: *const u8) -> KPrep;
     /// Unsigned quants of chunk `k` (elements `32k..32k+32`).
@@ -101,6 +101,7 @@ impl BlkK for Q3K {
     const SIZE: usize = 110;
     const PER16: bool = true;
     const INT_CORR: bool = true;
+    const TILED_FROM: usize = crate::quant::kquant_order::TILED_MIN_ROWS;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         // Unpack the 12 bytes of 6-bit scales (ggml's kmask trick) to 16 bytes of `scale + 32`.
@@ -192,6 +193,7 @@ impl BlkK for Q5K {
     const SIZE: usize = 176;
     const PER16: bool = false;
     const INT_CORR: bool = false;
+    const TILED_FROM: usize = crate::quant::kquant_order::TILED_MIN_ROWS;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         k4_prep(p)
@@ -208,7 +210,7 @@ impl BlkK for Q6K {
     const SIZE: usize = 210;
     const PER16: bool = true;
     const INT_CORR: bool = true;
-    const TILED_FROM: usize = crate::quant::kquant_order::Q6K_TILED_MIN_ROWS;
+    const TILED_FROM: usize = crate::quant::kquant_order::TILED_MIN_ROWS;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let sc16 = _mm256_cvtepi8_epi16(loadu128(p.add(192)));
@@ -271,10 +273,11 @@ macro_rules! k_chunks {
 pub(in crate::quant::x86) struct TK<F>(core::marker::PhantomData<F>);
 
 impl<F: BlkK> TK<F> {
-    /// The tile body. `total` (offset formats only): each super-block's exact integer sum is
-    /// reduced first, scaled by the weight's `d` and fused-multiply-added with the activation's
-    /// `d` (the reference's tiled Q6_K kernel, see `kquant_order::q6k_dot_tiled`); otherwise 8
-    /// lanes are advanced per super-block and reduced at the end (its `vec_dot`).
+    /// The tile body. `total`: each super-block's exact integers are reduced first, scaled by
+    /// the weight's `d` (a minimum's sum then fused-multiply-added with `−dmin`) and
+    /// fused-multiply-added with the activation's `d` (the reference's tiled kernel,
+    /// `kquant_order::k_dot_tiled`); otherwise 8 lanes are advanced per super-block and reduced
+    /// at the end (its `vec_dot`).
     #[inline(always)]
     unsafe fn tile_impl<D: IDot, const NX: usize>(
         n: usize,
@@ -336,6 +339,10 @@ impl<F: BlkK> TK<F> {
                             acc[j],
                         );
                     }
+                } else if total {
+                    let (s, m) = (hsum_epi32(s) as f32, hsum_epi32(m) as f32);
+                    let r = pr.dm.mul_add(m, s * pr.d);
+                    tot[j] = r.mul_add(yd, tot[j]);
                 } else {
                     acc[j] =
                         _mm256_fmadd_ps(_mm256_set1_ps(pr.d * yd), _mm256_cvtepi32_ps(s), acc[j]);
