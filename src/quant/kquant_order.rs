@@ -22,19 +22,21 @@
 //!   weight's `d`, a minimum's sum fused-multiply-added with `−dmin`, then fused-multiply-added
 //!   with the activation's `d`: [`k_dot_tiled`]); smaller batches use its AVX2
 //!   `ggml_vec_dot_q*_K_q8_K`, which keeps 8 lanes of 4-element integer sums and fused
-//!   multiply-adds per lane per super-block, reduced at the end: [`k_dot_lanes`], which kiln
-//!   also takes for Q2_K.
+//!   multiply-adds per lane per super-block, reduced at the end: for Q6_K (whose offset it
+//!   takes through the `bsums`) [`k_dot_lanes`].
 //! - **The 32-element formats** through their 8-lane `vec_dot` ([`t32_dot_lanes`]).
 //!
 //! [`gemm_dot`] picks the right one for row `j` of a batch of `nx` activation rows.
 //!
 //! Not reproduced: Q4_K matrices whose row count is not a multiple of 8 (the reference does
 //! not repack those and uses `ggml_vec_dot_q4_K_q8_K`; kiln uses the repacked order for every
-//! Q4_K matrix); Q2_K (the reference repacks it on AVX-512); Q5_K's single rows (the
-//! reference's `vec_dot` sums its minimums apart, in one scalar chain added after the lanes,
-//! where [`k_dot_lanes`] folds them into the lanes); and Q4_0 (repacked `q4_0_8x8`; kiln sums
-//! whole blocks, [`t32_dot_blocks`], as the reference's AVX2 build does). Those stay within
-//! float-accumulation noise.
+//! Q4_K matrix); Q2_K (the reference repacks it on AVX-512); the single rows (under 8) of
+//! Q3_K and Q5_K, for which kiln keeps Q6_K's lanes ([`k_dot_lanes`]) where the reference's
+//! `vec_dot`s split them otherwise (Q3_K subtracts its offset element by element, inside the
+//! lanes, not through the `bsums`; Q5_K sums its minimums apart, in one scalar chain added
+//! after the lanes; its AVX2 Q2_K adds the minimums' lanes before the scales'); and Q4_0
+//! (repacked `q4_0_8x8`; kiln sums whole blocks, [`t32_dot_blocks`], as the reference's AVX2
+//! build does). Those stay within float-accumulation noise.
 //! The activation quantizer is the same for all of them (`quantize_row_q8_K`; the repacked
 //! path's 4-row `ggml_quantize_mat_q8_K_4x8` picks the sign of the scale differently when
 //! `+amax` and `-amax` both occur, which negates both the quants and the scale: same dot).
@@ -115,12 +117,13 @@ pub(super) fn q4k_add(
     }
 }
 
-/// One k-quant super-block against its Q8_K partner, split as the reference's AVX2 `vec_dot`
-/// splits it (and kiln's `TK` kernels, on every tier): the block is `u` unsigned quants with a
-/// scale per 16 elements, and a coefficient `corr` per 16-element activation sum (`bsums`) that
-/// carries the sub-block minimums (Q2_K, Q5_K) or the quants' offset (Q3_K: −4, Q6_K: −32).
-/// Lane `l` holds the exact Σ scale·u·y over elements `4l .. 4l + 4` of every 32-element chunk
-/// (`s`) and `corr[2l]·bsum[2l] + corr[2l+1]·bsum[2l+1]` (`m`).
+/// One k-quant super-block against its Q8_K partner, split as the reference's AVX2 Q6_K
+/// `vec_dot` splits it (and kiln's `TK` kernels, on every tier, every k-quant but Q4_K): the
+/// block is `u` unsigned quants with a scale per 16 elements, and a coefficient `corr` per
+/// 16-element activation sum (`bsums`) that carries the sub-block minimums (Q2_K, Q5_K) or the
+/// quants' offset (Q3_K: −4, Q6_K: −32). Lane `l` holds the exact Σ scale·u·y over elements
+/// `4l .. 4l + 4` of every 32-element chunk (`s`) and `corr[2l]·bsum[2l] + corr[2l+1]·bsum[2l+1]`
+/// (`m`).
 struct KLanes {
     /// The weight's `d`.
     d: f32,
@@ -198,7 +201,8 @@ pub fn hsum8(v: [f32; 8]) -> f32 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
-/// `ggml_vec_dot_q*_K_q8_K` (x86 AVX2) for Q2_K, Q3_K, Q5_K and Q6_K: per super-block, each of
+/// `ggml_vec_dot_q6_K_q8_K` (x86 AVX2), and kiln's Q2_K, Q3_K and Q5_K single rows in the
+/// same lanes ([`KLanes`]; the reference's differ, see the module text): per super-block, each of
 /// the 8 integer lanes ([`KLanes`]) is converted and fused-multiply-added with `d_w·d_y`
 /// (an offset format's `s + m` in one; a minimum format's `s`, then `m` with `−dmin_w·d_y`); the
 /// lanes are reduced at the end ([`hsum8`]). `w` holds `x.len()` blocks of `ty`.
@@ -256,8 +260,9 @@ pub fn q4k_row_uses_gemm(nx: usize, j: usize) -> bool {
 }
 
 /// kiln's result for row `j` of a batch of `nx` activation rows against a k-quant row, on
-/// every tier: the reference engine's x86 order for Q4_K and Q6_K (batch-dependent), and its
-/// AVX2 `vec_dot`'s for Q2_K, Q3_K and Q5_K ([`k_dot_lanes`]); `None` for the other formats.
+/// every tier: the reference engine's x86 order for Q4_K, Q6_K, and Q3_K and Q5_K batches of 8
+/// rows or more (batch-dependent); Q6_K's lanes for Q2_K and the other Q3_K and Q5_K rows
+/// ([`k_dot_lanes`]); `None` for the other formats.
 pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize) -> Option<f32> {
     use std::mem::size_of;
     if ty.block_size() != QK_K {
