@@ -22,21 +22,18 @@
 //!   weight's `d`, a minimum's sum fused-multiply-added with `−dmin`, then fused-multiply-added
 //!   with the activation's `d`: [`k_dot_tiled`]); smaller batches use its AVX2
 //!   `ggml_vec_dot_q*_K_q8_K`, which keeps 8 lanes of 4-element integer sums and fused
-//!   multiply-adds per lane per super-block, reduced at the end: for Q6_K (whose offset it
-//!   takes through the `bsums`) [`k_dot_lanes`].
+//!   multiply-adds per lane per super-block, reduced at the end: [`k_dot_lanes`], with each
+//!   format's own handling of its offset or minimums.
 //! - **The 32-element formats** through their 8-lane `vec_dot` ([`t32_dot_lanes`]).
 //!
 //! [`gemm_dot`] picks the right one for row `j` of a batch of `nx` activation rows.
 //!
 //! Not reproduced: Q4_K matrices whose row count is not a multiple of 8 (the reference does
 //! not repack those and uses `ggml_vec_dot_q4_K_q8_K`; kiln uses the repacked order for every
-//! Q4_K matrix); Q2_K (the reference repacks it on AVX-512); the single rows (under 8) of
-//! Q3_K and Q5_K, for which kiln keeps Q6_K's lanes ([`k_dot_lanes`]) where the reference's
-//! `vec_dot`s split them otherwise (Q3_K subtracts its offset element by element, inside the
-//! lanes, not through the `bsums`; Q5_K sums its minimums apart, in one scalar chain added
-//! after the lanes; its AVX2 Q2_K adds the minimums' lanes before the scales'); and Q4_0
-//! (repacked `q4_0_8x8`; kiln sums whole blocks, [`t32_dot_blocks`], as the reference's AVX2
-//! build does). Those stay within float-accumulation noise.
+//! Q4_K matrix); Q2_K (the reference repacks it on AVX-512; kiln takes its AVX2 `vec_dot`'s
+//! order, [`k_dot_lanes`], for every batch); and Q4_0 (repacked `q4_0_8x8`; kiln sums whole
+//! blocks, [`t32_dot_blocks`], as the reference's AVX2 build does). Those stay within
+//! float-accumulation noise.
 //! The activation quantizer is the same for all of them (`quantize_row_q8_K`; the repacked
 //! path's 4-row `ggml_quantize_mat_q8_K_4x8` picks the sign of the scale differently when
 //! `+amax` and `-amax` both occur, which negates both the quants and the scale: same dot).
@@ -117,13 +114,13 @@ pub(super) fn q4k_add(
     }
 }
 
-/// One k-quant super-block against its Q8_K partner, split as the reference's AVX2 Q6_K
-/// `vec_dot` splits it (and kiln's `TK` kernels, on every tier, every k-quant but Q4_K): the
-/// block is `u` unsigned quants with a scale per 16 elements, and a coefficient `corr` per
-/// 16-element activation sum (`bsums`) that carries the sub-block minimums (Q2_K, Q5_K) or the
-/// quants' offset (Q3_K: −4, Q6_K: −32). Lane `l` holds the exact Σ scale·u·y over elements
-/// `4l .. 4l + 4` of every 32-element chunk (`s`) and `corr[2l]·bsum[2l] + corr[2l+1]·bsum[2l+1]`
-/// (`m`).
+/// One k-quant super-block against its Q8_K partner, split as the reference's AVX2 `vec_dot`
+/// splits it (and kiln's `TK` kernels, on every tier, every k-quant but Q4_K): the block is
+/// quants `u` with a scale per 16 elements, and a coefficient `corr` per 16-element activation
+/// sum (`bsums`) that carries the sub-block minimums (Q2_K, Q5_K) or the quants' offset (Q6_K:
+/// −32; Q3_K's −4 stays inside `u`, element by element). Lane `l` holds the exact Σ scale·u·y
+/// over elements `4l .. 4l + 4` of every 32-element chunk (`s`) and
+/// `corr[2l]·bsum[2l] + corr[2l+1]·bsum[2l+1]` (`m`).
 struct KLanes {
     /// The weight's `d`.
     d: f32,
@@ -172,8 +169,10 @@ impl KLanes {
                 let k = block::<BlockQ3K>(w, b);
                 let sc = q3k_scales(&k.scales);
                 let d = k.d.to_f32();
-                let u = |i| q3k_u(k, i);
-                KLanes::new((d, d, true), u, |g| sc[g] as i32, |g| -4 * sc[g] as i32, y)
+                // The offset inside the lanes, element by element (`m` zero), as the
+                // reference's `vec_dot` subtracts it.
+                let q = |i| q3k_u(k, i) - 4;
+                KLanes::new((d, d, true), q, |g| sc[g] as i32, |_| 0, y)
             }
             GgmlType::Q5K => {
                 let k = block::<BlockQ5K>(w, b);
@@ -201,26 +200,39 @@ pub fn hsum8(v: [f32; 8]) -> f32 {
     (s[0] + s[2]) + (s[1] + s[3])
 }
 
-/// `ggml_vec_dot_q6_K_q8_K` (x86 AVX2), and kiln's Q2_K, Q3_K and Q5_K single rows in the
-/// same lanes ([`KLanes`]; the reference's differ, see the module text): per super-block, each of
-/// the 8 integer lanes ([`KLanes`]) is converted and fused-multiply-added with `d_w·d_y`
-/// (an offset format's `s + m` in one; a minimum format's `s`, then `m` with `−dmin_w·d_y`); the
-/// lanes are reduced at the end ([`hsum8`]). `w` holds `x.len()` blocks of `ty`.
+/// The reference's AVX2 `ggml_vec_dot_q*_K_q8_K` for Q2_K, Q3_K, Q5_K and Q6_K (its single
+/// rows): per super-block, each of the 8 integer lanes ([`KLanes`]) is converted and
+/// fused-multiply-added with `d_w·d_y`, and the lanes are reduced at the end ([`hsum8`]). An
+/// offset format's lane is `s + m` (Q6_K's offset through the `bsums`, Q3_K's inside `s`);
+/// Q2_K fused-multiply-adds its minimums' lanes `m` (with `−dmin_w·d_y`) before `s`; Q5_K sums
+/// its minimums apart, `Σ m` fused-multiply-added per super-block into one scalar added after
+/// the lanes. `w` holds `x.len()` blocks of `ty`.
 pub fn k_dot_lanes(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
+    let mut mins = 0f32;
     for (b, y) in x.iter().enumerate() {
         let k = KLanes::of(ty, w, b, y);
         let yd = y.d.to_f32();
+        if ty == GgmlType::Q5K {
+            let m: i32 = k.m.iter().sum();
+            mins = (k.dm * yd).mul_add(m as f32, mins);
+        }
         for (l, a) in acc.iter_mut().enumerate() {
-            if k.offset {
-                *a = (yd * k.d).mul_add((k.s[l] + k.m[l]) as f32, *a);
-            } else {
-                *a = (k.d * yd).mul_add(k.s[l] as f32, *a);
-                *a = (k.dm * yd).mul_add(k.m[l] as f32, *a);
+            match ty {
+                _ if k.offset => *a = (yd * k.d).mul_add((k.s[l] + k.m[l]) as f32, *a),
+                GgmlType::Q2K => {
+                    *a = (k.dm * yd).mul_add(k.m[l] as f32, *a);
+                    *a = (k.d * yd).mul_add(k.s[l] as f32, *a);
+                }
+                _ => *a = (k.d * yd).mul_add(k.s[l] as f32, *a),
             }
         }
     }
-    hsum8(acc)
+    if ty == GgmlType::Q5K {
+        hsum8(acc) + mins
+    } else {
+        hsum8(acc)
+    }
 }
 
 /// The reference's tiled kernel (`ggml-cpu/tiled`, batches of [`TILED_MIN_ROWS`] rows or more)
@@ -260,9 +272,8 @@ pub fn q4k_row_uses_gemm(nx: usize, j: usize) -> bool {
 }
 
 /// kiln's result for row `j` of a batch of `nx` activation rows against a k-quant row, on
-/// every tier: the reference engine's x86 order for Q4_K, Q6_K, and Q3_K and Q5_K batches of 8
-/// rows or more (batch-dependent); Q6_K's lanes for Q2_K and the other Q3_K and Q5_K rows
-/// ([`k_dot_lanes`]); `None` for the other formats.
+/// every tier: the reference engine's x86 order (batch-dependent for Q3_K to Q6_K; Q2_K in its
+/// AVX2 `vec_dot`'s); `None` for the other formats.
 pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize) -> Option<f32> {
     use std::mem::size_of;
     if ty.block_size() != QK_K {

@@ -201,6 +201,14 @@ trait BlkK {
     /// Batches of at least this many rows reduce each super-block's integers first (the
     /// reference's tiled kernel: Q3_K, Q5_K and Q6_K, as on x86).
     const TILED_FROM: usize = usize::MAX;
+    /// An offset subtracted inside the lanes, element by element (Q3_K's 4, whose `corr` is
+    /// then zero), as the reference's `vec_dot` does.
+    const LANE_OFFSET: i8 = 0;
+    /// A minimum format's single rows: the minimums' lanes before the scales' (Q2_K).
+    const MINS_FIRST: bool = false;
+    /// A minimum format's single rows: the minimums summed apart, one scalar chain added after
+    /// the lanes (Q5_K).
+    const MINS_APART: bool = false;
     unsafe fn prep(p: *const u8) -> KPrep;
     /// Elements `32k .. 32k+16` and `32k+16 .. 32k+32` as unsigned bytes (<= 63).
     unsafe fn chunk(p: *const u8, k: usize) -> (uint8x16_t, uint8x16_t);
@@ -242,6 +250,7 @@ unsafe fn prep_k4(p: *const u8) -> KPrep {
 impl BlkK for Q2K {
     const SIZE: usize = 84;
     const INT_CORR: bool = false;
+    const MINS_FIRST: bool = true;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let raw: [u8; 16] = arr(p);
@@ -273,6 +282,7 @@ impl BlkK for Q3K {
     const SIZE: usize = 110;
     const INT_CORR: bool = true;
     const TILED_FROM: usize = super::kquant_order::TILED_MIN_ROWS;
+    const LANE_OFFSET: i8 = 4;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let s = q3k_scales(&arr(p.add(96)));
@@ -280,7 +290,7 @@ impl BlkK for Q3K {
         let mut corr = [0i32; 16];
         for g in 0..16 {
             sc[g] = s[g] as i32;
-            corr[g] = -4 * s[g] as i32;
+            corr[g] = 0; // (the offset: `LANE_OFFSET`)
         }
         let d = f16_at(p.add(108));
         KPrep { d, dm: d, sc, corr }
@@ -319,6 +329,7 @@ impl BlkK for Q5K {
     const SIZE: usize = 176;
     const INT_CORR: bool = false;
     const TILED_FROM: usize = super::kquant_order::TILED_MIN_ROWS;
+    const MINS_APART: bool = true;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         prep_k4(p)
@@ -381,7 +392,8 @@ unsafe fn corr_lanes(corr: &[i32; 16], xp: *const u8) -> [int32x4_t; 2] {
 /// A k-quant row in ggml's AVX2 `vec_dot` order ([`kquant_order::k_dot_lanes`]): per
 /// super-block the 8 lanes of Σ scale·u·y (lane `l`: elements `4l .. 4l + 4` of every
 /// 32-element chunk) and of the bsum correction ([`corr_lanes`]), converted and
-/// fused-multiply-added; with `tiled` (Q3_K, Q5_K and Q6_K in batches of 8 rows or more,
+/// fused-multiply-added as each format's `vec_dot` does (`LANE_OFFSET`, `MINS_FIRST`,
+/// `MINS_APART`); with `tiled` (Q3_K, Q5_K and Q6_K in batches of 8 rows or more,
 /// [`kquant_order::k_dot_tiled`]) each super-block's integers summed first instead.
 ///
 /// [`kquant_order::k_dot_lanes`]: super::kquant_order::k_dot_lanes
@@ -389,7 +401,7 @@ unsafe fn corr_lanes(corr: &[i32; 16], xp: *const u8) -> [int32x4_t; 2] {
 #[inline(always)]
 unsafe fn dot_k<F: BlkK>(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> f32 {
     let mut acc = [vdupq_n_f32(0.0); 2];
-    let mut tot = 0f32;
+    let (mut tot, mut mins) = (0f32, 0f32);
     for b in 0..nb {
         let wp = w.add(b * F::SIZE);
         let xp = x.add(b * Q8K_BYTES);
@@ -397,9 +409,14 @@ unsafe fn dot_k<F: BlkK>(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> 
         let mut s = [vdupq_n_s32(0); 2];
         for k in 0..8 {
             let (lo, hi) = F::chunk(wp, k);
+            let off = vdupq_n_s8(F::LANE_OFFSET);
+            let (lo, hi) = (
+                vsubq_s8(vreinterpretq_s8_u8(lo), off),
+                vsubq_s8(vreinterpretq_s8_u8(hi), off),
+            );
             let y = xp.add(4 + 32 * k);
-            let p0 = lanes16(vreinterpretq_s8_u8(lo), vld1q_s8(y.cast()));
-            let p1 = lanes16(vreinterpretq_s8_u8(hi), vld1q_s8(y.add(16).cast()));
+            let p0 = lanes16(lo, vld1q_s8(y.cast()));
+            let p1 = lanes16(hi, vld1q_s8(y.add(16).cast()));
             s[0] = vmlaq_n_s32(s[0], p0, pr.sc[2 * k]);
             s[1] = vmlaq_n_s32(s[1], p1, pr.sc[2 * k + 1]);
         }
@@ -422,14 +439,25 @@ unsafe fn dot_k<F: BlkK>(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> 
                 .mul_add(vaddvq_s32(m) as f32, vaddvq_s32(s) as f32 * pr.d);
             tot = r.mul_add(yd, tot);
         } else {
+            if F::MINS_APART {
+                let m = vaddvq_s32(vaddq_s32(m[0], m[1]));
+                mins = (pr.dm * yd).mul_add(m as f32, mins);
+            }
             for h in 0..2 {
+                if F::MINS_FIRST {
+                    acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(m[h]), pr.dm * yd);
+                }
                 acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(s[h]), pr.d * yd);
-                acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(m[h]), pr.dm * yd);
+                if !F::MINS_APART && !F::MINS_FIRST {
+                    acc[h] = vfmaq_n_f32(acc[h], vcvtq_f32_s32(m[h]), pr.dm * yd);
+                }
             }
         }
     }
     if tiled {
         tot
+    } else if F::MINS_APART {
+        hsum8(acc) + mins
     } else {
         hsum8(acc)
     }

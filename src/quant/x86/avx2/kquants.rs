@@ -34,6 +34,14 @@ pub(in crate::quant::x86) trait BlkK {
     /// Batches of at least this many rows use the per-super-block arithmetic of the
     /// reference's tiled kernel (Q3_K, Q5_K and Q6_K: `kquant_order::tiled`).
     const TILED_FROM: usize = usize::MAX;
+    /// An offset subtracted inside the lanes, element by element (Q3_K's 4, whose `corr` is
+    /// then zero), as the reference's `vec_dot` does.
+    const LANE_OFFSET: i8 = 0;
+    /// A minimum format's single rows: the minimums' lanes before the scales' (Q2_K).
+    const MINS_FIRST: bool = false;
+    /// A minimum format's single rows: the minimums summed apart, one scalar chain added after
+    /// the lanes (Q5_K).
+    const MINS_APART: bool = false;
     unsafe fn prep(p: *const u8) -> KPrep;
     /// Unsigned quants of chunk `k` (elements `32k..32k+32`).
     unsafe fn chunk(p: *const u8, k: usize) -> __m256i;
@@ -74,6 +82,7 @@ impl BlkK for Q2K {
     const SIZE: usize = 84;
     const PER16: bool = true;
     const INT_CORR: bool = false;
+    const MINS_FIRST: bool = true;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         let raw = loadu128(p);
@@ -102,6 +111,7 @@ impl BlkK for Q3K {
     const PER16: bool = true;
     const INT_CORR: bool = true;
     const TILED_FROM: usize = crate::quant::kquant_order::TILED_MIN_ROWS;
+    const LANE_OFFSET: i8 = 4;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         // Unpack the 12 bytes of 6-bit scales (ggml's kmask trick) to 16 bytes of `scale + 32`.
@@ -126,7 +136,7 @@ impl BlkK for Q3K {
                 _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
                 _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
             ],
-            corr: _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<2>(sc16)),
+            corr: _mm256_setzero_si256(), // (the offset: `LANE_OFFSET`)
         }
     }
     #[inline(always)]
@@ -194,6 +204,7 @@ impl BlkK for Q5K {
     const PER16: bool = false;
     const INT_CORR: bool = false;
     const TILED_FROM: usize = crate::quant::kquant_order::TILED_MIN_ROWS;
+    const MINS_APART: bool = true;
     #[inline(always)]
     unsafe fn prep(p: *const u8) -> KPrep {
         k4_prep(p)
@@ -252,7 +263,11 @@ macro_rules! k_chunks {
                 );
                 for $j in 0..$NX {
                     let y = loadu($x[$j].add($b * Q8K_BYTES + 4 + 32 * $kk));
-                    let $p = _mm256_maddubs_epi16(q, y);
+                    let mut $p = _mm256_maddubs_epi16(q, y);
+                    if <$F>::LANE_OFFSET != 0 {
+                        let off = _mm256_set1_epi8(<$F>::LANE_OFFSET);
+                        $p = _mm256_sub_epi16($p, _mm256_maddubs_epi16(off, y));
+                    }
                     let $k: usize = $kk;
                     $body
                 }
@@ -288,6 +303,7 @@ impl<F: BlkK> TK<F> {
         let nb = n / 256;
         let mut acc = [_mm256_setzero_ps(); NX];
         let mut tot = [0f32; NX];
+        let mut mins = [0f32; NX];
         for b in 0..nb {
             let wp = w.add(b * F::SIZE);
             let pr = F::prep(wp);
@@ -308,7 +324,12 @@ impl<F: BlkK> TK<F> {
                             _mm512_castsi256_si512(loadu(x[2 * t].add(b * Q8K_BYTES + 4 + 32 * k))),
                             loadu(x[2 * t + 1].add(b * Q8K_BYTES + 4 + 32 * k)),
                         );
-                        i2[t][k % 2] = D::dpwssd512(i2[t][k % 2], _mm512_maddubs_epi16(q, y), sc);
+                        let mut p = _mm512_maddubs_epi16(q, y);
+                        if F::LANE_OFFSET != 0 {
+                            let off = _mm512_set1_epi8(F::LANE_OFFSET);
+                            p = _mm512_sub_epi16(p, _mm512_maddubs_epi16(off, y));
+                        }
+                        i2[t][k % 2] = D::dpwssd512(i2[t][k % 2], p, sc);
                     }
                 }
                 for t in 0..NX / 2 {
@@ -344,10 +365,17 @@ impl<F: BlkK> TK<F> {
                     let r = pr.dm.mul_add(m, s * pr.d);
                     tot[j] = r.mul_add(yd, tot[j]);
                 } else {
+                    let dm = _mm256_set1_ps(pr.dm * yd);
+                    if F::MINS_APART {
+                        mins[j] = (pr.dm * yd).mul_add(hsum_epi32(m) as f32, mins[j]);
+                    } else if F::MINS_FIRST {
+                        acc[j] = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(m), acc[j]);
+                    }
                     acc[j] =
                         _mm256_fmadd_ps(_mm256_set1_ps(pr.d * yd), _mm256_cvtepi32_ps(s), acc[j]);
-                    acc[j] =
-                        _mm256_fmadd_ps(_mm256_set1_ps(pr.dm * yd), _mm256_cvtepi32_ps(m), acc[j]);
+                    if !F::MINS_APART && !F::MINS_FIRST {
+                        acc[j] = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(m), acc[j]);
+                    }
                 }
             }
         }
@@ -357,6 +385,9 @@ impl<F: BlkK> TK<F> {
         let mut out = [0f32; NX];
         for j in 0..NX {
             out[j] = hsum_ps(acc[j]);
+            if F::MINS_APART {
+                out[j] += mins[j];
+            }
         }
         out
     }
