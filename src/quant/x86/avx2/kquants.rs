@@ -34,8 +34,9 @@ pub(in crate::quant::x86) trait BlkK {
     /// Batches of at least this many rows use the per-super-block arithmetic of the
     /// reference's tiled kernel (Q3_K, Q5_K and Q6_K: `kquant_order::tiled`).
     const TILED_FROM: usize = usize::MAX;
-    /// An offset subtracted inside the lanes, element by element (Q3_K's 4, whose `corr` is
-    /// then zero), as the reference's `vec_dot` does.
+    /// Single rows: an offset subtracted inside the lanes, element by element (Q3_K's 4), as
+    /// the reference's `vec_dot` does, instead of through `corr` (which the tiled order, where
+    /// the super-block's integers are exact, keeps).
     const LANE_OFFSET: i8 = 0;
     /// A minimum format's single rows: the minimums' lanes before the scales' (Q2_K).
     const MINS_FIRST: bool = false;
@@ -136,7 +137,8 @@ impl BlkK for Q3K {
                 _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sc16)),
                 _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sc16)),
             ],
-            corr: _mm256_setzero_si256(), // (the offset: `LANE_OFFSET`)
+            // (−4·scale; single rows subtract the offset in the lanes: `LANE_OFFSET`.)
+            corr: _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16::<2>(sc16)),
         }
     }
     #[inline(always)]
@@ -250,10 +252,11 @@ pub(in crate::quant::x86) const Q8K_BYTES: usize = 292;
 
 /// The 8 chunks of k-quant super-block `$b` of format `$F` (weights at `$wp`, decoded scales
 /// `$pr`) against `$NX` activation rows: runs `$body` with row `$j`, chunk `$k`, the 16-bit
-/// products `$p` of the chunk's quants and the row's activations, and the chunk's scale `$sc`
-/// in every 16-bit lane. Unrolled, so every chunk index is a constant.
+/// products `$p` of the chunk's quants and the row's activations (less the format's
+/// `LANE_OFFSET` when `$lanes`), and the chunk's scale `$sc` in every 16-bit lane. Unrolled, so
+/// every chunk index is a constant.
 macro_rules! k_chunks {
-    ($F:ty, $wp:expr, $pr:expr, $x:expr, $b:expr, $NX:expr, |$j:ident, $k:ident, $p:ident, $sc:ident| $body:block) => {{
+    ($F:ty, $wp:expr, $pr:expr, $x:expr, $b:expr, $NX:expr, $lanes:expr, |$j:ident, $k:ident, $p:ident, $sc:ident| $body:block) => {{
         macro_rules! step {
             ($kk:expr) => {{
                 let q = <$F>::chunk($wp, $kk);
@@ -264,7 +267,7 @@ macro_rules! k_chunks {
                 for $j in 0..$NX {
                     let y = loadu($x[$j].add($b * Q8K_BYTES + 4 + 32 * $kk));
                     let mut $p = _mm256_maddubs_epi16(q, y);
-                    if <$F>::LANE_OFFSET != 0 {
+                    if <$F>::LANE_OFFSET != 0 && $lanes {
                         let off = _mm256_set1_epi8(<$F>::LANE_OFFSET);
                         $p = _mm256_sub_epi16($p, _mm256_maddubs_epi16(off, y));
                     }
@@ -304,6 +307,8 @@ impl<F: BlkK> TK<F> {
         let mut acc = [_mm256_setzero_ps(); NX];
         let mut tot = [0f32; NX];
         let mut mins = [0f32; NX];
+        // Single rows of Q3_K: the offset in the lanes, none through `corr`.
+        let lane_offset = F::LANE_OFFSET != 0 && !total;
         for b in 0..nb {
             let wp = w.add(b * F::SIZE);
             let pr = F::prep(wp);
@@ -325,7 +330,7 @@ impl<F: BlkK> TK<F> {
                             loadu(x[2 * t + 1].add(b * Q8K_BYTES + 4 + 32 * k)),
                         );
                         let mut p = _mm512_maddubs_epi16(q, y);
-                        if F::LANE_OFFSET != 0 {
+                        if lane_offset {
                             let off = _mm512_set1_epi8(F::LANE_OFFSET);
                             p = _mm512_sub_epi16(p, _mm512_maddubs_epi16(off, y));
                         }
@@ -339,17 +344,20 @@ impl<F: BlkK> TK<F> {
                     }
                 }
             } else {
-                k_chunks!(F, wp, pr, x, b, NX, |j, k, p16, sc| {
+                k_chunks!(F, wp, pr, x, b, NX, lane_offset, |j, k, p16, sc| {
                     isum[j][k % 2] = D::dpwssd(isum[j][k % 2], p16, sc);
                 });
             }
             for j in 0..NX {
                 let xp = x[j].add(b * Q8K_BYTES);
                 let yd = f32_at(xp);
-                let m = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
                 let s = _mm256_add_epi32(isum[j][0], isum[j][1]);
                 if F::INT_CORR {
-                    let s = _mm256_add_epi32(s, m);
+                    let s = if lane_offset {
+                        s
+                    } else {
+                        _mm256_add_epi32(s, _mm256_madd_epi16(loadu(xp.add(260)), pr.corr))
+                    };
                     if total {
                         let r = hsum_epi32(s) as f32 * pr.d;
                         tot[j] = r.mul_add(yd, tot[j]);
@@ -360,7 +368,10 @@ impl<F: BlkK> TK<F> {
                             acc[j],
                         );
                     }
-                } else if total {
+                    continue;
+                }
+                let m = _mm256_madd_epi16(loadu(xp.add(260)), pr.corr);
+                if total {
                     let (s, m) = (hsum_epi32(s) as f32, hsum_epi32(m) as f32);
                     let r = pr.dm.mul_add(m, s * pr.d);
                     tot[j] = r.mul_add(yd, tot[j]);
@@ -502,7 +513,7 @@ impl TQ4K {
                 }
             } else {
                 for (xg, pg) in x.iter().zip(pairs.iter_mut()) {
-                    k_chunks!(Q4K, wp, pr, xg, b, 4, |j, k, p16, sc| {
+                    k_chunks!(Q4K, wp, pr, xg, b, 4, false, |j, k, p16, sc| {
                         pg[j][k / 2] = D::dpwssd(pg[j][k / 2], p16, sc);
                     });
                 }
@@ -577,7 +588,7 @@ impl TQ4K {
                 let wp = w.add(b * Q4K::SIZE);
                 let pr = Q4K::prep(wp);
                 let mut isum = [[_mm256_setzero_si256(); 2]; NX];
-                k_chunks!(Q4K, wp, pr, x, b, NX, |j, k, p16, sc| {
+                k_chunks!(Q4K, wp, pr, x, b, NX, false, |j, k, p16, sc| {
                     isum[j][k % 2] = D::dpwssd(isum[j][k % 2], p16, sc);
                 });
                 for j in 0..NX {
