@@ -113,14 +113,17 @@ run() {
             timeout 120 .gpu/$t --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
         done
         KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
-        echo "== CPU kernel tests (${SECONDS}s): quant, AMX among them where the host has it"
-        timeout 120 .gpu/kiln-lib quant:: --test-threads 4 --nocapture 2>&1 | grep -E "skipped|panicked|test result" | tail -8 || true
-        # The random models' goldens on the host's default tier (AMX where it has it; the
-        # real models cannot travel).
-        for t in golden_llama golden_archs; do
-            [ -x .gpu/$t ] && { timeout 180 .gpu/$t --skip smollm2 --skip gemma3 --test-threads 4 --nocapture 2>&1 |
-                grep -E "top-1|greedy|panicked|test result|kernels" | tail -30 || true; }
-        done
+        # (KILN_SKIP_CPU_TESTS=1: the GPU's tests alone.)
+        if [ -z "${KILN_SKIP_CPU_TESTS:-}" ]; then
+            echo "== CPU kernel tests (${SECONDS}s): quant, AMX among them where the host has it"
+            timeout 120 .gpu/kiln-lib quant:: --test-threads 4 --nocapture 2>&1 | grep -E "skipped|panicked|test result" | tail -8 || true
+            # The random models' goldens on the host's default tier (AMX where it has it; the
+            # real models cannot travel).
+            for t in golden_llama golden_archs; do
+                [ -x .gpu/$t ] && { timeout 180 .gpu/$t --skip smollm2 --skip gemma3 --test-threads 4 --nocapture 2>&1 |
+                    grep -E "top-1|greedy|panicked|test result|kernels" | tail -30 || true; }
+            done
+        fi
         echo "== GPU tests (${SECONDS}s)"
         timeout ${KILN_TEST_TIMEOUT:-300} .gpu/cuda_backend ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -120 || true
         # (The served test needs this machine's kiln binary and software GPU.)
@@ -131,8 +134,8 @@ run() {
     # (kiln alone first: the reference builds meanwhile.)
     # What each optimization is worth: kiln bench with one switch off at a time (KILN_AB_SETS:
     # "defaults" or VAR=value, space-separated; KILN_AB_BENCH: the bench's arguments, several
-    # sets separated by ';'; KILN_AB_MODELS: of "smol gemma llama1b llama8b", for this and the
-    # earlier binary's comparison).
+    # sets separated by ';'; KILN_AB_MODELS: of "smol gemma llama1b llama8b", for this and, unless
+    # KILN_OLD_MODELS names others, the earlier binary's comparison).
     # Rows of `kiln bench --device cuda`: for each ';'-separated set of bench arguments (`$1`)
     # and model of KILN_AB_MODELS, one line per variant (`$2`...: "ENV=value@binary",
     # "defaults@binary").
@@ -142,7 +145,7 @@ run() {
         shift
         for args in "${benches[@]}"; do
             echo "== $title (${SECONDS}s): bench $args"
-            for c in ${KILN_AB_MODELS:-smol llama8b}; do
+            for c in ${models:-smol llama8b}; do
                 [ -f "$m/$c.gguf" ] || continue
                 for v in "$@"; do
                     local envs=${v%@*} k=${v#*@}
@@ -158,12 +161,13 @@ run() {
         for e in ${KILN_AB_SETS:-defaults KILN_CUDA_FUSE=0 KILN_CUDA_REPACK=0 KILN_CUDA_MIRROR=0 KILN_CUDA_MV_THREADS=32 KILN_CUDA_MV_THREADS=256 defaults}; do
             variants+=("$e@.gpu/kiln")
         done
-        title="A/B" compare "${KILN_AB_BENCH:--p 0 -n 128}" "${variants[@]}"
+        title="A/B" models=${KILN_AB_MODELS:-} compare "${KILN_AB_BENCH:--p 0 -n 128}" "${variants[@]}"
     fi
     # The earlier commit's binary beside this one, alternating (KILN_OLD_BENCH: the bench's
     # arguments, ';'-separated sets; tg128 from an empty context by default).
     if [ -x .gpu/kiln-old ]; then
-        title="this commit vs ${KILN_OLD:-the earlier binary}" compare "${KILN_OLD_BENCH:--p 0 -n 128}" \
+        title="this commit vs ${KILN_OLD:-the earlier binary}" models=${KILN_OLD_MODELS:-${KILN_AB_MODELS:-}} \
+            compare "${KILN_OLD_BENCH:--p 0 -n 128}" \
             defaults@.gpu/kiln-old defaults@.gpu/kiln defaults@.gpu/kiln-old defaults@.gpu/kiln
     fi
     # Wait for the reference build (at most KILN_REF_WAIT seconds).
@@ -240,10 +244,17 @@ run() {
     done
     # Where a decode step's time goes (KILN_PROFILE; ops run one at a time, each timed with a
     # synchronization, so small ops carry the launch; the totals rank them).
+    # (KILN_PROFILE_MODELS: of "smol gemma llama1b llama8b"; KILN_PROFILE_BENCH: the bench's
+    # arguments, several sets separated by ';'.)
     if [ -n "${KILN_PROFILE:-}" ]; then
-        for f in $m/smol.gguf $m/llama8b.gguf; do
-            echo "== profile $f (${KILN_PROFILE_BENCH:--p 0 -n 32})"
-            KILN_CUDA_PROFILE=1 timeout 120 .gpu/kiln bench -m "$f" --device cuda ${KILN_PROFILE_BENCH:--p 0 -n 32} -r 1 2>&1 | grep -A16 "CUDA profile" | head -30 || true
+        local pbenches
+        IFS=';' read -ra pbenches <<< "${KILN_PROFILE_BENCH:--p 0 -n 32}"
+        for c in ${KILN_PROFILE_MODELS:-smol llama8b}; do
+            [ -f "$m/$c.gguf" ] || continue
+            for args in "${pbenches[@]}"; do
+                echo "== profile $c ($args)"
+                KILN_CUDA_PROFILE=1 timeout 120 .gpu/kiln bench -m "$m/$c.gguf" --device cuda $args -r 1 2>&1 | grep -A16 "CUDA profile" | head -30 || true
+            done
         done
     fi
     # Each kernel's own device time in a few decode steps (KILN_NCU=1: Nsight Compute, graph

@@ -516,8 +516,8 @@ impl Backend for ReadsNormAfterProducts<'_> {
     fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize) {
         self.step.matmul(ws, src, dsts, rows)
     }
-    fn matmul_add(&mut self, w: Mat, src: Buf, dst: Buf, rows: usize) {
-        self.step.matmul_add(w, src, dst, rows)
+    fn matmul_add(&mut self, w: Mat, src: Buf, post: Option<NormW>, dst: Buf, rows: usize) {
+        self.step.matmul_add(w, src, post, dst, rows)
     }
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {
         self.step.gated_ffn(gate, up, act, rows)

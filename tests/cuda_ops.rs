@@ -53,7 +53,7 @@ struct Bufs {
 fn bufs(g: &Gpu, w: &[u8], x: &[f32], rows: usize, cols: usize, n_tok: usize) -> Bufs {
     let mut l = Layout::default();
     let (wo, xo) = (l.take(w.len()), l.take(x.len() * 4));
-    let xq = l.take(n_tok * cols / 32 * 40);
+    let xq = l.take(n_tok * cols / 32 * 48);
     let (xbf, wbf) = (l.take(n_tok * cols * 2), l.take(rows * cols * 2));
     let y = l.take(n_tok * rows * 4);
     let ws = l.take(kiln::backend::cuda::blas::WORKSPACE_BYTES);
@@ -380,6 +380,84 @@ fn f32_input_products_match_quantize_then_product() {
     }
 }
 
+/// A product with a post-norm and the residual add in its epilogue (`matvec_*_f_post`: the
+/// last block to finish normalizes the product's rows and adds them) gives the residual
+/// stream that the product (`matvec_*_f`), then `rms_norm_add_f32`, give, bit for bit: every
+/// quantized format, outputs of 640 rows (Gemma-3's: 80 blocks) and 13 (a part-empty last
+/// block), five tokens; launched twice, so the blocks' counter must be back at zero.
+#[test]
+fn post_norm_epilogue_matches_the_product_then_the_norm_and_add() {
+    let Some(g) = gpu() else { return };
+    let cols = 768;
+    let eps = 1e-6f32;
+    let x = activations(cols);
+    let n_tok = x.len() / cols;
+    for rows in [640, 13] {
+        let pw: Vec<f32> = random(rows, 11).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let res: Vec<f32> = random(n_tok * rows, 12).iter().map(|v| 4.0 * v).collect();
+        let mut l = Layout::default();
+        let (pwo, reso, count) = (l.take(rows * 4), l.take(res.len() * 4), l.take(4));
+        let mut pa = Arena::new(&g, l.bytes).unwrap();
+        let s = g.default_stream();
+        pa.write(s, pwo, zerocopy::IntoBytes::as_bytes(&pw[..]))
+            .unwrap();
+        for ty in quantized() {
+            if !cols.is_multiple_of(ty.block_size()) {
+                continue;
+            }
+            let w = weights(ty, rows, cols);
+            let k = format_kernels(ty).unwrap();
+            let b = bufs(&g, &w, &x, rows, cols, n_tok);
+            let (wp, xp, yp) = (b.arena.ptr(b.w), b.arena.ptr(b.x), b.arena.ptr(b.y));
+            let grid = rows.div_ceil(8) as u32;
+            let args = matvec_args(wp, xp, yp, rows, cols, n_tok, false, 32);
+            let norm = [Arg::P(0), Arg::F(0.0)];
+            let read_res = |pa: &Arena| {
+                let mut v = vec![f32::NAN; res.len()];
+                g.synchronize(s).unwrap();
+                pa.read(s, reso, zerocopy::IntoBytes::as_mut_bytes(&mut v[..]))
+                    .unwrap();
+                v
+            };
+            // The separate kernels.
+            pa.write(s, reso, zerocopy::IntoBytes::as_bytes(&res[..]))
+                .unwrap();
+            let a: Vec<Arg> = args.iter().chain(&norm).copied().collect();
+            g.launch(s, k.matvec_f32.unwrap(), grid, 256, &a).unwrap();
+            let post = [
+                Arg::P(pa.ptr(reso)),
+                Arg::P(yp),
+                Arg::P(pa.ptr(pwo)),
+                Arg::I(rows as i32),
+                Arg::F(eps),
+            ];
+            g.launch(s, "rms_norm_add_f32", n_tok as u32, 256, &post)
+                .unwrap();
+            let want = read_res(&pa);
+            // In the epilogue, twice.
+            let tail = [
+                Arg::P(pa.ptr(reso)),
+                Arg::P(pa.ptr(pwo)),
+                Arg::F(eps),
+                Arg::P(pa.ptr(count)),
+            ];
+            let a: Vec<Arg> = args.iter().chain(&norm).chain(&tail).copied().collect();
+            for launch in 0..2 {
+                pa.write(s, reso, zerocopy::IntoBytes::as_bytes(&res[..]))
+                    .unwrap();
+                g.launch(s, k.matvec_post.unwrap(), grid, 256, &a).unwrap();
+                let got = read_res(&pa);
+                let what = format!("{ty} rows {rows} launch {launch}");
+                same_bits(&want, &got, &what);
+                assert!(
+                    want.iter().zip(&res).any(|(w, r)| w != r),
+                    "{what}: nothing was added"
+                );
+            }
+        }
+    }
+}
+
 /// `a` and `b` bit for bit (an unwritten output, NaN, fails too).
 fn same_bits(a: &[f32], b: &[f32], what: &str) {
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -685,7 +763,7 @@ fn norm_and_quantize_in_one_launch_match_the_two_ops() {
         x[width + 7] = 30.0; // (a spike in row 1)
         let w: Vec<f32> = random(width, 81).iter().map(|v| 1.0 + v * 0.5).collect();
         let sel = [2i32, 0, 1];
-        let q8 = rows * width / 32 * 40; // (Q8x: d, s and 32 bytes)
+        let q8 = rows * width / 32 * 48; // (Q8x: 32 bytes, d and s, aligned to 16)
         let mut l = Layout::default();
         let (xo, wo, so) = (l.take(x.len() * 4), l.take(width * 4), l.take(12));
         let (y1, y2, q1, q2) = (

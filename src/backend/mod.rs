@@ -234,11 +234,16 @@ pub trait Backend {
     /// one input, which a backend may run together.
     fn matmul(&mut self, ws: &[Mat], src: Buf, dsts: &[Buf], rows: usize);
 
-    /// `dst += src · Wᵀ (+ bias)`: a product added to the residual stream. By default the
-    /// product goes to [`Buf::Proj`], then is added (a backend may add it in the product's
-    /// epilogue: the same sum, `dst + product`, rounded once).
-    fn matmul_add(&mut self, w: Mat, src: Buf, dst: Buf, rows: usize) {
+    /// `dst += post(src · Wᵀ (+ bias))`: a block's output projection added to the residual
+    /// stream, through its post-norm when the architecture has one (Gemma-3). By default the
+    /// product goes to [`Buf::Proj`], is normalized there in place, then added (a backend may
+    /// do the norm and the add in the product's epilogue, the same arithmetic; [`Buf::Proj`]
+    /// is then not what the default leaves there).
+    fn matmul_add(&mut self, w: Mat, src: Buf, post: Option<NormW>, dst: Buf, rows: usize) {
         self.matmul(&[w], src, &[Buf::Proj], rows);
+        if let Some(norm) = post {
+            self.norm(norm, Buf::Proj, Buf::Proj, 0..rows);
+        }
         self.add(dst, Buf::Proj, rows);
     }
 

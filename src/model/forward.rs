@@ -112,7 +112,7 @@ pub fn forward_batch<B: Backend>(
             .attn_post_norm
             .is_some()
             .then_some(NormW::AttnPost(li));
-        residual(b, Mat::O(li), Buf::Attn, post, n);
+        b.matmul_add(Mat::O(li), Buf::Attn, post, Buf::X, n);
 
         // --- feed-forward ---
         b.norm(NormW::Ffn(li), Buf::X, Buf::Xb, 0..n);
@@ -126,7 +126,7 @@ pub fn forward_batch<B: Backend>(
             Buf::Up
         };
         let post = layer.ffn_post_norm.is_some().then_some(NormW::FfnPost(li));
-        residual(b, Mat::Down(li), hidden, post, n);
+        b.matmul_add(Mat::Down(li), hidden, post, Buf::X, n);
     }
     for sq in seqs.iter_mut() {
         sq.kv.advance(sq.n_tokens)?;
@@ -169,19 +169,6 @@ pub fn forward_batch<B: Backend>(
         }
     }
     b.finish()
-}
-
-/// `X += post(src · Wᵀ)`: a block's output projection added to the residual stream, through
-/// its post-norm when the architecture has one (Gemma-3).
-fn residual<B: Backend>(b: &mut B, w: Mat, src: Buf, post: Option<NormW>, n: usize) {
-    match post {
-        None => b.matmul_add(w, src, Buf::X, n),
-        Some(norm) => {
-            b.matmul(&[w], src, &[Buf::Proj], n);
-            b.norm(norm, Buf::Proj, Buf::Proj, 0..n);
-            b.add(Buf::X, Buf::Proj, n);
-        }
-    }
 }
 
 /// Refuse a batch that does not fit, before anything is modified.

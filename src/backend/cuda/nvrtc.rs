@@ -55,13 +55,14 @@ pub fn entries(src: &str) -> Vec<String> {
                 let name = rest.split(',').next().unwrap_or("").trim();
                 names.push(name.to_string());
                 // (These two also stamp the kernel over f32 input; MATVEC_Q both with a RoPE
-                // epilogue too.)
+                // epilogue too, and the f32 one with a post-norm epilogue.)
                 if (mac == "MATVEC_Q(" || mac == "MATVEC_GATED(") && !name.is_empty() {
                     names.push(format!("{name}_f"));
                 }
                 if mac == "MATVEC_Q(" && !name.is_empty() {
                     names.push(format!("{name}_rope"));
                     names.push(format!("{name}_f_rope"));
+                    names.push(format!("{name}_f_post"));
                 }
             }
         }
@@ -160,16 +161,22 @@ pub fn version() -> Result<(i32, i32), CudaError> {
 }
 
 /// The source NVRTC compiles for kernel file `name`: the prelude, then the file (with line
-/// numbers of the file in messages). `KILN_CUDA_PREFETCH=0` (for measuring) compiles the
-/// kernels without their L2 prefetch of the weights (`prefetch_l2` in common.cuh); the cache's
-/// hash covers it.
+/// numbers of the file in messages). For measuring, `KILN_CUDA_PREFETCH=0` compiles the
+/// kernels without their L2 prefetch of the weights (`prefetch_l2` in common.cuh), and
+/// `KILN_CUDA_MV_UNROLL=n` (1 to 8) unrolls the matvecs' loop over a row's groups n times
+/// (`KILN_MV_UNROLL` in matvec.cu); the cache's hash covers both.
 fn full_source(name: &str, src: &str) -> String {
-    let off = std::env::var("KILN_CUDA_PREFETCH").is_ok_and(|v| v == "0");
-    let switches = if off {
-        "#define KILN_L2_PREFETCH 0\n"
-    } else {
-        ""
-    };
+    let mut switches = String::new();
+    if std::env::var("KILN_CUDA_PREFETCH").is_ok_and(|v| v == "0") {
+        switches.push_str("#define KILN_L2_PREFETCH 0\n");
+    }
+    let unroll = std::env::var("KILN_CUDA_MV_UNROLL").ok();
+    if let Some(n) = unroll
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|n| (1..=8).contains(n))
+    {
+        switches.push_str(&format!("#define KILN_MV_UNROLL {n}\n"));
+    }
     format!("{switches}{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n#line 1 \"{name}\"\n{src}")
 }
 

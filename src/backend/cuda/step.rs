@@ -19,7 +19,7 @@ mod layout;
 mod offload;
 mod products;
 mod rope;
-use super::weights::{DevNorm, DeviceWeights};
+use super::weights::{DevMat, DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
 use crate::cache::KvLayout;
@@ -29,7 +29,7 @@ use crate::model::forward::ForwardError;
 use crate::model::{Model, NormKind};
 use layout::GemmLayout;
 pub use layout::{CudaKv, CudaSizes, RingLayout, SessionLayout};
-use products::{mv_shape, Prepared};
+use products::{mv_shape, Epilogue, Prepared};
 
 /// Products of at least this many rows dequantize the weights to bf16 and multiply on the
 /// tensor cores (cuBLAS); fewer rows take the matvec kernels.
@@ -689,43 +689,79 @@ impl Backend for CudaStep<'_> {
         };
         let all = [pick(0), pick(1), pick(2)];
         let mats = &all[..n];
-        // Decode-sized products of one quantized format: one launch for all.
+        // Decode-sized products of one quantized format: one launch for all (for a run of
+        // them, where the formats differ: Gemma-3's q and k, then its v).
         let m0 = mats[0].0;
+        let decode = s.fuse && (rows < GEMM_MIN_ROWS || s.layout.gemm.is_none());
+        let same = |a: DevMat, b: DevMat| a.ty == b.ty && a.cols == b.cols;
         let one_launch = mats.len() > 1
-            && s.fuse
-            && (rows < GEMM_MIN_ROWS || s.layout.gemm.is_none())
+            && decode
             && m0.kernels.quantize.is_some()
-            && mats.iter().all(|(m, _)| m.ty == m0.ty && m.cols == m0.cols);
+            && mats.iter().all(|&(m, _)| same(m, m0));
         if one_launch {
             let rope = match ws {
                 [Mat::Q(l), Mat::K(_), Mat::V(_)] => s.rope_epilogue(self.m, *l, mats),
                 _ => None,
             };
-            s.matvecs(mats, x, rows, false, rope.as_ref());
+            let epi = rope.as_ref().map_or(Epilogue::Store, Epilogue::Rope);
+            s.matvecs(mats, x, rows, epi);
             for &(m, y) in mats {
                 s.bias(m, y, rows);
             }
         } else {
-            for &(m, y) in mats {
-                s.product(m, x, y, rows, &mut prep);
+            let mut i = 0;
+            while i < mats.len() {
+                let m = mats[i].0;
+                let run = if decode && m.kernels.quantize.is_some() {
+                    mats[i..].iter().take_while(|&&(o, _)| same(o, m)).count()
+                } else {
+                    1
+                };
+                if run > 1 {
+                    s.matvecs(&mats[i..i + run], x, rows, Epilogue::Store);
+                    for &(m, y) in &mats[i..i + run] {
+                        s.bias(m, y, rows);
+                    }
+                } else {
+                    s.product(m, x, mats[i].1, rows, &mut prep);
+                }
+                i += run;
             }
         }
         s.consumed_by(x);
     }
 
-    fn matmul_add(&mut self, w: Mat, src: Buf, dst: Buf, rows: usize) {
+    fn matmul_add(&mut self, w: Mat, src: Buf, post: Option<NormW>, dst: Buf, rows: usize) {
         let s = &mut *self.s;
-        s.writes(dst);
         let m = s.w.mat(w);
-        // Decode-sized, quantized, no bias: the matvec adds its products to dst.
+        // Decode-sized, quantized, no bias: the matvec adds its products to dst, or, through
+        // a post-norm, its last block normalizes them and adds them (`matvec_post`).
         let decode = rows < GEMM_MIN_ROWS || s.layout.gemm.is_none();
         if s.fuse && decode && m.bias.is_none() && m.kernels.quantize.is_some() {
             let (x, y) = (s.buf(src), s.buf(dst));
-            s.reading(x);
-            s.matvecs(&[(m, y)], x, rows, true, None);
-            return;
+            let epi = match post {
+                None => Some(Epilogue::Add),
+                Some(w) => s.post_norm_epilogue(w, m, x, y, rows),
+            };
+            if let Some(epi) = epi {
+                let out = match epi {
+                    Epilogue::PostNorm(_) => {
+                        s.reading(y);
+                        s.writes(Buf::Proj);
+                        s.buf(Buf::Proj)
+                    }
+                    _ => y,
+                };
+                s.writes(dst);
+                s.reading(x);
+                s.matvecs(&[(m, out)], x, rows, epi);
+                return;
+            }
         }
         self.matmul(&[w], src, &[Buf::Proj], rows);
+        if let Some(norm) = post {
+            self.norm(norm, Buf::Proj, Buf::Proj, 0..rows);
+        }
         self.add(dst, Buf::Proj, rows);
     }
 

@@ -83,6 +83,9 @@ pub struct FormatKernels {
     /// `matvec` and `matvec_f32` with the attention's RoPE (and cache store) in their
     /// epilogue (`rope_epilogue` in matvec.cu).
     pub matvec_rope: Option<[&'static str; 2]>,
+    /// `matvec_f32` with a post-norm and the residual add after it in its epilogue
+    /// (`last_block_norm_add` in matvec.cu).
+    pub matvec_post: Option<&'static str>,
     pub embed: &'static str,
     /// How prompt-sized products multiply this format.
     pub prompt: PromptProduct,
@@ -126,6 +129,7 @@ macro_rules! quant_kernels {
                 concat!("matvec_", $t, "_rope"),
                 concat!("matvec_", $t, "_f_rope"),
             ]),
+            matvec_post: Some(concat!("matvec_", $t, "_f_post")),
             embed: $embed,
             prompt: PromptProduct::Bf16(concat!("dequant_bf16_", $t)),
         }
@@ -142,6 +146,7 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
             gated: None,
             gated_f32: None,
             matvec_rope: None,
+            matvec_post: None,
             embed,
             prompt,
         })

@@ -140,6 +140,17 @@ __device__ float rms_scale(const float* xr, int width, float eps) {
 }
 
 
+// x += rms_norm(p)·w over one row of `width` by the whole block: a post-norm (Gemma-3's, after
+// the attention and after the FFN) and the residual add after it (`rms_norm_add_f32`, and the
+// products' epilogue `last_block_norm_add`). The products and the sum are rounded one by one
+// (no fused multiply-add), as rms_norm_f32 then add_f32 round them: the same bits.
+__device__ __forceinline__ void norm_add_row(float* xr, const float* pr, const float* w,
+                                             int width, float eps) {
+    float scale = rms_scale(pr, width, eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x)
+        xr[i] = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(pr[i], scale), w[i]));
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // GELU, tanh approximation, as the reference (and the CPU) computes it: from a table of f16

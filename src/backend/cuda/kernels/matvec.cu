@@ -11,12 +11,31 @@
 // instead (gemm.cu).
 
 // 32 activations quantized to 8 bits: x ≈ d · q, and s = d · Σ q (the sum that the formats
-// with an offset or a minimum need).
-struct Q8x {
+// with an offset or a minimum need). 48 bytes, 16-byte aligned, the quants first: a product
+// reads a group in three vector loads (`ldq8`) where it took ten of four bytes, each lane
+// another group 40 bytes on, each load spread over ten cache lines (an 8B model's decode
+// products were bound by those loads, not by their weights).
+struct alignas(16) Q8x {
+    int qs[8];
     float d;
     float s;
-    int qs[8];
 };
+
+struct alignas(8) f32x2 {
+    float x, y;
+};
+
+// Group `p` (global or shared memory) into registers: two loads of 16 bytes and one of 8.
+__device__ __forceinline__ Q8x ldq8(const Q8x* p) {
+    u32x4 a = ((const u32x4*)p)[0], b = ((const u32x4*)p)[1];
+    f32x2 ds = *(const f32x2*)&p->d;
+    Q8x r;
+    r.qs[0] = (int)a.x, r.qs[1] = (int)a.y, r.qs[2] = (int)a.z, r.qs[3] = (int)a.w;
+    r.qs[4] = (int)b.x, r.qs[5] = (int)b.y, r.qs[6] = (int)b.z, r.qs[7] = (int)b.w;
+    r.d = ds.x;
+    r.s = ds.y;
+    return r;
+}
 
 // The activations are quantized as the CPU backend (kiln's, and ggml's on x86) quantizes them
 // for the same weight format, so both devices round alike: Q8_0 for q4_0, q5_0 and q8_0, Q8_1
@@ -412,12 +431,49 @@ __device__ __forceinline__ void rope_epilogue(float acc, int row, int rows0, int
     __syncthreads();  // (res is rewritten for the next token)
 }
 
+// A post-norm and the residual add in the epilogue of the product before them (`NAME_f_post`;
+// step.rs `matmul_add`, Gemma-3's attention output and FFN down products): once every block
+// has written its rows of the product y (`[n_tok, width]`, one matrix of `width` rows), the
+// last block to finish does x += rms_norm(y)·w for each token, as `rms_norm_add_f32` does (a
+// block of 256, the same bits), and sets the counter back to zero for the next launch.
+#define POST_PARAMS float *px, const float *pw, float peps, int *count
+#define POST_ARGS px, pw, peps, count
+#define NO_POST nullptr, nullptr, 0.0f, nullptr
+
+__device__ __forceinline__ void last_block_norm_add(const float* y, int width, int n_tok,
+                                                    POST_PARAMS) {
+    __shared__ int last;
+    // This block's rows visible to the whole GPU before it is counted; the last block counted
+    // then sees every block's.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(count, 1) == (int)gridDim.x - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = 0; t < n_tok; ++t)
+        norm_add_row(px + (long)t * width, y + (long)t * width, pw, width, peps);
+}
+
+// How many times the matvecs unroll their loop over a row's groups (loads of that many groups
+// in flight per thread; nvrtc.rs sets it from KILN_CUDA_MV_UNROLL, for measuring).
+#ifndef KILN_MV_UNROLL
+#define KILN_MV_UNROLL 2
+#endif
+#define KILN_PRAGMA(x) _Pragma(#x)
+#define KILN_UNROLL(n) KILN_PRAGMA(unroll n)
+
 #define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND)                                               \
     __device__ __forceinline__ float NAME##_row(const u8* wr, const Q8x* xt, int ng, int lane,\
                                                 int tpr) {                                    \
         float acc = 0.0f;                                                                     \
-        _Pragma("unroll 2") for (int g = lane; g < ng; g += tpr)                              \
-            acc += DOT(wr, g, xt + g, ng);                                                    \
+        KILN_UNROLL(KILN_MV_UNROLL) for (int g = lane; g < ng; g += tpr) {                    \
+            Q8x xg = ldq8(xt + g);                                                            \
+            acc += DOT(wr, g, &xg, ng);                                                       \
+        }                                                                                     \
         return tpr == (int)blockDim.x ? row_sum(acc) : warp_sum(acc);                         \
     }                                                                                         \
     template <bool ROPE>                                                                      \
@@ -443,7 +499,7 @@ __device__ __forceinline__ void rope_epilogue(float acc, int row, int rows0, int
     }                                                                                         \
     template <bool ROPE>                                                                      \
     __device__ __forceinline__ void NAME##_fq(MATVEC_PARAMS(const float* x), ROPE_PARAMS,     \
-                                              const float* nw, float eps) {                   \
+                                              const float* nw, float eps, POST_PARAMS) {      \
         __shared__ Q8x xs[64];                                                                \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
@@ -466,6 +522,7 @@ __device__ __forceinline__ void rope_epilogue(float acc, int row, int rows0, int
                 *yo = add ? *yo + acc : acc;                                                  \
             __syncthreads();  /* (xs is rewritten for the next token) */                      \
         }                                                                                     \
+        if (px) last_block_norm_add(y0, rows0, n_tok, POST_ARGS);                             \
     }                                                                                         \
     extern "C" __global__ void NAME(MATVEC_PARAMS(const Q8x* x)) {                            \
         NAME##_q<false>(MATVEC_ARGS, NO_ROPE);                                                \
@@ -475,11 +532,15 @@ __device__ __forceinline__ void rope_epilogue(float acc, int row, int rows0, int
     }                                                                                         \
     extern "C" __global__ void NAME##_f(MATVEC_PARAMS(const float* x), const float* nw,       \
                                         float eps) {                                          \
-        NAME##_fq<false>(MATVEC_ARGS, NO_ROPE, nw, eps);                                      \
+        NAME##_fq<false>(MATVEC_ARGS, NO_ROPE, nw, eps, NO_POST);                             \
+    }                                                                                         \
+    extern "C" __global__ void NAME##_f_post(MATVEC_PARAMS(const float* x), const float* nw,  \
+                                             float eps, POST_PARAMS) {                        \
+        NAME##_fq<false>(MATVEC_ARGS, NO_ROPE, nw, eps, POST_ARGS);                           \
     }                                                                                         \
     extern "C" __global__ void NAME##_f_rope(MATVEC_PARAMS(const float* x), ROPE_PARAMS,      \
                                              const float* nw, float eps) {                    \
-        NAME##_fq<true>(MATVEC_ARGS, ROPE_ARGS, nw, eps);                                     \
+        NAME##_fq<true>(MATVEC_ARGS, ROPE_ARGS, nw, eps, NO_POST);                            \
     }
 
 // The gated FFN's two products and its activation in one launch:
@@ -491,9 +552,10 @@ __device__ __forceinline__ void rope_epilogue(float acc, int row, int rows0, int
     __device__ __forceinline__ float NAME##_row(const u8* gr, const u8* ur, const Q8x* xt,   \
                                                 int ng, int lane, int tpr, int gelu) {        \
         float ag = 0.0f, au = 0.0f;                                                           \
-        for (int g = lane; g < ng; g += tpr) {                                                \
-            ag += DOT(gr, g, xt + g, ng);                                                     \
-            au += DOT(ur, g, xt + g, ng);                                                     \
+        KILN_UNROLL(KILN_MV_UNROLL) for (int g = lane; g < ng; g += tpr) {                    \
+            Q8x xg = ldq8(xt + g);                                                            \
+            ag += DOT(gr, g, &xg, ng);                                                        \
+            au += DOT(ur, g, &xg, ng);                                                        \
         }                                                                                     \
         bool block = tpr == (int)blockDim.x;                                                  \
         ag = block ? row_sum(ag) : warp_sum(ag);                                              \

@@ -35,16 +35,10 @@ extern "C" __global__ void layer_norm_f32(const float* x, const int* sel, float*
         yr[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
 }
 
-// x += rms_norm(p)·w over rows of `width`, one block per row: a post-norm (Gemma-3's, after
-// the attention and after the FFN) and the residual add after it in one launch. The products
-// and the sum are rounded one by one (no fused multiply-add), as rms_norm_f32 then add_f32
-// round them: the same bits.
+// x += rms_norm(p)·w over rows of `width`, one block per row (`norm_add_row`): a post-norm
+// and the residual add after it in one launch, the same bits as the two kernels.
 extern "C" __global__ void rms_norm_add_f32(float* x, const float* p, const float* w, int width,
                                             float eps) {
     pdl_begin();
-    const float* pr = p + (long)blockIdx.x * width;
-    float* xr = x + (long)blockIdx.x * width;
-    float scale = rms_scale(pr, width, eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x)
-        xr[i] = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(pr[i], scale), w[i]));
+    norm_add_row(x + (long)blockIdx.x * width, p + (long)blockIdx.x * width, w, width, eps);
 }

@@ -12,9 +12,10 @@
 
 use std::ops::Range;
 
+use super::products::Epilogue;
 use super::{CudaSession, Mat};
 use crate::backend::cuda::gpu::Arg;
-use crate::backend::cuda::weights::DevNorm;
+use crate::backend::cuda::weights::{DevMat, DevNorm};
 use crate::backend::cuda::CudaError;
 use crate::backend::NormW;
 use crate::model::NormKind;
@@ -181,6 +182,31 @@ impl CudaSession {
             self.launch_post_norm(h);
         }
         self.settle_head_norms(p);
+    }
+
+    /// The epilogue that adds post-norm `w` of the decode-sized product of `m` over x to the
+    /// residual stream `dst` (`matvec_post`: the product's last block normalizes the rows and
+    /// adds them, as `rms_norm_add_f32` would), if its kernel over f32 input applies.
+    pub(super) fn post_norm_epilogue(
+        &self,
+        w: NormW,
+        m: DevMat,
+        x: u64,
+        dst: u64,
+        rows: usize,
+    ) -> Option<Epilogue<'static>> {
+        let n = self.w.norm(w);
+        let ok = n.kind == NormKind::Rms
+            && n.len == m.rows
+            && self.own_input(m.kernels.matvec_post, m, x, rows).is_some();
+        ok.then(|| {
+            Epilogue::PostNorm([
+                Arg::P(dst),
+                Arg::P(n.w),
+                Arg::F(n.eps),
+                Arg::P(self.at(self.layout.post_count)),
+            ])
+        })
     }
 
     /// The held post-norm `h` in a launch of its own (`rms_norm_f32`, in place).

@@ -107,6 +107,9 @@ pub struct SessionLayout {
     pub(super) mode: usize,
     pub(super) sel: usize,
     pub(super) argmax: usize,
+    /// One i32: the blocks of a product with a post-norm epilogue that have finished (zero
+    /// between launches; `last_block_norm_add` in matvec.cu).
+    pub(super) post_count: usize,
     /// Rows of the i32 buffers.
     pub(super) rows_i32: usize,
     /// A product's input quantized to 8 bits: `[rows, widest input / 32]` groups of 40 bytes.
@@ -209,8 +212,8 @@ fn split_keys() -> usize {
     })
 }
 
-/// Bytes of one 8-bit activation group (`Q8x` in matvec.cu: d, s, 32 values).
-const Q8X_BYTES: usize = 40;
+/// Bytes of one 8-bit activation group (`Q8x` in matvec.cu: 32 values, d and s, aligned to 16).
+const Q8X_BYTES: usize = 48;
 
 impl SessionLayout {
     /// `kv`: the cache's geometry (which layers keep rings), as a cache in RAM would have it.
@@ -247,6 +250,7 @@ impl SessionLayout {
         let rows_i32 = t.max(sizes.logit_rows).max(sizes.slots);
         let (ids, pos, seq, mode) = (l.take(t * 4), l.take(t * 4), l.take(t * 4), l.take(t * 4));
         let (sel, argmax) = (l.take(rows_i32 * 4), l.take(rows_i32 * 4));
+        let post_count = l.take(4);
         // The products' inputs: x, the attention output, the FFN's hidden state.
         let widest = c.dim.max(c.q_dim()).max(c.attn_out_dim()).max(c.ffn_dim);
         let xq = l.take(t * widest.div_ceil(32) * Q8X_BYTES);
@@ -328,6 +332,7 @@ impl SessionLayout {
             mode,
             sel,
             argmax,
+            post_count,
             rows_i32,
             xq,
             gemm,

@@ -5,6 +5,7 @@
 use super::{Capture, CudaSession, GemmLayout, GEMM_MIN_ROWS};
 use crate::backend::cuda::gpu::{blocks_for, Arg, Gpu};
 use crate::backend::cuda::weights::{DevMat, PromptProduct, F32_INPUT_MAX_COLS};
+use crate::backend::cuda::CudaError;
 use crate::cache::KvType;
 use crate::model::config::RopeKind;
 use crate::model::Model;
@@ -57,6 +58,26 @@ pub(super) fn mv_shape(gpu: &Gpu, cols: usize) -> (u32, u32) {
 /// The RoPE epilogue's arguments of the matvec kernels (`ROPE_PARAMS` in matvec.cu).
 pub(super) const ROPE_ARGS: usize = 13;
 
+/// The post-norm epilogue's arguments (`POST_PARAMS` in matvec.cu): the residual stream, the
+/// norm's weights and epsilon, the blocks' counter.
+pub(super) const POST_ARGS: usize = 4;
+
+/// What a decode-sized product does with its sums.
+#[derive(Clone, Copy)]
+pub(super) enum Epilogue<'a> {
+    /// y = the product.
+    Store,
+    /// y += the product (a residual stream: y + (w·x), as a separate add of the product
+    /// would round it; not the f32 kernels of unquantized weights).
+    Add,
+    /// The attention's q, k and v with their RoPE (and cache store): `rope_epilogue` in
+    /// matvec.cu (quantized formats, rows of a warp each).
+    Rope(&'a [Arg; ROPE_ARGS]),
+    /// y = the product of one matrix, then the residual stream += rms_norm(y)·w, by the last
+    /// block (`matvec_post`: f32 input, narrow rows).
+    PostNorm([Arg; POST_ARGS]),
+}
+
 /// The most tokens a decode-sized product quantizes its input inside its blocks for (each
 /// block quantizes every token's row: more tokens quantize once, in a launch of their own).
 const F32_INPUT_MAX_TOKENS: usize = 4;
@@ -74,7 +95,7 @@ impl CudaSession {
     pub(super) fn product(&mut self, m: DevMat, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
         match self.layout.gemm {
             Some(g) if rows >= GEMM_MIN_ROWS => self.gemm(m, g, x, y, rows, prep),
-            _ => self.matvecs(&[(m, y)], x, rows, false, None),
+            _ => self.matvecs(&[(m, y)], x, rows, Epilogue::Store),
         }
         self.bias(m, y, rows);
     }
@@ -92,17 +113,13 @@ impl CudaSession {
     }
 
     /// Decode-sized products of 1–3 matrices of one format that share the input x, into their
-    /// outputs (added to them with `add`, which the f32 kernels of unquantized weights do not
-    /// take), in one launch (biases not included). `rope`: the attention's q, k and v with
-    /// their RoPE (and cache store) in the epilogue (`rope_epilogue` in matvec.cu; quantized
-    /// formats, rows of a warp each).
+    /// outputs as `epi` says, in one launch (biases not included).
     pub(super) fn matvecs(
         &mut self,
         mats: &[(DevMat, u64)],
         x: u64,
         rows: usize,
-        add: bool,
-        rope: Option<&[Arg; ROPE_ARGS]>,
+        epi: Epilogue<'_>,
     ) {
         let m = mats[0].0;
         let threads = mv_threads(&self.gpu);
@@ -113,8 +130,10 @@ impl CudaSession {
             .filter(|_| mats.iter().all(|&(_, y)| y != x));
         let (quantized, norm) = self.product_input(own, m, x, rows);
         let Some(input) = quantized else {
-            debug_assert!(!add, "an f32 matvec cannot add to its output");
-            debug_assert!(rope.is_none(), "an f32 matvec has no RoPE epilogue");
+            debug_assert!(
+                matches!(epi, Epilogue::Store),
+                "an f32 matvec has no epilogue"
+            );
             for &(m, y) in mats {
                 let args = [
                     Arg::P(m.ptr),
@@ -131,8 +150,10 @@ impl CudaSession {
         let at = |i: usize| mats.get(i).copied().unwrap_or((DevMat { rows: 0, ..m }, 0));
         let (a, b, c) = (at(0), at(1), at(2));
         // The kernel's arguments: 14 of the product, the RoPE epilogue's (`NAME_rope`,
-        // `NAME_f_rope`), then the norm's (`NAME_f`, `NAME_f_rope`).
-        let mut args = [Arg::I(0); 14 + ROPE_ARGS + 2];
+        // `NAME_f_rope`), then the norm's (`NAME_f`, `NAME_f_rope`, `NAME_f_post`), then the
+        // post-norm's (`NAME_f_post`).
+        let add = matches!(epi, Epilogue::Add);
+        let mut args = [Arg::I(0); 14 + ROPE_ARGS + 2 + POST_ARGS];
         args[..14].copy_from_slice(&[
             Arg::P(a.0.ptr),
             Arg::P(b.0.ptr),
@@ -151,7 +172,7 @@ impl CudaSession {
         ]);
         let mut n = 14;
         let mut kernel = own.unwrap_or(m.kernels.matvec);
-        if let (Some(r), Some([plain, f32_input])) = (rope, m.kernels.matvec_rope) {
+        if let (Epilogue::Rope(r), Some([plain, f32_input])) = (epi, m.kernels.matvec_rope) {
             args[n..n + ROPE_ARGS].copy_from_slice(r);
             n += ROPE_ARGS;
             kernel = if own.is_some() { f32_input } else { plain };
@@ -159,6 +180,20 @@ impl CudaSession {
         if own.is_some() {
             args[n..n + 2].copy_from_slice(&[Arg::P(norm.0), Arg::F(norm.1)]);
             n += 2;
+        }
+        if let Epilogue::PostNorm(p) = epi {
+            // (The caller checked that the kernel over f32 input applies: `post_norm_fits`.)
+            match (own, m.kernels.matvec_post) {
+                (Some(_), Some(k)) if mats.len() == 1 => kernel = k,
+                _ => {
+                    self.err.get_or_insert(CudaError::Driver(
+                        "internal: a post-norm epilogue without its kernel".into(),
+                    ));
+                    return;
+                }
+            }
+            args[n..n + POST_ARGS].copy_from_slice(&p);
+            n += POST_ARGS;
         }
         let grid = (a.0.rows + b.0.rows + c.0.rows).div_ceil((block / tpr) as usize) as u32;
         self.go(kernel, grid, block, &args[..n]);
