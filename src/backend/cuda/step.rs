@@ -104,6 +104,9 @@ pub struct CudaSession {
     /// The attention's RoPE in its products' epilogue where it can go there
     /// (`KILN_CUDA_ROPE_EPILOGUE=0`: `rope_qk` launched after them, for measuring).
     rope_in_products: bool,
+    /// A post-norm and its residual add in the epilogue of the product before them
+    /// (`KILN_CUDA_POST_EPILOGUE=0`: `rms_norm_add_f32` launched after it, for measuring).
+    post_in_products: bool,
     /// Prompt attention in tiles (`attend_tile_*`) for passes of at least `TILE_Q` tokens of a
     /// sequence (`KILN_CUDA_TILE=0`: one block per row and head, as the shorter passes).
     tile: bool,
@@ -205,6 +208,7 @@ impl CudaSession {
             skipped: None,
             mirror: switch("KILN_CUDA_MIRROR"),
             rope_in_products: switch("KILN_CUDA_ROPE_EPILOGUE"),
+            post_in_products: switch("KILN_CUDA_POST_EPILOGUE"),
             tile: switch("KILN_CUDA_TILE")
                 && c.head_dim_v.is_multiple_of(16)
                 && c.head_dim_v <= 256,

@@ -196,7 +196,8 @@ impl CudaSession {
         rows: usize,
     ) -> Option<Epilogue<'static>> {
         let n = self.w.norm(w);
-        let ok = n.kind == NormKind::Rms
+        let ok = self.post_in_products
+            && n.kind == NormKind::Rms
             && n.len == m.rows
             && self.own_input(m.kernels.matvec_post, m, x, rows).is_some();
         ok.then(|| {
