@@ -12,7 +12,7 @@ mod common;
 use common::ops::{gpu, i32_bytes, random};
 use kiln::backend::cuda::gpu::{blocks_for, Arena, Arg, Gpu, Layout};
 use kiln::backend::cuda::step::GEMM_MIN_ROWS;
-use kiln::backend::cuda::weights::{format_kernels, PromptProduct};
+use kiln::backend::cuda::weights::{format_kernels, FormatKernels, PromptProduct};
 use kiln::quant::GgmlType;
 
 /// Activation rows that test the quantizers' edges: random, all zero, one spike among small
@@ -35,6 +35,15 @@ fn quantized() -> Vec<GgmlType> {
     GgmlType::ALL
         .into_iter()
         .filter(|&ty| format_kernels(ty).is_ok_and(|k| k.quantize.is_some()))
+        .collect()
+}
+
+/// The formats of [`quantized`] whose blocks divide rows of `cols`, with their kernels.
+fn quantized_for(cols: usize) -> Vec<(GgmlType, FormatKernels)> {
+    quantized()
+        .into_iter()
+        .filter(|ty| cols.is_multiple_of(ty.block_size()))
+        .map(|ty| (ty, format_kernels(ty).unwrap()))
         .collect()
 }
 
@@ -294,12 +303,8 @@ fn f32_input_products_match_quantize_then_product() {
             zerocopy::IntoBytes::as_bytes(&nw[..]),
         )
         .unwrap();
-        for ty in quantized() {
-            if !cols.is_multiple_of(ty.block_size()) {
-                continue;
-            }
+        for (ty, k) in quantized_for(cols) {
             let w = weights(ty, rows, cols);
-            let k = format_kernels(ty).unwrap();
             let mut b = bufs(&g, &w, &x, rows, cols, n_tok);
             let s = g.default_stream();
             let (wp, xp, xq, yp) = (
@@ -401,12 +406,8 @@ fn post_norm_epilogue_matches_the_product_then_the_norm_and_add() {
         let s = g.default_stream();
         pa.write(s, pwo, zerocopy::IntoBytes::as_bytes(&pw[..]))
             .unwrap();
-        for ty in quantized() {
-            if !cols.is_multiple_of(ty.block_size()) {
-                continue;
-            }
+        for (ty, k) in quantized_for(cols) {
             let w = weights(ty, rows, cols);
-            let k = format_kernels(ty).unwrap();
             let b = bufs(&g, &w, &x, rows, cols, n_tok);
             let (wp, xp, yp) = (b.arena.ptr(b.w), b.arena.ptr(b.x), b.arena.ptr(b.y));
             let grid = rows.div_ceil(8) as u32;
