@@ -182,7 +182,7 @@ impl CudaSession {
             n += 2;
         }
         if let Epilogue::PostNorm(p) = epi {
-            // (The caller checked that the kernel over f32 input applies: `post_norm_fits`.)
+            // (The caller checked that the kernel over f32 input applies: `post_norm_epilogue`.)
             match (own, m.kernels.matvec_post) {
                 (Some(_), Some(k)) if mats.len() == 1 => kernel = k,
                 _ => {
