@@ -95,10 +95,16 @@ run() {
     local want=" ${KILN_BENCH_MODELS:-smol gemma llama1b llama8b} "
     [ -f $m/smol.gguf ] || python3 .gpu/twin_gguf.py twin $m/SmolLM2-135M-Instruct.Q4_1.head $m/smol.gguf
     [ -f $m/gemma.gguf ] || { [[ "$want" != *" gemma "* ]] && [ -n "${KILN_SKIP_TESTS:-}" ]; } || python3 .gpu/twin_gguf.py twin $m/gemma-3-270m-q4_k_m.head $m/gemma.gguf
-    [ -f $m/llama1b.gguf ] || [[ "$want" != *" llama1b "* ]] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama1b.gguf \
-        --layers 16 --dim 2048 --ffn 8192 --heads 32 --kv-heads 8 --vocab 128256
-    [ -f $m/llama8b.gguf ] || [[ "$want" != *" llama8b "* ]] || python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/llama8b.gguf \
-        --layers 32 --dim 4096 --ffn 14336 --heads 32 --kv-heads 8 --vocab 128256
+    # The llama shapes (no test reads them) are written in the background while the tests run
+    # (the 8B's 4.3 GB take most of a minute); the benches wait for them.
+    local twins=()
+    for shape in "llama1b 16 2048 8192" "llama8b 32 4096 14336"; do
+        read -r c layers dim ffn <<< "$shape"
+        [ -f $m/$c.gguf ] || [[ "$want" != *" $c "* ]] && continue
+        python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/$c.gguf --layers $layers \
+            --dim $dim --ffn $ffn --heads 32 --kv-heads 8 --vocab 128256 > .gpu/tmp/twin-$c.log 2>&1 &
+        twins+=($!)
+    done
     # The real models cannot travel: their twins (real header and tokenizer, random blocks)
     # stand in for them under their own names.
     export KILN_REAL_SMOLLM2=$PWD/$m/smol.gguf KILN_REAL_GEMMA3=$PWD/$m/gemma.gguf
@@ -131,6 +137,8 @@ run() {
         timeout 180 .gpu/cuda_ring ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
         timeout 180 .gpu/cuda_offload ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
     fi
+    for p in "${twins[@]}"; do wait "$p" || echo "a twin failed"; done
+    cat .gpu/tmp/twin-*.log 2>/dev/null || true
     # (kiln alone first: the reference builds meanwhile.)
     # What each optimization is worth: kiln bench with one switch off at a time (KILN_AB_SETS:
     # "defaults" or VAR=value, space-separated; KILN_AB_BENCH: the bench's arguments, several
