@@ -62,7 +62,7 @@ struct Bufs {
 fn bufs(g: &Gpu, w: &[u8], x: &[f32], rows: usize, cols: usize, n_tok: usize) -> Bufs {
     let mut l = Layout::default();
     let (wo, xo) = (l.take(w.len()), l.take(x.len() * 4));
-    let xq = l.take(n_tok * cols / 32 * 48);
+    let xq = l.take(n_tok * cols / 32 * 40);
     let (xbf, wbf) = (l.take(n_tok * cols * 2), l.take(rows * cols * 2));
     let y = l.take(n_tok * rows * 4);
     let ws = l.take(kiln::backend::cuda::blas::WORKSPACE_BYTES);
@@ -764,7 +764,7 @@ fn norm_and_quantize_in_one_launch_match_the_two_ops() {
         x[width + 7] = 30.0; // (a spike in row 1)
         let w: Vec<f32> = random(width, 81).iter().map(|v| 1.0 + v * 0.5).collect();
         let sel = [2i32, 0, 1];
-        let q8 = rows * width / 32 * 48; // (Q8x: 32 bytes, d and s, aligned to 16)
+        let q8 = rows * width / 32 * 40; // (32 bytes of quants a group, then d and s)
         let mut l = Layout::default();
         let (xo, wo, so) = (l.take(x.len() * 4), l.take(width * 4), l.take(12));
         let (y1, y2, q1, q2) = (

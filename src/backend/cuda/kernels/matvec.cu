@@ -11,11 +11,8 @@
 // instead (gemm.cu).
 
 // 32 activations quantized to 8 bits: x ≈ d · q, and s = d · Σ q (the sum that the formats
-// with an offset or a minimum need). 48 bytes, 16-byte aligned, the quants first: a product
-// reads a group in three vector loads (`ldq8`) where it took ten of four bytes, each lane
-// another group 40 bytes on, each load spread over ten cache lines (an 8B model's decode
-// products were bound by those loads, not by their weights).
-struct alignas(16) Q8x {
+// with an offset or a minimum need), in registers, as the `dot_*` functions read them.
+struct Q8x {
     int qs[8];
     float d;
     float s;
@@ -25,10 +22,34 @@ struct alignas(8) f32x2 {
     float x, y;
 };
 
-// Group `p` (global or shared memory) into registers: two loads of 16 bytes and one of 8.
-__device__ __forceinline__ Q8x ldq8(const Q8x* p) {
-    u32x4 a = ((const u32x4*)p)[0], b = ((const u32x4*)p)[1];
-    f32x2 ds = *(const f32x2*)&p->d;
+// Groups in memory (global or shared) as two arrays: the quants, 32 bytes a group (`q`, 8
+// ints), and the scales d and s, 8 bytes a group (`ds`). A buffer of G groups holds the quants
+// at its start and the scales 32·G bytes on (`q8_view`). Each lane of a warp reads another
+// group, so a warp's loads of the quants (two of 16 bytes) and of the scales (one of 8) each
+// cover contiguous bytes: 18 L1 wavefronts per 32 groups, where groups of 40 bytes read in
+// ten 4-byte loads took about 100 (an 8B model's decode products were bound by them, not by
+// their weights), and groups of 48 read in three vector loads 36.
+struct Q8v {
+    int* q;
+    f32x2* ds;
+};
+
+__device__ __forceinline__ Q8v q8_view(const void* buf, long groups) {
+    Q8v v = {(int*)buf, (f32x2*)((u8*)buf + 32 * groups)};
+    return v;
+}
+
+// The groups from group `g` on.
+__device__ __forceinline__ Q8v q8_at(Q8v v, long g) {
+    Q8v r = {v.q + 8 * g, v.ds + g};
+    return r;
+}
+
+// Group `g` into registers: two loads of 16 bytes and one of 8.
+__device__ __forceinline__ Q8x ldq8(Q8v v, long g) {
+    const u32x4* q = (const u32x4*)(v.q + 8 * g);
+    u32x4 a = q[0], b = q[1];
+    f32x2 ds = v.ds[g];
     Q8x r;
     r.qs[0] = (int)a.x, r.qs[1] = (int)a.y, r.qs[2] = (int)a.z, r.qs[3] = (int)a.w;
     r.qs[4] = (int)b.x, r.qs[5] = (int)b.y, r.qs[6] = (int)b.z, r.qs[7] = (int)b.w;
@@ -42,26 +63,27 @@ __device__ __forceinline__ Q8x ldq8(const Q8x* p) {
 // for q4_1 and q5_1 (groups of 32: d = max|x| / 127 kept as f16, q = x · 127 / max|x| rounded
 // to nearest even; Q8_1's s also as f16), Q8_K for the K formats (groups of 256 sharing one
 // f32 scale that maps the signed extreme to −127, q clamped at 127). Each kernel takes `n`
-// floats (a multiple of its group) and writes `n / 32` Q8x; one thread per element.
+// floats (a multiple of its group) and writes `n / 32` groups (`Q8v`); one thread per element.
 
 // Element i (of a flat run of groups) quantized by the whole warp holding its group of 32.
 template <bool S_F16>
-__device__ void q8_32(float v, long i, Q8x* y) {
+__device__ void q8_32(float v, long i, Q8v y) {
     float amax = warp_reduce<true>(fabsf(v));
     float d = amax / 127.0f;
     int q = amax == 0.0f ? 0 : (int)rintf(v * (127.0f / amax));
     float sum = warp_sum((float)q);
-    Q8x* g = y + (i >> 5);
-    ((i8*)g->qs)[i & 31] = (i8)q;
+    ((i8*)(y.q + 8 * (i >> 5)))[i & 31] = (i8)q;
     if ((i & 31) == 0) {
-        g->d = h2f(f2h(d));
-        g->s = S_F16 ? h2f(f2h(d * sum)) : h2f(f2h(d)) * sum;
+        f32x2 ds;
+        ds.x = h2f(f2h(d));
+        ds.y = S_F16 ? h2f(f2h(d * sum)) : h2f(f2h(d)) * sum;
+        y.ds[i >> 5] = ds;
     }
 }
 
 // Element i quantized by a block of 256 threads holding its group of 256 (thread t: element
 // t of the group).
-__device__ void q8_256(float v, long i, Q8x* y) {
+__device__ void q8_256(float v, long i, Q8v y) {
     __shared__ float extreme;
     float amax = block_max(fabsf(v));
     // The first element of largest magnitude (its sign sets the scale's).
@@ -72,44 +94,47 @@ __device__ void q8_256(float v, long i, Q8x* y) {
     int q = amax == 0.0f ? 0 : min(127, (int)rintf(iscale * v));
     float d = amax == 0.0f ? 0.0f : 1.0f / iscale;
     float sum = warp_sum((float)q);
-    Q8x* g = y + (i >> 5);
-    ((i8*)g->qs)[i & 31] = (i8)q;
+    ((i8*)(y.q + 8 * (i >> 5)))[i & 31] = (i8)q;
     if ((i & 31) == 0) {
-        g->d = d;
-        g->s = d * sum;
+        f32x2 ds;
+        ds.x = d;
+        ds.y = d * sum;
+        y.ds[i >> 5] = ds;
     }
     __syncthreads();  // (`extreme` is read before the next group writes it)
 }
 
-extern "C" __global__ void quantize_q8_0(const float* x, Q8x* y, long n) {
+extern "C" __global__ void quantize_q8_0(const float* x, u8* y, long n) {
     pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) q8_32<false>(x[i], i, y);  // (whole warps: n is a multiple of 32)
+    // (whole warps: n is a multiple of 32)
+    if (i < n) q8_32<false>(x[i], i, q8_view(y, n >> 5));
 }
 
-extern "C" __global__ void quantize_q8_1(const float* x, Q8x* y, long n) {
+extern "C" __global__ void quantize_q8_1(const float* x, u8* y, long n) {
     pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) q8_32<true>(x[i], i, y);
+    if (i < n) q8_32<true>(x[i], i, q8_view(y, n >> 5));
 }
 
 // One block of 256 threads per group of 256.
-extern "C" __global__ void quantize_q8_k(const float* x, Q8x* y, long n) {
+extern "C" __global__ void quantize_q8_k(const float* x, u8* y, long n) {
     pdl_begin();
     long i = (long)blockIdx.x * 256 + threadIdx.x;
-    q8_256(x[i], i, y);
+    q8_256(x[i], i, q8_view(y, n >> 5));
 }
 
 // RMS norm (as `rms_norm_f32`, into y) with the normalized rows also quantized for the
 // products that read them, as `quantize_q8_*` would (`kind` 1: Q8_0, 2: Q8_1, 3: Q8_K, whose
-// rows are whole groups of 256), into xq (`[rows, width / 32]`): one launch for both. One
+// rows are whole groups of 256), into xq (`rows · width / 32` groups): one launch for both. One
 // block of 256 threads per `slice` elements of a row (a multiple of 256): each block sums the
 // whole row's squares (the same sum, in the same order, in every block of the row), then
 // normalizes and quantizes its slice; x must not be y. Row `sel[b]` of x when `sel` is given.
 extern "C" __global__ void rms_norm_q8(const float* x, const int* sel, float* y, const float* w,
-                                       int width, float eps, Q8x* xq, int kind, int slice) {
+                                       int width, float eps, u8* xq_buf, int kind, int slice) {
     pdl_begin();
     int parts = (width + slice - 1) / slice;
+    Q8v xq = q8_view(xq_buf, (long)(gridDim.x / parts) * (width >> 5));
     int b = blockIdx.x / parts, part = blockIdx.x % parts;
     long r = sel ? (long)sel[b] : (long)b;
     const float* xr = x + r * width;
@@ -356,7 +381,7 @@ __device__ __forceinline__ MvRow mv_row(int row, const u8* w0, const u8* w1, con
 // the software GPU requires).
 template <int KIND>
 __device__ __forceinline__ void quantize_row_shared(const float* x, int cols, const float* nw,
-                                                    float eps, Q8x* xs) {
+                                                    float eps, Q8v xs) {
     float scale = nw ? rms_scale(x, cols, eps) : 1.0f;
     float v[8];
 #pragma unroll
@@ -467,17 +492,17 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
 #define KILN_UNROLL(n) KILN_PRAGMA(unroll n)
 
 #define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND)                                               \
-    __device__ __forceinline__ float NAME##_row(const u8* wr, const Q8x* xt, int ng, int lane,\
+    __device__ __forceinline__ float NAME##_row(const u8* wr, Q8v xt, int ng, int lane,       \
                                                 int tpr) {                                    \
         float acc = 0.0f;                                                                     \
         KILN_UNROLL(KILN_MV_UNROLL) for (int g = lane; g < ng; g += tpr) {                    \
-            Q8x xg = ldq8(xt + g);                                                            \
+            Q8x xg = ldq8(xt, g);                                                             \
             acc += DOT(wr, g, &xg, ng);                                                       \
         }                                                                                     \
         return tpr == (int)blockDim.x ? row_sum(acc) : warp_sum(acc);                         \
     }                                                                                         \
     template <bool ROPE>                                                                      \
-    __device__ __forceinline__ void NAME##_q(MATVEC_PARAMS(const Q8x* x), ROPE_PARAMS) {      \
+    __device__ __forceinline__ void NAME##_q(MATVEC_PARAMS(const u8* x), ROPE_PARAMS) {       \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
         bool live = row < rows0 + rows1 + rows2;                                              \
@@ -489,7 +514,8 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         pdl_begin();                                                                          \
         if (!live) return;  /* (a whole warp: tpr < blockDim.x; every warp lives with RoPE) */\
         for (int t = 0; t < n_tok; ++t) {                                                     \
-            float acc = NAME##_row(wr, x + (long)t * ng, ng, lane, tpr);                      \
+            float acc = NAME##_row(wr, q8_at(q8_view(x, (long)n_tok * ng), (long)t * ng), ng,  \
+                                   lane, tpr);                                                \
             float* yo = r.y + (long)t * r.rows + r.row;                                       \
             if (ROPE)                                                                         \
                 rope_epilogue(acc, row, rows0, rows1, r, t, lane, ROPE_ARGS);                 \
@@ -500,7 +526,9 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
     template <bool ROPE>                                                                      \
     __device__ __forceinline__ void NAME##_fq(MATVEC_PARAMS(const float* x), ROPE_PARAMS,     \
                                               const float* nw, float eps, POST_PARAMS) {      \
-        __shared__ Q8x xs[64];                                                                \
+        __shared__ u32x4 xs_q[128]; /* (64 groups' quants, 16-byte aligned) */                \
+        __shared__ f32x2 xs_ds[64];                                                           \
+        Q8v xs = {(int*)xs_q, xs_ds};                                                         \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
         bool live = row < rows0 + rows1 + rows2;  /* (all threads meet every barrier) */      \
@@ -524,10 +552,10 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         }                                                                                     \
         if (px) last_block_norm_add(y0, rows0, n_tok, POST_ARGS);                             \
     }                                                                                         \
-    extern "C" __global__ void NAME(MATVEC_PARAMS(const Q8x* x)) {                            \
+    extern "C" __global__ void NAME(MATVEC_PARAMS(const u8* x)) {                             \
         NAME##_q<false>(MATVEC_ARGS, NO_ROPE);                                                \
     }                                                                                         \
-    extern "C" __global__ void NAME##_rope(MATVEC_PARAMS(const Q8x* x), ROPE_PARAMS) {        \
+    extern "C" __global__ void NAME##_rope(MATVEC_PARAMS(const u8* x), ROPE_PARAMS) {         \
         NAME##_q<true>(MATVEC_ARGS, ROPE_ARGS);                                               \
     }                                                                                         \
     extern "C" __global__ void NAME##_f(MATVEC_PARAMS(const float* x), const float* nw,       \
@@ -549,11 +577,11 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
 // order of its matvec alone. `NAME##_f` takes f32 input as `MATVEC_Q`'s does (normalized
 // with `nw` unless null; narrow rows, blocks of 256).
 #define MATVEC_GATED(NAME, BYTES, ELEMS, DOT, KIND)                                           \
-    __device__ __forceinline__ float NAME##_row(const u8* gr, const u8* ur, const Q8x* xt,   \
+    __device__ __forceinline__ float NAME##_row(const u8* gr, const u8* ur, Q8v xt,          \
                                                 int ng, int lane, int tpr, int gelu) {        \
         float ag = 0.0f, au = 0.0f;                                                           \
         KILN_UNROLL(KILN_MV_UNROLL) for (int g = lane; g < ng; g += tpr) {                    \
-            Q8x xg = ldq8(xt + g);                                                            \
+            Q8x xg = ldq8(xt, g);                                                             \
             ag += DOT(gr, g, &xg, ng);                                                        \
             au += DOT(ur, g, &xg, ng);                                                        \
         }                                                                                     \
@@ -562,7 +590,7 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         au = block ? row_sum(au) : warp_sum(au);                                              \
         return (gelu ? gelu_tanh(ag) : silu(ag)) * au;                                        \
     }                                                                                         \
-    extern "C" __global__ void NAME(const u8* wg, const u8* wu, const Q8x* x, float* y,      \
+    extern "C" __global__ void NAME(const u8* wg, const u8* wu, const u8* x, float* y,       \
                                     int rows, int cols, int n_tok, int gelu, int tpr) {       \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
@@ -575,14 +603,17 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         pdl_begin();                                                                          \
         if (row >= rows) return;  /* (a whole warp: tpr < blockDim.x) */                      \
         for (int t = 0; t < n_tok; ++t) {                                                     \
-            float v = NAME##_row(wg + off, wu + off, x + (long)t * ng, ng, lane, tpr, gelu);  \
+            Q8v xt = q8_at(q8_view(x, (long)n_tok * ng), (long)t * ng);                       \
+            float v = NAME##_row(wg + off, wu + off, xt, ng, lane, tpr, gelu);                \
             if (lane == 0) y[(long)t * rows + row] = v;                                       \
         }                                                                                     \
     }                                                                                         \
     extern "C" __global__ void NAME##_f(const u8* wg, const u8* wu, const float* x, float* y,\
                                         int rows, int cols, int n_tok, int gelu, int tpr,     \
                                         const float* nw, float eps) {                         \
-        __shared__ Q8x xs[64];                                                                \
+        __shared__ u32x4 xs_q[128]; /* (64 groups' quants, 16-byte aligned) */                \
+        __shared__ f32x2 xs_ds[64];                                                           \
+        Q8v xs = {(int*)xs_q, xs_ds};                                                         \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
         bool live = row < rows;  /* (all threads meet every barrier) */                       \

@@ -212,8 +212,8 @@ fn split_keys() -> usize {
     })
 }
 
-/// Bytes of one 8-bit activation group (`Q8x` in matvec.cu: 32 values, d and s, aligned to 16).
-const Q8X_BYTES: usize = 48;
+/// Bytes of one 8-bit activation group (`Q8v` in matvec.cu: 32 values, then apart d and s).
+const Q8X_BYTES: usize = 40;
 
 impl SessionLayout {
     /// `kv`: the cache's geometry (which layers keep rings), as a cache in RAM would have it.
