@@ -13,7 +13,7 @@ use kiln::engine::scheduler::{
 };
 use kiln::engine::{generate, GenerateRequest, Session, SessionOptions};
 use kiln::model::Model;
-use kiln::sampler::{argmax, Sampler, SamplerConfig};
+use kiln::sampler::{Sampler, SamplerConfig};
 use kiln::tokenizer::Tokenizer;
 
 fn opts(n_slots: usize) -> BatchOptions {
@@ -59,25 +59,7 @@ fn batched_decode_matches_sessions(stem: &str, kv_type: KvType) {
     for (&slot, p) in slots.iter().zip(&prompts) {
         runner.prefill_chunk(slot, p, true).unwrap();
     }
-    for step in 0..10 {
-        let mut batch = Vec::new();
-        for (i, &slot) in slots.iter().enumerate() {
-            if step >= 4 && i % 3 == 1 {
-                continue;
-            }
-            assert_eq!(
-                runner.logits(slot),
-                sessions[i].logits(),
-                "{stem}: slot {slot} step {step}"
-            );
-            batch.push((slot, argmax(runner.logits(slot))));
-        }
-        runner.decode(&batch).unwrap();
-        for &(slot, t) in &batch {
-            let i = slots.iter().position(|&s| s == slot).unwrap();
-            sessions[i].decode(t).unwrap();
-        }
-    }
+    common::batch::decode_against_sessions(stem, &mut runner, &mut sessions, &slots, 10);
 }
 
 #[test]

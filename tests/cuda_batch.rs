@@ -52,45 +52,54 @@ fn batched_gpu_decode_matches_gpu_sessions() {
     };
     for stem in ["random-llama-q4_0", "random-qwen2-q4_0"] {
         let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
-        let prompts: Vec<Vec<u32>> = (0..7).map(|i| prompt(i, 3 + (i * 5) % 7)).collect();
-        let mut r = runner(&m, Device::Cuda, 9);
-        let slots = [0usize, 2, 3, 5, 6, 7, 8];
-        let mut sessions: Vec<Session> = prompts
-            .iter()
-            .map(|p| {
-                let mut o = SessionOptions::new(256, 2);
-                o.device = Device::Cuda;
-                let mut s = Session::new(Arc::clone(&m), o).unwrap();
-                s.prefill(p, &mut |_, _| {}).unwrap();
-                s
-            })
-            .collect();
-        for (&slot, p) in slots.iter().zip(&prompts) {
-            r.prefill_chunk(slot, p, true).unwrap();
-        }
-        let g = kiln::backend::cuda::open().unwrap();
-        let before = g.allocations();
-        for step in 0..8 {
-            let mut batch = Vec::new();
-            for (i, &slot) in slots.iter().enumerate() {
-                if step >= 4 && i % 3 == 1 {
-                    continue;
-                }
-                assert_eq!(
-                    r.logits(slot),
-                    sessions[i].logits(),
-                    "{stem}: slot {slot} step {step}"
-                );
-                batch.push((slot, argmax(r.logits(slot))));
-            }
-            r.decode(&batch).unwrap();
-            for &(slot, t) in &batch {
-                let i = slots.iter().position(|&s| s == slot).unwrap();
-                sessions[i].decode(t).unwrap();
-            }
-        }
-        assert_eq!(g.allocations(), before, "{stem}: decode steps allocated");
+        batch_matches_sessions(stem, &m, &[0, 2, 3, 5, 6, 7, 8], 9, 8);
     }
+}
+
+/// The same with the real Gemma-3, three sequences, then two: decode steps of up to four
+/// rows take the products over f32 input, whose last block applies Gemma-3's post-norms and
+/// residual adds for every row of the step (`matvec_*_f_post`).
+#[test]
+fn batched_gemma3_decode_matches_gpu_sessions() {
+    let Some(_gpu) = gpu("batched_gemma3_decode_matches_gpu_sessions") else {
+        return;
+    };
+    let m = Arc::new(Model::load(common::real_model("gemma3")).unwrap());
+    batch_matches_sessions("gemma3", &m, &[0, 1, 3], 4, 6);
+}
+
+/// Sequences in `slots` (increasing) of a runner of `n_slots`, prefilled with prompts of
+/// different lengths, decoded `steps` steps (every third sits out from step 4 on), against a
+/// GPU session each: the same logits bit for bit at every step, and no device allocation by
+/// the steps.
+fn batch_matches_sessions(
+    what: &str,
+    m: &Arc<Model>,
+    slots: &[usize],
+    n_slots: usize,
+    steps: usize,
+) {
+    let prompts: Vec<Vec<u32>> = (0..slots.len() as u32)
+        .map(|i| prompt(i, 3 + (i * 5) % 7))
+        .collect();
+    let mut r = runner(m, Device::Cuda, n_slots);
+    let mut sessions: Vec<Session> = prompts
+        .iter()
+        .map(|p| {
+            let mut o = SessionOptions::new(256, 2);
+            o.device = Device::Cuda;
+            let mut s = Session::new(Arc::clone(m), o).unwrap();
+            s.prefill(p, &mut |_, _| {}).unwrap();
+            s
+        })
+        .collect();
+    for (&slot, p) in slots.iter().zip(&prompts) {
+        r.prefill_chunk(slot, p, true).unwrap();
+    }
+    let g = kiln::backend::cuda::open().unwrap();
+    let before = g.allocations();
+    common::batch::decode_against_sessions(what, &mut r, &mut sessions, slots, steps);
+    assert_eq!(g.allocations(), before, "{what}: decode steps allocated");
 }
 
 /// The difference at the CPU's top token (refused from 0.1).

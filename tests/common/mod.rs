@@ -85,6 +85,7 @@ pub fn real_model(name: &str) -> PathBuf {
     kiln::fetch::resolve_model(Some(name), false)
         .unwrap_or_else(|e| panic!("real model {name}: {e}"))
 }
+pub mod batch;
 pub mod golden;
 pub mod ops;
 
