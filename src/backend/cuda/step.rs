@@ -693,44 +693,36 @@ impl Backend for CudaStep<'_> {
         };
         let all = [pick(0), pick(1), pick(2)];
         let mats = &all[..n];
-        // Decode-sized products of one quantized format: one launch for all (for a run of
-        // them, where the formats differ: Gemma-3's q and k, then its v).
-        let m0 = mats[0].0;
+        // Decode-sized products of one quantized format: one launch for each run of them (all
+        // the matrices, or, where the formats differ, Gemma-3's q and k, then its v). The
+        // attention's q, k and v in one launch may take their RoPE in its epilogue.
         let decode = s.fuse && (rows < GEMM_MIN_ROWS || s.layout.gemm.is_none());
         let same = |a: DevMat, b: DevMat| a.ty == b.ty && a.cols == b.cols;
-        let one_launch = mats.len() > 1
-            && decode
-            && m0.kernels.quantize.is_some()
-            && mats.iter().all(|&(m, _)| same(m, m0));
-        if one_launch {
-            let rope = match ws {
-                [Mat::Q(l), Mat::K(_), Mat::V(_)] => s.rope_epilogue(self.m, *l, mats),
-                _ => None,
+        let mut i = 0;
+        while i < mats.len() {
+            let m = mats[i].0;
+            let run = if decode && m.kernels.quantize.is_some() {
+                mats[i..].iter().take_while(|&&(o, _)| same(o, m)).count()
+            } else {
+                1
             };
-            let epi = rope.as_ref().map_or(Epilogue::Store, Epilogue::Rope);
-            s.matvecs(mats, x, rows, epi);
-            for &(m, y) in mats {
-                s.bias(m, y, rows);
-            }
-        } else {
-            let mut i = 0;
-            while i < mats.len() {
-                let m = mats[i].0;
-                let run = if decode && m.kernels.quantize.is_some() {
-                    mats[i..].iter().take_while(|&&(o, _)| same(o, m)).count()
-                } else {
-                    1
-                };
-                if run > 1 {
-                    s.matvecs(&mats[i..i + run], x, rows, Epilogue::Store);
-                    for &(m, y) in &mats[i..i + run] {
-                        s.bias(m, y, rows);
+            let group = &mats[i..i + run];
+            if run > 1 {
+                let rope = match ws {
+                    [Mat::Q(l), Mat::K(_), Mat::V(_)] if run == 3 => {
+                        s.rope_epilogue(self.m, *l, group)
                     }
-                } else {
-                    s.product(m, x, mats[i].1, rows, &mut prep);
+                    _ => None,
+                };
+                let epi = rope.as_ref().map_or(Epilogue::Store, Epilogue::Rope);
+                s.matvecs(group, x, rows, epi);
+                for &(m, y) in group {
+                    s.bias(m, y, rows);
                 }
-                i += run;
+            } else {
+                s.product(m, x, mats[i].1, rows, &mut prep);
             }
+            i += run;
         }
         s.consumed_by(x);
     }
