@@ -548,18 +548,8 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
                 pr[g * stride + 1] = 0.0f;
             }
     }
-    // This block's partials visible to the whole GPU before it is counted; the last block of
-    // the group merges.
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(counts + rh, 1) == n_split - 1;
-        if (last) counts[rh] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // The last block of the group to finish merges.
+    if (!last_to_arrive(counts + rh, n_split)) return;
     for (int g = 0; g < ng; ++g) merge_splits(part, out, rh + g, hd_v, n_split);
 }
 

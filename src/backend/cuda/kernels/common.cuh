@@ -140,6 +140,23 @@ __device__ float rms_scale(const float* xr, int width, float eps) {
 }
 
 
+// Whether this block is the last of `n` to arrive at `count` (every thread of the block calls
+// it, after writing what the last one reads). Each block's writes are made visible to the
+// whole GPU before it is counted, so the last one sees every block's; it sets the counter back
+// to zero for the next launch. (The split attention's merge, the products' post-norm.)
+__device__ __forceinline__ bool last_to_arrive(int* count, int n) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(count, 1) == n - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // x += rms_norm(p)·w over one row of `width` by the whole block: a post-norm (Gemma-3's, after
 // the attention and after the FFN) and the residual add after it (`rms_norm_add_f32`, and the
 // products' epilogue `last_block_norm_add`). The products and the sum are rounded one by one

@@ -467,18 +467,7 @@ __device__ __forceinline__ void rope_epilogue(float acc, int row, int rows0, int
 
 __device__ __forceinline__ void last_block_norm_add(const float* y, int width, int n_tok,
                                                     POST_PARAMS) {
-    __shared__ int last;
-    // This block's rows visible to the whole GPU before it is counted; the last block counted
-    // then sees every block's.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(count, 1) == (int)gridDim.x - 1;
-        if (last) *count = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_to_arrive(count, (int)gridDim.x)) return;
     for (int t = 0; t < n_tok; ++t)
         norm_add_row(px + (long)t * width, y + (long)t * width, pw, width, peps);
 }
