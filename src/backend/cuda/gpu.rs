@@ -331,7 +331,8 @@ impl Gpu {
         self.allocated_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// Launch kernel `name` on `s` over `grid` blocks of `block` threads.
+    /// Launch kernel `name` on `s` over `grid` blocks of `block` threads (a programmatic
+    /// launch where the GPU has them: `launch_programmatic`).
     pub fn launch(
         &self,
         s: &Stream,
@@ -340,13 +341,38 @@ impl Gpu {
         block: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
+        self.launch_as(s, name, grid, block, args, true)
+    }
+
+    /// [`Self::launch`], but the kernel starts only once all work before it on `s` is done,
+    /// event waits included: for a stream whose kernels wait on another stream's events.
+    pub fn launch_after(
+        &self,
+        s: &Stream,
+        name: &str,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        self.launch_as(s, name, grid, block, args, false)
+    }
+
+    fn launch_as(
+        &self,
+        s: &Stream,
+        name: &str,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+        programmatic: bool,
+    ) -> Result<(), CudaError> {
         let grid = grid.max(1);
         match (&self.engine, &s.0) {
             (Engine::Cuda { funcs, pdl, .. }, StreamKind::Cuda(stream)) => {
                 let f = funcs
                     .get(name)
                     .ok_or_else(|| CudaError::Driver(format!("no kernel named {name}")))?;
-                if *pdl {
+                if *pdl && programmatic {
                     return launch_programmatic(stream, f, grid, block, args);
                 }
                 let mut b = stream.launch_builder(f);

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Stream};
 use super::profile::Profile;
 
+mod ahead;
 mod attention;
 mod deferred;
 mod layout;
@@ -129,6 +130,11 @@ pub struct CudaSession {
     /// left unwritten.
     deferred: Option<deferred::DeferredNorm>,
     skipped: Option<u64>,
+    /// The second stream that dequantizes prompt products' weights ahead of them
+    /// (step/ahead.rs; none without prompt-sized products or with `KILN_CUDA_DEQUANT_AHEAD=0`).
+    ahead: Option<ahead::Ahead>,
+    /// The weight buffer the next chunk goes to.
+    wbf_next: usize,
 }
 
 impl Drop for CudaSession {
@@ -176,6 +182,10 @@ impl CudaSession {
             None => None,
         };
         let profile = Profile::from_env();
+        let ahead = match layout.gemm {
+            Some(_) if switch("KILN_CUDA_DEQUANT_AHEAD") => Some(ahead::Ahead::new(&gpu)?),
+            _ => None,
+        };
         let t = sizes.max_rows.max(1);
         let host_f32 = vec![0.0; (sizes.logit_rows.max(1) * c.vocab_size).max(t * c.dim)];
         Ok(CudaSession {
@@ -206,6 +216,8 @@ impl CudaSession {
             q_scaled: false,
             deferred: None,
             skipped: None,
+            ahead,
+            wbf_next: 0,
             mirror: switch("KILN_CUDA_MIRROR"),
             rope_in_products: switch("KILN_CUDA_ROPE_EPILOGUE"),
             post_in_products: switch("KILN_CUDA_POST_EPILOGUE"),
@@ -557,6 +569,7 @@ impl Backend for CudaStep<'_> {
         s.q_scaled = false;
         s.deferred = None;
         s.skipped = None;
+        s.ahead_begin();
         let n = tokens.len();
         // The step's parameters (token ids, positions, slots, attention arithmetic) lie one
         // after another in the arena, `stride` i32 apart: staged as that image, one copy.

@@ -172,13 +172,13 @@ pub(super) struct KvLayerAt {
     pub(super) offloaded: bool,
 }
 
-/// The scratch of prompt-sized products: the input as bf16, a chunk of weight rows as bf16,
-/// cuBLAS's workspace.
+/// The scratch of prompt-sized products: the input as bf16, two chunks of weight rows as bf16
+/// (one is filled while the other is multiplied: `step/ahead.rs`), cuBLAS's workspace.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct GemmLayout {
     pub(super) xbf: usize,
-    pub(super) wbf: usize,
-    /// Elements of the weight chunk (the largest layer matrix; the output head goes by parts).
+    pub(super) wbf: [usize; 2],
+    /// Elements of a weight chunk (the largest layer matrix; the output head goes by parts).
     pub(super) wbf_elems: usize,
     pub(super) workspace: usize,
 }
@@ -263,7 +263,7 @@ impl SessionLayout {
                 .max(c.dim);
             GemmLayout {
                 xbf: l.take(t * widest * 2),
-                wbf: l.take(wbf_elems * 2),
+                wbf: [l.take(wbf_elems * 2), l.take(wbf_elems * 2)],
                 wbf_elems,
                 workspace: l.take(crate::backend::cuda::blas::WORKSPACE_BYTES),
             }

@@ -260,18 +260,18 @@ impl CudaSession {
     }
 
     /// A prompt-sized product: x to bf16 (once per input), then per chunk of weight rows that
-    /// fits the scratch, dequantize them to bf16 and multiply (cuBLAS, or `gemm_bf16` on the
-    /// software GPU). Weights that bf16 would round multiply in f32: F32 rows as they are, F16
-    /// rows widened a chunk at a time, x as it is.
+    /// fits a scratch buffer, dequantize them to bf16 (ahead, on a second stream: `ahead.rs`)
+    /// and multiply (cuBLAS, or `gemm_bf16` on the software GPU). Weights that bf16 would round
+    /// multiply in f32: F32 rows as they are, F16 rows widened a chunk at a time, x as it is.
     fn gemm(&mut self, m: DevMat, g: GemmLayout, x: u64, y: u64, rows: usize, prep: &mut Prepared) {
         let f32 = matches!(m.kernels.prompt, PromptProduct::F32(_));
-        let (xs, wbf) = (if f32 { x } else { self.at(g.xbf) }, self.at(g.wbf));
+        let xs = if f32 { x } else { self.at(g.xbf) };
         if !f32 && !prep.bf16 {
             let n = rows * m.cols;
             self.elementwise("f32_to_bf16", &[Arg::P(x), Arg::P(xs), Arg::L(n as i64)], n);
             prep.bf16 = true;
         }
-        // The scratch holds `wbf_elems` bf16, half as many f32; F32 rows need no scratch.
+        // A buffer holds `wbf_elems` bf16, half as many f32; F32 rows need none.
         let kernel = m.kernels.prompt.kernel();
         let chunk = match (kernel, f32) {
             (None, _) => m.rows,
@@ -283,19 +283,23 @@ impl CudaSession {
         while r0 < m.rows && self.err.is_none() {
             let nr = chunk.min(m.rows - r0);
             let n = nr * m.cols;
-            let w = match kernel {
+            let (read, w) = match kernel {
                 Some(k) => {
-                    let args = [
-                        Arg::P(m.ptr),
-                        Arg::P(wbf),
-                        Arg::I(m.cols as i32),
-                        Arg::L(r0 as i64),
-                        Arg::L(n as i64),
-                    ];
-                    self.elementwise(k, &args, n);
-                    wbf
+                    let args = |wbf| {
+                        vec![
+                            Arg::P(m.ptr),
+                            Arg::P(wbf),
+                            Arg::I(m.cols as i32),
+                            Arg::L(r0 as i64),
+                            Arg::L(n as i64),
+                        ]
+                    };
+                    match self.dequantize_chunk(k, n, args) {
+                        Some((c, w)) => (Some(c), w),
+                        None => return,
+                    }
                 }
-                None => m.ptr + (r0 * m.cols * 4) as u64,
+                None => (None, m.ptr + (r0 * m.cols * 4) as u64),
             };
             let yc = y + (r0 * 4) as u64;
             let done = match self.capture {
@@ -331,6 +335,9 @@ impl CudaSession {
                 ];
                 let k = if f32 { "gemm_f32" } else { "gemm_bf16" };
                 self.elementwise(k, &args, nr * rows);
+            }
+            if let Some(c) = read {
+                self.chunk_read(c);
             }
             r0 += nr;
         }
