@@ -118,7 +118,8 @@ extern "C" __global__ void kv_copy_u16(const u16* src, u16* dst, int heads, long
 // The CPU's (and the reference's) f16 dot product of a query rounded to f16 with a key row:
 // 64 lanes (4 accumulators of 16) advanced by fused multiply-adds over blocks of 64, summed
 // pairwise, then halves, quarters and pairs of 16; a tail past the last block of 64 in f64.
-// (src/kernels/f16ops.rs `dot_scalar`.)
+// (src/kernels/f16ops.rs `dot_scalar`.) Rows of a multiple of 8 elements are read 8 at a time
+// (`get8`: one 16-byte load of an f16 row, where the thread's key row took 8 loads of 2 bytes).
 template <class R>
 __device__ float dot_ref(const float* q16, R k, int hd) {
     int np = hd & ~63;
@@ -126,8 +127,19 @@ __device__ float dot_ref(const float* q16, R k, int hd) {
     if (np > 0) {
         float a[64];
         for (int l = 0; l < 64; ++l) a[l] = 0.0f;
-        for (int b = 0; b < np; b += 64)
-            for (int l = 0; l < 64; ++l) a[l] = fmaf(q16[b + l], k[b + l], a[l]);
+        if (hd % 8 == 0) {
+            for (int b = 0; b < np; b += 64)
+#pragma unroll
+                for (int l = 0; l < 64; l += 8) {
+                    float kv[8];
+                    k.get8(b + l, kv);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) a[l + j] = fmaf(q16[b + l + j], kv[j], a[l + j]);
+                }
+        } else {
+            for (int b = 0; b < np; b += 64)
+                for (int l = 0; l < 64; ++l) a[l] = fmaf(q16[b + l], k[b + l], a[l]);
+        }
         float t[16];
         for (int l = 0; l < 16; ++l) t[l] = (a[l] + a[32 + l]) + (a[16 + l] + a[48 + l]);
         float u[8];
@@ -256,8 +268,11 @@ __device__ float attend_vec(const Head<R>& a, float scale) {
             for (int k = 0; k < 32; ++k) {
                 if (j0 + k < n) {
                     float r = resc[j0 + k], w = wt[j0 + k];
-                    // (No new maximum: r is 1 and the rounding leaves the f16 sum as it is.)
-                    acc = round_f16(fmaf(vv[k], w, round_f16(acc * r)));
+                    // No new maximum (most keys): r is 1 and acc · 1 rounded to f16 is acc,
+                    // an f16 value already; the branch (the same for every thread) keeps the
+                    // multiply and its rounding off the chain for those keys.
+                    if (r != 1.0f) acc = round_f16(acc * r);
+                    acc = round_f16(fmaf(vv[k], w, acc));
                     l = fmaf(l, r, w);
                 }
             }
