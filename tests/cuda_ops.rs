@@ -537,6 +537,7 @@ fn prompt_product_matches_f64(
                     Arg::I(cols as i32),
                     Arg::L(r0 as i64),
                     Arg::L(m as i64),
+                    Arg::L((rows * cols / 32) as i64),
                 ];
                 g.launch(s, kernel, blocks_for(m), 256, &args).unwrap();
                 scratch
@@ -672,75 +673,116 @@ fn q8_0_kv_store_matches_the_cpu_cache() {
     }
 }
 
-/// q4_0 rearranged at upload (`repack_q4_0`: each row's nibbles 16-byte aligned, then its
-/// scales): its matvec (alone and adding), gated kernel and bf16 dequantization give the file
-/// layout's kernels' results bit for bit.
+/// The 32-element formats rearranged at upload (`repack`: the matrix's quants, fifth bits and
+/// scales as arrays): matvec (alone and adding), gated kernel (a block and a warp per row),
+/// bf16 dequantization from a row past the first and embedding rows give the file layout's
+/// kernels' results bit for bit. Rows of 640 (20 groups: a row's groups do not start
+/// 16-byte aligned in the file's layout) and of 768.
 #[test]
-fn repacked_q4_0_kernels_match_the_file_layout() {
-    use kiln::backend::cuda::weights::repack_q4_0;
+fn repacked_kernels_match_the_file_layout() {
+    use kiln::backend::cuda::weights::repack;
     let Some(g) = gpu() else { return };
-    let (rows, cols) = (12, 768);
-    let x = activations(cols);
-    let n_tok = x.len() / cols;
-    let w = weights(GgmlType::Q4_0, rows, cols);
-    let wr = repack_q4_0(&w, rows, cols);
-    assert_eq!(wr.len(), w.len());
     let s = g.default_stream();
-    let run = |w: &[u8], matvec: &str, gated: &str, dequant: &str| {
-        let b = bufs(&g, w, &x, rows, cols, n_tok);
-        let n = n_tok * cols;
-        let (wp, xp, xq, yp) = (
-            b.arena.ptr(b.w),
-            b.arena.ptr(b.x),
-            b.arena.ptr(b.xq),
-            b.arena.ptr(b.y),
-        );
-        let q = [Arg::P(xp), Arg::P(xq), Arg::L(n as i64)];
-        g.launch(s, "quantize_q8_0", n.div_ceil(256) as u32, 256, &q)
-            .unwrap();
-        let mut out = Vec::new();
-        for add in [false, true] {
-            let args = matvec_args(wp, xq, yp, rows, cols, n_tok, add, 128);
-            g.launch(s, matvec, rows as u32, 128, &args).unwrap();
-            out.push(read_y(&g, &b, n_tok * rows));
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
+        for (rows, cols) in [(12usize, 640usize), (9, 768)] {
+            let x = activations(cols);
+            let n_tok = x.len() / cols;
+            let w = weights(ty, rows, cols);
+            let wr = repack(ty, &w, rows, cols).unwrap();
+            assert_eq!(wr.len(), w.len());
+            let file = format_kernels(ty).unwrap();
+            let quantize = file.quantize.unwrap();
+            let run = |w: &[u8], re: bool| {
+                let name = |k: &str| if re { format!("{k}r") } else { k.to_string() };
+                let mut b = bufs(&g, w, &x, rows, cols, n_tok);
+                let n = n_tok * cols;
+                let (wp, xp, xq, yp, wbf) = (b.w, b.x, b.xq, b.y, b.wbf);
+                let [wp, xp, xq, yp, wbf] = [wp, xp, xq, yp, wbf].map(|o| b.arena.ptr(o));
+                let q = [Arg::P(xp), Arg::P(xq), Arg::L(n as i64)];
+                g.launch(s, quantize, n.div_ceil(256) as u32, 256, &q)
+                    .unwrap();
+                let mut out = Vec::new();
+                for add in [false, true] {
+                    let args = matvec_args(wp, xq, yp, rows, cols, n_tok, add, 128);
+                    g.launch(s, &name(file.matvec), rows as u32, 128, &args)
+                        .unwrap();
+                    out.push(read_y(&g, &b, n_tok * rows));
+                }
+                for (block, tpr) in [(128, 128), (256, 32)] {
+                    let args = gated_args(wp, xq, yp, rows, cols, n_tok, 0, tpr);
+                    let grid = rows.div_ceil((block / tpr) as usize) as u32;
+                    g.launch(s, &name(file.gated.unwrap()), grid, block, &args)
+                        .unwrap();
+                    out.push(read_y(&g, &b, n_tok * rows));
+                }
+                // Rows 2.. dequantized (a chunk that starts past the matrix's first row).
+                let m = (rows - 2) * cols;
+                let args = [
+                    Arg::P(wp),
+                    Arg::P(wbf),
+                    Arg::I(cols as i32),
+                    Arg::L(2),
+                    Arg::L(m as i64),
+                    Arg::L((rows * cols / 32) as i64),
+                ];
+                let dequant = name(file.prompt.kernel().unwrap());
+                g.launch(s, &dequant, blocks_for(m), 256, &args).unwrap();
+                let mut deq = vec![0u16; m];
+                g.synchronize(s).unwrap();
+                b.arena
+                    .read(s, b.wbf, zerocopy::IntoBytes::as_mut_bytes(&mut deq[..]))
+                    .unwrap();
+                // Embedding rows 0, the last and one between, into the bf16 scratch (room for
+                // 2 · rows ≥ 3 rows of f32), the ids in x's place.
+                let ids = [0i32, rows as i32 - 1, 5];
+                b.arena
+                    .write(s, b.x, zerocopy::IntoBytes::as_bytes(&ids[..]))
+                    .unwrap();
+                let args = [
+                    Arg::P(wp),
+                    Arg::P(xp),
+                    Arg::P(wbf),
+                    Arg::I(cols as i32),
+                    Arg::F(0.5),
+                    Arg::P(0),
+                    Arg::P(0),
+                    Arg::L((rows * cols / 32) as i64),
+                ];
+                g.launch(s, &name(file.embed), 3, 256, &args).unwrap();
+                let mut emb = vec![f32::NAN; 3 * cols];
+                g.synchronize(s).unwrap();
+                b.arena
+                    .read(s, b.wbf, zerocopy::IntoBytes::as_mut_bytes(&mut emb[..]))
+                    .unwrap();
+                emb.extend(deq.iter().map(|&v| f32::from_bits((v as u32) << 16)));
+                out.push(emb);
+                out
+            };
+            let (want, got) = (run(&w, false), run(&wr, true));
+            let what = [
+                "matvec",
+                "matvec adding",
+                "gated",
+                "gated, narrow",
+                "embedding, then bf16",
+            ];
+            for ((a, b), what) in want.iter().zip(&got).zip(what) {
+                let same = a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{ty} {rows}x{cols} {what}: {:?} vs {:?}",
+                    &a[..4],
+                    &b[..4]
+                );
+            }
         }
-        // A block per row, and (narrow rows) a warp per row, eight to a block.
-        for (block, tpr) in [(128, 128), (256, 32)] {
-            let args = gated_args(wp, xq, yp, rows, cols, n_tok, 0, tpr as u32);
-            let grid = rows.div_ceil((block / tpr) as usize) as u32;
-            g.launch(s, gated, grid, block as u32, &args).unwrap();
-            out.push(read_y(&g, &b, n_tok * rows));
-        }
-        let wbf = b.arena.ptr(b.wbf);
-        let m = rows * cols;
-        let args = [
-            Arg::P(wp),
-            Arg::P(wbf),
-            Arg::I(cols as i32),
-            Arg::L(0),
-            Arg::L(m as i64),
-        ];
-        g.launch(s, dequant, blocks_for(m), 256, &args).unwrap();
-        let mut deq = vec![0u16; m];
-        g.synchronize(s).unwrap();
-        b.arena
-            .read(s, b.wbf, zerocopy::IntoBytes::as_mut_bytes(&mut deq[..]))
-            .unwrap();
-        (out, deq)
-    };
-    let (file, file_deq) = run(&w, "matvec_q4_0", "gated_q4_0", "dequant_bf16_q4_0");
-    let (re, re_deq) = run(&wr, "matvec_q4_0r", "gated_q4_0r", "dequant_bf16_q4_0r");
-    for (i, what) in ["matvec", "matvec adding", "gated", "gated, narrow"]
-        .iter()
-        .enumerate()
-    {
-        let same = file[i]
-            .iter()
-            .zip(&re[i])
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{what}: {:?} vs {:?}", &file[i][..4], &re[i][..4]);
     }
-    assert_eq!(file_deq, re_deq, "dequantized to bf16");
 }
 
 /// The norm that quantizes for the products after it (`rms_norm_q8`, rows over several blocks

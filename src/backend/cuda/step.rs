@@ -631,6 +631,7 @@ impl Backend for CudaStep<'_> {
             Arg::F(scale),
             Arg::P(s.w.pos_embd.unwrap_or(0)),
             Arg::P(s.at(s.layout.pos)),
+            Arg::L(e.groups() as i64),
         ];
         s.go(e.kernels.embed, tokens.len() as u32, 256, &args);
     }

@@ -1,5 +1,6 @@
-//! The model's weights on the GPU: every matrix uploaded once, as the file stores it (the
-//! CPU's repacked layouts are not used here), norms, biases and RoPE factors as f32.
+//! The model's weights on the GPU: every matrix uploaded once, as the file stores it or, for
+//! the 32-element formats, rearranged for aligned loads ([`repack`]; the CPU's repacked
+//! layouts are not used here), norms, biases and RoPE factors as f32.
 
 use super::gpu::{Arena, Gpu, Layout};
 use super::CudaError;
@@ -19,6 +20,14 @@ pub struct DevMat {
     pub cols: usize,
     /// `[rows]` f32.
     pub bias: Option<u64>,
+}
+
+impl DevMat {
+    /// Groups of 32 elements in the matrix (the layouts rearranged at upload place their
+    /// arrays by it: [`repack`]).
+    pub fn groups(&self) -> usize {
+        self.rows * self.cols / 32
+    }
 }
 
 /// A norm's weights on the device.
@@ -179,39 +188,58 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
     }
 }
 
-/// The kernels of a matrix rearranged at upload ([`repack_q4_0`]).
+/// The kernels of a matrix rearranged at upload ([`repack`]).
 fn repacked_kernels(ty: GgmlType) -> Option<FormatKernels> {
-    // (The token embedding keeps the file's layout.)
-    (ty == GgmlType::Q4_0).then_some(quant_kernels!("q4_0r", "quantize_q8_0", "embed_q4_0"))
+    Some(match ty {
+        GgmlType::Q4_0 => quant_kernels!("q4_0r", "quantize_q8_0", "embed_q4_0r"),
+        GgmlType::Q4_1 => quant_kernels!("q4_1r", "quantize_q8_1", "embed_q4_1r"),
+        GgmlType::Q5_0 => quant_kernels!("q5_0r", "quantize_q8_0", "embed_q5_0r"),
+        GgmlType::Q5_1 => quant_kernels!("q5_1r", "quantize_q8_1", "embed_q5_1r"),
+        GgmlType::Q8_0 => quant_kernels!("q8_0r", "quantize_q8_0", "embed_q8_0r"),
+        _ => return None,
+    })
 }
 
-/// Whether a matrix of `ty` with rows of `cols` is rearranged at upload: q4_0 rows of whole
-/// groups of 256 (so that each row's nibbles start 16-byte aligned), unless
-/// `KILN_CUDA_REPACK=0` (for measuring). The same bytes, another order: the plan is unchanged.
-fn repacks(ty: GgmlType, cols: usize) -> bool {
+/// How [`repack`] splits a block of a 32-element format: (bytes of the block, of its scales
+/// (d, or d and m), of its fifth bits, of its quants), in the file's order.
+fn repack_parts(ty: GgmlType) -> Option<(usize, usize, usize, usize)> {
+    Some(match ty {
+        GgmlType::Q4_0 => (18, 2, 0, 16),
+        GgmlType::Q4_1 => (20, 4, 0, 16),
+        GgmlType::Q5_0 => (22, 2, 4, 16),
+        GgmlType::Q5_1 => (24, 4, 4, 16),
+        GgmlType::Q8_0 => (34, 2, 0, 32),
+        _ => return None,
+    })
+}
+
+/// Whether a matrix of `ty` is rearranged at upload ([`repack`]): the 32-element formats,
+/// unless `KILN_CUDA_REPACK=0` (for measuring). The same bytes, another order: the plan is
+/// unchanged.
+fn repacks(ty: GgmlType) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0"));
-    on && repacked_kernels(ty).is_some() && cols.is_multiple_of(256)
+    on && repacked_kernels(ty).is_some()
 }
 
-/// q4_0 rows rearranged for `matvec_q4_0r`: per row, the 16 bytes of nibbles of each group,
-/// then the groups' f16 scales (`rows × cols / 32 × 18` bytes, as the file's).
-pub fn repack_q4_0(data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
-    const B: usize = 18;
-    let g = cols / 32;
-    let mut out = vec![0u8; rows * g * B];
-    for (src, dst) in data
-        .chunks_exact(g * B)
-        .zip(out.chunks_exact_mut(g * B))
-        .take(rows)
-    {
-        let (qs, ds) = dst.split_at_mut(g * 16);
-        for (i, blk) in src.chunks_exact(B).enumerate() {
-            ds[2 * i..2 * i + 2].copy_from_slice(&blk[..2]);
-            qs[16 * i..16 * i + 16].copy_from_slice(&blk[2..]);
-        }
+/// A matrix of a 32-element format (`rows × cols`, the file's blocks) rearranged for the
+/// `*r` kernels (kernels/blocks.cuh): its G groups' quants (16 bytes of nibbles, or Q8_0's 32
+/// bytes) one after another, then their fifth bits (Q5_0, Q5_1: 4 bytes a group), then their
+/// scales (d, or d and m), so that a group's quants are one or two aligned 16-byte loads and
+/// each other field one load, whatever the row length. The same size as the file's. `None`
+/// for other formats.
+pub fn repack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
+    let (block, sb, hb, qb) = repack_parts(ty)?;
+    let g = rows * cols / 32;
+    let mut out = vec![0u8; g * block];
+    let (qs, rest) = out.split_at_mut(g * qb);
+    let (hs, ss) = rest.split_at_mut(g * hb);
+    for (i, blk) in data.chunks_exact(block).take(g).enumerate() {
+        ss[i * sb..(i + 1) * sb].copy_from_slice(&blk[..sb]);
+        hs[i * hb..(i + 1) * hb].copy_from_slice(&blk[sb..sb + hb]);
+        qs[i * qb..(i + 1) * qb].copy_from_slice(&blk[sb + hb..]);
     }
-    out
+    Some(out)
 }
 
 /// Bytes the weights of a model file take on the device, from its header: every matrix as
@@ -256,22 +284,26 @@ impl Uploader<'_> {
     }
 
     /// A matrix's bytes as the file stores them (looked up by name: a CPU-repacked `Linear`
-    /// holds another layout), or rearranged for the GPU's matvec where it gains from it
-    /// ([`repacks`]; not the token embedding, which `embed` reads by rows).
-    fn matrix(&mut self, l: &Linear, may_repack: bool) -> Result<DevMat, CudaError> {
+    /// holds another layout), or rearranged for the GPU's kernels where it gains from it
+    /// ([`repacks`]: every kernel that reads the matrix, the embedding's too, has a twin for
+    /// that layout).
+    fn matrix(&mut self, l: &Linear) -> Result<DevMat, CudaError> {
         let f = &self.m.file;
         let info = f
             .tensor_info(&l.name)
             .ok_or_else(|| CudaError::Unsupported(format!("tensor {} not in the file", l.name)))?;
         let data = f.tensor_bytes(info);
-        let repack = may_repack && repacks(info.ty, l.in_dim);
+        let repacked = repacks(info.ty);
         let kernels = match repacked_kernels(info.ty) {
-            Some(k) if repack => k,
+            Some(k) if repacked => k,
             _ => format_kernels(info.ty)?,
         };
         // (Only laying out, without a GPU: the same size either way.)
-        let ptr = match repack && self.gpu.is_some() {
-            true => self.place(&repack_q4_0(&data, l.out_dim, l.in_dim))?,
+        let ptr = match repacked && self.gpu.is_some() {
+            true => match repack(info.ty, &data, l.out_dim, l.in_dim) {
+                Some(r) => self.place(&r)?,
+                None => self.place(&data)?,
+            },
             false => self.place(&data)?,
         };
         let bias = match &l.bias {
@@ -310,7 +342,7 @@ impl Uploader<'_> {
     /// Every tensor, in order.
     fn walk(&mut self) -> Result<DeviceWeights, CudaError> {
         let w = &self.m.weights;
-        let token_embd = self.matrix(&w.token_embd, false)?;
+        let token_embd = self.matrix(&w.token_embd)?;
         let pos_embd = match &w.pos_embd {
             Some(pe) => {
                 let mut all = vec![0f32; pe.out_dim * pe.in_dim];
@@ -330,12 +362,12 @@ impl Uploader<'_> {
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let (qkv, q, k, v) = match &l.qkv {
-                Qkv::Fused(f) => (Some(self.matrix(f, true)?), None, None, None),
+                Qkv::Fused(f) => (Some(self.matrix(f)?), None, None, None),
                 Qkv::Separate { wq, wk, wv } => (
                     None,
-                    Some(self.matrix(wq, true)?),
-                    Some(self.matrix(wk, true)?),
-                    Some(self.matrix(wv, true)?),
+                    Some(self.matrix(wq)?),
+                    Some(self.matrix(wk)?),
+                    Some(self.matrix(wv)?),
                 ),
             };
             layers.push(DevLayer {
@@ -343,14 +375,10 @@ impl Uploader<'_> {
                 q,
                 k,
                 v,
-                o: self.matrix(&l.wo, true)?,
-                gate: l
-                    .ffn_gate
-                    .as_ref()
-                    .map(|g| self.matrix(g, true))
-                    .transpose()?,
-                up: self.matrix(&l.ffn_up, true)?,
-                down: self.matrix(&l.ffn_down, true)?,
+                o: self.matrix(&l.wo)?,
+                gate: l.ffn_gate.as_ref().map(|g| self.matrix(g)).transpose()?,
+                up: self.matrix(&l.ffn_up)?,
+                down: self.matrix(&l.ffn_down)?,
                 attn_norm: self.norm(&l.attn_norm)?,
                 q_norm: self.opt_norm(&l.q_norm)?,
                 k_norm: self.opt_norm(&l.k_norm)?,
@@ -364,7 +392,7 @@ impl Uploader<'_> {
         let output = if w.output_tied {
             token_embd
         } else {
-            self.matrix(&w.output, true)?
+            self.matrix(&w.output)?
         };
         Ok(DeviceWeights {
             _arena: self.arena.take(),
@@ -467,12 +495,14 @@ mod tests {
         for ty in GgmlType::ALL {
             let Ok(k) = format_kernels(ty) else { continue };
             formats += 1;
-            for name in [k.matvec, k.embed]
-                .into_iter()
-                .chain(k.prompt.kernel())
-                .chain(k.quantize)
-            {
-                assert!(all.iter().any(|e| e == name), "{ty}: no kernel {name}");
+            let re = repacked_kernels(ty);
+            for k in std::iter::once(k).chain(re) {
+                let names = [Some(k.matvec), Some(k.embed), k.prompt.kernel(), k.quantize];
+                let more = [k.matvec_f32, k.gated, k.gated_f32, k.matvec_post];
+                let rope = k.matvec_rope.into_iter().flatten().map(Some);
+                for name in names.into_iter().chain(more).chain(rope).flatten() {
+                    assert!(all.iter().any(|e| e == name), "{ty}: no kernel {name}");
+                }
             }
         }
         assert_eq!(formats, 13, "the 13 weight formats the CPU reads");

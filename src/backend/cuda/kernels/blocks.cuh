@@ -64,6 +64,46 @@ KILN_FN float dq_q5_1(const u8* b, int i) {
 // q8_0: d, 32 signed bytes.
 KILN_FN float dq_q8_0(const u8* b, int i) { return h2f(ld16(b)) * (float)(i8)b[2 + i]; }
 
+// The 32-element formats rearranged at upload (weights.rs `repack`): a matrix of G groups as
+// arrays, group gi's quants at QB·gi (QB = 16 bytes of nibbles, or q8_0's 32 signed bytes),
+// then (q5_0, q5_1) its fifth bits at QB·G + 4·gi, then its scales (d, or d and m: SB = 2 or
+// 4 bytes) at (QB + HB)·G + SB·gi. Element i of group gi, with `dq_*`'s arithmetic.
+KILN_FN u32 ld_qh(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+KILN_FN float dq_q4_0r(const u8* w, long gi, long G, int i) {
+    u8 q = w[16 * gi + (i & 15)];
+    int v = (i < 16 ? (q & 15) : (q >> 4)) - 8;
+    return h2f(ld16(w + 16 * G + 2 * gi)) * (float)v;
+}
+
+KILN_FN float dq_q4_1r(const u8* w, long gi, long G, int i) {
+    u8 q = w[16 * gi + (i & 15)];
+    int v = i < 16 ? (q & 15) : (q >> 4);
+    const u8* dm = w + 16 * G + 4 * gi;
+    return h2f(ld16(dm)) * (float)v + h2f(ld16(dm + 2));
+}
+
+KILN_FN float dq_q5_0r(const u8* w, long gi, long G, int i) {
+    u32 qh = ld_qh(w + 16 * G + 4 * gi);
+    u8 q = w[16 * gi + (i & 15)];
+    int v = (i < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> i) & 1) << 4);
+    return h2f(ld16(w + 20 * G + 2 * gi)) * (float)(v - 16);
+}
+
+KILN_FN float dq_q5_1r(const u8* w, long gi, long G, int i) {
+    u32 qh = ld_qh(w + 16 * G + 4 * gi);
+    u8 q = w[16 * gi + (i & 15)];
+    int v = (i < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> i) & 1) << 4);
+    const u8* dm = w + 20 * G + 4 * gi;
+    return h2f(ld16(dm)) * (float)v + h2f(ld16(dm + 2));
+}
+
+KILN_FN float dq_q8_0r(const u8* w, long gi, long G, int i) {
+    return h2f(ld16(w + 32 * G + 2 * gi)) * (float)(i8)w[32 * gi + i];
+}
+
 // q2_K: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit values, d, dmin;
 // 256 elements in two halves of 128, each four shifts of 32 (16 per scale).
 KILN_FN float dq_q2_k(const u8* b, int i) {

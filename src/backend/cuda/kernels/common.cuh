@@ -39,9 +39,8 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-// Before `pdl_begin`: ask L2 for a row of `bytes` bytes at `p`, of a launch over `rows` such
-// rows, thread `lane` of `lanes` taking every `lanes`-th line of 128 bytes (from the line
-// holding `p`). For the weights alone, which no kernel writes: while this kernel waits for the
+// Before `pdl_begin`: ask L2 for a weight row of a launch (`prefetch_row`), its threads taking
+// every `lanes`-th line of 128 bytes in turn. For the weights alone, which no kernel writes: while this kernel waits for the
 // one ahead, its weights come from memory, so its first loads after the wait find them in L2.
 // Only for launches of at most KILN_L2_PREFETCH_MAX bytes of weights: a small model's matrices
 // (its decode is a chain of short kernels, each waiting on memory), not a large model's,
@@ -53,14 +52,41 @@ __device__ __forceinline__ void pdl_begin() {
 #define KILN_L2_PREFETCH 1
 #endif
 #define KILN_L2_PREFETCH_MAX (8l << 20)
-__device__ __forceinline__ void prefetch_rows(const u8* p, long bytes, int rows, int lane,
-                                              int lanes) {
+// Whether a launch of `bytes` of weights asks for them ahead.
+__device__ __forceinline__ bool prefetch_fits(long bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KILN_L2_PREFETCH
-    if (bytes * rows > KILN_L2_PREFETCH_MAX) return;
+    return bytes <= KILN_L2_PREFETCH_MAX;
+#else
+    return false;
+#endif
+}
+
+// The 128-byte lines of bytes p..p + bytes, `lanes` threads taking every lanes-th.
+__device__ __forceinline__ void prefetch_span(const u8* p, long bytes, int lane, int lanes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && KILN_L2_PREFETCH
     const u8* first = (const u8*)((unsigned long long)p & ~127ull);
     for (const u8* q = first + 128l * lane; q < p + bytes; q += 128l * lanes)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
 #endif
+}
+
+// Row `row` (`ng` groups of 32) of a matrix of G groups in a launch of `nrows` such rows: as
+// the file stores it (QB 0: a row's blocks of `ELEMS` elements, `BYTES` each, together), or
+// rearranged at upload (blocks.cuh: per group QB bytes of quants, HB of fifth bits and the
+// rest of BYTES scales, each in an array of its own: three runs).
+template <int BYTES, int ELEMS, int QB, int HB>
+__device__ __forceinline__ void prefetch_row(const u8* w, int row, int ng, int G, int nrows,
+                                             int lane, int lanes) {
+    long row_bytes = (long)ng / (ELEMS / 32) * BYTES;
+    if (!prefetch_fits(row_bytes * nrows)) return;
+    if (QB == 0) {
+        prefetch_span(w + row * row_bytes, row_bytes, lane, lanes);
+        return;
+    }
+    const int SB = BYTES - QB - HB;
+    prefetch_span(w + (long)row * ng * QB, (long)ng * QB, lane, lanes);
+    if (HB) prefetch_span(w + (long)G * QB + (long)row * ng * HB, (long)ng * HB, lane, lanes);
+    prefetch_span(w + (long)G * (QB + HB) + (long)row * ng * SB, (long)ng * SB, lane, lanes);
 }
 
 // 16 bytes loaded at once (from a 16-byte aligned address).

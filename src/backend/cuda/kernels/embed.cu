@@ -1,9 +1,11 @@
-// Embedding rows: out[r] = row ids[r] of the matrix, dequantized, times `scale`; plus row
-// pos[r] of a learned position matrix (uploaded as f32) when given. One block per row.
+// Embedding rows: out[r] = row ids[r] of the matrix (G groups of 32 in all), dequantized,
+// times `scale`; plus row pos[r] of a learned position matrix (uploaded as f32) when given.
+// One block per row.
 
 #define EMBED(NAME, BYTES, ELEMS, DQ)                                                         \
     extern "C" __global__ void NAME(const u8* w, const int* ids, float* out, int cols,       \
-                                    float scale, const float* pos_embd, const int* pos) {    \
+                                    float scale, const float* pos_embd, const int* pos,      \
+                                    long G) {                                                 \
         pdl_begin();                                                                         \
         const u8* row = w + (long)ids[blockIdx.x] * (cols / ELEMS) * BYTES;                   \
         float* o = out + (long)blockIdx.x * cols;                                             \
@@ -27,3 +29,24 @@ EMBED(embed_q3_k, Q3_K_BYTES, 256, dq_q3_k)
 EMBED(embed_q4_k, Q4_K_BYTES, 256, dq_q4_k)
 EMBED(embed_q5_k, Q5_K_BYTES, 256, dq_q5_k)
 EMBED(embed_q6_k, Q6_K_BYTES, 256, dq_q6_k)
+
+// The formats rearranged at upload (blocks.cuh `dq_*r`: group gi of the matrix's G).
+#define EMBED_R(NAME, DQ)                                                                     \
+    extern "C" __global__ void NAME(const u8* w, const int* ids, float* out, int cols,       \
+                                    float scale, const float* pos_embd, const int* pos,      \
+                                    long G) {                                                 \
+        pdl_begin();                                                                         \
+        long g0 = (long)ids[blockIdx.x] * (cols >> 5);                                        \
+        float* o = out + (long)blockIdx.x * cols;                                             \
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {                               \
+            float v = DQ(w, g0 + (c >> 5), G, c & 31) * scale;                               \
+            if (pos_embd) v += pos_embd[(long)pos[blockIdx.x] * cols + c];                    \
+            o[c] = v;                                                                         \
+        }                                                                                     \
+    }
+
+EMBED_R(embed_q4_0r, dq_q4_0r)
+EMBED_R(embed_q4_1r, dq_q4_1r)
+EMBED_R(embed_q5_0r, dq_q5_0r)
+EMBED_R(embed_q5_1r, dq_q5_1r)
+EMBED_R(embed_q8_0r, dq_q8_0r)

@@ -20,9 +20,11 @@ extern "C" __global__ void f32_to_bf16(const float* x, u16* y, long n) {
     if (i < n) y[i] = f2bf(x[i]);
 }
 
-// Rows `[r0, r0 + n / cols)` of W (`cols` per row) to bf16 `[n / cols, cols]`.
+// Rows `[r0, r0 + n / cols)` of W (`cols` per row, G groups of 32 in all) to bf16
+// `[n / cols, cols]`.
 #define DEQUANT_BF16(NAME, BYTES, ELEMS, DQ)                                                  \
-    extern "C" __global__ void NAME(const u8* w, u16* out, int cols, long r0, long n) {      \
+    extern "C" __global__ void NAME(const u8* w, u16* out, int cols, long r0, long n,        \
+                                    long G) {                                                 \
         pdl_begin();                                                                         \
         long i = (long)blockIdx.x * blockDim.x + threadIdx.x;                                 \
         if (i >= n) return;                                                                   \
@@ -44,25 +46,30 @@ DEQUANT_BF16(dequant_bf16_q5_k, Q5_K_BYTES, 256, dq_q5_k)
 DEQUANT_BF16(dequant_bf16_q6_k, Q6_K_BYTES, 256, dq_q6_k)
 DEQUANT_BF16(dequant_bf16_bf16, 2, 1, dq_bf16)
 
+// The same for the formats rearranged at upload (blocks.cuh `dq_*r`).
+#define DEQUANT_BF16_R(NAME, DQ)                                                              \
+    extern "C" __global__ void NAME(const u8* w, u16* out, int cols, long r0, long n,        \
+                                    long G) {                                                 \
+        pdl_begin();                                                                         \
+        long i = (long)blockIdx.x * blockDim.x + threadIdx.x;                                 \
+        if (i >= n) return;                                                                   \
+        long e = r0 * cols + i;                                                               \
+        out[i] = f2bf(DQ(w, e >> 5, G, (int)(e & 31)));                                       \
+    }
+
+DEQUANT_BF16_R(dequant_bf16_q4_0r, dq_q4_0r)
+DEQUANT_BF16_R(dequant_bf16_q4_1r, dq_q4_1r)
+DEQUANT_BF16_R(dequant_bf16_q5_0r, dq_q5_0r)
+DEQUANT_BF16_R(dequant_bf16_q5_1r, dq_q5_1r)
+DEQUANT_BF16_R(dequant_bf16_q8_0r, dq_q8_0r)
+
 // Rows `[r0, r0 + n / cols)` of an F16 matrix to f32 `[n / cols, cols]` (exact).
-extern "C" __global__ void widen_f16(const u8* w, float* out, int cols, long r0, long n) {
+extern "C" __global__ void widen_f16(const u8* w, float* out, int cols, long r0, long n,
+                                     long) {
     pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     out[i] = h2f(ld16(w + (r0 * cols + i) * 2));
-}
-
-// `dequant_bf16_q4_0` for q4_0 rearranged at upload (matvec.cu `dot_q4_0r`).
-extern "C" __global__ void dequant_bf16_q4_0r(const u8* w, u16* out, int cols, long r0, long n) {
-    pdl_begin();
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    long r = r0 + i / cols;
-    int c = (int)(i % cols), ng = cols / 32, g = c / 32, e = c % 32;
-    const u8* row = w + r * ng * Q4_0_BYTES;
-    u8 q = row[g * 16 + (e & 15)];
-    int v = (e < 16 ? (q & 15) : (q >> 4)) - 8;
-    out[i] = f2bf(h2f(ld16(row + ng * 16 + 2 * g)) * (float)v);
 }
 
 // y[t][r] (row stride ldy) = Σ_c w[r][c] · x[t][c], operands of type T read by F, f32 sums:

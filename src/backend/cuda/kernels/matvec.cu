@@ -165,7 +165,9 @@ __device__ __forceinline__ int spread4(u32 b) {
 
 #define ONES 0x01010101
 
-// Each `dot_*` returns Σ W[row][32g + i] · x[32g + i] over one group g of a row's bytes `w`.
+// Each `dot_*` returns Σ W[32g + i] · x[i] over group g of matrix `w` (groups of 32 numbered
+// row by row: group g of row r is r·ng + g), x the activation group `y`; G is the matrix's
+// number of groups (the layouts rearranged at upload place their arrays by it).
 
 // q4_0: d, 16 bytes of nibbles (low nibbles elements 0..15, high 16..31); value d·(q − 8).
 __device__ __forceinline__ float dot_q4_0(const u8* w, int g, const Q8x* y, int = 0) {
@@ -177,20 +179,6 @@ __device__ __forceinline__ float dot_q4_0(const u8* w, int g, const Q8x* y, int 
         s = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
     }
     return h2f(ld16(b)) * (y->d * (float)s - 8.0f * y->s);
-}
-
-// q4_0 rearranged at upload (weights.rs `repack_q4_0`), rows of `ng` groups: the groups'
-// 16 bytes of nibbles, 16-byte aligned, then their scales d. One 16-byte load per group
-// instead of eight of two bytes; the same arithmetic as `dot_q4_0`.
-__device__ __forceinline__ float dot_q4_0r(const u8* w, int g, const Q8x* y, int ng) {
-    u32x4 v4 = *(const u32x4*)(w + (long)g * 16);
-    int v[4] = {(int)v4.x, (int)v4.y, (int)v4.z, (int)v4.w};
-    int s = 0;
-    for (int k = 0; k < 4; ++k) {
-        s = __dp4a(v[k] & 0x0F0F0F0F, y->qs[k], s);
-        s = __dp4a((v[k] >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
-    }
-    return h2f(ld16(w + (long)ng * 16 + 2 * g)) * (y->d * (float)s - 8.0f * y->s);
 }
 
 // q4_1: d, m, nibbles; value d·q + m.
@@ -239,6 +227,77 @@ __device__ __forceinline__ float dot_q8_0(const u8* w, int g, const Q8x* y, int 
     return h2f(ld16(b)) * y->d * (float)s;
 }
 
+// The 32-element formats rearranged at upload (blocks.cuh: a matrix of G groups as arrays of
+// quants, fifth bits and scales): a group's nibbles in one 16-byte load (q8_0's quants in
+// two), its fifth bits and its scales in one load each, where the file's blocks of 18 to 34
+// bytes, 2-byte aligned, take a 2-byte load per field and per 2 bytes of quants (each lane of
+// a warp on another group: a cache line touched per lane and load). The same arithmetic as
+// the file layout's `dot_*`, bit for bit.
+// 16 bytes at a 16-byte aligned address as four ints (little-endian, as `ld32` reads them).
+__device__ __forceinline__ void ld_16(const u8* p, int* v) {
+    u32x4 v4 = *(const u32x4*)p;
+    v[0] = (int)v4.x, v[1] = (int)v4.y, v[2] = (int)v4.z, v[3] = (int)v4.w;
+}
+
+__device__ __forceinline__ void ld_nibbles(const u8* w, int g, int* v) { ld_16(w + (long)g * 16, v); }
+
+__device__ __forceinline__ float dot_q4_0r(const u8* w, int g, const Q8x* y, int G) {
+    int v[4];
+    ld_nibbles(w, g, v);
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        s = __dp4a(v[k] & 0x0F0F0F0F, y->qs[k], s);
+        s = __dp4a((v[k] >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
+    }
+    return h2f(ld16(w + 16l * G + 2l * g)) * (y->d * (float)s - 8.0f * y->s);
+}
+
+__device__ __forceinline__ float dot_q4_1r(const u8* w, int g, const Q8x* y, int G) {
+    int v[4];
+    ld_nibbles(w, g, v);
+    u32 dm = *(const u32*)(w + 16l * G + 4l * g);
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        s = __dp4a(v[k] & 0x0F0F0F0F, y->qs[k], s);
+        s = __dp4a((v[k] >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
+    }
+    return h2f((u16)(dm & 0xFFFF)) * y->d * (float)s + h2f((u16)(dm >> 16)) * y->s;
+}
+
+__device__ __forceinline__ float dot_q5_0r(const u8* w, int g, const Q8x* y, int G) {
+    int v[4];
+    ld_nibbles(w, g, v);
+    u32 qh = *(const u32*)(w + 16l * G + 4l * g);
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        s = __dp4a((v[k] & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
+        s = __dp4a(((v[k] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
+    }
+    return h2f(ld16(w + 20l * G + 2l * g)) * (y->d * (float)s - 16.0f * y->s);
+}
+
+__device__ __forceinline__ float dot_q5_1r(const u8* w, int g, const Q8x* y, int G) {
+    int v[4];
+    ld_nibbles(w, g, v);
+    u32 qh = *(const u32*)(w + 16l * G + 4l * g);
+    u32 dm = *(const u32*)(w + 20l * G + 4l * g);
+    int s = 0;
+    for (int k = 0; k < 4; ++k) {
+        s = __dp4a((v[k] & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
+        s = __dp4a(((v[k] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
+    }
+    return h2f((u16)(dm & 0xFFFF)) * y->d * (float)s + h2f((u16)(dm >> 16)) * y->s;
+}
+
+__device__ __forceinline__ float dot_q8_0r(const u8* w, int g, const Q8x* y, int G) {
+    int v[8];
+    ld_16(w + (long)g * 32, v);
+    ld_16(w + (long)g * 32 + 16, v + 4);
+    int s = 0;
+    for (int k = 0; k < 8; ++k) s = __dp4a(v[k], y->qs[k], s);
+    return h2f(ld16(w + 32l * G + 2l * g)) * y->d * (float)s;
+}
+
 // The K formats: group g is sub-block g % 8 of super-block g / 8 (256 elements).
 
 // q2_K: elements 32·sub.. take shift 2·(sub % 4) of bytes 16 + 32·(sub / 4).., and two scale
@@ -248,7 +307,8 @@ __device__ __forceinline__ float dot_q2_k(const u8* w, int g, const Q8x* y, int 
     int sub = g & 7, h = sub >> 2, j = sub & 3;
     int s[2] = {0, 0}, ys[2] = {0, 0};
     for (int k = 0; k < 8; ++k) {
-        int v = (ld32(b + 16 + 32 * h + 4 * k) >> (2 * j)) & 0x03030303;
+        // (Blocks of 84 bytes: 4-byte aligned.)
+        int v = (*(const int*)(b + 16 + 32 * h + 4 * k) >> (2 * j)) & 0x03030303;
         s[k >> 2] = __dp4a(v, y->qs[k], s[k >> 2]);
         ys[k >> 2] = __dp4a(ONES, y->qs[k], ys[k >> 2]);
     }
@@ -288,9 +348,12 @@ __device__ __forceinline__ float dot_q3_k(const u8* w, int g, const Q8x* y, int 
 __device__ __forceinline__ float dot_q4_k(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)(g >> 3) * Q4_K_BYTES;
     int sub = g & 7, shift = 4 * (sub & 1);
+    // (Blocks of 144 bytes: the 32 bytes of nibbles are 16-byte aligned, two loads.)
+    int q[8];
+    ld_16(b + 16 + 32 * (sub >> 1), q);
+    ld_16(b + 32 + 32 * (sub >> 1), q + 4);
     int s = 0;
-    for (int k = 0; k < 8; ++k)
-        s = __dp4a((ld32(b + 16 + 32 * (sub >> 1) + 4 * k) >> shift) & 0x0F0F0F0F, y->qs[k], s);
+    for (int k = 0; k < 8; ++k) s = __dp4a((q[k] >> shift) & 0x0F0F0F0F, y->qs[k], s);
     int sc, m;
     k4_scale_min(b + 4, sub, &sc, &m);
     return h2f(ld16(b)) * (float)sc * y->d * (float)s - h2f(ld16(b + 2)) * (float)m * y->s;
@@ -300,10 +363,16 @@ __device__ __forceinline__ float dot_q4_k(const u8* w, int g, const Q8x* y, int 
 __device__ __forceinline__ float dot_q5_k(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)(g >> 3) * Q5_K_BYTES;
     int sub = g & 7, shift = 4 * (sub & 1);
+    // (Blocks of 176 bytes: nibbles and fifth bits 16-byte aligned, two loads each.)
+    int qs[8], qh[8];
+    ld_16(b + 48 + 32 * (sub >> 1), qs);
+    ld_16(b + 64 + 32 * (sub >> 1), qs + 4);
+    ld_16(b + 16, qh);
+    ld_16(b + 32, qh + 4);
     int s = 0;
     for (int k = 0; k < 8; ++k) {
-        int q = (ld32(b + 48 + 32 * (sub >> 1) + 4 * k) >> shift) & 0x0F0F0F0F;
-        int hi = (ld32(b + 16 + 4 * k) >> sub) & ONES;
+        int q = (qs[k] >> shift) & 0x0F0F0F0F;
+        int hi = (qh[k] >> sub) & ONES;
         s = __dp4a(q | (hi << 4), y->qs[k], s);
     }
     int sc, m;
@@ -480,13 +549,13 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
 #define KILN_PRAGMA(x) _Pragma(#x)
 #define KILN_UNROLL(n) KILN_PRAGMA(unroll n)
 
-#define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND)                                               \
-    __device__ __forceinline__ float NAME##_row(const u8* wr, Q8v xt, int ng, int lane,       \
-                                                int tpr) {                                    \
+#define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND, QB, HB)                                       \
+    __device__ __forceinline__ float NAME##_row(const u8* w, int g0, int G, Q8v xt, int ng,   \
+                                                int lane, int tpr) {                          \
         float acc = 0.0f;                                                                     \
         KILN_UNROLL(KILN_MV_UNROLL) for (int g = lane; g < ng; g += tpr) {                    \
             Q8x xg = ldq8(xt, g);                                                             \
-            acc += DOT(wr, g, &xg, ng);                                                       \
+            acc += DOT(w, g0 + g, &xg, G);                                                    \
         }                                                                                     \
         return tpr == (int)blockDim.x ? row_sum(acc) : warp_sum(acc);                         \
     }                                                                                         \
@@ -496,15 +565,15 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         int lane = threadIdx.x % tpr;                                                         \
         bool live = row < rows0 + rows1 + rows2;                                              \
         MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
-        int ng = cols >> 5;                                                                   \
-        long row_bytes = (long)(cols / ELEMS) * BYTES;                                        \
-        const u8* wr = r.w + (long)r.row * row_bytes;                                         \
-        if (live) prefetch_rows(wr, row_bytes, rows0 + rows1 + rows2, lane, tpr);             \
+        int ng = cols >> 5, G = r.rows * ng;                                                  \
+        if (live)                                                                             \
+            prefetch_row<BYTES, ELEMS, QB, HB>(r.w, r.row, ng, G, rows0 + rows1 + rows2, lane, \
+                                               tpr);                                          \
         pdl_begin();                                                                          \
         if (!live) return;  /* (a whole warp: tpr < blockDim.x; every warp lives with RoPE) */\
         for (int t = 0; t < n_tok; ++t) {                                                     \
-            float acc = NAME##_row(wr, q8_at(q8_view(x, (long)n_tok * ng), (long)t * ng), ng,  \
-                                   lane, tpr);                                                \
+            Q8v xt = q8_at(q8_view(x, (long)n_tok * ng), (long)t * ng);                       \
+            float acc = NAME##_row(r.w, r.row * ng, G, xt, ng, lane, tpr);                    \
             float* yo = r.y + (long)t * r.rows + r.row;                                       \
             if (ROPE)                                                                         \
                 rope_epilogue(acc, row, rows0, rows1, r, t, lane, ROPE_ARGS);                 \
@@ -522,16 +591,16 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         int lane = threadIdx.x % tpr;                                                         \
         bool live = row < rows0 + rows1 + rows2;  /* (all threads meet every barrier) */      \
         MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
-        int ng = cols >> 5;                                                                   \
-        long row_bytes = (long)(cols / ELEMS) * BYTES;                                        \
-        const u8* wr = r.w + (long)r.row * row_bytes;                                         \
-        if (live) prefetch_rows(wr, row_bytes, rows0 + rows1 + rows2, lane, tpr);             \
+        int ng = cols >> 5, G = r.rows * ng;                                                  \
+        if (live)                                                                             \
+            prefetch_row<BYTES, ELEMS, QB, HB>(r.w, r.row, ng, G, rows0 + rows1 + rows2, lane, \
+                                               tpr);                                          \
         pdl_begin();                                                                          \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             quantize_row_shared<KIND>(x + (long)t * cols, cols, nw, eps, xs);                 \
             __syncthreads();                                                                  \
             /* (Warps past the last row sum nothing, through the same shuffles.) */           \
-            float acc = NAME##_row(wr, xs, live ? ng : 0, lane, tpr);                         \
+            float acc = NAME##_row(r.w, r.row * ng, G, xs, live ? ng : 0, lane, tpr);         \
             float* yo = r.y + (long)t * r.rows + r.row;                                       \
             if (ROPE)                                                                         \
                 rope_epilogue(acc, row, rows0, rows1, r, t, lane, ROPE_ARGS);                 \
@@ -565,14 +634,15 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
 // shared out as `MATVEC_Q` shares them (`tpr` threads per row), so each product sums in the
 // order of its matvec alone. `NAME##_f` takes f32 input as `MATVEC_Q`'s does (normalized
 // with `nw` unless null; narrow rows, blocks of 256).
-#define MATVEC_GATED(NAME, BYTES, ELEMS, DOT, KIND)                                           \
-    __device__ __forceinline__ float NAME##_row(const u8* gr, const u8* ur, Q8v xt,          \
-                                                int ng, int lane, int tpr, int gelu) {        \
+#define MATVEC_GATED(NAME, BYTES, ELEMS, DOT, KIND, QB, HB)                                   \
+    __device__ __forceinline__ float NAME##_row(const u8* wg, const u8* wu, int g0, int G,    \
+                                                Q8v xt, int ng, int lane, int tpr,            \
+                                                int gelu) {                                   \
         float ag = 0.0f, au = 0.0f;                                                           \
         KILN_UNROLL(KILN_MV_UNROLL) for (int g = lane; g < ng; g += tpr) {                    \
             Q8x xg = ldq8(xt, g);                                                             \
-            ag += DOT(gr, g, &xg, ng);                                                        \
-            au += DOT(ur, g, &xg, ng);                                                        \
+            ag += DOT(wg, g0 + g, &xg, G);                                                    \
+            au += DOT(wu, g0 + g, &xg, G);                                                    \
         }                                                                                     \
         bool block = tpr == (int)blockDim.x;                                                  \
         ag = block ? row_sum(ag) : warp_sum(ag);                                              \
@@ -583,17 +653,16 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
                                     int rows, int cols, int n_tok, int gelu, int tpr) {       \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
-        int ng = cols >> 5;                                                                   \
-        long row_bytes = (long)(cols / ELEMS) * BYTES, off = (long)row * row_bytes;           \
+        int ng = cols >> 5, G = rows * ng;                                                    \
         if (row < rows) {                                                                     \
-            prefetch_rows(wg + off, row_bytes, 2 * rows, lane, tpr);                          \
-            prefetch_rows(wu + off, row_bytes, 2 * rows, lane, tpr);                          \
+            prefetch_row<BYTES, ELEMS, QB, HB>(wg, row, ng, G, 2 * rows, lane, tpr);          \
+            prefetch_row<BYTES, ELEMS, QB, HB>(wu, row, ng, G, 2 * rows, lane, tpr);          \
         }                                                                                     \
         pdl_begin();                                                                          \
         if (row >= rows) return;  /* (a whole warp: tpr < blockDim.x) */                      \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             Q8v xt = q8_at(q8_view(x, (long)n_tok * ng), (long)t * ng);                       \
-            float v = NAME##_row(wg + off, wu + off, xt, ng, lane, tpr, gelu);                \
+            float v = NAME##_row(wg, wu, row * ng, G, xt, ng, lane, tpr, gelu);               \
             if (lane == 0) y[(long)t * rows + row] = v;                                       \
         }                                                                                     \
     }                                                                                         \
@@ -606,45 +675,54 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
         bool live = row < rows;  /* (all threads meet every barrier) */                       \
-        int ng = cols >> 5;                                                                   \
-        long row_bytes = (long)(cols / ELEMS) * BYTES, off = (long)(live ? row : 0) * row_bytes;\
+        int ng = cols >> 5, G = rows * ng, g0 = (live ? row : 0) * ng;                       \
         if (live) {                                                                           \
-            prefetch_rows(wg + off, row_bytes, 2 * rows, lane, tpr);                          \
-            prefetch_rows(wu + off, row_bytes, 2 * rows, lane, tpr);                          \
+            prefetch_row<BYTES, ELEMS, QB, HB>(wg, row, ng, G, 2 * rows, lane, tpr);          \
+            prefetch_row<BYTES, ELEMS, QB, HB>(wu, row, ng, G, 2 * rows, lane, tpr);          \
         }                                                                                     \
         pdl_begin();                                                                          \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             quantize_row_shared<KIND>(x + (long)t * cols, cols, nw, eps, xs);                 \
             __syncthreads();                                                                  \
-            float v = NAME##_row(wg + off, wu + off, xs, live ? ng : 0, lane, tpr, gelu);     \
+            float v = NAME##_row(wg, wu, g0, G, xs, live ? ng : 0, lane, tpr, gelu);          \
             if (live && lane == 0) y[(long)t * rows + row] = v;                               \
             __syncthreads();  /* (xs is rewritten for the next token) */                      \
         }                                                                                     \
     }
 
-MATVEC_Q(matvec_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0)
-MATVEC_Q(matvec_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0)
-MATVEC_Q(matvec_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1)
-MATVEC_Q(matvec_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0)
-MATVEC_Q(matvec_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1)
-MATVEC_Q(matvec_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0)
-MATVEC_Q(matvec_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2)
-MATVEC_Q(matvec_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2)
-MATVEC_Q(matvec_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2)
-MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2)
-MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2)
+// The file's layouts (QB 0), then the 32-element formats rearranged at upload (QB bytes of
+// quants and HB of fifth bits a group: blocks.cuh).
+MATVEC_Q(matvec_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0, 0, 0)
+MATVEC_Q(matvec_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1, 0, 0)
+MATVEC_Q(matvec_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0, 0, 0)
+MATVEC_Q(matvec_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1, 0, 0)
+MATVEC_Q(matvec_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0, 0, 0)
+MATVEC_Q(matvec_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2, 0, 0)
+MATVEC_Q(matvec_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2, 0, 0)
+MATVEC_Q(matvec_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2, 0, 0)
+MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2, 0, 0)
+MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2, 0, 0)
+MATVEC_Q(matvec_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0, 16, 0)
+MATVEC_Q(matvec_q4_1r, Q4_1_BYTES, 32, dot_q4_1r, 1, 16, 0)
+MATVEC_Q(matvec_q5_0r, Q5_0_BYTES, 32, dot_q5_0r, 0, 16, 4)
+MATVEC_Q(matvec_q5_1r, Q5_1_BYTES, 32, dot_q5_1r, 1, 16, 4)
+MATVEC_Q(matvec_q8_0r, Q8_0_BYTES, 32, dot_q8_0r, 0, 32, 0)
 
-MATVEC_GATED(gated_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0)
-MATVEC_GATED(gated_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0)
-MATVEC_GATED(gated_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1)
-MATVEC_GATED(gated_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0)
-MATVEC_GATED(gated_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1)
-MATVEC_GATED(gated_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0)
-MATVEC_GATED(gated_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2)
-MATVEC_GATED(gated_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2)
-MATVEC_GATED(gated_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2)
-MATVEC_GATED(gated_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2)
-MATVEC_GATED(gated_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2)
+MATVEC_GATED(gated_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0, 0, 0)
+MATVEC_GATED(gated_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1, 0, 0)
+MATVEC_GATED(gated_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0, 0, 0)
+MATVEC_GATED(gated_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1, 0, 0)
+MATVEC_GATED(gated_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0, 0, 0)
+MATVEC_GATED(gated_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2, 0, 0)
+MATVEC_GATED(gated_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2, 0, 0)
+MATVEC_GATED(gated_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2, 0, 0)
+MATVEC_GATED(gated_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2, 0, 0)
+MATVEC_GATED(gated_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2, 0, 0)
+MATVEC_GATED(gated_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0, 16, 0)
+MATVEC_GATED(gated_q4_1r, Q4_1_BYTES, 32, dot_q4_1r, 1, 16, 0)
+MATVEC_GATED(gated_q5_0r, Q5_0_BYTES, 32, dot_q5_0r, 0, 16, 4)
+MATVEC_GATED(gated_q5_1r, Q5_1_BYTES, 32, dot_q5_1r, 1, 16, 4)
+MATVEC_GATED(gated_q8_0r, Q8_0_BYTES, 32, dot_q8_0r, 0, 32, 0)
 
 // Unquantized rows: the block's threads take elements in turn, f32 activations.
 #define MATVEC_PLAIN(NAME, T, CVT)                                                            \

@@ -292,6 +292,7 @@ impl CudaSession {
                             Arg::I(m.cols as i32),
                             Arg::L(r0 as i64),
                             Arg::L(n as i64),
+                            Arg::L(m.groups() as i64),
                         ]
                     };
                     match self.dequantize_chunk(k, n, args) {
