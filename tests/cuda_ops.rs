@@ -673,11 +673,11 @@ fn q8_0_kv_store_matches_the_cpu_cache() {
     }
 }
 
-/// The 32-element formats rearranged at upload (`repack`: the matrix's quants, fifth bits and
-/// scales as arrays): matvec (alone and adding), gated kernel (a block and a warp per row),
-/// bf16 dequantization from a row past the first and embedding rows give the file layout's
-/// kernels' results bit for bit. Rows of 640 (20 groups: a row's groups do not start
-/// 16-byte aligned in the file's layout) and of 768.
+/// The formats rearranged at upload (`repack`: the matrix's blocks' fields as arrays; the
+/// 32-element formats and Q6_K): matvec (alone and adding), gated kernel (a block and a warp
+/// per row), bf16 dequantization from a row past the first and embedding rows give the file
+/// layout's kernels' results bit for bit. Rows of 640 (20 groups: a row's groups do not start
+/// 16-byte aligned in the file's layout), 512 and 768.
 #[test]
 fn repacked_kernels_match_the_file_layout() {
     use kiln::backend::cuda::weights::repack;
@@ -689,8 +689,13 @@ fn repacked_kernels_match_the_file_layout() {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::Q6K,
     ] {
-        for (rows, cols) in [(12usize, 640usize), (9, 768)] {
+        let shapes: &[(usize, usize)] = match ty.block_size() {
+            32 => &[(12, 640), (9, 768)],
+            _ => &[(12, 512), (9, 768)],
+        };
+        for &(rows, cols) in shapes {
             let x = activations(cols);
             let n_tok = x.len() / cols;
             let w = weights(ty, rows, cols);

@@ -196,48 +196,54 @@ fn repacked_kernels(ty: GgmlType) -> Option<FormatKernels> {
         GgmlType::Q5_0 => quant_kernels!("q5_0r", "quantize_q8_0", "embed_q5_0r"),
         GgmlType::Q5_1 => quant_kernels!("q5_1r", "quantize_q8_1", "embed_q5_1r"),
         GgmlType::Q8_0 => quant_kernels!("q8_0r", "quantize_q8_0", "embed_q8_0r"),
+        GgmlType::Q6K => quant_kernels!("q6_kr", "quantize_q8_k", "embed_q6_kr"),
         _ => return None,
     })
 }
 
-/// How [`repack`] splits a block of a 32-element format: (bytes of the block, of its scales
-/// (d, or d and m), of its fifth bits, of its quants), in the file's order.
-fn repack_parts(ty: GgmlType) -> Option<(usize, usize, usize, usize)> {
+/// How [`repack`] lays out a block of `ty`: its fields as (offset in the file's block, bytes),
+/// in the order of their arrays (kernels/blocks.cuh): quants first.
+fn repack_fields(ty: GgmlType) -> Option<&'static [(usize, usize)]> {
     Some(match ty {
-        GgmlType::Q4_0 => (18, 2, 0, 16),
-        GgmlType::Q4_1 => (20, 4, 0, 16),
-        GgmlType::Q5_0 => (22, 2, 4, 16),
-        GgmlType::Q5_1 => (24, 4, 4, 16),
-        GgmlType::Q8_0 => (34, 2, 0, 32),
+        GgmlType::Q4_0 => &[(2, 16), (0, 2)],
+        GgmlType::Q4_1 => &[(4, 16), (0, 4)],
+        GgmlType::Q5_0 => &[(6, 16), (2, 4), (0, 2)],
+        GgmlType::Q5_1 => &[(8, 16), (4, 4), (0, 4)],
+        GgmlType::Q8_0 => &[(2, 32), (0, 2)],
+        // Low nibbles, high pairs, scales, d: the file's order.
+        GgmlType::Q6K => &[(0, 128), (128, 64), (192, 16), (208, 2)],
         _ => return None,
     })
 }
 
-/// Whether a matrix of `ty` is rearranged at upload ([`repack`]): the 32-element formats,
-/// unless `KILN_CUDA_REPACK=0` (for measuring). The same bytes, another order: the plan is
-/// unchanged.
+/// Whether a matrix of `ty` is rearranged at upload ([`repack`]): the 32-element formats and
+/// q6_K, unless `KILN_CUDA_REPACK=0` (for measuring). The same bytes, another order: the plan
+/// is unchanged.
 fn repacks(ty: GgmlType) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0"));
     on && repacked_kernels(ty).is_some()
 }
 
-/// A matrix of a 32-element format (`rows × cols`, the file's blocks) rearranged for the
-/// `*r` kernels (kernels/blocks.cuh): its G groups' quants (16 bytes of nibbles, or Q8_0's 32
-/// bytes) one after another, then their fifth bits (Q5_0, Q5_1: 4 bytes a group), then their
-/// scales (d, or d and m), so that a group's quants are one or two aligned 16-byte loads and
-/// each other field one load, whatever the row length. The same size as the file's. `None`
-/// for other formats.
+/// A matrix (`rows × cols`, the file's blocks) rearranged for the `*r` kernels
+/// (kernels/blocks.cuh): one array per field of a block, the blocks' fields one after
+/// another in each ([`repack_fields`]: the quants' array first), so that a group's quants are
+/// aligned 16-byte loads and each other field one load, whatever the row length. For the
+/// 32-element formats: the quants (16 bytes of nibbles, or Q8_0's 32 bytes), the fifth bits
+/// (Q5_0, Q5_1: 4 bytes a group), the scales (d, or d and m); for Q6_K its four fields. The
+/// same size as the file's. `None` for other formats.
 pub fn repack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Vec<u8>> {
-    let (block, sb, hb, qb) = repack_parts(ty)?;
-    let g = rows * cols / 32;
-    let mut out = vec![0u8; g * block];
-    let (qs, rest) = out.split_at_mut(g * qb);
-    let (hs, ss) = rest.split_at_mut(g * hb);
-    for (i, blk) in data.chunks_exact(block).take(g).enumerate() {
-        ss[i * sb..(i + 1) * sb].copy_from_slice(&blk[..sb]);
-        hs[i * hb..(i + 1) * hb].copy_from_slice(&blk[sb..sb + hb]);
-        qs[i * qb..(i + 1) * qb].copy_from_slice(&blk[sb + hb..]);
+    let fields = repack_fields(ty)?;
+    let block = ty.type_size();
+    let n = rows * cols / ty.block_size();
+    let mut out = vec![0u8; n * block];
+    let mut at = 0;
+    for &(off, len) in fields {
+        let array = &mut out[at..at + n * len];
+        for (dst, blk) in array.chunks_exact_mut(len).zip(data.chunks_exact(block)) {
+            dst.copy_from_slice(&blk[off..off + len]);
+        }
+        at += n * len;
     }
     Some(out)
 }

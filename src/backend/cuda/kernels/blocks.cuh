@@ -64,10 +64,11 @@ KILN_FN float dq_q5_1(const u8* b, int i) {
 // q8_0: d, 32 signed bytes.
 KILN_FN float dq_q8_0(const u8* b, int i) { return h2f(ld16(b)) * (float)(i8)b[2 + i]; }
 
-// The 32-element formats rearranged at upload (weights.rs `repack`): a matrix of G groups as
-// arrays, group gi's quants at QB·gi (QB = 16 bytes of nibbles, or q8_0's 32 signed bytes),
-// then (q5_0, q5_1) its fifth bits at QB·G + 4·gi, then its scales (d, or d and m: SB = 2 or
-// 4 bytes) at (QB + HB)·G + SB·gi. Element i of group gi, with `dq_*`'s arithmetic.
+// The formats rearranged at upload (weights.rs `repack`): a matrix of G blocks as arrays, one
+// per field of a block. The 32-element formats: block gi's quants at QB·gi (QB = 16 bytes of
+// nibbles, or q8_0's 32 signed bytes), then (q5_0, q5_1) its fifth bits at QB·G + 4·gi, then
+// its scales (d, or d and m: SB = 2 or 4 bytes) at (QB + HB)·G + SB·gi; q6_K's fields in the
+// file's order (below). Element i of block gi, with `dq_*`'s arithmetic.
 KILN_FN u32 ld_qh(const u8* p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
@@ -170,4 +171,16 @@ KILN_FN float dq_q6_k(const u8* b, int i) {
     int v = (nib | (hi << 4)) - 32;
     i8 sc = (i8)b[192 + 8 * h + (l >> 4) + 2 * quarter];
     return h2f(ld16(b + 208)) * (float)sc * (float)v;
+}
+
+// q6_K rearranged: low nibbles at 128·gi, high pairs at 128·G + 64·gi, scales at 192·G + 16·gi,
+// d at 208·G + 2·gi.
+KILN_FN float dq_q6_kr(const u8* w, long gi, long G, int i) {
+    int h = i >> 7, r = i & 127, quarter = r >> 5, l = r & 31;
+    u8 lo = w[128 * gi + 64 * h + l + ((quarter & 1) ? 32 : 0)];
+    int nib = quarter < 2 ? (lo & 15) : (lo >> 4);
+    int hi = (w[128 * G + 64 * gi + 32 * h + l] >> (2 * quarter)) & 3;
+    int v = (nib | (hi << 4)) - 32;
+    i8 sc = (i8)w[192 * G + 16 * gi + 8 * h + (l >> 4) + 2 * quarter];
+    return h2f(ld16(w + 208 * G + 2 * gi)) * (float)sc * (float)v;
 }

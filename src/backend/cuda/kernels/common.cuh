@@ -71,22 +71,24 @@ __device__ __forceinline__ void prefetch_span(const u8* p, long bytes, int lane,
 }
 
 // Row `row` (`ng` groups of 32) of a matrix of G groups in a launch of `nrows` such rows: as
-// the file stores it (QB 0: a row's blocks of `ELEMS` elements, `BYTES` each, together), or
-// rearranged at upload (blocks.cuh: per group QB bytes of quants, HB of fifth bits and the
-// rest of BYTES scales, each in an array of its own: three runs).
-template <int BYTES, int ELEMS, int QB, int HB>
+// the file stores it (A0 0: a row's blocks of `ELEMS` elements, `BYTES` each, together), or
+// rearranged at upload (blocks.cuh: each block's fields in arrays of their own, A0, A1, A2
+// and the rest of BYTES bytes a block: a run in each).
+template <int BYTES, int ELEMS, int A0, int A1, int A2>
 __device__ __forceinline__ void prefetch_row(const u8* w, int row, int ng, int G, int nrows,
                                              int lane, int lanes) {
-    long row_bytes = (long)ng / (ELEMS / 32) * BYTES;
+    long nb = ng / (ELEMS / 32), all = (long)G / (ELEMS / 32), row_bytes = nb * BYTES;
     if (!prefetch_fits(row_bytes * nrows)) return;
-    if (QB == 0) {
+    if (A0 == 0) {
         prefetch_span(w + row * row_bytes, row_bytes, lane, lanes);
         return;
     }
-    const int SB = BYTES - QB - HB;
-    prefetch_span(w + (long)row * ng * QB, (long)ng * QB, lane, lanes);
-    if (HB) prefetch_span(w + (long)G * QB + (long)row * ng * HB, (long)ng * HB, lane, lanes);
-    prefetch_span(w + (long)G * (QB + HB) + (long)row * ng * SB, (long)ng * SB, lane, lanes);
+    const int size[4] = {A0, A1, A2, BYTES - A0 - A1 - A2};
+    long at = 0;
+    for (int a = 0; a < 4; ++a) {
+        if (size[a]) prefetch_span(w + at + row * nb * size[a], nb * size[a], lane, lanes);
+        at += all * size[a];
+    }
 }
 
 // 16 bytes loaded at once (from a 16-byte aligned address).

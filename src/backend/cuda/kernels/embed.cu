@@ -30,23 +30,24 @@ EMBED(embed_q4_k, Q4_K_BYTES, 256, dq_q4_k)
 EMBED(embed_q5_k, Q5_K_BYTES, 256, dq_q5_k)
 EMBED(embed_q6_k, Q6_K_BYTES, 256, dq_q6_k)
 
-// The formats rearranged at upload (blocks.cuh `dq_*r`: group gi of the matrix's G).
-#define EMBED_R(NAME, DQ)                                                                     \
+// The formats rearranged at upload (blocks.cuh `dq_*r`, blocks of ELEMS; G groups of 32).
+#define EMBED_R(NAME, ELEMS, DQ)                                                              \
     extern "C" __global__ void NAME(const u8* w, const int* ids, float* out, int cols,       \
                                     float scale, const float* pos_embd, const int* pos,      \
                                     long G) {                                                 \
         pdl_begin();                                                                         \
-        long g0 = (long)ids[blockIdx.x] * (cols >> 5);                                        \
+        long b0 = (long)ids[blockIdx.x] * (cols / ELEMS), nb = G / (ELEMS / 32);              \
         float* o = out + (long)blockIdx.x * cols;                                             \
         for (int c = threadIdx.x; c < cols; c += blockDim.x) {                               \
-            float v = DQ(w, g0 + (c >> 5), G, c & 31) * scale;                               \
+            float v = DQ(w, b0 + c / ELEMS, nb, c % ELEMS) * scale;                          \
             if (pos_embd) v += pos_embd[(long)pos[blockIdx.x] * cols + c];                    \
             o[c] = v;                                                                         \
         }                                                                                     \
     }
 
-EMBED_R(embed_q4_0r, dq_q4_0r)
-EMBED_R(embed_q4_1r, dq_q4_1r)
-EMBED_R(embed_q5_0r, dq_q5_0r)
-EMBED_R(embed_q5_1r, dq_q5_1r)
-EMBED_R(embed_q8_0r, dq_q8_0r)
+EMBED_R(embed_q4_0r, 32, dq_q4_0r)
+EMBED_R(embed_q4_1r, 32, dq_q4_1r)
+EMBED_R(embed_q5_0r, 32, dq_q5_0r)
+EMBED_R(embed_q5_1r, 32, dq_q5_1r)
+EMBED_R(embed_q8_0r, 32, dq_q8_0r)
+EMBED_R(embed_q6_kr, 256, dq_q6_kr)

@@ -46,22 +46,23 @@ DEQUANT_BF16(dequant_bf16_q5_k, Q5_K_BYTES, 256, dq_q5_k)
 DEQUANT_BF16(dequant_bf16_q6_k, Q6_K_BYTES, 256, dq_q6_k)
 DEQUANT_BF16(dequant_bf16_bf16, 2, 1, dq_bf16)
 
-// The same for the formats rearranged at upload (blocks.cuh `dq_*r`).
-#define DEQUANT_BF16_R(NAME, DQ)                                                              \
+// The same for the formats rearranged at upload (blocks.cuh `dq_*r`, blocks of ELEMS).
+#define DEQUANT_BF16_R(NAME, ELEMS, DQ)                                                       \
     extern "C" __global__ void NAME(const u8* w, u16* out, int cols, long r0, long n,        \
                                     long G) {                                                 \
         pdl_begin();                                                                         \
         long i = (long)blockIdx.x * blockDim.x + threadIdx.x;                                 \
         if (i >= n) return;                                                                   \
         long e = r0 * cols + i;                                                               \
-        out[i] = f2bf(DQ(w, e >> 5, G, (int)(e & 31)));                                       \
+        out[i] = f2bf(DQ(w, e / ELEMS, G / (ELEMS / 32), (int)(e % ELEMS)));                  \
     }
 
-DEQUANT_BF16_R(dequant_bf16_q4_0r, dq_q4_0r)
-DEQUANT_BF16_R(dequant_bf16_q4_1r, dq_q4_1r)
-DEQUANT_BF16_R(dequant_bf16_q5_0r, dq_q5_0r)
-DEQUANT_BF16_R(dequant_bf16_q5_1r, dq_q5_1r)
-DEQUANT_BF16_R(dequant_bf16_q8_0r, dq_q8_0r)
+DEQUANT_BF16_R(dequant_bf16_q4_0r, 32, dq_q4_0r)
+DEQUANT_BF16_R(dequant_bf16_q4_1r, 32, dq_q4_1r)
+DEQUANT_BF16_R(dequant_bf16_q5_0r, 32, dq_q5_0r)
+DEQUANT_BF16_R(dequant_bf16_q5_1r, 32, dq_q5_1r)
+DEQUANT_BF16_R(dequant_bf16_q8_0r, 32, dq_q8_0r)
+DEQUANT_BF16_R(dequant_bf16_q6_kr, 256, dq_q6_kr)
 
 // Rows `[r0, r0 + n / cols)` of an F16 matrix to f32 `[n / cols, cols]` (exact).
 extern "C" __global__ void widen_f16(const u8* w, float* out, int cols, long r0, long n,

@@ -398,6 +398,33 @@ __device__ __forceinline__ float dot_q6_k(const u8* w, int g, const Q8x* y, int 
            (float)(sc0 * (s[0] - 32 * ys[0]) + sc1 * (s[1] - 32 * ys[1]));
 }
 
+// q6_K rearranged at upload (blocks.cuh `dq_q6_kr`: the blocks' fields in arrays, G / 8
+// blocks): the group's 32 bytes of low nibbles and 32 of high pairs in four 16-byte loads,
+// where the file's 210-byte blocks, 2-byte aligned, took 32 loads of 2 bytes. `dot_q6_k`'s
+// arithmetic.
+__device__ __forceinline__ float dot_q6_kr(const u8* w, int g, const Q8x* y, int G) {
+    long sb = g >> 3, nb = G >> 3;
+    int sub = g & 7, h = sub >> 2, quarter = sub & 3;
+    int ql[8], qh[8];
+    const u8* lo = w + 128 * sb + 64 * h + ((quarter & 1) ? 32 : 0);
+    ld_16(lo, ql);
+    ld_16(lo + 16, ql + 4);
+    ld_16(w + 128 * nb + 64 * sb + 32 * h, qh);
+    ld_16(w + 128 * nb + 64 * sb + 32 * h + 16, qh + 4);
+    int nshift = quarter < 2 ? 0 : 4;
+    int s[2] = {0, 0}, ys[2] = {0, 0};
+    for (int k = 0; k < 8; ++k) {
+        int q = (ql[k] >> nshift) & 0x0F0F0F0F;
+        int hi = (qh[k] >> (2 * quarter)) & 0x03030303;
+        s[k >> 2] = __dp4a(q | (hi << 4), y->qs[k], s[k >> 2]);
+        ys[k >> 2] = __dp4a(ONES, y->qs[k], ys[k >> 2]);
+    }
+    const u8* sc = w + 192 * nb + 16 * sb + 8 * h + 2 * quarter;
+    int sc0 = (i8)sc[0], sc1 = (i8)sc[1];
+    return h2f(ld16(w + 208 * nb + 2 * sb)) * y->d *
+           (float)(sc0 * (s[0] - 32 * ys[0]) + sc1 * (s[1] - 32 * ys[1]));
+}
+
 // The sum of v over the block (whole warps, at most 32); every thread gets it.
 __device__ __forceinline__ float row_sum(float v) {
     __shared__ float part[32];
@@ -549,7 +576,7 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
 #define KILN_PRAGMA(x) _Pragma(#x)
 #define KILN_UNROLL(n) KILN_PRAGMA(unroll n)
 
-#define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND, QB, HB)                                       \
+#define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND, A0, A1, A2)                                   \
     __device__ __forceinline__ float NAME##_row(const u8* w, int g0, int G, Q8v xt, int ng,   \
                                                 int lane, int tpr) {                          \
         float acc = 0.0f;                                                                     \
@@ -567,8 +594,8 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
         int ng = cols >> 5, G = r.rows * ng;                                                  \
         if (live)                                                                             \
-            prefetch_row<BYTES, ELEMS, QB, HB>(r.w, r.row, ng, G, rows0 + rows1 + rows2, lane, \
-                                               tpr);                                          \
+            prefetch_row<BYTES, ELEMS, A0, A1, A2>(r.w, r.row, ng, G, rows0 + rows1 + rows2,  \
+                                                   lane, tpr);                                \
         pdl_begin();                                                                          \
         if (!live) return;  /* (a whole warp: tpr < blockDim.x; every warp lives with RoPE) */\
         for (int t = 0; t < n_tok; ++t) {                                                     \
@@ -593,8 +620,8 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
         int ng = cols >> 5, G = r.rows * ng;                                                  \
         if (live)                                                                             \
-            prefetch_row<BYTES, ELEMS, QB, HB>(r.w, r.row, ng, G, rows0 + rows1 + rows2, lane, \
-                                               tpr);                                          \
+            prefetch_row<BYTES, ELEMS, A0, A1, A2>(r.w, r.row, ng, G, rows0 + rows1 + rows2,  \
+                                                   lane, tpr);                                \
         pdl_begin();                                                                          \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             quantize_row_shared<KIND>(x + (long)t * cols, cols, nw, eps, xs);                 \
@@ -634,7 +661,7 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
 // shared out as `MATVEC_Q` shares them (`tpr` threads per row), so each product sums in the
 // order of its matvec alone. `NAME##_f` takes f32 input as `MATVEC_Q`'s does (normalized
 // with `nw` unless null; narrow rows, blocks of 256).
-#define MATVEC_GATED(NAME, BYTES, ELEMS, DOT, KIND, QB, HB)                                   \
+#define MATVEC_GATED(NAME, BYTES, ELEMS, DOT, KIND, A0, A1, A2)                               \
     __device__ __forceinline__ float NAME##_row(const u8* wg, const u8* wu, int g0, int G,    \
                                                 Q8v xt, int ng, int lane, int tpr,            \
                                                 int gelu) {                                   \
@@ -655,8 +682,8 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         int lane = threadIdx.x % tpr;                                                         \
         int ng = cols >> 5, G = rows * ng;                                                    \
         if (row < rows) {                                                                     \
-            prefetch_row<BYTES, ELEMS, QB, HB>(wg, row, ng, G, 2 * rows, lane, tpr);          \
-            prefetch_row<BYTES, ELEMS, QB, HB>(wu, row, ng, G, 2 * rows, lane, tpr);          \
+            prefetch_row<BYTES, ELEMS, A0, A1, A2>(wg, row, ng, G, 2 * rows, lane, tpr);      \
+            prefetch_row<BYTES, ELEMS, A0, A1, A2>(wu, row, ng, G, 2 * rows, lane, tpr);      \
         }                                                                                     \
         pdl_begin();                                                                          \
         if (row >= rows) return;  /* (a whole warp: tpr < blockDim.x) */                      \
@@ -677,8 +704,8 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         bool live = row < rows;  /* (all threads meet every barrier) */                       \
         int ng = cols >> 5, G = rows * ng, g0 = (live ? row : 0) * ng;                       \
         if (live) {                                                                           \
-            prefetch_row<BYTES, ELEMS, QB, HB>(wg, row, ng, G, 2 * rows, lane, tpr);          \
-            prefetch_row<BYTES, ELEMS, QB, HB>(wu, row, ng, G, 2 * rows, lane, tpr);          \
+            prefetch_row<BYTES, ELEMS, A0, A1, A2>(wg, row, ng, G, 2 * rows, lane, tpr);      \
+            prefetch_row<BYTES, ELEMS, A0, A1, A2>(wu, row, ng, G, 2 * rows, lane, tpr);      \
         }                                                                                     \
         pdl_begin();                                                                          \
         for (int t = 0; t < n_tok; ++t) {                                                     \
@@ -690,39 +717,41 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         }                                                                                     \
     }
 
-// The file's layouts (QB 0), then the 32-element formats rearranged at upload (QB bytes of
-// quants and HB of fifth bits a group: blocks.cuh).
-MATVEC_Q(matvec_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0, 0, 0)
-MATVEC_Q(matvec_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1, 0, 0)
-MATVEC_Q(matvec_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0, 0, 0)
-MATVEC_Q(matvec_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1, 0, 0)
-MATVEC_Q(matvec_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0, 0, 0)
-MATVEC_Q(matvec_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2, 0, 0)
-MATVEC_Q(matvec_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2, 0, 0)
-MATVEC_Q(matvec_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2, 0, 0)
-MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2, 0, 0)
-MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2, 0, 0)
-MATVEC_Q(matvec_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0, 16, 0)
-MATVEC_Q(matvec_q4_1r, Q4_1_BYTES, 32, dot_q4_1r, 1, 16, 0)
-MATVEC_Q(matvec_q5_0r, Q5_0_BYTES, 32, dot_q5_0r, 0, 16, 4)
-MATVEC_Q(matvec_q5_1r, Q5_1_BYTES, 32, dot_q5_1r, 1, 16, 4)
-MATVEC_Q(matvec_q8_0r, Q8_0_BYTES, 32, dot_q8_0r, 0, 32, 0)
+// The file's layouts (A0 0), then the formats rearranged at upload (blocks.cuh: arrays of A0,
+// A1, A2 and the rest of a block's bytes).
+MATVEC_Q(matvec_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0, 0, 0, 0)
+MATVEC_Q(matvec_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1, 0, 0, 0)
+MATVEC_Q(matvec_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0, 0, 0, 0)
+MATVEC_Q(matvec_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1, 0, 0, 0)
+MATVEC_Q(matvec_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0, 0, 0, 0)
+MATVEC_Q(matvec_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2, 0, 0, 0)
+MATVEC_Q(matvec_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2, 0, 0, 0)
+MATVEC_Q(matvec_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2, 0, 0, 0)
+MATVEC_Q(matvec_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2, 0, 0, 0)
+MATVEC_Q(matvec_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2, 0, 0, 0)
+MATVEC_Q(matvec_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0, 16, 0, 2)
+MATVEC_Q(matvec_q4_1r, Q4_1_BYTES, 32, dot_q4_1r, 1, 16, 0, 4)
+MATVEC_Q(matvec_q5_0r, Q5_0_BYTES, 32, dot_q5_0r, 0, 16, 4, 2)
+MATVEC_Q(matvec_q5_1r, Q5_1_BYTES, 32, dot_q5_1r, 1, 16, 4, 4)
+MATVEC_Q(matvec_q8_0r, Q8_0_BYTES, 32, dot_q8_0r, 0, 32, 0, 2)
+MATVEC_Q(matvec_q6_kr, Q6_K_BYTES, 256, dot_q6_kr, 2, 128, 64, 16)
 
-MATVEC_GATED(gated_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0, 0, 0)
-MATVEC_GATED(gated_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1, 0, 0)
-MATVEC_GATED(gated_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0, 0, 0)
-MATVEC_GATED(gated_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1, 0, 0)
-MATVEC_GATED(gated_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0, 0, 0)
-MATVEC_GATED(gated_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2, 0, 0)
-MATVEC_GATED(gated_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2, 0, 0)
-MATVEC_GATED(gated_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2, 0, 0)
-MATVEC_GATED(gated_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2, 0, 0)
-MATVEC_GATED(gated_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2, 0, 0)
-MATVEC_GATED(gated_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0, 16, 0)
-MATVEC_GATED(gated_q4_1r, Q4_1_BYTES, 32, dot_q4_1r, 1, 16, 0)
-MATVEC_GATED(gated_q5_0r, Q5_0_BYTES, 32, dot_q5_0r, 0, 16, 4)
-MATVEC_GATED(gated_q5_1r, Q5_1_BYTES, 32, dot_q5_1r, 1, 16, 4)
-MATVEC_GATED(gated_q8_0r, Q8_0_BYTES, 32, dot_q8_0r, 0, 32, 0)
+MATVEC_GATED(gated_q4_0, Q4_0_BYTES, 32, dot_q4_0, 0, 0, 0, 0)
+MATVEC_GATED(gated_q4_1, Q4_1_BYTES, 32, dot_q4_1, 1, 0, 0, 0)
+MATVEC_GATED(gated_q5_0, Q5_0_BYTES, 32, dot_q5_0, 0, 0, 0, 0)
+MATVEC_GATED(gated_q5_1, Q5_1_BYTES, 32, dot_q5_1, 1, 0, 0, 0)
+MATVEC_GATED(gated_q8_0, Q8_0_BYTES, 32, dot_q8_0, 0, 0, 0, 0)
+MATVEC_GATED(gated_q2_k, Q2_K_BYTES, 256, dot_q2_k, 2, 0, 0, 0)
+MATVEC_GATED(gated_q3_k, Q3_K_BYTES, 256, dot_q3_k, 2, 0, 0, 0)
+MATVEC_GATED(gated_q4_k, Q4_K_BYTES, 256, dot_q4_k, 2, 0, 0, 0)
+MATVEC_GATED(gated_q5_k, Q5_K_BYTES, 256, dot_q5_k, 2, 0, 0, 0)
+MATVEC_GATED(gated_q6_k, Q6_K_BYTES, 256, dot_q6_k, 2, 0, 0, 0)
+MATVEC_GATED(gated_q4_0r, Q4_0_BYTES, 32, dot_q4_0r, 0, 16, 0, 2)
+MATVEC_GATED(gated_q4_1r, Q4_1_BYTES, 32, dot_q4_1r, 1, 16, 0, 4)
+MATVEC_GATED(gated_q5_0r, Q5_0_BYTES, 32, dot_q5_0r, 0, 16, 4, 2)
+MATVEC_GATED(gated_q5_1r, Q5_1_BYTES, 32, dot_q5_1r, 1, 16, 4, 4)
+MATVEC_GATED(gated_q8_0r, Q8_0_BYTES, 32, dot_q8_0r, 0, 32, 0, 2)
+MATVEC_GATED(gated_q6_kr, Q6_K_BYTES, 256, dot_q6_kr, 2, 128, 64, 16)
 
 // Unquantized rows: the block's threads take elements in turn, f32 activations.
 #define MATVEC_PLAIN(NAME, T, CVT)                                                            \
