@@ -9,6 +9,7 @@
 #                                   GPU tests, then kiln bench --device cuda beside llama-bench
 #                                   (when .gpu/llama.cpp/build has it), and print one table
 #
+# KILN_PHASES=1: the cost of a decode phase apart from its work (benches/cuda_phases.rs).
 # The host's CPU (issue #19: AMX, thread scaling) in the same call: KILN_CPU_THREADS="2 8 16"
 # KILN_CPU_MODELS="smol gemma llama1b" KILN_CPU_AB=1 (kiln on its best tier and held to AVX-512
 # VNNI, beside llama.cpp with no CUDA device visible); the CPU kernel tests (the AMX tile kernel
@@ -36,6 +37,14 @@ for l in sys.stdin:
         strip -o "/tmp/$t-gpu" "$exe" && xz -T0 -6 -c "/tmp/$t-gpu" > ".gpu/$t.xz"
         rm -f ".gpu/$t"
     done
+    # The phase-cost probe (benches/cuda_phases.rs; run with KILN_PHASES=1).
+    exe=$(cargo bench --bench cuda_phases --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["bench"]: print(m["executable"])')
+    strip -o /tmp/cuda_phases-gpu "$exe" && xz -T0 -6 -c /tmp/cuda_phases-gpu > .gpu/cuda_phases.xz
+    rm -f .gpu/cuda_phases
     # The library's unit tests, for the CPU kernels of the host (its AMX tier, #19).
     exe=$(cargo test --release --lib --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
@@ -136,6 +145,12 @@ run() {
         timeout 180 .gpu/cuda_batch ${KILN_TEST_FILTER:-} --skip serve_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -30 || true
         timeout 180 .gpu/cuda_ring ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
         timeout 180 .gpu/cuda_offload ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
+    fi
+    # What a decode phase costs apart from its work: a kernel boundary against a grid-wide
+    # barrier (benches/cuda_phases.rs, a few seconds).
+    if [ -n "${KILN_PHASES:-}" ] && [ -x .gpu/cuda_phases ]; then
+        echo "== phases (${SECONDS}s)"
+        timeout 120 .gpu/cuda_phases 2>&1 | tail -12 || true
     fi
     for p in "${twins[@]}"; do wait "$p" || echo "a twin failed"; done
     cat .gpu/tmp/twin-*.log 2>/dev/null || true

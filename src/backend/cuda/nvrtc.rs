@@ -28,6 +28,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("gemm.cu", include_str!("kernels/gemm.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    ("probe.cu", include_str!("kernels/probe.cu")),
 ];
 
 /// The `extern "C" __global__` functions a kernel file defines, found in its text: plain
