@@ -55,7 +55,7 @@ fn main() {
         .expect("copy");
     let (pa, pb, pc) = (arena.ptr(a), arena.ptr(b), arena.ptr(count));
     let step_args = |i: usize| {
-        let (x, y) = if i % 2 == 0 { (pa, pb) } else { (pb, pa) };
+        let (x, y) = if i.is_multiple_of(2) { (pa, pb) } else { (pb, pa) };
         [Arg::P(x), Arg::P(y), Arg::I(n as i32)]
     };
     let mut rows: Vec<(String, f64)> = Vec::new();
