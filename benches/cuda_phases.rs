@@ -49,32 +49,28 @@ fn main() {
     let (a, b, count) = (l.take(n * 4), l.take(n * 4), l.take(4));
     let mut arena = Arena::new(&gpu, l.bytes).expect("device memory");
     let s = gpu.stream().expect("stream");
+    let s_in_order = gpu.stream_in_order().expect("stream");
     let ones = vec![1.0f32; n];
     arena
         .write(&s, a, zerocopy::IntoBytes::as_bytes(&ones[..]))
         .expect("copy");
     let (pa, pb, pc) = (arena.ptr(a), arena.ptr(b), arena.ptr(count));
     let step_args = |i: usize| {
-        let (x, y) = if i.is_multiple_of(2) { (pa, pb) } else { (pb, pa) };
+        let (x, y) = if i.is_multiple_of(2) {
+            (pa, pb)
+        } else {
+            (pb, pa)
+        };
         [Arg::P(x), Arg::P(y), Arg::I(n as i32)]
     };
     let mut rows: Vec<(String, f64)> = Vec::new();
-    for programmatic in [true, false] {
+    for (s, how) in [(&s, "programmatic"), (&s_in_order, "not programmatic")] {
         let go = |name: &str, grid: u32, block: u32, args: &[Arg]| {
-            let r = match programmatic {
-                true => gpu.launch(&s, name, grid, block, args),
-                false => gpu.launch_after(&s, name, grid, block, args),
-            };
-            r.expect("launch");
+            gpu.launch(s, name, grid, block, args).expect("launch");
         };
-        let how = if programmatic {
-            "programmatic"
-        } else {
-            "not programmatic"
-        };
-        let empty = per_phase_in_graph(&gpu, &s, &|_| go("probe_empty", 1, 32, &[]));
+        let empty = per_phase_in_graph(&gpu, s, &|_| go("probe_empty", 1, 32, &[]));
         rows.push((format!("empty kernel, graph, {how}"), empty));
-        let step = per_phase_in_graph(&gpu, &s, &|i| {
+        let step = per_phase_in_graph(&gpu, s, &|i| {
             go("probe_step", BLOCKS, THREADS, &step_args(i))
         });
         rows.push((
@@ -95,7 +91,7 @@ fn main() {
             Arg::P(pc),
         ];
         let t = Instant::now();
-        gpu.launch_after(&s, "probe_persistent", BLOCKS, THREADS, &args)
+        gpu.launch(&s_in_order, "probe_persistent", BLOCKS, THREADS, &args)
             .expect("launch");
         gpu.synchronize(&s).expect("sync");
         best = best.min(t.elapsed().as_secs_f64() * 1e6 / PHASES as f64);

@@ -12,7 +12,9 @@ mod common;
 use common::ops::{gpu, i32_bytes, random};
 use kiln::backend::cuda::gpu::{blocks_for, Arena, Arg, Gpu, Layout};
 use kiln::backend::cuda::step::GEMM_MIN_ROWS;
-use kiln::backend::cuda::weights::{format_kernels, FormatKernels, PromptProduct};
+use kiln::backend::cuda::weights::{
+    format_kernels, repack, repacked_kernels, FormatKernels, PromptProduct,
+};
 use kiln::quant::GgmlType;
 
 /// Activation rows that test the quantizers' edges: random, all zero, one spike among small
@@ -39,12 +41,37 @@ fn quantized() -> Vec<GgmlType> {
 }
 
 /// The formats of [`quantized`] whose blocks divide rows of `cols`, with their kernels.
-fn quantized_for(cols: usize) -> Vec<(GgmlType, FormatKernels)> {
-    quantized()
-        .into_iter()
-        .filter(|ty| cols.is_multiple_of(ty.block_size()))
-        .map(|ty| (ty, format_kernels(ty).unwrap()))
-        .collect()
+/// The quantized formats whose blocks divide rows of `cols`, each with its kernels and the
+/// weights' bytes as they reach them: the file's layout, then (where the upload rearranges
+/// the format) the rearranged one with its `*r` kernels.
+fn quantized_for(cols: usize) -> Vec<(GgmlType, FormatKernels, WeightLayout)> {
+    let mut all = Vec::new();
+    for ty in quantized() {
+        if !cols.is_multiple_of(ty.block_size()) {
+            continue;
+        }
+        all.push((ty, format_kernels(ty).unwrap(), WeightLayout::File));
+        if let Some(k) = repacked_kernels(ty) {
+            all.push((ty, k, WeightLayout::Repacked));
+        }
+    }
+    all
+}
+
+/// How a test's weights reach the kernels.
+#[derive(Clone, Copy, Debug)]
+enum WeightLayout {
+    File,
+    Repacked,
+}
+
+/// `weights(ty, rows, cols)` in `layout`.
+fn weights_in(ty: GgmlType, rows: usize, cols: usize, layout: WeightLayout) -> Vec<u8> {
+    let w = weights(ty, rows, cols);
+    match layout {
+        WeightLayout::File => w,
+        WeightLayout::Repacked => repack(ty, &w, rows, cols).unwrap(),
+    }
 }
 
 struct Bufs {
@@ -280,8 +307,9 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
 
 /// The products over f32 input (`matvec_*_f`, `gated_*_f`: each block quantizes the input
 /// itself, RMS-normalized first when given norm weights) give what the quantizer (or
-/// `rms_norm_q8`) then the product give, bit for bit: every quantized format, rows of 1 to 8
-/// blocks of 256 elements (the widest the kernels take) and, for the formats of groups of 32,
+/// `rms_norm_q8`) then the product give, bit for bit: every quantized format, rows of 1 to 16
+/// blocks of 256 elements (the widest the kernels take; past 2048 in two rounds) and, for the
+/// formats of groups of 32,
 /// rows that end inside a block (576: SmolLM2's), several tokens (the zero, spiked and large
 /// ones of `activations`), alone and adding, a part-empty last block.
 #[test]
@@ -289,7 +317,7 @@ fn f32_input_products_match_quantize_then_product() {
     let Some(g) = gpu() else { return };
     let rows = 13;
     let eps = 1e-6f32;
-    for cols in [256, 576, 768, 2048] {
+    for cols in [256, 576, 768, 2048, 3072, 4096] {
         let x = activations(cols);
         let n_tok = x.len() / cols;
         // Norm weights, and room for `rms_norm_q8`'s normalized rows.
@@ -303,8 +331,8 @@ fn f32_input_products_match_quantize_then_product() {
             zerocopy::IntoBytes::as_bytes(&nw[..]),
         )
         .unwrap();
-        for (ty, k) in quantized_for(cols) {
-            let w = weights(ty, rows, cols);
+        for (ty, k, layout) in quantized_for(cols) {
+            let w = weights_in(ty, rows, cols, layout);
             let mut b = bufs(&g, &w, &x, rows, cols, n_tok);
             let s = g.default_stream();
             let (wp, xp, xq, yp) = (
@@ -345,8 +373,9 @@ fn f32_input_products_match_quantize_then_product() {
                 }
                 let (nwp, e) = if norm { (na.ptr(nwo), eps) } else { (0, 0.0) };
                 let tail = [Arg::P(nwp), Arg::F(e)];
-                let what =
-                    |k: &str, add: bool| format!("{ty} cols {cols} norm {norm} {k} add {add}");
+                let what = |k: &str, add: bool| {
+                    format!("{ty} {layout:?} cols {cols} norm {norm} {k} add {add}")
+                };
                 for add in [false, true] {
                     let mut out = Vec::new();
                     for (name, input) in [(k.matvec, xq), (k.matvec_f32.unwrap(), xp)] {
@@ -406,8 +435,8 @@ fn post_norm_epilogue_matches_the_product_then_the_norm_and_add() {
         let s = g.default_stream();
         pa.write(s, pwo, zerocopy::IntoBytes::as_bytes(&pw[..]))
             .unwrap();
-        for (ty, k) in quantized_for(cols) {
-            let w = weights(ty, rows, cols);
+        for (ty, k, layout) in quantized_for(cols) {
+            let w = weights_in(ty, rows, cols, layout);
             let b = bufs(&g, &w, &x, rows, cols, n_tok);
             let (wp, xp, yp) = (b.arena.ptr(b.w), b.arena.ptr(b.x), b.arena.ptr(b.y));
             let grid = rows.div_ceil(8) as u32;
@@ -448,7 +477,7 @@ fn post_norm_epilogue_matches_the_product_then_the_norm_and_add() {
                     .unwrap();
                 g.launch(s, k.matvec_post.unwrap(), grid, 256, &a).unwrap();
                 let got = read_res(&pa);
-                let what = format!("{ty} rows {rows} launch {launch}");
+                let what = format!("{ty} {layout:?} rows {rows} launch {launch}");
                 same_bits(&want, &got, &what);
                 assert!(
                     want.iter().zip(&res).any(|(w, r)| w != r),
@@ -680,7 +709,6 @@ fn q8_0_kv_store_matches_the_cpu_cache() {
 /// 16-byte aligned in the file's layout), 512 and 768.
 #[test]
 fn repacked_kernels_match_the_file_layout() {
-    use kiln::backend::cuda::weights::repack;
     let Some(g) = gpu() else { return };
     let s = g.default_stream();
     for ty in [

@@ -67,8 +67,9 @@ enum Engine {
 }
 
 /// An ordered queue of work on the GPU. Each session has its own, so that recording one
-/// session's decode step never catches another's launches.
-pub struct Stream(StreamKind);
+/// session's decode step never catches another's launches. The flag: its launches may be
+/// programmatic (`Gpu::stream_in_order` makes one whose are not).
+pub struct Stream(StreamKind, bool);
 
 impl Stream {
     /// The driver's stream (none on the software GPU).
@@ -151,7 +152,7 @@ impl Gpu {
         }
         Ok(Arc::new(Gpu {
             name: ctx.name()?,
-            default: Stream(StreamKind::Cuda(stream)),
+            default: Stream(StreamKind::Cuda(stream), true),
             engine: Engine::Cuda {
                 blas: Blas::new(&ctx)?.map(Mutex::new),
                 pdl: major >= 9 && std::env::var("KILN_CUDA_PDL").map_or(true, |v| v != "0"),
@@ -182,7 +183,7 @@ impl Gpu {
                 running: Mutex::new(()),
                 _lib: l,
             },
-            default: Stream(StreamKind::Emulated(Mutex::new(None))),
+            default: Stream(StreamKind::Emulated(Mutex::new(None)), true),
             arch: "emulated",
             allocations: AtomicUsize::new(0),
             allocated_bytes: AtomicUsize::new(0),
@@ -264,10 +265,21 @@ impl Gpu {
 
     /// A new stream.
     pub fn stream(&self) -> Result<Stream, CudaError> {
-        Ok(Stream(match &self.engine {
+        Ok(Stream(self.new_stream_kind()?, true))
+    }
+
+    /// A new stream whose kernels start only once all work before them on it is done, event
+    /// waits included (no programmatic launches): for kernels that wait on another stream's
+    /// events (`step/ahead.rs`).
+    pub fn stream_in_order(&self) -> Result<Stream, CudaError> {
+        Ok(Stream(self.new_stream_kind()?, false))
+    }
+
+    fn new_stream_kind(&self) -> Result<StreamKind, CudaError> {
+        Ok(match &self.engine {
             Engine::Cuda { ctx, .. } => StreamKind::Cuda(ctx.new_stream()?),
             Engine::Emulated { .. } => StreamKind::Emulated(Mutex::new(None)),
-        }))
+        })
     }
 
     /// The stream for work outside sessions.
@@ -332,7 +344,7 @@ impl Gpu {
     }
 
     /// Launch kernel `name` on `s` over `grid` blocks of `block` threads (a programmatic
-    /// launch where the GPU has them: `launch_programmatic`).
+    /// launch where the GPU has them and the stream allows them: [`Gpu::stream_in_order`]).
     pub fn launch(
         &self,
         s: &Stream,
@@ -341,38 +353,13 @@ impl Gpu {
         block: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
-        self.launch_as(s, name, grid, block, args, true)
-    }
-
-    /// [`Self::launch`], but the kernel starts only once all work before it on `s` is done,
-    /// event waits included: for a stream whose kernels wait on another stream's events.
-    pub fn launch_after(
-        &self,
-        s: &Stream,
-        name: &str,
-        grid: u32,
-        block: u32,
-        args: &[Arg],
-    ) -> Result<(), CudaError> {
-        self.launch_as(s, name, grid, block, args, false)
-    }
-
-    fn launch_as(
-        &self,
-        s: &Stream,
-        name: &str,
-        grid: u32,
-        block: u32,
-        args: &[Arg],
-        programmatic: bool,
-    ) -> Result<(), CudaError> {
         let grid = grid.max(1);
         match (&self.engine, &s.0) {
             (Engine::Cuda { funcs, pdl, .. }, StreamKind::Cuda(stream)) => {
                 let f = funcs
                     .get(name)
                     .ok_or_else(|| CudaError::Driver(format!("no kernel named {name}")))?;
-                if *pdl && programmatic {
+                if *pdl && s.1 {
                     return launch_programmatic(stream, f, grid, block, args);
                 }
                 let mut b = stream.launch_builder(f);

@@ -120,9 +120,11 @@ impl PromptProduct {
     }
 }
 
-/// The widest rows the matvecs over f32 input take (`matvec_*_f`: their shared memory holds
-/// one token's input quantized, 64 groups of 32).
-pub const F32_INPUT_MAX_COLS: usize = 2048;
+/// The widest rows the matvecs over f32 input take (`matvec_*_f`, `F32_INPUT_COLS` in
+/// matvec.cu: their shared memory holds one token's input quantized, 128 groups of 32). The
+/// session takes them for rows up to 2048 unless told otherwise (step/products.rs
+/// `f32_input_cols`).
+pub const F32_INPUT_MAX_COLS: usize = 4096;
 
 /// The kernels of quantized format `$t` (the names `MATVEC_Q`, `MATVEC_GATED` and
 /// `DEQUANT_BF16` stamp in the kernel files), its activations' quantizer and its embedding.
@@ -189,7 +191,7 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
 }
 
 /// The kernels of a matrix rearranged at upload ([`repack`]).
-fn repacked_kernels(ty: GgmlType) -> Option<FormatKernels> {
+pub fn repacked_kernels(ty: GgmlType) -> Option<FormatKernels> {
     Some(match ty {
         GgmlType::Q4_0 => quant_kernels!("q4_0r", "quantize_q8_0", "embed_q4_0r"),
         GgmlType::Q4_1 => quant_kernels!("q4_1r", "quantize_q8_1", "embed_q4_1r"),

@@ -169,54 +169,62 @@ __device__ __forceinline__ int spread4(u32 b) {
 // row by row: group g of row r is r·ng + g), x the activation group `y`; G is the matrix's
 // number of groups (the layouts rearranged at upload place their arrays by it).
 
-// q4_0: d, 16 bytes of nibbles (low nibbles elements 0..15, high 16..31); value d·(q − 8).
-__device__ __forceinline__ float dot_q4_0(const u8* w, int g, const Q8x* y, int = 0) {
-    const u8* b = w + (long)g * Q4_0_BYTES;
+// The integer sum of a group's 32 products from its nibbles (v: four ints of bytes, low
+// nibbles elements 0..15, high ones 16..31) and its fifth bits (qh; 0 for the 4-bit formats).
+__device__ __forceinline__ int nib_sum(const int* v, u32 qh, const Q8x* y) {
     int s = 0;
     for (int k = 0; k < 4; ++k) {
-        int v = ld32(b + 2 + 4 * k);
-        s = __dp4a(v & 0x0F0F0F0F, y->qs[k], s);
-        s = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
+        s = __dp4a((v[k] & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
+        s = __dp4a(((v[k] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
     }
-    return h2f(ld16(b)) * (y->d * (float)s - 8.0f * y->s);
+    return s;
+}
+
+// A group of values d·(q − off) (q4_0: 8, q5_0: 16) from its integer sum s and scale d.
+__device__ __forceinline__ float sum_offset(int s, u16 d, float off, const Q8x* y) {
+    return h2f(d) * (y->d * (float)s - off * y->s);
+}
+
+// A group of values d·q + m (q4_1, q5_1).
+__device__ __forceinline__ float sum_min(int s, u16 d, u16 m, const Q8x* y) {
+    return h2f(d) * y->d * (float)s + h2f(m) * y->s;
+}
+
+// 16 bytes at a 2-byte aligned address as four ints.
+__device__ __forceinline__ void ld_16_unaligned(const u8* p, int* v) {
+    for (int k = 0; k < 4; ++k) v[k] = ld32(p + 4 * k);
+}
+
+// q4_0: d, 16 bytes of nibbles; value d·(q − 8).
+__device__ __forceinline__ float dot_q4_0(const u8* w, int g, const Q8x* y, int = 0) {
+    const u8* b = w + (long)g * Q4_0_BYTES;
+    int v[4];
+    ld_16_unaligned(b + 2, v);
+    return sum_offset(nib_sum(v, 0, y), ld16(b), 8.0f, y);
 }
 
 // q4_1: d, m, nibbles; value d·q + m.
 __device__ __forceinline__ float dot_q4_1(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)g * Q4_1_BYTES;
-    int s = 0;
-    for (int k = 0; k < 4; ++k) {
-        int v = ld32(b + 4 + 4 * k);
-        s = __dp4a(v & 0x0F0F0F0F, y->qs[k], s);
-        s = __dp4a((v >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
-    }
-    return h2f(ld16(b)) * y->d * (float)s + h2f(ld16(b + 2)) * y->s;
+    int v[4];
+    ld_16_unaligned(b + 4, v);
+    return sum_min(nib_sum(v, 0, y), ld16(b), ld16(b + 2), y);
 }
 
 // q5_0: d, 32 fifth bits, nibbles; value d·(q − 16).
 __device__ __forceinline__ float dot_q5_0(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)g * Q5_0_BYTES;
-    u32 qh = (u32)ld32(b + 2);
-    int s = 0;
-    for (int k = 0; k < 4; ++k) {
-        int v = ld32(b + 6 + 4 * k);
-        s = __dp4a((v & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
-        s = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
-    }
-    return h2f(ld16(b)) * (y->d * (float)s - 16.0f * y->s);
+    int v[4];
+    ld_16_unaligned(b + 6, v);
+    return sum_offset(nib_sum(v, (u32)ld32(b + 2), y), ld16(b), 16.0f, y);
 }
 
 // q5_1: d, m, fifth bits, nibbles; value d·q + m.
 __device__ __forceinline__ float dot_q5_1(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)g * Q5_1_BYTES;
-    u32 qh = (u32)ld32(b + 4);
-    int s = 0;
-    for (int k = 0; k < 4; ++k) {
-        int v = ld32(b + 8 + 4 * k);
-        s = __dp4a((v & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
-        s = __dp4a(((v >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
-    }
-    return h2f(ld16(b)) * y->d * (float)s + h2f(ld16(b + 2)) * y->s;
+    int v[4];
+    ld_16_unaligned(b + 8, v);
+    return sum_min(nib_sum(v, (u32)ld32(b + 4), y), ld16(b), ld16(b + 2), y);
 }
 
 // q8_0: d, 32 signed bytes.
@@ -244,36 +252,21 @@ __device__ __forceinline__ void ld_nibbles(const u8* w, int g, int* v) { ld_16(w
 __device__ __forceinline__ float dot_q4_0r(const u8* w, int g, const Q8x* y, int G) {
     int v[4];
     ld_nibbles(w, g, v);
-    int s = 0;
-    for (int k = 0; k < 4; ++k) {
-        s = __dp4a(v[k] & 0x0F0F0F0F, y->qs[k], s);
-        s = __dp4a((v[k] >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
-    }
-    return h2f(ld16(w + 16l * G + 2l * g)) * (y->d * (float)s - 8.0f * y->s);
+    return sum_offset(nib_sum(v, 0, y), ld16(w + 16l * G + 2l * g), 8.0f, y);
 }
 
 __device__ __forceinline__ float dot_q4_1r(const u8* w, int g, const Q8x* y, int G) {
     int v[4];
     ld_nibbles(w, g, v);
     u32 dm = *(const u32*)(w + 16l * G + 4l * g);
-    int s = 0;
-    for (int k = 0; k < 4; ++k) {
-        s = __dp4a(v[k] & 0x0F0F0F0F, y->qs[k], s);
-        s = __dp4a((v[k] >> 4) & 0x0F0F0F0F, y->qs[k + 4], s);
-    }
-    return h2f((u16)(dm & 0xFFFF)) * y->d * (float)s + h2f((u16)(dm >> 16)) * y->s;
+    return sum_min(nib_sum(v, 0, y), (u16)(dm & 0xFFFF), (u16)(dm >> 16), y);
 }
 
 __device__ __forceinline__ float dot_q5_0r(const u8* w, int g, const Q8x* y, int G) {
     int v[4];
     ld_nibbles(w, g, v);
     u32 qh = *(const u32*)(w + 16l * G + 4l * g);
-    int s = 0;
-    for (int k = 0; k < 4; ++k) {
-        s = __dp4a((v[k] & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
-        s = __dp4a(((v[k] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
-    }
-    return h2f(ld16(w + 20l * G + 2l * g)) * (y->d * (float)s - 16.0f * y->s);
+    return sum_offset(nib_sum(v, qh, y), ld16(w + 20l * G + 2l * g), 16.0f, y);
 }
 
 __device__ __forceinline__ float dot_q5_1r(const u8* w, int g, const Q8x* y, int G) {
@@ -281,12 +274,7 @@ __device__ __forceinline__ float dot_q5_1r(const u8* w, int g, const Q8x* y, int
     ld_nibbles(w, g, v);
     u32 qh = *(const u32*)(w + 16l * G + 4l * g);
     u32 dm = *(const u32*)(w + 20l * G + 4l * g);
-    int s = 0;
-    for (int k = 0; k < 4; ++k) {
-        s = __dp4a((v[k] & 0x0F0F0F0F) | spread4(qh >> (4 * k)), y->qs[k], s);
-        s = __dp4a(((v[k] >> 4) & 0x0F0F0F0F) | spread4(qh >> (4 * k + 16)), y->qs[k + 4], s);
-    }
-    return h2f((u16)(dm & 0xFFFF)) * y->d * (float)s + h2f((u16)(dm >> 16)) * y->s;
+    return sum_min(nib_sum(v, qh, y), (u16)(dm & 0xFFFF), (u16)(dm >> 16), y);
 }
 
 __device__ __forceinline__ float dot_q8_0r(const u8* w, int g, const Q8x* y, int G) {
@@ -447,8 +435,8 @@ __device__ __forceinline__ float row_sum(float v) {
 // of the product would round it).
 // `NAME##_f` takes f32 input, which each block quantizes into shared memory (as
 // `quantize_q8_*` would: KIND 0 Q8_0, 1 Q8_1, 2 Q8_K), a token at a time, RMS-normalized
-// first with weights `nw` (as `rms_norm_q8` would) unless `nw` is null: rows of at most 2048
-// elements, a warp per row, blocks of 256. Its sums are those of `NAME` after those kernels,
+// first with weights `nw` (as `rms_norm_q8` would) unless `nw` is null: rows of at most
+// F32_INPUT_COLS elements, a warp per row, blocks of 256. Its sums are those of `NAME` after those kernels,
 // bit for bit, and their launches are saved.
 // Row `row` of a launch over up to three matrices (rows0 + rows1 + rows2 rows): its matrix's
 // bytes, its output, its row there and that matrix's rows.
@@ -469,30 +457,36 @@ __device__ __forceinline__ MvRow mv_row(int row, const u8* w0, const u8* w1, con
     return r;
 }
 
-// One token's input row (`cols` ≤ 2048 f32, whole groups) quantized into shared `xs` (64
-// groups) by a block of 256 threads, as `quantize_q8_*` quantizes it, RMS-normalized first
-// (as `rms_norm_q8`: x · scale · nw) when `nw` is given: each thread loads its (up to eight)
-// elements first, so the loads are in flight together. Every warp takes part in every round
-// (past `cols`, zeros into groups no one reads), so the block meets each shuffle together (as
-// the software GPU requires).
+// The widest input row the kernels over f32 input quantize in their blocks (step/products.rs
+// takes them for rows up to 2048 by default, up to this with `KILN_CUDA_F32_INPUT_COLS`).
+#define F32_INPUT_COLS 4096
+
+// One token's input row (`cols` ≤ F32_INPUT_COLS f32, whole groups) quantized into shared `xs`
+// (128 groups) by a block of 256 threads, as `quantize_q8_*` quantizes it, RMS-normalized first
+// (as `rms_norm_q8`: x · scale · nw) when `nw` is given, 2048 elements at a time: each thread
+// loads its (up to eight) elements first, so the loads are in flight together. Every warp
+// takes part in every round (past `cols`, zeros into groups no one reads), so the block meets
+// each shuffle together (as the software GPU requires).
 template <int KIND>
 __device__ __forceinline__ void quantize_row_shared(const float* x, int cols, const float* nw,
                                                     float eps, Q8v xs) {
     float scale = nw ? rms_scale(x, cols, eps) : 1.0f;
-    float v[8];
+    for (int c0 = 0; c0 < cols; c0 += 2048) {
+        float v[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        int i = k * 256 + threadIdx.x;
-        v[k] = i >= cols ? 0.0f : nw ? x[i] * scale * nw[i] : x[i];
-    }
+        for (int k = 0; k < 8; ++k) {
+            int i = c0 + k * 256 + threadIdx.x;
+            v[k] = i >= cols ? 0.0f : nw ? x[i] * scale * nw[i] : x[i];
+        }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        int i = k * 256 + threadIdx.x;
-        if (k * 256 >= cols) break;
-        if (KIND == 2)
-            q8_256(v[k], i, xs);  // (rows of Q8_K are whole groups of 256)
-        else
-            q8_32<KIND == 1>(v[k], i, xs);
+        for (int k = 0; k < 8; ++k) {
+            int i = c0 + k * 256 + threadIdx.x;
+            if (c0 + k * 256 >= cols) break;
+            if (KIND == 2)
+                q8_256(v[k], i, xs);  // (rows of Q8_K are whole groups of 256)
+            else
+                q8_32<KIND == 1>(v[k], i, xs);
+        }
     }
 }
 
@@ -611,8 +605,9 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
     template <bool ROPE>                                                                      \
     __device__ __forceinline__ void NAME##_fq(MATVEC_PARAMS(const float* x), ROPE_PARAMS,     \
                                               const float* nw, float eps, POST_PARAMS) {      \
-        __shared__ u32x4 xs_q[128]; /* (64 groups' quants, 16-byte aligned) */                \
-        __shared__ f32x2 xs_ds[64];                                                           \
+        /* (F32_INPUT_COLS / 32 groups: quants 16-byte aligned, then scales) */               \
+        __shared__ u32x4 xs_q[F32_INPUT_COLS / 16];                                           \
+        __shared__ f32x2 xs_ds[F32_INPUT_COLS / 32];                                          \
         Q8v xs = {(int*)xs_q, xs_ds};                                                         \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \
@@ -696,8 +691,9 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
     extern "C" __global__ void NAME##_f(const u8* wg, const u8* wu, const float* x, float* y,\
                                         int rows, int cols, int n_tok, int gelu, int tpr,     \
                                         const float* nw, float eps) {                         \
-        __shared__ u32x4 xs_q[128]; /* (64 groups' quants, 16-byte aligned) */                \
-        __shared__ f32x2 xs_ds[64];                                                           \
+        /* (F32_INPUT_COLS / 32 groups: quants 16-byte aligned, then scales) */               \
+        __shared__ u32x4 xs_q[F32_INPUT_COLS / 16];                                           \
+        __shared__ f32x2 xs_ds[F32_INPUT_COLS / 32];                                          \
         Q8v xs = {(int*)xs_q, xs_ds};                                                         \
         int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
         int lane = threadIdx.x % tpr;                                                         \

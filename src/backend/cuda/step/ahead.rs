@@ -46,7 +46,7 @@ impl Ahead {
     pub(super) fn new(gpu: &Gpu) -> Result<Ahead, CudaError> {
         let two = || -> Result<[Event; 2], CudaError> { Ok([Event::new(gpu)?, Event::new(gpu)?]) };
         Ok(Ahead {
-            stream: gpu.stream()?,
+            stream: gpu.stream_in_order()?,
             ready: two()?,
             freed: two()?,
             joined: Event::new(gpu)?,
@@ -105,7 +105,7 @@ impl CudaSession {
             .and_then(|()| a.freed[buffer].wait_on(&a.stream))
             .and_then(|()| {
                 self.gpu
-                    .launch_after(&a.stream, kernel, blocks_for(n), 256, &args)
+                    .launch(&a.stream, kernel, blocks_for(n), 256, &args)
             })
             .and_then(|()| a.ready[buffer].record(&a.stream))
             .and_then(|()| a.ready[buffer].wait_on(&self.stream));

@@ -82,6 +82,26 @@ pub(super) enum Epilogue<'a> {
 /// block quantizes every token's row: more tokens quantize once, in a launch of their own).
 const F32_INPUT_MAX_TOKENS: usize = 4;
 
+/// The widest rows whose products quantize (and normalize) their f32 input in their own blocks:
+/// 2048 (a small model's rows), or `KILN_CUDA_F32_INPUT_COLS` up to [`F32_INPUT_MAX_COLS`],
+/// for measuring. At 4096 an 8B model's layer decodes in 7 launches instead of 10 (its norms
+/// and the attention output's quantizer go into the products), each of the products' blocks
+/// quantizing the token's 4096 inputs first: not yet timed on a GPU.
+fn f32_input_cols() -> usize {
+    static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COLS.get_or_init(|| {
+        std::env::var("KILN_CUDA_F32_INPUT_COLS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(2048, |v| v.min(F32_INPUT_MAX_COLS))
+    })
+}
+
+/// The widest rows whose q, k and v products take the RoPE in their epilogue: a small model's
+/// (an 8B model's 4096-wide products were slower with it, 270 against 301 tok/s, H100,
+/// session 35).
+const ROPE_EPILOGUE_MAX_COLS: usize = 2048;
+
 /// Which forms of a product's input exist (products that share an input make them once; the
 /// 8-bit form is the session's `xq_holds`).
 #[derive(Default)]
@@ -235,7 +255,7 @@ impl CudaSession {
         let ok = self.fuse
             && self.f32_input
             && mv_shape(&self.gpu, m.cols) == (256, 32)
-            && m.cols <= F32_INPUT_MAX_COLS
+            && m.cols <= f32_input_cols()
             && rows <= F32_INPUT_MAX_TOKENS
             && self.xq_holds != Some((x, q, rows));
         k.filter(|_| ok)
@@ -347,9 +367,8 @@ impl CudaSession {
     /// The RoPE epilogue's arguments for the one-launch q, k and v products `mats` of layer
     /// `layer`, when its RoPE can go there: the RoPE follows the products directly (no q/k
     /// norms, no biases), adjacent pairs (the normal kind), rows of a warp each in whole
-    /// blocks of eight, of at most [`F32_INPUT_MAX_COLS`] (a small model's launch-bound decode:
-    /// SmolLM2 937 against 922 tok/s without it; an 8B model's 4096-wide products were slower
-    /// with it, 270 against 301, H100, session 35), the switches on. Then the layer's `rope`
+    /// blocks of eight, of at most [`ROPE_EPILOGUE_MAX_COLS`] (a small model's launch-bound
+    /// decode: SmolLM2 937 against 922 tok/s without it), the switches on. Then the layer's `rope`
     /// launches nothing, and with an f16 cache the epilogue also stores the keys and values
     /// (`kv_stored`).
     pub(super) fn rope_epilogue(
@@ -372,7 +391,7 @@ impl CudaSession {
             && whole_blocks
             && c.head_dim_k % 2 == 0
             && mats.len() == 3
-            && mats[0].0.cols <= F32_INPUT_MAX_COLS
+            && mats[0].0.cols <= ROPE_EPILOGUE_MAX_COLS
             && mv_shape(&self.gpu, mats[0].0.cols) == (256, 32);
         if !ok {
             return None;
