@@ -71,9 +71,10 @@ impl CudaSession {
         }
     }
 
-    /// Launch the dequantization `kernel(args)` of `n` elements into the next weight buffer
-    /// (`args` name it: `buffer(b)` gives its address), and make the session's stream wait
-    /// for it. Call [`Self::chunk_read`] after the product that reads it.
+    /// Launch the dequantization `kernel` of `n` elements into the next weight buffer (`args`
+    /// makes its arguments from that buffer's address), and make the session's stream wait
+    /// for it: the chunk and the buffer's address. Call [`Self::chunk_read`] after the
+    /// product that reads it.
     pub(super) fn dequantize_chunk(
         &mut self,
         kernel: &str,
