@@ -183,7 +183,7 @@ impl CudaSession {
         };
         let profile = Profile::from_env();
         let ahead = match layout.gemm {
-            Some(_) if switch("KILN_CUDA_DEQUANT_AHEAD") => Some(ahead::Ahead::new(&gpu)?),
+            Some(g) if g.wbf[0] != g.wbf[1] => Some(ahead::Ahead::new(&gpu)?),
             _ => None,
         };
         let t = sizes.max_rows.max(1);

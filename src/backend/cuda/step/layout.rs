@@ -173,7 +173,8 @@ pub(super) struct KvLayerAt {
 }
 
 /// The scratch of prompt-sized products: the input as bf16, two chunks of weight rows as bf16
-/// (one is filled while the other is multiplied: `step/ahead.rs`), cuBLAS's workspace.
+/// (one is filled while the other is multiplied: `step/ahead.rs`; the same one twice with
+/// `KILN_CUDA_DEQUANT_AHEAD=0`), cuBLAS's workspace.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct GemmLayout {
     pub(super) xbf: usize,
@@ -210,6 +211,14 @@ fn split_keys() -> usize {
             .filter(|v| (16..=4096).contains(v))
             .unwrap_or(64)
     })
+}
+
+/// Whether prompt products dequantize their weights ahead, on a second stream, into two
+/// buffers used in turn (step/ahead.rs), unless `KILN_CUDA_DEQUANT_AHEAD=0` (one buffer, on
+/// the session's stream: for measuring).
+fn dequant_ahead() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_DEQUANT_AHEAD").map_or(true, |v| v != "0"))
 }
 
 /// Bytes of one 8-bit activation group (`Q8v` in matvec.cu: 32 values, then apart d and s).
@@ -261,9 +270,15 @@ impl SessionLayout {
                 .max()
                 .unwrap_or(0)
                 .max(c.dim);
+            let xbf = l.take(t * widest * 2);
+            let first = l.take(wbf_elems * 2);
+            let second = match dequant_ahead() {
+                true => l.take(wbf_elems * 2),
+                false => first,
+            };
             GemmLayout {
-                xbf: l.take(t * widest * 2),
-                wbf: [l.take(wbf_elems * 2), l.take(wbf_elems * 2)],
+                xbf,
+                wbf: [first, second],
                 wbf_elems,
                 workspace: l.take(crate::backend::cuda::blas::WORKSPACE_BYTES),
             }
