@@ -1,6 +1,7 @@
 //! The model's weights on the GPU: every matrix uploaded once, as the file stores it or, for
-//! the 32-element formats, rearranged for aligned loads ([`repack`]; the CPU's repacked
-//! layouts are not used here), norms, biases and RoPE factors as f32.
+//! the 32-element formats and q6_K (blocks whose fields the file leaves 2-byte aligned),
+//! rearranged for aligned loads ([`repack`]; the CPU's repacked layouts are not used here),
+//! norms, biases and RoPE factors as f32.
 
 use super::gpu::{Arena, Gpu, Layout};
 use super::CudaError;

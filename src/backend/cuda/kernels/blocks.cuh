@@ -30,79 +30,76 @@ KILN_FN float dq_f16(const u8* b, int i) { return h2f(ld16(b + 2 * i)); }
 
 KILN_FN float dq_bf16(const u8* b, int i) { return u2f(((u32)ld16(b + 2 * i)) << 16); }
 
-// q4_0: d (f16), 16 bytes of nibbles; element j < 16 is the low nibble of byte j, j >= 16 the
-// high nibble of byte j - 16; value d·(q − 8).
-KILN_FN float dq_q4_0(const u8* b, int i) {
-    u8 q = b[2 + (i & 15)];
-    int v = (i < 16 ? (q & 15) : (q >> 4)) - 8;
-    return h2f(ld16(b)) * (float)v;
+// The 32-element formats' element i from its block's fields, wherever they lie (the file's
+// blocks below, or the arrays of a matrix rearranged at upload): qs 16 bytes of nibbles
+// (element j < 16 the low nibble of byte j, j >= 16 the high nibble of byte j - 16; q8_0: 32
+// signed bytes), qh 32 fifth bits (little-endian), d the f16 scale, dm the f16 scale and min.
+KILN_FN int nib_at(const u8* qs, int i) {
+    u8 q = qs[i & 15];
+    return i < 16 ? (q & 15) : (q >> 4);
 }
 
-// q4_1: d, m (f16), nibbles as q4_0; value d·q + m.
-KILN_FN float dq_q4_1(const u8* b, int i) {
-    u8 q = b[4 + (i & 15)];
-    int v = i < 16 ? (q & 15) : (q >> 4);
-    return h2f(ld16(b)) * (float)v + h2f(ld16(b + 2));
-}
-
-// q5_0: d, 32 fifth bits (qh, little-endian), nibbles; value d·(q − 16).
-KILN_FN float dq_q5_0(const u8* b, int i) {
-    u32 qh = (u32)b[2] | ((u32)b[3] << 8) | ((u32)b[4] << 16) | ((u32)b[5] << 24);
-    u8 q = b[6 + (i & 15)];
-    int v = (i < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> i) & 1) << 4);
-    return h2f(ld16(b)) * (float)(v - 16);
-}
-
-// q5_1: d, m, qh, nibbles; value d·q + m.
-KILN_FN float dq_q5_1(const u8* b, int i) {
-    u32 qh = (u32)b[4] | ((u32)b[5] << 8) | ((u32)b[6] << 16) | ((u32)b[7] << 24);
-    u8 q = b[8 + (i & 15)];
-    int v = (i < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> i) & 1) << 4);
-    return h2f(ld16(b)) * (float)v + h2f(ld16(b + 2));
-}
-
-// q8_0: d, 32 signed bytes.
-KILN_FN float dq_q8_0(const u8* b, int i) { return h2f(ld16(b)) * (float)(i8)b[2 + i]; }
-
-// The formats rearranged at upload (weights.rs `repack`): a matrix of G blocks as arrays, one
-// per field of a block. The 32-element formats: block gi's quants at QB·gi (QB = 16 bytes of
-// nibbles, or q8_0's 32 signed bytes), then (q5_0, q5_1) its fifth bits at QB·G + 4·gi, then
-// its scales (d, or d and m: SB = 2 or 4 bytes) at (QB + HB)·G + SB·gi; q6_K's fields in the
-// file's order (below). Element i of block gi, with `dq_*`'s arithmetic.
 KILN_FN u32 ld_qh(const u8* p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
 
+KILN_FN int fifth_at(const u8* qh, int i) { return (int)(((ld_qh(qh) >> i) & 1) << 4); }
+
+// q4_0: value d·(q − 8).
+KILN_FN float q4_0_at(const u8* qs, const u8* d, int i) {
+    return h2f(ld16(d)) * (float)(nib_at(qs, i) - 8);
+}
+
+// q4_1: value d·q + m.
+KILN_FN float q4_1_at(const u8* qs, const u8* dm, int i) {
+    return h2f(ld16(dm)) * (float)nib_at(qs, i) + h2f(ld16(dm + 2));
+}
+
+// q5_0: value d·(q − 16), q = nibble | fifth bit << 4.
+KILN_FN float q5_0_at(const u8* qs, const u8* qh, const u8* d, int i) {
+    return h2f(ld16(d)) * (float)((nib_at(qs, i) | fifth_at(qh, i)) - 16);
+}
+
+// q5_1: value d·q + m.
+KILN_FN float q5_1_at(const u8* qs, const u8* qh, const u8* dm, int i) {
+    return h2f(ld16(dm)) * (float)(nib_at(qs, i) | fifth_at(qh, i)) + h2f(ld16(dm + 2));
+}
+
+// q8_0: value d·q.
+KILN_FN float q8_0_at(const u8* qs, const u8* d, int i) { return h2f(ld16(d)) * (float)(i8)qs[i]; }
+
+// The file's blocks: q4_0 d, qs; q4_1 d, m, qs; q5_0 d, qh, qs; q5_1 d, m, qh, qs; q8_0 d, qs.
+KILN_FN float dq_q4_0(const u8* b, int i) { return q4_0_at(b + 2, b, i); }
+KILN_FN float dq_q4_1(const u8* b, int i) { return q4_1_at(b + 4, b, i); }
+KILN_FN float dq_q5_0(const u8* b, int i) { return q5_0_at(b + 6, b + 2, b, i); }
+KILN_FN float dq_q5_1(const u8* b, int i) { return q5_1_at(b + 8, b + 4, b, i); }
+KILN_FN float dq_q8_0(const u8* b, int i) { return q8_0_at(b + 2, b, i); }
+
+// The formats rearranged at upload (weights.rs `repack`): a matrix of G groups of 32 as
+// arrays, one per field of a block. The 32-element formats: group gi's quants at QB·gi (QB =
+// 16 bytes of nibbles, or q8_0's 32 signed bytes), then (q5_0, q5_1) its fifth bits at QB·G +
+// 4·gi, then its scales (d, or d and m: SB = 2 or 4 bytes) at (QB + HB)·G + SB·gi; q6_K's
+// fields in the file's order (below). Element i of block b (of the format's elements) of the
+// matrix at w, G groups of 32 in all: the signature the kernels that serve both layouts take
+// (common.cuh `dq_file` gives the file's dequantizers this signature).
 KILN_FN float dq_q4_0r(const u8* w, long gi, long G, int i) {
-    u8 q = w[16 * gi + (i & 15)];
-    int v = (i < 16 ? (q & 15) : (q >> 4)) - 8;
-    return h2f(ld16(w + 16 * G + 2 * gi)) * (float)v;
+    return q4_0_at(w + 16 * gi, w + 16 * G + 2 * gi, i);
 }
 
 KILN_FN float dq_q4_1r(const u8* w, long gi, long G, int i) {
-    u8 q = w[16 * gi + (i & 15)];
-    int v = i < 16 ? (q & 15) : (q >> 4);
-    const u8* dm = w + 16 * G + 4 * gi;
-    return h2f(ld16(dm)) * (float)v + h2f(ld16(dm + 2));
+    return q4_1_at(w + 16 * gi, w + 16 * G + 4 * gi, i);
 }
 
 KILN_FN float dq_q5_0r(const u8* w, long gi, long G, int i) {
-    u32 qh = ld_qh(w + 16 * G + 4 * gi);
-    u8 q = w[16 * gi + (i & 15)];
-    int v = (i < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> i) & 1) << 4);
-    return h2f(ld16(w + 20 * G + 2 * gi)) * (float)(v - 16);
+    return q5_0_at(w + 16 * gi, w + 16 * G + 4 * gi, w + 20 * G + 2 * gi, i);
 }
 
 KILN_FN float dq_q5_1r(const u8* w, long gi, long G, int i) {
-    u32 qh = ld_qh(w + 16 * G + 4 * gi);
-    u8 q = w[16 * gi + (i & 15)];
-    int v = (i < 16 ? (q & 15) : (q >> 4)) | (int)(((qh >> i) & 1) << 4);
-    const u8* dm = w + 20 * G + 4 * gi;
-    return h2f(ld16(dm)) * (float)v + h2f(ld16(dm + 2));
+    return q5_1_at(w + 16 * gi, w + 16 * G + 4 * gi, w + 20 * G + 4 * gi, i);
 }
 
 KILN_FN float dq_q8_0r(const u8* w, long gi, long G, int i) {
-    return h2f(ld16(w + 32 * G + 2 * gi)) * (float)(i8)w[32 * gi + i];
+    return q8_0_at(w + 32 * gi, w + 32 * G + 2 * gi, i);
 }
 
 // q2_K: 16 scale bytes (low nibble scale, high nibble min), 64 bytes of 2-bit values, d, dmin;
@@ -161,26 +158,24 @@ KILN_FN float dq_q5_k(const u8* b, int i) {
     return h2f(ld16(b)) * (float)sc * (float)v - h2f(ld16(b + 2)) * (float)m;
 }
 
-// q6_K: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 signed scales, d; 256
-// elements in two halves of 128, each four quarters of 32.
-KILN_FN float dq_q6_k(const u8* b, int i) {
+// q6_K: 128 bytes of low nibbles ql, 64 bytes of high 2-bit pairs qh, 16 signed scales sc, d;
+// 256 elements in two halves of 128, each four quarters of 32; value d·sc·(q − 32).
+KILN_FN float q6_k_at(const u8* ql, const u8* qh, const u8* sc, const u8* d, int i) {
     int h = i >> 7, r = i & 127, quarter = r >> 5, l = r & 31;
-    u8 lo = b[64 * h + l + ((quarter & 1) ? 32 : 0)];
+    u8 lo = ql[64 * h + l + ((quarter & 1) ? 32 : 0)];
     int nib = quarter < 2 ? (lo & 15) : (lo >> 4);
-    int hi = (b[128 + 32 * h + l] >> (2 * quarter)) & 3;
+    int hi = (qh[32 * h + l] >> (2 * quarter)) & 3;
     int v = (nib | (hi << 4)) - 32;
-    i8 sc = (i8)b[192 + 8 * h + (l >> 4) + 2 * quarter];
-    return h2f(ld16(b + 208)) * (float)sc * (float)v;
+    i8 s = (i8)sc[8 * h + (l >> 4) + 2 * quarter];
+    return h2f(ld16(d)) * (float)s * (float)v;
 }
 
-// q6_K rearranged: low nibbles at 128·gi, high pairs at 128·G + 64·gi, scales at 192·G + 16·gi,
-// d at 208·G + 2·gi.
-KILN_FN float dq_q6_kr(const u8* w, long gi, long G, int i) {
-    int h = i >> 7, r = i & 127, quarter = r >> 5, l = r & 31;
-    u8 lo = w[128 * gi + 64 * h + l + ((quarter & 1) ? 32 : 0)];
-    int nib = quarter < 2 ? (lo & 15) : (lo >> 4);
-    int hi = (w[128 * G + 64 * gi + 32 * h + l] >> (2 * quarter)) & 3;
-    int v = (nib | (hi << 4)) - 32;
-    i8 sc = (i8)w[192 * G + 16 * gi + 8 * h + (l >> 4) + 2 * quarter];
-    return h2f(ld16(w + 208 * G + 2 * gi)) * (float)sc * (float)v;
+KILN_FN float dq_q6_k(const u8* b, int i) { return q6_k_at(b, b + 128, b + 192, b + 208, i); }
+
+// q6_K rearranged (nb = G / 8 blocks): low nibbles at 128·b, high pairs at 128·nb + 64·b,
+// scales at 192·nb + 16·b, d at 208·nb + 2·b.
+KILN_FN float dq_q6_kr(const u8* w, long b, long G, int i) {
+    long nb = G / 8;
+    return q6_k_at(w + 128 * b, w + 128 * nb + 64 * b, w + 192 * nb + 16 * b, w + 208 * nb + 2 * b,
+                   i);
 }

@@ -99,6 +99,14 @@ struct alignas(16) u32x4 {
 // A little-endian u16 at any even offset (block fields are 2-byte aligned at best).
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
 
+// A dequantizer of the file's blocks (blocks.cuh `dq_*(block, i)`, BYTES a block) under the
+// signature of the rearranged layouts' (`dq_*r(matrix, block index, groups of 32 in the
+// matrix, i)`), so one kernel serves both layouts.
+template <int BYTES, float (*DQ)(const u8*, int)>
+__device__ __forceinline__ float dq_file(const u8* w, long b, long, int i) {
+    return DQ(w + b * BYTES, i);
+}
+
 // A sum (MAX false) or maximum (MAX true) over the warp; every lane gets it.
 template <bool MAX>
 __device__ __forceinline__ float warp_reduce(float v) {

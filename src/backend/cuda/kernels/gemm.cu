@@ -22,47 +22,35 @@ extern "C" __global__ void f32_to_bf16(const float* x, u16* y, long n) {
 
 // Rows `[r0, r0 + n / cols)` of W (`cols` per row, G groups of 32 in all) to bf16
 // `[n / cols, cols]`.
-#define DEQUANT_BF16(NAME, BYTES, ELEMS, DQ)                                                  \
-    extern "C" __global__ void NAME(const u8* w, u16* out, int cols, long r0, long n,        \
-                                    long G) {                                                 \
-        pdl_begin();                                                                         \
-        long i = (long)blockIdx.x * blockDim.x + threadIdx.x;                                 \
-        if (i >= n) return;                                                                   \
-        long r = r0 + i / cols;                                                               \
-        int c = (int)(i % cols);                                                              \
-        const u8* blk = w + (r * (cols / ELEMS) + c / ELEMS) * BYTES;                         \
-        out[i] = f2bf(DQ(blk, c % ELEMS));                                                    \
-    }
-
-DEQUANT_BF16(dequant_bf16_q4_0, Q4_0_BYTES, 32, dq_q4_0)
-DEQUANT_BF16(dequant_bf16_q4_1, Q4_1_BYTES, 32, dq_q4_1)
-DEQUANT_BF16(dequant_bf16_q5_0, Q5_0_BYTES, 32, dq_q5_0)
-DEQUANT_BF16(dequant_bf16_q5_1, Q5_1_BYTES, 32, dq_q5_1)
-DEQUANT_BF16(dequant_bf16_q8_0, Q8_0_BYTES, 32, dq_q8_0)
-DEQUANT_BF16(dequant_bf16_q2_k, Q2_K_BYTES, 256, dq_q2_k)
-DEQUANT_BF16(dequant_bf16_q3_k, Q3_K_BYTES, 256, dq_q3_k)
-DEQUANT_BF16(dequant_bf16_q4_k, Q4_K_BYTES, 256, dq_q4_k)
-DEQUANT_BF16(dequant_bf16_q5_k, Q5_K_BYTES, 256, dq_q5_k)
-DEQUANT_BF16(dequant_bf16_q6_k, Q6_K_BYTES, 256, dq_q6_k)
-DEQUANT_BF16(dequant_bf16_bf16, 2, 1, dq_bf16)
-
-// The same for the formats rearranged at upload (blocks.cuh `dq_*r`, blocks of ELEMS).
-#define DEQUANT_BF16_R(NAME, ELEMS, DQ)                                                       \
+#define DEQUANT_BF16(NAME, ELEMS, DQ)                                                         \
     extern "C" __global__ void NAME(const u8* w, u16* out, int cols, long r0, long n,        \
                                     long G) {                                                 \
         pdl_begin();                                                                         \
         long i = (long)blockIdx.x * blockDim.x + threadIdx.x;                                 \
         if (i >= n) return;                                                                   \
         long e = r0 * cols + i;                                                               \
-        out[i] = f2bf(DQ(w, e / ELEMS, G / (ELEMS / 32), (int)(e % ELEMS)));                  \
+        out[i] = f2bf(DQ(w, e / ELEMS, G, (int)(e % ELEMS)));                                 \
     }
 
-DEQUANT_BF16_R(dequant_bf16_q4_0r, 32, dq_q4_0r)
-DEQUANT_BF16_R(dequant_bf16_q4_1r, 32, dq_q4_1r)
-DEQUANT_BF16_R(dequant_bf16_q5_0r, 32, dq_q5_0r)
-DEQUANT_BF16_R(dequant_bf16_q5_1r, 32, dq_q5_1r)
-DEQUANT_BF16_R(dequant_bf16_q8_0r, 32, dq_q8_0r)
-DEQUANT_BF16_R(dequant_bf16_q6_kr, 256, dq_q6_kr)
+DEQUANT_BF16(dequant_bf16_q4_0, 32, (dq_file<Q4_0_BYTES, dq_q4_0>))
+DEQUANT_BF16(dequant_bf16_q4_1, 32, (dq_file<Q4_1_BYTES, dq_q4_1>))
+DEQUANT_BF16(dequant_bf16_q5_0, 32, (dq_file<Q5_0_BYTES, dq_q5_0>))
+DEQUANT_BF16(dequant_bf16_q5_1, 32, (dq_file<Q5_1_BYTES, dq_q5_1>))
+DEQUANT_BF16(dequant_bf16_q8_0, 32, (dq_file<Q8_0_BYTES, dq_q8_0>))
+DEQUANT_BF16(dequant_bf16_q2_k, 256, (dq_file<Q2_K_BYTES, dq_q2_k>))
+DEQUANT_BF16(dequant_bf16_q3_k, 256, (dq_file<Q3_K_BYTES, dq_q3_k>))
+DEQUANT_BF16(dequant_bf16_q4_k, 256, (dq_file<Q4_K_BYTES, dq_q4_k>))
+DEQUANT_BF16(dequant_bf16_q5_k, 256, (dq_file<Q5_K_BYTES, dq_q5_k>))
+DEQUANT_BF16(dequant_bf16_q6_k, 256, (dq_file<Q6_K_BYTES, dq_q6_k>))
+DEQUANT_BF16(dequant_bf16_bf16, 1, (dq_file<2, dq_bf16>))
+
+// The formats rearranged at upload.
+DEQUANT_BF16(dequant_bf16_q4_0r, 32, dq_q4_0r)
+DEQUANT_BF16(dequant_bf16_q4_1r, 32, dq_q4_1r)
+DEQUANT_BF16(dequant_bf16_q5_0r, 32, dq_q5_0r)
+DEQUANT_BF16(dequant_bf16_q5_1r, 32, dq_q5_1r)
+DEQUANT_BF16(dequant_bf16_q8_0r, 32, dq_q8_0r)
+DEQUANT_BF16(dequant_bf16_q6_kr, 256, dq_q6_kr)
 
 // Rows `[r0, r0 + n / cols)` of an F16 matrix to f32 `[n / cols, cols]` (exact).
 extern "C" __global__ void widen_f16(const u8* w, float* out, int cols, long r0, long n,

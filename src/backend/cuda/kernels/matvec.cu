@@ -368,28 +368,39 @@ __device__ __forceinline__ float dot_q5_k(const u8* w, int g, const Q8x* y, int 
     return h2f(ld16(b)) * (float)sc * y->d * (float)s - h2f(ld16(b + 2)) * (float)m * y->s;
 }
 
-// q6_K: value sc·(q − 32), q = low nibble | high pair << 4; one signed scale per 16.
+// q6_K: value sc·(q − 32), q = low nibble | high pair << 4; one signed scale per 16. Group
+// `quarter` of its half from the half's 8 words of low nibbles (ql) and of high pairs (qh),
+// its two scales sc and d (f32).
+__device__ __forceinline__ float q6_k_sum(const int* ql, const int* qh, int quarter, const u8* sc,
+                                          float d, const Q8x* y) {
+    int nshift = quarter < 2 ? 0 : 4;
+    int s[2] = {0, 0}, ys[2] = {0, 0};
+    for (int k = 0; k < 8; ++k) {
+        int q = (ql[k] >> nshift) & 0x0F0F0F0F;
+        int hi = (qh[k] >> (2 * quarter)) & 0x03030303;
+        s[k >> 2] = __dp4a(q | (hi << 4), y->qs[k], s[k >> 2]);
+        ys[k >> 2] = __dp4a(ONES, y->qs[k], ys[k >> 2]);
+    }
+    int sc0 = (i8)sc[0], sc1 = (i8)sc[1];
+    return d * y->d * (float)(sc0 * (s[0] - 32 * ys[0]) + sc1 * (s[1] - 32 * ys[1]));
+}
+
+// The file's 210-byte blocks, 2-byte aligned: 4-byte words read as 2-byte halves.
 __device__ __forceinline__ float dot_q6_k(const u8* w, int g, const Q8x* y, int = 0) {
     const u8* b = w + (long)(g >> 3) * Q6_K_BYTES;
     int sub = g & 7, h = sub >> 2, quarter = sub & 3;
     const u8* lo = b + 64 * h + ((quarter & 1) ? 32 : 0);
-    int nshift = quarter < 2 ? 0 : 4;
-    int s[2] = {0, 0}, ys[2] = {0, 0};
+    int ql[8], qh[8];
     for (int k = 0; k < 8; ++k) {
-        int q = (ld32(lo + 4 * k) >> nshift) & 0x0F0F0F0F;
-        int hi = (ld32(b + 128 + 32 * h + 4 * k) >> (2 * quarter)) & 0x03030303;
-        s[k >> 2] = __dp4a(q | (hi << 4), y->qs[k], s[k >> 2]);
-        ys[k >> 2] = __dp4a(ONES, y->qs[k], ys[k >> 2]);
+        ql[k] = ld32(lo + 4 * k);
+        qh[k] = ld32(b + 128 + 32 * h + 4 * k);
     }
-    int sc0 = (i8)b[192 + 8 * h + 2 * quarter], sc1 = (i8)b[192 + 8 * h + 2 * quarter + 1];
-    return h2f(ld16(b + 208)) * y->d *
-           (float)(sc0 * (s[0] - 32 * ys[0]) + sc1 * (s[1] - 32 * ys[1]));
+    return q6_k_sum(ql, qh, quarter, b + 192 + 8 * h + 2 * quarter, h2f(ld16(b + 208)), y);
 }
 
 // q6_K rearranged at upload (blocks.cuh `dq_q6_kr`: the blocks' fields in arrays, G / 8
 // blocks): the group's 32 bytes of low nibbles and 32 of high pairs in four 16-byte loads,
-// where the file's 210-byte blocks, 2-byte aligned, took 32 loads of 2 bytes. `dot_q6_k`'s
-// arithmetic.
+// where the file's blocks took 32 loads of 2 bytes.
 __device__ __forceinline__ float dot_q6_kr(const u8* w, int g, const Q8x* y, int G) {
     long sb = g >> 3, nb = G >> 3;
     int sub = g & 7, h = sub >> 2, quarter = sub & 3;
@@ -399,18 +410,8 @@ __device__ __forceinline__ float dot_q6_kr(const u8* w, int g, const Q8x* y, int
     ld_16(lo + 16, ql + 4);
     ld_16(w + 128 * nb + 64 * sb + 32 * h, qh);
     ld_16(w + 128 * nb + 64 * sb + 32 * h + 16, qh + 4);
-    int nshift = quarter < 2 ? 0 : 4;
-    int s[2] = {0, 0}, ys[2] = {0, 0};
-    for (int k = 0; k < 8; ++k) {
-        int q = (ql[k] >> nshift) & 0x0F0F0F0F;
-        int hi = (qh[k] >> (2 * quarter)) & 0x03030303;
-        s[k >> 2] = __dp4a(q | (hi << 4), y->qs[k], s[k >> 2]);
-        ys[k >> 2] = __dp4a(ONES, y->qs[k], ys[k >> 2]);
-    }
-    const u8* sc = w + 192 * nb + 16 * sb + 8 * h + 2 * quarter;
-    int sc0 = (i8)sc[0], sc1 = (i8)sc[1];
-    return h2f(ld16(w + 208 * nb + 2 * sb)) * y->d *
-           (float)(sc0 * (s[0] - 32 * ys[0]) + sc1 * (s[1] - 32 * ys[1]));
+    return q6_k_sum(ql, qh, quarter, w + 192 * nb + 16 * sb + 8 * h + 2 * quarter,
+                    h2f(ld16(w + 208 * nb + 2 * sb)), y);
 }
 
 // The sum of v over the block (whole warps, at most 32); every thread gets it.
