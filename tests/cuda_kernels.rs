@@ -96,11 +96,22 @@ fn every_kernel_compiles_for_hopper_and_ampere() {
     nvrtc_ready();
     let (major, minor) = nvrtc::version().unwrap();
     println!("NVRTC {major}.{minor}");
-    for (name, src) in nvrtc::KERNELS {
+    // What a device compiles: each file, or the largest in their parts (nvrtc::programs),
+    // for sm_90 as a device does, all at once on several threads (nvrtc::compile_all).
+    let programs = nvrtc::all_programs();
+    let cache = common::tmp_dir().join(format!("nvrtc-all-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let hopper = nvrtc::compile_all(&cache, &programs, "sm_90").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_dir_all(&cache).unwrap();
+    for ((name, src), sm_90) in programs.iter().zip(hopper) {
+        let (name, src) = (name.as_str(), src.as_str());
         let entries = nvrtc::entries(src);
         assert!(!entries.is_empty(), "{name}: no kernels found");
         for arch in ["sm_90", "sm_80", "compute_80"] {
-            let ptx = nvrtc::compile(name, src, arch).unwrap_or_else(|e| panic!("{e}"));
+            let ptx = match arch {
+                "sm_90" => sm_90.clone(),
+                _ => nvrtc::compile(name, src, arch).unwrap_or_else(|e| panic!("{e}")),
+            };
             // KILN_PTX_DUMP=<folder>: keep the PTX, to read what NVRTC made of a kernel.
             if let Some(dir) = std::env::var_os("KILN_PTX_DUMP") {
                 let dir = PathBuf::from(dir);

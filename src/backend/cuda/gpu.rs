@@ -127,7 +127,8 @@ fn arch_for(major: i32, minor: i32) -> &'static str {
 }
 
 impl Gpu {
-    /// Open GPU 0, build (or load from the cache) every kernel file, and load its kernels.
+    /// Open GPU 0, build (or load from the cache) every kernel file, its parts in parallel
+    /// ([`nvrtc::programs`]), and load its kernels.
     pub fn open() -> Result<Arc<Gpu>, CudaError> {
         if !super::driver_present() {
             return Err(CudaError::NoDriver);
@@ -142,8 +143,9 @@ impl Gpu {
         let arch = arch_for(major, minor);
         let dir = nvrtc::cache_dir();
         let mut funcs = HashMap::new();
-        for (file, src) in nvrtc::KERNELS {
-            let ptx = nvrtc::compile_cached(&dir, file, src, arch)?;
+        let programs = nvrtc::all_programs();
+        let ptx = nvrtc::compile_all(&dir, &programs, arch)?;
+        for ((_, src), ptx) in programs.iter().zip(ptx) {
             let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
             for entry in nvrtc::entries(src) {
                 let f = module.load_function(&entry)?;

@@ -31,6 +31,19 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("probe.cu", include_str!("kernels/probe.cu")),
 ];
 
+/// The stamping macros of the kernel files: a line that starts with one is an instance, one or
+/// more kernels named by its first argument.
+const STAMPS: [&str; 8] = [
+    "MATVEC_Q(",
+    "MATVEC_GATED(",
+    "MATVEC_PLAIN(",
+    "EMBED(",
+    "DEQUANT_BF16(",
+    "ATTEND(",
+    "ATTEND_SPLIT(",
+    "ATTEND_TILE(",
+];
+
 /// The `extern "C" __global__` functions a kernel file defines, found in its text: plain
 /// definitions and the instances of its stamping macros (`MATVEC_Q(matvec_q4_0, ...)`).
 pub fn entries(src: &str) -> Vec<String> {
@@ -42,18 +55,7 @@ pub fn entries(src: &str) -> Vec<String> {
                 names.push(rest.split('(').next().unwrap_or("").trim().to_string());
             }
         }
-        for mac in [
-            "MATVEC_Q(",
-            "MATVEC_GATED(",
-            "MATVEC_PLAIN(",
-            "EMBED(",
-            "EMBED_R(",
-            "DEQUANT_BF16(",
-            "DEQUANT_BF16_R(",
-            "ATTEND(",
-            "ATTEND_SPLIT(",
-            "ATTEND_TILE(",
-        ] {
+        for mac in STAMPS {
             if let Some(rest) = l.strip_prefix(mac) {
                 let name = rest.split(',').next().unwrap_or("").trim();
                 names.push(name.to_string());
@@ -72,6 +74,54 @@ pub fn entries(src: &str) -> Vec<String> {
     }
     names.retain(|n| !n.is_empty());
     names
+}
+
+/// How many programs kernel file `name` compiles as ([`programs`]): matvec.cu stamps over a
+/// hundred kernels, most of a build's time (about 40 s of NVRTC on one core), and the
+/// attention's tiles are the next largest.
+fn parts(name: &str) -> usize {
+    match name {
+        "matvec.cu" => 8,
+        "attention.cu" => 2,
+        _ => 1,
+    }
+}
+
+/// The programs kernel file `name` compiles as, `(label, source)`: the file whole (label
+/// `name`), or, for the largest ([`parts`]), n parts that compile in parallel ([`compile_all`])
+/// and load as modules of their own (labels `name~0`...): each has every line of the file
+/// but the stamping macros' instances, and every n-th of those, a blank line in place of the
+/// others so that the compiler's line numbers stay the file's. (A part repeats the file's
+/// plain kernels; they are small.)
+pub fn programs(name: &str, src: &str) -> Vec<(String, String)> {
+    let n = parts(name);
+    if n == 1 {
+        return vec![(name.to_string(), src.to_string())];
+    }
+    let mut out = vec![String::with_capacity(src.len()); n];
+    let mut instance = 0;
+    for line in src.lines() {
+        let stamped = STAMPS.iter().any(|m| line.trim_start().starts_with(m));
+        for (k, part) in out.iter_mut().enumerate() {
+            if !stamped || instance % n == k {
+                part.push_str(line);
+            }
+            part.push('\n');
+        }
+        instance += stamped as usize;
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(k, s)| (format!("{name}~{k}"), s))
+        .collect()
+}
+
+/// Every kernel file's programs ([`programs`]).
+pub fn all_programs() -> Vec<(String, String)> {
+    KERNELS
+        .iter()
+        .flat_map(|(name, src)| programs(name, src))
+        .collect()
 }
 
 /// The software GPU's source (`emulator.cpp`): the emulation layer, the prelude, the block
@@ -180,7 +230,8 @@ fn full_source(name: &str, src: &str) -> String {
     {
         switches.push_str(&format!("#define KILN_MV_UNROLL {n}\n"));
     }
-    format!("{switches}{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n#line 1 \"{name}\"\n{src}")
+    let file = name.split('~').next().unwrap_or(name);
+    format!("{switches}{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n#line 1 \"{file}\"\n{src}")
 }
 
 /// Compile kernel file `name` for `arch` (`"sm_90"`, or `"compute_90"` for PTX that any later
@@ -248,8 +299,96 @@ pub fn compile_cached(
     Ok(ptx)
 }
 
+/// [`compile_cached`] for each of `programs` (`(label, source)`, as [`programs`] makes them),
+/// on as many threads as the machine has cores; the PTX in the programs' order. (NVRTC
+/// compiles programs on several threads at once.)
+pub fn compile_all(
+    dir: &Path,
+    programs: &[(String, String)],
+    arch: &'static str,
+) -> Result<Vec<String>, CudaError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(programs.len());
+    let mut ptx: Vec<Option<Result<String, CudaError>>> = programs.iter().map(|_| None).collect();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((label, src)) = programs.get(i) else {
+                            return done;
+                        };
+                        done.push((i, compile_cached(dir, label, src, arch)));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            match w.join() {
+                Ok(done) => done.into_iter().for_each(|(i, r)| ptx[i] = Some(r)),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    });
+    ptx.into_iter()
+        .map(|r| r.expect("every program was taken by a thread"))
+        .collect()
+}
+
 /// Where compiled kernels are cached: `cuda/` beside the models directory
 /// ([`crate::fetch::models_dir`]).
 pub fn cache_dir() -> PathBuf {
     crate::fetch::models_dir().with_file_name("cuda")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file's parts hold each stamped kernel once and its plain kernels each, with the
+    /// file's line numbers, so that together they are the file.
+    #[test]
+    fn a_kernel_files_parts_are_the_file() {
+        let mut split = 0;
+        for (name, src) in KERNELS {
+            let parts = programs(name, src);
+            assert_eq!(parts.len(), super::parts(name));
+            let all = entries(src);
+            let plain: Vec<String> = src
+                .lines()
+                .filter(|l| !STAMPS.iter().any(|m| l.trim_start().starts_with(m)))
+                .flat_map(entries)
+                .collect();
+            let mut seen: Vec<String> = Vec::new();
+            for (k, (label, part)) in parts.iter().enumerate() {
+                let want = if parts.len() > 1 {
+                    format!("{name}~{k}")
+                } else {
+                    name.to_string()
+                };
+                assert_eq!(label, &want);
+                assert_eq!(part.lines().count(), src.lines().count(), "{label}");
+                let own = entries(part);
+                for p in &plain {
+                    assert!(own.contains(p), "{label} lacks plain kernel {p}");
+                }
+                seen.extend(own.into_iter().filter(|e| !plain.contains(e)));
+            }
+            seen.extend(plain);
+            seen.sort();
+            let mut want = all.clone();
+            want.sort();
+            assert_eq!(
+                seen, want,
+                "{name}: every stamped kernel in exactly one part"
+            );
+            split += (parts.len() > 1) as usize;
+        }
+        assert_eq!(split, 2, "matvec.cu and attention.cu compile in parts");
+    }
 }
