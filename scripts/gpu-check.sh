@@ -10,6 +10,7 @@
 #                                   (when .gpu/llama.cpp/build has it), and print one table
 #
 # KILN_PHASES=1: the cost of a decode phase apart from its work (benches/cuda_phases.rs).
+# KILN_STARTUP=1: seconds to a first token, kernels compiled or cached.
 # The host's CPU (issue #19: AMX, thread scaling) in the same call: KILN_CPU_THREADS="2 8 16"
 # KILN_CPU_MODELS="smol gemma llama1b" KILN_CPU_AB=1 (kiln on its best tier and held to AVX-512
 # VNNI, beside llama.cpp with no CUDA device visible); the CPU kernel tests (the AMX tile kernel
@@ -145,6 +146,23 @@ run() {
         timeout 180 .gpu/cuda_batch ${KILN_TEST_FILTER:-} --skip serve_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -30 || true
         timeout 180 .gpu/cuda_ring ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
         timeout 180 .gpu/cuda_offload ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
+    fi
+    # Start-up (KILN_STARTUP=1): seconds to a first token with no compiled kernels (NVRTC and
+    # the driver's JIT), with kiln's PTX cache warm but the driver's JIT cache off, and with
+    # both warm: what the kernel build costs a user's first run, and its parts.
+    if [ -n "${KILN_STARTUP:-}" ]; then
+        echo "== start-up (${SECONDS}s): kiln bench -p 16 -n 1 on smol, $(nproc) cores"
+        rm -rf .gpu/tmp/startup && mkdir -p .gpu/tmp/startup/models
+        for c in "no caches:CUDA_CACHE_DISABLE=1" "PTX cached, no JIT cache:CUDA_CACHE_DISABLE=1" \
+            "PTX cached, JIT cache filling:CUDA_CACHE_PATH=$PWD/.gpu/tmp/startup/nv" \
+            "both cached:CUDA_CACHE_PATH=$PWD/.gpu/tmp/startup/nv"; do
+            local t0 t1
+            t0=$(date +%s.%N)
+            env ${c#*:} KILN_MODELS=$PWD/.gpu/tmp/startup/models timeout 120 .gpu/kiln bench -m $m/smol.gguf \
+                --device cuda -p 16 -n 1 -r 1 > /dev/null 2>&1 || echo "(failed)"
+            t1=$(date +%s.%N)
+            echo "${c%%:*}: $(python3 -c "print(round($t1 - $t0, 2))") s"
+        done
     fi
     # What a decode phase costs apart from its work: a kernel boundary against a grid-wide
     # barrier (benches/cuda_phases.rs, a few seconds).
@@ -309,5 +327,5 @@ run() {
 case "$mode" in
     prepare) prepare ;;
     run) run ;;
-    *) sed -n '2,12p' "$0"; exit 2 ;;
+    *) sed -n '2,18p' "$0"; exit 2 ;;
 esac
