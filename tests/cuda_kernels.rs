@@ -109,7 +109,7 @@ fn every_kernel_compiles_for_hopper_and_ampere() {
         assert!(!entries.is_empty(), "{name}: no kernels found");
         for arch in ["sm_90", "sm_80", "compute_80"] {
             let ptx = match arch {
-                "sm_90" => sm_90.clone(),
+                "sm_90" => sm_90.ptx.clone(),
                 _ => nvrtc::compile(name, src, arch).unwrap_or_else(|e| panic!("{e}")),
             };
             // KILN_PTX_DUMP=<folder>: keep the PTX, to read what NVRTC made of a kernel.
@@ -140,6 +140,9 @@ fn every_kernel_compiles_for_hopper_and_ampere() {
                 }
             }
         }
+        // The device code a device loads as it is (an ELF image).
+        let cubin = sm_90.cubin.as_deref().unwrap_or_default();
+        assert!(cubin.starts_with(b"\x7fELF"), "{name}: no CUBIN for sm_90");
         println!("{name}: {} kernels", entries.len());
     }
 }
@@ -161,22 +164,34 @@ fn compiled_kernels_are_cached_on_disk_by_hash() {
     let _ = std::fs::remove_dir_all(&dir);
     let (name, src) = nvrtc::KERNELS[0];
     let first = nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap();
-    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
-    assert_eq!(files.len(), 1, "one PTX file");
-    // A second build reads the file: make its content recognizable to see that it does.
-    let path = files[0].path();
-    std::fs::write(&path, "// cached\n").unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|f| f.path())
+        .collect();
+    files.sort();
+    let ext: Vec<_> = files.iter().map(|f| f.extension().unwrap()).collect();
+    assert_eq!(ext, ["cubin", "ptx"], "the PTX and the device code");
+    // A second build reads the files: make their content recognizable to see that it does.
+    std::fs::write(&files[0], "cubin").unwrap();
+    std::fs::write(&files[1], "// cached\n").unwrap();
+    let again = nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap();
+    assert_eq!(again.ptx, "// cached\n");
+    assert_eq!(again.cubin.as_deref(), Some(&b"cubin"[..]));
+    // A PTX without its device code (a cache from before CUBINs were kept) is built again.
+    std::fs::remove_file(&files[0]).unwrap();
     assert_eq!(
         nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap(),
-        "// cached\n"
+        first
     );
-    // Another source or architecture is another entry.
+    // Another source or architecture is another entry; a virtual architecture has PTX alone.
     let other = format!("{src}\n// changed\n");
     let second = nvrtc::compile_cached(&dir, name, &other, "sm_90").unwrap();
-    assert!(second.contains(".entry"));
-    nvrtc::compile_cached(&dir, name, src, "sm_80").unwrap();
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3);
-    assert!(first.contains(".entry"));
+    assert!(second.ptx.contains(".entry"));
+    let ptx_only = nvrtc::compile_cached(&dir, name, src, "compute_80").unwrap();
+    assert!(ptx_only.cubin.is_none() && ptx_only.ptx.contains(".entry"));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 5);
+    assert!(first.ptx.contains(".entry"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -144,9 +144,17 @@ impl Gpu {
         let dir = nvrtc::cache_dir();
         let mut funcs = HashMap::new();
         let programs = nvrtc::all_programs();
-        let ptx = nvrtc::compile_all(&dir, &programs, arch)?;
-        for ((_, src), ptx) in programs.iter().zip(ptx) {
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+        let compiled = nvrtc::compile_all(&dir, &programs, arch)?;
+        for ((_, src), c) in programs.iter().zip(compiled) {
+            // The device code as it is; its PTX (the driver compiles it) if the driver refuses
+            // that.
+            let binary = c
+                .cubin
+                .map(|b| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(b)));
+            let module = match binary {
+                Some(Ok(module)) => module,
+                _ => ctx.load_module(cudarc::nvrtc::Ptx::from_src(c.ptx))?,
+            };
             for entry in nvrtc::entries(src) {
                 let f = module.load_function(&entry)?;
                 funcs.insert(entry, f);
