@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
@@ -364,6 +365,9 @@ impl Gpu {
         args: &[Arg],
     ) -> Result<(), CudaError> {
         let grid = grid.max(1);
+        if trace_launches() {
+            eprintln!("launch {name} grid {grid} block {block}");
+        }
         match (&self.engine, &s.0) {
             (Engine::Cuda { funcs, pdl, .. }, StreamKind::Cuda(stream)) => {
                 let f = funcs
@@ -446,6 +450,13 @@ impl Gpu {
 /// Launch `f` on `stream` with programmatic stream serialization: the driver may start its
 /// blocks before the kernel ahead of it has finished; the kernel's `pdl_begin` waits for that
 /// one's writes on the device. (cudarc's launch builder sets no launch attributes.)
+/// Whether `KILN_CUDA_TRACE` asks for every launch on stderr (a graph's when it is recorded):
+/// what a step launches, for comparing commits on the software GPU.
+fn trace_launches() -> bool {
+    static TRACE: OnceLock<bool> = OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("KILN_CUDA_TRACE").is_some())
+}
+
 fn launch_programmatic(
     stream: &CudaStream,
     f: &CudaFunction,
