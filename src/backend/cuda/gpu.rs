@@ -447,9 +447,6 @@ impl Gpu {
     }
 }
 
-/// Launch `f` on `stream` with programmatic stream serialization: the driver may start its
-/// blocks before the kernel ahead of it has finished; the kernel's `pdl_begin` waits for that
-/// one's writes on the device. (cudarc's launch builder sets no launch attributes.)
 /// Whether `KILN_CUDA_TRACE` asks for every launch on stderr (a graph's when it is recorded):
 /// what a step launches, for comparing commits on the software GPU.
 fn trace_launches() -> bool {
@@ -457,6 +454,9 @@ fn trace_launches() -> bool {
     *TRACE.get_or_init(|| std::env::var_os("KILN_CUDA_TRACE").is_some())
 }
 
+/// Launch `f` on `stream` with programmatic stream serialization: the driver may start its
+/// blocks before the kernel ahead of it has finished; the kernel's `pdl_begin` waits for that
+/// one's writes on the device. (cudarc's launch builder sets no launch attributes.)
 fn launch_programmatic(
     stream: &CudaStream,
     f: &CudaFunction,

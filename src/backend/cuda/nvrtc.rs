@@ -360,7 +360,8 @@ pub fn compile_cached(
     ];
     for (path, bytes) in files {
         let Some(bytes) = bytes else { continue };
-        let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let tmp = path.with_extension(format!("{ext}.{}.tmp", std::process::id()));
         std::fs::write(&tmp, bytes).map_err(|e| cache_err(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| cache_err(path, e))?;
     }
