@@ -172,14 +172,27 @@ fn compiled_kernels_are_cached_on_disk_by_hash() {
     files.sort();
     let ext: Vec<_> = files.iter().map(|f| f.extension().unwrap()).collect();
     assert_eq!(ext, ["cubin", "ptx"], "the PTX and the device code");
-    // A second build reads the files: make their content recognizable to see that it does.
-    std::fs::write(&files[0], "cubin").unwrap();
-    std::fs::write(&files[1], "// cached\n").unwrap();
+    let (cubin, ptx) = (&files[0], &files[1]);
+    // A second build reads the files: make the PTX recognizable to see that it does.
+    std::fs::write(ptx, "// cached\n").unwrap();
     let again = nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap();
     assert_eq!(again.ptx, "// cached\n");
-    assert_eq!(again.cubin.as_deref(), Some(&b"cubin"[..]));
-    // A PTX without its device code (a cache from before CUBINs were kept) is built again.
-    std::fs::remove_file(&files[0]).unwrap();
+    assert_eq!(again.cubin, first.cubin);
+    // An entry used whole or not at all: built again (and stored) when its device code is
+    // cut short, missing (a cache from before CUBINs were kept) or its PTX has a NUL in it.
+    let whole = first.cubin.clone().unwrap();
+    std::fs::write(cubin, &whole[..whole.len() - 1]).unwrap();
+    assert_eq!(
+        nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap(),
+        first
+    );
+    assert_eq!(std::fs::read(cubin).unwrap(), whole, "stored again");
+    std::fs::remove_file(cubin).unwrap();
+    assert_eq!(
+        nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap(),
+        first
+    );
+    std::fs::write(ptx, "// cached\0\n").unwrap();
     assert_eq!(
         nvrtc::compile_cached(&dir, name, src, "sm_90").unwrap(),
         first
@@ -190,8 +203,16 @@ fn compiled_kernels_are_cached_on_disk_by_hash() {
     assert!(second.ptx.contains(".entry"));
     let ptx_only = nvrtc::compile_cached(&dir, name, src, "compute_80").unwrap();
     assert!(ptx_only.cubin.is_none() && ptx_only.ptx.contains(".entry"));
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 5);
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(names.len(), 5, "no temporary file left: {names:?}");
     assert!(first.ptx.contains(".entry"));
+    // A cache that cannot be written (its folder is a file) costs a build, not the kernels.
+    let blocked = dir.join("not-a-folder");
+    std::fs::write(&blocked, "").unwrap();
+    assert_eq!(
+        nvrtc::compile_cached(&blocked, name, src, "sm_90").unwrap(),
+        first
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

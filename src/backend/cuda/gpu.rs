@@ -146,15 +146,11 @@ impl Gpu {
         let mut funcs = HashMap::new();
         let programs = nvrtc::all_programs();
         let compiled = nvrtc::compile_all(&dir, &programs, arch)?;
-        for ((_, src), c) in programs.iter().zip(compiled) {
-            // The device code as it is; its PTX (the driver compiles it) if the driver refuses
-            // that.
-            let binary = c
-                .cubin
-                .map(|b| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(b)));
-            let module = match binary {
-                Some(Ok(module)) => module,
-                _ => ctx.load_module(cudarc::nvrtc::Ptx::from_src(c.ptx))?,
+        for ((label, src), c) in programs.iter().zip(compiled) {
+            let module = match load_module(&ctx, c) {
+                Ok(module) => module,
+                // A cache entry the driver refuses (a damaged file): built again, stored over it.
+                Err(_) => load_module(&ctx, nvrtc::rebuild(&dir, label, src, arch)?)?,
             };
             for entry in nvrtc::entries(src) {
                 let f = module.load_function(&entry)?;
@@ -445,6 +441,22 @@ impl Gpu {
             ))),
         }
     }
+}
+
+/// Load a compiled program: its device code as it is, or its PTX (which the driver compiles)
+/// where the driver refuses that (said under `KILN_CUDA_TRACE`).
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    c: nvrtc::Compiled,
+) -> Result<Arc<cudarc::driver::CudaModule>, CudaError> {
+    if let Some(cubin) = c.cubin {
+        match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)) {
+            Ok(module) => return Ok(module),
+            Err(e) if trace_launches() => eprintln!("device code refused ({e}): loading PTX"),
+            Err(_) => {}
+        }
+    }
+    Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_src(c.ptx))?)
 }
 
 /// Whether `KILN_CUDA_TRACE` asks for every launch on stderr (a graph's when it is recorded):

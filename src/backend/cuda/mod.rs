@@ -39,8 +39,6 @@ pub enum CudaError {
         arch: String,
         log: String,
     },
-    #[error("kernel cache {path}: {reason}")]
-    Cache { path: String, reason: String },
     #[error("CUDA: {0}")]
     Driver(String),
     #[error("not supported on the GPU yet: {0}")]

@@ -258,7 +258,7 @@ pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<String, Cuda
 /// Compile kernel file `name` for `arch`: its PTX and, for a real architecture, its CUBIN.
 pub fn compile_program(name: &str, src: &str, arch: &'static str) -> Result<Compiled, CudaError> {
     use cudarc::nvrtc::{result, sys};
-    use std::ffi::{CStr, CString};
+    use std::ffi::CString;
     load()?;
     let error = |log: String| CudaError::Compile {
         file: name.to_string(),
@@ -275,18 +275,19 @@ pub fn compile_program(name: &str, src: &str, arch: &'static str) -> Result<Comp
     let prog = result::create_program(&text, Some(&label)).map_err(|e| error(e.to_string()))?;
     let nvrtc_error = |e: result::NvrtcError| error(e.to_string());
     // SAFETY: `prog` was made just above from `text` and `label`, which outlive it, and is
-    // destroyed once, below, after its last use; the buffers NVRTC writes into are as long as
-    // the sizes it gave.
+    // destroyed once, below, after its last use; the buffer NVRTC writes the CUBIN into is as
+    // long as the size it gave.
     let out = unsafe {
         match result::compile_program(prog, &options) {
-            Err(_) => match result::get_program_log(prog) {
-                Ok(log) => Err(error(
-                    CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned(),
-                )),
-                Err(e) => Err(nvrtc_error(e)),
-            },
+            Err(e) => {
+                let log = result::get_program_log(prog).map(|l| text_of(&l));
+                Err(error(match log {
+                    Ok(log) if !log.trim().is_empty() => log,
+                    _ => e.to_string(),
+                }))
+            }
             Ok(()) => result::get_ptx(prog).map_err(nvrtc_error).and_then(|ptx| {
-                let ptx = CStr::from_ptr(ptx.as_ptr()).to_string_lossy().into_owned();
+                let ptx = text_of(&ptx);
                 if !is_real(arch) {
                     return Ok(Compiled { ptx, cubin: None });
                 }
@@ -305,9 +306,33 @@ pub fn compile_program(name: &str, src: &str, arch: &'static str) -> Result<Comp
             }),
         }
     };
-    // SAFETY: `prog` came from create_program and is not used after this.
-    unsafe { result::destroy_program(prog) }.map_err(nvrtc_error)?;
+    // SAFETY: `prog` came from create_program and is not used after this. (Failing to free
+    // it leaks a program; what it made is already copied out.)
+    let _ = unsafe { result::destroy_program(prog) };
     out
+}
+
+/// The text of a NUL-terminated buffer NVRTC filled (up to its first NUL, or all of it).
+fn text_of(buf: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// Whether `b` holds a whole 64-bit ELF image: its program and section header tables lie
+/// inside it (a cache file cut short is not one; the driver reads an image by its headers).
+fn whole_elf(b: &[u8]) -> bool {
+    let field = |at: usize, n: usize| -> Option<u64> {
+        let bytes = b.get(at..at + n)?;
+        Some(bytes.iter().rev().fold(0u64, |v, &x| (v << 8) | x as u64))
+    };
+    let table = |off: usize, size: usize, count: usize| -> Option<bool> {
+        let end = field(off, 8)?.checked_add(field(size, 2)?.checked_mul(field(count, 2)?)?)?;
+        Some(end <= b.len() as u64)
+    };
+    b.starts_with(b"\x7fELF\x02\x01")
+        && table(0x20, 0x36, 0x38) == Some(true)
+        && table(0x28, 0x3a, 0x3c) == Some(true)
 }
 
 /// [`compile_program`], through a cache in `dir`: the PTX is kept as `{name}-{hash}.ptx` and
@@ -319,6 +344,47 @@ pub fn compile_cached(
     src: &str,
     arch: &'static str,
 ) -> Result<Compiled, CudaError> {
+    let (ptx_path, cubin_path) = entry(dir, name, src, arch)?;
+    // A cache entry is used whole or not at all: PTX with no NUL in it (the driver reads it to
+    // the first) and, for a real architecture, a whole device image beside it (a cache
+    // written before CUBINs were kept has the PTX alone).
+    if let Ok(ptx) = std::fs::read_to_string(&ptx_path) {
+        if !ptx.contains('\0') {
+            match is_real(arch).then(|| std::fs::read(&cubin_path)) {
+                None => return Ok(Compiled { ptx, cubin: None }),
+                Some(Ok(cubin)) if whole_elf(&cubin) => {
+                    return Ok(Compiled {
+                        ptx,
+                        cubin: Some(cubin),
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    rebuild(dir, name, src, arch)
+}
+
+/// [`compile_program`], stored over the cache's entry (one the driver refused, say).
+pub fn rebuild(
+    dir: &Path,
+    name: &str,
+    src: &str,
+    arch: &'static str,
+) -> Result<Compiled, CudaError> {
+    let (ptx_path, cubin_path) = entry(dir, name, src, arch)?;
+    let compiled = compile_program(name, src, arch)?;
+    store(&ptx_path, &cubin_path, &compiled);
+    Ok(compiled)
+}
+
+/// The cache's files for a program: its PTX and its CUBIN.
+fn entry(
+    dir: &Path,
+    name: &str,
+    src: &str,
+    arch: &'static str,
+) -> Result<(PathBuf, PathBuf), CudaError> {
     let (major, minor) = version()?;
     let mut h = Sha256::new();
     for part in [full_source(name, src).as_bytes(), arch.as_bytes()] {
@@ -331,41 +397,50 @@ pub fn compile_cached(
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let ptx_path = dir.join(format!("{name}-{hex}.ptx"));
-    let cubin_path = dir.join(format!("{name}-{hex}.cubin"));
-    if let Ok(ptx) = std::fs::read_to_string(&ptx_path) {
-        // (A cache written before CUBINs were kept has the PTX alone: built again.)
-        match is_real(arch).then(|| std::fs::read(&cubin_path)) {
-            None => return Ok(Compiled { ptx, cubin: None }),
-            Some(Ok(cubin)) => {
-                return Ok(Compiled {
-                    ptx,
-                    cubin: Some(cubin),
-                })
-            }
-            Some(Err(_)) => {}
-        }
-    }
-    let compiled = compile_program(name, src, arch)?;
-    let cache_err = |p: &Path, e: std::io::Error| CudaError::Cache {
-        path: p.display().to_string(),
-        reason: e.to_string(),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| cache_err(dir, e))?;
-    // Each written whole beside, then renamed: a concurrent start never reads half a file;
-    // the CUBIN first, so a PTX found means its CUBIN is there.
+    Ok((
+        dir.join(format!("{name}-{hex}.ptx")),
+        dir.join(format!("{name}-{hex}.cubin")),
+    ))
+}
+
+/// Write a compiled program into the cache (see [`compile_cached`]), the CUBIN first, so that
+/// a PTX found means its CUBIN is there. Each file is written whole under a name no other
+/// writer uses (process, thread, count), then renamed over the entry: a concurrent start never
+/// reads half a file. A cache that cannot be written costs the next start a build, no more:
+/// said once on stderr.
+fn store(ptx_path: &Path, cubin_path: &Path, c: &Compiled) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
+    static WARNED: std::sync::Once = std::sync::Once::new();
     let files = [
-        (&cubin_path, compiled.cubin.as_deref()),
-        (&ptx_path, Some(compiled.ptx.as_bytes())),
+        (cubin_path, c.cubin.as_deref()),
+        (ptx_path, Some(c.ptx.as_bytes())),
     ];
     for (path, bytes) in files {
         let Some(bytes) = bytes else { continue };
-        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        let tmp = path.with_extension(format!("{ext}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, bytes).map_err(|e| cache_err(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| cache_err(path, e))?;
+        let tmp = path.with_extension(format!(
+            "{}.{}.{:?}.{}.tmp",
+            path.extension().and_then(|e| e.to_str()).unwrap_or(""),
+            std::process::id(),
+            std::thread::current().id(),
+            COUNT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&tmp, bytes))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            WARNED.call_once(|| {
+                eprintln!(
+                    "kiln: kernel cache {}: {e} (compiled kernels are not kept)",
+                    path.display()
+                )
+            });
+            return;
+        }
     }
-    Ok(compiled)
 }
 
 /// [`compile_cached`] for each of `programs` (`(label, source)`, as [`programs`] makes them),
@@ -378,27 +453,36 @@ pub fn compile_all(
 ) -> Result<Vec<Compiled>, CudaError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let next = AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism()
+    let helpers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(programs.len());
+        .min(programs.len())
+        .saturating_sub(1);
+    // Take programs until none is left; what each took, by index.
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((label, src)) = programs.get(i) else {
+                return done;
+            };
+            done.push((i, compile_cached(dir, label, src, arch)));
+        }
+    };
     let mut out: Vec<Option<Result<Compiled, CudaError>>> = programs.iter().map(|_| None).collect();
     std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some((label, src)) = programs.get(i) else {
-                            return done;
-                        };
-                        done.push((i, compile_cached(dir, label, src, arch)));
-                    }
-                })
+        // Helper threads with a main thread's stack, as many as the machine has cores less
+        // this one, which works too (so a machine that refuses threads still builds).
+        let helpers: Vec<_> = (0..helpers)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .stack_size(8 << 20)
+                    .spawn_scoped(s, work)
+                    .ok()
             })
             .collect();
-        for w in workers {
-            match w.join() {
+        let mine = work();
+        for done in std::iter::once(Ok(mine)).chain(helpers.into_iter().map(|h| h.join())) {
+            match done {
                 Ok(done) => done.into_iter().for_each(|(i, r)| out[i] = Some(r)),
                 Err(panic) => std::panic::resume_unwind(panic),
             }
@@ -418,6 +502,30 @@ pub fn cache_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ELF image is whole when both of its header tables lie inside it.
+    #[test]
+    fn a_device_image_cut_short_is_not_whole() {
+        let mut elf = vec![0u8; 256];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        let put = |e: &mut Vec<u8>, at: usize, v: u64, n: usize| {
+            e[at..at + n].copy_from_slice(&v.to_le_bytes()[..n]);
+        };
+        put(&mut elf, 0x20, 64, 8); // program headers at 64: 2 of 56 bytes
+        put(&mut elf, 0x36, 56, 2);
+        put(&mut elf, 0x38, 2, 2);
+        put(&mut elf, 0x28, 192, 8); // section headers at 192: 1 of 64 bytes, to the end
+        put(&mut elf, 0x3a, 64, 2);
+        put(&mut elf, 0x3c, 1, 2);
+        assert!(whole_elf(&elf));
+        assert!(!whole_elf(&elf[..255]), "section headers cut");
+        put(&mut elf, 0x38, 4, 2);
+        assert!(!whole_elf(&elf), "program headers past the end");
+        put(&mut elf, 0x38, 2, 2);
+        elf[4] = 1;
+        assert!(!whole_elf(&elf), "a 32-bit image");
+        assert!(!whole_elf(b"cubin"));
+    }
 
     /// A file's parts hold each stamped kernel once and its plain kernels each, with the
     /// file's line numbers, so that together they are the file.
