@@ -314,7 +314,10 @@ pub fn compile_program(name: &str, src: &str, arch: &'static str) -> Result<Comp
 
 /// The text of a NUL-terminated buffer NVRTC filled (up to its first NUL, or all of it).
 fn text_of(buf: &[std::ffi::c_char]) -> String {
-    let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = buf
+        .iter()
+        .map(|c| u8::from_ne_bytes(c.to_ne_bytes()))
+        .collect();
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
