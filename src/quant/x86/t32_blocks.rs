@@ -16,6 +16,7 @@
 //! without an offset (Q4_1, Q5_1: unsigned weights) multiply as stored, the activations signed.
 
 use super::t32_x16::{corrections, d16, dx, m16, sx, Group32, Lanes512, MAX_BLOCKS};
+use super::t32_x16_ymm::prefetch_block;
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
@@ -65,6 +66,7 @@ pub(super) unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> 
     let mut ms = _mm512_setzero_ps();
     for b in 0..nb {
         let sb = w.add(b * F::BYTES);
+        prefetch_block::<F>(sb);
         let xp = x.add(b * F::XB);
         let prod = _mm512_mul_ps(d16(sb), dx(xp));
         let y = |l: usize| {

@@ -356,7 +356,10 @@ unsafe fn with_minimum<F: Group32>(t: __m256, ms: __m256) -> __m256 {
 /// How far ahead of the block it reads a matrix-vector product asks for the weights. Decode
 /// runs these kernels at about the speed of their arithmetic, so a load that waits on memory
 /// stalls them: on a Zen 1 (AVX2, 2 threads) asking 4 KiB ahead took SmolLM2's decode from
-/// 93 to 103 tok/s and Gemma-3's from 45 to 47; 1 KiB and 8 KiB did no better.
+/// 93 to 103 tok/s and Gemma-3's from 45 to 47; 1 KiB and 8 KiB did no better. The AVX-512
+/// rows (`t32_x16::row`, `t32_blocks::row`) ask the same way: on a Zen 5 (2 threads,
+/// alternating builds, tg64) SmolLM2 450-476 → 482-504 tok/s, Gemma-3 176-182 → 182-186, a
+/// Llama-1B-shape Q4_0 60-61 → 65-67.
 const PREFETCH_BYTES: usize = 4096;
 
 /// Asks for the cache lines `PREFETCH_BYTES` past those of the block at `sb` (the next blocks
@@ -365,7 +368,7 @@ const PREFETCH_BYTES: usize = 4096;
 /// # Safety
 /// SSE (a prefetch never faults, wherever it points).
 #[inline(always)]
-unsafe fn prefetch_block<F: Group32>(sb: *const u8) {
+pub(super) unsafe fn prefetch_block<F: Group32>(sb: *const u8) {
     prefetch_block_at::<F>(sb.wrapping_add(PREFETCH_BYTES))
 }
 
