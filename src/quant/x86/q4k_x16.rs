@@ -11,6 +11,7 @@
 //! output therefore has `TQ4K`'s bits (`kquant_order::q4k_dot`).
 
 use super::avx2::{f32_at, Q8K_BYTES};
+use super::t32_x16_ymm::prefetch_ahead;
 use crate::quant::repack::{GROUP, Q4K_X16_BYTES};
 use core::arch::x86_64::*;
 
@@ -66,6 +67,9 @@ unsafe fn group<const T: usize, const PAIR: bool>(
     let mut acc_min = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let sb = w.add(b * Q4K_X16_BYTES);
+        if T == 1 {
+            prefetch_ahead(sb, Q4K_X16_BYTES);
+        }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast()));
         let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(sb.add(32).cast()));
         // The packed 6-bit scales and minimums, a row per lane, a sub-block per byte

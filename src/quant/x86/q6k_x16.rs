@@ -10,6 +10,7 @@
 //! layout, so its 8 lanes become 8 registers of 16 rows.
 
 use super::avx2::{f32_at, Q8K_BYTES};
+use super::t32_x16_ymm::prefetch_ahead;
 use crate::quant::kquant_order::TILED_MIN_ROWS;
 use crate::quant::repack::{GROUP, Q6K_X16_BYTES};
 use core::arch::x86_64::*;
@@ -140,6 +141,7 @@ unsafe fn lanes(nb: usize, w: *const u8, x: *const u8) -> __m512 {
     let mut acc = [_mm512_setzero_ps(); 8];
     for b in 0..nb {
         let sb = w.add(b * Q6K_X16_BYTES);
+        prefetch_ahead(sb, Q6K_X16_BYTES);
         let xp = x.add(b * Q8K_BYTES);
         let d = _mm512_mul_ps(
             _mm512_set1_ps(f32_at(xp)),

@@ -359,7 +359,8 @@ unsafe fn with_minimum<F: Group32>(t: __m256, ms: __m256) -> __m256 {
 /// 93 to 103 tok/s and Gemma-3's from 45 to 47; 1 KiB and 8 KiB did no better. The AVX-512
 /// rows (`t32_x16::row`, `t32_blocks::row`) ask the same way: on a Zen 5 (2 threads,
 /// alternating builds, tg64) SmolLM2 450-476 → 482-504 tok/s, Gemma-3 176-182 → 182-186, a
-/// Llama-1B-shape Q4_0 60-61 → 65-67.
+/// Llama-1B-shape Q4_0 60-61 → 65-67; the k-quants' rows (`q4k_x16`, `q6k_x16`) on a
+/// Llama-1B shape in Q4_K with a Q6_K head 42-43 → 47-50.
 const PREFETCH_BYTES: usize = 4096;
 
 /// Asks for the cache lines `PREFETCH_BYTES` past those of the block at `sb` (the next blocks
@@ -378,8 +379,27 @@ pub(super) unsafe fn prefetch_block<F: Group32>(sb: *const u8) {
 /// SSE (a prefetch never faults, wherever it points).
 #[inline(always)]
 unsafe fn prefetch_block_at<F: Group32>(p: *const u8) {
+    prefetch_bytes(p, F::BYTES)
+}
+
+/// Asks for the cache lines `PREFETCH_BYTES` past those of the `bytes` at `sb` (a block of a
+/// layout that is not a [`Group32`]: the k-quants' 16-row groups).
+///
+/// # Safety
+/// SSE (a prefetch never faults, wherever it points).
+#[inline(always)]
+pub(super) unsafe fn prefetch_ahead(sb: *const u8, bytes: usize) {
+    prefetch_bytes(sb.wrapping_add(PREFETCH_BYTES), bytes)
+}
+
+/// Asks for the cache lines of the `bytes` at `p`.
+///
+/// # Safety
+/// SSE (a prefetch never faults, wherever it points).
+#[inline(always)]
+unsafe fn prefetch_bytes(p: *const u8, bytes: usize) {
     let mut off = 0;
-    while off < F::BYTES {
+    while off < bytes {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
         off += 64;
     }
