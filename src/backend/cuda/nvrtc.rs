@@ -44,6 +44,15 @@ const STAMPS: [&str; 8] = [
     "ATTEND_TILE(",
 ];
 
+/// The stamping macro a line of a kernel file starts with, and the rest of the line after
+/// its parenthesis.
+fn stamp(line: &str) -> Option<(&'static str, &str)> {
+    let l = line.trim_start();
+    STAMPS
+        .iter()
+        .find_map(|&m| l.strip_prefix(m).map(|rest| (m, rest)))
+}
+
 /// The `extern "C" __global__` functions a kernel file defines, found in its text: plain
 /// definitions and the instances of its stamping macros (`MATVEC_Q(matvec_q4_0, ...)`).
 pub fn entries(src: &str) -> Vec<String> {
@@ -55,20 +64,18 @@ pub fn entries(src: &str) -> Vec<String> {
                 names.push(rest.split('(').next().unwrap_or("").trim().to_string());
             }
         }
-        for mac in STAMPS {
-            if let Some(rest) = l.strip_prefix(mac) {
-                let name = rest.split(',').next().unwrap_or("").trim();
-                names.push(name.to_string());
-                // (These two also stamp the kernel over f32 input; MATVEC_Q both with a RoPE
-                // epilogue too, and the f32 one with a post-norm epilogue.)
-                if (mac == "MATVEC_Q(" || mac == "MATVEC_GATED(") && !name.is_empty() {
-                    names.push(format!("{name}_f"));
-                }
-                if mac == "MATVEC_Q(" && !name.is_empty() {
-                    names.push(format!("{name}_rope"));
-                    names.push(format!("{name}_f_rope"));
-                    names.push(format!("{name}_f_post"));
-                }
+        if let Some((mac, rest)) = stamp(line) {
+            let name = rest.split(',').next().unwrap_or("").trim();
+            names.push(name.to_string());
+            // (These two also stamp the kernel over f32 input; MATVEC_Q both with a RoPE
+            // epilogue too, and the f32 one with a post-norm epilogue.)
+            if (mac == "MATVEC_Q(" || mac == "MATVEC_GATED(") && !name.is_empty() {
+                names.push(format!("{name}_f"));
+            }
+            if mac == "MATVEC_Q(" && !name.is_empty() {
+                names.push(format!("{name}_rope"));
+                names.push(format!("{name}_f_rope"));
+                names.push(format!("{name}_f_post"));
             }
         }
     }
@@ -101,7 +108,7 @@ pub fn programs(name: &str, src: &str) -> Vec<(String, String)> {
     let mut out = vec![String::with_capacity(src.len()); n];
     let mut instance = 0;
     for line in src.lines() {
-        let stamped = STAMPS.iter().any(|m| line.trim_start().starts_with(m));
+        let stamped = stamp(line).is_some();
         for (k, part) in out.iter_mut().enumerate() {
             if !stamped || instance % n == k {
                 part.push_str(line);
@@ -365,7 +372,7 @@ pub fn compile_cached(
             }
         }
     }
-    rebuild(dir, name, src, arch)
+    build(&ptx_path, &cubin_path, name, src, arch)
 }
 
 /// [`compile_program`], stored over the cache's entry (one the driver refused, say).
@@ -376,8 +383,19 @@ pub fn rebuild(
     arch: &'static str,
 ) -> Result<Compiled, CudaError> {
     let (ptx_path, cubin_path) = entry(dir, name, src, arch)?;
+    build(&ptx_path, &cubin_path, name, src, arch)
+}
+
+/// [`compile_program`], stored at the cache entry's paths.
+fn build(
+    ptx_path: &Path,
+    cubin_path: &Path,
+    name: &str,
+    src: &str,
+    arch: &'static str,
+) -> Result<Compiled, CudaError> {
     let compiled = compile_program(name, src, arch)?;
-    store(&ptx_path, &cubin_path, &compiled);
+    store(ptx_path, cubin_path, &compiled);
     Ok(compiled)
 }
 
@@ -541,7 +559,7 @@ mod tests {
             let all = entries(src);
             let plain: Vec<String> = src
                 .lines()
-                .filter(|l| !STAMPS.iter().any(|m| l.trim_start().starts_with(m)))
+                .filter(|l| stamp(l).is_none())
                 .flat_map(entries)
                 .collect();
             let mut seen: Vec<String> = Vec::new();

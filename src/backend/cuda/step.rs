@@ -20,6 +20,7 @@ mod layout;
 mod offload;
 mod products;
 mod rope;
+use super::switch;
 use super::weights::{DevMat, DevNorm, DeviceWeights};
 use super::CudaError;
 use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
@@ -35,14 +36,6 @@ use products::{mv_shape, Epilogue, Prepared};
 /// Products of at least this many rows dequantize the weights to bf16 and multiply on the
 /// tensor cores (cuBLAS); fewer rows take the matvec kernels.
 pub const GEMM_MIN_ROWS: usize = 64;
-
-/// Switches for measuring what an optimization is worth on a GPU (environment, read once):
-/// `KILN_CUDA_FUSE=0` launches each product alone, `KILN_CUDA_F32_INPUT=0` keeps the
-/// quantizer's and norm's launches before narrow products, `KILN_CUDA_MIRROR=0` gives decode
-/// the f32 attention instead of the CPU's f16 arithmetic on short contexts.
-fn switch(name: &str) -> bool {
-    std::env::var(name).map_or(true, |v| v != "0")
-}
 
 /// The most sequences a recorded decode step may carry (more run without a graph): the steps
 /// whose products all take the matvec kernels.

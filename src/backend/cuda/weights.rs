@@ -223,9 +223,7 @@ fn repack_fields(ty: GgmlType) -> Option<&'static [(usize, usize)]> {
 /// q6_K, unless `KILN_CUDA_REPACK=0` (for measuring). The same bytes, another order: the plan
 /// is unchanged.
 fn repacks(ty: GgmlType) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("KILN_CUDA_REPACK").map_or(true, |v| v != "0"));
-    on && repacked_kernels(ty).is_some()
+    super::switch("KILN_CUDA_REPACK") && repacked_kernels(ty).is_some()
 }
 
 /// A matrix (`rows × cols`, the file's blocks) rearranged for the `*r` kernels

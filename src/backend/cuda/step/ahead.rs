@@ -21,8 +21,9 @@
 //! Without a profile only (a profile times ops one at a time on the session's stream), and only
 //! outside graph captures (a recorded step has no prompt-sized products: `MAX_GRAPH_ROWS`).
 //! `KILN_CUDA_DEQUANT_AHEAD=0` dequantizes on the session's stream, into one buffer, as before
-//! (for measuring; the layout then has one: `layout.rs`). On the software GPU a launch runs when it is issued, on either stream, and
-//! events order nothing: the same work in the same order.
+//! (for measuring; the layout then has one: `layout.rs`). On the software GPU a launch runs
+//! when it is issued, on either stream, and events order nothing: the same work in the same
+//! order.
 
 use super::{Capture, CudaSession};
 use crate::backend::cuda::gpu::{blocks_for, Arg, Gpu, Stream};

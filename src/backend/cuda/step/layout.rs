@@ -213,14 +213,6 @@ fn split_keys() -> usize {
     })
 }
 
-/// Whether prompt products dequantize their weights ahead, on a second stream, into two
-/// buffers used in turn (step/ahead.rs), unless `KILN_CUDA_DEQUANT_AHEAD=0` (one buffer, on
-/// the session's stream: for measuring).
-fn dequant_ahead() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_CUDA_DEQUANT_AHEAD").map_or(true, |v| v != "0"))
-}
-
 /// Bytes of one 8-bit activation group (`Q8v` in matvec.cu: 32 values, then apart d and s).
 const Q8X_BYTES: usize = 40;
 
@@ -272,7 +264,10 @@ impl SessionLayout {
                 .max(c.dim);
             let xbf = l.take(t * widest * 2);
             let first = l.take(wbf_elems * 2);
-            let second = match dequant_ahead() {
+            // Prompt products dequantize their weights ahead, on a second stream, into two
+            // buffers used in turn (step/ahead.rs), unless `KILN_CUDA_DEQUANT_AHEAD=0` (one
+            // buffer, on the session's stream: for measuring).
+            let second = match crate::backend::cuda::switch("KILN_CUDA_DEQUANT_AHEAD") {
                 true => l.take(wbf_elems * 2),
                 false => first,
             };
