@@ -10,8 +10,7 @@
 //! same `d·y_d` products and the same two fused-multiply-add chains subtracted at the end. Every
 //! output therefore has `TQ4K`'s bits (`kquant_order::q4k_dot`).
 
-use super::avx2::{f32_at, Q8K_BYTES};
-use super::t32_x16_ymm::prefetch_ahead;
+use super::avx2::{f32_at, prefetch_ahead, Q8K_BYTES};
 use crate::quant::repack::{GROUP, Q4K_X16_BYTES};
 use core::arch::x86_64::*;
 

@@ -9,8 +9,7 @@
 //! that kernel holds dword `l` of every 32-element chunk, which is exactly dword `l` of this
 //! layout, so its 8 lanes become 8 registers of 16 rows.
 
-use super::avx2::{f32_at, Q8K_BYTES};
-use super::t32_x16_ymm::prefetch_ahead;
+use super::avx2::{f32_at, prefetch_ahead, Q8K_BYTES};
 use crate::quant::kquant_order::TILED_MIN_ROWS;
 use crate::quant::repack::{GROUP, Q6K_X16_BYTES};
 use core::arch::x86_64::*;

@@ -15,8 +15,8 @@
 //! `128 · Σ w` over the block, computed once with the decoding, starts the integer. Formats
 //! without an offset (Q4_1, Q5_1: unsigned weights) multiply as stored, the activations signed.
 
+use super::avx2::prefetch_ahead;
 use super::t32_x16::{corrections, d16, dx, m16, sx, Group32, Lanes512, MAX_BLOCKS};
-use super::t32_x16_ymm::prefetch_block;
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
@@ -66,7 +66,7 @@ pub(super) unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> 
     let mut ms = _mm512_setzero_ps();
     for b in 0..nb {
         let sb = w.add(b * F::BYTES);
-        prefetch_block::<F>(sb);
+        prefetch_ahead(sb, F::BYTES);
         let xp = x.add(b * F::XB);
         let prod = _mm512_mul_ps(d16(sb), dx(xp));
         let y = |l: usize| {

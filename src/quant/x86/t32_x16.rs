@@ -16,8 +16,7 @@
 //! is added after the lanes. Every output has the bits of the row-major kernels (`avx2::T32`,
 //! `avx512::t32_rows4`, `avx512::t32_gemm_pairs`).
 
-use super::avx2::f16x2_at;
-use super::t32_x16_ymm::prefetch_block;
+use super::avx2::{f16x2_at, prefetch_ahead};
 use crate::quant::repack::{Nib32, Q8_0_X16_BYTES};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
@@ -67,7 +66,7 @@ unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> ([__m512; 8
     let mut ms = _mm512_setzero_ps();
     for b in 0..nb {
         let sb = w.add(b * F::BYTES);
-        prefetch_block::<F>(sb);
+        prefetch_ahead(sb, F::BYTES);
         let xp = x.add(b * F::XB);
         let prod = _mm512_mul_ps(d16(sb), dx(xp));
         let corr = corrections::<F>(xp);

@@ -16,7 +16,7 @@
 //! ([`gemm_blocks`]), which sum each block's lanes in integers first, as the reference does over
 //! its rearranged Q4_0 (`t32_blocks`).
 
-use super::avx2::{f16x2_at, loadu, loadu128, IDot, Maddubs};
+use super::avx2::{f16x2_at, loadu, loadu128, prefetch_ahead, prefetch_lines, IDot, Maddubs};
 use super::t32_x16::{Group32, Nib, MAX_BLOCKS, Q8_0};
 use crate::quant::repack::Nib32;
 use core::arch::x86_64::*;
@@ -87,7 +87,7 @@ unsafe fn gemm<F: Half32, const WHOLE: bool>(
             x,
             |b, l, h| F::prepared(sb(b), l, h),
             |b, h| scales::<F>(sb(b), h),
-            |b| prefetch_block::<F>(sb(b)),
+            |b| prefetch_ahead(sb(b), F::BYTES),
         );
         _mm256_storeu_ps(out, r[0]);
         _mm256_storeu_ps(out.add(HALF), r[1]);
@@ -103,9 +103,9 @@ unsafe fn gemm<F: Half32, const WHOLE: bool>(
                 // consecutive groups), so memory is not left idle meanwhile.
                 |b| {
                     if h == 0 {
-                        prefetch_block::<F>(sb(b));
+                        prefetch_ahead(sb(b), F::BYTES);
                     } else {
-                        prefetch_block_at::<F>(sb(b).wrapping_add(nb * F::BYTES));
+                        prefetch_lines(sb(b).wrapping_add(nb * F::BYTES), F::BYTES);
                     }
                 },
             );
@@ -350,58 +350,6 @@ unsafe fn with_minimum<F: Group32>(t: __m256, ms: __m256) -> __m256 {
         _mm256_add_ps(t, ms)
     } else {
         t
-    }
-}
-
-/// How far ahead of the block it reads a matrix-vector product asks for the weights. Decode
-/// runs these kernels at about the speed of their arithmetic, so a load that waits on memory
-/// stalls them: on a Zen 1 (AVX2, 2 threads) asking 4 KiB ahead took SmolLM2's decode from
-/// 93 to 103 tok/s and Gemma-3's from 45 to 47; 1 KiB and 8 KiB did no better. The AVX-512
-/// rows (`t32_x16::row`, `t32_blocks::row`) ask the same way: on a Zen 5 (2 threads,
-/// alternating builds, tg64) SmolLM2 450-476 → 482-504 tok/s, Gemma-3 176-182 → 182-186, a
-/// Llama-1B-shape Q4_0 60-61 → 65-67; the k-quants' rows (`q4k_x16`, `q6k_x16`) on a
-/// Llama-1B shape in Q4_K with a Q6_K head 42-43 → 47-50.
-const PREFETCH_BYTES: usize = 4096;
-
-/// Asks for the cache lines `PREFETCH_BYTES` past those of the block at `sb` (the next blocks
-/// of the group, then the next group's: a thread's rows are consecutive groups).
-///
-/// # Safety
-/// SSE (a prefetch never faults, wherever it points).
-#[inline(always)]
-pub(super) unsafe fn prefetch_block<F: Group32>(sb: *const u8) {
-    prefetch_block_at::<F>(sb.wrapping_add(PREFETCH_BYTES))
-}
-
-/// Asks for the cache lines of a block's worth of bytes at `p`.
-///
-/// # Safety
-/// SSE (a prefetch never faults, wherever it points).
-#[inline(always)]
-unsafe fn prefetch_block_at<F: Group32>(p: *const u8) {
-    prefetch_bytes(p, F::BYTES)
-}
-
-/// Asks for the cache lines `PREFETCH_BYTES` past those of the `bytes` at `sb` (a block of a
-/// layout that is not a [`Group32`]: the k-quants' 16-row groups).
-///
-/// # Safety
-/// SSE (a prefetch never faults, wherever it points).
-#[inline(always)]
-pub(super) unsafe fn prefetch_ahead(sb: *const u8, bytes: usize) {
-    prefetch_bytes(sb.wrapping_add(PREFETCH_BYTES), bytes)
-}
-
-/// Asks for the cache lines of the `bytes` at `p`.
-///
-/// # Safety
-/// SSE (a prefetch never faults, wherever it points).
-#[inline(always)]
-unsafe fn prefetch_bytes(p: *const u8, bytes: usize) {
-    let mut off = 0;
-    while off < bytes {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
-        off += 64;
     }
 }
 

@@ -84,6 +84,40 @@ pub(super) unsafe fn loadu128(p: *const u8) -> __m128i {
     _mm_loadu_si128(p.cast())
 }
 
+/// How far ahead of the block it reads a matrix-vector product asks for the weights. Decode
+/// runs these kernels at about the speed of their arithmetic, so a load that waits on memory
+/// stalls them: on a Zen 1 (AVX2, 2 threads) asking 4 KiB ahead took SmolLM2's decode from
+/// 93 to 103 tok/s and Gemma-3's from 45 to 47; 1 KiB and 8 KiB did no better. The AVX-512
+/// rows (`t32_x16::row`, `t32_blocks::row`, `q4k_x16`, `q6k_x16`) ask the same way: on a Zen 5
+/// (2 threads, alternating builds, tg64) SmolLM2 450-476 → 482-504 tok/s, Gemma-3 176-182 →
+/// 182-186, a Llama-1B-shape Q4_0 60-61 → 65-67, the same shape in Q4_K with a Q6_K head
+/// 42-43 → 47-50.
+const PREFETCH_BYTES: usize = 4096;
+
+/// Asks for the cache lines `PREFETCH_BYTES` past those of the `bytes` (a block of a group)
+/// at `sb`: the next blocks of the group, then the next group's (a thread's rows are
+/// consecutive groups).
+///
+/// # Safety
+/// SSE (a prefetch never faults, wherever it points).
+#[inline(always)]
+pub(super) unsafe fn prefetch_ahead(sb: *const u8, bytes: usize) {
+    prefetch_lines(sb.wrapping_add(PREFETCH_BYTES), bytes)
+}
+
+/// Asks for the cache lines of the `bytes` at `p`.
+///
+/// # Safety
+/// SSE (a prefetch never faults, wherever it points).
+#[inline(always)]
+pub(super) unsafe fn prefetch_lines(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
+        off += 64;
+    }
+}
+
 /// The two fp16 values at `p`, `p + 2` (unaligned) to f32 in lanes 0 and 1, exactly (F16C).
 ///
 /// The conversion is an `asm!` block on purpose: with the intrinsic, LLVM sees that only one
