@@ -28,7 +28,11 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("attention");
     g.sample_size(20);
     // (name, heads, kv heads, head dim)
-    for (name, h, hkv, hd) in [("smollm2", 9, 3, 64), ("gemma3", 4, 1, 256)] {
+    for (name, h, hkv, hd) in [
+        ("smollm2", 9, 3, 64),
+        ("gemma3", 4, 1, 256),
+        ("llama1b", 32, 8, 64),
+    ] {
         for (n_tokens, depth) in [(1, 256), (1, 1024), (1, 4096), (64, 1024)] {
             let stride = depth + n_tokens;
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15);

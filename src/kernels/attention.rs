@@ -88,9 +88,23 @@ const KV_PAD: usize = 256;
 /// A decode row whose padded visible length is at least this takes the tiled path, its keys
 /// split into chunks.
 pub const LONG_KV: usize = 512;
-/// Tokens per work item of the tiled path (each item converts a key tile once for
-/// `ITEM_TOKENS × group` query rows).
-const ITEM_TOKENS: usize = 16;
+/// Most tokens per work item of the tiled path: each item converts a key tile once for its
+/// `tokens × group` query rows ([`item_tokens`]).
+const ITEM_TOKENS: usize = 64;
+/// Fewest tokens per work item of the tiled path.
+const MIN_ITEM_TOKENS: usize = 16;
+
+/// Tokens per work item of a tiled prompt of `n_tokens` over `n_kv_heads` kv heads: as many as
+/// [`ITEM_TOKENS`] (fewer conversions of each key tile), halved down to [`MIN_ITEM_TOKENS`]
+/// while that leaves under four items per thread (Gemma-3's one kv head on 16 threads). A
+/// row's arithmetic does not depend on the items, so neither do the bits.
+fn item_tokens(n_tokens: usize, n_kv_heads: usize, n_threads: usize) -> usize {
+    let mut t = ITEM_TOKENS;
+    while t > MIN_ITEM_TOKENS && n_tokens.div_ceil(t) * n_kv_heads < 4 * n_threads {
+        t /= 2;
+    }
+    t
+}
 
 /// Per-thread and partial-result buffers, sized once at load.
 pub struct AttnScratch {
@@ -636,7 +650,7 @@ fn chunk_tiles(n_tiles: usize) -> usize {
 /// The tiled path: f32 queries, key tiles of [`KV_TILE`] aligned to multiples of 64
 /// positions, an f32 accumulator per query row.
 ///
-/// Items are (block of [`ITEM_TOKENS`] tokens, kv head, chunk); each converts a key tile once
+/// Items are (block of [`item_tokens`] tokens, kv head, chunk); each converts a key tile once
 /// for all its query rows. A decode row over a long context is split into chunks of whole
 /// tiles ([`decode_chunks`]), each chunk's unnormalized result (max, sum, accumulator) kept in
 /// `scratch.partial`, and the chunks merged in order in f32.
@@ -654,7 +668,8 @@ fn tiled(
 ) {
     let (group, hdk, hdv) = (scratch.group, s.head_dim_k, s.head_dim_v);
     let rows_max = ITEM_TOKENS * group;
-    let n_blocks = n_tokens.div_ceil(ITEM_TOKENS);
+    let block = item_tokens(n_tokens, s.n_kv_heads, pool.n_threads());
+    let n_blocks = n_tokens.div_ceil(block);
     let (n_chunks, chunk_tiles) = decode_chunks(s, pos0, n_tokens);
     // Only a long decode row comes here with one token.
     let decode = n_tokens == 1;
@@ -707,8 +722,8 @@ fn tiled(
         let sub = item % subs;
         let chunk = (item / subs) % n_chunks;
         let kvh = (item / (subs * n_chunks)) % s.n_kv_heads;
-        let t0 = (item / (subs * base)) * ITEM_TOKENS;
-        let t1 = (t0 + ITEM_TOKENS).min(n_tokens);
+        let t0 = (item / (subs * base)) * block;
+        let t1 = (t0 + block).min(n_tokens);
         let h0 = kvh * group + sub * hpi;
         // Accumulator rows of the item, tokens t0..t1 × heads h0..h0+hpi.
         let mut o_rows: [&mut [f32]; ITEM_TOKENS] = std::array::from_fn(|_| &mut [][..]);
@@ -769,7 +784,7 @@ fn tiled(
                     let sc: &mut [f32; KV_TILE] = (&mut sc_rows[j * KV_TILE..(j + 1) * KV_TILE])
                         .try_into()
                         .expect("tile row");
-                    let tile_max = scale_and_mask(sc, s.scale, lo - c0, hi - c0);
+                    let tile_max = (ops.scale_max)(sc, s.scale, lo - c0, hi - c0);
                     let acc = &mut o_rows[t - t0]
                         [j * acc_stride + acc_off..j * acc_stride + acc_off + hdv];
                     let (m_old, mut sum) = (ms[2 * r], ms[2 * r + 1]);
@@ -813,30 +828,6 @@ fn tiled(
     if split {
         merge_chunks(&scratch.partial, n_chunks, s.n_heads, hdv, out);
     }
-}
-
-/// `s[j] *= scale` for the visible columns `lo..hi`, `−∞` elsewhere; returns the maximum.
-#[inline]
-fn scale_and_mask(sc: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
-    if lo == 0 && hi == KV_TILE {
-        sc.iter_mut().for_each(|x| *x *= scale);
-    } else {
-        for (j, x) in sc.iter_mut().enumerate() {
-            *x = if j >= lo && j < hi {
-                *x * scale
-            } else {
-                f32::NEG_INFINITY
-            };
-        }
-    }
-    let mut m = [f32::NEG_INFINITY; 16];
-    for c in sc.chunks_exact(16) {
-        for (a, &b) in m.iter_mut().zip(c) {
-            *a = if b > *a { b } else { *a };
-        }
-    }
-    m.into_iter()
-        .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a })
 }
 
 /// Merge the chunks of a split decode row, in chunk order, in f32: `partial` holds

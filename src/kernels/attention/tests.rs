@@ -457,3 +457,14 @@ fn q8_0_cache_is_f16_arithmetic_on_dequantized_values() {
         }
     }
 }
+
+/// Work items take 64 tokens while that leaves four items a thread, else fewer, never under 16.
+#[test]
+fn item_tokens_keep_every_thread_busy() {
+    assert_eq!(item_tokens(512, 1, 2), 64); // 8 items for 2 threads
+    assert_eq!(item_tokens(512, 8, 16), 64); // Llama's 8 kv heads: 64 items
+    assert_eq!(item_tokens(512, 1, 4), 32);
+    assert_eq!(item_tokens(512, 3, 16), 16); // SmolLM2 on 16 threads
+    assert_eq!(item_tokens(512, 1, 16), 16); // Gemma-3: 32 items, the floor
+    assert_eq!(item_tokens(64, 1, 1), 16);
+}

@@ -15,6 +15,7 @@ pub const AVX2: F16Ops = F16Ops {
     kq_rows: kq_rows_avx2,
     vkq_multi: vkq_multi_avx2,
     softmax_tile: softmax_tile_avx2,
+    scale_max: scale_max_avx2,
     vkq_acc: vkq_acc_avx2,
     swiglu: swiglu_avx2,
     geglu: geglu_avx2,
@@ -354,6 +355,44 @@ unsafe fn softmax_tile_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
         }
     }
     sum
+}
+
+pub fn scale_max_avx2(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
+    // SAFETY: selected only when avx2 was detected at run time.
+    unsafe { scale_max_impl(s, scale, lo.min(KV_TILE), hi.min(KV_TILE)) }
+}
+
+/// The 16 lanes as two registers; a lane's maximum is `vmaxps(s, max)`: `s` where
+/// `s > max`, else `max` (NaN included), as the scalar definition's comparison.
+#[target_feature(enable = "avx2")]
+unsafe fn scale_max_impl(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
+    let (sv, ninf) = (_mm256_set1_ps(scale), _mm256_set1_ps(f32::NEG_INFINITY));
+    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    // `lo`, `hi` ≤ KV_TILE (clamped by the caller): visible is `lo - 1 < j < hi`.
+    let (lov, hiv) = (
+        _mm256_set1_epi32(lo as i32 - 1),
+        _mm256_set1_epi32(hi as i32),
+    );
+    let mut m = [ninf; 2];
+    for b in 0..KV_TILE / 8 {
+        let j = _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * b as i32));
+        let keep = _mm256_and_si256(_mm256_cmpgt_epi32(j, lov), _mm256_cmpgt_epi32(hiv, j));
+        // SAFETY: 8 floats at 8b of a 64-float array.
+        unsafe {
+            let p = s.as_mut_ptr().add(8 * b);
+            let x = _mm256_mul_ps(_mm256_loadu_ps(p), sv);
+            let x = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(keep));
+            _mm256_storeu_ps(p, x);
+            m[b % 2] = _mm256_max_ps(x, m[b % 2]);
+        }
+    }
+    let mut out = [0.0f32; 16];
+    // SAFETY: 16 floats.
+    unsafe {
+        _mm256_storeu_ps(out.as_mut_ptr(), m[0]);
+        _mm256_storeu_ps(out.as_mut_ptr().add(8), m[1]);
+    }
+    super::fold_max(out)
 }
 
 /// [`super::expf_approx`] on 8 lanes. Without `vscalefps`, `j·2ⁿ` is `(j·2^⌊n/2⌋)·2^(n−⌊n/2⌋)`:

@@ -16,6 +16,7 @@ pub const AVX512: F16Ops = F16Ops {
     kq_rows: kq_rows_avx512,
     vkq_multi: vkq_multi_avx512,
     softmax_tile: softmax_tile_avx512,
+    scale_max: scale_max_avx512,
     vkq_acc: vkq_acc_avx512,
     swiglu: swiglu_avx512,
     geglu: geglu_avx512,
@@ -173,6 +174,16 @@ unsafe fn vec_keys_avx512_impl(
 pub fn kq_tile_avx512(q: &[f32], kt: &[f32], out: &mut [f32]) {
     let (rows, hd) = super::tile_shape(q, kt, out);
     let mut r = 0;
+    while r + 4 <= rows {
+        // SAFETY: avx512f detected; rows `r .. r + 4` of `q` and `out` exist (checked).
+        unsafe { kq_tile_avx512_impl::<4>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+        r += 4;
+    }
+    if r + 3 == rows {
+        // SAFETY: as above, three rows.
+        unsafe { kq_tile_avx512_impl::<3>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+        r += 3;
+    }
     // Two rows at a time: eight independent chains keep both FMA pipes busy (four would
     // wait on the latency of the previous FMA).
     while r + 2 <= rows {
@@ -448,6 +459,37 @@ unsafe fn softmax_tile_avx512_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
         }
     }
     sum
+}
+
+pub fn scale_max_avx512(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
+    // SAFETY: selected only when avx512f was detected at run time.
+    unsafe { scale_max_avx512_impl(s, scale, lo.min(KV_TILE), hi.min(KV_TILE)) }
+}
+
+/// A lane's maximum is `vmaxps(s, max)`: `s` where `s > max`, else `max` (NaN included), as
+/// the scalar definition's comparison.
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_max_avx512_impl(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
+    let (sv, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    // `lo`, `hi` ≤ KV_TILE (clamped by the caller).
+    let (lov, hiv) = (_mm512_set1_epi32(lo as i32), _mm512_set1_epi32(hi as i32));
+    let mut m = ninf;
+    for b in 0..KV_TILE / 16 {
+        let j = _mm512_add_epi32(lanes, _mm512_set1_epi32(16 * b as i32));
+        let keep = _mm512_cmpge_epi32_mask(j, lov) & _mm512_cmplt_epi32_mask(j, hiv);
+        // SAFETY: 16 floats at 16b of a 64-float array.
+        unsafe {
+            let p = s.as_mut_ptr().add(16 * b);
+            let x = _mm512_mask_blend_ps(keep, ninf, _mm512_mul_ps(_mm512_loadu_ps(p), sv));
+            _mm512_storeu_ps(p, x);
+            m = _mm512_max_ps(x, m);
+        }
+    }
+    let mut out = [0.0f32; 16];
+    // SAFETY: 16 floats.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), m) };
+    super::fold_max(out)
 }
 
 pub fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {

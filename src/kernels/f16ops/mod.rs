@@ -239,6 +239,11 @@ pub fn key_tile_scalar(k: &[f16], kt: &mut [f32]) {
 /// `s[j] = expf_approx(s[j] − m)` (−∞ gives 0) and the sum of the results, added up per block
 /// of 16 in a fixed tree and across blocks in f64.
 pub type SoftmaxTileFn = fn(s: &mut [f32; KV_TILE], m: f32) -> f64;
+/// A tile's raw scores scaled in place, `s[j] = s[j] · scale` for the visible columns
+/// `lo..hi` and `−∞` elsewhere, and their maximum: per lane of 16 (column `j` in lane
+/// `j mod 16`) `max = if s > max { s } else { max }` from `−∞`, then the 16 lanes folded in
+/// order the same way (so a NaN score never becomes the maximum).
+pub type ScaleMaxFn = fn(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32;
 /// `acc[d] = fma-chain over j of v[j][d]·p[j]` (`j` ascending, continuing from `acc[d]`);
 /// `v` holds `p.len()` rows of `acc.len()` values.
 pub type VkqAccFn = fn(acc: &mut [f32], p: &[f32], v: &[f16]);
@@ -310,6 +315,7 @@ pub struct F16Ops {
     pub kq_rows: KqRowsFn,
     pub vkq_multi: VkqMultiFn,
     pub softmax_tile: SoftmaxTileFn,
+    pub scale_max: ScaleMaxFn,
     pub vkq_acc: VkqAccFn,
     pub swiglu: SwigluFn,
     /// GeGLU, same contract as `swiglu` with GELU (tanh) for SiLU.
@@ -348,6 +354,7 @@ impl F16Ops {
             kq_rows: kq_rows_scalar,
             vkq_multi: vkq_multi_scalar,
             softmax_tile: softmax_tile_scalar,
+            scale_max: scale_max_scalar,
             vkq_acc: vkq_acc_scalar,
             swiglu: swiglu_scalar,
             geglu: geglu_scalar,
@@ -524,6 +531,30 @@ pub fn softmax_tile_scalar(s: &mut [f32; KV_TILE], m: f32) -> f64 {
         sum += reduce16(&v) as f64;
     }
     sum
+}
+
+pub fn scale_max_scalar(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
+    for (j, x) in s.iter_mut().enumerate() {
+        *x = if j >= lo && j < hi {
+            *x * scale
+        } else {
+            f32::NEG_INFINITY
+        };
+    }
+    let mut m = [f32::NEG_INFINITY; 16];
+    for c in s.chunks_exact(16) {
+        for (a, &b) in m.iter_mut().zip(c) {
+            *a = if b > *a { b } else { *a };
+        }
+    }
+    fold_max(m)
+}
+
+/// `scale_max`'s last step: the 16 lanes' maxima folded in lane order.
+#[inline]
+fn fold_max(m: [f32; 16]) -> f32 {
+    m.into_iter()
+        .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a })
 }
 
 pub fn vkq_acc_scalar(acc: &mut [f32], p: &[f32], v: &[f16]) {

@@ -79,7 +79,7 @@ fn simd_paths_are_bit_identical_to_scalar() {
         }
     }
     for dk in [1, 32, 64, 256] {
-        for rows in [1, 2, 3, 4] {
+        for rows in [1, 2, 3, 4, 5, 6, 7, 8, 9] {
             let q: Vec<f32> = (0..rows * dk).map(|_| rng.next()).collect();
             let kt: Vec<f32> = (0..dk * KV_TILE).map(|_| rng.next()).collect();
             let mut want = vec![0.0f32; rows * KV_TILE];
@@ -149,6 +149,63 @@ fn simd_paths_are_bit_identical_to_scalar() {
                 "{} softmax sum",
                 ops.name
             );
+        }
+    }
+}
+
+/// `scale_max` gives the scalar definition's scores and maximum on every path, for every
+/// visible range of a tile (empty, partial at either end, whole), with special scores
+/// (±∞, NaN, ±0) at moving positions: the maximum's lane order and NaN rule included.
+#[test]
+fn scale_max_paths_agree() {
+    let mut rng = Rng(9);
+    let scalar = F16Ops::scalar();
+    let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, -0.0];
+    for round in 0..40 {
+        let mut s = [0.0f32; KV_TILE];
+        for x in s.iter_mut() {
+            *x = rng.next() * 50.0;
+        }
+        if round % 4 != 0 {
+            for (k, &v) in specials.iter().enumerate().take(round % 6) {
+                s[(round * 7 + 13 * k) % KV_TILE] = v;
+            }
+        }
+        if round % 5 == 0 {
+            // Every score equal but the zeros' signs: the fold must keep the first.
+            s.iter_mut()
+                .enumerate()
+                .for_each(|(j, x)| *x = if j % 3 == 0 { -0.0 } else { 0.0 });
+        }
+        let scale = if round % 2 == 0 { 0.125 } else { -0.37 };
+        for (lo, hi) in [
+            (0, KV_TILE),
+            (0, 0),
+            (0, 1),
+            (5, 37),
+            (17, KV_TILE),
+            (63, 64),
+            (40, 20),
+        ] {
+            let mut want = s;
+            let want_max = (scalar.scale_max)(&mut want, scale, lo, hi);
+            for ops in all_paths() {
+                let mut got = s;
+                let max = (ops.scale_max)(&mut got, scale, lo, hi);
+                let bits = |a: &[f32]| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{} round {round} {lo}..{hi}",
+                    ops.name
+                );
+                assert_eq!(
+                    max.to_bits(),
+                    want_max.to_bits(),
+                    "{} max round {round} {lo}..{hi}",
+                    ops.name
+                );
+            }
         }
     }
 }
