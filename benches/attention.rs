@@ -1,6 +1,6 @@
 //! Attention throughput over the f16 KV cache: one decode row (the split tiled path past 512
-//! positions, the vector path below) and a prefill batch, for SmolLM2's and Gemma-3's head
-//! layouts, single-threaded, as nanoseconds per (query head × key).
+//! positions, the vector path below) and a prefill batch, for SmolLM2's, Gemma-3's and a
+//! Llama-3.2-1B's head layouts, single-threaded, as nanoseconds per (query head × key).
 //!
 //! `cargo bench --bench attention`
 
