@@ -1,5 +1,5 @@
 //! Attention throughput over the f16 KV cache: one decode row (the split tiled path past 512
-//! positions, the vector path below) and a prefill batch, for SmolLM2's, Gemma-3's and a
+//! positions, the vector path below) and a prefill batch, for SmolLM2's, Gemma-3's and
 //! Llama-3.2-1B's head layouts, single-threaded, as nanoseconds per (query head × key).
 //!
 //! `cargo bench --bench attention`
