@@ -155,15 +155,10 @@ unsafe fn batch<F: Lanes512>(
         stage(&mut ys[0], 0);
         for b in 0..nb {
             let (d, v) = (g.d(b), g.lanes(b));
-            let (now, next) = ys.split_at_mut(1);
-            let (cur, ahead) = if b % 2 == 0 {
-                (&now[0], &mut next[0])
-            } else {
-                (&next[0], &mut now[0])
-            };
             if b + 1 < nb {
-                stage(ahead, b + 1);
+                stage(&mut ys[(b + 1) % 2], b + 1);
             }
+            let cur = &ys[b % 2];
             for i in 0..t {
                 let xp = xr(j + i).add(b * F::XB);
                 let y = |l: usize| _mm512_set1_epi32(cur[i][l]);
