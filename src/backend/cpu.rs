@@ -221,20 +221,24 @@ impl<'a> Backend for Cpu<'a> {
     fn embed(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_>], scale: f32) {
         let (w, dim) = (&self.m.weights, self.m.config.dim);
         let s = &mut *self.s;
-        let mut row = 0;
-        for sq in seqs {
-            let pos0 = sq.kv.len();
-            for pos in pos0..pos0 + sq.n_tokens {
-                let x = &mut s.x[row * dim..(row + 1) * dim];
-                w.token_embd.row_f32(tokens[row] as usize, x);
+        let x = &mut s.x[..tokens.len() * dim];
+        par_rows(&self.rt.pool, x, dim, &|rs, x| {
+            for (&t, x) in tokens[rs].iter().zip(x.chunks_exact_mut(dim)) {
+                w.token_embd.row_f32(t as usize, x);
                 if scale != 1.0 {
                     ops::scale_inplace(x, scale);
                 }
-                if let Some(pe) = &w.pos_embd {
+            }
+        });
+        if let Some(pe) = &w.pos_embd {
+            let mut row = 0;
+            for sq in seqs {
+                let pos0 = sq.kv.len();
+                for pos in pos0..pos0 + sq.n_tokens {
                     pe.row_f32(pos, &mut s.xb[..dim]);
-                    ops::add_inplace(x, &s.xb[..dim]);
+                    ops::add_inplace(&mut s.x[row * dim..(row + 1) * dim], &s.xb[..dim]);
+                    row += 1;
                 }
-                row += 1;
             }
         }
     }
@@ -434,14 +438,13 @@ impl<'a> Backend for Cpu<'a> {
         for sq in seqs.iter_mut() {
             let pos0 = sq.kv.len();
             sq.kv.begin_layer(li)?;
-            for j in j0..j0 + sq.n_tokens {
-                let (k, v) = (
-                    &s.k[j * kv_k..(j + 1) * kv_k],
-                    &s.v[j * kv_v..(j + 1) * kv_v],
-                );
-                sq.kv.write(li, pos0 + j - j0, k, v);
-            }
-            j0 += sq.n_tokens;
+            let r = j0..j0 + sq.n_tokens;
+            let (k, v) = (
+                &s.k[r.start * kv_k..r.end * kv_k],
+                &s.v[r.start * kv_v..r.end * kv_v],
+            );
+            sq.kv.write_batch(pool, li, pos0, r.len(), k, v);
+            j0 = r.end;
         }
         match self.solo.as_deref_mut().filter(|_| self.use_solo) {
             Some(solo) => {

@@ -33,10 +33,12 @@
 //! [`KvCache::end_layer`] (no-ops in RAM).
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::offload::{LayerGeom, OffloadError, OffloadFault, OffloadStore};
+use crate::kernels::{par_ring_rows, ThreadPool};
 use crate::quant::blocks::{cast, cast_mut, BlockQ8_0};
 use crate::quant::reference::Quantize;
 
@@ -99,40 +101,14 @@ enum Store {
     },
 }
 
-/// Write one position of every head into row `row` of one layer's keys `k` and values `v`
-/// (bytes of `[heads, rows, row bytes]`) in type `ty`.
-#[allow(clippy::too_many_arguments)]
-fn write_rows(
-    ty: KvType,
-    l: &KvLayout,
-    rows: usize,
-    k: &mut [u8],
-    v: &mut [u8],
-    row: usize,
-    k_row: &[f32],
-    v_row: &[f32],
-) {
-    let (hk, hv) = (l.head_dim_k, l.head_dim_v);
-    let (rk, rv) = (ty.row_bytes(hk), ty.row_bytes(hv));
-    for h in 0..l.n_kv_heads {
-        let r = h * rows + row;
-        let (kd, vd) = (&mut k[r * rk..(r + 1) * rk], &mut v[r * rv..(r + 1) * rv]);
-        let (ks, vs) = (&k_row[h * hk..(h + 1) * hk], &v_row[h * hv..(h + 1) * hv]);
-        match ty {
-            KvType::F16 => {
-                for (dst, src) in [(kd, ks), (vd, vs)] {
-                    let dst = <[f16]>::mut_from_bytes(dst).expect("f16 rows are aligned");
-                    for (d, &x) in dst.iter_mut().zip(src) {
-                        *d = f16::from_f32(x);
-                    }
-                }
-            }
-            KvType::Q8_0 => {
-                for (dst, src) in [(kd, ks), (vd, vs)] {
-                    BlockQ8_0::quantize(src, cast_mut(dst).expect("whole blocks"));
-                }
-            }
-        }
+/// Store one head's keys or values of one position, `src`, in `dst` (its row of the cache) in
+/// type `ty`: f16 rounded to nearest even, or Q8_0 blocks (`d = amax / 127`).
+fn store_row(ty: KvType, dst: &mut [u8], src: &[f32]) {
+    match ty {
+        KvType::F16 => <[f16]>::mut_from_bytes(dst)
+            .expect("f16 rows are aligned")
+            .convert_from_f32_slice(src),
+        KvType::Q8_0 => BlockQ8_0::quantize(src, cast_mut(dst).expect("whole blocks")),
     }
 }
 
@@ -360,44 +336,95 @@ impl KvCache {
     /// type (f16: rounded to nearest even; Q8_0: one block per 32 values, `d = amax / 127`).
     /// `k_row` is `[n_kv_heads * head_dim_k]`, `v_row` is `[n_kv_heads * head_dim_v]`.
     pub fn write(&mut self, layer: usize, pos: usize, k_row: &[f32], v_row: &[f32]) {
-        let l = &self.layout;
+        let (hk, hv) = (self.layout.head_dim_k, self.layout.head_dim_v);
+        let (rows, row) = (self.layout.rows(layer), self.layout.row_of(layer, pos));
         assert!(
-            pos < l.max_len,
+            pos < self.layout.max_len,
             "KV write at {pos} past capacity {}",
+            self.layout.max_len
+        );
+        let (ty, k, v) = self.layer_bytes_mut(layer);
+        let (rk, rv) = (ty.row_bytes(hk), ty.row_bytes(hv));
+        for (h, (ks, vs)) in k_row
+            .chunks_exact(hk)
+            .zip(v_row.chunks_exact(hv))
+            .enumerate()
+        {
+            let r = h * rows + row;
+            store_row(ty, &mut k[r * rk..(r + 1) * rk], ks);
+            store_row(ty, &mut v[r * rv..(r + 1) * rv], vs);
+        }
+    }
+
+    /// Store positions `pos0..pos0 + n` of `layer` as [`KvCache::write`] stores each, the
+    /// heads and positions spread over `pool`'s threads: `k` is `[n, n_kv_heads * head_dim_k]`,
+    /// `v` is `[n, n_kv_heads * head_dim_v]`. Where `n` exceeds a sliding-window ring, only
+    /// the positions the ring keeps are written (the earlier ones would be overwritten).
+    pub fn write_batch(
+        &mut self,
+        pool: &ThreadPool,
+        layer: usize,
+        pos0: usize,
+        n: usize,
+        k: &[f32],
+        v: &[f32],
+    ) {
+        let l = &self.layout;
+        let (heads, hk, hv) = (l.n_kv_heads, l.head_dim_k, l.head_dim_v);
+        assert!(
+            pos0 + n <= l.max_len,
+            "KV write of {n} positions at {pos0} past capacity {}",
             l.max_len
         );
-        let (rows, row) = (l.rows(layer), l.row_of(layer, pos));
+        let rows = l.rows(layer);
+        let skip = n.saturating_sub(rows);
+        let (first, n) = (pos0 + skip, n - skip);
+        let start = l.row_of(layer, first);
+        let (k, v) = (&k[skip * heads * hk..], &v[skip * heads * hv..]);
+        let (ty, kb, vb) = self.layer_bytes_mut(layer);
+        let (rk, rv) = (ty.row_bytes(hk), ty.row_bytes(hv));
+        par_ring_rows(
+            pool,
+            (kb, rk),
+            (vb, rv),
+            heads,
+            rows,
+            start,
+            n,
+            &|h, j, kd, vd| {
+                let (ks, vs) = ((j * heads + h) * hk, (j * heads + h) * hv);
+                store_row(ty, kd, &k[ks..ks + hk]);
+                store_row(ty, vd, &v[vs..vs + hv]);
+            },
+        );
+    }
+
+    /// One layer's key and value bytes (`[n_kv_heads, rows, row bytes]` each) and their type:
+    /// the layer's buffers, or for an offloaded cache its ring or its current slot.
+    fn layer_bytes_mut(&mut self, layer: usize) -> (KvType, &mut [u8], &mut [u8]) {
         match &mut self.store {
-            Store::F16 { k, v } => {
-                let (k, v) = (k[layer].as_mut_bytes(), v[layer].as_mut_bytes());
-                write_rows(KvType::F16, l, rows, k, v, row, k_row, v_row);
-            }
-            Store::Q8_0 { k, v } => {
-                write_rows(
-                    KvType::Q8_0,
-                    l,
-                    rows,
-                    &mut k[layer],
-                    &mut v[layer],
-                    row,
-                    k_row,
-                    v_row,
-                );
-            }
+            Store::F16 { k, v } => (
+                KvType::F16,
+                k[layer].as_mut_bytes(),
+                v[layer].as_mut_bytes(),
+            ),
+            Store::Q8_0 { k, v } => (KvType::Q8_0, &mut k[layer], &mut v[layer]),
             Store::Offload {
                 ty,
                 store,
                 rings,
                 slot,
             } => {
-                let kb = l.layer_bytes_at(layer, *ty, l.head_dim_k);
-                let buf = if l.ring_rows(layer).is_some() {
+                let kb = self
+                    .layout
+                    .layer_bytes_at(layer, *ty, self.layout.head_dim_k);
+                let buf = if self.layout.ring_rows(layer).is_some() {
                     &mut rings[layer][..]
                 } else {
                     store.current_mut(slot[layer])
                 };
                 let (k, v) = buf.as_mut_bytes().split_at_mut(kb);
-                write_rows(*ty, l, rows, k, v, row, k_row, v_row);
+                (*ty, k, v)
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The sliding-window ring against a full cache written with the same data.
 
 use super::*;
+use crate::kernels::ThreadPool;
 
 const HEADS: usize = 2;
 const HD: usize = 32;
@@ -253,5 +254,52 @@ fn offloaded_cache_with_rings_reads_like_ram() {
         }
         ram.advance(n).unwrap();
         off.advance(n).unwrap();
+    }
+}
+
+/// `write_batch` (positions spread over threads, rings wrapped, a batch longer than a ring)
+/// stores what `write` stores one position at a time, in RAM and in an offloaded cache.
+#[test]
+fn write_batch_stores_what_write_stores() {
+    let windowed = [false, true, false, false, false];
+    let lr = KvLayout::full(5, HEADS, HD, HD, 300).with_window(10, &windowed, 4);
+    assert_eq!(lr.ring_rows(1), Some(64));
+    let passes = [100, 7, 130, 63];
+    for threads in [1, 2, 3] {
+        let pool = ThreadPool::new(threads);
+        for ty in [KvType::F16, KvType::Q8_0] {
+            let mut one = KvCache::with_type(lr.clone(), ty).unwrap();
+            let mut many = KvCache::with_type(lr.clone(), ty).unwrap();
+            let mut off = KvCache::offloaded(lr.clone(), ty, 2).unwrap();
+            let mut pos0 = 0;
+            for n in passes {
+                for layer in 0..5 {
+                    let (mut ks, mut vs) = (Vec::new(), Vec::new());
+                    for p in pos0..pos0 + n {
+                        let (k, v) = rows(layer, p, 5);
+                        one.write(layer, p, &k, &v);
+                        ks.extend(k);
+                        vs.extend(v);
+                    }
+                    many.write_batch(&pool, layer, pos0, n, &ks, &vs);
+                    off.begin_layer(layer).unwrap();
+                    off.write_batch(&pool, layer, pos0, n, &ks, &vs);
+                    let end = pos0 + n;
+                    let lo = if layer == 1 {
+                        end.saturating_sub(64)
+                    } else {
+                        0
+                    };
+                    for p in lo..end {
+                        let want = read(&one, layer, p);
+                        let what = format!("{ty:?} {threads} threads layer {layer} pos {p}");
+                        assert_eq!(want, read(&many, layer, p), "{what}");
+                        assert_eq!(want, read(&off, layer, p), "offloaded {what}");
+                    }
+                    off.end_layer(layer, pos0..end);
+                }
+                pos0 += n;
+            }
+        }
     }
 }

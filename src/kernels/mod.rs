@@ -40,3 +40,55 @@ pub fn par_rows(
         f(rows, part);
     });
 }
+
+/// Call `f(g, j, a_row, b_row)` for every group `g < groups` and item `j < n`, where `a_row`
+/// is row `g * rows + (start + j) % rows` of `a` (rows of `a_width` elements) and `b_row` the
+/// same row of `b` (rows of `b_width`): each group a ring of `rows` rows, as a KV cache keeps
+/// each head's keys and values. `n <= rows`, so no two calls get the same row. The calls are
+/// spread over the pool's threads when there are at least `PAR_MIN_ELEMS` elements to write.
+#[allow(clippy::too_many_arguments)]
+pub fn par_ring_rows<T: Send>(
+    pool: &ThreadPool,
+    (a, a_width): (&mut [T], usize),
+    (b, b_width): (&mut [T], usize),
+    groups: usize,
+    rows: usize,
+    start: usize,
+    n: usize,
+    f: &(dyn Fn(usize, usize, &mut [T], &mut [T]) + Sync),
+) {
+    assert!(n <= rows, "{n} items into a ring of {rows} rows");
+    assert!(
+        a.len() >= groups * rows * a_width && b.len() >= groups * rows * b_width,
+        "ring buffers shorter than {groups} groups of {rows} rows"
+    );
+    let row = |g: usize, j: usize| g * rows + (start + j) % rows;
+    if n * groups * (a_width + b_width) < PAR_MIN_ELEMS || pool.n_threads() == 1 {
+        for g in 0..groups {
+            for j in 0..n {
+                let r = row(g, j);
+                let ar = &mut a[r * a_width..(r + 1) * a_width];
+                f(g, j, ar, &mut b[r * b_width..(r + 1) * b_width]);
+            }
+        }
+        return;
+    }
+    let (da, db) = (pool::DisjointSlice::new(a), pool::DisjointSlice::new(b));
+    pool.for_each_range(groups * n, &|items| {
+        for i in items {
+            let (g, j) = (i / n, i % n);
+            let r = row(g, j);
+            // SAFETY: item `i` is the only one with group `g` and index `j`, and distinct
+            // `(g, j)` give distinct rows: `j < n <= rows`, so `(start + j) % rows` differs
+            // for each `j` of a group, and groups own disjoint blocks of `rows` rows. The
+            // bounds were checked above.
+            let (ar, br) = unsafe {
+                (
+                    da.part(r * a_width..(r + 1) * a_width),
+                    db.part(r * b_width..(r + 1) * b_width),
+                )
+            };
+            f(g, j, ar, br);
+        }
+    });
+}
