@@ -41,6 +41,9 @@ pub fn par_rows(
     });
 }
 
+/// What [`par_ring_rows`] calls: `f(group, item, a_row, b_row)`.
+pub type RingRowFn<'a, T> = dyn Fn(usize, usize, &mut [T], &mut [T]) + Sync + 'a;
+
 /// Call `f(g, j, a_row, b_row)` for every group `g < groups` and item `j < n`, where `a_row`
 /// is row `g * rows + (start + j) % rows` of `a` (rows of `a_width` elements) and `b_row` the
 /// same row of `b` (rows of `b_width`): each group a ring of `rows` rows, as a KV cache keeps
@@ -55,7 +58,7 @@ pub fn par_ring_rows<T: Send>(
     rows: usize,
     start: usize,
     n: usize,
-    f: &(dyn Fn(usize, usize, &mut [T], &mut [T]) + Sync),
+    f: &RingRowFn<'_, T>,
 ) {
     assert!(n <= rows, "{n} items into a ring of {rows} rows");
     assert!(
