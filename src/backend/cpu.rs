@@ -500,6 +500,15 @@ impl<'a> Backend for Cpu<'a> {
             sink(j, &x[j * width..(j + 1) * width]);
         }
     }
+
+    fn read_each(&mut self, buf: Buf, rows: Range<usize>, f: &(dyn Fn(usize, &[f32]) + Sync)) {
+        let width = self.width(buf);
+        let x = &*Parts::of(self.s).take(buf);
+        self.rt.pool.run_items(rows.len(), &|_, i| {
+            let j = rows.start + i;
+            f(j, &x[j * width..(j + 1) * width]);
+        });
+    }
 }
 
 /// Several projections of the same input: the input is quantized once per activation format

@@ -278,6 +278,13 @@ pub trait Backend {
     /// Hand rows `rows` of `buf` to `sink(row, values)`, in order.
     fn read(&mut self, buf: Buf, rows: Range<usize>, sink: &mut dyn FnMut(usize, &[f32]));
 
+    /// Hand rows `rows` of `buf` to `f(row, values)`, in any order and on any of the backend's
+    /// host threads (per-row work on the host, such as scoring each row's logits). By default
+    /// one at a time, through [`Backend::read`].
+    fn read_each(&mut self, buf: Buf, rows: Range<usize>, f: &(dyn Fn(usize, &[f32]) + Sync)) {
+        self.read(buf, rows, &mut |j, row| f(j, row));
+    }
+
     /// End the step: wait for the device, and report an error any op met (ops on a device
     /// run asynchronously, so their errors surface here).
     fn finish(&mut self) -> Result<(), ForwardError> {

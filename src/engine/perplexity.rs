@@ -3,6 +3,8 @@
 //! and each chunk scores the log-likelihood of its second half.
 
 use super::session::{EngineError, Session};
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::sampler::log_softmax;
 
 /// Result of a perplexity run.
@@ -43,6 +45,9 @@ pub fn perplexity(
     let mut count = 0usize;
     let mut running = Vec::with_capacity(chunks);
     let mut batch = vec![0u32; n_ctx];
+    // Each scored position's log-probability (f64 bits), computed on the session's threads,
+    // then summed in position order: the same sums as one position at a time.
+    let lps: Vec<AtomicU64> = (0..n_ctx).map(|_| AtomicU64::new(0)).collect();
     for i in 0..chunks {
         let start = i * n_ctx;
         batch.copy_from_slice(&tokens[start..start + n_ctx]);
@@ -50,17 +55,20 @@ pub fn perplexity(
             batch[0] = b;
         }
         session.reset();
-        let mut sink = |pos: usize, logits: &[f32]| {
+        let score = |pos: usize, logits: &[f32]| {
             // Position `pos` predicts the next token of the original text.
             if pos + 1 < n_ctx {
-                let target = tokens[start + pos + 1];
-                let lp = log_softmax(logits, target);
-                nll -= lp;
-                nll2 += lp * lp;
-                count += 1;
+                let lp = log_softmax(logits, tokens[start + pos + 1]);
+                lps[pos].store(lp.to_bits(), Ordering::Relaxed);
             }
         };
-        session.eval_all(&batch, first, &mut sink)?;
+        session.eval_all_each(&batch, first, &score)?;
+        for lp in &lps[first..n_ctx - 1] {
+            let lp = f64::from_bits(lp.load(Ordering::Relaxed));
+            nll -= lp;
+            nll2 += lp * lp;
+            count += 1;
+        }
         let ppl = (nll / count as f64).exp();
         running.push(ppl);
         on_chunk(i, ppl);

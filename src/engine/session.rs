@@ -1,6 +1,7 @@
 //! A session: one sequence's state over a shared model — its KV cache, scratch buffers and the
 //! tokens they hold. Everything is allocated in [`Session::new`]; prefill and decode reuse it.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::backend::cpu::{forward, Runtime};
@@ -399,6 +400,36 @@ impl Session {
         first: usize,
         sink: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
+        self.eval_parts(tokens, first, &mut |s, part, base, rows| {
+            let mut shifted = |row: usize, l: &[f32]| sink(base + row, l);
+            Ok(s.run(part, Logits::Rows(rows, &mut shifted))?)
+        })
+    }
+
+    /// [`Session::eval_all`] with `f(position_in_tokens, logits)` called in any order, on any
+    /// of the session's threads: per-position work (scoring a position's logits) runs in
+    /// parallel.
+    pub fn eval_all_each(
+        &mut self,
+        tokens: &[u32],
+        first: usize,
+        f: &(dyn Fn(usize, &[f32]) + Sync),
+    ) -> Result<(), EngineError> {
+        self.eval_parts(tokens, first, &mut |s, part, base, rows| {
+            let shifted = |row: usize, l: &[f32]| f(base + row, l);
+            Ok(s.run(part, Logits::EachRow(rows, &shifted))?)
+        })
+    }
+
+    /// Evaluate `tokens` a forward pass at a time: `pass(self, part, base, rows)` runs a part
+    /// that starts at `base` and whose rows `rows` (relative to the part) are at or after
+    /// `first`; parts with no such row only fill the cache.
+    fn eval_parts(
+        &mut self,
+        tokens: &[u32],
+        first: usize,
+        pass: &mut dyn FnMut(&mut Self, &[u32], usize, Range<usize>) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -407,13 +438,11 @@ impl Session {
         let mut base = 0;
         for part in tokens.chunks(chunk) {
             let lo = first.saturating_sub(base).min(part.len());
-            let mut shifted = |row: usize, l: &[f32]| sink(base + row, l);
-            let want = if lo < part.len() {
-                Logits::Rows(lo..part.len(), &mut shifted)
+            if lo < part.len() {
+                pass(self, part, base, lo..part.len())?;
             } else {
-                Logits::None
-            };
-            self.run(part, want)?;
+                self.run(part, Logits::None)?;
+            }
             self.seq.tokens.extend_from_slice(part);
             base += part.len();
         }

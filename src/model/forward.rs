@@ -22,6 +22,9 @@ pub enum Logits<'a> {
     Last,
     /// Rows `range` of the batch, each handed to the sink as `(row, logits)`.
     Rows(Range<usize>, &'a mut dyn FnMut(usize, &[f32])),
+    /// Rows `range` of the batch, each handed to `f(row, logits)` in any order, on any of the
+    /// backend's host threads ([`Backend::read_each`]).
+    EachRow(Range<usize>, &'a (dyn Fn(usize, &[f32]) + Sync)),
     /// The listed rows of the batch (increasing), each handed to the sink as
     /// `(index in the list, logits)`.
     Picked(&'a [usize], &'a mut dyn FnMut(usize, &[f32])),
@@ -142,14 +145,23 @@ pub fn forward_batch<B: Backend>(
         Logits::Rows(range, sink) => {
             let range = range.start.min(n)..range.end.min(n);
             let sel = RowSel::Range(range.start, range.end);
-            output_rows(b, sel, &mut |i, l| sink(range.start + i, l));
+            output_rows(b, sel, &mut |b, i0, k| {
+                b.read(Buf::Logits, 0..k, &mut |o, l| sink(range.start + i0 + o, l))
+            });
+        }
+        Logits::EachRow(range, f) => {
+            let range = range.start.min(n)..range.end.min(n);
+            let sel = RowSel::Range(range.start, range.end);
+            output_rows(b, sel, &mut |b, i0, k| {
+                b.read_each(Buf::Logits, 0..k, &|o, l| f(range.start + i0 + o, l))
+            });
         }
         Logits::Picked(rows, sink) => {
             assert!(
                 rows.iter().all(|&r| r < n),
                 "picked logit row past the batch"
             );
-            output_rows(b, RowSel::List(rows), sink);
+            output_rows(b, RowSel::List(rows), &mut picked_sink(sink));
         }
         Logits::Hidden {
             hidden,
@@ -165,7 +177,7 @@ pub fn forward_batch<B: Backend>(
                 b.norm(NormW::Output, Buf::X, Buf::Xb, r.clone());
                 b.read(Buf::Xb, r.clone(), hidden_sink);
             }
-            output_rows(b, RowSel::List(picked), sink);
+            output_rows(b, RowSel::List(picked), &mut picked_sink(sink));
         }
     }
     b.finish()
@@ -210,9 +222,10 @@ fn check_batch<K: SeqCache>(
     Ok(())
 }
 
-/// The logits of the selected rows of the batch, computed `logit_rows` at a time and handed
-/// to `sink` as `(index in the selection, logits)`.
-fn output_rows<B: Backend>(b: &mut B, sel: RowSel<'_>, sink: &mut dyn FnMut(usize, &[f32])) {
+/// The logits of the selected rows of the batch, computed `logit_rows` at a time; each part
+/// handed to `read(backend, first index in the selection, rows)`, its logits in the backend's
+/// [`Buf::Logits`] rows `0..rows`.
+fn output_rows<B: Backend>(b: &mut B, sel: RowSel<'_>, read: &mut dyn FnMut(&mut B, usize, usize)) {
     let (count, per) = (sel.len(), b.logit_rows());
     let mut i0 = 0;
     while i0 < count {
@@ -220,7 +233,14 @@ fn output_rows<B: Backend>(b: &mut B, sel: RowSel<'_>, sink: &mut dyn FnMut(usiz
         let k = i1 - i0;
         b.norm_gather(NormW::Output, Buf::X, sel.part(i0, i1), Buf::Xb);
         b.matmul(&[Mat::Output], Buf::Xb, &[Buf::Logits], k);
-        b.read(Buf::Logits, 0..k, &mut |o, l| sink(i0 + o, l));
+        read(b, i0, k);
         i0 = i1;
     }
+}
+
+/// [`output_rows`]'s reader for a sink of `(index among the selected rows, logits)`.
+fn picked_sink<'s, B: Backend>(
+    sink: &'s mut dyn FnMut(usize, &[f32]),
+) -> impl FnMut(&mut B, usize, usize) + 's {
+    move |b, i0, k| b.read(Buf::Logits, 0..k, &mut |o, l| sink(i0 + o, l))
 }
