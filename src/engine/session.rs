@@ -428,7 +428,7 @@ impl Session {
         &mut self,
         tokens: &[u32],
         first: usize,
-        pass: &mut dyn FnMut(&mut Self, &[u32], usize, Range<usize>) -> Result<(), EngineError>,
+        pass: &mut EvalPass<'_>,
     ) -> Result<(), EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -449,6 +449,10 @@ impl Session {
         Ok(())
     }
 }
+
+/// [`Session::eval_parts`]'s pass: `(session, part, base, rows)`.
+type EvalPass<'a> =
+    dyn FnMut(&mut Session, &[u32], usize, Range<usize>) -> Result<(), EngineError> + 'a;
 
 impl Session {
     /// Most tokens of one forward pass.
