@@ -416,6 +416,15 @@ impl Sampler {
             self.counts.resize(n, 0);
         }
 
+        let k = self.cfg.top_k;
+        if !self.cfg.penalties_on() && self.cfg.temperature > 0.0 && k > 0 && k < n {
+            // Only the k best can be drawn: find them in one pass over the logits instead of
+            // making a candidate of every token and selecting among them (Gemma-3's 262,144
+            // tokens: 40 µs against 535 on a Zen 5).
+            top_k_of(logits, k, &mut self.candidates);
+            return self.draw_from_candidates(true);
+        }
+
         // Candidates in id order (so candidates[id] is token id until the first reorder),
         // NaN replaced by -inf so the ordering and the filters below are total.
         self.candidates.clear();
@@ -442,10 +451,17 @@ impl Sampler {
             return best_candidate(&self.candidates);
         }
 
-        if self.cfg.top_k > 0 {
-            top_k(&mut self.candidates, self.cfg.top_k);
+        if k > 0 && k < n {
+            top_k(&mut self.candidates, k);
+            self.candidates.sort_unstable_by(by_logit_desc);
         }
-        let mut sorted = false;
+        self.draw_from_candidates(k > 0 && k < n)
+    }
+
+    /// The steps after top-k (`sorted`: the candidates are best first): top-p, min-p, the
+    /// temperature, and the draw.
+    fn draw_from_candidates(&mut self, sorted: bool) -> u32 {
+        let mut sorted = sorted;
         if self.cfg.top_p < 1.0 {
             top_p(&mut self.candidates, self.cfg.top_p);
             sorted = true;
@@ -522,6 +538,39 @@ fn best_candidate(candidates: &[(u32, f32)]) -> u32 {
         }
     }
     best.0
+}
+
+/// The `k` best of `logits` (`0 < k < logits.len()`; NaN counts as −∞) by [`by_logit_desc`],
+/// best first, in `out`: the candidates [`top_k`] keeps of the whole vocabulary, in one pass.
+/// A chunk of logits is looked at only when one of them reaches `floor`, the k-th best value
+/// of the candidates kept so far (a value below it has k better ones, so it is not among the
+/// k best); the kept candidates are cut back to the k best whenever they reach `4k` (at
+/// least 1,024).
+fn top_k_of(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
+    const CHUNK: usize = 16;
+    let cap = (4 * k).max(1024);
+    out.clear();
+    let mut floor = f32::NEG_INFINITY;
+    for (c, chunk) in logits.chunks(CHUNK).enumerate() {
+        // (an `|` of comparisons, which vectorizes; NaN compares false, and counts as −∞,
+        // which only a floor of −∞ admits)
+        let reaches = chunk.iter().fold(false, |a, &v| a | (v >= floor));
+        if !reaches && floor != f32::NEG_INFINITY {
+            continue;
+        }
+        for (i, &v) in chunk.iter().enumerate() {
+            let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
+            if v >= floor {
+                out.push(((c * CHUNK + i) as u32, v));
+            }
+        }
+        if out.len() >= cap {
+            top_k(out, k);
+            floor = out.iter().fold(f32::INFINITY, |m, c| m.min(c.1));
+        }
+    }
+    top_k(out, k);
+    out.sort_unstable_by(by_logit_desc);
 }
 
 /// Keep the `k` best candidates (unordered), by partial selection: O(n), no sort.

@@ -504,3 +504,65 @@ fn config_serde_roundtrip_and_partial() {
     assert_eq!(partial.temperature, 0.0);
     assert_eq!(partial.top_k, 40);
 }
+
+/// `top_k_of` (one pass over the logits) keeps the candidates `top_k` keeps of the whole
+/// vocabulary, sorted best first: random logits, many ties, NaN, ±∞, everything masked, rising
+/// and falling runs (the floor rising late or never), vocabularies not a multiple of its chunk.
+#[test]
+fn top_k_of_keeps_what_top_k_keeps() {
+    let mut x = 0x2545f4914f6cdd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for case in 0..640 {
+        let n: usize = [1, 2, 15, 16, 17, 100, 1000, 5000][case % 8];
+        let logits: Vec<f32> = (0..n)
+            .map(|i| {
+                let r = next();
+                match case / 8 % 8 {
+                    0 => (r >> 40) as f32 / 1e5,
+                    1 => (r % 4) as f32, // ties
+                    2 => [f32::NAN, f32::NEG_INFINITY, 1.0, -0.0, 0.0, f32::INFINITY]
+                        [(r % 6) as usize],
+                    3 => f32::NEG_INFINITY,
+                    4 => i as f32,    // rising: every chunk reaches the floor
+                    5 => -(i as f32), // falling
+                    6 => {
+                        if r % 50 == 0 {
+                            (r >> 40) as f32
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    }
+                    _ => {
+                        if r % 50 == 0 {
+                            (r >> 40) as f32
+                        } else {
+                            f32::NAN
+                        }
+                    }
+                }
+            })
+            .collect();
+        for k in [1, 2, 3, 40, n / 2, n.saturating_sub(1)] {
+            if k == 0 || k >= n {
+                continue;
+            }
+            let mut want: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l }))
+                .collect();
+            top_k(&mut want, k);
+            want.sort_unstable_by(by_logit_desc);
+            let mut got = Vec::new();
+            top_k_of(&logits, k, &mut got);
+            let bits =
+                |v: &[(u32, f32)]| v.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "case {case}, n {n}, k {k}");
+        }
+    }
+}
