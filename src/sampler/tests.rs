@@ -566,3 +566,73 @@ fn top_k_of_keeps_what_top_k_keeps() {
         }
     }
 }
+
+/// The one-pass maxima: `best_of` is `best_candidate` over the candidates the logits make
+/// (NaN as −∞, `total_cmp`'s order: +0 above −0, the first of equals), and `argmax` is the plain
+/// scan (NaN skipped, ±0 equal, the first of equals, 0 when nothing compares), on rows of every
+/// length around the 16 lanes, with ties, ±0, NaN and ±∞ at moving places.
+#[test]
+fn one_pass_maxima_match_the_plain_scans() {
+    let mut x = 0x9e3779b97f4a7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let plain_argmax = |l: &[f32]| {
+        let mut best: Option<usize> = None;
+        for (i, &v) in l.iter().enumerate() {
+            if !v.is_nan() && best.is_none_or(|b| v > l[b]) {
+                best = Some(i);
+            }
+        }
+        best.unwrap_or(0) as u32
+    };
+    let specials = [
+        f32::NAN,
+        -0.0,
+        0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.0,
+        -1.0,
+    ];
+    for case in 0..3000 {
+        let n = case % 70 + if case % 7 == 0 { 1000 } else { 0 };
+        let logits: Vec<f32> = (0..n)
+            .map(|_| {
+                let r = next();
+                match case / 70 % 4 {
+                    0 => specials[(r % 7) as usize],
+                    1 => (r % 3) as f32 - 1.0,
+                    2 => {
+                        if r % 9 == 0 {
+                            (r >> 40) as f32
+                        } else {
+                            f32::NAN
+                        }
+                    }
+                    _ => ((r >> 40) as f32 - 8e6) / 1e3,
+                }
+            })
+            .collect();
+        assert_eq!(
+            argmax(&logits),
+            plain_argmax(&logits),
+            "case {case}: {logits:?}"
+        );
+        if n > 0 {
+            let cands: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l }))
+                .collect();
+            assert_eq!(
+                best_of(&logits),
+                best_candidate(&cands),
+                "case {case}: {logits:?}"
+            );
+        }
+    }
+}
