@@ -4,8 +4,10 @@
 //!
 //! [`TokenLogprobs`] holds one position's answer in buffers allocated once (at most
 //! [`MAX_TOP_LOGPROBS`] alternatives), so a decode step that reports log-probabilities allocates
-//! nothing: [`TokenLogprobs::observe`] reads the logits row (one pass for the maximum, one for
-//! the normalizer and the top-k insertion), [`TokenLogprobs::choose`] records the sampled token.
+//! nothing: [`TokenLogprobs::observe`] reads the logits row (a pass each for the maximum, the
+//! normalizer and the top-k insertion), [`TokenLogprobs::choose`] records the sampled token.
+
+use crate::kernels::ops::{exp_sum, max_not_nan};
 
 /// The most alternatives a position reports (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -48,11 +50,7 @@ impl TokenLogprobs {
     /// Read a position's raw logits: the normalizer and the top `k`.
     pub fn observe(&mut self, logits: &[f32]) {
         self.n = logits.len();
-        let max = logits
-            .iter()
-            .copied()
-            .filter(|v| !v.is_nan())
-            .fold(f32::NEG_INFINITY, f32::max);
+        let max = max_not_nan(logits);
         self.top.clear();
         if !max.is_finite() {
             // All masked (uniform), or +inf present: no meaningful normalizer; mirror
@@ -63,14 +61,7 @@ impl TokenLogprobs {
                 f64::NEG_INFINITY
             };
         } else {
-            let m = max as f64;
-            let mut sum = 0.0f64;
-            for &v in logits {
-                if !v.is_nan() {
-                    sum += (v as f64 - m).exp();
-                }
-            }
-            self.log_norm = m + sum.ln();
+            self.log_norm = max as f64 + exp_sum(logits, max).ln();
         }
         if self.k == 0 {
             return;
