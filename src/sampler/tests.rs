@@ -505,18 +505,22 @@ fn config_serde_roundtrip_and_partial() {
     assert_eq!(partial.top_k, 40);
 }
 
+/// A xorshift generator of 64-bit words from `seed` (not zero).
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
 /// `top_k_of` (one pass over the logits) keeps the candidates `top_k` keeps of the whole
 /// vocabulary, sorted best first: random logits, many ties, NaN, ±∞, everything masked, rising
 /// and falling runs (the floor rising late or never), vocabularies not a multiple of its chunk.
 #[test]
 fn top_k_of_keeps_what_top_k_keeps() {
-    let mut x = 0x2545f4914f6cdd1du64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = xorshift(0x2545f4914f6cdd1du64);
     for case in 0..640 {
         let n: usize = [1, 2, 15, 16, 17, 100, 1000, 5000][case % 8];
         let logits: Vec<f32> = (0..n)
@@ -573,13 +577,7 @@ fn top_k_of_keeps_what_top_k_keeps() {
 /// length around the 16 lanes, with ties, ±0, NaN and ±∞ at moving places.
 #[test]
 fn one_pass_maxima_match_the_plain_scans() {
-    let mut x = 0x9e3779b97f4a7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = xorshift(0x9e3779b97f4a7c15u64);
     let plain_argmax = |l: &[f32]| {
         let mut best: Option<usize> = None;
         for (i, &v) in l.iter().enumerate() {
