@@ -343,6 +343,13 @@ impl KvCache {
             "KV write at {pos} past capacity {}",
             self.layout.max_len
         );
+        let heads = self.layout.n_kv_heads;
+        assert!(
+            k_row.len() == heads * hk && v_row.len() == heads * hv,
+            "KV write of rows of {} and {} values for {heads} heads of {hk} and {hv}",
+            k_row.len(),
+            v_row.len()
+        );
         let (ty, k, v) = self.layer_bytes_mut(layer);
         let (rk, rv) = (ty.row_bytes(hk), ty.row_bytes(hv));
         for (h, (ks, vs)) in k_row
