@@ -67,15 +67,25 @@ impl TokenLogprobs {
             return;
         }
         // Insertion into a sorted list of at most k: a logit enters only if it beats the
-        // current k-th (ties keep the lower id, which came first).
-        for (i, &v) in logits.iter().enumerate() {
-            let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
-            if self.top.len() == self.k && v <= self.top[self.k - 1].1 {
-                continue;
+        // current k-th (ties keep the lower id, which came first). Once the list is full, a
+        // chunk of 16 none of which beats it is passed over whole (an `|` of compares, which
+        // vectorizes; NaN compares false, as its −∞ would lose).
+        for (c, chunk) in logits.chunks(16).enumerate() {
+            if self.top.len() == self.k {
+                let floor = self.top[self.k - 1].1;
+                if !chunk.iter().fold(false, |a, &v| a | (v > floor)) {
+                    continue;
+                }
             }
-            let at = self.top.partition_point(|&(_, l)| l >= v);
-            self.top.insert(at, (i as u32, v));
-            self.top.truncate(self.k);
+            for (j, &v) in chunk.iter().enumerate() {
+                let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
+                if self.top.len() == self.k && v <= self.top[self.k - 1].1 {
+                    continue;
+                }
+                let at = self.top.partition_point(|&(_, l)| l >= v);
+                self.top.insert(at, ((16 * c + j) as u32, v));
+                self.top.truncate(self.k);
+            }
         }
         for i in 0..self.top.len() {
             self.top[i].1 = self.log_prob_of(self.top[i].1);
@@ -141,6 +151,55 @@ mod tests {
             })
             .sum();
         assert!((total - 1.0).abs() < 1e-4, "{total}");
+    }
+
+    /// The chunked insertion keeps what inserting every logit keeps: the top k by logit, the
+    /// lower id first among equals (±0 equal), NaN as −∞; rows of every length around the
+    /// chunk of 16, rising runs (every chunk beats the floor), ties, NaN, ±0 and ±∞.
+    #[test]
+    fn top_matches_inserting_every_logit() {
+        let plain = |logits: &[f32], k: usize| {
+            let mut top: Vec<(u32, f32)> = Vec::new();
+            for (i, &v) in logits.iter().enumerate() {
+                let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
+                let at = top.partition_point(|&(_, l)| l >= v);
+                top.insert(at, (i as u32, v));
+                top.truncate(k);
+            }
+            top.iter().map(|t| t.0).collect::<Vec<u32>>()
+        };
+        let specials = [
+            f32::NAN,
+            -0.0,
+            0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            2.0,
+            -2.0,
+        ];
+        let mut x = 0x2545f4914f6cdd1du64;
+        for case in 0..600 {
+            let n = case % 50 + if case % 5 == 0 { 300 } else { 0 };
+            let logits: Vec<f32> = (0..n)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    match case / 50 % 4 {
+                        0 => specials[(x % 7) as usize],
+                        1 => (x % 3) as f32,
+                        2 => i as f32,
+                        _ => (x >> 40) as f32 / 1e7,
+                    }
+                })
+                .collect();
+            for k in [0, 1, 3, 20] {
+                let mut lp = TokenLogprobs::new(k);
+                lp.observe(&logits);
+                let got: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+                assert_eq!(got, plain(&logits, k), "case {case}, k {k}");
+            }
+        }
     }
 
     #[test]

@@ -535,14 +535,14 @@ fn top_k_of_keeps_what_top_k_keeps() {
                     4 => i as f32,    // rising: every chunk reaches the floor
                     5 => -(i as f32), // falling
                     6 => {
-                        if r % 50 == 0 {
+                        if r.is_multiple_of(50) {
                             (r >> 40) as f32
                         } else {
                             f32::NEG_INFINITY
                         }
                     }
                     _ => {
-                        if r % 50 == 0 {
+                        if r.is_multiple_of(50) {
                             (r >> 40) as f32
                         } else {
                             f32::NAN
@@ -605,7 +605,7 @@ fn one_pass_maxima_match_the_plain_scans() {
                     0 => specials[(r % 7) as usize],
                     1 => (r % 3) as f32 - 1.0,
                     2 => {
-                        if r % 9 == 0 {
+                        if r.is_multiple_of(9) {
                             (r >> 40) as f32
                         } else {
                             f32::NAN
