@@ -234,6 +234,19 @@ impl Rng {
     }
 }
 
+/// Logits at the edges of the comparisons (NaN, ±0, ±∞ and two ordinary values), for tests
+/// of the one-pass scans.
+#[cfg(test)]
+pub(crate) const SPECIAL_LOGITS: [f32; 7] = [
+    f32::NAN,
+    -0.0,
+    0.0,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    1.0,
+    -1.0,
+];
+
 /// Index of the largest logit; the first one wins ties. NaN entries are skipped; an empty slice
 /// or one with no comparable value (all NaN) gives 0.
 #[must_use]

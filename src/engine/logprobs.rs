@@ -168,15 +168,7 @@ mod tests {
             }
             top.iter().map(|t| t.0).collect::<Vec<u32>>()
         };
-        let specials = [
-            f32::NAN,
-            -0.0,
-            0.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            2.0,
-            -2.0,
-        ];
+        let specials = crate::sampler::SPECIAL_LOGITS;
         let mut x = 0x2545f4914f6cdd1du64;
         for case in 0..600 {
             let n = case % 50 + if case % 5 == 0 { 300 } else { 0 };

@@ -587,15 +587,7 @@ fn one_pass_maxima_match_the_plain_scans() {
         }
         best.unwrap_or(0) as u32
     };
-    let specials = [
-        f32::NAN,
-        -0.0,
-        0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        1.0,
-        -1.0,
-    ];
+    let specials = SPECIAL_LOGITS;
     for case in 0..3000 {
         let n = case % 70 + if case % 7 == 0 { 1000 } else { 0 };
         let logits: Vec<f32> = (0..n)
