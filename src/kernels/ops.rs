@@ -4,6 +4,8 @@
 //! are plain loops the compiler vectorizes. Reductions accumulate in f64, as ggml does, so our
 //! hidden states track the reference engine's closely.
 
+use super::f16ops::{F16Ops, KV_TILE};
+
 /// RMSNorm of one row: `out = x / sqrt(mean(x²) + eps) * w`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == out.len());
@@ -228,106 +230,27 @@ pub fn max_not_nan(xs: &[f32]) -> f32 {
 }
 
 /// `Σ exp(x − max)` over the entries of `xs` that are not NaN (`max` at least every one of them),
-/// a softmax's normalizer: each exponential in f32 ([`exp_nonpositive`], within two units in
-/// the last place), summed in f64, 16 lanes at a time (the compiler vectorizes the lanes).
-/// Against the f64 `exp` of every entry: a relative error under 1e-6, in about a third of the
-/// time (262,144 logits on a Zen 5, AVX2 build: 270 µs).
+/// a softmax's normalizer: the attention's softmax tile ([`F16Ops::softmax_tile`] of the tier
+/// chosen at load: the reference's vectorized `expf`, each tile's sum in f64) over tiles of
+/// [`KV_TILE`] entries, NaN and the last tile's padding as −∞. Against the f64 `exp` of every
+/// entry: a relative error under 1e-6.
 #[must_use]
 pub fn exp_sum(xs: &[f32], max: f32) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
-        return unsafe { exp_sum_avx2(xs, max) };
-    }
-    exp_sum_with(xs, max)
-}
-
-/// [`exp_sum`] compiled for AVX2: eight lanes to a register instead of four (the same
-/// operations, so the same bits: no multiply and add is fused).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn exp_sum_avx2(xs: &[f32], max: f32) -> f64 {
-    exp_sum_with(xs, max)
-}
-
-#[inline(always)]
-fn exp_sum_with(xs: &[f32], max: f32) -> f64 {
-    const LANES: usize = 16;
-    let term = |v: f32| {
-        let e = exp_nonpositive(v - max);
-        if v.is_nan() {
-            0.0
-        } else {
-            e
+    let softmax_tile = F16Ops::detect().softmax_tile;
+    let mut tile = [f32::NEG_INFINITY; KV_TILE];
+    let mut sum = 0.0f64;
+    for c in xs.chunks(KV_TILE) {
+        for (t, &v) in tile.iter_mut().zip(c) {
+            *t = if v.is_nan() { f32::NEG_INFINITY } else { v };
         }
-    };
-    let mut acc = [0.0f64; LANES];
-    let chunks = xs.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a += f64::from(term(v));
-        }
+        tile[c.len()..].fill(f32::NEG_INFINITY);
+        sum += softmax_tile(&mut tile, max);
     }
-    acc.iter().sum::<f64>() + tail.iter().map(|&v| f64::from(term(v))).sum::<f64>()
-}
-
-/// `exp(x)` for `x ≤ 0` (NaN in, anything out; below −87, where the result is under 1.7e-38,
-/// `exp(−87)`): `2ⁿ · p(r)` with `n` the nearest integer to `x / ln 2`, `r = x − n ln 2` (in
-/// two parts) and `p` the Taylor polynomial of degree 7, whose error on `|r| ≤ ln 2 / 2` is
-/// under 5e-9. Branch-free, so a loop of it vectorizes.
-#[inline(always)]
-#[must_use]
-pub fn exp_nonpositive(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 in two parts (Cephes's): the first has 9 significant bits, so `n · LN2_HI` is exact.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer (to even)
-    let x = x.clamp(-87.0, 0.0);
-    let t = x * LOG2E + ROUND;
-    let n = t - ROUND;
-    // `n` as an integer is the difference of the two sums' bits (no float-to-int conversion,
-    // which does not vectorize where it must saturate).
-    let n_int = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    // (plain multiplies and adds: `mul_add` is a library call where FMA is not compiled in)
-    let mut p = 1.0 / 5040.0;
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        p = p * r + c;
-    }
-    p * f32::from_bits(((n_int + 127) as u32) << 23)
+    sum
 }
 
 #[cfg(test)]
 mod tests {
-
-    /// `exp_nonpositive` against f64 `exp` over [−87, 0] (every 2⁻¹² and the ends): within
-    /// two units in the last place; −∞ and anything below −87 give exp(−87) at most.
-    #[test]
-    fn exp_nonpositive_within_two_ulps() {
-        let mut worst = 0.0f64;
-        for i in 0..=87 * 4096 {
-            let x = -(i as f32) / 4096.0;
-            let want = (x as f64).exp();
-            let got = exp_nonpositive(x) as f64;
-            let ulp = f64::from(f32::EPSILON) * want;
-            worst = worst.max((got - want).abs() / ulp);
-        }
-        assert!(worst <= 2.0, "worst error {worst} ulps");
-        for x in [f32::NEG_INFINITY, -1e30, -88.0, -100.0] {
-            assert!((0.0..=1.7e-38).contains(&exp_nonpositive(x)), "{x}");
-        }
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-    }
 
     /// `exp_sum` against the f64 sum of f64 exponentials and `max_not_nan` against a plain
     /// fold, NaN entries skipped, rows of every length around their 16 lanes.
@@ -360,8 +283,6 @@ mod tests {
                 .map(|&v| (v as f64 - max as f64).exp())
                 .sum();
             let got = exp_sum(&xs, max);
-            // Every tier's build does the same operations.
-            assert_eq!(exp_sum_with(&xs, max).to_bits(), got.to_bits(), "n {n}");
             assert!(
                 (got - want).abs() <= 1e-6 * want.max(f64::MIN_POSITIVE),
                 "n {n}: {got} against {want}"

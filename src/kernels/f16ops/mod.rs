@@ -541,16 +541,13 @@ pub fn scale_max_scalar(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize
             f32::NEG_INFINITY
         };
     }
-    let mut m = [f32::NEG_INFINITY; 16];
-    for c in s.chunks_exact(16) {
-        for (a, &b) in m.iter_mut().zip(c) {
-            *a = if b > *a { b } else { *a };
-        }
-    }
-    fold_max(m)
+    // 16 lanes folded in lane order, as the SIMD tiers fold theirs (`fold_max`).
+    crate::kernels::ops::max_not_nan(s)
 }
 
-/// `scale_max`'s last step: the 16 lanes' maxima folded in lane order.
+/// `scale_max`'s last step: the 16 lanes' maxima folded in lane order (the x86 tiers; the
+/// scalar path folds in [`crate::kernels::ops::max_not_nan`] the same way).
+#[cfg(target_arch = "x86_64")]
 #[inline]
 fn fold_max(m: [f32; 16]) -> f32 {
     m.into_iter()
