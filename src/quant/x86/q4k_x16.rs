@@ -36,25 +36,28 @@ pub(super) unsafe fn gemm_tf(
     let full = nx - nx % 4;
     let mut j = 0;
     while j < full {
-        let r = group::<4, true>(nb, w, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)]);
+        let r = group::<4, true>(nb, w, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)], j == 0);
         for (t, v) in r.into_iter().enumerate() {
             _mm512_storeu_ps(out.add((j + t) * out_stride), v);
         }
         j += 4;
     }
     for j in full..nx {
-        let [v] = group::<1, false>(nb, w, [xr(j)]);
+        let [v] = group::<1, false>(nb, w, [xr(j)], true);
         _mm512_storeu_ps(out.add(j * out_stride), v);
     }
 }
 
 /// The 16 rows' results for `T` activation rows, converted per pair of sub-blocks (`PAIR`) or
-/// per super-block.
+/// per super-block. With `fetch` (the group's first pass, or a single row's) it asks for the
+/// weights ahead of the block being read, as a decode row does: a small batch streams them
+/// from memory as a row does (a 4-row prompt stalled on them without it).
 #[inline(always)]
 unsafe fn group<const T: usize, const PAIR: bool>(
     nb: usize,
     w: *const u8,
     x: [*const u8; T],
+    fetch: bool,
 ) -> [__m512; T] {
     const _: () = assert!(GROUP == 16);
     let six = _mm512_set1_epi32(0x3F3F_3F3F);
@@ -66,7 +69,7 @@ unsafe fn group<const T: usize, const PAIR: bool>(
     let mut acc_min = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let sb = w.add(b * Q4K_X16_BYTES);
-        if T == 1 {
+        if fetch {
             prefetch_ahead(sb, Q4K_X16_BYTES);
         }
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast()));

@@ -9,7 +9,7 @@
 //! (`avx2::TQ4K`). (Q6_K read this way was slower than its row-major kernel on AVX2: 22.7
 //! against 28.6 GiB/s in the matrix-vector benchmark on a Zen 4, so it is not repacked here.)
 
-use super::avx2::{f32_at, loadu, Q8K_BYTES};
+use super::avx2::{f32_at, loadu, prefetch_ahead, Q8K_BYTES};
 use super::t32_x16_ymm::{f16x8, HALF};
 use crate::quant::repack::Q4K_X16_BYTES;
 use core::arch::x86_64::*;
@@ -60,20 +60,22 @@ pub(super) unsafe fn gemm_q4k(
     // super-block (as `q4k_x16`); two rows at a time either way.
     let full = nx - nx % 4;
     tiles::<2>(0..full, out, out_stride, |j, h| {
-        q4k_half::<2, true>(nb, w, [xr(j), xr(j + 1)], h)
+        q4k_half::<2, true>(nb, w, [xr(j), xr(j + 1)], h, j == 0 && h == 0)
     });
     tiles::<1>(full..nx, out, out_stride, |j, h| {
-        q4k_half::<1, false>(nb, w, [xr(j)], h)
+        q4k_half::<1, false>(nb, w, [xr(j)], h, j == 0 && h == 0)
     });
 }
 
-/// Rows `8h .. 8h + 8` of a Q4_K group against `T` activation rows (`q4k_x16::group`).
+/// Rows `8h .. 8h + 8` of a Q4_K group against `T` activation rows (`q4k_x16::group`). With
+/// `fetch` (the group's first pass) the weights are asked for ahead of the block being read.
 #[inline(always)]
 unsafe fn q4k_half<const T: usize, const PAIR: bool>(
     nb: usize,
     w: *const u8,
     x: [*const u8; T],
     h: usize,
+    fetch: bool,
 ) -> [__m256; T] {
     let six = _mm256_set1_epi32(0x3F3F_3F3F);
     let four = _mm256_set1_epi32(0x0F0F_0F0F);
@@ -84,6 +86,9 @@ unsafe fn q4k_half<const T: usize, const PAIR: bool>(
     let mut acc_min = [_mm256_setzero_ps(); T];
     for b in 0..nb {
         let sb = w.add(b * Q4K_X16_BYTES);
+        if fetch {
+            prefetch_ahead(sb, Q4K_X16_BYTES);
+        }
         let d = f16x8(sb, h);
         let dmin = f16x8(sb.add(32), h);
         let wa = loadu(sb.add(64 + 32 * h));

@@ -43,14 +43,14 @@ pub(super) unsafe fn gemm_tf(
     }
     let mut j = 0;
     while j + 8 <= nx {
-        let r = tiled::<8>(nb, w, core::array::from_fn(|t| xr(j + t)));
+        let r = tiled::<8>(nb, w, core::array::from_fn(|t| xr(j + t)), j == 0);
         for (t, v) in r.into_iter().enumerate() {
             store(j + t, v);
         }
         j += 8;
     }
     for j in j..nx {
-        let [v] = tiled::<1>(nb, w, [xr(j)]);
+        let [v] = tiled::<1>(nb, w, [xr(j)], false);
         store(j, v);
     }
 }
@@ -90,12 +90,21 @@ unsafe fn bcast(xp: *const u8, off: usize) -> __m512i {
     _mm512_set1_epi32(core::ptr::read_unaligned(xp.add(off).cast::<i32>()))
 }
 
-/// The reference's tiled arithmetic for `T` activation rows.
+/// The reference's tiled arithmetic for `T` activation rows; with `fetch` (the group's first
+/// pass) the weights are asked for ahead of the block being read.
 #[inline(always)]
-unsafe fn tiled<const T: usize>(nb: usize, w: *const u8, x: [*const u8; T]) -> [__m512; T] {
+unsafe fn tiled<const T: usize>(
+    nb: usize,
+    w: *const u8,
+    x: [*const u8; T],
+    fetch: bool,
+) -> [__m512; T] {
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         let sb = w.add(b * Q6K_X16_BYTES);
+        if fetch {
+            prefetch_ahead(sb, Q6K_X16_BYTES);
+        }
         let xp: [*const u8; T] = core::array::from_fn(|t| x[t].add(b * Q8K_BYTES));
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast()));
         // Σ_g scale_g · Σ u·y, and Σ_g scale_g · bsum_g (for the −32 offset).

@@ -232,6 +232,7 @@ impl Decoded {
         let high = _mm512_set1_epi8(-128);
         for b in 0..nb {
             let sb = w.add(b * F::BYTES);
+            prefetch_ahead(sb, F::BYTES);
             self.ds[b].write(d16(sb));
             let mut v = [_mm512_setzero_si512(); 8];
             for j in 0..4 {

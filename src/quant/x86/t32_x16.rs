@@ -104,6 +104,7 @@ unsafe fn batch<F: Lanes512>(
     let mut mins = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];
     for b in 0..nb {
         let sb = w.add(b * F::BYTES);
+        prefetch_ahead(sb, F::BYTES);
         ds[b].write(d16(sb));
         if F::MIN {
             mins[b].write(m16(sb));

@@ -150,6 +150,7 @@ unsafe fn batch<F: Half32, const WHOLE: bool>(
     let signed = F::SIGNED && !WHOLE && nb <= MAX_BLOCKS / 2;
     for b in 0..nb {
         let sb = w.add(b * F::BYTES);
+        prefetch_ahead(sb, F::BYTES);
         for h in 0..2 {
             let (d, m) = scales::<F>(sb, h);
             ds[2 * b + h].write(d);
