@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kiln::cache::KvType;
+use kiln::engine::speculative::{NgramDrafter, Speculation, Step};
 use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::{Sampler, SamplerConfig};
@@ -85,6 +86,51 @@ fn decode_allocations_with(
     ALLOCS.load(Ordering::SeqCst)
 }
 
+/// Speculative decoding's steps (n-gram drafts over a repeating prompt: verification passes,
+/// acceptances, rollbacks), after warm-up.
+fn speculative_allocations(stem: &str, threads: usize) -> usize {
+    let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let vocab = model.config.vocab_size;
+    let mut opts = SessionOptions::new(256, threads);
+    opts.logit_rows = 5;
+    let mut s = Session::new(model, opts).expect("session");
+    let mut sampler = Sampler::new(SamplerConfig::greedy(), vocab);
+    let mut sp = Speculation::new(Box::new(NgramDrafter::new(1, 2)), 4, 1, vocab);
+    let prompt: Vec<u32> = (0..24).map(|i| [5, 9, 13][i % 3]).collect();
+    s.prefill(&prompt, &mut |_, _| {}).expect("prefill");
+    let mut next = sampler.sample(s.logits(), s.tokens());
+    let mut step = |s: &mut Session, sampler: &mut Sampler, next: &mut u32| match sp.step(
+        s,
+        sampler,
+        *next,
+        usize::MAX,
+        None,
+        &mut |_| Ok(()),
+    ) {
+        Ok(Step::Plain) => {
+            s.decode(*next).expect("decode");
+            *next = sampler.sample(s.logits(), s.tokens());
+        }
+        Ok(Step::Next(Some(t))) => *next = t,
+        other => panic!("{other:?}"),
+    };
+    for _ in 0..4 {
+        step(&mut s, &mut sampler, &mut next);
+    }
+    ALLOCS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    while s.n_past() < 200 {
+        step(&mut s, &mut sampler, &mut next);
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    assert!(
+        sp.stats.passes > 0 && sp.stats.accepted > 0,
+        "{:?}",
+        sp.stats
+    );
+    ALLOCS.load(Ordering::SeqCst)
+}
+
 /// One test: the counting allocator is global, so concurrent tests would count each other.
 #[test]
 fn decode_allocates_nothing() {
@@ -119,6 +165,15 @@ fn decode_allocates_nothing() {
                 decode_allocations_with("random-llama-q4_0", threads, ty, Some(2 * slot)),
                 0,
                 "offloaded {ty} KV with {threads} threads allocated while decoding"
+            );
+        }
+    }
+    for stem in ["random-llama-q4_0", "random-llama-q4_k"] {
+        for threads in [1, 2] {
+            assert_eq!(
+                speculative_allocations(stem, threads),
+                0,
+                "{stem} with {threads} threads allocated while speculating"
             );
         }
     }

@@ -273,8 +273,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     })
 }
 
-/// A session sized from the flags.
-pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
+/// A session sized from the flags whose forward passes compute the logits of up to
+/// `logit_rows` positions together (1, or more for speculative decoding's verification passes).
+pub fn session(loaded: &Loaded, args: &ModelArgs, logit_rows: usize) -> Result<Session> {
     let train = loaded.model.config.ctx_train;
     let n_ctx = args.ctx(train, 4096);
     let mut opts = SessionOptions::new(n_ctx, args.threads());
@@ -283,6 +284,7 @@ pub fn session(loaded: &Loaded, args: &ModelArgs) -> Result<Session> {
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
     opts.swa_full = args.swa_full;
     opts.device = args.device()?;
+    opts.logit_rows = logit_rows.max(1);
     new_session(&loaded.model, opts)
 }
 

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::chat::{self, ChatArgs};
 use super::common::{self, ModelArgs, SamplingArgs};
-use kiln::engine::{generate_constrained, GenerateRequest};
+use kiln::engine::{generate_constrained, generate_speculative, GenerateRequest};
 use kiln::sampler::Sampler;
 use kiln::tokenizer::ChatMessage;
 
@@ -77,6 +77,8 @@ pub struct RunArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub grammar: super::grammar::GrammarArgs,
+    #[command(flatten)]
+    pub spec: super::spec::SpecArgs,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -88,6 +90,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             args.system,
             args.n_predict,
             args.ignore_eos,
+            args.spec,
         ));
     }
     let text = common::read_prompt(&args.prompt, &args.file)?;
@@ -111,10 +114,16 @@ pub fn run(args: RunArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let mut session = common::session(&loaded, &args.model)?;
+    let mut speculation = args.spec.speculation(&loaded, &args.model)?;
+    // A verification pass computes the logits of a token and its drafts together.
+    let rows = speculation.as_ref().map_or(1, |s| s.draft_max + 1);
+    let mut session = common::session(&loaded, &args.model, rows)?;
     session.check_fits(ids.len())?;
     let mut sampler = Sampler::new(sampler_cfg, loaded.model.config.vocab_size);
     let mut constraint = super::grammar::constraint(spec.as_ref(), tok)?;
+    if speculation.is_some() && constraint.is_some() {
+        bail!("speculative decoding and a grammar together are not supported");
+    }
     let cancel = common::cancel_flag();
 
     let stdout = std::io::stdout();
@@ -156,15 +165,26 @@ pub fn run(args: RunArgs) -> Result<()> {
         cancel: Some(cancel),
         ignore_eos: args.ignore_eos,
     };
-    let stats = generate_constrained(
-        &mut session,
-        &mut sampler,
-        tok,
-        &req,
-        constraint.as_mut(),
-        &mut progress,
-        &mut on_token,
-    )?;
+    let stats = match speculation.as_mut() {
+        Some(sp) => generate_speculative(
+            &mut session,
+            &mut sampler,
+            tok,
+            &req,
+            sp,
+            &mut progress,
+            &mut on_token,
+        )?,
+        None => generate_constrained(
+            &mut session,
+            &mut sampler,
+            tok,
+            &req,
+            constraint.as_mut(),
+            &mut progress,
+            &mut on_token,
+        )?,
+    };
     if let Some(e) = write_error {
         return Err(e.into());
     }
@@ -179,6 +199,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "gen_ms": stats.gen_ms,
             "gen_tps": stats.gen_tps(),
             "stop": stats.stop,
+            "speculative": speculation.is_some().then_some(stats.spec),
             "peak_rss_bytes": super::bench::peak_rss(),
         });
         writeln!(out, "{j}")?;
@@ -199,5 +220,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         stats.gen_tokens,
         stats.gen_tps()
     );
+    if speculation.is_some() {
+        eprintln!("speculative    = {}", super::spec::describe(&stats.spec));
+    }
     Ok(())
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::session::{EngineError, Session};
+use super::speculative::{Speculation, Step};
 use crate::grammar::{overlap, Constraint};
 use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -33,6 +34,8 @@ pub struct GenStats {
     pub gen_tokens: usize,
     pub gen_ms: f64,
     pub stop: Option<StopReason>,
+    /// Speculative decoding's counts (zero without it).
+    pub spec: super::speculative::SpecStats,
 }
 
 impl GenStats {
@@ -87,7 +90,68 @@ pub fn generate_constrained(
     sampler: &mut Sampler,
     tok: &Tokenizer,
     req: &GenerateRequest<'_>,
+    constraint: Option<&mut Constraint>,
+    progress: &mut dyn FnMut(usize, usize),
+    on_token: &mut dyn FnMut(u32, &str) -> bool,
+) -> Result<GenStats, EngineError> {
+    generate_with(
+        session, sampler, tok, req, constraint, None, progress, on_token,
+    )
+}
+
+/// [`generate`] with speculative decoding: each token is evaluated together with the
+/// drafter's guesses of the tokens after it (`speculative`).
+pub fn generate_speculative(
+    session: &mut Session,
+    sampler: &mut Sampler,
+    tok: &Tokenizer,
+    req: &GenerateRequest<'_>,
+    spec: &mut Speculation,
+    progress: &mut dyn FnMut(usize, usize),
+    on_token: &mut dyn FnMut(u32, &str) -> bool,
+) -> Result<GenStats, EngineError> {
+    generate_with(
+        session,
+        sampler,
+        tok,
+        req,
+        None,
+        Some(spec),
+        progress,
+        on_token,
+    )
+}
+
+/// Hands emitted tokens on: the end of generation, the count, the text, the consumer's stop.
+struct Emitter<'a, 't> {
+    tok: &'t Tokenizer,
+    stream: StreamDecoder<'t>,
+    gen_tokens: usize,
+    on_token: &'a mut dyn FnMut(u32, &str) -> bool,
+}
+
+impl Emitter<'_, '_> {
+    fn emit(&mut self, t: u32) -> Result<(), StopReason> {
+        if self.tok.is_eog(t) {
+            return Err(StopReason::EndOfGeneration);
+        }
+        self.gen_tokens += 1;
+        let text = self.stream.push(t).unwrap_or_default();
+        if !(self.on_token)(t, &text) {
+            return Err(StopReason::Cancelled);
+        }
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn generate_with(
+    session: &mut Session,
+    sampler: &mut Sampler,
+    tok: &Tokenizer,
+    req: &GenerateRequest<'_>,
     mut constraint: Option<&mut Constraint>,
+    mut spec: Option<&mut Speculation>,
     progress: &mut dyn FnMut(usize, usize),
     on_token: &mut dyn FnMut(u32, &str) -> bool,
 ) -> Result<GenStats, EngineError> {
@@ -109,52 +173,78 @@ pub fn generate_constrained(
     stats.prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let cancelled = || req.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
-    let mut stream = StreamDecoder::new(tok);
+    let mut out = Emitter {
+        tok,
+        stream: StreamDecoder::new(tok),
+        gen_tokens: 0,
+        on_token,
+    };
+    if let Some(sp) = spec.as_deref_mut() {
+        sp.start();
+    }
     let t1 = Instant::now();
     let limit = req.max_new.unwrap_or(usize::MAX);
     let on_device =
         session.cuda().is_some() && sampler.is_argmax() && constraint.is_none() && !req.ignore_eos;
-    let mut device_next: Option<u32> = None;
+    let mask = req.ignore_eos.then(|| tok.eog_ids());
+    // A token already chosen, not yet evaluated: by the GPU's argmax, or by a verification.
+    let mut chosen: Option<u32> = None;
     let stop = loop {
-        if stats.gen_tokens >= limit {
+        if out.gen_tokens >= limit {
             break StopReason::Length;
         }
         if cancelled() {
             break StopReason::Cancelled;
         }
-        if req.ignore_eos {
-            session.mask_tokens(tok.eog_ids());
+        if chosen.is_none() {
+            if let Some(m) = mask {
+                session.mask_tokens(m);
+            }
         }
-        let next = match (device_next.take(), constraint.as_deref_mut()) {
+        let next = match (chosen.take(), constraint.as_deref_mut()) {
             (Some(t), _) => t,
             (None, Some(c)) if c.is_done() => break StopReason::EndOfGeneration,
             (None, Some(c)) => sampler.sample(c.apply(session.logits())?, session.tokens()),
             (None, None) => sampler.sample(session.logits(), session.tokens()),
         };
-        if tok.is_eog(next) {
-            break StopReason::EndOfGeneration;
-        }
-        stats.gen_tokens += 1;
-        let text = stream.push(next).unwrap_or_default();
-        if !on_token(next, &text) {
-            break StopReason::Cancelled;
+        if let Err(stop) = out.emit(next) {
+            break stop;
         }
         if session.would_overflow(1) {
             break StopReason::ContextFull;
         }
         if on_device {
             // Greedy on the GPU: the next token is picked there; no logits cross the bus.
-            device_next = Some(session.decode_greedy(next)?);
+            chosen = Some(session.decode_greedy(next)?);
             continue;
+        }
+        if let Some(sp) = spec.as_deref_mut() {
+            let room = limit - out.gen_tokens;
+            match sp.step(session, sampler, next, room, mask, &mut |t| out.emit(t))? {
+                Step::Plain => {}
+                Step::Next(t) => {
+                    chosen = t;
+                    if t.is_none() {
+                        // Only the token limit leaves nothing chosen.
+                        debug_assert!(out.gen_tokens >= limit);
+                    }
+                    continue;
+                }
+                Step::Stop(stop) => break stop,
+            }
         }
         let mut step: Vec<(&mut Constraint, Option<u32>)> = Vec::new();
         step.extend(constraint.as_deref_mut().map(|c| (c, Some(next))));
         overlap(&mut step, || session.decode(next))?;
     };
-    if let Some(tail) = stream.flush() {
-        on_token(u32::MAX, &tail);
+    if let Some(tail) = out.stream.flush() {
+        (out.on_token)(u32::MAX, &tail);
     }
+    stats.gen_tokens = out.gen_tokens;
     stats.gen_ms = t1.elapsed().as_secs_f64() * 1e3;
     stats.stop = Some(stop);
+    if let Some(sp) = spec {
+        stats.spec = sp.stats;
+    }
     Ok(stats)
 }

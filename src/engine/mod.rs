@@ -9,7 +9,10 @@ pub mod pooling;
 pub mod scheduler;
 pub mod sequence;
 pub mod session;
+pub mod speculative;
 
-pub use generate::{generate, generate_constrained, GenStats, GenerateRequest, StopReason};
+pub use generate::{
+    generate, generate_constrained, generate_speculative, GenStats, GenerateRequest, StopReason,
+};
 pub use perplexity::{perplexity, PerplexityReport};
 pub use session::{EngineError, Session, SessionOptions};

@@ -406,6 +406,26 @@ impl Session {
         })
     }
 
+    /// [`Session::eval_all`] with every row's logits those a decode step of it would give, bit
+    /// for bit, where the model's block formats compute a batch otherwise (the K-quants on the
+    /// CPU: see `kernels::matmul::batch_dependent`): speculative decoding's verification passes,
+    /// so that they sample what plain decoding samples. (On the GPU, as `eval_all`.)
+    pub fn eval_as_decodes(
+        &mut self,
+        tokens: &[u32],
+        sink: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        let alone = |s: &mut Session, on: bool| {
+            if let Exec::Cpu { scratch } = &mut s.exec {
+                scratch.matmul.set_rows_alone(on);
+            }
+        };
+        alone(self, true);
+        let r = self.eval_all(tokens, 0, sink);
+        alone(self, false);
+        r
+    }
+
     /// [`Session::eval_all`] with `f(position_in_tokens, logits)` called in any order, on any
     /// of the session's threads: per-position work (scoring a position's logits) runs in
     /// parallel.

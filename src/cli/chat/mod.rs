@@ -15,8 +15,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use super::common::{self, ModelArgs, SamplingArgs};
+use super::spec::SpecArgs;
 use input::{Command, Input, Reader};
-use kiln::engine::{generate, GenerateRequest, Session, StopReason};
+use kiln::engine::{generate, generate_speculative, GenerateRequest, Session, StopReason};
 use kiln::sampler::Sampler;
 use kiln::tokenizer::{ChatMessage, Tokenizer};
 
@@ -52,6 +53,8 @@ pub struct ChatArgs {
     pub ignore_eos: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 impl ChatArgs {
@@ -62,6 +65,7 @@ impl ChatArgs {
         system: Option<String>,
         n_predict: i64,
         ignore_eos: bool,
+        spec: SpecArgs,
     ) -> ChatArgs {
         ChatArgs {
             model,
@@ -71,6 +75,7 @@ impl ChatArgs {
             jinja: false,
             ignore_eos,
             sampling,
+            spec,
         }
     }
 }
@@ -79,7 +84,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let verbose = args.model.verbose;
     let loaded = common::load(&args.model)?;
     let tok = &loaded.tokenizer;
-    let mut session = common::session(&loaded, &args.model)?;
+    let mut speculation = args.spec.speculation(&loaded, &args.model)?;
+    let rows = speculation.as_ref().map_or(1, |s| s.draft_max + 1);
+    let mut session = common::session(&loaded, &args.model, rows)?;
     let mut sampler = Sampler::new(args.sampling.config()?, loaded.model.config.vocab_size);
     let cancel = common::cancel_flag();
     let mut messages: Vec<ChatMessage> = Vec::new();
@@ -161,14 +168,25 @@ pub fn run(args: ChatArgs) -> Result<()> {
             cancel: Some(cancel),
             ignore_eos: args.ignore_eos,
         };
-        let result = generate(
-            &mut session,
-            &mut sampler,
-            tok,
-            &req,
-            &mut |_, _| {},
-            &mut on_token,
-        );
+        let result = match speculation.as_mut() {
+            Some(sp) => generate_speculative(
+                &mut session,
+                &mut sampler,
+                tok,
+                &req,
+                sp,
+                &mut |_, _| {},
+                &mut on_token,
+            ),
+            None => generate(
+                &mut session,
+                &mut sampler,
+                tok,
+                &req,
+                &mut |_, _| {},
+                &mut on_token,
+            ),
+        };
         cancel.store(false, Ordering::SeqCst);
         if let Some(e) = write_error {
             // Standard output is gone (a closed pipe ends quietly in main).
@@ -200,6 +218,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 stats.gen_tokens,
                 stats.gen_tps()
             );
+            if speculation.is_some() {
+                eprintln!("[speculative: {}]", super::spec::describe(&stats.spec));
+            }
         }
         messages.push(ChatMessage::new("assistant", reply.trim_end()));
     }

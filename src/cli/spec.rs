@@ -1,0 +1,164 @@
+//! Speculative decoding flags (llama.cpp's names): `--spec-type ngram-simple` (prompt lookup)
+//! or `-md` / `--model-draft` (a smaller model of the same vocabulary), `--draft-max`,
+//! `--draft-min`, `--draft-p-min`, `--spec-ngram-size-n`.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+
+use super::common::{self, Loaded, ModelArgs};
+use kiln::engine::speculative::{Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculation};
+use kiln::engine::SessionOptions;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SpecType {
+    /// No speculation.
+    None,
+    /// Prompt lookup: the tokens that followed the last occurrence of the context's last n
+    /// tokens (no second model).
+    NgramSimple,
+    /// A draft model (--model-draft) decoding greedily.
+    DraftSimple,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: each token is evaluated with guesses of the next ones in one pass
+    /// and the guesses the sampler agrees with are kept (the same output, fewer passes).
+    /// Default: draft-simple with --model-draft, none without.
+    #[arg(long = "spec-type", value_enum, help_heading = "Speculative decoding")]
+    pub spec_type: Option<SpecType>,
+    /// Draft model (a GGUF path or a pulled model's name) of the same vocabulary (llama.cpp's
+    /// -md).
+    #[arg(
+        long = "model-draft",
+        value_name = "MODEL",
+        help_heading = "Speculative decoding"
+    )]
+    pub model_draft: Option<String>,
+    /// Most draft tokens verified per pass.
+    #[arg(
+        long = "draft-max",
+        visible_alias = "draft",
+        default_value_t = 16,
+        help_heading = "Speculative decoding"
+    )]
+    pub draft_max: usize,
+    /// Fewer drafts than this are not verified (the token is decoded alone).
+    #[arg(
+        long = "draft-min",
+        default_value_t = 1,
+        help_heading = "Speculative decoding"
+    )]
+    pub draft_min: usize,
+    /// The draft model stops guessing where its most likely token is less likely than this.
+    #[arg(
+        long = "draft-p-min",
+        default_value_t = 0.8,
+        help_heading = "Speculative decoding"
+    )]
+    pub draft_p_min: f32,
+    /// ngram-simple: the length of the n-gram looked up (the context's last n tokens).
+    #[arg(
+        long = "spec-ngram-size-n",
+        default_value_t = 3,
+        help_heading = "Speculative decoding"
+    )]
+    pub ngram_n: usize,
+}
+
+impl SpecArgs {
+    fn kind(&self) -> SpecType {
+        match (self.spec_type, &self.model_draft) {
+            (Some(t), _) => t,
+            (None, Some(_)) => SpecType::DraftSimple,
+            (None, None) => SpecType::None,
+        }
+    }
+
+    /// The speculation the flags ask for, the draft model loaded beside `target`.
+    pub fn speculation(&self, target: &Loaded, args: &ModelArgs) -> Result<Option<Speculation>> {
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            bail!("--draft-p-min {} is not a probability", self.draft_p_min);
+        }
+        if self.draft_max == 0 {
+            bail!("--draft-max must be at least 1");
+        }
+        let drafter: Box<dyn Drafter> = match (self.kind(), &self.model_draft) {
+            (SpecType::None, Some(_)) => bail!("--model-draft with --spec-type none"),
+            (SpecType::None, None) => return Ok(None),
+            (SpecType::NgramSimple, Some(_)) => {
+                bail!("--model-draft is for --spec-type draft-simple, not ngram-simple")
+            }
+            (SpecType::NgramSimple, None) => {
+                if self.ngram_n == 0 {
+                    bail!("--spec-ngram-size-n must be at least 1");
+                }
+                Box::new(NgramDrafter::new(self.ngram_n, self.ngram_n))
+            }
+            (SpecType::DraftSimple, None) => bail!("--spec-type draft-simple needs --model-draft"),
+            (SpecType::DraftSimple, Some(name)) => Box::new(self.draft_model(name, target, args)?),
+        };
+        Ok(Some(Speculation::new(
+            drafter,
+            self.draft_max,
+            self.draft_min,
+            target.model.config.vocab_size,
+        )))
+    }
+
+    fn draft_model(&self, name: &str, target: &Loaded, args: &ModelArgs) -> Result<ModelDrafter> {
+        let mut dargs = args.clone();
+        dargs.model = Some(name.to_string());
+        let draft = common::load(&dargs).context("loading the draft model")?;
+        same_vocabulary(target, &draft)?;
+        let opts = {
+            let n_ctx = args.ctx(target.model.config.ctx_train, 4096);
+            let mut o =
+                SessionOptions::new(n_ctx.min(draft.model.config.ctx_train), args.threads());
+            o.prefill_chunk = args.batch_size.max(1);
+            o.kv_type = args.kv_type;
+            o.swa_full = args.swa_full;
+            o.device = args.device()?;
+            o
+        };
+        let session = common::new_session(&draft.model, opts)?;
+        Ok(ModelDrafter::new(session, self.draft_p_min))
+    }
+}
+
+/// A draft model must spell every token as the target does: its guesses are the target's ids.
+fn same_vocabulary(target: &Loaded, draft: &Loaded) -> Result<()> {
+    let (t, d) = (&target.tokenizer, &draft.tokenizer);
+    let (nt, nd) = (
+        target.model.config.vocab_size,
+        draft.model.config.vocab_size,
+    );
+    if nt != nd || t.vocab_size() != d.vocab_size() {
+        bail!(
+            "the draft model {} has a vocabulary of {nd} tokens, the model {nt}: a draft must share the model's vocabulary",
+            draft.path.display()
+        );
+    }
+    if let Some(id) = (0..t.vocab_size() as u32).find(|&i| t.token_text(i) != d.token_text(i)) {
+        bail!(
+            "the draft model {} spells token {id} {:?}, the model {:?}: a draft must share the model's vocabulary",
+            draft.path.display(),
+            d.token_text(id),
+            t.token_text(id)
+        );
+    }
+    Ok(())
+}
+
+/// The line `-v` and `--json` report: passes, drafts and how many were accepted.
+pub fn describe(s: &SpecStats) -> String {
+    let rate = if s.drafted > 0 {
+        100.0 * s.accepted as f64 / s.drafted as f64
+    } else {
+        0.0
+    };
+    format!(
+        "{} verification passes, {} draft tokens, {} accepted ({rate:.1}%)",
+        s.passes, s.drafted, s.accepted
+    )
+}

@@ -1,0 +1,339 @@
+//! Speculative decoding gives the tokens plain decoding gives: greedy and seeded sampling, with
+//! drafts all accepted, all refused or in between, through the token limit, the end of
+//! generation and `--ignore-eos`; the cache is left holding exactly the emitted tokens.
+//!
+//! A verification pass computes every row as a decode step of it would (`eval_as_decodes`:
+//! the K-quants' batch-dependent arithmetic included), so its logits equal plain decoding's
+//! bit for bit and the outputs must match exactly.
+
+mod common;
+
+use std::sync::Arc;
+
+use kiln::engine::speculative::{Drafter, ModelDrafter, NgramDrafter, Speculation};
+use kiln::engine::{
+    generate, generate_speculative, EngineError, GenStats, GenerateRequest, Session,
+    SessionOptions, StopReason,
+};
+use kiln::model::Model;
+use kiln::sampler::{Sampler, SamplerConfig};
+use kiln::tokenizer::Tokenizer;
+
+struct Run {
+    ids: Vec<u32>,
+    stop: StopReason,
+    /// The session's tokens after generation.
+    cached: Vec<u32>,
+    stats: GenStats,
+}
+
+fn sampler_cfg(seeded: bool) -> SamplerConfig {
+    if seeded {
+        SamplerConfig {
+            seed: 1234,
+            temperature: 0.9,
+            // A penalty over the history: each verified position must see its own.
+            repeat_penalty: 1.3,
+            ..SamplerConfig::default()
+        }
+    } else {
+        SamplerConfig::greedy()
+    }
+}
+
+fn run(
+    m: &Arc<Model>,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    n: usize,
+    seeded: bool,
+    ignore_eos: bool,
+    spec: Option<&mut Speculation>,
+) -> Run {
+    let mut opts = SessionOptions::new(256, 2);
+    // Logits of up to 4 rows a part: verification passes of 2 to 7 rows take one or two parts
+    // (the CLI sizes a part for the whole pass, `--draft-max` + 1 rows).
+    opts.logit_rows = 4;
+    let mut s = Session::new(Arc::clone(m), opts).unwrap();
+    let mut sampler = Sampler::new(sampler_cfg(seeded), m.config.vocab_size);
+    let req = GenerateRequest {
+        prompt,
+        max_new: Some(n),
+        reuse_prefix: false,
+        cancel: None,
+        ignore_eos,
+    };
+    let mut ids = Vec::new();
+    let mut on_token = |id: u32, _: &str| {
+        if id != u32::MAX {
+            ids.push(id);
+        }
+        true
+    };
+    let stats = match spec {
+        None => generate(
+            &mut s,
+            &mut sampler,
+            tok,
+            &req,
+            &mut |_, _| {},
+            &mut on_token,
+        ),
+        Some(sp) => generate_speculative(
+            &mut s,
+            &mut sampler,
+            tok,
+            &req,
+            sp,
+            &mut |_, _| {},
+            &mut on_token,
+        ),
+    }
+    .unwrap();
+    Run {
+        ids,
+        stop: stats.stop.unwrap(),
+        cached: s.tokens().to_vec(),
+        stats,
+    }
+}
+
+/// Proposes the continuation of a known sequence, every `spoil`-th guess of a step replaced by
+/// another token (0: never), so steps accept all, none or part of their drafts.
+struct Scripted {
+    script: Vec<u32>,
+    spoil: usize,
+}
+
+impl Drafter for Scripted {
+    fn draft(
+        &mut self,
+        history: &[u32],
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), EngineError> {
+        if history.len() < self.script.len() && self.script.starts_with(history) {
+            for (i, &t) in self.script[history.len()..].iter().take(max).enumerate() {
+                let spoiled = self.spoil > 0 && (i + 1) % self.spoil == 0;
+                out.push(if spoiled { t ^ 1 } else { t });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check(plain: &Run, spec: &Run, prompt: &[u32], what: &str) {
+    assert_eq!(spec.ids, plain.ids, "{what}: tokens differ");
+    assert_eq!(spec.stop, plain.stop, "{what}: stop reason differs");
+    assert_eq!(spec.cached, plain.cached, "{what}: cached tokens differ");
+    // Plain decoding evaluates every emitted token but one that ended generation.
+    assert!(spec.cached.starts_with(prompt), "{what}");
+}
+
+fn same_output_as_plain(stem: &str, seeded: bool) {
+    let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let v = m.config.vocab_size;
+    // A prompt that repeats itself, so the n-gram drafter finds matches.
+    let prompt: Vec<u32> = [3u32, 17, 29, 41, 3, 17, 29, 8, 3, 17].to_vec();
+    for (n, ignore_eos) in [(40, false), (40, true), (7, false)] {
+        let plain = run(&m, &tok, &prompt, n, seeded, ignore_eos, None);
+        let mut script = prompt.clone();
+        script.extend(&plain.ids);
+        let what = |d: &str| format!("{stem} seeded={seeded} n={n} ignore_eos={ignore_eos} {d}");
+        for (name, drafter, max) in [
+            (
+                "ngram",
+                Box::new(NgramDrafter::new(1, 3)) as Box<dyn Drafter>,
+                4,
+            ),
+            (
+                "script",
+                Box::new(Scripted {
+                    script: script.clone(),
+                    spoil: 0,
+                }),
+                // Passes of up to 10 rows: Q6_K's tiled arithmetic starts at 8.
+                9,
+            ),
+            (
+                "script, every 3rd spoiled",
+                Box::new(Scripted {
+                    script: script.clone(),
+                    spoil: 3,
+                }),
+                5,
+            ),
+            (
+                "script, all spoiled",
+                Box::new(Scripted {
+                    script: script.clone(),
+                    spoil: 1,
+                }),
+                3,
+            ),
+        ] {
+            let mut sp = Speculation::new(drafter, max, 1, v);
+            let r = run(&m, &tok, &prompt, n, seeded, ignore_eos, Some(&mut sp));
+            check(&plain, &r, &prompt, &what(name));
+            let st = r.stats.spec;
+            assert!(st.accepted <= st.drafted, "{}", what(name));
+            match name {
+                // Every draft is right: only the passes' own tokens are not drafts.
+                "script" => assert!(
+                    st.accepted + st.passes >= plain.ids.len().min(n) && st.passes > 0,
+                    "{}: {st:?}",
+                    what(name)
+                ),
+                "script, all spoiled" => assert_eq!(st.accepted, 0, "{}", what(name)),
+                _ => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_speculation_equals_plain_decoding() {
+    for stem in [
+        "random-llama-q8_0",
+        "random-qwen2-q4_0",
+        "random-llama-q4_k",
+        "random-llama-q6_k",
+    ] {
+        same_output_as_plain(stem, false);
+    }
+}
+
+#[test]
+fn seeded_speculation_equals_plain_decoding() {
+    for stem in [
+        "random-llama-q4_1",
+        "random-qwen3-q4_k_m",
+        "random-llama-q5_k",
+    ] {
+        same_output_as_plain(stem, true);
+    }
+}
+
+/// The model as its own draft: greedy, every guess is accepted; through the real SmolLM2 on a
+/// text the n-gram drafter also finds matches in.
+#[test]
+fn a_model_drafting_for_itself_is_always_right() {
+    let m = Arc::new(Model::load(common::real_model("smollm2")).unwrap());
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let prompt = tok.encode(
+        "Copy the list: apples, pears, plums, figs. Copy the list: apples, pears,",
+        true,
+        false,
+    );
+    let plain = run(&m, &tok, &prompt, 24, false, false, None);
+    let draft = Session::new(Arc::clone(&m), SessionOptions::new(256, 2)).unwrap();
+    let mut sp = Speculation::new(
+        Box::new(ModelDrafter::new(draft, 0.0)),
+        4,
+        1,
+        m.config.vocab_size,
+    );
+    let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
+    check(&plain, &r, &prompt, "self-draft");
+    let st = r.stats.spec;
+    assert_eq!(st.accepted, st.drafted, "{st:?}");
+    assert!(st.accepted > 0);
+    let mut sp = Speculation::new(Box::new(NgramDrafter::new(1, 3)), 8, 1, m.config.vocab_size);
+    let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
+    check(&plain, &r, &prompt, "ngram on SmolLM2");
+    assert!(r.stats.spec.accepted > 0, "{:?}", r.stats.spec);
+}
+
+/// An end of generation among the accepted drafts ends generation there, as it ends plain
+/// decoding, and the cache keeps the tokens before it.
+#[test]
+fn an_accepted_end_of_generation_stops_as_plain_decoding_does() {
+    let m = Arc::new(Model::load(common::real_model("smollm2")).unwrap());
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let msgs = [kiln::tokenizer::ChatMessage::new(
+        "user",
+        "What is the capital of France? Answer in one word.",
+    )];
+    let text = tok.apply_chat_template(&msgs, true).unwrap();
+    let prompt = tok.encode(&text, true, true);
+    let plain = run(&m, &tok, &prompt, 64, false, false, None);
+    assert_eq!(plain.stop, StopReason::EndOfGeneration, "{:?}", plain.ids);
+    for max in [2, 8] {
+        let draft = Session::new(Arc::clone(&m), SessionOptions::new(256, 2)).unwrap();
+        let mut sp = Speculation::new(
+            Box::new(ModelDrafter::new(draft, 0.0)),
+            max,
+            1,
+            m.config.vocab_size,
+        );
+        let r = run(&m, &tok, &prompt, 64, false, false, Some(&mut sp));
+        check(&plain, &r, &prompt, &format!("self-draft of {max}"));
+    }
+}
+
+fn kiln(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln")
+}
+
+/// `kiln run` with `--spec-type ngram-simple` and with `-md` prints what it prints without, and
+/// reports the passes; wrong combinations and a draft of another vocabulary are one-line errors.
+#[test]
+fn run_speculates_from_the_command_line() {
+    let model = common::random_model("random-llama-q4_k");
+    let m = model.to_str().unwrap();
+    let base = [
+        "run",
+        "-m",
+        m,
+        "-p",
+        "ab ab ab ab ab",
+        "-n",
+        "24",
+        "--seed",
+        "3",
+        "-t",
+        "2",
+    ];
+    let plain = kiln(&base);
+    assert!(plain.status.success());
+    let draft = common::random_model("random-llama-q8_0");
+    for extra in [
+        vec!["--spec-type", "ngram-simple", "--spec-ngram-size-n", "1"],
+        vec![
+            "-md",
+            draft.to_str().unwrap(),
+            "--draft-max",
+            "5",
+            "--draft-p-min",
+            "0",
+        ],
+    ] {
+        let out = kiln(&[&base[..], &extra[..]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{extra:?}: {stderr}");
+        assert_eq!(out.stdout, plain.stdout, "{extra:?}");
+        assert!(stderr.contains("verification passes"), "{stderr}");
+    }
+    let other = common::real_model("smollm2");
+    for (extra, expect) in [
+        (vec!["--spec-type", "draft-simple"], "needs --model-draft"),
+        (vec!["-md", other.to_str().unwrap()], "vocabulary"),
+        (
+            vec!["--spec-type", "ngram-simple", "--draft-max", "0"],
+            "at least 1",
+        ),
+        (
+            vec!["--spec-type", "ngram-simple", "--grammar", "root ::= \"a\""],
+            "grammar",
+        ),
+    ] {
+        let out = kiln(&[&base[..], &extra[..]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?}");
+        assert!(stderr.contains(expect), "{extra:?}: {stderr}");
+    }
+}
