@@ -337,3 +337,44 @@ fn run_speculates_from_the_command_line() {
         assert!(stderr.contains(expect), "{extra:?}: {stderr}");
     }
 }
+
+/// A verification pass's rows are decode steps' logits bit for bit: short contexts (the
+/// attention's vector path), long ones (a decode row's split keys, where a batch of rows would
+/// take the vector path), K-quant products (whose batch arithmetic differs), and Gemma-3's
+/// sliding-window rings past the window.
+#[test]
+fn verification_rows_are_decode_steps_bit_for_bit() {
+    let cases = [
+        (common::random_model("random-llama-q4_k"), vec![40, 300]),
+        (common::random_model("random-qwen3-q4_k_m"), vec![300]),
+        (common::real_model("gemma3"), vec![300, 700]),
+    ];
+    for (path, lens) in cases {
+        let m = Arc::new(Model::load(&path).unwrap());
+        let v = m.config.vocab_size;
+        let mut o = SessionOptions::new(1024, 2);
+        o.logit_rows = 9;
+        for plen in lens {
+            let prompt: Vec<u32> = (0..plen).map(|i| 1 + (i * 37 % 250) as u32).collect();
+            let toks: Vec<u32> = (0..9).map(|i| 150 + 7 * i).collect();
+            let mut a = Session::new(Arc::clone(&m), o).unwrap();
+            let mut b = Session::new(Arc::clone(&m), o).unwrap();
+            a.prefill(&prompt, &mut |_, _| {}).unwrap();
+            b.prefill(&prompt, &mut |_, _| {}).unwrap();
+            let mut rows = vec![vec![0f32; v]; toks.len()];
+            b.eval_as_decodes(&toks, &mut |p, l| rows[p].copy_from_slice(&l[..v]))
+                .unwrap();
+            for (i, &t) in toks.iter().enumerate() {
+                let d = a.decode(t).unwrap();
+                assert!(
+                    d.iter()
+                        .zip(&rows[i])
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{} after {plen} tokens, row {i}",
+                    path.display()
+                );
+            }
+            assert_eq!(a.tokens(), b.tokens());
+        }
+    }
+}

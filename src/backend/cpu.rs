@@ -200,9 +200,15 @@ impl<'a> Backend for Cpu<'a> {
     }
 
     fn begin(&mut self, _tokens: &[u32], seqs: &[SeqBatch<'_>]) {
-        self.s
-            .matmul
-            .set_segments(seqs.iter().map(|sq| sq.n_tokens));
+        if self.s.rows_alone {
+            // Every row a batch of its own (a decode step's bits).
+            let rows = seqs.iter().map(|sq| sq.n_tokens).sum();
+            self.s.matmul.set_segments(std::iter::repeat_n(1, rows));
+        } else {
+            self.s
+                .matmul
+                .set_segments(seqs.iter().map(|sq| sq.n_tokens));
+        }
         // One thread per sequence when every row is a decode row and either the contexts are
         // short or there are enough sequences to keep every thread busy (same bits either way).
         let cap = seqs[0].kv.capacity();
@@ -465,24 +471,31 @@ impl<'a> Backend for Cpu<'a> {
             None => {
                 let mut j0 = 0;
                 for sq in seqs.iter() {
-                    let r = j0..j0 + sq.n_tokens;
                     let kv = &*sq.kv;
-                    attention_kv(
-                        pool,
-                        f16,
-                        &AttnShape {
-                            kv_stride: kv.capacity(),
-                            ring: kv.ring_rows(li),
-                            ..shape
-                        },
-                        &s.q[r.start * q_dim..r.end * q_dim],
-                        r.len(),
-                        kv.len(),
-                        kv.layer(li),
-                        &mut s.attn[r.start * aod..r.end * aod],
-                        &mut s.attn_scratch,
-                    );
-                    j0 = r.end;
+                    let shape = AttnShape {
+                        kv_stride: kv.capacity(),
+                        ring: kv.ring_rows(li),
+                        ..shape
+                    };
+                    // A sequence's rows together, or each as the decode step of its position
+                    // (the keys of the later rows are stored, but a row does not see them).
+                    let parts = if s.rows_alone { sq.n_tokens } else { 1 };
+                    let per = sq.n_tokens / parts;
+                    for p in 0..parts {
+                        let r = j0 + p * per..j0 + (p + 1) * per;
+                        attention_kv(
+                            pool,
+                            f16,
+                            &shape,
+                            &s.q[r.start * q_dim..r.end * q_dim],
+                            r.len(),
+                            kv.len() + p * per,
+                            kv.layer(li),
+                            &mut s.attn[r.start * aod..r.end * aod],
+                            &mut s.attn_scratch,
+                        );
+                    }
+                    j0 += sq.n_tokens;
                 }
             }
         }

@@ -57,6 +57,10 @@ pub struct Scratch {
     pub rope_cs: Vec<f32>,
     pub attn_scratch: AttnScratch,
     pub matmul: MatmulScratch,
+    /// Every row of a pass computed as a decode step of it alone would be (its products as a
+    /// batch of one, its attention on the decode path for its position): speculative
+    /// decoding's verification passes (`Session::eval_as_decodes`).
+    pub rows_alone: bool,
 }
 
 /// Rows of each buffer of [`widths`]: all `t`, except `up` (`spec.up_rows`).
@@ -109,6 +113,7 @@ impl Scratch {
                 spec.kv_type,
             ),
             matmul: MatmulScratch::new(t, spec.n_threads),
+            rows_alone: false,
         }
     }
 

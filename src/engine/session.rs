@@ -417,7 +417,7 @@ impl Session {
     ) -> Result<(), EngineError> {
         let alone = |s: &mut Session, on: bool| {
             if let Exec::Cpu { scratch } = &mut s.exec {
-                scratch.matmul.set_rows_alone(on);
+                scratch.rows_alone = on;
             }
         };
         alone(self, true);

@@ -145,8 +145,6 @@ pub struct MatmulScratch {
     /// then run each sequence's rows as a batch of their own, so a sequence's results do not
     /// depend on what it is batched with.
     segments: Vec<usize>,
-    /// Every row a sequence of its own ([`MatmulScratch::set_rows_alone`]).
-    rows_alone: bool,
 }
 
 impl MatmulScratch {
@@ -156,27 +154,14 @@ impl MatmulScratch {
             tiles: vec![0.0; 2 * tile_len * n_threads],
             tile_len,
             segments: Vec::with_capacity(max_tokens),
-            rows_alone: false,
         }
-    }
-
-    /// From the next batch on, treat every row as a sequence of its own: each row's products
-    /// have the bits a decode step of that row alone gives (speculative decoding's
-    /// verification passes), for the formats whose arithmetic depends on the batch too.
-    pub fn set_rows_alone(&mut self, on: bool) {
-        self.rows_alone = on;
     }
 
     /// Declare the batch's sequences by their token counts (one entry, or none, for a single
     /// sequence). Allocation-free up to `max_tokens` sequences.
     pub fn set_segments(&mut self, lens: impl Iterator<Item = usize>) {
         self.segments.clear();
-        if self.rows_alone {
-            let n: usize = lens.sum();
-            self.segments.extend(std::iter::repeat_n(1, n));
-        } else {
-            self.segments.extend(lens);
-        }
+        self.segments.extend(lens);
         if self.segments.len() < 2 {
             self.segments.clear();
         }
