@@ -378,3 +378,56 @@ fn verification_rows_are_decode_steps_bit_for_bit() {
         }
     }
 }
+
+/// `kiln plan -md` adds the draft model's weights and session to the total; `--draft-max`
+/// sizes the logits for a verification pass.
+#[test]
+fn plan_counts_the_draft_model_and_the_verification_rows() {
+    let model = common::random_model("random-llama-q4_k");
+    let draft = common::random_model("random-llama-q8_0");
+    let plan = |extra: &[&str]| {
+        let out = kiln(
+            &[
+                &["plan", "-m", model.to_str().unwrap(), "-c", "256", "--json"][..],
+                extra,
+            ]
+            .concat(),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let bytes = |p: &serde_json::Value, name: &str| {
+        p["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["bytes"].as_u64().unwrap())
+    };
+    let plain = plan(&[]);
+    let rows = plan(&["--draft-max", "7"]);
+    assert_eq!(
+        bytes(&rows, "logits").unwrap(),
+        8 * bytes(&plain, "logits").unwrap()
+    );
+    let with = plan(&["-md", draft.to_str().unwrap(), "--draft-max", "7"]);
+    let d = &with["draft"];
+    let model_total: u64 = with["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["bytes"].as_u64().unwrap())
+        .sum();
+    // The model's own part is planned as without the draft (the runtime is measured per run).
+    assert_eq!(bytes(&with, "logits"), bytes(&rows, "logits"));
+    assert_eq!(bytes(&with, "KV cache"), bytes(&rows, "KV cache"));
+    assert_eq!(
+        with["total_bytes"].as_u64().unwrap(),
+        model_total + d["total_bytes"].as_u64().unwrap()
+    );
+    assert!(bytes(d, "KV cache").unwrap() > 0 && bytes(d, "sampler and history").is_none());
+}

@@ -44,6 +44,14 @@ pub struct PlanArgs {
     /// is then the GPU's free memory).
     #[arg(long = "device", value_name = "cpu|cuda", default_value = "cpu")]
     pub device: kiln::backend::Device,
+    /// Plan speculative decoding with this draft model as well (`kiln run -md`): its weights
+    /// and session are added to the total.
+    #[arg(long = "model-draft", value_name = "MODEL")]
+    pub model_draft: Option<String>,
+    /// Plan speculative decoding's verification passes: the logits of up to N + 1 positions
+    /// together (`kiln run --draft-max`; 16 with --model-draft).
+    #[arg(long = "draft-max", value_name = "N")]
+    pub draft_max: Option<usize>,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -69,25 +77,60 @@ pub fn run(args: PlanArgs) -> Result<()> {
     opts.kv_type = args.kv_type;
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
     opts.swa_full = args.swa_full;
+    let draft_max = args
+        .draft_max
+        .or(args.model_draft.as_ref().map(|_| 16))
+        .filter(|&n| n > 0);
+    opts.logit_rows = draft_max.map_or(1, |n| n + 1);
     let host = HostTerms {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
     };
     let cuda = args.device == kiln::backend::Device::Cuda;
-    let p = if cuda {
-        kiln::engine::plan::device_plan(&file, &opts, args.parallel)?
-    } else {
-        plan(&file, &opts, args.parallel, host)?
+    let plan_of = |file: &GgufFile, opts: &SessionOptions, host: HostTerms| {
+        if cuda {
+            kiln::engine::plan::device_plan(file, opts, args.parallel)
+        } else {
+            plan(file, opts, args.parallel, host)
+        }
     };
+    let p = plan_of(&file, &opts, host)?;
+    // The draft model: its own weights, tokenizer and session (as `kiln run -md` sizes it).
+    let draft = match &args.model_draft {
+        None => None,
+        Some(name) => {
+            let dpath = kiln::fetch::resolve_model(Some(name), true)?;
+            let dfile =
+                GgufFile::open(&dpath).with_context(|| format!("opening {}", dpath.display()))?;
+            let (dconfig, _) = kiln::model::read_config(&dfile)?;
+            let mut dopts = opts;
+            dopts.n_ctx = ctx.min(dconfig.ctx_train);
+            dopts.logit_rows = 1;
+            dopts.kv_budget = None;
+            let dhost = HostTerms {
+                tokenizer_bytes: Tokenizer::from_gguf(&dfile)?.heap_bytes() as u64,
+                runtime_bytes: 0,
+            };
+            let mut d = plan_of(&dfile, &dopts, dhost)?;
+            // The draft decodes greedily: it has no sampler of its own.
+            d.components.retain(|c| c.name != "sampler and history");
+            d.total_bytes = d.components.iter().map(|c| c.bytes).sum();
+            Some((dpath, d))
+        }
+    };
+    let total = p.total_bytes + draft.as_ref().map_or(0, |(_, d)| d.total_bytes);
     let budget = match cuda {
         true => args.budget.or_else(gpu_free_memory),
         false => args.budget.or_else(available_memory),
     };
-    let fits = budget.map(|b| p.total_bytes <= b);
+    let fits = budget.map(|b| total <= b);
     if args.json {
+        let draft = draft.as_ref().map(|(dp, d)| {
+            serde_json::json!({ "model": dp, "components": d.components, "total_bytes": d.total_bytes })
+        });
         let j = serde_json::json!({
-            "model": path, "device": if cuda { "cuda" } else { "cpu" }, "ctx": ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full,
-            "components": p.components, "total_bytes": p.total_bytes, "budget_bytes": budget, "fits": fits,
+            "model": path, "device": if cuda { "cuda" } else { "cpu" }, "ctx": ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full, "draft_max": draft_max,
+            "components": p.components, "draft": draft, "total_bytes": total, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
         return verdict(fits, budget);
@@ -100,7 +143,24 @@ pub fn run(args: PlanArgs) -> Result<()> {
         threads,
         args.parallel
     );
-    for c in &p.components {
+    print_components(&p.components);
+    if let Some((dp, d)) = &draft {
+        println!("  {:<24} {:>10.2} MiB", "model total", mib(p.total_bytes));
+        println!("draft model {}", dp.display());
+        print_components(&d.components);
+        println!("  {:<24} {:>10.2} MiB", "draft total", mib(d.total_bytes));
+    }
+    println!("  {:<24} {:>10.2} MiB", "total", mib(total));
+    match (budget, fits) {
+        (Some(b), Some(true)) => println!("fits in {:.2} MiB", mib(b)),
+        (Some(b), Some(false)) => println!("does NOT fit in {:.2} MiB", mib(b)),
+        _ => {}
+    }
+    verdict(fits, budget)
+}
+
+fn print_components(components: &[kiln::engine::plan::Component]) {
+    for c in components {
         let kind = if c.mapped { "mapped" } else { "owned" };
         println!(
             "  {:<24} {:>10.2} MiB  {:<6}  {}",
@@ -110,13 +170,6 @@ pub fn run(args: PlanArgs) -> Result<()> {
             c.formula
         );
     }
-    println!("  {:<24} {:>10.2} MiB", "total", mib(p.total_bytes));
-    match (budget, fits) {
-        (Some(b), Some(true)) => println!("fits in {:.2} MiB", mib(b)),
-        (Some(b), Some(false)) => println!("does NOT fit in {:.2} MiB", mib(b)),
-        _ => {}
-    }
-    verdict(fits, budget)
 }
 
 /// Free memory of the GPU, when there is one.
