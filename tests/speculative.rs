@@ -12,8 +12,7 @@ use std::sync::Arc;
 
 use kiln::engine::speculative::{Drafter, ModelDrafter, NgramDrafter, Speculation};
 use kiln::engine::{
-    generate, generate_speculative, EngineError, GenStats, GenerateRequest, Session,
-    SessionOptions, StopReason,
+    generate_with, EngineError, GenStats, GenerateRequest, Session, SessionOptions, StopReason,
 };
 use kiln::model::Model;
 use kiln::sampler::{Sampler, SamplerConfig};
@@ -70,25 +69,16 @@ fn run(
         }
         true
     };
-    let stats = match spec {
-        None => generate(
-            &mut s,
-            &mut sampler,
-            tok,
-            &req,
-            &mut |_, _| {},
-            &mut on_token,
-        ),
-        Some(sp) => generate_speculative(
-            &mut s,
-            &mut sampler,
-            tok,
-            &req,
-            sp,
-            &mut |_, _| {},
-            &mut on_token,
-        ),
-    }
+    let stats = generate_with(
+        &mut s,
+        &mut sampler,
+        tok,
+        &req,
+        None,
+        spec,
+        &mut |_, _| {},
+        &mut on_token,
+    )
     .unwrap();
     Run {
         ids,

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::chat::{self, ChatArgs};
 use super::common::{self, ModelArgs, SamplingArgs};
-use kiln::engine::{generate_constrained, generate_speculative, GenerateRequest};
+use kiln::engine::{generate_with, GenerateRequest};
 use kiln::sampler::Sampler;
 use kiln::tokenizer::ChatMessage;
 
@@ -165,26 +165,16 @@ pub fn run(args: RunArgs) -> Result<()> {
         cancel: Some(cancel),
         ignore_eos: args.ignore_eos,
     };
-    let stats = match speculation.as_mut() {
-        Some(sp) => generate_speculative(
-            &mut session,
-            &mut sampler,
-            tok,
-            &req,
-            sp,
-            &mut progress,
-            &mut on_token,
-        )?,
-        None => generate_constrained(
-            &mut session,
-            &mut sampler,
-            tok,
-            &req,
-            constraint.as_mut(),
-            &mut progress,
-            &mut on_token,
-        )?,
-    };
+    let stats = generate_with(
+        &mut session,
+        &mut sampler,
+        tok,
+        &req,
+        constraint.as_mut(),
+        speculation.as_mut(),
+        &mut progress,
+        &mut on_token,
+    )?;
     if let Some(e) = write_error {
         return Err(e.into());
     }

@@ -99,29 +99,6 @@ pub fn generate_constrained(
     )
 }
 
-/// [`generate`] with speculative decoding: each token is evaluated together with the
-/// drafter's guesses of the tokens after it (`speculative`).
-pub fn generate_speculative(
-    session: &mut Session,
-    sampler: &mut Sampler,
-    tok: &Tokenizer,
-    req: &GenerateRequest<'_>,
-    spec: &mut Speculation,
-    progress: &mut dyn FnMut(usize, usize),
-    on_token: &mut dyn FnMut(u32, &str) -> bool,
-) -> Result<GenStats, EngineError> {
-    generate_with(
-        session,
-        sampler,
-        tok,
-        req,
-        None,
-        Some(spec),
-        progress,
-        on_token,
-    )
-}
-
 /// Hands emitted tokens on: the end of generation, the count, the text, the consumer's stop.
 struct Emitter<'a, 't> {
     tok: &'t Tokenizer,
@@ -144,8 +121,11 @@ impl Emitter<'_, '_> {
     }
 }
 
+/// [`generate`] with either or neither of a grammar (see [`generate_constrained`]) and
+/// speculative decoding (each token evaluated together with the drafter's guesses of the tokens
+/// after it: [`super::speculative`]). Speculation is not applied to a constrained generation.
 #[allow(clippy::too_many_arguments)]
-fn generate_with(
+pub fn generate_with(
     session: &mut Session,
     sampler: &mut Sampler,
     tok: &Tokenizer,
@@ -179,6 +159,9 @@ fn generate_with(
         gen_tokens: 0,
         on_token,
     };
+    if constraint.is_some() {
+        spec = None;
+    }
     if let Some(sp) = spec.as_deref_mut() {
         sp.start();
     }

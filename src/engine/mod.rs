@@ -12,7 +12,7 @@ pub mod session;
 pub mod speculative;
 
 pub use generate::{
-    generate, generate_constrained, generate_speculative, GenStats, GenerateRequest, StopReason,
+    generate, generate_constrained, generate_with, GenStats, GenerateRequest, StopReason,
 };
 pub use perplexity::{perplexity, PerplexityReport};
 pub use session::{EngineError, Session, SessionOptions};

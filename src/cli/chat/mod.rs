@@ -17,7 +17,7 @@ use clap::Args;
 use super::common::{self, ModelArgs, SamplingArgs};
 use super::spec::SpecArgs;
 use input::{Command, Input, Reader};
-use kiln::engine::{generate, generate_speculative, GenerateRequest, Session, StopReason};
+use kiln::engine::{generate_with, GenerateRequest, Session, StopReason};
 use kiln::sampler::Sampler;
 use kiln::tokenizer::{ChatMessage, Tokenizer};
 
@@ -168,25 +168,16 @@ pub fn run(args: ChatArgs) -> Result<()> {
             cancel: Some(cancel),
             ignore_eos: args.ignore_eos,
         };
-        let result = match speculation.as_mut() {
-            Some(sp) => generate_speculative(
-                &mut session,
-                &mut sampler,
-                tok,
-                &req,
-                sp,
-                &mut |_, _| {},
-                &mut on_token,
-            ),
-            None => generate(
-                &mut session,
-                &mut sampler,
-                tok,
-                &req,
-                &mut |_, _| {},
-                &mut on_token,
-            ),
-        };
+        let result = generate_with(
+            &mut session,
+            &mut sampler,
+            tok,
+            &req,
+            None,
+            speculation.as_mut(),
+            &mut |_, _| {},
+            &mut on_token,
+        );
         cancel.store(false, Ordering::SeqCst);
         if let Some(e) = write_error {
             // Standard output is gone (a closed pipe ends quietly in main).
