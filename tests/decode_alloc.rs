@@ -96,6 +96,7 @@ fn speculative_allocations(stem: &str, threads: usize) -> usize {
     let mut s = Session::new(model, opts).expect("session");
     let mut sampler = Sampler::new(SamplerConfig::greedy(), vocab);
     let mut sp = Speculation::new(Box::new(NgramDrafter::new(1, 2)), 4, 1, vocab);
+    sp.start(&s);
     let prompt: Vec<u32> = (0..24).map(|i| [5, 9, 13][i % 3]).collect();
     s.prefill(&prompt, &mut |_, _| {}).expect("prefill");
     let mut next = sampler.sample(s.logits(), s.tokens());

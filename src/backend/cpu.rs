@@ -203,7 +203,7 @@ impl<'a> Backend for Cpu<'a> {
         if self.s.rows_alone {
             // Every row a batch of its own (a decode step's bits).
             let rows = seqs.iter().map(|sq| sq.n_tokens).sum();
-            self.s.matmul.set_segments(std::iter::repeat_n(1, rows));
+            self.s.matmul.set_rows_alone(rows);
         } else {
             self.s
                 .matmul
@@ -479,7 +479,7 @@ impl<'a> Backend for Cpu<'a> {
                     };
                     // A sequence's rows together, or each as the decode step of its position
                     // (the keys of the later rows are stored, but a row does not see them).
-                    let parts = if s.rows_alone { sq.n_tokens } else { 1 };
+                    let parts = if s.rows_alone { sq.n_tokens.max(1) } else { 1 };
                     let per = sq.n_tokens / parts;
                     for p in 0..parts {
                         let r = j0 + p * per..j0 + (p + 1) * per;

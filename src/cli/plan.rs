@@ -94,7 +94,21 @@ pub fn run(args: PlanArgs) -> Result<()> {
             plan(file, opts, args.parallel, host)
         }
     };
-    let p = plan_of(&file, &opts, host)?;
+    let mut p = plan_of(&file, &opts, host)?;
+    if let Some(n) = draft_max.filter(|_| !cuda) {
+        // `Speculation`'s own buffers: a pass's logits, the history and a rollback's copy.
+        let (v, c) = (config.vocab_size as u64, ctx as u64);
+        let bytes = (n as u64 + 1) * v * 4 + 2 * (c + 1) * 4;
+        p.components.push(kiln::engine::plan::Component {
+            name: "speculation",
+            bytes,
+            mapped: false,
+            formula: format!(
+                "({n} + 1) rows × {v} vocab × 4 + 2 × ({c} + 1) positions × 4 token ids"
+            ),
+        });
+        p.total_bytes += bytes;
+    }
     // The draft model: its own weights, tokenizer and session (as `kiln run -md` sizes it).
     let draft = match &args.model_draft {
         None => None,
@@ -104,7 +118,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 GgufFile::open(&dpath).with_context(|| format!("opening {}", dpath.display()))?;
             let (dconfig, _) = kiln::model::read_config(&dfile)?;
             let mut dopts = opts;
-            dopts.n_ctx = ctx.min(dconfig.ctx_train);
+            if dconfig.ctx_train > 0 {
+                dopts.n_ctx = ctx.min(dconfig.ctx_train);
+            }
             dopts.logit_rows = 1;
             dopts.kv_budget = None;
             let dhost = HostTerms {

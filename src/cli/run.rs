@@ -96,6 +96,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     let text = common::read_prompt(&args.prompt, &args.file)?;
     let sampler_cfg = args.sampling.config()?;
     let spec = args.grammar.spec()?;
+    if args.spec.check(&args.model)? && spec.is_some() {
+        bail!("speculative decoding and a grammar together are not supported");
+    }
     let loaded = common::load(&args.model)?;
     let tok = &loaded.tokenizer;
     let own_template = tok.chat_template().is_some() && !tok.chat_template_is_builtin();
@@ -121,9 +124,6 @@ pub fn run(args: RunArgs) -> Result<()> {
     session.check_fits(ids.len())?;
     let mut sampler = Sampler::new(sampler_cfg, loaded.model.config.vocab_size);
     let mut constraint = super::grammar::constraint(spec.as_ref(), tok)?;
-    if speculation.is_some() && constraint.is_some() {
-        bail!("speculative decoding and a grammar together are not supported");
-    }
     let cancel = common::cancel_flag();
 
     let stdout = std::io::stdout();

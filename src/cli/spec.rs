@@ -66,6 +66,10 @@ pub struct SpecArgs {
     pub ngram_n: usize,
 }
 
+/// Most drafts a pass may verify (`--draft-max`): the pass's logits take `draft_max + 1` rows
+/// of the vocabulary.
+const MAX_DRAFTS: usize = 128;
+
 impl SpecArgs {
     fn kind(&self) -> SpecType {
         match (self.spec_type, &self.model_draft) {
@@ -75,28 +79,42 @@ impl SpecArgs {
         }
     }
 
-    /// The speculation the flags ask for, the draft model loaded beside `target`.
-    pub fn speculation(&self, target: &Loaded, args: &ModelArgs) -> Result<Option<Speculation>> {
+    /// Check the flags before anything is loaded; whether they ask for speculation.
+    pub fn check(&self, args: &ModelArgs) -> Result<bool> {
         if !(0.0..=1.0).contains(&self.draft_p_min) {
             bail!("--draft-p-min {} is not a probability", self.draft_p_min);
         }
-        if self.draft_max == 0 {
-            bail!("--draft-max must be at least 1");
+        if !(1..=MAX_DRAFTS).contains(&self.draft_max) {
+            bail!("--draft-max must be from 1 to {MAX_DRAFTS}");
         }
-        let drafter: Box<dyn Drafter> = match (self.kind(), &self.model_draft) {
+        let on = match (self.kind(), &self.model_draft) {
             (SpecType::None, Some(_)) => bail!("--model-draft with --spec-type none"),
-            (SpecType::None, None) => return Ok(None),
+            (SpecType::None, None) => false,
             (SpecType::NgramSimple, Some(_)) => {
                 bail!("--model-draft is for --spec-type draft-simple, not ngram-simple")
             }
-            (SpecType::NgramSimple, None) => {
-                if self.ngram_n == 0 {
-                    bail!("--spec-ngram-size-n must be at least 1");
-                }
-                Box::new(NgramDrafter::new(self.ngram_n, self.ngram_n))
+            (SpecType::NgramSimple, None) if self.ngram_n == 0 => {
+                bail!("--spec-ngram-size-n must be at least 1")
             }
             (SpecType::DraftSimple, None) => bail!("--spec-type draft-simple needs --model-draft"),
-            (SpecType::DraftSimple, Some(name)) => Box::new(self.draft_model(name, target, args)?),
+            _ => true,
+        };
+        if on && args.device()? != kiln::backend::Device::Cpu {
+            // The GPU's batched passes are not its decode steps bit for bit, and its greedy
+            // decoding picks tokens on the device: not yet.
+            bail!("speculative decoding runs on the CPU only (--device cpu)");
+        }
+        Ok(on)
+    }
+
+    /// The speculation the flags ask for, the draft model loaded beside `target`.
+    pub fn speculation(&self, target: &Loaded, args: &ModelArgs) -> Result<Option<Speculation>> {
+        if !self.check(args)? {
+            return Ok(None);
+        }
+        let drafter: Box<dyn Drafter> = match &self.model_draft {
+            None => Box::new(NgramDrafter::new(self.ngram_n, self.ngram_n)),
+            Some(name) => Box::new(self.draft_model(name, target, args)?),
         };
         Ok(Some(Speculation::new(
             drafter,
@@ -113,8 +131,9 @@ impl SpecArgs {
         same_vocabulary(target, &draft)?;
         let opts = {
             let n_ctx = args.ctx(target.model.config.ctx_train, 4096);
-            let mut o =
-                SessionOptions::new(n_ctx.min(draft.model.config.ctx_train), args.threads());
+            let train = draft.model.config.ctx_train;
+            let n_ctx = if train > 0 { n_ctx.min(train) } else { n_ctx };
+            let mut o = SessionOptions::new(n_ctx, args.threads());
             o.prefill_chunk = args.batch_size.max(1);
             o.kv_type = args.kv_type;
             o.swa_full = args.swa_full;

@@ -163,7 +163,7 @@ pub fn generate_with(
         spec = None;
     }
     if let Some(sp) = spec.as_deref_mut() {
-        sp.start();
+        sp.start(session);
     }
     let t1 = Instant::now();
     let limit = req.max_new.unwrap_or(usize::MAX);

@@ -293,6 +293,15 @@ impl Session {
         self.seq.rollback(n)
     }
 
+    /// The most tokens a pass may add after a position and still roll back to it exactly:
+    /// a sliding-window ring's `rows − window + 1` (see `KvWindow::max_pass`); unbounded
+    /// without rings.
+    pub fn rollback_reach(&self) -> usize {
+        kv_layout(&self.model.config, &self.opts)
+            .window
+            .map_or(usize::MAX, |w| w.max_pass())
+    }
+
     /// Length of the common prefix of the cached tokens and `tokens`.
     pub fn common_prefix(&self, tokens: &[u32]) -> usize {
         self.seq.common_prefix(tokens)

@@ -165,6 +165,9 @@ pub struct Speculation {
     /// all of its drafts, cut to one more than were accepted after one that did not, so text
     /// the drafter cannot guess costs passes of a few rows, not of `draft_max`.
     want: usize,
+    /// Most drafts a pass may hold so that a rollback to its first token stays exact
+    /// ([`Session::rollback_reach`] − 1).
+    reach: usize,
     pub stats: SpecStats,
     vocab: usize,
     history: Vec<u32>,
@@ -188,6 +191,7 @@ impl Speculation {
             draft_max,
             draft_min: draft_min.clamp(1, draft_max),
             want: draft_max.min(FIRST_DRAFTS),
+            reach: usize::MAX,
             stats: SpecStats::default(),
             vocab,
             history: Vec::new(),
@@ -198,17 +202,20 @@ impl Speculation {
         }
     }
 
-    /// A generation starts: counts from zero, [`FIRST_DRAFTS`] drafts asked for.
-    pub fn start(&mut self) {
+    /// A generation in `session` starts: counts from zero, [`FIRST_DRAFTS`] drafts asked for,
+    /// passes kept within what the session's sliding-window rings can roll back.
+    pub fn start(&mut self, session: &Session) {
         self.stats = SpecStats::default();
         self.want = self.draft_max.min(FIRST_DRAFTS);
+        self.reach = session.rollback_reach().saturating_sub(1);
     }
 
     /// Evaluate `next` (sampled, emitted, not yet evaluated) with the drafter's guesses and
     /// emit the guesses `sampler` agrees with through `emit` (an `Err` stops generation there);
     /// at most `room` more tokens are emitted. The session is left holding `next` and the
-    /// accepted guesses. `mask`: token ids whose logits are masked before sampling
-    /// (`--ignore-eos`).
+    /// accepted guesses; its [`Session::logits`] are then not those after the last of them
+    /// (the generation loop goes on from the returned token). `mask`: token ids whose logits
+    /// are masked before sampling (`--ignore-eos`).
     pub fn step(
         &mut self,
         session: &mut Session,
@@ -220,7 +227,12 @@ impl Speculation {
     ) -> Result<Step, EngineError> {
         let n0 = session.n_past();
         let fits = session.n_ctx().saturating_sub(n0 + 1);
-        let cap = self.want.max(self.draft_min).min(room).min(fits);
+        let cap = self
+            .want
+            .max(self.draft_min)
+            .min(room)
+            .min(fits)
+            .min(self.reach);
         if cap < self.draft_min {
             return Ok(Step::Plain);
         }
@@ -278,7 +290,8 @@ impl Speculation {
     }
 
     /// Roll `session` back to its first `n` tokens, evaluating again what a sliding-window
-    /// ring could not keep.
+    /// ring could not keep (passes are held within [`Session::rollback_reach`], so only a
+    /// session other than the one [`Speculation::start`] saw gets here).
     fn keep(&mut self, session: &mut Session, n: usize) -> Result<(), EngineError> {
         if session.n_past() == n {
             return Ok(());

@@ -145,6 +145,9 @@ pub struct MatmulScratch {
     /// then run each sequence's rows as a batch of their own, so a sequence's results do not
     /// depend on what it is batched with.
     segments: Vec<usize>,
+    /// Every row its own sequence ([`MatmulScratch::set_rows_alone`]): then any part of the
+    /// batch (the logit rows too) runs a row at a time.
+    alone: bool,
 }
 
 impl MatmulScratch {
@@ -154,12 +157,23 @@ impl MatmulScratch {
             tiles: vec![0.0; 2 * tile_len * n_threads],
             tile_len,
             segments: Vec::with_capacity(max_tokens),
+            alone: false,
         }
+    }
+
+    /// Declare every one of the batch's `rows` a sequence of its own: each row's products
+    /// then have the bits of a batch of one (a decode step's), also in a product over part of
+    /// the batch. Allocation-free up to `max_tokens` rows.
+    pub fn set_rows_alone(&mut self, rows: usize) {
+        self.segments.clear();
+        self.segments.extend(std::iter::repeat_n(1, rows));
+        self.alone = true;
     }
 
     /// Declare the batch's sequences by their token counts (one entry, or none, for a single
     /// sequence). Allocation-free up to `max_tokens` sequences.
     pub fn set_segments(&mut self, lens: impl Iterator<Item = usize>) {
+        self.alone = false;
         self.segments.clear();
         self.segments.extend(lens);
         if self.segments.len() < 2 {
@@ -247,7 +261,7 @@ pub fn matmul_many(
         *s = Some(DisjointSlice::new(o));
     }
     let tile_len = scratch.tile_len;
-    let segments = segments_of(&scratch.segments, n);
+    let segments = segments_of(&scratch.segments, scratch.alone, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let tile_bytes = TILE_ROWS * lins[0].row_bytes;
     let run = &|tid: usize, mine: Range<usize>, tokens: Range<usize>| {
@@ -371,7 +385,7 @@ pub fn matmul_gated(
     assert!(out.len() >= n * f, "{}: output buffer too small", gate.name);
     let total_tiles = tiles_of(gate);
     let tile_len = scratch.tile_len;
-    let segments = segments_of(&scratch.segments, n);
+    let segments = segments_of(&scratch.segments, scratch.alone, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let out = DisjointSlice::new(out);
     let split = Split::new(pool, total_tiles, n, &[gate, up]);
@@ -393,9 +407,11 @@ pub fn matmul_gated(
 }
 
 /// The declared sequences if they make up this batch of `n` rows (a product over part of a
-/// batch, the logit rows, ignores them).
-fn segments_of(segments: &[usize], n: usize) -> &[usize] {
-    if segments.iter().sum::<usize>() == n {
+/// batch, the logit rows, ignores them), or `n` rows of one where every row is alone.
+fn segments_of(segments: &[usize], alone: bool, n: usize) -> &[usize] {
+    if alone && n <= segments.len() {
+        &segments[..n]
+    } else if segments.iter().sum::<usize>() == n {
         segments
     } else {
         &[]
