@@ -234,6 +234,23 @@ fn a_model_drafting_for_itself_is_always_right() {
     let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
     check(&plain, &r, &prompt, "ngram on SmolLM2");
     assert!(r.stats.spec.accepted > 0, "{:?}", r.stats.spec);
+    // A draft whose context ends within the generation: fewer guesses near its end, none
+    // after it, and the model goes on alone.
+    let short = prompt.len() + 10;
+    let draft = Session::new(Arc::clone(&m), SessionOptions::new(short, 2)).unwrap();
+    let mut sp = Speculation::new(
+        Box::new(ModelDrafter::new(draft, 0.0)),
+        4,
+        1,
+        m.config.vocab_size,
+    );
+    let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
+    check(&plain, &r, &prompt, "self-draft with a short context");
+    let st = r.stats.spec;
+    assert!(
+        st.accepted == st.drafted && st.drafted > 0 && st.drafted <= 11,
+        "{st:?}"
+    );
 }
 
 /// An end of generation among the accepted drafts ends generation there, as it ends plain

@@ -110,8 +110,13 @@ impl Drafter for ModelDrafter {
         max: usize,
         out: &mut Vec<u32>,
     ) -> Result<(), EngineError> {
-        // A history the draft's context cannot hold gets no guesses (the model goes on alone).
-        if max == 0 || history.len() + max > self.session.n_ctx() {
+        // The draft session holds the history and all but the last guess: fewer guesses near
+        // the end of its context, none past it (the model goes on alone).
+        let Some(left) = (self.session.n_ctx() + 1).checked_sub(history.len()) else {
+            return Ok(());
+        };
+        let max = max.min(left);
+        if max == 0 {
             return Ok(());
         }
         // The draft session keeps what it shares with the history and evaluates the rest.
