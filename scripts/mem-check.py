@@ -81,18 +81,26 @@ def main():
 
 
 def plan_flags(extra):
-    """The run flags `kiln plan` understands (-b → --prefill-chunk, -t, --kv-type, --kv-budget)."""
-    out, i = [], 0
+    """The run flags `kiln plan` understands (-b → --prefill-chunk, -t, --kv-type, --kv-budget,
+    and speculative decoding's -md / --model-draft and --draft-max, 16 where run's default
+    applies)."""
+    out, i, spec = [], 0, False
     while i < len(extra):
         f = extra[i]
         if f in ("-b", "--batch-size"):
             out += ["--prefill-chunk", extra[i + 1]]
             i += 2
-        elif f in ("-t", "--threads", "--kv-type", "--kv-budget"):
+        elif f in ("-t", "--threads", "--kv-type", "--kv-budget", "-md", "--model-draft",
+                   "--draft-max"):
             out += [f, extra[i + 1]]
+            i += 2
+        elif f == "--spec-type":
+            spec = extra[i + 1] != "none"
             i += 2
         else:
             i += 1
+    if spec and "--draft-max" not in out:
+        out += ["--draft-max", "16"]
     return out
 
 
