@@ -431,6 +431,9 @@ fn plan_counts_the_draft_model_and_the_verification_rows() {
             .map(|c| c["bytes"].as_u64().unwrap())
     };
     let plain = plan(&[]);
+    let too_many = kiln(&["plan", "-m", model.to_str().unwrap(), "--draft-max", "1000"]);
+    assert!(!too_many.status.success());
+    assert!(String::from_utf8_lossy(&too_many.stderr).contains("from 1 to 128"));
     let rows = plan(&["--draft-max", "7"]);
     assert_eq!(
         bytes(&rows, "logits").unwrap(),

@@ -81,6 +81,12 @@ pub fn run(args: PlanArgs) -> Result<()> {
         .draft_max
         .or(args.model_draft.as_ref().map(|_| 16))
         .filter(|&n| n > 0);
+    if let Some(n) = draft_max.filter(|&n| n > super::spec::MAX_DRAFTS) {
+        anyhow::bail!(
+            "--draft-max {n}: kiln run takes from 1 to {}",
+            super::spec::MAX_DRAFTS
+        );
+    }
     opts.logit_rows = draft_max.map_or(1, |n| n + 1);
     let host = HostTerms {
         tokenizer_bytes: tok.heap_bytes() as u64,

@@ -68,7 +68,7 @@ pub struct SpecArgs {
 
 /// Most drafts a pass may verify (`--draft-max`): the pass's logits take `draft_max + 1` rows
 /// of the vocabulary.
-const MAX_DRAFTS: usize = 128;
+pub const MAX_DRAFTS: usize = 128;
 
 impl SpecArgs {
     fn kind(&self) -> SpecType {
