@@ -54,6 +54,11 @@ fn run(
     // (the CLI sizes a part for the whole pass, `--draft-max` + 1 rows).
     opts.logit_rows = 4;
     let mut s = Session::new(Arc::clone(m), opts).unwrap();
+    // As the command line does: a draft model's session runs on this session's threads.
+    let mut spec = spec;
+    if let Some(sp) = spec.as_deref_mut() {
+        sp.share_threads(&s);
+    }
     let mut sampler = Sampler::new(sampler_cfg(seeded), m.config.vocab_size);
     let req = GenerateRequest {
         prompt,

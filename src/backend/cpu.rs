@@ -22,15 +22,26 @@ use crate::model::{Model, Norm, NormKind, Qkv};
 
 /// Threads and per-CPU kernel choices for running a model.
 pub struct Runtime {
-    pub pool: ThreadPool,
+    /// Shared by sessions that take turns on one calling thread ([`Runtime::sharing`]).
+    pub pool: std::sync::Arc<ThreadPool>,
     pub f16: F16Ops,
 }
 
 impl Runtime {
     pub fn new(n_threads: usize) -> Runtime {
         Runtime {
-            pool: ThreadPool::new(n_threads),
+            pool: std::sync::Arc::new(ThreadPool::new(n_threads)),
             f16: F16Ops::detect(),
+        }
+    }
+
+    /// A runtime on this one's threads, for a session run only between this one's passes
+    /// from the same calling thread (a draft model's): two pools would each keep their
+    /// workers spinning while the other's run.
+    pub fn sharing(&self) -> Runtime {
+        Runtime {
+            pool: std::sync::Arc::clone(&self.pool),
+            f16: self.f16,
         }
     }
 }

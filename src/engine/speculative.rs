@@ -29,6 +29,9 @@ pub trait Drafter: Send {
     /// its last token not yet evaluated by the model) to `out`; none is fine.
     fn draft(&mut self, history: &[u32], max: usize, out: &mut Vec<u32>)
         -> Result<(), EngineError>;
+
+    /// Run on the threads of `target`'s session (a drafter with a session of its own).
+    fn share_threads(&mut self, _target: &Session) {}
 }
 
 /// Prompt lookup: find the latest earlier occurrence of the history's last `n` tokens (`n`
@@ -104,6 +107,11 @@ fn pick(logits: &[f32], p_min: f32) -> (u32, bool) {
 }
 
 impl Drafter for ModelDrafter {
+    fn share_threads(&mut self, target: &Session) {
+        // The draft runs between the target's passes, from the same thread.
+        self.session.rt = target.rt.sharing();
+    }
+
     fn draft(
         &mut self,
         history: &[u32],
@@ -205,6 +213,13 @@ impl Speculation {
             rows: vec![0.0; (draft_max + 1) * vocab],
             redo: Vec::new(),
         }
+    }
+
+    /// Let the drafter run on `target`'s threads (a draft model's session would otherwise
+    /// keep a pool of its own, whose idle workers spin while the target's run, and the other
+    /// way round).
+    pub fn share_threads(&mut self, target: &Session) {
+        self.drafter.share_threads(target);
     }
 
     /// A generation in `session` starts: counts from zero, [`FIRST_DRAFTS`] drafts asked for,
