@@ -211,6 +211,18 @@ fn seeded_speculation_equals_plain_decoding() {
     }
 }
 
+/// `m` drafting greedily for itself (every guess taken, `--draft-p-min 0`) in a session of
+/// `n_ctx` positions, up to `max` guesses a pass.
+fn self_drafting(m: &Arc<Model>, n_ctx: usize, max: usize) -> Speculation {
+    let draft = Session::new(Arc::clone(m), SessionOptions::new(n_ctx, 2)).unwrap();
+    Speculation::new(
+        Box::new(ModelDrafter::new(draft, 0.0)),
+        max,
+        1,
+        m.config.vocab_size,
+    )
+}
+
 /// The model as its own draft: greedy, every guess is accepted; through the real SmolLM2 on a
 /// text the n-gram drafter also finds matches in.
 #[test]
@@ -223,13 +235,7 @@ fn a_model_drafting_for_itself_is_always_right() {
         false,
     );
     let plain = run(&m, &tok, &prompt, 24, false, false, None);
-    let draft = Session::new(Arc::clone(&m), SessionOptions::new(256, 2)).unwrap();
-    let mut sp = Speculation::new(
-        Box::new(ModelDrafter::new(draft, 0.0)),
-        4,
-        1,
-        m.config.vocab_size,
-    );
+    let mut sp = self_drafting(&m, 256, 4);
     let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
     check(&plain, &r, &prompt, "self-draft");
     let st = r.stats.spec;
@@ -242,13 +248,7 @@ fn a_model_drafting_for_itself_is_always_right() {
     // A draft whose context ends within the generation: fewer guesses near its end, none
     // after it, and the model goes on alone.
     let short = prompt.len() + 10;
-    let draft = Session::new(Arc::clone(&m), SessionOptions::new(short, 2)).unwrap();
-    let mut sp = Speculation::new(
-        Box::new(ModelDrafter::new(draft, 0.0)),
-        4,
-        1,
-        m.config.vocab_size,
-    );
+    let mut sp = self_drafting(&m, short, 4);
     let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
     check(&plain, &r, &prompt, "self-draft with a short context");
     let st = r.stats.spec;
@@ -273,13 +273,7 @@ fn an_accepted_end_of_generation_stops_as_plain_decoding_does() {
     let plain = run(&m, &tok, &prompt, 64, false, false, None);
     assert_eq!(plain.stop, StopReason::EndOfGeneration, "{:?}", plain.ids);
     for max in [2, 8] {
-        let draft = Session::new(Arc::clone(&m), SessionOptions::new(256, 2)).unwrap();
-        let mut sp = Speculation::new(
-            Box::new(ModelDrafter::new(draft, 0.0)),
-            max,
-            1,
-            m.config.vocab_size,
-        );
+        let mut sp = self_drafting(&m, 256, max);
         let r = run(&m, &tok, &prompt, 64, false, false, Some(&mut sp));
         check(&plain, &r, &prompt, &format!("self-draft of {max}"));
     }
@@ -460,6 +454,7 @@ fn plan_counts_the_draft_model_and_the_verification_rows() {
         model_total + d["total_bytes"].as_u64().unwrap()
     );
     assert!(bytes(d, "KV cache").unwrap() > 0 && bytes(d, "sampler and history").is_none());
+    assert!(bytes(d, "runtime").is_none());
     assert!(bytes(&with, "speculation").unwrap() >= 8 * bytes(&plain, "logits").unwrap());
     assert!(bytes(&plain, "speculation").is_none());
 }

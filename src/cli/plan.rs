@@ -134,8 +134,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 runtime_bytes: 0,
             };
             let mut d = plan_of(&dfile, &dopts, dhost)?;
-            // The draft decodes greedily: it has no sampler of its own.
-            d.components.retain(|c| c.name != "sampler and history");
+            // The draft decodes greedily (no sampler of its own), on the model's threads and
+            // code (no runtime of its own: `Speculation::share_threads`).
+            d.components
+                .retain(|c| !matches!(c.name, "sampler and history" | "runtime"));
             d.total_bytes = d.components.iter().map(|c| c.bytes).sum();
             Some((dpath, d))
         }

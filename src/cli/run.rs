@@ -117,13 +117,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let mut speculation = args.spec.speculation(&loaded, &args.model)?;
-    // A verification pass computes the logits of a token and its drafts together.
-    let rows = speculation.as_ref().map_or(1, |s| s.draft_max + 1);
-    let mut session = common::session(&loaded, &args.model, rows)?;
-    if let Some(sp) = speculation.as_mut() {
-        sp.share_threads(&session);
-    }
+    let (mut session, mut speculation) = args.spec.session(&loaded, &args.model)?;
     session.check_fits(ids.len())?;
     let mut sampler = Sampler::new(sampler_cfg, loaded.model.config.vocab_size);
     let mut constraint = super::grammar::constraint(spec.as_ref(), tok)?;

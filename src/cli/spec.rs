@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 
 use super::common::{self, Loaded, ModelArgs};
 use kiln::engine::speculative::{Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculation};
-use kiln::engine::SessionOptions;
+use kiln::engine::{Session, SessionOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SpecType {
@@ -21,48 +21,28 @@ pub enum SpecType {
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Speculative decoding")]
 pub struct SpecArgs {
     /// Speculative decoding: each token is evaluated with guesses of the next ones in one pass
     /// and the guesses the sampler agrees with are kept (the same output, fewer passes).
     /// Default: draft-simple with --model-draft, none without.
-    #[arg(long = "spec-type", value_enum, help_heading = "Speculative decoding")]
+    #[arg(long = "spec-type", value_enum)]
     pub spec_type: Option<SpecType>,
     /// Draft model (a GGUF path or a pulled model's name) of the same vocabulary (llama.cpp's
     /// -md).
-    #[arg(
-        long = "model-draft",
-        value_name = "MODEL",
-        help_heading = "Speculative decoding"
-    )]
+    #[arg(long = "model-draft", value_name = "MODEL")]
     pub model_draft: Option<String>,
     /// Most draft tokens verified per pass.
-    #[arg(
-        long = "draft-max",
-        visible_alias = "draft",
-        default_value_t = 16,
-        help_heading = "Speculative decoding"
-    )]
+    #[arg(long = "draft-max", visible_alias = "draft", default_value_t = 16)]
     pub draft_max: usize,
     /// Fewer drafts than this are not verified (the token is decoded alone).
-    #[arg(
-        long = "draft-min",
-        default_value_t = 1,
-        help_heading = "Speculative decoding"
-    )]
+    #[arg(long = "draft-min", default_value_t = 1)]
     pub draft_min: usize,
     /// The draft model stops guessing where its most likely token is less likely than this.
-    #[arg(
-        long = "draft-p-min",
-        default_value_t = 0.8,
-        help_heading = "Speculative decoding"
-    )]
+    #[arg(long = "draft-p-min", default_value_t = 0.8)]
     pub draft_p_min: f32,
     /// ngram-simple: the length of the n-gram looked up (the context's last n tokens).
-    #[arg(
-        long = "spec-ngram-size-n",
-        default_value_t = 3,
-        help_heading = "Speculative decoding"
-    )]
+    #[arg(long = "spec-ngram-size-n", default_value_t = 3)]
     pub ngram_n: usize,
 }
 
@@ -105,6 +85,23 @@ impl SpecArgs {
             bail!("speculative decoding runs on the CPU only (--device cpu)");
         }
         Ok(on)
+    }
+
+    /// The session of `target` and the speculation the flags ask for: the session computes
+    /// the logits of a verification pass together (`draft_max + 1` rows), and a draft model
+    /// runs on its threads.
+    pub fn session(
+        &self,
+        target: &Loaded,
+        args: &ModelArgs,
+    ) -> Result<(Session, Option<Speculation>)> {
+        let mut speculation = self.speculation(target, args)?;
+        let rows = speculation.as_ref().map_or(1, |s| s.draft_max + 1);
+        let session = common::session(target, args, rows)?;
+        if let Some(sp) = speculation.as_mut() {
+            sp.share_threads(&session);
+        }
+        Ok((session, speculation))
     }
 
     /// The speculation the flags ask for, the draft model loaded beside `target`.

@@ -84,12 +84,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let verbose = args.model.verbose;
     let loaded = common::load(&args.model)?;
     let tok = &loaded.tokenizer;
-    let mut speculation = args.spec.speculation(&loaded, &args.model)?;
-    let rows = speculation.as_ref().map_or(1, |s| s.draft_max + 1);
-    let mut session = common::session(&loaded, &args.model, rows)?;
-    if let Some(sp) = speculation.as_mut() {
-        sp.share_threads(&session);
-    }
+    let (mut session, mut speculation) = args.spec.session(&loaded, &args.model)?;
     let mut sampler = Sampler::new(args.sampling.config()?, loaded.model.config.vocab_size);
     let cancel = common::cancel_flag();
     let mut messages: Vec<ChatMessage> = Vec::new();
