@@ -1,7 +1,7 @@
 //! Batched decoding allocates nothing: a step of the batch runner over four sequences, and a
 //! step of the scheduler (four requests generating, or three beside a prompt being prefilled
-//! in chunks, or four choices reporting log-probabilities, two of them forks of one prompt),
-//! after warm-up. A counting global allocator watches, as in tests/decode_alloc.rs.
+//! in chunks, or four choices reporting log-probabilities, two of them forks of one prompt, or
+//! four speculating with prompt lookup), after warm-up. A counting global allocator watches, as in tests/decode_alloc.rs.
 
 mod common;
 
@@ -57,6 +57,15 @@ fn count(f: impl FnOnce()) -> usize {
 }
 
 fn runner(m: &Arc<Model>, threads: usize, kv_type: KvType) -> BatchRunner {
+    runner_drafting(m, threads, kv_type, 0)
+}
+
+fn runner_drafting(
+    m: &Arc<Model>,
+    threads: usize,
+    kv_type: KvType,
+    draft_max: usize,
+) -> BatchRunner {
     BatchRunner::new(
         Arc::clone(m),
         BatchOptions {
@@ -66,6 +75,7 @@ fn runner(m: &Arc<Model>, threads: usize, kv_type: KvType) -> BatchRunner {
             prefill_chunk: 16,
             kv_type,
             device: Default::default(),
+            draft_max,
         },
     )
     .unwrap()
@@ -235,6 +245,39 @@ fn logprob_fork_allocations(m: &Arc<Model>, tok: &Tokenizer, threads: usize) -> 
     n
 }
 
+/// Four requests speculating with prompt lookup (greedy and seeded, with log-probabilities):
+/// verification passes beside plain rows, drafts kept and refused, rollbacks.
+fn speculative_allocations(m: &Arc<Model>, tok: &Tokenizer, threads: usize) -> usize {
+    let metrics = Arc::new(SchedMetrics::default());
+    let runner = runner_drafting(m, threads, KvType::F16, 4);
+    let mut sched = Scheduler::new(runner, tok, Arc::clone(&metrics));
+    sched.speculate(kiln::engine::speculative::NgramDrafter::new(2, 2), 1);
+    let counters: Vec<Arc<AtomicUsize>> = (0..4).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    for (i, c) in counters.iter().enumerate() {
+        let pattern = [3 + i as u32, 40, 41 + i as u32, 90];
+        let mut r = request(pattern.iter().cycle().take(24).copied().collect(), c);
+        if i % 2 == 0 {
+            r.sampler = SamplerConfig::greedy();
+        }
+        r.logprobs = Some(i);
+        sched.submit(r);
+    }
+    for _ in 0..8 {
+        sched.step();
+    }
+    let passes = metrics.spec_passes.load(Ordering::Relaxed);
+    let n = count(|| {
+        for _ in 0..24 {
+            sched.step();
+        }
+    });
+    assert!(
+        metrics.spec_passes.load(Ordering::Relaxed) > passes,
+        "the counted steps verified drafts"
+    );
+    n
+}
+
 /// One test: the counting allocator is global, so concurrent tests would count each other.
 #[test]
 fn batched_steps_allocate_nothing() {
@@ -269,5 +312,15 @@ fn batched_steps_allocate_nothing() {
             0,
             "scheduler steps with log-probabilities and forks, {threads} threads"
         );
+    }
+    for stem in ["random-llama-q4_0", "random-llama-q4_k"] {
+        let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        for threads in [1, 2] {
+            assert_eq!(
+                speculative_allocations(&m, &tok, threads),
+                0,
+                "{stem}: speculative scheduler steps, {threads} threads"
+            );
+        }
     }
 }

@@ -28,6 +28,7 @@ fn opts_kv(n_slots: usize, kv_type: KvType) -> BatchOptions {
         prefill_chunk: 512,
         kv_type,
         device: Default::default(),
+        draft_max: 0,
     }
 }
 
@@ -194,6 +195,7 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
             prefill_chunk: 512,
             kv_type: KvType::F16,
             device: Default::default(),
+            draft_max: 0,
         },
     )
     .unwrap();
@@ -278,4 +280,68 @@ fn stop_sequences_cut_the_output_and_cancel_frees_the_slot() {
     use std::sync::atomic::Ordering::Relaxed;
     assert_eq!(metrics.requests_cancelled.load(Relaxed), 1);
     assert_eq!(metrics.slots_in_use.load(Relaxed), 0);
+}
+
+/// A step carrying prompt pieces beside the decode rows (chunked prefill in `kiln serve`):
+/// the output head then runs over only the step's logit rows, one per sequence, and each must
+/// still get the bits it gets alone. Nine decode rows (every batch-size-dependent kernel path
+/// of the K-quant heads) beside two prompt pieces, one ending its prompt (logits) and one not.
+#[test]
+fn mixed_steps_give_every_logit_row_its_own_bits() {
+    for stem in [
+        "random-llama-q4_k",
+        "random-llama-q6_k",
+        "random-qwen3-q4_k_m",
+    ] {
+        let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+        let prompt = |i: u32| -> Vec<u32> {
+            (0..3 + (i * 5) % 7)
+                .map(|j| 1 + (i * 31 + j * 17) % 250)
+                .collect()
+        };
+        let session = |p: &[u32]| {
+            let mut s = Session::new(Arc::clone(&m), SessionOptions::new(256, 2)).unwrap();
+            s.prefill(p, &mut |_, _| {}).unwrap();
+            s
+        };
+        let decoding = [0usize, 2, 3, 4, 5, 7, 8, 10, 11];
+        let mut runner = BatchRunner::new(Arc::clone(&m), opts(12)).unwrap();
+        let mut sessions = Vec::new();
+        for (i, &slot) in decoding.iter().enumerate() {
+            let p = prompt(i as u32);
+            runner.prefill_chunk(slot, &p, true).unwrap();
+            sessions.push(session(&p));
+        }
+        // Slot 1's prompt in two pieces over two steps, slot 6's in one, each beside every
+        // decode row.
+        let long: Vec<u32> = (0..24).map(|j| 3 + (j * 7) % 200).collect();
+        let short = prompt(20);
+        for step in 0..2 {
+            runner.begin_step();
+            let mut tokens = Vec::new();
+            for (i, &slot) in decoding.iter().enumerate() {
+                if slot == 2 {
+                    let piece = &long[12 * step..12 * (step + 1)];
+                    runner.push_part(1, piece, step == 1);
+                }
+                if slot == 7 && step == 1 {
+                    runner.push_part(6, &short, true);
+                }
+                let t = kiln::sampler::argmax(runner.logits(slot));
+                runner.push_part(slot, &[t], true);
+                tokens.push(t);
+                sessions[i].decode(t).unwrap();
+            }
+            runner.run_step().unwrap();
+            for (i, &slot) in decoding.iter().enumerate() {
+                assert_eq!(
+                    runner.logits(slot),
+                    sessions[i].logits(),
+                    "{stem}: decode slot {slot} step {step}"
+                );
+            }
+        }
+        assert_eq!(runner.logits(1), session(&long).logits(), "{stem}: slot 1");
+        assert_eq!(runner.logits(6), session(&short).logits(), "{stem}: slot 6");
+    }
 }

@@ -106,6 +106,7 @@ fn short_request_overtakes_a_long_prompt_and_outputs_match() {
             prefill_chunk: CHUNK,
             kv_type: KvType::F16,
             device: Default::default(),
+            draft_max: 0,
         },
     )
     .unwrap();
@@ -199,6 +200,7 @@ fn prompts_share_the_chunk_shortest_first() {
             prefill_chunk: CHUNK,
             kv_type: KvType::F16,
             device: Default::default(),
+            draft_max: 0,
         },
     )
     .unwrap();

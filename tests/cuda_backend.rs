@@ -578,6 +578,7 @@ fn a_norm_output_read_after_its_products_is_an_error() {
         let seqs = &mut [SeqBatch {
             kv: &mut kv,
             n_tokens: 1,
+            alone: false,
         }];
         let r = forward_batch(&m, &mut b, seqs, &[1], Logits::None);
         match (read, r) {

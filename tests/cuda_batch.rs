@@ -34,6 +34,7 @@ fn runner_kv(m: &Arc<Model>, device: Device, n_slots: usize, kv_type: KvType) ->
         prefill_chunk: 32,
         kv_type,
         device,
+        draft_max: 0,
     };
     BatchRunner::new(Arc::clone(m), o).unwrap_or_else(|e| panic!("{device:?} runner: {e}"))
 }

@@ -159,6 +159,7 @@ fn prefix_copies_between_gpu_rings() {
             prefill_chunk: CHUNK,
             kv_type: KvType::F16,
             device,
+            draft_max: 0,
         };
         BatchRunner::new(Arc::clone(&m), o).unwrap()
     };

@@ -77,6 +77,7 @@ fn scheduler_runner(m: &Arc<Model>, slots: usize, chunk: usize) -> BatchRunner {
             prefill_chunk: chunk,
             kv_type: KvType::F16,
             device: Default::default(),
+            draft_max: 0,
         },
     )
     .unwrap()

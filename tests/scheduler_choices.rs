@@ -104,6 +104,7 @@ fn scheduler<'t>(
             prefill_chunk: 8,
             kv_type: KvType::F16,
             device: Default::default(),
+            draft_max: 0,
         },
     )
     .unwrap();

@@ -159,6 +159,7 @@ fn ring_prefix_copy_between_slots_is_exact_or_recomputed() {
             prefill_chunk: 256,
             kv_type: kiln::cache::KvType::F16,
             device: Default::default(),
+            draft_max: 0,
         },
     )
     .unwrap();

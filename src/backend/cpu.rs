@@ -59,7 +59,11 @@ pub fn forward(
     forward_batch(
         m,
         rt,
-        &mut [SeqBatch { kv, n_tokens }],
+        &mut [SeqBatch {
+            kv,
+            n_tokens,
+            alone: false,
+        }],
         s,
         tokens,
         logits,
@@ -211,15 +215,16 @@ impl<'a> Backend for Cpu<'a> {
     }
 
     fn begin(&mut self, _tokens: &[u32], seqs: &[SeqBatch<'_>]) {
-        if self.s.rows_alone {
-            // Every row a batch of its own (a decode step's bits).
-            let rows = seqs.iter().map(|sq| sq.n_tokens).sum();
-            self.s.matmul.set_rows_alone(rows);
-        } else {
-            self.s
-                .matmul
-                .set_segments(seqs.iter().map(|sq| sq.n_tokens));
-        }
+        // A sequence whose rows are alone is that many sequences of one row (a decode step's
+        // bits); so is every row where the whole pass is (`Scratch::rows_alone`).
+        let all = self.s.rows_alone;
+        self.s.matmul.set_segments(seqs.iter().flat_map(|sq| {
+            if all || sq.alone {
+                std::iter::repeat_n(1, sq.n_tokens)
+            } else {
+                std::iter::repeat_n(sq.n_tokens, 1)
+            }
+        }));
         // One thread per sequence when every row is a decode row and either the contexts are
         // short or there are enough sequences to keep every thread busy (same bits either way).
         let cap = seqs[0].kv.capacity();
@@ -490,7 +495,11 @@ impl<'a> Backend for Cpu<'a> {
                     };
                     // A sequence's rows together, or each as the decode step of its position
                     // (the keys of the later rows are stored, but a row does not see them).
-                    let parts = if s.rows_alone { sq.n_tokens.max(1) } else { 1 };
+                    let parts = if s.rows_alone || sq.alone {
+                        sq.n_tokens.max(1)
+                    } else {
+                        1
+                    };
                     let per = sq.n_tokens / parts;
                     for p in 0..parts {
                         let r = j0 + p * per..j0 + (p + 1) * per;

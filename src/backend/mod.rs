@@ -191,6 +191,11 @@ impl SeqCache for KvCache {
 pub struct SeqBatch<'a, K = KvCache> {
     pub kv: &'a mut K,
     pub n_tokens: usize,
+    /// Each of its rows computed as a decode step of it alone would be (its products as a batch
+    /// of one, its attention on the decode path of its position): a speculative verification
+    /// pass among other sequences' rows. The CPU honours it; the GPU computes a batch
+    /// (speculation is refused there).
+    pub alone: bool,
 }
 
 /// The position of batch row `j` (rows are the sequences' tokens, in order).

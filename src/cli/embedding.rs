@@ -113,6 +113,7 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
             prefill_chunk: args.model.batch_size.max(1),
             kv_type: args.model.kv_type,
             device,
+            draft_max: 0,
         },
     )?;
     let mut sched = Scheduler::new(runner, &loaded.tokenizer, Arc::new(SchedMetrics::default()));

@@ -14,6 +14,8 @@ use kiln::server::{self, HttpLimits, Loaded, ServeOptions};
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub spec: super::spec::SpecArgs,
     /// Address to listen on (loopback by default; use 0.0.0.0 to serve the network).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -149,6 +151,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         embeddings: args.embeddings,
         pooling: args.pooling,
         embd_normalize: args.embd_normalize,
+        speculation: args.spec.serve(&args.model)?,
     };
     Ok(Loaded {
         model: Arc::clone(&loaded.model),
@@ -180,6 +183,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     // Refused before the port is bound.
     args.model.device()?;
+    args.spec.serve(&args.model)?;
     let limits = HttpLimits {
         max_connections: args.max_connections as usize,
         header_timeout: args.header_timeout,

@@ -87,6 +87,22 @@ impl SpecArgs {
         Ok(on)
     }
 
+    /// `kiln serve`'s speculation: prompt lookup only (a draft model would need a draft
+    /// session per sequence slot).
+    pub fn serve(&self, args: &ModelArgs) -> Result<Option<kiln::server::ServeSpeculation>> {
+        if self.kind() == SpecType::DraftSimple {
+            bail!("kiln serve speculates with --spec-type ngram-simple only; a draft model (--model-draft) is for kiln run and kiln chat");
+        }
+        if self.draft_p_min != 0.8 {
+            bail!("--draft-p-min is for a draft model (kiln run and kiln chat)");
+        }
+        Ok(self.check(args)?.then_some(kiln::server::ServeSpeculation {
+            ngram_n: self.ngram_n,
+            draft_max: self.draft_max,
+            draft_min: self.draft_min,
+        }))
+    }
+
     /// The session of `target` and the speculation the flags ask for: the session computes
     /// the logits of a verification pass together (`draft_max + 1` rows), and a draft model
     /// runs on its threads.

@@ -41,17 +41,23 @@ pub struct BatchOptions {
     pub kv_type: KvType,
     /// Where the steps run (every slot's cache is there too).
     pub device: Device,
+    /// Draft tokens a slot's verification pass may carry beside its sampled token
+    /// (speculative decoding, [`BatchRunner::push_verify`]; 0: none). Each slot then keeps
+    /// `1 + draft_max` logits rows.
+    pub draft_max: usize,
 }
 
 /// One slot's part of a step: `tokens` of the step's token buffer, whether the slot's
-/// logits after its last token are wanted, and which of its tokens' final hidden states
-/// (relative to the part; embeddings).
+/// logits after its last token are wanted, which of its tokens' final hidden states
+/// (relative to the part; embeddings), and whether it is a verification pass (every row
+/// alone, the logits after each kept).
 #[derive(Clone, Debug)]
 struct StepPart {
     slot: usize,
     tokens: Range<usize>,
     logits: bool,
     hidden: Range<usize>,
+    alone: bool,
 }
 
 /// One sequence's KV region and the tokens in it.
@@ -80,17 +86,20 @@ enum Exec {
 pub struct BatchRunner {
     pub model: Arc<Model>,
     pub opts: BatchOptions,
+    /// [`BatchRunner::rollback_reach`].
+    reach: usize,
     exec: Exec,
     slots: Vec<Slot>,
-    /// `[n_slots, vocab]`: the logits after each slot's last evaluated token.
+    /// `[n_slots, 1 + draft_max, vocab]`: per slot, the logits after its last evaluated token
+    /// (row 0), or after each token of its verification pass.
     logits: Vec<f32>,
     /// The tokens of the step being built, slot after slot (reused).
     step_tokens: Vec<u32>,
     /// The parts of the step being built, by increasing slot (reused).
     parts: Vec<StepPart>,
-    /// Per logits row of a step: its batch row, and its slot (reused).
+    /// Per logits row of a step: its batch row, and its row of `logits` (reused).
     logit_rows: Vec<usize>,
-    logit_slots: Vec<usize>,
+    logit_dest: Vec<usize>,
     /// The batch rows whose hidden states a step hands out, and per range its slot and the
     /// position of its first row (reused).
     hidden_rows: Vec<Range<usize>>,
@@ -110,8 +119,9 @@ impl BatchRunner {
         // hold beside the window)...
         sopts.prefill_chunk = opts.prefill_chunk.max(1);
         let layout = kv_layout(c, &sopts);
+        let reach = layout.window.as_ref().map_or(usize::MAX, |w| w.max_pass());
         // ...and a pass carries a chunk beside one decode token per slot.
-        let sopts = runner_session_options(&sopts, n_slots);
+        let sopts = runner_session_options(&sopts, n_slots, opts.draft_max);
         let spec = scratch_spec(&model, &sopts);
         let (exec, slots) = match opts.device {
             Device::Cpu => {
@@ -145,16 +155,18 @@ impl BatchRunner {
                 (Exec::Cuda { s, seqs }, slots)
             }
         };
+        let rows = n_slots * (1 + opts.draft_max);
         Ok(BatchRunner {
             exec,
             slots,
-            logits: vec![0.0; n_slots * c.vocab_size],
+            logits: vec![0.0; rows * c.vocab_size],
             step_tokens: Vec::with_capacity(spec.max_tokens),
             parts: Vec::with_capacity(n_slots),
-            logit_rows: Vec::with_capacity(n_slots),
-            logit_slots: Vec::with_capacity(n_slots),
+            logit_rows: Vec::with_capacity(rows),
+            logit_dest: Vec::with_capacity(rows),
             hidden_rows: Vec::with_capacity(n_slots),
             hidden_at: Vec::with_capacity(n_slots),
+            reach,
             opts: BatchOptions {
                 n_slots,
                 n_ctx,
@@ -180,20 +192,43 @@ impl BatchRunner {
 
     /// The logits after slot `slot`'s last evaluated token.
     pub fn logits(&self, slot: usize) -> &[f32] {
+        self.logits_at(slot, 0)
+    }
+
+    /// The logits after token `i` of slot `slot`'s last verification pass
+    /// ([`BatchRunner::push_verify`]); `i = 0` is [`BatchRunner::logits`].
+    pub fn logits_at(&self, slot: usize, i: usize) -> &[f32] {
+        let r = self.logits_row(slot, i);
+        &self.logits[r.clone()]
+    }
+
+    /// Where row `i` of slot `slot` lies in `logits`.
+    fn logits_row(&self, slot: usize, i: usize) -> Range<usize> {
+        assert!(
+            i <= self.opts.draft_max,
+            "logits row {i} past the draft rows"
+        );
         let v = self.model.config.vocab_size;
-        &self.logits[slot * v..(slot + 1) * v]
+        let r = slot * (1 + self.opts.draft_max) + i;
+        r * v..(r + 1) * v
     }
 
     /// Make slot `dst`'s logits a copy of slot `src`'s (a fork continuing from `src`'s prompt).
     pub fn copy_logits(&mut self, dst: usize, src: usize) {
-        let v = self.model.config.vocab_size;
-        self.logits.copy_within(src * v..(src + 1) * v, dst * v);
+        let (s, d) = (self.logits_row(src, 0), self.logits_row(dst, 0));
+        self.logits.copy_within(s, d.start);
     }
 
-    /// Make `tokens` impossible to sample from slot `slot`'s current logits (set to `-inf`).
-    pub fn mask_tokens(&mut self, slot: usize, tokens: &[u32]) {
-        let v = self.model.config.vocab_size;
-        mask_logits(&mut self.logits[slot * v..(slot + 1) * v], tokens);
+    /// Make `tokens` impossible to sample from row `i` of slot `slot`'s logits (set to `-inf`).
+    pub fn mask_tokens(&mut self, slot: usize, i: usize, tokens: &[u32]) {
+        let r = self.logits_row(slot, i);
+        mask_logits(&mut self.logits[r], tokens);
+    }
+
+    /// The most tokens a verification pass may add after a slot's position and still roll
+    /// back to it exactly (as [`super::Session::rollback_reach`]).
+    pub fn rollback_reach(&self) -> usize {
+        self.reach
     }
 
     /// Would `n` more tokens overflow slot `slot`?
@@ -268,7 +303,6 @@ impl BatchRunner {
             }
             .into());
         }
-        let v = self.model.config.vocab_size;
         let s = &mut self.slots[slot];
         if s.would_overflow(tokens.len()) {
             return Err(EngineError::PromptTooLong {
@@ -282,9 +316,11 @@ impl BatchRunner {
             tokens: 0..tokens.len(),
             logits: want_logits,
             hidden: 0..0,
+            alone: false,
         }];
         let row = [tokens.len() - 1];
-        let out = &mut self.logits[slot * v..(slot + 1) * v];
+        let dest = self.logits_row(slot, 0);
+        let out = &mut self.logits[dest];
         let mut sink = |_: usize, l: &[f32]| out.copy_from_slice(l);
         let want = if want_logits {
             Logits::Picked(&row, &mut sink)
@@ -320,7 +356,22 @@ impl BatchRunner {
     /// built. With `logits`, [`BatchRunner::logits`] of the slot holds the logits after the
     /// last of them once the step has run. Slots must come in increasing order, each once.
     pub fn push_part(&mut self, slot: usize, tokens: &[u32], logits: bool) {
-        self.push(slot, tokens, logits, 0..0);
+        self.push(slot, tokens, logits, 0..0, false);
+    }
+
+    /// Add slot `slot`'s verification pass of speculative decoding to the step being built:
+    /// `tokens` (its sampled token, then the drafts after it, at most `1 + opts.draft_max`),
+    /// each computed as a decode step of it alone would be (the same bits). Once the step has
+    /// run, [`BatchRunner::logits_at`] `(slot, i)` holds the logits after `tokens[i]`; the
+    /// caller then rolls the slot back to the tokens it keeps.
+    pub fn push_verify(&mut self, slot: usize, tokens: &[u32]) {
+        assert!(
+            tokens.len() <= 1 + self.opts.draft_max,
+            "a verification pass of {} tokens; the runner keeps {} logits rows a slot",
+            tokens.len(),
+            1 + self.opts.draft_max
+        );
+        self.push(slot, tokens, true, 0..0, true);
     }
 
     /// Add slot `slot`'s next `tokens` for an embedding: no logits; the final-normed hidden
@@ -328,10 +379,17 @@ impl BatchRunner {
     /// [`BatchRunner::run_step_with`].
     pub fn push_embed_part(&mut self, slot: usize, tokens: &[u32], hidden: Range<usize>) {
         assert!(hidden.end <= tokens.len(), "hidden rows past the part");
-        self.push(slot, tokens, false, hidden);
+        self.push(slot, tokens, false, hidden, false);
     }
 
-    fn push(&mut self, slot: usize, tokens: &[u32], logits: bool, hidden: Range<usize>) {
+    fn push(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        logits: bool,
+        hidden: Range<usize>,
+        alone: bool,
+    ) {
         assert!(slot < self.slots.len(), "slot {slot} out of range");
         assert!(
             self.parts.last().is_none_or(|p| p.slot < slot),
@@ -344,6 +402,7 @@ impl BatchRunner {
             tokens: start..self.step_tokens.len(),
             logits,
             hidden,
+            alone,
         });
     }
 
@@ -390,10 +449,18 @@ impl BatchRunner {
             }
         }
         self.logit_rows.clear();
-        self.logit_slots.clear();
+        self.logit_dest.clear();
+        let per_slot = 1 + self.opts.draft_max;
         for p in self.parts.iter().filter(|p| p.logits) {
-            self.logit_rows.push(p.tokens.end - 1);
-            self.logit_slots.push(p.slot);
+            let first = if p.alone {
+                p.tokens.start
+            } else {
+                p.tokens.end - 1
+            };
+            for (i, row) in (first..p.tokens.end).enumerate() {
+                self.logit_rows.push(row);
+                self.logit_dest.push(p.slot * per_slot + i);
+            }
         }
         self.hidden_rows.clear();
         self.hidden_at.clear();
@@ -404,10 +471,10 @@ impl BatchRunner {
             self.hidden_at.push((p.slot, pos));
         }
         let v = self.model.config.vocab_size;
-        let (logits, logit_slots) = (&mut self.logits, &self.logit_slots);
+        let (logits, logit_dest) = (&mut self.logits, &self.logit_dest);
         let mut sink = |i: usize, l: &[f32]| {
-            let slot = logit_slots[i];
-            logits[slot * v..(slot + 1) * v].copy_from_slice(l);
+            let r = logit_dest[i];
+            logits[r * v..(r + 1) * v].copy_from_slice(l);
         };
         let (hidden_rows, hidden_at) = (&self.hidden_rows, &self.hidden_at);
         let mut hidden_sink = |row: usize, state: &[f32]| {
@@ -475,11 +542,16 @@ impl BatchRunner {
 }
 
 /// How a runner of `n_slots` sizes its buffers, from a session's options: a pass carries a
-/// prefill chunk beside one decode token per slot, and a logits row per slot. (The memory
-/// plan sizes a server's GPU session with this.)
-pub fn runner_session_options(opts: &SessionOptions, n_slots: usize) -> SessionOptions {
+/// prefill chunk beside one decode token (and up to `draft_max` drafts) per slot, and the
+/// output head computes a logits row per slot at a time. (The memory plan sizes a server's
+/// session with this.)
+pub fn runner_session_options(
+    opts: &SessionOptions,
+    n_slots: usize,
+    draft_max: usize,
+) -> SessionOptions {
     SessionOptions {
-        prefill_chunk: opts.prefill_chunk.max(1) + n_slots,
+        prefill_chunk: opts.prefill_chunk.max(1) + n_slots * (1 + draft_max),
         logit_rows: n_slots,
         ..*opts
     }
@@ -544,6 +616,7 @@ fn slot_views<'a, K>(
             views.push(SeqBatch {
                 kv,
                 n_tokens: p.tokens.len(),
+                alone: p.alone,
             });
         }
     }

@@ -329,7 +329,7 @@ pub fn device_plan(
     let kv = crate::engine::session::kv_layout(&c, opts);
     let opts = match slots {
         1 => *opts,
-        _ => crate::engine::batch::runner_session_options(opts, slots),
+        _ => crate::engine::batch::runner_session_options(opts, slots, 0),
     };
     let spec = scratch_spec_for(file, &opts);
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;

@@ -28,6 +28,14 @@
 //!
 //! Log-probabilities ([`SeqRequest::logprobs`]) are read from the raw logits row before any
 //! mask or sampling, into buffers allocated at admission ([`super::logprobs`]).
+//!
+//! Speculative decoding ([`Scheduler::speculate`], prompt lookup): a generating sequence's
+//! pending token goes into the step with the tokens that followed the latest earlier
+//! occurrence of its last few tokens, every row computed as its own decode step
+//! ([`BatchRunner::push_verify`]). Its rows are then sampled in order with its own sampler, as
+//! [`super::speculative`] does for one session: a draft is kept while the sample equals it,
+//! the first disagreement is the next pending token, and the slot is rolled back to the kept
+//! tokens. Same samples as without it, in the same order, fewer steps where text repeats.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -39,6 +47,7 @@ use super::batch::BatchRunner;
 use super::logprobs::TokenLogprobs;
 use super::pooling::{EmbedSpec, Pooler};
 use super::session::EngineError;
+use super::speculative::{Drafter, NgramDrafter};
 use crate::grammar::{overlap, Constraint};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -184,6 +193,10 @@ pub struct SchedMetrics {
     pub prefill_tokens_saved: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub decode_steps: AtomicU64,
+    /// Speculative decoding: verification passes, draft tokens evaluated, drafts accepted.
+    pub spec_passes: AtomicU64,
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
     /// Requests waiting for a slot.
     pub queue_depth: AtomicUsize,
     /// Slots holding an active request.
@@ -241,6 +254,10 @@ struct Active<'t> {
     order: u64,
     /// Log-probability buffers, for requests that report them.
     logprobs: Option<TokenLogprobs>,
+    /// Speculative decoding: the step's verification pass (the pending token, then its
+    /// drafts; empty: a plain decode row), and how many drafts the next pass asks for.
+    verify: Vec<u32>,
+    want: usize,
 }
 
 enum Emit {
@@ -328,7 +345,21 @@ pub struct Scheduler<'t> {
     piece: String,
     /// Per slot, the pooling of the embedding request it holds.
     poolers: Vec<Option<Pooler>>,
+    /// Speculative decoding, when on.
+    spec: Option<ServeSpec>,
+    /// A sequence's tokens and its pending one, for the drafter (reused).
+    history: Vec<u32>,
 }
+
+/// Speculative decoding in a scheduler: prompt lookup, at most the runner's `draft_max`
+/// drafts a pass, none verified below `draft_min`.
+struct ServeSpec {
+    drafter: NgramDrafter,
+    draft_min: usize,
+}
+
+/// Drafts a sequence's first verification pass asks for (then doubled while all are kept).
+const FIRST_DRAFTS: usize = 4;
 
 impl<'t> Scheduler<'t> {
     pub fn new(runner: BatchRunner, tok: &'t Tokenizer, metrics: Arc<SchedMetrics>) -> Self {
@@ -350,7 +381,24 @@ impl<'t> Scheduler<'t> {
             completing: vec![false; n],
             piece: String::with_capacity(64),
             poolers: (0..n).map(|_| None).collect(),
+            spec: None,
+            history: Vec::new(),
         }
+    }
+
+    /// Decode speculatively with prompt lookup (`drafter`): up to the runner's
+    /// `opts.draft_max` drafts a pass, fewer than `draft_min` not verified. Sequences with a
+    /// grammar decode plainly. A runner without draft rows (`draft_max` 0) leaves it off.
+    pub fn speculate(&mut self, drafter: NgramDrafter, draft_min: usize) {
+        let max = self.runner.opts.draft_max;
+        if max == 0 {
+            return;
+        }
+        self.history = Vec::with_capacity(self.runner.n_ctx() + 1);
+        self.spec = Some(ServeSpec {
+            drafter,
+            draft_min: draft_min.clamp(1, max),
+        });
     }
 
     /// Nothing waiting and nothing running.
@@ -435,8 +483,54 @@ impl<'t> Scheduler<'t> {
     /// token and up to one prefill chunk of prompt tokens.
     pub fn step(&mut self) {
         self.admit();
+        self.draft();
         self.plan_prefill();
         self.run_step();
+    }
+
+    /// With speculation on, each generating sequence's verification pass for this step: its
+    /// pending token and the drafts after it ([`Active::verify`]; empty for a plain row).
+    fn draft(&mut self) {
+        let Some(spec) = self.spec.as_mut() else {
+            return;
+        };
+        let r = &self.runner;
+        // Passes within what a slot can carry and roll back exactly.
+        let most = r
+            .opts
+            .draft_max
+            .min(r.opts.prefill_chunk - 1)
+            .min(r.rollback_reach().saturating_sub(1));
+        for (s, a) in self.active.iter_mut().enumerate() {
+            let Some(a) = a else { continue };
+            a.verify.clear();
+            let Phase::Decode { pending } = a.phase else {
+                continue;
+            };
+            if a.req.grammar.is_some() {
+                continue;
+            }
+            let tokens = r.tokens(s);
+            let cap = a
+                .want
+                .max(spec.draft_min)
+                .min(most)
+                .min(a.req.max_new.saturating_sub(a.generated))
+                .min(r.n_ctx().saturating_sub(tokens.len() + 1));
+            if cap < spec.draft_min {
+                continue;
+            }
+            self.history.clear();
+            self.history.extend_from_slice(tokens);
+            self.history.push(pending);
+            a.verify.push(pending);
+            // (Prompt lookup cannot fail.)
+            let _ = spec.drafter.draft(&self.history, cap, &mut a.verify);
+            a.verify.truncate(1 + cap);
+            if a.verify.len() - 1 < spec.draft_min {
+                a.verify.clear();
+            }
+        }
     }
 
     /// Publish the queue and slot gauges (called at every change, so that a client that has
@@ -523,6 +617,11 @@ impl<'t> Scheduler<'t> {
             cached,
             order: self.tick,
             logprobs: req.logprobs.map(TokenLogprobs::new),
+            verify: match self.spec {
+                Some(_) => Vec::with_capacity(1 + self.runner.opts.draft_max),
+                None => Vec::new(),
+            },
+            want: FIRST_DRAFTS.min(self.runner.opts.draft_max),
             req,
         }
     }
@@ -573,11 +672,13 @@ impl<'t> Scheduler<'t> {
     /// every decode row). A sequence whose receiver is gone is cancelled here.
     fn plan_prefill(&mut self) {
         let chunk = self.runner.opts.prefill_chunk;
-        let n_decode = self
+        let n_decode: usize = self
             .active
             .iter()
-            .filter(|a| matches!(a, Some(a) if matches!(a.phase, Phase::Decode { .. })))
-            .count();
+            .flatten()
+            .filter(|a| matches!(a.phase, Phase::Decode { .. }))
+            .map(|a| a.verify.len().max(1))
+            .sum();
         let mut room = chunk.min(self.runner.max_step_tokens().saturating_sub(n_decode));
         self.plan.fill(0);
         let mut first = true;
@@ -623,6 +724,11 @@ impl<'t> Scheduler<'t> {
         for (s, a) in self.active.iter().enumerate() {
             let Some(a) = a else { continue };
             match a.phase {
+                Phase::Decode { .. } if !a.verify.is_empty() => {
+                    self.runner.push_verify(s, &a.verify);
+                    n_decode += 1;
+                    self.in_step[s] = true;
+                }
                 Phase::Decode { pending } => {
                     self.runner.push_part(s, &[pending], true);
                     n_decode += 1;
@@ -693,6 +799,7 @@ impl<'t> Scheduler<'t> {
                 continue;
             }
             match a.phase {
+                Phase::Decode { .. } if !a.verify.is_empty() => self.accept_drafts(slot),
                 Phase::Decode { .. } => self.sample_next(slot),
                 Phase::Prefill { next } => {
                     let next = next + self.plan[slot];
@@ -750,47 +857,105 @@ impl<'t> Scheduler<'t> {
     /// Sample the next token of `slot` from its fresh logits, emit it, and either finish or
     /// queue it for the next decode step (the order of [`super::generate()`]).
     fn sample_next(&mut self, slot: usize) {
+        let n = self.runner.tokens(slot).len();
+        if let Some(t) = self.sample_emit(slot, 0, n) {
+            let a = self.active[slot].as_mut().expect("active slot");
+            a.phase = Phase::Decode { pending: t };
+        }
+    }
+
+    /// After `slot`'s verification pass: sample its rows in order, keeping each draft the
+    /// sample equals; the first sample that differs (or follows the last draft) is the next
+    /// pending token. The slot is rolled back to the pending token and the drafts kept.
+    fn accept_drafts(&mut self, slot: usize) {
+        let a = self.active[slot].as_mut().expect("active slot");
+        let k = a.verify.len() - 1;
+        let base = self.runner.tokens(slot).len() - a.verify.len();
+        let mut i = 0;
+        while let Some(t) = self.sample_emit(slot, i, base + 1 + i) {
+            let a = self.active[slot]
+                .as_mut()
+                .expect("a sampled slot is active");
+            if i < k && t == a.verify[1 + i] {
+                i += 1;
+                continue;
+            }
+            a.phase = Phase::Decode { pending: t };
+            break;
+        }
+        if let Some(a) = self.active[slot].as_mut() {
+            let max = self.runner.opts.draft_max;
+            a.want = if i == k { (2 * a.want).min(max) } else { i + 1 };
+        }
+        let kept = self.runner.rollback(slot, base + 1 + i);
+        debug_assert_eq!(kept, base + 1 + i, "passes stay within the rollback reach");
+        let m = &self.metrics;
+        m.spec_passes.fetch_add(1, Relaxed);
+        m.spec_drafted.fetch_add(k as u64, Relaxed);
+        m.spec_accepted.fetch_add(i as u64, Relaxed);
+    }
+
+    /// Sample the token after the first `hist` tokens of `slot` from its logits row `row`
+    /// (0, or a verification pass's), emit it, and return it if the generation goes on (else
+    /// the slot is released).
+    fn sample_emit(&mut self, slot: usize, row: usize, hist: usize) -> Option<u32> {
         let a = self.active[slot].as_mut().expect("active slot");
         if a.generated >= a.req.max_new {
-            return self.finish_with(slot, FinishReason::Length, true);
+            self.finish_with(slot, FinishReason::Length, true);
+            return None;
         }
         if let Some(lp) = a.logprobs.as_mut() {
             // The raw logits: before `ignore_eos`, the grammar and the sampler touch them.
-            lp.observe(self.runner.logits(slot));
+            lp.observe(self.runner.logits_at(slot, row));
         }
         if a.req.ignore_eos {
-            self.runner.mask_tokens(slot, self.tok.eog_ids());
+            self.runner.mask_tokens(slot, row, self.tok.eog_ids());
         }
-        let logits = self.runner.logits(slot);
+        let logits = self.runner.logits_at(slot, row);
+        let history = &self.runner.tokens(slot)[..hist];
         let t = match a.req.grammar.as_mut() {
-            Some(c) if c.is_done() => return self.finish_with(slot, FinishReason::Stop, true),
+            Some(c) if c.is_done() => {
+                self.finish_with(slot, FinishReason::Stop, true);
+                return None;
+            }
             Some(c) => match c.apply(logits) {
-                Ok(masked) => a.sampler.sample(masked, self.runner.tokens(slot)),
-                Err(e) => return self.finish(slot, FinishReason::Error(e.to_string())),
+                Ok(masked) => a.sampler.sample(masked, history),
+                Err(e) => {
+                    self.finish(slot, FinishReason::Error(e.to_string()));
+                    return None;
+                }
             },
-            None => a.sampler.sample(logits, self.runner.tokens(slot)),
+            None => a.sampler.sample(logits, history),
         };
         if self.tok.is_eog(t) {
-            return self.finish_with(slot, FinishReason::Stop, true);
+            self.finish_with(slot, FinishReason::Stop, true);
+            return None;
         }
         a.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
         a.req.sink.token(t);
         if let Some(lp) = a.logprobs.as_mut() {
-            lp.choose(t, self.runner.logits(slot)[t as usize]);
+            lp.choose(t, self.runner.logits_at(slot, row)[t as usize]);
             a.req.sink.logprobs(lp);
         }
         self.piece.clear();
         a.stream.push_into(t, &mut self.piece);
-        match a.emit(&self.piece) {
-            Emit::Continue => {}
-            Emit::StopHit => return self.finish(slot, FinishReason::Stop),
-            Emit::Gone => return self.finish(slot, FinishReason::Cancelled),
+        let end = match a.emit(&self.piece) {
+            Emit::Continue => None,
+            Emit::StopHit => Some(FinishReason::Stop),
+            Emit::Gone => Some(FinishReason::Cancelled),
+        };
+        if let Some(reason) = end {
+            self.finish(slot, reason);
+            return None;
         }
-        if self.runner.would_overflow(slot, 1) {
-            return self.finish_with(slot, FinishReason::Length, true);
+        // Room for `t` in the cache: the position after the first `hist` tokens (held already
+        // where a verification pass's later rows fill it).
+        if hist == self.runner.tokens(slot).len() && self.runner.would_overflow(slot, 1) {
+            self.finish_with(slot, FinishReason::Length, true);
+            return None;
         }
-        a.phase = Phase::Decode { pending: t };
+        Some(t)
     }
 
     /// Release `slot`: with `flush`, output the text still pending or held back; report; keep

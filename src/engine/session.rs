@@ -180,7 +180,11 @@ impl Session {
                 let last = copy && matches!(logits, Logits::Last);
                 let m = &*self.model;
                 let n_tokens = tokens.len();
-                let seqs = &mut [SeqBatch { kv, n_tokens }];
+                let seqs = &mut [SeqBatch {
+                    kv,
+                    n_tokens,
+                    alone: false,
+                }];
                 forward_batch(m, &mut CudaStep { m, s }, seqs, tokens, logits)?;
                 if last {
                     let l = s

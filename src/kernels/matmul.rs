@@ -145,9 +145,8 @@ pub struct MatmulScratch {
     /// then run each sequence's rows as a batch of their own, so a sequence's results do not
     /// depend on what it is batched with.
     segments: Vec<usize>,
-    /// Every row its own sequence ([`MatmulScratch::set_rows_alone`]): then any part of the
-    /// batch (the logit rows too) runs a row at a time.
-    alone: bool,
+    /// `max_tokens` ones: the segments of rows that are each alone.
+    ones: Vec<usize>,
 }
 
 impl MatmulScratch {
@@ -157,23 +156,13 @@ impl MatmulScratch {
             tiles: vec![0.0; 2 * tile_len * n_threads],
             tile_len,
             segments: Vec::with_capacity(max_tokens),
-            alone: false,
+            ones: vec![1; max_tokens],
         }
-    }
-
-    /// Declare every one of the batch's `rows` a sequence of its own: each row's products
-    /// then have the bits of a batch of one (a decode step's), also in a product over part of
-    /// the batch. Allocation-free up to `max_tokens` rows.
-    pub fn set_rows_alone(&mut self, rows: usize) {
-        self.segments.clear();
-        self.segments.extend(std::iter::repeat_n(1, rows));
-        self.alone = true;
     }
 
     /// Declare the batch's sequences by their token counts (one entry, or none, for a single
     /// sequence). Allocation-free up to `max_tokens` sequences.
     pub fn set_segments(&mut self, lens: impl Iterator<Item = usize>) {
-        self.alone = false;
         self.segments.clear();
         self.segments.extend(lens);
         if self.segments.len() < 2 {
@@ -181,12 +170,13 @@ impl MatmulScratch {
         }
     }
 
+    /// The tiles, and the segment lists (declared, and the ones).
     pub fn bytes_for(max_tokens: usize, n_threads: usize) -> usize {
-        2 * TILE_ROWS * max_tokens * n_threads * 4
+        2 * TILE_ROWS * max_tokens * n_threads * 4 + 2 * max_tokens * size_of::<usize>()
     }
 
     pub fn bytes(&self) -> usize {
-        self.tiles.len() * 4
+        self.tiles.len() * 4 + (self.segments.capacity() + self.ones.len()) * size_of::<usize>()
     }
 }
 
@@ -261,7 +251,7 @@ pub fn matmul_many(
         *s = Some(DisjointSlice::new(o));
     }
     let tile_len = scratch.tile_len;
-    let segments = segments_of(&scratch.segments, scratch.alone, n);
+    let segments = segments_of(&scratch.segments, &scratch.ones, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let tile_bytes = TILE_ROWS * lins[0].row_bytes;
     let run = &|tid: usize, mine: Range<usize>, tokens: Range<usize>| {
@@ -385,7 +375,7 @@ pub fn matmul_gated(
     assert!(out.len() >= n * f, "{}: output buffer too small", gate.name);
     let total_tiles = tiles_of(gate);
     let tile_len = scratch.tile_len;
-    let segments = segments_of(&scratch.segments, scratch.alone, n);
+    let segments = segments_of(&scratch.segments, &scratch.ones, n);
     let tiles = DisjointSlice::new(&mut scratch.tiles);
     let out = DisjointSlice::new(out);
     let split = Split::new(pool, total_tiles, n, &[gate, up]);
@@ -406,12 +396,17 @@ pub fn matmul_gated(
     });
 }
 
-/// The declared sequences if they make up this batch of `n` rows (a product over part of a
-/// batch, the logit rows, ignores them), or `n` rows of one where every row is alone.
-fn segments_of(segments: &[usize], alone: bool, n: usize) -> &[usize] {
-    if alone && n <= segments.len() {
-        &segments[..n]
-    } else if segments.iter().sum::<usize>() == n {
+/// The segments of a product over `n` rows: the declared sequences where they make up this
+/// batch; over part of a batch of several sequences, every row alone. That part is the output
+/// head's logit rows, each of its own sequence (a continuous-batching step's) or alone (a
+/// verification pass's), so each gets a decode step's bits whatever else the step carries. A
+/// single sequence's product over part of its batch (a prompt's logit rows) runs them
+/// together (`&[]`).
+fn segments_of<'a>(segments: &'a [usize], ones: &'a [usize], n: usize) -> &'a [usize] {
+    let all = segments.iter().sum::<usize>();
+    if !segments.is_empty() && n != all {
+        &ones[..n]
+    } else if all == n {
         segments
     } else {
         &[]

@@ -107,7 +107,7 @@ pub fn render(st: &AppState) -> String {
         st.http.connections_open.load(Relaxed)
     );
     let s = &st.sched;
-    let counters: [(&str, &str, u64); 10] = [
+    let counters: [(&str, &str, u64); 13] = [
         (
             "kiln_requests_admitted_total",
             "Generation requests given a slot.",
@@ -157,6 +157,21 @@ pub fn render(st: &AppState) -> String {
             "kiln_decode_steps_total",
             "Batched decode steps.",
             s.decode_steps.load(Relaxed),
+        ),
+        (
+            "kiln_spec_passes_total",
+            "Speculative verification passes (a token and its drafts evaluated together).",
+            s.spec_passes.load(Relaxed),
+        ),
+        (
+            "kiln_spec_draft_tokens_total",
+            "Draft tokens evaluated by speculative decoding.",
+            s.spec_drafted.load(Relaxed),
+        ),
+        (
+            "kiln_spec_accepted_tokens_total",
+            "Draft tokens accepted (generated without a step of their own).",
+            s.spec_accepted.load(Relaxed),
         ),
     ];
     for (name, help, v) in counters {

@@ -41,6 +41,7 @@ use std::time::Duration;
 use crate::engine::batch::{BatchOptions, BatchRunner};
 use crate::engine::pooling::Pooling;
 use crate::engine::scheduler::{SchedMetrics, Scheduler, SeqRequest};
+use crate::engine::speculative::NgramDrafter;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
@@ -79,6 +80,17 @@ pub struct ServeOptions {
     pub pooling: Option<Pooling>,
     /// `--embd-normalize`: llama.cpp's normalization of embeddings (2: euclidean).
     pub embd_normalize: i32,
+    /// Speculative decoding (`--spec-type ngram-simple`), if on.
+    pub speculation: Option<ServeSpeculation>,
+}
+
+/// Speculative decoding in the server: prompt lookup of the context's last `ngram_n` tokens,
+/// `draft_min..=draft_max` drafts a pass ([`Scheduler::speculate`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ServeSpeculation {
+    pub ngram_n: usize,
+    pub draft_max: usize,
+    pub draft_min: usize,
 }
 
 /// Connection limits and timeouts.
@@ -227,17 +239,25 @@ fn start(
             prefill_chunk: opts.prefill_chunk,
             kv_type: opts.kv_type,
             device: opts.device,
+            draft_max: opts.speculation.map_or(0, |s| s.draft_max),
         },
     )?;
     let kv_bytes = runner.kv_bytes();
     let sched = Arc::new(SchedMetrics::default());
     let (tx, rx) = std_mpsc::channel::<SeqRequest>();
     let engine = {
+        let spec = opts.speculation;
         let tok = Arc::clone(&tokenizer);
         let metrics = Arc::clone(&sched);
         std::thread::Builder::new()
             .name("kiln-engine".into())
-            .spawn(move || Scheduler::new(runner, &tok, metrics).run(rx))?
+            .spawn(move || {
+                let mut s = Scheduler::new(runner, &tok, metrics);
+                if let Some(sp) = spec {
+                    s.speculate(NgramDrafter::new(sp.ngram_n, sp.ngram_n), sp.draft_min);
+                }
+                s.run(rx)
+            })?
     };
     let pooling = Pooling::for_model(&model, opts.pooling).map_err(|e| e.to_string());
     if opts.embeddings {
