@@ -782,10 +782,11 @@ impl<'t> Scheduler<'t> {
         drop(masks);
         let m = &self.metrics;
         m.prefill_tokens.fetch_add(n_prefill as u64, Relaxed);
+        let secs = t0.elapsed().as_secs_f64();
         if n_decode > 0 {
             m.decode_steps.fetch_add(1, Relaxed);
-            m.record_step(n_decode, t0.elapsed().as_secs_f64());
         }
+        let accepted = m.spec_accepted.load(Relaxed);
         for slot in 0..self.active.len() {
             // (a fork released by an earlier slot of this loop is not in the step)
             if !self.in_step[slot] {
@@ -814,6 +815,11 @@ impl<'t> Scheduler<'t> {
                 }
                 Phase::Waiting { .. } => {}
             }
+        }
+        if n_decode > 0 {
+            // A decode row's token, and the drafts its verification pass kept.
+            let kept = self.metrics.spec_accepted.load(Relaxed) - accepted;
+            self.metrics.record_step(n_decode + kept as usize, secs);
         }
     }
 
