@@ -49,7 +49,8 @@ pub struct PlanArgs {
     #[arg(long = "model-draft", value_name = "MODEL")]
     pub model_draft: Option<String>,
     /// Plan speculative decoding's verification passes: the logits of up to N + 1 positions
-    /// together (`kiln run --draft-max`; 16 with --model-draft).
+    /// together (`kiln run --draft-max`; 16 with --model-draft). With --parallel, `kiln
+    /// serve --spec-type ngram-simple`'s: N more logits rows and step rows per sequence.
     #[arg(long = "draft-max", value_name = "N")]
     pub draft_max: Option<usize>,
     /// Print the plan as JSON.
@@ -87,7 +88,13 @@ pub fn run(args: PlanArgs) -> Result<()> {
             super::spec::MAX_DRAFTS
         );
     }
-    opts.logit_rows = draft_max.map_or(1, |n| n + 1);
+    if args.parallel > 1 && args.model_draft.is_some() {
+        anyhow::bail!("--model-draft with --parallel: kiln serve speculates with prompt lookup only (--draft-max N)");
+    }
+    // (A server's sequences keep their verification rows beside the session's logits.)
+    opts.logit_rows = draft_max
+        .filter(|_| args.parallel <= 1)
+        .map_or(1, |n| n + 1);
     let host = HostTerms {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
@@ -102,16 +109,37 @@ pub fn run(args: PlanArgs) -> Result<()> {
     };
     let mut p = plan_of(&file, &opts, host)?;
     if let Some(n) = draft_max.filter(|_| !cuda) {
-        // `Speculation`'s own buffers: a pass's logits, the history and a rollback's copy.
         let (v, c) = (config.vocab_size as u64, ctx as u64);
-        let bytes = (n as u64 + 1) * v * 4 + 2 * (c + 1) * 4;
+        let (bytes, formula) = if args.parallel > 1 {
+            // `kiln serve`: each slot keeps `n` more logits rows, and a step carries up to `n`
+            // more rows a slot (the scratch's rows beside the chunk), and each slot's
+            // verification pass and the drafter's copy of its history.
+            let parallel = args.parallel as u64;
+            let rows = |draft| {
+                let o = kiln::engine::batch::runner_session_options(&opts, args.parallel, draft);
+                let spec = kiln::engine::session::scratch_spec_for(&file, &o);
+                kiln::cache::Scratch::bytes_for(&config, spec) as u64
+            };
+            let scratch = rows(n) - rows(0);
+            let bytes =
+                parallel * n as u64 * v * 4 + scratch + parallel * (n as u64 + 1) * 4 + (c + 1) * 4;
+            let formula = format!(
+                "{parallel} seq × {n} rows × {v} vocab × 4 + scratch for {} more rows ({scratch} B) + {parallel} seq × ({n} + 1) + ({c} + 1) positions × 4 token ids",
+                parallel * n as u64
+            );
+            (bytes, formula)
+        } else {
+            // `Speculation`'s own buffers: a pass's logits, the history and a rollback's copy.
+            let bytes = (n as u64 + 1) * v * 4 + 2 * (c + 1) * 4;
+            let formula =
+                format!("({n} + 1) rows × {v} vocab × 4 + 2 × ({c} + 1) positions × 4 token ids");
+            (bytes, formula)
+        };
         p.components.push(kiln::engine::plan::Component {
             name: "speculation",
             bytes,
             mapped: false,
-            formula: format!(
-                "({n} + 1) rows × {v} vocab × 4 + 2 × ({c} + 1) positions × 4 token ids"
-            ),
+            formula,
         });
         p.total_bytes += bytes;
     }
