@@ -383,3 +383,25 @@ fn serve_speculates_over_http() {
         assert_eq!(stderr.trim().lines().count(), 1, "{extra:?}: {stderr}");
     }
 }
+
+/// A runner on the GPU refuses draft rows (its passes are batches, not decode steps), before
+/// it touches the device.
+#[test]
+fn gpu_runner_refuses_speculation() {
+    let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).expect("load"));
+    let e = BatchRunner::new(
+        m,
+        BatchOptions {
+            n_slots: 2,
+            n_ctx: 64,
+            n_threads: 2,
+            prefill_chunk: 16,
+            kv_type: KvType::F16,
+            device: kiln::backend::Device::Cuda,
+            draft_max: 4,
+        },
+    )
+    .err()
+    .expect("refused");
+    assert!(e.to_string().contains("CPU only"), "{e}");
+}

@@ -112,6 +112,13 @@ impl BatchRunner {
         let n_slots = opts.n_slots.max(1);
         let n_ctx = opts.n_ctx.max(1);
         check_context(c, n_ctx)?;
+        if opts.draft_max > 0 && opts.device != Device::Cpu {
+            // The GPU computes a verification pass as a batch, not as its decode steps.
+            return Err(ForwardError::Device(
+                "speculative decoding runs on the CPU only (--device cpu)".into(),
+            )
+            .into());
+        }
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
         sopts.kv_type = opts.kv_type;
         sopts.device = opts.device;
