@@ -15,9 +15,10 @@ use kiln::cache::KvType;
 use kiln::engine::batch::{BatchOptions, BatchRunner};
 use kiln::engine::logprobs::TokenLogprobs;
 use kiln::engine::scheduler::{
-    FinishReason, Finished, SchedMetrics, Scheduler, SeqRequest, SeqSink,
+    FinishReason, Finished, Fork, SchedMetrics, Scheduler, SeqRequest, SeqSink,
 };
 use kiln::engine::speculative::NgramDrafter;
+use kiln::grammar::{GrammarEngine, GrammarSpec};
 use kiln::model::Model;
 use kiln::sampler::SamplerConfig;
 use kiln::tokenizer::Tokenizer;
@@ -69,6 +70,11 @@ struct Req {
     stop: Vec<String>,
     ignore_eos: bool,
     logprobs: Option<usize>,
+    /// A GBNF grammar the request decodes under (plainly: no drafts).
+    grammar: Option<&'static str>,
+    /// A second choice of the same prompt (`n: 2`), seeded or greedy: its output follows
+    /// the requests'.
+    fork: Option<bool>,
 }
 
 impl Req {
@@ -81,6 +87,8 @@ impl Req {
             stop: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            grammar: None,
+            fork: None,
         }
     }
 }
@@ -116,6 +124,22 @@ struct Setup {
     chunk: usize,
     /// Drafts a pass (0: no speculation).
     draft_max: usize,
+    /// Fewer drafts than this are not verified.
+    draft_min: usize,
+    kv_type: KvType,
+}
+
+impl Setup {
+    fn new(slots: usize, n_ctx: usize, chunk: usize, draft_max: usize) -> Setup {
+        Setup {
+            slots,
+            n_ctx,
+            chunk,
+            draft_max,
+            draft_min: 1,
+            kv_type: KvType::F16,
+        }
+    }
 }
 
 /// Serve `reqs` (all queued at once) and return each one's output and the metrics.
@@ -132,7 +156,7 @@ fn serve(
             n_ctx: s.n_ctx,
             n_threads: 2,
             prefill_chunk: s.chunk,
-            kv_type: KvType::F16,
+            kv_type: s.kv_type,
             device: Default::default(),
             draft_max: s.draft_max,
         },
@@ -140,9 +164,26 @@ fn serve(
     .unwrap();
     let metrics = Arc::new(SchedMetrics::default());
     let mut sched = Scheduler::new(runner, tok, Arc::clone(&metrics));
-    sched.speculate(NgramDrafter::new(2, 2), 1);
+    sched.speculate(NgramDrafter::new(2, 2), s.draft_min);
+    let engine = GrammarEngine::from_tokenizer(tok).unwrap();
+    let grammar =
+        |g: Option<&str>| g.map(|g| engine.compile(&GrammarSpec::from_grammar_text(g)).unwrap());
     let outs: Vec<Arc<Mutex<Out>>> = reqs.iter().map(|_| Arc::default()).collect();
+    let mut fork_outs: Vec<Arc<Mutex<Out>>> = Vec::new();
     for (i, (r, o)) in reqs.iter().zip(&outs).enumerate() {
+        let forks = r
+            .fork
+            .map(|seeded| {
+                let out = Arc::default();
+                fork_outs.push(Arc::clone(&out));
+                Fork {
+                    sampler: sampler(seeded, false, 100 + i),
+                    grammar: None,
+                    sink: Box::new(Collect(out)),
+                }
+            })
+            .into_iter()
+            .collect();
         sched.submit(SeqRequest {
             prompt: r.prompt.clone(),
             max_new: r.max_new,
@@ -150,9 +191,9 @@ fn serve(
             stop: r.stop.clone(),
             cache_prompt: true,
             ignore_eos: r.ignore_eos,
-            grammar: None,
+            grammar: grammar(r.grammar),
             logprobs: r.logprobs,
-            forks: Vec::new(),
+            forks,
             embed: None,
             sink: Box::new(Collect(Arc::clone(o))),
         });
@@ -160,7 +201,11 @@ fn serve(
     while !sched.is_idle() {
         sched.step();
     }
-    let outs = outs.iter().map(|o| o.lock().unwrap().clone()).collect();
+    let outs = outs
+        .iter()
+        .chain(&fork_outs)
+        .map(|o| o.lock().unwrap().clone())
+        .collect();
     (outs, metrics)
 }
 
@@ -208,14 +253,15 @@ fn repeating(seed: u32, len: usize) -> Vec<u32> {
 /// Random models of the batch-dependent formats (K-quants) and others: five requests on three
 /// slots (two wait and join later, beside the others' decode rows and prompt pieces), greedy
 /// and seeded, short and long, one past its context, one with `ignore_eos`, one with
-/// log-probabilities, one cut by a stop sequence.
+/// log-probabilities, one cut by a stop sequence, one with a second choice, one under a
+/// grammar (decoded plainly beside the others' passes); a q8_0 KV cache on one model.
 #[test]
 fn scheduler_speculation_gives_plain_outputs_on_random_models() {
-    for stem in [
-        "random-llama-q4_k",
-        "random-llama-q6_k",
-        "random-llama-q4_0",
-        "random-qwen3-q4_k_m",
+    for (stem, kv_type) in [
+        ("random-llama-q4_k", KvType::F16),
+        ("random-llama-q6_k", KvType::F16),
+        ("random-llama-q4_0", KvType::Q8_0),
+        ("random-qwen3-q4_k_m", KvType::F16),
     ] {
         let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
         let tok = Tokenizer::from_gguf(&m.file).unwrap();
@@ -225,20 +271,21 @@ fn scheduler_speculation_gives_plain_outputs_on_random_models() {
             Req::new(repeating(3, 90), 100),
             Req::new(repeating(4, 20), 25),
             Req::new(repeating(5, 9), 1),
+            Req::new(repeating(6, 10), 12),
         ];
         reqs[1].seeded = true;
         reqs[3].seeded = true;
         reqs[2].ignore_eos = true;
         reqs[0].logprobs = Some(3);
         reqs[3].logprobs = Some(0);
-        // A stop sequence from the text the plain run generates for request 4 (its 6th
-        // token's): generation stops in the middle of a pass.
+        reqs[0].fork = Some(true);
+        reqs[5].grammar = Some("root ::= [0-9]+");
         let setup = || Setup {
-            slots: 3,
-            n_ctx: 128,
-            chunk: 16,
-            draft_max: 6,
+            kv_type,
+            ..Setup::new(3, 128, 16, 6)
         };
+        // A stop sequence from the text the plain run generates for request 3 (its 6th
+        // token's): generation stops in the middle of a pass.
         let (probe, _) = serve(
             &m,
             &tok,
@@ -246,13 +293,70 @@ fn scheduler_speculation_gives_plain_outputs_on_random_models() {
                 draft_max: 0,
                 ..setup()
             },
-            &reqs[3..4],
+            &reqs,
         );
-        let stop = tok.decode(&probe[0].ids[5..6]);
-        if !stop.trim().is_empty() && !tok.decode(&probe[0].ids[..5]).contains(&stop) {
+        let stop = tok.decode(&probe[3].ids[5..6]);
+        let stops = !stop.trim().is_empty() && !tok.decode(&probe[3].ids[..5]).contains(&stop);
+        if stops {
             reqs[3].stop = vec![stop];
         }
-        same_with_speculation(stem, &m, &tok, setup(), &reqs);
+        let metrics = same_with_speculation(stem, &m, &tok, setup(), &reqs);
+        assert!(
+            metrics.spec_accepted.load(Relaxed) > 0,
+            "{stem}: drafts kept"
+        );
+        if stops {
+            let (out, _) = serve(&m, &tok, &setup(), &reqs);
+            assert_eq!(out[3].reason, Some(FinishReason::Stop), "{stem}");
+            assert_eq!(out[3].ids.len(), 6, "{stem}: cut at the stop");
+        }
+        let digits = &probe[5].text;
+        assert!(
+            digits.chars().all(|c| c.is_ascii_digit()),
+            "{stem}: {digits:?}"
+        );
+    }
+}
+
+/// Many slots in a short context: one step takes every slot's verification pass of
+/// `1 + draft_max` rows (36 rows, more than a slot's 32 positions), and each row's logits are
+/// those of a plain decode step of the same tokens, bit for bit.
+#[test]
+fn runner_takes_every_slots_pass_in_a_short_context() {
+    let m = Arc::new(Model::load(common::random_model("random-llama-q4_k")).expect("load"));
+    let opts = |n_slots, draft_max| BatchOptions {
+        n_slots,
+        n_ctx: 32,
+        n_threads: 2,
+        prefill_chunk: 16,
+        kv_type: KvType::F16,
+        device: Default::default(),
+        draft_max,
+    };
+    let mut spec = BatchRunner::new(Arc::clone(&m), opts(4, 8)).unwrap();
+    let mut plain = BatchRunner::new(Arc::clone(&m), opts(1, 0)).unwrap();
+    let prompt = |s: u32| repeating(s, 10);
+    let pass = |s: u32| -> Vec<u32> { (0..9).map(|j| 3 + (s * 29 + j * 7) % 200).collect() };
+    for s in 0..4 {
+        spec.prefill_chunk(s, &prompt(s as u32), true).unwrap();
+    }
+    spec.begin_step();
+    for s in 0..4 {
+        spec.push_verify(s, &pass(s as u32));
+    }
+    spec.run_step()
+        .expect("four passes of nine rows in one step");
+    for s in 0..4 {
+        plain.rollback(0, 0);
+        plain.prefill_chunk(0, &prompt(s as u32), true).unwrap();
+        for (i, &t) in pass(s as u32).iter().enumerate() {
+            plain.decode(&[(0, t)]).unwrap();
+            let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(plain.logits(0)) == bits(spec.logits_at(s, i)),
+                "slot {s}, row {i}"
+            );
+        }
     }
 }
 
@@ -279,12 +383,7 @@ fn scheduler_speculation_keeps_drafts_on_a_real_model() {
     reqs[1].seeded = true;
     reqs[2].penalty = true;
     reqs[2].logprobs = Some(2);
-    let setup = Setup {
-        slots: 3,
-        n_ctx: 512,
-        chunk: 64,
-        draft_max: 16,
-    };
+    let setup = Setup::new(3, 512, 64, 16);
     let metrics = same_with_speculation("smollm2", &m, &tok, setup, &reqs);
     let (drafted, kept) = (
         metrics.spec_drafted.load(Relaxed),
@@ -294,6 +393,17 @@ fn scheduler_speculation_keeps_drafts_on_a_real_model() {
         kept * 2 > drafted,
         "copying keeps most drafts: {kept} of {drafted}"
     );
+    // `--draft-min 8 --draft-max 8`: every pass verifies 8 drafts (fewer are not verified).
+    let setup = Setup {
+        draft_min: 8,
+        ..Setup::new(3, 512, 64, 8)
+    };
+    let metrics = same_with_speculation("smollm2, 8 drafts", &m, &tok, setup, &reqs);
+    let (passes, drafted) = (
+        metrics.spec_passes.load(Relaxed),
+        metrics.spec_drafted.load(Relaxed),
+    );
+    assert_eq!(drafted, 8 * passes, "{passes} passes of {drafted} drafts");
 }
 
 /// Gemma-3's sliding-window rings: passes stay within what a ring can roll back (a small
@@ -320,12 +430,7 @@ fn scheduler_speculation_respects_sliding_window_rings() {
     // path's split-key attention, a batch row the vector path.
     let mut reqs = [Req::new(prompt, 120)];
     reqs[0].logprobs = Some(1);
-    let setup = Setup {
-        slots: 1,
-        n_ctx: 1024,
-        chunk: 8,
-        draft_max: 16,
-    };
+    let setup = Setup::new(1, 1024, 8, 16);
     let metrics = same_with_speculation("gemma3", &m, &tok, setup, &reqs);
     assert!(metrics.spec_accepted.load(Relaxed) > 0, "drafts kept");
 }

@@ -91,6 +91,13 @@ pub fn run(args: PlanArgs) -> Result<()> {
     if args.parallel > 1 && args.model_draft.is_some() {
         anyhow::bail!("--model-draft with --parallel: kiln serve speculates with prompt lookup only (--draft-max N)");
     }
+    // (A server cuts its drafts to a prefill chunk less one, as `BatchRunner::new` does.)
+    let draft_max = match args.parallel > 1 {
+        true => draft_max
+            .map(|n| n.min(args.prefill_chunk.clamp(1, ctx) - 1))
+            .filter(|&n| n > 0),
+        false => draft_max,
+    };
     // (A server's sequences keep their verification rows beside the session's logits.)
     opts.logit_rows = draft_max
         .filter(|_| args.parallel <= 1)
@@ -112,8 +119,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
         let (v, c) = (config.vocab_size as u64, ctx as u64);
         let (bytes, formula) = if args.parallel > 1 {
             // `kiln serve`: each slot keeps `n` more logits rows, and a step carries up to `n`
-            // more rows a slot (the scratch's rows beside the chunk), and each slot's
-            // verification pass and the drafter's copy of its history.
+            // more rows a slot (the scratch's rows beside the chunk, and `n` more rows of the
+            // output head's), and each slot's verification pass and the drafter's copy of its
+            // history.
             let parallel = args.parallel as u64;
             let rows = |draft| {
                 let o = kiln::engine::batch::runner_session_options(&opts, args.parallel, draft);
@@ -124,7 +132,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             let bytes =
                 parallel * n as u64 * v * 4 + scratch + parallel * (n as u64 + 1) * 4 + (c + 1) * 4;
             let formula = format!(
-                "{parallel} seq × {n} rows × {v} vocab × 4 + scratch for {} more rows ({scratch} B) + {parallel} seq × ({n} + 1) + ({c} + 1) positions × 4 token ids",
+                "{parallel} seq × {n} rows × {v} vocab × 4 + scratch for {} more rows and {n} more head rows ({scratch} B) + {parallel} seq × ({n} + 1) + ({c} + 1) positions × 4 token ids",
                 parallel * n as u64
             );
             (bytes, formula)

@@ -38,13 +38,17 @@ pub struct SpecArgs {
     /// Fewer drafts than this are not verified (the token is decoded alone).
     #[arg(long = "draft-min", default_value_t = 1)]
     pub draft_min: usize,
-    /// The draft model stops guessing where its most likely token is less likely than this.
-    #[arg(long = "draft-p-min", default_value_t = 0.8)]
-    pub draft_p_min: f32,
+    /// The draft model stops guessing where its most likely token is less likely than this
+    /// [default: 0.8].
+    #[arg(long = "draft-p-min")]
+    pub draft_p_min: Option<f32>,
     /// ngram-simple: the length of the n-gram looked up (the context's last n tokens).
     #[arg(long = "spec-ngram-size-n", default_value_t = 3)]
     pub ngram_n: usize,
 }
+
+/// `--draft-p-min`'s default (llama.cpp's).
+const DRAFT_P_MIN: f32 = 0.8;
 
 /// Most drafts a pass may verify (`--draft-max`): the pass's logits take `draft_max + 1` rows
 /// of the vocabulary.
@@ -61,8 +65,8 @@ impl SpecArgs {
 
     /// Check the flags before anything is loaded; whether they ask for speculation.
     pub fn check(&self, args: &ModelArgs) -> Result<bool> {
-        if !(0.0..=1.0).contains(&self.draft_p_min) {
-            bail!("--draft-p-min {} is not a probability", self.draft_p_min);
+        if let Some(p) = self.draft_p_min.filter(|p| !(0.0..=1.0).contains(p)) {
+            bail!("--draft-p-min {p} is not a probability");
         }
         if !(1..=MAX_DRAFTS).contains(&self.draft_max) {
             bail!("--draft-max must be from 1 to {MAX_DRAFTS}");
@@ -93,7 +97,7 @@ impl SpecArgs {
         if self.kind() == SpecType::DraftSimple {
             bail!("kiln serve speculates with --spec-type ngram-simple only; a draft model (--model-draft) is for kiln run and kiln chat");
         }
-        if self.draft_p_min != 0.8 {
+        if self.draft_p_min.is_some() {
             bail!("--draft-p-min is for a draft model (kiln run and kiln chat)");
         }
         Ok(self.check(args)?.then_some(kiln::server::ServeSpeculation {
@@ -154,7 +158,10 @@ impl SpecArgs {
             o
         };
         let session = common::new_session(&draft.model, opts)?;
-        Ok(ModelDrafter::new(session, self.draft_p_min))
+        Ok(ModelDrafter::new(
+            session,
+            self.draft_p_min.unwrap_or(DRAFT_P_MIN),
+        ))
     }
 }
 

@@ -8,8 +8,8 @@
 //! prefill), so a long prompt never stops the running sequences for more than one chunk.
 //!
 //! All buffers are allocated in [`BatchRunner::new`]: scratch for `prefill_chunk + slots` rows
-//! (one chunk beside one decode token per slot), one logits row per slot. A step allocates
-//! nothing.
+//! (one chunk beside one decode token per slot, and each slot's drafts when speculating), one
+//! logits row per slot (and one per draft). A step allocates nothing.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -42,8 +42,8 @@ pub struct BatchOptions {
     /// Where the steps run (every slot's cache is there too).
     pub device: Device,
     /// Draft tokens a slot's verification pass may carry beside its sampled token
-    /// (speculative decoding, [`BatchRunner::push_verify`]; 0: none). Each slot then keeps
-    /// `1 + draft_max` logits rows.
+    /// (speculative decoding, [`BatchRunner::push_verify`]; 0: none), cut to `prefill_chunk`
+    /// − 1 (a pass is one sequence's chunk). Each slot then keeps `1 + draft_max` logits rows.
     pub draft_max: usize,
 }
 
@@ -119,6 +119,12 @@ impl BatchRunner {
             )
             .into());
         }
+        // A verification pass is one sequence's pass: at most a prefill chunk.
+        let chunk = opts.prefill_chunk.clamp(1, n_ctx);
+        let opts = BatchOptions {
+            draft_max: opts.draft_max.min(chunk - 1),
+            ..opts
+        };
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
         sopts.kv_type = opts.kv_type;
         sopts.device = opts.device;
@@ -177,7 +183,7 @@ impl BatchRunner {
             opts: BatchOptions {
                 n_slots,
                 n_ctx,
-                prefill_chunk: opts.prefill_chunk.max(1).min(spec.max_tokens),
+                prefill_chunk: chunk,
                 ..opts
             },
             model,
@@ -549,17 +555,18 @@ impl BatchRunner {
 }
 
 /// How a runner of `n_slots` sizes its buffers, from a session's options: a pass carries a
-/// prefill chunk beside one decode token (and up to `draft_max` drafts) per slot, and the
-/// output head computes a logits row per slot at a time. (The memory plan sizes a server's
-/// session with this.)
+/// prefill chunk (at most a slot's context) beside one decode token and up to `draft_max`
+/// drafts per slot, and the output head computes a logits row per slot at a time, and
+/// `draft_max` more (so that a lone verification pass reads the head once). (The memory plan
+/// sizes a server's session with this.)
 pub fn runner_session_options(
     opts: &SessionOptions,
     n_slots: usize,
     draft_max: usize,
 ) -> SessionOptions {
     SessionOptions {
-        prefill_chunk: opts.prefill_chunk.max(1) + n_slots * (1 + draft_max),
-        logit_rows: n_slots,
+        batch_rows: n_slots * (1 + draft_max),
+        logit_rows: n_slots + draft_max,
         ..*opts
     }
 }

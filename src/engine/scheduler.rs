@@ -47,7 +47,7 @@ use super::batch::BatchRunner;
 use super::logprobs::TokenLogprobs;
 use super::pooling::{EmbedSpec, Pooler};
 use super::session::EngineError;
-use super::speculative::{Drafter, NgramDrafter};
+use super::speculative::{DraftWant, Drafter, NgramDrafter};
 use crate::grammar::{overlap, Constraint};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -257,7 +257,7 @@ struct Active<'t> {
     /// Speculative decoding: the step's verification pass (the pending token, then its
     /// drafts; empty: a plain decode row), and how many drafts the next pass asks for.
     verify: Vec<u32>,
-    want: usize,
+    want: DraftWant,
 }
 
 enum Emit {
@@ -357,9 +357,6 @@ struct ServeSpec {
     drafter: NgramDrafter,
     draft_min: usize,
 }
-
-/// Drafts a sequence's first verification pass asks for (then doubled while all are kept).
-const FIRST_DRAFTS: usize = 4;
 
 impl<'t> Scheduler<'t> {
     pub fn new(runner: BatchRunner, tok: &'t Tokenizer, metrics: Arc<SchedMetrics>) -> Self {
@@ -496,11 +493,7 @@ impl<'t> Scheduler<'t> {
         };
         let r = &self.runner;
         // Passes within what a slot can carry and roll back exactly.
-        let most = r
-            .opts
-            .draft_max
-            .min(r.opts.prefill_chunk - 1)
-            .min(r.rollback_reach().saturating_sub(1));
+        let most = r.opts.draft_max.min(r.rollback_reach().saturating_sub(1));
         for (s, a) in self.active.iter_mut().enumerate() {
             let Some(a) = a else { continue };
             a.verify.clear();
@@ -511,12 +504,11 @@ impl<'t> Scheduler<'t> {
                 continue;
             }
             let tokens = r.tokens(s);
-            let cap = a
-                .want
-                .max(spec.draft_min)
-                .min(most)
-                .min(a.req.max_new.saturating_sub(a.generated))
-                .min(r.n_ctx().saturating_sub(tokens.len() + 1));
+            let cap = a.want.cap(
+                spec.draft_min,
+                most.min(a.req.max_new.saturating_sub(a.generated))
+                    .min(r.n_ctx().saturating_sub(tokens.len() + 1)),
+            );
             if cap < spec.draft_min {
                 continue;
             }
@@ -621,7 +613,7 @@ impl<'t> Scheduler<'t> {
                 Some(_) => Vec::with_capacity(1 + self.runner.opts.draft_max),
                 None => Vec::new(),
             },
-            want: FIRST_DRAFTS.min(self.runner.opts.draft_max),
+            want: DraftWant::new(self.runner.opts.draft_max),
             req,
         }
     }
@@ -890,11 +882,15 @@ impl<'t> Scheduler<'t> {
             break;
         }
         if let Some(a) = self.active[slot].as_mut() {
-            let max = self.runner.opts.draft_max;
-            a.want = if i == k { (2 * a.want).min(max) } else { i + 1 };
+            a.want.passed(i, k);
         }
         let kept = self.runner.rollback(slot, base + 1 + i);
-        debug_assert_eq!(kept, base + 1 + i, "passes stay within the rollback reach");
+        if kept < base + 1 + i {
+            // (Passes are held within the rollback reach: not reached.)
+            debug_assert!(false, "a pass past the rollback reach");
+            let e = format!("speculative decoding lost the cache past position {kept}");
+            self.finish(slot, FinishReason::Error(e));
+        }
         let m = &self.metrics;
         m.spec_passes.fetch_add(1, Relaxed);
         m.spec_drafted.fetch_add(k as u64, Relaxed);

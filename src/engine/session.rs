@@ -24,6 +24,9 @@ pub struct SessionOptions {
     pub prefill_chunk: usize,
     /// Logit rows computed at once when every position's logits are wanted (perplexity).
     pub logit_rows: usize,
+    /// Rows a pass carries beside its prefill chunk: a batch runner's decode rows and
+    /// verification passes, one sequence's each (0 for a session).
+    pub batch_rows: usize,
     /// Element type of the KV cache.
     pub kv_type: KvType,
     /// RAM for the KV cache: when the whole cache is larger, it lives in a file and a ring of
@@ -43,6 +46,7 @@ impl SessionOptions {
             n_threads,
             prefill_chunk: 512,
             logit_rows: 1,
+            batch_rows: 0,
             kv_type: KvType::F16,
             kv_budget: None,
             swa_full: false,
@@ -587,7 +591,8 @@ pub fn scratch_spec(model: &Model, opts: &SessionOptions) -> ScratchSpec {
 
 /// The scratch sizes for a model file, before loading it (the memory plan uses this).
 pub fn scratch_spec_for(file: &crate::gguf::GgufFile, opts: &SessionOptions) -> ScratchSpec {
-    let max_tokens = opts.prefill_chunk.clamp(1, opts.n_ctx.max(1));
+    // (A chunk is at most one sequence's context; a runner's other rows come beside it.)
+    let max_tokens = opts.prefill_chunk.clamp(1, opts.n_ctx.max(1)) + opts.batch_rows;
     ScratchSpec {
         max_tokens,
         up_rows: if weights::gated_ffn_fuses(file) {

@@ -167,6 +167,40 @@ pub struct SpecStats {
 /// Drafts a generation's first step asks for (then doubled while all are accepted).
 const FIRST_DRAFTS: usize = 4;
 
+/// How many drafts a generation's next verification pass asks for: [`FIRST_DRAFTS`] first,
+/// doubled (up to `max`) after a pass that kept all of its drafts, one more than were kept
+/// after one that did not, so text the drafter cannot guess costs passes of a few rows, not
+/// of `max`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DraftWant {
+    want: usize,
+    max: usize,
+}
+
+impl DraftWant {
+    pub(crate) fn new(max: usize) -> DraftWant {
+        DraftWant {
+            want: FIRST_DRAFTS.min(max),
+            max,
+        }
+    }
+
+    /// The drafts to ask for: at least `min`, at most `limit` (what the pass may hold).
+    #[must_use]
+    pub(crate) fn cap(&self, min: usize, limit: usize) -> usize {
+        self.want.max(min).min(limit)
+    }
+
+    /// A pass kept `kept` of its `drafted` drafts.
+    pub(crate) fn passed(&mut self, kept: usize, drafted: usize) {
+        self.want = if kept == drafted {
+            (2 * self.want).min(self.max)
+        } else {
+            kept + 1
+        };
+    }
+}
+
 /// A drafter with the buffers of verification, allocated once.
 pub struct Speculation {
     drafter: Box<dyn Drafter>,
@@ -174,10 +208,8 @@ pub struct Speculation {
     pub draft_max: usize,
     /// Fewer drafts than this are not verified (llama.cpp's `--draft-min`).
     pub draft_min: usize,
-    /// Drafts the next step asks for: doubled (up to `draft_max`) after a step that accepted
-    /// all of its drafts, cut to one more than were accepted after one that did not, so text
-    /// the drafter cannot guess costs passes of a few rows, not of `draft_max`.
-    want: usize,
+    /// Drafts the next step asks for.
+    want: DraftWant,
     /// Most drafts a pass may hold so that a rollback to its first token stays exact
     /// ([`Session::rollback_reach`] − 1).
     reach: usize,
@@ -203,7 +235,7 @@ impl Speculation {
             drafter,
             draft_max,
             draft_min: draft_min.clamp(1, draft_max),
-            want: draft_max.min(FIRST_DRAFTS),
+            want: DraftWant::new(draft_max),
             reach: usize::MAX,
             stats: SpecStats::default(),
             vocab,
@@ -226,7 +258,7 @@ impl Speculation {
     /// passes kept within what the session's sliding-window rings can roll back.
     pub fn start(&mut self, session: &Session) {
         self.stats = SpecStats::default();
-        self.want = self.draft_max.min(FIRST_DRAFTS);
+        self.want = DraftWant::new(self.draft_max);
         self.reach = session.rollback_reach().saturating_sub(1);
     }
 
@@ -249,10 +281,7 @@ impl Speculation {
         let fits = session.n_ctx().saturating_sub(n0 + 1);
         let cap = self
             .want
-            .max(self.draft_min)
-            .min(room)
-            .min(fits)
-            .min(self.reach);
+            .cap(self.draft_min, room.min(fits).min(self.reach));
         if cap < self.draft_min {
             return Ok(Step::Plain);
         }
@@ -300,11 +329,7 @@ impl Speculation {
             self.stats.accepted += 1;
             i += 1;
         };
-        self.want = if i == k {
-            (2 * self.want).min(self.draft_max)
-        } else {
-            i + 1
-        };
+        self.want.passed(i, k);
         self.keep(session, n0 + 1 + i)?;
         Ok(step)
     }
