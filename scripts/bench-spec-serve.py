@@ -50,7 +50,7 @@ LOADS = {
 
 class Server:
     def __init__(self, kiln, model, extra, args):
-        cmd = [str(kiln), "serve", "-m", str(model), "--port", "0", "-P", "4", "-c", "2048",
+        cmd = [str(kiln), "serve", "-m", str(model), "--port", "0", "-P", str(args.parallel), "-c", "2048",
                "-t", str(args.threads), *extra]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         self.url = None
@@ -108,9 +108,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--n-predict", type=int, default=200)
+    ap.add_argument("-P", "--parallel", type=int, default=4, help="sequence slots of both servers")
+    ap.add_argument("--kiln", help="the kiln binary (default: this checkout's, built)")
     args = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "-q"], cwd=REPO, check=True)
-    kiln = REPO / "target" / "release" / "kiln"
+    if args.kiln:
+        kiln = Path(args.kiln)
+    else:
+        subprocess.run(["cargo", "build", "--release", "-q"], cwd=REPO, check=True)
+        kiln = REPO / "target" / "release" / "kiln"
     if args.models:
         models = {Path(p).name: Path(p) for p in args.models.split(",")}
     else:

@@ -113,13 +113,53 @@ fn q8_0_kv_is_34_64ths_of_f16() {
     // Everything else is the same except the attention's tile buffers for dequantizing.
     let rest = |p: &kiln::engine::plan::MemoryPlan| p.total_bytes - kv(p);
     assert!(rest(&q8) > rest(&f16) && rest(&q8) - rest(&f16) < 1 << 20);
-    // --parallel multiplies the per-sequence terms only.
+    // --parallel multiplies the per-sequence terms; the scratch grows by a row per sequence.
     let two = plan(&file, &opts, 2, Default::default()).unwrap();
     assert_eq!(kv(&two), 2 * kv(&q8));
-    assert_eq!(
-        two.get("scratch (activations)").unwrap().bytes,
-        q8.get("scratch (activations)").unwrap().bytes
-    );
+    let scratch =
+        |p: &kiln::engine::plan::MemoryPlan| p.get("scratch (activations)").unwrap().bytes;
+    assert!(scratch(&two) > scratch(&q8) && scratch(&two) - scratch(&q8) < 1 << 20);
+}
+
+/// With `--parallel`, the plan is what a server's batch runner allocates.
+#[test]
+fn parallel_plan_equals_runner_allocations() {
+    use kiln::engine::batch::{BatchOptions, BatchRunner};
+    for stem in ["random-llama-q4_0", "random-qwen3-q4_k_m"] {
+        let model = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        for (slots, ctx, chunk, kv_type) in [
+            (2, 64, 16, KvType::F16),
+            (4, 32, 512, KvType::Q8_0),
+            (40, 32, 16, KvType::F16),
+        ] {
+            let mut opts = SessionOptions::new(ctx, 2);
+            opts.prefill_chunk = chunk;
+            opts.kv_type = kv_type;
+            let p = plan(&model.file, &opts, slots, Default::default()).unwrap();
+            let r = BatchRunner::new(
+                Arc::clone(&model),
+                BatchOptions {
+                    n_slots: slots,
+                    n_ctx: ctx,
+                    n_threads: 2,
+                    prefill_chunk: chunk,
+                    kv_type,
+                    device: Default::default(),
+                    draft_max: 0,
+                },
+            )
+            .unwrap();
+            let what = format!("{stem}: {slots} slots, ctx {ctx}, chunk {chunk}");
+            assert_eq!(
+                p.get("KV cache").unwrap().bytes,
+                r.kv_bytes() as u64,
+                "{what}"
+            );
+            let scratch =
+                p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
+            assert_eq!(scratch, r.host_scratch_bytes() as u64, "{what}");
+        }
+    }
 }
 
 #[test]

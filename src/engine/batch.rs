@@ -538,6 +538,16 @@ impl BatchRunner {
         self.run_step()
     }
 
+    /// Bytes of the slots' logits rows and the CPU's scratch (a GPU runner's is device
+    /// memory): what the memory plan's "scratch (activations)" and "logits" count.
+    pub fn host_scratch_bytes(&self) -> usize {
+        self.logits.len() * 4
+            + match &self.exec {
+                Exec::Cpu { scratch, .. } => scratch.bytes(),
+                Exec::Cuda { .. } => 0,
+            }
+    }
+
     /// Bytes of the KV caches of all slots.
     pub fn kv_bytes(&self) -> usize {
         self.slots

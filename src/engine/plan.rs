@@ -78,8 +78,9 @@ pub const CODE_TOUCHED_BYTES: u64 = 3 << 19;
 /// ([`crate::quant::GROUP_KERNEL_STACK_BYTES`]).
 pub const THREAD_STACK_BYTES: u64 = (64 << 10) + crate::quant::GROUP_KERNEL_STACK_BYTES as u64;
 
-/// Plan a session over `file` sized by `opts` (times `parallel` sequences, each with its own KV
-/// cache, token history and sampler, sharing the scratch of one forward pass).
+/// Plan a session over `file` sized by `opts`, or with `parallel` > 1 a server's batch runner
+/// of that many sequences (each with its own KV cache, token history, sampler and logits row,
+/// sharing the scratch of one forward pass with a row per sequence beside the chunk).
 pub fn plan(
     file: &GgufFile,
     opts: &SessionOptions,
@@ -122,9 +123,19 @@ pub fn plan(
     let header_heap = file.heap_bytes(&malloc_bytes) as u64;
     let kv = kv_layout(&c, opts);
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
-    let spec = scratch_spec_for(file, opts);
+    // A server's batch runner: its pass carries a row per sequence beside the chunk, and it
+    // keeps each sequence's logits row beside the scratch's.
+    let (spec, runner_rows) = match parallel {
+        1 => (scratch_spec_for(file, opts), 0),
+        n => {
+            let o = crate::engine::batch::runner_session_options(opts, n as usize, 0);
+            (scratch_spec_for(file, &o), n as usize)
+        }
+    };
     let scratch = Scratch::bytes_for(&c, spec) as u64;
-    let logits = (spec.logit_rows.max(1) * c.vocab_size * 4) as u64;
+    let logit_rows = spec.logit_rows.max(1) + runner_rows;
+    let logits = (logit_rows * c.vocab_size * 4) as u64;
+    let scratch_logits = (spec.logit_rows.max(1) * c.vocab_size * 4) as u64;
     let per_seq = (malloc_bytes(c.vocab_size * 8)
         + malloc_bytes(c.vocab_size * 4) * 2
         + malloc_bytes(opts.n_ctx.max(1) * 4)) as u64;
@@ -191,7 +202,7 @@ pub fn plan(
         },
         Component {
             name: "scratch (activations)",
-            bytes: scratch - logits,
+            bytes: scratch - scratch_logits,
             mapped: false,
             formula: format!(
                 "chunk {} × (named buffers of widths dim/q/kv/ffn) × 4 + attention and matmul tiles for {} threads",
@@ -202,7 +213,14 @@ pub fn plan(
             name: "logits",
             bytes: logits,
             mapped: false,
-            formula: format!("{} rows × {} vocab × 4", spec.logit_rows.max(1), c.vocab_size),
+            formula: match runner_rows {
+                0 => format!("{logit_rows} rows × {} vocab × 4", c.vocab_size),
+                n => format!(
+                    "({} output head rows + {n} seq × 1 row) × {} vocab × 4",
+                    spec.logit_rows.max(1),
+                    c.vocab_size
+                ),
+            },
         },
         Component {
             name: "sampler and history",
