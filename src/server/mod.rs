@@ -32,6 +32,7 @@ mod ready;
 mod respond;
 mod routes;
 pub mod structured;
+mod tokens;
 pub mod tools;
 
 use std::sync::mpsc as std_mpsc;

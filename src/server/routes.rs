@@ -30,7 +30,11 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(super::embeddings::embeddings))
-        .route("/v1/models", get(models));
+        .route("/v1/models", get(models))
+        .route("/tokenize", post(super::tokens::tokenize))
+        .route("/detokenize", post(super::tokens::detokenize))
+        .route("/apply-template", post(super::tokens::apply_template))
+        .route("/props", get(super::tokens::props));
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
         open = open.route("/metrics", get(prometheus));
@@ -74,6 +78,10 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
         Some("/v1/completions") => "/v1/completions",
         Some("/v1/embeddings") => "/v1/embeddings",
         Some("/v1/models") => "/v1/models",
+        Some("/tokenize") => "/tokenize",
+        Some("/detokenize") => "/detokenize",
+        Some("/apply-template") => "/apply-template",
+        Some("/props") => "/props",
         Some("/health") => "/health",
         Some("/metrics") => "/metrics",
         _ => "other",
@@ -243,22 +251,7 @@ fn head(model: String, endpoint: Endpoint) -> Head {
 async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let req: ChatRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "messages must not be empty",
-        ));
-    }
-    let tools = tools::read(
-        req.tools.as_ref(),
-        req.tool_choice.as_ref(),
-        req.parallel_tool_calls,
-    )?;
-    let msgs = tools::chat_messages(&req.messages)?;
-    let support = st
-        .tool_support
-        .get_or_init(|| ToolSupport::probe(&st.tokenizer));
-    let plan = tools::plan(msgs, tools.as_ref(), support, &st.tokenizer);
+    let (tools, plan) = chat_plan(&st, &req)?;
     let prompt = st
         .tokenizer
         .encode_chat_tools(
@@ -300,6 +293,30 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response,
         Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, &st),
         _ => e,
     })
+}
+
+/// A chat request's conversation and tools, read and planned for the model's template.
+pub(super) fn chat_plan(
+    st: &AppState,
+    req: &ChatRequest,
+) -> Result<(Option<tools::Tools>, tools::ToolPlan), ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
+    }
+    let tools = tools::read(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
+    let msgs = tools::chat_messages(&req.messages)?;
+    let support = st
+        .tool_support
+        .get_or_init(|| ToolSupport::probe(&st.tokenizer));
+    let plan = tools::plan(msgs, tools.as_ref(), support, &st.tokenizer);
+    Ok((tools, plan))
 }
 
 async fn completions(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {

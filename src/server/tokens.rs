@@ -1,0 +1,143 @@
+//! llama-server's utility routes that applications count and shape prompts with: `/tokenize`,
+//! `/detokenize`, `/apply-template` (the chat template's text for a conversation, as
+//! `/v1/chat/completions` renders it) and `/props` (the server's settings).
+
+use std::sync::Arc;
+
+use axum::body::Body as HttpBody;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::api::{self, Body, ChatRequest};
+use super::error::ApiError;
+use super::routes::{chat_plan, read_body};
+use super::AppState;
+
+type St = State<Arc<AppState>>;
+
+/// `POST /tokenize`: `{"content", "add_special" = false, "parse_special" = true,
+/// "with_pieces" = false}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenizeRequest {
+    content: String,
+    #[serde(default)]
+    add_special: bool,
+    #[serde(default = "yes")]
+    parse_special: bool,
+    #[serde(default)]
+    with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Body for TokenizeRequest {
+    fn from_json(v: &Value) -> Result<Self, ApiError> {
+        api::typed(v)
+    }
+}
+
+/// `POST /detokenize`: `{"tokens": [ids]}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DetokenizeRequest {
+    tokens: Vec<u32>,
+}
+
+impl Body for DetokenizeRequest {
+    fn from_json(v: &Value) -> Result<Self, ApiError> {
+        api::typed(v)
+    }
+}
+
+/// `{"tokens": [ids]}`; with `with_pieces`, `{"tokens": [{"id", "piece"}]}`, a piece being its
+/// text where its bytes are UTF-8, else the bytes (llama-server's answer).
+pub(super) async fn tokenize(
+    State(st): St,
+    headers: HeaderMap,
+    body: HttpBody,
+) -> Result<Json<Value>, ApiError> {
+    let req: TokenizeRequest = api::parse(&read_body(&st, &headers, body).await?)?;
+    let tok = &st.tokenizer;
+    let ids = tok.encode(&req.content, req.add_special, req.parse_special);
+    if !req.with_pieces {
+        return Ok(Json(json!({ "tokens": ids })));
+    }
+    let pieces: Vec<Value> = ids
+        .iter()
+        .map(|&id| {
+            let bytes = tok.token_bytes(id);
+            let piece = match std::str::from_utf8(bytes) {
+                Ok(s) => json!(s),
+                Err(_) => json!(bytes),
+            };
+            json!({ "id": id, "piece": piece })
+        })
+        .collect();
+    Ok(Json(json!({ "tokens": pieces })))
+}
+
+/// `{"content": text}`: the tokens' text, control tokens written out.
+pub(super) async fn detokenize(
+    State(st): St,
+    headers: HeaderMap,
+    body: HttpBody,
+) -> Result<Json<Value>, ApiError> {
+    let req: DetokenizeRequest = api::parse(&read_body(&st, &headers, body).await?)?;
+    let vocab = st.model.config.vocab_size;
+    if let Some((i, bad)) = req
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t as usize >= vocab)
+    {
+        return Err(ApiError::invalid_param(
+            "tokens",
+            format!("tokens[{i}]: token id {bad} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    Ok(Json(json!({ "content": st.tokenizer.decode(&req.tokens) })))
+}
+
+/// `{"prompt": text}`: a chat request's conversation (and tools) through the model's chat
+/// template, with the assistant's turn opened, as `/v1/chat/completions` renders it.
+pub(super) async fn apply_template(
+    State(st): St,
+    headers: HeaderMap,
+    body: HttpBody,
+) -> Result<Json<Value>, ApiError> {
+    let req: ChatRequest = api::parse(&read_body(&st, &headers, body).await?)?;
+    let (_, plan) = chat_plan(&st, &req)?;
+    let prompt = st
+        .tokenizer
+        .apply_chat_template_tools(&plan.messages, plan.template_tools.as_ref(), true)
+        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+    Ok(Json(json!({ "prompt": prompt })))
+}
+
+/// `GET /props`: what a client needs to know of the server (llama-server's fields).
+pub(super) async fn props(State(st): St) -> Json<Value> {
+    let o = &st.opts;
+    let c = &st.model.config;
+    Json(json!({
+        "default_generation_settings": {
+            "n_ctx": o.n_ctx,
+            "speculative": o.speculation.is_some(),
+        },
+        "total_slots": o.n_slots,
+        "model_alias": o.model_id,
+        "n_ctx_train": c.ctx_train,
+        "n_vocab": c.vocab_size,
+        "chat_template": st.tokenizer.chat_template(),
+        "bos_token": st.tokenizer.bos().map(|id| st.tokenizer.token_text(id)),
+        "eos_token": st.tokenizer.eos().map(|id| st.tokenizer.token_text(id)),
+        "modalities": { "vision": false, "audio": false },
+        "embeddings": o.embeddings,
+        "build_info": concat!("kiln ", env!("CARGO_PKG_VERSION")),
+    }))
+}
