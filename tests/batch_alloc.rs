@@ -247,11 +247,24 @@ fn logprob_fork_allocations(m: &Arc<Model>, tok: &Tokenizer, threads: usize) -> 
 
 /// Four requests speculating with prompt lookup (greedy and seeded, with log-probabilities):
 /// verification passes beside plain rows, drafts kept and refused, rollbacks.
-fn speculative_allocations(m: &Arc<Model>, tok: &Tokenizer, threads: usize) -> usize {
+/// With `draft`, a draft model's slots guess (each slot's history brought in, guesses decoded
+/// together) instead of prompt lookup.
+fn speculative_allocations(
+    m: &Arc<Model>,
+    tok: &Tokenizer,
+    threads: usize,
+    draft: Option<&Arc<Model>>,
+) -> usize {
     let metrics = Arc::new(SchedMetrics::default());
     let runner = runner_drafting(m, threads, KvType::F16, 4);
     let mut sched = Scheduler::new(runner, tok, Arc::clone(&metrics));
-    sched.speculate(kiln::engine::speculative::NgramDrafter::new(2, 2), 1);
+    match draft {
+        None => sched.speculate(kiln::engine::speculative::NgramDrafter::new(2, 2), 1),
+        Some(d) => {
+            let dr = runner_drafting(d, threads, KvType::F16, 0);
+            sched.speculate(kiln::engine::slot_drafter::SlotDrafter::new(dr, 0.0, 4), 1)
+        }
+    }
     let counters: Vec<Arc<AtomicUsize>> = (0..4).map(|_| Arc::new(AtomicUsize::new(0))).collect();
     for (i, c) in counters.iter().enumerate() {
         let pattern = [3 + i as u32, 40, 41 + i as u32, 90];
@@ -317,9 +330,14 @@ fn batched_steps_allocate_nothing() {
         let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
         for threads in [1, 2] {
             assert_eq!(
-                speculative_allocations(&m, &tok, threads),
+                speculative_allocations(&m, &tok, threads, None),
                 0,
                 "{stem}: speculative scheduler steps, {threads} threads"
+            );
+            assert_eq!(
+                speculative_allocations(&m, &tok, threads, Some(&m)),
+                0,
+                "{stem}: speculative scheduler steps with a draft model, {threads} threads"
             );
         }
     }

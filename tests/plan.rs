@@ -125,12 +125,21 @@ fn q8_0_kv_is_34_64ths_of_f16() {
 #[test]
 fn parallel_plan_equals_runner_allocations() {
     use kiln::engine::batch::{BatchOptions, BatchRunner};
-    for stem in ["random-llama-q4_0", "random-qwen3-q4_k_m"] {
-        let model = Arc::new(Model::load(common::random_model(stem)).unwrap());
+    let models = [
+        common::random_model("random-llama-q4_0"),
+        common::random_model("random-qwen3-q4_k_m"),
+        // Sliding-window rings.
+        common::real_model("gemma3"),
+    ];
+    for path in models {
+        let stem = path.file_name().unwrap().to_string_lossy().into_owned();
+        let model = Arc::new(Model::load(&path).unwrap());
         for (slots, ctx, chunk, kv_type) in [
             (2, 64, 16, KvType::F16),
             (4, 32, 512, KvType::Q8_0),
             (40, 32, 16, KvType::F16),
+            (3, 700, 2048, KvType::F16),
+            (2, 2048, 64, KvType::F16),
         ] {
             let mut opts = SessionOptions::new(ctx, 2);
             opts.prefill_chunk = chunk;

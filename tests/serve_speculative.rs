@@ -17,6 +17,7 @@ use kiln::engine::logprobs::TokenLogprobs;
 use kiln::engine::scheduler::{
     FinishReason, Finished, Fork, SchedMetrics, Scheduler, SeqRequest, SeqSink,
 };
+use kiln::engine::slot_drafter::SlotDrafter;
 use kiln::engine::speculative::NgramDrafter;
 use kiln::grammar::{GrammarEngine, GrammarSpec};
 use kiln::model::Model;
@@ -127,6 +128,9 @@ struct Setup {
     /// Fewer drafts than this are not verified.
     draft_min: usize,
     kv_type: KvType,
+    /// A draft model (a random model's stem) guessing instead of prompt lookup, and its
+    /// `--draft-p-min`.
+    draft: Option<(&'static str, f32)>,
 }
 
 impl Setup {
@@ -138,7 +142,20 @@ impl Setup {
             draft_max,
             draft_min: 1,
             kv_type: KvType::F16,
+            draft: None,
         }
+    }
+}
+
+fn options(s: &Setup) -> BatchOptions {
+    BatchOptions {
+        n_slots: s.slots,
+        n_ctx: s.n_ctx,
+        n_threads: 2,
+        prefill_chunk: s.chunk,
+        kv_type: s.kv_type,
+        device: Default::default(),
+        draft_max: s.draft_max,
     }
 }
 
@@ -149,22 +166,25 @@ fn serve(
     s: &Setup,
     reqs: &[Req],
 ) -> (Vec<Out>, Arc<SchedMetrics>) {
-    let runner = BatchRunner::new(
-        Arc::clone(m),
-        BatchOptions {
-            n_slots: s.slots,
-            n_ctx: s.n_ctx,
-            n_threads: 2,
-            prefill_chunk: s.chunk,
-            kv_type: s.kv_type,
-            device: Default::default(),
-            draft_max: s.draft_max,
-        },
-    )
-    .unwrap();
+    let runner = BatchRunner::new(Arc::clone(m), options(s)).unwrap();
     let metrics = Arc::new(SchedMetrics::default());
     let mut sched = Scheduler::new(runner, tok, Arc::clone(&metrics));
-    sched.speculate(NgramDrafter::new(2, 2), s.draft_min);
+    match s.draft {
+        None => sched.speculate(NgramDrafter::new(2, 2), s.draft_min),
+        Some((stem, p_min)) => {
+            let d = Arc::new(Model::load(common::random_model(stem)).expect("load the draft"));
+            let runner = BatchRunner::new(
+                d,
+                BatchOptions {
+                    draft_max: 0,
+                    ..options(s)
+                },
+            )
+            .unwrap();
+            let drafter = SlotDrafter::new(runner, p_min, s.draft_max);
+            sched.speculate(drafter, s.draft_min)
+        }
+    }
     let engine = GrammarEngine::from_tokenizer(tok).unwrap();
     let grammar =
         |g: Option<&str>| g.map(|g| engine.compile(&GrammarSpec::from_grammar_text(g)).unwrap());
@@ -257,6 +277,7 @@ fn repeating(seed: u32, len: usize) -> Vec<u32> {
 /// grammar (decoded plainly beside the others' passes); a q8_0 KV cache on one model.
 #[test]
 fn scheduler_speculation_gives_plain_outputs_on_random_models() {
+    let mut stopped = 0;
     for (stem, kv_type) in [
         ("random-llama-q4_k", KvType::F16),
         ("random-llama-q6_k", KvType::F16),
@@ -309,6 +330,7 @@ fn scheduler_speculation_gives_plain_outputs_on_random_models() {
             let (out, _) = serve(&m, &tok, &setup(), &reqs);
             assert_eq!(out[3].reason, Some(FinishReason::Stop), "{stem}");
             assert_eq!(out[3].ids.len(), 6, "{stem}: cut at the stop");
+            stopped += 1;
         }
         let digits = &probe[5].text;
         assert!(
@@ -316,11 +338,117 @@ fn scheduler_speculation_gives_plain_outputs_on_random_models() {
             "{stem}: {digits:?}"
         );
     }
+    assert!(stopped > 0, "a stop sequence cut a pass");
+}
+
+/// A draft model's slots instead of prompt lookup (`--model-draft`): the same outputs, the
+/// draft's guesses decoded together for all slots. A model drafting for itself has its greedy
+/// guesses kept; another random model's mostly refused; `--draft-p-min` cuts guesses short.
+#[test]
+fn scheduler_speculation_with_a_draft_model_gives_plain_outputs() {
+    for (stem, draft, p_min) in [
+        ("random-llama-q4_k", "random-llama-q4_k", 0.0),
+        ("random-llama-q6_k", "random-llama-q4_0", 0.0),
+        ("random-llama-q4_0", "random-llama-q4_0", 0.05),
+    ] {
+        let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+        let tok = Tokenizer::from_gguf(&m.file).unwrap();
+        let mut reqs = vec![
+            Req::new(repeating(1, 30), 40),
+            Req::new(repeating(2, 12), 3),
+            Req::new(repeating(3, 90), 100),
+            Req::new(repeating(4, 20), 25),
+            Req::new(repeating(6, 10), 12),
+        ];
+        reqs[1].seeded = true;
+        reqs[3].seeded = true;
+        reqs[2].ignore_eos = true;
+        reqs[0].logprobs = Some(2);
+        reqs[0].fork = Some(false);
+        reqs[4].grammar = Some("root ::= [0-9]+");
+        let setup = Setup {
+            draft: Some((draft, p_min)),
+            ..Setup::new(3, 128, 16, 6)
+        };
+        let what = format!("{stem} drafted by {draft}, p_min {p_min}");
+        let metrics = same_with_speculation(&what, &m, &tok, setup, &reqs);
+        let (drafted, kept) = (
+            metrics.spec_drafted.load(Relaxed),
+            metrics.spec_accepted.load(Relaxed),
+        );
+        if stem == draft && p_min == 0.0 {
+            assert!(kept * 4 > drafted * 3, "{what}: {kept} of {drafted} kept");
+        }
+    }
+}
+
+/// A draft model's slots (`SlotDrafter`) guess what greedy decoding of the draft gives after
+/// each history, bit for bit: several slots at once with their own caps, histories that go on
+/// from kept guesses or start over (each slot rolled back and brought forward), and the end of
+/// the draft's context.
+#[test]
+fn slot_drafter_guesses_the_greedy_continuation() {
+    let m = Arc::new(Model::load(common::random_model("random-llama-q4_k")).expect("load"));
+    let opts = |n_slots| BatchOptions {
+        n_slots,
+        n_ctx: 64,
+        n_threads: 2,
+        prefill_chunk: 8,
+        kv_type: KvType::F16,
+        device: Default::default(),
+        draft_max: 0,
+    };
+    let mut d = SlotDrafter::new(BatchRunner::new(Arc::clone(&m), opts(3)).unwrap(), 0.0, 6);
+    let mut plain = BatchRunner::new(m, opts(1)).unwrap();
+    let mut greedy = |h: &[u32], n: usize| -> Vec<u32> {
+        plain.rollback(0, 0);
+        for c in h.chunks(8) {
+            plain.prefill_chunk(0, c, true).unwrap();
+        }
+        let mut out = Vec::new();
+        loop {
+            let t = kiln::sampler::argmax(plain.logits(0));
+            out.push(t);
+            if out.len() == n {
+                return out;
+            }
+            plain.decode(&[(0, t)]).unwrap();
+        }
+    };
+    let (h0, h2) = (repeating(1, 20), repeating(2, 11));
+    assert!(d.start(0, &h0, 6) && d.start(2, &h2, 3));
+    d.run();
+    assert_eq!(d.guesses(0), greedy(&h0, 6));
+    assert_eq!(d.guesses(2), greedy(&h2, 3));
+    assert!(d.guesses(1).is_empty(), "slot 1 did not start");
+    // Slot 0 goes on from two of its guesses and another token; slot 2 holds a new request.
+    let mut h0 = h0;
+    h0.extend_from_slice(&d.guesses(0)[..2]);
+    h0.push(7);
+    let h2 = repeating(3, 13);
+    assert!(d.start(0, &h0, 5) && d.start(2, &h2, 6));
+    d.run();
+    assert_eq!(d.guesses(0), greedy(&h0, 5));
+    assert_eq!(d.guesses(2), greedy(&h2, 6));
+    // The same history again: the slot holds it whole (and guesses after it).
+    assert!(d.start(2, &h2, 4));
+    d.run();
+    assert_eq!(d.guesses(2), greedy(&h2, 4));
+    // The end of the context: a slot holds its history and all guesses but the last.
+    let full = repeating(4, 63);
+    assert!(d.start(1, &full, 6));
+    d.run();
+    assert_eq!(d.guesses(1), greedy(&full, 2));
+    assert!(d.start(1, &repeating(4, 64), 6));
+    d.run();
+    assert_eq!(d.guesses(1).len(), 1);
+    assert!(!d.start(1, &repeating(4, 65), 6), "past the context");
 }
 
 /// Many slots in a short context: one step takes every slot's verification pass of
-/// `1 + draft_max` rows (36 rows, more than a slot's 32 positions), and each row's logits are
-/// those of a plain decode step of the same tokens, bit for bit.
+/// `1 + draft_max` rows beside another slot's prompt chunk (52 rows, more than a slot's 32
+/// positions), and each row's logits are those of a plain decode step of the same tokens, the
+/// chunk's those of a plain prefill, bit for bit.
 #[test]
 fn runner_takes_every_slots_pass_in_a_short_context() {
     let m = Arc::new(Model::load(common::random_model("random-llama-q4_k")).expect("load"));
@@ -333,7 +461,7 @@ fn runner_takes_every_slots_pass_in_a_short_context() {
         device: Default::default(),
         draft_max,
     };
-    let mut spec = BatchRunner::new(Arc::clone(&m), opts(4, 8)).unwrap();
+    let mut spec = BatchRunner::new(Arc::clone(&m), opts(5, 8)).unwrap();
     let mut plain = BatchRunner::new(Arc::clone(&m), opts(1, 0)).unwrap();
     let prompt = |s: u32| repeating(s, 10);
     let pass = |s: u32| -> Vec<u32> { (0..9).map(|j| 3 + (s * 29 + j * 7) % 200).collect() };
@@ -344,14 +472,18 @@ fn runner_takes_every_slots_pass_in_a_short_context() {
     for s in 0..4 {
         spec.push_verify(s, &pass(s as u32));
     }
+    let chunk = repeating(9, 16);
+    spec.push_part(4, &chunk, true);
     spec.run_step()
-        .expect("four passes of nine rows in one step");
+        .expect("four passes of nine rows and a chunk in one step");
+    let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    plain.prefill_chunk(0, &chunk, true).unwrap();
+    assert!(bits(plain.logits(0)) == bits(spec.logits(4)), "the chunk");
     for s in 0..4 {
         plain.rollback(0, 0);
         plain.prefill_chunk(0, &prompt(s as u32), true).unwrap();
         for (i, &t) in pass(s as u32).iter().enumerate() {
             plain.decode(&[(0, t)]).unwrap();
-            let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert!(
                 bits(plain.logits(0)) == bits(spec.logits_at(s, i)),
                 "slot {s}, row {i}"
@@ -403,7 +535,10 @@ fn scheduler_speculation_keeps_drafts_on_a_real_model() {
         metrics.spec_passes.load(Relaxed),
         metrics.spec_drafted.load(Relaxed),
     );
-    assert_eq!(drafted, 8 * passes, "{passes} passes of {drafted} drafts");
+    assert!(
+        passes > 0 && drafted == 8 * passes,
+        "{passes} passes of {drafted} drafts"
+    );
 }
 
 /// Gemma-3's sliding-window rings: passes stay within what a ring can roll back (a small
@@ -436,7 +571,8 @@ fn scheduler_speculation_respects_sliding_window_rings() {
 }
 
 /// `kiln serve --spec-type ngram-simple`: a completion's text and log-probabilities equal a
-/// plain server's, `/metrics` counts the passes; flags it cannot honour are one-line errors.
+/// plain server's, with prompt lookup and with a draft model (`-md`); `/metrics` counts the
+/// passes; flags it cannot honour are one-line errors.
 #[test]
 fn serve_speculates_over_http() {
     let model = common::real_model("smollm2");
@@ -468,12 +604,21 @@ fn serve_speculates_over_http() {
     assert_eq!(spec["text"], plain["text"]);
     assert_eq!(spec["logprobs"], plain["logprobs"]);
     assert!(passes > 0.0 && kept > 0.0, "{passes} passes, {kept} kept");
+    // A draft model (the model itself: its greedy guesses are kept).
+    let path = model.to_str().unwrap();
+    let (spec, passes, kept) = complete(&["-md", path, "--draft-max", "8", "--draft-p-min", "0"]);
+    assert_eq!(spec["text"], plain["text"]);
+    assert_eq!(spec["logprobs"], plain["logprobs"]);
+    assert!(passes > 0.0 && kept > 0.0, "{passes} passes, {kept} kept");
 
     for (extra, expect) in [
-        (vec!["-md", "draft.gguf"], "ngram-simple only"),
+        (
+            vec!["--spec-type", "ngram-simple", "-md", "draft.gguf"],
+            "draft-simple",
+        ),
         (
             vec!["--spec-type", "ngram-simple", "--draft-p-min", "0.5"],
-            "--draft-p-min",
+            "--draft-p-min is for a draft model",
         ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))

@@ -458,3 +458,83 @@ fn plan_counts_the_draft_model_and_the_verification_rows() {
     assert!(bytes(&with, "speculation").unwrap() >= 8 * bytes(&plain, "logits").unwrap());
     assert!(bytes(&plain, "speculation").is_none());
 }
+
+/// `kiln plan --parallel N` plans `kiln serve`'s speculation as its runners allocate it: the
+/// verification rows (logits and scratch) and token buffers of `--draft-max` cut to `-b` − 1,
+/// and a draft model's runner of a slot per sequence.
+#[test]
+fn serve_plan_counts_what_the_runners_allocate() {
+    use kiln::engine::batch::{BatchOptions, BatchRunner};
+    let model = common::random_model("random-llama-q4_k");
+    let draft = common::random_model("random-llama-q8_0");
+    let plan = |extra: &[&str]| {
+        let args = [
+            &[
+                "plan",
+                "-m",
+                model.to_str().unwrap(),
+                "-c",
+                "256",
+                "-b",
+                "8",
+            ][..],
+            &["--parallel", "4", "-t", "2", "--json"],
+            extra,
+        ]
+        .concat();
+        let out = kiln(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let bytes = |p: &serde_json::Value, name: &str| {
+        p["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(|c| c["bytes"].as_u64().unwrap())
+    };
+    let runner = |path: &std::path::Path, draft_max: usize| {
+        let m = std::sync::Arc::new(kiln::model::Model::load(path).unwrap());
+        BatchRunner::new(
+            m,
+            BatchOptions {
+                n_slots: 4,
+                n_ctx: 256,
+                n_threads: 2,
+                prefill_chunk: 8,
+                kv_type: kiln::cache::KvType::F16,
+                device: Default::default(),
+                draft_max,
+            },
+        )
+        .unwrap()
+    };
+    let plain = runner(&model, 0);
+    // --draft-max 20 with -b 8: 7 drafts a pass.
+    let p = plan(&["--draft-max", "20"]);
+    assert_eq!(p["draft_max"], 7);
+    let spec = runner(&model, 20);
+    assert_eq!(spec.opts.draft_max, 7);
+    let rows = (spec.host_scratch_bytes() - plain.host_scratch_bytes()) as u64;
+    // Each sequence's pass, and the drafter's copy of a history.
+    let tokens = 4 * (7 + 1) * 4 + (256 + 1) * 4;
+    assert_eq!(bytes(&p, "speculation"), Some(rows + tokens));
+    assert_eq!(
+        bytes(&p, "scratch (activations)").unwrap() + bytes(&p, "logits").unwrap(),
+        plain.host_scratch_bytes() as u64
+    );
+    // A draft model's runner.
+    let p = plan(&["-md", draft.to_str().unwrap(), "--draft-max", "4"]);
+    let d = &p["draft"];
+    let dr = runner(&draft, 0);
+    assert_eq!(bytes(d, "KV cache"), Some(dr.kv_bytes() as u64));
+    assert_eq!(
+        bytes(d, "scratch (activations)").unwrap() + bytes(d, "logits").unwrap(),
+        dr.host_scratch_bytes() as u64
+    );
+}

@@ -18,7 +18,12 @@ pub struct PlanArgs {
     #[arg(short = 'c', long = "ctx-size", alias = "ctx")]
     pub ctx_size: Option<usize>,
     /// Tokens per prefill pass.
-    #[arg(long = "prefill-chunk", default_value_t = 512)]
+    #[arg(
+        short = 'b',
+        long = "prefill-chunk",
+        visible_alias = "batch-size",
+        default_value_t = 512
+    )]
     pub prefill_chunk: usize,
     /// Threads (default and 0: the physical cores).
     #[arg(short = 't', long = "threads", value_parser = super::common::thread_count)]
@@ -45,12 +50,13 @@ pub struct PlanArgs {
     #[arg(long = "device", value_name = "cpu|cuda", default_value = "cpu")]
     pub device: kiln::backend::Device,
     /// Plan speculative decoding with this draft model as well (`kiln run -md`): its weights
-    /// and session are added to the total.
+    /// and session are added to the total (with --parallel, `kiln serve -md`'s draft runner of
+    /// a slot per sequence).
     #[arg(long = "model-draft", value_name = "MODEL")]
     pub model_draft: Option<String>,
     /// Plan speculative decoding's verification passes: the logits of up to N + 1 positions
     /// together (`kiln run --draft-max`; 16 with --model-draft). With --parallel, `kiln
-    /// serve --spec-type ngram-simple`'s: N more logits rows and step rows per sequence.
+    /// serve`'s: N more logits rows and step rows per sequence.
     #[arg(long = "draft-max", value_name = "N")]
     pub draft_max: Option<usize>,
     /// Print the plan as JSON.
@@ -88,13 +94,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
             super::spec::MAX_DRAFTS
         );
     }
-    if args.parallel > 1 && args.model_draft.is_some() {
-        anyhow::bail!("--model-draft with --parallel: kiln serve speculates with prompt lookup only (--draft-max N)");
-    }
     // (A server cuts its drafts to a prefill chunk less one, as `BatchRunner::new` does.)
     let draft_max = match args.parallel > 1 {
         true => draft_max
-            .map(|n| n.min(args.prefill_chunk.clamp(1, ctx) - 1))
+            .map(|n| n.min(args.prefill_chunk.clamp(1, ctx.max(1)) - 1))
             .filter(|&n| n > 0),
         false => draft_max,
     };
@@ -151,7 +154,8 @@ pub fn run(args: PlanArgs) -> Result<()> {
         });
         p.total_bytes += bytes;
     }
-    // The draft model: its own weights, tokenizer and session (as `kiln run -md` sizes it).
+    // The draft model: its own weights, tokenizer and session (as `kiln run -md` sizes it), or
+    // with --parallel the runner of a slot per sequence that `kiln serve -md` gives it.
     let draft = match &args.model_draft {
         None => None,
         Some(name) => {

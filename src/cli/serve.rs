@@ -151,7 +151,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         embeddings: args.embeddings,
         pooling: args.pooling,
         embd_normalize: args.embd_normalize,
-        speculation: args.spec.serve(&args.model)?,
+        speculation: args.spec.serve(&args.model, &loaded)?,
     };
     Ok(Loaded {
         model: Arc::clone(&loaded.model),
@@ -183,7 +183,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     // Refused before the port is bound.
     args.model.device()?;
-    args.spec.serve(&args.model)?;
+    args.spec.serve_check(&args.model)?;
     let limits = HttpLimits {
         max_connections: args.max_connections as usize,
         header_timeout: args.header_timeout,

@@ -91,19 +91,37 @@ impl SpecArgs {
         Ok(on)
     }
 
-    /// `kiln serve`'s speculation: prompt lookup only (a draft model would need a draft
-    /// session per sequence slot).
-    pub fn serve(&self, args: &ModelArgs) -> Result<Option<kiln::server::ServeSpeculation>> {
-        if self.kind() == SpecType::DraftSimple {
-            bail!("kiln serve speculates with --spec-type ngram-simple only; a draft model (--model-draft) is for kiln run and kiln chat");
+    /// Check `kiln serve`'s flags before anything is loaded; whether they ask for
+    /// speculation.
+    pub fn serve_check(&self, args: &ModelArgs) -> Result<bool> {
+        if self.draft_p_min.is_some() && self.model_draft.is_none() {
+            bail!("--draft-p-min is for a draft model (--model-draft)");
         }
-        if self.draft_p_min.is_some() {
-            bail!("--draft-p-min is for a draft model (kiln run and kiln chat)");
+        self.check(args)
+    }
+
+    /// `kiln serve`'s speculation: prompt lookup, or a draft model (loaded beside `target`)
+    /// with a slot per sequence slot.
+    pub fn serve(
+        &self,
+        args: &ModelArgs,
+        target: &Loaded,
+    ) -> Result<Option<kiln::server::ServeSpeculation>> {
+        if !self.serve_check(args)? {
+            return Ok(None);
         }
-        Ok(self.check(args)?.then_some(kiln::server::ServeSpeculation {
+        let draft = match &self.model_draft {
+            None => None,
+            Some(name) => Some(kiln::server::ServeDraftModel {
+                model: self.load_draft(name, target, args)?.model,
+                p_min: self.draft_p_min.unwrap_or(DRAFT_P_MIN),
+            }),
+        };
+        Ok(Some(kiln::server::ServeSpeculation {
             ngram_n: self.ngram_n,
             draft_max: self.draft_max,
             draft_min: self.draft_min,
+            draft,
         }))
     }
 
@@ -142,10 +160,7 @@ impl SpecArgs {
     }
 
     fn draft_model(&self, name: &str, target: &Loaded, args: &ModelArgs) -> Result<ModelDrafter> {
-        let mut dargs = args.clone();
-        dargs.model = Some(name.to_string());
-        let draft = common::load(&dargs).context("loading the draft model")?;
-        same_vocabulary(target, &draft)?;
+        let draft = self.load_draft(name, target, args)?;
         let opts = {
             let n_ctx = args.ctx(target.model.config.ctx_train, 4096);
             let train = draft.model.config.ctx_train;
@@ -162,6 +177,17 @@ impl SpecArgs {
             session,
             self.draft_p_min.unwrap_or(DRAFT_P_MIN),
         ))
+    }
+}
+
+impl SpecArgs {
+    /// The draft model `name`, loaded as `args` load models, of `target`'s vocabulary.
+    fn load_draft(&self, name: &str, target: &Loaded, args: &ModelArgs) -> Result<Loaded> {
+        let mut dargs = args.clone();
+        dargs.model = Some(name.to_string());
+        let draft = common::load(&dargs).context("loading the draft model")?;
+        same_vocabulary(target, &draft)?;
+        Ok(draft)
     }
 }
 

@@ -133,7 +133,8 @@ impl BatchRunner {
         sopts.prefill_chunk = opts.prefill_chunk.max(1);
         let layout = kv_layout(c, &sopts);
         let reach = layout.window.as_ref().map_or(usize::MAX, |w| w.max_pass());
-        // ...and a pass carries a chunk beside one decode token per slot.
+        // ...and a pass carries a chunk beside one decode token per slot, and each slot's
+        // drafts.
         let sopts = runner_session_options(&sopts, n_slots, opts.draft_max);
         let spec = scratch_spec(&model, &sopts);
         let (exec, slots) = match opts.device {
@@ -536,6 +537,16 @@ impl BatchRunner {
             self.push_part(slot, &[t], true);
         }
         self.run_step()
+    }
+
+    /// Run on `target`'s CPU threads (a draft model's runner, stepped between `target`'s steps
+    /// from the same thread: two pools would each keep their workers spinning while the
+    /// other's run). Nothing changes on the GPU.
+    pub fn share_threads(&mut self, target: &BatchRunner) {
+        if let (Exec::Cpu { rt, .. }, Exec::Cpu { rt: theirs, .. }) = (&mut self.exec, &target.exec)
+        {
+            *rt = theirs.sharing();
+        }
     }
 
     /// Bytes of the slots' logits rows and the CPU's scratch (a GPU runner's is device

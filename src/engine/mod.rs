@@ -9,6 +9,7 @@ pub mod pooling;
 pub mod scheduler;
 pub mod sequence;
 pub mod session;
+pub mod slot_drafter;
 pub mod speculative;
 
 pub use generate::{

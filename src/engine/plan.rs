@@ -205,7 +205,7 @@ pub fn plan(
             bytes: scratch - scratch_logits,
             mapped: false,
             formula: format!(
-                "chunk {} × (named buffers of widths dim/q/kv/ffn) × 4 + attention and matmul tiles for {} threads",
+                "{} rows × (named buffers of widths dim/q/kv/ffn) × 4 + attention and matmul tiles for {} threads",
                 spec.max_tokens, spec.n_threads
             ),
         },

@@ -22,7 +22,8 @@ pub struct SessionOptions {
     pub n_threads: usize,
     /// Tokens per prefill forward pass; bounds activation memory.
     pub prefill_chunk: usize,
-    /// Logit rows computed at once when every position's logits are wanted (perplexity).
+    /// Logit rows the output head computes at once (every position's, for perplexity; a
+    /// batch runner's slots and verification rows).
     pub logit_rows: usize,
     /// Rows a pass carries beside its prefill chunk: a batch runner's decode rows and
     /// verification passes, one sequence's each (0 for a session).
@@ -132,7 +133,12 @@ impl Session {
         let c = &model.config;
         let n_ctx = opts.n_ctx.max(1);
         check_context(c, n_ctx)?;
-        let opts = SessionOptions { n_ctx, ..opts };
+        // (A session's pass is one sequence's: no batch runner's rows beside its chunk.)
+        let opts = SessionOptions {
+            n_ctx,
+            batch_rows: 0,
+            ..opts
+        };
         let spec = scratch_spec(&model, &opts);
         let (kv, exec, threads) = match opts.device {
             Device::Cpu => {
@@ -571,8 +577,9 @@ pub fn check_context(c: &crate::model::ModelConfig, n_ctx: usize) -> Result<(), 
 
 /// The KV cache geometry of a session with these options: `n_ctx` positions per layer, except
 /// that sliding-window layers keep a ring of `window + max_tokens − 1` rows (rounded up to 64)
-/// when that is shorter and `swa_full` is off (`max_tokens`: the most tokens of one pass, as
-/// [`scratch_spec_for`] sizes it).
+/// when that is shorter and `swa_full` is off (`max_tokens`: the most tokens of one sequence's
+/// pass, the prefill chunk clamped to the context; a batch runner's `batch_rows` are other
+/// sequences').
 pub fn kv_layout(c: &crate::model::ModelConfig, opts: &SessionOptions) -> KvLayout {
     let n_ctx = opts.n_ctx.max(1);
     let full = KvLayout::full(c.n_layers, c.n_kv_heads, c.head_dim_k, c.head_dim_v, n_ctx);

@@ -96,7 +96,7 @@ impl ModelDrafter {
 }
 
 /// The most likely token of `logits` and whether its probability reaches `p_min`.
-fn pick(logits: &[f32], p_min: f32) -> (u32, bool) {
+pub(crate) fn pick(logits: &[f32], p_min: f32) -> (u32, bool) {
     let t = argmax(logits);
     if p_min <= 0.0 {
         return (t, true);

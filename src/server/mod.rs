@@ -42,6 +42,7 @@ use std::time::Duration;
 use crate::engine::batch::{BatchOptions, BatchRunner};
 use crate::engine::pooling::Pooling;
 use crate::engine::scheduler::{SchedMetrics, Scheduler, SeqRequest};
+use crate::engine::slot_drafter::SlotDrafter;
 use crate::engine::speculative::NgramDrafter;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
@@ -86,12 +87,31 @@ pub struct ServeOptions {
 }
 
 /// Speculative decoding in the server: prompt lookup of the context's last `ngram_n` tokens,
-/// `draft_min..=draft_max` drafts a pass ([`Scheduler::speculate`]).
-#[derive(Clone, Copy, Debug)]
+/// or a draft model's guesses; `draft_min..=draft_max` drafts a pass
+/// ([`Scheduler::speculate`]).
+#[derive(Clone, Debug)]
 pub struct ServeSpeculation {
     pub ngram_n: usize,
     pub draft_max: usize,
     pub draft_min: usize,
+    pub draft: Option<ServeDraftModel>,
+}
+
+/// A draft model (`--model-draft`), of the served model's vocabulary.
+#[derive(Clone)]
+pub struct ServeDraftModel {
+    pub model: Arc<Model>,
+    /// Guessing stops where the draft's most likely token is less likely than this.
+    pub p_min: f32,
+}
+
+impl std::fmt::Debug for ServeDraftModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeDraftModel")
+            .field("arch", &self.model.config.arch)
+            .field("p_min", &self.p_min)
+            .finish()
+    }
 }
 
 /// Connection limits and timeouts.
@@ -240,22 +260,64 @@ fn start(
             prefill_chunk: opts.prefill_chunk,
             kv_type: opts.kv_type,
             device: opts.device,
-            draft_max: opts.speculation.map_or(0, |s| s.draft_max),
+            draft_max: opts.speculation.as_ref().map_or(0, |s| s.draft_max),
         },
     )?;
+    if let Some(sp) = opts.speculation.as_ref() {
+        let kept = runner.opts.draft_max;
+        if kept == 0 {
+            eprintln!("kiln: speculative decoding is off: a pass is one sequence's prefill chunk (-b {}), with no room for drafts", opts.prefill_chunk);
+        } else if kept < sp.draft_max {
+            eprintln!("kiln: --draft-max {} cut to {kept}: a pass is one sequence's prefill chunk (-b {})", sp.draft_max, opts.prefill_chunk);
+        }
+    }
+    // A draft model's runner: a slot per sequence slot, on the same context (or the draft's
+    // own, where shorter).
+    let drafter = match opts.speculation.as_ref() {
+        Some(ServeSpeculation {
+            draft: Some(d),
+            draft_max,
+            ..
+        }) => {
+            let train = d.model.config.ctx_train;
+            let dr = BatchRunner::new(
+                Arc::clone(&d.model),
+                BatchOptions {
+                    n_slots: opts.n_slots,
+                    n_ctx: if train > 0 {
+                        opts.n_ctx.min(train)
+                    } else {
+                        opts.n_ctx
+                    },
+                    n_threads: opts.n_threads,
+                    prefill_chunk: opts.prefill_chunk,
+                    kv_type: opts.kv_type,
+                    device: opts.device,
+                    draft_max: 0,
+                },
+            )
+            .map_err(|e| anyhow::anyhow!("the draft model: {e}"))?;
+            Some(SlotDrafter::new(dr, d.p_min, *draft_max))
+        }
+        _ => None,
+    };
     let kv_bytes = runner.kv_bytes();
     let sched = Arc::new(SchedMetrics::default());
     let (tx, rx) = std_mpsc::channel::<SeqRequest>();
     let engine = {
-        let spec = opts.speculation;
+        let spec = opts.speculation.clone();
         let tok = Arc::clone(&tokenizer);
         let metrics = Arc::clone(&sched);
         std::thread::Builder::new()
             .name("kiln-engine".into())
             .spawn(move || {
                 let mut s = Scheduler::new(runner, &tok, metrics);
-                if let Some(sp) = spec {
-                    s.speculate(NgramDrafter::new(sp.ngram_n, sp.ngram_n), sp.draft_min);
+                match (spec, drafter) {
+                    (Some(sp), Some(d)) => s.speculate(d, sp.draft_min),
+                    (Some(sp), None) => {
+                        s.speculate(NgramDrafter::new(sp.ngram_n, sp.ngram_n), sp.draft_min)
+                    }
+                    (None, _) => {}
                 }
                 s.run(rx)
             })?

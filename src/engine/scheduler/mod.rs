@@ -47,10 +47,14 @@ use super::batch::BatchRunner;
 use super::logprobs::TokenLogprobs;
 use super::pooling::{EmbedSpec, Pooler};
 use super::session::EngineError;
-use super::speculative::{DraftWant, Drafter, NgramDrafter};
+use super::speculative::DraftWant;
 use crate::grammar::{overlap, Constraint};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+mod speculate;
+pub use speculate::ServeDrafter;
+use speculate::ServeSpec;
 
 /// One generation request.
 pub struct SeqRequest {
@@ -351,13 +355,6 @@ pub struct Scheduler<'t> {
     history: Vec<u32>,
 }
 
-/// Speculative decoding in a scheduler: prompt lookup, at most the runner's `draft_max`
-/// drafts a pass, none verified below `draft_min`.
-struct ServeSpec {
-    drafter: NgramDrafter,
-    draft_min: usize,
-}
-
 impl<'t> Scheduler<'t> {
     pub fn new(runner: BatchRunner, tok: &'t Tokenizer, metrics: Arc<SchedMetrics>) -> Self {
         let n = runner.n_slots();
@@ -381,21 +378,6 @@ impl<'t> Scheduler<'t> {
             spec: None,
             history: Vec::new(),
         }
-    }
-
-    /// Decode speculatively with prompt lookup (`drafter`): up to the runner's
-    /// `opts.draft_max` drafts a pass, fewer than `draft_min` not verified. Sequences with a
-    /// grammar decode plainly. A runner without draft rows (`draft_max` 0) leaves it off.
-    pub fn speculate(&mut self, drafter: NgramDrafter, draft_min: usize) {
-        let max = self.runner.opts.draft_max;
-        if max == 0 {
-            return;
-        }
-        self.history = Vec::with_capacity(self.runner.n_ctx() + 1);
-        self.spec = Some(ServeSpec {
-            drafter,
-            draft_min: draft_min.clamp(1, max),
-        });
     }
 
     /// Nothing waiting and nothing running.
@@ -483,46 +465,6 @@ impl<'t> Scheduler<'t> {
         self.draft();
         self.plan_prefill();
         self.run_step();
-    }
-
-    /// With speculation on, each generating sequence's verification pass for this step: its
-    /// pending token and the drafts after it ([`Active::verify`]; empty for a plain row).
-    fn draft(&mut self) {
-        let Some(spec) = self.spec.as_mut() else {
-            return;
-        };
-        let r = &self.runner;
-        // Passes within what a slot can carry and roll back exactly.
-        let most = r.opts.draft_max.min(r.rollback_reach().saturating_sub(1));
-        for (s, a) in self.active.iter_mut().enumerate() {
-            let Some(a) = a else { continue };
-            a.verify.clear();
-            let Phase::Decode { pending } = a.phase else {
-                continue;
-            };
-            if a.req.grammar.is_some() {
-                continue;
-            }
-            let tokens = r.tokens(s);
-            let cap = a.want.cap(
-                spec.draft_min,
-                most.min(a.req.max_new.saturating_sub(a.generated))
-                    .min(r.n_ctx().saturating_sub(tokens.len() + 1)),
-            );
-            if cap < spec.draft_min {
-                continue;
-            }
-            self.history.clear();
-            self.history.extend_from_slice(tokens);
-            self.history.push(pending);
-            a.verify.push(pending);
-            // (Prompt lookup cannot fail.)
-            let _ = spec.drafter.draft(&self.history, cap, &mut a.verify);
-            a.verify.truncate(1 + cap);
-            if a.verify.len() - 1 < spec.draft_min {
-                a.verify.clear();
-            }
-        }
     }
 
     /// Publish the queue and slot gauges (called at every change, so that a client that has
@@ -659,9 +601,9 @@ impl<'t> Scheduler<'t> {
 
     /// Choose the prompt tokens of the next step into `plan`: the sequences with the fewest
     /// prompt tokens left first (then the oldest), each its next piece of `prefill_chunk`
-    /// tokens (or what is left), while they fit in one chunk beside the decode tokens. The
-    /// first always goes (cut to the room left if the scratch is smaller than a chunk plus
-    /// every decode row). A sequence whose receiver is gone is cancelled here.
+    /// tokens (or what is left), while they fit in one chunk (the scratch holds a chunk beside
+    /// every decode row and verification pass). A sequence whose receiver is gone is cancelled
+    /// here.
     fn plan_prefill(&mut self) {
         let chunk = self.runner.opts.prefill_chunk;
         let n_decode: usize = self
@@ -860,41 +802,6 @@ impl<'t> Scheduler<'t> {
             let a = self.active[slot].as_mut().expect("active slot");
             a.phase = Phase::Decode { pending: t };
         }
-    }
-
-    /// After `slot`'s verification pass: sample its rows in order, keeping each draft the
-    /// sample equals; the first sample that differs (or follows the last draft) is the next
-    /// pending token. The slot is rolled back to the pending token and the drafts kept.
-    fn accept_drafts(&mut self, slot: usize) {
-        let a = self.active[slot].as_mut().expect("active slot");
-        let k = a.verify.len() - 1;
-        let base = self.runner.tokens(slot).len() - a.verify.len();
-        let mut i = 0;
-        while let Some(t) = self.sample_emit(slot, i, base + 1 + i) {
-            let a = self.active[slot]
-                .as_mut()
-                .expect("a sampled slot is active");
-            if i < k && t == a.verify[1 + i] {
-                i += 1;
-                continue;
-            }
-            a.phase = Phase::Decode { pending: t };
-            break;
-        }
-        if let Some(a) = self.active[slot].as_mut() {
-            a.want.passed(i, k);
-        }
-        let kept = self.runner.rollback(slot, base + 1 + i);
-        if kept < base + 1 + i {
-            // (Passes are held within the rollback reach: not reached.)
-            debug_assert!(false, "a pass past the rollback reach");
-            let e = format!("speculative decoding lost the cache past position {kept}");
-            self.finish(slot, FinishReason::Error(e));
-        }
-        let m = &self.metrics;
-        m.spec_passes.fetch_add(1, Relaxed);
-        m.spec_drafted.fetch_add(k as u64, Relaxed);
-        m.spec_accepted.fetch_add(i as u64, Relaxed);
     }
 
     /// Sample the token after the first `hist` tokens of `slot` from its logits row `row`
