@@ -270,6 +270,25 @@ fn repeating(seed: u32, len: usize) -> Vec<u32> {
     pattern.iter().cycle().take(len).copied().collect()
 }
 
+/// Five requests of copying prompts: greedy and seeded (1, 3), short and long, one past its
+/// 128-token context with `ignore_eos` (2), one with log-probabilities (0), one under a
+/// grammar (4).
+fn mixed_requests() -> Vec<Req> {
+    let mut reqs = vec![
+        Req::new(repeating(1, 30), 40),
+        Req::new(repeating(2, 12), 3),
+        Req::new(repeating(3, 90), 100),
+        Req::new(repeating(4, 20), 25),
+        Req::new(repeating(6, 10), 12),
+    ];
+    reqs[1].seeded = true;
+    reqs[3].seeded = true;
+    reqs[2].ignore_eos = true;
+    reqs[0].logprobs = Some(3);
+    reqs[4].grammar = Some("root ::= [0-9]+");
+    reqs
+}
+
 /// Random models of the batch-dependent formats (K-quants) and others: five requests on three
 /// slots (two wait and join later, beside the others' decode rows and prompt pieces), greedy
 /// and seeded, short and long, one past its context, one with `ignore_eos`, one with
@@ -286,21 +305,10 @@ fn scheduler_speculation_gives_plain_outputs_on_random_models() {
     ] {
         let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
         let tok = Tokenizer::from_gguf(&m.file).unwrap();
-        let mut reqs = vec![
-            Req::new(repeating(1, 30), 40),
-            Req::new(repeating(2, 12), 3),
-            Req::new(repeating(3, 90), 100),
-            Req::new(repeating(4, 20), 25),
-            Req::new(repeating(5, 9), 1),
-            Req::new(repeating(6, 10), 12),
-        ];
-        reqs[1].seeded = true;
-        reqs[3].seeded = true;
-        reqs[2].ignore_eos = true;
-        reqs[0].logprobs = Some(3);
+        let mut reqs = mixed_requests();
+        reqs.insert(4, Req::new(repeating(5, 9), 1));
         reqs[3].logprobs = Some(0);
         reqs[0].fork = Some(true);
-        reqs[5].grammar = Some("root ::= [0-9]+");
         let setup = || Setup {
             kv_type,
             ..Setup::new(3, 128, 16, 6)
@@ -353,19 +361,8 @@ fn scheduler_speculation_with_a_draft_model_gives_plain_outputs() {
     ] {
         let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
         let tok = Tokenizer::from_gguf(&m.file).unwrap();
-        let mut reqs = vec![
-            Req::new(repeating(1, 30), 40),
-            Req::new(repeating(2, 12), 3),
-            Req::new(repeating(3, 90), 100),
-            Req::new(repeating(4, 20), 25),
-            Req::new(repeating(6, 10), 12),
-        ];
-        reqs[1].seeded = true;
-        reqs[3].seeded = true;
-        reqs[2].ignore_eos = true;
-        reqs[0].logprobs = Some(2);
+        let mut reqs = mixed_requests();
         reqs[0].fork = Some(false);
-        reqs[4].grammar = Some("root ::= [0-9]+");
         let setup = Setup {
             draft: Some((draft, p_min)),
             ..Setup::new(3, 128, 16, 6)

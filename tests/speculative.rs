@@ -407,27 +407,8 @@ fn plan_counts_the_draft_model_and_the_verification_rows() {
     let model = common::random_model("random-llama-q4_k");
     let draft = common::random_model("random-llama-q8_0");
     let plan = |extra: &[&str]| {
-        let out = kiln(
-            &[
-                &["plan", "-m", model.to_str().unwrap(), "-c", "256", "--json"][..],
-                extra,
-            ]
-            .concat(),
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
-    let bytes = |p: &serde_json::Value, name: &str| {
-        p["components"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .map(|c| c["bytes"].as_u64().unwrap())
+        let m = model.to_str().unwrap();
+        plan_json(&[&["-m", m, "-c", "256"][..], extra].concat())
     };
     let plain = plan(&[]);
     let too_many = kiln(&["plan", "-m", model.to_str().unwrap(), "--draft-max", "1000"]);
@@ -435,8 +416,8 @@ fn plan_counts_the_draft_model_and_the_verification_rows() {
     assert!(String::from_utf8_lossy(&too_many.stderr).contains("from 1 to 128"));
     let rows = plan(&["--draft-max", "7"]);
     assert_eq!(
-        bytes(&rows, "logits").unwrap(),
-        8 * bytes(&plain, "logits").unwrap()
+        component_bytes(&rows, "logits").unwrap(),
+        8 * component_bytes(&plain, "logits").unwrap()
     );
     let with = plan(&["-md", draft.to_str().unwrap(), "--draft-max", "7"]);
     let d = &with["draft"];
@@ -447,16 +428,28 @@ fn plan_counts_the_draft_model_and_the_verification_rows() {
         .map(|c| c["bytes"].as_u64().unwrap())
         .sum();
     // The model's own part is planned as without the draft (the runtime is measured per run).
-    assert_eq!(bytes(&with, "logits"), bytes(&rows, "logits"));
-    assert_eq!(bytes(&with, "KV cache"), bytes(&rows, "KV cache"));
+    assert_eq!(
+        component_bytes(&with, "logits"),
+        component_bytes(&rows, "logits")
+    );
+    assert_eq!(
+        component_bytes(&with, "KV cache"),
+        component_bytes(&rows, "KV cache")
+    );
     assert_eq!(
         with["total_bytes"].as_u64().unwrap(),
         model_total + d["total_bytes"].as_u64().unwrap()
     );
-    assert!(bytes(d, "KV cache").unwrap() > 0 && bytes(d, "sampler and history").is_none());
-    assert!(bytes(d, "runtime").is_none());
-    assert!(bytes(&with, "speculation").unwrap() >= 8 * bytes(&plain, "logits").unwrap());
-    assert!(bytes(&plain, "speculation").is_none());
+    assert!(
+        component_bytes(d, "KV cache").unwrap() > 0
+            && component_bytes(d, "sampler and history").is_none()
+    );
+    assert!(component_bytes(d, "runtime").is_none());
+    assert!(
+        component_bytes(&with, "speculation").unwrap()
+            >= 8 * component_bytes(&plain, "logits").unwrap()
+    );
+    assert!(component_bytes(&plain, "speculation").is_none());
 }
 
 /// `kiln plan --parallel N` plans `kiln serve`'s speculation as its runners allocate it: the
@@ -468,35 +461,20 @@ fn serve_plan_counts_what_the_runners_allocate() {
     let model = common::random_model("random-llama-q4_k");
     let draft = common::random_model("random-llama-q8_0");
     let plan = |extra: &[&str]| {
+        let m = model.to_str().unwrap();
         let args = [
-            &[
-                "plan",
-                "-m",
-                model.to_str().unwrap(),
-                "-c",
-                "256",
-                "-b",
-                "8",
-            ][..],
-            &["--parallel", "4", "-t", "2", "--json"],
-            extra,
-        ]
-        .concat();
-        let out = kiln(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
-    let bytes = |p: &serde_json::Value, name: &str| {
-        p["components"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .map(|c| c["bytes"].as_u64().unwrap())
+            "-m",
+            m,
+            "-c",
+            "256",
+            "-b",
+            "8",
+            "--parallel",
+            "4",
+            "-t",
+            "2",
+        ];
+        plan_json(&[&args[..], extra].concat())
     };
     let runner = |path: &std::path::Path, draft_max: usize| {
         let m = std::sync::Arc::new(kiln::model::Model::load(path).unwrap());
@@ -523,18 +501,41 @@ fn serve_plan_counts_what_the_runners_allocate() {
     let rows = (spec.host_scratch_bytes() - plain.host_scratch_bytes()) as u64;
     // Each sequence's pass, and the drafter's copy of a history.
     let tokens = 4 * (7 + 1) * 4 + (256 + 1) * 4;
-    assert_eq!(bytes(&p, "speculation"), Some(rows + tokens));
+    assert_eq!(component_bytes(&p, "speculation"), Some(rows + tokens));
     assert_eq!(
-        bytes(&p, "scratch (activations)").unwrap() + bytes(&p, "logits").unwrap(),
+        component_bytes(&p, "scratch (activations)").unwrap()
+            + component_bytes(&p, "logits").unwrap(),
         plain.host_scratch_bytes() as u64
     );
     // A draft model's runner.
     let p = plan(&["-md", draft.to_str().unwrap(), "--draft-max", "4"]);
     let d = &p["draft"];
     let dr = runner(&draft, 0);
-    assert_eq!(bytes(d, "KV cache"), Some(dr.kv_bytes() as u64));
+    assert_eq!(component_bytes(d, "KV cache"), Some(dr.kv_bytes() as u64));
     assert_eq!(
-        bytes(d, "scratch (activations)").unwrap() + bytes(d, "logits").unwrap(),
+        component_bytes(d, "scratch (activations)").unwrap()
+            + component_bytes(d, "logits").unwrap(),
         dr.host_scratch_bytes() as u64
     );
+}
+
+/// `kiln plan ARGS --json`, parsed.
+fn plan_json(args: &[&str]) -> serde_json::Value {
+    let out = kiln(&[&["plan"][..], args, &["--json"]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The bytes of the plan's component `name`.
+fn component_bytes(p: &serde_json::Value, name: &str) -> Option<u64> {
+    p["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .map(|c| c["bytes"].as_u64().unwrap())
 }
