@@ -608,6 +608,19 @@ fn serve_speculates_over_http() {
     assert_eq!(spec["logprobs"], plain["logprobs"]);
     assert!(passes > 0.0 && kept > 0.0, "{passes} passes, {kept} kept");
 
+    // -b 1 leaves no room for drafts: speculation is off, and /props says so.
+    for (extra, on) in [(&["-b", "4"], true), (&["-b", "1"], false)] {
+        let server = harness::Server::start(
+            &model,
+            &[&["-t", "2", "--spec-type", "ngram-simple"][..], extra].concat(),
+        );
+        let props = server.request("GET", "/props", &[], "").json();
+        assert_eq!(
+            props["default_generation_settings"]["speculative"], on,
+            "{extra:?}"
+        );
+    }
+
     for (extra, expect) in [
         (
             vec!["--spec-type", "ngram-simple", "-md", "draft.gguf"],

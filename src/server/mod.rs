@@ -249,7 +249,7 @@ fn start(
     let Loaded {
         model,
         tokenizer,
-        opts,
+        mut opts,
     } = load()?;
     let runner = BatchRunner::new(
         Arc::clone(&model),
@@ -263,13 +263,19 @@ fn start(
             draft_max: opts.speculation.as_ref().map_or(0, |s| s.draft_max),
         },
     )?;
-    if let Some(sp) = opts.speculation.as_ref() {
+    // What the runner keeps of the drafts asked for (`/props` and the drafter see it).
+    let chunk = opts.prefill_chunk;
+    if let Some(sp) = opts.speculation.as_mut() {
         let kept = runner.opts.draft_max;
         if kept == 0 {
-            eprintln!("kiln: speculative decoding is off: a pass is one sequence's prefill chunk (-b {}), with no room for drafts", opts.prefill_chunk);
+            eprintln!("kiln: speculative decoding is off: a pass is one sequence's prefill chunk (-b {chunk}), with no room for drafts");
         } else if kept < sp.draft_max {
-            eprintln!("kiln: --draft-max {} cut to {kept}: a pass is one sequence's prefill chunk (-b {})", sp.draft_max, opts.prefill_chunk);
+            eprintln!("kiln: --draft-max {} cut to {kept}: a pass is one sequence's prefill chunk (-b {chunk})", sp.draft_max);
         }
+        sp.draft_max = kept;
+    }
+    if runner.opts.draft_max == 0 {
+        opts.speculation = None;
     }
     // A draft model's runner: a slot per sequence slot, on the same context (or the draft's
     // own, where shorter).
