@@ -257,13 +257,14 @@ fn speculative_allocations(
 ) -> usize {
     let metrics = Arc::new(SchedMetrics::default());
     let runner = runner_drafting(m, threads, KvType::F16, 4);
+    let drafter = draft.map(|d| {
+        let dr = runner_drafting(d, threads, KvType::F16, 0);
+        kiln::engine::slot_drafter::SlotDrafter::new(dr, &runner, 0.0).unwrap()
+    });
     let mut sched = Scheduler::new(runner, tok, Arc::clone(&metrics));
-    match draft {
+    match drafter {
         None => sched.speculate(kiln::engine::speculative::NgramDrafter::new(2, 2), 1),
-        Some(d) => {
-            let dr = runner_drafting(d, threads, KvType::F16, 0);
-            sched.speculate(kiln::engine::slot_drafter::SlotDrafter::new(dr, 0.0, 4), 1)
-        }
+        Some(d) => sched.speculate(d, 1),
     }
     let counters: Vec<Arc<AtomicUsize>> = (0..4).map(|_| Arc::new(AtomicUsize::new(0))).collect();
     for (i, c) in counters.iter().enumerate() {

@@ -1,5 +1,5 @@
 //! Speculative decoding in the continuous-batching scheduler (`kiln serve --spec-type
-//! ngram-simple`): every request gets the tokens, text, log-probabilities and finish reason it
+//! ngram-simple`, or `-md DRAFT`): every request gets the tokens, text, log-probabilities and finish reason it
 //! gets without speculation (greedy and seeded, beside other sequences and prompt pieces,
 //! through the token limit, stop sequences, the end of the context and a sliding window), and
 //! drafts are verified and kept.
@@ -167,23 +167,19 @@ fn serve(
     reqs: &[Req],
 ) -> (Vec<Out>, Arc<SchedMetrics>) {
     let runner = BatchRunner::new(Arc::clone(m), options(s)).unwrap();
+    let drafter = s.draft.map(|(stem, p_min)| {
+        let d = Arc::new(Model::load(common::random_model(stem)).expect("load the draft"));
+        let opts = BatchOptions {
+            draft_max: 0,
+            ..options(s)
+        };
+        SlotDrafter::new(BatchRunner::new(d, opts).unwrap(), &runner, p_min).unwrap()
+    });
     let metrics = Arc::new(SchedMetrics::default());
     let mut sched = Scheduler::new(runner, tok, Arc::clone(&metrics));
-    match s.draft {
+    match drafter {
         None => sched.speculate(NgramDrafter::new(2, 2), s.draft_min),
-        Some((stem, p_min)) => {
-            let d = Arc::new(Model::load(common::random_model(stem)).expect("load the draft"));
-            let runner = BatchRunner::new(
-                d,
-                BatchOptions {
-                    draft_max: 0,
-                    ..options(s)
-                },
-            )
-            .unwrap();
-            let drafter = SlotDrafter::new(runner, p_min, s.draft_max);
-            sched.speculate(drafter, s.draft_min)
-        }
+        Some(d) => sched.speculate(d, s.draft_min),
     }
     let engine = GrammarEngine::from_tokenizer(tok).unwrap();
     let grammar =
@@ -395,8 +391,22 @@ fn slot_drafter_guesses_the_greedy_continuation() {
         device: Default::default(),
         draft_max: 0,
     };
-    let mut d = SlotDrafter::new(BatchRunner::new(Arc::clone(&m), opts(3)).unwrap(), 0.0, 6);
-    let mut plain = BatchRunner::new(m, opts(1)).unwrap();
+    let runner = |n_slots, n_threads, draft_max| {
+        let o = BatchOptions {
+            n_threads,
+            draft_max,
+            ..opts(n_slots)
+        };
+        BatchRunner::new(Arc::clone(&m), o).unwrap()
+    };
+    let target = runner(3, 2, 6);
+    let mut d = SlotDrafter::new(runner(3, 2, 0), &target, 0.0).unwrap();
+    // A slot for each of the server's, on its threads.
+    for (slots, threads, what) in [(2, 2, "2 slots"), (3, 1, "1 threads")] {
+        let e = SlotDrafter::new(runner(slots, threads, 0), &target, 0.0).err();
+        assert!(e.is_some_and(|e| e.to_string().contains(what)), "{what}");
+    }
+    let mut plain = BatchRunner::new(Arc::clone(&m), opts(1)).unwrap();
     let mut greedy = |h: &[u32], n: usize| -> Vec<u32> {
         plain.rollback(0, 0);
         for c in h.chunks(8) {
@@ -412,8 +422,13 @@ fn slot_drafter_guesses_the_greedy_continuation() {
             plain.decode(&[(0, t)]).unwrap();
         }
     };
+    // Calls of `start` until the slot has caught up with `h` (one chunk of 8 a call).
+    let catch_up = |d: &mut SlotDrafter, slot: usize, h: &[u32], max: usize| {
+        (1..=10).find(|_| d.start(slot, h, max))
+    };
     let (h0, h2) = (repeating(1, 20), repeating(2, 11));
-    assert!(d.start(0, &h0, 6) && d.start(2, &h2, 3));
+    assert_eq!(catch_up(&mut d, 0, &h0, 6), Some(3), "20 tokens, 8 a call");
+    assert_eq!(catch_up(&mut d, 2, &h2, 3), Some(2));
     d.run();
     assert_eq!(d.guesses(0), greedy(&h0, 6));
     assert_eq!(d.guesses(2), greedy(&h2, 3));
@@ -423,23 +438,37 @@ fn slot_drafter_guesses_the_greedy_continuation() {
     h0.extend_from_slice(&d.guesses(0)[..2]);
     h0.push(7);
     let h2 = repeating(3, 13);
-    assert!(d.start(0, &h0, 5) && d.start(2, &h2, 6));
+    assert_eq!(
+        catch_up(&mut d, 0, &h0, 5),
+        Some(1),
+        "3 tokens past what it holds"
+    );
+    assert_eq!(catch_up(&mut d, 2, &h2, 6), Some(2));
     d.run();
     assert_eq!(d.guesses(0), greedy(&h0, 5));
     assert_eq!(d.guesses(2), greedy(&h2, 6));
     // The same history again: the slot holds it whole (and guesses after it).
-    assert!(d.start(2, &h2, 4));
+    assert_eq!(catch_up(&mut d, 2, &h2, 4), Some(1));
     d.run();
     assert_eq!(d.guesses(2), greedy(&h2, 4));
     // The end of the context: a slot holds its history and all guesses but the last.
     let full = repeating(4, 63);
-    assert!(d.start(1, &full, 6));
+    assert_eq!(catch_up(&mut d, 1, &full, 6), Some(8));
     d.run();
     assert_eq!(d.guesses(1), greedy(&full, 2));
-    assert!(d.start(1, &repeating(4, 64), 6));
+    assert_eq!(catch_up(&mut d, 1, &repeating(4, 64), 6), Some(1));
     d.run();
     assert_eq!(d.guesses(1).len(), 1);
-    assert!(!d.start(1, &repeating(4, 65), 6), "past the context");
+    assert_eq!(
+        catch_up(&mut d, 1, &repeating(4, 65), 6),
+        None,
+        "past the context"
+    );
+    // --draft-p-min: no guess of a random model is that likely.
+    let mut sure = SlotDrafter::new(runner(3, 2, 0), &target, 0.99).unwrap();
+    assert_eq!(catch_up(&mut sure, 0, &h2, 6), Some(2));
+    sure.run();
+    assert!(sure.guesses(0).is_empty());
 }
 
 /// Many slots in a short context: one step takes every slot's verification pass of

@@ -120,7 +120,17 @@ fn tokenize_detokenize_template_and_props() {
     assert_eq!(p["total_slots"], 2);
     assert_eq!(p["default_generation_settings"]["n_ctx"], 1024);
     assert_eq!(p["chat_template"], tok.chat_template().unwrap());
-    assert_eq!(p["n_vocab"], tok.vocab_size());
+    let file = GgufFile::open(&model).unwrap();
+    let (config, _) = kiln::model::read_config(&file).unwrap();
+    assert_eq!(p["n_vocab"], config.vocab_size);
+    assert_eq!(
+        p["bos_token"],
+        tok.bos().map(|t| tok.token_text(t)).unwrap()
+    );
+    assert_eq!(
+        p["eos_token"],
+        tok.eos().map(|t| tok.token_text(t)).unwrap()
+    );
 
     // Bad bodies: 400 naming the field, never a panic.
     let vocab = tok.vocab_size();

@@ -33,10 +33,10 @@ pub struct SpecArgs {
     #[arg(long = "model-draft", value_name = "MODEL")]
     pub model_draft: Option<String>,
     /// Most draft tokens verified per pass.
-    #[arg(long = "draft-max", visible_alias = "draft", default_value_t = 16)]
+    #[arg(long = "draft-max", visible_aliases = ["draft", "draft-n"], default_value_t = 16)]
     pub draft_max: usize,
     /// Fewer drafts than this are not verified (the token is decoded alone).
-    #[arg(long = "draft-min", default_value_t = 1)]
+    #[arg(long = "draft-min", visible_alias = "draft-n-min", default_value_t = 1)]
     pub draft_min: usize,
     /// The draft model stops guessing where its most likely token is less likely than this
     /// [default: 0.8].

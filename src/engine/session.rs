@@ -83,6 +83,8 @@ pub enum EngineError {
     Grammar(#[from] crate::grammar::GrammarError),
     #[error(transparent)]
     Cuda(#[from] crate::backend::cuda::CudaError),
+    #[error("the draft model: {0}")]
+    Draft(String),
 }
 
 impl From<KvCacheError> for EngineError {

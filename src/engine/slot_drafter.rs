@@ -1,11 +1,13 @@
 //! A draft model for a server's sequences (`kiln serve --model-draft`): a batch runner over the
 //! draft model with a slot per sequence slot of the server. Before a step, each speculating
 //! sequence's history is brought into its draft slot (what the slot shares with it is kept, the
-//! rest evaluated in prefill chunks); then the guesses of all of them are decoded together,
+//! rest evaluated one prefill chunk a step, so that a long prompt delays the other sequences by
+//! at most a chunk of the draft's); then the guesses of all of them are decoded together,
 //! one batched step of the draft model per guess, greedily, each sequence stopping where its
 //! guess is less likely than `p_min` (as [`super::speculative::ModelDrafter`] does alone).
 
 use super::batch::BatchRunner;
+use super::session::EngineError;
 use super::speculative::pick;
 
 /// The draft model's runner and the guesses of the step being drafted, allocated once.
@@ -21,16 +23,45 @@ pub struct SlotDrafter {
 }
 
 impl SlotDrafter {
-    /// Guessing in `runner` (a slot per server slot), at most `draft_max` guesses a step.
-    pub fn new(runner: BatchRunner, p_min: f32, draft_max: usize) -> SlotDrafter {
+    /// Guessing in `runner` for `target`'s slots (at most its `draft_max` guesses a step): a
+    /// slot each, the same vocabulary and threads, else an error.
+    pub fn new(
+        runner: BatchRunner,
+        target: &BatchRunner,
+        p_min: f32,
+    ) -> Result<SlotDrafter, EngineError> {
+        let (d, t) = (&runner.model.config, &target.model.config);
+        let why = if runner.n_slots() != target.n_slots() {
+            Some(format!(
+                "{} slots for the server's {}",
+                runner.n_slots(),
+                target.n_slots()
+            ))
+        } else if d.vocab_size != t.vocab_size {
+            Some(format!(
+                "a vocabulary of {} tokens, the model {}",
+                d.vocab_size, t.vocab_size
+            ))
+        } else if runner.opts.n_threads != target.opts.n_threads {
+            Some(format!(
+                "{} threads for the server's {}",
+                runner.opts.n_threads, target.opts.n_threads
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(EngineError::Draft(why));
+        }
         let n = runner.n_slots();
-        SlotDrafter {
+        let draft_max = target.opts.draft_max;
+        Ok(SlotDrafter {
             runner,
             p_min,
             want: vec![0; n],
             guesses: (0..n).map(|_| Vec::with_capacity(draft_max)).collect(),
             batch: Vec::with_capacity(n),
-        }
+        })
     }
 
     /// Run on the server's runner's threads (the draft's steps come between its steps, from
@@ -41,8 +72,10 @@ impl SlotDrafter {
 
     /// Bring `slot`'s draft cache to `history` (the sequence so far, its last token not yet
     /// evaluated by the server's model), to guess up to `max` tokens after it in
-    /// [`SlotDrafter::run`]. False where it cannot (the draft's context is too short, or its
-    /// forward pass failed): the sequence then decodes plainly.
+    /// [`SlotDrafter::run`]. At most one prefill chunk is evaluated a call: false while the
+    /// slot is still behind (the next call goes on from what it holds), and where it cannot
+    /// guess (the draft's context is too short, or its forward pass failed). The sequence then
+    /// decodes plainly this step.
     pub fn start(&mut self, slot: usize, history: &[u32], max: usize) -> bool {
         self.want[slot] = 0;
         self.guesses[slot].clear();
@@ -58,19 +91,18 @@ impl SlotDrafter {
         // Keep what the slot shares with the history, all but its last token (whose logits
         // the first guess is drawn from).
         let common = self.runner.common_prefix(slot, history).min(n - 1);
-        let mut at = self.runner.rollback(slot, common);
-        let chunk = self.runner.opts.prefill_chunk;
-        while at < n {
-            let end = (at + chunk).min(n);
-            if self
-                .runner
-                .prefill_chunk(slot, &history[at..end], end == n)
-                .is_err()
-            {
-                self.runner.rollback(slot, 0);
-                return false;
-            }
-            at = end;
+        let at = self.runner.rollback(slot, common);
+        let end = (at + self.runner.opts.prefill_chunk).min(n);
+        if self
+            .runner
+            .prefill_chunk(slot, &history[at..end], end == n)
+            .is_err()
+        {
+            self.runner.rollback(slot, 0);
+            return false;
+        }
+        if end < n {
+            return false;
         }
         self.want[slot] = max;
         true

@@ -280,12 +280,11 @@ fn start(
     // A draft model's runner: a slot per sequence slot, on the same context (or the draft's
     // own, where shorter).
     let drafter = match opts.speculation.as_ref() {
-        Some(ServeSpeculation {
-            draft: Some(d),
-            draft_max,
-            ..
-        }) => {
+        Some(ServeSpeculation { draft: Some(d), .. }) => {
             let train = d.model.config.ctx_train;
+            if train > 0 && train < opts.n_ctx {
+                eprintln!("kiln: the draft model's context is {train} tokens (its training context): longer sequences decode without drafts");
+            }
             let dr = BatchRunner::new(
                 Arc::clone(&d.model),
                 BatchOptions {
@@ -303,7 +302,7 @@ fn start(
                 },
             )
             .map_err(|e| anyhow::anyhow!("the draft model: {e}"))?;
-            Some(SlotDrafter::new(dr, d.p_min, *draft_max))
+            Some(SlotDrafter::new(dr, &runner, d.p_min)?)
         }
         _ => None,
     };

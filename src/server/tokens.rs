@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use axum::body::Body as HttpBody;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::api::{self, Body, ChatRequest};
@@ -21,7 +22,6 @@ type St = State<Arc<AppState>>;
 /// `POST /tokenize`: `{"content", "add_special" = false, "parse_special" = true,
 /// "with_pieces" = false}`.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct TokenizeRequest {
     content: String,
     #[serde(default)]
@@ -44,7 +44,6 @@ impl Body for TokenizeRequest {
 
 /// `POST /detokenize`: `{"tokens": [ids]}`.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct DetokenizeRequest {
     tokens: Vec<u32>,
 }
@@ -61,25 +60,52 @@ pub(super) async fn tokenize(
     State(st): St,
     headers: HeaderMap,
     body: HttpBody,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let req: TokenizeRequest = api::parse(&read_body(&st, &headers, body).await?)?;
-    let tok = &st.tokenizer;
-    let ids = tok.encode(&req.content, req.add_special, req.parse_special);
-    if !req.with_pieces {
-        return Ok(Json(json!({ "tokens": ids })));
-    }
-    let pieces: Vec<Value> = ids
-        .iter()
-        .map(|&id| {
-            let bytes = tok.token_bytes(id);
-            let piece = match std::str::from_utf8(bytes) {
-                Ok(s) => json!(s),
-                Err(_) => json!(bytes),
-            };
-            json!({ "id": id, "piece": piece })
-        })
-        .collect();
-    Ok(Json(json!({ "tokens": pieces })))
+    // (A body of megabytes takes a while: off the connections' threads.)
+    let tok = Arc::clone(&st.tokenizer);
+    let answer = tokio::task::spawn_blocking(move || {
+        let ids = tok.encode(&req.content, req.add_special, req.parse_special);
+        if !req.with_pieces {
+            return serde_json::to_vec(&json!({ "tokens": ids }));
+        }
+        let tokens: Vec<Piece<'_>> = ids
+            .iter()
+            .map(|&id| {
+                let bytes = tok.token_bytes(id);
+                let piece = match std::str::from_utf8(bytes) {
+                    Ok(s) => PieceText::Text(s),
+                    Err(_) => PieceText::Bytes(bytes),
+                };
+                Piece { id, piece }
+            })
+            .collect();
+        serde_json::to_vec(&Pieces { tokens })
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], answer).into_response())
+}
+
+/// `/tokenize`'s answer with pieces, serialized from borrowed tokens.
+#[derive(Serialize)]
+struct Pieces<'t> {
+    tokens: Vec<Piece<'t>>,
+}
+
+#[derive(Serialize)]
+struct Piece<'t> {
+    id: u32,
+    piece: PieceText<'t>,
+}
+
+/// A token's text where its bytes are UTF-8 alone, else its bytes.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum PieceText<'t> {
+    Text(&'t str),
+    Bytes(&'t [u8]),
 }
 
 /// `{"content": text}`: the tokens' text, control tokens written out.

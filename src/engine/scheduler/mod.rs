@@ -29,9 +29,10 @@
 //! Log-probabilities ([`SeqRequest::logprobs`]) are read from the raw logits row before any
 //! mask or sampling, into buffers allocated at admission ([`super::logprobs`]).
 //!
-//! Speculative decoding ([`Scheduler::speculate`], prompt lookup): a generating sequence's
-//! pending token goes into the step with the tokens that followed the latest earlier
-//! occurrence of its last few tokens, every row computed as its own decode step
+//! Speculative decoding ([`Scheduler::speculate`], `speculate.rs`): a generating sequence's
+//! pending token goes into the step with its drafts (the tokens that followed the latest
+//! earlier occurrence of its last few tokens, or a draft model's guesses: its slots catch up
+//! one prefill chunk a step), every row computed as its own decode step
 //! ([`BatchRunner::push_verify`]). Its rows are then sampled in order with its own sampler, as
 //! [`super::speculative`] does for one session: a draft is kept while the sample equals it,
 //! the first disagreement is the next pending token, and the slot is rolled back to the kept
