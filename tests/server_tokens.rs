@@ -45,6 +45,16 @@ fn tokenize_detokenize_template_and_props() {
             "add_special {add_special}, parse_special {parse_special}"
         );
     }
+    // A mixed list of texts and ids (llama-server's): ids kept, `add_special` on the first.
+    let v = post(
+        &s,
+        "/tokenize",
+        json!({"content": ["Hello", 42, " world"], "add_special": true}),
+    );
+    let mut want = tok.encode("Hello", true, true);
+    want.push(42);
+    want.extend(tok.encode(" world", false, true));
+    assert_eq!(ids(&v), want);
     // The defaults: no BOS, special tokens parsed.
     let plain = ids(&post(&s, "/tokenize", json!({ "content": text })));
     assert_eq!(plain, tok.encode(text, false, true));
@@ -139,6 +149,8 @@ fn tokenize_detokenize_template_and_props() {
         ("/detokenize", json!({ "tokens": [-1] }), "tokens[0]"),
         ("/detokenize", json!({ "tokens": "12" }), "tokens"),
         ("/tokenize", json!({ "content": 7 }), "content"),
+        ("/tokenize", json!({ "content": ["a", vocab] }), "content"),
+        ("/tokenize", json!({ "content": ["a", -1] }), "content"),
         ("/tokenize", json!({ "text": "hi" }), ""),
         ("/apply-template", json!({ "messages": [] }), "messages"),
         (
@@ -170,5 +182,5 @@ fn tokenize_detokenize_template_and_props() {
         "kiln_requests_total{endpoint=\"/tokenize\",status=\"200\"}",
         &[AUTH],
     );
-    assert_eq!(ok, Some(6.0));
+    assert_eq!(ok, Some(7.0));
 }

@@ -23,13 +23,29 @@ type St = State<Arc<AppState>>;
 /// "with_pieces" = false}`.
 #[derive(Deserialize)]
 struct TokenizeRequest {
-    content: String,
+    content: TokenizeContent,
     #[serde(default)]
     add_special: bool,
     #[serde(default = "yes")]
     parse_special: bool,
     #[serde(default)]
     with_pieces: bool,
+}
+
+/// A text, or (llama-server's mixed prompt) a list of texts and token ids, the ids kept as
+/// they are.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TokenizeContent {
+    Text(String),
+    Mixed(Vec<MixedPart>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MixedPart {
+    Id(u32),
+    Text(String),
 }
 
 fn yes() -> bool {
@@ -62,10 +78,38 @@ pub(super) async fn tokenize(
     body: HttpBody,
 ) -> Result<Response, ApiError> {
     let req: TokenizeRequest = api::parse(&read_body(&st, &headers, body).await?)?;
+    if let TokenizeContent::Mixed(parts) = &req.content {
+        let vocab = st.model.config.vocab_size;
+        let bad = parts.iter().enumerate().find_map(|(i, p)| match p {
+            MixedPart::Id(id) if *id as usize >= vocab => Some((i, *id)),
+            _ => None,
+        });
+        if let Some((i, id)) = bad {
+            return Err(ApiError::invalid_param(
+                "content",
+                format!("content[{i}]: token id {id} is outside the vocabulary of {vocab}"),
+            ));
+        }
+    }
     // (A body of megabytes takes a while: off the connections' threads.)
     let tok = Arc::clone(&st.tokenizer);
     let answer = tokio::task::spawn_blocking(move || {
-        let ids = tok.encode(&req.content, req.add_special, req.parse_special);
+        // (`add_special` applies to the first part only, as llama-server's mixed prompts.)
+        let ids = match &req.content {
+            TokenizeContent::Text(t) => tok.encode(t, req.add_special, req.parse_special),
+            TokenizeContent::Mixed(parts) => {
+                let mut ids = Vec::new();
+                for (i, p) in parts.iter().enumerate() {
+                    match p {
+                        MixedPart::Id(id) => ids.push(*id),
+                        MixedPart::Text(t) => {
+                            ids.extend(tok.encode(t, req.add_special && i == 0, req.parse_special))
+                        }
+                    }
+                }
+                ids
+            }
+        };
         if !req.with_pieces {
             return serde_json::to_vec(&json!({ "tokens": ids }));
         }
