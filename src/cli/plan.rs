@@ -94,10 +94,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
             super::spec::MAX_DRAFTS
         );
     }
-    // (A server cuts its drafts to a prefill chunk less one, as `BatchRunner::new` does.)
+    // (A server keeps the drafts `BatchRunner::new` keeps.)
     let draft_max = match args.parallel > 1 {
         true => draft_max
-            .map(|n| n.min(args.prefill_chunk.clamp(1, ctx.max(1)) - 1))
+            .map(|n| kiln::engine::batch::drafts_kept(n, args.prefill_chunk, ctx))
             .filter(|&n| n > 0),
         false => draft_max,
     };
@@ -164,9 +164,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 GgufFile::open(&dpath).with_context(|| format!("opening {}", dpath.display()))?;
             let (dconfig, _) = kiln::model::read_config(&dfile)?;
             let mut dopts = opts;
-            if dconfig.ctx_train > 0 {
-                dopts.n_ctx = ctx.min(dconfig.ctx_train);
-            }
+            dopts.n_ctx = kiln::engine::speculative::draft_context(ctx, &dconfig);
             dopts.logit_rows = 1;
             dopts.kv_budget = None;
             let dhost = HostTerms {

@@ -163,8 +163,7 @@ impl SpecArgs {
         let draft = self.load_draft(name, target, args)?;
         let opts = {
             let n_ctx = args.ctx(target.model.config.ctx_train, 4096);
-            let train = draft.model.config.ctx_train;
-            let n_ctx = if train > 0 { n_ctx.min(train) } else { n_ctx };
+            let n_ctx = kiln::engine::speculative::draft_context(n_ctx, &draft.model.config);
             let mut o = SessionOptions::new(n_ctx, args.threads());
             o.prefill_chunk = args.batch_size.max(1);
             o.kv_type = args.kv_type;
@@ -178,9 +177,7 @@ impl SpecArgs {
             self.draft_p_min.unwrap_or(DRAFT_P_MIN),
         ))
     }
-}
 
-impl SpecArgs {
     /// The draft model `name`, loaded as `args` load models, of `target`'s vocabulary.
     fn load_draft(&self, name: &str, target: &Loaded, args: &ModelArgs) -> Result<Loaded> {
         let mut dargs = args.clone();

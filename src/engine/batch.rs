@@ -119,10 +119,9 @@ impl BatchRunner {
             )
             .into());
         }
-        // A verification pass is one sequence's pass: at most a prefill chunk.
         let chunk = opts.prefill_chunk.clamp(1, n_ctx);
         let opts = BatchOptions {
-            draft_max: opts.draft_max.min(chunk - 1),
+            draft_max: drafts_kept(opts.draft_max, opts.prefill_chunk, n_ctx),
             ..opts
         };
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
@@ -573,6 +572,13 @@ impl BatchRunner {
                 Exec::Cuda { s, .. } => s.kv_bytes(),
             }
     }
+}
+
+/// The drafts a runner's verification pass may carry of the `draft_max` asked for: a pass is
+/// one sequence's pass, at most a prefill chunk (of at most the context).
+#[must_use]
+pub fn drafts_kept(draft_max: usize, prefill_chunk: usize, n_ctx: usize) -> usize {
+    draft_max.min(prefill_chunk.clamp(1, n_ctx.max(1)) - 1)
 }
 
 /// How a runner of `n_slots` sizes its buffers, from a session's options: a pass carries a

@@ -141,6 +141,16 @@ impl Drafter for ModelDrafter {
     }
 }
 
+/// The context of a draft model beside a model's `n_ctx` positions: the same, or the draft's
+/// training context where that is shorter (a training context of 0: unknown, no bound).
+#[must_use]
+pub fn draft_context(n_ctx: usize, draft: &crate::model::ModelConfig) -> usize {
+    match draft.ctx_train {
+        0 => n_ctx,
+        train => n_ctx.min(train),
+    }
+}
+
 /// What a verification step leaves to the generation loop.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {

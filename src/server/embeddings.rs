@@ -200,12 +200,7 @@ pub(super) async fn embeddings(
         if ids.is_empty() {
             return Err(ApiError::invalid_param(&param, "the input is empty"));
         }
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ApiError::invalid_param(
-                &param,
-                format!("token id {bad} is outside the vocabulary of {vocab}"),
-            ));
-        }
+        ApiError::check_token_ids(&param, ids.iter().copied(), vocab)?;
         if ids.len() > n_ctx {
             return Err(ApiError::invalid_param(
                 &param,

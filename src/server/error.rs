@@ -57,6 +57,21 @@ impl ApiError {
         }
     }
 
+    /// 400 naming `param` where one of `ids` is not a token id of a `vocab`-token vocabulary.
+    pub fn check_token_ids(
+        param: &str,
+        ids: impl IntoIterator<Item = u32>,
+        vocab: usize,
+    ) -> Result<(), ApiError> {
+        match ids.into_iter().find(|&t| t as usize >= vocab) {
+            Some(bad) => Err(ApiError::invalid_param(
+                param,
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     pub fn unauthorized() -> ApiError {
         ApiError {
             code: Some("invalid_api_key"),

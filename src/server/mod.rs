@@ -43,7 +43,7 @@ use crate::engine::batch::{BatchOptions, BatchRunner};
 use crate::engine::pooling::Pooling;
 use crate::engine::scheduler::{SchedMetrics, Scheduler, SeqRequest};
 use crate::engine::slot_drafter::SlotDrafter;
-use crate::engine::speculative::NgramDrafter;
+use crate::engine::speculative::{draft_context, NgramDrafter};
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
@@ -281,24 +281,17 @@ fn start(
     // own, where shorter).
     let drafter = match opts.speculation.as_ref() {
         Some(ServeSpeculation { draft: Some(d), .. }) => {
-            let train = d.model.config.ctx_train;
-            if train > 0 && train < opts.n_ctx {
-                eprintln!("kiln: the draft model's context is {train} tokens (its training context): longer sequences decode without drafts");
+            let n_ctx = draft_context(opts.n_ctx, &d.model.config);
+            if n_ctx < opts.n_ctx {
+                eprintln!("kiln: the draft model's context is {n_ctx} tokens (its training context): longer sequences decode without drafts");
             }
+            // The server's slots, threads, chunk, KV type and device.
             let dr = BatchRunner::new(
                 Arc::clone(&d.model),
                 BatchOptions {
-                    n_slots: opts.n_slots,
-                    n_ctx: if train > 0 {
-                        opts.n_ctx.min(train)
-                    } else {
-                        opts.n_ctx
-                    },
-                    n_threads: opts.n_threads,
-                    prefill_chunk: opts.prefill_chunk,
-                    kv_type: opts.kv_type,
-                    device: opts.device,
+                    n_ctx,
                     draft_max: 0,
+                    ..runner.opts
                 },
             )
             .map_err(|e| anyhow::anyhow!("the draft model: {e}"))?;

@@ -335,13 +335,7 @@ async fn completions(State(st): St, headers: HeaderMap, body: Body) -> Result<Re
             ))
         }
         PromptField::Tokens(ids) => {
-            let vocab = st.model.config.vocab_size;
-            if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ApiError::invalid_param(
-                    "prompt",
-                    format!("token id {bad} is outside the vocabulary of {vocab}"),
-                ));
-            }
+            ApiError::check_token_ids("prompt", ids.iter().copied(), st.model.config.vocab_size)?;
             ids
         }
     };

@@ -79,17 +79,11 @@ pub(super) async fn tokenize(
 ) -> Result<Response, ApiError> {
     let req: TokenizeRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     if let TokenizeContent::Mixed(parts) = &req.content {
-        let vocab = st.model.config.vocab_size;
-        let bad = parts.iter().enumerate().find_map(|(i, p)| match p {
-            MixedPart::Id(id) if *id as usize >= vocab => Some((i, *id)),
-            _ => None,
+        let ids = parts.iter().filter_map(|p| match p {
+            MixedPart::Id(id) => Some(*id),
+            MixedPart::Text(_) => None,
         });
-        if let Some((i, id)) = bad {
-            return Err(ApiError::invalid_param(
-                "content",
-                format!("content[{i}]: token id {id} is outside the vocabulary of {vocab}"),
-            ));
-        }
+        ApiError::check_token_ids("content", ids, st.model.config.vocab_size)?;
     }
     // (A body of megabytes takes a while: off the connections' threads.)
     let tok = Arc::clone(&st.tokenizer);
@@ -159,18 +153,11 @@ pub(super) async fn detokenize(
     body: HttpBody,
 ) -> Result<Json<Value>, ApiError> {
     let req: DetokenizeRequest = api::parse(&read_body(&st, &headers, body).await?)?;
-    let vocab = st.model.config.vocab_size;
-    if let Some((i, bad)) = req
-        .tokens
-        .iter()
-        .enumerate()
-        .find(|&(_, &t)| t as usize >= vocab)
-    {
-        return Err(ApiError::invalid_param(
-            "tokens",
-            format!("tokens[{i}]: token id {bad} is outside the vocabulary of {vocab}"),
-        ));
-    }
+    ApiError::check_token_ids(
+        "tokens",
+        req.tokens.iter().copied(),
+        st.model.config.vocab_size,
+    )?;
     Ok(Json(json!({ "content": st.tokenizer.decode(&req.tokens) })))
 }
 
