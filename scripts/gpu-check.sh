@@ -29,7 +29,7 @@ prepare() {
     strip -o /tmp/kiln-gpu target/release/kiln && xz -T0 -6 -c /tmp/kiln-gpu > .gpu/kiln.xz
     rm -f .gpu/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.
-    for t in cuda_backend cuda_batch cuda_ring cuda_offload cuda_kernels cuda_ops cuda_attention golden_llama golden_archs; do
+    for t in cuda_backend cuda_batch cuda_ring cuda_offload cuda_speculative cuda_kernels cuda_ops cuda_attention golden_llama golden_archs; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
 for l in sys.stdin:
@@ -146,6 +146,8 @@ run() {
         timeout 180 .gpu/cuda_batch ${KILN_TEST_FILTER:-} --skip serve_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -30 || true
         timeout 180 .gpu/cuda_ring ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
         timeout 180 .gpu/cuda_offload ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
+        # (The command-line test needs this machine's kiln binary and software GPU.)
+        timeout 180 .gpu/cuda_speculative ${KILN_TEST_FILTER:-} --skip run_speculates_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
     fi
     # Start-up (KILN_STARTUP=1): seconds to a first token with no kernel cache (NVRTC on every
     # core), then twice from kiln's cache (device code loaded as it is), the driver's own JIT
@@ -173,6 +175,25 @@ run() {
     if [ -n "${KILN_PHASES:-}" ] && [ -x .gpu/cuda_phases ]; then
         echo "== phases (${SECONDS}s)"
         timeout 120 .gpu/cuda_phases 2>&1 | tail -12 || true
+    fi
+    # Speculative decoding on the GPU (KILN_SPEC_BENCH=1): greedy decoding of 200 tokens
+    # plainly and with prompt lookup (the twins' random weights repeat themselves, which the
+    # lookup finds: a figure of what a pass costs against the steps it saves, not of real text).
+    if [ -n "${KILN_SPEC_BENCH:-}" ]; then
+        for p in "${twins[@]}"; do wait "$p" || echo "a twin failed"; done
+        twins=()
+        echo "== speculation (${SECONDS}s): kiln run --device cuda -n 200 --temp 0, plain vs ngram-simple"
+        for c in ${KILN_SPEC_MODELS:-smol llama8b}; do
+            [ -f "$m/$c.gguf" ] || continue
+            for spec in "" "--spec-type ngram-simple --draft-max 8" "--spec-type ngram-simple --draft-max 16" ""; do
+                timeout 120 .gpu/kiln run -m "$m/$c.gguf" --device cuda -n 200 --temp 0 --ignore-eos \
+                    -p "The list of numbers: one two three one two three one two three" --json $spec 2>/dev/null |
+                    python3 -c 'import json,sys,hashlib
+ls=[json.loads(l) for l in sys.stdin]; d=ls[-1]; s=d.get("speculative") or {}
+text="".join(l.get("text","") for l in ls[:-1])
+print("%s %-40s gen %7.1f tok/s  passes %s drafted %s kept %s  text %s" % (sys.argv[1], sys.argv[2] or "plain", d["gen_tps"], s.get("passes","-"), s.get("drafted","-"), s.get("accepted","-"), hashlib.md5(text.encode()).hexdigest()[:8]))' "$c" "$spec" || echo "$c $spec: failed"
+            done
+        done
     fi
     for p in "${twins[@]}"; do wait "$p" || echo "a twin failed"; done
     cat .gpu/tmp/twin-*.log 2>/dev/null || true

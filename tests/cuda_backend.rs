@@ -349,7 +349,7 @@ fn device_plan_matches_the_measured_device_memory() {
         let m = Arc::new(Model::load(&path).unwrap());
         let mut o = SessionOptions::new(ctx, 2);
         o.device = Device::Cuda;
-        let p = kiln::engine::plan::device_plan(&m.file, &o, 1).unwrap();
+        let p = kiln::engine::plan::device_plan(&m.file, &o, 1, 0).unwrap();
         // What the last round's session freed stays in the driver's pool unless given back.
         g.release_cached().unwrap();
         let (free0, _) = g.mem_info().unwrap();

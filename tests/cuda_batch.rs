@@ -26,8 +26,8 @@ fn runner(m: &Arc<Model>, device: Device, n_slots: usize) -> BatchRunner {
     runner_kv(m, device, n_slots, KvType::F16)
 }
 
-fn runner_kv(m: &Arc<Model>, device: Device, n_slots: usize, kv_type: KvType) -> BatchRunner {
-    let o = BatchOptions {
+fn options(device: Device, n_slots: usize, kv_type: KvType) -> BatchOptions {
+    BatchOptions {
         n_slots,
         n_ctx: 256,
         n_threads: 2,
@@ -35,7 +35,11 @@ fn runner_kv(m: &Arc<Model>, device: Device, n_slots: usize, kv_type: KvType) ->
         kv_type,
         device,
         draft_max: 0,
-    };
+    }
+}
+
+fn runner_kv(m: &Arc<Model>, device: Device, n_slots: usize, kv_type: KvType) -> BatchRunner {
+    let o = options(device, n_slots, kv_type);
     BatchRunner::new(Arc::clone(m), o).unwrap_or_else(|e| panic!("{device:?} runner: {e}"))
 }
 
@@ -235,7 +239,8 @@ fn serve_on_the_software_gpu() {
 }
 
 /// `kiln plan --device cuda --parallel 3` is what a three-slot runner allocates on the device
-/// (weights, every slot's cache, the rows of a chunk beside a token per slot).
+/// (weights, every slot's cache, the rows of a chunk beside a token per slot), and with
+/// `--draft-max 5` beside them each slot's five verification rows and the head's five more.
 #[test]
 fn device_plan_of_a_server() {
     let Some(_gpu) = gpu("device_plan_of_a_server") else {
@@ -245,11 +250,24 @@ fn device_plan_of_a_server() {
     let m = Arc::new(Model::load(common::random_model("random-qwen3-q4_k_m")).unwrap());
     let mut o = SessionOptions::new(256, 2);
     o.prefill_chunk = 32;
-    let p = kiln::engine::plan::device_plan(&m.file, &o, 3).unwrap();
-    let (_, before) = g.allocations();
-    let r = runner(&m, Device::Cuda, 3);
-    let (_, after) = g.allocations();
-    assert_eq!((after - before) as u64, p.total_bytes, "allocated vs plan");
-    let kv = p.components.iter().find(|c| c.name == "kv cache (device)");
-    assert_eq!(kv.map(|c| c.bytes), Some(r.kv_bytes() as u64));
+    for drafts in [0, 5] {
+        let p = kiln::engine::plan::device_plan(&m.file, &o, 3, drafts).unwrap();
+        let (_, before) = g.allocations();
+        let r = BatchRunner::new(
+            Arc::clone(&m),
+            BatchOptions {
+                draft_max: drafts,
+                ..options(Device::Cuda, 3, KvType::F16)
+            },
+        )
+        .unwrap();
+        let (_, after) = g.allocations();
+        assert_eq!(
+            (after - before) as u64,
+            p.total_bytes,
+            "allocated vs plan, {drafts} drafts"
+        );
+        let kv = p.components.iter().find(|c| c.name == "kv cache (device)");
+        assert_eq!(kv.map(|c| c.bytes), Some(r.kv_bytes() as u64));
+    }
 }

@@ -205,7 +205,7 @@ fn offloaded_decode_allocates_nothing_and_the_plan_says_both_sizes() {
     );
 
     let file = kiln::gguf::GgufFile::open(&path).unwrap();
-    let plan = device_plan(&file, &opts, 1).unwrap();
+    let plan = device_plan(&file, &opts, 1, 0).unwrap();
     let dev = plan.get("kv cache (device)").unwrap();
     let host = plan.get(HOST_KV).unwrap();
     let c = s.cuda().unwrap();
@@ -223,7 +223,7 @@ fn offloaded_decode_allocates_nothing_and_the_plan_says_both_sizes() {
     );
 
     // Without a budget the plan has no host part.
-    let plain = device_plan(&file, &options(ty, None), 1).unwrap();
+    let plain = device_plan(&file, &options(ty, None), 1, 0).unwrap();
     assert!(plain.get(HOST_KV).is_none());
     assert_eq!(plain.get("kv cache (device)").unwrap().bytes, host.bytes);
 }

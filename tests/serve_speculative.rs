@@ -2,7 +2,7 @@
 //! ngram-simple`, or `-md DRAFT`): every request gets the tokens, text, log-probabilities and finish reason it
 //! gets without speculation (greedy and seeded, beside other sequences and prompt pieces,
 //! through the token limit, stop sequences, the end of the context and a sliding window), and
-//! drafts are verified and kept.
+//! drafts are verified and kept; on the CPU, and on the GPU (or the software GPU).
 
 mod common;
 #[path = "server/harness.rs"]
@@ -11,6 +11,7 @@ mod harness;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
+use kiln::backend::Device;
 use kiln::cache::KvType;
 use kiln::engine::batch::{BatchOptions, BatchRunner};
 use kiln::engine::logprobs::TokenLogprobs;
@@ -131,6 +132,7 @@ struct Setup {
     /// A draft model (a random model's stem) guessing instead of prompt lookup, and its
     /// `--draft-p-min`.
     draft: Option<(&'static str, f32)>,
+    device: Device,
 }
 
 impl Setup {
@@ -143,6 +145,7 @@ impl Setup {
             draft_min: 1,
             kv_type: KvType::F16,
             draft: None,
+            device: Device::Cpu,
         }
     }
 }
@@ -154,7 +157,7 @@ fn options(s: &Setup) -> BatchOptions {
         n_threads: 2,
         prefill_chunk: s.chunk,
         kv_type: s.kv_type,
-        device: Default::default(),
+        device: s.device,
         draft_max: s.draft_max,
     }
 }
@@ -673,24 +676,28 @@ fn serve_speculates_over_http() {
     }
 }
 
-/// A runner on the GPU refuses draft rows (its passes are batches, not decode steps), before
-/// it touches the device.
+/// On the GPU (or the software GPU), where a verification pass runs as decode rows: prompt
+/// lookup and a draft model drafting for itself give the outputs of plain serving on the GPU,
+/// five requests on three slots (prompt chunks beside passes, a fork, a grammar,
+/// log-probabilities, one past its context). (In a context of up to 256 positions, where plain
+/// serving on the GPU gives a sequence the same logits whatever else its steps carry.)
 #[test]
-fn gpu_runner_refuses_speculation() {
-    let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).expect("load"));
-    let e = BatchRunner::new(
-        m,
-        BatchOptions {
-            n_slots: 2,
-            n_ctx: 64,
-            n_threads: 2,
-            prefill_chunk: 16,
-            kv_type: KvType::F16,
-            device: kiln::backend::Device::Cuda,
-            draft_max: 4,
-        },
-    )
-    .err()
-    .expect("refused");
-    assert!(e.to_string().contains("CPU only"), "{e}");
+fn scheduler_speculation_on_the_gpu_gives_plain_outputs() {
+    let Some(_gpu) = common::gpu("scheduler_speculation_on_the_gpu_gives_plain_outputs") else {
+        return;
+    };
+    let stem = "random-llama-q4_0";
+    let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let mut reqs = mixed_requests();
+    reqs[0].fork = Some(false);
+    for draft in [None, Some((stem, 0.0))] {
+        let setup = Setup {
+            draft,
+            device: Device::Cuda,
+            ..Setup::new(3, 128, 16, 6)
+        };
+        let what = format!("{stem} on the GPU, drafted by {draft:?}");
+        same_with_speculation(&what, &m, &tok, setup, &reqs);
+    }
 }

@@ -193,8 +193,9 @@ pub struct SeqBatch<'a, K = KvCache> {
     pub n_tokens: usize,
     /// Each of its rows computed as a decode step of it alone would be (its products as a batch
     /// of one, its attention on the decode path of its position): a speculative verification
-    /// pass among other sequences' rows. The CPU honours it; the GPU computes a batch
-    /// (speculation is refused there).
+    /// pass among other sequences' rows. The CPU computes such rows alone inside any pass; the
+    /// GPU, in a pass of decode rows only, of at most [`cuda::MAX_GRAPH_ROWS`] (the batch
+    /// runner splits a step into such passes).
     pub alone: bool,
 }
 

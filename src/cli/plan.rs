@@ -97,7 +97,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     // (A server keeps the drafts `BatchRunner::new` keeps.)
     let draft_max = match args.parallel > 1 {
         true => draft_max
-            .map(|n| kiln::engine::batch::drafts_kept(n, args.prefill_chunk, ctx))
+            .map(|n| kiln::engine::batch::drafts_kept(n, args.prefill_chunk, ctx, args.device))
             .filter(|&n| n > 0),
         false => draft_max,
     };
@@ -110,14 +110,17 @@ pub fn run(args: PlanArgs) -> Result<()> {
         runtime_bytes: runtime,
     };
     let cuda = args.device == kiln::backend::Device::Cuda;
-    let plan_of = |file: &GgufFile, opts: &SessionOptions, host: HostTerms| {
+    // (A server's runner on the GPU holds its verification rows in device memory; the draft
+    // model's runner none.)
+    let plan_of = |file: &GgufFile, opts: &SessionOptions, host: HostTerms, drafts| {
         if cuda {
-            kiln::engine::plan::device_plan(file, opts, args.parallel)
+            kiln::engine::plan::device_plan(file, opts, args.parallel, drafts)
         } else {
             plan(file, opts, args.parallel, host)
         }
     };
-    let mut p = plan_of(&file, &opts, host)?;
+    let drafts = draft_max.filter(|_| args.parallel > 1).unwrap_or(0);
+    let mut p = plan_of(&file, &opts, host, drafts)?;
     if let Some(n) = draft_max.filter(|_| !cuda) {
         let (v, c) = (config.vocab_size as u64, ctx as u64);
         let (bytes, formula) = if args.parallel > 1 {
@@ -171,7 +174,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 tokenizer_bytes: Tokenizer::from_gguf(&dfile)?.heap_bytes() as u64,
                 runtime_bytes: 0,
             };
-            let mut d = plan_of(&dfile, &dopts, dhost)?;
+            let mut d = plan_of(&dfile, &dopts, dhost, 0)?;
             // The draft decodes greedily (no sampler of its own), on the model's threads and
             // code (no runtime of its own: `Speculation::share_threads`, or the server's
             // `BatchRunner::share_threads`).

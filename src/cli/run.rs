@@ -96,7 +96,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let text = common::read_prompt(&args.prompt, &args.file)?;
     let sampler_cfg = args.sampling.config()?;
     let spec = args.grammar.spec()?;
-    if args.spec.check(&args.model)? && spec.is_some() {
+    if args.spec.check()? && spec.is_some() {
         bail!("speculative decoding and a grammar together are not supported");
     }
     let loaded = common::load(&args.model)?;

@@ -183,7 +183,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     // Refused before the port is bound.
     args.model.device()?;
-    args.spec.serve_check(&args.model)?;
+    args.spec.serve_check()?;
     let limits = HttpLimits {
         max_connections: args.max_connections as usize,
         header_timeout: args.header_timeout,

@@ -64,7 +64,7 @@ impl SpecArgs {
     }
 
     /// Check the flags before anything is loaded; whether they ask for speculation.
-    pub fn check(&self, args: &ModelArgs) -> Result<bool> {
+    pub fn check(&self) -> Result<bool> {
         if let Some(p) = self.draft_p_min.filter(|p| !(0.0..=1.0).contains(p)) {
             bail!("--draft-p-min {p} is not a probability");
         }
@@ -83,21 +83,16 @@ impl SpecArgs {
             (SpecType::DraftSimple, None) => bail!("--spec-type draft-simple needs --model-draft"),
             _ => true,
         };
-        if on && args.device()? != kiln::backend::Device::Cpu {
-            // The GPU's batched passes are not its decode steps bit for bit, and its greedy
-            // decoding picks tokens on the device: not yet.
-            bail!("speculative decoding runs on the CPU only (--device cpu)");
-        }
         Ok(on)
     }
 
     /// Check `kiln serve`'s flags before anything is loaded; whether they ask for
     /// speculation.
-    pub fn serve_check(&self, args: &ModelArgs) -> Result<bool> {
+    pub fn serve_check(&self) -> Result<bool> {
         if self.draft_p_min.is_some() && self.model_draft.is_none() {
             bail!("--draft-p-min is for a draft model (--model-draft)");
         }
-        self.check(args)
+        self.check()
     }
 
     /// `kiln serve`'s speculation: prompt lookup, or a draft model (loaded beside `target`)
@@ -107,7 +102,7 @@ impl SpecArgs {
         args: &ModelArgs,
         target: &Loaded,
     ) -> Result<Option<kiln::server::ServeSpeculation>> {
-        if !self.serve_check(args)? {
+        if !self.serve_check()? {
             return Ok(None);
         }
         let draft = match &self.model_draft {
@@ -144,7 +139,7 @@ impl SpecArgs {
 
     /// The speculation the flags ask for, the draft model loaded beside `target`.
     pub fn speculation(&self, target: &Loaded, args: &ModelArgs) -> Result<Option<Speculation>> {
-        if !self.check(args)? {
+        if !self.check()? {
             return Ok(None);
         }
         let drafter: Box<dyn Drafter> = match &self.model_draft {

@@ -19,7 +19,7 @@ use super::session::{
     check_context, cuda_session, kv_layout, scratch_spec, EngineError, SessionOptions,
 };
 use crate::backend::cpu::{self, Runtime};
-use crate::backend::cuda::{CudaKv, CudaSession, CudaStep};
+use crate::backend::cuda::{CudaKv, CudaSession, CudaStep, MAX_GRAPH_ROWS};
 use crate::backend::{Device, SeqCache};
 use crate::cache::layout::Cursor;
 use crate::cache::{KvCache, KvType, Scratch};
@@ -97,6 +97,11 @@ pub struct BatchRunner {
     step_tokens: Vec<u32>,
     /// The parts of the step being built, by increasing slot (reused).
     parts: Vec<StepPart>,
+    /// Per part, the forward pass of the step it runs in; the parts and tokens of the pass
+    /// being run (reused: see [`BatchRunner::plan_passes`]).
+    pass_of: Vec<usize>,
+    pass_parts: Vec<StepPart>,
+    pass_tokens: Vec<u32>,
     /// Per logits row of a step: its batch row, and its row of `logits` (reused).
     logit_rows: Vec<usize>,
     logit_dest: Vec<usize>,
@@ -112,16 +117,9 @@ impl BatchRunner {
         let n_slots = opts.n_slots.max(1);
         let n_ctx = opts.n_ctx.max(1);
         check_context(c, n_ctx)?;
-        if opts.draft_max > 0 && opts.device != Device::Cpu {
-            // The GPU computes a verification pass as a batch, not as its decode steps.
-            return Err(ForwardError::Device(
-                "speculative decoding runs on the CPU only (--device cpu)".into(),
-            )
-            .into());
-        }
         let chunk = opts.prefill_chunk.clamp(1, n_ctx);
         let opts = BatchOptions {
-            draft_max: drafts_kept(opts.draft_max, opts.prefill_chunk, n_ctx),
+            draft_max: drafts_kept(opts.draft_max, opts.prefill_chunk, n_ctx, opts.device),
             ..opts
         };
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
@@ -175,6 +173,9 @@ impl BatchRunner {
             logits: vec![0.0; rows * c.vocab_size],
             step_tokens: Vec::with_capacity(spec.max_tokens),
             parts: Vec::with_capacity(n_slots),
+            pass_of: Vec::with_capacity(n_slots),
+            pass_parts: Vec::with_capacity(n_slots),
+            pass_tokens: Vec::with_capacity(spec.max_tokens),
             logit_rows: Vec::with_capacity(rows),
             logit_dest: Vec::with_capacity(rows),
             hidden_rows: Vec::with_capacity(n_slots),
@@ -461,10 +462,94 @@ impl BatchRunner {
                 });
             }
         }
+        let passes = self.plan_passes();
+        for pass in 0..passes {
+            if let Err(e) = self.run_pass(pass, hidden) {
+                // Earlier passes' slots go back to where the step found them.
+                for (p, _) in self
+                    .parts
+                    .iter()
+                    .zip(&self.pass_of)
+                    .filter(|(_, &k)| k < pass)
+                {
+                    let s = &mut self.slots[p.slot];
+                    let n = s.tokens.len();
+                    s.rollback(n);
+                }
+                return Err(e);
+            }
+        }
+        for p in &self.parts {
+            let t = &self.step_tokens[p.tokens.clone()];
+            self.slots[p.slot].tokens.extend_from_slice(t);
+        }
+        Ok(())
+    }
+
+    /// Assign each part of the step to a forward pass (`pass_of`); returns the number of
+    /// passes. One on the CPU, which computes a verification pass's rows as decode steps inside
+    /// any pass. On the GPU a pass's rows are its decode steps only in a pass of decode rows of
+    /// at most [`MAX_GRAPH_ROWS`] (see [`SeqBatch::alone`]): a step with prefill chunks or more
+    /// rows runs its other parts in one pass, then its verification passes in passes of at most
+    /// that many rows.
+    fn plan_passes(&mut self) -> usize {
+        self.pass_of.clear();
+        let parts = &self.parts;
+        let one = match self.exec {
+            Exec::Cpu { .. } => true,
+            Exec::Cuda { .. } => {
+                !parts.iter().any(|p| p.alone)
+                    || (self.step_tokens.len() <= MAX_GRAPH_ROWS
+                        && parts.iter().all(|p| p.alone || p.tokens.len() == 1))
+            }
+        };
+        if one {
+            self.pass_of.resize(parts.len(), 0);
+            return 1;
+        }
+        let first = usize::from(parts.iter().any(|p| !p.alone));
+        let (mut pass, mut rows) = (first, 0);
+        for p in parts {
+            if !p.alone {
+                self.pass_of.push(0);
+                continue;
+            }
+            if rows > 0 && rows + p.tokens.len() > MAX_GRAPH_ROWS {
+                (pass, rows) = (pass + 1, 0);
+            }
+            rows += p.tokens.len();
+            self.pass_of.push(pass);
+        }
+        pass + 1
+    }
+
+    /// Run the parts of the step assigned to pass `pass` as one forward pass (their slots'
+    /// tokens are not yet extended).
+    fn run_pass(
+        &mut self,
+        pass: usize,
+        hidden: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        self.pass_parts.clear();
+        self.pass_tokens.clear();
+        for (p, _) in self
+            .parts
+            .iter()
+            .zip(&self.pass_of)
+            .filter(|(_, &k)| k == pass)
+        {
+            let start = self.pass_tokens.len();
+            self.pass_tokens
+                .extend_from_slice(&self.step_tokens[p.tokens.clone()]);
+            self.pass_parts.push(StepPart {
+                tokens: start..self.pass_tokens.len(),
+                ..p.clone()
+            });
+        }
         self.logit_rows.clear();
         self.logit_dest.clear();
         let per_slot = 1 + self.opts.draft_max;
-        for p in self.parts.iter().filter(|p| p.logits) {
+        for p in self.pass_parts.iter().filter(|p| p.logits) {
             let first = if p.alone {
                 p.tokens.start
             } else {
@@ -477,7 +562,7 @@ impl BatchRunner {
         }
         self.hidden_rows.clear();
         self.hidden_at.clear();
-        for p in self.parts.iter().filter(|p| !p.hidden.is_empty()) {
+        for p in self.pass_parts.iter().filter(|p| !p.hidden.is_empty()) {
             let first = p.tokens.start + p.hidden.start;
             self.hidden_rows.push(first..p.tokens.start + p.hidden.end);
             let pos = self.slots[p.slot].tokens.len() + p.hidden.start;
@@ -506,20 +591,9 @@ impl BatchRunner {
                 sink: &mut sink,
             }
         };
-        let (m, exec, parts) = (&self.model, &mut self.exec, &self.parts);
-        run_forward(
-            m,
-            exec,
-            &mut self.slots,
-            parts,
-            &self.step_tokens,
-            want,
-            true,
-        )?;
-        for p in &self.parts {
-            let t = &self.step_tokens[p.tokens.clone()];
-            self.slots[p.slot].tokens.extend_from_slice(t);
-        }
+        let (m, exec, parts) = (&self.model, &mut self.exec, &self.pass_parts);
+        let tokens = &self.pass_tokens;
+        run_forward(m, exec, &mut self.slots, parts, tokens, want, true)?;
         Ok(())
     }
 
@@ -575,10 +649,15 @@ impl BatchRunner {
 }
 
 /// The drafts a runner's verification pass may carry of the `draft_max` asked for: a pass is
-/// one sequence's pass, at most a prefill chunk (of at most the context).
+/// one sequence's pass, at most a prefill chunk (of at most the context); on the GPU, at most
+/// the rows of a pass of decode rows ([`MAX_GRAPH_ROWS`]).
 #[must_use]
-pub fn drafts_kept(draft_max: usize, prefill_chunk: usize, n_ctx: usize) -> usize {
-    draft_max.min(prefill_chunk.clamp(1, n_ctx.max(1)) - 1)
+pub fn drafts_kept(draft_max: usize, prefill_chunk: usize, n_ctx: usize, device: Device) -> usize {
+    let rows = match device {
+        Device::Cpu => usize::MAX,
+        Device::Cuda => MAX_GRAPH_ROWS,
+    };
+    draft_max.min(prefill_chunk.clamp(1, n_ctx.max(1)).min(rows) - 1)
 }
 
 /// How a runner of `n_slots` sizes its buffers, from a session's options: a pass carries a

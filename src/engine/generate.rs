@@ -196,11 +196,6 @@ pub fn generate_with(
         if session.would_overflow(1) {
             break StopReason::ContextFull;
         }
-        if on_device {
-            // Greedy on the GPU: the next token is picked there; no logits cross the bus.
-            chosen = Some(session.decode_greedy(next)?);
-            continue;
-        }
         if let Some(sp) = spec.as_deref_mut() {
             let room = limit - out.gen_tokens;
             match sp.step(session, sampler, next, room, mask, &mut |t| out.emit(t))? {
@@ -215,6 +210,11 @@ pub fn generate_with(
                 }
                 Step::Stop(stop) => break stop,
             }
+        }
+        if on_device {
+            // Greedy on the GPU: the next token is picked there; no logits cross the bus.
+            chosen = Some(session.decode_greedy(next)?);
+            continue;
         }
         let mut step: Vec<(&mut Constraint, Option<u32>)> = Vec::new();
         step.extend(constraint.as_deref_mut().map(|c| (c, Some(next))));

@@ -331,11 +331,14 @@ fn check_ctx(c: &crate::model::ModelConfig, opts: &SessionOptions) -> Result<(),
 /// KV-cache allocations as [`crate::backend::cuda::CudaSession::new`] makes them (the same
 /// layout functions). With `parallel` > 1, the session of a server's batch runner
 /// ([`crate::engine::batch::BatchRunner`]): that many KV slots, and rows for a prefill chunk
-/// beside a decode token per slot. The driver's own context memory is not included.
+/// beside a decode token and `draft_max` verification rows per slot (the drafts the runner
+/// keeps: [`crate::engine::batch::drafts_kept`]). The driver's own context memory is not
+/// included.
 pub fn device_plan(
     file: &GgufFile,
     opts: &SessionOptions,
     parallel: usize,
+    draft_max: usize,
 ) -> Result<MemoryPlan, PlanError> {
     use crate::backend::cuda::step::SessionLayout;
     let (c, traits) = read_config(file)?;
@@ -347,7 +350,7 @@ pub fn device_plan(
     let kv = crate::engine::session::kv_layout(&c, opts);
     let opts = match slots {
         1 => *opts,
-        _ => crate::engine::batch::runner_session_options(opts, slots, 0),
+        _ => crate::engine::batch::runner_session_options(opts, slots, draft_max),
     };
     let spec = scratch_spec_for(file, &opts);
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;

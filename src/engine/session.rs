@@ -5,7 +5,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::backend::cpu::{forward, Runtime};
-use crate::backend::cuda::{self, CudaKv, CudaSession, CudaSizes, CudaStep, DeviceWeights};
+use crate::backend::cuda::{
+    self, CudaKv, CudaSession, CudaSizes, CudaStep, DeviceWeights, MAX_GRAPH_ROWS,
+};
 use crate::backend::{Device, SeqBatch};
 use crate::cache::{
     KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
@@ -117,6 +119,8 @@ enum Exec {
         s: Box<CudaSession>,
         /// `[vocab]`: the last token's logits, copied back.
         logits: Vec<f32>,
+        /// Passes are computed as decode steps ([`Session::eval_as_decodes`]).
+        alone: bool,
     },
 }
 
@@ -158,6 +162,7 @@ impl Session {
                 let exec = Exec::Cuda {
                     s,
                     logits: vec![0.0; c.vocab_size],
+                    alone: false,
                 };
                 (Kv::Cuda(CudaKv::new(0, layout)), exec, 1)
             }
@@ -188,14 +193,21 @@ impl Session {
             (Kv::Cpu(kv), Exec::Cpu { scratch }) => {
                 forward(&self.model, &self.rt, kv, scratch, tokens, logits)
             }
-            (Kv::Cuda(kv), Exec::Cuda { s, logits: host }) => {
+            (
+                Kv::Cuda(kv),
+                Exec::Cuda {
+                    s,
+                    logits: host,
+                    alone,
+                },
+            ) => {
                 let last = copy && matches!(logits, Logits::Last);
                 let m = &*self.model;
                 let n_tokens = tokens.len();
                 let seqs = &mut [SeqBatch {
                     kv,
                     n_tokens,
-                    alone: false,
+                    alone: *alone,
                 }];
                 forward_batch(m, &mut CudaStep { m, s }, seqs, tokens, logits)?;
                 if last {
@@ -432,18 +444,19 @@ impl Session {
     }
 
     /// [`Session::eval_all`] with every row's logits those a decode step of it would give, bit
-    /// for bit, where the model's block formats compute a batch otherwise (the K-quants on the
-    /// CPU: see `kernels::matmul::batch_dependent`): speculative decoding's verification passes,
-    /// so that they sample what plain decoding samples. (On the GPU, as `eval_all`.)
+    /// for bit, where a batch computes them otherwise (the K-quants on the CPU: see
+    /// `kernels::matmul::batch_dependent`; every format on the GPU, whose prompt products and
+    /// attention differ from its decode steps'): speculative decoding's verification passes,
+    /// so that they sample what plain decoding samples. On the GPU, in passes of at most
+    /// [`crate::backend::cuda::MAX_GRAPH_ROWS`] tokens.
     pub fn eval_as_decodes(
         &mut self,
         tokens: &[u32],
         sink: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
-        let alone = |s: &mut Session, on: bool| {
-            if let Exec::Cpu { scratch } = &mut s.exec {
-                scratch.rows_alone = on;
-            }
+        let alone = |s: &mut Session, on: bool| match &mut s.exec {
+            Exec::Cpu { scratch } => scratch.rows_alone = on,
+            Exec::Cuda { alone, .. } => *alone = on,
         };
         alone(self, true);
         let r = self.eval_all(tokens, 0, sink);
@@ -479,7 +492,11 @@ impl Session {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_fits(tokens.len())?;
-        let chunk = self.max_tokens();
+        let chunk = match self.exec {
+            // (A pass of decode rows: see `SeqBatch::alone`.)
+            Exec::Cuda { alone: true, .. } => self.max_tokens().min(MAX_GRAPH_ROWS),
+            _ => self.max_tokens(),
+        };
         let mut base = 0;
         for part in tokens.chunks(chunk) {
             let lo = first.saturating_sub(base).min(part.len());

@@ -21,7 +21,7 @@ pub mod step;
 pub mod weights;
 
 pub use gpu::Gpu;
-pub use step::{CudaKv, CudaSession, CudaSizes, CudaStep};
+pub use step::{decode_rows, CudaKv, CudaSession, CudaSizes, CudaStep, MAX_GRAPH_ROWS};
 pub use weights::DeviceWeights;
 
 /// Why the GPU cannot be used.

@@ -37,9 +37,17 @@ use products::{mv_shape, Epilogue, Prepared};
 /// tensor cores (cuBLAS); fewer rows take the matvec kernels.
 pub const GEMM_MIN_ROWS: usize = 64;
 
-/// The most sequences a recorded decode step may carry (more run without a graph): the steps
-/// whose products all take the matvec kernels.
-const MAX_GRAPH_ROWS: usize = GEMM_MIN_ROWS - 1;
+/// The most rows a recorded decode step may carry (more run without a graph): the steps
+/// whose products all take the matvec kernels. A step of at most this many decode rows (one
+/// token of a sequence, or a verification pass's rows computed as decode steps: see
+/// [`SeqBatch::alone`]) computes each row as a step of it alone would, bit for bit.
+pub const MAX_GRAPH_ROWS: usize = GEMM_MIN_ROWS - 1;
+
+/// Whether every row of a step is a decode row: a sequence's one token, or a row of a pass
+/// computed as decode steps ([`SeqBatch::alone`]).
+pub fn decode_rows<K: SeqCache>(seqs: &[SeqBatch<'_, K>]) -> bool {
+    seqs.iter().all(|sq| sq.n_tokens == 1 || sq.alone)
+}
 
 /// Elements of a row each block of `rms_norm_q8` normalizes and quantizes: 512, or
 /// `KILN_CUDA_NORM_SLICE` (a multiple of 256; a large one keeps a row in one block).
@@ -580,7 +588,9 @@ impl Backend for CudaStep<'_> {
         let mut j = 0;
         for sq in seqs {
             // Per row, the CPU's choice of attention arithmetic for its sequence's part.
-            let m = match sq.n_tokens {
+            // (A pass computed as decode steps takes a decode row's, row by row.)
+            let n_tokens = if sq.alone { 1 } else { sq.n_tokens };
+            let m = match n_tokens {
                 1 if mirror => 2,
                 n if n > 1 && n < TILE_Q => 1,
                 n if attention::tiles(tile, n) => 3,
@@ -595,7 +605,7 @@ impl Backend for CudaStep<'_> {
         }
         s.put_i32(s.layout.ids, 3 * stride + n);
         s.offload_begin(seqs.len(), seqs.first().map_or(0, |sq| sq.kv.len()), n);
-        let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
+        let decode = decode_rows(seqs);
         let graph = s.use_graphs && s.offload.is_none();
         if graph && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
             if s.graphs.contains_key(&n) {

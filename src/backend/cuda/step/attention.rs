@@ -59,7 +59,7 @@ impl CudaSession {
         seqs: &[SeqBatch<'_, CudaKv>],
         rows: usize,
     ) {
-        let decode = seqs.iter().all(|sq| sq.n_tokens == 1);
+        let decode = super::decode_rows(seqs);
         self.xq_holds = None;
         let at = self.layout.kv[layer];
         let (kc, vc) = self.kv_at(layer);
@@ -131,10 +131,10 @@ impl CudaSession {
             _ => {
                 // Rows of tiled passes (mode 3) in tiles, the others (if any) one block per
                 // row and head.
-                let (any, all) = (
-                    seqs.iter().any(|sq| self.tiled(sq.n_tokens)),
-                    seqs.iter().all(|sq| self.tiled(sq.n_tokens)),
-                );
+                // (A pass computed as decode steps is not tiled: its rows' mode is a
+                // decode row's.)
+                let tiled = |sq: &SeqBatch<'_, CudaKv>| !sq.alone && self.tiled(sq.n_tokens);
+                let (any, all) = (seqs.iter().any(tiled), seqs.iter().all(tiled));
                 if any {
                     // The row kernel's arguments with the row count after `out` and
                     // without `ctx` (a tile's keys are its rows' own).
