@@ -51,7 +51,7 @@ impl RequestBody for EmbeddingRequest {
 }
 
 /// One input, tokenized or given as ids.
-enum Input {
+pub(super) enum Input {
     Text(String),
     Ids(Vec<u32>),
 }
@@ -145,20 +145,7 @@ pub(super) async fn embeddings(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    if !st.opts.embeddings {
-        return Err(ApiError::not_supported(
-            "This server does not support embeddings. Start it with `--embeddings`",
-        ));
-    }
-    let pooling = match &st.pooling {
-        Ok(Pooling::None) => {
-            return Err(ApiError::bad_request(
-                "Pooling type 'none' is not OAI compatible. Please use a different pooling type: this model declares no pooling (start kiln with --pooling mean, cls or last)",
-            ))
-        }
-        Ok(p) => *p,
-        Err(e) => return Err(ApiError::bad_request(e.clone())),
-    };
+    let pooling = pooling(&st)?;
     let req: EmbeddingRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.model)?;
     let dim = st.model.config.dim;
@@ -182,13 +169,55 @@ pub(super) async fn embeddings(
             ))
         }
     };
-    let spec = EmbedSpec {
-        pooling,
-        normalize: req.embd_normalize.unwrap_or(st.opts.embd_normalize),
-    };
+    let normalize = req.embd_normalize.unwrap_or(st.opts.embd_normalize);
+    let inputs = inputs(req.input.as_ref())?;
+    let spec = EmbedSpec { pooling, normalize };
+    let (vectors, tokens) = embed(&st, inputs, spec).await?;
+    let data: Vec<Value> = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| match base64 {
+            true => json!({"object": "embedding", "index": index, "embedding": encode_base64(&v)}),
+            false => json!({"object": "embedding", "index": index, "embedding": v}),
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response())
+}
+
+/// The pooling of the server's embeddings; refused where it computes none: started without
+/// `--embeddings` (llama-server's 501), or a model that pools nothing (400).
+pub(super) fn pooling(st: &AppState) -> Result<Pooling, ApiError> {
+    if !st.opts.embeddings {
+        return Err(ApiError::not_supported(
+            "This server does not support embeddings. Start it with `--embeddings`",
+        ));
+    }
+    match &st.pooling {
+        Ok(Pooling::None) => Err(ApiError::bad_request(
+            "Pooling type 'none' is not OAI compatible. Please use a different pooling type: this model declares no pooling (start kiln with --pooling mean, cls or last)",
+        )),
+        Ok(p) => Ok(*p),
+        Err(e) => Err(ApiError::bad_request(e.clone())),
+    }
+}
+
+/// The vectors of `inputs` (in order, pooled and normalized as `spec` says) and their
+/// prompts' token count: each input one engine request, at most `--parallel` of them in the
+/// engine at once, under one admission permit (429 when none is left).
+pub(super) async fn embed(
+    st: &AppState,
+    inputs: Vec<Input>,
+    spec: EmbedSpec,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let (vocab, n_ctx) = (st.model.config.vocab_size, st.opts.n_ctx);
     let mut prompts = Vec::new();
-    for (i, input) in inputs(req.input.as_ref())?.into_iter().enumerate() {
+    for (i, input) in inputs.into_iter().enumerate() {
         let param = format!("input[{i}]");
         let ids = match input {
             Input::Text(t) if t.is_empty() => {
@@ -240,25 +269,14 @@ pub(super) async fn embeddings(
     let mut results = futures_util::stream::iter(prompts)
         .map(submit)
         .buffered(st.opts.n_slots.max(1));
-    let mut data = Vec::new();
+    let mut vectors = Vec::new();
     let mut tokens = 0;
     while let Some(r) = results.next().await {
         let (v, n) = r?;
         tokens += n;
-        let index = data.len();
-        data.push(if base64 {
-            json!({"object": "embedding", "index": index, "embedding": encode_base64(&v)})
-        } else {
-            json!({"object": "embedding", "index": index, "embedding": v})
-        });
+        vectors.push(v);
     }
-    Ok(Json(json!({
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }))
-    .into_response())
+    Ok((vectors, tokens))
 }
 
 /// OpenAI's base64 encoding: the little-endian f32 bytes.

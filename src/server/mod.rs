@@ -28,6 +28,7 @@ pub mod error;
 mod io;
 mod logprobs;
 mod metrics;
+mod ollama;
 mod ready;
 mod respond;
 mod routes;

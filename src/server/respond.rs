@@ -36,7 +36,7 @@ pub struct Job {
 }
 
 /// What a choice's sink sends.
-enum Ev {
+pub(super) enum Ev {
     Text(String),
     Logprobs(TokenLogprobs),
     Done(Finished),
@@ -70,6 +70,26 @@ impl SeqSink for ChoiceSink {
 
 /// Queue the job on the engine and answer with the whole result or an event stream.
 pub async fn run(st: &AppState, job: Job) -> Result<Response, ApiError> {
+    let rx = queue(st, &job).await?;
+    let answers = Answers::new(
+        &job.head,
+        job.gen.n.max(1),
+        job.tools,
+        Arc::clone(&st.tokenizer),
+    );
+    if job.gen.stream {
+        let include_usage = job.gen.include_usage;
+        return Ok(stream(job.head, answers, rx, include_usage).into_response());
+    }
+    whole(job.head, answers, rx).await
+}
+
+/// Queue the job's choices on the engine (its grammars compiled, an admission permit taken);
+/// their events come tagged with the choice's index. Dropping the receiver cancels them.
+pub(super) async fn queue(
+    st: &AppState,
+    job: &Job,
+) -> Result<mpsc::UnboundedReceiver<(usize, Ev)>, ApiError> {
     let n = job.gen.n.max(1);
     let mut grammars = Vec::with_capacity(n);
     if let Some(c) = &job.constraint {
@@ -116,7 +136,7 @@ pub async fn run(st: &AppState, job: Job) -> Result<Response, ApiError> {
     let gen = &job.gen;
     st.engine
         .send(SeqRequest {
-            prompt: job.prompt,
+            prompt: job.prompt.clone(),
             max_new: gen.max_new,
             sampler,
             stop: gen.stop.clone(),
@@ -129,15 +149,11 @@ pub async fn run(st: &AppState, job: Job) -> Result<Response, ApiError> {
             sink,
         })
         .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
-    let answers = Answers::new(&job.head, n, job.tools, Arc::clone(&st.tokenizer));
-    if gen.stream {
-        return Ok(stream(job.head, answers, rx, gen.include_usage).into_response());
-    }
-    whole(job.head, answers, rx).await
+    Ok(rx)
 }
 
 /// The state of every choice of a response.
-struct Answers {
+pub(super) struct Answers {
     chat: bool,
     tok: Arc<Tokenizer>,
     choices: Vec<Answer>,
@@ -157,7 +173,12 @@ struct Answer {
 }
 
 impl Answers {
-    fn new(head: &Head, n: usize, tools: Option<ToolFormat>, tok: Arc<Tokenizer>) -> Answers {
+    pub(super) fn new(
+        head: &Head,
+        n: usize,
+        tools: Option<ToolFormat>,
+        tok: Arc<Tokenizer>,
+    ) -> Answers {
         let seed = (head.created << 20)
             ^ head
                 .id
@@ -245,8 +266,14 @@ impl Answers {
         out
     }
 
-    /// The whole choice `i` (non-streaming).
-    fn complete(&mut self, i: usize) -> Value {
+    /// Add to choice `i`'s text (its answer, gathered whole).
+    pub(super) fn push_text(&mut self, i: usize, text: &str) {
+        self.choices[i].text.push_str(text);
+    }
+
+    /// The whole choice `i` (non-streaming): OpenAI's choice object, a chat answer's message
+    /// with its tool calls parsed out.
+    pub(super) fn complete(&mut self, i: usize) -> Value {
         let text = std::mem::take(&mut self.choices[i].text);
         let chat = self.chat;
         let logprobs = if self.choices[i].logprobs.is_empty() {

@@ -34,7 +34,8 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(super::tokens::tokenize))
         .route("/detokenize", post(super::tokens::detokenize))
         .route("/apply-template", post(super::tokens::apply_template))
-        .route("/props", get(super::tokens::props));
+        .route("/props", get(super::tokens::props))
+        .merge(super::ollama::routes());
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
         open = open.route("/metrics", get(prometheus));
@@ -50,6 +51,20 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
         .with_state(state)
 }
+
+/// The routes `/metrics` counts by name (any other path is `other`).
+const COUNTED: [&str; 10] = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/models",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/props",
+    "/health",
+    "/metrics",
+];
 
 /// Records a request as `cancelled` if it is dropped before its answer (the client left).
 struct Pending {
@@ -69,23 +84,15 @@ impl Drop for Pending {
 /// Count every answer by route and status, a request whose client left as `cancelled`; and
 /// make sure no error leaves without OpenAI's JSON body.
 async fn count(State(st): St, req: Request, next: Next) -> Response {
-    let ep = match req
+    let ep = req
         .extensions()
         .get::<MatchedPath>()
-        .map(MatchedPath::as_str)
-    {
-        Some("/v1/chat/completions") => "/v1/chat/completions",
-        Some("/v1/completions") => "/v1/completions",
-        Some("/v1/embeddings") => "/v1/embeddings",
-        Some("/v1/models") => "/v1/models",
-        Some("/tokenize") => "/tokenize",
-        Some("/detokenize") => "/detokenize",
-        Some("/apply-template") => "/apply-template",
-        Some("/props") => "/props",
-        Some("/health") => "/health",
-        Some("/metrics") => "/metrics",
-        _ => "other",
-    };
+        .and_then(|m| {
+            let mut paths = COUNTED.iter().chain(&super::ollama::PATHS);
+            paths.find(|p| **p == m.as_str())
+        })
+        .copied()
+        .unwrap_or("other");
     let mut pending = Pending {
         http: Arc::clone(&st.http),
         endpoint: ep,
@@ -251,7 +258,20 @@ fn head(model: String, endpoint: Endpoint) -> Head {
 async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let req: ChatRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
-    let (tools, plan) = chat_plan(&st, &req)?;
+    let (job, tools) = chat_job(&st, &req, model)?;
+    let r = respond::run(&st, job).await;
+    r.map_err(|e| tool_error(e, tools.as_ref(), &st))
+}
+
+/// A chat request's job: its conversation rendered by the model's template with its tools,
+/// its generation checked, its answer constrained by its structured-output field or the
+/// tool-call grammar. Also its tools, for [`tool_error`].
+pub(super) fn chat_job(
+    st: &AppState,
+    req: &ChatRequest,
+    model: String,
+) -> Result<(Job, Option<tools::Tools>), ApiError> {
+    let (tools, plan) = chat_plan(st, req)?;
     let prompt = st
         .tokenizer
         .encode_chat_tools(
@@ -289,10 +309,15 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response,
         constraint,
         tools: plan.format,
     };
-    respond::run(&st, job).await.map_err(|e| match &tools {
-        Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, &st),
+    Ok((job, tools))
+}
+
+/// An error of a chat request's run: one about its tools' grammar names the tool.
+pub(super) fn tool_error(e: ApiError, tools: Option<&tools::Tools>, st: &AppState) -> ApiError {
+    match tools {
+        Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, st),
         _ => e,
-    })
+    }
 }
 
 /// A chat request's conversation and tools, read and planned for the model's template.
@@ -322,6 +347,15 @@ pub(super) fn chat_plan(
 async fn completions(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let req: CompletionRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
+    respond::run(&st, completion_job(&st, &req, model)?).await
+}
+
+/// A completion request's job: its prompt (text, or token ids) and its checked generation.
+pub(super) fn completion_job(
+    st: &AppState,
+    req: &CompletionRequest,
+    model: String,
+) -> Result<Job, ApiError> {
     let prompt = match req.prompt.clone() {
         PromptField::Text(t) => st.tokenizer.encode(&t, true, false),
         PromptField::Texts(v) if v.len() == 1 => st.tokenizer.encode(&v[0], true, false),
@@ -345,14 +379,13 @@ async fn completions(State(st): St, headers: HeaderMap, body: Body) -> Result<Re
     let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
     gen.n = req.params.choices(st.opts.n_slots)?;
     gen.logprobs = req.logprobs()?;
-    let job = Job {
+    Ok(Job {
         head: head(model, Endpoint::Completion),
         prompt,
         constraint: gen.structured.take(),
         gen,
         tools: None,
-    };
-    respond::run(&st, job).await
+    })
 }
 
 #[cfg(test)]

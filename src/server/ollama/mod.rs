@@ -1,0 +1,483 @@
+//! Ollama's API (`/api/...`): apps written for Ollama (Open WebUI, Continue, LangChain's
+//! `ChatOllama`, the `ollama` Python and JavaScript libraries) talk to `kiln serve` as they
+//! talk to Ollama.
+//!
+//! A request becomes the job of the matching OpenAI route ([`super::routes::chat_job`],
+//! [`super::routes::completion_job`]): one set of checks, the same template, tools, grammar
+//! and sampler. The answers are Ollama's: newline-delimited JSON, streamed by default
+//! (`"stream": false` for one object), durations in nanoseconds, errors as `{"error": "..."}`.
+//!
+//! - `POST /api/chat`: `messages` (assistant `tool_calls` with argument objects, `tool`
+//!   answers by `tool_name`), `tools`, `format` (`"json"` or a JSON schema), `options`. With
+//!   tools, the answer comes whole, its calls parsed out, before the final line.
+//! - `POST /api/generate`: `prompt` as a user turn of the model's chat template after
+//!   `system`, or as it is with `raw`; an empty prompt answers `done_reason: "load"`.
+//! - `POST /api/embed` (`input`: a text or a list of texts; L2-normalized) and the older
+//!   `POST /api/embeddings` (`prompt`; as pooled): with `--embeddings`, as `/v1/embeddings`.
+//! - `GET /api/tags`, `GET /api/ps`, `POST /api/show`, `GET /api/version`.
+//!
+//! `options`: `num_predict` (−1 and −2: up to the context), `temperature`, `top_k`, `top_p`,
+//! `min_p`, `repeat_penalty`, `repeat_last_n` (−1: the context), `presence_penalty`,
+//! `frequency_penalty`, `seed`, `stop`; the others (`num_ctx`, `num_gpu`, ...) and
+//! `keep_alive` are ignored: the model is loaded once, with the server's flags. Refused with a
+//! 400 saying so: `images`, `suffix` (fill-in-the-middle), `context` (the old conversation
+//! state of `/api/generate`: send the conversation to `/api/chat`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::api::{self, Body as RequestBody, ChatRequest, CompletionRequest};
+use super::error::ApiError;
+use super::respond::Job;
+use super::routes::{chat_job, check_model, completion_job, read_body, tool_error};
+use super::AppState;
+use answer::{answer, loaded, Kind};
+
+mod answer;
+mod models;
+
+type St = State<Arc<AppState>>;
+
+/// The routes, for the router's keyed part (`--api-key` applies).
+pub(super) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/api/chat", post(chat))
+        .route("/api/generate", post(generate))
+        .route("/api/embed", post(models::embed))
+        .route("/api/embeddings", post(models::embeddings_one))
+        .route("/api/tags", get(models::tags))
+        .route("/api/ps", get(models::ps))
+        .route("/api/show", post(models::show))
+        .route("/api/version", get(models::version))
+}
+
+/// The paths of [`routes`], as the request counter names them.
+pub(super) const PATHS: [&str; 8] = [
+    "/api/chat",
+    "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/tags",
+    "/api/ps",
+    "/api/show",
+    "/api/version",
+];
+
+/// An error as Ollama answers it: the status, `{"error": "message"}`.
+pub(super) struct OllamaError(ApiError);
+
+impl From<ApiError> for OllamaError {
+    fn from(e: ApiError) -> Self {
+        OllamaError(e)
+    }
+}
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        let message = self.0.message.clone();
+        let mut r = self.0.into_response();
+        *r.body_mut() = Body::from(json!({ "error": message }).to_string());
+        r.headers_mut().remove(header::CONTENT_LENGTH);
+        r
+    }
+}
+
+type Answer = Result<Response, OllamaError>;
+
+/// `options`: the sampler's and the length's (others are ignored).
+#[derive(Debug, Default, Deserialize)]
+struct Options {
+    num_predict: Option<i64>,
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    repeat_last_n: Option<i64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<Vec<String>>,
+}
+
+/// What `/api/chat` and `/api/generate` share.
+#[derive(Debug, Deserialize)]
+struct Common {
+    model: Option<String>,
+    /// (`null` is no options, as clients send it.)
+    #[serde(default, deserialize_with = "null_default")]
+    options: Options,
+    format: Option<Value>,
+    stream: Option<bool>,
+    images: Option<Vec<Value>>,
+}
+
+/// A field's default where the body has `null`.
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatFields {
+    messages: Vec<OllamaMessage>,
+    tools: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct OllamaMessage {
+    role: String,
+    #[serde(default, deserialize_with = "null_default")]
+    content: String,
+    images: Option<Vec<Value>>,
+    tool_calls: Option<Vec<Value>>,
+    tool_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GenerateFields {
+    #[serde(default, deserialize_with = "null_default")]
+    prompt: String,
+    system: Option<String>,
+    #[serde(default, deserialize_with = "null_default")]
+    raw: bool,
+    suffix: Option<String>,
+    context: Option<Vec<Value>>,
+}
+
+/// The JSON body of a request (an object).
+fn object(body: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    match v.is_object() {
+        true => Ok(v),
+        false => Err(ApiError::bad_request("the body must be a JSON object")),
+    }
+}
+
+/// Check an Ollama model name: the served model's id or an alias, with or without
+/// `:latest`. Answers name the model as the request did.
+fn model(st: &AppState, name: &Option<String>) -> Result<String, ApiError> {
+    let Some(name) = name.as_deref().filter(|n| !n.is_empty()) else {
+        return Err(ApiError::invalid_param("model", "model is required"));
+    };
+    let bare = name.strip_suffix(":latest").unwrap_or(name);
+    check_model(st, &Some(name.to_string()))
+        .or_else(|_| check_model(st, &Some(bare.to_string())))
+        .map(|_| name.to_string())
+        .map_err(|_| ApiError {
+            message: format!("model '{name}' not found"),
+            ..ApiError::model_not_found(name, &st.opts.model_id)
+        })
+}
+
+/// The OpenAI generation fields of `options` and `format`.
+fn params(c: &Common) -> Result<Map<String, Value>, ApiError> {
+    let o = &c.options;
+    let mut p = Map::new();
+    match o.num_predict {
+        // (−1: no limit, −2: fill the context; both end at the context here.)
+        None | Some(-2 | -1) => {}
+        Some(n) if n > 0 => {
+            p.insert("max_tokens".into(), json!(n));
+        }
+        Some(n) => {
+            return Err(ApiError::invalid_param(
+                "options.num_predict",
+                format!("num_predict = {n}: at least 1, or -1 (no limit)"),
+            ))
+        }
+    }
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            p.insert(k.into(), v);
+        }
+    };
+    put("temperature", o.temperature.map(|v| json!(v)));
+    put("top_k", o.top_k.map(|v| json!(v)));
+    put("top_p", o.top_p.map(|v| json!(v)));
+    put("min_p", o.min_p.map(|v| json!(v)));
+    put("repeat_penalty", o.repeat_penalty.map(|v| json!(v)));
+    put("presence_penalty", o.presence_penalty.map(|v| json!(v)));
+    put("frequency_penalty", o.frequency_penalty.map(|v| json!(v)));
+    put("seed", o.seed.map(|v| json!(v)));
+    put("stop", o.stop.as_ref().map(|v| json!(v)));
+    let format = match &c.format {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.is_empty() => None,
+        Some(Value::String(s)) if s == "json" => Some(json!({"type": "json_object"})),
+        Some(schema @ Value::Object(_)) => Some(json!({
+            "type": "json_schema",
+            "json_schema": {"name": "format", "schema": schema},
+        })),
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "format",
+                format!("format must be \"json\" or a JSON schema, not {other}"),
+            ))
+        }
+    };
+    put("response_format", format);
+    Ok(p)
+}
+
+/// An error about an OpenAI field, named as the Ollama request spells it.
+fn ollama_names(mut e: ApiError) -> ApiError {
+    let renamed = match e.param.as_deref() {
+        Some("max_tokens") => Some(("max_tokens", "options.num_predict")),
+        Some("response_format" | "json_schema") => Some(("response_format", "format")),
+        Some(
+            p @ ("temperature" | "top_k" | "top_p" | "min_p" | "repeat_penalty" | "seed"
+            | "presence_penalty" | "frequency_penalty" | "stop"),
+        ) => Some((p, "")),
+        _ => None,
+    };
+    if let Some((from, to)) = renamed {
+        let to = match to {
+            "" => format!("options.{from}"),
+            t => t.to_string(),
+        };
+        let short = to.strip_prefix("options.").unwrap_or(&to).to_string();
+        e.message = e.message.replace(from, &short);
+        e.param = Some(to);
+    }
+    e
+}
+
+/// Refuse what kiln cannot honour (images), where the request carries it.
+fn no_images(images: &Option<Vec<Value>>, param: &str) -> Result<(), ApiError> {
+    match images {
+        Some(v) if !v.is_empty() => Err(ApiError::invalid_param(
+            param,
+            "images are not supported: kiln runs text models",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Ollama's messages as OpenAI's: a call gets an id (Ollama's have none), and a `tool` answer
+/// the id of the earliest unanswered call of its `tool_name`.
+fn openai_messages(msgs: &[OllamaMessage]) -> Result<Vec<Value>, ApiError> {
+    let mut out = Vec::with_capacity(msgs.len());
+    // The calls not yet answered: (id, tool name).
+    let mut open: Vec<(String, String)> = Vec::new();
+    for (i, m) in msgs.iter().enumerate() {
+        no_images(&m.images, &format!("messages[{i}].images"))?;
+        let mut v = json!({"role": m.role, "content": m.content});
+        if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_empty()) {
+            open.clear();
+            let calls: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(j, c)| {
+                    let id = c
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .map_or_else(|| format!("call_{i}_{j}"), str::to_owned);
+                    let f = c.get("function").cloned().unwrap_or(Value::Null);
+                    let name = f.get("name").and_then(Value::as_str).unwrap_or("");
+                    open.push((id.clone(), name.to_owned()));
+                    json!({"id": id, "type": "function", "function": f})
+                })
+                .collect();
+            v["tool_calls"] = json!(calls);
+        }
+        if m.role == "tool" {
+            let name = m.tool_name.as_deref();
+            let at = open
+                .iter()
+                .position(|(_, n)| name.is_none_or(|t| t == n))
+                .unwrap_or(0);
+            let id = match open.is_empty() {
+                true => format!("call_{i}"),
+                false => open.remove(at).0,
+            };
+            v["tool_call_id"] = json!(id);
+            if let Some(n) = name {
+                v["name"] = json!(n);
+            }
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
+    let start = Instant::now();
+    let v = object(&read_body(&st, &headers, body).await?)?;
+    let common: Common = api::typed(&v)?;
+    let fields: ChatFields = api::typed(&v)?;
+    let model = model(&st, &common.model)?;
+    no_images(&common.images, "images")?;
+    let stream = common.stream.unwrap_or(true);
+    if fields.messages.is_empty() {
+        // (Ollama loads the model and says so.)
+        return Ok(Json(loaded(Kind::Chat, model, start)).into_response());
+    }
+    let mut req = params(&common)?;
+    req.insert("messages".into(), json!(openai_messages(&fields.messages)?));
+    // (Clients send `[]` for no tools.)
+    let some = |t: &Value| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty());
+    if let Some(t) = fields.tools.filter(some) {
+        req.insert("tools".into(), t);
+    }
+    let req = ChatRequest::from_json(&Value::Object(req))?;
+    let (mut job, tools) = chat_job(&st, &req, model).map_err(ollama_names)?;
+    repeat_last_n(&mut job, &common.options, st.opts.n_ctx)?;
+    let r = answer(&st, job, Kind::Chat, stream, start).await;
+    r.map_err(|e| OllamaError(tool_error(e.0, tools.as_ref(), &st)))
+}
+
+async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
+    let start = Instant::now();
+    let v = object(&read_body(&st, &headers, body).await?)?;
+    let common: Common = api::typed(&v)?;
+    let fields: GenerateFields = api::typed(&v)?;
+    let model = model(&st, &common.model)?;
+    no_images(&common.images, "images")?;
+    if fields.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "suffix",
+            "suffix (fill-in-the-middle) is not supported",
+        )
+        .into());
+    }
+    if fields.context.as_ref().is_some_and(|c| !c.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "context",
+            "context is not supported: send the conversation to /api/chat",
+        )
+        .into());
+    }
+    let stream = common.stream.unwrap_or(true);
+    if fields.prompt.is_empty() {
+        return Ok(Json(loaded(Kind::Generate, model, start)).into_response());
+    }
+    let mut req = params(&common)?;
+    let mut job = if fields.raw {
+        req.insert("prompt".into(), json!(fields.prompt));
+        let req = CompletionRequest::from_json(&Value::Object(req))?;
+        completion_job(&st, &req, model).map_err(ollama_names)?
+    } else {
+        let mut msgs = Vec::new();
+        if let Some(s) = fields.system.as_ref().filter(|s| !s.is_empty()) {
+            msgs.push(json!({"role": "system", "content": s}));
+        }
+        msgs.push(json!({"role": "user", "content": fields.prompt}));
+        req.insert("messages".into(), json!(msgs));
+        let req = ChatRequest::from_json(&Value::Object(req))?;
+        chat_job(&st, &req, model).map_err(ollama_names)?.0
+    };
+    repeat_last_n(&mut job, &common.options, st.opts.n_ctx)?;
+    answer(&st, job, Kind::Generate, stream, start).await
+}
+
+/// `options.repeat_last_n` (−1: the whole context) on the job's sampler.
+fn repeat_last_n(job: &mut Job, o: &Options, n_ctx: usize) -> Result<(), ApiError> {
+    match o.repeat_last_n {
+        None => Ok(()),
+        Some(-1) => {
+            job.gen.sampler.repeat_last_n = n_ctx;
+            Ok(())
+        }
+        Some(n) if n >= 0 => {
+            job.gen.sampler.repeat_last_n = n as usize;
+            Ok(())
+        }
+        Some(n) => Err(ApiError::invalid_param(
+            "options.repeat_last_n",
+            format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_and_format_become_openai_fields() {
+        let c: Common = serde_json::from_value(json!({
+            "model": "m",
+            "options": {"num_predict": 7, "temperature": 0.5, "top_k": 3, "stop": ["x"],
+                        "num_ctx": 4096, "seed": 9},
+            "format": "json",
+        }))
+        .unwrap();
+        let p = params(&c).unwrap();
+        assert_eq!(p["max_tokens"], 7);
+        assert_eq!(p["temperature"], 0.5);
+        assert_eq!(p["top_k"], 3);
+        assert_eq!(p["stop"], json!(["x"]));
+        assert_eq!(p["seed"], 9);
+        assert_eq!(p["response_format"], json!({"type": "json_object"}));
+        assert!(!p.contains_key("num_ctx"));
+        let unlimited: Common =
+            serde_json::from_value(json!({"options": {"num_predict": -1}})).unwrap();
+        assert!(!params(&unlimited).unwrap().contains_key("max_tokens"));
+        let zero: Common = serde_json::from_value(json!({"options": {"num_predict": 0}})).unwrap();
+        let e = params(&zero).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("options.num_predict"));
+        let schema: Common = serde_json::from_value(json!({"format": {"type": "object"}})).unwrap();
+        let p = params(&schema).unwrap();
+        assert_eq!(
+            p["response_format"]["json_schema"]["schema"]["type"],
+            "object"
+        );
+        let bad: Common = serde_json::from_value(json!({"format": "yaml"})).unwrap();
+        assert_eq!(params(&bad).unwrap_err().param.as_deref(), Some("format"));
+    }
+
+    #[test]
+    fn errors_name_ollama_fields() {
+        let e = ollama_names(ApiError::invalid_param(
+            "max_tokens",
+            "max_tokens = 0 is bad",
+        ));
+        assert_eq!(e.param.as_deref(), Some("options.num_predict"));
+        assert_eq!(e.message, "num_predict = 0 is bad");
+        let e = ollama_names(ApiError::invalid_param("temperature", "temperature = 9"));
+        assert_eq!(e.param.as_deref(), Some("options.temperature"));
+        let e = ollama_names(ApiError::invalid_param("messages", "m"));
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn tool_answers_take_their_calls_ids() {
+        let msgs: Vec<OllamaMessage> = serde_json::from_value(json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "a", "arguments": {"x": 1}}},
+                {"function": {"name": "b", "arguments": {}}}]},
+            {"role": "tool", "content": "B", "tool_name": "b"},
+            {"role": "tool", "content": "A"},
+        ]))
+        .unwrap();
+        let v = openai_messages(&msgs).unwrap();
+        assert_eq!(v[1]["tool_calls"][0]["id"], "call_1_0");
+        assert_eq!(
+            v[1]["tool_calls"][0]["function"]["arguments"],
+            json!({"x": 1})
+        );
+        assert_eq!(v[2]["tool_call_id"], "call_1_1");
+        assert_eq!(v[2]["name"], "b");
+        assert_eq!(v[3]["tool_call_id"], "call_1_0");
+        let images: Vec<OllamaMessage> =
+            serde_json::from_value(json!([{"role": "user", "content": "", "images": ["AA=="]}]))
+                .unwrap();
+        let e = openai_messages(&images).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].images"));
+    }
+}
