@@ -113,20 +113,30 @@ fn runner(m: &Arc<Model>, n_slots: usize, draft_max: usize) -> BatchRunner {
 /// A runner's step on the GPU with slot 0's prompt chunk beside eight verification passes of
 /// nine rows (72 rows: more than a pass of decode rows holds): every verified row's logits
 /// are those of plain decode steps of the same tokens, bit for bit, and the chunk's those of
-/// a plain prefill. Then a step whose last pass fails (a token outside the vocabulary): the
-/// passes before it are rolled back, and the slots decode on as plain ones do.
+/// a plain prefill; with the CPU's short-context arithmetic and with f32 (where a batch's
+/// rows and a decode step's differ). Then a step whose last pass fails (a token outside the
+/// vocabulary): the passes before it are rolled back, and the slots decode on as plain ones
+/// do.
 #[test]
 fn gpu_runner_runs_verification_passes_as_decode_rows() {
     let Some(_gpu) = gpu("gpu_runner_runs_verification_passes_as_decode_rows") else {
         return;
     };
     let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).expect("load"));
+    for mirror in [true, false] {
+        runner_passes(&m, mirror);
+    }
+}
+
+fn runner_passes(m: &Arc<Model>, mirror: bool) {
     let (slots, drafts) = (9, 8);
     assert!(
         (slots - 1) * (1 + drafts) > MAX_GRAPH_ROWS,
         "the verification rows take two passes"
     );
-    let (mut a, mut b) = (runner(&m, slots, drafts), runner(&m, slots, 0));
+    let (mut a, mut b) = (runner(m, slots, drafts), runner(m, slots, 0));
+    a.set_cuda_mirror(mirror);
+    b.set_cuda_mirror(mirror);
     for s in 1..slots {
         let p = tokens(s as u32, 5 + 3 * s);
         a.prefill_chunk(s, &p, true).unwrap();
@@ -146,7 +156,7 @@ fn gpu_runner_runs_verification_passes_as_decode_rows() {
     b.prefill_chunk(0, &chunk, true).unwrap();
     assert!(
         bits(a.logits(0)) == bits(b.logits(0)),
-        "the chunk's logits are a plain prefill's"
+        "mirror {mirror}: the chunk's logits are a plain prefill's"
     );
     for i in 0..=drafts {
         let step: Vec<(usize, u32)> = (1..slots).zip(&passes).map(|(s, p)| (s, p[i])).collect();
@@ -154,7 +164,7 @@ fn gpu_runner_runs_verification_passes_as_decode_rows() {
         for s in 1..slots {
             assert!(
                 bits(a.logits_at(s, i)) == bits(b.logits(s)),
-                "slot {s}, row {i} of its pass"
+                "mirror {mirror}: slot {s}, row {i} of its pass"
             );
         }
     }
@@ -162,7 +172,8 @@ fn gpu_runner_runs_verification_passes_as_decode_rows() {
         assert_eq!(a.tokens(s), b.tokens(s), "slot {s}");
     }
 
-    // A step that fails in its last pass leaves every slot where it was.
+    // A step that fails in its last pass leaves every slot where it was: the same tokens
+    // (none added), and caches rolled back (the decode step after it).
     let held: Vec<Vec<u32>> = (0..slots).map(|s| a.tokens(s).to_vec()).collect();
     let bad = m.config.vocab_size as u32 + 5;
     a.begin_step();
@@ -185,7 +196,7 @@ fn gpu_runner_runs_verification_passes_as_decode_rows() {
     for s in 0..slots {
         assert!(
             bits(a.logits(s)) == bits(b.logits(s)),
-            "slot {s} decodes on after the failed step"
+            "mirror {mirror}: slot {s} decodes on after the failed step"
         );
     }
 }
@@ -202,12 +213,7 @@ fn run_speculates_on_the_software_gpu() {
     let kiln = |extra: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args(["run", "--device", "cuda", "-n", "40", "--temp", "0"])
-            .args([
-                "--ignore-eos",
-                "--raw",
-                "-p",
-                "a b c a b c a b c a b c a b c",
-            ])
+            .args(["--raw", "-p", "a b c a b c a b c a b c a b c"])
             .arg("-m")
             .arg(&model)
             .args(extra)
@@ -221,19 +227,23 @@ fn run_speculates_on_the_software_gpu() {
         assert!(out.status.success(), "{extra:?}: {e}");
         (o, e)
     };
-    let (plain, _) = kiln(&[]);
     let draft = model.to_string_lossy().into_owned();
-    for extra in [
-        &["--spec-type", "ngram-simple", "--draft-max", "4"][..],
-        &["-md", &draft, "--draft-max", "6", "--draft-p-min", "0"][..],
-    ] {
-        let (text, err) = kiln(extra);
-        assert_eq!(text, plain, "{extra:?}");
-        let passes = err
-            .lines()
-            .find_map(|l| l.strip_prefix("speculative    = "))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|n| n.parse::<usize>().ok());
-        assert!(passes.is_some_and(|n| n > 0), "{extra:?}: {err}");
+    // Greedy on the device between passes, and (`--ignore-eos`) on the host.
+    for eos in [&[][..], &["--ignore-eos"][..]] {
+        let (plain, _) = kiln(eos);
+        for spec in [
+            &["--spec-type", "ngram-simple", "--draft-max", "4"][..],
+            &["-md", &draft, "--draft-max", "6", "--draft-p-min", "0"][..],
+        ] {
+            let extra = [eos, spec].concat();
+            let (text, err) = kiln(&extra);
+            assert_eq!(text, plain, "{extra:?}");
+            let passes = err
+                .lines()
+                .find_map(|l| l.strip_prefix("speculative    = "))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|n| n.parse::<usize>().ok());
+            assert!(passes.is_some_and(|n| n > 0), "{extra:?}: {err}");
+        }
     }
 }

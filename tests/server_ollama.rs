@@ -92,15 +92,20 @@ fn ollama_routes_answer_as_ollama_does() {
     assert_eq!(ps["models"][0]["name"], listed.as_str());
     let show = ok(&s, "/api/show", &json!({"model": listed}));
     assert_eq!(show["model_info"]["general.architecture"], "llama");
-    assert!(show["model_info"]["llama.context_length"].as_u64().unwrap() >= 2048);
     assert!(show["model_info"].get("tokenizer.ggml.tokens").is_none());
     assert_eq!(show["template"].as_str(), tok.chat_template());
     assert!(show["capabilities"]
         .as_array()
         .unwrap()
         .contains(&json!("embedding")));
+    assert_eq!(show["parameters"], "num_ctx 1024");
+    assert_eq!(show["model_info"]["llama.context_length"], 1024);
+    assert!(show["capabilities"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("tools")));
     let v = s.request("GET", "/api/version", &[AUTH], "").json();
-    assert!(v["version"].is_string());
+    assert_eq!(v["version"], "0.12.0");
 
     // /api/chat: the OpenAI route's text for the same conversation, whole and streamed.
     let messages = json!([
@@ -163,6 +168,28 @@ fn ollama_routes_answer_as_ollama_does() {
         &json!({"model": name, "options": null, "raw": null}),
     );
     assert_eq!(load["done_reason"], "load");
+    let load = ok(&s, "/api/chat", &json!({"model": name, "stream": false}));
+    assert_eq!(load["done_reason"], "load");
+    let unload = ok(&s, "/api/chat", &json!({"model": name, "keep_alive": 0}));
+    assert_eq!(unload["done_reason"], "unload");
+
+    // Ollama's own limits, wider than OpenAI's: `num_predict` past the context is cut to it,
+    // any number of stops (empty ones dropped), a temperature past 2.
+    let wide = ok(
+        &s,
+        "/api/chat",
+        &json!({"model": name, "messages": messages, "stream": false,
+                "options": {"temperature": 0, "num_predict": 100000,
+                            "stop": ["", "a1", "a2", "a3", "a4", "a5", "a6"]}}),
+    );
+    assert_eq!(wide["done"], true, "{wide}");
+    let hot = ok(
+        &s,
+        "/api/generate",
+        &json!({"model": name, "prompt": "Hi", "stream": false,
+                "options": {"temperature": 3.5, "num_predict": 2}}),
+    );
+    assert_eq!(hot["eval_count"], 2, "{hot}");
 
     // `format`: a schema constrains the answer.
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
@@ -222,8 +249,25 @@ fn ollama_routes_answer_as_ollama_does() {
     );
     let zero = json!({"model": name, "prompt": "x", "options": {"num_predict": 0}});
     error(&post(&s, "/api/generate", &zero), 400, "num_predict = 0");
-    let hot = json!({"model": name, "prompt": "x", "options": {"temperature": 9}});
-    error(&post(&s, "/api/generate", &hot), 400, "temperature = 9");
+    let cold = json!({"model": name, "prompt": "x", "options": {"temperature": -1}});
+    error(&post(&s, "/api/generate", &cold), 400, "temperature = -1");
+    let tmpl = json!({"model": name, "prompt": "x", "template": "{{ .Prompt }}"});
+    error(
+        &post(&s, "/api/generate", &tmpl),
+        400,
+        "template is not supported",
+    );
+    let dims = json!({"model": name, "input": "x", "dimensions": 8});
+    error(&post(&s, "/api/embed", &dims), 400, "576 dimensions");
+    let none = ok(&s, "/api/embed", &json!({"model": name, "input": []}));
+    assert_eq!(none["embeddings"], json!([]));
+    // (Router-level errors on /api/ too.)
+    error(
+        &s.request("POST", "/api/pull", &[AUTH], "{}"),
+        404,
+        "/api/pull",
+    );
+    error(&s.request("GET", "/api/chat", &[AUTH], ""), 405, "GET");
     let ctx = json!({"model": name, "prompt": "x", "context": [1, 2]});
     error(&post(&s, "/api/generate", &ctx), 400, "/api/chat");
     let a = s.request("POST", "/api/chat", &[AUTH], "{not json");
@@ -234,11 +278,11 @@ fn ollama_routes_answer_as_ollama_does() {
         &[],
         &json!({"model": name}).to_string(),
     );
-    assert_eq!(a.status, 401, "{}", a.text());
+    error(&a, 401, "");
 
     let counted = s.metric(
         "kiln_requests_total{endpoint=\"/api/chat\",status=\"200\"}",
         &[AUTH],
     );
-    assert_eq!(counted, Some(3.0));
+    assert_eq!(counted, Some(6.0));
 }

@@ -421,8 +421,11 @@ impl BatchRunner {
     }
 
     /// Run the step built with [`BatchRunner::push_part`] as one forward pass: every matrix
-    /// is read once for all its rows, attention runs per slot over its own cache. On error
-    /// nothing is evaluated (no slot changes).
+    /// is read once for all its rows, attention runs per slot over its own cache. (On the GPU,
+    /// a step with verification passes beside prompt chunks, or more rows than a pass of
+    /// decode rows holds, runs as several: [`BatchRunner::plan_passes`].) On error no slot
+    /// changes; logits rows and hidden states of passes that ran before it may have been
+    /// written or handed out.
     pub fn run_step(&mut self) -> Result<(), EngineError> {
         self.run_step_with(&mut |_, _, _| {})
     }
@@ -464,13 +467,14 @@ impl BatchRunner {
         }
         let passes = self.plan_passes();
         for pass in 0..passes {
-            if let Err(e) = self.run_pass(pass, hidden) {
-                // Earlier passes' slots go back to where the step found them.
+            if let Err(e) = self.run_pass(pass, passes, hidden) {
+                // The slots of this pass and the earlier ones go back to where the step found
+                // them (a device error surfaces after the pass advanced its caches).
                 for (p, _) in self
                     .parts
                     .iter()
                     .zip(&self.pass_of)
-                    .filter(|(_, &k)| k < pass)
+                    .filter(|(_, &k)| k <= pass)
                 {
                     let s = &mut self.slots[p.slot];
                     let n = s.tokens.len();
@@ -523,13 +527,23 @@ impl BatchRunner {
         pass + 1
     }
 
-    /// Run the parts of the step assigned to pass `pass` as one forward pass (their slots'
-    /// tokens are not yet extended).
+    /// Run the parts of the step assigned to pass `pass` of `passes` as one forward pass (their
+    /// slots' tokens are not yet extended).
     fn run_pass(
         &mut self,
         pass: usize,
+        passes: usize,
         hidden: &mut dyn FnMut(usize, usize, &[f32]),
     ) -> Result<(), EngineError> {
+        if passes == 1 {
+            // The whole step: its own parts and tokens (swapped in, not copied).
+            std::mem::swap(&mut self.pass_parts, &mut self.parts);
+            std::mem::swap(&mut self.pass_tokens, &mut self.step_tokens);
+            let r = self.run_pass_parts(hidden);
+            std::mem::swap(&mut self.pass_parts, &mut self.parts);
+            std::mem::swap(&mut self.pass_tokens, &mut self.step_tokens);
+            return r;
+        }
         self.pass_parts.clear();
         self.pass_tokens.clear();
         for (p, _) in self
@@ -546,6 +560,14 @@ impl BatchRunner {
                 ..p.clone()
             });
         }
+        self.run_pass_parts(hidden)
+    }
+
+    /// Run `pass_parts` (over `pass_tokens`) as one forward pass.
+    fn run_pass_parts(
+        &mut self,
+        hidden: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<(), EngineError> {
         self.logit_rows.clear();
         self.logit_dest.clear();
         let per_slot = 1 + self.opts.draft_max;
@@ -610,6 +632,14 @@ impl BatchRunner {
             self.push_part(slot, &[t], true);
         }
         self.run_step()
+    }
+
+    /// On the GPU, the CPU's f16 attention arithmetic on short decode contexts, or f32
+    /// (`KILN_CUDA_MIRROR=0`), as [`super::Session::set_cuda_mirror`]; nothing on the CPU.
+    pub fn set_cuda_mirror(&mut self, on: bool) {
+        if let Exec::Cuda { s, .. } = &mut self.exec {
+            s.set_mirror(on);
+        }
     }
 
     /// Run on `target`'s CPU threads (a draft model's runner, stepped between `target`'s steps

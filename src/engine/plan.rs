@@ -349,7 +349,7 @@ pub fn device_plan(
     // (Rings are sized for one sequence's chunk, before a runner adds a row per slot.)
     let kv = crate::engine::session::kv_layout(&c, opts);
     let opts = match slots {
-        1 => *opts,
+        1 => crate::engine::session::session_options(opts),
         _ => crate::engine::batch::runner_session_options(opts, slots, draft_max),
     };
     let spec = scratch_spec_for(file, &opts);

@@ -139,11 +139,9 @@ impl Session {
         let c = &model.config;
         let n_ctx = opts.n_ctx.max(1);
         check_context(c, n_ctx)?;
-        // (A session's pass is one sequence's: no batch runner's rows beside its chunk.)
         let opts = SessionOptions {
             n_ctx,
-            batch_rows: 0,
-            ..opts
+            ..session_options(&opts)
         };
         let spec = scratch_spec(&model, &opts);
         let (kv, exec, threads) = match opts.device {
@@ -607,6 +605,22 @@ pub fn kv_layout(c: &crate::model::ModelConfig, opts: &SessionOptions) -> KvLayo
             full.with_window(w, &c.swa_layers, opts.prefill_chunk.clamp(1, n_ctx))
         }
         _ => full,
+    }
+}
+
+/// The options a [`Session`] runs with: its pass is one sequence's (no batch runner's rows
+/// beside its chunk), and on the GPU it computes at most [`MAX_GRAPH_ROWS`] logits rows at a
+/// time (its verification passes hold no more: [`Session::eval_as_decodes`]). The memory plan
+/// sizes a session with this.
+pub fn session_options(opts: &SessionOptions) -> SessionOptions {
+    let logit_rows = match opts.device {
+        Device::Cpu => opts.logit_rows,
+        Device::Cuda => opts.logit_rows.min(MAX_GRAPH_ROWS),
+    };
+    SessionOptions {
+        batch_rows: 0,
+        logit_rows,
+        ..*opts
     }
 }
 

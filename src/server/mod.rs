@@ -28,6 +28,7 @@ pub mod error;
 mod io;
 mod logprobs;
 mod metrics;
+mod native;
 mod ollama;
 mod ready;
 mod respond;
@@ -271,7 +272,15 @@ fn start(
         if kept == 0 {
             eprintln!("kiln: speculative decoding is off: a pass is one sequence's prefill chunk (-b {chunk}), with no room for drafts");
         } else if kept < sp.draft_max {
-            eprintln!("kiln: --draft-max {} cut to {kept}: a pass is one sequence's prefill chunk (-b {chunk})", sp.draft_max);
+            let why = match opts.device {
+                crate::backend::Device::Cuda
+                    if kept + 1 == crate::backend::cuda::MAX_GRAPH_ROWS =>
+                {
+                    format!("a pass on the GPU is at most {kept} drafts after its token (decode rows, bit for bit)")
+                }
+                _ => format!("a pass is one sequence's prefill chunk (-b {chunk})"),
+            };
+            eprintln!("kiln: --draft-max {} cut to {kept}: {why}", sp.draft_max);
         }
         sp.draft_max = kept;
     }

@@ -69,8 +69,8 @@ impl SeqSink for ChoiceSink {
 }
 
 /// Queue the job on the engine and answer with the whole result or an event stream.
-pub async fn run(st: &AppState, job: Job) -> Result<Response, ApiError> {
-    let rx = queue(st, &job).await?;
+pub async fn run(st: &AppState, mut job: Job) -> Result<Response, ApiError> {
+    let rx = queue(st, &mut job).await?;
     let answers = Answers::new(
         &job.head,
         job.gen.n.max(1),
@@ -84,11 +84,12 @@ pub async fn run(st: &AppState, job: Job) -> Result<Response, ApiError> {
     whole(job.head, answers, rx).await
 }
 
-/// Queue the job's choices on the engine (its grammars compiled, an admission permit taken);
-/// their events come tagged with the choice's index. Dropping the receiver cancels them.
+/// Queue the job's choices on the engine (its grammars compiled, an admission permit taken;
+/// the prompt goes to the engine, leaving the job's empty); their events come tagged with the
+/// choice's index. Dropping the receiver cancels them.
 pub(super) async fn queue(
     st: &AppState,
-    job: &Job,
+    job: &mut Job,
 ) -> Result<mpsc::UnboundedReceiver<(usize, Ev)>, ApiError> {
     let n = job.gen.n.max(1);
     let mut grammars = Vec::with_capacity(n);
@@ -136,7 +137,7 @@ pub(super) async fn queue(
     let gen = &job.gen;
     st.engine
         .send(SeqRequest {
-            prompt: job.prompt.clone(),
+            prompt: std::mem::take(&mut job.prompt),
             max_new: gen.max_new,
             sampler,
             stop: gen.stop.clone(),
@@ -269,6 +270,11 @@ impl Answers {
     /// Add to choice `i`'s text (its answer, gathered whole).
     pub(super) fn push_text(&mut self, i: usize, text: &str) {
         self.choices[i].text.push_str(text);
+    }
+
+    /// Choice `i`'s text so far (before [`Answers::complete`] takes it).
+    pub(super) fn text(&self, i: usize) -> &str {
+        &self.choices[i].text
     }
 
     /// The whole choice `i` (non-streaming): OpenAI's choice object, a chat answer's message

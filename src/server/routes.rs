@@ -35,6 +35,8 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(super::tokens::detokenize))
         .route("/apply-template", post(super::tokens::apply_template))
         .route("/props", get(super::tokens::props))
+        .route("/completion", post(super::native::completion))
+        .route("/completions", post(super::native::completion))
         .merge(super::ollama::routes());
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
@@ -53,9 +55,11 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
 }
 
 /// The routes `/metrics` counts by name (any other path is `other`).
-const COUNTED: [&str; 10] = [
+const COUNTED: [&str; 12] = [
     "/v1/chat/completions",
     "/v1/completions",
+    "/completion",
+    "/completions",
     "/v1/embeddings",
     "/v1/models",
     "/tokenize",
@@ -139,25 +143,32 @@ async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Re
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         if !given.is_some_and(|g| key_matches(g, key)) {
-            return ApiError::unauthorized().into_response();
+            return error_at(req.uri().path(), ApiError::unauthorized());
         }
     }
     next.run(req).await
 }
 
-async fn not_found(req: Request) -> ApiError {
-    ApiError::not_found(req.uri().path())
+/// An error answered on `path`: in Ollama's shape on its `/api/` routes, else OpenAI's.
+fn error_at(path: &str, e: ApiError) -> Response {
+    match path.starts_with("/api/") {
+        true => super::ollama::OllamaError::from(e).into_response(),
+        false => e.into_response(),
+    }
 }
 
-async fn method_not_allowed(req: Request) -> ApiError {
-    ApiError {
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path();
+    error_at(path, ApiError::not_found(path))
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path();
+    let e = ApiError {
         status: StatusCode::METHOD_NOT_ALLOWED,
-        ..ApiError::bad_request(format!(
-            "{} is not allowed on {}",
-            req.method(),
-            req.uri().path()
-        ))
-    }
+        ..ApiError::bad_request(format!("{} is not allowed on {path}", req.method()))
+    };
+    error_at(path, e)
 }
 
 async fn health(State(st): St) -> Json<serde_json::Value> {

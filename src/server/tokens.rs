@@ -16,6 +16,7 @@ use super::api::{self, Body, ChatRequest};
 use super::error::ApiError;
 use super::routes::{chat_plan, read_body};
 use super::AppState;
+use crate::tokenizer::Tokenizer;
 
 type St = State<Arc<AppState>>;
 
@@ -36,16 +37,50 @@ struct TokenizeRequest {
 /// they are.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum TokenizeContent {
+pub(super) enum TokenizeContent {
     Text(String),
     Mixed(Vec<MixedPart>),
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum MixedPart {
+pub(super) enum MixedPart {
     Id(u32),
     Text(String),
+}
+
+impl TokenizeContent {
+    /// Refuse an id outside the vocabulary, naming `param`.
+    pub(super) fn check(&self, param: &str, vocab: usize) -> Result<(), ApiError> {
+        if let TokenizeContent::Mixed(parts) = self {
+            let ids = parts.iter().filter_map(|p| match p {
+                MixedPart::Id(id) => Some(*id),
+                MixedPart::Text(_) => None,
+            });
+            ApiError::check_token_ids(param, ids, vocab)?;
+        }
+        Ok(())
+    }
+
+    /// The token ids: texts tokenized (`add_special` on the first part only, as llama-server
+    /// does with mixed prompts), ids kept.
+    pub(super) fn ids(&self, tok: &Tokenizer, add_special: bool, parse_special: bool) -> Vec<u32> {
+        match self {
+            TokenizeContent::Text(t) => tok.encode(t, add_special, parse_special),
+            TokenizeContent::Mixed(parts) => {
+                let mut ids = Vec::new();
+                for (i, p) in parts.iter().enumerate() {
+                    match p {
+                        MixedPart::Id(id) => ids.push(*id),
+                        MixedPart::Text(t) => {
+                            ids.extend(tok.encode(t, add_special && i == 0, parse_special))
+                        }
+                    }
+                }
+                ids
+            }
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -78,32 +113,11 @@ pub(super) async fn tokenize(
     body: HttpBody,
 ) -> Result<Response, ApiError> {
     let req: TokenizeRequest = api::parse(&read_body(&st, &headers, body).await?)?;
-    if let TokenizeContent::Mixed(parts) = &req.content {
-        let ids = parts.iter().filter_map(|p| match p {
-            MixedPart::Id(id) => Some(*id),
-            MixedPart::Text(_) => None,
-        });
-        ApiError::check_token_ids("content", ids, st.model.config.vocab_size)?;
-    }
+    req.content.check("content", st.model.config.vocab_size)?;
     // (A body of megabytes takes a while: off the connections' threads.)
     let tok = Arc::clone(&st.tokenizer);
     let answer = tokio::task::spawn_blocking(move || {
-        // (`add_special` applies to the first part only, as llama-server's mixed prompts.)
-        let ids = match &req.content {
-            TokenizeContent::Text(t) => tok.encode(t, req.add_special, req.parse_special),
-            TokenizeContent::Mixed(parts) => {
-                let mut ids = Vec::new();
-                for (i, p) in parts.iter().enumerate() {
-                    match p {
-                        MixedPart::Id(id) => ids.push(*id),
-                        MixedPart::Text(t) => {
-                            ids.extend(tok.encode(t, req.add_special && i == 0, req.parse_special))
-                        }
-                    }
-                }
-                ids
-            }
-        };
+        let ids = req.content.ids(&tok, req.add_special, req.parse_special);
         if !req.with_pieces {
             return serde_json::to_vec(&json!({ "tokens": ids }));
         }

@@ -1,7 +1,8 @@
 //! The CUDA backend: a session's device buffers and KV cache ([`CudaSession`], allocated once),
 //! and the seam's ops as kernel launches ([`CudaStep`], made per forward pass).
 //!
-//! A decode step (one token per sequence) is recorded once per row count as a CUDA graph, from
+//! A decode step (one token per sequence, or a verification pass's rows computed as decode
+//! steps: [`SeqBatch::alone`]) is recorded once per row count as a CUDA graph, from
 //! the embedding to the last layer, and replayed after that: positions, slots and token ids
 //! are copied to the device before the replay and read by the kernels there. The output head
 //! (a gather by row, the product with the vocabulary, the copy back) runs outside the graph.
@@ -85,7 +86,8 @@ pub struct CudaSession {
     offload: Option<offload::Offload>,
     host_i32: Vec<i32>,
     host_f32: Vec<f32>,
-    /// Recorded decode steps by row count, and how many kernels each launches.
+    /// Recorded decode steps (verification passes among them) by row count, and how many
+    /// kernels each launches.
     graphs: HashMap<usize, (Graph, usize)>,
     capture: Capture,
     /// Kernels launched since the recording in progress began.
@@ -606,6 +608,10 @@ impl Backend for CudaStep<'_> {
         s.put_i32(s.layout.ids, 3 * stride + n);
         s.offload_begin(seqs.len(), seqs.first().map_or(0, |sq| sq.kv.len()), n);
         let decode = decode_rows(seqs);
+        debug_assert!(
+            !seqs.iter().any(|sq| sq.alone) || (decode && n <= MAX_GRAPH_ROWS),
+            "rows computed as decode steps need a pass of at most {MAX_GRAPH_ROWS} decode rows"
+        );
         let graph = s.use_graphs && s.offload.is_none();
         if graph && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
             if s.graphs.contains_key(&n) {

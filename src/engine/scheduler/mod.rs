@@ -158,6 +158,8 @@ pub enum SeqEvent {
 pub struct Finished {
     pub reason: FinishReason,
     pub usage: Usage,
+    /// The stop sequence that ended the text (`reason` is then `Stop`), if one did.
+    pub stop_word: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,6 +255,8 @@ struct Active<'t> {
     phase: Phase,
     /// Text held back because it could be the start of a stop sequence.
     held: String,
+    /// The stop sequence (by index) that ended the text.
+    stop_hit: Option<usize>,
     generated: usize,
     cached: usize,
     /// Admission order (ties of the prefill order).
@@ -275,14 +279,16 @@ impl Active<'_> {
     /// Send `text`, holding back any tail that may begin a stop sequence.
     fn emit(&mut self, text: &str) -> Emit {
         self.held.push_str(text);
-        if let Some(at) = self
+        if let Some((at, i)) = self
             .req
             .stop
             .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.held.find(s.as_str()))
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .filter_map(|(i, s)| Some((self.held.find(s.as_str())?, i)))
             .min()
         {
+            self.stop_hit = Some(i);
             self.held.truncate(at);
             self.req.sink.text(&self.held);
             self.held.clear();
@@ -431,11 +437,13 @@ impl<'t> Scheduler<'t> {
                 f.sink.done(Finished {
                     reason: FinishReason::Error(e.clone()),
                     usage,
+                    stop_word: None,
                 });
             }
             req.sink.done(Finished {
                 reason: FinishReason::Error(e),
                 usage,
+                stop_word: None,
             });
             return;
         }
@@ -548,6 +556,7 @@ impl<'t> Scheduler<'t> {
             stream: StreamDecoder::new(self.tok),
             phase,
             held: String::with_capacity(64),
+            stop_hit: None,
             generated: 0,
             cached,
             order: self.tick,
@@ -908,7 +917,12 @@ impl<'t> Scheduler<'t> {
                 }
             }
         }
-        a.req.sink.done(Finished { reason, usage });
+        let stop_word = a.stop_hit.map(|i| a.req.stop[i].clone());
+        a.req.sink.done(Finished {
+            reason,
+            usage,
+            stop_word,
+        });
     }
 }
 

@@ -130,7 +130,8 @@ impl Lines {
                 }
                 let mut out = Vec::new();
                 if let Some(mut a) = self.answers.take() {
-                    out.push(ollama_message(&self.line(json!({})), a.complete(0)));
+                    let raw = a.text(0).to_owned();
+                    out.push(ollama_message(&self.line(json!({})), a.complete(0), &raw));
                 }
                 out.push(self.done(&f.reason, &f.usage));
                 (out, true)
@@ -140,8 +141,9 @@ impl Lines {
 }
 
 /// The answer to a request with nothing to generate (an empty prompt, no messages): Ollama
-/// loads the model and says so, `done_reason: "load"`.
-pub(super) fn loaded(kind: Kind, model: String, start: Instant) -> Value {
+/// loads the model (or, with `keep_alive` 0, unloads it) and says so in `done_reason`
+/// (`reason`: `load` or `unload`; the model stays loaded here).
+pub(super) fn loaded(kind: Kind, model: String, start: Instant, reason: &str) -> Value {
     let lines = Lines {
         kind,
         model,
@@ -150,29 +152,34 @@ pub(super) fn loaded(kind: Kind, model: String, start: Instant) -> Value {
         answers: None,
     };
     let mut v = lines.done(&FinishReason::Stop, &Usage::default());
-    v["done_reason"] = json!("load");
+    v["done_reason"] = json!(reason);
     v
 }
 
 /// A chat answer's OpenAI choice as an Ollama line: its content and its calls, whose
-/// arguments are objects.
-fn ollama_message(head: &Value, choice: Value) -> Value {
+/// arguments are objects. Calls whose arguments are not a whole JSON object (an answer cut
+/// short by `num_predict`) are no calls: the line carries the answer's text, `raw`.
+fn ollama_message(head: &Value, choice: Value, raw: &str) -> Value {
     let m = &choice["message"];
     let mut msg = json!({
         "role": "assistant",
         "content": m["content"].as_str().unwrap_or(""),
     });
     if let Some(calls) = m["tool_calls"].as_array() {
-        let calls: Vec<Value> = calls
+        let calls: Option<Vec<Value>> = calls
             .iter()
             .map(|c| {
                 let f = &c["function"];
-                let args = f["arguments"].as_str().unwrap_or("{}");
-                let args = serde_json::from_str::<Value>(args).unwrap_or_else(|_| json!(args));
-                json!({"function": {"name": f["name"], "arguments": args}})
+                let args = f["arguments"].as_str().unwrap_or("");
+                let args = serde_json::from_str::<Value>(args).ok()?;
+                args.is_object()
+                    .then(|| json!({"function": {"name": f["name"], "arguments": args}}))
             })
             .collect();
-        msg["tool_calls"] = json!(calls);
+        match calls {
+            Some(calls) => msg["tool_calls"] = json!(calls),
+            None => msg["content"] = json!(raw),
+        }
     }
     let mut v = head.clone();
     v["message"] = msg;
@@ -191,7 +198,7 @@ pub(super) async fn answer(
     let mut job = job;
     // (The answer is Ollama's; the job's own settings stay OpenAI's: one choice.)
     job.gen.stream = false;
-    let rx = respond::queue(st, &job).await?;
+    let rx = respond::queue(st, &mut job).await?;
     let answers = job.tools.map(|t| {
         let tok = Arc::clone(&st.tokenizer);
         Answers::new(&job.head, 1, Some(t), tok)
@@ -281,7 +288,13 @@ fn ndjson(lines: Lines, rx: mpsc::UnboundedReceiver<(usize, Ev)>) -> Response {
                         out.push(b'\n');
                     }
                 }
-                None => s.done = true,
+                None => {
+                    // (The engine let go without a last event: say so, as a last line.)
+                    let e = json!({"error": "the engine dropped the request"});
+                    out.extend_from_slice(e.to_string().as_bytes());
+                    out.push(b'\n');
+                    s.done = true;
+                }
             }
         }
         Some((Ok::<_, Infallible>(Bytes::from(out)), s))
@@ -312,7 +325,7 @@ mod tests {
         let choice = json!({"index": 0, "message": {"role": "assistant", "content": null,
             "tool_calls": [{"id": "c1", "type": "function",
                             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}});
-        let v = ollama_message(&json!({"model": "m"}), choice);
+        let v = ollama_message(&json!({"model": "m"}), choice, "raw");
         assert_eq!(v["model"], "m");
         assert_eq!(v["done"], false);
         assert_eq!(v["message"]["content"], "");
@@ -320,7 +333,13 @@ mod tests {
         assert_eq!(call["name"], "get_weather");
         assert_eq!(call["arguments"], json!({"city": "Paris"}));
         let plain = json!({"message": {"role": "assistant", "content": "hi"}});
-        let v = ollama_message(&json!({}), plain);
+        let v = ollama_message(&json!({}), plain, "hi");
         assert_eq!(v["message"], json!({"role": "assistant", "content": "hi"}));
+        // A call cut short (its arguments not a whole object): the text, no calls.
+        let cut = json!({"message": {"role": "assistant", "content": null, "tool_calls": [
+            {"function": {"name": "f", "arguments": "{\"city\": \"Par"}}]}});
+        let v = ollama_message(&json!({}), cut, "<tool_call>{\"city\": \"Par");
+        assert_eq!(v["message"]["content"], "<tool_call>{\"city\": \"Par");
+        assert!(v["message"].get("tool_calls").is_none());
     }
 }

@@ -8,20 +8,24 @@
 //! (`"stream": false` for one object), durations in nanoseconds, errors as `{"error": "..."}`.
 //!
 //! - `POST /api/chat`: `messages` (assistant `tool_calls` with argument objects, `tool`
-//!   answers by `tool_name`), `tools`, `format` (`"json"` or a JSON schema), `options`. With
-//!   tools, the answer comes whole, its calls parsed out, before the final line.
+//!   answers by `tool_call_id` or `tool_name`), `tools`, `format` (`"json"` or a JSON
+//!   schema), `options`. With tools, the answer comes whole, its calls parsed out, before the
+//!   final line. No messages: `done_reason` `load` (`unload` with `keep_alive` 0).
 //! - `POST /api/generate`: `prompt` as a user turn of the model's chat template after
-//!   `system`, or as it is with `raw`; an empty prompt answers `done_reason: "load"`.
+//!   `system`, or as it is with `raw`; an empty prompt answers as no messages do.
 //! - `POST /api/embed` (`input`: a text or a list of texts; L2-normalized) and the older
 //!   `POST /api/embeddings` (`prompt`; as pooled): with `--embeddings`, as `/v1/embeddings`.
-//! - `GET /api/tags`, `GET /api/ps`, `POST /api/show`, `GET /api/version`.
+//! - `GET /api/tags`, `GET /api/ps`, `POST /api/show` (`{arch}.context_length`: the server's
+//!   `-c`), `GET /api/version` (the Ollama version whose API this is).
 //!
-//! `options`: `num_predict` (−1 and −2: up to the context), `temperature`, `top_k`, `top_p`,
-//! `min_p`, `repeat_penalty`, `repeat_last_n` (−1: the context), `presence_penalty`,
-//! `frequency_penalty`, `seed`, `stop`; the others (`num_ctx`, `num_gpu`, ...) and
-//! `keep_alive` are ignored: the model is loaded once, with the server's flags. Refused with a
-//! 400 saying so: `images`, `suffix` (fill-in-the-middle), `context` (the old conversation
-//! state of `/api/generate`: send the conversation to `/api/chat`).
+//! `options`, under Ollama's limits, not OpenAI's: `num_predict` (cut to the room the context
+//! leaves; negative: no limit), `temperature` (from 0), `stop` (up to 64; empty ones
+//! dropped), `repeat_last_n` (−1: the context), and `top_k`, `top_p`, `min_p`,
+//! `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `seed`; the others (`num_ctx`,
+//! `num_gpu`, ...), `keep_alive` and `think` are ignored: the model is loaded once, with the
+//! server's flags. Refused with a 400 saying so: `images`, `template`, `suffix`
+//! (fill-in-the-middle), `context` (the old conversation state of `/api/generate`: send the
+//! conversation to `/api/chat`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,20 +51,7 @@ mod models;
 
 type St = State<Arc<AppState>>;
 
-/// The routes, for the router's keyed part (`--api-key` applies).
-pub(super) fn routes() -> Router<Arc<AppState>> {
-    Router::new()
-        .route("/api/chat", post(chat))
-        .route("/api/generate", post(generate))
-        .route("/api/embed", post(models::embed))
-        .route("/api/embeddings", post(models::embeddings_one))
-        .route("/api/tags", get(models::tags))
-        .route("/api/ps", get(models::ps))
-        .route("/api/show", post(models::show))
-        .route("/api/version", get(models::version))
-}
-
-/// The paths of [`routes`], as the request counter names them.
+/// The routes' paths (the request counter names them), in [`routes`]' order.
 pub(super) const PATHS: [&str; 8] = [
     "/api/chat",
     "/api/generate",
@@ -71,6 +62,24 @@ pub(super) const PATHS: [&str; 8] = [
     "/api/show",
     "/api/version",
 ];
+
+/// The routes, for the router's keyed part (`--api-key` applies).
+pub(super) fn routes() -> Router<Arc<AppState>> {
+    let handlers = [
+        post(chat),
+        post(generate),
+        post(models::embed),
+        post(models::embeddings_one),
+        get(models::tags),
+        get(models::ps),
+        post(models::show),
+        get(models::version),
+    ];
+    PATHS
+        .into_iter()
+        .zip(handlers)
+        .fold(Router::new(), |r, (path, h)| r.route(path, h))
+}
 
 /// An error as Ollama answers it: the status, `{"error": "message"}`.
 pub(super) struct OllamaError(ApiError);
@@ -119,6 +128,8 @@ struct Common {
     format: Option<Value>,
     stream: Option<bool>,
     images: Option<Vec<Value>>,
+    keep_alive: Option<Value>,
+    template: Option<String>,
 }
 
 /// A field's default where the body has `null`.
@@ -132,6 +143,7 @@ where
 
 #[derive(Debug, Deserialize)]
 struct ChatFields {
+    #[serde(default, deserialize_with = "null_default")]
     messages: Vec<OllamaMessage>,
     tools: Option<Value>,
 }
@@ -144,6 +156,7 @@ struct OllamaMessage {
     images: Option<Vec<Value>>,
     tool_calls: Option<Vec<Value>>,
     tool_name: Option<String>,
+    tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -187,25 +200,11 @@ fn model(st: &AppState, name: &Option<String>) -> Result<String, ApiError> {
 fn params(c: &Common) -> Result<Map<String, Value>, ApiError> {
     let o = &c.options;
     let mut p = Map::new();
-    match o.num_predict {
-        // (−1: no limit, −2: fill the context; both end at the context here.)
-        None | Some(-2 | -1) => {}
-        Some(n) if n > 0 => {
-            p.insert("max_tokens".into(), json!(n));
-        }
-        Some(n) => {
-            return Err(ApiError::invalid_param(
-                "options.num_predict",
-                format!("num_predict = {n}: at least 1, or -1 (no limit)"),
-            ))
-        }
-    }
     let mut put = |k: &str, v: Option<Value>| {
         if let Some(v) = v {
             p.insert(k.into(), v);
         }
     };
-    put("temperature", o.temperature.map(|v| json!(v)));
     put("top_k", o.top_k.map(|v| json!(v)));
     put("top_p", o.top_p.map(|v| json!(v)));
     put("min_p", o.min_p.map(|v| json!(v)));
@@ -213,7 +212,6 @@ fn params(c: &Common) -> Result<Map<String, Value>, ApiError> {
     put("presence_penalty", o.presence_penalty.map(|v| json!(v)));
     put("frequency_penalty", o.frequency_penalty.map(|v| json!(v)));
     put("seed", o.seed.map(|v| json!(v)));
-    put("stop", o.stop.as_ref().map(|v| json!(v)));
     let format = match &c.format {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.is_empty() => None,
@@ -236,11 +234,10 @@ fn params(c: &Common) -> Result<Map<String, Value>, ApiError> {
 /// An error about an OpenAI field, named as the Ollama request spells it.
 fn ollama_names(mut e: ApiError) -> ApiError {
     let renamed = match e.param.as_deref() {
-        Some("max_tokens") => Some(("max_tokens", "options.num_predict")),
         Some("response_format" | "json_schema") => Some(("response_format", "format")),
         Some(
-            p @ ("temperature" | "top_k" | "top_p" | "min_p" | "repeat_penalty" | "seed"
-            | "presence_penalty" | "frequency_penalty" | "stop"),
+            p @ ("top_k" | "top_p" | "min_p" | "repeat_penalty" | "seed" | "presence_penalty"
+            | "frequency_penalty"),
         ) => Some((p, "")),
         _ => None,
     };
@@ -294,7 +291,14 @@ fn openai_messages(msgs: &[OllamaMessage]) -> Result<Vec<Value>, ApiError> {
                 .collect();
             v["tool_calls"] = json!(calls);
         }
-        if m.role == "tool" {
+        if let (true, Some(id)) = (m.role == "tool", &m.tool_call_id) {
+            // (The id the client kept of the call it answers.)
+            open.retain(|(open_id, _)| open_id != id);
+            v["tool_call_id"] = json!(id);
+            if let Some(n) = &m.tool_name {
+                v["name"] = json!(n);
+            }
+        } else if m.role == "tool" {
             let name = m.tool_name.as_deref();
             let at = open
                 .iter()
@@ -321,10 +325,12 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let fields: ChatFields = api::typed(&v)?;
     let model = model(&st, &common.model)?;
     no_images(&common.images, "images")?;
+    no_template(&common.template)?;
     let stream = common.stream.unwrap_or(true);
     if fields.messages.is_empty() {
         // (Ollama loads the model and says so.)
-        return Ok(Json(loaded(Kind::Chat, model, start)).into_response());
+        let reason = load_reason(&common.keep_alive);
+        return Ok(Json(loaded(Kind::Chat, model, start, reason)).into_response());
     }
     let mut req = params(&common)?;
     req.insert("messages".into(), json!(openai_messages(&fields.messages)?));
@@ -335,7 +341,7 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     }
     let req = ChatRequest::from_json(&Value::Object(req))?;
     let (mut job, tools) = chat_job(&st, &req, model).map_err(ollama_names)?;
-    repeat_last_n(&mut job, &common.options, st.opts.n_ctx)?;
+    apply_options(&mut job, &common.options, st.opts.n_ctx)?;
     let r = answer(&st, job, Kind::Chat, stream, start).await;
     r.map_err(|e| OllamaError(tool_error(e.0, tools.as_ref(), &st)))
 }
@@ -347,6 +353,7 @@ async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let fields: GenerateFields = api::typed(&v)?;
     let model = model(&st, &common.model)?;
     no_images(&common.images, "images")?;
+    no_template(&common.template)?;
     if fields.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid_param(
             "suffix",
@@ -363,7 +370,8 @@ async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     }
     let stream = common.stream.unwrap_or(true);
     if fields.prompt.is_empty() {
-        return Ok(Json(loaded(Kind::Generate, model, start)).into_response());
+        let reason = load_reason(&common.keep_alive);
+        return Ok(Json(loaded(Kind::Generate, model, start, reason)).into_response());
     }
     let mut req = params(&common)?;
     let mut job = if fields.raw {
@@ -380,26 +388,81 @@ async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
         let req = ChatRequest::from_json(&Value::Object(req))?;
         chat_job(&st, &req, model).map_err(ollama_names)?.0
     };
-    repeat_last_n(&mut job, &common.options, st.opts.n_ctx)?;
+    apply_options(&mut job, &common.options, st.opts.n_ctx)?;
     answer(&st, job, Kind::Generate, stream, start).await
 }
 
-/// `options.repeat_last_n` (−1: the whole context) on the job's sampler.
-fn repeat_last_n(job: &mut Job, o: &Options, n_ctx: usize) -> Result<(), ApiError> {
+/// The `options` Ollama takes beyond OpenAI's limits, on the job: `num_predict` (cut to the
+/// context, as Ollama does; negative: no limit), `temperature` (any, from 0), `stop` (any
+/// number; empty ones dropped), `repeat_last_n` (−1: the context).
+fn apply_options(job: &mut Job, o: &Options, n_ctx: usize) -> Result<(), ApiError> {
+    let bad = |name: &str, why: String| ApiError::invalid_param(&format!("options.{name}"), why);
+    match o.num_predict {
+        None => {}
+        Some(n) if n < 0 => {}
+        Some(0) => {
+            return Err(bad(
+                "num_predict",
+                "num_predict = 0: at least 1, or -1 (no limit)".into(),
+            ))
+        }
+        // (`max_new` is what the context has room for.)
+        Some(n) => job.gen.max_new = job.gen.max_new.min(n as usize),
+    }
+    if let Some(t) = o.temperature {
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(bad(
+                "temperature",
+                format!("temperature = {t} must be 0 or more"),
+            ));
+        }
+        job.gen.sampler.temperature = t;
+    }
+    if let Some(stop) = &o.stop {
+        if stop.len() > MAX_STOPS || stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(bad(
+                "stop",
+                format!("stop takes up to {MAX_STOPS} sequences of at most {MAX_STOP_BYTES} bytes"),
+            ));
+        }
+        job.gen.stop = stop.iter().filter(|s| !s.is_empty()).cloned().collect();
+    }
     match o.repeat_last_n {
-        None => Ok(()),
-        Some(-1) => {
-            job.gen.sampler.repeat_last_n = n_ctx;
-            Ok(())
+        None => {}
+        Some(-1) => job.gen.sampler.repeat_last_n = n_ctx,
+        Some(n) if n >= 0 => job.gen.sampler.repeat_last_n = n as usize,
+        Some(n) => {
+            return Err(bad(
+                "repeat_last_n",
+                format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
+            ))
         }
-        Some(n) if n >= 0 => {
-            job.gen.sampler.repeat_last_n = n as usize;
-            Ok(())
-        }
-        Some(n) => Err(ApiError::invalid_param(
-            "options.repeat_last_n",
-            format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
+    }
+    Ok(())
+}
+
+/// Most stop sequences of a request (clients such as Continue's autocomplete send a dozen or
+/// more), and their longest.
+const MAX_STOPS: usize = 64;
+const MAX_STOP_BYTES: usize = 1024;
+
+/// `done_reason` of a request with nothing to generate: `unload` where `keep_alive` is 0.
+fn load_reason(keep_alive: &Option<Value>) -> &'static str {
+    match keep_alive {
+        Some(Value::Number(n)) if n.as_f64() == Some(0.0) => "unload",
+        Some(Value::String(s)) if s.trim_end_matches(['s', 'm', 'h']) == "0" => "unload",
+        _ => "load",
+    }
+}
+
+/// Refuse `template` (kiln renders the model's own chat template).
+fn no_template(t: &Option<String>) -> Result<(), ApiError> {
+    match t {
+        Some(t) if !t.is_empty() => Err(ApiError::invalid_param(
+            "template",
+            "template is not supported: kiln renders the model's chat template",
         )),
+        _ => Ok(()),
     }
 }
 
@@ -417,19 +480,13 @@ mod tests {
         }))
         .unwrap();
         let p = params(&c).unwrap();
-        assert_eq!(p["max_tokens"], 7);
-        assert_eq!(p["temperature"], 0.5);
         assert_eq!(p["top_k"], 3);
-        assert_eq!(p["stop"], json!(["x"]));
         assert_eq!(p["seed"], 9);
         assert_eq!(p["response_format"], json!({"type": "json_object"}));
-        assert!(!p.contains_key("num_ctx"));
-        let unlimited: Common =
-            serde_json::from_value(json!({"options": {"num_predict": -1}})).unwrap();
-        assert!(!params(&unlimited).unwrap().contains_key("max_tokens"));
-        let zero: Common = serde_json::from_value(json!({"options": {"num_predict": 0}})).unwrap();
-        let e = params(&zero).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("options.num_predict"));
+        // (Ollama's own limits: on the job, by `apply_options`.)
+        for k in ["num_ctx", "max_tokens", "temperature", "stop"] {
+            assert!(!p.contains_key(k), "{k}");
+        }
         let schema: Common = serde_json::from_value(json!({"format": {"type": "object"}})).unwrap();
         let p = params(&schema).unwrap();
         assert_eq!(
@@ -441,15 +498,23 @@ mod tests {
     }
 
     #[test]
+    fn load_and_unload() {
+        assert_eq!(load_reason(&None), "load");
+        assert_eq!(load_reason(&Some(json!("5m"))), "load");
+        for zero in [json!(0), json!("0"), json!("0s"), json!(0.0)] {
+            assert_eq!(load_reason(&Some(zero.clone())), "unload", "{zero}");
+        }
+    }
+
+    #[test]
     fn errors_name_ollama_fields() {
         let e = ollama_names(ApiError::invalid_param(
-            "max_tokens",
-            "max_tokens = 0 is bad",
+            "top_p",
+            "top_p = 9 must be at most 1",
         ));
-        assert_eq!(e.param.as_deref(), Some("options.num_predict"));
-        assert_eq!(e.message, "num_predict = 0 is bad");
-        let e = ollama_names(ApiError::invalid_param("temperature", "temperature = 9"));
-        assert_eq!(e.param.as_deref(), Some("options.temperature"));
+        assert_eq!(e.param.as_deref(), Some("options.top_p"));
+        let e = ollama_names(ApiError::invalid_param("json_schema", "json_schema is bad"));
+        assert_eq!(e.param.as_deref(), Some("format"));
         let e = ollama_names(ApiError::invalid_param("messages", "m"));
         assert_eq!(e.param.as_deref(), Some("messages"));
     }
@@ -463,6 +528,11 @@ mod tests {
                 {"function": {"name": "b", "arguments": {}}}]},
             {"role": "tool", "content": "B", "tool_name": "b"},
             {"role": "tool", "content": "A"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "k1", "function": {"name": "a", "arguments": {}}},
+                {"id": "k2", "function": {"name": "a", "arguments": {}}}]},
+            {"role": "tool", "content": "2", "tool_call_id": "k2", "tool_name": "a"},
+            {"role": "tool", "content": "1", "tool_name": "a"},
         ]))
         .unwrap();
         let v = openai_messages(&msgs).unwrap();
@@ -474,6 +544,9 @@ mod tests {
         assert_eq!(v[2]["tool_call_id"], "call_1_1");
         assert_eq!(v[2]["name"], "b");
         assert_eq!(v[3]["tool_call_id"], "call_1_0");
+        // A tool answer's own `tool_call_id` wins; the next takes the call left open.
+        assert_eq!(v[5]["tool_call_id"], "k2");
+        assert_eq!(v[6]["tool_call_id"], "k1");
         let images: Vec<OllamaMessage> =
             serde_json::from_value(json!([{"role": "user", "content": "", "images": ["AA=="]}]))
                 .unwrap();

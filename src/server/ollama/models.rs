@@ -27,6 +27,7 @@ struct EmbedFields {
     model: Option<String>,
     input: Option<Value>,
     prompt: Option<String>,
+    dimensions: Option<Value>,
 }
 
 /// `/api/embed`: `input` a text or a list of texts; vectors L2-normalized.
@@ -36,10 +37,23 @@ pub(super) async fn embed(State(st): St, headers: HeaderMap, body: Body) -> Answ
     let v = object(&read_body(&st, &headers, body).await?)?;
     let f: EmbedFields = api::typed(&v)?;
     let model = model(&st, &f.model)?;
+    let dim = st.model.config.dim;
+    if let Some(d) = f.dimensions.as_ref().filter(|d| !d.is_null()) {
+        if d.as_u64() != Some(dim as u64) {
+            return Err(ApiError::invalid_param(
+                "dimensions",
+                format!("this model's embeddings have {dim} dimensions, not {d}"),
+            )
+            .into());
+        }
+    }
     let bad = || ApiError::invalid_param("input", "input must be a text or a list of texts");
     let inputs = match f.input {
+        // (Nothing to embed: no vectors, as Ollama answers.)
+        None | Some(Value::Null) => vec![],
+        Some(Value::String(s)) if s.is_empty() => vec![],
         Some(Value::String(s)) => vec![Input::Text(s)],
-        Some(Value::Array(items)) if !items.is_empty() => items
+        Some(Value::Array(items)) => items
             .into_iter()
             .map(|i| match i {
                 Value::String(s) => Ok(Input::Text(s)),
@@ -52,7 +66,10 @@ pub(super) async fn embed(State(st): St, headers: HeaderMap, body: Body) -> Answ
         pooling,
         normalize: 2,
     };
-    let (vectors, tokens) = embeddings::embed(&st, inputs, spec).await?;
+    let (vectors, tokens) = match inputs.is_empty() {
+        true => (vec![], 0),
+        false => embeddings::embed(&st, inputs, spec).await?,
+    };
     Ok(Json(json!({
         "model": model,
         "embeddings": vectors,
@@ -69,9 +86,11 @@ pub(super) async fn embeddings_one(State(st): St, headers: HeaderMap, body: Body
     let v = object(&read_body(&st, &headers, body).await?)?;
     let f: EmbedFields = api::typed(&v)?;
     model(&st, &f.model)?;
-    let prompt = f
-        .prompt
-        .ok_or_else(|| ApiError::invalid_param("prompt", "prompt is required"))?;
+    let prompt = f.prompt.unwrap_or_default();
+    if prompt.is_empty() {
+        // (Nothing to embed: an empty vector, as Ollama answers.)
+        return Ok(Json(json!({ "embedding": [] })).into_response());
+    }
     let spec = EmbedSpec {
         pooling,
         normalize: -1,
@@ -122,8 +141,10 @@ struct ShowFields {
     name: Option<String>,
 }
 
-/// The model's details, its chat template and its header's scalar metadata (`model_info`,
-/// where clients read the context length).
+/// The model's details, its chat template and its header's scalar metadata (`model_info`),
+/// with `{arch}.context_length` the context this server runs (`-c`, where clients read how
+/// long a prompt may be; kiln refuses a longer one, Ollama would cut it) and `parameters`
+/// saying `num_ctx`.
 pub(super) async fn show(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let v = object(&read_body(&st, &headers, body).await?)?;
     let f: ShowFields = api::typed(&v)?;
@@ -137,21 +158,16 @@ pub(super) async fn show(State(st): St, headers: HeaderMap, body: Body) -> Answe
     }
     let s = ModelSummary::from_file(file);
     info.insert("general.parameter_count".into(), json!(s.parameters));
-    let mut capabilities = vec!["completion"];
+    info.insert(file.arch_key("context_length"), json!(st.opts.n_ctx));
+    // (Every model takes tools: in its template's format, or kiln's generic one.)
+    let mut capabilities = vec!["completion", "tools"];
     if st.opts.embeddings {
         capabilities.push("embedding");
-    }
-    if st
-        .tokenizer
-        .chat_template()
-        .is_some_and(|t| t.contains("tools"))
-    {
-        capabilities.push("tools");
     }
     let entry = model_entry(&st);
     Ok(Json(json!({
         "modelfile": "",
-        "parameters": "",
+        "parameters": format!("num_ctx {}", st.opts.n_ctx),
         "template": st.tokenizer.chat_template().unwrap_or(""),
         "details": entry["details"],
         "model_info": info,
@@ -182,8 +198,12 @@ fn scalar(v: &crate::gguf::Value) -> Option<Value> {
     })
 }
 
+/// The Ollama version whose API kiln answers as (clients gate features on it).
+const OLLAMA_VERSION: &str = "0.12.0";
+
+/// Ollama's version of the API kiln answers, and kiln's own.
 pub(super) async fn version() -> Json<Value> {
-    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+    Json(json!({ "version": OLLAMA_VERSION, "kiln": env!("CARGO_PKG_VERSION") }))
 }
 
 /// The name the server lists its model under (`NAME:latest`, as Ollama's names carry a tag).

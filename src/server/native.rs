@@ -1,0 +1,296 @@
+//! llama-server's own completion route, `POST /completion` (and `/completions`), for clients
+//! written against llama.cpp's server (SillyTavern's llama.cpp backend, scripts, its older web
+//! UI): its request fields and its answer, whole or as Server-Sent Events.
+//!
+//! The request becomes `/v1/completions`' job ([`super::routes::completion_job`]): one set of
+//! checks, the same sampler, grammar and prefix cache. Its own fields: `prompt` (a text, token
+//! ids, or a mixed list; special tokens in the text are parsed, and BOS is added, as
+//! llama-server does), `n_predict` (−1: to the context), `repeat_last_n` (−1: the context),
+//! `stream`, `return_tokens`; `n_probs` above 0 is a 400 (`/v1/completions` gives
+//! log-probabilities). The answer: `content`, `stop`, `stop_type` (`eos`, `limit`, `word`),
+//! `stopping_word`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached`,
+//! `generation_settings`, `prompt`, `timings` (milliseconds); streamed, an event per piece of
+//! text (`stop: false`), then the whole answer's fields with `stop: true` (no `[DONE]`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use super::api::{self, Body as RequestBody, CompletionRequest};
+use super::error::ApiError;
+use super::respond::{self, Ev, Job};
+use super::routes::{check_model, completion_job, read_body};
+use super::tokens::TokenizeContent;
+use super::AppState;
+use crate::engine::scheduler::{FinishReason, Finished};
+
+/// The fields of `/completion` that `/v1/completions` spells otherwise.
+#[derive(Deserialize)]
+struct Fields {
+    prompt: Option<TokenizeContent>,
+    n_predict: Option<i64>,
+    repeat_last_n: Option<i64>,
+    n_probs: Option<i64>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    return_tokens: bool,
+}
+
+/// The fields `/v1/completions` takes under the same names.
+const SAME: [&str; 13] = [
+    "model",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "grammar",
+    "json_schema",
+    "cache_prompt",
+];
+
+pub(super) async fn completion(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let start = Instant::now();
+    let v: Value = serde_json::from_slice(&read_body(&st, &headers, body).await?)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(obj) = &v else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    let f: Fields = api::typed(&v)?;
+    if f.n_probs.is_some_and(|n| n > 0) {
+        return Err(ApiError::invalid_param(
+            "n_probs",
+            "n_probs is not supported on /completion; /v1/completions gives `logprobs`",
+        ));
+    }
+    let Some(prompt) = f.prompt else {
+        return Err(ApiError::invalid_param("prompt", "prompt is required"));
+    };
+    prompt.check("prompt", st.model.config.vocab_size)?;
+    let ids = prompt.ids(&st.tokenizer, true, true);
+    let mut req: Map<String, Value> = SAME
+        .iter()
+        .filter_map(|&k| Some((k.to_string(), obj.get(k)?.clone())))
+        .collect();
+    if let Some(e) = obj.get("ignore_eos") {
+        req.insert("ignore_eos".into(), e.clone());
+    }
+    match f.n_predict {
+        None | Some(-1) => {}
+        Some(n) if n > 0 => {
+            req.insert("max_tokens".into(), json!(n));
+        }
+        Some(n) => {
+            return Err(ApiError::invalid_param(
+                "n_predict",
+                format!("n_predict = {n}: at least 1, or -1 (up to the context)"),
+            ))
+        }
+    }
+    req.insert("prompt".into(), json!(ids));
+    let req = CompletionRequest::from_json(&Value::Object(req))?;
+    let model = check_model(&st, &req.params.model)?;
+    let mut job = completion_job(&st, &req, model).map_err(|mut e| {
+        if e.param.as_deref() == Some("max_tokens") {
+            e.param = Some("n_predict".into());
+            e.message = e.message.replace("max_tokens", "n_predict");
+        }
+        e
+    })?;
+    match f.repeat_last_n {
+        None => {}
+        Some(-1) => job.gen.sampler.repeat_last_n = st.opts.n_ctx,
+        Some(n) if n >= 0 => job.gen.sampler.repeat_last_n = n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid_param(
+                "repeat_last_n",
+                format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
+            ))
+        }
+    }
+    let prompt = st.tokenizer.decode(&job.prompt);
+    let rx = respond::queue(&st, &mut job).await?;
+    let answer = Answer {
+        settings: settings(&job),
+        prompt,
+        model: job.head.model.clone(),
+        return_tokens: f.return_tokens,
+        start,
+        first: None,
+        content: String::new(),
+    };
+    match f.stream {
+        true => Ok(stream(answer, rx).into_response()),
+        false => whole(answer, rx).await,
+    }
+}
+
+/// `generation_settings`: what the request runs with.
+fn settings(job: &Job) -> Value {
+    let (g, s) = (&job.gen, &job.gen.sampler);
+    json!({
+        "n_predict": g.max_new,
+        "seed": s.seed,
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "stop": g.stop,
+        "ignore_eos": g.ignore_eos,
+        "n_probs": 0,
+        "stream": g.stream,
+    })
+}
+
+/// One request's answer, built as its events come.
+struct Answer {
+    settings: Value,
+    prompt: String,
+    model: String,
+    return_tokens: bool,
+    start: Instant,
+    /// When the first text came (the prompt was evaluated).
+    first: Option<Instant>,
+    /// The text so far.
+    content: String,
+}
+
+impl Answer {
+    /// A piece of text's event (streaming).
+    fn piece(&self, text: &str) -> Value {
+        let mut v = json!({"index": 0, "content": text, "stop": false, "id_slot": -1});
+        if self.return_tokens {
+            v["tokens"] = json!([]);
+        }
+        v
+    }
+
+    /// The whole answer's fields (`content`: all of it, or the last event's none).
+    fn last(&self, f: &Finished, content: &str) -> Value {
+        let now = Instant::now();
+        let first = self.first.unwrap_or(now);
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let (prompt_ms, predicted_ms) = (ms(first - self.start), ms(now - first));
+        let (n_prompt, n_pred) = (f.usage.prompt_tokens, f.usage.completion_tokens);
+        let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+        let rate = |ms: f64, n: usize| if ms > 0.0 { 1e3 * n as f64 / ms } else { 0.0 };
+        let stop_type = match (&f.reason, &f.stop_word) {
+            (FinishReason::Length, _) => "limit",
+            (FinishReason::Stop, Some(_)) => "word",
+            (FinishReason::Stop, None) => "eos",
+            _ => "none",
+        };
+        json!({
+            "index": 0,
+            "content": content,
+            "tokens": [],
+            "id_slot": -1,
+            "stop": true,
+            "model": self.model,
+            "tokens_predicted": n_pred,
+            "tokens_evaluated": n_prompt,
+            "generation_settings": self.settings,
+            "prompt": self.prompt,
+            "has_new_line": self.content.contains('\n'),
+            "truncated": false,
+            "stop_type": stop_type,
+            "stopping_word": f.stop_word.clone().unwrap_or_default(),
+            "tokens_cached": f.usage.cached_tokens,
+            "timings": {
+                "prompt_n": n_prompt - f.usage.cached_tokens,
+                "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": per(prompt_ms, n_prompt),
+                "prompt_per_second": rate(prompt_ms, n_prompt),
+                "predicted_n": n_pred,
+                "predicted_ms": predicted_ms,
+                "predicted_per_token_ms": per(predicted_ms, n_pred),
+                "predicted_per_second": rate(predicted_ms, n_pred),
+            },
+        })
+    }
+
+    /// What an event adds: a piece of text, or the end (an error as OpenAI's error body).
+    fn on(&mut self, ev: Ev) -> Option<Result<Value, ApiError>> {
+        match ev {
+            Ev::Logprobs(_) => None,
+            Ev::Text(t) => {
+                self.first.get_or_insert_with(Instant::now);
+                self.content.push_str(&t);
+                Some(Ok(self.piece(&t)))
+            }
+            Ev::Done(f) => Some(match &f.reason {
+                FinishReason::Error(e) => Err(ApiError::bad_request(e.clone())),
+                _ => Ok(self.last(&f, "")),
+            }),
+        }
+    }
+}
+
+/// Gather the answer, then send it whole.
+async fn whole(
+    mut a: Answer,
+    mut rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+) -> Result<Response, ApiError> {
+    while let Some((_, ev)) = rx.recv().await {
+        if let Some(r) = a.on(ev) {
+            let v = r?;
+            if v["stop"] == true {
+                let mut v = v;
+                v["content"] = json!(a.content);
+                return Ok(Json(v).into_response());
+            }
+        }
+    }
+    Err(ApiError::internal("the engine dropped the request"))
+}
+
+/// Server-Sent Events: an event per piece of text, then the last one (`stop: true`).
+fn stream(
+    a: Answer,
+    rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    // Dropping the stream (the client left) drops `rx`: the engine cancels.
+    let events = futures_util::stream::unfold((a, rx, false), |(mut a, mut rx, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            let (_, ev) = rx.recv().await?;
+            match a.on(ev) {
+                None => continue,
+                Some(Ok(v)) => {
+                    let last = v["stop"] == true;
+                    return Some((Ok(Event::default().data(v.to_string())), (a, rx, last)));
+                }
+                Some(Err(e)) => {
+                    let data = e.body().to_string();
+                    return Some((Ok(Event::default().data(data)), (a, rx, true)));
+                }
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

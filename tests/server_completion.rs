@@ -1,0 +1,126 @@
+//! llama-server's own `POST /completion` on `kiln serve` (SmolLM2): the text of
+//! `/v1/completions` for the same prompt (a text or its token ids), whole and as events, with
+//! llama-server's fields: `stop_type` `limit`, `word` (and `stopping_word`) or `eos` (special
+//! tokens in the prompt parsed), the counts, the settings; bad fields are 400s naming them.
+
+mod common;
+#[path = "server/harness.rs"]
+mod harness;
+
+use harness::{sse_events, Server};
+use kiln::gguf::GgufFile;
+use kiln::tokenizer::Tokenizer;
+use serde_json::{json, Value};
+
+fn ok(s: &Server, path: &str, body: &Value) -> Value {
+    let a = s.request("POST", path, &[], &body.to_string());
+    assert_eq!(a.status, 200, "{path} {body}: {}", a.text());
+    a.json()
+}
+
+#[test]
+fn completion_answers_as_llama_server_does() {
+    let model = common::real_model("smollm2");
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&model).unwrap()).unwrap();
+    let s = Server::start(&model, &["-P", "2"]);
+    let prompt = "The capital of France is";
+    let v1 = ok(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": prompt, "temperature": 0, "max_tokens": 12}),
+    );
+    let want = v1["choices"][0]["text"].as_str().unwrap().to_string();
+    let (n_prompt, n_pred) = (
+        v1["usage"]["prompt_tokens"].as_u64().unwrap(),
+        v1["usage"]["completion_tokens"].as_u64().unwrap(),
+    );
+
+    // Whole, from the text and from its token ids.
+    let body = json!({"prompt": prompt, "temperature": 0, "n_predict": 12, "n_probs": 0});
+    let c = ok(&s, "/completion", &body);
+    assert_eq!(c["content"], want.as_str());
+    assert_eq!(c["stop"], true);
+    assert_eq!(c["stop_type"], "limit");
+    assert_eq!(c["tokens_predicted"], n_pred);
+    assert_eq!(c["tokens_evaluated"], n_prompt);
+    assert_eq!(c["generation_settings"]["n_predict"], 12);
+    assert_eq!(c["generation_settings"]["temperature"], 0.0);
+    assert_eq!(c["timings"]["predicted_n"], n_pred);
+    assert!(c["timings"]["predicted_ms"].as_f64().unwrap() > 0.0, "{c}");
+    let ids = tok.encode(prompt, true, true);
+    let by_ids = ok(
+        &s,
+        "/completions",
+        &json!({"prompt": ids, "temperature": 0, "n_predict": 12}),
+    );
+    assert_eq!(by_ids["content"], want.as_str());
+
+    // Streamed: a piece a event, then the whole answer's fields.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let a = s.request("POST", "/completion", &[], &streamed.to_string());
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert!(!a.text().contains("[DONE]"));
+    let events = sse_events(&a.text());
+    let (last, pieces) = events.split_last().expect("events");
+    assert!(pieces.iter().all(|e| e["stop"] == false));
+    let text: String = pieces
+        .iter()
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, want);
+    assert_eq!(last["stop"], true);
+    assert_eq!(last["stop_type"], "limit");
+    assert_eq!(last["tokens_predicted"], n_pred);
+
+    // A stop sequence: the text before it, and which one.
+    let word = want
+        .split_whitespace()
+        .nth(2)
+        .expect("a third word")
+        .to_string();
+    let cut = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": prompt, "temperature": 0, "n_predict": 12, "stop": ["zzzz", word]}),
+    );
+    assert_eq!(cut["stop_type"], "word", "{cut}");
+    assert_eq!(cut["stopping_word"], word.as_str());
+    let before = &want[..want.find(word.as_str()).unwrap()];
+    assert_eq!(cut["content"], before);
+
+    // An end-of-generation token: the chat template's text, its special tokens parsed, gives
+    // the chat route's answer.
+    let messages = json!([{"role": "user", "content": "Name three colours."}]);
+    let turn = ok(&s, "/apply-template", &json!({"messages": messages}));
+    let chat = ok(
+        &s,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "temperature": 0, "max_tokens": 200}),
+    );
+    assert_eq!(chat["choices"][0]["finish_reason"], "stop", "{chat}");
+    let eos = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": turn["prompt"], "temperature": 0, "n_predict": 200}),
+    );
+    assert_eq!(eos["stop_type"], "eos", "{eos}");
+    assert_eq!(eos["stopping_word"], "");
+    assert_eq!(eos["content"], chat["choices"][0]["message"]["content"]);
+
+    // Refused, naming the field.
+    for (b, param) in [
+        (json!({"prompt": prompt, "n_probs": 3}), "n_probs"),
+        (json!({"prompt": prompt, "n_predict": 0}), "n_predict"),
+        (
+            json!({"prompt": prompt, "repeat_last_n": -5}),
+            "repeat_last_n",
+        ),
+        (json!({"prompt": [1, 99999999]}), "prompt"),
+        (json!({"n_predict": 3}), "prompt"),
+    ] {
+        let a = s.request("POST", "/completion", &[], &b.to_string());
+        let e = a.expect_error(400, param);
+        assert_eq!(e["param"], param, "{b}: {e}");
+    }
+}
