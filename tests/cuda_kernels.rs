@@ -412,21 +412,7 @@ fn command_line_on_the_software_gpu() {
         return;
     };
     let model = common::random_model("random-qwen3-q4_k_m");
-    let kiln = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(args)
-            .arg("-m")
-            .arg(&model)
-            .env("KILN_CUDA_EMULATOR", &lib)
-            .output()
-            .unwrap();
-        let (o, e) = (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        );
-        assert!(out.status.success(), "{args:?}: {e}");
-        (o, e)
-    };
+    let kiln = |args: &[&str]| common::kiln_on_emulator(&lib, &model, args);
     let run = [
         "run",
         "-p",

@@ -13,7 +13,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 
 use common::gpu;
@@ -211,21 +210,11 @@ fn run_speculates_on_the_software_gpu() {
     };
     let model = common::random_model("random-llama-q4_0");
     let kiln = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["run", "--device", "cuda", "-n", "40", "--temp", "0"])
-            .args(["--raw", "-p", "a b c a b c a b c a b c a b c"])
-            .arg("-m")
-            .arg(&model)
-            .args(extra)
-            .env("KILN_CUDA_EMULATOR", &lib)
-            .output()
-            .unwrap();
-        let (o, e) = (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        );
-        assert!(out.status.success(), "{extra:?}: {e}");
-        (o, e)
+        let run = [
+            "run", "--device", "cuda", "-n", "40", "--temp", "0", "--raw",
+        ];
+        let prompt = ["-p", "a b c a b c a b c a b c a b c"];
+        common::kiln_on_emulator(&lib, &model, &[&run[..], &prompt, extra].concat())
     };
     let draft = model.to_string_lossy().into_owned();
     // Greedy on the device between passes, and (`--ignore-eos`) on the host.

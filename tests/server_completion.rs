@@ -1,7 +1,8 @@
 //! llama-server's own `POST /completion` on `kiln serve` (SmolLM2): the text of
 //! `/v1/completions` for the same prompt (a text or its token ids), whole and as events, with
 //! llama-server's fields: `stop_type` `limit`, `word` (and `stopping_word`) or `eos` (special
-//! tokens in the prompt parsed), the counts, the settings; bad fields are 400s naming them.
+//! tokens in the prompt parsed), the counts, the settings; llama-server's limits for
+//! `n_predict`, `stop`, `temperature` and `seed`; bad fields are 400s naming them.
 
 mod common;
 #[path = "server/harness.rs"]
@@ -108,15 +109,41 @@ fn completion_answers_as_llama_server_does() {
     assert_eq!(eos["stopping_word"], "");
     assert_eq!(eos["content"], chat["choices"][0]["message"]["content"]);
 
+    // llama-server's limits, not OpenAI's: `n_predict` 0 evaluates the prompt only, more than
+    // the context has room for is cut to it; any number of stops (empty ones dropped), a
+    // temperature past 2; `seed` -1 is a fresh one each time.
+    let warm = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 0}),
+    );
+    assert_eq!(warm["content"], "");
+    assert_eq!(warm["tokens_predicted"], 0);
+    let long = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": turn["prompt"], "temperature": 0, "n_predict": 100000,
+                "stop": ["", "s1", "s2", "s3", "s4", "s5", "s6"]}),
+    );
+    assert_eq!(long["content"], eos["content"]);
+    let hot = json!({"prompt": prompt, "temperature": 3.5, "seed": -1, "n_predict": 24});
+    let (a, b) = (ok(&s, "/completion", &hot), ok(&s, "/completion", &hot));
+    assert_eq!(a["tokens_predicted"], 24);
+    assert_ne!(a["content"], b["content"], "seed -1 draws afresh");
+
     // Refused, naming the field.
     for (b, param) in [
         (json!({"prompt": prompt, "n_probs": 3}), "n_probs"),
-        (json!({"prompt": prompt, "n_predict": 0}), "n_predict"),
+        (
+            json!({"prompt": prompt, "return_tokens": true}),
+            "return_tokens",
+        ),
         (
             json!({"prompt": prompt, "repeat_last_n": -5}),
             "repeat_last_n",
         ),
         (json!({"prompt": [1, 99999999]}), "prompt"),
+        (json!({"prompt": ["one", "two"]}), "prompt"),
         (json!({"n_predict": 3}), "prompt"),
     ] {
         let a = s.request("POST", "/completion", &[], &b.to_string());

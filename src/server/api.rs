@@ -589,3 +589,88 @@ mod tests {
         }
     }
 }
+
+/// Sampling fields under llama-server's and Ollama's limits, wider than OpenAI's, applied to a
+/// checked [`Generation`]: any number of stops (empty ones dropped), any temperature (≤ 0:
+/// greedy) and penalty, a negative seed for a random one, a token limit cut to the room the
+/// context leaves. `prefix` names the fields in errors (`"options."` for Ollama's).
+#[derive(Debug, Default)]
+pub struct WideParams<'a> {
+    pub prefix: &'static str,
+    /// The token limit and its field's name; negative: none. 0 is refused unless
+    /// `zero_ok` (llama-server's `n_predict: 0` evaluates the prompt only).
+    pub max_new: Option<i64>,
+    pub max_name: &'static str,
+    pub zero_ok: bool,
+    pub temperature: Option<f32>,
+    pub stop: Option<&'a [String]>,
+    /// −1: the context.
+    pub repeat_last_n: Option<i64>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+}
+
+/// Most stop sequences of a request (clients such as Continue's autocomplete and SillyTavern
+/// send a dozen or more), and their longest.
+pub const MAX_WIDE_STOPS: usize = 64;
+pub const MAX_STOP_BYTES: usize = 1024;
+
+impl WideParams<'_> {
+    pub fn apply(&self, gen: &mut Generation, n_ctx: usize) -> Result<(), ApiError> {
+        let bad = |name: &str, why: String| {
+            ApiError::invalid_param(&format!("{}{name}", self.prefix), why)
+        };
+        let finite = |name: &str, v: Option<f32>| match v {
+            Some(x) if !x.is_finite() => Err(bad(name, format!("{name} = {x} must be a number"))),
+            _ => Ok(v),
+        };
+        match self.max_new {
+            None => {}
+            Some(n) if n < 0 => {}
+            Some(0) if self.zero_ok => gen.max_new = 0,
+            Some(0) => {
+                let name = self.max_name;
+                return Err(bad(
+                    name,
+                    format!("{name} = 0: at least 1, or -1 (no limit)"),
+                ));
+            }
+            // (`max_new` is what the context has room for.)
+            Some(n) => gen.max_new = gen.max_new.min(n as usize),
+        }
+        if let Some(t) = finite("temperature", self.temperature)? {
+            gen.sampler.temperature = t;
+        }
+        if let Some(p) = finite("presence_penalty", self.presence_penalty)? {
+            gen.sampler.presence_penalty = p;
+        }
+        if let Some(f) = finite("frequency_penalty", self.frequency_penalty)? {
+            gen.sampler.frequency_penalty = f;
+        }
+        if let Some(stop) = self.stop {
+            if stop.len() > MAX_WIDE_STOPS || stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+                return Err(bad(
+                    "stop",
+                    format!("stop takes up to {MAX_WIDE_STOPS} sequences of at most {MAX_STOP_BYTES} bytes"),
+                ));
+            }
+            gen.stop = stop.iter().filter(|s| !s.is_empty()).cloned().collect();
+        }
+        match self.repeat_last_n {
+            None => {}
+            Some(-1) => gen.sampler.repeat_last_n = n_ctx,
+            Some(n) if n >= 0 => gen.sampler.repeat_last_n = n as usize,
+            Some(n) => {
+                return Err(bad(
+                    "repeat_last_n",
+                    format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
+                ))
+            }
+        }
+        if let Some(seed) = self.seed.filter(|s| *s >= 0) {
+            gen.sampler.seed = seed as u64;
+        }
+        Ok(())
+    }
+}

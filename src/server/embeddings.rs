@@ -148,17 +148,7 @@ pub(super) async fn embeddings(
     let pooling = pooling(&st)?;
     let req: EmbeddingRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.model)?;
-    let dim = st.model.config.dim;
-    if let Some(d) = req.dimensions.as_ref().filter(|d| !d.is_null()) {
-        if d.as_u64() != Some(dim as u64) {
-            return Err(ApiError::invalid_param(
-                "dimensions",
-                format!(
-                    "this model's embeddings have {dim} dimensions; `dimensions` ({d}) cannot change that"
-                ),
-            ));
-        }
-    }
+    check_dimensions(&st, req.dimensions.as_ref())?;
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -188,6 +178,20 @@ pub(super) async fn embeddings(
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }))
     .into_response())
+}
+
+/// Refuse `dimensions` other than the model's (a vector cannot be cut to them).
+pub(super) fn check_dimensions(st: &AppState, asked: Option<&Value>) -> Result<(), ApiError> {
+    let dim = st.model.config.dim;
+    match asked.filter(|d| !d.is_null()) {
+        Some(d) if d.as_u64() != Some(dim as u64) => Err(ApiError::invalid_param(
+            "dimensions",
+            format!(
+                "this model's embeddings have {dim} dimensions; `dimensions` ({d}) cannot change that"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The pooling of the server's embeddings; refused where it computes none: started without

@@ -3,14 +3,20 @@
 //! UI): its request fields and its answer, whole or as Server-Sent Events.
 //!
 //! The request becomes `/v1/completions`' job ([`super::routes::completion_job`]): one set of
-//! checks, the same sampler, grammar and prefix cache. Its own fields: `prompt` (a text, token
-//! ids, or a mixed list; special tokens in the text are parsed, and BOS is added, as
-//! llama-server does), `n_predict` (−1: to the context), `repeat_last_n` (−1: the context),
-//! `stream`, `return_tokens`; `n_probs` above 0 is a 400 (`/v1/completions` gives
-//! log-probabilities). The answer: `content`, `stop`, `stop_type` (`eos`, `limit`, `word`),
-//! `stopping_word`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached`,
-//! `generation_settings`, `prompt`, `timings` (milliseconds); streamed, an event per piece of
-//! text (`stop: false`), then the whole answer's fields with `stop: true` (no `[DONE]`).
+//! checks, the same sampler, grammar and prefix cache, under llama-server's limits rather than
+//! OpenAI's ([`super::api::WideParams`]: any number of `stop`s, any `temperature` and
+//! penalty, `seed` −1 random). Its own fields: `prompt` (a text, token ids, or a mixed list;
+//! special tokens in texts are parsed and BOS added before a leading text, as llama-server
+//! does; several texts, several prompts there, are a 400), `n_predict` (−1: to the context;
+//! cut to the room the context leaves; 0: the prompt evaluated into the cache only),
+//! `repeat_last_n` (−1: the context), `stream`. `n_probs` above 0 and `return_tokens` are 400s
+//! (`/v1/completions` gives log-probabilities).
+//!
+//! The answer: `content`, `stop`, `stop_type` (`eos`, `limit`, `word`; `none` when cut off),
+//! `stopping_word`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached` (prompt and
+//! answer, now in the cache), `generation_settings`, `prompt`, `timings` (milliseconds;
+//! `cache_n` the prompt's tokens the prefix cache held); streamed, an event per piece of text
+//! (`stop: false`), then the whole answer's fields with `stop: true` (no `[DONE]`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -30,11 +36,12 @@ use super::api::{self, Body as RequestBody, CompletionRequest};
 use super::error::ApiError;
 use super::respond::{self, Ev, Job};
 use super::routes::{check_model, completion_job, read_body};
-use super::tokens::TokenizeContent;
+use super::tokens::{MixedPart, TokenizeContent};
 use super::AppState;
 use crate::engine::scheduler::{FinishReason, Finished};
 
-/// The fields of `/completion` that `/v1/completions` spells otherwise.
+/// The fields of `/completion` that `/v1/completions` spells otherwise, or takes under
+/// narrower limits (OpenAI's).
 #[derive(Deserialize)]
 struct Fields {
     prompt: Option<TokenizeContent>,
@@ -45,23 +52,24 @@ struct Fields {
     stream: bool,
     #[serde(default)]
     return_tokens: bool,
+    temperature: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<i64>,
+    stop: Option<Vec<String>>,
 }
 
-/// The fields `/v1/completions` takes under the same names.
-const SAME: [&str; 13] = [
+/// The fields `/v1/completions` takes under the same names and limits.
+const SAME: [&str; 9] = [
     "model",
-    "temperature",
     "top_k",
     "top_p",
     "min_p",
     "repeat_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
-    "stop",
     "grammar",
     "json_schema",
     "cache_prompt",
+    "ignore_eos",
 ];
 
 pub(super) async fn completion(
@@ -76,57 +84,62 @@ pub(super) async fn completion(
         return Err(ApiError::bad_request("the body must be a JSON object"));
     };
     let f: Fields = api::typed(&v)?;
+    let refuse = |param: &str, why: &str| Err(ApiError::invalid_param(param, why));
     if f.n_probs.is_some_and(|n| n > 0) {
-        return Err(ApiError::invalid_param(
+        return refuse(
             "n_probs",
             "n_probs is not supported on /completion; /v1/completions gives `logprobs`",
-        ));
+        );
     }
-    let Some(prompt) = f.prompt else {
-        return Err(ApiError::invalid_param("prompt", "prompt is required"));
+    if f.return_tokens {
+        return refuse("return_tokens", "return_tokens is not supported");
+    }
+    let prompt = match f.prompt {
+        None => return refuse("prompt", "prompt is required"),
+        // (Several texts are several prompts to llama-server: one a request here.)
+        Some(TokenizeContent::Mixed(parts))
+            if parts.len() > 1 && parts.iter().all(|p| matches!(p, MixedPart::Text(_))) =>
+        {
+            return refuse("prompt", "one prompt per request: several texts were given");
+        }
+        Some(p) => p,
     };
     prompt.check("prompt", st.model.config.vocab_size)?;
-    let ids = prompt.ids(&st.tokenizer, true, true);
+    // (A prompt of megabytes takes a while: off the connections' threads.)
+    let tok = Arc::clone(&st.tokenizer);
+    let ids = tokio::task::spawn_blocking(move || prompt.ids(&tok, true, true))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    if ids.is_empty() {
+        return refuse("prompt", "the prompt is empty");
+    }
     let mut req: Map<String, Value> = SAME
         .iter()
         .filter_map(|&k| Some((k.to_string(), obj.get(k)?.clone())))
         .collect();
-    if let Some(e) = obj.get("ignore_eos") {
-        req.insert("ignore_eos".into(), e.clone());
-    }
-    match f.n_predict {
-        None | Some(-1) => {}
-        Some(n) if n > 0 => {
-            req.insert("max_tokens".into(), json!(n));
-        }
-        Some(n) => {
-            return Err(ApiError::invalid_param(
-                "n_predict",
-                format!("n_predict = {n}: at least 1, or -1 (up to the context)"),
-            ))
-        }
-    }
     req.insert("prompt".into(), json!(ids));
     let req = CompletionRequest::from_json(&Value::Object(req))?;
     let model = check_model(&st, &req.params.model)?;
     let mut job = completion_job(&st, &req, model).map_err(|mut e| {
-        if e.param.as_deref() == Some("max_tokens") {
-            e.param = Some("n_predict".into());
-            e.message = e.message.replace("max_tokens", "n_predict");
+        if e.param.as_deref() == Some("messages") {
+            e.param = Some("prompt".into());
         }
         e
     })?;
-    match f.repeat_last_n {
-        None => {}
-        Some(-1) => job.gen.sampler.repeat_last_n = st.opts.n_ctx,
-        Some(n) if n >= 0 => job.gen.sampler.repeat_last_n = n as usize,
-        Some(n) => {
-            return Err(ApiError::invalid_param(
-                "repeat_last_n",
-                format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
-            ))
-        }
-    }
+    let wide = api::WideParams {
+        max_new: f.n_predict,
+        max_name: "n_predict",
+        zero_ok: true,
+        temperature: f.temperature,
+        stop: f.stop.as_deref(),
+        repeat_last_n: f.repeat_last_n,
+        seed: f.seed,
+        presence_penalty: f.presence_penalty,
+        frequency_penalty: f.frequency_penalty,
+        ..Default::default()
+    };
+    wide.apply(&mut job.gen, st.opts.n_ctx)?;
+    job.gen.stream = f.stream;
     let prompt = st.tokenizer.decode(&job.prompt);
     let rx = respond::queue(&st, &mut job).await?;
     let answer = Answer {
@@ -188,13 +201,15 @@ impl Answer {
         v
     }
 
-    /// The whole answer's fields (`content`: all of it, or the last event's none).
-    fn last(&self, f: &Finished, content: &str) -> Value {
+    /// The last event: the whole answer's fields (`content` empty: streamed before it).
+    fn last(&self, f: &Finished) -> Value {
         let now = Instant::now();
         let first = self.first.unwrap_or(now);
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let (prompt_ms, predicted_ms) = (ms(first - self.start), ms(now - first));
         let (n_prompt, n_pred) = (f.usage.prompt_tokens, f.usage.completion_tokens);
+        // (The prompt's tokens evaluated: those the prefix cache did not hold.)
+        let n_eval = n_prompt.saturating_sub(f.usage.cached_tokens);
         let per = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
         let rate = |ms: f64, n: usize| if ms > 0.0 { 1e3 * n as f64 / ms } else { 0.0 };
         let stop_type = match (&f.reason, &f.stop_word) {
@@ -205,7 +220,7 @@ impl Answer {
         };
         json!({
             "index": 0,
-            "content": content,
+            "content": "",
             "tokens": [],
             "id_slot": -1,
             "stop": true,
@@ -218,12 +233,13 @@ impl Answer {
             "truncated": false,
             "stop_type": stop_type,
             "stopping_word": f.stop_word.clone().unwrap_or_default(),
-            "tokens_cached": f.usage.cached_tokens,
+            "tokens_cached": n_prompt + n_pred,
             "timings": {
-                "prompt_n": n_prompt - f.usage.cached_tokens,
+                "cache_n": f.usage.cached_tokens,
+                "prompt_n": n_eval,
                 "prompt_ms": prompt_ms,
-                "prompt_per_token_ms": per(prompt_ms, n_prompt),
-                "prompt_per_second": rate(prompt_ms, n_prompt),
+                "prompt_per_token_ms": per(prompt_ms, n_eval),
+                "prompt_per_second": rate(prompt_ms, n_eval),
                 "predicted_n": n_pred,
                 "predicted_ms": predicted_ms,
                 "predicted_per_token_ms": per(predicted_ms, n_pred),
@@ -243,7 +259,7 @@ impl Answer {
             }
             Ev::Done(f) => Some(match &f.reason {
                 FinishReason::Error(e) => Err(ApiError::bad_request(e.clone())),
-                _ => Ok(self.last(&f, "")),
+                _ => Ok(self.last(&f)),
             }),
         }
     }
@@ -278,7 +294,11 @@ fn stream(
             return None;
         }
         loop {
-            let (_, ev) = rx.recv().await?;
+            let Some((_, ev)) = rx.recv().await else {
+                // (The engine let go without a last event: say so.)
+                let e = ApiError::internal("the engine dropped the request").body();
+                return Some((Ok(Event::default().data(e.to_string())), (a, rx, true)));
+            };
             match a.on(ev) {
                 None => continue,
                 Some(Ok(v)) => {

@@ -156,6 +156,28 @@ pub fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
     Some(guard)
 }
 
+/// `kiln ARGS -m MODEL` on the software GPU `lib` (`$KILN_CUDA_EMULATOR`): its stdout and
+/// stderr, once it has exited successfully.
+pub fn kiln_on_emulator(
+    lib: &std::path::Path,
+    model: &std::path::Path,
+    args: &[&str],
+) -> (String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .arg("-m")
+        .arg(model)
+        .env("KILN_CUDA_EMULATOR", lib)
+        .output()
+        .expect("run kiln");
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{args:?}: {e}");
+    (o, e)
+}
+
 /// Make the software GPU this process's GPU.
 pub fn emulator() -> Result<(), String> {
     let lib = emulator_lib()?;

@@ -211,7 +211,6 @@ fn params(c: &Common) -> Result<Map<String, Value>, ApiError> {
     put("repeat_penalty", o.repeat_penalty.map(|v| json!(v)));
     put("presence_penalty", o.presence_penalty.map(|v| json!(v)));
     put("frequency_penalty", o.frequency_penalty.map(|v| json!(v)));
-    put("seed", o.seed.map(|v| json!(v)));
     let format = match &c.format {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.is_empty() => None,
@@ -236,7 +235,7 @@ fn ollama_names(mut e: ApiError) -> ApiError {
     let renamed = match e.param.as_deref() {
         Some("response_format" | "json_schema") => Some(("response_format", "format")),
         Some(
-            p @ ("top_k" | "top_p" | "min_p" | "repeat_penalty" | "seed" | "presence_penalty"
+            p @ ("top_k" | "top_p" | "min_p" | "repeat_penalty" | "presence_penalty"
             | "frequency_penalty"),
         ) => Some((p, "")),
         _ => None,
@@ -318,14 +317,25 @@ fn openai_messages(msgs: &[OllamaMessage]) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
-async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
-    let start = Instant::now();
-    let v = object(&read_body(&st, &headers, body).await?)?;
+/// A generation request's body: the fields `/api/chat` and `/api/generate` share, checked
+/// (`model`, no `images`, no `template`), the route's own, and the model's name.
+async fn read_request<T: serde::de::DeserializeOwned>(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Common, T, String), ApiError> {
+    let v = object(&read_body(st, headers, body).await?)?;
     let common: Common = api::typed(&v)?;
-    let fields: ChatFields = api::typed(&v)?;
-    let model = model(&st, &common.model)?;
+    let fields: T = api::typed(&v)?;
+    let model = model(st, &common.model)?;
     no_images(&common.images, "images")?;
     no_template(&common.template)?;
+    Ok((common, fields, model))
+}
+
+async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
+    let start = Instant::now();
+    let (common, fields, model) = read_request::<ChatFields>(&st, &headers, body).await?;
     let stream = common.stream.unwrap_or(true);
     if fields.messages.is_empty() {
         // (Ollama loads the model and says so.)
@@ -348,12 +358,7 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
 
 async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let start = Instant::now();
-    let v = object(&read_body(&st, &headers, body).await?)?;
-    let common: Common = api::typed(&v)?;
-    let fields: GenerateFields = api::typed(&v)?;
-    let model = model(&st, &common.model)?;
-    no_images(&common.images, "images")?;
-    no_template(&common.template)?;
+    let (common, fields, model) = read_request::<GenerateFields>(&st, &headers, body).await?;
     if fields.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid_param(
             "suffix",
@@ -392,59 +397,22 @@ async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     answer(&st, job, Kind::Generate, stream, start).await
 }
 
-/// The `options` Ollama takes beyond OpenAI's limits, on the job: `num_predict` (cut to the
-/// context, as Ollama does; negative: no limit), `temperature` (any, from 0), `stop` (any
-/// number; empty ones dropped), `repeat_last_n` (−1: the context).
+/// The `options` Ollama takes beyond OpenAI's limits, on the job ([`api::WideParams`]):
+/// `num_predict` (cut to the context, as Ollama does; negative: no limit), `temperature`,
+/// `stop`, `repeat_last_n`, `seed` (negative: random).
 fn apply_options(job: &mut Job, o: &Options, n_ctx: usize) -> Result<(), ApiError> {
-    let bad = |name: &str, why: String| ApiError::invalid_param(&format!("options.{name}"), why);
-    match o.num_predict {
-        None => {}
-        Some(n) if n < 0 => {}
-        Some(0) => {
-            return Err(bad(
-                "num_predict",
-                "num_predict = 0: at least 1, or -1 (no limit)".into(),
-            ))
-        }
-        // (`max_new` is what the context has room for.)
-        Some(n) => job.gen.max_new = job.gen.max_new.min(n as usize),
-    }
-    if let Some(t) = o.temperature {
-        if !(t.is_finite() && t >= 0.0) {
-            return Err(bad(
-                "temperature",
-                format!("temperature = {t} must be 0 or more"),
-            ));
-        }
-        job.gen.sampler.temperature = t;
-    }
-    if let Some(stop) = &o.stop {
-        if stop.len() > MAX_STOPS || stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
-            return Err(bad(
-                "stop",
-                format!("stop takes up to {MAX_STOPS} sequences of at most {MAX_STOP_BYTES} bytes"),
-            ));
-        }
-        job.gen.stop = stop.iter().filter(|s| !s.is_empty()).cloned().collect();
-    }
-    match o.repeat_last_n {
-        None => {}
-        Some(-1) => job.gen.sampler.repeat_last_n = n_ctx,
-        Some(n) if n >= 0 => job.gen.sampler.repeat_last_n = n as usize,
-        Some(n) => {
-            return Err(bad(
-                "repeat_last_n",
-                format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
-            ))
-        }
-    }
-    Ok(())
+    let wide = api::WideParams {
+        prefix: "options.",
+        max_new: o.num_predict,
+        max_name: "num_predict",
+        temperature: o.temperature,
+        stop: o.stop.as_deref(),
+        repeat_last_n: o.repeat_last_n,
+        seed: o.seed,
+        ..Default::default()
+    };
+    wide.apply(&mut job.gen, n_ctx)
 }
-
-/// Most stop sequences of a request (clients such as Continue's autocomplete send a dozen or
-/// more), and their longest.
-const MAX_STOPS: usize = 64;
-const MAX_STOP_BYTES: usize = 1024;
 
 /// `done_reason` of a request with nothing to generate: `unload` where `keep_alive` is 0.
 fn load_reason(keep_alive: &Option<Value>) -> &'static str {
@@ -481,10 +449,9 @@ mod tests {
         .unwrap();
         let p = params(&c).unwrap();
         assert_eq!(p["top_k"], 3);
-        assert_eq!(p["seed"], 9);
         assert_eq!(p["response_format"], json!({"type": "json_object"}));
         // (Ollama's own limits: on the job, by `apply_options`.)
-        for k in ["num_ctx", "max_tokens", "temperature", "stop"] {
+        for k in ["num_ctx", "max_tokens", "temperature", "stop", "seed"] {
             assert!(!p.contains_key(k), "{k}");
         }
         let schema: Common = serde_json::from_value(json!({"format": {"type": "object"}})).unwrap();

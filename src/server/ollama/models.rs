@@ -37,16 +37,7 @@ pub(super) async fn embed(State(st): St, headers: HeaderMap, body: Body) -> Answ
     let v = object(&read_body(&st, &headers, body).await?)?;
     let f: EmbedFields = api::typed(&v)?;
     let model = model(&st, &f.model)?;
-    let dim = st.model.config.dim;
-    if let Some(d) = f.dimensions.as_ref().filter(|d| !d.is_null()) {
-        if d.as_u64() != Some(dim as u64) {
-            return Err(ApiError::invalid_param(
-                "dimensions",
-                format!("this model's embeddings have {dim} dimensions, not {d}"),
-            )
-            .into());
-        }
-    }
+    embeddings::check_dimensions(&st, f.dimensions.as_ref())?;
     let bad = || ApiError::invalid_param("input", "input must be a text or a list of texts");
     let inputs = match f.input {
         // (Nothing to embed: no vectors, as Ollama answers.)
