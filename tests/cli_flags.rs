@@ -1,5 +1,5 @@
 //! The flags llama.cpp users bring, and the CLI's manners: `-ngl`, `-fa`, `-cnv`/`-no-cnv`,
-//! `-sys`, `--ignore-eos`, `--jinja`, `--no-mmap`, `-v`, `-c 0`, `-t 0`, an absurd `-t`; chat
+//! `-sys`, `-cd`, `--ignore-eos`, `--jinja`, `--no-mmap`, `-v`, `-c 0`, `-t 0`, an absurd `-t`; chat
 //! templates by default for instruct models; quiet broken pipes; no backtraces; JSON-only
 //! `--json`; `plan` exit status; `bench`'s model column; `inspect`/`show` by name.
 
@@ -63,6 +63,35 @@ fn llama_cpp_flags_are_accepted_with_their_meaning() {
         let stats = run_json(m, &args);
         assert_eq!(stats["gen_tokens"], 4, "{extra:?}");
     }
+}
+
+/// `-cd` (llama.cpp's `--ctx-size-draft`): the draft model's context, as the plan counts it
+/// (its draft part equals that of a plan whose context is that long), and as `kiln run`
+/// decodes with it; refused without a draft model.
+#[test]
+fn ctx_size_draft_sets_the_draft_context() {
+    let model = common::random_model("random-llama-q4_0");
+    let m = model.to_str().unwrap();
+    let draft_bytes = |args: &[&str]| {
+        let mut all = vec!["plan", "-m", m, "-md", m, "--json"];
+        all.extend_from_slice(args);
+        let out = kiln(&all);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["draft"]["total_bytes"].as_u64().unwrap()
+    };
+    let short = draft_bytes(&["-c", "512", "-cd", "64"]);
+    assert_eq!(short, draft_bytes(&["-c", "64"]));
+    assert!(short < draft_bytes(&["-c", "512"]));
+    let spec = ["-md", m, "-cd", "64", "--draft-p-min", "0", "-n", "8"];
+    let stats = run_json(m, &[&spec[..], &["-p", "a b c a b c a b c"]].concat());
+    assert!(
+        stats["speculative"]["passes"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    let out = kiln(&["run", "-m", m, "-p", "x", "-n", "1", "-cd", "64"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--ctx-size-draft is for a draft model"));
 }
 
 #[test]

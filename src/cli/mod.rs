@@ -119,19 +119,20 @@ impl Command {
 }
 
 /// llama.cpp's single-dash long flags, spelled as clap's double-dash ones.
-const LLAMA_FLAGS: [(&str, &str); 6] = [
+const LLAMA_FLAGS: [(&str, &str); 7] = [
     ("-ngl", "--n-gpu-layers"),
     ("-fa", "--flash-attn"),
     ("-cnv", "--conversation"),
     ("-no-cnv", "--no-conversation"),
     ("-sys", "--system-prompt"),
     ("-md", "--model-draft"),
+    ("-cd", "--ctx-size-draft"),
 ];
 
 /// Flags whose value is free text.
 const TEXT_FLAGS: [&str; 5] = ["-p", "--prompt", "-sys", "--system-prompt", "--system"];
 
-/// Rewrite llama.cpp's `-ngl 99`, `-fa`, `-cnv`, `-no-cnv`, `-sys TEXT`, `-md FILE` (also `-ngl=99`) into the
+/// Rewrite llama.cpp's `-ngl 99`, `-fa`, `-cnv`, `-no-cnv`, `-sys TEXT`, `-md FILE`, `-cd N` (also `-ngl=99`) into the
 /// long flags clap parses. Everything after `--` is left alone.
 fn llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut out: Vec<OsString> = Vec::new();

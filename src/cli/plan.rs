@@ -59,6 +59,9 @@ pub struct PlanArgs {
     /// serve`'s: N more logits rows and step rows per sequence.
     #[arg(long = "draft-max", value_name = "N")]
     pub draft_max: Option<usize>,
+    /// The draft model's context (`-cd`, as `kiln run` and `kiln serve` take it).
+    #[arg(long = "ctx-size-draft", value_name = "N")]
+    pub ctx_size_draft: Option<usize>,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -167,7 +170,8 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 GgufFile::open(&dpath).with_context(|| format!("opening {}", dpath.display()))?;
             let (dconfig, _) = kiln::model::read_config(&dfile)?;
             let mut dopts = opts;
-            dopts.n_ctx = kiln::engine::speculative::draft_context(ctx, &dconfig);
+            dopts.n_ctx =
+                kiln::engine::speculative::draft_context(ctx, args.ctx_size_draft, &dconfig);
             dopts.logit_rows = 1;
             dopts.kv_budget = None;
             let dhost = HostTerms {

@@ -45,6 +45,10 @@ pub struct SpecArgs {
     /// ngram-simple: the length of the n-gram looked up (the context's last n tokens).
     #[arg(long = "spec-ngram-size-n", default_value_t = 3)]
     pub ngram_n: usize,
+    /// The draft model's context (llama.cpp's -cd): at most -c (default: -c, or the draft's
+    /// training context where shorter). A history past it decodes without drafts.
+    #[arg(long = "ctx-size-draft", value_name = "N")]
+    pub ctx_size_draft: Option<usize>,
 }
 
 /// `--draft-p-min`'s default (llama.cpp's).
@@ -70,6 +74,9 @@ impl SpecArgs {
         }
         if !(1..=MAX_DRAFTS).contains(&self.draft_max) {
             bail!("--draft-max must be from 1 to {MAX_DRAFTS}");
+        }
+        if self.ctx_size_draft.is_some() && self.model_draft.is_none() {
+            bail!("--ctx-size-draft is for a draft model (--model-draft)");
         }
         let on = match (self.kind(), &self.model_draft) {
             (SpecType::None, Some(_)) => bail!("--model-draft with --spec-type none"),
@@ -110,6 +117,7 @@ impl SpecArgs {
             Some(name) => Some(kiln::server::ServeDraftModel {
                 model: self.load_draft(name, target, args)?.model,
                 p_min: self.draft_p_min.unwrap_or(DRAFT_P_MIN),
+                n_ctx: self.ctx_size_draft,
             }),
         };
         Ok(Some(kiln::server::ServeSpeculation {
@@ -158,7 +166,11 @@ impl SpecArgs {
         let draft = self.load_draft(name, target, args)?;
         let opts = {
             let n_ctx = args.ctx(target.model.config.ctx_train, 4096);
-            let n_ctx = kiln::engine::speculative::draft_context(n_ctx, &draft.model.config);
+            let n_ctx = kiln::engine::speculative::draft_context(
+                n_ctx,
+                self.ctx_size_draft,
+                &draft.model.config,
+            );
             let mut o = SessionOptions::new(n_ctx, args.threads());
             o.prefill_chunk = args.batch_size.max(1);
             o.kv_type = args.kv_type;

@@ -141,13 +141,19 @@ impl Drafter for ModelDrafter {
     }
 }
 
-/// The context of a draft model beside a model's `n_ctx` positions: the same, or the draft's
-/// training context where that is shorter (a training context of 0: unknown, no bound).
+/// The context of a draft model beside a model's `n_ctx` positions: the same, or `asked`
+/// (`-cd`, llama.cpp's `--ctx-size-draft`; 0: the same) where shorter, or the draft's training
+/// context where that is shorter still (a training context of 0: unknown, no bound).
 #[must_use]
-pub fn draft_context(n_ctx: usize, draft: &crate::model::ModelConfig) -> usize {
+pub fn draft_context(
+    n_ctx: usize,
+    asked: Option<usize>,
+    draft: &crate::model::ModelConfig,
+) -> usize {
+    let n = asked.filter(|&c| c > 0).map_or(n_ctx, |c| c.min(n_ctx));
     match draft.ctx_train {
-        0 => n_ctx,
-        train => n_ctx.min(train),
+        0 => n,
+        train => n.min(train),
     }
 }
 

@@ -105,6 +105,8 @@ pub struct ServeDraftModel {
     pub model: Arc<Model>,
     /// Guessing stops where the draft's most likely token is less likely than this.
     pub p_min: f32,
+    /// Its context (`-cd`; `None`: the server's, or its training context where shorter).
+    pub n_ctx: Option<usize>,
 }
 
 impl std::fmt::Debug for ServeDraftModel {
@@ -291,9 +293,13 @@ fn start(
     // own, where shorter).
     let drafter = match opts.speculation.as_ref() {
         Some(ServeSpeculation { draft: Some(d), .. }) => {
-            let n_ctx = draft_context(opts.n_ctx, &d.model.config);
+            let n_ctx = draft_context(opts.n_ctx, d.n_ctx, &d.model.config);
             if n_ctx < opts.n_ctx {
-                eprintln!("kiln: the draft model's context is {n_ctx} tokens (its training context): longer sequences decode without drafts");
+                let why = match d.n_ctx.filter(|&c| c > 0 && c <= n_ctx) {
+                    Some(_) => "-cd",
+                    None => "its training context",
+                };
+                eprintln!("kiln: the draft model's context is {n_ctx} tokens ({why}): longer sequences decode without drafts");
             }
             // The server's slots, threads, chunk, KV type and device.
             let dr = BatchRunner::new(
