@@ -126,7 +126,9 @@ fn completion_answers_as_llama_server_does() {
                 "stop": ["", "s1", "s2", "s3", "s4", "s5", "s6"]}),
     );
     assert_eq!(long["content"], eos["content"]);
-    let hot = json!({"prompt": prompt, "temperature": 3.5, "seed": -1, "n_predict": 24});
+    // (`ignore_eos`: a draw this hot may pick the end-of-generation token.)
+    let hot = json!({"prompt": prompt, "temperature": 3.5, "seed": -1, "n_predict": 24,
+                     "ignore_eos": true});
     let (a, b) = (ok(&s, "/completion", &hot), ok(&s, "/completion", &hot));
     assert_eq!(a["tokens_predicted"], 24);
     assert_ne!(a["content"], b["content"], "seed -1 draws afresh");

@@ -187,7 +187,7 @@ fn ollama_routes_answer_as_ollama_does() {
         &s,
         "/api/generate",
         &json!({"model": name, "prompt": "Hi", "stream": false,
-                "options": {"temperature": 3.5, "num_predict": 2}}),
+                "options": {"temperature": 3.5, "num_predict": 2, "seed": 7}}),
     );
     assert_eq!(hot["eval_count"], 2, "{hot}");
 
