@@ -146,7 +146,6 @@ pub(super) async fn completion(
         settings: settings(&job),
         prompt,
         model: job.head.model.clone(),
-        return_tokens: f.return_tokens,
         start,
         first: None,
         content: String::new(),
@@ -183,7 +182,6 @@ struct Answer {
     settings: Value,
     prompt: String,
     model: String,
-    return_tokens: bool,
     start: Instant,
     /// When the first text came (the prompt was evaluated).
     first: Option<Instant>,
@@ -194,11 +192,7 @@ struct Answer {
 impl Answer {
     /// A piece of text's event (streaming).
     fn piece(&self, text: &str) -> Value {
-        let mut v = json!({"index": 0, "content": text, "stop": false, "id_slot": -1});
-        if self.return_tokens {
-            v["tokens"] = json!([]);
-        }
-        v
+        json!({"index": 0, "content": text, "stop": false, "id_slot": -1})
     }
 
     /// The last event: the whole answer's fields (`content` empty: streamed before it).
