@@ -135,10 +135,9 @@ fn completion_answers_as_llama_server_does() {
 
     // Refused, naming the field.
     for (b, param) in [
-        (json!({"prompt": prompt, "n_probs": 3}), "n_probs"),
         (
-            json!({"prompt": prompt, "return_tokens": true}),
-            "return_tokens",
+            json!({"prompt": prompt, "n_probs": 3, "post_sampling_probs": true}),
+            "post_sampling_probs",
         ),
         (
             json!({"prompt": prompt, "repeat_last_n": -5}),
@@ -152,4 +151,78 @@ fn completion_answers_as_llama_server_does() {
         let e = a.expect_error(400, param);
         assert_eq!(e["param"], param, "{b}: {e}");
     }
+}
+
+#[test]
+fn completion_gives_token_probabilities_and_ids() {
+    let model = common::real_model("smollm2");
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&model).unwrap()).unwrap();
+    let s = Server::start(&model, &[]);
+    let prompt = "The capital of France is";
+    let v1 = ok(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": prompt, "temperature": 0, "max_tokens": 10, "logprobs": 3}),
+    );
+    let lp = &v1["choices"][0]["logprobs"];
+    let body = json!({"prompt": prompt, "temperature": 0, "n_predict": 10, "n_probs": 3,
+                      "return_tokens": true});
+    let c = ok(&s, "/completion", &body);
+    assert_eq!(c["generation_settings"]["n_probs"], 3);
+    let probs = c["completion_probabilities"].as_array().unwrap();
+    let ids: Vec<u32> = serde_json::from_value(c["tokens"].clone()).unwrap();
+    assert_eq!(probs.len(), 10);
+    assert_eq!(tok.decode(&ids), c["content"].as_str().unwrap());
+    for (i, p) in probs.iter().enumerate() {
+        // The token, its log-probability (`/v1/completions`' own), and 3 alternatives, the
+        // most likely first: the token itself at temperature 0.
+        assert_eq!(p["id"], ids[i], "{p}");
+        assert_eq!(p["logprob"], lp["token_logprobs"][i], "{p}");
+        assert_eq!(p["token"], lp["tokens"][i], "{p}");
+        assert_eq!(p["bytes"], json!(tok.token_bytes(ids[i])), "{p}");
+        let top = p["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{p}");
+        assert_eq!(top[0]["id"], ids[i], "{p}");
+        assert_eq!(top[0]["logprob"], p["logprob"], "{p}");
+        assert!(top
+            .windows(2)
+            .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()));
+        let alts = lp["top_logprobs"][i].as_object().unwrap();
+        for t in top {
+            assert_eq!(alts[t["token"].as_str().unwrap()], t["logprob"], "{p}");
+        }
+    }
+    // Streamed: each event carries its own tokens; together, the whole answer's.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = sse_events(
+        &s.request("POST", "/completion", &[], &streamed.to_string())
+            .text(),
+    );
+    let (last, pieces) = events.split_last().unwrap();
+    assert_eq!(last["tokens"], json!([]));
+    assert!(last.get("completion_probabilities").is_none(), "{last}");
+    let cat = |k: &str| -> Vec<Value> {
+        pieces
+            .iter()
+            .flat_map(|e| e[k].as_array().unwrap().clone())
+            .collect()
+    };
+    assert_eq!(cat("completion_probabilities"), *probs);
+    assert_eq!(cat("tokens"), *c["tokens"].as_array().unwrap());
+    // Neither asked: neither given; more than 20 alternatives: 20.
+    let plain = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 2}),
+    );
+    assert_eq!(plain["tokens"], json!([]));
+    assert!(plain.get("completion_probabilities").is_none(), "{plain}");
+    let many = ok(
+        &s,
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 1, "n_probs": 50}),
+    );
+    let top = &many["completion_probabilities"][0]["top_logprobs"];
+    assert_eq!(top.as_array().unwrap().len(), 20, "{many}");
 }

@@ -87,6 +87,10 @@ pub struct ServeArgs {
     #[arg(long = "embd-normalize", default_value_t = 2, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i32).range(-1..), help_heading = "Embeddings")]
     pub embd_normalize: i32,
+    /// Fill-in-the-middle prompts (POST /infill, a completion's `suffix`) in suffix, prefix,
+    /// middle order instead of prefix, suffix, middle, for models trained so.
+    #[arg(long = "spm-infill")]
+    pub spm_infill: bool,
 }
 
 /// `--pooling` as llama.cpp spells it.
@@ -152,6 +156,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         pooling: args.pooling,
         embd_normalize: args.embd_normalize,
         speculation: args.spec.serve(&args.model, &loaded)?,
+        spm_infill: args.spm_infill,
     };
     Ok(Loaded {
         model: Arc::clone(&loaded.model),

@@ -122,6 +122,9 @@ pub struct CompletionRequest {
     /// The legacy `logprobs`: alternatives per token (their log-probabilities with each
     /// token's own).
     pub logprobs: Option<i64>,
+    /// The text after the completion (fill in the middle: the model's FIM tokens around the
+    /// prompt and it).
+    pub suffix: Option<String>,
     pub params: GenParams,
 }
 
@@ -129,6 +132,7 @@ pub struct CompletionRequest {
 struct CompletionFields {
     prompt: PromptField,
     logprobs: Option<i64>,
+    suffix: Option<String>,
 }
 
 /// A request body: its endpoint's own fields plus the shared [`GenParams`], each read from
@@ -158,6 +162,7 @@ impl Body for CompletionRequest {
         Ok(CompletionRequest {
             prompt: f.prompt,
             logprobs: f.logprobs,
+            suffix: f.suffix,
             params: typed(v)?,
         })
     }

@@ -86,6 +86,8 @@ pub struct ServeOptions {
     pub embd_normalize: i32,
     /// Speculative decoding (`--spec-type ngram-simple`), if on.
     pub speculation: Option<ServeSpeculation>,
+    /// Fill-in-the-middle prompts with the suffix first (`--spm-infill`).
+    pub spm_infill: bool,
 }
 
 /// Speculative decoding in the server: prompt lookup of the context's last `ngram_n` tokens,

@@ -9,8 +9,10 @@
 //! special tokens in texts are parsed and BOS added before a leading text, as llama-server
 //! does; several texts, several prompts there, are a 400), `n_predict` (−1: to the context;
 //! cut to the room the context leaves; 0: the prompt evaluated into the cache only),
-//! `repeat_last_n` (−1: the context), `stream`. `n_probs` above 0 and `return_tokens` are 400s
-//! (`/v1/completions` gives log-probabilities).
+//! `repeat_last_n` (−1: the context), `stream`, `n_probs` (each token's log-probability and
+//! its `n_probs` most likely alternatives, at most 20, in `completion_probabilities`: the
+//! model's, before penalties and temperature, as llama-server gives by default;
+//! `post_sampling_probs` is a 400), `return_tokens` (the answer's ids in `tokens`).
 //!
 //! The answer: `content`, `stop`, `stop_type` (`eos`, `limit`, `word`; `none` when cut off),
 //! `stopping_word`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached` (prompt and
@@ -38,7 +40,9 @@ use super::respond::{self, Ev, Job};
 use super::routes::{check_model, completion_job, read_body};
 use super::tokens::{MixedPart, TokenizeContent};
 use super::AppState;
+use crate::engine::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::engine::scheduler::{FinishReason, Finished};
+use crate::tokenizer::{ExtraChunk, InfillBudget, InfillParts, Tokenizer};
 
 /// The fields of `/completion` that `/v1/completions` spells otherwise, or takes under
 /// narrower limits (OpenAI's).
@@ -52,6 +56,8 @@ struct Fields {
     stream: bool,
     #[serde(default)]
     return_tokens: bool,
+    #[serde(default)]
+    post_sampling_probs: bool,
     temperature: Option<f32>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
@@ -78,23 +84,9 @@ pub(super) async fn completion(
     body: Body,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let v: Value = serde_json::from_slice(&read_body(&st, &headers, body).await?)
-        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(obj) = &v else {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    };
-    let f: Fields = api::typed(&v)?;
-    let refuse = |param: &str, why: &str| Err(ApiError::invalid_param(param, why));
-    if f.n_probs.is_some_and(|n| n > 0) {
-        return refuse(
-            "n_probs",
-            "n_probs is not supported on /completion; /v1/completions gives `logprobs`",
-        );
-    }
-    if f.return_tokens {
-        return refuse("return_tokens", "return_tokens is not supported");
-    }
-    let prompt = match f.prompt {
+    let v = read_object(&st, &headers, body).await?;
+    let mut f: Fields = api::typed(&v)?;
+    let prompt = match f.prompt.take() {
         None => return refuse("prompt", "prompt is required"),
         // (Several texts are several prompts to llama-server: one a request here.)
         Some(TokenizeContent::Mixed(parts))
@@ -110,17 +102,130 @@ pub(super) async fn completion(
     let ids = tokio::task::spawn_blocking(move || prompt.ids(&tok, true, true))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    generate(&st, start, &v, f, ids).await
+}
+
+/// `/infill`'s own fields: the text before and after the cursor, other files.
+#[derive(Deserialize)]
+struct InfillFields {
+    input_prefix: Option<TokenizeContent>,
+    input_suffix: Option<TokenizeContent>,
+    input_extra: Option<Vec<ExtraFile>>,
+}
+
+/// An `input_extra` item.
+#[derive(Deserialize)]
+struct ExtraFile {
+    text: String,
+    #[serde(default = "tmp")]
+    filename: String,
+}
+
+fn tmp() -> String {
+    "tmp".into()
+}
+
+/// `POST /infill`: fill in the middle, llama-server's way (llama.vscode, llama.vim, Tabby's
+/// llama.cpp backend): `input_prefix` and `input_suffix` (texts, or mixed lists of texts and
+/// ids, their special-token text kept as text), `input_extra` (`[{"filename", "text"}]`: other
+/// files, as repository context), `prompt` (a text the answer starts with), and
+/// `/completion`'s fields; the answer is `/completion`'s. The prompt is the model's FIM
+/// tokens around the parts ([`crate::tokenizer::InfillParts`]; `--spm-infill` puts the suffix
+/// first); a model without them is a 501 saying so.
+pub(super) async fn infill(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let start = Instant::now();
+    let v = read_object(&st, &headers, body).await?;
+    let mut f: Fields = api::typed(&v)?;
+    let i: InfillFields = api::typed(&v)?;
+    let fim = st
+        .tokenizer
+        .fim_tokens()
+        .map_err(|e| ApiError::not_supported(e.to_string()))?;
+    let prompt = match f.prompt.take() {
+        None => String::new(),
+        Some(TokenizeContent::Text(t)) => t,
+        Some(TokenizeContent::Mixed(_)) => return refuse("prompt", "\"prompt\" must be a string"),
+    };
+    let Some(prefix) = i.input_prefix else {
+        return refuse("input_prefix", "\"input_prefix\" is required");
+    };
+    let Some(suffix) = i.input_suffix else {
+        return refuse("input_suffix", "\"input_suffix\" is required");
+    };
+    let vocab = st.model.config.vocab_size;
+    prefix.check("input_prefix", vocab)?;
+    suffix.check("input_suffix", vocab)?;
+    let extra: Vec<ExtraChunk> = (i.input_extra.unwrap_or_default().into_iter())
+        .map(|e| ExtraChunk {
+            filename: e.filename,
+            text: e.text,
+        })
+        .collect();
+    let budget = InfillBudget::new(st.opts.n_ctx, f.n_predict.unwrap_or(-1), st.opts.spm_infill);
+    let tok = Arc::clone(&st.tokenizer);
+    let ids = tokio::task::spawn_blocking(move || {
+        let parts = InfillParts {
+            prefix: prefix.ids(&tok, false, false),
+            suffix: suffix.ids(&tok, false, false),
+            prompt: tok.encode(&prompt, false, true),
+            extra: &extra,
+        };
+        tok.infill_prompt(&fim, &parts, budget)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    generate(&st, start, &v, f, ids).await
+}
+
+fn refuse<T>(param: &str, why: &str) -> Result<T, ApiError> {
+    Err(ApiError::invalid_param(param, why))
+}
+
+/// The request's body, a JSON object.
+async fn read_object(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(&read_body(st, headers, body).await?)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    match v {
+        Value::Object(_) => Ok(v),
+        _ => Err(ApiError::bad_request("the body must be a JSON object")),
+    }
+}
+
+/// Generate from the prompt `ids` with the request's fields (`v`, `f`), and answer as
+/// llama-server does.
+async fn generate(
+    st: &AppState,
+    start: Instant,
+    v: &Value,
+    f: Fields,
+    ids: Vec<u32>,
+) -> Result<Response, ApiError> {
+    if f.post_sampling_probs {
+        return refuse(
+            "post_sampling_probs",
+            "post_sampling_probs is not supported: n_probs gives the model's log-probabilities",
+        );
+    }
+    let n_probs = f.n_probs.unwrap_or(0).clamp(0, MAX_TOP_LOGPROBS as i64) as usize;
     if ids.is_empty() {
         return refuse("prompt", "the prompt is empty");
     }
     let mut req: Map<String, Value> = SAME
         .iter()
-        .filter_map(|&k| Some((k.to_string(), obj.get(k)?.clone())))
+        .filter_map(|&k| Some((k.to_string(), v.get(k)?.clone())))
         .collect();
     req.insert("prompt".into(), json!(ids));
+    // (Each token's log-probabilities carry its id: `return_tokens` asks for none of them.)
+    if n_probs > 0 || f.return_tokens {
+        req.insert("logprobs".into(), json!(n_probs));
+    }
     let req = CompletionRequest::from_json(&Value::Object(req))?;
-    let model = check_model(&st, &req.params.model)?;
-    let mut job = completion_job(&st, &req, model).map_err(|mut e| {
+    let model = check_model(st, &req.params.model)?;
+    let mut job = completion_job(st, &req, model).map_err(|mut e| {
         if e.param.as_deref() == Some("messages") {
             e.param = Some("prompt".into());
         }
@@ -141,14 +246,20 @@ pub(super) async fn completion(
     wide.apply(&mut job.gen, st.opts.n_ctx)?;
     job.gen.stream = f.stream;
     let prompt = st.tokenizer.decode(&job.prompt);
-    let rx = respond::queue(&st, &mut job).await?;
+    let rx = respond::queue(st, &mut job).await?;
     let answer = Answer {
-        settings: settings(&job),
+        settings: settings(&job, n_probs),
         prompt,
         model: job.head.model.clone(),
         start,
         first: None,
         content: String::new(),
+        tok: Arc::clone(&st.tokenizer),
+        n_probs,
+        return_tokens: f.return_tokens,
+        probs: Vec::new(),
+        tokens: Vec::new(),
+        sent: 0,
     };
     match f.stream {
         true => Ok(stream(answer, rx).into_response()),
@@ -157,7 +268,7 @@ pub(super) async fn completion(
 }
 
 /// `generation_settings`: what the request runs with.
-fn settings(job: &Job) -> Value {
+fn settings(job: &Job, n_probs: usize) -> Value {
     let (g, s) = (&job.gen, &job.gen.sampler);
     json!({
         "n_predict": g.max_new,
@@ -172,7 +283,7 @@ fn settings(job: &Job) -> Value {
         "frequency_penalty": s.frequency_penalty,
         "stop": g.stop,
         "ignore_eos": g.ignore_eos,
-        "n_probs": 0,
+        "n_probs": n_probs,
         "stream": g.stream,
     })
 }
@@ -187,12 +298,60 @@ struct Answer {
     first: Option<Instant>,
     /// The text so far.
     content: String,
+    tok: Arc<Tokenizer>,
+    /// Alternatives per token in `completion_probabilities` (0: none asked).
+    n_probs: usize,
+    /// The answer's ids in `tokens`.
+    return_tokens: bool,
+    /// Each token's `completion_probabilities` entry (`n_probs` > 0) and id, so far.
+    probs: Vec<Value>,
+    tokens: Vec<u32>,
+    /// Tokens sent in earlier events (streaming).
+    sent: usize,
 }
 
 impl Answer {
-    /// A piece of text's event (streaming).
-    fn piece(&self, text: &str) -> Value {
-        json!({"index": 0, "content": text, "stop": false, "id_slot": -1})
+    /// A piece of text's event (streaming), with the tokens generated since the last one.
+    fn piece(&mut self, text: &str) -> Value {
+        let mut v = json!({"index": 0, "content": text, "stop": false, "id_slot": -1});
+        self.add_tokens(&mut v, self.sent);
+        self.sent = self.tokens.len();
+        v
+    }
+
+    /// `tokens` and `completion_probabilities` from the answer's token `from` on, where asked.
+    fn add_tokens(&self, v: &mut Value, from: usize) {
+        let ids = match self.return_tokens {
+            true => &self.tokens[from..],
+            false => &[],
+        };
+        v["tokens"] = json!(ids);
+        if self.n_probs > 0 {
+            v["completion_probabilities"] = json!(self.probs[from..]);
+        }
+    }
+
+    /// A token's log-probabilities as llama-server writes them: `id`, `token` (its bytes' longest
+    /// UTF-8 start), `bytes`, `logprob`, `top_logprobs` (the same for each alternative).
+    fn prob(&self, lp: &TokenLogprobs) -> Value {
+        let one = |id: u32, logprob: f32| {
+            let bytes = self.tok.token_bytes(id);
+            let valid = match std::str::from_utf8(bytes) {
+                Ok(t) => t,
+                // (Cut before the incomplete character, as llama-server's `validate_utf8`.)
+                Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
+            };
+            let logprob = if logprob.is_finite() {
+                logprob as f64
+            } else {
+                -9999.0
+            };
+            json!({"id": id, "token": valid, "bytes": bytes, "logprob": logprob})
+        };
+        let mut v = one(lp.token, lp.logprob);
+        let top: Vec<Value> = lp.top.iter().map(|&(id, l)| one(id, l)).collect();
+        v["top_logprobs"] = json!(top);
+        v
     }
 
     /// The last event: the whole answer's fields (`content` empty: streamed before it).
@@ -245,7 +404,13 @@ impl Answer {
     /// What an event adds: a piece of text, or the end (an error as OpenAI's error body).
     fn on(&mut self, ev: Ev) -> Option<Result<Value, ApiError>> {
         match ev {
-            Ev::Logprobs(_) => None,
+            Ev::Logprobs(lp) => {
+                self.tokens.push(lp.token);
+                if self.n_probs > 0 {
+                    self.probs.push(self.prob(&lp));
+                }
+                None
+            }
             Ev::Text(t) => {
                 self.first.get_or_insert_with(Instant::now);
                 self.content.push_str(&t);
@@ -270,6 +435,7 @@ async fn whole(
             if v["stop"] == true {
                 let mut v = v;
                 v["content"] = json!(a.content);
+                a.add_tokens(&mut v, 0);
                 return Ok(Json(v).into_response());
             }
         }

@@ -22,6 +22,7 @@ use super::respond::{self, Job};
 use super::structured::Structured;
 use super::{tools, unix_now, AppState};
 use crate::tokenizer::toolcall::template::ToolSupport;
+use crate::tokenizer::{InfillBudget, InfillParts};
 
 type St = State<Arc<AppState>>;
 
@@ -37,6 +38,7 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .route("/props", get(super::tokens::props))
         .route("/completion", post(super::native::completion))
         .route("/completions", post(super::native::completion))
+        .route("/infill", post(super::native::infill))
         .merge(super::ollama::routes());
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
@@ -55,11 +57,12 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
 }
 
 /// The routes `/metrics` counts by name (any other path is `other`).
-const COUNTED: [&str; 12] = [
+const COUNTED: [&str; 13] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/completion",
     "/completions",
+    "/infill",
     "/v1/embeddings",
     "/v1/models",
     "/tokenize",
@@ -367,10 +370,22 @@ pub(super) fn completion_job(
     req: &CompletionRequest,
     model: String,
 ) -> Result<Job, ApiError> {
-    let prompt = match req.prompt.clone() {
-        PromptField::Text(t) => st.tokenizer.encode(&t, true, false),
-        PromptField::Texts(v) if v.len() == 1 => st.tokenizer.encode(&v[0], true, false),
-        PromptField::Texts(v) => {
+    let limit = req.params.max_tokens.or(req.params.max_completion_tokens);
+    let suffix = req.suffix.as_deref().filter(|s| !s.is_empty());
+    let prompt = match (req.prompt.clone(), suffix) {
+        (PromptField::Text(t), Some(s)) => fim_prompt(st, &t, s, limit, "suffix")?,
+        (PromptField::Texts(v), Some(s)) if v.len() == 1 => {
+            fim_prompt(st, &v[0], s, limit, "suffix")?
+        }
+        (_, Some(_)) => {
+            return Err(ApiError::invalid_param(
+                "suffix",
+                "a suffix (fill in the middle) needs one prompt text",
+            ))
+        }
+        (PromptField::Text(t), None) => st.tokenizer.encode(&t, true, false),
+        (PromptField::Texts(v), None) if v.len() == 1 => st.tokenizer.encode(&v[0], true, false),
+        (PromptField::Texts(v), None) => {
             return Err(ApiError::invalid_param(
                 "prompt",
                 format!(
@@ -379,7 +394,7 @@ pub(super) fn completion_job(
                 ),
             ))
         }
-        PromptField::Tokens(ids) => {
+        (PromptField::Tokens(ids), None) => {
             ApiError::check_token_ids("prompt", ids.iter().copied(), st.model.config.vocab_size)?;
             ids
         }
@@ -397,6 +412,28 @@ pub(super) fn completion_job(
         gen,
         tools: None,
     })
+}
+
+/// A fill-in-the-middle prompt: the model's FIM tokens around `prefix` and `suffix`, cut as
+/// `/infill` cuts them for an answer of at most `limit` tokens
+/// ([`crate::tokenizer::InfillBudget`]; `--spm-infill`'s order). A model without FIM tokens
+/// is a 400 naming `param`.
+pub(super) fn fim_prompt(
+    st: &AppState,
+    prefix: &str,
+    suffix: &str,
+    limit: Option<i64>,
+    param: &str,
+) -> Result<Vec<u32>, ApiError> {
+    let tok = &st.tokenizer;
+    let fim = (tok.fim_tokens()).map_err(|e| ApiError::invalid_param(param, e.to_string()))?;
+    let parts = InfillParts {
+        prefix: tok.encode(prefix, false, false),
+        suffix: tok.encode(suffix, false, false),
+        ..Default::default()
+    };
+    let budget = InfillBudget::new(st.opts.n_ctx, limit.unwrap_or(-1), st.opts.spm_infill);
+    Ok(tok.infill_prompt(&fim, &parts, budget))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 
 mod bpe;
 mod chat;
+mod fim;
 mod pretokenize;
 mod special;
 mod spm;
@@ -34,6 +35,7 @@ use spm::SpmScratch;
 use vocab::{Vocab, VocabBuildError};
 
 pub use chat::{builtin_chat_template, render_chat, render_chat_tools, ChatMessage};
+pub use fim::{ExtraChunk, FimTokens, InfillBudget, InfillParts, NoFimTokens};
 pub use stream::StreamDecoder;
 pub use vocab::attr;
 

@@ -411,3 +411,151 @@ fn tool_text_is_literal() {
         .unwrap();
     assert!(parsed.iter().filter(|&&id| id == 2).count() > 3);
 }
+
+/// A vocabulary with Qwen2.5-Coder's FIM tokens (found by their text).
+fn fim_vocab(specials: &[&str], add_bos: bool) -> Tokenizer {
+    let mut cfg = bpe_config(specials, &[], &[], "qwen2");
+    cfg.add_bos = Some(add_bos);
+    Tokenizer::from_config(cfg).unwrap()
+}
+
+const QWEN_FIM: [&str; 7] = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|fim_prefix|>",
+    "<|fim_suffix|>",
+    "<|fim_middle|>",
+    "<|fim_repo|>",
+    "<|file_sep|>",
+];
+
+#[test]
+fn fim_tokens_are_found_by_text_or_missing_by_name() {
+    let t = fim_vocab(&QWEN_FIM, false);
+    let fim = t.fim_tokens().unwrap();
+    assert_eq!(
+        (fim.pre, fim.suf, fim.mid, fim.rep, fim.sep),
+        (2, 3, 4, Some(5), Some(6))
+    );
+    // (llama.cpp ends generation at FIM_REP and FIM_SEP.)
+    assert!(t.is_eog(5) && t.is_eog(6));
+    let e = chatml().fim_tokens().unwrap_err().to_string();
+    assert!(
+        e.starts_with("Infill is not supported by this model: prefix token is missing. suffix token is missing. middle token is missing."),
+        "{e}"
+    );
+    let e = fim_vocab(
+        &["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>"],
+        false,
+    )
+    .fim_tokens()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(": suffix token is missing. ("), "{e}");
+}
+
+#[test]
+fn infill_prompt_is_llama_servers_repository_pattern() {
+    let t = fim_vocab(&QWEN_FIM, false);
+    let fim = t.fim_tokens().unwrap();
+    let e = |s: &str| t.encode(s, false, false);
+    let extra = [
+        ExtraChunk {
+            filename: "a.py".into(),
+            text: "x = 1\n".into(),
+        },
+        ExtraChunk {
+            filename: "b.py".into(),
+            text: "y = 2\n".into(),
+        },
+    ];
+    let parts = InfillParts {
+        // (Special-token text in code is code: tokenized as plain text.)
+        prefix: e("def f(<|im_start|>):\n    "),
+        suffix: e("\n    return z\n"),
+        prompt: e("z ="),
+        extra: &extra,
+    };
+    let got = t.infill_prompt(&fim, &parts, InfillBudget::new(4096, 64, false));
+    let mut want = vec![5];
+    want.extend(e("myproject\n"));
+    for (name, text) in [("a.py\n", "x = 1\n"), ("b.py\n", "y = 2\n")] {
+        want.push(6);
+        want.extend(e(name));
+        want.extend(e(text));
+    }
+    want.push(6);
+    want.extend(e("filename\n"));
+    want.push(2);
+    want.extend(&parts.prefix);
+    want.extend(&parts.prompt);
+    want.push(3);
+    want.extend(&parts.suffix);
+    want.push(4);
+    assert_eq!(got, want);
+    assert!(!got.contains(&1), "no <|im_start|> parsed from the code");
+
+    // Suffix first; BOS (where the vocabulary adds it) after the extra context.
+    let tb = fim_vocab(&QWEN_FIM, true);
+    let got = tb.infill_prompt(&fim, &parts, InfillBudget::new(4096, 64, true));
+    let fim_at = want.iter().position(|&id| id == 2).unwrap();
+    let mut spm = want[..fim_at].to_vec();
+    spm.push(0);
+    spm.push(3);
+    spm.extend(&parts.suffix);
+    spm.push(2);
+    spm.extend(&parts.prefix);
+    spm.extend(&parts.prompt);
+    spm.push(4);
+    assert_eq!(got, spm);
+}
+
+#[test]
+fn infill_prompt_cuts_each_part_to_its_budget() {
+    // Without FIM_REP and FIM_SEP: chunks follow a snippet line.
+    let t = fim_vocab(&QWEN_FIM[..5], false);
+    let fim = t.fim_tokens().unwrap();
+    assert_eq!((fim.rep, fim.sep), (None, None));
+    let e = |s: &str| t.encode(s, false, false);
+    let extra = [ExtraChunk {
+        filename: "ignored".into(),
+        text: "0123456789".into(),
+    }];
+    let parts = InfillParts {
+        prefix: e("abcdefghijklmnop"),
+        suffix: e("ABCDEFGHIJ"),
+        prompt: e("p"),
+        extra: &extra,
+    };
+    let mut all_extra = e("\n\n--- snippet ---\n\n");
+    all_extra.extend(e("0123456789"));
+    // n_batch 16: the prefix's last 12 tokens, the suffix's first 16/4 - 2 - 1 = 1; the
+    // context 40 - 16 - 2·5 = 14 leaves the extra context's last 14 tokens.
+    let budget = InfillBudget {
+        n_batch: 16,
+        n_ctx: 40,
+        n_predict: 5,
+        spm: false,
+    };
+    let got = t.infill_prompt(&fim, &parts, budget);
+    let mut want = all_extra[all_extra.len() - 14..].to_vec();
+    want.push(2);
+    want.extend(e("efghijklmnop"));
+    want.extend(e("p"));
+    want.push(3);
+    want.extend(e("A"));
+    want.push(4);
+    assert_eq!(got, want);
+    // No room in the context: no extra context; a budget past the parts takes them whole.
+    let tight = InfillBudget {
+        n_ctx: 20,
+        ..budget
+    };
+    assert_eq!(t.infill_prompt(&fim, &parts, tight), want[14..].to_vec());
+    let roomy = t.infill_prompt(&fim, &parts, InfillBudget::new(4096, -1, false));
+    assert_eq!(roomy.len(), all_extra.len() + 16 + 1 + 10 + 3);
+    // The server's batch is capped by half a short context.
+    assert_eq!(InfillBudget::new(512, -1, false).n_batch, 256);
+    assert_eq!(InfillBudget::new(4096, -1, false).n_batch, 2048);
+    assert_eq!(InfillBudget::new(8192, -1, false).n_batch, 2048);
+}

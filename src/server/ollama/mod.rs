@@ -12,7 +12,9 @@
 //!   schema), `options`. With tools, the answer comes whole, its calls parsed out, before the
 //!   final line. No messages: `done_reason` `load` (`unload` with `keep_alive` 0).
 //! - `POST /api/generate`: `prompt` as a user turn of the model's chat template after
-//!   `system`, or as it is with `raw`; an empty prompt answers as no messages do.
+//!   `system`, or as it is with `raw`; an empty prompt answers as no messages do. With a
+//!   `suffix`, the model fills in the middle between `prompt` and it (its FIM tokens, as
+//!   `/infill` puts them; a model without them: `does not support insert`, as Ollama says).
 //! - `POST /api/embed` (`input`: a text or a list of texts; L2-normalized) and the older
 //!   `POST /api/embeddings` (`prompt`; as pooled): with `--embeddings`, as `/v1/embeddings`.
 //! - `GET /api/tags`, `GET /api/ps`, `POST /api/show` (`{arch}.context_length`: the server's
@@ -23,9 +25,8 @@
 //! dropped), `repeat_last_n` (−1: the context), and `top_k`, `top_p`, `min_p`,
 //! `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `seed`; the others (`num_ctx`,
 //! `num_gpu`, ...), `keep_alive` and `think` are ignored: the model is loaded once, with the
-//! server's flags. Refused with a 400 saying so: `images`, `template`, `suffix`
-//! (fill-in-the-middle), `context` (the old conversation state of `/api/generate`: send the
-//! conversation to `/api/chat`).
+//! server's flags. Refused with a 400 saying so: `images`, `template`, `context` (the old
+//! conversation state of `/api/generate`: send the conversation to `/api/chat`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,7 +43,7 @@ use serde_json::{json, Map, Value};
 use super::api::{self, Body as RequestBody, ChatRequest, CompletionRequest};
 use super::error::ApiError;
 use super::respond::Job;
-use super::routes::{chat_job, check_model, completion_job, read_body, tool_error};
+use super::routes::{chat_job, check_model, completion_job, fim_prompt, read_body, tool_error};
 use super::AppState;
 use answer::{answer, loaded, Kind};
 
@@ -359,13 +360,6 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
 async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let start = Instant::now();
     let (common, fields, model) = read_request::<GenerateFields>(&st, &headers, body).await?;
-    if fields.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid_param(
-            "suffix",
-            "suffix (fill-in-the-middle) is not supported",
-        )
-        .into());
-    }
     if fields.context.as_ref().is_some_and(|c| !c.is_empty()) {
         return Err(ApiError::invalid_param(
             "context",
@@ -374,12 +368,26 @@ async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
         .into());
     }
     let stream = common.stream.unwrap_or(true);
-    if fields.prompt.is_empty() {
+    let suffix = fields.suffix.as_deref().filter(|s| !s.is_empty());
+    if fields.prompt.is_empty() && suffix.is_none() {
         let reason = load_reason(&common.keep_alive);
         return Ok(Json(loaded(Kind::Generate, model, start, reason)).into_response());
     }
     let mut req = params(&common)?;
-    let mut job = if fields.raw {
+    let mut job = if let Some(suffix) = suffix {
+        // (Fill in the middle: the model's FIM tokens, whatever `raw` and `system` say, as
+        // Ollama's code models' templates do.)
+        let limit = common.options.num_predict;
+        let ids = fim_prompt(&st, &fields.prompt, suffix, limit, "suffix").map_err(|e| {
+            ApiError::invalid_param(
+                "suffix",
+                format!("{model} does not support insert: {}", e.message),
+            )
+        })?;
+        req.insert("prompt".into(), json!(ids));
+        let req = CompletionRequest::from_json(&Value::Object(req))?;
+        completion_job(&st, &req, model).map_err(ollama_names)?
+    } else if fields.raw {
         req.insert("prompt".into(), json!(fields.prompt));
         let req = CompletionRequest::from_json(&Value::Object(req))?;
         completion_job(&st, &req, model).map_err(ollama_names)?

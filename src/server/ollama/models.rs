@@ -155,6 +155,10 @@ pub(super) async fn show(State(st): St, headers: HeaderMap, body: Body) -> Answe
     if st.opts.embeddings {
         capabilities.push("embedding");
     }
+    // (Fill in the middle: `/api/generate`'s `suffix`.)
+    if st.tokenizer.fim_tokens().is_ok() {
+        capabilities.push("insert");
+    }
     let entry = model_entry(&st);
     Ok(Json(json!({
         "modelfile": "",
