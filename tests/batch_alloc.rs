@@ -142,6 +142,7 @@ fn request(prompt: Vec<u32>, tokens: &Arc<AtomicUsize>) -> SeqRequest {
             ..SamplerConfig::default()
         },
         stop: vec!["never-in-this-output\u{1}".into()],
+        code: Default::default(),
         cache_prompt: true,
         ignore_eos: true,
         sink: Box::new(Quiet(Arc::clone(tokens))),

@@ -107,6 +107,7 @@ fn greedy_request(prompt: &[u32], max_new: usize, stop: &[&str]) -> (EventLog, S
         max_new,
         sampler: SamplerConfig::greedy(),
         stop: stop.iter().map(|s| s.to_string()).collect(),
+        code: Default::default(),
         cache_prompt: true,
         ignore_eos: false,
         sink,

@@ -54,6 +54,7 @@ fn request(prompt: &[u32], max_new: usize) -> (Log, SeqRequest) {
         max_new,
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
+        code: Default::default(),
         cache_prompt: false,
         ignore_eos: true,
         sink: Box::new(log.clone()),

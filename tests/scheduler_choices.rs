@@ -68,6 +68,7 @@ fn request(prompt: &[u32], seed: u64, sink: &Shared) -> SeqRequest {
         max_new: 24,
         sampler: sampler(seed),
         stop: vec![],
+        code: Default::default(),
         cache_prompt: false,
         ignore_eos: true,
         grammar: None,

@@ -208,6 +208,7 @@ fn serve(
             max_new: r.max_new,
             sampler: sampler(r.seeded, r.penalty, i),
             stop: r.stop.clone(),
+            code: Default::default(),
             cache_prompt: true,
             ignore_eos: r.ignore_eos,
             grammar: grammar(r.grammar),

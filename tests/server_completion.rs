@@ -225,4 +225,40 @@ fn completion_gives_token_probabilities_and_ids() {
     );
     let top = &many["completion_probabilities"][0]["top_logprobs"];
     assert_eq!(top.as_array().unwrap().len(), 20, "{many}");
+
+    // `response_fields` (llama.vscode's): the named fields only, under their paths, whole and
+    // as the last event.
+    let fields = ["content", "timings/predicted_n", "truncated", "nope/x"];
+    let mut body = json!({"prompt": prompt, "temperature": 0, "n_predict": 2,
+                          "response_fields": fields});
+    let some = ok(&s, "/completion", &body);
+    let mut keys: Vec<&str> = some
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["content", "timings/predicted_n", "truncated"],
+        "{some}"
+    );
+    assert_eq!(some["timings/predicted_n"], 2);
+    let whole = c["content"].as_str().unwrap();
+    assert!(
+        whole.starts_with(some["content"].as_str().unwrap()),
+        "{some}"
+    );
+    body["stream"] = json!(true);
+    let events = sse_events(
+        &s.request("POST", "/completion", &[], &body.to_string())
+            .text(),
+    );
+    let (last, pieces) = events.split_last().unwrap();
+    assert_eq!(last.as_object().unwrap().len(), 3, "{last}");
+    assert!(
+        pieces.iter().all(|e| e["stop"] == false),
+        "pieces are whole"
+    );
 }

@@ -4,7 +4,8 @@
 //! `<reponame>` is FIM_REP by its text, `<file_sep>` is named FIM_SEP): each route's prompt is
 //! the tokenizer's FIM prompt (`Tokenizer::infill_prompt`, checked token by token against
 //! llama-server's layout in the library's tests) and its text `/completion`'s for those ids.
-//! Without FIM tokens each route refuses, saying why.
+//! Without FIM tokens each route refuses, saying why. Code completion's early ends
+//! (`n_indent`, `t_max_predict_ms`) cut the plain answer where llama-server's rules say.
 
 mod common;
 #[path = "server/harness.rs"]
@@ -272,4 +273,72 @@ fn a_model_without_fim_tokens_refuses_infill() {
             .contains(&json!("insert")),
         "{show}"
     );
+}
+
+/// llama-server's `n_indent` rule, written out apart from the scheduler's: the text up to the
+/// first character (an empty line's newline too) of a line after the first whose indentation
+/// is below `n`.
+fn indent_cut(text: &str, n: usize) -> &str {
+    let mut at = match text.find('\n') {
+        Some(i) => i + 1,
+        None => return text,
+    };
+    while at < text.len() {
+        let line = &text[at..];
+        let ws = line.len() - line.trim_start_matches([' ', '\t']).len();
+        if ws < line.len() && ws < n {
+            return &text[..at + ws];
+        }
+        match line.find('\n') {
+            Some(i) => at += i + 1,
+            None => break,
+        }
+    }
+    text
+}
+
+#[test]
+fn code_completion_ends_at_a_shallow_line_or_in_time() {
+    let s = Server::start(&common::real_model("smollm2"), &[]);
+    let prompt = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n";
+    let run = |extra: Value| {
+        let mut body = json!({"prompt": prompt, "temperature": 0, "n_predict": 48});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        ok(&s, "/completion", &body)
+    };
+    let plain = run(json!({}));
+    let text = plain["content"].as_str().unwrap();
+    assert_eq!(plain["tokens_predicted"], 48, "{plain}");
+    let want = indent_cut(text, 4);
+    assert!(
+        want.len() < text.len() && want.contains('\n'),
+        "{text:?}: nothing to cut"
+    );
+    let cut = run(json!({"n_indent": 4}));
+    assert_eq!(cut["content"], want, "{text:?}");
+    assert_eq!(cut["stop_type"], "limit");
+    assert_eq!(cut["generation_settings"]["n_indent"], 4);
+    assert!(cut["tokens_predicted"].as_u64().unwrap() < 48);
+    // Streamed, the same text.
+    let body = json!({"prompt": prompt, "temperature": 0, "n_predict": 48, "n_indent": 4,
+                      "stream": true});
+    let events = sse_events(
+        &s.request("POST", "/completion", &[], &body.to_string())
+            .text(),
+    );
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["content"].as_str())
+        .collect();
+    assert_eq!(streamed, want);
+    // 0: no cut.
+    assert_eq!(run(json!({"n_indent": 0}))["content"], text);
+    // A millisecond: the text ends soon after its first newline.
+    let quick = run(json!({"t_max_predict_ms": 1}));
+    let q = quick["content"].as_str().unwrap();
+    assert!(text.starts_with(q) && q.contains('\n'), "{q:?} of {text:?}");
+    assert!(quick["tokens_predicted"].as_u64().unwrap() < 48, "{quick}");
+    assert_eq!(quick["stop_type"], "limit");
 }

@@ -228,6 +228,8 @@ pub struct Generation {
     pub n: usize,
     /// Log-probabilities with this many alternatives per token.
     pub logprobs: Option<usize>,
+    /// Code completion's early ends (llama-server's `n_indent`, `t_max_predict_ms`).
+    pub code: crate::engine::scheduler::CodeStops,
 }
 
 impl ChatRequest {
@@ -402,6 +404,7 @@ impl GenParams {
             )?,
             n: 1,
             logprobs: None,
+            code: Default::default(),
         })
     }
 }

@@ -12,7 +12,12 @@
 //! `repeat_last_n` (−1: the context), `stream`, `n_probs` (each token's log-probability and
 //! its `n_probs` most likely alternatives, at most 20, in `completion_probabilities`: the
 //! model's, before penalties and temperature, as llama-server gives by default;
-//! `post_sampling_probs` is a 400), `return_tokens` (the answer's ids in `tokens`).
+//! `post_sampling_probs` is a 400), `return_tokens` (the answer's ids in `tokens`),
+//! `response_fields` (only these fields of the answer, by path: `timings/prompt_n`), and for
+//! code completion `n_indent` (a line after the first that starts less indented ends the
+//! text before its first other character) and `t_max_predict_ms` (once a newline has come,
+//! the text ends when this much time has passed since its first token); both end it as the
+//! token limit does (`stop_type` `limit`).
 //!
 //! The answer: `content`, `stop`, `stop_type` (`eos`, `limit`, `word`; `none` when cut off),
 //! `stopping_word`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached` (prompt and
@@ -22,7 +27,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -41,7 +46,7 @@ use super::routes::{check_model, completion_job, read_body};
 use super::tokens::{MixedPart, TokenizeContent};
 use super::AppState;
 use crate::engine::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
-use crate::engine::scheduler::{FinishReason, Finished};
+use crate::engine::scheduler::{CodeStops, FinishReason, Finished};
 use crate::tokenizer::{ExtraChunk, InfillBudget, InfillParts, Tokenizer};
 
 /// The fields of `/completion` that `/v1/completions` spells otherwise, or takes under
@@ -58,6 +63,10 @@ struct Fields {
     return_tokens: bool,
     #[serde(default)]
     post_sampling_probs: bool,
+    #[serde(default)]
+    response_fields: Vec<String>,
+    n_indent: Option<i64>,
+    t_max_predict_ms: Option<i64>,
     temperature: Option<f32>,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
@@ -245,6 +254,11 @@ async fn generate(
     };
     wide.apply(&mut job.gen, st.opts.n_ctx)?;
     job.gen.stream = f.stream;
+    job.gen.code = CodeStops {
+        n_indent: f.n_indent.unwrap_or(0).max(0) as usize,
+        t_max_predict: (f.t_max_predict_ms.filter(|&t| t > 0))
+            .map(|t| Duration::from_millis(t as u64)),
+    };
     let prompt = st.tokenizer.decode(&job.prompt);
     let rx = respond::queue(st, &mut job).await?;
     let answer = Answer {
@@ -257,6 +271,7 @@ async fn generate(
         tok: Arc::clone(&st.tokenizer),
         n_probs,
         return_tokens: f.return_tokens,
+        fields: f.response_fields,
         probs: Vec::new(),
         tokens: Vec::new(),
         sent: 0,
@@ -284,6 +299,8 @@ fn settings(job: &Job, n_probs: usize) -> Value {
         "stop": g.stop,
         "ignore_eos": g.ignore_eos,
         "n_probs": n_probs,
+        "n_indent": g.code.n_indent,
+        "t_max_predict_ms": g.code.t_max_predict.map_or(-1, |t| t.as_millis() as i64),
         "stream": g.stream,
     })
 }
@@ -303,6 +320,8 @@ struct Answer {
     n_probs: usize,
     /// The answer's ids in `tokens`.
     return_tokens: bool,
+    /// `response_fields`: the last answer's fields to send (all: none named).
+    fields: Vec<String>,
     /// Each token's `completion_probabilities` entry (`n_probs` > 0) and id, so far.
     probs: Vec<Value>,
     tokens: Vec<u32>,
@@ -329,6 +348,25 @@ impl Answer {
         if self.n_probs > 0 {
             v["completion_probabilities"] = json!(self.probs[from..]);
         }
+    }
+
+    /// llama-server's `response_fields`: only the named fields of the last answer, each under
+    /// its path (`timings/prompt_n`); a path that is not there is left out.
+    fn select(&self, v: Value) -> Value {
+        if self.fields.is_empty() {
+            return v;
+        }
+        let mut out = Map::new();
+        for path in &self.fields {
+            let mut at = Some(&v);
+            for key in path.split('/') {
+                at = at.and_then(|x| x.as_object()?.get(key));
+            }
+            if let Some(x) = at {
+                out.insert(path.clone(), x.clone());
+            }
+        }
+        Value::Object(out)
     }
 
     /// A token's log-probabilities as llama-server writes them: `id`, `token` (its bytes' longest
@@ -436,7 +474,7 @@ async fn whole(
                 let mut v = v;
                 v["content"] = json!(a.content);
                 a.add_tokens(&mut v, 0);
-                return Ok(Json(v).into_response());
+                return Ok(Json(a.select(v)).into_response());
             }
         }
     }
@@ -463,6 +501,7 @@ fn stream(
                 None => continue,
                 Some(Ok(v)) => {
                     let last = v["stop"] == true;
+                    let v = if last { a.select(v) } else { v };
                     return Some((Ok(Event::default().data(v.to_string())), (a, rx, last)));
                 }
                 Some(Err(e)) => {

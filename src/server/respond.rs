@@ -141,6 +141,7 @@ pub(super) async fn queue(
             max_new: gen.max_new,
             sampler,
             stop: gen.stop.clone(),
+            code: gen.code,
             cache_prompt: gen.cache_prompt,
             ignore_eos: gen.ignore_eos,
             grammar,

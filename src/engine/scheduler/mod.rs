@@ -53,7 +53,10 @@ use crate::grammar::{overlap, Constraint};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
+mod code;
 mod speculate;
+pub use code::CodeStops;
+use code::CodeWatch;
 pub use speculate::ServeDrafter;
 use speculate::ServeSpec;
 
@@ -66,6 +69,8 @@ pub struct SeqRequest {
     pub sampler: SamplerConfig,
     /// Stop sequences: generation ends before the first occurrence of any (not included).
     pub stop: Vec<String>,
+    /// Code completion's early ends (none by default).
+    pub code: CodeStops,
     /// Reuse a cached prefix of the prompt (false: evaluate it all, a cold run).
     pub cache_prompt: bool,
     /// Never stop at an end-of-generation token (their logits are masked): generate exactly
@@ -107,6 +112,7 @@ impl SeqRequest {
             max_new: 0,
             sampler: SamplerConfig::default(),
             stop: Vec::new(),
+            code: CodeStops::default(),
             cache_prompt: true,
             ignore_eos: false,
             grammar: None,
@@ -257,6 +263,8 @@ struct Active<'t> {
     held: String,
     /// The stop sequence (by index) that ended the text.
     stop_hit: Option<usize>,
+    /// The text against the request's [`CodeStops`].
+    code: CodeWatch,
     generated: usize,
     cached: usize,
     /// Admission order (ties of the prefill order).
@@ -272,35 +280,52 @@ struct Active<'t> {
 enum Emit {
     Continue,
     StopHit,
+    /// A line too shallow for the request's `n_indent` ended the text.
+    Cut,
     Gone,
 }
 
 impl Active<'_> {
     /// Send `text`, holding back any tail that may begin a stop sequence.
+    /// Send `text`, holding back any tail that may begin a stop sequence; what is sent
+    /// passes the request's [`CodeStops`] first.
     fn emit(&mut self, text: &str) -> Emit {
         self.held.push_str(text);
-        if let Some((at, i)) = self
-            .req
-            .stop
-            .iter()
-            .enumerate()
+        let stop = (self.req.stop.iter().enumerate())
             .filter(|(_, s)| !s.is_empty())
             .filter_map(|(i, s)| Some((self.held.find(s.as_str())?, i)))
-            .min()
-        {
-            self.stop_hit = Some(i);
-            self.held.truncate(at);
-            self.req.sink.text(&self.held);
-            self.held.clear();
-            return Emit::StopHit;
-        }
-        let n = self.held.len() - held_back(&self.held, &self.req.stop);
+            .min();
+        let (n, end) = match stop {
+            Some((at, i)) => {
+                self.stop_hit = Some(i);
+                (at, Emit::StopHit)
+            }
+            None => {
+                let n = self.held.len() - held_back(&self.held, &self.req.stop);
+                (n, Emit::Continue)
+            }
+        };
+        let (n, end) = match self.code.cut(&self.held[..n]) {
+            Some(cut) => {
+                self.stop_hit = None;
+                (cut, Emit::Cut)
+            }
+            None => (n, end),
+        };
         let alive = self.req.sink.text(&self.held[..n]);
-        self.held.drain(..n);
-        if alive {
-            Emit::Continue
-        } else {
-            Emit::Gone
+        match end {
+            Emit::Continue => {
+                self.held.drain(..n);
+                if alive {
+                    Emit::Continue
+                } else {
+                    Emit::Gone
+                }
+            }
+            end => {
+                self.held.clear();
+                end
+            }
         }
     }
 
@@ -525,6 +550,7 @@ impl<'t> Scheduler<'t> {
                     max_new: req.max_new,
                     sampler: f.sampler,
                     stop: req.stop.clone(),
+                    code: req.code,
                     cache_prompt: req.cache_prompt,
                     ignore_eos: req.ignore_eos,
                     grammar: f.grammar,
@@ -557,6 +583,7 @@ impl<'t> Scheduler<'t> {
             phase,
             held: String::with_capacity(64),
             stop_hit: None,
+            code: CodeWatch::new(req.code),
             generated: 0,
             cached,
             order: self.tick,
@@ -860,8 +887,10 @@ impl<'t> Scheduler<'t> {
         self.piece.clear();
         a.stream.push_into(t, &mut self.piece);
         let end = match a.emit(&self.piece) {
+            Emit::Continue if a.code.timed_out() => Some(FinishReason::Length),
             Emit::Continue => None,
             Emit::StopHit => Some(FinishReason::Stop),
+            Emit::Cut => Some(FinishReason::Length),
             Emit::Gone => Some(FinishReason::Cancelled),
         };
         if let Some(reason) = end {
@@ -891,10 +920,17 @@ impl<'t> Scheduler<'t> {
         if flush {
             // Text still undecoded or held back for a stop sequence that never came.
             let tail = a.stream.flush().unwrap_or_default();
-            if let Emit::StopHit = a.emit(&tail) {
-                reason = FinishReason::Stop;
-            } else if !a.held.is_empty() {
-                a.req.sink.text(&a.held);
+            match a.emit(&tail) {
+                Emit::StopHit => reason = FinishReason::Stop,
+                Emit::Cut => reason = FinishReason::Length,
+                _ if !a.held.is_empty() => {
+                    let n = a.code.cut(&a.held);
+                    a.req.sink.text(&a.held[..n.unwrap_or(a.held.len())]);
+                    if n.is_some() {
+                        reason = FinishReason::Length;
+                    }
+                }
+                _ => {}
             }
         }
         let m = &self.metrics;
