@@ -83,8 +83,9 @@ fn infill_routes_give_the_fim_prompts_answer() {
             suffix: plain(SUFFIX),
             prompt: tok.encode("return", false, true),
             extra: &extra,
+            repository: true,
         },
-        InfillBudget::new(N_CTX, 12, false),
+        InfillBudget::new(N_CTX, false),
     );
     let want = complete(&want_ids);
     assert!(!want.is_empty());
@@ -117,6 +118,32 @@ fn infill_routes_give_the_fim_prompts_answer() {
         (text.as_str(), &last["stop"]),
         (want.as_str(), &json!(true))
     );
+    // Past the budget (-c 1024: a batch of 512): the prefix's last 384 tokens, the extra
+    // file's last tokens in what the context leaves.
+    let long_prefix: String = (0..300).map(|i| format!("x{i} = {i}\n")).collect();
+    let long_extra = [ExtraChunk {
+        filename: "big.py".into(),
+        text: (0..300).map(|i| format!("y{i} = {i}\n")).collect(),
+    }];
+    let parts = InfillParts {
+        prefix: plain(&long_prefix),
+        suffix: plain(SUFFIX),
+        extra: &long_extra,
+        repository: true,
+        ..Default::default()
+    };
+    let cut = tok.infill_prompt(&fim, &parts, InfillBudget::new(N_CTX, false));
+    assert!(
+        cut.len() < N_CTX && parts.prefix.len() > 384,
+        "{}",
+        cut.len()
+    );
+    let body = json!({"input_prefix": long_prefix, "input_suffix": SUFFIX, "n_predict": 1,
+                      "input_extra": [{"filename": "big.py", "text": long_extra[0].text}]});
+    let a = ok(&s, "/infill", &body);
+    assert_eq!(a["tokens_evaluated"], cut.len());
+    assert_eq!(a["prompt"], tok.decode(&cut).as_str());
+
     // Mixed prefix: texts and ids; no extra files, no prompt.
     let ids = tok.infill_prompt(
         &fim,
@@ -125,7 +152,7 @@ fn infill_routes_give_the_fim_prompts_answer() {
             suffix: plain(SUFFIX),
             ..Default::default()
         },
-        InfillBudget::new(N_CTX, 12, false),
+        InfillBudget::new(N_CTX, false),
     );
     let bare = complete(&ids);
     let (head, tail) = PREFIX.split_at(4);
@@ -231,9 +258,10 @@ fn spm_infill_puts_the_suffix_first() {
     let parts = InfillParts {
         prefix: tok.encode(PREFIX, false, false),
         suffix: tok.encode(SUFFIX, false, false),
+        repository: true,
         ..Default::default()
     };
-    let want = tok.infill_prompt(&fim, &parts, InfillBudget::new(N_CTX, 4, true));
+    let want = tok.infill_prompt(&fim, &parts, InfillBudget::new(N_CTX, true));
     let body = json!({"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 4});
     let a = ok(&s, "/infill", &body);
     assert_eq!(a["prompt"], tok.decode(&want).as_str());
@@ -335,10 +363,15 @@ fn code_completion_ends_at_a_shallow_line_or_in_time() {
     assert_eq!(streamed, want);
     // 0: no cut.
     assert_eq!(run(json!({"n_indent": 0}))["content"], text);
-    // A millisecond: the text ends soon after its first newline.
+    // A millisecond: the text ends at the end of its second line.
     let quick = run(json!({"t_max_predict_ms": 1}));
     let q = quick["content"].as_str().unwrap();
-    assert!(text.starts_with(q) && q.contains('\n'), "{q:?} of {text:?}");
+    assert!(text.starts_with(q), "{q:?} of {text:?}");
+    let lines = q.trim_end_matches([' ', '\t']);
+    assert!(
+        lines.ends_with('\n') && lines.matches('\n').count() >= 2,
+        "{q:?}"
+    );
     assert!(quick["tokens_predicted"].as_u64().unwrap() < 48, "{quick}");
     assert_eq!(quick["stop_type"], "limit");
 }

@@ -15,9 +15,9 @@
 //! `post_sampling_probs` is a 400), `return_tokens` (the answer's ids in `tokens`),
 //! `response_fields` (only these fields of the answer, by path: `timings/prompt_n`), and for
 //! code completion `n_indent` (a line after the first that starts less indented ends the
-//! text before its first other character) and `t_max_predict_ms` (once a newline has come,
-//! the text ends when this much time has passed since its first token); both end it as the
-//! token limit does (`stop_type` `limit`).
+//! text before its first other character) and `t_max_predict_ms` (past this time since the
+//! first token, the text ends with the next token that ends a line after the first); both end
+//! it as the token limit does (`stop_type` `limit`).
 //!
 //! The answer: `content`, `stop`, `stop_type` (`eos`, `limit`, `word`; `none` when cut off),
 //! `stopping_word`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached` (prompt and
@@ -174,7 +174,7 @@ pub(super) async fn infill(
             text: e.text,
         })
         .collect();
-    let budget = InfillBudget::new(st.opts.n_ctx, f.n_predict.unwrap_or(-1), st.opts.spm_infill);
+    let budget = InfillBudget::new(st.opts.n_ctx, st.opts.spm_infill);
     let tok = Arc::clone(&st.tokenizer);
     let ids = tokio::task::spawn_blocking(move || {
         let parts = InfillParts {
@@ -182,6 +182,7 @@ pub(super) async fn infill(
             suffix: suffix.ids(&tok, false, false),
             prompt: tok.encode(&prompt, false, true),
             extra: &extra,
+            repository: true,
         };
         tok.infill_prompt(&fim, &parts, budget)
     })

@@ -370,13 +370,10 @@ pub(super) fn completion_job(
     req: &CompletionRequest,
     model: String,
 ) -> Result<Job, ApiError> {
-    let limit = req.params.max_tokens.or(req.params.max_completion_tokens);
     let suffix = req.suffix.as_deref().filter(|s| !s.is_empty());
     let prompt = match (req.prompt.clone(), suffix) {
-        (PromptField::Text(t), Some(s)) => fim_prompt(st, &t, s, limit, "suffix")?,
-        (PromptField::Texts(v), Some(s)) if v.len() == 1 => {
-            fim_prompt(st, &v[0], s, limit, "suffix")?
-        }
+        (PromptField::Text(t), Some(s)) => fim_prompt(st, &t, s, "suffix")?,
+        (PromptField::Texts(v), Some(s)) if v.len() == 1 => fim_prompt(st, &v[0], s, "suffix")?,
         (_, Some(_)) => {
             return Err(ApiError::invalid_param(
                 "suffix",
@@ -415,14 +412,12 @@ pub(super) fn completion_job(
 }
 
 /// A fill-in-the-middle prompt: the model's FIM tokens around `prefix` and `suffix`, cut as
-/// `/infill` cuts them for an answer of at most `limit` tokens
-/// ([`crate::tokenizer::InfillBudget`]; `--spm-infill`'s order). A model without FIM tokens
-/// is a 400 naming `param`.
+/// `/infill` cuts them ([`crate::tokenizer::InfillBudget`]; `--spm-infill`'s order), without
+/// `/infill`'s repository lines. A model without FIM tokens is a 400 naming `param`.
 pub(super) fn fim_prompt(
     st: &AppState,
     prefix: &str,
     suffix: &str,
-    limit: Option<i64>,
     param: &str,
 ) -> Result<Vec<u32>, ApiError> {
     let tok = &st.tokenizer;
@@ -432,7 +427,7 @@ pub(super) fn fim_prompt(
         suffix: tok.encode(suffix, false, false),
         ..Default::default()
     };
-    let budget = InfillBudget::new(st.opts.n_ctx, limit.unwrap_or(-1), st.opts.spm_infill);
+    let budget = InfillBudget::new(st.opts.n_ctx, st.opts.spm_infill);
     Ok(tok.infill_prompt(&fim, &parts, budget))
 }
 

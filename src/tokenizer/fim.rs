@@ -12,6 +12,9 @@
 //! [BOS][FIM_PRE]prefix prompt [FIM_SUF]suffix [FIM_MID]
 //! ```
 //!
+//! Without [`InfillParts::repository`] (a completion's `suffix`, as Ollama's templates write
+//! it) only the last line.
+//!
 //! `spm` order (`--spm-infill`) puts `[FIM_SUF]suffix` before `[FIM_PRE]prefix prompt`. BOS
 //! (where the vocabulary adds one) comes after the extra context, as llama-server puts it.
 //! Texts are tokenized without BOS and without parsing special-token text: a file's
@@ -53,17 +56,18 @@ pub struct InfillParts<'a> {
     pub suffix: Vec<u32>,
     pub prompt: Vec<u32>,
     pub extra: &'a [ExtraChunk],
+    /// The repository lines (FIM_REP, FIM_SEP) before the prefix: llama-server's `/infill`.
+    pub repository: bool,
 }
 
-/// How much of each part fits (llama-server's split): the prefix's last `3/4 n_batch` tokens,
-/// the suffix's first `n_batch/4 - 2 - prompt` tokens, and the extra context's last
-/// `n_ctx - n_batch - 2 n_predict` tokens.
+/// How much of each part fits (llama-server's split, with its default `n_predict` of −1): the
+/// prefix's last `3/4 n_batch` tokens, the suffix's first `n_batch/4 - 2 - prompt` tokens, and
+/// the extra context's last `n_ctx - n_batch + 2` tokens, or fewer where the whole prompt would
+/// not leave a token of the context free (llama-server then refuses the request).
 #[derive(Clone, Copy, Debug)]
 pub struct InfillBudget {
     pub n_batch: usize,
     pub n_ctx: usize,
-    /// The answer's token limit (−1: none given).
-    pub n_predict: i64,
     /// Suffix first (`--spm-infill`).
     pub spm: bool,
 }
@@ -75,11 +79,10 @@ impl InfillBudget {
     /// The split of a context of `n_ctx`: llama-server's batch, or half the context where
     /// that is less (llama-server would give a short context's prefix more room than it has,
     /// and the extra files none).
-    pub fn new(n_ctx: usize, n_predict: i64, spm: bool) -> InfillBudget {
+    pub fn new(n_ctx: usize, spm: bool) -> InfillBudget {
         InfillBudget {
             n_batch: Self::N_BATCH.min(n_ctx / 2),
             n_ctx,
-            n_predict,
             spm,
         }
     }
@@ -121,12 +124,16 @@ impl Tokenizer {
     ) -> Vec<u32> {
         let plain = |text: &str| self.encode(text, false, false);
         let mut extra = Vec::new();
-        if let Some(rep) = fim.rep {
+        let (rep, sep) = match parts.repository {
+            true => (fim.rep, fim.sep),
+            false => (None, None),
+        };
+        if let Some(rep) = rep {
             extra.push(rep);
             extra.extend(plain("myproject\n"));
         }
         for chunk in parts.extra {
-            match fim.sep {
+            match sep {
                 Some(sep) => {
                     extra.push(sep);
                     extra.extend(plain(&format!("{}\n", chunk.filename)));
@@ -135,7 +142,7 @@ impl Tokenizer {
             }
             extra.extend(plain(&chunk.text));
         }
-        if let Some(sep) = fim.sep {
+        if let Some(sep) = sep {
             extra.push(sep);
             extra.extend(plain("filename\n"));
         }
@@ -144,8 +151,12 @@ impl Tokenizer {
         let prefix_take = parts.prefix.len().min(3 * (n_batch / 4));
         let suffix_room = (n_batch / 4).saturating_sub(2 + parts.prompt.len());
         let suffix_take = parts.suffix.len().min(suffix_room);
-        let reserve = n_batch as i64 + 2 * budget.n_predict;
-        let extra_take = (budget.n_ctx as i64 - reserve).clamp(0, extra.len() as i64) as usize;
+        let bos = usize::from(self.add_bos && self.ids.bos.is_some());
+        let rest = bos + prefix_take + parts.prompt.len() + suffix_take + 3;
+        let extra_take = extra
+            .len()
+            .min((budget.n_ctx + 2).saturating_sub(n_batch))
+            .min(budget.n_ctx.saturating_sub(rest + 1));
 
         let mut prefix = vec![fim.pre];
         prefix.extend_from_slice(&parts.prefix[parts.prefix.len() - prefix_take..]);

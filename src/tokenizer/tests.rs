@@ -475,8 +475,9 @@ fn infill_prompt_is_llama_servers_repository_pattern() {
         suffix: e("\n    return z\n"),
         prompt: e("z ="),
         extra: &extra,
+        repository: true,
     };
-    let got = t.infill_prompt(&fim, &parts, InfillBudget::new(4096, 64, false));
+    let got = t.infill_prompt(&fim, &parts, InfillBudget::new(4096, false));
     let mut want = vec![5];
     want.extend(e("myproject\n"));
     for (name, text) in [("a.py\n", "x = 1\n"), ("b.py\n", "y = 2\n")] {
@@ -497,7 +498,7 @@ fn infill_prompt_is_llama_servers_repository_pattern() {
 
     // Suffix first; BOS (where the vocabulary adds it) after the extra context.
     let tb = fim_vocab(&QWEN_FIM, true);
-    let got = tb.infill_prompt(&fim, &parts, InfillBudget::new(4096, 64, true));
+    let got = tb.infill_prompt(&fim, &parts, InfillBudget::new(4096, true));
     let fim_at = want.iter().position(|&id| id == 2).unwrap();
     let mut spm = want[..fim_at].to_vec();
     spm.push(0);
@@ -508,6 +509,15 @@ fn infill_prompt_is_llama_servers_repository_pattern() {
     spm.extend(&parts.prompt);
     spm.push(4);
     assert_eq!(got, spm);
+
+    // Without the repository lines (a completion's suffix): the last line only.
+    let bare = InfillParts {
+        extra: &[],
+        repository: false,
+        ..parts.clone()
+    };
+    let got = t.infill_prompt(&fim, &bare, InfillBudget::new(4096, false));
+    assert_eq!(got, want[fim_at..]);
 }
 
 #[test]
@@ -526,19 +536,21 @@ fn infill_prompt_cuts_each_part_to_its_budget() {
         suffix: e("ABCDEFGHIJ"),
         prompt: e("p"),
         extra: &extra,
+        repository: true,
     };
     let mut all_extra = e("\n\n--- snippet ---\n\n");
     all_extra.extend(e("0123456789"));
-    // n_batch 16: the prefix's last 12 tokens, the suffix's first 16/4 - 2 - 1 = 1; the
-    // context 40 - 16 - 2·5 = 14 leaves the extra context's last 14 tokens.
+    let last = |n: usize| all_extra[all_extra.len() - n..].to_vec();
+    // n_batch 16: the prefix's last 12 tokens, the suffix's first 16/4 - 2 - 1 = 1: with the
+    // FIM tokens 17; the extra context's last 40 - 17 - 1 = 22 tokens leave one of the 40 free
+    // (llama-server's 40 - 16 + 2 = 26 would not).
     let budget = InfillBudget {
         n_batch: 16,
         n_ctx: 40,
-        n_predict: 5,
         spm: false,
     };
     let got = t.infill_prompt(&fim, &parts, budget);
-    let mut want = all_extra[all_extra.len() - 14..].to_vec();
+    let mut want = last(22);
     want.push(2);
     want.extend(e("efghijklmnop"));
     want.extend(e("p"));
@@ -546,16 +558,31 @@ fn infill_prompt_cuts_each_part_to_its_budget() {
     want.extend(e("A"));
     want.push(4);
     assert_eq!(got, want);
-    // No room in the context: no extra context; a budget past the parts takes them whole.
+    assert_eq!(got.len(), 39);
     let tight = InfillBudget {
         n_ctx: 20,
         ..budget
     };
-    assert_eq!(t.infill_prompt(&fim, &parts, tight), want[14..].to_vec());
-    let roomy = t.infill_prompt(&fim, &parts, InfillBudget::new(4096, -1, false));
+    assert_eq!(t.infill_prompt(&fim, &parts, tight), want[20..].to_vec());
+    let none = InfillBudget {
+        n_ctx: 10,
+        ..budget
+    };
+    assert_eq!(t.infill_prompt(&fim, &parts, none), want[22..].to_vec());
+    // Short parts: llama-server's n_ctx - n_batch + 2 of the extra context.
+    let short = InfillParts {
+        prefix: e("abc"),
+        suffix: e("A"),
+        prompt: Vec::new(),
+        ..parts.clone()
+    };
+    let got = t.infill_prompt(&fim, &short, budget);
+    assert_eq!(got[..26], last(26)[..]);
+    assert_eq!(got.len(), 26 + 7);
+    let roomy = t.infill_prompt(&fim, &parts, InfillBudget::new(4096, false));
     assert_eq!(roomy.len(), all_extra.len() + 16 + 1 + 10 + 3);
     // The server's batch is capped by half a short context.
-    assert_eq!(InfillBudget::new(512, -1, false).n_batch, 256);
-    assert_eq!(InfillBudget::new(4096, -1, false).n_batch, 2048);
-    assert_eq!(InfillBudget::new(8192, -1, false).n_batch, 2048);
+    assert_eq!(InfillBudget::new(512, false).n_batch, 256);
+    assert_eq!(InfillBudget::new(4096, false).n_batch, 2048);
+    assert_eq!(InfillBudget::new(8192, false).n_batch, 2048);
 }

@@ -10,8 +10,8 @@ pub struct CodeStops {
     /// empty line too) ends the text before its first other character: the block is done
     /// (0: never).
     pub n_indent: usize,
-    /// Once a newline has been generated, the text ends when this much time has passed since
-    /// its first token.
+    /// Once this much time has passed since the first token, the text ends at the next token
+    /// with a newline after the first newline (that token kept: the text ends at a line's end).
     pub t_max_predict: Option<Duration>,
 }
 
@@ -21,6 +21,8 @@ pub(super) struct CodeWatch {
     stops: CodeStops,
     /// A newline was generated.
     newline: bool,
+    /// The last text followed did hold a newline, after an earlier one.
+    line_end: bool,
     /// The current line's indentation, while it holds only spaces and tabs (and a newline
     /// came before it).
     indent: Option<usize>,
@@ -38,8 +40,10 @@ impl CodeWatch {
 
     /// Follow the emitted `text`: the length of it to keep where a line starts too shallow.
     pub fn cut(&mut self, text: &str) -> Option<usize> {
+        let nl = text.contains('\n');
+        self.line_end = nl && self.newline;
+        self.newline |= nl;
         if self.stops.n_indent == 0 {
-            self.newline |= text.contains('\n');
             return None;
         }
         for (i, c) in text.char_indices() {
@@ -49,21 +53,21 @@ impl CodeWatch {
                 _ => self.indent = None,
             }
             if c == '\n' {
-                self.newline = true;
                 self.indent = Some(0);
             }
         }
         None
     }
 
-    /// Whether the time limit has passed (counting from the first call: the first token).
+    /// Whether the time limit has passed (counting from the first call: the first token) and
+    /// the last text followed ended a line after the first.
     pub fn timed_out(&mut self) -> bool {
         let Some(limit) = self.stops.t_max_predict else {
             return false;
         };
         let now = Instant::now();
         let first = *self.first.get_or_insert(now);
-        self.newline && now - first > limit
+        self.line_end && now - first > limit
     }
 }
 
@@ -118,6 +122,10 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         assert!(!w.timed_out(), "no newline yet");
         assert_eq!(w.cut("d\ne"), None);
+        assert!(!w.timed_out(), "the first newline");
+        assert_eq!(w.cut("f"), None);
+        assert!(!w.timed_out(), "not at a line's end");
+        assert_eq!(w.cut("g\n"), None);
         assert!(w.timed_out());
         let mut never = CodeWatch::new(CodeStops::default());
         never.cut("\n");

@@ -286,7 +286,6 @@ enum Emit {
 }
 
 impl Active<'_> {
-    /// Send `text`, holding back any tail that may begin a stop sequence.
     /// Send `text`, holding back any tail that may begin a stop sequence; what is sent
     /// passes the request's [`CodeStops`] first.
     fn emit(&mut self, text: &str) -> Emit {
@@ -887,7 +886,11 @@ impl<'t> Scheduler<'t> {
         self.piece.clear();
         a.stream.push_into(t, &mut self.piece);
         let end = match a.emit(&self.piece) {
-            Emit::Continue if a.code.timed_out() => Some(FinishReason::Length),
+            Emit::Continue if a.code.timed_out() => {
+                // (The text held back for a stop sequence goes out first.)
+                self.finish_with(slot, FinishReason::Length, true);
+                return None;
+            }
             Emit::Continue => None,
             Emit::StopHit => Some(FinishReason::Stop),
             Emit::Cut => Some(FinishReason::Length),

@@ -13,8 +13,9 @@
 //!   final line. No messages: `done_reason` `load` (`unload` with `keep_alive` 0).
 //! - `POST /api/generate`: `prompt` as a user turn of the model's chat template after
 //!   `system`, or as it is with `raw`; an empty prompt answers as no messages do. With a
-//!   `suffix`, the model fills in the middle between `prompt` and it (its FIM tokens, as
-//!   `/infill` puts them; a model without them: `does not support insert`, as Ollama says).
+//!   `suffix` (not `raw`), the model fills in the middle between `prompt` and it (its FIM
+//!   tokens, as Ollama's templates put them; a model without them: `does not support
+//!   insert`, as Ollama says).
 //! - `POST /api/embed` (`input`: a text or a list of texts; L2-normalized) and the older
 //!   `POST /api/embeddings` (`prompt`; as pooled): with `--embeddings`, as `/v1/embeddings`.
 //! - `GET /api/tags`, `GET /api/ps`, `POST /api/show` (`{arch}.context_length`: the server's
@@ -368,17 +369,17 @@ async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
         .into());
     }
     let stream = common.stream.unwrap_or(true);
-    let suffix = fields.suffix.as_deref().filter(|s| !s.is_empty());
-    if fields.prompt.is_empty() && suffix.is_none() {
+    // (Ollama fills in the middle only through a template: not with `raw`.)
+    let suffix = (fields.suffix.as_deref()).filter(|s| !s.is_empty() && !fields.raw);
+    if fields.prompt.is_empty() {
         let reason = load_reason(&common.keep_alive);
         return Ok(Json(loaded(Kind::Generate, model, start, reason)).into_response());
     }
     let mut req = params(&common)?;
     let mut job = if let Some(suffix) = suffix {
-        // (Fill in the middle: the model's FIM tokens, whatever `raw` and `system` say, as
-        // Ollama's code models' templates do.)
-        let limit = common.options.num_predict;
-        let ids = fim_prompt(&st, &fields.prompt, suffix, limit, "suffix").map_err(|e| {
+        // (Fill in the middle: the model's FIM tokens around the prompt and the suffix, as
+        // Ollama's code models' templates put them, whatever `system` says.)
+        let ids = fim_prompt(&st, &fields.prompt, suffix, "suffix").map_err(|e| {
             ApiError::invalid_param(
                 "suffix",
                 format!("{model} does not support insert: {}", e.message),
