@@ -78,7 +78,8 @@ impl Linear {
     /// [`Linear::repacked`] for the output (logits) matrix, whose 32-element formats then sum
     /// whole blocks (`quant::repacking_for_logits`).
     pub fn repacked_for_logits(self) -> Linear {
-        let choice = quant::repacking_for_logits(&self.kernels, self.out_dim, self.in_dim);
+        let choice = quant::repacking_for_logits(&self.kernels, self.out_dim, self.in_dim)
+            .filter(|_| quant::logits_repack_pays(&self.kernels));
         self.repacked_as(choice)
     }
 

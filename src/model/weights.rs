@@ -392,5 +392,10 @@ pub fn repacked_at_load(f: &GgufFile, t: &crate::gguf::TensorInfo) -> bool {
     {
         return false;
     }
-    quant::kernels(t.ty).is_ok_and(|k| quant::repacking(&k, t.shape[1], t.shape[0]).is_some())
+    // (The output matrix: `OUTPUT`, or the tied embedding.)
+    let logits = t.name == names::OUTPUT || t.name == names::TOKEN_EMBD;
+    quant::kernels(t.ty).is_ok_and(|k| {
+        (!logits || quant::logits_repack_pays(&k))
+            && quant::repacking(&k, t.shape[1], t.shape[0]).is_some()
+    })
 }

@@ -222,6 +222,28 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
     repacking_in(k, rows, n, false)
 }
 
+/// Whether the loader takes [`repacking_for_logits`]' layout for an output matrix of `k`'s
+/// format on this CPU: every one but Q6_K's 16-row groups on a Zen 4 (`x86::is_zen4`: there
+/// the row-major kernel streams a large matrix three times faster, in the same arithmetic, so
+/// with the same bits; the output matrix is decoded once per token and multiplied by one row
+/// of a prompt, so its groups' faster prompt products gain nothing). Measured there
+/// (2 threads): a Llama-1B shape with a 215 MB Q6_K output matrix decodes at 51-54 tok/s
+/// against 37-40 with the groups. The layers' Q6_K matrices keep their groups (Gemma-3's
+/// prompts run 5-10% faster with them). `KILN_Q6K_GROUPS=0` or `1` overrides the choice.
+pub fn logits_repack_pays(k: &Kernels) -> bool {
+    if k.weight != GgmlType::Q6K {
+        return true;
+    }
+    match std::env::var("KILN_Q6K_GROUPS").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        #[cfg(target_arch = "x86_64")]
+        _ => !x86::is_zen4(),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => true,
+    }
+}
+
 /// [`repacking`] for a matrix whose products feed no later quantization, the output (logits)
 /// matrix: the same layout, but the 32-element formats' groups sum each block's whole integer
 /// dot before one conversion and one fused multiply-add ([`kquant_order::t32_dot_blocks`])
