@@ -227,8 +227,8 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
 /// the row-major kernel streams a large matrix three times faster, in the same arithmetic, so
 /// with the same bits; the output matrix is decoded once per token and multiplied by one row
 /// of a prompt, so its groups' faster prompt products gain nothing). Measured there
-/// (2 threads): a Llama-1B shape with a 215 MB Q6_K output matrix decodes at 51-54 tok/s
-/// against 37-40 with the groups. The layers' Q6_K matrices keep their groups (Gemma-3's
+/// (2 threads, session 47): a Llama-1B shape with a 215 MB Q6_K output matrix decoded at
+/// 41-50 tok/s against 31-37 with the groups (alternating runs of one build). The layers' Q6_K matrices keep their groups (Gemma-3's
 /// prompts run 5-10% faster with them). `KILN_Q6K_GROUPS=0` or `1` overrides the choice.
 pub fn logits_repack_pays(k: &Kernels) -> bool {
     if k.weight != GgmlType::Q6K {

@@ -502,7 +502,17 @@ fn stream(
                 None => continue,
                 Some(Ok(v)) => {
                     let last = v["stop"] == true;
-                    let v = if last { a.select(v) } else { v };
+                    let v = match last {
+                        true => {
+                            // (Tokens whose text never came: a stop word's, a cut line's.)
+                            let mut v = v;
+                            if a.sent < a.tokens.len() {
+                                a.add_tokens(&mut v, a.sent);
+                            }
+                            a.select(v)
+                        }
+                        false => v,
+                    };
                     return Some((Ok(Event::default().data(v.to_string())), (a, rx, last)));
                 }
                 Some(Err(e)) => {
