@@ -76,10 +76,10 @@ impl Linear {
     }
 
     /// [`Linear::repacked`] for the output (logits) matrix, whose 32-element formats then sum
-    /// whole blocks (`quant::repacking_for_logits`).
+    /// whole blocks (`quant::repacking_for_logits`), where that layout pays on this CPU
+    /// (`quant::logits_layout`).
     pub fn repacked_for_logits(self) -> Linear {
-        let choice = quant::repacking_for_logits(&self.kernels, self.out_dim, self.in_dim)
-            .filter(|_| quant::logits_repack_pays(&self.kernels));
+        let choice = quant::logits_layout(&self.kernels, self.out_dim, self.in_dim);
         self.repacked_as(choice)
     }
 

@@ -392,10 +392,11 @@ pub fn repacked_at_load(f: &GgufFile, t: &crate::gguf::TensorInfo) -> bool {
     {
         return false;
     }
-    // (The output matrix: `OUTPUT`, or the tied embedding.)
+    // (The output matrix, `OUTPUT` or the tied embedding, is repacked for logits.)
     let logits = t.name == names::OUTPUT || t.name == names::TOKEN_EMBD;
-    quant::kernels(t.ty).is_ok_and(|k| {
-        (!logits || quant::logits_repack_pays(&k))
-            && quant::repacking(&k, t.shape[1], t.shape[0]).is_some()
+    let (rows, n) = (t.shape[1], t.shape[0]);
+    quant::kernels(t.ty).is_ok_and(|k| match logits {
+        true => quant::logits_layout(&k, rows, n).is_some(),
+        false => quant::repacking(&k, rows, n).is_some(),
     })
 }

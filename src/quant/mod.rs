@@ -222,15 +222,16 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
     repacking_in(k, rows, n, false)
 }
 
-/// Whether the loader takes [`repacking_for_logits`]' layout for an output matrix of `k`'s
-/// format on this CPU: every one but Q6_K's 16-row groups on a Zen 4 (`x86::is_zen4`: there
-/// the row-major kernel streams a large matrix three times faster, in the same arithmetic, so
-/// with the same bits; the output matrix is decoded once per token and multiplied by one row
-/// of a prompt, so its groups' faster prompt products gain nothing). Measured there
-/// (2 threads, session 47): a Llama-1B shape with a 215 MB Q6_K output matrix decoded at
-/// 41-50 tok/s against 31-37 with the groups (alternating runs of one build). The layers' Q6_K matrices keep their groups (Gemma-3's
-/// prompts run 5-10% faster with them). `KILN_Q6K_GROUPS=0` or `1` overrides the choice.
-pub fn logits_repack_pays(k: &Kernels) -> bool {
+/// Whether an output matrix of `k`'s format gains from its repacked layout on this CPU: every
+/// one but Q6_K's 16-row groups on a Zen 4 (`x86::is_zen4`: there the row-major kernel streams
+/// a large matrix three times faster, in the same arithmetic, so with the same bits; the
+/// output matrix is decoded once per token and multiplied by one row of a prompt, so its
+/// groups' faster prompt products gain nothing). Measured there (2 threads, session 47): a
+/// Llama-1B shape with a 215 MB Q6_K output matrix decoded at 41-50 tok/s against 31-37 with
+/// the groups (alternating runs of one build). The layers' Q6_K matrices keep their groups
+/// (Gemma-3's prompts run 5-10% faster with them). `KILN_Q6K_GROUPS=0` or `1` overrides the
+/// choice.
+fn logits_repack_pays(k: &Kernels) -> bool {
     if k.weight != GgmlType::Q6K {
         return true;
     }
@@ -259,6 +260,12 @@ pub fn repacking_for_logits(
     n: usize,
 ) -> Option<(repack::RepackFn, Kernels)> {
     repacking_in(k, rows, n, true)
+}
+
+/// The layout the loader gives an output matrix of `k`'s format on this CPU (and the memory
+/// plan counts): [`repacking_for_logits`]', where it pays here ([`logits_repack_pays`]).
+pub fn logits_layout(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn, Kernels)> {
+    repacking_for_logits(k, rows, n).filter(|_| logits_repack_pays(k))
 }
 
 /// [`repacking`], in the block-sum order for the 32-element formats when `whole`.

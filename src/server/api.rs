@@ -170,12 +170,17 @@ impl Body for CompletionRequest {
 
 /// Parse a JSON body: malformed JSON and wrong types are 400s naming the field.
 pub fn parse<T: Body>(body: &[u8]) -> Result<T, ApiError> {
-    let value: Value = serde_json::from_slice(body)
+    T::from_json(&object(body)?)
+}
+
+/// A request's JSON body, which must be an object (else a 400 saying what it is not).
+pub(crate) fn object(body: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
+    match v.is_object() {
+        true => Ok(v),
+        false => Err(ApiError::bad_request("the body must be a JSON object")),
     }
-    T::from_json(&value)
 }
 
 pub(crate) fn typed<'v, T: Deserialize<'v>>(value: &'v Value) -> Result<T, ApiError> {

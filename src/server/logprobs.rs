@@ -16,7 +16,8 @@ use serde_json::{json, Map, Value};
 use crate::engine::logprobs::TokenLogprobs;
 use crate::tokenizer::Tokenizer;
 
-fn finite(lp: f32) -> f64 {
+/// A log-probability for JSON: `-inf` as -9999.0.
+pub(super) fn finite(lp: f32) -> f64 {
     if lp.is_finite() {
         lp as f64
     } else {

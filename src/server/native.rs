@@ -41,6 +41,7 @@ use tokio::sync::mpsc;
 
 use super::api::{self, Body as RequestBody, CompletionRequest};
 use super::error::ApiError;
+use super::logprobs::finite;
 use super::respond::{self, Ev, Job};
 use super::routes::{check_model, completion_job, read_body};
 use super::tokens::{MixedPart, TokenizeContent};
@@ -93,7 +94,7 @@ pub(super) async fn completion(
     body: Body,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let v = read_object(&st, &headers, body).await?;
+    let v = api::object(&read_body(&st, &headers, body).await?)?;
     let mut f: Fields = api::typed(&v)?;
     let prompt = match f.prompt.take() {
         None => return refuse("prompt", "prompt is required"),
@@ -119,19 +120,7 @@ pub(super) async fn completion(
 struct InfillFields {
     input_prefix: Option<TokenizeContent>,
     input_suffix: Option<TokenizeContent>,
-    input_extra: Option<Vec<ExtraFile>>,
-}
-
-/// An `input_extra` item.
-#[derive(Deserialize)]
-struct ExtraFile {
-    text: String,
-    #[serde(default = "tmp")]
-    filename: String,
-}
-
-fn tmp() -> String {
-    "tmp".into()
+    input_extra: Option<Vec<ExtraChunk>>,
 }
 
 /// `POST /infill`: fill in the middle, llama-server's way (llama.vscode, llama.vim, Tabby's
@@ -147,7 +136,7 @@ pub(super) async fn infill(
     body: Body,
 ) -> Result<Response, ApiError> {
     let start = Instant::now();
-    let v = read_object(&st, &headers, body).await?;
+    let v = api::object(&read_body(&st, &headers, body).await?)?;
     let mut f: Fields = api::typed(&v)?;
     let i: InfillFields = api::typed(&v)?;
     let fim = st
@@ -168,12 +157,7 @@ pub(super) async fn infill(
     let vocab = st.model.config.vocab_size;
     prefix.check("input_prefix", vocab)?;
     suffix.check("input_suffix", vocab)?;
-    let extra: Vec<ExtraChunk> = (i.input_extra.unwrap_or_default().into_iter())
-        .map(|e| ExtraChunk {
-            filename: e.filename,
-            text: e.text,
-        })
-        .collect();
+    let extra = i.input_extra.unwrap_or_default();
     let budget = InfillBudget::new(st.opts.n_ctx, st.opts.spm_infill);
     let tok = Arc::clone(&st.tokenizer);
     let ids = tokio::task::spawn_blocking(move || {
@@ -193,16 +177,6 @@ pub(super) async fn infill(
 
 fn refuse<T>(param: &str, why: &str) -> Result<T, ApiError> {
     Err(ApiError::invalid_param(param, why))
-}
-
-/// The request's body, a JSON object.
-async fn read_object(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
-    let v: Value = serde_json::from_slice(&read_body(st, headers, body).await?)
-        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    match v {
-        Value::Object(_) => Ok(v),
-        _ => Err(ApiError::bad_request("the body must be a JSON object")),
-    }
 }
 
 /// Generate from the prompt `ids` with the request's fields (`v`, `f`), and answer as
@@ -380,12 +354,7 @@ impl Answer {
                 // (Cut before the incomplete character, as llama-server's `validate_utf8`.)
                 Err(e) => std::str::from_utf8(&bytes[..e.valid_up_to()]).unwrap_or_default(),
             };
-            let logprob = if logprob.is_finite() {
-                logprob as f64
-            } else {
-                -9999.0
-            };
-            json!({"id": id, "token": valid, "bytes": bytes, "logprob": logprob})
+            json!({"id": id, "token": valid, "bytes": bytes, "logprob": finite(logprob)})
         };
         let mut v = one(lp.token, lp.logprob);
         let top: Vec<Value> = lp.top.iter().map(|&(id, l)| one(id, l)).collect();

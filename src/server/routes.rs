@@ -372,8 +372,8 @@ pub(super) fn completion_job(
 ) -> Result<Job, ApiError> {
     let suffix = req.suffix.as_deref().filter(|s| !s.is_empty());
     let prompt = match (req.prompt.clone(), suffix) {
-        (PromptField::Text(t), Some(s)) => fim_prompt(st, &t, s, "suffix")?,
-        (PromptField::Texts(v), Some(s)) if v.len() == 1 => fim_prompt(st, &v[0], s, "suffix")?,
+        (PromptField::Text(t), Some(s)) => fim_prompt(st, &t, s)?,
+        (PromptField::Texts(v), Some(s)) if v.len() == 1 => fim_prompt(st, &v[0], s)?,
         (_, Some(_)) => {
             return Err(ApiError::invalid_param(
                 "suffix",
@@ -413,15 +413,10 @@ pub(super) fn completion_job(
 
 /// A fill-in-the-middle prompt: the model's FIM tokens around `prefix` and `suffix`, cut as
 /// `/infill` cuts them ([`crate::tokenizer::InfillBudget`]; `--spm-infill`'s order), without
-/// `/infill`'s repository lines. A model without FIM tokens is a 400 naming `param`.
-pub(super) fn fim_prompt(
-    st: &AppState,
-    prefix: &str,
-    suffix: &str,
-    param: &str,
-) -> Result<Vec<u32>, ApiError> {
+/// `/infill`'s repository lines. A model without FIM tokens is a 400 naming `suffix`.
+pub(super) fn fim_prompt(st: &AppState, prefix: &str, suffix: &str) -> Result<Vec<u32>, ApiError> {
     let tok = &st.tokenizer;
-    let fim = (tok.fim_tokens()).map_err(|e| ApiError::invalid_param(param, e.to_string()))?;
+    let fim = (tok.fim_tokens()).map_err(|e| ApiError::invalid_param("suffix", e.to_string()))?;
     let parts = InfillParts {
         prefix: tok.encode(prefix, false, false),
         suffix: tok.encode(suffix, false, false),

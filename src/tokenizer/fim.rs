@@ -41,11 +41,19 @@ pub struct NoFimTokens {
     missing: String,
 }
 
-/// One extra file of context (`input_extra`): its name and text.
-#[derive(Clone, Debug, Default)]
+/// One extra file of context (`input_extra`, as llama-server reads it: `filename` "tmp" when
+/// not given).
+#[derive(Clone, Debug, Default, serde::Deserialize)]
 pub struct ExtraChunk {
+    #[serde(default = "ExtraChunk::unnamed")]
     pub filename: String,
     pub text: String,
+}
+
+impl ExtraChunk {
+    fn unnamed() -> String {
+        "tmp".into()
+    }
 }
 
 /// What a FIM prompt is made of, tokenized: the text before the cursor, after it, and an
@@ -92,16 +100,11 @@ impl Tokenizer {
     /// The vocabulary's FIM tokens, or which of the three needed are missing.
     pub fn fim_tokens(&self) -> Result<FimTokens, NoFimTokens> {
         let ids = &self.ids;
-        let mut missing = String::new();
-        for (id, what) in [
+        let needed = [
             (ids.fim_pre, "prefix"),
             (ids.fim_suf, "suffix"),
             (ids.fim_mid, "middle"),
-        ] {
-            if id.is_none() {
-                missing.push_str(&format!("{what} token is missing. "));
-            }
-        }
+        ];
         match (ids.fim_pre, ids.fim_suf, ids.fim_mid) {
             (Some(pre), Some(suf), Some(mid)) => Ok(FimTokens {
                 pre,
@@ -110,7 +113,11 @@ impl Tokenizer {
                 rep: ids.fim_rep,
                 sep: ids.fim_sep,
             }),
-            _ => Err(NoFimTokens { missing }),
+            _ => Err(NoFimTokens {
+                missing: (needed.iter().filter(|(id, _)| id.is_none()))
+                    .map(|(_, what)| format!("{what} token is missing. "))
+                    .collect(),
+            }),
         }
     }
 

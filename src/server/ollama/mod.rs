@@ -172,16 +172,6 @@ struct GenerateFields {
     context: Option<Vec<Value>>,
 }
 
-/// The JSON body of a request (an object).
-fn object(body: &[u8]) -> Result<Value, ApiError> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    match v.is_object() {
-        true => Ok(v),
-        false => Err(ApiError::bad_request("the body must be a JSON object")),
-    }
-}
-
 /// Check an Ollama model name: the served model's id or an alias, with or without
 /// `:latest`. Answers name the model as the request did.
 fn model(st: &AppState, name: &Option<String>) -> Result<String, ApiError> {
@@ -326,7 +316,7 @@ async fn read_request<T: serde::de::DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Common, T, String), ApiError> {
-    let v = object(&read_body(st, headers, body).await?)?;
+    let v = api::object(&read_body(st, headers, body).await?)?;
     let common: Common = api::typed(&v)?;
     let fields: T = api::typed(&v)?;
     let model = model(st, &common.model)?;
@@ -379,7 +369,7 @@ async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let mut job = if let Some(suffix) = suffix {
         // (Fill in the middle: the model's FIM tokens around the prompt and the suffix, as
         // Ollama's code models' templates put them, whatever `system` says.)
-        let ids = fim_prompt(&st, &fields.prompt, suffix, "suffix").map_err(|e| {
+        let ids = fim_prompt(&st, &fields.prompt, suffix).map_err(|e| {
             ApiError::invalid_param(
                 "suffix",
                 format!("{model} does not support insert: {}", e.message),

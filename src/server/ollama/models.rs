@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use sha2::Digest;
 
 use super::answer::{nanos, rfc3339};
-use super::{model, object, Answer, St};
+use super::{model, Answer, St};
 use crate::engine::pooling::EmbedSpec;
 use crate::gguf::summary::ModelSummary;
 use crate::server::api;
@@ -34,7 +34,7 @@ struct EmbedFields {
 pub(super) async fn embed(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let start = Instant::now();
     let pooling = embeddings::pooling(&st)?;
-    let v = object(&read_body(&st, &headers, body).await?)?;
+    let v = api::object(&read_body(&st, &headers, body).await?)?;
     let f: EmbedFields = api::typed(&v)?;
     let model = model(&st, &f.model)?;
     embeddings::check_dimensions(&st, f.dimensions.as_ref())?;
@@ -74,7 +74,7 @@ pub(super) async fn embed(State(st): St, headers: HeaderMap, body: Body) -> Answ
 /// `/api/embeddings` (Ollama's first embedding route): `prompt`, one vector, as pooled.
 pub(super) async fn embeddings_one(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let pooling = embeddings::pooling(&st)?;
-    let v = object(&read_body(&st, &headers, body).await?)?;
+    let v = api::object(&read_body(&st, &headers, body).await?)?;
     let f: EmbedFields = api::typed(&v)?;
     model(&st, &f.model)?;
     let prompt = f.prompt.unwrap_or_default();
@@ -137,7 +137,7 @@ struct ShowFields {
 /// long a prompt may be; kiln refuses a longer one, Ollama would cut it) and `parameters`
 /// saying `num_ctx`.
 pub(super) async fn show(State(st): St, headers: HeaderMap, body: Body) -> Answer {
-    let v = object(&read_body(&st, &headers, body).await?)?;
+    let v = api::object(&read_body(&st, &headers, body).await?)?;
     let f: ShowFields = api::typed(&v)?;
     model(&st, &f.model.or(f.name))?;
     let file = &st.model.file;
