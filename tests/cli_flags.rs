@@ -330,9 +330,9 @@ fn help_groups_flags_as_llama_cpp_does() {
     }
 }
 
-/// `KILN_Q6K_GROUPS` (the output matrix's Q6_K layout, rows on a Zen 4, 16-row groups on other
-/// AVX-512 VNNI CPUs) changes no bit: the same perplexity over prompt-sized products and the
-/// same greedy text, whichever layout the CPU takes.
+/// `KILN_Q6K_GROUPS` (the output matrix's Q6_K layout: 16-row groups on AVX-512 VNNI, or rows)
+/// changes no bit: the same perplexity over prompt-sized products and the same greedy text,
+/// whichever layout the matrix takes.
 #[test]
 fn q6k_output_layouts_give_the_same_bits() {
     let model = common::random_model("random-llama-q6_k");

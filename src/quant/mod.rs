@@ -222,27 +222,15 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
     repacking_in(k, rows, n, false)
 }
 
-/// Whether an output matrix of `k`'s format gains from its repacked layout on this CPU: every
-/// one but Q6_K's 16-row groups on a Zen 4 (`x86::is_zen4`: there the row-major kernel streams
-/// a large matrix three times faster, in the same arithmetic, so with the same bits; the
-/// output matrix is decoded once per token and multiplied by one row of a prompt, so its
-/// groups' faster prompt products gain nothing). Measured there (2 threads, session 47): a
-/// Llama-1B shape with a 215 MB Q6_K output matrix decoded at 41-50 tok/s against 31-37 with
-/// the groups (alternating runs of one build). The layers' Q6_K matrices keep their groups
-/// (Gemma-3's prompts run 5-10% faster with them). `KILN_Q6K_GROUPS=0` or `1` overrides the
-/// choice.
+/// Whether an output matrix of `k`'s format takes its repacked layout: always, but
+/// `KILN_Q6K_GROUPS=0` keeps a Q6_K one row-major (the same arithmetic, so the same bits: an A/B
+/// of the layouts). Session 47 kept it row-major on a Zen 4, where its 16-row groups then
+/// streamed from memory at a third of the rows' speed; session 48 found the cause (the kernel's
+/// order of reading a group, and asking ahead for lines the Zen 4 fetched better alone:
+/// `x86::avx2::asks_ahead`) and the two layouts now decode a Llama-1B shape's 215 MB Q6_K
+/// output matrix equally fast there (55.6-57.5 tok/s, 2 threads).
 fn logits_repack_pays(k: &Kernels) -> bool {
-    if k.weight != GgmlType::Q6K {
-        return true;
-    }
-    match std::env::var("KILN_Q6K_GROUPS").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        #[cfg(target_arch = "x86_64")]
-        _ => !x86::is_zen4(),
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => true,
-    }
+    k.weight != GgmlType::Q6K || std::env::var("KILN_Q6K_GROUPS").as_deref() != Ok("0")
 }
 
 /// [`repacking`] for a matrix whose products feed no later quantization, the output (logits)

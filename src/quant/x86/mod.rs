@@ -49,10 +49,8 @@ pub(super) fn has_avx512vnni() -> bool {
 pub(super) use amx::has_amx;
 
 /// An AMD Zen 4 (family 25 with AVX-512): its 512-bit operations run as two 256-bit halves,
-/// and a repacked Q6_K group's decode streams from memory at a third of the row-major
-/// kernel's speed there (`cargo bench --bench quant -- "matvec/Q6_K"` with
-/// `KILN_BENCH_ROWS=16384`: 7.4 against 22 GiB/s on one core; in cache both run at about
-/// 30 GiB/s). (The groups were adopted on a Zen 5; this change measured only the Zen 4.)
+/// and its own prefetcher streams the 16-row groups faster than asking ahead by hand does
+/// (`avx2::asks_ahead`).
 pub(super) fn is_zen4() -> bool {
     static ZEN4: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ZEN4.get_or_init(|| {

@@ -11,7 +11,7 @@
 
 use super::avx2::{f32_at, prefetch_ahead, Q8K_BYTES};
 use crate::quant::kquant_order::TILED_MIN_ROWS;
-use crate::quant::repack::{GROUP, Q6K_X16_BYTES};
+use crate::quant::repack::{q6k_x16_high, q6k_x16_low, GROUP, Q6K_X16_BYTES};
 use core::arch::x86_64::*;
 
 /// One 16-row group (`w`) against `nx` activation rows: `out[j * out_stride + r]` for rows
@@ -59,13 +59,13 @@ pub(super) unsafe fn gemm_tf(
 #[inline(always)]
 unsafe fn quants(sb: *const u8, c: usize, l: usize) -> __m512i {
     let four = _mm512_set1_epi8(0x0F);
-    let nib = _mm512_loadu_si512(sb.add(288 + 64 * (8 * (c % 4) + l)).cast());
+    let nib = _mm512_loadu_si512(sb.add(q6k_x16_low(c % 4, l)).cast());
     let low = if c < 4 {
         _mm512_and_si512(nib, four)
     } else {
         _mm512_and_si512(_mm512_srli_epi32::<4>(nib), four)
     };
-    let hb = _mm512_loadu_si512(sb.add(2336 + 64 * (8 * (c % 2) + l)).cast());
+    let hb = _mm512_loadu_si512(sb.add(q6k_x16_high(c % 2, l)).cast());
     // Bits 2k, 2k+1 of each byte (k = c / 2) moved to bits 4, 5.
     let high = match c / 2 {
         0 => _mm512_slli_epi32::<4>(hb),
@@ -82,6 +82,17 @@ unsafe fn quants(sb: *const u8, c: usize, l: usize) -> __m512i {
 #[inline(always)]
 unsafe fn scale_pair(sb: *const u8, p: usize) -> __m512i {
     _mm512_cvtepi8_epi16(_mm256_loadu_si256(sb.add(32 + 32 * p).cast()))
+}
+
+/// Per row, the scales of a pair (`scale_pair`) each in both i16 halves of a dword: `[group
+/// 2p, group 2p + 1]`.
+#[inline(always)]
+unsafe fn dup_scales(pair: __m512i) -> [__m512i; 2] {
+    let low16 = _mm512_set1_epi32(0xFFFF);
+    [
+        _mm512_ternarylogic_epi32::<0xE4>(pair, _mm512_slli_epi32::<16>(pair), low16),
+        _mm512_ternarylogic_epi32::<0xD8>(pair, _mm512_srli_epi32::<16>(pair), low16),
+    ]
 }
 
 /// Two i16 of activation row `xp`'s block at byte `off`, broadcast.
@@ -145,7 +156,6 @@ unsafe fn tiled<const T: usize>(
 /// `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`.
 #[inline(always)]
 unsafe fn lanes(nb: usize, w: *const u8, x: *const u8) -> __m512 {
-    let low16 = _mm512_set1_epi32(0xFFFF);
     let mut acc = [_mm512_setzero_ps(); 8];
     for b in 0..nb {
         let sb = w.add(b * Q6K_X16_BYTES);
@@ -156,17 +166,22 @@ unsafe fn lanes(nb: usize, w: *const u8, x: *const u8) -> __m512 {
             _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast())),
         );
         let mut lane = [_mm512_setzero_si512(); 8];
-        for c in 0..8 {
-            let pair = scale_pair(sb, c);
-            // Each row's scale of group 2c (then 2c+1) in both i16 halves of its dword.
+        // Chunks c and c + 4 share their low-bit lines: taken together, the super-block is
+        // read once, front to back (integer sums: any order gives the same lanes).
+        for c in 0..4 {
+            // Each row's scale of group 2c' (then 2c'+1) in both i16 halves of its dword, for
+            // chunks c' = c and c + 4.
             let dup = [
-                _mm512_ternarylogic_epi32::<0xE4>(pair, _mm512_slli_epi32::<16>(pair), low16),
-                _mm512_ternarylogic_epi32::<0xD8>(pair, _mm512_srli_epi32::<16>(pair), low16),
+                dup_scales(scale_pair(sb, c)),
+                dup_scales(scale_pair(sb, c + 4)),
             ];
             for (l, v) in lane.iter_mut().enumerate() {
-                let q = quants(sb, c, l);
-                let p = _mm512_maddubs_epi16(q, bcast(xp, 4 + 32 * c + 4 * l));
-                *v = _mm512_dpwssd_epi32(*v, p, dup[l / 4]);
+                for (h, dup) in dup.iter().enumerate() {
+                    let c = c + 4 * h;
+                    let q = quants(sb, c, l);
+                    let p = _mm512_maddubs_epi16(q, bcast(xp, 4 + 32 * c + 4 * l));
+                    *v = _mm512_dpwssd_epi32(*v, p, dup[l / 4]);
+                }
             }
         }
         for (l, (v, a)) in lane.iter().zip(acc.iter_mut()).enumerate() {

@@ -94,15 +94,31 @@ pub(super) unsafe fn loadu128(p: *const u8) -> __m128i {
 /// 42-43 → 47-50.
 const PREFETCH_BYTES: usize = 4096;
 
+/// Whether the group kernels ask for weights ahead ([`prefetch_ahead`]): everywhere but on a
+/// Zen 4, whose own prefetcher streams the groups faster alone. There, one core's
+/// `cargo bench --bench quant -- "matvec/.* x"` with `KILN_BENCH_ROWS=65536` (from memory)
+/// without asking against asking: Q6_K 22.5 against 10.3 GiB/s, the other AVX-512 VNNI groups
+/// 21-25 against 19-21. `KILN_PREFETCH=0` or `1` overrides the choice.
+pub(in crate::quant::x86) fn asks_ahead() -> bool {
+    static ASK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ASK.get_or_init(|| match std::env::var("KILN_PREFETCH").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => !super::is_zen4(),
+    })
+}
+
 /// Asks for the cache lines `PREFETCH_BYTES` past those of the `bytes` (a block of a group)
 /// at `sb`: the next blocks of the group, then the next group's (a thread's rows are
-/// consecutive groups).
+/// consecutive groups). Nothing where the CPU streams better alone ([`asks_ahead`]).
 ///
 /// # Safety
 /// SSE (a prefetch never faults, wherever it points).
 #[inline(always)]
 pub(super) unsafe fn prefetch_ahead(sb: *const u8, bytes: usize) {
-    prefetch_lines(sb.wrapping_add(PREFETCH_BYTES), bytes)
+    if asks_ahead() {
+        prefetch_lines(sb.wrapping_add(PREFETCH_BYTES), bytes)
+    }
 }
 
 /// Asks for the cache lines of the `bytes` at `p`.
