@@ -229,7 +229,7 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
 /// order of reading a group, and asking ahead for lines the Zen 4 fetched better alone:
 /// `x86::avx2::asks_ahead`) and the two layouts now decode a Llama-1B shape's 215 MB Q6_K
 /// output matrix equally fast there (55.6-57.5 tok/s, 2 threads).
-fn logits_repack_pays(k: &Kernels) -> bool {
+fn logits_keep_groups(k: &Kernels) -> bool {
     k.weight != GgmlType::Q6K || std::env::var("KILN_Q6K_GROUPS").as_deref() != Ok("0")
 }
 
@@ -251,9 +251,9 @@ pub fn repacking_for_logits(
 }
 
 /// The layout the loader gives an output matrix of `k`'s format on this CPU (and the memory
-/// plan counts): [`repacking_for_logits`]', where it pays here ([`logits_repack_pays`]).
+/// plan counts): [`repacking_for_logits`]', where it pays here ([`logits_keep_groups`]).
 pub fn logits_layout(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn, Kernels)> {
-    repacking_for_logits(k, rows, n).filter(|_| logits_repack_pays(k))
+    repacking_for_logits(k, rows, n).filter(|_| logits_keep_groups(k))
 }
 
 /// [`repacking`], in the block-sum order for the 32-element formats when `whole`.

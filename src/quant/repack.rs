@@ -30,8 +30,8 @@
 //! A low-bit line `(c', l)` holds, in byte `4r + e`, `u & 15` of row `r`'s element `32c' + 4l + e`
 //! in its low nibble and of element `32(c' + 4) + 4l + e` in its high nibble. A high-bit line
 //! `(c', l)` holds, in byte `4r + e`, `u >> 4` of element `32(c' + 2k) + 4l + e` in bits
-//! `2k, 2k + 1` (`k` < 4). A kernel taking chunks `c'` and `c' + 4` together reads the
-//! super-block once, front to back (read chunk by chunk out of that order, the lines came from
+//! `2k, 2k + 1` (`k` < 4). A kernel taking chunks `c'` and `c' + 4` together first touches the
+//! super-block's lines front to back (read chunk by chunk out of that order, the lines came from
 //! memory at a third of the speed on a Zen 4).
 //!
 //! **Q4_0, Q4_1, Q5_0, Q5_1 × 16** ([`Nib32`]): block `b` (32 elements) of the 16 rows is one
@@ -191,6 +191,7 @@ fn q6k_set(blk: &mut [u8], i: usize, u: u8) {
 /// `c < 4` (its low nibbles; its high nibbles are chunk `c + 4`'s).
 #[inline(always)]
 pub const fn q6k_x16_low(c: usize, l: usize) -> usize {
+    debug_assert!(c < 4 && l < 8);
     if c < 2 {
         288 + 1024 * c + 128 * l
     } else {
@@ -202,6 +203,7 @@ pub const fn q6k_x16_low(c: usize, l: usize) -> usize {
 /// `c < 2` (also chunks `c + 2`, `c + 4`, `c + 6`): right after the low bits' line `(c, l)`.
 #[inline(always)]
 pub const fn q6k_x16_high(c: usize, l: usize) -> usize {
+    debug_assert!(c < 2);
     q6k_x16_low(c, l) + 64
 }
 

@@ -102,7 +102,8 @@ unsafe fn bcast(xp: *const u8, off: usize) -> __m512i {
 }
 
 /// The reference's tiled arithmetic for `T` activation rows; with `fetch` (the group's first
-/// pass) the weights are asked for ahead of the block being read.
+/// pass) the weights are asked for ahead of the block being read (where the CPU gains from
+/// it: `avx2::asks_ahead`).
 #[inline(always)]
 unsafe fn tiled<const T: usize>(
     nb: usize,
@@ -166,20 +167,21 @@ unsafe fn lanes(nb: usize, w: *const u8, x: *const u8) -> __m512 {
             _mm512_cvtph_ps(_mm256_loadu_si256(sb.cast())),
         );
         let mut lane = [_mm512_setzero_si512(); 8];
-        // Chunks c and c + 4 share their low-bit lines: taken together, the super-block is
-        // read once, front to back (integer sums: any order gives the same lanes).
+        // Chunks c and c + 4 share their low-bit lines: taken together, the super-block's
+        // lines are first touched front to back (integer sums: any order gives the same
+        // lanes).
         for c in 0..4 {
             // Each row's scale of group 2c' (then 2c'+1) in both i16 halves of its dword, for
             // chunks c' = c and c + 4.
-            let dup = [
+            let dups = [
                 dup_scales(scale_pair(sb, c)),
                 dup_scales(scale_pair(sb, c + 4)),
             ];
             for (l, v) in lane.iter_mut().enumerate() {
-                for (h, dup) in dup.iter().enumerate() {
-                    let c = c + 4 * h;
-                    let q = quants(sb, c, l);
-                    let p = _mm512_maddubs_epi16(q, bcast(xp, 4 + 32 * c + 4 * l));
+                for (h, dup) in dups.iter().enumerate() {
+                    let ch = c + 4 * h;
+                    let q = quants(sb, ch, l);
+                    let p = _mm512_maddubs_epi16(q, bcast(xp, 4 + 32 * ch + 4 * l));
                     *v = _mm512_dpwssd_epi32(*v, p, dup[l / 4]);
                 }
             }

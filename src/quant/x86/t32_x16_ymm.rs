@@ -16,7 +16,7 @@
 //! ([`gemm_blocks`]), which sum each block's lanes in integers first, as the reference does over
 //! its rearranged Q4_0 (`t32_blocks`).
 
-use super::avx2::{f16x2_at, loadu, loadu128, prefetch_ahead, prefetch_lines, IDot, Maddubs};
+use super::avx2::{f16x2_at, loadu, loadu128, prefetch_ahead, prefetch_next, IDot, Maddubs};
 use super::t32_x16::{Group32, Nib, MAX_BLOCKS, Q8_0};
 use crate::quant::repack::Nib32;
 use core::arch::x86_64::*;
@@ -105,7 +105,7 @@ unsafe fn gemm<F: Half32, const WHOLE: bool>(
                     if h == 0 {
                         prefetch_ahead(sb(b), F::BYTES);
                     } else {
-                        prefetch_lines(sb(b).wrapping_add(nb * F::BYTES), F::BYTES);
+                        prefetch_next(sb(b).wrapping_add(nb * F::BYTES), F::BYTES);
                     }
                 },
             );

@@ -91,7 +91,7 @@ pub(super) unsafe fn loadu128(p: *const u8) -> __m128i {
 /// rows (`t32_x16::row`, `t32_blocks::row`, `q4k_x16`, `q6k_x16`) ask the same way: on a Zen 5
 /// (2 threads, alternating builds, tg64) SmolLM2 450-476 → 482-504 tok/s, Gemma-3 176-182 →
 /// 182-186, a Llama-1B-shape Q4_0 60-61 → 65-67, the same shape in Q4_K with a Q6_K head
-/// 42-43 → 47-50.
+/// 42-43 → 47-50. Not on a Zen 4, whose own prefetcher does better alone ([`asks_ahead`]).
 const PREFETCH_BYTES: usize = 4096;
 
 /// Whether the group kernels ask for weights ahead ([`prefetch_ahead`]): everywhere but on a
@@ -118,6 +118,18 @@ pub(in crate::quant::x86) fn asks_ahead() -> bool {
 pub(super) unsafe fn prefetch_ahead(sb: *const u8, bytes: usize) {
     if asks_ahead() {
         prefetch_lines(sb.wrapping_add(PREFETCH_BYTES), bytes)
+    }
+}
+
+/// Asks for the cache lines of the `bytes` at `p` (the next group, from a pass that reads
+/// the group again from the cache), where the CPU gains from it ([`asks_ahead`]).
+///
+/// # Safety
+/// SSE (a prefetch never faults, wherever it points).
+#[inline(always)]
+pub(super) unsafe fn prefetch_next(p: *const u8, bytes: usize) {
+    if asks_ahead() {
+        prefetch_lines(p, bytes)
     }
 }
 
