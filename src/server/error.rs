@@ -78,7 +78,7 @@ impl ApiError {
             ..ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
-                "missing or incorrect API key (send `Authorization: Bearer KEY`)",
+                "missing or incorrect API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)",
             )
         }
     }

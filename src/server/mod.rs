@@ -21,6 +21,7 @@
 //! (llama-server's "Loading model"; `/health` adds `"status": "loading"`), so that a router or
 //! a Kubernetes readiness probe sees a replica that is up but not ready (`ready.rs`).
 
+mod anthropic;
 pub mod api;
 mod conn;
 mod embeddings;

@@ -268,6 +268,28 @@ impl Answers {
         out
     }
 
+    /// Choice `i`'s pieces for the next `text` of its answer, or (`None`) for its end, what
+    /// its tool-call parser held back: content, and calls as OpenAI streams them (a call's
+    /// start with its `id` and name, then pieces of its arguments' text).
+    pub(super) fn pieces(&mut self, i: usize, text: Option<&str>) -> Vec<Delta> {
+        let Some(p) = self.choices[i].parser.as_mut() else {
+            return text
+                .map(|t| vec![Delta::Content(t.to_owned())])
+                .unwrap_or_default();
+        };
+        let mut events = Vec::new();
+        match text {
+            Some(t) => p.push(t, &mut events),
+            None => p.finish(&mut events),
+        }
+        self.tool_deltas(i, events)
+    }
+
+    /// Whether choice `i`'s answer called a tool.
+    pub(super) fn called(&self, i: usize) -> bool {
+        !self.choices[i].ids.is_empty()
+    }
+
     /// Add to choice `i`'s text (its answer, gathered whole).
     pub(super) fn push_text(&mut self, i: usize, text: &str) {
         self.choices[i].text.push_str(text);
@@ -341,7 +363,7 @@ impl Answers {
 }
 
 /// A piece of a streamed chat answer.
-enum Delta {
+pub(super) enum Delta {
     Content(String),
     /// One `delta.tool_calls` entry.
     Call(Value),

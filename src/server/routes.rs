@@ -39,7 +39,8 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .route("/completion", post(super::native::completion))
         .route("/completions", post(super::native::completion))
         .route("/infill", post(super::native::infill))
-        .merge(super::ollama::routes());
+        .merge(super::ollama::routes())
+        .merge(super::anthropic::routes());
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
         open = open.route("/metrics", get(prometheus));
@@ -95,7 +96,8 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
         .extensions()
         .get::<MatchedPath>()
         .and_then(|m| {
-            let mut paths = COUNTED.iter().chain(&super::ollama::PATHS);
+            let mut paths =
+                (COUNTED.iter().chain(&super::ollama::PATHS)).chain(&super::anthropic::PATHS);
             paths.find(|p| **p == m.as_str())
         })
         .copied()
@@ -138,13 +140,15 @@ fn key_matches(given: &str, key: &str) -> bool {
     a.ct_eq(&b).into()
 }
 
-/// `--api-key`: the `/v1` routes need `Authorization: Bearer KEY`.
+/// `--api-key`: the keyed routes need `Authorization: Bearer KEY` or (as Anthropic's clients
+/// send it, and llama-server takes it) `x-api-key: KEY`.
 async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Response {
     if let Some(key) = &st.opts.api_key {
-        let given = headers
+        let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
+        let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
         if !given.is_some_and(|g| key_matches(g, key)) {
             return error_at(req.uri().path(), ApiError::unauthorized());
         }
@@ -152,11 +156,15 @@ async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Re
     next.run(req).await
 }
 
-/// An error answered on `path`: in Ollama's shape on its `/api/` routes, else OpenAI's.
+/// An error answered on `path`: in Ollama's shape on its `/api/` routes, Anthropic's on
+/// `/v1/messages`, else OpenAI's.
 fn error_at(path: &str, e: ApiError) -> Response {
-    match path.starts_with("/api/") {
-        true => super::ollama::OllamaError::from(e).into_response(),
-        false => e.into_response(),
+    if path.starts_with("/api/") {
+        super::ollama::OllamaError::from(e).into_response()
+    } else if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        super::anthropic::AnthropicError::from(e).into_response()
+    } else {
+        e.into_response()
     }
 }
 
@@ -285,16 +293,7 @@ pub(super) fn chat_job(
     req: &ChatRequest,
     model: String,
 ) -> Result<(Job, Option<tools::Tools>), ApiError> {
-    let (tools, plan) = chat_plan(st, req)?;
-    let prompt = st
-        .tokenizer
-        .encode_chat_tools(
-            &plan.messages,
-            plan.template_tools.as_ref(),
-            true,
-            st.opts.special_in_content,
-        )
-        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+    let (tools, plan, prompt) = chat_prompt(st, req)?;
     let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
     gen.n = req.params.choices(st.opts.n_slots)?;
     gen.logprobs = req.logprobs()?;
@@ -324,6 +323,25 @@ pub(super) fn chat_job(
         tools: plan.format,
     };
     Ok((job, tools))
+}
+
+/// A chat request's tools, plan and prompt: its conversation rendered by the model's template
+/// with its tools.
+pub(super) fn chat_prompt(
+    st: &AppState,
+    req: &ChatRequest,
+) -> Result<(Option<tools::Tools>, tools::ToolPlan, Vec<u32>), ApiError> {
+    let (tools, plan) = chat_plan(st, req)?;
+    let prompt = st
+        .tokenizer
+        .encode_chat_tools(
+            &plan.messages,
+            plan.template_tools.as_ref(),
+            true,
+            st.opts.special_in_content,
+        )
+        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+    Ok((tools, plan, prompt))
 }
 
 /// An error of a chat request's run: one about its tools' grammar names the tool.

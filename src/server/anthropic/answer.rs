@@ -1,0 +1,380 @@
+//! An answer as Anthropic's `message`: content blocks built from the engine's text as it comes
+//! (tool calls parsed out by the chat route's parser), given whole or as Anthropic's named
+//! Server-Sent Events. Both follow the same [`Step`]s.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::engine::scheduler::{FinishReason, Finished};
+use crate::server::error::ApiError;
+use crate::server::respond::{self, Answers, Delta, Ev, Job};
+use crate::server::AppState;
+
+/// What the answer's content does next.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Step {
+    /// A `text` block begins.
+    Text,
+    /// A `tool_use` block begins.
+    Tool { id: String, name: String },
+    /// More of the open block: its text, or its input's JSON text.
+    More(String),
+    /// The open block ends.
+    Close,
+    /// The answer ends.
+    End {
+        stop_reason: &'static str,
+        stop_sequence: Option<String>,
+        output_tokens: usize,
+    },
+    /// The engine refused the request.
+    Error(String),
+}
+
+/// One answer's content blocks, as the engine's events come.
+pub(super) struct Blocks {
+    answers: Answers,
+    /// The open block: `Some(true)` a text, `Some(false)` a tool's input.
+    open: Option<bool>,
+    /// Whitespace not yet in a text block: a text block opens at its first other character,
+    /// and whitespace before a call or the end is dropped (Anthropic refuses blank text blocks
+    /// when a client sends the turn back).
+    space: String,
+    /// The answer's text as generated.
+    pub(super) raw: String,
+}
+
+impl Blocks {
+    pub(super) fn new(answers: Answers) -> Blocks {
+        Blocks {
+            answers,
+            open: None,
+            space: String::new(),
+            raw: String::new(),
+        }
+    }
+
+    /// The steps one engine event makes; whether it was the last.
+    pub(super) fn on(&mut self, ev: Ev, out: &mut Vec<Step>) -> bool {
+        match ev {
+            Ev::Logprobs(_) => false,
+            Ev::Text(t) => {
+                self.raw.push_str(&t);
+                for d in self.answers.pieces(0, Some(&t)) {
+                    self.piece(d, out);
+                }
+                false
+            }
+            Ev::Done(f) => {
+                if let FinishReason::Error(e) = &f.reason {
+                    out.push(Step::Error(e.clone()));
+                    return true;
+                }
+                for d in self.answers.pieces(0, None) {
+                    self.piece(d, out);
+                }
+                if self.open.take().is_some() {
+                    out.push(Step::Close);
+                }
+                out.push(self.end(&f));
+                true
+            }
+        }
+    }
+
+    fn piece(&mut self, d: Delta, out: &mut Vec<Step>) {
+        match d {
+            Delta::Content(t) if self.open == Some(true) => out.push(Step::More(t)),
+            Delta::Content(t) if t.trim().is_empty() => self.space.push_str(&t),
+            Delta::Content(t) => {
+                if self.open.is_some() {
+                    out.push(Step::Close);
+                }
+                self.open = Some(true);
+                out.push(Step::Text);
+                out.push(Step::More(std::mem::take(&mut self.space) + &t));
+            }
+            Delta::Call(c) => {
+                let f = &c["function"];
+                if let Some(id) = c.get("id").and_then(Value::as_str) {
+                    if self.open.is_some() {
+                        out.push(Step::Close);
+                    }
+                    self.space.clear();
+                    self.open = Some(false);
+                    let name = f["name"].as_str().unwrap_or("").to_owned();
+                    out.push(Step::Tool {
+                        id: id.to_owned(),
+                        name,
+                    });
+                }
+                match f["arguments"].as_str() {
+                    Some(a) if !a.is_empty() => out.push(Step::More(a.to_owned())),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Anthropic's reason: `max_tokens` (the limit or the context), `tool_use`,
+    /// `stop_sequence`, or `end_turn` (the model's end of turn).
+    fn end(&self, f: &Finished) -> Step {
+        let stop_reason = match (&f.reason, &f.stop_word) {
+            (FinishReason::Length, _) => "max_tokens",
+            _ if self.answers.called(0) => "tool_use",
+            (_, Some(_)) => "stop_sequence",
+            _ => "end_turn",
+        };
+        Step::End {
+            stop_reason,
+            stop_sequence: f
+                .stop_word
+                .clone()
+                .filter(|_| stop_reason == "stop_sequence"),
+            output_tokens: f.usage.completion_tokens,
+        }
+    }
+}
+
+/// Queue the job and answer with Anthropic's message: whole, or streamed as its events.
+pub(super) async fn answer(st: &AppState, job: Job, stream: bool) -> Result<Response, ApiError> {
+    let mut job = job;
+    // (The answer is Anthropic's; the job's own settings stay OpenAI's: one choice.)
+    job.gen.stream = false;
+    let input_tokens = job.prompt.len();
+    let rx = respond::queue(st, &mut job).await?;
+    let answers = Answers::new(&job.head, 1, job.tools, Arc::clone(&st.tokenizer));
+    let id = job.head.id.rsplit('-').next().unwrap_or_default();
+    let message = json!({
+        "id": format!("msg_{id}"),
+        "type": "message",
+        "role": "assistant",
+        "model": job.head.model,
+        "content": [],
+        "stop_reason": null,
+        "stop_sequence": null,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+    });
+    let blocks = Blocks::new(answers);
+    match stream {
+        true => Ok(events(blocks, message, rx).into_response()),
+        false => whole(blocks, message, rx).await,
+    }
+}
+
+/// The message's content folded from the steps: text blocks, and `tool_use` blocks whose
+/// input is the call's arguments as a JSON object. A call whose arguments are not a whole
+/// object (cut short by `max_tokens`) is no call: the content is then the answer's text.
+pub(super) struct Folded {
+    pub(super) content: Vec<Value>,
+    args: String,
+    broken: bool,
+}
+
+impl Folded {
+    pub(super) fn new() -> Folded {
+        Folded {
+            content: Vec::new(),
+            args: String::new(),
+            broken: false,
+        }
+    }
+
+    /// Take one step; at the end, fill the message in (`raw`: the answer's text).
+    pub(super) fn step(&mut self, s: Step, message: &mut Value, raw: &str) {
+        match s {
+            Step::Text => self.content.push(json!({"type": "text", "text": ""})),
+            Step::Tool { id, name } => {
+                self.content
+                    .push(json!({"type": "tool_use", "id": id, "name": name, "input": {}}));
+            }
+            Step::More(t) => match self.content.last_mut() {
+                Some(b) if b["type"] == "text" => {
+                    let text = b["text"].as_str().unwrap_or("").to_owned() + &t;
+                    b["text"] = json!(text);
+                }
+                _ => self.args.push_str(&t),
+            },
+            Step::Close => {
+                if let Some(b) = self.content.last_mut().filter(|b| b["type"] == "tool_use") {
+                    match serde_json::from_str::<Value>(&std::mem::take(&mut self.args)) {
+                        Ok(input) if input.is_object() => b["input"] = input,
+                        _ => self.broken = true,
+                    }
+                }
+            }
+            Step::End {
+                stop_reason,
+                stop_sequence,
+                output_tokens,
+            } => {
+                if self.broken {
+                    self.content = vec![json!({"type": "text", "text": raw})];
+                }
+                message["content"] = json!(std::mem::take(&mut self.content));
+                message["stop_reason"] = json!(stop_reason);
+                message["stop_sequence"] = json!(stop_sequence);
+                message["usage"]["output_tokens"] = json!(output_tokens);
+            }
+            Step::Error(_) => {}
+        }
+    }
+}
+
+/// The whole message.
+async fn whole(
+    mut blocks: Blocks,
+    mut message: Value,
+    mut rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+) -> Result<Response, ApiError> {
+    let mut folded = Folded::new();
+    let mut steps = Vec::new();
+    // Dropping this future (the client went away) drops `rx`: the engine cancels.
+    while let Some((_, ev)) = rx.recv().await {
+        let last = blocks.on(ev, &mut steps);
+        for s in steps.drain(..) {
+            match s {
+                Step::Error(e) => return Err(ApiError::bad_request(e)),
+                s @ Step::End { .. } => {
+                    folded.step(s, &mut message, &blocks.raw);
+                    return Ok(Json(message).into_response());
+                }
+                s => folded.step(s, &mut message, &blocks.raw),
+            }
+        }
+        if last {
+            break;
+        }
+    }
+    Err(ApiError::internal("the engine dropped the request"))
+}
+
+/// The named events of the steps (`index`: the open block's).
+pub(super) struct Events {
+    index: usize,
+    /// The open block is a text (not a tool's input).
+    text: bool,
+}
+
+impl Events {
+    pub(super) fn new() -> Events {
+        Events {
+            index: 0,
+            text: false,
+        }
+    }
+
+    /// The events of one step, as `(name, data)`.
+    pub(super) fn of(&mut self, s: Step) -> Vec<(&'static str, Value)> {
+        let block = |index: usize, b: Value| {
+            (
+                "content_block_start",
+                json!({"type": "content_block_start", "index": index, "content_block": b}),
+            )
+        };
+        match s {
+            Step::Text => {
+                self.text = true;
+                vec![block(self.index, json!({"type": "text", "text": ""}))]
+            }
+            Step::Tool { id, name } => {
+                self.text = false;
+                let b = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
+                vec![block(self.index, b)]
+            }
+            Step::More(t) => {
+                let delta = match self.text {
+                    true => json!({"type": "text_delta", "text": t}),
+                    false => json!({"type": "input_json_delta", "partial_json": t}),
+                };
+                let d = json!({"type": "content_block_delta", "index": self.index, "delta": delta});
+                vec![("content_block_delta", d)]
+            }
+            Step::Close => {
+                self.index += 1;
+                let d = json!({"type": "content_block_stop", "index": self.index - 1});
+                vec![("content_block_stop", d)]
+            }
+            Step::End {
+                stop_reason,
+                stop_sequence,
+                output_tokens,
+            } => vec![
+                (
+                    "message_delta",
+                    json!({"type": "message_delta",
+                           "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                           "usage": {"output_tokens": output_tokens}}),
+                ),
+                ("message_stop", json!({"type": "message_stop"})),
+            ],
+            Step::Error(e) => {
+                let status = axum::http::StatusCode::BAD_REQUEST;
+                vec![("error", super::error_body(status, &e))]
+            }
+        }
+    }
+}
+
+/// The message as Anthropic streams it: `message_start` (its `usage.input_tokens`), a `ping`,
+/// each block's start, deltas and stop, then `message_delta` (the stop reason, the output
+/// tokens) and `message_stop`; an engine error as an `error` event, the last.
+fn events(
+    blocks: Blocks,
+    message: Value,
+    rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    struct S {
+        rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+        blocks: Blocks,
+        events: Events,
+        out: VecDeque<Event>,
+        steps: Vec<Step>,
+        done: bool,
+    }
+    let event = |(name, v): (&str, Value)| Event::default().event(name).data(v.to_string());
+    let start = json!({"type": "message_start", "message": message});
+    let s = S {
+        rx,
+        blocks,
+        events: Events::new(),
+        out: VecDeque::from([
+            event(("message_start", start)),
+            event(("ping", json!({"type": "ping"}))),
+        ]),
+        steps: Vec::new(),
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(s, move |mut s| async move {
+        loop {
+            if let Some(e) = s.out.pop_front() {
+                return Some((Ok(e), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some((_, ev)) => {
+                    s.done = s.blocks.on(ev, &mut s.steps);
+                    for step in s.steps.drain(..) {
+                        s.out.extend(s.events.of(step).into_iter().map(event));
+                    }
+                }
+                None => {
+                    let status = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
+                    let e = super::error_body(status, "the engine dropped the request");
+                    s.out.push_back(event(("error", e)));
+                    s.done = true;
+                }
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
