@@ -401,6 +401,44 @@ async fn whole(
     Err(ApiError::internal("the engine dropped the request"))
 }
 
+/// What a streamed answer makes of each engine event: `on` adds the items of one event of a
+/// choice to `out` and says whether the answer is done; `dropped` is the last item when the
+/// engine lets go without a last event.
+pub(super) struct Pump<S, T> {
+    pub(super) state: S,
+    pub(super) on: fn(&mut S, usize, Ev, &mut VecDeque<T>) -> bool,
+    pub(super) dropped: fn() -> Option<T>,
+}
+
+impl<S: Send + 'static, T: Send + 'static> Pump<S, T> {
+    /// The items, `first` first, as the events come. Dropping the stream (the client left)
+    /// drops `rx`: the engine cancels.
+    pub(super) fn stream(
+        self,
+        rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+        first: Vec<T>,
+    ) -> impl futures_util::Stream<Item = Result<T, Infallible>> + Send {
+        let s = (self, rx, VecDeque::from(first), false);
+        futures_util::stream::unfold(s, |(mut p, mut rx, mut out, mut done)| async move {
+            loop {
+                if let Some(x) = out.pop_front() {
+                    return Some((Ok(x), (p, rx, out, done)));
+                }
+                if done {
+                    return None;
+                }
+                match rx.recv().await {
+                    Some((i, ev)) => done = (p.on)(&mut p.state, i, ev, &mut out),
+                    None => {
+                        out.extend((p.dropped)());
+                        done = true;
+                    }
+                }
+            }
+        })
+    }
+}
+
 /// Server-Sent Events as OpenAI clients parse them: a first chunk per chat choice with the
 /// assistant role, one chunk per piece of text (or of a tool call), a final chunk per choice
 /// with its `finish_reason`, optionally a usage chunk, then `data: [DONE]`.
@@ -410,54 +448,32 @@ fn stream(
     rx: mpsc::UnboundedReceiver<(usize, Ev)>,
     include_usage: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
-    struct S {
-        rx: mpsc::UnboundedReceiver<(usize, Ev)>,
-        head: Head,
-        answers: Answers,
-        out: VecDeque<Event>,
-        done: bool,
-        include_usage: bool,
+    fn data(v: Value) -> Event {
+        Event::default().data(v.to_string())
     }
-    let data = |v: Value| Event::default().data(v.to_string());
-    let mut first = VecDeque::new();
+    let mut first = Vec::new();
     if head.endpoint == Endpoint::Chat {
         for i in 0..answers.choices.len() {
             let c = json!({"index": i, "delta": {"role": "assistant", "content": ""},
                            "logprobs": null, "finish_reason": null});
-            first.push_back(data(head.chunk(vec![c], None)));
+            first.push(data(head.chunk(vec![c], None)));
         }
     }
-    let s = S {
-        rx,
-        head,
-        answers,
-        out: first,
-        done: false,
-        include_usage,
+    let pump = Pump {
+        state: (head, answers, include_usage),
+        on: |(head, answers, include_usage), i, ev, out| {
+            for v in answers.on_event(head, i, ev, *include_usage) {
+                out.push_back(data(v));
+            }
+            let done = answers.failed || answers.all_done();
+            if done {
+                out.push_back(Event::default().data("[DONE]"));
+            }
+            done
+        },
+        dropped: || None,
     };
-    let events = futures_util::stream::unfold(s, move |mut s| async move {
-        loop {
-            if let Some(e) = s.out.pop_front() {
-                return Some((Ok(e), s));
-            }
-            if s.done {
-                return None;
-            }
-            match s.rx.recv().await {
-                Some((i, ev)) => {
-                    for v in s.answers.on_event(&s.head, i, ev, s.include_usage) {
-                        s.out.push_back(data(v));
-                    }
-                    if s.answers.failed || s.answers.all_done() {
-                        s.out.push_back(Event::default().data("[DONE]"));
-                        s.done = true;
-                    }
-                }
-                None => s.done = true,
-            }
-        }
-    });
-    Sse::new(events).keep_alive(KeepAlive::default())
+    Sse::new(pump.stream(rx, first)).keep_alive(KeepAlive::default())
 }
 
 impl Answers {

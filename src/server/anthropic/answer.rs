@@ -2,7 +2,6 @@
 //! (tool calls parsed out by the chat route's parser), given whole or as Anthropic's named
 //! Server-Sent Events. Both follow the same [`Step`]s.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -14,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::engine::scheduler::{FinishReason, Finished};
 use crate::server::error::ApiError;
-use crate::server::respond::{self, Answers, Delta, Ev, Job};
+use crate::server::respond::{self, Answers, Delta, Ev, Job, Pump};
 use crate::server::AppState;
 
 /// What the answer's content does next.
@@ -331,50 +330,28 @@ fn events(
     message: Value,
     rx: mpsc::UnboundedReceiver<(usize, Ev)>,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
-    struct S {
-        rx: mpsc::UnboundedReceiver<(usize, Ev)>,
-        blocks: Blocks,
-        events: Events,
-        out: VecDeque<Event>,
-        steps: Vec<Step>,
-        done: bool,
+    fn event((name, v): (&str, Value)) -> Event {
+        Event::default().event(name).data(v.to_string())
     }
-    let event = |(name, v): (&str, Value)| Event::default().event(name).data(v.to_string());
     let start = json!({"type": "message_start", "message": message});
-    let s = S {
-        rx,
-        blocks,
-        events: Events::new(),
-        out: VecDeque::from([
-            event(("message_start", start)),
-            event(("ping", json!({"type": "ping"}))),
-        ]),
-        steps: Vec::new(),
-        done: false,
+    let first = vec![
+        event(("message_start", start)),
+        event(("ping", json!({"type": "ping"}))),
+    ];
+    let pump = Pump {
+        state: (blocks, Events::new(), Vec::new()),
+        on: |(blocks, events, steps), _, ev, out| {
+            let last = blocks.on(ev, steps);
+            for step in steps.drain(..) {
+                out.extend(events.of(step).into_iter().map(event));
+            }
+            last
+        },
+        dropped: || {
+            let status = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
+            let e = super::error_body(status, "the engine dropped the request");
+            Some(event(("error", e)))
+        },
     };
-    let stream = futures_util::stream::unfold(s, move |mut s| async move {
-        loop {
-            if let Some(e) = s.out.pop_front() {
-                return Some((Ok(e), s));
-            }
-            if s.done {
-                return None;
-            }
-            match s.rx.recv().await {
-                Some((_, ev)) => {
-                    s.done = s.blocks.on(ev, &mut s.steps);
-                    for step in s.steps.drain(..) {
-                        s.out.extend(s.events.of(step).into_iter().map(event));
-                    }
-                }
-                None => {
-                    let status = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
-                    let e = super::error_body(status, "the engine dropped the request");
-                    s.out.push_back(event(("error", e)));
-                    s.done = true;
-                }
-            }
-        }
-    });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Sse::new(pump.stream(rx, first)).keep_alive(KeepAlive::default())
 }

@@ -1,7 +1,6 @@
 //! An answer in Ollama's lines: newline-delimited JSON streamed a piece of text at a time, or
 //! the lines folded into one object; the last line with Ollama's counts and durations.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -15,7 +14,7 @@ use tokio::sync::mpsc;
 use super::Answer;
 use crate::engine::scheduler::{FinishReason, Usage};
 use crate::server::error::ApiError;
-use crate::server::respond::{self, Answers, Ev, Job};
+use crate::server::respond::{self, Answers, Ev, Job, Pump};
 use crate::server::AppState;
 
 /// Nanoseconds, as Ollama counts durations.
@@ -262,44 +261,20 @@ async fn whole(mut lines: Lines, mut rx: mpsc::UnboundedReceiver<(usize, Ev)>) -
 
 /// The answer as newline-delimited JSON, a line per piece of text, then the final line.
 fn ndjson(lines: Lines, rx: mpsc::UnboundedReceiver<(usize, Ev)>) -> Response {
-    struct S {
-        lines: Lines,
-        rx: mpsc::UnboundedReceiver<(usize, Ev)>,
-        done: bool,
+    fn line(v: Value) -> Bytes {
+        Bytes::from(v.to_string() + "\n")
     }
-    let s = S {
-        lines,
-        rx,
-        done: false,
+    let pump = Pump {
+        state: lines,
+        on: |lines, _, ev, out| {
+            let (vs, last) = lines.on(ev);
+            out.extend(vs.into_iter().map(line));
+            last
+        },
+        // (The engine let go without a last event: say so, as a last line.)
+        dropped: || Some(line(json!({"error": "the engine dropped the request"}))),
     };
-    // Dropping the body (the client left) drops `rx`: the engine cancels.
-    let body = futures_util::stream::unfold(s, |mut s| async move {
-        if s.done {
-            return None;
-        }
-        let mut out = Vec::new();
-        while out.is_empty() && !s.done {
-            match s.rx.recv().await {
-                Some((_, ev)) => {
-                    let (lines, last) = s.lines.on(ev);
-                    s.done = last;
-                    for v in lines {
-                        out.extend_from_slice(v.to_string().as_bytes());
-                        out.push(b'\n');
-                    }
-                }
-                None => {
-                    // (The engine let go without a last event: say so, as a last line.)
-                    let e = json!({"error": "the engine dropped the request"});
-                    out.extend_from_slice(e.to_string().as_bytes());
-                    out.push(b'\n');
-                    s.done = true;
-                }
-            }
-        }
-        Some((Ok::<_, Infallible>(Bytes::from(out)), s))
-    });
-    let mut r = Body::from_stream(body).into_response();
+    let mut r = Body::from_stream(pump.stream(rx, Vec::new())).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/x-ndjson"),
