@@ -172,6 +172,17 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The error's response (status, `Retry-After`, `Connection: close`) with another API's
+    /// body (Ollama's, Anthropic's).
+    pub fn with_body(self, body: serde_json::Value) -> Response {
+        let mut r = self.into_response();
+        *r.body_mut() = axum::body::Body::from(body.to_string());
+        r.headers_mut().remove(header::CONTENT_LENGTH);
+        r
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, Json(self.body())).into_response();

@@ -145,8 +145,6 @@ impl Blocks {
 /// Queue the job and answer with Anthropic's message: whole, or streamed as its events.
 pub(super) async fn answer(st: &AppState, job: Job, stream: bool) -> Result<Response, ApiError> {
     let mut job = job;
-    // (The answer is Anthropic's; the job's own settings stay OpenAI's: one choice.)
-    job.gen.stream = false;
     let input_tokens = job.prompt.len();
     let rx = respond::queue(st, &mut job).await?;
     let answers = Answers::new(&job.head, 1, job.tools, Arc::clone(&st.tokenizer));
@@ -196,8 +194,9 @@ impl Folded {
             }
             Step::More(t) => match self.content.last_mut() {
                 Some(b) if b["type"] == "text" => {
-                    let text = b["text"].as_str().unwrap_or("").to_owned() + &t;
-                    b["text"] = json!(text);
+                    if let Value::String(text) = &mut b["text"] {
+                        text.push_str(&t);
+                    }
                 }
                 _ => self.args.push_str(&t),
             },

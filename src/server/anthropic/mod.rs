@@ -3,8 +3,9 @@
 //! talk to `kiln serve` as they talk to Anthropic, as llama-server and Ollama let them.
 //!
 //! A request becomes the job of the OpenAI chat route ([`super::routes::chat_job`]): one set of
-//! checks, the same template, tools, grammar and sampler; its messages as llama-server converts
-//! them (`server_chat_convert_anthropic_to_oai`). The answer is Anthropic's: a `message` with
+//! checks, the same template, tools, grammar and sampler; its messages much as llama-server
+//! converts them (`server_chat_convert_anthropic_to_oai`), but a user turn's tool results go
+//! before its text (in the order they happened). The answer is Anthropic's: a `message` with
 //! `content` blocks (`text`, `tool_use` with an `input` object), `stop_reason` (`end_turn`,
 //! `max_tokens`, `stop_sequence` with the `stop_sequence` met, `tool_use`) and `usage`; streamed
 //! as Anthropic's named events (`message_start`, `content_block_start`, `content_block_delta`
@@ -14,7 +15,7 @@
 //! - `POST /v1/messages`: `model` (the served model or an `--alias`; absent: the served one),
 //!   `messages` (user and assistant turns; content a string or blocks: `text`, `tool_use`,
 //!   `tool_result` with a string or text blocks; `thinking` blocks are dropped), `system` (a
-//!   string or text blocks), `max_tokens` (absent: up to the context, as llama-server allows),
+//!   string or text blocks), `max_tokens` (absent: up to the context; llama-server takes 4096),
 //!   `stop_sequences`, `temperature`, `top_p`, `top_k`, `tools` (`name`, `description`,
 //!   `input_schema`), `tool_choice` (`auto`, `any`, `tool` with a `name`, `none`;
 //!   `disable_parallel_tool_use`), `stream`. Other fields (`metadata`, `thinking`, ...) are
@@ -28,7 +29,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -88,12 +89,8 @@ pub(super) fn error_body(status: StatusCode, message: &str) -> Value {
 
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
-        let body = error_body(self.0.status, &self.0.message).to_string();
-        // (The status and headers — `Retry-After`, `Connection: close` — stay the error's.)
-        let mut r = self.0.into_response();
-        *r.body_mut() = Body::from(body);
-        r.headers_mut().remove(header::CONTENT_LENGTH);
-        r
+        let body = error_body(self.0.status, &self.0.message);
+        self.0.with_body(body)
     }
 }
 

@@ -195,8 +195,6 @@ pub(super) async fn answer(
     start: Instant,
 ) -> Answer {
     let mut job = job;
-    // (The answer is Ollama's; the job's own settings stay OpenAI's: one choice.)
-    job.gen.stream = false;
     let rx = respond::queue(st, &mut job).await?;
     let answers = job.tools.map(|t| {
         let tok = Arc::clone(&st.tokenizer);

@@ -34,7 +34,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -94,11 +94,8 @@ impl From<ApiError> for OllamaError {
 
 impl IntoResponse for OllamaError {
     fn into_response(self) -> Response {
-        let message = self.0.message.clone();
-        let mut r = self.0.into_response();
-        *r.body_mut() = Body::from(json!({ "error": message }).to_string());
-        r.headers_mut().remove(header::CONTENT_LENGTH);
-        r
+        let body = json!({ "error": self.0.message });
+        self.0.with_body(body)
     }
 }
 
