@@ -105,3 +105,36 @@ fn missing_tensor_is_named() {
         .expect("must fail");
     assert!(err.to_string().contains("blk.2.ffn_down.weight"), "{err}");
 }
+
+/// A RoPE scaling kiln does not compute (YaRN, LongRoPE, anything new) is refused by name:
+/// run as plain RoPE it would give wrong text with no warning.
+#[test]
+fn unimplemented_rope_scaling_is_refused_by_name() {
+    for kind in ["yarn", "longrope", "dynamic-ntk"] {
+        let bytes = rewrite("random-llama-q4_0", |w| {
+            w.set("llama.rope.scaling.type", kind.to_string());
+            w.set("llama.rope.scaling.factor", 4.0f32);
+        });
+        let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+            .err()
+            .expect("must fail");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ModelError::UnsupportedRopeScaling { .. }),
+            "{kind}: {msg}"
+        );
+        assert!(
+            msg.contains("llama.rope.scaling.type") && msg.contains(kind),
+            "{msg}"
+        );
+    }
+    // Linear scaling and an explicit "none" still load.
+    for kind in ["linear", "none"] {
+        let bytes = rewrite("random-llama-q4_0", |w| {
+            w.set("llama.rope.scaling.type", kind.to_string());
+            w.set("llama.rope.scaling.factor", 2.0f32);
+        });
+        Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+    }
+}

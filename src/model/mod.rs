@@ -47,6 +47,11 @@ pub enum ModelError {
     },
     #[error("invalid model configuration: {0}")]
     BadConfig(String),
+    #[error(
+        "metadata key '{key}' = '{value}': kiln does not implement this RoPE scaling \
+         (it implements: none, linear)"
+    )]
+    UnsupportedRopeScaling { key: String, value: String },
 }
 
 /// A loaded model: configuration and weights (views into the mapped file).
@@ -106,6 +111,19 @@ impl Model {
     }
 }
 
+/// Refuse, by name, a RoPE scaling kiln does not compute: running it as plain RoPE would give
+/// wrong text with no warning.
+fn check_rope_scaling(f: &GgufFile) -> Result<(), ModelError> {
+    let key = f.arch_key("rope.scaling.type");
+    match f.opt_str(&key)? {
+        None | Some("none") | Some("linear") => Ok(()),
+        Some(other) => Err(ModelError::UnsupportedRopeScaling {
+            key,
+            value: other.to_string(),
+        }),
+    }
+}
+
 /// Hyper-parameters and block traits for the file's architecture.
 pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError> {
     let name = f.architecture()?;
@@ -113,6 +131,7 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
         name: name.to_string(),
         supported: Arch::supported_list(),
     })?;
+    check_rope_scaling(f)?;
     let mut cfg = config::read_common(f, arch)?;
     let traits = match arch {
         Arch::Llama => {
