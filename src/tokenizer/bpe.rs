@@ -1,6 +1,7 @@
 //! Byte-level BPE (`tokenizer.ggml.model = "gpt2"`): llama.cpp's `llm_tokenizer_bpe_session`.
 //!
-//! Each pre-tokenized word is mapped byte by byte to GPT-2's printable characters; every
+//! Each pre-tokenized word is mapped byte by byte to GPT-2's printable characters (or, for
+//! gemma4's SentencePiece-style BPE, left as UTF-8 with `<0xNN>` tokens as byte fallback); every
 //! character starts as one symbol; then the adjacent pair with the lowest merge rank (ties: the
 //! leftmost) is merged, repeatedly, using a heap of candidate pairs over a linked list of
 //! symbols: O(n log n) per word.
@@ -20,6 +21,8 @@ use super::vocab::Vocab;
 const DEAD: u32 = u32::MAX;
 /// Pieces `UNKNOWN_BYTE + b` stand for a byte whose character is in no token and no merge.
 const UNKNOWN_BYTE: u32 = u32::MAX - 256;
+/// A UTF-8 character (of a raw, not byte-encoded, word) in no token and no merge.
+const UNKNOWN_CHAR: u32 = UNKNOWN_BYTE - 1;
 
 /// Open-addressing map from a piece pair (packed into a `u64`) to `(rank, merged piece)`.
 #[derive(Debug)]
@@ -97,6 +100,15 @@ pub(crate) struct BpeModel {
     /// The piece of each byte's GPT-2 character, or `UNKNOWN_BYTE + b`.
     byte_piece: [u32; 256],
     n_vocab: u32,
+    /// Raw UTF-8 words (`!pre.byte_encode`): the non-token pieces by text, and each byte's
+    /// `<0xNN>` token.
+    raw: Option<Box<RawBpe>>,
+}
+
+#[derive(Debug)]
+struct RawBpe {
+    extra_index: HashMap<String, u32>,
+    byte_tokens: [Option<u32>; 256],
 }
 
 /// One symbol of the word being merged (a node of a doubly linked list over a Vec).
@@ -105,6 +117,8 @@ struct Symbol {
     piece: u32,
     prev: i32,
     next: i32,
+    /// Byte offset of the symbol's first character in the word (for `UNKNOWN_CHAR`).
+    at: u32,
 }
 
 /// A candidate merge of two adjacent symbols. The heap pops the lowest rank, then the lowest
@@ -191,12 +205,19 @@ impl BpeModel {
             };
         }
 
+        let raw = (!pre.byte_encode).then(|| {
+            Box::new(RawBpe {
+                extra_index,
+                byte_tokens: std::array::from_fn(|b| vocab.lookup(&format!("<0x{b:02X}>"))),
+            })
+        });
         BpeModel {
             pre,
             merges: map,
             extra,
             byte_piece,
             n_vocab,
+            raw,
         }
     }
 
@@ -218,6 +239,9 @@ impl BpeModel {
     }
 
     fn encode_word(&self, vocab: &Vocab, word: &[u8], s: &mut BpeScratch, out: &mut Vec<u32>) {
+        if let Some(raw) = &self.raw {
+            return self.encode_raw_word(vocab, raw, word, s, out);
+        }
         if self.pre.ignore_merges {
             s.encoded.clear();
             s.encoded
@@ -236,8 +260,52 @@ impl BpeModel {
                 piece: self.byte_piece[b as usize],
                 prev: i as i32 - 1,
                 next: if i + 1 == n { -1 } else { i as i32 + 1 },
+                at: i as u32,
             });
         }
+        self.merge_and_emit(vocab, word, s, out);
+    }
+
+    /// gemma4: a word of raw UTF-8, one symbol per character; a word of newlines only that is
+    /// a token is emitted whole (llama.cpp's fix for Gemma 4).
+    fn encode_raw_word(
+        &self,
+        vocab: &Vocab,
+        raw: &RawBpe,
+        word: &[u8],
+        s: &mut BpeScratch,
+        out: &mut Vec<u32>,
+    ) {
+        if word.iter().all(|&b| b == b'\n') {
+            if let Some(id) = vocab.lookup_bytes(word) {
+                out.push(id);
+                return;
+            }
+        }
+        s.symbols.clear();
+        let text = std::str::from_utf8(word).expect("words are cut at character boundaries");
+        let mut it = text.char_indices().peekable();
+        let mut i = 0i32;
+        while let Some((at, c)) = it.next() {
+            let ch = &text[at..at + c.len_utf8()];
+            let piece = vocab
+                .lookup(ch)
+                .or_else(|| raw.extra_index.get(ch).copied())
+                .unwrap_or(UNKNOWN_CHAR);
+            s.symbols.push(Symbol {
+                piece,
+                prev: i - 1,
+                next: if it.peek().is_none() { -1 } else { i + 1 },
+                at: at as u32,
+            });
+            i += 1;
+        }
+        self.merge_and_emit(vocab, word, s, out);
+    }
+
+    /// Merge the symbols in `s.symbols` by rank and emit the result.
+    fn merge_and_emit(&self, vocab: &Vocab, word: &[u8], s: &mut BpeScratch, out: &mut Vec<u32>) {
+        let n = s.symbols.len();
         s.heap.clear();
         for i in 1..n {
             self.push_bigram(&s.symbols, &mut s.heap, i as i32 - 1, i as i32);
@@ -263,9 +331,15 @@ impl BpeModel {
 
         let mut i = if n == 0 { -1 } else { 0 };
         while i >= 0 {
-            let piece = s.symbols[i as usize].piece;
-            self.emit_piece(vocab, piece, out);
-            i = s.symbols[i as usize].next;
+            let sym = s.symbols[i as usize];
+            if sym.piece == UNKNOWN_CHAR {
+                let at = sym.at as usize;
+                let len = utf8_len(word[at]).min(word.len() - at);
+                self.emit_bytes(vocab, &word[at..at + len], out);
+            } else {
+                self.emit_piece(vocab, sym.piece, out);
+            }
+            i = sym.next;
         }
     }
 
@@ -306,17 +380,42 @@ impl BpeModel {
         } else {
             &self.extra[(piece - self.n_vocab) as usize]
         };
-        for &b in text.as_bytes() {
-            if let Some(id) = vocab.lookup_bytes(&[b]) {
-                out.push(id);
-            }
+        self.emit_bytes(vocab, text.as_bytes(), out);
+    }
+
+    /// Byte fallback: each byte's one-byte token (GPT-2 character) or, for raw words, its
+    /// `<0xNN>` token; bytes with neither are dropped, as in llama.cpp.
+    fn emit_bytes(&self, vocab: &Vocab, bytes: &[u8], out: &mut Vec<u32>) {
+        for &b in bytes {
+            let id = match &self.raw {
+                Some(raw) => raw.byte_tokens[b as usize],
+                None => vocab.lookup_bytes(&[b]),
+            };
+            out.extend(id);
         }
     }
 
     pub fn heap_bytes(&self) -> usize {
-        self.merges.heap_bytes()
+        let raw = self.raw.as_ref().map_or(0, |r| {
+            std::mem::size_of::<RawBpe>()
+                + r.extra_index
+                    .keys()
+                    .map(|k| k.capacity() + 32)
+                    .sum::<usize>()
+        });
+        raw + self.merges.heap_bytes()
             + self.extra.iter().map(|s| s.capacity() + 24).sum::<usize>()
             + self.pre.stages.capacity() * std::mem::size_of::<super::pretokenize::Stage>()
+    }
+}
+
+/// llama.cpp's `unicode_len_utf8`: the sequence length a lead byte announces.
+fn utf8_len(lead: u8) -> usize {
+    match lead >> 4 {
+        0xF => 4,
+        0xE => 3,
+        0xC | 0xD => 2,
+        _ => 1,
     }
 }
 

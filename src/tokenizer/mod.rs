@@ -1,10 +1,14 @@
 //! Tokenizers that reproduce llama.cpp's token ids exactly, built from GGUF metadata.
 //!
-//! Two vocabulary kinds, chosen by `tokenizer.ggml.model`:
+//! The vocabulary kinds, chosen by `tokenizer.ggml.model`:
 //! - `gpt2`: byte-level BPE (`bpe.rs`), with the pre-tokenizer named by `tokenizer.ggml.pre`
 //!   (`pretokenize.rs`) and merges ranked by `tokenizer.ggml.merges`.
+//! - `gemma4`: the same BPE over raw UTF-8 with spaces as `▁`, split only at newlines, byte
+//!   fallback `<0xNN>` (Gemma 4).
 //! - `llama`: SentencePiece-style BPE (`spm.rs`) driven by `tokenizer.ggml.scores`, spaces as
 //!   `▁`, byte fallback `<0xNN>`.
+//! - `bert`: WordPiece (`wordpiece.rs`): BERT's normalizer, greedy longest match, `[UNK]`;
+//!   `[CLS]` ... `[SEP]` around the text when special tokens are added.
 //!
 //! Encoding runs in three steps, as in llama.cpp's `llama_vocab::impl::tokenize`:
 //! 1. `special.rs`: cut special-token text (control / user-defined tokens) out of the input;
@@ -18,23 +22,30 @@
 
 mod bpe;
 mod chat;
+mod config;
 mod fim;
 mod pretokenize;
+mod pretokenize_ext;
+mod pretokenize_o200k;
 mod special;
 mod spm;
 mod stream;
 pub mod toolcall;
 mod unicode;
 mod unicode_data;
+mod unicode_norm_data;
 mod vocab;
+mod wordpiece;
 
 use bpe::{BpeModel, BpeScratch};
 use pretokenize::{PreTokenizer, SUPPORTED_PRE};
 use special::{Fragment, SpecialMatcher};
 use spm::SpmScratch;
 use vocab::{Vocab, VocabBuildError};
+use wordpiece::{WpmModel, WpmOptions, WpmScratch};
 
 pub use chat::{builtin_chat_template, render_chat, render_chat_tools, ChatMessage};
+pub use config::config_from_gguf;
 pub use fim::{ExtraChunk, FimTokens, InfillBudget, InfillParts, NoFimTokens};
 pub use stream::StreamDecoder;
 pub use vocab::attr;
@@ -112,7 +123,7 @@ pub struct SpecialIds {
 /// code. `None` means "the file does not say" (llama.cpp's defaults then apply).
 #[derive(Clone, Debug, Default)]
 pub struct TokenizerConfig {
-    /// `tokenizer.ggml.model`: `gpt2` or `llama`.
+    /// `tokenizer.ggml.model`: `gpt2`, `gemma4`, `llama` or `bert`.
     pub model: String,
     /// `tokenizer.ggml.pre` (byte-level BPE only).
     pub pre: Option<String>,
@@ -130,6 +141,10 @@ pub struct TokenizerConfig {
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` and `.strip_accents` (WordPiece only; both
+    /// default to true, and stripping accents to lower-casing).
+    pub lowercase: Option<bool>,
+    pub strip_accents: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
     /// `general.architecture`: picks a built-in chat template when the file has none.
@@ -144,6 +159,16 @@ enum Model {
         /// The token spelling each byte (`<0xNN>`, else the one-character token, else unk).
         byte_tokens: Box<[Option<u32>; 256]>,
     },
+    Wpm(WpmModel),
+}
+
+/// Which algorithm a `tokenizer.ggml.model` names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `gpt2`, and `gemma4` (its pre-tokenizer is then always `gemma4`).
+    Bpe,
+    Spm,
+    Wpm,
 }
 
 /// A loaded tokenizer. Immutable and `Sync`: share it behind an `Arc`.
@@ -261,18 +286,27 @@ impl Tokenizer {
         if n >= u32::MAX as usize / 2 {
             return Err(TokenizerError::TooLarge(n));
         }
-        let is_bpe = match cfg.model.as_str() {
-            "gpt2" => true,
-            "llama" => false,
+        let kind = match cfg.model.as_str() {
+            "gpt2" | "gemma4" => Kind::Bpe,
+            "llama" => Kind::Spm,
+            "bert" => Kind::Wpm,
             other => {
                 return Err(TokenizerError::UnsupportedModel {
                     model: other.to_string(),
-                    supported: "gpt2 (byte-level BPE), llama (SentencePiece-style)".into(),
+                    supported: "gpt2 (byte-level BPE), gemma4 (BPE over UTF-8), llama \
+                                (SentencePiece-style), bert (WordPiece)"
+                        .into(),
                 })
             }
         };
+        let is_bpe = kind == Kind::Bpe;
         let pre = if is_bpe {
-            let name = cfg.pre.as_deref().unwrap_or("");
+            // llama.cpp: a `gemma4` vocabulary always has the `gemma4` pre-tokenizer.
+            let name = if cfg.model == "gemma4" {
+                "gemma4"
+            } else {
+                cfg.pre.as_deref().unwrap_or("")
+            };
             let pre =
                 PreTokenizer::for_name(name).ok_or_else(|| TokenizerError::UnsupportedPre {
                     pre: name.to_string(),
@@ -321,10 +355,12 @@ impl Tokenizer {
         }
 
         // Special ids: llama.cpp's per-model defaults, then the file's values when in range.
-        let (def_bos, def_eos, def_unk) = if is_bpe {
-            (Some(11), Some(11), None)
-        } else {
-            (Some(1), Some(2), Some(0))
+        // (bos, eos, unk, sep, pad, mask)
+        let (def_bos, def_eos, def_unk, def_sep, def_pad, def_mask) = match kind {
+            Kind::Bpe if cfg.model == "gemma4" => (None, None, None, None, None, None),
+            Kind::Bpe => (Some(11), Some(11), None, None, None, None),
+            Kind::Spm => (Some(1), Some(2), Some(0), None, None, None),
+            Kind::Wpm => (Some(101), None, Some(100), Some(102), Some(0), Some(103)),
         };
         let in_range = |id: Option<u32>| id.filter(|&i| (i as usize) < n);
         let pick = |file: Option<u32>, default: Option<u32>| match file {
@@ -342,9 +378,9 @@ impl Tokenizer {
             eot: pick(s.eot, None),
             eom: pick(s.eom, None),
             unk: pick(s.unk, def_unk),
-            sep: pick(s.sep, None),
-            pad: pick(s.pad, None),
-            mask: pick(s.mask, None),
+            sep: pick(s.sep, def_sep),
+            pad: pick(s.pad, def_pad),
+            mask: pick(s.mask, def_mask),
             fim_pre: pick(s.fim_pre, None),
             fim_suf: pick(s.fim_suf, None),
             fim_mid: pick(s.fim_mid, None),
@@ -353,13 +389,26 @@ impl Tokenizer {
             fim_sep: pick(s.fim_sep, None),
         };
 
-        let (default_add_bos, clean_spaces) = match &pre {
-            Some(p) => (p.default_add_bos, p.clean_spaces),
-            None => (true, false),
+        let (default_add_bos, clean_spaces) = match (&pre, kind) {
+            (Some(p), _) => (p.default_add_bos, p.clean_spaces),
+            (None, Kind::Wpm) => (true, true),
+            (None, _) => (true, false),
         };
-        let add_bos = cfg.add_bos.unwrap_or(default_add_bos);
+        let mut add_bos = cfg.add_bos.unwrap_or(default_add_bos);
+        // llama.cpp: Gemma 4 always starts with BOS, whatever the file says.
+        // WordPiece: llama.cpp adds [CLS] whenever special tokens are added, whatever the file
+        // says; `adds_bos` tells it as it is.
+        if pre.as_ref().is_some_and(|p| p.force_add_bos) || kind == Kind::Wpm {
+            add_bos = true;
+        }
         let add_eos = cfg.add_eos.unwrap_or(false);
-        let add_space_prefix = cfg.add_space_prefix.unwrap_or(!is_bpe);
+        let add_space_prefix = cfg.add_space_prefix.unwrap_or(kind == Kind::Spm);
+        // BERT's normalizer: lower-casing by default, accent stripping with it.
+        let lowercase = cfg.lowercase.unwrap_or(true);
+        let wpm = WpmOptions {
+            lowercase,
+            strip_accents: cfg.strip_accents.unwrap_or(lowercase),
+        };
 
         // Text-based fix-ups (llama.cpp: "auto-detect special tokens by text"). llama.cpp
         // walks a hash map, so which of several matching texts wins is unspecified there; we
@@ -445,8 +494,31 @@ impl Tokenizer {
             Err(VocabBuildError::TooLarge) => return Err(TokenizerError::TooLarge(n)),
         };
 
+        let byte_level = pre.as_ref().is_some_and(|p| p.byte_encode);
         let model = match pre {
             Some(pre) => Model::Bpe(Box::new(BpeModel::new(&vocab, &cfg.merges, pre))),
+            None if kind == Kind::Wpm => {
+                // WordPiece adds [CLS] and [SEP] whenever special tokens are asked for, and
+                // needs [UNK] for words it cannot spell.
+                let need = |id: Option<u32>, token_kind| {
+                    id.ok_or(TokenizerError::MissingSpecial {
+                        what: "WordPiece (tokenizer.ggml.model = bert)",
+                        token_kind,
+                    })
+                };
+                // The file's id, else llama.cpp's default (100) where it is `[UNK]`, else the
+                // token spelled `[UNK]`.
+                let unk = match (s.unk.filter(|&i| (i as usize) < n), ids.unk) {
+                    (Some(i), _) => Some(i),
+                    (None, Some(i)) if vocab.text(i) == "[UNK]" => Some(i),
+                    (None, _) => vocab.lookup("[UNK]"),
+                };
+                ids.unk = unk;
+                let unk = need(unk, "an [UNK] (tokenizer.ggml.unknown_token_id)")?;
+                need(ids.bos, "a [CLS] (tokenizer.ggml.bos_token_id)")?;
+                need(ids.sep, "a [SEP] (tokenizer.ggml.seperator_token_id)")?;
+                Model::Wpm(WpmModel { opts: wpm, unk })
+            }
             None => {
                 let byte_tokens = Box::new(std::array::from_fn(|b| {
                     vocab
@@ -474,7 +546,7 @@ impl Tokenizer {
         }
 
         let specials = SpecialMatcher::new(&vocab);
-        let (pieces, piece_offsets) = build_pieces(&vocab, is_bpe);
+        let (pieces, piece_offsets) = build_pieces(&vocab, byte_level);
         let (chat_template, builtin_template) = match cfg.chat_template {
             Some(t) => (Some(t), false),
             None => match cfg.architecture.as_deref().and_then(builtin_chat_template) {
@@ -517,20 +589,43 @@ impl Tokenizer {
     /// `add_bos`.
     fn encode_fragments(&self, text: &str, fragments: &[Fragment], add_bos: bool) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        if let Model::Wpm(wpm) = &self.model {
+            // llama.cpp: [CLS] text [SEP] whenever special tokens are added.
+            if add_bos {
+                out.extend(self.ids.bos);
+            }
+            let mut scratch = WpmScratch::default();
+            for f in fragments {
+                match f {
+                    Fragment::Text(r) => {
+                        wpm.encode_fragment(&self.vocab, &text[r.clone()], &mut scratch, &mut out)
+                    }
+                    Fragment::Token(id) => out.push(*id),
+                }
+            }
+            if add_bos {
+                out.extend(self.ids.sep);
+            }
+            return out;
+        }
         if add_bos && self.add_bos {
             out.extend(self.ids.bos);
         }
         match &self.model {
             Model::Bpe(bpe) => {
                 let mut scratch = BpeScratch::default();
+                let mut escaped = String::new();
                 for f in fragments {
                     match f {
-                        Fragment::Text(r) => bpe.encode_fragment(
-                            &self.vocab,
-                            &text[r.clone()],
-                            &mut scratch,
-                            &mut out,
-                        ),
+                        Fragment::Text(r) => {
+                            let mut raw = &text[r.clone()];
+                            if bpe.pre.escape_whitespaces {
+                                escaped.clear();
+                                escaped.extend(raw.chars().map(|c| if c == ' ' { '▁' } else { c }));
+                                raw = &escaped;
+                            }
+                            bpe.encode_fragment(&self.vocab, raw, &mut scratch, &mut out)
+                        }
                         Fragment::Token(id) => out.push(*id),
                     }
                 }
@@ -565,6 +660,7 @@ impl Tokenizer {
                     }
                 }
             }
+            Model::Wpm(_) => unreachable!("handled above"),
         }
         if add_bos && self.add_eos {
             out.extend(self.ids.eos);
@@ -672,11 +768,14 @@ impl Tokenizer {
         &self.ids
     }
 
-    /// `gpt2` (byte-level BPE) or `llama` (SentencePiece-style).
+    /// `gpt2` (byte-level BPE), `gemma4` (BPE over UTF-8), `llama` (SentencePiece-style) or
+    /// `bert` (WordPiece).
     pub fn model_kind(&self) -> &'static str {
-        match self.model {
+        match &self.model {
+            Model::Bpe(b) if !b.pre.byte_encode => "gemma4",
             Model::Bpe(_) => "gpt2",
             Model::Spm { .. } => "llama",
+            Model::Wpm(_) => "bert",
         }
     }
 
@@ -684,7 +783,7 @@ impl Tokenizer {
     pub fn pre_tokenizer(&self) -> Option<&str> {
         match &self.model {
             Model::Bpe(b) => Some(&b.pre.name),
-            Model::Spm { .. } => None,
+            Model::Spm { .. } | Model::Wpm(_) => None,
         }
     }
 
@@ -696,6 +795,12 @@ impl Tokenizer {
     /// Whether `add_bos` in [`encode`](Self::encode) appends EOS for this model.
     pub fn adds_eos(&self) -> bool {
         self.add_eos
+    }
+
+    /// Whether `add_bos` in [`encode`](Self::encode) appends the separator (`[SEP]`): WordPiece
+    /// vocabularies, where it ends every input (llama.cpp's `add_sep`).
+    pub fn adds_sep(&self) -> bool {
+        matches!(self.model, Model::Wpm(_))
     }
 
     /// End of generation: EOS, EOT, `<|im_end|>`, `<end_of_turn>`, ... as llama.cpp decides.
@@ -735,6 +840,7 @@ impl Tokenizer {
         let model = match &self.model {
             Model::Bpe(b) => b.heap_bytes(),
             Model::Spm { .. } => 256 * 8,
+            Model::Wpm(_) => 0,
         };
         self.vocab.heap_bytes()
             + self.specials.heap_bytes()
@@ -746,8 +852,9 @@ impl Tokenizer {
     }
 }
 
-/// Every token's decoded bytes (llama.cpp's `token_to_piece` with `special = true`).
-fn build_pieces(vocab: &Vocab, is_bpe: bool) -> (Vec<u8>, Vec<u32>) {
+/// Every token's decoded bytes (llama.cpp's `token_to_piece` with `special = true`):
+/// `byte_level` for GPT-2 byte characters, else `▁` as space.
+fn build_pieces(vocab: &Vocab, byte_level: bool) -> (Vec<u8>, Vec<u32>) {
     let mut pieces = Vec::new();
     let mut offsets = Vec::with_capacity(vocab.len() + 1);
     offsets.push(0u32);
@@ -757,7 +864,7 @@ fn build_pieces(vocab: &Vocab, is_bpe: bool) -> (Vec<u8>, Vec<u32>) {
         if a & (attr::CONTROL | attr::UNKNOWN | attr::USER_DEFINED) != 0 {
             pieces.extend_from_slice(text.as_bytes());
         } else if a & attr::NORMAL != 0 {
-            if is_bpe {
+            if byte_level {
                 decode_byte_level(text, &mut pieces);
             } else {
                 pieces.extend_from_slice(text.replace('▁', " ").as_bytes());
@@ -846,99 +953,6 @@ fn clean_up_spaces(text: &mut Vec<u8>) {
         total += 1;
     }
     text.truncate(total);
-}
-
-/// Read the `tokenizer.*` keys of a GGUF file.
-pub fn config_from_gguf(f: &crate::gguf::GgufFile) -> Result<TokenizerConfig, TokenizerError> {
-    use crate::gguf::Array;
-    let wrong = |key: &str, found: &Array, expected: &'static str| TokenizerError::WrongType {
-        key: key.to_string(),
-        found: found.type_name().to_string(),
-        expected,
-    };
-
-    let model = f.get_str("tokenizer.ggml.model")?.to_string();
-    let pre = f.opt_str("tokenizer.ggml.pre")?.map(str::to_string);
-
-    let key = "tokenizer.ggml.tokens";
-    let arr = f.get_array(key)?;
-    let tokens = arr
-        .as_strings()
-        .ok_or_else(|| wrong(key, arr, "array[string]"))?
-        .to_vec();
-
-    let key = "tokenizer.ggml.scores";
-    let scores = match f.opt_array(key)? {
-        None => None,
-        Some(Array::F32(v)) => Some(v.clone()),
-        // llama.cpp also accepts integer scores.
-        Some(Array::I32(v)) => Some(v.iter().map(|&x| x as f32).collect()),
-        Some(other) => return Err(wrong(key, other, "array[f32] or array[i32]")),
-    };
-
-    let key = "tokenizer.ggml.token_type";
-    let token_types = match f.opt_array(key)? {
-        None => None,
-        Some(a) => Some(
-            a.as_i32s()
-                .ok_or_else(|| wrong(key, a, "array[i32]"))?
-                .to_vec(),
-        ),
-    };
-
-    let key = "tokenizer.ggml.merges";
-    let merges = match f.opt_array(key)? {
-        None if model == "gpt2" => return Err(TokenizerError::MissingKey(key.to_string())),
-        None => Vec::new(),
-        Some(a) => a
-            .as_strings()
-            .ok_or_else(|| wrong(key, a, "array[string]"))?
-            .to_vec(),
-    };
-
-    // A special id stored with an unusable type is ignored (llama.cpp would refuse the file
-    // for some of these keys, but an unusable pad or mask id should not stop a model).
-    let id = |name: &str| -> Option<u32> {
-        let key = format!("tokenizer.ggml.{name}");
-        match f.opt_u32(&key) {
-            Ok(v) => v,
-            Err(e) => {
-                log::warn!("ignoring {key}: {e}");
-                None
-            }
-        }
-    };
-    let special = SpecialIds {
-        bos: id("bos_token_id"),
-        eos: id("eos_token_id"),
-        eot: id("eot_token_id"),
-        eom: id("eom_token_id"),
-        unk: id("unknown_token_id"),
-        sep: id("seperator_token_id"),
-        pad: id("padding_token_id"),
-        mask: id("mask_token_id"),
-        fim_pre: id("prefix_token_id").or_else(|| id("fim_pre_token_id")),
-        fim_suf: id("suffix_token_id").or_else(|| id("fim_suf_token_id")),
-        fim_mid: id("middle_token_id").or_else(|| id("fim_mid_token_id")),
-        fim_pad: id("fim_pad_token_id"),
-        fim_rep: id("fim_rep_token_id"),
-        fim_sep: id("fim_sep_token_id"),
-    };
-
-    Ok(TokenizerConfig {
-        model,
-        pre,
-        tokens,
-        scores,
-        token_types,
-        merges,
-        special,
-        add_bos: f.opt_bool("tokenizer.ggml.add_bos_token")?,
-        add_eos: f.opt_bool("tokenizer.ggml.add_eos_token")?,
-        add_space_prefix: f.opt_bool("tokenizer.ggml.add_space_prefix")?,
-        chat_template: f.opt_str("tokenizer.chat_template")?.map(str::to_string),
-        architecture: f.opt_str("general.architecture")?.map(str::to_string),
-    })
 }
 
 #[cfg(test)]

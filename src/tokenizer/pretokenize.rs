@@ -10,6 +10,8 @@
 
 use std::ops::Range;
 
+use super::pretokenize_ext as ext;
+use super::pretokenize_o200k::{self as o200k, CaseRegex};
 use super::unicode::{cpt_flags, CptFlags};
 
 /// One splitting step.
@@ -28,6 +30,37 @@ pub(crate) enum Stage {
     PunctRuns,
     /// `[0-9][0-9][0-9]`: ASCII digit triples.
     AsciiDigitTriples,
+    /// `[\p{P}\$\+<=>\^~\|`]+`: [`PunctRuns`](Stage::PunctRuns) and the backtick (falcon).
+    PunctTickRuns,
+    /// `(?i:'s|..)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|..`
+    /// (custom scanner, qwen35): qwen2's with combining marks inside words.
+    Qwen35,
+    /// `[\r\n]`: each line-break character alone.
+    EachLineBreak,
+    /// `[^\n]+|[\n]+`: runs of newlines and of the rest (gemma4).
+    NewlineRuns,
+    /// `\s?[<letters>]+` over deepseek-llm's explicit letter ranges.
+    DeepseekLetters,
+    /// `\s?[!-/:-~！-／：-～‘-‟　-。]+`: deepseek-llm's punctuation.
+    DeepseekPunct,
+    /// `\s+$`: the whitespace that ends a piece.
+    TrailingSpace,
+    /// `[一-龥ࠀ-一가-퟿]+`: deepseek's CJK and Hangul runs.
+    CjkRuns,
+    /// `\s?\p{L}+` (deepseek-coder).
+    SpaceLetters,
+    /// `\s?\p{P}+` (deepseek-coder).
+    SpacePunct,
+    /// `\p{N}{1,3}` as a regex: runs of numbers in threes from the left (deepseek-v3).
+    NumberTriples,
+    /// `[一-龥぀-ゟ゠-ヿ]+`: CJK, hiragana and katakana runs (deepseek-v3).
+    CjkKanaRuns,
+    /// deepseek-v3's word regex (`pretokenize_o200k.rs`).
+    Deepseek3,
+    /// o200k's case-aware regex (`gpt-4o`).
+    Gpt4o,
+    /// Mistral's tekken regex.
+    Tekken,
 }
 
 /// What a `tokenizer.ggml.pre` name implies besides its regexes (llama-vocab.cpp's table).
@@ -41,6 +74,13 @@ pub(crate) struct PreTokenizer {
     pub default_add_bos: bool,
     /// llama.cpp's `clean_spaces` (clean_up_tokenization_spaces) for decoding.
     pub clean_spaces: bool,
+    /// Words are mapped to GPT-2's byte characters before merging (false: raw UTF-8, with
+    /// `<0xNN>` byte fallback; gemma4).
+    pub byte_encode: bool,
+    /// Spaces become `▁` before splitting (gemma4).
+    pub escape_whitespaces: bool,
+    /// BOS is added whatever `add_bos_token` says (gemma4).
+    pub force_add_bos: bool,
 }
 
 /// The `tokenizer.ggml.pre` values kiln understands, for error messages.
@@ -87,6 +127,22 @@ pub(crate) const SUPPORTED_PRE: &[&str] = &[
     "solar-open",
     "stablelm2",
     "megrez",
+    "qwen35",
+    "falcon",
+    "deepseek-llm",
+    "deepseek-coder",
+    "gemma4",
+    "granite-embed-multi-311m",
+    "gpt-4o",
+    "llama4",
+    "kanana2",
+    "talkie",
+    "minimax-m2",
+    "tekken",
+    "deepseek-v3",
+    "hunyuan-dense",
+    "joyai-llm",
+    "hy_v4",
 ];
 
 impl PreTokenizer {
@@ -98,6 +154,7 @@ impl PreTokenizer {
         let llama3 = vec![Llama3 { max_digits: 3 }];
         let qwen2 = vec![Llama3 { max_digits: 1 }];
         let default = vec![PunctRuns, Gpt2, NumberRuns, AsciiDigitTriples];
+        let (mut byte_encode, mut escape_whitespaces, mut force_add_bos) = (true, false, false);
         // (stages, ignore_merges, default add_bos, clean_spaces)
         let (stages, ignore_merges, default_add_bos, clean_spaces) = match pre {
             "" | "default" => (default, false, false, true),
@@ -116,6 +173,49 @@ impl PreTokenizer {
                 (qwen2, false, false, false)
             }
             "stablelm2" | "megrez" => (qwen2, false, false, true),
+            "qwen35" => (vec![Qwen35], false, false, false),
+            "falcon" => (
+                vec![PunctTickRuns, Gpt2, AsciiDigitTriples],
+                false,
+                false,
+                true,
+            ),
+            "deepseek-llm" => (
+                vec![
+                    EachLineBreak,
+                    DeepseekLetters,
+                    DeepseekPunct,
+                    TrailingSpace,
+                    CjkRuns,
+                    NumberRuns,
+                ],
+                false,
+                false,
+                false,
+            ),
+            "deepseek-coder" => (
+                vec![EachLineBreak, SpaceLetters, SpacePunct, CjkRuns, EachNumber],
+                false,
+                false,
+                false,
+            ),
+            // Gemma 4 (`tokenizer.ggml.model = gemma4` implies it): SentencePiece-style BPE.
+            "gemma4" | "granite-embed-multi-311m" => {
+                byte_encode = false;
+                escape_whitespaces = true;
+                force_add_bos = true;
+                (vec![NewlineRuns], false, false, true)
+            }
+            "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => {
+                (vec![Gpt4o], false, false, false)
+            }
+            "tekken" => (vec![Tekken], true, true, false),
+            "deepseek-v3" | "hunyuan-dense" | "joyai-llm" | "hy_v4" => (
+                vec![NumberTriples, CjkKanaRuns, Deepseek3],
+                false,
+                false,
+                false,
+            ),
             _ => return None,
         };
         Some(PreTokenizer {
@@ -128,6 +228,9 @@ impl PreTokenizer {
             ignore_merges,
             default_add_bos,
             clean_spaces,
+            byte_encode,
+            escape_whitespaces,
+            force_add_bos,
         })
     }
 
@@ -177,17 +280,32 @@ fn split_piece(stage: Stage, cpts: &[u32], ini: usize, end: usize, out: &mut Vec
         Stage::NumberRuns => class_split(cpts, ini, end, out, is_collapsed_number, true),
         Stage::PunctRuns => class_split(cpts, ini, end, out, is_default_punct, true),
         Stage::AsciiDigitTriples => ascii_digit_triples(cpts, ini, end, out),
+        Stage::PunctTickRuns => class_split(cpts, ini, end, out, is_falcon_punct, true),
+        Stage::Qwen35 => ext::scan_qwen35(cpts, ini, end, out),
+        Stage::EachLineBreak => class_split(cpts, ini, end, out, |c| c == CR || c == LF, false),
+        Stage::NewlineRuns => ext::newline_runs(cpts, ini, end, out),
+        Stage::DeepseekLetters => ext::space_then_runs(cpts, ini, end, out, ext::ds_letter),
+        Stage::DeepseekPunct => ext::space_then_runs(cpts, ini, end, out, ext::ds_punct),
+        Stage::TrailingSpace => ext::trailing_space(cpts, ini, end, out),
+        Stage::CjkRuns => class_split(cpts, ini, end, out, ext::ds_cjk, true),
+        Stage::SpaceLetters => ext::space_then_runs(cpts, ini, end, out, ext::collapsed_letter),
+        Stage::SpacePunct => ext::space_then_runs(cpts, ini, end, out, ext::collapsed_punct),
+        Stage::NumberTriples => ext::number_triples(cpts, ini, end, out),
+        Stage::CjkKanaRuns => class_split(cpts, ini, end, out, ext::cjk_kana, true),
+        Stage::Deepseek3 => o200k::split_deepseek3(cpts, ini, end, out),
+        Stage::Gpt4o => o200k::split_case(CaseRegex::Gpt4o, cpts, ini, end, out),
+        Stage::Tekken => o200k::split_case(CaseRegex::Tekken, cpts, ini, end, out),
     }
 }
 
 /// Records piece boundaries inside one input piece; empty pieces are dropped.
-struct Emitter<'a> {
-    prev_end: usize,
-    out: &'a mut Vec<usize>,
+pub(super) struct Emitter<'a> {
+    pub prev_end: usize,
+    pub out: &'a mut Vec<usize>,
 }
 
 impl Emitter<'_> {
-    fn add(&mut self, end: usize) -> usize {
+    pub fn add(&mut self, end: usize) -> usize {
         let len = end - self.prev_end;
         if len > 0 {
             self.out.push(len);
@@ -197,11 +315,11 @@ impl Emitter<'_> {
     }
 }
 
-const OUT_OF_RANGE: u32 = u32::MAX;
-const CR: u32 = '\r' as u32;
-const LF: u32 = '\n' as u32;
-const SPACE: u32 = ' ' as u32;
-const APOSTROPHE: u32 = '\'' as u32;
+pub(super) const OUT_OF_RANGE: u32 = u32::MAX;
+pub(super) const CR: u32 = '\r' as u32;
+pub(super) const LF: u32 = '\n' as u32;
+pub(super) const SPACE: u32 = ' ' as u32;
+pub(super) const APOSTROPHE: u32 = '\'' as u32;
 
 /// Port of `unicode_regex_split_custom_gpt2`.
 fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
@@ -302,7 +420,7 @@ fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
 }
 
 /// ASCII lower-casing is all `unicode_tolower` does for the letters compared here.
-fn lower(c: u32) -> u32 {
+pub(super) fn lower(c: u32) -> u32 {
     if (b'A' as u32..=b'Z' as u32).contains(&c) {
         c + 32
     } else {
@@ -438,7 +556,7 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
 
 /// `\p{N}` on llama.cpp's collapsed text: ASCII digits, or a non-whitespace codepoint whose
 /// category is "number".
-fn is_collapsed_number(c: u32) -> bool {
+pub(super) fn is_collapsed_number(c: u32) -> bool {
     if c < 128 {
         return (b'0' as u32..=b'9' as u32).contains(&c);
     }
@@ -455,9 +573,14 @@ fn is_default_punct(c: u32) -> bool {
     !f.is_whitespace() && f.category() == CptFlags::PUNCTUATION
 }
 
+/// `[\p{P}\$\+<=>\^~\|`]` on the collapsed text.
+fn is_falcon_punct(c: u32) -> bool {
+    c == '`' as u32 || is_default_punct(c)
+}
+
 /// Regex split with a one-class pattern: each match (a maximal run when `runs`, else a single
 /// codepoint) is a piece, and so is each gap between matches.
-fn class_split(
+pub(super) fn class_split(
     cpts: &[u32],
     ini: usize,
     end: usize,

@@ -586,3 +586,112 @@ fn infill_prompt_cuts_each_part_to_its_budget() {
     assert_eq!(InfillBudget::new(4096, false).n_batch, 2048);
     assert_eq!(InfillBudget::new(8192, false).n_batch, 2048);
 }
+
+/// A WordPiece config: `[PAD] [UNK] [CLS] [SEP] [MASK]` (control), then `words`.
+fn wpm_config(words: &[&str]) -> TokenizerConfig {
+    let mut tokens: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut types = vec![3; tokens.len()];
+    tokens.extend(words.iter().map(|s| s.to_string()));
+    types.resize(tokens.len(), 1);
+    TokenizerConfig {
+        model: "bert".into(),
+        tokens,
+        token_types: Some(types),
+        special: SpecialIds {
+            bos: Some(2),
+            unk: Some(1),
+            sep: Some(3),
+            pad: Some(0),
+            mask: Some(4),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[test]
+fn wordpiece_adds_cls_and_sep_and_decodes_with_spaces() {
+    let t =
+        Tokenizer::from_config(wpm_config(&["▁hello", "▁world", "▁!", "▁play", "ing"])).unwrap();
+    assert_eq!(t.model_kind(), "bert");
+    assert!(t.adds_bos() && t.adds_sep() && !t.adds_eos());
+    assert_eq!(t.encode("Hello WORLD!", false, false), [5, 6, 7]);
+    assert_eq!(t.encode("playing", true, false), [2, 8, 9, 3]);
+    assert_eq!(t.encode("hello xyz", true, false), [2, 5, 1, 3]);
+    // Special-token text is one token when parsed.
+    assert_eq!(t.encode("[CLS] hello", false, true), [2, 5]);
+    assert_eq!(t.decode(&[8, 9]), " playing");
+}
+
+#[test]
+fn wordpiece_without_unk_is_refused_by_name() {
+    let mut cfg = wpm_config(&["▁a"]);
+    cfg.tokens[1] = "[NOT_UNK]".into();
+    cfg.special.unk = None;
+    let err = Tokenizer::from_config(cfg).unwrap_err().to_string();
+    assert!(err.contains("[UNK]") && err.contains("WordPiece"), "{err}");
+    // Without the file's id the token spelled [UNK] is found.
+    let mut cfg = wpm_config(&["▁a"]);
+    cfg.special.unk = None;
+    let t = Tokenizer::from_config(cfg).unwrap();
+    assert_eq!(t.special_ids().unk, Some(1));
+    assert_eq!(t.encode("b", false, false), [1]);
+}
+
+#[test]
+fn wordpiece_normalizer_options() {
+    let mut cfg = wpm_config(&["▁Café", "▁cafe"]);
+    cfg.lowercase = Some(false);
+    let t = Tokenizer::from_config(cfg).unwrap();
+    assert_eq!(t.encode("Café", false, false), [5]);
+    let t = Tokenizer::from_config(wpm_config(&["▁Café", "▁cafe"])).unwrap();
+    assert_eq!(t.encode("Café", false, false), [6]);
+}
+
+#[test]
+fn gemma4_bpe_runs_on_utf8_with_byte_fallback() {
+    // <pad> <eos> <bos>, the 256 byte tokens, then pieces; spaces are ▁, no byte encoding.
+    let mut tokens = vec!["<pad>".to_string(), "<eos>".into(), "<bos>".into()];
+    let mut types = vec![3, 3, 3];
+    for b in 0..256 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    for p in ["▁", "h", "i", "hi", "▁hi", "\n", "\n\n", "é"] {
+        tokens.push(p.into());
+        types.push(1);
+    }
+    let id = |s: &str| tokens.iter().position(|t| t == s).unwrap() as u32;
+    let (sp, hi, sphi, nl2, e) = (id("▁"), id("hi"), id("▁hi"), id("\n\n"), id("é"));
+    let cfg = TokenizerConfig {
+        model: "gemma4".into(),
+        pre: Some("ignored-for-gemma4".into()),
+        tokens: tokens.clone(),
+        token_types: Some(types),
+        merges: vec!["h i".into(), "▁ hi".into()],
+        special: SpecialIds {
+            bos: Some(2),
+            eos: Some(1),
+            ..Default::default()
+        },
+        add_bos: Some(false),
+        ..Default::default()
+    };
+    let t = Tokenizer::from_config(cfg).unwrap();
+    assert_eq!(t.model_kind(), "gemma4");
+    assert_eq!(t.pre_tokenizer(), Some("gemma4"));
+    // BOS is forced on, as in llama.cpp.
+    assert!(t.adds_bos());
+    assert_eq!(t.encode("hi hi", true, false), [2, hi, sphi]);
+    // A newline run that is a token is taken whole; an unknown character falls back to its
+    // UTF-8 bytes; a known one is itself.
+    let x = |b: u32| 3 + b;
+    assert_eq!(
+        t.encode("\n\n é ж", false, false),
+        [nl2, sp, e, sp, x(0xD0), x(0xB6)]
+    );
+    assert_eq!(t.decode(&[hi, sphi]), "hi hi");
+}

@@ -143,6 +143,11 @@ impl Vocab {
         self.offsets.len() - 1
     }
 
+    /// The longest token text, in bytes.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
     /// The text of token `id` (in the vocabulary's own encoding: byte-level or with `▁`).
     #[inline]
     pub fn text(&self, id: u32) -> &str {
