@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check, in two halves (see ../shared/GPU.md: the GPU machine has no Rust and no network).
+# The GPU check, in two halves (the GPU machine needs neither Rust nor a network).
 #
 #   scripts/gpu-check.sh prepare    here: build the release binary and the GPU test binaries,
 #                                   strip them into .gpu/, add the header-only prefixes of the
 #                                   real models, twin_gguf.py and the gguf wheel (KILN_OLD=rev:
 #                                   also that commit's binary, timed beside this one)
-#   scripts/gpu-check.sh run        there (device tool, carry [".gpu"]): make the twins, run the
+#   scripts/gpu-check.sh run        there, with .gpu/ copied over: make the twins, run the
 #                                   GPU tests, then kiln bench --device cuda beside llama-bench
 #                                   (when .gpu/llama.cpp/build has it), and print one table
 #
@@ -25,7 +25,7 @@ prepare() {
     mkdir -p .gpu/whl .gpu/models
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
     cargo build --release --bin kiln
-    # Binaries go xz-compressed (the call carries 64 MiB at most); `run` unpacks them.
+    # Binaries go xz-compressed (to keep .gpu/ small to copy); `run` unpacks them.
     strip -o /tmp/kiln-gpu target/release/kiln && xz -T0 -6 -c /tmp/kiln-gpu > .gpu/kiln.xz
     rm -f .gpu/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.

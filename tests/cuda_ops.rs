@@ -5,7 +5,8 @@
 //! prompt-sized path (dequantization to bf16, then the product: cuBLAS on a real GPU,
 //! `gemm_bf16` on the software GPU) against an f64 product of the same bf16-rounded operands.
 //! The attention kernels are in tests/cuda_attention.rs. Runs on a real GPU, else on the
-//! software GPU (see tests/cuda_backend.rs), else says why it skips.
+//! software GPU (see tests/cuda_backend.rs); skips, saying why, only off x86-64, and fails where
+//! the software GPU should build but does not.
 
 mod common;
 

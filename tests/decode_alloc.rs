@@ -1,4 +1,4 @@
-//! Decoding a token allocates nothing: every buffer comes from the session (seed 000).
+//! Decoding a token allocates nothing: every buffer comes from the session.
 //! A counting global allocator watches the decode + sample loop after warm-up.
 
 mod common;

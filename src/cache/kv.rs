@@ -1,4 +1,4 @@
-//! The KV cache (seed 004): allocated once for the configured context, head-major per layer,
+//! The KV cache: allocated once for the configured context, head-major per layer,
 //! f16, with a cursor that advances, rolls back and resets without touching the data.
 //!
 //! Layout of one layer's keys (values alike):

@@ -1,4 +1,4 @@
-//! KV offload (seed 001 on CPU terms): the whole cache lives in a file; a small ring of
+//! KV offload on the CPU: the whole cache lives in a file; a small ring of
 //! per-layer buffers holds the layers being computed, and a background thread streams them.
 //!
 //! The file holds every layer in the in-RAM layout (`[K: n_kv_heads, max_len, row][V: …]`,

@@ -1,4 +1,4 @@
-//! Scratch buffers (seed 000): every intermediate of a forward pass has a named buffer,
+//! Scratch buffers: every intermediate of a forward pass has a named buffer,
 //! allocated once from the model's shape and the largest batch, and reused by every layer and
 //! every step. After construction nothing on the decode path allocates.
 //!

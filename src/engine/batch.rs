@@ -255,7 +255,7 @@ impl BatchRunner {
         self.slots[slot].common_prefix(tokens)
     }
 
-    /// Keep only the first `n` tokens of slot `slot` (seed 004's rollback); returns how many
+    /// Keep only the first `n` tokens of slot `slot` (the cache's rollback); returns how many
     /// are kept (0 where the sliding-window rings no longer hold the window before `n`).
     pub fn rollback(&mut self, slot: usize, n: usize) -> usize {
         self.slots[slot].rollback(n)

@@ -30,7 +30,7 @@ impl<K: SeqCache> Sequence<K> {
             .count()
     }
 
-    /// Keep the first `n` tokens (seed 004's rollback); returns how many are kept (fewer
+    /// Keep the first `n` tokens (the cache's rollback); returns how many are kept (fewer
     /// where the cache cannot go back that far, e.g. sliding-window rings).
     pub fn rollback(&mut self, n: usize) -> usize {
         let kept = self.kv.rollback(n);

@@ -312,7 +312,7 @@ impl Session {
         self.seq.reset();
     }
 
-    /// Drop every token after the first `n` (seed 004's rollback) and return how many are
+    /// Drop every token after the first `n` (the cache's rollback) and return how many are
     /// kept: `n`, or 0 where the sliding-window rings no longer hold the window before `n`
     /// (then everything is evaluated again; see [`KvCache::rollback`]).
     pub fn rollback(&mut self, n: usize) -> usize {

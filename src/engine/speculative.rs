@@ -8,7 +8,7 @@
 //! position, drawn with one sampler call per emitted token, in the same order as plain
 //! decoding: with logits equal to plain decoding's, the output is the same, greedy or seeded
 //! (for deterministic drafters, rejection sampling reduces to this comparison). The cache is
-//! then rolled back to the accepted tokens (seed 004's rollback).
+//! then rolled back to the accepted tokens (`Session::rollback`).
 //!
 //! Two drafters (llama.cpp's `--spec-type`):
 //! - [`NgramDrafter`] (`ngram-simple`, prompt lookup decoding): the tokens that followed the

@@ -224,11 +224,11 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
 
 /// Whether an output matrix of `k`'s format takes its repacked layout: always, but
 /// `KILN_Q6K_GROUPS=0` keeps a Q6_K one row-major (the same arithmetic, so the same bits: an A/B
-/// of the layouts). Session 47 kept it row-major on a Zen 4, where its 16-row groups then
-/// streamed from memory at a third of the rows' speed; session 48 found the cause (the kernel's
-/// order of reading a group, and asking ahead for lines the Zen 4 fetched better alone:
-/// `x86::avx2::asks_ahead`) and the two layouts now decode a Llama-1B shape's 215 MB Q6_K
-/// output matrix equally fast there (55.6-57.5 tok/s, 2 threads).
+/// of the layouts). On a Zen 4 its 16-row groups once streamed from memory at a third of the
+/// rows' speed (2026-11-28, 5d3fdf7, which kept it row-major there); the cause was the kernel's
+/// order of reading a group, and asking ahead for lines the Zen 4 fetched better alone
+/// (`x86::avx2::asks_ahead`), and since both were mended the two layouts now decode a Llama-1B shape's 215 MB Q6_K
+/// output matrix equally fast there (55.6-57.5 tok/s, 2 threads; 2026-11-28, 8a837c2).
 fn logits_keep_groups(k: &Kernels) -> bool {
     k.weight != GgmlType::Q6K || std::env::var("KILN_Q6K_GROUPS").as_deref() != Ok("0")
 }
@@ -289,7 +289,7 @@ fn repacking_in(
         // (`sums_whole_blocks` picks). AMX: AVX-512 VNNI's kernels, and the int8 tiles for
         // whole blocks (inside the network, whole-block sums where the reference sums 8
         // lanes flip near-ties that the golden checks catch: random-llama-q5_0 on a Sapphire
-        // Rapids, top-1 140/141, greedy 3/5; session 35).
+        // Rapids, top-1 140/141, greedy 3/5; 2026-11-27, 58292de).
         type ByType = fn(GgmlType) -> Option<GemmFn>;
         let (group, blocks): (ByType, ByType) = match k.isa {
             Isa::Amx => (x86::groups_vnni::group_gemm, x86::groups_amx::block_gemm),

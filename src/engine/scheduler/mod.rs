@@ -16,7 +16,7 @@
 //! Prefix cache: a finished sequence's slot keeps its tokens and KV. A new request goes to the
 //! free slot sharing the longest prefix with its prompt (least recently used among equals) and
 //! prefills only the rest; if a busy slot shares a longer prefix, that prefix's KV is copied
-//! over first (seed 004's rollback, across slots).
+//! over first (rollback, across slots).
 //!
 //! Generation follows [`super::generate()`] step for step (same sampler calls on the same
 //! logits), so a request's greedy output equals `kiln run`'s.

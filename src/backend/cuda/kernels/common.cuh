@@ -45,7 +45,7 @@ __device__ __forceinline__ void pdl_begin() {
 // Only for launches of at most KILN_L2_PREFETCH_MAX bytes of weights: a small model's matrices
 // (its decode is a chain of short kernels, each waiting on memory), not a large model's,
 // whose products stream at bandwidth and whose prefetches would compete with the kernel ahead
-// (an 8B model decoded 4% slower with them, SmolLM2 5% faster; H100, session 35). A hint (no
+// (an 8B model decoded 4% slower with them, SmolLM2 5% faster; H100, 2026-11-27, 58292de). A hint (no
 // load: nothing is read, nothing can fault); KILN_L2_PREFETCH 0 (`KILN_CUDA_PREFETCH=0`,
 // nvrtc.rs) turns it off.
 #ifndef KILN_L2_PREFETCH

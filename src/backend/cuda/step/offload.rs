@@ -1,4 +1,4 @@
-//! A KV cache offloaded to host memory (`--kv-budget` on the GPU; seed 001): the layers of
+//! A KV cache offloaded to host memory (`--kv-budget` on the GPU, as `cache::offload` on the CPU): the layers of
 //! the whole context live in page-locked host memory, laid out as the device cache would be
 //! (sliding-window layers keep their rings on the device, as on the CPU); the device holds a
 //! ring of `R` layer slots, and a second stream streams the layers through it while the

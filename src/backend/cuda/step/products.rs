@@ -86,7 +86,7 @@ const F32_INPUT_MAX_TOKENS: usize = 4;
 /// 2048 (a small model's rows), or `KILN_CUDA_F32_INPUT_COLS` up to [`F32_INPUT_MAX_COLS`],
 /// for measuring. At 4096 an 8B model's layer decodes in 7 launches instead of 10 (its norms
 /// and the attention output's quantizer go into the products), each of the products' blocks
-/// quantizing the token's 4096 inputs first: not yet timed on a GPU.
+/// quantizing the token's 4096 inputs first: its speed on a GPU is unmeasured.
 fn f32_input_cols() -> usize {
     static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *COLS.get_or_init(|| {
@@ -99,7 +99,7 @@ fn f32_input_cols() -> usize {
 
 /// The widest rows whose q, k and v products take the RoPE in their epilogue: a small model's
 /// (an 8B model's 4096-wide products were slower with it, 270 against 301 tok/s, H100,
-/// session 35).
+/// 2026-11-27, 6a24356).
 const ROPE_EPILOGUE_MAX_COLS: usize = 2048;
 
 /// Which forms of a product's input exist (products that share an input make them once; the
