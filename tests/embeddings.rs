@@ -506,3 +506,115 @@ fn encoder_refusals() {
     assert!(e.to_string().contains("bert is an encoder"), "{e}");
     assert_eq!(kv.len(), 0, "nothing written");
 }
+
+/// A malformed encoder file is refused at load in one line naming the key or tensor: no
+/// token-type count, no token-type embeddings, no embedding norm; an unknown pooling type.
+#[test]
+fn malformed_encoders_are_refused_by_name() {
+    let edited = |stem: &str, edit: &dyn Fn(&mut GgufWriter)| {
+        let f = GgufFile::open(common::random_model(stem)).expect("open");
+        let mut w = GgufWriter::from_file(&f);
+        edit(&mut w);
+        Model::from_gguf(GgufFile::from_bytes(w.to_bytes()).unwrap())
+    };
+    let cases: [(&str, &dyn Fn(&mut GgufWriter), &str); 4] = [
+        (
+            "random-bert-f32",
+            &|w| {
+                w.remove("tokenizer.ggml.token_type_count");
+            },
+            "tokenizer.ggml.token_type_count",
+        ),
+        (
+            "random-nomic-bert-f32",
+            &|w| {
+                w.remove_tensor("token_types.weight");
+            },
+            "token_types.weight",
+        ),
+        (
+            "random-bert-f32",
+            &|w| {
+                w.remove_tensor("token_embd_norm.bias");
+            },
+            "token_embd_norm.bias",
+        ),
+        (
+            "random-bert-f32",
+            &|w| {
+                w.remove_tensor("blk.2.layer_output_norm.weight");
+            },
+            "blk.2.layer_output_norm.weight",
+        ),
+    ];
+    for (stem, edit, needle) in cases {
+        let e = edited(stem, edit).err().expect("refused").to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{stem}: {e}");
+    }
+    let odd = edited("random-bert-f32", &|w| {
+        w.set("bert.pooling_type", 9u32);
+    })
+    .expect("loads");
+    let e = Pooling::for_model(&odd, None).unwrap_err().to_string();
+    assert!(e.contains("bert.pooling_type = 9"), "{e}");
+    // The declared pooling is read: cls for bert, mean for nomic-bert.
+    for (stem, want) in [
+        ("random-bert-f32", Pooling::Cls),
+        ("random-nomic-bert-f32", Pooling::Mean),
+    ] {
+        let m = Model::load(common::random_model(stem)).unwrap();
+        assert_eq!(Pooling::for_model(&m, None), Ok(want), "{stem}");
+    }
+}
+
+/// `kiln embedding` runs an encoder with no flags (its declared pooling, the reference's
+/// vector); `kiln run` refuses it by name.
+#[test]
+fn encoder_commands() {
+    let model = common::random_model("random-bert-f32");
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            common::golden_dir()
+                .join("random-bert-f32")
+                .join("embeddings.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let row = golden["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pooling"] == "cls" && r["prompt_index"] == 1)
+        .unwrap();
+    let texts: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::golden_dir().join("texts.json")).unwrap(),
+    )
+    .unwrap();
+    let kiln = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .arg("-m")
+            .arg(&model)
+            .output()
+            .unwrap()
+    };
+    let prompt = texts["prompts"][1].as_str().unwrap();
+    let out = kiln(&["embedding", "-p", prompt, "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vec = |x: &serde_json::Value| -> Vec<f32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let got = vec(&v["data"][0]["embedding"]);
+    assert!(1.0 - cosine(&got, &vec(&row["embedding"])) < MAX_COS_DIST);
+    let out = kiln(&["run", "-p", "hi", "-n", "2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("'bert' is an encoder"), "{err}");
+}
