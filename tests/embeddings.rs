@@ -517,7 +517,8 @@ fn malformed_encoders_are_refused_by_name() {
         edit(&mut w);
         Model::from_gguf(GgufFile::from_bytes(w.to_bytes()).unwrap())
     };
-    let cases: [(&str, &dyn Fn(&mut GgufWriter), &str); 4] = [
+    type Edit<'a> = &'a dyn Fn(&mut GgufWriter);
+    let cases: [(&str, Edit, &str); 4] = [
         (
             "random-bert-f32",
             &|w| {
