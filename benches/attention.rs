@@ -47,6 +47,7 @@ fn bench(c: &mut Criterion) {
                 head_dim_v: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
                 window: None,
+                causal: true,
                 kv_stride: stride,
                 ring: None,
             };

@@ -86,6 +86,8 @@ VARIANTS = {
     "random-gpt2-q8_0": ("gpt2", "Q8_0", True),
 }
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2"]
+# Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
+ENCODER_RECIPES = ["bert", "nomic-bert"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
 # The random models with a log-probability golden (one per architecture, and two formats).
 LOGPROB_MODELS = ["random-llama-f32", "random-llama-q4_0", "random-qwen2-f32",
@@ -94,7 +96,7 @@ LOGPROB_TOP = 5
 
 # Embedding goldens: these models, the golden prompts, llama.cpp's pooling types by value.
 EMBED_MODELS = ["random-llama-f32", "random-qwen2-f32", "random-qwen3-f32", "random-gpt2-f32",
-                "random-llama-q8_0"]
+                "random-llama-q8_0", "random-bert-f32", "random-nomic-bert-f32"]
 POOLINGS = {"mean": 1, "cls": 2, "last": 3}
 
 # The real models: golden directory -> kiln's short name.
@@ -140,7 +142,7 @@ def gguf_reader(path):
 
 def write_manifest(work):
     models = {}
-    for recipe in RECIPES:
+    for recipe in RECIPES + ENCODER_RECIPES:
         p = work / f"random-{recipe}-f32.gguf"
         models[p.stem] = {"recipe": recipe, "sha256": sha256(p), "bytes": p.stat().st_size}
     for name, (recipe, _, _) in VARIANTS.items():

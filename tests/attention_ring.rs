@@ -44,6 +44,7 @@ fn attend(
         head_dim_v: HD,
         scale: 1.0 / (HD as f32).sqrt(),
         window: Some(window),
+        causal: true,
         kv_stride: c.capacity(),
         ring: c.ring_rows(0),
     };

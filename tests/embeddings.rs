@@ -1,5 +1,7 @@
 //! Embeddings against the reference engine: the random llama, qwen2, qwen3 and gpt2 models
-//! (and a Q8_0 llama), mean / cls / last pooling of the golden prompts, computed through the
+//! (and a Q8_0 llama), and the encoders bert and nomic-bert (bidirectional attention, whole
+//! prompts per pass, several sequences per pass; a generation asked of them refused by
+//! name), mean / cls / last pooling of the golden prompts, computed through the
 //! scheduler as `kiln serve` computes them (prefill chunks smaller than the prompts, several
 //! embeddings and a generating sequence in the same steps), agree with llama.cpp's
 //! `llama_get_embeddings_seq` (tests/golden/<model>/embeddings.json, scripts/make-fixtures.py)
@@ -84,8 +86,8 @@ fn scheduler_runner(m: &Arc<Model>, slots: usize, chunk: usize) -> BatchRunner {
     .unwrap()
 }
 
-/// Run every request to its end on one scheduler.
-fn run_all(sched: &mut Scheduler<'_>, reqs: Vec<SeqRequest>) {
+/// Run every request to its end on one scheduler; returns the steps it took.
+fn run_all(sched: &mut Scheduler<'_>, reqs: Vec<SeqRequest>) -> usize {
     for r in reqs {
         sched.submit(r);
     }
@@ -95,6 +97,7 @@ fn run_all(sched: &mut Scheduler<'_>, reqs: Vec<SeqRequest>) {
         steps += 1;
         assert!(steps < 10_000, "the scheduler does not finish");
     }
+    steps
 }
 
 /// A generation alone (greedy, 12 tokens), to compare with one run beside embeddings.
@@ -150,7 +153,13 @@ fn check_model(stem: &str) {
     reqs.insert(3, gen_req);
     let metrics = Arc::new(SchedMetrics::default());
     let mut sched = Scheduler::new(scheduler_runner(&m, 4, 7), &tok, Arc::clone(&metrics));
-    run_all(&mut sched, reqs);
+    let steps = run_all(&mut sched, reqs);
+    let encoder = m.config.arch.is_encoder();
+    if encoder {
+        // Whole prompts, four per pass (4 slots; the chunk of 7 does not apply: a pass holds
+        // a whole sequence).
+        assert_eq!(steps, rows.len().div_ceil(4), "{stem}: passes");
+    }
 
     let mut worst: f64 = 0.0;
     for (r, out) in rows.iter().zip(&outs) {
@@ -186,6 +195,20 @@ fn check_model(stem: &str) {
         worst = worst.max(dist);
     }
     eprintln!("{stem}: worst cosine distance {worst:.2e}");
+    if encoder {
+        // An encoder generates nothing: the request is refused by name.
+        let o = gen_out.0.lock().unwrap();
+        let f = o.finished.as_ref().expect("finished");
+        match &f.reason {
+            FinishReason::Error(e) => assert!(
+                e.contains(&format!("'{}' is an encoder", m.config.arch_name)),
+                "{e}"
+            ),
+            other => panic!("{stem}: a generation ended {other:?}"),
+        }
+        assert!(o.tokens.is_empty());
+        return;
+    }
     // The generation beside them is the one it gives alone: embeddings only add rows.
     let together = gen_out.0.lock().unwrap().tokens.clone();
     assert_eq!(together.len(), 12);
@@ -215,6 +238,16 @@ fn random_qwen3_embeddings_match_reference() {
 #[test]
 fn random_gpt2_embeddings_match_reference() {
     check_model("random-gpt2-f32");
+}
+
+#[test]
+fn random_bert_embeddings_match_reference() {
+    check_model("random-bert-f32");
+}
+
+#[test]
+fn random_nomic_bert_embeddings_match_reference() {
+    check_model("random-nomic-bert-f32");
 }
 
 /// L2 normalization (the server's default) gives unit vectors in the reference's direction,
@@ -424,4 +457,165 @@ fn prefix_reuse_and_context_limits() {
         f.reason
     );
     assert!(rows.is_none());
+}
+
+/// An encoder is refused by name where kiln does not run it: on the GPU, and for logits.
+#[test]
+fn encoder_refusals() {
+    let m = Arc::new(Model::load(common::random_model("random-bert-f32")).expect("load"));
+    let e = BatchRunner::new(
+        Arc::clone(&m),
+        BatchOptions {
+            n_slots: 1,
+            n_ctx: 64,
+            n_threads: 1,
+            prefill_chunk: 16,
+            kv_type: KvType::F16,
+            device: kiln::backend::Device::Cuda,
+            draft_max: 0,
+        },
+    )
+    .err()
+    .expect("refused on CUDA");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("'bert' is an encoder") && msg.contains("CUDA"),
+        "{msg}"
+    );
+    // Generation (kiln run, chat, perplexity) is refused by name.
+    let opts = kiln::engine::session::SessionOptions::new(64, 1);
+    let e = kiln::engine::session::Session::new(Arc::clone(&m), opts)
+        .err()
+        .expect("no generating session");
+    assert!(e.to_string().contains("'bert' is an encoder"), "{e}");
+    // The forward pass computes no logits for it.
+    use kiln::engine::session::{kv_layout, scratch_spec};
+    let o = kiln::engine::session::SessionOptions::new(64, 1);
+    let mut kv = kiln::cache::KvCache::new(kv_layout(&m.config, &o));
+    let mut scratch = kiln::cache::Scratch::new(&m.config, scratch_spec(&m, &o));
+    let rt = kiln::backend::cpu::Runtime::new(1);
+    let e = kiln::backend::cpu::forward(
+        &m,
+        &rt,
+        &mut kv,
+        &mut scratch,
+        &[1, 2, 3],
+        kiln::model::forward::Logits::Last,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("bert is an encoder"), "{e}");
+    assert_eq!(kv.len(), 0, "nothing written");
+}
+
+/// A malformed encoder file is refused at load in one line naming the key or tensor: no
+/// token-type count, no token-type embeddings, no embedding norm; an unknown pooling type.
+#[test]
+fn malformed_encoders_are_refused_by_name() {
+    let edited = |stem: &str, edit: &dyn Fn(&mut GgufWriter)| {
+        let f = GgufFile::open(common::random_model(stem)).expect("open");
+        let mut w = GgufWriter::from_file(&f);
+        edit(&mut w);
+        Model::from_gguf(GgufFile::from_bytes(w.to_bytes()).unwrap())
+    };
+    type Edit<'a> = &'a dyn Fn(&mut GgufWriter);
+    let cases: [(&str, Edit, &str); 4] = [
+        (
+            "random-bert-f32",
+            &|w| {
+                w.remove("tokenizer.ggml.token_type_count");
+            },
+            "tokenizer.ggml.token_type_count",
+        ),
+        (
+            "random-nomic-bert-f32",
+            &|w| {
+                w.remove_tensor("token_types.weight");
+            },
+            "token_types.weight",
+        ),
+        (
+            "random-bert-f32",
+            &|w| {
+                w.remove_tensor("token_embd_norm.bias");
+            },
+            "token_embd_norm.bias",
+        ),
+        (
+            "random-bert-f32",
+            &|w| {
+                w.remove_tensor("blk.2.layer_output_norm.weight");
+            },
+            "blk.2.layer_output_norm.weight",
+        ),
+    ];
+    for (stem, edit, needle) in cases {
+        let e = edited(stem, edit).err().expect("refused").to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{stem}: {e}");
+    }
+    let odd = edited("random-bert-f32", &|w| {
+        w.set("bert.pooling_type", 9u32);
+    })
+    .expect("loads");
+    let e = Pooling::for_model(&odd, None).unwrap_err().to_string();
+    assert!(e.contains("bert.pooling_type = 9"), "{e}");
+    // The declared pooling is read: cls for bert, mean for nomic-bert.
+    for (stem, want) in [
+        ("random-bert-f32", Pooling::Cls),
+        ("random-nomic-bert-f32", Pooling::Mean),
+    ] {
+        let m = Model::load(common::random_model(stem)).unwrap();
+        assert_eq!(Pooling::for_model(&m, None), Ok(want), "{stem}");
+    }
+}
+
+/// `kiln embedding` runs an encoder with no flags (its declared pooling, the reference's
+/// vector); `kiln run` refuses it by name.
+#[test]
+fn encoder_commands() {
+    let model = common::random_model("random-bert-f32");
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            common::golden_dir()
+                .join("random-bert-f32")
+                .join("embeddings.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let row = golden["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pooling"] == "cls" && r["prompt_index"] == 1)
+        .unwrap();
+    let texts: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::golden_dir().join("texts.json")).unwrap(),
+    )
+    .unwrap();
+    let kiln = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(args)
+            .arg("-m")
+            .arg(&model)
+            .output()
+            .unwrap()
+    };
+    let prompt = texts["prompts"][1].as_str().unwrap();
+    let out = kiln(&["embedding", "-p", prompt, "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vec = |x: &serde_json::Value| -> Vec<f32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let got = vec(&v["data"][0]["embedding"]);
+    assert!(1.0 - cosine(&got, &vec(&row["embedding"])) < MAX_COS_DIST);
+    let out = kiln(&["run", "-p", "hi", "-n", "2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("'bert' is an encoder"), "{err}");
 }

@@ -222,3 +222,78 @@ fn bad_pooling_flags_are_refused() {
         assert!(err.contains(needle), "--pooling {flag}: {err}");
     }
 }
+
+/// The reference's vectors of the golden prompts for `stem` with `pooling`.
+fn golden_rows(stem: &str, pooling: &str) -> Vec<Vec<f32>> {
+    let path = common::golden_dir().join(stem).join("embeddings.json");
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    g["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["pooling"] == pooling)
+        .map(|r| floats(&r["embedding"]))
+        .collect()
+}
+
+/// An encoder serves `/v1/embeddings` and Ollama's `/api/embed` without `--embeddings` or
+/// `--pooling` (the pooling its file declares: nomic-bert mean, bert cls), the reference's
+/// vectors; the completion routes refuse it by name.
+#[test]
+fn encoders_serve_embeddings_without_flags() {
+    let texts = prompts();
+    for (stem, pooling) in [
+        ("random-nomic-bert-f32", "mean"),
+        ("random-bert-f32", "cls"),
+    ] {
+        let model = common::random_model(stem);
+        let s = Server::start(&model, &["-P", "4"]);
+        let want = golden_rows(stem, pooling);
+        let a = post(&s, &json!({ "input": texts }));
+        assert_eq!(a.status, 200, "{stem}: {}", a.text());
+        let v = a.json();
+        let data = v["data"].as_array().unwrap();
+        assert_eq!(data.len(), texts.len());
+        for (i, d) in data.iter().enumerate() {
+            let got = floats(&d["embedding"]);
+            let dist = 1.0 - cosine(&got, &want[i]);
+            assert!(
+                dist <= 1e-3,
+                "{stem} prompt {i}: cosine distance {dist:.2e}"
+            );
+        }
+        let a = s.request(
+            "POST",
+            "/api/embed",
+            &[],
+            &json!({ "model": stem, "input": [texts[1], texts[2]] }).to_string(),
+        );
+        assert_eq!(a.status, 200, "{stem}: {}", a.text());
+        let v = a.json();
+        for (k, i) in [1, 2].into_iter().enumerate() {
+            let got = floats(&v["embeddings"][k]);
+            assert!(
+                1.0 - cosine(&got, &want[i]) <= 1e-3,
+                "{stem} /api/embed {i}"
+            );
+        }
+        for (path, body) in [
+            (
+                "/v1/completions",
+                json!({ "prompt": "hi", "max_tokens": 4 }),
+            ),
+            (
+                "/v1/chat/completions",
+                json!({ "messages": [{ "role": "user", "content": "hi" }], "max_tokens": 4 }),
+            ),
+        ] {
+            let a = s.request("POST", path, &[], &body.to_string());
+            assert!(a.status >= 400, "{stem} {path}: {} {}", a.status, a.text());
+            assert!(
+                a.text().contains("is an encoder"),
+                "{stem} {path}: {}",
+                a.text()
+            );
+        }
+    }
+}

@@ -185,6 +185,7 @@ impl<'a> Cpu<'a> {
             NormW::Ffn(l) => &ws.layers[l].ffn_norm,
             NormW::FfnPost(l) => opt(&ws.layers[l].ffn_post_norm),
             NormW::Output => &ws.output_norm,
+            NormW::Embd => opt(&ws.embd_norm),
         }
     }
 
@@ -249,6 +250,9 @@ impl<'a> Backend for Cpu<'a> {
                 w.token_embd.row_f32(t as usize, x);
                 if scale != 1.0 {
                     ops::scale_inplace(x, scale);
+                }
+                if let Some(te) = &w.type_embd {
+                    ops::add_inplace(x, te);
                 }
             }
         });
@@ -452,6 +456,7 @@ impl<'a> Backend for Cpu<'a> {
             head_dim_v: c.head_dim_v,
             scale: c.attn_scale,
             window: self.m.weights.layers[li].window,
+            causal: c.causal,
             kv_stride: seqs[0].kv.capacity(),
             ring: seqs[0].kv.ring_rows(li),
         };
@@ -495,7 +500,8 @@ impl<'a> Backend for Cpu<'a> {
                     };
                     // A sequence's rows together, or each as the decode step of its position
                     // (the keys of the later rows are stored, but a row does not see them).
-                    let parts = if s.rows_alone || sq.alone {
+                    // (Bidirectional attention sees the whole pass: never split.)
+                    let parts = if c.causal && (s.rows_alone || sq.alone) {
                         sq.n_tokens.max(1)
                     } else {
                         1

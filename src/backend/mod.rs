@@ -106,6 +106,8 @@ pub enum NormW {
     Ffn(usize),
     FfnPost(usize),
     Output,
+    /// An encoder's LayerNorm of the summed embeddings.
+    Embd,
 }
 
 /// Which rows of a buffer: a range, or a list.
@@ -226,7 +228,8 @@ pub trait Backend {
     /// rows): what varies from step to step goes to the device here.
     fn begin(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, Self::Kv>]);
 
-    /// `X[j] = embed(tokens[j]) · scale (+ learned position embedding of row j's position)`.
+    /// `X[j] = embed(tokens[j]) · scale (+ an encoder's token-type embedding) (+ learned
+    /// position embedding of row j's position)`.
     fn embed(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, Self::Kv>], scale: f32);
 
     /// Normalize the rows `rows` of `src` into the same rows of `dst` (in place when they are

@@ -117,6 +117,15 @@ impl BatchRunner {
         let n_slots = opts.n_slots.max(1);
         let n_ctx = opts.n_ctx.max(1);
         check_context(c, n_ctx)?;
+        // Bidirectional attention sees a whole sequence in one pass: a pass holds any prompt.
+        let opts = if c.causal {
+            opts
+        } else {
+            BatchOptions {
+                prefill_chunk: n_ctx,
+                ..opts
+            }
+        };
         let chunk = opts.prefill_chunk.clamp(1, n_ctx);
         let opts = BatchOptions {
             draft_max: drafts_kept(opts.draft_max, opts.prefill_chunk, n_ctx, opts.device),

@@ -3,7 +3,7 @@
 //!
 //! The hidden state pooled is the one the output matrix multiplies: the last block's residual
 //! stream after the final norm (llama.cpp's `t_embd`, `result_norm`; its `build_pooling` reads
-//! it). [`Pooling`] follows llama.cpp's `llama_pooling_type`, read from the GGUF key
+//! it); an encoder's (BERT), which has no final norm, is its last block's output. [`Pooling`] follows llama.cpp's `llama_pooling_type`, read from the GGUF key
 //! `{arch}.pooling_type` (0 none, 1 mean, 2 cls, 3 last, 4 rank) unless overridden:
 //! - `mean`: the average of every prompt position's state;
 //! - `cls`: the first position's (position 0);
@@ -38,7 +38,7 @@ pub enum PoolingError {
     BadValue { key: String, value: i64 },
     #[error("{key} is not an integer")]
     NotInteger { key: String },
-    #[error("{key} = false: this model attends bidirectionally, and kiln's attention is causal; its embeddings would be wrong")]
+    #[error("{key} = false: this decoder attends bidirectionally, which kiln runs only for encoder architectures (bert, nomic-bert); its embeddings would be wrong")]
     NonCausal { key: String },
 }
 
@@ -86,7 +86,8 @@ impl Pooling {
     pub fn for_model(model: &Model, over: Option<Pooling>) -> Result<Pooling, PoolingError> {
         let f = &model.file;
         let causal = f.arch_key("attention.causal");
-        if f.opt_bool(&causal).ok().flatten() == Some(false) {
+        let declared = f.opt_bool(&causal).ok().flatten();
+        if declared == Some(false) && !model.config.arch.is_encoder() {
             return Err(PoolingError::NonCausal { key: causal });
         }
         if let Some(p) = over {

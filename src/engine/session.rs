@@ -87,6 +87,20 @@ pub enum EngineError {
     Cuda(#[from] crate::backend::cuda::CudaError),
     #[error("the draft model: {0}")]
     Draft(String),
+    /// Something an encoder (an embedding model) cannot do: generate text, or run where
+    /// kiln does not run encoders.
+    #[error("'{arch}' is an encoder (an embedding model): {what}")]
+    Encoder { arch: String, what: &'static str },
+}
+
+impl EngineError {
+    /// Refuse to generate with an encoder.
+    pub fn encoder_generation(arch: &str) -> EngineError {
+        EngineError::Encoder {
+            arch: arch.to_string(),
+            what: "it gives embeddings (kiln embedding, /v1/embeddings, /api/embed), not text",
+        }
+    }
 }
 
 impl From<KvCacheError> for EngineError {
@@ -137,6 +151,10 @@ impl Session {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Session, EngineError> {
         let c = &model.config;
+        if c.arch.is_encoder() {
+            // A session generates (run, chat, perplexity, bench): an encoder cannot.
+            return Err(EngineError::encoder_generation(&c.arch_name));
+        }
         let n_ctx = opts.n_ctx.max(1);
         check_context(c, n_ctx)?;
         let opts = SessionOptions {
@@ -534,6 +552,12 @@ pub fn cuda_session(
     slots: usize,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Box<CudaSession>, EngineError> {
+    if model.config.arch.is_encoder() {
+        return Err(EngineError::Encoder {
+            arch: model.config.arch_name.clone(),
+            what: "the CUDA backend does not run encoders; use --device cpu",
+        });
+    }
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
     let gpu = cuda::open()?;
     let w = device_weights(&gpu, model, progress)?;

@@ -1,4 +1,5 @@
-//! Causal grouped-query attention over the head-major f16 KV cache.
+//! Grouped-query attention over the head-major f16 KV cache: causal (decoders), or
+//! bidirectional over the pass's positions (encoders, [`AttnShape::causal`] off).
 //!
 //! # Why this arithmetic
 //!
@@ -55,6 +56,10 @@ pub struct AttnShape {
     pub scale: f32,
     /// Sliding window: a query at position p sees keys at positions `> p - window`.
     pub window: Option<usize>,
+    /// Causal masking: a query at position p sees keys up to p. Off (an encoder's
+    /// bidirectional attention), every query of a pass sees every key up to the pass's last
+    /// position, `pos0 + n_tokens - 1` (no window then).
+    pub causal: bool,
     /// Positions per head of the cache (its `max_len`, the context): with `ring` unset, the
     /// rows per head of the buffers too. It picks the path (as the reference's padded cache
     /// length does), so a ring takes the same path as a full cache.
@@ -460,6 +465,10 @@ pub fn attention_kv(
     assert!(out.len() >= n_tokens * s.n_heads * s.head_dim_v);
     assert!(pos0 + n_tokens <= s.kv_stride);
     assert!(kv.holds(s.n_kv_heads * s.rows(), s.head_dim_k, s.head_dim_v));
+    assert!(
+        s.causal || s.window.is_none(),
+        "bidirectional attention has no window"
+    );
     if let Some(r) = s.ring {
         // Every position a query of the pass sees is still in the ring, and no tile of 64
         // positions wraps.
@@ -483,8 +492,12 @@ pub fn attention_kv(
     }
 }
 
-/// Visible key positions of the query at position `p`.
-fn visible(s: &AttnShape, p: usize) -> std::ops::Range<usize> {
+/// Visible key positions of the query at position `p` of a pass whose last position is
+/// `end - 1`.
+fn visible(s: &AttnShape, p: usize, end: usize) -> std::ops::Range<usize> {
+    if !s.causal {
+        return 0..end;
+    }
     s.window.map_or(0, |w| (p + 1).saturating_sub(w))..p + 1
 }
 
@@ -550,7 +563,7 @@ fn vector(
         // The first kv head of the item (streams > 1: every kv head, so 0).
         let kvh = (item / subs) % kv_items;
         let t = item / (subs * kv_items);
-        let vis = visible(s, pos0 + t);
+        let vis = visible(s, pos0 + t, pos0 + n_tokens);
         let (lo, hi) = (vis.start, vis.end);
         // Query heads h0..h0+item_heads: of kv head `kvh`, or of every kv head (streams).
         let h0 = kvh * group + sub * heads_per_item;
@@ -633,7 +646,7 @@ fn decode_chunks(s: &AttnShape, pos0: usize, n_tokens: usize) -> (usize, usize) 
     if n_tokens != 1 {
         return (1, usize::MAX);
     }
-    let first = visible(s, pos0).start / KV_TILE;
+    let first = visible(s, pos0, pos0 + 1).start / KV_TILE;
     let n_tiles = (pos0 + 1).div_ceil(KV_TILE) - first;
     let per = chunk_tiles(n_tiles);
     (n_tiles.div_ceil(per), per)
@@ -745,8 +758,9 @@ fn tiled(
             m[1] = 0.0;
         }
         let head0 = kvh * s.rows();
-        let first = visible(s, pos0 + t0).start / KV_TILE;
-        let end = pos0 + t1; // one past the last visible key of the item
+        let first = visible(s, pos0 + t0, pos0 + n_tokens).start / KV_TILE;
+        // One past the last visible key of the item.
+        let end = if s.causal { pos0 + t1 } else { pos0 + n_tokens };
         let tiles = if split {
             let a = first + chunk * chunk_tiles;
             a..(a + chunk_tiles).min(end.div_ceil(KV_TILE))
@@ -765,7 +779,7 @@ fn tiled(
             }
             let vtile = kv.values_f16(rows, hdv, &mut *vbuf);
             for t in t0..t1 {
-                let vis = visible(s, pos0 + t);
+                let vis = visible(s, pos0 + t, end);
                 let (lo, hi) = (vis.start.max(c0), vis.end.min(c0 + KV_TILE));
                 if lo >= hi {
                     continue; // every key of the tile masked for this row

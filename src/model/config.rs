@@ -27,6 +27,9 @@ pub enum Arch {
     Qwen3,
     Gemma3,
     Gpt2,
+    /// Encoders (embeddings, no generation): BERT and Nomic-BERT.
+    Bert,
+    NomicBert,
 }
 
 impl Arch {
@@ -39,6 +42,8 @@ impl Arch {
         ("qwen3", Arch::Qwen3),
         ("gemma3", Arch::Gemma3),
         ("gpt2", Arch::Gpt2),
+        ("bert", Arch::Bert),
+        ("nomic-bert", Arch::NomicBert),
     ];
 
     pub fn from_name(name: &str) -> Option<Arch> {
@@ -46,6 +51,12 @@ impl Arch {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|&(_, a)| a)
+    }
+
+    /// An encoder: post-norm blocks over embeddings with their own LayerNorm, no output
+    /// head; it gives embeddings, never text.
+    pub fn is_encoder(self) -> bool {
+        matches!(self, Arch::Bert | Arch::NomicBert)
     }
 
     pub fn supported_list() -> String {
@@ -120,6 +131,11 @@ pub struct ModelConfig {
     /// Equal in real arithmetic to folding it into `attn_scale`, but the attention rounds
     /// queries to f16, so where the scale is applied shows in the last bits.
     pub q_scale: Option<f32>,
+    /// Off: every position of a pass attends to every other (an encoder's bidirectional
+    /// attention, `{arch}.attention.causal = false`; decoders are always causal).
+    pub causal: bool,
+    /// Rows of the token-type embeddings (an encoder's; 0 for decoders).
+    pub token_types: usize,
 }
 
 impl ModelConfig {
@@ -201,5 +217,7 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         swa_layers: vec![false; n_layers],
         attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
         q_scale: None,
+        causal: true,
+        token_types: 0,
     })
 }

@@ -60,6 +60,9 @@ pub enum ForwardError {
     PositionOutOfRange { pos: usize, max: usize },
     #[error("empty batch")]
     Empty,
+    /// Logits asked of an encoder, which has no output head.
+    #[error("{arch} is an encoder: it gives embeddings, not logits")]
+    EncoderLogits { arch: String },
     #[error("the batch has {tokens} tokens but its sequences claim {claimed}")]
     BatchMismatch { tokens: usize, claimed: usize },
     /// The device failed during the pass (its caches are then lost).
@@ -80,20 +83,31 @@ pub fn forward_batch<B: Backend>(
 ) -> Result<(), ForwardError> {
     let (c, w) = (&m.config, &m.weights);
     let n = tokens.len();
-    check_batch(m, b.max_rows(), seqs, tokens)?;
+    check_batch(m, b.max_rows(), seqs, tokens, &logits)?;
+    // An encoder's blocks are post-norm: each sublayer reads the residual stream itself and
+    // the norm follows the residual add (`encoder_norm`).
+    let encoder = c.arch.is_encoder();
     b.begin(tokens, seqs);
     b.embed(tokens, seqs, m.embed_scale);
+    if encoder {
+        b.norm(NormW::Embd, Buf::X, Buf::X, 0..n);
+    }
     for (li, layer) in w.layers.iter().enumerate() {
         // --- attention ---
-        b.norm(NormW::Attn(li), Buf::X, Buf::Xb, 0..n);
+        let src = if encoder {
+            Buf::X
+        } else {
+            b.norm(NormW::Attn(li), Buf::X, Buf::Xb, 0..n);
+            Buf::Xb
+        };
         match &layer.qkv {
             Qkv::Fused(_) => {
-                b.matmul(&[Mat::Qkv(li)], Buf::Xb, &[Buf::Q], n);
+                b.matmul(&[Mat::Qkv(li)], src, &[Buf::Q], n);
                 b.split_qkv(n);
             }
             Qkv::Separate { .. } => b.matmul(
                 &[Mat::Q(li), Mat::K(li), Mat::V(li)],
-                Buf::Xb,
+                src,
                 &[Buf::Q, Buf::K, Buf::V],
                 n,
             ),
@@ -118,7 +132,12 @@ pub fn forward_batch<B: Backend>(
         b.matmul_add(Mat::O(li), Buf::Attn, post, Buf::X, n);
 
         // --- feed-forward ---
-        b.norm(NormW::Ffn(li), Buf::X, Buf::Xb, 0..n);
+        if encoder {
+            // The FFN reads the normed stream from `Xb`; the stream itself is normed alike.
+            encoder_norm(b, NormW::Attn(li), n);
+        } else {
+            b.norm(NormW::Ffn(li), Buf::X, Buf::Xb, 0..n);
+        }
         let act = m.traits.act;
         let hidden = if layer.ffn_gate.is_some() {
             b.gated_ffn(Mat::Gate(li), Mat::Up(li), act, n);
@@ -130,6 +149,9 @@ pub fn forward_batch<B: Backend>(
         };
         let post = layer.ffn_post_norm.is_some().then_some(NormW::FfnPost(li));
         b.matmul_add(Mat::Down(li), hidden, post, Buf::X, n);
+        if encoder {
+            b.norm(NormW::Ffn(li), Buf::X, Buf::X, 0..n);
+        }
     }
     for sq in seqs.iter_mut() {
         sq.kv.advance(sq.n_tokens)?;
@@ -174,13 +196,26 @@ pub fn forward_batch<B: Backend>(
                 "hidden or logit row past the batch"
             );
             for r in hidden {
-                b.norm(NormW::Output, Buf::X, Buf::Xb, r.clone());
-                b.read(Buf::Xb, r.clone(), hidden_sink);
+                if encoder {
+                    // No final norm: the last block's output is the state pooled.
+                    b.read(Buf::X, r.clone(), hidden_sink);
+                } else {
+                    b.norm(NormW::Output, Buf::X, Buf::Xb, r.clone());
+                    b.read(Buf::Xb, r.clone(), hidden_sink);
+                }
             }
             output_rows(b, RowSel::List(picked), &mut picked_sink(sink));
         }
     }
     b.finish()
+}
+
+/// An encoder's post-norm of the residual stream after a sublayer's add: `Xb = LN(X)` (the
+/// next sublayer's input), and `X = LN(X)` (its residual), the same arithmetic on the same
+/// rows.
+fn encoder_norm<B: Backend>(b: &mut B, w: NormW, n: usize) {
+    b.norm(w, Buf::X, Buf::Xb, 0..n);
+    b.norm(w, Buf::X, Buf::X, 0..n);
 }
 
 /// Refuse a batch that does not fit, before anything is modified.
@@ -189,9 +224,20 @@ fn check_batch<K: SeqCache>(
     max_rows: usize,
     seqs: &[SeqBatch<'_, K>],
     tokens: &[u32],
+    logits: &Logits<'_>,
 ) -> Result<(), ForwardError> {
     let c = &m.config;
     let n = tokens.len();
+    let no_logits = match logits {
+        Logits::None => true,
+        Logits::Hidden { picked, .. } => picked.is_empty(),
+        _ => false,
+    };
+    if c.arch.is_encoder() && !no_logits {
+        return Err(ForwardError::EncoderLogits {
+            arch: c.arch_name.clone(),
+        });
+    }
     if n == 0 || seqs.iter().any(|sq| sq.n_tokens == 0) {
         return Err(ForwardError::Empty);
     }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod forward;
 pub mod weights;
 
+mod bert;
 mod gemma3;
 mod gpt2;
 mod llama;
@@ -154,6 +155,7 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
             gpt2::configure(&mut cfg);
             gpt2::TRAITS
         }
+        Arch::Bert | Arch::NomicBert => bert::configure(f, arch, &mut cfg)?,
     };
     validate(&cfg)?;
     Ok((cfg, traits))

@@ -38,6 +38,14 @@ pub mod names {
     pub const FFN_UP: &str = "ffn_up.weight";
     pub const FFN_DOWN: &str = "ffn_down.weight";
     pub const FFN_POST_NORM: &str = "post_ffw_norm";
+
+    // Encoders (BERT).
+    pub const TOKEN_TYPES: &str = "token_types.weight";
+    pub const TOKEN_EMBD_NORM: &str = "token_embd_norm";
+    /// An encoder's norm after the attention's residual add (post-norm).
+    pub const ATTN_OUT_NORM: &str = "attn_output_norm";
+    /// An encoder's norm after the FFN's residual add.
+    pub const LAYER_OUT_NORM: &str = "layer_output_norm";
 }
 
 /// A norm's parameters (`{name}.weight`, and `{name}.bias` for LayerNorm).
@@ -73,7 +81,7 @@ impl Qkv {
 
 /// One transformer block.
 pub struct Layer {
-    /// `[dim]`
+    /// `[dim]` (an encoder's `attn_output_norm`, applied after the residual add)
     pub attn_norm: Norm,
     /// The query, key and value projections.
     pub qkv: Qkv,
@@ -84,7 +92,7 @@ pub struct Layer {
     pub wo: Linear,
     /// `[dim]` (Gemma-3)
     pub attn_post_norm: Option<Norm>,
-    /// `[dim]`
+    /// `[dim]` (an encoder's `layer_output_norm`, applied after the residual add)
     pub ffn_norm: Norm,
     /// `[ffn_dim, dim]` (gated FFNs)
     pub ffn_gate: Option<Linear>,
@@ -107,11 +115,17 @@ pub struct Weights {
     /// `[ctx_train, dim]` (GPT-2)
     pub pos_embd: Option<Linear>,
     pub layers: Vec<Layer>,
-    /// `[dim]`
+    /// `[dim]` (an encoder has none: this is then its `token_embd_norm` again, unused)
     pub output_norm: Norm,
-    /// `[vocab, dim]`; the embedding matrix again when tied.
+    /// `[vocab, dim]`; the embedding matrix again when tied (and for an encoder, which has
+    /// no output head and computes no logits).
     pub output: Linear,
     pub output_tied: bool,
+    /// An encoder's LayerNorm of the summed embeddings (`token_embd_norm`).
+    pub embd_norm: Option<Norm>,
+    /// An encoder's token-type embedding of type 0 (`token_types` row 0), added to every
+    /// token's embedding.
+    pub type_embd: Option<Vec<f32>>,
 }
 
 /// Loads tensors by name with shape and type checks.
@@ -278,6 +292,20 @@ pub fn load(
             }
         }
     };
+    let encoder = cfg.arch.is_encoder();
+    let (type_embd, embd_norm) = if encoder {
+        let types = ld.linear(TOKEN_TYPES, dim, cfg.token_types)?;
+        let mut row0 = vec![0.0f32; dim];
+        types.row_f32(0, &mut row0);
+        (Some(row0), Some(ld.norm(TOKEN_EMBD_NORM, dim)?))
+    } else {
+        (None, None)
+    };
+    let (attn_norm_name, ffn_norm_name) = if encoder {
+        (ATTN_OUT_NORM, LAYER_OUT_NORM)
+    } else {
+        (ATTN_NORM, FFN_NORM)
+    };
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for (i, rope) in ropes.into_iter().enumerate() {
         let b = |s: &str| blk(i, s);
@@ -307,13 +335,13 @@ pub fn load(
             (None, None)
         };
         layers.push(Layer {
-            attn_norm: ld.norm(&b(ATTN_NORM), dim)?,
+            attn_norm: ld.norm(&b(attn_norm_name), dim)?,
             qkv,
             q_norm,
             k_norm,
             wo: ld.matrix(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?,
             attn_post_norm,
-            ffn_norm: ld.norm(&b(FFN_NORM), dim)?,
+            ffn_norm: ld.norm(&b(ffn_norm_name), dim)?,
             ffn_gate: if traits.gated_ffn {
                 Some(ld.matrix(&b(FFN_GATE), dim, cfg.ffn_dim)?)
             } else {
@@ -330,6 +358,20 @@ pub fn load(
             rope,
         });
         release_layers(i.saturating_sub(2)..i + 1);
+    }
+    if let Some(norm) = embd_norm.as_ref().filter(|_| encoder) {
+        // No output head: nothing reads these but the accounting of weights.
+        f.tensors().iter().for_each(release);
+        return Ok(Weights {
+            output: token_embd.clone(),
+            token_embd,
+            pos_embd,
+            layers,
+            output_norm: norm.clone(),
+            output_tied: true,
+            embd_norm,
+            type_embd,
+        });
     }
     let output_norm = ld.norm(OUTPUT_NORM, dim)?;
     let (output, output_tied) = match ld.opt_linear(OUTPUT, dim, cfg.vocab_size)? {
@@ -350,6 +392,8 @@ pub fn load(
         output_norm,
         output,
         output_tied,
+        embd_norm,
+        type_embd,
     })
 }
 
@@ -386,8 +430,15 @@ pub fn gated_ffn_fuses(f: &GgufFile) -> bool {
 /// matrix and the output matrix (the embedding matrix when tied) whose format has a faster
 /// layout here. From the tensor table alone, so the memory plan knows it.
 pub fn repacked_at_load(f: &GgufFile, t: &crate::gguf::TensorInfo) -> bool {
+    let encoder = f
+        .architecture()
+        .ok()
+        .and_then(super::Arch::from_name)
+        .is_some_and(super::Arch::is_encoder);
     if t.shape.len() != 2
         || t.name == names::POS_EMBD
+        || t.name == names::TOKEN_TYPES
+        || (encoder && t.name == names::TOKEN_EMBD)
         || (t.name == names::TOKEN_EMBD && f.tensor_info(names::OUTPUT).is_some())
     {
         return false;

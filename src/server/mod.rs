@@ -340,6 +340,8 @@ fn start(
             })?
     };
     let pooling = Pooling::for_model(&model, opts.pooling).map_err(|e| e.to_string());
+    // An encoder serves embeddings only: its routes need no --embeddings.
+    opts.embeddings |= model.config.arch.is_encoder();
     if opts.embeddings {
         match &pooling {
             Ok(Pooling::None) => eprintln!(

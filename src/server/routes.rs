@@ -293,6 +293,12 @@ pub(super) fn chat_job(
     req: &ChatRequest,
     model: String,
 ) -> Result<(Job, Option<tools::Tools>), ApiError> {
+    let c = &st.model.config;
+    if c.arch.is_encoder() {
+        // (Before the template: an encoder has none, and generates nothing.)
+        let e = crate::engine::session::EngineError::encoder_generation(&c.arch_name);
+        return Err(ApiError::bad_request(e.to_string()));
+    }
     let (tools, plan, prompt) = chat_prompt(st, req)?;
     let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
     gen.n = req.params.choices(st.opts.n_slots)?;

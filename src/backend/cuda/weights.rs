@@ -479,6 +479,8 @@ impl DeviceWeights {
             NormW::Ffn(i) => l(i).ffn_norm,
             NormW::FfnPost(i) => some(l(i).ffn_post),
             NormW::Output => self.output_norm,
+            // Encoders do not load on the GPU (`EngineError::Encoder`).
+            NormW::Embd => panic!("the GPU does not run encoders"),
         }
     }
 

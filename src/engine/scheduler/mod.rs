@@ -431,6 +431,9 @@ impl<'t> Scheduler<'t> {
                 "{choices} choices need {choices} sequence slots; there are {}",
                 self.runner.n_slots()
             ))
+        } else if req.embed.is_none() && self.runner.model.config.arch.is_encoder() {
+            let arch = &self.runner.model.config.arch_name;
+            Some(EngineError::encoder_generation(arch).to_string())
         } else if req.prompt.is_empty() {
             Some(EngineError::EmptyPrompt.to_string())
         } else if req.prompt.len() >= room {
@@ -665,7 +668,13 @@ impl<'t> Scheduler<'t> {
             else {
                 break;
             };
-            let mut piece = chunk.min(left);
+            // Bidirectional attention needs a sequence's whole prompt in one pass (the runner's
+            // chunk holds any prompt then).
+            let whole = !self.runner.model.config.causal;
+            let mut piece = if whole { left } else { chunk.min(left) };
+            if piece > room && whole {
+                break;
+            }
             if piece > room {
                 if !first {
                     break;

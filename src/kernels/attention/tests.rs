@@ -62,6 +62,7 @@ fn make_case(
         head_dim_v: dk,
         scale: 1.0 / (dk as f32).sqrt(),
         window: (window > 0).then_some(window),
+        causal: true,
         kv_stride,
         ring: None,
     };
@@ -158,7 +159,12 @@ fn reference_rows(c: &Case) -> Vec<f32> {
         .next_multiple_of(256)
         .min(s.kv_stride.next_multiple_of(256));
     for t in 0..c.n_tokens {
-        let p = c.pos0 + t;
+        // Bidirectional: every row sees the pass's last position.
+        let p = if s.causal {
+            c.pos0 + t
+        } else {
+            c.pos0 + c.n_tokens - 1
+        };
         let first = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
         let seen = |pos: usize| pos >= first && pos <= p;
         for h in 0..s.n_heads {
@@ -287,7 +293,11 @@ fn exact(c: &Case) -> Vec<f64> {
     let group = s.n_heads / s.n_kv_heads;
     let mut out = vec![0.0f64; c.n_tokens * s.n_heads * s.head_dim_v];
     for t in 0..c.n_tokens {
-        let p = c.pos0 + t;
+        let p = if s.causal {
+            c.pos0 + t
+        } else {
+            c.pos0 + c.n_tokens - 1
+        };
         let first = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
         for h in 0..s.n_heads {
             let kvh = h / group;
@@ -365,6 +375,98 @@ fn matches_plain_algorithm_and_exact_attention() {
                         );
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Bidirectional attention (an encoder's): every row of the pass sees every key of it, on
+/// both paths, every thread count and SIMD tier, close to exact attention; on the vector path
+/// each row has the bits of a causal decode row at the pass's last position (the same
+/// arithmetic over the same keys), and a pass of one token is the causal one.
+#[test]
+fn bidirectional_matches_exact_attention() {
+    let mut paths = vec![F16Ops::scalar()];
+    if F16Ops::detect().name != "scalar" {
+        paths.push(F16Ops::detect());
+    }
+    let mut seed = 101;
+    for (dk, h, hkv) in [(16, 4, 2), (64, 12, 12), (32, 4, 4)] {
+        for (n, pos0) in [
+            (1, 0),
+            (2, 0),
+            (7, 0),
+            (30, 0),
+            (63, 0),
+            (64, 0),
+            (100, 0),
+            (130, 20),
+        ] {
+            seed += 1;
+            let mut c = make_case(dk, h, hkv, n, pos0, 0, seed);
+            c.shape.causal = false;
+            let want_exact = exact(&c);
+            // The plain per-row algorithm (every key of the pass visible to every row).
+            let plain = reference_rows(&c);
+            let mut first: Option<Vec<f32>> = None;
+            for threads in [1, 2, 3] {
+                for ops in &paths {
+                    let got = run(&c, ops, threads);
+                    // Every path, thread count and tier: the plain algorithm's bits.
+                    assert!(
+                        plain
+                            .iter()
+                            .zip(&got)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} dk {dk} n {n} thr {threads}",
+                        ops.name
+                    );
+                    first.get_or_insert(got.clone());
+                    // The vector path's f16 accumulator rounds once per key: its error grows
+                    // with the keys a row sees (~1e-3 per 16 of them).
+                    let tol = match n {
+                        TILE_Q.. => 1e-5,
+                        0..=16 => 4e-3,
+                        _ => 1e-2,
+                    };
+                    for (i, (a, b)) in got.iter().zip(&want_exact).enumerate() {
+                        assert!(
+                            (*a as f64 - b).abs() < tol,
+                            "dk {dk} n {n} pos0 {pos0} i {i}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+            let got = first.expect("ran");
+            let row = h * dk;
+            if n < TILE_Q {
+                // Row t = a causal decode of query t at the last position.
+                for t in 0..n {
+                    let mut d = make_case(dk, h, hkv, n, pos0, 0, seed);
+                    d.n_tokens = 1;
+                    d.pos0 = pos0 + n - 1;
+                    d.q = c.q[t * row..(t + 1) * row].to_vec();
+                    let want = run(&d, &F16Ops::scalar(), 1);
+                    assert_eq!(
+                        want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        got[t * row..(t + 1) * row]
+                            .iter()
+                            .map(|x| x.to_bits())
+                            .collect::<Vec<_>>(),
+                        "dk {dk} n {n} row {t}"
+                    );
+                }
+            }
+            if n == 1 {
+                let mut d = make_case(dk, h, hkv, n, pos0, 0, seed);
+                d.shape.causal = true;
+                assert_eq!(run(&d, &F16Ops::scalar(), 1), got);
+            }
+            // And it is not the causal result (the first row sees later keys).
+            if n > 1 {
+                let d = make_case(dk, h, hkv, n, pos0, 0, seed);
+                let causal = run(&d, &F16Ops::scalar(), 1);
+                assert_ne!(causal[..row], got[..row], "dk {dk} n {n}");
             }
         }
     }
