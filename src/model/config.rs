@@ -27,6 +27,9 @@ pub enum Arch {
     Qwen3,
     Gemma3,
     Gpt2,
+    Qwen3Moe,
+    Qwen2Moe,
+    Olmoe,
 }
 
 impl Arch {
@@ -39,6 +42,9 @@ impl Arch {
         ("qwen3", Arch::Qwen3),
         ("gemma3", Arch::Gemma3),
         ("gpt2", Arch::Gpt2),
+        ("qwen3moe", Arch::Qwen3Moe),
+        ("qwen2moe", Arch::Qwen2Moe),
+        ("olmoe", Arch::Olmoe),
     ];
 
     pub fn from_name(name: &str) -> Option<Arch> {
@@ -120,6 +126,8 @@ pub struct ModelConfig {
     /// Equal in real arithmetic to folding it into `attn_scale`, but the attention rounds
     /// queries to f16, so where the scale is applied shows in the last bits.
     pub q_scale: Option<f32>,
+    /// Mixture-of-experts feed-forward (`None`: a dense one).
+    pub moe: Option<super::moe::MoeConfig>,
 }
 
 impl ModelConfig {
@@ -201,5 +209,6 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         swa_layers: vec![false; n_layers],
         attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
         q_scale: None,
+        moe: None,
     })
 }
