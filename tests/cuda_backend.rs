@@ -545,6 +545,9 @@ impl Backend for ReadsNormAfterProducts<'_> {
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {
         self.step.gated_ffn(gate, up, act, rows)
     }
+    fn moe_ffn(&mut self, layer: usize, act: Activation, rows: usize) {
+        self.step.moe_ffn(layer, act, rows)
+    }
     fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {
         self.step.activate(buf, act, rows)
     }
