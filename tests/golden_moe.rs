@@ -132,6 +132,6 @@ fn truncated_expert_tensor_is_named() {
     let last = f.tensors().last().expect("tensors").name.clone();
     assert!(last.contains("_exps"), "{last}");
     bytes.truncate(bytes.len() - 1000);
-    let err = GgufFile::from_bytes(bytes).err().expect("must fail");
+    let err = GgufFile::from_bytes(bytes).expect_err("must fail");
     assert!(err.to_string().contains(&last), "{err}");
 }

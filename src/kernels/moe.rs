@@ -341,8 +341,8 @@ mod tests {
         }
         s.group(n_expert, k, rows);
         assert_eq!(&s.start[..], &[0, 4, 7, 7, 10, 12]);
-        for j in 0..rows {
-            for (slot, &e) in picks[j].iter().enumerate() {
+        for (j, pick) in picks.iter().enumerate() {
+            for (slot, &e) in pick.iter().enumerate() {
                 let at = s.pos_of[j * k + slot] as usize;
                 assert!((s.start[e as usize]..s.start[e as usize + 1]).contains(&at));
                 assert_eq!(s.row_of[at] as usize, j);
