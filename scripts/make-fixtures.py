@@ -84,8 +84,12 @@ VARIANTS = {
     # Not --pure: llama-quantize's own Q4_K_M mix (Q6_K for some v and ffn_down matrices).
     "random-qwen3-q4_k_m": ("qwen3", "Q4_K_M", False),
     "random-gpt2-q8_0": ("gpt2", "Q8_0", True),
+    # Mixtures of experts: every expert of the 3-D tensors quantized (the routers stay F32).
+    "random-qwen3moe-q8_0": ("qwen3moe", "Q8_0", True),
+    "random-olmoe-q4_k_m": ("olmoe", "Q4_K_M", False),
+    "random-qwen2moe-q4_0": ("qwen2moe", "Q4_0", True),
 }
-RECIPES = ["llama", "qwen2", "qwen3", "gpt2"]
+RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe"]
 # Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
 ENCODER_RECIPES = ["bert", "nomic-bert"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]

@@ -296,7 +296,12 @@ fn speculative_allocations(
 /// One test: the counting allocator is global, so concurrent tests would count each other.
 #[test]
 fn batched_steps_allocate_nothing() {
-    for stem in ["random-llama-q4_0", "random-llama-q4_k", "random-qwen3-f32"] {
+    for stem in [
+        "random-llama-q4_0",
+        "random-llama-q4_k",
+        "random-qwen3-f32",
+        "random-olmoe-q4_k_m",
+    ] {
         let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
         for threads in [1, 2] {
             assert_eq!(

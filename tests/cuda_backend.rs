@@ -107,6 +107,26 @@ fn check(
     );
 }
 
+/// The CUDA backend has no expert products: a mixture-of-experts model is refused when its
+/// session is made, by what it is, not run wrongly.
+#[test]
+fn moe_models_are_refused_by_name() {
+    let Some(_gpu) = gpu("moe_models_are_refused_by_name") else {
+        return;
+    };
+    let m = Arc::new(Model::load(common::random_model("random-qwen3moe-q8_0")).unwrap());
+    let mut o = SessionOptions::new(256, 2);
+    o.device = Device::Cuda;
+    let err = Session::new(m, o)
+        .err()
+        .expect("a MoE model on the GPU must be refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("mixture-of-experts") && msg.contains("qwen3moe"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn every_fixture_model_agrees_with_the_cpu() {
     let Some(_gpu) = gpu("every_fixture_model_agrees_with_the_cpu") else {
@@ -117,6 +137,9 @@ fn every_fixture_model_agrees_with_the_cpu() {
         let m = Arc::new(Model::load(common::random_model(&stem)).unwrap());
         if m.config.arch.is_encoder() {
             continue; // no generation; refused on the GPU (tests/embeddings.rs)
+        }
+        if m.config.moe.is_some() {
+            continue; // refused on the GPU: `moe_models_are_refused_by_name`
         }
         let cpu = run(&mut session(&m, Device::Cpu, 256), &prompt, 16);
         let gpu = run(&mut session(&m, Device::Cuda, 256), &prompt, 16);
@@ -524,6 +547,9 @@ impl Backend for ReadsNormAfterProducts<'_> {
     }
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {
         self.step.gated_ffn(gate, up, act, rows)
+    }
+    fn moe_ffn(&mut self, layer: usize, act: Activation, rows: usize) {
+        self.step.moe_ffn(layer, act, rows)
     }
     fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {
         self.step.activate(buf, act, rows)

@@ -140,6 +140,9 @@ fn decode_allocates_nothing() {
         "random-llama-q4_k",
         "random-qwen3-f32",
         "random-gpt2-q8_0",
+        // Mixtures of experts: routing and the chosen experts' products.
+        "random-qwen3moe-q8_0",
+        "random-qwen2moe-q4_0",
     ] {
         for threads in [1, 2] {
             assert_eq!(

@@ -15,7 +15,11 @@ fn every_fixture_model_parses() {
         assert!(matches!(f.version(), 2 | 3));
         let arch = f.architecture().unwrap();
         assert!(
-            ["llama", "qwen2", "qwen3", "gpt2", "bert", "nomic-bert"].contains(&arch),
+            [
+                "llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "bert",
+                "nomic-bert",
+            ]
+            .contains(&arch),
             "{arch}"
         );
         assert_eq!(

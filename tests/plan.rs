@@ -15,6 +15,9 @@ fn plan_equals_session_allocations() {
         "random-llama-q4_0",
         "random-qwen3-q4_k_m",
         "random-gpt2-q8_0",
+        // Mixtures of experts: routing scratch, experts (3-D tensors) and a shared expert.
+        "random-olmoe-q4_k_m",
+        "random-qwen2moe-q4_0",
     ] {
         for (ctx, chunk, threads, kv_type) in [
             (64, 16, 1, KvType::F16),
@@ -44,7 +47,7 @@ fn plan_equals_session_allocations() {
                 .file
                 .tensors()
                 .iter()
-                .filter(|t| t.shape.len() == 2)
+                .filter(|t| t.shape.len() >= 2)
                 .map(|t| t.n_bytes)
                 .sum();
             // Every matrix the model holds (the embeddings once: a tied one is the output),
@@ -58,13 +61,19 @@ fn plan_equals_session_allocations() {
                     let ffn = [
                         Some(&l.wo),
                         l.ffn_gate.as_ref(),
-                        Some(&l.ffn_up),
-                        Some(&l.ffn_down),
+                        l.ffn_up.as_ref(),
+                        l.ffn_down.as_ref(),
+                        l.moe.as_ref().map(|m| &m.router),
                     ];
+                    let experts = l
+                        .moe
+                        .iter()
+                        .flat_map(|m| m.gate.iter().chain(&m.up).chain(&m.down));
                     l.qkv
                         .matrices()
                         .into_iter()
                         .chain(ffn.into_iter().flatten())
+                        .chain(experts)
                 })
                 .chain([&w.output])
                 .chain((!w.output_tied).then_some(&w.token_embd))
@@ -86,7 +95,11 @@ fn plan_equals_session_allocations() {
                 "{stem}"
             );
             assert_eq!(bytes("weights (mapped)"), in_place as u64, "{stem}");
-            assert_eq!(in_place + repacked, all_2d, "{stem}: every 2-D tensor once");
+            assert_eq!(
+                in_place + repacked,
+                all_2d,
+                "{stem}: every 2-D tensor (and expert) once"
+            );
         }
     }
 }

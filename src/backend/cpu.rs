@@ -5,6 +5,8 @@
 //! A [`Cpu`] is a view made for one forward pass from what a session owns (the runtime, the
 //! scratch, the model); making it allocates nothing.
 
+mod moe;
+
 use std::ops::Range;
 
 use super::{row_pos, Backend, Buf, Mat, NormW, RowSel, SeqBatch};
@@ -168,8 +170,14 @@ impl<'a> Cpu<'a> {
                 .ffn_gate
                 .as_ref()
                 .expect("an ungated feed-forward has no gate"),
-            Mat::Up(l) => &ws.layers[l].ffn_up,
-            Mat::Down(l) => &ws.layers[l].ffn_down,
+            Mat::Up(l) => ws.layers[l]
+                .ffn_up
+                .as_ref()
+                .expect("a layer without ffn_up"),
+            Mat::Down(l) => ws.layers[l]
+                .ffn_down
+                .as_ref()
+                .expect("a layer without ffn_down"),
             Mat::Output => &ws.output,
         }
     }
@@ -198,7 +206,10 @@ impl<'a> Cpu<'a> {
             Buf::K => c.kv_dim_k(),
             Buf::V => c.kv_dim_v(),
             Buf::Attn => c.attn_out_dim(),
-            Buf::Gate | Buf::Up => c.ffn_dim,
+            Buf::Gate | Buf::Up => match &c.moe {
+                Some(m) => m.shared_ffn_dim.unwrap_or(0),
+                None => c.ffn_dim,
+            },
             Buf::Logits => c.vocab_size,
         }
     }
@@ -365,6 +376,10 @@ impl<'a> Backend for Cpu<'a> {
             );
             gated_act_rows(pool, f16, &mut s.gate[..rows * f], &s.up[..rows * f], act);
         }
+    }
+
+    fn moe_ffn(&mut self, layer: usize, act: Activation, rows: usize) {
+        self.moe_rows(layer, act, rows);
     }
 
     fn activate(&mut self, buf: Buf, act: Activation, rows: usize) {

@@ -259,6 +259,15 @@ pub trait Backend {
     /// The gated feed-forward's first half: `Gate = act(Xb·Wgateᵀ) ⊙ (Xb·Wupᵀ)`.
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize);
 
+    /// A mixture-of-experts feed-forward of layer `layer` over `Xb`, into `Proj`: each row's
+    /// router logits (`ffn_gate_inp`) gated and its `expert_used_count` experts chosen
+    /// ([`crate::kernels::moe::route`]), then `Proj[j] = Σ_s w[j][s] · down_e(act(gate_e(x)) ⊙
+    /// up_e(x))` over its chosen experts `e = e[j][s]`, each term a product rounded to f32 and
+    /// added in slot order (largest weight first). Where the layer has a shared expert (the
+    /// dense `Gate`, `Up`, `Down` matrices), its output times `sigmoid(shared_gate · x)` is
+    /// added to that sum. `Gate` and `Up` may be used as scratch.
+    fn moe_ffn(&mut self, layer: usize, act: Activation, rows: usize);
+
     /// `buf = act(buf)` (an ungated feed-forward).
     fn activate(&mut self, buf: Buf, act: Activation, rows: usize);
 

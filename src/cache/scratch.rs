@@ -9,6 +9,7 @@
 use super::kv::KvType;
 use crate::kernels::attention::AttnScratch;
 use crate::kernels::matmul::MatmulScratch;
+use crate::kernels::moe::{MoeScratch, MoeShape};
 use crate::model::ModelConfig;
 
 /// Sizes that determine the scratch buffers.
@@ -57,6 +58,8 @@ pub struct Scratch {
     pub rope_cs: Vec<f32>,
     pub attn_scratch: AttnScratch,
     pub matmul: MatmulScratch,
+    /// The mixture-of-experts routing and expert buffers (empty for a dense model).
+    pub moe: MoeScratch,
     /// Every row of a pass computed as a decode step of it alone would be (its products as a
     /// batch of one, its attention on the decode path for its position): speculative
     /// decoding's verification passes (`Session::eval_as_decodes`).
@@ -70,6 +73,27 @@ fn rows(spec: &ScratchSpec, t: usize) -> [usize; 9] {
     r
 }
 
+/// Width of the dense feed-forward's buffers: a MoE model's shared expert, if any.
+fn ffn_width(c: &ModelConfig) -> usize {
+    match &c.moe {
+        Some(m) => m.shared_ffn_dim.unwrap_or(0),
+        None => c.ffn_dim,
+    }
+}
+
+/// The expert buffers' shape for this model and spec, if it is a mixture of experts.
+fn moe_shape(c: &ModelConfig, spec: &ScratchSpec) -> MoeShape {
+    let m = c.moe.as_ref();
+    MoeShape {
+        max_tokens: spec.max_tokens.max(1),
+        n_expert: m.map_or(0, |m| m.n_expert),
+        n_used: m.map_or(0, |m| m.n_used),
+        dim: c.dim,
+        ffn: m.map_or(0, |m| m.ffn_dim),
+        act_row_bytes: spec.act_row_bytes,
+    }
+}
+
 fn widths(c: &ModelConfig) -> [usize; 9] {
     let qkv = c.q_dim() + c.kv_dim_k() + c.kv_dim_v();
     [
@@ -80,8 +104,8 @@ fn widths(c: &ModelConfig) -> [usize; 9] {
         c.kv_dim_v(),       // v
         c.attn_out_dim(),   // attn
         c.dim,              // proj
-        c.ffn_dim,          // gate
-        c.ffn_dim,          // up
+        ffn_width(c),       // gate
+        ffn_width(c),       // up
     ]
 }
 
@@ -113,6 +137,7 @@ impl Scratch {
                 spec.kv_type,
             ),
             matmul: MatmulScratch::new(t, spec.n_threads),
+            moe: MoeScratch::new(moe_shape(c, &spec)),
             rows_alone: false,
         }
     }
@@ -135,6 +160,7 @@ impl Scratch {
                 spec.kv_type,
             )
             + MatmulScratch::bytes_for(t, spec.n_threads)
+            + moe_shape(c, &spec).bytes()
     }
 
     /// Bytes held.
@@ -150,6 +176,10 @@ impl Scratch {
             + self.up.len()
             + self.logits.len()
             + self.rope_cs.len();
-        floats * 4 + self.xq.len() + self.attn_scratch.bytes() + self.matmul.bytes()
+        floats * 4
+            + self.xq.len()
+            + self.attn_scratch.bytes()
+            + self.matmul.bytes()
+            + self.moe.bytes()
     }
 }

@@ -98,11 +98,18 @@ pub fn plan(
         .filter(|t| t.shape.len() >= 2)
         .partition(|t| crate::model::weights::repacked_at_load(file, t));
     let bytes_of = |ts: &[&crate::gguf::TensorInfo]| ts.iter().map(|t| t.n_bytes as u64).sum();
-    // A rearranged tensor is one allocation of its size.
+    // A rearranged tensor is one allocation of its size; a 3-D stack of experts, one per
+    // expert.
     let owned_2d: u64 = repacked
         .iter()
-        .map(|t| malloc_bytes(t.n_bytes) as u64)
+        .map(|t| match t.shape.get(2) {
+            Some(&n) if n > 0 => (n * malloc_bytes(t.n_bytes / n)) as u64,
+            _ => malloc_bytes(t.n_bytes) as u64,
+        })
         .sum();
+    let n_experts = |ts: &[&crate::gguf::TensorInfo]| -> usize {
+        ts.iter().filter_map(|t| t.shape.get(2)).sum()
+    };
     let mapped: u64 = bytes_of(&in_place);
     // A rearranged tensor's file pages are released once copied, all but the partial pages at
     // its two ends (`TensorBytes::release`), which stay resident with the rest of the file.
@@ -146,8 +153,15 @@ pub fn plan(
             mapped: true,
             formula: format!(
                 "Σ bytes of the {} 2-D tensors read in place from the file mapping; \
-                 all resident once a token has passed (each is read per token)",
-                in_place.len()
+                 all resident once a token has passed (each is read per token){}",
+                in_place.len(),
+                match n_experts(&in_place) {
+                    0 => String::new(),
+                    n => format!(
+                        "; {n} experts among them (3-D tensors), each resident once a token \
+                         has chosen it, paged from disk when the file exceeds free memory"
+                    ),
+                }
             ),
         },
         Component {
@@ -156,8 +170,12 @@ pub fn plan(
             mapped: false,
             formula: format!(
                 "Σ bytes of the {} 2-D tensors rearranged at load for this CPU's kernels \
-                 (same size, one allocation each; the file's pages are released)",
-                repacked.len()
+                 (same size, one allocation each; the file's pages are released){}",
+                repacked.len(),
+                match n_experts(&repacked) {
+                    0 => String::new(),
+                    n => format!("; {n} experts among them, one allocation per expert"),
+                }
             ),
         },
         Component {
@@ -205,8 +223,17 @@ pub fn plan(
             bytes: scratch - scratch_logits,
             mapped: false,
             formula: format!(
-                "{} rows × (named buffers of widths dim/q/kv/ffn) × 4 + attention and matmul tiles for {} threads",
-                spec.max_tokens, spec.n_threads
+                "{} rows × (named buffers of widths dim/q/kv/ffn) × 4 + attention and matmul tiles for {} threads{}",
+                spec.max_tokens,
+                spec.n_threads,
+                match &c.moe {
+                    None => String::new(),
+                    Some(m) => format!(
+                        " + routing ({} rows × {} experts) and {} rows × {} chosen experts × \
+                         (dim + 2 × {} expert ffn) × 4 + their quantized inputs",
+                        spec.max_tokens, m.n_expert, spec.max_tokens, m.n_used, m.ffn_dim
+                    ),
+                }
             ),
         },
         Component {

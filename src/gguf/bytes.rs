@@ -86,6 +86,14 @@ impl TensorBytes {
         TensorBytes::new(Arc::new(Backing::Owned(bytes)), 0, len)
     }
 
+    /// Bytes `range` of this view, as a view of their own (one expert's matrix inside a 3-D
+    /// tensor); the range is clamped to the view.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> TensorBytes {
+        let end = range.end.min(self.len);
+        let start = range.start.min(end);
+        TensorBytes::new(self.backing.clone(), self.start + start, end - start)
+    }
+
     /// Absolute byte offset of the first byte in the file.
     pub fn file_offset(&self) -> usize {
         self.start

@@ -11,6 +11,7 @@ pub mod pool;
 pub use pool::ThreadPool;
 pub mod matmul;
 pub mod membw;
+pub mod moe;
 
 use std::ops::Range;
 

@@ -27,6 +27,9 @@ pub enum Arch {
     Qwen3,
     Gemma3,
     Gpt2,
+    Qwen3Moe,
+    Qwen2Moe,
+    Olmoe,
     /// Encoders (embeddings, no generation): BERT and Nomic-BERT.
     Bert,
     NomicBert,
@@ -42,6 +45,9 @@ impl Arch {
         ("qwen3", Arch::Qwen3),
         ("gemma3", Arch::Gemma3),
         ("gpt2", Arch::Gpt2),
+        ("qwen3moe", Arch::Qwen3Moe),
+        ("qwen2moe", Arch::Qwen2Moe),
+        ("olmoe", Arch::Olmoe),
         ("bert", Arch::Bert),
         ("nomic-bert", Arch::NomicBert),
     ];
@@ -136,6 +142,8 @@ pub struct ModelConfig {
     pub causal: bool,
     /// Rows of the token-type embeddings (an encoder's; 0 for decoders).
     pub token_types: usize,
+    /// Mixture-of-experts feed-forward (`None`: a dense one).
+    pub moe: Option<super::moe::MoeConfig>,
 }
 
 impl ModelConfig {
@@ -219,5 +227,6 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         q_scale: None,
         causal: true,
         token_types: 0,
+        moe: None,
     })
 }

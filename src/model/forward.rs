@@ -139,6 +139,11 @@ pub fn forward_batch<B: Backend>(
             b.norm(NormW::Ffn(li), Buf::X, Buf::Xb, 0..n);
         }
         let act = m.traits.act;
+        if layer.moe.is_some() {
+            b.moe_ffn(li, act, n);
+            b.add(Buf::X, Buf::Proj, n);
+            continue;
+        }
         let hidden = if layer.ffn_gate.is_some() {
             b.gated_ffn(Mat::Gate(li), Mat::Up(li), act, n);
             Buf::Gate

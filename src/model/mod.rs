@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod forward;
+pub mod moe;
 pub mod weights;
 
 mod bert;
@@ -53,6 +54,14 @@ pub enum ModelError {
          (it implements: none, linear)"
     )]
     UnsupportedRopeScaling { key: String, value: String },
+    #[error(
+        "metadata key '{key}' = {value}: kiln does not implement this (it implements: {supported})"
+    )]
+    UnsupportedValue {
+        key: String,
+        value: String,
+        supported: &'static str,
+    },
 }
 
 /// A loaded model: configuration and weights (views into the mapped file).
@@ -98,15 +107,31 @@ impl Model {
 
 impl Model {
     /// Bytes of weights one decoded token reads: every projection of every layer and the
-    /// output head (the embedding lookup reads one row, negligible).
+    /// output head (the embedding lookup reads one row, negligible); of a mixture of experts,
+    /// the router and `expert_used_count` experts (the average expert's size).
     pub fn weights_bytes_per_token(&self) -> usize {
         let w = &self.weights;
         let mut total = w.output.data.len();
         for l in &w.layers {
-            for lin in l.qkv.matrices().into_iter().chain(&l.ffn_gate) {
+            let dense = [&l.ffn_gate, &l.ffn_up, &l.ffn_down];
+            for lin in l
+                .qkv
+                .matrices()
+                .into_iter()
+                .chain(dense.into_iter().flatten())
+            {
                 total += lin.data.len();
             }
-            total += l.wo.data.len() + l.ffn_up.data.len() + l.ffn_down.data.len();
+            total += l.wo.data.len();
+            if let (Some(moe), Some(mc)) = (&l.moe, &self.config.moe) {
+                let experts: usize = [&moe.gate, &moe.up, &moe.down]
+                    .iter()
+                    .flat_map(|v| v.iter())
+                    .map(|e| e.data.len())
+                    .sum();
+                total += moe.router.data.len() + experts / mc.n_expert * mc.n_used;
+                total += moe.shared_gate.as_ref().map_or(0, |g| g.data.len());
+            }
         }
         total
     }
@@ -156,6 +181,14 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
             gpt2::TRAITS
         }
         Arch::Bert | Arch::NomicBert => bert::configure(f, arch, &mut cfg)?,
+        Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Olmoe => {
+            moe::configure(f, &mut cfg)?;
+            match arch {
+                Arch::Qwen3Moe => moe::QWEN3MOE,
+                Arch::Qwen2Moe => moe::QWEN2MOE,
+                _ => moe::OLMOE,
+            }
+        }
     };
     validate(&cfg)?;
     Ok((cfg, traits))

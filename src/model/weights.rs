@@ -46,6 +46,17 @@ pub mod names {
     pub const ATTN_OUT_NORM: &str = "attn_output_norm";
     /// An encoder's norm after the FFN's residual add.
     pub const LAYER_OUT_NORM: &str = "layer_output_norm";
+    /// The router of a mixture of experts, `[n_expert, dim]`.
+    pub const FFN_GATE_INP: &str = "ffn_gate_inp.weight";
+    /// The experts, 3-D: `[dim, ffn, n_expert]` (down: `[ffn, dim, n_expert]`).
+    pub const FFN_GATE_EXPS: &str = "ffn_gate_exps.weight";
+    pub const FFN_UP_EXPS: &str = "ffn_up_exps.weight";
+    pub const FFN_DOWN_EXPS: &str = "ffn_down_exps.weight";
+    /// The shared expert (Qwen2-MoE) and its gate `[dim]`.
+    pub const FFN_GATE_SHEXP: &str = "ffn_gate_shexp.weight";
+    pub const FFN_UP_SHEXP: &str = "ffn_up_shexp.weight";
+    pub const FFN_DOWN_SHEXP: &str = "ffn_down_shexp.weight";
+    pub const FFN_GATE_INP_SHEXP: &str = "ffn_gate_inp_shexp.weight";
 }
 
 /// A norm's parameters (`{name}.weight`, and `{name}.bias` for LayerNorm).
@@ -94,18 +105,35 @@ pub struct Layer {
     pub attn_post_norm: Option<Norm>,
     /// `[dim]` (an encoder's `layer_output_norm`, applied after the residual add)
     pub ffn_norm: Norm,
-    /// `[ffn_dim, dim]` (gated FFNs)
+    /// `[ffn_dim, dim]` (gated FFNs; a MoE layer's shared expert)
     pub ffn_gate: Option<Linear>,
-    /// `[ffn_dim, dim]`
-    pub ffn_up: Linear,
+    /// `[ffn_dim, dim]` (`None`: a MoE layer without a shared expert)
+    pub ffn_up: Option<Linear>,
     /// `[dim, ffn_dim]`
-    pub ffn_down: Linear,
+    pub ffn_down: Option<Linear>,
+    /// A mixture-of-experts feed-forward (the dense matrices above are then its shared
+    /// expert, if it has one).
+    pub moe: Option<Moe>,
     /// `[dim]` (Gemma-3)
     pub ffn_post_norm: Option<Norm>,
     /// This layer's rotary embedding (`None` for learned positions).
     pub rope: Option<Rope>,
     /// Sliding-window size if this layer attends locally.
     pub window: Option<usize>,
+}
+
+/// A mixture-of-experts feed-forward's weights: the router and each expert's matrices, views
+/// into the file's 3-D tensors (rearranged for this CPU like any matrix).
+pub struct Moe {
+    /// `[n_expert, dim]`
+    pub router: Linear,
+    /// Per expert: `[ffn, dim]`, `[ffn, dim]`, `[dim, ffn]`.
+    pub gate: Vec<Linear>,
+    pub up: Vec<Linear>,
+    pub down: Vec<Linear>,
+    /// The shared expert's gate `[1, dim]` (its output is scaled by the sigmoid of this
+    /// product), Qwen2-MoE.
+    pub shared_gate: Option<Linear>,
 }
 
 /// All weights of a model.
@@ -195,6 +223,70 @@ impl<'a> Loader<'a> {
     /// this CPU multiplies it fastest in ([`Linear::repacked`]).
     pub fn matrix(&self, name: &str, in_dim: usize, out_dim: usize) -> Result<Linear, ModelError> {
         Ok(self.linear(name, in_dim, out_dim)?.repacked())
+    }
+
+    /// Expert `e`'s matrix of a 3-D tensor `[in_dim, out_dim, n_expert]`, for every expert:
+    /// views into the file (then rearranged as [`Self::matrix`] does).
+    pub fn experts(
+        &self,
+        name: &str,
+        in_dim: usize,
+        out_dim: usize,
+        n_expert: usize,
+    ) -> Result<Vec<Linear>, ModelError> {
+        let info = self.info(name)?;
+        Self::check_shape(info, &[in_dim, out_dim, n_expert])?;
+        let kernels = quant::kernels(info.ty).map_err(|e| ModelError::UnsupportedType {
+            name: name.to_string(),
+            ty: info.ty,
+            reason: e.to_string(),
+        })?;
+        let row_bytes = info
+            .ty
+            .row_bytes(in_dim)
+            .ok_or_else(|| ModelError::BadShape {
+                name: name.to_string(),
+                expected: vec![in_dim, out_dim, n_expert],
+                found: info.shape.clone(),
+                ty: info.ty,
+            })?;
+        let all = self.file.tensor_bytes(info);
+        let per = row_bytes * out_dim;
+        Ok((0..n_expert)
+            .map(|e| {
+                Linear {
+                    name: format!("{name}[{e}]"),
+                    in_dim,
+                    out_dim,
+                    row_bytes,
+                    data: all.slice(e * per..(e + 1) * per),
+                    kernels,
+                    bias: None,
+                }
+                .repacked()
+            })
+            .collect())
+    }
+
+    /// A 1-D tensor `[in_dim]` as a matrix of one row (Qwen2-MoE's shared-expert gate), copied
+    /// out of the file as every 1-D tensor is.
+    pub fn row_matrix(&self, name: &str, in_dim: usize) -> Result<Linear, ModelError> {
+        let info = self.info(name)?;
+        Self::check_shape(info, &[in_dim])?;
+        let kernels = quant::kernels(info.ty).map_err(|e| ModelError::UnsupportedType {
+            name: name.to_string(),
+            ty: info.ty,
+            reason: e.to_string(),
+        })?;
+        Ok(Linear {
+            name: name.to_string(),
+            in_dim,
+            out_dim: 1,
+            row_bytes: info.n_bytes,
+            data: crate::gguf::TensorBytes::owned(self.file.tensor_bytes(info).to_vec()),
+            kernels,
+            bias: None,
+        })
     }
 
     pub fn opt_linear(
@@ -319,12 +411,51 @@ pub fn load(
             }
         };
         let (q_norm, k_norm) = if traits.qk_norm {
+            // OLMoE normalizes the whole q and k vectors, the others each head.
+            let (qn, kn) = match super::moe::whole_qk_norm(cfg) {
+                true => (q_dim, kv_k),
+                false => (cfg.head_dim_k, cfg.head_dim_k),
+            };
             (
-                Some(ld.norm(&b(ATTN_Q_NORM), cfg.head_dim_k)?),
-                Some(ld.norm(&b(ATTN_K_NORM), cfg.head_dim_k)?),
+                Some(ld.norm(&b(ATTN_Q_NORM), qn)?),
+                Some(ld.norm(&b(ATTN_K_NORM), kn)?),
             )
         } else {
             (None, None)
+        };
+        let (ffn_gate, ffn_up, ffn_down, moe) = match &cfg.moe {
+            None => (
+                if traits.gated_ffn {
+                    Some(ld.matrix(&b(FFN_GATE), dim, cfg.ffn_dim)?)
+                } else {
+                    None
+                },
+                Some(ld.matrix(&b(FFN_UP), dim, cfg.ffn_dim)?),
+                Some(ld.matrix(&b(FFN_DOWN), cfg.ffn_dim, dim)?),
+                None,
+            ),
+            Some(mc) => {
+                let (ne, f) = (mc.n_expert, mc.ffn_dim);
+                let moe = Moe {
+                    router: ld.linear(&b(FFN_GATE_INP), dim, ne)?,
+                    gate: ld.experts(&b(FFN_GATE_EXPS), dim, f, ne)?,
+                    up: ld.experts(&b(FFN_UP_EXPS), dim, f, ne)?,
+                    down: ld.experts(&b(FFN_DOWN_EXPS), f, dim, ne)?,
+                    shared_gate: match mc.shared_ffn_dim {
+                        Some(_) => Some(ld.row_matrix(&b(FFN_GATE_INP_SHEXP), dim)?),
+                        None => None,
+                    },
+                };
+                match mc.shared_ffn_dim {
+                    Some(sf) => (
+                        Some(ld.matrix(&b(FFN_GATE_SHEXP), dim, sf)?),
+                        Some(ld.matrix(&b(FFN_UP_SHEXP), dim, sf)?),
+                        Some(ld.matrix(&b(FFN_DOWN_SHEXP), sf, dim)?),
+                        Some(moe),
+                    ),
+                    None => (None, None, None, Some(moe)),
+                }
+            }
         };
         let (attn_post_norm, ffn_post_norm) = if traits.post_norms {
             (
@@ -342,13 +473,10 @@ pub fn load(
             wo: ld.matrix(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?,
             attn_post_norm,
             ffn_norm: ld.norm(&b(ffn_norm_name), dim)?,
-            ffn_gate: if traits.gated_ffn {
-                Some(ld.matrix(&b(FFN_GATE), dim, cfg.ffn_dim)?)
-            } else {
-                None
-            },
-            ffn_up: ld.matrix(&b(FFN_UP), dim, cfg.ffn_dim)?,
-            ffn_down: ld.matrix(&b(FFN_DOWN), cfg.ffn_dim, dim)?,
+            ffn_gate,
+            ffn_up,
+            ffn_down,
+            moe,
             ffn_post_norm,
             window: if cfg.swa_layers[i] {
                 cfg.sliding_window
@@ -403,7 +531,7 @@ pub fn load(
 pub fn max_act_row_bytes(f: &GgufFile) -> usize {
     f.tensors()
         .iter()
-        .filter(|t| t.shape.len() == 2)
+        .filter(|t| t.shape.len() >= 2)
         .filter_map(|t| quant::dot_type(t.ty).row_bytes(t.shape[0]))
         .max()
         .unwrap_or(0)
@@ -430,6 +558,11 @@ pub fn gated_ffn_fuses(f: &GgufFile) -> bool {
 /// matrix and the output matrix (the embedding matrix when tied) whose format has a faster
 /// layout here. From the tensor table alone, so the memory plan knows it.
 pub fn repacked_at_load(f: &GgufFile, t: &crate::gguf::TensorInfo) -> bool {
+    if t.shape.len() == 3 {
+        // A stack of experts, each rearranged as a matrix of its own.
+        return quant::kernels(t.ty)
+            .is_ok_and(|k| quant::repacking(&k, t.shape[1], t.shape[0]).is_some());
+    }
     let encoder = f
         .architecture()
         .ok()

@@ -929,6 +929,13 @@ impl Backend for CudaStep<'_> {
         }
     }
 
+    fn moe_ffn(&mut self, _layer: usize, _act: Activation, _rows: usize) {
+        // Unreachable in practice: `DeviceWeights::upload` refuses such models.
+        self.s.fail(Err(CudaError::Unsupported(
+            "mixture-of-experts feed-forward (no CUDA expert products)".into(),
+        )));
+    }
+
     fn finish(&mut self) -> Result<(), ForwardError> {
         let s = &mut *self.s;
         s.flush();

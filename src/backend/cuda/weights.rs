@@ -346,9 +346,22 @@ impl Uploader<'_> {
         n.as_ref().map(|n| self.norm(n)).transpose()
     }
 
+    /// A dense layer's matrix (a MoE model, whose layers may lack them, is refused before).
+    fn dense<'a>(m: &'a Option<Linear>, what: &str) -> Result<&'a Linear, CudaError> {
+        m.as_ref()
+            .ok_or_else(|| CudaError::Unsupported(format!("a layer without {what}")))
+    }
+
     /// Every tensor, in order.
     fn walk(&mut self) -> Result<DeviceWeights, CudaError> {
         let w = &self.m.weights;
+        if self.m.config.moe.is_some() {
+            return Err(CudaError::Unsupported(format!(
+                "mixture-of-experts models ({}): the CUDA backend has no expert products; \
+                 run it with --device cpu",
+                self.m.config.arch_name
+            )));
+        }
         let token_embd = self.matrix(&w.token_embd)?;
         let pos_embd = match &w.pos_embd {
             Some(pe) => {
@@ -384,8 +397,8 @@ impl Uploader<'_> {
                 v,
                 o: self.matrix(&l.wo)?,
                 gate: l.ffn_gate.as_ref().map(|g| self.matrix(g)).transpose()?,
-                up: self.matrix(&l.ffn_up)?,
-                down: self.matrix(&l.ffn_down)?,
+                up: self.matrix(Self::dense(&l.ffn_up, "ffn_up")?)?,
+                down: self.matrix(Self::dense(&l.ffn_down, "ffn_down")?)?,
                 attn_norm: self.norm(&l.attn_norm)?,
                 q_norm: self.opt_norm(&l.q_norm)?,
                 k_norm: self.opt_norm(&l.k_norm)?,

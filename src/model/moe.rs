@@ -1,0 +1,155 @@
+//! Mixture-of-experts feed-forward: the hyper-parameters read from the `{arch}.expert_*` keys,
+//! and the three architectures built on it (`qwen3moe`, `qwen2moe`, `olmoe`).
+//!
+//! A MoE layer replaces the dense feed-forward by `expert_count` small gated FFNs ("experts")
+//! and a router `ffn_gate_inp` (`[expert_count, dim]`): each token's router logits are gated
+//! (softmax or sigmoid), the `expert_used_count` largest picked, their weights optionally
+//! renormalized to sum 1 and scaled, and the token's output is the weighted sum of the picked
+//! experts' outputs, added in the order they were picked (largest first), as llama.cpp's
+//! `build_moe_ffn` adds them. Qwen2-MoE adds a shared expert, a dense gated FFN whose output is
+//! multiplied by `sigmoid(ffn_gate_inp_shexp · x)`.
+
+use super::config::{Activation, Arch, ArchTraits, ModelConfig, NormKind, RopeKind};
+use super::ModelError;
+use crate::gguf::GgufFile;
+
+/// How router logits become expert probabilities (`{arch}.expert_gating_func`, llama.cpp's
+/// `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gating {
+    /// Softmax over all experts (value 1; also what 0, "none", means for these architectures).
+    Softmax,
+    /// Each logit's sigmoid (value 2).
+    Sigmoid,
+}
+
+/// The mixture-of-experts hyper-parameters of a model.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MoeConfig {
+    /// `{arch}.expert_count`.
+    pub n_expert: usize,
+    /// `{arch}.expert_used_count`: experts each token runs through.
+    pub n_used: usize,
+    /// Hidden width of one expert.
+    pub ffn_dim: usize,
+    /// Hidden width of the shared expert (Qwen2-MoE), if any.
+    pub shared_ffn_dim: Option<usize>,
+    /// Renormalize the picked experts' weights to sum 1 (`{arch}.expert_weights_norm`).
+    pub norm_weights: bool,
+    /// Multiply the picked experts' weights by this (`{arch}.expert_weights_scale`; 0 and 1
+    /// leave them alone).
+    pub weights_scale: f32,
+    pub gating: Gating,
+}
+
+/// Qwen3-MoE: Qwen3's attention (per-head q/k RMSNorm), a routed MoE with renormalized
+/// weights.
+pub const QWEN3MOE: ArchTraits = ArchTraits {
+    norm: NormKind::Rms,
+    act: Activation::Silu,
+    gated_ffn: true,
+    rope: Some(RopeKind::Neox),
+    fused_qkv: false,
+    qk_norm: true,
+    post_norms: false,
+    scale_embeddings: false,
+};
+
+/// Qwen2-MoE: Qwen2's attention (q/k/v biases), routed experts plus a gated shared expert.
+pub const QWEN2MOE: ArchTraits = ArchTraits {
+    qk_norm: false,
+    ..QWEN3MOE
+};
+
+/// OLMoE: RMSNorm of the whole q and k vectors rather than per head ([`whole_qk_norm`]),
+/// routed experts without renormalization.
+pub const OLMOE: ArchTraits = QWEN3MOE;
+
+/// The largest expert count kiln accepts (llama.cpp's `LLAMA_MAX_EXPERTS`).
+pub const MAX_EXPERTS: usize = 512;
+/// The most experts a token may use (real models use 2 to 8).
+pub const MAX_USED: usize = 64;
+
+/// Read the `{arch}.expert_*` keys of a MoE architecture into `cfg.moe`.
+pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> {
+    let arch = cfg.arch;
+    let k = |s: &str| f.arch_key(s);
+    let count_key = k("expert_count");
+    let used_key = k("expert_used_count");
+    let n_expert = f.get_u32(&count_key)? as usize;
+    let n_used = f.get_u32(&used_key)? as usize;
+    if n_expert == 0 || n_expert > MAX_EXPERTS {
+        return Err(ModelError::BadConfig(format!(
+            "'{count_key}' = {n_expert}: a mixture of experts needs 1 to {MAX_EXPERTS} experts"
+        )));
+    }
+    if n_used == 0 || n_used > n_expert || n_used > MAX_USED {
+        return Err(ModelError::BadConfig(format!(
+            "'{used_key}' = {n_used}: each token must use 1 to '{count_key}' = {n_expert} \
+             experts (at most {MAX_USED})"
+        )));
+    }
+    // OLMoE's experts are `feed_forward_length` wide; the Qwen MoEs say so in their own key
+    // (llama.cpp: else `feed_forward_length / expert_used_count`).
+    let ffn_dim = match arch {
+        Arch::Olmoe => cfg.ffn_dim,
+        _ => match f.opt_u32(&k("expert_feed_forward_length"))? {
+            Some(v) if v > 0 => v as usize,
+            _ => cfg.ffn_dim / n_used,
+        },
+    };
+    let shared_ffn_dim = match arch {
+        Arch::Qwen2Moe => Some(match f.opt_u32(&k("expert_shared_feed_forward_length"))? {
+            Some(v) if v > 0 => v as usize,
+            _ => cfg.ffn_dim,
+        }),
+        _ => None,
+    };
+    let gating_key = k("expert_gating_func");
+    let gating = match f.opt_u32(&gating_key)? {
+        None | Some(0) | Some(1) => Gating::Softmax,
+        Some(2) => Gating::Sigmoid,
+        Some(v) => {
+            return Err(ModelError::UnsupportedValue {
+                key: gating_key,
+                value: v.to_string(),
+                supported: "1 (softmax), 2 (sigmoid)",
+            })
+        }
+    };
+    let groups_key = k("expert_group_count");
+    if let Some(g) = f.opt_u32(&groups_key)?.filter(|&g| g > 1) {
+        return Err(ModelError::UnsupportedValue {
+            key: groups_key,
+            value: g.to_string(),
+            supported: "1 (no expert groups)",
+        });
+    }
+    let norm_weights = f
+        .opt_bool(&k("expert_weights_norm"))?
+        .unwrap_or(arch == Arch::Qwen3Moe);
+    let weights_scale = f.opt_f32(&k("expert_weights_scale"))?.unwrap_or(0.0);
+    if ffn_dim == 0 || ffn_dim > 1 << 22 {
+        return Err(ModelError::BadConfig(format!(
+            "expert feed-forward width {ffn_dim} (from '{}')",
+            k("expert_feed_forward_length")
+        )));
+    }
+    cfg.moe = Some(MoeConfig {
+        n_expert,
+        n_used,
+        ffn_dim,
+        shared_ffn_dim,
+        norm_weights,
+        weights_scale,
+        gating,
+    });
+    Ok(())
+}
+
+/// Whether q and k are normalized as whole vectors (OLMoE's `attn_q_norm` is `[q_dim]`)
+/// rather than head by head.
+pub fn whole_qk_norm(cfg: &ModelConfig) -> bool {
+    cfg.arch == Arch::Olmoe
+}
