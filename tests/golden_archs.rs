@@ -106,11 +106,11 @@ fn missing_tensor_is_named() {
     assert!(err.to_string().contains("blk.2.ffn_down.weight"), "{err}");
 }
 
-/// A RoPE scaling kiln does not compute (YaRN, LongRoPE, anything new) is refused by name:
-/// run as plain RoPE it would give wrong text with no warning.
+/// A RoPE scaling kiln does not compute (LongRoPE as a type, anything new) is refused by
+/// name: run as plain RoPE it would give wrong text with no warning.
 #[test]
 fn unimplemented_rope_scaling_is_refused_by_name() {
-    for kind in ["yarn", "longrope", "dynamic-ntk"] {
+    for kind in ["longrope", "dynamic-ntk"] {
         let bytes = rewrite("random-llama-q4_0", |w| {
             w.set("llama.rope.scaling.type", kind.to_string());
             w.set("llama.rope.scaling.factor", 4.0f32);
@@ -124,17 +124,105 @@ fn unimplemented_rope_scaling_is_refused_by_name() {
             "{kind}: {msg}"
         );
         assert!(
-            msg.contains("llama.rope.scaling.type") && msg.contains(kind),
+            msg.contains("llama.rope.scaling.type") && msg.contains(kind) && msg.contains("yarn"),
             "{msg}"
         );
     }
-    // Linear scaling and an explicit "none" still load.
-    for kind in ["linear", "none"] {
+    // Linear scaling, an explicit "none" and YaRN with its keys load.
+    for kind in ["linear", "none", "yarn"] {
         let bytes = rewrite("random-llama-q4_0", |w| {
             w.set("llama.rope.scaling.type", kind.to_string());
             w.set("llama.rope.scaling.factor", 2.0f32);
+            w.set("llama.rope.scaling.original_context_length", 64u32);
         });
         Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
             .unwrap_or_else(|e| panic!("{kind}: {e}"));
     }
+}
+
+/// The llama declaring YaRN (factor 4 over an original context of 32) against the reference:
+/// prompts teacher-forced and greedy continuations.
+#[test]
+fn random_llama_yarn_matches_reference() {
+    check_random("random-llama-yarn-f32");
+}
+
+/// The same file run as plain RoPE (YaRN's mix, magnitude and position scale dropped) misses
+/// the reference's logits: the golden above can fail.
+#[test]
+fn llama_yarn_as_plain_rope_misses_the_golden() {
+    let stem = "random-llama-yarn-f32";
+    let mut model = Model::load(common::random_model(stem)).expect("load");
+    for l in &mut model.weights.layers {
+        let r = l.rope.as_mut().expect("rotary");
+        assert!(r.yarn_mix.is_some() && r.mscale != 1.0 && r.freq_scale == 0.25);
+        (r.yarn_mix, r.mscale, r.freq_scale) = (None, 1.0, 1.0);
+    }
+    let mut agg = Agreement::default();
+    compare(
+        &Arc::new(model),
+        &common::golden_dir().join(stem).join("logits.jsonl"),
+        2,
+        true,
+        &mut agg,
+    );
+    assert!(
+        agg.top1_rate() < 0.99 || agg.mean_logit_err() > 0.25,
+        "plain RoPE met the YaRN golden: top-1 {:.4}, mean error {:.4}",
+        agg.top1_rate(),
+        agg.mean_logit_err()
+    );
+}
+
+/// A YaRN declaration missing its keys, or with a factor that is not a positive number, is a
+/// one-line error naming the key.
+#[test]
+fn yarn_keys_missing_or_bad_are_named() {
+    let cases: [(&str, Option<f32>, Option<u32>, &str); 4] = [
+        ("no factor", None, Some(64), "llama.rope.scaling.factor"),
+        (
+            "no original context",
+            Some(4.0),
+            None,
+            "llama.rope.scaling.original_context_length",
+        ),
+        (
+            "negative factor",
+            Some(-4.0),
+            Some(64),
+            "llama.rope.scaling.factor",
+        ),
+        (
+            "zero original context",
+            Some(4.0),
+            Some(0),
+            "llama.rope.scaling.original_context_length",
+        ),
+    ];
+    for (what, factor, orig, key) in cases {
+        let bytes = rewrite("random-llama-q4_0", |w| {
+            w.set("llama.rope.scaling.type", "yarn".to_string());
+            if let Some(f) = factor {
+                w.set("llama.rope.scaling.factor", f);
+            }
+            if let Some(o) = orig {
+                w.set("llama.rope.scaling.original_context_length", o);
+            }
+        });
+        let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+            .err()
+            .unwrap_or_else(|| panic!("{what}: must fail"));
+        let msg = err.to_string();
+        assert!(msg.contains(key) && !msg.contains('\n'), "{what}: {msg}");
+    }
+    let bytes = rewrite("random-llama-q4_0", |w| {
+        w.set("llama.rope.scaling.attn_factor", -1.0f32);
+    });
+    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+        .err()
+        .expect("a negative attention factor must fail");
+    assert!(
+        err.to_string().contains("llama.rope.scaling.attn_factor"),
+        "{err}"
+    );
 }

@@ -13,6 +13,7 @@ mod gpt2;
 mod llama;
 mod qwen2;
 mod qwen3;
+pub mod rope_scaling;
 
 use std::path::Path;
 
@@ -49,7 +50,7 @@ pub enum ModelError {
     BadConfig(String),
     #[error(
         "metadata key '{key}' = '{value}': kiln does not implement this RoPE scaling \
-         (it implements: none, linear)"
+         (it implements: none, linear, yarn)"
     )]
     UnsupportedRopeScaling { key: String, value: String },
 }
@@ -111,19 +112,6 @@ impl Model {
     }
 }
 
-/// Refuse, by name, a RoPE scaling kiln does not compute: running it as plain RoPE would give
-/// wrong text with no warning.
-fn check_rope_scaling(f: &GgufFile) -> Result<(), ModelError> {
-    let key = f.arch_key("rope.scaling.type");
-    match f.opt_str(&key)? {
-        None | Some("none") | Some("linear") => Ok(()),
-        Some(other) => Err(ModelError::UnsupportedRopeScaling {
-            key,
-            value: other.to_string(),
-        }),
-    }
-}
-
 /// Hyper-parameters and block traits for the file's architecture.
 pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError> {
     let name = f.architecture()?;
@@ -131,8 +119,8 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
         name: name.to_string(),
         supported: Arch::supported_list(),
     })?;
-    check_rope_scaling(f)?;
     let mut cfg = config::read_common(f, arch)?;
+    rope_scaling::read(f, &mut cfg)?;
     let traits = match arch {
         Arch::Llama => {
             llama::configure(&mut cfg);
@@ -216,13 +204,10 @@ fn layer_ropes(
                 (true, Some(b)) => (b, 1.0),
                 _ => (c.rope_base, c.rope_freq_scale),
             };
-            Some(Rope {
-                kind,
-                n_dims: c.rope_dims,
-                freq_base: base,
-                freq_scale: scale,
-                freq_factors: freq_factors.clone(),
-            })
+            Some(
+                Rope::new(kind, c.rope_dims, base, scale, freq_factors.clone())
+                    .with_yarn(&c.rope_yarn),
+            )
         })
         .collect())
 }
