@@ -108,9 +108,15 @@ fn check(
 }
 
 /// The fixture models the CUDA backend refuses, and what its error names: YaRN's rotation
-/// (the device computes plain and linear RoPE only).
+/// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix.
 fn refused_on_device(stem: &str) -> Option<&'static str> {
-    stem.contains("-yarn-").then_some("rope.scaling")
+    if stem.contains("-yarn-") {
+        Some("rope.scaling")
+    } else if stem.contains("-phi3-") {
+        Some("ffn_up")
+    } else {
+        None
+    }
 }
 
 /// Every fixture model the device runs agrees with the CPU; the others are refused by name.

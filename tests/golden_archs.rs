@@ -226,3 +226,93 @@ fn yarn_keys_missing_or_bad_are_named() {
         "{err}"
     );
 }
+
+/// Phi-3 (fused qkv and gate/up, partial rotary, LongRoPE's long factors and attention
+/// factor) against the reference.
+#[test]
+fn random_phi3_matches_reference() {
+    check_random("random-phi3-f32");
+}
+
+/// Run without its LongRoPE factors and attention factor, the Phi-3 file misses the
+/// reference's logits: the golden above can fail.
+#[test]
+fn phi3_without_longrope_misses_the_golden() {
+    let stem = "random-phi3-f32";
+    let mut model = Model::load(common::random_model(stem)).expect("load");
+    for l in &mut model.weights.layers {
+        let r = l.rope.as_mut().expect("rotary");
+        assert!(r.freq_factors.is_some() && r.mscale != 1.0 && r.n_dims == 24);
+        (r.freq_factors, r.mscale) = (None, 1.0);
+    }
+    let mut agg = Agreement::default();
+    compare(
+        &Arc::new(model),
+        &common::golden_dir().join(stem).join("logits.jsonl"),
+        2,
+        true,
+        &mut agg,
+    );
+    assert!(
+        agg.top1_rate() < 0.99 || agg.mean_logit_err() > 0.25,
+        "plain RoPE met the LongRoPE golden: top-1 {:.4}, mean error {:.4}",
+        agg.top1_rate(),
+        agg.mean_logit_err()
+    );
+}
+
+/// LongRoPE picks the long factors when the trained context passes the original one, the
+/// short ones otherwise; a factor that is not positive is named; `longrope` is refused on an
+/// architecture that has no factors to read.
+#[test]
+fn longrope_factors_are_chosen_and_checked() {
+    let f = GgufFile::open(common::random_model("random-phi3-f32")).expect("open");
+    let vector = |name: &str| -> Vec<f32> {
+        let t = f.tensor_info(name).expect(name);
+        f.tensor_bytes(t)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    let (long, short) = (
+        vector("rope_factors_long.weight"),
+        vector("rope_factors_short.weight"),
+    );
+    let factors = |bytes: Vec<u8>| {
+        let m = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse")).expect("load");
+        m.weights.layers[0]
+            .rope
+            .as_ref()
+            .unwrap()
+            .freq_factors
+            .clone()
+    };
+    assert_eq!(factors(rewrite("random-phi3-f32", |_| {})), Some(long));
+    let at_4096 = rewrite("random-phi3-f32", |w| {
+        w.set("phi3.rope.scaling.original_context_length", 4096u32);
+    });
+    assert_eq!(factors(at_4096), Some(short));
+
+    let bad = rewrite("random-phi3-f32", |w| {
+        w.remove_tensor("rope_factors_long.weight");
+        w.add_f32_tensor("rope_factors_long.weight", &[12], &[0.0; 12]);
+    });
+    let err = Model::from_gguf(GgufFile::from_bytes(bad).expect("parse"))
+        .err()
+        .expect("a zero factor must fail");
+    assert!(
+        err.to_string().contains("rope_factors_long.weight"),
+        "{err}"
+    );
+
+    let bytes = rewrite("random-llama-q4_0", |w| {
+        w.set("llama.rope.scaling.type", "longrope".to_string());
+    });
+    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+        .err()
+        .expect("longrope on llama must fail");
+    assert!(
+        matches!(err, ModelError::UnsupportedRopeScaling { .. }),
+        "{err}"
+    );
+}

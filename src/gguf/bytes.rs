@@ -86,6 +86,18 @@ impl TensorBytes {
         TensorBytes::new(Arc::new(Backing::Owned(bytes)), 0, len)
     }
 
+    /// Bytes `range` of this view (clamped to it), sharing its backing: one part of a tensor
+    /// stored fused with another (whole rows).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> TensorBytes {
+        let a = range.start.min(self.len);
+        let b = range.end.clamp(a, self.len);
+        TensorBytes {
+            backing: self.backing.clone(),
+            start: self.start + a,
+            len: b - a,
+        }
+    }
+
     /// Absolute byte offset of the first byte in the file.
     pub fn file_offset(&self) -> usize {
         self.start

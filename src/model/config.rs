@@ -55,6 +55,7 @@ pub enum Arch {
     Qwen3,
     Gemma3,
     Gpt2,
+    Phi3,
 }
 
 impl Arch {
@@ -67,6 +68,7 @@ impl Arch {
         ("qwen3", Arch::Qwen3),
         ("gemma3", Arch::Gemma3),
         ("gpt2", Arch::Gpt2),
+        ("phi3", Arch::Phi3),
     ];
 
     pub fn from_name(name: &str) -> Option<Arch> {
@@ -104,6 +106,11 @@ pub struct ArchTraits {
     pub rope: Option<RopeKind>,
     /// Q, K, V stored as one `attn_qkv` matrix.
     pub fused_qkv: bool,
+    /// The FFN's gate and up stored as one `ffn_up` matrix `[2·ffn_dim, dim]`, the gate's
+    /// rows first (Phi-3).
+    pub fused_gate_up: bool,
+    /// LongRoPE: `rope_factors_long` / `rope_factors_short` frequency divisors (Phi-3).
+    pub longrope: bool,
     /// Per-head RMSNorm of q and k (Qwen3, Gemma-3).
     pub qk_norm: bool,
     /// Norms after attention and FFN, before the residual add (Gemma-3).

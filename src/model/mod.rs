@@ -11,6 +11,7 @@ pub mod weights;
 mod gemma3;
 mod gpt2;
 mod llama;
+mod phi3;
 mod qwen2;
 mod qwen3;
 pub mod rope_scaling;
@@ -50,7 +51,7 @@ pub enum ModelError {
     BadConfig(String),
     #[error(
         "metadata key '{key}' = '{value}': kiln does not implement this RoPE scaling \
-         (it implements: none, linear, yarn)"
+         (it implements: none, linear, yarn; longrope for phi3)"
     )]
     UnsupportedRopeScaling { key: String, value: String },
 }
@@ -120,7 +121,6 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
         supported: Arch::supported_list(),
     })?;
     let mut cfg = config::read_common(f, arch)?;
-    rope_scaling::read(f, &mut cfg)?;
     let traits = match arch {
         Arch::Llama => {
             llama::configure(&mut cfg);
@@ -142,7 +142,12 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
             gpt2::configure(&mut cfg);
             gpt2::TRAITS
         }
+        Arch::Phi3 => {
+            phi3::configure(&mut cfg);
+            phi3::TRAITS
+        }
     };
+    rope_scaling::read(f, &mut cfg, traits.longrope)?;
     validate(&cfg)?;
     Ok((cfg, traits))
 }
@@ -193,9 +198,27 @@ fn layer_ropes(
         norm_kind: t.norm,
         eps: c.norm_eps,
     };
-    let freq_factors = match f.tensor_info(weights::names::ROPE_FREQS) {
-        Some(_) => Some(loader.vector(weights::names::ROPE_FREQS, c.rope_dims / 2)?),
+    // Llama-3's `rope_freqs`; else LongRoPE's long factors where the context passes the
+    // original one (the reference's `get_rope_factors` at its default context, the trained
+    // one), its short ones otherwise.
+    let long = c.ctx_train > c.rope_yarn.n_ctx_orig;
+    let name = match f.tensor_info(weights::names::ROPE_FREQS) {
+        Some(_) => Some(weights::names::ROPE_FREQS),
+        None if t.longrope && long => Some(weights::names::ROPE_FACTORS_LONG),
+        None if t.longrope => Some(weights::names::ROPE_FACTORS_SHORT),
         None => None,
+    };
+    let freq_factors = match name {
+        Some(n) if f.tensor_info(n).is_some() => {
+            let v = loader.vector(n, c.rope_dims / 2)?;
+            if let Some(bad) = v.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+                return Err(ModelError::BadConfig(format!(
+                    "tensor '{n}' holds {bad}: RoPE frequency factors must be positive"
+                )));
+            }
+            Some(v)
+        }
+        _ => None,
     };
     Ok((0..c.n_layers)
         .map(|i| {

@@ -6,6 +6,9 @@
 //! - `rope.scaling.factor` (or the older `rope.scale_linear`): positions are divided by it
 //!   (`none` ignores it);
 //! - `rope.scaling.attn_factor`: a magnitude multiplier of cos and sin (1 by default);
+//! - `longrope` (for the architectures that read LongRoPE's factor tensors, Phi-3): the
+//!   factors and the attention factor do the work; `rope.scaling.original_context_length`
+//!   decides which factors (see [`super::phi3`]);
 //! - YaRN: `rope.scaling.original_context_length` (the context before the extension), an
 //!   extrapolation mix of 1, the reference's default corrections `beta_fast` 32 and
 //!   `beta_slow` 1 (the architectures kiln runs do not read `yarn_beta_*` or `yarn_ext_factor`
@@ -18,7 +21,10 @@ use crate::gguf::GgufFile;
 
 /// Set `cfg.rope_freq_scale` and `cfg.rope_yarn` from the file's scaling keys, or refuse a
 /// scaling kiln does not compute (by its name) or a YaRN declaration missing its keys.
-pub fn read(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> {
+///
+/// `longrope`: the architecture reads LongRoPE's factor tensors (the type then only names them:
+/// no position scale, no YaRN).
+pub fn read(f: &GgufFile, cfg: &mut ModelConfig, longrope: bool) -> Result<(), ModelError> {
     let k = |s: &str| f.arch_key(s);
     let type_key = k("rope.scaling.type");
     let kind = f.opt_str(&type_key)?.unwrap_or("linear");
@@ -40,13 +46,18 @@ pub fn read(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> {
             Some(v) => Err(bad_key(&factor_key, v, "a positive number")),
         }
     };
+    let orig_key = k("rope.scaling.original_context_length");
+    let n_ctx_orig = f.opt_u32(&orig_key)?;
     cfg.rope_yarn = YarnParams {
         attn_factor: rope_attn_factor,
+        // (The reference's `n_ctx_orig_yarn`: the trained context when the file has none.)
+        n_ctx_orig: n_ctx_orig.map_or(cfg.ctx_train, |v| v as usize),
         ..YarnParams::NONE
     };
     match kind {
         "none" => cfg.rope_freq_scale = 1.0,
         "linear" => cfg.rope_freq_scale = scale_of(factor)?,
+        "longrope" if longrope => cfg.rope_freq_scale = scale_of(factor)?,
         "yarn" => {
             let Some(factor) = f.opt_f32(&factor_key)? else {
                 return Err(missing(&factor_key, "yarn"));
@@ -54,10 +65,7 @@ pub fn read(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> {
             if !(factor.is_finite() && factor > 0.0) {
                 return Err(bad_key(&factor_key, factor, "a positive number"));
             }
-            let orig_key = k("rope.scaling.original_context_length");
-            let n_ctx_orig = f
-                .opt_u32(&orig_key)?
-                .ok_or_else(|| missing(&orig_key, "yarn"))?;
+            let n_ctx_orig = n_ctx_orig.ok_or_else(|| missing(&orig_key, "yarn"))?;
             if n_ctx_orig == 0 {
                 return Err(bad_key(&orig_key, 0.0, "a positive context length"));
             }

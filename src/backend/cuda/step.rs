@@ -165,19 +165,6 @@ impl CudaSession {
                 c.head_dim_k, c.head_dim_v
             )));
         }
-        let scaled = |r: &crate::kernels::ops::Rope| r.yarn_mix.is_some() || r.mscale != 1.0;
-        if m.weights.layers.iter().flat_map(|l| &l.rope).any(scaled) {
-            return Err(CudaError::Unsupported(format!(
-                "RoPE scaling '{}' with a magnitude factor or YaRN's extrapolation \
-                 ({}.rope.scaling.*; the CUDA rotation computes plain and linear RoPE only)",
-                m.file
-                    .opt_str(&m.file.arch_key("rope.scaling.type"))
-                    .ok()
-                    .flatten()
-                    .unwrap_or("linear"),
-                c.arch_name
-            )));
-        }
         for hd in [c.head_dim_k, c.head_dim_v] {
             if let Err(e) = sizes.kv_type.check_head_dim(hd) {
                 return Err(CudaError::Unsupported(e.to_string()));
