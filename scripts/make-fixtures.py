@@ -85,7 +85,7 @@ VARIANTS = {
     "random-qwen3-q4_k_m": ("qwen3", "Q4_K_M", False),
     "random-gpt2-q8_0": ("gpt2", "Q8_0", True),
 }
-RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "llama-yarn", "phi3"]
+RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "llama-yarn", "phi3", "smollm3"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
 # The random models with a log-probability golden (one per architecture, and two formats).
 LOGPROB_MODELS = ["random-llama-f32", "random-llama-q4_0", "random-qwen2-f32",

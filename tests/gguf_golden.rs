@@ -15,7 +15,7 @@ fn every_fixture_model_parses() {
         assert!(matches!(f.version(), 2 | 3));
         let arch = f.architecture().unwrap();
         assert!(
-            ["llama", "qwen2", "qwen3", "gpt2", "phi3"].contains(&arch),
+            ["llama", "qwen2", "qwen3", "gpt2", "phi3", "smollm3"].contains(&arch),
             "{arch}"
         );
         assert_eq!(

@@ -316,3 +316,34 @@ fn longrope_factors_are_chosen_and_checked() {
         "{err}"
     );
 }
+
+/// SmolLM3 (every fourth layer without RoPE) against the reference.
+#[test]
+fn random_smollm3_matches_reference() {
+    check_random("random-smollm3-f32");
+}
+
+/// With RoPE on its NoPE layer too, the SmolLM3 file misses the reference's logits.
+#[test]
+fn smollm3_with_rope_everywhere_misses_the_golden() {
+    let stem = "random-smollm3-f32";
+    let mut model = Model::load(common::random_model(stem)).expect("load");
+    let rope = model.weights.layers[0].rope.clone();
+    let layers = &mut model.weights.layers;
+    assert!(rope.is_some() && layers[3].rope.is_none() && layers[2].rope.is_some());
+    layers[3].rope = rope;
+    let mut agg = Agreement::default();
+    compare(
+        &Arc::new(model),
+        &common::golden_dir().join(stem).join("logits.jsonl"),
+        2,
+        true,
+        &mut agg,
+    );
+    assert!(
+        agg.top1_rate() < 0.99 || agg.mean_logit_err() > 0.25,
+        "RoPE on every layer met the SmolLM3 golden: top-1 {:.4}, mean error {:.4}",
+        agg.top1_rate(),
+        agg.mean_logit_err()
+    );
+}

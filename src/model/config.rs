@@ -56,6 +56,7 @@ pub enum Arch {
     Gemma3,
     Gpt2,
     Phi3,
+    Smollm3,
 }
 
 impl Arch {
@@ -69,6 +70,7 @@ impl Arch {
         ("gemma3", Arch::Gemma3),
         ("gpt2", Arch::Gpt2),
         ("phi3", Arch::Phi3),
+        ("smollm3", Arch::Smollm3),
     ];
 
     pub fn from_name(name: &str) -> Option<Arch> {
@@ -150,6 +152,8 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// Per layer: does it use the sliding window?
     pub swa_layers: Vec<bool>,
+    /// Per layer: does it attend without positions (no RoPE; SmolLM3's NoPE layers)?
+    pub no_rope_layers: Vec<bool>,
     /// Multiplier of q·k.
     pub attn_scale: f32,
     /// Queries are multiplied by this after RoPE, before attention (Gemma's
@@ -231,6 +235,7 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         rope_yarn: YarnParams::NONE,
         sliding_window: None,
         swa_layers: vec![false; n_layers],
+        no_rope_layers: vec![false; n_layers],
         attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
         q_scale: None,
     })

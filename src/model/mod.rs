@@ -15,6 +15,7 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 pub mod rope_scaling;
+mod smollm3;
 
 use std::path::Path;
 
@@ -146,6 +147,10 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
             phi3::configure(&mut cfg);
             phi3::TRAITS
         }
+        Arch::Smollm3 => {
+            smollm3::configure(&mut cfg);
+            smollm3::TRAITS
+        }
     };
     rope_scaling::read(f, &mut cfg, traits.longrope)?;
     validate(&cfg)?;
@@ -222,6 +227,9 @@ fn layer_ropes(
     };
     Ok((0..c.n_layers)
         .map(|i| {
+            if c.no_rope_layers[i] {
+                return None;
+            }
             // Local layers have their own base and no position scaling.
             let (base, scale) = match (c.swa_layers[i], c.rope_base_swa) {
                 (true, Some(b)) => (b, 1.0),

@@ -41,7 +41,7 @@ pub fn read(f: &GgufFile, cfg: &mut ModelConfig, longrope: bool) -> Result<(), M
     let scale_of = |factor: Option<f32>| -> Result<f32, ModelError> {
         match factor {
             None => Ok(1.0),
-            Some(v) if v == 0.0 => Ok(1.0), // (the reference's "not set")
+            Some(0.0) => Ok(1.0), // (the reference's "not set")
             Some(v) if v.is_finite() && v > 0.0 => Ok(1.0 / v),
             Some(v) => Err(bad_key(&factor_key, v, "a positive number")),
         }
