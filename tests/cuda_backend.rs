@@ -127,6 +127,19 @@ fn moe_models_are_refused_by_name() {
     );
 }
 
+/// The fixture models the CUDA backend refuses, and what its error names: YaRN's rotation
+/// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix.
+fn refused_on_device(stem: &str) -> Option<&'static str> {
+    if stem.contains("-yarn-") {
+        Some("rope.scaling")
+    } else if stem.contains("-phi3-") {
+        Some("ffn_up")
+    } else {
+        None
+    }
+}
+
+/// Every fixture model the device runs agrees with the CPU; the others are refused by name.
 #[test]
 fn every_fixture_model_agrees_with_the_cpu() {
     let Some(_gpu) = gpu("every_fixture_model_agrees_with_the_cpu") else {
@@ -140,6 +153,15 @@ fn every_fixture_model_agrees_with_the_cpu() {
         }
         if m.config.moe.is_some() {
             continue; // refused on the GPU: `moe_models_are_refused_by_name`
+        }
+        if let Some(named) = refused_on_device(&stem) {
+            let mut o = SessionOptions::new(256, 2);
+            o.device = Device::Cuda;
+            let err = Session::new(Arc::clone(&m), o)
+                .err()
+                .unwrap_or_else(|| panic!("{stem}: the device must refuse it"));
+            assert!(err.to_string().contains(named), "{stem}: {err}");
+            continue;
         }
         let cpu = run(&mut session(&m, Device::Cpu, 256), &prompt, 16);
         let gpu = run(&mut session(&m, Device::Cuda, 256), &prompt, 16);

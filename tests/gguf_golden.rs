@@ -17,7 +17,7 @@ fn every_fixture_model_parses() {
         assert!(
             [
                 "llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "bert",
-                "nomic-bert",
+                "nomic-bert", "phi3", "smollm3",
             ]
             .contains(&arch),
             "{arch}"

@@ -106,11 +106,11 @@ fn missing_tensor_is_named() {
     assert!(err.to_string().contains("blk.2.ffn_down.weight"), "{err}");
 }
 
-/// A RoPE scaling kiln does not compute (YaRN, LongRoPE, anything new) is refused by name:
-/// run as plain RoPE it would give wrong text with no warning.
+/// A RoPE scaling kiln does not compute (LongRoPE as a type, anything new) is refused by
+/// name: run as plain RoPE it would give wrong text with no warning.
 #[test]
 fn unimplemented_rope_scaling_is_refused_by_name() {
-    for kind in ["yarn", "longrope", "dynamic-ntk"] {
+    for kind in ["longrope", "dynamic-ntk"] {
         let bytes = rewrite("random-llama-q4_0", |w| {
             w.set("llama.rope.scaling.type", kind.to_string());
             w.set("llama.rope.scaling.factor", 4.0f32);
@@ -124,17 +124,226 @@ fn unimplemented_rope_scaling_is_refused_by_name() {
             "{kind}: {msg}"
         );
         assert!(
-            msg.contains("llama.rope.scaling.type") && msg.contains(kind),
+            msg.contains("llama.rope.scaling.type") && msg.contains(kind) && msg.contains("yarn"),
             "{msg}"
         );
     }
-    // Linear scaling and an explicit "none" still load.
-    for kind in ["linear", "none"] {
+    // Linear scaling, an explicit "none" and YaRN with its keys load.
+    for kind in ["linear", "none", "yarn"] {
         let bytes = rewrite("random-llama-q4_0", |w| {
             w.set("llama.rope.scaling.type", kind.to_string());
             w.set("llama.rope.scaling.factor", 2.0f32);
+            w.set("llama.rope.scaling.original_context_length", 64u32);
         });
         Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
             .unwrap_or_else(|e| panic!("{kind}: {e}"));
     }
+}
+
+/// The llama declaring YaRN (factor 4 over an original context of 32) against the reference:
+/// prompts teacher-forced and greedy continuations.
+#[test]
+fn random_llama_yarn_matches_reference() {
+    check_random("random-llama-yarn-f32");
+}
+
+/// The same file run as plain RoPE (YaRN's mix, magnitude and position scale dropped) misses
+/// the reference's logits: the golden above can fail.
+#[test]
+fn llama_yarn_as_plain_rope_misses_the_golden() {
+    let stem = "random-llama-yarn-f32";
+    let mut model = Model::load(common::random_model(stem)).expect("load");
+    for l in &mut model.weights.layers {
+        let r = l.rope.as_mut().expect("rotary");
+        assert!(r.yarn_mix.is_some() && r.mscale != 1.0 && r.freq_scale == 0.25);
+        (r.yarn_mix, r.mscale, r.freq_scale) = (None, 1.0, 1.0);
+    }
+    let mut agg = Agreement::default();
+    compare(
+        &Arc::new(model),
+        &common::golden_dir().join(stem).join("logits.jsonl"),
+        2,
+        true,
+        &mut agg,
+    );
+    assert!(
+        agg.top1_rate() < 0.99 || agg.mean_logit_err() > 0.25,
+        "plain RoPE met the YaRN golden: top-1 {:.4}, mean error {:.4}",
+        agg.top1_rate(),
+        agg.mean_logit_err()
+    );
+}
+
+/// A YaRN declaration missing its keys, or with a factor that is not a positive number, is a
+/// one-line error naming the key.
+#[test]
+fn yarn_keys_missing_or_bad_are_named() {
+    let cases: [(&str, Option<f32>, Option<u32>, &str); 4] = [
+        ("no factor", None, Some(64), "llama.rope.scaling.factor"),
+        (
+            "no original context",
+            Some(4.0),
+            None,
+            "llama.rope.scaling.original_context_length",
+        ),
+        (
+            "negative factor",
+            Some(-4.0),
+            Some(64),
+            "llama.rope.scaling.factor",
+        ),
+        (
+            "zero original context",
+            Some(4.0),
+            Some(0),
+            "llama.rope.scaling.original_context_length",
+        ),
+    ];
+    for (what, factor, orig, key) in cases {
+        let bytes = rewrite("random-llama-q4_0", |w| {
+            w.set("llama.rope.scaling.type", "yarn".to_string());
+            if let Some(f) = factor {
+                w.set("llama.rope.scaling.factor", f);
+            }
+            if let Some(o) = orig {
+                w.set("llama.rope.scaling.original_context_length", o);
+            }
+        });
+        let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+            .err()
+            .unwrap_or_else(|| panic!("{what}: must fail"));
+        let msg = err.to_string();
+        assert!(msg.contains(key) && !msg.contains('\n'), "{what}: {msg}");
+    }
+    let bytes = rewrite("random-llama-q4_0", |w| {
+        w.set("llama.rope.scaling.attn_factor", -1.0f32);
+    });
+    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+        .err()
+        .expect("a negative attention factor must fail");
+    assert!(
+        err.to_string().contains("llama.rope.scaling.attn_factor"),
+        "{err}"
+    );
+}
+
+/// Phi-3 (fused qkv and gate/up, partial rotary, LongRoPE's long factors and attention
+/// factor) against the reference.
+#[test]
+fn random_phi3_matches_reference() {
+    check_random("random-phi3-f32");
+}
+
+/// Run without its LongRoPE factors and attention factor, the Phi-3 file misses the
+/// reference's logits: the golden above can fail.
+#[test]
+fn phi3_without_longrope_misses_the_golden() {
+    let stem = "random-phi3-f32";
+    let mut model = Model::load(common::random_model(stem)).expect("load");
+    for l in &mut model.weights.layers {
+        let r = l.rope.as_mut().expect("rotary");
+        assert!(r.freq_factors.is_some() && r.mscale != 1.0 && r.n_dims == 24);
+        (r.freq_factors, r.mscale) = (None, 1.0);
+    }
+    let mut agg = Agreement::default();
+    compare(
+        &Arc::new(model),
+        &common::golden_dir().join(stem).join("logits.jsonl"),
+        2,
+        true,
+        &mut agg,
+    );
+    assert!(
+        agg.top1_rate() < 0.99 || agg.mean_logit_err() > 0.25,
+        "plain RoPE met the LongRoPE golden: top-1 {:.4}, mean error {:.4}",
+        agg.top1_rate(),
+        agg.mean_logit_err()
+    );
+}
+
+/// LongRoPE picks the long factors when the trained context passes the original one, the
+/// short ones otherwise; a factor that is not positive is named; `longrope` is refused on an
+/// architecture that has no factors to read.
+#[test]
+fn longrope_factors_are_chosen_and_checked() {
+    let f = GgufFile::open(common::random_model("random-phi3-f32")).expect("open");
+    let vector = |name: &str| -> Vec<f32> {
+        let t = f.tensor_info(name).expect(name);
+        f.tensor_bytes(t)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    let (long, short) = (
+        vector("rope_factors_long.weight"),
+        vector("rope_factors_short.weight"),
+    );
+    let factors = |bytes: Vec<u8>| {
+        let m = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse")).expect("load");
+        m.weights.layers[0]
+            .rope
+            .as_ref()
+            .unwrap()
+            .freq_factors
+            .clone()
+    };
+    assert_eq!(factors(rewrite("random-phi3-f32", |_| {})), Some(long));
+    let at_4096 = rewrite("random-phi3-f32", |w| {
+        w.set("phi3.rope.scaling.original_context_length", 4096u32);
+    });
+    assert_eq!(factors(at_4096), Some(short));
+
+    let bad = rewrite("random-phi3-f32", |w| {
+        w.remove_tensor("rope_factors_long.weight");
+        w.add_f32_tensor("rope_factors_long.weight", &[12], &[0.0; 12]);
+    });
+    let err = Model::from_gguf(GgufFile::from_bytes(bad).expect("parse"))
+        .err()
+        .expect("a zero factor must fail");
+    assert!(
+        err.to_string().contains("rope_factors_long.weight"),
+        "{err}"
+    );
+
+    let bytes = rewrite("random-llama-q4_0", |w| {
+        w.set("llama.rope.scaling.type", "longrope".to_string());
+    });
+    let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+        .err()
+        .expect("longrope on llama must fail");
+    assert!(
+        matches!(err, ModelError::UnsupportedRopeScaling { .. }),
+        "{err}"
+    );
+}
+
+/// SmolLM3 (every fourth layer without RoPE) against the reference.
+#[test]
+fn random_smollm3_matches_reference() {
+    check_random("random-smollm3-f32");
+}
+
+/// With RoPE on its NoPE layer too, the SmolLM3 file misses the reference's logits.
+#[test]
+fn smollm3_with_rope_everywhere_misses_the_golden() {
+    let stem = "random-smollm3-f32";
+    let mut model = Model::load(common::random_model(stem)).expect("load");
+    let rope = model.weights.layers[0].rope.clone();
+    let layers = &mut model.weights.layers;
+    assert!(rope.is_some() && layers[3].rope.is_none() && layers[2].rope.is_some());
+    layers[3].rope = rope;
+    let mut agg = Agreement::default();
+    compare(
+        &Arc::new(model),
+        &common::golden_dir().join(stem).join("logits.jsonl"),
+        2,
+        true,
+        &mut agg,
+    );
+    assert!(
+        agg.top1_rate() < 0.99 || agg.mean_logit_err() > 0.25,
+        "RoPE on every layer met the SmolLM3 golden: top-1 {:.4}, mean error {:.4}",
+        agg.top1_rate(),
+        agg.mean_logit_err()
+    );
 }

@@ -130,7 +130,7 @@ pub fn gelu_tanh_exact(x: f32) -> f32 {
 }
 
 /// The architecture's choices these kernels implement (described in [`crate::model::config`]).
-pub use crate::model::config::{Activation, RopeKind};
+pub use crate::model::config::{Activation, RopeKind, YarnParams};
 
 /// Rotary position embedding parameters of one layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,15 +141,72 @@ pub struct Rope {
     pub freq_base: f32,
     /// Linear position scaling: positions are multiplied by this (1/factor).
     pub freq_scale: f32,
-    /// Per-pair frequency divisors (Llama-3 style `rope_freqs`), `n_dims / 2` long, if any.
+    /// Per-pair frequency divisors (Llama-3 style `rope_freqs`, LongRoPE's factors),
+    /// `n_dims / 2` long, if any.
     pub freq_factors: Option<Vec<f32>>,
+    /// YaRN's per-pair extrapolation mix (ggml's `rope_yarn_ramp(..) · ext_factor`), `n_dims / 2`
+    /// long, precomputed at load by [`Rope::with_yarn`]; `None` without YaRN (ext_factor 0).
+    pub yarn_mix: Option<Vec<f32>>,
+    /// Magnitude multiplier of cos and sin (ggml's `mscale`: the attention factor, times YaRN's
+    /// `1 + 0.1·ln(1/freq_scale)` when YaRN is on); 1 for plain RoPE.
+    pub mscale: f32,
+}
+
+/// ggml's `ggml_rope_yarn_corr_dim`: the dimension at which a rotation completes `n_rot`
+/// turns over `n_ctx_orig` positions.
+fn yarn_corr_dim(n_dims: usize, n_ctx_orig: usize, n_rot: f32, base: f32) -> f32 {
+    n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+        / (2.0 * base.ln())
 }
 
 impl Rope {
+    /// Plain RoPE (no YaRN, magnitude 1).
+    pub fn new(
+        kind: RopeKind,
+        n_dims: usize,
+        freq_base: f32,
+        freq_scale: f32,
+        freq_factors: Option<Vec<f32>>,
+    ) -> Rope {
+        Rope {
+            kind,
+            n_dims,
+            freq_base,
+            freq_scale,
+            freq_factors,
+            yarn_mix: None,
+            mscale: 1.0,
+        }
+    }
+
+    /// This RoPE with YaRN's ramp and magnitude, computed as ggml's `rope_yarn` and
+    /// `ggml_rope_yarn_corr_dims` do (in f32, in the same order), once, at load.
+    pub fn with_yarn(mut self, y: &YarnParams) -> Rope {
+        let mut mscale = y.attn_factor;
+        if y.ext_factor != 0.0 {
+            let n = self.n_dims;
+            let start = yarn_corr_dim(n, y.n_ctx_orig, y.beta_fast, self.freq_base).floor();
+            let end = yarn_corr_dim(n, y.n_ctx_orig, y.beta_slow, self.freq_base).ceil();
+            let (low, high) = (start.max(0.0), end.min(n as f32 - 1.0));
+            let mix = (0..n / 2)
+                .map(|i| {
+                    // (`i0 / 2` of ggml's `rope_yarn_ramp`, i0 = 2i)
+                    let t = (i as f32 - low) / (high - low).max(0.001);
+                    (1.0 - t.clamp(0.0, 1.0)) * y.ext_factor
+                })
+                .collect();
+            self.yarn_mix = Some(mix);
+            mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
+        }
+        self.mscale = mscale;
+        self
+    }
+
     /// Fill `cs` (`n_dims` floats: cos, sin interleaved per pair) for position `pos`.
     ///
     /// Follows ggml's recurrence `theta_i = pos · base^(-2i/n)` computed as a running product
-    /// in f32, so the angles agree with the reference engine to the last bit.
+    /// in f32, then its `rope_yarn` (frequency factor, position scale, YaRN's mix and
+    /// magnitude), so the angles agree with the reference engine to the last bit.
     pub fn cos_sin(&self, pos: usize, cs: &mut [f32]) {
         let half = self.n_dims / 2;
         debug_assert!(cs.len() >= self.n_dims);
@@ -157,9 +214,14 @@ impl Rope {
         let mut theta = pos as f32;
         for i in 0..half {
             let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
-            let t = self.freq_scale * theta / ff;
-            cs[2 * i] = t.cos();
-            cs[2 * i + 1] = t.sin();
+            let extrap = theta / ff;
+            let interp = self.freq_scale * extrap;
+            let t = match &self.yarn_mix {
+                Some(mix) => interp * (1.0 - mix[i]) + extrap * mix[i],
+                None => interp,
+            };
+            cs[2 * i] = t.cos() * self.mscale;
+            cs[2 * i + 1] = t.sin() * self.mscale;
             theta *= theta_scale;
         }
     }
@@ -308,13 +370,7 @@ mod tests {
             .zip(&x)
             .all(|(o, v)| o.to_bits() == (v * scale * 1.5).to_bits()));
 
-        let rope = Rope {
-            kind: RopeKind::Normal,
-            n_dims: 64,
-            freq_base: 10000.0,
-            freq_scale: 1.0,
-            freq_factors: None,
-        };
+        let rope = Rope::new(RopeKind::Normal, 64, 10000.0, 1.0, None);
         let mut cs = vec![0.0; 64];
         rope.cos_sin(7, &mut cs);
         let mut y = x.clone();
@@ -333,6 +389,58 @@ mod tests {
                     < 1e-6 * (1.0 + v.abs() as f64)
             );
         }
+    }
+
+    /// YaRN's angles and magnitude against an f64 evaluation of the formula as ggml computes
+    /// it (`ggml_rope_yarn_corr_dims`, `rope_yarn`): pairs below the low correction dimension
+    /// keep their frequency, those above the high one are divided by the factor, a linear ramp
+    /// between; cos and sin carry the attention factor times `1 + 0.1·ln(factor)`.
+    #[test]
+    fn yarn_matches_an_f64_evaluation() {
+        let (n, base, factor, orig) = (32usize, 10_000.0f64, 4.0f64, 64usize);
+        let y = YarnParams {
+            ext_factor: 1.0,
+            attn_factor: 0.9,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            n_ctx_orig: orig,
+        };
+        let rope =
+            Rope::new(RopeKind::Neox, n, base as f32, (1.0 / factor) as f32, None).with_yarn(&y);
+        let corr = |beta: f64| {
+            n as f64 * (orig as f64 / (beta * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+        };
+        let (low, high) = (
+            corr(32.0).floor().max(0.0),
+            corr(1.0).ceil().min(n as f64 - 1.0),
+        );
+        // (This shape puts the ramp over pairs 0..5: some pairs of each kind.)
+        assert_eq!((low, high), (0.0, 5.0));
+        let m = 0.9 * (1.0 + 0.1 * factor.ln());
+        assert!((rope.mscale as f64 - m).abs() < 1e-6, "{}", rope.mscale);
+        let mut cs = vec![0.0f32; n];
+        for pos in [0usize, 1, 7, 33, 100] {
+            rope.cos_sin(pos, &mut cs);
+            for i in 0..n / 2 {
+                let extrap = pos as f64 * base.powf(-2.0 * i as f64 / n as f64);
+                let mix = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                let theta = extrap / factor * (1.0 - mix) + extrap * mix;
+                let (c, s) = (cs[2 * i] as f64, cs[2 * i + 1] as f64);
+                assert!(
+                    (c - theta.cos() * m).abs() < 1e-4 && (s - theta.sin() * m).abs() < 1e-4,
+                    "pos {pos} pair {i}: ({c}, {s}) against {}",
+                    theta
+                );
+            }
+        }
+        // Without YaRN and with magnitude 1, the angles are plain RoPE's to the bit.
+        let plain = Rope::new(RopeKind::Neox, n, base as f32, 0.25, None);
+        let off = plain.clone().with_yarn(&YarnParams::NONE);
+        let (mut a, mut b) = (vec![0.0f32; n], vec![0.0f32; n]);
+        plain.cos_sin(77, &mut a);
+        off.cos_sin(77, &mut b);
+        assert_eq!(a, b);
+        assert_ne!(a, cs);
     }
 
     #[test]
@@ -357,13 +465,7 @@ mod tests {
     #[test]
     fn rope_preserves_norm_and_position_zero_is_identity() {
         for kind in [RopeKind::Normal, RopeKind::Neox] {
-            let rope = Rope {
-                kind,
-                n_dims: 8,
-                freq_base: 10000.0,
-                freq_scale: 1.0,
-                freq_factors: None,
-            };
+            let rope = Rope::new(kind, 8, 10000.0, 1.0, None);
             let mut cs = [0.0; 8];
             let orig: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut x = orig.clone();
@@ -382,13 +484,7 @@ mod tests {
     #[test]
     fn rope_relative_property() {
         // <R(p)q, R(p+k)v> depends only on k.
-        let rope = Rope {
-            kind: RopeKind::Neox,
-            n_dims: 4,
-            freq_base: 100.0,
-            freq_scale: 1.0,
-            freq_factors: None,
-        };
+        let rope = Rope::new(RopeKind::Neox, 4, 100.0, 1.0, None);
         let q = [0.3f32, -0.2, 0.9, 0.1];
         let v = [0.5f32, 0.4, -0.1, 0.7];
         let dot_at = |p: usize, k: usize| {

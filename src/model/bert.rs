@@ -22,6 +22,8 @@ pub const BERT: ArchTraits = ArchTraits {
     qk_norm: false,
     post_norms: false,
     scale_embeddings: false,
+    fused_gate_up: false,
+    longrope: false,
 };
 
 pub const NOMIC_BERT: ArchTraits = ArchTraits {

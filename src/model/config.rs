@@ -18,6 +18,34 @@ pub enum RopeKind {
     Neox,
 }
 
+/// RoPE's position-scaling parameters as the reference engine's context holds them
+/// (`cparams.yarn_*`, `n_ctx_orig_yarn`), applied to every layer's rotation
+/// ([`crate::kernels::ops::Rope::with_yarn`]). Without YaRN, `ext_factor` is 0 and only
+/// `attn_factor` (the file's `rope.scaling.attn_factor`, 1 by default) matters.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct YarnParams {
+    /// Mix of extrapolation (0: none, plain interpolation; 1 for YaRN).
+    pub ext_factor: f32,
+    /// Magnitude factor of cos and sin (for YaRN already divided by its own
+    /// `1 + 0.1·ln(factor)`, which the rotation multiplies back in, as the reference does).
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// The context length the model was trained with before the extension.
+    pub n_ctx_orig: usize,
+}
+
+impl YarnParams {
+    /// No YaRN, magnitude 1: plain RoPE.
+    pub const NONE: YarnParams = YarnParams {
+        ext_factor: 0.0,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig: 0,
+    };
+}
+
 /// The architectures kiln runs, from `general.architecture`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -33,6 +61,8 @@ pub enum Arch {
     /// Encoders (embeddings, no generation): BERT and Nomic-BERT.
     Bert,
     NomicBert,
+    Phi3,
+    Smollm3,
 }
 
 impl Arch {
@@ -50,6 +80,8 @@ impl Arch {
         ("olmoe", Arch::Olmoe),
         ("bert", Arch::Bert),
         ("nomic-bert", Arch::NomicBert),
+        ("phi3", Arch::Phi3),
+        ("smollm3", Arch::Smollm3),
     ];
 
     pub fn from_name(name: &str) -> Option<Arch> {
@@ -93,6 +125,11 @@ pub struct ArchTraits {
     pub rope: Option<RopeKind>,
     /// Q, K, V stored as one `attn_qkv` matrix.
     pub fused_qkv: bool,
+    /// The FFN's gate and up stored as one `ffn_up` matrix `[2·ffn_dim, dim]`, the gate's
+    /// rows first (Phi-3).
+    pub fused_gate_up: bool,
+    /// LongRoPE: `rope_factors_long` / `rope_factors_short` frequency divisors (Phi-3).
+    pub longrope: bool,
     /// Per-head RMSNorm of q and k (Qwen3, Gemma-3).
     pub qk_norm: bool,
     /// Norms after attention and FFN, before the residual add (Gemma-3).
@@ -126,10 +163,14 @@ pub struct ModelConfig {
     /// RoPE base of sliding-window layers (Gemma-3 uses a different one), if any.
     pub rope_base_swa: Option<f32>,
     pub rope_freq_scale: f32,
+    /// YaRN and the attention factor of the rotation ([`YarnParams::NONE`] for plain RoPE).
+    pub rope_yarn: YarnParams,
     /// Sliding-window size of the local-attention layers.
     pub sliding_window: Option<usize>,
     /// Per layer: does it use the sliding window?
     pub swa_layers: Vec<bool>,
+    /// Per layer: does it attend without positions (no RoPE; SmolLM3's NoPE layers)?
+    pub no_rope_layers: Vec<bool>,
     /// Multiplier of q·k.
     pub attn_scale: f32,
     /// Queries are multiplied by this after RoPE, before attention (Gemma's
@@ -191,13 +232,6 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         .opt_u32(&k("rope.dimension_count"))?
         .map_or(head_dim_k, |v| v as usize);
     let rope_base = f.opt_f32(&k("rope.freq_base"))?.unwrap_or(10_000.0);
-    let rope_freq_scale = match f.opt_str(&k("rope.scaling.type"))? {
-        Some("linear") => 1.0 / f.opt_f32(&k("rope.scaling.factor"))?.unwrap_or(1.0),
-        _ => match f.opt_f32(&k("rope.scale_linear"))? {
-            Some(s) if s > 0.0 => 1.0 / s,
-            _ => 1.0,
-        },
-    };
     let vocab_size = match f.opt_u32(&k("vocab_size"))? {
         Some(v) => v as usize,
         None => f.opt_array("tokenizer.ggml.tokens")?.map_or(0, |a| a.len()),
@@ -220,9 +254,12 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         rope_dims,
         rope_base,
         rope_base_swa: None,
-        rope_freq_scale,
+        // (`rope_scaling::read` sets these from the file's scaling keys.)
+        rope_freq_scale: 1.0,
+        rope_yarn: YarnParams::NONE,
         sliding_window: None,
         swa_layers: vec![false; n_layers],
+        no_rope_layers: vec![false; n_layers],
         attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
         q_scale: None,
         causal: true,

@@ -14,6 +14,8 @@ pub const TRAITS: ArchTraits = ArchTraits {
     gated_ffn: true,
     rope: Some(RopeKind::Neox),
     fused_qkv: false,
+    fused_gate_up: false,
+    longrope: false,
     qk_norm: true,
     post_norms: true,
     scale_embeddings: true,

@@ -10,6 +10,8 @@ pub const TRAITS: ArchTraits = ArchTraits {
     gated_ffn: false,
     rope: None,
     fused_qkv: true,
+    fused_gate_up: false,
+    longrope: false,
     qk_norm: false,
     post_norms: false,
     scale_embeddings: false,

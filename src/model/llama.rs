@@ -10,6 +10,8 @@ pub const TRAITS: ArchTraits = ArchTraits {
     gated_ffn: true,
     rope: Some(RopeKind::Normal),
     fused_qkv: false,
+    fused_gate_up: false,
+    longrope: false,
     qk_norm: false,
     post_norms: false,
     scale_embeddings: false,

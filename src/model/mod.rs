@@ -13,8 +13,11 @@ mod bert;
 mod gemma3;
 mod gpt2;
 mod llama;
+mod phi3;
 mod qwen2;
 mod qwen3;
+pub mod rope_scaling;
+mod smollm3;
 
 use std::path::Path;
 
@@ -51,7 +54,7 @@ pub enum ModelError {
     BadConfig(String),
     #[error(
         "metadata key '{key}' = '{value}': kiln does not implement this RoPE scaling \
-         (it implements: none, linear)"
+         (it implements: none, linear, yarn; longrope for phi3)"
     )]
     UnsupportedRopeScaling { key: String, value: String },
     #[error(
@@ -137,19 +140,6 @@ impl Model {
     }
 }
 
-/// Refuse, by name, a RoPE scaling kiln does not compute: running it as plain RoPE would give
-/// wrong text with no warning.
-fn check_rope_scaling(f: &GgufFile) -> Result<(), ModelError> {
-    let key = f.arch_key("rope.scaling.type");
-    match f.opt_str(&key)? {
-        None | Some("none") | Some("linear") => Ok(()),
-        Some(other) => Err(ModelError::UnsupportedRopeScaling {
-            key,
-            value: other.to_string(),
-        }),
-    }
-}
-
 /// Hyper-parameters and block traits for the file's architecture.
 pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError> {
     let name = f.architecture()?;
@@ -157,7 +147,6 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
         name: name.to_string(),
         supported: Arch::supported_list(),
     })?;
-    check_rope_scaling(f)?;
     let mut cfg = config::read_common(f, arch)?;
     let traits = match arch {
         Arch::Llama => {
@@ -189,7 +178,16 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
                 _ => moe::OLMOE,
             }
         }
+        Arch::Phi3 => {
+            phi3::configure(&mut cfg);
+            phi3::TRAITS
+        }
+        Arch::Smollm3 => {
+            smollm3::configure(&mut cfg);
+            smollm3::TRAITS
+        }
     };
+    rope_scaling::read(f, &mut cfg, traits.longrope)?;
     validate(&cfg)?;
     Ok((cfg, traits))
 }
@@ -240,24 +238,42 @@ fn layer_ropes(
         norm_kind: t.norm,
         eps: c.norm_eps,
     };
-    let freq_factors = match f.tensor_info(weights::names::ROPE_FREQS) {
-        Some(_) => Some(loader.vector(weights::names::ROPE_FREQS, c.rope_dims / 2)?),
+    // Llama-3's `rope_freqs`; else LongRoPE's long factors where the context passes the
+    // original one (the reference's `get_rope_factors` at its default context, the trained
+    // one), its short ones otherwise.
+    let long = c.ctx_train > c.rope_yarn.n_ctx_orig;
+    let name = match f.tensor_info(weights::names::ROPE_FREQS) {
+        Some(_) => Some(weights::names::ROPE_FREQS),
+        None if t.longrope && long => Some(weights::names::ROPE_FACTORS_LONG),
+        None if t.longrope => Some(weights::names::ROPE_FACTORS_SHORT),
         None => None,
+    };
+    let freq_factors = match name {
+        Some(n) if f.tensor_info(n).is_some() => {
+            let v = loader.vector(n, c.rope_dims / 2)?;
+            if let Some(bad) = v.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+                return Err(ModelError::BadConfig(format!(
+                    "tensor '{n}' holds {bad}: RoPE frequency factors must be positive"
+                )));
+            }
+            Some(v)
+        }
+        _ => None,
     };
     Ok((0..c.n_layers)
         .map(|i| {
+            if c.no_rope_layers[i] {
+                return None;
+            }
             // Local layers have their own base and no position scaling.
             let (base, scale) = match (c.swa_layers[i], c.rope_base_swa) {
                 (true, Some(b)) => (b, 1.0),
                 _ => (c.rope_base, c.rope_freq_scale),
             };
-            Some(Rope {
-                kind,
-                n_dims: c.rope_dims,
-                freq_base: base,
-                freq_scale: scale,
-                freq_factors: freq_factors.clone(),
-            })
+            Some(
+                Rope::new(kind, c.rope_dims, base, scale, freq_factors.clone())
+                    .with_yarn(&c.rope_yarn),
+            )
         })
         .collect())
 }

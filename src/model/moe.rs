@@ -54,6 +54,8 @@ pub const QWEN3MOE: ArchTraits = ArchTraits {
     qk_norm: true,
     post_norms: false,
     scale_embeddings: false,
+    fused_gate_up: false,
+    longrope: false,
 };
 
 /// Qwen2-MoE: Qwen2's attention (q/k/v biases), routed experts plus a gated shared expert.

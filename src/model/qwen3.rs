@@ -10,6 +10,8 @@ pub const TRAITS: ArchTraits = ArchTraits {
     gated_ffn: true,
     rope: Some(RopeKind::Neox),
     fused_qkv: false,
+    fused_gate_up: false,
+    longrope: false,
     qk_norm: true,
     post_norms: false,
     scale_embeddings: false,

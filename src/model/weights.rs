@@ -18,6 +18,8 @@ pub mod names {
     pub const OUTPUT_NORM: &str = "output_norm";
     pub const OUTPUT: &str = "output.weight";
     pub const ROPE_FREQS: &str = "rope_freqs.weight";
+    pub const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+    pub const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
 
     /// `blk.{layer}.{suffix}`.
     pub fn blk(layer: usize, suffix: &str) -> String {
@@ -289,6 +291,29 @@ impl<'a> Loader<'a> {
         })
     }
 
+    /// Two matrices stored as one `[in_dim, 2·out_dim]` tensor (the first `out_dim` rows,
+    /// then the rest), each in the layout this CPU multiplies fastest.
+    pub fn matrix_halves(
+        &self,
+        name: &str,
+        in_dim: usize,
+        out_dim: usize,
+    ) -> Result<(Linear, Linear), ModelError> {
+        let both = self.linear(name, in_dim, 2 * out_dim)?;
+        if both.bias.is_some() {
+            return Err(ModelError::BadConfig(format!(
+                "tensor '{name}' is a fused pair of matrices with a bias, which kiln does not split"
+            )));
+        }
+        let half = out_dim * both.row_bytes;
+        let part = |range: std::ops::Range<usize>| Linear {
+            out_dim,
+            data: both.data.slice(range),
+            ..both.clone()
+        };
+        Ok((part(0..half).repacked(), part(half..2 * half).repacked()))
+    }
+
     pub fn opt_linear(
         &self,
         name: &str,
@@ -424,16 +449,21 @@ pub fn load(
             (None, None)
         };
         let (ffn_gate, ffn_up, ffn_down, moe) = match &cfg.moe {
-            None => (
-                if traits.gated_ffn {
-                    Some(ld.matrix(&b(FFN_GATE), dim, cfg.ffn_dim)?)
+            None => {
+                let (gate, up) = if traits.fused_gate_up {
+                    let (gate, up) = ld.matrix_halves(&b(FFN_UP), dim, cfg.ffn_dim)?;
+                    (Some(gate), up)
+                } else if traits.gated_ffn {
+                    (
+                        Some(ld.matrix(&b(FFN_GATE), dim, cfg.ffn_dim)?),
+                        ld.matrix(&b(FFN_UP), dim, cfg.ffn_dim)?,
+                    )
                 } else {
-                    None
-                },
-                Some(ld.matrix(&b(FFN_UP), dim, cfg.ffn_dim)?),
-                Some(ld.matrix(&b(FFN_DOWN), cfg.ffn_dim, dim)?),
-                None,
-            ),
+                    (None, ld.matrix(&b(FFN_UP), dim, cfg.ffn_dim)?)
+                };
+                let down = ld.matrix(&b(FFN_DOWN), cfg.ffn_dim, dim)?;
+                (gate, Some(up), Some(down), None)
+            }
             Some(mc) => {
                 let (ne, f) = (mc.n_expert, mc.ffn_dim);
                 let moe = Moe {

@@ -451,6 +451,7 @@ impl DeviceWeights {
 
     /// Bytes [`DeviceWeights::upload`] allocates for `m` (laid out without a GPU).
     pub fn layout_bytes(m: &Model) -> Result<usize, CudaError> {
+        refuse_unsupported(m)?;
         let mut nothing = |_: usize, _: usize| {};
         let mut up = Uploader {
             gpu: None,
@@ -501,6 +502,33 @@ impl DeviceWeights {
     pub fn rope_factors(&self, i: usize) -> u64 {
         self.layers[i].rope_factors.unwrap_or(0)
     }
+}
+
+/// Refuse, by name, a model whose computation the device code does not have, before anything
+/// is laid out or uploaded: a RoPE with a magnitude factor or YaRN's extrapolation (the CUDA
+/// rotation computes plain and linear RoPE only), a gate and up projection fused in one matrix.
+fn refuse_unsupported(m: &Model) -> Result<(), CudaError> {
+    let c = &m.config;
+    if m.traits.fused_gate_up {
+        return Err(CudaError::Unsupported(format!(
+            "{}'s gate and up projections fused in one matrix (blk.N.ffn_up.weight)",
+            c.arch_name
+        )));
+    }
+    let scaled = |r: &crate::kernels::ops::Rope| r.yarn_mix.is_some() || r.mscale != 1.0;
+    if m.weights.layers.iter().flat_map(|l| &l.rope).any(scaled) {
+        return Err(CudaError::Unsupported(format!(
+            "RoPE scaling '{}' with a magnitude factor or YaRN's extrapolation \
+             ({}.rope.scaling.*; the CUDA rotation computes plain and linear RoPE only)",
+            m.file
+                .opt_str(&m.file.arch_key("rope.scaling.type"))
+                .ok()
+                .flatten()
+                .unwrap_or("linear"),
+            c.arch_name
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
