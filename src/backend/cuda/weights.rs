@@ -188,6 +188,9 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         GgmlType::Q8_1 | GgmlType::Q8K => Err(CudaError::Unsupported(format!(
             "{ty} is an activation format, not a weight format"
         ))),
+        GgmlType::IQ4NL | GgmlType::IQ4XS => Err(CudaError::Unsupported(format!(
+            "{ty} weights have no GPU kernels yet (run this model with --device cpu)"
+        ))),
     }
 }
 
