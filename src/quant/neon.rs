@@ -517,12 +517,6 @@ unsafe fn dot_f32(n: usize, w: *const u8, x: *const u8) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Safe entry points and the table.
-
-/// A row kernel: elements per block, bytes per weight / activation block, the dot itself for
-/// row `j` of a batch of `nx` activation rows (Q4_K's and Q6_K's arithmetic depends on them,
-/// as the reference's does).
-// ---------------------------------------------------------------------------------------------
 // IQ4_NL and IQ4_XS: 4-bit indices into the 16-value grid (one `tbl` lookup), signed values
 // (|v| <= 127) multiplied as the legacy formats' quants.
 
@@ -617,6 +611,12 @@ impl Row for RIq4Xs {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Safe entry points and the table.
+
+/// A row kernel: elements per block, bytes per weight / activation block, the dot itself for
+/// row `j` of a batch of `nx` activation rows (Q4_K's and Q6_K's arithmetic depends on them,
+/// as the reference's does).
 trait Row {
     const BLOCK: usize;
     const W: usize;
