@@ -55,11 +55,12 @@ pub type DequantFn = fn(src: &[u8], out: &mut [f32]);
 /// `nw` weight rows (stride `w_stride` bytes) x `nx` activation rows (stride `x_stride` bytes):
 /// `out[j * out_stride + i] = dot(w row i, x row j)`. The prefill tile: each loaded weight block
 /// serves several tokens. Every output is bit-identical to [`VecDotFn`] on the same two rows, so
-/// results do not depend on how tokens are batched, except for Q3_K, Q4_K, Q5_K and Q6_K,
-/// which reproduce the reference engine's batch-dependent arithmetic ([`kquant_order`]): Q4_K
-/// rows in the batch's groups of four differ in the last bits from the `nx % 4` rows after
-/// them, and Q3_K, Q5_K and Q6_K batches of 8 rows or more (its tiled kernel) differ from
-/// smaller ones. Pass the whole batch (`nx` = tokens in it) to get the reference's results.
+/// results do not depend on how tokens are batched, except for Q3_K, Q4_K, Q5_K, Q6_K and
+/// IQ4_XS, which reproduce the reference engine's batch-dependent arithmetic
+/// ([`kquant_order`]): Q4_K rows in the batch's groups of four differ in the last bits from the
+/// `nx % 4` rows after them, and Q3_K, Q5_K, Q6_K and IQ4_XS batches of 8 rows or more (its
+/// tiled kernel) differ from smaller ones. Pass the whole batch (`nx` = tokens in it) to get the
+/// reference's results.
 pub type GemmFn = fn(
     n: usize,
     w: &[u8],
