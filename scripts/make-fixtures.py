@@ -80,6 +80,8 @@ VARIANTS = {
     "random-llama-q4_k": ("llama", "Q4_K", True),
     "random-llama-q5_k": ("llama", "Q5_K", True),
     "random-llama-q6_k": ("llama", "Q6_K", True),
+    "random-llama-iq4_nl": ("llama", "IQ4_NL", True),
+    "random-llama-iq4_xs": ("llama", "IQ4_XS", True),
     "random-qwen2-q4_0": ("qwen2", "Q4_0", True),
     # Not --pure: llama-quantize's own Q4_K_M mix (Q6_K for some v and ffn_down matrices).
     "random-qwen3-q4_k_m": ("qwen3", "Q4_K_M", False),

@@ -70,6 +70,7 @@ fn batched_decode_is_bit_identical_to_single_sequences() {
         "random-llama-q8_0",
         "random-llama-q4_k",
         "random-llama-q6_k",
+        "random-llama-iq4_xs",
         "random-llama-f16",
         "random-gpt2-q8_0",
         "random-qwen3-q4_k_m",

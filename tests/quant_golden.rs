@@ -88,7 +88,7 @@ fn check(case: &Case, values: &[f32], how: &str) {
 #[test]
 fn dequantize_matches_llama_cpp() {
     let cases = cases();
-    assert_eq!(cases.len(), 39, "13 files x 3 tensors");
+    assert_eq!(cases.len(), 45, "15 files x 3 tensors");
     let mut seen = std::collections::BTreeSet::new();
     for case in &cases {
         let mut values = vec![0f32; case.n];
@@ -96,7 +96,7 @@ fn dequantize_matches_llama_cpp() {
         check(case, &values, "dequantize_row");
         seen.insert(case.ty);
     }
-    assert_eq!(seen.len(), 13, "every weight format covered: {seen:?}");
+    assert_eq!(seen.len(), 15, "every weight format covered: {seen:?}");
 }
 
 /// The `dequantize` entry of every available kernel table gives the same bits.

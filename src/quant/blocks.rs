@@ -203,6 +203,54 @@ pub struct BlockQ8K {
     pub bsums: [I16Le; QK_K / 16],
 }
 
+/// IQ4_NL: `x = d * KVALUES_IQ4NL[q]`, q in 0..16, nibbles laid out as Q4_0's.
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
+pub struct BlockIq4Nl {
+    pub d: F16Le,
+    pub qs: [u8; QK / 2],
+}
+
+/// IQ4_XS: 8 sub-blocks of 32 on IQ4_NL's grid; sub-block `j`'s 6-bit scale `ls` has its low
+/// nibble in `scales_l[j / 2]` (low half for even `j`) and its top two bits at bits `2j` of
+/// `scales_h` (LE u16); `x = d * (ls - 32) * KVALUES_IQ4NL[q]`. `qs` holds each sub-block's
+/// 16 bytes as Q4_0 does.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockIq4Xs {
+    pub d: F16Le,
+    pub scales_h: [u8; 2],
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+
+/// The 16 values of the IQ4_NL / IQ4_XS grid (ggml's `kvalues_iq4nl`).
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+impl BlockIq4Xs {
+    /// The scale of sub-block `j` (0..8) with its offset removed (`ls - 32`, in -32..=31).
+    #[inline]
+    pub fn scale(&self, j: usize) -> i32 {
+        let h = u16::from_le_bytes(self.scales_h);
+        let ls = ((self.scales_l[j / 2] >> (4 * (j % 2))) & 0xF) as i32
+            | ((((h >> (2 * j)) & 3) as i32) << 4);
+        ls - 32
+    }
+}
+
+impl Default for BlockIq4Xs {
+    fn default() -> Self {
+        BlockIq4Xs {
+            d: F16Le::default(),
+            scales_h: [0; 2],
+            scales_l: [0; 4],
+            qs: [0; 128],
+        }
+    }
+}
+
 impl Default for BlockQ2K {
     fn default() -> Self {
         BlockQ2K {
@@ -297,6 +345,8 @@ raw_block! {
     BlockQ5K = 176,
     BlockQ6K = 210,
     BlockQ8K = 292,
+    BlockIq4Nl = 18,
+    BlockIq4Xs = 136,
 }
 
 /// View bytes as blocks; `None` unless the length is a whole number of blocks.

@@ -25,6 +25,13 @@
 //!   multiply-adds per lane per super-block, reduced at the end: [`k_dot_lanes`], with each
 //!   format's own handling of its offset or minimums.
 //! - **The 32-element formats** through their 8-lane `vec_dot` ([`t32_dot_lanes`]).
+//! - **IQ4_NL** through its repacked kernels (`block_iq4_nlx8`, every matrix whose row count is
+//!   a multiple of 8, from AVX2 up), Q4_0's code over a lookup table: whole-block sums
+//!   ([`t32_dot_blocks`]) for every batch size; kiln uses that order for every IQ4_NL row
+//!   (the reference's plain `vec_dot`, for row counts not a multiple of 8, keeps two 8-lane
+//!   accumulators instead: not reproduced).
+//! - **IQ4_XS** as Q3_K: the tiled kernel from [`TILED_MIN_ROWS`] rows, its AVX2 `vec_dot`
+//!   ([`k_dot_lanes`], an offset format with no offset) below.
 //!
 //! [`gemm_dot`] picks the right one for row `j` of a batch of `nx` activation rows.
 //!
@@ -39,9 +46,10 @@
 //! `+amax` and `-amax` both occur, which negates both the quants and the scale: same dot).
 
 use super::blocks::{
-    cast, q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
-    RawBlock, QK_K,
+    cast, q3k_scales, scale_min_k4, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K,
+    BlockQ8K, RawBlock, QK_K,
 };
+use super::iquant::iq4_value;
 use super::reference::{q2k_q, q3k_u, q4k_q, q5k_q, q6k_u};
 use super::GgmlType;
 
@@ -188,6 +196,12 @@ impl KLanes {
                 let u = |i| q6k_u(k, i);
                 KLanes::new((d, d, true), u, sc, |g| -32 * sc(g), y)
             }
+            GgmlType::IQ4XS => {
+                let k = block::<BlockIq4Xs>(w, b);
+                let d = k.d.to_f32();
+                let u = |i: usize| iq4_value(&k.qs[16 * (i / 32)..], i % 32);
+                KLanes::new((d, d, true), u, |g| k.scale(g / 2), |_| 0, y)
+            }
             _ => panic!("{ty}: no 8-lane k-quant order"),
         }
     }
@@ -261,7 +275,10 @@ pub fn k_dot_tiled(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
 /// it repacks on x86 instead).
 #[inline]
 pub fn tiled(ty: GgmlType, nx: usize) -> bool {
-    matches!(ty, GgmlType::Q3K | GgmlType::Q5K | GgmlType::Q6K) && nx >= TILED_MIN_ROWS
+    matches!(
+        ty,
+        GgmlType::Q3K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS
+    ) && nx >= TILED_MIN_ROWS
 }
 
 /// How the reference computes row `j` of a batch of `nx` activation rows against a Q4_K matrix:
@@ -297,6 +314,7 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
 /// order of every tier's plain rows); `None` for the float formats.
 pub fn row_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize) -> Option<f32> {
     match ty.block_size() {
+        32 if ty == GgmlType::IQ4NL => Some(t32_dot_blocks(ty, w, x, n)),
         32 => Some(t32_dot_lanes(ty, w, x, n)),
         _ => gemm_dot(ty, w, x, n, nx, j),
     }
@@ -389,6 +407,11 @@ fn t32_block(
         GgmlType::Q8_0 => {
             let k = block::<BlockQ8_0>(w, b);
             (k.d.to_f32(), 0.0, k.qs.map(i32::from))
+        }
+        GgmlType::IQ4NL => {
+            let k = block::<super::blocks::BlockIq4Nl>(w, b);
+            let q = core::array::from_fn(|i| iq4_value(&k.qs, i));
+            (k.d.to_f32(), 0.0, q)
         }
         _ => panic!("{ty}: not a 32-element format"),
     };

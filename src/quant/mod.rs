@@ -29,6 +29,7 @@
 //! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
+mod iquant;
 pub mod kquant_order;
 mod kquant_quantize;
 #[cfg(target_arch = "aarch64")]
@@ -54,11 +55,12 @@ pub type DequantFn = fn(src: &[u8], out: &mut [f32]);
 /// `nw` weight rows (stride `w_stride` bytes) x `nx` activation rows (stride `x_stride` bytes):
 /// `out[j * out_stride + i] = dot(w row i, x row j)`. The prefill tile: each loaded weight block
 /// serves several tokens. Every output is bit-identical to [`VecDotFn`] on the same two rows, so
-/// results do not depend on how tokens are batched, except for Q3_K, Q4_K, Q5_K and Q6_K,
-/// which reproduce the reference engine's batch-dependent arithmetic ([`kquant_order`]): Q4_K
-/// rows in the batch's groups of four differ in the last bits from the `nx % 4` rows after
-/// them, and Q3_K, Q5_K and Q6_K batches of 8 rows or more (its tiled kernel) differ from
-/// smaller ones. Pass the whole batch (`nx` = tokens in it) to get the reference's results.
+/// results do not depend on how tokens are batched, except for Q3_K, Q4_K, Q5_K, Q6_K and
+/// IQ4_XS, which reproduce the reference engine's batch-dependent arithmetic
+/// ([`kquant_order`]): Q4_K rows in the batch's groups of four differ in the last bits from the
+/// `nx % 4` rows after them, and Q3_K, Q5_K, Q6_K and IQ4_XS batches of 8 rows or more (its
+/// tiled kernel) differ from smaller ones. Pass the whole batch (`nx` = tokens in it) to get the
+/// reference's results.
 pub type GemmFn = fn(
     n: usize,
     w: &[u8],
@@ -373,14 +375,15 @@ pub fn dot_type(weight: GgmlType) -> GgmlType {
         GgmlType::F32 => GgmlType::F32,
         GgmlType::F16 => GgmlType::F16,
         GgmlType::BF16 => GgmlType::BF16,
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL => GgmlType::Q8_0,
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
         GgmlType::Q2K
         | GgmlType::Q3K
         | GgmlType::Q4K
         | GgmlType::Q5K
         | GgmlType::Q6K
-        | GgmlType::Q8K => GgmlType::Q8K,
+        | GgmlType::Q8K
+        | GgmlType::IQ4XS => GgmlType::Q8K,
     }
 }
 
@@ -451,13 +454,15 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
         GgmlType::Q4K => k!(BlockQ4K, k8k, 7),
         GgmlType::Q5K => k!(BlockQ5K, k8k, 8),
         GgmlType::Q6K => k!(BlockQ6K, k8k, 9),
+        GgmlType::IQ4NL => k!(BlockIq4Nl, quantize_q8_0_act_bytes, 10),
+        GgmlType::IQ4XS => k!(BlockIq4Xs, k8k, 11),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("activation-only formats are rejected"),
     }
 }
 
 /// The block formats, whose scalar kernels are [`kquant_order`]'s definitions (so the scalar
 /// tier adds in the order of every other tier), indexed by a const-generic tag.
-const ORDERED: [GgmlType; 10] = [
+const ORDERED: [GgmlType; 12] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -468,6 +473,8 @@ const ORDERED: [GgmlType; 10] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::IQ4XS,
 ];
 
 /// A single row: the reference's decode path (one activation row).
@@ -668,13 +675,16 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
         GgmlType::Q5K => dequant_bytes::<BlockQ5K>,
         GgmlType::Q6K => dequant_bytes::<BlockQ6K>,
         GgmlType::Q8K => dequant_bytes::<BlockQ8K>,
+        GgmlType::IQ4NL => dequant_bytes::<BlockIq4Nl>,
+        GgmlType::IQ4XS => dequant_bytes::<BlockIq4Xs>,
     };
     f(src, out);
     Ok(())
 }
 
 /// Scalar reference quantization of one row: ggml's `quantize_row_*_ref` for Q4_0, Q4_1, Q5_0,
-/// Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K (the model-file quantizers `llama-quantize` runs when it
+/// Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K, and `quantize_iq4_nl` / `quantize_iq4_xs` without
+/// weights for IQ4_NL and IQ4_XS (the model-file quantizers `llama-quantize` runs when it
 /// has no importance matrix; the output is byte-identical to theirs), and plain conversion for
 /// F32/F16/BF16. A row that is not a whole number of blocks (32 elements, or 256 for the
 /// K-quants) is refused with [`QuantError::NotBlockMultiple`].
@@ -698,6 +708,8 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::Q4K => quantize_bytes::<BlockQ4K>,
         GgmlType::Q5K => quantize_bytes::<BlockQ5K>,
         GgmlType::Q6K => quantize_bytes::<BlockQ6K>,
+        GgmlType::IQ4NL => quantize_bytes::<BlockIq4Nl>,
+        GgmlType::IQ4XS => quantize_bytes::<BlockIq4Xs>,
     };
     f(x, out);
     Ok(())

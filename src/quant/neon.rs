@@ -517,6 +517,101 @@ unsafe fn dot_f32(n: usize, w: *const u8, x: *const u8) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
+// IQ4_NL and IQ4_XS: 4-bit indices into the 16-value grid (one `tbl` lookup), signed values
+// (|v| <= 127) multiplied as the legacy formats' quants.
+
+/// The 32 grid values of the 16 bytes of indices at `p`: elements 0..16 and 16..32.
+#[inline(always)]
+unsafe fn iq4_values(p: *const u8, grid: int8x16_t) -> (int8x16_t, int8x16_t) {
+    let (lo, hi) = nibbles(p);
+    (vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi))
+}
+
+/// IQ4_NL against Q8_0 in whole-block sums ([`kquant_order::t32_dot_blocks`]).
+///
+/// [`kquant_order::t32_dot_blocks`]: super::kquant_order::t32_dot_blocks
+#[inline(always)]
+unsafe fn dot_iq4nl(nb: usize, w: *const u8, x: *const u8) -> f32 {
+    let grid = vld1q_s8(super::blocks::KVALUES_IQ4NL.as_ptr());
+    let mut acc = 0f32;
+    for b in 0..nb {
+        let wp = w.add(b * 18);
+        let xp = x.add(b * 34);
+        let (q0, q1) = iq4_values(wp.add(2), grid);
+        let y0 = vld1q_s8(xp.add(2).cast());
+        let y1 = vld1q_s8(xp.add(18).cast());
+        let dot = vaddvq_s32(vaddq_s32(dot16(q0, y0), dot16(q1, y1)));
+        acc = (f16_at(wp) * f16_at(xp)).mul_add(dot as f32, acc);
+    }
+    acc
+}
+
+/// IQ4_XS against Q8_K: per super-block ggml's 8 lanes of `Σ (ls - 32)·v·y`, converted and
+/// fused-multiply-added with `d_w · d_y` ([`kquant_order::k_dot_lanes`]), or with `tiled` the
+/// super-block's integers summed whole ([`kquant_order::k_dot_tiled`]).
+///
+/// [`kquant_order::k_dot_lanes`]: super::kquant_order::k_dot_lanes
+/// [`kquant_order::k_dot_tiled`]: super::kquant_order::k_dot_tiled
+#[inline(always)]
+unsafe fn dot_iq4xs(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> f32 {
+    let grid = vld1q_s8(super::blocks::KVALUES_IQ4NL.as_ptr());
+    let mut acc = [vdupq_n_f32(0.0); 2];
+    let mut acc_t = 0f32;
+    for b in 0..nb {
+        let wp = w.add(b * 136);
+        let xp = x.add(b * Q8K_BYTES);
+        let h = core::ptr::read_unaligned(wp.add(2).cast::<u16>()) as u32;
+        let l = core::ptr::read_unaligned(wp.add(4).cast::<u32>());
+        let mut lanes = [vdupq_n_s32(0); 2];
+        for ib in 0..8 {
+            let ls = (((l >> (4 * ib)) & 0xF) | (((h >> (2 * ib)) & 3) << 4)) as i32 - 32;
+            let (q0, q1) = iq4_values(wp.add(8 + 16 * ib), grid);
+            let y0 = vld1q_s8(xp.add(4 + 32 * ib).cast());
+            let y1 = vld1q_s8(xp.add(20 + 32 * ib).cast());
+            lanes[0] = vmlaq_n_s32(lanes[0], lanes16(q0, y0), ls);
+            lanes[1] = vmlaq_n_s32(lanes[1], lanes16(q1, y1), ls);
+        }
+        let d = f16_at(wp);
+        let yd = core::ptr::read_unaligned(xp.cast::<f32>());
+        if tiled {
+            let r = vaddvq_s32(vaddq_s32(lanes[0], lanes[1])) as f32 * d;
+            acc_t = r.mul_add(yd, acc_t);
+        } else {
+            let f = d * yd;
+            acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(lanes[0]), f);
+            acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(lanes[1]), f);
+        }
+    }
+    if tiled {
+        acc_t
+    } else {
+        hsum8(acc)
+    }
+}
+
+struct RIq4Nl;
+struct RIq4Xs;
+
+impl Row for RIq4Nl {
+    const BLOCK: usize = 32;
+    const W: usize = 18;
+    const X: usize = 34;
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8, _: usize, _: usize) -> f32 {
+        dot_iq4nl(n / 32, w, x)
+    }
+}
+
+impl Row for RIq4Xs {
+    const BLOCK: usize = 256;
+    const W: usize = 136;
+    const X: usize = Q8K_BYTES;
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8, nx: usize, _: usize) -> f32 {
+        let tiled = super::kquant_order::tiled(GgmlType::IQ4XS, nx);
+        dot_iq4xs(n / 256, w, x, tiled)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Safe entry points and the table.
 
 /// A row kernel: elements per block, bytes per weight / activation block, the dot itself for
@@ -650,6 +745,8 @@ pub(super) fn kernels(scalar: Kernels) -> Kernels {
         GgmlType::Q4K => t!(RQ4K),
         GgmlType::Q5K => t!(RK<Q5K>),
         GgmlType::Q6K => t!(RK<Q6K>),
+        GgmlType::IQ4NL => t!(RIq4Nl),
+        GgmlType::IQ4XS => t!(RIq4Xs),
         _ => portable,
     }
 }

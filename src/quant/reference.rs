@@ -16,7 +16,7 @@ pub struct DotAcc {
 
 impl DotAcc {
     #[inline]
-    fn add(&mut self, term: f64, mag: f64) {
+    pub(super) fn add(&mut self, term: f64, mag: f64) {
         self.sum += term;
         self.mag += mag;
     }

@@ -160,6 +160,7 @@ fn f16_scale(rng: &mut Rng, s: Scales) -> [u8; 2] {
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
@@ -233,13 +234,15 @@ pub(crate) fn reference_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> DotAc
         GgmlType::Q4K => go::<BlockQ4K>(n, w, x),
         GgmlType::Q5K => go::<BlockQ5K>(n, w, x),
         GgmlType::Q6K => go::<BlockQ6K>(n, w, x),
+        GgmlType::IQ4NL => go::<BlockIq4Nl>(n, w, x),
+        GgmlType::IQ4XS => go::<BlockIq4Xs>(n, w, x),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!(),
     }
 }
 
 /// Every weight format: the float ones, then the block formats.
-pub(crate) const WEIGHT_TYPES: [GgmlType; 13] = {
-    let mut t = [GgmlType::F32; 13];
+pub(crate) const WEIGHT_TYPES: [GgmlType; 15] = {
+    let mut t = [GgmlType::F32; 15];
     (t[1], t[2]) = (GgmlType::F16, GgmlType::BF16);
     let mut i = 0;
     while i < super::ORDERED.len() {

@@ -23,12 +23,16 @@ pub enum GgmlType {
     Q6K,
     /// Internal activation partner of the k-quants.
     Q8K,
+    /// 32 elements on a fixed non-linear grid of 16 values, one f16 scale.
+    IQ4NL,
+    /// 256 elements on IQ4_NL's grid, a 6-bit scale per 32 under one f16 scale.
+    IQ4XS,
     BF16,
 }
 
 impl GgmlType {
     /// Every type, in ggml id order.
-    pub const ALL: [GgmlType; 15] = [
+    pub const ALL: [GgmlType; 17] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -43,6 +47,8 @@ impl GgmlType {
         GgmlType::Q5K,
         GgmlType::Q6K,
         GgmlType::Q8K,
+        GgmlType::IQ4NL,
+        GgmlType::IQ4XS,
         GgmlType::BF16,
     ];
 
@@ -63,6 +69,8 @@ impl GgmlType {
             GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
             GgmlType::Q8K => 15,
+            GgmlType::IQ4NL => 20,
+            GgmlType::IQ4XS => 23,
             GgmlType::BF16 => 30,
         }
     }
@@ -83,10 +91,8 @@ impl GgmlType {
                 17 => "IQ2_XS",
                 18 => "IQ3_XXS",
                 19 => "IQ1_S",
-                20 => "IQ4_NL",
                 21 => "IQ3_S",
                 22 => "IQ2_S",
-                23 => "IQ4_XS",
                 24 => "I8",
                 25 => "I16",
                 26 => "I32",
@@ -117,6 +123,8 @@ impl GgmlType {
             GgmlType::Q5K => "Q5_K",
             GgmlType::Q6K => "Q6_K",
             GgmlType::Q8K => "Q8_K",
+            GgmlType::IQ4NL => "IQ4_NL",
+            GgmlType::IQ4XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
         }
     }
@@ -136,13 +144,15 @@ impl GgmlType {
             | GgmlType::Q5_0
             | GgmlType::Q5_1
             | GgmlType::Q8_0
-            | GgmlType::Q8_1 => 32,
+            | GgmlType::Q8_1
+            | GgmlType::IQ4NL => 32,
             GgmlType::Q2K
             | GgmlType::Q3K
             | GgmlType::Q4K
             | GgmlType::Q5K
             | GgmlType::Q6K
-            | GgmlType::Q8K => 256,
+            | GgmlType::Q8K
+            | GgmlType::IQ4XS => 256,
         }
     }
 
@@ -163,6 +173,8 @@ impl GgmlType {
             GgmlType::Q5K => 176,
             GgmlType::Q6K => 210,
             GgmlType::Q8K => 292,
+            GgmlType::IQ4NL => 18,
+            GgmlType::IQ4XS => 136,
         }
     }
 
@@ -204,6 +216,9 @@ mod tests {
         }
         assert_eq!(GgmlType::from_id(16), None);
         assert_eq!(GgmlType::name_of_id(23), "IQ4_XS");
+        assert_eq!(GgmlType::from_id(20), Some(GgmlType::IQ4NL));
+        assert_eq!(GgmlType::from_name("iq4_xs"), Some(GgmlType::IQ4XS));
+        assert_eq!(GgmlType::name_of_id(18), "IQ3_XXS");
     }
 
     #[test]

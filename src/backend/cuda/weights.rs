@@ -188,6 +188,9 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         GgmlType::Q8_1 | GgmlType::Q8K => Err(CudaError::Unsupported(format!(
             "{ty} is an activation format, not a weight format"
         ))),
+        GgmlType::IQ4NL | GgmlType::IQ4XS => Err(CudaError::Unsupported(format!(
+            "{ty} weights have no GPU kernels yet (run this model with --device cpu)"
+        ))),
     }
 }
 
@@ -303,7 +306,12 @@ impl Uploader<'_> {
         let repacked = repacks(info.ty);
         let kernels = match repacked_kernels(info.ty) {
             Some(k) if repacked => k,
-            _ => format_kernels(info.ty)?,
+            _ => format_kernels(info.ty).map_err(|e| match e {
+                CudaError::Unsupported(why) => {
+                    CudaError::Unsupported(format!("tensor {}: {why}", l.name))
+                }
+                e => e,
+            })?,
         };
         // (Only laying out, without a GPU: the same size either way.)
         let ptr = match repacked && self.gpu.is_some() {
@@ -555,6 +563,20 @@ mod tests {
                 }
             }
         }
-        assert_eq!(formats, 13, "the 13 weight formats the CPU reads");
+        assert_eq!(formats, 13, "the 13 weight formats the GPU multiplies");
+    }
+
+    #[test]
+    fn formats_without_gpu_kernels_are_refused_by_name() {
+        for ty in [GgmlType::IQ4NL, GgmlType::IQ4XS] {
+            let Err(e) = format_kernels(ty) else {
+                panic!("{ty}: kernels claimed");
+            };
+            let msg = e.to_string();
+            assert!(
+                msg.contains(ty.name()) && msg.contains("--device cpu"),
+                "{msg}"
+            );
+        }
     }
 }

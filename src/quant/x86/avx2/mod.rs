@@ -16,8 +16,10 @@ use crate::quant::reference::{self, Quantize};
 use core::arch::x86_64::*;
 
 mod float;
+mod iquants;
 mod kquants;
 pub(super) use float::*;
+pub(super) use iquants::*;
 pub(super) use kquants::*;
 
 /// `acc + a·b` on 8-bit / 16-bit lanes, accumulated into 32-bit lanes.

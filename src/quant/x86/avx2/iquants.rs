@@ -1,0 +1,150 @@
+//! IQ4_NL against Q8_0 and IQ4_XS against Q8_K on 256-bit registers: the 4-bit indices are
+//! looked up in the 16-value grid with one byte shuffle, and the signed grid values (|v| <=
+//! 127, so no adjacent-pair sum leaves i16) multiply the activations through the sign trick.
+//! The float arithmetic is `kquant_order`'s for these formats: IQ4_NL sums each block's whole
+//! integer dot ([`crate::quant::kquant_order::t32_dot_blocks`]); IQ4_XS keeps 8 integer lanes
+//! per super-block ([`crate::quant::kquant_order::k_dot_lanes`]), or from
+//! [`TILED_MIN_ROWS`] activation rows sums the super-block's integers whole
+//! ([`crate::quant::kquant_order::k_dot_tiled`]).
+
+use super::*;
+use crate::quant::blocks::KVALUES_IQ4NL;
+use crate::quant::kquant_order::TILED_MIN_ROWS;
+
+/// The 16 grid values in both 128-bit lanes (a `vpshufb` table).
+#[inline(always)]
+unsafe fn grid() -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()))
+}
+
+/// The 32 grid values of the 16 bytes of indices at `p`, in element order.
+#[inline(always)]
+unsafe fn values32(p: *const u8, lut: __m256i) -> __m256i {
+    _mm256_shuffle_epi8(lut, nibbles32(p))
+}
+
+/// `q · y` of 32 signed weights (`aq` = |q|) and 32 activations at `y`, as 8 i32 lanes
+/// (lane `l`: elements `4l .. 4l + 4`).
+#[inline(always)]
+unsafe fn idot<D: IDot>(q: __m256i, aq: __m256i, y: *const u8) -> __m256i {
+    D::dpbusd(_mm256_setzero_si256(), aq, _mm256_sign_epi8(loadu(y), q))
+}
+
+/// IQ4_NL rows (18-byte blocks: f16 `d`, 16 bytes of indices) against Q8_0 rows.
+pub(in crate::quant::x86) struct TIq4Nl;
+
+impl Tile for TIq4Nl {
+    const BLOCK: usize = 32;
+    const W_BYTES: usize = 18;
+    const X_BYTES: usize = 34;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        let lut = grid();
+        let mut acc = [0f32; NX];
+        for b in 0..n / 32 {
+            let wp = w.add(b * Self::W_BYTES);
+            let q = values32(wp.add(2), lut);
+            let aq = _mm256_sign_epi8(q, q);
+            let wd = _mm_cvtss_f32(f16x2_at(wp));
+            for j in 0..NX {
+                let xp = x[j].add(b * Self::X_BYTES);
+                let dot = hsum_epi32(idot::<D>(q, aq, xp.add(2)));
+                let xd = _mm_cvtss_f32(f16x2_at(xp));
+                acc[j] = (wd * xd).mul_add(dot as f32, acc[j]);
+            }
+        }
+        acc
+    }
+}
+
+/// IQ4_XS rows (136-byte super-blocks: f16 `d`, `scales_h`, `scales_l`, 128 bytes of
+/// indices) against Q8_K rows; `TILED` selects the tiled kernel's per-super-block order.
+pub(in crate::quant::x86) struct TIq4XsOrder<const TILED: bool>;
+
+/// IQ4_XS's tile: 8 lanes for single rows and small batches, the tiled order from
+/// [`TILED_MIN_ROWS`] rows.
+pub(in crate::quant::x86) type TIq4Xs = TIq4XsOrder<false>;
+
+/// The 8 sub-block scales (`ls - 32`) of the IQ4_XS super-block at `p`.
+#[inline(always)]
+unsafe fn xs_scales(p: *const u8) -> [i32; 8] {
+    let h = core::ptr::read_unaligned(p.add(2).cast::<u16>());
+    let l = core::ptr::read_unaligned(p.add(4).cast::<u32>());
+    core::array::from_fn(|j| {
+        let ls = ((l >> (4 * j)) & 0xF) | ((((h >> (2 * j)) & 3) as u32) << 4);
+        ls as i32 - 32
+    })
+}
+
+impl<const TILED: bool> Tile for TIq4XsOrder<TILED> {
+    const BLOCK: usize = 256;
+    const W_BYTES: usize = 136;
+    const X_BYTES: usize = 292;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        let lut = grid();
+        let mut acc = [_mm256_setzero_ps(); NX];
+        let mut acc_t = [0f32; NX];
+        for b in 0..n / 256 {
+            let wp = w.add(b * Self::W_BYTES);
+            let wd = _mm_cvtss_f32(f16x2_at(wp));
+            let sc = xs_scales(wp);
+            let mut lanes = [_mm256_setzero_si256(); NX];
+            for (ib, &s) in sc.iter().enumerate() {
+                let q = values32(wp.add(8 + 16 * ib), lut);
+                let aq = _mm256_sign_epi8(q, q);
+                let ls = _mm256_set1_epi32(s);
+                for j in 0..NX {
+                    let y = x[j].add(b * Self::X_BYTES + 4 + 32 * ib);
+                    let p = _mm256_mullo_epi32(idot::<D>(q, aq, y), ls);
+                    lanes[j] = _mm256_add_epi32(lanes[j], p);
+                }
+            }
+            for j in 0..NX {
+                let yd = f32_at(x[j].add(b * Self::X_BYTES));
+                if TILED {
+                    let r = hsum_epi32(lanes[j]) as f32 * wd;
+                    acc_t[j] = r.mul_add(yd, acc_t[j]);
+                } else {
+                    let f = _mm256_set1_ps(wd * yd);
+                    acc[j] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes[j]), acc[j]);
+                }
+            }
+        }
+        if TILED {
+            acc_t
+        } else {
+            core::array::from_fn(|j| hsum_ps(acc[j]))
+        }
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm<D: IDot>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        if !TILED && nx >= TILED_MIN_ROWS {
+            gemm_tiles::<TIq4XsOrder<true>, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+        } else {
+            gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+        }
+    }
+}
