@@ -149,6 +149,7 @@ fn messages_answer_as_anthropic_does() {
             "anthropic-test-key",
             "--alias",
             "smol",
+            "--strict-model",
         ],
     );
     let system = "You are a helpful assistant who answers briefly.";

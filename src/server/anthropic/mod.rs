@@ -12,7 +12,7 @@
 //! with `text_delta` or `input_json_delta`, `content_block_stop`, `message_delta`,
 //! `message_stop`); errors as `{"type": "error", "error": {"type", "message"}}`.
 //!
-//! - `POST /v1/messages`: `model` (the served model or an `--alias`; absent: the served one),
+//! - `POST /v1/messages`: `model` (any name: see `check_model`; absent: the served one),
 //!   `messages` (user and assistant turns; content a string or blocks: `text`, `tool_use`,
 //!   `tool_result` with a string or text blocks; `thinking` blocks are dropped), `system` (a
 //!   string or text blocks), `max_tokens` (absent: up to the context; llama-server takes 4096),
