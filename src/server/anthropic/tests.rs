@@ -354,6 +354,29 @@ fn steps_fold_into_a_message() {
         json!([{"type": "text", "text": "the raw answer"}])
     );
     assert_eq!(message["stop_reason"], "max_tokens");
+
+    // A broken call after a complete one: only its own block goes.
+    let mut message = json!({"usage": {}});
+    let mut f = Folded::new();
+    let mut two = steps();
+    let end = two.pop().unwrap();
+    two.extend([
+        Step::Tool {
+            id: "call_2".into(),
+            name: "get_time".into(),
+        },
+        Step::More("[\"CET\"]".into()),
+        Step::Close,
+        end,
+    ]);
+    for s in two {
+        f.step(s, &mut message, "the raw answer");
+    }
+    assert_eq!(
+        message["content"],
+        json!([{"type": "text", "text": "Let me look."},
+               {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}])
+    );
 }
 
 #[test]
