@@ -149,6 +149,7 @@ fn messages_answer_as_anthropic_does() {
             "anthropic-test-key",
             "--alias",
             "smol",
+            "--strict-model",
         ],
     );
     let system = "You are a helpful assistant who answers briefly.";
@@ -240,6 +241,18 @@ fn messages_answer_as_anthropic_does() {
         (Some("max_tokens"), Some(3))
     );
 
+    // Under llama-server's limits, not OpenAI's: a max_tokens beyond the context is cut to the
+    // room left (the same answer as without), and more than 4 stop sequences are taken.
+    let mut wide = body.clone();
+    wide["max_tokens"] = json!(1_000_000);
+    wide["stop_sequences"] = json!(["<a>", "<b>", "<c>", "<d>", "<e>", "<f>"]);
+    let w = message(&s, &wide);
+    let mut unbounded = body.clone();
+    unbounded.as_object_mut().unwrap().remove("max_tokens");
+    let u = message(&s, &unbounded);
+    assert_eq!(text_of(&w), text_of(&u));
+    assert_eq!(w["stop_reason"], u["stop_reason"], "{w}");
+
     // count_tokens: the prompt's tokens (no max_tokens needed).
     let mut count = body.clone();
     count.as_object_mut().unwrap().remove("max_tokens");
@@ -298,6 +311,25 @@ fn messages_answer_as_anthropic_does() {
         400,
         "invalid_request_error",
         "stop_sequences",
+    );
+    let mut empty = body.clone();
+    empty["messages"] = json!([{"role": "user", "content": []}]);
+    error(
+        &post(&s, "/v1/messages", &[KEY], &empty),
+        400,
+        "invalid_request_error",
+        "messages[0].content",
+    );
+    let mut text_input = body.clone();
+    text_input["messages"] = json!([
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": "{}"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "y"}]}]);
+    error(
+        &post(&s, "/v1/messages", &[KEY], &text_input),
+        400,
+        "invalid_request_error",
+        "messages[1].content[0].input",
     );
     let mut none = body.clone();
     none["messages"] = json!([]);

@@ -62,7 +62,17 @@ fn prompts() -> Vec<String> {
 #[test]
 fn embeddings_match_the_reference_in_every_shape() {
     let model = common::random_model("random-llama-f32");
-    let s = Server::start(&model, &["--embeddings", "--pooling", "mean", "-P", "2"]);
+    let s = Server::start(
+        &model,
+        &[
+            "--embeddings",
+            "--pooling",
+            "mean",
+            "-P",
+            "2",
+            "--strict-model",
+        ],
+    );
     let texts = prompts();
     let (want0, ids0) = golden_mean(0);
 

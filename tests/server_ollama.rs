@@ -72,6 +72,7 @@ fn ollama_routes_answer_as_ollama_does() {
             "mean",
             "--alias",
             "smol",
+            "--strict-model",
         ],
     );
     let name = "smol:latest";

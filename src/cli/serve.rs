@@ -47,9 +47,14 @@ pub struct ServeArgs {
     /// one that renders tools, for a model whose file has none.
     #[arg(long, value_name = "FILE")]
     pub chat_template_file: Option<std::path::PathBuf>,
-    /// Another name clients may use for the model (repeatable).
+    /// The model's name in answers and in `/v1/models` and `/api/tags` (the first one;
+    /// repeatable: more names clients may use). Default: the file's stem.
     #[arg(long = "alias")]
     pub aliases: Vec<String>,
+    /// Refuse (404) a request naming a model other than the served one or an alias; by
+    /// default any name is answered by the served model, under its own name.
+    #[arg(long)]
+    pub strict_model: bool,
     /// Connections served at once; more are answered 503 and closed. Keep it below the
     /// descriptor limit (`ulimit -n`).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
@@ -127,7 +132,11 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let mut aliases = args.aliases.clone();
+    // The first --alias is the name reported (llama-server's); the stem stays a name.
+    let (model_id, mut aliases) = match args.aliases.split_first() {
+        Some((first, rest)) => (first.clone(), [rest, &[stem]].concat()),
+        None => (stem, Vec::new()),
+    };
     aliases.push(
         args.model
             .model
@@ -149,8 +158,9 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         api_key: args.api_key.clone(),
         metrics_public: args.metrics_public,
         special_in_content: args.special_in_content,
-        model_id: stem,
+        model_id,
         model_aliases: aliases,
+        strict_model: args.strict_model,
         http,
         embeddings: args.embeddings,
         pooling: args.pooling,

@@ -75,9 +75,13 @@ pub struct ServeOptions {
     /// Parse special-token text inside chat message content (by default it is literal text,
     /// so that a message cannot forge a turn).
     pub special_in_content: bool,
-    /// The model id reported by `/v1/models`; requests may name it or any alias.
+    /// The model id reported by `/v1/models` (the first `--alias`, else the file's stem);
+    /// requests may name it or any alias.
     pub model_id: String,
     pub model_aliases: Vec<String>,
+    /// `--strict-model`: a request naming another model is refused (404); otherwise it is
+    /// answered by the served model under its own name.
+    pub strict_model: bool,
     pub http: HttpLimits,
     /// Serve `/v1/embeddings` (`--embeddings`).
     pub embeddings: bool,

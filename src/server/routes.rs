@@ -254,12 +254,21 @@ pub(super) async fn read_body(
         .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout.as_secs_f64())))
 }
 
+/// The model name an answer reports: the one the request named where it is the served
+/// model's id or an alias; any other name is answered as the served model, under its own name
+/// (as llama-server), or refused with 404 under `--strict-model`.
 pub(super) fn check_model(st: &AppState, model: &Option<String>) -> Result<String, ApiError> {
     match model {
         None => Ok(st.opts.model_id.clone()),
-        Some(m) if *m == st.opts.model_id || st.opts.model_aliases.contains(m) => Ok(m.clone()),
-        Some(m) => Err(ApiError::model_not_found(m, &st.opts.model_id)),
+        Some(m) if serves(st, m) => Ok(m.clone()),
+        Some(m) if st.opts.strict_model => Err(ApiError::model_not_found(m, &st.opts.model_id)),
+        Some(_) => Ok(st.opts.model_id.clone()),
     }
+}
+
+/// Whether `name` is the served model's id or one of its aliases.
+pub(super) fn serves(st: &AppState, name: &str) -> bool {
+    name == st.opts.model_id || st.opts.model_aliases.iter().any(|a| a == name)
 }
 
 fn head(model: String, endpoint: Endpoint) -> Head {

@@ -122,13 +122,13 @@ impl Blocks {
         }
     }
 
-    /// Anthropic's reason: `max_tokens` (the limit or the context), `tool_use`,
-    /// `stop_sequence`, or `end_turn` (the model's end of turn).
+    /// Anthropic's reason: `max_tokens` (the limit or the context), `stop_sequence` (also
+    /// one met inside a tool call), `tool_use`, or `end_turn` (the model's end of turn).
     fn end(&self, f: &Finished) -> Step {
         let stop_reason = match (&f.reason, &f.stop_word) {
             (FinishReason::Length, _) => "max_tokens",
-            _ if self.answers.called(0) => "tool_use",
             (_, Some(_)) => "stop_sequence",
+            _ if self.answers.called(0) => "tool_use",
             _ => "end_turn",
         };
         Step::End {
@@ -201,10 +201,14 @@ impl Folded {
                 _ => self.args.push_str(&t),
             },
             Step::Close => {
+                // A call whose arguments are no object drops its own block only.
                 if let Some(b) = self.content.last_mut().filter(|b| b["type"] == "tool_use") {
                     match serde_json::from_str::<Value>(&std::mem::take(&mut self.args)) {
                         Ok(input) if input.is_object() => b["input"] = input,
-                        _ => self.broken = true,
+                        _ => {
+                            self.content.pop();
+                            self.broken = true;
+                        }
                     }
                 }
             }
@@ -213,7 +217,8 @@ impl Folded {
                 stop_sequence,
                 output_tokens,
             } => {
-                if self.broken {
+                // (With no call left, the answer is its text, as it came.)
+                if self.broken && !self.content.iter().any(|b| b["type"] == "tool_use") {
                     self.content = vec![json!({"type": "text", "text": raw})];
                 }
                 message["content"] = json!(std::mem::take(&mut self.content));

@@ -12,14 +12,17 @@
 //! with `text_delta` or `input_json_delta`, `content_block_stop`, `message_delta`,
 //! `message_stop`); errors as `{"type": "error", "error": {"type", "message"}}`.
 //!
-//! - `POST /v1/messages`: `model` (the served model or an `--alias`; absent: the served one),
+//! - `POST /v1/messages`: `model` (any name: see `check_model`; absent: the served one),
 //!   `messages` (user and assistant turns; content a string or blocks: `text`, `tool_use`,
 //!   `tool_result` with a string or text blocks; `thinking` blocks are dropped), `system` (a
 //!   string or text blocks), `max_tokens` (absent: up to the context; llama-server takes 4096),
 //!   `stop_sequences`, `temperature`, `top_p`, `top_k`, `tools` (`name`, `description`,
 //!   `input_schema`), `tool_choice` (`auto`, `any`, `tool` with a `name`, `none`;
 //!   `disable_parallel_tool_use`), `stream`. Other fields (`metadata`, `thinking`, ...) are
-//!   ignored. Refused with a 400 naming the block: images, documents, server tools.
+//!   ignored. Refused with a 400 naming the block: images, documents (inside a `tool_result`
+//!   they become a text placeholder), server tools, a `tool_use` input other than an object, an
+//!   empty content list. `max_tokens` beyond the context is cut to the room left and
+//!   `stop_sequences` take llama-server's limits ([`api::WideParams`]), not OpenAI's.
 //! - `POST /v1/messages/count_tokens`: the prompt's tokens (`input_tokens`) for the same body
 //!   (no `max_tokens`).
 //!
@@ -118,7 +121,10 @@ async fn messages(
 ) -> Result<Response, AnthropicError> {
     let v = api::object(&read_body(&st, &headers, body).await?)?;
     let (req, model, stream) = chat_request(&st, &v)?;
-    let (job, tools) = chat_job(&st, &req, model).map_err(anthropic_names)?;
+    let (mut job, tools) = chat_job(&st, &req.chat, model).map_err(anthropic_names)?;
+    req.wide()
+        .apply(&mut job.gen, st.opts.n_ctx)
+        .map_err(anthropic_names)?;
     let r = answer::answer(&st, job, stream).await;
     r.map_err(|e| AnthropicError(tool_error(e, tools.as_ref(), &st)))
 }
@@ -130,12 +136,56 @@ async fn count_tokens(
 ) -> Result<Json<Value>, AnthropicError> {
     let v = api::object(&read_body(&st, &headers, body).await?)?;
     let (req, _, _) = chat_request(&st, &v)?;
-    let (_, _, prompt) = chat_prompt(&st, &req).map_err(anthropic_names)?;
+    let (_, _, prompt) = chat_prompt(&st, &req.chat).map_err(anthropic_names)?;
     Ok(Json(json!({ "input_tokens": prompt.len() })))
 }
 
+/// A request as the OpenAI route's, and the fields held to llama-server's limits rather than
+/// OpenAI's ([`api::WideParams`]): `max_tokens` cut to the room the context leaves (the answer
+/// then stops with `max_tokens`), `stop_sequences` beyond OpenAI's 4.
+struct Converted {
+    chat: ChatRequest,
+    max_tokens: Option<i64>,
+    stop: Option<Vec<String>>,
+}
+
+impl Converted {
+    fn wide(&self) -> api::WideParams<'_> {
+        api::WideParams {
+            max_new: self.max_tokens,
+            max_name: "max_tokens",
+            stop: self.stop.as_deref(),
+            ..Default::default()
+        }
+    }
+}
+
+/// `max_tokens`: a whole number of at least 1.
+fn max_tokens(v: Option<&Value>) -> Result<Option<i64>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => match x.as_i64() {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(ApiError::invalid_param(
+                "max_tokens",
+                format!("max_tokens = {x}: a whole number of at least 1"),
+            )),
+        },
+    }
+}
+
+/// `stop_sequences`: a list of strings.
+fn stop_sequences(v: Option<&Value>) -> Result<Option<Vec<String>>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => serde_json::from_value(x.clone()).map(Some).map_err(|_| {
+            ApiError::invalid_param("stop_sequences", "stop_sequences must be a list of strings")
+        }),
+    }
+}
+
 /// The body as the OpenAI route's request, the model's name, and whether to stream.
-fn chat_request(st: &AppState, v: &Value) -> Result<(ChatRequest, String, bool), ApiError> {
+fn chat_request(st: &AppState, v: &Value) -> Result<(Converted, String, bool), ApiError> {
     let r: Request = api::typed(v)?;
     let model = check_model(st, &r.model)?;
     if r.messages.is_empty() {
@@ -148,12 +198,14 @@ fn chat_request(st: &AppState, v: &Value) -> Result<(ChatRequest, String, bool),
     let mut m = Map::new();
     let msgs = openai_messages(r.system.as_ref(), &r.messages)?;
     m.insert("messages".into(), json!(msgs));
+    let wide = (
+        max_tokens(r.max_tokens.as_ref())?,
+        stop_sequences(r.stop_sequences.as_ref())?,
+    );
     let pass = [
-        ("max_tokens", r.max_tokens),
         ("temperature", r.temperature),
         ("top_p", r.top_p),
         ("top_k", r.top_k),
-        ("stop", r.stop_sequences),
     ];
     for (k, x) in pass {
         if let Some(x) = x {
@@ -170,7 +222,12 @@ fn chat_request(st: &AppState, v: &Value) -> Result<(ChatRequest, String, bool),
             m.insert("parallel_tool_calls".into(), json!(p));
         }
     }
-    let req = ChatRequest::from_json(&Value::Object(m)).map_err(anthropic_names)?;
+    let chat = ChatRequest::from_json(&Value::Object(m)).map_err(anthropic_names)?;
+    let req = Converted {
+        chat,
+        max_tokens: wide.0,
+        stop: wide.1,
+    };
     Ok((req, model, r.stream.unwrap_or(false)))
 }
 
@@ -199,8 +256,9 @@ fn text_of<'a>(b: &'a Value, field: &str, at: &str) -> Result<&'a str, ApiError>
 }
 
 /// The texts of a list of `text` blocks (a system prompt, a tool result), joined as
-/// llama-server joins them (nothing between).
-fn texts(v: &Value, at: &str) -> Result<String, ApiError> {
+/// llama-server joins them (nothing between). In a tool result (`media`), an image or a
+/// document becomes a placeholder naming it (the model reads text).
+fn texts(v: &Value, at: &str, media: bool) -> Result<String, ApiError> {
     match v {
         Value::String(s) => Ok(s.clone()),
         Value::Array(blocks) => {
@@ -209,6 +267,9 @@ fn texts(v: &Value, at: &str) -> Result<String, ApiError> {
                 let at = format!("{at}[{i}]");
                 match block_type(b, &at)? {
                     "text" => out.push_str(text_of(b, "text", &at)?),
+                    kind @ ("image" | "document") if media => {
+                        out.push_str(&format!("[{kind} omitted: this model reads text only]"))
+                    }
                     other => return Err(unsupported(&at, other)),
                 }
             }
@@ -255,7 +316,7 @@ fn steady_billing_header(system: &mut String) {
 fn openai_messages(system: Option<&Value>, msgs: &[Value]) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::with_capacity(msgs.len() + 1);
     if let Some(s) = system.filter(|s| !s.is_null()) {
-        let mut text = texts(s, "system")?;
+        let mut text = texts(s, "system", false)?;
         steady_billing_header(&mut text);
         out.push(json!({"role": "system", "content": text}));
     }
@@ -280,6 +341,17 @@ fn openai_messages(system: Option<&Value>, msgs: &[Value]) -> Result<Vec<Value>,
                 out.push(json!({"role": role, "content": s}));
                 continue;
             }
+            // (Anthropic's one exception: an empty final assistant turn, no prefill.)
+            Value::Array(b) if b.is_empty() && role == "assistant" && i + 1 == msgs.len() => {
+                continue
+            }
+            Value::Array(b) if b.is_empty() => {
+                let at = format!("{at}.content");
+                return Err(ApiError::invalid_param(
+                    &at,
+                    format!("{at} is empty: a message needs at least one content block"),
+                ));
+            }
             Value::Array(b) => b,
             _ => {
                 let at = format!("{at}.content");
@@ -299,7 +371,19 @@ fn openai_messages(system: Option<&Value>, msgs: &[Value]) -> Result<Vec<Value>,
                 }
                 ("thinking" | "redacted_thinking", _) => {}
                 ("tool_use", "assistant") => {
-                    let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
+                    let input = match b.get("input") {
+                        None => json!({}),
+                        Some(i @ Value::Object(_)) => i.clone(),
+                        Some(other) => {
+                            let at = format!("{at}.input");
+                            return Err(ApiError::invalid_param(
+                                &at,
+                                format!(
+                                    "{at} must be an object (the tool's arguments), not {other}"
+                                ),
+                            ));
+                        }
+                    };
                     calls.push(json!({"id": text_of(b, "id", &at)?, "type": "function",
                         "function": {"name": text_of(b, "name", &at)?,
                                      "arguments": input.to_string()}}));
@@ -309,6 +393,7 @@ fn openai_messages(system: Option<&Value>, msgs: &[Value]) -> Result<Vec<Value>,
                     let result = texts(
                         b.get("content").unwrap_or(&Value::Null),
                         &format!("{at}.content"),
+                        true,
                     )?;
                     out.push(json!({"role": "tool", "tool_call_id": id, "content": result}));
                 }

@@ -48,6 +48,66 @@ fn messages_become_openai_messages() {
 }
 
 #[test]
+fn media_in_a_tool_result_becomes_a_placeholder() {
+    let msgs = vec![
+        json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+            {"type": "text", "text": "the chart: "},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}},
+            {"type": "document", "source": {"type": "text", "data": "x"}}]}]}),
+        // (An empty final assistant turn is no prefill, as Anthropic takes it.)
+        json!({"role": "assistant", "content": []}),
+    ];
+    let got = openai_messages(None, &msgs).unwrap();
+    assert_eq!(
+        got,
+        vec![json!({"role": "tool", "tool_call_id": "t", "content":
+            "the chart: [image omitted: this model reads text only][document omitted: this model reads text only]"})]
+    );
+}
+
+#[test]
+fn max_tokens_and_stop_sequences_take_llama_servers_limits() {
+    assert_eq!(max_tokens(None).unwrap(), None);
+    assert_eq!(
+        max_tokens(Some(&json!(1_000_000))).unwrap(),
+        Some(1_000_000)
+    );
+    for bad in [json!(0), json!(-1), json!(2.5), json!("8")] {
+        let e = max_tokens(Some(&bad)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{bad}");
+    }
+    let six: Vec<String> = (0..6).map(|i| format!("END{i}")).collect();
+    assert_eq!(
+        stop_sequences(Some(&json!(six))).unwrap(),
+        Some(six.clone())
+    );
+    let e = stop_sequences(Some(&json!("END"))).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("stop_sequences"));
+    // Applied as llama-server's: beyond the room the context leaves, cut to it; more than
+    // OpenAI's 4 stops kept; too many refused under Anthropic's name.
+    let gen = |max_tokens, stop: &[String]| {
+        let c = Converted {
+            chat: ChatRequest::from_json(&json!({"messages": [{"role": "user", "content": "x"}]}))
+                .unwrap(),
+            max_tokens,
+            stop: Some(stop.to_vec()),
+        };
+        let mut g = c.chat.params.validate(100, 1024).unwrap();
+        c.wide()
+            .apply(&mut g, 1024)
+            .map(|_| g)
+            .map_err(anthropic_names)
+    };
+    let g = gen(Some(1_000_000), &six).unwrap();
+    assert_eq!(g.max_new, 924);
+    assert_eq!(g.stop, six);
+    assert_eq!(gen(Some(7), &[]).unwrap().max_new, 7);
+    let many: Vec<String> = (0..65).map(|i| i.to_string()).collect();
+    let e = gen(None, &many).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("stop_sequences"), "{}", e.message);
+}
+
+#[test]
 fn unreadable_messages_are_refused_by_name() {
     let refused = |system: Option<Value>, msgs: Value, param: &str, needle: &str| {
         let msgs = msgs.as_array().unwrap().clone();
@@ -108,9 +168,29 @@ fn unreadable_messages_are_refused_by_name() {
     refused(
         None,
         json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a",
-                                                      "content": [{"type": "document"}]}]}]),
+                                                      "content": [{"type": "audio"}]}]}]),
         "messages[0].content[0].content[0]",
-        "document blocks",
+        "blocks of type `audio`",
+    );
+    refused(
+        None,
+        json!([{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "f",
+                                                  "input": "{\"x\": 1}"}]}]),
+        "messages[0].content[0].input",
+        "must be an object",
+    );
+    refused(
+        None,
+        json!([{"role": "user", "content": []}]),
+        "messages[0].content",
+        "at least one content block",
+    );
+    refused(
+        None,
+        json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": []},
+               {"role": "user", "content": "b"}]),
+        "messages[1].content",
+        "at least one content block",
     );
     refused(
         Some(json!([{"type": "image"}])),
@@ -274,6 +354,29 @@ fn steps_fold_into_a_message() {
         json!([{"type": "text", "text": "the raw answer"}])
     );
     assert_eq!(message["stop_reason"], "max_tokens");
+
+    // A broken call after a complete one: only its own block goes.
+    let mut message = json!({"usage": {}});
+    let mut f = Folded::new();
+    let mut two = steps();
+    let end = two.pop().unwrap();
+    two.extend([
+        Step::Tool {
+            id: "call_2".into(),
+            name: "get_time".into(),
+        },
+        Step::More("[\"CET\"]".into()),
+        Step::Close,
+        end,
+    ]);
+    for s in two {
+        f.step(s, &mut message, "the raw answer");
+    }
+    assert_eq!(
+        message["content"],
+        json!([{"type": "text", "text": "Let me look."},
+               {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}])
+    );
 }
 
 #[test]

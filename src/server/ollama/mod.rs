@@ -44,7 +44,9 @@ use serde_json::{json, Map, Value};
 use super::api::{self, Body as RequestBody, ChatRequest, CompletionRequest};
 use super::error::ApiError;
 use super::respond::Job;
-use super::routes::{chat_job, check_model, completion_job, fim_prompt, read_body, tool_error};
+use super::routes::{
+    chat_job, check_model, completion_job, fim_prompt, read_body, serves, tool_error,
+};
 use super::AppState;
 use answer::{answer, loaded, Kind};
 
@@ -170,19 +172,20 @@ struct GenerateFields {
 }
 
 /// Check an Ollama model name: the served model's id or an alias, with or without
-/// `:latest`. Answers name the model as the request did.
+/// `:latest`, is answered under the name the request used; any other under the served
+/// model's id, or (`--strict-model`) not at all.
 fn model(st: &AppState, name: &Option<String>) -> Result<String, ApiError> {
     let Some(name) = name.as_deref().filter(|n| !n.is_empty()) else {
         return Err(ApiError::invalid_param("model", "model is required"));
     };
     let bare = name.strip_suffix(":latest").unwrap_or(name);
-    check_model(st, &Some(name.to_string()))
-        .or_else(|_| check_model(st, &Some(bare.to_string())))
-        .map(|_| name.to_string())
-        .map_err(|_| ApiError {
-            message: format!("model '{name}' not found"),
-            ..ApiError::model_not_found(name, &st.opts.model_id)
-        })
+    if serves(st, name) || serves(st, bare) {
+        return Ok(name.to_string());
+    }
+    check_model(st, &Some(name.to_string())).map_err(|e| ApiError {
+        message: format!("model '{name}' not found"),
+        ..e
+    })
 }
 
 /// The OpenAI generation fields of `options` and `format`.
