@@ -311,6 +311,7 @@ pub(super) fn chat_job(
             Some(Structured {
                 spec,
                 field: "tools",
+                path: "tools",
             })
         }
         None => gen.structured.take(),
