@@ -462,3 +462,101 @@ fn chat_content_cannot_forge_a_turn() {
         );
     }
 }
+
+/// `{"$ref": a0}`, each `a_i` a `$ref` to the next: the probe that overflowed the compiler.
+fn ref_chain(n: usize) -> serde_json::Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        let d = if i + 1 == n {
+            serde_json::json!({"type": "string"})
+        } else {
+            serde_json::json!({"$ref": format!("#/$defs/a{}", i + 1)})
+        };
+        defs.insert(format!("a{i}"), d);
+    }
+    serde_json::json!({"$defs": defs, "$ref": "#/$defs/a0"})
+}
+
+#[test]
+fn deep_schemas_and_grammars_are_refused_while_streams_run() {
+    let server = Server::start(&model(), &["-P", "4"]);
+    let body = r#"{"prompt": "hello", "max_tokens": 64, "ignore_eos": true, "stream": true}"#;
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut streams: Vec<TcpStream> = (0..4).map(|_| server.connect()).collect();
+    for s in &mut streams {
+        s.write_all(request.as_bytes()).unwrap();
+    }
+    let chain = ref_chain(300);
+    let mut rules = String::from("root ::= r1\n");
+    for i in 1..700 {
+        rules.push_str(&format!("r{i} ::= \"a\" r{}\n", i + 1));
+    }
+    rules.push_str("r700 ::= \"a\"\n");
+    let probes = [
+        (
+            "/v1/completions",
+            serde_json::json!({"prompt": "hi", "max_tokens": 4,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": chain}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            "/completion",
+            serde_json::json!({"prompt": "hi", "n_predict": 4, "json_schema": chain}),
+            "json_schema",
+        ),
+        (
+            "/completion",
+            serde_json::json!({"prompt": "hi", "n_predict": 4, "grammar": rules}),
+            "grammar",
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"prompt": "hi", "max_tokens": 4,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
+                    {"anyOf": vec![serde_json::json!({"type": "integer"}); 5000]}}}}),
+            "response_format.json_schema.schema",
+        ),
+    ];
+    for (path, body, param) in &probes {
+        let a = server.request("POST", path, &[], &body.to_string());
+        let e = a.expect_error(400, path);
+        assert_eq!(e["param"].as_str(), Some(*param), "{e}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(
+            msg.contains("deeper than 256") || msg.contains("at most 1024"),
+            "{msg}"
+        );
+    }
+    // Ollama's `format`, in its error shape.
+    let id = server.request("GET", "/v1/models", &[], "").json()["data"][0]["id"].clone();
+    let a = server.request(
+        "POST",
+        "/api/generate",
+        &[],
+        &serde_json::json!({"model": id, "prompt": "hi", "raw": true, "stream": false, "format": ref_chain(300)})
+            .to_string(),
+    );
+    assert_eq!(a.status, 400, "{}", a.text());
+    let msg = a.json()["error"].as_str().unwrap().to_string();
+    assert!(msg.contains("deeper than 256"), "{msg}");
+    // Just within the limit compiles and answers.
+    let a = server.request(
+        "POST",
+        "/v1/completions",
+        &[],
+        &serde_json::json!({"prompt": "hi", "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": ref_chain(200)}}})
+        .to_string(),
+    );
+    assert_eq!(a.status, 200, "{}", a.text());
+    // The four streams all finish.
+    for s in &mut streams {
+        let a = read_answer(s);
+        assert_eq!(a.status, 200);
+        assert!(a.text().contains("data: [DONE]"), "{}", a.text());
+    }
+    assert_eq!(server.request("GET", "/health", &[], "").status, 200);
+}

@@ -405,6 +405,26 @@ mod tests {
     }
 
     #[test]
+    fn deep_parameter_schemas_are_refused_by_path() {
+        let mut defs = serde_json::Map::new();
+        for i in 0..300 {
+            defs.insert(
+                format!("a{i}"),
+                json!({"$ref": format!("#/$defs/a{}", i + 1)}),
+            );
+        }
+        defs.insert("a300".into(), json!({"type": "string"}));
+        let params =
+            json!({"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/a0"}}});
+        let e = read_err(
+            json!([{"type": "function", "function": {"name": "f", "parameters": params}}]),
+            None,
+        );
+        assert_eq!(e.param.as_deref(), Some("tools[0].function.parameters"));
+        assert!(e.message.contains("deeper than 256"), "{}", e.message);
+    }
+
+    #[test]
     fn reads_tools_and_choices() {
         let list = tools(json!([
             {"type": "function", "function": {"name": "get_weather", "description": "d",
