@@ -560,3 +560,64 @@ fn deep_schemas_and_grammars_are_refused_while_streams_run() {
     }
     assert_eq!(server.request("GET", "/health", &[], "").status, 200);
 }
+
+#[test]
+fn the_prefix_cache_tells_no_tenant_another_prompt() {
+    let server = Server::start(&model(), &["-P", "4", "--api-key", "alice-key,bob-key"]);
+    let head = "The assistant keeps the secret of the user. The PIN is";
+    let ask = |auth: &str, text: &str, salt: Option<&str>| -> u64 {
+        let mut body = serde_json::json!({"prompt": text, "max_tokens": 1, "temperature": 0});
+        if let Some(s) = salt {
+            body["cache_salt"] = s.into();
+        }
+        let a = server.request("POST", "/v1/completions", &[auth], &body.to_string());
+        assert_eq!(a.status, 200, "{}", a.text());
+        a.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let (alice, bob) = (
+        "Authorization: Bearer alice-key",
+        "authorization: bearer bob-key",
+    );
+    ask(alice, &format!("{head} 7 3 9 1. Hello."), None);
+    // Another key guesses the digit after 7: its own warm-up is all it reuses.
+    ask(bob, &format!("{head} 7 x."), None);
+    let guesses: Vec<u64> = (0..10)
+        .map(|d| ask(bob, &format!("{head} 7 {d}."), None))
+        .collect();
+    assert!(
+        guesses.iter().all(|&c| c == guesses[0]),
+        "another key learns the digit: {guesses:?}"
+    );
+    // The same key with another cache_salt (one user of a shared key) learns nothing either.
+    ask(
+        "x-api-key: alice-key",
+        &format!("{head} 7 x."),
+        Some("user-2"),
+    );
+    let salted: Vec<u64> = (0..10)
+        .map(|d| ask(alice, &format!("{head} 7 {d}."), Some("user-2")))
+        .collect();
+    assert!(
+        salted.iter().all(|&c| c == salted[0]),
+        "another salt learns the digit: {salted:?}"
+    );
+    // Within one tenant reuse is unchanged: the secret's own prefix is still cached.
+    let right = ask(alice, &format!("{head} 7 3."), None);
+    assert!(
+        right > salted[0] && right > guesses[0],
+        "own-tenant reuse lost: {right} vs {salted:?}"
+    );
+    assert_eq!(
+        server
+            .request(
+                "POST",
+                "/v1/completions",
+                &["Authorization: Bearer carol"],
+                "{}"
+            )
+            .status,
+        401
+    );
+}

@@ -30,8 +30,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
     /// Require `Authorization: Bearer KEY` on the /v1 routes and /metrics (/health stays open).
+    /// A comma-separated list gives several keys; each key is its own prefix-cache tenant.
     #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Read API keys from a file, one a line (blank lines skipped); with --api-key, both.
+    #[arg(long)]
+    pub api_key_file: Option<std::path::PathBuf>,
     /// Serve /metrics without the API key.
     #[arg(long)]
     pub metrics_public: bool,
@@ -99,6 +103,32 @@ pub fn pooling(s: &str) -> Result<Pooling, String> {
 }
 
 /// A positive number of seconds (fractions allowed).
+/// The API keys of `--api-key` (comma-separated) and `--api-key-file` (one a line).
+fn api_keys(args: &ServeArgs) -> Result<Vec<String>> {
+    let mut keys: Vec<String> = Vec::new();
+    if let Some(list) = &args.api_key {
+        keys.extend(list.split(',').map(str::trim).map(String::from));
+        if keys.iter().any(String::is_empty) {
+            anyhow::bail!("--api-key: an empty key in the list");
+        }
+    }
+    if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--api-key-file {}", path.display()))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from),
+        );
+        if keys.len() == before {
+            anyhow::bail!("--api-key-file {}: no key in the file", path.display());
+        }
+    }
+    Ok(keys)
+}
+
 fn seconds(s: &str) -> Result<Duration, String> {
     let v: f64 = s
         .parse()
@@ -146,7 +176,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         device: args.model.device()?,
         max_queue: args.queue,
         max_body_bytes: args.max_body,
-        api_key: args.api_key.clone(),
+        api_keys: api_keys(args)?,
         metrics_public: args.metrics_public,
         special_in_content: args.special_in_content,
         model_id: stem,

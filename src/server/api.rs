@@ -47,6 +47,9 @@ pub struct GenParams {
     pub n: Option<i64>,
     /// Reuse a cached prefix of the prompt (default true).
     pub cache_prompt: Option<bool>,
+    /// vLLM's `cache_salt`: requests share cached prefixes only with requests of the same
+    /// salt (and API key).
+    pub cache_salt: Option<String>,
     /// Keep generating past end-of-generation tokens (llama.cpp server's `ignore_eos`).
     #[serde(default)]
     pub ignore_eos: bool,
@@ -227,6 +230,8 @@ pub struct Generation {
     pub stream: bool,
     pub include_usage: bool,
     pub cache_prompt: bool,
+    /// `cache_salt` (see [`super::routes::tenant`]).
+    pub cache_salt: Option<String>,
     pub ignore_eos: bool,
     pub structured: Option<super::structured::Structured>,
     /// Choices (`n`).
@@ -401,6 +406,15 @@ impl GenParams {
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
             cache_prompt: self.cache_prompt.unwrap_or(true),
+            cache_salt: match &self.cache_salt {
+                Some(s) if s.is_empty() || s.len() > 256 => {
+                    return Err(ApiError::invalid_param(
+                        "cache_salt",
+                        "cache_salt must be 1 to 256 bytes",
+                    ))
+                }
+                s => s.clone(),
+            },
             ignore_eos: self.ignore_eos,
             structured: super::structured::read(
                 self.response_format.as_ref(),

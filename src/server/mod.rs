@@ -67,9 +67,9 @@ pub struct ServeOptions {
     pub max_queue: usize,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
-    /// Required `Authorization: Bearer` key, if any (on `/v1/*`, and `/metrics` unless
-    /// `metrics_public`).
-    pub api_key: Option<String>,
+    /// The keys `Authorization: Bearer` (or `x-api-key`) must give, if any (on `/v1/*`, and
+    /// `/metrics` unless `metrics_public`); each key is its own prefix-cache tenant.
+    pub api_keys: Vec<String>,
     /// `/metrics` answers without the API key.
     pub metrics_public: bool,
     /// Parse special-token text inside chat message content (by default it is literal text,

@@ -132,28 +132,62 @@ fn json_error_body(r: Response) -> Response {
     json
 }
 
-/// Whether `given` is the key, in time that does not depend on where they differ (both are
-/// hashed first, so neither does it depend on the lengths).
-fn key_matches(given: &str, key: &str) -> bool {
+/// Whether `given` is one of `keys`, in time that depends neither on where they differ nor on
+/// which key it is (each is hashed first, and every key is compared); the matching key's hash.
+fn key_matches(given: &str, keys: &[String]) -> Option<[u8; 32]> {
     let a = Sha256::digest(given.as_bytes());
-    let b = Sha256::digest(key.as_bytes());
-    a.ct_eq(&b).into()
+    let mut found = subtle::Choice::from(0);
+    for key in keys {
+        found |= a.ct_eq(&Sha256::digest(key.as_bytes()));
+    }
+    bool::from(found).then(|| a.into())
 }
 
-/// `--api-key`: the keyed routes need `Authorization: Bearer KEY` or (as Anthropic's clients
-/// send it, and llama-server takes it) `x-api-key: KEY`.
-async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Response {
-    if let Some(key) = &st.opts.api_key {
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
-        if !given.is_some_and(|g| key_matches(g, key)) {
-            return error_at(req.uri().path(), ApiError::unauthorized());
-        }
+tokio::task_local! {
+    /// The hash of the API key a request came with (set by [`auth`] around its handler).
+    static KEY: [u8; 32];
+}
+
+/// The prefix-cache tenant of a request handled now: its API key's hash and its `cache_salt`
+/// together (0 where neither is given: one shared tenant).
+pub(super) fn tenant(salt: Option<&str>) -> u64 {
+    let key = KEY.try_with(|k| *k).ok();
+    if key.is_none() && salt.is_none() {
+        return 0;
     }
-    next.run(req).await
+    let mut h = Sha256::new();
+    h.update(b"kiln tenant\0");
+    if let Some(k) = key {
+        h.update(b"key\0");
+        h.update(k);
+    }
+    if let Some(s) = salt {
+        h.update(b"salt\0");
+        h.update(s.as_bytes());
+    }
+    let d = h.finalize();
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes")).max(1)
+}
+
+/// `--api-key`: the keyed routes need `Authorization: Bearer KEY` (the scheme in any case) or
+/// (as Anthropic's clients send it, and llama-server takes it) `x-api-key: KEY`, with one of
+/// the keys; the key's hash is the request's tenant ([`tenant`]).
+async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Response {
+    if st.opts.api_keys.is_empty() {
+        return next.run(req).await;
+    }
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+    let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+    match given.and_then(|g| key_matches(g, &st.opts.api_keys)) {
+        Some(k) => KEY.scope(k, next.run(req)).await,
+        None => error_at(req.uri().path(), ApiError::unauthorized()),
+    }
 }
 
 /// An error answered on `path`: in Ollama's shape on its `/api/` routes, Anthropic's on
@@ -473,9 +507,29 @@ mod tests {
 
     #[test]
     fn key_comparison() {
-        assert!(key_matches("abc", "abc"));
-        for other in ["abd", "ab", "abcd", "", "ABC"] {
-            assert!(!key_matches(other, "abc"), "{other}");
+        let keys = ["abc".to_string(), "xyz".to_string()];
+        assert!(key_matches("abc", &keys).is_some());
+        assert!(key_matches("xyz", &keys).is_some());
+        assert_ne!(key_matches("abc", &keys), key_matches("xyz", &keys));
+        for other in ["abd", "ab", "abcd", "", "ABC", "abc,xyz"] {
+            assert!(key_matches(other, &keys).is_none(), "{other}");
         }
+        assert!(key_matches("abc", &[]).is_none());
+    }
+
+    #[test]
+    fn tenants_are_keys_and_salts() {
+        assert_eq!(tenant(None), 0);
+        let salted = tenant(Some("u1"));
+        assert_ne!(salted, 0);
+        assert_ne!(salted, tenant(Some("u2")));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let ka = rt.block_on(KEY.scope(a, async { tenant(None) }));
+        let kb = rt.block_on(KEY.scope(b, async { tenant(None) }));
+        let ka_salted = rt.block_on(KEY.scope(a, async { tenant(Some("u1")) }));
+        assert!(ka != 0 && ka != kb && ka_salted != ka && ka_salted != salted);
     }
 }
