@@ -73,6 +73,15 @@ pub struct ServeArgs {
     /// the connection is closed and its generation cancelled.
     #[arg(long, default_value = "600", value_parser = seconds, value_name = "SECS")]
     pub write_timeout: Duration,
+    /// A web origin (`https://app.example`) whose pages may call the server, answered with
+    /// CORS headers; repeat it or give a comma-separated list; `*` allows any page. Requests
+    /// from any other origin but the server's own are refused (403).
+    #[arg(long = "cors-origin", value_delimiter = ',', value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// A `Host` name accepted besides the bound address and `localhost` (repeatable or a
+    /// comma-separated list); checked only when listening on loopback (DNS rebinding).
+    #[arg(long = "allowed-host", value_delimiter = ',', value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
     /// Seconds the responses in progress have to finish after SIGTERM / Ctrl-C; what is left
     /// then is dropped. Connections not being answered (idle, or a head still arriving) close
     /// at once.
@@ -219,13 +228,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
     // Refused before the port is bound.
     args.model.device()?;
     args.spec.serve_check()?;
-    let limits = HttpLimits {
+    let mut limits = HttpLimits {
         max_connections: args.max_connections as usize,
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         idle_timeout: args.idle_timeout,
         write_timeout: args.write_timeout,
         shutdown_grace: args.shutdown_timeout,
+        cors_origins: args
+            .cors_origins
+            .iter()
+            .map(|o| o.trim().trim_end_matches('/').to_string())
+            .collect(),
+        allowed_hosts: args
+            .allowed_hosts
+            .iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect(),
+        bound: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -239,6 +259,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
+        limits.bound = Some(local);
         eprintln!("kiln: bound to http://{local}; loading the model (/health answers 503 until it is ready)");
         let http = limits.clone();
         let load = move || {

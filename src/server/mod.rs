@@ -137,6 +137,14 @@ pub struct HttpLimits {
     pub write_timeout: Duration,
     /// After SIGTERM, how long the responses in progress have to finish.
     pub shutdown_grace: Duration,
+    /// Web origins (`scheme://host[:port]`) whose pages may call the server (`--cors-origin`;
+    /// `*`: any); requests from any other `Origin` but the server's own are refused.
+    pub cors_origins: Vec<String>,
+    /// Host names accepted besides the bound address and `localhost` (`--allowed-host`),
+    /// checked when the server listens on loopback (against DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// The address listened on, once bound.
+    pub bound: Option<std::net::SocketAddr>,
 }
 
 impl Default for HttpLimits {
@@ -148,6 +156,9 @@ impl Default for HttpLimits {
             idle_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
+            cors_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            bound: None,
         }
     }
 }
