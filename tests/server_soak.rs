@@ -336,7 +336,7 @@ fn round(server: &Server, rng: &mut Rng, greedy: &Mutex<Greedy>) -> (Act, Outcom
         }
         Act::BodyTooLarge => {
             let raw = format!(
-                "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{{\"prompt\": ",
+                "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"prompt\": ",
                 MAX_BODY + 1 + rng.below(1 << 20) as usize
             );
             assert!(hostile(server, raw.as_bytes(), 413, &what));
@@ -380,7 +380,7 @@ fn round(server: &Server, rng: &mut Rng, greedy: &Mutex<Greedy>) -> (Act, Outcom
         Act::HalfBody => {
             let mut s = server.connect();
             s.write_all(
-                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"pro",
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro",
             )
             .unwrap();
             std::thread::sleep(Duration::from_millis(rng.below(20)));
