@@ -210,7 +210,7 @@ fn host_allowed(v: &str, h: &super::HttpLimits) -> bool {
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
         || h.bound.is_some_and(|b| b.ip().to_string() == name)
-        || h.allowed_hosts.iter().any(|a| *a == name)
+        || h.allowed_hosts.contains(&name)
 }
 
 /// Whether a page of `origin` may call the server: its own origin (`http://` and the request's
