@@ -144,6 +144,7 @@ fn request(prompt: Vec<u32>, tokens: &Arc<AtomicUsize>) -> SeqRequest {
         stop: vec!["never-in-this-output\u{1}".into()],
         code: Default::default(),
         cache_prompt: true,
+        tenant: 0,
         ignore_eos: true,
         sink: Box::new(Quiet(Arc::clone(tokens))),
     }

@@ -110,6 +110,7 @@ fn greedy_request(prompt: &[u32], max_new: usize, stop: &[&str]) -> (EventLog, S
         stop: stop.iter().map(|s| s.to_string()).collect(),
         code: Default::default(),
         cache_prompt: true,
+        tenant: 0,
         ignore_eos: false,
         sink,
     };

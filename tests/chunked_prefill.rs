@@ -56,6 +56,7 @@ fn request(prompt: &[u32], max_new: usize) -> (Log, SeqRequest) {
         stop: Vec::new(),
         code: Default::default(),
         cache_prompt: false,
+        tenant: 0,
         ignore_eos: true,
         sink: Box::new(log.clone()),
     };

@@ -108,7 +108,7 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, Vec<u8>) {
     };
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     if s.write_all(head.as_bytes()).is_err() || s.write_all(body.as_bytes()).is_err() {

@@ -70,6 +70,7 @@ fn request(prompt: &[u32], seed: u64, sink: &Shared) -> SeqRequest {
         stop: vec![],
         code: Default::default(),
         cache_prompt: false,
+        tenant: 0,
         ignore_eos: true,
         grammar: None,
         logprobs: Some(3),

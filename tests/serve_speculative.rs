@@ -210,6 +210,7 @@ fn serve(
             stop: r.stop.clone(),
             code: Default::default(),
             cache_prompt: true,
+            tenant: 0,
             ignore_eos: r.ignore_eos,
             grammar: grammar(r.grammar),
             logprobs: r.logprobs,

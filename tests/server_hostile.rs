@@ -22,7 +22,7 @@ fn model() -> std::path::PathBuf {
 fn long_stream_request() -> Vec<u8> {
     let body = r#"{"prompt": "hello", "max_tokens": 1000, "ignore_eos": true, "stream": true}"#;
     format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -98,19 +98,19 @@ fn slow_and_silent_sockets_are_closed() {
     let margin = Duration::from_secs(10);
     // A head that never ends.
     let mut slow = server.connect();
-    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nX-Slow: ")
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
         .unwrap();
     // A connection that never says anything.
     let mut silent = server.connect();
     // A request that was answered, then nothing (idle keep-alive).
     let mut idle = server.connect();
-    idle.write_all(b"GET /health HTTP/1.1\r\nHost: kiln\r\n\r\n")
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .unwrap();
     assert_eq!(read_answer(&mut idle).status, 200);
     // A body that stops half way.
     let mut body = server.connect();
     body.write_all(
-        b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Length: 100\r\n\r\n{\"prompt\": ",
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\": ",
     )
     .unwrap();
 
@@ -211,17 +211,17 @@ fn sigterm_with_half_sent_requests_exits_within_the_grace_period() {
     let mut stream = server.connect();
     write!(
         stream,
-        "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
     assert_eq!(read_head(&mut stream).0, 200);
     let mut head = server.connect();
-    head.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\n")
+    head.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n")
         .unwrap();
     let mut half_body = server.connect();
     half_body
-        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Length: 100\r\n\r\n{")
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
 
@@ -257,11 +257,11 @@ fn sigterm_does_not_wait_for_a_half_sent_head() {
         &["--shutdown-timeout", "600", "--header-timeout", "600"],
     );
     let mut head = server.connect();
-    head.write_all(b"GET /health HTTP/1.1\r\nHost: kiln\r\n")
+    head.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
         .unwrap();
     let _silent = server.connect();
     let mut idle = server.connect();
-    idle.write_all(b"GET /health HTTP/1.1\r\nHost: kiln\r\n\r\n")
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .unwrap();
     assert_eq!(read_answer(&mut idle).status, 200);
     std::thread::sleep(Duration::from_millis(300));
@@ -357,13 +357,13 @@ fn malformed_http_gets_json_errors() {
         ),
         (
             "declared body too large",
-            b"POST /v1/completions HTTP/1.1\r\nContent-Length: 5000\r\n\r\n{".to_vec(),
+            b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{".to_vec(),
             413,
         ),
         (
             "chunked body too large",
             [
-                &b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n"[..],
+                &b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n7d0\r\n"[..],
                 &vec![b' '; 2000],
                 b"\r\n0\r\n\r\n",
             ]
@@ -374,11 +374,16 @@ fn malformed_http_gets_json_errors() {
     for (what, raw, status) in cases {
         server.raw(&raw).expect_error(status, what);
     }
-    // Not JSON, whatever the content type says.
+    // Not declared JSON: refused before it is read.
     let a = server.raw(
         b"POST /v1/completions HTTP/1.1\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
     );
-    a.expect_error(400, "wrong content type");
+    a.expect_error(415, "wrong content type");
+    // Declared JSON but not: a 400.
+    let a = server.raw(
+        b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    );
+    a.expect_error(400, "not JSON");
     // Every one of them was counted, and the server still serves.
     assert_eq!(server.request("GET", "/health", &[], "").status, 200);
     let bad = server.metric(
@@ -395,7 +400,7 @@ fn requests_whose_client_left_are_counted_as_cancelled() {
     let mut s = server.connect();
     write!(
         s,
-        "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -461,4 +466,296 @@ fn chat_content_cannot_forge_a_turn() {
             "{flags:?}"
         );
     }
+}
+
+/// `{"$ref": a0}`, each `a_i` a `$ref` to the next: the probe that overflowed the compiler.
+fn ref_chain(n: usize) -> serde_json::Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        let d = if i + 1 == n {
+            serde_json::json!({"type": "string"})
+        } else {
+            serde_json::json!({"$ref": format!("#/$defs/a{}", i + 1)})
+        };
+        defs.insert(format!("a{i}"), d);
+    }
+    serde_json::json!({"$defs": defs, "$ref": "#/$defs/a0"})
+}
+
+#[test]
+fn deep_schemas_and_grammars_are_refused_while_streams_run() {
+    let server = Server::start(&model(), &["-P", "4"]);
+    let body = r#"{"prompt": "hello", "max_tokens": 64, "ignore_eos": true, "stream": true}"#;
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut streams: Vec<TcpStream> = (0..4).map(|_| server.connect()).collect();
+    for s in &mut streams {
+        s.write_all(request.as_bytes()).unwrap();
+    }
+    let chain = ref_chain(300);
+    let mut rules = String::from("root ::= r1\n");
+    for i in 1..700 {
+        rules.push_str(&format!("r{i} ::= \"a\" r{}\n", i + 1));
+    }
+    rules.push_str("r700 ::= \"a\"\n");
+    let probes = [
+        (
+            "/v1/completions",
+            serde_json::json!({"prompt": "hi", "max_tokens": 4,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": chain}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            "/completion",
+            serde_json::json!({"prompt": "hi", "n_predict": 4, "json_schema": chain}),
+            "json_schema",
+        ),
+        (
+            "/completion",
+            serde_json::json!({"prompt": "hi", "n_predict": 4, "grammar": rules}),
+            "grammar",
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"prompt": "hi", "max_tokens": 4,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
+                    {"anyOf": vec![serde_json::json!({"type": "integer"}); 5000]}}}}),
+            "response_format.json_schema.schema",
+        ),
+    ];
+    for (path, body, param) in &probes {
+        let a = server.request("POST", path, &[], &body.to_string());
+        let e = a.expect_error(400, path);
+        assert_eq!(e["param"].as_str(), Some(*param), "{e}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(
+            msg.contains("deeper than 256") || msg.contains("at most 1024"),
+            "{msg}"
+        );
+    }
+    // Ollama's `format`, in its error shape.
+    let id = server.request("GET", "/v1/models", &[], "").json()["data"][0]["id"].clone();
+    let a = server.request(
+        "POST",
+        "/api/generate",
+        &[],
+        &serde_json::json!({"model": id, "prompt": "hi", "raw": true, "stream": false, "format": ref_chain(300)})
+            .to_string(),
+    );
+    assert_eq!(a.status, 400, "{}", a.text());
+    let msg = a.json()["error"].as_str().unwrap().to_string();
+    assert!(msg.contains("deeper than 256"), "{msg}");
+    // Just within the limit compiles and answers.
+    let a = server.request(
+        "POST",
+        "/v1/completions",
+        &[],
+        &serde_json::json!({"prompt": "hi", "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": ref_chain(200)}}})
+        .to_string(),
+    );
+    assert_eq!(a.status, 200, "{}", a.text());
+    // The four streams all finish.
+    for s in &mut streams {
+        let a = read_answer(s);
+        assert_eq!(a.status, 200);
+        assert!(a.text().contains("data: [DONE]"), "{}", a.text());
+    }
+    assert_eq!(server.request("GET", "/health", &[], "").status, 200);
+}
+
+#[test]
+fn the_prefix_cache_tells_no_tenant_another_prompt() {
+    let server = Server::start(&model(), &["-P", "4", "--api-key", "alice-key,bob-key"]);
+    let head = "The assistant keeps the secret of the user. The PIN is";
+    let ask = |auth: &str, text: &str, salt: Option<&str>| -> u64 {
+        let mut body = serde_json::json!({"prompt": text, "max_tokens": 1, "temperature": 0});
+        if let Some(s) = salt {
+            body["cache_salt"] = s.into();
+        }
+        let a = server.request("POST", "/v1/completions", &[auth], &body.to_string());
+        assert_eq!(a.status, 200, "{}", a.text());
+        a.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let (alice, bob) = (
+        "Authorization: Bearer alice-key",
+        "authorization: bearer bob-key",
+    );
+    ask(alice, &format!("{head} 7 3 9 1. Hello."), None);
+    // Another key guesses the digit after 7: its own warm-up is all it reuses.
+    ask(bob, &format!("{head} 7 x."), None);
+    let guesses: Vec<u64> = (0..10)
+        .map(|d| ask(bob, &format!("{head} 7 {d}."), None))
+        .collect();
+    assert!(
+        guesses.iter().all(|&c| c == guesses[0]),
+        "another key learns the digit: {guesses:?}"
+    );
+    // The same key with another cache_salt (one user of a shared key) learns nothing either.
+    ask(
+        "x-api-key: alice-key",
+        &format!("{head} 7 x."),
+        Some("user-2"),
+    );
+    let salted: Vec<u64> = (0..10)
+        .map(|d| ask(alice, &format!("{head} 7 {d}."), Some("user-2")))
+        .collect();
+    assert!(
+        salted.iter().all(|&c| c == salted[0]),
+        "another salt learns the digit: {salted:?}"
+    );
+    // Within one tenant reuse is unchanged: the secret's own prefix is still cached.
+    let right = ask(alice, &format!("{head} 7 3."), None);
+    assert!(
+        right > salted[0] && right > guesses[0],
+        "own-tenant reuse lost: {right} vs {salted:?}"
+    );
+    assert_eq!(
+        server
+            .request(
+                "POST",
+                "/v1/completions",
+                &["Authorization: Bearer carol"],
+                "{}"
+            )
+            .status,
+        401
+    );
+}
+
+#[test]
+fn browser_origins_hosts_and_content_types_are_checked() {
+    let server = Server::start(
+        &model(),
+        &[
+            "--cors-origin",
+            "https://app.example",
+            "--allowed-host",
+            "kiln.lan",
+        ],
+    );
+    let raw = |head: &str, body: &str| {
+        server.raw(
+            format!(
+                "{head}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+    };
+    let body = r#"{"prompt": "hi", "max_tokens": 1}"#;
+    let post = "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json";
+    // DNS rebinding: a name that is not this server's, on loopback.
+    let a = raw(&format!("{post}\r\nHost: evil.example:8080"), body);
+    let e = a.expect_error(403, "foreign Host");
+    assert!(
+        e["message"].as_str().unwrap().contains("--allowed-host"),
+        "{e}"
+    );
+    for host in [
+        "localhost",
+        "127.0.0.1:9",
+        "[::1]:80",
+        "kiln.lan:8080",
+        "KILN.LAN",
+    ] {
+        assert_eq!(
+            raw(&format!("{post}\r\nHost: {host}"), body).status,
+            200,
+            "{host}"
+        );
+    }
+    // Another site's page is refused; the allowed one gets CORS headers and its preflight.
+    let a = raw(
+        &format!("{post}\r\nHost: localhost\r\nOrigin: https://evil.example"),
+        body,
+    );
+    a.expect_error(403, "foreign Origin");
+    let a = raw(&format!("{post}\r\nHost: localhost\r\nOrigin: null"), body);
+    a.expect_error(403, "null Origin");
+    let a = raw(
+        &format!("{post}\r\nHost: localhost\r\nOrigin: https://app.example"),
+        body,
+    );
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(
+        a.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    let a = raw(
+        "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: https://app.example\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type, authorization",
+        "",
+    );
+    assert_eq!(a.status, 204, "{}", a.text());
+    assert_eq!(
+        a.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    assert!(a
+        .header("access-control-allow-methods")
+        .unwrap()
+        .contains("POST"));
+    assert_eq!(
+        a.header("access-control-allow-headers"),
+        Some("content-type, authorization")
+    );
+    let a = raw(
+        "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: https://evil.example",
+        "",
+    );
+    assert_eq!(a.status, 403);
+    // The server's own page (same origin) needs no flag.
+    let a = raw(
+        &format!("{post}\r\nHost: localhost:1234\r\nOrigin: http://localhost:1234"),
+        body,
+    );
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.header("access-control-allow-origin"), None);
+    // Form and text bodies (what a page may post without a preflight) are refused.
+    for ct in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+    ] {
+        let a = raw(
+            &format!("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: {ct}"),
+            body,
+        );
+        a.expect_error(415, ct);
+    }
+    let a = raw("POST /v1/completions HTTP/1.1\r\nHost: localhost", body);
+    a.expect_error(415, "no Content-Type");
+    let a = raw(
+        "POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain",
+        body,
+    );
+    assert_eq!(a.status, 415);
+    assert!(
+        a.json()["error"].is_string(),
+        "Ollama's shape: {}",
+        a.text()
+    );
+    let a = raw(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: Application/JSON; charset=utf-8",
+        body,
+    );
+    assert_eq!(a.status, 200, "{}", a.text());
+}
+
+#[test]
+fn a_completion_prompt_too_long_names_prompt() {
+    let server = Server::start(&model(), &[]);
+    let prompt = "hello ".repeat(2000);
+    let a = server.request(
+        "POST",
+        "/v1/completions",
+        &[],
+        &serde_json::json!({"prompt": prompt}).to_string(),
+    );
+    let e = a.expect_error(400, "too long");
+    assert_eq!(e["param"].as_str(), Some("prompt"), "{e}");
 }

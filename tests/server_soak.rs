@@ -134,7 +134,7 @@ struct Tally {
 
 fn post(path: &str, body: &str, close: bool) -> Vec<u8> {
     format!(
-        "POST {path} HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n{body}",
         body.len(),
         if close { "Connection: close\r\n" } else { "" },
     )
@@ -336,7 +336,7 @@ fn round(server: &Server, rng: &mut Rng, greedy: &Mutex<Greedy>) -> (Act, Outcom
         }
         Act::BodyTooLarge => {
             let raw = format!(
-                "POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Length: {}\r\n\r\n{{\"prompt\": ",
+                "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"prompt\": ",
                 MAX_BODY + 1 + rng.below(1 << 20) as usize
             );
             assert!(hostile(server, raw.as_bytes(), 413, &what));
@@ -373,14 +373,14 @@ fn round(server: &Server, rng: &mut Rng, greedy: &Mutex<Greedy>) -> (Act, Outcom
         }
         Act::HalfHead => {
             let mut s = server.connect();
-            s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Le")
+            s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Le")
                 .unwrap();
             Outcome::Left
         }
         Act::HalfBody => {
             let mut s = server.connect();
             s.write_all(
-                b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Length: 100\r\n\r\n{\"pro",
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro",
             )
             .unwrap();
             std::thread::sleep(Duration::from_millis(rng.below(20)));
@@ -588,7 +588,7 @@ fn sixteen_hostile_clients_for_minutes_then_sigterm() {
         barrier.wait();
         // And two connections that never finish their request.
         let mut half = server.connect();
-        half.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\n")
+        half.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n")
             .unwrap();
         let _silent = server.connect();
         let shutdown = Instant::now();

@@ -30,8 +30,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
     /// Require `Authorization: Bearer KEY` on the /v1 routes and /metrics (/health stays open).
+    /// A comma-separated list gives several keys; each key is its own prefix-cache tenant.
     #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Read API keys from a file, one a line (blank lines skipped); with --api-key, both.
+    #[arg(long)]
+    pub api_key_file: Option<std::path::PathBuf>,
     /// Serve /metrics without the API key.
     #[arg(long)]
     pub metrics_public: bool,
@@ -74,6 +78,15 @@ pub struct ServeArgs {
     /// the connection is closed and its generation cancelled.
     #[arg(long, default_value = "600", value_parser = seconds, value_name = "SECS")]
     pub write_timeout: Duration,
+    /// A web origin (`https://app.example`) whose pages may call the server, answered with
+    /// CORS headers; repeat it or give a comma-separated list; `*` allows any page. Requests
+    /// from any other origin but the server's own are refused (403).
+    #[arg(long = "cors-origin", value_delimiter = ',', value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// A `Host` name accepted besides the bound address and `localhost` (repeatable or a
+    /// comma-separated list); checked only when listening on loopback (DNS rebinding).
+    #[arg(long = "allowed-host", value_delimiter = ',', value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
     /// Seconds the responses in progress have to finish after SIGTERM / Ctrl-C; what is left
     /// then is dropped. Connections not being answered (idle, or a head still arriving) close
     /// at once.
@@ -104,6 +117,32 @@ pub fn pooling(s: &str) -> Result<Pooling, String> {
 }
 
 /// A positive number of seconds (fractions allowed).
+/// The API keys of `--api-key` (comma-separated) and `--api-key-file` (one a line).
+fn api_keys(args: &ServeArgs) -> Result<Vec<String>> {
+    let mut keys: Vec<String> = Vec::new();
+    if let Some(list) = &args.api_key {
+        keys.extend(list.split(',').map(str::trim).map(String::from));
+        if keys.iter().any(String::is_empty) {
+            anyhow::bail!("--api-key: an empty key in the list");
+        }
+    }
+    if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--api-key-file {}", path.display()))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from),
+        );
+        if keys.len() == before {
+            anyhow::bail!("--api-key-file {}: no key in the file", path.display());
+        }
+    }
+    Ok(keys)
+}
+
 fn seconds(s: &str) -> Result<Duration, String> {
     let v: f64 = s
         .parse()
@@ -155,7 +194,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         device: args.model.device()?,
         max_queue: args.queue,
         max_body_bytes: args.max_body,
-        api_key: args.api_key.clone(),
+        api_keys: api_keys(args)?,
         metrics_public: args.metrics_public,
         special_in_content: args.special_in_content,
         model_id,
@@ -199,13 +238,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
     // Refused before the port is bound.
     args.model.device()?;
     args.spec.serve_check()?;
-    let limits = HttpLimits {
+    let mut limits = HttpLimits {
         max_connections: args.max_connections as usize,
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         idle_timeout: args.idle_timeout,
         write_timeout: args.write_timeout,
         shutdown_grace: args.shutdown_timeout,
+        cors_origins: args
+            .cors_origins
+            .iter()
+            .map(|o| o.trim().trim_end_matches('/').to_string())
+            .collect(),
+        allowed_hosts: args
+            .allowed_hosts
+            .iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect(),
+        bound: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -219,6 +269,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr()?;
+        limits.bound = Some(local);
         eprintln!("kiln: bound to http://{local}; loading the model (/health answers 503 until it is ready)");
         let http = limits.clone();
         let load = move || {

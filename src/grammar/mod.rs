@@ -18,6 +18,7 @@
 //! grammar may end or go on, the model's end-of-generation tokens are allowed.
 
 pub mod gbnf;
+pub mod limits;
 pub mod tools;
 
 use std::sync::{Arc, OnceLock};
@@ -39,6 +40,9 @@ pub enum GrammarError {
     InvalidSchema(String),
     #[error("invalid grammar: {0}")]
     InvalidGrammar(String),
+    /// A bound of [`limits`] passed (`at`: where, a JSON pointer into the schema or a rule).
+    #[error("{msg} (at {at})")]
+    Limit { at: String, msg: String },
     #[error("GBNF grammar, line {line}: {msg}")]
     Gbnf { line: usize, msg: String },
     #[error("the model's vocabulary cannot be used for constrained decoding: {0}")]
@@ -172,6 +176,8 @@ impl GrammarEngine {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
+        // Errors name the problem, not the parser's state and the whole grammar.
+        factory.limits_mut().verbose_errors = false;
         let mut eog: Vec<u32> = eog.iter().copied().filter(|&t| (t as usize) < n).collect();
         eog.push(eos);
         eog.sort_unstable();
@@ -192,8 +198,11 @@ impl GrammarEngine {
             .clone()
     }
 
-    /// Compile `spec` into a fresh per-sequence constraint (its first mask not yet computed).
+    /// Compile `spec` into a fresh per-sequence constraint (its first mask not yet computed),
+    /// once it is within the [`limits`]. The compiler recurses up to those limits: call this
+    /// on a thread with a [`limits::COMPILE_STACK`] stack ([`limits::on_compile_stack`]).
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, GrammarError> {
+        limits::check(spec)?;
         let grammar = spec.to_llg()?;
         let parser = self
             .factory

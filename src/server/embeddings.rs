@@ -251,6 +251,7 @@ pub(super) async fn embed(
     let permit = Arc::new(permit);
     // In input order, at most --parallel of them in the engine at once. Dropping this future
     // (the client left) drops the receivers: the engine cancels what it still holds.
+    let tenant = super::routes::tenant(None);
     let submit = |prompt: Vec<u32>| {
         let (tx, rx) = oneshot::channel::<Outcome>();
         let sink = EmbedSink {
@@ -258,9 +259,9 @@ pub(super) async fn embed(
             vector: None,
             _permit: Arc::clone(&permit),
         };
-        let sent = st
-            .engine
-            .send(SeqRequest::embedding(prompt, spec, Box::new(sink)));
+        let mut req = SeqRequest::embedding(prompt, spec, Box::new(sink));
+        req.tenant = tenant;
+        let sent = st.engine.send(req);
         async move {
             sent.map_err(|_| ApiError::unavailable("the engine has stopped"))?;
             match rx.await {

@@ -67,9 +67,9 @@ pub struct ServeOptions {
     pub max_queue: usize,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
-    /// Required `Authorization: Bearer` key, if any (on `/v1/*`, and `/metrics` unless
-    /// `metrics_public`).
-    pub api_key: Option<String>,
+    /// The keys `Authorization: Bearer` (or `x-api-key`) must give, if any (on `/v1/*`, and
+    /// `/metrics` unless `metrics_public`); each key is its own prefix-cache tenant.
+    pub api_keys: Vec<String>,
     /// `/metrics` answers without the API key.
     pub metrics_public: bool,
     /// Parse special-token text inside chat message content (by default it is literal text,
@@ -141,6 +141,14 @@ pub struct HttpLimits {
     pub write_timeout: Duration,
     /// After SIGTERM, how long the responses in progress have to finish.
     pub shutdown_grace: Duration,
+    /// Web origins (`scheme://host[:port]`) whose pages may call the server (`--cors-origin`;
+    /// `*`: any); requests from any other `Origin` but the server's own are refused.
+    pub cors_origins: Vec<String>,
+    /// Host names accepted besides the bound address and `localhost` (`--allowed-host`),
+    /// checked when the server listens on loopback (against DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// The address listened on, once bound.
+    pub bound: Option<std::net::SocketAddr>,
 }
 
 impl Default for HttpLimits {
@@ -152,6 +160,9 @@ impl Default for HttpLimits {
             idle_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
+            cors_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
+            bound: None,
         }
     }
 }

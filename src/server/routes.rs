@@ -53,6 +53,7 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .merge(open)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), guard))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), count))
         .with_state(state)
 }
@@ -132,28 +133,202 @@ fn json_error_body(r: Response) -> Response {
     json
 }
 
-/// Whether `given` is the key, in time that does not depend on where they differ (both are
-/// hashed first, so neither does it depend on the lengths).
-fn key_matches(given: &str, key: &str) -> bool {
+/// Whether `given` is one of `keys`, in time that depends neither on where they differ nor on
+/// which key it is (each is hashed first, and every key is compared); the matching key's hash.
+fn key_matches(given: &str, keys: &[String]) -> Option<[u8; 32]> {
     let a = Sha256::digest(given.as_bytes());
-    let b = Sha256::digest(key.as_bytes());
-    a.ct_eq(&b).into()
+    let mut found = subtle::Choice::from(0);
+    for key in keys {
+        found |= a.ct_eq(&Sha256::digest(key.as_bytes()));
+    }
+    bool::from(found).then(|| a.into())
 }
 
-/// `--api-key`: the keyed routes need `Authorization: Bearer KEY` or (as Anthropic's clients
-/// send it, and llama-server takes it) `x-api-key: KEY`.
+tokio::task_local! {
+    /// The hash of the API key a request came with (set by [`auth`] around its handler).
+    static KEY: [u8; 32];
+}
+
+/// The prefix-cache tenant of a request handled now: its API key's hash and its `cache_salt`
+/// together (0 where neither is given: one shared tenant).
+pub(super) fn tenant(salt: Option<&str>) -> u64 {
+    let key = KEY.try_with(|k| *k).ok();
+    if key.is_none() && salt.is_none() {
+        return 0;
+    }
+    let mut h = Sha256::new();
+    h.update(b"kiln tenant\0");
+    if let Some(k) = key {
+        h.update(b"key\0");
+        h.update(k);
+    }
+    if let Some(s) = salt {
+        h.update(b"salt\0");
+        h.update(s.as_bytes());
+    }
+    let d = h.finalize();
+    u64::from_le_bytes(d[..8].try_into().expect("8 bytes")).max(1)
+}
+
+/// `--api-key`: the keyed routes need `Authorization: Bearer KEY` (the scheme in any case) or
+/// (as Anthropic's clients send it, and llama-server takes it) `x-api-key: KEY`, with one of
+/// the keys; the key's hash is the request's tenant ([`tenant`]).
 async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Response {
-    if let Some(key) = &st.opts.api_key {
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
-        if !given.is_some_and(|g| key_matches(g, key)) {
-            return error_at(req.uri().path(), ApiError::unauthorized());
+    if st.opts.api_keys.is_empty() {
+        return next.run(req).await;
+    }
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        });
+    let given = bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+    match given.and_then(|g| key_matches(g, &st.opts.api_keys)) {
+        Some(k) => KEY.scope(k, next.run(req)).await,
+        None => error_at(req.uri().path(), ApiError::unauthorized()),
+    }
+}
+
+/// The host part of a `Host` header value (`[::1]:8080` → `::1`, `name:80` → `name`).
+fn host_name(v: &str) -> String {
+    let v = v.trim();
+    let name = match v.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => v.rsplit_once(':').map_or(v, |(h, _)| h),
+    };
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether a `Host` value names this server: `localhost`, a loopback address, the bound
+/// address or an `--allowed-host` name.
+fn host_allowed(v: &str, h: &super::HttpLimits) -> bool {
+    let name = host_name(v);
+    name == "localhost"
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+        || h.bound.is_some_and(|b| b.ip().to_string() == name)
+        || h.allowed_hosts.contains(&name)
+}
+
+/// Whether a page of `origin` may call the server: its own origin (`http://` and the request's
+/// `Host`), one given by `--cors-origin`, or any with `--cors-origin '*'`.
+fn origin_allowed(origin: &str, host: Option<&str>, h: &super::HttpLimits) -> bool {
+    let o = origin.trim().trim_end_matches('/');
+    let own = host.is_some_and(|host| {
+        o.eq_ignore_ascii_case(&format!("http://{host}"))
+            || o.eq_ignore_ascii_case(&format!("https://{host}"))
+    });
+    own || h
+        .cors_origins
+        .iter()
+        .any(|a| a == "*" || a.eq_ignore_ascii_case(o))
+}
+
+/// Browser checks, before any route: a `Host` that is not this server's is refused (403) when
+/// listening on loopback (DNS rebinding); a request with an `Origin` that is neither the
+/// server's own nor allowed by `--cors-origin` is refused (403), an allowed one's preflight
+/// (`OPTIONS`) answered and its answers given CORS headers; a POST body must be declared
+/// `application/json` (415), so that no form or text post of a page gets through.
+async fn guard(State(st): St, req: Request, next: Next) -> Response {
+    let h = &st.opts.http;
+    let path = req.uri().path().to_string();
+    let headers = req.headers();
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let forbidden = |msg: String| {
+        let e = ApiError::with_status(StatusCode::FORBIDDEN, msg);
+        error_at(&path, e)
+    };
+    if h.bound.is_some_and(|a| a.ip().is_loopback()) {
+        if let Some(v) = headers.get(header::HOST) {
+            let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+            if !host_allowed(&v, h) {
+                return forbidden(format!(
+                    "Host `{v}` is not this server (it listens on loopback; --allowed-host adds a name)"
+                ));
+            }
         }
     }
-    next.run(req).await
+    let origin = headers
+        .get(header::ORIGIN)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let cross = match &origin {
+        None => false,
+        Some(o) if !origin_allowed(o, host, h) => {
+            return forbidden(format!(
+                "requests from the web origin `{o}` are not allowed (--cors-origin allows one)"
+            ))
+        }
+        Some(o) => !host.is_some_and(|host| {
+            let o = o.trim().trim_end_matches('/');
+            o.eq_ignore_ascii_case(&format!("http://{host}"))
+                || o.eq_ignore_ascii_case(&format!("https://{host}"))
+        }),
+    };
+    let allow_origin = |r: &mut Response, o: &str| {
+        if let Ok(v) = header::HeaderValue::from_str(o.trim()) {
+            r.headers_mut()
+                .insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+            r.headers_mut()
+                .insert(header::VARY, header::HeaderValue::from_static("Origin"));
+        }
+    };
+    if req.method() == axum::http::Method::OPTIONS {
+        if let Some(o) = &origin {
+            let asked = headers
+                .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+                .cloned()
+                .unwrap_or(header::HeaderValue::from_static(
+                    "authorization, content-type, x-api-key",
+                ));
+            let mut r = StatusCode::NO_CONTENT.into_response();
+            allow_origin(&mut r, o);
+            let hs = r.headers_mut();
+            hs.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                header::HeaderValue::from_static("GET, POST, OPTIONS"),
+            );
+            hs.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+            hs.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                header::HeaderValue::from_static("600"),
+            );
+            return r;
+        }
+    }
+    if req.method() == axum::http::Method::POST {
+        let has_body = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(|n| n.trim() != "0")
+            && (headers.contains_key(header::CONTENT_LENGTH)
+                || headers.contains_key(header::TRANSFER_ENCODING));
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|t| {
+                let t = t.trim();
+                t.eq_ignore_ascii_case("application/json")
+                    || (t.len() > 17
+                        && t[..12].eq_ignore_ascii_case("application/")
+                        && t.to_ascii_lowercase().ends_with("+json"))
+            });
+        if has_body && !json {
+            let e = ApiError::with_status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "the body must be JSON, declared `Content-Type: application/json`",
+            );
+            return error_at(&path, e);
+        }
+    }
+    let mut r = next.run(req).await;
+    if let (true, Some(o)) = (cross, &origin) {
+        allow_origin(&mut r, o);
+    }
+    r
 }
 
 /// An error answered on `path`: in Ollama's shape on its `/api/` routes, Anthropic's on
@@ -326,6 +501,7 @@ pub(super) fn chat_job(
             Some(Structured {
                 spec,
                 field: "tools",
+                path: "tools",
             })
         }
         None => gen.structured.take(),
@@ -432,7 +608,12 @@ pub(super) fn completion_job(
     if prompt.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
-    let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
+    let mut gen = (req.params.validate(prompt.len(), st.opts.n_ctx)).map_err(|mut e| {
+        if e.param.as_deref() == Some("messages") {
+            e.param = Some("prompt".into());
+        }
+        e
+    })?;
     gen.n = req.params.choices(st.opts.n_slots)?;
     gen.logprobs = req.logprobs()?;
     Ok(Job {
@@ -487,9 +668,29 @@ mod tests {
 
     #[test]
     fn key_comparison() {
-        assert!(key_matches("abc", "abc"));
-        for other in ["abd", "ab", "abcd", "", "ABC"] {
-            assert!(!key_matches(other, "abc"), "{other}");
+        let keys = ["abc".to_string(), "xyz".to_string()];
+        assert!(key_matches("abc", &keys).is_some());
+        assert!(key_matches("xyz", &keys).is_some());
+        assert_ne!(key_matches("abc", &keys), key_matches("xyz", &keys));
+        for other in ["abd", "ab", "abcd", "", "ABC", "abc,xyz"] {
+            assert!(key_matches(other, &keys).is_none(), "{other}");
         }
+        assert!(key_matches("abc", &[]).is_none());
+    }
+
+    #[test]
+    fn tenants_are_keys_and_salts() {
+        assert_eq!(tenant(None), 0);
+        let salted = tenant(Some("u1"));
+        assert_ne!(salted, 0);
+        assert_ne!(salted, tenant(Some("u2")));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let ka = rt.block_on(KEY.scope(a, async { tenant(None) }));
+        let kb = rt.block_on(KEY.scope(b, async { tenant(None) }));
+        let ka_salted = rt.block_on(KEY.scope(a, async { tenant(Some("u1")) }));
+        assert!(ka != 0 && ka != kb && ka_salted != ka && ka_salted != salted);
     }
 }

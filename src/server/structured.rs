@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value;
 
 use super::error::ApiError;
-use crate::grammar::{Constraint, GrammarEngine, GrammarError, GrammarSpec};
+use crate::grammar::{limits, Constraint, GrammarEngine, GrammarError, GrammarSpec};
 use crate::tokenizer::Tokenizer;
 
 /// A request's constraint and the field it came from (named in errors).
@@ -15,6 +15,8 @@ use crate::tokenizer::Tokenizer;
 pub struct Structured {
     pub spec: GrammarSpec,
     pub field: &'static str,
+    /// The field's full path, named where a limit of the spec is passed.
+    pub path: &'static str,
 }
 
 /// Read `response_format`, `json_schema` and `grammar` (at most one of them may constrain).
@@ -25,10 +27,11 @@ pub fn read(
 ) -> Result<Option<Structured>, ApiError> {
     let mut found: Vec<Structured> = Vec::new();
     if let Some(rf) = response_format {
-        if let Some(spec) = response_format_spec(rf)? {
+        if let Some((spec, path)) = response_format_spec(rf)? {
             found.push(Structured {
                 spec,
                 field: "response_format",
+                path,
             });
         }
     }
@@ -36,6 +39,7 @@ pub fn read(
         found.push(Structured {
             spec: GrammarSpec::JsonSchema(s.clone()),
             field: "json_schema",
+            path: "json_schema",
         });
     }
     if let Some(g) = grammar {
@@ -43,6 +47,7 @@ pub fn read(
             found.push(Structured {
                 spec: GrammarSpec::from_grammar_text(g),
                 field: "grammar",
+                path: "grammar",
             });
         }
     }
@@ -61,7 +66,7 @@ pub fn read(
 
 /// OpenAI's `response_format`: `{"type": "text"}`, `{"type": "json_object"}` (llama.cpp also
 /// takes a `schema` there) or `{"type": "json_schema", "json_schema": {"name", "schema"}}`.
-fn response_format_spec(rf: &Value) -> Result<Option<GrammarSpec>, ApiError> {
+fn response_format_spec(rf: &Value) -> Result<Option<(GrammarSpec, &'static str)>, ApiError> {
     let bad = |msg: String| ApiError::invalid_param("response_format", msg);
     let obj = rf
         .as_object()
@@ -72,8 +77,8 @@ fn response_format_spec(rf: &Value) -> Result<Option<GrammarSpec>, ApiError> {
     match kind {
         "text" => Ok(None),
         "json_object" => Ok(Some(match obj.get("schema") {
-            Some(s) => GrammarSpec::JsonSchema(s.clone()),
-            None => GrammarSpec::JsonObject,
+            Some(s) => (GrammarSpec::JsonSchema(s.clone()), "response_format.schema"),
+            None => (GrammarSpec::JsonObject, "response_format"),
         })),
         "json_schema" => {
             let js = obj
@@ -85,7 +90,10 @@ fn response_format_spec(rf: &Value) -> Result<Option<GrammarSpec>, ApiError> {
             let schema = js.get("schema").ok_or_else(|| {
                 bad("response_format.json_schema.schema is required (the JSON schema)".into())
             })?;
-            Ok(Some(GrammarSpec::JsonSchema(schema.clone())))
+            Ok(Some((
+                GrammarSpec::JsonSchema(schema.clone()),
+                "response_format.json_schema.schema",
+            )))
         }
         other => Err(bad(format!(
             "response_format.type `{other}` is not supported (text, json_object, json_schema)"
@@ -94,22 +102,38 @@ fn response_format_spec(rf: &Value) -> Result<Option<GrammarSpec>, ApiError> {
 }
 
 /// Compile `s` for the model of `tok` (its grammar engine built once, in `cell`), off the
-/// async threads: building the engine walks the vocabulary, and a large schema takes time.
+/// async threads, on a compile thread of its own ([`limits::on_compile_stack`]: building the
+/// engine walks the vocabulary, a large schema takes time, and the compiler recurses).
 pub async fn compile(
     cell: Arc<OnceLock<Result<Arc<GrammarEngine>, GrammarError>>>,
     tok: Arc<Tokenizer>,
     s: Structured,
 ) -> Result<Constraint, ApiError> {
-    let field = s.field;
-    let res = tokio::task::spawn_blocking(move || {
-        GrammarEngine::shared(&cell, &tok).and_then(|e| e.compile(&s.spec))
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("the grammar compiler failed: {e}")))?;
-    res.map_err(|e| match e {
+    let (field, path) = (s.field, s.path);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("kiln-grammar".into())
+        .stack_size(limits::COMPILE_STACK)
+        .spawn(move || {
+            let _ = tx.send(GrammarEngine::shared(&cell, &tok).and_then(|e| e.compile(&s.spec)));
+        })
+        .map_err(|e| ApiError::internal(format!("cannot start the grammar compiler: {e}")))?;
+    let res = rx
+        .await
+        .map_err(|_| ApiError::internal("the grammar compiler failed"))?;
+    res.map_err(|e| error(field, path, e))
+}
+
+/// A compile error as the API answers it: the request's fault a 400 naming `field`, or for a
+/// limit passed the field's full `path`.
+pub fn error(field: &str, path: &str, e: GrammarError) -> ApiError {
+    match e {
         GrammarError::Vocabulary(_) | GrammarError::Matcher(_) => ApiError::internal(e.to_string()),
+        GrammarError::Limit { at, msg } => {
+            ApiError::invalid_param(path, format!("{path}: {msg} (at {at:?})"))
+        }
         e => ApiError::invalid_param(field, e.to_string()),
-    })
+    }
 }
 
 #[cfg(test)]

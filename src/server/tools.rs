@@ -4,6 +4,8 @@
 //! (llama.cpp's generic rewriting where the template knows nothing of tools), the grammar that
 //! constrains the calls, and the format the answer is parsed in.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -164,6 +166,11 @@ pub fn read(
                     ),
                 ));
             }
+        }
+        // Each schema within the compiler's limits before the tool grammar embeds it.
+        if let Err(e) = crate::grammar::limits::check_schema(&params) {
+            let path = at(".function.parameters");
+            return Err(super::structured::error(&path, &path, e));
         }
         functions.push((name, params));
     }
@@ -358,7 +365,10 @@ pub(crate) fn locate(e: ApiError, tools: &Tools, st: &super::AppState) -> ApiErr
         return e;
     };
     for (i, (_, params)) in tools.functions.iter().enumerate() {
-        if let Err(err) = engine.compile(&GrammarSpec::JsonSchema(params.clone())) {
+        let spec = GrammarSpec::JsonSchema(params.clone());
+        let e2 = Arc::clone(&engine);
+        let compiled = crate::grammar::limits::on_compile_stack(move || e2.compile(&spec).err());
+        if let Ok(Some(err)) = compiled {
             let at = format!("tools[{i}].function.parameters");
             return ApiError::invalid_param(&at, format!("{at}: {err}"));
         }
@@ -392,6 +402,26 @@ mod tests {
 
     fn read_err(t: Value, choice: Option<Value>) -> ApiError {
         read(Some(&t), choice.as_ref(), None).unwrap_err()
+    }
+
+    #[test]
+    fn deep_parameter_schemas_are_refused_by_path() {
+        let mut defs = serde_json::Map::new();
+        for i in 0..300 {
+            defs.insert(
+                format!("a{i}"),
+                json!({"$ref": format!("#/$defs/a{}", i + 1)}),
+            );
+        }
+        defs.insert("a300".into(), json!({"type": "string"}));
+        let params =
+            json!({"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/a0"}}});
+        let e = read_err(
+            json!([{"type": "function", "function": {"name": "f", "parameters": params}}]),
+            None,
+        );
+        assert_eq!(e.param.as_deref(), Some("tools[0].function.parameters"));
+        assert!(e.message.contains("deeper than 256"), "{}", e.message);
     }
 
     #[test]

@@ -75,7 +75,8 @@ impl Server {
 
     /// A request with `Connection: close`.
     pub fn request(&self, method: &str, path: &str, headers: &[&str], body: &str) -> Answer {
-        let mut raw = format!("{method} {path} HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n");
+        let mut raw =
+            format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
         for h in headers {
             raw.push_str(h);
             raw.push_str("\r\n");

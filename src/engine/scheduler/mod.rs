@@ -16,7 +16,8 @@
 //! Prefix cache: a finished sequence's slot keeps its tokens and KV. A new request goes to the
 //! free slot sharing the longest prefix with its prompt (least recently used among equals) and
 //! prefills only the rest; if a busy slot shares a longer prefix, that prefix's KV is copied
-//! over first (rollback, across slots).
+//! over first (rollback, across slots). Prefixes are shared only between requests of one tenant
+//! ([`SeqRequest::tenant`]), so that what is cached says nothing of another's prompt.
 //!
 //! Generation follows [`super::generate()`] step for step (same sampler calls on the same
 //! logits), so a request's greedy output equals `kiln run`'s.
@@ -73,6 +74,9 @@ pub struct SeqRequest {
     pub code: CodeStops,
     /// Reuse a cached prefix of the prompt (false: evaluate it all, a cold run).
     pub cache_prompt: bool,
+    /// Who may share cached prefixes with this request: only requests of the same tenant
+    /// (the server's hash of an API key and `cache_salt`; 0 where neither is given).
+    pub tenant: u64,
     /// Never stop at an end-of-generation token (their logits are masked): generate exactly
     /// `max_new` tokens unless a stop sequence or the context ends it (benchmarks, tests).
     pub ignore_eos: bool,
@@ -114,6 +118,7 @@ impl SeqRequest {
             stop: Vec::new(),
             code: CodeStops::default(),
             cache_prompt: true,
+            tenant: 0,
             ignore_eos: false,
             grammar: None,
             logprobs: None,
@@ -368,6 +373,8 @@ pub struct Scheduler<'t> {
     active: Vec<Option<Active<'t>>>,
     /// Per slot, when it was last released (LRU among free slots).
     released_at: Vec<u64>,
+    /// Per slot, the tenant whose tokens it holds (prefixes are shared within a tenant only).
+    tenants: Vec<u64>,
     tick: u64,
     metrics: Arc<SchedMetrics>,
     /// Per slot, the prompt tokens it evaluates in the step being planned (reused).
@@ -399,6 +406,7 @@ impl<'t> Scheduler<'t> {
             waiting: VecDeque::new(),
             active: (0..n).map(|_| None).collect(),
             released_at: vec![0; n],
+            tenants: vec![0; n],
             tick: 0,
             metrics,
             plan: vec![0; n],
@@ -554,6 +562,7 @@ impl<'t> Scheduler<'t> {
                     stop: req.stop.clone(),
                     code: req.code,
                     cache_prompt: req.cache_prompt,
+                    tenant: req.tenant,
                     ignore_eos: req.ignore_eos,
                     grammar: f.grammar,
                     logprobs: req.logprobs,
@@ -563,6 +572,7 @@ impl<'t> Scheduler<'t> {
                 })
                 .collect();
             let dim = self.runner.model.config.dim;
+            self.tenants[slot] = req.tenant;
             self.poolers[slot] = req.embed.map(|e| Pooler::new(e, dim));
             self.active[slot] = Some(self.activate(req, Phase::Prefill { next: cached }, cached));
             for fork in fork_reqs {
@@ -570,6 +580,7 @@ impl<'t> Scheduler<'t> {
                     .lru_free_slot()
                     .expect("admission counted a slot per choice");
                 self.poolers[f] = None;
+                self.tenants[f] = self.tenants[slot];
                 self.active[f] = Some(self.activate(fork, Phase::Waiting { on: slot }, 0));
             }
             self.publish_gauges();
@@ -608,8 +619,8 @@ impl<'t> Scheduler<'t> {
 
     /// Where the next waiting request goes, from one pass over the slots: the free slot with
     /// the longest shared prefix (then the least recently released), and the slot of any state
-    /// sharing the longest prefix (a source to copy from). `None` if nothing waits or no slot
-    /// is free.
+    /// sharing the longest prefix (a source to copy from); only the slots of the request's
+    /// tenant share a prefix with it. `None` if nothing waits or no slot is free.
     fn pick_slot(&self) -> Option<SlotChoice> {
         let front = self.waiting.front()?;
         let prompt = &front.prompt;
@@ -620,7 +631,11 @@ impl<'t> Scheduler<'t> {
         let mut free: Option<(usize, usize)> = None;
         let (mut src, mut best) = (0, 0);
         for s in 0..self.runner.n_slots() {
-            let n = self.runner.common_prefix(s, prompt);
+            let n = if self.tenants[s] == front.tenant {
+                self.runner.common_prefix(s, prompt)
+            } else {
+                0
+            };
             if n > best {
                 (src, best) = (s, n);
             }

@@ -226,6 +226,9 @@ fn params(c: &Common) -> Result<Map<String, Value>, ApiError> {
 fn ollama_names(mut e: ApiError) -> ApiError {
     let renamed = match e.param.as_deref() {
         Some("response_format" | "json_schema") => Some(("response_format", "format")),
+        Some("response_format.json_schema.schema") => {
+            Some(("response_format.json_schema.schema", "format"))
+        }
         Some(
             p @ ("top_k" | "top_p" | "min_p" | "repeat_penalty" | "presence_penalty"
             | "frequency_penalty"),

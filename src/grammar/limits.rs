@@ -1,0 +1,732 @@
+//! Bounds on what a schema or grammar may ask of the compiler, checked before it runs.
+//!
+//! llguidance compiles JSON schemas and Lark grammars recursively: every level of nesting,
+//! every `$ref` followed and every rule a rule refers to takes a few kilobytes of stack. A
+//! request of a few kilobytes (a chain of 300 `$ref`s, of 700 rules) would overflow any thread
+//! stack. So before any recursive work, [`check`] walks the spec with explicit stacks (no
+//! recursion on untrusted input) and refuses, naming the limit and where it was passed:
+//!
+//! - a JSON schema deeper than [`MAX_SCHEMA_DEPTH`] levels, counting the JSON nesting and
+//!   every `$ref` followed to its target (a reference back into what is being walked, a
+//!   recursive schema, adds nothing: the compiler does not unfold it);
+//! - an `anyOf`, `oneOf` or `allOf` of more than [`MAX_SCHEMA_ALTERNATIVES`] schemas;
+//! - more than [`MAX_SCHEMA_NODES`] objects and arrays in one schema;
+//! - a grammar whose rules chain (a rule referring to a rule, nested groups) deeper than
+//!   [`MAX_GRAMMAR_DEPTH`], or with more than [`MAX_GRAMMAR_RULES`] rules; the JSON schemas a
+//!   Lark grammar embeds (`%json { ... }`) are checked as schemas.
+//!
+//! What passes is then compiled on a thread of its own with a [`COMPILE_STACK`] stack
+//! ([`on_compile_stack`]), many times what the limits need (a unit test compiles specs at
+//! every limit on an eighth of it).
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::{GrammarError, GrammarSpec};
+
+/// Deepest JSON schema: levels of nesting plus `$ref`s followed.
+pub const MAX_SCHEMA_DEPTH: usize = 256;
+/// Widest `anyOf` / `oneOf` / `allOf`.
+pub const MAX_SCHEMA_ALTERNATIVES: usize = 1024;
+/// Most objects and arrays in one schema.
+pub const MAX_SCHEMA_NODES: usize = 65_536;
+/// Deepest chain of grammar rules (and nested groups).
+pub const MAX_GRAMMAR_DEPTH: usize = 256;
+/// Most rules in one grammar.
+pub const MAX_GRAMMAR_RULES: usize = 16_384;
+/// The stack of a compile thread.
+pub const COMPILE_STACK: usize = 64 << 20;
+
+/// Refuse `spec` if it passes a limit (before anything recursive touches it).
+pub fn check(spec: &GrammarSpec) -> Result<(), GrammarError> {
+    match spec {
+        GrammarSpec::JsonSchema(s) => check_schema(s),
+        GrammarSpec::JsonObject => Ok(()),
+        GrammarSpec::Gbnf(g) => check_lark(&super::gbnf::gbnf_to_lark(g)?),
+        GrammarSpec::Lark(g) => check_lark(g),
+    }
+}
+
+/// Run `f` on a fresh thread with a [`COMPILE_STACK`] stack and wait for it. A panic in `f`
+/// comes back as an error (the process goes on).
+pub fn on_compile_stack<R: Send + 'static>(
+    f: impl FnOnce() -> R + Send + 'static,
+) -> Result<R, GrammarError> {
+    let h = std::thread::Builder::new()
+        .name("kiln-grammar".into())
+        .stack_size(COMPILE_STACK)
+        .spawn(f)
+        .map_err(|e| GrammarError::Matcher(format!("cannot start a compile thread: {e}")))?;
+    h.join()
+        .map_err(|_| GrammarError::Matcher("the grammar compiler panicked".into()))
+}
+
+fn limit(at: String, msg: String) -> GrammarError {
+    GrammarError::Limit { at, msg }
+}
+
+/// The node a `$ref` names in `root` (`#`, `#/json/pointer`, `#anchor`, an `$id` with an
+/// optional `#/pointer` fragment), or `None` if it names nothing in this document.
+fn resolve<'a>(root: &'a Value, ids: &HashMap<&str, &'a Value>, r: &str) -> Option<&'a Value> {
+    let (base, frag) = match r.split_once('#') {
+        Some((b, f)) => (b, f),
+        None => (r, ""),
+    };
+    let doc = if base.is_empty() {
+        root
+    } else {
+        ids.get(base).copied()?
+    };
+    if frag.is_empty() {
+        return Some(doc);
+    }
+    if !frag.starts_with('/') {
+        return ids.get(format!("#{frag}").as_str()).copied();
+    }
+    let mut node = doc;
+    for part in frag[1..].split('/') {
+        let part = part.replace("~1", "/").replace("~0", "~");
+        let part = percent_decode(&part);
+        node = match node {
+            Value::Object(m) => m.get(&part)?,
+            Value::Array(a) => a.get(part.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(node)
+}
+
+fn percent_decode(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_string();
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn child_name(parent: &str, key: &str) -> String {
+    let key = key.replace('~', "~0").replace('/', "~1");
+    format!("{parent}/{key}")
+}
+
+/// Check a JSON schema's depth (nesting and `$ref`s followed), width and size.
+pub fn check_schema(root: &Value) -> Result<(), GrammarError> {
+    // Pass 1 (iterative): count the nodes, check the widths, collect `$id`s and `$anchor`s.
+    let mut ids: HashMap<&str, &Value> = HashMap::new();
+    let mut todo: Vec<(&Value, String)> = vec![(root, String::new())];
+    let mut nodes = 0usize;
+    while let Some((v, at)) = todo.pop() {
+        match v {
+            Value::Object(m) => {
+                nodes += 1;
+                for key in ["anyOf", "oneOf", "allOf"] {
+                    if let Some(Value::Array(a)) = m.get(key) {
+                        if a.len() > MAX_SCHEMA_ALTERNATIVES {
+                            return Err(limit(
+                                child_name(&at, key),
+                                format!(
+                                    "{key} has {} schemas; at most {MAX_SCHEMA_ALTERNATIVES} are allowed",
+                                    a.len()
+                                ),
+                            ));
+                        }
+                    }
+                }
+                if let Some(Value::String(id)) = m.get("$id") {
+                    ids.insert(id.as_str(), v);
+                }
+                if let Some(Value::String(a)) = m.get("$anchor") {
+                    ids.entry(a.as_str()).or_insert(v);
+                    // Reached as `#name`.
+                }
+                for (k, c) in m {
+                    if c.is_object() || c.is_array() {
+                        todo.push((c, child_name(&at, k)));
+                    }
+                }
+            }
+            Value::Array(a) => {
+                nodes += 1;
+                for (i, c) in a.iter().enumerate() {
+                    if c.is_object() || c.is_array() {
+                        todo.push((c, format!("{at}/{i}")));
+                    }
+                }
+            }
+            _ => {}
+        }
+        if nodes > MAX_SCHEMA_NODES {
+            return Err(limit(
+                at,
+                format!("the schema has more than {MAX_SCHEMA_NODES} objects and arrays"),
+            ));
+        }
+    }
+    let anchors: Vec<(String, &Value)> = ids
+        .iter()
+        .filter(|(k, _)| !k.contains(':') && !k.contains('/') && !k.contains('#'))
+        .map(|(k, v)| (format!("#{k}"), *v))
+        .collect();
+    let mut names: HashMap<String, &Value> = anchors.into_iter().collect();
+    for (k, v) in &ids {
+        names.entry((*k).to_string()).or_insert(*v);
+    }
+    let ids: HashMap<&str, &Value> = names.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+
+    // Pass 2 (iterative depth-first): the deepest path through nesting and `$ref`s, each node
+    // measured once. A node's depth is one more than its deepest child's (its `$ref` target
+    // counts as a child); a target still being walked (a recursive schema) counts nothing.
+    let key = |v: &Value| v as *const Value as usize;
+    let mut depth: HashMap<usize, usize> = HashMap::new();
+    let mut on_path: HashMap<usize, ()> = HashMap::new();
+    // A frame: the node, its path, its children, the next child to visit, the deepest so far.
+    struct Frame<'a> {
+        node: &'a Value,
+        at: String,
+        kids: Vec<(&'a Value, String)>,
+        next: usize,
+        deepest: usize,
+    }
+    fn kids<'a>(
+        root: &'a Value,
+        ids: &HashMap<&str, &'a Value>,
+        v: &'a Value,
+        at: &str,
+    ) -> Vec<(&'a Value, String)> {
+        let mut out = Vec::new();
+        match v {
+            Value::Object(m) => {
+                for (k, c) in m {
+                    if c.is_object() || c.is_array() {
+                        out.push((c, child_name(at, k)));
+                    }
+                }
+                if let Some(Value::String(r)) = m.get("$ref") {
+                    if let Some(t) = resolve(root, ids, r) {
+                        out.push((t, format!("{at}/$ref({r})")));
+                    }
+                }
+            }
+            Value::Array(a) => {
+                for (i, c) in a.iter().enumerate() {
+                    if c.is_object() || c.is_array() {
+                        out.push((c, format!("{at}/{i}")));
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+    let mut stack: Vec<Frame> = vec![Frame {
+        node: root,
+        at: String::new(),
+        kids: kids(root, &ids, root, ""),
+        next: 0,
+        deepest: 0,
+    }];
+    on_path.insert(key(root), ());
+    while let Some(top) = stack.last_mut() {
+        if top.next < top.kids.len() {
+            let (c, at) = top.kids[top.next].clone();
+            top.next += 1;
+            let k = key(c);
+            if let Some(&d) = depth.get(&k) {
+                top.deepest = top.deepest.max(d);
+                continue;
+            }
+            if on_path.contains_key(&k) || !(c.is_object() || c.is_array()) {
+                continue;
+            }
+            if stack.len() + 1 > MAX_SCHEMA_DEPTH {
+                return Err(limit(
+                    at,
+                    format!(
+                        "the schema nests (counting each $ref followed) deeper than {MAX_SCHEMA_DEPTH} levels"
+                    ),
+                ));
+            }
+            on_path.insert(k, ());
+            let ks = kids(root, &ids, c, &at);
+            stack.push(Frame {
+                node: c,
+                at,
+                kids: ks,
+                next: 0,
+                deepest: 0,
+            });
+        } else {
+            let done = stack.pop().expect("the loop sees a frame");
+            let d = done.deepest + 1;
+            let k = key(done.node);
+            on_path.remove(&k);
+            depth.insert(k, d);
+            if d > MAX_SCHEMA_DEPTH {
+                return Err(limit(
+                    done.at,
+                    format!(
+                        "the schema nests (counting each $ref followed) deeper than {MAX_SCHEMA_DEPTH} levels"
+                    ),
+                ));
+            }
+            if let Some(parent) = stack.last_mut() {
+                parent.deepest = parent.deepest.max(d);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One rule of a Lark grammar as [`check_lark`] reads it: the rules it names, each with the
+/// depth of groups it is named in, and its deepest group.
+struct LarkRule<'a> {
+    name: &'a str,
+    refs: Vec<(&'a str, usize)>,
+    groups: usize,
+}
+
+fn ident_len(b: &[u8]) -> usize {
+    let mut n = 0;
+    while n < b.len() && (b[n].is_ascii_alphanumeric() || b[n] == b'_') {
+        n += 1;
+    }
+    if n > 0 && b[0].is_ascii_digit() {
+        0
+    } else {
+        n
+    }
+}
+
+/// Read a Lark grammar's rules flat (strings, regexes, comments and directives skipped, an
+/// embedded `%json` schema checked with [`check_schema`]).
+fn lark_rules(src: &str) -> Result<Vec<LarkRule<'_>>, GrammarError> {
+    let b = src.as_bytes();
+    let mut rules: Vec<LarkRule> = Vec::new();
+    let mut i = 0;
+    let mut line_start = true;
+    let mut nest = 0usize;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'\n' {
+            line_start = true;
+            i += 1;
+            continue;
+        }
+        if c == b' ' || c == b'\t' || c == b'\r' {
+            i += 1;
+            continue;
+        }
+        if line_start {
+            line_start = false;
+            // A definition: `[?!]name[.prio][[attrs]]:` at the start of a line.
+            let mut j = i;
+            if j < b.len() && (b[j] == b'?' || b[j] == b'!') {
+                j += 1;
+            }
+            let n = ident_len(&b[j..]);
+            if n > 0 {
+                let name = &src[j..j + n];
+                let mut k = j + n;
+                if k < b.len() && b[k] == b'.' {
+                    k += 1;
+                    while k < b.len() && (b[k].is_ascii_digit() || b[k] == b'-') {
+                        k += 1;
+                    }
+                }
+                if k < b.len() && b[k] == b'[' {
+                    while k < b.len() && b[k] != b']' && b[k] != b'\n' {
+                        k += 1;
+                    }
+                    k += 1;
+                }
+                while k < b.len() && (b[k] == b' ' || b[k] == b'\t') {
+                    k += 1;
+                }
+                if k < b.len() && b[k] == b':' {
+                    rules.push(LarkRule {
+                        name,
+                        refs: Vec::new(),
+                        groups: 0,
+                    });
+                    if rules.len() > MAX_GRAMMAR_RULES {
+                        return Err(limit(
+                            name.to_string(),
+                            format!("the grammar has more than {MAX_GRAMMAR_RULES} rules"),
+                        ));
+                    }
+                    nest = 0;
+                    i = k + 1;
+                    continue;
+                }
+            }
+            if c == b'%' && !src[i..].starts_with("%json") {
+                // A directive (`%ignore`, `%import`, `%llguidance`): its line.
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+        }
+        match c {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'"' | b'/' => {
+                i += 1;
+                while i < b.len() && b[i] != c {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'%' if src[i..].starts_with("%json") => {
+                i += 5;
+                let mut values = serde_json::Deserializer::from_str(&src[i..]).into_iter::<Value>();
+                match values.next() {
+                    Some(Ok(schema)) => {
+                        check_schema(&schema).map_err(|e| match e {
+                            GrammarError::Limit { at, msg } => {
+                                let rule = rules.last().map_or("", |r| r.name);
+                                limit(format!("{rule}: %json{at}"), msg)
+                            }
+                            e => e,
+                        })?;
+                        i += values.byte_offset();
+                    }
+                    // Left for the compiler to refuse.
+                    _ => i = b.len(),
+                }
+            }
+            b'(' | b'[' => {
+                nest += 1;
+                if let Some(r) = rules.last_mut() {
+                    r.groups = r.groups.max(nest);
+                    if nest > MAX_GRAMMAR_DEPTH {
+                        return Err(limit(
+                            r.name.to_string(),
+                            format!("groups nest deeper than {MAX_GRAMMAR_DEPTH} levels"),
+                        ));
+                    }
+                }
+                i += 1;
+            }
+            b')' | b']' => {
+                nest = nest.saturating_sub(1);
+                i += 1;
+            }
+            _ => {
+                let n = ident_len(&b[i..]);
+                if n > 0 {
+                    if let Some(r) = rules.last_mut() {
+                        r.refs.push((&src[i..i + n], nest));
+                    }
+                    i += n;
+                } else {
+                    i += src[i..].chars().next().map_or(1, char::len_utf8);
+                }
+            }
+        }
+    }
+    Ok(rules)
+}
+
+/// Check a Lark grammar (kiln's GBNF translated, or a `%llguidance` one): how deep its rules
+/// chain, counting nested groups, and how many there are.
+pub fn check_lark(src: &str) -> Result<(), GrammarError> {
+    let rules = lark_rules(src)?;
+    let index: HashMap<&str, usize> = rules.iter().enumerate().map(|(i, r)| (r.name, i)).collect();
+    // Iterative depth-first over the rules, each measured once; a rule still being walked
+    // (recursion, as in any JSON grammar) counts nothing.
+    const OPEN: usize = usize::MAX;
+    let mut depth: Vec<Option<usize>> = vec![None; rules.len()];
+    for start in 0..rules.len() {
+        if depth[start].is_some() {
+            continue;
+        }
+        // (rule, next ref, deepest so far)
+        let mut stack: Vec<(usize, usize, usize)> = vec![(start, 0, rules[start].groups)];
+        depth[start] = Some(OPEN);
+        while let Some(top) = stack.last_mut() {
+            let (r, next, deepest) = *top;
+            if let Some(&(name, nest)) = rules[r].refs.get(next) {
+                top.1 += 1;
+                let Some(&t) = index.get(name) else { continue };
+                match depth[t] {
+                    Some(OPEN) => {}
+                    Some(d) => top.2 = deepest.max(nest + d),
+                    None => {
+                        if stack.len() + 1 > MAX_GRAMMAR_DEPTH {
+                            return Err(limit(
+                                rules[t].name.to_string(),
+                                format!(
+                                    "rules refer to rules deeper than {MAX_GRAMMAR_DEPTH} levels"
+                                ),
+                            ));
+                        }
+                        depth[t] = Some(OPEN);
+                        stack.push((t, 0, rules[t].groups));
+                    }
+                }
+            } else {
+                stack.pop();
+                let d = deepest + 1;
+                if d > MAX_GRAMMAR_DEPTH {
+                    return Err(limit(
+                        rules[r].name.to_string(),
+                        format!(
+                            "rules refer to rules (counting nested groups) deeper than {MAX_GRAMMAR_DEPTH} levels"
+                        ),
+                    ));
+                }
+                depth[r] = Some(d);
+                if let Some(p) = stack.last_mut() {
+                    // The nesting at which the parent named this rule.
+                    let nest = rules[p.0].refs[p.1 - 1].1;
+                    p.2 = p.2.max(nest + d);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// `{"$ref": a0}`, each `a_i` a `$ref` to the next, the last a string: n + 2 levels
+    /// (the root, `$defs`, the chain).
+    fn ref_chain(n: usize) -> Value {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            let d = if i + 1 == n {
+                json!({"type": "string"})
+            } else {
+                json!({"$ref": format!("#/$defs/a{}", i + 1)})
+            };
+            defs.insert(format!("a{i}"), d);
+        }
+        json!({"$defs": defs, "$ref": "#/$defs/a0"})
+    }
+
+    /// Objects nested `n` deep through `properties.x`: 2n + 1 levels.
+    fn nested(n: usize) -> Value {
+        let mut s = json!({"type": "string"});
+        for _ in 0..n {
+            s = json!({"type": "object", "properties": {"x": s}, "required": ["x"]});
+        }
+        s
+    }
+
+    /// `root ::= r1`, each rule the next, the last a literal: n rules.
+    fn rule_chain(n: usize) -> String {
+        let mut g = String::from("root ::= r1\n");
+        for i in 1..n {
+            if i + 1 == n {
+                g.push_str(&format!("r{i} ::= \"a\"\n"));
+            } else {
+                g.push_str(&format!("r{i} ::= \"a\" r{}\n", i + 1));
+            }
+        }
+        g
+    }
+
+    fn limit_at(r: Result<(), GrammarError>) -> (String, String) {
+        match r {
+            Err(GrammarError::Limit { at, msg }) => (at, msg),
+            other => panic!("expected a limit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ref_chains_are_bounded_at_the_limit() {
+        let at_limit = MAX_SCHEMA_DEPTH - 2;
+        check_schema(&ref_chain(at_limit)).unwrap();
+        let (at, msg) = limit_at(check_schema(&ref_chain(at_limit + 1)));
+        assert!(msg.contains("deeper than 256 levels"), "{msg}");
+        assert!(at.starts_with("/$defs/a0"), "{at}");
+        // The probe: 300 deep.
+        limit_at(check_schema(&ref_chain(300)));
+        // 100,000 deep is refused as quickly, with no recursion.
+        limit_at(check_schema(&ref_chain(100_000)));
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        check_schema(&nested((MAX_SCHEMA_DEPTH - 1) / 2)).unwrap();
+        let (_, msg) = limit_at(check_schema(&nested((MAX_SCHEMA_DEPTH - 1) / 2 + 1)));
+        assert!(msg.contains("nests"), "{msg}");
+    }
+
+    #[test]
+    fn recursive_schemas_pass() {
+        check_schema(&json!({"$ref": "#"})).unwrap();
+        let list = json!({
+            "$defs": {"node": {"type": "object", "properties": {
+                "value": {"type": "integer"},
+                "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}}},
+            "$ref": "#/$defs/node"
+        });
+        check_schema(&list).unwrap();
+        // A definition used many times is measured once (linear, not exponential).
+        let mut defs = serde_json::Map::new();
+        for i in 0..60 {
+            let next = format!("#/$defs/d{}", i + 1);
+            defs.insert(
+                format!("d{i}"),
+                json!({"type": "object", "properties": {"a": {"$ref": next}, "b": {"$ref": next}}}),
+            );
+        }
+        defs.insert("d60".into(), json!({"type": "integer"}));
+        check_schema(&json!({"$defs": defs, "$ref": "#/$defs/d0"})).unwrap();
+    }
+
+    #[test]
+    fn anchors_and_ids_are_followed() {
+        let mut defs = serde_json::Map::new();
+        for i in 0..300 {
+            defs.insert(
+                format!("a{i}"),
+                json!({"$anchor": format!("k{i}"), "$ref": format!("#k{}", i + 1)}),
+            );
+        }
+        defs.insert("end".into(), json!({"$anchor": "k300", "type": "string"}));
+        limit_at(check_schema(&json!({"$defs": defs, "$ref": "#k0"})));
+        let mut defs = serde_json::Map::new();
+        for i in 0..300 {
+            defs.insert(
+                format!("a{i}"),
+                json!({"$id": format!("urn:k:{i}"), "$ref": format!("urn:k:{}", i + 1)}),
+            );
+        }
+        defs.insert("end".into(), json!({"$id": "urn:k:300", "type": "string"}));
+        limit_at(check_schema(&json!({"$defs": defs, "$ref": "urn:k:0"})));
+    }
+
+    #[test]
+    fn width_and_size_are_bounded() {
+        let alts = |n: usize| json!({"anyOf": vec![json!({"type": "integer"}); n]});
+        check_schema(&alts(MAX_SCHEMA_ALTERNATIVES)).unwrap();
+        let (at, msg) = limit_at(check_schema(&alts(MAX_SCHEMA_ALTERNATIVES + 1)));
+        assert_eq!(at, "/anyOf");
+        assert!(msg.contains("at most 1024"), "{msg}");
+        let one_of = json!({"properties": {"p": {"oneOf": vec![json!({}); 5000]}}});
+        assert_eq!(limit_at(check_schema(&one_of)).0, "/properties/p/oneOf");
+        let many = json!({"properties": (0..MAX_SCHEMA_NODES + 1)
+            .map(|i| (format!("p{i}"), json!({"type": "integer"})))
+            .collect::<serde_json::Map<_, _>>()});
+        assert!(limit_at(check_schema(&many)).1.contains("more than 65536"));
+    }
+
+    #[test]
+    fn grammar_rule_chains_are_bounded() {
+        check(&GrammarSpec::Gbnf(rule_chain(MAX_GRAMMAR_DEPTH))).unwrap();
+        let (at, msg) = limit_at(check(&GrammarSpec::Gbnf(rule_chain(MAX_GRAMMAR_DEPTH + 1))));
+        assert!(msg.contains("deeper than 256"), "{msg}");
+        assert!(at.starts_with('r'), "{at}");
+        limit_at(check(&GrammarSpec::Gbnf(rule_chain(700))));
+        limit_at(check(&GrammarSpec::Gbnf(rule_chain(50_000))));
+        // Recursion (any JSON grammar's) is not depth.
+        check(&GrammarSpec::Gbnf(
+            "root ::= value\nvalue ::= \"[\" (value (\",\" value)*)? \"]\" | \"1\"\n".into(),
+        ))
+        .unwrap();
+        // Nested groups count.
+        let deep = format!(
+            "root ::= {}\"a\"{}\n",
+            "(".repeat(MAX_GRAMMAR_DEPTH + 1),
+            ")".repeat(MAX_GRAMMAR_DEPTH + 1)
+        );
+        assert!(limit_at(check(&GrammarSpec::Gbnf(deep)))
+            .1
+            .contains("groups"));
+    }
+
+    #[test]
+    fn lark_grammars_and_their_json_are_checked() {
+        let mut g = String::from("start: r1\n");
+        for i in 1..400 {
+            g.push_str(&format!("r{i}: \"x\" r{}  // r0 \"quoted r0\"\n", i + 1));
+        }
+        g.push_str("r400: /[a-z]+/\n");
+        limit_at(check(&GrammarSpec::Lark(g)));
+        let schema = ref_chain(300).to_string();
+        let (at, _) = limit_at(check(&GrammarSpec::Lark(format!(
+            "start: obj\nobj: %json {schema}\n"
+        ))));
+        assert!(at.starts_with("obj: %json/$defs"), "{at}");
+        check(&GrammarSpec::Lark(format!(
+            "start: obj\nobj: %json {}\n",
+            ref_chain(10)
+        )))
+        .unwrap();
+    }
+
+    /// Specs at every limit compile on an eighth of the compile thread's stack.
+    #[test]
+    fn the_limits_fit_the_stack() {
+        let specs = vec![
+            GrammarSpec::JsonSchema(ref_chain(MAX_SCHEMA_DEPTH - 2)),
+            GrammarSpec::JsonSchema(nested((MAX_SCHEMA_DEPTH - 1) / 2)),
+            GrammarSpec::Gbnf(rule_chain(MAX_GRAMMAR_DEPTH)),
+            // (Nested groups: llguidance refuses more than a few dozen itself.)
+        ];
+        for spec in specs {
+            let h = std::thread::Builder::new()
+                .stack_size(COMPILE_STACK / 8)
+                .spawn(move || {
+                    let (e, _, _) = crate::grammar::tests::engine();
+                    e.compile(&spec).map(|_| ())
+                })
+                .unwrap();
+            let r = h.join().unwrap();
+            assert!(r.is_ok(), "at the limit: {r:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        /// Generated deep and wide schemas and grammars, through the compile path as the
+        /// server runs it: each is compiled or refused, and the process survives.
+        #[test]
+        fn deep_and_wide_specs_never_crash(
+            kind in 0usize..6,
+            n in 0usize..3000,
+        ) {
+            let spec = match kind {
+                0 => GrammarSpec::JsonSchema(ref_chain(n.max(1))),
+                1 => GrammarSpec::JsonSchema(nested(n / 4)),
+                2 => GrammarSpec::JsonSchema(json!({"anyOf": (0..n / 2)
+                    .map(|i| json!({"const": i})).collect::<Vec<_>>()})),
+                3 => GrammarSpec::Gbnf(rule_chain(n.max(1))),
+                4 => GrammarSpec::Gbnf(format!("root ::= {}\"a\"{}\n", "(".repeat(n / 2), ")".repeat(n / 2))),
+                _ => GrammarSpec::Lark(format!("start: a\na: %json {}\n", ref_chain(n.max(1)))),
+            };
+            let r = on_compile_stack(move || {
+                let (e, _, _) = crate::grammar::tests::engine();
+                e.compile(&spec).map(|_| ())
+            });
+            let r = r.expect("the compile thread returns");
+            if let Err(e) = r {
+                proptest::prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+}
