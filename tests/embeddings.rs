@@ -620,3 +620,48 @@ fn encoder_commands() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("'bert' is an encoder"), "{err}");
 }
+
+/// Under bidirectional attention a cached key has seen its own prompt's later tokens, so an
+/// encoder reuses no prefix, even with `last` pooling (which reads no earlier state).
+#[test]
+fn encoders_reuse_no_prefix() {
+    let m = Arc::new(Model::load(common::random_model("random-bert-f32")).expect("load"));
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let first = tok.encode("the cat sat on the mat and looked out", true, true);
+    let second = tok.encode("the cat sat on the mat and then slept", true, true);
+    let shared = first
+        .iter()
+        .zip(&second)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(shared >= 4, "the prompts share a prefix ({shared} tokens)");
+    let spec = EmbedSpec {
+        pooling: Pooling::Last,
+        normalize: -1,
+    };
+    let embed = |sched: &mut Scheduler<'_>, prompt: &[u32]| {
+        let (out, req) = request(prompt.to_vec(), Some(spec), 0);
+        run_all(sched, vec![req]);
+        let o = out.0.lock().unwrap();
+        let f = o.finished.clone().expect("finished");
+        (
+            o.rows.clone().expect("a vector")[0].clone(),
+            f.usage.cached_tokens,
+        )
+    };
+    let mut warm = Scheduler::new(
+        scheduler_runner(&m, 1, 64),
+        &tok,
+        Arc::new(SchedMetrics::default()),
+    );
+    embed(&mut warm, &first);
+    let (after, cached) = embed(&mut warm, &second);
+    assert_eq!(cached, 0, "an encoder reused {cached} cached tokens");
+    let mut cold = Scheduler::new(
+        scheduler_runner(&m, 1, 64),
+        &tok,
+        Arc::new(SchedMetrics::default()),
+    );
+    let (alone, _) = embed(&mut cold, &second);
+    assert_eq!(after, alone, "the same vector as from an empty cache");
+}

@@ -571,7 +571,12 @@ pub fn max_act_row_bytes(f: &GgufFile) -> usize {
 /// and an up matrix sharing one activation format), so the `up` scratch buffer only ever holds
 /// the rows of a batch smaller than `GATED_MIN_ROWS`. From the tensor table alone.
 pub fn gated_ffn_fuses(f: &GgufFile) -> bool {
-    use names::{blk, FFN_GATE, FFN_UP};
+    use names::{blk, FFN_GATE, FFN_GATE_INP, FFN_UP};
+    if f.tensor_info(&blk(0, FFN_GATE_INP)).is_some() {
+        // A mixture of experts: its products run through the expert scratch, whatever other
+        // (unread) dense tensors the file carries.
+        return false;
+    }
     let ty = |name: &str| f.tensor_info(name).map(|t| quant::dot_type(t.ty));
     let mut layers = 0;
     while let Some(up) = ty(&blk(layers, FFN_UP)) {

@@ -529,8 +529,10 @@ impl<'t> Scheduler<'t> {
             let mut req = self.waiting.pop_front().expect("pick_slot saw a request");
             self.tick += 1;
             // Keep at least one prompt token to evaluate, so that fresh logits exist (an
-            // embedding reuses no prefix whose hidden states its pooling reads).
-            let reuse = req.embed.is_none_or(|e| e.pooling.reuses_prefix());
+            // embedding reuses no prefix whose hidden states its pooling reads, and under
+            // bidirectional attention none at all: a cached key saw its own prompt's future).
+            let causal = self.runner.model.config.causal;
+            let reuse = causal && req.embed.is_none_or(|e| e.pooling.reuses_prefix());
             let limit = if req.cache_prompt && reuse {
                 req.prompt.len() - 1
             } else {
