@@ -140,6 +140,10 @@ fn embeddings_match_the_reference_in_every_shape() {
         .collect();
     assert_eq!(decoded, got0);
 
+    // A cache_salt is a tenant of the prefix cache: the same vector.
+    let salted = post(&s, &json!({"input": texts[0], "cache_salt": "user-1"}));
+    assert_eq!(floats(&salted.json()["data"][0]["embedding"]), got0);
+
     // llama-server's embd_normalize: -1 leaves the pooled vector as the reference gives it.
     let a = post(&s, &json!({"input": texts[0], "embd_normalize": -1}));
     let raw = floats(&a.json()["data"][0]["embedding"]);
@@ -161,6 +165,7 @@ fn embeddings_match_the_reference_in_every_shape() {
         (json!({"user": "x"}), "input"),
         (json!({"input": [1, 999_999]}), "input[0]"),
         (json!({"input": ["fine", long]}), "input[1]"),
+        (json!({"input": "x", "cache_salt": ""}), "cache_salt"),
     ] {
         let e = post(&s, &body).expect_error(400, &body.to_string());
         assert_eq!(e["param"], param, "{body}");
@@ -182,7 +187,7 @@ fn embeddings_match_the_reference_in_every_shape() {
             &[],
         )
         .expect("counted");
-    assert_eq!(ok, 6.0);
+    assert_eq!(ok, 7.0);
     let models = s.request("GET", "/v1/models", &[], "").json();
     assert_eq!(models["data"][0]["meta"]["n_embd"], 256);
 }

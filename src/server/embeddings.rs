@@ -42,6 +42,8 @@ pub struct EmbeddingRequest {
     pub dimensions: Option<Value>,
     /// llama-server's normalization (-1 none, 0 max-abs int16, 1 taxicab, 2 euclidean, p > 2).
     pub embd_normalize: Option<i32>,
+    /// vLLM's `cache_salt`: the prefix-cache tenant, as on the completion routes.
+    pub cache_salt: Option<String>,
 }
 
 impl RequestBody for EmbeddingRequest {
@@ -160,9 +162,19 @@ pub(super) async fn embeddings(
         }
     };
     let normalize = req.embd_normalize.unwrap_or(st.opts.embd_normalize);
+    if req
+        .cache_salt
+        .as_ref()
+        .is_some_and(|s| s.is_empty() || s.len() > 256)
+    {
+        return Err(ApiError::invalid_param(
+            "cache_salt",
+            "cache_salt must be 1 to 256 bytes",
+        ));
+    }
     let inputs = inputs(req.input.as_ref())?;
     let spec = EmbedSpec { pooling, normalize };
-    let (vectors, tokens) = embed(&st, inputs, spec).await?;
+    let (vectors, tokens) = embed(&st, inputs, spec, req.cache_salt.as_deref()).await?;
     let data: Vec<Value> = vectors
         .into_iter()
         .enumerate()
@@ -213,11 +225,13 @@ pub(super) fn pooling(st: &AppState) -> Result<Pooling, ApiError> {
 
 /// The vectors of `inputs` (in order, pooled and normalized as `spec` says) and their
 /// prompts' token count: each input one engine request, at most `--parallel` of them in the
-/// engine at once, under one admission permit (429 when none is left).
+/// engine at once, under one admission permit (429 when none is left), in the tenant of the
+/// request's key and `salt`.
 pub(super) async fn embed(
     st: &AppState,
     inputs: Vec<Input>,
     spec: EmbedSpec,
+    salt: Option<&str>,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
     let (vocab, n_ctx) = (st.model.config.vocab_size, st.opts.n_ctx);
     let mut prompts = Vec::new();
@@ -251,7 +265,7 @@ pub(super) async fn embed(
     let permit = Arc::new(permit);
     // In input order, at most --parallel of them in the engine at once. Dropping this future
     // (the client left) drops the receivers: the engine cancels what it still holds.
-    let tenant = super::routes::tenant(None);
+    let tenant = super::routes::tenant(salt);
     let submit = |prompt: Vec<u32>| {
         let (tx, rx) = oneshot::channel::<Outcome>();
         let sink = EmbedSink {

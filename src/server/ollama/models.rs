@@ -59,7 +59,7 @@ pub(super) async fn embed(State(st): St, headers: HeaderMap, body: Body) -> Answ
     };
     let (vectors, tokens) = match inputs.is_empty() {
         true => (vec![], 0),
-        false => embeddings::embed(&st, inputs, spec).await?,
+        false => embeddings::embed(&st, inputs, spec, None).await?,
     };
     Ok(Json(json!({
         "model": model,
@@ -86,7 +86,7 @@ pub(super) async fn embeddings_one(State(st): St, headers: HeaderMap, body: Body
         pooling,
         normalize: -1,
     };
-    let (mut vectors, _) = embeddings::embed(&st, vec![Input::Text(prompt)], spec).await?;
+    let (mut vectors, _) = embeddings::embed(&st, vec![Input::Text(prompt)], spec, None).await?;
     Ok(Json(json!({ "embedding": vectors.pop().unwrap_or_default() })).into_response())
 }
 
