@@ -470,81 +470,116 @@ fn special_len(b: &[u8]) -> usize {
     0
 }
 
+/// The definition that starts at `b` (`[!][?]name[::_][{params}][.prio][[attrs]]:`, how
+/// llguidance's parser reads a rule or token definition, which need not start a line): the
+/// name's start and end and where its body starts. `None` if there is no definition there.
+fn definition(b: &[u8], rule: &str) -> Result<Option<(usize, usize, usize)>, GrammarError> {
+    let mut j = 0;
+    if b.get(j) == Some(&b'!') {
+        j += 1;
+    }
+    if b.get(j) == Some(&b'?') {
+        j += 1;
+    }
+    let n = ident_len(&b[j..]);
+    if n == 0 {
+        return Ok(None);
+    }
+    let (start, end) = (j, j + n);
+    let mut k = end;
+    let skip_ws = |k: &mut usize| {
+        while matches!(b.get(*k), Some(b' ' | b'\t')) {
+            *k += 1;
+        }
+    };
+    skip_ws(&mut k);
+    if b[k..].starts_with(b"::") {
+        k += 2;
+        skip_ws(&mut k);
+        if b.get(k) != Some(&b'_') {
+            return Ok(None);
+        }
+        k += 1;
+        skip_ws(&mut k);
+    }
+    if b.get(k) == Some(&b'{') {
+        // Parameters: names and commas.
+        while let Some(&c) = b.get(k) {
+            k += 1;
+            if c == b'}' || c == b'\n' {
+                break;
+            }
+        }
+        skip_ws(&mut k);
+    }
+    if b.get(k) == Some(&b'.') {
+        k += 1;
+        skip_ws(&mut k);
+        while matches!(b.get(k), Some(b'0'..=b'9' | b'-' | b'+')) {
+            k += 1;
+        }
+        skip_ws(&mut k);
+    }
+    if b.get(k) == Some(&b'[') {
+        // Attributes: names, `=`, numbers, strings and regexes (which may hold `]`).
+        k += 1;
+        loop {
+            match b.get(k) {
+                None | Some(b'\n') => return Ok(None),
+                Some(b']') => {
+                    k += 1;
+                    break;
+                }
+                Some(b'"' | b'/') => k += literal_len(&b[k..], rule)?,
+                Some(_) => k += 1,
+            }
+        }
+        skip_ws(&mut k);
+    }
+    if b.get(k) == Some(&b':') && b.get(k + 1) != Some(&b':') {
+        Ok(Some((start, end, k + 1)))
+    } else {
+        Ok(None)
+    }
+}
+
 /// Read a Lark grammar's rules flat (strings, regexes, special tokens, comments and
 /// directives skipped, an embedded `%json` schema checked with [`check_schema`]), lexing as
 /// llguidance does so that nothing it reads as a rule is hidden from the limits.
 fn lark_rules(src: &str) -> Result<Vec<LarkRule<'_>>, GrammarError> {
     let b = src.as_bytes();
     let mut rules: Vec<LarkRule> = Vec::new();
+    // The rule whose body is being read (none in a directive).
+    let mut cur: Option<usize> = None;
     let mut i = 0;
-    let mut line_start = true;
     let mut nest = 0usize;
     while i < b.len() {
         let c = b[i];
-        if c == b'\n' {
-            line_start = true;
+        if c.is_ascii_whitespace() {
             i += 1;
             continue;
         }
-        if c == b' ' || c == b'\t' || c == b'\r' {
-            i += 1;
-            continue;
-        }
-        if line_start {
-            line_start = false;
-            // A definition: `[!][?]name[.prio][[attrs]]:` at the start of a line.
-            let mut j = i;
-            if j < b.len() && b[j] == b'!' {
-                j += 1;
-            }
-            if j < b.len() && b[j] == b'?' {
-                j += 1;
-            }
-            let n = ident_len(&b[j..]);
-            if n > 0 {
-                let name = &src[j..j + n];
-                let mut k = j + n;
-                if k < b.len() && b[k] == b'.' {
-                    k += 1;
-                    while k < b.len() && (b[k].is_ascii_digit() || b[k] == b'-') {
-                        k += 1;
-                    }
+        let rule = cur.map_or("", |r| rules[r].name);
+        if c == b'!' || c == b'?' || c == b'_' || c.is_ascii_alphabetic() {
+            if let Some((s, e, body)) = definition(&b[i..], &cut(rule, SEG_SHOWN))? {
+                let name = &src[i + s..i + e];
+                rules.push(LarkRule {
+                    name,
+                    refs: Vec::new(),
+                    groups: 0,
+                });
+                if rules.len() > MAX_GRAMMAR_RULES {
+                    return Err(limit(
+                        cut(name, SEG_SHOWN),
+                        format!("the grammar has more than {MAX_GRAMMAR_RULES} rules"),
+                    ));
                 }
-                if k < b.len() && b[k] == b'[' {
-                    while k < b.len() && b[k] != b']' && b[k] != b'\n' {
-                        k += 1;
-                    }
-                    k += 1;
-                }
-                while k < b.len() && (b[k] == b' ' || b[k] == b'\t') {
-                    k += 1;
-                }
-                if k < b.len() && b[k] == b':' {
-                    rules.push(LarkRule {
-                        name,
-                        refs: Vec::new(),
-                        groups: 0,
-                    });
-                    if rules.len() > MAX_GRAMMAR_RULES {
-                        return Err(limit(
-                            cut(name, SEG_SHOWN),
-                            format!("the grammar has more than {MAX_GRAMMAR_RULES} rules"),
-                        ));
-                    }
-                    nest = 0;
-                    i = k + 1;
-                    continue;
-                }
-            }
-            if c == b'%' && !src[i..].starts_with("%json") {
-                // A directive (`%ignore`, `%import`, `%llguidance`): its line.
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
+                cur = Some(rules.len() - 1);
+                nest = 0;
+                i += body;
                 continue;
             }
         }
-        let rule = rules.last().map_or("", |r| r.name);
         match c {
             // Comments, `//` and `#`, to the end of the line.
             b'/' if b.get(i + 1) == Some(&b'/') => {
@@ -580,9 +615,18 @@ fn lark_rules(src: &str) -> Result<Vec<LarkRule<'_>>, GrammarError> {
                     }
                 }
             }
+            b'%' => {
+                // A directive (`%ignore`, `%import`, `%llguidance`, `%override`): what it
+                // names belongs to no rule; a definition after it is read as any other.
+                cur = None;
+                i += 1;
+                while b.get(i).is_some_and(u8::is_ascii_lowercase) {
+                    i += 1;
+                }
+            }
             b'(' | b'[' => {
                 nest += 1;
-                if let Some(r) = rules.last_mut() {
+                if let Some(r) = cur.map(|r| &mut rules[r]) {
                     r.groups = r.groups.max(nest);
                     if nest > MAX_GRAMMAR_DEPTH {
                         return Err(limit(
@@ -613,7 +657,7 @@ fn lark_rules(src: &str) -> Result<Vec<LarkRule<'_>>, GrammarError> {
             _ => {
                 let n = ident_len(&b[i..]);
                 if n > 0 {
-                    if let Some(r) = rules.last_mut() {
+                    if let Some(r) = cur.map(|r| &mut rules[r]) {
                         r.refs.push((&src[i..i + n], nest));
                     }
                     i += n;
@@ -917,6 +961,24 @@ mod tests {
         }
         g.push_str("r300: \"x\"\nX: \"y\"\n");
         assert!(limit_at(check(&GrammarSpec::Lark(g))).1.contains("deeper"));
+    }
+
+    #[test]
+    fn lark_definitions_anywhere_are_counted() {
+        // An attribute holding `]`, and definitions that do not start a line.
+        for (pre, post) in [
+            ("", "[stop=\"]\"]"),
+            ("%import common.WS ", ""),
+            ("", "[lazy]"),
+        ] {
+            let mut g = String::from("start: r1\n");
+            for i in 1..300 {
+                g.push_str(&format!("{pre}r{i}{post}: \"x\" r{}\n", i + 1));
+            }
+            g.push_str("r300: \"x\"\n");
+            let (_, msg) = limit_at(check(&GrammarSpec::Lark(g)));
+            assert!(msg.contains("deeper than 256"), "{pre:?} {post:?}: {msg}");
+        }
     }
 
     #[test]
