@@ -13,7 +13,12 @@
 //! - more than [`MAX_SCHEMA_NODES`] objects and arrays in one schema;
 //! - a grammar whose rules chain (a rule referring to a rule, nested groups) deeper than
 //!   [`MAX_GRAMMAR_DEPTH`], or with more than [`MAX_GRAMMAR_RULES`] rules; the JSON schemas a
-//!   Lark grammar embeds (`%json { ... }`) are checked as schemas.
+//!   Lark grammar embeds (`%json { ... }`) are checked as schemas;
+//! - a Lark grammar this check cannot read as llguidance would (a string or regex literal
+//!   that does not end on its line, a `%json` block that does not parse): "cannot check".
+//!
+//! A GBNF grammar's rules are counted (its `::=`) before it is translated. Paths in messages
+//! are cut: each segment to 64 bytes.
 //!
 //! What passes is then compiled on a thread of its own with a [`COMPILE_STACK`] stack
 //! ([`on_compile_stack`]), many times what the limits need (a unit test compiles specs at
