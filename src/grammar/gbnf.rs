@@ -12,7 +12,7 @@
 //! written as `\x{..}`. Token references (`<[1000]>`, `<|tok|>`), which only recent llama.cpp
 //! has, are refused by name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::GrammarError;
 
@@ -44,6 +44,7 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, GrammarError> {
     let toks = lex(src)?;
     // Split into rules: a rule starts at an identifier followed by `::=`.
     let mut rules: Vec<(String, usize, Vec<Tok>)> = Vec::new();
+    let mut defined: HashSet<&str> = HashSet::new();
     let mut i = 0;
     while i < toks.len() {
         let (line, t) = &toks[i];
@@ -51,7 +52,7 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, GrammarError> {
             matches!(t, Tok::Ident(_)) && matches!(toks.get(i + 1), Some((_, Tok::Define)));
         if starts_rule {
             let Tok::Ident(name) = t else { unreachable!() };
-            if rules.iter().any(|(n, _, _)| n == name) {
+            if !defined.insert(name.as_str()) {
                 return Err(err(*line, format!("rule `{name}` is defined twice")));
             }
             rules.push((name.clone(), *line, Vec::new()));
@@ -67,13 +68,13 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, GrammarError> {
     if rules.is_empty() {
         return Err(err(1, "the grammar has no rules"));
     }
-    if !rules.iter().any(|(n, _, _)| n == "root") {
+    if !defined.contains("root") {
         return Err(err(1, "the grammar has no `root` rule"));
     }
 
     // Lark names: lower case, unique, `root` → `start`.
     let mut names: HashMap<&str, String> = HashMap::new();
-    let mut taken: Vec<String> = vec!["start".to_string()];
+    let mut taken: HashSet<String> = HashSet::from(["start".to_string()]);
     for (n, _, _) in &rules {
         let lark = if n == "root" {
             "start".to_string()
@@ -87,7 +88,7 @@ pub fn gbnf_to_lark(src: &str) -> Result<String, GrammarError> {
             }
             cand
         };
-        taken.push(lark.clone());
+        taken.insert(lark.clone());
         names.insert(n, lark);
     }
 

@@ -13,7 +13,12 @@
 //! - more than [`MAX_SCHEMA_NODES`] objects and arrays in one schema;
 //! - a grammar whose rules chain (a rule referring to a rule, nested groups) deeper than
 //!   [`MAX_GRAMMAR_DEPTH`], or with more than [`MAX_GRAMMAR_RULES`] rules; the JSON schemas a
-//!   Lark grammar embeds (`%json { ... }`) are checked as schemas.
+//!   Lark grammar embeds (`%json { ... }`) are checked as schemas;
+//! - a Lark grammar this check cannot read as llguidance would (a string or regex literal
+//!   that does not end on its line, a `%json` block that does not parse): "cannot check".
+//!
+//! A GBNF grammar's rules are counted (its `::=`) before it is translated. Paths in messages
+//! are cut: each segment to 64 bytes.
 //!
 //! What passes is then compiled on a thread of its own with a [`COMPILE_STACK`] stack
 //! ([`on_compile_stack`]), many times what the limits need (a unit test compiles specs at
@@ -43,7 +48,20 @@ pub fn check(spec: &GrammarSpec) -> Result<(), GrammarError> {
     match spec {
         GrammarSpec::JsonSchema(s) => check_schema(s),
         GrammarSpec::JsonObject => Ok(()),
-        GrammarSpec::Gbnf(g) => check_lark(&super::gbnf::gbnf_to_lark(g)?),
+        GrammarSpec::Gbnf(g) => {
+            // Counted before the translation, whose work grows with the rules: every rule has
+            // a `::=` (one in a literal or comment only makes the count larger).
+            let defs = g.matches("::=").count();
+            if defs > MAX_GRAMMAR_RULES {
+                return Err(limit(
+                    "grammar".into(),
+                    format!(
+                        "the grammar has {defs} rules (`::=`); at most {MAX_GRAMMAR_RULES} are allowed"
+                    ),
+                ));
+            }
+            check_lark(&super::gbnf::gbnf_to_lark(g)?)
+        }
         GrammarSpec::Lark(g) => check_lark(g),
     }
 }
@@ -119,26 +137,107 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn child_name(parent: &str, key: &str) -> String {
-    let key = key.replace('~', "~0").replace('/', "~1");
-    format!("{parent}/{key}")
+/// One step of a path into a schema, kept in an arena ([`Path`]) so that the walk carries
+/// indices, not strings; the text is built only when a limit is passed.
+#[derive(Clone, Copy)]
+enum Seg<'a> {
+    Key(&'a str),
+    Idx(usize),
+    Ref(&'a str),
+}
+
+/// Longest piece of one path segment in a message (longer ones are cut, `…` marking the cut).
+const SEG_SHOWN: usize = 64;
+/// Longest path in a message.
+const PATH_SHOWN: usize = 4096;
+
+/// The paths of the nodes walked: each entry its parent's index (`u32::MAX` for the root) and
+/// its last segment.
+struct Path<'a> {
+    nodes: Vec<(u32, Seg<'a>)>,
+}
+
+const NO_PARENT: u32 = u32::MAX;
+
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+impl<'a> Path<'a> {
+    fn new() -> Self {
+        Path { nodes: Vec::new() }
+    }
+
+    fn push(&mut self, parent: u32, seg: Seg<'a>) -> u32 {
+        self.nodes.push((parent, seg));
+        // At most MAX_SCHEMA_NODES + 1 entries per pass of the walk, and two passes, so this
+        // stays far below `u32::MAX`.
+        (self.nodes.len() - 1) as u32
+    }
+
+    /// The JSON pointer of entry `at` (`""` for the root), each segment cut to
+    /// [`SEG_SHOWN`] bytes and the whole to [`PATH_SHOWN`].
+    fn text(&self, at: u32) -> String {
+        let mut segs = Vec::new();
+        let mut i = at;
+        while i != NO_PARENT {
+            let Some(&(parent, seg)) = self.nodes.get(i as usize) else {
+                break;
+            };
+            segs.push(seg);
+            i = parent;
+        }
+        let mut out = String::new();
+        for seg in segs.iter().rev() {
+            if out.len() > PATH_SHOWN {
+                out.push_str("/…");
+                break;
+            }
+            out.push('/');
+            match seg {
+                Seg::Key(k) => {
+                    out.push_str(&cut(k, SEG_SHOWN).replace('~', "~0").replace('/', "~1"))
+                }
+                Seg::Idx(i) => out.push_str(&i.to_string()),
+                Seg::Ref(r) => {
+                    out.push_str("$ref(");
+                    out.push_str(&cut(r, SEG_SHOWN));
+                    out.push(')');
+                }
+            }
+        }
+        out
+    }
+}
+
+fn too_many_nodes() -> String {
+    format!("the schema has more than {MAX_SCHEMA_NODES} objects and arrays")
 }
 
 /// Check a JSON schema's depth (nesting and `$ref`s followed), width and size.
 pub fn check_schema(root: &Value) -> Result<(), GrammarError> {
-    // Pass 1 (iterative): count the nodes, check the widths, collect `$id`s and `$anchor`s.
+    let mut path = Path::new();
+    // Pass 1 (iterative): count the nodes (as they are found, so that a wide schema stops the
+    // walk at the limit), check the widths, collect `$id`s and `$anchor`s.
     let mut ids: HashMap<&str, &Value> = HashMap::new();
-    let mut todo: Vec<(&Value, String)> = vec![(root, String::new())];
-    let mut nodes = 0usize;
+    let mut todo: Vec<(&Value, u32)> = vec![(root, NO_PARENT)];
+    let mut nodes = 1usize;
     while let Some((v, at)) = todo.pop() {
         match v {
             Value::Object(m) => {
-                nodes += 1;
                 for key in ["anyOf", "oneOf", "allOf"] {
                     if let Some(Value::Array(a)) = m.get(key) {
                         if a.len() > MAX_SCHEMA_ALTERNATIVES {
+                            let at = path.push(at, Seg::Key(key));
                             return Err(limit(
-                                child_name(&at, key),
+                                path.text(at),
                                 format!(
                                     "{key} has {} schemas; at most {MAX_SCHEMA_ALTERNATIVES} are allowed",
                                     a.len()
@@ -156,25 +255,28 @@ pub fn check_schema(root: &Value) -> Result<(), GrammarError> {
                 }
                 for (k, c) in m {
                     if c.is_object() || c.is_array() {
-                        todo.push((c, child_name(&at, k)));
+                        let here = path.push(at, Seg::Key(k));
+                        nodes += 1;
+                        if nodes > MAX_SCHEMA_NODES {
+                            return Err(limit(path.text(here), too_many_nodes()));
+                        }
+                        todo.push((c, here));
                     }
                 }
             }
             Value::Array(a) => {
-                nodes += 1;
                 for (i, c) in a.iter().enumerate() {
                     if c.is_object() || c.is_array() {
-                        todo.push((c, format!("{at}/{i}")));
+                        let here = path.push(at, Seg::Idx(i));
+                        nodes += 1;
+                        if nodes > MAX_SCHEMA_NODES {
+                            return Err(limit(path.text(here), too_many_nodes()));
+                        }
+                        todo.push((c, here));
                     }
                 }
             }
             _ => {}
-        }
-        if nodes > MAX_SCHEMA_NODES {
-            return Err(limit(
-                at,
-                format!("the schema has more than {MAX_SCHEMA_NODES} objects and arrays"),
-            ));
         }
     }
     let anchors: Vec<(String, &Value)> = ids
@@ -191,14 +293,18 @@ pub fn check_schema(root: &Value) -> Result<(), GrammarError> {
     // Pass 2 (iterative depth-first): the deepest path through nesting and `$ref`s, each node
     // measured once. A node's depth is one more than its deepest child's (its `$ref` target
     // counts as a child); a target still being walked (a recursive schema) counts nothing.
+    // Paths again live in the arena: a frame holds its children as values and segments, and
+    // a child's path entry is made only when the walk enters it.
+    path.nodes.clear();
     let key = |v: &Value| v as *const Value as usize;
     let mut depth: HashMap<usize, usize> = HashMap::new();
     let mut on_path: HashMap<usize, ()> = HashMap::new();
-    // A frame: the node, its path, its children, the next child to visit, the deepest so far.
+    // A frame: the node, its path entry, its children, the next child to visit, the deepest
+    // so far.
     struct Frame<'a> {
         node: &'a Value,
-        at: String,
-        kids: Vec<(&'a Value, String)>,
+        at: u32,
+        kids: Vec<(&'a Value, Seg<'a>)>,
         next: usize,
         deepest: usize,
     }
@@ -206,26 +312,25 @@ pub fn check_schema(root: &Value) -> Result<(), GrammarError> {
         root: &'a Value,
         ids: &HashMap<&str, &'a Value>,
         v: &'a Value,
-        at: &str,
-    ) -> Vec<(&'a Value, String)> {
+    ) -> Vec<(&'a Value, Seg<'a>)> {
         let mut out = Vec::new();
         match v {
             Value::Object(m) => {
                 for (k, c) in m {
                     if c.is_object() || c.is_array() {
-                        out.push((c, child_name(at, k)));
+                        out.push((c, Seg::Key(k.as_str())));
                     }
                 }
                 if let Some(Value::String(r)) = m.get("$ref") {
                     if let Some(t) = resolve(root, ids, r) {
-                        out.push((t, format!("{at}/$ref({r})")));
+                        out.push((t, Seg::Ref(r.as_str())));
                     }
                 }
             }
             Value::Array(a) => {
                 for (i, c) in a.iter().enumerate() {
                     if c.is_object() || c.is_array() {
-                        out.push((c, format!("{at}/{i}")));
+                        out.push((c, Seg::Idx(i)));
                     }
                 }
             }
@@ -233,17 +338,23 @@ pub fn check_schema(root: &Value) -> Result<(), GrammarError> {
         }
         out
     }
+    let deep = || {
+        format!(
+            "the schema nests (counting each $ref followed) deeper than {MAX_SCHEMA_DEPTH} levels"
+        )
+    };
     let mut stack: Vec<Frame> = vec![Frame {
         node: root,
-        at: String::new(),
-        kids: kids(root, &ids, root, ""),
+        at: NO_PARENT,
+        kids: kids(root, &ids, root),
         next: 0,
         deepest: 0,
     }];
     on_path.insert(key(root), ());
     while let Some(top) = stack.last_mut() {
         if top.next < top.kids.len() {
-            let (c, at) = top.kids[top.next].clone();
+            let (c, seg) = top.kids[top.next];
+            let parent = top.at;
             top.next += 1;
             let k = key(c);
             if let Some(&d) = depth.get(&k) {
@@ -253,16 +364,14 @@ pub fn check_schema(root: &Value) -> Result<(), GrammarError> {
             if on_path.contains_key(&k) || !(c.is_object() || c.is_array()) {
                 continue;
             }
+            // Each node is entered once (then its depth is known), so the arena holds at most
+            // one entry per node.
+            let at = path.push(parent, seg);
             if stack.len() + 1 > MAX_SCHEMA_DEPTH {
-                return Err(limit(
-                    at,
-                    format!(
-                        "the schema nests (counting each $ref followed) deeper than {MAX_SCHEMA_DEPTH} levels"
-                    ),
-                ));
+                return Err(limit(path.text(at), deep()));
             }
             on_path.insert(k, ());
-            let ks = kids(root, &ids, c, &at);
+            let ks = kids(root, &ids, c);
             stack.push(Frame {
                 node: c,
                 at,
@@ -271,18 +380,13 @@ pub fn check_schema(root: &Value) -> Result<(), GrammarError> {
                 deepest: 0,
             });
         } else {
-            let done = stack.pop().expect("the loop sees a frame");
+            let Some(done) = stack.pop() else { break };
             let d = done.deepest + 1;
             let k = key(done.node);
             on_path.remove(&k);
             depth.insert(k, d);
             if d > MAX_SCHEMA_DEPTH {
-                return Err(limit(
-                    done.at,
-                    format!(
-                        "the schema nests (counting each $ref followed) deeper than {MAX_SCHEMA_DEPTH} levels"
-                    ),
-                ));
+                return Err(limit(path.text(done.at), deep()));
             }
             if let Some(parent) = stack.last_mut() {
                 parent.deepest = parent.deepest.max(d);
@@ -300,101 +404,201 @@ struct LarkRule<'a> {
     groups: usize,
 }
 
+/// The length of the rule or token name at the start of `b` (0 if none), read as llguidance's
+/// Lark lexer reads them: a rule `_?[a-z][_a-z0-9-]*`, a token `_?[A-Z][_A-Z0-9-]*`.
 fn ident_len(b: &[u8]) -> usize {
-    let mut n = 0;
-    while n < b.len() && (b[n].is_ascii_alphanumeric() || b[n] == b'_') {
+    let mut n = usize::from(b.first() == Some(&b'_'));
+    let lower = match b.get(n) {
+        Some(c) if c.is_ascii_lowercase() => true,
+        Some(c) if c.is_ascii_uppercase() => false,
+        _ => return 0,
+    };
+    n += 1;
+    while let Some(&c) = b.get(n) {
+        let ok = c == b'_'
+            || c == b'-'
+            || c.is_ascii_digit()
+            || if lower {
+                c.is_ascii_lowercase()
+            } else {
+                c.is_ascii_uppercase()
+            };
+        if !ok {
+            break;
+        }
         n += 1;
     }
-    if n > 0 && b[0].is_ascii_digit() {
-        0
+    n
+}
+
+/// The length of the string (`"..."`, an optional `i` after) or regex (`/.../flags`) literal
+/// at the start of `b`, whose first byte is its quote. A literal that does not end on its
+/// line is refused: llguidance's lexer does not read it as one, and what follows cannot be
+/// told apart from it.
+fn literal_len(b: &[u8], rule: &str) -> Result<usize, GrammarError> {
+    let q = b[0];
+    let what = if q == b'"' { "string" } else { "regex" };
+    let mut i = 1;
+    loop {
+        match b.get(i) {
+            None | Some(b'\n') | Some(b'\r') => {
+                return Err(limit(
+                    rule.to_string(),
+                    format!("cannot check the grammar: a {what} literal does not end on its line"),
+                ))
+            }
+            Some(b'\\') if !matches!(b.get(i + 1), None | Some(b'\n' | b'\r')) => i += 2,
+            Some(&c) if c == q => break,
+            Some(_) => i += 1,
+        }
+    }
+    i += 1;
+    let flags: &[u8] = if q == b'"' { b"i" } else { b"imslux" };
+    while b.get(i).is_some_and(|c| flags.contains(c)) {
+        i += 1;
+    }
+    Ok(i)
+}
+
+/// The length of a special token (`<[^<>\s]+>`) at the start of `b`, or 0.
+fn special_len(b: &[u8]) -> usize {
+    let mut i = 1;
+    while let Some(&c) = b.get(i) {
+        if c == b'>' {
+            return if i > 1 { i + 1 } else { 0 };
+        }
+        if c == b'<' || c.is_ascii_whitespace() {
+            return 0;
+        }
+        i += 1;
+    }
+    0
+}
+
+/// The definition that starts at `b` (`[!][?]name[::_][{params}][.prio][[attrs]]:`, how
+/// llguidance's parser reads a rule or token definition, which need not start a line): the
+/// name's start and end and where its body starts. `None` if there is no definition there.
+fn definition(b: &[u8], rule: &str) -> Result<Option<(usize, usize, usize)>, GrammarError> {
+    let mut j = 0;
+    if b.get(j) == Some(&b'!') {
+        j += 1;
+    }
+    if b.get(j) == Some(&b'?') {
+        j += 1;
+    }
+    let n = ident_len(&b[j..]);
+    if n == 0 {
+        return Ok(None);
+    }
+    let (start, end) = (j, j + n);
+    let mut k = end;
+    let skip_ws = |k: &mut usize| {
+        while matches!(b.get(*k), Some(b' ' | b'\t')) {
+            *k += 1;
+        }
+    };
+    skip_ws(&mut k);
+    if b[k..].starts_with(b"::") {
+        k += 2;
+        skip_ws(&mut k);
+        if b.get(k) != Some(&b'_') {
+            return Ok(None);
+        }
+        k += 1;
+        skip_ws(&mut k);
+    }
+    if b.get(k) == Some(&b'{') {
+        // Parameters: names and commas.
+        while let Some(&c) = b.get(k) {
+            k += 1;
+            if c == b'}' || c == b'\n' {
+                break;
+            }
+        }
+        skip_ws(&mut k);
+    }
+    if b.get(k) == Some(&b'.') {
+        k += 1;
+        skip_ws(&mut k);
+        while matches!(b.get(k), Some(b'0'..=b'9' | b'-' | b'+')) {
+            k += 1;
+        }
+        skip_ws(&mut k);
+    }
+    if b.get(k) == Some(&b'[') {
+        // Attributes: names, `=`, numbers, strings and regexes (which may hold `]`).
+        k += 1;
+        loop {
+            match b.get(k) {
+                None | Some(b'\n') => return Ok(None),
+                Some(b']') => {
+                    k += 1;
+                    break;
+                }
+                Some(b'"' | b'/') => k += literal_len(&b[k..], rule)?,
+                Some(_) => k += 1,
+            }
+        }
+        skip_ws(&mut k);
+    }
+    if b.get(k) == Some(&b':') && b.get(k + 1) != Some(&b':') {
+        Ok(Some((start, end, k + 1)))
     } else {
-        n
+        Ok(None)
     }
 }
 
-/// Read a Lark grammar's rules flat (strings, regexes, comments and directives skipped, an
-/// embedded `%json` schema checked with [`check_schema`]).
+/// Read a Lark grammar's rules flat (strings, regexes, special tokens, comments and
+/// directives skipped, an embedded `%json` schema checked with [`check_schema`]), lexing as
+/// llguidance does so that nothing it reads as a rule is hidden from the limits.
 fn lark_rules(src: &str) -> Result<Vec<LarkRule<'_>>, GrammarError> {
     let b = src.as_bytes();
     let mut rules: Vec<LarkRule> = Vec::new();
+    // The rule whose body is being read (none in a directive).
+    let mut cur: Option<usize> = None;
     let mut i = 0;
-    let mut line_start = true;
     let mut nest = 0usize;
     while i < b.len() {
         let c = b[i];
-        if c == b'\n' {
-            line_start = true;
+        if c.is_ascii_whitespace() {
             i += 1;
             continue;
         }
-        if c == b' ' || c == b'\t' || c == b'\r' {
-            i += 1;
-            continue;
-        }
-        if line_start {
-            line_start = false;
-            // A definition: `[?!]name[.prio][[attrs]]:` at the start of a line.
-            let mut j = i;
-            if j < b.len() && (b[j] == b'?' || b[j] == b'!') {
-                j += 1;
-            }
-            let n = ident_len(&b[j..]);
-            if n > 0 {
-                let name = &src[j..j + n];
-                let mut k = j + n;
-                if k < b.len() && b[k] == b'.' {
-                    k += 1;
-                    while k < b.len() && (b[k].is_ascii_digit() || b[k] == b'-') {
-                        k += 1;
-                    }
+        let rule = cur.map_or("", |r| rules[r].name);
+        if c == b'!' || c == b'?' || c == b'_' || c.is_ascii_alphabetic() {
+            if let Some((s, e, body)) = definition(&b[i..], &cut(rule, SEG_SHOWN))? {
+                let name = &src[i + s..i + e];
+                rules.push(LarkRule {
+                    name,
+                    refs: Vec::new(),
+                    groups: 0,
+                });
+                if rules.len() > MAX_GRAMMAR_RULES {
+                    return Err(limit(
+                        cut(name, SEG_SHOWN),
+                        format!("the grammar has more than {MAX_GRAMMAR_RULES} rules"),
+                    ));
                 }
-                if k < b.len() && b[k] == b'[' {
-                    while k < b.len() && b[k] != b']' && b[k] != b'\n' {
-                        k += 1;
-                    }
-                    k += 1;
-                }
-                while k < b.len() && (b[k] == b' ' || b[k] == b'\t') {
-                    k += 1;
-                }
-                if k < b.len() && b[k] == b':' {
-                    rules.push(LarkRule {
-                        name,
-                        refs: Vec::new(),
-                        groups: 0,
-                    });
-                    if rules.len() > MAX_GRAMMAR_RULES {
-                        return Err(limit(
-                            name.to_string(),
-                            format!("the grammar has more than {MAX_GRAMMAR_RULES} rules"),
-                        ));
-                    }
-                    nest = 0;
-                    i = k + 1;
-                    continue;
-                }
-            }
-            if c == b'%' && !src[i..].starts_with("%json") {
-                // A directive (`%ignore`, `%import`, `%llguidance`): its line.
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
+                cur = Some(rules.len() - 1);
+                nest = 0;
+                i += body;
                 continue;
             }
         }
         match c {
+            // Comments, `//` and `#`, to the end of the line.
             b'/' if b.get(i + 1) == Some(&b'/') => {
                 while i < b.len() && b[i] != b'\n' {
                     i += 1;
                 }
             }
-            b'"' | b'/' => {
-                i += 1;
-                while i < b.len() && b[i] != c {
-                    i += if b[i] == b'\\' { 2 } else { 1 };
+            b'#' => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
                 }
-                i += 1;
             }
+            b'"' | b'/' => i += literal_len(&b[i..], &cut(rule, SEG_SHOWN))?,
+            b'<' => i += special_len(&b[i..]).max(1),
             b'%' if src[i..].starts_with("%json") => {
                 i += 5;
                 let mut values = serde_json::Deserializer::from_str(&src[i..]).into_iter::<Value>();
@@ -402,24 +606,36 @@ fn lark_rules(src: &str) -> Result<Vec<LarkRule<'_>>, GrammarError> {
                     Some(Ok(schema)) => {
                         check_schema(&schema).map_err(|e| match e {
                             GrammarError::Limit { at, msg } => {
-                                let rule = rules.last().map_or("", |r| r.name);
-                                limit(format!("{rule}: %json{at}"), msg)
+                                limit(format!("{}: %json{at}", cut(rule, SEG_SHOWN)), msg)
                             }
                             e => e,
                         })?;
                         i += values.byte_offset();
                     }
-                    // Left for the compiler to refuse.
-                    _ => i = b.len(),
+                    _ => {
+                        return Err(limit(
+                            cut(rule, SEG_SHOWN),
+                            "cannot check the grammar: a %json schema does not parse".into(),
+                        ))
+                    }
+                }
+            }
+            b'%' => {
+                // A directive (`%ignore`, `%import`, `%llguidance`, `%override`): what it
+                // names belongs to no rule; a definition after it is read as any other.
+                cur = None;
+                i += 1;
+                while b.get(i).is_some_and(u8::is_ascii_lowercase) {
+                    i += 1;
                 }
             }
             b'(' | b'[' => {
                 nest += 1;
-                if let Some(r) = rules.last_mut() {
+                if let Some(r) = cur.map(|r| &mut rules[r]) {
                     r.groups = r.groups.max(nest);
                     if nest > MAX_GRAMMAR_DEPTH {
                         return Err(limit(
-                            r.name.to_string(),
+                            cut(r.name, SEG_SHOWN),
                             format!("groups nest deeper than {MAX_GRAMMAR_DEPTH} levels"),
                         ));
                     }
@@ -430,10 +646,23 @@ fn lark_rules(src: &str) -> Result<Vec<LarkRule<'_>>, GrammarError> {
                 nest = nest.saturating_sub(1);
                 i += 1;
             }
+            c if c.is_ascii_digit() => {
+                // A number (`[0-9]+`, `0x` hex): not a name.
+                i += 1;
+                if c == b'0' && matches!(b.get(i), Some(b'x' | b'X')) {
+                    i += 1;
+                    while b.get(i).is_some_and(u8::is_ascii_hexdigit) {
+                        i += 1;
+                    }
+                }
+                while b.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+            }
             _ => {
                 let n = ident_len(&b[i..]);
                 if n > 0 {
-                    if let Some(r) = rules.last_mut() {
+                    if let Some(r) = cur.map(|r| &mut rules[r]) {
                         r.refs.push((&src[i..i + n], nest));
                     }
                     i += n;
@@ -473,7 +702,7 @@ pub fn check_lark(src: &str) -> Result<(), GrammarError> {
                     None => {
                         if stack.len() + 1 > MAX_GRAMMAR_DEPTH {
                             return Err(limit(
-                                rules[t].name.to_string(),
+                                cut(rules[t].name, SEG_SHOWN),
                                 format!(
                                     "rules refer to rules deeper than {MAX_GRAMMAR_DEPTH} levels"
                                 ),
@@ -488,7 +717,7 @@ pub fn check_lark(src: &str) -> Result<(), GrammarError> {
                 let d = deepest + 1;
                 if d > MAX_GRAMMAR_DEPTH {
                     return Err(limit(
-                        rules[r].name.to_string(),
+                        cut(rules[r].name, SEG_SHOWN),
                         format!(
                             "rules refer to rules (counting nested groups) deeper than {MAX_GRAMMAR_DEPTH} levels"
                         ),
@@ -548,6 +777,7 @@ mod tests {
         g
     }
 
+    #[track_caller]
     fn limit_at(r: Result<(), GrammarError>) -> (String, String) {
         match r {
             Err(GrammarError::Limit { at, msg }) => (at, msg),
@@ -677,6 +907,118 @@ mod tests {
             ref_chain(10)
         )))
         .unwrap();
+    }
+
+    #[test]
+    fn long_keys_with_many_children_stay_small() {
+        // A 3 MB key over 60,000 arrays: paths are not copied per child, so this is fast and
+        // small; past the node limit it is refused with a short path.
+        let key = "k".repeat(3 << 20);
+        let wide = |n: usize| {
+            let mut m = serde_json::Map::new();
+            m.insert(key.clone(), Value::Array(vec![json!([]); n]));
+            Value::Object(m)
+        };
+        check_schema(&wide(60_000)).unwrap();
+        let (at, msg) = limit_at(check_schema(&wide(MAX_SCHEMA_NODES)));
+        assert!(msg.contains("more than 65536"), "{msg}");
+        assert!(at.len() < 100, "{} bytes", at.len());
+        assert!(at.starts_with("/kkkk"), "{at}");
+        // Deep under a long key: the depth message's path is cut too.
+        let mut s = json!({"type": "string"});
+        for _ in 0..MAX_SCHEMA_DEPTH {
+            let mut m = serde_json::Map::new();
+            m.insert("x".repeat(1000), s);
+            s = Value::Object(m);
+        }
+        let (at, msg) = limit_at(check_schema(&s));
+        assert!(msg.contains("deeper than 256"), "{msg}");
+        assert!(at.len() < PATH_SHOWN + 200, "{} bytes", at.len());
+    }
+
+    /// `start: r-1`, each rule naming the next, `sep` at the end of its line: n rules.
+    fn lark_chain(n: usize, sep: &str) -> String {
+        let mut g = String::from("start: r-1\n");
+        for i in 1..n {
+            g.push_str(&format!("r-{i}: \"x\" r-{} {sep}\n", i + 1));
+        }
+        g.push_str(&format!("r-{n}: \"x\"\n"));
+        g
+    }
+
+    #[test]
+    fn lark_is_read_as_llguidance_reads_it() {
+        // Hyphenated names are names.
+        check(&GrammarSpec::Lark(lark_chain(100, ""))).unwrap();
+        let (_, msg) = limit_at(check(&GrammarSpec::Lark(lark_chain(300, ""))));
+        assert!(msg.contains("deeper than 256"), "{msg}");
+        let (_, msg) = limit_at(check(&GrammarSpec::Lark(lark_chain(100_000, ""))));
+        assert!(msg.contains("more than 16384 rules"), "{msg}");
+        // A quote in a `#` comment or a special token hides nothing.
+        for sep in ["# \"", "// \"", "<\">", "<|x\"|>", "\"a\"i /b/i"] {
+            let (_, msg) = limit_at(check(&GrammarSpec::Lark(lark_chain(300, sep))));
+            assert!(msg.contains("deeper than 256"), "{sep}: {msg}");
+        }
+        // Names end where the case changes: `r1X` names `r1` and `X`.
+        let mut g = String::from("start: r1X\n");
+        for i in 1..300 {
+            g.push_str(&format!("r{i}: r{}X\n", i + 1));
+        }
+        g.push_str("r300: \"x\"\nX: \"y\"\n");
+        assert!(limit_at(check(&GrammarSpec::Lark(g))).1.contains("deeper"));
+    }
+
+    #[test]
+    fn lark_definitions_anywhere_are_counted() {
+        // An attribute holding `]`, and definitions that do not start a line.
+        for (pre, post) in [
+            ("", "[stop=\"]\"]"),
+            ("%import common.WS ", ""),
+            ("", "[lazy]"),
+        ] {
+            let mut g = String::from("start: r1\n");
+            for i in 1..300 {
+                g.push_str(&format!("{pre}r{i}{post}: \"x\" r{}\n", i + 1));
+            }
+            g.push_str("r300: \"x\"\n");
+            let (_, msg) = limit_at(check(&GrammarSpec::Lark(g)));
+            assert!(msg.contains("deeper than 256"), "{pre:?} {post:?}: {msg}");
+        }
+    }
+
+    #[test]
+    fn unreadable_lark_is_refused() {
+        for g in [
+            "start: \"abc\nr1: r2\n",
+            "start: /abc\nr1: r2\n",
+            "start: \"abc\\\nr1: r2\n",
+            "start: \"abc",
+            "start: a\na: %json {\"type\": \nr1: r2\n",
+            "start: a\na: %json nope\n",
+        ] {
+            let (_, msg) = limit_at(check(&GrammarSpec::Lark(g.into())));
+            assert!(msg.contains("cannot check"), "{g:?}: {msg}");
+        }
+        // What llguidance reads is still accepted.
+        check(&GrammarSpec::Lark(
+            "start: a <[1]> \"q\\\"\"i b # \"\nb: /x\\/y/s | B\nB: \"z\"\n".into(),
+        ))
+        .unwrap();
+    }
+
+    #[test]
+    fn gbnf_rule_count_is_checked_first() {
+        let (at, msg) = limit_at(check(&GrammarSpec::Gbnf(rule_chain(MAX_GRAMMAR_RULES + 1))));
+        assert!(msg.contains("at most 16384"), "{msg}");
+        assert_eq!(at, "grammar");
+        // Many small rules, none deep: refused by count, not translated.
+        let mut g = String::from("root ::= \"a\"\n");
+        for i in 0..200_000 {
+            g.push_str(&format!("a{i} ::= \"a\"\n"));
+        }
+        assert!(limit_at(check(&GrammarSpec::Gbnf(g)))
+            .1
+            .contains("at most 16384"));
     }
 
     /// Specs at every limit compile on an eighth of the compile thread's stack.
