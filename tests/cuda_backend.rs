@@ -128,12 +128,17 @@ fn moe_models_are_refused_by_name() {
 }
 
 /// The fixture models the CUDA backend refuses, and what its error names: YaRN's rotation
-/// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix.
+/// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix, the
+/// i-quants (no device kernels).
 fn refused_on_device(stem: &str) -> Option<&'static str> {
     if stem.contains("-yarn-") {
         Some("rope.scaling")
     } else if stem.contains("-phi3-") {
         Some("ffn_up")
+    } else if stem.ends_with("-iq4_nl") {
+        Some("IQ4_NL")
+    } else if stem.ends_with("-iq4_xs") {
+        Some("IQ4_XS")
     } else {
         None
     }
