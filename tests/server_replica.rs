@@ -138,7 +138,7 @@ fn router_gauges_follow_the_load() {
     let b = body("The capital of France is");
     write!(
         first,
-        "POST /v1/completions HTTP/1.1\r\nHost: k\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
         b.len()
     )
     .unwrap();
@@ -156,7 +156,7 @@ fn router_gauges_follow_the_load() {
             let mut c = std::net::TcpStream::connect(url).unwrap();
             write!(
                 c,
-                "POST /v1/completions HTTP/1.1\r\nHost: k\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+                "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
                 b.len()
             )
             .unwrap();
