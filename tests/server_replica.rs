@@ -135,6 +135,10 @@ fn router_gauges_follow_the_load() {
         json!({"prompt": p, "max_tokens": 900, "ignore_eos": true, "stream": true}).to_string()
     };
     let mut first = s.connect();
+    // A refused or stalled stream fails the test instead of holding it forever.
+    first
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
     let b = body("The capital of France is");
     write!(
         first,
