@@ -174,6 +174,27 @@ impl<'a> Loader<'a> {
             })
     }
 
+    /// The product kernels of tensor `name`'s format, or its refusal naming the tensor.
+    fn kernels(name: &str, info: &TensorInfo) -> Result<quant::Kernels, ModelError> {
+        quant::kernels(info.ty).map_err(|e| ModelError::UnsupportedType {
+            name: name.to_string(),
+            ty: info.ty,
+            reason: e.to_string(),
+        })
+    }
+
+    /// Bytes of one row of `in_dim` values of tensor `name` (its shape already checked).
+    fn row_bytes(name: &str, info: &TensorInfo, in_dim: usize) -> Result<usize, ModelError> {
+        info.ty
+            .row_bytes(in_dim)
+            .ok_or_else(|| ModelError::BadShape {
+                name: name.to_string(),
+                expected: info.shape.clone(),
+                found: info.shape.clone(),
+                ty: info.ty,
+            })
+    }
+
     fn check_shape(info: &TensorInfo, expected: &[usize]) -> Result<(), ModelError> {
         if info.shape != expected {
             return Err(ModelError::BadShape {
@@ -191,20 +212,8 @@ impl<'a> Loader<'a> {
     pub fn linear(&self, name: &str, in_dim: usize, out_dim: usize) -> Result<Linear, ModelError> {
         let info = self.info(name)?;
         Self::check_shape(info, &[in_dim, out_dim])?;
-        let kernels = quant::kernels(info.ty).map_err(|e| ModelError::UnsupportedType {
-            name: name.to_string(),
-            ty: info.ty,
-            reason: e.to_string(),
-        })?;
-        let row_bytes = info
-            .ty
-            .row_bytes(in_dim)
-            .ok_or_else(|| ModelError::BadShape {
-                name: name.to_string(),
-                expected: vec![in_dim, out_dim],
-                found: info.shape.clone(),
-                ty: info.ty,
-            })?;
+        let kernels = Self::kernels(name, info)?;
+        let row_bytes = Self::row_bytes(name, info, in_dim)?;
         let bias_name = name.strip_suffix(".weight").map(|b| format!("{b}.bias"));
         let bias = match bias_name {
             Some(b) if self.file.tensor_info(&b).is_some() => Some(self.vector(&b, out_dim)?),
@@ -238,20 +247,8 @@ impl<'a> Loader<'a> {
     ) -> Result<Vec<Linear>, ModelError> {
         let info = self.info(name)?;
         Self::check_shape(info, &[in_dim, out_dim, n_expert])?;
-        let kernels = quant::kernels(info.ty).map_err(|e| ModelError::UnsupportedType {
-            name: name.to_string(),
-            ty: info.ty,
-            reason: e.to_string(),
-        })?;
-        let row_bytes = info
-            .ty
-            .row_bytes(in_dim)
-            .ok_or_else(|| ModelError::BadShape {
-                name: name.to_string(),
-                expected: vec![in_dim, out_dim, n_expert],
-                found: info.shape.clone(),
-                ty: info.ty,
-            })?;
+        let kernels = Self::kernels(name, info)?;
+        let row_bytes = Self::row_bytes(name, info, in_dim)?;
         let all = self.file.tensor_bytes(info);
         let per = row_bytes * out_dim;
         Ok((0..n_expert)
@@ -275,11 +272,7 @@ impl<'a> Loader<'a> {
     pub fn row_matrix(&self, name: &str, in_dim: usize) -> Result<Linear, ModelError> {
         let info = self.info(name)?;
         Self::check_shape(info, &[in_dim])?;
-        let kernels = quant::kernels(info.ty).map_err(|e| ModelError::UnsupportedType {
-            name: name.to_string(),
-            ty: info.ty,
-            reason: e.to_string(),
-        })?;
+        let kernels = Self::kernels(name, info)?;
         Ok(Linear {
             name: name.to_string(),
             in_dim,
