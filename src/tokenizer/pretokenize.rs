@@ -625,10 +625,11 @@ fn ascii_digit_triples(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn words(pre: &str, text: &str) -> Vec<String> {
+    /// The pieces `pre` splits `text` into, checked to tile it.
+    pub(in crate::tokenizer) fn words(pre: &str, text: &str) -> Vec<String> {
         let p = PreTokenizer::for_name(pre).unwrap();
         let mut out = Vec::new();
         p.split(text, &mut out);

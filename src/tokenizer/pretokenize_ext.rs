@@ -277,20 +277,7 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
 
 #[cfg(test)]
 mod tests {
-    use super::super::pretokenize::PreTokenizer;
-
-    fn words(pre: &str, text: &str) -> Vec<String> {
-        let p = PreTokenizer::for_name(pre).unwrap();
-        let mut out = Vec::new();
-        p.split(text, &mut out);
-        let mut at = 0;
-        for r in &out {
-            assert_eq!(r.start, at);
-            at = r.end;
-        }
-        assert_eq!(at, text.len());
-        out.into_iter().map(|r| text[r].to_string()).collect()
-    }
+    use super::super::pretokenize::tests::words;
 
     #[test]
     fn qwen35_keeps_combining_marks_in_words() {

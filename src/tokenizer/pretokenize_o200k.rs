@@ -258,20 +258,7 @@ fn match_deepseek3(c: &[u32], p: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pretokenize::PreTokenizer;
-
-    fn words(pre: &str, text: &str) -> Vec<String> {
-        let p = PreTokenizer::for_name(pre).unwrap();
-        let mut out = Vec::new();
-        p.split(text, &mut out);
-        let mut at = 0;
-        for r in &out {
-            assert_eq!(r.start, at);
-            at = r.end;
-        }
-        assert_eq!(at, text.len());
-        out.into_iter().map(|r| text[r].to_string()).collect()
-    }
+    use super::super::pretokenize::tests::words;
 
     #[test]
     fn gpt4o_splits_camel_case_and_keeps_contractions() {
