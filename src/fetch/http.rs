@@ -118,31 +118,18 @@ pub fn name_from_url(url: &str) -> Result<String, FetchError> {
     })
 }
 
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 fn strip_gguf(name: &str) -> &str {
     let n = name.len();
     match name.get(n.saturating_sub(5)..) {
         Some(ext) if n > 5 && ext.eq_ignore_ascii_case(".gguf") => &name[..n - 5],
         _ => name,
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hexval = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hexval(b[i + 1]), hexval(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A name usable as a file name in the models directory and on the command line.

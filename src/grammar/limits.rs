@@ -104,8 +104,9 @@ fn resolve<'a>(root: &'a Value, ids: &HashMap<&str, &'a Value>, r: &str) -> Opti
     }
     let mut node = doc;
     for part in frag[1..].split('/') {
+        // A URI fragment: percent-decoded first, then the pointer's own escapes (RFC 6901 §6).
+        let part = percent_encoding::percent_decode_str(part).decode_utf8_lossy();
         let part = part.replace("~1", "/").replace("~0", "~");
-        let part = percent_decode(&part);
         node = match node {
             Value::Object(m) => m.get(&part)?,
             Value::Array(a) => a.get(part.parse::<usize>().ok()?)?,
@@ -113,28 +114,6 @@ fn resolve<'a>(root: &'a Value, ids: &HashMap<&str, &'a Value>, r: &str) -> Opti
         };
     }
     Some(node)
-}
-
-fn percent_decode(s: &str) -> String {
-    if !s.contains('%') {
-        return s.to_string();
-    }
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// One step of a path into a schema, kept in an arena ([`Path`]) so that the walk carries
@@ -739,6 +718,19 @@ pub fn check_lark(src: &str) -> Result<(), GrammarError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn pointer_fragments_are_percent_decoded_before_their_escapes() {
+        let root =
+            json!({"$defs": {"a/b": {"type": "string"}, "a~1b": {"type": "integer"}, "c d": {}}});
+        let ids = HashMap::new();
+        let at = |r: &str| resolve(&root, &ids, r);
+        assert_eq!(at("#/$defs/a~1b"), Some(&json!({"type": "string"})));
+        // `%7E1` decodes to `~1`, which is then the pointer's escape for `/` (RFC 6901 §6).
+        assert_eq!(at("#/$defs/a%7E1b"), Some(&json!({"type": "string"})));
+        assert_eq!(at("#/$defs/c%20d"), Some(&json!({})));
+        assert_eq!(at("#/$defs/c%2"), None);
+    }
 
     /// `{"$ref": a0}`, each `a_i` a `$ref` to the next, the last a string: n + 2 levels
     /// (the root, `$defs`, the chain).
