@@ -316,52 +316,102 @@ impl Emitter<'_> {
 }
 
 pub(super) const OUT_OF_RANGE: u32 = u32::MAX;
+
 pub(super) const CR: u32 = '\r' as u32;
 pub(super) const LF: u32 = '\n' as u32;
 pub(super) const SPACE: u32 = ' ' as u32;
 pub(super) const APOSTROPHE: u32 = '\'' as u32;
 
-/// Port of `unicode_regex_split_custom_gpt2`.
-fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
-    let get_cpt = |p: usize| {
-        if p >= ini && p < end {
-            cpts[p]
+/// The window `cpts[ini..end]` as llama.cpp's custom scanners read it: a position outside it
+/// reads as `OUT_OF_RANGE` with no flags.
+#[derive(Clone, Copy)]
+pub(super) struct Window<'a> {
+    pub cpts: &'a [u32],
+    pub ini: usize,
+    pub end: usize,
+}
+
+impl Window<'_> {
+    #[inline]
+    pub fn cpt(&self, p: usize) -> u32 {
+        if p >= self.ini && p < self.end {
+            self.cpts[p]
         } else {
             OUT_OF_RANGE
         }
-    };
-    let get_flags = |p: usize| {
-        if p >= ini && p < end {
-            cpt_flags(cpts[p])
+    }
+
+    #[inline]
+    pub fn flags(&self, p: usize) -> CptFlags {
+        if p >= self.ini && p < self.end {
+            cpt_flags(self.cpts[p])
         } else {
             CptFlags(0)
         }
-    };
+    }
+
+    /// `'s|'t|'re|'ve|'m|'ll|'d` at `pos`, the letters compared after `fold` (the identity, or
+    /// a lower-casing for `(?i:...)`): the match's length, 0 if none.
+    pub fn contraction(&self, pos: usize, fold: fn(u32) -> u32) -> usize {
+        if self.cpt(pos) != APOSTROPHE || pos + 1 >= self.end {
+            return 0;
+        }
+        let next = fold(self.cpt(pos + 1));
+        if [b's', b't', b'm', b'd'].iter().any(|&c| next == c as u32) {
+            return 2;
+        }
+        if pos + 2 < self.end {
+            let next2 = fold(self.cpt(pos + 2));
+            let is = |a: char, b: char| next == a as u32 && next2 == b as u32;
+            if is('r', 'e') || is('v', 'e') || is('l', 'l') {
+                return 3;
+            }
+        }
+        0
+    }
+
+    /// The scanners' last alternatives at `pos`: `\s*[\r\n]+` (with `newlines`), then
+    /// `\s+(?!\S)`, then `\s+`, else a lone codepoint. The end of the match.
+    pub fn whitespace_tail(&self, pos: usize, newlines: bool) -> usize {
+        let mut num_ws = 0;
+        let mut last_end_r_or_n = 0;
+        while self.flags(pos + num_ws).is_whitespace() {
+            let c = self.cpt(pos + num_ws);
+            if newlines && (c == CR || c == LF) {
+                last_end_r_or_n = pos + num_ws + 1;
+            }
+            num_ws += 1;
+        }
+        if last_end_r_or_n > 0 {
+            last_end_r_or_n
+        } else if num_ws > 1 && self.cpt(pos + num_ws) != OUT_OF_RANGE {
+            pos + num_ws - 1
+        } else if num_ws > 0 {
+            pos + num_ws
+        } else {
+            pos + 1
+        }
+    }
+}
+
+/// Port of `unicode_regex_split_custom_gpt2`.
+fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
+    let w = Window { cpts, ini, end };
     let mut em = Emitter { prev_end: ini, out };
     let mut pos = ini;
     while pos < end {
-        let cpt = get_cpt(pos);
-        let flags = get_flags(pos);
+        let cpt = w.cpt(pos);
+        let flags = w.flags(pos);
 
         // 's|'t|'re|'ve|'m|'ll|'d
-        if cpt == APOSTROPHE && pos + 1 < end {
-            let next = get_cpt(pos + 1);
-            if [b's', b't', b'm', b'd'].iter().any(|&c| next == c as u32) {
-                pos += em.add(pos + 2);
-                continue;
-            }
-            if pos + 2 < end {
-                let next2 = get_cpt(pos + 2);
-                let is = |a: char, b: char| next == a as u32 && next2 == b as u32;
-                if is('r', 'e') || is('v', 'e') || is('l', 'l') {
-                    pos += em.add(pos + 3);
-                    continue;
-                }
-            }
+        let n = w.contraction(pos, |c| c);
+        if n > 0 {
+            pos += em.add(pos + n);
+            continue;
         }
 
         let mut flags2 = if cpt == SPACE {
-            get_flags(pos + 1)
+            w.flags(pos + 1)
         } else {
             flags
         };
@@ -370,7 +420,7 @@ fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
             pos += (cpt == SPACE) as usize;
             while flags2.is_letter() {
                 pos += 1;
-                flags2 = get_flags(pos);
+                flags2 = w.flags(pos);
             }
             em.add(pos);
             continue;
@@ -380,7 +430,7 @@ fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
             pos += (cpt == SPACE) as usize;
             while flags2.is_number() {
                 pos += 1;
-                flags2 = get_flags(pos);
+                flags2 = w.flags(pos);
             }
             em.add(pos);
             continue;
@@ -391,30 +441,14 @@ fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
             pos += (cpt == SPACE) as usize;
             while other(flags2) {
                 pos += 1;
-                flags2 = get_flags(pos);
+                flags2 = w.flags(pos);
             }
             em.add(pos);
             continue;
         }
 
-        let mut num_ws = 0;
-        while get_flags(pos + num_ws).is_whitespace() {
-            num_ws += 1;
-        }
-        // \s+(?!\S)
-        if num_ws > 1 && get_cpt(pos + num_ws) != OUT_OF_RANGE {
-            pos += num_ws - 1;
-            em.add(pos);
-            continue;
-        }
-        // \s+
-        if num_ws > 0 {
-            pos += num_ws;
-            em.add(pos);
-            continue;
-        }
-        // no match
-        pos += 1;
+        // \s+(?!\S)|\s+, or one codepoint
+        pos = w.whitespace_tail(pos, false);
         em.add(pos);
     }
 }
@@ -430,49 +464,26 @@ pub(super) fn lower(c: u32) -> u32 {
 
 /// Port of `unicode_regex_split_custom_llama3` (`max_digits` 3) and `_qwen2` (`max_digits` 1).
 fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mut Vec<usize>) {
-    let get_cpt = |p: usize| {
-        if p >= ini && p < end {
-            cpts[p]
-        } else {
-            OUT_OF_RANGE
-        }
-    };
-    let get_flags = |p: usize| {
-        if p >= ini && p < end {
-            cpt_flags(cpts[p])
-        } else {
-            CptFlags(0)
-        }
-    };
+    let w = Window { cpts, ini, end };
     let mut em = Emitter { prev_end: ini, out };
     let mut pos = ini;
     while pos < end {
-        let cpt = get_cpt(pos);
-        let flags = get_flags(pos);
+        let cpt = w.cpt(pos);
+        let flags = w.flags(pos);
 
         // (?i:'s|'t|'re|'ve|'m|'ll|'d)
-        if cpt == APOSTROPHE && pos + 1 < end {
-            let next = lower(get_cpt(pos + 1));
-            if [b's', b't', b'm', b'd'].iter().any(|&c| next == c as u32) {
-                pos += em.add(pos + 2);
-                continue;
-            }
-            if pos + 2 < end {
-                let next2 = lower(get_cpt(pos + 2));
-                let is = |a: char, b: char| next == a as u32 && next2 == b as u32;
-                if is('r', 'e') || is('v', 'e') || is('l', 'l') {
-                    pos += em.add(pos + 3);
-                    continue;
-                }
-            }
+        let n = w.contraction(pos, lower);
+        if n > 0 {
+            pos += em.add(pos + n);
+            continue;
         }
 
         // [^\r\n\p{L}\p{N}]?\p{L}+
         if !(cpt == CR || cpt == LF || flags.is_number())
-            && (flags.is_letter() || get_flags(pos + 1).is_letter())
+            && (flags.is_letter() || w.flags(pos + 1).is_letter())
         {
             pos += 1;
-            while get_flags(pos).is_letter() {
+            while w.flags(pos).is_letter() {
                 pos += 1;
             }
             em.add(pos);
@@ -487,7 +498,7 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
                 continue;
             }
             let mut group_start = pos;
-            while get_flags(pos).is_number() {
+            while w.flags(pos).is_number() {
                 pos += 1;
                 if pos - group_start >= max_digits {
                     em.add(pos);
@@ -501,7 +512,7 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
         // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (note: the reference tests `flags`, not `flags2`,
         // for "any flag" on entry)
         let mut flags2 = if cpt == SPACE {
-            get_flags(pos + 1)
+            w.flags(pos + 1)
         } else {
             flags
         };
@@ -510,46 +521,19 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
             pos += (cpt == SPACE) as usize;
             while other(flags2) && flags2.any() {
                 pos += 1;
-                flags2 = get_flags(pos);
+                flags2 = w.flags(pos);
             }
-            let mut c2 = get_cpt(pos);
+            let mut c2 = w.cpt(pos);
             while c2 == CR || c2 == LF {
                 pos += 1;
-                c2 = get_cpt(pos);
+                c2 = w.cpt(pos);
             }
             em.add(pos);
             continue;
         }
 
-        let mut num_ws = 0;
-        let mut last_end_r_or_n = 0;
-        while get_flags(pos + num_ws).is_whitespace() {
-            let c2 = get_cpt(pos + num_ws);
-            if c2 == CR || c2 == LF {
-                last_end_r_or_n = pos + num_ws + 1;
-            }
-            num_ws += 1;
-        }
-        // \s*[\r\n]+
-        if last_end_r_or_n > 0 {
-            pos = last_end_r_or_n;
-            em.add(pos);
-            continue;
-        }
-        // \s+(?!\S)
-        if num_ws > 1 && get_cpt(pos + num_ws) != OUT_OF_RANGE {
-            pos += num_ws - 1;
-            em.add(pos);
-            continue;
-        }
-        // \s+
-        if num_ws > 0 {
-            pos += num_ws;
-            em.add(pos);
-            continue;
-        }
-        // no match
-        pos += 1;
+        // \s*[\r\n]+|\s+(?!\S)|\s+, or one codepoint
+        pos = w.whitespace_tail(pos, true);
         em.add(pos);
     }
 }

@@ -4,7 +4,7 @@
 //! non-ASCII whitespace replaced by U+000B where the regex has no `\p{..}`, else a `std::regex`
 //! over the text collapsed to one byte per Unicode category).
 
-use super::pretokenize::{Emitter, APOSTROPHE, CR, LF, OUT_OF_RANGE, SPACE};
+use super::pretokenize::{Emitter, Window, CR, LF, SPACE};
 use super::unicode::{cpt_flags, CptFlags};
 use super::wordpiece::to_lower;
 
@@ -160,50 +160,27 @@ pub(super) fn newline_runs(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<u
 
 /// Port of `unicode_regex_split_custom_qwen35`.
 pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
-    let get_cpt = |p: usize| {
-        if p >= ini && p < end {
-            cpts[p]
-        } else {
-            OUT_OF_RANGE
-        }
-    };
-    let get_flags = |p: usize| {
-        if p >= ini && p < end {
-            cpt_flags(cpts[p])
-        } else {
-            CptFlags(0)
-        }
-    };
+    let w = Window { cpts, ini, end };
     let mark = |f: CptFlags| f.category() == CptFlags::ACCENT_MARK;
     let mut em = Emitter { prev_end: ini, out };
     let mut pos = ini;
     while pos < end {
-        let cpt = get_cpt(pos);
-        let flags = get_flags(pos);
+        let cpt = w.cpt(pos);
+        let flags = w.flags(pos);
 
         // (?i:'s|'t|'re|'ve|'m|'ll|'d)
-        if cpt == APOSTROPHE && pos + 1 < end {
-            let next = to_lower(get_cpt(pos + 1));
-            if [b's', b't', b'm', b'd'].iter().any(|&c| next == c as u32) {
-                pos += em.add(pos + 2);
-                continue;
-            }
-            if pos + 2 < end {
-                let next2 = to_lower(get_cpt(pos + 2));
-                let is = |a: char, b: char| next == a as u32 && next2 == b as u32;
-                if is('r', 'e') || is('v', 'e') || is('l', 'l') {
-                    pos += em.add(pos + 3);
-                    continue;
-                }
-            }
+        let n = w.contraction(pos, to_lower);
+        if n > 0 {
+            pos += em.add(pos + n);
+            continue;
         }
 
         // [^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+
         if !(cpt == CR || cpt == LF || flags.is_number()) {
-            let f1 = get_flags(pos + 1);
+            let f1 = w.flags(pos + 1);
             if flags.is_letter() || mark(flags) || mark(f1) || f1.is_letter() {
                 pos += 1;
-                while get_flags(pos).is_letter() || mark(get_flags(pos)) {
+                while w.flags(pos).is_letter() || mark(w.flags(pos)) {
                     pos += 1;
                 }
                 em.add(pos);
@@ -220,7 +197,7 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
 
         // <space>?[^\s\p{L}\p{M}\p{N}]+[\r\n]*
         let mut flags2 = if cpt == SPACE {
-            get_flags(pos + 1)
+            w.flags(pos + 1)
         } else {
             flags
         };
@@ -231,46 +208,19 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
             pos += (cpt == SPACE) as usize;
             while other(flags2) {
                 pos += 1;
-                flags2 = get_flags(pos);
+                flags2 = w.flags(pos);
             }
-            let mut c2 = get_cpt(pos);
+            let mut c2 = w.cpt(pos);
             while c2 == CR || c2 == LF {
                 pos += 1;
-                c2 = get_cpt(pos);
+                c2 = w.cpt(pos);
             }
             em.add(pos);
             continue;
         }
 
-        let mut num_ws = 0;
-        let mut last_end_r_or_n = 0;
-        while get_flags(pos + num_ws).is_whitespace() {
-            let c2 = get_cpt(pos + num_ws);
-            if c2 == CR || c2 == LF {
-                last_end_r_or_n = pos + num_ws + 1;
-            }
-            num_ws += 1;
-        }
-        // \s*[\r\n]+
-        if last_end_r_or_n > 0 {
-            pos = last_end_r_or_n;
-            em.add(pos);
-            continue;
-        }
-        // \s+(?!\S)
-        if num_ws > 1 && get_cpt(pos + num_ws) != OUT_OF_RANGE {
-            pos += num_ws - 1;
-            em.add(pos);
-            continue;
-        }
-        // \s+
-        if num_ws > 0 {
-            pos += num_ws;
-            em.add(pos);
-            continue;
-        }
-        // no match
-        pos += 1;
+        // \s*[\r\n]+|\s+(?!\S)|\s+, or one codepoint
+        pos = w.whitespace_tail(pos, true);
         em.add(pos);
     }
 }
