@@ -9,16 +9,17 @@
 //!   (a head that never completes: slowloris), or `--idle-timeout` after the last response when
 //!   no new request starts (idle keep-alive). The body has `--body-timeout` (routes.rs), a write
 //!   that makes no progress `--write-timeout` (io.rs).
-//! - Shutdown: no more accepts; connections with no request in the service close at once (an
-//!   idle one, or one still sending a head); the others finish their response (generation
-//!   included) and then close; whatever is left when `--shutdown-timeout` ends is dropped.
+//! - Shutdown: no more accepts; a connection whose request has not all arrived closes at once
+//!   (an idle one, one still sending a head or a body); the others finish their response
+//!   (generation included) and then close; whatever is left when `--shutdown-timeout` ends is
+//!   dropped.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
@@ -158,7 +159,8 @@ async fn connection(
         let state = Arc::clone(&state);
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let guard = RequestGuard::new(Arc::clone(&state));
-            let answer = app.clone().oneshot(req.map(Body::new));
+            let req = req.map(|body| Body::new(Receiving::new(body, Arc::clone(&state))));
+            let answer = app.clone().oneshot(req);
             async move {
                 let Ok(resp) = answer.await;
                 Ok::<_, Infallible>(resp.map(|body| Tracked {
@@ -187,8 +189,9 @@ async fn connection(
             _ = stop.wait_for(|&s| s) => break,
         }
     }
-    // Shutting down: a connection with a request in the service finishes its response first.
-    if state.busy() {
+    // Shutting down: a connection with a whole request in the service finishes its response
+    // first; one still receiving its request's body closes now.
+    if state.busy() && !state.receiving() {
         conn.as_mut().graceful_shutdown();
         let _ = conn.await;
     }
@@ -216,6 +219,8 @@ struct Activity {
     /// A request head is on its way (bytes arrived since `since`), or the connection is new:
     /// the header timeout applies, else the idle one.
     head: bool,
+    /// Requests in the service whose body has not all arrived (and that still read it).
+    receiving: usize,
 }
 
 impl ConnState {
@@ -225,6 +230,7 @@ impl ConnState {
                 busy: 0,
                 since: Instant::now(),
                 head: true,
+                receiving: 0,
             }),
             changed: Notify::new(),
         }
@@ -247,6 +253,10 @@ impl ConnState {
 
     fn busy(&self) -> bool {
         self.lock().busy > 0
+    }
+
+    fn receiving(&self) -> bool {
+        self.lock().receiving > 0
     }
 
     fn deadline(&self, limits: &HttpLimits) -> Option<Instant> {
@@ -292,6 +302,61 @@ impl Drop for RequestGuard {
         }
         drop(a);
         self.0.changed.notify_one();
+    }
+}
+
+/// A request body that tells its connection when it has all arrived: from then on, shutdown
+/// lets the request finish. Dropped unread (the service answered without it), it no longer
+/// counts as arriving either.
+struct Receiving {
+    body: Incoming,
+    state: Arc<ConnState>,
+    open: bool,
+}
+
+impl Receiving {
+    fn new(body: Incoming, state: Arc<ConnState>) -> Receiving {
+        let open = !body.is_end_stream();
+        if open {
+            state.lock().receiving += 1;
+        }
+        Receiving { body, state, open }
+    }
+
+    fn arrived(&mut self) {
+        if std::mem::take(&mut self.open) {
+            self.state.lock().receiving -= 1;
+        }
+    }
+}
+
+impl HttpBody for Receiving {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let r = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        if !matches!(r, Some(Ok(_))) || self.body.is_end_stream() {
+            self.arrived();
+        }
+        Poll::Ready(r)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.arrived();
     }
 }
 
