@@ -11,8 +11,9 @@
 //!   that makes no progress `--write-timeout` (io.rs).
 //! - Shutdown: no more accepts; a connection whose request has not all arrived closes at once
 //!   (an idle one, one still sending a head or a body); the others finish their response
-//!   (generation included) and then close; whatever is left when `--shutdown-timeout` ends is
-//!   dropped.
+//!   (generation included) and then close. When `--shutdown-timeout` ends, the streams still
+//!   running are ended with a last error event in their protocol's shape (`cut`, given by the
+//!   caller); what is still open [`CUT_LINGER`] later is dropped.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -43,15 +44,19 @@ use super::HttpLimits;
 const REFUSING: usize = 64;
 /// How long a refusal waits for the client to take its answer.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// How long the streams cut at the end of the shutdown grace have to send their last event.
+const CUT_LINGER: Duration = Duration::from_secs(2);
 
 /// Serve `app` on `listener` until `shutdown` resolves, then close down within
-/// `limits.shutdown_grace`. Returns when every connection is gone.
+/// `limits.shutdown_grace`, calling `cut` if responses are still running when it ends.
+/// Returns when every connection is gone.
 pub(super) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
     metrics: Arc<HttpMetrics>,
     shutdown: impl Future<Output = ()>,
+    cut: impl FnOnce(),
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let refusing = Arc::new(Semaphore::new(REFUSING));
@@ -111,11 +116,19 @@ pub(super) async fn serve(
     .await;
     if drained.is_err() {
         log::warn!(
-            "shutdown: {} connections still open after {:?}; closing them",
+            "shutdown: {} connections still open after {:?}; ending their responses",
             tasks.len(),
             limits.shutdown_grace
         );
-        tasks.shutdown().await;
+        cut();
+        let ended = tokio::time::timeout(CUT_LINGER, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if ended.is_err() {
+            log::warn!("shutdown: closing {} connections", tasks.len());
+            tasks.shutdown().await;
+        }
     }
 }
 
