@@ -1,7 +1,9 @@
-//! `kiln serve` shutting down, over raw TCP: SIGTERM closes at
+//! `kiln serve` shutting down and clients that stop reading, over raw TCP: SIGTERM closes at
 //! once every connection whose request has not all arrived (head or body) and lets the others
 //! finish; a stream still running when `--shutdown-timeout` ends gets a last error event in its
-//! protocol's shape (OpenAI, llama-server, Ollama, Anthropic) and a whole answer a 503.
+//! protocol's shape (OpenAI, llama-server, Ollama, Anthropic) and a whole answer a 503; a client
+//! that stops reading gives its slot back after the write timeout, not after megabytes of
+//! kernel buffers.
 
 mod common;
 #[path = "server/harness.rs"]
@@ -265,5 +267,60 @@ fn streams_cut_at_the_end_of_the_grace_end_with_an_error_event() {
     eprintln!(
         "five answers cut and the server gone {:?} after SIGTERM (grace 1 s)",
         start.elapsed()
+    );
+}
+
+#[test]
+fn a_client_that_stops_reading_gives_its_slot_back() {
+    let server = Server::start_ctx(&model(), 4096, &["-P", "1", "--write-timeout", "2"]);
+    // A stream of ~750 KB (the whole context) that the client never reads: the kernel used to
+    // take all of it (a send buffer grows to 4 MB), so that the write never blocked and the
+    // slot stayed taken until the answer was done.
+    let n = 4000;
+    let body = json!({"prompt": "hello", "max_tokens": n, "ignore_eos": true, "stream": true});
+    let mut stalled = server.connect();
+    stalled.write_all(&post("/v1/completions", &body)).unwrap();
+    wait_metric(
+        &server,
+        "kiln_kv_slots_in_use",
+        Duration::from_secs(60),
+        |v| v >= 1.0,
+    );
+    // A second request waits for the one slot: it is served once the writer gives up.
+    let start = Instant::now();
+    let mut second = server.connect();
+    let short = json!({"prompt": "hi", "max_tokens": 4, "ignore_eos": true});
+    second.write_all(&post("/v1/completions", &short)).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let answer = read_answer(&mut second);
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let waited = start.elapsed();
+    let timeouts = "kiln_http_timeouts_total{kind=\"write\"}";
+    wait_metric(&server, timeouts, Duration::from_secs(60), |v| v >= 1.0);
+    wait_metric(
+        &server,
+        "kiln_kv_slots_in_use",
+        Duration::from_secs(60),
+        |v| v == 0.0,
+    );
+    // What reached the client is a cut stream: the write timeout closed it.
+    let got = read_rest(&mut stalled);
+    assert!(
+        !got.contains("[DONE]") && !got.contains("\"finish_reason\":\"length\""),
+        "the whole stream went into the kernel's buffers ({} bytes)",
+        got.len()
+    );
+    // Its job was cancelled, unless it had already run to its end.
+    let generated = server.metric("kiln_generated_tokens_total", &[]).unwrap();
+    let cancelled = server.metric("kiln_requests_cancelled_total", &[]).unwrap();
+    assert!(
+        cancelled >= 1.0 || generated >= (n + 4) as f64,
+        "cancelled {cancelled}, generated {generated}"
+    );
+    eprintln!(
+        "the second request waited {waited:?}; the stalled client got {} bytes; {generated} tokens generated",
+        got.len()
     );
 }

@@ -14,6 +14,11 @@
 //!   (generation included) and then close. When `--shutdown-timeout` ends, the streams still
 //!   running are ended with a last error event in their protocol's shape (`cut`, given by the
 //!   caller); what is still open [`CUT_LINGER`] later is dropped.
+//! - A client that stops reading: the kernel holds at most [`UNSENT`] bytes it has not sent yet
+//!   (`TCP_NOTSENT_LOWAT`) besides what the client's own buffer took, so that a write blocks,
+//!   and the write timeout (io.rs) starts, after some hundred kilobytes rather than the
+//!   megabytes a send buffer grows to; the request's job is cancelled when the connection
+//!   closes.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -46,6 +51,8 @@ const REFUSING: usize = 64;
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 /// How long the streams cut at the end of the shutdown grace have to send their last event.
 const CUT_LINGER: Duration = Duration::from_secs(2);
+/// Bytes a connection's socket may hold that the kernel has not sent yet.
+const UNSENT: usize = 16 * 1024;
 
 /// Serve `app` on `listener` until `shutdown` resolves, then close down within
 /// `limits.shutdown_grace`, calling `cut` if responses are still running when it ends.
@@ -88,6 +95,7 @@ pub(super) async fn serve(
             },
         };
         let _ = tcp.set_nodelay(true);
+        limit_unsent(&tcp);
         match Arc::clone(&slots).try_acquire_owned() {
             Ok(slot) => {
                 let conn = connection(
@@ -130,6 +138,18 @@ pub(super) async fn serve(
             tasks.shutdown().await;
         }
     }
+}
+
+/// Keep what the kernel buffers for a client small ([`UNSENT`] not yet sent), so that one
+/// that stops reading blocks the writes soon. What is sent and not yet acknowledged is left to
+/// TCP: the throughput to a reading client is unchanged.
+fn limit_unsent(tcp: &TcpStream) {
+    let sock = socket2::SockRef::from(tcp);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let _ = sock.set_tcp_notsent_lowat(UNSENT as u32);
+    // (Elsewhere a fixed send buffer, which bounds the unacknowledged bytes too.)
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = sock.set_send_buffer_size(4 * UNSENT);
 }
 
 /// Answer 503 to a connection past the limit, then close it. Reads (and drops) what the
