@@ -605,3 +605,27 @@ impl Answers {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_cuts_the_requests_still_in_the_engine_once() {
+        let live = Live::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        live.add(&tx);
+        // A request the engine is done with (its sender dropped) is forgotten at the next add.
+        for _ in 0..100 {
+            let (done, _rx) = mpsc::unbounded_channel();
+            live.add(&done);
+        }
+        assert_eq!(live.lock().len(), 2);
+        assert_eq!(live.cut(), 1);
+        assert!(matches!(rx.try_recv(), Ok((0, Ev::Cut))));
+        // Each is cut once.
+        assert_eq!(live.cut(), 0);
+        assert!(rx.try_recv().is_err());
+        drop(tx);
+    }
+}
