@@ -87,9 +87,10 @@ pub struct ServeArgs {
     /// comma-separated list); checked only when listening on loopback (DNS rebinding).
     #[arg(long = "allowed-host", value_delimiter = ',', value_name = "HOST")]
     pub allowed_hosts: Vec<String>,
-    /// Seconds the responses in progress have to finish after SIGTERM / Ctrl-C; what is left
-    /// then is dropped. Connections not being answered (idle, or a head still arriving) close
-    /// at once.
+    /// Seconds the responses in progress have to finish after SIGTERM / Ctrl-C; a stream still
+    /// running then ends with an error event in its API's shape (an answer not yet sent: 503).
+    /// Connections whose request has not all arrived (idle, a head or a body still arriving)
+    /// close at once.
     #[arg(long, default_value = "30", value_parser = seconds, value_name = "SECS")]
     pub shutdown_timeout: Duration,
     /// Serve POST /v1/embeddings (llama-server's flag; completions are served too). The

@@ -9,16 +9,23 @@
 //!   (a head that never completes: slowloris), or `--idle-timeout` after the last response when
 //!   no new request starts (idle keep-alive). The body has `--body-timeout` (routes.rs), a write
 //!   that makes no progress `--write-timeout` (io.rs).
-//! - Shutdown: no more accepts; connections with no request in the service close at once (an
-//!   idle one, or one still sending a head); the others finish their response (generation
-//!   included) and then close; whatever is left when `--shutdown-timeout` ends is dropped.
+//! - Shutdown: no more accepts; a connection whose request has not all arrived closes at once
+//!   (an idle one, one still sending a head or a body); the others finish their response
+//!   (generation included) and then close. When `--shutdown-timeout` ends, the streams still
+//!   running are ended with a last error event in their protocol's shape (`cut`, given by the
+//!   caller); what is still open [`CUT_LINGER`] later is dropped.
+//! - A client that stops reading: the kernel holds at most [`UNSENT`] bytes it has not sent yet
+//!   (`TCP_NOTSENT_LOWAT`) besides what the client's own buffer took, so that a write blocks,
+//!   and the write timeout (io.rs) starts, after some hundred kilobytes rather than the
+//!   megabytes a send buffer grows to; the request's job is cancelled when the connection
+//!   closes.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
@@ -42,15 +49,21 @@ use super::HttpLimits;
 const REFUSING: usize = 64;
 /// How long a refusal waits for the client to take its answer.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// How long the streams cut at the end of the shutdown grace have to send their last event.
+const CUT_LINGER: Duration = Duration::from_secs(2);
+/// Bytes a connection's socket may hold that the kernel has not sent yet.
+const UNSENT: usize = 16 * 1024;
 
 /// Serve `app` on `listener` until `shutdown` resolves, then close down within
-/// `limits.shutdown_grace`. Returns when every connection is gone.
+/// `limits.shutdown_grace`, calling `cut` if responses are still running when it ends.
+/// Returns when every connection is gone.
 pub(super) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
     metrics: Arc<HttpMetrics>,
     shutdown: impl Future<Output = ()>,
+    cut: impl FnOnce(),
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let refusing = Arc::new(Semaphore::new(REFUSING));
@@ -82,6 +95,7 @@ pub(super) async fn serve(
             },
         };
         let _ = tcp.set_nodelay(true);
+        limit_unsent(&tcp);
         match Arc::clone(&slots).try_acquire_owned() {
             Ok(slot) => {
                 let conn = connection(
@@ -110,12 +124,32 @@ pub(super) async fn serve(
     .await;
     if drained.is_err() {
         log::warn!(
-            "shutdown: {} connections still open after {:?}; closing them",
+            "shutdown: {} connections still open after {:?}; ending their responses",
             tasks.len(),
             limits.shutdown_grace
         );
-        tasks.shutdown().await;
+        cut();
+        let ended = tokio::time::timeout(CUT_LINGER, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if ended.is_err() {
+            log::warn!("shutdown: closing {} connections", tasks.len());
+            tasks.shutdown().await;
+        }
     }
+}
+
+/// Keep what the kernel buffers for a client small ([`UNSENT`] not yet sent), so that one
+/// that stops reading blocks the writes soon. What is sent and not yet acknowledged is left to
+/// TCP: the throughput to a reading client is unchanged.
+fn limit_unsent(tcp: &TcpStream) {
+    let sock = socket2::SockRef::from(tcp);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let _ = sock.set_tcp_notsent_lowat(UNSENT as u32);
+    // (Elsewhere a fixed send buffer, which bounds the unacknowledged bytes too.)
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = sock.set_send_buffer_size(4 * UNSENT);
 }
 
 /// Answer 503 to a connection past the limit, then close it. Reads (and drops) what the
@@ -158,7 +192,8 @@ async fn connection(
         let state = Arc::clone(&state);
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let guard = RequestGuard::new(Arc::clone(&state));
-            let answer = app.clone().oneshot(req.map(Body::new));
+            let req = req.map(|body| Body::new(Receiving::new(body, Arc::clone(&state))));
+            let answer = app.clone().oneshot(req);
             async move {
                 let Ok(resp) = answer.await;
                 Ok::<_, Infallible>(resp.map(|body| Tracked {
@@ -187,8 +222,9 @@ async fn connection(
             _ = stop.wait_for(|&s| s) => break,
         }
     }
-    // Shutting down: a connection with a request in the service finishes its response first.
-    if state.busy() {
+    // Shutting down: a connection with a whole request in the service finishes its response
+    // first; one still receiving its request's body closes now.
+    if state.busy() && !state.receiving() {
         conn.as_mut().graceful_shutdown();
         let _ = conn.await;
     }
@@ -216,6 +252,8 @@ struct Activity {
     /// A request head is on its way (bytes arrived since `since`), or the connection is new:
     /// the header timeout applies, else the idle one.
     head: bool,
+    /// Requests in the service whose body has not all arrived (and that still read it).
+    receiving: usize,
 }
 
 impl ConnState {
@@ -225,6 +263,7 @@ impl ConnState {
                 busy: 0,
                 since: Instant::now(),
                 head: true,
+                receiving: 0,
             }),
             changed: Notify::new(),
         }
@@ -247,6 +286,10 @@ impl ConnState {
 
     fn busy(&self) -> bool {
         self.lock().busy > 0
+    }
+
+    fn receiving(&self) -> bool {
+        self.lock().receiving > 0
     }
 
     fn deadline(&self, limits: &HttpLimits) -> Option<Instant> {
@@ -292,6 +335,61 @@ impl Drop for RequestGuard {
         }
         drop(a);
         self.0.changed.notify_one();
+    }
+}
+
+/// A request body that tells its connection when it has all arrived: from then on, shutdown
+/// lets the request finish. Dropped unread (the service answered without it), it no longer
+/// counts as arriving either.
+struct Receiving {
+    body: Incoming,
+    state: Arc<ConnState>,
+    open: bool,
+}
+
+impl Receiving {
+    fn new(body: Incoming, state: Arc<ConnState>) -> Receiving {
+        let open = !body.is_end_stream();
+        if open {
+            state.lock().receiving += 1;
+        }
+        Receiving { body, state, open }
+    }
+
+    fn arrived(&mut self) {
+        if std::mem::take(&mut self.open) {
+            self.state.lock().receiving -= 1;
+        }
+    }
+}
+
+impl HttpBody for Receiving {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let r = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        if !matches!(r, Some(Ok(_))) || self.body.is_end_stream() {
+            self.arrived();
+        }
+        Poll::Ready(r)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.arrived();
     }
 }
 

@@ -170,6 +170,8 @@ impl Default for HttpLimits {
 /// Shared by every handler.
 pub(crate) struct AppState {
     pub engine: std_mpsc::Sender<SeqRequest>,
+    /// The answers in the engine, to cut when the shutdown grace period ends.
+    pub live: Arc<respond::Live>,
     pub tokenizer: Arc<Tokenizer>,
     pub model: Arc<Model>,
     pub opts: ServeOptions,
@@ -199,7 +201,7 @@ pub struct Loaded {
 }
 
 /// Serve on `listener` until `shutdown` resolves, then let the responses in progress finish
-/// (within `limits.shutdown_grace`). `load` runs on a blocking thread while the port already
+/// (within `limits.shutdown_grace`; those still running then end with an error event). `load` runs on a blocking thread while the port already
 /// answers (503 until it returns); if it fails, the server stops and returns its error.
 /// `ready` is called once the routes answer.
 pub async fn serve(
@@ -210,12 +212,13 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let http = Arc::new(metrics::HttpMetrics::default());
+    let live = Arc::new(respond::Live::default());
     let app = Arc::new(std::sync::OnceLock::new());
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<()>();
     let loader = {
-        let (app, http) = (Arc::clone(&app), Arc::clone(&http));
+        let (app, http, live) = (Arc::clone(&app), Arc::clone(&http), Arc::clone(&live));
         tokio::task::spawn_blocking(move || {
-            let (state, engine) = start(load, http).inspect_err(|_| {
+            let (state, engine) = start(load, http, live).inspect_err(|_| {
                 let _ = failed_tx.send(());
             })?;
             let opts = state.opts.clone();
@@ -236,7 +239,12 @@ pub async fn serve(
             _ = failed => {},
         }
     };
-    conn::serve(listener, ready::gate(Arc::clone(&app)), limits, http, stop).await;
+    let cut = move || {
+        let n = live.cut();
+        log::warn!("shutdown: {n} requests cut");
+    };
+    let gate = ready::gate(Arc::clone(&app));
+    conn::serve(listener, gate, limits, http, stop, cut).await;
     // Every connection is gone; with the app (the last sender) dropped, the engine cancels
     // what is left and exits. It is waited for a little (one step); past that, the process
     // exit that follows ends it.
@@ -267,6 +275,7 @@ pub async fn serve(
 fn start(
     load: impl FnOnce() -> anyhow::Result<Loaded>,
     http: Arc<metrics::HttpMetrics>,
+    live: Arc<respond::Live>,
 ) -> anyhow::Result<(Arc<AppState>, std::thread::JoinHandle<()>)> {
     let Loaded {
         model,
@@ -372,6 +381,7 @@ fn start(
         grammar: Arc::default(),
         tool_support: std::sync::OnceLock::new(),
         engine: tx,
+        live,
         tokenizer,
         model,
         sched,

@@ -424,6 +424,7 @@ impl Answer {
                 self.content.push_str(&t);
                 Some(Ok(self.piece(&t)))
             }
+            Ev::Cut => Some(Err(super::respond::cut_error())),
             Ev::Done(f) => Some(match &f.reason {
                 FinishReason::Error(e) => Err(ApiError::bad_request(e.clone())),
                 _ => Ok(self.last(&f)),

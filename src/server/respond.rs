@@ -40,6 +40,45 @@ pub(super) enum Ev {
     Text(String),
     Logprobs(TokenLogprobs),
     Done(Finished),
+    /// The server is shutting down and its grace period has ended: the answer ends now, with
+    /// [`cut_error`] (sent by [`Live::cut`], not the engine).
+    Cut,
+}
+
+/// The error of an answer cut by the end of the shutdown grace period (503).
+pub(super) fn cut_error() -> ApiError {
+    ApiError::unavailable(
+        "the server is shutting down and its --shutdown-timeout has ended: the answer was cut",
+    )
+}
+
+/// The event channels of the requests in the engine, so that a shutdown whose grace period
+/// ends while they run can end each answer with an error event ([`Ev::Cut`]). Weak: a request
+/// the engine is done with is forgotten.
+#[derive(Default)]
+pub(crate) struct Live(std::sync::Mutex<Vec<mpsc::WeakUnboundedSender<(usize, Ev)>>>);
+
+impl Live {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<mpsc::WeakUnboundedSender<(usize, Ev)>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self, tx: &mpsc::UnboundedSender<(usize, Ev)>) {
+        let mut live = self.lock();
+        live.retain(|w| w.strong_count() > 0);
+        live.push(tx.downgrade());
+    }
+
+    /// Send [`Ev::Cut`] to every request still in the engine; how many there were.
+    pub(crate) fn cut(&self) -> usize {
+        let mut n = 0;
+        for w in self.lock().drain(..) {
+            if let Some(tx) = w.upgrade() {
+                n += usize::from(tx.send((0, Ev::Cut)).is_ok());
+            }
+        }
+        n
+    }
 }
 
 /// One choice's events, tagged with its index; the admission permit goes back when the last
@@ -112,6 +151,7 @@ pub(super) async fn queue(
     };
     let permit = Arc::new(permit);
     let (tx, rx) = mpsc::unbounded_channel::<(usize, Ev)>();
+    st.live.add(&tx);
     let mut forks = Vec::with_capacity(n - 1);
     let mut first = None;
     for (i, grammar) in grammars.into_iter().enumerate() {
@@ -384,6 +424,7 @@ async fn whole(
                 let chat = answers.chat;
                 answers.choices[i].logprobs.push(&answers.tok, &lp, chat);
             }
+            Ev::Cut => return Err(cut_error()),
             Ev::Done(f) => {
                 if let FinishReason::Error(e) = &f.reason {
                     return Err(ApiError::bad_request(e.clone()));
@@ -503,6 +544,10 @@ impl Answers {
                     }
                 }
             }
+            Ev::Cut => {
+                self.failed = true;
+                return vec![cut_error().body()];
+            }
             Ev::Done(f) => {
                 if let FinishReason::Error(e) = &f.reason {
                     self.failed = true;
@@ -558,5 +603,29 @@ impl Answers {
             vec![json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": null})],
             None,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_cuts_the_requests_still_in_the_engine_once() {
+        let live = Live::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        live.add(&tx);
+        // A request the engine is done with (its sender dropped) is forgotten at the next add.
+        for _ in 0..100 {
+            let (done, _rx) = mpsc::unbounded_channel();
+            live.add(&done);
+        }
+        assert_eq!(live.lock().len(), 2);
+        assert_eq!(live.cut(), 1);
+        assert!(matches!(rx.try_recv(), Ok((0, Ev::Cut))));
+        // Each is cut once.
+        assert_eq!(live.cut(), 0);
+        assert!(rx.try_recv().is_err());
+        drop(tx);
     }
 }

@@ -27,8 +27,23 @@ impl Server {
     /// `line` followed by the URL (`"kiln: bound to "`: the port answers, the model may still
     /// be loading; `"kiln: listening on "`: ready).
     pub fn start_with(model: &Path, extra: &[&str], env: &[(&str, &str)], line: &str) -> Server {
+        Server::launch(model, 1024, extra, env, line)
+    }
+
+    /// [`Server::start`] with a context of `ctx` tokens.
+    pub fn start_ctx(model: &Path, ctx: usize, extra: &[&str]) -> Server {
+        Server::launch(model, ctx, extra, &[], "kiln: listening on ")
+    }
+
+    fn launch(
+        model: &Path,
+        ctx: usize,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        line: &str,
+    ) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["serve", "--port", "0", "-c", "1024", "-m"])
+            .args(["serve", "--port", "0", "-c", &ctx.to_string(), "-m"])
             .arg(model)
             .args(extra)
             .envs(env.iter().copied())

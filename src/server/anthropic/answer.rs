@@ -35,6 +35,8 @@ pub(super) enum Step {
     },
     /// The engine refused the request.
     Error(String),
+    /// The server's shutdown grace period ended ([`respond::cut_error`]).
+    Cut,
 }
 
 /// One answer's content blocks, as the engine's events come.
@@ -70,6 +72,10 @@ impl Blocks {
                     self.piece(d, out);
                 }
                 false
+            }
+            Ev::Cut => {
+                out.push(Step::Cut);
+                true
             }
             Ev::Done(f) => {
                 if let FinishReason::Error(e) = &f.reason {
@@ -226,7 +232,7 @@ impl Folded {
                 message["stop_sequence"] = json!(stop_sequence);
                 message["usage"]["output_tokens"] = json!(output_tokens);
             }
-            Step::Error(_) => {}
+            Step::Error(_) | Step::Cut => {}
         }
     }
 }
@@ -245,6 +251,7 @@ async fn whole(
         for s in steps.drain(..) {
             match s {
                 Step::Error(e) => return Err(ApiError::bad_request(e)),
+                Step::Cut => return Err(respond::cut_error()),
                 s @ Step::End { .. } => {
                     folded.step(s, &mut message, &blocks.raw);
                     return Ok(Json(message).into_response());
@@ -321,6 +328,10 @@ impl Events {
             Step::Error(e) => {
                 let status = axum::http::StatusCode::BAD_REQUEST;
                 vec![("error", super::error_body(status, &e))]
+            }
+            Step::Cut => {
+                let e = respond::cut_error();
+                vec![("error", super::error_body(e.status, &e.message))]
             }
         }
     }

@@ -113,6 +113,7 @@ impl Lines {
     fn on(&mut self, ev: Ev) -> (Vec<Value>, bool) {
         match ev {
             Ev::Logprobs(_) => (vec![], false),
+            Ev::Cut => (vec![json!({ "error": respond::cut_error().message })], true),
             Ev::Text(t) => {
                 self.first.get_or_insert_with(Instant::now);
                 match self.answers.as_mut() {
@@ -218,6 +219,9 @@ async fn whole(mut lines: Lines, mut rx: mpsc::UnboundedReceiver<(usize, Ev)>) -
     let mut text = String::new();
     let mut calls = None;
     while let Some((_, ev)) = rx.recv().await {
+        if matches!(ev, Ev::Cut) {
+            return Err(respond::cut_error().into());
+        }
         let (out, last) = lines.on(ev);
         for v in out {
             if let Some(e) = v.get("error").and_then(Value::as_str) {
