@@ -465,8 +465,10 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response,
     let req: ChatRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
     let (job, tools) = chat_job(&st, &req, model)?;
-    let r = respond::run(&st, job).await;
-    r.map_err(|e| tool_error(e, tools.as_ref(), &st))
+    match respond::run(&st, job).await {
+        Err(e) => Err(tool_error(e, tools.as_ref(), &st).await),
+        r => r,
+    }
 }
 
 /// A chat request's job: its conversation rendered by the model's template with its tools,
@@ -536,9 +538,13 @@ pub(super) fn chat_prompt(
 }
 
 /// An error of a chat request's run: one about its tools' grammar names the tool.
-pub(super) fn tool_error(e: ApiError, tools: Option<&tools::Tools>, st: &AppState) -> ApiError {
+pub(super) async fn tool_error(
+    e: ApiError,
+    tools: Option<&tools::Tools>,
+    st: &AppState,
+) -> ApiError {
     match tools {
-        Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, st),
+        Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, st).await,
         _ => e,
     }
 }
