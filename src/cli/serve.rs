@@ -84,7 +84,8 @@ pub struct ServeArgs {
     #[arg(long = "cors-origin", value_delimiter = ',', value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
     /// A `Host` name accepted besides the bound address and `localhost` (repeatable or a
-    /// comma-separated list); checked only when listening on loopback (DNS rebinding).
+    /// comma-separated list; compared without case, port or trailing dot); checked on
+    /// connections that arrive over loopback (DNS rebinding), also when bound to 0.0.0.0 or ::.
     #[arg(long = "allowed-host", value_delimiter = ',', value_name = "HOST")]
     pub allowed_hosts: Vec<String>,
     /// Seconds the responses in progress have to finish after SIGTERM / Ctrl-C; what is left

@@ -148,6 +148,7 @@ async fn connection(
         metrics.connections_open.fetch_sub(1, Relaxed);
     });
     let state = Arc::new(ConnState::new());
+    let arrived = tcp.local_addr().ok().map(Arrived);
     let io = ConnIo::new(
         tcp,
         Arc::clone(&state),
@@ -156,8 +157,11 @@ async fn connection(
     );
     let service = {
         let state = Arc::clone(&state);
-        hyper::service::service_fn(move |req: Request<Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let guard = RequestGuard::new(Arc::clone(&state));
+            if let Some(a) = arrived {
+                req.extensions_mut().insert(a);
+            }
             let answer = app.clone().oneshot(req.map(Body::new));
             async move {
                 let Ok(resp) = answer.await;
@@ -193,6 +197,11 @@ async fn connection(
         let _ = conn.await;
     }
 }
+
+/// The local address a connection arrived on (a request extension): on a server bound to
+/// every address, whether this one came over loopback.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Arrived(pub std::net::SocketAddr);
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {

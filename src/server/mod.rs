@@ -145,7 +145,7 @@ pub struct HttpLimits {
     /// `*`: any); requests from any other `Origin` but the server's own are refused.
     pub cors_origins: Vec<String>,
     /// Host names accepted besides the bound address and `localhost` (`--allowed-host`),
-    /// checked when the server listens on loopback (against DNS rebinding).
+    /// checked on connections that arrive over loopback (against DNS rebinding).
     pub allowed_hosts: Vec<String>,
     /// The address listened on, once bound.
     pub bound: Option<std::net::SocketAddr>,
