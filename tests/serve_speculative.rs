@@ -382,8 +382,8 @@ fn scheduler_speculation_with_a_draft_model_gives_plain_outputs() {
 
 /// A draft model's slots (`SlotDrafter`) guess what greedy decoding of the draft gives after
 /// each history, bit for bit: several slots at once with their own caps, histories that go on
-/// from kept guesses or start over (each slot rolled back and brought forward), and the end of
-/// the draft's context.
+/// from kept guesses or start over (each slot rolled back and brought forward), another
+/// tenant's sequence (which reuses nothing), and the end of the draft's context.
 #[test]
 fn slot_drafter_guesses_the_greedy_continuation() {
     let m = Arc::new(Model::load(common::random_model("random-llama-q4_k")).expect("load"));
@@ -427,10 +427,13 @@ fn slot_drafter_guesses_the_greedy_continuation() {
             plain.decode(&[(0, t)]).unwrap();
         }
     };
-    // Calls of `start` until the slot has caught up with `h` (one chunk of 8 a call).
-    let catch_up = |d: &mut SlotDrafter, slot: usize, h: &[u32], max: usize| {
-        (1..=10).find(|_| d.start(slot, h, max))
+    // Calls of `start` until the slot has caught up with `h` of `tenant` (one chunk of 8 a
+    // call).
+    let as_tenant = |d: &mut SlotDrafter, slot: usize, tenant: u64, h: &[u32], max: usize| {
+        (1..=10).find(|_| d.start(slot, tenant, h, max))
     };
+    let catch_up =
+        |d: &mut SlotDrafter, slot: usize, h: &[u32], max: usize| as_tenant(d, slot, 0, h, max);
     let (h0, h2) = (repeating(1, 20), repeating(2, 11));
     assert_eq!(catch_up(&mut d, 0, &h0, 6), Some(3), "20 tokens, 8 a call");
     assert_eq!(catch_up(&mut d, 2, &h2, 3), Some(2));
@@ -469,6 +472,25 @@ fn slot_drafter_guesses_the_greedy_continuation() {
         None,
         "past the context"
     );
+    // A slot reuses nothing of another tenant's sequence: the next tenant catches up from
+    // the start, while the tenant that filled it goes on from what it holds.
+    let h = repeating(5, 20);
+    assert_eq!(as_tenant(&mut d, 0, 1, &h, 4), Some(3));
+    d.run();
+    assert_eq!(
+        as_tenant(&mut d, 0, 2, &h, 4),
+        Some(3),
+        "another tenant starts over"
+    );
+    d.run();
+    assert_eq!(d.guesses(0), greedy(&h, 4));
+    assert_eq!(
+        as_tenant(&mut d, 0, 2, &h, 4),
+        Some(1),
+        "its own tenant reuses it"
+    );
+    d.run();
+    assert_eq!(d.guesses(0), greedy(&h, 4));
     // --draft-p-min: no guess of a random model is that likely.
     let mut sure = SlotDrafter::new(runner(3, 2, 0), &target, 0.99).unwrap();
     assert_eq!(catch_up(&mut sure, 0, &h2, 6), Some(2));

@@ -1,13 +1,19 @@
 //! Soak test of `kiln serve` (ignored by default: it runs for minutes). 16 clients for
 //! `KILN_SOAK_SECS` seconds (300 by default) mix whole and streamed completions, clients that
-//! leave mid-answer, and hostile requests (malformed HTTP, oversized heads and bodies, bad JSON,
-//! half-sent requests); then 16 streams are started and the server gets SIGTERM.
+//! leave mid-answer, hostile requests (malformed HTTP, oversized heads and bodies, bad JSON,
+//! half-sent requests), JSON schemas past the depth limit and just within it, and prefix-cache
+//! probes across the server's two API keys; then 16 streams are started and the server gets
+//! SIGTERM.
 //!
 //! What it checks:
 //! - nothing is lost: every request a client sent whole gets a whole answer (a completion of
 //!   exactly `max_tokens` tokens, a stream that ends in `[DONE]`, or OpenAI's JSON error with the
 //!   expected status; 429 with `Retry-After` is the only refusal allowed), and the server's
 //!   `kiln_requests_total` agrees with the clients' counts;
+//! - a schema 300 `$ref`s deep is a 400 naming the field, one 200 deep is answered;
+//! - the prefix cache tells one key nothing of another's prompts: after one key's prompt ends
+//!   in a secret, the other key's guesses of it never reuse more tokens than the longest prefix
+//!   they share with that key's own earlier prompts;
 //! - memory is flat: the server's RSS at the end is within a bound of its RSS after the warm-up
 //!   (the first fifth of the run);
 //! - SIGTERM with 16 responses in progress finishes all of them and exits 0.
@@ -36,6 +42,10 @@ const QUEUE: usize = 16;
 const SHUTDOWN_TOKENS: u64 = 400;
 /// Largest request body the server accepts (`--max-body`).
 const MAX_BODY: usize = 64 << 10;
+/// The server's two API keys: every request but the probes' guesses uses the first.
+const KEYS: &str = "soak-key-a,soak-key-b";
+const AUTH_A: &str = "Authorization: Bearer soak-key-a";
+const AUTH_B: &str = "Authorization: Bearer soak-key-b";
 
 /// What a client does in one round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -68,9 +78,15 @@ enum Act {
     HalfHead,
     /// A head and half a body, then the client leaves.
     HalfBody,
+    /// A JSON schema 300 `$ref`s deep: 400 naming the field and the limit.
+    DeepSchema,
+    /// A JSON schema 200 `$ref`s deep: answered.
+    NearSchema,
+    /// One key's prompt ending in a secret, then the other key's guesses of it.
+    TenantProbe,
 }
 
-const ACTS: [(Act, u32); 14] = [
+const ACTS: [(Act, u32); 17] = [
     (Act::Whole, 20),
     (Act::Stream, 20),
     (Act::StreamLeave, 8),
@@ -85,6 +101,9 @@ const ACTS: [(Act, u32); 14] = [
     (Act::HugeHeader, 2),
     (Act::HalfHead, 4),
     (Act::HalfBody, 4),
+    (Act::DeepSchema, 2),
+    (Act::NearSchema, 2),
+    (Act::TenantProbe, 2),
 ];
 
 /// xorshift64*, seeded per client.
@@ -132,13 +151,136 @@ struct Tally {
     counts: BTreeMap<(Act, Outcome), u64>,
 }
 
+/// A completion request with the first key.
 fn post(path: &str, body: &str, close: bool) -> Vec<u8> {
     format!(
-        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\n{AUTH_A}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n{body}",
         body.len(),
         if close { "Connection: close\r\n" } else { "" },
     )
     .into_bytes()
+}
+
+/// `{"$ref": a0}`, each `a_i` a `$ref` to the next, the last a string.
+fn ref_chain(n: usize) -> serde_json::Value {
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        let d = if i + 1 == n {
+            serde_json::json!({"type": "string"})
+        } else {
+            serde_json::json!({"$ref": format!("#/$defs/a{}", i + 1)})
+        };
+        defs.insert(format!("a{i}"), d);
+    }
+    serde_json::json!({"$defs": defs, "$ref": "#/$defs/a0"})
+}
+
+/// A completion constrained by `schema`.
+fn schema_completion(schema: &serde_json::Value, max_tokens: u64) -> String {
+    serde_json::json!({"prompt": "hi", "max_tokens": max_tokens, "response_format":
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    .to_string()
+}
+
+/// Completions on `/v1/completions` beside the rounds' own: the probes' and the schemas'
+/// requests, by status, and every prompt the second key sent (its token ids), which bounds
+/// what its requests may reuse.
+#[derive(Default)]
+struct Probes {
+    ok: u64,
+    refused: u64,
+    /// Token ids of every prompt sent with the second key.
+    b_prompts: Vec<Vec<u32>>,
+    /// Guesses made, and those whose cached tokens reached the secret's digit.
+    guesses: u64,
+}
+
+/// A completion of one token with `auth`, retried after a 429 (counted); its cached tokens.
+fn probe_completion(server: &Server, auth: &str, prompt: &str, probes: &Mutex<Probes>) -> u64 {
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
+    loop {
+        let a = server.request("POST", "/v1/completions", &[auth], &body.to_string());
+        if refusal(a.status, &a.headers, "probe") {
+            probes.lock().unwrap().refused += 1;
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
+        assert_eq!(a.status, 200, "probe: {}", a.text());
+        probes.lock().unwrap().ok += 1;
+        return a.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .expect("cached_tokens");
+    }
+}
+
+/// A prompt's token ids as `/v1/completions` encodes it (with BOS, special text as text).
+fn tokens(server: &Server, prompt: &str) -> Vec<u32> {
+    let body = serde_json::json!({"content": prompt, "add_special": true, "parse_special": false});
+    let a = server.request("POST", "/tokenize", &[AUTH_B], &body.to_string());
+    assert_eq!(a.status, 200, "tokenize: {}", a.text());
+    let v = a.json();
+    v["tokens"]
+        .as_array()
+        .unwrap_or_else(|| panic!("tokenize: {v}"))
+        .iter()
+        .map(|t| t.as_u64().expect("a token id") as u32)
+        .collect()
+}
+
+/// The first key's prompt ends in a secret PIN (a stream left generating, so that its slot
+/// holds the secret while the guesses come); the second key guesses its next digit (the right
+/// one among two wrong ones, in random order). Each guess reuses at most the longest prefix it
+/// shares with a prompt the second key sent before it (or beside it).
+fn tenant_probe(server: &Server, rng: &mut Rng, nonce: u64, probes: &Mutex<Probes>) {
+    let head = format!("Probe {nonce:x}: the assistant keeps the user's secret. The PIN is 7");
+    let pin: Vec<u64> = (0..3).map(|_| rng.below(10)).collect();
+    let secret = format!("{head} {} {} {}. Hello.", pin[0], pin[1], pin[2]);
+    let body = serde_json::json!({"prompt": secret, "max_tokens": 900, "ignore_eos": true,
+        "stream": true, "temperature": 0});
+    // Left (the connection closed) when the guesses are done.
+    let _secret = loop {
+        let mut s = server.connect();
+        s.write_all(&post("/v1/completions", &body.to_string(), true))
+            .unwrap();
+        let (status, headers) = read_head(&mut s);
+        if refusal(status, &headers, "probe's secret") {
+            probes.lock().unwrap().refused += 1;
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        }
+        assert_eq!(status, 200, "probe's secret");
+        probes.lock().unwrap().ok += 1;
+        break s;
+    };
+    let mut digits = vec![pin[0], (pin[0] + 1 + rng.below(9)) % 10];
+    digits.push((digits[1] + 1 + rng.below(8)) % 10);
+    if digits[2] == pin[0] {
+        digits[2] = (digits[2] + 1) % 10;
+    }
+    for _ in 0..rng.below(3) {
+        digits.rotate_left(1);
+    }
+    for d in digits {
+        let guess = format!("{head} {d}.");
+        let ids = tokens(server, &guess);
+        let index = {
+            let mut p = probes.lock().unwrap();
+            p.b_prompts.push(ids.clone());
+            p.b_prompts.len() - 1
+        };
+        let cached = probe_completion(server, AUTH_B, &guess, probes);
+        let mut p = probes.lock().unwrap();
+        let bound = (p.b_prompts.iter().enumerate())
+            .filter(|&(i, _)| i != index)
+            .map(|(_, other)| other.iter().zip(&ids).take_while(|(a, b)| a == b).count())
+            .max()
+            .unwrap_or(0);
+        p.guesses += 1;
+        assert!(
+            cached as usize <= bound,
+            "the second key's guess {guess:?} reused {cached} tokens, more than the {bound} it shares with its own prompts (the first key's secret leaks)"
+        );
+    }
 }
 
 fn completion(prompt: &str, max_tokens: u64, stream: bool, extra: &str) -> String {
@@ -239,7 +381,12 @@ struct Greedy {
     refused: u64,
 }
 
-fn round(server: &Server, rng: &mut Rng, greedy: &Mutex<Greedy>) -> (Act, Outcome) {
+fn round(
+    server: &Server,
+    rng: &mut Rng,
+    greedy: &Mutex<Greedy>,
+    probes: &Mutex<Probes>,
+) -> (Act, Outcome) {
     let act = rng.act();
     let what = format!("{act:?}");
     let prompt = PROMPTS[rng.below(PROMPTS.len() as u64) as usize];
@@ -271,7 +418,7 @@ fn round(server: &Server, rng: &mut Rng, greedy: &Mutex<Greedy>) -> (Act, Outcom
                     let want = want.unwrap_or_else(|| {
                         let body = completion(prompt, max_tokens, false, r#", "temperature": 0"#);
                         loop {
-                            let a = server.request("POST", "/v1/completions", &[], &body);
+                            let a = server.request("POST", "/v1/completions", &[AUTH_A], &body);
                             if refusal(a.status, &a.headers, "greedy") {
                                 greedy.lock().unwrap().refused += 1;
                                 std::thread::sleep(Duration::from_secs(1));
@@ -322,21 +469,55 @@ fn round(server: &Server, rng: &mut Rng, greedy: &Mutex<Greedy>) -> (Act, Outcom
             Outcome::Left
         }
         Act::BadJson => {
-            let a = server.request("POST", "/v1/completions", &[], r#"{"prompt": "hi", "#);
+            let a = server.request("POST", "/v1/completions", &[AUTH_A], r#"{"prompt": "hi", "#);
             a.expect_error(400, &what);
             Outcome::Answered
         }
         Act::BadParam => {
             let body = completion(prompt, max_tokens, false, r#", "temperature": 5"#);
             let e = server
-                .request("POST", "/v1/completions", &[], &body)
+                .request("POST", "/v1/completions", &[AUTH_A], &body)
                 .expect_error(400, &what);
             assert_eq!(e["param"], "temperature", "{e}");
             Outcome::Answered
         }
+        Act::DeepSchema => {
+            let body = schema_completion(&ref_chain(300), max_tokens);
+            let e = server
+                .request("POST", "/v1/completions", &[AUTH_A], &body)
+                .expect_error(400, &what);
+            assert_eq!(e["param"], "response_format.json_schema.schema", "{e}");
+            let msg = e["message"].as_str().unwrap_or_default();
+            assert!(msg.contains("deeper than 256"), "{what}: {msg}");
+            Outcome::Answered
+        }
+        Act::NearSchema => {
+            let body = schema_completion(&ref_chain(200), max_tokens);
+            let a = server.request("POST", "/v1/completions", &[AUTH_A], &body);
+            if refusal(a.status, &a.headers, &what) {
+                a.expect_error(429, &what);
+                Outcome::Refused
+            } else {
+                assert_eq!(a.status, 200, "{what}: {}", a.text());
+                let v = a.json();
+                let n = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+                assert!(n >= 1 && n <= max_tokens, "{what}: {v}");
+                let text = v["choices"][0]["text"].as_str().unwrap_or_default();
+                assert!(
+                    text.trim_start().starts_with('"'),
+                    "{what}: not a JSON string: {v}"
+                );
+                Outcome::Answered
+            }
+        }
+        Act::TenantProbe => {
+            let nonce = rng.next();
+            tenant_probe(server, rng, nonce, probes);
+            Outcome::Answered
+        }
         Act::BodyTooLarge => {
             let raw = format!(
-                "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"prompt\": ",
+                "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n{AUTH_A}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"prompt\": ",
                 MAX_BODY + 1 + rng.below(1 << 20) as usize
             );
             assert!(hostile(server, raw.as_bytes(), 413, &what));
@@ -380,7 +561,7 @@ fn round(server: &Server, rng: &mut Rng, greedy: &Mutex<Greedy>) -> (Act, Outcom
         Act::HalfBody => {
             let mut s = server.connect();
             s.write_all(
-                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro",
+                format!("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n{AUTH_A}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"pro").as_bytes(),
             )
             .unwrap();
             std::thread::sleep(Duration::from_millis(rng.below(20)));
@@ -456,11 +637,14 @@ fn sixteen_hostile_clients_for_minutes_then_sigterm() {
             "--shutdown-timeout",
             "120",
             "--metrics-public",
+            "--api-key",
+            KEYS,
         ],
     );
     let pid = server.child.id();
     let stop = AtomicBool::new(false);
     let greedy = Mutex::new(Greedy::default());
+    let probes = Mutex::new(Probes::default());
     let start = Instant::now();
     let warmup = Duration::from_secs(secs / 5);
     // RSS every 2 s, while the clients run.
@@ -468,12 +652,12 @@ fn sixteen_hostile_clients_for_minutes_then_sigterm() {
     let total = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..CLIENTS)
             .map(|i| {
-                let (server, stop, greedy) = (&server, &stop, &greedy);
+                let (server, stop, greedy, probes) = (&server, &stop, &greedy, &probes);
                 scope.spawn(move || {
                     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((i as u64 + 1) * 0x1000_0001));
                     let mut tally = Tally::default();
                     while !stop.load(Ordering::Relaxed) {
-                        let r = round(server, &mut rng, greedy);
+                        let r = round(server, &mut rng, greedy, probes);
                         *tally.counts.entry(r).or_default() += 1;
                         if r.1 == Outcome::Refused {
                             // Retry-After: 1
@@ -515,17 +699,24 @@ fn sixteen_hostile_clients_for_minutes_then_sigterm() {
             .unwrap_or(0)
     };
     let c = "/v1/completions";
+    let (probes_ok, probes_refused, guesses) = {
+        let p = probes.lock().unwrap();
+        (p.ok, p.refused, p.guesses)
+    };
     let answered_200 = n(Act::Whole, Outcome::Answered)
         + n(Act::TinyTemperature, Outcome::Answered)
         + n(Act::Stream, Outcome::Answered)
-        + n(Act::StreamLeave, Outcome::Left);
+        + n(Act::StreamLeave, Outcome::Left)
+        + n(Act::NearSchema, Outcome::Answered)
+        + probes_ok;
     let greedy_made = greedy.lock().unwrap().made.len() as u64;
     let left_whole = n(Act::WholeLeave, Outcome::Left);
     let refused: u64 = ACTS
         .iter()
         .map(|&(a, _)| n(a, Outcome::Refused))
         .sum::<u64>()
-        + greedy.lock().unwrap().refused;
+        + greedy.lock().unwrap().refused
+        + probes_refused;
     // A client that left a whole completion is counted `cancelled`, or 200 if its answer was
     // ready first, or 429 if it was refused, or not at all if it left before the server read
     // its request.
@@ -541,7 +732,9 @@ fn sixteen_hostile_clients_for_minutes_then_sigterm() {
         served(c, "cancelled"),
     );
     // A body cut short by its client is a 400 on the route too (nobody reads it).
-    let bad = n(Act::BadJson, Outcome::Answered) + n(Act::BadParam, Outcome::Answered);
+    let bad = n(Act::BadJson, Outcome::Answered)
+        + n(Act::BadParam, Outcome::Answered)
+        + n(Act::DeepSchema, Outcome::Answered);
     let half_bodies = n(Act::HalfBody, Outcome::Left);
     assert!(
         served(c, "400") >= bad && served(c, "400") <= bad + half_bodies,
@@ -622,6 +815,9 @@ fn sixteen_hostile_clients_for_minutes_then_sigterm() {
     }
     let rounds: u64 = total.counts.values().sum();
     eprintln!("  rounds {rounds}; server's kiln_requests_total: {counts:?}");
+    eprintln!(
+        "  cross-key probes: {guesses} guesses, none reused past its own key's prefixes; probe completions 200 {probes_ok}, 429 {probes_refused}"
+    );
     eprintln!(
         "  RSS KiB: after warm-up ({:.0} s) {rss_after_warmup:?}, peak after {rss_peak:?}, end {rss_end:?}; samples {}",
         warmup.as_secs_f64(),

@@ -30,10 +30,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
     /// Require `Authorization: Bearer KEY` on the /v1 routes and /metrics (/health stays open).
-    /// A comma-separated list gives several keys; each key is its own prefix-cache tenant.
+    /// A comma-separated list gives several keys; each key is its own prefix-cache tenant. A
+    /// key containing a comma goes in --api-key-file.
     #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Read API keys from a file, one a line (blank lines skipped); with --api-key, both.
+    /// Read API keys from a file, one a line, each line whole (commas included; spaces around
+    /// it trimmed, blank lines skipped); with --api-key, both.
     #[arg(long)]
     pub api_key_file: Option<std::path::PathBuf>,
     /// Serve /metrics without the API key.
@@ -84,7 +86,8 @@ pub struct ServeArgs {
     #[arg(long = "cors-origin", value_delimiter = ',', value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
     /// A `Host` name accepted besides the bound address and `localhost` (repeatable or a
-    /// comma-separated list); checked only when listening on loopback (DNS rebinding).
+    /// comma-separated list; compared without case, port or trailing dot); checked on
+    /// connections that arrive over loopback (DNS rebinding), also when bound to 0.0.0.0 or ::.
     #[arg(long = "allowed-host", value_delimiter = ',', value_name = "HOST")]
     pub allowed_hosts: Vec<String>,
     /// Seconds the responses in progress have to finish after SIGTERM / Ctrl-C; a stream still

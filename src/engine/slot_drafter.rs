@@ -5,6 +5,9 @@
 //! at most a chunk of the draft's); then the guesses of all of them are decoded together,
 //! one batched step of the draft model per guess, greedily, each sequence stopping where its
 //! guess is less likely than `p_min` (as [`super::speculative::ModelDrafter`] does alone).
+//! A slot's cache is reused only by a sequence of the tenant that filled it, as the server's
+//! own slots are ([`super::scheduler::SeqRequest::tenant`]): how fast drafts come says nothing
+//! of another tenant's prompt.
 
 use super::batch::BatchRunner;
 use super::session::EngineError;
@@ -20,6 +23,8 @@ pub struct SlotDrafter {
     guesses: Vec<Vec<u32>>,
     /// The batched decode step of the slots still guessing (reused).
     batch: Vec<(usize, u32)>,
+    /// Per slot: the tenant whose tokens its cache holds.
+    tenants: Vec<u64>,
 }
 
 impl SlotDrafter {
@@ -61,6 +66,7 @@ impl SlotDrafter {
             want: vec![0; n],
             guesses: (0..n).map(|_| Vec::with_capacity(draft_max)).collect(),
             batch: Vec::with_capacity(n),
+            tenants: vec![0; n],
         })
     }
 
@@ -71,14 +77,18 @@ impl SlotDrafter {
     }
 
     /// Bring `slot`'s draft cache to `history` (the sequence so far, its last token not yet
-    /// evaluated by the server's model), to guess up to `max` tokens after it in
-    /// [`SlotDrafter::run`]. At most one prefill chunk is evaluated a call: false while the
+    /// evaluated by the server's model) of `tenant`, to guess up to `max` tokens after it in
+    /// [`SlotDrafter::run`]; what the slot holds of another tenant is dropped first. At most one prefill chunk is evaluated a call: false while the
     /// slot is still behind (the next call goes on from what it holds), and where it cannot
     /// guess (the draft's context is too short, or its forward pass failed). The sequence then
     /// decodes plainly this step.
-    pub fn start(&mut self, slot: usize, history: &[u32], max: usize) -> bool {
+    pub fn start(&mut self, slot: usize, tenant: u64, history: &[u32], max: usize) -> bool {
         self.want[slot] = 0;
         self.guesses[slot].clear();
+        if self.tenants[slot] != tenant {
+            self.runner.rollback(slot, 0);
+            self.tenants[slot] = tenant;
+        }
         let n = history.len();
         // The slot holds the history and all guesses but the last.
         let Some(room) = (self.runner.n_ctx() + 1).checked_sub(n) else {

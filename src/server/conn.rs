@@ -182,6 +182,7 @@ async fn connection(
         metrics.connections_open.fetch_sub(1, Relaxed);
     });
     let state = Arc::new(ConnState::new());
+    let arrived = tcp.local_addr().ok().map(Arrived);
     let io = ConnIo::new(
         tcp,
         Arc::clone(&state),
@@ -190,8 +191,11 @@ async fn connection(
     );
     let service = {
         let state = Arc::clone(&state);
-        hyper::service::service_fn(move |req: Request<Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<Incoming>| {
             let guard = RequestGuard::new(Arc::clone(&state));
+            if let Some(a) = arrived {
+                req.extensions_mut().insert(a);
+            }
             let req = req.map(|body| Body::new(Receiving::new(body, Arc::clone(&state))));
             let answer = app.clone().oneshot(req);
             async move {
@@ -229,6 +233,11 @@ async fn connection(
         let _ = conn.await;
     }
 }
+
+/// The local address a connection arrived on (a request extension): on a server bound to
+/// every address, whether this one came over loopback.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Arrived(pub std::net::SocketAddr);
 
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {

@@ -30,8 +30,8 @@ use super::AppState;
 use crate::engine::pooling::{EmbedSpec, Pooling};
 use crate::engine::scheduler::{FinishReason, Finished, SeqRequest, SeqSink};
 
-/// OpenAI's limit on the inputs of one request.
-const MAX_INPUTS: usize = 2048;
+/// OpenAI's limit on the inputs of one request (on every embedding route).
+pub(super) const MAX_INPUTS: usize = 2048;
 
 /// The fields of `POST /v1/embeddings` (others, such as `user`, are ignored).
 #[derive(Debug, Clone, Deserialize)]
@@ -83,12 +83,7 @@ fn inputs(input: Option<&Value>) -> Result<Vec<Input>, ApiError> {
             Ok(vec![Input::Ids(ids(v, "input")?)])
         }
         Some(Value::Array(items)) => {
-            if items.len() > MAX_INPUTS {
-                return Err(bad(format!(
-                    "{} inputs; at most {MAX_INPUTS} per request",
-                    items.len()
-                )));
-            }
+            check_count(items.len())?;
             items
                 .iter()
                 .enumerate()
@@ -102,6 +97,17 @@ fn inputs(input: Option<&Value>) -> Result<Vec<Input>, ApiError> {
             "`input` must be a string, a list of strings, a list of token ids or a list of such lists"
                 .into(),
         )),
+    }
+}
+
+/// Refuse more than [`MAX_INPUTS`] inputs in one request (a 400 naming `input`).
+pub(super) fn check_count(n: usize) -> Result<(), ApiError> {
+    match n > MAX_INPUTS {
+        true => Err(ApiError::invalid_param(
+            "input",
+            format!("{n} inputs; at most {MAX_INPUTS} per request"),
+        )),
+        false => Ok(()),
     }
 }
 
@@ -233,6 +239,7 @@ pub(super) async fn embed(
     spec: EmbedSpec,
     salt: Option<&str>,
 ) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    check_count(inputs.len())?;
     let (vocab, n_ctx) = (st.model.config.vocab_size, st.opts.n_ctx);
     let mut prompts = Vec::new();
     for (i, input) in inputs.into_iter().enumerate() {

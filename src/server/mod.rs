@@ -145,7 +145,7 @@ pub struct HttpLimits {
     /// `*`: any); requests from any other `Origin` but the server's own are refused.
     pub cors_origins: Vec<String>,
     /// Host names accepted besides the bound address and `localhost` (`--allowed-host`),
-    /// checked when the server listens on loopback (against DNS rebinding).
+    /// checked on connections that arrive over loopback (against DNS rebinding).
     pub allowed_hosts: Vec<String>,
     /// The address listened on, once bound.
     pub bound: Option<std::net::SocketAddr>,
@@ -189,6 +189,8 @@ pub(crate) struct AppState {
             Result<Arc<crate::grammar::GrammarEngine>, crate::grammar::GrammarError>,
         >,
     >,
+    /// The grammar and schema compiles running and waiting.
+    pub compiles: structured::CompileGate,
     /// What the chat template renders of tools, probed by the first chat request.
     pub tool_support: std::sync::OnceLock<crate::tokenizer::toolcall::template::ToolSupport>,
 }
@@ -377,8 +379,13 @@ fn start(
     }
     let admitted =
         (opts.n_slots.saturating_add(opts.max_queue)).min(tokio::sync::Semaphore::MAX_PERMITS);
+    // Compiles at once: a core each, at most one per sequence slot; as many may wait as the
+    // queue holds.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let compiles = structured::CompileGate::new(cores.min(opts.n_slots), opts.max_queue);
     let state = Arc::new(AppState {
         grammar: Arc::default(),
+        compiles,
         tool_support: std::sync::OnceLock::new(),
         engine: tx,
         live,

@@ -134,12 +134,7 @@ pub(super) async fn queue(
     let mut grammars = Vec::with_capacity(n);
     if let Some(c) = &job.constraint {
         for _ in 0..n {
-            let g = structured::compile(
-                Arc::clone(&st.grammar),
-                Arc::clone(&st.tokenizer),
-                c.clone(),
-            )
-            .await?;
+            let g = structured::compile(st, c.clone()).await?;
             grammars.push(Some(g));
         }
     } else {

@@ -191,26 +191,36 @@ async fn auth(State(st): St, headers: HeaderMap, req: Request, next: Next) -> Re
     }
 }
 
-/// The host part of a `Host` header value (`[::1]:8080` → `::1`, `name:80` → `name`).
+/// A host name as compared: the host part of a `Host` header value or an `--allowed-host`
+/// (`[::1]:8080` → `::1`, `Name.LAN.:80` → `name.lan`), an IP address in its canonical form
+/// (`::ffff:127.0.0.1` → `127.0.0.1`).
 fn host_name(v: &str) -> String {
     let v = v.trim();
     let name = match v.strip_prefix('[') {
         Some(rest) => rest.split(']').next().unwrap_or(""),
+        // (An IPv6 address without brackets, as a flag may give it: no port.)
+        None if v.matches(':').count() > 1 => v,
         None => v.rsplit_once(':').map_or(v, |(h, _)| h),
     };
-    name.trim_end_matches('.').to_ascii_lowercase()
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_canonical().to_string(),
+        Err(_) => name,
+    }
 }
 
 /// Whether a `Host` value names this server: `localhost`, a loopback address, the bound
-/// address or an `--allowed-host` name.
-fn host_allowed(v: &str, h: &super::HttpLimits) -> bool {
+/// address, the address the connection `arrived` on or an `--allowed-host` name.
+fn host_allowed(v: &str, h: &super::HttpLimits, arrived: Option<std::net::SocketAddr>) -> bool {
     let name = host_name(v);
+    let is = |a: std::net::SocketAddr| a.ip().to_canonical().to_string() == name;
     name == "localhost"
         || name
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
-        || h.bound.is_some_and(|b| b.ip().to_string() == name)
-        || h.allowed_hosts.contains(&name)
+        || h.bound.is_some_and(is)
+        || arrived.is_some_and(is)
+        || h.allowed_hosts.iter().any(|a| host_name(a) == name)
 }
 
 /// Whether a page of `origin` may call the server: its own origin (`http://` and the request's
@@ -227,8 +237,8 @@ fn origin_allowed(origin: &str, host: Option<&str>, h: &super::HttpLimits) -> bo
         .any(|a| a == "*" || a.eq_ignore_ascii_case(o))
 }
 
-/// Browser checks, before any route: a `Host` that is not this server's is refused (403) when
-/// listening on loopback (DNS rebinding); a request with an `Origin` that is neither the
+/// Browser checks, before any route: a `Host` that is not this server's is refused (403) on a
+/// connection that arrived over loopback (DNS rebinding); a request with an `Origin` that is neither the
 /// server's own nor allowed by `--cors-origin` is refused (403), an allowed one's preflight
 /// (`OPTIONS`) answered and its answers given CORS headers; a POST body must be declared
 /// `application/json` (415), so that no form or text post of a page gets through.
@@ -241,10 +251,16 @@ async fn guard(State(st): St, req: Request, next: Next) -> Response {
         let e = ApiError::with_status(StatusCode::FORBIDDEN, msg);
         error_at(&path, e)
     };
-    if h.bound.is_some_and(|a| a.ip().is_loopback()) {
+    // (The address the connection arrived on: on a server bound to every address, one that
+    // came over loopback is checked as well.)
+    let arrived = req.extensions().get::<super::conn::Arrived>().map(|a| a.0);
+    if arrived
+        .or(h.bound)
+        .is_some_and(|a| a.ip().to_canonical().is_loopback())
+    {
         if let Some(v) = headers.get(header::HOST) {
             let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
-            if !host_allowed(&v, h) {
+            if !host_allowed(&v, h, arrived) {
                 return forbidden(format!(
                     "Host `{v}` is not this server (it listens on loopback; --allowed-host adds a name)"
                 ));
@@ -465,8 +481,10 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response,
     let req: ChatRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
     let (job, tools) = chat_job(&st, &req, model)?;
-    let r = respond::run(&st, job).await;
-    r.map_err(|e| tool_error(e, tools.as_ref(), &st))
+    match respond::run(&st, job).await {
+        Err(e) => Err(tool_error(e, tools.as_ref(), &st).await),
+        r => r,
+    }
 }
 
 /// A chat request's job: its conversation rendered by the model's template with its tools,
@@ -536,9 +554,13 @@ pub(super) fn chat_prompt(
 }
 
 /// An error of a chat request's run: one about its tools' grammar names the tool.
-pub(super) fn tool_error(e: ApiError, tools: Option<&tools::Tools>, st: &AppState) -> ApiError {
+pub(super) async fn tool_error(
+    e: ApiError,
+    tools: Option<&tools::Tools>,
+    st: &AppState,
+) -> ApiError {
     match tools {
-        Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, st),
+        Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, st).await,
         _ => e,
     }
 }
@@ -676,6 +698,52 @@ mod tests {
             assert!(key_matches(other, &keys).is_none(), "{other}");
         }
         assert!(key_matches("abc", &[]).is_none());
+    }
+
+    #[test]
+    fn host_names_are_compared_normalized() {
+        for (v, want) in [
+            ("localhost", "localhost"),
+            (" LocalHost.:8080", "localhost"),
+            ("[::1]:80", "::1"),
+            ("::1", "::1"),
+            ("[0:0:0:0:0:0:0:1]", "::1"),
+            ("[::FFFF:127.0.0.1]:80", "127.0.0.1"),
+            ("Kiln.Lan.", "kiln.lan"),
+            ("10.0.0.2:8080", "10.0.0.2"),
+        ] {
+            assert_eq!(host_name(v), want, "{v}");
+        }
+        let h = super::super::HttpLimits {
+            allowed_hosts: vec!["Kiln.LAN.".into(), "[FD00::1]:80".into(), "fd00::2".into()],
+            bound: Some("0.0.0.0:8080".parse().unwrap()),
+            ..Default::default()
+        };
+        let arrived = Some("192.168.1.5:8080".parse().unwrap());
+        for ok in [
+            "kiln.lan",
+            "KILN.lan.:9",
+            "[fd00::1]",
+            "[fd00::2]:8080",
+            "192.168.1.5:8080",
+            "127.0.0.2",
+            "[::1]",
+            "[::ffff:127.0.0.1]",
+            "localhost.",
+        ] {
+            assert!(host_allowed(ok, &h, arrived), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "kiln.lan.evil.example",
+            "192.168.1.6",
+            "[fd00::3]",
+            "localhost.evil.example",
+            "",
+        ] {
+            assert!(!host_allowed(bad, &h, arrived), "{bad}");
+        }
+        assert!(!host_allowed("192.168.1.5", &h, None));
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! `json_schema` and `grammar`, read into a [`GrammarSpec`] and compiled into the sequence's
 //! [`Constraint`] before the request is queued, so that a bad schema is a 400 at once.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
 
 use serde_json::Value;
+use tokio::sync::Semaphore;
 
 use super::error::ApiError;
+use super::AppState;
 use crate::grammar::{limits, Constraint, GrammarEngine, GrammarError, GrammarSpec};
-use crate::tokenizer::Tokenizer;
 
 /// A request's constraint and the field it came from (named in errors).
 #[derive(Debug, Clone, PartialEq)]
@@ -101,26 +103,88 @@ fn response_format_spec(rf: &Value) -> Result<Option<(GrammarSpec, &'static str)
     }
 }
 
-/// Compile `s` for the model of `tok` (its grammar engine built once, in `cell`), off the
-/// async threads, on a compile thread of its own ([`limits::on_compile_stack`]: building the
-/// engine walks the vocabulary, a large schema takes time, and the compiler recurses).
-pub async fn compile(
-    cell: Arc<OnceLock<Result<Arc<GrammarEngine>, GrammarError>>>,
-    tok: Arc<Tokenizer>,
-    s: Structured,
-) -> Result<Constraint, ApiError> {
+/// The grammar compiles of the server: at most `at_once` run at once, each on a thread of its
+/// own with a [`limits::COMPILE_STACK`] stack (building the engine walks the vocabulary, a
+/// large schema takes time, and the compiler recurses), off the async threads; up to
+/// `max_waiting` more wait for a place in line, and past those a request is refused with 429,
+/// as a full queue is. So a burst of heavy schemas takes no more than `at_once` such threads.
+pub(crate) struct CompileGate {
+    running: Arc<Semaphore>,
+    at_once: usize,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+}
+
+/// One place in the line of a [`CompileGate`], given back when dropped (a request that left).
+struct InLine<'a>(&'a AtomicUsize);
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
+impl CompileGate {
+    pub fn new(at_once: usize, max_waiting: usize) -> CompileGate {
+        let at_once = at_once.clamp(1, Semaphore::MAX_PERMITS);
+        CompileGate {
+            running: Arc::new(Semaphore::new(at_once)),
+            at_once,
+            waiting: AtomicUsize::new(0),
+            max_waiting,
+        }
+    }
+
+    /// Run `f` on a compile thread once a place is free. The place is held until the thread
+    /// ends, also where the request is dropped meanwhile (its compile still runs); a panic in
+    /// `f` is an internal error (the process goes on).
+    pub async fn run<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, ApiError> {
+        let permit = match Arc::clone(&self.running).try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let _line = InLine(&self.waiting);
+                if self.waiting.fetch_add(1, SeqCst) >= self.max_waiting {
+                    return Err(ApiError {
+                        message: format!(
+                            "the server is busy compiling grammars and schemas ({} at once, {} waiting: the --queue limit); retry shortly",
+                            self.at_once, self.max_waiting
+                        ),
+                        ..ApiError::queue_full(self.at_once, self.max_waiting)
+                    });
+                }
+                Arc::clone(&self.running)
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| ApiError::internal("the grammar compiler has stopped"))?
+            }
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("kiln-grammar".into())
+            .stack_size(limits::COMPILE_STACK)
+            .spawn(move || {
+                let r = f();
+                drop(permit);
+                let _ = tx.send(r);
+            })
+            .map_err(|e| ApiError::internal(format!("cannot start the grammar compiler: {e}")))?;
+        rx.await
+            .map_err(|_| ApiError::internal("the grammar compiler failed"))
+    }
+}
+
+/// Compile `s` for the server's model (its grammar engine built once), through the server's
+/// [`CompileGate`].
+pub(crate) async fn compile(st: &AppState, s: Structured) -> Result<Constraint, ApiError> {
     let (field, path) = (s.field, s.path);
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("kiln-grammar".into())
-        .stack_size(limits::COMPILE_STACK)
-        .spawn(move || {
-            let _ = tx.send(GrammarEngine::shared(&cell, &tok).and_then(|e| e.compile(&s.spec)));
-        })
-        .map_err(|e| ApiError::internal(format!("cannot start the grammar compiler: {e}")))?;
-    let res = rx
-        .await
-        .map_err(|_| ApiError::internal("the grammar compiler failed"))?;
+    let (cell, tok) = (Arc::clone(&st.grammar), Arc::clone(&st.tokenizer));
+    let res = st
+        .compiles
+        .run(move || GrammarEngine::shared(&cell, &tok).and_then(|e| e.compile(&s.spec)))
+        .await?;
     res.map_err(|e| error(field, path, e))
 }
 
@@ -162,6 +226,70 @@ mod tests {
         assert_eq!(s.spec, GrammarSpec::Gbnf("root ::= \"a\"".into()));
         assert_eq!(read(None, None, Some("  ")).unwrap(), None);
         assert_eq!(read(None, None, None).unwrap(), None);
+    }
+
+    #[test]
+    fn compiles_run_a_few_at_once_and_the_line_is_bounded() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let gate = Arc::new(CompileGate::new(1, 1));
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            let started = Arc::new(AtomicUsize::new(0));
+            // The first compile holds the only place until told to finish.
+            let first = {
+                let (gate, started) = (Arc::clone(&gate), Arc::clone(&started));
+                tokio::spawn(async move {
+                    gate.run(move || {
+                        started.fetch_add(1, SeqCst);
+                        go_rx.recv().unwrap();
+                        1
+                    })
+                    .await
+                })
+            };
+            while started.load(SeqCst) == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            // The second waits in line; the third finds the line full: 429.
+            let second = {
+                let (gate, started) = (Arc::clone(&gate), Arc::clone(&started));
+                tokio::spawn(
+                    async move { gate.run(move || started.fetch_add(1, SeqCst) + 1).await },
+                )
+            };
+            while gate.waiting.load(SeqCst) == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            let e = gate.run(|| 3).await.unwrap_err();
+            assert_eq!(e.status.as_u16(), 429);
+            assert!(e.message.contains("1 at once, 1 waiting"), "{}", e.message);
+            assert_eq!(started.load(SeqCst), 1, "the second compile waits");
+            go_tx.send(()).unwrap();
+            assert_eq!(first.await.unwrap().unwrap(), 1);
+            assert_eq!(second.await.unwrap().unwrap(), 2);
+            // A waiting request that leaves gives its place in line back.
+            let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+            let held = {
+                let gate = Arc::clone(&gate);
+                tokio::spawn(async move { gate.run(move || hold_rx.recv().unwrap()).await })
+            };
+            while gate.running.available_permits() == 1 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            let left =
+                tokio::time::timeout(std::time::Duration::from_millis(50), gate.run(|| ())).await;
+            assert!(left.is_err(), "waited for the place");
+            assert_eq!(gate.waiting.load(SeqCst), 0);
+            hold_tx.send(()).unwrap();
+            held.await.unwrap().unwrap();
+            // A panicking compile is an error, and its place comes back.
+            let e = gate.run(|| -> u8 { panic!("boom") }).await.unwrap_err();
+            assert_eq!(e.status.as_u16(), 500);
+            assert_eq!(gate.run(|| 4).await.unwrap(), 4);
+        });
     }
 
     #[test]

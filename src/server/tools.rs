@@ -359,21 +359,25 @@ pub fn plan(
 }
 
 /// A tool grammar that did not compile (`e`, on `tools`): name the function whose parameter
-/// schema fails on its own.
-pub(crate) fn locate(e: ApiError, tools: &Tools, st: &super::AppState) -> ApiError {
-    let Ok(engine) = crate::grammar::GrammarEngine::shared(&st.grammar, &st.tokenizer) else {
-        return e;
-    };
-    for (i, (_, params)) in tools.functions.iter().enumerate() {
-        let spec = GrammarSpec::JsonSchema(params.clone());
-        let e2 = Arc::clone(&engine);
-        let compiled = crate::grammar::limits::on_compile_stack(move || e2.compile(&spec).err());
-        if let Ok(Some(err)) = compiled {
+/// schema fails on its own (the search, one compile thread, through the server's
+/// [`super::structured::CompileGate`]).
+pub(crate) async fn locate(e: ApiError, tools: &Tools, st: &super::AppState) -> ApiError {
+    let (cell, tok) = (Arc::clone(&st.grammar), Arc::clone(&st.tokenizer));
+    let schemas: Vec<Value> = tools.functions.iter().map(|(_, p)| p.clone()).collect();
+    let found = st.compiles.run(move || {
+        let engine = crate::grammar::GrammarEngine::shared(&cell, &tok).ok()?;
+        schemas.into_iter().enumerate().find_map(|(i, params)| {
+            let spec = GrammarSpec::JsonSchema(params);
+            engine.compile(&spec).err().map(|err| (i, err))
+        })
+    });
+    match found.await {
+        Ok(Some((i, err))) => {
             let at = format!("tools[{i}].function.parameters");
-            return ApiError::invalid_param(&at, format!("{at}: {err}"));
+            ApiError::invalid_param(&at, format!("{at}: {err}"))
         }
+        _ => e,
     }
-    e
 }
 
 /// An id for a call of `format`: Mistral's templates want 9 letters and digits, others take

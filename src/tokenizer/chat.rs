@@ -590,6 +590,53 @@ mod tests {
         assert_eq!(out, "{\"a\": 1, \"b\": [\"x<y\", null]}|[\n  1,\n  2\n]");
     }
 
+    /// Request content as deep as a request body may be (JSON nesting is capped at 128): tool
+    /// arguments and tool schemas walked by a recursive macro, written by `tojson`, and a
+    /// macro that recurses without end, render or fail with minijinja's recursion limit on a
+    /// quarter of a server worker's 2 MiB stack; none overflows it.
+    #[test]
+    fn deep_request_values_cannot_overflow_the_stack() {
+        let mut deep = serde_json::json!("leaf");
+        for i in 0..126 {
+            deep = match i % 2 {
+                0 => serde_json::json!({ "a": deep }),
+                _ => serde_json::json!([deep]),
+            };
+        }
+        let h = std::thread::Builder::new()
+            .stack_size(512 << 10)
+            .spawn(move || {
+                let mut m = ChatMessage::new("assistant", "");
+                let call = serde_json::json!({"type": "function",
+                    "function": {"name": "f", "arguments": deep.clone()}});
+                m.tool_calls = Some(vec![call]);
+                let tools = serde_json::json!([{"type": "function",
+                    "function": {"name": "f", "parameters": deep}}]);
+                let render = |t: &str| render_chat_tools(t, &[m.clone()], Some(&tools), true, "", "");
+                let walk = "{% macro walk(x) %}{% if x is mapping %}{% for k in x %}{{ k }}{{ walk(x[k]) }}{% endfor %}{% elif x is sequence and x is not string %}{% for y in x %}[{{ walk(y) }}]{% endfor %}{% else %}{{ x }}{% endif %}{% endmacro %}";
+                let mut out = Vec::new();
+                for body in [
+                    "{% for m in messages %}{% for c in m.tool_calls %}{{ walk(c.function.arguments) }}{% endfor %}{% endfor %}",
+                    "{% for t in tools %}{{ walk(t.function.parameters) }}{% endfor %}",
+                ] {
+                    out.push(render(&format!("{walk}{body}")));
+                }
+                let json = "{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}{{ tools | tojson(indent=2) }}";
+                out.push(render(json));
+                out.push(render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"));
+                out
+            })
+            .unwrap();
+        let out = h.join().expect("rendering overflowed no stack");
+        for r in [&out[0], &out[1], &out[3]] {
+            let e = r.as_ref().unwrap_err().to_string();
+            assert!(e.contains("recursion limit"), "{e}");
+        }
+        let json = out[2].as_ref().unwrap();
+        assert!(json.starts_with(&"[{\"a\": ".repeat(63)), "{json}");
+        assert!(json.contains("\"leaf\""), "{json}");
+    }
+
     #[test]
     fn strftime_formats_dates() {
         // 2024-02-29 13:05:09 UTC, a Thursday.

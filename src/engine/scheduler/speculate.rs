@@ -94,7 +94,7 @@ impl<'t> Scheduler<'t> {
                     a.verify.truncate(1 + cap);
                 }
                 ServeDrafter::Model(d) => {
-                    if !d.start(s, &self.history, cap) {
+                    if !d.start(s, a.req.tenant, &self.history, cap) {
                         a.verify.clear();
                     }
                 }

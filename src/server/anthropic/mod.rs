@@ -125,8 +125,10 @@ async fn messages(
     req.wide()
         .apply(&mut job.gen, st.opts.n_ctx)
         .map_err(anthropic_names)?;
-    let r = answer::answer(&st, job, stream).await;
-    r.map_err(|e| AnthropicError(tool_error(e, tools.as_ref(), &st)))
+    match answer::answer(&st, job, stream).await {
+        Ok(r) => Ok(r),
+        Err(e) => Err(AnthropicError(tool_error(e, tools.as_ref(), &st).await)),
+    }
 }
 
 async fn count_tokens(

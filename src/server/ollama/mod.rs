@@ -347,8 +347,10 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let req = ChatRequest::from_json(&Value::Object(req))?;
     let (mut job, tools) = chat_job(&st, &req, model).map_err(ollama_names)?;
     apply_options(&mut job, &common.options, st.opts.n_ctx)?;
-    let r = answer(&st, job, Kind::Chat, stream, start).await;
-    r.map_err(|e| OllamaError(tool_error(e.0, tools.as_ref(), &st)))
+    match answer(&st, job, Kind::Chat, stream, start).await {
+        Err(e) => Err(OllamaError(tool_error(e.0, tools.as_ref(), &st).await)),
+        r => r,
+    }
 }
 
 async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {

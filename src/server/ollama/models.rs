@@ -44,13 +44,16 @@ pub(super) async fn embed(State(st): St, headers: HeaderMap, body: Body) -> Answ
         None | Some(Value::Null) => vec![],
         Some(Value::String(s)) if s.is_empty() => vec![],
         Some(Value::String(s)) => vec![Input::Text(s)],
-        Some(Value::Array(items)) => items
-            .into_iter()
-            .map(|i| match i {
-                Value::String(s) => Ok(Input::Text(s)),
-                _ => Err(bad()),
-            })
-            .collect::<Result<_, _>>()?,
+        Some(Value::Array(items)) => {
+            embeddings::check_count(items.len())?;
+            items
+                .into_iter()
+                .map(|i| match i {
+                    Value::String(s) => Ok(Input::Text(s)),
+                    _ => Err(bad()),
+                })
+                .collect::<Result<_, _>>()?
+        }
         _ => return Err(bad().into()),
     };
     let spec = EmbedSpec {
@@ -109,9 +112,20 @@ fn model_entry(st: &AppState) -> Value {
             "family": arch,
             "families": [arch],
             "parameter_size": crate::gguf::summary::human_count(s.parameters).replace(' ', ""),
-            "quantization_level": s.formats.first().map(|f| f.ty.clone()).unwrap_or_default(),
+            "quantization_level": quantization_level(st, &s),
         },
     })
+}
+
+/// The file's quantization as Ollama names it: its `general.file_type` (`Q4_K_M`, `Q8_0`,
+/// `F16`, ...; llama.cpp's names, which Ollama's are), or where the file does not say (or says
+/// a type kiln has no name for), the block format holding most of its bytes.
+fn quantization_level(st: &AppState, s: &ModelSummary) -> String {
+    match crate::fetch::store::format_name(&st.model.file, s) {
+        // (llama.cpp's `MXFP4_MOE`, as Ollama names it.)
+        Some(n) if n == "MXFP4_MOE" => "MXFP4".into(),
+        n => n.unwrap_or_default(),
+    }
 }
 
 pub(super) async fn tags(State(st): St) -> Json<Value> {
