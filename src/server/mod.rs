@@ -23,6 +23,7 @@
 
 mod anthropic;
 pub mod api;
+mod bias;
 mod conn;
 mod embeddings;
 pub mod error;

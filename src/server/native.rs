@@ -40,6 +40,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::api::{self, Body as RequestBody, CompletionRequest};
+use super::bias::{self, Dialect};
 use super::error::ApiError;
 use super::logprobs::finite;
 use super::respond::{self, Ev, Job};
@@ -228,6 +229,13 @@ async fn generate(
         ..Default::default()
     };
     wide.apply(&mut job.gen, st.opts.n_ctx)?;
+    let vocab = st.model.config.vocab_size;
+    job.gen.sampler.logit_bias = bias::read(
+        v.get("logit_bias"),
+        &st.tokenizer,
+        vocab,
+        Dialect::LlamaServer,
+    )?;
     job.gen.stream = f.stream;
     job.gen.code = CodeStops {
         n_indent: f.n_indent.unwrap_or(0).max(0) as usize,
@@ -277,6 +285,8 @@ fn settings(job: &Job, n_probs: usize) -> Value {
         "n_indent": g.code.n_indent,
         "t_max_predict_ms": g.code.t_max_predict.map_or(-1, |t| t.as_millis() as i64),
         "stream": g.stream,
+        // (As llama-server lists it; a ban's -inf is `null`, as there.)
+        "logit_bias": s.logit_bias.iter().map(|&(token, bias)| json!({"bias": bias, "token": token})).collect::<Vec<_>>(),
     })
 }
 
