@@ -115,7 +115,10 @@ fn logit_bias_bans_and_forces_on_every_route() {
     );
     for c in two["choices"].as_array().unwrap() {
         let t = c["message"]["content"].as_str().unwrap();
-        assert!(t.trim_start().starts_with(forced_text.trim_start()), "{t:?}");
+        assert!(
+            t.trim_start().starts_with(forced_text.trim_start()),
+            "{t:?}"
+        );
     }
 
     // llama-server's forms on /completion: pairs by id, by text, `false`, text keys.

@@ -1,12 +1,15 @@
 //! The OpenAI request bodies we accept, their validation, and the response bodies we send.
 //!
-//! Unknown fields are ignored (clients send many); fields with the wrong type, out-of-range
-//! values and requests that cannot fit the context are refused with a 400 naming the field.
+//! Unknown fields are ignored (clients send many); the fields of OpenAI's and llama-server's
+//! that kiln does not implement are refused when they ask for something
+//! ([`super::unsupported`]); fields with the wrong type, out-of-range values and requests that
+//! cannot fit the context are refused with a 400 naming the field.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::unsupported;
 use crate::engine::scheduler::{FinishReason, Usage};
 use crate::sampler::SamplerConfig;
 
@@ -37,6 +40,8 @@ pub struct GenParams {
     pub top_k: Option<usize>,
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    /// llama-server's window of the penalties (−1: the context).
+    pub repeat_last_n: Option<i64>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub seed: Option<i64>,
@@ -150,6 +155,8 @@ pub trait Body: Sized {
 impl Body for ChatRequest {
     fn from_json(v: &Value) -> Result<Self, ApiError> {
         let f: ChatFields = typed(v)?;
+        unsupported::check(v, "", unsupported::OPENAI_CHAT)?;
+        unsupported::check(v, "", unsupported::LLAMA_SAMPLING)?;
         Ok(ChatRequest {
             messages: f.messages,
             tools: f.tools,
@@ -165,6 +172,8 @@ impl Body for ChatRequest {
 impl Body for CompletionRequest {
     fn from_json(v: &Value) -> Result<Self, ApiError> {
         let f: CompletionFields = typed(v)?;
+        unsupported::check(v, "", unsupported::OPENAI_COMPLETIONS)?;
+        unsupported::check(v, "", unsupported::LLAMA_SAMPLING)?;
         Ok(CompletionRequest {
             prompt: f.prompt,
             logprobs: f.logprobs,
@@ -384,6 +393,17 @@ impl GenParams {
                 ));
             }
             sampler.repeat_penalty = r;
+        }
+        match self.repeat_last_n {
+            None => {}
+            Some(-1) => sampler.repeat_last_n = n_ctx,
+            Some(n) if n >= 0 => sampler.repeat_last_n = n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid_param(
+                    "repeat_last_n",
+                    format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
+                ))
+            }
         }
         if let Some(s) = self.seed {
             sampler.seed = s as u64;

@@ -38,6 +38,7 @@ mod routes;
 pub mod structured;
 mod tokens;
 pub mod tools;
+mod unsupported;
 
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
