@@ -58,6 +58,10 @@ pub struct GenParams {
     /// vLLM's `cache_salt`: requests share cached prefixes only with requests of the same
     /// salt (and API key).
     pub cache_salt: Option<String>,
+    /// Code completion's early ends, as llama-server takes them on every route (see
+    /// [`crate::engine::scheduler::CodeStops`]).
+    pub n_indent: Option<i64>,
+    pub t_max_predict_ms: Option<i64>,
     /// Keep generating past end-of-generation tokens (llama.cpp server's `ignore_eos`).
     #[serde(default)]
     pub ignore_eos: bool,
@@ -446,7 +450,11 @@ impl GenParams {
             )?,
             n: 1,
             logprobs: None,
-            code: Default::default(),
+            code: crate::engine::scheduler::CodeStops {
+                n_indent: self.n_indent.unwrap_or(0).max(0) as usize,
+                t_max_predict: (self.t_max_predict_ms.filter(|&t| t > 0))
+                    .map(|t| std::time::Duration::from_millis(t as u64)),
+            },
         })
     }
 }
@@ -605,6 +613,23 @@ mod tests {
             p(r#"{"messages": []}"#).validate(9, 9).is_err(),
             "prompt fills the context"
         );
+        // llama-server's fields on the OpenAI routes: the penalties' window, code stops.
+        let g = p(&format!(
+            r#"{base}"repeat_last_n": 16, "n_indent": 4, "t_max_predict_ms": 250}}"#
+        ))
+        .validate(1, 90)
+        .unwrap();
+        assert_eq!((g.sampler.repeat_last_n, g.code.n_indent), (16, 4));
+        assert_eq!(
+            g.code.t_max_predict,
+            Some(std::time::Duration::from_millis(250))
+        );
+        let g = p(&format!(r#"{base}"repeat_last_n": -1}}"#));
+        assert_eq!(g.validate(1, 90).unwrap().sampler.repeat_last_n, 90);
+        let e = p(&format!(r#"{base}"repeat_last_n": -2}}"#))
+            .validate(1, 90)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("repeat_last_n"));
         let e = p(&format!(r#"{base}"cache_salt": ""}}"#))
             .validate(1, 9)
             .unwrap_err();

@@ -61,7 +61,7 @@ pub fn read(
     let mut add = |at: &str, token: Token, bias: f32| -> Result<(), ApiError> {
         match token {
             Token::Id(id) => out.push((id, bias)),
-            Token::Text(t) if t.is_empty() => {
+            Token::Text("") => {
                 return Err(bad(format!("{at}: an empty text has no tokens to bias")))
             }
             Token::Text(t) => {

@@ -74,7 +74,7 @@ fn never(_: &Value) -> bool {
 
 /// llama-server's sampler order, `samplers` (names, or a text of their letters), as far as it
 /// concerns kiln's stages: `top_k`, `top_p`, `min_p`, `temperature` all there, in that order,
-/// after `penalties` where it is named. Other stages (`dry`, `xtc`, `typ_p`, `top_n_sigma`,
+/// after `penalties` where it is named (not `adaptive_p` nor `infill`). Other stages (`dry`, `xtc`, `typ_p`, `top_n_sigma`,
 /// ...) may be named anywhere: each is off unless its own field turns it on, and that is
 /// refused ([`LLAMA_SAMPLING`]).
 fn kiln_order(v: &Value) -> bool {
@@ -98,8 +98,15 @@ fn kiln_order(v: &Value) -> bool {
         't' => Some("temperature"),
         _ => None,
     };
+    // Stages that replace kiln's draw (`adaptive_p`) or add to it (`infill`) are refused.
+    let replaces = |n: &str| {
+        let n = n.to_ascii_lowercase().replace(['-', '_'], "");
+        n == "adaptivep" || n == "infill"
+    };
     let stages: Vec<&str> = match v {
+        Value::Array(a) if a.iter().any(|s| s.as_str().is_none_or(replaces)) => return false,
         Value::Array(a) => a.iter().filter_map(|s| canon(s.as_str()?)).collect(),
+        Value::String(s) if s.contains(['a', 'i']) => return false,
         Value::String(s) => s.chars().filter_map(letter).collect(),
         _ => return false,
     };
@@ -270,11 +277,18 @@ pub(super) const OPENAI_COMPLETIONS: &[Field] = &[
 ];
 
 /// llama-server's `/completion` and `/infill` fields beyond what kiln does there.
-pub(super) const LLAMA_COMPLETION: &[Field] = &[Field {
-    name: "n_cmpl",
-    off: at_most_one,
-    why: "/completion gives one completion (n on /v1/completions gives several)",
-}];
+pub(super) const LLAMA_COMPLETION: &[Field] = &[
+    Field {
+        name: "n_cmpl",
+        off: at_most_one,
+        why: "/completion gives one completion (n on /v1/completions gives several)",
+    },
+    Field {
+        name: "echo",
+        off: is_false,
+        why: "the answer holds the completion only",
+    },
+];
 
 /// Ollama's `options` beyond kiln's sampler.
 pub(super) const OLLAMA_OPTIONS: &[Field] = &[
@@ -356,6 +370,15 @@ mod tests {
             ),
             ("samplers", json!(["top_k", "temperature"])),
             ("samplers", json!("tkpm")),
+            (
+                "samplers",
+                json!(["top_k", "top_p", "min_p", "temperature", "adaptive_p"]),
+            ),
+            ("samplers", json!("kpmti")),
+            (
+                "samplers",
+                json!(["top_k", 5, "top_p", "min_p", "temperature"]),
+            ),
             ("mirostat", json!("1")),
         ] {
             let mut body = sillytavern.clone();
