@@ -236,6 +236,16 @@ pub(super) const OPENAI_CHAT: &[Field] = &[
         why: "the chat template is rendered with the request's messages and tools only",
     },
     Field {
+        name: "reasoning_format",
+        off: |v| v == "none",
+        why: "the model's reasoning stays in the answer's content (send \"none\")",
+    },
+    Field {
+        name: "reasoning_budget_tokens",
+        off: |v| num(v).is_some_and(|x| x < 0.0),
+        why: "the model's reasoning is not budgeted (send -1)",
+    },
+    Field {
         name: "continue_final_message",
         off: is_false,
         why: "the answer is a new assistant turn",
@@ -409,12 +419,20 @@ mod tests {
             OLLAMA_OPTIONS,
         )
         .unwrap();
-        check(&json!({"modalities": ["text"], "function_call": "auto", "functions": [], "audio": null}), "", OPENAI_CHAT).unwrap();
+        check(
+            &json!({"modalities": ["text"], "function_call": "auto", "functions": [], "audio": null,
+            "reasoning_format": "none", "reasoning_budget_tokens": -1}),
+            "",
+            OPENAI_CHAT,
+        )
+        .unwrap();
         for (field, value) in [
             ("modalities", json!(["text", "audio"])),
             ("functions", json!([{"name": "f"}])),
             ("function_call", json!({"name": "f"})),
             ("reasoning_effort", json!("low")),
+            ("reasoning_format", json!("deepseek")),
+            ("reasoning_budget_tokens", json!(0)),
             ("chat_template_kwargs", json!({"enable_thinking": false})),
         ] {
             let e = check(&json!({field: value}), "", OPENAI_CHAT).unwrap_err();
