@@ -2,6 +2,8 @@
 //!
 //! The pipeline follows llama.cpp's common sampler chain, in this order:
 //!
+//! 0. **logit bias** (OpenAI's and llama.cpp's `logit_bias`): each listed token's bias added
+//!    to its logit (`-inf` bans it; a token listed twice gets both), before anything else;
 //! 1. **penalties** over the last `repeat_last_n` tokens of the history: the repeat penalty
 //!    (CTRL-style: positive logits are divided by it, negative ones multiplied), then the
 //!    OpenAI-style frequency (`count × f`) and presence (`f` once) penalties, subtracted;
@@ -13,7 +15,7 @@
 //! 5. **temperature**: scale the logits by `1/t`, relative to the best one (`(l - max) / t`, never
 //!    above 0, so no positive `t` overflows: as `t` shrinks toward 0 every token below the best
 //!    gets probability 0 and the draw becomes uniform among the tokens tied at the best logit,
-//!    the limit of `softmax(l / t)`); `t <= 0` means greedy (argmax after penalties);
+//!    the limit of `softmax(l / t)`); `t <= 0` means greedy (argmax after the bias and penalties);
 //! 6. **softmax** and a draw with [`Rng`], our own small xoshiro256** generator, so a seed gives
 //!    the same tokens on every platform and every kiln version.
 //!
@@ -33,7 +35,7 @@ use std::cmp::Ordering;
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct SamplerConfig {
-    /// Divides the logits before the draw. `<= 0` = greedy (argmax after penalties).
+    /// Divides the logits before the draw. `<= 0` = greedy (argmax after bias and penalties).
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens. `0` = off.
     pub top_k: usize,
@@ -52,6 +54,9 @@ pub struct SamplerConfig {
     /// Seed of the draw. [`SamplerConfig::default`] picks a fresh random one; set it for
     /// reproducible output.
     pub seed: u64,
+    /// `(token id, bias)`: added to the token's logit before every other stage (`-inf` bans
+    /// it); ids outside the logits row are skipped. Empty = off.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -71,6 +76,7 @@ impl Default for SamplerConfig {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             seed: random_seed(),
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -133,6 +139,10 @@ impl SamplerConfig {
         check("frequency_penalty", f, f.is_finite(), "a finite number")?;
         let pr = self.presence_penalty;
         check("presence_penalty", pr, pr.is_finite(), "a finite number")?;
+        for &(_, b) in &self.logit_bias {
+            let ok = b.is_finite() || b == f32::NEG_INFINITY;
+            check("logit_bias", b, ok, "a finite number, or -inf to ban")?;
+        }
         Ok(())
     }
 
@@ -165,8 +175,19 @@ impl SamplerConfig {
             },
             frequency_penalty: finite_or(self.frequency_penalty, 0.0),
             presence_penalty: finite_or(self.presence_penalty, 0.0),
+            // (NaN: no bias; +inf: the largest finite one.)
+            logit_bias: (self.logit_bias.iter())
+                .filter(|b| !b.1.is_nan())
+                .map(|&(id, b)| (id, b.min(f32::MAX)))
+                .collect(),
             ..self.clone()
         }
+    }
+
+    /// Whether a stage changes the logits before top-k (a bias or a penalty): then every token
+    /// is a candidate, and no shortcut over the raw logits applies.
+    fn edits_logits(&self) -> bool {
+        self.penalties_on() || !self.logit_bias.is_empty()
     }
 
     fn penalties_on(&self) -> bool {
@@ -434,13 +455,13 @@ impl Sampler {
         &self.cfg
     }
 
-    /// Restart the random stream from `seed`.
-    /// Whether every draw is the plain argmax of the logits (greedy, no penalties): then a
-    /// GPU session can pick the token on the device.
+    /// Whether every draw is the plain argmax of the logits (greedy, no bias, no penalties):
+    /// then a GPU session can pick the token on the device.
     pub fn is_argmax(&self) -> bool {
-        self.cfg.temperature <= 0.0 && !self.cfg.penalties_on()
+        self.cfg.temperature <= 0.0 && !self.cfg.edits_logits()
     }
 
+    /// Restart the random stream from `seed`.
     pub fn reseed(&mut self, seed: u64) {
         self.cfg.seed = seed;
         self.rng = Rng::new(seed);
@@ -461,10 +482,11 @@ impl Sampler {
         }
 
         let k = self.cfg.top_k;
-        if !self.cfg.penalties_on() && self.cfg.temperature <= 0.0 {
+        let edits = self.cfg.edits_logits();
+        if !edits && self.cfg.temperature <= 0.0 {
             return best_of(logits);
         }
-        if !self.cfg.penalties_on() && self.cfg.temperature > 0.0 && k > 0 && k < n {
+        if !edits && self.cfg.temperature > 0.0 && k > 0 && k < n {
             // Only the k best can be drawn: find them in one pass over the logits instead of
             // making a candidate of every token and selecting among them (Gemma-3's 262,144
             // tokens: 40 µs against 535 on a Zen 5).
@@ -482,6 +504,7 @@ impl Sampler {
                 .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l })),
         );
 
+        apply_bias(&mut self.candidates, &self.cfg.logit_bias);
         if self.cfg.penalties_on() {
             let start = history.len().saturating_sub(self.cfg.repeat_last_n);
             apply_penalties(
@@ -537,6 +560,18 @@ impl Sampler {
         softmax_in_place(&mut self.probs);
         let i = draw(&self.probs, self.rng.next_f64());
         self.candidates[i].0
+    }
+}
+
+/// Add each `(id, bias)` to candidate `id`'s logit (`candidates` still in id order); ids
+/// outside the row are skipped. `-inf + inf` (a masked token given an infinite bias) stays
+/// masked.
+fn apply_bias(candidates: &mut [(u32, f32)], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(c) = candidates.get_mut(id as usize) {
+            let l = c.1 + b;
+            c.1 = if l.is_nan() { f32::NEG_INFINITY } else { l };
+        }
     }
 }
 

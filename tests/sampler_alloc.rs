@@ -1,6 +1,7 @@
 //! `Sampler::sample` must not touch the heap: every buffer is allocated in `Sampler::new`.
 //! A counting global allocator proves it for every pipeline shape (greedy, penalties, top-k,
-//! top-p over a large vocabulary with its full-sort fallback, min-p, all-masked rows).
+//! top-p over a large vocabulary with its full-sort fallback, min-p, all-masked rows, a logit
+//! bias).
 //! The sampler runs on the caller's thread, so only that thread's allocations are counted: the
 //! test harness's own thread may still be allocating (its output, its timers) while the first
 //! pipeline runs, which once made this test fail on a loaded machine.
@@ -112,6 +113,23 @@ fn sample_never_allocates() {
             ..base()
         },
         SamplerConfig { top_k: 1, ..base() },
+        // A bias (every shape then takes the whole-row path): greedy, the default chain, with
+        // penalties after it; ids past the vocabulary and a ban among them.
+        SamplerConfig {
+            temperature: 0.0,
+            logit_bias: vec![(3, 100.0), (99, f32::NEG_INFINITY), (VOCAB as u32 + 5, 1.0)],
+            ..base()
+        },
+        SamplerConfig {
+            logit_bias: vec![(3, -100.0), (17, 2.5), (17, -0.5), (40_000, 100.0)],
+            ..base()
+        },
+        SamplerConfig {
+            repeat_penalty: 1.1,
+            frequency_penalty: 0.2,
+            logit_bias: (0..300).map(|i| (i * 151, -1.0)).collect(),
+            ..base()
+        },
     ];
     for cfg in configs {
         let at_new = ALLOCS.load(SeqCst);

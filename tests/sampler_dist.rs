@@ -16,6 +16,7 @@ fn plain(temperature: f32, seed: u64) -> SamplerConfig {
         frequency_penalty: 0.0,
         presence_penalty: 0.0,
         seed,
+        logit_bias: Vec::new(),
     }
 }
 
@@ -229,9 +230,17 @@ fn any_config() -> impl Strategy<Value = SamplerConfig> {
         -1.0f32..1.0,
         -1.0f32..1.0,
         any::<u64>(),
+        // Biases on ids in and past small rows, bans among them.
+        proptest::collection::vec(
+            (
+                0u32..40,
+                prop_oneof![-100.0f32..100.0, Just(f32::NEG_INFINITY)],
+            ),
+            0..4,
+        ),
     )
         .prop_map(
-            |(temperature, top_k, top_p, min_p, rp, n, f, pr, seed)| SamplerConfig {
+            |(temperature, top_k, top_p, min_p, rp, n, f, pr, seed, logit_bias)| SamplerConfig {
                 temperature,
                 top_k,
                 top_p,
@@ -241,6 +250,7 @@ fn any_config() -> impl Strategy<Value = SamplerConfig> {
                 frequency_penalty: f,
                 presence_penalty: pr,
                 seed,
+                logit_bias,
             },
         )
 }

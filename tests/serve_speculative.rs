@@ -77,6 +77,8 @@ struct Req {
     /// A second choice of the same prompt (`n: 2`), seeded or greedy: its output follows
     /// the requests'.
     fork: Option<bool>,
+    /// `logit_bias`, added to the logits of every row the request samples.
+    bias: Vec<(u32, f32)>,
 }
 
 impl Req {
@@ -91,6 +93,7 @@ impl Req {
             logprobs: None,
             grammar: None,
             fork: None,
+            bias: Vec::new(),
         }
     }
 }
@@ -206,7 +209,10 @@ fn serve(
         sched.submit(SeqRequest {
             prompt: r.prompt.clone(),
             max_new: r.max_new,
-            sampler: sampler(r.seeded, r.penalty, i),
+            sampler: SamplerConfig {
+                logit_bias: r.bias.clone(),
+                ..sampler(r.seeded, r.penalty, i)
+            },
             stop: r.stop.clone(),
             code: Default::default(),
             cache_prompt: true,
@@ -348,6 +354,42 @@ fn scheduler_speculation_gives_plain_outputs_on_random_models() {
         );
     }
     assert!(stopped > 0, "a stop sequence cut a pass");
+}
+
+/// A request with a `logit_bias` stays exact under speculation: each verified row is sampled
+/// with the bias, as plain decoding samples it. The bias bans the token the unbiased greedy
+/// run chose first (and favours another), so the biased outputs differ from the unbiased ones.
+#[test]
+fn scheduler_speculation_honours_logit_bias() {
+    let stem = "random-llama-q4_k";
+    let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let tok = Tokenizer::from_gguf(&m.file).unwrap();
+    let mut reqs = vec![
+        Req::new(repeating(1, 30), 40),
+        Req::new(repeating(3, 50), 60),
+        Req::new(repeating(4, 20), 25),
+    ];
+    reqs[2].seeded = true;
+    let setup = || Setup::new(2, 128, 16, 6);
+    let (unbiased, _) = serve(
+        &m,
+        &tok,
+        &Setup {
+            draft_max: 0,
+            ..setup()
+        },
+        &reqs,
+    );
+    for (r, u) in reqs.iter_mut().zip(&unbiased) {
+        let first = u.ids[0];
+        r.bias = vec![(first, -100.0), ((first + 1) % 200, 2.0), (first, -0.5)];
+    }
+    same_with_speculation(&format!("{stem} with logit_bias"), &m, &tok, setup(), &reqs);
+    let (biased, _) = serve(&m, &tok, &setup(), &reqs);
+    for (i, (b, u)) in biased.iter().zip(&unbiased).enumerate() {
+        assert_ne!(b.ids.first(), u.ids.first(), "request {i}: the ban holds");
+        assert!(!b.ids.contains(&u.ids[0]), "request {i}: banned everywhere");
+    }
 }
 
 /// A draft model's slots instead of prompt lookup (`--model-draft`): the same outputs, the

@@ -1,12 +1,15 @@
 //! The OpenAI request bodies we accept, their validation, and the response bodies we send.
 //!
-//! Unknown fields are ignored (clients send many); fields with the wrong type, out-of-range
-//! values and requests that cannot fit the context are refused with a 400 naming the field.
+//! Unknown fields are ignored (clients send many); the fields of OpenAI's and llama-server's
+//! that kiln does not implement are refused when they ask for something
+//! ([`super::unsupported`]); fields with the wrong type, out-of-range values and requests that
+//! cannot fit the context are refused with a 400 naming the field.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::unsupported;
 use crate::engine::scheduler::{FinishReason, Usage};
 use crate::sampler::SamplerConfig;
 
@@ -37,6 +40,8 @@ pub struct GenParams {
     pub top_k: Option<usize>,
     pub min_p: Option<f32>,
     pub repeat_penalty: Option<f32>,
+    /// llama-server's window of the penalties (−1: the context).
+    pub repeat_last_n: Option<i64>,
     pub frequency_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub seed: Option<i64>,
@@ -47,12 +52,16 @@ pub struct GenParams {
     pub n: Option<i64>,
     /// Reuse a cached prefix of the prompt (default true).
     pub cache_prompt: Option<bool>,
-    /// OpenAI's `{"token_id": bias}` (llama-server's `[[id, bias]]` too): not applied by
-    /// kiln, so refused by name when it asks for anything (never silently ignored).
+    /// OpenAI's `{"token_id": bias}` (llama-server's `[[id, bias]]` too), read against the
+    /// vocabulary by [`super::bias::read`] where the route knows it.
     pub logit_bias: Option<Value>,
     /// vLLM's `cache_salt`: requests share cached prefixes only with requests of the same
     /// salt (and API key).
     pub cache_salt: Option<String>,
+    /// Code completion's early ends, as llama-server takes them on every route (see
+    /// [`crate::engine::scheduler::CodeStops`]).
+    pub n_indent: Option<i64>,
+    pub t_max_predict_ms: Option<i64>,
     /// Keep generating past end-of-generation tokens (llama.cpp server's `ignore_eos`).
     #[serde(default)]
     pub ignore_eos: bool,
@@ -150,6 +159,8 @@ pub trait Body: Sized {
 impl Body for ChatRequest {
     fn from_json(v: &Value) -> Result<Self, ApiError> {
         let f: ChatFields = typed(v)?;
+        unsupported::check(v, "", unsupported::OPENAI_CHAT)?;
+        unsupported::check(v, "", unsupported::LLAMA_SAMPLING)?;
         Ok(ChatRequest {
             messages: f.messages,
             tools: f.tools,
@@ -165,6 +176,8 @@ impl Body for ChatRequest {
 impl Body for CompletionRequest {
     fn from_json(v: &Value) -> Result<Self, ApiError> {
         let f: CompletionFields = typed(v)?;
+        unsupported::check(v, "", unsupported::OPENAI_COMPLETIONS)?;
+        unsupported::check(v, "", unsupported::LLAMA_SAMPLING)?;
         Ok(CompletionRequest {
             prompt: f.prompt,
             logprobs: f.logprobs,
@@ -337,18 +350,6 @@ impl GenParams {
             }
             Some(m) => m as usize,
         };
-        let asks = match &self.logit_bias {
-            None | Some(Value::Null) => false,
-            Some(Value::Object(m)) => !m.is_empty(),
-            Some(Value::Array(a)) => !a.is_empty(),
-            Some(_) => true,
-        };
-        if asks {
-            return Err(ApiError::invalid_param(
-                "logit_bias",
-                "logit_bias is not supported by this server (refused rather than ignored); send it empty or leave it out",
-            ));
-        }
         let mut sampler = SamplerConfig::default();
         let set = |dst: &mut f32, name: &str, v: Option<f32>, lo: f32, hi: f32| match v {
             Some(v) if !(lo..=hi).contains(&v) => Err(ApiError::invalid_param(
@@ -397,6 +398,17 @@ impl GenParams {
             }
             sampler.repeat_penalty = r;
         }
+        match self.repeat_last_n {
+            None => {}
+            Some(-1) => sampler.repeat_last_n = n_ctx,
+            Some(n) if n >= 0 => sampler.repeat_last_n = n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid_param(
+                    "repeat_last_n",
+                    format!("repeat_last_n = {n}: 0 or more, or -1 (the context)"),
+                ))
+            }
+        }
         if let Some(s) = self.seed {
             sampler.seed = s as u64;
         }
@@ -438,7 +450,11 @@ impl GenParams {
             )?,
             n: 1,
             logprobs: None,
-            code: Default::default(),
+            code: crate::engine::scheduler::CodeStops {
+                n_indent: self.n_indent.unwrap_or(0).max(0) as usize,
+                t_max_predict: (self.t_max_predict_ms.filter(|&t| t > 0))
+                    .map(|t| std::time::Duration::from_millis(t as u64)),
+            },
         })
     }
 }
@@ -597,16 +613,23 @@ mod tests {
             p(r#"{"messages": []}"#).validate(9, 9).is_err(),
             "prompt fills the context"
         );
-        let e = p(&format!(r#"{base}"logit_bias": {{"42": -100}}}}"#))
-            .validate(1, 9)
+        // llama-server's fields on the OpenAI routes: the penalties' window, code stops.
+        let g = p(&format!(
+            r#"{base}"repeat_last_n": 16, "n_indent": 4, "t_max_predict_ms": 250}}"#
+        ))
+        .validate(1, 90)
+        .unwrap();
+        assert_eq!((g.sampler.repeat_last_n, g.code.n_indent), (16, 4));
+        assert_eq!(
+            g.code.t_max_predict,
+            Some(std::time::Duration::from_millis(250))
+        );
+        let g = p(&format!(r#"{base}"repeat_last_n": -1}}"#));
+        assert_eq!(g.validate(1, 90).unwrap().sampler.repeat_last_n, 90);
+        let e = p(&format!(r#"{base}"repeat_last_n": -2}}"#))
+            .validate(1, 90)
             .unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("logit_bias"));
-        assert!(p(&format!(r#"{base}"logit_bias": [[42, 1.0]]}}"#))
-            .validate(1, 9)
-            .is_err());
-        assert!(p(&format!(r#"{base}"logit_bias": {{}}}}"#))
-            .validate(1, 9)
-            .is_ok());
+        assert_eq!(e.param.as_deref(), Some("repeat_last_n"));
         let e = p(&format!(r#"{base}"cache_salt": ""}}"#))
             .validate(1, 9)
             .unwrap_err();

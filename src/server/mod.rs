@@ -23,6 +23,7 @@
 
 mod anthropic;
 pub mod api;
+mod bias;
 mod conn;
 mod embeddings;
 pub mod error;
@@ -37,6 +38,7 @@ mod routes;
 pub mod structured;
 mod tokens;
 pub mod tools;
+mod unsupported;
 
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;

@@ -17,7 +17,9 @@
 //! code completion `n_indent` (a line after the first that starts less indented ends the
 //! text before its first other character) and `t_max_predict_ms` (past this time since the
 //! first token, the text ends with the next token that ends a line after the first); both end
-//! it as the token limit does (`stop_type` `limit`).
+//! it as the token limit does (`stop_type` `limit`). `logit_bias` takes llama-server's forms
+//! ([`super::bias`]); llama-server's samplers kiln lacks (`mirostat`, `dry_multiplier`,
+//! `xtc_probability`, ...) are refused where they ask for something ([`super::unsupported`]).
 //!
 //! The answer: `content`, `stop`, `stop_type` (`eos`, `limit`, `word`; `none` when cut off),
 //! `stopping_word`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached` (prompt and
@@ -40,12 +42,13 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::api::{self, Body as RequestBody, CompletionRequest};
+use super::bias::{self, Dialect};
 use super::error::ApiError;
 use super::logprobs::finite;
 use super::respond::{self, Ev, Job};
 use super::routes::{check_model, completion_job, read_body};
 use super::tokens::{MixedPart, TokenizeContent};
-use super::AppState;
+use super::{unsupported, AppState};
 use crate::engine::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::engine::scheduler::{CodeStops, FinishReason, Finished};
 use crate::tokenizer::{ExtraChunk, InfillBudget, InfillParts, Tokenizer};
@@ -194,6 +197,8 @@ async fn generate(
             "post_sampling_probs is not supported: n_probs gives the model's log-probabilities",
         );
     }
+    unsupported::check(v, "", unsupported::LLAMA_SAMPLING)?;
+    unsupported::check(v, "", unsupported::LLAMA_COMPLETION)?;
     let n_probs = f.n_probs.unwrap_or(0).clamp(0, MAX_TOP_LOGPROBS as i64) as usize;
     if ids.is_empty() {
         return refuse("prompt", "the prompt is empty");
@@ -228,6 +233,13 @@ async fn generate(
         ..Default::default()
     };
     wide.apply(&mut job.gen, st.opts.n_ctx)?;
+    let vocab = st.model.config.vocab_size;
+    job.gen.sampler.logit_bias = bias::read(
+        v.get("logit_bias"),
+        &st.tokenizer,
+        vocab,
+        Dialect::LlamaServer,
+    )?;
     job.gen.stream = f.stream;
     job.gen.code = CodeStops {
         n_indent: f.n_indent.unwrap_or(0).max(0) as usize,
@@ -277,6 +289,8 @@ fn settings(job: &Job, n_probs: usize) -> Value {
         "n_indent": g.code.n_indent,
         "t_max_predict_ms": g.code.t_max_predict.map_or(-1, |t| t.as_millis() as i64),
         "stream": g.stream,
+        // (As llama-server lists it; a ban's -inf is `null`, as there.)
+        "logit_bias": s.logit_bias.iter().map(|&(token, bias)| json!({"bias": bias, "token": token})).collect::<Vec<_>>(),
     })
 }
 

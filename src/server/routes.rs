@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Head, PromptField};
+use super::bias::Dialect;
 use super::error::ApiError;
 use super::metrics::{self, HttpMetrics, Status};
 use super::respond::{self, Job};
@@ -503,6 +504,7 @@ pub(super) fn chat_job(
     }
     let (tools, plan, prompt) = chat_prompt(st, req)?;
     let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
+    gen.sampler.logit_bias = logit_bias(st, &req.params)?;
     gen.n = req.params.choices(st.opts.n_slots)?;
     gen.logprobs = req.logprobs()?;
     let constraint = match plan.grammar {
@@ -636,6 +638,7 @@ pub(super) fn completion_job(
         }
         e
     })?;
+    gen.sampler.logit_bias = logit_bias(st, &req.params)?;
     gen.n = req.params.choices(st.opts.n_slots)?;
     gen.logprobs = req.logprobs()?;
     Ok(Job {
@@ -645,6 +648,12 @@ pub(super) fn completion_job(
         gen,
         tools: None,
     })
+}
+
+/// A request's `logit_bias` under OpenAI's rules ([`super::bias`]).
+fn logit_bias(st: &AppState, p: &api::GenParams) -> Result<Vec<(u32, f32)>, ApiError> {
+    let vocab = st.model.config.vocab_size;
+    super::bias::read(p.logit_bias.as_ref(), &st.tokenizer, vocab, Dialect::OpenAi)
 }
 
 /// A fill-in-the-middle prompt: the model's FIM tokens around `prefix` and `suffix`, cut as

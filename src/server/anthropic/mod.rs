@@ -18,8 +18,9 @@
 //!   string or text blocks), `max_tokens` (absent: up to the context; llama-server takes 4096),
 //!   `stop_sequences`, `temperature`, `top_p`, `top_k`, `tools` (`name`, `description`,
 //!   `input_schema`), `tool_choice` (`auto`, `any`, `tool` with a `name`, `none`;
-//!   `disable_parallel_tool_use`), `stream`. Other fields (`metadata`, `thinking`, ...) are
-//!   ignored. Refused with a 400 naming the block: images, documents (inside a `tool_result`
+//!   `disable_parallel_tool_use`), `stream`. Other fields (`metadata`, `thinking`,
+//!   `service_tier`, ...) are ignored; `mcp_servers` and `container` are refused by name
+//!   ([`super::unsupported`]). Refused with a 400 naming the block: images, documents (inside a `tool_result`
 //!   they become a text placeholder), server tools, a `tool_use` input other than an object, an
 //!   empty content list. `max_tokens` beyond the context is cut to the room left and
 //!   `stop_sequences` take llama-server's limits ([`api::WideParams`]), not OpenAI's.
@@ -42,7 +43,7 @@ use serde_json::{json, Map, Value};
 use super::api::{self, Body as RequestBody, ChatRequest};
 use super::error::ApiError;
 use super::routes::{chat_job, chat_prompt, check_model, read_body, tool_error};
-use super::AppState;
+use super::{unsupported, AppState};
 
 mod answer;
 #[cfg(test)]
@@ -189,6 +190,7 @@ fn stop_sequences(v: Option<&Value>) -> Result<Option<Vec<String>>, ApiError> {
 /// The body as the OpenAI route's request, the model's name, and whether to stream.
 fn chat_request(st: &AppState, v: &Value) -> Result<(Converted, String, bool), ApiError> {
     let r: Request = api::typed(v)?;
+    unsupported::check(v, "", unsupported::ANTHROPIC)?;
     let model = check_model(st, &r.model)?;
     if r.messages.is_empty() {
         // (Else the system prompt alone would be the conversation.)

@@ -24,10 +24,12 @@
 //! `options`, under Ollama's limits, not OpenAI's: `num_predict` (cut to the room the context
 //! leaves; negative: no limit), `temperature` (from 0), `stop` (up to 64; empty ones
 //! dropped), `repeat_last_n` (−1: the context), and `top_k`, `top_p`, `min_p`,
-//! `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `seed`; the others (`num_ctx`,
-//! `num_gpu`, ...), `keep_alive` and `think` are ignored: the model is loaded once, with the
-//! server's flags. Refused with a 400 saying so: `images`, `template`, `context` (the old
-//! conversation state of `/api/generate`: send the conversation to `/api/chat`).
+//! `repeat_penalty`, `presence_penalty`, `frequency_penalty`, `seed`; the load options
+//! (`num_ctx`, `num_gpu`, `num_thread`, ...) and `keep_alive` are ignored: the model is loaded
+//! once, with the server's flags. Refused with a 400 saying so: `images`, `template`,
+//! `context` (the old conversation state of `/api/generate`: send the conversation to
+//! `/api/chat`), and where they ask for something `think`, `logprobs`, `top_logprobs` and the
+//! options `mirostat`, `typical_p`, `tfs_z` ([`super::unsupported`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,7 +49,7 @@ use super::respond::Job;
 use super::routes::{
     chat_job, check_model, completion_job, fim_prompt, read_body, serves, tool_error,
 };
-use super::AppState;
+use super::{unsupported, AppState};
 use answer::{answer, loaded, Kind};
 
 mod answer;
@@ -322,6 +324,10 @@ async fn read_request<T: serde::de::DeserializeOwned>(
     let v = api::object(&read_body(st, headers, body).await?)?;
     let common: Common = api::typed(&v)?;
     let fields: T = api::typed(&v)?;
+    unsupported::check(&v, "", unsupported::OLLAMA_GENERATE)?;
+    if let Some(o) = v.get("options") {
+        unsupported::check(o, "options.", unsupported::OLLAMA_OPTIONS)?;
+    }
     let model = model(st, &common.model)?;
     no_images(&common.images, "images")?;
     no_template(&common.template)?;
