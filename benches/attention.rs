@@ -50,6 +50,7 @@ fn bench(c: &mut Criterion) {
                 causal: true,
                 kv_stride: stride,
                 ring: None,
+                sinks: None,
             };
             let mut scratch = AttnScratch::new(h, hkv, hd, hd, 1);
             let mut out = vec![0.0f32; n_tokens * h * hd];

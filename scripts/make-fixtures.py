@@ -15,7 +15,7 @@ reference's answers on them come to be:
    each tensor's format) and the sha256 of the file the reference wrote;
 5. runs the reference on every file: `tests/golden/<model>/logits.jsonl` (top-10 logits at each
    position of the golden prompts, 16 greedy tokens) and `tests/golden/dequant.json` (ggml's own
-   dequantization of three tensors of every random-llama file);
+   dequantization of three tensors of every random-llama file, and of two MXFP4 expert tensors);
 6. checks that kiln makes every file byte for byte as the reference wrote it
    (`cargo run --release --example fixtures -- check`);
 7. writes `tests/golden/<model>/logprobs.jsonl` for the models in LOGPROB_MODELS (and, with
@@ -90,12 +90,18 @@ VARIANTS = {
     "random-qwen3moe-q8_0": ("qwen3moe", "Q8_0", True),
     "random-olmoe-q4_k_m": ("olmoe", "Q4_K_M", False),
     "random-qwen2moe-q4_0": ("qwen2moe", "Q4_0", True),
+    # gpt-oss as shipped: the experts in MXFP4, every other matrix Q8_0 (llama-quantize's
+    # MXFP4_MOE); and its own Q4_K_M mix.
+    "random-gpt-oss-mxfp4": ("gpt-oss", "MXFP4_MOE", False),
+    "random-gpt-oss-q4_k_m": ("gpt-oss", "Q4_K_M", False),
 }
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "llama-yarn", "phi3",
-           "smollm3"]
+           "smollm3", "gpt-oss"]
 # Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
 ENCODER_RECIPES = ["bert", "nomic-bert"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
+# Formats no random-llama file holds: these tensors of these files too.
+DEQUANT_EXTRA = {"random-gpt-oss-mxfp4": ["blk.0.ffn_up_exps.weight", "blk.3.ffn_down_exps.weight"]}
 # The random models with a log-probability golden (one per architecture, and two formats).
 LOGPROB_MODELS = ["random-llama-f32", "random-llama-q4_0", "random-qwen2-f32",
                   "random-qwen3-q4_k_m", "random-gpt2-f32"]
@@ -436,13 +442,15 @@ def dequant_golden(bin_dir, work, out_path):
     to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
                                   ctypes.c_int64)
     out = {}
-    for name in sorted(n for n in [*VARIANTS, "random-llama-f32"] if n.startswith("random-llama")):
+    names = [n for n in [*VARIANTS, "random-llama-f32"] if n.startswith("random-llama")]
+    for name in sorted([*names, *DEQUANT_EXTRA]):
+        wanted = DEQUANT_EXTRA.get(name, DEQUANT_TENSORS)
         path = work / f"{name}.gguf"
         r = gguf_reader(path)
         raw = path.read_bytes()
         entry = {}
         for t in r.tensors:
-            if t.name not in DEQUANT_TENSORS:
+            if t.name not in wanted:
                 continue
             n = int(t.n_elements)
             data = raw[t.data_offset:t.data_offset + t.n_bytes]
@@ -459,7 +467,7 @@ def dequant_golden(bin_dir, work, out_path):
                 "sum_sq": float((v * v).sum()), "data_offset": int(t.data_offset),
                 "n_bytes": int(t.n_bytes),
             }
-        out[f"{name}.gguf"] = dict(sorted(entry.items(), key=lambda kv: DEQUANT_TENSORS.index(kv[0])))
+        out[f"{name}.gguf"] = dict(sorted(entry.items(), key=lambda kv: wanted.index(kv[0])))
     out_path.write_text(json.dumps(out, indent=1) + "\n")
     log(f"wrote {out_path}")
 

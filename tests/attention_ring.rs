@@ -47,6 +47,7 @@ fn attend(
         causal: true,
         kv_stride: c.capacity(),
         ring: c.ring_rows(0),
+        sinks: None,
     };
     let mut scratch = AttnScratch::with_kv(H, HKV, HD, HD, pool.n_threads(), ty);
     let mut out = vec![0.0f32; n * H * HD];

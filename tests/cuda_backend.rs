@@ -125,6 +125,15 @@ fn moe_models_are_refused_by_name() {
         msg.contains("mixture-of-experts") && msg.contains("qwen3moe"),
         "{msg}"
     );
+    // gpt-oss (attention sinks, MXFP4 experts, YaRN) likewise, its first refusal naming its
+    // keys.
+    let m = Arc::new(Model::load(common::random_model("random-gpt-oss-mxfp4")).unwrap());
+    let mut o = SessionOptions::new(256, 2);
+    o.device = Device::Cuda;
+    let err = Session::new(m, o)
+        .err()
+        .expect("gpt-oss on the GPU must be refused");
+    assert!(err.to_string().contains("gpt-oss"), "{err}");
 }
 
 /// The fixture models the CUDA backend refuses, and what its error names: YaRN's rotation

@@ -143,6 +143,8 @@ fn decode_allocates_nothing() {
         // Mixtures of experts: routing and the chosen experts' products.
         "random-qwen3moe-q8_0",
         "random-qwen2moe-q4_0",
+        // gpt-oss: sinks, biases, MXFP4 experts, the clamped SwiGLU, a sliding-window ring.
+        "random-gpt-oss-mxfp4",
     ] {
         for threads in [1, 2] {
             assert_eq!(

@@ -93,27 +93,32 @@ struct Seed {
 fn seeds() -> &'static [Seed] {
     static SEEDS: OnceLock<Vec<Seed>> = OnceLock::new();
     SEEDS.get_or_init(|| {
-        ["random-llama-q4_0", "random-qwen3-q4_k_m"]
-            .iter()
-            .map(|stem| {
-                let bytes = std::fs::read(common::random_model(stem)).unwrap();
-                let f = GgufFile::from_bytes(bytes.clone()).unwrap();
-                let header_len = f.data_offset();
-                let mut kvs = Vec::new();
-                for (k, v) in f.metadata() {
-                    write_string(&mut kvs, k);
-                    write_value(&mut kvs, v);
-                }
-                let infos_start = 24 + kvs.len();
-                let fields = header_fields(&f);
-                Seed {
-                    bytes,
-                    header_len,
-                    infos_start,
-                    fields,
-                }
-            })
-            .collect()
+        // (gpt-oss's: the MXFP4 type and the sliding-window, expert and bias entries.)
+        [
+            "random-llama-q4_0",
+            "random-qwen3-q4_k_m",
+            "random-gpt-oss-mxfp4",
+        ]
+        .iter()
+        .map(|stem| {
+            let bytes = std::fs::read(common::random_model(stem)).unwrap();
+            let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+            let header_len = f.data_offset();
+            let mut kvs = Vec::new();
+            for (k, v) in f.metadata() {
+                write_string(&mut kvs, k);
+                write_value(&mut kvs, v);
+            }
+            let infos_start = 24 + kvs.len();
+            let fields = header_fields(&f);
+            Seed {
+                bytes,
+                header_len,
+                infos_start,
+                fields,
+            }
+        })
+        .collect()
     })
 }
 

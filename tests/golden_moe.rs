@@ -1,7 +1,8 @@
 //! Mixture-of-experts models (random weights) against the reference engine: Qwen3-MoE
-//! (renormalized top-4 of 16), OLMoE (top-3 of 20, whole-vector q/k norms) and Qwen2-MoE (top-2
-//! of 8 plus a gated shared expert), in F32 and quantized; and the bad files the loader must
-//! refuse with a named error.
+//! (renormalized top-4 of 16), OLMoE (top-3 of 20, whole-vector q/k norms), Qwen2-MoE (top-2
+//! of 8 plus a gated shared expert) and gpt-oss (top-4 of 8 with biases everywhere, attention
+//! sinks, alternating sliding-window layers, YaRN, the clamped SwiGLU; its experts in MXFP4),
+//! in F32 and quantized; and the bad files the loader must refuse with a named error.
 
 mod common;
 
@@ -41,6 +42,124 @@ fn random_olmoe_matches_reference() {
 fn random_qwen2moe_matches_reference() {
     check_random("random-qwen2moe-f32");
     check_random("random-qwen2moe-q4_0");
+}
+
+#[test]
+fn random_gpt_oss_matches_reference() {
+    check_random("random-gpt-oss-f32");
+    check_random("random-gpt-oss-mxfp4");
+    check_random("random-gpt-oss-q4_k_m");
+}
+
+/// gpt-oss as the reference reads it: sinks on every layer, local layers first and then every
+/// other one, the experts of the shipped file in MXFP4.
+#[test]
+fn gpt_oss_layout_is_read_as_the_reference_reads_it() {
+    let model = Model::load(common::random_model("random-gpt-oss-mxfp4")).expect("load");
+    let c = &model.config;
+    assert_eq!(c.sliding_window, Some(16));
+    assert_eq!(c.swa_layers, [true, false, true, false]);
+    let mc = c.moe.as_ref().expect("experts");
+    assert_eq!(mc.gating, kiln::model::moe::Gating::SoftmaxWeight);
+    assert!(mc.clamped_swiglu.is_some() && !mc.norm_weights);
+    for (i, l) in model.weights.layers.iter().enumerate() {
+        assert_eq!(
+            l.attn_sinks.as_ref().map(Vec::len),
+            Some(c.n_heads),
+            "layer {i}"
+        );
+        assert_eq!(l.window, c.swa_layers[i].then_some(16), "layer {i}");
+        let moe = l.moe.as_ref().expect("experts");
+        assert_eq!(moe.up[0].kernels.weight, kiln::quant::GgmlType::MXFP4);
+        assert!(moe.down[0].bias.is_some() && moe.router.bias.is_some() && l.wo.bias.is_some());
+    }
+}
+
+/// Each gpt-oss feature is needed to meet its golden (so the check above can fail): without
+/// the sinks, with the experts' plain SwiGLU, or with every layer attending to the whole
+/// context, kiln misses the reference's logits.
+#[test]
+fn gpt_oss_golden_needs_sinks_clamped_swiglu_and_windows() {
+    let stem = "random-gpt-oss-f32";
+    let load = || Model::load(common::random_model(stem)).expect("load");
+    let misses = |model: Model, what: &str| {
+        let mut agg = Agreement::default();
+        compare(
+            &Arc::new(model),
+            &common::golden_dir().join(stem).join("logits.jsonl"),
+            2,
+            true,
+            &mut agg,
+        );
+        assert!(
+            agg.top1_rate() < 0.99 || agg.mean_logit_err() > 0.25,
+            "{what} met the {stem} golden: top-1 {:.4}, mean error {:.4}",
+            agg.top1_rate(),
+            agg.mean_logit_err()
+        );
+    };
+    let mut m = load();
+    m.weights
+        .layers
+        .iter_mut()
+        .for_each(|l| l.attn_sinks = None);
+    misses(m, "attention without sinks");
+    let mut m = load();
+    m.config.moe.as_mut().expect("experts").clamped_swiglu = None;
+    misses(m, "the plain SwiGLU");
+    let mut m = load();
+    m.weights.layers.iter_mut().for_each(|l| l.window = None);
+    misses(m, "full attention on every layer");
+}
+
+/// A gpt-oss file without one of the tensors the reference requires is refused naming it.
+#[test]
+fn gpt_oss_missing_sinks_or_biases_are_named() {
+    for tensor in [
+        "blk.0.attn_sinks.weight",
+        "blk.1.attn_output.bias",
+        "blk.2.ffn_gate_inp.bias",
+        "blk.3.ffn_up_exps.bias",
+        "blk.0.ffn_down_exps.bias",
+    ] {
+        let err = load_err(rewrite("random-gpt-oss-mxfp4", |w| {
+            w.remove_tensor(tensor);
+        }));
+        assert!(
+            matches!(err, ModelError::MissingTensor { .. }),
+            "{tensor}: {err}"
+        );
+        assert!(err.to_string().contains(tensor), "{err}");
+    }
+    // The window is required too (the reference's `get_key` without a default).
+    let err = load_err(rewrite("random-gpt-oss-f32", |w| {
+        w.remove("gpt-oss.attention.sliding_window");
+    }));
+    assert!(
+        err.to_string().contains("gpt-oss.attention.sliding_window"),
+        "{err}"
+    );
+}
+
+/// An MXFP4 tensor whose rows are not whole 32-element blocks is refused when the file is
+/// parsed, naming the tensor and the block.
+#[test]
+fn mxfp4_row_not_whole_blocks_is_named() {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "gpt-oss");
+    w.add_raw_tensor(kiln::gguf::RawTensor {
+        name: "blk.0.ffn_up_exps.weight".into(),
+        dims: vec![48, 2, 1],
+        type_id: 39,
+        offset: None,
+        data: vec![0; 2 * 2 * 17],
+    });
+    let err = GgufFile::from_bytes(w.to_bytes()).expect_err("must fail");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("blk.0.ffn_up_exps.weight") && msg.contains("MXFP4") && msg.contains("32"),
+        "{msg}"
+    );
 }
 
 /// The file of `stem` with its header rewritten by `edit`.

@@ -1,4 +1,5 @@
-//! Dequantization against llama.cpp: for three tensors of every `random-llama-*` model, the raw
+//! Dequantization against llama.cpp: for three tensors of every `random-llama-*` model (and two
+//! MXFP4 expert tensors of `random-gpt-oss-mxfp4`), the raw
 //! bytes at `data_offset` (an absolute file offset) are dequantized and compared with the
 //! reference engine's first 64 values (exactly) and whole-tensor sum / sum of squares.
 //! The bytes are read directly from the file so this does not depend on the GGUF reader.
@@ -88,7 +89,7 @@ fn check(case: &Case, values: &[f32], how: &str) {
 #[test]
 fn dequantize_matches_llama_cpp() {
     let cases = cases();
-    assert_eq!(cases.len(), 45, "15 files x 3 tensors");
+    assert_eq!(cases.len(), 47, "15 files x 3 tensors, and 2 MXFP4 tensors");
     let mut seen = std::collections::BTreeSet::new();
     for case in &cases {
         let mut values = vec![0f32; case.n];
@@ -96,7 +97,7 @@ fn dequantize_matches_llama_cpp() {
         check(case, &values, "dequantize_row");
         seen.insert(case.ty);
     }
-    assert_eq!(seen.len(), 15, "every weight format covered: {seen:?}");
+    assert_eq!(seen.len(), 16, "every weight format covered: {seen:?}");
 }
 
 /// The `dequantize` entry of every available kernel table gives the same bits.

@@ -93,9 +93,12 @@ pub fn plan(
     opts.kv_type.check_head_dim(c.head_dim_v)?;
     let parallel = parallel.max(1) as u64;
     let tensors = file.tensors();
+    // Matrices (and stacks of experts) are multiplied; every vector is copied out as f32,
+    // gpt-oss's 2-D expert biases `[width, n_expert]` as one vector per expert.
+    let is_matrix = |t: &&crate::gguf::TensorInfo| t.shape.len() >= 2 && !t.name.ends_with(".bias");
     let (repacked, in_place): (Vec<_>, Vec<_>) = tensors
         .iter()
-        .filter(|t| t.shape.len() >= 2)
+        .filter(is_matrix)
         .partition(|t| crate::model::weights::repacked_at_load(file, t));
     let bytes_of = |ts: &[&crate::gguf::TensorInfo]| ts.iter().map(|t| t.n_bytes as u64).sum();
     // A rearranged tensor is one allocation of its size; a 3-D stack of experts, one per
@@ -122,10 +125,13 @@ pub fn plan(
         .sum();
     let file_pages = file.file_size().next_multiple_of(crate::gguf::PAGE) as u64;
     let file_rest = file_pages.saturating_sub(mapped + released);
-    let small: Vec<_> = tensors.iter().filter(|t| t.shape.len() < 2).collect();
+    let small: Vec<_> = tensors.iter().filter(|t| !is_matrix(t)).collect();
     let owned: u64 = small
         .iter()
-        .map(|t| malloc_bytes(t.n_elements * 4) as u64)
+        .map(|t| match t.shape[..] {
+            [width, n, ..] => (n * malloc_bytes(width * 4)) as u64,
+            _ => malloc_bytes(t.n_elements * 4) as u64,
+        })
         .sum();
     let header_heap = file.heap_bytes(&malloc_bytes) as u64;
     let kv = kv_layout(&c, opts);
@@ -184,7 +190,7 @@ pub fn plan(
             mapped: true,
             formula: format!(
                 "file pages − 2-D tensors read in place − the whole pages inside the rearranged \
-                 ones: header, metadata, {} 1-D tensors and the rearranged tensors' end pages, \
+                 ones: header, metadata, {} vectors and the rearranged tensors' end pages, \
                  paged in at load",
                 small.len()
             ),
@@ -194,7 +200,8 @@ pub fn plan(
             bytes: owned,
             mapped: false,
             formula: format!(
-                "{} 1-D tensors (norms, biases) × elements × 4, each one allocation",
+                "{} 1-D tensors (norms, biases) × elements × 4, each one allocation (a 2-D \
+                 expert bias, one per expert)",
                 small.len()
             ),
         },

@@ -47,7 +47,7 @@ use half::f16;
 
 /// Shape and masking of one attention layer.
 #[derive(Clone, Copy, Debug)]
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim_k: usize,
@@ -67,9 +67,13 @@ pub struct AttnShape {
     /// A sliding-window layer's ring: the buffers hold this many rows per head (a multiple of
     /// [`KV_TILE`], at least `window + n_tokens − 1`), position `p` at row `p mod ring`.
     pub ring: Option<usize>,
+    /// Attention sinks (gpt-oss's `attn_sinks`): one learned logit per query head that joins
+    /// the softmax's denominator as a key with no value, so a row's weights sum to less than 1
+    /// ([`join_sink`]).
+    pub sinks: Option<&'a [f32]>,
 }
 
-impl AttnShape {
+impl AttnShape<'_> {
     /// Rows per head of the buffers.
     #[inline]
     pub fn rows(&self) -> usize {
@@ -469,6 +473,10 @@ pub fn attention_kv(
         s.causal || s.window.is_none(),
         "bidirectional attention has no window"
     );
+    assert!(
+        s.sinks.is_none_or(|k| k.len() >= s.n_heads),
+        "one attention sink per query head"
+    );
     if let Some(r) = s.ring {
         // Every position a query of the pass sees is still in the ring, and no tile of 64
         // positions wraps.
@@ -489,6 +497,23 @@ pub fn attention_kv(
         tiled(pool, ops, &s, q, n_tokens, pos0, kv, out, scratch);
     } else {
         vector(pool, ops, &s, q, n_tokens, pos0, kv, out, scratch);
+    }
+}
+
+/// Joins a head's attention sink `sink` to its row once every key is in: `m` and `sum` are the
+/// row's running maximum and sum of exponentials, `acc` its unnormalized weighted values
+/// (f32). As the reference engine does after its last key (`ggml_compute_forward_flash_attn_ext`'s
+/// "sinks" step): a sink above the maximum rescales the values by `expf(m − sink)` and the sum
+/// becomes `sum·ms + 1` (one fused multiply-add, as its compiled `S = S*ms + vs` is); else the
+/// sum takes `expf(sink − m)`.
+#[inline]
+pub(crate) fn join_sink(sink: f32, m: f32, sum: &mut f32, acc: &mut [f32]) {
+    if sink > m {
+        let ms = (m - sink).exp();
+        acc.iter_mut().for_each(|a| *a *= ms);
+        *sum = sum.mul_add(ms, 1.0);
+    } else {
+        *sum = sum.mul_add(1.0, (sink - m).exp());
     }
 }
 
@@ -617,13 +642,18 @@ fn vector(
         let a = (t * s.n_heads + h0) * hdv;
         // SAFETY: item (t, heads h0..) owns these output rows.
         let o = unsafe { outs.part(a..a + item_heads * hdv) };
-        for ((o, a), st) in o
+        for (j, ((o, a), st)) in o
             .chunks_exact_mut(hdv)
-            .zip(acc.chunks_exact(hdv))
-            .zip(ms.chunks_exact(2))
+            .zip(acc.chunks_exact_mut(hdv))
+            .zip(ms.chunks_exact_mut(2))
+            .enumerate()
         {
+            if let Some(sinks) = s.sinks {
+                // (The item's query heads are `h0..h0 + item_heads`, streamed or not.)
+                join_sink(sinks[h0 + j], st[0], &mut st[1], a);
+            }
             let inv = if st[1] == 0.0 { 0.0 } else { 1.0 / st[1] };
-            for (o, a) in o.iter_mut().zip(a) {
+            for (o, a) in o.iter_mut().zip(a.iter()) {
                 *o = a * inv;
             }
         }
@@ -832,7 +862,10 @@ fn tiled(
                     row[0] = ms[2 * r];
                     row[1] = ms[2 * r + 1];
                 } else {
-                    let sum = ms[2 * r + 1];
+                    let mut sum = ms[2 * r + 1];
+                    if let Some(sinks) = s.sinks {
+                        join_sink(sinks[h0 + j], ms[2 * r], &mut sum, row);
+                    }
                     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
                     row.iter_mut().for_each(|a| *a *= inv);
                 }
@@ -840,13 +873,21 @@ fn tiled(
         }
     });
     if split {
-        merge_chunks(&scratch.partial, n_chunks, s.n_heads, hdv, out);
+        merge_chunks(&scratch.partial, n_chunks, s.n_heads, hdv, s.sinks, out);
     }
 }
 
 /// Merge the chunks of a split decode row, in chunk order, in f32: `partial` holds
-/// `[chunk][head][max, sum, acc..]`, `out` gets one normalized row per head.
-fn merge_chunks(partial: &[f32], n_chunks: usize, n_heads: usize, hdv: usize, out: &mut [f32]) {
+/// `[chunk][head][max, sum, acc..]`, `out` gets one normalized row per head (its sink, if
+/// any, joined after the last chunk, as after the last key of an unsplit row).
+fn merge_chunks(
+    partial: &[f32],
+    n_chunks: usize,
+    n_heads: usize,
+    hdv: usize,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+) {
     let pstride = 2 + hdv;
     for h in 0..n_heads {
         let o = &mut out[h * hdv..][..hdv];
@@ -864,6 +905,9 @@ fn merge_chunks(partial: &[f32], n_chunks: usize, n_heads: usize, hdv: usize, ou
             }
             sum = sum * s_old + r[1] * s_new;
             m = m_new;
+        }
+        if let Some(sinks) = sinks {
+            join_sink(sinks[h], m, &mut sum, o);
         }
         if sum != 0.0 {
             let inv = 1.0 / sum;

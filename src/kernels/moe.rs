@@ -13,6 +13,9 @@ use super::f16ops::expf_approx;
 pub enum GateFn {
     Softmax,
     Sigmoid,
+    /// No gate before the choice (the raw logits rank the experts); the chosen logits'
+    /// softmax is their weights (gpt-oss).
+    SoftmaxWeight,
 }
 
 /// What routing needs to know about the model.
@@ -71,6 +74,7 @@ pub fn route(r: &Routing, probs: &mut [f32], experts: &mut [u32], weights: &mut 
         GateFn::Sigmoid => probs
             .iter_mut()
             .for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+        GateFn::SoftmaxWeight => {}
     }
     let probs = &*probs;
     // Top k by insertion: k is small (2 to 8 of up to 512).
@@ -92,6 +96,10 @@ pub fn route(r: &Routing, probs: &mut [f32], experts: &mut [u32], weights: &mut 
     }
     for (w, &e) in weights.iter_mut().zip(experts.iter()) {
         *w = probs[e as usize];
+    }
+    if r.gate == GateFn::SoftmaxWeight {
+        // `ggml_soft_max` over the `n_used` chosen logits.
+        softmax_row(weights);
     }
     if r.norm {
         let sum = weights.iter().map(|&w| w as f64).sum::<f64>() as f32;
@@ -321,6 +329,29 @@ mod tests {
             &mut w4,
         );
         assert_eq!(e4, [3, 2, 1, 0]);
+    }
+
+    /// gpt-oss's routing: the raw logits rank the experts (the probabilities are left as the
+    /// logits), and the chosen logits' own softmax is the weights.
+    #[test]
+    fn softmax_weight_ranks_logits_and_normalizes_the_chosen() {
+        let logits = [0.5f32, 3.0, -1.0, 3.0, 2.0, 0.0, 2.5, -4.0];
+        let (mut e, mut w) = ([0u32; 4], [0f32; 4]);
+        let mut p = logits;
+        route(
+            &routing(8, 4, GateFn::SoftmaxWeight, false, 0.0),
+            &mut p,
+            &mut e,
+            &mut w,
+        );
+        assert_eq!(p, logits);
+        assert_eq!(e, [1, 3, 6, 4]);
+        // The reference's softmax of a short row: expf of each minus the maximum, the sum in
+        // f64, its inverse rounded once.
+        let x = [3.0f32, 3.0, 2.5, 2.0].map(|v| (v - 3.0f32).exp());
+        let inv = (1.0 / x.iter().map(|&v| v as f64).sum::<f64>()) as f32;
+        assert_eq!(w, x.map(|v| v * inv));
+        assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-6);
     }
 
     /// Grouping places every (row, slot) once, experts in order, rows in batch order.

@@ -58,6 +58,8 @@ pub enum Arch {
     Qwen3Moe,
     Qwen2Moe,
     Olmoe,
+    /// gpt-oss (llama.cpp's `LLM_ARCH_OPENAI_MOE`).
+    GptOss,
     /// Encoders (embeddings, no generation): BERT and Nomic-BERT.
     Bert,
     NomicBert,
@@ -78,6 +80,7 @@ impl Arch {
         ("qwen3moe", Arch::Qwen3Moe),
         ("qwen2moe", Arch::Qwen2Moe),
         ("olmoe", Arch::Olmoe),
+        ("gpt-oss", Arch::GptOss),
         ("bert", Arch::Bert),
         ("nomic-bert", Arch::NomicBert),
         ("phi3", Arch::Phi3),

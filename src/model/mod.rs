@@ -12,6 +12,7 @@ pub mod weights;
 mod bert;
 mod gemma3;
 mod gpt2;
+mod gpt_oss;
 mod llama;
 mod phi3;
 mod qwen2;
@@ -178,6 +179,11 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
                 _ => moe::OLMOE,
             }
         }
+        Arch::GptOss => {
+            moe::configure(f, &mut cfg)?;
+            gpt_oss::configure(f, &mut cfg)?;
+            gpt_oss::TRAITS
+        }
         Arch::Phi3 => {
             phi3::configure(&mut cfg);
             phi3::TRAITS
@@ -265,8 +271,10 @@ fn layer_ropes(
             if c.no_rope_layers[i] {
                 return None;
             }
-            // Local layers have their own base and no position scaling.
+            // Local layers have their own base and no position scaling (gpt-oss's keep the
+            // full layers' scaling).
             let (base, scale) = match (c.swa_layers[i], c.rope_base_swa) {
+                (true, Some(b)) if c.arch == Arch::GptOss => (b, c.rope_freq_scale),
                 (true, Some(b)) => (b, 1.0),
                 _ => (c.rope_base, c.rope_freq_scale),
             };

@@ -1,5 +1,6 @@
 //! Mixture-of-experts feed-forward: the hyper-parameters read from the `{arch}.expert_*` keys,
-//! and the three architectures built on it (`qwen3moe`, `qwen2moe`, `olmoe`).
+//! and the architectures built on it (`qwen3moe`, `qwen2moe`, `olmoe`; `gpt-oss` in
+//! [`super::gpt_oss`]).
 //!
 //! A MoE layer replaces the dense feed-forward by `expert_count` small gated FFNs ("experts")
 //! and a router `ffn_gate_inp` (`[expert_count, dim]`): each token's router logits are gated
@@ -22,6 +23,35 @@ pub enum Gating {
     Softmax,
     /// Each logit's sigmoid (value 2).
     Sigmoid,
+    /// The experts chosen on the raw logits, their weights the softmax of the chosen logits
+    /// alone (llama.cpp's `SOFTMAX_WEIGHT`, value 3; gpt-oss's, whatever its file says).
+    SoftmaxWeight,
+}
+
+/// gpt-oss's clamped SwiGLU of an expert (llama.cpp's `swiglu_oai`): the gate clamped above
+/// at `limit`, the up product to `[-limit, limit]`, then `g·sigmoid(alpha·g)·(u + 1)`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct ClampedSwiglu {
+    pub alpha: f32,
+    pub limit: f32,
+}
+
+impl ClampedSwiglu {
+    /// gpt-oss's constants (the reference's `build_moe_ffn` fixes them).
+    pub const GPT_OSS: ClampedSwiglu = ClampedSwiglu {
+        alpha: 1.702,
+        limit: 7.0,
+    };
+
+    /// One element, in the reference's f32 steps (`ggml_compute_forward_swiglu_oai_f32`):
+    /// `x = min(g, limit)`, `y = clamp(u, -limit, limit)`, `x / (1 + expf(alpha·(−x)))·(y + 1)`.
+    #[inline]
+    pub fn apply(&self, g: f32, u: f32) -> f32 {
+        let x = g.min(self.limit);
+        let y = u.clamp(-self.limit, self.limit);
+        let glu = x / (1.0 + (self.alpha * -x).exp());
+        glu * (y + 1.0)
+    }
 }
 
 /// The mixture-of-experts hyper-parameters of a model.
@@ -41,6 +71,9 @@ pub struct MoeConfig {
     /// leave them alone).
     pub weights_scale: f32,
     pub gating: Gating,
+    /// The experts' activation when it is gpt-oss's clamped SwiGLU (`None`: the
+    /// architecture's own, gated).
+    pub clamped_swiglu: Option<ClampedSwiglu>,
 }
 
 /// Qwen3-MoE: Qwen3's attention (per-head q/k RMSNorm), a routed MoE with renormalized
@@ -96,6 +129,8 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
     // (llama.cpp: else `feed_forward_length / expert_used_count`).
     let ffn_dim = match arch {
         Arch::Olmoe => cfg.ffn_dim,
+        // gpt-oss: the reference requires the key.
+        Arch::GptOss => f.get_u32(&k("expert_feed_forward_length"))? as usize,
         _ => match f.opt_u32(&k("expert_feed_forward_length"))? {
             Some(v) if v > 0 => v as usize,
             _ => cfg.ffn_dim / n_used,
@@ -112,6 +147,7 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
     let gating = match f.opt_u32(&gating_key)? {
         None | Some(0) | Some(1) => Gating::Softmax,
         Some(2) => Gating::Sigmoid,
+        Some(3) if arch == Arch::GptOss => Gating::SoftmaxWeight,
         Some(v) => {
             return Err(ModelError::UnsupportedValue {
                 key: gating_key,
@@ -128,9 +164,15 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
             supported: "1 (no expert groups)",
         });
     }
-    let norm_weights = f
-        .opt_bool(&k("expert_weights_norm"))?
-        .unwrap_or(arch == Arch::Qwen3Moe);
+    // gpt-oss: the reference's graph fixes the gating and leaves the weights unnormalized.
+    let gating = if arch == Arch::GptOss {
+        Gating::SoftmaxWeight
+    } else {
+        gating
+    };
+    let norm_weights = arch != Arch::GptOss
+        && f.opt_bool(&k("expert_weights_norm"))?
+            .unwrap_or(arch == Arch::Qwen3Moe);
     let weights_scale = f.opt_f32(&k("expert_weights_scale"))?.unwrap_or(0.0);
     if ffn_dim == 0 || ffn_dim > 1 << 22 {
         return Err(ModelError::BadConfig(format!(
@@ -146,6 +188,7 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
         norm_weights,
         weights_scale,
         gating,
+        clamped_swiglu: (arch == Arch::GptOss).then_some(ClampedSwiglu::GPT_OSS),
     });
     Ok(())
 }

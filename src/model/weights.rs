@@ -59,6 +59,8 @@ pub mod names {
     pub const FFN_UP_SHEXP: &str = "ffn_up_shexp.weight";
     pub const FFN_DOWN_SHEXP: &str = "ffn_down_shexp.weight";
     pub const FFN_GATE_INP_SHEXP: &str = "ffn_gate_inp_shexp.weight";
+    /// gpt-oss: a learned logit per query head in the attention's softmax, `[n_heads]`.
+    pub const ATTN_SINKS: &str = "attn_sinks.weight";
 }
 
 /// A norm's parameters (`{name}.weight`, and `{name}.bias` for LayerNorm).
@@ -122,6 +124,8 @@ pub struct Layer {
     pub rope: Option<Rope>,
     /// Sliding-window size if this layer attends locally.
     pub window: Option<usize>,
+    /// `[n_heads]` attention sinks (gpt-oss), each head's logit in its softmax's denominator.
+    pub attn_sinks: Option<Vec<f32>>,
 }
 
 /// A mixture-of-experts feed-forward's weights: the router and each expert's matrices, views
@@ -237,13 +241,16 @@ impl<'a> Loader<'a> {
     }
 
     /// Expert `e`'s matrix of a 3-D tensor `[in_dim, out_dim, n_expert]`, for every expert:
-    /// views into the file (then rearranged as [`Self::matrix`] does).
+    /// views into the file (then rearranged as [`Self::matrix`] does). With `biased`, each
+    /// expert takes its row of the 2-D `{base}.bias` `[out_dim, n_expert]` (gpt-oss), which
+    /// must be there.
     pub fn experts(
         &self,
         name: &str,
         in_dim: usize,
         out_dim: usize,
         n_expert: usize,
+        biased: bool,
     ) -> Result<Vec<Linear>, ModelError> {
         let info = self.info(name)?;
         Self::check_shape(info, &[in_dim, out_dim, n_expert])?;
@@ -251,6 +258,23 @@ impl<'a> Loader<'a> {
         let row_bytes = Self::row_bytes(name, info, in_dim)?;
         let all = self.file.tensor_bytes(info);
         let per = row_bytes * out_dim;
+        let biases = match name.strip_suffix(".weight") {
+            Some(base) if biased => {
+                let b = format!("{base}.bias");
+                let bi = self.info(&b)?;
+                Self::check_shape(bi, &[out_dim, n_expert])?;
+                let mut v = vec![0f32; out_dim * n_expert];
+                quant::dequantize_row(bi.ty, &self.file.tensor_bytes(bi), &mut v).map_err(|e| {
+                    ModelError::UnsupportedType {
+                        name: b.clone(),
+                        ty: bi.ty,
+                        reason: e.to_string(),
+                    }
+                })?;
+                Some(v)
+            }
+            _ => None,
+        };
         Ok((0..n_expert)
             .map(|e| {
                 Linear {
@@ -260,7 +284,9 @@ impl<'a> Loader<'a> {
                     row_bytes,
                     data: all.slice(e * per..(e + 1) * per),
                     kernels,
-                    bias: None,
+                    bias: biases
+                        .as_ref()
+                        .map(|v| v[e * out_dim..(e + 1) * out_dim].to_vec()),
                 }
                 .repacked()
             })
@@ -411,8 +437,12 @@ pub fn load(
     } else {
         (None, None)
     };
+    let gpt_oss = cfg.arch == super::Arch::GptOss;
     let (attn_norm_name, ffn_norm_name) = if encoder {
         (ATTN_OUT_NORM, LAYER_OUT_NORM)
+    } else if gpt_oss {
+        // gpt-oss's FFN input norm is stored under the post-attention name.
+        (ATTN_NORM, ATTN_POST_NORM)
     } else {
         (ATTN_NORM, FFN_NORM)
     };
@@ -459,11 +489,15 @@ pub fn load(
             }
             Some(mc) => {
                 let (ne, f) = (mc.n_expert, mc.ffn_dim);
+                let router = ld.linear(&b(FFN_GATE_INP), dim, ne)?;
+                if gpt_oss {
+                    require_bias(&router)?;
+                }
                 let moe = Moe {
-                    router: ld.linear(&b(FFN_GATE_INP), dim, ne)?,
-                    gate: ld.experts(&b(FFN_GATE_EXPS), dim, f, ne)?,
-                    up: ld.experts(&b(FFN_UP_EXPS), dim, f, ne)?,
-                    down: ld.experts(&b(FFN_DOWN_EXPS), f, dim, ne)?,
+                    router,
+                    gate: ld.experts(&b(FFN_GATE_EXPS), dim, f, ne, gpt_oss)?,
+                    up: ld.experts(&b(FFN_UP_EXPS), dim, f, ne, gpt_oss)?,
+                    down: ld.experts(&b(FFN_DOWN_EXPS), f, dim, ne, gpt_oss)?,
                     shared_gate: match mc.shared_ffn_dim {
                         Some(_) => Some(ld.row_matrix(&b(FFN_GATE_INP_SHEXP), dim)?),
                         None => None,
@@ -488,12 +522,19 @@ pub fn load(
         } else {
             (None, None)
         };
+        let wo = ld.matrix(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?;
+        let attn_sinks = if gpt_oss {
+            require_bias(&wo)?;
+            Some(ld.vector(&b(ATTN_SINKS), cfg.n_heads)?)
+        } else {
+            None
+        };
         layers.push(Layer {
             attn_norm: ld.norm(&b(attn_norm_name), dim)?,
             qkv,
             q_norm,
             k_norm,
-            wo: ld.matrix(&b(ATTN_OUT), cfg.attn_out_dim(), dim)?,
+            wo,
             attn_post_norm,
             ffn_norm: ld.norm(&b(ffn_norm_name), dim)?,
             ffn_gate,
@@ -507,6 +548,7 @@ pub fn load(
                 None
             },
             rope,
+            attn_sinks,
         });
         release_layers(i.saturating_sub(2)..i + 1);
     }
@@ -546,6 +588,17 @@ pub fn load(
         embd_norm,
         type_embd,
     })
+}
+
+/// A matrix the architecture requires a `.bias` of (gpt-oss's attention output and router):
+/// its absence refused with the tensor's name.
+fn require_bias(lin: &Linear) -> Result<(), ModelError> {
+    match (&lin.bias, lin.name.strip_suffix(".weight")) {
+        (None, Some(base)) => Err(ModelError::MissingTensor {
+            name: format!("{base}.bias"),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The largest quantized-activation row any matrix of the file needs, in bytes: for every

@@ -229,6 +229,33 @@ pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// MXFP4 (OCP microscaling): `x = 2^(e - 127) * E2M1[q]`, held as ggml holds it: the E2M1
+/// values doubled ([`KVALUES_MXFP4`]) and the scale halved ([`e8m0_to_f32_half`]). Nibbles are
+/// laid out as Q4_0's (element `j < 16` in the low half of `qs[j]`, `j + 16` in the high half).
+#[derive(Clone, Copy, Default, Debug)]
+#[repr(C)]
+pub struct BlockMxfp4 {
+    pub e: u8,
+    pub qs: [u8; QK / 2],
+}
+
+/// The 16 E2M1 values doubled, so that they are integers (ggml's `kvalues_mxfp4`): codes 8..16
+/// are the negatives of 0..8 (code 8 is -0).
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the value of an E8M0 scale byte, `2^(e - 128)`, bit for bit as ggml's
+/// `ggml_e8m0_to_fp32_half`: `e` 0 and 1 give the subnormals `2^-128` and `2^-127`, and 255
+/// gives `2^127` (ggml does not treat 255 as NaN).
+#[inline]
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        ((e as u32) - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
 impl BlockIq4Xs {
     /// The scale of sub-block `j` (0..8) with its offset removed (`ls - 32`, in -32..=31).
     #[inline]
@@ -347,6 +374,7 @@ raw_block! {
     BlockQ8K = 292,
     BlockIq4Nl = 18,
     BlockIq4Xs = 136,
+    BlockMxfp4 = 17,
 }
 
 /// View bytes as blocks; `None` unless the length is a whole number of blocks.

@@ -30,6 +30,8 @@
 //!   ([`t32_dot_blocks`]) for every batch size; kiln uses that order for every IQ4_NL row
 //!   (the reference's plain `vec_dot`, for row counts not a multiple of 8, keeps two 8-lane
 //!   accumulators instead: not reproduced).
+//! - **MXFP4** as IQ4_NL (the reference repacks it into `block_mxfp4x8` and runs the same
+//!   kernels with its E8M0 scales): whole-block sums, `(e_w · d_x)` fused with the block's dot.
 //! - **IQ4_XS** as Q3_K: the tiled kernel from [`TILED_MIN_ROWS`] rows, its AVX2 `vec_dot`
 //!   ([`k_dot_lanes`], an offset format with no offset) below.
 //!
@@ -50,6 +52,7 @@ use super::blocks::{
     BlockQ8K, RawBlock, QK_K,
 };
 use super::iquant::iq4_value;
+use super::mxfp4::mxfp4_value;
 use super::reference::{q2k_q, q3k_u, q4k_q, q5k_q, q6k_u};
 use super::GgmlType;
 
@@ -314,7 +317,7 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
 /// order of every tier's plain rows); `None` for the float formats.
 pub fn row_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize) -> Option<f32> {
     match ty.block_size() {
-        32 if ty == GgmlType::IQ4NL => Some(t32_dot_blocks(ty, w, x, n)),
+        32 if matches!(ty, GgmlType::IQ4NL | GgmlType::MXFP4) => Some(t32_dot_blocks(ty, w, x, n)),
         32 => Some(t32_dot_lanes(ty, w, x, n)),
         _ => gemm_dot(ty, w, x, n, nx, j),
     }
@@ -412,6 +415,11 @@ fn t32_block(
             let k = block::<super::blocks::BlockIq4Nl>(w, b);
             let q = core::array::from_fn(|i| iq4_value(&k.qs, i));
             (k.d.to_f32(), 0.0, q)
+        }
+        GgmlType::MXFP4 => {
+            let k = block::<super::blocks::BlockMxfp4>(w, b);
+            let q = core::array::from_fn(|i| mxfp4_value(&k.qs, i));
+            (super::blocks::e8m0_to_f32_half(k.e), 0.0, q)
         }
         _ => panic!("{ty}: not a 32-element format"),
     };

@@ -32,6 +32,7 @@ pub mod blocks;
 mod iquant;
 pub mod kquant_order;
 mod kquant_quantize;
+mod mxfp4;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 pub mod reference;
@@ -375,7 +376,9 @@ pub fn dot_type(weight: GgmlType) -> GgmlType {
         GgmlType::F32 => GgmlType::F32,
         GgmlType::F16 => GgmlType::F16,
         GgmlType::BF16 => GgmlType::BF16,
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL => GgmlType::Q8_0,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4NL | GgmlType::MXFP4 => {
+            GgmlType::Q8_0
+        }
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
         GgmlType::Q2K
         | GgmlType::Q3K
@@ -456,13 +459,14 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
         GgmlType::Q6K => k!(BlockQ6K, k8k, 9),
         GgmlType::IQ4NL => k!(BlockIq4Nl, quantize_q8_0_act_bytes, 10),
         GgmlType::IQ4XS => k!(BlockIq4Xs, k8k, 11),
+        GgmlType::MXFP4 => k!(BlockMxfp4, quantize_q8_0_act_bytes, 12),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("activation-only formats are rejected"),
     }
 }
 
 /// The block formats, whose scalar kernels are [`kquant_order`]'s definitions (so the scalar
 /// tier adds in the order of every other tier), indexed by a const-generic tag.
-const ORDERED: [GgmlType; 12] = [
+const ORDERED: [GgmlType; 13] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -475,6 +479,7 @@ const ORDERED: [GgmlType; 12] = [
     GgmlType::Q6K,
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
+    GgmlType::MXFP4,
 ];
 
 /// A single row: the reference's decode path (one activation row).
@@ -677,6 +682,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
         GgmlType::Q8K => dequant_bytes::<BlockQ8K>,
         GgmlType::IQ4NL => dequant_bytes::<BlockIq4Nl>,
         GgmlType::IQ4XS => dequant_bytes::<BlockIq4Xs>,
+        GgmlType::MXFP4 => dequant_bytes::<BlockMxfp4>,
     };
     f(src, out);
     Ok(())
@@ -684,7 +690,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
 
 /// Scalar reference quantization of one row: ggml's `quantize_row_*_ref` for Q4_0, Q4_1, Q5_0,
 /// Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K, and `quantize_iq4_nl` / `quantize_iq4_xs` without
-/// weights for IQ4_NL and IQ4_XS (the model-file quantizers `llama-quantize` runs when it
+/// weights for IQ4_NL and IQ4_XS, `quantize_row_mxfp4_ref` for MXFP4 (the model-file quantizers `llama-quantize` runs when it
 /// has no importance matrix; the output is byte-identical to theirs), and plain conversion for
 /// F32/F16/BF16. A row that is not a whole number of blocks (32 elements, or 256 for the
 /// K-quants) is refused with [`QuantError::NotBlockMultiple`].
@@ -710,6 +716,7 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::Q6K => quantize_bytes::<BlockQ6K>,
         GgmlType::IQ4NL => quantize_bytes::<BlockIq4Nl>,
         GgmlType::IQ4XS => quantize_bytes::<BlockIq4Xs>,
+        GgmlType::MXFP4 => quantize_bytes::<BlockMxfp4>,
     };
     f(x, out);
     Ok(())

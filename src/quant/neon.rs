@@ -517,8 +517,8 @@ unsafe fn dot_f32(n: usize, w: *const u8, x: *const u8) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// IQ4_NL and IQ4_XS: 4-bit indices into the 16-value grid (one `tbl` lookup), signed values
-// (|v| <= 127) multiplied as the legacy formats' quants.
+// IQ4_NL, MXFP4 and IQ4_XS: 4-bit indices into a 16-value grid (one `tbl` lookup), signed
+// values (|v| <= 127) multiplied as the legacy formats' quants.
 
 /// The 32 grid values of the 16 bytes of indices at `p`: elements 0..16 and 16..32.
 #[inline(always)]
@@ -527,21 +527,33 @@ unsafe fn iq4_values(p: *const u8, grid: int8x16_t) -> (int8x16_t, int8x16_t) {
     (vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi))
 }
 
-/// IQ4_NL against Q8_0 in whole-block sums ([`kquant_order::t32_dot_blocks`]).
+/// A 32-element format of 4-bit indices into a 16-value grid with one scale per block
+/// (IQ4_NL: an f16 `d`; MXFP4: an E8M0 byte, the grid doubled and the scale halved) against
+/// Q8_0 in whole-block sums ([`kquant_order::t32_dot_blocks`]).
 ///
 /// [`kquant_order::t32_dot_blocks`]: super::kquant_order::t32_dot_blocks
 #[inline(always)]
-unsafe fn dot_iq4nl(nb: usize, w: *const u8, x: *const u8) -> f32 {
-    let grid = vld1q_s8(super::blocks::KVALUES_IQ4NL.as_ptr());
+unsafe fn dot_lut32<const MX: bool>(nb: usize, w: *const u8, x: *const u8) -> f32 {
+    let (values, bytes, qs) = if MX {
+        (&super::blocks::KVALUES_MXFP4, 17, 1)
+    } else {
+        (&super::blocks::KVALUES_IQ4NL, 18, 2)
+    };
+    let grid = vld1q_s8(values.as_ptr());
     let mut acc = 0f32;
     for b in 0..nb {
-        let wp = w.add(b * 18);
+        let wp = w.add(b * bytes);
         let xp = x.add(b * 34);
-        let (q0, q1) = iq4_values(wp.add(2), grid);
+        let (q0, q1) = iq4_values(wp.add(qs), grid);
         let y0 = vld1q_s8(xp.add(2).cast());
         let y1 = vld1q_s8(xp.add(18).cast());
         let dot = vaddvq_s32(vaddq_s32(dot16(q0, y0), dot16(q1, y1)));
-        acc = (f16_at(wp) * f16_at(xp)).mul_add(dot as f32, acc);
+        let d = if MX {
+            super::blocks::e8m0_to_f32_half(*wp)
+        } else {
+            f16_at(wp)
+        };
+        acc = (d * f16_at(xp)).mul_add(dot as f32, acc);
     }
     acc
 }
@@ -591,13 +603,23 @@ unsafe fn dot_iq4xs(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> f32 {
 
 struct RIq4Nl;
 struct RIq4Xs;
+struct RMxfp4;
 
 impl Row for RIq4Nl {
     const BLOCK: usize = 32;
     const W: usize = 18;
     const X: usize = 34;
     unsafe fn dot(n: usize, w: *const u8, x: *const u8, _: usize, _: usize) -> f32 {
-        dot_iq4nl(n / 32, w, x)
+        dot_lut32::<false>(n / 32, w, x)
+    }
+}
+
+impl Row for RMxfp4 {
+    const BLOCK: usize = 32;
+    const W: usize = 17;
+    const X: usize = 34;
+    unsafe fn dot(n: usize, w: *const u8, x: *const u8, _: usize, _: usize) -> f32 {
+        dot_lut32::<true>(n / 32, w, x)
     }
 }
 
@@ -746,6 +768,7 @@ pub(super) fn kernels(scalar: Kernels) -> Kernels {
         GgmlType::Q5K => t!(RK<Q5K>),
         GgmlType::Q6K => t!(RK<Q6K>),
         GgmlType::IQ4NL => t!(RIq4Nl),
+        GgmlType::MXFP4 => t!(RMxfp4),
         GgmlType::IQ4XS => t!(RIq4Xs),
         _ => portable,
     }

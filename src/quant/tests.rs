@@ -156,6 +156,19 @@ fn f16_scale(rng: &mut Rng, s: Scales) -> [u8; 2] {
     F16Le::from_f32(v).0
 }
 
+/// An MXFP4 block's E8M0 scale byte (`2^(e - 128)` times the doubled E2M1 values): normal
+/// ones around 2^-10..2^-2, huge ones near 2^40 (the largest whose dots stay finite in f32
+/// are tested apart, with 254 and 255), subnormal ones (0 and 1: `2^-128`, `2^-127`); there is
+/// no zero scale, so `Zero` takes the smallest.
+fn e8m0_scale(rng: &mut Rng, s: Scales) -> u8 {
+    match s {
+        Scales::Normal => 118 + (rng.next() % 9) as u8,
+        Scales::Huge => 160 + (rng.next() % 8) as u8,
+        Scales::Subnormal => (rng.next() & 1) as u8,
+        Scales::Zero => 0,
+    }
+}
+
 /// Offsets of the fp16 scale fields within one block of each format.
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
@@ -188,6 +201,11 @@ pub(crate) fn random_weight_row(ty: GgmlType, n: usize, rng: &mut Rng, scales: S
         GgmlType::BF16 => {
             for c in bytes.chunks_mut(2) {
                 c.copy_from_slice(&Bf16Le::from_f32(rng.uniform()).0);
+            }
+        }
+        GgmlType::MXFP4 => {
+            for blk in bytes.chunks_mut(ty.type_size()) {
+                blk[0] = e8m0_scale(rng, scales);
             }
         }
         _ => {
@@ -236,13 +254,14 @@ pub(crate) fn reference_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> DotAc
         GgmlType::Q6K => go::<BlockQ6K>(n, w, x),
         GgmlType::IQ4NL => go::<BlockIq4Nl>(n, w, x),
         GgmlType::IQ4XS => go::<BlockIq4Xs>(n, w, x),
+        GgmlType::MXFP4 => go::<BlockMxfp4>(n, w, x),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!(),
     }
 }
 
 /// Every weight format: the float ones, then the block formats.
-pub(crate) const WEIGHT_TYPES: [GgmlType; 15] = {
-    let mut t = [GgmlType::F32; 15];
+pub(crate) const WEIGHT_TYPES: [GgmlType; 16] = {
+    let mut t = [GgmlType::F32; 16];
     (t[1], t[2]) = (GgmlType::F16, GgmlType::BF16);
     let mut i = 0;
     while i < super::ORDERED.len() {
@@ -908,4 +927,54 @@ fn tiers_parse_from_their_names() {
         assert_eq!(Isa::from_name(isa.name()), Some(isa));
     }
     assert_eq!(Isa::from_name("sse2"), None);
+}
+
+/// MXFP4 at its scale byte's ends on every tier, bit for bit against the reference engine's
+/// order: 255 (`2^127` halved no further: products overflow to ±inf as the reference's f32
+/// ones do, and an inf minus an inf is NaN in both), 254, and the subnormal scales 0 and 1;
+/// against activations of ±127 and against random ones, with every index (both zeros, ±12).
+#[test]
+fn mxfp4_kernels_are_exact_on_extreme_scales() {
+    let ty = GgmlType::MXFP4;
+    let n = 7 * 32;
+    let mut rng = Rng(0x3b_0039);
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    for isa in Isa::available() {
+        let Ok(k) = kernels_for(ty, isa) else {
+            continue;
+        };
+        for e in [255u8, 254, 200, 1, 0] {
+            for fill in [None, Some(0x77u8), Some(0xffu8), Some(0x08u8)] {
+                let mut w = random_weight_row(ty, n, &mut rng, Scales::Normal);
+                for blk in w.chunks_mut(17) {
+                    blk[0] = e;
+                    if let Some(f) = fill {
+                        blk[1..].fill(f);
+                    }
+                }
+                for sign in [1.0f32, -1.0, 0.0] {
+                    let x = if sign == 0.0 {
+                        random_act_row(&k, n, &mut rng)
+                    } else {
+                        let mut out = vec![0u8; k.act.row_bytes(n).unwrap()];
+                        (k.quantize_act)(&vec![sign; n], &mut out);
+                        out
+                    };
+                    let want = exact_order(ty, &w, &x, n, 1, 0).unwrap();
+                    let got = (k.vec_dot)(n, &w, &x);
+                    let what = format!("{} e={e} fill={fill:?} sign={sign}", isa.name());
+                    assert!(same(got, want), "{what}: {got} vs reference order {want}");
+                    if e >= 200 && fill == Some(0x77) && sign != 0.0 {
+                        // Every term 12·127·2^(e-128)·d_x (d_x = 1/127, so 12·2^(e-128)) of
+                        // one sign: a block's exceeds f32 from e = 254 (2^126 · 12 · 32).
+                        assert_eq!(got.is_infinite(), e >= 254, "{what}: {got}");
+                    }
+                    let mut out = [0f32; 3];
+                    let x3 = [x.clone(), x.clone(), x.clone()].concat();
+                    (k.gemm)(n, &w, w.len(), 1, &x3, x.len(), 3, &mut out, 1);
+                    assert!(out.iter().all(|&o| same(o, want)), "{what}: gemm {out:?}");
+                }
+            }
+        }
+    }
 }

@@ -28,11 +28,13 @@ pub enum GgmlType {
     /// 256 elements on IQ4_NL's grid, a 6-bit scale per 32 under one f16 scale.
     IQ4XS,
     BF16,
+    /// 32 elements in E2M1 (4-bit floats, OCP microscaling), one E8M0 power-of-two scale.
+    MXFP4,
 }
 
 impl GgmlType {
     /// Every type, in ggml id order.
-    pub const ALL: [GgmlType; 17] = [
+    pub const ALL: [GgmlType; 18] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -50,6 +52,7 @@ impl GgmlType {
         GgmlType::IQ4NL,
         GgmlType::IQ4XS,
         GgmlType::BF16,
+        GgmlType::MXFP4,
     ];
 
     /// The ggml type id (as stored in GGUF tensor infos).
@@ -72,6 +75,7 @@ impl GgmlType {
             GgmlType::IQ4NL => 20,
             GgmlType::IQ4XS => 23,
             GgmlType::BF16 => 30,
+            GgmlType::MXFP4 => 39,
         }
     }
 
@@ -126,6 +130,7 @@ impl GgmlType {
             GgmlType::IQ4NL => "IQ4_NL",
             GgmlType::IQ4XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 
@@ -145,7 +150,8 @@ impl GgmlType {
             | GgmlType::Q5_1
             | GgmlType::Q8_0
             | GgmlType::Q8_1
-            | GgmlType::IQ4NL => 32,
+            | GgmlType::IQ4NL
+            | GgmlType::MXFP4 => 32,
             GgmlType::Q2K
             | GgmlType::Q3K
             | GgmlType::Q4K
@@ -175,6 +181,7 @@ impl GgmlType {
             GgmlType::Q8K => 292,
             GgmlType::IQ4NL => 18,
             GgmlType::IQ4XS => 136,
+            GgmlType::MXFP4 => 17,
         }
     }
 
@@ -219,6 +226,9 @@ mod tests {
         assert_eq!(GgmlType::from_id(20), Some(GgmlType::IQ4NL));
         assert_eq!(GgmlType::from_name("iq4_xs"), Some(GgmlType::IQ4XS));
         assert_eq!(GgmlType::name_of_id(18), "IQ3_XXS");
+        assert_eq!(GgmlType::from_id(39), Some(GgmlType::MXFP4));
+        assert_eq!(GgmlType::MXFP4.row_bytes(2880), Some(90 * 17));
+        assert_eq!(GgmlType::MXFP4.row_bytes(2881), None);
     }
 
     #[test]

@@ -33,6 +33,7 @@ impl Cpu<'_> {
             gate: match mc.gating {
                 Gating::Softmax => GateFn::Softmax,
                 Gating::Sigmoid => GateFn::Sigmoid,
+                Gating::SoftmaxWeight => GateFn::SoftmaxWeight,
             },
             norm: mc.norm_weights,
             scale: mc.weights_scale,
@@ -61,7 +62,20 @@ impl Cpu<'_> {
         };
         let (g0, u0) = (&moe.gate[0], &moe.up[0]);
         let xg = &ms.xg[..p * dim];
-        if g0.kernels.act == u0.kernels.act {
+        if let Some(cs) = mc.clamped_swiglu {
+            // gpt-oss: each product with its bias, then the clamped SwiGLU element by element.
+            for (mats, out) in [(&moe.gate, &mut ms.gate), (&moe.up, &mut ms.up)] {
+                let rb = quantize_input(pool, &mats[0], xg, p, &mut ms.xq);
+                each_expert(pool, mats, &experts, &ms.xq, rb, f, out, &mut s.matmul);
+            }
+            let up = &ms.up[..p * f];
+            par_rows(pool, &mut ms.gate[..p * f], f, &|rs, g| {
+                let u = &up[rs.start * f..rs.end * f];
+                for (g, &u) in g.iter_mut().zip(u) {
+                    *g = cs.apply(*g, u);
+                }
+            });
+        } else if g0.kernels.act == u0.kernels.act {
             let rb = quantize_input(pool, g0, xg, p, &mut ms.xq);
             for e in 0..ne {
                 let (a, b) = experts(e);

@@ -16,7 +16,9 @@ impl Lcg {
 
 /// One attention problem: inputs in kiln's layouts.
 struct Case {
-    shape: AttnShape,
+    shape: AttnShape<'static>,
+    /// Attention sinks (one logit per query head), if any.
+    sinks: Option<Vec<f32>>,
     n_tokens: usize,
     pos0: usize,
     q: Vec<f32>,
@@ -65,9 +67,11 @@ fn make_case(
         causal: true,
         kv_stride,
         ring: None,
+        sinks: None,
     };
     Case {
         shape,
+        sinks: None,
         n_tokens,
         pos0,
         q,
@@ -77,7 +81,10 @@ fn make_case(
 }
 
 fn run(c: &Case, ops: &F16Ops, threads: usize) -> Vec<f32> {
-    let s = &c.shape;
+    let s = &AttnShape {
+        sinks: c.sinks.as_deref(),
+        ..c.shape
+    };
     let pool = ThreadPool::new(threads);
     let mut scratch =
         AttnScratch::new(s.n_heads, s.n_kv_heads, s.head_dim_k, s.head_dim_v, threads);
@@ -255,7 +262,9 @@ fn reference_rows(c: &Case) -> Vec<f32> {
                     sum = sum * so + ps * sn;
                     m = m_new;
                 }
-                let _ = m;
+                if let Some(sinks) = &c.sinks {
+                    join_sink(sinks[h], m, &mut sum, &mut acc);
+                }
                 let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
                 for (o, a) in o.iter_mut().zip(&acc) {
                     *o = a * inv;
@@ -276,6 +285,9 @@ fn reference_rows(c: &Case) -> Vec<f32> {
                     }
                     (ops.mad)(&mut acc, val(pos), vs);
                     sum = sum.mul_add(ms, vs);
+                }
+                if let Some(sinks) = &c.sinks {
+                    join_sink(sinks[h], m, &mut sum, &mut acc);
                 }
                 let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
                 for (o, a) in o.iter_mut().zip(&acc) {
@@ -313,7 +325,9 @@ fn exact(c: &Case) -> Vec<f64> {
                 })
                 .collect();
             let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+            // A sink joins the denominator only.
+            let sink = c.sinks.as_ref().map_or(0.0, |k| (k[h] as f64 - m).exp());
+            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum::<f64>() + sink;
             let o = &mut out[(t * s.n_heads + h) * s.head_dim_v..][..s.head_dim_v];
             for (i, pos) in (first..=p).enumerate() {
                 let w = (sc[i] - m).exp() / z;
@@ -378,6 +392,88 @@ fn matches_plain_algorithm_and_exact_attention() {
             }
         }
     }
+}
+
+/// Attention sinks (gpt-oss): on every path (vector, tiled, a long decode split in chunks),
+/// thread count and SIMD tier, the plain per-row algorithm's bits with the sink joined after
+/// the last key, and close to exact attention whose denominator holds `exp(sink)`; sinks
+/// above every score (the rescaling branch), below them, and far below (no effect).
+#[test]
+fn sinks_match_plain_algorithm_and_exact_attention() {
+    let mut paths = vec![F16Ops::scalar()];
+    if F16Ops::detect().name != "scalar" {
+        paths.push(F16Ops::detect());
+    }
+    let mut seed = 301;
+    for (dk, h, hkv) in [(64, 8, 2), (32, 4, 4)] {
+        for window in [0, 5, 130] {
+            for (n, pos0) in [(1, 0), (1, 40), (1, 1500), (3, 9), (64, 3), (100, 450)] {
+                seed += 1;
+                let mut c = make_case(dk, h, hkv, n, pos0, window, seed);
+                let mut rng = Lcg(seed);
+                let sinks: Vec<f32> = (0..h)
+                    .map(|i| match i % 4 {
+                        0 => 30.0,
+                        1 => -30.0,
+                        _ => rng.next() * 2.0,
+                    })
+                    .collect();
+                c.sinks = Some(sinks);
+                let want = reference_rows(&c);
+                let want_exact = exact(&c);
+                for threads in [1, 2, 3] {
+                    for ops in &paths {
+                        let got = run(&c, ops, threads);
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{} dk {dk} h {h}/{hkv} win {window} n {n} pos0 {pos0} thr {threads}",
+                            ops.name
+                        );
+                    }
+                }
+                let tol = if n >= TILE_Q { 1e-5 } else { 4e-3 };
+                for (i, (a, b)) in want.iter().zip(&want_exact).enumerate() {
+                    assert!(
+                        (*a as f64 - b).abs() < tol,
+                        "dk {dk} win {window} n {n} pos0 {pos0} i {i}: {a} vs {b}"
+                    );
+                }
+                // A sink far above every score leaves almost nothing; far below, nothing.
+                for t in 0..n {
+                    let row = |hh: usize| &want[(t * h + hh) * dk..][..dk];
+                    assert!(
+                        row(0).iter().all(|v| v.abs() < 1e-6),
+                        "sink 30: {:?}",
+                        row(0)
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The sink's two branches against the reference's own statements.
+#[test]
+fn join_sink_follows_the_reference_steps() {
+    // Below the maximum: the sum takes expf(sink − m), the values stay.
+    let (mut sum, mut acc) = (2.5f32, [1.0f32, -2.0]);
+    join_sink(0.5, 1.0, &mut sum, &mut acc);
+    assert_eq!(sum, 2.5 + (-0.5f32).exp());
+    assert_eq!(acc, [1.0, -2.0]);
+    // Above: values and sum rescaled by expf(m − sink), then one more unit for the sink.
+    let (mut sum, mut acc) = (2.5f32, [1.0f32, -2.0]);
+    join_sink(3.0, 1.0, &mut sum, &mut acc);
+    let ms = (-2.0f32).exp();
+    assert_eq!(sum, 2.5f32.mul_add(ms, 1.0));
+    assert_eq!(acc, [ms, -2.0 * ms]);
+    // No key at all (m = −inf): the sink alone, weight 1, output zero.
+    let (mut sum, mut acc) = (0.0f32, [0.0f32; 2]);
+    join_sink(-3.0, f32::NEG_INFINITY, &mut sum, &mut acc);
+    assert_eq!((sum, acc), (1.0, [0.0, 0.0]));
 }
 
 /// Bidirectional attention (an encoder's): every row of the pass sees every key of it, on

@@ -1,20 +1,26 @@
-//! IQ4_NL against Q8_0 and IQ4_XS against Q8_K on 256-bit registers: the 4-bit indices are
+//! IQ4_NL and MXFP4 against Q8_0 and IQ4_XS against Q8_K on 256-bit registers: the 4-bit indices are
 //! looked up in the 16-value grid with one byte shuffle, and the signed grid values (|v| <=
 //! 127, so no adjacent-pair sum leaves i16) multiply the activations through the sign trick.
-//! The float arithmetic is `kquant_order`'s for these formats: IQ4_NL sums each block's whole
+//! The float arithmetic is `kquant_order`'s for these formats: IQ4_NL and MXFP4 sum each block's whole
 //! integer dot ([`crate::quant::kquant_order::t32_dot_blocks`]); IQ4_XS keeps 8 integer lanes
 //! per super-block ([`crate::quant::kquant_order::k_dot_lanes`]), or from
 //! [`TILED_MIN_ROWS`] activation rows sums the super-block's integers whole
 //! ([`crate::quant::kquant_order::k_dot_tiled`]).
 
 use super::*;
-use crate::quant::blocks::KVALUES_IQ4NL;
+use crate::quant::blocks::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::quant::kquant_order::TILED_MIN_ROWS;
 
 /// The 16 grid values in both 128-bit lanes (a `vpshufb` table).
 #[inline(always)]
+unsafe fn grid_of(values: &[i8; 16]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr().cast()))
+}
+
+/// IQ4_NL's grid.
+#[inline(always)]
 unsafe fn grid() -> __m256i {
-    _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()))
+    grid_of(&KVALUES_IQ4NL)
 }
 
 /// The 32 grid values of the 16 bytes of indices at `p`, in element order.
@@ -30,12 +36,58 @@ unsafe fn idot<D: IDot>(q: __m256i, aq: __m256i, y: *const u8) -> __m256i {
     D::dpbusd(_mm256_setzero_si256(), aq, _mm256_sign_epi8(loadu(y), q))
 }
 
-/// IQ4_NL rows (18-byte blocks: f16 `d`, 16 bytes of indices) against Q8_0 rows.
-pub(in crate::quant::x86) struct TIq4Nl;
+/// A 32-element format of 4-bit indices into a 16-value grid of signed integers with one scale
+/// per block, multiplied against Q8_0: its block's bytes, grid and scale.
+pub(in crate::quant::x86) trait Lut32 {
+    /// Bytes per block.
+    const W_BYTES: usize;
+    /// Offset of the 16 bytes of indices within a block.
+    const QS: usize;
+    /// The grid (every value within ±127, so no adjacent-pair sum leaves i16).
+    const GRID: [i8; 16];
+    /// The scale of the block at `p`, in f32.
+    unsafe fn scale(p: *const u8) -> f32;
+}
 
-impl Tile for TIq4Nl {
-    const BLOCK: usize = 32;
+/// IQ4_NL: 18-byte blocks, an f16 `d` then the indices.
+pub(in crate::quant::x86) struct Iq4Nl;
+
+impl Lut32 for Iq4Nl {
     const W_BYTES: usize = 18;
+    const QS: usize = 2;
+    const GRID: [i8; 16] = KVALUES_IQ4NL;
+    #[inline(always)]
+    unsafe fn scale(p: *const u8) -> f32 {
+        _mm_cvtss_f32(f16x2_at(p))
+    }
+}
+
+/// MXFP4: 17-byte blocks, an E8M0 byte then the indices; the doubled E2M1 values and the
+/// halved scale, as ggml keeps them.
+pub(in crate::quant::x86) struct Mxfp4;
+
+impl Lut32 for Mxfp4 {
+    const W_BYTES: usize = 17;
+    const QS: usize = 1;
+    const GRID: [i8; 16] = KVALUES_MXFP4;
+    #[inline(always)]
+    unsafe fn scale(p: *const u8) -> f32 {
+        e8m0_to_f32_half(*p)
+    }
+}
+
+/// The rows of a [`Lut32`] format against Q8_0 rows, in whole-block sums.
+pub(in crate::quant::x86) struct TLut32<F>(core::marker::PhantomData<F>);
+
+/// IQ4_NL rows against Q8_0 rows.
+pub(in crate::quant::x86) type TIq4Nl = TLut32<Iq4Nl>;
+
+/// MXFP4 rows against Q8_0 rows.
+pub(in crate::quant::x86) type TMxfp4 = TLut32<Mxfp4>;
+
+impl<F: Lut32> Tile for TLut32<F> {
+    const BLOCK: usize = 32;
+    const W_BYTES: usize = F::W_BYTES;
     const X_BYTES: usize = 34;
 
     #[inline(always)]
@@ -44,13 +96,13 @@ impl Tile for TIq4Nl {
         w: *const u8,
         x: [*const u8; NX],
     ) -> [f32; NX] {
-        let lut = grid();
+        let lut = grid_of(&F::GRID);
         let mut acc = [0f32; NX];
         for b in 0..n / 32 {
             let wp = w.add(b * Self::W_BYTES);
-            let q = values32(wp.add(2), lut);
+            let q = values32(wp.add(F::QS), lut);
             let aq = _mm256_sign_epi8(q, q);
-            let wd = _mm_cvtss_f32(f16x2_at(wp));
+            let wd = F::scale(wp);
             for j in 0..NX {
                 let xp = x[j].add(b * Self::X_BYTES);
                 let dot = hsum_epi32(idot::<D>(q, aq, xp.add(2)));
