@@ -6,12 +6,14 @@
 Needs the bindings importable (`pip install ./python`, or PYTHONPATH at an unpacked wheel, as
 tests/python_bindings.rs does). Greedy decoding of a plain completion; the repetitions of the
 two alternate so that a busy machine slows both alike. Reported per repetition and as medians:
-- `kiln run`: its own `gen_tps` (`--json`: generated tokens over the time from the end of the
+- `kiln run`: its `gen_tps` (`--json`: generated tokens over the time from the end of the
   prompt to the last token);
-- bindings, whole: `create_completion` timed from Python, the prompt's share taken out by a
-  one-token call on the same prompt: (n - 1) / (t(n) - t(1));
-- bindings, stream: the chunks' arrival in Python, (tokens - 1) over the time from the first
-  chunk to the last.
+- bindings: the same figure from the response's `timings` (`predicted_per_second`, the same
+  clock in the same loop), and the tokens per second Python sees: generated tokens over the
+  call's wall time less the engine's prompt time;
+- the bindings' cost: the call's wall time in Python less the engine's prompt and generation
+  time (starting the generating thread, the JSON of the request and the response, the
+  hand-over of each piece of text), per call and per token.
 """
 
 import argparse
@@ -39,18 +41,11 @@ def cli_tps(args):
     return stats["gen_tps"], stats["gen_tokens"]
 
 
-def timed(llm, n, stream=False):
+def timed(llm, n):
     t0 = time.perf_counter()
-    if not stream:
-        out = llm.create_completion(PROMPT, max_tokens=n, temperature=0)
-        return time.perf_counter() - t0, out["usage"]["completion_tokens"]
-    first = last = None
-    for c in llm.create_completion(PROMPT, max_tokens=n, temperature=0, stream=True):
-        now = time.perf_counter()
-        if c["choices"][0]["text"]:
-            first = first or now
-            last = now
-    return first, last
+    out = llm.create_completion(PROMPT, max_tokens=n, temperature=0)
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    return wall_ms, out["timings"], out["usage"]["completion_tokens"]
 
 
 def main():
@@ -66,22 +61,24 @@ def main():
 
     llm = kiln.Llama(model_path=args.model, n_ctx=args.ctx, n_threads=args.threads, verbose=False)
     timed(llm, 8)  # warm up: pages of the map, the session's buffers
-    rows = {"kiln run": [], "bindings, whole": [], "bindings, stream": []}
+    rows = {"kiln run": [], "bindings (engine clock)": [], "bindings (Python clock)": []}
+    cost = []
     for r in range(args.reps):
         tps, n_cli = cli_tps(args)
+        wall_ms, t, n = timed(llm, args.n)
         rows["kiln run"].append(tps)
-        t1, _ = timed(llm, 1)
-        tn, n = timed(llm, args.n)
-        rows["bindings, whole"].append((n - 1) / (tn - t1))
-        first, last = timed(llm, args.n, stream=True)
-        # Chunks are text pieces; with this prompt each token is one piece.
-        rows["bindings, stream"].append((n - 1) / (last - first))
-        print(f"rep {r}: kiln run {tps:.1f} tok/s ({n_cli} tokens); bindings whole "
-              f"{rows['bindings, whole'][-1]:.1f}, stream {rows['bindings, stream'][-1]:.1f} "
-              f"({n} tokens)")
+        rows["bindings (engine clock)"].append(t["predicted_per_second"])
+        rows["bindings (Python clock)"].append(n * 1e3 / (wall_ms - t["prompt_ms"]))
+        cost.append(wall_ms - t["prompt_ms"] - t["predicted_ms"])
+        print(f"rep {r}: kiln run {tps:.1f} tok/s ({n_cli} tokens); bindings "
+              f"{rows['bindings (engine clock)'][-1]:.1f} engine clock, "
+              f"{rows['bindings (Python clock)'][-1]:.1f} Python clock ({n} tokens); "
+              f"cost {cost[-1]:.2f} ms")
     print(f"\nmedian tokens/s ({args.model}, {args.threads} threads, {args.n} tokens, greedy):")
     for k, v in rows.items():
-        print(f"  {k:18} {statistics.median(v):8.1f}")
+        print(f"  {k:24} {statistics.median(v):8.1f}")
+    c = statistics.median(cost)
+    print(f"  bindings' cost per call {c:.2f} ms ({c * 1e3 / args.n:.1f} us per token)")
     llm.close()
 
 

@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use serde_json::{json, Value};
 
 use kiln::engine::scheduler::{held_back, FinishReason, Finished, Usage};
-use kiln::engine::{generate_with, GenerateRequest, StopReason};
+use kiln::engine::{generate_with, GenStats, GenerateRequest, StopReason};
 use kiln::grammar::{limits, Constraint, GrammarEngine};
 use kiln::sampler::Sampler;
 use kiln::server::api::PromptField;
@@ -38,7 +38,7 @@ use crate::model::Inner;
 /// What the generating thread sends.
 enum Msg {
     Text(String),
-    Done(Finished),
+    Done(Finished, GenStats),
     Failed(String),
 }
 
@@ -147,7 +147,7 @@ impl Run {
                     let chunks = st.answers.on_event(&st.head, 0, Ev::Text(t), false);
                     st.pending.extend(chunks);
                 }
-                Some(Msg::Done(f)) => {
+                Some(Msg::Done(f, _)) => {
                     let chunks = st.answers.on_event(&st.head, 0, Ev::Done(f), false);
                     st.pending.extend(chunks);
                     st.stop(py);
@@ -169,12 +169,14 @@ impl Run {
             let st = &mut *st;
             match st.recv(py)? {
                 Some(Msg::Text(t)) => st.answers.push_text(0, &t),
-                Some(Msg::Done(f)) => {
+                Some(Msg::Done(f, stats)) => {
                     st.stop(py);
                     st.answers.finish(0, f);
                     let usage = st.answers.usage();
                     let choice = st.answers.complete(0);
-                    return Ok(st.head.complete(vec![choice], &usage).to_string());
+                    let mut v = st.head.complete(vec![choice], &usage);
+                    v["timings"] = timings(&stats);
+                    return Ok(v.to_string());
                 }
                 Some(Msg::Failed(m)) => return Err(st.failed(py, Some(m))),
                 None => return Err(st.failed(py, None)),
@@ -439,7 +441,7 @@ impl Stops<'_> {
 fn work(inner: &Inner, job: Job, cancel: &AtomicBool, tx: &SyncSender<Msg>) {
     let r = catch_unwind(AssertUnwindSafe(|| generate(inner, job, cancel, tx)));
     let last = match r {
-        Ok(Ok(f)) => Msg::Done(f),
+        Ok(Ok((f, stats))) => Msg::Done(f, stats),
         Ok(Err(msg)) => Msg::Failed(msg),
         Err(p) => Msg::Failed(format!(
             "kiln failed while generating: {} (a bug: please report it)",
@@ -454,7 +456,7 @@ fn generate(
     mut job: Job,
     cancel: &AtomicBool,
     tx: &SyncSender<Msg>,
-) -> Result<Finished, String> {
+) -> Result<(Finished, GenStats), String> {
     let mut guard = match inner.session.try_lock() {
         Ok(g) => g,
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -520,7 +522,7 @@ fn generate(
         (None, Some(StopReason::Length | StopReason::ContextFull)) => FinishReason::Length,
         (None, Some(StopReason::Cancelled) | None) => FinishReason::Cancelled,
     };
-    Ok(Finished {
+    let finished = Finished {
         reason,
         usage: Usage {
             prompt_tokens: job.prompt.len(),
@@ -528,5 +530,18 @@ fn generate(
             cached_tokens: 0,
         },
         stop_word: stops.hit.map(|i| job.gen.stop[i].clone()),
+    };
+    Ok((finished, stats))
+}
+
+/// llama-server's `timings` of a response: the engine's own clock, as `kiln run` reports it.
+fn timings(s: &GenStats) -> Value {
+    json!({
+        "prompt_n": s.prompt_tokens,
+        "prompt_ms": s.prompt_ms,
+        "prompt_per_second": s.prompt_tps(),
+        "predicted_n": s.gen_tokens,
+        "predicted_ms": s.gen_ms,
+        "predicted_per_second": s.gen_tps(),
     })
 }

@@ -93,6 +93,9 @@ def test_completion_equals_kiln_run(llm):
     assert out["usage"]["prompt_tokens"] == len(llm.tokenize(PROMPT.encode()))
     assert choice["finish_reason"] == ("length" if stop == "length" else "stop")
     assert out["object"] == "text_completion"
+    # llama-server's timings: the engine's counts.
+    assert out["timings"]["predicted_n"] == n
+    assert out["timings"]["prompt_n"] == out["usage"]["prompt_tokens"]
     # __call__ is create_completion.
     assert llm(PROMPT, max_tokens=40, temperature=0)["choices"][0]["text"] == text
 
