@@ -161,6 +161,7 @@ class Llama:
     # -- generation -------------------------------------------------------------------------
 
     def _run(self, kind, body, stream):
+        body["stream"] = bool(stream)
         run = self._model.start(kind, json.dumps(body))
         if stream:
             return _chunks(run)

@@ -481,12 +481,19 @@ fn generate(
         hit: None,
     };
     let mut gone = false;
+    // A whole answer is sent once, at the end: waking the waiting Python thread for every
+    // token would take CPU time from the forward passes (Ctrl-C still stops the generation
+    // through `cancel`).
+    let whole = !job.gen.stream;
+    let mut gathered = String::new();
     let mut on_token = |_id: u32, piece: &str| {
         if stops.hit.is_some() || gone {
             return false;
         }
         let (text, hit) = stops.push(piece);
-        if !text.is_empty() && tx.send(Msg::Text(text)).is_err() {
+        if whole {
+            gathered.push_str(&text);
+        } else if !text.is_empty() && tx.send(Msg::Text(text)).is_err() {
             gone = true;
             return false;
         }
@@ -503,8 +510,11 @@ fn generate(
         &mut on_token,
     )
     .map_err(|e| e.to_string())?;
-    if stops.hit.is_none() && !stops.held.is_empty() && !gone {
-        let _ = tx.send(Msg::Text(std::mem::take(&mut stops.held)));
+    if stops.hit.is_none() && !gone {
+        gathered.push_str(&stops.held);
+    }
+    if !gathered.is_empty() {
+        let _ = tx.send(Msg::Text(gathered));
     }
     if inner.verbose {
         eprintln!(
