@@ -7,17 +7,15 @@
 //! `none` every token's vector is printed.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use clap::Args;
 
 use super::common::{self, ModelArgs};
-use kiln::engine::batch::{BatchOptions, BatchRunner};
+use kiln::engine::batch::BatchOptions;
+use kiln::engine::embed::embed_prompts;
 use kiln::engine::pooling::{cosine, EmbedSpec, Pooling};
-use kiln::engine::scheduler::{
-    FinishReason, Finished, SchedMetrics, Scheduler, SeqRequest, SeqSink,
-};
 
 #[derive(Args, Debug)]
 pub struct EmbeddingArgs {
@@ -50,29 +48,6 @@ pub struct EmbeddingArgs {
     pub json: bool,
 }
 
-/// One prompt's vectors and how its request ended.
-#[derive(Default)]
-struct Collected {
-    rows: Vec<Vec<f32>>,
-    finished: Option<Finished>,
-}
-
-/// Collects one prompt's vectors.
-#[derive(Clone, Default)]
-struct Collect(Arc<Mutex<Collected>>);
-
-impl SeqSink for Collect {
-    fn text(&mut self, _: &str) -> bool {
-        true
-    }
-    fn embedding(&mut self, rows: Vec<Vec<f32>>) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).rows = rows;
-    }
-    fn done(&mut self, f: Finished) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).finished = Some(f);
-    }
-}
-
 pub fn run(args: EmbeddingArgs) -> Result<()> {
     if args.model.kv_budget.is_some() || args.model.swa_full {
         bail!("--kv-budget and --swa-full are not supported by `kiln embedding`");
@@ -96,52 +71,20 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
         .iter()
         .map(|p| loaded.tokenizer.encode(p, true, true))
         .collect();
-    for (i, t) in ids.iter().enumerate() {
-        if t.len() > n_ctx {
-            bail!(
-                "prompt {i} has {} tokens, more than the context of {n_ctx} (-c)",
-                t.len()
-            );
-        }
-    }
-    let runner = BatchRunner::new(
-        Arc::clone(&m),
-        BatchOptions {
-            n_slots: prompts.len().min(4),
-            n_ctx,
-            n_threads: args.model.threads(),
-            prefill_chunk: args.model.batch_size.max(1),
-            kv_type: args.model.kv_type,
-            device,
-            draft_max: 0,
-        },
-    )?;
-    let mut sched = Scheduler::new(runner, &loaded.tokenizer, Arc::new(SchedMetrics::default()));
     let spec = EmbedSpec {
         pooling,
         normalize: args.embd_normalize,
     };
-    let outs: Vec<Collect> = ids
-        .iter()
-        .map(|prompt| {
-            let out = Collect::default();
-            let sink = Box::new(out.clone());
-            sched.submit(SeqRequest::embedding(prompt.clone(), spec, sink));
-            out
-        })
-        .collect();
-    while !sched.is_idle() {
-        sched.step();
-    }
-    let mut vectors: Vec<Vec<Vec<f32>>> = Vec::with_capacity(outs.len());
-    for (i, o) in outs.iter().enumerate() {
-        let mut g = o.0.lock().unwrap_or_else(|e| e.into_inner());
-        match g.finished.as_ref().map(|f| &f.reason) {
-            Some(FinishReason::Stop) => vectors.push(std::mem::take(&mut g.rows)),
-            Some(FinishReason::Error(e)) => bail!("prompt {i}: {e}"),
-            other => bail!("prompt {i} ended without an embedding ({other:?})"),
-        }
-    }
+    let opts = BatchOptions {
+        n_slots: 4,
+        n_ctx,
+        n_threads: args.model.threads(),
+        prefill_chunk: args.model.batch_size.max(1),
+        kv_type: args.model.kv_type,
+        device,
+        draft_max: 0,
+    };
+    let vectors = embed_prompts(&m, &loaded.tokenizer, &ids, spec, opts)?;
     let tokens: usize = ids.iter().map(Vec::len).sum();
     if args.json {
         let data: Vec<serde_json::Value> = vectors

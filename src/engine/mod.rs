@@ -1,6 +1,7 @@
 //! The engine: sessions over a loaded model, the generation loop, perplexity.
 
 pub mod batch;
+pub mod embed;
 pub mod generate;
 pub mod logprobs;
 pub mod perplexity;

@@ -33,7 +33,7 @@ mod metrics;
 mod native;
 mod ollama;
 mod ready;
-mod respond;
+pub mod respond;
 mod routes;
 pub mod structured;
 mod tokens;

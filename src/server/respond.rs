@@ -36,7 +36,7 @@ pub struct Job {
 }
 
 /// What a choice's sink sends.
-pub(super) enum Ev {
+pub enum Ev {
     Text(String),
     Logprobs(TokenLogprobs),
     Done(Finished),
@@ -108,7 +108,7 @@ impl SeqSink for ChoiceSink {
 }
 
 /// Queue the job on the engine and answer with the whole result or an event stream.
-pub async fn run(st: &AppState, mut job: Job) -> Result<Response, ApiError> {
+pub(super) async fn run(st: &AppState, mut job: Job) -> Result<Response, ApiError> {
     let rx = queue(st, &mut job).await?;
     let answers = Answers::new(
         &job.head,
@@ -191,7 +191,7 @@ pub(super) async fn queue(
 }
 
 /// The state of every choice of a response.
-pub(super) struct Answers {
+pub struct Answers {
     chat: bool,
     tok: Arc<Tokenizer>,
     choices: Vec<Answer>,
@@ -211,12 +211,7 @@ struct Answer {
 }
 
 impl Answers {
-    pub(super) fn new(
-        head: &Head,
-        n: usize,
-        tools: Option<ToolFormat>,
-        tok: Arc<Tokenizer>,
-    ) -> Answers {
+    pub fn new(head: &Head, n: usize, tools: Option<ToolFormat>, tok: Arc<Tokenizer>) -> Answers {
         let seed = (head.created << 20)
             ^ head
                 .id
@@ -244,7 +239,7 @@ impl Answers {
     }
 
     /// The request's usage: the prompt once, every choice's completion.
-    fn usage(&self) -> Usage {
+    pub fn usage(&self) -> Usage {
         let main = self.choices[0]
             .done
             .as_ref()
@@ -327,8 +322,13 @@ impl Answers {
     }
 
     /// Add to choice `i`'s text (its answer, gathered whole).
-    pub(super) fn push_text(&mut self, i: usize, text: &str) {
+    pub fn push_text(&mut self, i: usize, text: &str) {
         self.choices[i].text.push_str(text);
+    }
+
+    /// Choice `i` ended (its answer gathered whole; before [`Answers::complete`]).
+    pub fn finish(&mut self, i: usize, finished: Finished) {
+        self.choices[i].done = Some(finished);
     }
 
     /// Choice `i`'s text so far (before [`Answers::complete`] takes it).
@@ -338,7 +338,7 @@ impl Answers {
 
     /// The whole choice `i` (non-streaming): OpenAI's choice object, a chat answer's message
     /// with its tool calls parsed out.
-    pub(super) fn complete(&mut self, i: usize) -> Value {
+    pub fn complete(&mut self, i: usize) -> Value {
         let text = std::mem::take(&mut self.choices[i].text);
         let chat = self.chat;
         let logprobs = if self.choices[i].logprobs.is_empty() {
@@ -515,7 +515,7 @@ fn stream(
 
 impl Answers {
     /// The chunks one event of choice `i` makes.
-    fn on_event(&mut self, head: &Head, i: usize, ev: Ev, include_usage: bool) -> Vec<Value> {
+    pub fn on_event(&mut self, head: &Head, i: usize, ev: Ev, include_usage: bool) -> Vec<Value> {
         let chat = self.chat;
         let mut chunks = Vec::new();
         match ev {

@@ -678,15 +678,22 @@ impl Tokenizer {
     /// Like [`decode`](Self::decode) but leaving out control and unknown tokens (BOS, EOS,
     /// `<|im_start|>`, ...), as llama.cpp does without `unparse_special`.
     pub fn decode_skip_special(&self, ids: &[u32]) -> String {
+        String::from_utf8_lossy(&self.decode_bytes_skip_special(ids)).into_owned()
+    }
+
+    /// [`decode_skip_special`](Self::decode_skip_special)'s bytes, before any UTF-8
+    /// conversion (a prefix of a character's bytes stays as it is).
+    pub fn decode_bytes_skip_special(&self, ids: &[u32]) -> Vec<u8> {
         let kept: Vec<u32> = ids
             .iter()
             .copied()
             .filter(|&id| !self.is_control(id) && !self.vocab_attr(id, attr::UNKNOWN))
             .collect();
-        self.decode(&kept)
+        self.decode_bytes(&kept)
     }
 
-    fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
+    /// [`decode`](Self::decode)'s bytes, before any UTF-8 conversion.
+    pub fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
         let mut out = Vec::with_capacity(ids.len() * 4);
         // With a space prefix, the first token's leading space is the one encode added.
         let mut remove_space = self.add_space_prefix;

@@ -344,7 +344,7 @@ impl Active<'_> {
 
 /// Bytes at the end of `text` that are a proper prefix of some stop sequence (so may still
 /// grow into it), cut at a character boundary.
-fn held_back(text: &str, stops: &[String]) -> usize {
+pub fn held_back(text: &str, stops: &[String]) -> usize {
     let mut keep = 0;
     for s in stops {
         for (i, _) in s.char_indices().skip(1) {
