@@ -33,6 +33,7 @@ mod native;
 mod ollama;
 mod ready;
 mod respond;
+mod responses;
 mod routes;
 pub mod structured;
 mod tokens;

@@ -40,7 +40,8 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .route("/completions", post(super::native::completion))
         .route("/infill", post(super::native::infill))
         .merge(super::ollama::routes())
-        .merge(super::anthropic::routes());
+        .merge(super::anthropic::routes())
+        .merge(super::responses::routes());
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
         open = open.route("/metrics", get(prometheus));
