@@ -194,6 +194,13 @@ fn responses_answer_as_the_chat_route_does_and_continue_stored_ones() {
     );
     assert_eq!(error_param(&a), "previous_response_id");
 
+    // The request counter names the route.
+    let series = "kiln_requests_total{endpoint=\"/v1/responses\",status=\"200\"}";
+    assert!(
+        s.metric(series, &[KEY_A]).is_some_and(|n| n >= 4.0),
+        "{series}"
+    );
+
     // Malformed requests name their field.
     for (bad, param) in [
         (json!({"model": "smollm2"}), "input"),

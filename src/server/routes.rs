@@ -98,8 +98,9 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
         .extensions()
         .get::<MatchedPath>()
         .and_then(|m| {
-            let mut paths =
-                (COUNTED.iter().chain(&super::ollama::PATHS)).chain(&super::anthropic::PATHS);
+            let mut paths = (COUNTED.iter().chain(&super::ollama::PATHS))
+                .chain(&super::anthropic::PATHS)
+                .chain(std::slice::from_ref(&super::responses::PATH));
             paths.find(|p| **p == m.as_str())
         })
         .copied()
