@@ -21,6 +21,32 @@ pub struct ModelArgs {
     /// smollm2, downloaded if missing.
     #[arg(short = 'm', long = "model", help_heading = "Model")]
     pub model: Option<String>,
+    /// A model by its Hugging Face repository (llama.cpp's -hf): USER/REPO[:QUANT], the
+    /// quantization's GGUF file (default Q4_K_M), downloaded into the models directory if
+    /// missing. HF_TOKEN is sent; HF_ENDPOINT points elsewhere.
+    #[arg(
+        long = "hf-repo",
+        value_name = "USER/REPO[:QUANT]",
+        conflicts_with = "model",
+        help_heading = "Model"
+    )]
+    pub hf_repo: Option<String>,
+    /// The file of --hf-repo to use instead of its quantization's (llama.cpp's -hff).
+    #[arg(
+        long = "hf-file",
+        value_name = "FILE",
+        requires = "hf_repo",
+        help_heading = "Model"
+    )]
+    pub hf_file: Option<String>,
+    /// The Hugging Face token for --hf-repo [default: $HF_TOKEN] (llama.cpp's -hft).
+    #[arg(
+        long = "hf-token",
+        value_name = "TOKEN",
+        requires = "hf_repo",
+        help_heading = "Model"
+    )]
+    pub hf_token: Option<String>,
     /// Read the whole model file at load instead of paging it in on first use (kiln always maps
     /// the file; this populates the map up front, as llama.cpp's --no-mmap reads it).
     #[arg(long = "no-mmap", help_heading = "Model")]
@@ -141,6 +167,20 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 impl ModelArgs {
+    /// The model file: `--hf-repo`'s (pulled if missing), else `-m`'s.
+    pub fn model_path(&self) -> Result<PathBuf> {
+        let Some(repo) = &self.hf_repo else {
+            return Ok(kiln::fetch::resolve_model(self.model.as_deref(), true)?);
+        };
+        let r = kiln::fetch::HfRef::parse(repo)?.with_file(self.hf_file.as_deref())?;
+        let pull = kiln::fetch::PullOptions::new(kiln::fetch::models_dir(), true);
+        let mut opts = kiln::fetch::HfOptions::from_env(pull);
+        if let Some(t) = &self.hf_token {
+            opts.token = Some(t.clone());
+        }
+        Ok(kiln::fetch::resolve_hf(&r, &opts)?)
+    }
+
     /// `--device`, or cuda for `-ngl N` with N > 0; refused (one line) where it cannot run.
     pub fn device(&self) -> Result<kiln::backend::Device> {
         let d = if self.n_gpu_layers > 0 {
@@ -250,7 +290,7 @@ pub struct Loaded {
 /// Resolve (downloading the default model if needed), map and load.
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     args.device()?;
-    let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
+    let path = args.model_path()?;
     let t0 = Instant::now();
     let spinner = spinner(&format!("loading {}", path.display()));
     let file = if args.no_mmap {

@@ -54,7 +54,8 @@ enum Command {
     /// Show a GGUF model's architecture, hyper-parameters, tokenizer and block formats.
     #[command(visible_alias = "show")]
     Inspect(inspect::InspectArgs),
-    /// Download a model: a known name (default: smollm2) or any GGUF file by URL.
+    /// Download a model: a known name (default: smollm2), a Hugging Face repository
+    /// (USER/REPO:QUANT) or any GGUF file by URL.
     Pull(pull::PullArgs),
     /// List the downloaded models (name, size, block format, architecture, path).
     #[command(visible_alias = "ls")]
@@ -119,7 +120,7 @@ impl Command {
 }
 
 /// llama.cpp's single-dash long flags, spelled as clap's double-dash ones.
-const LLAMA_FLAGS: [(&str, &str); 7] = [
+const LLAMA_FLAGS: [(&str, &str); 11] = [
     ("-ngl", "--n-gpu-layers"),
     ("-fa", "--flash-attn"),
     ("-cnv", "--conversation"),
@@ -127,13 +128,17 @@ const LLAMA_FLAGS: [(&str, &str); 7] = [
     ("-sys", "--system-prompt"),
     ("-md", "--model-draft"),
     ("-cd", "--ctx-size-draft"),
+    ("-hf", "--hf-repo"),
+    ("-hfr", "--hf-repo"),
+    ("-hff", "--hf-file"),
+    ("-hft", "--hf-token"),
 ];
 
 /// Flags whose value is free text.
 const TEXT_FLAGS: [&str; 5] = ["-p", "--prompt", "-sys", "--system-prompt", "--system"];
 
-/// Rewrite llama.cpp's `-ngl 99`, `-fa`, `-cnv`, `-no-cnv`, `-sys TEXT`, `-md FILE`, `-cd N` (also `-ngl=99`) into the
-/// long flags clap parses. Everything after `--` is left alone.
+/// Rewrite llama.cpp's `-ngl 99`, `-fa`, `-cnv`, `-no-cnv`, `-sys TEXT`, `-md FILE`, `-cd N`,
+/// `-hf REPO`, `-hff FILE`, `-hft TOKEN` (also `-ngl=99`) into the long flags clap parses. Everything after `--` is left alone.
 fn llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut out: Vec<OsString> = Vec::new();
     let mut rest = false;
@@ -223,6 +228,18 @@ mod tests {
                 "--conversation",
                 "--system-prompt",
                 "be brief"
+            ]
+        );
+        assert_eq!(
+            rewrite(&["kiln", "serve", "-hf", "u/r:Q8_0", "-hff", "f.gguf", "-hfr=u/r"]),
+            [
+                "kiln",
+                "serve",
+                "--hf-repo",
+                "u/r:Q8_0",
+                "--hf-file",
+                "f.gguf",
+                "--hf-repo=u/r"
             ]
         );
         assert_eq!(

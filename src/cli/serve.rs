@@ -184,6 +184,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         args.model
             .model
             .clone()
+            .or_else(|| args.model.hf_repo.clone())
             .unwrap_or_else(|| kiln::fetch::DEFAULT_MODEL.to_string()),
     );
     if let Some(name) = loaded.path.file_name() {

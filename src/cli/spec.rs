@@ -189,6 +189,7 @@ impl SpecArgs {
     fn load_draft(&self, name: &str, target: &Loaded, args: &ModelArgs) -> Result<Loaded> {
         let mut dargs = args.clone();
         dargs.model = Some(name.to_string());
+        dargs.hf_repo = None;
         let draft = common::load(&dargs).context("loading the draft model")?;
         same_vocabulary(target, &draft)?;
         Ok(draft)

@@ -49,10 +49,13 @@ pub struct PullOptions {
     /// Limit on waiting for the response headers, and on each read of the body: a stalled
     /// transfer ends with an error (the partial file is kept, to resume).
     pub read_timeout: Duration,
+    /// A token sent as `Authorization: Bearer TOKEN` (kept across a redirect only to the same
+    /// host over https: a hub's redirect to its storage carries a signed URL instead).
+    pub bearer: Option<String>,
 }
 
 impl PullOptions {
-    /// Defaults: no name, no sha256, no force; 30 s to connect, 60 s per read.
+    /// Defaults: no name, no sha256, no force, no token; 30 s to connect, 60 s per read.
     pub fn new(dir: PathBuf, progress: bool) -> PullOptions {
         PullOptions {
             dir,
@@ -62,6 +65,7 @@ impl PullOptions {
             force: false,
             connect_timeout: Duration::from_secs(30),
             read_timeout: Duration::from_secs(60),
+            bearer: None,
         }
     }
 }
@@ -124,7 +128,7 @@ fn percent_decode(s: &str) -> String {
         .into_owned()
 }
 
-fn strip_gguf(name: &str) -> &str {
+pub(super) fn strip_gguf(name: &str) -> &str {
     let n = name.len();
     match name.get(n.saturating_sub(5)..) {
         Some(ext) if n > 5 && ext.eq_ignore_ascii_case(".gguf") => &name[..n - 5],
@@ -133,7 +137,7 @@ fn strip_gguf(name: &str) -> &str {
 }
 
 /// A name usable as a file name in the models directory and on the command line.
-fn check_name(name: &str) -> Result<String, FetchError> {
+pub(super) fn check_name(name: &str) -> Result<String, FetchError> {
     let bad = |reason: &str| FetchError::BadName {
         name: name.to_string(),
         reason: reason.to_string(),
@@ -514,10 +518,11 @@ fn classify(
     }
 }
 
-fn agent(opts: &PullOptions) -> ureq::Agent {
+pub(super) fn agent(opts: &PullOptions) -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(10)
+        .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
         .timeout_connect(Some(opts.connect_timeout))
         .timeout_recv_response(Some(opts.read_timeout))
         .timeout_per_read(Some(opts.read_timeout))
@@ -589,6 +594,9 @@ fn download(
     let mut total: Option<u64>;
     loop {
         let mut req = agent.get(url);
+        if let Some(token) = &opts.bearer {
+            req = req.header("Authorization", format!("Bearer {token}"));
+        }
         if offset > 0 {
             req = req.header("Range", format!("bytes={offset}-"));
             let m = meta.as_ref();

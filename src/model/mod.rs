@@ -87,6 +87,14 @@ impl Model {
 
     /// Build a model from a parsed file.
     pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
+        // A model split across files (llama-gguf-split): kiln maps one file.
+        if let Some(n) = file.opt_u32("split.count")?.filter(|&n| n > 1) {
+            return Err(ModelError::UnsupportedValue {
+                key: "split.count".to_string(),
+                value: n.to_string(),
+                supported: "a model in one file; merge the parts with `llama-gguf-split --merge`",
+            });
+        }
         let (config, traits) = read_config(&file)?;
         let ropes = layer_ropes(&file, &config, &traits)?;
         let weights = weights::load(&file, &config, &traits, ropes)?;

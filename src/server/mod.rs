@@ -34,6 +34,7 @@ mod native;
 mod ollama;
 mod ready;
 pub mod respond;
+mod responses;
 mod routes;
 pub mod structured;
 mod tokens;

@@ -41,7 +41,8 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .route("/completions", post(super::native::completion))
         .route("/infill", post(super::native::infill))
         .merge(super::ollama::routes())
-        .merge(super::anthropic::routes());
+        .merge(super::anthropic::routes())
+        .merge(super::responses::routes());
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
         open = open.route("/metrics", get(prometheus));
@@ -98,8 +99,9 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
         .extensions()
         .get::<MatchedPath>()
         .and_then(|m| {
-            let mut paths =
-                (COUNTED.iter().chain(&super::ollama::PATHS)).chain(&super::anthropic::PATHS);
+            let mut paths = (COUNTED.iter().chain(&super::ollama::PATHS))
+                .chain(&super::anthropic::PATHS)
+                .chain(std::slice::from_ref(&super::responses::PATH));
             paths.find(|p| **p == m.as_str())
         })
         .copied()
