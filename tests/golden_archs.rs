@@ -1,5 +1,5 @@
-//! Qwen2, Qwen3, GPT-2 (random weights) and Gemma-3 (the real 270M model) against the
-//! reference engine; unknown architectures and missing tensors fail with named errors.
+//! Qwen2, Qwen3, GPT-2, Phi-3, SmolLM3, Gemma-2 (random weights) and Gemma-3 (the real 270M
+//! model) against the reference engine; unknown architectures and missing tensors fail with named errors.
 
 mod common;
 
@@ -307,6 +307,59 @@ fn smollm3_with_rope_everywhere_misses_the_golden() {
     assert!(rope.is_some() && layers[3].rope.is_none() && layers[2].rope.is_some());
     layers[3].rope = rope;
     assert_misses_golden(model, stem, "RoPE on every layer");
+}
+
+/// Gemma-2 (post-norms, GELU gate, sliding window on the even layers, soft-capped attention
+/// scores and logits) against the reference.
+#[test]
+fn random_gemma2_matches_reference() {
+    check_random("random-gemma2-f32");
+}
+
+/// Without either soft cap, or without its sliding window, the Gemma-2 file misses the
+/// reference's logits: each feature is checked by the golden above.
+#[test]
+fn gemma2_without_its_caps_or_window_misses_the_golden() {
+    let stem = "random-gemma2-f32";
+    let load = || Model::load(common::random_model(stem)).expect("load");
+    let mut model = load();
+    assert_eq!(model.config.attn_softcap, Some(1.0));
+    model.config.attn_softcap = None;
+    assert_misses_golden(model, stem, "no attention soft cap");
+    let mut model = load();
+    assert_eq!(model.config.final_softcap, Some(15.0));
+    model.config.final_softcap = None;
+    assert_misses_golden(model, stem, "no final soft cap");
+    let mut model = load();
+    let windows: Vec<_> = model.weights.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(16), None, Some(16), None]);
+    model
+        .weights
+        .layers
+        .iter_mut()
+        .for_each(|l| l.window = None);
+    assert_misses_golden(model, stem, "no sliding window");
+}
+
+/// A Gemma-2 file with a soft cap of 0 or a negative sliding window is a one-line error
+/// naming the key, not a division by zero or a wrapped window.
+#[test]
+fn gemma2_bad_caps_and_windows_are_named() {
+    let cases: [(&str, kiln::gguf::Value); 3] = [
+        ("gemma2.attn_logit_softcapping", 0.0f32.into()),
+        ("gemma2.final_logit_softcapping", 0.0f32.into()),
+        ("gemma2.attention.sliding_window", (-8i32).into()),
+    ];
+    for (key, v) in cases {
+        let bytes = rewrite("random-gemma2-f32", |w| {
+            w.set(key, v.clone());
+        });
+        let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+            .err()
+            .unwrap_or_else(|| panic!("{key}: must fail"));
+        let msg = err.to_string();
+        assert!(msg.contains(key) && !msg.contains('\n'), "{msg}");
+    }
 }
 
 /// `model`, changed to drop a feature of `stem`'s file, misses the reference's logits: the

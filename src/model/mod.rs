@@ -10,6 +10,7 @@ pub mod moe;
 pub mod weights;
 
 mod bert;
+mod gemma2;
 mod gemma3;
 mod gpt2;
 mod llama;
@@ -160,6 +161,10 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
         Arch::Qwen3 => {
             qwen3::configure(&mut cfg);
             qwen3::TRAITS
+        }
+        Arch::Gemma2 => {
+            gemma2::configure(f, &mut cfg)?;
+            gemma2::TRAITS
         }
         Arch::Gemma3 => {
             gemma3::configure(f, &mut cfg)?;
