@@ -94,7 +94,7 @@ VARIANTS = {
     "random-qwen2moe-q4_0": ("qwen2moe", "Q4_0", True),
 }
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "llama-yarn", "phi3",
-           "smollm3", "gemma2"]
+           "smollm3", "gemma2", "granite"]
 # Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
 ENCODER_RECIPES = ["bert", "nomic-bert"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]

@@ -137,6 +137,8 @@ fn refused_on_device(stem: &str) -> Option<&'static str> {
         Some("ffn_up")
     } else if stem.contains("-gemma2-") {
         Some("softcapping")
+    } else if stem.contains("-granite-") {
+        Some("residual_scale")
     } else if stem.ends_with("-iq4_nl") {
         Some("IQ4_NL")
     } else if stem.ends_with("-iq4_xs") {

@@ -55,6 +55,7 @@ pub enum Arch {
     Qwen3,
     Gemma2,
     Gemma3,
+    Granite,
     Gpt2,
     Qwen3Moe,
     Qwen2Moe,
@@ -76,6 +77,7 @@ impl Arch {
         ("qwen3", Arch::Qwen3),
         ("gemma2", Arch::Gemma2),
         ("gemma3", Arch::Gemma3),
+        ("granite", Arch::Granite),
         ("gpt2", Arch::Gpt2),
         ("qwen3moe", Arch::Qwen3Moe),
         ("qwen2moe", Arch::Qwen2Moe),
@@ -185,6 +187,14 @@ pub struct ModelConfig {
     pub attn_softcap: Option<f32>,
     /// Soft cap of the output logits, `c·tanh(l/c)` (Gemma-2's `final_logit_softcapping`).
     pub final_softcap: Option<f32>,
+    /// Multiplier of the token embeddings where the file gives one (Granite's
+    /// `embedding_scale`; Gemma's sqrt(dim) comes from its traits).
+    pub embed_scale: Option<f32>,
+    /// Multiplier of each block's attention and FFN outputs before their residual adds
+    /// (Granite's `residual_scale`).
+    pub residual_scale: Option<f32>,
+    /// Multiplier of the output logits (Granite's `1 / logit_scale`).
+    pub logit_scale: Option<f32>,
     /// Off: every position of a pass attends to every other (an encoder's bidirectional
     /// attention, `{arch}.attention.causal = false`; decoders are always causal).
     pub causal: bool,
@@ -271,6 +281,9 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         q_scale: None,
         attn_softcap: None,
         final_softcap: None,
+        embed_scale: None,
+        residual_scale: None,
+        logit_scale: None,
         causal: true,
         token_types: 0,
         moe: None,

@@ -129,7 +129,7 @@ pub fn forward_batch<B: Backend>(
             .attn_post_norm
             .is_some()
             .then_some(NormW::AttnPost(li));
-        b.matmul_add(Mat::O(li), Buf::Attn, post, Buf::X, n);
+        residual_add(m, b, Mat::O(li), Buf::Attn, post, n);
 
         // --- feed-forward ---
         if encoder {
@@ -153,7 +153,7 @@ pub fn forward_batch<B: Backend>(
             Buf::Up
         };
         let post = layer.ffn_post_norm.is_some().then_some(NormW::FfnPost(li));
-        b.matmul_add(Mat::Down(li), hidden, post, Buf::X, n);
+        residual_add(m, b, Mat::Down(li), hidden, post, n);
         if encoder {
             b.norm(NormW::Ffn(li), Buf::X, Buf::X, 0..n);
         }
@@ -213,6 +213,20 @@ pub fn forward_batch<B: Backend>(
         }
     }
     b.finish()
+}
+
+/// `X += post(src · Wᵀ)`, times the model's residual scale where it has one (Granite's
+/// `ggml_scale` of the sublayer's output before the add).
+fn residual_add<B: Backend>(m: &Model, b: &mut B, w: Mat, src: Buf, post: Option<NormW>, n: usize) {
+    let Some(s) = m.config.residual_scale else {
+        return b.matmul_add(w, src, post, Buf::X, n);
+    };
+    b.matmul(&[w], src, &[Buf::Proj], n);
+    if let Some(norm) = post {
+        b.norm(norm, Buf::Proj, Buf::Proj, 0..n);
+    }
+    b.scale(Buf::Proj, s, n);
+    b.add(Buf::X, Buf::Proj, n);
 }
 
 /// An encoder's post-norm of the residual stream after a sublayer's add: `Xb = LN(X)` (the
@@ -294,10 +308,13 @@ fn output_rows<B: Backend>(
     }
 }
 
-/// `Logits[..rows]` = the output head of `Xb[..rows]`, soft-capped where the model caps its
-/// logits (Gemma-2).
+/// `Logits[..rows]` = the output head of `Xb[..rows]`, scaled where the model scales its
+/// logits (Granite), soft-capped where it caps them (Gemma-2).
 fn output_head<B: Backend>(m: &Model, b: &mut B, rows: usize) {
     b.matmul(&[Mat::Output], Buf::Xb, &[Buf::Logits], rows);
+    if let Some(s) = m.config.logit_scale {
+        b.scale(Buf::Logits, s, rows);
+    }
     if let Some(c) = m.config.final_softcap {
         b.softcap(Buf::Logits, c, rows);
     }

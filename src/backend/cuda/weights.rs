@@ -518,6 +518,13 @@ impl DeviceWeights {
 /// soft-capped attention scores or logits (Gemma-2; the device kernels have no soft cap).
 fn refuse_unsupported(m: &Model) -> Result<(), CudaError> {
     let c = &m.config;
+    if c.residual_scale.is_some() || c.logit_scale.is_some() {
+        return Err(CudaError::Unsupported(format!(
+            "{}'s residual and logit scales ({0}.residual_scale, {0}.logit_scale; not \
+             checked on the device)",
+            c.arch_name
+        )));
+    }
     if c.attn_softcap.is_some() || c.final_softcap.is_some() {
         return Err(CudaError::Unsupported(format!(
             "{}'s soft-capped attention scores and logits ({0}.attn_logit_softcapping, \
