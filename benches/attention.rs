@@ -46,6 +46,7 @@ fn bench(c: &mut Criterion) {
                 head_dim_k: hd,
                 head_dim_v: hd,
                 scale: 1.0 / (hd as f32).sqrt(),
+                softcap: None,
                 window: None,
                 causal: true,
                 kv_stride: stride,

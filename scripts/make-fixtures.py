@@ -22,6 +22,8 @@ reference's answers on them come to be:
    `--real`, the real models): the reference's top-5 log-probabilities (log-softmax of its raw
    logits, in float64) after each position of the golden prompts and at each of its greedy
    steps, which `tests/logprobs.rs` compares with what `kiln serve` reports.
+   Also `tests/golden/<model>/perplexity.json` (llama-perplexity, n_ctx 512, 12 chunks) for
+   the random models in PERPLEXITY_MODELS.
 8. computes the reference's embeddings of the golden prompts on a few of them
    (`tests/golden/<model>/embeddings.json`: mean, cls and last pooling, the pooled vectors as
    `llama_get_embeddings_seq` returns them, before normalization).
@@ -96,7 +98,7 @@ VARIANTS = {
     "random-gpt-oss-q4_k_m": ("gpt-oss", "Q4_K_M", False),
 }
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "llama-yarn", "phi3",
-           "smollm3", "gpt-oss"]
+           "smollm3", "gpt-oss", "gemma2", "granite"]
 # Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
 ENCODER_RECIPES = ["bert", "nomic-bert"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
@@ -106,6 +108,9 @@ DEQUANT_EXTRA = {"random-gpt-oss-mxfp4": ["blk.0.ffn_up_exps.weight", "blk.3.ffn
 LOGPROB_MODELS = ["random-llama-f32", "random-llama-q4_0", "random-qwen2-f32",
                   "random-qwen3-q4_k_m", "random-gpt2-f32"]
 LOGPROB_TOP = 5
+# The random models with a perplexity golden (n_ctx 512: prompt batches of 512 take the
+# reference's tiled attention, which the short golden prompts never reach).
+PERPLEXITY_MODELS = ["random-gemma2-f32"]
 
 # Embedding goldens: these models, the golden prompts, llama.cpp's pooling types by value.
 EMBED_MODELS = ["random-llama-f32", "random-qwen2-f32", "random-qwen3-f32", "random-gpt2-f32",
@@ -406,11 +411,18 @@ def perplexity_golden(bin_dir, path, out_dir):
     cmd = [bin_dir / "llama-perplexity", "-m", path, "-f", corpus, "-c", "512", "-b", "512",
            "--chunks", "12", "-t", "2"]
     log("$ " + " ".join(map(str, cmd)))
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                       env=dict(os.environ, LD_LIBRARY_PATH=str(bin_dir)))
-    text = p.stdout + p.stderr
-    running = [float(x) for x in re.findall(r"\[\d+\]([0-9.]+)", text)]
-    final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", text)
+    # Its logger writes from a thread of its own, and loses what it has not written when the
+    # process exits: on two cores, with the OpenMP threads spinning, that was the last chunk
+    # and the final estimate (the process exiting 0 without them). Passive OpenMP threads
+    # leave it the time (the arithmetic is the same); run again if the lines still miss.
+    env = dict(os.environ, LD_LIBRARY_PATH=str(bin_dir), OMP_WAIT_POLICY="passive")
+    for _attempt in range(6):
+        p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
+        text = p.stdout + p.stderr
+        running = [float(x) for x in re.findall(r"\[\d+\]([0-9.]+)", text)]
+        final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", text)
+        if p.returncode != 0 or (final and len(running) == 12):
+            break
     if p.returncode != 0 or not final or len(running) != 12:
         raise SystemExit(f"llama-perplexity failed:\n{text[-2000:]}")
     out = {
@@ -541,6 +553,8 @@ def main():
             logits_goldens(work / f"{name}.gguf", a.out / name, texts, 10, 16)
         for name in LOGPROB_MODELS:
             logprobs_golden(work / f"{name}.gguf", a.out / name, texts, 16)
+        for name in PERPLEXITY_MODELS:
+            perplexity_golden(bin_dir, work / f"{name}.gguf", a.out / name)
 
     if a.real:
         for golden_name, kiln_name in REAL.items():

@@ -1,6 +1,7 @@
 //! Attention over a sliding-window ring gives the same bits as over a full cache, on every path
 //! of the kernel (vector, tiled, split long decode; f16 and q8_0; 1 and 2 threads), with the
-//! ring wrapped many times over and its stale rows holding other positions' data.
+//! ring wrapped many times over and its stale rows holding other positions' data; plain and
+//! with Gemma-2's soft-capped scores.
 
 use kiln::cache::{KvCache, KvLayout, KvType};
 use kiln::kernels::attention::{attention_kv, AttnScratch, AttnShape};
@@ -32,6 +33,7 @@ fn attend(
     pool: &ThreadPool,
     ops: &F16Ops,
     window: usize,
+    softcap: Option<f32>,
     q: &[f32],
     n: usize,
     pos0: usize,
@@ -43,6 +45,7 @@ fn attend(
         head_dim_k: HD,
         head_dim_v: HD,
         scale: 1.0 / (HD as f32).sqrt(),
+        softcap,
         window: Some(window),
         causal: true,
         kv_stride: c.capacity(),
@@ -118,15 +121,17 @@ fn ring_attention_is_bit_identical_to_full_cache() {
             let q = rng.vec(n * H * HD, 2.0);
             for threads in [1, 2] {
                 let pool = ThreadPool::new(threads);
-                let want = attend(&a, &pool, &ops, window, &q, n, pos0, ty);
-                let got = attend(&b, &pool, &ops, window, &q, n, pos0, ty);
-                assert!(
-                    want == got,
-                    "ctx {ctx} window {window} n {n} pos0 {pos0} {ty} threads {threads}"
-                );
-                cases += 1;
+                for cap in [None, Some(1.5)] {
+                    let want = attend(&a, &pool, &ops, window, cap, &q, n, pos0, ty);
+                    let got = attend(&b, &pool, &ops, window, cap, &q, n, pos0, ty);
+                    assert!(
+                        want == got,
+                        "ctx {ctx} window {window} n {n} pos0 {pos0} {ty} threads {threads} cap {cap:?}"
+                    );
+                    cases += 1;
+                }
             }
         }
     }
-    assert_eq!(cases, 40);
+    assert_eq!(cases, 80);
 }

@@ -137,13 +137,17 @@ fn moe_models_are_refused_by_name() {
 }
 
 /// The fixture models the CUDA backend refuses, and what its error names: YaRN's rotation
-/// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix, the
-/// i-quants (no device kernels).
+/// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix, Gemma-2's
+/// soft caps, the i-quants (no device kernels).
 fn refused_on_device(stem: &str) -> Option<&'static str> {
     if stem.contains("-yarn-") {
         Some("rope.scaling")
     } else if stem.contains("-phi3-") {
         Some("ffn_up")
+    } else if stem.contains("-gemma2-") {
+        Some("softcapping")
+    } else if stem.contains("-granite-") {
+        Some("residual_scale")
     } else if stem.ends_with("-iq4_nl") {
         Some("IQ4_NL")
     } else if stem.ends_with("-iq4_xs") {
@@ -598,6 +602,9 @@ impl Backend for ReadsNormAfterProducts<'_> {
     }
     fn scale(&mut self, buf: Buf, s: f32, rows: usize) {
         self.step.scale(buf, s, rows)
+    }
+    fn softcap(&mut self, buf: Buf, cap: f32, rows: usize) {
+        self.step.softcap(buf, cap, rows)
     }
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
         self.step.add(dst, src, rows)

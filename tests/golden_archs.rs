@@ -1,5 +1,5 @@
-//! Qwen2, Qwen3, GPT-2 (random weights) and Gemma-3 (the real 270M model) against the
-//! reference engine; unknown architectures and missing tensors fail with named errors.
+//! Qwen2, Qwen3, GPT-2, Phi-3, SmolLM3, Gemma-2 (random weights) and Gemma-3 (the real 270M
+//! model) against the reference engine; unknown architectures and missing tensors fail with named errors.
 
 mod common;
 
@@ -307,6 +307,119 @@ fn smollm3_with_rope_everywhere_misses_the_golden() {
     assert!(rope.is_some() && layers[3].rope.is_none() && layers[2].rope.is_some());
     layers[3].rope = rope;
     assert_misses_golden(model, stem, "RoPE on every layer");
+}
+
+/// Gemma-2 (post-norms, GELU gate, sliding window on the even layers, soft-capped attention
+/// scores and logits) against the reference.
+#[test]
+fn random_gemma2_matches_reference() {
+    check_random("random-gemma2-f32");
+}
+
+/// Without either soft cap, or without its sliding window, the Gemma-2 file misses the
+/// reference's logits: each feature is checked by the golden above.
+#[test]
+fn gemma2_without_its_caps_or_window_misses_the_golden() {
+    let stem = "random-gemma2-f32";
+    let load = || Model::load(common::random_model(stem)).expect("load");
+    let mut model = load();
+    assert_eq!(model.config.attn_softcap, Some(1.0));
+    model.config.attn_softcap = None;
+    assert_misses_golden(model, stem, "no attention soft cap");
+    let mut model = load();
+    assert_eq!(model.config.final_softcap, Some(15.0));
+    model.config.final_softcap = None;
+    assert_misses_golden(model, stem, "no final soft cap");
+    let mut model = load();
+    let windows: Vec<_> = model.weights.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(16), None, Some(16), None]);
+    model
+        .weights
+        .layers
+        .iter_mut()
+        .for_each(|l| l.window = None);
+    assert_misses_golden(model, stem, "no sliding window");
+}
+
+/// A Gemma-2 file with a soft cap of 0 or a negative sliding window is a one-line error
+/// naming the key, not a division by zero or a wrapped window.
+#[test]
+fn gemma2_bad_caps_and_windows_are_named() {
+    let cases: [(&str, kiln::gguf::Value); 3] = [
+        ("gemma2.attn_logit_softcapping", 0.0f32.into()),
+        ("gemma2.final_logit_softcapping", 0.0f32.into()),
+        ("gemma2.attention.sliding_window", (-8i32).into()),
+    ];
+    for (key, v) in cases {
+        let bytes = rewrite("random-gemma2-f32", |w| {
+            w.set(key, v.clone());
+        });
+        let err = Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+            .err()
+            .unwrap_or_else(|| panic!("{key}: must fail"));
+        let msg = err.to_string();
+        assert!(msg.contains(key) && !msg.contains('\n'), "{msg}");
+    }
+}
+
+/// Granite (LLaMA with embedding, attention, residual and logit scales) against the reference.
+#[test]
+fn random_granite_matches_reference() {
+    check_random("random-granite-f32");
+}
+
+/// Without its residual, logit or embedding scale, the Granite file misses the reference's
+/// logits.
+#[test]
+fn granite_without_its_scales_misses_the_golden() {
+    let stem = "random-granite-f32";
+    let load = || Model::load(common::random_model(stem)).expect("load");
+    let mut m = load();
+    assert_eq!(m.config.residual_scale, Some(0.22));
+    m.config.residual_scale = None;
+    assert_misses_golden(m, stem, "no residual scale");
+    let mut m = load();
+    assert_eq!(m.config.logit_scale, Some(1.0 / 8.0));
+    m.config.logit_scale = None;
+    assert_misses_golden(m, stem, "no logit scale");
+    let mut m = load();
+    assert_eq!(m.embed_scale, 12.0);
+    m.embed_scale = 1.0;
+    assert_misses_golden(m, stem, "no embedding scale");
+    // (Its attention scale is read and used, but this random model's attention moves its
+    // logits too little for the golden to tell: unscaled scores give a mean error of 0.0005.)
+    assert_eq!(load().config.attn_scale, 0.031_25);
+}
+
+/// A Granite file without its logit scale, or with a negative scale, is a one-line error
+/// naming the key; an optional bias kiln does not add is refused by name.
+#[test]
+fn granite_bad_scales_are_named() {
+    let bad = |edit: &dyn Fn(&mut GgufWriter)| {
+        let bytes = rewrite("random-granite-f32", edit);
+        Model::from_gguf(GgufFile::from_bytes(bytes).expect("parse"))
+            .err()
+            .expect("must fail")
+            .to_string()
+    };
+    let e = bad(&|w| {
+        w.remove("granite.logit_scale");
+    });
+    assert!(
+        e.contains("granite.logit_scale") && !e.contains('\n'),
+        "{e}"
+    );
+    let e = bad(&|w| {
+        w.set("granite.residual_scale", -0.5f32);
+    });
+    assert!(
+        e.contains("granite.residual_scale") && !e.contains('\n'),
+        "{e}"
+    );
+    let e = bad(&|w| {
+        w.add_f32_tensor("blk.1.ffn_down.bias", &[256], &[0.0; 256]);
+    });
+    assert!(e.contains("blk.1.ffn_down.bias"), "{e}");
 }
 
 /// `model`, changed to drop a feature of `stem`'s file, misses the reference's logits: the

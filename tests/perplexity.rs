@@ -1,4 +1,5 @@
-//! Perplexity of corpus_pydoc.txt (n_ctx 512, 12 chunks) against the reference engine's values.
+//! Perplexity of corpus_pydoc.txt (n_ctx 512, 12 chunks) against the reference engine's values:
+//! the real models, and a random Gemma-2.
 
 mod common;
 
@@ -10,6 +11,10 @@ use kiln::model::Model;
 use kiln::tokenizer::Tokenizer;
 
 fn check(name: &str, golden_dir: &str) {
+    check_file(&common::real_model(name), name, golden_dir)
+}
+
+fn check_file(path: &std::path::Path, name: &str, golden_dir: &str) {
     let golden: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(
             common::golden_dir()
@@ -23,7 +28,7 @@ fn check(name: &str, golden_dir: &str) {
     let n_ctx = golden["n_ctx"].as_u64().unwrap() as usize;
     let chunks = golden["chunks"].as_u64().unwrap() as usize;
     let text = std::fs::read_to_string(common::golden_dir().join("corpus_pydoc.txt")).unwrap();
-    let model = Arc::new(Model::load(common::real_model(name)).unwrap());
+    let model = Arc::new(Model::load(path).unwrap());
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
     let tokens = tok.encode(&text, true, false);
     let mut opts = SessionOptions::new(n_ctx, 2);
@@ -55,6 +60,14 @@ fn smollm2_perplexity_matches_reference() {
 #[test]
 fn gemma3_perplexity_matches_reference() {
     check("gemma3", "gemma3-270m-q4_k_m");
+}
+
+/// The random Gemma-2: chunks of 512 run as prompt batches, through the tiled attention with
+/// its soft cap and sliding window, and the soft-capped logits of every scored position.
+#[test]
+fn random_gemma2_perplexity_matches_reference() {
+    let stem = "random-gemma2-f32";
+    check_file(&common::random_model(stem), stem, stem);
 }
 
 /// A q8_0 KV cache costs SmolLM2 well under 1% of perplexity on the corpus (n_ctx 512, 12

@@ -444,6 +444,14 @@ impl<'a> Backend for Cpu<'a> {
         par_rows(&self.rt.pool, x, width, &|_, v| ops::scale_inplace(v, s));
     }
 
+    fn softcap(&mut self, buf: Buf, cap: f32, rows: usize) {
+        let width = self.width(buf);
+        let x = &mut Parts::of(self.s).take(buf)[..rows * width];
+        par_rows(&self.rt.pool, x, width, &|_, v| {
+            ops::softcap_inplace(v, cap)
+        });
+    }
+
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
         let width = self.width(dst);
         let mut p = Parts::of(self.s);
@@ -470,6 +478,7 @@ impl<'a> Backend for Cpu<'a> {
             head_dim_k: c.head_dim_k,
             head_dim_v: c.head_dim_v,
             scale: c.attn_scale,
+            softcap: c.attn_softcap,
             window: self.m.weights.layers[li].window,
             causal: c.causal,
             kv_stride: seqs[0].kv.capacity(),

@@ -280,6 +280,10 @@ pub trait Backend {
     /// `buf *= s`.
     fn scale(&mut self, buf: Buf, s: f32, rows: usize);
 
+    /// `buf = c·tanh(buf/c)` ([`crate::kernels::ops::softcap_inplace`]): the output logits'
+    /// soft cap (Gemma-2's `final_logit_softcapping`).
+    fn softcap(&mut self, buf: Buf, cap: f32, rows: usize);
+
     /// `dst += src`.
     fn add(&mut self, dst: Buf, src: Buf, rows: usize);
 

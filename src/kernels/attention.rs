@@ -33,6 +33,10 @@
 //!   depends on the context length only, so decode gives the same bits whatever the thread
 //!   count.
 //!
+//! A soft cap (Gemma-2's [`AttnShape::softcap`]) enters each path where the reference's does:
+//! the scaled score `s` becomes `c·tanh(s)` with the scale divided by `c`, before the mask and
+//! the softmax ([`super::f16ops::ScoreScale`]).
+//!
 //! The primitives with their exact summation orders are in [`super::f16ops`]; the merge
 //! order, the tile boundaries and the split rule are here. Every thread count and SIMD path
 //! gives the same bits.
@@ -40,7 +44,7 @@
 //! Work is split into items that each read their keys and values once for all the query heads
 //! of one kv head (GQA).
 
-use super::f16ops::{F16Ops, KeyRun, KV_TILE};
+use super::f16ops::{F16Ops, KeyRun, ScoreScale, KV_TILE};
 use super::pool::{DisjointSlice, ThreadPool};
 use crate::cache::{KvLayer, KvType};
 use half::f16;
@@ -54,6 +58,9 @@ pub struct AttnShape<'a> {
     pub head_dim_v: usize,
     /// Multiplier applied to q·k (usually `1/sqrt(head_dim)`).
     pub scale: f32,
+    /// Soft cap of the scaled scores, `c·tanh(s/c)` before the mask and softmax (Gemma-2's
+    /// `attn_logit_softcapping`; [`ScoreScale`]).
+    pub softcap: Option<f32>,
     /// Sliding window: a query at position p sees keys at positions `> p - window`.
     pub window: Option<usize>,
     /// Causal masking: a query at position p sees keys up to p. Off (an encoder's
@@ -541,6 +548,7 @@ fn vector(
     scratch: &mut AttnScratch,
 ) {
     let (group, hdk, hdv) = (scratch.group, s.head_dim_k, s.head_dim_v);
+    let sc = ScoreScale::new(s.scale, s.softcap);
     // Items: (token, kv head), each streaming its keys once for the heads of its group; when
     // that leaves threads idle (decode), one item per head instead (rows are independent, so
     // the bits do not change). Single-threaded, one item runs every kv head, the heads'
@@ -618,7 +626,7 @@ fn vector(
                         k_stride: rows,
                         v_stride: rows,
                     };
-                    (ops.vec_keys)(q16, run, s.scale, ms, acc);
+                    (ops.vec_keys)(q16, run, sc, ms, acc);
                     a = b;
                 }
             }
@@ -634,7 +642,7 @@ fn vector(
                     let row0 = head0 + r;
                     let keys = kv.keys_f16(row0..row0 + (b - a), hdk, kbuf);
                     let values = kv.values_f16(row0..row0 + (b - a), hdv, vbuf);
-                    (ops.vec_keys)(q16, KeyRun::single(keys, values, b - a), s.scale, ms, acc);
+                    (ops.vec_keys)(q16, KeyRun::single(keys, values, b - a), sc, ms, acc);
                     a = b;
                 }
             }
@@ -710,6 +718,7 @@ fn tiled(
     scratch: &mut AttnScratch,
 ) {
     let (group, hdk, hdv) = (scratch.group, s.head_dim_k, s.head_dim_v);
+    let score = ScoreScale::new(s.scale, s.softcap);
     let rows_max = ITEM_TOKENS * group;
     let block = item_tokens(n_tokens, s.n_kv_heads, pool.n_threads());
     let n_blocks = n_tokens.div_ceil(block);
@@ -828,7 +837,7 @@ fn tiled(
                     let sc: &mut [f32; KV_TILE] = (&mut sc_rows[j * KV_TILE..(j + 1) * KV_TILE])
                         .try_into()
                         .expect("tile row");
-                    let tile_max = (ops.scale_max)(sc, s.scale, lo - c0, hi - c0);
+                    let tile_max = (ops.scale_max)(sc, score, lo - c0, hi - c0);
                     let acc = &mut o_rows[t - t0]
                         [j * acc_stride + acc_off..j * acc_stride + acc_off + hdv];
                     let (m_old, mut sum) = (ms[2 * r], ms[2 * r + 1]);

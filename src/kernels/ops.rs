@@ -69,6 +69,15 @@ pub fn scale_inplace(y: &mut [f32], s: f32) {
     }
 }
 
+/// `y = c·tanh(y/c)`: a soft cap (Gemma-2's final logits), as the reference's graph computes
+/// it: `ggml_scale(y, 1/c)`, `ggml_tanh` (the C library's `tanhf`), `ggml_scale(y, c)`.
+pub fn softcap_inplace(y: &mut [f32], c: f32) {
+    let inv = 1.0 / c;
+    for a in y.iter_mut() {
+        *a = (*a * inv).tanh() * c;
+    }
+}
+
 /// SiLU(x) = x · σ(x), with the reference engine's vectorised `expf` (a polynomial within
 /// about an ulp of the true one) so activations agree with it to the bit.
 #[inline]

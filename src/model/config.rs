@@ -53,7 +53,9 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    Gemma2,
     Gemma3,
+    Granite,
     Gpt2,
     Qwen3Moe,
     Qwen2Moe,
@@ -75,7 +77,9 @@ impl Arch {
         ("mistral", Arch::Llama),
         ("qwen2", Arch::Qwen2),
         ("qwen3", Arch::Qwen3),
+        ("gemma2", Arch::Gemma2),
         ("gemma3", Arch::Gemma3),
+        ("granite", Arch::Granite),
         ("gpt2", Arch::Gpt2),
         ("qwen3moe", Arch::Qwen3Moe),
         ("qwen2moe", Arch::Qwen2Moe),
@@ -135,7 +139,7 @@ pub struct ArchTraits {
     pub longrope: bool,
     /// Per-head RMSNorm of q and k (Qwen3, Gemma-3).
     pub qk_norm: bool,
-    /// Norms after attention and FFN, before the residual add (Gemma-3).
+    /// Norms after attention and FFN, before the residual add (Gemma-2, Gemma-3).
     pub post_norms: bool,
     /// Multiply embeddings by `sqrt(dim)` (Gemma).
     pub scale_embeddings: bool,
@@ -181,6 +185,19 @@ pub struct ModelConfig {
     /// Equal in real arithmetic to folding it into `attn_scale`, but the attention rounds
     /// queries to f16, so where the scale is applied shows in the last bits.
     pub q_scale: Option<f32>,
+    /// Soft cap of the attention scores, `c·tanh(s/c)` before the mask and softmax (Gemma-2's
+    /// `attn_logit_softcapping`).
+    pub attn_softcap: Option<f32>,
+    /// Soft cap of the output logits, `c·tanh(l/c)` (Gemma-2's `final_logit_softcapping`).
+    pub final_softcap: Option<f32>,
+    /// Multiplier of the token embeddings where the file gives one (Granite's
+    /// `embedding_scale`; Gemma's sqrt(dim) comes from its traits).
+    pub embed_scale: Option<f32>,
+    /// Multiplier of each block's attention and FFN outputs before their residual adds
+    /// (Granite's `residual_scale`).
+    pub residual_scale: Option<f32>,
+    /// Multiplier of the output logits (Granite's `1 / logit_scale`).
+    pub logit_scale: Option<f32>,
     /// Off: every position of a pass attends to every other (an encoder's bidirectional
     /// attention, `{arch}.attention.causal = false`; decoders are always causal).
     pub causal: bool,
@@ -265,6 +282,11 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         no_rope_layers: vec![false; n_layers],
         attn_scale: 1.0 / (head_dim_k.max(1) as f32).sqrt(),
         q_scale: None,
+        attn_softcap: None,
+        final_softcap: None,
+        embed_scale: None,
+        residual_scale: None,
+        logit_scale: None,
         causal: true,
         token_types: 0,
         moe: None,

@@ -129,7 +129,7 @@ pub fn forward_batch<B: Backend>(
             .attn_post_norm
             .is_some()
             .then_some(NormW::AttnPost(li));
-        b.matmul_add(Mat::O(li), Buf::Attn, post, Buf::X, n);
+        residual_add(m, b, Mat::O(li), Buf::Attn, post, n);
 
         // --- feed-forward ---
         if encoder {
@@ -153,7 +153,7 @@ pub fn forward_batch<B: Backend>(
             Buf::Up
         };
         let post = layer.ffn_post_norm.is_some().then_some(NormW::FfnPost(li));
-        b.matmul_add(Mat::Down(li), hidden, post, Buf::X, n);
+        residual_add(m, b, Mat::Down(li), hidden, post, n);
         if encoder {
             b.norm(NormW::Ffn(li), Buf::X, Buf::X, 0..n);
         }
@@ -167,19 +167,19 @@ pub fn forward_batch<B: Backend>(
         Logits::None => {}
         Logits::Last => {
             b.norm_gather(NormW::Output, Buf::X, RowSel::Range(n - 1, n), Buf::Xb);
-            b.matmul(&[Mat::Output], Buf::Xb, &[Buf::Logits], 1);
+            output_head(m, b, 1);
         }
         Logits::Rows(range, sink) => {
             let range = range.start.min(n)..range.end.min(n);
             let sel = RowSel::Range(range.start, range.end);
-            output_rows(b, sel, &mut |b, i0, k| {
+            output_rows(m, b, sel, &mut |b, i0, k| {
                 b.read(Buf::Logits, 0..k, &mut |o, l| sink(range.start + i0 + o, l))
             });
         }
         Logits::EachRow(range, f) => {
             let range = range.start.min(n)..range.end.min(n);
             let sel = RowSel::Range(range.start, range.end);
-            output_rows(b, sel, &mut |b, i0, k| {
+            output_rows(m, b, sel, &mut |b, i0, k| {
                 b.read_each(Buf::Logits, 0..k, &|o, l| f(range.start + i0 + o, l))
             });
         }
@@ -188,7 +188,7 @@ pub fn forward_batch<B: Backend>(
                 rows.iter().all(|&r| r < n),
                 "picked logit row past the batch"
             );
-            output_rows(b, RowSel::List(rows), &mut picked_sink(sink));
+            output_rows(m, b, RowSel::List(rows), &mut picked_sink(sink));
         }
         Logits::Hidden {
             hidden,
@@ -209,10 +209,24 @@ pub fn forward_batch<B: Backend>(
                     b.read(Buf::Xb, r.clone(), hidden_sink);
                 }
             }
-            output_rows(b, RowSel::List(picked), &mut picked_sink(sink));
+            output_rows(m, b, RowSel::List(picked), &mut picked_sink(sink));
         }
     }
     b.finish()
+}
+
+/// `X += post(src · Wᵀ)`, times the model's residual scale where it has one (Granite's
+/// `ggml_scale` of the sublayer's output before the add).
+fn residual_add<B: Backend>(m: &Model, b: &mut B, w: Mat, src: Buf, post: Option<NormW>, n: usize) {
+    let Some(s) = m.config.residual_scale else {
+        return b.matmul_add(w, src, post, Buf::X, n);
+    };
+    b.matmul(&[w], src, &[Buf::Proj], n);
+    if let Some(norm) = post {
+        b.norm(norm, Buf::Proj, Buf::Proj, 0..n);
+    }
+    b.scale(Buf::Proj, s, n);
+    b.add(Buf::X, Buf::Proj, n);
 }
 
 /// An encoder's post-norm of the residual stream after a sublayer's add: `Xb = LN(X)` (the
@@ -276,16 +290,33 @@ fn check_batch<K: SeqCache>(
 /// The logits of the selected rows of the batch, computed `logit_rows` at a time; each part
 /// handed to `read(backend, first index in the selection, rows)`, its logits in the backend's
 /// [`Buf::Logits`] rows `0..rows`.
-fn output_rows<B: Backend>(b: &mut B, sel: RowSel<'_>, read: &mut dyn FnMut(&mut B, usize, usize)) {
+fn output_rows<B: Backend>(
+    m: &Model,
+    b: &mut B,
+    sel: RowSel<'_>,
+    read: &mut dyn FnMut(&mut B, usize, usize),
+) {
     let (count, per) = (sel.len(), b.logit_rows());
     let mut i0 = 0;
     while i0 < count {
         let i1 = (i0 + per).min(count);
         let k = i1 - i0;
         b.norm_gather(NormW::Output, Buf::X, sel.part(i0, i1), Buf::Xb);
-        b.matmul(&[Mat::Output], Buf::Xb, &[Buf::Logits], k);
+        output_head(m, b, k);
         read(b, i0, k);
         i0 = i1;
+    }
+}
+
+/// `Logits[..rows]` = the output head of `Xb[..rows]`, scaled where the model scales its
+/// logits (Granite), soft-capped where it caps them (Gemma-2).
+fn output_head<B: Backend>(m: &Model, b: &mut B, rows: usize) {
+    b.matmul(&[Mat::Output], Buf::Xb, &[Buf::Logits], rows);
+    if let Some(s) = m.config.logit_scale {
+        b.scale(Buf::Logits, s, rows);
+    }
+    if let Some(c) = m.config.final_softcap {
+        b.softcap(Buf::Logits, c, rows);
     }
 }
 

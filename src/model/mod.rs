@@ -10,9 +10,11 @@ pub mod moe;
 pub mod weights;
 
 mod bert;
+mod gemma2;
 mod gemma3;
 mod gpt2;
 mod gpt_oss;
+mod granite;
 mod llama;
 mod phi3;
 mod qwen2;
@@ -73,7 +75,8 @@ pub struct Model {
     pub config: ModelConfig,
     pub traits: ArchTraits,
     pub weights: Weights,
-    /// Multiplier applied to token embeddings (sqrt(dim) for Gemma, else 1).
+    /// Multiplier applied to token embeddings (sqrt(dim) for Gemma, the file's for Granite,
+    /// else 1).
     pub embed_scale: f32,
     /// The file; weights point into its mapping.
     pub file: GgufFile,
@@ -105,7 +108,7 @@ impl Model {
         let embed_scale = if traits.scale_embeddings {
             (config.dim as f32).sqrt()
         } else {
-            1.0
+            config.embed_scale.unwrap_or(1.0)
         };
         Ok(Model {
             config,
@@ -170,9 +173,17 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
             qwen3::configure(&mut cfg);
             qwen3::TRAITS
         }
+        Arch::Gemma2 => {
+            gemma2::configure(f, &mut cfg)?;
+            gemma2::TRAITS
+        }
         Arch::Gemma3 => {
             gemma3::configure(f, &mut cfg)?;
             gemma3::TRAITS
+        }
+        Arch::Granite => {
+            granite::configure(f, &mut cfg)?;
+            granite::TRAITS
         }
         Arch::Gpt2 => {
             gpt2::configure(&mut cfg);

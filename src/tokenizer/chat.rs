@@ -93,10 +93,11 @@ const GEMMA3_TEMPLATE: &str = r#"{{ bos_token }}
 /// llama.cpp's default when a model has no template.
 const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}";
 
-/// A built-in template by architecture (`gemma3`) or name (`chatml`).
+/// A built-in template by architecture (`gemma2`, `gemma3`: Gemma's turns) or name
+/// (`chatml`).
 pub fn builtin_chat_template(name: &str) -> Option<&'static str> {
     match name {
-        "gemma3" => Some(GEMMA3_TEMPLATE),
+        "gemma2" | "gemma3" => Some(GEMMA3_TEMPLATE),
         "chatml" => Some(CHATML_TEMPLATE),
         _ => None,
     }
@@ -663,6 +664,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("alternate"), "{err}");
+    }
+
+    /// A Gemma-2 file without a template gets Gemma's turns (the same markers as Gemma 3's).
+    #[test]
+    fn gemma2_builtin_is_gemma_turns() {
+        let t = builtin_chat_template("gemma2").expect("built in");
+        let out = render_chat(t, &msgs(&[("user", "hi")]), true, "<bos>", "<eos>").unwrap();
+        assert_eq!(
+            out,
+            "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+        );
     }
 
     #[test]

@@ -929,6 +929,13 @@ impl Backend for CudaStep<'_> {
         }
     }
 
+    fn softcap(&mut self, _buf: Buf, _cap: f32, _rows: usize) {
+        // Unreachable in practice: `DeviceWeights::upload` refuses such models.
+        self.s.fail(Err(CudaError::Unsupported(
+            "soft-capped logits (no CUDA soft cap)".into(),
+        )));
+    }
+
     fn moe_ffn(&mut self, _layer: usize, _act: Activation, _rows: usize) {
         // Unreachable in practice: `DeviceWeights::upload` refuses such models.
         self.s.fail(Err(CudaError::Unsupported(

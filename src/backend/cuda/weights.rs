@@ -514,9 +514,24 @@ impl DeviceWeights {
 
 /// Refuse, by name, a model whose computation the device code does not have, before anything
 /// is laid out or uploaded: a RoPE with a magnitude factor or YaRN's extrapolation (the CUDA
-/// rotation computes plain and linear RoPE only), a gate and up projection fused in one matrix.
+/// rotation computes plain and linear RoPE only), a gate and up projection fused in one matrix,
+/// soft-capped attention scores or logits (Gemma-2; the device kernels have no soft cap).
 fn refuse_unsupported(m: &Model) -> Result<(), CudaError> {
     let c = &m.config;
+    if c.residual_scale.is_some() || c.logit_scale.is_some() {
+        return Err(CudaError::Unsupported(format!(
+            "{}'s residual and logit scales ({0}.residual_scale, {0}.logit_scale; not \
+             checked on the device)",
+            c.arch_name
+        )));
+    }
+    if c.attn_softcap.is_some() || c.final_softcap.is_some() {
+        return Err(CudaError::Unsupported(format!(
+            "{}'s soft-capped attention scores and logits ({0}.attn_logit_softcapping, \
+             {0}.final_logit_softcapping; the CUDA kernels have no soft cap)",
+            c.arch_name
+        )));
+    }
     if m.traits.fused_gate_up {
         return Err(CudaError::Unsupported(format!(
             "{}'s gate and up projections fused in one matrix (blk.N.ffn_up.weight)",
@@ -564,6 +579,24 @@ mod tests {
             }
         }
         assert_eq!(formats, 13, "the 13 weight formats the GPU multiplies");
+    }
+
+    /// Gemma-2's soft caps have no device kernels: its model is refused by name before
+    /// anything is uploaded (no device needed to check it).
+    #[test]
+    fn soft_capped_models_are_refused_by_name() {
+        let (_, recipe) = crate::fixtures::RECIPES
+            .iter()
+            .find(|(n, _)| *n == "gemma2")
+            .expect("gemma2 recipe");
+        let bytes = crate::fixtures::random_f32(recipe).to_bytes();
+        let f = crate::gguf::GgufFile::from_bytes(bytes).expect("parse");
+        let m = Model::from_gguf(f).expect("load");
+        let msg = refuse_unsupported(&m).expect_err("refused").to_string();
+        assert!(
+            msg.contains("gemma2") && msg.contains("softcapping"),
+            "{msg}"
+        );
     }
 
     #[test]

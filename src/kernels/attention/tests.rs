@@ -1,4 +1,4 @@
-use super::super::f16ops::{expf_approx, F16Ops};
+use super::super::f16ops::{expf_approx, F16Ops, ScoreScale};
 use super::*;
 
 /// The deterministic inputs of the reference-engine fixtures (a 64-bit LCG), generated
@@ -63,6 +63,7 @@ fn make_case(
         head_dim_k: dk,
         head_dim_v: dk,
         scale: 1.0 / (dk as f32).sqrt(),
+        softcap: None,
         window: (window > 0).then_some(window),
         causal: true,
         kv_stride,
@@ -160,6 +161,8 @@ fn reference_rows(c: &Case) -> Vec<f32> {
     let s = &c.shape;
     let ops = F16Ops::scalar();
     let (hdk, hdv, group) = (s.head_dim_k, s.head_dim_v, s.n_heads / s.n_kv_heads);
+    // The reference's `scale /= softcap`, then `softcap·tanhf(s·scale)`.
+    let score = ScoreScale::new(s.scale, s.softcap);
     let mut out = vec![0.0f32; c.n_tokens * s.n_heads * hdv];
     let len = c.pos0 + c.n_tokens;
     let n_kv = len
@@ -192,13 +195,13 @@ fn reference_rows(c: &Case) -> Vec<f32> {
                             let k = key(c0 + j);
                             // Prompt rows: one chain over d per key (keys transposed);
                             // a long decode row: the lane-split dot, keys read in place.
-                            *x = if long_decode {
+                            *x = score.apply(if long_decode {
                                 (ops.dot)(qh, k)
                             } else {
                                 qh.iter()
                                     .zip(k)
                                     .fold(0.0f32, |a, (&q, &k)| k.to_f32().mul_add(q, a))
-                            } * s.scale;
+                            });
                         }
                     }
                     let tmax = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -274,7 +277,7 @@ fn reference_rows(c: &Case) -> Vec<f32> {
                 let (mut m, mut sum) = (f32::NEG_INFINITY, 0.0f32);
                 let mut acc = vec![0.0f32; hdv];
                 for pos in (0..n_kv).filter(|&pos| seen(pos)) {
-                    let sc = (ops.dot)(&q16, key(pos)) * s.scale;
+                    let sc = score.apply((ops.dot)(&q16, key(pos)));
                     let (mut ms, mut vs) = (1.0f32, 1.0f32);
                     if sc > m {
                         ms = (m - sc).exp();
@@ -317,11 +320,14 @@ fn exact(c: &Case) -> Vec<f64> {
             let sc: Vec<f64> = (first..=p)
                 .map(|pos| {
                     let k = &c.keys[(kvh * s.kv_stride + pos) * s.head_dim_k..][..s.head_dim_k];
-                    qh.iter()
+                    let x = qh
+                        .iter()
                         .zip(k)
                         .map(|(&a, &b)| a as f64 * b.to_f64())
                         .sum::<f64>()
-                        * s.scale as f64
+                        * s.scale as f64;
+                    s.softcap
+                        .map_or(x, |cap| cap as f64 * (x / cap as f64).tanh())
                 })
                 .collect();
             let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -474,6 +480,65 @@ fn join_sink_follows_the_reference_steps() {
     let (mut sum, mut acc) = (0.0f32, [0.0f32; 2]);
     join_sink(-3.0, f32::NEG_INFINITY, &mut sum, &mut acc);
     assert_eq!((sum, acc), (1.0, [0.0, 0.0]));
+}
+
+/// Soft-capped scores (Gemma-2's `c·tanh(s/c)` before the mask and softmax) on every path:
+/// vector, tiled, long decode split in chunks, with and without a window, every thread count
+/// and SIMD tier give the plain per-row algorithm's bits; that is close to exact capped
+/// attention, and differs from the uncapped result (a cap small enough to saturate scores).
+#[test]
+fn soft_capped_matches_plain_algorithm_and_exact_attention() {
+    let mut paths = vec![F16Ops::scalar()];
+    if F16Ops::detect().name != "scalar" {
+        paths.push(F16Ops::detect());
+    }
+    let mut seed = 71;
+    for (dk, h, hkv) in [(16, 4, 2), (64, 8, 2), (256, 4, 1)] {
+        for (cap, window) in [(1.5f32, 0), (50.0, 0), (1.5, 7), (0.25, 200)] {
+            for (n, pos0) in [
+                (1, 0),
+                (1, 40),
+                (1, 1500),
+                (7, 0),
+                (16, 100),
+                (64, 3),
+                (90, 450),
+            ] {
+                seed += 1;
+                let mut c = make_case(dk, h, hkv, n, pos0, window, seed);
+                let plain = run(&c, &paths[0], 2);
+                c.shape.softcap = Some(cap);
+                let want = reference_rows(&c);
+                let want_exact = exact(&c);
+                let what = format!("dk {dk} h {h}/{hkv} cap {cap} win {window} n {n} pos0 {pos0}");
+                for threads in [1, 2, 3] {
+                    for ops in &paths {
+                        let got = run(&c, ops, threads);
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{} {what} thr {threads}", ops.name);
+                    }
+                }
+                let tol = if n >= TILE_Q || (n == 1 && pos0 >= 512) {
+                    1e-5
+                } else {
+                    4e-3
+                };
+                for (i, (a, b)) in want.iter().zip(&want_exact).enumerate() {
+                    assert!((*a as f64 - b).abs() < tol, "{what} i {i}: {a} vs {b}");
+                }
+                if cap < 2.0 && pos0 + n > 1 {
+                    let moved = want.iter().zip(&plain).map(|(a, b)| (a - b).abs());
+                    assert!(
+                        moved.fold(0.0f32, f32::max) > 1e-3,
+                        "{what}: the cap changed nothing"
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Bidirectional attention (an encoder's): every row of the pass sees every key of it, on

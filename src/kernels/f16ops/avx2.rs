@@ -1,7 +1,7 @@
 //! The AVX2 + FMA + F16C paths of [`super::F16Ops`]: each 16-lane accumulator of the reference's
 //! AVX-512 layout is two 256-bit registers, so every path gives the scalar definition's bits.
 
-use super::{F16Ops, BLOCK, KV_TILE};
+use super::{F16Ops, ScoreScale, BLOCK, KV_TILE};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -124,11 +124,11 @@ unsafe fn scale_avx2_impl(y: &mut [f32], v: f32) {
 pub fn vec_keys_avx2(
     q16: &[f32],
     kv: super::KeyRun<'_>,
-    scale: f32,
+    sc: ScoreScale,
     m_s: &mut [f32],
     acc: &mut [f32],
 ) {
-    super::vec_keys_with(dot_avx2, mad_avx2, scale_avx2, q16, kv, scale, m_s, acc)
+    super::vec_keys_with(dot_avx2, mad_avx2, scale_avx2, q16, kv, sc, m_s, acc)
 }
 
 pub fn kq_rows_avx2(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
@@ -357,16 +357,17 @@ unsafe fn softmax_tile_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
     sum
 }
 
-pub fn scale_max_avx2(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
+pub fn scale_max_avx2(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
     // SAFETY: selected only when avx2 was detected at run time.
-    unsafe { scale_max_impl(s, scale, lo.min(KV_TILE), hi.min(KV_TILE)) }
+    unsafe { scale_max_impl(s, sc, lo.min(KV_TILE), hi.min(KV_TILE)) }
 }
 
 /// The 16 lanes as two registers; a lane's maximum is `vmaxps(s, max)`: `s` where
-/// `s > max`, else `max` (NaN included), as the scalar definition's comparison.
+/// `s > max`, else `max` (NaN included), as the scalar definition's comparison. A soft cap
+/// takes the scaled lanes through the scalar `c·tanh` (the reference's `tanhf` per element).
 #[target_feature(enable = "avx2")]
-unsafe fn scale_max_impl(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
-    let (sv, ninf) = (_mm256_set1_ps(scale), _mm256_set1_ps(f32::NEG_INFINITY));
+unsafe fn scale_max_impl(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
+    let (sv, ninf) = (_mm256_set1_ps(sc.scale), _mm256_set1_ps(f32::NEG_INFINITY));
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     // `lo`, `hi` ≤ KV_TILE (clamped by the caller): visible is `lo - 1 < j < hi`.
     let (lov, hiv) = (
@@ -380,7 +381,13 @@ unsafe fn scale_max_impl(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usiz
         // SAFETY: 8 floats at 8b of a 64-float array.
         unsafe {
             let p = s.as_mut_ptr().add(8 * b);
-            let x = _mm256_mul_ps(_mm256_loadu_ps(p), sv);
+            let mut x = _mm256_mul_ps(_mm256_loadu_ps(p), sv);
+            if sc.cap.is_some() {
+                let mut l = [0.0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), x);
+                l.iter_mut().for_each(|v| *v = super::cap_score(sc.cap, *v));
+                x = _mm256_loadu_ps(l.as_ptr());
+            }
             let x = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(keep));
             _mm256_storeu_ps(p, x);
             m[b % 2] = _mm256_max_ps(x, m[b % 2]);

@@ -2,7 +2,7 @@
 //! bit the scalar definition in `super`.
 
 use super::avx2::reduce8_avx;
-use super::{F16Ops, BLOCK, KV_TILE};
+use super::{F16Ops, ScoreScale, BLOCK, KV_TILE};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -127,12 +127,12 @@ unsafe fn scale_avx512_impl(y: &mut [f32], v: f32) {
 pub fn vec_keys_avx512(
     q16: &[f32],
     kv: super::KeyRun<'_>,
-    scale: f32,
+    sc: ScoreScale,
     m_s: &mut [f32],
     acc: &mut [f32],
 ) {
     // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { vec_keys_avx512_impl(q16, kv, scale, m_s, acc) }
+    unsafe { vec_keys_avx512_impl(q16, kv, sc, m_s, acc) }
 }
 
 /// [`super::VecKeysFn`] with the primitives inlined into one loop.
@@ -140,7 +140,7 @@ pub fn vec_keys_avx512(
 unsafe fn vec_keys_avx512_impl(
     q16: &[f32],
     kv: super::KeyRun<'_>,
-    scale: f32,
+    sc: ScoreScale,
     m_s: &mut [f32],
     acc: &mut [f32],
 ) {
@@ -156,7 +156,7 @@ unsafe fn vec_keys_avx512_impl(
         {
             let (krow, vrow) = kv.rows(h / group, i, hdk, hdv);
             // SAFETY: (all three) the rows have the lengths the kernels expect.
-            let s = unsafe { dot_avx512_impl(q, krow) } * scale;
+            let s = sc.apply(unsafe { dot_avx512_impl(q, krow) });
             let (mut rescale, mut weight) = (1.0f32, 1.0f32);
             if s > st[0] {
                 rescale = (st[0] - s).exp();
@@ -461,16 +461,22 @@ unsafe fn softmax_tile_avx512_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
     sum
 }
 
-pub fn scale_max_avx512(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
+pub fn scale_max_avx512(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
     // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { scale_max_avx512_impl(s, scale, lo.min(KV_TILE), hi.min(KV_TILE)) }
+    unsafe { scale_max_avx512_impl(s, sc, lo.min(KV_TILE), hi.min(KV_TILE)) }
 }
 
 /// A lane's maximum is `vmaxps(s, max)`: `s` where `s > max`, else `max` (NaN included), as
-/// the scalar definition's comparison.
+/// the scalar definition's comparison. A soft cap takes the scaled lanes through the scalar
+/// `c·tanh` (the reference's `tanhf` per element).
 #[target_feature(enable = "avx512f")]
-unsafe fn scale_max_avx512_impl(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
-    let (sv, ninf) = (_mm512_set1_ps(scale), _mm512_set1_ps(f32::NEG_INFINITY));
+unsafe fn scale_max_avx512_impl(
+    s: &mut [f32; KV_TILE],
+    sc: ScoreScale,
+    lo: usize,
+    hi: usize,
+) -> f32 {
+    let (sv, ninf) = (_mm512_set1_ps(sc.scale), _mm512_set1_ps(f32::NEG_INFINITY));
     let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     // `lo`, `hi` ≤ KV_TILE (clamped by the caller).
     let (lov, hiv) = (_mm512_set1_epi32(lo as i32), _mm512_set1_epi32(hi as i32));
@@ -481,7 +487,14 @@ unsafe fn scale_max_avx512_impl(s: &mut [f32; KV_TILE], scale: f32, lo: usize, h
         // SAFETY: 16 floats at 16b of a 64-float array.
         unsafe {
             let p = s.as_mut_ptr().add(16 * b);
-            let x = _mm512_mask_blend_ps(keep, ninf, _mm512_mul_ps(_mm512_loadu_ps(p), sv));
+            let mut x = _mm512_mul_ps(_mm512_loadu_ps(p), sv);
+            if sc.cap.is_some() {
+                let mut l = [0.0f32; 16];
+                _mm512_storeu_ps(l.as_mut_ptr(), x);
+                l.iter_mut().for_each(|v| *v = super::cap_score(sc.cap, *v));
+                x = _mm512_loadu_ps(l.as_ptr());
+            }
+            let x = _mm512_mask_blend_ps(keep, ninf, x);
             _mm512_storeu_ps(p, x);
             m = _mm512_max_ps(x, m);
         }

@@ -31,13 +31,60 @@ pub type ScaleF16Fn = fn(y: &mut [f32], v: f32);
 /// them: queries `q16` (`[group][hdk]`, f16 values), keys `[n][hdk]`, values `[n][hdv]`; the
 /// running state `m_s` (`[group][2]`: max, sum) and f16 accumulators `acc` (`[group][hdv]`,
 /// held in f32) are continued. Per key and head, in the reference's order:
-/// `s = dot(q16, k)·scale`; on a new maximum `acc = f16(acc·expf(M−s))`, `M = s`, weight 1,
+/// `s = sc.apply(dot(q16, k))` ([`ScoreScale`]); on a new maximum `acc = f16(acc·expf(M−s))`, `M = s`, weight 1,
 /// else weight `expf(s−M)`; `acc = f16(acc + v·weight)`; `S = fma(S, rescale, weight)`.
 ///
 /// Several kv heads ("streams") may run together, keys interleaved (key 0 of every stream, then
 /// key 1, ...): each head's arithmetic is unchanged, but the independent chains overlap. Then
 /// `q16`, `m_s` and `acc` hold `streams × group` heads, stream-major.
-pub type VecKeysFn = fn(q16: &[f32], kv: KeyRun<'_>, scale: f32, m_s: &mut [f32], acc: &mut [f32]);
+pub type VecKeysFn =
+    fn(q16: &[f32], kv: KeyRun<'_>, sc: ScoreScale, m_s: &mut [f32], acc: &mut [f32]);
+
+/// How a raw score `q·k` becomes an attention logit: `s·scale`, then, with a soft cap `c`
+/// (Gemma-2's `attn_logit_softcapping`), `c·tanh(s·scale)`, where `scale` is the attention's
+/// scale divided by `c`. That is the reference's flash attention (`scale /= logit_softcap`,
+/// then `logit_softcap*tanhf(s*scale)`, its tiled path through `ggml_vec_tanh_f32`), with the
+/// C library's `tanhf`, as the reference's own: every path gives the same bits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreScale {
+    pub scale: f32,
+    /// The soft cap `c` (`None`: scores are only scaled).
+    pub cap: Option<f32>,
+}
+
+impl ScoreScale {
+    /// Scores scaled by `scale`, then capped at `softcap` when one is given.
+    pub fn new(scale: f32, softcap: Option<f32>) -> ScoreScale {
+        match softcap {
+            Some(c) => ScoreScale {
+                scale: scale / c,
+                cap: Some(c),
+            },
+            None => ScoreScale { scale, cap: None },
+        }
+    }
+
+    /// Scores only scaled.
+    pub fn plain(scale: f32) -> ScoreScale {
+        ScoreScale { scale, cap: None }
+    }
+
+    /// The logit of a raw score.
+    #[inline(always)]
+    pub fn apply(self, raw: f32) -> f32 {
+        cap_score(self.cap, raw * self.scale)
+    }
+}
+
+/// `c·tanh(x)` with a cap `c`, else `x`: the second step of [`ScoreScale::apply`], on an
+/// already scaled score.
+#[inline(always)]
+pub fn cap_score(cap: Option<f32>, x: f32) -> f32 {
+    match cap {
+        Some(c) => c * x.tanh(),
+        None => x,
+    }
+}
 
 /// The keys and values a [`VecKeysFn`] visits: `streams` runs of `n` rows; run `s` starts at
 /// row `s · k_stride` of `keys` (`[row][hdk]`) and `s · v_stride` of `values` (`[row][hdv]`).
@@ -239,11 +286,11 @@ pub fn key_tile_scalar(k: &[f16], kt: &mut [f32]) {
 /// `s[j] = expf_approx(s[j] − m)` (−∞ gives 0) and the sum of the results, added up per block
 /// of 16 in a fixed tree and across blocks in f64.
 pub type SoftmaxTileFn = fn(s: &mut [f32; KV_TILE], m: f32) -> f64;
-/// A tile's raw scores scaled in place, `s[j] = s[j] · scale` for the visible columns
-/// `lo..hi` and `−∞` elsewhere, and their maximum: per lane of 16 (column `j` in lane
+/// A tile's raw scores made logits in place, `s[j] = sc.apply(s[j])` ([`ScoreScale`]) for the
+/// visible columns `lo..hi` and `−∞` elsewhere, and their maximum: per lane of 16 (column `j` in lane
 /// `j mod 16`) `max = if s > max { s } else { max }` from `−∞`, then the 16 lanes folded in
 /// order the same way (so a NaN score never becomes the maximum).
-pub type ScaleMaxFn = fn(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32;
+pub type ScaleMaxFn = fn(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32;
 /// `acc[d] = fma-chain over j of v[j][d]·p[j]` (`j` ascending, continuing from `acc[d]`);
 /// `v` holds `p.len()` rows of `acc.len()` values.
 pub type VkqAccFn = fn(acc: &mut [f32], p: &[f32], v: &[f16]);
@@ -441,7 +488,7 @@ fn vec_keys_with(
     scale_acc: ScaleF16Fn,
     q16: &[f32],
     kv: KeyRun<'_>,
-    scale: f32,
+    sc: ScoreScale,
     m_s: &mut [f32],
     acc: &mut [f32],
 ) {
@@ -456,7 +503,7 @@ fn vec_keys_with(
             .enumerate()
         {
             let (krow, vrow) = kv.rows(h / group, i, hdk, hdv);
-            let s = dot(q, krow) * scale;
+            let s = sc.apply(dot(q, krow));
             let (mut rescale, mut weight) = (1.0f32, 1.0f32);
             if s > st[0] {
                 rescale = (st[0] - s).exp();
@@ -471,17 +518,14 @@ fn vec_keys_with(
     }
 }
 
-pub fn vec_keys_scalar(q16: &[f32], kv: KeyRun<'_>, scale: f32, m_s: &mut [f32], acc: &mut [f32]) {
-    vec_keys_with(
-        dot_scalar,
-        mad_scalar,
-        scale_scalar,
-        q16,
-        kv,
-        scale,
-        m_s,
-        acc,
-    )
+pub fn vec_keys_scalar(
+    q16: &[f32],
+    kv: KeyRun<'_>,
+    sc: ScoreScale,
+    m_s: &mut [f32],
+    acc: &mut [f32],
+) {
+    vec_keys_with(dot_scalar, mad_scalar, scale_scalar, q16, kv, sc, m_s, acc)
 }
 
 pub fn kq_tile_scalar(q: &[f32], kt: &[f32], out: &mut [f32]) {
@@ -533,10 +577,10 @@ pub fn softmax_tile_scalar(s: &mut [f32; KV_TILE], m: f32) -> f64 {
     sum
 }
 
-pub fn scale_max_scalar(s: &mut [f32; KV_TILE], scale: f32, lo: usize, hi: usize) -> f32 {
+pub fn scale_max_scalar(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
     for (j, x) in s.iter_mut().enumerate() {
         *x = if j >= lo && j < hi {
-            *x * scale
+            sc.apply(*x)
         } else {
             f32::NEG_INFINITY
         };

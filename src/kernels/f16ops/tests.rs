@@ -155,7 +155,8 @@ fn simd_paths_are_bit_identical_to_scalar() {
 
 /// `scale_max` gives the scalar definition's scores and maximum on every path, for every
 /// visible range of a tile (empty, partial at either end, whole), with special scores
-/// (±∞, NaN, ±0) at moving positions: the maximum's lane order and NaN rule included.
+/// (±∞, NaN, ±0) at moving positions: the maximum's lane order and NaN rule included; plain,
+/// and through soft caps (Gemma-2's 50, a small one that saturates most scores).
 #[test]
 fn scale_max_paths_agree() {
     let mut rng = Rng(9);
@@ -178,6 +179,8 @@ fn scale_max_paths_agree() {
                 .for_each(|(j, x)| *x = if j % 3 == 0 { -0.0 } else { 0.0 });
         }
         let scale = if round % 2 == 0 { 0.125 } else { -0.37 };
+        let cap = [None, Some(50.0), Some(2.5)][round % 3];
+        let sc = ScoreScale::new(scale, cap);
         for (lo, hi) in [
             (0, KV_TILE),
             (0, 0),
@@ -188,15 +191,15 @@ fn scale_max_paths_agree() {
             (40, 20),
         ] {
             let mut want = s;
-            let want_max = (scalar.scale_max)(&mut want, scale, lo, hi);
+            let want_max = (scalar.scale_max)(&mut want, sc, lo, hi);
             for ops in all_paths() {
                 let mut got = s;
-                let max = (ops.scale_max)(&mut got, scale, lo, hi);
+                let max = (ops.scale_max)(&mut got, sc, lo, hi);
                 let bits = |a: &[f32]| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&got),
                     bits(&want),
-                    "{} round {round} {lo}..{hi}",
+                    "{} round {round} {lo}..{hi} cap {cap:?}",
                     ops.name
                 );
                 assert_eq!(
@@ -210,8 +213,45 @@ fn scale_max_paths_agree() {
     }
 }
 
+/// The scalar definition of a capped score is the reference's: `scale / c` first, then
+/// `c·tanhf`; capped logits stay within `±c` and keep their order, and a cap changes them.
+#[test]
+fn soft_capped_scores_follow_the_reference() {
+    let mut rng = Rng(21);
+    let (scale, c) = (0.125f32, 5.0f32);
+    let sc = ScoreScale::new(scale, Some(c));
+    assert_eq!(sc.scale, scale / c);
+    let mut s = [0.0f32; KV_TILE];
+    for x in s.iter_mut() {
+        *x = rng.next() * 400.0;
+    }
+    s[3] = f32::INFINITY;
+    s[4] = f32::NEG_INFINITY;
+    let raw = s;
+    let max = scale_max_scalar(&mut s, sc, 0, KV_TILE);
+    for (j, (&got, &x)) in s.iter().zip(&raw).enumerate() {
+        assert_eq!(
+            got.to_bits(),
+            (c * (x * (scale / c)).tanh()).to_bits(),
+            "column {j}"
+        );
+        assert!(got.abs() <= c, "column {j}: {got}");
+        assert_eq!(got.to_bits(), sc.apply(x).to_bits());
+    }
+    assert_eq!((s[3], s[4]), (c, -c));
+    assert_eq!(max, c);
+    let mut plain = raw;
+    scale_max_scalar(&mut plain, ScoreScale::plain(scale), 0, KV_TILE);
+    assert!(plain.iter().zip(&s).any(|(a, b)| a != b));
+    for (i, j) in [(0, 1), (5, 9), (10, 40)] {
+        if raw[i] < raw[j] {
+            assert!(s[i] <= s[j]);
+        }
+    }
+}
+
 /// The fused vector-path loop gives the scalar loop's bits on every path (head dims with
-/// and without leftovers, new maxima early and late).
+/// and without leftovers, new maxima early and late), plain and soft-capped.
 #[test]
 fn vec_keys_paths_agree() {
     let mut rng = Rng(5);
@@ -222,6 +262,14 @@ fn vec_keys_paths_agree() {
         (2, 80, 48),
         (2, 32, 8),
     ] {
+        for cap in [None, Some(50.0), Some(0.75)] {
+            check_vec_keys(&mut rng, group, hdk, hdv, ScoreScale::new(0.3, cap));
+        }
+    }
+}
+
+fn check_vec_keys(rng: &mut Rng, group: usize, hdk: usize, hdv: usize, sc: ScoreScale) {
+    {
         let n = 37;
         let q16: Vec<f32> = rng.f16s(group * hdk).iter().map(|x| x.to_f32()).collect();
         let keys: Vec<f16> = (0..n * hdk)
@@ -239,7 +287,7 @@ fn vec_keys_paths_agree() {
             vec_keys_scalar(
                 &q16,
                 KeyRun::single(&keys[a * hdk..b * hdk], &values[a * hdv..b * hdv], b - a),
-                0.3,
+                sc,
                 &mut want_ms,
                 &mut want_acc,
             );
@@ -251,13 +299,13 @@ fn vec_keys_paths_agree() {
                 (ops.vec_keys)(
                     &q16,
                     KeyRun::single(&keys[a * hdk..b * hdk], &values[a * hdv..b * hdv], b - a),
-                    0.3,
+                    sc,
                     &mut m_s,
                     &mut acc,
                 );
             }
-            assert_eq!(m_s, want_ms, "{} group {group} hdk {hdk}", ops.name);
-            assert_eq!(acc, want_acc, "{} group {group} hdk {hdk}", ops.name);
+            assert_eq!(m_s, want_ms, "{} group {group} hdk {hdk} {sc:?}", ops.name);
+            assert_eq!(acc, want_acc, "{} group {group} hdk {hdk} {sc:?}", ops.name);
             assert!(
                 acc.iter().all(|&v| f16::from_f32(v).to_f32() == v),
                 "accumulator holds f16 values"
@@ -293,7 +341,7 @@ fn vec_keys_streams_match_separate_runs() {
             k_stride: stride,
             v_stride: stride,
         };
-        (ops.vec_keys)(&q16, run, 0.3, &mut m_s, &mut acc);
+        (ops.vec_keys)(&q16, run, ScoreScale::plain(0.3), &mut m_s, &mut acc);
         for s in 0..streams {
             let (mut m1, mut a1) = fresh(group);
             let one = KeyRun::single(
@@ -304,7 +352,7 @@ fn vec_keys_streams_match_separate_runs() {
             vec_keys_scalar(
                 &q16[s * group * hdk..(s + 1) * group * hdk],
                 one,
-                0.3,
+                ScoreScale::plain(0.3),
                 &mut m1,
                 &mut a1,
             );
