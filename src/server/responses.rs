@@ -197,7 +197,10 @@ async fn create(State(st): St, headers: HeaderMap, body: Body) -> Result<Respons
         keep: r.store.unwrap_or(true).then_some((tenant, carried)),
     };
     let answer = answer(&st, job, echo, r.stream.unwrap_or(false)).await;
-    answer.map_err(|e| tool_error(e, tools.as_ref(), &st))
+    match answer {
+        Ok(r) => Ok(r),
+        Err(e) => Err(tool_error(e, tools.as_ref(), &st).await),
+    }
 }
 
 /// An error naming a chat field, renamed to the Responses field it came from.
@@ -456,6 +459,8 @@ enum Step {
     End(Finished),
     /// The engine refused the request.
     Error(String),
+    /// The server is shutting down: the stream is cut ([`respond::cut_error`]).
+    Cut,
 }
 
 /// The output items, as the engine's events come.
@@ -472,6 +477,10 @@ impl Items {
     fn on(&mut self, ev: Ev, out: &mut Vec<Step>) -> bool {
         match ev {
             Ev::Logprobs(_) => false,
+            Ev::Cut => {
+                out.push(Step::Cut);
+                true
+            }
             Ev::Text(t) => {
                 for d in self.answers.pieces(0, Some(&t)) {
                     self.piece(d, out);
@@ -680,6 +689,13 @@ impl Building {
                     json!({"code": "invalid_request_error", "message": e, "param": null}),
                 )]
             }
+            Step::Cut => {
+                let e = respond::cut_error();
+                vec![self.event(
+                    "error",
+                    json!({"code": "server_error", "message": e.message, "param": null}),
+                )]
+            }
         }
     }
 
@@ -742,8 +758,10 @@ async fn whole(
     while let Some((_, ev)) = rx.recv().await {
         let last = items.on(ev, &mut steps);
         for s in steps.drain(..) {
-            if let Step::Error(e) = s {
-                return Err(ApiError::bad_request(e));
+            match s {
+                Step::Error(e) => return Err(ApiError::bad_request(e)),
+                Step::Cut => return Err(respond::cut_error()),
+                _ => {}
             }
             for (kind, ev) in b.step(s) {
                 if kind == "response.completed" || kind == "response.incomplete" {
