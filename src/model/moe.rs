@@ -13,35 +13,8 @@ use super::config::{Activation, Arch, ArchTraits, ModelConfig, NormKind, RopeKin
 use super::ModelError;
 use crate::gguf::GgufFile;
 
-/// How router logits become expert probabilities (`{arch}.expert_gating_func`, llama.cpp's
-/// `llama_expert_gating_func_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Gating {
-    /// Softmax over all experts (value 1; also what 0, "none", means for these architectures).
-    Softmax,
-    /// Each logit's sigmoid (value 2).
-    Sigmoid,
-}
-
-/// The mixture-of-experts hyper-parameters of a model.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct MoeConfig {
-    /// `{arch}.expert_count`.
-    pub n_expert: usize,
-    /// `{arch}.expert_used_count`: experts each token runs through.
-    pub n_used: usize,
-    /// Hidden width of one expert.
-    pub ffn_dim: usize,
-    /// Hidden width of the shared expert (Qwen2-MoE), if any.
-    pub shared_ffn_dim: Option<usize>,
-    /// Renormalize the picked experts' weights to sum 1 (`{arch}.expert_weights_norm`).
-    pub norm_weights: bool,
-    /// Multiply the picked experts' weights by this (`{arch}.expert_weights_scale`; 0 and 1
-    /// leave them alone).
-    pub weights_scale: f32,
-    pub gating: Gating,
-}
+/// The hyper-parameters, part of the model's configuration.
+pub use super::config::{Gating, MoeConfig};
 
 /// Qwen3-MoE: Qwen3's attention (per-head q/k RMSNorm), a routed MoE with renormalized
 /// weights.

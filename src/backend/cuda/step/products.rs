@@ -7,7 +7,7 @@ use crate::backend::cuda::gpu::{blocks_for, Arg, Gpu};
 use crate::backend::cuda::weights::{DevMat, PromptProduct, F32_INPUT_MAX_COLS};
 use crate::backend::cuda::CudaError;
 use crate::cache::KvType;
-use crate::model::config::RopeKind;
+use crate::kernels::ops::RopeKind;
 use crate::model::Model;
 
 /// Threads per output row of the matvec kernels: four warps on a GPU; one on the software
