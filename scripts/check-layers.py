@@ -37,6 +37,8 @@ SRC = Path(sys.argv[sys.argv.index("--src") + 1]).resolve() if "--src" in sys.ar
 # The folder order, bottom to top (docs/architecture.md, "Module map"). A folder may import its
 # own layer and any layer below; never one above. A path is matched by its longest prefix here.
 LAYERS = [
+    # the environment's settings (KILN_*), read by every layer
+    ["tuning"],
     # the file format and the block formats (with their SIMD dot-product kernels)
     ["gguf", "quant"],
     # files: getting models (and the GPU's runtime compiler), making the test models

@@ -49,10 +49,10 @@ const PREFETCH_BYTES: usize = 4096;
 /// 21-25 against 19-21. `KILN_PREFETCH=0` or `1` overrides the choice.
 pub(in crate::quant::x86) fn asks_ahead() -> bool {
     static ASK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ASK.get_or_init(|| match std::env::var("KILN_PREFETCH").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => !super::is_zen4(),
+    *ASK.get_or_init(|| {
+        crate::tuning::get()
+            .prefetch
+            .unwrap_or_else(|| !super::is_zen4())
     })
 }
 
