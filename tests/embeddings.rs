@@ -495,7 +495,7 @@ fn encoder_refusals() {
     let mut kv = kiln::cache::KvCache::new(kv_layout(&m.config, &o));
     let mut scratch = kiln::cache::Scratch::new(&m.config, scratch_spec(&m, &o));
     let rt = kiln::backend::cpu::Runtime::new(1);
-    let e = kiln::backend::cpu::forward(
+    let e = kiln::model::forward::forward_cpu(
         &m,
         &rt,
         &mut kv,

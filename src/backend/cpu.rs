@@ -9,7 +9,7 @@ mod moe;
 
 use std::ops::Range;
 
-use super::{row_pos, Backend, Buf, Mat, NormW, RowSel, SeqBatch};
+use super::{row_pos, Backend, Buf, ForwardError, Mat, NormW, RowSel, SeqBatch};
 use crate::cache::{KvCache, Scratch};
 use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
@@ -19,7 +19,6 @@ use crate::kernels::matmul::{
 use crate::kernels::ops::{self, Activation, Rope};
 use crate::kernels::par_rows;
 use crate::kernels::pool::ThreadPool;
-use crate::model::forward::{ForwardError, Logits};
 use crate::model::{Model, Norm, NormKind, Qkv};
 
 /// Threads and per-CPU kernel choices for running a model.
@@ -48,54 +47,6 @@ impl Runtime {
     }
 }
 
-/// Run `tokens` through the model on the CPU, appending them to `kv`.
-pub fn forward(
-    m: &Model,
-    rt: &Runtime,
-    kv: &mut KvCache,
-    s: &mut Scratch,
-    tokens: &[u32],
-    logits: Logits<'_>,
-) -> Result<(), ForwardError> {
-    let n_tokens = tokens.len();
-    forward_batch(
-        m,
-        rt,
-        &mut [SeqBatch {
-            kv,
-            n_tokens,
-            alone: false,
-        }],
-        s,
-        tokens,
-        logits,
-        None,
-    )
-}
-
-/// Run a batch of several sequences' tokens on the CPU (see
-/// [`crate::model::forward::forward_batch`]). With `solo`, a batch of short decode rows runs
-/// all its sequences' attention in one dispatch (see [`SoloAttention`]).
-pub fn forward_batch(
-    m: &Model,
-    rt: &Runtime,
-    seqs: &mut [SeqBatch<'_>],
-    s: &mut Scratch,
-    tokens: &[u32],
-    logits: Logits<'_>,
-    solo: Option<&mut SoloAttention>,
-) -> Result<(), ForwardError> {
-    let mut cpu = Cpu {
-        m,
-        rt,
-        s,
-        solo,
-        use_solo: false,
-        rope_of_cs: None,
-    };
-    crate::model::forward::forward_batch(m, &mut cpu, seqs, tokens, logits)
-}
-
 /// The CPU backend for one forward pass.
 pub struct Cpu<'a> {
     m: &'a Model,
@@ -106,6 +57,27 @@ pub struct Cpu<'a> {
     use_solo: bool,
     /// The RoPE whose angles `s.rope_cs` holds for this step's positions.
     rope_of_cs: Option<&'a Rope>,
+}
+
+impl<'a> Cpu<'a> {
+    /// The CPU backend for one pass of `m` over `s`, on `rt`'s threads. With `solo`, a batch
+    /// of short decode rows runs all its sequences' attention in one dispatch (see
+    /// [`SoloAttention`]).
+    pub fn new(
+        m: &'a Model,
+        rt: &'a Runtime,
+        s: &'a mut Scratch,
+        solo: Option<&'a mut SoloAttention>,
+    ) -> Cpu<'a> {
+        Cpu {
+            m,
+            rt,
+            s,
+            solo,
+            use_solo: false,
+            rope_of_cs: None,
+        }
+    }
 }
 
 /// The scratch split into its named buffers and the matrix products' scratch, so that an op

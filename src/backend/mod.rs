@@ -23,9 +23,65 @@ pub mod cuda;
 
 use std::ops::Range;
 
+use crate::cache::offload::OffloadFault;
 use crate::cache::{KvCache, KvOverflow, KvWindowError};
-use crate::model::config::Activation;
-use crate::model::forward::ForwardError;
+use crate::kernels::ops::Activation;
+
+/// Which logits a forward pass computes.
+pub enum Logits<'a> {
+    /// None (filling the cache only).
+    None,
+    /// The last token's, left in `scratch.logits[..vocab]`.
+    Last,
+    /// Rows `range` of the batch, each handed to the sink as `(row, logits)`.
+    Rows(Range<usize>, &'a mut dyn FnMut(usize, &[f32])),
+    /// Rows `range` of the batch, each handed to `f(row, logits)` in any order, on any of the
+    /// backend's host threads ([`Backend::read_each`]).
+    EachRow(Range<usize>, &'a (dyn Fn(usize, &[f32]) + Sync)),
+    /// The listed rows of the batch (increasing), each handed to the sink as
+    /// `(index in the list, logits)`.
+    Picked(&'a [usize], &'a mut dyn FnMut(usize, &[f32])),
+    /// Embeddings: the final-normed hidden state (what the output matrix multiplies, the
+    /// reference's `t_embd`, which its pooling reads) of every row in the `hidden` ranges of
+    /// the batch, handed to `hidden_sink` as `(row, state)`; and the logits of the `picked`
+    /// rows, as [`Logits::Picked`] hands them.
+    Hidden {
+        hidden: &'a [Range<usize>],
+        hidden_sink: &'a mut dyn FnMut(usize, &[f32]),
+        picked: &'a [usize],
+        sink: &'a mut dyn FnMut(usize, &[f32]),
+    },
+}
+
+/// Why a forward pass was refused. Nothing is modified when it is (but see
+/// [`ForwardError::Offload`]).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ForwardError {
+    #[error(transparent)]
+    Overflow(#[from] KvOverflow),
+    #[error(transparent)]
+    Window(#[from] KvWindowError),
+    /// An offloaded cache's file I/O failed (unlike the other errors, the pass had begun: the
+    /// cache is lost).
+    #[error(transparent)]
+    Offload(#[from] OffloadFault),
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadToken { id: u32, vocab: usize },
+    #[error("batch of {n} tokens exceeds the scratch size of {max}")]
+    BatchTooLarge { n: usize, max: usize },
+    #[error("position {pos} is past the {max} learned positions of this model")]
+    PositionOutOfRange { pos: usize, max: usize },
+    #[error("empty batch")]
+    Empty,
+    /// Logits asked of an encoder, which has no output head.
+    #[error("{arch} is an encoder: it gives embeddings, not logits")]
+    EncoderLogits { arch: String },
+    #[error("the batch has {tokens} tokens but its sequences claim {claimed}")]
+    BatchMismatch { tokens: usize, claimed: usize },
+    /// The device failed during the pass (its caches are then lost).
+    #[error("GPU: {0}")]
+    Device(String),
+}
 
 /// Where a model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -37,13 +37,15 @@ use half::slice::HalfFloatSliceExt;
 
 use zerocopy::{FromBytes, IntoBytes};
 
-use super::offload::{LayerGeom, OffloadError, OffloadFault, OffloadStore};
+use super::offload::{zeroed_f16, LayerGeom, OffloadError, OffloadFault, OffloadStore};
 use crate::kernels::{par_ring_rows, ThreadPool};
 use crate::quant::blocks::{cast, cast_mut, BlockQ8_0};
 use crate::quant::reference::Quantize;
 
-pub use super::kv_type::{dequant_q8_0_f16, KvLayer, KvType, KvTypeError};
-pub use super::layout::{Cursor, KvBudgetError, KvLayout, KvWindow, RING_ALIGN};
+pub use super::layout::{
+    Cursor, KvBudgetError, KvLayout, KvOverflow, KvWindow, KvWindowError, RING_ALIGN,
+};
+pub use crate::kernels::kv_type::{dequant_q8_0_f16, KvLayer, KvType, KvTypeError};
 
 /// Why a KV cache could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -52,35 +54,6 @@ pub enum KvCacheError {
     Type(#[from] KvTypeError),
     #[error(transparent)]
     Offload(#[from] OffloadError),
-}
-
-/// Error when a sequence would not fit.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "the KV cache holds {capacity} positions: {current} used + {requested} new would overflow it"
-)]
-pub struct KvOverflow {
-    pub capacity: usize,
-    pub current: usize,
-    pub requested: usize,
-}
-
-/// A pass the sliding-window rings cannot serve exactly.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum KvWindowError {
-    #[error(
-        "a pass of {n} tokens exceeds the {max} the sliding-window ring of {rows} rows allows"
-    )]
-    PassTooLong { n: usize, max: usize, rows: usize },
-    #[error("the sliding-window ring no longer holds the window before position {pos} (it keeps positions {kept} and up)")]
-    WindowLost { pos: usize, kept: usize },
-}
-
-/// `n` zero f16 values from a zeroed allocation: the OS maps zero pages lazily, so only the
-/// positions actually written become resident (`vec![f16::ZERO; n]` would memset them all).
-pub(crate) fn zeroed_f16(n: usize) -> Vec<f16> {
-    use half::vec::HalfBitsVecExt;
-    vec![0u16; n].reinterpret_into()
 }
 
 /// The per-layer buffers of one element type.

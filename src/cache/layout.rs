@@ -11,11 +11,32 @@
 
 use std::sync::Arc;
 
-use super::kv::{KvOverflow, KvWindowError};
-use super::kv_type::KvType;
+use crate::kernels::kv_type::KvType;
 
 /// Ring rows are a multiple of this: the attention kernel's key tile.
 pub const RING_ALIGN: usize = crate::kernels::f16ops::KV_TILE;
+
+/// Error when a sequence would not fit.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "the KV cache holds {capacity} positions: {current} used + {requested} new would overflow it"
+)]
+pub struct KvOverflow {
+    pub capacity: usize,
+    pub current: usize,
+    pub requested: usize,
+}
+
+/// A pass the sliding-window rings cannot serve exactly.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KvWindowError {
+    #[error(
+        "a pass of {n} tokens exceeds the {max} the sliding-window ring of {rows} rows allows"
+    )]
+    PassTooLong { n: usize, max: usize, rows: usize },
+    #[error("the sliding-window ring no longer holds the window before position {pos} (it keeps positions {kept} and up)")]
+    WindowLost { pos: usize, kept: usize },
+}
 
 /// The sliding-window layers of a cache and their ring.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -36,6 +36,13 @@ use std::thread::JoinHandle;
 use half::f16;
 use zerocopy::IntoBytes;
 
+/// `n` zero f16 values from a zeroed allocation: the OS maps zero pages lazily, so only the
+/// positions actually written become resident (`vec![f16::ZERO; n]` would memset them all).
+pub(crate) fn zeroed_f16(n: usize) -> Vec<f16> {
+    use half::vec::HalfBitsVecExt;
+    vec![0u16; n].reinterpret_into()
+}
+
 /// Byte geometry of one layer's keys and values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerGeom {
@@ -238,7 +245,7 @@ impl OffloadStore {
         };
         // Prime the ring with layers 0..ring (nothing to read yet).
         for l in 0..ring {
-            let buf = super::kv::zeroed_f16(layer_bytes / 2);
+            let buf = zeroed_f16(layer_bytes / 2);
             store.send(Job {
                 buf,
                 write: None,

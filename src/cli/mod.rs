@@ -26,7 +26,8 @@ use clap::{Parser, Subcommand};
     name = "kiln",
     version,
     about = "Run GGUF language models on the CPU",
-    long_about = "kiln runs GGUF language models on the CPU.\n\nWith no model named, commands use SmolLM2-135M-Instruct, downloading it on first use.\nExamples:\n  kiln run -p \"The capital of France is\"\n  kiln chat -m gemma3\n  kiln serve --port 8080\n  kiln inspect model.gguf --json"
+    long_about = "kiln runs GGUF language models on the CPU.\n\nWith no model named, commands use SmolLM2-135M-Instruct, downloading it on first use.\nExamples:\n  kiln run -p \"The capital of France is\"\n  kiln chat -m gemma3\n  kiln serve --port 8080\n  kiln inspect model.gguf --json",
+    after_help = "Environment: the KILN_* variables (models directory, pip, kernel tiers, GPU switches) are listed in docs/tuning.md."
 )]
 struct Cli {
     #[command(subcommand)]

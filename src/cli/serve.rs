@@ -222,10 +222,9 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
 /// `KILN_LOAD_GATE=PATH` holds the load until PATH exists (tests use it to watch the loading
 /// state; an orchestrator may use it to start the server before the model file is in place).
 fn wait_load_gate() {
-    let Some(gate) = std::env::var_os("KILN_LOAD_GATE") else {
+    let Some(gate) = &kiln::tuning::get().load_gate else {
         return;
     };
-    let gate = std::path::PathBuf::from(gate);
     while !gate.exists() {
         std::thread::sleep(Duration::from_millis(20));
     }

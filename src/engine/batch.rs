@@ -18,13 +18,13 @@ use super::sequence::{mask_logits, Kv, Sequence};
 use super::session::{
     check_context, cuda_session, kv_layout, scratch_spec, EngineError, SessionOptions,
 };
-use crate::backend::cpu::{self, Runtime};
+use crate::backend::cpu::Runtime;
 use crate::backend::cuda::{CudaKv, CudaSession, CudaStep, MAX_GRAPH_ROWS};
 use crate::backend::{Device, SeqCache};
 use crate::cache::layout::Cursor;
 use crate::cache::{KvCache, KvType, Scratch};
 use crate::kernels::attention::SoloAttention;
-use crate::model::forward::{forward_batch, ForwardError, Logits, SeqBatch};
+use crate::model::forward::{forward_batch, forward_batch_cpu, ForwardError, Logits, SeqBatch};
 use crate::model::Model;
 
 /// How a runner is sized.
@@ -739,7 +739,7 @@ fn run_forward(
                 Kv::Cuda(_) => None,
             })?;
             let s1 = solo.then_some(s1);
-            let r = cpu::forward_batch(m, rt, &mut views, scratch, tokens, want, s1);
+            let r = forward_batch_cpu(m, rt, &mut views, scratch, tokens, want, s1);
             *seqs = recycle(views);
             r
         }

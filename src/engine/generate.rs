@@ -10,19 +10,8 @@ use crate::grammar::{overlap, Constraint};
 use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
-/// Why generation stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// The model produced an end-of-generation token.
-    EndOfGeneration,
-    /// `max_new` tokens were generated.
-    Length,
-    /// The context filled up.
-    ContextFull,
-    /// The caller asked to stop (Ctrl-C, a closed connection).
-    Cancelled,
-}
+/// Why generation stopped (a sequence's end, shared by every way of generating).
+pub use super::sequence::StopReason;
 
 /// Timings and counts of one generation, as the reference engine reports them.
 #[derive(Clone, Debug, Default, serde::Serialize)]

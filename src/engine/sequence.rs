@@ -6,6 +6,20 @@ use crate::backend::cuda::CudaKv;
 use crate::backend::SeqCache;
 use crate::cache::{KvCache, KvOverflow, KvWindowError};
 
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    EndOfGeneration,
+    /// `max_new` tokens were generated.
+    Length,
+    /// The context filled up.
+    ContextFull,
+    /// The caller asked to stop (Ctrl-C, a closed connection).
+    Cancelled,
+}
+
 /// A KV cache and the tokens in it, in order.
 pub struct Sequence<K> {
     pub kv: K,

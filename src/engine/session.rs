@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::backend::cpu::{forward, Runtime};
+use crate::backend::cpu::Runtime;
 use crate::backend::cuda::{
     self, CudaKv, CudaSession, CudaSizes, CudaStep, DeviceWeights, MAX_GRAPH_ROWS,
 };
@@ -13,7 +13,7 @@ use crate::cache::{
     KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
 };
 use crate::engine::sequence::{mask_logits, Kv, Sequence};
-use crate::model::forward::{forward_batch, ForwardError, Logits};
+use crate::model::forward::{forward_batch, forward_cpu, ForwardError, Logits};
 use crate::model::{weights, Model};
 
 /// How a session is sized.
@@ -207,7 +207,7 @@ impl Session {
     ) -> Result<(), ForwardError> {
         match (&mut self.seq.kv, &mut self.exec) {
             (Kv::Cpu(kv), Exec::Cpu { scratch }) => {
-                forward(&self.model, &self.rt, kv, scratch, tokens, logits)
+                forward_cpu(&self.model, &self.rt, kv, scratch, tokens, logits)
             }
             (
                 Kv::Cuda(kv),

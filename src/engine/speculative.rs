@@ -17,9 +17,8 @@
 //! - [`ModelDrafter`] (`draft-simple`, `--model-draft`): a smaller model of the same
 //!   vocabulary, decoding greedily in its own session.
 
-use super::sequence::mask_logits;
+use super::sequence::{mask_logits, StopReason};
 use super::session::{EngineError, Session};
-use super::StopReason;
 use crate::kernels::ops::{exp_sum, max_not_nan};
 use crate::sampler::{argmax, Sampler};
 

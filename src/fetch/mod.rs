@@ -204,17 +204,23 @@ pub enum FetchError {
 /// Where models live: `$KILN_MODELS`, else `$XDG_CACHE_HOME/kiln/models`, else
 /// `~/.cache/kiln/models` (on Windows `%LOCALAPPDATA%\kiln\models`).
 pub fn models_dir() -> PathBuf {
-    models_dir_from(|var| std::env::var_os(var))
+    models_dir_from(crate::tuning::get().models.clone(), |var| {
+        std::env::var_os(var)
+    })
 }
 
-/// [`models_dir`] with the environment passed in (testable without touching the process env).
-fn models_dir_from(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf {
+/// [`models_dir`] with `$KILN_MODELS` ([`crate::tuning::Tuning::models`]) and the rest of the
+/// environment passed in (testable without touching the process env).
+fn models_dir_from(
+    models: Option<PathBuf>,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> PathBuf {
     let env_dir = |var: &str| {
         env(var)
             .map(PathBuf::from)
             .filter(|p| !p.as_os_str().is_empty())
     };
-    if let Some(d) = env_dir("KILN_MODELS") {
+    if let Some(d) = models {
         return d;
     }
     // The XDG spec says relative values are invalid and must be ignored.
@@ -314,13 +320,9 @@ pub struct FetchOptions {
 impl FetchOptions {
     /// Options from the environment: [`models_dir`] and `KILN_PIP`.
     pub fn from_env(progress: bool) -> FetchOptions {
-        let pip = std::env::var("KILN_PIP")
-            .ok()
-            .map(|s| s.split_whitespace().map(String::from).collect::<Vec<_>>())
-            .filter(|v| !v.is_empty());
         FetchOptions {
             dir: models_dir(),
-            pip,
+            pip: crate::tuning::get().pip.clone(),
             progress,
         }
     }
@@ -340,25 +342,28 @@ mod tests {
                     .map(|(_, v)| (*v).into())
             }
         };
-        let d = models_dir_from(env(&[
+        let models_dir_from = |env: &dyn Fn(&str) -> Option<std::ffi::OsString>| {
+            models_dir_from(crate::tuning::Tuning::from_lookup(env).models, env)
+        };
+        let d = models_dir_from(&env(&[
             ("KILN_MODELS", "/m"),
             ("XDG_CACHE_HOME", "/x"),
             ("HOME", "/h"),
         ]));
         assert_eq!(d, PathBuf::from("/m"));
-        let d = models_dir_from(env(&[
+        let d = models_dir_from(&env(&[
             ("KILN_MODELS", ""),
             ("XDG_CACHE_HOME", "/x"),
             ("HOME", "/h"),
         ]));
         assert_eq!(d, PathBuf::from("/x/kiln/models"));
-        let d = models_dir_from(env(&[("XDG_CACHE_HOME", "rel"), ("HOME", "/h")]));
+        let d = models_dir_from(&env(&[("XDG_CACHE_HOME", "rel"), ("HOME", "/h")]));
         assert_eq!(
             d,
             PathBuf::from("/h/.cache/kiln/models"),
             "relative XDG values are ignored"
         );
-        let d = models_dir_from(env(&[("HOME", "/h")]));
+        let d = models_dir_from(&env(&[("HOME", "/h")]));
         assert_eq!(d, PathBuf::from("/h/.cache/kiln/models"));
     }
 }

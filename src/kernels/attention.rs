@@ -45,8 +45,8 @@
 //! of one kv head (GQA).
 
 use super::f16ops::{F16Ops, KeyRun, ScoreScale, KV_TILE};
+use super::kv_type::{KvLayer, KvType};
 use super::pool::{DisjointSlice, ThreadPool};
-use crate::cache::{KvLayer, KvType};
 use half::f16;
 
 /// Shape and masking of one attention layer.

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod f16ops;
+pub mod kv_type;
 pub mod ops;
 pub mod pool;
 

@@ -4,6 +4,10 @@
 //! are plain loops the compiler vectorizes. Reductions accumulate in f64, as ggml does, so our
 //! hidden states track the reference engine's closely.
 
+/// The scalar activations and the NaN-proof maximum, defined beside their SIMD forms.
+pub use super::f16ops::{
+    gelu_table, gelu_tanh, gelu_tanh_exact, gelu_tanh_with, max_not_nan, silu, GELU_TABLE_LEN,
+};
 use super::f16ops::{F16Ops, KV_TILE};
 
 /// RMSNorm of one row: `out = x / sqrt(mean(x²) + eps) * w`.
@@ -78,68 +82,51 @@ pub fn softcap_inplace(y: &mut [f32], c: f32) {
     }
 }
 
-/// SiLU(x) = x · σ(x), with the reference engine's vectorised `expf` (a polynomial within
-/// about an ulp of the true one) so activations agree with it to the bit.
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + crate::kernels::f16ops::expf_approx(0.0 - x))
+// The architecture's choices these kernels implement (read from the file by model::config).
+
+/// The FFN's activation function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    GeluTanh,
 }
 
-/// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`), evaluated as the reference engine
-/// does: through a table indexed by the f16 value of `x` ([`gelu_table`]), so input and output
-/// are rounded to f16, with `x <= -10 → 0` and `x >= 10 → x`.
-#[inline]
-pub fn gelu_tanh(x: f32) -> f32 {
-    gelu_tanh_with(gelu_table(), x)
+/// How rotary dimensions are paired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeKind {
+    /// Adjacent pairs `(2i, 2i+1)` (LLaMA as converted to GGUF).
+    Normal,
+    /// Halves `(i, i + n/2)` (GPT-NeoX, Qwen2/3, Gemma).
+    Neox,
 }
 
-/// [`gelu_tanh`] with the table already in hand (loops fetch it once).
-#[inline]
-pub fn gelu_tanh_with(table: &[u16], x: f32) -> f32 {
-    if x <= -10.0 {
-        0.0
-    } else if x >= 10.0 {
-        x
-    } else {
-        let i = half::f16::from_f32(x).to_bits() as usize;
-        half::f16::from_bits(table[i]).to_f32()
-    }
+/// RoPE's position-scaling parameters as the reference engine's context holds them
+/// (`cparams.yarn_*`, `n_ctx_orig_yarn`), applied to every layer's rotation
+/// ([`Rope::with_yarn`]). Without YaRN, `ext_factor` is 0 and only
+/// `attn_factor` (the file's `rope.scaling.attn_factor`, 1 by default) matters.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct YarnParams {
+    /// Mix of extrapolation (0: none, plain interpolation; 1 for YaRN).
+    pub ext_factor: f32,
+    /// Magnitude factor of cos and sin (for YaRN already divided by its own
+    /// `1 + 0.1·ln(factor)`, which the rotation multiplies back in, as the reference does).
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// The context length the model was trained with before the extension.
+    pub n_ctx_orig: usize,
 }
 
-/// Entries of [`gelu_table`]: one per f16 bit pattern, plus one zero entry so a 32-bit gather
-/// at the last index stays inside the table.
-pub const GELU_TABLE_LEN: usize = 65537;
-
-/// The reference engine's GELU table (`ggml_table_gelu_f16`): for every f16 bit pattern `i`,
-/// the f16 bits of [`gelu_tanh_exact`] of that value. 128 KiB, built once on first use.
-pub fn gelu_table() -> &'static [u16] {
-    static TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        (0..GELU_TABLE_LEN)
-            .map(|i| match u16::try_from(i) {
-                Ok(bits) => {
-                    let x = half::f16::from_bits(bits).to_f32();
-                    half::f16::from_f32(gelu_tanh_exact(x)).to_bits()
-                }
-                Err(_) => 0,
-            })
-            .collect()
-    })
+impl YarnParams {
+    /// No YaRN, magnitude 1: plain RoPE.
+    pub const NONE: YarnParams = YarnParams {
+        ext_factor: 0.0,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        n_ctx_orig: 0,
+    };
 }
-
-/// GELU, tanh approximation, in plain f32, as the reference engine's table is filled:
-/// `(0.5·x)·(1 + tanh((√(2/π)·x)·fma(0.044715·x, x, 1)))` (its compiler fuses the inner
-/// `1 + a·x·x`; the fused and unfused forms differ in the last bit often enough to flip
-/// an f16 table entry).
-#[inline]
-pub fn gelu_tanh_exact(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    const COEF_A: f32 = 0.044_715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0)).tanh())
-}
-
-/// The architecture's choices these kernels implement (described in [`crate::model::config`]).
-pub use crate::model::config::{Activation, RopeKind, YarnParams};
 
 /// Rotary position embedding parameters of one layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -280,24 +267,6 @@ impl Rope {
             }
         }
     }
-}
-
-/// The largest entry of `xs` that is not NaN (−∞ when there is none), 16 lanes at a time.
-#[must_use]
-pub fn max_not_nan(xs: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 16];
-    let chunks = xs.chunks_exact(16);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (m, &x) in lanes.iter_mut().zip(c) {
-            // (NaN never wins a `>`)
-            *m = if x > *m { x } else { *m };
-        }
-    }
-    lanes
-        .iter()
-        .chain(tail)
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
 }
 
 /// `Σ exp(x − max)` over the entries of `xs` that are not NaN (`max` at least every one of them),

@@ -2,48 +2,69 @@
 
 use crate::gguf::{GgufError, GgufFile};
 
-/// The FFN's activation function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    Silu,
-    GeluTanh,
+/// The op choices an architecture makes, defined beside the kernels that implement them.
+pub use crate::kernels::ops::{Activation, RopeKind, YarnParams};
+
+/// How router logits become expert probabilities (`{arch}.expert_gating_func`, llama.cpp's
+/// `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gating {
+    /// Softmax over all experts (value 1; also what 0, "none", means for these architectures).
+    Softmax,
+    /// Each logit's sigmoid (value 2).
+    Sigmoid,
+    /// The experts chosen on the raw logits, their weights the softmax of the chosen logits
+    /// alone (llama.cpp's `SOFTMAX_WEIGHT`, value 3; gpt-oss's, whatever its file says).
+    SoftmaxWeight,
 }
 
-/// How rotary dimensions are paired.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeKind {
-    /// Adjacent pairs `(2i, 2i+1)` (LLaMA as converted to GGUF).
-    Normal,
-    /// Halves `(i, i + n/2)` (GPT-NeoX, Qwen2/3, Gemma).
-    Neox,
-}
-
-/// RoPE's position-scaling parameters as the reference engine's context holds them
-/// (`cparams.yarn_*`, `n_ctx_orig_yarn`), applied to every layer's rotation
-/// ([`crate::kernels::ops::Rope::with_yarn`]). Without YaRN, `ext_factor` is 0 and only
-/// `attn_factor` (the file's `rope.scaling.attn_factor`, 1 by default) matters.
+/// gpt-oss's clamped SwiGLU of an expert (llama.cpp's `swiglu_oai`): the gate clamped above
+/// at `limit`, the up product to `[-limit, limit]`, then `g·sigmoid(alpha·g)·(u + 1)`.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct YarnParams {
-    /// Mix of extrapolation (0: none, plain interpolation; 1 for YaRN).
-    pub ext_factor: f32,
-    /// Magnitude factor of cos and sin (for YaRN already divided by its own
-    /// `1 + 0.1·ln(factor)`, which the rotation multiplies back in, as the reference does).
-    pub attn_factor: f32,
-    pub beta_fast: f32,
-    pub beta_slow: f32,
-    /// The context length the model was trained with before the extension.
-    pub n_ctx_orig: usize,
+pub struct ClampedSwiglu {
+    pub alpha: f32,
+    pub limit: f32,
 }
 
-impl YarnParams {
-    /// No YaRN, magnitude 1: plain RoPE.
-    pub const NONE: YarnParams = YarnParams {
-        ext_factor: 0.0,
-        attn_factor: 1.0,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        n_ctx_orig: 0,
+impl ClampedSwiglu {
+    /// gpt-oss's constants (the reference's `build_moe_ffn` fixes them).
+    pub const GPT_OSS: ClampedSwiglu = ClampedSwiglu {
+        alpha: 1.702,
+        limit: 7.0,
     };
+
+    /// One element, in the reference's f32 steps (`ggml_compute_forward_swiglu_oai_f32`):
+    /// `x = min(g, limit)`, `y = clamp(u, -limit, limit)`, `x / (1 + expf(alpha·(−x)))·(y + 1)`.
+    #[inline]
+    pub fn apply(&self, g: f32, u: f32) -> f32 {
+        let x = g.min(self.limit);
+        let y = u.clamp(-self.limit, self.limit);
+        let glu = x / (1.0 + (self.alpha * -x).exp());
+        glu * (y + 1.0)
+    }
+}
+
+/// The mixture-of-experts hyper-parameters of a model (read by [`crate::model::moe`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MoeConfig {
+    /// `{arch}.expert_count`.
+    pub n_expert: usize,
+    /// `{arch}.expert_used_count`: experts each token runs through.
+    pub n_used: usize,
+    /// Hidden width of one expert.
+    pub ffn_dim: usize,
+    /// Hidden width of the shared expert (Qwen2-MoE), if any.
+    pub shared_ffn_dim: Option<usize>,
+    /// Renormalize the picked experts' weights to sum 1 (`{arch}.expert_weights_norm`).
+    pub norm_weights: bool,
+    /// Multiply the picked experts' weights by this (`{arch}.expert_weights_scale`; 0 and 1
+    /// leave them alone).
+    pub weights_scale: f32,
+    pub gating: Gating,
+    /// The experts' activation when it is gpt-oss's clamped SwiGLU (`None`: the
+    /// architecture's own, gated).
+    pub clamped_swiglu: Option<ClampedSwiglu>,
 }
 
 /// The architectures kiln runs, from `general.architecture`.
@@ -204,7 +225,7 @@ pub struct ModelConfig {
     /// Rows of the token-type embeddings (an encoder's; 0 for decoders).
     pub token_types: usize,
     /// Mixture-of-experts feed-forward (`None`: a dense one).
-    pub moe: Option<super::moe::MoeConfig>,
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {

@@ -14,67 +14,8 @@ use super::config::{Activation, Arch, ArchTraits, ModelConfig, NormKind, RopeKin
 use super::ModelError;
 use crate::gguf::GgufFile;
 
-/// How router logits become expert probabilities (`{arch}.expert_gating_func`, llama.cpp's
-/// `llama_expert_gating_func_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Gating {
-    /// Softmax over all experts (value 1; also what 0, "none", means for these architectures).
-    Softmax,
-    /// Each logit's sigmoid (value 2).
-    Sigmoid,
-    /// The experts chosen on the raw logits, their weights the softmax of the chosen logits
-    /// alone (llama.cpp's `SOFTMAX_WEIGHT`, value 3; gpt-oss's, whatever its file says).
-    SoftmaxWeight,
-}
-
-/// gpt-oss's clamped SwiGLU of an expert (llama.cpp's `swiglu_oai`): the gate clamped above
-/// at `limit`, the up product to `[-limit, limit]`, then `g·sigmoid(alpha·g)·(u + 1)`.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct ClampedSwiglu {
-    pub alpha: f32,
-    pub limit: f32,
-}
-
-impl ClampedSwiglu {
-    /// gpt-oss's constants (the reference's `build_moe_ffn` fixes them).
-    pub const GPT_OSS: ClampedSwiglu = ClampedSwiglu {
-        alpha: 1.702,
-        limit: 7.0,
-    };
-
-    /// One element, in the reference's f32 steps (`ggml_compute_forward_swiglu_oai_f32`):
-    /// `x = min(g, limit)`, `y = clamp(u, -limit, limit)`, `x / (1 + expf(alpha·(−x)))·(y + 1)`.
-    #[inline]
-    pub fn apply(&self, g: f32, u: f32) -> f32 {
-        let x = g.min(self.limit);
-        let y = u.clamp(-self.limit, self.limit);
-        let glu = x / (1.0 + (self.alpha * -x).exp());
-        glu * (y + 1.0)
-    }
-}
-
-/// The mixture-of-experts hyper-parameters of a model.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct MoeConfig {
-    /// `{arch}.expert_count`.
-    pub n_expert: usize,
-    /// `{arch}.expert_used_count`: experts each token runs through.
-    pub n_used: usize,
-    /// Hidden width of one expert.
-    pub ffn_dim: usize,
-    /// Hidden width of the shared expert (Qwen2-MoE), if any.
-    pub shared_ffn_dim: Option<usize>,
-    /// Renormalize the picked experts' weights to sum 1 (`{arch}.expert_weights_norm`).
-    pub norm_weights: bool,
-    /// Multiply the picked experts' weights by this (`{arch}.expert_weights_scale`; 0 and 1
-    /// leave them alone).
-    pub weights_scale: f32,
-    pub gating: Gating,
-    /// The experts' activation when it is gpt-oss's clamped SwiGLU (`None`: the
-    /// architecture's own, gated).
-    pub clamped_swiglu: Option<ClampedSwiglu>,
-}
+/// The hyper-parameters, part of the model's configuration.
+pub use super::config::{ClampedSwiglu, Gating, MoeConfig};
 
 /// Qwen3-MoE: Qwen3's attention (per-head q/k RMSNorm), a routed MoE with renormalized
 /// weights.

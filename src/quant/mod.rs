@@ -138,9 +138,7 @@ impl Isa {
     pub fn detect() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| {
-            let cap = std::env::var("KILN_ISA")
-                .ok()
-                .and_then(|v| Isa::from_name(&v));
+            let cap = (crate::tuning::get().isa.as_deref()).and_then(Isa::from_name);
             Isa::available()
                 .into_iter()
                 .filter(|i| i.has_kernels() && (cap.is_none() || Some(*i) <= cap))
@@ -233,7 +231,7 @@ pub fn repacking(k: &Kernels, rows: usize, n: usize) -> Option<(repack::RepackFn
 /// (`x86::avx2::asks_ahead`), and since both were mended the two layouts now decode a Llama-1B shape's 215 MB Q6_K
 /// output matrix equally fast there (55.6-57.5 tok/s, 2 threads; 2026-11-28, 8a837c2).
 fn logits_keep_groups(k: &Kernels) -> bool {
-    k.weight != GgmlType::Q6K || std::env::var("KILN_Q6K_GROUPS").as_deref() != Ok("0")
+    k.weight != GgmlType::Q6K || crate::tuning::get().q6k_groups
 }
 
 /// [`repacking`] for a matrix whose products feed no later quantization, the output (logits)

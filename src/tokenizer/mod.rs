@@ -2,7 +2,7 @@
 //!
 //! The vocabulary kinds, chosen by `tokenizer.ggml.model`:
 //! - `gpt2`: byte-level BPE (`bpe.rs`), with the pre-tokenizer named by `tokenizer.ggml.pre`
-//!   (`pretokenize.rs`) and merges ranked by `tokenizer.ggml.merges`.
+//!   (`pretokenize/`) and merges ranked by `tokenizer.ggml.merges`.
 //! - `gemma4`: the same BPE over raw UTF-8 with spaces as `▁`, split only at newlines, byte
 //!   fallback `<0xNN>` (Gemma 4).
 //! - `llama`: SentencePiece-style BPE (`spm.rs`) driven by `tokenizer.ggml.scores`, spaces as
@@ -25,8 +25,6 @@ mod chat;
 mod config;
 mod fim;
 mod pretokenize;
-mod pretokenize_ext;
-mod pretokenize_o200k;
 mod special;
 mod spm;
 mod stream;

@@ -58,16 +58,6 @@ pub fn use_emulator(lib: &std::path::Path) -> Result<std::sync::Arc<Gpu>, CudaEr
     Ok(gpu)
 }
 
-/// Switches for measuring what an optimization is worth on a GPU (environment, on unless set
-/// to `0`): `KILN_CUDA_FUSE=0` launches each product alone, `KILN_CUDA_F32_INPUT=0` keeps the
-/// quantizer's and norm's launches before narrow products, `KILN_CUDA_MIRROR=0` gives decode
-/// the f32 attention instead of the CPU's f16 arithmetic on short contexts,
-/// `KILN_CUDA_REPACK=0` uploads the weights as the file stores them, `KILN_CUDA_DEQUANT_AHEAD=0`
-/// dequantizes prompt products' weights on the session's stream (docs/gpu.md lists them all).
-fn switch(name: &str) -> bool {
-    std::env::var(name).map_or(true, |v| v != "0")
-}
-
 /// Whether libcuda can be loaded.
 pub fn driver_present() -> bool {
     // SAFETY: loading libcuda runs its initializers, as in any CUDA program; cudarc keeps the
@@ -88,8 +78,8 @@ pub fn open() -> Result<std::sync::Arc<Gpu>, CudaError> {
         Ok(gpu) => gpu,
         // Without a driver, `$KILN_CUDA_EMULATOR` may name the software GPU's library (the
         // tests drive the command line on it).
-        Err(CudaError::NoDriver) => match std::env::var_os("KILN_CUDA_EMULATOR") {
-            Some(lib) => Gpu::emulated(std::path::Path::new(&lib))?,
+        Err(CudaError::NoDriver) => match &crate::tuning::get().cuda_emulator {
+            Some(lib) => Gpu::emulated(lib)?,
             None => return Err(CudaError::NoDriver),
         },
         Err(e) => return Err(e),

@@ -173,14 +173,16 @@ extern "C" int kiln_emu_launch(const char* name, unsigned grid, unsigned block, 
 pub fn load() -> Result<(), CudaError> {
     static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
     let r = LOADED.get_or_init(|| {
-        if let Some(path) = std::env::var_os("KILN_NVRTC") {
-            preload(Path::new(&path)).map_err(|e| e.to_string())?;
+        if let Some(path) = &crate::tuning::get().nvrtc {
+            preload(path).map_err(|e| e.to_string())?;
         }
         Ok(())
     });
     if let Err(reason) = r {
         return Err(CudaError::Load {
-            path: std::env::var("KILN_NVRTC").unwrap_or_default(),
+            path: (crate::tuning::get().nvrtc.as_deref())
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
             reason: reason.clone(),
         });
     }
@@ -227,14 +229,11 @@ pub fn version() -> Result<(i32, i32), CudaError> {
 /// (`KILN_MV_UNROLL` in matvec.cu); the cache's hash covers both.
 fn full_source(name: &str, src: &str) -> String {
     let mut switches = String::new();
-    if std::env::var("KILN_CUDA_PREFETCH").is_ok_and(|v| v == "0") {
+    let tuning = crate::tuning::get();
+    if !tuning.cuda_prefetch {
         switches.push_str("#define KILN_L2_PREFETCH 0\n");
     }
-    let unroll = std::env::var("KILN_CUDA_MV_UNROLL").ok();
-    if let Some(n) = unroll
-        .and_then(|v| v.parse::<u32>().ok())
-        .filter(|n| (1..=8).contains(n))
-    {
+    if let Some(n) = tuning.cuda_mv_unroll {
         switches.push_str(&format!("#define KILN_MV_UNROLL {n}\n"));
     }
     let file = name.split('~').next().unwrap_or(name);

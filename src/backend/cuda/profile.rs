@@ -14,7 +14,7 @@ pub struct Profile {
 impl Profile {
     /// A profile when `KILN_CUDA_PROFILE` is set.
     pub fn from_env() -> Option<Profile> {
-        std::env::var_os("KILN_CUDA_PROFILE").map(|_| Profile::default())
+        crate::tuning::get().cuda_profile.then(Profile::default)
     }
 
     pub fn add(&mut self, op: &str, t: Instant) {

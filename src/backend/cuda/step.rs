@@ -21,14 +21,12 @@ mod layout;
 mod offload;
 mod products;
 mod rope;
-use super::switch;
 use super::weights::{DevMat, DevNorm, DeviceWeights};
 use super::CudaError;
-use crate::backend::{Backend, Buf, Mat, NormW, RowSel, SeqBatch, SeqCache};
+use crate::backend::{Backend, Buf, ForwardError, Mat, NormW, RowSel, SeqBatch, SeqCache};
 use crate::cache::KvLayout;
 use crate::kernels::attention::TILE_Q;
-use crate::model::config::Activation;
-use crate::model::forward::ForwardError;
+use crate::kernels::ops::Activation;
 use crate::model::{Model, NormKind};
 use layout::GemmLayout;
 pub use layout::{CudaKv, CudaSizes, RingLayout, SessionLayout};
@@ -53,14 +51,7 @@ pub fn decode_rows<K: SeqCache>(seqs: &[SeqBatch<'_, K>]) -> bool {
 /// Elements of a row each block of `rms_norm_q8` normalizes and quantizes: 512, or
 /// `KILN_CUDA_NORM_SLICE` (a multiple of 256; a large one keeps a row in one block).
 fn norm_slice() -> usize {
-    static SLICE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *SLICE.get_or_init(|| {
-        std::env::var("KILN_CUDA_NORM_SLICE")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|v| *v > 0 && v.is_multiple_of(256))
-            .unwrap_or(512)
-    })
+    crate::tuning::get().cuda_norm_slice
 }
 
 enum Capture {
@@ -98,12 +89,10 @@ pub struct CudaSession {
     err: Option<CudaError>,
     /// Time per kernel (`KILN_CUDA_PROFILE`).
     profile: Option<Profile>,
-    /// Products that share an input in one launch; the CPU's attention arithmetic on short
-    /// decode contexts (see [`switch`]).
+    /// Products that share an input in one launch (`KILN_CUDA_FUSE=0`: each alone); the CPU's
+    /// attention arithmetic on short decode contexts (`KILN_CUDA_MIRROR=0`: f32). See
+    /// [`crate::tuning`].
     fuse: bool,
-    /// Narrow products over f32 input quantize (and normalize) it in their blocks
-    /// (`KILN_CUDA_F32_INPUT=0`: the quantizer's and the norm's launches, as before).
-    f32_input: bool,
     mirror: bool,
     /// The attention's RoPE in its products' epilogue where it can go there
     /// (`KILN_CUDA_ROPE_EPILOGUE=0`: `rope_qk` launched after them, for measuring).
@@ -112,7 +101,9 @@ pub struct CudaSession {
     /// (`KILN_CUDA_POST_EPILOGUE=0`: `rms_norm_add_f32` launched after it, for measuring).
     post_in_products: bool,
     /// Prompt attention in tiles (`attend_tile_*`) for passes of at least `TILE_Q` tokens of a
-    /// sequence (`KILN_CUDA_TILE=0`: one block per row and head, as the shorter passes).
+    /// sequence (else one block per row and head, as the shorter passes), where the value
+    /// rows fit the tile kernels (SmolLM2's pp512 50,647 tok/s in tiles, 25,929 without, on an
+    /// H200, 2026-11-26, a98fc2b).
     tile: bool,
     /// What the `xq` buffer holds: `rows` of the buffer at this address, quantized by this
     /// kernel (a norm quantizes for the products after it). Ops that may write a buffer forget
@@ -159,6 +150,7 @@ impl CudaSession {
         kv: &KvLayout,
     ) -> Result<CudaSession, CudaError> {
         let c = &m.config;
+        let tuning = crate::tuning::get();
         if c.head_dim_k > 256 || c.head_dim_v > 1024 {
             return Err(CudaError::Unsupported(format!(
                 "heads of {} key / {} value dimensions (the CUDA attention takes up to 256 / 1024)",
@@ -209,8 +201,7 @@ impl CudaSession {
             use_graphs: profile.is_none(),
             err: None,
             profile,
-            fuse: switch("KILN_CUDA_FUSE"),
-            f32_input: switch("KILN_CUDA_F32_INPUT"),
+            fuse: tuning.cuda_fuse,
             xq_holds: None,
             kv_stored: None,
             roped: None,
@@ -221,12 +212,10 @@ impl CudaSession {
             skipped: None,
             ahead,
             wbf_next: 0,
-            mirror: switch("KILN_CUDA_MIRROR"),
-            rope_in_products: switch("KILN_CUDA_ROPE_EPILOGUE"),
-            post_in_products: switch("KILN_CUDA_POST_EPILOGUE"),
-            tile: switch("KILN_CUDA_TILE")
-                && c.head_dim_v.is_multiple_of(16)
-                && c.head_dim_v <= 256,
+            mirror: tuning.cuda_mirror,
+            rope_in_products: tuning.cuda_rope_epilogue,
+            post_in_products: tuning.cuda_post_epilogue,
+            tile: c.head_dim_v.is_multiple_of(16) && c.head_dim_v <= 256,
         })
     }
 

@@ -226,7 +226,7 @@ fn repack_fields(ty: GgmlType) -> Option<&'static [(usize, usize)]> {
 /// q6_K, unless `KILN_CUDA_REPACK=0` (for measuring). The same bytes, another order: the plan
 /// is unchanged.
 fn repacks(ty: GgmlType) -> bool {
-    super::switch("KILN_CUDA_REPACK") && repacked_kernels(ty).is_some()
+    crate::tuning::get().cuda_repack && repacked_kernels(ty).is_some()
 }
 
 /// A matrix (`rows × cols`, the file's blocks) rearranged for the `*r` kernels

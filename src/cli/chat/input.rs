@@ -185,8 +185,8 @@ fn push_line(text: &mut String, line: &str) {
 /// The history file: `$KILN_HISTORY`, else `chat_history` in kiln's cache directory
 /// (`$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`); `KILN_HISTORY=` (empty) keeps none.
 pub fn history_path() -> Option<PathBuf> {
-    if let Some(h) = std::env::var_os("KILN_HISTORY") {
-        return (!h.is_empty()).then(|| PathBuf::from(h));
+    if let Some(h) = &kiln::tuning::get().history {
+        return (!h.as_os_str().is_empty()).then(|| h.clone());
     }
     let xdg = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)

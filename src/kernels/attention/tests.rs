@@ -654,7 +654,7 @@ fn scratch_size_formula_matches() {
 /// bits on both paths, with windows, splits, any thread count and every SIMD tier.
 #[test]
 fn q8_0_cache_is_f16_arithmetic_on_dequantized_values() {
-    use crate::cache::kv::dequant_q8_0_f16;
+    use crate::kernels::kv_type::dequant_q8_0_f16;
     use crate::quant::blocks::BlockQ8_0;
     use crate::quant::reference::Quantize;
     // (head_dim, heads, kv heads, tokens, pos0, window, threads)

@@ -294,25 +294,103 @@ pub type ScaleMaxFn = fn(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: 
 /// `acc[d] = fma-chain over j of v[j][d]·p[j]` (`j` ascending, continuing from `acc[d]`);
 /// `v` holds `p.len()` rows of `acc.len()` values.
 pub type VkqAccFn = fn(acc: &mut [f32], p: &[f32], v: &[f16]);
-/// `gate[i] = silu(gate[i]) · up[i]`, SiLU as [`crate::kernels::ops::silu`] computes it.
+/// `gate[i] = silu(gate[i]) · up[i]`, SiLU as [`silu`] computes it.
 pub type SwigluFn = fn(gate: &mut [f32], up: &[f32]);
 
-/// `x[i] = gelu(x[i])`, GELU as [`crate::kernels::ops::gelu_tanh`] computes it (the table).
+/// `x[i] = gelu(x[i])`, GELU as [`gelu_tanh`] computes it (the table).
 pub type GeluFn = fn(x: &mut [f32]);
+
+/// SiLU(x) = x · σ(x), with the reference engine's vectorised `expf` (a polynomial within
+/// about an ulp of the true one) so activations agree with it to the bit.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + expf_approx(0.0 - x))
+}
+
+/// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`), evaluated as the reference engine
+/// does: through a table indexed by the f16 value of `x` ([`gelu_table`]), so input and output
+/// are rounded to f16, with `x <= -10 → 0` and `x >= 10 → x`.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    gelu_tanh_with(gelu_table(), x)
+}
+
+/// [`gelu_tanh`] with the table already in hand (loops fetch it once).
+#[inline]
+pub fn gelu_tanh_with(table: &[u16], x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        let i = half::f16::from_f32(x).to_bits() as usize;
+        half::f16::from_bits(table[i]).to_f32()
+    }
+}
+
+/// Entries of [`gelu_table`]: one per f16 bit pattern, plus one zero entry so a 32-bit gather
+/// at the last index stays inside the table.
+pub const GELU_TABLE_LEN: usize = 65537;
+
+/// The reference engine's GELU table (`ggml_table_gelu_f16`): for every f16 bit pattern `i`,
+/// the f16 bits of [`gelu_tanh_exact`] of that value. 128 KiB, built once on first use.
+pub fn gelu_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Box<[u16]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..GELU_TABLE_LEN)
+            .map(|i| match u16::try_from(i) {
+                Ok(bits) => {
+                    let x = half::f16::from_bits(bits).to_f32();
+                    half::f16::from_f32(gelu_tanh_exact(x)).to_bits()
+                }
+                Err(_) => 0,
+            })
+            .collect()
+    })
+}
+
+/// GELU, tanh approximation, in plain f32, as the reference engine's table is filled:
+/// `(0.5·x)·(1 + tanh((√(2/π)·x)·fma(0.044715·x, x, 1)))` (its compiler fuses the inner
+/// `1 + a·x·x`; the fused and unfused forms differ in the last bit often enough to flip
+/// an f16 table entry).
+#[inline]
+pub fn gelu_tanh_exact(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0)).tanh())
+}
+
+/// The largest entry of `xs` that is not NaN (−∞ when there is none), 16 lanes at a time.
+#[must_use]
+pub fn max_not_nan(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = xs.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            // (NaN never wins a `>`)
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
 
 /// The scalar GeGLU: `gate[i] = gelu(gate[i]) · up[i]` (what every SIMD path must match).
 pub fn geglu_scalar(gate: &mut [f32], up: &[f32]) {
-    let t = crate::kernels::ops::gelu_table();
+    let t = gelu_table();
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = crate::kernels::ops::gelu_tanh_with(t, *g) * u;
+        *g = gelu_tanh_with(t, *g) * u;
     }
 }
 
 /// The scalar GELU in place (GPT-2's ungated FFN).
 pub fn gelu_scalar(x: &mut [f32]) {
-    let t = crate::kernels::ops::gelu_table();
+    let t = gelu_table();
     for v in x.iter_mut() {
-        *v = crate::kernels::ops::gelu_tanh_with(t, *v);
+        *v = gelu_tanh_with(t, *v);
     }
 }
 
@@ -332,7 +410,7 @@ unsafe fn gelu_with(
     if let Some(u) = up {
         assert!(u.len() >= x.len());
     }
-    let t = crate::kernels::ops::gelu_table();
+    let t = gelu_table();
     // SAFETY: the caller's contract; `up` is no shorter than `x` (checked); the table has
     // `GELU_TABLE_LEN` entries, as the kernels' gathers need.
     unsafe { blocks(x, up, t.as_ptr()) };
@@ -346,7 +424,7 @@ unsafe fn gelu_with(
 /// The scalar SwiGLU (the reference every SIMD path must match bit for bit).
 pub fn swiglu_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = crate::kernels::ops::silu(*g) * u;
+        *g = silu(*g) * u;
     }
 }
 
@@ -586,11 +664,11 @@ pub fn scale_max_scalar(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: u
         };
     }
     // 16 lanes folded in lane order, as the SIMD tiers fold theirs (`fold_max`).
-    crate::kernels::ops::max_not_nan(s)
+    max_not_nan(s)
 }
 
 /// `scale_max`'s last step: the 16 lanes' maxima folded in lane order (the x86 tiers; the
-/// scalar path folds in [`crate::kernels::ops::max_not_nan`] the same way).
+/// scalar path folds in [`max_not_nan`] the same way).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn fold_max(m: [f32; 16]) -> f32 {

@@ -1,34 +1,9 @@
-//! AVX-512 specifics: the VNNI integer-dot primitive (`vpdpbusd` / `vpdpwssd` on 256-bit
-//! registers, which need AVX-512VL), used by the `Avx512Vnni` tier's instantiation of the
-//! generic kernels in `avx2`, and the 512-bit kernels those call where `IDot::VNNI` holds.
+//! The 512-bit kernels the generic kernels in `avx2` call where `IDot::VNNI` holds (the
+//! `Avx512Vnni` tier's instantiation; its integer-dot primitive, `simd::Vnni`, is `vpdpbusd` /
+//! `vpdpwssd` on 256-bit registers, which need AVX-512VL).
 
-use super::avx2::IDot;
+use super::simd::{f16x2_at, hsum_ps, loadu, Blk32, IDot, Vnni};
 use core::arch::x86_64::*;
-
-/// AVX-512 VNNI: one instruction per multiply-accumulate step, exact (no i16 saturation).
-/// These intrinsics are stable since Rust 1.89 (the crate's declared MSRV is older; the
-/// workspace toolchain is newer).
-pub(super) struct Vnni;
-
-#[allow(clippy::incompatible_msrv)]
-impl IDot for Vnni {
-    const AVX512: bool = true;
-    #[inline(always)]
-    unsafe fn dpbusd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, a, b)
-    }
-    #[inline(always)]
-    unsafe fn dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-        _mm256_dpwssd_epi32(acc, a, b)
-    }
-    #[inline(always)]
-    unsafe fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-        _mm512_dpwssd_epi32(acc, a, b)
-    }
-    const VNNI: bool = true;
-}
-
-use super::avx2::{f16x2_at, hsum_ps, loadu, Blk32};
 
 /// Four activation rows against one weight row of a 32-element format, two rows per 512-bit
 /// register: each half of a register is lane for lane the 256-bit tile of

@@ -5,7 +5,7 @@
 //! The kernels are written once, generic over the block format and the integer-dot primitive
 //! (`avx2`); each tier below instantiates them inside its own `#[target_feature]` entry
 //! points, so the same source compiles to AVX2 code, to AVX-512VL code, and to AVX-512 VNNI code
-//! (`vpdpbusd` / `vpdpwssd`, see `avx512.rs`).
+//! (`vpdpbusd` / `vpdpwssd`, see `simd.rs`; its 512-bit kernels are in `avx512.rs`).
 //!
 //! Matrices repacked into 16-row groups (`quant::repack`) have kernels of their own: `t32_x16`
 //! (the 32-element formats on VNNI, the reference's 8 lanes), `t32_x16_ymm` (the same 8 rows at a
@@ -18,6 +18,7 @@ mod avx512;
 mod q4k_x16;
 mod q4k_x16_ymm;
 mod q6k_x16;
+mod simd;
 mod t32_blocks;
 mod t32_x16;
 mod t32_x16_ymm;
@@ -261,7 +262,7 @@ tier!(
 tier!(
     tier_vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni",
-    super::avx512::Vnni,
+    super::simd::Vnni,
     Isa::Avx512Vnni
 );
 

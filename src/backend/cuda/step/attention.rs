@@ -16,12 +16,7 @@ use crate::model::config::ModelConfig;
 fn tile_kernel(c: &ModelConfig, rows: usize, q8: bool) -> (&'static str, usize) {
     let group = c.n_heads / c.n_kv_heads;
     let blocks = |per: usize| (rows * group).div_ceil(per) * c.n_kv_heads;
-    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = FORCED.get_or_init(|| {
-        let v = std::env::var("KILN_CUDA_TILE_Q").ok()?.parse().ok()?;
-        [64, 32, 16].contains(&v).then_some(v)
-    });
-    let per = forced.unwrap_or_else(|| {
+    let per = crate::tuning::get().cuda_tile_q.unwrap_or_else(|| {
         [64, 32, 16]
             .into_iter()
             .find(|&p| blocks(p) >= 256)

@@ -203,14 +203,7 @@ const MAX_SPLITS: usize = 64;
 /// Positions per split of decode attention (at least): 64, or `KILN_CUDA_SPLIT_KEYS` (16 to
 /// 4096, for measuring). Fewer keys a block means more blocks reading the cache at once.
 fn split_keys() -> usize {
-    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *KEYS.get_or_init(|| {
-        std::env::var("KILN_CUDA_SPLIT_KEYS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|v| (16..=4096).contains(v))
-            .unwrap_or(64)
-    })
+    crate::tuning::get().cuda_split_keys
 }
 
 /// Bytes of one 8-bit activation group (`Q8v` in matvec.cu: 32 values, then apart d and s).
@@ -267,7 +260,7 @@ impl SessionLayout {
             // Prompt products dequantize their weights ahead, on a second stream, into two
             // buffers used in turn (step/ahead.rs), unless `KILN_CUDA_DEQUANT_AHEAD=0` (one
             // buffer, on the session's stream: for measuring).
-            let second = match crate::backend::cuda::switch("KILN_CUDA_DEQUANT_AHEAD") {
+            let second = match crate::tuning::get().cuda_dequant_ahead {
                 true => l.take(wbf_elems * 2),
                 false => first,
             };

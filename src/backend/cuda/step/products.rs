@@ -7,23 +7,15 @@ use crate::backend::cuda::gpu::{blocks_for, Arg, Gpu};
 use crate::backend::cuda::weights::{DevMat, PromptProduct, F32_INPUT_MAX_COLS};
 use crate::backend::cuda::CudaError;
 use crate::cache::KvType;
-use crate::model::config::RopeKind;
+use crate::kernels::ops::RopeKind;
 use crate::model::Model;
 
 /// Threads per output row of the matvec kernels: four warps on a GPU; one on the software
 /// GPU, where every warp costs fiber switches and loads have no latency to hide.
 /// (`KILN_CUDA_MV_THREADS` overrides it, for measuring.)
 pub(super) fn mv_threads(gpu: &Gpu) -> u32 {
-    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let set = SET.get_or_init(|| {
-        let v = std::env::var("KILN_CUDA_MV_THREADS")
-            .ok()?
-            .parse::<u32>()
-            .ok()?;
-        (v.is_multiple_of(32) && (32..=1024).contains(&v)).then_some(v)
-    });
-    match (set, gpu.is_emulated()) {
-        (Some(v), _) => *v,
+    match (crate::tuning::get().cuda_mv_threads, gpu.is_emulated()) {
+        (Some(v), _) => v,
         (None, true) => 32,
         (None, false) => 128,
     }
@@ -34,20 +26,10 @@ pub(super) fn mv_threads(gpu: &Gpu) -> u32 {
 /// the narrow matrices of small models, whose rows leave most of a four-warp block idle, their
 /// output heads of 50,000–260,000 rows, and an 8B model's rows of 4,096 and 14,336 (a warp
 /// sums its row without a barrier: the 8B shape's decode 284 → 301 tok/s on an H100 against a
-/// bound of 64 groups); wider rows take a block of `mv_threads`. `KILN_CUDA_MV_NARROW=0` gives
-/// every row a block; `KILN_CUDA_MV_WARP_GROUPS=n` moves the bound (for measuring).
+/// bound of 64 groups); wider rows take a block of `mv_threads`. `KILN_CUDA_MV_WARP_GROUPS=n`
+/// moves the bound (for measuring; 0 gives every row a block).
 pub(super) fn mv_shape(gpu: &Gpu, cols: usize) -> (u32, u32) {
-    static WARP_GROUPS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let warp_groups = *WARP_GROUPS.get_or_init(|| {
-        if std::env::var("KILN_CUDA_MV_NARROW").is_ok_and(|v| v == "0") {
-            return 0;
-        }
-        std::env::var("KILN_CUDA_MV_WARP_GROUPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(512)
-    });
-    if cols / 32 <= warp_groups {
+    if cols / 32 <= crate::tuning::get().cuda_mv_warp_groups {
         (256, 32)
     } else {
         let t = mv_threads(gpu);
@@ -88,13 +70,9 @@ const F32_INPUT_MAX_TOKENS: usize = 4;
 /// and the attention output's quantizer go into the products), each of the products' blocks
 /// quantizing the token's 4096 inputs first: its speed on a GPU is unmeasured.
 fn f32_input_cols() -> usize {
-    static COLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *COLS.get_or_init(|| {
-        std::env::var("KILN_CUDA_F32_INPUT_COLS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(2048, |v| v.min(F32_INPUT_MAX_COLS))
-    })
+    crate::tuning::get()
+        .cuda_f32_input_cols
+        .map_or(2048, |v| v.min(F32_INPUT_MAX_COLS))
 }
 
 /// The widest rows whose q, k and v products take the RoPE in their epilogue: a small model's
@@ -253,7 +231,6 @@ impl CudaSession {
     ) -> Option<&'static str> {
         let q = m.kernels.quantize?;
         let ok = self.fuse
-            && self.f32_input
             && mv_shape(&self.gpu, m.cols) == (256, 32)
             && m.cols <= f32_input_cols()
             && rows <= F32_INPUT_MAX_TOKENS

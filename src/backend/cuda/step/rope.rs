@@ -10,7 +10,7 @@ use crate::backend::cuda::gpu::Arg;
 use crate::backend::cuda::weights::DevNorm;
 use crate::backend::{Buf, NormW};
 use crate::cache::KvType;
-use crate::model::config::RopeKind;
+use crate::kernels::ops::RopeKind;
 use crate::model::{Model, NormKind};
 
 /// The q and k head norms of one layer, held back for its RoPE launch: each norm's weights,

@@ -1,12 +1,12 @@
-//! The pre-tokenizer stages beyond the common scanners of `pretokenize.rs`: qwen35's scanner
+//! The pre-tokenizer stages beyond the common scanners of `mod.rs`: qwen35's scanner
 //! and the class-run regexes of deepseek-llm / deepseek-coder / gemma4, each reproducing what
 //! llama.cpp's `unicode_regex_split` computes for the regex (a `std::wregex` over the text with
 //! non-ASCII whitespace replaced by U+000B where the regex has no `\p{..}`, else a `std::regex`
 //! over the text collapsed to one byte per Unicode category).
 
-use super::pretokenize::{Emitter, Window, CR, LF, SPACE};
-use super::unicode::{cpt_flags, CptFlags};
-use super::wordpiece::to_lower;
+use super::{Emitter, Window, CR, LF, SPACE};
+use crate::tokenizer::unicode::{cpt_flags, CptFlags};
+use crate::tokenizer::wordpiece::to_lower;
 
 /// `\s` in both regex flavours: ASCII whitespace, and non-ASCII whitespace (collapsed or
 /// replaced by U+000B).
@@ -69,10 +69,10 @@ pub(super) fn number_triples(cpts: &[u32], ini: usize, end: usize, out: &mut Vec
     let mut em = Emitter { prev_end: ini, out };
     let mut pos = ini;
     while pos < end {
-        if super::pretokenize::is_collapsed_number(cpts[pos]) {
+        if super::is_collapsed_number(cpts[pos]) {
             em.add(pos);
             let mut n = 0;
-            while pos < end && n < 3 && super::pretokenize::is_collapsed_number(cpts[pos]) {
+            while pos < end && n < 3 && super::is_collapsed_number(cpts[pos]) {
                 pos += 1;
                 n += 1;
             }
@@ -227,7 +227,7 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
 
 #[cfg(test)]
 mod tests {
-    use super::super::pretokenize::tests::words;
+    use super::super::tests::words;
 
     #[test]
     fn qwen35_keeps_combining_marks_in_words() {

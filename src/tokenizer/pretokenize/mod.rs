@@ -10,9 +10,11 @@
 
 use std::ops::Range;
 
-use super::pretokenize_ext as ext;
-use super::pretokenize_o200k::{self as o200k, CaseRegex};
+mod ext;
+mod o200k;
+
 use super::unicode::{cpt_flags, CptFlags};
+use o200k::CaseRegex;
 
 /// One splitting step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +57,7 @@ pub(crate) enum Stage {
     NumberTriples,
     /// `[一-龥぀-ゟ゠-ヿ]+`: CJK, hiragana and katakana runs (deepseek-v3).
     CjkKanaRuns,
-    /// deepseek-v3's word regex (`pretokenize_o200k.rs`).
+    /// deepseek-v3's word regex (`o200k.rs`).
     Deepseek3,
     /// o200k's case-aware regex (`gpt-4o`).
     Gpt4o,

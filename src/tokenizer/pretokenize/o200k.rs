@@ -13,8 +13,8 @@
 //! a-z" and "not A-Z", every non-ASCII whitespace is `\s`, and the classes below say the same
 //! on codepoints.
 
-use super::pretokenize::{Emitter, APOSTROPHE, CR, LF, SPACE};
-use super::unicode::{cpt_flags, CptFlags};
+use super::{Emitter, APOSTROPHE, CR, LF, SPACE};
+use crate::tokenizer::unicode::{cpt_flags, CptFlags};
 
 /// The category a non-ASCII codepoint collapses to (`None`: whitespace, collapsed to `\v`).
 #[inline]
@@ -258,7 +258,7 @@ fn match_deepseek3(c: &[u32], p: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pretokenize::tests::words;
+    use super::super::tests::words;
 
     #[test]
     fn gpt4o_splits_camel_case_and_keeps_contractions() {
