@@ -246,7 +246,7 @@ pub struct Generation {
     pub stream: bool,
     pub include_usage: bool,
     pub cache_prompt: bool,
-    /// `cache_salt` (see [`super::routes::tenant`]).
+    /// `cache_salt` (see [`super::tenant::tenant`]).
     pub cache_salt: Option<String>,
     pub ignore_eos: bool,
     pub structured: Option<super::structured::Structured>,

@@ -25,7 +25,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use super::api::{self, Body as RequestBody};
 use super::error::ApiError;
-use super::routes::{check_model, read_body};
+use super::jobs::{check_model, read_body};
 use super::AppState;
 use crate::engine::pooling::{EmbedSpec, Pooling};
 use crate::engine::scheduler::{FinishReason, Finished, SeqRequest, SeqSink};
@@ -272,7 +272,7 @@ pub(super) async fn embed(
     let permit = Arc::new(permit);
     // In input order, at most --parallel of them in the engine at once. Dropping this future
     // (the client left) drops the receivers: the engine cancels what it still holds.
-    let tenant = super::routes::tenant(salt);
+    let tenant = super::tenant::tenant(salt);
     let submit = |prompt: Vec<u32>| {
         let (tx, rx) = oneshot::channel::<Outcome>();
         let sink = EmbedSink {

@@ -2,7 +2,7 @@
 //! written against llama.cpp's server (SillyTavern's llama.cpp backend, scripts, its older web
 //! UI): its request fields and its answer, whole or as Server-Sent Events.
 //!
-//! The request becomes `/v1/completions`' job ([`super::routes::completion_job`]): one set of
+//! The request becomes `/v1/completions`' job ([`super::jobs::completion_job`]): one set of
 //! checks, the same sampler, grammar and prefix cache, under llama-server's limits rather than
 //! OpenAI's ([`super::api::WideParams`]: any number of `stop`s, any `temperature` and
 //! penalty, `seed` −1 random). Its own fields: `prompt` (a text, token ids, or a mixed list;
@@ -44,9 +44,9 @@ use tokio::sync::mpsc;
 use super::api::{self, Body as RequestBody, CompletionRequest};
 use super::bias::{self, Dialect};
 use super::error::ApiError;
+use super::jobs::{check_model, completion_job, read_body};
 use super::logprobs::finite;
 use super::respond::{self, Ev, Job};
-use super::routes::{check_model, completion_job, read_body};
 use super::tokens::{MixedPart, TokenizeContent};
 use super::{unsupported, AppState};
 use crate::engine::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};

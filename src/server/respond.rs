@@ -178,7 +178,7 @@ pub(super) async fn queue(
             stop: gen.stop.clone(),
             code: gen.code,
             cache_prompt: gen.cache_prompt,
-            tenant: super::routes::tenant(gen.cache_salt.as_deref()),
+            tenant: super::tenant::tenant(gen.cache_salt.as_deref()),
             ignore_eos: gen.ignore_eos,
             grammar,
             logprobs: gen.logprobs,

@@ -2,7 +2,7 @@
 //! `client.responses`, Codex CLI, the OpenAI Agents SDK) talk to `kiln serve` as they talk to
 //! OpenAI.
 //!
-//! A request becomes the job of the OpenAI chat route ([`super::routes::chat_job`]), as
+//! A request becomes the job of the OpenAI chat route ([`super::jobs::chat_job`]), as
 //! `/v1/messages` does: one set of checks, the same template, tools, grammar and sampler.
 //!
 //! - `input`: a string (one user message) or a list of items: messages (`role` `user`,
@@ -48,8 +48,9 @@ use tokio::sync::mpsc;
 
 use super::api::{self, Body as RequestBody, ChatRequest};
 use super::error::ApiError;
+use super::jobs::{chat_job, check_model, read_body, tool_error};
 use super::respond::{self, Answers, Delta, Ev, Job, Pump};
-use super::routes::{chat_job, check_model, read_body, tenant, tool_error};
+use super::tenant::tenant;
 use super::{unix_now, AppState};
 use crate::engine::scheduler::{FinishReason, Finished};
 

@@ -1,29 +1,26 @@
-//! The HTTP routes and the bridge from a request to the engine and back.
+//! The HTTP routes: the router, the checks every request passes first (metrics, API keys,
+//! browser origins and hosts), and OpenAI's handlers; each request becomes its job in
+//! [`super::jobs`].
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::{Body, HttpBody};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::StreamExt;
 use serde_json::json;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
-use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Head, PromptField};
-use super::bias::Dialect;
+use super::api::{self, ChatRequest, CompletionRequest};
 use super::error::ApiError;
+use super::jobs::{chat_job, check_model, completion_job, read_body, tool_error};
 use super::metrics::{self, HttpMetrics, Status};
-use super::respond::{self, Job};
-use super::structured::Structured;
-use super::{tools, unix_now, AppState};
-use crate::tokenizer::toolcall::template::ToolSupport;
-use crate::tokenizer::{InfillBudget, InfillParts};
+use super::respond;
+use super::tenant::{key_matches, KEY};
+use super::AppState;
 
 type St = State<Arc<AppState>>;
 
@@ -134,43 +131,6 @@ fn json_error_body(r: Response) -> Response {
         }
     }
     json
-}
-
-/// Whether `given` is one of `keys`, in time that depends neither on where they differ nor on
-/// which key it is (each is hashed first, and every key is compared); the matching key's hash.
-fn key_matches(given: &str, keys: &[String]) -> Option<[u8; 32]> {
-    let a = Sha256::digest(given.as_bytes());
-    let mut found = subtle::Choice::from(0);
-    for key in keys {
-        found |= a.ct_eq(&Sha256::digest(key.as_bytes()));
-    }
-    bool::from(found).then(|| a.into())
-}
-
-tokio::task_local! {
-    /// The hash of the API key a request came with (set by [`auth`] around its handler).
-    static KEY: [u8; 32];
-}
-
-/// The prefix-cache tenant of a request handled now: its API key's hash and its `cache_salt`
-/// together (0 where neither is given: one shared tenant).
-pub(super) fn tenant(salt: Option<&str>) -> u64 {
-    let key = KEY.try_with(|k| *k).ok();
-    if key.is_none() && salt.is_none() {
-        return 0;
-    }
-    let mut h = Sha256::new();
-    h.update(b"kiln tenant\0");
-    if let Some(k) = key {
-        h.update(b"key\0");
-        h.update(k);
-    }
-    if let Some(s) = salt {
-        h.update(b"salt\0");
-        h.update(s.as_bytes());
-    }
-    let d = h.finalize();
-    u64::from_le_bytes(d[..8].try_into().expect("8 bytes")).max(1)
 }
 
 /// `--api-key`: the keyed routes need `Authorization: Bearer KEY` (the scheme in any case) or
@@ -415,71 +375,6 @@ async fn models(State(st): St) -> Json<serde_json::Value> {
     }))
 }
 
-/// The whole body, within `--max-body` (413) and `--body-timeout` (408).
-pub(super) async fn read_body(
-    st: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<Bytes, ApiError> {
-    let limit = st.opts.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(ApiError::too_large(limit));
-    }
-    let read = async {
-        let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
-        let mut chunks = body.into_data_stream();
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk
-                .map_err(|e| ApiError::bad_request(format!("could not read the body: {e}")))?;
-            if out.len() + chunk.len() > limit {
-                return Err(ApiError::too_large(limit));
-            }
-            out.extend_from_slice(&chunk);
-        }
-        Ok(Bytes::from(out))
-    };
-    let timeout = st.opts.http.body_timeout;
-    tokio::time::timeout(timeout, read)
-        .await
-        .unwrap_or_else(|_| Err(ApiError::body_timeout(timeout.as_secs_f64())))
-}
-
-/// The model name an answer reports: the one the request named where it is the served
-/// model's id or an alias; any other name is answered as the served model, under its own name
-/// (as llama-server), or refused with 404 under `--strict-model`.
-pub(super) fn check_model(st: &AppState, model: &Option<String>) -> Result<String, ApiError> {
-    match model {
-        None => Ok(st.opts.model_id.clone()),
-        Some(m) if serves(st, m) => Ok(m.clone()),
-        Some(m) if st.opts.strict_model => Err(ApiError::model_not_found(m, &st.opts.model_id)),
-        Some(_) => Ok(st.opts.model_id.clone()),
-    }
-}
-
-/// Whether `name` is the served model's id or one of its aliases.
-pub(super) fn serves(st: &AppState, name: &str) -> bool {
-    name == st.opts.model_id || st.opts.model_aliases.iter().any(|a| a == name)
-}
-
-fn head(model: String, endpoint: Endpoint) -> Head {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let prefix = match endpoint {
-        Endpoint::Chat => "chatcmpl",
-        Endpoint::Completion => "cmpl",
-    };
-    let created = unix_now();
-    Head {
-        id: format!("{prefix}-{created:x}{:06x}", NEXT.fetch_add(1, Relaxed)),
-        created,
-        model,
-        endpoint,
-    }
-}
-
 async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let req: ChatRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
@@ -490,187 +385,10 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Result<Response,
     }
 }
 
-/// A chat request's job: its conversation rendered by the model's template with its tools,
-/// its generation checked, its answer constrained by its structured-output field or the
-/// tool-call grammar. Also its tools, for [`tool_error`].
-pub(super) fn chat_job(
-    st: &AppState,
-    req: &ChatRequest,
-    model: String,
-) -> Result<(Job, Option<tools::Tools>), ApiError> {
-    let c = &st.model.config;
-    if c.arch.is_encoder() {
-        // (Before the template: an encoder has none, and generates nothing.)
-        let e = crate::engine::session::EngineError::encoder_generation(&c.arch_name);
-        return Err(ApiError::bad_request(e.to_string()));
-    }
-    let (tools, plan, prompt) = chat_prompt(st, req)?;
-    let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
-    gen.sampler.logit_bias = logit_bias(st, &req.params)?;
-    gen.n = req.params.choices(st.opts.n_slots)?;
-    gen.logprobs = req.logprobs()?;
-    let constraint = match plan.grammar {
-        Some(spec) => {
-            if let Some(s) = &gen.structured {
-                return Err(ApiError::invalid_param(
-                    s.field,
-                    format!(
-                        "{} cannot be combined with tools (unless tool_choice is \"none\")",
-                        s.field
-                    ),
-                ));
-            }
-            Some(Structured {
-                spec,
-                field: "tools",
-                path: "tools",
-            })
-        }
-        None => gen.structured.take(),
-    };
-    let job = Job {
-        head: head(model, Endpoint::Chat),
-        prompt,
-        gen,
-        constraint,
-        tools: plan.format,
-    };
-    Ok((job, tools))
-}
-
-/// A chat request's tools, plan and prompt: its conversation rendered by the model's template
-/// with its tools.
-pub(super) fn chat_prompt(
-    st: &AppState,
-    req: &ChatRequest,
-) -> Result<(Option<tools::Tools>, tools::ToolPlan, Vec<u32>), ApiError> {
-    let (tools, plan) = chat_plan(st, req)?;
-    let prompt = st
-        .tokenizer
-        .encode_chat_tools(
-            &plan.messages,
-            plan.template_tools.as_ref(),
-            true,
-            st.opts.special_in_content,
-        )
-        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
-    Ok((tools, plan, prompt))
-}
-
-/// An error of a chat request's run: one about its tools' grammar names the tool.
-pub(super) async fn tool_error(
-    e: ApiError,
-    tools: Option<&tools::Tools>,
-    st: &AppState,
-) -> ApiError {
-    match tools {
-        Some(t) if e.param.as_deref() == Some("tools") => tools::locate(e, t, st).await,
-        _ => e,
-    }
-}
-
-/// A chat request's conversation and tools, read and planned for the model's template.
-pub(super) fn chat_plan(
-    st: &AppState,
-    req: &ChatRequest,
-) -> Result<(Option<tools::Tools>, tools::ToolPlan), ApiError> {
-    if req.messages.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "messages must not be empty",
-        ));
-    }
-    let tools = tools::read(
-        req.tools.as_ref(),
-        req.tool_choice.as_ref(),
-        req.parallel_tool_calls,
-    )?;
-    let msgs = tools::chat_messages(&req.messages)?;
-    let support = st
-        .tool_support
-        .get_or_init(|| ToolSupport::probe(&st.tokenizer));
-    let plan = tools::plan(msgs, tools.as_ref(), support, &st.tokenizer);
-    Ok((tools, plan))
-}
-
 async fn completions(State(st): St, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let req: CompletionRequest = api::parse(&read_body(&st, &headers, body).await?)?;
     let model = check_model(&st, &req.params.model)?;
     respond::run(&st, completion_job(&st, &req, model)?).await
-}
-
-/// A completion request's job: its prompt (text, or token ids) and its checked generation.
-pub(super) fn completion_job(
-    st: &AppState,
-    req: &CompletionRequest,
-    model: String,
-) -> Result<Job, ApiError> {
-    let suffix = req.suffix.as_deref().filter(|s| !s.is_empty());
-    let prompt = match (req.prompt.clone(), suffix) {
-        (PromptField::Text(t), Some(s)) => fim_prompt(st, &t, s)?,
-        (PromptField::Texts(v), Some(s)) if v.len() == 1 => fim_prompt(st, &v[0], s)?,
-        (_, Some(_)) => {
-            return Err(ApiError::invalid_param(
-                "suffix",
-                "a suffix (fill in the middle) needs one prompt text",
-            ))
-        }
-        (PromptField::Text(t), None) => st.tokenizer.encode(&t, true, false),
-        (PromptField::Texts(v), None) if v.len() == 1 => st.tokenizer.encode(&v[0], true, false),
-        (PromptField::Texts(v), None) => {
-            return Err(ApiError::invalid_param(
-                "prompt",
-                format!(
-                    "{} prompts given; only one per request is supported",
-                    v.len()
-                ),
-            ))
-        }
-        (PromptField::Tokens(ids), None) => {
-            ApiError::check_token_ids("prompt", ids.iter().copied(), st.model.config.vocab_size)?;
-            ids
-        }
-    };
-    if prompt.is_empty() {
-        return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
-    }
-    let mut gen = (req.params.validate(prompt.len(), st.opts.n_ctx)).map_err(|mut e| {
-        if e.param.as_deref() == Some("messages") {
-            e.param = Some("prompt".into());
-        }
-        e
-    })?;
-    gen.sampler.logit_bias = logit_bias(st, &req.params)?;
-    gen.n = req.params.choices(st.opts.n_slots)?;
-    gen.logprobs = req.logprobs()?;
-    Ok(Job {
-        head: head(model, Endpoint::Completion),
-        prompt,
-        constraint: gen.structured.take(),
-        gen,
-        tools: None,
-    })
-}
-
-/// A request's `logit_bias` under OpenAI's rules ([`super::bias`]).
-fn logit_bias(st: &AppState, p: &api::GenParams) -> Result<Vec<(u32, f32)>, ApiError> {
-    let vocab = st.model.config.vocab_size;
-    super::bias::read(p.logit_bias.as_ref(), &st.tokenizer, vocab, Dialect::OpenAi)
-}
-
-/// A fill-in-the-middle prompt: the model's FIM tokens around `prefix` and `suffix`, cut as
-/// `/infill` cuts them ([`crate::tokenizer::InfillBudget`]; `--spm-infill`'s order), without
-/// `/infill`'s repository lines. A model without FIM tokens is a 400 naming `suffix`.
-pub(super) fn fim_prompt(st: &AppState, prefix: &str, suffix: &str) -> Result<Vec<u32>, ApiError> {
-    let tok = &st.tokenizer;
-    let fim = (tok.fim_tokens()).map_err(|e| ApiError::invalid_param("suffix", e.to_string()))?;
-    let parts = InfillParts {
-        prefix: tok.encode(prefix, false, false),
-        suffix: tok.encode(suffix, false, false),
-        ..Default::default()
-    };
-    let budget = InfillBudget::new(st.opts.n_ctx, st.opts.spm_infill);
-    Ok(tok.infill_prompt(&fim, &parts, budget))
 }
 
 #[cfg(test)]
@@ -697,18 +415,6 @@ mod tests {
         let ok = json_error_body(StatusCode::NO_CONTENT.into_response());
         assert_eq!(ok.status(), StatusCode::NO_CONTENT);
         assert_eq!(ok.body().size_hint().exact(), Some(0));
-    }
-
-    #[test]
-    fn key_comparison() {
-        let keys = ["abc".to_string(), "xyz".to_string()];
-        assert!(key_matches("abc", &keys).is_some());
-        assert!(key_matches("xyz", &keys).is_some());
-        assert_ne!(key_matches("abc", &keys), key_matches("xyz", &keys));
-        for other in ["abd", "ab", "abcd", "", "ABC", "abc,xyz"] {
-            assert!(key_matches(other, &keys).is_none(), "{other}");
-        }
-        assert!(key_matches("abc", &[]).is_none());
     }
 
     #[test]
@@ -755,21 +461,5 @@ mod tests {
             assert!(!host_allowed(bad, &h, arrived), "{bad}");
         }
         assert!(!host_allowed("192.168.1.5", &h, None));
-    }
-
-    #[test]
-    fn tenants_are_keys_and_salts() {
-        assert_eq!(tenant(None), 0);
-        let salted = tenant(Some("u1"));
-        assert_ne!(salted, 0);
-        assert_ne!(salted, tenant(Some("u2")));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let (a, b) = ([1u8; 32], [2u8; 32]);
-        let ka = rt.block_on(KEY.scope(a, async { tenant(None) }));
-        let kb = rt.block_on(KEY.scope(b, async { tenant(None) }));
-        let ka_salted = rt.block_on(KEY.scope(a, async { tenant(Some("u1")) }));
-        assert!(ka != 0 && ka != kb && ka_salted != ka && ka_salted != salted);
     }
 }

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::api::{self, Body, ChatRequest};
 use super::error::ApiError;
-use super::routes::{chat_plan, read_body};
+use super::jobs::{chat_plan, read_body};
 use super::AppState;
 use crate::tokenizer::Tokenizer;
 

@@ -2,7 +2,7 @@
 //! and TypeScript SDKs, Claude Code with `ANTHROPIC_BASE_URL`, LangChain's `ChatAnthropic`)
 //! talk to `kiln serve` as they talk to Anthropic, as llama-server and Ollama let them.
 //!
-//! A request becomes the job of the OpenAI chat route ([`super::routes::chat_job`]): one set of
+//! A request becomes the job of the OpenAI chat route ([`super::jobs::chat_job`]): one set of
 //! checks, the same template, tools, grammar and sampler; its messages much as llama-server
 //! converts them (`server_chat_convert_anthropic_to_oai`), but a user turn's tool results go
 //! before its text (in the order they happened). The answer is Anthropic's: a `message` with
@@ -42,7 +42,7 @@ use serde_json::{json, Map, Value};
 
 use super::api::{self, Body as RequestBody, ChatRequest};
 use super::error::ApiError;
-use super::routes::{chat_job, chat_prompt, check_model, read_body, tool_error};
+use super::jobs::{chat_job, chat_prompt, check_model, read_body, tool_error};
 use super::{unsupported, AppState};
 
 mod answer;

@@ -2,8 +2,8 @@
 //! `ChatOllama`, the `ollama` Python and JavaScript libraries) talk to `kiln serve` as they
 //! talk to Ollama.
 //!
-//! A request becomes the job of the matching OpenAI route ([`super::routes::chat_job`],
-//! [`super::routes::completion_job`]): one set of checks, the same template, tools, grammar
+//! A request becomes the job of the matching OpenAI route ([`super::jobs::chat_job`],
+//! [`super::jobs::completion_job`]): one set of checks, the same template, tools, grammar
 //! and sampler. The answers are Ollama's: newline-delimited JSON, streamed by default
 //! (`"stream": false` for one object), durations in nanoseconds, errors as `{"error": "..."}`.
 //!
@@ -45,10 +45,10 @@ use serde_json::{json, Map, Value};
 
 use super::api::{self, Body as RequestBody, ChatRequest, CompletionRequest};
 use super::error::ApiError;
-use super::respond::Job;
-use super::routes::{
+use super::jobs::{
     chat_job, check_model, completion_job, fim_prompt, read_body, serves, tool_error,
 };
+use super::respond::Job;
 use super::{unsupported, AppState};
 use answer::{answer, loaded, Kind};
 

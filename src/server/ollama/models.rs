@@ -19,7 +19,7 @@ use crate::gguf::summary::ModelSummary;
 use crate::server::api;
 use crate::server::embeddings::{self, Input};
 use crate::server::error::ApiError;
-use crate::server::routes::read_body;
+use crate::server::jobs::read_body;
 use crate::server::AppState;
 
 #[derive(Debug, Deserialize)]
