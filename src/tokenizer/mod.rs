@@ -27,6 +27,7 @@ mod fim;
 mod pretokenize;
 mod pretokenize_ext;
 mod pretokenize_o200k;
+mod reasoning;
 mod special;
 mod spm;
 mod stream;
@@ -47,6 +48,7 @@ use wordpiece::{WpmModel, WpmOptions, WpmScratch};
 pub use chat::{builtin_chat_template, render_chat, render_chat_tools, ChatMessage};
 pub use config::config_from_gguf;
 pub use fim::{ExtraChunk, FimTokens, InfillBudget, InfillParts, NoFimTokens};
+pub use reasoning::{thinking_forced_open, ReasoningSplitter, ReasoningStyle, Split};
 pub use stream::StreamDecoder;
 pub use vocab::attr;
 
