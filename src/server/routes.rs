@@ -503,6 +503,9 @@ pub(super) fn chat_job(
         return Err(ApiError::bad_request(e.to_string()));
     }
     let (tools, plan, prompt) = chat_prompt(st, req)?;
+    let reasoning = req
+        .reasoning
+        .then(|| respond::reasoning_splitter(&st.tokenizer, &prompt));
     let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
     gen.sampler.logit_bias = logit_bias(st, &req.params)?;
     gen.n = req.params.choices(st.opts.n_slots)?;
@@ -532,6 +535,7 @@ pub(super) fn chat_job(
         gen,
         constraint,
         tools: plan.format,
+        reasoning,
     };
     Ok((job, tools))
 }
@@ -647,6 +651,7 @@ pub(super) fn completion_job(
         constraint: gen.structured.take(),
         gen,
         tools: None,
+        reasoning: None,
     })
 }
 
