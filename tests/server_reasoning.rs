@@ -90,3 +90,45 @@ fn reasoning_format_separates_forced_open_thinking() {
     let e = a.expect_error(400, "deepseek-legacy");
     assert_eq!(e["param"], "reasoning_format", "{e}");
 }
+
+/// Ollama's `think: true` on `/api/chat`: the thoughts come in `message.thinking` (whole and
+/// streamed). The forced-open template makes the whole unforced greedy answer (which never
+/// closes `</think>`) thoughts: `thinking` is the `think: false` answer, trimmed.
+#[test]
+fn ollama_think_gives_thinking() {
+    let s = server();
+    let ask = |think: bool, stream: bool| {
+        let b = json!({"model": "x", "messages": [{"role": "user", "content": "2+2?"}],
+                       "think": think, "stream": stream,
+                       "options": {"temperature": 0, "num_predict": 12}});
+        let a = s.request("POST", "/api/chat", &[], &b.to_string());
+        assert_eq!(a.status, 200, "{}", a.text());
+        a.text()
+    };
+    let plain: Value = serde_json::from_str(&ask(false, false)).unwrap();
+    let raw = plain["message"]["content"].as_str().unwrap().to_string();
+    assert!(plain["message"].get("thinking").is_none(), "{plain}");
+    assert!(
+        !raw.trim().is_empty() && !raw.contains("</think>"),
+        "{raw:?}"
+    );
+
+    let whole: Value = serde_json::from_str(&ask(true, false)).unwrap();
+    assert_eq!(whole["message"]["thinking"], raw.trim(), "{whole}");
+    assert_eq!(whole["message"]["content"], "", "{whole}");
+
+    let (mut thinking, mut content) = (String::new(), String::new());
+    // (Read raw: chunk-size lines are skipped.)
+    for line in ask(true, true).lines().filter(|l| l.starts_with('{')) {
+        let v: Value = serde_json::from_str(line).unwrap();
+        thinking += v["message"]["thinking"].as_str().unwrap_or("");
+        content += v["message"]["content"].as_str().unwrap_or("");
+    }
+    assert_eq!((thinking.as_str(), content.as_str()), (raw.trim(), ""));
+
+    // `/api/generate` does not separate thoughts: refused by name.
+    let b = json!({"model": "x", "prompt": "hi", "think": true, "stream": false});
+    let a = s.request("POST", "/api/generate", &[], &b.to_string());
+    assert_eq!(a.status, 400, "{}", a.text());
+    assert!(a.text().contains("think"), "{}", a.text());
+}

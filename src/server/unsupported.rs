@@ -314,13 +314,15 @@ pub(super) const OLLAMA_OPTIONS: &[Field] = &[
     },
 ];
 
+/// `/api/generate`'s `think` (`/api/chat` separates the model's thoughts).
+pub(super) const OLLAMA_RAW_THINK: &[Field] = &[Field {
+    name: "think",
+    off: is_false,
+    why: "/api/generate does not separate the model's thoughts (/api/chat does)",
+}];
+
 /// Ollama's `/api/chat` and `/api/generate` fields beyond what kiln does.
 pub(super) const OLLAMA_GENERATE: &[Field] = &[
-    Field {
-        name: "think",
-        off: is_false,
-        why: "the model's chat template decides whether it thinks, and its thoughts are not separated",
-    },
     Field {
         name: "logprobs",
         off: is_false,
