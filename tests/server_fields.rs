@@ -79,7 +79,7 @@ fn unimplemented_fields_are_refused_by_name() {
         ("/completion", &native, "n_cmpl", json!(2)),
         ("/completions", &native, "top_n_sigma", json!(1.0)),
         ("/api/chat", &ollama, "options.mirostat", json!(1)),
-        ("/api/chat", &ollama, "think", json!(true)),
+        ("/api/generate", &generate, "think", json!(true)),
         ("/api/generate", &generate, "options.tfs_z", json!(0.9)),
         ("/api/generate", &generate, "logprobs", json!(true)),
         (

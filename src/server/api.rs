@@ -108,11 +108,15 @@ pub struct ChatRequest {
     /// Log-probabilities of the answer's tokens, and how many alternatives per token.
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
+    /// llama-server's `reasoning_format`: whether the model's reasoning is separated from its
+    /// answer (`reasoning_content`).
+    pub reasoning: bool,
     pub params: GenParams,
 }
 
 #[derive(Deserialize)]
 struct ChatFields {
+    reasoning_format: Option<String>,
     messages: Vec<Message>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
@@ -168,8 +172,24 @@ impl Body for ChatRequest {
             parallel_tool_calls: f.parallel_tool_calls,
             logprobs: f.logprobs,
             top_logprobs: f.top_logprobs,
+            reasoning: reasoning_format(f.reasoning_format.as_deref())?,
             params: typed(v)?,
         })
+    }
+}
+
+/// llama-server's `reasoning_format`: `"deepseek"` and `"auto"` separate the reasoning,
+/// `"none"` (kiln's default) leaves it in the content.
+fn reasoning_format(v: Option<&str>) -> Result<bool, ApiError> {
+    match v {
+        None | Some("none") => Ok(false),
+        Some("deepseek" | "auto") => Ok(true),
+        Some(other) => Err(ApiError::invalid_param(
+            "reasoning_format",
+            format!(
+                "reasoning_format = {other:?} is not supported: send \"none\", \"auto\" or \"deepseek\""
+            ),
+        )),
     }
 }
 

@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Head, PromptField};
 use super::bias::Dialect;
 use super::error::ApiError;
-use super::respond::Job;
+use super::respond::{self, Job};
 use super::structured::Structured;
 use super::{tools, unix_now, AppState};
 use crate::tokenizer::toolcall::template::ToolSupport;
@@ -99,6 +99,9 @@ pub(super) fn chat_job(
         return Err(ApiError::bad_request(e.to_string()));
     }
     let (tools, plan, prompt) = chat_prompt(st, req)?;
+    let reasoning = req
+        .reasoning
+        .then(|| respond::reasoning_splitter(&st.tokenizer, &prompt));
     let mut gen = req.params.validate(prompt.len(), st.opts.n_ctx)?;
     gen.sampler.logit_bias = logit_bias(st, &req.params)?;
     gen.n = req.params.choices(st.opts.n_slots)?;
@@ -128,6 +131,7 @@ pub(super) fn chat_job(
         gen,
         constraint,
         tools: plan.format,
+        reasoning,
     };
     Ok((job, tools))
 }
@@ -237,6 +241,7 @@ pub(super) fn completion_job(
         constraint: gen.structured.take(),
         gen,
         tools: None,
+        reasoning: None,
     })
 }
 

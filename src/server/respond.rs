@@ -22,7 +22,7 @@ use crate::engine::logprobs::TokenLogprobs;
 use crate::engine::scheduler::{FinishReason, Finished, Fork, SeqRequest, SeqSink, Usage};
 use crate::sampler::Rng;
 use crate::tokenizer::toolcall::{ToolCallParser, ToolEvent, ToolFormat};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{thinking_forced_open, ReasoningSplitter, ReasoningStyle, Split, Tokenizer};
 
 /// A request ready to run.
 pub struct Job {
@@ -33,6 +33,18 @@ pub struct Job {
     pub constraint: Option<Structured>,
     /// Parse each answer for tool calls in this format.
     pub tools: Option<ToolFormat>,
+    /// Separate each answer's reasoning from its content ([`reasoning_splitter`]).
+    pub reasoning: Option<ReasoningSplitter>,
+}
+
+/// The splitter of a chat answer's reasoning: its style from the model's chat template, open
+/// from the start where the rendered `prompt` leaves `<think>` open.
+pub(super) fn reasoning_splitter(tok: &Tokenizer, prompt: &[u32]) -> ReasoningSplitter {
+    let style = tok
+        .chat_template()
+        .map_or(ReasoningStyle::None, ReasoningStyle::from_template);
+    let tail = tok.decode(&prompt[prompt.len().saturating_sub(8)..]);
+    ReasoningSplitter::new(style, thinking_forced_open(style, &tail))
 }
 
 /// What a choice's sink sends.
@@ -115,7 +127,8 @@ pub(super) async fn run(st: &AppState, mut job: Job) -> Result<Response, ApiErro
         job.gen.n.max(1),
         job.tools,
         Arc::clone(&st.tokenizer),
-    );
+    )
+    .with_reasoning(job.reasoning.take());
     if job.gen.stream {
         let include_usage = job.gen.include_usage;
         return Ok(stream(job.head, answers, rx, include_usage).into_response());
@@ -203,6 +216,8 @@ pub struct Answers {
 struct Answer {
     /// The answer's text (without tools: its content).
     text: String,
+    /// Separates the answer's reasoning (before the tool-call parser).
+    splitter: Option<ReasoningSplitter>,
     parser: Option<ToolCallParser>,
     /// Ids of the calls begun.
     ids: Vec<String>,
@@ -223,6 +238,7 @@ impl Answers {
             choices: (0..n)
                 .map(|_| Answer {
                     text: String::new(),
+                    splitter: None,
                     parser: tools.map(ToolCallParser::new),
                     ids: Vec::new(),
                     logprobs: Logprobs::default(),
@@ -232,6 +248,27 @@ impl Answers {
             rng: Rng::new(seed),
             failed: false,
         }
+    }
+
+    /// Separate every choice's reasoning with `splitter` (a fresh one each).
+    pub(super) fn with_reasoning(mut self, splitter: Option<ReasoningSplitter>) -> Answers {
+        for c in &mut self.choices {
+            c.splitter = splitter.clone();
+        }
+        self
+    }
+
+    /// Choice `i`'s next `text` (or, `None`, its end) split into reasoning and content
+    /// (all content where its reasoning is not separated).
+    fn split(&mut self, i: usize, text: Option<&str>) -> Split {
+        let mut out = Split::default();
+        match (self.choices[i].splitter.as_mut(), text) {
+            (Some(s), Some(t)) => s.push(t, &mut out),
+            (Some(s), None) => s.finish(&mut out),
+            (None, Some(t)) => out.content.push_str(t),
+            (None, None) => {}
+        }
+        out
     }
 
     fn all_done(&self) -> bool {
@@ -302,18 +339,30 @@ impl Answers {
     /// Choice `i`'s pieces for the next `text` of its answer, or (`None`) for its end, what
     /// its tool-call parser held back: content, and calls as OpenAI streams them (a call's
     /// start with its `id` and name, then pieces of its arguments' text).
+    ///
+    /// Where the answer's reasoning is separated, its reasoning comes first as
+    /// [`Delta::Reasoning`].
     pub(super) fn pieces(&mut self, i: usize, text: Option<&str>) -> Vec<Delta> {
+        let split = self.split(i, text);
+        let mut out = Vec::new();
+        if !split.reasoning.is_empty() {
+            out.push(Delta::Reasoning(split.reasoning));
+        }
         let Some(p) = self.choices[i].parser.as_mut() else {
-            return text
-                .map(|t| vec![Delta::Content(t.to_owned())])
-                .unwrap_or_default();
+            if !split.content.is_empty() {
+                out.push(Delta::Content(split.content));
+            }
+            return out;
         };
         let mut events = Vec::new();
-        match text {
-            Some(t) => p.push(t, &mut events),
-            None => p.finish(&mut events),
+        if !split.content.is_empty() {
+            p.push(&split.content, &mut events);
         }
-        self.tool_deltas(i, events)
+        if text.is_none() {
+            p.finish(&mut events);
+        }
+        out.extend(self.tool_deltas(i, events));
+        out
     }
 
     /// Whether choice `i`'s answer called a tool.
@@ -339,7 +388,7 @@ impl Answers {
     /// The whole choice `i` (non-streaming): OpenAI's choice object, a chat answer's message
     /// with its tool calls parsed out.
     pub fn complete(&mut self, i: usize) -> Value {
-        let text = std::mem::take(&mut self.choices[i].text);
+        let mut text = std::mem::take(&mut self.choices[i].text);
         let chat = self.chat;
         let logprobs = if self.choices[i].logprobs.is_empty() {
             Value::Null
@@ -350,7 +399,19 @@ impl Answers {
             return json!({"index": i, "text": text, "logprobs": logprobs,
                           "finish_reason": self.reason(i)});
         }
+        let mut reasoning = None;
+        if self.choices[i].splitter.is_some() {
+            let mut split = self.split(i, Some(&text));
+            let end = self.split(i, None);
+            split.reasoning.push_str(&end.reasoning);
+            split.content.push_str(&end.content);
+            text = split.content;
+            reasoning = Some(split.reasoning).filter(|r| !r.is_empty());
+        }
         let mut message = json!({"role": "assistant", "content": text});
+        if let Some(r) = reasoning {
+            message["reasoning_content"] = json!(r);
+        }
         if let Some(mut p) = self.choices[i].parser.take() {
             let mut events = Vec::new();
             p.push(&text, &mut events);
@@ -359,7 +420,8 @@ impl Answers {
             let mut calls: Vec<Value> = Vec::new();
             for d in self.tool_deltas(i, events) {
                 match d {
-                    Delta::Content(c) => content.push_str(&c),
+                    // (The tool-call parser gives no reasoning: it was split off above.)
+                    Delta::Content(c) | Delta::Reasoning(c) => content.push_str(&c),
                     Delta::Call(c) => match c.get("id") {
                         Some(_) => calls.push(c),
                         None => {
@@ -401,6 +463,8 @@ impl Answers {
 /// A piece of a streamed chat answer.
 pub(super) enum Delta {
     Content(String),
+    /// Reasoning, where it is separated.
+    Reasoning(String),
     /// One `delta.tool_calls` entry.
     Call(Value),
 }
@@ -526,15 +590,7 @@ impl Answers {
                     let c = json!({"index": i, "text": t, "logprobs": lp, "finish_reason": null});
                     chunks.push(head.chunk(vec![c], None));
                 } else {
-                    let deltas = match self.choices[i].parser.as_mut() {
-                        Some(p) => {
-                            let mut events = Vec::new();
-                            p.push(&t, &mut events);
-                            self.tool_deltas(i, events)
-                        }
-                        None => vec![Delta::Content(t)],
-                    };
-                    for d in deltas {
+                    for d in self.pieces(i, Some(&t)) {
                         chunks.push(self.delta_chunk(head, i, d));
                     }
                 }
@@ -549,10 +605,8 @@ impl Answers {
                     return vec![ApiError::bad_request(e.clone()).body()];
                 }
                 self.choices[i].done = Some(f);
-                if let Some(mut p) = self.choices[i].parser.take() {
-                    let mut events = Vec::new();
-                    p.finish(&mut events);
-                    for d in self.tool_deltas(i, events) {
+                if chat {
+                    for d in self.pieces(i, None) {
                         chunks.push(self.delta_chunk(head, i, d));
                     }
                 }
@@ -591,6 +645,7 @@ impl Answers {
     fn delta_chunk(&mut self, head: &Head, i: usize, d: Delta) -> Value {
         let delta = match d {
             Delta::Content(t) => json!({"content": t}),
+            Delta::Reasoning(t) => json!({"reasoning_content": t}),
             Delta::Call(c) => json!({"tool_calls": [c]}),
         };
         let lp = self.take_logprobs(i);

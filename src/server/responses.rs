@@ -507,6 +507,8 @@ impl Items {
 
     fn piece(&mut self, d: Delta, out: &mut Vec<Step>) {
         match d {
+            // This route does not separate reasoning (its jobs have no splitter).
+            Delta::Reasoning(t) => self.piece(Delta::Content(t), out),
             Delta::Content(t) if self.open == Some(true) => out.push(Step::More(t)),
             Delta::Content(t) if t.trim().is_empty() => self.space.push_str(&t),
             Delta::Content(t) => {

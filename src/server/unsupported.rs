@@ -236,11 +236,6 @@ pub(super) const OPENAI_CHAT: &[Field] = &[
         why: "the chat template is rendered with the request's messages and tools only",
     },
     Field {
-        name: "reasoning_format",
-        off: |v| v == "none",
-        why: "the model's reasoning stays in the answer's content (send \"none\")",
-    },
-    Field {
         name: "reasoning_budget_tokens",
         off: |v| num(v).is_some_and(|x| x < 0.0),
         why: "the model's reasoning is not budgeted (send -1)",
@@ -319,13 +314,15 @@ pub(super) const OLLAMA_OPTIONS: &[Field] = &[
     },
 ];
 
+/// `/api/generate`'s `think` (`/api/chat` separates the model's thoughts).
+pub(super) const OLLAMA_RAW_THINK: &[Field] = &[Field {
+    name: "think",
+    off: is_false,
+    why: "/api/generate does not separate the model's thoughts (/api/chat does)",
+}];
+
 /// Ollama's `/api/chat` and `/api/generate` fields beyond what kiln does.
 pub(super) const OLLAMA_GENERATE: &[Field] = &[
-    Field {
-        name: "think",
-        off: is_false,
-        why: "the model's chat template decides whether it thinks, and its thoughts are not separated",
-    },
     Field {
         name: "logprobs",
         off: is_false,
@@ -421,7 +418,7 @@ mod tests {
         .unwrap();
         check(
             &json!({"modalities": ["text"], "function_call": "auto", "functions": [], "audio": null,
-            "reasoning_format": "none", "reasoning_budget_tokens": -1}),
+            "reasoning_budget_tokens": -1}),
             "",
             OPENAI_CHAT,
         )
@@ -431,7 +428,6 @@ mod tests {
             ("functions", json!([{"name": "f"}])),
             ("function_call", json!({"name": "f"})),
             ("reasoning_effort", json!("low")),
-            ("reasoning_format", json!("deepseek")),
             ("reasoning_budget_tokens", json!(0)),
             ("chat_template_kwargs", json!({"enable_thinking": false})),
         ] {

@@ -25,6 +25,7 @@ mod chat;
 mod config;
 mod fim;
 mod pretokenize;
+mod reasoning;
 mod special;
 mod spm;
 mod stream;
@@ -45,6 +46,7 @@ use wordpiece::{WpmModel, WpmOptions, WpmScratch};
 pub use chat::{builtin_chat_template, render_chat, render_chat_tools, ChatMessage};
 pub use config::config_from_gguf;
 pub use fim::{ExtraChunk, FimTokens, InfillBudget, InfillParts, NoFimTokens};
+pub use reasoning::{thinking_forced_open, ReasoningSplitter, ReasoningStyle, Split};
 pub use stream::StreamDecoder;
 pub use vocab::attr;
 

@@ -106,6 +106,8 @@ impl Blocks {
                 out.push(Step::Text);
                 out.push(Step::More(std::mem::take(&mut self.space) + &t));
             }
+            // This route does not separate reasoning (its answers have no splitter).
+            Delta::Reasoning(t) => self.piece(Delta::Content(t), out),
             Delta::Call(c) => {
                 let f = &c["function"];
                 if let Some(id) = c.get("id").and_then(Value::as_str) {

@@ -16,6 +16,7 @@ use crate::engine::scheduler::{FinishReason, Usage};
 use crate::server::error::ApiError;
 use crate::server::respond::{self, Answers, Ev, Job, Pump};
 use crate::server::AppState;
+use crate::tokenizer::{ReasoningSplitter, Split};
 
 /// Nanoseconds, as Ollama counts durations.
 pub(super) fn nanos(d: Duration) -> u64 {
@@ -62,6 +63,8 @@ pub(super) struct Lines {
     first: Option<Instant>,
     /// With tools: the answer, gathered whole and parsed for calls at the end.
     answers: Option<Answers>,
+    /// Without tools, where thoughts are separated (`think`): the splitter of the answer.
+    splitter: Option<ReasoningSplitter>,
 }
 
 impl Lines {
@@ -88,6 +91,15 @@ impl Lines {
                 self.line(json!({"message": m, "done": false}))
             }
         }
+    }
+
+    /// A piece of a chat answer split into its thoughts (`thinking`) and content.
+    fn split(&self, s: Split) -> Value {
+        let mut v = self.text(&s.content, None);
+        if !s.reasoning.is_empty() {
+            v["message"]["thinking"] = json!(s.reasoning);
+        }
+        v
     }
 
     /// The last line: the reason and the counts and durations.
@@ -121,7 +133,15 @@ impl Lines {
                         a.push_text(0, &t);
                         (vec![], false)
                     }
-                    None => (vec![self.text(&t, None)], false),
+                    None => match self.splitter.as_mut() {
+                        Some(sp) => {
+                            let mut s = Split::default();
+                            sp.push(&t, &mut s);
+                            let out = (!s.is_empty()).then(|| self.split(s));
+                            (out.into_iter().collect(), false)
+                        }
+                        None => (vec![self.text(&t, None)], false),
+                    },
                 }
             }
             Ev::Done(f) => {
@@ -132,6 +152,13 @@ impl Lines {
                 if let Some(mut a) = self.answers.take() {
                     let raw = a.text(0).to_owned();
                     out.push(ollama_message(&self.line(json!({})), a.complete(0), &raw));
+                }
+                if let Some(mut sp) = self.splitter.take() {
+                    let mut s = Split::default();
+                    sp.finish(&mut s);
+                    if !s.is_empty() {
+                        out.push(self.split(s));
+                    }
                 }
                 out.push(self.done(&f.reason, &f.usage));
                 (out, true)
@@ -150,6 +177,7 @@ pub(super) fn loaded(kind: Kind, model: String, start: Instant, reason: &str) ->
         start,
         first: None,
         answers: None,
+        splitter: None,
     };
     let mut v = lines.done(&FinishReason::Stop, &Usage::default());
     v["done_reason"] = json!(reason);
@@ -165,6 +193,9 @@ fn ollama_message(head: &Value, choice: Value, raw: &str) -> Value {
         "role": "assistant",
         "content": m["content"].as_str().unwrap_or(""),
     });
+    if let Some(r) = m["reasoning_content"].as_str() {
+        msg["thinking"] = json!(r);
+    }
     if let Some(calls) = m["tool_calls"].as_array() {
         let calls: Option<Vec<Value>> = calls
             .iter()
@@ -197,16 +228,19 @@ pub(super) async fn answer(
 ) -> Answer {
     let mut job = job;
     let rx = respond::queue(st, &mut job).await?;
+    let reasoning = job.reasoning.take();
     let answers = job.tools.map(|t| {
         let tok = Arc::clone(&st.tokenizer);
-        Answers::new(&job.head, 1, Some(t), tok)
+        Answers::new(&job.head, 1, Some(t), tok).with_reasoning(reasoning.clone())
     });
+    let splitter = reasoning.filter(|_| answers.is_none());
     let lines = Lines {
         kind,
         model: job.head.model.clone(),
         start,
         first: None,
         answers,
+        splitter,
     };
     match stream {
         true => Ok(ndjson(lines, rx)),
@@ -217,6 +251,7 @@ pub(super) async fn answer(
 /// The answer as one object: the lines folded together.
 async fn whole(mut lines: Lines, mut rx: mpsc::UnboundedReceiver<(usize, Ev)>) -> Answer {
     let mut text = String::new();
+    let mut thinking = String::new();
     let mut calls = None;
     while let Some((_, ev)) = rx.recv().await {
         if matches!(ev, Ev::Cut) {
@@ -237,6 +272,7 @@ async fn whole(mut lines: Lines, mut rx: mpsc::UnboundedReceiver<(usize, Ev)>) -
                 "response"
             };
             text.push_str(piece[key].as_str().unwrap_or(""));
+            thinking.push_str(piece["thinking"].as_str().unwrap_or(""));
             if let Some(c) = piece.get("tool_calls") {
                 calls = Some(c.clone());
             }
@@ -245,6 +281,9 @@ async fn whole(mut lines: Lines, mut rx: mpsc::UnboundedReceiver<(usize, Ev)>) -
                 match lines.kind {
                     Kind::Chat => {
                         v["message"]["content"] = json!(text);
+                        if !thinking.is_empty() {
+                            v["message"]["thinking"] = json!(thinking);
+                        }
                         if let Some(c) = calls.take() {
                             v["message"]["tool_calls"] = c;
                         }

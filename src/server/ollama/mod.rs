@@ -149,6 +149,8 @@ struct ChatFields {
     #[serde(default, deserialize_with = "null_default")]
     messages: Vec<OllamaMessage>,
     tools: Option<Value>,
+    /// Separate the model's thoughts (`message.thinking`).
+    think: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -320,11 +322,13 @@ async fn read_request<T: serde::de::DeserializeOwned>(
     st: &AppState,
     headers: &HeaderMap,
     body: Body,
+    route_fields: &[unsupported::Field],
 ) -> Result<(Common, T, String), ApiError> {
     let v = api::object(&read_body(st, headers, body).await?)?;
     let common: Common = api::typed(&v)?;
     let fields: T = api::typed(&v)?;
     unsupported::check(&v, "", unsupported::OLLAMA_GENERATE)?;
+    unsupported::check(&v, "", route_fields)?;
     if let Some(o) = v.get("options") {
         unsupported::check(o, "options.", unsupported::OLLAMA_OPTIONS)?;
     }
@@ -336,7 +340,7 @@ async fn read_request<T: serde::de::DeserializeOwned>(
 
 async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let start = Instant::now();
-    let (common, fields, model) = read_request::<ChatFields>(&st, &headers, body).await?;
+    let (common, fields, model) = read_request::<ChatFields>(&st, &headers, body, &[]).await?;
     let stream = common.stream.unwrap_or(true);
     if fields.messages.is_empty() {
         // (Ollama loads the model and says so.)
@@ -350,6 +354,9 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     if let Some(t) = fields.tools.filter(some) {
         req.insert("tools".into(), t);
     }
+    if fields.think == Some(true) {
+        req.insert("reasoning_format".into(), json!("deepseek"));
+    }
     let req = ChatRequest::from_json(&Value::Object(req))?;
     let (mut job, tools) = chat_job(&st, &req, model).map_err(ollama_names)?;
     apply_options(&mut job, &common.options, st.opts.n_ctx)?;
@@ -361,7 +368,8 @@ async fn chat(State(st): St, headers: HeaderMap, body: Body) -> Answer {
 
 async fn generate(State(st): St, headers: HeaderMap, body: Body) -> Answer {
     let start = Instant::now();
-    let (common, fields, model) = read_request::<GenerateFields>(&st, &headers, body).await?;
+    let (common, fields, model) =
+        read_request::<GenerateFields>(&st, &headers, body, unsupported::OLLAMA_RAW_THINK).await?;
     if fields.context.as_ref().is_some_and(|c| !c.is_empty()) {
         return Err(ApiError::invalid_param(
             "context",
