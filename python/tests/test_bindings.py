@@ -16,6 +16,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 import _thread
@@ -454,12 +455,19 @@ def test_closed_model_raises():
         m.create_completion("x")
 
 
-def test_known_name_resolves_in_the_models_directory(tmp_path, monkeypatch):
+def test_known_name_resolves_in_the_models_directory(tmp_path):
+    # kiln reads KILN_MODELS once per process (src/tuning.rs), so a fresh interpreter.
     shutil.copy(MODEL, tmp_path / "tiny-fixture.gguf")
-    monkeypatch.setenv("KILN_MODELS", str(tmp_path))
-    m = kiln.Llama(model_path="tiny-fixture", n_ctx=64, verbose=False)
-    assert os.path.samefile(m.model_path, tmp_path / "tiny-fixture.gguf")
-    m.close()
+    code = (
+        "import kiln, sys; "
+        "m = kiln.Llama(model_path='tiny-fixture', n_ctx=64, verbose=False); "
+        "print(m.model_path); m.close()"
+    )
+    env = dict(os.environ, KILN_MODELS=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert os.path.samefile(out.stdout.strip(), tmp_path / "tiny-fixture.gguf"), out.stderr
 
 
 # -- the GIL and Ctrl-C ----------------------------------------------------------------------
