@@ -6,22 +6,13 @@
 //! (`attn_logit_softcapping`, 50 by default), and so are the output logits
 //! (`final_logit_softcapping`, 30 by default), as the reference's graph does.
 
-use super::config::{Activation, RopeKind};
-use super::config::{ArchTraits, ModelConfig, NormKind};
+use super::config::{ArchTraits, ModelConfig};
 use super::ModelError;
 use crate::gguf::{GgufFile, Value};
 
 pub const TRAITS: ArchTraits = ArchTraits {
-    norm: NormKind::Rms,
-    act: Activation::GeluTanh,
-    gated_ffn: true,
-    rope: Some(RopeKind::Neox),
-    fused_qkv: false,
-    fused_gate_up: false,
-    longrope: false,
     qk_norm: false,
-    post_norms: true,
-    scale_embeddings: true,
+    ..super::gemma3::TRAITS
 };
 
 /// The reference's defaults when the file does not say.

@@ -4,21 +4,14 @@
 //! global. llama.cpp's converter stores Gemma's norm weights with the `+1` already added, so
 //! they are ordinary RMSNorm weights here.
 
-use super::config::{Activation, RopeKind};
-use super::config::{ArchTraits, ModelConfig, NormKind};
+use super::config::{Activation, ArchTraits, ModelConfig};
 use crate::gguf::{GgufError, GgufFile};
 
 pub const TRAITS: ArchTraits = ArchTraits {
-    norm: NormKind::Rms,
     act: Activation::GeluTanh,
-    gated_ffn: true,
-    rope: Some(RopeKind::Neox),
-    fused_qkv: false,
-    fused_gate_up: false,
-    longrope: false,
-    qk_norm: true,
     post_norms: true,
     scale_embeddings: true,
+    ..super::qwen3::TRAITS
 };
 
 /// Gemma-3's local layers: five sliding-window layers, then one global.

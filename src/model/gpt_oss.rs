@@ -6,22 +6,11 @@
 //! their softmax over the chosen router logits ([`super::moe::Gating::SoftmaxWeight`]). Its
 //! FFN's input norm is stored as `post_attention_norm`.
 
-use super::config::{Activation, ArchTraits, ModelConfig, NormKind, RopeKind};
+use super::config::{ArchTraits, ModelConfig};
 use super::ModelError;
 use crate::gguf::{GgufFile, Value};
 
-pub const TRAITS: ArchTraits = ArchTraits {
-    norm: NormKind::Rms,
-    act: Activation::Silu,
-    gated_ffn: true,
-    rope: Some(RopeKind::Neox),
-    fused_qkv: false,
-    fused_gate_up: false,
-    longrope: false,
-    qk_norm: false,
-    post_norms: false,
-    scale_embeddings: false,
-};
+pub const TRAITS: ArchTraits = super::qwen2::TRAITS;
 
 /// Local layers: every `pattern`-th layer is full, the others slide (llama.cpp's
 /// `set_swa_pattern(2)`: layer `i` is local when `i % pattern < pattern - 1`).

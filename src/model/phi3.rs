@@ -10,20 +10,13 @@
 //! context (the trained one); kiln picks them the same way, once, at load. As in the
 //! reference, `attention.sliding_window` is not used (llama.cpp disables Phi's SWA).
 
-use super::config::{Activation, RopeKind};
-use super::config::{ArchTraits, ModelConfig, NormKind};
+use super::config::{ArchTraits, ModelConfig};
 
 pub const TRAITS: ArchTraits = ArchTraits {
-    norm: NormKind::Rms,
-    act: Activation::Silu,
-    gated_ffn: true,
-    rope: Some(RopeKind::Neox),
     fused_qkv: true,
     fused_gate_up: true,
     longrope: true,
-    qk_norm: false,
-    post_norms: false,
-    scale_embeddings: false,
+    ..super::qwen2::TRAITS
 };
 
 /// The reference scales the queries (`ggml_scale(Qcur, 1/sqrt(head_dim))`), then attends with
