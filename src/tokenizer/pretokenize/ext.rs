@@ -196,7 +196,7 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
         }
 
         // <space>?[^\s\p{L}\p{M}\p{N}]+[\r\n]*
-        let mut flags2 = if cpt == SPACE {
+        let flags2 = if cpt == SPACE {
             w.flags(pos + 1)
         } else {
             flags
@@ -205,16 +205,8 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
             !(f.is_whitespace() || f.is_letter() || mark(f) || f.is_number()) && f.any()
         };
         if other(flags2) && flags.any() {
-            pos += (cpt == SPACE) as usize;
-            while other(flags2) {
-                pos += 1;
-                flags2 = w.flags(pos);
-            }
-            let mut c2 = w.cpt(pos);
-            while c2 == CR || c2 == LF {
-                pos += 1;
-                c2 = w.cpt(pos);
-            }
+            pos = w.space_then_run(pos, cpt, other);
+            pos = w.line_breaks(pos);
             em.add(pos);
             continue;
         }

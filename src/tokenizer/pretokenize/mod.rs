@@ -372,6 +372,24 @@ impl Window<'_> {
         0
     }
 
+    /// `<space>?X+` at `pos`, `X` the codepoints whose flags satisfy `class`, the space taken
+    /// when `cpt` (the codepoint at `pos`) is one: the end of the run.
+    pub fn space_then_run(&self, pos: usize, cpt: u32, class: impl Fn(CptFlags) -> bool) -> usize {
+        let mut p = pos + (cpt == SPACE) as usize;
+        while class(self.flags(p)) {
+            p += 1;
+        }
+        p
+    }
+
+    /// `[\r\n]*` at `pos`: the end of the run of line breaks.
+    pub fn line_breaks(&self, mut pos: usize) -> usize {
+        while matches!(self.cpt(pos), CR | LF) {
+            pos += 1;
+        }
+        pos
+    }
+
     /// The scanners' last alternatives at `pos`: `\s*[\r\n]+` (with `newlines`), then
     /// `\s+(?!\S)`, then `\s+`, else a lone codepoint. The end of the match.
     pub fn whitespace_tail(&self, pos: usize, newlines: bool) -> usize {
@@ -412,39 +430,27 @@ fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
             continue;
         }
 
-        let mut flags2 = if cpt == SPACE {
+        let flags2 = if cpt == SPACE {
             w.flags(pos + 1)
         } else {
             flags
         };
         // <space>?\p{L}+
         if flags2.is_letter() {
-            pos += (cpt == SPACE) as usize;
-            while flags2.is_letter() {
-                pos += 1;
-                flags2 = w.flags(pos);
-            }
+            pos = w.space_then_run(pos, cpt, |f| f.is_letter());
             em.add(pos);
             continue;
         }
         // <space>?\p{N}+
         if flags2.is_number() {
-            pos += (cpt == SPACE) as usize;
-            while flags2.is_number() {
-                pos += 1;
-                flags2 = w.flags(pos);
-            }
+            pos = w.space_then_run(pos, cpt, |f| f.is_number());
             em.add(pos);
             continue;
         }
         // <space>?[^\s\p{L}\p{N}]+
         let other = |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.any();
         if other(flags2) {
-            pos += (cpt == SPACE) as usize;
-            while other(flags2) {
-                pos += 1;
-                flags2 = w.flags(pos);
-            }
+            pos = w.space_then_run(pos, cpt, other);
             em.add(pos);
             continue;
         }
@@ -513,23 +519,15 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
 
         // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (note: the reference tests `flags`, not `flags2`,
         // for "any flag" on entry)
-        let mut flags2 = if cpt == SPACE {
+        let flags2 = if cpt == SPACE {
             w.flags(pos + 1)
         } else {
             flags
         };
         let other = |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number());
         if other(flags2) && flags.any() {
-            pos += (cpt == SPACE) as usize;
-            while other(flags2) && flags2.any() {
-                pos += 1;
-                flags2 = w.flags(pos);
-            }
-            let mut c2 = w.cpt(pos);
-            while c2 == CR || c2 == LF {
-                pos += 1;
-                c2 = w.cpt(pos);
-            }
+            pos = w.space_then_run(pos, cpt, |f| other(f) && f.any());
+            pos = w.line_breaks(pos);
             em.add(pos);
             continue;
         }
