@@ -10,7 +10,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::*;
-use super::reference::{check_lengths, nearest_int, BlockFormat, DotAcc, Quantize};
+use super::reference::{check_lengths, idot32, nearest_int, BlockFormat, DotAcc, Quantize};
 use super::types::GgmlType;
 
 /// ggml's `GROUP_MAX_EPS`: a block whose largest magnitude is below it is all zero.
@@ -19,11 +19,27 @@ const GROUP_MAX_EPS: f32 = 1e-15;
 /// Trial scales each side of the first guess (`ntry` of `quantize_iq4_nl` / `_xs`).
 const NTRY: i32 = 7;
 
-/// Grid value of the nibble of element `j` (0..32) of a 16-byte block of nibbles.
+/// The `grid` value of the nibble of element `j` (0..32) of a 16-byte block of nibbles laid
+/// out as Q4_0's (IQ4_NL's and IQ4_XS's grid, MXFP4's).
+#[inline]
+pub(super) fn grid_value(grid: &[i8; 16], qs: &[u8], j: usize) -> i32 {
+    let q = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
+    grid[q as usize] as i32
+}
+
+/// IQ4_NL's grid value of element `j` ([`grid_value`]).
 #[inline]
 pub(super) fn iq4_value(qs: &[u8], j: usize) -> i32 {
-    let q = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
-    KVALUES_IQ4NL[q as usize] as i32
+    grid_value(&KVALUES_IQ4NL, qs, j)
+}
+
+/// 32 elements `d · grid[q]` from a 16-byte block of nibbles laid out as Q4_0's.
+#[inline]
+pub(super) fn dequantize_grid(grid: &[i8; 16], qs: &[u8], d: f32, y: &mut [f32]) {
+    for j in 0..16 {
+        y[j] = d * grid[(qs[j] & 0xF) as usize] as f32;
+        y[j + 16] = d * grid[(qs[j] >> 4) as usize] as f32;
+    }
 }
 
 /// ggml's `best_index_int8`: the index of the grid value nearest `x` (the upper one on a tie).
@@ -118,22 +134,13 @@ impl BlockFormat for BlockIq4Nl {
     fn dequantize(blocks: &[Self], out: &mut [f32]) {
         check_lengths(blocks.len(), QK, out.len());
         for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-            let d = b.d.to_f32();
-            for j in 0..16 {
-                y[j] = d * KVALUES_IQ4NL[(b.qs[j] & 0xF) as usize] as f32;
-                y[j + 16] = d * KVALUES_IQ4NL[(b.qs[j] >> 4) as usize] as f32;
-            }
+            dequantize_grid(&KVALUES_IQ4NL, &b.qs, b.d.to_f32(), y);
         }
     }
     fn vec_dot_acc(w: &[Self], x: &[BlockQ8_0], acc: &mut DotAcc) {
         assert_eq!(w.len(), x.len());
         for (b, y) in w.iter().zip(x) {
-            let (mut s, mut m) = (0i32, 0i32);
-            for (j, &yj) in y.qs.iter().enumerate() {
-                let p = iq4_value(&b.qs, j) * yj as i32;
-                s += p;
-                m += p.abs();
-            }
+            let (s, m) = idot32(|j| iq4_value(&b.qs, j), &y.qs);
             let d = (b.d.to_f32() * y.d.to_f32()) as f64;
             acc.add(d * s as f64, d.abs() * m as f64);
         }
@@ -150,11 +157,7 @@ impl BlockFormat for BlockIq4Xs {
             let d = b.d.to_f32();
             for (ib, ys) in y.chunks_exact_mut(32).enumerate() {
                 let dl = d * b.scale(ib) as f32;
-                let qs = &b.qs[16 * ib..16 * ib + 16];
-                for j in 0..16 {
-                    ys[j] = dl * KVALUES_IQ4NL[(qs[j] & 0xF) as usize] as f32;
-                    ys[j + 16] = dl * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
-                }
+                dequantize_grid(&KVALUES_IQ4NL, &b.qs[16 * ib..16 * ib + 16], dl, ys);
             }
         }
     }

@@ -9,14 +9,14 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::*;
-use super::reference::{check_lengths, BlockFormat, DotAcc, Quantize};
+use super::iquant::{dequantize_grid, grid_value};
+use super::reference::{check_lengths, idot32, BlockFormat, DotAcc, Quantize};
 use super::types::GgmlType;
 
 /// The grid value of the nibble of element `j` (0..32) of a block's 16 bytes of indices.
 #[inline]
 pub(super) fn mxfp4_value(qs: &[u8], j: usize) -> i32 {
-    let q = if j < 16 { qs[j] & 0xF } else { qs[j - 16] >> 4 };
-    KVALUES_MXFP4[q as usize] as i32
+    grid_value(&KVALUES_MXFP4, qs, j)
 }
 
 /// ggml's `best_index_mxfp4`: the code whose value `KVALUES_MXFP4[i] · d` is nearest `x`, the
@@ -59,22 +59,13 @@ impl BlockFormat for BlockMxfp4 {
     fn dequantize(blocks: &[Self], out: &mut [f32]) {
         check_lengths(blocks.len(), QK, out.len());
         for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-            let d = e8m0_to_f32_half(b.e);
-            for j in 0..16 {
-                y[j] = KVALUES_MXFP4[(b.qs[j] & 0xF) as usize] as f32 * d;
-                y[j + 16] = KVALUES_MXFP4[(b.qs[j] >> 4) as usize] as f32 * d;
-            }
+            dequantize_grid(&KVALUES_MXFP4, &b.qs, e8m0_to_f32_half(b.e), y);
         }
     }
     fn vec_dot_acc(w: &[Self], x: &[BlockQ8_0], acc: &mut DotAcc) {
         assert_eq!(w.len(), x.len());
         for (b, y) in w.iter().zip(x) {
-            let (mut s, mut m) = (0i32, 0i32);
-            for (j, &yj) in y.qs.iter().enumerate() {
-                let p = mxfp4_value(&b.qs, j) * yj as i32;
-                s += p;
-                m += p.abs();
-            }
+            let (s, m) = idot32(|j| mxfp4_value(&b.qs, j), &y.qs);
             // Both scales are exact in f64: the product is the true one.
             let d = e8m0_to_f32_half(b.e) as f64 * y.d.to_f32() as f64;
             acc.add(d * s as f64, d.abs() * m as f64);

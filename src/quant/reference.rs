@@ -157,7 +157,7 @@ pub(super) fn bit5(qh: &[u8; 4], j: usize) -> i32 {
 
 /// Integer dot of 32 weight quants with 32 activation quants, and the sum of |products|.
 #[inline]
-fn idot32(q: impl Fn(usize) -> i32, y: &[i8; 32]) -> (i32, i32) {
+pub(super) fn idot32(q: impl Fn(usize) -> i32, y: &[i8; 32]) -> (i32, i32) {
     let (mut s, mut m) = (0i32, 0i32);
     for (j, &yj) in y.iter().enumerate() {
         let p = q(j) * yj as i32;
