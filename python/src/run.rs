@@ -294,22 +294,8 @@ fn chat_job(inner: &Inner, body: &str) -> PyResult<Job> {
         .encode_chat_tools(&plan.messages, plan.template_tools.as_ref(), true, false)
         .map_err(|e| errors::value(format!("messages: {e}")))?;
     let mut gen = params(inner, &req.params, prompt.len())?;
-    let structured = match plan.grammar {
-        Some(spec) => {
-            if let Some(s) = &gen.structured {
-                return Err(errors::value(format!(
-                    "{} cannot be combined with tools (unless tool_choice is \"none\")",
-                    s.field
-                )));
-            }
-            Some(Structured {
-                spec,
-                field: "tools",
-                path: "tools",
-            })
-        }
-        None => gen.structured.take(),
-    };
+    let structured =
+        structured::chat_constraint(plan.grammar, gen.structured.take()).map_err(errors::api)?;
     let constraint = compile(inner, structured).map_err(errors::api)?;
     Ok(Job {
         prompt,

@@ -14,7 +14,7 @@ use super::api::{self, ChatRequest, CompletionRequest, Endpoint, Head, PromptFie
 use super::bias::Dialect;
 use super::error::ApiError;
 use super::respond::{self, Job};
-use super::structured::Structured;
+use super::structured;
 use super::{tools, unix_now, AppState};
 use crate::tokenizer::toolcall::template::ToolSupport;
 use crate::tokenizer::{InfillBudget, InfillParts};
@@ -106,25 +106,7 @@ pub(super) fn chat_job(
     gen.sampler.logit_bias = logit_bias(st, &req.params)?;
     gen.n = req.params.choices(st.opts.n_slots)?;
     gen.logprobs = req.logprobs()?;
-    let constraint = match plan.grammar {
-        Some(spec) => {
-            if let Some(s) = &gen.structured {
-                return Err(ApiError::invalid_param(
-                    s.field,
-                    format!(
-                        "{} cannot be combined with tools (unless tool_choice is \"none\")",
-                        s.field
-                    ),
-                ));
-            }
-            Some(Structured {
-                spec,
-                field: "tools",
-                path: "tools",
-            })
-        }
-        None => gen.structured.take(),
-    };
+    let constraint = structured::chat_constraint(plan.grammar, gen.structured.take())?;
     let job = Job {
         head: head(model, Endpoint::Chat),
         prompt,

@@ -21,6 +21,29 @@ pub struct Structured {
     pub path: &'static str,
 }
 
+/// A chat answer's constraint: the tool-call grammar of its plan where it has one, else its own
+/// structured-output field; both at once is a 400 naming the field.
+pub fn chat_constraint(
+    tool_grammar: Option<GrammarSpec>,
+    own: Option<Structured>,
+) -> Result<Option<Structured>, ApiError> {
+    match (tool_grammar, own) {
+        (Some(_), Some(s)) => Err(ApiError::invalid_param(
+            s.field,
+            format!(
+                "{} cannot be combined with tools (unless tool_choice is \"none\")",
+                s.field
+            ),
+        )),
+        (Some(spec), None) => Ok(Some(Structured {
+            spec,
+            field: "tools",
+            path: "tools",
+        })),
+        (None, own) => Ok(own),
+    }
+}
+
 /// Read `response_format`, `json_schema` and `grammar` (at most one of them may constrain).
 pub fn read(
     response_format: Option<&Value>,
