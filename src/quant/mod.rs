@@ -30,6 +30,8 @@
 
 pub mod blocks;
 mod iquant;
+#[allow(dead_code)] // read by the 2- and 3-bit i-quants
+mod iq_signs;
 pub mod kquant_order;
 mod kquant_quantize;
 mod mxfp4;
