@@ -192,8 +192,12 @@ fn upload(
 /// per kv head, head sizes 48 (a partial chunk of dimensions), 64, 128 and 256, rows of two
 /// sequences in one tile, a sliding window over a ring, an f16 and a Q8_0 cache.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn tiled_prompt_attention_matches_an_f64_attention() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     // (query heads, kv heads, head size, ring rows, window, Q8_0 cache)
     let cases = [
         (9usize, 3usize, 64usize, 256usize, 0usize, false),
@@ -276,8 +280,12 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
 /// per kv head (more than one block's group of 4), rows of two slots at positions in empty,
 /// partial and full splits, a window over a ring, an f16 and a Q8_0 cache.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn split_decode_attention_matches_an_f64_attention() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     // (query heads, kv heads, head size, ring rows, window, Q8_0 cache)
     let cases = [
         (9usize, 3usize, 64usize, 1024usize, 0usize, false),

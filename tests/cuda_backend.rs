@@ -110,10 +110,12 @@ fn check(
 /// The CUDA backend has no expert products: a mixture-of-experts model is refused when its
 /// session is made, by what it is, not run wrongly.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn moe_models_are_refused_by_name() {
-    let Some(_gpu) = gpu("moe_models_are_refused_by_name") else {
-        return;
-    };
+    let _gpu = gpu("moe_models_are_refused_by_name");
     let m = Arc::new(Model::load(common::random_model("random-qwen3moe-q8_0")).unwrap());
     let mut o = SessionOptions::new(256, 2);
     o.device = Device::Cuda;
@@ -159,10 +161,12 @@ fn refused_on_device(stem: &str) -> Option<&'static str> {
 
 /// Every fixture model the device runs agrees with the CPU; the others are refused by name.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn every_fixture_model_agrees_with_the_cpu() {
-    let Some(_gpu) = gpu("every_fixture_model_agrees_with_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("every_fixture_model_agrees_with_the_cpu");
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 200 + 3) as u32).collect();
     for stem in common::random_model_names() {
         let m = Arc::new(Model::load(common::random_model(&stem)).unwrap());
@@ -190,10 +194,12 @@ fn every_fixture_model_agrees_with_the_cpu() {
 /// Prompts long enough for the prompt-sized products (64 rows and more) on the unquantized
 /// formats: F32 and F16 in f32 (bf16 would round them), BF16 on the bf16 path; a bias (qwen2).
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn float_weights_prompt_products_agree_with_the_cpu() {
-    let Some(_gpu) = gpu("float_weights_prompt_products_agree_with_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("float_weights_prompt_products_agree_with_the_cpu");
     let prompt: Vec<u32> = (0..100).map(|i| (i * 37 % 200 + 3) as u32).collect();
     for stem in [
         "random-llama-f32",
@@ -211,10 +217,12 @@ fn float_weights_prompt_products_agree_with_the_cpu() {
 /// Decode past 512 positions, where the attention splits each row's keys over many blocks and
 /// merges their partial results, agrees with the CPU.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn long_context_decode_agrees_with_the_cpu() {
-    let Some(_gpu) = gpu("long_context_decode_agrees_with_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("long_context_decode_agrees_with_the_cpu");
     let prompt: Vec<u32> = (0..700).map(|i| (i * 37 % 200 + 3) as u32).collect();
     for stem in ["random-llama-q4_0", "random-qwen3-q4_k_m"] {
         let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
@@ -228,10 +236,12 @@ fn long_context_decode_agrees_with_the_cpu() {
 /// attended as the f16 values they stand for) agrees with the CPU's Q8_0 cache: prompts and
 /// greedy steps, and decode past 512 positions (attention split over the keys).
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn q8_0_kv_cache_agrees_with_the_cpu() {
-    let Some(_gpu) = gpu("q8_0_kv_cache_agrees_with_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("q8_0_kv_cache_agrees_with_the_cpu");
     let cases = [
         ("random-llama-q4_0", 40, 256),
         ("random-qwen3-q4_k_m", 40, 256),
@@ -259,10 +269,12 @@ fn q8_0_kv_cache_agrees_with_the_cpu() {
 /// too short to split, decode rows still get their attention: a tiled prompt, then decode,
 /// agrees with the CPU. (Decode rows once took the tiled prompt's mode, which no kernel ran.)
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn f32_decode_attention_after_a_tiled_prompt_agrees_with_the_cpu() {
-    let Some(_gpu) = gpu("f32_decode_attention_after_a_tiled_prompt_agrees_with_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("f32_decode_attention_after_a_tiled_prompt_agrees_with_the_cpu");
     let stem = "random-llama-q4_0";
     let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
     let prompt: Vec<u32> = (0..80).map(|i| (i * 37 % 200 + 3) as u32).collect();
@@ -281,10 +293,12 @@ fn f32_decode_attention_after_a_tiled_prompt_agrees_with_the_cpu() {
 /// fused) and on Gemma-3 (head norms, query scale, post-norms). Prints the kernels per decode
 /// step (its graph's launches).
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn fused_ops_change_no_bits() {
-    let Some(_gpu) = gpu("fused_ops_change_no_bits") else {
-        return;
-    };
+    let _gpu = gpu("fused_ops_change_no_bits");
     let prompt: Vec<u32> = (0..40).map(|i| (i * 37 % 200 + 3) as u32).collect();
     for stem in [
         "random-llama-q4_0",
@@ -321,10 +335,12 @@ fn fused_ops_change_no_bits() {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn decode_allocates_nothing_and_replays_one_graph() {
-    let Some(_gpu) = gpu("decode_allocates_nothing_and_replays_one_graph") else {
-        return;
-    };
+    let _gpu = gpu("decode_allocates_nothing_and_replays_one_graph");
     let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
     let mut s = session(&m, Device::Cuda, 256);
     s.prefill(&[1, 2, 3, 4, 5], &mut |_, _| {}).unwrap();
@@ -370,10 +386,12 @@ fn plain_graphs(m: &Arc<Model>) -> usize {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn rollback_and_prefix_reuse_on_the_device_cache() {
-    let Some(_gpu) = gpu("rollback_and_prefix_reuse_on_the_device_cache") else {
-        return;
-    };
+    let _gpu = gpu("rollback_and_prefix_reuse_on_the_device_cache");
     let m = Arc::new(Model::load(common::random_model("random-qwen3-f32")).unwrap());
     let prompt: Vec<u32> = (0..30).map(|i| (i * 11 % 150 + 1) as u32).collect();
     let mut s = session(&m, Device::Cuda, 128);
@@ -396,10 +414,12 @@ fn rollback_and_prefix_reuse_on_the_device_cache() {
 /// `kiln plan --device cuda` against the device: the bytes the session allocates equal the
 /// plan, and the driver's free memory drops by the plan within 3%, at several context sizes.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn device_plan_matches_the_measured_device_memory() {
-    let Some(_gpu) = gpu("device_plan_matches_the_measured_device_memory") else {
-        return;
-    };
+    let _gpu = gpu("device_plan_matches_the_measured_device_memory");
     let g = cuda::open().unwrap();
     if g.is_emulated() {
         println!("skipped: the software GPU has no device memory to measure");
@@ -449,10 +469,12 @@ fn device_plan_matches_the_measured_device_memory() {
 /// multiplies f32 activations where the CPU (and the reference's CPU backend) quantizes them
 /// to 8 bits, so on real weights the two differ by about that much.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn real_models_agree_with_the_cpu() {
-    let Some(_gpu) = gpu("real_models_agree_with_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("real_models_agree_with_the_cpu");
     for name in ["smollm2", "gemma3"] {
         let m = Arc::new(Model::load(common::real_model(name)).unwrap());
         let tok = kiln::tokenizer::Tokenizer::from_gguf(&m.file).unwrap();
@@ -470,10 +492,12 @@ fn real_models_agree_with_the_cpu() {
 /// The golden checks the CPU passes (tests/golden_*.rs), on the GPU: top-1 agreement with the
 /// reference engine, its confident tokens, mean logit error, greedy continuations.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn golden_checks_on_the_gpu() {
-    let Some(_gpu) = gpu("golden_checks_on_the_gpu") else {
-        return;
-    };
+    let _gpu = gpu("golden_checks_on_the_gpu");
     for (stem, greedy) in [
         ("random-llama-q4_0", 1),
         ("random-gpt2-q8_0", 1),
@@ -491,10 +515,12 @@ fn golden_checks_on_the_gpu() {
 /// text equal to the CPU's on the golden prompts (one near-tie may flip), perplexity within
 /// 0.5% of the CPU's.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn real_models_greedy_text_and_perplexity_match_the_cpu() {
-    let Some(_gpu) = gpu("real_models_greedy_text_and_perplexity_match_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("real_models_greedy_text_and_perplexity_match_the_cpu");
     if cuda::open().unwrap().is_emulated() {
         println!(
             "skipped on the software GPU (minutes of emulation); scripts/gpu-check.sh runs it"
@@ -631,10 +657,12 @@ impl Backend for ReadsNormAfterProducts<'_> {
 /// A norm left to its products (step/deferred.rs) never writes its output: reading that
 /// output afterwards is an error (and the same step without the read runs).
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn a_norm_output_read_after_its_products_is_an_error() {
-    let Some(_gpu) = gpu("a_norm_output_read_after_its_products_is_an_error") else {
-        return;
-    };
+    let _gpu = gpu("a_norm_output_read_after_its_products_is_an_error");
     let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
     for read in [false, true] {
         let mut o = SessionOptions::new(32, 1);

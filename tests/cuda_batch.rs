@@ -51,10 +51,12 @@ fn prompt(i: u32, len: u32) -> Vec<u32> {
 /// (as finished ones would): each slot's logits equal those of a GPU session fed the same
 /// tokens, at every step, and the steps allocate nothing on the device.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn batched_gpu_decode_matches_gpu_sessions() {
-    let Some(_gpu) = gpu("batched_gpu_decode_matches_gpu_sessions") else {
-        return;
-    };
+    let _gpu = gpu("batched_gpu_decode_matches_gpu_sessions");
     for stem in ["random-llama-q4_0", "random-qwen2-q4_0"] {
         let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
         batch_matches_sessions(stem, &m, &[0, 2, 3, 5, 6, 7, 8], 9, 8);
@@ -65,10 +67,12 @@ fn batched_gpu_decode_matches_gpu_sessions() {
 /// rows take the products over f32 input, whose last block applies Gemma-3's post-norms and
 /// residual adds for every row of the step (`matvec_*_f_post`).
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn batched_gemma3_decode_matches_gpu_sessions() {
-    let Some(_gpu) = gpu("batched_gemma3_decode_matches_gpu_sessions") else {
-        return;
-    };
+    let _gpu = gpu("batched_gemma3_decode_matches_gpu_sessions");
     let m = Arc::new(Model::load(common::real_model("gemma3")).unwrap());
     batch_matches_sessions("gemma3", &m, &[0, 1, 3], 4, 6);
 }
@@ -126,10 +130,12 @@ fn compare(what: &str, cpu: &[f32], gpu: &[f32]) -> f32 {
 /// rollback and a re-prefill. Every step's logits agree (with f16 caches, and with Q8_0 caches
 /// on one model).
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn mixed_gpu_steps_agree_with_the_cpu() {
-    let Some(_gpu) = gpu("mixed_gpu_steps_agree_with_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("mixed_gpu_steps_agree_with_the_cpu");
     let cases = [
         ("random-qwen3-q4_k_m", KvType::F16),
         ("random-qwen2-q4_0", KvType::F16),
@@ -189,14 +195,12 @@ fn mixed_gpu_steps_agree_with_the_cpu() {
 /// `kiln serve --device cuda --parallel 3` on the software GPU (`$KILN_CUDA_EMULATOR`): three
 /// concurrent greedy completions each get the text a one-sequence GPU server gives it alone.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn serve_on_the_software_gpu() {
-    let lib = match common::emulator_lib() {
-        Ok(lib) => lib,
-        Err(why) => {
-            println!("skipped: no software GPU here: {why}");
-            return;
-        }
-    };
+    let lib = common::emulator_lib().unwrap_or_else(|why| panic!("no software GPU here: {why}"));
     let lib = lib.to_string_lossy().into_owned();
     let model = common::random_model("random-llama-q4_0");
     let env = [("KILN_CUDA_EMULATOR", lib.as_str())];
@@ -245,10 +249,12 @@ fn serve_on_the_software_gpu() {
 /// (weights, every slot's cache, the rows of a chunk beside a token per slot), and with
 /// `--draft-max 5` beside them each slot's five verification rows and the head's five more.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn device_plan_of_a_server() {
-    let Some(_gpu) = gpu("device_plan_of_a_server") else {
-        return;
-    };
+    let _gpu = gpu("device_plan_of_a_server");
     let g = kiln::backend::cuda::open().unwrap();
     let m = Arc::new(Model::load(common::random_model("random-qwen3-q4_k_m")).unwrap());
     let mut o = SessionOptions::new(256, 2);

@@ -68,10 +68,12 @@ fn trace(s: &mut Session, prompt: &[u32], steps: usize, keep: usize) -> Vec<Vec<
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn offloaded_device_cache_is_bit_identical() {
-    let Some(_gpu) = gpu("offloaded_device_cache_is_bit_identical") else {
-        return;
-    };
+    let _gpu = gpu("offloaded_device_cache_is_bit_identical");
     for (stem, ty) in [
         ("random-llama-q4_0", KvType::F16),
         ("random-qwen3-q4_k_m", KvType::Q8_0),
@@ -148,10 +150,12 @@ fn m_dim(f: &GgufFile) -> usize {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn sliding_window_rings_stay_on_the_device() {
-    let Some(_gpu) = gpu("sliding_window_rings_stay_on_the_device") else {
-        return;
-    };
+    let _gpu = gpu("sliding_window_rings_stay_on_the_device");
     let m = windowed_model();
     let layout = kv_layout(&m.config, &options(KvType::F16, None));
     assert_eq!(layout.n_full_layers(), 3);
@@ -182,10 +186,12 @@ fn sliding_window_rings_stay_on_the_device() {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn offloaded_decode_allocates_nothing_and_the_plan_says_both_sizes() {
-    let Some(_gpu) = gpu("offloaded_decode_allocates_nothing_and_the_plan_says_both_sizes") else {
-        return;
-    };
+    let _gpu = gpu("offloaded_decode_allocates_nothing_and_the_plan_says_both_sizes");
     let path = common::random_model("random-llama-q4_0");
     let m = Arc::new(Model::load(&path).unwrap());
     let ty = KvType::F16;
@@ -229,10 +235,12 @@ fn offloaded_decode_allocates_nothing_and_the_plan_says_both_sizes() {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn a_budget_below_two_layers_is_refused() {
-    let Some(_gpu) = gpu("a_budget_below_two_layers_is_refused") else {
-        return;
-    };
+    let _gpu = gpu("a_budget_below_two_layers_is_refused");
     let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
     let small = budget(&m, KvType::F16, 1);
     match Session::new(Arc::clone(&m), options(KvType::F16, Some(small))) {

@@ -191,8 +191,12 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let (rows, cols) = (12, 768);
     let x = activations(cols);
     let n_tok = x.len() / cols;
@@ -314,8 +318,12 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
 /// rows that end inside a block (576: SmolLM2's), several tokens (the zero, spiked and large
 /// ones of `activations`), alone and adding, a part-empty last block.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn f32_input_products_match_quantize_then_product() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let rows = 13;
     let eps = 1e-6f32;
     for cols in [256, 576, 768, 2048, 3072, 4096] {
@@ -421,8 +429,12 @@ fn f32_input_products_match_quantize_then_product() {
 /// quantized format, outputs of 640 rows (Gemma-3's: 80 blocks) and 13 (a part-empty last
 /// block), five tokens; launched twice, so the blocks' counter must be back at zero.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn post_norm_epilogue_matches_the_product_then_the_norm_and_add() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let cols = 768;
     let eps = 1e-6f32;
     let x = activations(cols);
@@ -500,8 +512,12 @@ fn same_bits(a: &[f32], b: &[f32], what: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn prompt_products_match_an_f64_product_of_the_bf16_operands() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let (rows, cols) = (40, 512);
     let n_tok = GEMM_MIN_ROWS.clamp(3, 8);
     let mut x = random(n_tok * cols, 11);
@@ -517,8 +533,12 @@ fn prompt_products_match_an_f64_product_of_the_bf16_operands() {
 /// are, F16 rows widened a chunk at a time (exactly), x in f32; against an f64 product of the
 /// same operands.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn f32_prompt_products_match_an_f64_product() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let (rows, cols) = (40, 512);
     let n_tok = GEMM_MIN_ROWS.clamp(3, 8);
     let mut x = random(n_tok * cols, 13);
@@ -627,9 +647,13 @@ fn prompt_product_matches_f64(
 /// for bit: random heads, a zero block, ties at half a step, a negative extreme, large and
 /// tiny magnitudes; at its position and slot only.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn q8_0_kv_store_matches_the_cpu_cache() {
     use kiln::quant::blocks::BlockQ8_0;
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let (heads, hd, ctx, slots) = (3usize, 64usize, 5usize, 2usize);
     let n = heads * hd;
     let mut k = random(n, 21);
@@ -709,8 +733,12 @@ fn q8_0_kv_store_matches_the_cpu_cache() {
 /// layout's kernels' results bit for bit. Rows of 640 (20 groups: a row's groups do not start
 /// 16-byte aligned in the file's layout), 512 and 768.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn repacked_kernels_match_the_file_layout() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let s = g.default_stream();
     for ty in [
         GgmlType::Q4_0,
@@ -823,8 +851,12 @@ fn repacked_kernels_match_the_file_layout() {
 /// of 512 elements) gives `rms_norm_f32` then `quantize_q8_*` bit for bit: widths of one,
 /// two (a partial slice) and eight slices, each 8-bit format, rows picked by `sel`.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn norm_and_quantize_in_one_launch_match_the_two_ops() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     for (width, kind, quantize) in [
         (576usize, 2i32, "quantize_q8_1"),
         (640, 1, "quantize_q8_0"),

@@ -94,10 +94,12 @@ fn bits(rows: &[Vec<f32>]) -> Vec<Vec<u32>> {
 /// The ring against the whole context on the GPU (bit for bit), and against the CPU's ring,
 /// for f16 and Q8_0 caches; short contexts, and a long one whose decode splits over the keys.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn gpu_rings_match_the_full_cache_and_the_cpu() {
-    let Some(_gpu) = gpu("gpu_rings_match_the_full_cache_and_the_cpu") else {
-        return;
-    };
+    let _gpu = gpu("gpu_rings_match_the_full_cache_and_the_cpu");
     let m = windowed("random-llama-q4_0");
     let cases = [
         (256, KvType::F16, 150, 24),
@@ -146,10 +148,12 @@ fn gpu_rings_match_the_full_cache_and_the_cpu() {
 /// A server's slots with rings: a prefix copied within the ring's reach is taken over (and
 /// continues as on the CPU); one whose window the rings lost is not (0, as on the CPU).
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn prefix_copies_between_gpu_rings() {
-    let Some(_gpu) = gpu("prefix_copies_between_gpu_rings") else {
-        return;
-    };
+    let _gpu = gpu("prefix_copies_between_gpu_rings");
     let m = windowed("random-llama-q4_0");
     let runner = |device| {
         let o = BatchOptions {
@@ -194,10 +198,12 @@ fn prefix_copies_between_gpu_rings() {
 /// sliding-window layers, the context for the others (the memory plan lays it out with the
 /// same functions), so it takes less than the whole context.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn gpu_cache_takes_the_rings_geometry() {
-    let Some(_gpu) = gpu("gpu_cache_takes_the_rings_geometry") else {
-        return;
-    };
+    let _gpu = gpu("gpu_cache_takes_the_rings_geometry");
     let m = windowed("random-llama-q4_0");
     let bytes = |swa_full| {
         let o = options(Device::Cuda, 1024, swa_full, KvType::F16);

@@ -71,10 +71,12 @@ fn verify_matches_decodes(what: &str, a: &mut Session, b: &mut Session, pass: &[
 /// the keys or not (a short context); the pass is recorded as the graph of its row count, and a second pass after a
 /// rollback (other tokens, other positions) replays it.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn gpu_verification_rows_are_decode_steps() {
-    let Some(_gpu) = gpu("gpu_verification_rows_are_decode_steps") else {
-        return;
-    };
+    let _gpu = gpu("gpu_verification_rows_are_decode_steps");
     for stem in ["random-llama-q4_0", "random-qwen3-q4_k_m"] {
         let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
         for (ctx, mirror) in [(CTX, true), (CTX, false), (SHORT_CTX, false)] {
@@ -117,10 +119,12 @@ fn runner(m: &Arc<Model>, n_slots: usize, draft_max: usize) -> BatchRunner {
 /// vocabulary): the passes before it are rolled back, and the slots decode on as plain ones
 /// do.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn gpu_runner_runs_verification_passes_as_decode_rows() {
-    let Some(_gpu) = gpu("gpu_runner_runs_verification_passes_as_decode_rows") else {
-        return;
-    };
+    let _gpu = gpu("gpu_runner_runs_verification_passes_as_decode_rows");
     let m = Arc::new(Model::load(common::random_model("random-llama-q4_0")).expect("load"));
     for mirror in [true, false] {
         runner_passes(&m, mirror);
@@ -203,14 +207,12 @@ fn runner_passes(m: &Arc<Model>, mirror: bool) {
 /// `kiln run --device cuda` with prompt lookup and with a draft model, on the software GPU
 /// (`$KILN_CUDA_EMULATOR`): the text of plain greedy decoding on the GPU, drafts verified.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
 fn run_speculates_on_the_software_gpu() {
-    let lib = match common::emulator_lib() {
-        Ok(lib) => lib,
-        Err(why) => {
-            println!("skipped: no software GPU here: {why}");
-            return;
-        }
-    };
+    let lib = common::emulator_lib().unwrap_or_else(|why| panic!("no software GPU here: {why}"));
     let model = common::random_model("random-llama-q4_0");
     let kiln = |extra: &[&str]| {
         let run = [

@@ -93,7 +93,8 @@ pub mod ops;
 /// C++ compiler, `$CXX` or `c++`), built once per source into the target directory.
 ///
 /// Err only where the software GPU cannot run at all (not x86-64: its fibers are x86-64 code);
-/// a GPU test there skips, printing that reason. On x86-64 every failure panics with its cause
+/// the GPU tests are `#[ignore]`d there (they need a GPU), and fail if run anyway without one.
+/// On x86-64 every failure panics with its cause
 /// (no C++ compiler, a build error, an unwritable target directory): the GPU tests must run on
 /// every x86-64 machine, CI included, and never pass without having run.
 pub fn emulator_lib() -> Result<PathBuf, String> {
@@ -157,22 +158,20 @@ pub fn emulator_lib() -> Result<PathBuf, String> {
 
 /// The GPU for a test, held for its duration (one test at a time: they count its allocations
 /// and measure its memory): the machine's, or else the software GPU (the same kernel sources
-/// built for the host by its C++ compiler). Prints which. `None` (the test skips, printing why)
-/// only where neither can run: no GPU and not x86-64 (see [`emulator_lib`]).
-pub fn gpu(test: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+/// built for the host by its C++ compiler). Prints which. Where neither can run (no GPU and not
+/// x86-64, see [`emulator_lib`]) it panics: the GPU tests are `#[ignore]`d there, and one run
+/// anyway (`--ignored`) fails rather than passing without having run.
+pub fn gpu(test: &str) -> std::sync::MutexGuard<'static, ()> {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     match kiln::backend::cuda::open() {
         Ok(g) => println!("{test}: on {} ({})", g.name, g.arch),
         Err(no_gpu) => match emulator() {
             Ok(()) => println!("{test}: {no_gpu}; running on the software GPU"),
-            Err(why) => {
-                println!("{test}: skipped: {no_gpu}, and no software GPU here: {why}");
-                return None;
-            }
+            Err(why) => panic!("{test}: {no_gpu}, and no software GPU here: {why}"),
         },
     }
-    Some(guard)
+    guard
 }
 
 /// `kiln ARGS -m MODEL` on the software GPU `lib` (`$KILN_CUDA_EMULATOR`): its stdout and
