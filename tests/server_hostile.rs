@@ -374,11 +374,16 @@ fn malformed_http_gets_json_errors() {
     for (what, raw, status) in cases {
         server.raw(&raw).expect_error(status, what);
     }
-    // Not declared JSON: refused before it is read.
+    // Not declared JSON from a web page: refused before it is read.
+    let a = server.raw(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    );
+    a.expect_error(415, "wrong content type");
+    // Not declared JSON and from no page: read as JSON (and this is not JSON).
     let a = server.raw(
         b"POST /v1/completions HTTP/1.1\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
     );
-    a.expect_error(415, "wrong content type");
+    a.expect_error(400, "not JSON");
     // Declared JSON but not: a 400.
     let a = server.raw(
         b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
@@ -715,22 +720,37 @@ fn browser_origins_hosts_and_content_types_are_checked() {
     );
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.header("access-control-allow-origin"), None);
-    // Form and text bodies (what a page may post without a preflight) are refused.
+    // Form and text bodies (what a page may post without a preflight) are refused from a page,
+    // its own included.
     for ct in [
         "text/plain",
         "application/x-www-form-urlencoded",
         "multipart/form-data; boundary=x",
     ] {
+        for origin in ["http://localhost", "https://app.example"] {
+            let a = raw(
+                &format!("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: {origin}\r\nContent-Type: {ct}"),
+                body,
+            );
+            a.expect_error(415, ct);
+        }
+    }
+    let a = raw(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost",
+        body,
+    );
+    a.expect_error(415, "no Content-Type");
+    // With no `Origin` (no page: curl, scripts, SDKs) the body is JSON whatever it declares, as
+    // Ollama's and llama-server's are: `curl -d '{..}'` declares a form.
+    for ct in ["\r\nContent-Type: application/x-www-form-urlencoded", ""] {
         let a = raw(
-            &format!("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: {ct}"),
+            &format!("POST /v1/completions HTTP/1.1\r\nHost: localhost{ct}"),
             body,
         );
-        a.expect_error(415, ct);
+        assert_eq!(a.status, 200, "{ct:?}: {}", a.text());
     }
-    let a = raw("POST /v1/completions HTTP/1.1\r\nHost: localhost", body);
-    a.expect_error(415, "no Content-Type");
     let a = raw(
-        "POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain",
+        "POST /api/generate HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost\r\nContent-Type: text/plain",
         body,
     );
     assert_eq!(a.status, 415);

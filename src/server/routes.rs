@@ -203,8 +203,11 @@ fn origin_allowed(origin: &str, host: Option<&str>, h: &super::HttpLimits) -> bo
 /// Browser checks, before any route: a `Host` that is not this server's is refused (403) on a
 /// connection that arrived over loopback (DNS rebinding); a request with an `Origin` that is neither the
 /// server's own nor allowed by `--cors-origin` is refused (403), an allowed one's preflight
-/// (`OPTIONS`) answered and its answers given CORS headers; a POST body must be declared
-/// `application/json` (415), so that no form or text post of a page gets through.
+/// (`OPTIONS`) answered and its answers given CORS headers; a POST from a web page (one with an
+/// `Origin`, which browsers send on every POST) must declare its body `application/json` (415), so
+/// that no form or text post of a page gets through without a preflight. A POST without an
+/// `Origin` is no page's: its body is read as JSON whatever it declares, as Ollama and
+/// llama-server read it (`curl -d '{..}'` declares a form).
 async fn guard(State(st): St, req: Request, next: Next) -> Response {
     let h = &st.opts.http;
     let path = req.uri().path().to_string();
@@ -295,7 +298,7 @@ async fn guard(State(st): St, req: Request, next: Next) -> Response {
                         && t[..12].eq_ignore_ascii_case("application/")
                         && t.to_ascii_lowercase().ends_with("+json"))
             });
-        if has_body && !json {
+        if has_body && !json && origin.is_some() {
             let e = ApiError::with_status(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "the body must be JSON, declared `Content-Type: application/json`",
