@@ -225,3 +225,46 @@ fn kv_memory_flags_work_end_to_end_and_bad_values_are_clear_errors() {
     assert_eq!(j["kv_type"], "q8_0");
     assert!(j["total_bytes"].as_u64().unwrap() > 0);
 }
+
+/// A model answering in harmony's channels (gpt-oss's template; here a random model whose
+/// answer a grammar spells): `kiln run` prints the final channel only, `--json` every token.
+#[test]
+fn run_shows_a_harmony_answers_final_channel() {
+    let model = common::random_model("random-llama-q8_0");
+    let tpl = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/server/harmony_template.jinja");
+    let answer = "<|channel|>analysis<|message|>Greet them.<|end|><|start|>assistant<|channel|>final<|message|>Bonjour le monde";
+    let grammar = format!("root ::= {}", serde_json::Value::from(answer));
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            "Hello",
+            "-n",
+            "200",
+            "--temp",
+            "0",
+            "--chat-template-file",
+            tpl.to_str().unwrap(),
+            "--grammar",
+            &grammar,
+        ];
+        args.extend_from_slice(extra);
+        let out = kiln(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(run(&[]), "Bonjour le monde\n");
+    let tokens: String = run(&["--json"])
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(tokens, answer);
+}

@@ -250,3 +250,77 @@ fn hermes_calls_end_to_end() {
         "the second turn's prompt grew by {grew} tokens only"
     );
 }
+
+/// Harmony (gpt-oss's format) over SmolLM2: `tests/server/harmony_template.jinja` is detected
+/// as harmony; a required call is constrained to a `commentary` message to a function and
+/// parsed into `tool_calls` (streamed too), and the next turn renders the call and its result.
+#[test]
+fn harmony_calls_end_to_end() {
+    let model = common::real_model("smollm2");
+    let tpl = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/server/harmony_template.jinja");
+    let loaded = kiln::model::Model::load(&model).unwrap();
+    let mut tok = Tokenizer::from_gguf(&loaded.file).unwrap();
+    tok.set_chat_template(std::fs::read_to_string(&tpl).unwrap())
+        .unwrap();
+    let support = ToolSupport::probe(&tok);
+    assert_eq!(
+        (
+            support.tools,
+            support.calls,
+            support.results,
+            support.format()
+        ),
+        (true, true, true, ToolFormat::Harmony)
+    );
+    let s = Server::start(
+        &model,
+        &["-P", "2", "--chat-template-file", tpl.to_str().unwrap()],
+    );
+    let mut body = json!({"messages": ask(), "tools": tools(), "max_tokens": 96,
+                          "temperature": 0, "tool_choice": "required", "logprobs": true});
+    let r = chat(&s, body.clone());
+    let c = &r["choices"][0];
+    let raw = raw_text(&r);
+    eprintln!("required: {raw:?}");
+    assert!(
+        raw.starts_with("<|channel|>commentary to=functions."),
+        "generated {raw:?}"
+    );
+    assert_eq!(c["finish_reason"], "tool_calls", "{r}");
+    assert!(c["message"]["content"].is_null(), "{r}");
+    let calls = c["message"]["tool_calls"]
+        .as_array()
+        .expect("tool_calls")
+        .clone();
+    assert_eq!(calls.len(), 1, "{r}");
+    calls.iter().for_each(check_call);
+
+    // Streamed: the same call, no content.
+    body["logprobs"] = json!(false);
+    let (content, streamed, finish) = chat_stream(&s, body);
+    assert_eq!((content.as_str(), finish.as_str()), ("", "tool_calls"));
+    assert_eq!(streamed.len(), 1);
+    assert_eq!(streamed[0]["function"], calls[0]["function"]);
+
+    // The next turn renders the call and the result.
+    let mut history = ask().as_array().unwrap().clone();
+    history.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+    history.push(json!({"role": "tool", "tool_call_id": calls[0]["id"],
+                        "content": "{\"temperature\": 21}"}));
+    let r = chat(
+        &s,
+        json!({"messages": history, "tools": tools(), "tool_choice": "none", "max_tokens": 8,
+               "temperature": 0}),
+    );
+    assert!(r["choices"][0]["message"]["tool_calls"].is_null(), "{r}");
+    let first = chat(
+        &s,
+        json!({"messages": ask(), "max_tokens": 1, "temperature": 0}),
+    );
+    let grew = r["usage"]["prompt_tokens"].as_u64().unwrap()
+        - first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        grew > 20,
+        "the second turn's prompt grew by {grew} tokens only"
+    );
+}

@@ -51,6 +51,10 @@ pub struct ModelArgs {
     /// the file; this populates the map up front, as llama.cpp's --no-mmap reads it).
     #[arg(long = "no-mmap", help_heading = "Model")]
     pub no_mmap: bool,
+    /// Use this Jinja chat template instead of the model's (llama.cpp's option): for example
+    /// one that renders tools, for a model whose file has none.
+    #[arg(long, value_name = "FILE", help_heading = "Model")]
+    pub chat_template_file: Option<std::path::PathBuf>,
     /// Where the model runs: cpu, or cuda (an NVIDIA GPU; refused where there is no driver).
     #[arg(
         long = "device",
@@ -302,8 +306,15 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         .map_err(kiln::model::ModelError::from)
         .and_then(Model::from_gguf)
         .with_context(|| format!("loading {}", path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&model.file)
+    let mut tokenizer = Tokenizer::from_gguf(&model.file)
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+    if let Some(tpl) = &args.chat_template_file {
+        let text = std::fs::read_to_string(tpl)
+            .with_context(|| format!("reading the chat template {}", tpl.display()))?;
+        tokenizer
+            .set_chat_template(text)
+            .with_context(|| format!("the chat template {}", tpl.display()))?;
+    }
     spinner.finish_and_clear();
     Ok(Loaded {
         path,

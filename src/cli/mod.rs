@@ -13,6 +13,7 @@ mod pull;
 mod rm;
 mod run;
 mod serve;
+mod shown;
 mod spec;
 mod tokenize;
 
@@ -25,8 +26,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "kiln",
     version,
-    about = "Run GGUF language models on the CPU",
-    long_about = "kiln runs GGUF language models on the CPU.\n\nWith no model named, commands use SmolLM2-135M-Instruct, downloading it on first use.\nExamples:\n  kiln run -p \"The capital of France is\"\n  kiln chat -m gemma3\n  kiln serve --port 8080\n  kiln inspect model.gguf --json",
+    about = "Run GGUF language models on the CPU or an NVIDIA GPU",
+    long_about = "kiln runs GGUF language models on the CPU or an NVIDIA GPU (--device cuda).\n\nWith no model named, commands use SmolLM2-135M-Instruct, downloading it on first use.\nExamples:\n  kiln run -p \"The capital of France is\"\n  kiln chat -m gemma3\n  kiln serve --port 8080\n  kiln inspect model.gguf --json",
     after_help = "Environment: the KILN_* variables (models directory, pip, kernel tiers, GPU switches) are listed in docs/tuning.md."
 )]
 struct Cli {

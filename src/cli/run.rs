@@ -136,6 +136,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let json = args.json;
     let mut write_error = None;
+    // (`--json` gives every token as it is.)
+    let mut shown = super::shown::Shown::new(tok, templated && !json);
     let mut on_token = |id: u32, piece: &str| {
         if let Some(b) = &bar {
             b.finish_and_clear();
@@ -145,7 +147,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             let id = (id != u32::MAX).then_some(id);
             writeln!(out, "{}", json!({ "id": id, "text": piece }))
         } else {
-            out.write_all(piece.as_bytes())
+            out.write_all(shown.push(piece).as_bytes())
         };
         match r.and_then(|_| out.flush()) {
             Ok(()) => true,
@@ -175,6 +177,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(e) = write_error {
         return Err(e.into());
     }
+    out.write_all(shown.finish().as_bytes())?;
     if json {
         let j = json!({
             "model": loaded.path,

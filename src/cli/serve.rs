@@ -49,10 +49,6 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body: usize,
-    /// Use this Jinja chat template instead of the model's (llama.cpp's option): for example
-    /// one that renders tools, for a model whose file has none.
-    #[arg(long, value_name = "FILE")]
-    pub chat_template_file: Option<std::path::PathBuf>,
     /// The model's name in answers and in `/v1/models` and `/api/tags` (the first one;
     /// repeatable: more names clients may use). Default: the file's stem.
     #[arg(long = "alias")]
@@ -159,15 +155,7 @@ fn seconds(s: &str) -> Result<Duration, String> {
 
 /// Load the model and size the server from the flags.
 fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
-    let mut loaded = common::load(&args.model)?;
-    if let Some(path) = &args.chat_template_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the chat template {}", path.display()))?;
-        loaded
-            .tokenizer
-            .set_chat_template(text)
-            .with_context(|| format!("the chat template {}", path.display()))?;
-    }
+    let loaded = common::load(&args.model)?;
     let train = loaded.model.config.ctx_train;
     let n_ctx = args.model.ctx(train, 4096);
     let stem = loaded

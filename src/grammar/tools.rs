@@ -25,8 +25,9 @@ pub struct ToolGrammar<'a> {
     pub required: bool,
     /// More than one call may follow.
     pub parallel: bool,
-    /// The format's opener is this control token.
-    pub opener_token: Option<u32>,
+    /// The format's markers ([`ToolFormat::markers`]) that are control tokens of the
+    /// vocabulary, with their ids: the grammar writes them as those tokens.
+    pub control: Vec<(&'static str, u32)>,
 }
 
 /// Layout of the JSON the grammar writes (as `json.dumps`): see `with_layout` in the parent.
@@ -67,13 +68,25 @@ impl ToolGrammar<'_> {
         format!("%json {}", layout(schema))
     }
 
-    /// The opener as a grammar symbol: the control token, or its text.
-    fn opener(&self) -> Option<String> {
-        let text = self.format.opener()?;
-        Some(match self.opener_token {
+    /// The control token standing for the marker `text`, if the vocabulary has one.
+    fn control_token(&self, text: &str) -> Option<u32> {
+        self.control
+            .iter()
+            .find(|(t, _)| *t == text)
+            .map(|&(_, id)| id)
+    }
+
+    /// A marker as a grammar symbol: its control token, or its text.
+    fn marker(&self, text: &str) -> String {
+        match self.control_token(text) {
             Some(id) => format!("<[{id}]>"),
             None => Value::String(text.to_string()).to_string(),
-        })
+        }
+    }
+
+    /// The opener as a grammar symbol: the control token, or its text.
+    fn opener(&self) -> Option<String> {
+        self.format.opener().map(|text| self.marker(text))
     }
 
     /// The grammar of the answer.
@@ -94,6 +107,7 @@ impl ToolGrammar<'_> {
                 }
                 self.lark_with_opener(&Self::json_rule(list), "\"\"")
             }
+            ToolFormat::Harmony => self.harmony(),
             ToolFormat::Llama3 => {
                 let body = Self::json_rule(self.call_schema());
                 let calls = if self.parallel {
@@ -126,12 +140,60 @@ impl ToolGrammar<'_> {
         } else {
             g.push_str("start: TEXT | calls\nTEXT: /(.|\\n)*/\n");
             g.push_str(&format!("calls: call_hd body{more}\n"));
-            if self.opener_token.is_some() {
+            if self
+                .format
+                .opener()
+                .and_then(|o| self.control_token(o))
+                .is_some()
+            {
                 // No text can produce the token: free text, then the token.
                 g.push_str(&format!("call_hd: TEXT {open}\n"));
             } else {
                 g.push_str(&format!("call_hd[lazy]: TEXT {open}\n"));
             }
+        }
+        GrammarSpec::Lark(g)
+    }
+
+    /// Harmony's call: a `commentary` message to one of the functions, its body the
+    /// arguments' JSON (`<|call|>` after it ends generation). Where the vocabulary has
+    /// harmony's markers as control tokens, an `analysis` message may come first (its text
+    /// free: no text can write the control token that ends it). Only for a required call:
+    /// with `auto` harmony's answer is its own markup, which a text grammar cannot leave free.
+    fn harmony(&self) -> GrammarSpec {
+        // `<|start|>`, `<|channel|>`, `<|message|>`, `<|constrain|>`, `<|end|>`.
+        let mk = ToolFormat::Harmony.markers();
+        let (start, channel, message, constrain, end) = (mk[0], mk[1], mk[2], mk[3], mk[4]);
+        let m = |t| self.marker(t);
+        let mut g = String::new();
+        let analysis = [start, channel, message, end]
+            .iter()
+            .all(|t| self.control_token(t).is_some());
+        if analysis {
+            g.push_str(&format!(
+                "start: analysis? call\nanalysis: {} \"analysis\" {} ATEXT {} {} \"assistant\"\nATEXT: /(.|\\n)*/\n",
+                m(channel),
+                m(message),
+                m(end),
+                m(start)
+            ));
+        } else {
+            g.push_str("start: call\n");
+        }
+        g.push_str(&format!(
+            "call: {} \"commentary to=functions.\" body\n",
+            m(channel)
+        ));
+        let names: Vec<String> = (0..self.functions.len()).map(|i| format!("f{i}")).collect();
+        g.push_str(&format!("body: {}\n", names.join(" | ")));
+        for (rule, (name, params)) in names.iter().zip(self.functions) {
+            g.push_str(&format!(
+                "{rule}: {} \" \" {} \"json\" {} {}\n",
+                Value::String(name.clone()),
+                m(constrain),
+                m(message),
+                Self::json_rule(params.clone())
+            ));
         }
         GrammarSpec::Lark(g)
     }
@@ -202,6 +264,7 @@ mod tests {
             ToolFormat::Mistral,
             ToolFormat::Llama3,
             ToolFormat::Generic,
+            ToolFormat::Harmony,
         ] {
             for parallel in [false, true] {
                 let g = ToolGrammar {
@@ -209,7 +272,7 @@ mod tests {
                     functions: &f,
                     required: true,
                     parallel,
-                    opener_token: None,
+                    control: Vec::new(),
                 };
                 for seed in 0..8 {
                     let (text, finished) = generate_with(&g.spec(), seed, 600);
@@ -220,7 +283,7 @@ mod tests {
                         "{format:?}: content {content:?} in {text:?}"
                     );
                     assert!(!calls.is_empty(), "{format:?}: no call in {text:?}");
-                    if !parallel {
+                    if !parallel || format == ToolFormat::Harmony {
                         assert_eq!(calls.len(), 1, "{text:?}");
                     }
                     for (name, args) in calls {
@@ -247,7 +310,7 @@ mod tests {
             functions: &f,
             required: false,
             parallel: false,
-            opener_token: None,
+            control: Vec::new(),
         };
         let mut c = e.compile(&g.spec()).unwrap();
         let allowed = feed(&mut c, "");
@@ -286,7 +349,7 @@ mod tests {
             functions: &f,
             required: false,
             parallel: true,
-            opener_token: Some(300),
+            control: vec![("[TOOL_CALLS]", 300)],
         };
         let GrammarSpec::Lark(text) = g.spec() else {
             panic!("lark expected")
@@ -300,5 +363,49 @@ mod tests {
             panic!("lark expected")
         };
         assert!(text.contains("start: <[300]> body"), "{text}");
+    }
+
+    /// Harmony's markers that are control tokens are written as those tokens, and then an
+    /// analysis message may come first; with text markers the answer is the call.
+    #[test]
+    fn harmony_markers_are_matched_as_their_tokens() {
+        let f = functions();
+        let control: Vec<(&str, u32)> = ToolFormat::Harmony
+            .markers()
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| (m, 500 + i as u32))
+            .collect();
+        let g = ToolGrammar {
+            format: ToolFormat::Harmony,
+            functions: &f,
+            required: true,
+            parallel: false,
+            control,
+        };
+        let GrammarSpec::Lark(text) = g.spec() else {
+            panic!("lark expected")
+        };
+        assert!(text.starts_with("start: analysis? call\n"), "{text}");
+        assert!(
+            text.contains("analysis: <[501]> \"analysis\" <[502]> ATEXT <[504]> <[500]>"),
+            "{text}"
+        );
+        assert!(
+            text.contains("f0: \"get_weather\" \" \" <[503]> \"json\" <[502]> %json"),
+            "{text}"
+        );
+        let g = ToolGrammar {
+            control: Vec::new(),
+            ..g
+        };
+        let GrammarSpec::Lark(text) = g.spec() else {
+            panic!("lark expected")
+        };
+        assert!(text.starts_with("start: call\n"), "{text}");
+        assert!(
+            text.contains("call: \"<|channel|>\" \"commentary to=functions.\" body"),
+            "{text}"
+        );
     }
 }

@@ -338,22 +338,25 @@ pub fn plan(
             },
         )
     });
-    let opener_token = format
-        .opener()
-        .and_then(|o| tok.token_id(o))
-        .filter(|&id| tok.is_control(id));
+    let control = format
+        .markers()
+        .iter()
+        .filter_map(|&m| Some((m, tok.token_id(m).filter(|&id| tok.is_control(id))?)))
+        .collect();
     let grammar = ToolGrammar {
         format,
         functions: &functions,
         required,
         parallel: t.parallel,
-        opener_token,
-    }
-    .spec();
+        control,
+    };
+    // Harmony's free answer is its own markup, which no text grammar leaves free: with `auto`
+    // its calls are parsed, unconstrained ([`ToolGrammar`]).
+    let constrained = required || format != ToolFormat::Harmony;
     ToolPlan {
         messages: prepare(&messages, support, preamble.as_deref(), t.parallel),
         template_tools: support.tools.then(|| t.list.clone()),
-        grammar: Some(grammar),
+        grammar: constrained.then(|| grammar.spec()),
         format: Some(format),
     }
 }

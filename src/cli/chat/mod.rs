@@ -149,7 +149,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
         let mut write_error = None;
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
+        // (The reply kept for the next turn is what is shown: a harmony model's final
+        // channel, as its template expects an assistant turn.)
+        let mut shown = super::shown::Shown::new(tok, true);
         let mut on_token = |_id: u32, piece: &str| {
+            let piece = shown.push(piece);
             reply.push_str(piece);
             match out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
                 Ok(()) => true,
@@ -189,7 +193,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 continue;
             }
         };
-        writeln!(out).context("writing the reply")?;
+        let rest = shown.finish();
+        reply.push_str(rest);
+        out.write_all(rest.as_bytes())
+            .and_then(|_| writeln!(out))
+            .context("writing the reply")?;
         drop(out);
         match stats.stop {
             Some(StopReason::Cancelled) => eprintln!("[stopped]"),

@@ -14,6 +14,7 @@
 //! - [`template`]: what a chat template can render (tools, calls, tool results), probed by
 //!   rendering it, and the generic format's system preamble and message rewriting.
 
+mod harmony;
 pub mod json;
 pub mod template;
 
@@ -34,17 +35,23 @@ pub enum ToolFormat {
     /// object, `{"tool_call": {"name", "arguments"}}`, `{"tool_calls": [..]}` or
     /// `{"response": "text"}`.
     Generic,
+    /// OpenAI's harmony (gpt-oss): a call is a message to a function,
+    /// `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
+    /// ARGS<|call|>` (the recipient may also stand before `<|channel|>`).
+    Harmony,
     /// No markers: the answer is a call object (`{"name", "arguments" | "parameters"}`, or
     /// OpenAI's `{"type": "function", "function": {..}}`) or a list of them.
     PlainJson,
 }
 
 impl ToolFormat {
-    /// The native format of a chat template, from its source (llama.cpp's tests: `<tool_call>`
-    /// for Hermes / Qwen, `[TOOL_CALLS]` for Mistral, the `ipython` role or `<|python_tag|>` for
+    /// The native format of a chat template, from its source (llama.cpp's tests: harmony's
+    /// `<|channel|>` with calls to `functions.*` for gpt-oss, `<tool_call>` for Hermes / Qwen, `[TOOL_CALLS]` for Mistral, the `ipython` role or `<|python_tag|>` for
     /// Llama 3.x). `None`: no format kiln recognizes.
     pub fn detect(template: &str) -> Option<ToolFormat> {
-        if template.contains("<tool_call>") {
+        if template.contains("<|channel|>") && template.contains("functions.") {
+            Some(ToolFormat::Harmony)
+        } else if template.contains("<tool_call>") {
             Some(ToolFormat::Hermes)
         } else if template.contains("[TOOL_CALLS]") {
             Some(ToolFormat::Mistral)
@@ -64,6 +71,18 @@ impl ToolFormat {
             ToolFormat::Mistral => "mistral",
             ToolFormat::Generic => "generic",
             ToolFormat::PlainJson => "json",
+            ToolFormat::Harmony => "harmony",
+        }
+    }
+
+    /// The markup of the format's calls that a vocabulary may hold as control tokens (the
+    /// grammar then writes them as those tokens).
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes => &["<tool_call>"],
+            ToolFormat::Mistral => &["[TOOL_CALLS]"],
+            ToolFormat::Harmony => &harmony::MARKERS,
+            _ => &[],
         }
     }
 
@@ -125,6 +144,8 @@ enum Mode {
     Between { at: usize },
     /// Everything from `sent` on is content.
     ContentOnly,
+    /// Harmony: inside call `index`'s arguments.
+    Args { index: usize },
 }
 
 /// Progress of one call of the current region.
@@ -154,7 +175,7 @@ pub struct ToolCallParser {
 impl ToolCallParser {
     pub fn new(format: ToolFormat) -> ToolCallParser {
         let mode = match format {
-            ToolFormat::Hermes | ToolFormat::Mistral => Mode::Text,
+            ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::Harmony => Mode::Text,
             _ => Mode::Start,
         };
         ToolCallParser {
@@ -215,6 +236,9 @@ impl ToolCallParser {
     }
 
     fn advance(&mut self, end: bool, out: &mut Vec<ToolEvent>) {
+        if self.format == ToolFormat::Harmony {
+            return self.advance_harmony(end, out);
+        }
         loop {
             let before = (self.mode, self.sent);
             match self.mode {
@@ -227,6 +251,8 @@ impl ToolCallParser {
                     let n = self.buf.len();
                     self.content(n, out);
                 }
+                // (Only harmony reads arguments this way.)
+                Mode::Args { .. } => return self.advance_harmony(end, out),
             }
             if (self.mode, self.sent) == before {
                 return;
@@ -411,7 +437,7 @@ impl ToolCallParser {
             ToolFormat::Llama3 | ToolFormat::PlainJson | ToolFormat::Generic => {
                 Mode::Between { at }
             }
-            ToolFormat::Mistral => Mode::Text,
+            ToolFormat::Mistral | ToolFormat::Harmony => Mode::Text,
         };
     }
 
@@ -497,6 +523,8 @@ impl ToolCallParser {
                 _ => one_call(node, self.format),
             },
             ToolFormat::Hermes | ToolFormat::Llama3 => one_call(node, self.format),
+            // (Harmony's calls are read from their headers, not from JSON.)
+            ToolFormat::Harmony => View::NotCalls,
         }
     }
 }
