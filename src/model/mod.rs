@@ -10,6 +10,7 @@ pub mod moe;
 pub mod weights;
 
 mod bert;
+pub mod classifier;
 mod gemma2;
 mod gemma3;
 mod gpt2;
