@@ -31,8 +31,11 @@ const RANK: EmbedSpec = EmbedSpec {
     normalize: -1,
 };
 
+/// A request's head outputs and how it ended.
+type Got = (Option<Vec<Vec<f32>>>, Option<Finished>);
+
 #[derive(Clone, Default)]
-struct Out(Arc<Mutex<(Option<Vec<Vec<f32>>>, Option<Finished>)>>);
+struct Out(Arc<Mutex<Got>>);
 
 impl SeqSink for Out {
     fn text(&mut self, _: &str) -> bool {
