@@ -244,3 +244,48 @@ fn rank_without_a_head_fails_the_request() {
     let e = got[0].as_ref().unwrap_err();
     assert!(e.contains("classification head"), "{e}");
 }
+
+/// `kiln embedding` with a reranker: `QUERY<TAB>DOCUMENT` lines scored as the pair, each
+/// score printed as llama-embedding prints it (`rerank score J: S`), the reference's.
+#[test]
+fn embedding_command_scores_pairs() {
+    let g = golden();
+    let texts = prompts();
+    let text = format!("{}\t{}\n{}\t{}", texts[0], texts[1], texts[0], texts[4]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("embedding")
+        .arg("-m")
+        .arg(common::random_model(RERANKER))
+        .args(["-p", &text])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scores: Vec<f64> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("rerank score "))
+        .map(|l| l.split_once(':').unwrap().1.trim().parse().unwrap())
+        .collect();
+    let want = |d: u64| {
+        g["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["query_index"] == 0 && r["document_index"] == d)
+            .unwrap()["scores"][0]
+            .as_f64()
+            .unwrap()
+    };
+    assert_eq!(scores.len(), 2, "{stdout}");
+    for (s, d) in scores.iter().zip([1, 4]) {
+        assert!(
+            (s - want(d)).abs() <= 1.5e-3,
+            "{stdout}: document {d} wants {}",
+            want(d)
+        );
+    }
+}
