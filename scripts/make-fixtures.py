@@ -26,7 +26,9 @@ reference's answers on them come to be:
    the random models in PERPLEXITY_MODELS.
 8. computes the reference's embeddings of the golden prompts on a few of them
    (`tests/golden/<model>/embeddings.json`: mean, cls and last pooling, the pooled vectors as
-   `llama_get_embeddings_seq` returns them, before normalization).
+   `llama_get_embeddings_seq` returns them, before normalization), and the reranker's scores
+   (`tests/golden/<model>/rerank.json`: rank pooling of query-document prompts made as
+   llama-server's `format_prompt_rerank` makes them).
 
 With `--real` it also regenerates the real models' goldens (SmolLM2, Gemma-3: tokenizer ids,
 logits, the long prompt, perplexity), downloading the models as `kiln pull` does. Checked on
@@ -40,7 +42,7 @@ slightly different context setup. Regenerate them only on purpose.
     scripts/make-fixtures.py --real          # and the real models' goldens
     scripts/make-fixtures.py --out /tmp/g    # write goldens elsewhere (to compare)
     scripts/make-fixtures.py --only-logprobs [--real]   # just the log-probability goldens
-    scripts/make-fixtures.py --only-embeddings   # the models, checked; then only step 7
+    scripts/make-fixtures.py --only-embeddings   # the models, checked; then only step 8
 
 Needs python3, a C/C++ compiler, cargo, and PyPI (the sdist; cmake, ninja, numpy and the
 bindings' dependencies into a private venv). Takes ~15 minutes on 2 cores the first time
@@ -100,7 +102,7 @@ VARIANTS = {
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "llama-yarn", "phi3",
            "smollm3", "gpt-oss", "gemma2", "granite"]
 # Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
-ENCODER_RECIPES = ["bert", "nomic-bert"]
+ENCODER_RECIPES = ["bert", "nomic-bert", "bert-rerank"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
 # Formats no random-llama file holds: these tensors of these files too.
 DEQUANT_EXTRA = {"random-gpt-oss-mxfp4": ["blk.0.ffn_up_exps.weight", "blk.3.ffn_down_exps.weight"]}
@@ -116,6 +118,11 @@ PERPLEXITY_MODELS = ["random-gemma2-f32"]
 EMBED_MODELS = ["random-llama-f32", "random-qwen2-f32", "random-qwen3-f32", "random-gpt2-f32",
                 "random-llama-q8_0", "random-bert-f32", "random-nomic-bert-f32"]
 POOLINGS = {"mean": 1, "cls": 2, "last": 3}
+# Rerank goldens: these rerankers; each of RERANK_QUERIES (indices of the golden prompts)
+# against every golden prompt as a document.
+RERANK_MODELS = ["random-bert-rerank-f32"]
+RERANK_QUERIES = [0, 3]
+POOLING_RANK = 4
 
 # The real models: golden directory -> kiln's short name.
 REAL = {
@@ -492,6 +499,49 @@ def real_model_path(name):
     return Path(p.stdout.strip().splitlines()[-1])
 
 
+def rerank_golden(path, out_dir, texts):
+    """The reference's relevance scores (rank pooling) of query-document prompts."""
+    ref = Ref(path, 512, pooling=POOLING_RANK)
+    L = ref.L
+    n_out = L.llama_model_n_cls_out(ref.model)
+    if L.llama_model_chat_template(ref.model, b"rerank"):
+        raise SystemExit("rerank goldens are made without a rerank template")
+    eos = L.llama_vocab_eos(ref.vocab)
+    if eos == -1:
+        eos = L.llama_vocab_sep(ref.vocab)
+    rows = []
+    for qi in RERANK_QUERIES:
+        for di, doc in enumerate(texts["prompts"]):
+            query = texts["prompts"][qi]
+            # As llama-server's format_prompt_rerank (no rerank template): plain-text pieces.
+            ids = [L.llama_vocab_bos(ref.vocab)] if L.llama_vocab_get_add_bos(ref.vocab) else []
+            ids += ref.tokenize(query, False, False)
+            if L.llama_vocab_get_add_eos(ref.vocab):
+                ids.append(eos)
+            if L.llama_vocab_get_add_sep(ref.vocab):
+                ids.append(L.llama_vocab_sep(ref.vocab))
+            ids += ref.tokenize(doc, False, False)
+            if L.llama_vocab_get_add_eos(ref.vocab):
+                ids.append(eos)
+            ref.clear()
+            ref.decode(ids, 0)
+            ptr = L.llama_get_embeddings_seq(ref.ctx, 0)
+            if not ptr:
+                raise SystemExit("the reference gave no rank output")
+            scores = [float(f"{float(x):.7g}") for x in ref.np.ctypeslib.as_array(ptr, shape=(n_out,))]
+            rows.append({"query_index": qi, "document_index": di, "ids": ids, "scores": scores})
+    ref.close()
+    out = {"n_cls_out": n_out,
+           "method": "llama.cpp context with embeddings=true and pooling_type rank; each "
+                     "query-document prompt (format_prompt_rerank without a template) decoded "
+                     "alone in one batch from an empty cache; llama_get_embeddings_seq(ctx, 0)",
+           "rows": rows}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(out, separators=(",", ":")).replace(',{"query_index"', ',\n{"query_index"')
+    (out_dir / "rerank.json").write_text(text + "\n")
+    log(f"wrote {out_dir / 'rerank.json'}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -546,6 +596,8 @@ def main():
         a.out.mkdir(parents=True, exist_ok=True)
         for name in EMBED_MODELS:
             embeddings_golden(work / f"{name}.gguf", a.out / name, texts)
+        for name in RERANK_MODELS:
+            rerank_golden(work / f"{name}.gguf", a.out / name, texts)
         if a.only_embeddings:
             return
         dequant_golden(bin_dir, work, a.out / "dequant.json")

@@ -307,7 +307,11 @@ fn declared_pooling_and_refusals() {
     let rank = with(&|w| {
         w.set("llama.pooling_type", 4u32);
     });
-    assert_eq!(Pooling::for_model(&rank, None), Err(PoolingError::Rank));
+    let arch = "llama".to_string();
+    assert_eq!(
+        Pooling::for_model(&rank, None),
+        Err(PoolingError::RankDecoder { arch })
+    );
     let odd = with(&|w| {
         w.set("llama.pooling_type", 7u32);
     });

@@ -236,7 +236,7 @@ fn load(
     device.open().map_err(errors::runtime)?;
     let t0 = Instant::now();
     let path = kiln::fetch::resolve_model(model_path, verbose).map_err(errors::fetch)?;
-    let model = GgufFile::open(&path)
+    let model = GgufFile::open_model(&path, false)
         .map_err(ModelError::from)
         .and_then(KilnModel::from_gguf)
         .map_err(|e| errors::runtime(format!("loading {}: {e}", path.display())))?;

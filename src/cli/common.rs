@@ -297,11 +297,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let path = args.model_path()?;
     let t0 = Instant::now();
     let spinner = spinner(&format!("loading {}", path.display()));
-    let file = if args.no_mmap {
-        kiln::gguf::GgufFile::open_preloaded(&path)
-    } else {
-        kiln::gguf::GgufFile::open(&path)
-    };
+    let file = kiln::gguf::GgufFile::open_model(&path, args.no_mmap);
     let model = file
         .map_err(kiln::model::ModelError::from)
         .and_then(Model::from_gguf)

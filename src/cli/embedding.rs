@@ -4,7 +4,9 @@
 //! default; empty ones dropped), tokenized as llama.cpp does (BOS/EOS by the model's policy,
 //! special tokens parsed) and evaluated together through the server's scheduler (continuous
 //! batching over up to four sequences). The pooling is the model's own or `--pooling`; with
-//! `none` every token's vector is printed.
+//! `none` every token's vector is printed. With `rank` (a reranker) a prompt
+//! `QUERY<--cls-separator>DOCUMENT` is scored as the pair (as `/v1/rerank` makes its prompts),
+//! and each prompt's score is printed as llama-embedding prints it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use super::common::{self, ModelArgs};
 use kiln::engine::batch::BatchOptions;
 use kiln::engine::embed::embed_prompts;
 use kiln::engine::pooling::{cosine, EmbedSpec, Pooling};
+use kiln::engine::rerank::RerankFormat;
 
 #[derive(Args, Debug)]
 pub struct EmbeddingArgs {
@@ -35,10 +38,18 @@ pub struct EmbeddingArgs {
     /// What separates prompts.
     #[arg(long = "embd-separator", default_value = "\n", help_heading = "Prompt")]
     pub separator: String,
-    /// Pooling instead of the model's own: none (every token's vector), mean, cls, last.
-    #[arg(long, value_parser = super::serve::pooling, value_name = "none|mean|cls|last",
+    /// Pooling instead of the model's own: none (every token's vector), mean, cls, last,
+    /// rank (a reranker's scores).
+    #[arg(long, value_parser = super::serve::pooling, value_name = "none|mean|cls|last|rank",
           help_heading = "Embeddings")]
     pub pooling: Option<Pooling>,
+    /// With rank pooling: what separates a prompt's query from its document.
+    #[arg(
+        long = "cls-separator",
+        default_value = "\t",
+        help_heading = "Embeddings"
+    )]
+    pub cls_separator: String,
     /// Normalization: -1 none, 0 max-abs int16, 1 taxicab, 2 euclidean, >2 p-norm.
     #[arg(long = "embd-normalize", default_value_t = 2, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i32).range(-1..), help_heading = "Embeddings")]
@@ -67,9 +78,16 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
     let m = Arc::clone(&loaded.model);
     let pooling = Pooling::for_model(&m, args.pooling)?;
     let n_ctx = args.model.ctx(m.config.ctx_train, 4096);
+    let tok = &loaded.tokenizer;
+    let format = RerankFormat::new(tok, &m.file);
     let ids: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| loaded.tokenizer.encode(p, true, true))
+        .map(|p| match p.split_once(args.cls_separator.as_str()) {
+            Some((query, doc)) if pooling == Pooling::Rank && !args.cls_separator.is_empty() => {
+                format.prompt(tok, query, doc)
+            }
+            _ => tok.encode(p, true, true),
+        })
         .collect();
     let spec = EmbedSpec {
         pooling,
@@ -100,6 +118,26 @@ pub fn run(args: EmbeddingArgs) -> Result<()> {
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         });
         println!("{out}");
+        return Ok(());
+    }
+    if pooling == Pooling::Rank {
+        let labels = m
+            .weights
+            .classifier
+            .as_ref()
+            .map_or(&[][..], |c| &c.labels[..]);
+        for (j, rows) in vectors.iter().enumerate() {
+            let scores = rows.first().map_or(&[][..], |r| &r[..]);
+            match scores {
+                [s] => println!("rerank score {j}: {s:8.3}"),
+                _ => {
+                    for (i, s) in scores.iter().enumerate() {
+                        let label = labels.get(i).cloned().unwrap_or_else(|| i.to_string());
+                        println!("rerank score {j}: {s:8.3} [{label}]");
+                    }
+                }
+            }
+        }
         return Ok(());
     }
     print_text(&prompts, &vectors, args.embd_normalize);

@@ -20,7 +20,8 @@ pub struct InspectArgs {
 
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let path = kiln::fetch::resolve_model(Some(&args.model), true)?;
-    let f = GgufFile::open(&path).with_context(|| format!("inspecting {}", path.display()))?;
+    let f = GgufFile::open_model(&path, false)
+        .with_context(|| format!("inspecting {}", path.display()))?;
     let summary = ModelSummary::from_file(&f);
     let tensors: Option<Vec<TensorRow>> = args
         .tensors

@@ -70,7 +70,8 @@ pub struct PlanArgs {
 pub fn run(args: PlanArgs) -> Result<()> {
     let runtime = super::bench::current_rss();
     let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
-    let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let file = GgufFile::open_model(&path, false)
+        .with_context(|| format!("opening {}", path.display()))?;
     let tok = Tokenizer::from_gguf(&file)?;
     let threads = match args.threads {
         None | Some(0) => kiln::kernels::pool::default_threads(),
@@ -166,8 +167,8 @@ pub fn run(args: PlanArgs) -> Result<()> {
         None => None,
         Some(name) => {
             let dpath = kiln::fetch::resolve_model(Some(name), true)?;
-            let dfile =
-                GgufFile::open(&dpath).with_context(|| format!("opening {}", dpath.display()))?;
+            let dfile = GgufFile::open_model(&dpath, false)
+                .with_context(|| format!("opening {}", dpath.display()))?;
             let (dconfig, _) = kiln::model::read_config(&dfile)?;
             let mut dopts = opts;
             dopts.n_ctx =

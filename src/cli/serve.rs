@@ -97,9 +97,13 @@ pub struct ServeArgs {
     #[arg(long = "embeddings", alias = "embedding", help_heading = "Embeddings")]
     pub embeddings: bool,
     /// Pooling of embeddings instead of the model's: mean, cls or last (none: per-token
-    /// vectors, which /v1/embeddings refuses).
-    #[arg(long, value_parser = pooling, value_name = "none|mean|cls|last", help_heading = "Embeddings")]
+    /// vectors, which /v1/embeddings refuses; rank: a reranker's scores, on /v1/rerank).
+    #[arg(long, value_parser = pooling, value_name = "none|mean|cls|last|rank", help_heading = "Embeddings")]
     pub pooling: Option<Pooling>,
+    /// Serve POST /v1/rerank with a reranker (llama-server's flag: --embeddings --pooling
+    /// rank).
+    #[arg(long = "reranking", alias = "rerank", help_heading = "Embeddings")]
+    pub reranking: bool,
     /// Normalization of embeddings, as llama.cpp's: -1 none, 0 max-abs int16, 1 taxicab,
     /// 2 euclidean, >2 p-norm.
     #[arg(long = "embd-normalize", default_value_t = 2, allow_negative_numbers = true,
@@ -194,8 +198,11 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         model_aliases: aliases,
         strict_model: args.strict_model,
         http,
-        embeddings: args.embeddings,
-        pooling: args.pooling,
+        embeddings: args.embeddings || args.reranking,
+        pooling: match args.reranking {
+            true => Some(Pooling::Rank),
+            false => args.pooling,
+        },
         embd_normalize: args.embd_normalize,
         speculation: args.spec.serve(&args.model, &loaded)?,
         spm_infill: args.spm_infill,

@@ -7,6 +7,7 @@ pub mod logprobs;
 pub mod perplexity;
 pub mod plan;
 pub mod pooling;
+pub mod rerank;
 pub mod scheduler;
 pub mod sequence;
 pub mod session;

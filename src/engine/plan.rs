@@ -119,11 +119,15 @@ pub fn plan(
     let released: u64 = repacked
         .iter()
         .map(|t| {
-            let start = file.data_offset() + t.offset;
+            let start = file.tensor_file_offset(t);
             crate::gguf::whole_pages(start..start + t.n_bytes).len() as u64
         })
         .sum();
-    let file_pages = file.file_size().next_multiple_of(crate::gguf::PAGE) as u64;
+    let file_pages: u64 = file
+        .part_sizes()
+        .iter()
+        .map(|&s| s.next_multiple_of(crate::gguf::PAGE) as u64)
+        .sum();
     let file_rest = file_pages.saturating_sub(mapped + released);
     let small: Vec<_> = tensors.iter().filter(|t| !is_matrix(t)).collect();
     let owned: u64 = small

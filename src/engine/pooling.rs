@@ -9,13 +9,16 @@
 //! - `cls`: the first position's (position 0);
 //! - `last`: the last position's (the models that declare it, Qwen3-Embedding and other
 //!   decoder embedders, expect the tokenizer's EOS there: `tokenizer.ggml.add_eos_token`);
-//! - `none`: one vector per position (`kiln embedding --pooling none`; not an OpenAI answer).
+//! - `none`: one vector per position (`kiln embedding --pooling none`; not an OpenAI answer);
+//! - `rank`: a reranker's relevance scores: the first position's state through the model's
+//!   classification head ([`crate::model::classifier::Classifier`]), not normalized; only an
+//!   encoder with such a head pools so.
 //!
-//! `rank` needs a classifier head kiln does not load and is refused. Vectors are then
-//! normalized as llama.cpp's `common_embd_normalize` does ([`normalize`]).
+//! Vectors are then normalized as llama.cpp's `common_embd_normalize` does ([`normalize`]).
 
 use std::ops::Range;
 
+use crate::model::classifier::Classifier;
 use crate::model::Model;
 
 /// llama.cpp's pooling types.
@@ -25,15 +28,18 @@ pub enum Pooling {
     Mean,
     Cls,
     Last,
+    Rank,
 }
 
 /// Why a model cannot give embeddings the way it was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolingError {
-    #[error("pooling `{0}`: expected none, mean, cls or last")]
+    #[error("pooling `{0}`: expected none, mean, cls, last or rank")]
     Unknown(String),
-    #[error("rank pooling (a reranker's classifier head) is not supported by kiln")]
-    Rank,
+    #[error("rank pooling needs a reranker's classification head (cls.weight or cls.output.weight), which this model does not have")]
+    NoClassifier,
+    #[error("rank pooling (a reranker's classification head) is implemented for the encoders bert and nomic-bert, not for {arch}")]
+    RankDecoder { arch: String },
     #[error("{key} = {value} is not a pooling type (0 none, 1 mean, 2 cls, 3 last, 4 rank)")]
     BadValue { key: String, value: i64 },
     #[error("{key} is not an integer")]
@@ -50,7 +56,7 @@ impl Pooling {
             "mean" => Ok(Pooling::Mean),
             "cls" => Ok(Pooling::Cls),
             "last" => Ok(Pooling::Last),
-            "rank" => Err(PoolingError::Rank),
+            "rank" => Ok(Pooling::Rank),
             _ => Err(PoolingError::Unknown(s.to_string())),
         }
     }
@@ -61,6 +67,7 @@ impl Pooling {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
             Pooling::Last => "last",
+            Pooling::Rank => "rank",
         }
     }
 
@@ -71,7 +78,7 @@ impl Pooling {
             1 => Ok(Pooling::Mean),
             2 => Ok(Pooling::Cls),
             3 => Ok(Pooling::Last),
-            4 => Err(PoolingError::Rank),
+            4 => Ok(Pooling::Rank),
             value => Err(PoolingError::BadValue {
                 key: key.to_string(),
                 value,
@@ -90,17 +97,26 @@ impl Pooling {
         if declared == Some(false) && !model.config.arch.is_encoder() {
             return Err(PoolingError::NonCausal { key: causal });
         }
-        if let Some(p) = over {
-            return Ok(p);
-        }
         let key = f.arch_key("pooling_type");
-        match f.get(&key) {
-            None => Ok(Pooling::None),
-            Some(v) => match v.as_i64() {
-                Some(n) => Pooling::from_value(&key, n),
-                None => Err(PoolingError::NotInteger { key }),
+        let p = match (over, f.get(&key)) {
+            (Some(p), _) => p,
+            (None, None) => Pooling::None,
+            (None, Some(v)) => match v.as_i64() {
+                Some(n) => Pooling::from_value(&key, n)?,
+                None => return Err(PoolingError::NotInteger { key }),
             },
+        };
+        if p == Pooling::Rank {
+            if !model.config.arch.is_encoder() {
+                let arch = f.opt_str("general.architecture").ok().flatten();
+                let arch = arch.unwrap_or("this architecture").to_string();
+                return Err(PoolingError::RankDecoder { arch });
+            }
+            if model.weights.classifier.is_none() {
+                return Err(PoolingError::NoClassifier);
+            }
         }
+        Ok(p)
     }
 
     /// Which positions of `pos0..pos0 + n` (of a prompt of `len` tokens) this pooling reads.
@@ -108,7 +124,7 @@ impl Pooling {
         let end = pos0 + n;
         let (lo, hi) = match self {
             Pooling::Mean | Pooling::None => (pos0, end),
-            Pooling::Cls => (0, 1),
+            Pooling::Cls | Pooling::Rank => (0, 1),
             Pooling::Last => (len - 1, len),
         };
         let (lo, hi) = (lo.max(pos0), hi.min(end));
@@ -178,7 +194,7 @@ impl Pooler {
                     *a += x as f64;
                 }
             }
-            Pooling::Cls | Pooling::Last => {
+            Pooling::Cls | Pooling::Last | Pooling::Rank => {
                 self.rows.clear();
                 self.rows.extend_from_slice(state);
             }
@@ -186,8 +202,13 @@ impl Pooler {
         }
     }
 
-    /// The embedding: one normalized vector (`none`: one per position, each normalized).
-    pub fn finish(self) -> Vec<Vec<f32>> {
+    /// The embedding: one normalized vector (`none`: one per position, each normalized);
+    /// `rank`: the scores of `head` (the model's classification head), not normalized.
+    pub fn finish(self, head: Option<&Classifier>) -> Result<Vec<Vec<f32>>, PoolingError> {
+        if self.spec.pooling == Pooling::Rank {
+            let head = head.ok_or(PoolingError::NoClassifier)?;
+            return Ok(vec![head.scores(&self.rows)]);
+        }
         let mut rows: Vec<Vec<f32>> = match self.spec.pooling {
             Pooling::Mean => {
                 let n = self.seen.max(1) as f64;
@@ -202,7 +223,7 @@ impl Pooler {
         for r in &mut rows {
             normalize(r, self.spec.normalize);
         }
-        rows
+        Ok(rows)
     }
 }
 
@@ -254,13 +275,13 @@ mod tests {
         assert_eq!(Pooling::parse("CLS"), Ok(Pooling::Cls));
         assert_eq!(Pooling::parse("last"), Ok(Pooling::Last));
         assert_eq!(Pooling::parse("none"), Ok(Pooling::None));
-        assert_eq!(Pooling::parse("rank"), Err(PoolingError::Rank));
+        assert_eq!(Pooling::parse("rank"), Ok(Pooling::Rank));
         assert!(matches!(
             Pooling::parse("max"),
             Err(PoolingError::Unknown(_))
         ));
         assert_eq!(Pooling::from_value("k", 1), Ok(Pooling::Mean));
-        assert_eq!(Pooling::from_value("k", 4), Err(PoolingError::Rank));
+        assert_eq!(Pooling::from_value("k", 4), Ok(Pooling::Rank));
         assert!(matches!(
             Pooling::from_value("k", 9),
             Err(PoolingError::BadValue { value: 9, .. })
@@ -279,6 +300,7 @@ mod tests {
         };
         assert_eq!(got(Pooling::Mean), vec![0..4, 0..4, 0..2]);
         assert_eq!(got(Pooling::Cls), vec![0..1, 0..0, 0..0]);
+        assert_eq!(got(Pooling::Rank), vec![0..1, 0..0, 0..0]);
         assert_eq!(got(Pooling::Last), vec![0..0, 0..0, 1..2]);
         assert_eq!(got(Pooling::None), vec![0..4, 0..4, 0..2]);
     }
@@ -293,7 +315,7 @@ mod tests {
                     pool.add(s);
                 }
             }
-            pool.finish()
+            pool.finish(None).unwrap()
         };
         assert_eq!(
             run(Pooling::Mean, -1),
@@ -307,6 +329,30 @@ mod tests {
         let none = run(Pooling::None, 2);
         assert_eq!(none.len(), 3);
         assert_eq!(none[1], vec![0.6, 0.0, 0.8]);
+    }
+
+    #[test]
+    fn rank_scores_the_first_state_through_the_head() {
+        use crate::model::classifier::Dense;
+        let head = Classifier {
+            dense: None,
+            out: Some(Dense {
+                in_dim: 2,
+                out_dim: 1,
+                weight: vec![2.0, -1.0],
+                bias: Some(vec![0.5]),
+            }),
+            labels: Vec::new(),
+        };
+        let mut pool = Pooler::new(spec(Pooling::Rank, 2), 2);
+        for (i, s) in [[3.0f32, 1.0], [7.0, 7.0]].iter().enumerate() {
+            if !Pooling::Rank.rows_wanted(i, 1, 2).is_empty() {
+                pool.add(s);
+            }
+        }
+        // 2·3 − 1 + 0.5, not normalized.
+        assert_eq!(pool.clone().finish(Some(&head)), Ok(vec![vec![5.5]]));
+        assert_eq!(pool.finish(None), Err(PoolingError::NoClassifier));
     }
 
     #[test]

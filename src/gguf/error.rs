@@ -183,4 +183,8 @@ pub enum GgufError {
         value: String,
         target: &'static str,
     },
+
+    /// A part of a split model (`NAME-0000I-of-0000N.gguf`) missing, misnumbered or misnamed.
+    #[error("{}: {problem}", path.display())]
+    Split { path: PathBuf, problem: String },
 }

@@ -20,6 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::bytes::{Backing, Cursor, TensorBytes};
+use super::split;
 use super::value::{type_id, Array, Value};
 use super::GgufError;
 use crate::quant::GgmlType;
@@ -76,6 +77,8 @@ impl TensorInfo {
 }
 
 /// A parsed GGUF file: header, metadata in file order, tensor infos, and the bytes behind them.
+/// A split model ([`GgufFile::open_model`]) is one of these over all its parts: the first
+/// part's metadata, every part's tensors.
 pub struct GgufFile {
     backing: Arc<Backing>,
     version: u32,
@@ -85,6 +88,17 @@ pub struct GgufFile {
     key_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+    /// The parts after the first of a split model (none for one file).
+    parts: Vec<Part>,
+    /// Per tensor (in `tensors` order), the part holding its bytes (0: the first); empty for
+    /// one file.
+    tensor_part: Vec<usize>,
+}
+
+/// A further part of a split model: its bytes and where its data section starts.
+struct Part {
+    backing: Arc<Backing>,
+    data_offset: usize,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -126,7 +140,125 @@ impl GgufFile {
             metadata: header.metadata,
             tensor_index: header.tensor_index,
             tensors: header.tensors,
+            parts: Vec::new(),
+            tensor_part: Vec::new(),
         })
+    }
+
+    /// A model: [`GgufFile::open`], and where the file is the first part of a split model
+    /// (`split.count` > 1), every other part too, as llama.cpp's loader finds and checks them
+    /// ([`super::split`]). `preload` reads every part at once (`--no-mmap`).
+    pub fn open_model(path: impl AsRef<Path>, preload: bool) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref();
+        let mut first = Self::parse(Arc::new(Backing::map(path, preload)?))?;
+        let count = first.opt_u32(split::SPLIT_COUNT)?.unwrap_or(1) as usize;
+        if count <= 1 {
+            return Ok(first);
+        }
+        let fail = |p: &Path, problem: String| GgufError::Split {
+            path: p.to_path_buf(),
+            problem,
+        };
+        let no = first.opt_u32(split::SPLIT_NO)?.unwrap_or(0) as usize;
+        if no != 0 {
+            let problem = format!(
+                "part {} of a model split in {count}: a split model is opened by its first part (...{})",
+                no + 1,
+                split::suffix(0, count)
+            );
+            return Err(fail(path, problem));
+        }
+        let Some(paths) = split::part_paths(path, count) else {
+            let problem = format!(
+                "split.count = {count}, but the file is not named as the first part (...{})",
+                split::suffix(0, count)
+            );
+            return Err(fail(path, problem));
+        };
+        first.tensor_part = vec![0; first.tensors.len()];
+        for (i, p) in paths.iter().enumerate().skip(1) {
+            if !p.is_file() {
+                let problem = format!("part {} of {count} of {} is missing", i + 1, path.display());
+                return Err(fail(p, problem));
+            }
+            let part = Self::parse(Arc::new(Backing::map(p, preload)?))
+                .map_err(|e| fail(p, e.to_string()))?;
+            let key_no = part
+                .opt_u32(split::SPLIT_NO)
+                .map_err(|e| fail(p, e.to_string()))?;
+            let key_count = part
+                .opt_u32(split::SPLIT_COUNT)
+                .map_err(|e| fail(p, e.to_string()))?;
+            if key_no != Some(i as u32) || key_count != Some(count as u32) {
+                let show = |v: Option<u32>| v.map_or("missing".to_string(), |v| v.to_string());
+                let problem = format!(
+                    "split.no = {}, split.count = {}; part {} of {count} needs split.no = {i}, split.count = {count}",
+                    show(key_no),
+                    show(key_count),
+                    i + 1
+                );
+                return Err(fail(p, problem));
+            }
+            first.join(part, i).map_err(|problem| fail(p, problem))?;
+        }
+        let want = first.opt_u64(split::SPLIT_TENSORS_COUNT)?;
+        if want != Some(first.tensors.len() as u64) {
+            let want = want.map_or("missing".to_string(), |n| n.to_string());
+            let problem = format!(
+                "split.tensors.count = {want}, but the {count} parts hold {} tensors",
+                first.tensors.len()
+            );
+            return Err(fail(path, problem));
+        }
+        Ok(first)
+    }
+
+    /// Take `part`'s tensors in as part number `no` (its bytes stay in its own backing).
+    fn join(&mut self, part: GgufFile, no: usize) -> Result<(), String> {
+        for t in part.tensors {
+            if self.tensor_index.contains_key(&t.name) {
+                return Err(format!("tensor '{}' is also in an earlier part", t.name));
+            }
+            self.tensor_index.insert(t.name.clone(), self.tensors.len());
+            self.tensors.push(t);
+            self.tensor_part.push(no);
+        }
+        self.parts.push(Part {
+            backing: part.backing,
+            data_offset: part.data_offset,
+        });
+        Ok(())
+    }
+
+    /// How many files the model's bytes lie in (1, or a split model's parts).
+    pub fn n_parts(&self) -> usize {
+        1 + self.parts.len()
+    }
+
+    /// The size of each file of the model (one, or each part of a split model).
+    pub fn part_sizes(&self) -> Vec<usize> {
+        std::iter::once(self.backing.len())
+            .chain(self.parts.iter().map(|p| p.backing.len()))
+            .collect()
+    }
+
+    /// The part holding `info`'s bytes (0 for one file, or a tensor not of this file).
+    pub fn tensor_part(&self, info: &TensorInfo) -> usize {
+        match self.tensor_part.is_empty() {
+            true => 0,
+            false => self
+                .tensor_index
+                .get(&info.name)
+                .map_or(0, |&i| self.tensor_part[i]),
+        }
+    }
+
+    /// The backing and data-section offset of part `no`.
+    fn part(&self, no: usize) -> (&Arc<Backing>, usize) {
+        match no.checked_sub(1).and_then(|i| self.parts.get(i)) {
+            Some(p) => (&p.backing, p.data_offset),
+            None => (&self.backing, self.data_offset),
+        }
     }
 
     pub fn version(&self) -> u32 {
@@ -143,8 +275,9 @@ impl GgufFile {
         self.data_offset
     }
 
+    /// Bytes of the file (of every part, for a split model).
     pub fn file_size(&self) -> usize {
-        self.backing.len()
+        self.part_sizes().iter().sum()
     }
 
     /// All metadata in file order.
@@ -181,6 +314,8 @@ impl GgufFile {
                 .sum::<usize>()
             + index(&self.key_index, alloc)
             + index(&self.tensor_index, alloc)
+            + alloc(self.tensor_part.capacity() * std::mem::size_of::<usize>())
+            + alloc(self.parts.capacity() * std::mem::size_of::<Part>())
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -272,15 +407,19 @@ impl GgufFile {
     /// The tensor's bytes, zero-copy. `info` must come from this file (its range was checked at
     /// parse time); a foreign info is clamped to the file rather than trusted.
     pub fn tensor_bytes(&self, info: &TensorInfo) -> TensorBytes {
-        let size = self.file_size();
-        let start = self.data_offset.saturating_add(info.offset).min(size);
+        let (backing, data_offset) = self.part(self.tensor_part(info));
+        let size = backing.len();
+        let start = data_offset.saturating_add(info.offset).min(size);
         let len = info.n_bytes.min(size - start);
-        TensorBytes::new(self.backing.clone(), start, len)
+        TensorBytes::new(backing.clone(), start, len)
     }
 
-    /// Absolute byte offset of a tensor's data (data section start + its relative offset).
+    /// Absolute byte offset of a tensor's data in its file (its part's data section start +
+    /// its relative offset).
     pub fn tensor_file_offset(&self, info: &TensorInfo) -> usize {
-        self.data_offset.saturating_add(info.offset)
+        self.part(self.tensor_part(info))
+            .1
+            .saturating_add(info.offset)
     }
 }
 

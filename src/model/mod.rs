@@ -10,6 +10,7 @@ pub mod moe;
 pub mod weights;
 
 mod bert;
+pub mod classifier;
 mod gemma2;
 mod gemma3;
 mod gpt2;
@@ -83,19 +84,20 @@ pub struct Model {
 }
 
 impl Model {
-    /// Map and load a GGUF model.
+    /// Map and load a GGUF model (every part of a split model, named by its first).
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
-        Model::from_gguf(GgufFile::open(path)?)
+        Model::from_gguf(GgufFile::open_model(path, false)?)
     }
 
     /// Build a model from a parsed file.
     pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
-        // A model split across files (llama-gguf-split): kiln maps one file.
-        if let Some(n) = file.opt_u32("split.count")?.filter(|&n| n > 1) {
+        // One part of a split model parsed alone (not through `GgufFile::open_model`).
+        let count = file.opt_u32(crate::gguf::split::SPLIT_COUNT)?.unwrap_or(1) as usize;
+        if count > file.n_parts() {
             return Err(ModelError::UnsupportedValue {
-                key: "split.count".to_string(),
-                value: n.to_string(),
-                supported: "a model in one file; merge the parts with `llama-gguf-split --merge`",
+                key: crate::gguf::split::SPLIT_COUNT.to_string(),
+                value: count.to_string(),
+                supported: "a model in one file, or a split model opened by its first part's path (every part is then mapped)",
             });
         }
         let (config, traits) = read_config(&file)?;

@@ -160,6 +160,8 @@ pub struct Weights {
     /// An encoder's token-type embedding of type 0 (`token_types` row 0), added to every
     /// token's embedding.
     pub type_embd: Option<Vec<f32>>,
+    /// A reranker's classification head (an encoder's `cls.*`; rank pooling applies it).
+    pub classifier: Option<super::classifier::Classifier>,
 }
 
 /// Loads tensors by name with shape and type checks.
@@ -553,7 +555,9 @@ pub fn load(
         release_layers(i.saturating_sub(2)..i + 1);
     }
     if let Some(norm) = embd_norm.as_ref().filter(|_| encoder) {
-        // No output head: nothing reads these but the accounting of weights.
+        // No output head (a reranker's classification head instead, copied out as f32):
+        // nothing reads these but the accounting of weights.
+        let classifier = super::classifier::Classifier::load(f, dim)?;
         f.tensors().iter().for_each(release);
         return Ok(Weights {
             output: token_embd.clone(),
@@ -564,6 +568,7 @@ pub fn load(
             output_tied: true,
             embd_norm,
             type_embd,
+            classifier,
         });
     }
     let output_norm = ld.norm(OUTPUT_NORM, dim)?;
@@ -587,6 +592,7 @@ pub fn load(
         output_tied,
         embd_norm,
         type_embd,
+        classifier: None,
     })
 }
 

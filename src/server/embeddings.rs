@@ -224,6 +224,9 @@ pub(super) fn pooling(st: &AppState) -> Result<Pooling, ApiError> {
         Ok(Pooling::None) => Err(ApiError::bad_request(
             "Pooling type 'none' is not OAI compatible. Please use a different pooling type: this model declares no pooling (start kiln with --pooling mean, cls or last)",
         )),
+        Ok(Pooling::Rank) => Err(ApiError::bad_request(
+            "this model is a reranker (rank pooling): it gives relevance scores on /v1/rerank, not embeddings",
+        )),
         Ok(p) => Ok(*p),
         Err(e) => Err(ApiError::bad_request(e.clone())),
     }

@@ -34,6 +34,7 @@ mod metrics;
 mod native;
 mod ollama;
 mod ready;
+mod rerank;
 pub mod respond;
 mod responses;
 mod routes;
@@ -378,6 +379,7 @@ fn start(
             Ok(Pooling::None) => eprintln!(
                 "kiln: --embeddings: this model declares no pooling; /v1/embeddings answers 400 until kiln is started with --pooling mean, cls or last"
             ),
+            Ok(Pooling::Rank) => eprintln!("kiln: /v1/rerank with the model's classification head"),
             Ok(p) => eprintln!("kiln: /v1/embeddings with {} pooling", p.name()),
             Err(e) => eprintln!("kiln: --embeddings: {e}; /v1/embeddings answers 400"),
         }

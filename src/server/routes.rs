@@ -39,7 +39,8 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .route("/infill", post(super::native::infill))
         .merge(super::ollama::routes())
         .merge(super::anthropic::routes())
-        .merge(super::responses::routes());
+        .merge(super::responses::routes())
+        .merge(super::rerank::routes());
     let mut open = Router::new().route("/health", get(health));
     if state.opts.metrics_public {
         open = open.route("/metrics", get(prometheus));

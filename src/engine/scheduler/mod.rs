@@ -850,8 +850,12 @@ impl<'t> Scheduler<'t> {
 
     /// An embedding's prompt is evaluated: hand over its pooled vectors and release the slot.
     fn finish_embedding(&mut self, slot: usize) {
+        let head = self.runner.model.weights.classifier.as_ref();
         if let (Some(p), Some(a)) = (self.poolers[slot].take(), self.active[slot].as_mut()) {
-            a.req.sink.embedding(p.finish());
+            match p.finish(head) {
+                Ok(rows) => a.req.sink.embedding(rows),
+                Err(e) => return self.finish(slot, FinishReason::Error(e.to_string())),
+            }
         }
         self.finish_with(slot, FinishReason::Stop, false);
     }
