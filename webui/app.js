@@ -125,9 +125,9 @@ async function loadModel() {
 function setModel(id, error) {
   state.model = id || null;
   const el = $('model');
-  el.textContent = id || 'kiln';
+  el.textContent = error ? `kiln · ${error}` : id || 'kiln';
   el.title = error || 'The served model';
-  el.classList.toggle('error', !!error);
+  el.classList.toggle('failed', !!error);
 }
 
 // ---- rendering -----------------------------------------------------------------------------
