@@ -33,7 +33,12 @@ function load(key, fallback) {
 }
 
 function save(key, value) {
-  localStorage.setItem(key, JSON.stringify(value));
+  try {
+    localStorage.setItem(key, JSON.stringify(value));
+  } catch (err) {
+    // (The browser's storage is full or off: say so where the model's name is.)
+    setModel(state.model, `cannot keep conversations in this browser: ${err.message || err}`);
+  }
 }
 
 const state = {
@@ -180,6 +185,11 @@ function copyButton(text, label) {
 // Markdown into `el`, each code block highlighted and given a copy button.
 function renderMarkdown(el, text) {
   el.innerHTML = markdown(text);
+  // (A link in an answer opens beside the chat, not over it.)
+  for (const a of el.querySelectorAll('a[href]')) {
+    a.target = '_blank';
+    a.rel = 'noopener noreferrer';
+  }
   for (const code of el.querySelectorAll('pre > code')) {
     if (window.hljs) hljs.highlightElement(code);
     const pre = code.parentElement;
@@ -447,9 +457,11 @@ async function stream(c, answer, controller) {
     const end = performance.now();
     const tokens = usage ? usage.completion_tokens : deltas;
     // Tokens per second of the generation: from the first token to the last (the first one's
-    // time is the prompt's).
+    // time is the prompt's); where they all came at once, over the whole request.
     const secs = first === null ? 0 : (end - first) / 1000;
-    const tps = tokens > 1 && secs > 0 ? (tokens - 1) / secs : null;
+    let tps = null;
+    if (tokens > 1 && secs > 0.005) tps = (tokens - 1) / secs;
+    else if (tokens > 0 && end > started) tps = tokens / ((end - started) / 1000);
     answer.stats = { tokens, tps, stopped, ms: Math.round(end - started) };
   };
 

@@ -159,7 +159,9 @@ new MutationObserver(() => {
 }).observe(box, {childList: true, subtree: true, characterData: true});
 """
 
-THINK_ANSWER = "<think>plan it</think>\n\nHere is code:\n\n```python\nprint(1)\n```\n"
+# (With a link, which opens beside the chat, and HTML with a script in it, which is dropped.)
+THINK_ANSWER = ("<think>plan it</think>\n\nHere is code, see [the docs](https://example.com/docs) "
+                "and <b onclick=\"alert(1)\">this</b>:\n\n```python\nprint(1)\n```\n")
 
 model_id = json.loads(http(args.url, "/v1/models")[1])["data"][0]["id"]
 d = browser()
@@ -251,12 +253,12 @@ try:
     assert body["stream"] is True and body["model"] == model_id, body
     # The server's own count of the answer: max_tokens was applied.
     stats = last_answer(d).find_element(By.CSS_SELECTOR, ".stats").text
-    assert stats.startswith("7 tokens"), stats
+    assert re.fullmatch(r"7 tokens · \d+\.\d tokens/s", stats), stats
     shot(d, "desktop-settings-applied")
 
     # ---- Markdown, highlighted code with a copy button, reasoning folded ----------------------
     grammar = "root ::= " + json.dumps(THINK_ANSWER)
-    set_settings(d, temperature=0, max_tokens=200,
+    set_settings(d, temperature=0, max_tokens=400,
                  extra=json.dumps({"grammar": grammar}))("desktop-settings-grammar")
     send(d, "Show me code")
     wait(d, "the answer", lambda: idle(d) and len(els(d, ".message.assistant")) == 2)
@@ -267,7 +269,11 @@ try:
     code = a.find_element(By.CSS_SELECTOR, "pre.code code.hljs.language-python")
     assert code.text == "print(1)", code.text
     assert code.find_elements(By.CSS_SELECTOR, "span[class^=hljs-]"), "not highlighted"
-    assert "Here is code:" in a.find_element(By.CSS_SELECTOR, ".body p").text
+    assert "Here is code, see the docs and this:" in a.find_element(By.CSS_SELECTOR, ".body p").text
+    link = a.find_element(By.CSS_SELECTOR, ".body a")
+    assert (link.get_attribute("href"), link.get_attribute("target")) == \
+        ("https://example.com/docs", "_blank")
+    assert a.find_element(By.CSS_SELECTOR, ".body b").get_attribute("onclick") is None
     shot(d, "desktop-markdown")
     copy = a.find_element(By.CSS_SELECTOR, "pre.code .copy")
     copy.click()
