@@ -301,9 +301,19 @@ try:
     d.set_window_size(1280, 900)
 
     # ---- the server gone: an error in the page, not a blank answer ----------------------------
-    set_settings(d, max_tokens=20)("desktop-settings-short")
+    # Killed while it answers: what came is kept, and the page says the answer was cut.
+    set_settings(d, max_tokens=3000, extra='{"ignore_eos": true}')("desktop-settings-last")
+    send(d, "A long one")
+    wait(d, "the long answer's text",
+         lambda: len(last_answer(d).find_element(By.CSS_SELECTOR, ".body").text) > 100)
     os.kill(args.pid, signal.SIGKILL)
-    time.sleep(0.5)
+    wait(d, "the cut", lambda: idle(d) and last_answer(d).find_elements(By.CSS_SELECTOR, ".error"))
+    err = last_answer(d).find_element(By.CSS_SELECTOR, ".error").text
+    assert "cut off" in err or "ended early" in err, err
+    assert len(last_answer(d).find_element(By.CSS_SELECTOR, ".body").text) > 100
+    shot(d, "desktop-server-killed-mid-answer")
+    log(f"server killed mid-answer: {err}")
+    # Gone: nothing answers.
     send(d, "Are you there?")
     wait(d, "the error", lambda: idle(d) and last_answer(d).find_elements(By.CSS_SELECTOR, ".error"))
     err = last_answer(d).find_element(By.CSS_SELECTOR, ".error").text
