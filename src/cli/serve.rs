@@ -113,6 +113,9 @@ pub struct ServeArgs {
     /// middle order instead of prefix, suffix, middle, for models trained so.
     #[arg(long = "spm-infill")]
     pub spm_infill: bool,
+    /// Do not serve the web chat page at / (llama-server's flag): / answers 404.
+    #[arg(long = "no-webui")]
+    pub no_webui: bool,
 }
 
 /// `--pooling` as llama.cpp spells it.
@@ -206,6 +209,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         embd_normalize: args.embd_normalize,
         speculation: args.spec.serve(&args.model, &loaded)?,
         spm_infill: args.spm_infill,
+        webui: !args.no_webui,
     };
     Ok(Loaded {
         model: Arc::clone(&loaded.model),

@@ -43,6 +43,7 @@ mod tenant;
 mod tokens;
 pub mod tools;
 mod unsupported;
+mod webui;
 
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
@@ -99,6 +100,8 @@ pub struct ServeOptions {
     pub speculation: Option<ServeSpeculation>,
     /// Fill-in-the-middle prompts with the suffix first (`--spm-infill`).
     pub spm_infill: bool,
+    /// Serve the web chat page at `/` ([`webui`]; `--no-webui` turns it off).
+    pub webui: bool,
 }
 
 /// Speculative decoding in the server: prompt lookup of the context's last `ngram_n` tokens,

@@ -42,6 +42,9 @@ pub(super) fn router(state: Arc<AppState>) -> Router {
         .merge(super::responses::routes())
         .merge(super::rerank::routes());
     let mut open = Router::new().route("/health", get(health));
+    if state.opts.webui {
+        open = open.merge(super::webui::routes());
+    }
     if state.opts.metrics_public {
         open = open.route("/metrics", get(prometheus));
     } else {
