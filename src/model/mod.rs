@@ -10,12 +10,15 @@ pub mod moe;
 pub mod weights;
 
 mod bert;
+mod exaone;
 mod gemma2;
 mod gemma3;
 mod gpt2;
 mod gpt_oss;
 mod granite;
 mod llama;
+mod mistral3;
+mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen3;
@@ -211,8 +214,25 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
             smollm3::configure(&mut cfg);
             smollm3::TRAITS
         }
+        // (Its temperature reads YaRN's context: configured below.)
+        Arch::Mistral3 => mistral3::TRAITS,
+        Arch::Olmo2 => {
+            olmo2::configure(f, &cfg)?;
+            olmo2::TRAITS
+        }
+        Arch::Exaone => {
+            exaone::configure(f, &cfg)?;
+            exaone::TRAITS
+        }
+        Arch::Exaone4 => {
+            exaone::configure4(f, &cfg)?;
+            exaone::TRAITS4
+        }
     };
     rope_scaling::read(f, &mut cfg, traits.longrope)?;
+    if arch == Arch::Mistral3 {
+        mistral3::configure(f, &mut cfg)?;
+    }
     validate(&cfg)?;
     Ok((cfg, traits))
 }
