@@ -98,7 +98,8 @@ VARIANTS = {
     "random-gpt-oss-q4_k_m": ("gpt-oss", "Q4_K_M", False),
 }
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "llama-yarn", "phi3",
-           "smollm3", "gpt-oss", "gemma2", "granite", "mistral3", "olmo2", "exaone", "exaone4"]
+           "smollm3", "gpt-oss", "gemma2", "granite", "mistral3", "olmo2", "olmo3", "exaone",
+           "exaone4"]
 # Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
 ENCODER_RECIPES = ["bert", "nomic-bert"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]

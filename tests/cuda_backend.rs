@@ -143,7 +143,10 @@ fn moe_models_are_refused_by_name() {
 fn refused_on_device(stem: &str) -> Option<&'static str> {
     if stem.contains("-mistral3-") {
         Some("temperature_scale")
-    } else if stem.contains("-olmo2-") || stem.contains("-exaone4-") {
+    } else if ["-olmo2-", "-olmo3-", "-exaone4-"]
+        .iter()
+        .any(|a| stem.contains(a))
+    {
         Some("without input norms")
     } else if stem.contains("-yarn-") {
         Some("rope.scaling")

@@ -459,6 +459,33 @@ fn random_olmo2_matches_reference() {
     check_random("random-olmo2-f32");
 }
 
+/// OLMo 3 (OLMo-2's block with local layers of window 16 on plain RoPE, a global one with
+/// YaRN) against the reference.
+#[test]
+fn random_olmo3_matches_reference() {
+    check_random("random-olmo3-f32");
+}
+
+/// Without its window, or with YaRN on its local layers too, the OLMo 3 file misses the
+/// reference's logits.
+#[test]
+fn olmo3_without_its_window_or_plain_local_rope_misses_the_golden() {
+    let stem = "random-olmo3-f32";
+    let load = || Model::load(common::random_model(stem)).expect("load");
+    let mut m = load();
+    let windows: Vec<_> = m.weights.layers.iter().map(|l| l.window).collect();
+    assert_eq!(windows, [Some(16), Some(16), Some(16), None]);
+    m.weights.layers.iter_mut().for_each(|l| l.window = None);
+    assert_misses_golden(m, stem, "no sliding window");
+    let mut m = load();
+    let global = m.weights.layers[3].rope.clone();
+    assert_ne!(global, m.weights.layers[0].rope);
+    for l in &mut m.weights.layers[..3] {
+        l.rope = global.clone();
+    }
+    assert_misses_golden(m, stem, "YaRN on the local layers");
+}
+
 /// Without its post-norms the OLMo-2 file misses the reference's logits.
 #[test]
 fn olmo2_without_its_post_norms_misses_the_golden() {
@@ -473,8 +500,8 @@ fn olmo2_without_its_post_norms_misses_the_golden() {
     assert_misses_golden(m, stem, "no post-norms");
 }
 
-/// An OLMo-2 file without its output head, a post-norm, or declaring OLMo 3's sliding window,
-/// or an EXAONE file with a bias its graph does not add: one-line errors naming the tensor or
+/// An OLMo-2 file without its output head or a post-norm, an OLMo 3 file whose window pattern
+/// does not fit its layers, or an EXAONE file with a bias its graph does not add: one-line errors naming the tensor or
 /// key.
 #[test]
 fn olmo2_and_exaone_bad_files_are_named() {
@@ -495,10 +522,10 @@ fn olmo2_and_exaone_bad_files_are_named() {
         });
         assert!(e.contains(name) && !e.contains('\n'), "{e}");
     }
-    let e = err("random-olmo2-f32", &|w| {
-        w.set("olmo2.attention.sliding_window", 4096u32);
+    let e = err("random-olmo3-f32", &|w| {
+        w.set("olmo2.attention.sliding_window_pattern", vec![true, false]);
     });
-    assert!(e.contains("olmo2.attention.sliding_window"), "{e}");
+    assert!(e.contains("olmo2.attention.sliding_window_pattern"), "{e}");
     let e = err("random-exaone-f32", &|w| {
         w.add_f32_tensor("blk.3.attn_output.bias", &[256], &[0.0; 256]);
     });

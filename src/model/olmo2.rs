@@ -5,8 +5,10 @@
 //! reads the stream and is normalized after (`post_ffw_norm`). The output head is required
 //! (never tied), as the reference requires it.
 //!
-//! The reference also runs OLMo 3 under this name: with `attention.sliding_window` > 0 every
-//! fourth layer is global and the local ones drop YaRN; kiln refuses that key by name.
+//! OLMo 3 is converted under this name: with `attention.sliding_window` > 0 the layers attend
+//! through that window but every `attention.sliding_window_pattern`-th one (4 by default), and
+//! the local layers rotate with plain RoPE (the file's YaRN or linear scaling for the global
+//! layers only, one RoPE base for both), as the reference's graph does.
 
 use super::config::{ArchTraits, ModelConfig};
 use super::weights::names;
@@ -19,14 +21,16 @@ pub const TRAITS: ArchTraits = ArchTraits {
     ..super::qwen3::TRAITS
 };
 
-pub fn configure(f: &GgufFile, cfg: &ModelConfig) -> Result<(), ModelError> {
-    let key = f.arch_key("attention.sliding_window");
-    if let Some(w) = f.opt_u32(&key)?.filter(|&w| w > 0) {
-        return Err(ModelError::UnsupportedValue {
-            key,
-            value: w.to_string(),
-            supported: "olmo2 without sliding-window layers (not OLMo 3's)",
-        });
+/// OLMo 3's default period of local layers.
+const SWA_PATTERN: u32 = 4;
+
+pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> {
+    // (0, or no key: no sliding window, as the reference reads it.)
+    if let Some(w) = f.opt_u32(&f.arch_key("attention.sliding_window"))? {
+        if w > 0 {
+            cfg.sliding_window = Some(w as usize);
+            cfg.swa_layers = super::gemma2::swa_layers(f, cfg.n_layers, SWA_PATTERN)?;
+        }
     }
     if f.tensor_info(names::OUTPUT).is_none() {
         return Err(ModelError::MissingTensor {

@@ -627,6 +627,7 @@ mod tests {
         for (name, what) in [
             ("mistral3", "mistral3.attention.temperature_scale"),
             ("olmo2", "olmo2's blocks without input norms"),
+            ("olmo3", "olmo2's blocks without input norms"),
             ("exaone4", "exaone4's blocks without input norms"),
         ] {
             let msg = refuse_unsupported(&recipe_model(name))
