@@ -100,7 +100,8 @@ VARIANTS = {
     "random-gpt-oss-q4_k_m": ("gpt-oss", "Q4_K_M", False),
 }
 RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "llama-yarn", "phi3",
-           "smollm3", "gpt-oss", "gemma2", "granite"]
+           "smollm3", "gpt-oss", "gemma2", "granite", "mistral3", "olmo2", "olmo3", "exaone",
+           "exaone4"]
 # Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
 ENCODER_RECIPES = ["bert", "nomic-bert", "bert-rerank"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
@@ -112,7 +113,8 @@ LOGPROB_MODELS = ["random-llama-f32", "random-llama-q4_0", "random-qwen2-f32",
 LOGPROB_TOP = 5
 # The random models with a perplexity golden (n_ctx 512: prompt batches of 512 take the
 # reference's tiled attention, which the short golden prompts never reach).
-PERPLEXITY_MODELS = ["random-gemma2-f32"]
+PERPLEXITY_MODELS = ["random-gemma2-f32", "random-mistral3-f32", "random-olmo2-f32",
+                     "random-olmo3-f32"]
 
 # Embedding goldens: these models, the golden prompts, llama.cpp's pooling types by value.
 EMBED_MODELS = ["random-llama-f32", "random-qwen2-f32", "random-qwen3-f32", "random-gpt2-f32",

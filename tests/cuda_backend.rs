@@ -24,7 +24,7 @@ use kiln::backend::{cuda, Backend, Buf, Device, Mat, NormW, RowSel, SeqBatch};
 use kiln::cache::KvType;
 use kiln::engine::session::{cuda_session, kv_layout, scratch_spec};
 use kiln::engine::{Session, SessionOptions};
-use kiln::model::config::Activation;
+use kiln::model::config::{Activation, AttnTemp};
 use kiln::model::forward::{forward_batch, ForwardError, Logits};
 use kiln::model::Model;
 use kiln::sampler::argmax;
@@ -140,9 +140,17 @@ fn moe_models_are_refused_by_name() {
 
 /// The fixture models the CUDA backend refuses, and what its error names: YaRN's rotation
 /// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix, Gemma-2's
-/// soft caps, the i-quants (no device kernels).
+/// soft caps, the i-quants (no device kernels), Mistral-3's attention temperature, the blocks
+/// without input norms of OLMo-2 and EXAONE 4.
 fn refused_on_device(stem: &str) -> Option<&'static str> {
-    if stem.contains("-yarn-") {
+    if stem.contains("-mistral3-") {
+        Some("temperature_scale")
+    } else if ["-olmo2-", "-olmo3-", "-exaone4-"]
+        .iter()
+        .any(|a| stem.contains(a))
+    {
+        Some("without input norms")
+    } else if stem.contains("-yarn-") {
         Some("rope.scaling")
     } else if stem.contains("-phi3-") {
         Some("ffn_up")
@@ -623,6 +631,12 @@ impl Backend for ReadsNormAfterProducts<'_> {
     }
     fn softcap(&mut self, buf: Buf, cap: f32, rows: usize) {
         self.step.softcap(buf, cap, rows)
+    }
+    fn attn_temperature(&mut self, t: AttnTemp, seqs: &[SeqBatch<'_, CudaKv>], rows: usize) {
+        self.step.attn_temperature(t, seqs, rows)
+    }
+    fn copy(&mut self, dst: Buf, src: Buf, rows: usize) {
+        self.step.copy(dst, src, rows)
     }
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {
         self.step.add(dst, src, rows)

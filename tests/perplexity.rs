@@ -1,5 +1,5 @@
 //! Perplexity of corpus_pydoc.txt (n_ctx 512, 12 chunks) against the reference engine's values:
-//! the real models, and a random Gemma-2.
+//! the real models, and a random Gemma-2, Mistral-3, OLMo-2 and OLMo 3.
 
 mod common;
 
@@ -68,6 +68,20 @@ fn gemma3_perplexity_matches_reference() {
 fn random_gemma2_perplexity_matches_reference() {
     let stem = "random-gemma2-f32";
     check_file(&common::random_model(stem), stem, stem);
+}
+
+/// The random Mistral-3, OLMo-2 and OLMo 3: chunks of 512 as prompt batches, Mistral-3's
+/// attention temperature over positions far past its floor of 32 (factors up to
+/// ln 16·0.5 + 1), OLMo-2's blocks without input norms, OLMo 3's window of 16.
+#[test]
+fn random_mistral3_and_olmo_perplexity_match_reference() {
+    for stem in [
+        "random-mistral3-f32",
+        "random-olmo2-f32",
+        "random-olmo3-f32",
+    ] {
+        check_file(&common::random_model(stem), stem, stem);
+    }
 }
 
 /// A q8_0 KV cache costs SmolLM2 well under 1% of perplexity on the corpus (n_ctx 512, 12

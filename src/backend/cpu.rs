@@ -16,7 +16,7 @@ use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{
     matmul, matmul_gated, matmul_many, quantize_input, Linear, MatmulScratch, GATED_MIN_ROWS,
 };
-use crate::kernels::ops::{self, Activation, Rope};
+use crate::kernels::ops::{self, Activation, AttnTemp, Rope};
 use crate::kernels::par_rows;
 use crate::kernels::pool::ThreadPool;
 use crate::model::{Model, Norm, NormKind, Qkv};
@@ -158,11 +158,11 @@ impl<'a> Cpu<'a> {
         let ws = &self.m.weights;
         let opt = |n: &'a Option<Norm>| n.as_ref().expect("the model has no such norm");
         match w {
-            NormW::Attn(l) => &ws.layers[l].attn_norm,
+            NormW::Attn(l) => opt(&ws.layers[l].attn_norm),
             NormW::QHead(l) => opt(&ws.layers[l].q_norm),
             NormW::KHead(l) => opt(&ws.layers[l].k_norm),
             NormW::AttnPost(l) => opt(&ws.layers[l].attn_post_norm),
-            NormW::Ffn(l) => &ws.layers[l].ffn_norm,
+            NormW::Ffn(l) => opt(&ws.layers[l].ffn_norm),
             NormW::FfnPost(l) => opt(&ws.layers[l].ffn_post_norm),
             NormW::Output => &ws.output_norm,
             NormW::Embd => opt(&ws.embd_norm),
@@ -414,6 +414,21 @@ impl<'a> Backend for Cpu<'a> {
         let width = self.width(buf);
         let x = &mut Parts::of(self.s).take(buf)[..rows * width];
         par_rows(&self.rt.pool, x, width, &|_, v| ops::scale_inplace(v, s));
+    }
+
+    fn attn_temperature(&mut self, t: AttnTemp, seqs: &[SeqBatch<'_>], rows: usize) {
+        let width = self.width(Buf::Q);
+        let q = &mut Parts::of(self.s).take(Buf::Q)[..rows * width];
+        for (j, row) in q.chunks_exact_mut(width).enumerate() {
+            ops::scale_inplace(row, t.factor(row_pos(seqs, j)));
+        }
+    }
+
+    fn copy(&mut self, dst: Buf, src: Buf, rows: usize) {
+        let width = self.width(dst);
+        let mut p = Parts::of(self.s);
+        let (d, x) = (p.take(dst), p.take(src));
+        d[..rows * width].copy_from_slice(&x[..rows * width]);
     }
 
     fn softcap(&mut self, buf: Buf, cap: f32, rows: usize) {

@@ -25,7 +25,7 @@ use std::ops::Range;
 
 use crate::cache::offload::OffloadFault;
 use crate::cache::{KvCache, KvOverflow, KvWindowError};
-use crate::kernels::ops::Activation;
+use crate::kernels::ops::{Activation, AttnTemp};
 
 /// Which logits a forward pass computes.
 pub enum Logits<'a> {
@@ -335,6 +335,12 @@ pub trait Backend {
 
     /// `buf *= s`.
     fn scale(&mut self, buf: Buf, s: f32, rows: usize);
+
+    /// `Q[j] *= t.factor(position of row j)`: the queries' attention temperature (Mistral-3).
+    fn attn_temperature(&mut self, t: AttnTemp, seqs: &[SeqBatch<'_, Self::Kv>], rows: usize);
+
+    /// `dst = src` (the FFN's input where the block has no input norm: the stream itself).
+    fn copy(&mut self, dst: Buf, src: Buf, rows: usize);
 
     /// `buf = c·tanh(buf/c)` ([`crate::kernels::ops::softcap_inplace`]): the output logits'
     /// soft cap (Gemma-2's `final_logit_softcapping`).

@@ -100,6 +100,25 @@ pub enum RopeKind {
     Neox,
 }
 
+/// Llama-4-style attention temperature (`{arch}.attention.temperature_scale`, Mistral-3): the
+/// queries at position `p` are multiplied by `ln(⌊p / floor⌋ + 1)·scale + 1` after RoPE, so
+/// positions below `floor` (the context before YaRN's extension) are unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct AttnTemp {
+    pub scale: f32,
+    /// Positions per step of the factor (the reference's `n_attn_temp_floor_scale`).
+    pub floor: usize,
+}
+
+impl AttnTemp {
+    /// The factor at position `pos`, in the reference's steps (`llm_graph_input_attn_temp`:
+    /// the quotient in f32, the logarithm and the sum in f64, stored as f32).
+    pub fn factor(&self, pos: usize) -> f32 {
+        let steps = (pos as f32 / self.floor as f32).floor() as f64;
+        ((steps + 1.0).ln() * self.scale as f64 + 1.0) as f32
+    }
+}
+
 /// RoPE's position-scaling parameters as the reference engine's context holds them
 /// (`cparams.yarn_*`, `n_ctx_orig_yarn`), applied to every layer's rotation
 /// ([`Rope::with_yarn`]). Without YaRN, `ext_factor` is 0 and only

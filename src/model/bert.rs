@@ -20,6 +20,7 @@ pub const BERT: ArchTraits = ArchTraits {
     rope: None,
     fused_qkv: false,
     qk_norm: false,
+    input_norms: true,
     post_norms: false,
     scale_embeddings: false,
     fused_gate_up: false,

@@ -3,7 +3,7 @@
 use crate::gguf::{GgufError, GgufFile};
 
 /// The op choices an architecture makes, defined beside the kernels that implement them.
-pub use crate::kernels::ops::{Activation, RopeKind, YarnParams};
+pub use crate::kernels::ops::{Activation, AttnTemp, RopeKind, YarnParams};
 
 /// How router logits become expert probabilities (`{arch}.expert_gating_func`, llama.cpp's
 /// `llama_expert_gating_func_type`).
@@ -88,6 +88,13 @@ pub enum Arch {
     NomicBert,
     Phi3,
     Smollm3,
+    /// Mistral Small 3.x / Ministral 3 as llama.cpp converts them (`mistral3`).
+    Mistral3,
+    /// OLMo-2 (`olmo2`).
+    Olmo2,
+    /// EXAONE 3.x (`exaone`) and EXAONE 4 (`exaone4`).
+    Exaone,
+    Exaone4,
 }
 
 impl Arch {
@@ -110,6 +117,10 @@ impl Arch {
         ("nomic-bert", Arch::NomicBert),
         ("phi3", Arch::Phi3),
         ("smollm3", Arch::Smollm3),
+        ("mistral3", Arch::Mistral3),
+        ("olmo2", Arch::Olmo2),
+        ("exaone", Arch::Exaone),
+        ("exaone4", Arch::Exaone4),
     ];
 
     pub fn from_name(name: &str) -> Option<Arch> {
@@ -160,7 +171,11 @@ pub struct ArchTraits {
     pub longrope: bool,
     /// Per-head RMSNorm of q and k (Qwen3, Gemma-3).
     pub qk_norm: bool,
-    /// Norms after attention and FFN, before the residual add (Gemma-2, Gemma-3).
+    /// Norms of the block's input before attention and before the FFN (`attn_norm`,
+    /// `ffn_norm`): every architecture but OLMo-2 and EXAONE 4, whose blocks normalize only
+    /// their outputs ([`Self::post_norms`]).
+    pub input_norms: bool,
+    /// Norms after attention and FFN, before the residual add (Gemma-2, Gemma-3, OLMo-2).
     pub post_norms: bool,
     /// Multiply embeddings by `sqrt(dim)` (Gemma).
     pub scale_embeddings: bool,
@@ -219,6 +234,9 @@ pub struct ModelConfig {
     pub residual_scale: Option<f32>,
     /// Multiplier of the output logits (Granite's `1 / logit_scale`).
     pub logit_scale: Option<f32>,
+    /// Queries multiplied by a factor growing with the position after RoPE (Mistral-3's
+    /// attention temperature).
+    pub attn_temp: Option<AttnTemp>,
     /// Off: every position of a pass attends to every other (an encoder's bidirectional
     /// attention, `{arch}.attention.causal = false`; decoders are always causal).
     pub causal: bool,
@@ -308,6 +326,7 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         embed_scale: None,
         residual_scale: None,
         logit_scale: None,
+        attn_temp: None,
         causal: true,
         token_types: 0,
         moe: None,

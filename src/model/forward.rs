@@ -77,7 +77,8 @@ pub fn forward_batch<B: Backend>(
     }
     for (li, layer) in w.layers.iter().enumerate() {
         // --- attention ---
-        let src = if encoder {
+        // (Without an input norm, OLMo-2's, the projections read the stream itself.)
+        let src = if encoder || layer.attn_norm.is_none() {
             Buf::X
         } else {
             b.norm(NormW::Attn(li), Buf::X, Buf::Xb, 0..n);
@@ -104,6 +105,9 @@ pub fn forward_batch<B: Backend>(
         if layer.rope.is_some() {
             b.rope(li, seqs, n);
         }
+        if let Some(t) = c.attn_temp {
+            b.attn_temperature(t, seqs, n);
+        }
         if let Some(qs) = c.q_scale {
             b.scale(Buf::Q, qs, n);
         }
@@ -118,8 +122,10 @@ pub fn forward_batch<B: Backend>(
         if encoder {
             // The FFN reads the normed stream from `Xb`; the stream itself is normed alike.
             encoder_norm(b, NormW::Attn(li), n);
-        } else {
+        } else if layer.ffn_norm.is_some() {
             b.norm(NormW::Ffn(li), Buf::X, Buf::Xb, 0..n);
+        } else {
+            b.copy(Buf::Xb, Buf::X, n);
         }
         let act = m.traits.act;
         if layer.moe.is_some() {

@@ -33,7 +33,7 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
         )));
     }
     cfg.sliding_window = Some(window as usize);
-    cfg.swa_layers = swa_layers(f, cfg.n_layers)?;
+    cfg.swa_layers = swa_layers(f, cfg.n_layers, DEFAULT_SWA_PATTERN)?;
     // Local and global layers share one RoPE base unless the file gives the local one.
     cfg.rope_base_swa = f.opt_f32(&f.arch_key("rope.freq_base_swa"))?;
     cfg.attn_softcap = Some(softcap(f, "attn_logit_softcapping", DEFAULT_ATTN_SOFTCAP)?);
@@ -66,14 +66,19 @@ fn softcap(f: &GgufFile, name: &str, default: f32) -> Result<f32, ModelError> {
     Ok(c)
 }
 
-/// Which layers use the sliding window, as the reference's `load_swa_pattern(ml, 2)`:
+/// Which layers use the sliding window, as the reference's `load_swa_pattern(ml, period)`:
 /// `attention.sliding_window_pattern` as one flag per layer, or as a period `n` (layer `i` is
-/// local when `i mod n < n − 1`; 0: every layer), 2 by default.
-fn swa_layers(f: &GgufFile, n_layers: usize) -> Result<Vec<bool>, ModelError> {
+/// local when `i mod n < n − 1`; 0: every layer), `period` by default (Gemma-2's 2, OLMo 3's
+/// 4).
+pub(super) fn swa_layers(
+    f: &GgufFile,
+    n_layers: usize,
+    period: u32,
+) -> Result<Vec<bool>, ModelError> {
     let key = f.arch_key("attention.sliding_window_pattern");
     let bad = |what: String| ModelError::BadConfig(format!("metadata key '{key}': {what}"));
     let period = match f.get(&key) {
-        None => DEFAULT_SWA_PATTERN,
+        None => period,
         Some(Value::Array(a)) => {
             let flags = a
                 .as_bools()

@@ -13,6 +13,7 @@ pub const TRAITS: ArchTraits = ArchTraits {
     fused_gate_up: false,
     longrope: false,
     qk_norm: false,
+    input_norms: true,
     post_norms: false,
     scale_embeddings: false,
 };

@@ -11,12 +11,15 @@ pub mod weights;
 
 mod bert;
 pub mod classifier;
+mod exaone;
 mod gemma2;
 mod gemma3;
 mod gpt2;
 mod gpt_oss;
 mod granite;
 mod llama;
+mod mistral3;
+mod olmo2;
 mod phi3;
 mod qwen2;
 mod qwen3;
@@ -29,7 +32,7 @@ pub use config::{Arch, ArchTraits, ModelConfig, NormKind};
 pub use weights::{Layer, Norm, Qkv, Weights};
 
 use crate::gguf::{GgufError, GgufFile};
-use crate::kernels::ops::Rope;
+use crate::kernels::ops::{Rope, YarnParams};
 use crate::quant::GgmlType;
 
 /// Why a model could not be loaded.
@@ -213,8 +216,25 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
             smollm3::configure(&mut cfg);
             smollm3::TRAITS
         }
+        // (Its temperature reads YaRN's context: configured below.)
+        Arch::Mistral3 => mistral3::TRAITS,
+        Arch::Olmo2 => {
+            olmo2::configure(f, &mut cfg)?;
+            olmo2::TRAITS
+        }
+        Arch::Exaone => {
+            exaone::configure(f, &cfg)?;
+            exaone::TRAITS
+        }
+        Arch::Exaone4 => {
+            exaone::configure4(f, &cfg)?;
+            exaone::TRAITS4
+        }
     };
     rope_scaling::read(f, &mut cfg, traits.longrope)?;
+    if arch == Arch::Mistral3 {
+        mistral3::configure(f, &mut cfg)?;
+    }
     validate(&cfg)?;
     Ok((cfg, traits))
 }
@@ -293,7 +313,13 @@ fn layer_ropes(
                 return None;
             }
             // Local layers have their own base and no position scaling (gpt-oss's keep the
-            // full layers' scaling).
+            // full layers' scaling; OLMo 3's share the base and drop YaRN as well).
+            if c.arch == Arch::Olmo2 && c.swa_layers[i] {
+                return Some(
+                    Rope::new(kind, c.rope_dims, c.rope_base, 1.0, None)
+                        .with_yarn(&YarnParams::NONE),
+                );
+            }
             let (base, scale) = match (c.swa_layers[i], c.rope_base_swa) {
                 (true, Some(b)) if c.arch == Arch::GptOss => (b, c.rope_freq_scale),
                 (true, Some(b)) => (b, 1.0),

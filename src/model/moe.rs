@@ -26,6 +26,7 @@ pub const QWEN3MOE: ArchTraits = ArchTraits {
     rope: Some(RopeKind::Neox),
     fused_qkv: false,
     qk_norm: true,
+    input_norms: true,
     post_norms: false,
     scale_embeddings: false,
     fused_gate_up: false,
@@ -134,8 +135,8 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
     Ok(())
 }
 
-/// Whether q and k are normalized as whole vectors (OLMoE's `attn_q_norm` is `[q_dim]`)
-/// rather than head by head.
+/// Whether q and k are normalized as whole vectors (OLMoE's and OLMo-2's `attn_q_norm` is
+/// `[q_dim]`) rather than head by head.
 pub fn whole_qk_norm(cfg: &ModelConfig) -> bool {
-    cfg.arch == Arch::Olmoe
+    matches!(cfg.arch, Arch::Olmoe | Arch::Olmo2)
 }

@@ -10,12 +10,14 @@
 //!   factors and the attention factor do the work; `rope.scaling.original_context_length`
 //!   decides which factors (see [`super::phi3`]);
 //! - YaRN: `rope.scaling.original_context_length` (the context before the extension), an
-//!   extrapolation mix of 1, the reference's default corrections `beta_fast` 32 and
-//!   `beta_slow` 1 (the architectures kiln runs do not read `yarn_beta_*` or `yarn_ext_factor`
-//!   from the file: the reference reads those for grok and mistral3 only), and the magnitude
-//!   `get_mscale(factor) / (1 + 0.1·ln factor)` times the attention factor.
+//!   extrapolation mix of 1, the corrections `beta_fast` 32 and `beta_slow` 1, and the
+//!   magnitude `get_mscale(factor) / (1 + 0.1·ln factor)` times the attention factor; for
+//!   `mistral3` the file's `rope.scaling.yarn_beta_fast`, `yarn_beta_slow` and
+//!   `yarn_log_multiplier` (the magnitude then `get_mscale(factor, 1) / get_mscale(factor,
+//!   log_mul)`), which the reference reads for it (the other architectures kiln runs read none
+//!   of them, nor `yarn_ext_factor`).
 
-use super::config::{ModelConfig, YarnParams};
+use super::config::{Arch, ModelConfig, YarnParams};
 use super::ModelError;
 use crate::gguf::GgufFile;
 
@@ -70,11 +72,13 @@ pub fn read(f: &GgufFile, cfg: &mut ModelConfig, longrope: bool) -> Result<(), M
                 return Err(bad_key(&orig_key, 0.0, "a positive context length"));
             }
             cfg.rope_freq_scale = 1.0 / factor;
+            let own = own_yarn_keys(f, cfg.arch)?;
             cfg.rope_yarn = YarnParams {
                 ext_factor: 1.0,
-                attn_factor: yarn_attn_factor(cfg.rope_freq_scale) * rope_attn_factor,
+                attn_factor: yarn_attn_factor(cfg.rope_freq_scale, own.log_mul) * rope_attn_factor,
                 n_ctx_orig: n_ctx_orig as usize,
-                ..YarnParams::NONE
+                beta_fast: own.beta_fast,
+                beta_slow: own.beta_slow,
             };
         }
         other => {
@@ -87,17 +91,59 @@ pub fn read(f: &GgufFile, cfg: &mut ModelConfig, longrope: bool) -> Result<(), M
     Ok(())
 }
 
-/// The reference context's `yarn_attn_factor` for a position scale, before the file's
-/// attention factor multiplies it: `get_mscale(factor, 1)` divided by the
-/// `1 + 0.1·ln(factor)` the rotation multiplies back in, in f32 and in its order.
-fn yarn_attn_factor(freq_scale: f32) -> f32 {
-    let factor = 1.0 / freq_scale;
-    let mscale = if factor <= 1.0 {
-        1.0
-    } else {
-        0.1 * factor.ln() + 1.0
+/// YaRN's corrections and magnitude as the file may set them: `rope.scaling.yarn_beta_fast`,
+/// `rope.scaling.yarn_beta_slow` and `rope.scaling.yarn_log_multiplier` (HF's
+/// `mscale_all_dim`), which the reference reads for `mistral3` (of the architectures kiln
+/// runs) and defaults to 32, 1 and 0 for the others.
+struct OwnYarnKeys {
+    beta_fast: f32,
+    beta_slow: f32,
+    log_mul: f32,
+}
+
+fn own_yarn_keys(f: &GgufFile, arch: Arch) -> Result<OwnYarnKeys, ModelError> {
+    let mut own = OwnYarnKeys {
+        beta_fast: YarnParams::NONE.beta_fast,
+        beta_slow: YarnParams::NONE.beta_slow,
+        log_mul: 0.0,
     };
-    mscale * (1.0 / (1.0 + 0.1 * factor.ln()))
+    if arch != Arch::Mistral3 {
+        return Ok(own);
+    }
+    for (name, slot) in [
+        ("rope.scaling.yarn_beta_fast", &mut own.beta_fast),
+        ("rope.scaling.yarn_beta_slow", &mut own.beta_slow),
+        ("rope.scaling.yarn_log_multiplier", &mut own.log_mul),
+    ] {
+        let key = f.arch_key(name);
+        if let Some(v) = f.opt_f32(&key)? {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(bad_key(&key, v, "a non-negative number"));
+            }
+            *slot = v;
+        }
+    }
+    Ok(own)
+}
+
+/// The reference context's `yarn_attn_factor` for a position scale, before the file's
+/// attention factor multiplies it: `get_mscale(factor, 1)` (over `get_mscale(factor,
+/// log_mul)` where the file gives a log multiplier) divided by the `1 + 0.1·ln(factor)` the
+/// rotation multiplies back in, in f32 and in its order.
+fn yarn_attn_factor(freq_scale: f32, log_mul: f32) -> f32 {
+    let factor = 1.0 / freq_scale;
+    let get_mscale = |mscale: f32| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * mscale * factor.ln() + 1.0
+        }
+    };
+    let m = match log_mul {
+        0.0 => get_mscale(1.0),
+        all => get_mscale(1.0) / get_mscale(all),
+    };
+    m * (1.0 / (1.0 + 0.1 * factor.ln()))
 }
 
 fn missing(key: &str, kind: &str) -> ModelError {
@@ -118,10 +164,15 @@ mod tests {
     /// `1 + 0.1·ln(factor)` (up to rounding), as the reference's context does.
     #[test]
     fn yarn_attn_factor_cancels_the_rotation_magnitude() {
-        assert_eq!(yarn_attn_factor(1.0), 1.0);
+        assert_eq!(yarn_attn_factor(1.0, 0.0), 1.0);
         for factor in [2.0f32, 4.0, 8.0, 32.0] {
-            let a = yarn_attn_factor(1.0 / factor);
+            let a = yarn_attn_factor(1.0 / factor, 0.0);
             assert!((a - 1.0).abs() < 1e-6, "{factor}: {a}");
+            // A log multiplier of 1 (Ministral 3's `mscale_all_dim`) cancels `get_mscale`:
+            // the rotation's magnitude is then 1 overall.
+            let a = yarn_attn_factor(1.0 / factor, 1.0);
+            let want = 1.0 / (1.0 + 0.1 * factor.ln());
+            assert!((a - want).abs() < 1e-7, "{factor}: {a} vs {want}");
         }
     }
 }

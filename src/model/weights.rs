@@ -96,8 +96,9 @@ impl Qkv {
 
 /// One transformer block.
 pub struct Layer {
-    /// `[dim]` (an encoder's `attn_output_norm`, applied after the residual add)
-    pub attn_norm: Norm,
+    /// `[dim]` (an encoder's `attn_output_norm`, applied after the residual add; `None`
+    /// where the architecture has no input norms, OLMo-2)
+    pub attn_norm: Option<Norm>,
     /// The query, key and value projections.
     pub qkv: Qkv,
     /// `[head_dim]`, applied to every head of q / k.
@@ -107,8 +108,9 @@ pub struct Layer {
     pub wo: Linear,
     /// `[dim]` (Gemma-3)
     pub attn_post_norm: Option<Norm>,
-    /// `[dim]` (an encoder's `layer_output_norm`, applied after the residual add)
-    pub ffn_norm: Norm,
+    /// `[dim]` (an encoder's `layer_output_norm`, applied after the residual add; `None` as
+    /// `attn_norm`)
+    pub ffn_norm: Option<Norm>,
     /// `[ffn_dim, dim]` (gated FFNs; a MoE layer's shared expert)
     pub ffn_gate: Option<Linear>,
     /// `[ffn_dim, dim]` (`None`: a MoE layer without a shared expert)
@@ -531,14 +533,18 @@ pub fn load(
         } else {
             None
         };
+        let input_norm = |name: &str| match traits.input_norms {
+            true => ld.norm(&b(name), dim).map(Some),
+            false => Ok(None),
+        };
         layers.push(Layer {
-            attn_norm: ld.norm(&b(attn_norm_name), dim)?,
+            attn_norm: input_norm(attn_norm_name)?,
             qkv,
             q_norm,
             k_norm,
             wo,
             attn_post_norm,
-            ffn_norm: ld.norm(&b(ffn_norm_name), dim)?,
+            ffn_norm: input_norm(ffn_norm_name)?,
             ffn_gate,
             ffn_up,
             ffn_down,

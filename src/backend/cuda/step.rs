@@ -26,7 +26,7 @@ use super::CudaError;
 use crate::backend::{Backend, Buf, ForwardError, Mat, NormW, RowSel, SeqBatch, SeqCache};
 use crate::cache::KvLayout;
 use crate::kernels::attention::TILE_Q;
-use crate::kernels::ops::Activation;
+use crate::kernels::ops::{Activation, AttnTemp};
 use crate::model::{Model, NormKind};
 use layout::GemmLayout;
 pub use layout::{CudaKv, CudaSizes, RingLayout, SessionLayout};
@@ -922,6 +922,20 @@ impl Backend for CudaStep<'_> {
         // Unreachable in practice: `DeviceWeights::upload` refuses such models.
         self.s.fail(Err(CudaError::Unsupported(
             "soft-capped logits (no CUDA soft cap)".into(),
+        )));
+    }
+
+    fn attn_temperature(&mut self, _t: AttnTemp, _seqs: &[SeqBatch<'_, CudaKv>], _rows: usize) {
+        // Unreachable in practice: `DeviceWeights::upload` refuses such models.
+        self.s.fail(Err(CudaError::Unsupported(
+            "an attention temperature (no CUDA per-position query scale)".into(),
+        )));
+    }
+
+    fn copy(&mut self, _dst: Buf, _src: Buf, _rows: usize) {
+        // Unreachable in practice: `DeviceWeights::upload` refuses such models.
+        self.s.fail(Err(CudaError::Unsupported(
+            "blocks without input norms (no CUDA copy of the stream)".into(),
         )));
     }
 

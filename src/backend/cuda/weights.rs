@@ -51,11 +51,11 @@ struct DevLayer {
     gate: Option<DevMat>,
     up: DevMat,
     down: DevMat,
-    attn_norm: DevNorm,
+    attn_norm: Option<DevNorm>,
     q_norm: Option<DevNorm>,
     k_norm: Option<DevNorm>,
     attn_post: Option<DevNorm>,
-    ffn_norm: DevNorm,
+    ffn_norm: Option<DevNorm>,
     ffn_post: Option<DevNorm>,
     /// RoPE frequency divisors `[rope_dims / 2]`, if the model has them.
     rope_factors: Option<u64>,
@@ -407,11 +407,11 @@ impl Uploader<'_> {
                 gate: l.ffn_gate.as_ref().map(|g| self.matrix(g)).transpose()?,
                 up: self.matrix(Self::dense(&l.ffn_up, "ffn_up")?)?,
                 down: self.matrix(Self::dense(&l.ffn_down, "ffn_down")?)?,
-                attn_norm: self.norm(&l.attn_norm)?,
+                attn_norm: self.opt_norm(&l.attn_norm)?,
                 q_norm: self.opt_norm(&l.q_norm)?,
                 k_norm: self.opt_norm(&l.k_norm)?,
                 attn_post: self.opt_norm(&l.attn_post_norm)?,
-                ffn_norm: self.norm(&l.ffn_norm)?,
+                ffn_norm: self.opt_norm(&l.ffn_norm)?,
                 ffn_post: self.opt_norm(&l.ffn_post_norm)?,
                 rope_factors: l.rope.as_ref().and(rope_factors),
             });
@@ -494,11 +494,11 @@ impl DeviceWeights {
         let l = |i: usize| &self.layers[i];
         let some = |x: Option<DevNorm>| x.expect("the model has no such norm");
         match n {
-            NormW::Attn(i) => l(i).attn_norm,
+            NormW::Attn(i) => some(l(i).attn_norm),
             NormW::QHead(i) => some(l(i).q_norm),
             NormW::KHead(i) => some(l(i).k_norm),
             NormW::AttnPost(i) => some(l(i).attn_post),
-            NormW::Ffn(i) => l(i).ffn_norm,
+            NormW::Ffn(i) => some(l(i).ffn_norm),
             NormW::FfnPost(i) => some(l(i).ffn_post),
             NormW::Output => self.output_norm,
             // Encoders do not load on the GPU (`EngineError::Encoder`).
@@ -535,6 +535,20 @@ fn refuse_unsupported(m: &Model) -> Result<(), CudaError> {
     if m.traits.fused_gate_up {
         return Err(CudaError::Unsupported(format!(
             "{}'s gate and up projections fused in one matrix (blk.N.ffn_up.weight)",
+            c.arch_name
+        )));
+    }
+    if c.attn_temp.is_some() {
+        return Err(CudaError::Unsupported(format!(
+            "{}'s attention temperature ({0}.attention.temperature_scale; the CUDA step has \
+             no per-position query scale)",
+            c.arch_name
+        )));
+    }
+    if !m.traits.input_norms {
+        return Err(CudaError::Unsupported(format!(
+            "{}'s blocks without input norms (no blk.N.attn_norm / ffn_norm; the CUDA step \
+             feeds every projection from a normed copy of the stream)",
             c.arch_name
         )));
     }
@@ -581,22 +595,47 @@ mod tests {
         assert_eq!(formats, 13, "the 13 weight formats the GPU multiplies");
     }
 
+    /// The random model of recipe `name`.
+    fn recipe_model(name: &str) -> Model {
+        let (_, recipe) = crate::fixtures::RECIPES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("recipe");
+        let bytes = crate::fixtures::random_f32(recipe).to_bytes();
+        let f = crate::gguf::GgufFile::from_bytes(bytes).expect("parse");
+        Model::from_gguf(f).expect("load")
+    }
+
     /// Gemma-2's soft caps have no device kernels: its model is refused by name before
     /// anything is uploaded (no device needed to check it).
     #[test]
     fn soft_capped_models_are_refused_by_name() {
-        let (_, recipe) = crate::fixtures::RECIPES
-            .iter()
-            .find(|(n, _)| *n == "gemma2")
-            .expect("gemma2 recipe");
-        let bytes = crate::fixtures::random_f32(recipe).to_bytes();
-        let f = crate::gguf::GgufFile::from_bytes(bytes).expect("parse");
-        let m = Model::from_gguf(f).expect("load");
-        let msg = refuse_unsupported(&m).expect_err("refused").to_string();
+        let msg = refuse_unsupported(&recipe_model("gemma2"))
+            .expect_err("refused")
+            .to_string();
         assert!(
             msg.contains("gemma2") && msg.contains("softcapping"),
             "{msg}"
         );
+    }
+
+    /// Mistral-3's attention temperature and the blocks without input norms of OLMo-2 and
+    /// EXAONE 4 have no device ops: refused by name before anything is uploaded; EXAONE 3
+    /// (LLaMA's block with NeoX RoPE and biases) is not.
+    #[test]
+    fn temperature_and_unnormed_inputs_are_refused_by_name() {
+        for (name, what) in [
+            ("mistral3", "mistral3.attention.temperature_scale"),
+            ("olmo2", "olmo2's blocks without input norms"),
+            ("olmo3", "olmo2's blocks without input norms"),
+            ("exaone4", "exaone4's blocks without input norms"),
+        ] {
+            let msg = refuse_unsupported(&recipe_model(name))
+                .expect_err("refused")
+                .to_string();
+            assert!(msg.contains(what), "{msg}");
+        }
+        refuse_unsupported(&recipe_model("exaone")).expect("exaone runs on the device");
     }
 
     #[test]
