@@ -29,9 +29,9 @@
 //! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
-mod iquant;
 #[allow(dead_code)] // read by the 2- and 3-bit i-quants
 mod iq_signs;
+mod iquant;
 pub mod kquant_order;
 mod kquant_quantize;
 mod mxfp4;
