@@ -283,3 +283,66 @@ fn anthropic_thinking_gives_thinking_blocks() {
     assert_eq!(a.status, 400, "{}", a.text());
     assert!(a.text().contains("thinking.budget_tokens"), "{}", a.text());
 }
+
+/// The Responses API answers a model that thinks with a `reasoning` item (its text as
+/// `reasoning_text` content), streamed as `response.reasoning_text.delta` / `.done`. The
+/// forced-open template makes the whole unforced greedy answer thoughts; the switch closed, it
+/// is a message.
+#[test]
+fn responses_give_reasoning_items() {
+    let s = switch_server();
+    let ask = |kwargs: Value, stream: bool| {
+        let b = json!({"input": "2+2?", "max_output_tokens": 12, "temperature": 0,
+                       "stream": stream});
+        let mut chat = json!({"messages": [{"role": "user", "content": "2+2?"}],
+                              "max_tokens": 12, "temperature": 0});
+        if !kwargs.is_null() {
+            chat["chat_template_kwargs"] = kwargs;
+        }
+        let a = s.request("POST", "/v1/responses", &[], &b.to_string());
+        assert_eq!(a.status, 200, "{}", a.text());
+        (a, chat)
+    };
+    let (a, chat) = ask(Value::Null, false);
+    let c = s.request("POST", "/v1/chat/completions", &[], &chat.to_string());
+    let raw = c.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = a.json();
+    let out = r["output"].as_array().unwrap();
+    assert_eq!(out.len(), 1, "{r}");
+    assert_eq!(out[0]["type"], "reasoning", "{r}");
+    assert_eq!(out[0]["summary"], json!([]), "{r}");
+    assert_eq!(out[0]["status"], "completed", "{r}");
+    assert_eq!(
+        out[0]["content"],
+        json!([{"type": "reasoning_text", "text": raw.trim()}]),
+        "{r}"
+    );
+
+    let (a, _) = ask(Value::Null, true);
+    let (mut delta, mut done, mut kinds) = (String::new(), None, Vec::new());
+    for line in a.text().lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let kind = v["type"].as_str().unwrap().to_owned();
+        match kind.as_str() {
+            "response.reasoning_text.delta" => delta += v["delta"].as_str().unwrap(),
+            "response.reasoning_text.done" => done = Some(v["text"].clone()),
+            "response.output_text.delta" => panic!("{v}"),
+            _ => {}
+        }
+        kinds.push(kind);
+    }
+    assert_eq!(delta, raw.trim());
+    assert_eq!(done, Some(json!(raw.trim())));
+    let at = |k: &str| {
+        kinds
+            .iter()
+            .position(|x| x == k)
+            .unwrap_or_else(|| panic!("{k}: {kinds:?}"))
+    };
+    assert!(at("response.output_item.added") < at("response.content_part.added"));
+    assert!(at("response.reasoning_text.done") < at("response.output_item.done"));
+    assert!(at("response.output_item.done") < at("response.incomplete"));
+}

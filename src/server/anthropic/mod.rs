@@ -18,9 +18,12 @@
 //!   string or text blocks), `max_tokens` (absent: up to the context; llama-server takes 4096),
 //!   `stop_sequences`, `temperature`, `top_p`, `top_k`, `tools` (`name`, `description`,
 //!   `input_schema`), `tool_choice` (`auto`, `any`, `tool` with a `name`, `none`;
-//!   `disable_parallel_tool_use`), `stream`. Other fields (`metadata`, `thinking`,
-//!   `service_tier`, ...) are ignored; `mcp_servers` and `container` are refused by name
-//!   ([`super::unsupported`]). Refused with a 400 naming the block: images, documents (inside a `tool_result`
+//!   `disable_parallel_tool_use`), `stream`, `thinking` (`enabled` with a `budget_tokens`
+//!   below `max_tokens`: the model's reasoning as a `thinking` block, streamed as
+//!   `thinking_delta`s, and the template's `enable_thinking` switch on; `disabled`: off),
+//!   `chat_template_kwargs` (llama-server's). A final assistant message with text is a prefill:
+//!   the answer continues it. Other fields (`metadata`, `service_tier`, ...) are ignored;
+//!   `mcp_servers` and `container` are refused by name ([`super::unsupported`]). Refused with a 400 naming the block: images, documents (inside a `tool_result`
 //!   they become a text placeholder), server tools, a `tool_use` input other than an object, an
 //!   empty content list. `max_tokens` beyond the context is cut to the room left and
 //!   `stop_sequences` take llama-server's limits ([`api::WideParams`]), not OpenAI's.
