@@ -506,6 +506,24 @@ fn tools_go_out_as_tool_use_and_back_as_tool_result() {
     first["messages"] = json!([ask]);
     assert!(count(&next) > count(&first));
 
+    // A stop sequence met inside a call: `stop_sequence`, and the cut call is no call.
+    let mut stopped = body.clone();
+    stopped["stop_sequences"] = json!(["\"arguments\""]);
+    let m4 = message(&s, &stopped);
+    assert_eq!(
+        (m4["stop_reason"].as_str(), m4["stop_sequence"].as_str()),
+        (Some("stop_sequence"), Some("\"arguments\"")),
+        "{m4}"
+    );
+    assert!(
+        m4["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["type"] == "text"),
+        "{m4}"
+    );
+
     // Server tools are refused by name.
     let mut server_tool = body.clone();
     server_tool["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}]);
@@ -514,5 +532,79 @@ fn tools_go_out_as_tool_use_and_back_as_tool_result() {
         400,
         "invalid_request_error",
         "tools[0]",
+    );
+}
+
+/// A final assistant message with text is the start of the answer, continued, not answered
+/// anew: the prompt is the conversation before it with the generation prompt, then its text
+/// (no end of turn), as llama-server and Anthropic render it; the answer is the rest. Also: a
+/// `tool_result` holding an image reads as a placeholder, and a `tool_use` input that is no
+/// object is refused by name.
+#[test]
+fn an_assistant_prefill_is_continued() {
+    let model = common::real_model("smollm2");
+    let s = Server::start(&model, &[]);
+    let ask = json!({"role": "user", "content": "Name three colours."});
+    let prefill = "Red,";
+    // The reference: the rendered question, the prefill's text after it, completed.
+    let a = post(&s, "/apply-template", &[], &json!({"messages": [ask]}));
+    let rendered = a.json()["prompt"].as_str().unwrap().to_owned();
+    let a = post(
+        &s,
+        "/tokenize",
+        &[],
+        &json!({"content": rendered + prefill, "add_special": true, "parse_special": true}),
+    );
+    let tokens = a.json()["tokens"].clone();
+    let a = post(
+        &s,
+        "/v1/completions",
+        &[],
+        &json!({"prompt": tokens, "max_tokens": 10, "temperature": 0}),
+    );
+    assert_eq!(a.status, 200, "{}", a.text());
+    let want = a.json();
+
+    let body = json!({"max_tokens": 10, "temperature": 0,
+        "messages": [ask, {"role": "assistant", "content": prefill}]});
+    let m = message(&s, &body);
+    assert_eq!(
+        text_of(&m),
+        want["choices"][0]["text"].as_str().unwrap(),
+        "{m}"
+    );
+    assert_eq!(m["usage"]["input_tokens"], want["usage"]["prompt_tokens"]);
+    // (The same as blocks; count_tokens counts the same prompt.)
+    let mut blocks = body.clone();
+    blocks["messages"][1]["content"] = json!([{"type": "text", "text": prefill}]);
+    assert_eq!(text_of(&message(&s, &blocks)), text_of(&m));
+    let mut count = body.clone();
+    count.as_object_mut().unwrap().remove("max_tokens");
+    let a = post(&s, "/v1/messages/count_tokens", &[], &count);
+    assert_eq!(a.json()["input_tokens"], want["usage"]["prompt_tokens"]);
+
+    // An image in a tool result: its placeholder, as if written out.
+    let turn = |result: Value| {
+        json!({"messages": [ask,
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "look", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": result}]}]})
+    };
+    let image = json!([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]);
+    let written = json!([{"type": "text", "text": "[image omitted: this model reads text only]"}]);
+    let count = |b: &Value| {
+        let a = post(&s, "/v1/messages/count_tokens", &[], b);
+        assert_eq!(a.status, 200, "{}", a.text());
+        a.json()["input_tokens"].clone()
+    };
+    assert_eq!(count(&turn(image)), count(&turn(written)));
+    // A tool_use input that is no object: refused, naming it.
+    let mut bad = turn(json!("ok"));
+    bad["messages"][1]["content"][0]["input"] = json!("{\"city\": \"Paris\"}");
+    bad["max_tokens"] = json!(4);
+    error(
+        &post(&s, "/v1/messages", &[], &bad),
+        400,
+        "invalid_request_error",
+        "messages[1].content[0].input",
     );
 }

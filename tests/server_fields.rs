@@ -58,12 +58,6 @@ fn unimplemented_fields_are_refused_by_name() {
             "modalities",
             json!(["text", "audio"]),
         ),
-        (
-            "/v1/chat/completions",
-            &chat(),
-            "chat_template_kwargs",
-            json!({"enable_thinking": false}),
-        ),
         ("/v1/chat/completions", &chat(), "mirostat", json!(2)),
         (
             "/v1/chat/completions",

@@ -194,6 +194,36 @@ fn responses_answer_as_the_chat_route_does_and_continue_stored_ones() {
     );
     assert_eq!(error_param(&a), "previous_response_id");
 
+    // GET gives a stored response as it was answered, to its own key only; DELETE forgets
+    // it; unknown ids are 404s.
+    let path = format!("/v1/responses/{}", r2["id"].as_str().unwrap());
+    let got = s.request("GET", &path, &[KEY_A], "");
+    assert_eq!(got.status, 200, "{}", got.text());
+    assert_eq!(got.json(), r2);
+    assert_eq!(s.request("GET", &path, &[KEY_B], "").status, 404);
+    let r3_path = format!("/v1/responses/{}", r3["id"].as_str().unwrap());
+    let a = s.request("GET", &r3_path, &[KEY_A], "");
+    let e = a.expect_error(404, "an unstored response");
+    assert_eq!(e["param"], "response_id", "{e}");
+    assert_eq!(s.request("DELETE", &path, &[KEY_B], "").status, 404);
+    let del = s.request("DELETE", &path, &[KEY_A], "");
+    assert_eq!(del.status, 200, "{}", del.text());
+    assert_eq!(
+        del.json(),
+        json!({"id": r2["id"], "object": "response.deleted", "deleted": true})
+    );
+    assert_eq!(s.request("GET", &path, &[KEY_A], "").status, 404);
+    assert_eq!(s.request("DELETE", &path, &[KEY_A], "").status, 404);
+    let a = post(
+        &s,
+        "/v1/responses",
+        &[KEY_A],
+        &json!({"previous_response_id": r2["id"], "input": "x"}),
+    );
+    assert_eq!(error_param(&a), "previous_response_id");
+    let series = "kiln_requests_total{endpoint=\"/v1/responses/{id}\",status=\"200\"}";
+    assert_eq!(s.metric(series, &[KEY_A]), Some(2.0), "{series}");
+
     // The request counter names the route.
     let series = "kiln_requests_total{endpoint=\"/v1/responses\",status=\"200\"}";
     assert!(

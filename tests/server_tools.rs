@@ -323,4 +323,102 @@ fn harmony_calls_end_to_end() {
         grew > 20,
         "the second turn's prompt grew by {grew} tokens only"
     );
+
+/// Ollama's `/api/chat` with tools streams each call as soon as it is whole: a line of its
+/// own with `message.tool_calls` (the arguments an object), before the final line, as Ollama
+/// does; the same calls as the whole answer and the chat route. Cut short by `num_predict`,
+/// the call is no call: the lines' content is the whole answer's text. (Two earlier calls in
+/// the conversation lead SmolLM2 to call.)
+#[test]
+fn ollama_streams_calls_as_they_complete() {
+    let model = common::real_model("smollm2");
+    let tpl = hermes_template();
+    let s = Server::start(&model, &["--chat-template-file", tpl.to_str().unwrap()]);
+    let shot = |city: &str| {
+        json!({"role": "assistant", "content": "", "tool_calls": [{"function":
+            {"name": "get_weather", "arguments": {"city": city, "unit": "celsius"}}}]})
+    };
+    let messages = json!([{"role": "system", "content": "You call tools."},
+        {"role": "user", "content": "Weather in London?"}, shot("London"),
+        {"role": "user", "content": "Weather in Rome?"}, shot("Rome"),
+        {"role": "user", "content": "Weather in Paris?"}]);
+    let ollama = |stream: bool, num_predict: u32| {
+        let b = json!({"model": "x", "messages": messages, "tools": tools(), "stream": stream,
+                       "options": {"temperature": 0, "num_predict": num_predict}});
+        let a = s.request("POST", "/api/chat", &[], &b.to_string());
+        assert_eq!(a.status, 200, "{}", a.text());
+        a.text()
+    };
+    let lines = |text: String| -> Vec<Value> {
+        text.lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+
+    let streamed = lines(ollama(true, 96));
+    let last = streamed.last().unwrap();
+    assert_eq!(last["done"], true, "{last}");
+    assert!(last["message"].get("tool_calls").is_none(), "{last}");
+    let mut calls = Vec::new();
+    for l in &streamed[..streamed.len() - 1] {
+        assert_eq!(l["done"], false, "{l}");
+        if let Some(c) = l["message"]["tool_calls"].as_array() {
+            assert_eq!(c.len(), 1, "a line per call: {l}");
+            assert_eq!(l["message"]["content"], "", "{l}");
+            assert_eq!(c[0]["function"]["index"], calls.len(), "{l}");
+            assert!(c[0]["function"]["arguments"].is_object(), "{l}");
+            calls.push(c[0].clone());
+        }
+    }
+    assert!(!calls.is_empty(), "{streamed:?}");
+    let whole: Value = serde_json::from_str(&ollama(false, 96)).unwrap();
+    assert_eq!(whole["message"]["tool_calls"], json!(calls), "{whole}");
+    // The chat route's calls for the same conversation.
+    let mut history = messages.as_array().unwrap().clone();
+    for m in &mut history {
+        if let Some(c) = m.get_mut("tool_calls") {
+            let args = c[0]["function"]["arguments"].to_string();
+            c[0]["function"]["arguments"] = json!(args);
+        }
+    }
+    let r = chat(
+        &s,
+        json!({"messages": history, "tools": tools(), "max_tokens": 96, "temperature": 0}),
+    );
+    let openai: Vec<(Value, Value)> = r["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"))
+        .iter()
+        .map(|c| {
+            let f = &c["function"];
+            let args = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+            (f["name"].clone(), args)
+        })
+        .collect();
+    let ours: Vec<(Value, Value)> = calls
+        .iter()
+        .map(|c| {
+            (
+                c["function"]["name"].clone(),
+                c["function"]["arguments"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(ours, openai);
+
+    // Cut short: no call; the streamed content is the whole answer's, the call's text.
+    let cut = lines(ollama(true, 8));
+    let text: String = cut
+        .iter()
+        .map(|l| l["message"]["content"].as_str().unwrap())
+        .collect();
+    assert!(
+        cut.iter().all(|l| l["message"].get("tool_calls").is_none()),
+        "{cut:?}"
+    );
+    let whole: Value = serde_json::from_str(&ollama(false, 8)).unwrap();
+    assert_eq!(whole["message"]["content"], text.as_str(), "{whole}");
+    assert!(whole["message"].get("tool_calls").is_none(), "{whole}");
+    assert!(text.starts_with("<tool_call>"), "{text:?}");
 }

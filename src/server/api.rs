@@ -6,7 +6,7 @@
 //! cannot fit the context are refused with a 400 naming the field.
 
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::unsupported;
@@ -111,12 +111,19 @@ pub struct ChatRequest {
     /// llama-server's `reasoning_format`: whether the model's reasoning is separated from its
     /// answer (`reasoning_content`).
     pub reasoning: bool,
+    /// llama-server's `chat_template_kwargs`: more variables of the chat template's context
+    /// ([`template_kwargs`]).
+    pub template_kwargs: Option<Map<String, Value>>,
+    /// A final assistant message with content is the start of the answer, which the model
+    /// continues (Anthropic's prefill), rather than a turn answered anew.
+    pub prefill: bool,
     pub params: GenParams,
 }
 
 #[derive(Deserialize)]
 struct ChatFields {
     reasoning_format: Option<String>,
+    chat_template_kwargs: Option<Value>,
     messages: Vec<Message>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
@@ -173,9 +180,55 @@ impl Body for ChatRequest {
             logprobs: f.logprobs,
             top_logprobs: f.top_logprobs,
             reasoning: reasoning_format(f.reasoning_format.as_deref())?,
+            template_kwargs: template_kwargs(f.chat_template_kwargs)?,
+            prefill: false,
             params: typed(v)?,
         })
     }
+}
+
+/// The longest string a `chat_template_kwargs` value may be.
+pub const KWARG_MAX_CHARS: usize = 256;
+
+/// llama-server's `chat_template_kwargs`: an object whose values are booleans, numbers, nulls
+/// or short strings (the switches templates read, e.g. Qwen 3's `enable_thinking`); it cannot
+/// name the variables kiln sets ([`crate::tokenizer::TEMPLATE_VARIABLES`]). Anything else is a
+/// 400 naming the key.
+fn template_kwargs(v: Option<Value>) -> Result<Option<Map<String, Value>>, ApiError> {
+    const AT: &str = "chat_template_kwargs";
+    let map = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                AT,
+                format!("{AT} must be an object (variable names to values), not {other}"),
+            ))
+        }
+    };
+    for (k, x) in &map {
+        let at = format!("{AT}.{k}");
+        if crate::tokenizer::TEMPLATE_VARIABLES.contains(&k.as_str()) {
+            return Err(ApiError::invalid_param(
+                &at,
+                format!("{at}: `{k}` is set by kiln from the request and cannot be replaced"),
+            ));
+        }
+        let ok = match x {
+            Value::Null | Value::Bool(_) | Value::Number(_) => true,
+            Value::String(s) => s.chars().count() <= KWARG_MAX_CHARS,
+            _ => false,
+        };
+        if !ok {
+            return Err(ApiError::invalid_param(
+                &at,
+                format!(
+                    "{at} must be a boolean, a number, null or a string of at most {KWARG_MAX_CHARS} characters"
+                ),
+            ));
+        }
+    }
+    Ok((!map.is_empty()).then_some(map))
 }
 
 /// llama-server's `reasoning_format`: `"deepseek"` and `"auto"` separate the reasoning,

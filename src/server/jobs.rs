@@ -17,7 +17,7 @@ use super::respond::{self, Job};
 use super::structured;
 use super::{tools, unix_now, AppState};
 use crate::tokenizer::toolcall::template::ToolSupport;
-use crate::tokenizer::{InfillBudget, InfillParts};
+use crate::tokenizer::{ChatExtras, InfillBudget, InfillParts};
 
 /// The whole body, within `--max-body` (413) and `--body-timeout` (408).
 pub(super) async fn read_body(
@@ -119,22 +119,41 @@ pub(super) fn chat_job(
 }
 
 /// A chat request's tools, plan and prompt: its conversation rendered by the model's template
-/// with its tools.
+/// with its tools and `chat_template_kwargs`, and its prefill after the generation prompt.
 pub(super) fn chat_prompt(
     st: &AppState,
     req: &ChatRequest,
 ) -> Result<(Option<tools::Tools>, tools::ToolPlan, Vec<u32>), ApiError> {
-    let (tools, plan) = chat_plan(st, req)?;
+    let (tools, plan, prefill) = chat_plan(st, req)?;
     let prompt = st
         .tokenizer
-        .encode_chat_tools(
+        .encode_chat_with(
             &plan.messages,
-            plan.template_tools.as_ref(),
+            &extras(req, &plan, prefill.as_deref()),
             true,
             st.opts.special_in_content,
         )
-        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+        .map_err(template_error)?;
     Ok((tools, plan, prompt))
+}
+
+/// What the template renders besides the messages: the plan's tools, the request's
+/// `chat_template_kwargs`, the prefill.
+pub(super) fn extras<'a>(
+    req: &'a ChatRequest,
+    plan: &'a tools::ToolPlan,
+    prefill: Option<&'a str>,
+) -> ChatExtras<'a> {
+    ChatExtras {
+        tools: plan.template_tools.as_ref(),
+        kwargs: req.template_kwargs.as_ref(),
+        prefill,
+    }
+}
+
+/// A template's error (one it raised, or one of rendering), naming `messages`.
+pub(super) fn template_error(e: crate::tokenizer::TokenizerError) -> ApiError {
+    ApiError::invalid_param("messages", e.to_string())
 }
 
 /// An error of a chat request's run: one about its tools' grammar names the tool.
@@ -149,11 +168,14 @@ pub(super) async fn tool_error(
     }
 }
 
-/// A chat request's conversation and tools, read and planned for the model's template.
+/// A chat request's conversation and tools, read and planned for the model's template, and
+/// its prefill: where the request asks for one ([`ChatRequest::prefill`]), a final assistant
+/// message with text and no calls is taken out of the conversation, to follow the generation
+/// prompt as the start of the answer (as llama-server and Anthropic do).
 pub(super) fn chat_plan(
     st: &AppState,
     req: &ChatRequest,
-) -> Result<(Option<tools::Tools>, tools::ToolPlan), ApiError> {
+) -> Result<(Option<tools::Tools>, tools::ToolPlan, Option<String>), ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::invalid_param(
             "messages",
@@ -165,12 +187,24 @@ pub(super) fn chat_plan(
         req.tool_choice.as_ref(),
         req.parallel_tool_calls,
     )?;
-    let msgs = tools::chat_messages(&req.messages)?;
+    let mut msgs = tools::chat_messages(&req.messages)?;
+    let prefill = match msgs.last() {
+        Some(m)
+            if req.prefill
+                && msgs.len() > 1
+                && m.role == "assistant"
+                && m.tool_calls.is_none()
+                && !m.content.is_empty() =>
+        {
+            msgs.pop().map(|m| m.content)
+        }
+        _ => None,
+    };
     let support = st
         .tool_support
         .get_or_init(|| ToolSupport::probe(&st.tokenizer));
     let plan = tools::plan(msgs, tools.as_ref(), support, &st.tokenizer);
-    Ok((tools, plan))
+    Ok((tools, plan, prefill))
 }
 
 /// A completion request's job: its prompt (text, or token ids) and its checked generation.

@@ -380,11 +380,6 @@ impl Answers {
         self.choices[i].done = Some(finished);
     }
 
-    /// Choice `i`'s text so far (before [`Answers::complete`] takes it).
-    pub(super) fn text(&self, i: usize) -> &str {
-        &self.choices[i].text
-    }
-
     /// The whole choice `i` (non-streaming): OpenAI's choice object, a chat answer's message
     /// with its tool calls parsed out.
     pub fn complete(&mut self, i: usize) -> Value {

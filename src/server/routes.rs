@@ -102,7 +102,7 @@ async fn count(State(st): St, req: Request, next: Next) -> Response {
         .and_then(|m| {
             let mut paths = (COUNTED.iter().chain(&super::ollama::PATHS))
                 .chain(&super::anthropic::PATHS)
-                .chain(std::slice::from_ref(&super::responses::PATH));
+                .chain(&super::responses::PATHS);
             paths.find(|p| **p == m.as_str())
         })
         .copied()

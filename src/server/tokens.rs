@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::api::{self, Body, ChatRequest};
 use super::error::ApiError;
-use super::jobs::{chat_plan, read_body};
+use super::jobs::{chat_plan, extras, read_body, template_error};
 use super::AppState;
 use crate::tokenizer::Tokenizer;
 
@@ -183,11 +183,15 @@ pub(super) async fn apply_template(
     body: HttpBody,
 ) -> Result<Json<Value>, ApiError> {
     let req: ChatRequest = api::parse(&read_body(&st, &headers, body).await?)?;
-    let (_, plan) = chat_plan(&st, &req)?;
+    let (_, plan, prefill) = chat_plan(&st, &req)?;
     let prompt = st
         .tokenizer
-        .apply_chat_template_tools(&plan.messages, plan.template_tools.as_ref(), true)
-        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+        .apply_chat_template_with(
+            &plan.messages,
+            &extras(&req, &plan, prefill.as_deref()),
+            true,
+        )
+        .map_err(template_error)?;
     Ok(Json(json!({ "prompt": prompt })))
 }
 

@@ -231,11 +231,6 @@ pub(super) const OPENAI_CHAT: &[Field] = &[
         why: "kiln has no web search",
     },
     Field {
-        name: "chat_template_kwargs",
-        off: empty,
-        why: "the chat template is rendered with the request's messages and tools only",
-    },
-    Field {
         name: "reasoning_budget_tokens",
         off: |v| num(v).is_some_and(|x| x < 0.0),
         why: "the model's reasoning is not budgeted (send -1)",
@@ -429,7 +424,6 @@ mod tests {
             ("function_call", json!({"name": "f"})),
             ("reasoning_effort", json!("low")),
             ("reasoning_budget_tokens", json!(0)),
-            ("chat_template_kwargs", json!({"enable_thinking": false})),
         ] {
             let e = check(&json!({field: value}), "", OPENAI_CHAT).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field));

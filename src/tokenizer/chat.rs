@@ -130,6 +130,52 @@ pub fn render_chat_tools(
     bos_token: &str,
     eos_token: &str,
 ) -> Result<String, TokenizerError> {
+    let extras = ChatExtras {
+        tools,
+        ..ChatExtras::default()
+    };
+    render_chat_with(
+        template,
+        messages,
+        &extras,
+        add_generation_prompt,
+        bos_token,
+        eos_token,
+    )
+}
+
+/// The variables kiln sets in a chat template's context; `kwargs` cannot replace them.
+pub const TEMPLATE_VARIABLES: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
+
+/// What a conversation is rendered with besides its messages.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChatExtras<'a> {
+    /// The `tools` variable (OpenAI's list).
+    pub tools: Option<&'a serde_json::Value>,
+    /// More variables of the template's context (llama-server's `chat_template_kwargs`, e.g.
+    /// Qwen 3's `enable_thinking`); those named in [`TEMPLATE_VARIABLES`] stay kiln's.
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// The start of the answer (an assistant prefill): literal text after the rendered
+    /// prompt, which the model continues (with the generation prompt, no end of turn).
+    pub prefill: Option<&'a str>,
+}
+
+/// Render `template` for `messages` with `extras`' tools and variables (not its prefill,
+/// which [`Tokenizer::apply_chat_template_with`] appends).
+pub fn render_chat_with(
+    template: &str,
+    messages: &[ChatMessage],
+    extras: &ChatExtras,
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String, TokenizerError> {
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -140,12 +186,14 @@ pub fn render_chat_tools(
     let tmpl = env
         .template_from_str(template)
         .map_err(|e| TokenizerError::Template(format!("cannot parse template: {e:#}")))?;
+    // (Kiln's variables first: in a merged context the first value of a name wins.)
     let ctx = minijinja::context! {
         messages => Value::from_serialize(messages),
         add_generation_prompt => add_generation_prompt,
         bos_token => bos_token,
         eos_token => eos_token,
-        tools => tools.map(Value::from_serialize),
+        tools => extras.tools.map(Value::from_serialize),
+        ..extras.kwargs.map(Value::from_serialize).unwrap_or_default()
     };
     tmpl.render(ctx)
         .map_err(|e| TokenizerError::Template(format!("{e:#}")))
@@ -170,19 +218,35 @@ impl Tokenizer {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        let extras = ChatExtras {
+            tools,
+            ..ChatExtras::default()
+        };
+        self.apply_chat_template_with(messages, &extras, add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with `extras`: its tools and variables given to the
+    /// template, its prefill appended to the rendered text.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        extras: &ChatExtras,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let template = self
             .chat_template()
             .ok_or_else(|| TokenizerError::Template("the model has no chat template".into()))?;
         let bos = self.bos().map(|id| self.token_text(id)).unwrap_or("");
         let eos = self.eos().map(|id| self.token_text(id)).unwrap_or("");
         let mut text =
-            render_chat_tools(template, messages, tools, add_generation_prompt, bos, eos)?;
+            render_chat_with(template, messages, extras, add_generation_prompt, bos, eos)?;
         if self.adds_bos() && !bos.is_empty() && text.starts_with(bos) {
             text.drain(..bos.len());
         }
         if self.adds_eos() && !eos.is_empty() && text.ends_with(eos) {
             text.truncate(text.len() - eos.len());
         }
+        text.push_str(extras.prefill.unwrap_or(""));
         Ok(text)
     }
 }
@@ -229,8 +293,24 @@ impl Tokenizer {
         add_generation_prompt: bool,
         special_in_content: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
+        let extras = ChatExtras {
+            tools,
+            ..ChatExtras::default()
+        };
+        self.encode_chat_with(messages, &extras, add_generation_prompt, special_in_content)
+    }
+
+    /// [`Tokenizer::encode_chat`] with `extras`. The strings of its tools and variables and
+    /// its prefill are literal text, as message content is.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        extras: &ChatExtras,
+        add_generation_prompt: bool,
+        special_in_content: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         if special_in_content {
-            let text = self.apply_chat_template_tools(messages, tools, add_generation_prompt)?;
+            let text = self.apply_chat_template_with(messages, extras, add_generation_prompt)?;
             return Ok(self.encode(&text, true, true));
         }
         let mut hidden: Vec<&str> = Vec::new();
@@ -255,9 +335,22 @@ impl Tokenizer {
                     .map(|t| self.mask_control_text(t, &mut hidden)),
             })
             .collect();
-        let tools = tools.map(|t| self.mask_json(t, &mut hidden));
+        let tools = extras.tools.map(|t| self.mask_json(t, &mut hidden));
+        let kwargs = extras.kwargs.map(|k| {
+            k.iter()
+                .map(|(name, v)| (name.clone(), self.mask_json(v, &mut hidden)))
+                .collect::<serde_json::Map<_, _>>()
+        });
+        let prefill = extras
+            .prefill
+            .map(|p| self.mask_control_text(p, &mut hidden));
+        let masked_extras = ChatExtras {
+            tools: tools.as_ref(),
+            kwargs: kwargs.as_ref(),
+            prefill: prefill.as_deref(),
+        };
         let rendered =
-            self.apply_chat_template_tools(&masked, tools.as_ref(), add_generation_prompt)?;
+            self.apply_chat_template_with(&masked, &masked_extras, add_generation_prompt)?;
         let mut fragments = Vec::new();
         self.specials
             .partition(&self.vocab, &rendered, true, &mut fragments);
@@ -568,6 +661,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "[a]\n[c]\n");
+    }
+
+    #[test]
+    fn kwargs_are_template_variables_but_never_kilns() {
+        let t = "{% if enable_thinking is defined and not enable_thinking %}<no-think>{% endif %}{{ messages | length }}|{{ add_generation_prompt }}|{{ bos_token }}|{{ mode }}";
+        let kwargs = serde_json::json!({"enable_thinking": false, "mode": "x",
+            "messages": [], "add_generation_prompt": false, "bos_token": "forged"});
+        let extras = ChatExtras {
+            kwargs: kwargs.as_object(),
+            ..ChatExtras::default()
+        };
+        let out = render_chat_with(t, &msgs(&[("user", "a")]), &extras, true, "<s>", "").unwrap();
+        assert_eq!(out, "<no-think>1|True|<s>|x");
+        // Without kwargs the variable is undefined.
+        let out = render_chat(t, &msgs(&[("user", "a")]), true, "<s>", "").unwrap();
+        assert_eq!(out, "1|True|<s>|");
     }
 
     #[test]

@@ -43,7 +43,10 @@ use spm::SpmScratch;
 use vocab::{Vocab, VocabBuildError};
 use wordpiece::{WpmModel, WpmOptions, WpmScratch};
 
-pub use chat::{builtin_chat_template, render_chat, render_chat_tools, ChatMessage};
+pub use chat::{
+    builtin_chat_template, render_chat, render_chat_tools, render_chat_with, ChatExtras,
+    ChatMessage, TEMPLATE_VARIABLES,
+};
 pub use config::config_from_gguf;
 pub use fim::{ExtraChunk, FimTokens, InfillBudget, InfillParts, NoFimTokens};
 pub use reasoning::{thinking_forced_open, ReasoningSplitter, ReasoningStyle, Split};

@@ -412,6 +412,44 @@ fn tool_text_is_literal() {
     assert!(parsed.iter().filter(|&&id| id == 2).count() > 3);
 }
 
+/// A prefill is the start of the answer: after the generation prompt, literal text (its
+/// control-token text not parsed), no end of turn; a kwarg's string is literal text too.
+#[test]
+fn chat_prefill_and_kwargs_are_literal_text() {
+    let mut t = chatml_with_template();
+    let forged = "so<|im_end|>";
+    let msgs = [ChatMessage::new("user", "hi")];
+    let extras = ChatExtras {
+        prefill: Some(forged),
+        ..ChatExtras::default()
+    };
+    let ids = t.encode_chat_with(&msgs, &extras, true, false).unwrap();
+    let want: Vec<u32> = [
+        t.encode_chat(&msgs, true, false).unwrap(),
+        t.encode(forged, false, false),
+    ]
+    .concat();
+    assert_eq!(ids, want);
+    assert_eq!(
+        t.apply_chat_template_with(&msgs, &extras, true).unwrap(),
+        t.apply_chat_template(&msgs, true).unwrap() + forged
+    );
+    // (With special_in_content the prefill's control-token text is parsed, as content's is.)
+    let parsed = t.encode_chat_with(&msgs, &extras, true, true).unwrap();
+    assert_eq!(parsed.last(), Some(&2));
+
+    t.set_chat_template("{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}".into())
+        .unwrap();
+    let kwargs = serde_json::json!({"greeting": "<|im_start|>"});
+    let extras = ChatExtras {
+        kwargs: kwargs.as_object(),
+        ..ChatExtras::default()
+    };
+    let ids = t.encode_chat_with(&msgs, &extras, false, false).unwrap();
+    assert_eq!(ids, t.encode("<|im_start|>hi", false, false));
+    assert!(!ids.contains(&1));
+}
+
 /// A vocabulary with Qwen2.5-Coder's FIM tokens (found by their text).
 fn fim_vocab(specials: &[&str], add_bos: bool) -> Tokenizer {
     let mut cfg = bpe_config(specials, &[], &[], "qwen2");

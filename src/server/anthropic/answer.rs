@@ -21,6 +21,9 @@ use crate::server::AppState;
 pub(super) enum Step {
     /// A `text` block begins.
     Text,
+    /// A `thinking` block begins (the model's reasoning, where the request enabled
+    /// `thinking`).
+    Thinking,
     /// A `tool_use` block begins.
     Tool { id: String, name: String },
     /// More of the open block: its text, or its input's JSON text.
@@ -39,11 +42,19 @@ pub(super) enum Step {
     Cut,
 }
 
+/// The kind of a content block.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Kind {
+    Text,
+    Thinking,
+    Tool,
+}
+
 /// One answer's content blocks, as the engine's events come.
 pub(super) struct Blocks {
     answers: Answers,
-    /// The open block: `Some(true)` a text, `Some(false)` a tool's input.
-    open: Option<bool>,
+    /// The open block.
+    open: Option<Kind>,
     /// Whitespace not yet in a text block: a text block opens at its first other character,
     /// and whitespace before a call or the end is dropped (Anthropic refuses blank text blocks
     /// when a client sends the turn back).
@@ -94,33 +105,41 @@ impl Blocks {
         }
     }
 
+    /// Close the open block, if any, and open one of `kind` with `step`.
+    fn open(&mut self, kind: Kind, step: Step, out: &mut Vec<Step>) {
+        if self.open.is_some() {
+            out.push(Step::Close);
+        }
+        self.open = Some(kind);
+        out.push(step);
+    }
+
     fn piece(&mut self, d: Delta, out: &mut Vec<Step>) {
         match d {
-            Delta::Content(t) if self.open == Some(true) => out.push(Step::More(t)),
+            Delta::Content(t) if self.open == Some(Kind::Text) => out.push(Step::More(t)),
             Delta::Content(t) if t.trim().is_empty() => self.space.push_str(&t),
             Delta::Content(t) => {
-                if self.open.is_some() {
-                    out.push(Step::Close);
-                }
-                self.open = Some(true);
-                out.push(Step::Text);
+                self.open(Kind::Text, Step::Text, out);
                 out.push(Step::More(std::mem::take(&mut self.space) + &t));
             }
-            // This route does not separate reasoning (its answers have no splitter).
-            Delta::Reasoning(t) => self.piece(Delta::Content(t), out),
+            // (Reasoning is separated only where the request enabled `thinking`.)
+            Delta::Reasoning(t) if self.open == Some(Kind::Thinking) => out.push(Step::More(t)),
+            Delta::Reasoning(t) if t.trim().is_empty() => {}
+            Delta::Reasoning(t) => {
+                self.space.clear();
+                self.open(Kind::Thinking, Step::Thinking, out);
+                out.push(Step::More(t.trim_start().to_owned()));
+            }
             Delta::Call(c) => {
                 let f = &c["function"];
                 if let Some(id) = c.get("id").and_then(Value::as_str) {
-                    if self.open.is_some() {
-                        out.push(Step::Close);
-                    }
                     self.space.clear();
-                    self.open = Some(false);
                     let name = f["name"].as_str().unwrap_or("").to_owned();
-                    out.push(Step::Tool {
+                    let step = Step::Tool {
                         id: id.to_owned(),
                         name,
-                    });
+                    };
+                    self.open(Kind::Tool, step, out);
                 }
                 match f["arguments"].as_str() {
                     Some(a) if !a.is_empty() => out.push(Step::More(a.to_owned())),
@@ -150,12 +169,18 @@ impl Blocks {
     }
 }
 
+/// A `thinking` block as it begins. Its `signature` is empty: kiln signs nothing, and drops
+/// the `thinking` blocks a client sends back.
+static THINKING: std::sync::LazyLock<Value> =
+    std::sync::LazyLock::new(|| json!({"type": "thinking", "thinking": "", "signature": ""}));
+
 /// Queue the job and answer with Anthropic's message: whole, or streamed as its events.
 pub(super) async fn answer(st: &AppState, job: Job, stream: bool) -> Result<Response, ApiError> {
     let mut job = job;
     let input_tokens = job.prompt.len();
     let rx = respond::queue(st, &mut job).await?;
-    let answers = Answers::new(&job.head, 1, job.tools, Arc::clone(&st.tokenizer));
+    let answers = Answers::new(&job.head, 1, job.tools, Arc::clone(&st.tokenizer))
+        .with_reasoning(job.reasoning.take());
     let id = job.head.id.rsplit('-').next().unwrap_or_default();
     let message = json!({
         "id": format!("msg_{id}"),
@@ -196,13 +221,19 @@ impl Folded {
     pub(super) fn step(&mut self, s: Step, message: &mut Value, raw: &str) {
         match s {
             Step::Text => self.content.push(json!({"type": "text", "text": ""})),
+            Step::Thinking => self.content.push(THINKING.clone()),
             Step::Tool { id, name } => {
                 self.content
                     .push(json!({"type": "tool_use", "id": id, "name": name, "input": {}}));
             }
             Step::More(t) => match self.content.last_mut() {
-                Some(b) if b["type"] == "text" => {
-                    if let Value::String(text) = &mut b["text"] {
+                Some(b) if b["type"] == "text" || b["type"] == "thinking" => {
+                    let field = if b["type"] == "text" {
+                        "text"
+                    } else {
+                        "thinking"
+                    };
+                    if let Value::String(text) = &mut b[field] {
                         text.push_str(&t);
                     }
                 }
@@ -225,9 +256,10 @@ impl Folded {
                 stop_sequence,
                 output_tokens,
             } => {
-                // (With no call left, the answer is its text, as it came.)
+                // (With no call left, the answer is its text, as it came, after its thinking.)
                 if self.broken && !self.content.iter().any(|b| b["type"] == "tool_use") {
-                    self.content = vec![json!({"type": "text", "text": raw})];
+                    self.content.retain(|b| b["type"] == "thinking");
+                    self.content.push(json!({"type": "text", "text": raw}));
                 }
                 message["content"] = json!(std::mem::take(&mut self.content));
                 message["stop_reason"] = json!(stop_reason);
@@ -271,15 +303,15 @@ async fn whole(
 /// The named events of the steps (`index`: the open block's).
 pub(super) struct Events {
     index: usize,
-    /// The open block is a text (not a tool's input).
-    text: bool,
+    /// The open block's kind.
+    kind: Kind,
 }
 
 impl Events {
     pub(super) fn new() -> Events {
         Events {
             index: 0,
-            text: false,
+            kind: Kind::Text,
         }
     }
 
@@ -293,18 +325,23 @@ impl Events {
         };
         match s {
             Step::Text => {
-                self.text = true;
+                self.kind = Kind::Text;
                 vec![block(self.index, json!({"type": "text", "text": ""}))]
             }
+            Step::Thinking => {
+                self.kind = Kind::Thinking;
+                vec![block(self.index, THINKING.clone())]
+            }
             Step::Tool { id, name } => {
-                self.text = false;
+                self.kind = Kind::Tool;
                 let b = json!({"type": "tool_use", "id": id, "name": name, "input": {}});
                 vec![block(self.index, b)]
             }
             Step::More(t) => {
-                let delta = match self.text {
-                    true => json!({"type": "text_delta", "text": t}),
-                    false => json!({"type": "input_json_delta", "partial_json": t}),
+                let delta = match self.kind {
+                    Kind::Text => json!({"type": "text_delta", "text": t}),
+                    Kind::Thinking => json!({"type": "thinking_delta", "thinking": t}),
+                    Kind::Tool => json!({"type": "input_json_delta", "partial_json": t}),
                 };
                 let d = json!({"type": "content_block_delta", "index": self.index, "delta": delta});
                 vec![("content_block_delta", d)]

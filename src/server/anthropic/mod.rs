@@ -18,9 +18,12 @@
 //!   string or text blocks), `max_tokens` (absent: up to the context; llama-server takes 4096),
 //!   `stop_sequences`, `temperature`, `top_p`, `top_k`, `tools` (`name`, `description`,
 //!   `input_schema`), `tool_choice` (`auto`, `any`, `tool` with a `name`, `none`;
-//!   `disable_parallel_tool_use`), `stream`. Other fields (`metadata`, `thinking`,
-//!   `service_tier`, ...) are ignored; `mcp_servers` and `container` are refused by name
-//!   ([`super::unsupported`]). Refused with a 400 naming the block: images, documents (inside a `tool_result`
+//!   `disable_parallel_tool_use`), `stream`, `thinking` (`enabled` with a `budget_tokens`
+//!   below `max_tokens`: the model's reasoning as a `thinking` block, streamed as
+//!   `thinking_delta`s, and the template's `enable_thinking` switch on; `disabled`: off),
+//!   `chat_template_kwargs` (llama-server's). A final assistant message with text is a prefill:
+//!   the answer continues it. Other fields (`metadata`, `service_tier`, ...) are ignored;
+//!   `mcp_servers` and `container` are refused by name ([`super::unsupported`]). Refused with a 400 naming the block: images, documents (inside a `tool_result`
 //!   they become a text placeholder), server tools, a `tool_use` input other than an object, an
 //!   empty content list. `max_tokens` beyond the context is cut to the room left and
 //!   `stop_sequences` take llama-server's limits ([`api::WideParams`]), not OpenAI's.
@@ -113,6 +116,8 @@ struct Request {
     top_k: Option<Value>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
+    thinking: Option<Value>,
+    chat_template_kwargs: Option<Value>,
 }
 
 async fn messages(
@@ -128,7 +133,7 @@ async fn messages(
         .map_err(anthropic_names)?;
     match answer::answer(&st, job, stream).await {
         Ok(r) => Ok(r),
-        Err(e) => Err(AnthropicError(tool_error(e, tools.as_ref(), &st).await)),
+        Err(e) => Err(anthropic_names(tool_error(e, tools.as_ref(), &st).await).into()),
     }
 }
 
@@ -226,7 +231,20 @@ fn chat_request(st: &AppState, v: &Value) -> Result<(Converted, String, bool), A
             m.insert("parallel_tool_calls".into(), json!(p));
         }
     }
-    let chat = ChatRequest::from_json(&Value::Object(m)).map_err(anthropic_names)?;
+    let thinking = thinking(r.thinking.as_ref(), wide.0)?;
+    let mut kwargs = r.chat_template_kwargs.unwrap_or(Value::Null);
+    if let (Some(on), Value::Null | Value::Object(_)) = (thinking, &kwargs) {
+        // (As the template's switch, where it has one: Qwen 3's `enable_thinking`.)
+        if kwargs.get("enable_thinking").is_none() {
+            kwargs["enable_thinking"] = json!(on);
+        }
+    }
+    if !kwargs.is_null() {
+        m.insert("chat_template_kwargs".into(), kwargs);
+    }
+    let mut chat = ChatRequest::from_json(&Value::Object(m)).map_err(anthropic_names)?;
+    chat.prefill = true;
+    chat.reasoning = thinking == Some(true);
     let req = Converted {
         chat,
         max_tokens: wide.0,
@@ -235,11 +253,67 @@ fn chat_request(st: &AppState, v: &Value) -> Result<(Converted, String, bool), A
     Ok((req, model, r.stream.unwrap_or(false)))
 }
 
-/// An error naming an OpenAI field, renamed to the Anthropic field it came from.
+/// `thinking`: `{"type": "enabled", "budget_tokens": N}` (N at least 1 and below `max_tokens`:
+/// the reasoning is bounded by `max_tokens`, as the answer is) separates the model's reasoning
+/// into a `thinking` block; `{"type": "disabled"}` does not. `Some(on)` where it was given.
+fn thinking(v: Option<&Value>, max_tokens: Option<i64>) -> Result<Option<bool>, ApiError> {
+    let v = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v,
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("disabled") => Ok(Some(false)),
+        Some("enabled") => {
+            let budget = v.get("budget_tokens").and_then(Value::as_i64);
+            match (budget, max_tokens) {
+                (Some(b), Some(m)) if b >= 1 && b < m => Ok(Some(true)),
+                (Some(b), None) if b >= 1 => Ok(Some(true)),
+                (Some(_), Some(m)) => Err(ApiError::invalid_param(
+                    "thinking.budget_tokens",
+                    format!("thinking.budget_tokens must be at least 1 and less than max_tokens ({m})"),
+                )),
+                _ => Err(ApiError::invalid_param(
+                    "thinking.budget_tokens",
+                    "thinking.budget_tokens must be a whole number of at least 1",
+                )),
+            }
+        }
+        _ => Err(ApiError::invalid_param(
+            "thinking.type",
+            "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}",
+        )),
+    }
+}
+
+/// An error naming an OpenAI field (of the converted request, or of the shared job code),
+/// renamed to the Anthropic field it came from.
 fn anthropic_names(mut e: ApiError) -> ApiError {
-    if e.param.as_deref() == Some("stop") {
+    // (OpenAI's name, Anthropic's; a tool's fields after `tools[i]`.)
+    const RENAMES: [(&str, &str); 5] = [
+        (
+            "parallel_tool_calls",
+            "tool_choice.disable_parallel_tool_use",
+        ),
+        (".function.parameters", ".input_schema"),
+        (".function.description", ".description"),
+        (".function.name", ".name"),
+        (".function", ""),
+    ];
+    let Some(param) = e.param.clone() else {
+        return e;
+    };
+    if param == "stop" {
         e.message = e.message.replace("stop", "stop_sequences");
         e.param = Some("stop_sequences".into());
+        return e;
+    }
+    if let Some((from, to)) = RENAMES.iter().find(|(from, _)| param.contains(from)) {
+        let renamed = param.replacen(from, to, 1);
+        e.message = e.message.replace(&param, &renamed);
+        if *from == "parallel_tool_calls" {
+            e.message = e.message.replace(from, to);
+        }
+        e.param = Some(renamed);
     }
     e
 }

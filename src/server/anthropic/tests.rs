@@ -440,3 +440,110 @@ fn steps_stream_as_named_events() {
         )]
     );
 }
+
+#[test]
+fn thinking_steps_fold_and_stream_as_thinking_blocks() {
+    let steps = || {
+        vec![
+            Step::Thinking,
+            Step::More("plan ".into()),
+            Step::More("it".into()),
+            Step::Close,
+            Step::Text,
+            Step::More("The answer.".into()),
+            Step::Close,
+            Step::End {
+                stop_reason: "end_turn",
+                stop_sequence: None,
+                output_tokens: 6,
+            },
+        ]
+    };
+    let mut message = json!({"usage": {}});
+    let mut f = Folded::new();
+    for s in steps() {
+        f.step(s, &mut message, "raw");
+    }
+    assert_eq!(
+        message["content"],
+        json!([{"type": "thinking", "thinking": "plan it", "signature": ""},
+               {"type": "text", "text": "The answer."}])
+    );
+    let mut ev = Events::new();
+    let got: Vec<(&str, Value)> = steps().into_iter().flat_map(|s| ev.of(s)).collect();
+    assert_eq!(
+        got[0].1,
+        json!({"type": "content_block_start", "index": 0,
+               "content_block": {"type": "thinking", "thinking": "", "signature": ""}})
+    );
+    assert_eq!(
+        got[1].1,
+        json!({"type": "content_block_delta", "index": 0,
+               "delta": {"type": "thinking_delta", "thinking": "plan "}})
+    );
+    assert_eq!(
+        got[5].1,
+        json!({"type": "content_block_delta", "index": 1,
+               "delta": {"type": "text_delta", "text": "The answer."}})
+    );
+}
+
+#[test]
+fn thinking_is_enabled_with_a_budget_below_max_tokens() {
+    assert_eq!(thinking(None, Some(10)).unwrap(), None);
+    let on = json!({"type": "enabled", "budget_tokens": 1024});
+    assert_eq!(thinking(Some(&on), Some(2048)).unwrap(), Some(true));
+    assert_eq!(thinking(Some(&on), None).unwrap(), Some(true));
+    let off = json!({"type": "disabled"});
+    assert_eq!(thinking(Some(&off), Some(10)).unwrap(), Some(false));
+    for (bad, param) in [
+        (
+            json!({"type": "enabled", "budget_tokens": 1024}),
+            "thinking.budget_tokens",
+        ),
+        (json!({"type": "enabled"}), "thinking.budget_tokens"),
+        (
+            json!({"type": "enabled", "budget_tokens": 0}),
+            "thinking.budget_tokens",
+        ),
+        (json!({"type": "sometimes"}), "thinking.type"),
+        (json!("on"), "thinking.type"),
+    ] {
+        let e = thinking(Some(&bad), Some(1024)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some(param), "{bad}: {}", e.message);
+    }
+}
+
+#[test]
+fn shared_errors_name_anthropics_fields() {
+    let renamed = |param: &str, message: &str| {
+        let e = anthropic_names(ApiError::invalid_param(param, message));
+        (e.param.unwrap(), e.message)
+    };
+    assert_eq!(
+        renamed("stop", "stop takes up to 64 sequences"),
+        (
+            "stop_sequences".into(),
+            "stop_sequences takes up to 64 sequences".into()
+        )
+    );
+    assert_eq!(
+        renamed(
+            "tools[1].function.parameters",
+            "tools[1].function.parameters: not a schema"
+        ),
+        (
+            "tools[1].input_schema".into(),
+            "tools[1].input_schema: not a schema".into()
+        )
+    );
+    assert_eq!(
+        renamed("tools[0].function.name", "two tools are named `f`").0,
+        "tools[0].name"
+    );
+    assert_eq!(
+        renamed("parallel_tool_calls", "parallel_tool_calls needs tools").1,
+        "tool_choice.disable_parallel_tool_use needs tools"
+    );
+    assert_eq!(renamed("max_tokens", "m").0, "max_tokens");
+}

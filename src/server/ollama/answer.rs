@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::Answer;
 use crate::engine::scheduler::{FinishReason, Usage};
 use crate::server::error::ApiError;
-use crate::server::respond::{self, Answers, Ev, Job, Pump};
+use crate::server::respond::{self, Answers, Delta, Ev, Job, Pump};
 use crate::server::AppState;
 use crate::tokenizer::{ReasoningSplitter, Split};
 
@@ -61,10 +61,87 @@ pub(super) struct Lines {
     start: Instant,
     /// When the first text came (the prompt was evaluated).
     first: Option<Instant>,
-    /// With tools: the answer, gathered whole and parsed for calls at the end.
-    answers: Option<Answers>,
-    /// Without tools, where thoughts are separated (`think`): the splitter of the answer.
+    /// With tools: the answer's calls, parsed out as it comes.
+    tools: Option<ToolLines>,
+    /// Where thoughts are separated (`think`): the splitter of the answer.
     splitter: Option<ReasoningSplitter>,
+}
+
+/// A chat answer with tools: its content, parsed for calls by the chat route's parser.
+struct ToolLines {
+    /// Parses the content (its reasoning split off before).
+    answers: Answers,
+    /// The content given to the parser.
+    fed: String,
+    calls: Calls,
+}
+
+/// What a chat answer with tools streams, as Ollama streams it: content as soon as it is
+/// known to be no call, and each call, whole (its arguments an object), as soon as its
+/// arguments are.
+#[derive(Debug, Default)]
+struct Calls {
+    /// The calls begun: name, arguments' text so far, whether sent.
+    begun: Vec<(String, String, bool)>,
+    /// The content sent.
+    sent: String,
+}
+
+/// A piece of a streamed chat answer with tools.
+#[derive(Debug, PartialEq)]
+enum Piece {
+    Content(String),
+    /// One call, as Ollama's `message.tool_calls` holds it.
+    Call(Value),
+}
+
+impl Calls {
+    /// The pieces of one delta of the chat route's parser.
+    fn push(&mut self, d: Delta, out: &mut Vec<Piece>) {
+        match d {
+            Delta::Content(t) | Delta::Reasoning(t) => {
+                self.sent.push_str(&t);
+                out.push(Piece::Content(t));
+            }
+            Delta::Call(c) => {
+                let f = &c["function"];
+                let more = f["arguments"].as_str().unwrap_or("");
+                if c.get("id").is_some() {
+                    let name = f["name"].as_str().unwrap_or("").to_owned();
+                    self.begun.push((name, String::new(), false));
+                }
+                let k = c["index"].as_u64().unwrap_or(0) as usize;
+                let Some((name, args, sent)) = self.begun.get_mut(k) else {
+                    return;
+                };
+                args.push_str(more);
+                if *sent || more.is_empty() {
+                    return;
+                }
+                // (A JSON object is whole at its closing brace: nothing can follow it.)
+                if let Ok(obj @ Value::Object(_)) = serde_json::from_str::<Value>(args) {
+                    *sent = true;
+                    out.push(Piece::Call(
+                        json!({"function": {"index": k, "name": name, "arguments": obj}}),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// At the end (`fed`: the content parsed): a call whose arguments never became an object
+    /// (an answer cut short by `num_predict`) is no call. With no call sent, the answer is its
+    /// text, as it came (what was not sent yet follows as content); after calls, it is dropped.
+    fn finish(&mut self, fed: &str, out: &mut Vec<Piece>) {
+        let broken = self.begun.iter().any(|(_, _, sent)| !sent);
+        if !broken || self.begun.iter().any(|(_, _, sent)| *sent) {
+            return;
+        }
+        let rest = fed.strip_prefix(self.sent.as_str()).unwrap_or(fed);
+        if !rest.is_empty() {
+            out.push(Piece::Content(rest.to_owned()));
+        }
+    }
 }
 
 impl Lines {
@@ -121,6 +198,51 @@ impl Lines {
         v
     }
 
+    /// The lines of the answer's next `text` (`None`: its end): its thoughts, its content and
+    /// its calls.
+    fn pieces(&mut self, text: Option<&str>) -> Vec<Value> {
+        let mut s = Split::default();
+        match (self.splitter.as_mut(), text) {
+            (Some(sp), Some(t)) => sp.push(t, &mut s),
+            (Some(sp), None) => sp.finish(&mut s),
+            (None, Some(t)) => s.content.push_str(t),
+            (None, None) => {}
+        }
+        let Some(tools) = self.tools.as_mut() else {
+            return match s.is_empty() {
+                true => vec![],
+                false => vec![self.split(s)],
+            };
+        };
+        let content = std::mem::take(&mut s.content);
+        let mut deltas = Vec::new();
+        if !content.is_empty() {
+            tools.fed.push_str(&content);
+            deltas = tools.answers.pieces(0, Some(&content));
+        }
+        if text.is_none() {
+            deltas.extend(tools.answers.pieces(0, None));
+        }
+        let mut pieces = Vec::new();
+        for d in deltas {
+            tools.calls.push(d, &mut pieces);
+        }
+        if text.is_none() {
+            tools.calls.finish(&tools.fed, &mut pieces);
+        }
+        let mut lines = Vec::new();
+        if !s.reasoning.is_empty() {
+            lines.push(self.split(s));
+        }
+        for p in pieces {
+            lines.push(match p {
+                Piece::Content(c) => self.text(&c, None),
+                Piece::Call(c) => self.text("", Some(json!([c]))),
+            });
+        }
+        lines
+    }
+
     /// The lines one engine event makes (an error: one `{"error": ...}` line, the last).
     fn on(&mut self, ev: Ev) -> (Vec<Value>, bool) {
         match ev {
@@ -128,38 +250,13 @@ impl Lines {
             Ev::Cut => (vec![json!({ "error": respond::cut_error().message })], true),
             Ev::Text(t) => {
                 self.first.get_or_insert_with(Instant::now);
-                match self.answers.as_mut() {
-                    Some(a) => {
-                        a.push_text(0, &t);
-                        (vec![], false)
-                    }
-                    None => match self.splitter.as_mut() {
-                        Some(sp) => {
-                            let mut s = Split::default();
-                            sp.push(&t, &mut s);
-                            let out = (!s.is_empty()).then(|| self.split(s));
-                            (out.into_iter().collect(), false)
-                        }
-                        None => (vec![self.text(&t, None)], false),
-                    },
-                }
+                (self.pieces(Some(&t)), false)
             }
             Ev::Done(f) => {
                 if let FinishReason::Error(e) = &f.reason {
                     return (vec![json!({ "error": e })], true);
                 }
-                let mut out = Vec::new();
-                if let Some(mut a) = self.answers.take() {
-                    let raw = a.text(0).to_owned();
-                    out.push(ollama_message(&self.line(json!({})), a.complete(0), &raw));
-                }
-                if let Some(mut sp) = self.splitter.take() {
-                    let mut s = Split::default();
-                    sp.finish(&mut s);
-                    if !s.is_empty() {
-                        out.push(self.split(s));
-                    }
-                }
+                let mut out = self.pieces(None);
                 out.push(self.done(&f.reason, &f.usage));
                 (out, true)
             }
@@ -176,45 +273,11 @@ pub(super) fn loaded(kind: Kind, model: String, start: Instant, reason: &str) ->
         model,
         start,
         first: None,
-        answers: None,
+        tools: None,
         splitter: None,
     };
     let mut v = lines.done(&FinishReason::Stop, &Usage::default());
     v["done_reason"] = json!(reason);
-    v
-}
-
-/// A chat answer's OpenAI choice as an Ollama line: its content and its calls, whose
-/// arguments are objects. Calls whose arguments are not a whole JSON object (an answer cut
-/// short by `num_predict`) are no calls: the line carries the answer's text, `raw`.
-fn ollama_message(head: &Value, choice: Value, raw: &str) -> Value {
-    let m = &choice["message"];
-    let mut msg = json!({
-        "role": "assistant",
-        "content": m["content"].as_str().unwrap_or(""),
-    });
-    if let Some(r) = m["reasoning_content"].as_str() {
-        msg["thinking"] = json!(r);
-    }
-    if let Some(calls) = m["tool_calls"].as_array() {
-        let calls: Option<Vec<Value>> = calls
-            .iter()
-            .map(|c| {
-                let f = &c["function"];
-                let args = f["arguments"].as_str().unwrap_or("");
-                let args = serde_json::from_str::<Value>(args).ok()?;
-                args.is_object()
-                    .then(|| json!({"function": {"name": f["name"], "arguments": args}}))
-            })
-            .collect();
-        match calls {
-            Some(calls) => msg["tool_calls"] = json!(calls),
-            None => msg["content"] = json!(raw),
-        }
-    }
-    let mut v = head.clone();
-    v["message"] = msg;
-    v["done"] = json!(false);
     v
 }
 
@@ -228,19 +291,18 @@ pub(super) async fn answer(
 ) -> Answer {
     let mut job = job;
     let rx = respond::queue(st, &mut job).await?;
-    let reasoning = job.reasoning.take();
-    let answers = job.tools.map(|t| {
-        let tok = Arc::clone(&st.tokenizer);
-        Answers::new(&job.head, 1, Some(t), tok).with_reasoning(reasoning.clone())
+    let tools = job.tools.map(|t| ToolLines {
+        answers: Answers::new(&job.head, 1, Some(t), Arc::clone(&st.tokenizer)),
+        fed: String::new(),
+        calls: Calls::default(),
     });
-    let splitter = reasoning.filter(|_| answers.is_none());
     let lines = Lines {
         kind,
         model: job.head.model.clone(),
         start,
         first: None,
-        answers,
-        splitter,
+        tools,
+        splitter: job.reasoning.take(),
     };
     match stream {
         true => Ok(ndjson(lines, rx)),
@@ -252,7 +314,7 @@ pub(super) async fn answer(
 async fn whole(mut lines: Lines, mut rx: mpsc::UnboundedReceiver<(usize, Ev)>) -> Answer {
     let mut text = String::new();
     let mut thinking = String::new();
-    let mut calls = None;
+    let mut calls: Vec<Value> = Vec::new();
     while let Some((_, ev)) = rx.recv().await {
         if matches!(ev, Ev::Cut) {
             return Err(respond::cut_error().into());
@@ -273,8 +335,8 @@ async fn whole(mut lines: Lines, mut rx: mpsc::UnboundedReceiver<(usize, Ev)>) -
             };
             text.push_str(piece[key].as_str().unwrap_or(""));
             thinking.push_str(piece["thinking"].as_str().unwrap_or(""));
-            if let Some(c) = piece.get("tool_calls") {
-                calls = Some(c.clone());
+            if let Some(c) = piece.get("tool_calls").and_then(Value::as_array) {
+                calls.extend(c.iter().cloned());
             }
             if v["done"] == json!(true) {
                 let mut v = v;
@@ -284,8 +346,8 @@ async fn whole(mut lines: Lines, mut rx: mpsc::UnboundedReceiver<(usize, Ev)>) -
                         if !thinking.is_empty() {
                             v["message"]["thinking"] = json!(thinking);
                         }
-                        if let Some(c) = calls.take() {
-                            v["message"]["tool_calls"] = c;
+                        if !calls.is_empty() {
+                            v["message"]["tool_calls"] = json!(std::mem::take(&mut calls));
                         }
                     }
                     Kind::Generate => v["response"] = json!(text),
@@ -337,25 +399,56 @@ mod tests {
     }
 
     #[test]
-    fn calls_come_back_with_argument_objects() {
-        let choice = json!({"index": 0, "message": {"role": "assistant", "content": null,
-            "tool_calls": [{"id": "c1", "type": "function",
-                            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}});
-        let v = ollama_message(&json!({"model": "m"}), choice, "raw");
-        assert_eq!(v["model"], "m");
-        assert_eq!(v["done"], false);
-        assert_eq!(v["message"]["content"], "");
-        let call = &v["message"]["tool_calls"][0]["function"];
-        assert_eq!(call["name"], "get_weather");
-        assert_eq!(call["arguments"], json!({"city": "Paris"}));
-        let plain = json!({"message": {"role": "assistant", "content": "hi"}});
-        let v = ollama_message(&json!({}), plain, "hi");
-        assert_eq!(v["message"], json!({"role": "assistant", "content": "hi"}));
-        // A call cut short (its arguments not a whole object): the text, no calls.
-        let cut = json!({"message": {"role": "assistant", "content": null, "tool_calls": [
-            {"function": {"name": "f", "arguments": "{\"city\": \"Par"}}]}});
-        let v = ollama_message(&json!({}), cut, "<tool_call>{\"city\": \"Par");
-        assert_eq!(v["message"]["content"], "<tool_call>{\"city\": \"Par");
-        assert!(v["message"].get("tool_calls").is_none());
+    fn calls_stream_whole_as_soon_as_their_arguments_are() {
+        let call = |index: usize, id: bool, args: &str| {
+            let mut c = json!({"index": index, "function": {"arguments": args}});
+            if id {
+                c["id"] = json!("call_x");
+                c["function"]["name"] = json!(["get_weather", "get_time"][index]);
+            }
+            Delta::Call(c)
+        };
+        let mut calls = Calls::default();
+        let mut out = Vec::new();
+        calls.push(Delta::Content("Let me look. ".into()), &mut out);
+        calls.push(call(0, true, ""), &mut out);
+        calls.push(call(0, false, "{\"city\": "), &mut out);
+        assert_eq!(out, [Piece::Content("Let me look. ".into())]);
+        calls.push(call(0, false, "\"Paris\"}"), &mut out);
+        assert_eq!(
+            out[1],
+            Piece::Call(json!({"function": {"index": 0, "name": "get_weather",
+                                            "arguments": {"city": "Paris"}}}))
+        );
+        calls.push(call(1, true, "{\"zone\""), &mut out);
+        assert_eq!(out.len(), 2);
+        // A second call cut short after a whole one: dropped.
+        calls.finish("Let me look. <tool_call>...", &mut out);
+        assert_eq!(out.len(), 2);
+
+        // Only a call cut short: the answer's text that was not sent yet, as content.
+        let mut calls = Calls::default();
+        let mut out = Vec::new();
+        calls.push(Delta::Content("So ".into()), &mut out);
+        calls.push(call(0, true, "{\"city\": \"Par"), &mut out);
+        calls.finish(
+            "So <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            [
+                Piece::Content("So ".into()),
+                Piece::Content(
+                    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"
+                        .into()
+                )
+            ]
+        );
+        // Arguments that are JSON but no object: no call.
+        let mut calls = Calls::default();
+        let mut out = Vec::new();
+        calls.push(call(0, true, "[1]"), &mut out);
+        assert!(out.is_empty());
     }
 }

@@ -9,8 +9,9 @@
 //!
 //! - `POST /api/chat`: `messages` (assistant `tool_calls` with argument objects, `tool`
 //!   answers by `tool_call_id` or `tool_name`), `tools`, `format` (`"json"` or a JSON
-//!   schema), `options`. With tools, the answer comes whole, its calls parsed out, before the
-//!   final line. No messages: `done_reason` `load` (`unload` with `keep_alive` 0).
+//!   schema), `options`. With tools, content streams as soon as it is known to be no call, and
+//!   each call in a line of its own (`message.tool_calls`, its arguments an object) as soon as
+//!   its arguments are whole, as Ollama streams them. No messages: `done_reason` `load` (`unload` with `keep_alive` 0).
 //! - `POST /api/generate`: `prompt` as a user turn of the model's chat template after
 //!   `system`, or as it is with `raw`; an empty prompt answers as no messages do. With a
 //!   `suffix` (not `raw`), the model fills in the middle between `prompt` and it (its FIM

@@ -9,7 +9,10 @@
 //!   `system`, `developer` or `assistant`; `content` a string or `input_text` / `output_text`
 //!   parts), `function_call` items (`call_id`, `name`, `arguments`) and `function_call_output`
 //!   items (`call_id`, `output`); `reasoning` items are dropped (the template renders no
-//!   thoughts). `instructions` is the system message, first.
+//!   thoughts). A model that thinks (its template's reasoning style, as `reasoning_format`
+//!   separates it on the chat route) answers with a `reasoning` item first (its text in
+//!   `content` as `reasoning_text`; `summary` empty), streamed as
+//!   `response.reasoning_text.delta` / `.done` events. `instructions` is the system message, first.
 //! - `tools`: function tools in the Responses shape (`type: function`, `name`, `description`,
 //!   `parameters`, flat); `tool_choice` (`auto`, `none`, `required`, or `{type: function,
 //!   name}`); `parallel_tool_calls`.
@@ -22,25 +25,27 @@
 //!   `response.function_call_arguments.delta` / `.done`, `response.output_item.done`,
 //!   `response.completed`), each with its `sequence_number`.
 //! - `previous_response_id`: the conversation of a stored response (its input and its output)
-//!   goes before this input. Responses are kept in memory, the last [`STORE_CAPACITY`], per
+//!   goes before this input. Responses are kept in memory, the last [`store::STORE_CAPACITY`], per
 //!   tenant (the API key's hash: one key cannot read another's responses); `store: false`
 //!   keeps none.
+//! - `GET /v1/responses/{id}` gives a stored response as it was answered; `DELETE
+//!   /v1/responses/{id}` forgets it (`{"id", "object": "response.deleted", "deleted": true}`).
+//!   An id the tenant has not stored (or no longer) is a 404.
 //!
 //! Refused with a 400 in OpenAI's error shape naming the field: a missing or malformed
 //! `input`, items or parts kiln cannot read (images, files, built-in tools), an unknown
 //! `previous_response_id`, bad sampling values. `usage` counts the whole prompt.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -54,48 +59,36 @@ use super::tenant::tenant;
 use super::{unix_now, AppState};
 use crate::engine::scheduler::{FinishReason, Finished};
 
+mod store;
+
 type St = State<Arc<AppState>>;
 
-/// The route's path.
-pub(super) const PATH: &str = "/v1/responses";
+/// The routes' paths (the request counter names them): create, and retrieve or delete.
+pub(super) const PATHS: [&str; 2] = ["/v1/responses", "/v1/responses/{id}"];
 
-/// How many responses the store keeps (all tenants together); the least recently used goes.
-pub const STORE_CAPACITY: usize = 1024;
-
-/// The route, for the router's keyed part (`--api-key` applies).
+/// The routes, for the router's keyed part (`--api-key` applies).
 pub(super) fn routes() -> Router<Arc<AppState>> {
-    Router::new().route(PATH, post(create))
+    Router::new()
+        .route(PATHS[0], post(create))
+        .route(PATHS[1], get(retrieve).delete(delete))
 }
 
-/// A stored response: its conversation as chat messages (input and output), by tenant.
-struct Stored {
-    tenant: u64,
-    id: String,
-    messages: Vec<Value>,
+/// `GET /v1/responses/{id}`: a stored response, as it was answered (the tenant's own only).
+async fn retrieve(Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    store::response(tenant(None), &id)
+        .map(Json)
+        .ok_or_else(|| store::not_found(&id))
 }
 
-/// The stored responses, most recently used last.
-static STORE: Mutex<VecDeque<Stored>> = Mutex::new(VecDeque::new());
-
-fn store_put(tenant: u64, id: String, messages: Vec<Value>) {
-    let mut s = STORE.lock().unwrap_or_else(|e| e.into_inner());
-    while s.len() >= STORE_CAPACITY {
-        s.pop_front();
+/// `DELETE /v1/responses/{id}`: forget a stored response (`previous_response_id` can no longer
+/// name it).
+async fn delete(Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    match store::delete(tenant(None), &id) {
+        true => Ok(Json(
+            json!({"id": id, "object": "response.deleted", "deleted": true}),
+        )),
+        false => Err(store::not_found(&id)),
     }
-    s.push_back(Stored {
-        tenant,
-        id,
-        messages,
-    });
-}
-
-fn store_get(tenant: u64, id: &str) -> Option<Vec<Value>> {
-    let mut s = STORE.lock().unwrap_or_else(|e| e.into_inner());
-    let i = s.iter().position(|r| r.tenant == tenant && r.id == id)?;
-    let r = s.remove(i)?;
-    let messages = r.messages.clone();
-    s.push_back(r);
-    Some(messages)
 }
 
 /// The fields read here; the rest of the body is ignored.
@@ -133,7 +126,7 @@ async fn create(State(st): St, headers: HeaderMap, body: Body) -> Result<Respons
     let model = check_model(&st, &r.model)?;
     let tenant = tenant(None);
     let mut messages = match &r.previous_response_id {
-        Some(id) => store_get(tenant, id).ok_or_else(|| {
+        Some(id) => store::messages(tenant, id).ok_or_else(|| {
             ApiError::invalid_param(
                 "previous_response_id",
                 format!("previous_response_id: no stored response {id:?}"),
@@ -245,7 +238,10 @@ fn chat_request(r: &Request, messages: &[Value]) -> Result<ChatRequest, ApiError
             m.insert("response_format".into(), rf);
         }
     }
-    ChatRequest::from_json(&Value::Object(m)).map_err(responses_names)
+    let mut chat = ChatRequest::from_json(&Value::Object(m)).map_err(responses_names)?;
+    // (A model that thinks answers with a reasoning item: the style is its template's.)
+    chat.reasoning = true;
+    Ok(chat)
 }
 
 /// `input` as chat messages.
@@ -450,6 +446,8 @@ fn response_format(f: &Value) -> Result<Option<Value>, ApiError> {
 enum Step {
     /// A message item begins.
     Text,
+    /// A reasoning item begins (the model's thoughts, where its template separates them).
+    Reasoning,
     /// A function call item begins.
     Call { call_id: String, name: String },
     /// More of the open item: its text, or its call's arguments.
@@ -464,11 +462,19 @@ enum Step {
     Cut,
 }
 
+/// The kind of an output item.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Message,
+    Reasoning,
+    Call,
+}
+
 /// The output items, as the engine's events come.
 struct Items {
     answers: Answers,
-    /// The open item: `Some(true)` a message, `Some(false)` a call.
-    open: Option<bool>,
+    /// The open item.
+    open: Option<Kind>,
     /// Whitespace not yet in a message (dropped before a call or the end).
     space: String,
 }
@@ -505,32 +511,39 @@ impl Items {
         }
     }
 
+    /// Close the open item, if any, and open one of `kind` with `step`.
+    fn open(&mut self, kind: Kind, step: Step, out: &mut Vec<Step>) {
+        if self.open.is_some() {
+            out.push(Step::Close);
+        }
+        self.open = Some(kind);
+        out.push(step);
+    }
+
     fn piece(&mut self, d: Delta, out: &mut Vec<Step>) {
         match d {
-            // This route does not separate reasoning (its jobs have no splitter).
-            Delta::Reasoning(t) => self.piece(Delta::Content(t), out),
-            Delta::Content(t) if self.open == Some(true) => out.push(Step::More(t)),
+            Delta::Reasoning(t) if self.open == Some(Kind::Reasoning) => out.push(Step::More(t)),
+            Delta::Reasoning(t) if t.trim().is_empty() => {}
+            Delta::Reasoning(t) => {
+                self.space.clear();
+                self.open(Kind::Reasoning, Step::Reasoning, out);
+                out.push(Step::More(t.trim_start().to_owned()));
+            }
+            Delta::Content(t) if self.open == Some(Kind::Message) => out.push(Step::More(t)),
             Delta::Content(t) if t.trim().is_empty() => self.space.push_str(&t),
             Delta::Content(t) => {
-                if self.open.is_some() {
-                    out.push(Step::Close);
-                }
-                self.open = Some(true);
-                out.push(Step::Text);
+                self.open(Kind::Message, Step::Text, out);
                 out.push(Step::More(std::mem::take(&mut self.space) + &t));
             }
             Delta::Call(c) => {
                 let f = &c["function"];
                 if let Some(id) = c.get("id").and_then(Value::as_str) {
-                    if self.open.is_some() {
-                        out.push(Step::Close);
-                    }
                     self.space.clear();
-                    self.open = Some(false);
-                    out.push(Step::Call {
+                    let step = Step::Call {
                         call_id: id.to_owned(),
                         name: f["name"].as_str().unwrap_or("").to_owned(),
-                    });
+                    };
+                    self.open(Kind::Call, step, out);
                 }
                 if let Some(a) = f["arguments"].as_str().filter(|a| !a.is_empty()) {
                     out.push(Step::More(a.to_owned()));
@@ -604,6 +617,19 @@ impl Building {
                                                                       "content_index": 0, "part": part})),
                 ]
             }
+            Step::Reasoning => {
+                let item = json!({"type": "reasoning", "id": item_id("rs"), "summary": [],
+                                  "content": [], "status": "in_progress"});
+                self.output.push(item.clone());
+                let index = self.output.len() - 1;
+                let part = json!({"type": "reasoning_text", "text": ""});
+                self.output[index]["content"] = json!([part.clone()]);
+                vec![
+                    self.event("response.output_item.added", json!({"output_index": index, "item": item.clone()})),
+                    self.event("response.content_part.added", json!({"item_id": item["id"], "output_index": index,
+                                                                      "content_index": 0, "part": part})),
+                ]
+            }
             Step::Call { call_id, name } => {
                 let item = json!({"type": "function_call", "id": item_id("fc"), "call_id": call_id,
                                   "name": name, "arguments": "", "status": "in_progress"});
@@ -619,7 +645,13 @@ impl Building {
                     return Vec::new();
                 };
                 let id = item["id"].clone();
-                if item["type"] == "message" {
+                if item["type"] == "reasoning" {
+                    if let Value::String(text) = &mut item["content"][0]["text"] {
+                        text.push_str(&t);
+                    }
+                    vec![self.event("response.reasoning_text.delta", json!({"item_id": id, "output_index": index,
+                                                                             "content_index": 0, "delta": t}))]
+                } else if item["type"] == "message" {
                     if let Value::String(text) = &mut item["content"][0]["text"] {
                         text.push_str(&t);
                     }
@@ -644,7 +676,13 @@ impl Building {
                 let item = item.clone();
                 let id = item["id"].clone();
                 let mut out = Vec::new();
-                if item["type"] == "message" {
+                if item["type"] == "reasoning" {
+                    let part = item["content"][0].clone();
+                    out.push(self.event("response.reasoning_text.done", json!({"item_id": id, "output_index": index,
+                                                                                "content_index": 0, "text": part["text"]})));
+                    out.push(self.event("response.content_part.done", json!({"item_id": id, "output_index": index,
+                                                                             "content_index": 0, "part": part})));
+                } else if item["type"] == "message" {
                     let part = item["content"][0].clone();
                     out.push(self.event("response.output_text.done", json!({"item_id": id, "output_index": index,
                                                                              "content_index": 0, "text": part["text"],
@@ -678,7 +716,7 @@ impl Building {
                     "total_tokens": self.input_tokens + u.completion_tokens,
                 });
                 let response = self.object(status, usage, incomplete);
-                self.keep();
+                self.keep(&response);
                 let kind = if status == "completed" {
                     "response.completed"
                 } else {
@@ -702,8 +740,8 @@ impl Building {
         }
     }
 
-    /// Store the response's conversation (input and output), unless `store: false`.
-    fn keep(&mut self) {
+    /// Store the response and its conversation (input and output), unless `store: false`.
+    fn keep(&mut self, response: &Value) {
         let Some((tenant, mut messages)) = self.echo.keep.take() else {
             return;
         };
@@ -714,7 +752,7 @@ impl Building {
             if item["type"] == "message" {
                 let t = item["content"][0]["text"].as_str().unwrap_or("");
                 text.get_or_insert_with(String::new).push_str(t);
-            } else {
+            } else if item["type"] == "function_call" {
                 calls.push(json!({"id": item["call_id"], "type": "function",
                                   "function": {"name": item["name"], "arguments": item["arguments"]}}));
             }
@@ -724,7 +762,7 @@ impl Building {
             turn["tool_calls"] = json!(calls);
         }
         messages.push(turn);
-        store_put(tenant, self.echo.id.clone(), messages);
+        store::put(tenant, self.echo.id.clone(), messages, response.clone());
     }
 }
 
@@ -734,7 +772,8 @@ async fn answer(st: &AppState, job: Job, echo: Echo, stream: bool) -> Result<Res
     let input_tokens = job.prompt.len();
     let rx = respond::queue(st, &mut job).await?;
     let items = Items {
-        answers: Answers::new(&job.head, 1, job.tools, Arc::clone(&st.tokenizer)),
+        answers: Answers::new(&job.head, 1, job.tools, Arc::clone(&st.tokenizer))
+            .with_reasoning(job.reasoning.take()),
         open: None,
         space: String::new(),
     };
@@ -900,24 +939,5 @@ mod tests {
                                                           "strict": true}})
         );
         assert_eq!(response_format(&json!({"type": "text"})).unwrap(), None);
-    }
-
-    #[test]
-    fn the_store_is_per_tenant_and_bounded() {
-        store_put(
-            7,
-            "resp_a".into(),
-            vec![json!({"role": "user", "content": "x"})],
-        );
-        assert!(store_get(7, "resp_a").is_some());
-        assert!(store_get(8, "resp_a").is_none(), "another tenant's");
-        for i in 0..STORE_CAPACITY {
-            store_put(9, format!("resp_fill{i}"), Vec::new());
-        }
-        assert!(
-            store_get(7, "resp_a").is_none(),
-            "the least recently used goes"
-        );
-        assert!(store_get(9, &format!("resp_fill{}", STORE_CAPACITY - 1)).is_some());
     }
 }
