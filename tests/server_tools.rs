@@ -323,6 +323,7 @@ fn harmony_calls_end_to_end() {
         grew > 20,
         "the second turn's prompt grew by {grew} tokens only"
     );
+}
 
 /// Ollama's `/api/chat` with tools streams each call as soon as it is whole: a line of its
 /// own with `message.tool_calls` (the arguments an object), before the final line, as Ollama
