@@ -495,7 +495,11 @@ def iq2_blocks_golden(bin_dir, out_path):
     """`tests/golden/iq2_blocks.json`: for each 2-bit i-quant, 4 super-blocks (two from
     `ggml_quantize_chunk` on seeded random rows, with a seeded random importance matrix where
     the format needs one; two of random bytes under a finite f16 scale) as hex, and every value
-    of ggml's `to_float` of them as the hex of its little-endian f32."""
+    of ggml's `to_float` of them as the hex of its little-endian f32. Then, as rows of 512, the
+    CPU backend's own `vec_dot` of each with two Q8_K activation rows (seeded random values
+    through the backend's `from_float`): `acts` (hex) and `dots[row][act]` (f32 hex); and the
+    backend's `ggml_mul_mat` of the two rows with 9 such activation rows (its tiled kernel's
+    batch), `batch[act][row]` (f32 hex), the 9 rows' Q8_K bytes in `batch_acts`."""
     import random
     import struct
 
@@ -514,6 +518,57 @@ def iq2_blocks_golden(bin_dir, out_path):
                                          ctypes.c_int64, ctypes.POINTER(ctypes.c_float)]
     to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
                                   ctypes.c_int64)
+
+    class CpuTraits(ctypes.Structure):
+        _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
+                    ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
+
+    cpu = ctypes.CDLL(str(bin_dir / "libggml-cpu.so"))
+    cpu.ggml_cpu_init()
+    cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(CpuTraits)
+    cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+    from_float_t = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p,
+                                    ctypes.c_int64)
+    vec_dot_t = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float),
+                                 ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    q8k = 15
+    q8k_size = ggml.ggml_get_type_traits(q8k).contents.type_size
+
+    class InitParams(ctypes.Structure):
+        _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
+                    ("no_alloc", ctypes.c_bool)]
+
+    ggml.ggml_init.restype = ctypes.c_void_p
+    ggml.ggml_init.argtypes = [InitParams]
+    ggml.ggml_new_tensor_2d.restype = ctypes.c_void_p
+    ggml.ggml_new_tensor_2d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                        ctypes.c_int64]
+    ggml.ggml_get_data.restype = ctypes.c_void_p
+    ggml.ggml_get_data.argtypes = [ctypes.c_void_p]
+    ggml.ggml_mul_mat.restype = ctypes.c_void_p
+    ggml.ggml_mul_mat.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    ggml.ggml_new_graph.restype = ctypes.c_void_p
+    ggml.ggml_new_graph.argtypes = [ctypes.c_void_p]
+    ggml.ggml_build_forward_expand.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    ggml.ggml_free.argtypes = [ctypes.c_void_p]
+    cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+
+    def mul_mat(tid, wdata, rows, xs, nx, n):
+        """ggml_mul_mat of `rows` rows of `tid` by `nx` f32 rows: [nx][rows] floats."""
+        ctx = ggml.ggml_init(InitParams(64 << 20, None, False))
+        a = ggml.ggml_new_tensor_2d(ctx, tid, n, rows)
+        ctypes.memmove(ggml.ggml_get_data(a), bytes(wdata), len(wdata))
+        b = ggml.ggml_new_tensor_2d(ctx, 0, n, nx)
+        ctypes.memmove(ggml.ggml_get_data(b), xs, n * nx * 4)
+        c = ggml.ggml_mul_mat(ctx, a, b)
+        gf = ggml.ggml_new_graph(ctx)
+        ggml.ggml_build_forward_expand(gf, c)
+        cpu.ggml_graph_compute_with_ctx(ctx, gf, 1)
+        res = ctypes.string_at(ggml.ggml_get_data(c), rows * nx * 4)
+        ggml.ggml_free(ctx)
+        return [[res[4 * (j * rows + i):4 * (j * rows + i) + 4].hex() for i in range(rows)]
+                for j in range(nx)]
     out = {}
     for name, (tid, needs_imatrix) in IQ2_BLOCK_TYPES.items():
         rng = random.Random(f"kiln-{name}")
@@ -539,8 +594,37 @@ def iq2_blocks_golden(bin_dir, out_path):
         n = n_per_row * len(data) // size
         vals = (ctypes.c_float * n)()
         to_float_t(traits.to_float)(bytes(data), vals, n)
+        ct = cpu.ggml_get_type_traits_cpu(tid).contents
+        assert ct.vec_dot_type == q8k, (name, ct.vec_dot_type)
+        row = 512
+        acts = b""
+        for _ in range(2):
+            xs = (ctypes.c_float * row)(*[rng.uniform(-1.0, 1.0) for _ in range(row)])
+            qx = ctypes.create_string_buffer(row // 256 * q8k_size)
+            from_float_t(cpu.ggml_get_type_traits_cpu(q8k).contents.from_float)(xs, qx, row)
+            acts += qx.raw
+        wrow, arow = row // 256 * size, row // 256 * q8k_size
+        dots = []
+        for i in range(n // row):
+            line = []
+            for j in range(2):
+                r = ctypes.c_float()
+                vec_dot_t(ct.vec_dot)(row, ctypes.byref(r), 0, bytes(data[i * wrow:(i + 1) * wrow]),
+                                      0, acts[j * arow:(j + 1) * arow], 0, 1)
+                line.append(struct.pack("<f", r.value).hex())
+            dots.append(line)
+        nx = 9
+        xs = (ctypes.c_float * (row * nx))(*[rng.uniform(-1.0, 1.0) for _ in range(row * nx)])
+        batch_acts = b""
+        for j in range(nx):
+            qx = ctypes.create_string_buffer(row // 256 * q8k_size)
+            xj = ctypes.cast(ctypes.byref(xs, 4 * row * j), ctypes.POINTER(ctypes.c_float))
+            from_float_t(cpu.ggml_get_type_traits_cpu(q8k).contents.from_float)(xj, qx, row)
+            batch_acts += qx.raw
+        batch = mul_mat(tid, data, n // row, xs, nx, row)
         out[name] = {"n": n, "quantized_blocks": rows, "bytes": data.hex(),
-                     "values": struct.pack(f"<{n}f", *vals).hex()}
+                     "values": struct.pack(f"<{n}f", *vals).hex(), "acts": acts.hex(),
+                     "dots": dots, "batch_acts": batch_acts.hex(), "batch": batch}
     out_path.write_text(json.dumps(out, indent=1) + "\n")
     log(f"wrote {out_path}")
 

@@ -3,7 +3,8 @@
 //! `tests/golden/iq2_blocks.json` (scripts/make-fixtures.py `--only-iq2-blocks`) holds, per
 //! format, super-blocks written by ggml's own quantizer and super-blocks of random bytes, and
 //! every value ggml's `to_float` makes of them: kiln's dequantizers must give the same bits, on
-//! every kernel table, and every table's products must be the reference engine's order.
+//! every kernel table, and every table's products must be the reference engine's order, and
+//! equal, bit for bit, its CPU backend's own `vec_dot` of them with its Q8_K activations.
 
 mod common;
 
@@ -15,6 +16,15 @@ struct Case {
     n: usize,
     bytes: Vec<u8>,
     values: Vec<f32>,
+    /// Two Q8_K rows of 512 made by the reference's `from_float`.
+    acts: Vec<u8>,
+    /// The reference's `vec_dot` of weight row `i` (512 elements) with activation row `j`.
+    dots: Vec<Vec<f32>>,
+    /// Nine Q8_K rows of 512 (the reference's `from_float`), and its `ggml_mul_mat` of the
+    /// weight rows by them: `batch[j][i]` (a batch the reference takes through its tiled
+    /// kernel).
+    batch_acts: Vec<u8>,
+    batch: Vec<Vec<f32>>,
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -39,11 +49,26 @@ fn cases() -> Vec<Case> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         assert_eq!(values.len(), n, "{name}: values");
+        let f32_hex = |v: &serde_json::Value| {
+            let b = hex(v.as_str().unwrap());
+            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        };
+        let matrix = |key: &str| -> Vec<Vec<f32>> {
+            (t[key].as_array().unwrap().iter())
+                .map(|r| r.as_array().unwrap().iter().map(f32_hex).collect())
+                .collect()
+        };
+        let dots = matrix("dots");
+        let batch = matrix("batch");
         out.push(Case {
             ty,
             n,
             bytes,
             values,
+            acts: hex(t["acts"].as_str().unwrap()),
+            dots,
+            batch_acts: hex(t["batch_acts"].as_str().unwrap()),
+            batch,
         });
     }
     out
@@ -75,6 +100,66 @@ fn dequantize_matches_llama_cpp_bit_for_bit() {
             let mut v = vec![0f32; case.n];
             (k.dequantize)(&case.bytes, &mut v);
             check(case, &v, isa.name());
+        }
+    }
+}
+
+/// Every tier's single-row product is the reference CPU backend's `vec_dot`, bit for bit.
+#[test]
+fn vec_dot_equals_the_reference_backend() {
+    let n = 512;
+    for case in cases() {
+        let row_w = case.ty.row_bytes(n).unwrap();
+        let row_x = GgmlType::Q8K.row_bytes(n).unwrap();
+        assert_eq!(case.dots.len(), case.n / n, "{}: a dot per row", case.ty);
+        for isa in Isa::available() {
+            let k = kernels_for(case.ty, isa).unwrap();
+            for (i, want) in case.dots.iter().enumerate() {
+                for (j, &want) in want.iter().enumerate() {
+                    let w = &case.bytes[i * row_w..(i + 1) * row_w];
+                    let x = &case.acts[j * row_x..(j + 1) * row_x];
+                    let got = (k.vec_dot)(n, w, x);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{} {} row {i} act {j}: {got} vs {want}",
+                        case.ty,
+                        isa.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Every tier's gemm of a batch of 9 is the reference backend's matrix product (its tiled
+/// kernel), bit for bit.
+#[test]
+fn gemm_equals_the_reference_backend_batch() {
+    let n = 512;
+    for case in cases() {
+        let rows = case.n / n;
+        let row_w = case.ty.row_bytes(n).unwrap();
+        let row_x = GgmlType::Q8K.row_bytes(n).unwrap();
+        let nx = case.batch.len();
+        assert_eq!(nx, 9, "{}: the batch", case.ty);
+        for isa in Isa::available() {
+            let k = kernels_for(case.ty, isa).unwrap();
+            let mut out = vec![0f32; rows * nx];
+            let x = &case.batch_acts;
+            (k.gemm)(n, &case.bytes, row_w, rows, x, row_x, nx, &mut out, rows);
+            for (j, want) in case.batch.iter().enumerate() {
+                for (i, &want) in want.iter().enumerate() {
+                    let got = out[j * rows + i];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{} {} row {i} act {j}: {got} vs {want}",
+                        case.ty,
+                        isa.name()
+                    );
+                }
+            }
         }
     }
 }
