@@ -43,6 +43,7 @@ slightly different context setup. Regenerate them only on purpose.
     scripts/make-fixtures.py --out /tmp/g    # write goldens elsewhere (to compare)
     scripts/make-fixtures.py --only-logprobs [--real]   # just the log-probability goldens
     scripts/make-fixtures.py --only-embeddings   # the models, checked; then only step 8
+    scripts/make-fixtures.py --only-iq2-blocks   # only tests/golden/iq2_blocks.json
 
 Needs python3, a C/C++ compiler, cargo, and PyPI (the sdist; cmake, ninja, numpy and the
 bindings' dependencies into a private venv). Takes ~15 minutes on 2 cores the first time
@@ -493,6 +494,150 @@ def dequant_golden(bin_dir, work, out_path):
     log(f"wrote {out_path}")
 
 
+# The 2-bit i-quants, which no fixture holds (llama-quantize wants an importance matrix for two of
+# them): blocks made by ggml's own quantizer, and ggml's `to_float` of them and of random bytes.
+# name -> (ggml type id, the quantizer needs an importance matrix).
+IQ2_BLOCK_TYPES = {"IQ2_XXS": (16, True), "IQ2_XS": (17, True), "IQ2_S": (22, False)}
+
+
+def iq2_blocks_golden(bin_dir, out_path):
+    """`tests/golden/iq2_blocks.json`: for each 2-bit i-quant, 4 super-blocks (two from
+    `ggml_quantize_chunk` on seeded random rows, with a seeded random importance matrix where
+    the format needs one; two of random bytes under a finite f16 scale) as hex, and every value
+    of ggml's `to_float` of them as the hex of its little-endian f32. Then, as rows of 512, the
+    CPU backend's own `vec_dot` of each with two Q8_K activation rows (seeded random values
+    through the backend's `from_float`): `acts` (hex) and `dots[row][act]` (f32 hex); and the
+    backend's `ggml_mul_mat` of the two rows with 9 such activation rows (its tiled kernel's
+    batch), `batch[act][row]` (f32 hex), the 9 rows' Q8_K bytes in `batch_acts`."""
+    import random
+    import struct
+
+    class Traits(ctypes.Structure):
+        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                    ("from_float_ref", ctypes.c_void_p)]
+
+    ggml = ctypes.CDLL(str(bin_dir / "libggml-base.so"))
+    ggml.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
+    ggml.ggml_get_type_traits.argtypes = [ctypes.c_int]
+    ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
+    ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_float),
+                                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_int64, ctypes.POINTER(ctypes.c_float)]
+    to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
+                                  ctypes.c_int64)
+
+    class CpuTraits(ctypes.Structure):
+        _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
+                    ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
+
+    cpu = ctypes.CDLL(str(bin_dir / "libggml-cpu.so"))
+    cpu.ggml_cpu_init()
+    cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(CpuTraits)
+    cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+    from_float_t = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_float), ctypes.c_void_p,
+                                    ctypes.c_int64)
+    vec_dot_t = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float),
+                                 ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    q8k = 15
+    q8k_size = ggml.ggml_get_type_traits(q8k).contents.type_size
+
+    class InitParams(ctypes.Structure):
+        _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
+                    ("no_alloc", ctypes.c_bool)]
+
+    ggml.ggml_init.restype = ctypes.c_void_p
+    ggml.ggml_init.argtypes = [InitParams]
+    ggml.ggml_new_tensor_2d.restype = ctypes.c_void_p
+    ggml.ggml_new_tensor_2d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                        ctypes.c_int64]
+    ggml.ggml_get_data.restype = ctypes.c_void_p
+    ggml.ggml_get_data.argtypes = [ctypes.c_void_p]
+    ggml.ggml_mul_mat.restype = ctypes.c_void_p
+    ggml.ggml_mul_mat.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    ggml.ggml_new_graph.restype = ctypes.c_void_p
+    ggml.ggml_new_graph.argtypes = [ctypes.c_void_p]
+    ggml.ggml_build_forward_expand.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    ggml.ggml_free.argtypes = [ctypes.c_void_p]
+    cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+
+    def mul_mat(tid, wdata, rows, xs, nx, n):
+        """ggml_mul_mat of `rows` rows of `tid` by `nx` f32 rows: [nx][rows] floats."""
+        ctx = ggml.ggml_init(InitParams(64 << 20, None, False))
+        a = ggml.ggml_new_tensor_2d(ctx, tid, n, rows)
+        ctypes.memmove(ggml.ggml_get_data(a), bytes(wdata), len(wdata))
+        b = ggml.ggml_new_tensor_2d(ctx, 0, n, nx)
+        ctypes.memmove(ggml.ggml_get_data(b), xs, n * nx * 4)
+        c = ggml.ggml_mul_mat(ctx, a, b)
+        gf = ggml.ggml_new_graph(ctx)
+        ggml.ggml_build_forward_expand(gf, c)
+        cpu.ggml_graph_compute_with_ctx(ctx, gf, 1)
+        res = ctypes.string_at(ggml.ggml_get_data(c), rows * nx * 4)
+        ggml.ggml_free(ctx)
+        return [[res[4 * (j * rows + i):4 * (j * rows + i) + 4].hex() for i in range(rows)]
+                for j in range(nx)]
+    out = {}
+    for name, (tid, needs_imatrix) in IQ2_BLOCK_TYPES.items():
+        rng = random.Random(f"kiln-{name}")
+        traits = ggml.ggml_get_type_traits(tid).contents
+        assert traits.type_name.decode() == name.lower(), traits.type_name
+        size = traits.type_size
+        n_per_row, rows = 256, 2
+        src = (ctypes.c_float * (n_per_row * rows))(
+            *[rng.gauss(0.0, 1.0) * (4.0 if rng.random() < 0.05 else 1.0)
+              for _ in range(n_per_row * rows)])
+        imatrix = None
+        if needs_imatrix:
+            imatrix = (ctypes.c_float * n_per_row)(
+                *[rng.uniform(0.05, 2.0) for _ in range(n_per_row)])
+        q = ctypes.create_string_buffer(size * rows)
+        done = ggml.ggml_quantize_chunk(tid, src, q, 0, rows, n_per_row, imatrix)
+        assert done == size * rows, (name, done)
+        data = bytearray(q.raw)
+        for _ in range(2):
+            blk = bytearray(rng.getrandbits(8) for _ in range(size))
+            blk[:2] = struct.pack("<e", rng.choice([1, -1]) * rng.uniform(1e-4, 0.5))
+            data += blk
+        n = n_per_row * len(data) // size
+        vals = (ctypes.c_float * n)()
+        to_float_t(traits.to_float)(bytes(data), vals, n)
+        ct = cpu.ggml_get_type_traits_cpu(tid).contents
+        assert ct.vec_dot_type == q8k, (name, ct.vec_dot_type)
+        row = 512
+        acts = b""
+        for _ in range(2):
+            xs = (ctypes.c_float * row)(*[rng.uniform(-1.0, 1.0) for _ in range(row)])
+            qx = ctypes.create_string_buffer(row // 256 * q8k_size)
+            from_float_t(cpu.ggml_get_type_traits_cpu(q8k).contents.from_float)(xs, qx, row)
+            acts += qx.raw
+        wrow, arow = row // 256 * size, row // 256 * q8k_size
+        dots = []
+        for i in range(n // row):
+            line = []
+            for j in range(2):
+                r = ctypes.c_float()
+                vec_dot_t(ct.vec_dot)(row, ctypes.byref(r), 0, bytes(data[i * wrow:(i + 1) * wrow]),
+                                      0, acts[j * arow:(j + 1) * arow], 0, 1)
+                line.append(struct.pack("<f", r.value).hex())
+            dots.append(line)
+        nx = 9
+        xs = (ctypes.c_float * (row * nx))(*[rng.uniform(-1.0, 1.0) for _ in range(row * nx)])
+        batch_acts = b""
+        for j in range(nx):
+            qx = ctypes.create_string_buffer(row // 256 * q8k_size)
+            xj = ctypes.cast(ctypes.byref(xs, 4 * row * j), ctypes.POINTER(ctypes.c_float))
+            from_float_t(cpu.ggml_get_type_traits_cpu(q8k).contents.from_float)(xj, qx, row)
+            batch_acts += qx.raw
+        batch = mul_mat(tid, data, n // row, xs, nx, row)
+        out[name] = {"n": n, "quantized_blocks": rows, "bytes": data.hex(),
+                     "values": struct.pack(f"<{n}f", *vals).hex(), "acts": acts.hex(),
+                     "dots": dots, "batch_acts": batch_acts.hex(), "batch": batch}
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    log(f"wrote {out_path}")
+
+
 def real_model_path(name):
     kiln = REPO / "target" / "release" / "kiln"
     reference.run(["cargo", "build", "--release", "--quiet", "--bin", "kiln"], cwd=REPO)
@@ -558,6 +703,8 @@ def main():
                          "temporary directory; the manifest and other goldens are untouched)")
     ap.add_argument("--only-embeddings", action="store_true",
                     help="make and check the models, then write only the embedding goldens")
+    ap.add_argument("--only-iq2-blocks", action="store_true",
+                    help="write only tests/golden/iq2_blocks.json (no models are made)")
     ap.add_argument("--no-check", action="store_true",
                     help="write the goldens even if kiln does not make every file as the "
                          "reference wrote it (while porting a quantizer; the tests will fail)")
@@ -573,6 +720,10 @@ def main():
     tree = reference.source_tree()
     sys.path[:0] = [str(tree), str(tree / "vendor" / "llama.cpp" / "gguf-py")]
     os.environ["LLAMA_CPP_LIB_PATH"] = str(bin_dir)
+    if a.only_iq2_blocks:
+        a.out.mkdir(parents=True, exist_ok=True)
+        iq2_blocks_golden(bin_dir, a.out / "iq2_blocks.json")
+        return
     global _QUIET
     import llama_cpp.llama_cpp as L
     _QUIET = L.llama_log_callback(_quiet)

@@ -660,15 +660,15 @@ fn element_count_overflow() {
 #[test]
 fn unknown_and_unsupported_ggml_types() {
     let mut t = f32_tensor("blk.0.ffn_down.weight", &[256]);
-    t.type_id = 16;
+    t.type_id = 34;
     let e = parse_err(with_tensor(t.clone()));
     assert!(
-        matches!(e, GgufError::UnsupportedType { type_id: 16, .. }),
+        matches!(e, GgufError::UnsupportedType { type_id: 34, .. }),
         "{e}"
     );
     let msg = e.to_string();
     assert!(
-        msg.contains("IQ2_XXS") && msg.contains("is not supported"),
+        msg.contains("TQ1_0") && msg.contains("is not supported"),
         "{msg}"
     );
     assert!(msg.contains("blk.0.ffn_down.weight"), "{msg}");

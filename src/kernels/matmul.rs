@@ -534,7 +534,14 @@ fn chunk_rows(row_bytes: usize) -> usize {
 fn batch_dependent(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS
+        GgmlType::Q3K
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::IQ4XS
+            | GgmlType::IQ2XXS
+            | GgmlType::IQ2XS
+            | GgmlType::IQ2S
     )
 }
 

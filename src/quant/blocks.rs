@@ -229,6 +229,69 @@ pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// IQ2_XXS: 8 sub-blocks of 32, each four `u16` of `qs` (LE): the low 32 bits are four bytes,
+/// each an index into `IQ2XXS_GRID` (8 magnitudes); the high 32 bits hold four 7-bit sign
+/// indices (`KSIGNS_IQ2XS`) and, in bits 28..32, the sub-block's scale `ls`:
+/// `x = d * (0.5 + ls) / 4 * grid * sign`.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockIq2Xxs {
+    pub d: F16Le,
+    pub qs: [u8; QK_K / 4],
+}
+
+/// IQ2_XS: 32 groups of 8, each a `u16` of `qs` (LE): a 9-bit index into `IQ2XS_GRID` and a
+/// 7-bit sign index; a 4-bit scale per 16 elements in `scales` (low nibble first).
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockIq2Xs {
+    pub d: F16Le,
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; QK_K / 32],
+}
+
+/// IQ2_S: 32 groups of 8, each a 10-bit index into `IQ2S_GRID` (the low 8 bits in `qs[g]`,
+/// the top 2 in `qh[g / 4]` at bit `2 (g % 4)`) with 8 free signs in `qs[32 + g]`; a 4-bit
+/// scale per 16 elements in `scales` (low nibble first).
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockIq2S {
+    pub d: F16Le,
+    pub qs: [u8; QK_K / 4],
+    pub qh: [u8; QK_K / 32],
+    pub scales: [u8; QK_K / 32],
+}
+
+impl Default for BlockIq2Xxs {
+    fn default() -> Self {
+        BlockIq2Xxs {
+            d: F16Le::default(),
+            qs: [0; 64],
+        }
+    }
+}
+
+impl Default for BlockIq2Xs {
+    fn default() -> Self {
+        BlockIq2Xs {
+            d: F16Le::default(),
+            qs: [0; 64],
+            scales: [0; 8],
+        }
+    }
+}
+
+impl Default for BlockIq2S {
+    fn default() -> Self {
+        BlockIq2S {
+            d: F16Le::default(),
+            qs: [0; 64],
+            qh: [0; 8],
+            scales: [0; 8],
+        }
+    }
+}
+
 /// MXFP4 (OCP microscaling): `x = 2^(e - 127) * E2M1[q]`, held as ggml holds it: the E2M1
 /// values doubled ([`KVALUES_MXFP4`]) and the scale halved ([`e8m0_to_f32_half`]). Nibbles are
 /// laid out as Q4_0's (element `j < 16` in the low half of `qs[j]`, `j + 16` in the high half).
@@ -375,6 +438,9 @@ raw_block! {
     BlockIq4Nl = 18,
     BlockIq4Xs = 136,
     BlockMxfp4 = 17,
+    BlockIq2Xxs = 66,
+    BlockIq2Xs = 74,
+    BlockIq2S = 82,
 }
 
 /// View bytes as blocks; `None` unless the length is a whole number of blocks.

@@ -34,6 +34,9 @@
 //!   kernels with its E8M0 scales): whole-block sums, `(e_w · d_x)` fused with the block's dot.
 //! - **IQ4_XS** as Q3_K: the tiled kernel from [`TILED_MIN_ROWS`] rows, its AVX2 `vec_dot`
 //!   ([`k_dot_lanes`], an offset format with no offset) below.
+//! - **IQ2_XXS, IQ2_XS and IQ2_S** as IQ4_XS, with `d / 8` as the weight's scale: the tiled
+//!   kernel takes `d · 0.125` up front; the AVX2 `vec_dot` multiplies its reduced lanes by
+//!   `0.125` at the end, the same bits (a power of two, on normal numbers).
 //!
 //! [`gemm_dot`] picks the right one for row `j` of a batch of `nx` activation rows.
 //!
@@ -205,6 +208,11 @@ impl KLanes {
                 let u = |i: usize| iq4_value(&k.qs[16 * (i / 32)..], i % 32);
                 KLanes::new((d, d, true), u, |g| k.scale(g / 2), |_| 0, y)
             }
+            GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ2S => {
+                // Each element's integer weight carries its scale; `d / 8` is the float one.
+                let (d, u) = super::iq2::lanes_parts(ty, w, b);
+                KLanes::new((d, d, true), |i| u[i], |_| 1, |_| 0, y)
+            }
             _ => panic!("{ty}: no 8-lane k-quant order"),
         }
     }
@@ -280,7 +288,13 @@ pub fn k_dot_tiled(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
 pub fn tiled(ty: GgmlType, nx: usize) -> bool {
     matches!(
         ty,
-        GgmlType::Q3K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS
+        GgmlType::Q3K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::IQ4XS
+            | GgmlType::IQ2XXS
+            | GgmlType::IQ2XS
+            | GgmlType::IQ2S
     ) && nx >= TILED_MIN_ROWS
 }
 

@@ -29,7 +29,8 @@
 //! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
-#[allow(dead_code)] // read by the 2- and 3-bit i-quants
+mod iq2;
+mod iq2_grids;
 mod iq_signs;
 mod iquant;
 pub mod kquant_order;
@@ -386,6 +387,9 @@ pub fn dot_type(weight: GgmlType) -> GgmlType {
         | GgmlType::Q5K
         | GgmlType::Q6K
         | GgmlType::Q8K
+        | GgmlType::IQ2XXS
+        | GgmlType::IQ2XS
+        | GgmlType::IQ2S
         | GgmlType::IQ4XS => GgmlType::Q8K,
     }
 }
@@ -460,13 +464,16 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
         GgmlType::IQ4NL => k!(BlockIq4Nl, quantize_q8_0_act_bytes, 10),
         GgmlType::IQ4XS => k!(BlockIq4Xs, k8k, 11),
         GgmlType::MXFP4 => k!(BlockMxfp4, quantize_q8_0_act_bytes, 12),
+        GgmlType::IQ2XXS => k!(BlockIq2Xxs, k8k, 13),
+        GgmlType::IQ2XS => k!(BlockIq2Xs, k8k, 14),
+        GgmlType::IQ2S => k!(BlockIq2S, k8k, 15),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("activation-only formats are rejected"),
     }
 }
 
 /// The block formats, whose scalar kernels are [`kquant_order`]'s definitions (so the scalar
 /// tier adds in the order of every other tier), indexed by a const-generic tag.
-const ORDERED: [GgmlType; 13] = [
+const ORDERED: [GgmlType; 16] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -480,6 +487,9 @@ const ORDERED: [GgmlType; 13] = [
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
     GgmlType::MXFP4,
+    GgmlType::IQ2XXS,
+    GgmlType::IQ2XS,
+    GgmlType::IQ2S,
 ];
 
 /// A single row: the reference's decode path (one activation row).
@@ -683,6 +693,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
         GgmlType::IQ4NL => dequant_bytes::<BlockIq4Nl>,
         GgmlType::IQ4XS => dequant_bytes::<BlockIq4Xs>,
         GgmlType::MXFP4 => dequant_bytes::<BlockMxfp4>,
+        GgmlType::IQ2XXS => dequant_bytes::<BlockIq2Xxs>,
+        GgmlType::IQ2XS => dequant_bytes::<BlockIq2Xs>,
+        GgmlType::IQ2S => dequant_bytes::<BlockIq2S>,
     };
     f(src, out);
     Ok(())
@@ -692,7 +705,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
 /// Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K, and `quantize_iq4_nl` / `quantize_iq4_xs` without
 /// weights for IQ4_NL and IQ4_XS, `quantize_row_mxfp4_ref` for MXFP4 (the model-file quantizers `llama-quantize` runs when it
 /// has no importance matrix; the output is byte-identical to theirs), and plain conversion for
-/// F32/F16/BF16. A row that is not a whole number of blocks (32 elements, or 256 for the
+/// F32/F16/BF16. IQ2_XXS, IQ2_XS and IQ2_S have no quantizer here ([`QuantError::Unsupported`]).
+/// A row that is not a whole number of blocks (32 elements, or 256 for the
 /// K-quants) is refused with [`QuantError::NotBlockMultiple`].
 /// Activations for a matmul should use [`Kernels::quantize_act`] instead, which follows ggml's
 /// CPU backend (for Q8_0/Q8_1 it rounds ties to even; see [`reference::quantize_q8_0_act`]).
@@ -717,6 +731,12 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::IQ4NL => quantize_bytes::<BlockIq4Nl>,
         GgmlType::IQ4XS => quantize_bytes::<BlockIq4Xs>,
         GgmlType::MXFP4 => quantize_bytes::<BlockMxfp4>,
+        GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ2S => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "quantizer (only dequantization and products are implemented)",
+            })
+        }
     };
     f(x, out);
     Ok(())

@@ -13,7 +13,9 @@
 //!
 //! [`kquant_order`]: super::kquant_order
 
-use super::blocks::{q3k_scales, scale_min_k4};
+mod iq2;
+
+use super::blocks::{q3k_scales, scale_min_k4, BlockIq2S, BlockIq2Xs, BlockIq2Xxs};
 use super::{check_gemm, GgmlType, Isa, Kernels};
 use core::arch::aarch64::*;
 
@@ -770,6 +772,9 @@ pub(super) fn kernels(scalar: Kernels) -> Kernels {
         GgmlType::IQ4NL => t!(RIq4Nl),
         GgmlType::MXFP4 => t!(RMxfp4),
         GgmlType::IQ4XS => t!(RIq4Xs),
+        GgmlType::IQ2XXS => t!(iq2::RIq2<BlockIq2Xxs>),
+        GgmlType::IQ2XS => t!(iq2::RIq2<BlockIq2Xs>),
+        GgmlType::IQ2S => t!(iq2::RIq2<BlockIq2S>),
         _ => portable,
     }
 }

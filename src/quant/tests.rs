@@ -174,6 +174,7 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
+        GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ2S => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
@@ -255,13 +256,16 @@ pub(crate) fn reference_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> DotAc
         GgmlType::IQ4NL => go::<BlockIq4Nl>(n, w, x),
         GgmlType::IQ4XS => go::<BlockIq4Xs>(n, w, x),
         GgmlType::MXFP4 => go::<BlockMxfp4>(n, w, x),
+        GgmlType::IQ2XXS => go::<BlockIq2Xxs>(n, w, x),
+        GgmlType::IQ2XS => go::<BlockIq2Xs>(n, w, x),
+        GgmlType::IQ2S => go::<BlockIq2S>(n, w, x),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!(),
     }
 }
 
 /// Every weight format: the float ones, then the block formats.
-pub(crate) const WEIGHT_TYPES: [GgmlType; 16] = {
-    let mut t = [GgmlType::F32; 16];
+pub(crate) const WEIGHT_TYPES: [GgmlType; 19] = {
+    let mut t = [GgmlType::F32; 19];
     (t[1], t[2]) = (GgmlType::F16, GgmlType::BF16);
     let mut i = 0;
     while i < super::ORDERED.len() {

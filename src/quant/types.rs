@@ -23,8 +23,16 @@ pub enum GgmlType {
     Q6K,
     /// Internal activation partner of the k-quants.
     Q8K,
+    /// 256 elements as 32 groups of 8 on a 256-entry grid of magnitudes, 7-bit even-parity
+    /// signs and a 4-bit scale per 32, one f16 scale.
+    IQ2XXS,
+    /// 256 elements as 32 groups of 8 on a 512-entry grid, 7-bit signs, a 4-bit scale per 16.
+    IQ2XS,
     /// 32 elements on a fixed non-linear grid of 16 values, one f16 scale.
     IQ4NL,
+    /// 256 elements as 32 groups of 8 on a 1024-entry grid, 8 free signs per group, a 4-bit
+    /// scale per 16.
+    IQ2S,
     /// 256 elements on IQ4_NL's grid, a 6-bit scale per 32 under one f16 scale.
     IQ4XS,
     BF16,
@@ -34,7 +42,7 @@ pub enum GgmlType {
 
 impl GgmlType {
     /// Every type, in ggml id order.
-    pub const ALL: [GgmlType; 18] = [
+    pub const ALL: [GgmlType; 21] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -49,7 +57,10 @@ impl GgmlType {
         GgmlType::Q5K,
         GgmlType::Q6K,
         GgmlType::Q8K,
+        GgmlType::IQ2XXS,
+        GgmlType::IQ2XS,
         GgmlType::IQ4NL,
+        GgmlType::IQ2S,
         GgmlType::IQ4XS,
         GgmlType::BF16,
         GgmlType::MXFP4,
@@ -72,6 +83,9 @@ impl GgmlType {
             GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
             GgmlType::Q8K => 15,
+            GgmlType::IQ2XXS => 16,
+            GgmlType::IQ2XS => 17,
+            GgmlType::IQ2S => 22,
             GgmlType::IQ4NL => 20,
             GgmlType::IQ4XS => 23,
             GgmlType::BF16 => 30,
@@ -91,12 +105,9 @@ impl GgmlType {
             Some(t) => t.name(),
             None => match id {
                 4 | 5 => "Q4_2/Q4_3 (removed)",
-                16 => "IQ2_XXS",
-                17 => "IQ2_XS",
                 18 => "IQ3_XXS",
                 19 => "IQ1_S",
                 21 => "IQ3_S",
-                22 => "IQ2_S",
                 24 => "I8",
                 25 => "I16",
                 26 => "I32",
@@ -127,6 +138,9 @@ impl GgmlType {
             GgmlType::Q5K => "Q5_K",
             GgmlType::Q6K => "Q6_K",
             GgmlType::Q8K => "Q8_K",
+            GgmlType::IQ2XXS => "IQ2_XXS",
+            GgmlType::IQ2XS => "IQ2_XS",
+            GgmlType::IQ2S => "IQ2_S",
             GgmlType::IQ4NL => "IQ4_NL",
             GgmlType::IQ4XS => "IQ4_XS",
             GgmlType::BF16 => "BF16",
@@ -158,6 +172,9 @@ impl GgmlType {
             | GgmlType::Q5K
             | GgmlType::Q6K
             | GgmlType::Q8K
+            | GgmlType::IQ2XXS
+            | GgmlType::IQ2XS
+            | GgmlType::IQ2S
             | GgmlType::IQ4XS => 256,
         }
     }
@@ -179,6 +196,9 @@ impl GgmlType {
             GgmlType::Q5K => 176,
             GgmlType::Q6K => 210,
             GgmlType::Q8K => 292,
+            GgmlType::IQ2XXS => 66,
+            GgmlType::IQ2XS => 74,
+            GgmlType::IQ2S => 82,
             GgmlType::IQ4NL => 18,
             GgmlType::IQ4XS => 136,
             GgmlType::MXFP4 => 17,
@@ -221,7 +241,11 @@ mod tests {
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
             assert_eq!(GgmlType::from_name(&t.name().to_lowercase()), Some(t));
         }
-        assert_eq!(GgmlType::from_id(16), None);
+        assert_eq!(GgmlType::from_id(24), None);
+        assert_eq!(GgmlType::from_id(16), Some(GgmlType::IQ2XXS));
+        assert_eq!(GgmlType::from_name("iq2_s"), Some(GgmlType::IQ2S));
+        assert_eq!(GgmlType::IQ2XS.row_bytes(512), Some(2 * 74));
+        assert_eq!(GgmlType::IQ2XXS.row_bytes(128), None);
         assert_eq!(GgmlType::name_of_id(23), "IQ4_XS");
         assert_eq!(GgmlType::from_id(20), Some(GgmlType::IQ4NL));
         assert_eq!(GgmlType::from_name("iq4_xs"), Some(GgmlType::IQ4XS));

@@ -16,9 +16,11 @@ use crate::quant::reference::{self, Quantize};
 use core::arch::x86_64::*;
 
 mod float;
+mod iq2;
 mod iquants;
 mod kquants;
 pub(super) use float::*;
+pub(super) use iq2::*;
 pub(super) use iquants::*;
 pub(super) use kquants::*;
 

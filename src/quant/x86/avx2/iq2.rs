@@ -1,0 +1,135 @@
+//! IQ2_XXS, IQ2_XS and IQ2_S against Q8_K on 256-bit registers. Each 32-element sub-block is
+//! decoded as the scalar code decodes it (`quant::iq2`: four grid entries of 8 magnitudes, four
+//! sign masks, two 4-bit scales); the magnitudes (<= 43) multiply the activations with their
+//! signs applied (`vpsignb`), as the reference's AVX2 kernels do, into 8 i32 lanes (elements
+//! `4l .. 4l + 4`), each times its half's odd scale `2 ls + 1`. The float arithmetic is
+//! `kquant_order`'s for these formats: per super-block the 8 lanes fused-multiply-added with
+//! `d/8 · d_y` ([`crate::quant::kquant_order::k_dot_lanes`]), or from [`TILED_MIN_ROWS`]
+//! activation rows the super-block's integers summed whole
+//! ([`crate::quant::kquant_order::k_dot_tiled`]).
+
+use super::*;
+use crate::quant::blocks::{BlockIq2S, BlockIq2Xs, BlockIq2Xxs, RawBlock};
+use crate::quant::iq2::{Iq2Block, Sub};
+use crate::quant::kquant_order::TILED_MIN_ROWS;
+
+/// The 32 magnitudes of a sub-block, in element order.
+#[inline(always)]
+unsafe fn magnitudes(s: &Sub) -> __m256i {
+    let g = s.grid.map(|v| v as i64);
+    _mm256_set_epi64x(g[3], g[2], g[1], g[0])
+}
+
+/// The sub-block's signs as `vpsignb` operands: -1 for a negative element, else 1.
+#[inline(always)]
+unsafe fn signs(s: &Sub) -> __m256i {
+    // Byte `i` of each 128-bit lane picks sign byte `i / 8` of that lane's half.
+    const SHUF: [u8; 32] = [
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, //
+        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+    ];
+    const BIT: [u8; 32] = [
+        1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128, //
+        1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
+    ];
+    let bytes = _mm256_set1_epi32(i32::from_le_bytes(s.signs));
+    let bytes = _mm256_shuffle_epi8(bytes, loadu(SHUF.as_ptr()));
+    let bit = loadu(BIT.as_ptr());
+    let neg = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    _mm256_or_si256(neg, _mm256_set1_epi8(1))
+}
+
+/// IQ2_XXS, IQ2_XS or IQ2_S rows against Q8_K rows; `TILED` selects the tiled kernel's
+/// per-super-block order.
+pub(in crate::quant::x86) struct TIq2Order<B, const TILED: bool>(core::marker::PhantomData<B>);
+
+/// A 2-bit i-quant's tile: 8 lanes for single rows and small batches, the tiled order from
+/// [`TILED_MIN_ROWS`] rows.
+pub(in crate::quant::x86) type TIq2<B> = TIq2Order<B, false>;
+
+/// IQ2_XXS rows against Q8_K rows.
+pub(in crate::quant::x86) type TIq2Xxs = TIq2<BlockIq2Xxs>;
+/// IQ2_XS rows against Q8_K rows.
+pub(in crate::quant::x86) type TIq2Xs = TIq2<BlockIq2Xs>;
+/// IQ2_S rows against Q8_K rows.
+pub(in crate::quant::x86) type TIq2S = TIq2<BlockIq2S>;
+
+impl<B: Iq2Block + RawBlock, const TILED: bool> Tile for TIq2Order<B, TILED> {
+    const BLOCK: usize = 256;
+    const W_BYTES: usize = core::mem::size_of::<B>();
+    const X_BYTES: usize = 292;
+
+    #[inline(always)]
+    unsafe fn tile<D: IDot, const NX: usize>(
+        n: usize,
+        w: *const u8,
+        x: [*const u8; NX],
+    ) -> [f32; NX] {
+        let mut acc = [_mm256_setzero_ps(); NX];
+        let mut acc_t = [0f32; NX];
+        for b in 0..n / 256 {
+            // SAFETY: the caller's row holds `n / 256` whole blocks; `B` is a `RawBlock`
+            // (alignment 1, any bit pattern).
+            let blk = &*w.add(b * Self::W_BYTES).cast::<B>();
+            let wd = blk.d() * 0.125;
+            let mut lanes = [_mm256_setzero_si256(); NX];
+            for ib in 0..8 {
+                let s = blk.sub(ib);
+                let q = magnitudes(&s);
+                let sg = signs(&s);
+                let sc = _mm256_set_epi32(
+                    s.scale(1),
+                    s.scale(1),
+                    s.scale(1),
+                    s.scale(1),
+                    s.scale(0),
+                    s.scale(0),
+                    s.scale(0),
+                    s.scale(0),
+                );
+                for j in 0..NX {
+                    let y = loadu(x[j].add(b * Self::X_BYTES + 4 + 32 * ib));
+                    let p = D::dpbusd(_mm256_setzero_si256(), q, _mm256_sign_epi8(y, sg));
+                    lanes[j] = _mm256_add_epi32(lanes[j], _mm256_mullo_epi32(p, sc));
+                }
+            }
+            for j in 0..NX {
+                let yd = f32_at(x[j].add(b * Self::X_BYTES));
+                if TILED {
+                    let r = hsum_epi32(lanes[j]) as f32 * wd;
+                    acc_t[j] = r.mul_add(yd, acc_t[j]);
+                } else {
+                    let f = _mm256_set1_ps(wd * yd);
+                    acc[j] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes[j]), acc[j]);
+                }
+            }
+        }
+        if TILED {
+            acc_t
+        } else {
+            core::array::from_fn(|j| hsum_ps(acc[j]))
+        }
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm<D: IDot>(
+        n: usize,
+        w: *const u8,
+        w_stride: usize,
+        nw: usize,
+        x: *const u8,
+        x_stride: usize,
+        nx: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        if !TILED && nx >= TILED_MIN_ROWS {
+            gemm_tiles::<TIq2Order<B, true>, D>(
+                n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
+            )
+        } else {
+            gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+        }
+    }
+}
