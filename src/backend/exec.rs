@@ -191,3 +191,43 @@ pub fn recycle<'b, K>(mut v: Vec<SeqBatch<'_, K>>) -> Vec<SeqBatch<'b, K>> {
         .map(|_| unreachable!("the vector is empty"))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(slots: &[(usize, usize)]) -> Vec<SlotRows> {
+        slots
+            .iter()
+            .map(|&(slot, n_tokens)| SlotRows {
+                slot,
+                n_tokens,
+                alone: slot == 2,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pass_views_its_slots_in_order() {
+        let mut slots = [10u32, 11, 12, 13];
+        let views = slot_views(Vec::with_capacity(4), &mut slots, &rows(&[(0, 3), (2, 1)]));
+        let views = views.unwrap();
+        let seen: Vec<_> = views.iter().map(|v| (*v.kv, v.n_tokens, v.alone)).collect();
+        assert_eq!(seen, [(10, 3, false), (12, 1, true)]);
+        // The allocation comes back empty, for the next pass.
+        let back: Vec<SeqBatch<'static, u32>> = recycle(views);
+        assert!(back.is_empty() && back.capacity() >= 4);
+    }
+
+    #[test]
+    fn a_pass_with_slots_out_of_order_repeated_or_missing_is_refused() {
+        let mut slots = [0u32; 3];
+        for bad in [&[(1, 1), (0, 1)][..], &[(1, 1), (1, 1)], &[(3, 1)]] {
+            let r = slot_views(Vec::new(), &mut slots, &rows(bad));
+            assert!(
+                matches!(r, Err(ForwardError::Device(ref m)) if m.contains("increasing")),
+                "{bad:?}"
+            );
+        }
+    }
+}
