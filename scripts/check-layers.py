@@ -53,8 +53,9 @@ LAYERS = [
     ["cache"],
     # the Backend seam and its devices (CPU, CUDA)
     ["backend"],
-    # the forward pass, written once over the seam
-    ["model/forward"],
+    # the forward pass, written once over the seam; the executors that drive it on each
+    # device, and the choice of one
+    ["model/forward", "backend/cpu/exec", "backend/cuda/exec", "backend/open"],
     # sessions, generation, the batching scheduler
     ["engine"],
     # the HTTP server

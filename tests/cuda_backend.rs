@@ -19,10 +19,11 @@ use std::sync::Arc;
 use std::ops::Range;
 
 use common::gpu;
+use kiln::backend::cuda::exec::{cuda_session, OnCuda};
 use kiln::backend::cuda::step::{CudaKv, CudaStep};
 use kiln::backend::{cuda, Backend, Buf, Device, Mat, NormW, RowSel, SeqBatch};
 use kiln::cache::KvType;
-use kiln::engine::session::{cuda_session, kv_layout, scratch_spec};
+use kiln::engine::session::{exec_spec, kv_layout};
 use kiln::engine::{Session, SessionOptions};
 use kiln::model::config::{Activation, AttnTemp};
 use kiln::model::forward::{forward_batch, ForwardError, Logits};
@@ -674,8 +675,8 @@ fn a_norm_output_read_after_its_products_is_an_error() {
         let mut o = SessionOptions::new(32, 1);
         o.device = Device::Cuda;
         let layout = kv_layout(&m.config, &o);
-        let spec = scratch_spec(&m, &o);
-        let mut s = cuda_session(&m, &o, spec, &layout, 1, &mut |_, _| {}).unwrap();
+        let spec = exec_spec(&m, &o, 1);
+        let mut s = cuda_session(&m, &spec, &mut |_, _| {}).unwrap();
         let mut kv = CudaKv::new(0, layout);
         let mut b = ReadsNormAfterProducts {
             step: CudaStep { m: &m, s: &mut s },

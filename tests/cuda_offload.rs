@@ -14,6 +14,7 @@ mod common;
 use std::sync::Arc;
 
 use common::gpu;
+use kiln::backend::cuda::exec::OnCuda;
 use kiln::backend::{cuda, Device};
 use kiln::cache::KvType;
 use kiln::engine::plan::{device_plan, HOST_KV};

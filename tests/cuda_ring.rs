@@ -13,6 +13,7 @@ mod common;
 use std::sync::Arc;
 
 use common::gpu;
+use kiln::backend::cuda::exec::OnCuda;
 use kiln::backend::Device;
 use kiln::cache::KvType;
 use kiln::engine::batch::{BatchOptions, BatchRunner};

@@ -16,6 +16,7 @@ mod common;
 use std::sync::Arc;
 
 use common::gpu;
+use kiln::backend::cuda::exec::OnCuda;
 use kiln::backend::cuda::MAX_GRAPH_ROWS;
 use kiln::backend::Device;
 use kiln::cache::KvType;

@@ -5,6 +5,7 @@
 //! A [`Cpu`] is a view made for one forward pass from what a session owns (the runtime, the
 //! scratch, the model); making it allocates nothing.
 
+pub mod exec;
 mod moe;
 
 use std::ops::Range;
@@ -200,10 +201,9 @@ impl<'a> Backend for Cpu<'a> {
 
     fn begin(&mut self, _tokens: &[u32], seqs: &[SeqBatch<'_>]) {
         // A sequence whose rows are alone is that many sequences of one row (a decode step's
-        // bits); so is every row where the whole pass is (`Scratch::rows_alone`).
-        let all = self.s.rows_alone;
+        // bits).
         self.s.matmul.set_segments(seqs.iter().flat_map(|sq| {
-            if all || sq.alone {
+            if sq.alone {
                 std::iter::repeat_n(1, sq.n_tokens)
             } else {
                 std::iter::repeat_n(sq.n_tokens, 1)
@@ -513,7 +513,7 @@ impl<'a> Backend for Cpu<'a> {
                     // A sequence's rows together, or each as the decode step of its position
                     // (the keys of the later rows are stored, but a row does not see them).
                     // (Bidirectional attention sees the whole pass: never split.)
-                    let parts = if c.causal && (s.rows_alone || sq.alone) {
+                    let parts = if c.causal && sq.alone {
                         sq.n_tokens.max(1)
                     } else {
                         1

@@ -20,6 +20,8 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod exec;
+pub mod open;
 
 use std::ops::Range;
 
@@ -102,7 +104,21 @@ impl std::str::FromStr for Device {
     }
 }
 
+/// A device's failure (the GPU driver layer's error).
+pub type DeviceError = cuda::CudaError;
+
 impl Device {
+    /// The most rows a pass computes each as a decode step of it alone
+    /// ([`SeqBatch::alone`]), where that pass holds decode rows only (the GPU's: its graph of
+    /// decode rows, [`cuda::MAX_GRAPH_ROWS`]); `None` where any pass may, beside any other
+    /// rows (the CPU's).
+    pub fn alone_rows(self) -> Option<usize> {
+        match self {
+            Device::Cpu => None,
+            Device::Cuda => Some(cuda::MAX_GRAPH_ROWS),
+        }
+    }
+
     /// Check that this device can run a model here.
     pub fn open(self) -> Result<(), cuda::CudaError> {
         match self {

@@ -60,10 +60,6 @@ pub struct Scratch {
     pub matmul: MatmulScratch,
     /// The mixture-of-experts routing and expert buffers (empty for a dense model).
     pub moe: MoeScratch,
-    /// Every row of a pass computed as a decode step of it alone would be (its products as a
-    /// batch of one, its attention on the decode path for its position): speculative
-    /// decoding's verification passes (`Session::eval_as_decodes`).
-    pub rows_alone: bool,
 }
 
 /// Rows of each buffer of [`widths`]: all `t`, except `up` (`spec.up_rows`).
@@ -138,7 +134,6 @@ impl Scratch {
             ),
             matmul: MatmulScratch::new(t, spec.n_threads),
             moe: MoeScratch::new(moe_shape(c, &spec)),
-            rows_alone: false,
         }
     }
 

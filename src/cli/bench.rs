@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::Args;
 
 use super::common::{self, ModelArgs};
+use kiln::backend::cuda::exec::OnCuda;
 use kiln::engine::{Session, SessionOptions};
 
 #[derive(Args, Debug)]
@@ -103,7 +104,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         // The host's bandwidth says nothing of the device's: no roofline unless given.
         None if on_gpu.is_some() => 0.0,
         None => {
-            let b = kiln::kernels::membw::measure_read_gbs(&s.rt.pool);
+            let b = kiln::kernels::membw::measure_read_gbs(&s.runtime().pool);
             // The probe's buffer is gone; do not let it count as the engine's peak RSS.
             reset_peak_rss();
             b

@@ -14,17 +14,14 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::sequence::{mask_logits, Kv, Sequence};
+use super::sequence::{common_prefix, mask_logits};
 use super::session::{
-    check_context, cuda_session, kv_layout, scratch_spec, EngineError, SessionOptions,
+    check_context, exec_spec_with, kv_layout, scratch_spec, EngineError, SessionOptions,
 };
-use crate::backend::cpu::Runtime;
-use crate::backend::cuda::{CudaKv, CudaSession, CudaStep, MAX_GRAPH_ROWS};
-use crate::backend::{Device, SeqCache};
-use crate::cache::layout::Cursor;
-use crate::cache::{KvCache, KvType, Scratch};
-use crate::kernels::attention::SoloAttention;
-use crate::model::forward::{forward_batch, forward_batch_cpu, ForwardError, Logits, SeqBatch};
+use crate::backend::exec::{Executor, HasExecutor, SlotRows};
+use crate::backend::Device;
+use crate::cache::KvType;
+use crate::model::forward::{ForwardError, Logits};
 use crate::model::Model;
 
 /// How a runner is sized.
@@ -60,36 +57,18 @@ struct StepPart {
     alone: bool,
 }
 
-/// One sequence's KV region and the tokens in it.
-type Slot = Sequence<Kv>;
-
-/// Where a runner's steps run: the CPU's thread pool and scratch, or a GPU session whose KV
-/// cache has a slot per sequence. Each keeps the allocation of its per-step sequence views.
-#[allow(clippy::large_enum_variant)]
-enum Exec {
-    Cpu {
-        rt: Runtime,
-        scratch: Scratch,
-        /// Single-thread attention scratch per pool thread, for decode steps over short
-        /// contexts.
-        solo: SoloAttention,
-        seqs: Vec<SeqBatch<'static>>,
-    },
-    Cuda {
-        s: Box<CudaSession>,
-        seqs: Vec<SeqBatch<'static, CudaKv>>,
-    },
-}
-
-/// The model, the device's buffers (a CPU's thread pool and scratch, or a GPU session) and
-/// every slot.
+/// The model, the device's executor (its weights, a KV cache slot per sequence, scratch) and
+/// the tokens each slot holds.
 pub struct BatchRunner {
     pub model: Arc<Model>,
     pub opts: BatchOptions,
     /// [`BatchRunner::rollback_reach`].
     reach: usize,
-    exec: Exec,
-    slots: Vec<Slot>,
+    exec: Box<dyn Executor>,
+    /// Per slot, the tokens whose keys and values its cache holds.
+    slots: Vec<Vec<u32>>,
+    /// The slots' rows of the pass being run (reused).
+    pass_rows: Vec<SlotRows>,
     /// `[n_slots, 1 + draft_max, vocab]`: per slot, the logits after its last evaluated token
     /// (row 0), or after each token of its verification pass.
     logits: Vec<f32>,
@@ -143,42 +122,16 @@ impl BatchRunner {
         // drafts.
         let sopts = runner_session_options(&sopts, n_slots, opts.draft_max);
         let spec = scratch_spec(&model, &sopts);
-        let (exec, slots) = match opts.device {
-            Device::Cpu => {
-                let slots = (0..n_slots)
-                    .map(|_| {
-                        let kv = KvCache::with_type(layout.clone(), opts.kv_type)?;
-                        Ok(Slot::new(Kv::Cpu(kv), n_ctx))
-                    })
-                    .collect::<Result<Vec<_>, EngineError>>()?;
-                let exec = Exec::Cpu {
-                    rt: Runtime::new(opts.n_threads),
-                    scratch: Scratch::new(c, spec),
-                    solo: SoloAttention::new(
-                        c.n_heads,
-                        c.n_kv_heads,
-                        c.head_dim_k,
-                        c.head_dim_v,
-                        opts.n_threads,
-                        opts.kv_type,
-                    ),
-                    seqs: Vec::with_capacity(n_slots),
-                };
-                (exec, slots)
-            }
-            Device::Cuda => {
-                let s = cuda_session(&model, &sopts, spec, &layout, n_slots, &mut |_, _| {})?;
-                let slots = (0..n_slots)
-                    .map(|i| Slot::new(Kv::Cuda(CudaKv::new(i, layout.clone())), n_ctx))
-                    .collect();
-                let seqs = Vec::with_capacity(n_slots);
-                (Exec::Cuda { s, seqs }, slots)
-            }
+        let espec = crate::backend::exec::ExecSpec {
+            solo: true,
+            ..exec_spec_with(&sopts, n_slots, layout, spec)
         };
+        let exec = crate::backend::open::executor(model.clone(), &espec, &mut |_, _| {})?;
         let rows = n_slots * (1 + opts.draft_max);
         Ok(BatchRunner {
             exec,
-            slots,
+            slots: (0..n_slots).map(|_| Vec::with_capacity(n_ctx)).collect(),
+            pass_rows: Vec::with_capacity(n_slots),
             logits: vec![0.0; rows * c.vocab_size],
             step_tokens: Vec::with_capacity(spec.max_tokens),
             parts: Vec::with_capacity(n_slots),
@@ -210,7 +163,7 @@ impl BatchRunner {
 
     /// The tokens whose keys and values slot `slot` holds.
     pub fn tokens(&self, slot: usize) -> &[u32] {
-        &self.slots[slot].tokens
+        &self.slots[slot]
     }
 
     /// The logits after slot `slot`'s last evaluated token.
@@ -256,18 +209,20 @@ impl BatchRunner {
 
     /// Would `n` more tokens overflow slot `slot`?
     pub fn would_overflow(&self, slot: usize, n: usize) -> bool {
-        self.slots[slot].would_overflow(n)
+        self.exec.check_fits(slot, n).is_err()
     }
 
     /// Length of the common prefix of slot `slot`'s tokens and `tokens`.
     pub fn common_prefix(&self, slot: usize, tokens: &[u32]) -> usize {
-        self.slots[slot].common_prefix(tokens)
+        common_prefix(&self.slots[slot], tokens)
     }
 
     /// Keep only the first `n` tokens of slot `slot` (the cache's rollback); returns how many
     /// are kept (0 where the sliding-window rings no longer hold the window before `n`).
     pub fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        self.slots[slot].rollback(n)
+        let kept = self.exec.rollback(slot, n);
+        self.slots[slot].truncate(kept);
+        kept
     }
 
     /// Make slot `dst` hold the first `n` tokens of slot `src` (a prefix computed by another
@@ -277,6 +232,8 @@ impl BatchRunner {
         if dst == src {
             return self.rollback(dst, n);
         }
+        let n = n.min(self.slots[src].len());
+        let n = self.exec.copy_prefix(dst, src, n);
         let (d, s) = if dst < src {
             let (a, b) = self.slots.split_at_mut(src);
             (&mut a[dst], &b[0])
@@ -284,27 +241,8 @@ impl BatchRunner {
             let (a, b) = self.slots.split_at_mut(dst);
             (&mut b[0], &a[src])
         };
-        let n = n.min(s.tokens.len());
-        let n = match (&mut d.kv, &s.kv, &mut self.exec) {
-            (Kv::Cpu(dk), Kv::Cpu(sk), _) => dk
-                .copy_prefix_from(sk, n)
-                .expect("slots share one layout, so a prefix of one fits another"),
-            (Kv::Cuda(dk), Kv::Cuda(sk), Exec::Cuda { s: gpu, .. }) => {
-                let (n, cur) = Cursor::prefix_of(&sk.cursor(), sk.layout(), n);
-                dk.reset();
-                match n > 0 && gpu.copy_prefix(dk.slot, sk.slot, n).is_ok() {
-                    true => {
-                        dk.set_cursor(cur);
-                        n
-                    }
-                    // Nothing to take over, or the device failed: nothing is reused.
-                    false => 0,
-                }
-            }
-            _ => 0,
-        };
-        d.tokens.clear();
-        d.tokens.extend_from_slice(&s.tokens[..n]);
+        d.clear();
+        d.extend_from_slice(&s[..n]);
         n
     }
 
@@ -326,19 +264,16 @@ impl BatchRunner {
             }
             .into());
         }
-        let s = &mut self.slots[slot];
-        if s.would_overflow(tokens.len()) {
+        if self.would_overflow(slot, tokens.len()) {
             return Err(EngineError::PromptTooLong {
                 prompt: tokens.len(),
                 ctx: self.opts.n_ctx,
-                used: s.tokens.len(),
+                used: self.slots[slot].len(),
             });
         }
-        let part = [StepPart {
+        let part = [SlotRows {
             slot,
-            tokens: 0..tokens.len(),
-            logits: want_logits,
-            hidden: 0..0,
+            n_tokens: tokens.len(),
             alone: false,
         }];
         let row = [tokens.len() - 1];
@@ -350,18 +285,14 @@ impl BatchRunner {
         } else {
             Logits::None
         };
-        let (m, exec) = (&self.model, &mut self.exec);
-        run_forward(m, exec, &mut self.slots, &part, tokens, want, false)?;
-        self.slots[slot].tokens.extend_from_slice(tokens);
+        self.exec.forward(&part, tokens, want, false)?;
+        self.slots[slot].extend_from_slice(tokens);
         Ok(())
     }
 
     /// Most tokens one step can carry (the scratch rows).
     pub fn max_step_tokens(&self) -> usize {
-        match &self.exec {
-            Exec::Cpu { scratch, .. } => scratch.spec.max_tokens,
-            Exec::Cuda { s, .. } => s.sizes().max_rows,
-        }
+        self.exec.max_rows()
     }
 
     /// Tokens in the step being built.
@@ -459,8 +390,7 @@ impl BatchRunner {
                 }
                 .into());
             }
-            let s = &self.slots[p.slot];
-            if s.would_overflow(p.tokens.len()) {
+            if self.would_overflow(p.slot, p.tokens.len()) {
                 return Err(if p.tokens.len() == 1 {
                     EngineError::ContextFull {
                         ctx: self.opts.n_ctx,
@@ -469,7 +399,7 @@ impl BatchRunner {
                     EngineError::PromptTooLong {
                         prompt: p.tokens.len(),
                         ctx: self.opts.n_ctx,
-                        used: s.tokens.len(),
+                        used: self.slots[p.slot].len(),
                     }
                 });
             }
@@ -485,37 +415,38 @@ impl BatchRunner {
                     .zip(&self.pass_of)
                     .filter(|(_, &k)| k <= pass)
                 {
-                    let s = &mut self.slots[p.slot];
-                    let n = s.tokens.len();
-                    s.rollback(n);
+                    let n = self.slots[p.slot].len();
+                    self.exec.rollback(p.slot, n);
                 }
                 return Err(e);
             }
         }
         for p in &self.parts {
             let t = &self.step_tokens[p.tokens.clone()];
-            self.slots[p.slot].tokens.extend_from_slice(t);
+            self.slots[p.slot].extend_from_slice(t);
         }
         Ok(())
     }
 
     /// Assign each part of the step to a forward pass (`pass_of`); returns the number of
-    /// passes. One on the CPU, which computes a verification pass's rows as decode steps inside
-    /// any pass. On the GPU a pass's rows are its decode steps only in a pass of decode rows of
-    /// at most [`MAX_GRAPH_ROWS`] (see [`SeqBatch::alone`]): a step with prefill chunks or more
-    /// rows runs its other parts in one pass, then its verification passes in passes of at most
-    /// that many rows.
+    /// passes. One where the device computes a verification pass's rows as decode steps inside
+    /// any pass (the CPU). Elsewhere a pass's rows are its decode steps only in a pass of
+    /// decode rows of at most [`Device::alone_rows`] (the GPU; see `SeqBatch::alone`): a step
+    /// with prefill chunks or more rows runs its other parts in one pass, then its
+    /// verification passes in passes of at most that many rows.
     fn plan_passes(&mut self) -> usize {
         self.pass_of.clear();
         let parts = &self.parts;
-        let one = match self.exec {
-            Exec::Cpu { .. } => true,
-            Exec::Cuda { .. } => {
+        let alone_rows = self.opts.device.alone_rows();
+        let one = match alone_rows {
+            None => true,
+            Some(max) => {
                 !parts.iter().any(|p| p.alone)
-                    || (self.step_tokens.len() <= MAX_GRAPH_ROWS
+                    || (self.step_tokens.len() <= max
                         && parts.iter().all(|p| p.alone || p.tokens.len() == 1))
             }
         };
+        let max = alone_rows.unwrap_or(usize::MAX);
         if one {
             self.pass_of.resize(parts.len(), 0);
             return 1;
@@ -527,7 +458,7 @@ impl BatchRunner {
                 self.pass_of.push(0);
                 continue;
             }
-            if rows > 0 && rows + p.tokens.len() > MAX_GRAPH_ROWS {
+            if rows > 0 && rows + p.tokens.len() > max {
                 (pass, rows) = (pass + 1, 0);
             }
             rows += p.tokens.len();
@@ -596,7 +527,7 @@ impl BatchRunner {
         for p in self.pass_parts.iter().filter(|p| !p.hidden.is_empty()) {
             let first = p.tokens.start + p.hidden.start;
             self.hidden_rows.push(first..p.tokens.start + p.hidden.end);
-            let pos = self.slots[p.slot].tokens.len() + p.hidden.start;
+            let pos = self.slots[p.slot].len() + p.hidden.start;
             self.hidden_at.push((p.slot, pos));
         }
         let v = self.model.config.vocab_size;
@@ -622,9 +553,15 @@ impl BatchRunner {
                 sink: &mut sink,
             }
         };
-        let (m, exec, parts) = (&self.model, &mut self.exec, &self.pass_parts);
-        let tokens = &self.pass_tokens;
-        run_forward(m, exec, &mut self.slots, parts, tokens, want, true)?;
+        self.pass_rows.clear();
+        self.pass_rows
+            .extend(self.pass_parts.iter().map(|p| SlotRows {
+                slot: p.slot,
+                n_tokens: p.tokens.len(),
+                alone: p.alone,
+            }));
+        self.exec
+            .forward(&self.pass_rows, &self.pass_tokens, want, true)?;
         Ok(())
     }
 
@@ -643,59 +580,41 @@ impl BatchRunner {
         self.run_step()
     }
 
-    /// On the GPU, the CPU's f16 attention arithmetic on short decode contexts, or f32
-    /// (`KILN_CUDA_MIRROR=0`), as [`super::Session::set_cuda_mirror`]; nothing on the CPU.
-    pub fn set_cuda_mirror(&mut self, on: bool) {
-        if let Exec::Cuda { s, .. } = &mut self.exec {
-            s.set_mirror(on);
-        }
-    }
-
     /// Run on `target`'s CPU threads (a draft model's runner, stepped between `target`'s steps
     /// from the same thread: two pools would each keep their workers spinning while the
-    /// other's run). Nothing changes on the GPU.
+    /// other's run). Nothing changes where either runs on another device.
     pub fn share_threads(&mut self, target: &BatchRunner) {
-        if let (Exec::Cpu { rt, .. }, Exec::Cpu { rt: theirs, .. }) = (&mut self.exec, &target.exec)
-        {
-            *rt = theirs.sharing();
-        }
+        self.exec.share_threads(&*target.exec);
     }
 
-    /// Bytes of the slots' logits rows and the CPU's scratch (a GPU runner's is device
-    /// memory): what the memory plan's "scratch (activations)" and "logits" count.
+    /// Bytes of the slots' logits rows and the host scratch (a device's is device memory):
+    /// what the memory plan's "scratch (activations)" and "logits" count.
     pub fn host_scratch_bytes(&self) -> usize {
-        self.logits.len() * 4
-            + match &self.exec {
-                Exec::Cpu { scratch, .. } => scratch.bytes(),
-                Exec::Cuda { .. } => 0,
-            }
+        self.logits.len() * 4 + self.exec.host_scratch_bytes()
     }
 
     /// Bytes of the KV caches of all slots.
     pub fn kv_bytes(&self) -> usize {
-        self.slots
-            .iter()
-            .map(|s| match &s.kv {
-                Kv::Cpu(kv) => kv.bytes(),
-                Kv::Cuda(_) => 0,
-            })
-            .sum::<usize>()
-            + match &self.exec {
-                Exec::Cpu { .. } => 0,
-                Exec::Cuda { s, .. } => s.kv_bytes(),
-            }
+        self.exec.kv_bytes()
+    }
+}
+
+impl HasExecutor for BatchRunner {
+    fn executor(&self) -> &dyn Executor {
+        &*self.exec
+    }
+    fn executor_mut(&mut self) -> &mut dyn Executor {
+        &mut *self.exec
     }
 }
 
 /// The drafts a runner's verification pass may carry of the `draft_max` asked for: a pass is
-/// one sequence's pass, at most a prefill chunk (of at most the context); on the GPU, at most
-/// the rows of a pass of decode rows ([`MAX_GRAPH_ROWS`]).
+/// one sequence's pass, at most a prefill chunk (of at most the context); where a device
+/// computes rows alone only in passes of decode rows, at most their rows
+/// ([`Device::alone_rows`]).
 #[must_use]
 pub fn drafts_kept(draft_max: usize, prefill_chunk: usize, n_ctx: usize, device: Device) -> usize {
-    let rows = match device {
-        Device::Cpu => usize::MAX,
-        Device::Cuda => MAX_GRAPH_ROWS,
-    };
+    let rows = device.alone_rows().unwrap_or(usize::MAX);
     draft_max.min(prefill_chunk.clamp(1, n_ctx.max(1)).min(rows) - 1)
 }
 
@@ -714,80 +633,4 @@ pub fn runner_session_options(
         logit_rows: n_slots + draft_max,
         ..*opts
     }
-}
-
-/// Run one step of `parts` (each a slot's `tokens` of the step's) on the runner's device. With
-/// `solo`, the CPU may run short decode rows' attention one sequence per thread.
-fn run_forward(
-    m: &Model,
-    exec: &mut Exec,
-    slots: &mut [Slot],
-    parts: &[StepPart],
-    tokens: &[u32],
-    want: Logits<'_>,
-    solo: bool,
-) -> Result<(), ForwardError> {
-    match exec {
-        Exec::Cpu {
-            rt,
-            scratch,
-            solo: s1,
-            seqs,
-        } => {
-            let mut views = slot_views(std::mem::take(seqs), slots, parts, |kv| match kv {
-                Kv::Cpu(k) => Some(k),
-                Kv::Cuda(_) => None,
-            })?;
-            let s1 = solo.then_some(s1);
-            let r = forward_batch_cpu(m, rt, &mut views, scratch, tokens, want, s1);
-            *seqs = recycle(views);
-            r
-        }
-        Exec::Cuda { s, seqs } => {
-            let mut views = slot_views(std::mem::take(seqs), slots, parts, |kv| match kv {
-                Kv::Cuda(k) => Some(k),
-                Kv::Cpu(_) => None,
-            })?;
-            let r = forward_batch(m, &mut CudaStep { m, s }, &mut views, tokens, want);
-            *seqs = recycle(views);
-            r
-        }
-    }
-}
-
-/// The views of the slots in `parts` (by increasing slot), in `buf`'s allocation: their caches
-/// on the runner's device (`pick`).
-fn slot_views<'a, K>(
-    buf: Vec<SeqBatch<'static, K>>,
-    slots: &'a mut [Slot],
-    parts: &[StepPart],
-    pick: impl Fn(&mut Kv) -> Option<&mut K>,
-) -> Result<Vec<SeqBatch<'a, K>>, ForwardError> {
-    let mut views = recycle(buf);
-    let mut parts = parts.iter().peekable();
-    for (i, s) in slots.iter_mut().enumerate() {
-        if let Some(p) = parts.next_if(|p| p.slot == i) {
-            let Some(kv) = pick(&mut s.kv) else {
-                return Err(ForwardError::Device(
-                    "a slot's cache is on another device than the runner".into(),
-                ));
-            };
-            views.push(SeqBatch {
-                kv,
-                n_tokens: p.tokens.len(),
-                alone: p.alone,
-            });
-        }
-    }
-    Ok(views)
-}
-
-/// An empty vector of sequence views for another lifetime, keeping the allocation: the items'
-/// types differ only in lifetimes, so `collect` reuses the buffer in place (no value crosses:
-/// the vector is emptied first). `tests/decode_alloc.rs` checks that a step allocates nothing.
-fn recycle<'b, K>(mut v: Vec<SeqBatch<'_, K>>) -> Vec<SeqBatch<'b, K>> {
-    v.clear();
-    v.into_iter()
-        .map(|_| unreachable!("the vector is empty"))
-        .collect()
 }

@@ -156,8 +156,10 @@ pub fn generate_with(
     }
     let t1 = Instant::now();
     let limit = req.max_new.unwrap_or(usize::MAX);
-    let on_device =
-        session.cuda().is_some() && sampler.is_argmax() && constraint.is_none() && !req.ignore_eos;
+    let on_device = session.argmax_on_device()
+        && sampler.is_argmax()
+        && constraint.is_none()
+        && !req.ignore_eos;
     let mask = req.ignore_eos.then(|| tok.eog_ids());
     // A token already chosen, not yet evaluated: by the GPU's argmax, or by a verification.
     let mut chosen: Option<u32> = None;

@@ -392,7 +392,8 @@ pub fn device_plan(
     };
     let spec = scratch_spec_for(file, &opts);
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
-    let sizes = crate::engine::session::cuda_sizes(spec, &opts, slots, ring);
+    let exec = crate::engine::session::exec_spec_with(&opts, slots, kv.clone(), spec);
+    let sizes = crate::backend::cuda::exec::cuda_sizes(&exec, ring);
     let l = SessionLayout::new(&c, traits.fused_qkv, sizes, &kv);
     let rings = match kv.window.as_ref() {
         Some(w) => format!(" + {} rings × {}", kv.n_ring_layers(), w.rows),

@@ -1,19 +1,18 @@
-//! A session: one sequence's state over a shared model — its KV cache, scratch buffers and the
-//! tokens they hold. Everything is allocated in [`Session::new`]; prefill and decode reuse it.
+//! A session: one sequence's state over a shared model — the device's executor (its KV
+//! cache, scratch buffers and weights) and the tokens the cache holds. Everything is
+//! allocated in [`Session::new`]; prefill and decode reuse it.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::backend::cpu::Runtime;
-use crate::backend::cuda::{
-    self, CudaKv, CudaSession, CudaSizes, CudaStep, DeviceWeights, MAX_GRAPH_ROWS,
-};
-use crate::backend::{Device, SeqBatch};
+use crate::backend::exec::{ExecError, ExecSpec, Executor, HasExecutor, SlotRows};
+use crate::backend::{Device, DeviceError};
 use crate::cache::{
     KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
 };
-use crate::engine::sequence::{mask_logits, Kv, Sequence};
-use crate::model::forward::{forward_batch, forward_cpu, ForwardError, Logits};
+use crate::engine::sequence::{common_prefix, mask_logits};
+use crate::model::forward::{ForwardError, Logits};
 use crate::model::{weights, Model};
 
 /// How a session is sized.
@@ -84,7 +83,7 @@ pub enum EngineError {
     #[error(transparent)]
     Grammar(#[from] crate::grammar::GrammarError),
     #[error(transparent)]
-    Cuda(#[from] crate::backend::cuda::CudaError),
+    Device(#[from] DeviceError),
     #[error("the draft model: {0}")]
     Draft(String),
     /// Something an encoder (an embedding model) cannot do: generate text, or run where
@@ -112,30 +111,35 @@ impl From<KvCacheError> for EngineError {
     }
 }
 
+impl From<ExecError> for EngineError {
+    fn from(e: ExecError) -> Self {
+        match e {
+            ExecError::KvBudget(b) => EngineError::KvBudget(b),
+            ExecError::KvCache(c) => c.into(),
+            ExecError::Device(d) => EngineError::Device(d),
+            ExecError::Encoder { arch, what } => EngineError::Encoder { arch, what },
+        }
+    }
+}
+
 /// One sequence being evaluated.
 pub struct Session {
     pub model: Arc<Model>,
-    /// The CPU's threads (a session on the GPU keeps one, for host work).
-    pub rt: Runtime,
     pub opts: SessionOptions,
-    /// The KV cache and the tokens in it.
-    seq: Sequence<Kv>,
-    exec: Exec,
+    /// The tokens in the cache (slot 0 of the executor's).
+    tokens: Vec<u32>,
+    exec: Box<dyn Executor>,
+    /// Passes are computed as decode steps ([`Session::eval_as_decodes`]).
+    alone: bool,
 }
 
-/// Where a session's buffers live (its cache is on the same device).
-#[allow(clippy::large_enum_variant)]
-enum Exec {
-    Cpu {
-        scratch: Scratch,
-    },
-    Cuda {
-        s: Box<CudaSession>,
-        /// `[vocab]`: the last token's logits, copied back.
-        logits: Vec<f32>,
-        /// Passes are computed as decode steps ([`Session::eval_as_decodes`]).
-        alone: bool,
-    },
+impl HasExecutor for Session {
+    fn executor(&self) -> &dyn Executor {
+        &*self.exec
+    }
+    fn executor_mut(&mut self) -> &mut dyn Executor {
+        &mut *self.exec
+    }
 }
 
 impl Session {
@@ -161,32 +165,12 @@ impl Session {
             n_ctx,
             ..session_options(&opts)
         };
-        let spec = scratch_spec(&model, &opts);
-        let (kv, exec, threads) = match opts.device {
-            Device::Cpu => {
-                let layout = kv_layout(c, &opts);
-                let kv = match layout.offload_ring(opts.kv_type, opts.kv_budget)? {
-                    None => KvCache::with_type(layout, opts.kv_type)?,
-                    Some(ring) => KvCache::offloaded(layout, opts.kv_type, ring)?,
-                };
-                let scratch = Scratch::new(c, spec);
-                (Kv::Cpu(kv), Exec::Cpu { scratch }, opts.n_threads)
-            }
-            Device::Cuda => {
-                let layout = kv_layout(c, &opts);
-                let s = cuda_session(&model, &opts, spec, &layout, 1, progress)?;
-                let exec = Exec::Cuda {
-                    s,
-                    logits: vec![0.0; c.vocab_size],
-                    alone: false,
-                };
-                (Kv::Cuda(CudaKv::new(0, layout)), exec, 1)
-            }
-        };
+        let spec = exec_spec(&model, &opts, 1);
+        let exec = crate::backend::open::executor(model.clone(), &spec, progress)?;
         Ok(Session {
-            rt: Runtime::new(threads),
-            seq: Sequence::new(kv, n_ctx),
+            tokens: Vec::with_capacity(n_ctx),
             exec,
+            alone: false,
             opts,
             model,
         })
@@ -197,56 +181,34 @@ impl Session {
         self.run_copy(tokens, logits, true)
     }
 
-    /// [`Session::run`]; on the GPU, the last token's logits come back to the host only with
-    /// `copy` (else they stay on the device, for [`Session::decode_greedy`]).
+    /// [`Session::run`]; on a device, the last token's logits come back to the host only with
+    /// `copy` (else they stay there, for [`Session::decode_greedy`]).
     fn run_copy(
         &mut self,
         tokens: &[u32],
         logits: Logits<'_>,
         copy: bool,
     ) -> Result<(), ForwardError> {
-        match (&mut self.seq.kv, &mut self.exec) {
-            (Kv::Cpu(kv), Exec::Cpu { scratch }) => {
-                forward_cpu(&self.model, &self.rt, kv, scratch, tokens, logits)
-            }
-            (
-                Kv::Cuda(kv),
-                Exec::Cuda {
-                    s,
-                    logits: host,
-                    alone,
-                },
-            ) => {
-                let last = copy && matches!(logits, Logits::Last);
-                let m = &*self.model;
-                let n_tokens = tokens.len();
-                let seqs = &mut [SeqBatch {
-                    kv,
-                    n_tokens,
-                    alone: *alone,
-                }];
-                forward_batch(m, &mut CudaStep { m, s }, seqs, tokens, logits)?;
-                if last {
-                    let l = s
-                        .logits(0..1)
-                        .map_err(|e| ForwardError::Device(e.to_string()))?;
-                    host.copy_from_slice(l);
-                }
-                Ok(())
-            }
-            _ => Err(ForwardError::Device(
-                "the cache and the buffers are on different devices".into(),
-            )),
+        let last = copy && matches!(logits, Logits::Last);
+        let rows = [SlotRows {
+            slot: 0,
+            n_tokens: tokens.len(),
+            alone: self.alone,
+        }];
+        self.exec.forward(&rows, tokens, logits, false)?;
+        if last {
+            self.exec.fetch_logits()?;
         }
+        Ok(())
     }
 
     /// Tokens in the cache.
     pub fn tokens(&self) -> &[u32] {
-        &self.seq.tokens
+        &self.tokens
     }
 
     pub fn n_past(&self) -> usize {
-        self.seq.tokens.len()
+        self.tokens.len()
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -255,86 +217,61 @@ impl Session {
 
     /// Logits of the last evaluated token, `[vocab]`.
     pub fn logits(&self) -> &[f32] {
-        let v = self.model.config.vocab_size;
-        match &self.exec {
-            Exec::Cpu { scratch, .. } => &scratch.logits[..v],
-            Exec::Cuda { logits, .. } => logits,
-        }
+        self.exec.logits()
     }
 
     /// Set the logits of `tokens` to -inf, so no sampler picks them (`--ignore-eos`).
     pub fn mask_tokens(&mut self, tokens: &[u32]) {
-        let v = self.model.config.vocab_size;
-        match &mut self.exec {
-            Exec::Cpu { scratch } => mask_logits(&mut scratch.logits[..v], tokens),
-            Exec::Cuda { logits, .. } => mask_logits(logits, tokens),
-        }
+        mask_logits(self.exec.logits_mut(), tokens);
     }
 
-    /// The KV cache of a session on the CPU; `None` on the GPU, whose cache is in device memory
-    /// ([`Session::cuda`]).
+    /// The KV cache where it is a [`KvCache`] (in RAM or a file); `None` where it lives in a
+    /// device's memory.
     pub fn kv(&self) -> Option<&KvCache> {
-        match &self.seq.kv {
-            Kv::Cpu(kv) => Some(kv),
-            Kv::Cuda(_) => None,
-        }
+        self.exec.kv_cache(0)
     }
 
-    /// The scratch buffers of a session on the CPU; `None` on the GPU.
+    /// The scratch buffers where they are in host memory; `None` on a device.
     pub fn scratch(&self) -> Option<&Scratch> {
-        match &self.exec {
-            Exec::Cpu { scratch, .. } => Some(scratch),
-            Exec::Cuda { .. } => None,
-        }
+        self.exec.scratch()
     }
 
-    /// The session's state on the GPU, if it runs there.
-    pub fn cuda(&self) -> Option<&CudaSession> {
-        match &self.exec {
-            Exec::Cpu { .. } => None,
-            Exec::Cuda { s, .. } => Some(s),
-        }
+    /// The CPU's threads (a session on another device keeps one, for host work).
+    pub fn runtime(&self) -> &Runtime {
+        self.exec.runtime()
     }
 
-    /// Record decode steps as CUDA graphs (the default) or launch every op (for comparison).
-    /// Nothing on the CPU.
-    pub fn set_cuda_graphs(&mut self, on: bool) {
-        if let Exec::Cuda { s, .. } = &mut self.exec {
-            s.use_graphs = on;
-        }
+    /// Run on `target`'s CPU threads (a draft model's session, run only between `target`'s
+    /// passes from the same calling thread: two pools would each keep their workers spinning
+    /// while the other's run).
+    pub fn share_threads(&mut self, target: &Session) {
+        self.exec.share_threads(&*target.exec);
     }
 
-    /// Fuse ops on the GPU (the default) or launch each alone (for comparison). Nothing on the
-    /// CPU.
-    pub fn set_cuda_fusion(&mut self, on: bool) {
-        if let Exec::Cuda { s, .. } = &mut self.exec {
-            s.set_fusion(on);
-        }
-    }
-
-    /// On the GPU, the CPU's f16 attention arithmetic on short decode contexts, or f32
-    /// (`KILN_CUDA_MIRROR=0`); nothing on the CPU.
-    pub fn set_cuda_mirror(&mut self, on: bool) {
-        if let Exec::Cuda { s, .. } = &mut self.exec {
-            s.set_mirror(on);
-        }
+    /// Whether greedy decoding takes the argmax where the logits are, bringing back only the
+    /// token ([`Session::decode_greedy`]).
+    pub fn argmax_on_device(&self) -> bool {
+        self.exec.argmax_on_device()
     }
 
     /// Whether `n` more tokens would overflow the context.
     pub fn would_overflow(&self, n: usize) -> bool {
-        self.seq.would_overflow(n)
+        self.exec.check_fits(0, n).is_err()
     }
 
     /// Forget the sequence.
     pub fn reset(&mut self) {
-        self.seq.reset();
+        self.exec.reset(0);
+        self.tokens.clear();
     }
 
     /// Drop every token after the first `n` (the cache's rollback) and return how many are
     /// kept: `n`, or 0 where the sliding-window rings no longer hold the window before `n`
     /// (then everything is evaluated again; see [`KvCache::rollback`]).
     pub fn rollback(&mut self, n: usize) -> usize {
-        self.seq.rollback(n)
+        let kept = self.exec.rollback(0, n);
+        self.tokens.truncate(kept);
+        kept
     }
 
     /// The most tokens a pass may add after a position and still roll back to it exactly:
@@ -348,7 +285,7 @@ impl Session {
 
     /// Length of the common prefix of the cached tokens and `tokens`.
     pub fn common_prefix(&self, tokens: &[u32]) -> usize {
-        self.seq.common_prefix(tokens)
+        common_prefix(&self.tokens, tokens)
     }
 
     /// Refuse a prompt of `n` more tokens that would not fit.
@@ -380,7 +317,7 @@ impl Session {
             let last = done + part.len() == tokens.len();
             let want = if last { Logits::Last } else { Logits::None };
             self.run(part, want)?;
-            self.seq.tokens.extend_from_slice(part);
+            self.tokens.extend_from_slice(part);
             done += part.len();
             progress(done, tokens.len());
         }
@@ -420,15 +357,16 @@ impl Session {
             });
         }
         self.run(&[token], Logits::Last)?;
-        self.seq.tokens.push(token);
+        self.tokens.push(token);
         Ok(self.logits())
     }
 
-    /// Evaluate one token and return the most likely next one (greedy decoding). On the GPU
-    /// the choice is made there and only the token id comes back; [`Session::logits`] then
-    /// still holds the logits before this step.
+    /// Evaluate one token and return the most likely next one (greedy decoding). Where the
+    /// logits live on a device ([`Session::argmax_on_device`]) the choice is made there and
+    /// only the token id comes back; [`Session::logits`] then still holds the logits before
+    /// this step.
     pub fn decode_greedy(&mut self, token: u32) -> Result<u32, EngineError> {
-        if self.cuda().is_none() {
+        if !self.exec.argmax_on_device() {
             return Ok(crate::sampler::argmax(self.decode(token)?));
         }
         if self.would_overflow(1) {
@@ -437,11 +375,9 @@ impl Session {
             });
         }
         self.run_copy(&[token], Logits::Last, false)?;
-        self.seq.tokens.push(token);
+        self.tokens.push(token);
         let mut next = [0u32];
-        if let Exec::Cuda { s, .. } = &mut self.exec {
-            s.argmax(1, &mut next)?;
-        }
+        self.exec.argmax(&mut next)?;
         Ok(next[0])
     }
 
@@ -463,20 +399,16 @@ impl Session {
     /// for bit, where a batch computes them otherwise (the K-quants on the CPU: see
     /// `kernels::matmul::batch_dependent`; every format on the GPU, whose prompt products and
     /// attention differ from its decode steps'): speculative decoding's verification passes,
-    /// so that they sample what plain decoding samples. On the GPU, in passes of at most
-    /// [`crate::backend::cuda::MAX_GRAPH_ROWS`] tokens.
+    /// so that they sample what plain decoding samples. In passes of at most
+    /// [`Device::alone_rows`] tokens.
     pub fn eval_as_decodes(
         &mut self,
         tokens: &[u32],
         sink: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
-        let alone = |s: &mut Session, on: bool| match &mut s.exec {
-            Exec::Cpu { scratch } => scratch.rows_alone = on,
-            Exec::Cuda { alone, .. } => *alone = on,
-        };
-        alone(self, true);
+        self.alone = true;
         let r = self.eval_all(tokens, 0, sink);
-        alone(self, false);
+        self.alone = false;
         r
     }
 
@@ -508,9 +440,9 @@ impl Session {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_fits(tokens.len())?;
-        let chunk = match self.exec {
+        let chunk = match self.opts.device.alone_rows() {
             // (A pass of decode rows: see `SeqBatch::alone`.)
-            Exec::Cuda { alone: true, .. } => self.max_tokens().min(MAX_GRAPH_ROWS),
+            Some(rows) if self.alone => self.max_tokens().min(rows),
             _ => self.max_tokens(),
         };
         let mut base = 0;
@@ -521,7 +453,7 @@ impl Session {
             } else {
                 self.run(part, Logits::None)?;
             }
-            self.seq.tokens.extend_from_slice(part);
+            self.tokens.extend_from_slice(part);
             base += part.len();
         }
         Ok(())
@@ -535,73 +467,37 @@ type EvalPass<'a> =
 impl Session {
     /// Most tokens of one forward pass.
     fn max_tokens(&self) -> usize {
-        match &self.exec {
-            Exec::Cpu { scratch, .. } => scratch.spec.max_tokens,
-            Exec::Cuda { s, .. } => s.sizes().max_rows,
-        }
+        self.exec.max_rows()
     }
 }
 
-/// A session's buffers and KV cache on the GPU for `slots` sequences, sized by `spec` (the
-/// weights uploaded first, unless another session of the model already holds them there).
-pub fn cuda_session(
-    model: &Arc<Model>,
-    opts: &SessionOptions,
-    spec: ScratchSpec,
-    kv: &KvLayout,
-    slots: usize,
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<Box<CudaSession>, EngineError> {
-    if model.config.arch.is_encoder() {
-        return Err(EngineError::Encoder {
-            arch: model.config.arch_name.clone(),
-            what: "the CUDA backend does not run encoders; use --device cpu",
-        });
-    }
-    let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
-    let gpu = cuda::open()?;
-    let w = device_weights(&gpu, model, progress)?;
-    let sizes = cuda_sizes(spec, opts, slots, ring);
-    Ok(Box::new(CudaSession::new(gpu, w, model, sizes, kv)?))
+/// The executor of a session with these options for `slots` sequences: its KV layout
+/// ([`kv_layout`]), scratch ([`scratch_spec`]) and device.
+pub fn exec_spec(model: &Model, opts: &SessionOptions, slots: usize) -> ExecSpec {
+    let layout = kv_layout(&model.config, opts);
+    exec_spec_with(opts, slots, layout, scratch_spec(model, opts))
 }
 
-/// How a GPU session with these options and scratch sizes is sized, for `slots` sequences
-/// (`ring`: the layers of an offloaded KV cache the device holds, `KvLayout::offload_ring`).
-pub(crate) fn cuda_sizes(
-    spec: ScratchSpec,
+/// [`exec_spec`] with the KV layout and scratch given (a batch runner's rings are sized for
+/// one sequence's chunk, before the runner's rows per slot are added; the memory plan's
+/// scratch is read from the file's header).
+pub fn exec_spec_with(
     opts: &SessionOptions,
     slots: usize,
-    ring: Option<usize>,
-) -> CudaSizes {
-    CudaSizes {
-        max_rows: spec.max_tokens,
-        logit_rows: spec.logit_rows,
-        n_ctx: opts.n_ctx.max(1),
+    layout: KvLayout,
+    scratch: ScratchSpec,
+) -> ExecSpec {
+    ExecSpec {
+        device: opts.device,
         slots,
+        n_ctx: opts.n_ctx.max(1),
+        n_threads: opts.n_threads,
+        layout,
         kv_type: opts.kv_type,
-        kv_ring: ring,
+        kv_budget: opts.kv_budget,
+        scratch,
+        solo: false,
     }
-}
-
-/// `m`'s weights on `gpu`: uploaded by the first session of a model, shared by the sessions
-/// alive at the same time (freed with the last of them).
-fn device_weights(
-    gpu: &cuda::Gpu,
-    m: &Arc<Model>,
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<Arc<DeviceWeights>, EngineError> {
-    use std::sync::{Mutex, Weak};
-    type Resident = Vec<(Weak<Model>, Weak<DeviceWeights>)>;
-    static RESIDENT: Mutex<Resident> = Mutex::new(Vec::new());
-    let mut r = RESIDENT.lock().unwrap_or_else(|e| e.into_inner());
-    r.retain(|(m, w)| m.strong_count() > 0 && w.strong_count() > 0);
-    let same = |(w, _): &&(Weak<Model>, Weak<DeviceWeights>)| w.as_ptr() == Arc::as_ptr(m);
-    if let Some(dw) = r.iter().find(same).and_then(|(_, d)| d.upgrade()) {
-        return Ok(dw);
-    }
-    let dw = Arc::new(DeviceWeights::upload(gpu, m, progress)?);
-    r.push((Arc::downgrade(m), Arc::downgrade(&dw)));
-    Ok(dw)
 }
 
 /// Refuse a context past the training context: there RoPE models produce garbage and learned
@@ -633,14 +529,14 @@ pub fn kv_layout(c: &crate::model::ModelConfig, opts: &SessionOptions) -> KvLayo
 }
 
 /// The options a [`Session`] runs with: its pass is one sequence's (no batch runner's rows
-/// beside its chunk), and on the GPU it computes at most [`MAX_GRAPH_ROWS`] logits rows at a
-/// time (its verification passes hold no more: [`Session::eval_as_decodes`]). The memory plan
-/// sizes a session with this.
+/// beside its chunk), and where a device computes rows alone only in passes of at most
+/// [`Device::alone_rows`] decode rows (the GPU), at most that many logits rows at a time (its
+/// verification passes hold no more: [`Session::eval_as_decodes`]). The memory plan sizes a
+/// session with this.
 pub fn session_options(opts: &SessionOptions) -> SessionOptions {
-    let logit_rows = match opts.device {
-        Device::Cpu => opts.logit_rows,
-        Device::Cuda => opts.logit_rows.min(MAX_GRAPH_ROWS),
-    };
+    let logit_rows = opts
+        .logit_rows
+        .min(opts.device.alone_rows().unwrap_or(usize::MAX));
     SessionOptions {
         batch_rows: 0,
         logit_rows,

@@ -108,7 +108,7 @@ pub(crate) fn pick(logits: &[f32], p_min: f32) -> (u32, bool) {
 impl Drafter for ModelDrafter {
     fn share_threads(&mut self, target: &Session) {
         // The draft runs between the target's passes, from the same thread.
-        self.session.rt = target.rt.sharing();
+        self.session.share_threads(target);
     }
 
     fn draft(

@@ -13,6 +13,7 @@
 //!   recorded as CUDA graphs.
 
 pub mod blas;
+pub mod exec;
 pub mod gpu;
 pub mod nvrtc;
 pub mod pinned;
