@@ -534,7 +534,15 @@ fn chunk_rows(row_bytes: usize) -> usize {
 fn batch_dependent(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ4XS
+        GgmlType::Q3K
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::IQ4XS
+            | GgmlType::IQ3XXS
+            | GgmlType::IQ3S
+            | GgmlType::IQ1S
+            | GgmlType::IQ1M
     )
 }
 

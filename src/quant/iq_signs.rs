@@ -40,7 +40,10 @@ mod tests {
         for (i, &m) in KSIGNS_IQ2XS.iter().enumerate() {
             assert_eq!(m & 0x7f, i as u8);
             assert_eq!(m.count_ones() % 2, 0, "mask {m:#010b} has odd parity");
-            assert_eq!(KMASK_IQ2XS.iter().filter(|&&b| m & b != 0).count(), m.count_ones() as usize);
+            assert_eq!(
+                KMASK_IQ2XS.iter().filter(|&&b| m & b != 0).count(),
+                m.count_ones() as usize
+            );
         }
     }
 }

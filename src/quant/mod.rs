@@ -29,9 +29,12 @@
 //! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
-mod iquant;
-#[allow(dead_code)] // read by the 2- and 3-bit i-quants
+mod iq1;
+mod iq3;
+mod iq_grids;
+mod iq_order;
 mod iq_signs;
+mod iquant;
 pub mod kquant_order;
 mod kquant_quantize;
 mod mxfp4;
@@ -386,7 +389,11 @@ pub fn dot_type(weight: GgmlType) -> GgmlType {
         | GgmlType::Q5K
         | GgmlType::Q6K
         | GgmlType::Q8K
-        | GgmlType::IQ4XS => GgmlType::Q8K,
+        | GgmlType::IQ3XXS
+        | GgmlType::IQ1S
+        | GgmlType::IQ3S
+        | GgmlType::IQ4XS
+        | GgmlType::IQ1M => GgmlType::Q8K,
     }
 }
 
@@ -460,13 +467,17 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
         GgmlType::IQ4NL => k!(BlockIq4Nl, quantize_q8_0_act_bytes, 10),
         GgmlType::IQ4XS => k!(BlockIq4Xs, k8k, 11),
         GgmlType::MXFP4 => k!(BlockMxfp4, quantize_q8_0_act_bytes, 12),
+        GgmlType::IQ3XXS => k!(BlockIq3Xxs, k8k, 13),
+        GgmlType::IQ3S => k!(BlockIq3S, k8k, 14),
+        GgmlType::IQ1S => k!(BlockIq1S, k8k, 15),
+        GgmlType::IQ1M => k!(BlockIq1M, k8k, 16),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("activation-only formats are rejected"),
     }
 }
 
 /// The block formats, whose scalar kernels are [`kquant_order`]'s definitions (so the scalar
 /// tier adds in the order of every other tier), indexed by a const-generic tag.
-const ORDERED: [GgmlType; 13] = [
+const ORDERED: [GgmlType; 17] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -480,6 +491,10 @@ const ORDERED: [GgmlType; 13] = [
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
     GgmlType::MXFP4,
+    GgmlType::IQ3XXS,
+    GgmlType::IQ3S,
+    GgmlType::IQ1S,
+    GgmlType::IQ1M,
 ];
 
 /// A single row: the reference's decode path (one activation row).
@@ -683,6 +698,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
         GgmlType::IQ4NL => dequant_bytes::<BlockIq4Nl>,
         GgmlType::IQ4XS => dequant_bytes::<BlockIq4Xs>,
         GgmlType::MXFP4 => dequant_bytes::<BlockMxfp4>,
+        GgmlType::IQ3XXS => dequant_bytes::<BlockIq3Xxs>,
+        GgmlType::IQ3S => dequant_bytes::<BlockIq3S>,
+        GgmlType::IQ1S => dequant_bytes::<BlockIq1S>,
+        GgmlType::IQ1M => dequant_bytes::<BlockIq1M>,
     };
     f(src, out);
     Ok(())
@@ -693,7 +712,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
 /// weights for IQ4_NL and IQ4_XS, `quantize_row_mxfp4_ref` for MXFP4 (the model-file quantizers `llama-quantize` runs when it
 /// has no importance matrix; the output is byte-identical to theirs), and plain conversion for
 /// F32/F16/BF16. A row that is not a whole number of blocks (32 elements, or 256 for the
-/// K-quants) is refused with [`QuantError::NotBlockMultiple`].
+/// K-quants) is refused with [`QuantError::NotBlockMultiple`]; IQ3_XXS, IQ3_S, IQ1_S and
+/// IQ1_M, which kiln reads but does not make, with [`QuantError::Unsupported`].
 /// Activations for a matmul should use [`Kernels::quantize_act`] instead, which follows ggml's
 /// CPU backend (for Q8_0/Q8_1 it rounds ties to even; see [`reference::quantize_q8_0_act`]).
 pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
@@ -717,6 +737,12 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::IQ4NL => quantize_bytes::<BlockIq4Nl>,
         GgmlType::IQ4XS => quantize_bytes::<BlockIq4Xs>,
         GgmlType::MXFP4 => quantize_bytes::<BlockMxfp4>,
+        GgmlType::IQ3XXS | GgmlType::IQ3S | GgmlType::IQ1S | GgmlType::IQ1M => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "quantizer",
+            })
+        }
     };
     f(x, out);
     Ok(())

@@ -23,10 +23,20 @@ pub enum GgmlType {
     Q6K,
     /// Internal activation partner of the k-quants.
     Q8K,
+    /// 256 elements as sign-flipped 4-value points of a 256-entry grid, a 4-bit scale per 32.
+    IQ3XXS,
+    /// 256 elements as 8-value points of a ternary 2048-entry grid, a 3-bit scale and a
+    /// shift per 32.
+    IQ1S,
     /// 32 elements on a fixed non-linear grid of 16 values, one f16 scale.
     IQ4NL,
+    /// 256 elements as sign-flipped 4-value points of a 512-entry grid, a 4-bit scale per 32.
+    IQ3S,
     /// 256 elements on IQ4_NL's grid, a 6-bit scale per 32 under one f16 scale.
     IQ4XS,
+    /// IQ1_S's grid with a 3-bit scale per 16 and a shift per 8; the f16 scale spread over
+    /// the sub-block scales' spare bits.
+    IQ1M,
     BF16,
     /// 32 elements in E2M1 (4-bit floats, OCP microscaling), one E8M0 power-of-two scale.
     MXFP4,
@@ -34,7 +44,7 @@ pub enum GgmlType {
 
 impl GgmlType {
     /// Every type, in ggml id order.
-    pub const ALL: [GgmlType; 18] = [
+    pub const ALL: [GgmlType; 22] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -49,8 +59,12 @@ impl GgmlType {
         GgmlType::Q5K,
         GgmlType::Q6K,
         GgmlType::Q8K,
+        GgmlType::IQ3XXS,
+        GgmlType::IQ1S,
         GgmlType::IQ4NL,
+        GgmlType::IQ3S,
         GgmlType::IQ4XS,
+        GgmlType::IQ1M,
         GgmlType::BF16,
         GgmlType::MXFP4,
     ];
@@ -72,15 +86,19 @@ impl GgmlType {
             GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
             GgmlType::Q8K => 15,
+            GgmlType::IQ3XXS => 18,
+            GgmlType::IQ1S => 19,
             GgmlType::IQ4NL => 20,
+            GgmlType::IQ3S => 21,
             GgmlType::IQ4XS => 23,
+            GgmlType::IQ1M => 29,
             GgmlType::BF16 => 30,
             GgmlType::MXFP4 => 39,
         }
     }
 
     /// The type for a ggml id, or `None` for ids this engine does not read
-    /// (the IQ formats, integer tensors, removed Q4_2/Q4_3, ...).
+    /// (IQ2_XXS, IQ2_XS, IQ2_S, integer tensors, removed Q4_2/Q4_3, ...).
     pub fn from_id(id: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.id() == id)
     }
@@ -93,16 +111,12 @@ impl GgmlType {
                 4 | 5 => "Q4_2/Q4_3 (removed)",
                 16 => "IQ2_XXS",
                 17 => "IQ2_XS",
-                18 => "IQ3_XXS",
-                19 => "IQ1_S",
-                21 => "IQ3_S",
                 22 => "IQ2_S",
                 24 => "I8",
                 25 => "I16",
                 26 => "I32",
                 27 => "I64",
                 28 => "F64",
-                29 => "IQ1_M",
                 34 => "TQ1_0",
                 35 => "TQ2_0",
                 _ => "unknown",
@@ -127,8 +141,12 @@ impl GgmlType {
             GgmlType::Q5K => "Q5_K",
             GgmlType::Q6K => "Q6_K",
             GgmlType::Q8K => "Q8_K",
+            GgmlType::IQ3XXS => "IQ3_XXS",
+            GgmlType::IQ1S => "IQ1_S",
             GgmlType::IQ4NL => "IQ4_NL",
+            GgmlType::IQ3S => "IQ3_S",
             GgmlType::IQ4XS => "IQ4_XS",
+            GgmlType::IQ1M => "IQ1_M",
             GgmlType::BF16 => "BF16",
             GgmlType::MXFP4 => "MXFP4",
         }
@@ -158,7 +176,11 @@ impl GgmlType {
             | GgmlType::Q5K
             | GgmlType::Q6K
             | GgmlType::Q8K
-            | GgmlType::IQ4XS => 256,
+            | GgmlType::IQ3XXS
+            | GgmlType::IQ1S
+            | GgmlType::IQ3S
+            | GgmlType::IQ4XS
+            | GgmlType::IQ1M => 256,
         }
     }
 
@@ -180,7 +202,11 @@ impl GgmlType {
             GgmlType::Q6K => 210,
             GgmlType::Q8K => 292,
             GgmlType::IQ4NL => 18,
+            GgmlType::IQ3XXS => 98,
+            GgmlType::IQ1S => 50,
+            GgmlType::IQ3S => 110,
             GgmlType::IQ4XS => 136,
+            GgmlType::IQ1M => 56,
             GgmlType::MXFP4 => 17,
         }
     }
@@ -226,6 +252,15 @@ mod tests {
         assert_eq!(GgmlType::from_id(20), Some(GgmlType::IQ4NL));
         assert_eq!(GgmlType::from_name("iq4_xs"), Some(GgmlType::IQ4XS));
         assert_eq!(GgmlType::name_of_id(18), "IQ3_XXS");
+        for (id, name, bytes) in [
+            (18, "IQ3_XXS", 98),
+            (19, "IQ1_S", 50),
+            (21, "IQ3_S", 110),
+            (29, "IQ1_M", 56),
+        ] {
+            let t = GgmlType::from_id(id).unwrap();
+            assert_eq!((t.name(), t.row_bytes(512)), (name, Some(2 * bytes)));
+        }
         assert_eq!(GgmlType::from_id(39), Some(GgmlType::MXFP4));
         assert_eq!(GgmlType::MXFP4.row_bytes(2880), Some(90 * 17));
         assert_eq!(GgmlType::MXFP4.row_bytes(2881), None);

@@ -188,9 +188,15 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         GgmlType::Q8_1 | GgmlType::Q8K => Err(CudaError::Unsupported(format!(
             "{ty} is an activation format, not a weight format"
         ))),
-        GgmlType::IQ4NL | GgmlType::IQ4XS | GgmlType::MXFP4 => Err(CudaError::Unsupported(
-            format!("{ty} weights have no GPU kernels yet (run this model with --device cpu)"),
-        )),
+        GgmlType::IQ4NL
+        | GgmlType::IQ4XS
+        | GgmlType::MXFP4
+        | GgmlType::IQ3XXS
+        | GgmlType::IQ3S
+        | GgmlType::IQ1S
+        | GgmlType::IQ1M => Err(CudaError::Unsupported(format!(
+            "{ty} weights have no GPU kernels yet (run this model with --device cpu)"
+        ))),
     }
 }
 
@@ -601,7 +607,15 @@ mod tests {
 
     #[test]
     fn formats_without_gpu_kernels_are_refused_by_name() {
-        for ty in [GgmlType::IQ4NL, GgmlType::IQ4XS, GgmlType::MXFP4] {
+        for ty in [
+            GgmlType::IQ4NL,
+            GgmlType::IQ4XS,
+            GgmlType::MXFP4,
+            GgmlType::IQ3XXS,
+            GgmlType::IQ3S,
+            GgmlType::IQ1S,
+            GgmlType::IQ1M,
+        ] {
             let Err(e) = format_kernels(ty) else {
                 panic!("{ty}: kernels claimed");
             };

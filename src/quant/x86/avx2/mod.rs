@@ -16,9 +16,11 @@ use crate::quant::reference::{self, Quantize};
 use core::arch::x86_64::*;
 
 mod float;
+mod iq_grid;
 mod iquants;
 mod kquants;
 pub(super) use float::*;
+pub(super) use iq_grid::*;
 pub(super) use iquants::*;
 pub(super) use kquants::*;
 
