@@ -493,10 +493,13 @@ IQ_BLOCK_TYPES = {"IQ3_XXS": 18, "IQ1_S": 19, "IQ3_S": 21, "IQ1_M": 29}
 
 def iq_blocks_golden(bin_dir, out_path):
     """`tests/golden/iq_blocks.json`: for each of IQ_BLOCK_TYPES, two random rows of 512
-    (a normal row; a row whose first block is small with outliers and whose second is zero)
+    (a row with one zero sub-block of 32; a row whose first block is small with outliers and
+    whose second is zero)
     quantized by ggml's `ggml_quantize_chunk` (with a random importance matrix where the
     format requires one, and for IQ1_M, which is unusable without), and ggml's `to_float` of
-    those blocks: the block bytes and the values' f32 bytes, both in hex."""
+    those blocks: the block bytes and the values' f32 bytes, both in hex; and, for the
+    formats quantized without an importance matrix (which kiln's quantizer must reproduce),
+    the input rows' f32 bytes."""
     import numpy as np
 
     class Traits(ctypes.Structure):
@@ -521,6 +524,7 @@ def iq_blocks_golden(bin_dir, out_path):
     out = {}
     for name, ty in IQ_BLOCK_TYPES.items():
         x = rng.standard_normal(nrows * n_per_row).astype(np.float32)
+        x[32:64] = 0
         x[n_per_row:n_per_row + 256] *= np.float32(1e-3)
         x[n_per_row + 7] = np.float32(0.5)
         x[n_per_row + 200] = np.float32(-0.75)
@@ -537,6 +541,7 @@ def iq_blocks_golden(bin_dir, out_path):
         to_float_t(traits.to_float)(dst, vals, nrows * n_per_row)
         out[name] = {
             "type": name, "nrows": nrows, "n_per_row": n_per_row, "imatrix": weighted,
+            **({} if weighted else {"input_f32le": x.astype("<f4").tobytes().hex()}),
             "blocks": dst.raw.hex(),
             "values_f32le": np.ctypeslib.as_array(vals).astype("<f4").tobytes().hex(),
         }

@@ -7,13 +7,22 @@
 
 mod common;
 
-use kiln::quant::{dequantize_row, kernels_for, GgmlType, Isa};
+use kiln::quant::{dequantize_row, kernels_for, quantize_row, GgmlType, Isa};
 
 struct Case {
     ty: GgmlType,
     n_per_row: usize,
     blocks: Vec<u8>,
     values: Vec<f32>,
+    /// The rows the blocks were made from, for the formats made without an importance matrix.
+    input: Option<Vec<f32>>,
+}
+
+fn f32s(hex_le: &str) -> Vec<f32> {
+    hex(hex_le)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -38,16 +47,15 @@ fn cases() -> Vec<Case> {
             ty.row_bytes(nrows * n_per_row),
             "{name}: block bytes"
         );
-        let values: Vec<f32> = hex(c["values_f32le"].as_str().unwrap())
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let values = f32s(c["values_f32le"].as_str().unwrap());
+        let input = c.get("input_f32le").map(|v| f32s(v.as_str().unwrap()));
         assert_eq!(values.len(), nrows * n_per_row, "{name}: values");
         out.push(Case {
             ty,
             n_per_row,
             blocks,
             values,
+            input,
         });
     }
     out
@@ -156,4 +164,38 @@ fn kernels_on_llama_cpp_blocks() {
             }
         }
     }
+}
+
+/// IQ3_XXS and IQ3_S, which `llama-quantize` makes without an importance matrix: kiln's
+/// quantizer writes the reference's blocks byte for byte (a zero sub-block included); IQ1_S
+/// and IQ1_M are refused by name.
+#[test]
+fn quantize_matches_llama_cpp() {
+    let mut checked = Vec::new();
+    for case in cases() {
+        let Some(x) = &case.input else {
+            let mut out = vec![0u8; case.blocks.len()];
+            let n = case.values.len();
+            let err = quantize_row(case.ty, &vec![0.0; n], &mut out).unwrap_err();
+            assert!(err.to_string().contains(case.ty.name()), "{err}");
+            continue;
+        };
+        let mut out = vec![0u8; case.blocks.len()];
+        let row = case.ty.row_bytes(case.n_per_row).unwrap();
+        for (xr, o) in x
+            .chunks_exact(case.n_per_row)
+            .zip(out.chunks_exact_mut(row))
+        {
+            quantize_row(case.ty, xr, o).unwrap();
+        }
+        for (b, (got, want)) in out
+            .chunks_exact(case.ty.type_size())
+            .zip(case.blocks.chunks_exact(case.ty.type_size()))
+            .enumerate()
+        {
+            assert_eq!(got, want, "{} block {b}", case.ty);
+        }
+        checked.push(case.ty);
+    }
+    assert_eq!(checked, [GgmlType::IQ3XXS, GgmlType::IQ3S]);
 }

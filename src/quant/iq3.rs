@@ -2,8 +2,8 @@
 //! `dequantize_row_iq3_xxs` / `_iq3_s`), element decoders for the dot products, and the exact
 //! reference dots against Q8_K. Each group of 4 elements is one entry of a grid of unsigned
 //! magnitudes ([`IQ3XXS_GRID`], [`IQ3S_GRID`]), each element with its own sign; a 4-bit scale
-//! `ls` per 32 elements. `llama-quantize` makes both without an importance matrix; kiln reads
-//! them only (no quantizer).
+//! `ls` per 32 elements. `llama-quantize` makes both without an importance matrix; their
+//! quantizers are in `iq3_quantize`.
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::*;

@@ -31,6 +31,7 @@
 pub mod blocks;
 mod iq1;
 mod iq3;
+mod iq3_quantize;
 mod iq_grids;
 mod iq_order;
 mod iq_signs;
@@ -712,8 +713,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
 /// weights for IQ4_NL and IQ4_XS, `quantize_row_mxfp4_ref` for MXFP4 (the model-file quantizers `llama-quantize` runs when it
 /// has no importance matrix; the output is byte-identical to theirs), and plain conversion for
 /// F32/F16/BF16. A row that is not a whole number of blocks (32 elements, or 256 for the
-/// K-quants) is refused with [`QuantError::NotBlockMultiple`]; IQ3_XXS, IQ3_S, IQ1_S and
-/// IQ1_M, which kiln reads but does not make, with [`QuantError::Unsupported`].
+/// K-quants) is refused with [`QuantError::NotBlockMultiple`]. `quantize_iq3_xxs` /
+/// `quantize_iq3_s` without weights for IQ3_XXS and IQ3_S; IQ1_S and IQ1_M, which
+/// `llama-quantize` makes only with an importance matrix, are refused with
+/// [`QuantError::Unsupported`].
 /// Activations for a matmul should use [`Kernels::quantize_act`] instead, which follows ggml's
 /// CPU backend (for Q8_0/Q8_1 it rounds ties to even; see [`reference::quantize_q8_0_act`]).
 pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
@@ -737,7 +740,9 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::IQ4NL => quantize_bytes::<BlockIq4Nl>,
         GgmlType::IQ4XS => quantize_bytes::<BlockIq4Xs>,
         GgmlType::MXFP4 => quantize_bytes::<BlockMxfp4>,
-        GgmlType::IQ3XXS | GgmlType::IQ3S | GgmlType::IQ1S | GgmlType::IQ1M => {
+        GgmlType::IQ3XXS => quantize_bytes::<BlockIq3Xxs>,
+        GgmlType::IQ3S => quantize_bytes::<BlockIq3S>,
+        GgmlType::IQ1S | GgmlType::IQ1M => {
             return Err(QuantError::Unsupported {
                 ty,
                 op: "quantizer",
