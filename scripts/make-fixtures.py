@@ -86,6 +86,9 @@ VARIANTS = {
     "random-llama-q6_k": ("llama", "Q6_K", True),
     "random-llama-iq4_nl": ("llama", "IQ4_NL", True),
     "random-llama-iq4_xs": ("llama", "IQ4_XS", True),
+    # IQ3_S: the one 3-bit i-quant llama-quantize makes without an importance matrix
+    # (IQ3_XXS and the 2- and 1-bit ones it refuses without).
+    "random-llama-iq3_s": ("llama", "IQ3_S", True),
     "random-qwen2-q4_0": ("qwen2", "Q4_0", True),
     # Not --pure: llama-quantize's own Q4_K_M mix (Q6_K for some v and ffn_down matrices).
     "random-qwen3-q4_k_m": ("qwen3", "Q4_K_M", False),
@@ -496,7 +499,7 @@ def iq_blocks_golden(bin_dir, out_path):
     (a row with one zero sub-block of 32; a row whose first block is small with outliers and
     whose second is zero)
     quantized by ggml's `ggml_quantize_chunk` (with a random importance matrix where the
-    format requires one, and for IQ1_M, which is unusable without), and ggml's `to_float` of
+    format requires one, and for IQ1_M, which llama-quantize makes only with one), and ggml's `to_float` of
     those blocks: the block bytes and the values' f32 bytes, both in hex; and, for the
     formats quantized without an importance matrix (which kiln's quantizer must reproduce),
     the input rows' f32 bytes."""

@@ -1,6 +1,6 @@
-//! The i-quants no random model holds (IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) against llama.cpp, on
-//! blocks its own quantizer wrote (`ggml_quantize_chunk`, with an importance matrix for the
-//! 1-bit formats) from random rows: `tests/golden/iq_blocks.json` holds the blocks and the
+//! IQ3_XXS, IQ3_S, IQ1_S and IQ1_M against llama.cpp, block by block, on blocks its own
+//! quantizer wrote (`ggml_quantize_chunk`, with an importance matrix for the 1-bit formats,
+//! which no random model holds) from random rows: `tests/golden/iq_blocks.json` holds the blocks and the
 //! reference's `to_float` of them (scripts/make-fixtures.py, `iq_blocks_golden`). kiln's
 //! dequantizers must give the same bits; every tier's products must agree with the exact dot
 //! of the dequantized rows.

@@ -1,7 +1,7 @@
-//! ggml's IQ3_XXS and IQ3_S quantizers as `llama-quantize` runs them without an importance
-//! matrix (`quantize_iq3_xxs` / `quantize_iq3_s` with `quant_weights = NULL`: the weights are
-//! `x²`), byte-identical to their output, so that the IQ3 fixture models can be derived as the
-//! others are.
+//! ggml's IQ3_XXS and IQ3_S quantizers without an importance matrix (`quantize_iq3_xxs` /
+//! `quantize_iq3_s` with `quant_weights = NULL`: the weights are `x²`), byte-identical to their
+//! output. `llama-quantize` runs IQ3_S's so, which lets the IQ3_S fixture model be derived as
+//! the others are; IQ3_XXS it makes only with an importance matrix.
 //!
 //! Both search, per sub-block of 32, a scale over trial inverse scales; a group of 4 magnitudes
 //! is rounded to 3-bit levels `l` (value `2l + 1`), and a point off the grid is replaced by the

@@ -714,9 +714,8 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
 /// has no importance matrix; the output is byte-identical to theirs), and plain conversion for
 /// F32/F16/BF16. A row that is not a whole number of blocks (32 elements, or 256 for the
 /// K-quants) is refused with [`QuantError::NotBlockMultiple`]. `quantize_iq3_xxs` /
-/// `quantize_iq3_s` without weights for IQ3_XXS and IQ3_S; IQ1_S and IQ1_M, which
-/// `llama-quantize` makes only with an importance matrix, are refused with
-/// [`QuantError::Unsupported`].
+/// `quantize_iq3_s` without weights for IQ3_XXS and IQ3_S; IQ1_S and IQ1_M, which ggml
+/// quantizes only with an importance matrix, are refused with [`QuantError::Unsupported`].
 /// Activations for a matmul should use [`Kernels::quantize_act`] instead, which follows ggml's
 /// CPU backend (for Q8_0/Q8_1 it rounds ties to even; see [`reference::quantize_q8_0_act`]).
 pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
