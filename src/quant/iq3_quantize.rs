@@ -399,7 +399,7 @@ mod tests {
             let t = Tables::get(size);
             let on = t.map.iter().filter(|&&m| m >= 0).count();
             assert_eq!(on, size);
-            assert!((0..4096).all(|u| (t.map[u] >= 0) != !t.neighbours[u].is_empty()));
+            assert!((0..4096).all(|u| (t.map[u] >= 0) == t.neighbours[u].is_empty()));
         }
     }
 
