@@ -15,7 +15,9 @@ reference's answers on them come to be:
    each tensor's format) and the sha256 of the file the reference wrote;
 5. runs the reference on every file: `tests/golden/<model>/logits.jsonl` (top-10 logits at each
    position of the golden prompts, 16 greedy tokens) and `tests/golden/dequant.json` (ggml's own
-   dequantization of three tensors of every random-llama file, and of two MXFP4 expert tensors);
+   dequantization of three tensors of every random-llama file, and of two MXFP4 expert tensors)
+   and `tests/golden/iq_blocks.json` (blocks of the i-quants no random model holds, made by
+   ggml's own quantizer, and ggml's dequantization of them);
 6. checks that kiln makes every file byte for byte as the reference wrote it
    (`cargo run --release --example fixtures -- check`);
 7. writes `tests/golden/<model>/logprobs.jsonl` for the models in LOGPROB_MODELS (and, with
@@ -87,6 +89,9 @@ VARIANTS = {
     "random-llama-q6_k": ("llama", "Q6_K", True),
     "random-llama-iq4_nl": ("llama", "IQ4_NL", True),
     "random-llama-iq4_xs": ("llama", "IQ4_XS", True),
+    # IQ3_S: the one 3-bit i-quant llama-quantize makes without an importance matrix
+    # (IQ3_XXS and the 2- and 1-bit ones it refuses without).
+    "random-llama-iq3_s": ("llama", "IQ3_S", True),
     "random-qwen2-q4_0": ("qwen2", "Q4_0", True),
     # Not --pure: llama-quantize's own Q4_K_M mix (Q6_K for some v and ffn_down matrices).
     "random-qwen3-q4_k_m": ("qwen3", "Q4_K_M", False),
@@ -638,6 +643,69 @@ def iq2_blocks_golden(bin_dir, out_path):
     log(f"wrote {out_path}")
 
 
+# Block formats no random model holds, by ggml type id: `iq_blocks_golden` records the
+# reference's own quantizer's blocks of random rows and its `to_float` of them.
+IQ_BLOCK_TYPES = {"IQ3_XXS": 18, "IQ1_S": 19, "IQ3_S": 21, "IQ1_M": 29}
+
+
+def iq_blocks_golden(bin_dir, out_path):
+    """`tests/golden/iq_blocks.json`: for each of IQ_BLOCK_TYPES, two random rows of 512
+    (a row with one zero sub-block of 32; a row whose first block is small with outliers and
+    whose second is zero)
+    quantized by ggml's `ggml_quantize_chunk` (with a random importance matrix where the
+    format requires one, and for IQ1_M, which llama-quantize makes only with one), and ggml's `to_float` of
+    those blocks: the block bytes and the values' f32 bytes, both in hex; and, for the
+    formats quantized without an importance matrix (which kiln's quantizer must reproduce),
+    the input rows' f32 bytes."""
+    import numpy as np
+
+    class Traits(ctypes.Structure):
+        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                    ("from_float_ref", ctypes.c_void_p)]
+
+    ggml = ctypes.CDLL(str(bin_dir / "libggml-base.so"))
+    ggml.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
+    ggml.ggml_get_type_traits.argtypes = [ctypes.c_int]
+    ggml.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+    ggml.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
+    ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
+    ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_void_p]
+    to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
+                                  ctypes.c_int64)
+    rng = np.random.default_rng(20261129)
+    nrows, n_per_row = 2, 512
+    out = {}
+    for name, ty in IQ_BLOCK_TYPES.items():
+        x = rng.standard_normal(nrows * n_per_row).astype(np.float32)
+        x[32:64] = 0
+        x[n_per_row:n_per_row + 256] *= np.float32(1e-3)
+        x[n_per_row + 7] = np.float32(0.5)
+        x[n_per_row + 200] = np.float32(-0.75)
+        x[n_per_row + 256:] = 0
+        weighted = ty == 29 or ggml.ggml_quantize_requires_imatrix(ty)
+        imatrix = (rng.random(n_per_row) + 0.1).astype(np.float32) if weighted else None
+        traits = ggml.ggml_get_type_traits(ty).contents
+        n_bytes = nrows * n_per_row // traits.blck_size * traits.type_size
+        dst = ctypes.create_string_buffer(n_bytes)
+        wrote = ggml.ggml_quantize_chunk(ty, x.ctypes.data, dst, 0, nrows, n_per_row,
+                                         imatrix.ctypes.data if weighted else None)
+        assert wrote == n_bytes, (name, wrote, n_bytes)
+        vals = (ctypes.c_float * (nrows * n_per_row))()
+        to_float_t(traits.to_float)(dst, vals, nrows * n_per_row)
+        out[name] = {
+            "type": name, "nrows": nrows, "n_per_row": n_per_row, "imatrix": weighted,
+            **({} if weighted else {"input_f32le": x.astype("<f4").tobytes().hex()}),
+            "blocks": dst.raw.hex(),
+            "values_f32le": np.ctypeslib.as_array(vals).astype("<f4").tobytes().hex(),
+        }
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    log(f"wrote {out_path}")
+
+
 def real_model_path(name):
     kiln = REPO / "target" / "release" / "kiln"
     reference.run(["cargo", "build", "--release", "--quiet", "--bin", "kiln"], cwd=REPO)
@@ -754,6 +822,7 @@ def main():
         if a.only_embeddings:
             return
         dequant_golden(bin_dir, work, a.out / "dequant.json")
+        iq_blocks_golden(bin_dir, a.out / "iq_blocks.json")
         for name in sorted([*VARIANTS, *(f"random-{r}-f32" for r in RECIPES)]):
             logits_goldens(work / f"{name}.gguf", a.out / name, texts, 10, 16)
         for name in LOGPROB_MODELS:

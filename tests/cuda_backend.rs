@@ -163,6 +163,8 @@ fn refused_on_device(stem: &str) -> Option<&'static str> {
         Some("IQ4_NL")
     } else if stem.ends_with("-iq4_xs") {
         Some("IQ4_XS")
+    } else if stem.ends_with("-iq3_s") {
+        Some("IQ3_S")
     } else {
         None
     }

@@ -10,7 +10,7 @@ use kiln::model::Model;
 
 const FORMATS: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k",
-    "q6_k", "iq4_nl", "iq4_xs",
+    "q6_k", "iq4_nl", "iq4_xs", "iq3_s",
 ];
 
 #[test]

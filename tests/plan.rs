@@ -15,6 +15,8 @@ fn plan_equals_session_allocations() {
         "random-llama-q4_0",
         "random-qwen3-q4_k_m",
         "random-gpt2-q8_0",
+        // An i-quant: IQ3_S's 110-byte super-blocks.
+        "random-llama-iq3_s",
         // Mixtures of experts: routing scratch, experts (3-D tensors) and a shared expert.
         "random-olmoe-q4_k_m",
         "random-qwen2moe-q4_0",

@@ -542,6 +542,10 @@ fn batch_dependent(ty: GgmlType) -> bool {
             | GgmlType::IQ2XXS
             | GgmlType::IQ2XS
             | GgmlType::IQ2S
+            | GgmlType::IQ3XXS
+            | GgmlType::IQ3S
+            | GgmlType::IQ1S
+            | GgmlType::IQ1M
     )
 }
 

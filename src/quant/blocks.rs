@@ -224,6 +224,94 @@ pub struct BlockIq4Xs {
     pub qs: [u8; QK_K / 2],
 }
 
+/// IQ3_XXS: `qs[..64]` are 2 grid indices (into `IQ3XXS_GRID`, 4 magnitudes each) per 8
+/// elements; `qs[64..]` holds one LE u32 per sub-block of 32: four 7-bit sign indices
+/// (`KSIGNS_IQ2XS`) in bits 0..28 and the 4-bit scale `ls` in bits 28..32;
+/// `x = d · (0.5 + ls) · 0.5 · grid · sign`.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockIq3Xxs {
+    pub d: F16Le,
+    pub qs: [u8; 3 * QK_K / 8],
+}
+
+/// IQ3_S: 9-bit grid indices (into `IQ3S_GRID`), the low 8 bits in `qs`, the ninth in `qh`
+/// (bit `k` of `qh[j]`: index `8j + k`); one sign bit per element in `signs`; a 4-bit scale
+/// `ls` per 32 (two per byte of `scales`, low nibble first); `x = d · (1 + 2·ls) · grid · sign`.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockIq3S {
+    pub d: F16Le,
+    pub qs: [u8; QK_K / 4],
+    pub qh: [u8; QK_K / 32],
+    pub signs: [u8; QK_K / 8],
+    pub scales: [u8; QK_K / 64],
+}
+
+/// IQ1_S: 11-bit indices into `IQ1S_GRID` (8 values in -1..=1 each), the low 8 bits in `qs`;
+/// per sub-block of 32 one LE u16 of `qh`: the indices' top 3 bits (bits `3l..3l+3`), the
+/// 3-bit scale `ls` (bits 12..15) and the shift's sign (bit 15);
+/// `x = d · (2·ls + 1) · (grid ± 0.125)`.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockIq1S {
+    pub d: F16Le,
+    pub qs: [u8; QK_K / 8],
+    pub qh: [u8; QK_K / 16],
+}
+
+/// IQ1_M: IQ1_S's grid; per 8 elements the index's top 3 bits and the shift's sign (bit 3) in
+/// a nibble of `qh`; a 3-bit scale per 16 in `scales` (read as 4 LE u16, 12 bits each), whose
+/// top nibbles together hold the f16 super-block scale.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct BlockIq1M {
+    pub qs: [u8; QK_K / 8],
+    pub qh: [u8; QK_K / 16],
+    pub scales: [u8; QK_K / 32],
+}
+
+impl Default for BlockIq3Xxs {
+    fn default() -> Self {
+        BlockIq3Xxs {
+            d: F16Le::default(),
+            qs: [0; 3 * QK_K / 8],
+        }
+    }
+}
+
+impl Default for BlockIq3S {
+    fn default() -> Self {
+        BlockIq3S {
+            d: F16Le::default(),
+            qs: [0; QK_K / 4],
+            qh: [0; QK_K / 32],
+            signs: [0; QK_K / 8],
+            scales: [0; QK_K / 64],
+        }
+    }
+}
+
+impl Default for BlockIq1S {
+    fn default() -> Self {
+        BlockIq1S {
+            d: F16Le::default(),
+            qs: [0; QK_K / 8],
+            qh: [0; QK_K / 16],
+        }
+    }
+}
+
+impl Default for BlockIq1M {
+    fn default() -> Self {
+        BlockIq1M {
+            qs: [0; QK_K / 8],
+            qh: [0; QK_K / 16],
+            scales: [0; QK_K / 32],
+        }
+    }
+}
+
 /// The 16 values of the IQ4_NL / IQ4_XS grid (ggml's `kvalues_iq4nl`).
 pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
@@ -441,6 +529,10 @@ raw_block! {
     BlockIq2Xxs = 66,
     BlockIq2Xs = 74,
     BlockIq2S = 82,
+    BlockIq3Xxs = 98,
+    BlockIq3S = 110,
+    BlockIq1S = 50,
+    BlockIq1M = 56,
 }
 
 /// View bytes as blocks; `None` unless the length is a whole number of blocks.

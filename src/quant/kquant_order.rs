@@ -282,11 +282,11 @@ pub fn k_dot_tiled(ty: GgmlType, w: &[u8], x: &[BlockQ8K]) -> f32 {
 }
 
 /// Whether the reference takes `ty`'s products of a batch of `nx` rows through its tiled
-/// kernel ([`k_dot_tiled`]): Q3_K, Q5_K and Q6_K from [`TILED_MIN_ROWS`] rows (Q2_K and Q4_K
-/// it repacks on x86 instead).
+/// kernel ([`k_dot_tiled`]): Q3_K, Q5_K, Q6_K, IQ4_XS and the 3- and 1-bit i-quants
+/// (`iq_order`) from [`TILED_MIN_ROWS`] rows (Q2_K and Q4_K it repacks on x86 instead).
 #[inline]
 pub fn tiled(ty: GgmlType, nx: usize) -> bool {
-    matches!(
+    (matches!(
         ty,
         GgmlType::Q3K
             | GgmlType::Q5K
@@ -295,7 +295,8 @@ pub fn tiled(ty: GgmlType, nx: usize) -> bool {
             | GgmlType::IQ2XXS
             | GgmlType::IQ2XS
             | GgmlType::IQ2S
-    ) && nx >= TILED_MIN_ROWS
+    ) || super::iq_order::handles(ty))
+        && nx >= TILED_MIN_ROWS
 }
 
 /// How the reference computes row `j` of a batch of `nx` activation rows against a Q4_K matrix:
@@ -321,6 +322,7 @@ pub fn gemm_dot(ty: GgmlType, w: &[u8], x: &[u8], n: usize, nx: usize, j: usize)
             let wb = cast::<BlockQ4K>(w)?;
             q4k_dot(wb, xb, q4k_row_uses_gemm(nx, j))
         }
+        _ if super::iq_order::handles(ty) => super::iq_order::row_dot(ty, w, xb, tiled(ty, nx))?,
         _ if tiled(ty, nx) => k_dot_tiled(ty, w, xb),
         _ => k_dot_lanes(ty, w, xb),
     })

@@ -31,6 +31,11 @@
 pub mod blocks;
 mod iq2;
 mod iq2_grids;
+mod iq1;
+mod iq3;
+mod iq3_quantize;
+mod iq_grids;
+mod iq_order;
 mod iq_signs;
 mod iquant;
 pub mod kquant_order;
@@ -390,7 +395,11 @@ pub fn dot_type(weight: GgmlType) -> GgmlType {
         | GgmlType::IQ2XXS
         | GgmlType::IQ2XS
         | GgmlType::IQ2S
-        | GgmlType::IQ4XS => GgmlType::Q8K,
+        | GgmlType::IQ3XXS
+        | GgmlType::IQ1S
+        | GgmlType::IQ3S
+        | GgmlType::IQ4XS
+        | GgmlType::IQ1M => GgmlType::Q8K,
     }
 }
 
@@ -467,13 +476,17 @@ fn scalar_kernels(weight: GgmlType) -> Kernels {
         GgmlType::IQ2XXS => k!(BlockIq2Xxs, k8k, 13),
         GgmlType::IQ2XS => k!(BlockIq2Xs, k8k, 14),
         GgmlType::IQ2S => k!(BlockIq2S, k8k, 15),
+        GgmlType::IQ3XXS => k!(BlockIq3Xxs, k8k, 16),
+        GgmlType::IQ3S => k!(BlockIq3S, k8k, 17),
+        GgmlType::IQ1S => k!(BlockIq1S, k8k, 18),
+        GgmlType::IQ1M => k!(BlockIq1M, k8k, 19),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!("activation-only formats are rejected"),
     }
 }
 
 /// The block formats, whose scalar kernels are [`kquant_order`]'s definitions (so the scalar
 /// tier adds in the order of every other tier), indexed by a const-generic tag.
-const ORDERED: [GgmlType; 16] = [
+const ORDERED: [GgmlType; 20] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -490,6 +503,10 @@ const ORDERED: [GgmlType; 16] = [
     GgmlType::IQ2XXS,
     GgmlType::IQ2XS,
     GgmlType::IQ2S,
+    GgmlType::IQ3XXS,
+    GgmlType::IQ3S,
+    GgmlType::IQ1S,
+    GgmlType::IQ1M,
 ];
 
 /// A single row: the reference's decode path (one activation row).
@@ -696,6 +713,10 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
         GgmlType::IQ2XXS => dequant_bytes::<BlockIq2Xxs>,
         GgmlType::IQ2XS => dequant_bytes::<BlockIq2Xs>,
         GgmlType::IQ2S => dequant_bytes::<BlockIq2S>,
+        GgmlType::IQ3XXS => dequant_bytes::<BlockIq3Xxs>,
+        GgmlType::IQ3S => dequant_bytes::<BlockIq3S>,
+        GgmlType::IQ1S => dequant_bytes::<BlockIq1S>,
+        GgmlType::IQ1M => dequant_bytes::<BlockIq1M>,
     };
     f(src, out);
     Ok(())
@@ -705,9 +726,11 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Q
 /// Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K, and `quantize_iq4_nl` / `quantize_iq4_xs` without
 /// weights for IQ4_NL and IQ4_XS, `quantize_row_mxfp4_ref` for MXFP4 (the model-file quantizers `llama-quantize` runs when it
 /// has no importance matrix; the output is byte-identical to theirs), and plain conversion for
-/// F32/F16/BF16. IQ2_XXS, IQ2_XS and IQ2_S have no quantizer here ([`QuantError::Unsupported`]).
-/// A row that is not a whole number of blocks (32 elements, or 256 for the
-/// K-quants) is refused with [`QuantError::NotBlockMultiple`].
+/// F32/F16/BF16. A row that is not a whole number of blocks (32 elements, or 256 for the
+/// K-quants) is refused with [`QuantError::NotBlockMultiple`]. `quantize_iq3_xxs` /
+/// `quantize_iq3_s` without weights for IQ3_XXS and IQ3_S; IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S and
+/// IQ1_M, which ggml quantizes only with an importance matrix, are refused with
+/// [`QuantError::Unsupported`].
 /// Activations for a matmul should use [`Kernels::quantize_act`] instead, which follows ggml's
 /// CPU backend (for Q8_0/Q8_1 it rounds ties to even; see [`reference::quantize_q8_0_act`]).
 pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
@@ -731,10 +754,12 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
         GgmlType::IQ4NL => quantize_bytes::<BlockIq4Nl>,
         GgmlType::IQ4XS => quantize_bytes::<BlockIq4Xs>,
         GgmlType::MXFP4 => quantize_bytes::<BlockMxfp4>,
-        GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ2S => {
+        GgmlType::IQ3XXS => quantize_bytes::<BlockIq3Xxs>,
+        GgmlType::IQ3S => quantize_bytes::<BlockIq3S>,
+        GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ2S | GgmlType::IQ1S | GgmlType::IQ1M => {
             return Err(QuantError::Unsupported {
                 ty,
-                op: "quantizer (only dequantization and products are implemented)",
+                op: "quantizer",
             })
         }
     };

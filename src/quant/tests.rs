@@ -175,6 +175,7 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
         GgmlType::IQ2XXS | GgmlType::IQ2XS | GgmlType::IQ2S => &[0],
+        GgmlType::IQ3XXS | GgmlType::IQ3S | GgmlType::IQ1S => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
@@ -207,6 +208,17 @@ pub(crate) fn random_weight_row(ty: GgmlType, n: usize, rng: &mut Rng, scales: S
         GgmlType::MXFP4 => {
             for blk in bytes.chunks_mut(ty.type_size()) {
                 blk[0] = e8m0_scale(rng, scales);
+            }
+        }
+        GgmlType::IQ1M => {
+            // The f16 scale's nibbles are the top nibbles of the 4 scale words (bytes 49,
+            // 51, 53, 55), lowest first.
+            for blk in bytes.chunks_mut(ty.type_size()) {
+                let d = u16::from_le_bytes(f16_scale(rng, scales));
+                for k in 0..4 {
+                    let b = &mut blk[49 + 2 * k];
+                    *b = (*b & 0x0F) | (((d >> (4 * k)) & 0xF) as u8) << 4;
+                }
             }
         }
         _ => {
@@ -259,13 +271,17 @@ pub(crate) fn reference_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> DotAc
         GgmlType::IQ2XXS => go::<BlockIq2Xxs>(n, w, x),
         GgmlType::IQ2XS => go::<BlockIq2Xs>(n, w, x),
         GgmlType::IQ2S => go::<BlockIq2S>(n, w, x),
+        GgmlType::IQ3XXS => go::<BlockIq3Xxs>(n, w, x),
+        GgmlType::IQ3S => go::<BlockIq3S>(n, w, x),
+        GgmlType::IQ1S => go::<BlockIq1S>(n, w, x),
+        GgmlType::IQ1M => go::<BlockIq1M>(n, w, x),
         GgmlType::Q8_1 | GgmlType::Q8K => unreachable!(),
     }
 }
 
 /// Every weight format: the float ones, then the block formats.
-pub(crate) const WEIGHT_TYPES: [GgmlType; 19] = {
-    let mut t = [GgmlType::F32; 19];
+pub(crate) const WEIGHT_TYPES: [GgmlType; 23] = {
+    let mut t = [GgmlType::F32; 23];
     (t[1], t[2]) = (GgmlType::F16, GgmlType::BF16);
     let mut i = 0;
     while i < super::ORDERED.len() {

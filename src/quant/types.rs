@@ -28,13 +28,23 @@ pub enum GgmlType {
     IQ2XXS,
     /// 256 elements as 32 groups of 8 on a 512-entry grid, 7-bit signs, a 4-bit scale per 16.
     IQ2XS,
+    /// 256 elements as sign-flipped 4-value points of a 256-entry grid, a 4-bit scale per 32.
+    IQ3XXS,
+    /// 256 elements as 8-value points of a ternary 2048-entry grid, a 3-bit scale and a
+    /// shift per 32.
+    IQ1S,
     /// 32 elements on a fixed non-linear grid of 16 values, one f16 scale.
     IQ4NL,
+    /// 256 elements as sign-flipped 4-value points of a 512-entry grid, a 4-bit scale per 32.
+    IQ3S,
     /// 256 elements as 32 groups of 8 on a 1024-entry grid, 8 free signs per group, a 4-bit
     /// scale per 16.
     IQ2S,
     /// 256 elements on IQ4_NL's grid, a 6-bit scale per 32 under one f16 scale.
     IQ4XS,
+    /// IQ1_S's grid with a 3-bit scale per 16 and a shift per 8; the f16 scale spread over
+    /// the sub-block scales' spare bits.
+    IQ1M,
     BF16,
     /// 32 elements in E2M1 (4-bit floats, OCP microscaling), one E8M0 power-of-two scale.
     MXFP4,
@@ -42,7 +52,7 @@ pub enum GgmlType {
 
 impl GgmlType {
     /// Every type, in ggml id order.
-    pub const ALL: [GgmlType; 21] = [
+    pub const ALL: [GgmlType; 25] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -59,9 +69,13 @@ impl GgmlType {
         GgmlType::Q8K,
         GgmlType::IQ2XXS,
         GgmlType::IQ2XS,
+        GgmlType::IQ3XXS,
+        GgmlType::IQ1S,
         GgmlType::IQ4NL,
+        GgmlType::IQ3S,
         GgmlType::IQ2S,
         GgmlType::IQ4XS,
+        GgmlType::IQ1M,
         GgmlType::BF16,
         GgmlType::MXFP4,
     ];
@@ -86,15 +100,19 @@ impl GgmlType {
             GgmlType::IQ2XXS => 16,
             GgmlType::IQ2XS => 17,
             GgmlType::IQ2S => 22,
+            GgmlType::IQ3XXS => 18,
+            GgmlType::IQ1S => 19,
             GgmlType::IQ4NL => 20,
+            GgmlType::IQ3S => 21,
             GgmlType::IQ4XS => 23,
+            GgmlType::IQ1M => 29,
             GgmlType::BF16 => 30,
             GgmlType::MXFP4 => 39,
         }
     }
 
     /// The type for a ggml id, or `None` for ids this engine does not read
-    /// (the IQ formats, integer tensors, removed Q4_2/Q4_3, ...).
+    /// (integer tensors, removed Q4_2/Q4_3, the ternary TQ1_0/TQ2_0, ...).
     pub fn from_id(id: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.id() == id)
     }
@@ -105,15 +123,11 @@ impl GgmlType {
             Some(t) => t.name(),
             None => match id {
                 4 | 5 => "Q4_2/Q4_3 (removed)",
-                18 => "IQ3_XXS",
-                19 => "IQ1_S",
-                21 => "IQ3_S",
                 24 => "I8",
                 25 => "I16",
                 26 => "I32",
                 27 => "I64",
                 28 => "F64",
-                29 => "IQ1_M",
                 34 => "TQ1_0",
                 35 => "TQ2_0",
                 _ => "unknown",
@@ -141,8 +155,12 @@ impl GgmlType {
             GgmlType::IQ2XXS => "IQ2_XXS",
             GgmlType::IQ2XS => "IQ2_XS",
             GgmlType::IQ2S => "IQ2_S",
+            GgmlType::IQ3XXS => "IQ3_XXS",
+            GgmlType::IQ1S => "IQ1_S",
             GgmlType::IQ4NL => "IQ4_NL",
+            GgmlType::IQ3S => "IQ3_S",
             GgmlType::IQ4XS => "IQ4_XS",
+            GgmlType::IQ1M => "IQ1_M",
             GgmlType::BF16 => "BF16",
             GgmlType::MXFP4 => "MXFP4",
         }
@@ -175,7 +193,11 @@ impl GgmlType {
             | GgmlType::IQ2XXS
             | GgmlType::IQ2XS
             | GgmlType::IQ2S
-            | GgmlType::IQ4XS => 256,
+            | GgmlType::IQ4XS
+            | GgmlType::IQ3XXS
+            | GgmlType::IQ1S
+            | GgmlType::IQ3S
+            | GgmlType::IQ1M => 256,
         }
     }
 
@@ -200,7 +222,11 @@ impl GgmlType {
             GgmlType::IQ2XS => 74,
             GgmlType::IQ2S => 82,
             GgmlType::IQ4NL => 18,
+            GgmlType::IQ3XXS => 98,
+            GgmlType::IQ1S => 50,
+            GgmlType::IQ3S => 110,
             GgmlType::IQ4XS => 136,
+            GgmlType::IQ1M => 56,
             GgmlType::MXFP4 => 17,
         }
     }
@@ -250,6 +276,15 @@ mod tests {
         assert_eq!(GgmlType::from_id(20), Some(GgmlType::IQ4NL));
         assert_eq!(GgmlType::from_name("iq4_xs"), Some(GgmlType::IQ4XS));
         assert_eq!(GgmlType::name_of_id(18), "IQ3_XXS");
+        for (id, name, bytes) in [
+            (18, "IQ3_XXS", 98),
+            (19, "IQ1_S", 50),
+            (21, "IQ3_S", 110),
+            (29, "IQ1_M", 56),
+        ] {
+            let t = GgmlType::from_id(id).unwrap();
+            assert_eq!((t.name(), t.row_bytes(512)), (name, Some(2 * bytes)));
+        }
         assert_eq!(GgmlType::from_id(39), Some(GgmlType::MXFP4));
         assert_eq!(GgmlType::MXFP4.row_bytes(2880), Some(90 * 17));
         assert_eq!(GgmlType::MXFP4.row_bytes(2881), None);

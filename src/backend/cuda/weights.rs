@@ -193,7 +193,11 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         | GgmlType::MXFP4
         | GgmlType::IQ2XXS
         | GgmlType::IQ2XS
-        | GgmlType::IQ2S => Err(CudaError::Unsupported(format!(
+        | GgmlType::IQ2S
+        | GgmlType::IQ3XXS
+        | GgmlType::IQ3S
+        | GgmlType::IQ1S
+        | GgmlType::IQ1M => Err(CudaError::Unsupported(format!(
             "{ty} weights have no GPU kernels yet (run this model with --device cpu)"
         ))),
     }
@@ -652,6 +656,10 @@ mod tests {
             GgmlType::IQ2XXS,
             GgmlType::IQ2XS,
             GgmlType::IQ2S,
+            GgmlType::IQ3XXS,
+            GgmlType::IQ3S,
+            GgmlType::IQ1S,
+            GgmlType::IQ1M,
         ] {
             let Err(e) = format_kernels(ty) else {
                 panic!("{ty}: kernels claimed");

@@ -212,7 +212,7 @@ macro_rules! tier {
 
             /// The table of this tier; `scalar` supplies the dequantizer and F32 activation copy.
             pub(in super::super) fn table(scalar: Kernels) -> Kernels {
-                use k::{TIq2S, TIq2Xs, TIq2Xxs};
+                use k::{TIq1M, TIq1S, TIq2S, TIq2Xs, TIq2Xxs, TIq3S, TIq3Xxs};
                 use k::{
                     TIq4Nl, TIq4Xs, TMxfp4, BF16, F16, F32, Q2K, Q3K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1,
                     Q6K, Q8_0, T32, TF, TK, TQ4K,
@@ -249,6 +249,10 @@ macro_rules! tier {
                     GgmlType::IQ2XXS => t!(TIq2Xxs, quantize_q8k),
                     GgmlType::IQ2XS => t!(TIq2Xs, quantize_q8k),
                     GgmlType::IQ2S => t!(TIq2S, quantize_q8k),
+                    GgmlType::IQ3XXS => t!(TIq3Xxs, quantize_q8k),
+                    GgmlType::IQ3S => t!(TIq3S, quantize_q8k),
+                    GgmlType::IQ1S => t!(TIq1S, quantize_q8k),
+                    GgmlType::IQ1M => t!(TIq1M, quantize_q8k),
                     GgmlType::Q8_1 | GgmlType::Q8K => scalar,
                 }
             }

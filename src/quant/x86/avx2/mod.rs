@@ -17,10 +17,12 @@ use core::arch::x86_64::*;
 
 mod float;
 mod iq2;
+mod iq_grid;
 mod iquants;
 mod kquants;
 pub(super) use float::*;
 pub(super) use iq2::*;
+pub(super) use iq_grid::*;
 pub(super) use iquants::*;
 pub(super) use kquants::*;
 
