@@ -28,6 +28,7 @@ pub(crate) use t32_x16::{
 };
 
 use super::{check_gemm, GgmlType, Isa, Kernels, QuantizeFn};
+use avx2::Gemm;
 
 pub(super) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
@@ -88,19 +89,8 @@ macro_rules! tier {
             }
 
             #[target_feature(enable = $features)]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn gemm_tf<T: Tile>(
-                n: usize,
-                w: *const u8,
-                w_stride: usize,
-                nw: usize,
-                x: *const u8,
-                x_stride: usize,
-                nx: usize,
-                out: *mut f32,
-                out_stride: usize,
-            ) {
-                T::gemm::<$idot>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+            unsafe fn gemm_tf<T: Tile>(g: Gemm) {
+                T::gemm::<$idot>(g)
             }
 
             /// Row bytes of `n` elements for the weight and activation sides (panics on a
@@ -142,17 +132,8 @@ macro_rules! tier {
                 // SAFETY: feature detected (see `vec_dot`); `check_gemm` verified every row
                 // touched lies inside `w`, `x` and `out`.
                 unsafe {
-                    gemm_tf::<T>(
-                        n,
-                        w.as_ptr(),
-                        w_stride,
-                        nw,
-                        x.as_ptr(),
-                        x_stride,
-                        nx,
-                        out.as_mut_ptr(),
-                        out_stride,
-                    )
+                    let g = Gemm::new(n, (w, w_stride, nw), (x, x_stride, nx), (out, out_stride));
+                    gemm_tf::<T>(g)
                 }
             }
 
@@ -284,7 +265,7 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
 
 /// A kernel over one repacked group of rows (`q4k_x16::gemm_tf`, `q6k_x16::gemm_tf`,
 /// `t32_x16::gemm_tf`, `t32_x16_ymm::gemm_tf`).
-type GroupKernel = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
+type GroupKernel = unsafe fn(Gemm);
 
 /// The plain-layout gemm of a tier (`tier_*::gemm`), for the rows after the last group.
 type PlainGemm = fn(usize, &[u8], usize, usize, &[u8], usize, usize, &mut [f32], usize);
@@ -333,15 +314,12 @@ fn gemm_groups(
     // rows (one group of `n / qk` repacked blocks, `n` within the kernel's limit), the `nx`
     // activation rows and every output lie inside the buffers.
     unsafe {
-        kernel(
+        kernel(Gemm::new(
             n,
-            w.as_ptr(),
-            x.as_ptr(),
-            x_stride,
-            nx,
-            out.as_mut_ptr(),
-            out_stride,
-        )
+            (w, w_stride, nw),
+            (x, x_stride, nx),
+            (out, out_stride),
+        ))
     }
 }
 
