@@ -28,6 +28,7 @@
 use super::avx2::Gemm;
 use super::t32_blocks::{row, Decoded};
 use super::t32_x16::{dx, sx, Group32, Lanes512, MAX_BLOCKS};
+use crate::quant::GemmArgs;
 use core::arch::asm;
 use core::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -82,13 +83,13 @@ unsafe fn known_answer<T: Tiles>(t: &mut T) -> bool {
     // holds 16 rows of `NB` Q8_0 blocks `NB · XB` bytes apart, and each output holds 16 rows
     // of 16.
     unsafe {
-        let g = |out: &mut [f32]| {
-            Gemm::new(
+        let g = |out| {
+            Gemm::of(GemmArgs::new(
                 32 * NB,
                 (&w, w.len() / 16, 16),
                 (&x, NB * XB, 16),
                 (out, 16),
-            )
+            ))
         };
         gemm_on::<Q4_0, T>(t, g(&mut tiles));
         super::t32_blocks::gemm_tf::<Q4_0>(g(&mut vnni));
@@ -550,7 +551,7 @@ mod tests {
         for g in (0..c.rows).step_by(16) {
             let w = &c.packed[g * rw..(g + 16) * rw];
             let (x, out) = ((&c.x[..], c.x_stride, c.nx), (&mut out[g..], out_stride));
-            run(Gemm::new(c.n, (w, rw, 16), x, out));
+            run(Gemm::of(GemmArgs::new(c.n, (w, rw, 16), x, out)));
         }
         for j in 0..c.nx {
             for i in 0..c.rows {

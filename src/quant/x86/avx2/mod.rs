@@ -13,6 +13,7 @@
 
 use crate::quant::blocks::{cast_mut, BlockQ8K};
 use crate::quant::reference::{self, Quantize};
+use crate::quant::GemmArgs;
 use core::arch::x86_64::*;
 
 mod float;
@@ -193,26 +194,18 @@ pub(super) struct Gemm {
 }
 
 impl Gemm {
-    /// The operands of a call on checked slices (`quant::check_gemm`): `n` elements a row, the
-    /// weight rows `(w, w_stride, nw)`, the activation rows `(x, x_stride, nx)` and the outputs
-    /// `(out, out_stride)`.
-    pub(in crate::quant::x86) fn new(
-        n: usize,
-        (w, w_stride, nw): (&[u8], usize, usize),
-        (x, x_stride, nx): (&[u8], usize, usize),
-        (out, out_stride): (&mut [f32], usize),
-    ) -> Self {
-        let (w, x, out) = (w.as_ptr(), x.as_ptr(), out.as_mut_ptr());
+    /// The operands of a call, once checked ([`GemmArgs::check`]).
+    pub(in crate::quant::x86) fn of(a: GemmArgs) -> Self {
         Gemm {
-            n,
-            w,
-            w_stride,
-            nw,
-            x,
-            x_stride,
-            nx,
-            out,
-            out_stride,
+            n: a.n,
+            w: a.w.as_ptr(),
+            w_stride: a.w_stride,
+            nw: a.nw,
+            x: a.x.as_ptr(),
+            x_stride: a.x_stride,
+            nx: a.nx,
+            out: a.out.as_mut_ptr(),
+            out_stride: a.out_stride,
         }
     }
 
