@@ -557,13 +557,14 @@ pub fn scale_scalar(y: &mut [f32], v: f32) {
     }
 }
 
-/// [`VecKeysFn`] from a path's dot / scale / mad primitives.
+/// [`VecKeysFn`] from a path's dot / scale / mad primitives (inlined into one loop where they
+/// are the path's own `#[target_feature]` functions).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn vec_keys_with(
-    dot: DotF16Fn,
-    mad: MadF16Fn,
-    scale_acc: ScaleF16Fn,
+    dot: impl Fn(&[f32], &[f16]) -> f32,
+    mad: impl Fn(&mut [f32], &[f16], f32),
+    scale_acc: impl Fn(&mut [f32], f32),
     q16: &[f32],
     kv: KeyRun<'_>,
     sc: ScoreScale,
