@@ -78,22 +78,16 @@ impl TensorInfo {
 /// A parsed GGUF file: header, metadata in file order, tensor infos, and the bytes behind them.
 pub struct GgufFile {
     backing: Arc<Backing>,
-    version: u32,
-    alignment: usize,
-    data_offset: usize,
-    metadata: Vec<(String, Value)>,
-    key_index: HashMap<String, usize>,
-    tensors: Vec<TensorInfo>,
-    tensor_index: HashMap<String, usize>,
+    header: Header,
 }
 
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufFile")
-            .field("version", &self.version)
+            .field("version", &self.header.version)
             .field("file_size", &self.file_size())
-            .field("n_metadata", &self.metadata.len())
-            .field("n_tensors", &self.tensors.len())
+            .field("n_metadata", &self.header.metadata.len())
+            .field("n_tensors", &self.header.tensors.len())
             .finish()
     }
 }
@@ -117,30 +111,21 @@ impl GgufFile {
 
     fn parse(backing: Arc<Backing>) -> Result<GgufFile, GgufError> {
         let header = parse_header(&backing)?;
-        Ok(GgufFile {
-            backing,
-            version: header.version,
-            alignment: header.alignment,
-            data_offset: header.data_offset,
-            key_index: header.key_index,
-            metadata: header.metadata,
-            tensor_index: header.tensor_index,
-            tensors: header.tensors,
-        })
+        Ok(GgufFile { backing, header })
     }
 
     pub fn version(&self) -> u32 {
-        self.version
+        self.header.version
     }
 
     /// `general.alignment`, default 32; always a power of two.
     pub fn alignment(&self) -> usize {
-        self.alignment
+        self.header.alignment
     }
 
     /// Absolute byte offset of the data section (tensor offsets are relative to it).
     pub fn data_offset(&self) -> usize {
-        self.data_offset
+        self.header.data_offset
     }
 
     pub fn file_size(&self) -> usize {
@@ -149,7 +134,7 @@ impl GgufFile {
 
     /// All metadata in file order.
     pub fn metadata(&self) -> &[(String, Value)] {
-        &self.metadata
+        &self.header.metadata
     }
 
     /// Heap bytes of the parsed header (metadata values, tensor infos and both indexes), each
@@ -167,24 +152,29 @@ impl GgufFile {
                 .next_power_of_two();
             alloc(buckets * (slot + 1) + 16) + m.keys().map(|k| alloc(k.capacity())).sum::<usize>()
         }
-        alloc(self.metadata.capacity() * std::mem::size_of::<(String, Value)>())
+        alloc(self.header.metadata.capacity() * std::mem::size_of::<(String, Value)>())
             + self
+                .header
                 .metadata
                 .iter()
                 .map(|(k, v)| alloc(k.capacity()) + v.heap_bytes(alloc))
                 .sum::<usize>()
-            + alloc(self.tensors.capacity() * std::mem::size_of::<TensorInfo>())
+            + alloc(self.header.tensors.capacity() * std::mem::size_of::<TensorInfo>())
             + self
+                .header
                 .tensors
                 .iter()
                 .map(|t| alloc(t.name.capacity()) + alloc(t.shape.capacity() * 8))
                 .sum::<usize>()
-            + index(&self.key_index, alloc)
-            + index(&self.tensor_index, alloc)
+            + index(&self.header.key_index, alloc)
+            + index(&self.header.tensor_index, alloc)
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.key_index.get(key).map(|&i| &self.metadata[i].1)
+        self.header
+            .key_index
+            .get(key)
+            .map(|&i| &self.header.metadata[i].1)
     }
 
     fn require(&self, key: &str) -> Result<&Value, GgufError> {
@@ -262,25 +252,32 @@ impl GgufFile {
 
     /// Tensor infos in file order.
     pub fn tensors(&self) -> &[TensorInfo] {
-        &self.tensors
+        &self.header.tensors
     }
 
     pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+        self.header
+            .tensor_index
+            .get(name)
+            .map(|&i| &self.header.tensors[i])
     }
 
     /// The tensor's bytes, zero-copy. `info` must come from this file (its range was checked at
     /// parse time); a foreign info is clamped to the file rather than trusted.
     pub fn tensor_bytes(&self, info: &TensorInfo) -> TensorBytes {
         let size = self.file_size();
-        let start = self.data_offset.saturating_add(info.offset).min(size);
+        let start = self
+            .header
+            .data_offset
+            .saturating_add(info.offset)
+            .min(size);
         let len = info.n_bytes.min(size - start);
         TensorBytes::new(self.backing.clone(), start, len)
     }
 
     /// Absolute byte offset of a tensor's data (data section start + its relative offset).
     pub fn tensor_file_offset(&self, info: &TensorInfo) -> usize {
-        self.data_offset.saturating_add(info.offset)
+        self.header.data_offset.saturating_add(info.offset)
     }
 }
 
