@@ -265,15 +265,7 @@ unsafe fn kq_rows_impl<const G: usize>(q: &[f32], k: &[f16], hd: usize, n: usize
     }
 }
 
-pub fn vkq_multi_avx512(
-    acc: &mut [f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    heads: usize,
-    v: &[f16],
-    hdv: usize,
-) {
+pub fn vkq_multi_avx512(a: super::Vkq) {
     let blocks = [
         vkq_multi_impl::<1>,
         vkq_multi_impl::<2>,
@@ -281,20 +273,7 @@ pub fn vkq_multi_avx512(
         vkq_multi_impl::<4>,
     ];
     // SAFETY: selected only when avx512f was detected at run time.
-    unsafe {
-        super::vkq_multi_blocked(
-            vkq_acc_avx512,
-            BLOCK,
-            blocks,
-            acc,
-            acc_stride,
-            p,
-            p_stride,
-            heads,
-            v,
-            hdv,
-        )
-    }
+    unsafe { super::vkq_multi_blocked(vkq_acc_avx512, BLOCK, blocks, a) }
 }
 
 /// `G` accumulator rows (`hdv` a multiple of 64), 64 columns at a time: 4 vectors per row
