@@ -4,7 +4,7 @@
 //! non-ASCII whitespace replaced by U+000B where the regex has no `\p{..}`, else a `std::regex`
 //! over the text collapsed to one byte per Unicode category).
 
-use super::{Emitter, Window, CR, LF, SPACE};
+use super::{Emitter, Window, CR, LF};
 use crate::tokenizer::unicode::{cpt_flags, CptFlags};
 use crate::tokenizer::wordpiece::to_lower;
 
@@ -185,11 +185,7 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
         }
 
         // <space>?[^\s\p{L}\p{M}\p{N}]+[\r\n]*
-        let flags2 = if cpt == SPACE {
-            w.flags(pos + 1)
-        } else {
-            flags
-        };
+        let flags2 = w.flags_past_space(pos);
         let other = |f: CptFlags| {
             !(f.is_whitespace() || f.is_letter() || mark(f) || f.is_number()) && f.any()
         };

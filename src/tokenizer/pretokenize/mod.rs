@@ -378,6 +378,12 @@ impl Window<'_> {
         }
     }
 
+    /// The flags of the codepoint after the `<space>?` that starts several alternatives: of
+    /// `pos + 1` where `pos` holds a space, else of `pos`.
+    pub fn flags_past_space(&self, pos: usize) -> CptFlags {
+        self.flags(if self.cpt(pos) == SPACE { pos + 1 } else { pos })
+    }
+
     /// `'s|'t|'re|'ve|'m|'ll|'d` at `pos`, the letters compared after `fold` (the identity, or
     /// a lower-casing for `(?i:...)`): the match's length, 0 if none.
     pub fn contraction(&self, pos: usize, fold: fn(u32) -> u32) -> usize {
@@ -447,12 +453,8 @@ fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
     w.scan(
         out,
         |c| c,
-        |em, pos, cpt, flags| {
-            let flags2 = if cpt == SPACE {
-                w.flags(pos + 1)
-            } else {
-                flags
-            };
+        |em, pos, cpt, _| {
+            let flags2 = w.flags_past_space(pos);
             let other =
                 |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.any();
             let end = if flags2.is_letter() {
@@ -521,11 +523,7 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
 
         // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (note: the reference tests `flags`, not `flags2`,
         // for "any flag" on entry)
-        let flags2 = if cpt == SPACE {
-            w.flags(pos + 1)
-        } else {
-            flags
-        };
+        let flags2 = w.flags_past_space(pos);
         let other = |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number());
         pos = if other(flags2) && flags.any() {
             w.line_breaks(w.space_then_run(pos, cpt, |f| other(f) && f.any()))
