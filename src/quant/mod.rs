@@ -601,7 +601,9 @@ fn vec_dot_scalar<B: BlockFormat>(n: usize, w: &[u8], x: &[u8]) -> f32 {
 fn gemm_scalar<B: BlockFormat>(g: GemmArgs) {
     let row_w = g.n / B::BLOCK * size_of::<B>();
     let row_x = g.n / B::BLOCK * size_of::<B::Dot>();
-    gemm_rows(g, row_w, row_x, |n, w, x, _, _| vec_dot_scalar::<B>(n, w, x));
+    gemm_rows(g, row_w, row_x, |n, w, x, _, _| {
+        vec_dot_scalar::<B>(n, w, x)
+    });
 }
 
 fn dequant_bytes<B: BlockFormat>(src: &[u8], out: &mut [f32]) {

@@ -412,7 +412,12 @@ fn gemm_matches_reference_on_every_isa() {
                     x[j * x_stride..j * x_stride + row_x].copy_from_slice(&r);
                 }
                 let mut out = vec![f32::NAN; nx * out_stride];
-                (k.gemm)(GemmArgs::new(n, (&w, w_stride, nw), (&x, x_stride, nx), (&mut out, out_stride)));
+                (k.gemm)(GemmArgs::new(
+                    n,
+                    (&w, w_stride, nw),
+                    (&x, x_stride, nx),
+                    (&mut out, out_stride),
+                ));
                 for j in 0..nx {
                     for i in 0..nw {
                         let want = reference_dot(ty, n, &w[i * w_stride..], &x[j * x_stride..]);
@@ -498,8 +503,18 @@ fn empty_shapes() {
                 "{ty} {isa:?}: n = 0 dots are zero"
             );
             let mut out = [7.0f32; 4];
-            (k.gemm)(GemmArgs::new(32 * 8, (&[], 0, 0), (&[], 0, 3), (&mut out, 1)));
-            (k.gemm)(GemmArgs::new(32 * 8, (&[], 0, 3), (&[], 0, 0), (&mut out, 3)));
+            (k.gemm)(GemmArgs::new(
+                32 * 8,
+                (&[], 0, 0),
+                (&[], 0, 3),
+                (&mut out, 1),
+            ));
+            (k.gemm)(GemmArgs::new(
+                32 * 8,
+                (&[], 0, 3),
+                (&[], 0, 0),
+                (&mut out, 3),
+            ));
             assert_eq!(out, [7.0; 4], "{ty} {isa:?}: nothing written");
         }
     }
@@ -657,7 +672,12 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
                 // The prefill tile keeps the same order for every activation row.
                 let mut out = [0f32; 3];
                 let x3 = [x.clone(), x.clone(), x.clone()].concat();
-                (k.gemm)(GemmArgs::new(n, (&w, w.len(), 1), (&x3, x.len(), 3), (&mut out, 1)));
+                (k.gemm)(GemmArgs::new(
+                    n,
+                    (&w, w.len(), 1),
+                    (&x3, x.len(), 3),
+                    (&mut out, 1),
+                ));
                 assert!(
                     out.iter().all(|o| o.to_bits() == want.to_bits()),
                     "{ty:?} {isa:?} gemm"
@@ -803,7 +823,12 @@ fn repacked_rows_match(
                     // reference's 8-lane order written out in scalar code.
                     None => {
                         let mut o = [0f32];
-                        (k.gemm)(GemmArgs::new(n, (wi, rw, 1), (xj, x_stride, 1), (&mut o, 1)));
+                        (k.gemm)(GemmArgs::new(
+                            n,
+                            (wi, rw, 1),
+                            (xj, x_stride, 1),
+                            (&mut o, 1),
+                        ));
                         let lanes = super::kquant_order::t32_dot_lanes(ty, wi, xj, n);
                         assert_eq!(o[0].to_bits(), lanes.to_bits(), "plain kernel");
                         o[0]
@@ -962,7 +987,12 @@ fn mxfp4_kernels_are_exact_on_extreme_scales() {
                     }
                     let mut out = [0f32; 3];
                     let x3 = [x.clone(), x.clone(), x.clone()].concat();
-                    (k.gemm)(GemmArgs::new(n, (&w, w.len(), 1), (&x3, x.len(), 3), (&mut out, 1)));
+                    (k.gemm)(GemmArgs::new(
+                        n,
+                        (&w, w.len(), 1),
+                        (&x3, x.len(), 3),
+                        (&mut out, 1),
+                    ));
                     assert!(out.iter().all(|&o| same(o, want)), "{what}: gemm {out:?}");
                 }
             }

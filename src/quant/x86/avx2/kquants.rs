@@ -647,7 +647,7 @@ impl Tile for TQ4K {
         }
         // The `nx % 4` rows left: the gemv order (`Tile::tile`), as `gemm_tiles` runs them.
         if full < nx {
-            gemm_tiles::<Self, D>(g.from_row(full));
+            gemm_tiles::<Self, D>(g.skip_rows(full));
         }
     }
 }

@@ -244,7 +244,7 @@ impl Gemm {
     /// # Safety
     /// `j ≤ nx`.
     #[inline(always)]
-    pub(in crate::quant::x86) unsafe fn from_row(self, j: usize) -> Self {
+    pub(in crate::quant::x86) unsafe fn skip_rows(self, j: usize) -> Self {
         Gemm {
             x: self.x.add(j * self.x_stride),
             out: self.out.add(j * self.out_stride),
@@ -582,12 +582,12 @@ impl<F: Blk32> Tile for T32<F> {
             let n8 = nx / 8 * 8;
             super::avx512::t32_gemm_pairs::<F, 4>(Gemm {
                 nx: n8 - n16,
-                ..g.from_row(n16)
+                ..g.skip_rows(n16)
             });
             if n8 == nx {
                 return;
             }
-            return Self::gemm::<D>(g.from_row(n8));
+            return Self::gemm::<D>(g.skip_rows(n8));
         }
         if nb > PREP_BLOCKS {
             return gemm_tiles::<Self, D>(g);
