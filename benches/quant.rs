@@ -5,7 +5,7 @@
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kiln::quant::{kernels_for, repacked, GgmlType, Isa, Kernels};
+use kiln::quant::{kernels_for, repacked, GemmArgs, GgmlType, Isa, Kernels};
 use std::time::Duration;
 
 /// This thread's CPU time (not wall time): the machine is shared, and a kernel's speed is what it
@@ -178,7 +178,12 @@ fn matvec(c: &mut Criterion<CpuTime>) {
             let mut out = vec![0f32; rows];
             g.bench_function(BenchmarkId::new(ty.name(), isa.name()), |b| {
                 b.iter(|| {
-                    (k.gemm)(n, &w, row, rows, &x, x.len(), 1, &mut out, rows);
+                    (k.gemm)(GemmArgs::new(
+                        n,
+                        (&w, row, rows),
+                        (&x, x.len(), 1),
+                        (&mut out, rows),
+                    ));
                     black_box(&out);
                 })
             });
@@ -211,7 +216,12 @@ fn by_groups(
 ) {
     for i in (0..rows).step_by(k.group) {
         let nw = (rows - i).min(k.group);
-        (k.gemm)(n, &w[i * row..], row, nw, x, xr, nx, &mut out[i..], rows);
+        (k.gemm)(GemmArgs::new(
+            n,
+            (&w[i * row..], row, nw),
+            (x, xr, nx),
+            (&mut out[i..], rows),
+        ));
     }
 }
 
@@ -245,7 +255,12 @@ fn gemm(c: &mut Criterion<CpuTime>) {
             let mut out = vec![0f32; rows * nx];
             g.bench_function(BenchmarkId::new(ty.name(), isa.name()), |b| {
                 b.iter(|| {
-                    (k.gemm)(n, &w, row, rows, &x, xr, nx, &mut out, rows);
+                    (k.gemm)(GemmArgs::new(
+                        n,
+                        (&w, row, rows),
+                        (&x, xr, nx),
+                        (&mut out, rows),
+                    ));
                     black_box(&out);
                 })
             });

@@ -7,7 +7,7 @@
 
 mod common;
 
-use kiln::quant::{dequantize_row, kernels_for, quantize_row, GgmlType, Isa};
+use kiln::quant::{dequantize_row, kernels_for, quantize_row, GemmArgs, GgmlType, Isa};
 
 struct Case {
     ty: GgmlType,
@@ -127,17 +127,12 @@ fn kernels_on_llama_cpp_blocks() {
                 (k.quantize_act)(x, q);
             }
             let mut out = vec![0f32; 9 * rows];
-            (k.gemm)(
+            (k.gemm)(GemmArgs::new(
                 n,
-                &case.blocks,
-                row_bytes,
-                rows,
-                &xq,
-                act,
-                9,
-                &mut out,
-                rows,
-            );
+                (&case.blocks, row_bytes, rows),
+                (&xq, act, 9),
+                (&mut out, rows),
+            ));
             for r in 0..rows {
                 let w = &case.blocks[r * row_bytes..(r + 1) * row_bytes];
                 let wd = &case.values[r * n..(r + 1) * n];

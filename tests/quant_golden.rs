@@ -6,7 +6,7 @@
 
 mod common;
 
-use kiln::quant::{dequantize_row, kernels_for, GgmlType, Isa};
+use kiln::quant::{dequantize_row, kernels_for, GemmArgs, GgmlType, Isa};
 use std::io::{Read, Seek, SeekFrom};
 
 struct Case {
@@ -142,17 +142,8 @@ fn kernels_on_llama_cpp_blocks() {
             let mut xd = vec![0f32; n];
             dequantize_row(k.act, &xq, &mut xd).unwrap();
             let mut out = vec![0f32; rows];
-            (k.gemm)(
-                n,
-                &case.bytes,
-                row_bytes,
-                rows,
-                &xq,
-                xq.len(),
-                1,
-                &mut out,
-                rows,
-            );
+            let (w, x) = ((&case.bytes[..], row_bytes, rows), (&xq[..], xq.len(), 1));
+            (k.gemm)(GemmArgs::new(n, w, x, (&mut out, rows)));
             let mut wd = vec![0f32; n];
             for r in (0..rows).step_by(7) {
                 let w = &case.bytes[r * row_bytes..(r + 1) * row_bytes];

@@ -9,7 +9,7 @@
 mod common;
 
 use kiln::quant::kquant_order::row_dot;
-use kiln::quant::{dequantize_row, kernels_for, GgmlType, Isa};
+use kiln::quant::{dequantize_row, kernels_for, GemmArgs, GgmlType, Isa};
 
 struct Case {
     ty: GgmlType,
@@ -147,7 +147,12 @@ fn gemm_equals_the_reference_backend_batch() {
             let k = kernels_for(case.ty, isa).unwrap();
             let mut out = vec![0f32; rows * nx];
             let x = &case.batch_acts;
-            (k.gemm)(n, &case.bytes, row_w, rows, x, row_x, nx, &mut out, rows);
+            (k.gemm)(GemmArgs::new(
+                n,
+                (&case.bytes, row_w, rows),
+                (x, row_x, nx),
+                (&mut out, rows),
+            ));
             for (j, want) in case.batch.iter().enumerate() {
                 for (i, &want) in want.iter().enumerate() {
                     let got = out[j * rows + i];
@@ -190,7 +195,12 @@ fn kernels_on_llama_cpp_blocks() {
                 (k.quantize_act)(xr, q);
             }
             let mut out = vec![0f32; rows * nx];
-            (k.gemm)(n, &case.bytes, row_w, rows, &xq, row_x, nx, &mut out, rows);
+            (k.gemm)(GemmArgs::new(
+                n,
+                (&case.bytes, row_w, rows),
+                (&xq, row_x, nx),
+                (&mut out, rows),
+            ));
             for j in 0..nx {
                 let xr = &xq[j * row_x..(j + 1) * row_x];
                 let mut xd = vec![0f32; n];

@@ -44,7 +44,7 @@
 //! Work is split into items that each read their keys and values once for all the query heads
 //! of one kv head (GQA).
 
-use super::f16ops::{F16Ops, KeyRun, ScoreScale, KV_TILE};
+use super::f16ops::{F16Ops, KeyRun, ScoreScale, Vkq, KV_TILE};
 use super::kv_type::{KvLayer, KvType};
 use super::pool::{DisjointSlice, ThreadPool};
 use half::f16;
@@ -852,15 +852,9 @@ fn tiled(
                     ms[2 * r + 1] = (sum as f64 + tile_sum) as f32;
                 }
                 // Every head of the group takes the tile's values in one pass.
-                (ops.vkq_multi)(
-                    &mut o_rows[t - t0][acc_off..],
-                    acc_stride,
-                    &sc_rows[lo - c0..],
-                    KV_TILE,
-                    hpi,
-                    &vtile[(lo - c0) * hdv..(hi - c0) * hdv],
-                    hdv,
-                );
+                let acc = (&mut o_rows[t - t0][acc_off..], acc_stride);
+                let v = (&vtile[(lo - c0) * hdv..(hi - c0) * hdv], hdv);
+                (ops.vkq_multi)(Vkq::new(acc, (&sc_rows[lo - c0..], KV_TILE), hpi, v));
             }
         }
         for t in t0..t1 {

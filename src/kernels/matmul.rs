@@ -11,7 +11,7 @@
 
 use super::pool::{DisjointSlice, ThreadPool};
 use crate::gguf::TensorBytes;
-use crate::quant::{self, repack, GgmlType, Kernels};
+use crate::quant::{self, repack, GemmArgs, GgmlType, Kernels};
 use std::ops::Range;
 
 /// Rows computed per call of the gemm micro-kernel.
@@ -471,7 +471,8 @@ fn gemm_tile(
                 chunk
             };
             let (x, t) = (&xq[j * xq_stride..], &mut tile[j * nw..]);
-            (lin.kernels.gemm)(lin.in_dim, w, lin.row_bytes, nw, x, xq_stride, m, t, nw);
+            let (w, x) = ((w, lin.row_bytes, nw), (x, xq_stride, m));
+            (lin.kernels.gemm)(GemmArgs::new(lin.in_dim, w, x, (t, nw)));
             j += m;
         }
     };
@@ -694,7 +695,8 @@ mod tests {
                         let x = &xq[j0 * rb..];
                         for i in (0..rows).step_by(g) {
                             let (w, nw) = (&lin.data[i * rw..], (rows - i).min(g));
-                            (k.gemm)(n, w, rw, nw, x, rb, len, &mut out[j0 * rows + i..], rows);
+                            let o = (&mut out[j0 * rows + i..], rows);
+                            (k.gemm)(GemmArgs::new(n, (w, rw, nw), (x, rb, len), o));
                         }
                         j0 += len;
                     }

@@ -4,18 +4,14 @@
 use super::config::Activation;
 use super::config::{ArchTraits, ModelConfig, NormKind};
 
+/// Llama's, but for the norm, the activation, the FFN, the positions and the QKV matrix.
 pub const TRAITS: ArchTraits = ArchTraits {
     norm: NormKind::Layer,
     act: Activation::GeluTanh,
     gated_ffn: false,
     rope: None,
     fused_qkv: true,
-    fused_gate_up: false,
-    longrope: false,
-    qk_norm: false,
-    input_norms: true,
-    post_norms: false,
-    scale_embeddings: false,
+    ..super::llama::TRAITS
 };
 
 pub fn configure(_cfg: &mut ModelConfig) {}

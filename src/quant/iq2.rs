@@ -208,7 +208,7 @@ pub(super) fn lanes_parts(ty: GgmlType, w: &[u8], b: usize) -> (f32, [i32; QK_K]
 #[cfg(test)]
 mod tests {
     use super::super::tests::{random_weight_row, reference_dot, Rng, Scales};
-    use super::super::{dequantize_row, kernels_for, Isa};
+    use super::super::{dequantize_row, kernels_for, GemmArgs, Isa};
     use super::*;
 
     const TYPES: [GgmlType; 3] = [GgmlType::IQ2XXS, GgmlType::IQ2XS, GgmlType::IQ2S];
@@ -331,7 +331,12 @@ mod tests {
                     }
                     let row_x = acts[0].len();
                     let mut out = vec![0f32; 3 * 9];
-                    (k.gemm)(n, &w, row_w, 3, &x, row_x, 9, &mut out, 3);
+                    (k.gemm)(GemmArgs::new(
+                        n,
+                        (&w, row_w, 3),
+                        (&x, row_x, 9),
+                        (&mut out, 3),
+                    ));
                     for (i, wr) in w.chunks_exact(row_w).enumerate() {
                         for j in 0..9 {
                             let xr = &x[j * row_x..(j + 1) * row_x];

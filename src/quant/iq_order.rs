@@ -171,7 +171,7 @@ pub fn row_dot(ty: GgmlType, w: &[u8], x: &[BlockQ8K], tiled: bool) -> Option<f3
 #[cfg(test)]
 mod tests {
     use super::super::tests::Rng;
-    use super::super::{kernels_for, Isa};
+    use super::super::{kernels_for, GemmArgs, Isa};
     use super::*;
     use crate::quant::blocks::F16Le;
 
@@ -256,7 +256,12 @@ mod tests {
                             // 9 activation rows: the tiled order for every one of them.
                             let xx: Vec<u8> = (0..9).flat_map(|_| x.iter().copied()).collect();
                             let mut out = vec![0f32; 9];
-                            (k.gemm)(n, &w, w.len(), 1, &xx, x.len(), 9, &mut out, 1);
+                            (k.gemm)(GemmArgs::new(
+                                n,
+                                (&w, w.len(), 1),
+                                (&xx, x.len(), 9),
+                                (&mut out, 1),
+                            ));
                             for v in out {
                                 assert_eq!(
                                     v.to_bits(),

@@ -88,22 +88,9 @@ fn block_scale(xb: &[f32]) -> f32 {
     if amax < GROUP_MAX_EPS {
         return 0.0;
     }
-    let mut d = -max / values[0] as f32;
-    let mut id = 1.0 / d;
-    let (mut sumqx, mut sumq2) = (0f32, 0f32);
-    for j in 0..32 {
-        let al = id * xb[j];
-        let q = values[best_index(al) as usize] as f32;
-        let w = weight[j];
-        sumqx += w * q * xb[j];
-        sumq2 += w * q * q;
-    }
-    d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
-    let mut best = d * sumqx;
-    for itry in -NTRY..=NTRY {
-        id = (itry + values[0] as i32) as f32 / max;
-        sumqx = 0.0;
-        sumq2 = 0.0;
+    // Σ w·q·x and Σ w·q² over the block, `q` the grid value nearest `id · x`.
+    let sums = |id: f32| {
+        let (mut sumqx, mut sumq2) = (0f32, 0f32);
         for j in 0..32 {
             let al = id * xb[j];
             let q = values[best_index(al) as usize] as f32;
@@ -111,6 +98,14 @@ fn block_scale(xb: &[f32]) -> f32 {
             sumqx += w * q * xb[j];
             sumq2 += w * q * q;
         }
+        (sumqx, sumq2)
+    };
+    let mut d = -max / values[0] as f32;
+    let (sumqx, sumq2) = sums(1.0 / d);
+    d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    let mut best = d * sumqx;
+    for itry in -NTRY..=NTRY {
+        let (sumqx, sumq2) = sums((itry + values[0] as i32) as f32 / max);
         if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
             d = sumqx / sumq2;
             best = d * sumqx;

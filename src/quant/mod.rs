@@ -12,7 +12,8 @@
 //! let mut xq = vec![0u8; k.act.row_bytes(n).unwrap()];
 //! (k.quantize_act)(&x, &mut xq);                     // once per activation row
 //! let row = ty.row_bytes(n).unwrap();
-//! (k.gemm)(n, w_bytes, row, rows, &xq, xq.len(), 1, &mut y, rows);   // matvec (nx = 1)
+//! let (w, x) = ((w_bytes, row, rows), (&xq[..], xq.len(), 1));
+//! (k.gemm)(GemmArgs::new(n, w, x, (&mut y, rows)));  // matvec (nx = 1)
 //! ```
 //! For prefill, quantize every token's row into one buffer and call `gemm` with `nx` tokens:
 //! each weight block is then decoded once per tile of 4 tokens. To use several threads, give
@@ -29,9 +30,9 @@
 //! - `neon`: AArch64 kernels (baseline NEON).
 
 pub mod blocks;
+mod iq1;
 mod iq2;
 mod iq2_grids;
-mod iq1;
 mod iq3;
 mod iq3_quantize;
 mod iq_grids;
@@ -70,17 +71,69 @@ pub type DequantFn = fn(src: &[u8], out: &mut [f32]);
 /// `nx % 4` rows after them, and Q3_K, Q5_K, Q6_K and IQ4_XS batches of 8 rows or more (its
 /// tiled kernel) differ from smaller ones. Pass the whole batch (`nx` = tokens in it) to get the
 /// reference's results.
-pub type GemmFn = fn(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-);
+pub type GemmFn = fn(GemmArgs<'_>);
+
+/// The operands of one [`GemmFn`] call: `nw` weight rows `w_stride` bytes apart times `nx`
+/// activation rows `x_stride` bytes apart, `n` elements each, into `out[j * out_stride + i]`.
+pub struct GemmArgs<'a> {
+    pub n: usize,
+    pub w: &'a [u8],
+    pub w_stride: usize,
+    pub nw: usize,
+    pub x: &'a [u8],
+    pub x_stride: usize,
+    pub nx: usize,
+    pub out: &'a mut [f32],
+    pub out_stride: usize,
+}
+
+impl<'a> GemmArgs<'a> {
+    /// `n` elements a row; the weight rows `(w, w_stride, nw)`, the activation rows
+    /// `(x, x_stride, nx)` and the outputs `(out, out_stride)`.
+    pub fn new(
+        n: usize,
+        w: (&'a [u8], usize, usize),
+        x: (&'a [u8], usize, usize),
+        out: (&'a mut [f32], usize),
+    ) -> Self {
+        GemmArgs {
+            n,
+            w: w.0,
+            w_stride: w.1,
+            nw: w.2,
+            x: x.0,
+            x_stride: x.1,
+            nx: x.2,
+            out: out.0,
+            out_stride: out.1,
+        }
+    }
+
+    /// Checks the buffers cover every row the call touches (`row_w`, `row_x`: the bytes of one
+    /// weight row and of one activation row). Panics on a caller bug.
+    pub(crate) fn check(&self, row_w: usize, row_x: usize) {
+        let g = self;
+        if g.nw == 0 || g.nx == 0 {
+            return;
+        }
+        assert!(
+            g.w_stride >= row_w && g.x_stride >= row_x && g.out_stride >= g.nw,
+            "gemm strides"
+        );
+        assert!(
+            g.w.len() >= (g.nw - 1) * g.w_stride + row_w,
+            "gemm weight buffer too short"
+        );
+        assert!(
+            g.x.len() >= (g.nx - 1) * g.x_stride + row_x,
+            "gemm activation buffer too short"
+        );
+        assert!(
+            g.out.len() >= (g.nx - 1) * g.out_stride + g.nw,
+            "gemm output buffer too short"
+        );
+    }
+}
 
 /// Errors of the row-level API (lengths and formats are checked, never assumed).
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -525,33 +578,32 @@ fn vec_dot_ordered<const TAG: usize>(n: usize, w: &[u8], x: &[u8]) -> f32 {
 }
 
 /// A batch of `nx` rows, each computed the way the reference computes that row of the batch.
-#[allow(clippy::too_many_arguments)]
-fn gemm_ordered<const TAG: usize>(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
+fn gemm_ordered<const TAG: usize>(g: GemmArgs) {
     let ty = ORDERED[TAG];
-    let row_w = ty.row_bytes(n).expect("whole blocks");
-    let row_x = dot_type(ty).row_bytes(n).expect("whole blocks");
-    check_gemm(
-        row_w, row_x, w, w_stride, nw, x, x_stride, nx, out, out_stride,
-    );
-    if nw == 0 {
+    let row_w = ty.row_bytes(g.n).expect("whole blocks");
+    let row_x = dot_type(ty).row_bytes(g.n).expect("whole blocks");
+    gemm_rows(g, row_w, row_x, |n, w, x, nx, j| {
+        kquant_order::row_dot(ty, &w[..row_w], x, n, nx, j).expect("a block format")
+    });
+}
+
+/// Every dot of a gemm call through `dot(n, weight row, activation row, nx, j)` (the weight row
+/// from its start to the buffer's end, the activation row `row_x` bytes), after
+/// [`GemmArgs::check`].
+fn gemm_rows(
+    g: GemmArgs,
+    row_w: usize,
+    row_x: usize,
+    dot: impl Fn(usize, &[u8], &[u8], usize, usize) -> f32,
+) {
+    g.check(row_w, row_x);
+    if g.nw == 0 {
         return;
     }
-    for j in 0..nx {
-        let xr = &x[j * x_stride..j * x_stride + row_x];
-        for i in 0..nw {
-            let wr = &w[i * w_stride..i * w_stride + row_w];
-            out[j * out_stride + i] =
-                kquant_order::row_dot(ty, wr, xr, n, nx, j).expect("a block format");
+    for j in 0..g.nx {
+        let xr = &g.x[j * g.x_stride..j * g.x_stride + row_x];
+        for i in 0..g.nw {
+            g.out[j * g.out_stride + i] = dot(g.n, &g.w[i * g.w_stride..], xr, g.nx, j);
         }
     }
 }
@@ -573,67 +625,12 @@ fn vec_dot_scalar<B: BlockFormat>(n: usize, w: &[u8], x: &[u8]) -> f32 {
     B::vec_dot_ref(w, x)
 }
 
-/// Checks the buffers of a gemm call cover every row it touches.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn check_gemm(
-    row_w: usize,
-    row_x: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &[f32],
-    out_stride: usize,
-) {
-    if nw == 0 || nx == 0 {
-        return;
-    }
-    assert!(
-        w_stride >= row_w && x_stride >= row_x && out_stride >= nw,
-        "gemm strides"
-    );
-    assert!(
-        w.len() >= (nw - 1) * w_stride + row_w,
-        "gemm weight buffer too short"
-    );
-    assert!(
-        x.len() >= (nx - 1) * x_stride + row_x,
-        "gemm activation buffer too short"
-    );
-    assert!(
-        out.len() >= (nx - 1) * out_stride + nw,
-        "gemm output buffer too short"
-    );
-}
-
-#[allow(clippy::too_many_arguments)]
-fn gemm_scalar<B: BlockFormat>(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let row_w = n / B::BLOCK * size_of::<B>();
-    let row_x = n / B::BLOCK * size_of::<B::Dot>();
-    check_gemm(
-        row_w, row_x, w, w_stride, nw, x, x_stride, nx, out, out_stride,
-    );
-    if nw == 0 {
-        return;
-    }
-    for j in 0..nx {
-        let xr = &x[j * x_stride..j * x_stride + row_x];
-        for i in 0..nw {
-            out[j * out_stride + i] = vec_dot_scalar::<B>(n, &w[i * w_stride..], xr);
-        }
-    }
+fn gemm_scalar<B: BlockFormat>(g: GemmArgs) {
+    let row_w = g.n / B::BLOCK * size_of::<B>();
+    let row_x = g.n / B::BLOCK * size_of::<B::Dot>();
+    gemm_rows(g, row_w, row_x, |n, w, x, _, _| {
+        vec_dot_scalar::<B>(n, w, x)
+    });
 }
 
 fn dequant_bytes<B: BlockFormat>(src: &[u8], out: &mut [f32]) {

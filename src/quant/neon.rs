@@ -16,7 +16,7 @@
 mod iq2;
 
 use super::blocks::{q3k_scales, scale_min_k4, BlockIq2S, BlockIq2Xs, BlockIq2Xxs};
-use super::{check_gemm, GgmlType, Isa, Kernels};
+use super::{GemmArgs, GgmlType, Isa, Kernels};
 use core::arch::aarch64::*;
 
 /// `Σ a·b` of 16 i8 pairs, as four i32 partial sums (|a| <= 128, |b| <= 127: products fit i16).
@@ -710,32 +710,15 @@ fn vec_dot<R: Row>(n: usize, w: &[u8], x: &[u8]) -> f32 {
     unsafe { R::dot(n, w.as_ptr(), x.as_ptr(), 1, 0) }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gemm<R: Row>(
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let (rw, rx) = rows::<R>(n);
-    check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
-    for i in 0..nw {
-        for j in 0..nx {
-            // SAFETY: `check_gemm` verified rows i of `w` and j of `x` lie inside the buffers.
-            out[j * out_stride + i] = unsafe {
-                R::dot(
-                    n,
-                    w.as_ptr().add(i * w_stride),
-                    x.as_ptr().add(j * x_stride),
-                    nx,
-                    j,
-                )
-            };
+fn gemm<R: Row>(g: GemmArgs) {
+    let (rw, rx) = rows::<R>(g.n);
+    g.check(rw, rx);
+    let (w, x) = (g.w.as_ptr(), g.x.as_ptr());
+    for i in 0..g.nw {
+        for j in 0..g.nx {
+            let (wi, xj) = (i * g.w_stride, j * g.x_stride);
+            // SAFETY: `check` verified rows i of `w` and j of `x` lie inside the buffers.
+            g.out[j * g.out_stride + i] = unsafe { R::dot(g.n, w.add(wi), x.add(xj), g.nx, j) };
         }
     }
 }

@@ -52,89 +52,42 @@ pub(super) fn check_lengths(nblocks: usize, block: usize, out: usize) {
 // ---------------------------------------------------------------------------------------------
 // Float formats (one element per "block").
 
-impl BlockFormat for F32Le {
-    const TYPE: GgmlType = GgmlType::F32;
-    const BLOCK: usize = 1;
-    type Dot = F32Le;
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), 1, out.len());
-        for (o, b) in out.iter_mut().zip(blocks) {
-            *o = b.to_f32();
+/// `BlockFormat` and `Quantize` for float formats `$t` of `GgmlType::$ty`: one element a
+/// "block", dequantized by widening to f32, quantized by `$t::from_f32`, multiplied with
+/// itself in f64.
+macro_rules! float_format {
+    ($($t:ident: $ty:ident),*) => {$(
+        impl BlockFormat for $t {
+            const TYPE: GgmlType = GgmlType::$ty;
+            const BLOCK: usize = 1;
+            type Dot = $t;
+            fn dequantize(blocks: &[Self], out: &mut [f32]) {
+                check_lengths(blocks.len(), 1, out.len());
+                for (o, b) in out.iter_mut().zip(blocks) {
+                    *o = b.to_f32();
+                }
+            }
+            fn vec_dot_acc(w: &[Self], x: &[Self], acc: &mut DotAcc) {
+                assert_eq!(w.len(), x.len());
+                for (a, b) in w.iter().zip(x) {
+                    let t = a.to_f32() as f64 * b.to_f32() as f64;
+                    acc.add(t, t.abs());
+                }
+            }
         }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[Self], acc: &mut DotAcc) {
-        assert_eq!(w.len(), x.len());
-        for (a, b) in w.iter().zip(x) {
-            let t = a.to_f32() as f64 * b.to_f32() as f64;
-            acc.add(t, t.abs());
+
+        impl Quantize for $t {
+            fn quantize(x: &[f32], out: &mut [Self]) {
+                check_lengths(out.len(), 1, x.len());
+                for (o, &v) in out.iter_mut().zip(x) {
+                    *o = $t::from_f32(v);
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl BlockFormat for F16Le {
-    const TYPE: GgmlType = GgmlType::F16;
-    const BLOCK: usize = 1;
-    type Dot = F16Le;
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), 1, out.len());
-        for (o, b) in out.iter_mut().zip(blocks) {
-            *o = b.to_f32();
-        }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[Self], acc: &mut DotAcc) {
-        assert_eq!(w.len(), x.len());
-        for (a, b) in w.iter().zip(x) {
-            let t = a.to_f32() as f64 * b.to_f32() as f64;
-            acc.add(t, t.abs());
-        }
-    }
-}
-
-impl BlockFormat for Bf16Le {
-    const TYPE: GgmlType = GgmlType::BF16;
-    const BLOCK: usize = 1;
-    type Dot = Bf16Le;
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), 1, out.len());
-        for (o, b) in out.iter_mut().zip(blocks) {
-            *o = b.to_f32();
-        }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[Self], acc: &mut DotAcc) {
-        assert_eq!(w.len(), x.len());
-        for (a, b) in w.iter().zip(x) {
-            let t = a.to_f32() as f64 * b.to_f32() as f64;
-            acc.add(t, t.abs());
-        }
-    }
-}
-
-impl Quantize for F32Le {
-    fn quantize(x: &[f32], out: &mut [Self]) {
-        check_lengths(out.len(), 1, x.len());
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = F32Le::from_f32(v);
-        }
-    }
-}
-
-impl Quantize for F16Le {
-    fn quantize(x: &[f32], out: &mut [Self]) {
-        check_lengths(out.len(), 1, x.len());
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = F16Le::from_f32(v);
-        }
-    }
-}
-
-impl Quantize for Bf16Le {
-    fn quantize(x: &[f32], out: &mut [Self]) {
-        check_lengths(out.len(), 1, x.len());
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = Bf16Le::from_f32(v);
-        }
-    }
-}
+float_format!(F32Le: F32, F16Le: F16, Bf16Le: BF16);
 
 // ---------------------------------------------------------------------------------------------
 // Legacy 32-element formats.

@@ -432,7 +432,12 @@ fn gemm_matches_reference_on_every_isa() {
                     x[j * x_stride..j * x_stride + row_x].copy_from_slice(&r);
                 }
                 let mut out = vec![f32::NAN; nx * out_stride];
-                (k.gemm)(n, &w, w_stride, nw, &x, x_stride, nx, &mut out, out_stride);
+                (k.gemm)(GemmArgs::new(
+                    n,
+                    (&w, w_stride, nw),
+                    (&x, x_stride, nx),
+                    (&mut out, out_stride),
+                ));
                 for j in 0..nx {
                     for i in 0..nw {
                         let want = reference_dot(ty, n, &w[i * w_stride..], &x[j * x_stride..]);
@@ -511,15 +516,25 @@ fn empty_shapes() {
             };
             assert_eq!((k.vec_dot)(0, &[], &[]), 0.0, "{ty} {isa:?}");
             let mut out = [7.0f32; 4];
-            (k.gemm)(0, &[], 0, 2, &[], 0, 2, &mut out, 2);
+            (k.gemm)(GemmArgs::new(0, (&[], 0, 2), (&[], 0, 2), (&mut out, 2)));
             assert_eq!(
                 out,
                 [0.0, 0.0, 0.0, 0.0],
                 "{ty} {isa:?}: n = 0 dots are zero"
             );
             let mut out = [7.0f32; 4];
-            (k.gemm)(32 * 8, &[], 0, 0, &[], 0, 3, &mut out, 1);
-            (k.gemm)(32 * 8, &[], 0, 3, &[], 0, 0, &mut out, 3);
+            (k.gemm)(GemmArgs::new(
+                32 * 8,
+                (&[], 0, 0),
+                (&[], 0, 3),
+                (&mut out, 1),
+            ));
+            (k.gemm)(GemmArgs::new(
+                32 * 8,
+                (&[], 0, 3),
+                (&[], 0, 0),
+                (&mut out, 3),
+            ));
             assert_eq!(out, [7.0; 4], "{ty} {isa:?}: nothing written");
         }
     }
@@ -589,7 +604,7 @@ fn gemm_long_rows_and_many_rows() {
                     .flat_map(|_| random_act_row(&k, n, &mut rng))
                     .collect();
                 let mut out = vec![0f32; nw * nx];
-                (k.gemm)(n, &w, rw, nw, &x, rx, nx, &mut out, nw);
+                (k.gemm)(GemmArgs::new(n, (&w, rw, nw), (&x, rx, nx), (&mut out, nw)));
                 for j in 0..nx {
                     for i in 0..nw {
                         let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * rx..(j + 1) * rx]);
@@ -677,7 +692,12 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
                 // The prefill tile keeps the same order for every activation row.
                 let mut out = [0f32; 3];
                 let x3 = [x.clone(), x.clone(), x.clone()].concat();
-                (k.gemm)(n, &w, w.len(), 1, &x3, x.len(), 3, &mut out, 1);
+                (k.gemm)(GemmArgs::new(
+                    n,
+                    (&w, w.len(), 1),
+                    (&x3, x.len(), 3),
+                    (&mut out, 1),
+                ));
                 assert!(
                     out.iter().all(|o| o.to_bits() == want.to_bits()),
                     "{ty:?} {isa:?} gemm"
@@ -805,17 +825,8 @@ fn repacked_rows_match(
         let mut i0 = 0;
         while i0 < rows {
             let nw = (rows - i0).min(g);
-            (kp.gemm)(
-                n,
-                &packed[i0 * rw..],
-                rw,
-                nw,
-                &x,
-                x_stride,
-                nx,
-                &mut out[i0..],
-                out_stride,
-            );
+            let (w, o) = ((&packed[i0 * rw..], rw, nw), (&mut out[i0..], out_stride));
+            (kp.gemm)(GemmArgs::new(n, w, (&x, x_stride, nx), o));
             i0 += nw;
         }
         for j in 0..nx {
@@ -832,7 +843,12 @@ fn repacked_rows_match(
                     // reference's 8-lane order written out in scalar code.
                     None => {
                         let mut o = [0f32];
-                        (k.gemm)(n, wi, rw, 1, xj, x_stride, 1, &mut o, 1);
+                        (k.gemm)(GemmArgs::new(
+                            n,
+                            (wi, rw, 1),
+                            (xj, x_stride, 1),
+                            (&mut o, 1),
+                        ));
                         let lanes = super::kquant_order::t32_dot_lanes(ty, wi, xj, n);
                         assert_eq!(o[0].to_bits(), lanes.to_bits(), "plain kernel");
                         o[0]
@@ -991,7 +1007,12 @@ fn mxfp4_kernels_are_exact_on_extreme_scales() {
                     }
                     let mut out = [0f32; 3];
                     let x3 = [x.clone(), x.clone(), x.clone()].concat();
-                    (k.gemm)(n, &w, w.len(), 1, &x3, x.len(), 3, &mut out, 1);
+                    (k.gemm)(GemmArgs::new(
+                        n,
+                        (&w, w.len(), 1),
+                        (&x3, x.len(), 3),
+                        (&mut out, 1),
+                    ));
                     assert!(out.iter().all(|&o| same(o, want)), "{what}: gemm {out:?}");
                 }
             }

@@ -64,6 +64,31 @@ pub(super) fn cut_error() -> ApiError {
     )
 }
 
+/// A whole (not streamed) answer: each of the engine's events turned into steps by `on` (of
+/// the answer's `state`; true on the request's last event), each step handed to `take` until
+/// it gives the response (or refuses the answer). Dropping this future (the client went away)
+/// drops `rx`: the engine cancels.
+pub(super) async fn collect_steps<T, S>(
+    mut rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+    mut state: T,
+    on: impl Fn(&mut T, Ev, &mut Vec<S>) -> bool,
+    mut take: impl FnMut(&T, S) -> Result<Option<Response>, ApiError>,
+) -> Result<Response, ApiError> {
+    let mut steps = Vec::new();
+    while let Some((_, ev)) = rx.recv().await {
+        let last = on(&mut state, ev, &mut steps);
+        for s in steps.drain(..) {
+            if let Some(r) = take(&state, s)? {
+                return Ok(r);
+            }
+        }
+        if last {
+            break;
+        }
+    }
+    Err(ApiError::internal("the engine dropped the request"))
+}
+
 /// The event channels of the requests in the engine, so that a shutdown whose grace period
 /// ends while they run can end each answer with an error event ([`Ev::Cut`]). Weak: a request
 /// the engine is done with is forgotten.

@@ -118,19 +118,25 @@ fn kiln_order(v: &Value) -> bool {
     stages == expected
 }
 
+/// Mirostat, refused alike on llama-server's fields and in Ollama's `options`.
+const MIROSTAT: Field = Field {
+    name: "mirostat",
+    off: at_most_zero,
+    why: "kiln has no mirostat sampler (send 0)",
+};
+
+/// Locally typical sampling, refused alike on llama-server's fields and in Ollama's `options`.
+const TYPICAL_P: Field = Field {
+    name: "typical_p",
+    off: at_least_one,
+    why: "kiln has no locally typical sampling (send 1)",
+};
+
 /// llama-server's sampling fields beyond kiln's stages, on its routes and the OpenAI ones
 /// (llama-server takes them on both).
 pub(super) const LLAMA_SAMPLING: &[Field] = &[
-    Field {
-        name: "mirostat",
-        off: at_most_zero,
-        why: "kiln has no mirostat sampler (send 0)",
-    },
-    Field {
-        name: "typical_p",
-        off: at_least_one,
-        why: "kiln has no locally typical sampling (send 1)",
-    },
+    MIROSTAT,
+    TYPICAL_P,
     Field {
         name: "dynatemp_range",
         off: at_most_zero,
@@ -292,16 +298,8 @@ pub(super) const LLAMA_COMPLETION: &[Field] = &[
 
 /// Ollama's `options` beyond kiln's sampler.
 pub(super) const OLLAMA_OPTIONS: &[Field] = &[
-    Field {
-        name: "mirostat",
-        off: at_most_zero,
-        why: "kiln has no mirostat sampler (send 0)",
-    },
-    Field {
-        name: "typical_p",
-        off: at_least_one,
-        why: "kiln has no locally typical sampling (send 1)",
-    },
+    MIROSTAT,
+    TYPICAL_P,
     Field {
         name: "tfs_z",
         off: at_least_one,

@@ -135,15 +135,7 @@ pub fn kq_rows_avx2(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
     super::kq_rows_with(dot_avx2, q, heads, k, out)
 }
 
-pub fn vkq_multi_avx2(
-    acc: &mut [f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    heads: usize,
-    v: &[f16],
-    hdv: usize,
-) {
+pub fn vkq_multi_avx2(a: super::Vkq) {
     let blocks = [
         vkq_multi_impl::<1>,
         vkq_multi_impl::<2>,
@@ -151,20 +143,7 @@ pub fn vkq_multi_avx2(
         vkq_multi_impl::<4>,
     ];
     // SAFETY: selected only when avx2, fma and f16c were detected at run time.
-    unsafe {
-        super::vkq_multi_blocked(
-            vkq_acc_avx2,
-            16,
-            blocks,
-            acc,
-            acc_stride,
-            p,
-            p_stride,
-            heads,
-            v,
-            hdv,
-        )
-    }
+    unsafe { super::vkq_multi_blocked(vkq_acc_avx2, 16, blocks, a) }
 }
 
 /// `G` accumulator rows (`hdv` a multiple of 16), 16 columns at a time: 2 vectors per row stay

@@ -144,31 +144,12 @@ unsafe fn vec_keys_avx512_impl(
     m_s: &mut [f32],
     acc: &mut [f32],
 ) {
-    let heads = m_s.len() / 2;
-    let group = heads / kv.streams;
-    let (hdk, hdv) = (q16.len() / heads, acc.len() / heads);
-    for i in 0..kv.n {
-        for (h, ((q, a), st)) in q16
-            .chunks_exact(hdk)
-            .zip(acc.chunks_exact_mut(hdv))
-            .zip(m_s.chunks_exact_mut(2))
-            .enumerate()
-        {
-            let (krow, vrow) = kv.rows(h / group, i, hdk, hdv);
-            // SAFETY: (all three) the rows have the lengths the kernels expect.
-            let s = sc.apply(unsafe { dot_avx512_impl(q, krow) });
-            let (mut rescale, mut weight) = (1.0f32, 1.0f32);
-            if s > st[0] {
-                rescale = (st[0] - s).exp();
-                st[0] = s;
-                unsafe { scale_avx512_impl(a, rescale) };
-            } else {
-                weight = (s - st[0]).exp();
-            }
-            unsafe { mad_avx512_impl(a, vrow, weight) };
-            st[1] = st[1].mul_add(rescale, weight);
-        }
-    }
+    // SAFETY: (all three) avx512f detected (the caller's contract); `vec_keys_with` hands
+    // them rows of the lengths they expect.
+    let dot = |q: &[f32], k: &[f16]| unsafe { dot_avx512_impl(q, k) };
+    let mad = |y: &mut [f32], x: &[f16], v: f32| unsafe { mad_avx512_impl(y, x, v) };
+    let scale = |y: &mut [f32], v: f32| unsafe { scale_avx512_impl(y, v) };
+    super::vec_keys_with(dot, mad, scale, q16, kv, sc, m_s, acc)
 }
 
 pub fn kq_tile_avx512(q: &[f32], kt: &[f32], out: &mut [f32]) {
@@ -284,15 +265,7 @@ unsafe fn kq_rows_impl<const G: usize>(q: &[f32], k: &[f16], hd: usize, n: usize
     }
 }
 
-pub fn vkq_multi_avx512(
-    acc: &mut [f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    heads: usize,
-    v: &[f16],
-    hdv: usize,
-) {
+pub fn vkq_multi_avx512(a: super::Vkq) {
     let blocks = [
         vkq_multi_impl::<1>,
         vkq_multi_impl::<2>,
@@ -300,20 +273,7 @@ pub fn vkq_multi_avx512(
         vkq_multi_impl::<4>,
     ];
     // SAFETY: selected only when avx512f was detected at run time.
-    unsafe {
-        super::vkq_multi_blocked(
-            vkq_acc_avx512,
-            BLOCK,
-            blocks,
-            acc,
-            acc_stride,
-            p,
-            p_stride,
-            heads,
-            v,
-            hdv,
-        )
-    }
+    unsafe { super::vkq_multi_blocked(vkq_acc_avx512, BLOCK, blocks, a) }
 }
 
 /// `G` accumulator rows (`hdv` a multiple of 64), 64 columns at a time: 4 vectors per row

@@ -136,18 +136,62 @@ fn tile_shape(q: &[f32], kt: &[f32], out: &[f32]) -> (usize, usize) {
 /// returns for that pair (16 lanes of fused multiply-adds, the reference's lane tree). The
 /// long-decode scores: key rows are read in place, with no transposed tile.
 pub type KqRowsFn = fn(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]);
-/// `vkq_acc` for `heads` rows at once: for each `g`, `acc[g·acc_stride..][..hdv]` takes
-/// `p[g·p_stride..][..n]` against the same `n` value rows `v` (`[n][hdv]`), the bits of
-/// [`VkqAccFn`] on that row; each value row is converted once for every head.
-pub type VkqMultiFn = fn(
-    acc: &mut [f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    heads: usize,
-    v: &[f16],
-    hdv: usize,
-);
+/// `vkq_acc` for `heads` rows at once ([`Vkq`]), the bits of [`VkqAccFn`] on each row; each
+/// value row is converted once for every head.
+pub type VkqMultiFn = fn(Vkq<'_>);
+
+/// The operands of a [`VkqMultiFn`] call: for each head `g < heads`, the accumulator row
+/// `acc[g·acc_stride..][..hdv]` takes the weights `p[g·p_stride..][..n]` against the same `n`
+/// value rows `v` (`[n][hdv]`).
+pub struct Vkq<'a> {
+    pub acc: &'a mut [f32],
+    pub acc_stride: usize,
+    pub p: &'a [f32],
+    pub p_stride: usize,
+    pub heads: usize,
+    pub v: &'a [f16],
+    pub hdv: usize,
+}
+
+impl<'a> Vkq<'a> {
+    /// The accumulators `(acc, acc_stride)` and weights `(p, p_stride)` of `heads` heads, the
+    /// value rows `(v, hdv)`.
+    pub fn new(
+        acc: (&'a mut [f32], usize),
+        p: (&'a [f32], usize),
+        heads: usize,
+        v: (&'a [f16], usize),
+    ) -> Self {
+        Vkq {
+            acc: acc.0,
+            acc_stride: acc.1,
+            p: p.0,
+            p_stride: p.1,
+            heads,
+            v: v.0,
+            hdv: v.1,
+        }
+    }
+
+    /// `n`, every row checked to lie inside its buffer.
+    fn shape(&self) -> usize {
+        let (heads, hdv) = (self.heads, self.hdv);
+        assert!(
+            heads > 0 && hdv > 0 && self.v.len().is_multiple_of(hdv),
+            "value rows of {hdv}"
+        );
+        let n = self.v.len() / hdv;
+        assert!(
+            self.acc.len() >= (heads - 1) * self.acc_stride + hdv,
+            "accumulator rows"
+        );
+        assert!(
+            self.p.len() >= (heads - 1) * self.p_stride + n,
+            "weight rows"
+        );
+        n
+    }
+}
 
 /// `(hd, n)` of a [`KqRowsFn`] call, checked.
 fn rows_shape(q: &[f32], heads: usize, k: &[f16], out: &[f32]) -> (usize, usize) {
@@ -171,39 +215,8 @@ fn kq_rows_with(dot: DotF16Fn, q: &[f32], heads: usize, k: &[f16], out: &mut [f3
     }
 }
 
-/// `n` of a [`VkqMultiFn`] call, every row checked to lie inside its buffer.
-fn multi_shape(
-    acc: &[f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    heads: usize,
-    v: &[f16],
-    hdv: usize,
-) -> usize {
-    assert!(
-        heads > 0 && hdv > 0 && v.len().is_multiple_of(hdv),
-        "value rows of {hdv}"
-    );
-    let n = v.len() / hdv;
-    assert!(
-        acc.len() >= (heads - 1) * acc_stride + hdv,
-        "accumulator rows"
-    );
-    assert!(p.len() >= (heads - 1) * p_stride + n, "weight rows");
-    n
-}
-
-pub fn vkq_multi_scalar(
-    acc: &mut [f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    heads: usize,
-    v: &[f16],
-    hdv: usize,
-) {
-    vkq_multi_with(vkq_acc_scalar, acc, acc_stride, p, p_stride, heads, v, hdv)
+pub fn vkq_multi_scalar(a: Vkq) {
+    vkq_multi_with(vkq_acc_scalar, a)
 }
 
 /// A SIMD path's register-blocked [`VkqMultiFn`] kernel for `G` heads at once:
@@ -217,54 +230,38 @@ type VkqBlockFn = unsafe fn(&mut [f32], usize, &[f32], usize, &[f16], usize, usi
 ///
 /// # Safety
 /// The kernels run on this CPU (their tier was detected) and read `hdv` columns of the rows
-/// [`multi_shape`] checks.
+/// [`Vkq::shape`] checks.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn vkq_multi_blocked(
-    vkq_acc: VkqAccFn,
-    cols: usize,
-    blocks: [VkqBlockFn; 4],
-    acc: &mut [f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    heads: usize,
-    v: &[f16],
-    hdv: usize,
-) {
-    if !hdv.is_multiple_of(cols) {
-        return vkq_multi_with(vkq_acc, acc, acc_stride, p, p_stride, heads, v, hdv);
+unsafe fn vkq_multi_blocked(vkq_acc: VkqAccFn, cols: usize, blocks: [VkqBlockFn; 4], a: Vkq) {
+    if !a.hdv.is_multiple_of(cols) {
+        return vkq_multi_with(vkq_acc, a);
     }
-    let n = multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
+    let n = a.shape();
+    let Vkq {
+        acc,
+        acc_stride,
+        p,
+        p_stride,
+        heads,
+        v,
+        hdv,
+    } = a;
     let mut g0 = 0;
     while g0 < heads {
         let gn = (heads - g0).min(4);
         let (a, pg) = (&mut acc[g0 * acc_stride..], &p[g0 * p_stride..]);
-        // SAFETY: the caller's contract; the rows are checked by `multi_shape`.
+        // SAFETY: the caller's contract; the rows are checked by `Vkq::shape`.
         unsafe { blocks[gn - 1](a, acc_stride, pg, p_stride, v, n, hdv) };
         g0 += gn;
     }
 }
 
 /// A [`VkqMultiFn`] as one `vkq_acc` per head.
-#[allow(clippy::too_many_arguments)]
-fn vkq_multi_with(
-    vkq_acc: VkqAccFn,
-    acc: &mut [f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    heads: usize,
-    v: &[f16],
-    hdv: usize,
-) {
-    let n = multi_shape(acc, acc_stride, p, p_stride, heads, v, hdv);
-    for g in 0..heads {
-        vkq_acc(
-            &mut acc[g * acc_stride..][..hdv],
-            &p[g * p_stride..][..n],
-            v,
-        );
+fn vkq_multi_with(vkq_acc: VkqAccFn, a: Vkq) {
+    let n = a.shape();
+    for g in 0..a.heads {
+        let acc = &mut a.acc[g * a.acc_stride..][..a.hdv];
+        vkq_acc(acc, &a.p[g * a.p_stride..][..n], a.v);
     }
 }
 
@@ -557,13 +554,14 @@ pub fn scale_scalar(y: &mut [f32], v: f32) {
     }
 }
 
-/// [`VecKeysFn`] from a path's dot / scale / mad primitives.
+/// [`VecKeysFn`] from a path's dot / scale / mad primitives (inlined into one loop where they
+/// are the path's own `#[target_feature]` functions).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn vec_keys_with(
-    dot: DotF16Fn,
-    mad: MadF16Fn,
-    scale_acc: ScaleF16Fn,
+    dot: impl Fn(&[f32], &[f16]) -> f32,
+    mad: impl Fn(&mut [f32], &[f16], f32),
+    scale_acc: impl Fn(&mut [f32], f32),
     q16: &[f32],
     kv: KeyRun<'_>,
     sc: ScoreScale,

@@ -410,7 +410,7 @@ fn multi_head_kernels_equal_their_single_forms() {
                     let mut out = vec![f32::NAN; heads * KV_TILE];
                     (ops.kq_rows)(&q, heads, &k, &mut out);
                     let mut acc = acc0.clone();
-                    (ops.vkq_multi)(&mut acc, stride, &p, KV_TILE, heads, &k, hd);
+                    (ops.vkq_multi)(Vkq::new((&mut acc, stride), (&p, KV_TILE), heads, (&k, hd)));
                     for g in 0..heads {
                         let qg = &q[g * hd..][..hd];
                         for j in 0..n {

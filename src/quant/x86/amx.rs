@@ -25,8 +25,10 @@
 //! kernel over `Model`, which computes them in software, so the layouts are checked on any
 //! AVX-512 VNNI machine, and the instructions themselves where the CPU has AMX.
 
+use super::avx2::Gemm;
 use super::t32_blocks::{row, Decoded};
 use super::t32_x16::{dx, sx, Group32, Lanes512, MAX_BLOCKS};
+use crate::quant::GemmArgs;
 use core::arch::asm;
 use core::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -81,9 +83,16 @@ unsafe fn known_answer<T: Tiles>(t: &mut T) -> bool {
     // holds 16 rows of `NB` Q8_0 blocks `NB · XB` bytes apart, and each output holds 16 rows
     // of 16.
     unsafe {
-        let (n, wp, xp) = (32 * NB, w.as_ptr(), x.as_ptr());
-        gemm_on::<Q4_0, T>(t, n, wp, xp, NB * XB, 16, tiles.as_mut_ptr(), 16);
-        super::t32_blocks::gemm_tf::<Q4_0>(n, wp, xp, NB * XB, 16, vnni.as_mut_ptr(), 16);
+        let g = |out| {
+            Gemm::of(GemmArgs::new(
+                32 * NB,
+                (&w, w.len() / 16, 16),
+                (&x, NB * XB, 16),
+                (out, 16),
+            ))
+        };
+        gemm_on::<Q4_0, T>(t, g(&mut tiles));
+        super::t32_blocks::gemm_tf::<Q4_0>(g(&mut vnni));
     }
     let same = tiles
         .iter()
@@ -300,16 +309,8 @@ const TILE_ROWS: usize = 16;
 /// # Safety
 /// As `t32_x16::gemm_tf`, and the CPU has AMX-INT8 with the tile data granted ([`has_amx`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf<F: Lanes512>(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    gemm_on::<F, Hw>(&mut Hw, n, w, x, x_stride, nx, out, out_stride)
+pub(super) unsafe fn gemm_tf<F: Lanes512>(g: Gemm) {
+    gemm_on::<F, Hw>(&mut Hw, g)
 }
 
 /// [`gemm_tf`] over the tile unit `t`.
@@ -317,22 +318,13 @@ pub(super) unsafe fn gemm_tf<F: Lanes512>(
 /// # Safety
 /// As [`gemm_tf`], with `t` usable ([`Tiles`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn gemm_on<F: Lanes512, T: Tiles>(
-    t: &mut T,
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn gemm_on<F: Lanes512, T: Tiles>(t: &mut T, g: Gemm) {
+    let (n, w, _, _, x, x_stride, nx, out, out_stride) = g.parts();
     let nb = n / 32;
     debug_assert!(nb <= MAX_BLOCKS);
     let tiled = nx / TILE_ROWS * TILE_ROWS;
     if tiled > 0 {
-        batch::<F, T>(t, nb, w, x, x_stride, tiled, out, out_stride);
+        batch::<F, T>(t, Gemm { nx: tiled, ..g });
     }
     for j in tiled..nx {
         _mm512_storeu_ps(
@@ -349,17 +341,9 @@ pub(super) unsafe fn gemm_on<F: Lanes512, T: Tiles>(
 /// As [`gemm_on`], `nx` a multiple of [`TILE_ROWS`], `nb ≤ MAX_BLOCKS`.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn batch<F: Lanes512, T: Tiles>(
-    t: &mut T,
-    nb: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn batch<F: Lanes512, T: Tiles>(t: &mut T, g: Gemm) {
+    let (_, w, _, _, x, x_stride, nx, out, out_stride) = g.parts();
+    let nb = g.n / 32;
     // The B tiles are the decoded lanes: row `k` is lane `k`.
     let mut g = Decoded::new();
     g.fill::<F>(nb, w, false);
@@ -535,8 +519,7 @@ mod tests {
     }
 
     /// A group kernel over the tile unit `T` (`gemm_on`).
-    type TileKernel<T> =
-        unsafe fn(&mut T, usize, *const u8, *const u8, usize, usize, *mut f32, usize);
+    type TileKernel<T> = unsafe fn(&mut T, Gemm);
 
     fn tile_kernel<T: Tiles>(ty: GgmlType) -> TileKernel<T> {
         match ty {
@@ -552,23 +535,23 @@ mod tests {
     /// `c` through the tile kernel over `t`.
     fn check_tiles<T: Tiles>(c: &Case, t: &mut T, what: &str) {
         let k = tile_kernel::<T>(c.ty);
-        check(c, what, &mut |w, out, os| {
+        check(c, what, &mut |g| {
             // SAFETY: as `check` says of `run`; `t` is usable (the callers check).
-            unsafe { k(t, c.n, w, c.x.as_ptr(), c.x_stride, c.nx, out, os) }
+            unsafe { k(t, g) }
         });
     }
 
-    /// Every group of `c` through `run(group, out, out_stride)` (a kernel over the group at
-    /// `group`, `c`'s activation rows and outputs at `out`), each output against the scalar
-    /// block order, bit for bit. `run` is given one repacked group of `c.n`-element rows and
-    /// room for 16 outputs of each of `c.nx` rows, `out_stride` apart.
-    fn check(c: &Case, what: &str, run: &mut dyn FnMut(*const u8, *mut f32, usize)) {
+    /// Every group of `c` through `run` (a kernel over one group and `c`'s activation rows),
+    /// each output against the scalar block order, bit for bit. `run` is given one repacked
+    /// group of `c.n`-element rows and room for 16 outputs of each of `c.nx` rows.
+    fn check(c: &Case, what: &str, run: &mut dyn FnMut(Gemm)) {
         let rw = c.ty.row_bytes(c.n).unwrap();
         let out_stride = c.rows + 3;
         let mut out = vec![f32::NAN; c.nx * out_stride];
         for g in (0..c.rows).step_by(16) {
             let w = &c.packed[g * rw..(g + 16) * rw];
-            run(w.as_ptr(), out[g..].as_mut_ptr(), out_stride);
+            let (x, out) = ((&c.x[..], c.x_stride, c.nx), (&mut out[g..], out_stride));
+            run(Gemm::of(GemmArgs::new(c.n, (w, rw, 16), x, out)));
         }
         for j in 0..c.nx {
             for i in 0..c.rows {
@@ -635,7 +618,7 @@ mod tests {
             eprintln!("skipped: needs AVX-512 VNNI");
             return;
         }
-        type K = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
+        type K = unsafe fn(Gemm);
         let mut rng = Rng(0xa3c5_0003);
         for ty in FORMATS {
             let k: K = match ty {
@@ -649,9 +632,9 @@ mod tests {
             for &(rows, n, nx) in &[(16, 32, 1), (32, 640, 7), (16, 8192, 2), (48, 576, 13)] {
                 for scales in [Scales::Normal, Scales::Huge, Scales::Subnormal] {
                     let c = case(ty, rows, n, nx, scales, &mut rng);
-                    check(&c, "vnni", &mut |w, out, os| {
+                    check(&c, "vnni", &mut |g| {
                         // SAFETY: as `check` says of `run`; the CPU has AVX-512 VNNI.
-                        unsafe { k(c.n, w, c.x.as_ptr(), c.x_stride, c.nx, out, os) }
+                        unsafe { k(g) }
                     });
                 }
             }

@@ -2,6 +2,7 @@
 //! `Avx512Vnni` tier's instantiation; its integer-dot primitive, `simd::Vnni`, is `vpdpbusd` /
 //! `vpdpwssd` on 256-bit registers, which need AVX-512VL).
 
+use super::avx2::Gemm;
 use super::simd::{f16x2_at, hsum_ps, loadu, Blk32, IDot, Vnni};
 use core::arch::x86_64::*;
 
@@ -115,18 +116,8 @@ struct PairBlock {
 /// `m_w · s_x` chain, run for the 8 rows in the lanes of one register. Every output has
 /// `tile_impl`'s bits, at about two thirds of the vector operations of `t32_tile4`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn t32_gemm_pairs<F: Blk32, const NP: usize>(
-    n: usize,
-    w: *const u8,
-    w_stride: usize,
-    nw: usize,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn t32_gemm_pairs<F: Blk32, const NP: usize>(g: Gemm) {
+    let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
     // Activation block: Q8_0 (d, qs) or Q8_1 (d, s, qs).
     let (xb, xq) = if F::SIGNED { (34, 2) } else { (36, 4) };
     let nb = n / 32;

@@ -27,7 +27,8 @@ pub(crate) use t32_x16::{
     MAX_BLOCKS as T32_X16_MAX_BLOCKS, STACK_BYTES as GROUP_KERNEL_STACK_BYTES,
 };
 
-use super::{check_gemm, GgmlType, Isa, Kernels, QuantizeFn};
+use super::{GemmArgs, GemmFn, GgmlType, Isa, Kernels, QuantizeFn};
+use avx2::Gemm;
 
 pub(super) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
@@ -88,19 +89,8 @@ macro_rules! tier {
             }
 
             #[target_feature(enable = $features)]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn gemm_tf<T: Tile>(
-                n: usize,
-                w: *const u8,
-                w_stride: usize,
-                nw: usize,
-                x: *const u8,
-                x_stride: usize,
-                nx: usize,
-                out: *mut f32,
-                out_stride: usize,
-            ) {
-                T::gemm::<$idot>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+            unsafe fn gemm_tf<T: Tile>(g: Gemm) {
+                T::gemm::<$idot>(g)
             }
 
             /// Row bytes of `n` elements for the weight and activation sides (panics on a
@@ -125,35 +115,12 @@ macro_rules! tier {
                 unsafe { vec_dot_tf::<T>(n, w.as_ptr(), x.as_ptr()) }
             }
 
-            #[allow(clippy::too_many_arguments)]
-            pub(super) fn gemm<T: Tile>(
-                n: usize,
-                w: &[u8],
-                w_stride: usize,
-                nw: usize,
-                x: &[u8],
-                x_stride: usize,
-                nx: usize,
-                out: &mut [f32],
-                out_stride: usize,
-            ) {
-                let (rw, rx) = rows::<T>(n);
-                check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
-                // SAFETY: feature detected (see `vec_dot`); `check_gemm` verified every row
-                // touched lies inside `w`, `x` and `out`.
-                unsafe {
-                    gemm_tf::<T>(
-                        n,
-                        w.as_ptr(),
-                        w_stride,
-                        nw,
-                        x.as_ptr(),
-                        x_stride,
-                        nx,
-                        out.as_mut_ptr(),
-                        out_stride,
-                    )
-                }
+            pub(super) fn gemm<T: Tile>(g: GemmArgs) {
+                let (rw, rx) = rows::<T>(g.n);
+                g.check(rw, rx);
+                // SAFETY: feature detected (see `vec_dot`); `check` verified every row touched
+                // lies inside `w`, `x` and `out`.
+                unsafe { gemm_tf::<T>(Gemm::of(g)) }
             }
 
             #[target_feature(enable = $features)]
@@ -292,36 +259,24 @@ pub(super) fn kernels(scalar: Kernels, isa: Isa) -> Kernels {
 
 /// A kernel over one repacked group of rows (`q4k_x16::gemm_tf`, `q6k_x16::gemm_tf`,
 /// `t32_x16::gemm_tf`, `t32_x16_ymm::gemm_tf`).
-type GroupKernel = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
-
-/// The plain-layout gemm of a tier (`tier_*::gemm`), for the rows after the last group.
-type PlainGemm = fn(usize, &[u8], usize, usize, &[u8], usize, usize, &mut [f32], usize);
+type GroupKernel = unsafe fn(Gemm);
 
 /// The gemm of a `ty` matrix repacked into 16-row groups (`quant::repack`): a tile of 16 rows
 /// is one group, run by `kernel` (rows of at most `max_n` elements, on a CPU where `has()`);
 /// a shorter tile is the plain rows after the last group, run by the tier's row-major `plain`.
 /// Handed out only with the tier whose detection `has` repeats.
-#[allow(clippy::too_many_arguments)]
 fn gemm_groups(
     kernel: GroupKernel,
-    plain: PlainGemm,
+    plain: GemmFn,
     has: fn() -> bool,
     ty: GgmlType,
     max_n: usize,
-    n: usize,
-    w: &[u8],
-    w_stride: usize,
-    nw: usize,
-    x: &[u8],
-    x_stride: usize,
-    nx: usize,
-    out: &mut [f32],
-    out_stride: usize,
+    g: GemmArgs,
 ) {
-    if nw != super::repack::GROUP {
-        return plain(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+    if g.nw != super::repack::GROUP {
+        return plain(g);
     }
-    let qk = ty.block_size();
+    let (n, qk) = (g.n, ty.block_size());
     assert!(
         n.is_multiple_of(qk) && n <= max_n,
         "repacked {ty} row of {n} elements"
@@ -331,26 +286,16 @@ fn gemm_groups(
         blocks * ty.type_size(),
         blocks * super::dot_type(ty).type_size(),
     );
-    assert_eq!(w_stride, rw, "a repacked group is 16 consecutive rows");
-    check_gemm(rw, rx, w, w_stride, nw, x, x_stride, nx, out, out_stride);
-    if nx == 0 {
+    assert_eq!(g.w_stride, rw, "a repacked group is 16 consecutive rows");
+    g.check(rw, rx);
+    if g.nx == 0 {
         return;
     }
     assert!(has(), "repacked kernels need their tier's instructions");
-    // SAFETY: the CPU has the kernel's instructions (checked); `check_gemm` verified the 16
-    // rows (one group of `n / qk` repacked blocks, `n` within the kernel's limit), the `nx`
+    // SAFETY: the CPU has the kernel's instructions (checked); `check` verified the 16 rows
+    // (one group of `n / qk` repacked blocks, `n` within the kernel's limit), the `nx`
     // activation rows and every output lie inside the buffers.
-    unsafe {
-        kernel(
-            n,
-            w.as_ptr(),
-            x.as_ptr(),
-            x_stride,
-            nx,
-            out.as_mut_ptr(),
-            out_stride,
-        )
-    }
+    unsafe { kernel(Gemm::of(g)) }
 }
 
 /// `$name`: a `GemmFn` running [`gemm_groups`] for format `$ty` with the group kernel
@@ -359,35 +304,9 @@ fn gemm_groups(
 macro_rules! group_gemm {
     ($(#[$doc:meta])* $name:ident, $ty:expr, $tier:ident, $has:expr, $plain:ty, $kernel:expr, $max_n:expr) => {
         $(#[$doc])*
-        #[allow(clippy::too_many_arguments)]
-        pub(super) fn $name(
-            n: usize,
-            w: &[u8],
-            w_stride: usize,
-            nw: usize,
-            x: &[u8],
-            x_stride: usize,
-            nx: usize,
-            out: &mut [f32],
-            out_stride: usize,
-        ) {
+        pub(super) fn $name(g: GemmArgs) {
             let k: GroupKernel = $kernel;
-            gemm_groups(
-                k,
-                $tier::gemm::<$plain>,
-                $has,
-                $ty,
-                $max_n,
-                n,
-                w,
-                w_stride,
-                nw,
-                x,
-                x_stride,
-                nx,
-                out,
-                out_stride,
-            )
+            gemm_groups(k, $tier::gemm::<$plain>, $has, $ty, $max_n, g)
         }
     };
 }

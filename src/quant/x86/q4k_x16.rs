@@ -10,7 +10,7 @@
 //! same `d·y_d` products and the same two fused-multiply-add chains subtracted at the end. Every
 //! output therefore has `TQ4K`'s bits (`kquant_order::q4k_dot`).
 
-use super::avx2::{f32_at, prefetch_ahead, Q8K_BYTES};
+use super::avx2::{f32_at, prefetch_ahead, Gemm, Q8K_BYTES};
 use crate::quant::repack::{GROUP, Q4K_X16_BYTES};
 use core::arch::x86_64::*;
 
@@ -22,15 +22,8 @@ use core::arch::x86_64::*;
 /// the `nx` rows at `x + j·x_stride` holds `n / 256` Q8_K blocks, and `out` has room for every
 /// output written.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn gemm_tf(g: Gemm) {
+    let (n, w, _, _, x, x_stride, nx, out, out_stride) = g.parts();
     let nb = n / 256;
     let xr = |j: usize| x.add(j * x_stride);
     let full = nx - nx % 4;

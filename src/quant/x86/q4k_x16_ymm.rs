@@ -9,7 +9,7 @@
 //! (`avx2::TQ4K`). (Q6_K read this way was slower than its row-major kernel on AVX2: 22.7
 //! against 28.6 GiB/s in the matrix-vector benchmark on a Zen 4, so it is not repacked here.)
 
-use super::avx2::{f32_at, loadu, prefetch_ahead, Q8K_BYTES};
+use super::avx2::{f32_at, loadu, prefetch_ahead, Gemm, Q8K_BYTES};
 use super::t32_x16_ymm::{f16x8, HALF};
 use crate::quant::repack::Q4K_X16_BYTES;
 use core::arch::x86_64::*;
@@ -45,15 +45,8 @@ unsafe fn tiles<const T: usize>(
 /// `nx` rows at `x + j·x_stride` holds `n / 256` Q8_K blocks, and `out` has room for every
 /// output written.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm_q4k(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn gemm_q4k(g: Gemm) {
+    let (n, w, _, _, x, x_stride, nx, out, out_stride) = g.parts();
     let nb = n / 256;
     let xr = |j: usize| x.add(j * x_stride);
     // Rows in the batch's groups of four convert per pair of sub-blocks, the rest per

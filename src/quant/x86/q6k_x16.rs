@@ -9,7 +9,7 @@
 //! that kernel holds dword `l` of every 32-element chunk, which is exactly dword `l` of this
 //! layout, so its 8 lanes become 8 registers of 16 rows.
 
-use super::avx2::{f32_at, prefetch_ahead, Q8K_BYTES};
+use super::avx2::{f32_at, prefetch_ahead, Gemm, Q8K_BYTES};
 use crate::quant::kquant_order::TILED_MIN_ROWS;
 use crate::quant::repack::{q6k_x16_high, q6k_x16_low, GROUP, Q6K_X16_BYTES};
 use core::arch::x86_64::*;
@@ -22,15 +22,8 @@ use core::arch::x86_64::*;
 /// the `nx` rows at `x + j·x_stride` holds `n / 256` Q8_K blocks, and `out` has room for every
 /// output written.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn gemm_tf(g: Gemm) {
+    let (n, w, _, _, x, x_stride, nx, out, out_stride) = g.parts();
     const _: () = assert!(GROUP == 16);
     let nb = n / 256;
     let xr = |j: usize| x.add(j * x_stride);

@@ -15,7 +15,7 @@
 //! `128 · Σ w` over the block, computed once with the decoding, starts the integer. Formats
 //! without an offset (Q4_1, Q5_1: unsigned weights) multiply as stored, the activations signed.
 
-use super::avx2::prefetch_ahead;
+use super::avx2::{prefetch_ahead, Gemm};
 use super::t32_x16::{corrections, d16, dx, m16, sx, Group32, Lanes512, MAX_BLOCKS};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
@@ -36,21 +36,14 @@ const ROWS: usize = 16;
 /// of the `nx` rows at `x + j·x_stride` holds `n / 32` activation blocks, and `out` has room
 /// for every output written.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf<F: Lanes512>(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn gemm_tf<F: Lanes512>(g: Gemm) {
+    let (n, w, _, _, x, _, nx, out, _) = g.parts();
     let nb = n / 32;
     debug_assert!(nb <= MAX_BLOCKS);
     if nx == 1 {
         _mm512_storeu_ps(out, row::<F>(nb, w, x));
     } else {
-        batch::<F>(nb, w, x, x_stride, nx, out, out_stride);
+        batch::<F>(g);
     }
 }
 
@@ -122,15 +115,9 @@ unsafe fn offset_sum<F: Group32>(xp: *const u8) -> i32 {
 /// and only those are read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-unsafe fn batch<F: Lanes512>(
-    nb: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn batch<F: Lanes512>(g: Gemm) {
+    let (_, w, _, _, x, x_stride, nx, out, out_stride) = g.parts();
+    let nb = g.n / 32;
     let mut g = Decoded::new();
     g.fill::<F>(nb, w, true);
     let xr = |j: usize| x.add(j * x_stride);

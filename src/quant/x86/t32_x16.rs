@@ -16,7 +16,7 @@
 //! is added after the lanes. Every output has the bits of the row-major kernels (`avx2::T32`,
 //! `avx512::t32_rows4`, `avx512::t32_gemm_pairs`).
 
-use super::avx2::{f16x2_at, prefetch_ahead};
+use super::avx2::{f16x2_at, prefetch_ahead, Gemm};
 use crate::quant::repack::{Nib32, Q8_0_X16_BYTES};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
@@ -36,22 +36,15 @@ pub(crate) const STACK_BYTES: usize = 10 * 64 * MAX_BLOCKS;
 /// `nx` rows at `x + j·x_stride` holds `n / 32` activation blocks (Q8_0, or Q8_1 for a format
 /// with a minimum), and `out` has room for every output written.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-pub(super) unsafe fn gemm_tf<F: Lanes512>(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn gemm_tf<F: Lanes512>(g: Gemm) {
+    let (n, w, _, _, x, _, nx, out, _) = g.parts();
     let nb = n / 32;
     debug_assert!(nb <= MAX_BLOCKS);
     if nx == 1 {
         let (acc, ms) = row::<F>(nb, w, x);
         _mm512_storeu_ps(out, finish::<F>(&acc, ms));
     } else {
-        batch::<F>(nb, w, x, x_stride, nx, out, out_stride);
+        batch::<F>(g);
     }
 }
 
@@ -90,15 +83,9 @@ unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> ([__m512; 8
 /// and only those are read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-unsafe fn batch<F: Lanes512>(
-    nb: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn batch<F: Lanes512>(g: Gemm) {
+    let (_, w, _, _, x, x_stride, nx, out, out_stride) = g.parts();
+    let nb = g.n / 32;
     let mut vals = [const { MaybeUninit::<__m512i>::uninit() }; 8 * MAX_BLOCKS];
     let mut ds = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];
     let mut mins = [const { MaybeUninit::<__m512>::uninit() }; MAX_BLOCKS];

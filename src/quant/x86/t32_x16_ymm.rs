@@ -16,7 +16,7 @@
 //! ([`gemm_blocks`]), which sum each block's lanes in integers first, as the reference does over
 //! its rearranged Q4_0 (`t32_blocks`).
 
-use super::avx2::{f16x2_at, loadu, loadu128, prefetch_ahead, prefetch_next, IDot, Maddubs};
+use super::avx2::{f16x2_at, loadu, loadu128, prefetch_ahead, prefetch_next, Gemm, IDot, Maddubs};
 use super::t32_x16::{Group32, Nib, MAX_BLOCKS, Q8_0};
 use crate::quant::repack::Nib32;
 use core::arch::x86_64::*;
@@ -33,16 +33,8 @@ pub(super) const HALF: usize = 8;
 /// rows at `x + j·x_stride` holds `n / 32` activation blocks (Q8_0, or Q8_1 for a format with a
 /// minimum), and `out` has room for every output written.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm_tf<F: Half32>(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    gemm::<F, false>(n, w, x, x_stride, nx, out, out_stride)
+pub(super) unsafe fn gemm_tf<F: Half32>(g: Gemm) {
+    gemm::<F, false>(g)
 }
 
 /// [`gemm_tf`] in the block-sum order (`t32_blocks`; the reference's arithmetic for Q4_0 over
@@ -52,16 +44,8 @@ pub(super) unsafe fn gemm_tf<F: Half32>(
 /// # Safety
 /// As [`gemm_tf`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm_blocks<F: Half32>(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
-    gemm::<F, true>(n, w, x, x_stride, nx, out, out_stride)
+pub(super) unsafe fn gemm_blocks<F: Half32>(g: Gemm) {
+    gemm::<F, true>(g)
 }
 
 /// [`gemm_tf`] (`WHOLE`: [`gemm_blocks`]).
@@ -69,15 +53,8 @@ pub(super) unsafe fn gemm_blocks<F: Half32>(
 /// # Safety
 /// As [`gemm_tf`].
 #[inline(always)]
-unsafe fn gemm<F: Half32, const WHOLE: bool>(
-    n: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn gemm<F: Half32, const WHOLE: bool>(g: Gemm) {
+    let (n, w, _, _, x, _, nx, out, _) = g.parts();
     let nb = n / 32;
     debug_assert!(nb <= MAX_BLOCKS);
     let sb = |b: usize| w.add(b * F::BYTES);
@@ -115,9 +92,9 @@ unsafe fn gemm<F: Half32, const WHOLE: bool>(
         // Through a pointer the optimizer cannot see into: inlined (as it was, despite
         // `inline(never)`), `batch`'s 144 KiB of buffers made every call probe that much stack,
         // a decode row's too (~14% of Gemma-3's AVX2 decode in its 16-row groups).
-        type Batch = unsafe fn(usize, *const u8, *const u8, usize, usize, *mut f32, usize);
+        type Batch = unsafe fn(Gemm);
         let batch: Batch = core::hint::black_box(batch::<F, WHOLE>);
-        batch(nb, w, x, x_stride, nx, out, out_stride);
+        batch(g);
     }
 }
 
@@ -135,15 +112,9 @@ const _: () = assert!((16 + 2 + 2) * 32 * MAX_BLOCKS <= super::t32_x16::STACK_BY
 /// and only those are read).
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn batch<F: Half32, const WHOLE: bool>(
-    nb: usize,
-    w: *const u8,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+unsafe fn batch<F: Half32, const WHOLE: bool>(g: Gemm) {
+    let (_, w, _, _, x, x_stride, nx, out, out_stride) = g.parts();
+    let nb = g.n / 32;
     let mut vals = [const { MaybeUninit::<__m256i>::uninit() }; 16 * MAX_BLOCKS];
     let mut ds = [const { MaybeUninit::<__m256>::uninit() }; 2 * MAX_BLOCKS];
     let mut mins = [const { MaybeUninit::<__m256>::uninit() }; 2 * MAX_BLOCKS];

@@ -273,31 +273,24 @@ impl Folded {
 
 /// The whole message.
 async fn whole(
-    mut blocks: Blocks,
+    blocks: Blocks,
     mut message: Value,
-    mut rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+    rx: mpsc::UnboundedReceiver<(usize, Ev)>,
 ) -> Result<Response, ApiError> {
     let mut folded = Folded::new();
-    let mut steps = Vec::new();
-    // Dropping this future (the client went away) drops `rx`: the engine cancels.
-    while let Some((_, ev)) = rx.recv().await {
-        let last = blocks.on(ev, &mut steps);
-        for s in steps.drain(..) {
-            match s {
-                Step::Error(e) => return Err(ApiError::bad_request(e)),
-                Step::Cut => return Err(respond::cut_error()),
-                s @ Step::End { .. } => {
-                    folded.step(s, &mut message, &blocks.raw);
-                    return Ok(Json(message).into_response());
-                }
-                s => folded.step(s, &mut message, &blocks.raw),
-            }
+    respond::collect_steps(rx, blocks, Blocks::on, |blocks, s| match s {
+        Step::Error(e) => Err(ApiError::bad_request(e)),
+        Step::Cut => Err(respond::cut_error()),
+        s @ Step::End { .. } => {
+            folded.step(s, &mut message, &blocks.raw);
+            Ok(Some(Json(std::mem::take(&mut message)).into_response()))
         }
-        if last {
-            break;
+        s => {
+            folded.step(s, &mut message, &blocks.raw);
+            Ok(None)
         }
-    }
-    Err(ApiError::internal("the engine dropped the request"))
+    })
+    .await
 }
 
 /// The named events of the steps (`index`: the open block's).

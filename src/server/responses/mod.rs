@@ -791,31 +791,24 @@ async fn answer(st: &AppState, job: Job, echo: Echo, stream: bool) -> Result<Res
 
 /// The whole response.
 async fn whole(
-    mut items: Items,
+    items: Items,
     mut b: Building,
-    mut rx: mpsc::UnboundedReceiver<(usize, Ev)>,
+    rx: mpsc::UnboundedReceiver<(usize, Ev)>,
 ) -> Result<Response, ApiError> {
-    let mut steps = Vec::new();
-    // Dropping this future (the client went away) drops `rx`: the engine cancels.
-    while let Some((_, ev)) = rx.recv().await {
-        let last = items.on(ev, &mut steps);
-        for s in steps.drain(..) {
-            match s {
-                Step::Error(e) => return Err(ApiError::bad_request(e)),
-                Step::Cut => return Err(respond::cut_error()),
-                _ => {}
-            }
-            for (kind, ev) in b.step(s) {
-                if kind == "response.completed" || kind == "response.incomplete" {
-                    return Ok(Json(ev["response"].clone()).into_response());
-                }
+    respond::collect_steps(rx, items, Items::on, |_, s| {
+        match s {
+            Step::Error(e) => return Err(ApiError::bad_request(e)),
+            Step::Cut => return Err(respond::cut_error()),
+            _ => {}
+        }
+        for (kind, ev) in b.step(s) {
+            if kind == "response.completed" || kind == "response.incomplete" {
+                return Ok(Some(Json(ev["response"].clone()).into_response()));
             }
         }
-        if last {
-            break;
-        }
-    }
-    Err(ApiError::internal("the engine dropped the request"))
+        Ok(None)
+    })
+    .await
 }
 
 /// The response as OpenAI streams it: `response.created` and `response.in_progress`, each

@@ -4,7 +4,7 @@
 //! non-ASCII whitespace replaced by U+000B where the regex has no `\p{..}`, else a `std::regex`
 //! over the text collapsed to one byte per Unicode category).
 
-use super::{Emitter, Window, CR, LF, SPACE};
+use super::{Emitter, Window, CR, LF};
 use crate::tokenizer::unicode::{cpt_flags, CptFlags};
 use crate::tokenizer::wordpiece::to_lower;
 
@@ -162,19 +162,8 @@ pub(super) fn newline_runs(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<u
 pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
     let w = Window { cpts, ini, end };
     let mark = |f: CptFlags| f.category() == CptFlags::ACCENT_MARK;
-    let mut em = Emitter { prev_end: ini, out };
-    let mut pos = ini;
-    while pos < end {
-        let cpt = w.cpt(pos);
-        let flags = w.flags(pos);
-
-        // (?i:'s|'t|'re|'ve|'m|'ll|'d)
-        let n = w.contraction(pos, to_lower);
-        if n > 0 {
-            pos += em.add(pos + n);
-            continue;
-        }
-
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d), then:
+    w.scan(out, to_lower, |em, mut pos, cpt, flags| {
         // [^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+
         if !(cpt == CR || cpt == LF || flags.is_number()) {
             let f1 = w.flags(pos + 1);
@@ -184,7 +173,7 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
                     pos += 1;
                 }
                 em.add(pos);
-                continue;
+                return pos;
             }
         }
 
@@ -192,29 +181,23 @@ pub(super) fn scan_qwen35(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<us
         if flags.is_number() {
             pos += 1;
             em.add(pos);
-            continue;
+            return pos;
         }
 
         // <space>?[^\s\p{L}\p{M}\p{N}]+[\r\n]*
-        let flags2 = if cpt == SPACE {
-            w.flags(pos + 1)
-        } else {
-            flags
-        };
+        let flags2 = w.flags_past_space(pos);
         let other = |f: CptFlags| {
             !(f.is_whitespace() || f.is_letter() || mark(f) || f.is_number()) && f.any()
         };
-        if other(flags2) && flags.any() {
-            pos = w.space_then_run(pos, cpt, other);
-            pos = w.line_breaks(pos);
-            em.add(pos);
-            continue;
-        }
-
-        // \s*[\r\n]+|\s+(?!\S)|\s+, or one codepoint
-        pos = w.whitespace_tail(pos, true);
+        pos = if other(flags2) && flags.any() {
+            w.line_breaks(w.space_then_run(pos, cpt, other))
+        } else {
+            // \s*[\r\n]+|\s+(?!\S)|\s+, or one codepoint
+            w.whitespace_tail(pos, true)
+        };
         em.add(pos);
-    }
+        pos
+    });
 }
 
 #[cfg(test)]

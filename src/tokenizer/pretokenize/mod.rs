@@ -352,6 +352,38 @@ impl Window<'_> {
         }
     }
 
+    /// The loop of llama.cpp's custom scanners over the window, its pieces' lengths pushed on
+    /// `out`: at each position a contraction ([`Window::contraction`], letters compared after
+    /// `fold`) is a piece; otherwise `rest(em, pos, cpt, flags)` (the codepoint at `pos` and
+    /// its flags) emits what the other alternatives match there and gives where the next match
+    /// starts.
+    pub fn scan(
+        self,
+        out: &mut Vec<usize>,
+        fold: fn(u32) -> u32,
+        mut rest: impl FnMut(&mut Emitter, usize, u32, CptFlags) -> usize,
+    ) {
+        let mut em = Emitter {
+            prev_end: self.ini,
+            out,
+        };
+        let mut pos = self.ini;
+        while pos < self.end {
+            let n = self.contraction(pos, fold);
+            pos = if n > 0 {
+                pos + em.add(pos + n)
+            } else {
+                rest(&mut em, pos, self.cpt(pos), self.flags(pos))
+            };
+        }
+    }
+
+    /// The flags of the codepoint after the `<space>?` that starts several alternatives: of
+    /// `pos + 1` where `pos` holds a space, else of `pos`.
+    pub fn flags_past_space(&self, pos: usize) -> CptFlags {
+        self.flags(if self.cpt(pos) == SPACE { pos + 1 } else { pos })
+    }
+
     /// `'s|'t|'re|'ve|'m|'ll|'d` at `pos`, the letters compared after `fold` (the identity, or
     /// a lower-casing for `(?i:...)`): the match's length, 0 if none.
     pub fn contraction(&self, pos: usize, fold: fn(u32) -> u32) -> usize {
@@ -417,48 +449,31 @@ impl Window<'_> {
 /// Port of `unicode_regex_split_custom_gpt2`.
 fn scan_gpt2(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
     let w = Window { cpts, ini, end };
-    let mut em = Emitter { prev_end: ini, out };
-    let mut pos = ini;
-    while pos < end {
-        let cpt = w.cpt(pos);
-        let flags = w.flags(pos);
-
-        // 's|'t|'re|'ve|'m|'ll|'d
-        let n = w.contraction(pos, |c| c);
-        if n > 0 {
-            pos += em.add(pos + n);
-            continue;
-        }
-
-        let flags2 = if cpt == SPACE {
-            w.flags(pos + 1)
-        } else {
-            flags
-        };
-        // <space>?\p{L}+
-        if flags2.is_letter() {
-            pos = w.space_then_run(pos, cpt, |f| f.is_letter());
-            em.add(pos);
-            continue;
-        }
-        // <space>?\p{N}+
-        if flags2.is_number() {
-            pos = w.space_then_run(pos, cpt, |f| f.is_number());
-            em.add(pos);
-            continue;
-        }
-        // <space>?[^\s\p{L}\p{N}]+
-        let other = |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.any();
-        if other(flags2) {
-            pos = w.space_then_run(pos, cpt, other);
-            em.add(pos);
-            continue;
-        }
-
-        // \s+(?!\S)|\s+, or one codepoint
-        pos = w.whitespace_tail(pos, false);
-        em.add(pos);
-    }
+    // 's|'t|'re|'ve|'m|'ll|'d, then:
+    w.scan(
+        out,
+        |c| c,
+        |em, pos, cpt, _| {
+            let flags2 = w.flags_past_space(pos);
+            let other =
+                |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number()) && f.any();
+            let end = if flags2.is_letter() {
+                // <space>?\p{L}+
+                w.space_then_run(pos, cpt, |f| f.is_letter())
+            } else if flags2.is_number() {
+                // <space>?\p{N}+
+                w.space_then_run(pos, cpt, |f| f.is_number())
+            } else if other(flags2) {
+                // <space>?[^\s\p{L}\p{N}]+
+                w.space_then_run(pos, cpt, other)
+            } else {
+                // \s+(?!\S)|\s+, or one codepoint
+                w.whitespace_tail(pos, false)
+            };
+            em.add(end);
+            end
+        },
+    );
 }
 
 /// ASCII lower-casing is all `unicode_tolower` does for the letters compared here.
@@ -473,19 +488,8 @@ pub(super) fn lower(c: u32) -> u32 {
 /// Port of `unicode_regex_split_custom_llama3` (`max_digits` 3) and `_qwen2` (`max_digits` 1).
 fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mut Vec<usize>) {
     let w = Window { cpts, ini, end };
-    let mut em = Emitter { prev_end: ini, out };
-    let mut pos = ini;
-    while pos < end {
-        let cpt = w.cpt(pos);
-        let flags = w.flags(pos);
-
-        // (?i:'s|'t|'re|'ve|'m|'ll|'d)
-        let n = w.contraction(pos, lower);
-        if n > 0 {
-            pos += em.add(pos + n);
-            continue;
-        }
-
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d), then:
+    w.scan(out, lower, |em, mut pos, cpt, flags| {
         // [^\r\n\p{L}\p{N}]?\p{L}+
         if !(cpt == CR || cpt == LF || flags.is_number())
             && (flags.is_letter() || w.flags(pos + 1).is_letter())
@@ -495,7 +499,7 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
                 pos += 1;
             }
             em.add(pos);
-            continue;
+            return pos;
         }
 
         // \p{N}{1,3} (llama3) or \p{N} (qwen2)
@@ -503,7 +507,7 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
             if max_digits == 1 {
                 pos += 1;
                 em.add(pos);
-                continue;
+                return pos;
             }
             let mut group_start = pos;
             while w.flags(pos).is_number() {
@@ -514,28 +518,22 @@ fn scan_llama3(cpts: &[u32], ini: usize, end: usize, max_digits: usize, out: &mu
                 }
             }
             em.add(pos);
-            continue;
+            return pos;
         }
 
         // <space>?[^\s\p{L}\p{N}]+[\r\n]*   (note: the reference tests `flags`, not `flags2`,
         // for "any flag" on entry)
-        let flags2 = if cpt == SPACE {
-            w.flags(pos + 1)
-        } else {
-            flags
-        };
+        let flags2 = w.flags_past_space(pos);
         let other = |f: CptFlags| !(f.is_whitespace() || f.is_letter() || f.is_number());
-        if other(flags2) && flags.any() {
-            pos = w.space_then_run(pos, cpt, |f| other(f) && f.any());
-            pos = w.line_breaks(pos);
-            em.add(pos);
-            continue;
-        }
-
-        // \s*[\r\n]+|\s+(?!\S)|\s+, or one codepoint
-        pos = w.whitespace_tail(pos, true);
+        pos = if other(flags2) && flags.any() {
+            w.line_breaks(w.space_then_run(pos, cpt, |f| other(f) && f.any()))
+        } else {
+            // \s*[\r\n]+|\s+(?!\S)|\s+, or one codepoint
+            w.whitespace_tail(pos, true)
+        };
         em.add(pos);
-    }
+        pos
+    });
 }
 
 /// `\p{N}` on llama.cpp's collapsed text: ASCII digits, or a non-whitespace codepoint whose

@@ -88,29 +88,28 @@ pub(super) fn split_case(
     end: usize,
     out: &mut Vec<usize>,
 ) {
-    let c = &cpts[..end];
-    let mut em = Emitter { prev_end: ini, out };
-    let mut pos = ini;
-    while pos < end {
-        match match_case(regex, c, pos) {
-            Some(e) => {
-                em.add(pos);
-                em.add(e);
-                pos = e;
-            }
-            None => pos += 1,
-        }
-    }
-    em.add(end);
+    split_matches(cpts, ini, end, out, |c, pos| match_case(regex, c, pos));
 }
 
 /// deepseek-v3's third regex, split as [`split_case`] does.
 pub(super) fn split_deepseek3(cpts: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
+    split_matches(cpts, ini, end, out, match_deepseek3);
+}
+
+/// Split at the matches of `find` (the end of a match at `pos` of the text `c`, if one starts
+/// there): each match and the text between them a piece.
+fn split_matches(
+    cpts: &[u32],
+    ini: usize,
+    end: usize,
+    out: &mut Vec<usize>,
+    find: impl Fn(&[u32], usize) -> Option<usize>,
+) {
     let c = &cpts[..end];
     let mut em = Emitter { prev_end: ini, out };
     let mut pos = ini;
     while pos < end {
-        match match_deepseek3(c, pos) {
+        match find(c, pos) {
             Some(e) => {
                 em.add(pos);
                 em.add(e);

@@ -63,11 +63,7 @@ impl<F: FloatFmt> Tile for TF<F> {
     const X_BYTES: usize = F::BYTES;
 
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX] {
+    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         // The same accumulation order for every NX, so a row's result does not depend on how
         // many rows share its tile (batch invariance). Two accumulators per row already run
         // far above memory bandwidth.

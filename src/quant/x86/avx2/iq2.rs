@@ -112,24 +112,11 @@ impl<B: Iq2Block + RawBlock, const TILED: bool> Tile for TIq2Order<B, TILED> {
     }
 
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm<D: IDot>(
-        n: usize,
-        w: *const u8,
-        w_stride: usize,
-        nw: usize,
-        x: *const u8,
-        x_stride: usize,
-        nx: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        if !TILED && nx >= TILED_MIN_ROWS {
-            gemm_tiles::<TIq2Order<B, true>, D>(
-                n, w, w_stride, nw, x, x_stride, nx, out, out_stride,
-            )
+    unsafe fn gemm<D: IDot>(g: Gemm) {
+        if !TILED && g.nx >= TILED_MIN_ROWS {
+            gemm_tiles::<TIq2Order<B, true>, D>(g)
         } else {
-            gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+            gemm_tiles::<Self, D>(g)
         }
     }
 }

@@ -91,11 +91,7 @@ impl<F: Lut32> Tile for TLut32<F> {
     const X_BYTES: usize = 34;
 
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX] {
+    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         let lut = grid_of(&F::GRID);
         let mut acc = [0f32; NX];
         for b in 0..n / 32 {
@@ -139,11 +135,7 @@ impl<const TILED: bool> Tile for TIq4XsOrder<TILED> {
     const X_BYTES: usize = 292;
 
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX] {
+    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         let lut = grid();
         let mut acc = [_mm256_setzero_ps(); NX];
         let mut acc_t = [0f32; NX];
@@ -181,22 +173,11 @@ impl<const TILED: bool> Tile for TIq4XsOrder<TILED> {
     }
 
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm<D: IDot>(
-        n: usize,
-        w: *const u8,
-        w_stride: usize,
-        nw: usize,
-        x: *const u8,
-        x_stride: usize,
-        nx: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        if !TILED && nx >= TILED_MIN_ROWS {
-            gemm_tiles::<TIq4XsOrder<true>, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+    unsafe fn gemm<D: IDot>(g: Gemm) {
+        if !TILED && g.nx >= TILED_MIN_ROWS {
+            gemm_tiles::<TIq4XsOrder<true>, D>(g)
         } else {
-            gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+            gemm_tiles::<Self, D>(g)
         }
     }
 }

@@ -410,31 +410,17 @@ impl<F: BlkK> Tile for TK<F> {
     const X_BYTES: usize = Q8K_BYTES;
 
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX] {
+    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         Self::tile_impl::<D, NX>(n, w, x, false)
     }
 
     /// Batches of at least `F::TILED_FROM` rows take the reference's tiled arithmetic.
     #[inline(always)]
-    unsafe fn gemm<D: IDot>(
-        n: usize,
-        w: *const u8,
-        w_stride: usize,
-        nw: usize,
-        x: *const u8,
-        x_stride: usize,
-        nx: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        if nx >= F::TILED_FROM {
-            gemm_tiles::<TKTiled<F>, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+    unsafe fn gemm<D: IDot>(g: Gemm) {
+        if g.nx >= F::TILED_FROM {
+            gemm_tiles::<TKTiled<F>, D>(g)
         } else {
-            gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+            gemm_tiles::<Self, D>(g)
         }
     }
 }
@@ -448,11 +434,7 @@ impl<F: BlkK> Tile for TKTiled<F> {
     const X_BYTES: usize = Q8K_BYTES;
 
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX] {
+    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         TK::<F>::tile_impl::<D, NX>(n, w, x, true)
     }
 }
@@ -568,11 +550,7 @@ impl TQ4K {
     /// Rows in the reference's gemv order: one conversion and fused multiply-add per
     /// super-block. The horizontal sums are taken four super-blocks at a time.
     #[inline(always)]
-    unsafe fn gemv<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX] {
+    unsafe fn gemv<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         let nb = n / 256;
         let mut acc = [0f32; NX];
         let mut acc_min = [0f32; NX];
@@ -635,29 +613,16 @@ impl Tile for TQ4K {
 
     /// Rows alone (and the batch's tail) are the reference's gemv.
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX] {
+    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         Self::gemv::<D, NX>(n, w, x)
     }
 
     /// Rows `0 .. nx - nx % 4` in the reference's 4-row gemm order, the rest in its gemv order.
     #[inline(always)]
-    unsafe fn gemm<D: IDot>(
-        n: usize,
-        w: *const u8,
-        w_stride: usize,
-        nw: usize,
-        x: *const u8,
-        x_stride: usize,
-        nx: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
+    unsafe fn gemm<D: IDot>(g: Gemm) {
+        let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
         let xr = |j: usize| x.add(j * x_stride);
-        let g = |j: usize| [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)];
+        let four = |j: usize| [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)];
         let full = nx - nx % 4;
         for i in 0..nw {
             let wr = w.add(i * w_stride);
@@ -665,7 +630,7 @@ impl Tile for TQ4K {
             if D::AVX512 {
                 // Two groups per pass: each weight chunk decoded once for eight rows.
                 while j + 8 <= full {
-                    let r = Self::tile4x::<D, 2>(n, wr, [g(j), g(j + 4)]);
+                    let r = Self::tile4x::<D, 2>(n, wr, [four(j), four(j + 4)]);
                     for (t, v) in r.into_iter().flatten().enumerate() {
                         *out.add((j + t) * out_stride + i) = v;
                     }
@@ -673,7 +638,7 @@ impl Tile for TQ4K {
                 }
             }
             while j < full {
-                let [r] = Self::tile4x::<D, 1>(n, wr, [g(j)]);
+                let [r] = Self::tile4x::<D, 1>(n, wr, [four(j)]);
                 for (t, v) in r.into_iter().enumerate() {
                     *out.add((j + t) * out_stride + i) = v;
                 }
@@ -682,8 +647,7 @@ impl Tile for TQ4K {
         }
         // The `nx % 4` rows left: the gemv order (`Tile::tile`), as `gemm_tiles` runs them.
         if full < nx {
-            let (x, out) = (xr(full), out.add(full * out_stride));
-            gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx - full, out, out_stride);
+            gemm_tiles::<Self, D>(g.skip_rows(full));
         }
     }
 }

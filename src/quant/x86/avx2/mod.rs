@@ -13,6 +13,7 @@
 
 use crate::quant::blocks::{cast_mut, BlockQ8K};
 use crate::quant::reference::{self, Quantize};
+use crate::quant::GemmArgs;
 use core::arch::x86_64::*;
 
 mod float;
@@ -157,6 +158,9 @@ pub(super) unsafe fn bits32(p: *const u8) -> __m256i {
     _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
 }
 
+/// The `NX` activation rows of a tile.
+pub(super) type Rows<const NX: usize> = [*const u8; NX];
+
 /// Rows addressed by a tile: the weight row and `NX` activation rows.
 pub(super) trait Tile {
     /// Elements per block, and bytes per weight / activation block.
@@ -164,47 +168,101 @@ pub(super) trait Tile {
     const W_BYTES: usize;
     const X_BYTES: usize;
     /// Dot of one weight row (`n` elements) with `NX` activation rows.
-    unsafe fn tile<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX];
+    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX];
 
     /// `nw x nx` dots (see [`gemm_tiles`]); formats may specialise it.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm<D: IDot>(
-        n: usize,
-        w: *const u8,
-        w_stride: usize,
-        nw: usize,
-        x: *const u8,
-        x_stride: usize,
-        nx: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) where
+    unsafe fn gemm<D: IDot>(g: Gemm)
+    where
         Self: Sized,
     {
-        gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)
+        gemm_tiles::<Self, D>(g)
+    }
+}
+
+/// The operands of one gemm call (`quant::GemmFn`) as raw pointers, once the safe entry point
+/// has checked every row lies in its buffer: `nw` weight rows `w_stride` bytes apart (for a
+/// repacked group kernel, the group's 16 rows) times `nx` activation rows `x_stride` bytes
+/// apart, `n` elements each, into `out[j * out_stride + i]`.
+#[derive(Clone, Copy)]
+pub(super) struct Gemm {
+    pub n: usize,
+    pub w: *const u8,
+    pub w_stride: usize,
+    pub nw: usize,
+    pub x: *const u8,
+    pub x_stride: usize,
+    pub nx: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+impl Gemm {
+    /// The operands of a call, once checked ([`GemmArgs::check`]).
+    pub(in crate::quant::x86) fn of(a: GemmArgs) -> Self {
+        Gemm {
+            n: a.n,
+            w: a.w.as_ptr(),
+            w_stride: a.w_stride,
+            nw: a.nw,
+            x: a.x.as_ptr(),
+            x_stride: a.x_stride,
+            nx: a.nx,
+            out: a.out.as_mut_ptr(),
+            out_stride: a.out_stride,
+        }
+    }
+
+    /// The fields in their order, `(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)`.
+    #[allow(clippy::type_complexity)]
+    #[inline(always)]
+    pub(in crate::quant::x86) fn parts(
+        self,
+    ) -> (
+        usize,
+        *const u8,
+        usize,
+        usize,
+        *const u8,
+        usize,
+        usize,
+        *mut f32,
+        usize,
+    ) {
+        let g = self;
+        (
+            g.n,
+            g.w,
+            g.w_stride,
+            g.nw,
+            g.x,
+            g.x_stride,
+            g.nx,
+            g.out,
+            g.out_stride,
+        )
+    }
+
+    /// The same product for activation rows `j ..` only (their outputs at `out`'s row `j`).
+    ///
+    /// # Safety
+    /// `j ≤ nx`.
+    #[inline(always)]
+    pub(in crate::quant::x86) unsafe fn skip_rows(self, j: usize) -> Self {
+        Gemm {
+            x: self.x.add(j * self.x_stride),
+            out: self.out.add(j * self.out_stride),
+            nx: self.nx - j,
+            ..self
+        }
     }
 }
 
 /// `nw x nx` dots via tiles of up to 4 activation rows, weight row outermost so the weight row
 /// stays in L1 while every activation row passes over it.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn gemm_tiles<T: Tile, D: IDot>(
-    n: usize,
-    w: *const u8,
-    w_stride: usize,
-    nw: usize,
-    x: *const u8,
-    x_stride: usize,
-    nx: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn gemm_tiles<T: Tile, D: IDot>(g: Gemm) {
+    let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
     let xr = |j: usize| x.add(j * x_stride);
     for i in 0..nw {
         let wr = w.add(i * w_stride);
@@ -509,11 +567,7 @@ impl<F: Blk32> Tile for T32<F> {
     const X_BYTES: usize = Self::XB;
 
     #[inline(always)]
-    unsafe fn tile<D: IDot, const NX: usize>(
-        n: usize,
-        w: *const u8,
-        x: [*const u8; NX],
-    ) -> [f32; NX] {
+    unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         Self::tile_impl::<D, NX>(n, w, x, core::ptr::null())
     }
 
@@ -521,46 +575,26 @@ impl<F: Blk32> Tile for T32<F> {
     /// tile against a chunk of weight rows: the per-block scale conversion, a large share of
     /// the work of a 32-element block, is paid once per chunk instead of once per weight row.
     #[inline(always)]
-    unsafe fn gemm<D: IDot>(
-        n: usize,
-        w: *const u8,
-        w_stride: usize,
-        nw: usize,
-        x: *const u8,
-        x_stride: usize,
-        nx: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
+    unsafe fn gemm<D: IDot>(g: Gemm) {
+        let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
         let nb = n / 32;
         if D::VNNI && nx >= 8 {
             // Whole tiles of 16, then 8, activation rows through the pair kernel, the rest
             // below.
             let n16 = nx / 16 * 16;
-            super::avx512::t32_gemm_pairs::<F, 8>(
-                n, w, w_stride, nw, x, x_stride, n16, out, out_stride,
-            );
+            super::avx512::t32_gemm_pairs::<F, 8>(Gemm { nx: n16, ..g });
             let n8 = nx / 8 * 8;
-            let (xs, os) = (x.add(n16 * x_stride), out.add(n16 * out_stride));
-            super::avx512::t32_gemm_pairs::<F, 4>(
-                n,
-                w,
-                w_stride,
-                nw,
-                xs,
-                x_stride,
-                n8 - n16,
-                os,
-                out_stride,
-            );
+            super::avx512::t32_gemm_pairs::<F, 4>(Gemm {
+                nx: n8 - n16,
+                ..g.skip_rows(n16)
+            });
             if n8 == nx {
                 return;
             }
-            let (x, out, nx) = (x.add(n8 * x_stride), out.add(n8 * out_stride), nx - n8);
-            return Self::gemm::<D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+            return Self::gemm::<D>(g.skip_rows(n8));
         }
         if nb > PREP_BLOCKS {
-            return gemm_tiles::<Self, D>(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+            return gemm_tiles::<Self, D>(g);
         }
         // [d, s] per block, for the 4 rows of a tile (16 KiB). Left uninitialized: zeroing it
         // cost more than a whole decode-step matvec; only entries written below are read.
