@@ -136,10 +136,12 @@ fn random_models_prompt_ids_match_llama_cpp() {
             continue;
         }
         if !entry.path().join("logits.jsonl").exists() {
-            // An encoder's goldens are its embeddings (`tests/embeddings.rs`).
+            // An encoder's goldens are its embeddings (`tests/embeddings.rs`), a reranker's its
+            // scores and prompt ids (`tests/rerank.rs`).
             assert!(
-                entry.path().join("embeddings.json").exists(),
-                "{stem}: neither logits nor embeddings"
+                entry.path().join("embeddings.json").exists()
+                    || entry.path().join("rerank.json").exists(),
+                "{stem}: neither logits, embeddings nor rerank scores"
             );
             continue;
         }
