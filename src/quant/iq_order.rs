@@ -22,7 +22,7 @@
 //! [`TILED_MIN_ROWS`]: super::kquant_order::TILED_MIN_ROWS
 
 use super::blocks::{cast, BlockIq1M, BlockIq1S, BlockIq3S, BlockIq3Xxs, BlockQ8K, RawBlock};
-use super::kquant_order::hsum8;
+use super::reference::hsum8;
 use super::reference::DotAcc;
 use super::GgmlType;
 

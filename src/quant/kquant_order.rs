@@ -218,12 +218,8 @@ impl KLanes {
     }
 }
 
-/// ggml's 8-lane horizontal sum: `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`.
-#[inline]
-pub fn hsum8(v: [f32; 8]) -> f32 {
-    let s: [f32; 4] = core::array::from_fn(|i| v[i + 4] + v[i]);
-    (s[0] + s[2]) + (s[1] + s[3])
-}
+/// ggml's 8-lane horizontal sum (defined beside the reference dots, which `iq_order` shares).
+pub use super::reference::hsum8;
 
 /// The reference's AVX2 `ggml_vec_dot_q*_K_q8_K` for Q2_K, Q3_K, Q5_K and Q6_K (its single
 /// rows): per super-block, each of the 8 integer lanes ([`KLanes`]) is converted and

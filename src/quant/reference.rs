@@ -730,3 +730,11 @@ impl BlockFormat for BlockQ6K {
         }
     }
 }
+
+/// ggml's 8-lane horizontal sum: `((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7))`, the order in
+/// which the reference's AVX2 kernels reduce their lanes (`kquant_order`, `iq_order`).
+#[inline]
+pub fn hsum8(v: [f32; 8]) -> f32 {
+    let s: [f32; 4] = core::array::from_fn(|i| v[i + 4] + v[i]);
+    (s[0] + s[2]) + (s[1] + s[3])
+}

@@ -2,8 +2,7 @@
 //! `Avx512Vnni` tier's instantiation; its integer-dot primitive, `simd::Vnni`, is `vpdpbusd` /
 //! `vpdpwssd` on 256-bit registers, which need AVX-512VL).
 
-use super::avx2::Gemm;
-use super::simd::{f16x2_at, hsum_ps, loadu, Blk32, IDot, Vnni};
+use super::simd::{f16x2_at, hsum_ps, loadu, Blk32, Gemm, IDot, Vnni};
 use core::arch::x86_64::*;
 
 /// Four activation rows against one weight row of a 32-element format, two rows per 512-bit

@@ -13,7 +13,6 @@
 
 use crate::quant::blocks::{cast_mut, BlockQ8K};
 use crate::quant::reference::{self, Quantize};
-use crate::quant::GemmArgs;
 use core::arch::x86_64::*;
 
 mod float;
@@ -27,7 +26,7 @@ pub(super) use iq_grid::*;
 pub(super) use iquants::*;
 pub(super) use kquants::*;
 
-pub(super) use super::simd::{f16x2_at, hsum_ps, loadu, Blk32, IDot, Maddubs, Maddubs512};
+pub(super) use super::simd::{f16x2_at, hsum_ps, loadu, Blk32, Gemm, IDot, Maddubs, Maddubs512};
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers.
@@ -177,84 +176,6 @@ pub(super) trait Tile {
         Self: Sized,
     {
         gemm_tiles::<Self, D>(g)
-    }
-}
-
-/// The operands of one gemm call (`quant::GemmFn`) as raw pointers, once the safe entry point
-/// has checked every row lies in its buffer: `nw` weight rows `w_stride` bytes apart (for a
-/// repacked group kernel, the group's 16 rows) times `nx` activation rows `x_stride` bytes
-/// apart, `n` elements each, into `out[j * out_stride + i]`.
-#[derive(Clone, Copy)]
-pub(super) struct Gemm {
-    pub n: usize,
-    pub w: *const u8,
-    pub w_stride: usize,
-    pub nw: usize,
-    pub x: *const u8,
-    pub x_stride: usize,
-    pub nx: usize,
-    pub out: *mut f32,
-    pub out_stride: usize,
-}
-
-impl Gemm {
-    /// The operands of a call, once checked ([`GemmArgs::check`]).
-    pub(in crate::quant::x86) fn of(a: GemmArgs) -> Self {
-        Gemm {
-            n: a.n,
-            w: a.w.as_ptr(),
-            w_stride: a.w_stride,
-            nw: a.nw,
-            x: a.x.as_ptr(),
-            x_stride: a.x_stride,
-            nx: a.nx,
-            out: a.out.as_mut_ptr(),
-            out_stride: a.out_stride,
-        }
-    }
-
-    /// The fields in their order, `(n, w, w_stride, nw, x, x_stride, nx, out, out_stride)`.
-    #[allow(clippy::type_complexity)]
-    #[inline(always)]
-    pub(in crate::quant::x86) fn parts(
-        self,
-    ) -> (
-        usize,
-        *const u8,
-        usize,
-        usize,
-        *const u8,
-        usize,
-        usize,
-        *mut f32,
-        usize,
-    ) {
-        let g = self;
-        (
-            g.n,
-            g.w,
-            g.w_stride,
-            g.nw,
-            g.x,
-            g.x_stride,
-            g.nx,
-            g.out,
-            g.out_stride,
-        )
-    }
-
-    /// The same product for activation rows `j ..` only (their outputs at `out`'s row `j`).
-    ///
-    /// # Safety
-    /// `j ≤ nx`.
-    #[inline(always)]
-    pub(in crate::quant::x86) unsafe fn skip_rows(self, j: usize) -> Self {
-        Gemm {
-            x: self.x.add(j * self.x_stride),
-            out: self.out.add(j * self.out_stride),
-            nx: self.nx - j,
-            ..self
-        }
     }
 }
 
