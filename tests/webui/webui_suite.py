@@ -95,6 +95,15 @@ def wait(d, what, cond, timeout=60):
         raise AssertionError(f"timed out waiting for {what}")
 
 
+def pending_text_over(d, n):
+    """The answer still streaming holds more than `n` characters of text."""
+    return d.execute_script(
+        "const ms = document.querySelectorAll('#messages .message.assistant');"
+        "const m = ms[ms.length - 1];"
+        "return !!m && m.classList.contains('pending')"
+        f" && m.querySelector('.body').textContent.length > {n}")
+
+
 def el(d, css):
     return d.find_element(By.CSS_SELECTOR, css)
 
@@ -195,8 +204,9 @@ try:
     cancelled = metric(args.url, "kiln_requests_cancelled_total")
     el(d, "#new-chat").click()
     send(d, "Write a long answer")
-    wait(d, "the long answer's text",
-         lambda: len(last_answer(d).find_element(By.CSS_SELECTOR, ".body").text) > 200)
+    # (Stop once text has streamed into the pending answer, by its text's length rather than
+    # what of a random model's text is visible, so that the answer is still running.)
+    wait(d, "the long answer's text", lambda: pending_text_over(d, 200))
     assert el(d, "#stop").is_displayed()
     shot(d, "desktop-streaming")
     el(d, "#stop").click()
@@ -304,13 +314,16 @@ try:
     # Killed while it answers: what came is kept, and the page says the answer was cut.
     set_settings(d, max_tokens=3000, extra='{"ignore_eos": true}')("desktop-settings-last")
     send(d, "A long one")
-    wait(d, "the long answer's text",
-         lambda: len(last_answer(d).find_element(By.CSS_SELECTOR, ".body").text) > 100)
+    # (While it still answers: by its text's length, not what of it is visible.)
+    wait(d, "the long answer's text", lambda: pending_text_over(d, 100))
     os.kill(args.pid, signal.SIGKILL)
     wait(d, "the cut", lambda: idle(d) and last_answer(d).find_elements(By.CSS_SELECTOR, ".error"))
     err = last_answer(d).find_element(By.CSS_SELECTOR, ".error").text
     assert "cut off" in err or "ended early" in err, err
-    assert len(last_answer(d).find_element(By.CSS_SELECTOR, ".body").text) > 100
+    kept = d.execute_script(
+        "const ms = document.querySelectorAll('#messages .message.assistant');"
+        "return ms[ms.length - 1].querySelector('.body').textContent.length")
+    assert kept > 100, f"the text that came was not kept ({kept} characters)"
     shot(d, "desktop-server-killed-mid-answer")
     log(f"server killed mid-answer: {err}")
     # Gone: nothing answers.
