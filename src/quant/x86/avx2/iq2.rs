@@ -65,8 +65,7 @@ impl<B: Iq2Block + RawBlock, const TILED: bool> Tile for TIq2Order<B, TILED> {
         w: *const u8,
         x: [*const u8; NX],
     ) -> [f32; NX] {
-        let mut acc = [_mm256_setzero_ps(); NX];
-        let mut acc_t = [0f32; NX];
+        let mut acc = LaneAcc::<NX, TILED>::new();
         for b in 0..n / 256 {
             // SAFETY: the caller's row holds `n / 256` whole blocks; `B` is a `RawBlock`
             // (alignment 1, any bit pattern).
@@ -94,21 +93,10 @@ impl<B: Iq2Block + RawBlock, const TILED: bool> Tile for TIq2Order<B, TILED> {
                 }
             }
             for j in 0..NX {
-                let yd = f32_at(x[j].add(b * Self::X_BYTES));
-                if TILED {
-                    let r = hsum_epi32(lanes[j]) as f32 * wd;
-                    acc_t[j] = r.mul_add(yd, acc_t[j]);
-                } else {
-                    let f = _mm256_set1_ps(wd * yd);
-                    acc[j] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes[j]), acc[j]);
-                }
+                acc.add(j, lanes[j], wd, f32_at(x[j].add(b * Self::X_BYTES)));
             }
         }
-        if TILED {
-            acc_t
-        } else {
-            core::array::from_fn(|j| hsum_ps(acc[j]))
-        }
+        acc.finish()
     }
 
     #[inline(always)]

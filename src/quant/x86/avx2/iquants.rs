@@ -129,6 +129,48 @@ unsafe fn xs_scales(p: *const u8) -> [i32; 8] {
     })
 }
 
+/// The reference's float order over a row of Q8_K super-blocks, for the kernels whose
+/// super-block ends in 8 integer lanes per activation row (IQ4_XS, the 2-bit i-quants): single
+/// rows and small batches fused-multiply-add each lane with `d_w·d_y` and reduce the lanes at
+/// the end; `TILED` (the reference's tiled kernel) reduces each super-block's lanes to one
+/// integer first and accumulates `(Σ·d_w)·d_y`.
+pub(super) struct LaneAcc<const NX: usize, const TILED: bool> {
+    acc: [__m256; NX],
+    acc_t: [f32; NX],
+}
+
+impl<const NX: usize, const TILED: bool> LaneAcc<NX, TILED> {
+    #[inline(always)]
+    pub(super) unsafe fn new() -> Self {
+        LaneAcc {
+            acc: [_mm256_setzero_ps(); NX],
+            acc_t: [0f32; NX],
+        }
+    }
+
+    /// Row `j`'s super-block: its integer `lanes`, the weight's scale `wd`, the activation's `yd`.
+    #[inline(always)]
+    pub(super) unsafe fn add(&mut self, j: usize, lanes: __m256i, wd: f32, yd: f32) {
+        if TILED {
+            let r = hsum_epi32(lanes) as f32 * wd;
+            self.acc_t[j] = r.mul_add(yd, self.acc_t[j]);
+        } else {
+            let f = _mm256_set1_ps(wd * yd);
+            self.acc[j] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes), self.acc[j]);
+        }
+    }
+
+    /// Every row's dot.
+    #[inline(always)]
+    pub(super) unsafe fn finish(self) -> [f32; NX] {
+        if TILED {
+            self.acc_t
+        } else {
+            core::array::from_fn(|j| hsum_ps(self.acc[j]))
+        }
+    }
+}
+
 impl<const TILED: bool> Tile for TIq4XsOrder<TILED> {
     const BLOCK: usize = 256;
     const W_BYTES: usize = 136;
@@ -137,8 +179,7 @@ impl<const TILED: bool> Tile for TIq4XsOrder<TILED> {
     #[inline(always)]
     unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
         let lut = grid();
-        let mut acc = [_mm256_setzero_ps(); NX];
-        let mut acc_t = [0f32; NX];
+        let mut acc = LaneAcc::<NX, TILED>::new();
         for b in 0..n / 256 {
             let wp = w.add(b * Self::W_BYTES);
             let wd = _mm_cvtss_f32(f16x2_at(wp));
@@ -155,21 +196,10 @@ impl<const TILED: bool> Tile for TIq4XsOrder<TILED> {
                 }
             }
             for j in 0..NX {
-                let yd = f32_at(x[j].add(b * Self::X_BYTES));
-                if TILED {
-                    let r = hsum_epi32(lanes[j]) as f32 * wd;
-                    acc_t[j] = r.mul_add(yd, acc_t[j]);
-                } else {
-                    let f = _mm256_set1_ps(wd * yd);
-                    acc[j] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(lanes[j]), acc[j]);
-                }
+                acc.add(j, lanes[j], wd, f32_at(x[j].add(b * Self::X_BYTES)));
             }
         }
-        if TILED {
-            acc_t
-        } else {
-            core::array::from_fn(|j| hsum_ps(acc[j]))
-        }
+        acc.finish()
     }
 
     #[inline(always)]
