@@ -18,20 +18,6 @@ struct Case {
     input: Option<Vec<f32>>,
 }
 
-fn f32s(hex_le: &str) -> Vec<f32> {
-    hex(hex_le)
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-fn hex(s: &str) -> Vec<u8> {
-    assert!(s.len().is_multiple_of(2), "odd hex length");
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
-}
-
 fn cases() -> Vec<Case> {
     let path = common::golden_dir().join("iq_blocks.json");
     let text = std::fs::read_to_string(&path).expect("iq_blocks.json");
@@ -41,14 +27,16 @@ fn cases() -> Vec<Case> {
         let ty = GgmlType::from_name(name).unwrap_or_else(|| panic!("{name}: unknown format"));
         let nrows = c["nrows"].as_u64().unwrap() as usize;
         let n_per_row = c["n_per_row"].as_u64().unwrap() as usize;
-        let blocks = hex(c["blocks"].as_str().unwrap());
+        let blocks = common::hex(c["blocks"].as_str().unwrap());
         assert_eq!(
             Some(blocks.len()),
             ty.row_bytes(nrows * n_per_row),
             "{name}: block bytes"
         );
-        let values = f32s(c["values_f32le"].as_str().unwrap());
-        let input = c.get("input_f32le").map(|v| f32s(v.as_str().unwrap()));
+        let values = common::f32s_le(c["values_f32le"].as_str().unwrap());
+        let input = c
+            .get("input_f32le")
+            .map(|v| common::f32s_le(v.as_str().unwrap()));
         assert_eq!(values.len(), nrows * n_per_row, "{name}: values");
         out.push(Case {
             ty,

@@ -27,13 +27,6 @@ struct Case {
     batch: Vec<Vec<f32>>,
 }
 
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
-
 fn cases() -> Vec<Case> {
     let path = common::golden_dir().join("iq2_blocks.json");
     let text = std::fs::read_to_string(&path).expect("iq2_blocks.json");
@@ -42,15 +35,12 @@ fn cases() -> Vec<Case> {
     for (name, t) in json.as_object().expect("object of formats") {
         let ty = GgmlType::from_name(name).expect("known type");
         let n = t["n"].as_u64().unwrap() as usize;
-        let bytes = hex(t["bytes"].as_str().unwrap());
+        let bytes = common::hex(t["bytes"].as_str().unwrap());
         assert_eq!(ty.row_bytes(n), Some(bytes.len()), "{name}: size");
-        let values: Vec<f32> = hex(t["values"].as_str().unwrap())
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let values = common::f32s_le(t["values"].as_str().unwrap());
         assert_eq!(values.len(), n, "{name}: values");
         let f32_hex = |v: &serde_json::Value| {
-            let b = hex(v.as_str().unwrap());
+            let b = common::hex(v.as_str().unwrap());
             f32::from_le_bytes([b[0], b[1], b[2], b[3]])
         };
         let matrix = |key: &str| -> Vec<Vec<f32>> {
@@ -65,9 +55,9 @@ fn cases() -> Vec<Case> {
             n,
             bytes,
             values,
-            acts: hex(t["acts"].as_str().unwrap()),
+            acts: common::hex(t["acts"].as_str().unwrap()),
             dots,
-            batch_acts: hex(t["batch_acts"].as_str().unwrap()),
+            batch_acts: common::hex(t["batch_acts"].as_str().unwrap()),
             batch,
         });
     }

@@ -61,6 +61,22 @@ pub fn golden_dir() -> PathBuf {
     repo_dir().join("tests").join("golden")
 }
 
+/// The bytes of a hex string (the block goldens written by `scripts/make-fixtures.py`).
+pub fn hex(s: &str) -> Vec<u8> {
+    assert!(s.len().is_multiple_of(2), "odd hex length");
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// The little-endian f32 values of a hex string.
+pub fn f32s_le(hex_le: &str) -> Vec<f32> {
+    hex(hex_le)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 /// Read a JSON-lines golden file.
 pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
     // Lossy: golden lines may carry generated text of a random model that is not valid UTF-8;
