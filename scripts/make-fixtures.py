@@ -387,6 +387,16 @@ def logits_goldens(path, out_dir, texts, top_k, n_gen, long_prompt=False):
     ref.close()
 
 
+def write_rows_json(path, head, method, rows, row_key):
+    """`head`, the `method` that made the golden and its `rows`, as compact JSON with one row
+    (an object whose first key is `row_key`) a line: short diffs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({**head, "method": method, "rows": rows}, separators=(",", ":"))
+    text = text.replace(f',{{"{row_key}"', f',\n{{"{row_key}"')
+    path.write_text(text + "\n")
+    log(f"wrote {path}")
+
+
 def embeddings_golden(path, out_dir, texts):
     """The reference's pooled embeddings of the golden prompts, per pooling type."""
     rows, n_embd = [], None
@@ -400,17 +410,10 @@ def embeddings_golden(path, out_dir, texts):
             rows.append({"pooling": name, "prompt_index": i, "ids": ids,
                          "embedding": [float(f"{x:.7g}") for x in v]})
         ref.close()
-    out = {"n_embd": n_embd,
-           "method": "llama.cpp context with embeddings=true and pooling_type set; each prompt "
-                     "decoded alone in one batch (all tokens output) from an empty cache; "
-                     "llama_get_embeddings_seq(ctx, 0), not normalized",
-           "rows": rows}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(out, separators=(",", ":"))
-    # One row per line: short diffs.
-    text = text.replace(',{"pooling"', ',\n{"pooling"')
-    (out_dir / "embeddings.json").write_text(text + "\n")
-    log(f"wrote {out_dir / 'embeddings.json'}")
+    method = ("llama.cpp context with embeddings=true and pooling_type set; each prompt decoded "
+              "alone in one batch (all tokens output) from an empty cache; "
+              "llama_get_embeddings_seq(ctx, 0), not normalized")
+    write_rows_json(out_dir / "embeddings.json", {"n_embd": n_embd}, method, rows, "pooling")
 
 
 def tokenize_golden(path, out_dir, texts):
@@ -453,21 +456,40 @@ def perplexity_golden(bin_dir, path, out_dir):
     log(f"wrote {out_dir / 'perplexity.json'}")
 
 
+class GgmlTypeTraits(ctypes.Structure):
+    """ggml's `struct ggml_type_traits`."""
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                ("from_float_ref", ctypes.c_void_p)]
+
+
+# ggml's `ggml_to_float_t`: (blocks, values out, element count).
+TO_FLOAT_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
+                              ctypes.c_int64)
+
+
+def ggml_base(bin_dir):
+    """The reference's `libggml-base`, with the signatures the goldens call: the type traits,
+    `ggml_quantize_requires_imatrix` and `ggml_quantize_chunk` (its pointers as `void *`, so
+    ctypes arrays, buffers, numpy addresses and None all pass)."""
+    ggml = ctypes.CDLL(str(bin_dir / "libggml-base.so"))
+    ggml.ggml_get_type_traits.restype = ctypes.POINTER(GgmlTypeTraits)
+    ggml.ggml_get_type_traits.argtypes = [ctypes.c_int]
+    ggml.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+    ggml.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
+    ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
+    ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_void_p]
+    return ggml
+
+
 def dequant_golden(bin_dir, work, out_path):
     """ggml's own `to_float` on three tensors of every random-llama file."""
     import numpy as np
 
-    class Traits(ctypes.Structure):
-        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
-                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
-                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
-                    ("from_float_ref", ctypes.c_void_p)]
-
-    ggml = ctypes.CDLL(str(bin_dir / "libggml-base.so"))
-    ggml.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
-    ggml.ggml_get_type_traits.argtypes = [ctypes.c_int]
-    to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
-                                  ctypes.c_int64)
+    ggml = ggml_base(bin_dir)
     out = {}
     names = [n for n in [*VARIANTS, "random-llama-f32"] if n.startswith("random-llama")]
     for name in sorted([*names, *DEQUANT_EXTRA]):
@@ -484,7 +506,7 @@ def dequant_golden(bin_dir, work, out_path):
             traits = ggml.ggml_get_type_traits(int(t.tensor_type)).contents
             if traits.to_float:
                 vals = (ctypes.c_float * n)()
-                to_float_t(traits.to_float)(data, vals, n)
+                TO_FLOAT_T(traits.to_float)(data, vals, n)
                 v = np.ctypeslib.as_array(vals).astype(np.float64)
             else:  # F32: ggml has nothing to convert
                 v = np.frombuffer(data, dtype="<f4").astype(np.float64)
@@ -517,21 +539,7 @@ def iq2_blocks_golden(bin_dir, out_path):
     import random
     import struct
 
-    class Traits(ctypes.Structure):
-        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
-                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
-                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
-                    ("from_float_ref", ctypes.c_void_p)]
-
-    ggml = ctypes.CDLL(str(bin_dir / "libggml-base.so"))
-    ggml.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
-    ggml.ggml_get_type_traits.argtypes = [ctypes.c_int]
-    ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
-    ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_float),
-                                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                         ctypes.c_int64, ctypes.POINTER(ctypes.c_float)]
-    to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
-                                  ctypes.c_int64)
+    ggml = ggml_base(bin_dir)
 
     class CpuTraits(ctypes.Structure):
         _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
@@ -607,7 +615,7 @@ def iq2_blocks_golden(bin_dir, out_path):
             data += blk
         n = n_per_row * len(data) // size
         vals = (ctypes.c_float * n)()
-        to_float_t(traits.to_float)(bytes(data), vals, n)
+        TO_FLOAT_T(traits.to_float)(bytes(data), vals, n)
         ct = cpu.ggml_get_type_traits_cpu(tid).contents
         assert ct.vec_dot_type == q8k, (name, ct.vec_dot_type)
         row = 512
@@ -659,23 +667,7 @@ def iq_blocks_golden(bin_dir, out_path):
     the input rows' f32 bytes."""
     import numpy as np
 
-    class Traits(ctypes.Structure):
-        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
-                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
-                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
-                    ("from_float_ref", ctypes.c_void_p)]
-
-    ggml = ctypes.CDLL(str(bin_dir / "libggml-base.so"))
-    ggml.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
-    ggml.ggml_get_type_traits.argtypes = [ctypes.c_int]
-    ggml.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
-    ggml.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
-    ggml.ggml_quantize_chunk.restype = ctypes.c_size_t
-    ggml.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                         ctypes.c_void_p]
-    to_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
-                                  ctypes.c_int64)
+    ggml = ggml_base(bin_dir)
     rng = np.random.default_rng(20261129)
     nrows, n_per_row = 2, 512
     out = {}
@@ -695,7 +687,7 @@ def iq_blocks_golden(bin_dir, out_path):
                                          imatrix.ctypes.data if weighted else None)
         assert wrote == n_bytes, (name, wrote, n_bytes)
         vals = (ctypes.c_float * (nrows * n_per_row))()
-        to_float_t(traits.to_float)(dst, vals, nrows * n_per_row)
+        TO_FLOAT_T(traits.to_float)(dst, vals, nrows * n_per_row)
         out[name] = {
             "type": name, "nrows": nrows, "n_per_row": n_per_row, "imatrix": weighted,
             **({} if weighted else {"input_f32le": x.astype("<f4").tobytes().hex()}),
@@ -746,15 +738,10 @@ def rerank_golden(path, out_dir, texts):
             scores = [float(f"{float(x):.7g}") for x in ref.np.ctypeslib.as_array(ptr, shape=(n_out,))]
             rows.append({"query_index": qi, "document_index": di, "ids": ids, "scores": scores})
     ref.close()
-    out = {"n_cls_out": n_out,
-           "method": "llama.cpp context with embeddings=true and pooling_type rank; each "
-                     "query-document prompt (format_prompt_rerank without a template) decoded "
-                     "alone in one batch from an empty cache; llama_get_embeddings_seq(ctx, 0)",
-           "rows": rows}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(out, separators=(",", ":")).replace(',{"query_index"', ',\n{"query_index"')
-    (out_dir / "rerank.json").write_text(text + "\n")
-    log(f"wrote {out_dir / 'rerank.json'}")
+    method = ("llama.cpp context with embeddings=true and pooling_type rank; each query-document "
+              "prompt (format_prompt_rerank without a template) decoded alone in one batch from "
+              "an empty cache; llama_get_embeddings_seq(ctx, 0)")
+    write_rows_json(out_dir / "rerank.json", {"n_cls_out": n_out}, method, rows, "query_index")
 
 
 def main():

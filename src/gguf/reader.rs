@@ -81,13 +81,8 @@ impl TensorInfo {
 /// part's metadata, every part's tensors.
 pub struct GgufFile {
     backing: Arc<Backing>,
-    version: u32,
-    alignment: usize,
-    data_offset: usize,
-    metadata: Vec<(String, Value)>,
-    key_index: HashMap<String, usize>,
-    tensors: Vec<TensorInfo>,
-    tensor_index: HashMap<String, usize>,
+    /// The first part's header (with every part's tensors).
+    header: Header,
     /// The parts after the first of a split model (none for one file).
     parts: Vec<Part>,
     /// Per tensor (in `tensors` order), the part holding its bytes (0: the first); empty for
@@ -104,10 +99,10 @@ struct Part {
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GgufFile")
-            .field("version", &self.version)
+            .field("version", &self.header.version)
             .field("file_size", &self.file_size())
-            .field("n_metadata", &self.metadata.len())
-            .field("n_tensors", &self.tensors.len())
+            .field("n_metadata", &self.header.metadata.len())
+            .field("n_tensors", &self.header.tensors.len())
             .finish()
     }
 }
@@ -133,13 +128,7 @@ impl GgufFile {
         let header = parse_header(&backing)?;
         Ok(GgufFile {
             backing,
-            version: header.version,
-            alignment: header.alignment,
-            data_offset: header.data_offset,
-            key_index: header.key_index,
-            metadata: header.metadata,
-            tensor_index: header.tensor_index,
-            tensors: header.tensors,
+            header,
             parts: Vec::new(),
             tensor_part: Vec::new(),
         })
@@ -175,7 +164,7 @@ impl GgufFile {
             );
             return Err(fail(path, problem));
         };
-        first.tensor_part = vec![0; first.tensors.len()];
+        first.tensor_part = vec![0; first.header.tensors.len()];
         for (i, p) in paths.iter().enumerate().skip(1) {
             if !p.is_file() {
                 let problem = format!("part {} of {count} of {} is missing", i + 1, path.display());
@@ -202,11 +191,11 @@ impl GgufFile {
             first.join(part, i).map_err(|problem| fail(p, problem))?;
         }
         let want = first.opt_u64(split::SPLIT_TENSORS_COUNT)?;
-        if want != Some(first.tensors.len() as u64) {
+        if want != Some(first.header.tensors.len() as u64) {
             let want = want.map_or("missing".to_string(), |n| n.to_string());
             let problem = format!(
                 "split.tensors.count = {want}, but the {count} parts hold {} tensors",
-                first.tensors.len()
+                first.header.tensors.len()
             );
             return Err(fail(path, problem));
         }
@@ -215,17 +204,19 @@ impl GgufFile {
 
     /// Take `part`'s tensors in as part number `no` (its bytes stay in its own backing).
     fn join(&mut self, part: GgufFile, no: usize) -> Result<(), String> {
-        for t in part.tensors {
-            if self.tensor_index.contains_key(&t.name) {
+        for t in part.header.tensors {
+            if self.header.tensor_index.contains_key(&t.name) {
                 return Err(format!("tensor '{}' is also in an earlier part", t.name));
             }
-            self.tensor_index.insert(t.name.clone(), self.tensors.len());
-            self.tensors.push(t);
+            self.header
+                .tensor_index
+                .insert(t.name.clone(), self.header.tensors.len());
+            self.header.tensors.push(t);
             self.tensor_part.push(no);
         }
         self.parts.push(Part {
             backing: part.backing,
-            data_offset: part.data_offset,
+            data_offset: part.header.data_offset,
         });
         Ok(())
     }
@@ -247,6 +238,7 @@ impl GgufFile {
         match self.tensor_part.is_empty() {
             true => 0,
             false => self
+                .header
                 .tensor_index
                 .get(&info.name)
                 .map_or(0, |&i| self.tensor_part[i]),
@@ -257,22 +249,22 @@ impl GgufFile {
     fn part(&self, no: usize) -> (&Arc<Backing>, usize) {
         match no.checked_sub(1).and_then(|i| self.parts.get(i)) {
             Some(p) => (&p.backing, p.data_offset),
-            None => (&self.backing, self.data_offset),
+            None => (&self.backing, self.header.data_offset),
         }
     }
 
     pub fn version(&self) -> u32 {
-        self.version
+        self.header.version
     }
 
     /// `general.alignment`, default 32; always a power of two.
     pub fn alignment(&self) -> usize {
-        self.alignment
+        self.header.alignment
     }
 
     /// Absolute byte offset of the data section (tensor offsets are relative to it).
     pub fn data_offset(&self) -> usize {
-        self.data_offset
+        self.header.data_offset
     }
 
     /// Bytes of the file (of every part, for a split model).
@@ -282,7 +274,7 @@ impl GgufFile {
 
     /// All metadata in file order.
     pub fn metadata(&self) -> &[(String, Value)] {
-        &self.metadata
+        &self.header.metadata
     }
 
     /// Heap bytes of the parsed header (metadata values, tensor infos and both indexes), each
@@ -300,26 +292,31 @@ impl GgufFile {
                 .next_power_of_two();
             alloc(buckets * (slot + 1) + 16) + m.keys().map(|k| alloc(k.capacity())).sum::<usize>()
         }
-        alloc(self.metadata.capacity() * std::mem::size_of::<(String, Value)>())
+        alloc(self.header.metadata.capacity() * std::mem::size_of::<(String, Value)>())
             + self
+                .header
                 .metadata
                 .iter()
                 .map(|(k, v)| alloc(k.capacity()) + v.heap_bytes(alloc))
                 .sum::<usize>()
-            + alloc(self.tensors.capacity() * std::mem::size_of::<TensorInfo>())
+            + alloc(self.header.tensors.capacity() * std::mem::size_of::<TensorInfo>())
             + self
+                .header
                 .tensors
                 .iter()
                 .map(|t| alloc(t.name.capacity()) + alloc(t.shape.capacity() * 8))
                 .sum::<usize>()
-            + index(&self.key_index, alloc)
-            + index(&self.tensor_index, alloc)
+            + index(&self.header.key_index, alloc)
+            + index(&self.header.tensor_index, alloc)
             + alloc(self.tensor_part.capacity() * std::mem::size_of::<usize>())
             + alloc(self.parts.capacity() * std::mem::size_of::<Part>())
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.key_index.get(key).map(|&i| &self.metadata[i].1)
+        self.header
+            .key_index
+            .get(key)
+            .map(|&i| &self.header.metadata[i].1)
     }
 
     fn require(&self, key: &str) -> Result<&Value, GgufError> {
@@ -397,11 +394,14 @@ impl GgufFile {
 
     /// Tensor infos in file order.
     pub fn tensors(&self) -> &[TensorInfo] {
-        &self.tensors
+        &self.header.tensors
     }
 
     pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+        self.header
+            .tensor_index
+            .get(name)
+            .map(|&i| &self.header.tensors[i])
     }
 
     /// The tensor's bytes, zero-copy. `info` must come from this file (its range was checked at

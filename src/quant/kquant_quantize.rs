@@ -15,7 +15,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::*;
-use super::reference::{check_lengths, nearest_int, Quantize};
+use super::reference::{nearest_int, quantize_blocks, Quantize};
 
 /// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below it counts as all zero.
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -41,33 +41,50 @@ fn signed_max(x: &[f32]) -> (f32, f32) {
     (max, amax)
 }
 
+/// The first fit of ggml's symmetric searches (`make_qx_quants`, `make_q3_quants`): the signed
+/// absmax `max` maps to `-nmax`, quants `l` in `[-nmax, nmax)` are stored as `l + offset`, and
+/// the x²-weighted sums `Σ w·x·l`, `Σ w·l²` taken. Returns `(max, Σ w·x·l, Σ w·l²)`, or `None`
+/// (every quant 0) for an all-zero group.
+fn first_symmetric_fit(
+    nmax: i32,
+    x: &[f32],
+    big_l: &mut [i8],
+    offset: i32,
+) -> Option<(f32, f32, f32)> {
+    let n = x.len();
+    let (max, amax) = signed_max(x);
+    if amax < GROUP_MAX_EPS {
+        big_l[..n].fill(0);
+        return None;
+    }
+    let iscale = -nmax as f32 / max;
+    let mut sumlx = 0.0f32;
+    let mut suml2 = 0.0f32;
+    for i in 0..n {
+        let l = clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        big_l[i] = (l + offset) as i8;
+        let w = x[i] * x[i];
+        sumlx += w * x[i] * l as f32;
+        suml2 += w * l as f32 * l as f32;
+    }
+    Some((max, sumlx, suml2))
+}
+
 /// ggml's `make_qx_quants` for `rmse_type = 1` and `qw = NULL` (the case
 /// `quantize_row_q6_K_ref` uses): symmetric quants `l` in `[-nmax, nmax)` stored as `l + nmax`,
 /// the scale chosen among 19 candidates by the x²-weighted least-squares fit. Returns the scale.
 fn make_qx_quants(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
     let n = x.len();
-    let (max, amax) = signed_max(x);
-    if amax < GROUP_MAX_EPS {
-        big_l[..n].fill(0);
+    let Some((max, mut sumlx, mut suml2)) = first_symmetric_fit(nmax, x, big_l, nmax) else {
         return 0.0;
-    }
-    let mut iscale = -nmax as f32 / max;
-    let mut sumlx = 0.0f32;
-    let mut suml2 = 0.0f32;
-    for i in 0..n {
-        let l = clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        big_l[i] = (l + nmax) as i8;
-        let w = x[i] * x[i];
-        sumlx += w * x[i] * l as f32;
-        suml2 += w * l as f32 * l as f32;
-    }
+    };
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
     for is in -9..=9 {
         if is == 0 {
             continue;
         }
-        iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
+        let iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
         for i in 0..n {
@@ -93,21 +110,9 @@ fn make_qx_quants(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
 /// `l + nmax`, or all 0 for an all-zero group. Returns the scale.
 fn make_q3_quants(nmax: i32, x: &[f32], big_l: &mut [i8]) -> f32 {
     let n = x.len();
-    let (max, amax) = signed_max(x);
-    if amax < GROUP_MAX_EPS {
-        big_l[..n].fill(0);
+    let Some((_, mut sumlx, mut suml2)) = first_symmetric_fit(nmax, x, big_l, 0) else {
         return 0.0;
-    }
-    let iscale = -nmax as f32 / max;
-    let mut sumlx = 0.0f32;
-    let mut suml2 = 0.0f32;
-    for i in 0..n {
-        let l = clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        big_l[i] = l as i8;
-        let w = x[i] * x[i];
-        sumlx += w * x[i] * l as f32;
-        suml2 += w * l as f32 * l as f32;
-    }
+    };
     for _ in 0..5 {
         let mut n_changed = 0;
         for i in 0..n {
@@ -151,6 +156,19 @@ struct Qkx2 {
     nstep: i32,
     /// Weigh absolute errors (true) or squared errors.
     use_mad: bool,
+}
+
+impl Qkx2 {
+    /// `make_qkx2_quants(.., nmax, .., rmin, rdelta, nstep, use_mad)`'s knobs, in its order.
+    const fn new(nmax: i32, rmin: f32, rdelta: f32, nstep: i32, use_mad: bool) -> Qkx2 {
+        Qkx2 {
+            nmax,
+            rmin,
+            rdelta,
+            nstep,
+            use_mad,
+        }
+    }
 }
 
 /// ggml's `make_qkx2_quants`: asymmetric quants `l` in `[0, nmax]` with `x ≈ scale*l - the_min`,
@@ -240,6 +258,77 @@ fn make_qkx2_quants(
     (scale, -min)
 }
 
+/// [`make_qkx2_quants`] on each `N`-element sub-block `xs` of a super-block, weighted by
+/// `weigh(xs)`, its quants into `big_l`. Returns the sub-blocks' scales and minimums and the
+/// largest of each (0 if none is positive).
+fn fit_qkx2<const N: usize, const S: usize>(
+    search: &Qkx2,
+    x: &[f32],
+    big_l: &mut [u8; QK_K],
+    weigh: impl Fn(&[f32]) -> [f32; N],
+) -> ([f32; S], [f32; S], f32, f32) {
+    let mut laux = [0u8; N];
+    let mut mins = [0.0f32; S];
+    let mut scales = [0.0f32; S];
+    let mut max_scale = 0.0f32;
+    let mut max_min = 0.0f32;
+    for j in 0..S {
+        let xs = &x[N * j..N * j + N];
+        let weights = weigh(xs);
+        let ls = &mut big_l[N * j..N * j + N];
+        (scales[j], mins[j]) = make_qkx2_quants(search, xs, &weights, ls, &mut laux);
+        if scales[j] > max_scale {
+            max_scale = scales[j];
+        }
+        if mins[j] > max_min {
+            max_min = mins[j];
+        }
+    }
+    (scales, mins, max_scale, max_min)
+}
+
+/// `fit(xs, ls)` (a symmetric fit returning its scale) on each 16-element sub-block `xs` of a
+/// super-block. Returns the quants `ls`, the scales, the one of the largest magnitude (signed,
+/// the first on ties) and that magnitude.
+fn fit_symmetric(
+    x: &[f32],
+    fit: impl Fn(&[f32], &mut [i8]) -> f32,
+) -> ([i8; QK_K], [f32; QK_K / 16], f32, f32) {
+    let mut big_l = [0i8; QK_K];
+    let mut scales = [0.0f32; QK_K / 16];
+    let mut max_scale = 0.0f32;
+    let mut amax = 0.0f32;
+    for j in 0..QK_K / 16 {
+        scales[j] = fit(&x[16 * j..16 * j + 16], &mut big_l[16 * j..16 * j + 16]);
+        let scale = scales[j].abs();
+        if scale > amax {
+            amax = scale;
+            max_scale = scales[j];
+        }
+    }
+    (big_l, scales, max_scale, amax)
+}
+
+/// Each `n`-element sub-block `j` of a super-block quantized again against its stored scale
+/// `d(j)`: element `v` becomes `q(j, v, d)`; a sub-block whose scale is 0 keeps its quants.
+fn requantize<T>(
+    x: &[f32],
+    n: usize,
+    big_l: &mut [T],
+    d: impl Fn(usize) -> f32,
+    q: impl Fn(usize, f32, f32) -> T,
+) {
+    for j in 0..QK_K / n {
+        let d = d(j);
+        if d == 0.0 {
+            continue;
+        }
+        for ii in 0..n {
+            big_l[n * j + ii] = q(j, x[n * j + ii], d);
+        }
+    }
+}
+
 /// Pack 256 two-bit quants as Q2_K / Q3_K do: byte `32*h + l` of `qs` holds elements
 /// `128*h + l + 32*k` at bits `2k..2k+2`.
 fn pack_2bit(big_l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
@@ -256,37 +345,14 @@ fn pack_2bit(big_l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
 /// ggml's `quantize_row_q2_K_ref`.
 impl Quantize for BlockQ2K {
     fn quantize(x: &[f32], out: &mut [Self]) {
-        check_lengths(out.len(), QK_K, x.len());
-        const SEARCH: Qkx2 = Qkx2 {
-            nmax: 3,
-            rmin: -0.5,
-            rdelta: 0.1,
-            nstep: 15,
-            use_mad: true,
-        };
+        const SEARCH: Qkx2 = Qkx2::new(3, -0.5, 0.1, 15, true);
         let q4scale = 15.0f32;
-        for (x, y) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        quantize_blocks(x, out, QK_K, |x, y| {
             let mut big_l = [0u8; QK_K];
-            let mut laux = [0u8; 16];
-            let mut weights = [0.0f32; 16];
-            let mut mins = [0.0f32; QK_K / 16];
-            let mut scales = [0.0f32; QK_K / 16];
-            let mut max_scale = 0.0f32;
-            let mut max_min = 0.0f32;
-            for j in 0..QK_K / 16 {
-                let xs = &x[16 * j..16 * j + 16];
-                for l in 0..16 {
-                    weights[l] = xs[l].abs();
-                }
-                let ls = &mut big_l[16 * j..16 * j + 16];
-                (scales[j], mins[j]) = make_qkx2_quants(&SEARCH, xs, &weights, ls, &mut laux);
-                if scales[j] > max_scale {
-                    max_scale = scales[j];
-                }
-                if mins[j] > max_min {
-                    max_min = mins[j];
-                }
-            }
+            let (scales, mins, max_scale, max_min) =
+                fit_qkx2::<16, { QK_K / 16 }>(&SEARCH, x, &mut big_l, |xs| {
+                    core::array::from_fn(|l| xs[l].abs())
+                });
 
             if max_scale > 0.0 {
                 let iscale = q4scale / max_scale;
@@ -308,40 +374,28 @@ impl Quantize for BlockQ2K {
             } else {
                 y.dmin = F16Le::from_f32(0.0);
             }
-            for j in 0..QK_K / 16 {
-                let d = y.d.to_f32() * (y.scales[j] & 0xF) as f32;
-                if d == 0.0 {
-                    continue;
-                }
-                let dm = y.dmin.to_f32() * (y.scales[j] >> 4) as f32;
-                for ii in 0..16 {
-                    let l = nearest_int((x[16 * j + ii] + dm) / d);
-                    big_l[16 * j + ii] = clamp(l, 0, 3) as u8;
-                }
-            }
+            let (d, dmin) = (y.d.to_f32(), y.dmin.to_f32());
+            requantize(
+                x,
+                16,
+                &mut big_l,
+                |j| d * (y.scales[j] & 0xF) as f32,
+                |j, v, d| {
+                    let dm = dmin * (y.scales[j] >> 4) as f32;
+                    clamp(nearest_int((v + dm) / d), 0, 3) as u8
+                },
+            );
             pack_2bit(&big_l, &mut y.qs);
-        }
+        });
     }
 }
 
 /// ggml's `quantize_row_q3_K_ref`.
 impl Quantize for BlockQ3K {
     fn quantize(x: &[f32], out: &mut [Self]) {
-        check_lengths(out.len(), QK_K, x.len());
-        for (x, y) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
-            let mut big_l = [0i8; QK_K];
-            let mut scales = [0.0f32; QK_K / 16];
-            let mut max_scale = 0.0f32;
-            let mut amax = 0.0f32;
-            for j in 0..QK_K / 16 {
-                scales[j] =
-                    make_q3_quants(4, &x[16 * j..16 * j + 16], &mut big_l[16 * j..16 * j + 16]);
-                let scale = scales[j].abs();
-                if scale > amax {
-                    amax = scale;
-                    max_scale = scales[j];
-                }
-            }
+        quantize_blocks(x, out, QK_K, |x, y| {
+            let (mut big_l, scales, max_scale, _) =
+                fit_symmetric(x, |xs, ls| make_q3_quants(4, xs, ls));
 
             y.scales = [0; 12];
             if max_scale != 0.0 {
@@ -362,17 +416,14 @@ impl Quantize for BlockQ3K {
                 y.d = F16Le::from_f32(0.0);
             }
 
-            let sc = q3k_scales(&y.scales);
-            for j in 0..QK_K / 16 {
-                let d = y.d.to_f32() * sc[j] as f32;
-                if d == 0.0 {
-                    continue;
-                }
-                for ii in 0..16 {
-                    let l = nearest_int(x[16 * j + ii] / d);
-                    big_l[16 * j + ii] = (clamp(l, -4, 3) + 4) as i8;
-                }
-            }
+            let (d, sc) = (y.d.to_f32(), q3k_scales(&y.scales));
+            requantize(
+                x,
+                16,
+                &mut big_l,
+                |j| d * sc[j] as f32,
+                |_, v, d| (clamp(nearest_int(v / d), -4, 3) + 4) as i8,
+            );
 
             // The high bit of element j goes to bit j/32 of hmask[j%32].
             y.hmask = [0; QK_K / 8];
@@ -386,7 +437,7 @@ impl Quantize for BlockQ3K {
                 low[j] = l;
             }
             pack_2bit(&low, &mut y.qs);
-        }
+        });
     }
 }
 
@@ -417,31 +468,15 @@ fn quantize_k4_scales(
     packed: &mut [u8; 12],
 ) -> [u8; QK_K] {
     let mut big_l = [0u8; QK_K];
-    let mut laux = [0u8; 32];
-    let mut weights = [0.0f32; 32];
-    let mut mins = [0.0f32; QK_K / 32];
-    let mut scales = [0.0f32; QK_K / 32];
-    let mut max_scale = 0.0f32;
-    let mut max_min = 0.0f32;
-    for j in 0..QK_K / 32 {
-        let xs = &x[32 * j..32 * j + 32];
-        let mut sum_x2 = 0.0f32;
-        for l in 0..32 {
-            sum_x2 += xs[l] * xs[l];
-        }
-        let av_x = (sum_x2 / 32.0).sqrt();
-        for l in 0..32 {
-            weights[l] = av_x + xs[l].abs();
-        }
-        let ls = &mut big_l[32 * j..32 * j + 32];
-        (scales[j], mins[j]) = make_qkx2_quants(search, xs, &weights, ls, &mut laux);
-        if scales[j] > max_scale {
-            max_scale = scales[j];
-        }
-        if mins[j] > max_min {
-            max_min = mins[j];
-        }
-    }
+    let (scales, mins, max_scale, max_min) =
+        fit_qkx2::<32, { QK_K / 32 }>(search, x, &mut big_l, |xs| {
+            let mut sum_x2 = 0.0f32;
+            for l in 0..32 {
+                sum_x2 += xs[l] * xs[l];
+            }
+            let av_x = (sum_x2 / 32.0).sqrt();
+            core::array::from_fn(|l| av_x + xs[l].abs())
+        });
 
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
@@ -460,55 +495,40 @@ fn quantize_k4_scales(
     *d_out = F16Le::from_f32(max_scale / 63.0);
     *dmin_out = F16Le::from_f32(max_min / 63.0);
 
-    for j in 0..QK_K / 32 {
-        let (sc, m) = scale_min_k4(j, packed);
-        let d = d_out.to_f32() * sc as f32;
-        if d == 0.0 {
-            continue;
-        }
-        let dm = dmin_out.to_f32() * m as f32;
-        for ii in 0..32 {
-            let l = nearest_int((x[32 * j + ii] + dm) / d);
-            big_l[32 * j + ii] = clamp(l, 0, search.nmax) as u8;
-        }
-    }
+    let (d, dmin) = (d_out.to_f32(), dmin_out.to_f32());
+    requantize(
+        x,
+        32,
+        &mut big_l,
+        |j| d * scale_min_k4(j, packed).0 as f32,
+        |j, v, d| {
+            let dm = dmin * scale_min_k4(j, packed).1 as f32;
+            clamp(nearest_int((v + dm) / d), 0, search.nmax) as u8
+        },
+    );
     big_l
 }
 
 /// ggml's `quantize_row_q4_K_ref`.
 impl Quantize for BlockQ4K {
     fn quantize(x: &[f32], out: &mut [Self]) {
-        check_lengths(out.len(), QK_K, x.len());
-        const SEARCH: Qkx2 = Qkx2 {
-            nmax: 15,
-            rmin: -1.0,
-            rdelta: 0.1,
-            nstep: 20,
-            use_mad: false,
-        };
-        for (x, y) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        const SEARCH: Qkx2 = Qkx2::new(15, -1.0, 0.1, 20, false);
+        quantize_blocks(x, out, QK_K, |x, y| {
             let big_l = quantize_k4_scales(x, &SEARCH, &mut y.d, &mut y.dmin, &mut y.scales);
             for (j, q) in (0..QK_K).step_by(64).zip(y.qs.chunks_exact_mut(32)) {
                 for l in 0..32 {
                     q[l] = big_l[j + l] | (big_l[j + l + 32] << 4);
                 }
             }
-        }
+        });
     }
 }
 
 /// ggml's `quantize_row_q5_K_ref`.
 impl Quantize for BlockQ5K {
     fn quantize(x: &[f32], out: &mut [Self]) {
-        check_lengths(out.len(), QK_K, x.len());
-        const SEARCH: Qkx2 = Qkx2 {
-            nmax: 31,
-            rmin: -0.5,
-            rdelta: 0.1,
-            nstep: 15,
-            use_mad: false,
-        };
-        for (x, y) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        const SEARCH: Qkx2 = Qkx2::new(31, -0.5, 0.1, 15, false);
+        quantize_blocks(x, out, QK_K, |x, y| {
             let big_l = quantize_k4_scales(x, &SEARCH, &mut y.d, &mut y.dmin, &mut y.scales);
             y.qh = [0; QK_K / 8];
             let (mut m1, mut m2) = (1u8, 2u8);
@@ -529,37 +549,21 @@ impl Quantize for BlockQ5K {
                 m1 <<= 2;
                 m2 <<= 2;
             }
-        }
+        });
     }
 }
 
 /// ggml's `quantize_row_q6_K_ref`.
 impl Quantize for BlockQ6K {
     fn quantize(x: &[f32], out: &mut [Self]) {
-        check_lengths(out.len(), QK_K, x.len());
-        for (x, y) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
-            let mut big_l = [0i8; QK_K];
-            let mut scales = [0.0f32; QK_K / 16];
-            let mut max_scale = 0.0f32;
-            let mut max_abs_scale = 0.0f32;
-            for ib in 0..QK_K / 16 {
-                let scale = make_qx_quants(
-                    32,
-                    &x[16 * ib..16 * ib + 16],
-                    &mut big_l[16 * ib..16 * ib + 16],
-                );
-                scales[ib] = scale;
-                let abs_scale = scale.abs();
-                if abs_scale > max_abs_scale {
-                    max_abs_scale = abs_scale;
-                    max_scale = scale;
-                }
-            }
+        quantize_blocks(x, out, QK_K, |x, y| {
+            let (mut big_l, scales, max_scale, max_abs_scale) =
+                fit_symmetric(x, |xs, ls| make_qx_quants(32, xs, ls));
 
             if max_abs_scale < GROUP_MAX_EPS {
                 *y = BlockQ6K::default();
                 y.d = F16Le::from_f32(0.0);
-                continue;
+                return;
             }
 
             let iscale = -128.0f32 / max_scale;
@@ -568,16 +572,14 @@ impl Quantize for BlockQ6K {
                 y.scales[ib] = 127.min(nearest_int(iscale * scales[ib])) as i8;
             }
 
-            for j in 0..QK_K / 16 {
-                let d = y.d.to_f32() * y.scales[j] as f32;
-                if d == 0.0 {
-                    continue;
-                }
-                for ii in 0..16 {
-                    let l = nearest_int(x[16 * j + ii] / d);
-                    big_l[16 * j + ii] = (clamp(l, -32, 31) + 32) as i8;
-                }
-            }
+            let d = y.d.to_f32();
+            requantize(
+                x,
+                16,
+                &mut big_l,
+                |j| d * y.scales[j] as f32,
+                |_, v, d| (clamp(nearest_int(v / d), -32, 31) + 32) as i8,
+            );
 
             for (j, (ql, qh)) in (0..QK_K)
                 .step_by(128)
@@ -591,7 +593,7 @@ impl Quantize for BlockQ6K {
                         (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
                 }
             }
-        }
+        });
     }
 }
 

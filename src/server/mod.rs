@@ -33,6 +33,7 @@ mod logprobs;
 mod metrics;
 mod native;
 mod ollama;
+mod parts;
 mod ready;
 mod rerank;
 pub mod respond;

@@ -113,6 +113,39 @@ fn fnv1a(out: &[f32]) -> u64 {
     h
 }
 
+/// The scalar path and, where this CPU has one, its SIMD tier's.
+fn paths() -> Vec<F16Ops> {
+    let mut paths = vec![F16Ops::scalar()];
+    if F16Ops::detect().name != "scalar" {
+        paths.push(F16Ops::detect());
+    }
+    paths
+}
+
+/// Whether `got` has `want`'s bits, element by element.
+fn same_bits(got: &[f32], want: &[f32]) -> bool {
+    got.iter()
+        .zip(want)
+        .all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
+/// Every path on 1, 2 and 3 threads gives `want`'s bits.
+fn assert_every_path_gives(c: &Case, paths: &[F16Ops], want: &[f32], what: &str) {
+    for threads in [1, 2, 3] {
+        for ops in paths {
+            let got = run(c, ops, threads);
+            assert!(same_bits(&got, want), "{} {what} thr {threads}", ops.name);
+        }
+    }
+}
+
+/// `got` is within `tol` of exact attention, element by element.
+fn assert_near_exact(got: &[f32], exact: &[f64], tol: f64, what: &str) {
+    for (i, (a, b)) in got.iter().zip(exact).enumerate() {
+        assert!((*a as f64 - b).abs() < tol, "{what} i {i}: {a} vs {b}");
+    }
+}
+
 /// Bit-exact agreement with the reference engine. Each hash is FNV-1a over the output
 /// bits of ggml's `ggml_flash_attn_ext` (CPU backend, AVX-512 build, F32 precision, f16
 /// K/V, causal mask with the window) on the inputs of `make_case(.., seed 5)`, computed
@@ -138,10 +171,7 @@ fn bit_exact_with_reference_engine() {
         (256, 4, 1, 3, 100, 0, 2, 0x8a51d8beb2aa65fc), // Gemma-3's head layout
         (256, 4, 1, 80, 100, 0, 2, 0x3ae094c031f9ec9c),
     ];
-    let mut paths = vec![F16Ops::scalar()];
-    if F16Ops::detect().name != "scalar" {
-        paths.push(F16Ops::detect());
-    }
+    let paths = paths();
     for &(dk, h, hkv, n, pos0, win, threads, want) in cases {
         let c = make_case(dk, h, hkv, n, pos0, win, 5);
         for ops in &paths {
@@ -153,6 +183,20 @@ fn bit_exact_with_reference_engine() {
             );
         }
     }
+}
+
+/// The positions row `t` of the pass sees, `first..=last`: up to its own (causal) or the
+/// pass's last (bidirectional), from the window's start.
+fn visible(c: &Case, t: usize) -> (usize, usize) {
+    let last = if c.shape.causal {
+        c.pos0 + t
+    } else {
+        c.pos0 + c.n_tokens - 1
+    };
+    (
+        c.shape.window.map_or(0, |w| (last + 1).saturating_sub(w)),
+        last,
+    )
 }
 
 /// The reference engine's algorithm written plainly, one query row at a time (no work
@@ -169,13 +213,7 @@ fn reference_rows(c: &Case) -> Vec<f32> {
         .next_multiple_of(256)
         .min(s.kv_stride.next_multiple_of(256));
     for t in 0..c.n_tokens {
-        // Bidirectional: every row sees the pass's last position.
-        let p = if s.causal {
-            c.pos0 + t
-        } else {
-            c.pos0 + c.n_tokens - 1
-        };
-        let first = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        let (first, p) = visible(c, t);
         let seen = |pos: usize| pos >= first && pos <= p;
         for h in 0..s.n_heads {
             let kvh = h / group;
@@ -308,12 +346,7 @@ fn exact(c: &Case) -> Vec<f64> {
     let group = s.n_heads / s.n_kv_heads;
     let mut out = vec![0.0f64; c.n_tokens * s.n_heads * s.head_dim_v];
     for t in 0..c.n_tokens {
-        let p = if s.causal {
-            c.pos0 + t
-        } else {
-            c.pos0 + c.n_tokens - 1
-        };
-        let first = s.window.map_or(0, |w| (p + 1).saturating_sub(w));
+        let (first, p) = visible(c, t);
         for h in 0..s.n_heads {
             let kvh = h / group;
             let qh = &c.q[(t * s.n_heads + h) * s.head_dim_k..][..s.head_dim_k];
@@ -351,10 +384,7 @@ fn exact(c: &Case) -> Vec<f64> {
 /// and that algorithm is close to exact attention (f16 accumulation: ~1e-3; f32: ~1e-6).
 #[test]
 fn matches_plain_algorithm_and_exact_attention() {
-    let mut paths = vec![F16Ops::scalar()];
-    if F16Ops::detect().name != "scalar" {
-        paths.push(F16Ops::detect());
-    }
+    let paths = paths();
     let mut seed = 11;
     for (dk, h, hkv) in [(16, 4, 2), (64, 9, 3), (48, 2, 2), (256, 4, 1)] {
         for window in [0, 5, 200] {
@@ -372,29 +402,11 @@ fn matches_plain_algorithm_and_exact_attention() {
             ] {
                 seed += 1;
                 let c = make_case(dk, h, hkv, n, pos0, window, seed);
-                let want_exact = exact(&c);
-                for threads in [1, 2, 3] {
-                    let want = reference_rows(&c);
-                    for ops in &paths {
-                        let got = run(&c, ops, threads);
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(
-                            same,
-                            "{} dk {dk} h {h}/{hkv} win {window} n {n} pos0 {pos0} thr {threads}",
-                            ops.name
-                        );
-                    }
-                    let tol = if n >= TILE_Q { 1e-5 } else { 4e-3 };
-                    for (i, (a, b)) in want.iter().zip(&want_exact).enumerate() {
-                        assert!(
-                            (*a as f64 - b).abs() < tol,
-                            "dk {dk} win {window} n {n} pos0 {pos0} i {i}: {a} vs {b}"
-                        );
-                    }
-                }
+                let want = reference_rows(&c);
+                let what = format!("dk {dk} h {h}/{hkv} win {window} n {n} pos0 {pos0}");
+                assert_every_path_gives(&c, &paths, &want, &what);
+                let tol = if n >= TILE_Q { 1e-5 } else { 4e-3 };
+                assert_near_exact(&want, &exact(&c), tol, &what);
             }
         }
     }
@@ -406,10 +418,7 @@ fn matches_plain_algorithm_and_exact_attention() {
 /// above every score (the rescaling branch), below them, and far below (no effect).
 #[test]
 fn sinks_match_plain_algorithm_and_exact_attention() {
-    let mut paths = vec![F16Ops::scalar()];
-    if F16Ops::detect().name != "scalar" {
-        paths.push(F16Ops::detect());
-    }
+    let paths = paths();
     let mut seed = 301;
     for (dk, h, hkv) in [(64, 8, 2), (32, 4, 4)] {
         for window in [0, 5, 130] {
@@ -426,28 +435,10 @@ fn sinks_match_plain_algorithm_and_exact_attention() {
                     .collect();
                 c.sinks = Some(sinks);
                 let want = reference_rows(&c);
-                let want_exact = exact(&c);
-                for threads in [1, 2, 3] {
-                    for ops in &paths {
-                        let got = run(&c, ops, threads);
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(
-                            same,
-                            "{} dk {dk} h {h}/{hkv} win {window} n {n} pos0 {pos0} thr {threads}",
-                            ops.name
-                        );
-                    }
-                }
+                let what = format!("dk {dk} h {h}/{hkv} win {window} n {n} pos0 {pos0}");
+                assert_every_path_gives(&c, &paths, &want, &what);
                 let tol = if n >= TILE_Q { 1e-5 } else { 4e-3 };
-                for (i, (a, b)) in want.iter().zip(&want_exact).enumerate() {
-                    assert!(
-                        (*a as f64 - b).abs() < tol,
-                        "dk {dk} win {window} n {n} pos0 {pos0} i {i}: {a} vs {b}"
-                    );
-                }
+                assert_near_exact(&want, &exact(&c), tol, &what);
                 // A sink far above every score leaves almost nothing; far below, nothing.
                 for t in 0..n {
                     let row = |hh: usize| &want[(t * h + hh) * dk..][..dk];
@@ -488,10 +479,7 @@ fn join_sink_follows_the_reference_steps() {
 /// attention, and differs from the uncapped result (a cap small enough to saturate scores).
 #[test]
 fn soft_capped_matches_plain_algorithm_and_exact_attention() {
-    let mut paths = vec![F16Ops::scalar()];
-    if F16Ops::detect().name != "scalar" {
-        paths.push(F16Ops::detect());
-    }
+    let paths = paths();
     let mut seed = 71;
     for (dk, h, hkv) in [(16, 4, 2), (64, 8, 2), (256, 4, 1)] {
         for (cap, window) in [(1.5f32, 0), (50.0, 0), (1.5, 7), (0.25, 200)] {
@@ -509,26 +497,14 @@ fn soft_capped_matches_plain_algorithm_and_exact_attention() {
                 let plain = run(&c, &paths[0], 2);
                 c.shape.softcap = Some(cap);
                 let want = reference_rows(&c);
-                let want_exact = exact(&c);
                 let what = format!("dk {dk} h {h}/{hkv} cap {cap} win {window} n {n} pos0 {pos0}");
-                for threads in [1, 2, 3] {
-                    for ops in &paths {
-                        let got = run(&c, ops, threads);
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{} {what} thr {threads}", ops.name);
-                    }
-                }
+                assert_every_path_gives(&c, &paths, &want, &what);
                 let tol = if n >= TILE_Q || (n == 1 && pos0 >= 512) {
                     1e-5
                 } else {
                     4e-3
                 };
-                for (i, (a, b)) in want.iter().zip(&want_exact).enumerate() {
-                    assert!((*a as f64 - b).abs() < tol, "{what} i {i}: {a} vs {b}");
-                }
+                assert_near_exact(&want, &exact(&c), tol, &what);
                 if cap < 2.0 && pos0 + n > 1 {
                     let moved = want.iter().zip(&plain).map(|(a, b)| (a - b).abs());
                     assert!(
@@ -547,10 +523,7 @@ fn soft_capped_matches_plain_algorithm_and_exact_attention() {
 /// arithmetic over the same keys), and a pass of one token is the causal one.
 #[test]
 fn bidirectional_matches_exact_attention() {
-    let mut paths = vec![F16Ops::scalar()];
-    if F16Ops::detect().name != "scalar" {
-        paths.push(F16Ops::detect());
-    }
+    let paths = paths();
     let mut seed = 101;
     for (dk, h, hkv) in [(16, 4, 2), (64, 12, 12), (32, 4, 4)] {
         for (n, pos0) in [
@@ -575,10 +548,7 @@ fn bidirectional_matches_exact_attention() {
                     let got = run(&c, ops, threads);
                     // Every path, thread count and tier: the plain algorithm's bits.
                     assert!(
-                        plain
-                            .iter()
-                            .zip(&got)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        same_bits(&got, &plain),
                         "{} dk {dk} n {n} thr {threads}",
                         ops.name
                     );
@@ -590,12 +560,12 @@ fn bidirectional_matches_exact_attention() {
                         0..=16 => 4e-3,
                         _ => 1e-2,
                     };
-                    for (i, (a, b)) in got.iter().zip(&want_exact).enumerate() {
-                        assert!(
-                            (*a as f64 - b).abs() < tol,
-                            "dk {dk} n {n} pos0 {pos0} i {i}: {a} vs {b}"
-                        );
-                    }
+                    assert_near_exact(
+                        &got,
+                        &want_exact,
+                        tol,
+                        &format!("dk {dk} n {n} pos0 {pos0}"),
+                    );
                 }
             }
             let got = first.expect("ran");
@@ -668,10 +638,7 @@ fn q8_0_cache_is_f16_arithmetic_on_dequantized_values() {
         (256, 4, 1, 80, 100, 0, 2),
         (256, 4, 1, 1, 700, 512, 2),
     ];
-    let mut paths = vec![F16Ops::scalar()];
-    if F16Ops::detect().name != "scalar" {
-        paths.push(F16Ops::detect());
-    }
+    let paths = paths();
     for (dk, h, hkv, n, pos0, win, threads) in cases {
         let mut c = make_case(dk, h, hkv, n, pos0, win, 11);
         let quant = |x: &[f16]| {
@@ -711,9 +678,7 @@ fn q8_0_cache_is_f16_arithmetic_on_dequantized_values() {
                 &mut scratch,
             );
             assert!(
-                got.iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                same_bits(&got, &want),
                 "{} dk {dk} heads {h}/{hkv} n {n} pos0 {pos0} window {win} threads {threads}",
                 ops.name
             );

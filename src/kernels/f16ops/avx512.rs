@@ -2,37 +2,35 @@
 //! bit the scalar definition in `super`.
 
 use super::avx2::reduce8_avx;
-use super::{F16Ops, ScoreScale, BLOCK, KV_TILE};
+use super::{ScoreScale, BLOCK, KV_TILE};
 use half::f16;
 use std::arch::x86_64::*;
 
-pub const AVX512: F16Ops = F16Ops {
-    dot: dot_avx512,
-    mad: mad_avx512,
-    scale: scale_avx512,
-    vec_keys: vec_keys_avx512,
-    kq_tile: kq_tile_avx512,
-    key_tile: key_tile_avx512,
-    kq_rows: kq_rows_avx512,
-    vkq_multi: vkq_multi_avx512,
-    softmax_tile: softmax_tile_avx512,
-    scale_max: scale_max_avx512,
-    vkq_acc: vkq_acc_avx512,
-    swiglu: swiglu_avx512,
-    geglu: geglu_avx512,
-    gelu: gelu_avx512,
-    name: "avx512",
-};
+lane_kernels! {
+    table: AVX512, name: "avx512",
+    feat: "avx512f", v: __m512, w: 16, vkq_vectors: 4,
+    ld: _mm512_loadu_ps, st: _mm512_storeu_ps, ldh: load_ph16, set1: _mm512_set1_ps,
+    zero: _mm512_setzero_ps, fma: _mm512_fmadd_ps, mul: _mm512_mul_ps, add: _mm512_add_ps,
+    sub: _mm512_sub_ps, div: _mm512_div_ps, round: round16, exp: expf_avx512, gelu: gelu16,
+    transpose: transpose16,
+}
 
-pub fn dot_avx512(q: &[f32], k: &[f16]) -> f32 {
+/// 16 f16 at `p`, widened to f32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_ph16(p: *const u16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+pub fn dot(q: &[f32], k: &[f16]) -> f32 {
     assert_eq!(q.len(), k.len());
     // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { dot_avx512_impl(q, k) }
+    unsafe { dot_impl(q, k) }
 }
 
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn dot_avx512_impl(q: &[f32], k: &[f16]) -> f32 {
+unsafe fn dot_impl(q: &[f32], k: &[f16]) -> f32 {
     let n = q.len();
     let np = n & !(BLOCK - 1);
     let mut sumf = 0.0f64;
@@ -67,12 +65,6 @@ fn reduce16_avx512(a: __m512) -> f32 {
     reduce8_avx(_mm256_add_ps(hi, lo))
 }
 
-pub fn mad_avx512(y: &mut [f32], x: &[f16], v: f32) {
-    assert_eq!(y.len(), x.len());
-    // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { mad_avx512_impl(y, x, v) }
-}
-
 /// Round 16 lanes to f16 and back (ties to even).
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -80,51 +72,7 @@ fn round16(x: __m512) -> __m512 {
     _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
 }
 
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn mad_avx512_impl(y: &mut [f32], x: &[f16], v: f32) {
-    let n = y.len();
-    let vv = _mm512_set1_ps(v);
-    let mut i = 0;
-    let (yp, xp) = (y.as_mut_ptr(), x.as_ptr() as *const u16);
-    // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
-    unsafe {
-        while i + 16 <= n {
-            let xv = _mm512_cvtph_ps(_mm256_loadu_si256(xp.add(i) as *const __m256i));
-            let r = _mm512_fmadd_ps(xv, vv, _mm512_loadu_ps(yp.add(i)));
-            _mm512_storeu_ps(yp.add(i), round16(r));
-            i += 16;
-        }
-    }
-    super::mad_scalar(&mut y[i..], &x[i..], v);
-}
-
-pub fn scale_avx512(y: &mut [f32], v: f32) {
-    // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { scale_avx512_impl(y, v) }
-}
-
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn scale_avx512_impl(y: &mut [f32], v: f32) {
-    let n = y.len();
-    let vv = _mm512_set1_ps(v);
-    let mut i = 0;
-    let yp = y.as_mut_ptr();
-    // SAFETY: loads and stores of 16 elements at `i` with `i + 16 <= n`.
-    unsafe {
-        while i + 16 <= n {
-            _mm512_storeu_ps(
-                yp.add(i),
-                round16(_mm512_mul_ps(_mm512_loadu_ps(yp.add(i)), vv)),
-            );
-            i += 16;
-        }
-    }
-    super::scale_scalar(&mut y[i..], v);
-}
-
-pub fn vec_keys_avx512(
+pub fn vec_keys(
     q16: &[f32],
     kv: super::KeyRun<'_>,
     sc: ScoreScale,
@@ -132,12 +80,12 @@ pub fn vec_keys_avx512(
     acc: &mut [f32],
 ) {
     // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { vec_keys_avx512_impl(q16, kv, sc, m_s, acc) }
+    unsafe { vec_keys_impl(q16, kv, sc, m_s, acc) }
 }
 
 /// [`super::VecKeysFn`] with the primitives inlined into one loop.
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn vec_keys_avx512_impl(
+unsafe fn vec_keys_impl(
     q16: &[f32],
     kv: super::KeyRun<'_>,
     sc: ScoreScale,
@@ -146,71 +94,45 @@ unsafe fn vec_keys_avx512_impl(
 ) {
     // SAFETY: (all three) avx512f detected (the caller's contract); `vec_keys_with` hands
     // them rows of the lengths they expect.
-    let dot = |q: &[f32], k: &[f16]| unsafe { dot_avx512_impl(q, k) };
-    let mad = |y: &mut [f32], x: &[f16], v: f32| unsafe { mad_avx512_impl(y, x, v) };
-    let scale = |y: &mut [f32], v: f32| unsafe { scale_avx512_impl(y, v) };
+    let dot = |q: &[f32], k: &[f16]| unsafe { dot_impl(q, k) };
+    let mad = |y: &mut [f32], x: &[f16], v: f32| unsafe { mad_impl(y, x, v) };
+    let scale = |y: &mut [f32], v: f32| unsafe { scale_impl(y, v) };
     super::vec_keys_with(dot, mad, scale, q16, kv, sc, m_s, acc)
 }
 
-pub fn kq_tile_avx512(q: &[f32], kt: &[f32], out: &mut [f32]) {
+pub fn kq_tile(q: &[f32], kt: &[f32], out: &mut [f32]) {
     let (rows, hd) = super::tile_shape(q, kt, out);
     let mut r = 0;
     while r + 4 <= rows {
         // SAFETY: avx512f detected; rows `r .. r + 4` of `q` and `out` exist (checked).
-        unsafe { kq_tile_avx512_impl::<4>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+        unsafe { kq_tile_impl::<4>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..], 0) };
         r += 4;
     }
     if r + 3 == rows {
         // SAFETY: as above, three rows.
-        unsafe { kq_tile_avx512_impl::<3>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+        unsafe { kq_tile_impl::<3>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..], 0) };
         r += 3;
     }
     // Two rows at a time: eight independent chains keep both FMA pipes busy (four would
     // wait on the latency of the previous FMA).
     while r + 2 <= rows {
         // SAFETY: avx512f detected; rows `r`, `r + 1` of `q` and `out` exist (checked).
-        unsafe { kq_tile_avx512_impl::<2>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+        unsafe { kq_tile_impl::<2>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..], 0) };
         r += 2;
     }
     if r < rows {
         // SAFETY: as above, one row.
-        unsafe { kq_tile_avx512_impl::<1>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..]) };
+        unsafe { kq_tile_impl::<1>(&q[r * hd..], hd, kt, &mut out[r * KV_TILE..], 0) };
     }
 }
 
-/// `R` query rows (`hd` apart in `q`) against the transposed tile, into `R` rows of `out`.
-#[target_feature(enable = "avx512f")]
-unsafe fn kq_tile_avx512_impl<const R: usize>(q: &[f32], hd: usize, kt: &[f32], out: &mut [f32]) {
-    let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    let (kp, qp) = (kt.as_ptr(), q.as_ptr());
-    for d in 0..hd {
-        // SAFETY: `d * KV_TILE + 64 <= kt.len()`, row `i < R` of `q` has `hd` elements.
-        unsafe {
-            let kv: [__m512; 4] =
-                std::array::from_fn(|c| _mm512_loadu_ps(kp.add(d * KV_TILE + 16 * c)));
-            for (i, a) in acc.iter_mut().enumerate() {
-                let qv = _mm512_set1_ps(*qp.add(i * hd + d));
-                for (c, ac) in a.iter_mut().enumerate() {
-                    *ac = _mm512_fmadd_ps(kv[c], qv, *ac);
-                }
-            }
-        }
-    }
-    for (i, a) in acc.iter().enumerate() {
-        for (c, ac) in a.iter().enumerate() {
-            // SAFETY: row `i < R` of `out` holds KV_TILE floats.
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i * KV_TILE + 16 * c), *ac) };
-        }
-    }
-}
-
-pub fn kq_rows_avx512(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
+pub fn kq_rows(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
     let (hd, n) = super::rows_shape(q, heads, k, out);
     if hd % BLOCK != 0 {
         // Leftover elements go through the dot's scalar tail: one pair at a time.
         for g in 0..heads {
             for j in 0..n {
-                out[g * KV_TILE + j] = dot_avx512(&q[g * hd..][..hd], &k[j * hd..][..hd]);
+                out[g * KV_TILE + j] = dot(&q[g * hd..][..hd], &k[j * hd..][..hd]);
             }
         }
         return;
@@ -235,7 +157,7 @@ pub fn kq_rows_avx512(q: &[f32], heads: usize, k: &[f16], out: &mut [f32]) {
 
 /// `G` query rows against `n` key rows, `hd` a multiple of 64: per key, each 64-block of
 /// the key is converted once and multiplied into all `G` rows' four accumulators; then
-/// each row's accumulators are reduced exactly as `dot_avx512_impl` reduces them.
+/// each row's accumulators are reduced exactly as `dot_impl` reduces them.
 #[target_feature(enable = "avx512f")]
 unsafe fn kq_rows_impl<const G: usize>(q: &[f32], k: &[f16], hd: usize, n: usize, out: &mut [f32]) {
     let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
@@ -261,100 +183,6 @@ unsafe fn kq_rows_impl<const G: usize>(q: &[f32], k: &[f16], hd: usize, n: usize
             let a02 = _mm512_add_ps(a[0], a[2]);
             let a13 = _mm512_add_ps(a[1], a[3]);
             out[g * KV_TILE + j] = reduce16_avx512(_mm512_add_ps(a02, a13));
-        }
-    }
-}
-
-pub fn vkq_multi_avx512(a: super::Vkq) {
-    let blocks = [
-        vkq_multi_impl::<1>,
-        vkq_multi_impl::<2>,
-        vkq_multi_impl::<3>,
-        vkq_multi_impl::<4>,
-    ];
-    // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { super::vkq_multi_blocked(vkq_acc_avx512, BLOCK, blocks, a) }
-}
-
-/// `G` accumulator rows (`hdv` a multiple of 64), 64 columns at a time: 4 vectors per row
-/// stay in registers across the `n` keys, each value block converted once for the `G` rows.
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn vkq_multi_impl<const G: usize>(
-    acc: &mut [f32],
-    acc_stride: usize,
-    p: &[f32],
-    p_stride: usize,
-    v: &[f16],
-    n: usize,
-    hdv: usize,
-) {
-    let (ap, pp, vp) = (acc.as_mut_ptr(), p.as_ptr(), v.as_ptr() as *const u16);
-    for d0 in (0..hdv).step_by(BLOCK) {
-        // SAFETY: rows `g < G` of `acc` hold `hdv >= d0 + 64` elements at `g·acc_stride`;
-        // value row `j < n` holds `hdv`; weight row `g` holds `n` at `g·p_stride`.
-        unsafe {
-            let mut a: [[__m512; 4]; G] = std::array::from_fn(|g| {
-                std::array::from_fn(|c| _mm512_loadu_ps(ap.add(g * acc_stride + d0 + 16 * c)))
-            });
-            for j in 0..n {
-                let x: [__m512; 4] = std::array::from_fn(|c| {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(
-                        vp.add(j * hdv + d0 + 16 * c) as *const __m256i
-                    ))
-                });
-                for (g, ag) in a.iter_mut().enumerate() {
-                    let pv = _mm512_set1_ps(*pp.add(g * p_stride + j));
-                    for (c, ac) in ag.iter_mut().enumerate() {
-                        *ac = _mm512_fmadd_ps(x[c], pv, *ac);
-                    }
-                }
-            }
-            for (g, ag) in a.iter().enumerate() {
-                for (c, ac) in ag.iter().enumerate() {
-                    _mm512_storeu_ps(ap.add(g * acc_stride + d0 + 16 * c), *ac);
-                }
-            }
-        }
-    }
-}
-
-pub fn key_tile_avx512(k: &[f16], kt: &mut [f32]) {
-    let hd = kt.len() / KV_TILE;
-    assert!(hd > 0 && k.len().is_multiple_of(hd) && k.len() / hd <= KV_TILE);
-    // SAFETY: selected only when avx512f was detected at run time; shapes checked.
-    unsafe { key_tile_avx512_impl(k, kt, hd) }
-}
-
-/// 16×16 blocks: 16 key rows converted to f32, transposed in registers, stored as 16
-/// dimension rows of `kt`; leftover dimensions (`hd % 16`) element by element.
-#[target_feature(enable = "avx512f")]
-unsafe fn key_tile_avx512_impl(k: &[f16], kt: &mut [f32], hd: usize) {
-    let n = k.len() / hd;
-    let d16 = hd / 16 * 16;
-    let (kp, ktp) = (k.as_ptr() as *const u16, kt.as_mut_ptr());
-    for j0 in (0..n).step_by(16) {
-        let nj = (n - j0).min(16);
-        for d0 in (0..d16).step_by(16) {
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (i, ri) in r.iter_mut().enumerate().take(nj) {
-                // SAFETY: row `j0 + i < n` has `hd >= d0 + 16` elements.
-                *ri = unsafe {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(
-                        kp.add((j0 + i) * hd + d0) as *const __m256i
-                    ))
-                };
-            }
-            let t = transpose16(r);
-            for (d, v) in t.into_iter().enumerate() {
-                // SAFETY: row `d0 + d < hd` of `kt`, columns `j0..j0 + 16 <= KV_TILE`.
-                unsafe { _mm512_storeu_ps(ktp.add((d0 + d) * KV_TILE + j0), v) };
-            }
-        }
-        for j in j0..j0 + nj {
-            for d in d16..hd {
-                kt[d * KV_TILE + j] = k[j * hd + d].to_f32();
-            }
         }
     }
 }
@@ -400,13 +228,13 @@ fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     out
 }
 
-pub fn softmax_tile_avx512(s: &mut [f32; KV_TILE], m: f32) -> f64 {
+pub fn softmax_tile(s: &mut [f32; KV_TILE], m: f32) -> f64 {
     // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { softmax_tile_avx512_impl(s, m) }
+    unsafe { softmax_tile_impl(s, m) }
 }
 
 #[target_feature(enable = "avx512f")]
-unsafe fn softmax_tile_avx512_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
+unsafe fn softmax_tile_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
     let mv = _mm512_set1_ps(m);
     let mut sum = 0.0f64;
     for b in 0..KV_TILE / 16 {
@@ -421,21 +249,16 @@ unsafe fn softmax_tile_avx512_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
     sum
 }
 
-pub fn scale_max_avx512(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
+pub fn scale_max(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
     // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { scale_max_avx512_impl(s, sc, lo.min(KV_TILE), hi.min(KV_TILE)) }
+    unsafe { scale_max_impl(s, sc, lo.min(KV_TILE), hi.min(KV_TILE)) }
 }
 
 /// A lane's maximum is `vmaxps(s, max)`: `s` where `s > max`, else `max` (NaN included), as
 /// the scalar definition's comparison. A soft cap takes the scaled lanes through the scalar
 /// `c·tanh` (the reference's `tanhf` per element).
 #[target_feature(enable = "avx512f")]
-unsafe fn scale_max_avx512_impl(
-    s: &mut [f32; KV_TILE],
-    sc: ScoreScale,
-    lo: usize,
-    hi: usize,
-) -> f32 {
+unsafe fn scale_max_impl(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
     let (sv, ninf) = (_mm512_set1_ps(sc.scale), _mm512_set1_ps(f32::NEG_INFINITY));
     let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     // `lo`, `hi` ≤ KV_TILE (clamped by the caller).
@@ -463,60 +286,6 @@ unsafe fn scale_max_avx512_impl(
     // SAFETY: 16 floats.
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), m) };
     super::fold_max(out)
-}
-
-pub fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
-    assert!(up.len() >= gate.len());
-    // SAFETY: this table is used only when AVX-512F was detected; lengths checked.
-    unsafe { swiglu_avx512_impl(gate, up) }
-}
-
-/// `ggml_vec_swiglu_f32` (AVX-512): `x / (1 + expf(0 − x)) · g`, 16 lanes at a time, the
-/// tail through the scalar definition (the same arithmetic per element).
-#[target_feature(enable = "avx512f")]
-unsafe fn swiglu_avx512_impl(gate: &mut [f32], up: &[f32]) {
-    let n16 = gate.len() / 16 * 16;
-    let one = _mm512_set1_ps(1.0);
-    let mut i = 0;
-    while i < n16 {
-        let x = _mm512_loadu_ps(gate.as_ptr().add(i));
-        let g = _mm512_loadu_ps(up.as_ptr().add(i));
-        let e = expf_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        let silu = _mm512_div_ps(x, _mm512_add_ps(one, e));
-        _mm512_storeu_ps(gate.as_mut_ptr().add(i), _mm512_mul_ps(silu, g));
-        i += 16;
-    }
-    super::swiglu_scalar(&mut gate[n16..], &up[n16..]);
-}
-
-pub fn geglu_avx512(gate: &mut [f32], up: &[f32]) {
-    // SAFETY: selected only when AVX-512F was detected at run time.
-    unsafe { super::gelu_with(gate, Some(up), 16, gelu_avx512_impl) }
-}
-
-pub fn gelu_avx512(x: &mut [f32]) {
-    // SAFETY: as `geglu_avx512`.
-    unsafe { super::gelu_with(x, None, 16, gelu_avx512_impl) }
-}
-
-/// GELU of the whole 16-lane blocks of `x` (times `up` when given), the tail left alone.
-/// Caller: `up` is at least as long as `x`; `table` points at the GELU table.
-#[target_feature(enable = "avx512f")]
-unsafe fn gelu_avx512_impl(x: &mut [f32], up: Option<&[f32]>, table: *const u16) {
-    let n16 = x.len() / 16 * 16;
-    let mut i = 0;
-    while i < n16 {
-        // SAFETY: 16 elements at `i + 16 <= n16` of `x` (and of `up`, no shorter).
-        unsafe {
-            let p = x.as_mut_ptr().add(i);
-            let mut y = gelu16(_mm512_loadu_ps(p), table);
-            if let Some(u) = up {
-                y = _mm512_mul_ps(y, _mm512_loadu_ps(u.as_ptr().add(i)));
-            }
-            _mm512_storeu_ps(p, y);
-        }
-        i += 16;
-    }
 }
 
 /// `ggml_vec_gelu_f32` on 16 lanes: the table entry at the f16 bits of `x` (round to
@@ -562,61 +331,4 @@ fn expf_avx512(x: __m512) -> __m512 {
     let le0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
     let alt = _mm512_mask_blend_ps(le0, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
     _mm512_mask_blend_ps(d, res, alt)
-}
-
-pub fn vkq_acc_avx512(acc: &mut [f32], p: &[f32], v: &[f16]) {
-    assert_eq!(v.len(), p.len() * acc.len());
-    // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { vkq_acc_avx512_impl(acc, p, v) }
-}
-
-#[target_feature(enable = "avx512f")]
-unsafe fn vkq_acc_avx512_impl(acc: &mut [f32], p: &[f32], v: &[f16]) {
-    let dv = acc.len();
-    let vp = v.as_ptr() as *const u16;
-    let mut d0 = 0;
-    // Four vectors of the accumulator stay in registers across all the keys.
-    while d0 + 64 <= dv {
-        // SAFETY: loads/stores of 16 elements at `d0 + 16r < dv`; V row `j` has `dv` elements.
-        unsafe {
-            let ap = acc.as_mut_ptr().add(d0);
-            let mut a = [
-                _mm512_loadu_ps(ap),
-                _mm512_loadu_ps(ap.add(16)),
-                _mm512_loadu_ps(ap.add(32)),
-                _mm512_loadu_ps(ap.add(48)),
-            ];
-            for (j, &pj) in p.iter().enumerate() {
-                let pv = _mm512_set1_ps(pj);
-                for (r, ar) in a.iter_mut().enumerate() {
-                    let x = _mm512_cvtph_ps(_mm256_loadu_si256(
-                        vp.add(j * dv + d0 + 16 * r) as *const __m256i
-                    ));
-                    *ar = _mm512_fmadd_ps(x, pv, *ar);
-                }
-            }
-            for (r, ar) in a.iter().enumerate() {
-                _mm512_storeu_ps(ap.add(16 * r), *ar);
-            }
-        }
-        d0 += 64;
-    }
-    while d0 + 16 <= dv {
-        // SAFETY: as above, one vector.
-        unsafe {
-            let ap = acc.as_mut_ptr().add(d0);
-            let mut a = _mm512_loadu_ps(ap);
-            for (j, &pj) in p.iter().enumerate() {
-                let x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j * dv + d0) as *const __m256i));
-                a = _mm512_fmadd_ps(x, _mm512_set1_ps(pj), a);
-            }
-            _mm512_storeu_ps(ap, a);
-        }
-        d0 += 16;
-    }
-    for d in d0..dv {
-        for (j, &pj) in p.iter().enumerate() {
-            acc[d] = v[j * dv + d].to_f32().mul_add(pj, acc[d]);
-        }
-    }
 }

@@ -688,6 +688,9 @@ pub fn vkq_acc_scalar(acc: &mut [f32], p: &[f32], v: &[f16]) {
 }
 
 #[cfg(target_arch = "x86_64")]
+#[macro_use]
+mod lanes;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;

@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 
 use crate::engine::scheduler::{FinishReason, Finished};
 use crate::server::error::ApiError;
-use crate::server::respond::{self, Answers, Delta, Ev, Job, Pump};
+use crate::server::parts::{Part, PartStep, Parts};
+use crate::server::respond::{self, Answers, Ev, Job, Pump};
 use crate::server::AppState;
 
 /// What the answer's content does next.
@@ -52,13 +53,9 @@ pub(super) enum Kind {
 
 /// One answer's content blocks, as the engine's events come.
 pub(super) struct Blocks {
-    answers: Answers,
-    /// The open block.
-    open: Option<Kind>,
-    /// Whitespace not yet in a text block: a text block opens at its first other character,
-    /// and whitespace before a call or the end is dropped (Anthropic refuses blank text blocks
-    /// when a client sends the turn back).
-    space: String,
+    parts: Parts,
+    /// The parts' steps of the last event.
+    steps: Vec<PartStep>,
     /// The answer's text as generated.
     pub(super) raw: String,
 }
@@ -66,106 +63,52 @@ pub(super) struct Blocks {
 impl Blocks {
     pub(super) fn new(answers: Answers) -> Blocks {
         Blocks {
-            answers,
-            open: None,
-            space: String::new(),
+            parts: Parts::new(answers),
+            steps: Vec::new(),
             raw: String::new(),
         }
     }
 
     /// The steps one engine event makes; whether it was the last.
     pub(super) fn on(&mut self, ev: Ev, out: &mut Vec<Step>) -> bool {
-        match ev {
-            Ev::Logprobs(_) => false,
-            Ev::Text(t) => {
-                self.raw.push_str(&t);
-                for d in self.answers.pieces(0, Some(&t)) {
-                    self.piece(d, out);
-                }
-                false
-            }
-            Ev::Cut => {
-                out.push(Step::Cut);
-                true
-            }
-            Ev::Done(f) => {
-                if let FinishReason::Error(e) = &f.reason {
-                    out.push(Step::Error(e.clone()));
-                    return true;
-                }
-                for d in self.answers.pieces(0, None) {
-                    self.piece(d, out);
-                }
-                if self.open.take().is_some() {
-                    out.push(Step::Close);
-                }
-                out.push(self.end(&f));
-                true
-            }
+        if let Ev::Text(t) = &ev {
+            self.raw.push_str(t);
         }
+        let last = self.parts.on(ev, &mut self.steps);
+        for s in self.steps.drain(..) {
+            out.push(match s {
+                // (Reasoning is separated only where the request enabled `thinking`.)
+                PartStep::Open(Part::Reasoning) => Step::Thinking,
+                PartStep::Open(Part::Text) => Step::Text,
+                PartStep::Open(Part::Call { id, name }) => Step::Tool { id, name },
+                PartStep::More(t) => Step::More(t),
+                PartStep::Close => Step::Close,
+                PartStep::End(f) => end(self.parts.answers(), f),
+                PartStep::Error(e) => Step::Error(e),
+                PartStep::Cut => Step::Cut,
+            });
+        }
+        last
     }
+}
 
-    /// Close the open block, if any, and open one of `kind` with `step`.
-    fn open(&mut self, kind: Kind, step: Step, out: &mut Vec<Step>) {
-        if self.open.is_some() {
-            out.push(Step::Close);
-        }
-        self.open = Some(kind);
-        out.push(step);
-    }
-
-    fn piece(&mut self, d: Delta, out: &mut Vec<Step>) {
-        match d {
-            Delta::Content(t) if self.open == Some(Kind::Text) => out.push(Step::More(t)),
-            Delta::Content(t) if t.trim().is_empty() => self.space.push_str(&t),
-            Delta::Content(t) => {
-                self.open(Kind::Text, Step::Text, out);
-                out.push(Step::More(std::mem::take(&mut self.space) + &t));
-            }
-            // (Reasoning is separated only where the request enabled `thinking`.)
-            Delta::Reasoning(t) if self.open == Some(Kind::Thinking) => out.push(Step::More(t)),
-            Delta::Reasoning(t) if t.trim().is_empty() => {}
-            Delta::Reasoning(t) => {
-                self.space.clear();
-                self.open(Kind::Thinking, Step::Thinking, out);
-                out.push(Step::More(t.trim_start().to_owned()));
-            }
-            Delta::Call(c) => {
-                let f = &c["function"];
-                if let Some(id) = c.get("id").and_then(Value::as_str) {
-                    self.space.clear();
-                    let name = f["name"].as_str().unwrap_or("").to_owned();
-                    let step = Step::Tool {
-                        id: id.to_owned(),
-                        name,
-                    };
-                    self.open(Kind::Tool, step, out);
-                }
-                match f["arguments"].as_str() {
-                    Some(a) if !a.is_empty() => out.push(Step::More(a.to_owned())),
-                    _ => {}
-                }
-            }
-        }
-    }
-
-    /// Anthropic's reason: `max_tokens` (the limit or the context), `stop_sequence` (also
-    /// one met inside a tool call), `tool_use`, or `end_turn` (the model's end of turn).
-    fn end(&self, f: &Finished) -> Step {
-        let stop_reason = match (&f.reason, &f.stop_word) {
-            (FinishReason::Length, _) => "max_tokens",
-            (_, Some(_)) => "stop_sequence",
-            _ if self.answers.called(0) => "tool_use",
-            _ => "end_turn",
-        };
-        Step::End {
-            stop_reason,
-            stop_sequence: f
-                .stop_word
-                .clone()
-                .filter(|_| stop_reason == "stop_sequence"),
-            output_tokens: f.usage.completion_tokens,
-        }
+/// The answer's end, with Anthropic's reason: `max_tokens` (the limit or the context),
+/// `stop_sequence` (also one met inside a tool call), `tool_use`, or `end_turn` (the model's end
+/// of turn).
+fn end(answers: &Answers, f: Finished) -> Step {
+    let stop_reason = match (&f.reason, &f.stop_word) {
+        (FinishReason::Length, _) => "max_tokens",
+        (_, Some(_)) => "stop_sequence",
+        _ if answers.called(0) => "tool_use",
+        _ => "end_turn",
+    };
+    Step::End {
+        stop_reason,
+        stop_sequence: f
+            .stop_word
+            .clone()
+            .filter(|_| stop_reason == "stop_sequence"),
+        output_tokens: f.usage.completion_tokens,
     }
 }
 

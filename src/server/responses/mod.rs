@@ -54,10 +54,11 @@ use tokio::sync::mpsc;
 use super::api::{self, Body as RequestBody, ChatRequest};
 use super::error::ApiError;
 use super::jobs::{chat_job, check_model, read_body, tool_error};
-use super::respond::{self, Answers, Delta, Ev, Job, Pump};
+use super::parts::{Part, PartStep, Parts};
+use super::respond::{self, Answers, Ev, Job, Pump};
 use super::tenant::tenant;
 use super::{unix_now, AppState};
-use crate::engine::scheduler::{FinishReason, Finished};
+use crate::engine::scheduler::FinishReason;
 
 mod store;
 
@@ -442,117 +443,6 @@ fn response_format(f: &Value) -> Result<Option<Value>, ApiError> {
     }
 }
 
-/// What the answer does next (the output items as the engine's text comes).
-enum Step {
-    /// A message item begins.
-    Text,
-    /// A reasoning item begins (the model's thoughts, where its template separates them).
-    Reasoning,
-    /// A function call item begins.
-    Call { call_id: String, name: String },
-    /// More of the open item: its text, or its call's arguments.
-    More(String),
-    /// The open item ends.
-    Close,
-    /// The answer ends.
-    End(Finished),
-    /// The engine refused the request.
-    Error(String),
-    /// The server is shutting down: the stream is cut ([`respond::cut_error`]).
-    Cut,
-}
-
-/// The kind of an output item.
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    Message,
-    Reasoning,
-    Call,
-}
-
-/// The output items, as the engine's events come.
-struct Items {
-    answers: Answers,
-    /// The open item.
-    open: Option<Kind>,
-    /// Whitespace not yet in a message (dropped before a call or the end).
-    space: String,
-}
-
-impl Items {
-    /// The steps of one engine event; whether it was the last.
-    fn on(&mut self, ev: Ev, out: &mut Vec<Step>) -> bool {
-        match ev {
-            Ev::Logprobs(_) => false,
-            Ev::Cut => {
-                out.push(Step::Cut);
-                true
-            }
-            Ev::Text(t) => {
-                for d in self.answers.pieces(0, Some(&t)) {
-                    self.piece(d, out);
-                }
-                false
-            }
-            Ev::Done(f) => {
-                if let FinishReason::Error(e) = &f.reason {
-                    out.push(Step::Error(e.clone()));
-                    return true;
-                }
-                for d in self.answers.pieces(0, None) {
-                    self.piece(d, out);
-                }
-                if self.open.take().is_some() {
-                    out.push(Step::Close);
-                }
-                out.push(Step::End(f));
-                true
-            }
-        }
-    }
-
-    /// Close the open item, if any, and open one of `kind` with `step`.
-    fn open(&mut self, kind: Kind, step: Step, out: &mut Vec<Step>) {
-        if self.open.is_some() {
-            out.push(Step::Close);
-        }
-        self.open = Some(kind);
-        out.push(step);
-    }
-
-    fn piece(&mut self, d: Delta, out: &mut Vec<Step>) {
-        match d {
-            Delta::Reasoning(t) if self.open == Some(Kind::Reasoning) => out.push(Step::More(t)),
-            Delta::Reasoning(t) if t.trim().is_empty() => {}
-            Delta::Reasoning(t) => {
-                self.space.clear();
-                self.open(Kind::Reasoning, Step::Reasoning, out);
-                out.push(Step::More(t.trim_start().to_owned()));
-            }
-            Delta::Content(t) if self.open == Some(Kind::Message) => out.push(Step::More(t)),
-            Delta::Content(t) if t.trim().is_empty() => self.space.push_str(&t),
-            Delta::Content(t) => {
-                self.open(Kind::Message, Step::Text, out);
-                out.push(Step::More(std::mem::take(&mut self.space) + &t));
-            }
-            Delta::Call(c) => {
-                let f = &c["function"];
-                if let Some(id) = c.get("id").and_then(Value::as_str) {
-                    self.space.clear();
-                    let step = Step::Call {
-                        call_id: id.to_owned(),
-                        name: f["name"].as_str().unwrap_or("").to_owned(),
-                    };
-                    self.open(Kind::Call, step, out);
-                }
-                if let Some(a) = f["arguments"].as_str().filter(|a| !a.is_empty()) {
-                    out.push(Step::More(a.to_owned()));
-                }
-            }
-        }
-    }
-}
-
 /// The response object being built: its output items, and the events that build it.
 struct Building {
     echo: Echo,
@@ -600,10 +490,10 @@ impl Building {
     }
 
     /// The events of one step (applied to the response object as they go).
-    fn step(&mut self, s: Step) -> Vec<(&'static str, Value)> {
+    fn step(&mut self, s: PartStep) -> Vec<(&'static str, Value)> {
         let index = self.output.len().saturating_sub(1);
         match s {
-            Step::Text => {
+            PartStep::Open(Part::Text) => {
                 let item = json!({"type": "message", "id": item_id("msg"), "status": "in_progress",
                                   "role": "assistant", "content": []});
                 self.output.push(item.clone());
@@ -617,7 +507,7 @@ impl Building {
                                                                       "content_index": 0, "part": part})),
                 ]
             }
-            Step::Reasoning => {
+            PartStep::Open(Part::Reasoning) => {
                 let item = json!({"type": "reasoning", "id": item_id("rs"), "summary": [],
                                   "content": [], "status": "in_progress"});
                 self.output.push(item.clone());
@@ -630,7 +520,7 @@ impl Building {
                                                                       "content_index": 0, "part": part})),
                 ]
             }
-            Step::Call { call_id, name } => {
+            PartStep::Open(Part::Call { id: call_id, name }) => {
                 let item = json!({"type": "function_call", "id": item_id("fc"), "call_id": call_id,
                                   "name": name, "arguments": "", "status": "in_progress"});
                 self.output.push(item.clone());
@@ -640,7 +530,7 @@ impl Building {
                     json!({"output_index": index, "item": item}),
                 )]
             }
-            Step::More(t) => {
+            PartStep::More(t) => {
                 let Some(item) = self.output.last_mut() else {
                     return Vec::new();
                 };
@@ -668,7 +558,7 @@ impl Building {
                     )]
                 }
             }
-            Step::Close => {
+            PartStep::Close => {
                 let Some(item) = self.output.last_mut() else {
                     return Vec::new();
                 };
@@ -702,7 +592,7 @@ impl Building {
                 ));
                 out
             }
-            Step::End(f) => {
+            PartStep::End(f) => {
                 let (status, incomplete) = match &f.reason {
                     FinishReason::Length => ("incomplete", json!({"reason": "max_output_tokens"})),
                     _ => ("completed", Value::Null),
@@ -724,13 +614,13 @@ impl Building {
                 };
                 vec![self.event(kind, json!({"response": response}))]
             }
-            Step::Error(e) => {
+            PartStep::Error(e) => {
                 vec![self.event(
                     "error",
                     json!({"code": "invalid_request_error", "message": e, "param": null}),
                 )]
             }
-            Step::Cut => {
+            PartStep::Cut => {
                 let e = respond::cut_error();
                 vec![self.event(
                     "error",
@@ -771,12 +661,10 @@ async fn answer(st: &AppState, job: Job, echo: Echo, stream: bool) -> Result<Res
     let mut job = job;
     let input_tokens = job.prompt.len();
     let rx = respond::queue(st, &mut job).await?;
-    let items = Items {
-        answers: Answers::new(&job.head, 1, job.tools, Arc::clone(&st.tokenizer))
+    let items = Parts::new(
+        Answers::new(&job.head, 1, job.tools, Arc::clone(&st.tokenizer))
             .with_reasoning(job.reasoning.take()),
-        open: None,
-        space: String::new(),
-    };
+    );
     let building = Building {
         echo,
         output: Vec::new(),
@@ -791,14 +679,14 @@ async fn answer(st: &AppState, job: Job, echo: Echo, stream: bool) -> Result<Res
 
 /// The whole response.
 async fn whole(
-    items: Items,
+    items: Parts,
     mut b: Building,
     rx: mpsc::UnboundedReceiver<(usize, Ev)>,
 ) -> Result<Response, ApiError> {
-    respond::collect_steps(rx, items, Items::on, |_, s| {
+    respond::collect_steps(rx, items, Parts::on, |_, s| {
         match s {
-            Step::Error(e) => return Err(ApiError::bad_request(e)),
-            Step::Cut => return Err(respond::cut_error()),
+            PartStep::Error(e) => return Err(ApiError::bad_request(e)),
+            PartStep::Cut => return Err(respond::cut_error()),
             _ => {}
         }
         for (kind, ev) in b.step(s) {
@@ -815,7 +703,7 @@ async fn whole(
 /// item's events, then `response.completed` (or `response.incomplete`); an engine error as an
 /// `error` event, the last.
 fn events(
-    items: Items,
+    items: Parts,
     mut b: Building,
     rx: mpsc::UnboundedReceiver<(usize, Ev)>,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {

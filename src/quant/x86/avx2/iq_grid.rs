@@ -30,6 +30,32 @@ pub(in crate::quant::x86) struct Chunk {
     dl: __m256i,
 }
 
+impl Chunk {
+    /// An IQ3 sub-block: the 8 grid entries `g(k)` (4 magnitudes each, element order), the
+    /// 32 sign bits and one scale; no shifts.
+    #[inline(always)]
+    unsafe fn iq3(g: impl Fn(usize) -> i32, bits: u32, sc: i32) -> Chunk {
+        Chunk {
+            a: _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0)),
+            s: signs32(bits),
+            sc: _mm256_set1_epi32(sc),
+            dl: _mm256_setzero_si256(),
+        }
+    }
+
+    /// An IQ1 sub-block: the signed grid values `v` (magnitudes and signs), the lanes'
+    /// scales and the shifts' signs.
+    #[inline(always)]
+    unsafe fn iq1(v: __m256i, sc: __m256i, dl: __m256i) -> Chunk {
+        Chunk {
+            a: _mm256_abs_epi8(v),
+            s: v,
+            sc,
+            dl,
+        }
+    }
+}
+
 /// A 256-element format of grid entries (`iq_order`'s terms).
 pub(in crate::quant::x86) trait IqGrid {
     const W_BYTES: usize;
@@ -38,8 +64,12 @@ pub(in crate::quant::x86) trait IqGrid {
     const LANE_FACTOR: f32;
     /// 0: no shifts; 1: the shifts' sum apart as a scalar (IQ1_S); 2: in lanes (IQ1_M).
     const SHIFT: u8;
-    /// The super-block scale of the block at `p`.
-    unsafe fn d(p: *const u8) -> f32;
+    /// The super-block scale of the block at `p`: an f16 at its start, unless the format
+    /// says otherwise.
+    #[inline(always)]
+    unsafe fn d(p: *const u8) -> f32 {
+        _mm_cvtss_f32(f16x2_at(p))
+    }
     /// Sub-block `ib` (0..8) of the block at `p`.
     unsafe fn chunk(p: *const u8, ib: usize) -> Chunk;
 }
@@ -47,16 +77,7 @@ pub(in crate::quant::x86) trait IqGrid {
 /// 32 sign bits (bit `j`: element `j` negative) as bytes -1 / +1.
 #[inline(always)]
 unsafe fn signs32(bits: u32) -> __m256i {
-    let shuf = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0x0000_0000_0000_0000,
-    );
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
-    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe));
-    let neg = _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
-    _mm256_or_si256(neg, _mm256_set1_epi8(1))
+    _mm256_or_si256(bits32_of(bits), _mm256_set1_epi8(1))
 }
 
 #[inline(always)]
@@ -69,61 +90,62 @@ unsafe fn u32_at(p: *const u8) -> u32 {
     core::ptr::read_unaligned(p.cast::<u32>())
 }
 
-/// IQ3_XXS: 98-byte blocks, f16 `d`, 64 grid indices, 8 words of signs and scale.
-pub(in crate::quant::x86) struct Iq3Xxs;
+/// An [`IqGrid`] format `$t`: `$bytes`-byte blocks, the factors `$factor` (tiled) and `$lane`
+/// (lanes), shifts `$shift`; `$chunk` decodes sub-block `$ib` of the block at `$p`, and `$d`,
+/// where given, reads its scale.
+macro_rules! iq_grid {
+    (
+        $(#[$doc:meta])* $t:ident: $bytes:literal bytes, factor $factor:literal,
+        lanes $lane:literal, shift $shift:literal,
+        $(d |$dp:ident| $d:block,)? chunk |$p:ident, $ib:ident| $chunk:block
+    ) => {
+        $(#[$doc])*
+        pub(in crate::quant::x86) struct $t;
 
-impl IqGrid for Iq3Xxs {
-    const W_BYTES: usize = 98;
-    const FACTOR: f32 = 0.25;
-    const LANE_FACTOR: f32 = 0.25;
-    const SHIFT: u8 = 0;
-    #[inline(always)]
-    unsafe fn d(p: *const u8) -> f32 {
-        _mm_cvtss_f32(f16x2_at(p))
-    }
-    #[inline(always)]
-    unsafe fn chunk(p: *const u8, ib: usize) -> Chunk {
+        impl IqGrid for $t {
+            const W_BYTES: usize = $bytes;
+            const FACTOR: f32 = $factor;
+            const LANE_FACTOR: f32 = $lane;
+            const SHIFT: u8 = $shift;
+            $(
+                #[inline(always)]
+                unsafe fn d($dp: *const u8) -> f32 $d
+            )?
+            #[inline(always)]
+            unsafe fn chunk($p: *const u8, $ib: usize) -> Chunk $chunk
+        }
+    };
+}
+
+iq_grid! {
+    /// IQ3_XXS: 98-byte blocks, f16 `d`, 64 grid indices, 8 words of signs and scale.
+    Iq3Xxs: 98 bytes, factor 0.25, lanes 0.25, shift 0,
+    chunk |p, ib| {
         let q = p.add(2 + 8 * ib);
-        let g = |k: usize| IQ3XXS_GRID[*q.add(k) as usize] as i32;
-        let a = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
         let aux = u32_at(p.add(2 + 64 + 4 * ib));
         let sign = |l: u32| KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize] as u32;
         let bits = sign(0) | sign(1) << 8 | sign(2) << 16 | sign(3) << 24;
-        Chunk {
-            a,
-            s: signs32(bits),
-            sc: _mm256_set1_epi32(2 * (aux >> 28) as i32 + 1),
-            dl: _mm256_setzero_si256(),
-        }
+        Chunk::iq3(
+            |k| IQ3XXS_GRID[*q.add(k) as usize] as i32,
+            bits,
+            2 * (aux >> 28) as i32 + 1,
+        )
     }
 }
 
-/// IQ3_S: 110-byte blocks, f16 `d`, 64 index bytes, 8 bytes of ninth bits, 32 bytes of signs,
-/// 4 bytes of scale nibbles.
-pub(in crate::quant::x86) struct Iq3S;
-
-impl IqGrid for Iq3S {
-    const W_BYTES: usize = 110;
-    const FACTOR: f32 = 1.0;
-    const LANE_FACTOR: f32 = 1.0;
-    const SHIFT: u8 = 0;
-    #[inline(always)]
-    unsafe fn d(p: *const u8) -> f32 {
-        _mm_cvtss_f32(f16x2_at(p))
-    }
-    #[inline(always)]
-    unsafe fn chunk(p: *const u8, ib: usize) -> Chunk {
+iq_grid! {
+    /// IQ3_S: 110-byte blocks, f16 `d`, 64 index bytes, 8 bytes of ninth bits, 32 bytes of
+    /// signs, 4 bytes of scale nibbles.
+    Iq3S: 110 bytes, factor 1.0, lanes 1.0, shift 0,
+    chunk |p, ib| {
         let q = p.add(2 + 8 * ib);
         let qh = *p.add(66 + ib) as usize;
-        let g = |k: usize| IQ3S_GRID[*q.add(k) as usize | ((qh >> k) & 1) << 8] as i32;
-        let a = _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0));
         let ls = (*p.add(106 + ib / 2) >> (4 * (ib % 2))) & 0xF;
-        Chunk {
-            a,
-            s: signs32(u32_at(p.add(74 + 4 * ib))),
-            sc: _mm256_set1_epi32(1 + 2 * ls as i32),
-            dl: _mm256_setzero_si256(),
-        }
+        Chunk::iq3(
+            |k| IQ3S_GRID[*q.add(k) as usize | ((qh >> k) & 1) << 8] as i32,
+            u32_at(p.add(74 + 4 * ib)),
+            1 + 2 * ls as i32,
+        )
     }
 }
 
@@ -134,52 +156,33 @@ unsafe fn grid4(idx: [usize; 4]) -> __m256i {
     _mm256_set_epi64x(g(3), g(2), g(1), g(0))
 }
 
-/// IQ1_S: 50-byte blocks, f16 `d`, 32 index bytes, 8 LE u16 of top bits, scale and shift.
-pub(in crate::quant::x86) struct Iq1S;
-
-impl IqGrid for Iq1S {
-    const W_BYTES: usize = 50;
-    const FACTOR: f32 = 0.125;
-    const LANE_FACTOR: f32 = 1.0;
-    const SHIFT: u8 = 1;
-    #[inline(always)]
-    unsafe fn d(p: *const u8) -> f32 {
-        _mm_cvtss_f32(f16x2_at(p))
-    }
-    #[inline(always)]
-    unsafe fn chunk(p: *const u8, ib: usize) -> Chunk {
+iq_grid! {
+    /// IQ1_S: 50-byte blocks, f16 `d`, 32 index bytes, 8 LE u16 of top bits, scale and shift.
+    Iq1S: 50 bytes, factor 0.125, lanes 1.0, shift 1,
+    chunk |p, ib| {
         let q = p.add(2 + 4 * ib);
         let qh = u16_at(p.add(34 + 2 * ib)) as usize;
         let idx = core::array::from_fn(|l| *q.add(l) as usize | ((qh >> (3 * l)) & 7) << 8);
-        let v = grid4(idx);
         let dl = if qh & 0x8000 != 0 { -1 } else { 1 };
-        Chunk {
-            a: _mm256_abs_epi8(v),
-            s: v,
-            sc: _mm256_set1_epi32(2 * ((qh >> 12) & 7) as i32 + 1),
-            dl: _mm256_set1_epi8(dl),
-        }
+        Chunk::iq1(
+            grid4(idx),
+            _mm256_set1_epi32(2 * ((qh >> 12) & 7) as i32 + 1),
+            _mm256_set1_epi8(dl),
+        )
     }
 }
 
-/// IQ1_M: 56-byte blocks, 32 index bytes, 16 bytes of nibbles (top bits and shift), 4 LE u16
-/// of 3-bit scales whose top nibbles hold the f16 `d`.
-pub(in crate::quant::x86) struct Iq1M;
-
-impl IqGrid for Iq1M {
-    const W_BYTES: usize = 56;
-    const FACTOR: f32 = 0.125;
-    const LANE_FACTOR: f32 = 1.0;
-    const SHIFT: u8 = 2;
-    #[inline(always)]
-    unsafe fn d(p: *const u8) -> f32 {
+iq_grid! {
+    /// IQ1_M: 56-byte blocks, 32 index bytes, 16 bytes of nibbles (top bits and shift), 4 LE
+    /// u16 of 3-bit scales whose top nibbles hold the f16 `d`.
+    Iq1M: 56 bytes, factor 0.125, lanes 1.0, shift 2,
+    d |p| {
         let sc = |k: usize| u16_at(p.add(48 + 2 * k));
         let bits =
             (sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000);
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    }
-    #[inline(always)]
-    unsafe fn chunk(p: *const u8, ib: usize) -> Chunk {
+    },
+    chunk |p, ib| {
         let q = p.add(4 * ib);
         let qh = u16_at(p.add(32 + 2 * ib)) as usize;
         let nib = |l: usize| (qh >> (4 * l)) & 0xF;
@@ -191,15 +194,13 @@ impl IqGrid for Iq1M {
                 0x0101_0101_0101_0101
             }
         };
-        let v = grid4(idx);
         let w = u16_at(p.add(48 + 2 * (ib / 2))) as i32 >> (6 * (ib % 2));
         let (s0, s1) = (2 * (w & 7) + 1, 2 * ((w >> 3) & 7) + 1);
-        Chunk {
-            a: _mm256_abs_epi8(v),
-            s: v,
-            sc: _mm256_set_epi32(s1, s1, s1, s1, s0, s0, s0, s0),
-            dl: _mm256_set_epi64x(shift(3), shift(2), shift(1), shift(0)),
-        }
+        Chunk::iq1(
+            grid4(idx),
+            _mm256_set_epi32(s1, s1, s1, s1, s0, s0, s0, s0),
+            _mm256_set_epi64x(shift(3), shift(2), shift(1), shift(0)),
+        )
     }
 }
 

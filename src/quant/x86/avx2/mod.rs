@@ -145,7 +145,12 @@ unsafe fn nibbles32(p: *const u8) -> __m256i {
 /// The 32 bits at `p` spread to 32 bytes: 0xFF where the bit is set (element order).
 #[inline(always)]
 pub(super) unsafe fn bits32(p: *const u8) -> __m256i {
-    let x = core::ptr::read_unaligned(p.cast::<u32>());
+    bits32_of(core::ptr::read_unaligned(p.cast::<u32>()))
+}
+
+/// The 32 bits of `x` spread to 32 bytes: 0xFF where the bit is set (bit `j`: byte `j`).
+#[inline(always)]
+pub(super) unsafe fn bits32_of(x: u32) -> __m256i {
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
         0x0202_0202_0202_0202,
