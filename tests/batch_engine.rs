@@ -1,6 +1,6 @@
 //! Continuous batching without HTTP: a batched decode step gives each sequence exactly the
-//! logits it would get alone, the scheduler's greedy output equals the single-session
-//! generation loop, and the prefix cache prefills only new tokens.
+//! logits it would get alone, the scheduler's greedy output equals a single session's greedy
+//! decoding, and the prefix cache prefills only new tokens.
 
 mod common;
 
@@ -11,10 +11,10 @@ use kiln::engine::batch::{BatchOptions, BatchRunner};
 use kiln::engine::scheduler::{
     FinishReason, SchedMetrics, Scheduler, SeqEvent, SeqRequest, SeqSink,
 };
-use kiln::engine::{generate, GenerateRequest, Session, SessionOptions};
+use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::{Sampler, SamplerConfig};
-use kiln::tokenizer::Tokenizer;
+use kiln::tokenizer::{StreamDecoder, Tokenizer};
 
 fn opts(n_slots: usize) -> BatchOptions {
     opts_kv(n_slots, KvType::F16)
@@ -139,33 +139,26 @@ fn sequential(m: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize) -> Stri
     sequential_ids(m, tok, prompt, n).0
 }
 
+/// Greedy decoding of `n` tokens after `prompt` in a session of its own, one token at a time:
+/// the text (through a stream decoder, as generation decodes it) and the ids, up to an end of
+/// generation.
 fn sequential_ids(m: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize) -> (String, Vec<u32>) {
     let mut ids = Vec::new();
     let mut s = Session::new(Arc::clone(m), SessionOptions::new(512, 2)).unwrap();
     let mut sampler = Sampler::new(SamplerConfig::greedy(), m.config.vocab_size);
+    let mut stream = StreamDecoder::new(tok);
     let mut out = String::new();
-    let req = GenerateRequest {
-        prompt,
-        max_new: Some(n),
-        reuse_prefix: false,
-        cancel: None,
-        ignore_eos: false,
-    };
-    generate(
-        &mut s,
-        &mut sampler,
-        tok,
-        &req,
-        &mut |_, _| {},
-        &mut |id, t| {
-            if id != u32::MAX {
-                ids.push(id);
-            }
-            out.push_str(t);
-            true
-        },
-    )
-    .unwrap();
+    s.prefill(prompt, &mut |_, _| {}).unwrap();
+    while ids.len() < n {
+        let t = sampler.sample(s.logits(), s.tokens());
+        if tok.is_eog(t) {
+            break;
+        }
+        ids.push(t);
+        out.push_str(&stream.push(t).unwrap_or_default());
+        s.decode(t).unwrap();
+    }
+    out.push_str(&stream.flush().unwrap_or_default());
     (out, ids)
 }
 

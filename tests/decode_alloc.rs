@@ -8,10 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use kiln::cache::KvType;
-use kiln::engine::speculative::{NgramDrafter, Speculation, Step};
-use kiln::engine::{Session, SessionOptions};
+use kiln::engine::batch::{BatchOptions, BatchRunner};
+use kiln::engine::speculative::NgramDrafter;
+use kiln::engine::{Engine, GenerateRequest, Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::{Sampler, SamplerConfig};
+use kiln::tokenizer::Tokenizer;
 
 struct Counting;
 
@@ -86,48 +88,49 @@ fn decode_allocations_with(
     ALLOCS.load(Ordering::SeqCst)
 }
 
-/// Speculative decoding's steps (n-gram drafts over a repeating prompt: verification passes,
-/// acceptances, rollbacks), after warm-up.
+/// Speculative decoding's steps on the engine `kiln run` drives (n-gram drafts over a
+/// repeating prompt: verification passes, acceptances, rollbacks), counted between the tokens
+/// after warm-up and the last few (the end of a generation hands over its tail and report).
 fn speculative_allocations(stem: &str, threads: usize) -> usize {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let tok = Tokenizer::from_gguf(&model.file).expect("tokenizer");
     let vocab = model.config.vocab_size;
-    let mut opts = SessionOptions::new(256, threads);
-    opts.logit_rows = 5;
-    let mut s = Session::new(model, opts).expect("session");
-    let mut sampler = Sampler::new(SamplerConfig::greedy(), vocab);
-    let mut sp = Speculation::new(Box::new(NgramDrafter::new(1, 2)), 4, 1, vocab);
-    sp.start(&s);
-    let prompt: Vec<u32> = (0..24).map(|i| [5, 9, 13][i % 3]).collect();
-    s.prefill(&prompt, &mut |_, _| {}).expect("prefill");
-    let mut next = sampler.sample(s.logits(), s.tokens());
-    let mut step = |s: &mut Session, sampler: &mut Sampler, next: &mut u32| match sp.step(
-        s,
-        sampler,
-        *next,
-        usize::MAX,
-        None,
-        &mut |_| Ok(()),
-    ) {
-        Ok(Step::Plain) => {
-            s.decode(*next).expect("decode");
-            *next = sampler.sample(s.logits(), s.tokens());
-        }
-        Ok(Step::Next(Some(t))) => *next = t,
-        other => panic!("{other:?}"),
+    let opts = BatchOptions {
+        n_slots: 1,
+        n_ctx: 256,
+        n_threads: threads,
+        prefill_chunk: 512,
+        kv_type: KvType::F16,
+        device: Default::default(),
+        draft_max: 4,
     };
-    for _ in 0..4 {
-        step(&mut s, &mut sampler, &mut next);
-    }
+    let runner = BatchRunner::new(model, opts).expect("runner");
+    let mut engine = Engine::new(runner, &tok).expect("engine");
+    engine.speculate(NgramDrafter::new(1, 2), 1);
+    let mut sampler = Sampler::new(SamplerConfig::greedy(), vocab);
+    let prompt: Vec<u32> = (0..24).map(|i| [5, 9, 13][i % 3]).collect();
+    let n = 176;
+    let mut req = GenerateRequest::new(&prompt, Some(n));
+    req.ignore_eos = true;
+    let mut seen = 0;
+    let mut on_token = |id: u32, _: &str| {
+        if id != u32::MAX {
+            seen += 1;
+        }
+        // Warm-up: lazily initialized state (thread wake-ups, CPU detection) settles first.
+        COUNTING.store((8..n - 8).contains(&seen), Ordering::SeqCst);
+        true
+    };
     ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
-    while s.n_past() < 200 {
-        step(&mut s, &mut sampler, &mut next);
-    }
+    let stats = engine
+        .generate(&req, &mut sampler, None, &mut |_, _| {}, &mut on_token)
+        .expect("generate");
     COUNTING.store(false, Ordering::SeqCst);
+    assert_eq!(stats.gen_tokens, n);
     assert!(
-        sp.stats.passes > 0 && sp.stats.accepted > 0,
+        stats.spec.passes > 0 && stats.spec.accepted > 0,
         "{:?}",
-        sp.stats
+        stats.spec
     );
     ALLOCS.load(Ordering::SeqCst)
 }

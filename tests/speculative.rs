@@ -2,18 +2,20 @@
 //! drafts all accepted, all refused or in between, through the token limit, the end of
 //! generation and `--ignore-eos`; the cache is left holding exactly the emitted tokens.
 //!
-//! A verification pass computes every row as a decode step of it would (`eval_as_decodes`:
-//! the K-quants' batch-dependent arithmetic included), so its logits equal plain decoding's
-//! bit for bit and the outputs must match exactly.
+//! Generations run on the engine `kiln run` drives (a scheduler over a runner of one slot). A
+//! verification pass computes every row as a decode step of it would (`push_verify`, and a
+//! session's `eval_as_decodes`: the K-quants' batch-dependent arithmetic included), so its
+//! logits equal plain decoding's bit for bit and the outputs must match exactly.
 
 mod common;
 
 use std::sync::Arc;
 
-use kiln::engine::speculative::{Drafter, ModelDrafter, NgramDrafter, Speculation};
-use kiln::engine::{
-    generate_with, EngineError, GenStats, GenerateRequest, Session, SessionOptions, StopReason,
-};
+use kiln::engine::batch::{BatchOptions, BatchRunner};
+use kiln::engine::scheduler::ServeDrafter;
+use kiln::engine::slot_drafter::SlotDrafter;
+use kiln::engine::speculative::{Drafter, NgramDrafter};
+use kiln::engine::{Engine, GenStats, GenerateRequest, Session, SessionOptions, StopReason};
 use kiln::model::Model;
 use kiln::sampler::{Sampler, SamplerConfig};
 use kiln::tokenizer::Tokenizer;
@@ -21,7 +23,7 @@ use kiln::tokenizer::Tokenizer;
 struct Run {
     ids: Vec<u32>,
     stop: StopReason,
-    /// The session's tokens after generation.
+    /// The slot's tokens after generation.
     cached: Vec<u32>,
     stats: GenStats,
 }
@@ -40,6 +42,29 @@ fn sampler_cfg(seeded: bool) -> SamplerConfig {
     }
 }
 
+/// Where a generation's drafts come from.
+enum Spec {
+    /// A drafter of the history alone, up to `max` drafts a pass.
+    Guess(Box<dyn Drafter>, usize),
+    /// The model drafting greedily for itself (every guess taken, `--draft-p-min 0`) in a
+    /// runner of `n_ctx` positions, up to `max` guesses a pass.
+    SelfDraft { n_ctx: usize, max: usize },
+}
+
+/// A runner of one slot of `n_ctx` positions verifying up to `draft_max` drafts a pass.
+fn runner(m: &Arc<Model>, n_ctx: usize, draft_max: usize) -> BatchRunner {
+    let o = BatchOptions {
+        n_slots: 1,
+        n_ctx,
+        n_threads: 2,
+        prefill_chunk: 512,
+        kv_type: Default::default(),
+        device: Default::default(),
+        draft_max,
+    };
+    BatchRunner::new(Arc::clone(m), o).unwrap()
+}
+
 fn run(
     m: &Arc<Model>,
     tok: &Tokenizer,
@@ -47,26 +72,25 @@ fn run(
     n: usize,
     seeded: bool,
     ignore_eos: bool,
-    spec: Option<&mut Speculation>,
+    spec: Option<Spec>,
 ) -> Run {
-    let mut opts = SessionOptions::new(256, 2);
-    // Logits of up to 4 rows a part: verification passes of 2 to 7 rows take one or two parts
-    // (the CLI sizes a part for the whole pass, `--draft-max` + 1 rows).
-    opts.logit_rows = 4;
-    let mut s = Session::new(Arc::clone(m), opts).unwrap();
-    // As the command line does: a draft model's session runs on this session's threads.
-    let mut spec = spec;
-    if let Some(sp) = spec.as_deref_mut() {
-        sp.share_threads(&s);
+    let draft_max = match &spec {
+        None => 0,
+        Some(Spec::Guess(_, max) | Spec::SelfDraft { max, .. }) => *max,
+    };
+    let mut engine = Engine::new(runner(m, 256, draft_max), tok).unwrap();
+    match spec {
+        None => {}
+        Some(Spec::Guess(d, _)) => engine.speculate(ServeDrafter::Lookup(d), 1),
+        Some(Spec::SelfDraft { n_ctx, .. }) => {
+            // As the command line does: the draft's runner steps on the engine's threads.
+            let d = SlotDrafter::new(runner(m, n_ctx, 0), engine.runner(), 0.0).unwrap();
+            engine.speculate(d, 1);
+        }
     }
     let mut sampler = Sampler::new(sampler_cfg(seeded), m.config.vocab_size);
-    let req = GenerateRequest {
-        prompt,
-        max_new: Some(n),
-        reuse_prefix: false,
-        cancel: None,
-        ignore_eos,
-    };
+    let mut req = GenerateRequest::new(prompt, Some(n));
+    req.ignore_eos = ignore_eos;
     let mut ids = Vec::new();
     let mut on_token = |id: u32, _: &str| {
         if id != u32::MAX {
@@ -74,21 +98,13 @@ fn run(
         }
         true
     };
-    let stats = generate_with(
-        &mut s,
-        &mut sampler,
-        tok,
-        &req,
-        None,
-        spec,
-        &mut |_, _| {},
-        &mut on_token,
-    )
-    .unwrap();
+    let stats = engine
+        .generate(&req, &mut sampler, None, &mut |_, _| {}, &mut on_token)
+        .unwrap();
     Run {
         ids,
         stop: stats.stop.unwrap(),
-        cached: s.tokens().to_vec(),
+        cached: engine.runner().tokens(0).to_vec(),
         stats,
     }
 }
@@ -101,19 +117,13 @@ struct Scripted {
 }
 
 impl Drafter for Scripted {
-    fn draft(
-        &mut self,
-        history: &[u32],
-        max: usize,
-        out: &mut Vec<u32>,
-    ) -> Result<(), EngineError> {
+    fn draft(&mut self, history: &[u32], max: usize, out: &mut Vec<u32>) {
         if history.len() < self.script.len() && self.script.starts_with(history) {
             for (i, &t) in self.script[history.len()..].iter().take(max).enumerate() {
                 let spoiled = self.spoil > 0 && (i + 1) % self.spoil == 0;
                 out.push(if spoiled { t ^ 1 } else { t });
             }
         }
-        Ok(())
     }
 }
 
@@ -128,7 +138,6 @@ fn check(plain: &Run, spec: &Run, prompt: &[u32], what: &str) {
 fn same_output_as_plain(stem: &str, seeded: bool) {
     let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
     let tok = Tokenizer::from_gguf(&m.file).unwrap();
-    let v = m.config.vocab_size;
     // A prompt that repeats itself, so the n-gram drafter finds matches.
     let prompt: Vec<u32> = [3u32, 17, 29, 41, 3, 17, 29, 8, 3, 17].to_vec();
     // 300 tokens fill the 256-token context.
@@ -169,8 +178,15 @@ fn same_output_as_plain(stem: &str, seeded: bool) {
                 3,
             ),
         ] {
-            let mut sp = Speculation::new(drafter, max, 1, v);
-            let r = run(&m, &tok, &prompt, n, seeded, ignore_eos, Some(&mut sp));
+            let r = run(
+                &m,
+                &tok,
+                &prompt,
+                n,
+                seeded,
+                ignore_eos,
+                Some(Spec::Guess(drafter, max)),
+            );
             check(&plain, &r, &prompt, &what(name));
             let st = r.stats.spec;
             assert!(st.accepted <= st.drafted, "{}", what(name));
@@ -211,16 +227,10 @@ fn seeded_speculation_equals_plain_decoding() {
     }
 }
 
-/// `m` drafting greedily for itself (every guess taken, `--draft-p-min 0`) in a session of
-/// `n_ctx` positions, up to `max` guesses a pass.
-fn self_drafting(m: &Arc<Model>, n_ctx: usize, max: usize) -> Speculation {
-    let draft = Session::new(Arc::clone(m), SessionOptions::new(n_ctx, 2)).unwrap();
-    Speculation::new(
-        Box::new(ModelDrafter::new(draft, 0.0)),
-        max,
-        1,
-        m.config.vocab_size,
-    )
+/// `m` drafting greedily for itself in a runner of `n_ctx` positions, up to `max` guesses a
+/// pass.
+fn self_drafting(n_ctx: usize, max: usize) -> Option<Spec> {
+    Some(Spec::SelfDraft { n_ctx, max })
 }
 
 /// The model as its own draft: greedy, every guess is accepted; through the real SmolLM2 on a
@@ -235,21 +245,19 @@ fn a_model_drafting_for_itself_is_always_right() {
         false,
     );
     let plain = run(&m, &tok, &prompt, 24, false, false, None);
-    let mut sp = self_drafting(&m, 256, 4);
-    let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
+    let r = run(&m, &tok, &prompt, 24, false, false, self_drafting(256, 4));
     check(&plain, &r, &prompt, "self-draft");
     let st = r.stats.spec;
     assert_eq!(st.accepted, st.drafted, "{st:?}");
     assert!(st.accepted > 0);
-    let mut sp = Speculation::new(Box::new(NgramDrafter::new(1, 3)), 8, 1, m.config.vocab_size);
-    let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
+    let ngram = Spec::Guess(Box::new(NgramDrafter::new(1, 3)), 8);
+    let r = run(&m, &tok, &prompt, 24, false, false, Some(ngram));
     check(&plain, &r, &prompt, "ngram on SmolLM2");
     assert!(r.stats.spec.accepted > 0, "{:?}", r.stats.spec);
     // A draft whose context ends within the generation: fewer guesses near its end, none
     // after it, and the model goes on alone.
     let short = prompt.len() + 10;
-    let mut sp = self_drafting(&m, short, 4);
-    let r = run(&m, &tok, &prompt, 24, false, false, Some(&mut sp));
+    let r = run(&m, &tok, &prompt, 24, false, false, self_drafting(short, 4));
     check(&plain, &r, &prompt, "self-draft with a short context");
     let st = r.stats.spec;
     assert!(
@@ -273,8 +281,7 @@ fn an_accepted_end_of_generation_stops_as_plain_decoding_does() {
     let plain = run(&m, &tok, &prompt, 64, false, false, None);
     assert_eq!(plain.stop, StopReason::EndOfGeneration, "{:?}", plain.ids);
     for max in [2, 8] {
-        let mut sp = self_drafting(&m, 256, max);
-        let r = run(&m, &tok, &prompt, 64, false, false, Some(&mut sp));
+        let r = run(&m, &tok, &prompt, 64, false, false, self_drafting(256, max));
         check(&plain, &r, &prompt, &format!("self-draft of {max}"));
     }
 }

@@ -87,8 +87,8 @@ fn ring_decodes_past_the_window_like_the_full_cache() {
     let b = greedy(&mut ring, 20);
     assert!(a[1..] == b[1..], "after a rollback of 100");
 
-    // Back 400: the rings no longer hold that window, so the session empties; prefill_reuse
-    // recomputes and the logits are again the full cache's.
+    // Back 400: the rings no longer hold that window, so the session empties; reusing the
+    // prefix recomputes it and the logits are again the full cache's.
     let tokens = ring.tokens().to_vec();
     let back = tokens.len() - 400;
     assert_eq!(ring.rollback(back), 0);
@@ -98,21 +98,26 @@ fn ring_decodes_past_the_window_like_the_full_cache() {
     let mut again = tokens[..back].to_vec();
     again.extend_from_slice(&more);
     assert_eq!(
-        full.prefill_reuse(&again, &mut |_, _| {}).unwrap(),
+        reuse_prefix(&mut full, &again),
         back,
         "the full cache reuses the prefix"
     );
-    assert_eq!(
-        ring.prefill_reuse(&again, &mut |_, _| {}).unwrap(),
-        0,
-        "the ring recomputes it"
-    );
+    assert_eq!(reuse_prefix(&mut ring, &again), 0, "the ring recomputes it");
     // Recomputed in chunks from 0, as a fresh full cache computes it.
     let mut fresh = session(&m, 3072, 128, true);
     fresh.prefill(&again, &mut |_, _| {}).unwrap();
     let a = greedy(&mut fresh, 10);
     let b = greedy(&mut ring, 10);
     assert!(a == b, "after recomputing");
+}
+
+/// Evaluate `tokens` after the prefix the session shares with them, as the scheduler admits a
+/// request (the cache rolled back to the shared part, at least one token evaluated); returns
+/// how many tokens were kept (0 where the rings no longer hold the window before them).
+fn reuse_prefix(s: &mut Session, tokens: &[u32]) -> usize {
+    let kept = s.rollback(s.common_prefix(tokens).min(tokens.len() - 1));
+    s.prefill(&tokens[kept..], &mut |_, _| {}).unwrap();
+    kept
 }
 
 /// Teacher-forced logits of every position of a prompt evaluated in odd chunks equal the full
@@ -135,7 +140,7 @@ fn ring_teacher_forcing_and_prefix_reuse_match_the_full_cache() {
         // Next turn: the same 1,390 tokens and another ending.
         let mut turn = prompt[..1390].to_vec();
         turn.extend_from_slice(&[107, 2094, 236761, 108]);
-        assert_eq!(s.prefill_reuse(&turn, &mut |_, _| {}).unwrap(), 1390);
+        assert_eq!(reuse_prefix(&mut s, &turn), 1390);
         rows[i].push(bits(s.logits()));
     }
     assert_eq!(rows[0].len(), rows[1].len());

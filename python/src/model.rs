@@ -1,4 +1,4 @@
-//! `kiln._kiln.Model`: a loaded model, its tokenizer and its session.
+//! `kiln._kiln.Model`: a loaded model, its tokenizer and its engine's runner.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -8,10 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use kiln::backend::Device;
-use kiln::engine::batch::BatchOptions;
+use kiln::engine::batch::{BatchOptions, BatchRunner};
 use kiln::engine::embed::{embed_prompts, EmbedError};
 use kiln::engine::pooling::{EmbedSpec, Pooling};
-use kiln::engine::{Session, SessionOptions};
 use kiln::gguf::GgufFile;
 use kiln::grammar::{GrammarEngine, GrammarError};
 use kiln::model::{Model as KilnModel, ModelError};
@@ -28,8 +27,9 @@ pub struct Inner {
     pub id: String,
     pub model: Arc<KilnModel>,
     pub tok: Arc<Tokenizer>,
-    /// `None` for an encoder, which only embeds.
-    pub session: Mutex<Option<Session>>,
+    /// The engine's runner of one sequence, lent to each generation; `None` for an
+    /// encoder, which only embeds.
+    pub runner: Mutex<Option<BatchRunner>>,
     pub n_ctx: usize,
     pub n_threads: usize,
     pub n_batch: usize,
@@ -259,14 +259,20 @@ fn load(
         n => n,
     };
     let n_threads = n_threads.unwrap_or_else(|| kiln::kernels::pool::default_threads().max(1));
-    let session = if c.arch.is_encoder() {
+    let runner = if c.arch.is_encoder() {
         kiln::engine::session::check_context(c, n_ctx).map_err(errors::engine)?;
         None
     } else {
-        let mut opts = SessionOptions::new(n_ctx, n_threads);
-        opts.prefill_chunk = n_batch;
-        opts.device = device;
-        Some(Session::new(Arc::clone(&model), opts).map_err(errors::engine)?)
+        let opts = BatchOptions {
+            n_slots: 1,
+            n_ctx,
+            n_threads,
+            prefill_chunk: n_batch,
+            kv_type: Default::default(),
+            device,
+            draft_max: 0,
+        };
+        Some(BatchRunner::new(Arc::clone(&model), opts).map_err(errors::engine)?)
     };
     if verbose {
         eprintln!(
@@ -284,7 +290,7 @@ fn load(
         id,
         tok: Arc::new(tok),
         model,
-        session: Mutex::new(session),
+        runner: Mutex::new(runner),
         n_ctx,
         n_threads,
         n_batch,

@@ -1,11 +1,11 @@
 //! One generation: the request read and checked as the server reads it, the tokens computed by
-//! [`generate_with`] (what `kiln run` calls) on a thread of its own, and its text shaped into
+//! the engine `kiln run` drives ([`Engine`]) on a thread of its own, and its text shaped into
 //! OpenAI's dicts by the server's [`Answers`], whole or chunk by chunk.
 //!
 //! The generating thread hands text over a bounded channel; the Python thread waits on it with
 //! the GIL released and checks for signals between pieces, so Ctrl-C (KeyboardInterrupt) stops
 //! a generation between two tokens. Dropping or closing a [`Run`] stops its generation and
-//! waits for the thread to let go of the session.
+//! waits for the thread to let go of the model's runner.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use serde_json::{json, Value};
 
 use kiln::engine::scheduler::{held_back, FinishReason, Finished, Usage};
-use kiln::engine::{generate_with, GenStats, GenerateRequest, StopReason};
+use kiln::engine::{Engine, GenStats, GenerateRequest, StopReason};
 use kiln::grammar::{limits, Constraint, GrammarEngine};
 use kiln::sampler::Sampler;
 use kiln::server::api::PromptField;
@@ -98,7 +98,7 @@ impl State {
         }
     }
 
-    /// Stop the generation and wait for its thread (which then lets go of the session).
+    /// Stop the generation and wait for its thread (which then lets go of the runner).
     fn stop(&mut self, py: Python<'_>) {
         self.cancel.store(true, Ordering::Relaxed);
         self.rx = None;
@@ -422,7 +422,7 @@ impl Stops<'_> {
     }
 }
 
-/// The generating thread: run the job on the model's session, sending text as it comes and
+/// The generating thread: run the job on the model's engine, sending text as it comes and
 /// how it ended last. A panic is sent as a failure.
 fn work(inner: &Inner, job: Job, cancel: &AtomicBool, tx: &SyncSender<Msg>) {
     let r = catch_unwind(AssertUnwindSafe(|| generate(inner, job, cancel, tx)));
@@ -443,16 +443,22 @@ fn generate(
     cancel: &AtomicBool,
     tx: &SyncSender<Msg>,
 ) -> Result<(Finished, GenStats), String> {
-    let mut guard = match inner.session.try_lock() {
+    let mut guard = match inner.runner.try_lock() {
         Ok(g) => g,
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
         Err(TryLockError::WouldBlock) => {
             return Err("this model is already generating (finish or close its other stream first, or load the model once per thread)".into())
         }
     };
-    let session = guard
-        .as_mut()
-        .ok_or_else(|| "this model gives embeddings, not text".to_string())?;
+    if inner.model.config.arch.is_encoder() {
+        return Err("this model gives embeddings, not text".into());
+    }
+    // The runner is lent to an engine for the generation and comes back after it (a
+    // generation that panicked loses it).
+    let runner = guard
+        .take()
+        .ok_or_else(|| "this model's engine was lost to an earlier failure".to_string())?;
+    let mut engine = Engine::new(runner, &inner.tok).map_err(|e| e.to_string())?;
     let mut sampler = Sampler::new(job.gen.sampler.clone(), inner.model.config.vocab_size);
     let req = GenerateRequest {
         prompt: &job.prompt,
@@ -460,6 +466,7 @@ fn generate(
         reuse_prefix: false,
         cancel: Some(cancel),
         ignore_eos: job.gen.ignore_eos,
+        stop: &[],
     };
     let mut stops = Stops {
         stop: &job.gen.stop,
@@ -485,17 +492,15 @@ fn generate(
         }
         !hit
     };
-    let stats = generate_with(
-        session,
-        &mut sampler,
-        &inner.tok,
+    let result = engine.generate(
         &req,
-        job.constraint.as_mut(),
-        None,
+        &mut sampler,
+        job.constraint.take(),
         &mut |_, _| {},
         &mut on_token,
-    )
-    .map_err(|e| e.to_string())?;
+    );
+    *guard = Some(engine.into_runner());
+    let stats = result.map_err(|e| e.to_string())?;
     if stops.hit.is_none() && !gone {
         gathered.push_str(&stops.held);
     }

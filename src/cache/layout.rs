@@ -318,7 +318,9 @@ impl Cursor {
     /// (length 0): the caller evaluates the tokens again.
     pub fn rollback(&mut self, l: &KvLayout, to_len: usize) -> usize {
         let to = self.len.min(to_len);
-        if self.can_resume_at(l, to) {
+        // (Back to 0 is a fresh start: the rings' old positions are no longer needed, and
+        // keeping `kept` would refuse the window of the positions written next.)
+        if to > 0 && self.can_resume_at(l, to) {
             self.len = to;
         } else {
             *self = Cursor::default();
@@ -349,4 +351,30 @@ impl Cursor {
 pub struct KvBudgetError {
     pub budget: usize,
     pub min: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rollback_to_the_start_forgets_the_rings_turnover() {
+        let l = KvLayout::full(1, 1, 4, 4, 256).with_window(8, &[true], 4);
+        let rows = l.window.as_ref().unwrap().rows;
+        let mut c = Cursor::default();
+        c.advance(&l, 3 * rows).unwrap();
+        assert!(c.kept > 0, "the ring turned over");
+        assert_eq!(c.rollback(&l, 0), 0);
+        assert_eq!(c, Cursor::default());
+        // Written again from 0, past the ring: every window is there.
+        for _ in 0..3 * rows {
+            c.check_window(&l, 1).unwrap();
+            c.advance(&l, 1).unwrap();
+        }
+        // A rollback within the window's margin keeps the positions; one past it forgets all.
+        let len = c.len;
+        assert_eq!(c.rollback(&l, len - 2), len - 2);
+        assert_eq!(c.rollback(&l, len - rows), 0);
+        assert_eq!(c, Cursor::default());
+    }
 }

@@ -1,14 +1,14 @@
 //! `kiln bench`: prompt-processing (pp) and text-generation (tg) throughput, as `llama-bench`
 //! measures them, plus load time, peak RSS and decode's share of the memory-bandwidth roofline.
 
-use std::time::Instant;
-
 use anyhow::Result;
 use clap::Args;
 
 use super::common::{self, ModelArgs};
 use kiln::backend::cuda::exec::OnCuda;
-use kiln::engine::{Session, SessionOptions};
+use kiln::backend::exec::HasExecutor;
+use kiln::engine::{Engine, GenStats, GenerateRequest, SessionOptions};
+use kiln::sampler::{Sampler, SamplerConfig};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -72,7 +72,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     opts.kv_budget = args.model.kv_budget.map(|b| b as usize);
     opts.swa_full = args.model.swa_full;
     opts.device = args.model.device()?;
-    let mut s = common::new_session(model, opts)?;
+    let runner = common::new_runner(model, &opts, 0)?;
+    let mut engine = Engine::new(runner, &loaded.tokenizer)?;
+    let mut sampler = Sampler::new(SamplerConfig::greedy(), model.config.vocab_size);
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random tokens, as llama-bench uses random ids.
     let tokens = |n: usize, salt: u32| -> Vec<u32> {
@@ -81,30 +83,26 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect()
     };
     let depth_tokens = tokens(args.depth, 7);
-    // The depth is filled once and every repetition rolls back to it, as llama-bench restores
-    // a saved state instead of re-running the depth prompt.
-    let mut depth_filled = false;
-    let mut fill_depth = |s: &mut Session| -> Result<()> {
-        // (A rollback past what a sliding-window ring keeps empties the cache: fill again.)
-        if depth_filled && s.rollback(depth_tokens.len()) == depth_tokens.len() {
-            return Ok(());
-        }
-        s.reset();
-        if !depth_tokens.is_empty() {
-            s.prefill(&depth_tokens, &mut |_, _| {})?;
-        }
-        depth_filled = true;
-        Ok(())
+    // Each test's prompt follows the depth's tokens: the engine keeps them cached and every
+    // repetition rolls back to them (its prefix reuse), as llama-bench restores a saved state
+    // instead of re-running the depth prompt. The rates count the tokens evaluated.
+    let mut measure = |engine: &mut Engine<'_>, test: &[u32], n_gen: usize| -> Result<GenStats> {
+        let prompt = [&depth_tokens[..], test].concat();
+        let mut req = GenerateRequest::new(&prompt, Some(n_gen));
+        req.reuse_prefix = true;
+        req.ignore_eos = true;
+        Ok(engine.generate(&req, &mut sampler, None, &mut |_, _| {}, &mut |_, _| true)?)
     };
 
     let weight_bytes = model.weights_bytes_per_token() as u64;
-    let on_gpu = s.cuda().map(|c| c.gpu().name.clone());
+    let on_gpu = engine.runner().cuda().map(|c| c.gpu().name.clone());
     let bandwidth = match args.bandwidth {
         Some(b) => b,
         // The host's bandwidth says nothing of the device's: no roofline unless given.
         None if on_gpu.is_some() => 0.0,
         None => {
-            let b = kiln::kernels::membw::measure_read_gbs(&s.runtime().pool);
+            let b =
+                kiln::kernels::membw::measure_read_gbs(&engine.runner().executor().runtime().pool);
             // The probe's buffer is gone; do not let it count as the engine's peak RSS.
             reset_peak_rss();
             b
@@ -177,15 +175,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
 
     if args.n_prompt > 0 {
-        let prompt = tokens(args.n_prompt, 1);
         let mut samples = Vec::new();
         for rep in 0..=args.reps {
-            fill_depth(&mut s)?;
-            let t0 = Instant::now();
-            s.prefill(&prompt, &mut |_, _| {})?;
-            let dt = t0.elapsed().as_secs_f64();
+            // (Another prompt each time, so that nothing of it is cached.)
+            let prompt = tokens(args.n_prompt, 1 + rep as u32);
+            let stats = measure(&mut engine, &prompt, 0)?;
             if rep > 0 {
-                samples.push(args.n_prompt as f64 / dt); // rep 0 is the warm-up
+                samples.push(stats.prompt_tps()); // rep 0 is the warm-up
             }
         }
         let name = with_depth(&format!("pp{}", args.n_prompt), args.depth);
@@ -194,16 +190,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.n_gen > 0 {
         let mut samples = Vec::new();
         for rep in 0..=args.reps {
-            fill_depth(&mut s)?;
-            let mut t = tokens(1, rep as u32)[0];
-            let t0 = Instant::now();
-            for _ in 0..args.n_gen {
-                // Greedy: on a GPU the argmax is taken there (one token id comes back).
-                t = s.decode_greedy(t)?;
-            }
-            let dt = t0.elapsed().as_secs_f64();
+            // Greedy from one token.
+            let first = tokens(1, rep as u32);
+            let stats = measure(&mut engine, &first, args.n_gen)?;
             if rep > 0 {
-                samples.push(args.n_gen as f64 / dt);
+                samples.push(stats.gen_tps());
             }
         }
         let name = with_depth(&format!("tg{}", args.n_gen), args.depth);

@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use kiln::engine::{Session, SessionOptions};
+use kiln::engine::batch::{BatchOptions, BatchRunner};
+use kiln::engine::{EngineError, Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::SamplerConfig;
 use kiln::tokenizer::Tokenizer;
@@ -320,9 +321,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     })
 }
 
-/// A session sized from the flags whose forward passes compute the logits of up to
-/// `logit_rows` positions together (1, or more for speculative decoding's verification passes).
-pub fn session(loaded: &Loaded, args: &ModelArgs, logit_rows: usize) -> Result<Session> {
+/// The session options the flags ask for: the context (-c, else the training context up to
+/// 4096), threads, prefill chunk (-b), KV type and placement, device.
+pub fn session_options(loaded: &Loaded, args: &ModelArgs) -> Result<SessionOptions> {
     let train = loaded.model.config.ctx_train;
     let n_ctx = args.ctx(train, 4096);
     let mut opts = SessionOptions::new(n_ctx, args.threads());
@@ -331,12 +332,32 @@ pub fn session(loaded: &Loaded, args: &ModelArgs, logit_rows: usize) -> Result<S
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
     opts.swa_full = args.swa_full;
     opts.device = args.device()?;
-    opts.logit_rows = logit_rows.max(1);
-    new_session(&loaded.model, opts)
+    Ok(opts)
 }
 
 /// A session, with a progress bar while the weights go to the GPU.
 pub fn new_session(model: &Arc<Model>, opts: SessionOptions) -> Result<Session> {
+    let s = with_upload_bar(|p| Session::with_progress(Arc::clone(model), opts, p))?;
+    Ok(s)
+}
+
+/// The engine's runner of one sequence slot sized as a session with `opts`, verifying up to
+/// `draft_max` drafts a pass (0: no speculation), with a progress bar while the weights go to
+/// the GPU.
+pub fn new_runner(
+    model: &Arc<Model>,
+    opts: &SessionOptions,
+    draft_max: usize,
+) -> Result<BatchRunner> {
+    let (batch, cache) = BatchOptions::from_session(opts, 1, draft_max);
+    let r = with_upload_bar(|p| BatchRunner::with_cache(Arc::clone(model), batch, cache, p))?;
+    Ok(r)
+}
+
+/// Run `f` with a progress callback that shows a bar while the weights go to the GPU.
+fn with_upload_bar<T>(
+    f: impl FnOnce(&mut dyn FnMut(usize, usize)) -> Result<T, EngineError>,
+) -> Result<T, EngineError> {
     let mut bar: Option<ProgressBar> = None;
     let mut progress = |done: usize, total: usize| {
         let b = bar.get_or_insert_with(|| {
@@ -349,11 +370,11 @@ pub fn new_session(model: &Arc<Model>, opts: SessionOptions) -> Result<Session> 
         });
         b.set_position(done as u64);
     };
-    let s = Session::with_progress(Arc::clone(model), opts, &mut progress)?;
+    let r = f(&mut progress);
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    Ok(s)
+    r
 }
 
 /// A spinner on stderr (hidden when stderr is not a terminal).

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::chat::{self, ChatArgs};
 use super::common::{self, ModelArgs, SamplingArgs};
-use kiln::engine::{generate_with, GenerateRequest};
+use kiln::engine::GenerateRequest;
 use kiln::sampler::Sampler;
 use kiln::tokenizer::ChatMessage;
 
@@ -117,10 +117,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let (mut session, mut speculation) = args.spec.session(&loaded, &args.model)?;
-    session.check_fits(ids.len())?;
+    let (mut engine, speculating) = args.spec.engine(&loaded, &args.model)?;
+    engine.check_fits(ids.len())?;
     let mut sampler = Sampler::new(sampler_cfg, loaded.model.config.vocab_size);
-    let mut constraint = super::grammar::constraint(spec.as_ref(), tok)?;
+    let constraint = super::grammar::constraint(spec.as_ref(), tok)?;
     let cancel = common::cancel_flag();
 
     let stdout = std::io::stdout();
@@ -163,17 +163,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         reuse_prefix: false,
         cancel: Some(cancel),
         ignore_eos: args.ignore_eos,
+        stop: &[],
     };
-    let stats = generate_with(
-        &mut session,
-        &mut sampler,
-        tok,
-        &req,
-        constraint.as_mut(),
-        speculation.as_mut(),
-        &mut progress,
-        &mut on_token,
-    )?;
+    let stats = engine.generate(&req, &mut sampler, constraint, &mut progress, &mut on_token)?;
     if let Some(e) = write_error {
         return Err(e.into());
     }
@@ -189,7 +181,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "gen_ms": stats.gen_ms,
             "gen_tps": stats.gen_tps(),
             "stop": stats.stop,
-            "speculative": speculation.is_some().then_some(stats.spec),
+            "speculative": speculating.then_some(stats.spec),
             "peak_rss_bytes": super::bench::peak_rss(),
         });
         writeln!(out, "{j}")?;
@@ -210,7 +202,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         stats.gen_tokens,
         stats.gen_tps()
     );
-    if speculation.is_some() {
+    if speculating {
         eprintln!("speculative    = {}", super::spec::describe(&stats.spec));
     }
     Ok(())

@@ -6,8 +6,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use super::common::{self, Loaded, ModelArgs};
-use kiln::engine::speculative::{Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculation};
-use kiln::engine::{Session, SessionOptions};
+use kiln::engine::slot_drafter::SlotDrafter;
+use kiln::engine::speculative::{draft_context, NgramDrafter, SpecStats};
+use kiln::engine::{Engine, SessionOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum SpecType {
@@ -128,61 +129,38 @@ impl SpecArgs {
         }))
     }
 
-    /// The session of `target` and the speculation the flags ask for: the session computes
-    /// the logits of a verification pass together (`draft_max + 1` rows), and a draft model
-    /// runs on its threads.
-    pub fn session(
-        &self,
-        target: &Loaded,
-        args: &ModelArgs,
-    ) -> Result<(Session, Option<Speculation>)> {
-        let mut speculation = self.speculation(target, args)?;
-        let rows = speculation.as_ref().map_or(1, |s| s.draft_max + 1);
-        let session = common::session(target, args, rows)?;
-        if let Some(sp) = speculation.as_mut() {
-            sp.share_threads(&session);
+    /// The engine of `target` with the speculation the flags ask for (whether they ask for
+    /// one): its runner verifies up to `--draft-max` drafts a pass; drafts come from prompt
+    /// lookup or a draft model's runner, stepped on the engine's threads.
+    pub fn engine<'t>(&self, target: &'t Loaded, args: &ModelArgs) -> Result<(Engine<'t>, bool)> {
+        let on = self.check()?;
+        let opts = common::session_options(target, args)?;
+        let draft_max = if on { self.draft_max } else { 0 };
+        let runner = common::new_runner(&target.model, &opts, draft_max)?;
+        let mut engine = Engine::new(runner, &target.tokenizer)?;
+        if !on {
+            return Ok((engine, false));
         }
-        Ok((session, speculation))
-    }
-
-    /// The speculation the flags ask for, the draft model loaded beside `target`.
-    pub fn speculation(&self, target: &Loaded, args: &ModelArgs) -> Result<Option<Speculation>> {
-        if !self.check()? {
-            return Ok(None);
+        match &self.model_draft {
+            None => engine.speculate(
+                NgramDrafter::new(self.ngram_n, self.ngram_n),
+                self.draft_min,
+            ),
+            Some(name) => {
+                let draft = self.load_draft(name, target, args)?;
+                let n_ctx = draft_context(opts.n_ctx, self.ctx_size_draft, &draft.model.config);
+                let dopts = SessionOptions {
+                    n_ctx,
+                    kv_budget: None,
+                    ..opts
+                };
+                let runner = common::new_runner(&draft.model, &dopts, 0)?;
+                let p_min = self.draft_p_min.unwrap_or(DRAFT_P_MIN);
+                let drafter = SlotDrafter::new(runner, engine.runner(), p_min)?;
+                engine.speculate(drafter, self.draft_min);
+            }
         }
-        let drafter: Box<dyn Drafter> = match &self.model_draft {
-            None => Box::new(NgramDrafter::new(self.ngram_n, self.ngram_n)),
-            Some(name) => Box::new(self.draft_model(name, target, args)?),
-        };
-        Ok(Some(Speculation::new(
-            drafter,
-            self.draft_max,
-            self.draft_min,
-            target.model.config.vocab_size,
-        )))
-    }
-
-    fn draft_model(&self, name: &str, target: &Loaded, args: &ModelArgs) -> Result<ModelDrafter> {
-        let draft = self.load_draft(name, target, args)?;
-        let opts = {
-            let n_ctx = args.ctx(target.model.config.ctx_train, 4096);
-            let n_ctx = kiln::engine::speculative::draft_context(
-                n_ctx,
-                self.ctx_size_draft,
-                &draft.model.config,
-            );
-            let mut o = SessionOptions::new(n_ctx, args.threads());
-            o.prefill_chunk = args.batch_size.max(1);
-            o.kv_type = args.kv_type;
-            o.swa_full = args.swa_full;
-            o.device = args.device()?;
-            o
-        };
-        let session = common::new_session(&draft.model, opts)?;
-        Ok(ModelDrafter::new(
-            session,
-            self.draft_p_min.unwrap_or(DRAFT_P_MIN),
-        ))
+        Ok((engine, true))
     }
 
     /// The draft model `name`, loaded as `args` load models, of `target`'s vocabulary.

@@ -90,8 +90,56 @@ pub struct BatchRunner {
     hidden_at: Vec<(usize, usize)>,
 }
 
+/// Where a runner's caches live, beyond [`BatchOptions`] (the command line's flags; a server
+/// keeps the defaults).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// RAM for a slot's KV cache: past it, the cache lives in a file and a ring of layer
+    /// buffers fitting this budget is streamed (None = always in RAM).
+    pub kv_budget: Option<usize>,
+    /// Give sliding-window layers a cache of the whole context (llama.cpp's `--swa-full`).
+    pub swa_full: bool,
+}
+
+impl BatchOptions {
+    /// A runner of `n_slots` sized as a session with `opts` (its context, threads, prefill
+    /// chunk, KV type and placement, device), verifying up to `draft_max` drafts a pass.
+    pub fn from_session(
+        opts: &SessionOptions,
+        n_slots: usize,
+        draft_max: usize,
+    ) -> (BatchOptions, CacheOptions) {
+        let batch = BatchOptions {
+            n_slots,
+            n_ctx: opts.n_ctx,
+            n_threads: opts.n_threads,
+            prefill_chunk: opts.prefill_chunk,
+            kv_type: opts.kv_type,
+            device: opts.device,
+            draft_max,
+        };
+        let cache = CacheOptions {
+            kv_budget: opts.kv_budget,
+            swa_full: opts.swa_full,
+        };
+        (batch, cache)
+    }
+}
+
 impl BatchRunner {
     pub fn new(model: Arc<Model>, opts: BatchOptions) -> Result<BatchRunner, EngineError> {
+        BatchRunner::with_cache(model, opts, CacheOptions::default(), &mut |_, _| {})
+    }
+
+    /// [`BatchRunner::new`] with its caches placed as `cache` says, calling `progress(bytes
+    /// done, bytes in all)` while the weights go to the GPU (not at all on the CPU, or where
+    /// another runner already put them there).
+    pub fn with_cache(
+        model: Arc<Model>,
+        opts: BatchOptions,
+        cache: CacheOptions,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<BatchRunner, EngineError> {
         let c = &model.config;
         let n_slots = opts.n_slots.max(1);
         let n_ctx = opts.n_ctx.max(1);
@@ -113,6 +161,8 @@ impl BatchRunner {
         let mut sopts = SessionOptions::new(n_ctx, opts.n_threads);
         sopts.kv_type = opts.kv_type;
         sopts.device = opts.device;
+        sopts.kv_budget = cache.kv_budget;
+        sopts.swa_full = cache.swa_full;
         // A sequence gets at most a prefill chunk per pass (what its sliding-window rings must
         // hold beside the window)...
         sopts.prefill_chunk = opts.prefill_chunk.max(1);
@@ -126,7 +176,7 @@ impl BatchRunner {
             solo: true,
             ..exec_spec_with(&sopts, n_slots, layout, spec)
         };
-        let exec = crate::backend::open::executor(model.clone(), &espec, &mut |_, _| {})?;
+        let exec = crate::backend::open::executor(model.clone(), &espec, progress)?;
         let rows = n_slots * (1 + opts.draft_max);
         Ok(BatchRunner {
             exec,

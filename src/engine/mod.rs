@@ -1,8 +1,10 @@
-//! The engine: sessions over a loaded model, the generation loop, perplexity.
+//! The engine: one scheduler over a batch runner for every generation (the server's
+//! requests, the command line's and the Python bindings' through [`Engine`]), sessions over a
+//! loaded model (a sequence's forward passes: perplexity, the tests' references), embeddings.
 
 pub mod batch;
 pub mod embed;
-pub mod generate;
+pub mod local;
 pub mod logprobs;
 pub mod perplexity;
 pub mod plan;
@@ -14,8 +16,7 @@ pub mod session;
 pub mod slot_drafter;
 pub mod speculative;
 
-pub use generate::{
-    generate, generate_constrained, generate_with, GenStats, GenerateRequest, StopReason,
-};
+pub use local::{Engine, GenStats, GenerateRequest};
 pub use perplexity::{perplexity, PerplexityReport};
+pub use sequence::StopReason;
 pub use session::{EngineError, Session, SessionOptions};

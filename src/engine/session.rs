@@ -1,6 +1,8 @@
-//! A session: one sequence's state over a shared model — the device's executor (its KV
-//! cache, scratch buffers and weights) and the tokens the cache holds. Everything is
-//! allocated in [`Session::new`]; prefill and decode reuse it.
+//! A session: one sequence's forward passes over a shared model — the device's executor (its
+//! KV cache, scratch buffers and weights) and the tokens the cache holds. Everything is
+//! allocated in [`Session::new`]; prefill and decode reuse it. Perplexity and the tests'
+//! references evaluate text through it; generation goes through the scheduler
+//! ([`super::Engine`]), whose runner sizes itself with this module's functions.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -86,6 +88,10 @@ pub enum EngineError {
     Device(#[from] DeviceError),
     #[error("the draft model: {0}")]
     Draft(String),
+    /// A generation the engine's scheduler ended with an error (a forward pass or a grammar
+    /// failed), in its words.
+    #[error("{0}")]
+    Failed(String),
     /// Something an encoder (an embedding model) cannot do: generate text, or run where
     /// kiln does not run encoders.
     #[error("'{arch}' is an encoder (an embedding model): {what}")]
@@ -176,20 +182,10 @@ impl Session {
         })
     }
 
-    /// Run `tokens` after the cached ones on this session's device.
+    /// Run `tokens` after the cached ones on this session's device (the last token's logits
+    /// brought to the host for [`Session::logits`]).
     fn run(&mut self, tokens: &[u32], logits: Logits<'_>) -> Result<(), ForwardError> {
-        self.run_copy(tokens, logits, true)
-    }
-
-    /// [`Session::run`]; on a device, the last token's logits come back to the host only with
-    /// `copy` (else they stay there, for [`Session::decode_greedy`]).
-    fn run_copy(
-        &mut self,
-        tokens: &[u32],
-        logits: Logits<'_>,
-        copy: bool,
-    ) -> Result<(), ForwardError> {
-        let last = copy && matches!(logits, Logits::Last);
+        let last = matches!(logits, Logits::Last);
         let rows = [SlotRows {
             slot: 0,
             n_tokens: tokens.len(),
@@ -239,19 +235,6 @@ impl Session {
     /// The CPU's threads (a session on another device keeps one, for host work).
     pub fn runtime(&self) -> &Runtime {
         self.exec.runtime()
-    }
-
-    /// Run on `target`'s CPU threads (a draft model's session, run only between `target`'s
-    /// passes from the same calling thread: two pools would each keep their workers spinning
-    /// while the other's run).
-    pub fn share_threads(&mut self, target: &Session) {
-        self.exec.share_threads(&*target.exec);
-    }
-
-    /// Whether greedy decoding takes the argmax where the logits are, bringing back only the
-    /// token ([`Session::decode_greedy`]).
-    pub fn argmax_on_device(&self) -> bool {
-        self.exec.argmax_on_device()
     }
 
     /// Whether `n` more tokens would overflow the context.
@@ -324,31 +307,6 @@ impl Session {
         Ok(self.logits())
     }
 
-    /// Evaluate `tokens` reusing the longest cached prefix (chat turns, repeated system
-    /// prompts): rolls back to the shared part and prefills only the rest. Returns the number
-    /// of tokens that were reused.
-    pub fn prefill_reuse(
-        &mut self,
-        tokens: &[u32],
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<usize, EngineError> {
-        if tokens.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        // Keep at least one token to evaluate so that fresh logits exist.
-        let reuse = self.common_prefix(tokens).min(tokens.len() - 1);
-        if tokens.len() > self.opts.n_ctx {
-            return Err(EngineError::PromptTooLong {
-                prompt: tokens.len(),
-                ctx: self.opts.n_ctx,
-                used: 0,
-            });
-        }
-        let reuse = self.rollback(reuse);
-        self.prefill(&tokens[reuse..], progress)?;
-        Ok(reuse)
-    }
-
     /// Evaluate one generated token; returns its logits.
     pub fn decode(&mut self, token: u32) -> Result<&[f32], EngineError> {
         if self.would_overflow(1) {
@@ -359,26 +317,6 @@ impl Session {
         self.run(&[token], Logits::Last)?;
         self.tokens.push(token);
         Ok(self.logits())
-    }
-
-    /// Evaluate one token and return the most likely next one (greedy decoding). Where the
-    /// logits live on a device ([`Session::argmax_on_device`]) the choice is made there and
-    /// only the token id comes back; [`Session::logits`] then still holds the logits before
-    /// this step.
-    pub fn decode_greedy(&mut self, token: u32) -> Result<u32, EngineError> {
-        if !self.exec.argmax_on_device() {
-            return Ok(crate::sampler::argmax(self.decode(token)?));
-        }
-        if self.would_overflow(1) {
-            return Err(EngineError::ContextFull {
-                ctx: self.opts.n_ctx,
-            });
-        }
-        self.run_copy(&[token], Logits::Last, false)?;
-        self.tokens.push(token);
-        let mut next = [0u32];
-        self.exec.argmax(&mut next)?;
-        Ok(next[0])
     }
 
     /// Evaluate `tokens` and hand the logits of every position `>= first` to

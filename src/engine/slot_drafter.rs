@@ -4,7 +4,7 @@
 //! rest evaluated one prefill chunk a step, so that a long prompt delays the other sequences by
 //! at most a chunk of the draft's); then the guesses of all of them are decoded together,
 //! one batched step of the draft model per guess, greedily, each sequence stopping where its
-//! guess is less likely than `p_min` (as [`super::speculative::ModelDrafter`] does alone).
+//! guess is less likely than `p_min`. (`kiln run` and `chat` draft the same way, with one slot.)
 //! A slot's cache is reused only by a sequence of the tenant that filled it, as the server's
 //! own slots are ([`super::scheduler::SeqRequest::tenant`]): how fast drafts come says nothing
 //! of another tenant's prompt.

@@ -17,7 +17,7 @@ use clap::Args;
 use super::common::{self, ModelArgs, SamplingArgs};
 use super::spec::SpecArgs;
 use input::{Command, Input, Reader};
-use kiln::engine::{generate_with, GenerateRequest, Session, StopReason};
+use kiln::engine::{Engine, GenerateRequest, StopReason};
 use kiln::sampler::Sampler;
 use kiln::tokenizer::{ChatMessage, Tokenizer};
 
@@ -84,7 +84,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let verbose = args.model.verbose;
     let loaded = common::load(&args.model)?;
     let tok = &loaded.tokenizer;
-    let (mut session, mut speculation) = args.spec.session(&loaded, &args.model)?;
+    let (mut engine, speculating) = args.spec.engine(&loaded, &args.model)?;
     let mut sampler = Sampler::new(args.sampling.config()?, loaded.model.config.vocab_size);
     let cancel = common::cancel_flag();
     let mut messages: Vec<ChatMessage> = Vec::new();
@@ -94,7 +94,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     eprintln!(
         "kiln chat: {} (context {} tokens). /help lists the commands; Ctrl-D or /exit leaves.",
         loaded.path.display(),
-        session.n_ctx()
+        engine.n_ctx()
     );
     if tok.chat_template().is_none() {
         eprintln!("kiln: the model has no chat template; using ChatML");
@@ -128,8 +128,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
         };
         interrupted = false;
         messages.push(ChatMessage::new("user", text));
-        let reserve = reply_reserve(args.n_predict, session.n_ctx());
-        let ids = match fit(tok, &session, &mut messages, reserve) {
+        let reserve = reply_reserve(args.n_predict, engine.n_ctx());
+        let ids = match fit(tok, &engine, &mut messages, reserve) {
             Ok((ids, dropped)) => {
                 if dropped > 0 {
                     eprintln!(
@@ -169,17 +169,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
             reuse_prefix: true,
             cancel: Some(cancel),
             ignore_eos: args.ignore_eos,
+            stop: &[],
         };
-        let result = generate_with(
-            &mut session,
-            &mut sampler,
-            tok,
-            &req,
-            None,
-            speculation.as_mut(),
-            &mut |_, _| {},
-            &mut on_token,
-        );
+        let result = engine.generate(&req, &mut sampler, None, &mut |_, _| {}, &mut on_token);
         cancel.store(false, Ordering::SeqCst);
         if let Some(e) = write_error {
             // Standard output is gone (a closed pipe ends quietly in main).
@@ -215,7 +207,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 stats.gen_tokens,
                 stats.gen_tps()
             );
-            if speculation.is_some() {
+            if speculating {
                 eprintln!("[speculative: {}]", super::spec::describe(&stats.spec));
             }
         }
@@ -268,11 +260,11 @@ fn reply_reserve(n_predict: i64, n_ctx: usize) -> usize {
 /// how many messages were dropped.
 fn fit(
     tok: &Tokenizer,
-    session: &Session,
+    engine: &Engine<'_>,
     messages: &mut Vec<ChatMessage>,
     reserve: usize,
 ) -> Result<(Vec<u32>, usize)> {
-    let n_ctx = session.n_ctx();
+    let n_ctx = engine.n_ctx();
     let mut dropped = 0;
     loop {
         let ids = encode(tok, messages)?;

@@ -19,8 +19,11 @@
 //! over first (rollback, across slots). Prefixes are shared only between requests of one tenant
 //! ([`SeqRequest::tenant`]), so that what is cached says nothing of another's prompt.
 //!
-//! Generation follows [`super::generate()`] step for step (same sampler calls on the same
-//! logits), so a request's greedy output equals `kiln run`'s.
+//! Generation samples a sequence's logits after each of its tokens with its own sampler, one
+//! call per token, the prompt's last logits first: the sampling loop of every generation, as
+//! `kiln run`, `chat` and `bench` drive it through [`super::Engine`] (a scheduler of one slot)
+//! and the server through its own thread. A request's greedy output is a single sequence's
+//! greedy decoding (batched rows give each sequence the logits it gets alone).
 //!
 //! Several choices of one prompt (`n > 1`, [`SeqRequest::forks`]) share one prefill: the request
 //! is admitted when a slot is free for each choice; its own slot evaluates the prompt while the
@@ -34,220 +37,37 @@
 //! pending token goes into the step with its drafts (the tokens that followed the latest
 //! earlier occurrence of its last few tokens, or a draft model's guesses: its slots catch up
 //! one prefill chunk a step), every row computed as its own decode step
-//! ([`BatchRunner::push_verify`]). Its rows are then sampled in order with its own sampler, as
-//! [`super::speculative`] does for one session: a draft is kept while the sample equals it,
-//! the first disagreement is the next pending token, and the slot is rolled back to the kept
-//! tokens. Same samples as without it, in the same order, fewer steps where text repeats.
+//! ([`BatchRunner::push_verify`]). Its rows are then sampled in order with its own sampler
+//! ([`super::speculative`] says why that keeps the output): a draft is kept while the sample
+//! equals it, the first disagreement is the next pending token, and the slot is rolled back to
+//! the kept tokens. Same samples as without it, in the same order, fewer steps where text
+//! repeats.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::batch::BatchRunner;
 use super::logprobs::TokenLogprobs;
-use super::pooling::{EmbedSpec, Pooler};
+use super::pooling::Pooler;
 use super::session::EngineError;
 use super::speculative::DraftWant;
 use crate::grammar::{overlap, Constraint};
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 mod code;
+mod request;
 mod speculate;
 pub use code::CodeStops;
 use code::CodeWatch;
+pub use request::{
+    FinishReason, Finished, Fork, SchedMetrics, SeqEvent, SeqRequest, SeqSink, Usage,
+};
 pub use speculate::ServeDrafter;
 use speculate::ServeSpec;
-
-/// One generation request.
-pub struct SeqRequest {
-    /// Prompt token ids (at least one).
-    pub prompt: Vec<u32>,
-    /// Maximum new tokens.
-    pub max_new: usize,
-    pub sampler: SamplerConfig,
-    /// Stop sequences: generation ends before the first occurrence of any (not included).
-    pub stop: Vec<String>,
-    /// Code completion's early ends (none by default).
-    pub code: CodeStops,
-    /// Reuse a cached prefix of the prompt (false: evaluate it all, a cold run).
-    pub cache_prompt: bool,
-    /// Who may share cached prefixes with this request: only requests of the same tenant
-    /// (the server's hash of an API key and `cache_salt`; 0 where neither is given).
-    pub tenant: u64,
-    /// Never stop at an end-of-generation token (their logits are masked): generate exactly
-    /// `max_new` tokens unless a stop sequence or the context ends it (benchmarks, tests).
-    pub ignore_eos: bool,
-    /// Structured output: tokens are sampled from the logits this grammar allows, its masks
-    /// computed while the batch's forward pass runs; the request ends (`Stop`) when the
-    /// grammar is complete.
-    pub grammar: Option<Constraint>,
-    /// Report each generated token's log-probability and its position's `k` most likely
-    /// alternatives ([`SeqSink::logprobs`]; `Some(0)`: the token's own only).
-    pub logprobs: Option<usize>,
-    /// More choices of the same prompt (`n > 1`): each gets a slot of its own at admission and
-    /// continues from this request's prefill with its own sampler, grammar and sink (the other
-    /// fields are this request's).
-    pub forks: Vec<Fork>,
-    /// An embedding instead of a generation: the prompt is evaluated (in prefill chunks, beside
-    /// the other sequences) with no logits, its hidden states pooled; the sink gets
-    /// [`SeqSink::embedding`], then `done` (`Stop`). `max_new`, sampling and stops are unused.
-    pub embed: Option<EmbedSpec>,
-    /// Receives the events of this request; returning `false` (the receiver is gone: a closed
-    /// connection) cancels the request and frees its slot. Any `FnMut(SeqEvent) -> bool` is
-    /// one (it receives owned text); [`SeqSink`] itself takes borrowed text.
-    pub sink: Box<dyn SeqSink>,
-}
-
-/// Another choice of a [`SeqRequest`]'s prompt.
-pub struct Fork {
-    pub sampler: SamplerConfig,
-    pub grammar: Option<Constraint>,
-    pub sink: Box<dyn SeqSink>,
-}
-
-impl SeqRequest {
-    /// An embedding request: `prompt`'s pooled vector goes to `sink` (no generation).
-    pub fn embedding(prompt: Vec<u32>, spec: EmbedSpec, sink: Box<dyn SeqSink>) -> SeqRequest {
-        SeqRequest {
-            prompt,
-            max_new: 0,
-            sampler: SamplerConfig::default(),
-            stop: Vec::new(),
-            code: CodeStops::default(),
-            cache_prompt: true,
-            tenant: 0,
-            ignore_eos: false,
-            grammar: None,
-            logprobs: None,
-            forks: Vec::new(),
-            embed: Some(spec),
-            sink,
-        }
-    }
-}
-
-/// Where a request's output goes. The scheduler calls it from its own thread, in order:
-/// any number of [`SeqSink::text`] (and [`SeqSink::token`]), then one [`SeqSink::done`].
-pub trait SeqSink: Send {
-    /// New text (possibly empty: a liveness probe). `false` cancels the request.
-    fn text(&mut self, text: &str) -> bool;
-    /// The id of a generated token (before its text, which may come later or be held back).
-    fn token(&mut self, _id: u32) {}
-    /// The generated token's log-probabilities (after [`SeqSink::token`]; only for requests
-    /// with [`SeqRequest::logprobs`]).
-    fn logprobs(&mut self, _lp: &TokenLogprobs) {}
-    /// An embedding request's vectors (one, or one per position with pooling `none`), just
-    /// before `done`.
-    fn embedding(&mut self, _rows: Vec<Vec<f32>>) {}
-    /// The request ended.
-    fn done(&mut self, finished: Finished);
-}
-
-/// A closure receiving owned events (allocates each text event).
-impl<F: FnMut(SeqEvent) -> bool + Send> SeqSink for F {
-    fn text(&mut self, text: &str) -> bool {
-        self(SeqEvent::Text(text.to_owned()))
-    }
-    fn done(&mut self, finished: Finished) {
-        self(SeqEvent::Done(finished));
-    }
-}
-
-/// What a request produces, in order: any number of `Text`, then one `Done`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SeqEvent {
-    /// New text (possibly empty: a liveness probe the receiver may ignore).
-    Text(String),
-    Done(Finished),
-}
-
-/// Why and how a request ended.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Finished {
-    pub reason: FinishReason,
-    pub usage: Usage,
-    /// The stop sequence that ended the text (`reason` is then `Stop`), if one did.
-    pub stop_word: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FinishReason {
-    /// End-of-generation token or a stop sequence.
-    Stop,
-    /// `max_new` tokens, or the slot's context is full.
-    Length,
-    /// The receiver went away.
-    Cancelled,
-    /// The engine refused the request.
-    Error(String),
-}
-
-/// Token counts of a request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    /// Prompt tokens whose KV came from the prefix cache.
-    pub cached_tokens: usize,
-}
-
-/// Counters and gauges of the scheduler, read by the server's `/metrics`.
-#[derive(Debug, Default)]
-pub struct SchedMetrics {
-    pub requests_admitted: AtomicU64,
-    pub requests_finished: AtomicU64,
-    pub requests_cancelled: AtomicU64,
-    pub requests_failed: AtomicU64,
-    /// Prompt tokens of admitted requests.
-    pub prompt_tokens: AtomicU64,
-    /// Prompt tokens actually evaluated.
-    pub prefill_tokens: AtomicU64,
-    /// Requests that reused a cached prefix.
-    pub prefix_hits: AtomicU64,
-    /// Prompt tokens not evaluated thanks to the prefix cache.
-    pub prefill_tokens_saved: AtomicU64,
-    pub generated_tokens: AtomicU64,
-    pub decode_steps: AtomicU64,
-    /// Speculative decoding: verification passes, draft tokens evaluated, drafts accepted.
-    pub spec_passes: AtomicU64,
-    pub spec_drafted: AtomicU64,
-    pub spec_accepted: AtomicU64,
-    /// Requests waiting for a slot.
-    pub queue_depth: AtomicUsize,
-    /// Slots holding an active request.
-    pub slots_in_use: AtomicUsize,
-    pub slots_total: AtomicUsize,
-    /// KV positions holding the tokens of active requests, and all the slots' positions (the
-    /// cache usage routers read; a finished sequence's cached prefix counts as free).
-    pub kv_tokens_in_use: AtomicUsize,
-    pub kv_tokens_total: AtomicUsize,
-    /// Generated tokens per second over recent decode steps (f64 bits).
-    decode_tps_bits: AtomicU64,
-}
-
-impl SchedMetrics {
-    /// Recent aggregate decode speed, tokens per second.
-    pub fn decode_tps(&self) -> f64 {
-        f64::from_bits(self.decode_tps_bits.load(Relaxed))
-    }
-
-    fn record_step(&self, tokens: usize, secs: f64) {
-        if secs <= 0.0 {
-            return;
-        }
-        let now = tokens as f64 / secs;
-        let old = self.decode_tps();
-        let tps = if old == 0.0 {
-            now
-        } else {
-            0.9 * old + 0.1 * now
-        };
-        self.decode_tps_bits.store(tps.to_bits(), Relaxed);
-    }
-}
 
 enum Phase {
     /// Prompt tokens `next..` still to evaluate.
@@ -276,6 +96,8 @@ struct Active<'t> {
     order: u64,
     /// Log-probability buffers, for requests that report them.
     logprobs: Option<TokenLogprobs>,
+    /// The sampler goes back to [`Scheduler::take_sampler`] at the end.
+    keep_sampler: bool,
     /// Speculative decoding: the step's verification pass (the pending token, then its
     /// drafts; empty: a plain decode row), and how many drafts the next pass asks for.
     verify: Vec<u32>,
@@ -369,7 +191,11 @@ struct SlotChoice {
 pub struct Scheduler<'t> {
     runner: BatchRunner,
     tok: &'t Tokenizer,
-    waiting: VecDeque<SeqRequest>,
+    /// The requests waiting for a slot, each with the sampler it continues, if any.
+    waiting: VecDeque<(SeqRequest, Option<Sampler>)>,
+    /// The sampler of the last request that continued one, once it is done
+    /// ([`Scheduler::take_sampler`]).
+    returned: Option<Sampler>,
     active: Vec<Option<Active<'t>>>,
     /// Per slot, when it was last released (LRU among free slots).
     released_at: Vec<u64>,
@@ -404,6 +230,7 @@ impl<'t> Scheduler<'t> {
             runner,
             tok,
             waiting: VecDeque::new(),
+            returned: None,
             active: (0..n).map(|_| None).collect(),
             released_at: vec![0; n],
             tenants: vec![0; n],
@@ -425,7 +252,35 @@ impl<'t> Scheduler<'t> {
     }
 
     /// Queue a request. Requests that can never run are answered at once with an error.
-    pub fn submit(&mut self, mut req: SeqRequest) {
+    pub fn submit(&mut self, req: SeqRequest) {
+        self.queue(req, None);
+    }
+
+    /// [`Scheduler::submit`], the request's tokens drawn by `sampler` as an earlier request
+    /// left it (its random stream goes on: a chat's turns) instead of a new sampler of
+    /// `req.sampler`; once the request is done, [`Scheduler::take_sampler`] gives it back.
+    pub fn submit_continuing(&mut self, req: SeqRequest, sampler: Sampler) {
+        self.queue(req, Some(sampler));
+    }
+
+    /// The sampler of the last request queued by [`Scheduler::submit_continuing`], once that
+    /// request is done.
+    pub fn take_sampler(&mut self) -> Option<Sampler> {
+        self.returned.take()
+    }
+
+    /// The runner the requests run on.
+    pub fn runner(&self) -> &BatchRunner {
+        &self.runner
+    }
+
+    /// The runner back, its slots holding what they hold (the requests still queued or
+    /// running are dropped unanswered: call it when [`Scheduler::is_idle`]).
+    pub fn into_runner(self) -> BatchRunner {
+        self.runner
+    }
+
+    fn queue(&mut self, mut req: SeqRequest, sampler: Option<Sampler>) {
         let n_ctx = self.runner.n_ctx();
         let choices = 1 + req.forks.len();
         // A generation needs room for one token more; an embedding only its prompt.
@@ -480,9 +335,12 @@ impl<'t> Scheduler<'t> {
                 usage,
                 stop_word: None,
             });
+            if sampler.is_some() {
+                self.returned = sampler;
+            }
             return;
         }
-        self.waiting.push_back(req);
+        self.waiting.push_back((req, sampler));
         self.publish_gauges();
     }
 
@@ -526,7 +384,7 @@ impl<'t> Scheduler<'t> {
 
     fn admit(&mut self) {
         while let Some(choice) = self.pick_slot() {
-            let mut req = self.waiting.pop_front().expect("pick_slot saw a request");
+            let (mut req, sampler) = self.waiting.pop_front().expect("pick_slot saw a request");
             self.tick += 1;
             // Keep at least one prompt token to evaluate, so that fresh logits exist (an
             // embedding reuses no prefix whose hidden states its pooling reads, and under
@@ -576,7 +434,12 @@ impl<'t> Scheduler<'t> {
             let dim = self.runner.model.config.dim;
             self.tenants[slot] = req.tenant;
             self.poolers[slot] = req.embed.map(|e| Pooler::new(e, dim));
-            self.active[slot] = Some(self.activate(req, Phase::Prefill { next: cached }, cached));
+            let mut first = self.activate(req, Phase::Prefill { next: cached }, cached);
+            if let Some(s) = sampler {
+                first.sampler = s;
+                first.keep_sampler = true;
+            }
+            self.active[slot] = Some(first);
             for fork in fork_reqs {
                 let f = self
                     .lru_free_slot()
@@ -603,6 +466,7 @@ impl<'t> Scheduler<'t> {
             cached,
             order: self.tick,
             logprobs: req.logprobs.map(TokenLogprobs::new),
+            keep_sampler: false,
             verify: match self.spec {
                 Some(_) => Vec::with_capacity(1 + self.runner.opts.draft_max),
                 None => Vec::new(),
@@ -624,7 +488,7 @@ impl<'t> Scheduler<'t> {
     /// sharing the longest prefix (a source to copy from); only the slots of the request's
     /// tenant share a prefix with it. `None` if nothing waits or no slot is free.
     fn pick_slot(&self) -> Option<SlotChoice> {
-        let front = self.waiting.front()?;
+        let (front, _) = self.waiting.front()?;
         let prompt = &front.prompt;
         let free_slots = self.active.iter().filter(|a| a.is_none()).count();
         if free_slots < 1 + front.forks.len() {
@@ -861,7 +725,7 @@ impl<'t> Scheduler<'t> {
     }
 
     /// Sample the next token of `slot` from its fresh logits, emit it, and either finish or
-    /// queue it for the next decode step (the order of [`super::generate()`]).
+    /// queue it for the next decode step.
     fn sample_next(&mut self, slot: usize) {
         let n = self.runner.tokens(slot).len();
         if let Some(t) = self.sample_emit(slot, 0, n) {
@@ -992,6 +856,9 @@ impl<'t> Scheduler<'t> {
             usage,
             stop_word,
         });
+        if a.keep_sampler {
+            self.returned = Some(a.sampler);
+        }
     }
 }
 

@@ -15,17 +15,18 @@ pub(super) struct ServeSpec {
     draft_min: usize,
 }
 
-/// Where a server's drafts come from.
+/// Where a scheduler's drafts come from.
 pub enum ServeDrafter {
-    /// Prompt lookup (`--spec-type ngram-simple`).
-    Lookup(NgramDrafter),
+    /// Guesses from the history alone: prompt lookup (`--spec-type ngram-simple`), or another
+    /// [`Drafter`].
+    Lookup(Box<dyn Drafter>),
     /// A draft model with a slot per sequence slot (`--model-draft`).
     Model(Box<SlotDrafter>),
 }
 
 impl From<NgramDrafter> for ServeDrafter {
     fn from(d: NgramDrafter) -> ServeDrafter {
-        ServeDrafter::Lookup(d)
+        ServeDrafter::Lookup(Box::new(d))
     }
 }
 
@@ -89,8 +90,7 @@ impl<'t> Scheduler<'t> {
             a.verify.push(pending);
             match &mut spec.drafter {
                 ServeDrafter::Lookup(d) => {
-                    // (Prompt lookup cannot fail.)
-                    let _ = d.draft(&self.history, cap, &mut a.verify);
+                    d.draft(&self.history, cap, &mut a.verify);
                     a.verify.truncate(1 + cap);
                 }
                 ServeDrafter::Model(d) => {
