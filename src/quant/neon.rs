@@ -1,7 +1,8 @@
 //! AArch64 Advanced SIMD (NEON, baseline on every AArch64 CPU) dot products for the quantized
 //! weight formats and f32. Integer products use `smull`/`saddlp` (no `sdot`, which is optional
 //! hardware), so this runs on any AArch64 core. The formats without kernels here (F16, BF16)
-//! and the activation quantizers use the scalar reference.
+//! and the activation quantizers use the scalar reference. The i-quants: IQ4_NL, IQ4_XS and
+//! MXFP4 here, the 2-bit ones in `iq2`, the 3-bit and 1-bit ones in `iq_grid`.
 //!
 //! Structure mirrors the x86 kernels: a weight block is decoded to bytes (signed for the
 //! Q8_0 partners, unsigned for Q8_1 / Q8_K partners) and multiplied 16 bytes at a time with the
@@ -14,6 +15,7 @@
 //! [`kquant_order`]: super::kquant_order
 
 mod iq2;
+mod iq_grid;
 
 use super::blocks::{q3k_scales, scale_min_k4, BlockIq2S, BlockIq2Xs, BlockIq2Xxs};
 use super::{GemmArgs, GgmlType, Isa, Kernels};
@@ -758,6 +760,10 @@ pub(super) fn kernels(scalar: Kernels) -> Kernels {
         GgmlType::IQ2XXS => t!(iq2::RIq2<BlockIq2Xxs>),
         GgmlType::IQ2XS => t!(iq2::RIq2<BlockIq2Xs>),
         GgmlType::IQ2S => t!(iq2::RIq2<BlockIq2S>),
+        GgmlType::IQ3XXS => t!(iq_grid::RIq3Xxs),
+        GgmlType::IQ3S => t!(iq_grid::RIq3S),
+        GgmlType::IQ1S => t!(iq_grid::RIq1S),
+        GgmlType::IQ1M => t!(iq_grid::RIq1M),
         _ => portable,
     }
 }
