@@ -72,6 +72,8 @@ impl TestCache {
         first: usize,
         last: usize,
         scale: f32,
+        cap: f32,
+        sink: Option<f32>,
     ) -> Vec<f64> {
         let (hd, kvh) = (self.hd, h / (n_heads / self.n_kv));
         let at = |w: usize, t: usize| {
@@ -85,10 +87,15 @@ impl TestCache {
                     .sum::<f64>()
                     * scale as f64
             })
+            .map(|s| match cap {
+                0.0 => s,
+                c => c as f64 * (s / c as f64).tanh(),
+            })
             .collect();
         let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = sc.iter().map(|s| (s - mx).exp()).collect();
-        let sum: f64 = e.iter().sum();
+        // A sink joins the denominator as a key without a value.
+        let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |k| (k as f64 - mx).exp());
         (0..hd)
             .map(|d| {
                 (first..=last)
@@ -100,8 +107,9 @@ impl TestCache {
             .collect()
     }
 
-    /// The largest |got − f64 attention| over a row at position p (`window` 0: none), infinite
-    /// where got is not a number (never written).
+    /// The largest |got − f64 attention| over a row at position p (`window` 0: none; scores
+    /// soft-capped at `cap`, 0: none; the head's attention sink, if any), infinite where got
+    /// is not a number (never written).
     #[allow(clippy::too_many_arguments)]
     fn gap(
         &self,
@@ -113,13 +121,15 @@ impl TestCache {
         p: usize,
         window: usize,
         scale: f32,
+        cap: f32,
+        sink: Option<f32>,
     ) -> f64 {
         let first = if window > 0 && p + 1 > window {
             p + 1 - window
         } else {
             0
         };
-        let want = self.attend(q, h, n_heads, slot, first, p, scale);
+        let want = self.attend(q, h, n_heads, slot, first, p, scale, cap, sink);
         got.iter()
             .zip(&want)
             .map(|(x, y)| gap(*x, *y))
@@ -190,7 +200,9 @@ fn upload(
 /// Prompt attention in tiles (`attend_tile_*`, rows of mode 3) against an f64 attention of the
 /// same cache values, and the rows of other modes left alone: query groups of 1, 3 and 4 heads
 /// per kv head, head sizes 48 (a partial chunk of dimensions), 64, 128 and 256, rows of two
-/// sequences in one tile, a sliding window over a ring, an f16 and a Q8_0 cache.
+/// sequences in one tile, a sliding window over a ring, an f16 and a Q8_0 cache, soft-capped
+/// scores (Gemma-2's: the kernel takes the scale divided by the cap), attention sinks
+/// (gpt-oss's, one logit per query head).
 #[test]
 #[cfg_attr(
     not(target_arch = "x86_64"),
@@ -198,15 +210,15 @@ fn upload(
 )]
 fn tiled_prompt_attention_matches_an_f64_attention() {
     let g = gpu();
-    // (query heads, kv heads, head size, ring rows, window, Q8_0 cache)
+    // (query heads, kv heads, head size, ring rows, window, Q8_0 cache, soft cap)
     let cases = [
-        (9usize, 3usize, 64usize, 256usize, 0usize, false),
-        (4, 4, 48, 256, 0, false),
-        (8, 2, 128, 128, 40, false),
-        (4, 1, 256, 256, 0, false),
-        (6, 2, 64, 256, 0, true),
+        (9usize, 3usize, 64usize, 256usize, 0usize, false, 0.0f32),
+        (4, 4, 48, 256, 0, false, 0.0),
+        (8, 2, 128, 128, 40, false, 0.5),
+        (4, 1, 256, 256, 0, false, 0.0),
+        (6, 2, 64, 256, 0, true, 0.0),
     ];
-    for (case, &(n_heads, n_kv, hd, rows, window, q8)) in cases.iter().enumerate() {
+    for (case, &(n_heads, n_kv, hd, rows, window, q8, cap)) in cases.iter().enumerate() {
         let slots = 2usize;
         // Sequence 0: 70 prompt rows at positions 0..70; then one row of mode 1 (left to the
         // row kernel, untouched here); sequence 1: 90 rows at positions 150..240 (past the
@@ -220,11 +232,25 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
         let scale = 1.0 / (hd as f32).sqrt();
         let slot_pos: Vec<(usize, usize)> = rows_at.iter().map(|r| (r.0, r.1)).collect();
         let out_len = n_rows * n_heads * hd;
-        let up = upload(&g, &q, out_len, &cache, slots, &slot_pos, &[n_rows * 4]);
+        let extra = [n_rows * 4, n_heads * 4];
+        let up = upload(&g, &q, out_len, &cache, slots, &slot_pos, &extra);
         let (mut a, oo, mo) = (up.a, up.oo, up.extra[0]);
         let s = g.default_stream();
         a.write(s, mo, &i32_bytes(rows_at.iter().map(|r| r.2)))
             .unwrap();
+        // (Case 1 with sinks: one logit per query head, some above the scores.)
+        let sinks: Option<Vec<f32>> =
+            (case == 1).then(|| random(n_heads, 90).iter().map(|v| v * 8.0).collect());
+        if let Some(k) = &sinks {
+            a.write(s, up.extra[1], zerocopy::IntoBytes::as_bytes(&k[..]))
+                .unwrap();
+        }
+        let sink_ptr = Arg::P(if sinks.is_some() {
+            a.ptr(up.extra[1])
+        } else {
+            0
+        });
+        let sink = |h: usize| sinks.as_ref().map(|k| k[h]);
         let args: Vec<Arg> = up
             .args
             .iter()
@@ -236,9 +262,11 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
                 Arg::I(hd as i32),
                 Arg::I(hd as i32),
                 Arg::I(rows as i32),
-                Arg::F(scale),
+                Arg::F(if cap == 0.0 { scale } else { scale / cap }),
                 Arg::I(window as i32),
                 Arg::P(a.ptr(mo)),
+                Arg::F(cap),
+                sink_ptr,
             ])
             .collect();
         // Blocks of 64, 32 and 16 query vectors.
@@ -264,11 +292,13 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
                         continue;
                     }
                     let qr = &q[(r * n_heads + h) * hd..][..hd];
-                    worst = worst.max(cache.gap(got, qr, h, n_heads, slot, p, window, scale));
+                    let gap = cache.gap(got, qr, h, n_heads, slot, p, window, scale, cap, sink(h));
+                    worst = worst.max(gap);
                 }
             }
             println!(
-                "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}), {name}: worst |Δ| {worst:.2e}"
+                "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}, cap {cap}, sinks {}), {name}: worst |Δ| {worst:.2e}",
+                sinks.is_some()
             );
             assert!(worst < 2e-6, "case {case}, {name}: worst |Δ| {worst}");
         }
@@ -278,7 +308,8 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
 /// Decode attention split over the keys (`attend_split_*`, the f32 arithmetic: `mirror` 0)
 /// then merged by the last split of each group (`merge_splits`), against an f64 attention: groups of 1, 3, 4 and 8 query heads
 /// per kv head (more than one block's group of 4), rows of two slots at positions in empty,
-/// partial and full splits, a window over a ring, an f16 and a Q8_0 cache.
+/// partial and full splits, a window over a ring, an f16 and a Q8_0 cache, soft-capped scores,
+/// attention sinks.
 #[test]
 #[cfg_attr(
     not(target_arch = "x86_64"),
@@ -286,16 +317,16 @@ fn tiled_prompt_attention_matches_an_f64_attention() {
 )]
 fn split_decode_attention_matches_an_f64_attention() {
     let g = gpu();
-    // (query heads, kv heads, head size, ring rows, window, Q8_0 cache)
+    // (query heads, kv heads, head size, ring rows, window, Q8_0 cache, soft cap)
     let cases = [
-        (9usize, 3usize, 64usize, 1024usize, 0usize, false),
-        (4, 4, 48, 1024, 0, false),
-        (16, 2, 128, 320, 300, false),
-        (8, 2, 64, 1024, 0, true),
+        (9usize, 3usize, 64usize, 1024usize, 0usize, false, 0.0f32),
+        (4, 4, 48, 1024, 0, false, 0.0),
+        (16, 2, 128, 320, 300, false, 0.5),
+        (8, 2, 64, 1024, 0, true, 0.0),
     ];
     let ctx = 1024usize;
     // (4 splits of 256 keys; 64 of 16: runs of values and streams in a split of few keys)
-    for (case, &(n_heads, n_kv, hd, rows, window, q8)) in cases.iter().enumerate() {
+    for (case, &(n_heads, n_kv, hd, rows, window, q8, cap)) in cases.iter().enumerate() {
         for n_split in [4usize, 64] {
             let chunk = ctx / n_split;
             let slots = 2usize;
@@ -315,6 +346,7 @@ fn split_decode_attention_matches_an_f64_attention() {
             let parts = [
                 n_rows * n_heads * n_split * (hd + 2) * 4,
                 n_rows * n_heads * 4,
+                n_heads * 4,
             ];
             let up = upload(
                 &g,
@@ -328,6 +360,19 @@ fn split_decode_attention_matches_an_f64_attention() {
             let (mut a, oo) = (up.a, up.oo);
             let (part, counts) = (up.extra[0], up.extra[1]);
             let s = g.default_stream();
+            // (Case 1 with sinks: one logit per query head, some above the scores.)
+            let sinks: Option<Vec<f32>> =
+                (case == 1).then(|| random(n_heads, 91).iter().map(|v| v * 8.0).collect());
+            if let Some(k) = &sinks {
+                a.write(s, up.extra[2], zerocopy::IntoBytes::as_bytes(&k[..]))
+                    .unwrap();
+            }
+            let sink_ptr = Arg::P(if sinks.is_some() {
+                a.ptr(up.extra[2])
+            } else {
+                0
+            });
+            let sink = |h: usize| sinks.as_ref().map(|k| k[h]);
             let args: Vec<Arg> = up
                 .args
                 .iter()
@@ -341,11 +386,13 @@ fn split_decode_attention_matches_an_f64_attention() {
                     Arg::I(hd as i32),
                     Arg::I(ctx as i32),
                     Arg::I(rows as i32),
-                    Arg::F(scale),
+                    Arg::F(if cap == 0.0 { scale } else { scale / cap }),
                     Arg::I(window as i32),
                     Arg::I(n_split as i32),
                     Arg::I(chunk as i32),
                     Arg::I(0),
+                    Arg::F(cap),
+                    sink_ptr,
                 ])
                 .collect();
             let name = if q8 {
@@ -371,11 +418,13 @@ fn split_decode_attention_matches_an_f64_attention() {
                 for h in 0..n_heads {
                     let got = &out[(r * n_heads + h) * hd..][..hd];
                     let qr = &q[(r * n_heads + h) * hd..][..hd];
-                    worst = worst.max(cache.gap(got, qr, h, n_heads, slot, p, window, scale));
+                    let gap = cache.gap(got, qr, h, n_heads, slot, p, window, scale, cap, sink(h));
+                    worst = worst.max(gap);
                 }
             }
             println!(
-                "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}, {n_split} splits): worst |Δ| {worst:.2e}"
+                "case {case} ({n_heads}/{n_kv} heads, {hd} dims, ring {rows}, window {window}, q8 {q8}, cap {cap}, sinks {}, {n_split} splits): worst |Δ| {worst:.2e}",
+                sinks.is_some()
             );
             assert!(worst < 2e-6, "case {case}: worst |Δ| {worst}");
         }

@@ -108,56 +108,9 @@ fn check(
     );
 }
 
-/// The CUDA backend has no expert products: a mixture-of-experts model is refused when its
-/// session is made, by what it is, not run wrongly.
-#[test]
-#[cfg_attr(
-    not(target_arch = "x86_64"),
-    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
-)]
-fn moe_models_are_refused_by_name() {
-    let _gpu = gpu("moe_models_are_refused_by_name");
-    let m = Arc::new(Model::load(common::random_model("random-qwen3moe-q8_0")).unwrap());
-    let mut o = SessionOptions::new(256, 2);
-    o.device = Device::Cuda;
-    let err = Session::new(m, o)
-        .err()
-        .expect("a MoE model on the GPU must be refused");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("mixture-of-experts") && msg.contains("qwen3moe"),
-        "{msg}"
-    );
-    // gpt-oss (attention sinks, MXFP4 experts, YaRN) likewise, its first refusal naming its
-    // keys.
-    let m = Arc::new(Model::load(common::random_model("random-gpt-oss-mxfp4")).unwrap());
-    let mut o = SessionOptions::new(256, 2);
-    o.device = Device::Cuda;
-    let err = Session::new(m, o)
-        .err()
-        .expect("gpt-oss on the GPU must be refused");
-    assert!(err.to_string().contains("gpt-oss"), "{err}");
-}
-
-/// The fixture models the CUDA backend refuses, and what its error names: YaRN's rotation
-/// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix, Gemma-2's
-/// soft caps, Mistral-3's attention temperature, the blocks without input norms of OLMo-2 and
-/// EXAONE 4.
+/// The fixture models the CUDA backend refuses, and what its error names: Granite's scales.
 fn refused_on_device(stem: &str) -> Option<&'static str> {
-    if stem.contains("-mistral3-") {
-        Some("temperature_scale")
-    } else if ["-olmo2-", "-olmo3-", "-exaone4-"]
-        .iter()
-        .any(|a| stem.contains(a))
-    {
-        Some("without input norms")
-    } else if stem.contains("-yarn-") {
-        Some("rope.scaling")
-    } else if stem.contains("-phi3-") {
-        Some("ffn_up")
-    } else if stem.contains("-gemma2-") {
-        Some("softcapping")
-    } else if stem.contains("-granite-") {
+    if stem.contains("-granite-") {
         Some("residual_scale")
     } else {
         None
@@ -177,9 +130,6 @@ fn every_fixture_model_agrees_with_the_cpu() {
         let m = Arc::new(Model::load(common::random_model(&stem)).unwrap());
         if m.config.arch.is_encoder() {
             continue; // no generation; refused on the GPU (tests/embeddings.rs)
-        }
-        if m.config.moe.is_some() {
-            continue; // refused on the GPU: `moe_models_are_refused_by_name`
         }
         if let Some(named) = refused_on_device(&stem) {
             let mut o = SessionOptions::new(256, 2);

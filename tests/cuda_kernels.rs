@@ -407,7 +407,9 @@ int main(int argc, char** argv) {{
 }
 
 /// `kiln plan --device cuda` counts the weights from the file's header; the upload lays them
-/// out from the loaded model: the two agree for every fixture model and both real models.
+/// out from the loaded model: the two agree for the fixture models (Phi-3's fused gate and up
+/// and one of its two sets of RoPE factors, stacks of experts with their biases and routers)
+/// and both real models.
 #[test]
 fn device_plan_of_the_weights_equals_the_upload_layout() {
     use kiln::backend::cuda::{weights::planned_bytes, DeviceWeights};
@@ -418,6 +420,12 @@ fn device_plan_of_the_weights_equals_the_upload_layout() {
         "random-qwen3-q4_k_m",
         "random-qwen2-q4_0",
         "random-llama-q2_k",
+        "random-phi3-f32",
+        "random-gemma2-f32",
+        "random-qwen3moe-q8_0",
+        "random-olmoe-q4_k_m",
+        "random-qwen2moe-q4_0",
+        "random-gpt-oss-q4_k_m",
     ] {
         paths.push(common::random_model(stem));
     }

@@ -200,9 +200,7 @@ impl Rope {
         let mut mscale = y.attn_factor;
         if y.ext_factor != 0.0 {
             let n = self.n_dims;
-            let start = yarn_corr_dim(n, y.n_ctx_orig, y.beta_fast, self.freq_base).floor();
-            let end = yarn_corr_dim(n, y.n_ctx_orig, y.beta_slow, self.freq_base).ceil();
-            let (low, high) = (start.max(0.0), end.min(n as f32 - 1.0));
+            let (low, high) = self.yarn_ramp(y);
             let mix = (0..n / 2)
                 .map(|i| {
                     // (`i0 / 2` of ggml's `rope_yarn_ramp`, i0 = 2i)
@@ -215,6 +213,16 @@ impl Rope {
         }
         self.mscale = mscale;
         self
+    }
+
+    /// YaRN's ramp bounds `(low, high)` for this rotation (ggml's `ggml_rope_yarn_corr_dims`):
+    /// pair `i`'s mix is `(1 − clamp((i − low) / max(high − low, 0.001), 0, 1)) · ext_factor`
+    /// ([`Rope::with_yarn`]; a device computes it from these).
+    pub fn yarn_ramp(&self, y: &YarnParams) -> (f32, f32) {
+        let n = self.n_dims;
+        let start = yarn_corr_dim(n, y.n_ctx_orig, y.beta_fast, self.freq_base).floor();
+        let end = yarn_corr_dim(n, y.n_ctx_orig, y.beta_slow, self.freq_base).ceil();
+        (start.max(0.0), end.min(n as f32 - 1.0))
     }
 
     /// Fill `cs` (`n_dims` floats: cos, sin interleaved per pair) for position `pos`.

@@ -15,9 +15,11 @@ use super::gpu::{blocks_for, Arena, Arg, Gpu, Graph, Stream};
 use super::profile::Profile;
 
 mod ahead;
+mod arch;
 mod attention;
 mod deferred;
 mod layout;
+mod moe;
 mod offload;
 mod products;
 mod rope;
@@ -85,6 +87,8 @@ pub struct CudaSession {
     recorded: usize,
     /// Record decode steps as graphs.
     pub use_graphs: bool,
+    /// A mixture-of-experts model's routing on the host (its steps are not recorded).
+    moe_host: Option<moe::MoeHost>,
     /// The first error of the pass in progress.
     err: Option<CudaError>,
     /// Time per kernel (`KILN_CUDA_PROFILE`).
@@ -199,6 +203,7 @@ impl CudaSession {
             recorded: 0,
             capture: Capture::Direct,
             use_graphs: profile.is_none(),
+            moe_host: moe::MoeHost::new(c, t),
             err: None,
             profile,
             fuse: tuning.cuda_fuse,
@@ -601,7 +606,7 @@ impl Backend for CudaStep<'_> {
             !seqs.iter().any(|sq| sq.alone) || (decode && n <= MAX_GRAPH_ROWS),
             "rows computed as decode steps need a pass of at most {MAX_GRAPH_ROWS} decode rows"
         );
-        let graph = s.use_graphs && s.offload.is_none();
+        let graph = s.use_graphs && s.offload.is_none() && s.moe_host.is_none();
         if graph && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
             if s.graphs.contains_key(&n) {
                 s.capture = Capture::Replaying(n);
@@ -918,32 +923,20 @@ impl Backend for CudaStep<'_> {
         }
     }
 
-    fn softcap(&mut self, _buf: Buf, _cap: f32, _rows: usize) {
-        // Unreachable in practice: `DeviceWeights::upload` refuses such models.
-        self.s.fail(Err(CudaError::Unsupported(
-            "soft-capped logits (no CUDA soft cap)".into(),
-        )));
+    fn softcap(&mut self, buf: Buf, cap: f32, rows: usize) {
+        self.s.softcap(buf, cap, rows);
     }
 
-    fn attn_temperature(&mut self, _t: AttnTemp, _seqs: &[SeqBatch<'_, CudaKv>], _rows: usize) {
-        // Unreachable in practice: `DeviceWeights::upload` refuses such models.
-        self.s.fail(Err(CudaError::Unsupported(
-            "an attention temperature (no CUDA per-position query scale)".into(),
-        )));
+    fn attn_temperature(&mut self, t: AttnTemp, _seqs: &[SeqBatch<'_, CudaKv>], rows: usize) {
+        self.s.attn_temperature(t, rows);
     }
 
-    fn copy(&mut self, _dst: Buf, _src: Buf, _rows: usize) {
-        // Unreachable in practice: `DeviceWeights::upload` refuses such models.
-        self.s.fail(Err(CudaError::Unsupported(
-            "blocks without input norms (no CUDA copy of the stream)".into(),
-        )));
+    fn copy(&mut self, dst: Buf, src: Buf, rows: usize) {
+        self.s.copy_rows(dst, src, rows);
     }
 
-    fn moe_ffn(&mut self, _layer: usize, _act: Activation, _rows: usize) {
-        // Unreachable in practice: `DeviceWeights::upload` refuses such models.
-        self.s.fail(Err(CudaError::Unsupported(
-            "mixture-of-experts feed-forward (no CUDA expert products)".into(),
-        )));
+    fn moe_ffn(&mut self, layer: usize, act: Activation, rows: usize) {
+        self.s.moe_ffn(self.m, layer, act, rows);
     }
 
     fn finish(&mut self) -> Result<(), ForwardError> {
@@ -968,6 +961,8 @@ fn readers(m: &Model, w: NormW) -> [Option<Mat>; 3] {
                 [Some(Mat::Q(li)), Some(Mat::K(li)), Some(Mat::V(li))]
             }
         },
+        // (A mixture of experts reads it for its router first.)
+        NormW::Ffn(li) if m.weights.layers[li].moe.is_some() => [None; 3],
         NormW::Ffn(li) if m.weights.layers[li].ffn_gate.is_some() => {
             [Some(Mat::Gate(li)), Some(Mat::Up(li)), None]
         }

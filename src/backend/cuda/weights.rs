@@ -42,6 +42,20 @@ pub struct DevNorm {
     pub len: usize,
 }
 
+/// A mixture-of-experts layer's matrices on the device: each expert's a [`DevMat`] of its
+/// own, inside its stack's one placement.
+#[derive(Clone, Debug)]
+pub struct DevMoe {
+    /// `[n_expert, dim]` (+ bias).
+    pub router: DevMat,
+    /// Per expert: `[ffn, dim]`, `[ffn, dim]`, `[dim, ffn]` (+ biases: gpt-oss).
+    pub gate: Vec<DevMat>,
+    pub up: Vec<DevMat>,
+    pub down: Vec<DevMat>,
+    /// Qwen2-MoE's shared expert's gate `[1, dim]`, as f32.
+    pub shared_gate: Option<DevMat>,
+}
+
 struct DevLayer {
     qkv: Option<DevMat>,
     q: Option<DevMat>,
@@ -49,8 +63,12 @@ struct DevLayer {
     v: Option<DevMat>,
     o: DevMat,
     gate: Option<DevMat>,
-    up: DevMat,
-    down: DevMat,
+    /// (A MoE layer without a shared expert has no dense FFN.)
+    up: Option<DevMat>,
+    down: Option<DevMat>,
+    moe: Option<DevMoe>,
+    /// Attention sinks `[n_heads]` f32 (gpt-oss).
+    sinks: Option<u64>,
     attn_norm: Option<DevNorm>,
     q_norm: Option<DevNorm>,
     k_norm: Option<DevNorm>,
@@ -265,8 +283,14 @@ pub fn repack(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Option<Vec
 /// stored, every vector as f32 (norms, biases, RoPE factors), learned positions as f32, each
 /// in an [`ALIGN`]ed slot, as [`DeviceWeights::upload`] lays them out.
 pub fn planned_bytes(file: &crate::gguf::GgufFile) -> usize {
+    use crate::model::weights::names::{ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT};
     let mut l = Layout::default();
+    // LongRoPE's two sets of factors: the model uses one (the upload places that one).
+    let both = file.tensor_info(ROPE_FACTORS_LONG).is_some();
     for t in file.tensors() {
+        if both && t.name == ROPE_FACTORS_SHORT {
+            continue;
+        }
         let f32s = t.shape.len() == 1 || t.name == crate::model::weights::names::POS_EMBD;
         l.take(if f32s { t.n_elements * 4 } else { t.n_bytes });
     }
@@ -344,6 +368,92 @@ impl Uploader<'_> {
         })
     }
 
+    /// Matrices of equal shape stored one after another in one tensor (Phi-3's gate and up
+    /// projections, the halves of `ffn_up`, the gate's rows first; a stack of experts): placed
+    /// once, as the tensor, each part a [`DevMat`] of its own. Each part is rearranged on its
+    /// own ([`repack`]) where every part starts 16-byte aligned (its arrays' loads need it),
+    /// else all keep the file's layout. The parts' biases (gpt-oss's experts) go together
+    /// into one vector, as the file's one tensor of them.
+    fn parts(&mut self, parts: &[Linear]) -> Result<Vec<DevMat>, CudaError> {
+        let f = &self.m.file;
+        // (An expert's name is its stack's with its index: `blk.N.ffn_up_exps.weight[e]`.)
+        let name = parts[0].name.split('[').next().unwrap_or_default();
+        let info = f
+            .tensor_info(name)
+            .ok_or_else(|| CudaError::Unsupported(format!("tensor {name} not in the file")))?;
+        let data = f.tensor_bytes(info);
+        let each = data.len() / parts.len();
+        let repacked = repacks(info.ty) && each.is_multiple_of(16);
+        let kernels = match repacked_kernels(info.ty) {
+            Some(k) if repacked => k,
+            _ => format_kernels(info.ty).map_err(|e| match e {
+                CudaError::Unsupported(why) => {
+                    CudaError::Unsupported(format!("tensor {name}: {why}"))
+                }
+                e => e,
+            })?,
+        };
+        let (rows, cols) = (parts[0].out_dim, parts[0].in_dim);
+        let ptr = match repacked && self.gpu.is_some() {
+            true => {
+                let mut all = Vec::with_capacity(data.len());
+                for part in data.chunks_exact(each) {
+                    all.extend_from_slice(&repack(info.ty, part, rows, cols).expect("repacks"));
+                }
+                self.place(&all)?
+            }
+            false => self.place(&data)?,
+        };
+        let bias = match parts.iter().all(|p| p.bias.is_some()) {
+            true => {
+                let all: Vec<f32> = parts.iter().flat_map(|p| p.bias.clone().unwrap()).collect();
+                Some(self.floats(&all)?)
+            }
+            false => None,
+        };
+        Ok((0..parts.len())
+            .map(|i| DevMat {
+                ty: info.ty,
+                kernels,
+                ptr: ptr + (i * each) as u64,
+                rows,
+                cols,
+                bias: bias.map(|b| b + (i * rows * 4) as u64),
+            })
+            .collect())
+    }
+
+    /// A mixture-of-experts layer's router, expert stacks and shared expert's gate.
+    fn moe(&mut self, moe: &crate::model::weights::Moe) -> Result<DevMoe, CudaError> {
+        let router = self.matrix(&moe.router)?;
+        let gate = self.parts(&moe.gate)?;
+        let up = self.parts(&moe.up)?;
+        let down = self.parts(&moe.down)?;
+        // The shared expert's gate is a vector: on the device as f32, as every vector.
+        let shared_gate = match &moe.shared_gate {
+            Some(l) => {
+                let mut row = vec![0f32; l.in_dim];
+                l.row_f32(0, &mut row);
+                Some(DevMat {
+                    ty: GgmlType::F32,
+                    kernels: format_kernels(GgmlType::F32)?,
+                    ptr: self.floats(&row)?,
+                    rows: 1,
+                    cols: l.in_dim,
+                    bias: None,
+                })
+            }
+            None => None,
+        };
+        Ok(DevMoe {
+            router,
+            gate,
+            up,
+            down,
+            shared_gate,
+        })
+    }
+
     fn norm(&mut self, n: &Norm) -> Result<DevNorm, CudaError> {
         let w = self.floats(&n.weight)?;
         let b = match &n.bias {
@@ -363,22 +473,9 @@ impl Uploader<'_> {
         n.as_ref().map(|n| self.norm(n)).transpose()
     }
 
-    /// A dense layer's matrix (a MoE model, whose layers may lack them, is refused before).
-    fn dense<'a>(m: &'a Option<Linear>, what: &str) -> Result<&'a Linear, CudaError> {
-        m.as_ref()
-            .ok_or_else(|| CudaError::Unsupported(format!("a layer without {what}")))
-    }
-
     /// Every tensor, in order.
     fn walk(&mut self) -> Result<DeviceWeights, CudaError> {
         let w = &self.m.weights;
-        if self.m.config.moe.is_some() {
-            return Err(CudaError::Unsupported(format!(
-                "mixture-of-experts models ({}): the CUDA backend has no expert products; \
-                 run it with --device cpu",
-                self.m.config.arch_name
-            )));
-        }
         let token_embd = self.matrix(&w.token_embd)?;
         let pos_embd = match &w.pos_embd {
             Some(pe) => {
@@ -407,15 +504,30 @@ impl Uploader<'_> {
                     Some(self.matrix(wv)?),
                 ),
             };
+            let o = self.matrix(&l.wo)?;
+            let (gate, up) = match (&l.ffn_gate, &l.ffn_up) {
+                (Some(g), Some(u)) if self.m.traits.fused_gate_up => {
+                    let gu = self.parts(&[g.clone(), u.clone()])?;
+                    (Some(gu[0]), Some(gu[1]))
+                }
+                (g, u) => (
+                    g.as_ref().map(|g| self.matrix(g)).transpose()?,
+                    u.as_ref().map(|u| self.matrix(u)).transpose()?,
+                ),
+            };
+            let down = l.ffn_down.as_ref().map(|d| self.matrix(d)).transpose()?;
+            let moe = l.moe.as_ref().map(|x| self.moe(x)).transpose()?;
             layers.push(DevLayer {
                 qkv,
                 q,
                 k,
                 v,
-                o: self.matrix(&l.wo)?,
-                gate: l.ffn_gate.as_ref().map(|g| self.matrix(g)).transpose()?,
-                up: self.matrix(Self::dense(&l.ffn_up, "ffn_up")?)?,
-                down: self.matrix(Self::dense(&l.ffn_down, "ffn_down")?)?,
+                o,
+                gate,
+                up,
+                down,
+                moe,
+                sinks: l.attn_sinks.as_ref().map(|s| self.floats(s)).transpose()?,
                 attn_norm: self.opt_norm(&l.attn_norm)?,
                 q_norm: self.opt_norm(&l.q_norm)?,
                 k_norm: self.opt_norm(&l.k_norm)?,
@@ -492,8 +604,8 @@ impl DeviceWeights {
             Mat::V(i) => some(l(i).v),
             Mat::O(i) => l(i).o,
             Mat::Gate(i) => some(l(i).gate),
-            Mat::Up(i) => l(i).up,
-            Mat::Down(i) => l(i).down,
+            Mat::Up(i) => some(l(i).up),
+            Mat::Down(i) => some(l(i).down),
             Mat::Output => self.output,
         }
     }
@@ -515,6 +627,16 @@ impl DeviceWeights {
         }
     }
 
+    /// Layer `i`'s experts, if it is a mixture-of-experts layer.
+    pub fn moe(&self, i: usize) -> Option<&DevMoe> {
+        self.layers[i].moe.as_ref()
+    }
+
+    /// Layer `i`'s attention sinks (0 when none).
+    pub fn sinks(&self, i: usize) -> u64 {
+        self.layers[i].sinks.unwrap_or(0)
+    }
+
     /// Layer `i`'s RoPE frequency factors (0 when none).
     pub fn rope_factors(&self, i: usize) -> u64 {
         self.layers[i].rope_factors.unwrap_or(0)
@@ -522,55 +644,13 @@ impl DeviceWeights {
 }
 
 /// Refuse, by name, a model whose computation the device code does not have, before anything
-/// is laid out or uploaded: a RoPE with a magnitude factor or YaRN's extrapolation (the CUDA
-/// rotation computes plain and linear RoPE only), a gate and up projection fused in one matrix,
-/// soft-capped attention scores or logits (Gemma-2; the device kernels have no soft cap).
+/// is laid out or uploaded: Granite's residual and logit scales (not checked on the device).
 fn refuse_unsupported(m: &Model) -> Result<(), CudaError> {
     let c = &m.config;
     if c.residual_scale.is_some() || c.logit_scale.is_some() {
         return Err(CudaError::Unsupported(format!(
             "{}'s residual and logit scales ({0}.residual_scale, {0}.logit_scale; not \
              checked on the device)",
-            c.arch_name
-        )));
-    }
-    if c.attn_softcap.is_some() || c.final_softcap.is_some() {
-        return Err(CudaError::Unsupported(format!(
-            "{}'s soft-capped attention scores and logits ({0}.attn_logit_softcapping, \
-             {0}.final_logit_softcapping; the CUDA kernels have no soft cap)",
-            c.arch_name
-        )));
-    }
-    if m.traits.fused_gate_up {
-        return Err(CudaError::Unsupported(format!(
-            "{}'s gate and up projections fused in one matrix (blk.N.ffn_up.weight)",
-            c.arch_name
-        )));
-    }
-    if c.attn_temp.is_some() {
-        return Err(CudaError::Unsupported(format!(
-            "{}'s attention temperature ({0}.attention.temperature_scale; the CUDA step has \
-             no per-position query scale)",
-            c.arch_name
-        )));
-    }
-    if !m.traits.input_norms {
-        return Err(CudaError::Unsupported(format!(
-            "{}'s blocks without input norms (no blk.N.attn_norm / ffn_norm; the CUDA step \
-             feeds every projection from a normed copy of the stream)",
-            c.arch_name
-        )));
-    }
-    let scaled = |r: &crate::kernels::ops::Rope| r.yarn_mix.is_some() || r.mscale != 1.0;
-    if m.weights.layers.iter().flat_map(|l| &l.rope).any(scaled) {
-        return Err(CudaError::Unsupported(format!(
-            "RoPE scaling '{}' with a magnitude factor or YaRN's extrapolation \
-             ({}.rope.scaling.*; the CUDA rotation computes plain and linear RoPE only)",
-            m.file
-                .opt_str(&m.file.arch_key("rope.scaling.type"))
-                .ok()
-                .flatten()
-                .unwrap_or("linear"),
             c.arch_name
         )));
     }
@@ -615,36 +695,29 @@ mod tests {
         Model::from_gguf(f).expect("load")
     }
 
-    /// Gemma-2's soft caps have no device kernels: its model is refused by name before
-    /// anything is uploaded (no device needed to check it).
+    /// Soft caps (Gemma-2), YaRN (llama-yarn) and LongRoPE with a fused gate and up (Phi-3),
+    /// an attention temperature (Mistral-3) and blocks without input norms (OLMo-2, EXAONE 4)
+    /// run on the device; Granite's scales are refused by name before anything is uploaded
+    /// (no device needed to check it).
     #[test]
-    fn soft_capped_models_are_refused_by_name() {
-        let msg = refuse_unsupported(&recipe_model("gemma2"))
+    fn architecture_features_run_and_granite_is_refused_by_name() {
+        for name in [
+            "gemma2",
+            "llama-yarn",
+            "phi3",
+            "mistral3",
+            "olmo2",
+            "olmo3",
+            "exaone4",
+            "exaone",
+        ] {
+            let m = recipe_model(name);
+            refuse_unsupported(&m).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let msg = refuse_unsupported(&recipe_model("granite"))
             .expect_err("refused")
             .to_string();
-        assert!(
-            msg.contains("gemma2") && msg.contains("softcapping"),
-            "{msg}"
-        );
-    }
-
-    /// Mistral-3's attention temperature and the blocks without input norms of OLMo-2 and
-    /// EXAONE 4 have no device ops: refused by name before anything is uploaded; EXAONE 3
-    /// (LLaMA's block with NeoX RoPE and biases) is not.
-    #[test]
-    fn temperature_and_unnormed_inputs_are_refused_by_name() {
-        for (name, what) in [
-            ("mistral3", "mistral3.attention.temperature_scale"),
-            ("olmo2", "olmo2's blocks without input norms"),
-            ("olmo3", "olmo2's blocks without input norms"),
-            ("exaone4", "exaone4's blocks without input norms"),
-        ] {
-            let msg = refuse_unsupported(&recipe_model(name))
-                .expect_err("refused")
-                .to_string();
-            assert!(msg.contains(what), "{msg}");
-        }
-        refuse_unsupported(&recipe_model("exaone")).expect("exaone runs on the device");
+        assert!(msg.contains("granite.residual_scale"), "{msg}");
     }
 
     #[test]

@@ -152,6 +152,29 @@ __device__ float dot_ref(const float* q16, R k, int hd) {
 
 __device__ __forceinline__ float round_f16(float x) { return h2f(f2h(x)); }
 
+// A scaled score's soft cap (Gemma-2's `attn_logit_softcapping`): `cap · tanh(x)`, the scale
+// already divided by `cap` (the host passes `scale / cap`); `cap` 0: none, `x` itself. The
+// CPU's `cap_score` (src/kernels/f16ops), after the reference's flash attention.
+__device__ __forceinline__ float cap_score(float cap, float x) {
+    return cap != 0.0f ? cap * tanhf(x) : x;
+}
+
+// A head's attention sink (gpt-oss's `attn_sinks`: a logit that joins the softmax's
+// denominator as a key without a value) joined once every key is in: `m` the row's maximum,
+// `*l` its sum of exponentials, `*acc` (thread d's) unnormalized output. The CPU's `join_sink`
+// (the reference's "sinks" step): a sink above the maximum rescales the output by
+// e^(m − sink) and the sum becomes l·e^(m − sink) + 1 (one fused multiply-add); else the sum
+// takes e^(sink − m).
+__device__ __forceinline__ void join_sink(float sink, float m, float* l, float* acc) {
+    if (sink > m) {
+        float ms = expf(m - sink);
+        *acc = __fmul_rn(*acc, ms);
+        *l = fmaf(*l, ms, 1.0f);
+    } else {
+        *l = fmaf(*l, 1.0f, expf(sink - m));
+    }
+}
+
 // The row of position t in a layer of `rows` rows per head (a ring when t can pass it): no
 // division while t is inside (the whole-context cache, and a ring before it wraps).
 __device__ __forceinline__ int ring_row(int t, int rows) { return t < rows ? t : t % rows; }
@@ -205,7 +228,7 @@ __device__ Head<R> head_of(int r, int h, const float* q, const u8* kc, const u8*
 // scores, the maxima before each key (a scan over a warp) and the factors (e^ in parallel) are
 // computed first, and the values are loaded 32 keys at a time ahead of the chain.
 template <class R>
-__device__ float attend_vec(const Head<R>& a, float scale) {
+__device__ float attend_vec(const Head<R>& a, float scale, float cap, const float* sink) {
     __shared__ float sc[ATT_CHUNK];
     __shared__ float resc[ATT_CHUNK];
     __shared__ float wt[ATT_CHUNK];
@@ -218,7 +241,7 @@ __device__ float attend_vec(const Head<R>& a, float scale) {
     for (int t0 = a.first; t0 <= a.last; t0 += ATT_CHUNK) {
         int n = min(ATT_CHUNK, a.last + 1 - t0);
         for (int j = threadIdx.x; j < n; j += blockDim.x)
-            sc[j] = dot_ref(q16, a.key(t0 + j), a.hd_k) * scale;
+            sc[j] = cap_score(cap, dot_ref(q16, a.key(t0 + j), a.hd_k) * scale);
         __syncthreads();
         {
             // Lane i takes keys 8i..8i+7: the maxima before each within its run, then the
@@ -280,14 +303,15 @@ __device__ float attend_vec(const Head<R>& a, float scale) {
         m = fmaxf(m, chunk_max);
         __syncthreads();
     }
+    if (sink) join_sink(*sink, m, &l, &acc);
     return acc * (l == 0.0f ? 0.0f : 1.0f / l);
 }
 
 // The f32 arithmetic over keys lo..hi-1 (an online softmax a chunk at a time): the running
 // max `m`, the sum `l` and thread d's unnormalized output dimension `acc`.
 template <class R>
-__device__ void attend_f32(const Head<R>& a, float scale, int lo, int hi, float* m_out,
-                           float* l_out, float* acc_out) {
+__device__ void attend_f32(const Head<R>& a, float scale, float cap, int lo, int hi,
+                           float* m_out, float* l_out, float* acc_out) {
     __shared__ float sc[ATT_CHUNK];
     int d = threadIdx.x;
     float m = -KILN_INF, l = 0.0f, acc = 0.0f;
@@ -297,7 +321,7 @@ __device__ void attend_f32(const Head<R>& a, float scale, int lo, int hi, float*
             R kt = a.key(t0 + j);
             float s = 0.0f;
             for (int i = 0; i < a.hd_k; ++i) s += a.q[i] * kt[i];
-            sc[j] = s * scale;
+            sc[j] = cap_score(cap, s * scale);
         }
         __syncthreads();
         float cm = -KILN_INF;
@@ -341,20 +365,23 @@ template <class R>
 __device__ void attend(const float* q, const u8* kc, const u8* vc, const int* pos,
                        const int* seq, long seq_stride_k, long seq_stride_v, float* out,
                        int n_heads, int n_kv_heads, int hd_k, int hd_v, int ctx, int rows,
-                       float scale, int window, const int* mode) {
+                       float scale, int window, const int* mode, float cap,
+                       const float* sinks) {
     int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+    const float* sink = sinks ? sinks + h : nullptr;
     int vec = mode[r];
     if (vec == 3) return;  // (attend_tile's)
     Head<R> a = head_of<R>(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads,
                            n_kv_heads, hd_k, hd_v, ctx, rows, window);
     float* o = out + ((long)r * n_heads + h) * hd_v;
     if (vec == 1 || (vec == 2 && a.short_ctx)) {
-        float v = attend_vec(a, scale);
+        float v = attend_vec(a, scale, cap, sink);
         if (threadIdx.x < hd_v) o[threadIdx.x] = v;
         return;
     }
     float m, l, acc;
-    attend_f32(a, scale, a.first, a.last + 1, &m, &l, &acc);
+    attend_f32(a, scale, cap, a.first, a.last + 1, &m, &l, &acc);
+    if (sink) join_sink(*sink, m, &l, &acc);
     if (threadIdx.x < hd_v) o[threadIdx.x] = acc / l;
 }
 
@@ -364,10 +391,10 @@ __device__ void attend(const float* q, const u8* kc, const u8* vc, const int* po
                                     const int* seq, long seq_stride_k, long seq_stride_v,       \
                                     float* out, int n_heads, int n_kv_heads, int hd_k,          \
                                     int hd_v, int ctx, int rows, float scale, int window,       \
-                                    const int* mode) {                                          \
+                                    const int* mode, float cap, const float* sinks) {           \
         pdl_begin();                                                                            \
         attend<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, n_heads, n_kv_heads,    \
-                  hd_k, hd_v, ctx, rows, scale, window, mode);                                  \
+                  hd_k, hd_v, ctx, rows, scale, window, mode, cap, sinks);                      \
     }
 ATTEND(attend_f16, F16Row)
 ATTEND(attend_q8_0, Q8Row)
@@ -394,8 +421,8 @@ ATTEND(attend_q8_0, Q8Row)
 // are added at the end. Writes each head's running max, sum and unnormalized output at
 // `pr + g · stride`.
 template <class R>
-__device__ void attend_group(const Head<R>& a, int ng, float scale, int lo, int hi, float* pr,
-                             long stride) {
+__device__ void attend_group(const Head<R>& a, int ng, float scale, float cap, int lo, int hi,
+                             float* pr, long stride) {
     __shared__ float qg[GROUP_HEADS][256];
     __shared__ float sc[GROUP_HEADS][ATT_CHUNK];
     __shared__ float streams[1024];
@@ -438,7 +465,7 @@ __device__ void attend_group(const Head<R>& a, int ng, float scale, int lo, int 
             }
 #pragma unroll
             for (int g = 0; g < GROUP_HEADS; ++g)
-                if (g < ng) sc[g][j] = s[g] * scale;
+                if (g < ng) sc[g][j] = cap_score(cap, s[g] * scale);
         }
         __syncthreads();
 #pragma unroll
@@ -506,7 +533,8 @@ __device__ void attend_group(const Head<R>& a, int ng, float scale, int lo, int 
 // block finds the largest max; each split's weight goes to shared memory, then thread d sums
 // dimension d over the splits, several loads in flight at a time. The partials were written
 // by other blocks of the launch: read past L1 (`__ldcg`).
-__device__ void merge_splits(const float* part, float* out, long rh, int hd_v, int n_split) {
+__device__ void merge_splits(const float* part, float* out, long rh, int hd_v, int n_split,
+                             const float* sink) {
     __shared__ float w[MAX_SPLITS];
     const float* pr = part + rh * n_split * (hd_v + 2);
     int s = threadIdx.x;
@@ -522,7 +550,9 @@ __device__ void merge_splits(const float* part, float* out, long rh, int hd_v, i
         const float* pd = pr + 2 + threadIdx.x;
 #pragma unroll 8
         for (int k = 0; k < n_split; ++k) acc += __ldcg(pd + (long)k * (hd_v + 2)) * w[k];
-        out[rh * hd_v + threadIdx.x] = acc / l;
+        float lj = l;
+        if (sink) join_sink(*sink, mx, &lj, &acc);
+        out[rh * hd_v + threadIdx.x] = acc / lj;
     }
     __syncthreads();  // (w is rewritten for the next head)
 }
@@ -535,14 +565,14 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
                              const int* seq, long seq_stride_k, long seq_stride_v, float* out,
                              float* part, int* counts, int n_heads, int n_kv_heads, int hd_k,
                              int hd_v, int ctx, int rows, float scale, int window, int n_split,
-                             int chunk, int mirror) {
+                             int chunk, int mirror, float cap, const float* sinks) {
     int sp = blockIdx.x % n_split, rh = blockIdx.x / n_split;
     int r = rh / n_heads, h = rh % n_heads;
     Head<R> a = head_of<R>(r, h, q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, n_heads,
                            n_kv_heads, hd_k, hd_v, ctx, rows, window);
     if (mirror && a.short_ctx) {
         if (sp == 0) {
-            float v = attend_vec(a, scale);
+            float v = attend_vec(a, scale, cap, sinks ? sinks + h : nullptr);
             if (threadIdx.x < hd_v) out[(long)rh * hd_v + threadIdx.x] = v;
         }
         return;
@@ -555,7 +585,7 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
     float* pr = part + ((long)rh * n_split + sp) * (hd_v + 2);
     long stride = (long)n_split * (hd_v + 2);
     if (lo < hi) {
-        attend_group(a, ng, scale, lo, hi, pr, stride);
+        attend_group(a, ng, scale, cap, lo, hi, pr, stride);
     } else {
         for (int g = 0; g < ng; ++g)
             if (threadIdx.x == 0) {
@@ -565,7 +595,8 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
     }
     // The last block of the group to finish merges.
     if (!last_to_arrive(counts + rh, n_split)) return;
-    for (int g = 0; g < ng; ++g) merge_splits(part, out, rh + g, hd_v, n_split);
+    for (int g = 0; g < ng; ++g)
+        merge_splits(part, out, rh + g, hd_v, n_split, sinks ? sinks + h + g : nullptr);
 }
 
 #define ATTEND_SPLIT(NAME, R)                                                                   \
@@ -574,11 +605,11 @@ __device__ void attend_split(const float* q, const u8* kc, const u8* vc, const i
                                     float* out, float* part, int* counts, int n_heads,          \
                                     int n_kv_heads, int hd_k, int hd_v, int ctx, int rows,      \
                                     float scale, int window, int n_split, int chunk,            \
-                                    int mirror) {                                               \
+                                    int mirror, float cap, const float* sinks) {                \
         pdl_begin();                                                                            \
         attend_split<R>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, part, counts,     \
                         n_heads, n_kv_heads, hd_k, hd_v, ctx, rows, scale, window, n_split,     \
-                        chunk, mirror);                                                         \
+                        chunk, mirror, cap, sinks);                                             \
     }
 ATTEND_SPLIT(attend_split_f16, F16Row)
 ATTEND_SPLIT(attend_split_q8_0, Q8Row)
@@ -602,7 +633,8 @@ template <class R, int QPT>
 __device__ void attend_tile(const float* q, const u8* kc, const u8* vc, const int* pos,
                             const int* seq, long seq_stride_k, long seq_stride_v, float* out,
                             int n_rows, int n_heads, int n_kv_heads, int hd_k, int hd_v,
-                            int rows, float scale, int window, const int* mode) {
+                            int rows, float scale, int window, const int* mode, float cap,
+                            const float* sinks) {
     const int FA_Q = 16 * QPT;
     __shared__ float qs[FA_Q][FA_DC + 1];
     __shared__ float ks[FA_DC][FA_K + 1];
@@ -708,7 +740,7 @@ __device__ void attend_tile(const float* q, const u8* kc, const u8* vc, const in
                 for (int j = 0; j < 2; ++j) {
                     int tk = t0 + tx + 16 * j;
                     bool vis = act[i] && tk >= q_first[qv] && tk <= q_last[qv];
-                    s[i][j] = vis ? s[i][j] * scale : -KILN_INF;
+                    s[i][j] = vis ? cap_score(cap, s[i][j] * scale) : -KILN_INF;
                     mx = fmaxf(mx, s[i][j]);
                 }
                 for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -749,6 +781,14 @@ __device__ void attend_tile(const float* q, const u8* kc, const u8* vc, const in
             if (!act[i]) continue;
             long f = flat0 + qv;
             int r = (int)(f / G), h = kvh * G + (int)(f % G);
+            if (sinks) {
+#pragma unroll
+                for (int c = 0; c < 16; ++c) {
+                    float li = l[i];
+                    join_sink(sinks[h], m[i], &li, &o[i][c]);
+                    if (c == 15) l[i] = li;
+                }
+            }
             float inv = l[i] == 0.0f ? 0.0f : 1.0f / l[i];
             float* orow = out + ((long)r * n_heads + h) * hd_v;
 #pragma unroll
@@ -765,10 +805,11 @@ __device__ void attend_tile(const float* q, const u8* kc, const u8* vc, const in
                                     const int* seq, long seq_stride_k, long seq_stride_v,       \
                                     float* out, int n_rows, int n_heads, int n_kv_heads,        \
                                     int hd_k, int hd_v, int rows, float scale, int window,      \
-                                    const int* mode) {                                          \
+                                    const int* mode, float cap, const float* sinks) {           \
         pdl_begin();                                                                            \
         attend_tile<R, QPT>(q, kc, vc, pos, seq, seq_stride_k, seq_stride_v, out, n_rows,       \
-                            n_heads, n_kv_heads, hd_k, hd_v, rows, scale, window, mode);        \
+                            n_heads, n_kv_heads, hd_k, hd_v, rows, scale, window, mode, cap,    \
+                            sinks);                                                             \
     }
 ATTEND_TILE(attend_tile_f16, F16Row, 4)
 ATTEND_TILE(attend_tile_q8_0, Q8Row, 4)

@@ -12,6 +12,32 @@ extern "C" __global__ void scale_f32(float* x, float s, long n) {
     FOR_EACH(i, n) x[i] *= s;
 }
 
+// x = tanh(x · inv) · cap, `inv` = 1 / cap computed by the host: the CPU's `softcap_inplace`
+// (Gemma-2's `final_logit_softcapping` over the output logits).
+extern "C" __global__ void softcap_f32(float* x, float inv, float cap, long n) {
+    pdl_begin();
+    FOR_EACH(i, n) x[i] = tanhf(x[i] * inv) * cap;
+}
+
+// The queries' attention temperature (Mistral-3): row r of q (`width` wide) times
+// ln(⌊pos[r] / floor⌋ + 1) · scale + 1, the quotient in f32, the logarithm and the sum in f64,
+// rounded to f32: the CPU's `AttnTemp::factor` (the reference's `llm_graph_input_attn_temp`).
+extern "C" __global__ void attn_temp_f32(float* q, const int* pos, int width, float scale,
+                                         int floor_, long n) {
+    pdl_begin();
+    FOR_EACH(i, n) {
+        double steps = (double)floorf((float)pos[i / width] / (float)floor_);
+        float f = (float)(log(steps + 1.0) * (double)scale + 1.0);
+        q[i] *= f;
+    }
+}
+
+// dst = src (a block without an input norm: the stream itself as the FFN's input).
+extern "C" __global__ void copy_f32(float* dst, const float* src, long n) {
+    pdl_begin();
+    FOR_EACH(i, n) dst[i] = src[i];
+}
+
 // y[r][c] += bias[c] over `rows` rows of `cols`.
 extern "C" __global__ void add_bias_f32(float* y, const float* bias, long rows, int cols) {
     pdl_begin();
@@ -91,4 +117,45 @@ extern "C" __global__ void argmax_f32(const float* logits, int vocab, int* out) 
         __syncthreads();
     }
     if (threadIdx.x == 0) out[blockIdx.x] = bi[0];
+}
+
+// Mixture of experts (step/moe.rs): the token rows of the pairs (token, chosen expert),
+// grouped by expert: xg[i] = x[row_of[i]], rows of `dim`, `p` pairs.
+extern "C" __global__ void moe_gather_f32(const float* x, const int* row_of, float* xg, int dim,
+                                          long p) {
+    pdl_begin();
+    FOR_EACH(i, p * dim) xg[i] = x[(long)row_of[i / dim] * dim + i % dim];
+}
+
+// Each token row's experts' outputs (`xg` at its pairs' grouped positions `pos_of[j·k + s]`)
+// times their weights, added in slot order (largest weight first), as the CPU adds them:
+// out = x_0·w_0, then out += x_s·w_s, each product and sum rounded (no contraction); with
+// `shared` (Qwen2-MoE), out + proj·shared[j] where proj holds the shared expert's output.
+extern "C" __global__ void moe_combine_f32(const float* xg, const int* pos_of, const float* w,
+                                           const float* shared, float* proj, int dim, int k,
+                                           long rows) {
+    pdl_begin();
+    FOR_EACH(i, rows * dim) {
+        long j = i / dim;
+        int c = (int)(i % dim);
+        const int* at = pos_of + j * k;
+        const float* wj = w + j * k;
+        float v = __fmul_rn(xg[(long)at[0] * dim + c], wj[0]);
+        for (int s = 1; s < k; ++s) v = __fadd_rn(v, __fmul_rn(xg[(long)at[s] * dim + c], wj[s]));
+        proj[i] = shared ? __fadd_rn(v, __fmul_rn(proj[i], shared[j])) : v;
+    }
+}
+
+// gpt-oss's clamped SwiGLU (the CPU's `ClampedSwiglu::apply`, the reference's
+// `swiglu_oai`): x = min(g, limit), y = clamp(u, −limit, limit), g = x / (1 + e^(alpha·(−x)))
+// · (y + 1).
+extern "C" __global__ void swiglu_oai_f32(float* gate, const float* up, float alpha, float limit,
+                                          long n) {
+    pdl_begin();
+    FOR_EACH(i, n) {
+        float x = fminf(gate[i], limit);
+        float y = fminf(fmaxf(up[i], -limit), limit);
+        float glu = x / (1.0f + expf(__fmul_rn(alpha, -x)));
+        gate[i] = __fmul_rn(glu, y + 1.0f);
+    }
 }

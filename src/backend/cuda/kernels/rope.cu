@@ -11,18 +11,39 @@
 // (`[rows, n_kv_heads · hd_v]`) also go to its sequence's cache: the store of the attention
 // that follows, done here.
 //
+// YaRN (`yarn`): pair i's angle mixes the interpolated angle with the extrapolated one,
+// `mix_i = (1 − clamp((i − low) / max(high − low, 0.001), 0, 1)) · ext` (ggml's
+// `rope_yarn_ramp`, the bounds computed by the host: `Rope::yarn_ramp`), and cos and sin are
+// multiplied by `mscale` (YaRN's magnitude, LongRoPE's attention factor; 1 for plain RoPE).
+//
 // One thread per (row, head, pair), then per key element past `n_dims`, then per value.
 
+// YaRN's ramp and the rotation's magnitude (see above); `ext` 0: no mix.
+struct Yarn {
+    float mscale, ext, low, high;
+};
+
 // Rotates the pair (h[a], h[b]), pair `i` of a head at position `pos`, in place: θ_i as the
-// running product, then the fused rotation.
+// running product, then the CPU's `Rope::cos_sin` (the frequency factor, the position scale,
+// YaRN's mix, rounded op by op: no contraction), then the fused rotation.
 __device__ __forceinline__ void rotate_pair(float* h, int a, int b, int i, int pos,
                                             float theta_scale, float freq_scale,
-                                            const float* freq_factors) {
+                                            const float* freq_factors, Yarn y) {
     float theta = (float)pos;
     for (int j = 0; j < i; ++j) theta *= theta_scale;
     float ff = freq_factors ? freq_factors[i] : 1.0f;
-    float a_ = freq_scale * theta / ff;
+    float extrap = theta / ff;
+    float a_ = __fmul_rn(freq_scale, extrap);
+    if (y.ext != 0.0f) {
+        float t = ((float)i - y.low) / fmaxf(y.high - y.low, 0.001f);
+        float mix = (1.0f - fminf(fmaxf(t, 0.0f), 1.0f)) * y.ext;
+        a_ = __fadd_rn(__fmul_rn(a_, 1.0f - mix), __fmul_rn(extrap, mix));
+    }
     float c = cosf(a_), s = sinf(a_);
+    if (y.mscale != 1.0f) {
+        c = __fmul_rn(c, y.mscale);
+        s = __fmul_rn(s, y.mscale);
+    }
     float x0 = h[a], x1 = h[b];
     h[a] = fmaf(x0, c, -(x1 * s));
     h[b] = fmaf(x0, s, x1 * c);
@@ -33,8 +54,10 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
                                    int n_dims, float theta_scale, float freq_scale,
                                    const float* freq_factors, int neox, u8* kc, u8* vc,
                                    const int* seq, long seq_stride_k, long seq_stride_v,
-                                   int hd_v, int ctx) {
+                                   int hd_v, int ctx, float mscale, float ext, float low,
+                                   float high) {
     pdl_begin();
+    Yarn y = {mscale, ext, low, high};
     int half_dims = n_dims / 2, heads = n_heads + n_kv_heads;
     long n_rot = rows * heads * half_dims;
     long n_pass = kc ? rows * n_kv_heads * (head_dim - n_dims) : 0;
@@ -68,7 +91,7 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
                         : q + (r * n_heads + hh) * head_dim;
         int a = neox ? i : 2 * i;
         int b = neox ? i + half_dims : 2 * i + 1;
-        rotate_pair(h, a, b, i, pos[r], theta_scale, freq_scale, freq_factors);
+        rotate_pair(h, a, b, i, pos[r], theta_scale, freq_scale, freq_factors, y);
         if (is_k && kc) {
             u16* kr = (u16*)(kc + seq[r] * seq_stride_k);
             long at = ((long)(hh - n_heads) * ctx + pos[r] % ctx) * head_dim;
@@ -89,9 +112,11 @@ extern "C" __global__ void norm_rope_qk(float* q, float* k, const float* v, cons
                                         int n_dims, float theta_scale, float freq_scale,
                                         const float* freq_factors, int neox, u8* kc, u8* vc,
                                         const int* seq, long seq_stride_k, long seq_stride_v,
-                                        int hd_v, int ctx, const float* wq, const float* wk,
+                                        int hd_v, int ctx, float mscale, float ext, float low,
+                                        float high, const float* wq, const float* wk,
                                         float eps_q, float eps_k, float q_scale) {
     pdl_begin();
+    Yarn y = {mscale, ext, low, high};
     int half_dims = n_dims / 2, heads = n_heads + n_kv_heads;
     long r = blockIdx.x / heads;
     int hh = (int)(blockIdx.x % heads), kh = hh - n_heads;
@@ -112,7 +137,7 @@ extern "C" __global__ void norm_rope_qk(float* q, float* k, const float* v, cons
     for (int i = threadIdx.x; i < half_dims; i += blockDim.x) {
         int a = neox ? i : 2 * i;
         int b = neox ? i + half_dims : 2 * i + 1;
-        rotate_pair(h, a, b, i, pos[r], theta_scale, freq_scale, freq_factors);
+        rotate_pair(h, a, b, i, pos[r], theta_scale, freq_scale, freq_factors, y);
         if (!is_k) {
             h[a] *= q_scale;
             h[b] *= q_scale;

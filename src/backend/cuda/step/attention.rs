@@ -80,6 +80,12 @@ impl CudaSession {
             let store_kernel = if q8 { "kv_store_q8_0" } else { "kv_store_f16" };
             self.go(store_kernel, rows as u32, 256, &store);
         }
+        // A soft cap divides the scale and caps the scaled scores (`cap` 0: none), as the
+        // CPU's `ScoreScale` does.
+        let (scale, cap) = match c.attn_softcap {
+            Some(cap) => (c.attn_scale / cap, cap),
+            None => (c.attn_scale, 0.0),
+        };
         let attend = [
             Arg::P(self.buf(Buf::Q)),
             Arg::P(kc),
@@ -95,9 +101,12 @@ impl CudaSession {
             Arg::I(c.head_dim_v as i32),
             Arg::I(ctx),
             Arg::I(ring),
-            Arg::F(c.attn_scale),
+            Arg::F(scale),
             Arg::I(window as i32),
             Arg::P(self.at(self.layout.mode)),
+            Arg::F(cap),
+            // (gpt-oss's sinks, one logit per query head; 0: none.)
+            Arg::P(self.w.sinks(layer)),
         ];
         let block = c.head_dim_v.next_multiple_of(32).clamp(128, 1024) as u32;
         match self.layout.split {
@@ -106,14 +115,15 @@ impl CudaSession {
                 let (part, counts) = (self.at(sp.part), self.at(sp.counts));
                 // The row kernel's arguments with `part` and `counts` after `out`, then the
                 // split's.
-                let split: [Arg; 21] = std::array::from_fn(|i| match i {
+                let split: [Arg; 23] = std::array::from_fn(|i| match i {
                     0..=7 => attend[i],
                     8 => Arg::P(part),
                     9 => Arg::P(counts),
                     10..=17 => attend[i - 2],
                     18 => Arg::I(sp.n_split as i32),
                     19 => Arg::I(sp.chunk as i32),
-                    _ => Arg::I(self.mirror as i32),
+                    20 => Arg::I(self.mirror as i32),
+                    _ => attend[i - 4],
                 });
                 let grid = (rows * c.n_heads * sp.n_split) as u32;
                 let name = if q8 {
@@ -133,7 +143,7 @@ impl CudaSession {
                 if any {
                     // The row kernel's arguments with the row count after `out` and
                     // without `ctx` (a tile's keys are its rows' own).
-                    let tile: [Arg; 17] = std::array::from_fn(|i| match i {
+                    let tile: [Arg; 19] = std::array::from_fn(|i| match i {
                         0..=7 => attend[i],
                         8 => Arg::I(rows as i32),
                         9..=12 => attend[i - 1],

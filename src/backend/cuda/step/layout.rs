@@ -116,6 +116,8 @@ pub struct SessionLayout {
     pub(super) xq: usize,
     /// Prompt-sized products (when `max_rows >= GEMM_MIN_ROWS`).
     pub(super) gemm: Option<GemmLayout>,
+    /// A mixture-of-experts model's routing and expert buffers.
+    pub(super) moe: Option<MoeLayout>,
     /// Decode attention split over the keys: the splits' partial results
     /// `[decode rows, n_heads, n_split, head_dim_v + 2]` f32 and their counters (when the
     /// context has 2+ splits).
@@ -184,6 +186,25 @@ pub(super) struct GemmLayout {
     pub(super) workspace: usize,
 }
 
+/// A mixture-of-experts layer's buffers for `rows` token rows choosing `n_used` experts each
+/// (`p = rows · n_used` pairs, grouped by expert): the router's logits `[rows, n_expert]` and
+/// the shared expert's gate logits `[rows]` (f32, read by the host, which routes), the
+/// host's routing (`row_of`, `pos_of`: `[p]` i32; `weights`: `[p]` f32; `shared`: `[rows]`
+/// f32), the gathered inputs, then the experts' outputs `xg` `[p, dim]`, and their gate
+/// and up products `[p, expert ffn]`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MoeLayout {
+    pub(super) logits: usize,
+    pub(super) shared_logit: usize,
+    pub(super) row_of: usize,
+    pub(super) pos_of: usize,
+    pub(super) weights: usize,
+    pub(super) shared: usize,
+    pub(super) xg: usize,
+    pub(super) gate: usize,
+    pub(super) up: usize,
+}
+
 /// How decode attention splits a long context: `n_split` runs of `chunk` positions, for up to
 /// `rows` rows.
 #[derive(Clone, Copy, Debug)]
@@ -218,6 +239,12 @@ impl SessionLayout {
         kv: &KvLayout,
     ) -> Self {
         let t = sizes.max_rows.max(1);
+        // (A shared expert's hidden state goes through `Gate` and `Up`; an expert's through
+        // the experts' own buffers.)
+        let moe = c.moe.as_ref();
+        let (expert_ffn, shared_ffn) =
+            moe.map_or((0, 0), |m| (m.ffn_dim, m.shared_ffn_dim.unwrap_or(0)));
+        let ffn = c.ffn_dim.max(shared_ffn);
         let width = [
             c.dim,
             c.dim,
@@ -226,8 +253,8 @@ impl SessionLayout {
             c.kv_dim_v(),
             c.attn_out_dim(),
             c.dim,
-            c.ffn_dim,
-            c.ffn_dim,
+            ffn,
+            ffn,
             c.vocab_size,
         ];
         let mut l = Layout::default();
@@ -245,16 +272,43 @@ impl SessionLayout {
         let (ids, pos, seq, mode) = (l.take(t * 4), l.take(t * 4), l.take(t * 4), l.take(t * 4));
         let (sel, argmax) = (l.take(rows_i32 * 4), l.take(rows_i32 * 4));
         let post_count = l.take(4);
-        // The products' inputs: x, the attention output, the FFN's hidden state.
-        let widest = c.dim.max(c.q_dim()).max(c.attn_out_dim()).max(c.ffn_dim);
+        // The products' inputs: x, the attention output, the FFN's (or an expert's) hidden
+        // state.
+        let widest = c
+            .dim
+            .max(c.q_dim())
+            .max(c.attn_out_dim())
+            .max(ffn)
+            .max(expert_ffn);
         let xq = l.take(t * widest.div_ceil(32) * Q8X_BYTES);
+        let moe = moe.map(|m| {
+            let p = t * m.n_used;
+            MoeLayout {
+                logits: l.take(t * m.n_expert * 4),
+                shared_logit: l.take(t * 4),
+                row_of: l.take(p * 4),
+                pos_of: l.take(p * 4),
+                weights: l.take(p * 4),
+                shared: l.take(t * 4),
+                xg: l.take(p * c.dim * 4),
+                gate: l.take(p * m.ffn_dim * 4),
+                up: l.take(p * m.ffn_dim * 4),
+            }
+        });
         let gemm = (t >= GEMM_MIN_ROWS).then(|| {
             let qkv = c.q_dim() + c.kv_dim_k() + c.kv_dim_v();
-            let wbf_elems = [qkv * c.dim, c.dim * c.attn_out_dim(), c.ffn_dim * c.dim]
-                .into_iter()
-                .max()
-                .unwrap_or(0)
-                .max(c.dim);
+            let n_expert = c.moe.as_ref().map_or(0, |m| m.n_expert);
+            let wbf_elems = [
+                qkv * c.dim,
+                c.dim * c.attn_out_dim(),
+                ffn * c.dim,
+                expert_ffn * c.dim,
+                n_expert * c.dim,
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+            .max(c.dim);
             let xbf = l.take(t * widest * 2);
             let first = l.take(wbf_elems * 2);
             // Prompt products dequantize their weights ahead, on a second stream, into two
@@ -339,6 +393,7 @@ impl SessionLayout {
             rows_i32,
             xq,
             gemm,
+            moe,
             split,
             act_bytes: l.bytes,
             kv,

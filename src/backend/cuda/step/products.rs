@@ -363,6 +363,7 @@ impl CudaSession {
             && self.rope_in_products
             && mats[0].0.kernels.matvec_rope.is_some()
             && matches!(rope.kind, RopeKind::Normal)
+            && super::rope::plain(rope)
             && l.q_norm.is_none()
             && l.k_norm.is_none()
             && whole_blocks

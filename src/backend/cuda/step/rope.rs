@@ -10,7 +10,7 @@ use crate::backend::cuda::gpu::Arg;
 use crate::backend::cuda::weights::DevNorm;
 use crate::backend::{Buf, NormW};
 use crate::cache::KvType;
-use crate::kernels::ops::RopeKind;
+use crate::kernels::ops::{Rope, RopeKind, YarnParams};
 use crate::model::{Model, NormKind};
 
 /// The q and k head norms of one layer, held back for its RoPE launch: each norm's weights,
@@ -40,10 +40,12 @@ impl CudaSession {
         let (NormW::QHead(layer) | NormW::KHead(layer)) = w else {
             return false;
         };
+        // (Per head: OLMo-2's and OLMoE's norms of whole q and k vectors launch as asked.)
         let ok = self.fuse
             && x == y
             && rows.start == 0
             && n.kind == NormKind::Rms
+            && n.len == m.config.head_dim_k
             && m.weights.layers[layer].rope.is_some();
         if !ok {
             return false;
@@ -128,6 +130,10 @@ impl CudaSession {
             a.v_stride,
             a.head_dim_v,
             a.slots,
+            a.yarn[0],
+            a.yarn[1],
+            a.yarn[2],
+            a.yarn[3],
             // `norm_rope_qk`'s: the head norms' weights and epsilons, the query scale.
             Arg::P(0),
             Arg::P(0),
@@ -137,12 +143,13 @@ impl CudaSession {
         ];
         if let Some(h) = norms {
             let (q, k) = (h.q.map(|n| n.0), h.k.map(|n| n.0));
-            args[20] = Arg::P(q.map_or(0, |n| n.w));
-            args[21] = Arg::P(k.map_or(0, |n| n.w));
-            args[22] = Arg::F(q.map_or(0.0, |n| n.eps));
-            args[23] = Arg::F(k.map_or(0.0, |n| n.eps));
-            if let Some(qs) = c.q_scale {
-                args[24] = Arg::F(qs);
+            args[24] = Arg::P(q.map_or(0, |n| n.w));
+            args[25] = Arg::P(k.map_or(0, |n| n.w));
+            args[26] = Arg::F(q.map_or(0.0, |n| n.eps));
+            args[27] = Arg::F(k.map_or(0.0, |n| n.eps));
+            // (A temperature comes between the RoPE and the scale: then the scale stays.)
+            if let (Some(qs), None) = (c.q_scale, c.attn_temp) {
+                args[28] = Arg::F(qs);
                 self.q_scaled = true;
             }
             let blocks = rows * (c.n_heads + c.n_kv_heads);
@@ -152,7 +159,7 @@ impl CudaSession {
         let n_rot = rows * (c.n_heads + c.n_kv_heads) * rope.n_dims / 2;
         let n_store = rows * c.n_kv_heads * (c.head_dim_k - rope.n_dims + c.head_dim_v);
         let n = n_rot + if store { n_store } else { 0 };
-        self.elementwise("rope_qk", &args[..20], n);
+        self.elementwise("rope_qk", &args[..24], n);
     }
 
     /// Layer `layer`'s rotation and, with `store`, its f16 cache for the keys and values
@@ -181,6 +188,7 @@ impl CudaSession {
             n_dims: Arg::I(rope.n_dims as i32),
             head_dim_v: Arg::I(c.head_dim_v as i32),
             slots: Arg::I(at.rows as i32),
+            yarn: yarn_args(rope, &c.rope_yarn),
         }
     }
 }
@@ -201,4 +209,22 @@ pub(super) struct RopeArgs {
     pub n_dims: Arg,
     pub head_dim_v: Arg,
     pub slots: Arg,
+    /// YaRN's magnitude and ramp (`mscale`, `ext`, `low`, `high`: [`yarn_args`]).
+    pub yarn: [Arg; 4],
+}
+
+/// A rotation's magnitude and YaRN's ramp as the kernels take them (`Yarn` in rope.cu):
+/// `mscale`, the extrapolation mix `ext` (0 without YaRN) and the ramp's bounds.
+fn yarn_args(rope: &Rope, y: &YarnParams) -> [Arg; 4] {
+    let (ext, (low, high)) = match rope.yarn_mix {
+        Some(_) => (y.ext_factor, rope.yarn_ramp(y)),
+        None => (0.0, (0.0, 0.0)),
+    };
+    [Arg::F(rope.mscale), Arg::F(ext), Arg::F(low), Arg::F(high)]
+}
+
+/// Whether the rotation is plain (no YaRN mix, magnitude 1): what the products' RoPE
+/// epilogue computes (`rope_epilogue` in matvec.cu).
+pub(super) fn plain(rope: &Rope) -> bool {
+    rope.yarn_mix.is_none() && rope.mscale == 1.0
 }
