@@ -255,6 +255,16 @@ mod tests {
         (io, client)
     }
 
+    /// Everything the client end reads until the connection closes, read in a task.
+    fn read_all(mut client: tokio::io::DuplexStream) -> tokio::task::JoinHandle<Vec<u8>> {
+        use tokio::io::AsyncReadExt;
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            client.read_to_end(&mut out).await.unwrap();
+            out
+        })
+    }
+
     #[tokio::test]
     async fn a_client_that_stops_reading_times_out() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -281,14 +291,10 @@ mod tests {
 
     #[tokio::test]
     async fn hyper_bare_error_goes_out_as_json() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (mut io, mut client) = pipe(Duration::from_secs(5));
+        use tokio::io::AsyncWriteExt;
+        let (mut io, client) = pipe(Duration::from_secs(5));
         let bare = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
-        let reading = tokio::spawn(async move {
-            let mut out = Vec::new();
-            client.read_to_end(&mut out).await.unwrap();
-            out
-        });
+        let reading = read_all(client);
         // hyper writes the head, flushes, shuts down; the replacement (longer than the pipe's
         // buffer) goes out across those calls.
         assert_eq!(io.write(bare).await.unwrap(), bare.len());
@@ -302,13 +308,9 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["type"], "invalid_request_error");
         // A service answer passes through untouched.
-        let (mut io, mut client) = pipe(Duration::from_secs(5));
+        let (mut io, client) = pipe(Duration::from_secs(5));
         let ok = b"HTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}";
-        let reading = tokio::spawn(async move {
-            let mut out = Vec::new();
-            client.read_to_end(&mut out).await.unwrap();
-            out
-        });
+        let reading = read_all(client);
         io.write_all(ok).await.unwrap();
         drop(io);
         assert_eq!(reading.await.unwrap(), ok);

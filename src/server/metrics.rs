@@ -84,27 +84,19 @@ pub fn render(st: &AppState) -> String {
             let _ = writeln!(w, "kiln_http_timeouts_total{{kind=\"{kind}\"}} {n}");
         }
     }
-    header(
+    metric(
         w,
         "kiln_http_connections_refused_total",
         "counter",
         "Connections turned away past --max-connections.",
+        st.http.connections_refused.load(Relaxed),
     );
-    let _ = writeln!(
-        w,
-        "kiln_http_connections_refused_total {}",
-        st.http.connections_refused.load(Relaxed)
-    );
-    header(
+    metric(
         w,
         "kiln_http_connections_open",
         "gauge",
         "Connections being served.",
-    );
-    let _ = writeln!(
-        w,
-        "kiln_http_connections_open {}",
-        st.http.connections_open.load(Relaxed)
+        st.http.connections_open.load(Relaxed),
     );
     let s = &st.sched;
     let counters: [(&str, &str, u64); 13] = [
@@ -175,8 +167,7 @@ pub fn render(st: &AppState) -> String {
         ),
     ];
     for (name, help, v) in counters {
-        header(w, name, "counter", help);
-        let _ = writeln!(w, "{name} {v}");
+        metric(w, name, "counter", help, v);
     }
     let gauges: [(&str, &str, f64); 5] = [
         (
@@ -206,11 +197,16 @@ pub fn render(st: &AppState) -> String {
         ),
     ];
     for (name, help, v) in gauges {
-        header(w, name, "gauge", help);
-        let _ = writeln!(w, "{name} {v}");
+        metric(w, name, "gauge", help, v);
     }
     router_gauges(w, st);
     out
+}
+
+/// A metric of one value: its `# HELP` and `# TYPE` lines, then `name value`.
+fn metric(w: &mut String, name: &str, kind: &str, help: &str, v: impl std::fmt::Display) {
+    header(w, name, kind, help);
+    let _ = writeln!(w, "{name} {v}");
 }
 
 /// What routers read, under vLLM's names (the Gateway API Inference Extension's model-server

@@ -123,7 +123,6 @@ struct Symbol {
 
 /// A candidate merge of two adjacent symbols. The heap pops the lowest rank, then the lowest
 /// left index (llama.cpp's comparator).
-#[derive(PartialEq, Eq)]
 struct Bigram {
     rank: u32,
     left: u32,
@@ -133,18 +132,8 @@ struct Bigram {
     merged: u32,
 }
 
-impl Ord for Bigram {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        // BinaryHeap is a max-heap: "greater" = popped first.
-        other.rank.cmp(&self.rank).then(other.left.cmp(&self.left))
-    }
-}
-
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
+// (BinaryHeap is a max-heap: "greater" is popped first.)
+heap_order!(Bigram, |a, b| b.rank.cmp(&a.rank).then(b.left.cmp(&a.left)));
 
 /// Reusable buffers for one `encode` call.
 #[derive(Default)]
@@ -308,7 +297,7 @@ impl BpeModel {
         let n = s.symbols.len();
         s.heap.clear();
         for i in 1..n {
-            self.push_bigram(&s.symbols, &mut s.heap, i as i32 - 1, i as i32);
+            self.push_bigram(s, i as i32 - 1, i as i32);
         }
 
         while let Some(bg) = s.heap.pop() {
@@ -325,8 +314,8 @@ impl BpeModel {
                 s.symbols[next as usize].prev = l as i32;
             }
             let prev = s.symbols[l].prev;
-            self.push_bigram(&s.symbols, &mut s.heap, prev, l as i32);
-            self.push_bigram(&s.symbols, &mut s.heap, l as i32, next);
+            self.push_bigram(s, prev, l as i32);
+            self.push_bigram(s, l as i32, next);
         }
 
         let mut i = if n == 0 { -1 } else { 0 };
@@ -344,19 +333,16 @@ impl BpeModel {
     }
 
     #[inline]
-    fn push_bigram(
-        &self,
-        symbols: &[Symbol],
-        heap: &mut BinaryHeap<Bigram>,
-        left: i32,
-        right: i32,
-    ) {
+    fn push_bigram(&self, s: &mut BpeScratch, left: i32, right: i32) {
         if left < 0 || right < 0 {
             return;
         }
-        let (lp, rp) = (symbols[left as usize].piece, symbols[right as usize].piece);
+        let (lp, rp) = (
+            s.symbols[left as usize].piece,
+            s.symbols[right as usize].piece,
+        );
         if let Some((rank, merged)) = self.merges.get(pair_key(lp, rp)) {
-            heap.push(Bigram {
+            s.heap.push(Bigram {
                 rank,
                 left: left as u32,
                 right: right as u32,

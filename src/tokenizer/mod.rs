@@ -20,6 +20,30 @@
 //! then converts to UTF-8, so partial characters split across tokens come out right;
 //! [`StreamDecoder`] does the same incrementally.
 
+/// `Ord` for a merge candidate `$t` of a heap by `$cmp` (of `$a`, `$b`: self, other; the
+/// greater pops first), and the `PartialOrd`, `PartialEq` and `Eq` that agree with it.
+macro_rules! heap_order {
+    ($t:ty, |$a:ident, $b:ident| $cmp:expr) => {
+        impl Ord for $t {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                let ($a, $b) = (self, other);
+                $cmp
+            }
+        }
+        impl PartialOrd for $t {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                self.cmp(other) == std::cmp::Ordering::Equal
+            }
+        }
+        impl Eq for $t {}
+    };
+}
+
 mod bpe;
 mod chat;
 mod config;

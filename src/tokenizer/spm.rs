@@ -29,24 +29,10 @@ struct Bigram {
     size: u32,
 }
 
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == std::cmp::Ordering::Equal
-    }
-}
-impl Eq for Bigram {}
-impl Ord for Bigram {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.score
-            .total_cmp(&other.score)
-            .then(other.left.cmp(&self.left))
-    }
-}
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
+heap_order!(Bigram, |a, b| a
+    .score
+    .total_cmp(&b.score)
+    .then(b.left.cmp(&a.left)));
 
 /// Reusable buffers for one `encode` call.
 #[derive(Default)]
@@ -84,7 +70,7 @@ pub(crate) fn encode(
     }
 
     for i in 1..s.symbols.len() {
-        try_add_bigram(vocab, text, &s.symbols, &mut s.heap, i as i32 - 1, i as i32);
+        try_add_bigram(vocab, text, s, i as i32 - 1, i as i32);
     }
 
     while let Some(bg) = s.heap.pop() {
@@ -101,8 +87,8 @@ pub(crate) fn encode(
             s.symbols[next as usize].prev = l as i32;
         }
         let prev = s.symbols[l].prev;
-        try_add_bigram(vocab, text, &s.symbols, &mut s.heap, prev, l as i32);
-        try_add_bigram(vocab, text, &s.symbols, &mut s.heap, l as i32, next);
+        try_add_bigram(vocab, text, s, prev, l as i32);
+        try_add_bigram(vocab, text, s, l as i32, next);
     }
 
     // Every merged symbol is a token by construction; single characters may not be, and are
@@ -120,22 +106,15 @@ pub(crate) fn encode(
 }
 
 #[inline]
-fn try_add_bigram(
-    vocab: &Vocab,
-    text: &str,
-    symbols: &[Symbol],
-    heap: &mut BinaryHeap<Bigram>,
-    left: i32,
-    right: i32,
-) {
+fn try_add_bigram(vocab: &Vocab, text: &str, s: &mut SpmScratch, left: i32, right: i32) {
     if left < 0 || right < 0 {
         return;
     }
-    let (l, r) = (symbols[left as usize], symbols[right as usize]);
+    let (l, r) = (s.symbols[left as usize], s.symbols[right as usize]);
     // Adjacent symbols are contiguous in the text.
     let merged = &text.as_bytes()[l.start as usize..(l.start + l.len + r.len) as usize];
     if let Some(id) = vocab.lookup_bytes(merged) {
-        heap.push(Bigram {
+        s.heap.push(Bigram {
             score: vocab.scores[id as usize],
             left: left as u32,
             right: right as u32,
