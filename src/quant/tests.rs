@@ -631,6 +631,54 @@ fn gemm_long_rows_and_many_rows() {
     }
 }
 
+/// The float formats' batched kernel (tiles of several weight and activation rows on the
+/// AVX-512 tiers) gives every dot exactly its `vec_dot`, over rows with a 16-element body only,
+/// an 8-element tail, a scalar tail, and tiles cut at both edges.
+#[test]
+fn float_gemm_tiles_match_vec_dot() {
+    let mut rng = Rng(0xf10a7);
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for (n, nw, nx) in [
+            (64, 9, 13),
+            (72, 4, 6),
+            (75, 5, 4),
+            (16 * 48 + 8 + 5, 7, 17),
+            (3, 3, 5),
+            (768, 10, 121),
+        ] {
+            for isa in Isa::available() {
+                let Ok(k) = kernels_for(ty, isa) else {
+                    continue;
+                };
+                let (rw, rx) = (ty.row_bytes(n).unwrap(), k.act.row_bytes(n).unwrap());
+                let w: Vec<u8> = (0..nw)
+                    .flat_map(|_| random_weight_row(ty, n, &mut rng, Scales::Normal))
+                    .collect();
+                let x: Vec<u8> = (0..nx)
+                    .flat_map(|_| random_act_row(&k, n, &mut rng))
+                    .collect();
+                let mut out = vec![f32::NAN; nw * nx];
+                (k.gemm)(GemmArgs::new(n, (&w, rw, nw), (&x, rx, nx), (&mut out, nw)));
+                for j in 0..nx {
+                    for i in 0..nw {
+                        let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * rx..(j + 1) * rx]);
+                        let single = (k.vec_dot)(n, wi, xj);
+                        let got = out[j * nw + i];
+                        assert_eq!(
+                            got.to_bits(),
+                            single.to_bits(),
+                            "{ty} {isa:?} n={n} {nw}x{nx} ({i},{j})"
+                        );
+                        if i == j {
+                            assert_close(got, &reference_dot(ty, n, wi, xj), &format!("{ty}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// ggml's x86 dot of one Q4_1 / Q8_0 row (the reference engine's order), written out: per
 /// block, 8 lanes of 4-element integer sums, each lane advanced by a fused multiply-add with the
 /// block's `dw·dx`; the offset `m·s` summed with fused multiply-adds; then the 8 lanes reduced

@@ -10,6 +10,9 @@ pub(in crate::quant::x86) trait FloatFmt {
     const BYTES: usize;
     /// 8 elements starting at element `i`.
     unsafe fn load8(p: *const u8, i: usize) -> __m256;
+    /// 16 elements starting at element `i`, as [`FloatFmt::load8`] of `i` and of `i + 8` side
+    /// by side (AVX-512 tiers only).
+    unsafe fn load16(p: *const u8, i: usize) -> __m512;
     unsafe fn one(p: *const u8, i: usize) -> f32;
 }
 
@@ -24,6 +27,10 @@ impl FloatFmt for F32 {
         _mm256_loadu_ps(p.add(4 * i).cast())
     }
     #[inline(always)]
+    unsafe fn load16(p: *const u8, i: usize) -> __m512 {
+        _mm512_loadu_ps(p.add(4 * i).cast())
+    }
+    #[inline(always)]
     unsafe fn one(p: *const u8, i: usize) -> f32 {
         f32_at(p.add(4 * i))
     }
@@ -34,6 +41,10 @@ impl FloatFmt for F16 {
     #[inline(always)]
     unsafe fn load8(p: *const u8, i: usize) -> __m256 {
         _mm256_cvtph_ps(loadu128(p.add(2 * i)))
+    }
+    #[inline(always)]
+    unsafe fn load16(p: *const u8, i: usize) -> __m512 {
+        _mm512_cvtph_ps(loadu(p.add(2 * i)))
     }
     #[inline(always)]
     unsafe fn one(p: *const u8, i: usize) -> f32 {
@@ -47,6 +58,11 @@ impl FloatFmt for BF16 {
     unsafe fn load8(p: *const u8, i: usize) -> __m256 {
         let h = _mm256_cvtepu16_epi32(loadu128(p.add(2 * i)));
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
+    }
+    #[inline(always)]
+    unsafe fn load16(p: *const u8, i: usize) -> __m512 {
+        let h = _mm512_cvtepu16_epi32(loadu(p.add(2 * i)));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h))
     }
     #[inline(always)]
     unsafe fn one(p: *const u8, i: usize) -> f32 {
@@ -96,6 +112,115 @@ impl<F: FloatFmt> Tile for TF<F> {
             }
         }
         out
+    }
+
+    #[inline(always)]
+    unsafe fn gemm<D: IDot>(g: Gemm) {
+        if D::AVX512 && g.nx >= 4 {
+            return gemm_blocked::<F>(g);
+        }
+        gemm_tiles::<Self, D>(g)
+    }
+}
+
+/// Weight rows and activation rows of a [`gemm_blocked`] tile.
+const TILE_W: usize = 4;
+const TILE_X: usize = 6;
+
+/// [`TF::tile`]'s dots for `WR` weight rows against `XR` activation rows at once, on 512-bit
+/// registers: each accumulator holds the two 8-lane accumulators of one (weight row,
+/// activation row) pair side by side (lanes 0-7 the elements at 16k, lanes 8-15 those at
+/// 16k + 8), so every pair sees exactly [`TF::tile`]'s operations in its order; each loaded
+/// (and converted) weight chunk serves `XR` rows and each activation chunk `WR` rows.
+#[inline(always)]
+unsafe fn tile_zmm<F: FloatFmt, const WR: usize, const XR: usize>(
+    n: usize,
+    w: [*const u8; WR],
+    x: [*const u8; XR],
+) -> [[f32; XR]; WR] {
+    let mut acc = [[_mm512_setzero_ps(); XR]; WR];
+    let mut i = 0;
+    while i + 16 <= n {
+        let wv = w.map(|p| F::load16(p, i));
+        for j in 0..XR {
+            let xv = F::load16(x[j], i);
+            for r in 0..WR {
+                acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
+            }
+        }
+        i += 16;
+    }
+    let mut out = [[0f32; XR]; WR];
+    for r in 0..WR {
+        for j in 0..XR {
+            let mut lo = _mm512_castps512_ps256(acc[r][j]);
+            let hi = _mm512_extractf32x8_ps::<1>(acc[r][j]);
+            if i + 8 <= n {
+                lo = _mm256_fmadd_ps(F::load8(w[r], i), F::load8(x[j], i), lo);
+            }
+            out[r][j] = hsum_ps(_mm256_add_ps(lo, hi));
+        }
+    }
+    if i + 8 <= n {
+        i += 8;
+    }
+    for k in i..n {
+        for r in 0..WR {
+            let wk = F::one(w[r], k);
+            for j in 0..XR {
+                out[r][j] += wk * F::one(x[j], k);
+            }
+        }
+    }
+    out
+}
+
+/// `nw x nx` dots in tiles of [`TILE_W`] weight rows by [`TILE_X`] activation rows
+/// ([`tile_zmm`]; smaller ones at the edges): every dot as [`TF::tile`] computes it, with far
+/// fewer loads and conversions per multiply-add than [`gemm_tiles`]' one weight row at a time
+/// (AVX-512 tiers, several activation rows: prompts and encoders).
+#[inline(always)]
+unsafe fn gemm_blocked<F: FloatFmt>(g: Gemm) {
+    let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
+    let mut i = 0;
+    while i < nw {
+        let wr = (nw - i).min(TILE_W);
+        let mut j = 0;
+        while j < nx {
+            let xr = (nx - j).min(TILE_X);
+            macro_rules! run {
+                ($wr:literal, $xr:literal) => {{
+                    let ws: [*const u8; $wr] = core::array::from_fn(|r| w.add((i + r) * w_stride));
+                    let xs: [*const u8; $xr] = core::array::from_fn(|c| x.add((j + c) * x_stride));
+                    let r = tile_zmm::<F, $wr, $xr>(n, ws, xs);
+                    for (a, row) in r.iter().enumerate() {
+                        for (b, v) in row.iter().enumerate() {
+                            *out.add((j + b) * out_stride + i + a) = *v;
+                        }
+                    }
+                }};
+            }
+            macro_rules! by_x {
+                ($wr:literal) => {
+                    match xr {
+                        6 => run!($wr, 6),
+                        5 => run!($wr, 5),
+                        4 => run!($wr, 4),
+                        3 => run!($wr, 3),
+                        2 => run!($wr, 2),
+                        _ => run!($wr, 1),
+                    }
+                };
+            }
+            match wr {
+                4 => by_x!(4),
+                3 => by_x!(3),
+                2 => by_x!(2),
+                _ => by_x!(1),
+            }
+            j += xr;
+        }
+        i += wr;
     }
 }
 
