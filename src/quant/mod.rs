@@ -349,6 +349,7 @@ fn repacking_in(
             GgmlType::Q5_0 => repack::repack_nib32_x16::<false, true, false>,
             GgmlType::Q5_1 => repack::repack_nib32_x16::<true, true, false>,
             GgmlType::Q8_0 => repack::repack_q8_0_x16,
+            GgmlType::IQ4XS => repack::repack_iq4xs_x16,
             _ => return None,
         };
         // The 32-element formats' kernels hold a group's row within a stack buffer.
@@ -373,6 +374,7 @@ fn repacking_in(
         };
         let gemm: GemmFn = match (k.isa, k.weight) {
             (Isa::Avx512Vnni | Isa::Amx, GgmlType::Q6K) => x86::gemm_q6k_x16,
+            (Isa::Avx512Vnni | Isa::Amx, GgmlType::IQ4XS) => x86::gemm_iq4xs_x16,
             (isa, ty) if sums_whole_blocks(isa, ty, whole) => blocks(ty)?,
             (_, ty) => group(ty)?,
         };

@@ -438,6 +438,49 @@ pub fn q8_0_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B8] {
     blk
 }
 
+/// Bytes of one super-block of an IQ4_XS group: 16 plain blocks' worth.
+pub const IQ4XS_X16_BYTES: usize = GROUP * BX;
+/// Bytes of one plain IQ4_XS block: `d` (f16), `scales_h` (u16), `scales_l` (u32), 128 bytes of
+/// indices.
+const BX: usize = 136;
+/// Where an IQ4_XS group's super-block keeps its 16 rows' `scales_l` (a u32 per row), after
+/// their 16 `d`s.
+pub const IQ4XS_X16_SL: usize = 32;
+/// ... their `scales_h` (a u16 per row).
+pub const IQ4XS_X16_SH: usize = 96;
+/// ... and their indices: the 4 bytes `16·ib + 4·k ..` of row `r` (sub-block `ib`, elements
+/// `4k .. 4k + 4` and `16 + 4k .. 16 + 4k + 4`) at `QS + 64·(4·ib + k) + 4·r`.
+pub const IQ4XS_X16_QS: usize = 128;
+
+/// Where byte `i` (0..136) of row `r`'s IQ4_XS block lands inside its group's super-block (every
+/// field moves as a whole: 2, 2, 4, then 4-byte pieces).
+#[inline]
+fn iq4xs_slot(r: usize, i: usize) -> usize {
+    match i {
+        0..2 => 2 * r + i,
+        2..4 => IQ4XS_X16_SH + 2 * r + (i - 2),
+        4..8 => IQ4XS_X16_SL + 4 * r + (i - 4),
+        _ => IQ4XS_X16_QS + 64 * ((i - 8) / 4) + 4 * r + (i - 8) % 4,
+    }
+}
+
+/// The IQ4_XS matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
+/// Panics if `src` is not exactly that matrix (the loader checked the shape).
+pub fn repack_iq4xs_x16(src: &[u8], rows: usize, n: usize, out: &mut [u8]) {
+    repack_groups(src, rows, n, out, QK_K, BX, |r, blk, sb| {
+        for (i, &v) in blk.iter().enumerate() {
+            sb[iq4xs_slot(r, i)] = v;
+        }
+    })
+}
+
+/// Block `b` of row `r` of the repacked IQ4_XS group starting at `group`, in the plain byte
+/// order.
+pub fn iq4xs_x16_block(group: &[u8], r: usize, b: usize) -> [u8; BX] {
+    let sb = &group[b * IQ4XS_X16_BYTES..(b + 1) * IQ4XS_X16_BYTES];
+    core::array::from_fn(|i| sb[iq4xs_slot(r, i)])
+}
+
 /// Row `r` of a repacked group (`group`: the group's bytes) dequantized into `out` (the row's
 /// `n` elements), for a matrix with kernels `k` (`k.group > 1`).
 pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32]) {
@@ -449,6 +492,7 @@ pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32
             (super::GgmlType::Q6K, _) => (k.dequantize)(&q6k_x16_block(group, r, b), o),
             (_, Some(f)) => (k.dequantize)(&nib32_x16_block(f, group, r, b)[..f.block_bytes()], o),
             (super::GgmlType::Q8_0, _) => (k.dequantize)(&q8_0_x16_block(group, r, b), o),
+            (super::GgmlType::IQ4XS, _) => (k.dequantize)(&iq4xs_x16_block(group, r, b), o),
             (ty, _) => panic!("{ty} is not repacked"),
         }
     }
@@ -457,6 +501,19 @@ pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iq4xs_slots_are_a_permutation_of_the_group() {
+        let mut seen = vec![false; IQ4XS_X16_BYTES];
+        for r in 0..GROUP {
+            for i in 0..BX {
+                let s = iq4xs_slot(r, i);
+                assert!(!seen[s], "slot {s} taken twice");
+                seen[s] = true;
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
 
     #[test]
     fn slots_are_a_permutation_of_the_group() {
@@ -510,6 +567,9 @@ mod tests {
         });
         round_trip(17, 32, B8, repack_q8_0_x16, |g, r, b| {
             q8_0_x16_block(g, r, b).to_vec()
+        });
+        round_trip(35, QK_K, BX, repack_iq4xs_x16, |g, r, b| {
+            iq4xs_x16_block(g, r, b).to_vec()
         });
         use super::super::GgmlType as T;
         let layouts: [(T, bool, RepackFn); 6] = [

@@ -755,9 +755,9 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
     }
 }
 
-/// Q4_K, Q6_K and the 32-element formats' matrices repacked into 16-row groups (where this CPU
-/// has kernels for that layout) give every row of every batch the reference engine's bits, group
-/// rows and tail rows alike, and their rows dequantize as before.
+/// Q4_K, Q6_K, IQ4_XS and the 32-element formats' matrices repacked into 16-row groups (where
+/// this CPU has kernels for that layout) give every row of every batch the reference engine's
+/// bits, group rows and tail rows alike, and their rows dequantize as before.
 #[test]
 fn repacked_kquants_match_reference_order() {
     let mut rng = Rng(0x005e_ed4b);
@@ -770,6 +770,7 @@ fn repacked_kquants_match_reference_order() {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::IQ4XS,
     ]
     .into_iter()
     .flat_map(|ty| Isa::available().into_iter().map(move |isa| (ty, isa)))
@@ -804,7 +805,7 @@ fn repacked_kquants_match_reference_order() {
     }
     // Every x86 tier from AVX2 up repacks Q4_K (3 shapes and 4 scale regimes) and the
     // 32-element formats (5 of them, 4 shapes and 4 scale regimes each), AVX-512 VNNI and AMX
-    // Q6_K too; elsewhere this test checks nothing.
+    // Q6_K and IQ4_XS too; elsewhere this test checks nothing.
     let avail = Isa::available();
     let x86_tiers = avail
         .iter()
@@ -815,7 +816,7 @@ fn repacked_kquants_match_reference_order() {
         .filter(|isa| matches!(isa, Isa::Avx512Vnni | Isa::Amx))
         .count();
     // Each twice: as a layer's matrix and as the output matrix.
-    let expect = 2 * (x86_tiers * (3 * 4 + 5 * 4 * 4) + q6k * 3 * 4);
+    let expect = 2 * (x86_tiers * (3 * 4 + 5 * 4 * 4) + 2 * q6k * 3 * 4);
     assert_eq!(tested, expect, "repacked kernels missing on this machine");
 }
 

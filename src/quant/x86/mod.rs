@@ -10,11 +10,12 @@
 //! Matrices repacked into 16-row groups (`quant::repack`) have kernels of their own: `t32_x16`
 //! (the 32-element formats on VNNI, the reference's 8 lanes), `t32_x16_ymm` (the same 8 rows at a
 //! time without VNNI), `t32_blocks` (whole-block sums: Q4_0 on VNNI, and the AMX tier's rows off
-//! the tiles), `amx` (the AMX tier's tile products), `q4k_x16`, `q4k_x16_ymm` and `q6k_x16`.
+//! the tiles), `amx` (the AMX tier's tile products), `q4k_x16`, `q4k_x16_ymm`, `q6k_x16` and `iq4xs_x16`.
 
 mod amx;
 mod avx2;
 mod avx512;
+mod iq4xs_x16;
 mod q4k_x16;
 mod q4k_x16_ymm;
 mod q6k_x16;
@@ -442,6 +443,17 @@ group_gemm!(
     has_avx512vnni,
     avx2::TK<avx2::Q6K>,
     q6k_x16::gemm_tf,
+    usize::MAX
+);
+group_gemm!(
+    /// [`gemm_groups`] for IQ4_XS (AVX-512 VNNI only: its grid values shifted to unsigned bytes
+    /// take `vpdpbusd` directly, 16 rows at a time).
+    gemm_iq4xs_x16,
+    GgmlType::IQ4XS,
+    tier_vnni,
+    has_avx512vnni,
+    avx2::TIq4Xs,
+    iq4xs_x16::gemm_tf,
     usize::MAX
 );
 group_gemms!(

@@ -102,9 +102,110 @@ impl<B: Iq2Block + RawBlock, const TILED: bool> Tile for TIq2Order<B, TILED> {
     #[inline(always)]
     unsafe fn gemm<D: IDot>(g: Gemm) {
         if !TILED && g.nx >= TILED_MIN_ROWS {
-            gemm_tiles::<TIq2Order<B, true>, D>(g)
+            gemm_decoded::<B, D>(g)
         } else {
             gemm_tiles::<Self, D>(g)
         }
     }
+}
+
+/// A sub-block decoded: magnitudes, `vpsignb` signs and each i32 lane's scale.
+#[derive(Clone, Copy)]
+struct Decoded {
+    q: __m256i,
+    s: __m256i,
+    sc: __m256i,
+}
+
+/// A weight row decoded: 8 sub-blocks per super-block, and each super-block's `d/8`.
+#[derive(Default)]
+struct Row {
+    sub: Vec<Decoded>,
+    wd: Vec<f32>,
+}
+
+std::thread_local! {
+    /// A thread's decoded weight row (the tiled order's batches), kept between calls.
+    static ROW: core::cell::Cell<Row> = const {
+        core::cell::Cell::new(Row {
+            sub: Vec::new(),
+            wd: Vec::new(),
+        })
+    };
+}
+
+/// The tiled order over a batch: each weight row decoded once into [`Decoded`] sub-blocks
+/// (the grid lookups and sign masks are most of a tile's work), then multiplied with the
+/// activation rows four at a time, as [`TIq2Order`]'s tiled tile does (the same integers, the
+/// same float steps: the same bits).
+#[inline(always)]
+unsafe fn gemm_decoded<B: Iq2Block + RawBlock, D: IDot>(g: Gemm) {
+    let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
+    let nb = n / 256;
+    let size = core::mem::size_of::<B>();
+    let mut row = ROW.with(|r| r.take());
+    let xr = |j: usize| x.add(j * x_stride);
+    for i in 0..nw {
+        let wr = w.add(i * w_stride);
+        row.sub.clear();
+        row.wd.clear();
+        for b in 0..nb {
+            // SAFETY: the row holds `nb` whole blocks; `B` is a `RawBlock` (alignment 1, any
+            // bits).
+            let blk = &*wr.add(b * size).cast::<B>();
+            row.wd.push(blk.d() * 0.125);
+            for ib in 0..8 {
+                let s = blk.sub(ib);
+                let (s0, s1) = (s.scale(0), s.scale(1));
+                row.sub.push(Decoded {
+                    q: magnitudes(&s),
+                    s: signs(&s),
+                    sc: _mm256_set_epi32(s1, s1, s1, s1, s0, s0, s0, s0),
+                });
+            }
+        }
+        let mut j = 0;
+        while j + 4 <= nx {
+            let r = decoded_tile::<D, 4>(&row, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)]);
+            for (t, v) in r.into_iter().enumerate() {
+                *out.add((j + t) * out_stride + i) = v;
+            }
+            j += 4;
+        }
+        macro_rules! rest {
+            ($nx:literal, [$($t:literal),*]) => {{
+                let r = decoded_tile::<D, $nx>(&row, [$(xr(j + $t)),*]);
+                for (t, v) in r.into_iter().enumerate() {
+                    *out.add((j + t) * out_stride + i) = v;
+                }
+            }};
+        }
+        match nx - j {
+            3 => rest!(3, [0, 1, 2]),
+            2 => rest!(2, [0, 1]),
+            1 => rest!(1, [0]),
+            _ => {}
+        }
+    }
+    ROW.with(|r| r.set(row));
+}
+
+/// A decoded weight row against `NX` activation rows in the tiled order.
+#[inline(always)]
+unsafe fn decoded_tile<D: IDot, const NX: usize>(row: &Row, x: [*const u8; NX]) -> [f32; NX] {
+    let mut acc = LaneAcc::<NX, true>::new();
+    for (b, (sub, &d)) in row.sub.chunks_exact(8).zip(&row.wd).enumerate() {
+        let mut lanes = [_mm256_setzero_si256(); NX];
+        for (ib, c) in sub.iter().enumerate() {
+            for j in 0..NX {
+                let y = loadu(x[j].add(b * 292 + 4 + 32 * ib));
+                let p = D::dpbusd(_mm256_setzero_si256(), c.q, _mm256_sign_epi8(y, c.s));
+                lanes[j] = _mm256_add_epi32(lanes[j], _mm256_mullo_epi32(p, c.sc));
+            }
+        }
+        for j in 0..NX {
+            acc.add(j, lanes[j], d, f32_at(x[j].add(b * 292)));
+        }
+    }
+    acc.finish()
 }
