@@ -120,7 +120,7 @@ LOGPROB_TOP = 5
 # The random models with a perplexity golden (n_ctx 512: prompt batches of 512 take the
 # reference's tiled attention, which the short golden prompts never reach).
 PERPLEXITY_MODELS = ["random-gemma2-f32", "random-mistral3-f32", "random-olmo2-f32",
-                     "random-olmo3-f32"]
+                     "random-olmo3-f32", "random-gpt-oss-mxfp4", "random-olmoe-q4_k_m"]
 
 # Embedding goldens: these models, the golden prompts, llama.cpp's pooling types by value.
 EMBED_MODELS = ["random-llama-f32", "random-qwen2-f32", "random-qwen3-f32", "random-gpt2-f32",

@@ -302,6 +302,7 @@ fn batched_steps_allocate_nothing() {
         "random-llama-q4_k",
         "random-qwen3-f32",
         "random-olmoe-q4_k_m",
+        "random-gpt-oss-mxfp4",
     ] {
         let m = Arc::new(Model::load(common::random_model(stem)).unwrap());
         for threads in [1, 2] {

@@ -254,3 +254,81 @@ fn truncated_expert_tensor_is_named() {
     let err = GgufFile::from_bytes(bytes).expect_err("must fail");
     assert!(err.to_string().contains(&last), "{err}");
 }
+
+/// A step of several sequences' prompts and decode rows together (continuous batching) groups
+/// all of their rows by expert in one pass, yet gives every sequence the logits it gets alone,
+/// bit for bit: an expert's rows of each sequence run as a batch of their own (Q4_K's and
+/// Q6_K's arithmetic depends on the batch), for the K-quant experts, MXFP4 and Q8_0.
+#[test]
+fn batched_prompts_and_decodes_get_each_sequences_own_bits() {
+    use kiln::engine::batch::{BatchOptions, BatchRunner};
+    use kiln::engine::{Session, SessionOptions};
+    for stem in [
+        "random-olmoe-q4_k_m",
+        "random-gpt-oss-mxfp4",
+        "random-qwen3moe-q8_0",
+    ] {
+        let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+        let prompt = |i: u32, len: u32| -> Vec<u32> {
+            (0..len).map(|j| 1 + (i * 31 + j * 17) % 250).collect()
+        };
+        let session = |p: &[u32]| {
+            let mut s = Session::new(Arc::clone(&m), SessionOptions::new(256, 2)).unwrap();
+            s.prefill(p, &mut |_, _| {}).unwrap();
+            s
+        };
+        let opts = BatchOptions {
+            n_slots: 6,
+            n_ctx: 256,
+            n_threads: 2,
+            prefill_chunk: 512,
+            kv_type: kiln::cache::KvType::F16,
+            device: Default::default(),
+            draft_max: 0,
+        };
+        let mut runner = BatchRunner::new(Arc::clone(&m), opts).unwrap();
+        // Slots 0 and 3 decode; slots 1, 2 and 5 bring whole prompts of 9, 23 and 4 tokens in
+        // the same step.
+        let mut decoding = Vec::new();
+        for (i, slot) in [0usize, 3].into_iter().enumerate() {
+            let p = prompt(i as u32, 5 + 3 * i as u32);
+            runner.prefill_chunk(slot, &p, true).unwrap();
+            decoding.push((slot, session(&p)));
+        }
+        let prompts = [
+            (1usize, prompt(7, 9)),
+            (2, prompt(8, 23)),
+            (5, prompt(9, 4)),
+        ];
+        for step in 0..3 {
+            runner.begin_step();
+            // Parts by increasing slot: 0 decodes, 1 and 2 bring prompts, 3 decodes, 5 a prompt.
+            for slot in 0..6 {
+                if let Some((_, s)) = decoding.iter_mut().find(|(d, _)| *d == slot) {
+                    let t = kiln::sampler::argmax(runner.logits(slot));
+                    runner.push_part(slot, &[t], true);
+                    s.decode(t).unwrap();
+                } else if let Some((_, p)) = prompts.iter().find(|(d, _)| *d == slot) {
+                    if step == 1 {
+                        runner.push_part(slot, p, true);
+                    }
+                }
+            }
+            runner.run_step().unwrap();
+            for (slot, s) in &decoding {
+                assert_eq!(
+                    runner.logits(*slot),
+                    s.logits(),
+                    "{stem}: slot {slot} step {step}"
+                );
+            }
+        }
+        for (slot, p) in &prompts {
+            assert_eq!(
+                runner.logits(*slot),
+                session(p).logits(),
+                "{stem}: slot {slot}"
+            );
+        }
+    }
+}

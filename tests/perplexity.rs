@@ -1,5 +1,6 @@
 //! Perplexity of corpus_pydoc.txt (n_ctx 512, 12 chunks) against the reference engine's values:
-//! the real models, and a random Gemma-2, Mistral-3, OLMo-2 and OLMo 3.
+//! the real models, and a random Gemma-2, Mistral-3, OLMo-2, OLMo 3 and mixtures of experts
+//! (gpt-oss in MXFP4, OLMoE in Q4_K_M).
 
 mod common;
 
@@ -80,6 +81,16 @@ fn random_mistral3_and_olmo_perplexity_match_reference() {
         "random-olmo2-f32",
         "random-olmo3-f32",
     ] {
+        check_file(&common::random_model(stem), stem, stem);
+    }
+}
+
+/// The mixtures of experts: chunks of 512 as prompt batches, so every expert's rows are
+/// grouped and multiplied at once (gpt-oss: MXFP4 experts, sinks, its window of 16 over chunks
+/// of 512; OLMoE: Q4_K_M experts, Q6_K down projections on some layers).
+#[test]
+fn random_moe_perplexity_matches_reference() {
+    for stem in ["random-gpt-oss-mxfp4", "random-olmoe-q4_k_m"] {
         check_file(&common::random_model(stem), stem, stem);
     }
 }

@@ -14,6 +14,9 @@ use crate::gguf::TensorBytes;
 use crate::quant::{self, repack, GemmArgs, GgmlType, Kernels};
 use std::ops::Range;
 
+mod experts;
+pub use experts::{experts_product, ExpertRows, GatedAct};
+
 /// Rows computed per call of the gemm micro-kernel.
 const TILE_ROWS: usize = 16;
 /// Work items per thread in a matrix product over a batch: enough that a descheduled or
@@ -169,6 +172,11 @@ impl MatmulScratch {
         if self.segments.len() < 2 {
             self.segments.clear();
         }
+    }
+
+    /// The declared sequences' token counts (empty: one sequence).
+    pub fn segments(&self) -> &[usize] {
+        &self.segments
     }
 
     /// The tiles, and the segment lists (declared, and the ones).
@@ -570,7 +578,12 @@ mod tests {
     use crate::quant::tests::{random_weight_row, Rng, Scales};
 
     /// A `rows × n` matrix of random `ty` blocks in the layout the loader would give it.
-    fn random_linear(ty: GgmlType, n: usize, rows: usize, rng: &mut Rng) -> (Linear, Vec<u8>) {
+    pub(super) fn random_linear(
+        ty: GgmlType,
+        n: usize,
+        rows: usize,
+        rng: &mut Rng,
+    ) -> (Linear, Vec<u8>) {
         let plain: Vec<u8> = (0..rows)
             .flat_map(|_| random_weight_row(ty, n, rng, Scales::Normal))
             .collect();

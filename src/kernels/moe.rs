@@ -127,6 +127,13 @@ pub struct MoeScratch {
     pub row_of: Vec<u32>,
     /// `[T · n_used]` the grouped position of token `j`'s slot `s` (at `j · n_used + s`).
     pub pos_of: Vec<u32>,
+    /// `[n_expert]` the experts with rows, in order (the first `n_active`).
+    pub active: Vec<u32>,
+    pub n_active: usize,
+    /// `[n_expert + 1]` and `[T · n_used]`: expert `e`'s rows split by sequence, as the token
+    /// counts `segs[seg_start[e]..seg_start[e + 1]]` (none: one sequence).
+    pub seg_start: Vec<usize>,
+    pub segs: Vec<usize>,
     /// `[T · n_used, dim]` the gathered inputs, then the experts' outputs.
     pub xg: Vec<f32>,
     /// `[T · n_used, ffn]` gate (then activated) and up products.
@@ -155,8 +162,8 @@ impl MoeShape {
         let (t, e) = (self.rows(), self.n_expert);
         let p = t * self.n_used;
         let f32s = t * e + p + p * self.dim + 2 * p * self.ffn + t;
-        let u32s = p + 2 * p;
-        let usizes = 2 * e + 1;
+        let u32s = p + 2 * p + e;
+        let usizes = 2 * e + 1 + (e + 1) + p;
         (f32s, u32s, usizes, p * self.act_row_bytes)
     }
 
@@ -200,6 +207,10 @@ impl MoeScratch {
             fill: vec![0; s.n_expert],
             row_of: vec![0; p],
             pos_of: vec![0; p],
+            active: vec![0; s.n_expert],
+            n_active: 0,
+            seg_start: vec![0; s.n_expert + 1],
+            segs: vec![0; p],
             xg: vec![0.0; p * s.dim],
             gate: vec![0.0; p * s.ffn],
             up: vec![0.0; p * s.ffn],
@@ -216,8 +227,9 @@ impl MoeScratch {
             + self.up.len()
             + self.shared_gate.len())
             * 4
-            + (self.experts.len() + self.row_of.len() + self.pos_of.len()) * 4
-            + (self.start.len() + self.fill.len()) * size_of::<usize>()
+            + (self.experts.len() + self.row_of.len() + self.pos_of.len() + self.active.len()) * 4
+            + (self.start.len() + self.fill.len() + self.seg_start.len() + self.segs.len())
+                * size_of::<usize>()
             + self.xq.len()
     }
 
@@ -240,6 +252,44 @@ impl MoeScratch {
             fill[e as usize] += 1;
             self.row_of[at] = (i / n_used) as u32;
             self.pos_of[i] = at as u32;
+        }
+        self.n_active = 0;
+        for e in 0..n_expert {
+            if start[e + 1] > start[e] {
+                self.active[self.n_active] = e as u32;
+                self.n_active += 1;
+            }
+        }
+    }
+
+    /// After [`MoeScratch::group`]: split each expert's rows by the sequence they belong to,
+    /// the batch being the sequences of `seqs` tokens in order (fewer than two: one sequence,
+    /// and no split). Rows that are each alone are sequences of one.
+    pub fn split_by_sequence(&mut self, n_expert: usize, seqs: &[usize]) {
+        let seg_start = &mut self.seg_start[..n_expert + 1];
+        seg_start.fill(0);
+        if seqs.len() < 2 {
+            return;
+        }
+        let mut k = 0;
+        for e in 0..n_expert {
+            let rows = &self.row_of[self.start[e]..self.start[e + 1]];
+            // Rows are in batch order: walk the sequences along them.
+            let (mut seq, mut end) = (0, seqs[0]);
+            let mut i = 0;
+            while i < rows.len() {
+                while rows[i] as usize >= end {
+                    seq += 1;
+                    end += seqs[seq];
+                }
+                let from = i;
+                while i < rows.len() && (rows[i] as usize) < end {
+                    i += 1;
+                }
+                self.segs[k] = i - from;
+                k += 1;
+            }
+            seg_start[e + 1] = k;
         }
     }
 }
@@ -381,6 +431,19 @@ mod tests {
         }
         let e0: Vec<u32> = s.row_of[0..4].to_vec();
         assert_eq!(e0, [0, 2, 3, 5]);
+        assert_eq!(&s.active[..s.n_active], &[0, 1, 3, 4]);
+        // Sequences of 2, 1 and 3 tokens: expert 0's rows 0, 2, 3, 5 are 1 + 1 + 2.
+        s.split_by_sequence(n_expert, &[2, 1, 3]);
+        let segs = |s: &MoeScratch, e: usize| s.segs[s.seg_start[e]..s.seg_start[e + 1]].to_vec();
+        assert_eq!(segs(&s, 0), [1, 1, 2]);
+        // Expert 1: rows 1, 3, 5; expert 2 none; expert 3: rows 0, 1, 4; expert 4: 2, 4.
+        assert_eq!(segs(&s, 1), [1, 2]);
+        assert_eq!(segs(&s, 2), [0usize; 0]);
+        assert_eq!(segs(&s, 3), [2, 1]);
+        assert_eq!(segs(&s, 4), [1, 1]);
+        // One sequence: no split.
+        s.split_by_sequence(n_expert, &[6]);
+        assert!((0..n_expert).all(|e| segs(&s, e).is_empty()));
         assert!(s.bytes() > 0 && MoeScratch::none().bytes() <= 8 * 2);
     }
 }

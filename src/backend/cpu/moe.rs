@@ -4,9 +4,7 @@
 //! chosen experts). Every buffer is the scratch's ([`crate::kernels::moe::MoeScratch`]).
 
 use super::{gated_act_rows, project, Cpu};
-use crate::kernels::matmul::{
-    matmul, matmul_gated, matmul_many, quantize_input, Linear, GATED_MIN_ROWS,
-};
+use crate::kernels::matmul::{experts_product, matmul, quantize_input, ExpertRows, GatedAct};
 use crate::kernels::moe::{route, GateFn, Routing};
 use crate::kernels::ops::Activation;
 use crate::kernels::par_rows;
@@ -47,71 +45,76 @@ impl Cpu<'_> {
             );
         }
         ms.group(ne, k, rows);
+        // Each expert's rows by sequence: a batch of several sequences gives each the bits of
+        // its own step (formats whose arithmetic depends on the batch run a sequence's rows of
+        // an expert as a batch of their own).
+        let seqs = s.matmul.segments();
+        if seqs.iter().sum::<usize>() == rows {
+            ms.split_by_sequence(ne, seqs);
+        } else {
+            ms.split_by_sequence(ne, &[]);
+        }
         let p = rows * k;
         for (i, &j) in ms.row_of[..p].iter().enumerate() {
             let j = j as usize;
             ms.xg[i * dim..(i + 1) * dim].copy_from_slice(&xb[j * dim..(j + 1) * dim]);
         }
-        let start = &ms.start[..ne + 1];
-        let experts = |e: usize| (start[e], start[e + 1]);
+        let xg = &ms.xg[..p * dim];
+        let rows_of = ExpertRows {
+            active: &ms.active[..ms.n_active],
+            start: &ms.start[..ne + 1],
+            seg_start: &ms.seg_start[..ne + 1],
+            segs: &ms.segs,
+        };
 
-        // Each active expert's gate and up products over its rows, then the activation.
+        // Every active expert's gate and up products over its rows, and the activation, in
+        // one dispatch.
         let act_fn = match act {
             Activation::Silu => f16.swiglu,
             Activation::GeluTanh => f16.geglu,
         };
         let (g0, u0) = (&moe.gate[0], &moe.up[0]);
-        let xg = &ms.xg[..p * dim];
-        if let Some(cs) = mc.clamped_swiglu {
-            // gpt-oss: each product with its bias, then the clamped SwiGLU element by element.
-            for (mats, out) in [(&moe.gate, &mut ms.gate), (&moe.up, &mut ms.up)] {
-                let rb = quantize_input(pool, &mats[0], xg, p, &mut ms.xq);
-                each_expert(pool, mats, &experts, &ms.xq, rb, f, out, &mut s.matmul);
-            }
-            let up = &ms.up[..p * f];
-            par_rows(pool, &mut ms.gate[..p * f], f, &|rs, g| {
-                let u = &up[rs.start * f..rs.end * f];
-                for (g, &u) in g.iter_mut().zip(u) {
-                    *g = cs.apply(*g, u);
-                }
-            });
-        } else if g0.kernels.act == u0.kernels.act {
+        let clamped = mc.clamped_swiglu;
+        // gpt-oss: each product with its bias, then the clamped SwiGLU element by element.
+        let gated: GatedAct<'_> = &|g: &mut [f32], u: &[f32]| match clamped {
+            Some(cs) => g.iter_mut().zip(u).for_each(|(g, &u)| *g = cs.apply(*g, u)),
+            None => act_fn(g, u),
+        };
+        if g0.kernels.act == u0.kernels.act {
             let rb = quantize_input(pool, g0, xg, p, &mut ms.xq);
-            for e in 0..ne {
-                let (a, b) = experts(e);
-                if a == b {
-                    continue;
-                }
-                let (gate, up, n) = (&moe.gate[e], &moe.up[e], b - a);
-                let xq = &ms.xq[a * rb..b * rb];
-                let go = &mut ms.gate[a * f..b * f];
-                if n >= GATED_MIN_ROWS {
-                    matmul_gated(pool, gate, up, xq, rb, n, go, act_fn, &mut s.matmul);
-                } else {
-                    let uo = &mut ms.up[a * f..b * f];
-                    matmul_many(pool, &[gate, up], xq, rb, n, &mut [go, uo], &mut s.matmul);
-                    gated_act_rows(pool, f16, go, &ms.up[a * f..b * f], act);
-                }
-            }
+            experts_product(
+                pool,
+                &moe.gate,
+                Some((&moe.up, gated)),
+                &rows_of,
+                &ms.xq,
+                rb,
+                &mut ms.gate[..p * f],
+                &mut s.matmul,
+            );
         } else {
             // Gate and up in different activation formats: each product from its own.
             for (mats, out) in [(&moe.gate, &mut ms.gate), (&moe.up, &mut ms.up)] {
                 let rb = quantize_input(pool, &mats[0], xg, p, &mut ms.xq);
-                each_expert(pool, mats, &experts, &ms.xq, rb, f, out, &mut s.matmul);
+                let out = &mut out[..p * f];
+                experts_product(pool, mats, None, &rows_of, &ms.xq, rb, out, &mut s.matmul);
             }
-            gated_act_rows(pool, f16, &mut ms.gate[..p * f], &ms.up[..p * f], act);
+            match clamped {
+                Some(_) => gated(&mut ms.gate[..p * f], &ms.up[..p * f]),
+                None => gated_act_rows(pool, f16, &mut ms.gate[..p * f], &ms.up[..p * f], act),
+            }
         }
 
         // The down products, each expert's rows into its gathered rows.
         let rb = quantize_input(pool, &moe.down[0], &ms.gate[..p * f], p, &mut ms.xq);
-        each_expert(
+        experts_product(
             pool,
             &moe.down,
-            &experts,
+            None,
+            &rows_of,
             &ms.xq,
             rb,
-            dim,
-            &mut ms.xg,
+            &mut ms.xg[..p * dim],
             &mut s.matmul,
         );
 
@@ -168,28 +171,5 @@ impl Cpu<'_> {
                 }
             }
         });
-    }
-}
-
-/// `out[a..b] = mats[e] · xq[a..b]` for every active expert `e` (its grouped rows `a..b`), each
-/// output `width` wide.
-#[allow(clippy::too_many_arguments)]
-fn each_expert(
-    pool: &crate::kernels::ThreadPool,
-    mats: &[Linear],
-    experts: &dyn Fn(usize) -> (usize, usize),
-    xq: &[u8],
-    rb: usize,
-    width: usize,
-    out: &mut [f32],
-    mm: &mut crate::kernels::matmul::MatmulScratch,
-) {
-    for (e, mat) in mats.iter().enumerate() {
-        let (a, b) = experts(e);
-        if a == b {
-            continue;
-        }
-        let o = &mut out[a * width..b * width];
-        matmul_many(pool, &[mat], &xq[a * rb..b * rb], rb, b - a, &mut [o], mm);
     }
 }
