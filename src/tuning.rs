@@ -35,6 +35,9 @@ pub struct Tuning {
     /// `KILN_CUDA_EMULATOR`: without a CUDA driver, the software GPU's library to run
     /// `--device cuda` on.
     pub cuda_emulator: Option<PathBuf>,
+    /// `KILN_VULKAN_DEVICE`: the Vulkan device to use, by its index in the driver's list (by
+    /// default the first discrete GPU, else the first device).
+    pub vulkan_device: Option<usize>,
 
     // ---- CPU kernels
     /// `KILN_ISA`: caps the CPU kernel tier at this one (a tier's name: `scalar`, `avx2`,
@@ -125,6 +128,7 @@ impl Tuning {
             load_gate: path("KILN_LOAD_GATE"),
             nvrtc: path("KILN_NVRTC"),
             cuda_emulator: path("KILN_CUDA_EMULATOR"),
+            vulkan_device: number("KILN_VULKAN_DEVICE"),
             isa: text("KILN_ISA"),
             prefetch: match text("KILN_PREFETCH").as_deref() {
                 Some("0") => Some(false),

@@ -22,6 +22,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod exec;
 pub mod open;
+pub mod vulkan;
 
 use std::ops::Range;
 
@@ -99,6 +100,7 @@ impl std::str::FromStr for Device {
         match s.trim().to_ascii_lowercase().as_str() {
             "cpu" | "none" => Ok(Device::Cpu),
             "cuda" | "gpu" | "cuda0" => Ok(Device::Cuda),
+            "vulkan" => Err(vulkan::NOT_YET.into()),
             other => Err(format!("unknown device {other:?} (cpu or cuda)")),
         }
     }

@@ -1,0 +1,356 @@
+//! The kernels' sources (WGSL, in `shaders/`) and their translation by `naga`: to SPIR-V for
+//! Vulkan at first use, and to MSL (the route to Metal).
+//!
+//! A kernel is its file after the pieces it builds on: `common.wgsl` (every kernel), and for the
+//! products `weights.wgsl` (byte readers of a weight matrix) with the format's `fmt_*.wgsl`
+//! (`deq32`: 32 values of a row as f32) or `dot_*.wgsl` (`block_dot`: a block's integer
+//! product with 8-bit activations).
+
+use naga::back::spv;
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+use super::VulkanError;
+use crate::quant::GgmlType;
+
+const COMMON: &str = include_str!("shaders/common.wgsl");
+const WEIGHTS: &str = include_str!("shaders/weights.wgsl");
+
+/// The kernels, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelId {
+    /// The decode product of a weight format over f32 inputs (weights dequantized).
+    Matvec(WeightFormat),
+    /// The prompt product, tiled.
+    Mm(WeightFormat),
+    /// The integer decode product of a format of 32-value blocks with 8-bit activations.
+    MatvecInt(WeightFormat),
+    QuantizeQ8_0,
+    RmsNorm,
+    Rope,
+    StoreKv,
+    AttnDecode,
+    Glu,
+    Add,
+    Scale,
+    Argmax,
+}
+
+/// The weight formats the products read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    F32,
+    F16,
+    Q8_0,
+    Q4_0,
+    Q4K,
+    Q6K,
+}
+
+impl WeightFormat {
+    /// The format of a file's tensor type, where the kernels read it.
+    pub fn of(ty: GgmlType) -> Option<WeightFormat> {
+        Some(match ty {
+            GgmlType::F32 => WeightFormat::F32,
+            GgmlType::F16 => WeightFormat::F16,
+            GgmlType::Q8_0 => WeightFormat::Q8_0,
+            GgmlType::Q4_0 => WeightFormat::Q4_0,
+            GgmlType::Q4K => WeightFormat::Q4K,
+            GgmlType::Q6K => WeightFormat::Q6K,
+            _ => return None,
+        })
+    }
+
+    pub const ALL: [WeightFormat; 6] = [
+        WeightFormat::F32,
+        WeightFormat::F16,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4K,
+        WeightFormat::Q6K,
+    ];
+
+    fn deq(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => include_str!("shaders/fmt_f32.wgsl"),
+            WeightFormat::F16 => include_str!("shaders/fmt_f16.wgsl"),
+            WeightFormat::Q8_0 => include_str!("shaders/fmt_q8_0.wgsl"),
+            WeightFormat::Q4_0 => include_str!("shaders/fmt_q4_0.wgsl"),
+            WeightFormat::Q4K => include_str!("shaders/fmt_q4_k.wgsl"),
+            WeightFormat::Q6K => include_str!("shaders/fmt_q6_k.wgsl"),
+        }
+    }
+
+    /// The integer product's block dot, for the formats that have one.
+    fn block_dot(self) -> Option<&'static str> {
+        match self {
+            WeightFormat::Q8_0 => Some(include_str!("shaders/dot_q8_0.wgsl")),
+            WeightFormat::Q4_0 => Some(include_str!("shaders/dot_q4_0.wgsl")),
+            _ => None,
+        }
+    }
+
+    /// Whether the format has an integer product ([`KernelId::MatvecInt`]).
+    pub fn has_int(self) -> bool {
+        self.block_dot().is_some()
+    }
+}
+
+/// A kernel's source: its interface (storage bindings, push-constant bytes) and WGSL text.
+pub struct Source {
+    pub name: String,
+    pub bindings: u32,
+    pub push_bytes: u32,
+    pub wgsl: String,
+}
+
+impl KernelId {
+    pub fn source(self) -> Result<Source, VulkanError> {
+        let (name, bindings, push_words, parts): (String, u32, u32, Vec<&str>) = match self {
+            KernelId::Matvec(f) => (
+                format!("matvec_{f:?}"),
+                3,
+                5,
+                vec![WEIGHTS, f.deq(), include_str!("shaders/matvec.wgsl")],
+            ),
+            KernelId::Mm(f) => (
+                format!("mm_{f:?}"),
+                3,
+                5,
+                vec![WEIGHTS, f.deq(), include_str!("shaders/mm.wgsl")],
+            ),
+            KernelId::MatvecInt(f) => {
+                let dot = f.block_dot().ok_or_else(|| {
+                    VulkanError::Unsupported(format!("an integer product of {f:?}"))
+                })?;
+                (
+                    format!("matvec_int_{f:?}"),
+                    3,
+                    5,
+                    vec![WEIGHTS, dot, include_str!("shaders/matvec_int.wgsl")],
+                )
+            }
+            KernelId::QuantizeQ8_0 => (
+                "quantize_q8_0".into(),
+                2,
+                1,
+                vec![include_str!("shaders/quantize_q8_0.wgsl")],
+            ),
+            KernelId::RmsNorm => (
+                "rms_norm".into(),
+                3,
+                3,
+                vec![include_str!("shaders/rms_norm.wgsl")],
+            ),
+            KernelId::Rope => ("rope".into(), 2, 9, vec![include_str!("shaders/rope.wgsl")]),
+            KernelId::StoreKv => (
+                "store_kv".into(),
+                3,
+                2,
+                vec![include_str!("shaders/store_kv.wgsl")],
+            ),
+            KernelId::AttnDecode => (
+                "attn_decode".into(),
+                5,
+                5,
+                vec![include_str!("shaders/attn_decode.wgsl")],
+            ),
+            KernelId::Glu => ("glu".into(), 2, 2, vec![include_str!("shaders/glu.wgsl")]),
+            KernelId::Add => ("add".into(), 2, 1, vec![include_str!("shaders/add.wgsl")]),
+            KernelId::Scale => (
+                "scale".into(),
+                1,
+                2,
+                vec![include_str!("shaders/scale.wgsl")],
+            ),
+            KernelId::Argmax => (
+                "argmax".into(),
+                2,
+                2,
+                vec![include_str!("shaders/argmax.wgsl")],
+            ),
+        };
+        let mut wgsl = String::from(COMMON);
+        for p in parts {
+            wgsl.push('\n');
+            wgsl.push_str(p);
+        }
+        Ok(Source {
+            name,
+            bindings,
+            push_bytes: push_words * 4,
+            wgsl,
+        })
+    }
+
+    /// Every kernel.
+    pub fn all() -> Vec<KernelId> {
+        let mut v = Vec::new();
+        for f in WeightFormat::ALL {
+            v.push(KernelId::Matvec(f));
+            v.push(KernelId::Mm(f));
+            if f.has_int() {
+                v.push(KernelId::MatvecInt(f));
+            }
+        }
+        v.extend([
+            KernelId::QuantizeQ8_0,
+            KernelId::RmsNorm,
+            KernelId::Rope,
+            KernelId::StoreKv,
+            KernelId::AttnDecode,
+            KernelId::Glu,
+            KernelId::Add,
+            KernelId::Scale,
+            KernelId::Argmax,
+        ]);
+        v
+    }
+}
+
+fn module(
+    src: &Source,
+    target: &'static str,
+) -> Result<(naga::Module, naga::valid::ModuleInfo), VulkanError> {
+    let err = |reason: String| VulkanError::Shader {
+        name: src.name.clone(),
+        target,
+        reason,
+    };
+    let mut module =
+        naga::front::wgsl::parse_str(&src.wgsl).map_err(|e| err(e.emit_to_string(&src.wgsl)))?;
+    // The shared pieces' functions a kernel does not call are dropped.
+    naga::compact::compact(&mut module, naga::compact::KeepUnused::No);
+    let info = Validator::new(
+        ValidationFlags::all(),
+        Capabilities::PUSH_CONSTANT | Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+    )
+    .validate(&module)
+    .map_err(|e| err(format!("{:?}", e.into_inner())))?;
+    Ok((module, info))
+}
+
+/// The kernel's SPIR-V; with `int_dot`, the packed 8-bit dot products are the device's
+/// instructions (`SPV_KHR_integer_dot_product`), else plain integer arithmetic (same results).
+pub fn spirv(src: &Source, int_dot: bool) -> Result<Vec<u32>, VulkanError> {
+    let (module, info) = module(src, "SPIR-V")?;
+    let mut caps = naga::FastHashSet::default();
+    caps.insert(spv::Capability::Shader);
+    if int_dot {
+        caps.insert(spv::Capability::DotProduct);
+        caps.insert(spv::Capability::DotProductInput4x8BitPacked);
+    }
+    let options = spv::Options {
+        lang_version: (1, 3),
+        flags: spv::WriterFlags::empty(),
+        capabilities: Some(caps),
+        // The kernels bound every loop themselves.
+        force_loop_bounding: false,
+        ..Default::default()
+    };
+    let pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| VulkanError::Shader {
+        name: src.name.clone(),
+        target: "SPIR-V",
+        reason: e.to_string(),
+    })
+}
+
+/// The kernel in Metal Shading Language (2.4), as a Metal backend would compile it.
+pub fn msl(src: &Source) -> Result<String, VulkanError> {
+    use naga::back::msl;
+    let (module, info) = module(src, "MSL")?;
+    let options = msl::Options {
+        lang_version: (2, 4),
+        fake_missing_bindings: true,
+        force_loop_bounding: false,
+        ..Default::default()
+    };
+    let pipeline = msl::PipelineOptions {
+        entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+        ..Default::default()
+    };
+    msl::write_string(&module, &info, &options, &pipeline)
+        .map(|(s, _)| s)
+        .map_err(|e| VulkanError::Shader {
+            name: src.name.clone(),
+            target: "MSL",
+            reason: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel translates to SPIR-V, with and without the integer-dot instructions, and to
+    /// MSL (no device needed).
+    #[test]
+    fn every_kernel_translates() {
+        for k in KernelId::all() {
+            let src = k.source().unwrap();
+            for int_dot in [false, true] {
+                let words = spirv(&src, int_dot).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(words[0], 0x0723_0203, "{}: SPIR-V magic", src.name);
+            }
+            let m = msl(&src).unwrap_or_else(|e| panic!("{e}"));
+            assert!(m.contains("kernel void"), "{}: {m}", src.name);
+        }
+    }
+
+    /// docs/gpu.md shows the MSL of two kernels (`add` and `rms_norm`) as the translation writes
+    /// it: each block (after its `<!-- msl: NAME -->` marker) is the translation's text.
+    #[test]
+    fn the_documented_msl_is_the_translations() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/gpu.md")).unwrap();
+        let mut stale = Vec::new();
+        for (name, id) in [("add", KernelId::Add), ("rms_norm", KernelId::RmsNorm)] {
+            let marker = format!("<!-- msl: {name} -->");
+            let at = doc
+                .find(&marker)
+                .unwrap_or_else(|| panic!("docs/gpu.md lacks {marker}"));
+            let rest = &doc[at..];
+            let start = rest
+                .find("```metal\n")
+                .expect("a ```metal block after the marker")
+                + 9;
+            let len = rest[start..].find("```").expect("the block's end");
+            let want = msl(&id.source().unwrap()).unwrap();
+            if rest[start..start + len] != want {
+                // What the translation writes now, to put in the docs.
+                let out = concat!(env!("CARGO_MANIFEST_DIR"), "/target/msl");
+                std::fs::create_dir_all(out).unwrap();
+                let path = format!("{out}/{name}.metal");
+                std::fs::write(&path, &want).unwrap();
+                stale.push(path);
+            }
+        }
+        assert!(
+            stale.is_empty(),
+            "docs/gpu.md's MSL is not what the translation writes: {stale:?}"
+        );
+    }
+
+    /// The integer products use the packed dot instruction (OpSDot, 4450) only where asked.
+    #[test]
+    fn integer_dot_instructions_only_where_the_device_has_them() {
+        let src = KernelId::MatvecInt(WeightFormat::Q8_0).source().unwrap();
+        let has_sdot = |w: &[u32]| {
+            // Walk the instructions (word count in the high half, opcode in the low).
+            let mut i = 5;
+            while i < w.len() {
+                if w[i] & 0xffff == 4450 {
+                    return true;
+                }
+                i += (w[i] >> 16).max(1) as usize;
+            }
+            false
+        };
+        assert!(has_sdot(&spirv(&src, true).unwrap()));
+        assert!(!has_sdot(&spirv(&src, false).unwrap()));
+        assert!(KernelId::MatvecInt(WeightFormat::Q4K).source().is_err());
+    }
+}

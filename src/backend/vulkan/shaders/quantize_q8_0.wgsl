@@ -1,0 +1,41 @@
+// The 8-bit activations of the integer products: each block of 32 inputs as Q8_0 computes it
+// (d = amax / 127 rounded to f16, q = roundf(x / d)), written as 9 words: d as f32, then the
+// 32 signed bytes packed 4 to a word.
+
+struct P {
+    blocks: u32,
+}
+
+var<push_constant> p: P;
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> xq: array<u32>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let b = group_index(wg, nwg) * 64u + li;
+    if (b >= p.blocks) {
+        return;
+    }
+    var amax = 0.0;
+    for (var i = 0u; i < 32u; i++) {
+        amax = max(amax, abs(x[b * 32u + i]));
+    }
+    let d = amax / 127.0;
+    var id = 0.0;
+    if (d != 0.0) {
+        id = 1.0 / d;
+    }
+    xq[b * 9u] = bitcast<u32>(to_f16(d));
+    for (var k = 0u; k < 8u; k++) {
+        var word = 0u;
+        for (var j = 0u; j < 4u; j++) {
+            let q = i32(roundf(x[b * 32u + 4u * k + j] * id));
+            word |= (bitcast<u32>(q) & 0xffu) << (8u * j);
+        }
+        xq[b * 9u + 1u + k] = word;
+    }
+}
