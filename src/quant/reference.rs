@@ -205,8 +205,8 @@ fn inverse(d: f32) -> f32 {
 /// The 32 quants `q(j)` of a Q4 block, two to a byte: element j in the low nibble of byte j,
 /// element j + 16 in its high nibble.
 fn pack_q4(qs: &mut [u8; 16], q: impl Fn(usize) -> u8) {
-    for j in 0..16 {
-        qs[j] = q(j) | (q(j + 16) << 4);
+    for (j, b) in qs.iter_mut().enumerate() {
+        *b = q(j) | (q(j + 16) << 4);
     }
 }
 
@@ -214,9 +214,9 @@ fn pack_q4(qs: &mut [u8; 16], q: impl Fn(usize) -> u8) {
 /// bit of element j as bit j of `qh` (a little-endian u32).
 fn pack_q5(qs: &mut [u8; 16], qh: &mut [u8; 4], q: impl Fn(usize) -> u8) {
     let mut h = 0u32;
-    for j in 0..16 {
+    for (j, b) in qs.iter_mut().enumerate() {
         let (x0, x1) = (q(j), q(j + 16));
-        qs[j] = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
+        *b = (x0 & 0x0F) | ((x1 & 0x0F) << 4);
         h |= (((x0 & 0x10) >> 4) as u32) << j;
         h |= (((x1 & 0x10) >> 4) as u32) << (j + 16);
     }
