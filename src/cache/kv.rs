@@ -110,7 +110,7 @@ fn copy_layer<T: Copy>(
 pub struct KvCache {
     layout: KvLayout,
     store: Store,
-    /// Positions written so far (`current_length` in the seed), and how far back the
+    /// Positions written so far (`current_length` in the KV cache design), and how far back the
     /// sliding-window rings hold everything.
     cur: Cursor,
 }

@@ -244,7 +244,7 @@ impl KvLayout {
 /// written once.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cursor {
-    /// Positions written (`current_length` in the seed).
+    /// Positions written (`current_length` in the KV cache design).
     pub len: usize,
     /// The rings hold positions `kept..len` intact (0 without rings).
     pub kept: usize,

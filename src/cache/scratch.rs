@@ -44,7 +44,7 @@ pub struct Scratch {
     pub v: Vec<f32>,
     /// `[T, n_heads·head_dim_v]` attention output, input of `wo`.
     pub attn: Vec<f32>,
-    /// `[T, dim]` output of `wo` / `ffn_down` before the residual add (the seed's post_norm).
+    /// `[T, dim]` output of `wo` / `ffn_down` before the residual add (what the design calls `post_norm`).
     pub proj: Vec<f32>,
     /// `[T, ffn_dim]` gate projection, then the activated product.
     pub gate: Vec<f32>,

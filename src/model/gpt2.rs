@@ -1,4 +1,4 @@
-//! GPT-2 (the ember seed's model): LayerNorm with bias, learned absolute positions, one fused
+//! GPT-2 (the model of the ember design): LayerNorm with bias, learned absolute positions, one fused
 //! QKV matrix, biases everywhere, a non-gated GELU FFN.
 
 use super::config::Activation;
