@@ -141,8 +141,8 @@ fn moe_models_are_refused_by_name() {
 
 /// The fixture models the CUDA backend refuses, and what its error names: YaRN's rotation
 /// (the device computes plain and linear RoPE only), Phi-3's fused gate and up matrix, Gemma-2's
-/// soft caps, the i-quants (no device kernels), Mistral-3's attention temperature, the blocks
-/// without input norms of OLMo-2 and EXAONE 4.
+/// soft caps, Mistral-3's attention temperature, the blocks without input norms of OLMo-2 and
+/// EXAONE 4.
 fn refused_on_device(stem: &str) -> Option<&'static str> {
     if stem.contains("-mistral3-") {
         Some("temperature_scale")
@@ -159,12 +159,6 @@ fn refused_on_device(stem: &str) -> Option<&'static str> {
         Some("softcapping")
     } else if stem.contains("-granite-") {
         Some("residual_scale")
-    } else if stem.ends_with("-iq4_nl") {
-        Some("IQ4_NL")
-    } else if stem.ends_with("-iq4_xs") {
-        Some("IQ4_XS")
-    } else if stem.ends_with("-iq3_s") {
-        Some("IQ3_S")
     } else {
         None
     }

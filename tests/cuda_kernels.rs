@@ -245,8 +245,9 @@ fn device_cuda_is_refused_in_one_line_without_a_driver() {
 }
 
 /// The host's C compiler builds `blocks.cuh` (the kernels' element dequantizers) into a small
-/// program; every format's blocks, quantized from random values and edge cases by the CPU's
-/// reference quantizer, must dequantize to exactly the CPU reference's values.
+/// program (with the non-linear formats' tables, `cuda::tables`); every format's blocks,
+/// quantized from random values and edge cases by the CPU's reference quantizer, and the
+/// non-linear formats' random blocks, must dequantize to exactly the CPU reference's values.
 #[test]
 fn block_dequantizers_match_the_cpu_reference_on_the_host() {
     use kiln::quant::{dequantize_row, quantize_row, GgmlType};
@@ -267,7 +268,21 @@ fn block_dequantizers_match_the_cpu_reference_on_the_host() {
         ("q4_k", GgmlType::Q4K),
         ("q5_k", GgmlType::Q5K),
         ("q6_k", GgmlType::Q6K),
+        ("iq4_nl", GgmlType::IQ4NL),
+        ("iq4_xs", GgmlType::IQ4XS),
+        ("mxfp4", GgmlType::MXFP4),
+        ("iq2_xxs", GgmlType::IQ2XXS),
+        ("iq2_xs", GgmlType::IQ2XS),
+        ("iq2_s", GgmlType::IQ2S),
+        ("iq3_xxs", GgmlType::IQ3XXS),
+        ("iq3_s", GgmlType::IQ3S),
+        ("iq1_s", GgmlType::IQ1S),
+        ("iq1_m", GgmlType::IQ1M),
     ];
+    // The non-linear formats (from iq4_nl on): random blocks too (every grid index, sign and
+    // scale code, MXFP4's subnormal and overflowing scales), and for the five formats the CPU
+    // quantizes only with an importance matrix, nothing else.
+    let nonlinear = |ty: GgmlType| formats.iter().position(|f| f.1 == ty).unwrap() >= 13;
     let mut table = String::new();
     for (name, ty) in formats {
         let (elems, bytes) = (ty.block_size(), ty.type_size());
@@ -285,6 +300,8 @@ static float h2f(u16 h) {{ _Float16 f; memcpy(&f, &h, 2); return (float)f; }}
 static float u2f(u32 v) {{ float f; memcpy(&f, &v, 4); return f; }}
 static u16 ld16(const u8* p) {{ return (u16)(p[0] | (p[1] << 8)); }}
 #define KILN_FN static inline
+#define KILN_TABLE static const
+{tables}
 {blocks}
 struct fmt {{ const char* name; float (*dq)(const u8*, int); int elems, bytes; }};
 static const struct fmt FORMATS[] = {{
@@ -309,7 +326,8 @@ int main(int argc, char** argv) {{
     return 4;
 }}
 "#,
-        blocks = nvrtc::BLOCKS
+        blocks = nvrtc::BLOCKS,
+        tables = cuda::tables::source()
     );
     std::fs::write(&c, src).unwrap();
     let exe = dir.join("twin");
@@ -350,7 +368,17 @@ int main(int argc, char** argv) {{
         x[600] = 1000.0;
         x[1000] = -7.25;
         let mut q = vec![0u8; n / ty.block_size() * ty.type_size()];
-        quantize_row(ty, &x, &mut q).unwrap();
+        let quantized = quantize_row(ty, &x, &mut q);
+        if nonlinear(ty) {
+            let random = common::ops::random_blocks(ty, n / ty.block_size(), ty as u64, true);
+            q = match quantized {
+                Ok(()) => [q, random].concat(),
+                Err(_) => random,
+            };
+        } else {
+            quantized.unwrap();
+        }
+        let n = q.len() / ty.type_size() * ty.block_size();
         let mut want = vec![0f32; n];
         dequantize_row(ty, &q, &mut want).unwrap();
         let (inp, outp) = (

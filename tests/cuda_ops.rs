@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::ops::{gpu, i32_bytes, random};
+use common::ops::{gpu, i32_bytes, random, random_blocks};
 use kiln::backend::cuda::gpu::{blocks_for, Arena, Arg, Gpu, Layout};
 use kiln::backend::cuda::step::GEMM_MIN_ROWS;
 use kiln::backend::cuda::weights::{
@@ -180,12 +180,35 @@ fn gated_args(
     ]
 }
 
+/// The non-linear formats (grids and value tables): their odd rows in [`weights`] are random
+/// bytes, which reach every grid index, sign and scale code.
+fn nonlinear(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        IQ4NL | IQ4XS | MXFP4 | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S | IQ1M
+    )
+}
+
+/// Weights of `ty`, `rows × cols`, quantized by the CPU from random values; for the non-linear
+/// formats, odd rows (and every row of a format the CPU quantizes only with an importance
+/// matrix) random blocks (`common::ops::random_blocks`).
 fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let f = random(rows * cols, ty as u64 + 1);
     let rb = ty.row_bytes(cols).unwrap();
     let mut w = vec![0u8; rows * rb];
-    for (src, dst) in f.chunks_exact(cols).zip(w.chunks_exact_mut(rb)) {
-        kiln::quant::quantize_row(ty, src, dst).unwrap();
+    let per_row = cols / ty.block_size();
+    for (r, (src, dst)) in f.chunks_exact(cols).zip(w.chunks_exact_mut(rb)).enumerate() {
+        if nonlinear(ty) && (r % 2 == 1 || kiln::quant::quantize_row(ty, src, dst).is_err()) {
+            dst.copy_from_slice(&random_blocks(
+                ty,
+                per_row,
+                (ty as u64) << 8 | r as u64,
+                false,
+            ));
+        } else {
+            kiln::quant::quantize_row(ty, src, dst).unwrap();
+        }
     }
     w
 }
@@ -201,7 +224,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
     let x = activations(cols);
     let n_tok = x.len() / cols;
     let types = quantized();
-    assert_eq!(types.len(), 10, "the ten quantized weight formats");
+    assert_eq!(types.len(), 20, "the twenty quantized weight formats");
     for ty in types {
         let w = weights(ty, rows, cols);
         let k = format_kernels(ty).unwrap();

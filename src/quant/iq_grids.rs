@@ -8,7 +8,7 @@
 
 /// ggml's `iq3xxs_grid`.
 #[rustfmt::skip]
-pub(super) const IQ3XXS_GRID: [u32; 256] = [
+pub(crate) const IQ3XXS_GRID: [u32; 256] = [
     0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414,
     0x04041c0c, 0x04042414, 0x04043e1c, 0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14,
     0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14, 0x040c240c, 0x040c2c24, 0x040c3e04, 0x04140404,
@@ -45,7 +45,7 @@ pub(super) const IQ3XXS_GRID: [u32; 256] = [
 
 /// ggml's `iq3s_grid`.
 #[rustfmt::skip]
-pub(super) const IQ3S_GRID: [u32; 512] = [
+pub(crate) const IQ3S_GRID: [u32; 512] = [
     0x01010101, 0x01010103, 0x01010105, 0x0101010b, 0x0101010f, 0x01010301, 0x01010303, 0x01010305,
     0x01010309, 0x0101030d, 0x01010501, 0x01010503, 0x0101050b, 0x01010707, 0x01010901, 0x01010905,
     0x0101090b, 0x0101090f, 0x01010b03, 0x01010b07, 0x01010d01, 0x01010d05, 0x01010f03, 0x01010f09,
@@ -114,7 +114,7 @@ pub(super) const IQ3S_GRID: [u32; 512] = [
 
 /// ggml's `iq1s_grid`.
 #[rustfmt::skip]
-pub(super) const IQ1S_GRID: [u64; 2048] = [
+pub(crate) const IQ1S_GRID: [u64; 2048] = [
     0xffffffffffffffff, 0xffffffffffffff01, 0xffffffffffff0000, 0xffffffffffff01ff,
     0xffffffffffff0101, 0xffffffffff00ff00, 0xffffffffff000000, 0xffffffffff01ffff,
     0xffffffffff01ff01, 0xffffffffff0101ff, 0xffffffffff010101, 0xffffffff00ff0000,

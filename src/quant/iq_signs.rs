@@ -6,7 +6,7 @@
 
 /// The 8-bit sign mask of each 7-bit sign index: `i` with bit 7 set when `i` has an odd number
 /// of set bits (so that every mask has even parity).
-pub(super) const KSIGNS_IQ2XS: [u8; 128] = ksigns();
+pub(crate) const KSIGNS_IQ2XS: [u8; 128] = ksigns();
 
 /// `KMASK_IQ2XS[j]`: the bit of element `j` in a sign mask.
 pub(super) const KMASK_IQ2XS: [u8; 8] = [1, 2, 4, 8, 16, 32, 64, 128];

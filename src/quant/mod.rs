@@ -50,6 +50,14 @@ mod types;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+/// The i-quants' lookup tables (grids and sign masks), which the GPU's kernels are given as
+/// they are (`backend/cuda/tables.rs`).
+pub(crate) mod iq_tables {
+    pub(crate) use super::iq2_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
+    pub(crate) use super::iq_grids::{IQ1S_GRID, IQ3S_GRID, IQ3XXS_GRID};
+    pub(crate) use super::iq_signs::KSIGNS_IQ2XS;
+}
+
 use blocks::*;
 use reference::{BlockFormat, Quantize};
 use std::mem::size_of;

@@ -37,3 +37,46 @@ pub fn random(n: usize, seed: u64) -> Vec<f32> {
 pub fn i32_bytes(v: impl IntoIterator<Item = i32>) -> Vec<u8> {
     v.into_iter().flat_map(|x| x.to_le_bytes()).collect()
 }
+
+/// `n` blocks of a non-linear format (the i-quants, MXFP4) as random bytes: every grid index,
+/// sign and scale code occurs (the formats' quantizers reach only some of them, and five
+/// formats have none without an importance matrix). Each block's super-block scale is a
+/// random f16 in ±[2^-8, 2^-5) (IQ1_M's spread over its scales' top nibbles); MXFP4's E8M0
+/// scale byte lies in 118..=130, but with `edge`, every 7th block's is 0 or 1 (subnormal
+/// scales) or 255 (2^127, whose large values overflow), which the dequantizers must get
+/// right though no product could take them.
+pub fn random_blocks(ty: kiln::quant::GgmlType, n: usize, seed: u64, edge: bool) -> Vec<u8> {
+    use kiln::quant::GgmlType;
+    let size = ty.type_size();
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut out = Vec::with_capacity(n * size);
+    for b in 0..n {
+        let mut blk: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+        let r = next();
+        // An f16 of exponent −8..−6 (biased 7..9), random mantissa and sign.
+        let d = ((r & 0x8000) | ((7 + (r >> 16) % 3) << 10) | ((r >> 24) & 0x3ff)) as u16;
+        match ty {
+            GgmlType::MXFP4 => {
+                blk[0] = match b % 7 {
+                    6 if edge => [0u8, 1, 255][(b / 7) % 3],
+                    _ => 118 + (r % 13) as u8,
+                };
+            }
+            GgmlType::IQ1M => {
+                for k in 0..4 {
+                    let hi = &mut blk[49 + 2 * k];
+                    *hi = (*hi & 0x0f) | ((((d >> (4 * k)) & 15) as u8) << 4);
+                }
+            }
+            _ => blk[..2].copy_from_slice(&d.to_le_bytes()),
+        }
+        out.extend(blk);
+    }
+    out
+}

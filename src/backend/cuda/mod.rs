@@ -9,6 +9,8 @@
 //! - [`gpu`]: context, stream, kernels, typed launches, counted allocations;
 //! - [`pinned`]: page-locked host memory, copies between it and the device, events;
 //! - [`weights`]: the model's tensors uploaded once, as the file stores them;
+//! - [`tables`]: the non-linear formats' lookup tables (grids, sign masks) as C, for the
+//!   kernels;
 //! - [`step`]: a session's buffers and KV cache, and the seam's ops as launches, decode steps
 //!   recorded as CUDA graphs.
 
@@ -19,6 +21,7 @@ pub mod nvrtc;
 pub mod pinned;
 pub mod profile;
 pub mod step;
+pub mod tables;
 pub mod weights;
 
 pub use gpu::Gpu;

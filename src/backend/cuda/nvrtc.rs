@@ -16,7 +16,7 @@ use super::CudaError;
 /// The prelude of every kernel file: f16 conversion, reductions.
 pub const COMMON: &str = include_str!("kernels/common.cuh");
 /// Then the block formats' element dequantizers (plain C; also compiled on the host by the
-/// tests).
+/// tests), after the non-linear formats' tables ([`super::tables::source`]).
 pub const BLOCKS: &str = include_str!("kernels/blocks.cuh");
 
 /// The kernel files, by name.
@@ -25,7 +25,15 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("norm.cu", include_str!("kernels/norm.cu")),
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("embed.cu", include_str!("kernels/embed.cu")),
-    ("matvec.cu", include_str!("kernels/matvec.cu")),
+    // (The non-linear formats' products continue matvec.cu in a file of their own: its
+    // kernels stamped with their `dot_*`.)
+    (
+        "matvec.cu",
+        concat!(
+            include_str!("kernels/matvec.cu"),
+            include_str!("kernels/matvec_iq.cu")
+        ),
+    ),
     ("gemm.cu", include_str!("kernels/gemm.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("probe.cu", include_str!("kernels/probe.cu")),
@@ -137,8 +145,9 @@ pub fn all_programs() -> Vec<(String, String)> {
 /// host's C++ compiler into a library [`super::Gpu::emulated`] loads.
 pub fn emulator_source() -> String {
     let mut s = String::from(include_str!("emulator.cpp"));
+    let tables = super::tables::source();
     s.push_str(&format!(
-        "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n"
+        "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"tables\"\n{tables}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n"
     ));
     let mut table = String::new();
     for (name, src) in KERNELS {
@@ -222,7 +231,8 @@ pub fn version() -> Result<(i32, i32), CudaError> {
     Ok((major, minor))
 }
 
-/// The source NVRTC compiles for kernel file `name`: the prelude, then the file (with line
+/// The source NVRTC compiles for kernel file `name`: the prelude (common.cuh, the tables,
+/// blocks.cuh), then the file (with line
 /// numbers of the file in messages). For measuring, `KILN_CUDA_PREFETCH=0` compiles the
 /// kernels without their L2 prefetch of the weights (`prefetch_l2` in common.cuh), and
 /// `KILN_CUDA_MV_UNROLL=n` (1 to 8) unrolls the matvecs' loop over a row's groups n times
@@ -237,7 +247,11 @@ fn full_source(name: &str, src: &str) -> String {
         switches.push_str(&format!("#define KILN_MV_UNROLL {n}\n"));
     }
     let file = name.split('~').next().unwrap_or(name);
-    format!("{switches}{COMMON}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n#line 1 \"{file}\"\n{src}")
+    let tables = super::tables::source();
+    format!(
+        "{switches}{COMMON}\n#line 1 \"tables\"\n{tables}\n#line 1 \"blocks.cuh\"\n{BLOCKS}\n\
+         #line 1 \"{file}\"\n{src}"
+    )
 }
 
 /// What NVRTC makes of a kernel file: PTX, and for a real architecture (`sm_90`, not

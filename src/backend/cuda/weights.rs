@@ -188,18 +188,18 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         GgmlType::Q8_1 | GgmlType::Q8K => Err(CudaError::Unsupported(format!(
             "{ty} is an activation format, not a weight format"
         ))),
-        GgmlType::IQ4NL
-        | GgmlType::IQ4XS
-        | GgmlType::MXFP4
-        | GgmlType::IQ2XXS
-        | GgmlType::IQ2XS
-        | GgmlType::IQ2S
-        | GgmlType::IQ3XXS
-        | GgmlType::IQ3S
-        | GgmlType::IQ1S
-        | GgmlType::IQ1M => Err(CudaError::Unsupported(format!(
-            "{ty} weights have no GPU kernels yet (run this model with --device cpu)"
-        ))),
+        // The non-linear formats (kernels/matvec_iq.cu), with the activations the CPU
+        // multiplies them with (`quant::dot_type`).
+        GgmlType::IQ4NL => Ok(quant_kernels!("iq4_nl", "quantize_q8_0", "embed_iq4_nl")),
+        GgmlType::MXFP4 => Ok(quant_kernels!("mxfp4", "quantize_q8_0", "embed_mxfp4")),
+        GgmlType::IQ4XS => Ok(quant_kernels!("iq4_xs", "quantize_q8_k", "embed_iq4_xs")),
+        GgmlType::IQ2XXS => Ok(quant_kernels!("iq2_xxs", "quantize_q8_k", "embed_iq2_xxs")),
+        GgmlType::IQ2XS => Ok(quant_kernels!("iq2_xs", "quantize_q8_k", "embed_iq2_xs")),
+        GgmlType::IQ2S => Ok(quant_kernels!("iq2_s", "quantize_q8_k", "embed_iq2_s")),
+        GgmlType::IQ3XXS => Ok(quant_kernels!("iq3_xxs", "quantize_q8_k", "embed_iq3_xxs")),
+        GgmlType::IQ3S => Ok(quant_kernels!("iq3_s", "quantize_q8_k", "embed_iq3_s")),
+        GgmlType::IQ1S => Ok(quant_kernels!("iq1_s", "quantize_q8_k", "embed_iq1_s")),
+        GgmlType::IQ1M => Ok(quant_kernels!("iq1_m", "quantize_q8_k", "embed_iq1_m")),
     }
 }
 
@@ -601,7 +601,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(formats, 13, "the 13 weight formats the GPU multiplies");
+        assert_eq!(formats, 23, "the 23 weight formats the GPU multiplies");
     }
 
     /// The random model of recipe `name`.
@@ -647,28 +647,30 @@ mod tests {
         refuse_unsupported(&recipe_model("exaone")).expect("exaone runs on the device");
     }
 
+    /// Every weight format has kernels, whose activations are those the CPU multiplies it
+    /// with; the activation-only formats are refused by name.
     #[test]
-    fn formats_without_gpu_kernels_are_refused_by_name() {
-        for ty in [
-            GgmlType::IQ4NL,
-            GgmlType::IQ4XS,
-            GgmlType::MXFP4,
-            GgmlType::IQ2XXS,
-            GgmlType::IQ2XS,
-            GgmlType::IQ2S,
-            GgmlType::IQ3XXS,
-            GgmlType::IQ3S,
-            GgmlType::IQ1S,
-            GgmlType::IQ1M,
-        ] {
-            let Err(e) = format_kernels(ty) else {
-                panic!("{ty}: kernels claimed");
-            };
-            let msg = e.to_string();
-            assert!(
-                msg.contains(ty.name()) && msg.contains("--device cpu"),
-                "{msg}"
-            );
+    fn every_weight_format_has_kernels_and_activation_formats_are_refused() {
+        for ty in GgmlType::ALL {
+            match format_kernels(ty) {
+                Ok(k) => {
+                    let want = match crate::quant::dot_type(ty) {
+                        GgmlType::Q8_0 => Some("quantize_q8_0"),
+                        GgmlType::Q8_1 => Some("quantize_q8_1"),
+                        GgmlType::Q8K => Some("quantize_q8_k"),
+                        _ => None,
+                    };
+                    assert_eq!(k.quantize, want, "{ty}");
+                }
+                Err(e) => {
+                    assert!(ty.is_internal(), "{ty}: {e}");
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains(ty.name()) && msg.contains("activation"),
+                        "{msg}"
+                    );
+                }
+            }
         }
     }
 }

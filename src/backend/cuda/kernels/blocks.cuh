@@ -179,3 +179,131 @@ KILN_FN float dq_q6_kr(const u8* w, long b, long G, int i) {
     return q6_k_at(w + 128 * b, w + 128 * nb + 64 * b, w + 192 * nb + 16 * b, w + 208 * nb + 2 * b,
                    i);
 }
+
+// The non-linear formats, on the lookup tables of tables.rs (prepended before this file):
+// IQ4_NL's and MXFP4's 16 values, the i-quants' grids and sign masks. Each value in the CPU's
+// float order (src/quant/iquant.rs, mxfp4.rs, iq2.rs, iq3.rs, iq1.rs), so the bits are its.
+#define IQ4_NL_BYTES 18
+#define IQ4_XS_BYTES 136
+#define MXFP4_BYTES 17
+#define IQ2_XXS_BYTES 66
+#define IQ2_XS_BYTES 74
+#define IQ2_S_BYTES 82
+#define IQ3_XXS_BYTES 98
+#define IQ3_S_BYTES 110
+#define IQ1_S_BYTES 50
+#define IQ1_M_BYTES 56
+
+// iq4_nl: d, 16 bytes of nibbles (as q4_0's); value d·kvalues_iq4nl[q].
+KILN_FN float dq_iq4_nl(const u8* b, int i) {
+    return h2f(ld16(b)) * (float)kvalues_iq4nl[nib_at(b + 2, i)];
+}
+
+// iq4_xs: d, 16 bits of scales' top pairs, 4 bytes of scales' low nibbles, then 8 sub-blocks
+// of 32 as iq4_nl's nibbles; value d·(ls − 32)·kvalues_iq4nl[q].
+KILN_FN int iq4_xs_scale(const u8* b, int ib) {
+    return (((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15) | (((ld16(b + 2) >> (2 * ib)) & 3) << 4)) -
+           32;
+}
+
+KILN_FN float dq_iq4_xs(const u8* b, int i) {
+    int ib = i >> 5;
+    float dl = h2f(ld16(b)) * (float)iq4_xs_scale(b, ib);
+    return dl * (float)kvalues_iq4nl[nib_at(b + 8 + 16 * ib, i & 31)];
+}
+
+// MXFP4: an E8M0 scale byte e, then nibbles; value 2^(e − 128)·kvalues_mxfp4[q] (the E2M1
+// values doubled, the scale halved: ggml's `ggml_e8m0_to_fp32_half`, subnormal for e < 2).
+KILN_FN float e8m0_half(u8 e) { return u2f(e < 2 ? 0x00200000u << e : ((u32)e - 1) << 23); }
+
+KILN_FN float dq_mxfp4(const u8* b, int i) {
+    return e8m0_half(b[0]) * (float)kvalues_mxfp4[nib_at(b + 1, i)];
+}
+
+// The 2-bit i-quants: element k of a group of 8 from its grid entry (8 magnitudes) and sign
+// mask, scale d·(0.5 + ls)/4.
+KILN_FN float iq2_at(float d, int ls, unsigned long long grid, int signs, int k) {
+    float db = d * (0.5f + (float)ls) * 0.25f;
+    float sign = (signs >> k) & 1 ? -1.0f : 1.0f;
+    return db * (float)(int)((grid >> (8 * k)) & 255) * sign;
+}
+
+// iq2_xxs: d, then per sub-block of 32 four grid index bytes and a u32 of four 7-bit sign
+// indices and the 4-bit scale (bits 28..32).
+KILN_FN float dq_iq2_xxs(const u8* b, int i) {
+    int ib = i >> 5, l = (i >> 3) & 3;
+    u32 aux = ld_qh(b + 2 + 8 * ib + 4);
+    return iq2_at(h2f(ld16(b)), (int)(aux >> 28), iq2xxs_grid[b[2 + 8 * ib + l]],
+                  ksigns_iq2xs[(aux >> (7 * l)) & 127], i & 7);
+}
+
+// iq2_xs: d, 32 u16 (a 9-bit grid index, a 7-bit sign index), a scale nibble per 16.
+KILN_FN float dq_iq2_xs(const u8* b, int i) {
+    int ib = i >> 5, l = (i >> 3) & 3;
+    u16 q = ld16(b + 2 + 8 * ib + 2 * l);
+    int ls = (b[66 + ib] >> (4 * ((i >> 4) & 1))) & 15;
+    return iq2_at(h2f(ld16(b)), ls, iq2xs_grid[q & 511], ksigns_iq2xs[q >> 9], i & 7);
+}
+
+// iq2_s: d, 32 grid index bytes, 32 sign bytes, 8 bytes of index top pairs, 8 of scales.
+KILN_FN float dq_iq2_s(const u8* b, int i) {
+    int ib = i >> 5, l = (i >> 3) & 3;
+    int idx = b[2 + 4 * ib + l] | ((b[66 + ib] << (8 - 2 * l)) & 0x300);
+    int ls = (b[74 + ib] >> (4 * ((i >> 4) & 1))) & 15;
+    return iq2_at(h2f(ld16(b)), ls, iq2s_grid[idx], b[34 + 4 * ib + l], i & 7);
+}
+
+// iq3_xxs: d, 64 grid index bytes (4 magnitudes each), then per sub-block of 32 a u32 of four
+// 7-bit sign indices and the scale; value d·(0.5 + ls)/2·grid·sign.
+KILN_FN float dq_iq3_xxs(const u8* b, int i) {
+    int ib = i >> 5;
+    u32 aux = ld_qh(b + 66 + 4 * ib);
+    float db = h2f(ld16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f;
+    int signs = ksigns_iq2xs[(aux >> (7 * ((i >> 3) & 3))) & 127];
+    float sign = (signs >> (i & 7)) & 1 ? -1.0f : 1.0f;
+    return db * (float)(int)((iq3xxs_grid[b[2 + (i >> 2)]] >> (8 * (i & 3))) & 255) * sign;
+}
+
+// iq3_s: d, 64 grid index bytes, their ninth bits (8 bytes), a sign bit per element (32
+// bytes), a scale nibble per 32 (4 bytes); value d·(1 + 2·ls)·grid·sign.
+KILN_FN float dq_iq3_s(const u8* b, int i) {
+    int ib = i >> 5, k = i >> 2;
+    int idx = b[2 + k] | (((b[66 + (k >> 3)] >> (k & 7)) & 1) << 8);
+    int ls = (b[106 + (ib >> 1)] >> (4 * (ib & 1))) & 15;
+    float db = h2f(ld16(b)) * (float)(1 + 2 * ls);
+    float sign = (b[74 + (i >> 3)] >> (i & 7)) & 1 ? -1.0f : 1.0f;
+    return db * (float)(int)((iq3s_grid[idx] >> (8 * (i & 3))) & 255) * sign;
+}
+
+// The 1-bit i-quants: element k of a group of 8 from its grid entry (8 values in −1..1), the
+// scale d·(2·ls + 1) and the shift's sign; value dl·(q ± 1/8).
+KILN_FN float iq1_at(float d, int ls, unsigned long long grid, int negative, int k) {
+    float dl = d * (float)(2 * ls + 1);
+    float delta = 0.125f * (negative ? -1.0f : 1.0f);
+    return dl * ((float)(i8)(u8)(grid >> (8 * k)) + delta);
+}
+
+// iq1_s: d, 32 grid index bytes, per sub-block of 32 a u16: the indices' top 3 bits, the scale
+// (bits 12..15), the shift's sign (bit 15).
+KILN_FN float dq_iq1_s(const u8* b, int i) {
+    int g = i >> 3;
+    u16 qh = ld16(b + 34 + 2 * (g >> 2));
+    int idx = b[2 + g] | (((qh >> (3 * (g & 3))) & 7) << 8);
+    return iq1_at(h2f(ld16(b)), (qh >> 12) & 7, iq1s_grid[idx], qh & 0x8000, i & 7);
+}
+
+// iq1_m: 32 grid index bytes, a nibble per 8 (the index's top 3 bits, the shift's sign), then 4
+// u16 of 3-bit scales per 16 whose top nibbles hold the f16 d.
+KILN_FN u16 iq1_m_d(const u8* b) {
+    const u8* s = b + 48;
+    return (u16)((ld16(s) >> 12) | ((ld16(s + 2) >> 8) & 0x00f0) | ((ld16(s + 4) >> 4) & 0x0f00) |
+                 (ld16(s + 6) & 0xf000));
+}
+
+KILN_FN float dq_iq1_m(const u8* b, int i) {
+    int g = i >> 3, s = i >> 4;
+    int nib = (b[32 + (g >> 1)] >> (4 * (g & 1))) & 15;
+    int idx = b[g] | ((nib & 7) << 8);
+    int ls = (ld16(b + 48 + 2 * (s >> 2)) >> (3 * (s & 3))) & 7;
+    return iq1_at(h2f(iq1_m_d(b)), ls, iq1s_grid[idx], nib & 8, i & 7);
+}

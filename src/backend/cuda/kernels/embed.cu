@@ -31,6 +31,18 @@ EMBED(embed_q4_k, 256, (dq_file<Q4_K_BYTES, dq_q4_k>))
 EMBED(embed_q5_k, 256, (dq_file<Q5_K_BYTES, dq_q5_k>))
 EMBED(embed_q6_k, 256, (dq_file<Q6_K_BYTES, dq_q6_k>))
 
+// The non-linear formats (blocks.cuh, on tables.rs's tables).
+EMBED(embed_iq4_nl, 32, (dq_file<IQ4_NL_BYTES, dq_iq4_nl>))
+EMBED(embed_mxfp4, 32, (dq_file<MXFP4_BYTES, dq_mxfp4>))
+EMBED(embed_iq4_xs, 256, (dq_file<IQ4_XS_BYTES, dq_iq4_xs>))
+EMBED(embed_iq2_xxs, 256, (dq_file<IQ2_XXS_BYTES, dq_iq2_xxs>))
+EMBED(embed_iq2_xs, 256, (dq_file<IQ2_XS_BYTES, dq_iq2_xs>))
+EMBED(embed_iq2_s, 256, (dq_file<IQ2_S_BYTES, dq_iq2_s>))
+EMBED(embed_iq3_xxs, 256, (dq_file<IQ3_XXS_BYTES, dq_iq3_xxs>))
+EMBED(embed_iq3_s, 256, (dq_file<IQ3_S_BYTES, dq_iq3_s>))
+EMBED(embed_iq1_s, 256, (dq_file<IQ1_S_BYTES, dq_iq1_s>))
+EMBED(embed_iq1_m, 256, (dq_file<IQ1_M_BYTES, dq_iq1_m>))
+
 // The formats rearranged at upload.
 EMBED(embed_q4_0r, 32, dq_q4_0r)
 EMBED(embed_q4_1r, 32, dq_q4_1r)

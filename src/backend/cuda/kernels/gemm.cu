@@ -44,6 +44,18 @@ DEQUANT_BF16(dequant_bf16_q5_k, 256, (dq_file<Q5_K_BYTES, dq_q5_k>))
 DEQUANT_BF16(dequant_bf16_q6_k, 256, (dq_file<Q6_K_BYTES, dq_q6_k>))
 DEQUANT_BF16(dequant_bf16_bf16, 1, (dq_file<2, dq_bf16>))
 
+// The non-linear formats (blocks.cuh, on tables.rs's tables).
+DEQUANT_BF16(dequant_bf16_iq4_nl, 32, (dq_file<IQ4_NL_BYTES, dq_iq4_nl>))
+DEQUANT_BF16(dequant_bf16_mxfp4, 32, (dq_file<MXFP4_BYTES, dq_mxfp4>))
+DEQUANT_BF16(dequant_bf16_iq4_xs, 256, (dq_file<IQ4_XS_BYTES, dq_iq4_xs>))
+DEQUANT_BF16(dequant_bf16_iq2_xxs, 256, (dq_file<IQ2_XXS_BYTES, dq_iq2_xxs>))
+DEQUANT_BF16(dequant_bf16_iq2_xs, 256, (dq_file<IQ2_XS_BYTES, dq_iq2_xs>))
+DEQUANT_BF16(dequant_bf16_iq2_s, 256, (dq_file<IQ2_S_BYTES, dq_iq2_s>))
+DEQUANT_BF16(dequant_bf16_iq3_xxs, 256, (dq_file<IQ3_XXS_BYTES, dq_iq3_xxs>))
+DEQUANT_BF16(dequant_bf16_iq3_s, 256, (dq_file<IQ3_S_BYTES, dq_iq3_s>))
+DEQUANT_BF16(dequant_bf16_iq1_s, 256, (dq_file<IQ1_S_BYTES, dq_iq1_s>))
+DEQUANT_BF16(dequant_bf16_iq1_m, 256, (dq_file<IQ1_M_BYTES, dq_iq1_m>))
+
 // The formats rearranged at upload.
 DEQUANT_BF16(dequant_bf16_q4_0r, 32, dq_q4_0r)
 DEQUANT_BF16(dequant_bf16_q4_1r, 32, dq_q4_1r)
