@@ -681,7 +681,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(formats, 13, "the 13 weight formats the GPU multiplies");
+        assert_eq!(formats, 23, "the 23 weight formats the GPU multiplies");
     }
 
     /// The random model of recipe `name`.
@@ -720,28 +720,30 @@ mod tests {
         assert!(msg.contains("granite.residual_scale"), "{msg}");
     }
 
+    /// Every weight format has kernels, whose activations are those the CPU multiplies it
+    /// with; the activation-only formats are refused by name.
     #[test]
-    fn formats_without_gpu_kernels_are_refused_by_name() {
-        for ty in [
-            GgmlType::IQ4NL,
-            GgmlType::IQ4XS,
-            GgmlType::MXFP4,
-            GgmlType::IQ2XXS,
-            GgmlType::IQ2XS,
-            GgmlType::IQ2S,
-            GgmlType::IQ3XXS,
-            GgmlType::IQ3S,
-            GgmlType::IQ1S,
-            GgmlType::IQ1M,
-        ] {
-            let Err(e) = format_kernels(ty) else {
-                panic!("{ty}: kernels claimed");
-            };
-            let msg = e.to_string();
-            assert!(
-                msg.contains(ty.name()) && msg.contains("--device cpu"),
-                "{msg}"
-            );
+    fn every_weight_format_has_kernels_and_activation_formats_are_refused() {
+        for ty in GgmlType::ALL {
+            match format_kernels(ty) {
+                Ok(k) => {
+                    let want = match crate::quant::dot_type(ty) {
+                        GgmlType::Q8_0 => Some("quantize_q8_0"),
+                        GgmlType::Q8_1 => Some("quantize_q8_1"),
+                        GgmlType::Q8K => Some("quantize_q8_k"),
+                        _ => None,
+                    };
+                    assert_eq!(k.quantize, want, "{ty}");
+                }
+                Err(e) => {
+                    assert!(ty.is_internal(), "{ty}: {e}");
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains(ty.name()) && msg.contains("activation"),
+                        "{msg}"
+                    );
+                }
+            }
         }
     }
 }
