@@ -36,7 +36,7 @@ use kiln::quant::GgmlType;
 /// The Vulkan device, after installing lavapipe where there is none and that is possible.
 fn vk() -> Arc<Vk> {
     match vulkan::open() {
-        Ok(vk) => return vk,
+        Ok(vk) => vk,
         Err(first) => {
             let missing = format!(
                 "{first}: the Vulkan op tests need a Vulkan driver: install Debian's \

@@ -206,7 +206,7 @@ impl Arena {
     /// A region for a kernel's binding: `len` bytes at `off`.
     pub fn at(&self, off: u64, len: usize) -> Result<Region, VulkanError> {
         self.check(off, len, "a binding")?;
-        if off % self.vk.offset_align != 0 {
+        if !off.is_multiple_of(self.vk.offset_align) {
             return Err(VulkanError::Bounds {
                 what: "a binding",
                 detail: format!("offset {off} is not a multiple of {}", self.vk.offset_align),

@@ -184,7 +184,7 @@ pub struct RopeArgs {
 /// Rotate the heads of `v` in place, row `j` at position `pos[j]` (u32, the step's data).
 pub fn rope(rec: &mut Recorder, v: Region, pos: Region, a: RopeArgs) -> Result<(), VulkanError> {
     if a.n_dims == 0
-        || a.n_dims % 2 != 0
+        || !a.n_dims.is_multiple_of(2)
         || a.n_dims > a.head_dim
         || a.heads * a.head_dim > a.stride
     {
@@ -227,7 +227,7 @@ pub fn store_kv(
     width: usize,
     cache_rows: usize,
 ) -> Result<(), VulkanError> {
-    if width % 2 != 0 {
+    if !width.is_multiple_of(2) {
         return Err(bad("store_kv", format!("rows of {width} values (odd)")));
     }
     need("store_kv", "the rows", &src, rows * width * 4)?;
@@ -264,13 +264,13 @@ pub fn attn_decode(
     o: Region,
     a: AttnArgs,
 ) -> Result<(), VulkanError> {
-    if a.head_dim == 0 || a.head_dim > 256 || a.head_dim % 2 != 0 {
+    if a.head_dim == 0 || a.head_dim > 256 || !a.head_dim.is_multiple_of(2) {
         return Err(bad(
             "attn_decode",
             format!("heads of {} values (2 to 256, even)", a.head_dim),
         ));
     }
-    if a.kv_heads == 0 || a.heads % a.kv_heads != 0 {
+    if a.kv_heads == 0 || !a.heads.is_multiple_of(a.kv_heads) {
         return Err(bad(
             "attn_decode",
             format!("{} query heads over {} KV heads", a.heads, a.kv_heads),
