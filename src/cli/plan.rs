@@ -181,8 +181,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             };
             let mut d = plan_of(&dfile, &dopts, dhost, 0)?;
             // The draft decodes greedily (no sampler of its own), on the model's threads and
-            // code (no runtime of its own: `Speculation::share_threads`, or the server's
-            // `BatchRunner::share_threads`).
+            // code (no runtime of its own: `SlotDrafter::share_threads`).
             d.components
                 .retain(|c| !matches!(c.name, "sampler and history" | "runtime"));
             d.total_bytes = d.components.iter().map(|c| c.bytes).sum();

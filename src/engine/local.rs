@@ -84,12 +84,6 @@ impl<'a> GenerateRequest<'a> {
     }
 }
 
-/// How a generation ended, beyond [`GenStats`]: the stop sequence that cut it, if one did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Ending {
-    pub stop_word: Option<String>,
-}
-
 /// What the request's sink has received and the engine not yet handed on: per token its id
 /// (`u32::MAX` for text with no token of its own: the decoder's tail) and its text's range
 /// in `text`; then how the request ended. Buffers are reused from step to step.
@@ -228,19 +222,6 @@ impl<'t> Engine<'t> {
         progress: &mut dyn FnMut(usize, usize),
         on_token: &mut dyn FnMut(u32, &str) -> bool,
     ) -> Result<GenStats, EngineError> {
-        self.generate_ending(req, sampler, grammar, progress, on_token)
-            .map(|(stats, _)| stats)
-    }
-
-    /// [`Engine::generate`], also saying which stop sequence ended the text.
-    pub fn generate_ending(
-        &mut self,
-        req: &GenerateRequest<'_>,
-        sampler: &mut Sampler,
-        grammar: Option<Constraint>,
-        progress: &mut dyn FnMut(usize, usize),
-        on_token: &mut dyn FnMut(u32, &str) -> bool,
-    ) -> Result<(GenStats, Ending), EngineError> {
         if req.prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -353,12 +334,7 @@ impl<'t> Engine<'t> {
             drafted: spec1.drafted - spec0.drafted,
             accepted: spec1.accepted - spec0.accepted,
         };
-        Ok((
-            stats,
-            Ending {
-                stop_word: f.stop_word,
-            },
-        ))
+        Ok(stats)
     }
 
     /// The scheduler's speculation counts so far.
