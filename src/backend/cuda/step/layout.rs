@@ -405,3 +405,52 @@ impl SessionLayout {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mixture of experts' session counts its routing and expert buffers: the router's
+    /// logits, the routing, `rows · used` gathered rows and their gate and up products (the
+    /// memory plan lays a session out with this function).
+    #[test]
+    fn a_moe_session_counts_its_expert_buffers() {
+        let (_, recipe) = crate::fixtures::RECIPES
+            .iter()
+            .find(|(n, _)| *n == "qwen2moe")
+            .expect("recipe");
+        let f = crate::gguf::GgufFile::from_bytes(crate::fixtures::random_f32(recipe).to_bytes())
+            .expect("parse");
+        let m = crate::model::Model::from_gguf(f).expect("load");
+        let c = &m.config;
+        let mc = c.moe.clone().expect("experts");
+        let kv = KvLayout::full(c.n_layers, c.n_kv_heads, c.head_dim_k, c.head_dim_v, 256);
+        let sizes = CudaSizes {
+            max_rows: 32,
+            logit_rows: 1,
+            n_ctx: 256,
+            slots: 1,
+            kv_type: KvType::F16,
+            kv_ring: None,
+        };
+        let with = SessionLayout::new(c, false, sizes, &kv);
+        let moe = with.moe.expect("expert buffers");
+        let p = 32 * mc.n_used;
+        assert!(moe.xg - moe.logits >= (32 * mc.n_expert + 32 + 3 * p + 32) * 4);
+        assert!(moe.gate - moe.xg >= p * c.dim * 4 && moe.up - moe.gate >= p * mc.ffn_dim * 4);
+        // The shared expert's hidden state fits `Gate` and `Up`.
+        let shared = mc.shared_ffn_dim.expect("a shared expert");
+        assert!(with.width[Buf::Gate as usize] >= shared.max(c.ffn_dim));
+        let mut dense = c.clone();
+        dense.moe = None;
+        let without = SessionLayout::new(&dense, false, sizes, &kv);
+        assert!(without.moe.is_none());
+        let experts = (32 * mc.n_expert + 32 + 3 * p + 32 + p * (c.dim + 2 * mc.ffn_dim)) * 4;
+        assert!(
+            with.act_bytes >= without.act_bytes + experts,
+            "{} against {} + {experts}",
+            with.act_bytes,
+            without.act_bytes
+        );
+    }
+}
