@@ -57,7 +57,10 @@ unsafe fn grid3(g: [u32; 4]) -> int8x16_t {
 /// Two 8-byte IQ1 grid entries (values -1..=1) as 16 bytes, in element order.
 #[inline(always)]
 unsafe fn grid1(a: usize, b: usize) -> int8x16_t {
-    vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(IQ1S_GRID[a]), vcreate_u64(IQ1S_GRID[b])))
+    vreinterpretq_s8_u64(vcombine_u64(
+        vcreate_u64(IQ1S_GRID[a]),
+        vcreate_u64(IQ1S_GRID[b]),
+    ))
 }
 
 #[inline(always)]

@@ -110,10 +110,7 @@ unsafe fn values(sb: *const u8, ib: usize, k: usize, lut: __m512i) -> (__m512i, 
     let m4 = _mm512_set1_epi8(0x0F);
     let lo = _mm512_and_si512(q, m4);
     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-    (
-        _mm512_shuffle_epi8(lut, lo),
-        _mm512_shuffle_epi8(lut, hi),
-    )
+    (_mm512_shuffle_epi8(lut, lo), _mm512_shuffle_epi8(lut, hi))
 }
 
 /// `-128 ·` the sum of each quadruple of the 256 activation quants at `q`.
@@ -148,16 +145,17 @@ unsafe fn tiled<const T: usize>(
             prefetch_ahead(sb, IQ4XS_X16_BYTES);
         }
         let h = head(sb);
-        // Per activation row, `-128 · Σ y` of each sub-block (from Q8_K's sums of 16).
-        let mut shift = [[0i32; 8]; T];
-        for t in 0..T {
-            let bs = x[t].add(b * Q8K_BYTES + 260);
-            let bsum = |g: usize| core::ptr::read_unaligned(bs.add(2 * g).cast::<i16>()) as i32;
-            shift[t] = core::array::from_fn(|ib| -128 * (bsum(2 * ib) + bsum(2 * ib + 1)));
-        }
+        // Per sub-block and activation row, `-128 · Σ y` (from Q8_K's sums of 16).
+        let bsum = |t: usize, g: usize| {
+            let p = x[t].add(b * Q8K_BYTES + 260 + 2 * g);
+            core::ptr::read_unaligned(p.cast::<i16>()) as i32
+        };
+        let shift: [[i32; T]; 8] = core::array::from_fn(|ib| {
+            core::array::from_fn(|t| -128 * (bsum(t, 2 * ib) + bsum(t, 2 * ib + 1)))
+        });
         let mut tot = [_mm512_setzero_si512(); T];
-        for ib in 0..8 {
-            let mut s: [__m512i; T] = core::array::from_fn(|t| _mm512_set1_epi32(shift[t][ib]));
+        for (ib, sh) in shift.iter().enumerate() {
+            let mut s: [__m512i; T] = core::array::from_fn(|t| _mm512_set1_epi32(sh[t]));
             for k in 0..4 {
                 let (lo, hi) = values(sb, ib, k, lut);
                 for t in 0..T {

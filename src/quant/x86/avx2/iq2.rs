@@ -6,7 +6,9 @@
 //! `kquant_order`'s for these formats: per super-block the 8 lanes fused-multiply-added with
 //! `d/8 · d_y` ([`crate::quant::kquant_order::k_dot_lanes`]), or from [`TILED_MIN_ROWS`]
 //! activation rows the super-block's integers summed whole
-//! ([`crate::quant::kquant_order::k_dot_tiled`]).
+//! ([`crate::quant::kquant_order::k_dot_tiled`]). In that tiled order a batch decodes each
+//! weight row once into a thread's buffer ([`gemm_decoded`]) rather than once per four
+//! activation rows: the grid lookups and sign masks are most of a tile's work.
 
 use super::*;
 use crate::quant::blocks::{BlockIq2S, BlockIq2Xs, BlockIq2Xxs, RawBlock};
