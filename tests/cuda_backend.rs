@@ -4,8 +4,9 @@
 //! (arenas, launches, graph recording and replay). `scripts/gpu-check.sh` runs this file on
 //! the GPU machine; `tests/cuda_kernels.rs` checks that NVRTC compiles every kernel.
 //!
-//! - every random fixture model (every architecture the device runs, every block format; the rest refused by name): the prompt's
-//!   logits and a greedy continuation agree with the CPU's (and with prompts of 64 rows and
+//! - every random fixture model (every architecture the device runs, every block format; the
+//!   rest refused by name): the prompt's logits and a greedy continuation agree with the CPU's
+//!   (and with prompts of 64 rows and
 //!   more, the prompt-sized products, on the unquantized formats);
 //! - decode steps allocate nothing on the device and run as one recorded graph per batch
 //!   shape, with the same results as without the graph;
