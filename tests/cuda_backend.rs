@@ -6,8 +6,8 @@
 //!
 //! - every random fixture model (every architecture the device runs, every block format; the
 //!   rest refused by name): the prompt's logits and a greedy continuation agree with the CPU's
-//!   (and with prompts of 64 rows and
-//!   more, the prompt-sized products, on the unquantized formats);
+//!   (and with prompts of 64 rows and more, the prompt-sized products, on the unquantized
+//!   formats);
 //! - decode steps allocate nothing on the device and run as one recorded graph per batch
 //!   shape, with the same results as without the graph;
 //! - rollback and prefix reuse on the device cache give the logits of a fresh evaluation;
