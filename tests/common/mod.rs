@@ -102,6 +102,7 @@ pub fn real_model(name: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("real model {name}: {e}"))
 }
 pub mod batch;
+pub mod cli;
 pub mod golden;
 pub mod ops;
 
