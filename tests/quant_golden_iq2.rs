@@ -65,14 +65,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn check(case: &Case, got: &[f32], how: &str) {
-    for (i, (g, w)) in got.iter().zip(&case.values).enumerate() {
-        assert_eq!(
-            g.to_bits(),
-            w.to_bits(),
-            "{} ({how}): element {i}: {g} vs {w}",
-            case.ty
-        );
-    }
+    common::assert_bits_eq(got, &case.values, &format!("{} ({how})", case.ty));
 }
 
 #[test]

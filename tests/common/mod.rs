@@ -77,6 +77,13 @@ pub fn f32s_le(hex_le: &str) -> Vec<f32> {
         .collect()
 }
 
+/// `got` equals `want` bit for bit, element by element; a failure names `what` and the element.
+pub fn assert_bits_eq(got: &[f32], want: &[f32], what: &str) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{what}: element {i}: {g} vs {w}");
+    }
+}
+
 /// Read a JSON-lines golden file.
 pub fn read_jsonl(path: &std::path::Path) -> Vec<serde_json::Value> {
     // Lossy: golden lines may carry generated text of a random model that is not valid UTF-8;
