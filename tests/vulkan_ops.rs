@@ -23,8 +23,11 @@
 //! and `libvulkan1`) with apt-get when they run as root, and otherwise fail saying what to
 //! install; they are ignored only off Linux, where there is no package to install.
 
-use std::process::Command;
+mod common;
+
 use std::sync::Arc;
+
+use common::ops::random;
 
 use kiln::backend::vulkan::arena::Region;
 use kiln::backend::vulkan::ops::{self, AttnArgs, Product, RopeArgs};
@@ -42,41 +45,10 @@ fn vk() -> Arc<Vk> {
                 "{first}: the Vulkan op tests need a Vulkan driver: install Debian's \
                  mesa-vulkan-drivers and libvulkan1 (apt-get install mesa-vulkan-drivers libvulkan1)"
             );
-            let root = Command::new("id")
-                .arg("-u")
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-            let apt_get = Command::new("apt-get").arg("--version").output().is_ok();
-            assert!(
-                root && apt_get,
-                "{missing} (not root with apt-get, so the test cannot)"
-            );
-            let apt = |args: &[&str]| {
-                let ok = Command::new("apt-get")
-                    .args(args)
-                    .env("DEBIAN_FRONTEND", "noninteractive")
-                    .status()
-                    .is_ok_and(|s| s.success());
-                assert!(ok, "{missing} (apt-get {} failed)", args.join(" "));
-            };
-            apt(&["update"]);
-            apt(&["install", "-y", "mesa-vulkan-drivers", "libvulkan1"]);
+            common::cli::apt_install(&["mesa-vulkan-drivers", "libvulkan1"], &missing);
             vulkan::open().unwrap_or_else(|e| panic!("{missing} (installed, but: {e})"))
         }
     }
-}
-
-/// Deterministic values in [-1, 1).
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 /// Activation rows that test the quantizer's edges: random, all zero, one spike among small

@@ -18,7 +18,6 @@ mod harness;
 mod pyenv;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use harness::Server;
 
@@ -46,24 +45,7 @@ fn chromium() -> (PathBuf, PathBuf) {
     let missing = "the web page test needs Chromium and its WebDriver: install Debian's \
                    `chromium` and `chromium-driver` (apt-get install chromium chromium-driver), \
                    or put `chromium` and `chromedriver` on PATH";
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    assert!(
-        root && on_path("apt-get").is_some(),
-        "{missing} (not root with apt-get, so the test cannot)"
-    );
-    let apt = |args: &[&str]| {
-        let ok = Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "{missing} (apt-get {} failed)", args.join(" "));
-    };
-    apt(&["update"]);
-    apt(&["install", "-y", "chromium", "chromium-driver"]);
+    common::cli::apt_install(&["chromium", "chromium-driver"], missing);
     find().unwrap_or_else(|| panic!("{missing} (installed, but not found on PATH)"))
 }
 

@@ -61,3 +61,30 @@ pub fn listing(dir: &Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Install Debian `packages` with apt-get, for a test whose tools are `missing` (the sentence
+/// saying what to install); fails with that sentence where it is not root with apt-get, or
+/// where apt-get fails.
+pub fn apt_install(packages: &[&str], missing: &str) {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let apt_get = Command::new("apt-get").arg("--version").output().is_ok();
+    assert!(
+        root && apt_get,
+        "{missing} (not root with apt-get, so the test cannot)"
+    );
+    let apt = |args: &[&str]| {
+        let ok = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "{missing} (apt-get {} failed)", args.join(" "));
+    };
+    apt(&["update"]);
+    let mut install = vec!["install", "-y"];
+    install.extend_from_slice(packages);
+    apt(&install);
+}
