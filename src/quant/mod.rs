@@ -350,6 +350,7 @@ fn repacking_in(
             GgmlType::Q5_1 => repack::repack_nib32_x16::<true, true, false>,
             GgmlType::Q8_0 => repack::repack_q8_0_x16,
             GgmlType::IQ4XS => repack::repack_iq4xs_x16,
+            GgmlType::MXFP4 => repack::repack_mxfp4_x16,
             _ => return None,
         };
         // The 32-element formats' kernels hold a group's row within a stack buffer.
@@ -375,6 +376,10 @@ fn repacking_in(
         let gemm: GemmFn = match (k.isa, k.weight) {
             (Isa::Avx512Vnni | Isa::Amx, GgmlType::Q6K) => x86::gemm_q6k_x16,
             (Isa::Avx512Vnni | Isa::Amx, GgmlType::IQ4XS) => x86::gemm_iq4xs_x16,
+            // MXFP4 sums whole blocks in every layout, as the reference does.
+            (Isa::Avx512Vnni | Isa::Amx, GgmlType::MXFP4) => x86::gemm_mxfp4_x16,
+            (Isa::Avx512, GgmlType::MXFP4) => x86::gemm_mxfp4_x16_avx512,
+            (Isa::Avx2, GgmlType::MXFP4) => x86::gemm_mxfp4_x16_avx2,
             (isa, ty) if sums_whole_blocks(isa, ty, whole) => blocks(ty)?,
             (_, ty) => group(ty)?,
         };

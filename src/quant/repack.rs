@@ -55,6 +55,10 @@
 //! rows 0..16 (f16) at 0, then lane `l`'s quants `q[4l .. 4l + 4]` of row `r`, stored as
 //! `q ^ 0x80` (unsigned, `q + 128`), at `32 + 64l + 4r`.
 //!
+//! **MXFP4 × 16**: block `b` of the 16 rows is one 272-byte block ([`MXFP4_X16_BYTES`]): the
+//! 16 rows' E8M0 scale bytes at 0, then the nibbles as Q4_0's, `qs[4j .. 4j + 4]` of row `r` at
+//! `16 + 64j + 4r` (low nibbles: elements `4j ..`, high: `16 + 4j ..`).
+//!
 //! Rows after the last whole group (`rows % 16`) keep the plain layout. The kernels of a
 //! repacked matrix must be called on tiles that start at a multiple of 16 rows
 //! ([`super::Kernels::group`]).
@@ -438,6 +442,38 @@ pub fn q8_0_x16_block(group: &[u8], r: usize, b: usize) -> [u8; B8] {
     blk
 }
 
+/// Bytes of one block of an MXFP4 group: 16 plain blocks' worth.
+pub const MXFP4_X16_BYTES: usize = GROUP * BM;
+/// Bytes of one plain MXFP4 block: the E8M0 scale byte, 16 bytes of indices.
+const BM: usize = 17;
+/// Where an MXFP4 group's block keeps its nibbles, after the 16 scale bytes.
+pub const MXFP4_X16_QS: usize = GROUP;
+
+/// The MXFP4 matrix `src` (`rows` rows of `n` elements, row-major) in the 16-row layout.
+/// Panics if `src` is not exactly that matrix (the loader checked the shape).
+pub fn repack_mxfp4_x16(src: &[u8], rows: usize, n: usize, out: &mut [u8]) {
+    repack_groups(src, rows, n, out, 32, BM, |r, blk, sb| {
+        sb[r] = blk[0];
+        for j in 0..4 {
+            let at = MXFP4_X16_QS + 64 * j + 4 * r;
+            sb[at..at + 4].copy_from_slice(&blk[1 + 4 * j..5 + 4 * j]);
+        }
+    })
+}
+
+/// Block `b` of row `r` of the repacked MXFP4 group starting at `group`, in the plain byte
+/// order.
+pub fn mxfp4_x16_block(group: &[u8], r: usize, b: usize) -> [u8; BM] {
+    let sb = &group[b * MXFP4_X16_BYTES..(b + 1) * MXFP4_X16_BYTES];
+    let mut blk = [0u8; BM];
+    blk[0] = sb[r];
+    for j in 0..4 {
+        let at = MXFP4_X16_QS + 64 * j + 4 * r;
+        blk[1 + 4 * j..5 + 4 * j].copy_from_slice(&sb[at..at + 4]);
+    }
+    blk
+}
+
 /// Bytes of one super-block of an IQ4_XS group: 16 plain blocks' worth.
 pub const IQ4XS_X16_BYTES: usize = GROUP * BX;
 /// Bytes of one plain IQ4_XS block: `d` (f16), `scales_h` (u16), `scales_l` (u32), 128 bytes of
@@ -493,6 +529,7 @@ pub fn dequantize_row(k: &super::Kernels, group: &[u8], r: usize, out: &mut [f32
             (_, Some(f)) => (k.dequantize)(&nib32_x16_block(f, group, r, b)[..f.block_bytes()], o),
             (super::GgmlType::Q8_0, _) => (k.dequantize)(&q8_0_x16_block(group, r, b), o),
             (super::GgmlType::IQ4XS, _) => (k.dequantize)(&iq4xs_x16_block(group, r, b), o),
+            (super::GgmlType::MXFP4, _) => (k.dequantize)(&mxfp4_x16_block(group, r, b), o),
             (ty, _) => panic!("{ty} is not repacked"),
         }
     }
@@ -570,6 +607,9 @@ mod tests {
         });
         round_trip(35, QK_K, BX, repack_iq4xs_x16, |g, r, b| {
             iq4xs_x16_block(g, r, b).to_vec()
+        });
+        round_trip(35, 32, BM, repack_mxfp4_x16, |g, r, b| {
+            mxfp4_x16_block(g, r, b).to_vec()
         });
         use super::super::GgmlType as T;
         let layouts: [(T, bool, RepackFn); 6] = [

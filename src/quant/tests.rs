@@ -771,6 +771,7 @@ fn repacked_kquants_match_reference_order() {
         GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::IQ4XS,
+        GgmlType::MXFP4,
     ]
     .into_iter()
     .flat_map(|ty| Isa::available().into_iter().map(move |isa| (ty, isa)))
@@ -805,7 +806,8 @@ fn repacked_kquants_match_reference_order() {
     }
     // Every x86 tier from AVX2 up repacks Q4_K (3 shapes and 4 scale regimes) and the
     // 32-element formats (5 of them, 4 shapes and 4 scale regimes each), AVX-512 VNNI and AMX
-    // Q6_K and IQ4_XS too; elsewhere this test checks nothing.
+    // Q6_K and IQ4_XS (3 shapes) too, and every tier MXFP4 (4 shapes); elsewhere this test
+    // checks nothing.
     let avail = Isa::available();
     let x86_tiers = avail
         .iter()
@@ -816,7 +818,7 @@ fn repacked_kquants_match_reference_order() {
         .filter(|isa| matches!(isa, Isa::Avx512Vnni | Isa::Amx))
         .count();
     // Each twice: as a layer's matrix and as the output matrix.
-    let expect = 2 * (x86_tiers * (3 * 4 + 5 * 4 * 4) + 2 * q6k * 3 * 4);
+    let expect = 2 * (x86_tiers * (3 * 4 + 5 * 4 * 4) + 2 * q6k * 3 * 4 + x86_tiers * 4 * 4);
     assert_eq!(tested, expect, "repacked kernels missing on this machine");
 }
 
@@ -884,8 +886,10 @@ fn repacked_rows_match(
                 // The k-quants' order (the 32-element formats' groups may sum whole blocks).
                 let want = match super::kquant_order::gemm_dot(ty, wi, xj, n, nx, j) {
                     Some(v) => v,
-                    // Groups that sum whole blocks' integer dots.
-                    None if super::sums_whole_blocks(isa, ty, logits) && i < rows / g * g => {
+                    // Groups that sum whole blocks' integer dots, and MXFP4 in every layout.
+                    None if (super::sums_whole_blocks(isa, ty, logits) && i < rows / g * g)
+                        || ty == GgmlType::MXFP4 =>
+                    {
                         super::kquant_order::t32_dot_blocks(ty, wi, xj, n)
                     }
                     // The 32-element formats: the plain layout's kernel, and the
@@ -1063,6 +1067,25 @@ fn mxfp4_kernels_are_exact_on_extreme_scales() {
                         (&mut out, 1),
                     ));
                     assert!(out.iter().all(|&o| same(o, want)), "{what}: gemm {out:?}");
+                    // Sixteen copies of the row repacked into one group (where this tier
+                    // repacks MXFP4), against 1 and 3 activation rows.
+                    let w16 = w.repeat(16);
+                    if let Some((packed, kp)) = super::repacked(&k, &w16, 16, n) {
+                        for nx in [1, 3] {
+                            let mut out = [0f32; 48];
+                            (kp.gemm)(GemmArgs::new(
+                                n,
+                                (&packed, w.len(), 16),
+                                (&x3, x.len(), nx),
+                                (&mut out, 16),
+                            ));
+                            let out = &out[..16 * nx];
+                            assert!(
+                                out.iter().all(|&o| same(o, want)),
+                                "{what}: repacked, {nx} rows {out:?}"
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -10,12 +10,14 @@
 //! Matrices repacked into 16-row groups (`quant::repack`) have kernels of their own: `t32_x16`
 //! (the 32-element formats on VNNI, the reference's 8 lanes), `t32_x16_ymm` (the same 8 rows at a
 //! time without VNNI), `t32_blocks` (whole-block sums: Q4_0 on VNNI, and the AMX tier's rows off
-//! the tiles), `amx` (the AMX tier's tile products), `q4k_x16`, `q4k_x16_ymm`, `q6k_x16` and `iq4xs_x16`.
+//! the tiles), `amx` (the AMX tier's tile products), `q4k_x16`, `q4k_x16_ymm`, `q6k_x16`, `iq4xs_x16` and
+//! `mxfp4_x16` (MXFP4's layout for `t32_blocks`).
 
 mod amx;
 mod avx2;
 mod avx512;
 mod iq4xs_x16;
+mod mxfp4_x16;
 mod q4k_x16;
 mod q4k_x16_ymm;
 mod q6k_x16;
@@ -455,6 +457,38 @@ group_gemm!(
     avx2::TIq4Xs,
     iq4xs_x16::gemm_tf,
     usize::MAX
+);
+group_gemm!(
+    /// [`gemm_groups`] for MXFP4 (AVX-512 VNNI only): `t32_blocks` over the grid's bytes
+    /// (`mxfp4_x16`), its rows after the last group `avx2::TMxfp4`'s; both sum whole blocks.
+    gemm_mxfp4_x16,
+    GgmlType::MXFP4,
+    tier_vnni,
+    has_avx512vnni,
+    avx2::TMxfp4,
+    t32_blocks::gemm_tf::<mxfp4_x16::Mxfp4>,
+    32 * t32_x16::MAX_BLOCKS
+);
+group_gemm!(
+    /// [`gemm_groups`] for MXFP4 on AVX-512 without VNNI: `t32_x16_ymm`'s block sums, 8 rows at
+    /// a time.
+    gemm_mxfp4_x16_avx512,
+    GgmlType::MXFP4,
+    tier_avx512,
+    has_avx512,
+    avx2::TMxfp4,
+    t32_x16_ymm::gemm_blocks::<mxfp4_x16::Mxfp4>,
+    32 * t32_x16::MAX_BLOCKS
+);
+group_gemm!(
+    /// [`gemm_groups`] for MXFP4 on AVX2 (as [`gemm_mxfp4_x16_avx512`]).
+    gemm_mxfp4_x16_avx2,
+    GgmlType::MXFP4,
+    tier_avx2,
+    has_avx2,
+    avx2::TMxfp4,
+    t32_x16_ymm::gemm_blocks::<mxfp4_x16::Mxfp4>,
+    32 * t32_x16::MAX_BLOCKS
 );
 group_gemms!(
     groups_avx512,

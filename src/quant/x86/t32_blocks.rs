@@ -16,7 +16,7 @@
 //! without an offset (Q4_1, Q5_1: unsigned weights) multiply as stored, the activations signed.
 
 use super::avx2::{prefetch_ahead, Gemm};
-use super::t32_x16::{corrections, d16, dx, m16, sx, Group32, Lanes512, MAX_BLOCKS};
+use super::t32_x16::{corrections, dx, m16, sx, Group32, Lanes512, MAX_BLOCKS};
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
@@ -61,7 +61,7 @@ pub(super) unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> 
         let sb = w.add(b * F::BYTES);
         prefetch_ahead(sb, F::BYTES);
         let xp = x.add(b * F::XB);
-        let prod = _mm512_mul_ps(d16(sb), dx(xp));
+        let prod = _mm512_mul_ps(F::d(sb), dx(xp));
         let y = |l: usize| {
             _mm512_set1_epi32(core::ptr::read_unaligned(
                 xp.add(F::XQ + 4 * l).cast::<i32>(),
@@ -220,7 +220,7 @@ impl Decoded {
         for b in 0..nb {
             let sb = w.add(b * F::BYTES);
             prefetch_ahead(sb, F::BYTES);
-            self.ds[b].write(d16(sb));
+            self.ds[b].write(F::d(sb));
             let mut v = [_mm512_setzero_si512(); 8];
             for j in 0..4 {
                 let [lo, hi] = F::values(sb, j);

@@ -61,7 +61,7 @@ unsafe fn row<F: Lanes512>(nb: usize, w: *const u8, x: *const u8) -> ([__m512; 8
         let sb = w.add(b * F::BYTES);
         prefetch_ahead(sb, F::BYTES);
         let xp = x.add(b * F::XB);
-        let prod = _mm512_mul_ps(d16(sb), dx(xp));
+        let prod = _mm512_mul_ps(F::d(sb), dx(xp));
         let corr = corrections::<F>(xp);
         for j in 0..4 {
             let [lo, hi] = F::values(sb, j);
@@ -92,7 +92,7 @@ unsafe fn batch<F: Lanes512>(g: Gemm) {
     for b in 0..nb {
         let sb = w.add(b * F::BYTES);
         prefetch_ahead(sb, F::BYTES);
-        ds[b].write(d16(sb));
+        ds[b].write(F::d(sb));
         if F::MIN {
             mins[b].write(m16(sb));
         }
@@ -219,6 +219,15 @@ pub(super) trait Lanes512: Group32 {
     /// # Safety
     /// `sb` points to a whole block of the layout (`BYTES` readable bytes); AVX-512 F/BW.
     unsafe fn values(sb: *const u8, j: usize) -> [__m512i; 2];
+
+    /// The 16 rows' scales of block `sb` in f32: `d` as f16 at the block's start ([`d16`]).
+    ///
+    /// # Safety
+    /// `sb` points to a whole block of the layout; AVX-512 F.
+    #[inline(always)]
+    unsafe fn d(sb: *const u8) -> __m512 {
+        d16(sb)
+    }
 }
 
 /// The 4-bit legacy formats × 16 (`quant::repack::Nib32`): nibbles, fifth bits as one 64-bit

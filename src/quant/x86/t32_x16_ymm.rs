@@ -339,13 +339,13 @@ pub(super) unsafe fn f16x8(p: *const u8, h: usize) -> __m256 {
 /// # Safety
 /// `sb` points to a whole block of the layout; F16C.
 #[inline(always)]
-unsafe fn scales<F: Group32>(sb: *const u8, h: usize) -> (__m256, __m256) {
+unsafe fn scales<F: Half32>(sb: *const u8, h: usize) -> (__m256, __m256) {
     let m = if F::MIN {
         f16x8(sb.add(Nib32::M_AT), h)
     } else {
         _mm256_setzero_ps()
     };
-    (f16x8(sb, h), m)
+    (F::d8(sb, h), m)
 }
 
 /// A [`Group32`] layout read 8 rows at a time.
@@ -401,6 +401,15 @@ pub(super) trait Half32: Group32 {
         corr: __m256i,
     ) -> __m256i {
         lane_sum::<Self>(p, y, corr)
+    }
+    /// The 8 rows' scales of half `h` (< 2) of block `sb` in f32: `d` as f16 at the block's
+    /// start ([`f16x8`]).
+    ///
+    /// # Safety
+    /// `sb` points to a whole block of the layout; F16C.
+    #[inline(always)]
+    unsafe fn d8(sb: *const u8, h: usize) -> __m256 {
+        f16x8(sb, h)
     }
 }
 
@@ -530,7 +539,7 @@ impl<const MIN: bool> Half32 for Planes<MIN> {
 /// # Safety
 /// `nb` points to the block's 256 nibble bytes; AVX2.
 #[inline(always)]
-unsafe fn nibbles(nb: *const u8, l: usize, h: usize) -> __m256i {
+pub(super) unsafe fn nibbles(nb: *const u8, l: usize, h: usize) -> __m256i {
     let q = loadu(nb.add(64 * (l % 4) + 32 * h));
     let q = if l < 4 { q } else { _mm256_srli_epi16::<4>(q) };
     _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
