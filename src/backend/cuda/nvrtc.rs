@@ -37,6 +37,7 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("gemm.cu", include_str!("kernels/gemm.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("probe.cu", include_str!("kernels/probe.cu")),
+    ("moe.cu", include_str!("kernels/moe.cu")),
 ];
 
 /// The stamping macros of the kernel files: a line that starts with one is an instance, one or
