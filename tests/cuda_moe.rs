@@ -1,12 +1,16 @@
 //! A mixture of experts routed on the CUDA backend (on a GPU, else on the software GPU: see
 //! tests/cuda_backend.rs): the routing kernel (`moe_route_f32`) against the CPU's
-//! `kernels::moe::route` on random and tied router logits, every gate.
+//! `kernels::moe::route` on random and tied router logits, every gate; the products of the
+//! experts named by ids in device memory (`matvec_*_id`) against each expert's own matvec, for
+//! every weight format, both layouts, with biases.
 
 mod common;
 
-use common::ops::{gpu, random};
+use common::ops::{gpu, i32_bytes, random, random_blocks};
 use kiln::backend::cuda::gpu::{Arena, Arg, Gpu, Layout};
+use kiln::backend::cuda::weights::{format_kernels, repack, repacked_kernels, FormatKernels};
 use kiln::kernels::moe::{route, GateFn, Routing};
+use kiln::quant::GgmlType;
 
 /// Router logits of `rows` tokens over `ne` experts: random ones, then tied ones (a few
 /// levels, so most rows have ties at the top and across the k-th place), a row all equal, a
@@ -184,4 +188,280 @@ fn routing_kernel_matches_the_cpu_route() {
         }
     }
     assert_eq!(cases, 36);
+}
+
+/// The weight formats with device kernels (the activation formats have none).
+fn weight_formats() -> Vec<GgmlType> {
+    GgmlType::ALL
+        .into_iter()
+        .filter(|&ty| format_kernels(ty).is_ok())
+        .collect()
+}
+
+/// The non-linear formats (grids and value tables).
+fn nonlinear(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        IQ4NL | IQ4XS | MXFP4 | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S | IQ1M
+    )
+}
+
+/// `n` experts' matrices of `ty`, `rows × cols` each, one after another: quantized by the CPU
+/// from random values, or random blocks where the CPU has no quantizer for the format (and
+/// for the non-linear formats' odd experts, which reach every grid index and scale code).
+fn expert_stack(ty: GgmlType, n: usize, rows: usize, cols: usize) -> Vec<u8> {
+    let rb = ty.row_bytes(cols).unwrap();
+    let mut w = vec![0u8; n * rows * rb];
+    let f = random(n * rows * cols, ty as u64 + 5);
+    let per_row = cols / ty.block_size();
+    for (r, (src, dst)) in f.chunks_exact(cols).zip(w.chunks_exact_mut(rb)).enumerate() {
+        if ((r / rows) % 2 == 1 && nonlinear(ty))
+            || kiln::quant::quantize_row(ty, src, dst).is_err()
+        {
+            dst.copy_from_slice(&random_blocks(
+                ty,
+                per_row,
+                (ty as u64) << 8 | r as u64,
+                false,
+            ));
+        }
+    }
+    w
+}
+
+/// The id-indexed products against each chosen expert's own matvec, bit for bit, for every
+/// weight format (the file's layout and, where the upload rearranges the format, the
+/// rearranged one), with and without biases: pairs reading their token's row (x_div = k, the
+/// gate and up products) and their own (x_div = 1, the down products), rows of a warp and of
+/// a block, and a row count that leaves a block's last rows empty.
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
+fn expert_products_match_each_experts_matvec() {
+    let g = gpu();
+    let (n_expert, k) = (4, 2);
+    let ids: Vec<i32> = vec![3, 0, 1, 3, 2, 1];
+    let pairs = ids.len();
+    let mut checked = 0;
+    for ty in weight_formats() {
+        let file = format_kernels(ty).unwrap();
+        let mut layouts = vec![(file, false)];
+        if let Some(r) = repacked_kernels(ty) {
+            layouts.push((r, true));
+        }
+        for (rows, cols) in [(20usize, 256usize), (8, 512 * 32 + 256)] {
+            if !cols.is_multiple_of(ty.block_size()) || (cols > 4096 && file.quantize.is_none()) {
+                continue;
+            }
+            let stack = expert_stack(ty, n_expert, rows, cols);
+            let each = stack.len() / n_expert;
+            for &(kern, repacked) in &layouts {
+                if repacked && !each.is_multiple_of(16) {
+                    continue;
+                }
+                let w: Vec<u8> = match repacked {
+                    true => stack
+                        .chunks_exact(each)
+                        .flat_map(|e| repack(ty, e, rows, cols).unwrap())
+                        .collect(),
+                    false => stack.clone(),
+                };
+                for (x_div, bias) in [(k, false), (1, true)] {
+                    let n_x = pairs / x_div;
+                    let x = random(n_x * cols, cols as u64 + x_div as u64);
+                    let b = random(n_expert * rows, 17);
+                    let got = id_products(
+                        &g,
+                        kern,
+                        &w,
+                        each,
+                        &ids,
+                        &x,
+                        n_x,
+                        x_div,
+                        rows,
+                        cols,
+                        bias.then_some(&b[..]),
+                    );
+                    for (p, &e) in ids.iter().enumerate() {
+                        let e = e as usize;
+                        let one = &w[e * each..(e + 1) * each];
+                        let t = p / x_div;
+                        let want =
+                            plain_matvec(&g, kern, one, &x[t * cols..(t + 1) * cols], rows, cols);
+                        for r in 0..rows {
+                            let want = if bias {
+                                want[r] + b[e * rows + r]
+                            } else {
+                                want[r]
+                            };
+                            let have = got[p * rows + r];
+                            assert_eq!(
+                                have.to_bits(),
+                                want.to_bits(),
+                                "{ty:?} ({}), {rows}×{cols}, pair {p} (expert {e}), row {r}: {have} against the expert's matvec {want}",
+                                if repacked { "rearranged" } else { "file layout" }
+                            );
+                        }
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked >= 2 * weight_formats().len(), "{checked} cases");
+}
+
+/// The kernel's threads per row for unquantized formats, and (block, threads per row) for the
+/// quantized ones: step/products.rs's choice for the software GPU's and a GPU's default
+/// bound of 512 groups a warp.
+fn shape(g: &Gpu, kern: FormatKernels, cols: usize) -> (u32, u32) {
+    let t = if g.is_emulated() { 32 } else { 128 };
+    match kern.quantize {
+        None => (t, t),
+        Some(_) if cols / 32 <= 512 => (256, 32),
+        Some(_) => (t, t),
+    }
+}
+
+/// `matvec_*_id` over the stack `w` (`each` bytes an expert) for the pairs `ids`.
+#[allow(clippy::too_many_arguments)]
+fn id_products(
+    g: &Gpu,
+    kern: FormatKernels,
+    w: &[u8],
+    each: usize,
+    ids: &[i32],
+    x: &[f32],
+    n_x: usize,
+    x_div: usize,
+    rows: usize,
+    cols: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let pairs = ids.len();
+    let mut l = Layout::default();
+    let (wo, xo, xq, io) = (
+        l.take(w.len()),
+        l.take(x.len() * 4),
+        l.take(n_x * cols / 32 * 40),
+        l.take(pairs * 4),
+    );
+    let (bo, yo) = (
+        l.take(bias.map_or(4, |b| b.len() * 4)),
+        l.take(pairs * rows * 4),
+    );
+    let mut a = Arena::new(g, l.bytes).unwrap();
+    let s = g.default_stream();
+    a.write(s, wo, w).unwrap();
+    a.write(s, xo, zerocopy::IntoBytes::as_bytes(x)).unwrap();
+    a.write(s, io, &i32_bytes(ids.iter().copied())).unwrap();
+    if let Some(b) = bias {
+        a.write(s, bo, zerocopy::IntoBytes::as_bytes(b)).unwrap();
+    }
+    let input = match kern.quantize {
+        Some(q) => {
+            let n = n_x * cols;
+            let args = [Arg::P(a.ptr(xo)), Arg::P(a.ptr(xq)), Arg::L(n as i64)];
+            g.launch(s, q, n.div_ceil(256) as u32, 256, &args).unwrap();
+            a.ptr(xq)
+        }
+        None => a.ptr(xo),
+    };
+    let mut args = vec![
+        Arg::P(a.ptr(wo)),
+        Arg::L(each as i64),
+        Arg::P(a.ptr(io)),
+        Arg::P(input),
+        Arg::P(a.ptr(yo)),
+        Arg::P(bias.map_or(0, |_| a.ptr(bo))),
+        Arg::I(rows as i32),
+        Arg::I(cols as i32),
+    ];
+    let (block, tpr) = shape(g, kern, cols);
+    let grid = match kern.quantize {
+        Some(_) => {
+            args.extend([Arg::I(n_x as i32), Arg::I(x_div as i32), Arg::I(tpr as i32)]);
+            pairs * rows.div_ceil((block / tpr) as usize)
+        }
+        None => {
+            args.push(Arg::I(x_div as i32));
+            pairs * rows
+        }
+    };
+    g.launch(s, kern.matvec_id, grid as u32, block, &args)
+        .unwrap();
+    g.synchronize(s).unwrap();
+    let mut y = vec![f32::NAN; pairs * rows];
+    a.read(s, yo, zerocopy::IntoBytes::as_mut_bytes(&mut y[..]))
+        .unwrap();
+    y
+}
+
+/// One matrix's matvec (`kern.matvec`) over one row of x, as the session launches it.
+fn plain_matvec(
+    g: &Gpu,
+    kern: FormatKernels,
+    w: &[u8],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let mut l = Layout::default();
+    let (wo, xo, xq, yo) = (
+        l.take(w.len()),
+        l.take(x.len() * 4),
+        l.take(cols / 32 * 40),
+        l.take(rows * 4),
+    );
+    let mut a = Arena::new(g, l.bytes).unwrap();
+    let s = g.default_stream();
+    a.write(s, wo, w).unwrap();
+    a.write(s, xo, zerocopy::IntoBytes::as_bytes(x)).unwrap();
+    let (block, tpr) = shape(g, kern, cols);
+    match kern.quantize {
+        Some(q) => {
+            let args = [Arg::P(a.ptr(xo)), Arg::P(a.ptr(xq)), Arg::L(cols as i64)];
+            g.launch(s, q, cols.div_ceil(256) as u32, 256, &args)
+                .unwrap();
+            let (wp, yp) = (a.ptr(wo), a.ptr(yo));
+            let args = [
+                Arg::P(wp),
+                Arg::P(wp),
+                Arg::P(wp),
+                Arg::P(a.ptr(xq)),
+                Arg::P(yp),
+                Arg::P(yp),
+                Arg::P(yp),
+                Arg::I(rows as i32),
+                Arg::I(0),
+                Arg::I(0),
+                Arg::I(cols as i32),
+                Arg::I(1),
+                Arg::I(0),
+                Arg::I(tpr as i32),
+            ];
+            let grid = rows.div_ceil((block / tpr) as usize) as u32;
+            g.launch(s, kern.matvec, grid, block, &args).unwrap();
+        }
+        None => {
+            let args = [
+                Arg::P(a.ptr(wo)),
+                Arg::P(a.ptr(xo)),
+                Arg::P(a.ptr(yo)),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(1),
+            ];
+            g.launch(s, kern.matvec, rows as u32, block, &args).unwrap();
+        }
+    }
+    g.synchronize(s).unwrap();
+    let mut y = vec![f32::NAN; rows];
+    a.read(s, yo, zerocopy::IntoBytes::as_mut_bytes(&mut y[..]))
+        .unwrap();
+    y
 }
