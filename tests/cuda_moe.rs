@@ -2,15 +2,24 @@
 //! tests/cuda_backend.rs): the routing kernel (`moe_route_f32`) against the CPU's
 //! `kernels::moe::route` on random and tied router logits, every gate; the products of the
 //! experts named by ids in device memory (`matvec_*_id`) against each expert's own matvec, for
-//! every weight format, both layouts, with biases.
+//! every weight format, both layouts, with biases; and whole models: a MoE decode step routed
+//! on the device records as one graph, replays it, allocates nothing, and gives the bits of
+//! the same steps routed on the host.
 
 mod common;
 
+use std::sync::Arc;
+
 use common::ops::{gpu, i32_bytes, random, random_blocks};
+use kiln::backend::cuda::exec::OnCuda;
 use kiln::backend::cuda::gpu::{Arena, Arg, Gpu, Layout};
 use kiln::backend::cuda::weights::{format_kernels, repack, repacked_kernels, FormatKernels};
+use kiln::backend::Device;
+use kiln::engine::{Session, SessionOptions};
 use kiln::kernels::moe::{route, GateFn, Routing};
+use kiln::model::Model;
 use kiln::quant::GgmlType;
+use kiln::sampler::argmax;
 
 /// Router logits of `rows` tokens over `ne` experts: random ones, then tied ones (a few
 /// levels, so most rows have ties at the top and across the k-th place), a row all equal, a
@@ -464,4 +473,80 @@ fn plain_matvec(
     a.read(s, yo, zerocopy::IntoBytes::as_mut_bytes(&mut y[..]))
         .unwrap();
     y
+}
+
+/// Every mixture-of-experts fixture: every gate the fixtures have (softmax, gpt-oss's
+/// softmax over the chosen logits), a shared expert (Qwen2-MoE), biases and the clamped
+/// SwiGLU (gpt-oss), experts in f32, Q8_0, Q4_0 (rearranged at upload), the K-quants and
+/// MXFP4.
+const MOES: [&str; 9] = [
+    "random-qwen3moe-f32",
+    "random-qwen3moe-q8_0",
+    "random-olmoe-f32",
+    "random-olmoe-q4_k_m",
+    "random-qwen2moe-f32",
+    "random-qwen2moe-q4_0",
+    "random-gpt-oss-f32",
+    "random-gpt-oss-q4_k_m",
+    "random-gpt-oss-mxfp4",
+];
+
+fn session(m: &Arc<Model>, on_device: bool) -> Session {
+    let mut o = SessionOptions::new(128, 2);
+    o.prefill_chunk = 64;
+    o.device = Device::Cuda;
+    let mut s = Session::new(Arc::clone(m), o).expect("a session on the GPU");
+    s.cuda_mut().unwrap().set_moe_routing_on_device(on_device);
+    s
+}
+
+/// A MoE model's decode steps routed on the device: one graph for one-row steps, replayed
+/// (no device allocation after the first), and the logits of every step (a short prompt's
+/// too, routed on the device without a graph) equal bit for bit to the same steps routed
+/// on the host, whose steps record no graph.
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
+fn moe_decode_routes_on_the_device_and_replays_a_graph() {
+    let _gpu = common::gpu("moe_decode_routes_on_the_device_and_replays_a_graph");
+    let prompt = [1u32, 5, 9, 14, 3];
+    for stem in MOES {
+        let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+        let mut dev = session(&m, true);
+        let mut host = session(&m, false);
+        dev.prefill(&prompt, &mut |_, _| {}).unwrap();
+        host.prefill(&prompt, &mut |_, _| {}).unwrap();
+        assert_eq!(dev.logits(), host.logits(), "{stem}: the prompt's logits");
+        let mut t = argmax(dev.logits());
+        dev.decode(t).unwrap();
+        host.decode(t).unwrap();
+        let gpu = Arc::clone(dev.cuda().unwrap().gpu());
+        let before = gpu.allocations();
+        for step in 0..4 {
+            assert_eq!(dev.logits(), host.logits(), "{stem}: decode step {step}");
+            t = argmax(dev.logits());
+            dev.decode(t).unwrap();
+            host.decode(t).unwrap();
+        }
+        assert_eq!(dev.logits(), host.logits(), "{stem}: the last step");
+        assert_eq!(
+            gpu.allocations(),
+            before,
+            "{stem}: decode steps allocated device memory"
+        );
+        let d = dev.cuda().unwrap();
+        assert_eq!(d.graphs(), 1, "{stem}: one graph for one-row steps");
+        let launches = d.graph_launches(1).unwrap();
+        assert_eq!(
+            host.cuda().unwrap().graphs(),
+            0,
+            "{stem}: routed on the host, no graph"
+        );
+        println!(
+            "{stem}: a decode step of {} layers is one graph of {launches} launches",
+            m.config.n_layers
+        );
+    }
 }
