@@ -131,6 +131,8 @@ fn close(a: f32, b: f32, ulps: u32) -> bool {
     ignore = "needs a GPU or the software GPU, which runs only on x86-64"
 )]
 fn routing_kernel_matches_the_cpu_route() {
+    // (One GPU test at a time: the decode test counts the device's allocations.)
+    let _one = common::gpu("routing_kernel_matches_the_cpu_route");
     let g = gpu();
     let ulps = if g.is_emulated() { 0 } else { 4 };
     let mut cases = 0;
@@ -249,6 +251,7 @@ fn expert_stack(ty: GgmlType, n: usize, rows: usize, cols: usize) -> Vec<u8> {
     ignore = "needs a GPU or the software GPU, which runs only on x86-64"
 )]
 fn expert_products_match_each_experts_matvec() {
+    let _one = common::gpu("expert_products_match_each_experts_matvec");
     let g = gpu();
     let (n_expert, k) = (4, 2);
     let ids: Vec<i32> = vec![3, 0, 1, 3, 2, 1];
