@@ -150,3 +150,143 @@ fn long_prompts_agree_with_the_cpu() {
         );
     }
 }
+
+/// The q, k and v products' RoPE epilogue (`matvec_*_rope`) against the CPU's rotation of the
+/// same products: a linear position scale and frequency factors, both unlike 1, where the
+/// angle rounded as (scale · θ) / factor and as the CPU's scale · (θ / factor) differ at most
+/// positions. Bit for bit on the software GPU (its `cosf` and `sinf` are the CPU's); on a GPU,
+/// whose `cosf` and `sinf` are CUDA's, within 1e-5 of the rotated value's magnitude.
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
+fn scaled_rope_in_the_products_epilogue_rounds_as_the_cpu() {
+    use common::ops::random;
+    use kiln::backend::cuda::gpu::{Arena, Arg, Layout};
+    use kiln::kernels::ops::{Rope, RopeKind};
+    use kiln::quant::GgmlType;
+
+    let g = common::ops::gpu();
+    let (hd, n_dims, cols, n_tok) = (32usize, 32usize, 64usize, 24usize);
+    // Two query heads, a key head, a value head: rows of a warp, eight to a block.
+    let (rq, rk, rv) = (2 * hd, hd, hd);
+    let rows = rq + rk + rv;
+    let wf = random(rows * cols, 3);
+    let rb = GgmlType::Q8_0.row_bytes(cols).unwrap();
+    let mut w = vec![0u8; rows * rb];
+    for (src, dst) in wf.chunks_exact(cols).zip(w.chunks_exact_mut(rb)) {
+        kiln::quant::quantize_row(GgmlType::Q8_0, src, dst).unwrap();
+    }
+    let x = random(n_tok * cols, 4);
+    let ff: Vec<f32> = (0..n_dims / 2).map(|i| 1.0 + 0.3 * i as f32).collect();
+    let rope = Rope::new(RopeKind::Normal, n_dims, 10000.0, 0.37, Some(ff.clone()));
+    let pos: Vec<i32> = (0..n_tok as i32).map(|t| 3 * t + 1).collect();
+
+    let mut l = Layout::default();
+    let (wo, xo, xq, po, fo) = (
+        l.take(w.len()),
+        l.take(x.len() * 4),
+        l.take(n_tok * cols / 32 * 40),
+        l.take(n_tok * 4),
+        l.take(ff.len() * 4),
+    );
+    let (plain, roped) = (l.take(n_tok * rows * 4), l.take(n_tok * rows * 4));
+    let mut a = Arena::new(&g, l.bytes).unwrap();
+    let s = g.default_stream();
+    a.write(s, wo, &w).unwrap();
+    a.write(s, xo, zerocopy::IntoBytes::as_bytes(&x[..]))
+        .unwrap();
+    a.write(s, po, zerocopy::IntoBytes::as_bytes(&pos[..]))
+        .unwrap();
+    a.write(s, fo, zerocopy::IntoBytes::as_bytes(&ff[..]))
+        .unwrap();
+    let n = n_tok * cols;
+    let args = [Arg::P(a.ptr(xo)), Arg::P(a.ptr(xq)), Arg::L(n as i64)];
+    g.launch(s, "quantize_q8_0", n.div_ceil(256) as u32, 256, &args)
+        .unwrap();
+    // The three matrices: rows 0.., rq.., rq + rk.. of one stack, q8_0 bytes each.
+    let (w0, w1, w2) = (a.ptr(wo), a.ptr(wo + rq * rb), a.ptr(wo + (rq + rk) * rb));
+    for (kernel, out) in [("matvec_q8_0", plain), ("matvec_q8_0_rope", roped)] {
+        let y = a.ptr(out);
+        let (y0, y1, y2) = (
+            y,
+            y + (n_tok * rq * 4) as u64,
+            y + (n_tok * (rq + rk) * 4) as u64,
+        );
+        let mut args = vec![
+            Arg::P(w0),
+            Arg::P(w1),
+            Arg::P(w2),
+            Arg::P(a.ptr(xq)),
+            Arg::P(y0),
+            Arg::P(y1),
+            Arg::P(y2),
+            Arg::I(rq as i32),
+            Arg::I(rk as i32),
+            Arg::I(rv as i32),
+            Arg::I(cols as i32),
+            Arg::I(n_tok as i32),
+            Arg::I(0),
+            Arg::I(32),
+        ];
+        if kernel.ends_with("_rope") {
+            let theta_scale = 10000f32.powf(-2.0 / n_dims as f32);
+            args.extend([
+                Arg::P(a.ptr(po)),
+                Arg::P(0),
+                Arg::P(0),
+                Arg::P(0),
+                Arg::L(0),
+                Arg::L(0),
+                Arg::P(a.ptr(fo)),
+                Arg::F(theta_scale),
+                Arg::F(0.37),
+                Arg::I(hd as i32),
+                Arg::I(n_dims as i32),
+                Arg::I(hd as i32),
+                Arg::I(256),
+            ]);
+        }
+        g.launch(s, kernel, (rows / 8) as u32, 256, &args).unwrap();
+    }
+    g.synchronize(s).unwrap();
+    let read = |off: usize| {
+        let mut v = vec![0f32; n_tok * rows];
+        a.read(s, off, zerocopy::IntoBytes::as_mut_bytes(&mut v[..]))
+            .unwrap();
+        v
+    };
+    let (plain, roped) = (read(plain), read(roped));
+    let exact = g.is_emulated();
+    let mut cs = vec![0f32; n_dims];
+    let mut rotated = 0;
+    // The outputs: q `[n_tok, rq]`, then k `[n_tok, rk]`, then v `[n_tok, rv]`.
+    for (base, width, rotates) in [
+        (0, rq, true),
+        (n_tok * rq, rk, true),
+        (n_tok * (rq + rk), rv, false),
+    ] {
+        for (t, &p) in pos.iter().enumerate() {
+            let at = base + t * width..base + (t + 1) * width;
+            let mut want = plain[at.clone()].to_vec();
+            if rotates {
+                rope.cos_sin(p as usize, &mut cs);
+                rope.apply(&mut want, hd, &cs);
+                rotated += 1;
+            }
+            for (i, (&got, &want)) in roped[at].iter().zip(&want).enumerate() {
+                let ok = if exact {
+                    got.to_bits() == want.to_bits()
+                } else {
+                    (got - want).abs() <= 1e-5 * want.abs().max(1.0)
+                };
+                assert!(
+                    ok,
+                    "token {t} at {p}, element {i}: {got} against the CPU's {want}"
+                );
+            }
+        }
+    }
+    assert_eq!(rotated, 2 * n_tok);
+}

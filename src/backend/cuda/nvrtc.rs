@@ -26,23 +26,27 @@ pub const KERNELS: &[(&str, &str)] = &[
     ("rope.cu", include_str!("kernels/rope.cu")),
     ("embed.cu", include_str!("kernels/embed.cu")),
     // (The non-linear formats' products continue matvec.cu in a file of their own: its
-    // kernels stamped with their `dot_*`.)
+    // kernels stamped with their `dot_*`; then the experts' products over every format.)
     (
         "matvec.cu",
         concat!(
             include_str!("kernels/matvec.cu"),
-            include_str!("kernels/matvec_iq.cu")
+            include_str!("kernels/matvec_iq.cu"),
+            include_str!("kernels/matvec_id.cu")
         ),
     ),
     ("gemm.cu", include_str!("kernels/gemm.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("probe.cu", include_str!("kernels/probe.cu")),
+    ("moe.cu", include_str!("kernels/moe.cu")),
 ];
 
 /// The stamping macros of the kernel files: a line that starts with one is an instance, one or
 /// more kernels named by its first argument.
-const STAMPS: [&str; 8] = [
+const STAMPS: [&str; 10] = [
     "MATVEC_Q(",
+    "MATVEC_ID(",
+    "MATVEC_PLAIN_ID(",
     "MATVEC_GATED(",
     "MATVEC_PLAIN(",
     "EMBED(",

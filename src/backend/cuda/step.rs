@@ -87,8 +87,11 @@ pub struct CudaSession {
     recorded: usize,
     /// Record decode steps as graphs.
     pub use_graphs: bool,
-    /// A mixture-of-experts model's routing on the host (its steps are not recorded).
+    /// A mixture-of-experts model's routing on the host (passes of more than
+    /// [`MAX_GRAPH_ROWS`] rows, or all with `moe_on_device` off).
     moe_host: Option<moe::MoeHost>,
+    /// Route decode-sized passes on the device (step/moe.rs), so their steps record as graphs.
+    moe_on_device: bool,
     /// The first error of the pass in progress.
     err: Option<CudaError>,
     /// Time per kernel (`KILN_CUDA_PROFILE`).
@@ -204,6 +207,7 @@ impl CudaSession {
             capture: Capture::Direct,
             use_graphs: profile.is_none(),
             moe_host: moe::MoeHost::new(c, t),
+            moe_on_device: true,
             err: None,
             profile,
             fuse: tuning.cuda_fuse,
@@ -343,6 +347,14 @@ impl CudaSession {
     /// (f32, as `KILN_CUDA_MIRROR=0`); recorded graphs are dropped.
     pub fn set_mirror(&mut self, on: bool) {
         self.mirror = on;
+        self.graphs.clear();
+    }
+
+    /// Route a mixture of experts' decode-sized passes on the device (the default: their
+    /// steps record as graphs), or on the host as longer passes route (for comparison: the
+    /// same experts, weights and bits); recorded graphs are dropped.
+    pub fn set_moe_routing_on_device(&mut self, on: bool) {
+        self.moe_on_device = on;
         self.graphs.clear();
     }
 
@@ -606,7 +618,9 @@ impl Backend for CudaStep<'_> {
             !seqs.iter().any(|sq| sq.alone) || (decode && n <= MAX_GRAPH_ROWS),
             "rows computed as decode steps need a pass of at most {MAX_GRAPH_ROWS} decode rows"
         );
-        let graph = s.use_graphs && s.offload.is_none() && s.moe_host.is_none();
+        // (A mixture of experts' decode steps route on the device unless told otherwise.)
+        let graph =
+            s.use_graphs && s.offload.is_none() && (s.moe_host.is_none() || s.moe_on_device);
         if graph && decode && n <= MAX_GRAPH_ROWS && s.err.is_none() {
             if s.graphs.contains_key(&n) {
                 s.capture = Capture::Replaying(n);

@@ -114,6 +114,9 @@ pub struct FormatKernels {
     /// `matvec_f32` with a post-norm and the residual add after it in its epilogue
     /// (`last_block_norm_add` in matvec.cu).
     pub matvec_post: Option<&'static str>,
+    /// The product of a stack of matrices (a mixture's experts) with each row's matrix named
+    /// by an id in device memory (`matvec_id.cu`): over the input `quantize` makes, or f32.
+    pub matvec_id: &'static str,
     pub embed: &'static str,
     /// How prompt-sized products multiply this format.
     pub prompt: PromptProduct,
@@ -160,6 +163,7 @@ macro_rules! quant_kernels {
                 concat!("matvec_", $t, "_f_rope"),
             ]),
             matvec_post: Some(concat!("matvec_", $t, "_f_post")),
+            matvec_id: concat!("matvec_", $t, "_id"),
             embed: $embed,
             prompt: PromptProduct::Bf16(concat!("dequant_bf16_", $t)),
         }
@@ -168,9 +172,10 @@ macro_rules! quant_kernels {
 
 /// The kernels of a weight format, or why the GPU has none.
 pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
-    let plain = |matvec, embed, prompt| {
+    let plain = |matvec, matvec_id, embed, prompt| {
         Ok(FormatKernels {
             matvec,
+            matvec_id,
             matvec_f32: None,
             quantize: None,
             gated: None,
@@ -182,14 +187,21 @@ pub fn format_kernels(ty: GgmlType) -> Result<FormatKernels, CudaError> {
         })
     };
     match ty {
-        GgmlType::F32 => plain("matvec_f32", "embed_f32", PromptProduct::F32(None)),
+        GgmlType::F32 => plain(
+            "matvec_f32",
+            "matvec_f32_id",
+            "embed_f32",
+            PromptProduct::F32(None),
+        ),
         GgmlType::F16 => plain(
             "matvec_f16",
+            "matvec_f16_id",
             "embed_f16",
             PromptProduct::F32(Some("widen_f16")),
         ),
         GgmlType::BF16 => plain(
             "matvec_bf16",
+            "matvec_bf16_id",
             "embed_bf16",
             PromptProduct::Bf16("dequant_bf16_bf16"),
         ),

@@ -127,10 +127,11 @@ extern "C" __global__ void moe_gather_f32(const float* x, const int* row_of, flo
     FOR_EACH(i, p * dim) xg[i] = x[(long)row_of[i / dim] * dim + i % dim];
 }
 
-// Each token row's experts' outputs (`xg` at its pairs' grouped positions `pos_of[j·k + s]`)
-// times their weights, added in slot order (largest weight first), as the CPU adds them:
-// out = x_0·w_0, then out += x_s·w_s, each product and sum rounded (no contraction); with
-// `shared` (Qwen2-MoE), out + proj·shared[j] where proj holds the shared expert's output.
+// Each token row's experts' outputs (`xg` at its pairs' grouped positions `pos_of[j·k + s]`,
+// or at j·k + s without `pos_of`: pairs in token order) times their weights, added in slot
+// order (largest weight first), as the CPU adds them: out = x_0·w_0, then out += x_s·w_s, each
+// product and sum rounded (no contraction); with `shared` (Qwen2-MoE), out + proj·shared[j]
+// where proj holds the shared expert's output.
 extern "C" __global__ void moe_combine_f32(const float* xg, const int* pos_of, const float* w,
                                            const float* shared, float* proj, int dim, int k,
                                            long rows) {
@@ -138,10 +139,13 @@ extern "C" __global__ void moe_combine_f32(const float* xg, const int* pos_of, c
     FOR_EACH(i, rows * dim) {
         long j = i / dim;
         int c = (int)(i % dim);
-        const int* at = pos_of + j * k;
         const float* wj = w + j * k;
-        float v = __fmul_rn(xg[(long)at[0] * dim + c], wj[0]);
-        for (int s = 1; s < k; ++s) v = __fadd_rn(v, __fmul_rn(xg[(long)at[s] * dim + c], wj[s]));
+        long at0 = pos_of ? pos_of[j * k] : j * k;
+        float v = __fmul_rn(xg[at0 * dim + c], wj[0]);
+        for (int s = 1; s < k; ++s) {
+            long at = pos_of ? pos_of[j * k + s] : j * k + s;
+            v = __fadd_rn(v, __fmul_rn(xg[at * dim + c], wj[s]));
+        }
         proj[i] = shared ? __fadd_rn(v, __fmul_rn(proj[i], shared[j])) : v;
     }
 }

@@ -528,7 +528,9 @@ __device__ __forceinline__ void rope_epilogue(float acc, int row, int rows0, int
                 float theta = (float)p;
                 for (int j = 0; j < i; ++j) theta *= theta_scale;
                 float f = ff ? ff[i] : 1.0f;
-                float a = freq_scale * theta / f;
+                // (The CPU's `Rope::cos_sin` order, as `rotate_pair`'s: the position scale
+                // times (θ / factor).)
+                float a = __fmul_rn(freq_scale, theta / f);
                 float c = cosf(a), sn = sinf(a);
                 float x0 = res[w & ~1], x1 = res[w | 1];
                 out = (d & 1) ? fmaf(x0, sn, x1 * c) : fmaf(x0, c, -(x1 * sn));
