@@ -16,6 +16,7 @@ their share of the cores. A benchmark, not a test: nothing asserts on speed.
     scripts/bench-embed.py                      # F16, 3 rounds, 2 threads
     scripts/bench-embed.py --type Q8_0 --rounds 5 -t 2
     scripts/bench-embed.py --ref-bin /path/to/llama-embedding
+    scripts/bench-embed.py --kiln-before /tmp/kiln-old  # a second kiln build in the rounds
 
 The reference's `llama-embedding` is an example program that the reference build
 (scripts/reference.py, examples off) does not configure; when it is missing from the build's
@@ -209,6 +210,8 @@ def main():
     ap.add_argument("--type", default="F16", help="F16, or a llama-quantize type (Q8_0)")
     ap.add_argument("--ref-bin", type=Path, help="llama-embedding to run")
     ap.add_argument("--kiln", type=Path, help="kiln binary [default: build it]")
+    ap.add_argument("--kiln-before", type=Path,
+                    help="another kiln binary (an earlier build) run in the same rounds")
     ap.add_argument("--ref-args", default="", help="extra llama-embedding arguments")
     args = ap.parse_args()
 
@@ -245,6 +248,8 @@ def main():
         "llama-embedding": [ref, "-m", model, "-f", prompts, "-t", args.threads,
                             *args.ref_args.split()],
     }
+    if args.kiln_before:
+        engines["kiln-before"] = [args.kiln_before, *engines["kiln"][1:]]
     times = {k: [] for k in engines}
     cpu_times = {k: [] for k in engines}
     for r in range(args.rounds):
@@ -273,8 +278,10 @@ def main():
         print(f"{name:<16} {best[name]:11.2f} {statistics.median(ts):13.2f} "
               f"{args.texts / best[name]:8.1f} {best_cpu[name]:10.2f} "
               f"{args.texts / best_cpu[name]:11.1f}")
-    print(f"ratio kiln / llama-embedding: {best['llama-embedding'] / best['kiln']:.2f}x by wall "
-          f"time, {best_cpu['llama-embedding'] / best_cpu['kiln']:.2f}x by CPU time (best runs)")
+    for name in [n for n in engines if n != "llama-embedding"]:
+        print(f"ratio {name} / llama-embedding: {best['llama-embedding'] / best[name]:.2f}x by "
+              f"wall time, {best_cpu['llama-embedding'] / best_cpu[name]:.2f}x by CPU time "
+              f"(best runs)")
 
 
 if __name__ == "__main__":

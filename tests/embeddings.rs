@@ -669,3 +669,52 @@ fn encoders_reuse_no_prefix() {
     let (alone, _) = embed(&mut cold, &second);
     assert_eq!(after, alone, "the same vector as from an empty cache");
 }
+
+/// `embed_prompts` of many short prompts (a pass carries as many whole prompts as fit, 16 and
+/// more here) gives every prompt the bits it gets alone, for an encoder and a decoder, with the
+/// pooling that reads every row (`mean`) and the one that reads the first (`cls`).
+#[test]
+fn many_prompts_at_once_match_each_alone() {
+    use kiln::engine::embed::embed_prompts;
+    for stem in ["random-bert-f32", "random-llama-f32"] {
+        let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+        let tok = Tokenizer::from_gguf(&m.file).unwrap();
+        let words = [
+            "the", "cat", "sat", "on", "a", "mat", "and", "then", "slept", "well",
+        ];
+        let prompts: Vec<Vec<u32>> = (0..40)
+            .map(|i| {
+                let text: Vec<&str> = (0..2 + i % 7).map(|k| words[(i * 3 + k) % 10]).collect();
+                tok.encode(&text.join(" "), true, true)
+            })
+            .collect();
+        let opts = BatchOptions {
+            n_slots: 4,
+            n_ctx: 128,
+            n_threads: 2,
+            prefill_chunk: 128,
+            kv_type: KvType::F16,
+            device: Default::default(),
+            draft_max: 0,
+        };
+        for pooling in [Pooling::Mean, Pooling::Cls] {
+            let spec = EmbedSpec {
+                pooling,
+                normalize: 2,
+            };
+            let all = embed_prompts(&m, &tok, &prompts, spec, opts).expect("embed");
+            assert_eq!(all.len(), prompts.len());
+            for (i, p) in prompts.iter().enumerate() {
+                let alone = embed_prompts(&m, &tok, std::slice::from_ref(p), spec, opts)
+                    .expect("embed one");
+                assert_eq!(all[i].len(), 1, "{stem} {pooling:?} prompt {i}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&all[i][0]),
+                    bits(&alone[0][0]),
+                    "{stem} {pooling:?} prompt {i}: batched differs from alone"
+                );
+            }
+        }
+    }
+}

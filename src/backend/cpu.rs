@@ -18,8 +18,8 @@ use crate::kernels::matmul::{
     matmul, matmul_gated, matmul_many, quantize_input, Linear, MatmulScratch, GATED_MIN_ROWS,
 };
 use crate::kernels::ops::{self, Activation, AttnTemp, Rope};
-use crate::kernels::par_rows;
 use crate::kernels::pool::ThreadPool;
+use crate::kernels::{par_elems, par_rows};
 use crate::model::{Model, Norm, NormKind, Qkv};
 
 /// Threads and per-CPU kernel choices for running a model.
@@ -434,9 +434,8 @@ impl<'a> Backend for Cpu<'a> {
     fn softcap(&mut self, buf: Buf, cap: f32, rows: usize) {
         let width = self.width(buf);
         let x = &mut Parts::of(self.s).take(buf)[..rows * width];
-        par_rows(&self.rt.pool, x, width, &|_, v| {
-            ops::softcap_inplace(v, cap)
-        });
+        // Element-wise: a decode step's one row of logits is split across the threads too.
+        par_elems(&self.rt.pool, x, &|v| ops::softcap_inplace(v, cap));
     }
 
     fn add(&mut self, dst: Buf, src: Buf, rows: usize) {

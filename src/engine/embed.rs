@@ -1,6 +1,8 @@
 //! Embeddings of several prompts at once: each prompt an embedding request on a scheduler of
-//! its own (continuous batching over up to four sequences), as `kiln embedding` and the Python
-//! bindings compute them.
+//! its own (continuous batching), as `kiln embedding` and the Python bindings compute them. On
+//! the CPU the scheduler gets as many sequences as whole prompts fit in one pass, so that a
+//! pass carries up to a prefill chunk's rows through every matrix product (each weight read
+//! once for all of them) and attention still runs per sequence.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,6 +10,7 @@ use super::batch::{BatchOptions, BatchRunner};
 use super::pooling::EmbedSpec;
 use super::scheduler::{FinishReason, Finished, SchedMetrics, Scheduler, SeqRequest, SeqSink};
 use super::session::EngineError;
+use crate::backend::Device;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
@@ -49,8 +52,13 @@ impl SeqSink for Collect {
     }
 }
 
+/// The most sequences one pass of [`embed_prompts`] carries (very short prompts).
+const MAX_SLOTS: usize = 64;
+
 /// The vectors of each prompt of `prompts` (token ids): one row when pooled, one per token with
-/// [`super::pooling::Pooling::None`]. `opts.n_slots` is cut to the prompts' count (at most 4).
+/// [`super::pooling::Pooling::None`]. The scheduler's sequences ([`slots_for`]): at least
+/// `opts.n_slots` (at most 4), more on the CPU where more whole prompts fit in a pass; never more
+/// than the prompts.
 pub fn embed_prompts(
     model: &Arc<Model>,
     tok: &Tokenizer,
@@ -68,7 +76,7 @@ pub fn embed_prompts(
         }
     }
     let opts = BatchOptions {
-        n_slots: prompts.len().clamp(1, 4),
+        n_slots: slots_for(model.config.causal, prompts, &opts),
         ..opts
     };
     let runner = BatchRunner::new(Arc::clone(model), opts)?;
@@ -101,4 +109,67 @@ pub fn embed_prompts(
         }
     }
     Ok(vectors)
+}
+
+/// How many sequences [`embed_prompts`] runs at once: as many of the longest prompt as fit in
+/// the rows of one pass (an encoder's pass holds its whole context, a decoder's a prefill
+/// chunk), at least `opts.n_slots` cut to 4, at most [`MAX_SLOTS`] and the prompts' count. Only
+/// on the CPU, where a sequence's cache is allocated lazily and costs only the positions it
+/// fills; elsewhere `opts.n_slots` cut to 4.
+fn slots_for(causal: bool, prompts: &[Vec<u32>], opts: &BatchOptions) -> usize {
+    let base = opts.n_slots.clamp(1, 4);
+    let fit = if opts.device == Device::Cpu {
+        let n_ctx = opts.n_ctx.max(1);
+        let rows = if causal {
+            opts.prefill_chunk.clamp(1, n_ctx)
+        } else {
+            n_ctx
+        };
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(1).max(1);
+        rows / longest
+    } else {
+        0
+    };
+    fit.clamp(base, MAX_SLOTS.max(base))
+        .min(prompts.len().max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::KvType;
+
+    fn opts(n_ctx: usize, prefill_chunk: usize, device: Device) -> BatchOptions {
+        BatchOptions {
+            n_slots: 4,
+            n_ctx,
+            n_threads: 1,
+            prefill_chunk,
+            kv_type: KvType::F16,
+            device,
+            draft_max: 0,
+        }
+    }
+
+    #[test]
+    fn a_pass_holds_as_many_whole_prompts_as_fit() {
+        let texts = |n: usize, len: usize| vec![vec![1u32; len]; n];
+        let cpu = opts(512, 64, Device::Cpu);
+        // An encoder's pass holds its context: 512 / 30 = 17 sequences of 256 texts.
+        assert_eq!(slots_for(false, &texts(256, 30), &cpu), 17);
+        // A decoder's holds a prefill chunk: 64 / 30 = 2, but never fewer than 4.
+        assert_eq!(slots_for(true, &texts(256, 30), &cpu), 4);
+        assert_eq!(slots_for(true, &texts(256, 8), &cpu), 8);
+        // Never more sequences than prompts, nor than MAX_SLOTS.
+        assert_eq!(slots_for(false, &texts(3, 30), &cpu), 3);
+        assert_eq!(slots_for(false, &texts(1000, 2), &cpu), MAX_SLOTS);
+        // A prompt longer than a pass: the sequences asked for.
+        assert_eq!(slots_for(false, &texts(9, 600), &cpu), 4);
+        assert_eq!(slots_for(false, &[], &cpu), 1);
+        // Off the CPU a cache is allocated whole: at most 4, as asked.
+        let gpu = opts(512, 64, Device::Cuda);
+        assert_eq!(slots_for(false, &texts(256, 30), &gpu), 4);
+        let two = BatchOptions { n_slots: 2, ..gpu };
+        assert_eq!(slots_for(false, &texts(256, 30), &two), 2);
+    }
 }

@@ -43,6 +43,13 @@ pub fn par_rows(
     });
 }
 
+/// Call `f(part)` over `buf` cut into runs of `PAR_MIN_ELEMS` elements, split across the
+/// pool's threads when there are several: an element-wise operation on a buffer that may be a
+/// single long row (a decode step's logits), which [`par_rows`] would give one thread.
+pub fn par_elems(pool: &ThreadPool, buf: &mut [f32], f: &(dyn Fn(&mut [f32]) + Sync)) {
+    par_rows(pool, buf, PAR_MIN_ELEMS, &|_, part| f(part));
+}
+
 /// What [`par_ring_rows`] calls: `f(group, item, a_row, b_row)`.
 pub type RingRowFn<'a, T> = dyn Fn(usize, usize, &mut [T], &mut [T]) + Sync + 'a;
 
@@ -96,4 +103,41 @@ pub fn par_ring_rows<T: Send>(
             f(g, j, ar, br);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `par_elems` runs the soft cap on a decode step's single row of 256,000 logits (several
+    /// runs, both threads) and on short buffers (the calling thread): the bits of one call over
+    /// the whole buffer, every element once.
+    #[test]
+    fn par_elems_covers_a_single_long_row_once() {
+        let pool = ThreadPool::new(2);
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for n in [0, 1, 1000, PAR_MIN_ELEMS, PAR_MIN_ELEMS + 1, 256_000] {
+            let x: Vec<f32> = (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    (s >> 40) as f32 / (1u64 << 24) as f32 * 200.0 - 100.0
+                })
+                .collect();
+            let mut want = x.clone();
+            ops::softcap_inplace(&mut want, 30.0);
+            let mut got = x.clone();
+            par_elems(&pool, &mut got, &|v| ops::softcap_inplace(v, 30.0));
+            assert!(
+                want.iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{n}"
+            );
+            let mut count = vec![0f32; n];
+            par_elems(&pool, &mut count, &|v| v.iter_mut().for_each(|c| *c += 1.0));
+            assert!(count.iter().all(|&c| c == 1.0), "{n}: every element once");
+        }
+    }
 }
