@@ -57,6 +57,16 @@ pub(super) trait IqBlock: RawBlock {
     }
 }
 
+/// `-1` for a negative element, else `1`.
+#[inline]
+pub(super) fn sign(negative: bool) -> i32 {
+    if negative {
+        -1
+    } else {
+        1
+    }
+}
+
 /// The weight code of element `i` in the tiled kernel's terms: `q`, or `8q + δ`.
 #[inline]
 fn code<B: IqBlock>(b: &B, i: usize) -> i32 {
