@@ -372,7 +372,12 @@ impl FetchOptions {
 pub(crate) fn fake_env<T: From<&'static str>>(
     pairs: &'static [(&'static str, &'static str)],
 ) -> impl Fn(&str) -> Option<T> {
-    move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|&(_, v)| T::from(v))
+    move |k: &str| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|&(_, v)| T::from(v))
+    }
 }
 
 #[cfg(test)]
