@@ -45,7 +45,6 @@ impl BlockIq1S {
 
 impl IqBlock for BlockIq1S {
     const FACTOR: f32 = DELTA;
-    const LANE_FACTOR: f32 = 1.0;
     const SHIFT: Shift = Shift::Scalar;
     #[inline]
     fn d(&self) -> f32 {
@@ -99,7 +98,6 @@ impl BlockIq1M {
 
 impl IqBlock for BlockIq1M {
     const FACTOR: f32 = DELTA;
-    const LANE_FACTOR: f32 = 1.0;
     const SHIFT: Shift = Shift::Lanes;
     #[inline]
     fn d(&self) -> f32 {

@@ -99,8 +99,6 @@ impl BlockIq3S {
 }
 
 impl IqBlock for BlockIq3S {
-    const FACTOR: f32 = 1.0;
-    const LANE_FACTOR: f32 = 1.0;
     #[inline]
     fn d(&self) -> f32 {
         self.d.to_f32()
