@@ -45,7 +45,7 @@ use crate::quant::reference::Quantize;
 pub use super::layout::{
     Cursor, KvBudgetError, KvLayout, KvOverflow, KvWindow, KvWindowError, RING_ALIGN,
 };
-pub use crate::kernels::kv_type::{dequant_q8_0_f16, KvLayer, KvType, KvTypeError};
+pub use crate::kernels::kv_type::{dequant_q8_0_f16, KvLayer, KvSide, KvType, KvTypeError};
 
 /// Why a KV cache could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -653,8 +653,10 @@ mod tests {
         let layer = c.layer(1);
         for h in 0..3 {
             let rows = h * 5..h * 5 + 5;
-            let keys = layer.keys_f16(rows.clone(), 64, &mut kb).to_vec();
-            let values = layer.values_f16(rows, 32, &mut vb).to_vec();
+            let keys = layer
+                .rows_f16(KvSide::Keys, rows.clone(), 64, &mut kb)
+                .to_vec();
+            let values = layer.rows_f16(KvSide::Values, rows, 32, &mut vb).to_vec();
             for (row, data, hd) in [(&keys, &k, 64), (&values, &v, 32)] {
                 for p in 0..5 {
                     let got = &row[p * hd..(p + 1) * hd];
@@ -684,7 +686,7 @@ mod tests {
         // The other layer is untouched.
         let keys0 = c
             .layer(0)
-            .keys_f16(0..15, 64, &mut vec![f16::ONE; 15 * 64])
+            .rows_f16(KvSide::Keys, 0..15, 64, &mut vec![f16::ONE; 15 * 64])
             .to_vec();
         assert!(keys0.iter().all(|x| x.to_f32() == 0.0));
     }

@@ -56,12 +56,12 @@ fn read(c: &KvCache, layer: usize, pos: usize) -> Vec<f32> {
     for h in 0..HEADS {
         let row = h * rows + r;
         out.extend(
-            l.keys_f16(row..row + 1, HD, &mut buf)
+            l.rows_f16(KvSide::Keys, row..row + 1, HD, &mut buf)
                 .iter()
                 .map(|x| x.to_f32()),
         );
         out.extend(
-            l.values_f16(row..row + 1, HD, &mut buf)
+            l.rows_f16(KvSide::Values, row..row + 1, HD, &mut buf)
                 .iter()
                 .map(|x| x.to_f32()),
         );
@@ -91,12 +91,17 @@ fn assert_same_view(full: &KvCache, ring: &KvCache) {
     }
 }
 
+/// A cache of `ty` over [`layouts`]' full layout and one over its ring layout.
+fn full_and_ring(ty: KvType) -> (KvCache, KvCache) {
+    let (lf, lr) = layouts();
+    let cache = |l| KvCache::with_type(l, ty).unwrap();
+    (cache(lf), cache(lr))
+}
+
 #[test]
 fn ring_wraps_and_holds_the_window() {
-    let (lf, lr) = layouts();
     for ty in [KvType::F16, KvType::Q8_0] {
-        let mut full = KvCache::with_type(lf.clone(), ty).unwrap();
-        let mut ring = KvCache::with_type(lr.clone(), ty).unwrap();
+        let (mut full, mut ring) = full_and_ring(ty);
         assert_eq!(
             ring.bytes(),
             2 * HEADS * 300 * 2 * ty.row_bytes(HD) + HEADS * 64 * 2 * ty.row_bytes(HD)
@@ -180,8 +185,7 @@ fn rollback_within_the_ring_is_exact_and_past_it_empties() {
 fn prefix_copy_from_a_ring_equals_the_full_prefix_or_nothing() {
     let (lf, lr) = layouts();
     for ty in [KvType::F16, KvType::Q8_0] {
-        let mut full = KvCache::with_type(lf.clone(), ty).unwrap();
-        let mut src = KvCache::with_type(lr.clone(), ty).unwrap();
+        let (mut full, mut src) = full_and_ring(ty);
         for _ in 0..45 {
             pass(&mut full, 4, 6);
             pass(&mut src, 4, 6);

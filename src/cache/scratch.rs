@@ -105,6 +105,23 @@ fn widths(c: &ModelConfig) -> [usize; 9] {
     ]
 }
 
+/// `f` on the attention buffers' shape for this model and spec (heads, kv heads, key and value
+/// widths, threads, cache type): [`AttnScratch::with_kv`], or its size.
+fn attn<T>(
+    c: &ModelConfig,
+    spec: &ScratchSpec,
+    f: fn(usize, usize, usize, usize, usize, KvType) -> T,
+) -> T {
+    f(
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim_k,
+        c.head_dim_v,
+        spec.n_threads,
+        spec.kv_type,
+    )
+}
+
 impl Scratch {
     pub fn new(c: &ModelConfig, spec: ScratchSpec) -> Scratch {
         let t = spec.max_tokens.max(1);
@@ -124,14 +141,7 @@ impl Scratch {
             xq: vec![0u8; t * spec.act_row_bytes],
             logits: vec![0.0; spec.logit_rows.max(1) * c.vocab_size],
             rope_cs: vec![0.0; t * c.rope_dims.max(2)],
-            attn_scratch: AttnScratch::with_kv(
-                c.n_heads,
-                c.n_kv_heads,
-                c.head_dim_k,
-                c.head_dim_v,
-                spec.n_threads,
-                spec.kv_type,
-            ),
+            attn_scratch: attn(c, &spec, AttnScratch::with_kv),
             matmul: MatmulScratch::new(t, spec.n_threads),
             moe: MoeScratch::new(moe_shape(c, &spec)),
         }
@@ -146,14 +156,7 @@ impl Scratch {
             + t * c.rope_dims.max(2);
         floats * 4
             + t * spec.act_row_bytes
-            + AttnScratch::bytes_for_kv(
-                c.n_heads,
-                c.n_kv_heads,
-                c.head_dim_k,
-                c.head_dim_v,
-                spec.n_threads,
-                spec.kv_type,
-            )
+            + attn(c, &spec, AttnScratch::bytes_for_kv)
             + MatmulScratch::bytes_for(t, spec.n_threads)
             + moe_shape(c, &spec).bytes()
     }

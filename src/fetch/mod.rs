@@ -367,20 +367,26 @@ impl FetchOptions {
     }
 }
 
+/// A made-up environment: the variables `pairs` (name, value), as a lookup.
+#[cfg(test)]
+pub(crate) fn fake_env<T: From<&'static str>>(
+    pairs: &'static [(&'static str, &'static str)],
+) -> impl Fn(&str) -> Option<T> {
+    move |k: &str| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|&(_, v)| T::from(v))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn models_dir_precedence() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| (*v).into())
-            }
-        };
+        let env = fake_env::<std::ffi::OsString>;
         let models_dir_from = |env: &dyn Fn(&str) -> Option<std::ffi::OsString>| {
             models_dir_from(crate::tuning::Tuning::from_lookup(env).models, env)
         };

@@ -182,6 +182,11 @@ pub fn find_by_url(dir: &Path, url: &str) -> Option<PathBuf> {
 pub fn installed_names(dir: &Path) -> String {
     let mut names: Vec<String> = model_files(dir).iter().map(|p| model_name(p)).collect();
     names.sort_by_key(|n| n.to_lowercase());
+    list_or_none(&names)
+}
+
+/// `a, b`, or `none` for no names: a list in an error message.
+pub(super) fn list_or_none<S: std::borrow::Borrow<str>>(names: &[S]) -> String {
     if names.is_empty() {
         "none".to_string()
     } else {

@@ -243,6 +243,15 @@ fn kv(key: &str, v: impl Into<Value>) -> Vec<u8> {
     out
 }
 
+/// A raw body that starts a key-value pair: `key`, then its value type `ty` (the value to
+/// follow).
+fn key_of(key: &str, ty: u32) -> Vec<u8> {
+    let mut body = Vec::new();
+    write_string(&mut body, key);
+    body.extend_from_slice(&ty.to_le_bytes());
+    body
+}
+
 fn parse_err(bytes: Vec<u8>) -> GgufError {
     match GgufFile::from_bytes(bytes) {
         Ok(f) => panic!("parsed a bad file: {f:?}"),
@@ -373,9 +382,7 @@ fn absurd_counts_fail_before_allocating() {
     assert!(e.to_string().contains("length of metadata key #0"), "{e}");
 
     // A string value whose length runs past the end.
-    let mut body = Vec::new();
-    write_string(&mut body, "general.name");
-    body.extend_from_slice(&8u32.to_le_bytes());
+    let mut body = key_of("general.name", 8);
     body.extend_from_slice(&1000u64.to_le_bytes());
     body.extend_from_slice(b"short");
     let e = parse_err(raw(3, 0, 1, &body));
@@ -400,9 +407,7 @@ fn absurd_counts_fail_before_allocating() {
         (9, 1 << 60),
         (10, 3),
     ] {
-        let mut body = Vec::new();
-        write_string(&mut body, "tokenizer.ggml.tokens");
-        body.extend_from_slice(&9u32.to_le_bytes());
+        let mut body = key_of("tokenizer.ggml.tokens", 9);
         body.extend_from_slice(&elem.to_le_bytes());
         let count_at = 24 + body.len();
         body.extend_from_slice(&count.to_le_bytes());
@@ -420,9 +425,7 @@ fn absurd_counts_fail_before_allocating() {
     }
 
     // An array of strings whose count fits but whose strings do not.
-    let mut body = Vec::new();
-    write_string(&mut body, "tokenizer.ggml.tokens");
-    body.extend_from_slice(&9u32.to_le_bytes());
+    let mut body = key_of("tokenizer.ggml.tokens", 9);
     body.extend_from_slice(&8u32.to_le_bytes());
     body.extend_from_slice(&2u64.to_le_bytes());
     write_string(&mut body, "ok");
@@ -462,9 +465,7 @@ fn nested_arrays_have_bounded_depth() {
     );
 
     // A hand-made chain 100,000 deep must not overflow the stack.
-    let mut body = Vec::new();
-    write_string(&mut body, "deep");
-    body.extend_from_slice(&9u32.to_le_bytes());
+    let mut body = key_of("deep", 9);
     for _ in 0..100_000 {
         body.extend_from_slice(&9u32.to_le_bytes());
         body.extend_from_slice(&1u64.to_le_bytes());
@@ -503,9 +504,7 @@ fn invalid_utf8_names_key_and_offset() {
     assert!(value_at > at);
 
     // In one token of a vocabulary.
-    let mut body = Vec::new();
-    write_string(&mut body, "tokenizer.ggml.tokens");
-    body.extend_from_slice(&9u32.to_le_bytes());
+    let mut body = key_of("tokenizer.ggml.tokens", 9);
     body.extend_from_slice(&8u32.to_le_bytes());
     body.extend_from_slice(&2u64.to_le_bytes());
     write_string(&mut body, "fine");
@@ -539,9 +538,7 @@ fn invalid_utf8_names_key_and_offset() {
 
 #[test]
 fn unknown_value_type_and_bad_bool() {
-    let mut body = Vec::new();
-    write_string(&mut body, "k");
-    body.extend_from_slice(&13u32.to_le_bytes());
+    let mut body = key_of("k", 13);
     body.extend_from_slice(&[0; 8]);
     let e = parse_err(raw(3, 0, 1, &body));
     assert!(
@@ -556,9 +553,7 @@ fn unknown_value_type_and_bad_bool() {
         "{e}"
     );
 
-    let mut body = Vec::new();
-    write_string(&mut body, "k");
-    body.extend_from_slice(&9u32.to_le_bytes());
+    let mut body = key_of("k", 9);
     body.extend_from_slice(&99u32.to_le_bytes());
     body.extend_from_slice(&0u64.to_le_bytes());
     let e = parse_err(raw(3, 0, 1, &body));
@@ -567,9 +562,7 @@ fn unknown_value_type_and_bad_bool() {
         "{e}"
     );
 
-    let mut body = Vec::new();
-    write_string(&mut body, "flag");
-    body.extend_from_slice(&7u32.to_le_bytes());
+    let mut body = key_of("flag", 7);
     body.push(2);
     let e = parse_err(raw(3, 0, 1, &body));
     assert!(

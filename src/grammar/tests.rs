@@ -171,13 +171,19 @@ fn end_of_generation_is_allowed_only_where_the_grammar_may_end() {
         .all(|&l| l == f32::NEG_INFINITY));
 }
 
-#[test]
-fn a_complete_grammar_is_done() {
+/// `root ::= "ab"`, compiled and started.
+fn ab_started() -> Constraint {
     let (e, ..) = engine();
     let mut c = e
         .compile(&GrammarSpec::Gbnf("root ::= \"ab\"".into()))
         .unwrap();
     c.advance(None);
+    c
+}
+
+#[test]
+fn a_complete_grammar_is_done() {
+    let mut c = ab_started();
     assert!(!c.is_done());
     let ab = 256 + WORDS.iter().position(|w| *w == "ab").unwrap() as u32;
     c.advance(Some(ab));
@@ -186,11 +192,7 @@ fn a_complete_grammar_is_done() {
 
 #[test]
 fn a_token_outside_the_grammar_is_an_error() {
-    let (e, ..) = engine();
-    let mut c = e
-        .compile(&GrammarSpec::Gbnf("root ::= \"ab\"".into()))
-        .unwrap();
-    c.advance(None);
+    let mut c = ab_started();
     c.advance(Some(b'z' as u32));
     let err = c.apply(&[0.0; 300]).unwrap_err();
     assert!(matches!(err, GrammarError::Matcher(_)), "{err}");

@@ -45,7 +45,7 @@
 //! of one kv head (GQA).
 
 use super::f16ops::{F16Ops, KeyRun, ScoreScale, Vkq, KV_TILE};
-use super::kv_type::{KvLayer, KvType};
+use super::kv_type::{KvLayer, KvSide, KvType};
 use super::pool::{DisjointSlice, ThreadPool};
 use half::f16;
 
@@ -640,8 +640,8 @@ fn vector(
                     let r = s.row_of(a);
                     let b = hi.min(a + KV_TILE).min(a + (rows - r));
                     let row0 = head0 + r;
-                    let keys = kv.keys_f16(row0..row0 + (b - a), hdk, kbuf);
-                    let values = kv.values_f16(row0..row0 + (b - a), hdv, vbuf);
+                    let keys = kv.rows_f16(KvSide::Keys, row0..row0 + (b - a), hdk, kbuf);
+                    let values = kv.rows_f16(KvSide::Values, row0..row0 + (b - a), hdv, vbuf);
                     (ops.vec_keys)(q16, KeyRun::single(keys, values, b - a), sc, ms, acc);
                     a = b;
                 }
@@ -811,12 +811,12 @@ fn tiled(
             let c1 = (c0 + KV_TILE).min(end);
             // A tile starts at a multiple of 64, so it never wraps in a ring.
             let rows = head0 + s.row_of(c0)..head0 + s.row_of(c0) + (c1 - c0);
-            let ktile = kv.keys_f16(rows.clone(), hdk, &mut *kbuf);
+            let ktile = kv.rows_f16(KvSide::Keys, rows.clone(), hdk, &mut *kbuf);
             if !decode {
                 // Prompt rows: the keys transposed to [d][key] in f32, shared by every row.
                 (ops.key_tile)(ktile, kt);
             }
-            let vtile = kv.values_f16(rows, hdv, &mut *vbuf);
+            let vtile = kv.rows_f16(KvSide::Values, rows, hdv, &mut *vbuf);
             for t in t0..t1 {
                 let vis = visible(s, pos0 + t, end);
                 let (lo, hi) = (vis.start.max(c0), vis.end.min(c0 + KV_TILE));

@@ -91,12 +91,20 @@ pub enum KvLayer<'a> {
     },
 }
 
+/// Which half of a layer's cache [`KvLayer::rows_f16`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvSide {
+    Keys,
+    Values,
+}
+
 impl<'a> KvLayer<'a> {
-    /// Rows `lo..hi` (row = head · rows + row of the position) of `head_dim` keys as f16: borrowed from
-    /// an f16 cache, dequantized into `buf` from a Q8_0 one.
+    /// Rows `lo..hi` (row = head · rows + row of the position) of `head_dim` keys or values
+    /// as f16: borrowed from an f16 cache, dequantized into `buf` from a Q8_0 one.
     #[inline]
-    pub fn keys_f16<'b>(
+    pub fn rows_f16<'b>(
         &self,
+        side: KvSide,
         rows: std::ops::Range<usize>,
         head_dim: usize,
         buf: &'b mut [f16],
@@ -104,34 +112,7 @@ impl<'a> KvLayer<'a> {
     where
         'a: 'b,
     {
-        self.rows_f16(true, rows, head_dim, buf)
-    }
-
-    /// As [`KvLayer::keys_f16`] for values.
-    #[inline]
-    pub fn values_f16<'b>(
-        &self,
-        rows: std::ops::Range<usize>,
-        head_dim: usize,
-        buf: &'b mut [f16],
-    ) -> &'b [f16]
-    where
-        'a: 'b,
-    {
-        self.rows_f16(false, rows, head_dim, buf)
-    }
-
-    #[inline]
-    fn rows_f16<'b>(
-        &self,
-        keys: bool,
-        rows: std::ops::Range<usize>,
-        head_dim: usize,
-        buf: &'b mut [f16],
-    ) -> &'b [f16]
-    where
-        'a: 'b,
-    {
+        let keys = side == KvSide::Keys;
         match *self {
             KvLayer::F16 { keys: k, values: v } => {
                 &(if keys { k } else { v })[rows.start * head_dim..rows.end * head_dim]

@@ -539,23 +539,10 @@ fn chunk_rows(row_bytes: usize) -> usize {
     (CHUNK_BYTES / row_bytes.max(1) / 8 * 8).max(64)
 }
 
-/// Formats whose gemm results depend on the batch's size and a row's place in it.
+/// Formats whose gemm results depend on the batch's size and a row's place in it: those the
+/// reference takes through its tiled kernel from some batch size on, and Q4_K.
 fn batch_dependent(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q3K
-            | GgmlType::Q4K
-            | GgmlType::Q5K
-            | GgmlType::Q6K
-            | GgmlType::IQ4XS
-            | GgmlType::IQ2XXS
-            | GgmlType::IQ2XS
-            | GgmlType::IQ2S
-            | GgmlType::IQ3XXS
-            | GgmlType::IQ3S
-            | GgmlType::IQ1S
-            | GgmlType::IQ1M
-    )
+    ty == GgmlType::Q4K || crate::quant::kquant_order::tiled(ty, usize::MAX)
 }
 
 /// `out = lin · x` for `n` f32 rows: quantizes into `xq` then multiplies.

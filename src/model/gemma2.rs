@@ -97,27 +97,13 @@ pub(super) fn swa_layers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::GgufWriter;
+    use crate::model::test_header::Header;
 
-    /// The configuration of a minimal gemma2 header with `extra` keys.
-    fn config(extra: &[(&str, Value)]) -> Result<ModelConfig, ModelError> {
-        let mut w = GgufWriter::new();
-        w.add("general.architecture", "gemma2");
-        w.add("gemma2.block_count", Value::U32(4));
-        w.add("gemma2.embedding_length", Value::U32(64));
-        w.add("gemma2.feed_forward_length", Value::U32(128));
-        w.add("gemma2.attention.head_count", Value::U32(4));
-        w.add("gemma2.vocab_size", Value::U32(10));
-        for (k, v) in extra {
-            w.add(format!("gemma2.{k}"), v.clone());
-        }
-        let f = GgufFile::from_bytes(w.to_bytes()).expect("parse");
-        super::super::read_config(&f).map(|(c, _)| c)
-    }
+    const HEADER: Header = Header::new("gemma2", 4);
 
     #[test]
     fn defaults_are_the_reference_s() {
-        let c = config(&[]).expect("config");
+        let c = HEADER.config(&[]).expect("config");
         assert_eq!(c.sliding_window, Some(4096));
         assert_eq!(c.swa_layers, [true, false, true, false]);
         assert_eq!((c.attn_softcap, c.final_softcap), (Some(50.0), Some(30.0)));
@@ -127,21 +113,25 @@ mod tests {
 
     #[test]
     fn window_pattern_from_the_file() {
-        let c = config(&[
-            ("attention.sliding_window", Value::U32(16)),
-            ("attention.sliding_window_pattern", Value::U32(3)),
-        ])
-        .expect("config");
+        let c = HEADER
+            .config(&[
+                ("attention.sliding_window", Value::U32(16)),
+                ("attention.sliding_window_pattern", Value::U32(3)),
+            ])
+            .expect("config");
         assert_eq!(c.sliding_window, Some(16));
         assert_eq!(c.swa_layers, [true, true, false, true]);
-        let c = config(&[("attention.sliding_window_pattern", Value::U32(0))]).expect("config");
+        let c = HEADER
+            .config(&[("attention.sliding_window_pattern", Value::U32(0))])
+            .expect("config");
         assert_eq!(c.swa_layers, [true; 4]);
         let flags = vec![false, true, true, false];
-        let c = config(&[(
-            "attention.sliding_window_pattern",
-            Value::from(flags.clone()),
-        )])
-        .expect("config");
+        let c = HEADER
+            .config(&[(
+                "attention.sliding_window_pattern",
+                Value::from(flags.clone()),
+            )])
+            .expect("config");
         assert_eq!(c.swa_layers, flags);
     }
 
@@ -173,7 +163,7 @@ mod tests {
                 "2 flags",
             ),
         ] {
-            let e = config(&[(key, v)]).unwrap_err().to_string();
+            let e = HEADER.config(&[(key, v)]).unwrap_err().to_string();
             assert!(e.contains(&format!("gemma2.{key}")), "{e}");
             assert!(e.contains(names) && !e.contains('\n'), "{e}");
         }

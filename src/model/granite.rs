@@ -61,49 +61,39 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::gguf::{GgufWriter, Value};
+    use crate::gguf::Value;
+    use crate::model::test_header::Header;
 
-    /// The configuration of a minimal granite header with `extra` keys.
-    fn config(extra: &[(&str, Value)]) -> Result<ModelConfig, ModelError> {
-        let mut w = GgufWriter::new();
-        w.add("general.architecture", "granite");
-        w.add("granite.block_count", Value::U32(2));
-        w.add("granite.embedding_length", Value::U32(64));
-        w.add("granite.feed_forward_length", Value::U32(128));
-        w.add("granite.attention.head_count", Value::U32(4));
-        w.add("granite.vocab_size", Value::U32(10));
-        for (k, v) in extra {
-            w.add(format!("granite.{k}"), v.clone());
-        }
-        let f = GgufFile::from_bytes(w.to_bytes()).expect("parse");
-        super::super::read_config(&f).map(|(c, _)| c)
-    }
+    const HEADER: Header = Header::new("granite", 2);
 
     #[test]
     fn scales_and_rope_switch_from_the_file() {
-        let c = config(&[("logit_scale", Value::F32(16.0))]).expect("config");
+        let c = HEADER
+            .config(&[("logit_scale", Value::F32(16.0))])
+            .expect("config");
         assert_eq!(c.logit_scale, Some(1.0 / 16.0));
         assert_eq!((c.residual_scale, c.embed_scale), (None, None));
         assert_eq!(c.attn_scale, 0.25);
         assert_eq!(c.no_rope_layers, [false, false]);
-        let c = config(&[
-            ("logit_scale", Value::F32(8.0)),
-            ("residual_scale", Value::F32(0.22)),
-            ("embedding_scale", Value::F32(12.0)),
-            ("attention.scale", Value::F32(0.0078125)),
-            ("rope.scaling.finetuned", Value::Bool(false)),
-        ])
-        .expect("config");
+        let c = HEADER
+            .config(&[
+                ("logit_scale", Value::F32(8.0)),
+                ("residual_scale", Value::F32(0.22)),
+                ("embedding_scale", Value::F32(12.0)),
+                ("attention.scale", Value::F32(0.0078125)),
+                ("rope.scaling.finetuned", Value::Bool(false)),
+            ])
+            .expect("config");
         assert_eq!((c.residual_scale, c.embed_scale), (Some(0.22), Some(12.0)));
         assert_eq!(c.attn_scale, 0.0078125);
         assert_eq!(c.no_rope_layers, [true, true]);
         // 0 is the reference's "not set".
-        let c = config(&[
-            ("logit_scale", Value::F32(8.0)),
-            ("residual_scale", Value::F32(0.0)),
-        ])
-        .expect("config");
+        let c = HEADER
+            .config(&[
+                ("logit_scale", Value::F32(8.0)),
+                ("residual_scale", Value::F32(0.0)),
+            ])
+            .expect("config");
         assert_eq!(c.residual_scale, None);
     }
 
@@ -123,7 +113,7 @@ mod tests {
                 "granite.embedding_scale",
             ),
         ] {
-            let e = config(&extra).unwrap_err().to_string();
+            let e = HEADER.config(&extra).unwrap_err().to_string();
             assert!(e.contains(key) && !e.contains('\n'), "{e}");
         }
     }

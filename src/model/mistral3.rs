@@ -55,23 +55,13 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::{GgufWriter, Value};
+    use crate::gguf::Value;
+    use crate::model::test_header::Header;
 
     /// The configuration of a minimal mistral3 header with `extra` keys.
     fn config(extra: &[(&str, Value)]) -> Result<ModelConfig, ModelError> {
-        let mut w = GgufWriter::new();
-        w.add("general.architecture", "mistral3");
-        w.add("mistral3.block_count", Value::U32(2));
-        w.add("mistral3.embedding_length", Value::U32(64));
-        w.add("mistral3.feed_forward_length", Value::U32(128));
-        w.add("mistral3.attention.head_count", Value::U32(4));
-        w.add("mistral3.context_length", Value::U32(256));
-        w.add("mistral3.vocab_size", Value::U32(10));
-        for (k, v) in extra {
-            w.add(format!("mistral3.{k}"), v.clone());
-        }
-        let f = GgufFile::from_bytes(w.to_bytes()).expect("parse");
-        super::super::read_config(&f).map(|(c, _)| c)
+        let keys = [("context_length", Value::U32(256))];
+        Header::new("mistral3", 2).config(&[&keys[..], extra].concat())
     }
 
     #[test]

@@ -25,6 +25,8 @@ mod qwen2;
 mod qwen3;
 pub mod rope_scaling;
 mod smollm3;
+#[cfg(test)]
+mod test_header;
 
 use std::path::Path;
 

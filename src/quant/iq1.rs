@@ -9,8 +9,8 @@
 
 use super::blocks::*;
 use super::iq_grids::IQ1S_GRID;
-use super::iq_order::{exact_dot, IqBlock, Shift};
-use super::reference::{check_lengths, BlockFormat, DotAcc};
+use super::iq_order::{exact_dot, sign, IqBlock, Shift};
+use super::reference::{check_lengths, super_block_format, BlockFormat, DotAcc};
 use super::types::GgmlType;
 
 /// The shift of the grid values, ggml's `IQ1S_DELTA` (and `IQ1M_DELTA`).
@@ -45,7 +45,6 @@ impl BlockIq1S {
 
 impl IqBlock for BlockIq1S {
     const FACTOR: f32 = DELTA;
-    const LANE_FACTOR: f32 = 1.0;
     const SHIFT: Shift = Shift::Scalar;
     #[inline]
     fn d(&self) -> f32 {
@@ -61,34 +60,11 @@ impl IqBlock for BlockIq1S {
     }
     #[inline]
     fn shift(&self, i: usize) -> i32 {
-        if self.qh(i / 32) & 0x8000 != 0 {
-            -1
-        } else {
-            1
-        }
+        sign(self.qh(i / 32) & 0x8000 != 0)
     }
 }
 
-impl BlockFormat for BlockIq1S {
-    const TYPE: GgmlType = GgmlType::IQ1S;
-    const BLOCK: usize = QK_K;
-    type Dot = BlockQ8K;
-    /// `dequantize_row_iq1_s`: `dl = d · (2·ls + 1)`, then `dl · (grid ± 0.125)`.
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), QK_K, out.len());
-        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-            let d = b.d.to_f32();
-            for i in 0..QK_K {
-                let dl = d * b.scale(i) as f32;
-                let delta = DELTA * b.shift(i) as f32;
-                y[i] = dl * (b.q(i) as f32 + delta);
-            }
-        }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
-        exact_dot(w, x, acc)
-    }
-}
+super_block_format!(BlockIq1S: IQ1S, |b, y| { dequantize_iq1(b, y) }, rows exact_dot);
 
 impl BlockIq1M {
     /// Scale word `k` (0..4), a LE u16.
@@ -122,7 +98,6 @@ impl BlockIq1M {
 
 impl IqBlock for BlockIq1M {
     const FACTOR: f32 = DELTA;
-    const LANE_FACTOR: f32 = 1.0;
     const SHIFT: Shift = Shift::Lanes;
     #[inline]
     fn d(&self) -> f32 {
@@ -140,32 +115,20 @@ impl IqBlock for BlockIq1M {
     }
     #[inline]
     fn shift(&self, i: usize) -> i32 {
-        if self.qh_nibble(i / 8) & 8 != 0 {
-            -1
-        } else {
-            1
-        }
+        sign(self.qh_nibble(i / 8) & 8 != 0)
     }
 }
 
-impl BlockFormat for BlockIq1M {
-    const TYPE: GgmlType = GgmlType::IQ1M;
-    const BLOCK: usize = QK_K;
-    type Dot = BlockQ8K;
-    /// `dequantize_row_iq1_m`: `dl = d · (2·ls + 1)` per 16, then `dl · (grid ± 0.125)`.
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), QK_K, out.len());
-        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-            let d = b.d();
-            for i in 0..QK_K {
-                let dl = d * b.scale(i) as f32;
-                let delta = DELTA * b.shift(i) as f32;
-                y[i] = dl * (b.q(i) as f32 + delta);
-            }
-        }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
-        exact_dot(w, x, acc)
+super_block_format!(BlockIq1M: IQ1M, |b, y| { dequantize_iq1(b, y) }, rows exact_dot);
+
+/// `dequantize_row_iq1_s` / `_iq1_m`: `dl = d · (2·ls + 1)` (per 32 / per 16 elements), then
+/// `dl · (grid ± 0.125)`.
+fn dequantize_iq1<B: IqBlock>(b: &B, y: &mut [f32]) {
+    let d = b.d();
+    for i in 0..QK_K {
+        let dl = d * b.scale(i) as f32;
+        let delta = DELTA * b.shift(i) as f32;
+        y[i] = dl * (b.q(i) as f32 + delta);
     }
 }
 

@@ -8,9 +8,9 @@
 
 use super::blocks::*;
 use super::iq_grids::{IQ3S_GRID, IQ3XXS_GRID};
-use super::iq_order::{exact_dot, IqBlock};
+use super::iq_order::{exact_dot, sign, IqBlock};
 use super::iq_signs::{KMASK_IQ2XS, KSIGNS_IQ2XS};
-use super::reference::{check_lengths, BlockFormat, DotAcc};
+use super::reference::{check_lengths, super_block_format, BlockFormat, DotAcc};
 use super::types::GgmlType;
 
 /// Byte `j` (0..4) of a grid entry: the magnitude of element `j` of its group of 4.
@@ -50,13 +50,7 @@ impl IqBlock for BlockIq3Xxs {
     }
     #[inline]
     fn q(&self, i: usize) -> i32 {
-        let neg = self.signs8(i / 8) & KMASK_IQ2XS[i % 8] != 0;
-        let m = self.magnitude(i);
-        if neg {
-            -m
-        } else {
-            m
-        }
+        sign(self.signs8(i / 8) & KMASK_IQ2XS[i % 8] != 0) * self.magnitude(i)
     }
     #[inline]
     fn scale(&self, i: usize) -> i32 {
@@ -64,32 +58,24 @@ impl IqBlock for BlockIq3Xxs {
     }
 }
 
-impl BlockFormat for BlockIq3Xxs {
-    const TYPE: GgmlType = GgmlType::IQ3XXS;
-    const BLOCK: usize = QK_K;
-    type Dot = BlockQ8K;
-    /// `dequantize_row_iq3_xxs`: `db = d · (0.5 + ls) · 0.5`, then `db · grid · ±1`.
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), QK_K, out.len());
-        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-            let d = b.d.to_f32();
-            for ib in 0..8 {
-                let db = d * (0.5 + (b.aux(ib) >> 28) as f32) * 0.5;
-                for i in 32 * ib..32 * ib + 32 {
-                    let sign = if b.signs8(i / 8) & KMASK_IQ2XS[i % 8] != 0 {
-                        -1.0
-                    } else {
-                        1.0
-                    };
-                    y[i] = db * b.magnitude(i) as f32 * sign;
-                }
+// `dequantize_row_iq3_xxs`: `db = d · (0.5 + ls) · 0.5`, then `db · grid · ±1`.
+super_block_format!(BlockIq3Xxs: IQ3XXS,
+    |b, y| {
+        let d = b.d.to_f32();
+        for ib in 0..8 {
+            let db = d * (0.5 + (b.aux(ib) >> 28) as f32) * 0.5;
+            for i in 32 * ib..32 * ib + 32 {
+                let sign = if b.signs8(i / 8) & KMASK_IQ2XS[i % 8] != 0 {
+                    -1.0
+                } else {
+                    1.0
+                };
+                y[i] = db * b.magnitude(i) as f32 * sign;
             }
         }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
-        exact_dot(w, x, acc)
-    }
-}
+    },
+    rows exact_dot
+);
 
 impl BlockIq3S {
     /// The 9-bit grid index of the group of 4 elements `4k .. 4k + 4` (k in 0..64).
@@ -113,20 +99,13 @@ impl BlockIq3S {
 }
 
 impl IqBlock for BlockIq3S {
-    const FACTOR: f32 = 1.0;
-    const LANE_FACTOR: f32 = 1.0;
     #[inline]
     fn d(&self) -> f32 {
         self.d.to_f32()
     }
     #[inline]
     fn q(&self, i: usize) -> i32 {
-        let m = self.magnitude(i);
-        if self.negative(i) {
-            -m
-        } else {
-            m
-        }
+        sign(self.negative(i)) * self.magnitude(i)
     }
     #[inline]
     fn scale(&self, i: usize) -> i32 {
@@ -135,26 +114,18 @@ impl IqBlock for BlockIq3S {
     }
 }
 
-impl BlockFormat for BlockIq3S {
-    const TYPE: GgmlType = GgmlType::IQ3S;
-    const BLOCK: usize = QK_K;
-    type Dot = BlockQ8K;
-    /// `dequantize_row_iq3_s`: `db = d · (1 + 2·ls)`, then `db · grid · ±1`.
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), QK_K, out.len());
-        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-            let d = b.d.to_f32();
-            for i in 0..QK_K {
-                let db = d * b.scale(i) as f32;
-                let sign = if b.negative(i) { -1.0 } else { 1.0 };
-                y[i] = db * b.magnitude(i) as f32 * sign;
-            }
+// `dequantize_row_iq3_s`: `db = d · (1 + 2·ls)`, then `db · grid · ±1`.
+super_block_format!(BlockIq3S: IQ3S,
+    |b, y| {
+        let d = b.d.to_f32();
+        for i in 0..QK_K {
+            let db = d * b.scale(i) as f32;
+            let sign = if b.negative(i) { -1.0 } else { 1.0 };
+            y[i] = db * b.magnitude(i) as f32 * sign;
         }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
-        exact_dot(w, x, acc)
-    }
-}
+    },
+    rows exact_dot
+);
 
 #[cfg(test)]
 mod tests {

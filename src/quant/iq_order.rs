@@ -40,9 +40,9 @@ pub(super) enum Shift {
 /// A super-block of one of these formats, decoded element by element.
 pub(super) trait IqBlock: RawBlock {
     /// The tiled kernel's factor on `d_w` (its codes' scale).
-    const FACTOR: f32;
+    const FACTOR: f32 = 1.0;
     /// The factor on the reduced lanes of [`dot_lanes`] (IQ3_XXS's 1/4).
-    const LANE_FACTOR: f32;
+    const LANE_FACTOR: f32 = 1.0;
     /// The shifts' part of the dot (the 1-bit formats).
     const SHIFT: Shift = Shift::None;
     /// The super-block scale `d_w`.
@@ -54,6 +54,16 @@ pub(super) trait IqBlock: RawBlock {
     /// The shift sign of element `i` (±1), 0 for a format without shifts.
     fn shift(&self, _i: usize) -> i32 {
         0
+    }
+}
+
+/// `-1` for a negative element, else `1`.
+#[inline]
+pub(super) fn sign(negative: bool) -> i32 {
+    if negative {
+        -1
+    } else {
+        1
     }
 }
 

@@ -10,7 +10,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::blocks::*;
-use super::reference::{check_lengths, idot32, nearest_int, BlockFormat, DotAcc, Quantize};
+use super::reference::{
+    check_lengths, idot32, legacy_format, nearest_int, super_block_format, BlockFormat, DotAcc,
+    Quantize,
+};
 use super::types::GgmlType;
 
 /// ggml's `GROUP_MAX_EPS`: a block whose largest magnitude is below it is all zero.
@@ -122,55 +125,29 @@ fn pack(l: &[u8; 32], qs: &mut [u8]) {
     }
 }
 
-impl BlockFormat for BlockIq4Nl {
-    const TYPE: GgmlType = GgmlType::IQ4NL;
-    const BLOCK: usize = QK;
-    type Dot = BlockQ8_0;
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), QK, out.len());
-        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK)) {
-            dequantize_grid(&KVALUES_IQ4NL, &b.qs, b.d.to_f32(), y);
-        }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[BlockQ8_0], acc: &mut DotAcc) {
-        assert_eq!(w.len(), x.len());
-        for (b, y) in w.iter().zip(x) {
-            let (s, m) = idot32(|j| iq4_value(&b.qs, j), &y.qs);
-            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
-            acc.add(d * s as f64, d.abs() * m as f64);
-        }
-    }
-}
+// A 32-element format as Q4_0 but for its grid: `d · grid[q]`, and the dot `d·dy·Σ grid[q]·y`.
+legacy_format!(BlockIq4Nl: IQ4NL, BlockQ8_0, |b, j| iq4_value(&b.qs, j));
 
-impl BlockFormat for BlockIq4Xs {
-    const TYPE: GgmlType = GgmlType::IQ4XS;
-    const BLOCK: usize = QK_K;
-    type Dot = BlockQ8K;
-    fn dequantize(blocks: &[Self], out: &mut [f32]) {
-        check_lengths(blocks.len(), QK_K, out.len());
-        for (b, y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
-            let d = b.d.to_f32();
-            for (ib, ys) in y.chunks_exact_mut(32).enumerate() {
-                let dl = d * b.scale(ib) as f32;
-                dequantize_grid(&KVALUES_IQ4NL, &b.qs[16 * ib..16 * ib + 16], dl, ys);
-            }
+super_block_format!(BlockIq4Xs: IQ4XS,
+    |b, y| {
+        let d = b.d.to_f32();
+        for (ib, ys) in y.chunks_exact_mut(32).enumerate() {
+            let dl = d * b.scale(ib) as f32;
+            dequantize_grid(&KVALUES_IQ4NL, &b.qs[16 * ib..16 * ib + 16], dl, ys);
         }
-    }
-    fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], acc: &mut DotAcc) {
-        assert_eq!(w.len(), x.len());
-        for (b, y) in w.iter().zip(x) {
-            let (mut s, mut m) = (0i64, 0i64);
-            for (i, &yi) in y.qs.iter().enumerate() {
-                let ib = i / 32;
-                let p = b.scale(ib) * iq4_value(&b.qs[16 * ib..], i % 32) * yi as i32;
-                s += p as i64;
-                m += p.unsigned_abs() as i64;
-            }
-            let d = (b.d.to_f32() * y.d.to_f32()) as f64;
-            acc.add(d * s as f64, d.abs() * m as f64);
+    },
+    |b, y, acc| {
+        let (mut s, mut m) = (0i64, 0i64);
+        for (i, &yi) in y.qs.iter().enumerate() {
+            let ib = i / 32;
+            let p = b.scale(ib) * iq4_value(&b.qs[16 * ib..], i % 32) * yi as i32;
+            s += p as i64;
+            m += p.unsigned_abs() as i64;
         }
+        let d = (b.d.to_f32() * y.d.to_f32()) as f64;
+        acc.add(d * s as f64, d.abs() * m as f64);
     }
-}
+);
 
 impl Quantize for BlockIq4Nl {
     /// `quantize_iq4_nl` without an importance matrix.

@@ -454,21 +454,117 @@ pub fn dot_type(weight: GgmlType) -> GgmlType {
             GgmlType::Q8_0
         }
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q8_1 => GgmlType::Q8_1,
-        GgmlType::Q2K
-        | GgmlType::Q3K
-        | GgmlType::Q4K
-        | GgmlType::Q5K
-        | GgmlType::Q6K
-        | GgmlType::Q8K
-        | GgmlType::IQ2XXS
-        | GgmlType::IQ2XS
-        | GgmlType::IQ2S
-        | GgmlType::IQ3XXS
-        | GgmlType::IQ1S
-        | GgmlType::IQ3S
-        | GgmlType::IQ4XS
-        | GgmlType::IQ1M => GgmlType::Q8K,
+        types::super_block_types!() => GgmlType::Q8K,
     }
+}
+
+/// `$e` with the type `$B` standing for the block type of format `$ty`: one `match` over every
+/// format.
+macro_rules! per_format {
+    ($ty:expr, |$B:ident| $e:expr) => {
+        match $ty {
+            GgmlType::F32 => {
+                type $B = F32Le;
+                $e
+            }
+            GgmlType::F16 => {
+                type $B = F16Le;
+                $e
+            }
+            GgmlType::BF16 => {
+                type $B = Bf16Le;
+                $e
+            }
+            GgmlType::Q4_0 => {
+                type $B = BlockQ4_0;
+                $e
+            }
+            GgmlType::Q4_1 => {
+                type $B = BlockQ4_1;
+                $e
+            }
+            GgmlType::Q5_0 => {
+                type $B = BlockQ5_0;
+                $e
+            }
+            GgmlType::Q5_1 => {
+                type $B = BlockQ5_1;
+                $e
+            }
+            GgmlType::Q8_0 => {
+                type $B = BlockQ8_0;
+                $e
+            }
+            GgmlType::Q8_1 => {
+                type $B = BlockQ8_1;
+                $e
+            }
+            GgmlType::Q2K => {
+                type $B = BlockQ2K;
+                $e
+            }
+            GgmlType::Q3K => {
+                type $B = BlockQ3K;
+                $e
+            }
+            GgmlType::Q4K => {
+                type $B = BlockQ4K;
+                $e
+            }
+            GgmlType::Q5K => {
+                type $B = BlockQ5K;
+                $e
+            }
+            GgmlType::Q6K => {
+                type $B = BlockQ6K;
+                $e
+            }
+            GgmlType::Q8K => {
+                type $B = BlockQ8K;
+                $e
+            }
+            GgmlType::IQ4NL => {
+                type $B = BlockIq4Nl;
+                $e
+            }
+            GgmlType::IQ4XS => {
+                type $B = BlockIq4Xs;
+                $e
+            }
+            GgmlType::MXFP4 => {
+                type $B = BlockMxfp4;
+                $e
+            }
+            GgmlType::IQ2XXS => {
+                type $B = BlockIq2Xxs;
+                $e
+            }
+            GgmlType::IQ2XS => {
+                type $B = BlockIq2Xs;
+                $e
+            }
+            GgmlType::IQ2S => {
+                type $B = BlockIq2S;
+                $e
+            }
+            GgmlType::IQ3XXS => {
+                type $B = BlockIq3Xxs;
+                $e
+            }
+            GgmlType::IQ3S => {
+                type $B = BlockIq3S;
+                $e
+            }
+            GgmlType::IQ1S => {
+                type $B = BlockIq1S;
+                $e
+            }
+            GgmlType::IQ1M => {
+                type $B = BlockIq1M;
+                $e
+            }
+        }
+    };
 }
 
 /// The best kernels for this CPU.
@@ -664,21 +760,21 @@ fn quantize_bytes<B: Quantize>(x: &[f32], out: &mut [u8]) {
 }
 
 fn quantize_q8_0_act_bytes(x: &[f32], out: &mut [u8]) {
-    let len = x.len() / QK * size_of::<BlockQ8_0>();
-    assert!(
-        x.len().is_multiple_of(QK),
-        "row is not a whole number of blocks"
-    );
-    reference::quantize_q8_0_act(x, cast_mut(&mut out[..len]).expect("whole blocks"));
+    act_bytes(reference::quantize_q8_0_act, x, out)
 }
 
 fn quantize_q8_1_act_bytes(x: &[f32], out: &mut [u8]) {
-    let len = x.len() / QK * size_of::<BlockQ8_1>();
+    act_bytes(reference::quantize_q8_1_act, x, out)
+}
+
+/// The activation quantizer `quantize` of a 32-element format `B` on a row, into bytes.
+fn act_bytes<B: RawBlock>(quantize: fn(&[f32], &mut [B]), x: &[f32], out: &mut [u8]) {
+    let len = x.len() / QK * size_of::<B>();
     assert!(
         x.len().is_multiple_of(QK),
         "row is not a whole number of blocks"
     );
-    reference::quantize_q8_1_act(x, cast_mut(&mut out[..len]).expect("whole blocks"));
+    quantize(x, cast_mut(&mut out[..len]).expect("whole blocks"));
 }
 
 /// Check `n` elements are whole blocks of `ty` and `bytes` is exactly their size.
@@ -703,33 +799,7 @@ fn check_row(ty: GgmlType, what: &'static str, n: usize, bytes: usize) -> Result
 /// Scalar reference dequantization of one row (`out.len()` elements) of any format.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
     check_row(ty, "source", out.len(), src.len())?;
-    let f: DequantFn = match ty {
-        GgmlType::F32 => dequant_bytes::<F32Le>,
-        GgmlType::F16 => dequant_bytes::<F16Le>,
-        GgmlType::BF16 => dequant_bytes::<Bf16Le>,
-        GgmlType::Q4_0 => dequant_bytes::<BlockQ4_0>,
-        GgmlType::Q4_1 => dequant_bytes::<BlockQ4_1>,
-        GgmlType::Q5_0 => dequant_bytes::<BlockQ5_0>,
-        GgmlType::Q5_1 => dequant_bytes::<BlockQ5_1>,
-        GgmlType::Q8_0 => dequant_bytes::<BlockQ8_0>,
-        GgmlType::Q8_1 => dequant_bytes::<BlockQ8_1>,
-        GgmlType::Q2K => dequant_bytes::<BlockQ2K>,
-        GgmlType::Q3K => dequant_bytes::<BlockQ3K>,
-        GgmlType::Q4K => dequant_bytes::<BlockQ4K>,
-        GgmlType::Q5K => dequant_bytes::<BlockQ5K>,
-        GgmlType::Q6K => dequant_bytes::<BlockQ6K>,
-        GgmlType::Q8K => dequant_bytes::<BlockQ8K>,
-        GgmlType::IQ4NL => dequant_bytes::<BlockIq4Nl>,
-        GgmlType::IQ4XS => dequant_bytes::<BlockIq4Xs>,
-        GgmlType::MXFP4 => dequant_bytes::<BlockMxfp4>,
-        GgmlType::IQ2XXS => dequant_bytes::<BlockIq2Xxs>,
-        GgmlType::IQ2XS => dequant_bytes::<BlockIq2Xs>,
-        GgmlType::IQ2S => dequant_bytes::<BlockIq2S>,
-        GgmlType::IQ3XXS => dequant_bytes::<BlockIq3Xxs>,
-        GgmlType::IQ3S => dequant_bytes::<BlockIq3S>,
-        GgmlType::IQ1S => dequant_bytes::<BlockIq1S>,
-        GgmlType::IQ1M => dequant_bytes::<BlockIq1M>,
-    };
+    let f: DequantFn = per_format!(ty, |B| dequant_bytes::<B>);
     f(src, out);
     Ok(())
 }

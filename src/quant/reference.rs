@@ -171,6 +171,8 @@ macro_rules! legacy_format {
     };
 }
 
+pub(super) use legacy_format;
+
 legacy_format!(BlockQ4_0: Q4_0, BlockQ8_0, |b, j| nibble(&b.qs, j) - 8);
 legacy_format!(BlockQ4_1: Q4_1, BlockQ8_1, |b, j| nibble(&b.qs, j), min);
 legacy_format!(BlockQ5_0: Q5_0, BlockQ8_0, |b, j| (nibble(&b.qs, j) | (bit5(&b.qh, j) << 4)) - 16);
@@ -385,9 +387,20 @@ pub fn nearest_int(x: f32) -> i32 {
 
 /// `BlockFormat` for a format `$t` of `GgmlType::$ty` in super-blocks of `QK_K` multiplied
 /// with Q8_K: `$deq` fills the 256 values `$y` of block `$b`; `$dot` adds the dot of weight
-/// block `$w` with activation block `$x` (and its magnitude) to `$acc`.
+/// block `$w` with activation block `$x` (and its magnitude) to `$acc`, or, given as
+/// `rows $row`, the function `$row(w, x, acc)` takes the whole rows.
 macro_rules! super_block_format {
     ($t:ident: $ty:ident, |$b:ident, $y:ident| $deq:block, |$w:ident, $x:ident, $acc:ident| $dot:block) => {
+        super_block_format!(@impl $t: $ty, |$b, $y| $deq, |w, x, $acc| {
+            assert_eq!(w.len(), x.len());
+            for ($w, $x) in w.iter().zip(x) $dot
+        });
+    };
+    ($t:ident: $ty:ident, |$b:ident, $y:ident| $deq:block, rows $row:path) => {
+        super_block_format!(@impl $t: $ty, |$b, $y| $deq, |w, x, acc| { $row(w, x, acc) });
+    };
+    (@impl $t:ident: $ty:ident, |$b:ident, $y:ident| $deq:block,
+        |$wr:ident, $xr:ident, $acc:ident| $dot:block) => {
         impl BlockFormat for $t {
             const TYPE: GgmlType = GgmlType::$ty;
             const BLOCK: usize = QK_K;
@@ -396,13 +409,11 @@ macro_rules! super_block_format {
                 check_lengths(blocks.len(), QK_K, out.len());
                 for ($b, $y) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) $deq
             }
-            fn vec_dot_acc(w: &[Self], x: &[BlockQ8K], $acc: &mut DotAcc) {
-                assert_eq!(w.len(), x.len());
-                for ($w, $x) in w.iter().zip(x) $dot
-            }
+            fn vec_dot_acc($wr: &[Self], $xr: &[BlockQ8K], $acc: &mut DotAcc) $dot
         }
     };
 }
+pub(super) use super_block_format;
 
 /// ggml's `quantize_row_q8_K_ref` (also what ggml-cpu uses on x86): the scale maps the signed
 /// absmax to -127, quants are clamped above at 127, and `bsums` hold sums of 16 quants.

@@ -233,6 +233,78 @@ pub(crate) fn random_weight_row(ty: GgmlType, n: usize, rng: &mut Rng, scales: S
     bytes
 }
 
+/// One row `w` against three copies of `x` through the batched kernel: the three dots.
+fn gemm_thrice(k: &Kernels, n: usize, w: &[u8], x: &[u8]) -> [f32; 3] {
+    let mut out = [0f32; 3];
+    let x3 = [x, x, x].concat();
+    (k.gemm)(GemmArgs::new(
+        n,
+        (w, w.len(), 1),
+        (&x3, x.len(), 3),
+        (&mut out, 1),
+    ));
+    out
+}
+
+/// A batched product of random rows: `nw` weight rows and `nx` activation rows of `n`
+/// elements (drawn from `rng` in that order) and the batched kernel's `nw × nx` dots.
+struct RandomGemm {
+    w: Vec<u8>,
+    x: Vec<u8>,
+    rw: usize,
+    rx: usize,
+    nw: usize,
+    nx: usize,
+    out: Vec<f32>,
+}
+
+impl RandomGemm {
+    /// The rows and their product (`out` filled with `fill` before the kernel writes it).
+    fn run(
+        ty: GgmlType,
+        k: &Kernels,
+        shape: (usize, usize, usize),
+        rng: &mut Rng,
+        fill: f32,
+    ) -> Self {
+        let (n, nw, nx) = shape;
+        let (rw, rx) = (ty.row_bytes(n).unwrap(), k.act.row_bytes(n).unwrap());
+        let w: Vec<u8> = (0..nw)
+            .flat_map(|_| random_weight_row(ty, n, rng, Scales::Normal))
+            .collect();
+        let x: Vec<u8> = (0..nx).flat_map(|_| random_act_row(k, n, rng)).collect();
+        let mut out = vec![fill; nw * nx];
+        (k.gemm)(GemmArgs::new(n, (&w, rw, nw), (&x, rx, nx), (&mut out, nw)));
+        RandomGemm {
+            w,
+            x,
+            rw,
+            rx,
+            nw,
+            nx,
+            out,
+        }
+    }
+
+    /// Every dot, activation rows outer: `(i, j, weight row i, activation row j, its dot)`.
+    fn dots(&self) -> impl Iterator<Item = (usize, usize, &[u8], &[u8], f32)> + '_ {
+        (0..self.nx).flat_map(move |j| {
+            (0..self.nw).map(move |i| {
+                let wi = &self.w[i * self.rw..(i + 1) * self.rw];
+                let xj = &self.x[j * self.rx..(j + 1) * self.rx];
+                (i, j, wi, xj, self.out[j * self.nw + i])
+            })
+        })
+    }
+}
+
+/// The kernels of `ty` on every tier this CPU runs (a tier without them is passed over).
+fn tiers(ty: GgmlType) -> impl Iterator<Item = (Isa, Kernels)> {
+    Isa::available()
+        .into_iter()
+        .filter_map(move |isa| Some((isa, kernels_for(ty, isa).ok()?)))
+}
+
 /// An activation row: random f32 quantized by the table's own activation quantizer.
 pub(crate) fn random_act_row(k: &Kernels, n: usize, rng: &mut Rng) -> Vec<u8> {
     let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 4.0).collect();
@@ -251,32 +323,11 @@ pub(crate) fn reference_dot(ty: GgmlType, n: usize, w: &[u8], x: &[u8]) -> DotAc
         B::vec_dot_acc(w, x, &mut acc);
         acc
     }
-    match ty {
-        GgmlType::F32 => go::<F32Le>(n, w, x),
-        GgmlType::F16 => go::<F16Le>(n, w, x),
-        GgmlType::BF16 => go::<Bf16Le>(n, w, x),
-        GgmlType::Q4_0 => go::<BlockQ4_0>(n, w, x),
-        GgmlType::Q4_1 => go::<BlockQ4_1>(n, w, x),
-        GgmlType::Q5_0 => go::<BlockQ5_0>(n, w, x),
-        GgmlType::Q5_1 => go::<BlockQ5_1>(n, w, x),
-        GgmlType::Q8_0 => go::<BlockQ8_0>(n, w, x),
-        GgmlType::Q2K => go::<BlockQ2K>(n, w, x),
-        GgmlType::Q3K => go::<BlockQ3K>(n, w, x),
-        GgmlType::Q4K => go::<BlockQ4K>(n, w, x),
-        GgmlType::Q5K => go::<BlockQ5K>(n, w, x),
-        GgmlType::Q6K => go::<BlockQ6K>(n, w, x),
-        GgmlType::IQ4NL => go::<BlockIq4Nl>(n, w, x),
-        GgmlType::IQ4XS => go::<BlockIq4Xs>(n, w, x),
-        GgmlType::MXFP4 => go::<BlockMxfp4>(n, w, x),
-        GgmlType::IQ2XXS => go::<BlockIq2Xxs>(n, w, x),
-        GgmlType::IQ2XS => go::<BlockIq2Xs>(n, w, x),
-        GgmlType::IQ2S => go::<BlockIq2S>(n, w, x),
-        GgmlType::IQ3XXS => go::<BlockIq3Xxs>(n, w, x),
-        GgmlType::IQ3S => go::<BlockIq3S>(n, w, x),
-        GgmlType::IQ1S => go::<BlockIq1S>(n, w, x),
-        GgmlType::IQ1M => go::<BlockIq1M>(n, w, x),
-        GgmlType::Q8_1 | GgmlType::Q8K => unreachable!(),
-    }
+    assert!(
+        !matches!(ty, GgmlType::Q8_1 | GgmlType::Q8K),
+        "{ty}: an activation format"
+    );
+    per_format!(ty, |B| go::<B>(n, w, x))
 }
 
 /// Every weight format: the float ones, then the block formats.
@@ -353,10 +404,7 @@ fn vec_dot_matches_reference_on_every_isa() {
         } else {
             BLOCK_COUNTS.iter().map(|b| b * ty.block_size()).collect()
         };
-        for isa in Isa::available() {
-            let Ok(k) = kernels_for(ty, isa) else {
-                continue;
-            };
+        for (isa, k) in tiers(ty) {
             for &n in &lengths {
                 for scales in [
                     Scales::Normal,
@@ -401,10 +449,7 @@ fn gemm_matches_reference_on_every_isa() {
     let mut rng = Rng(0xfeed);
     for ty in WEIGHT_TYPES {
         let n = 3 * ty.block_size().max(32);
-        for isa in Isa::available() {
-            let Ok(k) = kernels_for(ty, isa) else {
-                continue;
-            };
+        for (isa, k) in tiers(ty) {
             for (nw, nx) in [
                 (1, 1),
                 (1, 9),
@@ -545,23 +590,21 @@ fn empty_shapes() {
 #[test]
 fn rows_ending_at_buffer_end() {
     let mut rng = Rng(99);
-    for ty in WEIGHT_TYPES {
+    let every = WEIGHT_TYPES
+        .into_iter()
+        .flat_map(|ty| tiers(ty).map(move |t| (ty, t)));
+    for (ty, (isa, k)) in every {
         let n = 2 * ty.block_size().max(32);
-        for isa in Isa::available() {
-            let Ok(k) = kernels_for(ty, isa) else {
-                continue;
-            };
-            let w = random_weight_row(ty, n, &mut rng, Scales::Normal);
-            let x = random_act_row(&k, n, &mut rng);
-            let exact = (k.vec_dot)(n, &w, &x);
-            let mut padded = w.clone();
-            padded.extend_from_slice(&[0xFF; 64]);
-            assert_eq!(
-                (k.vec_dot)(n, &padded, &x).to_bits(),
-                exact.to_bits(),
-                "{ty} {isa:?}"
-            );
-        }
+        let w = random_weight_row(ty, n, &mut rng, Scales::Normal);
+        let x = random_act_row(&k, n, &mut rng);
+        let exact = (k.vec_dot)(n, &w, &x);
+        let mut padded = w.clone();
+        padded.extend_from_slice(&[0xFF; 64]);
+        assert_eq!(
+            (k.vec_dot)(n, &padded, &x).to_bits(),
+            exact.to_bits(),
+            "{ty} {isa:?}"
+        );
     }
 }
 
@@ -592,38 +635,16 @@ fn gemm_long_rows_and_many_rows() {
             (256, 40, 24),
             (32 * 72, 20, 35),
         ] {
-            for isa in Isa::available() {
-                let Ok(k) = kernels_for(ty, isa) else {
-                    continue;
-                };
-                let (rw, rx) = (ty.row_bytes(n).unwrap(), k.act.row_bytes(n).unwrap());
-                let w: Vec<u8> = (0..nw)
-                    .flat_map(|_| random_weight_row(ty, n, &mut rng, Scales::Normal))
-                    .collect();
-                let x: Vec<u8> = (0..nx)
-                    .flat_map(|_| random_act_row(&k, n, &mut rng))
-                    .collect();
-                let mut out = vec![0f32; nw * nx];
-                (k.gemm)(GemmArgs::new(n, (&w, rw, nw), (&x, rx, nx), (&mut out, nw)));
-                for j in 0..nx {
-                    for i in 0..nw {
-                        let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * rx..(j + 1) * rx]);
-                        // Q4_K: the reference's order for this row of the batch.
-                        let single = exact_order(ty, wi, xj, n, nx, j)
-                            .unwrap_or_else(|| (k.vec_dot)(n, wi, xj));
-                        let got = out[j * nw + i];
-                        assert_eq!(
-                            got.to_bits(),
-                            single.to_bits(),
-                            "{ty} {isa:?} n={n} ({i},{j})"
-                        );
-                        if i % 17 == 0 {
-                            assert_close(
-                                got,
-                                &reference_dot(ty, n, wi, xj),
-                                &format!("{ty} {isa:?} n={n}"),
-                            );
-                        }
+            for (isa, k) in tiers(ty) {
+                let g = RandomGemm::run(ty, &k, (n, nw, nx), &mut rng, 0.0);
+                for (i, j, wi, xj, got) in g.dots() {
+                    // Q4_K: the reference's order for this row of the batch.
+                    let single =
+                        exact_order(ty, wi, xj, n, nx, j).unwrap_or_else(|| (k.vec_dot)(n, wi, xj));
+                    let msg = || format!("{ty} {isa:?} n={n}");
+                    assert_eq!(got.to_bits(), single.to_bits(), "{} ({i},{j})", msg());
+                    if i % 17 == 0 {
+                        assert_close(got, &reference_dot(ty, n, wi, xj), &msg());
                     }
                 }
             }
@@ -646,32 +667,14 @@ fn float_gemm_tiles_match_vec_dot() {
             (3, 3, 5),
             (768, 10, 121),
         ] {
-            for isa in Isa::available() {
-                let Ok(k) = kernels_for(ty, isa) else {
-                    continue;
-                };
-                let (rw, rx) = (ty.row_bytes(n).unwrap(), k.act.row_bytes(n).unwrap());
-                let w: Vec<u8> = (0..nw)
-                    .flat_map(|_| random_weight_row(ty, n, &mut rng, Scales::Normal))
-                    .collect();
-                let x: Vec<u8> = (0..nx)
-                    .flat_map(|_| random_act_row(&k, n, &mut rng))
-                    .collect();
-                let mut out = vec![f32::NAN; nw * nx];
-                (k.gemm)(GemmArgs::new(n, (&w, rw, nw), (&x, rx, nx), (&mut out, nw)));
-                for j in 0..nx {
-                    for i in 0..nw {
-                        let (wi, xj) = (&w[i * rw..(i + 1) * rw], &x[j * rx..(j + 1) * rx]);
-                        let single = (k.vec_dot)(n, wi, xj);
-                        let got = out[j * nw + i];
-                        assert_eq!(
-                            got.to_bits(),
-                            single.to_bits(),
-                            "{ty} {isa:?} n={n} {nw}x{nx} ({i},{j})"
-                        );
-                        if i == j {
-                            assert_close(got, &reference_dot(ty, n, wi, xj), &format!("{ty}"));
-                        }
+            for (isa, k) in tiers(ty) {
+                let g = RandomGemm::run(ty, &k, (n, nw, nx), &mut rng, f32::NAN);
+                for (i, j, wi, xj, got) in g.dots() {
+                    let single = (k.vec_dot)(n, wi, xj);
+                    let what = format!("{ty} {isa:?} n={n} {nw}x{nx} ({i},{j})");
+                    assert_eq!(got.to_bits(), single.to_bits(), "{what}");
+                    if i == j {
+                        assert_close(got, &reference_dot(ty, n, wi, xj), &format!("{ty}"));
                     }
                 }
             }
@@ -738,14 +741,7 @@ fn legacy_simd_dots_follow_ggml_accumulation_order() {
                     "{ty:?} {isa:?} vec_dot"
                 );
                 // The prefill tile keeps the same order for every activation row.
-                let mut out = [0f32; 3];
-                let x3 = [x.clone(), x.clone(), x.clone()].concat();
-                (k.gemm)(GemmArgs::new(
-                    n,
-                    (&w, w.len(), 1),
-                    (&x3, x.len(), 3),
-                    (&mut out, 1),
-                ));
+                let out = gemm_thrice(&k, n, &w, &x);
                 assert!(
                     out.iter().all(|o| o.to_bits() == want.to_bits()),
                     "{ty:?} {isa:?} gemm"
@@ -1028,10 +1024,7 @@ fn mxfp4_kernels_are_exact_on_extreme_scales() {
     let n = 7 * 32;
     let mut rng = Rng(0x3b_0039);
     let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
-    for isa in Isa::available() {
-        let Ok(k) = kernels_for(ty, isa) else {
-            continue;
-        };
+    for (isa, k) in tiers(ty) {
         for e in [255u8, 254, 200, 1, 0] {
             for fill in [None, Some(0x77u8), Some(0xffu8), Some(0x08u8)] {
                 let mut w = random_weight_row(ty, n, &mut rng, Scales::Normal);
@@ -1058,14 +1051,7 @@ fn mxfp4_kernels_are_exact_on_extreme_scales() {
                         // one sign: a block's exceeds f32 from e = 254 (2^126 · 12 · 32).
                         assert_eq!(got.is_infinite(), e >= 254, "{what}: {got}");
                     }
-                    let mut out = [0f32; 3];
-                    let x3 = [x.clone(), x.clone(), x.clone()].concat();
-                    (k.gemm)(GemmArgs::new(
-                        n,
-                        (&w, w.len(), 1),
-                        (&x3, x.len(), 3),
-                        (&mut out, 1),
-                    ));
+                    let out = gemm_thrice(&k, n, &w, &x);
                     assert!(out.iter().all(|&o| same(o, want)), "{what}: gemm {out:?}");
                     // Sixteen copies of the row repacked into one group (where this tier
                     // repacks MXFP4), against 1 and 3 activation rows.

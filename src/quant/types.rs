@@ -4,6 +4,28 @@
 
 use std::fmt;
 
+/// The pattern of the super-block formats (256 elements a block, dotted with Q8_K): one list
+/// for every `match` that treats them alike.
+macro_rules! super_block_types {
+    () => {
+        GgmlType::Q2K
+            | GgmlType::Q3K
+            | GgmlType::Q4K
+            | GgmlType::Q5K
+            | GgmlType::Q6K
+            | GgmlType::Q8K
+            | GgmlType::IQ2XXS
+            | GgmlType::IQ2XS
+            | GgmlType::IQ2S
+            | GgmlType::IQ4XS
+            | GgmlType::IQ3XXS
+            | GgmlType::IQ1S
+            | GgmlType::IQ3S
+            | GgmlType::IQ1M
+    };
+}
+pub(super) use super_block_types;
+
 /// A GGUF/ggml tensor type. Every variant here is one the engine can read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GgmlType {
@@ -184,20 +206,7 @@ impl GgmlType {
             | GgmlType::Q8_1
             | GgmlType::IQ4NL
             | GgmlType::MXFP4 => 32,
-            GgmlType::Q2K
-            | GgmlType::Q3K
-            | GgmlType::Q4K
-            | GgmlType::Q5K
-            | GgmlType::Q6K
-            | GgmlType::Q8K
-            | GgmlType::IQ2XXS
-            | GgmlType::IQ2XS
-            | GgmlType::IQ2S
-            | GgmlType::IQ4XS
-            | GgmlType::IQ3XXS
-            | GgmlType::IQ1S
-            | GgmlType::IQ3S
-            | GgmlType::IQ1M => 256,
+            super_block_types!() => 256,
         }
     }
 

@@ -407,25 +407,21 @@ fn edge_cases_give_valid_ids() {
         3,
     );
     assert!(s.sample(&logits, &[]) < 3);
-    let mut s = Sampler::new(
+    let only_the_best = [
         SamplerConfig {
             top_p: 0.0,
             ..cfg(1.0)
         },
-        3,
-    );
-    for _ in 0..50 {
-        assert_eq!(s.sample(&logits, &[]), 1);
-    }
-    let mut s = Sampler::new(
         SamplerConfig {
             min_p: 1.0,
             ..cfg(1.0)
         },
-        3,
-    );
-    for _ in 0..50 {
-        assert_eq!(s.sample(&logits, &[]), 1);
+    ];
+    for c in only_the_best {
+        let mut s = Sampler::new(c, 3);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits, &[]), 1);
+        }
     }
     // NaN logits are never drawn; +inf logits win.
     let mut s = Sampler::new(

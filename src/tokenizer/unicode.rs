@@ -8,6 +8,16 @@ use super::unicode_data::{CATEGORY_RANGES, WHITESPACE};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CptFlags(pub u16);
 
+/// `fn $name(self) -> bool`: whether the flag `$flag` is set, for each pair.
+macro_rules! flag_tests {
+    ($($name:ident: $flag:ident),*) => {$(
+        #[inline]
+        pub fn $name(self) -> bool {
+            self.0 & Self::$flag != 0
+        }
+    )*};
+}
+
 #[allow(dead_code)] // the full bit set, documented; not every bit is tested
 impl CptFlags {
     pub const UNDEFINED: u16 = 0x0001;
@@ -21,22 +31,12 @@ impl CptFlags {
     pub const CATEGORIES: u16 = 0x00FF;
     pub const WHITESPACE: u16 = 0x0100;
 
-    #[inline]
-    pub fn is_letter(self) -> bool {
-        self.0 & Self::LETTER != 0
-    }
-    #[inline]
-    pub fn is_number(self) -> bool {
-        self.0 & Self::NUMBER != 0
-    }
-    #[inline]
-    pub fn is_whitespace(self) -> bool {
-        self.0 & Self::WHITESPACE != 0
-    }
-    #[inline]
-    pub fn is_punctuation(self) -> bool {
-        self.0 & Self::PUNCTUATION != 0
-    }
+    flag_tests!(
+        is_letter: LETTER,
+        is_number: NUMBER,
+        is_whitespace: WHITESPACE,
+        is_punctuation: PUNCTUATION
+    );
     /// Any bit set: every codepoint inside the text has at least one.
     #[inline]
     pub fn any(self) -> bool {

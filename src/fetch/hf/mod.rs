@@ -555,11 +555,7 @@ fn gguf_files(files: &[RepoFile]) -> String {
         .filter(|f| has_gguf_ext(&f.path))
         .map(|f| f.path.as_str())
         .collect();
-    if v.is_empty() {
-        "none".to_string()
-    } else {
-        v.join(", ")
-    }
+    store::list_or_none(&v)
 }
 
 /// What to download for a reference.

@@ -84,14 +84,7 @@ fn references_in_every_form() {
 
 #[test]
 fn endpoints() {
-    let env = |pairs: &'static [(&'static str, &'static str)]| {
-        move |k: &str| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    };
+    let env = crate::fetch::fake_env::<String>;
     assert_eq!(endpoint_from(env(&[])), DEFAULT_ENDPOINT);
     assert_eq!(
         endpoint_from(env(&[("HF_ENDPOINT", "http://mirror:8/")])),

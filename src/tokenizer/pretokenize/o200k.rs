@@ -135,6 +135,19 @@ fn at(c: &[u32], p: usize, class: fn(u32) -> bool) -> bool {
     c.get(p).is_some_and(|&x| class(x))
 }
 
+/// Where ` ?X` (`X` the class) starts its `X`s at `p`: after a space that one follows, at `p`
+/// when one stands there, else `None`.
+#[inline]
+fn opt_space(c: &[u32], p: usize, class: fn(u32) -> bool) -> Option<usize> {
+    if c[p] == SPACE && at(c, p + 1, class) {
+        Some(p + 1)
+    } else if class(c[p]) {
+        Some(p)
+    } else {
+        None
+    }
+}
+
 /// `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?` at `p`: where it ends.
 fn contraction(c: &[u32], p: usize) -> usize {
     if c.get(p) != Some(&APOSTROPHE) {
@@ -200,13 +213,7 @@ fn match_case(regex: CaseRegex, c: &[u32], p: usize) -> Option<usize> {
     }
     // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
     let other = |x: u32| !is_s(x) && !is_l(x) && !is_n(x);
-    let o = if c[p] == SPACE && at(c, p + 1, other) {
-        Some(p + 1)
-    } else if other(c[p]) {
-        Some(p)
-    } else {
-        None
-    };
+    let o = opt_space(c, p, other);
     if let Some(o) = o {
         let mut e = o;
         while e < c.len() && other(c[e]) {
@@ -238,13 +245,7 @@ fn match_deepseek3(c: &[u32], p: usize) -> Option<usize> {
         return Some(p + run(c, p, lm));
     }
     // ` ?[\p{P}\p{S}]+[\r\n]*`
-    let o = if c[p] == SPACE && at(c, p + 1, is_ps) {
-        Some(p + 1)
-    } else if is_ps(c[p]) {
-        Some(p)
-    } else {
-        None
-    };
+    let o = opt_space(c, p, is_ps);
     if let Some(o) = o {
         let mut e = o + run(c, o, is_ps);
         while e < c.len() && matches!(c[e], CR | LF) {
