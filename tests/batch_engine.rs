@@ -215,6 +215,12 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
         metrics.decode_steps.load(Relaxed) < 5 * n_new as u64,
         "steps were batched"
     );
+    // Greedy rows with nothing reading their logits: every token was the executor's argmax,
+    // in steps of several rows.
+    assert_eq!(
+        metrics.argmax_tokens.load(Relaxed),
+        metrics.generated_tokens.load(Relaxed)
+    );
 
     // A second turn that extends the first prompt prefills only its new tokens.
     let first_turn = [
