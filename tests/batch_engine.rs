@@ -215,6 +215,12 @@ fn scheduler_greedy_equals_sequential_generation_and_reuses_prefixes() {
         metrics.decode_steps.load(Relaxed) < 5 * n_new as u64,
         "steps were batched"
     );
+    // Greedy rows with nothing reading their logits: every token was the executor's argmax,
+    // in steps of several rows.
+    assert_eq!(
+        metrics.argmax_tokens.load(Relaxed),
+        metrics.generated_tokens.load(Relaxed)
+    );
 
     // A second turn that extends the first prompt prefills only its new tokens.
     let first_turn = [
@@ -339,5 +345,21 @@ fn mixed_steps_give_every_logit_row_its_own_bits() {
         }
         assert_eq!(runner.logits(1), session(&long).logits(), "{stem}: slot 1");
         assert_eq!(runner.logits(6), session(&short).logits(), "{stem}: slot 6");
+    }
+}
+
+/// Greedy steps of several rows with nothing reading their logits take the executor's argmax:
+/// the tokens sampled from the logits on the host, on three slots (rows of several sequences,
+/// prompts finishing beside decode rows).
+#[test]
+fn greedy_steps_take_the_executors_argmax() {
+    for stem in ["random-llama-q8_0", "random-qwen3-q4_k_m"] {
+        let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+        let tok = Tokenizer::from_gguf(&m.file).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..4u32)
+            .map(|i| (0..5 + 7 * i).map(|j| 1 + (i * 31 + j * 17) % 200).collect())
+            .collect();
+        let mut make = || BatchRunner::new(Arc::clone(&m), opts(3)).unwrap();
+        common::batch::argmax_agrees_with_the_host(stem, &mut make, &tok, &prompts, 12);
     }
 }

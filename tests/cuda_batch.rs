@@ -280,3 +280,20 @@ fn device_plan_of_a_server() {
         assert_eq!(kv.map(|c| c.bytes), Some(r.kv_bytes() as u64));
     }
 }
+
+/// Greedy steps of several rows on the GPU take the device's argmax (one id a row crosses the
+/// bus): the tokens sampled from the logits brought to the host.
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "needs a GPU or the software GPU, which runs only on x86-64"
+)]
+fn greedy_gpu_steps_take_the_devices_argmax() {
+    let _gpu = gpu("greedy_gpu_steps_take_the_devices_argmax");
+    let stem = "random-llama-q4_0";
+    let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
+    let tok = kiln::tokenizer::Tokenizer::from_gguf(&m.file).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(i, 5 + 7 * i)).collect();
+    let mut make = || runner(&m, Device::Cuda, 3);
+    common::batch::argmax_agrees_with_the_host(stem, &mut make, &tok, &prompts, 8);
+}

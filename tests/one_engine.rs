@@ -129,8 +129,17 @@ fn engine_generations_equal_a_sessions_decoding() {
                 let mut sampler = Sampler::new(sampler_cfg(seeded), v);
                 let mut req = GenerateRequest::new(&p, Some(n));
                 req.ignore_eos = ignore_eos;
+                let picked = engine.metrics().argmax_tokens.load(Ordering::Relaxed);
                 let (ids, stats) = engine_generate(&mut engine, &mut sampler, &req);
                 assert_eq!(ids, want.0, "{what}");
+                // A greedy generation's tokens are the executor's argmax (but where it is an
+                // end of generation a request ignores: the next best is on the host).
+                let picked = engine.metrics().argmax_tokens.load(Ordering::Relaxed) - picked;
+                match (seeded, ignore_eos) {
+                    (true, _) => assert_eq!(picked, 0, "{what}"),
+                    (false, false) => assert_eq!(picked as usize, ids.len(), "{what}"),
+                    (false, true) => assert!(picked > 0 && picked as usize <= ids.len(), "{what}"),
+                }
                 assert_eq!(stats.stop, Some(want.1), "{what}");
                 assert_eq!(stats.reused_tokens, 0, "{what}: no reuse asked");
             }
@@ -168,8 +177,9 @@ fn a_second_turn_reuses_the_cache_and_the_samplers_stream() {
     req.ignore_eos = true;
     let (ids, stats) = engine_generate(&mut engine, &mut sampler, &req);
     assert_eq!(ids, want, "the second turn");
-    // Every token of the first turn was evaluated (its last reply token too) and is reused.
-    assert_eq!(stats.reused_tokens, first.len() + reply.len());
+    // Every token of the first turn is reused but its last reply token, which ended the turn
+    // as it was sampled (no forward pass ran it): the second turn's prefill evaluates it.
+    assert_eq!(stats.reused_tokens, first.len() + reply.len() - 1);
 }
 
 #[test]

@@ -73,7 +73,7 @@ pub trait Executor: Send {
 
     /// Run `tokens` after each listed slot's cached ones (`rows` by increasing slot, their
     /// `n_tokens` summing to `tokens.len()`) as one forward pass, advancing their caches.
-    /// [`Logits::Last`] leaves the last row's logits on the device, for
+    /// [`Logits::Last`] and [`Logits::Kept`] leave their rows' logits on the device, for
     /// [`Executor::fetch_logits`] or [`Executor::argmax`]. With `solo`, the CPU may run a
     /// pass of short decode rows' attention one sequence per thread (same bits).
     fn forward(
@@ -84,7 +84,8 @@ pub trait Executor: Send {
         solo: bool,
     ) -> Result<(), ForwardError>;
 
-    /// Bring the logits of the last [`Logits::Last`] pass to [`Executor::logits`].
+    /// Bring the first logits row of the last [`Logits::Last`] or [`Logits::Kept`] pass to
+    /// [`Executor::logits`].
     fn fetch_logits(&mut self) -> Result<(), ForwardError>;
 
     /// `[vocab]`: the logits [`Executor::fetch_logits`] brought.
@@ -95,8 +96,9 @@ pub trait Executor: Send {
     /// Whether [`Executor::argmax`] saves bringing the logits over (they live on a device).
     fn argmax_on_device(&self) -> bool;
 
-    /// The most likely token of each of the first `out.len()` logits rows of the last pass,
-    /// computed where the logits are.
+    /// The most likely token of each of the first `out.len()` logits rows of the last
+    /// [`Logits::Last`] or [`Logits::Kept`] pass, computed where the logits are (the first of
+    /// equals, NaN lowest: [`crate::sampler::argmax`]).
     fn argmax(&mut self, out: &mut [u32]) -> Result<(), ForwardError>;
 
     /// Positions held by slot `slot`'s cache.

@@ -44,6 +44,10 @@ pub enum Logits<'a> {
     /// The listed rows of the batch (increasing), each handed to the sink as
     /// `(index in the list, logits)`.
     Picked(&'a [usize], &'a mut dyn FnMut(usize, &[f32])),
+    /// The listed rows of the batch (increasing, at most [`Backend::logit_rows`]), left where
+    /// they were computed (the logits buffer's first rows, in the list's order) for an
+    /// argmax there: nothing is copied out.
+    Kept(&'a [usize]),
     /// Embeddings: the final-normed hidden state (what the output matrix multiplies, the
     /// reference's `t_embd`, which its pooling reads) of every row in the `hidden` ranges of
     /// the batch, handed to `hidden_sink` as `(row, state)`; and the logits of the `picked`

@@ -190,11 +190,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.n_gen > 0 {
         let mut samples = Vec::new();
         for rep in 0..=args.reps {
-            // Greedy from one token.
+            // Greedy from one token: `n_gen` decode steps (as llama-bench's), timed from the
+            // first token sampled (the prompt's) to the last, which ends the request
+            // unevaluated: `n_gen + 1` tokens.
             let first = tokens(1, rep as u32);
-            let stats = measure(&mut engine, &first, args.n_gen)?;
-            if rep > 0 {
-                samples.push(stats.gen_tps());
+            let stats = measure(&mut engine, &first, args.n_gen + 1)?;
+            if rep > 0 && stats.gen_ms > 0.0 {
+                let steps = stats.gen_tokens.saturating_sub(1);
+                samples.push(steps as f64 * 1e3 / stats.gen_ms);
             }
         }
         let name = with_depth(&format!("tg{}", args.n_gen), args.depth);

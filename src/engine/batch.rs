@@ -88,6 +88,11 @@ pub struct BatchRunner {
     /// position of its first row (reused).
     hidden_rows: Vec<Range<usize>>,
     hidden_at: Vec<(usize, usize)>,
+    /// [`BatchRunner::pick_argmax`] for the step being built; per slot, the token the
+    /// executor's argmax picked in the last step; the argmax's output (reused).
+    argmax: bool,
+    picked: Vec<Option<u32>>,
+    picked_rows: Vec<u32>,
 }
 
 /// Where a runner's caches live, beyond [`BatchOptions`] (the command line's flags; a server
@@ -192,6 +197,9 @@ impl BatchRunner {
             logit_dest: Vec::with_capacity(rows),
             hidden_rows: Vec::with_capacity(n_slots),
             hidden_at: Vec::with_capacity(n_slots),
+            argmax: false,
+            picked: vec![None; n_slots],
+            picked_rows: vec![0; n_slots],
             reach,
             opts: BatchOptions {
                 n_slots,
@@ -354,6 +362,39 @@ impl BatchRunner {
     pub fn begin_step(&mut self) {
         self.step_tokens.clear();
         self.parts.clear();
+        self.argmax = false;
+        self.picked.fill(None);
+    }
+
+    /// Have the executor pick the most likely token of each logits row of the step being built
+    /// where the logits were computed ([`Executor::argmax`]: on a GPU, one id a row crosses
+    /// the bus instead of a vocabulary of logits), for [`BatchRunner::picked`]; the rows are
+    /// then not copied to [`BatchRunner::logits`]. A step of verification passes or hidden
+    /// states, or of more than one pass, copies its logits as usual.
+    pub fn pick_argmax(&mut self) {
+        self.argmax = true;
+    }
+
+    /// The token the executor's argmax picked from slot `slot`'s logits in the last step
+    /// ([`BatchRunner::pick_argmax`]), if it did.
+    pub fn picked(&self, slot: usize) -> Option<u32> {
+        self.picked[slot]
+    }
+
+    /// Bring the logits the executor's argmax picked slot `slot`'s token from to
+    /// [`BatchRunner::logits`] after all (the step's only logits row: a device keeps the first).
+    pub fn fetch_picked(&mut self, slot: usize) -> Result<(), EngineError> {
+        if self.picked[slot].is_none() || self.logit_rows.len() != 1 {
+            return Err(ForwardError::Device(format!(
+                "slot {slot}'s logits are not the step's only row kept on the device"
+            ))
+            .into());
+        }
+        self.exec.fetch_logits()?;
+        let r = self.logits_row(slot, 0);
+        self.logits[r].copy_from_slice(self.exec.logits());
+        self.picked[slot] = None;
+        Ok(())
     }
 
     /// Add slot `slot`'s next `tokens` (a decode token, or a prefill chunk) to the step being
@@ -593,7 +634,12 @@ impl BatchRunner {
             let (slot, pos) = hidden_at[i];
             hidden(slot, pos + row - hidden_rows[i].start, state);
         };
-        let want = if hidden_rows.is_empty() {
+        // The argmax where the logits are: a step of one pass of rows that each end a part.
+        let keep =
+            self.argmax && hidden_rows.is_empty() && !self.pass_parts.iter().any(|p| p.alone);
+        let want = if keep {
+            Logits::Kept(&self.logit_rows)
+        } else if hidden_rows.is_empty() {
             Logits::Picked(&self.logit_rows, &mut sink)
         } else {
             Logits::Hidden {
@@ -612,6 +658,13 @@ impl BatchRunner {
             }));
         self.exec
             .forward(&self.pass_rows, &self.pass_tokens, want, true)?;
+        if keep && !self.logit_rows.is_empty() {
+            let out = &mut self.picked_rows[..self.logit_rows.len()];
+            self.exec.argmax(out)?;
+            for (&d, &t) in self.logit_dest.iter().zip(out.iter()) {
+                self.picked[d / per_slot] = Some(t);
+            }
+        }
         Ok(())
     }
 

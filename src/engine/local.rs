@@ -191,6 +191,11 @@ impl<'t> Engine<'t> {
         self.sched.into_runner()
     }
 
+    /// The scheduler's counters, over every generation so far.
+    pub fn metrics(&self) -> &SchedMetrics {
+        &self.metrics
+    }
+
     /// Context positions of a generation.
     pub fn n_ctx(&self) -> usize {
         self.runner().n_ctx()

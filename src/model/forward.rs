@@ -179,6 +179,13 @@ pub fn forward_batch<B: Backend>(
             );
             output_rows(m, b, RowSel::List(rows), &mut picked_sink(sink));
         }
+        Logits::Kept(rows) => {
+            assert!(
+                rows.iter().all(|&r| r < n) && rows.len() <= b.logit_rows(),
+                "kept logit rows past the batch or the logits buffer"
+            );
+            output_rows(m, b, RowSel::List(rows), &mut |_, _, _| {});
+        }
         Logits::Hidden {
             hidden,
             hidden_sink,

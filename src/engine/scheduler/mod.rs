@@ -615,6 +615,9 @@ impl<'t> Scheduler<'t> {
         if n_decode + n_prefill == 0 {
             return;
         }
+        if self.argmax_step() {
+            self.runner.pick_argmax();
+        }
         let t0 = Instant::now();
         // Each constrained sequence with fresh logits coming (a decode token, or its prompt's
         // last piece: the first mask; a fork, its prompt's) consumes its pending token and
@@ -683,6 +686,39 @@ impl<'t> Scheduler<'t> {
         }
     }
 
+    /// Whether every sequence sampling after this step draws the plain argmax of its logits
+    /// with nothing else reading them (no log-probabilities, grammar, bias or penalties, no
+    /// fork to hand them to, no verification pass): then the executor picks the tokens where
+    /// the logits are. A request that never ends at an end-of-generation token needs its
+    /// logits where the argmax is one (rare: they are then fetched), so only as the step's
+    /// only row.
+    fn argmax_step(&self) -> bool {
+        let (mut rows, mut masked) = (0, false);
+        for (s, a) in self.active.iter().enumerate() {
+            let Some(a) = a else { continue };
+            let fresh = match a.phase {
+                Phase::Decode { .. } => true,
+                Phase::Prefill { .. } => self.completing[s],
+                Phase::Waiting { on } if self.completing[on] => return false,
+                Phase::Waiting { .. } => false,
+            };
+            if !fresh {
+                continue;
+            }
+            let plain = a.sampler.is_argmax()
+                && a.verify.is_empty()
+                && a.logprobs.is_none()
+                && a.req.grammar.is_none()
+                && a.req.embed.is_none();
+            if !plain {
+                return false;
+            }
+            rows += 1;
+            masked |= a.req.ignore_eos;
+        }
+        rows > 0 && (!masked || rows == 1)
+    }
+
     /// The prompt of the request in `main` is evaluated: each fork waiting on it takes a copy
     /// of its KV and logits and samples its first token (where a sliding-window ring no longer
     /// holds what a copy needs, the fork evaluates the rest of the prompt itself).
@@ -705,6 +741,36 @@ impl<'t> Scheduler<'t> {
             }
         }
         self.publish_gauges();
+    }
+
+    /// Sample the token after the first `hist` tokens of `slot` from its logits row `row` on
+    /// the host: its log-probabilities, `ignore_eos`'s mask, its grammar's, its sampler. `None`
+    /// where the request ended (its grammar is complete, or failed).
+    fn sample_host(&mut self, slot: usize, row: usize, hist: usize) -> Option<u32> {
+        let a = self.active[slot].as_mut().expect("active slot");
+        if let Some(lp) = a.logprobs.as_mut() {
+            // The raw logits: before `ignore_eos`, the grammar and the sampler touch them.
+            lp.observe(self.runner.logits_at(slot, row));
+        }
+        if a.req.ignore_eos {
+            self.runner.mask_tokens(slot, row, self.tok.eog_ids());
+        }
+        let logits = self.runner.logits_at(slot, row);
+        let history = &self.runner.tokens(slot)[..hist];
+        match a.req.grammar.as_mut() {
+            Some(c) if c.is_done() => {
+                self.finish_with(slot, FinishReason::Stop, true);
+                None
+            }
+            Some(c) => match c.apply(logits) {
+                Ok(masked) => Some(a.sampler.sample(masked, history)),
+                Err(e) => {
+                    self.finish(slot, FinishReason::Error(e.to_string()));
+                    None
+                }
+            },
+            None => Some(a.sampler.sample(logits, history)),
+        }
     }
 
     /// Release `slot` without flushing (cancelled, failed, or cut by a stop sequence).
@@ -743,35 +809,34 @@ impl<'t> Scheduler<'t> {
             self.finish_with(slot, FinishReason::Length, true);
             return None;
         }
-        if let Some(lp) = a.logprobs.as_mut() {
-            // The raw logits: before `ignore_eos`, the grammar and the sampler touch them.
-            lp.observe(self.runner.logits_at(slot, row));
-        }
-        if a.req.ignore_eos {
-            self.runner.mask_tokens(slot, row, self.tok.eog_ids());
-        }
-        let logits = self.runner.logits_at(slot, row);
-        let history = &self.runner.tokens(slot)[..hist];
-        let t = match a.req.grammar.as_mut() {
-            Some(c) if c.is_done() => {
-                self.finish_with(slot, FinishReason::Stop, true);
-                return None;
-            }
-            Some(c) => match c.apply(logits) {
-                Ok(masked) => a.sampler.sample(masked, history),
-                Err(e) => {
-                    self.finish(slot, FinishReason::Error(e.to_string()));
-                    return None;
+        let t = match self.runner.picked(slot).filter(|_| row == 0) {
+            // (An end of generation a request ignores: the next best is on the host.)
+            Some(t) if a.req.ignore_eos && self.tok.is_eog(t) => {
+                match self.runner.fetch_picked(slot) {
+                    Ok(()) => None,
+                    Err(e) => {
+                        self.finish(slot, FinishReason::Error(e.to_string()));
+                        return None;
+                    }
                 }
-            },
-            None => a.sampler.sample(logits, history),
+            }
+            t => t,
         };
+        let on_device = t.is_some();
+        let t = match t {
+            Some(t) => t,
+            None => self.sample_host(slot, row, hist)?,
+        };
+        let a = self.active[slot].as_mut().expect("active slot");
         if self.tok.is_eog(t) {
             self.finish_with(slot, FinishReason::Stop, true);
             return None;
         }
         a.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
+        if on_device {
+            self.metrics.argmax_tokens.fetch_add(1, Relaxed);
+        }
         a.req.sink.token(t);
         if let Some(lp) = a.logprobs.as_mut() {
             lp.choose(t, self.runner.logits_at(slot, row)[t as usize]);
@@ -794,9 +859,12 @@ impl<'t> Scheduler<'t> {
             self.finish(slot, reason);
             return None;
         }
-        // Room for `t` in the cache: the position after the first `hist` tokens (held already
-        // where a verification pass's later rows fill it).
-        if hist == self.runner.tokens(slot).len() && self.runner.would_overflow(slot, 1) {
+        // The last token asked for ends the request as it is sampled: no forward pass evaluates
+        // it (the slot's tokens end before it, so a next turn continuing the text evaluates it
+        // in its prefill). Else there must be room for `t` in the cache: the position after the
+        // first `hist` tokens (held already where a verification pass's later rows fill it).
+        let last = (self.active[slot].as_ref()).is_some_and(|a| a.generated >= a.req.max_new);
+        if last || hist == self.runner.tokens(slot).len() && self.runner.would_overflow(slot, 1) {
             self.finish_with(slot, FinishReason::Length, true);
             return None;
         }

@@ -158,6 +158,9 @@ pub struct SchedMetrics {
     /// Prompt tokens not evaluated thanks to the prefix cache.
     pub prefill_tokens_saved: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Generated tokens the executor picked where the logits were computed (greedy rows with
+    /// nothing reading their logits: [`crate::engine::BatchRunner::pick_argmax`]).
+    pub argmax_tokens: AtomicU64,
     pub decode_steps: AtomicU64,
     /// Speculative decoding: verification passes, draft tokens evaluated, drafts accepted.
     pub spec_passes: AtomicU64,

@@ -78,7 +78,9 @@ impl<'t> Scheduler<'t> {
             let tokens = r.tokens(s);
             let cap = a.want.cap(
                 spec.draft_min,
-                most.min(a.req.max_new.saturating_sub(a.generated))
+                // (the pending token is counted; the last token asked for ends the request
+                // unevaluated, so no draft follows it)
+                most.min(a.req.max_new.saturating_sub(a.generated + 1))
                     .min(r.n_ctx().saturating_sub(tokens.len() + 1)),
             );
             if cap < spec.draft_min {
