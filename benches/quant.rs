@@ -65,7 +65,7 @@ impl Rng {
 fn scale_offsets(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::IQ4NL | GgmlType::IQ4XS => &[0],
+        GgmlType::IQ4NL | GgmlType::IQ4XS | GgmlType::IQ2XS => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q2K => &[80, 82],
         GgmlType::Q3K => &[108],
@@ -99,7 +99,7 @@ fn weights(ty: GgmlType, n: usize, rows: usize, rng: &mut Rng) -> Vec<u8> {
     w
 }
 
-const TYPES: [GgmlType; 15] = [
+const TYPES: [GgmlType; 16] = [
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q4K,
@@ -112,6 +112,7 @@ const TYPES: [GgmlType; 15] = [
     GgmlType::Q5K,
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
+    GgmlType::IQ2XS,
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,

@@ -1,4 +1,5 @@
-//! IQ2_XXS, IQ2_XS and IQ2_S against Q8_K on 256-bit registers. Each 32-element sub-block is
+//! IQ2_XXS and IQ2_S against Q8_K on 256-bit registers (IQ2_XS's single rows and small
+//! batches: `iq2xs`; its batches decode here). Each 32-element sub-block is
 //! decoded as the scalar code decodes it (`quant::iq2`: four grid entries of 8 magnitudes, four
 //! sign masks, two 4-bit scales); the magnitudes (<= 43) multiply the activations with their
 //! signs applied (`vpsignb`), as the reference's AVX2 kernels do, into 8 i32 lanes (elements
@@ -11,7 +12,7 @@
 //! activation rows: the grid lookups and sign masks are most of a tile's work.
 
 use super::*;
-use crate::quant::blocks::{BlockIq2S, BlockIq2Xs, BlockIq2Xxs, RawBlock};
+use crate::quant::blocks::{BlockIq2S, BlockIq2Xxs, RawBlock};
 use crate::quant::iq2::{Iq2Block, Sub};
 use crate::quant::kquant_order::TILED_MIN_ROWS;
 
@@ -51,8 +52,6 @@ pub(in crate::quant::x86) type TIq2<B> = TIq2Order<B, false>;
 
 /// IQ2_XXS rows against Q8_K rows.
 pub(in crate::quant::x86) type TIq2Xxs = TIq2<BlockIq2Xxs>;
-/// IQ2_XS rows against Q8_K rows.
-pub(in crate::quant::x86) type TIq2Xs = TIq2<BlockIq2Xs>;
 /// IQ2_S rows against Q8_K rows.
 pub(in crate::quant::x86) type TIq2S = TIq2<BlockIq2S>;
 
@@ -141,7 +140,7 @@ std::thread_local! {
 /// activation rows four at a time, as [`TIq2Order`]'s tiled tile does (the same integers, the
 /// same float steps: the same bits).
 #[inline(always)]
-unsafe fn gemm_decoded<B: Iq2Block + RawBlock, D: IDot>(g: Gemm) {
+pub(super) unsafe fn gemm_decoded<B: Iq2Block + RawBlock, D: IDot>(g: Gemm) {
     let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
     let nb = n / 256;
     let size = core::mem::size_of::<B>();

@@ -17,11 +17,13 @@ use core::arch::x86_64::*;
 
 mod float;
 mod iq2;
+mod iq2xs;
 mod iq_grid;
 mod iquants;
 mod kquants;
 pub(super) use float::*;
 pub(super) use iq2::*;
+pub(super) use iq2xs::*;
 pub(super) use iq_grid::*;
 pub(super) use iquants::*;
 pub(super) use kquants::*;
