@@ -1057,6 +1057,7 @@ fn mxfp4_kernels_are_exact_on_extreme_scales() {
                     // repacks MXFP4), against 1 and 3 activation rows.
                     let w16 = w.repeat(16);
                     if let Some((packed, kp)) = super::repacked(&k, &w16, 16, n) {
+                        let x3 = x.repeat(3);
                         for nx in [1, 3] {
                             let mut out = [0f32; 48];
                             (kp.gemm)(GemmArgs::new(
