@@ -357,7 +357,11 @@ fn greedy_steps_take_the_executors_argmax() {
         let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
         let tok = Tokenizer::from_gguf(&m.file).unwrap();
         let prompts: Vec<Vec<u32>> = (0..4u32)
-            .map(|i| (0..5 + 7 * i).map(|j| 1 + (i * 31 + j * 17) % 200).collect())
+            .map(|i| {
+                (0..5 + 7 * i)
+                    .map(|j| 1 + (i * 31 + j * 17) % 200)
+                    .collect()
+            })
             .collect();
         let mut make = || BatchRunner::new(Arc::clone(&m), opts(3)).unwrap();
         common::batch::argmax_agrees_with_the_host(stem, &mut make, &tok, &prompts, 12);

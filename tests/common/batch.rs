@@ -104,7 +104,14 @@ pub fn argmax_agrees_with_the_host(
     let (picked, pm) = greedy_ids(make(), tok, prompts, n, false);
     assert_eq!(picked, host, "{what}: the argmax's tokens");
     let generated = pm.generated_tokens.load(Relaxed);
-    assert!(generated as usize >= prompts.len(), "{what}: {generated} tokens");
+    assert!(
+        generated as usize >= prompts.len(),
+        "{what}: {generated} tokens"
+    );
     assert_eq!(pm.argmax_tokens.load(Relaxed), generated, "{what}");
-    assert_eq!(hm.argmax_tokens.load(Relaxed), 0, "{what}: logprobs read the logits");
+    assert_eq!(
+        hm.argmax_tokens.load(Relaxed),
+        0,
+        "{what}: logprobs read the logits"
+    );
 }
