@@ -54,15 +54,15 @@ enum Command {
 }
 
 /// The dispatches of a program, in order (each waits for the writes of those before it).
-pub struct Recorder<'a> {
-    vk: &'a Arc<Vk>,
+pub struct Recorder {
+    vk: Arc<Vk>,
     commands: Vec<Command>,
 }
 
-impl<'a> Recorder<'a> {
-    pub fn new(vk: &'a Arc<Vk>) -> Recorder<'a> {
+impl Recorder {
+    pub fn new(vk: &Arc<Vk>) -> Recorder {
         Recorder {
-            vk,
+            vk: vk.clone(),
             commands: Vec::new(),
         }
     }
@@ -115,9 +115,18 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
+    /// Dispatches recorded so far.
+    pub fn len(&self) -> usize {
+        self.commands.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
     /// Record the commands once.
     pub fn finish(self) -> Result<Program, VulkanError> {
-        Program::record(self.vk, self.commands)
+        Program::record(&self.vk, self.commands)
     }
 }
 

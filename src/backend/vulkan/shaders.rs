@@ -27,6 +27,10 @@ pub enum KernelId {
     /// The integer decode product of a format of 32-value blocks with 8-bit activations.
     MatvecInt(WeightFormat),
     QuantizeQ8_0,
+    /// The embedding gather of a format.
+    Embed(WeightFormat),
+    /// A gather of f32 rows by index.
+    Gather,
     RmsNorm,
     Rope,
     StoreKv,
@@ -147,6 +151,18 @@ impl KernelId {
                 1,
                 vec![include_str!("shaders/quantize_q8_0.wgsl")],
             ),
+            KernelId::Embed(f) => (
+                format!("embed_{f:?}"),
+                3,
+                4,
+                vec![WEIGHTS, f.deq(), include_str!("shaders/embed.wgsl")],
+            ),
+            KernelId::Gather => (
+                "gather".into(),
+                3,
+                2,
+                vec![include_str!("shaders/gather.wgsl")],
+            ),
             KernelId::RmsNorm => (
                 "rms_norm".into(),
                 3,
@@ -200,12 +216,14 @@ impl KernelId {
         for f in WeightFormat::ALL {
             v.push(KernelId::Matvec(f));
             v.push(KernelId::Mm(f));
+            v.push(KernelId::Embed(f));
             if f.has_int() {
                 v.push(KernelId::MatvecInt(f));
             }
         }
         v.extend([
             KernelId::QuantizeQ8_0,
+            KernelId::Gather,
             KernelId::RmsNorm,
             KernelId::Rope,
             KernelId::StoreKv,
