@@ -20,12 +20,13 @@ use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::argmax;
 
-/// The random llama fixtures that meet the bar on the executor. (It reads Q8_0, Q4_0, Q4_K
-/// and Q6_K too, but does not meet the bar there yet: on Q8_0, with the 8-bit activations and
-/// integer products, top-1 is 139/141 where the bar asks 140, two misses at margins 0.0068 and
-/// 0.0016, mean |Δlogit| 0.0033 against f16's 0.0002; the k-quants are multiplied in f32,
+/// The random llama fixtures that meet the bar on the executor. (It reads Q8_0, Q4_K and Q6_K
+/// too, but does not meet the bar there yet: top-1 139/141 on each where the bar asks 140, the
+/// misses near-ties (Q8_0's margins 0.0068 and 0.0016), mean |Δlogit| 0.0033, 0.0058 and
+/// 0.0048 against f16's 0.0002: Q8_0 takes the 8-bit activations and integer products as the
+/// CPU does, yet something of its arithmetic still differs; the k-quants are multiplied in f32,
 /// where the CPU and the reference quantize the activations to Q8_K.)
-const FORMATS: [&str; 2] = ["f32", "f16"];
+const FORMATS: [&str; 3] = ["f32", "f16", "q4_0"];
 
 /// The Vulkan device, after installing lavapipe where there is none and that is possible.
 fn vk() {
