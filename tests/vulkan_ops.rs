@@ -548,14 +548,15 @@ fn decode_attention_matches_an_f64_softmax() {
             q.len() * 4,
             cache_rows * width * 2,
             cache_rows * width * 2,
-            rows * 4,
+            rows * 8,
             q.len() * 4,
         ];
         let mut b = Bufs::new(&vk, &sizes, Memory::Device);
         b.put_f32(0, &q);
         b.put(1, &to_f16(&k));
         b.put(2, &to_f16(&v));
-        b.put(3, &u32_bytes(&lens));
+        // The lengths, then each row's first cache row (every row reads from row 0).
+        b.put(3, &u32_bytes(&[&lens[..], &[0; 5]].concat()));
         let scale = 1.0 / (hd as f32).sqrt();
         let a = AttnArgs {
             rows,
@@ -637,8 +638,10 @@ fn a_program_recorded_once_replays_decode_steps() {
     let len = host.at(4, 4).unwrap_err(); // not aligned for a binding: refused by name
     assert!(len.to_string().contains("a binding"), "{len}");
     // The length lives in its own aligned region of a second host arena.
-    let mut host2 = Arena::new(&vk, 4, Memory::Host).unwrap();
-    let len = host2.at(0, 4).unwrap();
+    // (The length, then the first cache row: 0.)
+    let mut host2 = Arena::new(&vk, 8, Memory::Host).unwrap();
+    let len = host2.at(0, 8).unwrap();
+    host2.write(4, &0u32.to_le_bytes()).unwrap();
     let rope = |n_heads: usize, stride: usize| RopeArgs {
         kind: RopeKind::Neox,
         rows: 1,

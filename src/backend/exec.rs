@@ -58,6 +58,8 @@ pub enum ExecError {
     KvCache(#[from] KvCacheError),
     #[error(transparent)]
     Device(#[from] cuda::CudaError),
+    #[error(transparent)]
+    Vulkan(#[from] super::vulkan::VulkanError),
     /// The device does not run encoders (embedding models).
     #[error("'{arch}' is an encoder (an embedding model): {what}")]
     Encoder { arch: String, what: &'static str },

@@ -96,6 +96,7 @@ pub enum Device {
     #[default]
     Cpu,
     Cuda,
+    Vulkan,
 }
 
 impl std::str::FromStr for Device {
@@ -104,8 +105,8 @@ impl std::str::FromStr for Device {
         match s.trim().to_ascii_lowercase().as_str() {
             "cpu" | "none" => Ok(Device::Cpu),
             "cuda" | "gpu" | "cuda0" => Ok(Device::Cuda),
-            "vulkan" => Err(vulkan::NOT_YET.into()),
-            other => Err(format!("unknown device {other:?} (cpu or cuda)")),
+            "vulkan" => Ok(Device::Vulkan),
+            other => Err(format!("unknown device {other:?} (cpu, cuda or vulkan)")),
         }
     }
 }
@@ -122,14 +123,16 @@ impl Device {
         match self {
             Device::Cpu => None,
             Device::Cuda => Some(cuda::MAX_GRAPH_ROWS),
+            Device::Vulkan => Some(vulkan::exec::DECODE_ROWS),
         }
     }
 
     /// Check that this device can run a model here.
-    pub fn open(self) -> Result<(), cuda::CudaError> {
+    pub fn open(self) -> Result<(), exec::ExecError> {
         match self {
             Device::Cpu => Ok(()),
-            Device::Cuda => cuda::open().map(|_| ()),
+            Device::Cuda => Ok(cuda::open().map(|_| ())?),
+            Device::Vulkan => Ok(vulkan::open().map(|_| ())?),
         }
     }
 }

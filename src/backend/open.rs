@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::cpu::exec::CpuExec;
 use super::cuda::exec::CudaExec;
 use super::exec::{ExecError, ExecSpec, Executor};
+use super::vulkan::exec::VkExec;
 use super::Device;
 use crate::model::Model;
 
@@ -20,5 +21,6 @@ pub fn executor(
     Ok(match spec.device {
         Device::Cpu => Box::new(CpuExec::new(model, spec)?),
         Device::Cuda => Box::new(CudaExec::new(model, spec, progress)?),
+        Device::Vulkan => Box::new(VkExec::new(model, spec, progress)?),
     })
 }

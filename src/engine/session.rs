@@ -123,6 +123,7 @@ impl From<ExecError> for EngineError {
             ExecError::KvBudget(b) => EngineError::KvBudget(b),
             ExecError::KvCache(c) => c.into(),
             ExecError::Device(d) => EngineError::Device(d),
+            ExecError::Vulkan(v) => EngineError::Failed(v.to_string()),
             ExecError::Encoder { arch, what } => EngineError::Encoder { arch, what },
         }
     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use ash::vk;
 
+use super::program::barrier;
 use super::{Check, Vk, VulkanError};
 
 /// Offsets of regions in an arena-to-be, each aligned for a storage-buffer binding.
@@ -398,17 +399,17 @@ impl Staging {
             )
             .check("vkBeginCommandBuffer")?;
             d.cmd_copy_buffer(self.cmd, src, dst, &[region]);
-            let barrier = vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
-                .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::SHADER_READ);
-            d.cmd_pipeline_barrier(
+            barrier(
+                d,
                 self.cmd,
-                vk::PipelineStageFlags::TRANSFER,
-                vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::COMPUTE_SHADER,
-                vk::DependencyFlags::empty(),
-                &[barrier],
-                &[],
-                &[],
+                (
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::AccessFlags::TRANSFER_WRITE,
+                ),
+                (
+                    vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::COMPUTE_SHADER,
+                    vk::AccessFlags::HOST_READ | vk::AccessFlags::SHADER_READ,
+                ),
             );
             d.end_command_buffer(self.cmd).check("vkEndCommandBuffer")?;
             let cmds = [self.cmd];

@@ -254,8 +254,9 @@ pub struct AttnArgs {
     pub scale: f32,
 }
 
-/// `o` = each row's attention over cache rows `0..lens[j]` (u32, the step's data; at most
-/// `cache_rows`, which the host checks when it writes them).
+/// `o` = each row's attention over cache rows `first[j]..first[j] + lens[j]`: `lens` holds the
+/// rows' lengths, then their first rows (u32, the step's data; within `cache_rows`, which the
+/// host checks when it writes them).
 pub fn attn_decode(
     rec: &mut Recorder,
     q: Region,
@@ -279,7 +280,7 @@ pub fn attn_decode(
     let width = a.rows * a.heads * a.head_dim * 4;
     need("attn_decode", "q", &q, width)?;
     need("attn_decode", "o", &o, width)?;
-    need("attn_decode", "the lengths", &lens, a.rows * 4)?;
+    need("attn_decode", "the lengths", &lens, a.rows * 8)?;
     let cache = a.cache_rows * a.kv_heads * a.head_dim * 2;
     need("attn_decode", "the K cache", &kc, cache)?;
     need("attn_decode", "the V cache", &vc, cache)?;
@@ -336,4 +337,51 @@ pub fn argmax(
     need("argmax", "out", &out, rows * 4)?;
     let g = rec.grid(rows)?;
     rec.dispatch(KernelId::Argmax, &[x, out], &[rows as u32, n as u32], g)
+}
+
+/// `x[j]` = row `tokens[j]` of the embedding matrix `w` (`vocab` rows of `cols`, in `fmt`) ·
+/// `scale`, for `rows` rows (the ids are the step's data, checked below `vocab` by the host).
+#[allow(clippy::too_many_arguments)]
+pub fn embed(
+    rec: &mut Recorder,
+    fmt: WeightFormat,
+    w: Region,
+    tokens: Region,
+    x: Region,
+    (rows, cols, vocab): (usize, usize, usize),
+    scale: f32,
+) -> Result<(), VulkanError> {
+    let p = Product {
+        rows: vocab,
+        cols,
+        n_tok: rows,
+        add: false,
+    };
+    let rb = p.check("embed", fmt, &w)?;
+    need("embed", "the token ids", &tokens, rows * 4)?;
+    need("embed", "x", &x, rows * cols * 4)?;
+    let g = rec.grid((rows * cols / 32).div_ceil(64))?;
+    let push = [rows as u32, cols as u32, rb, scale.to_bits()];
+    rec.dispatch(KernelId::Embed(fmt), &[w, tokens, x], &push, g)
+}
+
+/// `dst[i]` = row `idx[i]` of `src` (rows of `n`), for `rows` rows (the indices are data,
+/// checked by the host against `src`'s rows).
+pub fn gather(
+    rec: &mut Recorder,
+    src: Region,
+    idx: Region,
+    dst: Region,
+    rows: usize,
+    n: usize,
+) -> Result<(), VulkanError> {
+    need("gather", "the indices", &idx, rows * 4)?;
+    need("gather", "dst", &dst, rows * n * 4)?;
+    let g = rec.grid((rows * n).div_ceil(64))?;
+    rec.dispatch(
+        KernelId::Gather,
+        &[src, idx, dst],
+        &[rows as u32, n as u32],
+        g,
+    )
 }

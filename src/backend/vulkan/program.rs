@@ -12,6 +12,37 @@ use super::pipeline::Kernel;
 use super::shaders::KernelId;
 use super::{Check, Vk, VulkanError};
 
+const COMPUTE: vk::PipelineStageFlags = vk::PipelineStageFlags::COMPUTE_SHADER;
+
+/// Record into `cmd` a global memory barrier: the accesses `src.1` of stages `src.0` before it
+/// are made visible to the accesses `dst.1` of stages `dst.0` after it.
+///
+/// # Safety
+///
+/// `cmd` is a command buffer of `d` in the recording state.
+pub(crate) unsafe fn barrier(
+    d: &ash::Device,
+    cmd: vk::CommandBuffer,
+    src: (vk::PipelineStageFlags, vk::AccessFlags),
+    dst: (vk::PipelineStageFlags, vk::AccessFlags),
+) {
+    let b = vk::MemoryBarrier::default()
+        .src_access_mask(src.1)
+        .dst_access_mask(dst.1);
+    // SAFETY: the caller's: `cmd` is recording on `d`.
+    unsafe {
+        d.cmd_pipeline_barrier(
+            cmd,
+            src.0,
+            dst.0,
+            vk::DependencyFlags::empty(),
+            &[b],
+            &[],
+            &[],
+        )
+    };
+}
+
 /// One recorded command.
 enum Command {
     Dispatch {
@@ -23,15 +54,15 @@ enum Command {
 }
 
 /// The dispatches of a program, in order (each waits for the writes of those before it).
-pub struct Recorder<'a> {
-    vk: &'a Arc<Vk>,
+pub struct Recorder {
+    vk: Arc<Vk>,
     commands: Vec<Command>,
 }
 
-impl<'a> Recorder<'a> {
-    pub fn new(vk: &'a Arc<Vk>) -> Recorder<'a> {
+impl Recorder {
+    pub fn new(vk: &Arc<Vk>) -> Recorder {
         Recorder {
-            vk,
+            vk: vk.clone(),
             commands: Vec::new(),
         }
     }
@@ -84,9 +115,18 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
+    /// Dispatches recorded so far.
+    pub fn len(&self) -> usize {
+        self.commands.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
     /// Record the commands once.
     pub fn finish(self) -> Result<Program, VulkanError> {
-        Program::record(self.vk, self.commands)
+        Program::record(&self.vk, self.commands)
     }
 }
 
@@ -194,9 +234,6 @@ impl Program {
             }
             d.begin_command_buffer(p.cmd, &vk::CommandBufferBeginInfo::default())
                 .check("vkBeginCommandBuffer")?;
-            let between = vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE);
             for (c, &set) in commands.iter().zip(&sets) {
                 let Command::Dispatch {
                     kernel,
@@ -221,28 +258,25 @@ impl Program {
                     zerocopy::IntoBytes::as_bytes(&push[..]),
                 );
                 d.cmd_dispatch(p.cmd, groups[0], groups[1], groups[2]);
-                d.cmd_pipeline_barrier(
+                barrier(
+                    d,
                     p.cmd,
-                    vk::PipelineStageFlags::COMPUTE_SHADER,
-                    vk::PipelineStageFlags::COMPUTE_SHADER,
-                    vk::DependencyFlags::empty(),
-                    &[between],
-                    &[],
-                    &[],
+                    (COMPUTE, vk::AccessFlags::SHADER_WRITE),
+                    (
+                        COMPUTE,
+                        vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                    ),
                 );
             }
             // The host reads what the program wrote, after its fence.
-            let to_host = vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                .dst_access_mask(vk::AccessFlags::HOST_READ | vk::AccessFlags::TRANSFER_READ);
-            d.cmd_pipeline_barrier(
+            barrier(
+                d,
                 p.cmd,
-                vk::PipelineStageFlags::COMPUTE_SHADER,
-                vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
-                vk::DependencyFlags::empty(),
-                &[to_host],
-                &[],
-                &[],
+                (COMPUTE, vk::AccessFlags::SHADER_WRITE),
+                (
+                    vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
+                    vk::AccessFlags::HOST_READ | vk::AccessFlags::TRANSFER_READ,
+                ),
             );
             d.end_command_buffer(p.cmd).check("vkEndCommandBuffer")?;
         }

@@ -4,7 +4,8 @@
 //! A kernel is its file after the pieces it builds on: `common.wgsl` (every kernel), and for the
 //! products `weights.wgsl` (byte readers of a weight matrix) with the format's `fmt_*.wgsl`
 //! (`deq32`: 32 values of a row as f32) or `dot_*.wgsl` (`block_dot`: a block's integer
-//! product with 8-bit activations).
+//! product with 8-bit activations), and for the kernels that sum over a workgroup
+//! `reduce.wgsl` (`part_sum`: the tree every such kernel adds in).
 
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -14,6 +15,7 @@ use crate::quant::GgmlType;
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
 const WEIGHTS: &str = include_str!("shaders/weights.wgsl");
+const REDUCE: &str = include_str!("shaders/reduce.wgsl");
 
 /// The kernels, by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,6 +27,10 @@ pub enum KernelId {
     /// The integer decode product of a format of 32-value blocks with 8-bit activations.
     MatvecInt(WeightFormat),
     QuantizeQ8_0,
+    /// The embedding gather of a format.
+    Embed(WeightFormat),
+    /// A gather of f32 rows by index.
+    Gather,
     RmsNorm,
     Rope,
     StoreKv,
@@ -110,7 +116,12 @@ impl KernelId {
                 format!("matvec_{f:?}"),
                 3,
                 5,
-                vec![WEIGHTS, f.deq(), include_str!("shaders/matvec.wgsl")],
+                vec![
+                    WEIGHTS,
+                    REDUCE,
+                    f.deq(),
+                    include_str!("shaders/matvec.wgsl"),
+                ],
             ),
             KernelId::Mm(f) => (
                 format!("mm_{f:?}"),
@@ -126,7 +137,12 @@ impl KernelId {
                     format!("matvec_int_{f:?}"),
                     3,
                     5,
-                    vec![WEIGHTS, dot, include_str!("shaders/matvec_int.wgsl")],
+                    vec![
+                        WEIGHTS,
+                        REDUCE,
+                        dot,
+                        include_str!("shaders/matvec_int.wgsl"),
+                    ],
                 )
             }
             KernelId::QuantizeQ8_0 => (
@@ -135,11 +151,23 @@ impl KernelId {
                 1,
                 vec![include_str!("shaders/quantize_q8_0.wgsl")],
             ),
+            KernelId::Embed(f) => (
+                format!("embed_{f:?}"),
+                3,
+                4,
+                vec![WEIGHTS, f.deq(), include_str!("shaders/embed.wgsl")],
+            ),
+            KernelId::Gather => (
+                "gather".into(),
+                3,
+                2,
+                vec![include_str!("shaders/gather.wgsl")],
+            ),
             KernelId::RmsNorm => (
                 "rms_norm".into(),
                 3,
                 3,
-                vec![include_str!("shaders/rms_norm.wgsl")],
+                vec![REDUCE, include_str!("shaders/rms_norm.wgsl")],
             ),
             KernelId::Rope => ("rope".into(), 2, 9, vec![include_str!("shaders/rope.wgsl")]),
             KernelId::StoreKv => (
@@ -188,12 +216,14 @@ impl KernelId {
         for f in WeightFormat::ALL {
             v.push(KernelId::Matvec(f));
             v.push(KernelId::Mm(f));
+            v.push(KernelId::Embed(f));
             if f.has_int() {
                 v.push(KernelId::MatvecInt(f));
             }
         }
         v.extend([
             KernelId::QuantizeQ8_0,
+            KernelId::Gather,
             KernelId::RmsNorm,
             KernelId::Rope,
             KernelId::StoreKv,

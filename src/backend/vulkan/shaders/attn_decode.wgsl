@@ -1,5 +1,6 @@
 // Decode attention: each row's query heads over its sequence's f16 K and V cache rows
-// 0..len[row] (len from the step's buffer), softmax(scale·q·k) weighting v, computed online
+// first..first + len (len = lens[row], first = lens[rows + row], from the step's buffer: a
+// slot's rows start at its first), softmax(scale·q·k) weighting v, computed online
 // 64 positions at a time (running maximum and sum, the accumulator rescaled as the maximum
 // grows); one workgroup a (row, head), a head of at most 256 values; query head h reads KV head
 // h / (heads / kv_heads).
@@ -49,6 +50,7 @@ fn main(
     let hd = p.head_dim;
     let kv_words = p.kv_heads * hd / 2u;
     let len = lens[row];
+    let first = lens[p.rows + row];
     for (var i = li; i < hd; i += 64u) {
         qs[i] = q[(row * p.heads + h) * hd + i];
     }
@@ -60,7 +62,7 @@ fn main(
         let pp = c0 + li;
         var s = -3.4028235e38;
         if (pp < len) {
-            let base = pp * kv_words + kvh * hd / 2u;
+            let base = (first + pp) * kv_words + kvh * hd / 2u;
             var d = 0.0;
             for (var i = 0u; i < hd; i++) {
                 d += qs[i] * kv_at(0u, base, i);
@@ -82,7 +84,7 @@ fn main(
         for (var j = 0u; j < n; j++) {
             let e = exp(sc[j] - cm);
             l += e;
-            let base = (c0 + j) * kv_words + kvh * hd / 2u;
+            let base = (first + c0 + j) * kv_words + kvh * hd / 2u;
             for (var k = 0u; k < 4u; k++) {
                 let i = li + 64u * k;
                 if (i < hd) {

@@ -38,19 +38,13 @@ fn main(
             }
         }
         part[li] = acc;
-        workgroupBarrier();
-        for (var s = 32u; s > 0u; s >>= 1u) {
-            if (li < s) {
-                part[li] += part[li + s];
-            }
-            workgroupBarrier();
-        }
+        let sum = part_sum(li, 64u);
         if (li == 0u) {
             let o = t * p.rows + r;
             if (p.add != 0u) {
-                y[o] = y[o] + part[0];
+                y[o] = y[o] + sum;
             } else {
-                y[o] = part[0];
+                y[o] = sum;
             }
         }
         workgroupBarrier();

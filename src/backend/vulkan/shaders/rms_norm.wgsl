@@ -32,14 +32,7 @@ fn main(
         acc += v * v;
     }
     part[li] = acc;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (li < s) {
-            part[li] += part[li + s];
-        }
-        workgroupBarrier();
-    }
-    let scale = 1.0 / sqrt(part[0] / f32(p.n) + p.eps);
+    let scale = 1.0 / sqrt(part_sum(li, 256u) / f32(p.n) + p.eps);
     for (var i = li; i < p.n; i += 256u) {
         y[o + i] = x[o + i] * scale * nw[i];
     }
