@@ -42,15 +42,6 @@ pub(super) unsafe fn gemm_tf(g: Gemm) {
         return;
     }
     let mut j = 0;
-    // Eight activation rows per pass (each decoded weight register feeds 16 products), then
-    // four, then the rest.
-    while j + 8 <= nx {
-        let r = tiled::<8>(nb, w, core::array::from_fn(|t| xr(j + t)), j == 0);
-        for (t, v) in r.into_iter().enumerate() {
-            _mm512_storeu_ps(out.add((j + t) * out_stride), v);
-        }
-        j += 8;
-    }
     while j + 4 <= nx {
         let r = tiled::<4>(nb, w, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)], j == 0);
         for (t, v) in r.into_iter().enumerate() {
