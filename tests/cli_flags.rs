@@ -240,6 +240,30 @@ fn user_errors_print_no_backtrace() {
 }
 
 #[test]
+fn plan_and_serve_refuse_the_vulkan_device_by_name() {
+    let model = common::random_model("random-llama-q4_0");
+    let out = kiln(&["plan", "-m", model.to_str().unwrap(), "--device", "vulkan"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--device vulkan"), "{}", stderr(&out));
+    // Nor are the commands not yet run on the Vulkan executor.
+    let out = kiln(&[
+        "serve",
+        "-m",
+        model.to_str().unwrap(),
+        "--device",
+        "vulkan",
+        "--port",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("kiln serve --device vulkan: not supported"),
+        "{err}"
+    );
+}
+
+#[test]
 fn plan_exits_non_zero_when_it_does_not_fit() {
     let model = common::random_model("random-llama-q4_0");
     let m = model.to_str().unwrap();

@@ -197,6 +197,17 @@ impl ModelArgs {
         Ok(d)
     }
 
+    /// `device()` for a command not yet run on the Vulkan executor: `--device vulkan` is
+    /// refused there by name (before any device is opened).
+    pub fn device_not_vulkan(&self, command: &str) -> Result<kiln::backend::Device> {
+        if self.device == kiln::backend::Device::Vulkan {
+            anyhow::bail!(
+                "kiln {command} --device vulkan: not supported yet (run, chat and bench run on Vulkan)"
+            );
+        }
+        self.device()
+    }
+
     /// `-t`, with 0 or absent meaning the physical cores.
     pub fn threads(&self) -> usize {
         match self.threads {

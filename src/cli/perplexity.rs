@@ -35,7 +35,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     opts.kv_type = args.model.kv_type;
     opts.kv_budget = args.model.kv_budget.map(|b| b as usize);
     opts.swa_full = args.model.swa_full;
-    opts.device = args.model.device()?;
+    opts.device = args.model.device_not_vulkan("perplexity")?;
     opts.logit_rows = 32;
     let mut session = common::new_session(&loaded.model, opts)?;
     let bos = if tok.adds_bos() { tok.bos() } else { None };

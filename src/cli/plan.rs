@@ -68,6 +68,10 @@ pub struct PlanArgs {
 }
 
 pub fn run(args: PlanArgs) -> Result<()> {
+    if args.device == kiln::backend::Device::Vulkan {
+        // The Vulkan executor sizes its buffers at load; no plan states them yet.
+        anyhow::bail!("kiln plan --device vulkan: not supported yet (plans are for cpu and cuda)");
+    }
     let runtime = super::bench::current_rss();
     let path = kiln::fetch::resolve_model(args.model.as_deref(), true)?;
     let file = GgufFile::open_model(&path, false)

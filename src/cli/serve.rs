@@ -191,7 +191,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         n_threads: args.model.threads(),
         prefill_chunk: args.model.batch_size.max(1),
         kv_type: args.model.kv_type,
-        device: args.model.device()?,
+        device: args.model.device_not_vulkan("serve")?,
         max_queue: args.queue,
         max_body_bytes: args.max_body,
         api_keys: api_keys(args)?,
@@ -239,7 +239,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--swa-full is not supported by `kiln serve`");
     }
     // Refused before the port is bound.
-    args.model.device()?;
+    args.model.device_not_vulkan("serve")?;
     args.spec.serve_check()?;
     let mut limits = HttpLimits {
         max_connections: args.max_connections as usize,
