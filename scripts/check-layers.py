@@ -55,7 +55,7 @@ LAYERS = [
     ["backend"],
     # the forward pass, written once over the seam; the executors that drive it on each
     # device, and the choice of one
-    ["model/forward", "backend/cpu/exec", "backend/cuda/exec", "backend/open"],
+    ["model/forward", "backend/cpu/exec", "backend/cuda/exec", "backend/vulkan/exec", "backend/open"],
     # sessions, generation, the batching scheduler
     ["engine"],
     # the HTTP server

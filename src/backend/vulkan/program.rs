@@ -7,41 +7,12 @@ use std::sync::Arc;
 
 use ash::vk;
 
-use super::arena::Region;
+use super::arena::{barrier, Region};
 use super::pipeline::Kernel;
 use super::shaders::KernelId;
 use super::{Check, Vk, VulkanError};
 
 const COMPUTE: vk::PipelineStageFlags = vk::PipelineStageFlags::COMPUTE_SHADER;
-
-/// Record into `cmd` a global memory barrier: the accesses `src.1` of stages `src.0` before it
-/// are made visible to the accesses `dst.1` of stages `dst.0` after it.
-///
-/// # Safety
-///
-/// `cmd` is a command buffer of `d` in the recording state.
-pub(crate) unsafe fn barrier(
-    d: &ash::Device,
-    cmd: vk::CommandBuffer,
-    src: (vk::PipelineStageFlags, vk::AccessFlags),
-    dst: (vk::PipelineStageFlags, vk::AccessFlags),
-) {
-    let b = vk::MemoryBarrier::default()
-        .src_access_mask(src.1)
-        .dst_access_mask(dst.1);
-    // SAFETY: the caller's: `cmd` is recording on `d`.
-    unsafe {
-        d.cmd_pipeline_barrier(
-            cmd,
-            src.0,
-            dst.0,
-            vk::DependencyFlags::empty(),
-            &[b],
-            &[],
-            &[],
-        )
-    };
-}
 
 /// One recorded command.
 enum Command {
