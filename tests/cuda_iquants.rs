@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::ops::{gpu, random, random_blocks};
+use common::ops::{gpu, quantized_matvec_args, random, random_blocks};
 use kiln::backend::cuda::gpu::{blocks_for, Arena, Arg, Layout};
 use kiln::backend::cuda::weights::format_kernels;
 use kiln::quant::GgmlType;
@@ -162,23 +162,8 @@ fn products_on_extreme_blocks_match_the_cpu_dot() {
         let args = [Arg::P(a.ptr(xo)), Arg::P(a.ptr(qo)), Arg::L(n as i64)];
         g.launch(s, k.quantize.unwrap(), n.div_ceil(256) as u32, 256, &args)
             .unwrap();
-        let (wp, yp) = (a.ptr(wo), a.ptr(yo));
-        let args = [
-            Arg::P(wp),
-            Arg::P(wp),
-            Arg::P(wp),
-            Arg::P(a.ptr(qo)),
-            Arg::P(yp),
-            Arg::P(yp),
-            Arg::P(yp),
-            Arg::I(rows as i32),
-            Arg::I(0),
-            Arg::I(0),
-            Arg::I(cols as i32),
-            Arg::I(n_tok as i32),
-            Arg::I(0),
-            Arg::I(32),
-        ];
+        let (wp, qp, yp) = (a.ptr(wo), a.ptr(qo), a.ptr(yo));
+        let args = quantized_matvec_args(wp, qp, yp, (rows, cols), n_tok, 32);
         g.launch(s, k.matvec, rows.div_ceil(8) as u32, 256, &args)
             .unwrap();
         g.synchronize(s).unwrap();

@@ -10,7 +10,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::ops::{gpu, i32_bytes, random, random_blocks};
+use common::ops::{gpu, i32_bytes, quantized_matvec_args, random, random_blocks};
 use kiln::backend::cuda::exec::OnCuda;
 use kiln::backend::cuda::gpu::{Arena, Arg, Gpu, Layout};
 use kiln::backend::cuda::weights::{format_kernels, repack, repacked_kernels, FormatKernels};
@@ -438,23 +438,8 @@ fn plain_matvec(
             let args = [Arg::P(a.ptr(xo)), Arg::P(a.ptr(xq)), Arg::L(cols as i64)];
             g.launch(s, q, cols.div_ceil(256) as u32, 256, &args)
                 .unwrap();
-            let (wp, yp) = (a.ptr(wo), a.ptr(yo));
-            let args = [
-                Arg::P(wp),
-                Arg::P(wp),
-                Arg::P(wp),
-                Arg::P(a.ptr(xq)),
-                Arg::P(yp),
-                Arg::P(yp),
-                Arg::P(yp),
-                Arg::I(rows as i32),
-                Arg::I(0),
-                Arg::I(0),
-                Arg::I(cols as i32),
-                Arg::I(1),
-                Arg::I(0),
-                Arg::I(tpr as i32),
-            ];
+            let (wp, qp, yp) = (a.ptr(wo), a.ptr(xq), a.ptr(yo));
+            let args = quantized_matvec_args(wp, qp, yp, (rows, cols), 1, tpr as i32);
             let grid = rows.div_ceil((block / tpr) as usize) as u32;
             g.launch(s, kern.matvec, grid, block, &args).unwrap();
         }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use kiln::backend::cuda::gpu::Arg;
 use kiln::backend::cuda::{self, gpu::Gpu};
 
 /// The machine's GPU, else the software GPU. Where neither can run (no GPU and not x86-64) it
@@ -79,4 +80,33 @@ pub fn random_blocks(ty: kiln::quant::GgmlType, n: usize, seed: u64, edge: bool)
         out.extend(blk);
     }
     out
+}
+
+/// The arguments of a format's `matvec` kernel over one weight matrix at `w` (no fused second
+/// or third matrix) and its 8-bit input at `xq`, into `y`: `rows` × `cols`, `n_tok` tokens,
+/// `tpr` threads per row.
+pub fn quantized_matvec_args(
+    w: u64,
+    xq: u64,
+    y: u64,
+    (rows, cols): (usize, usize),
+    n_tok: usize,
+    tpr: i32,
+) -> [Arg; 14] {
+    [
+        Arg::P(w),
+        Arg::P(w),
+        Arg::P(w),
+        Arg::P(xq),
+        Arg::P(y),
+        Arg::P(y),
+        Arg::P(y),
+        Arg::I(rows as i32),
+        Arg::I(0),
+        Arg::I(0),
+        Arg::I(cols as i32),
+        Arg::I(n_tok as i32),
+        Arg::I(0),
+        Arg::I(tpr),
+    ]
 }

@@ -23,6 +23,7 @@ use super::{Arg, Buf, CudaSession, MAX_GRAPH_ROWS};
 use crate::backend::cuda::weights::DevMat;
 use crate::kernels::moe::{route, GateFn, MoeScratch, MoeShape, Routing};
 use crate::kernels::ops::Activation;
+use crate::model::config::ClampedSwiglu;
 use crate::model::moe::Gating;
 use crate::model::{Model, ModelConfig};
 
@@ -197,19 +198,7 @@ impl CudaSession {
             self.product(dm.gate[e], xe, gate + (a * f * 4) as u64, b - a, &mut prep);
             self.product(dm.up[e], xe, up + (a * f * 4) as u64, b - a, &mut prep);
         }
-        match mc.clamped_swiglu {
-            Some(cs) => {
-                let args = [
-                    Arg::P(gate),
-                    Arg::P(up),
-                    Arg::F(cs.alpha),
-                    Arg::F(cs.limit),
-                    Arg::L((p * f) as i64),
-                ];
-                self.elementwise("swiglu_oai_f32", &args, p * f);
-            }
-            None => self.gated_act(gate, up, p * f, act),
-        }
+        self.experts_act(mc.clamped_swiglu, gate, up, p * f, act);
         for (e, a, b) in runs() {
             self.xq_holds = None;
             let (xe, ye) = (gate + (a * f * 4) as u64, xg + (a * dim * 4) as u64);
@@ -282,19 +271,7 @@ impl CudaSession {
         self.expert_products(&dm.gate, ids, xq.unwrap_or(x), gate, rows, k, p);
         let xq = self.quantized(dm.up[0], x, rows);
         self.expert_products(&dm.up, ids, xq.unwrap_or(x), up, rows, k, p);
-        match mc.clamped_swiglu {
-            Some(cs) => {
-                let args = [
-                    Arg::P(gate),
-                    Arg::P(up),
-                    Arg::F(cs.alpha),
-                    Arg::F(cs.limit),
-                    Arg::L((p * f) as i64),
-                ];
-                self.elementwise("swiglu_oai_f32", &args, p * f);
-            }
-            None => self.gated_act(gate, up, p * f, act),
-        }
+        self.experts_act(mc.clamped_swiglu, gate, up, p * f, act);
         // The down products over the pairs' hidden states, quantized into `up` (free now; an
         // 8-bit group takes 40 of its 128 bytes) where the format multiplies 8-bit input.
         let down = dm.down[0];
@@ -373,6 +350,31 @@ impl CudaSession {
             args[8] = Arg::I(x_div as i32);
             let threads = mv_threads(&self.gpu);
             self.go(name, (pairs * e0.rows) as u32, threads, &args);
+        }
+    }
+
+    /// The experts' activation over `n` gate/up pairs, in place in `gate`: gpt-oss's clamped
+    /// SwiGLU where the model has it, else the gated activation.
+    fn experts_act(
+        &mut self,
+        clamped: Option<ClampedSwiglu>,
+        gate: u64,
+        up: u64,
+        n: usize,
+        act: Activation,
+    ) {
+        match clamped {
+            Some(cs) => {
+                let args = [
+                    Arg::P(gate),
+                    Arg::P(up),
+                    Arg::F(cs.alpha),
+                    Arg::F(cs.limit),
+                    Arg::L(n as i64),
+                ];
+                self.elementwise("swiglu_oai_f32", &args, n);
+            }
+            None => self.gated_act(gate, up, n, act),
         }
     }
 

@@ -170,6 +170,19 @@ unsafe fn block256<D: IDot, const NX: usize>(p: *const u8, x: Rows<NX>, b: usize
     lanes
 }
 
+/// The block's 256 sign bits as four 64-bit masks in element order (bit `i` of mask `r`:
+/// element `64·r + i` is negative), two from each half's 128.
+#[inline(always)]
+unsafe fn sign_masks(p: *const u8) -> [u64; 4] {
+    let mut masks = [0u64; 4];
+    for h in 0..2 {
+        let signs = _mm256_cvtepi16_epi8(sign_words(loadu(p.add(2 + 32 * h))));
+        masks[2 * h] = _mm_cvtsi128_si64(signs) as u64;
+        masks[2 * h + 1] = _mm_extract_epi64::<1>(signs) as u64;
+    }
+    masks
+}
+
 /// [`block256`] on 512-bit registers (AVX-512 tiers only), two sub-blocks to a register, its
 /// halves added at the end.
 #[inline(always)]
@@ -177,22 +190,13 @@ unsafe fn block512<D: IDot, const NX: usize>(p: *const u8, x: Rows<NX>, b: usize
     let sc = _mm512_broadcast_i32x4(scale_bytes(p));
     let zero = _mm512_setzero_si512();
     let mut lanes = [zero; NX];
-    for h in 0..2 {
-        // 128 elements: their 128 sign bits in element order.
-        let signs = _mm256_cvtepi16_epi8(sign_words(loadu(p.add(2 + 32 * h))));
-        let masks = [
-            _mm_cvtsi128_si64(signs) as u64,
-            _mm_extract_epi64::<1>(signs) as u64,
-        ];
-        for (z, &m) in masks.iter().enumerate() {
-            let r = 2 * h + z;
-            let g = grid8(p.add(2 + 16 * r));
-            let s = _mm512_shuffle_epi8(sc, _mm512_loadu_si512(SCALES512[r].as_ptr().cast()));
-            for j in 0..NX {
-                let y = _mm512_loadu_si512(x[j].add(b * Q8K + 4 + 64 * r).cast());
-                let ys = _mm512_mask_sub_epi8(y, m, zero, y);
-                lanes[j] = D::dpwssd512(lanes[j], _mm512_maddubs_epi16(g, ys), s);
-            }
+    for (r, m) in sign_masks(p).into_iter().enumerate() {
+        let g = grid8(p.add(2 + 16 * r));
+        let s = _mm512_shuffle_epi8(sc, _mm512_loadu_si512(SCALES512[r].as_ptr().cast()));
+        for j in 0..NX {
+            let y = _mm512_loadu_si512(x[j].add(b * Q8K + 4 + 64 * r).cast());
+            let ys = _mm512_mask_sub_epi8(y, m, zero, y);
+            lanes[j] = D::dpwssd512(lanes[j], _mm512_maddubs_epi16(g, ys), s);
         }
     }
     lanes.map(|v| _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v)))
@@ -299,18 +303,10 @@ unsafe fn decode_row(wr: *const u8, nb: usize, bt: &mut Batch) {
         let sc = _mm512_broadcast_i32x4(scale_bytes(p));
         let mut q = [zero; 4];
         let mut s = [zero; 4];
-        for h in 0..2 {
-            let signs = _mm256_cvtepi16_epi8(sign_words(loadu(p.add(2 + 32 * h))));
-            let masks = [
-                _mm_cvtsi128_si64(signs) as u64,
-                _mm_extract_epi64::<1>(signs) as u64,
-            ];
-            for (z, &m) in masks.iter().enumerate() {
-                let r = 2 * h + z;
-                let g = grid8(p.add(2 + 16 * r));
-                q[r] = _mm512_mask_sub_epi8(g, m, zero, g);
-                s[r] = _mm512_shuffle_epi8(sc, _mm512_loadu_si512(SCALES512[r].as_ptr().cast()));
-            }
+        for (r, m) in sign_masks(p).into_iter().enumerate() {
+            let g = grid8(p.add(2 + 16 * r));
+            q[r] = _mm512_mask_sub_epi8(g, m, zero, g);
+            s[r] = _mm512_shuffle_epi8(sc, _mm512_loadu_si512(SCALES512[r].as_ptr().cast()));
         }
         let mut off = zero;
         for r in 0..4 {
