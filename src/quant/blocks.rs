@@ -271,47 +271,6 @@ pub struct BlockIq1M {
     pub scales: [u8; QK_K / 32],
 }
 
-impl Default for BlockIq3Xxs {
-    fn default() -> Self {
-        BlockIq3Xxs {
-            d: F16Le::default(),
-            qs: [0; 3 * QK_K / 8],
-        }
-    }
-}
-
-impl Default for BlockIq3S {
-    fn default() -> Self {
-        BlockIq3S {
-            d: F16Le::default(),
-            qs: [0; QK_K / 4],
-            qh: [0; QK_K / 32],
-            signs: [0; QK_K / 8],
-            scales: [0; QK_K / 64],
-        }
-    }
-}
-
-impl Default for BlockIq1S {
-    fn default() -> Self {
-        BlockIq1S {
-            d: F16Le::default(),
-            qs: [0; QK_K / 8],
-            qh: [0; QK_K / 16],
-        }
-    }
-}
-
-impl Default for BlockIq1M {
-    fn default() -> Self {
-        BlockIq1M {
-            qs: [0; QK_K / 8],
-            qh: [0; QK_K / 16],
-            scales: [0; QK_K / 32],
-        }
-    }
-}
-
 /// The 16 values of the IQ4_NL / IQ4_XS grid (ggml's `kvalues_iq4nl`).
 pub const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
@@ -348,36 +307,6 @@ pub struct BlockIq2S {
     pub qs: [u8; QK_K / 4],
     pub qh: [u8; QK_K / 32],
     pub scales: [u8; QK_K / 32],
-}
-
-impl Default for BlockIq2Xxs {
-    fn default() -> Self {
-        BlockIq2Xxs {
-            d: F16Le::default(),
-            qs: [0; 64],
-        }
-    }
-}
-
-impl Default for BlockIq2Xs {
-    fn default() -> Self {
-        BlockIq2Xs {
-            d: F16Le::default(),
-            qs: [0; 64],
-            scales: [0; 8],
-        }
-    }
-}
-
-impl Default for BlockIq2S {
-    fn default() -> Self {
-        BlockIq2S {
-            d: F16Le::default(),
-            qs: [0; 64],
-            qh: [0; 8],
-            scales: [0; 8],
-        }
-    }
 }
 
 /// MXFP4 (OCP microscaling): `x = 2^(e - 127) * E2M1[q]`, held as ggml holds it: the E2M1
@@ -418,76 +347,57 @@ impl BlockIq4Xs {
     }
 }
 
-impl Default for BlockIq4Xs {
-    fn default() -> Self {
-        BlockIq4Xs {
-            d: F16Le::default(),
-            scales_h: [0; 2],
-            scales_l: [0; 4],
-            qs: [0; 128],
-        }
-    }
+/// A block field whose default is all zeros, at any array length (`derive(Default)` takes
+/// arrays of at most 32 elements).
+trait Zero: Copy {
+    const ZERO: Self;
 }
 
-impl Default for BlockQ2K {
-    fn default() -> Self {
-        BlockQ2K {
-            scales: [0; 16],
-            qs: [0; 64],
-            d: F16Le::default(),
-            dmin: F16Le::default(),
-        }
-    }
+impl Zero for u8 {
+    const ZERO: Self = 0;
 }
-impl Default for BlockQ3K {
-    fn default() -> Self {
-        BlockQ3K {
-            hmask: [0; 32],
-            qs: [0; 64],
-            scales: [0; 12],
-            d: F16Le::default(),
-        }
-    }
+impl Zero for i8 {
+    const ZERO: Self = 0;
 }
-impl Default for BlockQ4K {
-    fn default() -> Self {
-        BlockQ4K {
-            d: F16Le::default(),
-            dmin: F16Le::default(),
-            scales: [0; 12],
-            qs: [0; 128],
-        }
-    }
+impl Zero for F16Le {
+    const ZERO: Self = F16Le([0; 2]);
 }
-impl Default for BlockQ5K {
-    fn default() -> Self {
-        BlockQ5K {
-            d: F16Le::default(),
-            dmin: F16Le::default(),
-            scales: [0; 12],
-            qh: [0; 32],
-            qs: [0; 128],
-        }
-    }
+impl Zero for F32Le {
+    const ZERO: Self = F32Le([0; 4]);
 }
-impl Default for BlockQ6K {
-    fn default() -> Self {
-        BlockQ6K {
-            ql: [0; 128],
-            qh: [0; 64],
-            scales: [0; 16],
-            d: F16Le::default(),
-        }
-    }
+impl Zero for I16Le {
+    const ZERO: Self = I16Le([0; 2]);
 }
-impl Default for BlockQ8K {
-    fn default() -> Self {
-        BlockQ8K {
-            d: F32Le::default(),
-            qs: [0; 256],
-            bsums: [I16Le::default(); 16],
+impl<T: Zero, const N: usize> Zero for [T; N] {
+    const ZERO: Self = [T::ZERO; N];
+}
+
+/// `Default` for blocks with longer arrays: every named field (all of them) zero.
+macro_rules! zero_default {
+    ($($t:ident { $($f:ident),* })*) => {$(
+        impl Default for $t {
+            fn default() -> Self {
+                $t { $($f: Zero::ZERO),* }
+            }
         }
-    }
+    )*};
+}
+
+zero_default! {
+    BlockQ2K { scales, qs, d, dmin }
+    BlockQ3K { hmask, qs, scales, d }
+    BlockQ4K { d, dmin, scales, qs }
+    BlockQ5K { d, dmin, scales, qh, qs }
+    BlockQ6K { ql, qh, scales, d }
+    BlockQ8K { d, qs, bsums }
+    BlockIq4Xs { d, scales_h, scales_l, qs }
+    BlockIq3Xxs { d, qs }
+    BlockIq3S { d, qs, qh, signs, scales }
+    BlockIq1S { d, qs, qh }
+    BlockIq1M { qs, qh, scales }
+    BlockIq2Xxs { d, qs }
+    BlockIq2Xs { d, qs, scales }
+    BlockIq2S { d, qs, qh, scales }
 }
 
 /// A block type that may be viewed in place over raw bytes.

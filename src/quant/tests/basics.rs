@@ -81,6 +81,36 @@ fn cast_requires_whole_blocks() {
     assert_eq!(cast::<BlockQ4_0>(&bytes[1..37]).unwrap().len(), 2);
 }
 
+/// Every block's default is all zero bytes, the formats with arrays past `derive(Default)`'s
+/// 32 elements among them.
+#[test]
+fn block_defaults_are_zero_bytes() {
+    fn zero<B: RawBlock>() -> bool {
+        as_bytes(&[B::default()]).iter().all(|&b| b == 0)
+    }
+    let blocks = [
+        ("Q4_0", zero::<BlockQ4_0>()),
+        ("Q8_1", zero::<BlockQ8_1>()),
+        ("Q2_K", zero::<BlockQ2K>()),
+        ("Q3_K", zero::<BlockQ3K>()),
+        ("Q4_K", zero::<BlockQ4K>()),
+        ("Q5_K", zero::<BlockQ5K>()),
+        ("Q6_K", zero::<BlockQ6K>()),
+        ("Q8_K", zero::<BlockQ8K>()),
+        ("IQ4_XS", zero::<BlockIq4Xs>()),
+        ("IQ3_XXS", zero::<BlockIq3Xxs>()),
+        ("IQ3_S", zero::<BlockIq3S>()),
+        ("IQ1_S", zero::<BlockIq1S>()),
+        ("IQ1_M", zero::<BlockIq1M>()),
+        ("IQ2_XXS", zero::<BlockIq2Xxs>()),
+        ("IQ2_XS", zero::<BlockIq2Xs>()),
+        ("IQ2_S", zero::<BlockIq2S>()),
+    ];
+    for (name, zero) in blocks {
+        assert!(zero, "{name}");
+    }
+}
+
 #[test]
 fn q3k_scale_unpack_round_trips() {
     // Pack 16 known 6-bit values the way ggml's quantizer does, then unpack.
