@@ -9,9 +9,9 @@ lane_kernels! {
     table: AVX2, name: "avx2",
     feat: "avx2,fma,f16c", v: __m256, w: 8, vkq_vectors: 2,
     ld: _mm256_loadu_ps, st: _mm256_storeu_ps, ldh: load_ph8, set1: _mm256_set1_ps,
-    zero: _mm256_setzero_ps, fma: _mm256_fmadd_ps, mul: _mm256_mul_ps, add: _mm256_add_ps,
-    sub: _mm256_sub_ps, div: _mm256_div_ps, round: round8, exp: expf8, gelu: gelu8,
-    transpose: transpose8,
+    zero: _mm256_setzero_ps, fma: _mm256_fmadd_ps, fnmadd: _mm256_fnmadd_ps, mul: _mm256_mul_ps,
+    add: _mm256_add_ps, sub: _mm256_sub_ps, div: _mm256_div_ps, round: round8,
+    reduce: reduce_dot8, exp: expf8, gelu: gelu8, transpose: transpose8,
 }
 
 /// 8 f16 at `p`, widened to f32.
@@ -29,39 +29,14 @@ pub(super) fn reduce8_avx(t: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)))
 }
 
-pub fn dot(q: &[f32], k: &[f16]) -> f32 {
-    assert_eq!(q.len(), k.len());
-    // SAFETY: selected only when avx2, fma and f16c were detected at run time.
-    unsafe { dot_impl(q, k) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_impl(q: &[f32], k: &[f16]) -> f32 {
-    let n = q.len();
-    let np = n & !(BLOCK - 1);
-    let mut sumf = 0.0f64;
-    if np > 0 {
-        // acc[2j] / acc[2j+1]: lanes 0..8 / 8..16 of the reference's accumulator j.
-        let mut acc = [_mm256_setzero_ps(); 8];
-        let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
-        // SAFETY: every load reads 8 elements at `i + 8h < np <= n`.
-        unsafe {
-            for i in (0..np).step_by(BLOCK) {
-                for (h, a) in acc.iter_mut().enumerate() {
-                    let o = i + 8 * h;
-                    let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(o) as *const __m128i));
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(o)), kv, *a);
-                }
-            }
-        }
-        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
-        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
-        sumf = reduce8_avx(_mm256_add_ps(hi, lo)) as f64;
-    }
-    for i in np..n {
-        sumf += (q[i] * k[i].to_f32()) as f64;
-    }
-    sumf as f32
+/// A dot's 8 accumulators reduced: `acc[2j]` / `acc[2j + 1]` are lanes 0..8 / 8..16 of the
+/// reference's accumulator `j`, summed `(a0 + a2) + (a1 + a3)` then as [`super::reduce16`].
+#[target_feature(enable = "avx2")]
+#[inline]
+fn reduce_dot8(acc: [__m256; 8]) -> f32 {
+    let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    reduce8_avx(_mm256_add_ps(hi, lo))
 }
 
 /// Round 8 lanes to f16 and back (ties to even).
@@ -138,11 +113,6 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     })
 }
 
-pub fn softmax_tile(s: &mut [f32; KV_TILE], m: f32) -> f64 {
-    // SAFETY: selected only when avx2, fma and f16c were detected at run time.
-    unsafe { softmax_tile_impl(s, m) }
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn softmax_tile_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
     let mv = _mm256_set1_ps(m);
@@ -159,11 +129,6 @@ unsafe fn softmax_tile_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
         }
     }
     sum
-}
-
-pub fn scale_max(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
-    // SAFETY: selected only when avx2 was detected at run time.
-    unsafe { scale_max_impl(s, sc, lo.min(KV_TILE), hi.min(KV_TILE)) }
 }
 
 /// The 16 lanes as two registers; a lane's maximum is `vmaxps(s, max)`: `s` where
@@ -187,10 +152,7 @@ unsafe fn scale_max_impl(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: 
             let p = s.as_mut_ptr().add(8 * b);
             let mut x = _mm256_mul_ps(_mm256_loadu_ps(p), sv);
             if sc.cap.is_some() {
-                let mut l = [0.0f32; 8];
-                _mm256_storeu_ps(l.as_mut_ptr(), x);
-                l.iter_mut().for_each(|v| *v = super::cap_score(sc.cap, *v));
-                x = _mm256_loadu_ps(l.as_ptr());
+                x = cap_lanes(x, sc.cap);
             }
             let x = _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(keep));
             _mm256_storeu_ps(p, x);
@@ -209,23 +171,9 @@ unsafe fn scale_max_impl(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: 
 /// [`super::expf_approx`] on 8 lanes. Without `vscalefps`, `j·2ⁿ` is `(j·2^⌊n/2⌋)·2^(n−⌊n/2⌋)`:
 /// both powers are normal floats for `|n| ≤ 192`, the first product is exact (`j` is near 1),
 /// so the result is rounded once, as the scalar definition's f64 product.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn expf8(x: __m256) -> __m256 {
-    let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
-    let r = c(0x4b40_0000);
-    let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
-    let n = _mm256_sub_ps(z, r);
-    let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
-    let u = _mm256_mul_ps(b, b);
-    let j = _mm256_fmadd_ps(
-        _mm256_fmadd_ps(
-            _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
-            u,
-            _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
-        ),
-        u,
-        _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
-    );
+    let (n, j) = exp_poly(x);
     // `n` is a whole number: the conversion is exact where it is used (|n| ≤ 192).
     let ni = _mm256_cvtps_epi32(n);
     let n1 = _mm256_srai_epi32::<1>(ni);

@@ -10,9 +10,9 @@ lane_kernels! {
     table: AVX512, name: "avx512",
     feat: "avx512f", v: __m512, w: 16, vkq_vectors: 4,
     ld: _mm512_loadu_ps, st: _mm512_storeu_ps, ldh: load_ph16, set1: _mm512_set1_ps,
-    zero: _mm512_setzero_ps, fma: _mm512_fmadd_ps, mul: _mm512_mul_ps, add: _mm512_add_ps,
-    sub: _mm512_sub_ps, div: _mm512_div_ps, round: round16, exp: expf_avx512, gelu: gelu16,
-    transpose: transpose16,
+    zero: _mm512_setzero_ps, fma: _mm512_fmadd_ps, fnmadd: _mm512_fnmadd_ps, mul: _mm512_mul_ps,
+    add: _mm512_add_ps, sub: _mm512_sub_ps, div: _mm512_div_ps, round: round16,
+    reduce: reduce_dot16, exp: expf_avx512, gelu: gelu16, transpose: transpose16,
 }
 
 /// 16 f16 at `p`, widened to f32.
@@ -22,39 +22,13 @@ unsafe fn load_ph16(p: *const u16) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
 }
 
-pub fn dot(q: &[f32], k: &[f16]) -> f32 {
-    assert_eq!(q.len(), k.len());
-    // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { dot_impl(q, k) }
-}
-
+/// A dot's four accumulators reduced: `(a0 + a2) + (a1 + a3)`, then [`super::reduce16`].
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn dot_impl(q: &[f32], k: &[f16]) -> f32 {
-    let n = q.len();
-    let np = n & !(BLOCK - 1);
-    let mut sumf = 0.0f64;
-    if np > 0 {
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
-        // SAFETY: every load reads 16 elements at `i + 16j < np <= n`.
-        unsafe {
-            for i in (0..np).step_by(BLOCK) {
-                for (j, a) in acc.iter_mut().enumerate() {
-                    let o = i + 16 * j;
-                    let kv = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(o) as *const __m256i));
-                    *a = _mm512_fmadd_ps(_mm512_loadu_ps(qp.add(o)), kv, *a);
-                }
-            }
-        }
-        let a02 = _mm512_add_ps(acc[0], acc[2]);
-        let a13 = _mm512_add_ps(acc[1], acc[3]);
-        sumf = reduce16_avx512(_mm512_add_ps(a02, a13)) as f64;
-    }
-    for i in np..n {
-        sumf += (q[i] * k[i].to_f32()) as f64;
-    }
-    sumf as f32
+fn reduce_dot16(a: [__m512; 4]) -> f32 {
+    let a02 = _mm512_add_ps(a[0], a[2]);
+    let a13 = _mm512_add_ps(a[1], a[3]);
+    reduce16_avx512(_mm512_add_ps(a02, a13))
 }
 
 /// [`super::reduce16`] on a vector.
@@ -180,9 +154,7 @@ unsafe fn kq_rows_impl<const G: usize>(q: &[f32], k: &[f16], hd: usize, n: usize
             }
         }
         for (g, a) in acc.iter().enumerate() {
-            let a02 = _mm512_add_ps(a[0], a[2]);
-            let a13 = _mm512_add_ps(a[1], a[3]);
-            out[g * KV_TILE + j] = reduce16_avx512(_mm512_add_ps(a02, a13));
+            out[g * KV_TILE + j] = reduce_dot16(*a);
         }
     }
 }
@@ -228,11 +200,6 @@ fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
     out
 }
 
-pub fn softmax_tile(s: &mut [f32; KV_TILE], m: f32) -> f64 {
-    // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { softmax_tile_impl(s, m) }
-}
-
 #[target_feature(enable = "avx512f")]
 unsafe fn softmax_tile_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
     let mv = _mm512_set1_ps(m);
@@ -247,11 +214,6 @@ unsafe fn softmax_tile_impl(s: &mut [f32; KV_TILE], m: f32) -> f64 {
         }
     }
     sum
-}
-
-pub fn scale_max(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
-    // SAFETY: selected only when avx512f was detected at run time.
-    unsafe { scale_max_impl(s, sc, lo.min(KV_TILE), hi.min(KV_TILE)) }
 }
 
 /// A lane's maximum is `vmaxps(s, max)`: `s` where `s > max`, else `max` (NaN included), as
@@ -272,10 +234,7 @@ unsafe fn scale_max_impl(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: 
             let p = s.as_mut_ptr().add(16 * b);
             let mut x = _mm512_mul_ps(_mm512_loadu_ps(p), sv);
             if sc.cap.is_some() {
-                let mut l = [0.0f32; 16];
-                _mm512_storeu_ps(l.as_mut_ptr(), x);
-                l.iter_mut().for_each(|v| *v = super::cap_score(sc.cap, *v));
-                x = _mm512_loadu_ps(l.as_ptr());
+                x = cap_lanes(x, sc.cap);
             }
             let x = _mm512_mask_blend_ps(keep, ninf, x);
             _mm512_storeu_ps(p, x);
@@ -308,22 +267,8 @@ unsafe fn gelu16(x: __m512, table: *const u16) -> __m512 {
 /// `ggml_v_expf` (AVX-512 form), lane for lane what [`super::expf_approx`] computes.
 #[target_feature(enable = "avx512f")]
 fn expf_avx512(x: __m512) -> __m512 {
-    let c = |b: u32| _mm512_set1_ps(f32::from_bits(b));
-    let r = c(0x4b40_0000);
-    let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
-    let n = _mm512_sub_ps(z, r);
-    let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmadd_ps(n, c(0x3f31_7200), x));
+    let (n, j) = exp_poly(x);
     let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
-    let u = _mm512_mul_ps(b, b);
-    let j = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(
-            _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
-            u,
-            _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
-        ),
-        u,
-        _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
-    );
     let res = _mm512_scalef_ps(j, n);
     if d == 0 {
         return res;

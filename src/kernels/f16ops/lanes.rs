@@ -7,10 +7,12 @@
 /// over vectors `$v` of `$w` f32 lanes, compiled
 /// for the target features `$feat`:
 ///
-/// - the table's entries `mad`, `scale`, `vkq_multi`, `key_tile`, `swiglu`,
-///   `geglu`, `gelu` and `vkq_acc`: each checks its shapes and runs the kernel below (the
-///   path writes the others: `dot`, `vec_keys`, `kq_tile`, `kq_rows`, `softmax_tile`,
-///   `scale_max`);
+/// - the table's entries `dot`, `mad`, `scale`, `vkq_multi`, `key_tile`, `softmax_tile`,
+///   `scale_max`, `swiglu`, `geglu`, `gelu` and `vkq_acc`: each checks its shapes and runs
+///   the kernel below, or the path's `softmax_tile_impl` / `scale_max_impl` (the path writes
+///   the entries `vec_keys`, `kq_tile` and `kq_rows`);
+/// - `dot_impl(q, k)`: the reference's `BLOCK`-element blocks into `BLOCK / $w` accumulators,
+///   reduced by `$reduce`, the tail in f64;
 /// - `mad_impl(y, x, v)`, `scale_impl(y, v)`: the f16 accumulate and rescale, whole vectors,
 ///   the tail through the scalar definition;
 /// - `vkq_multi_impl::<G>`: `G` accumulator rows, `$c` vectors of columns at a time;
@@ -18,18 +20,22 @@
 ///   from column `col0` of a transposed tile;
 /// - `key_tile_impl(k, kt, hd)`: `$w × $w` blocks of keys transposed by `$transpose`;
 /// - `swiglu_impl`, `gelu_impl`: whole vectors (`$exp`, `$gelu` the vector forms);
-/// - `vkq_acc_impl`: 4 vectors, then one, of the accumulator in registers across the keys.
+/// - `vkq_acc_impl`: 4 vectors, then one, of the accumulator in registers across the keys;
+/// - `cap_lanes(x, cap)`: the scalar soft cap on each lane;
+/// - `exp_poly(x)`: the range reduction and polynomial of `super::expf_approx` on each lane
+///   (each path scales the result by `2ⁿ` its own way in `$exp`).
 ///
 /// The operations come in as the path's intrinsics: `$ld`/`$st` (unaligned f32 load/store),
-/// `$ldh` (8 or 16 f16 → f32 from a `*const u16`), `$set1`, `$zero`, `$fma`, `$mul`, `$add`,
-/// `$sub`, `$div`, and `$round` (to f16 and back).
+/// `$ldh` (8 or 16 f16 → f32 from a `*const u16`), `$set1`, `$zero`, `$fma`, `$fnmadd`,
+/// `$mul`, `$add`, `$sub`, `$div`, and `$round` (to f16 and back).
 macro_rules! lane_kernels {
     (
         table: $table:ident, name: $name:literal,
         feat: $feat:literal, v: $v:ty, w: $w:literal, vkq_vectors: $c:literal,
         ld: $ld:ident, st: $st:ident, ldh: $ldh:ident, set1: $set1:ident, zero: $zero:ident,
-        fma: $fma:ident, mul: $mul:ident, add: $add:ident, sub: $sub:ident, div: $div:ident,
-        round: $round:ident, exp: $exp:ident, gelu: $gelu:ident, transpose: $transpose:ident $(,)?
+        fma: $fma:ident, fnmadd: $fnmadd:ident, mul: $mul:ident, add: $add:ident,
+        sub: $sub:ident, div: $div:ident, round: $round:ident, reduce: $reduce:ident,
+        exp: $exp:ident, gelu: $gelu:ident, transpose: $transpose:ident $(,)?
     ) => {
         pub const $table: super::F16Ops = super::F16Ops {
             dot,
@@ -51,6 +57,12 @@ macro_rules! lane_kernels {
 
         // SAFETY (every entry): a path's table is selected only when its features were
         // detected at run time; each entry checks the shapes its kernel relies on.
+        fn dot(q: &[f32], k: &[f16]) -> f32 {
+            assert_eq!(q.len(), k.len());
+            // SAFETY: see above.
+            unsafe { dot_impl(q, k) }
+        }
+
         fn mad(y: &mut [f32], x: &[f16], v: f32) {
             assert_eq!(y.len(), x.len());
             // SAFETY: see above.
@@ -80,6 +92,16 @@ macro_rules! lane_kernels {
             unsafe { key_tile_impl(k, kt, hd) }
         }
 
+        fn softmax_tile(s: &mut [f32; KV_TILE], m: f32) -> f64 {
+            // SAFETY: see above.
+            unsafe { softmax_tile_impl(s, m) }
+        }
+
+        fn scale_max(s: &mut [f32; KV_TILE], sc: ScoreScale, lo: usize, hi: usize) -> f32 {
+            // SAFETY: see above; the visible range is clamped to the tile.
+            unsafe { scale_max_impl(s, sc, lo.min(KV_TILE), hi.min(KV_TILE)) }
+        }
+
         fn swiglu(gate: &mut [f32], up: &[f32]) {
             assert!(up.len() >= gate.len());
             // SAFETY: see above.
@@ -100,6 +122,34 @@ macro_rules! lane_kernels {
             assert_eq!(v.len(), p.len() * acc.len());
             // SAFETY: see above.
             unsafe { vkq_acc_impl(acc, p, v) }
+        }
+
+        /// `Σ q·k` in the reference's order: per `BLOCK` elements, `BLOCK / $w` accumulators
+        /// (the reference's four of 16 lanes), reduced by `$reduce`; the tail in f64.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn dot_impl(q: &[f32], k: &[f16]) -> f32 {
+            let n = q.len();
+            let np = n & !(BLOCK - 1);
+            let mut sumf = 0.0f64;
+            if np > 0 {
+                let mut acc = [$zero(); BLOCK / $w];
+                let (qp, kp) = (q.as_ptr(), k.as_ptr() as *const u16);
+                // SAFETY: every load reads `$w` elements at `i + $w·h < np <= n`.
+                unsafe {
+                    for i in (0..np).step_by(BLOCK) {
+                        for (h, a) in acc.iter_mut().enumerate() {
+                            let o = i + $w * h;
+                            *a = $fma($ld(qp.add(o)), $ldh(kp.add(o)), *a);
+                        }
+                    }
+                }
+                sumf = $reduce(acc) as f64;
+            }
+            for i in np..n {
+                sumf += (q[i] * k[i].to_f32()) as f64;
+            }
+            sumf as f32
         }
 
         #[target_feature(enable = $feat)]
@@ -326,6 +376,44 @@ macro_rules! lane_kernels {
                     acc[d] = v[j * dv + d].to_f32().mul_add(pj, acc[d]);
                 }
             }
+        }
+
+        /// The soft cap ([`super::cap_score`], the reference's `tanhf` per element) on each
+        /// lane of `x`.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        unsafe fn cap_lanes(x: $v, cap: Option<f32>) -> $v {
+            let mut l = [0.0f32; $w];
+            // SAFETY: `$w` floats.
+            unsafe {
+                $st(l.as_mut_ptr(), x);
+                l.iter_mut().for_each(|v| *v = super::cap_score(cap, *v));
+                $ld(l.as_ptr())
+            }
+        }
+
+        /// [`super::expf_approx`]'s range reduction and polynomial on each lane: `n`, the
+        /// whole number nearest `x·log2(e)`, and `j`, the polynomial of what is left; `$exp`
+        /// scales `j` by `2ⁿ`.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn exp_poly(x: $v) -> ($v, $v) {
+            let c = |b: u32| $set1(f32::from_bits(b));
+            let r = c(0x4b40_0000);
+            let z = $fma(x, c(0x3fb8_aa3b), r);
+            let n = $sub(z, r);
+            let b = $fnmadd(n, c(0x35bf_be8e), $fnmadd(n, c(0x3f31_7200), x));
+            let u = $mul(b, b);
+            let j = $fma(
+                $fma(
+                    $fma(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                    u,
+                    $fma(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+                ),
+                u,
+                $fma(c(0x3f7f_fff6), b, $set1(1.0)),
+            );
+            (n, j)
         }
     };
 }
