@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::golden::{compare, Agreement};
 use kiln::gguf::{GgufFile, GgufWriter};
-use kiln::model::{Model, ModelError};
+use kiln::model::{LoadOptions, Model, ModelError};
 
 fn check_random(stem: &str) {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
@@ -24,6 +24,75 @@ fn check_random(stem: &str) {
         &mut agg,
     );
     agg.assert_meets_bar(stem, 4);
+}
+
+/// A mixture larger than the memory it may take keeps its experts row-major in the file
+/// mapping (paged from disk as tokens choose them) instead of rearranging them into owned
+/// memory: the same logits, the reference's.
+#[test]
+fn experts_paged_from_disk_match_reference() {
+    for stem in ["random-olmoe-q4_k_m", "random-gpt-oss-mxfp4"] {
+        let path = common::random_model(stem);
+        let experts = |m: &Model| -> Vec<(usize, bool)> {
+            m.weights
+                .layers
+                .iter()
+                .flat_map(|l| l.moe.iter())
+                .flat_map(|e| e.gate.iter().chain(&e.up).chain(&e.down))
+                .map(|e| (e.kernels.group, e.data.is_mapped()))
+                .collect()
+        };
+        let roomy = Model::load_with(
+            &path,
+            LoadOptions {
+                memory_limit: Some(u64::MAX),
+            },
+        )
+        .expect("load");
+        assert!(!roomy.experts_in_place, "{stem}");
+        let tight = Model::load_with(
+            &path,
+            LoadOptions {
+                memory_limit: Some(1 << 10),
+            },
+        )
+        .expect("load");
+        assert!(
+            tight.experts_in_place,
+            "{stem}: a file larger than the limit"
+        );
+        let e = experts(&tight);
+        assert!(!e.is_empty(), "{stem}");
+        assert!(
+            e.iter().all(|&(group, mapped)| group == 1 && mapped),
+            "{stem}: every expert row-major in the mapping"
+        );
+        // With room, this CPU's kernels rearrange them (where it has a layout for the format).
+        let rearranged = roomy
+            .file
+            .tensors()
+            .iter()
+            .filter(|t| t.shape.len() == 3)
+            .all(|t| kiln::model::weights::repacked_at_load(&roomy.file, t, false));
+        if rearranged {
+            assert!(
+                experts(&roomy)
+                    .iter()
+                    .all(|&(group, mapped)| group > 1 && !mapped),
+                "{stem}: rearranged with room"
+            );
+        }
+        let tight = Arc::new(tight);
+        let mut agg = Agreement::default();
+        compare(
+            &tight,
+            &common::golden_dir().join(stem).join("logits.jsonl"),
+            2,
+            true,
+            &mut agg,
+        );
+        agg.assert_meets_bar(stem, 4);
+    }
 }
 
 #[test]
