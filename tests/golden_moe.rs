@@ -401,3 +401,40 @@ fn batched_prompts_and_decodes_get_each_sequences_own_bits() {
         }
     }
 }
+
+/// The bytes a decode step reads (the roofline's numerator, `kiln bench`): every matrix but
+/// the embedding table (one row a token) and, of the experts, `expert_used_count` of every
+/// `expert_count`; counted here from the file's tensor table.
+#[test]
+fn decode_step_reads_only_the_chosen_experts() {
+    for stem in [
+        "random-olmoe-q4_k_m",
+        "random-gpt-oss-mxfp4",
+        "random-qwen2moe-q4_0",
+    ] {
+        let model = Model::load(common::random_model(stem)).expect("load");
+        let mc = model.config.moe.as_ref().unwrap();
+        let tensors = model.file.tensors();
+        let tied = model.file.tensor_info("output.weight").is_none();
+        let matrices = tensors
+            .iter()
+            .filter(|t| t.shape.len() >= 2 && !t.name.ends_with(".bias"))
+            .filter(|t| tied || t.name != "token_embd.weight");
+        let (experts, dense): (Vec<_>, Vec<_>) = matrices.partition(|t| t.shape.len() == 3);
+        // (1-D tensors are vectors; Qwen2-MoE's shared-expert gate is one, read whole.)
+        let shared_gate: usize = tensors
+            .iter()
+            .filter(|t| t.name.ends_with("ffn_gate_inp_shexp.weight"))
+            .map(|t| t.n_bytes)
+            .sum();
+        let per_layer_experts: usize = experts
+            .iter()
+            .map(|t| t.n_bytes / mc.n_expert * mc.n_used)
+            .sum();
+        let want = dense.iter().map(|t| t.n_bytes).sum::<usize>() + per_layer_experts + shared_gate;
+        let got = model.weights_bytes_per_token();
+        assert_eq!(got, want, "{stem}");
+        let all: usize = tensors.iter().map(|t| t.n_bytes).sum();
+        assert!(got < all, "{stem}: a step reads less than the file");
+    }
+}
