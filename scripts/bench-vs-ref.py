@@ -135,7 +135,23 @@ def bench_kiln(binary, model, test, threads, reps, bandwidth):
         cmd += ["--bandwidth", bandwidth]
     out, rss = timed_wait4(cmd)
     rows = json.loads(out)
-    return rows[0]["avg_ts"], rows[0]["samples_ts"], rss, rows[0].get("roofline_share")
+    r = rows[0]
+    step = r.get("weight_bytes_per_token", 0) + r.get("kv_bytes_per_token", 0)
+    return r["avg_ts"], r["samples_ts"], rss, (step if n_gen > 0 else 0, r.get("bandwidth_gbs", 0))
+
+
+def roofline(step_bytes, tps, probes):
+    """The decode's share of the memory bandwidth: the bytes one step reads (kiln's estimate:
+    every dense weight, the router, the output head, only `expert_used_count / expert_count`
+    of the experts, the KV cache at the test's depth) × tokens/s, over the best read bandwidth
+    kiln's probe measured in any of its runs (each probe is three passes over 512 MiB taken
+    at one instant before its run: on a shared machine one of them can land in a burst of
+    another process's traffic, so a single probe is no denominator; the best of the run is
+    what the machine can do). None when nothing was measured."""
+    best = max(probes, default=0.0)
+    if not step_bytes or best <= 0:
+        return None, best
+    return step_bytes * tps / (best * 1e9), best
 
 
 def main():
@@ -175,7 +191,8 @@ def main():
     ensure_models(kiln)
 
     results = {}  # (model, test, engine) -> list of samples
-    extra = {}  # (model, test, engine) -> peak rss / roofline
+    extra = {}  # (model, test, engine) -> peak rss / bytes a decode step reads
+    probes = []  # every kiln run's measured read bandwidth, GB/s
     for rnd in range(a.rounds):
         for m in models:
             path = paths[m]
@@ -184,17 +201,18 @@ def main():
                 for eng in order:
                     if eng == "ref":
                         avg, samples, rss = bench_ref(ref, path, t, a.threads, a.reps)
-                        roof = None
+                        step, probe = 0, 0.0
                     else:
-                        avg, samples, rss, roof = bench_kiln(kiln, path, t, a.threads, a.reps,
-                                                             a.bandwidth)
+                        avg, samples, rss, (step, probe) = bench_kiln(kiln, path, t, a.threads,
+                                                                      a.reps, a.bandwidth)
+                        probes.append(probe)
                     key = (m, t, eng)
                     results.setdefault(key, []).extend(samples)
-                    e = extra.setdefault(key, {"rss": 0, "roof": []})
+                    e = extra.setdefault(key, {"rss": 0, "step": 0})
                     e["rss"] = max(e["rss"], rss)
-                    if roof is not None:
-                        e["roof"].append(roof)
-                    log(f"{m} {t} {eng}: {avg:.1f} t/s, peak RSS {rss / 2**20:.0f} MiB")
+                    e["step"] = max(e["step"], step)
+                    log(f"{m} {t} {eng}: {avg:.1f} t/s, peak RSS {rss / 2**20:.0f} MiB"
+                        + (f", {step / 1e9:.3f} GB a step, probe {probe:.1f} GB/s" if step else ""))
 
     def stats(xs):
         xs = sorted(xs)
@@ -212,16 +230,24 @@ def main():
     print(f"machine: {machine_name()}; {built}; "
           f"kiln: {kiln_tier(kiln, MODELS_DIR / next(iter(MODELS.values())))}")
     print()
-    print("| model | test | reference t/s | kiln t/s | kiln / ref | ref peak RSS | kiln peak RSS | kiln roofline |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    best = max(probes, default=0.0)
+    if best > 0:
+        print(f"kiln roofline: bytes a decode step reads × kiln t/s over {best:.1f} GB/s, the best "
+              f"of the {len(probes)} read-bandwidth probes of kiln's runs "
+              f"({min(probes):.1f}-{best:.1f} GB/s)")
+        print()
+    print("| model | test | reference t/s | kiln t/s | kiln / ref | ref peak RSS | kiln peak RSS | GB a step | kiln roofline |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for m in models:
         for t in tests:
             rm, rsd = stats(results[(m, t, "ref")])
             km, ksd = stats(results[(m, t, "kiln")])
             ek, er = extra[(m, t, "kiln")], extra[(m, t, "ref")]
-            roof = f"{100 * sum(ek['roof']) / len(ek['roof']):.0f}%" if ek["roof"] else "-"
+            share, _ = roofline(ek["step"], km, probes)
+            roof = f"{100 * share:.0f}%" if share is not None else "-"
+            gb = f"{ek['step'] / 1e9:.3f}" if ek["step"] else "-"
             print(f"| {m} | {t} | {rm:.1f} ± {rsd:.1f} | {km:.1f} ± {ksd:.1f} | {km / rm:.2f}x | "
-                  f"{er['rss'] / 2**20:.0f} MiB | {ek['rss'] / 2**20:.0f} MiB | {roof} |")
+                  f"{er['rss'] / 2**20:.0f} MiB | {ek['rss'] / 2**20:.0f} MiB | {gb} | {roof} |")
 
 
 if __name__ == "__main__":

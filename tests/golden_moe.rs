@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::golden::{compare, Agreement};
 use kiln::gguf::{GgufFile, GgufWriter};
-use kiln::model::{Model, ModelError};
+use kiln::model::{LoadOptions, Model, ModelError};
 
 fn check_random(stem: &str) {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
@@ -24,6 +24,75 @@ fn check_random(stem: &str) {
         &mut agg,
     );
     agg.assert_meets_bar(stem, 4);
+}
+
+/// A mixture larger than the memory it may take keeps its experts row-major in the file
+/// mapping (paged from disk as tokens choose them) instead of rearranging them into owned
+/// memory: the same logits, the reference's.
+#[test]
+fn experts_paged_from_disk_match_reference() {
+    for stem in ["random-olmoe-q4_k_m", "random-gpt-oss-mxfp4"] {
+        let path = common::random_model(stem);
+        let experts = |m: &Model| -> Vec<(usize, bool)> {
+            m.weights
+                .layers
+                .iter()
+                .flat_map(|l| l.moe.iter())
+                .flat_map(|e| e.gate.iter().chain(&e.up).chain(&e.down))
+                .map(|e| (e.kernels.group, e.data.is_mapped()))
+                .collect()
+        };
+        let roomy = Model::load_with(
+            &path,
+            LoadOptions {
+                memory_limit: Some(u64::MAX),
+            },
+        )
+        .expect("load");
+        assert!(!roomy.experts_in_place, "{stem}");
+        let tight = Model::load_with(
+            &path,
+            LoadOptions {
+                memory_limit: Some(1 << 10),
+            },
+        )
+        .expect("load");
+        assert!(
+            tight.experts_in_place,
+            "{stem}: a file larger than the limit"
+        );
+        let e = experts(&tight);
+        assert!(!e.is_empty(), "{stem}");
+        assert!(
+            e.iter().all(|&(group, mapped)| group == 1 && mapped),
+            "{stem}: every expert row-major in the mapping"
+        );
+        // With room, this CPU's kernels rearrange them (where it has a layout for the format).
+        let rearranged = roomy
+            .file
+            .tensors()
+            .iter()
+            .filter(|t| t.shape.len() == 3)
+            .all(|t| kiln::model::weights::repacked_at_load(&roomy.file, t, false));
+        if rearranged {
+            assert!(
+                experts(&roomy)
+                    .iter()
+                    .all(|&(group, mapped)| group > 1 && !mapped),
+                "{stem}: rearranged with room"
+            );
+        }
+        let tight = Arc::new(tight);
+        let mut agg = Agreement::default();
+        compare(
+            &tight,
+            &common::golden_dir().join(stem).join("logits.jsonl"),
+            2,
+            true,
+            &mut agg,
+        );
+        agg.assert_meets_bar(stem, 4);
+    }
 }
 
 #[test]
@@ -330,5 +399,42 @@ fn batched_prompts_and_decodes_get_each_sequences_own_bits() {
                 "{stem}: slot {slot}"
             );
         }
+    }
+}
+
+/// The bytes a decode step reads (the roofline's numerator, `kiln bench`): every matrix but
+/// the embedding table (one row a token) and, of the experts, `expert_used_count` of every
+/// `expert_count`; counted here from the file's tensor table.
+#[test]
+fn decode_step_reads_only_the_chosen_experts() {
+    for stem in [
+        "random-olmoe-q4_k_m",
+        "random-gpt-oss-mxfp4",
+        "random-qwen2moe-q4_0",
+    ] {
+        let model = Model::load(common::random_model(stem)).expect("load");
+        let mc = model.config.moe.as_ref().unwrap();
+        let tensors = model.file.tensors();
+        let tied = model.file.tensor_info("output.weight").is_none();
+        let matrices = tensors
+            .iter()
+            .filter(|t| t.shape.len() >= 2 && !t.name.ends_with(".bias"))
+            .filter(|t| tied || t.name != "token_embd.weight");
+        let (experts, dense): (Vec<_>, Vec<_>) = matrices.partition(|t| t.shape.len() == 3);
+        // (1-D tensors are vectors; Qwen2-MoE's shared-expert gate is one, read whole.)
+        let shared_gate: usize = tensors
+            .iter()
+            .filter(|t| t.name.ends_with("ffn_gate_inp_shexp.weight"))
+            .map(|t| t.n_bytes)
+            .sum();
+        let per_layer_experts: usize = experts
+            .iter()
+            .map(|t| t.n_bytes / mc.n_expert * mc.n_used)
+            .sum();
+        let want = dense.iter().map(|t| t.n_bytes).sum::<usize>() + per_layer_experts + shared_gate;
+        let got = model.weights_bytes_per_token();
+        assert_eq!(got, want, "{stem}");
+        let all: usize = tensors.iter().map(|t| t.n_bytes).sum();
+        assert!(got < all, "{stem}: a step reads less than the file");
     }
 }

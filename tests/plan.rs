@@ -260,3 +260,75 @@ fn gemma3_plan_counts_the_sliding_window_ring() {
         so.kv().unwrap().bytes() as u64
     );
 }
+
+/// A mixture larger than the memory limit: its experts get a plan line of their own, paged from
+/// disk (the loader leaves them in the mapping), and nothing of them is rearranged.
+#[test]
+fn experts_past_the_memory_limit_are_paged_from_disk() {
+    use kiln::engine::plan::{HostTerms, EXPERTS_PAGED};
+    for stem in ["random-olmoe-q4_k_m", "random-gpt-oss-mxfp4"] {
+        let path = common::random_model(stem);
+        let opts = SessionOptions::new(64, 2);
+        let host = |limit| HostTerms {
+            memory_limit: Some(limit),
+            ..Default::default()
+        };
+        let file = kiln::gguf::GgufFile::open_model(&path, false).unwrap();
+        let expert_bytes: u64 = file
+            .tensors()
+            .iter()
+            .filter(|t| t.shape.len() == 3)
+            .map(|t| t.n_bytes as u64)
+            .sum();
+        let roomy = plan(&file, &opts, 1, host(u64::MAX)).unwrap();
+        assert!(roomy.get(EXPERTS_PAGED).is_none(), "{stem}");
+        let tight = plan(&file, &opts, 1, host(1 << 10)).unwrap();
+        let paged = tight
+            .get(EXPERTS_PAGED)
+            .expect("a line for the paged experts");
+        assert!(
+            paged.mapped && paged.formula.contains("paged from disk"),
+            "{stem}"
+        );
+        assert_eq!(paged.bytes, expert_bytes, "{stem}");
+        // The loader under the same limit holds the experts as the plan says: in the mapping.
+        let model = kiln::model::Model::load_with(
+            &path,
+            kiln::model::LoadOptions {
+                memory_limit: Some(1 << 10),
+            },
+        )
+        .unwrap();
+        let held: u64 = model
+            .weights
+            .layers
+            .iter()
+            .flat_map(|l| l.moe.iter())
+            .flat_map(|m| m.gate.iter().chain(&m.up).chain(&m.down))
+            .filter(|e| e.data.is_mapped() && e.kernels.group == 1)
+            .map(|e| e.data.len() as u64)
+            .sum();
+        assert_eq!(held, expert_bytes, "{stem}");
+        let bytes = |p: &kiln::engine::plan::MemoryPlan, name: &str| p.get(name).unwrap().bytes;
+        // What the roomy plan rearranged of the experts (where this CPU has a layout for
+        // their format), the tight one does not: the owned weights shrink by at least the
+        // experts' bytes.
+        let rearranged = file
+            .tensors()
+            .iter()
+            .filter(|t| t.shape.len() == 3)
+            .all(|t| kiln::model::weights::repacked_at_load(&file, t, false));
+        if rearranged {
+            assert!(
+                bytes(&roomy, "weights (repacked)")
+                    >= bytes(&tight, "weights (repacked)") + expert_bytes,
+                "{stem}"
+            );
+        }
+        assert_eq!(
+            bytes(&roomy, "weights (mapped)"),
+            bytes(&tight, "weights (mapped)"),
+            "{stem}: the other matrices in place as before"
+        );
+    }
+}

@@ -116,6 +116,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let host = HostTerms {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
+        memory_limit: args.budget,
     };
     let cuda = args.device == kiln::backend::Device::Cuda;
     // (A server's runner on the GPU holds its verification rows in device memory; the draft
@@ -182,6 +183,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             let dhost = HostTerms {
                 tokenizer_bytes: Tokenizer::from_gguf(&dfile)?.heap_bytes() as u64,
                 runtime_bytes: 0,
+                memory_limit: args.budget,
             };
             let mut d = plan_of(&dfile, &dopts, dhost, 0)?;
             // The draft decodes greedily (no sampler of its own), on the model's threads and
@@ -197,7 +199,12 @@ pub fn run(args: PlanArgs) -> Result<()> {
         true => args.budget.or_else(gpu_free_memory),
         false => args.budget.or_else(available_memory),
     };
-    let fits = budget.map(|b| total <= b);
+    // Experts paged from disk (a mixture larger than the budget) are evicted as memory runs
+    // short: the rest must fit.
+    let paged = p
+        .get(kiln::engine::plan::EXPERTS_PAGED)
+        .map_or(0, |c| c.bytes);
+    let fits = budget.map(|b| total - paged <= b);
     if args.json {
         let draft = draft.as_ref().map(|(dp, d)| {
             serde_json::json!({ "model": dp, "components": d.components, "total_bytes": d.total_bytes })
@@ -226,6 +233,11 @@ pub fn run(args: PlanArgs) -> Result<()> {
     }
     println!("  {:<24} {:>10.2} MiB", "total", mib(total));
     match (budget, fits) {
+        (Some(b), Some(true)) if paged > 0 => println!(
+            "fits in {:.2} MiB with the experts ({:.2} MiB) paged from disk",
+            mib(b),
+            mib(paged)
+        ),
         (Some(b), Some(true)) => println!("fits in {:.2} MiB", mib(b)),
         (Some(b), Some(false)) => println!("does NOT fit in {:.2} MiB", mib(b)),
         _ => {}

@@ -66,6 +66,10 @@ pub struct HostTerms {
     pub tokenizer_bytes: u64,
     /// Resident memory of the process before it opens the model (binary, libraries, allocator).
     pub runtime_bytes: u64,
+    /// The memory the model may take (`kiln plan --budget`; unset: the system's available
+    /// memory), which decides whether a mixture's experts are rearranged or paged from disk
+    /// ([`crate::model::moe::experts_in_place`], as the loader decides).
+    pub memory_limit: Option<u64>,
 }
 
 /// Code pages and thread stacks a running session touches beyond what a fresh process has
@@ -96,10 +100,16 @@ pub fn plan(
     // Matrices (and stacks of experts) are multiplied; every vector is copied out as f32,
     // gpt-oss's 2-D expert biases `[width, n_expert]` as one vector per expert.
     let is_matrix = |t: &&crate::gguf::TensorInfo| t.shape.len() >= 2 && !t.name.ends_with(".bias");
+    let experts_paged = crate::model::moe::experts_in_place(file, host.memory_limit);
     let (repacked, in_place): (Vec<_>, Vec<_>) = tensors
         .iter()
         .filter(is_matrix)
-        .partition(|t| crate::model::weights::repacked_at_load(file, t));
+        .partition(|t| crate::model::weights::repacked_at_load(file, t, experts_paged));
+    // Experts left in the mapping because the file exceeds the memory limit: a line of their
+    // own, so the plan says they are paged from disk.
+    let (paged, in_place): (Vec<_>, Vec<_>) = in_place
+        .into_iter()
+        .partition(|t| experts_paged && t.shape.len() == 3);
     let bytes_of = |ts: &[&crate::gguf::TensorInfo]| ts.iter().map(|t| t.n_bytes as u64).sum();
     // A rearranged tensor is one allocation of its size; a 3-D stack of experts, one per
     // expert.
@@ -114,6 +124,7 @@ pub fn plan(
         ts.iter().filter_map(|t| t.shape.get(2)).sum()
     };
     let mapped: u64 = bytes_of(&in_place);
+    let paged_bytes: u64 = bytes_of(&paged);
     // A rearranged tensor's file pages are released once copied, all but the partial pages at
     // its two ends (`TensorBytes::release`), which stay resident with the rest of the file.
     let released: u64 = repacked
@@ -128,7 +139,7 @@ pub fn plan(
         .iter()
         .map(|&s| s.next_multiple_of(crate::gguf::PAGE) as u64)
         .sum();
-    let file_rest = file_pages.saturating_sub(mapped + released);
+    let file_rest = file_pages.saturating_sub(mapped + paged_bytes + released);
     let small: Vec<_> = tensors.iter().filter(|t| !is_matrix(t)).collect();
     let owned: u64 = small
         .iter()
@@ -156,7 +167,7 @@ pub fn plan(
     let per_seq = (malloc_bytes(c.vocab_size * 8)
         + malloc_bytes(c.vocab_size * 4) * 2
         + malloc_bytes(opts.n_ctx.max(1) * 4)) as u64;
-    let components = vec![
+    let mut components = vec![
         Component {
             name: "weights (mapped)",
             bytes: mapped,
@@ -300,12 +311,40 @@ pub fn plan(
             ),
         },
     ];
+    if experts_paged {
+        let file_bytes: u64 = file.part_sizes().iter().map(|&s| s as u64).sum();
+        components.insert(
+            1,
+            Component {
+                name: EXPERTS_PAGED,
+                bytes: paged_bytes,
+                mapped: true,
+                formula: format!(
+                    "Σ bytes of the {} expert tensors ({} experts), row-major in the file mapping: \
+                     the file ({:.2} MiB) exceeds the memory limit{}, so the experts are paged \
+                     from disk as tokens choose them (resident at most this much)",
+                    paged.len(),
+                    n_experts(&paged),
+                    file_bytes as f64 / (1u64 << 20) as f64,
+                    host.memory_limit
+                        .map_or(" (available memory)".to_string(), |m| format!(
+                            " of {:.2} MiB",
+                            m as f64 / (1u64 << 20) as f64
+                        ))
+                ),
+            },
+        );
+    }
     let total_bytes = components.iter().map(|c| c.bytes).sum();
     Ok(MemoryPlan {
         components,
         total_bytes,
     })
 }
+
+/// The plan's line for a mixture's experts left in the file mapping when the file exceeds the
+/// memory limit ([`crate::model::moe::experts_in_place`]).
+pub const EXPERTS_PAGED: &str = "experts (paged from disk)";
 
 /// The device plan's component for an offloaded KV cache's host memory.
 pub const HOST_KV: &str = "kv cache (pinned host)";

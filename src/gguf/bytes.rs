@@ -94,6 +94,12 @@ impl TensorBytes {
         TensorBytes::new(self.backing.clone(), self.start + start, end - start)
     }
 
+    /// Whether these bytes are the file's mapping (paged in from disk, evictable) rather than
+    /// memory the process owns.
+    pub fn is_mapped(&self) -> bool {
+        matches!(*self.backing, Backing::Mmap(_))
+    }
+
     /// Absolute byte offset of the first byte in the file.
     pub fn file_offset(&self) -> usize {
         self.start

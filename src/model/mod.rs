@@ -86,16 +86,37 @@ pub struct Model {
     pub embed_scale: f32,
     /// The file; weights point into its mapping.
     pub file: GgufFile,
+    /// A mixture's experts were left row-major in the file mapping (paged from disk as tokens
+    /// choose them) rather than rearranged into owned memory: [`moe::experts_in_place`].
+    pub experts_in_place: bool,
+}
+
+/// What loading may take.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Bytes of memory the model may hold (unset: the system's available memory when loading).
+    /// A mixture of experts larger than this keeps its experts in the file mapping.
+    pub memory_limit: Option<u64>,
 }
 
 impl Model {
     /// Map and load a GGUF model (every part of a split model, named by its first).
     pub fn load(path: impl AsRef<Path>) -> Result<Model, ModelError> {
-        Model::from_gguf(GgufFile::open_model(path, false)?)
+        Model::load_with(path, LoadOptions::default())
+    }
+
+    /// [`Model::load`] within `opts`.
+    pub fn load_with(path: impl AsRef<Path>, opts: LoadOptions) -> Result<Model, ModelError> {
+        Model::from_gguf_with(GgufFile::open_model(path, false)?, opts)
     }
 
     /// Build a model from a parsed file.
     pub fn from_gguf(file: GgufFile) -> Result<Model, ModelError> {
+        Model::from_gguf_with(file, LoadOptions::default())
+    }
+
+    /// [`Model::from_gguf`] within `opts`.
+    pub fn from_gguf_with(file: GgufFile, opts: LoadOptions) -> Result<Model, ModelError> {
         // One part of a split model parsed alone (not through `GgufFile::open_model`).
         let count = file.opt_u32(crate::gguf::split::SPLIT_COUNT)?.unwrap_or(1) as usize;
         if count > file.n_parts() {
@@ -107,7 +128,8 @@ impl Model {
         }
         let (config, traits) = read_config(&file)?;
         let ropes = layer_ropes(&file, &config, &traits)?;
-        let weights = weights::load(&file, &config, &traits, ropes)?;
+        let experts_in_place = moe::experts_in_place(&file, opts.memory_limit);
+        let weights = weights::load(&file, &config, &traits, ropes, experts_in_place)?;
         if traits.act == config::Activation::GeluTanh {
             // Built now, not inside the first forward pass (decoding allocates nothing).
             crate::kernels::ops::gelu_table();
@@ -123,6 +145,7 @@ impl Model {
             weights,
             embed_scale,
             file,
+            experts_in_place,
         })
     }
 }

@@ -140,3 +140,52 @@ pub fn configure(f: &GgufFile, cfg: &mut ModelConfig) -> Result<(), ModelError> 
 pub fn whole_qk_norm(cfg: &ModelConfig) -> bool {
     matches!(cfg.arch, Arch::Olmoe | Arch::Olmo2)
 }
+
+/// Whether a mixture's experts stay row-major in the file mapping rather than rearranged into
+/// owned memory at load ([`super::weights::repacked_at_load`]): when the file is larger than
+/// `memory_limit` bytes (unset: the system's available memory now). Rearranged experts are
+/// faster to multiply but owned, so a file larger than memory would not fit; left in the
+/// mapping, the row-major kernels multiply the same bits and the kernel pages each expert in
+/// from disk when a token chooses it (and out again under pressure). A file without 3-D
+/// expert tensors: never.
+pub fn experts_in_place(f: &GgufFile, memory_limit: Option<u64>) -> bool {
+    if !f.tensors().iter().any(|t| t.shape.len() == 3) {
+        return false;
+    }
+    let file_bytes: u64 = f.part_sizes().iter().map(|&s| s as u64).sum();
+    exceeds(file_bytes, memory_limit.or_else(available_memory))
+}
+
+/// The rule of [`experts_in_place`]: a file of `file_bytes` against the memory it may take
+/// (none known: it fits).
+fn exceeds(file_bytes: u64, limit: Option<u64>) -> bool {
+    limit.is_some_and(|m| file_bytes > m)
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes: memory that can be taken without swapping,
+/// the page cache's reclaimable part included (where the file's own pages may already be).
+fn available_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn experts_stay_in_place_only_past_the_limit() {
+        assert!(!exceeds(100, Some(100)));
+        assert!(exceeds(101, Some(100)));
+        assert!(!exceeds(u64::MAX, None), "no known limit: rearrange");
+        // The machine running the tests reports its available memory.
+        if cfg!(target_os = "linux") {
+            assert!(available_memory().is_some_and(|b| b > 0));
+        }
+    }
+}

@@ -245,7 +245,8 @@ impl<'a> Loader<'a> {
     }
 
     /// Expert `e`'s matrix of a 3-D tensor `[in_dim, out_dim, n_expert]`, for every expert:
-    /// views into the file (then rearranged as [`Self::matrix`] does). With `biased`, each
+    /// views into the file, rearranged as [`Self::matrix`] does unless `in_place` (then they
+    /// stay row-major in the mapping, paged from disk as tokens choose them). With `biased`, each
     /// expert takes its row of the 2-D `{base}.bias` `[out_dim, n_expert]` (gpt-oss), which
     /// must be there.
     pub fn experts(
@@ -255,6 +256,7 @@ impl<'a> Loader<'a> {
         out_dim: usize,
         n_expert: usize,
         biased: bool,
+        in_place: bool,
     ) -> Result<Vec<Linear>, ModelError> {
         let info = self.info(name)?;
         Self::check_shape(info, &[in_dim, out_dim, n_expert])?;
@@ -281,7 +283,7 @@ impl<'a> Loader<'a> {
         };
         Ok((0..n_expert)
             .map(|e| {
-                Linear {
+                let expert = Linear {
                     name: format!("{name}[{e}]"),
                     in_dim,
                     out_dim,
@@ -291,8 +293,11 @@ impl<'a> Loader<'a> {
                     bias: biases
                         .as_ref()
                         .map(|v| v[e * out_dim..(e + 1) * out_dim].to_vec()),
+                };
+                match in_place {
+                    true => expert,
+                    false => expert.repacked(),
                 }
-                .repacked()
             })
             .collect())
     }
@@ -388,12 +393,14 @@ impl<'a> Loader<'a> {
     }
 }
 
-/// Load every weight for `cfg` laid out as `traits` describe.
+/// Load every weight for `cfg` laid out as `traits` describe; a mixture's experts stay
+/// row-major in the file mapping with `experts_in_place` ([`super::moe::experts_in_place`]).
 pub fn load(
     f: &GgufFile,
     cfg: &ModelConfig,
     traits: &ArchTraits,
     ropes: Vec<Option<Rope>>,
+    experts_in_place: bool,
 ) -> Result<Weights, ModelError> {
     use names::*;
     let ld = Loader {
@@ -414,7 +421,7 @@ pub fn load(
     // last few layers again, so the pages never pile up during the load, and a last pass at
     // the end leaves resident exactly what the plan counts, whatever the page cache held.
     let release = |t: &crate::gguf::TensorInfo| {
-        if repacked_at_load(f, t) {
+        if repacked_at_load(f, t, experts_in_place) {
             f.tensor_bytes(t).release();
         }
     };
@@ -499,9 +506,9 @@ pub fn load(
                 }
                 let moe = Moe {
                     router,
-                    gate: ld.experts(&b(FFN_GATE_EXPS), dim, f, ne, gpt_oss)?,
-                    up: ld.experts(&b(FFN_UP_EXPS), dim, f, ne, gpt_oss)?,
-                    down: ld.experts(&b(FFN_DOWN_EXPS), f, dim, ne, gpt_oss)?,
+                    gate: ld.experts(&b(FFN_GATE_EXPS), dim, f, ne, gpt_oss, experts_in_place)?,
+                    up: ld.experts(&b(FFN_UP_EXPS), dim, f, ne, gpt_oss, experts_in_place)?,
+                    down: ld.experts(&b(FFN_DOWN_EXPS), f, dim, ne, gpt_oss, experts_in_place)?,
                     shared_gate: match mc.shared_ffn_dim {
                         Some(_) => Some(ld.row_matrix(&b(FFN_GATE_INP_SHEXP), dim)?),
                         None => None,
@@ -649,12 +656,14 @@ pub fn gated_ffn_fuses(f: &GgufFile) -> bool {
 /// Whether the loader keeps 2-D tensor `t` in owned memory, rearranged for this CPU
 /// (`Linear::repacked`), rather than reading it in place from the file mapping: every layer
 /// matrix and the output matrix (the embedding matrix when tied) whose format has a faster
-/// layout here. From the tensor table alone, so the memory plan knows it.
-pub fn repacked_at_load(f: &GgufFile, t: &crate::gguf::TensorInfo) -> bool {
+/// layout here; a stack of experts too, unless `experts_in_place`
+/// ([`super::moe::experts_in_place`]). From the tensor table alone, so the memory plan knows it.
+pub fn repacked_at_load(f: &GgufFile, t: &crate::gguf::TensorInfo, experts_in_place: bool) -> bool {
     if t.shape.len() == 3 {
         // A stack of experts, each rearranged as a matrix of its own.
-        return quant::kernels(t.ty)
-            .is_ok_and(|k| quant::repacking(&k, t.shape[1], t.shape[0]).is_some());
+        return !experts_in_place
+            && quant::kernels(t.ty)
+                .is_ok_and(|k| quant::repacking(&k, t.shape[1], t.shape[0]).is_some());
     }
     let encoder = f
         .architecture()
