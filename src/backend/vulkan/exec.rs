@@ -16,11 +16,9 @@ use super::program::{Program, Recorder};
 use super::weights::VkWeights;
 use super::{ops, Vk, VulkanError};
 use crate::backend::cpu::Runtime;
-use crate::backend::cuda::CudaKv;
 use crate::backend::exec::{recycle, slot_views, ExecError, ExecSpec, Executor, SlotRows};
-use crate::backend::SeqCache;
 use crate::backend::{Backend, Buf, ForwardError, Logits, Mat, NormW, RowSel, SeqBatch};
-use crate::cache::{KvOverflow, KvType};
+use crate::cache::{KvOverflow, KvType, SeqCache, SlotKv, Slots};
 use crate::kernels::ops::{Activation, AttnTemp};
 use crate::model::forward::forward_batch;
 use crate::model::Model;
@@ -376,7 +374,7 @@ fn rec(s: &mut VkSession) -> &mut Recorder {
 }
 
 impl Backend for VkStep<'_> {
-    type Kv = CudaKv;
+    type Kv = SlotKv;
 
     fn max_rows(&self) -> usize {
         self.s.max_rows
@@ -386,7 +384,7 @@ impl Backend for VkStep<'_> {
         self.s.logit_rows
     }
 
-    fn begin(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, CudaKv>]) {
+    fn begin(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, SlotKv>]) {
         let s = &mut *self.s;
         s.err = None;
         s.seg = 0;
@@ -422,7 +420,7 @@ impl Backend for VkStep<'_> {
         s.fail(r);
     }
 
-    fn embed(&mut self, tokens: &[u32], _seqs: &[SeqBatch<'_, CudaKv>], scale: f32) {
+    fn embed(&mut self, tokens: &[u32], _seqs: &[SeqBatch<'_, SlotKv>], scale: f32) {
         let n = tokens.len();
         self.go(|s| {
             let e = s.w.token_embd;
@@ -525,7 +523,7 @@ impl Backend for VkStep<'_> {
         self.refuse("a fused QKV projection");
     }
 
-    fn rope(&mut self, layer: usize, _seqs: &[SeqBatch<'_, CudaKv>], rows: usize) {
+    fn rope(&mut self, layer: usize, _seqs: &[SeqBatch<'_, SlotKv>], rows: usize) {
         self.go(|s| {
             let Some(r) = s.w.rope(layer) else {
                 return Ok(());
@@ -559,7 +557,7 @@ impl Backend for VkStep<'_> {
         });
     }
 
-    fn attn_temperature(&mut self, _t: AttnTemp, _seqs: &[SeqBatch<'_, CudaKv>], _rows: usize) {
+    fn attn_temperature(&mut self, _t: AttnTemp, _seqs: &[SeqBatch<'_, SlotKv>], _rows: usize) {
         self.refuse("an attention temperature");
     }
 
@@ -583,7 +581,7 @@ impl Backend for VkStep<'_> {
     fn attend(
         &mut self,
         layer: usize,
-        _seqs: &mut [SeqBatch<'_, CudaKv>],
+        _seqs: &mut [SeqBatch<'_, SlotKv>],
         rows: usize,
     ) -> Result<(), ForwardError> {
         self.go(|s| {
@@ -650,8 +648,8 @@ fn device(e: VulkanError) -> ForwardError {
 pub struct VkExec {
     model: Arc<Model>,
     s: Box<VkSession>,
-    slots: Vec<CudaKv>,
-    seqs: Vec<SeqBatch<'static, CudaKv>>,
+    slots: Slots<SlotKv>,
+    seqs: Vec<SeqBatch<'static, SlotKv>>,
     logits: Vec<f32>,
     rt: Runtime,
 }
@@ -665,9 +663,7 @@ impl VkExec {
         let s = Box::new(VkSession::new(&model, spec, progress)?);
         let n_slots = spec.slots.max(1);
         Ok(VkExec {
-            slots: (0..n_slots)
-                .map(|i| CudaKv::new(i, spec.layout.clone()))
-                .collect(),
+            slots: Slots::device(n_slots, &spec.layout),
             seqs: Vec::with_capacity(n_slots),
             logits: vec![0.0; model.config.vocab_size],
             rt: Runtime::new(1),
@@ -738,28 +734,24 @@ impl Executor for VkExec {
     }
 
     fn kv_len(&self, slot: usize) -> usize {
-        self.slots[slot].len()
+        self.slots.kv_len(slot)
     }
 
     fn check_fits(&self, slot: usize, n: usize) -> Result<(), KvOverflow> {
-        self.slots[slot].check_fits(n)
+        self.slots.check_fits(slot, n)
     }
 
     fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        self.slots[slot].rollback(n)
+        self.slots.rollback(slot, n)
     }
 
     fn reset(&mut self, slot: usize) {
-        self.slots[slot].reset();
+        self.slots.reset(slot);
     }
 
     fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
-        if dst == src {
-            return self.rollback(dst, n);
-        }
         // (No copy between slots on the device yet: nothing is reused.)
-        self.slots[dst].reset();
-        0
+        self.slots.copy_device_prefix(dst, src, n, |_, _, _| false)
     }
 
     fn runtime(&self) -> &Runtime {
