@@ -343,6 +343,32 @@ impl VkSession {
     fn kv_bytes(&self) -> usize {
         self.kv.bytes() as usize
     }
+
+    /// Copy the keys and values of slot `src`'s first `n` positions to slot `dst`, every
+    /// layer, on the queue (and wait).
+    pub fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> Result<(), VulkanError> {
+        if dst.max(src) >= self.slots || n > self.n_ctx {
+            return Err(VulkanError::Bounds {
+                what: "a prefix copy",
+                detail: format!(
+                    "{n} positions of slot {src} to slot {dst}: {} slots of {} allocated",
+                    self.slots, self.n_ctx
+                ),
+            });
+        }
+        let row = (self.dims.kv_heads * self.dims.head_dim * 2) as u64;
+        let slot = self.n_ctx as u64 * row;
+        let len = n * row as usize;
+        let mut rec = Recorder::new(&self.vk);
+        for &(ko, vo) in &self.kv_off {
+            for o in [ko, vo] {
+                let from = self.kv.at(o + src as u64 * slot, len)?;
+                let to = self.kv.at(o + dst as u64 * slot, len)?;
+                rec.copy(from, to)?;
+            }
+        }
+        rec.finish()?.run()
+    }
 }
 
 /// The seam's ops on a [`VkSession`], for one forward pass.
@@ -750,8 +776,9 @@ impl Executor for VkExec {
     }
 
     fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
-        // (No copy between slots on the device yet: nothing is reused.)
-        self.slots.copy_device_prefix(dst, src, n, |_, _, _| false)
+        let s = &mut self.s;
+        self.slots
+            .copy_device_prefix(dst, src, n, |d, from, n| s.copy_prefix(d, from, n).is_ok())
     }
 
     fn runtime(&self) -> &Runtime {
