@@ -240,25 +240,36 @@ fn user_errors_print_no_backtrace() {
 }
 
 #[test]
-fn plan_and_serve_refuse_the_vulkan_device_by_name() {
+fn plan_perplexity_and_embedding_servers_refuse_the_vulkan_device_by_name() {
     let model = common::random_model("random-llama-q4_0");
-    let out = kiln(&["plan", "-m", model.to_str().unwrap(), "--device", "vulkan"]);
+    let m = model.to_str().unwrap();
+    let out = kiln(&["plan", "-m", m, "--device", "vulkan"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--device vulkan"), "{}", stderr(&out));
-    // Nor are the commands not yet run on the Vulkan executor.
+    // Nor are the commands not yet run on the Vulkan executor (refused before any device is
+    // opened, the server's before its port is bound).
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let out = kiln(&["perplexity", "-m", m, "--device", "vulkan", "-f", text]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("kiln perplexity --device vulkan: not supported"),
+        "{err}"
+    );
     let out = kiln(&[
         "serve",
         "-m",
-        model.to_str().unwrap(),
+        m,
         "--device",
         "vulkan",
+        "--embeddings",
         "--port",
         "0",
     ]);
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
-        err.contains("kiln serve --device vulkan: not supported"),
+        err.contains("kiln serve --device vulkan --embeddings: not supported"),
         "{err}"
     );
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use kiln::backend::exec::HasExecutor;
 use kiln::backend::vulkan::exec::VkExec;
-use kiln::backend::{vulkan, Device};
+use kiln::backend::Device;
 use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::argmax;
@@ -30,14 +30,7 @@ const FORMATS: [&str; 3] = ["f32", "f16", "q4_0"];
 
 /// The Vulkan device, after installing lavapipe where there is none and that is possible.
 fn vk() {
-    if let Err(first) = vulkan::open() {
-        let missing = format!(
-            "{first}: the Vulkan golden tests need a Vulkan driver: install Debian's \
-             mesa-vulkan-drivers and libvulkan1 (apt-get install mesa-vulkan-drivers libvulkan1)"
-        );
-        common::cli::apt_install(&["mesa-vulkan-drivers", "libvulkan1"], &missing);
-        vulkan::open().unwrap_or_else(|e| panic!("{missing} (installed, but: {e})"));
-    }
+    common::cli::vulkan_device();
 }
 
 fn load(stem: &str) -> Arc<Model> {

@@ -27,6 +27,7 @@ pub mod vulkan;
 use std::ops::Range;
 
 use crate::cache::offload::OffloadFault;
+pub use crate::cache::SeqCache;
 use crate::cache::{KvCache, KvOverflow, KvWindowError};
 use crate::kernels::ops::{Activation, AttnTemp};
 
@@ -224,47 +225,6 @@ impl RowSel<'_> {
             RowSel::Range(a, _) => a + i,
             RowSel::List(l) => l[i],
         }
-    }
-}
-
-/// What the forward pass reads of a sequence's cache: its cursor. The storage behind it is
-/// the backend's.
-pub trait SeqCache {
-    /// Positions held (the next token goes to position `len`).
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Refuse `n` more positions past the capacity.
-    fn check_fits(&self, n: usize) -> Result<(), KvOverflow>;
-    /// Refuse `n` more positions that sliding-window rings could not hold beside the window.
-    fn check_window(&self, n: usize) -> Result<(), KvWindowError>;
-    /// Commit `n` positions written by the pass.
-    fn advance(&mut self, n: usize) -> Result<(), KvOverflow>;
-    /// Keep the first `n` positions; returns how many are kept.
-    fn rollback(&mut self, n: usize) -> usize;
-    /// Forget every position.
-    fn reset(&mut self);
-}
-
-impl SeqCache for KvCache {
-    fn len(&self) -> usize {
-        KvCache::len(self)
-    }
-    fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
-        KvCache::check_fits(self, n)
-    }
-    fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
-        KvCache::check_window(self, n)
-    }
-    fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
-        KvCache::advance(self, n)
-    }
-    fn rollback(&mut self, n: usize) -> usize {
-        KvCache::rollback(self, n)
-    }
-    fn reset(&mut self) {
-        KvCache::reset(self)
     }
 }
 

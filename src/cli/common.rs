@@ -202,7 +202,7 @@ impl ModelArgs {
     pub fn device_not_vulkan(&self, command: &str) -> Result<kiln::backend::Device> {
         if self.device == kiln::backend::Device::Vulkan {
             anyhow::bail!(
-                "kiln {command} --device vulkan: not supported yet (run, chat and bench run on Vulkan)"
+                "kiln {command} --device vulkan: not supported yet (run, chat, bench and serve run on Vulkan)"
             );
         }
         self.device()

@@ -191,7 +191,7 @@ fn load(args: &ServeArgs, http: HttpLimits) -> Result<Loaded> {
         n_threads: args.model.threads(),
         prefill_chunk: args.model.batch_size.max(1),
         kv_type: args.model.kv_type,
-        device: args.model.device_not_vulkan("serve")?,
+        device: args.model.device()?,
         max_queue: args.queue,
         max_body_bytes: args.max_body,
         api_keys: api_keys(args)?,
@@ -229,6 +229,22 @@ fn wait_load_gate() {
     }
 }
 
+/// What `kiln serve --device vulkan` does not serve yet, refused by name: embeddings and
+/// reranking (the Vulkan executor computes no hidden states).
+fn refuse_on_vulkan(args: &ServeArgs) -> Result<()> {
+    if args.model.device == kiln::backend::Device::Vulkan && (args.embeddings || args.reranking) {
+        let flag = if args.reranking {
+            "--reranking"
+        } else {
+            "--embeddings"
+        };
+        anyhow::bail!(
+            "kiln serve --device vulkan {flag}: not supported yet (the Vulkan executor serves completions; embeddings run on cpu and cuda)"
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     if args.model.kv_budget.is_some() {
         anyhow::bail!(
@@ -239,7 +255,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--swa-full is not supported by `kiln serve`");
     }
     // Refused before the port is bound.
-    args.model.device_not_vulkan("serve")?;
+    refuse_on_vulkan(&args)?;
     args.spec.serve_check()?;
     let mut limits = HttpLimits {
         max_connections: args.max_connections as usize,

@@ -88,3 +88,17 @@ pub fn apt_install(packages: &[&str], missing: &str) {
     install.extend_from_slice(packages);
     apt(&install);
 }
+
+/// The Vulkan device, after installing Mesa's lavapipe where there is none and that is
+/// possible (root with apt-get); fails saying what to install where it is not.
+pub fn vulkan_device() {
+    use kiln::backend::vulkan;
+    if let Err(first) = vulkan::open() {
+        let missing = format!(
+            "{first}: the Vulkan tests need a Vulkan driver: install Debian's \
+             mesa-vulkan-drivers and libvulkan1 (apt-get install mesa-vulkan-drivers libvulkan1)"
+        );
+        apt_install(&["mesa-vulkan-drivers", "libvulkan1"], &missing);
+        vulkan::open().unwrap_or_else(|e| panic!("{missing} (installed, but: {e})"));
+    }
+}

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::backend::cpu::Runtime;
 use crate::backend::exec::{recycle, slot_views, ExecError, ExecSpec, Executor, SlotRows};
-use crate::backend::{ForwardError, Logits, SeqBatch, SeqCache};
-use crate::cache::{KvCache, KvCacheError, KvOverflow, Scratch};
+use crate::backend::{ForwardError, Logits, SeqBatch};
+use crate::cache::{KvCache, KvCacheError, KvOverflow, Scratch, Slots};
 use crate::kernels::attention::SoloAttention;
 use crate::model::forward::forward_batch_cpu;
 use crate::model::Model;
@@ -20,7 +20,7 @@ pub struct CpuExec {
     scratch: Scratch,
     /// Single-thread attention scratch per pool thread, for passes of short decode rows.
     solo: Option<SoloAttention>,
-    slots: Vec<KvCache>,
+    slots: Slots<KvCache>,
     /// The allocation of a pass's sequence views.
     seqs: Vec<SeqBatch<'static>>,
 }
@@ -51,7 +51,7 @@ impl CpuExec {
             scratch: Scratch::new(c, spec.scratch),
             solo,
             seqs: Vec::with_capacity(slots.len()),
-            slots,
+            slots: Slots::new(slots),
             model,
         })
     }
@@ -107,34 +107,26 @@ impl Executor for CpuExec {
     }
 
     fn kv_len(&self, slot: usize) -> usize {
-        SeqCache::len(&self.slots[slot])
+        self.slots.kv_len(slot)
     }
 
     fn check_fits(&self, slot: usize, n: usize) -> Result<(), KvOverflow> {
-        self.slots[slot].check_fits(n)
+        self.slots.check_fits(slot, n)
     }
 
     fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        self.slots[slot].rollback(n)
+        self.slots.rollback(slot, n)
     }
 
     fn reset(&mut self, slot: usize) {
-        self.slots[slot].reset();
+        self.slots.reset(slot);
     }
 
     fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
-        if dst == src {
-            return self.rollback(dst, n);
-        }
-        let (d, s) = if dst < src {
-            let (a, b) = self.slots.split_at_mut(src);
-            (&mut a[dst], &b[0])
-        } else {
-            let (a, b) = self.slots.split_at_mut(dst);
-            (&mut b[0], &a[src])
-        };
-        d.copy_prefix_from(s, n)
-            .expect("slots share one layout, so a prefix of one fits another")
+        self.slots.copy_prefix(dst, src, n, |d, s, n| {
+            d.copy_prefix_from(s, n)
+                .expect("slots share one layout, so a prefix of one fits another")
+        })
     }
 
     fn runtime(&self) -> &Runtime {

@@ -10,9 +10,8 @@ use super::{CudaError, CudaKv, CudaSession, CudaSizes, CudaStep, DeviceWeights, 
 use crate::backend::cpu::Runtime;
 use crate::backend::exec::SlotRows;
 use crate::backend::exec::{recycle, slot_views, ExecError, ExecSpec, Executor, HasExecutor};
-use crate::backend::{ForwardError, Logits, SeqBatch, SeqCache};
-use crate::cache::layout::Cursor;
-use crate::cache::KvOverflow;
+use crate::backend::{ForwardError, Logits, SeqBatch};
+use crate::cache::{KvOverflow, Slots};
 use crate::model::forward::forward_batch;
 use crate::model::Model;
 
@@ -20,7 +19,7 @@ use crate::model::Model;
 pub struct CudaExec {
     model: Arc<Model>,
     s: Box<CudaSession>,
-    slots: Vec<CudaKv>,
+    slots: Slots<CudaKv>,
     /// The allocation of a pass's sequence views.
     seqs: Vec<SeqBatch<'static, CudaKv>>,
     /// `[vocab]`: the last token's logits, copied back by [`Executor::fetch_logits`].
@@ -40,9 +39,7 @@ impl CudaExec {
         let s = cuda_session(&model, spec, progress)?;
         let n_slots = spec.slots.max(1);
         Ok(CudaExec {
-            slots: (0..n_slots)
-                .map(|i| CudaKv::new(i, spec.layout.clone()))
-                .collect(),
+            slots: Slots::device(n_slots, &spec.layout),
             seqs: Vec::with_capacity(n_slots),
             logits: vec![0.0; model.config.vocab_size],
             rt: Runtime::new(1),
@@ -163,36 +160,25 @@ impl Executor for CudaExec {
     }
 
     fn kv_len(&self, slot: usize) -> usize {
-        self.slots[slot].len()
+        self.slots.kv_len(slot)
     }
 
     fn check_fits(&self, slot: usize, n: usize) -> Result<(), KvOverflow> {
-        self.slots[slot].check_fits(n)
+        self.slots.check_fits(slot, n)
     }
 
     fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        self.slots[slot].rollback(n)
+        self.slots.rollback(slot, n)
     }
 
     fn reset(&mut self, slot: usize) {
-        self.slots[slot].reset();
+        self.slots.reset(slot);
     }
 
     fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
-        if dst == src {
-            return self.rollback(dst, n);
-        }
-        let sk = &self.slots[src];
-        let (n, cur) = Cursor::prefix_of(&sk.cursor(), sk.layout(), n);
-        self.slots[dst].reset();
-        match n > 0 && self.s.copy_prefix(dst, src, n).is_ok() {
-            true => {
-                self.slots[dst].set_cursor(cur);
-                n
-            }
-            // Nothing to take over, or the device failed: nothing is reused.
-            false => 0,
-        }
+        let s = &mut self.s;
+        self.slots
+            .copy_device_prefix(dst, src, n, |d, from, n| s.copy_prefix(d, from, n).is_ok())
     }
 
     fn runtime(&self) -> &Runtime {

@@ -16,11 +16,9 @@ use super::program::{Program, Recorder};
 use super::weights::VkWeights;
 use super::{ops, Vk, VulkanError};
 use crate::backend::cpu::Runtime;
-use crate::backend::cuda::CudaKv;
 use crate::backend::exec::{recycle, slot_views, ExecError, ExecSpec, Executor, SlotRows};
-use crate::backend::SeqCache;
 use crate::backend::{Backend, Buf, ForwardError, Logits, Mat, NormW, RowSel, SeqBatch};
-use crate::cache::{KvOverflow, KvType};
+use crate::cache::{KvOverflow, KvType, SeqCache, SlotKv, Slots};
 use crate::kernels::ops::{Activation, AttnTemp};
 use crate::model::forward::forward_batch;
 use crate::model::Model;
@@ -345,6 +343,32 @@ impl VkSession {
     fn kv_bytes(&self) -> usize {
         self.kv.bytes() as usize
     }
+
+    /// Copy the keys and values of slot `src`'s first `n` positions to slot `dst`, every
+    /// layer, on the queue (and wait).
+    pub fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> Result<(), VulkanError> {
+        if dst.max(src) >= self.slots || n > self.n_ctx {
+            return Err(VulkanError::Bounds {
+                what: "a prefix copy",
+                detail: format!(
+                    "{n} positions of slot {src} to slot {dst}: {} slots of {} allocated",
+                    self.slots, self.n_ctx
+                ),
+            });
+        }
+        let row = (self.dims.kv_heads * self.dims.head_dim * 2) as u64;
+        let slot = self.n_ctx as u64 * row;
+        let len = n * row as usize;
+        let mut rec = Recorder::new(&self.vk);
+        for &(ko, vo) in &self.kv_off {
+            for o in [ko, vo] {
+                let from = self.kv.at(o + src as u64 * slot, len)?;
+                let to = self.kv.at(o + dst as u64 * slot, len)?;
+                rec.copy(from, to)?;
+            }
+        }
+        rec.finish()?.run()
+    }
 }
 
 /// The seam's ops on a [`VkSession`], for one forward pass.
@@ -376,7 +400,7 @@ fn rec(s: &mut VkSession) -> &mut Recorder {
 }
 
 impl Backend for VkStep<'_> {
-    type Kv = CudaKv;
+    type Kv = SlotKv;
 
     fn max_rows(&self) -> usize {
         self.s.max_rows
@@ -386,7 +410,7 @@ impl Backend for VkStep<'_> {
         self.s.logit_rows
     }
 
-    fn begin(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, CudaKv>]) {
+    fn begin(&mut self, tokens: &[u32], seqs: &[SeqBatch<'_, SlotKv>]) {
         let s = &mut *self.s;
         s.err = None;
         s.seg = 0;
@@ -422,7 +446,7 @@ impl Backend for VkStep<'_> {
         s.fail(r);
     }
 
-    fn embed(&mut self, tokens: &[u32], _seqs: &[SeqBatch<'_, CudaKv>], scale: f32) {
+    fn embed(&mut self, tokens: &[u32], _seqs: &[SeqBatch<'_, SlotKv>], scale: f32) {
         let n = tokens.len();
         self.go(|s| {
             let e = s.w.token_embd;
@@ -525,7 +549,7 @@ impl Backend for VkStep<'_> {
         self.refuse("a fused QKV projection");
     }
 
-    fn rope(&mut self, layer: usize, _seqs: &[SeqBatch<'_, CudaKv>], rows: usize) {
+    fn rope(&mut self, layer: usize, _seqs: &[SeqBatch<'_, SlotKv>], rows: usize) {
         self.go(|s| {
             let Some(r) = s.w.rope(layer) else {
                 return Ok(());
@@ -559,7 +583,7 @@ impl Backend for VkStep<'_> {
         });
     }
 
-    fn attn_temperature(&mut self, _t: AttnTemp, _seqs: &[SeqBatch<'_, CudaKv>], _rows: usize) {
+    fn attn_temperature(&mut self, _t: AttnTemp, _seqs: &[SeqBatch<'_, SlotKv>], _rows: usize) {
         self.refuse("an attention temperature");
     }
 
@@ -583,7 +607,7 @@ impl Backend for VkStep<'_> {
     fn attend(
         &mut self,
         layer: usize,
-        _seqs: &mut [SeqBatch<'_, CudaKv>],
+        _seqs: &mut [SeqBatch<'_, SlotKv>],
         rows: usize,
     ) -> Result<(), ForwardError> {
         self.go(|s| {
@@ -650,8 +674,8 @@ fn device(e: VulkanError) -> ForwardError {
 pub struct VkExec {
     model: Arc<Model>,
     s: Box<VkSession>,
-    slots: Vec<CudaKv>,
-    seqs: Vec<SeqBatch<'static, CudaKv>>,
+    slots: Slots<SlotKv>,
+    seqs: Vec<SeqBatch<'static, SlotKv>>,
     logits: Vec<f32>,
     rt: Runtime,
 }
@@ -665,9 +689,7 @@ impl VkExec {
         let s = Box::new(VkSession::new(&model, spec, progress)?);
         let n_slots = spec.slots.max(1);
         Ok(VkExec {
-            slots: (0..n_slots)
-                .map(|i| CudaKv::new(i, spec.layout.clone()))
-                .collect(),
+            slots: Slots::device(n_slots, &spec.layout),
             seqs: Vec::with_capacity(n_slots),
             logits: vec![0.0; model.config.vocab_size],
             rt: Runtime::new(1),
@@ -738,28 +760,25 @@ impl Executor for VkExec {
     }
 
     fn kv_len(&self, slot: usize) -> usize {
-        self.slots[slot].len()
+        self.slots.kv_len(slot)
     }
 
     fn check_fits(&self, slot: usize, n: usize) -> Result<(), KvOverflow> {
-        self.slots[slot].check_fits(n)
+        self.slots.check_fits(slot, n)
     }
 
     fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        self.slots[slot].rollback(n)
+        self.slots.rollback(slot, n)
     }
 
     fn reset(&mut self, slot: usize) {
-        self.slots[slot].reset();
+        self.slots.reset(slot);
     }
 
     fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
-        if dst == src {
-            return self.rollback(dst, n);
-        }
-        // (No copy between slots on the device yet: nothing is reused.)
-        self.slots[dst].reset();
-        0
+        let s = &mut self.s;
+        self.slots
+            .copy_device_prefix(dst, src, n, |d, from, n| s.copy_prefix(d, from, n).is_ok())
     }
 
     fn runtime(&self) -> &Runtime {

@@ -1,4 +1,4 @@
-//! [`Program`]s: a sequence of dispatches recorded once into a command buffer, with their
+//! [`Program`]s: a sequence of dispatches (and buffer copies) recorded once into a command buffer, with their
 //! descriptor sets, and submitted as often as wanted. What changes between submissions
 //! (positions, lengths) is data the kernels read from a host-visible arena, written before
 //! [`Program::run`]; the recording never changes.
@@ -22,6 +22,8 @@ enum Command {
         push: Vec<u32>,
         groups: [u32; 3],
     },
+    /// Copy `src`'s bytes to `dst` (regions of equal length).
+    Copy { src: Region, dst: Region },
 }
 
 /// The dispatches of a program, in order (each waits for the writes of those before it).
@@ -86,7 +88,19 @@ impl Recorder {
         Ok(())
     }
 
-    /// Dispatches recorded so far.
+    /// Copy region `src` to region `dst` (of the same length) on the queue.
+    pub fn copy(&mut self, src: Region, dst: Region) -> Result<(), VulkanError> {
+        if src.len != dst.len {
+            return Err(VulkanError::Bounds {
+                what: "a copy",
+                detail: format!("{} bytes to a region of {}", src.len, dst.len),
+            });
+        }
+        self.commands.push(Command::Copy { src, dst });
+        Ok(())
+    }
+
+    /// Commands recorded so far.
     pub fn len(&self) -> usize {
         self.commands.len()
     }
@@ -117,10 +131,17 @@ pub struct Program {
 impl Program {
     fn record(vk: &Arc<Vk>, commands: Vec<Command>) -> Result<Program, VulkanError> {
         let d = &vk.device;
-        let n_sets = commands.len().max(1) as u32;
-        let n_bufs: u32 = commands
-            .iter()
-            .map(|Command::Dispatch { regions, .. }| regions.len() as u32)
+        let dispatches = || {
+            commands.iter().filter_map(|c| match c {
+                Command::Dispatch {
+                    kernel, regions, ..
+                } => Some((kernel, regions)),
+                Command::Copy { .. } => None,
+            })
+        };
+        let n_sets = dispatches().count().max(1) as u32;
+        let n_bufs: u32 = dispatches()
+            .map(|(_, regions)| regions.len() as u32)
             .sum::<u32>()
             .max(1);
         let mut p = Program {
@@ -134,7 +155,8 @@ impl Program {
         };
         // SAFETY: valid create infos on a live device; every handle made is kept in `p`, whose
         // `Drop` destroys them (null ones are ignored); the regions' buffers belong to arenas
-        // that the caller keeps alive while the program runs (see `Program::run`).
+        // that the caller keeps alive while the program runs (see `Program::run`), and each
+        // region lies inside its buffer (`Arena::at` checks it), so copies stay in bounds.
         unsafe {
             p.pool = d
                 .create_command_pool(
@@ -165,10 +187,7 @@ impl Program {
                     None,
                 )
                 .check("vkCreateDescriptorPool")?;
-            let layouts: Vec<_> = commands
-                .iter()
-                .map(|Command::Dispatch { kernel, .. }| kernel.set_layout())
-                .collect();
+            let layouts: Vec<_> = dispatches().map(|(k, _)| k.set_layout()).collect();
             let sets = if layouts.is_empty() {
                 Vec::new()
             } else {
@@ -179,7 +198,7 @@ impl Program {
                 )
                 .check("vkAllocateDescriptorSets")?
             };
-            for (Command::Dispatch { regions, .. }, &set) in commands.iter().zip(&sets) {
+            for ((_, regions), &set) in dispatches().zip(&sets) {
                 let infos: Vec<[vk::DescriptorBufferInfo; 1]> = regions
                     .iter()
                     .map(|r| {
@@ -205,37 +224,60 @@ impl Program {
             }
             d.begin_command_buffer(p.cmd, &vk::CommandBufferBeginInfo::default())
                 .check("vkBeginCommandBuffer")?;
-            for (c, &set) in commands.iter().zip(&sets) {
-                let Command::Dispatch {
-                    kernel,
-                    push,
-                    groups,
-                    ..
-                } = c;
-                d.cmd_bind_pipeline(p.cmd, vk::PipelineBindPoint::COMPUTE, kernel.pipeline());
-                d.cmd_bind_descriptor_sets(
-                    p.cmd,
-                    vk::PipelineBindPoint::COMPUTE,
-                    kernel.layout(),
-                    0,
-                    &[set],
-                    &[],
-                );
-                d.cmd_push_constants(
-                    p.cmd,
-                    kernel.layout(),
-                    vk::ShaderStageFlags::COMPUTE,
-                    0,
-                    zerocopy::IntoBytes::as_bytes(&push[..]),
-                );
-                d.cmd_dispatch(p.cmd, groups[0], groups[1], groups[2]);
+            let mut sets = sets.iter();
+            for c in &commands {
+                match c {
+                    Command::Dispatch {
+                        kernel,
+                        push,
+                        groups,
+                        ..
+                    } => {
+                        let set = *sets.next().expect("a set per dispatch");
+                        d.cmd_bind_pipeline(
+                            p.cmd,
+                            vk::PipelineBindPoint::COMPUTE,
+                            kernel.pipeline(),
+                        );
+                        d.cmd_bind_descriptor_sets(
+                            p.cmd,
+                            vk::PipelineBindPoint::COMPUTE,
+                            kernel.layout(),
+                            0,
+                            &[set],
+                            &[],
+                        );
+                        d.cmd_push_constants(
+                            p.cmd,
+                            kernel.layout(),
+                            vk::ShaderStageFlags::COMPUTE,
+                            0,
+                            zerocopy::IntoBytes::as_bytes(&push[..]),
+                        );
+                        d.cmd_dispatch(p.cmd, groups[0], groups[1], groups[2]);
+                    }
+                    Command::Copy { src, dst } => {
+                        let region = vk::BufferCopy {
+                            src_offset: src.off,
+                            dst_offset: dst.off,
+                            size: src.len,
+                        };
+                        d.cmd_copy_buffer(p.cmd, src.buffer, dst.buffer, &[region]);
+                    }
+                }
                 barrier(
                     d,
                     p.cmd,
-                    (COMPUTE, vk::AccessFlags::SHADER_WRITE),
                     (
-                        COMPUTE,
-                        vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+                        COMPUTE | vk::PipelineStageFlags::TRANSFER,
+                        vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE,
+                    ),
+                    (
+                        COMPUTE | vk::PipelineStageFlags::TRANSFER,
+                        vk::AccessFlags::SHADER_READ
+                            | vk::AccessFlags::SHADER_WRITE
+                            | vk::AccessFlags::TRANSFER_READ
+                            | vk::AccessFlags::TRANSFER_WRITE,
                     ),
                 );
             }
@@ -243,7 +285,10 @@ impl Program {
             barrier(
                 d,
                 p.cmd,
-                (COMPUTE, vk::AccessFlags::SHADER_WRITE),
+                (
+                    COMPUTE | vk::PipelineStageFlags::TRANSFER,
+                    vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE,
+                ),
                 (
                     vk::PipelineStageFlags::HOST | vk::PipelineStageFlags::TRANSFER,
                     vk::AccessFlags::HOST_READ | vk::AccessFlags::TRANSFER_READ,

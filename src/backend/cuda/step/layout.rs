@@ -5,73 +5,11 @@
 
 use super::{GEMM_MIN_ROWS, MAX_GRAPH_ROWS};
 use crate::backend::cuda::gpu::Layout;
-use crate::backend::{Buf, SeqCache};
-use crate::cache::layout::Cursor;
-use crate::cache::{KvLayout, KvOverflow, KvType, KvWindowError};
+use crate::backend::Buf;
+use crate::cache::{KvLayout, KvType};
 
-/// One sequence's cursor into a session's device KV cache (the storage is the session's):
-/// the same bookkeeping as a cache in RAM ([`Cursor`], over the same [`KvLayout`]: sliding-
-/// window layers keep rings).
-#[derive(Clone, Debug)]
-pub struct CudaKv {
-    cur: Cursor,
-    layout: KvLayout,
-    /// Which of the session's cache slots holds this sequence.
-    pub slot: usize,
-}
-
-impl CudaKv {
-    pub fn new(slot: usize, layout: KvLayout) -> CudaKv {
-        CudaKv {
-            cur: Cursor::default(),
-            layout,
-            slot,
-        }
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.layout.max_len
-    }
-
-    pub fn would_overflow(&self, n: usize) -> bool {
-        self.cur.would_overflow(&self.layout, n)
-    }
-
-    pub fn layout(&self) -> &KvLayout {
-        &self.layout
-    }
-
-    pub fn cursor(&self) -> Cursor {
-        self.cur
-    }
-
-    /// Take over a cursor (after the session copied the positions it covers into this slot).
-    pub fn set_cursor(&mut self, c: Cursor) {
-        self.cur = c;
-    }
-}
-
-impl SeqCache for CudaKv {
-    fn len(&self) -> usize {
-        self.cur.len
-    }
-    fn check_fits(&self, n: usize) -> Result<(), KvOverflow> {
-        self.cur.check_fits(&self.layout, n)
-    }
-    fn check_window(&self, n: usize) -> Result<(), KvWindowError> {
-        self.cur.check_window(&self.layout, n)
-    }
-    fn advance(&mut self, n: usize) -> Result<(), KvOverflow> {
-        self.cur.advance(&self.layout, n)
-    }
-    /// Positions past `len` are never read: going back is moving the cursor.
-    fn rollback(&mut self, n: usize) -> usize {
-        self.cur.rollback(&self.layout, n)
-    }
-    fn reset(&mut self) {
-        self.cur = Cursor::default();
-    }
-}
+/// One sequence's cursor into a session's device KV cache ([`crate::cache::SlotKv`]).
+pub use crate::cache::SlotKv as CudaKv;
 
 /// How a session is sized on the GPU.
 #[derive(Clone, Copy, Debug)]
