@@ -528,10 +528,16 @@ fn real_models_greedy_text_and_perplexity_match_the_cpu() {
         let bos = if tok.adds_bos() { tok.bos() } else { None };
         let ppl = |device: Device| {
             let mut o = SessionOptions::new(512, 2);
-            o.logit_rows = 32;
             o.device = device;
-            let mut s = Session::new(Arc::clone(&m), o).unwrap();
-            kiln::engine::perplexity(&mut s, &tokens, 512, Some(8), bos, &mut |_, _| {})
+            let (batch, cache) = kiln::engine::perplexity::scoring_options(&o);
+            let r = kiln::engine::batch::BatchRunner::with_cache(
+                Arc::clone(&m),
+                batch,
+                cache,
+                &mut |_, _| {},
+            );
+            let mut e = kiln::engine::Engine::new(r.unwrap(), &tok).unwrap();
+            kiln::engine::perplexity(&mut e, &tokens, 512, Some(8), bos, &mut |_, _| {})
                 .unwrap()
                 .final_ppl
         };

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use kiln::engine::batch::{BatchOptions, BatchRunner};
+use kiln::engine::batch::{BatchOptions, BatchRunner, CacheOptions};
 use kiln::engine::{EngineError, Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::SamplerConfig;
@@ -361,6 +361,15 @@ pub fn new_runner(
     draft_max: usize,
 ) -> Result<BatchRunner> {
     let (batch, cache) = BatchOptions::from_session(opts, 1, draft_max);
+    new_runner_with(model, batch, cache)
+}
+
+/// A runner sized by `batch` and `cache`, with a progress bar while the weights go to the GPU.
+pub fn new_runner_with(
+    model: &Arc<Model>,
+    batch: BatchOptions,
+    cache: CacheOptions,
+) -> Result<BatchRunner> {
     let r = with_upload_bar(|p| BatchRunner::with_cache(Arc::clone(model), batch, cache, p))?;
     Ok(r)
 }

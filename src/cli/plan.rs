@@ -138,7 +138,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             // history.
             let parallel = args.parallel as u64;
             let rows = |draft| {
-                let o = kiln::engine::batch::runner_session_options(&opts, args.parallel, draft);
+                let o = kiln::engine::batch::runner_session_options(&opts, args.parallel, draft, 0);
                 let spec = kiln::engine::session::scratch_spec_for(&file, &o);
                 kiln::cache::Scratch::bytes_for(&config, spec) as u64
             };

@@ -145,7 +145,7 @@ pub fn plan(
     let (spec, runner_rows) = match parallel {
         1 => (scratch_spec_for(file, opts), 0),
         n => {
-            let o = crate::engine::batch::runner_session_options(opts, n as usize, 0);
+            let o = crate::engine::batch::runner_session_options(opts, n as usize, 0, 0);
             (scratch_spec_for(file, &o), n as usize)
         }
     };
@@ -388,7 +388,7 @@ pub fn device_plan(
     let kv = crate::engine::session::kv_layout(&c, opts);
     let opts = match slots {
         1 => crate::engine::session::session_options(opts),
-        _ => crate::engine::batch::runner_session_options(opts, slots, draft_max),
+        _ => crate::engine::batch::runner_session_options(opts, slots, draft_max, 0),
     };
     let spec = scratch_spec_for(file, &opts);
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
