@@ -149,46 +149,6 @@ fn smollm2_q8_0_kv_perplexity_within_1pct_of_f16() {
     assert!(q8 != f16, "the q8_0 cache was not used");
 }
 
-/// `Session::eval_all_each` (positions scored on the session's threads, in any order) hands
-/// every position from `first` on the same logits, bit for bit, as `eval_all` (in order), over
-/// passes cut by the prefill chunk and output rows cut by `logit_rows`.
-#[test]
-fn eval_all_each_hands_every_position_its_logits() {
-    let model = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
-    let v = model.config.vocab_size;
-    let prompt: Vec<u32> = (0..150u32).map(|i| (i * 7919 + 3) % v as u32).collect();
-    let first = 37;
-    let session = || {
-        let mut opts = SessionOptions::new(256, 3);
-        opts.prefill_chunk = 64;
-        opts.logit_rows = 5;
-        Session::new(Arc::clone(&model), opts).unwrap()
-    };
-    let mut want = vec![Vec::new(); prompt.len()];
-    session()
-        .eval_all(&prompt, first, &mut |pos, l| want[pos] = l.to_vec())
-        .unwrap();
-    let got: Vec<std::sync::Mutex<Vec<f32>>> =
-        (0..prompt.len()).map(|_| Default::default()).collect();
-    session()
-        .eval_all_each(&prompt, first, &|pos, l| {
-            let mut row = got[pos].lock().unwrap();
-            assert!(row.is_empty(), "position {pos} handed twice");
-            *row = l.to_vec();
-        })
-        .unwrap();
-    for (pos, (w, g)) in want.iter().zip(&got).enumerate() {
-        let g = g.lock().unwrap();
-        assert_eq!(w.len(), if pos < first { 0 } else { v }, "position {pos}");
-        assert!(
-            w.iter()
-                .map(|x| x.to_bits())
-                .eq(g.iter().map(|x| x.to_bits())),
-            "position {pos}"
-        );
-    }
-}
-
 /// Per position from `first` on, the log-probability of `prompt`'s next token under the
 /// logits a session's teacher-forced passes give that position (chunks of 64).
 fn session_scores(model: &Arc<Model>, prompt: &[u32], first: usize) -> Vec<f64> {

@@ -10,7 +10,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use kiln::engine::batch::{BatchOptions, BatchRunner, CacheOptions};
-use kiln::engine::{EngineError, Session, SessionOptions};
+use kiln::engine::{EngineError, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::SamplerConfig;
 use kiln::tokenizer::Tokenizer;
@@ -344,12 +344,6 @@ pub fn session_options(loaded: &Loaded, args: &ModelArgs) -> Result<SessionOptio
     opts.swa_full = args.swa_full;
     opts.device = args.device()?;
     Ok(opts)
-}
-
-/// A session, with a progress bar while the weights go to the GPU.
-pub fn new_session(model: &Arc<Model>, opts: SessionOptions) -> Result<Session> {
-    let s = with_upload_bar(|p| Session::with_progress(Arc::clone(model), opts, p))?;
-    Ok(s)
 }
 
 /// The engine's runner of one sequence slot sized as a session with `opts`, verifying up to

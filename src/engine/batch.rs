@@ -285,7 +285,8 @@ impl BatchRunner {
     }
 
     /// The most tokens a verification pass may add after a slot's position and still roll
-    /// back to it exactly (as [`super::Session::rollback_reach`]).
+    /// back to it exactly: a sliding-window ring's `rows − window + 1` (see
+    /// `KvWindow::max_pass`); unbounded without rings.
     pub fn rollback_reach(&self) -> usize {
         self.reach
     }

@@ -8,10 +8,11 @@
 //! the running sequences by at most one chunk per step.
 //!
 //! Prompt tokens are handed out shortest remaining prompt first (then oldest first), each
-//! sequence's in the pieces [`super::Session::prefill`] uses (`prefill_chunk` tokens from the
-//! first uncached one, same bits). A short prompt arriving while a long one is being
-//! prefilled is thus evaluated in the next step, and the long prompt waits one step per
-//! request that overtakes it (at most one per slot freed, as admission needs a free slot).
+//! sequence's in pieces of `prefill_chunk` tokens from the first uncached one (the pieces a
+//! [`super::Session::prefill`] of the prompt evaluates: same bits). A short prompt arriving
+//! while a long one is being prefilled is thus evaluated in the next step, and the long
+//! prompt waits one step per request that overtakes it (at most one per slot freed, as
+//! admission needs a free slot).
 //!
 //! Prefix cache: a finished sequence's slot keeps its tokens and KV. A new request goes to the
 //! free slot sharing the longest prefix with its prompt (least recently used among equals) and
