@@ -367,8 +367,9 @@ fn rollback_and_prefix_reuse_on_the_device_cache() {
     assert_eq!(l1, l2, "logits after rollback differ");
 }
 
-/// `kiln plan --device cuda` against the device: the bytes the session allocates equal the
-/// plan, and the driver's free memory drops by the plan within 3%, at several context sizes.
+/// `kiln plan --device cuda` against the device: the bytes the engine's runner of one slot
+/// allocates equal the plan, and the driver's free memory drops by the plan within 3%, at
+/// several context sizes.
 #[test]
 #[ignore = "needs a real GPU (the software GPU has no device memory to measure); scripts/gpu-check.sh runs it"]
 fn device_plan_matches_the_measured_device_memory() {
@@ -393,7 +394,14 @@ fn device_plan_matches_the_measured_device_memory() {
         g.release_cached().unwrap();
         let (free0, _) = g.mem_info().unwrap();
         let (_, bytes0) = g.allocations();
-        let s = Session::new(Arc::clone(&m), o).unwrap();
+        let (batch, cache) = kiln::engine::batch::BatchOptions::from_session(&o, 1, 0);
+        let s = kiln::engine::batch::BatchRunner::with_cache(
+            Arc::clone(&m),
+            batch,
+            cache,
+            &mut |_, _| {},
+        )
+        .unwrap();
         let (free1, _) = g.mem_info().unwrap();
         let (_, bytes1) = g.allocations();
         assert_eq!(
