@@ -269,18 +269,25 @@ pub(crate) const SPECIAL_LOGITS: [f32; 7] = [
 ];
 
 /// Index of the largest logit; the first one wins ties. NaN entries are skipped; an empty slice
-/// or one with no comparable value (all NaN) gives 0.
+/// or one with no comparable value (all NaN) gives 0. The one rule of every greedy pick: the
+/// sampler's ([`Sampler::sample`] at temperature 0) and the executors'
+/// ([`crate::backend::exec::Executor::argmax`]) alike, so that a greedy step gives the same
+/// token wherever its row is picked.
 #[must_use]
 pub fn argmax(logits: &[f32]) -> u32 {
-    // NaN below everything; −0 as +0, so that the two tie (the first wins).
-    first_max(logits, |v| {
-        let k = order_key(v + 0.0);
-        if v.is_nan() {
-            i32::MIN
-        } else {
-            k
-        }
-    }) as u32
+    first_max(logits, greedy_key) as u32
+}
+
+/// The order of a greedy pick as integers: NaN below everything (−∞ included), −0 as +0 (so
+/// that the two tie and the first wins), else [`f32::total_cmp`]'s order.
+#[inline(always)]
+fn greedy_key(v: f32) -> i32 {
+    let k = order_key(v + 0.0);
+    if v.is_nan() {
+        i32::MIN
+    } else {
+        k
+    }
 }
 
 /// `f32::total_cmp`'s order as integers: `order_key(a) < order_key(b)` exactly when `a`
@@ -484,7 +491,7 @@ impl Sampler {
         let k = self.cfg.top_k;
         let edits = self.cfg.edits_logits();
         if !edits && self.cfg.temperature <= 0.0 {
-            return best_of(logits);
+            return argmax(logits);
         }
         if !edits && self.cfg.temperature > 0.0 && k > 0 && k < n {
             // Only the k best can be drawn: find them in one pass over the logits instead of
@@ -611,19 +618,12 @@ fn apply_penalties(
     }
 }
 
-/// [`best_candidate`] of the candidates `logits` make (NaN as −∞), without making them: the
-/// first of the largest in [`f32::total_cmp`]'s order.
-fn best_of(logits: &[f32]) -> u32 {
-    first_max(logits, |v| {
-        order_key(if v.is_nan() { f32::NEG_INFINITY } else { v })
-    }) as u32
-}
-
-/// The id of the best candidate (first max wins; the candidates hold no NaN).
+/// The id of the best candidate by [`argmax`]'s rule (the first of the largest, ±0 equal; the
+/// candidates hold no NaN).
 fn best_candidate(candidates: &[(u32, f32)]) -> u32 {
     let mut best = candidates[0];
     for &c in &candidates[1..] {
-        if by_logit_desc(&c, &best) == Ordering::Less {
+        if greedy_key(c.1) > greedy_key(best.1) {
             best = c;
         }
     }

@@ -135,6 +135,7 @@ fn request(prompt: Vec<u32>, tokens: &Arc<AtomicUsize>) -> SeqRequest {
         logprobs: None,
         forks: Vec::new(),
         embed: None,
+        score: None,
         prompt,
         max_new: 200,
         sampler: SamplerConfig {

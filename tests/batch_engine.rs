@@ -104,6 +104,7 @@ fn greedy_request(prompt: &[u32], max_new: usize, stop: &[&str]) -> (EventLog, S
         logprobs: None,
         forks: Vec::new(),
         embed: None,
+        score: None,
         prompt: prompt.to_vec(),
         max_new,
         sampler: SamplerConfig::greedy(),

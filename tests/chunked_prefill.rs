@@ -50,6 +50,7 @@ fn request(prompt: &[u32], max_new: usize) -> (Log, SeqRequest) {
         logprobs: None,
         forks: Vec::new(),
         embed: None,
+        score: None,
         prompt: prompt.to_vec(),
         max_new,
         sampler: SamplerConfig::greedy(),

@@ -367,8 +367,9 @@ fn rollback_and_prefix_reuse_on_the_device_cache() {
     assert_eq!(l1, l2, "logits after rollback differ");
 }
 
-/// `kiln plan --device cuda` against the device: the bytes the session allocates equal the
-/// plan, and the driver's free memory drops by the plan within 3%, at several context sizes.
+/// `kiln plan --device cuda` against the device: the bytes the engine's runner of one slot
+/// allocates equal the plan, and the driver's free memory drops by the plan within 3%, at
+/// several context sizes.
 #[test]
 #[ignore = "needs a real GPU (the software GPU has no device memory to measure); scripts/gpu-check.sh runs it"]
 fn device_plan_matches_the_measured_device_memory() {
@@ -393,7 +394,14 @@ fn device_plan_matches_the_measured_device_memory() {
         g.release_cached().unwrap();
         let (free0, _) = g.mem_info().unwrap();
         let (_, bytes0) = g.allocations();
-        let s = Session::new(Arc::clone(&m), o).unwrap();
+        let (batch, cache) = kiln::engine::batch::BatchOptions::from_session(&o, 1, 0);
+        let s = kiln::engine::batch::BatchRunner::with_cache(
+            Arc::clone(&m),
+            batch,
+            cache,
+            &mut |_, _| {},
+        )
+        .unwrap();
         let (free1, _) = g.mem_info().unwrap();
         let (_, bytes1) = g.allocations();
         assert_eq!(
@@ -528,10 +536,16 @@ fn real_models_greedy_text_and_perplexity_match_the_cpu() {
         let bos = if tok.adds_bos() { tok.bos() } else { None };
         let ppl = |device: Device| {
             let mut o = SessionOptions::new(512, 2);
-            o.logit_rows = 32;
             o.device = device;
-            let mut s = Session::new(Arc::clone(&m), o).unwrap();
-            kiln::engine::perplexity(&mut s, &tokens, 512, Some(8), bos, &mut |_, _| {})
+            let (batch, cache) = kiln::engine::perplexity::scoring_options(&o);
+            let r = kiln::engine::batch::BatchRunner::with_cache(
+                Arc::clone(&m),
+                batch,
+                cache,
+                &mut |_, _| {},
+            );
+            let mut e = kiln::engine::Engine::new(r.unwrap(), &tok).unwrap();
+            kiln::engine::perplexity(&mut e, &tokens, 512, Some(8), bos, &mut |_, _| {})
                 .unwrap()
                 .final_ppl
         };

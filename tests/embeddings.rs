@@ -66,6 +66,7 @@ fn request(prompt: Vec<u32>, embed: Option<EmbedSpec>, max_new: usize) -> (Out, 
         logprobs: None,
         forks: Vec::new(),
         embed,
+        score: None,
         sink: Box::new(out.clone()),
     };
     (out, req)

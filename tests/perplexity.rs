@@ -6,10 +6,45 @@ mod common;
 
 use std::sync::Arc;
 
+use kiln::backend::exec::HasExecutor;
 use kiln::cache::KvType;
-use kiln::engine::{perplexity, Session, SessionOptions};
+use kiln::engine::batch::{BatchOptions, BatchRunner, CacheOptions};
+use kiln::engine::perplexity::{scoring_options, PerplexityReport};
+use kiln::engine::scheduler::{
+    FinishReason, Finished, SchedMetrics, Scheduler, SeqRequest, SeqSink,
+};
+use kiln::engine::{perplexity, Engine, Session, SessionOptions};
 use kiln::model::Model;
+use kiln::sampler::SamplerConfig;
 use kiln::tokenizer::Tokenizer;
+use std::sync::Mutex;
+
+/// Perplexity of `tokens` in `chunks` chunks of `opts.n_ctx` through the engine, its runner
+/// sized for perplexity with `opts`.
+fn engine_ppl(
+    model: &Arc<Model>,
+    tok: &Tokenizer,
+    opts: SessionOptions,
+    tokens: &[u32],
+    chunks: usize,
+) -> PerplexityReport {
+    let (batch, cache) = scoring_options(&opts);
+    let runner = BatchRunner::with_cache(Arc::clone(model), batch, cache, &mut |_, _| {}).unwrap();
+    let kv = runner.executor().kv_cache(0).map(|kv| kv.ty());
+    assert_eq!(kv, Some(opts.kv_type), "the runner's KV cache type");
+    let mut engine = Engine::new(runner, tok).unwrap();
+    let bos = if tok.adds_bos() { tok.bos() } else { None };
+    let n_ctx = opts.n_ctx;
+    perplexity(
+        &mut engine,
+        tokens,
+        n_ctx,
+        Some(chunks),
+        bos,
+        &mut |_, _| {},
+    )
+    .unwrap()
+}
 
 fn check(name: &str, golden_dir: &str) {
     check_file(&common::real_model(name), name, golden_dir)
@@ -32,11 +67,7 @@ fn check_file(path: &std::path::Path, name: &str, golden_dir: &str) {
     let model = Arc::new(Model::load(path).unwrap());
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
     let tokens = tok.encode(&text, true, false);
-    let mut opts = SessionOptions::new(n_ctx, 2);
-    opts.logit_rows = 32;
-    let mut s = Session::new(model, opts).unwrap();
-    let bos = if tok.adds_bos() { tok.bos() } else { None };
-    let report = perplexity(&mut s, &tokens, n_ctx, Some(chunks), bos, &mut |_, _| {}).unwrap();
+    let report = engine_ppl(&model, &tok, SessionOptions::new(n_ctx, 2), &tokens, chunks);
     let rel = (report.final_ppl - want).abs() / want;
     eprintln!(
         "{name}: PPL {:.4} vs reference {want:.4} ({:+.3}%), running {:?}",
@@ -103,16 +134,10 @@ fn smollm2_q8_0_kv_perplexity_within_1pct_of_f16() {
     let model = Arc::new(Model::load(common::real_model("smollm2")).unwrap());
     let tok = Tokenizer::from_gguf(&model.file).unwrap();
     let tokens = tok.encode(&text, true, false);
-    let bos = if tok.adds_bos() { tok.bos() } else { None };
     let ppl = |kv_type| {
         let mut opts = SessionOptions::new(512, 2);
-        opts.logit_rows = 32;
         opts.kv_type = kv_type;
-        let mut s = Session::new(Arc::clone(&model), opts).unwrap();
-        assert_eq!(s.kv().unwrap().ty(), kv_type);
-        perplexity(&mut s, &tokens, 512, Some(12), bos, &mut |_, _| {})
-            .unwrap()
-            .final_ppl
+        engine_ppl(&model, &tok, opts, &tokens, 12).final_ppl
     };
     let (f16, q8) = (ppl(KvType::F16), ppl(KvType::Q8_0));
     let rel = (q8 - f16) / f16;
@@ -124,42 +149,151 @@ fn smollm2_q8_0_kv_perplexity_within_1pct_of_f16() {
     assert!(q8 != f16, "the q8_0 cache was not used");
 }
 
-/// `Session::eval_all_each` (positions scored on the session's threads, in any order) hands
-/// every position from `first` on the same logits, bit for bit, as `eval_all` (in order), over
-/// passes cut by the prefill chunk and output rows cut by `logit_rows`.
+/// Per position from `first` on, the log-probability of `prompt`'s next token under the
+/// logits a session's teacher-forced passes give that position (chunks of 64).
+fn session_scores(model: &Arc<Model>, prompt: &[u32], first: usize) -> Vec<f64> {
+    let mut opts = SessionOptions::new(256, 3);
+    opts.prefill_chunk = 64;
+    let mut want = vec![f64::NAN; prompt.len() - 1];
+    Session::new(Arc::clone(model), opts)
+        .unwrap()
+        .eval_all(prompt, first, &mut |pos, l| {
+            if pos + 1 < prompt.len() {
+                want[pos] = kiln::sampler::log_softmax(l, prompt[pos + 1]);
+            }
+        })
+        .unwrap();
+    want.drain(..first);
+    want
+}
+
+fn scoring_runner(model: &Arc<Model>, n_slots: usize, score_rows: usize) -> BatchRunner {
+    let o = BatchOptions {
+        n_slots,
+        n_ctx: 256,
+        n_threads: 3,
+        prefill_chunk: 64,
+        kv_type: KvType::F16,
+        device: Default::default(),
+        draft_max: 0,
+    };
+    let cache = CacheOptions {
+        score_rows,
+        ..CacheOptions::default()
+    };
+    BatchRunner::with_cache(Arc::clone(model), o, cache, &mut |_, _| {}).unwrap()
+}
+
+/// A scoring request through the engine hands every position from `first` on, in order and
+/// once, the log-probability of the next given token, bit for bit what a session's
+/// teacher-forced passes give (the same prefill chunks; output rows cut by `score_rows`); a
+/// runner not sized for scoring refuses it by name, and a first position past the prompt is
+/// refused.
 #[test]
-fn eval_all_each_hands_every_position_its_logits() {
+fn engine_scores_each_position_as_the_sessions_logits() {
     let model = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
     let v = model.config.vocab_size;
     let prompt: Vec<u32> = (0..150u32).map(|i| (i * 7919 + 3) % v as u32).collect();
     let first = 37;
-    let session = || {
-        let mut opts = SessionOptions::new(256, 3);
-        opts.prefill_chunk = 64;
-        opts.logit_rows = 5;
-        Session::new(Arc::clone(&model), opts).unwrap()
+    let want = session_scores(&model, &prompt, first);
+    for score_rows in [1, 5, 64] {
+        let mut engine = Engine::new(scoring_runner(&model, 1, score_rows), &tok).unwrap();
+        let mut got = Vec::new();
+        engine
+            .score(&prompt, first, &mut |at, lps| {
+                assert_eq!(at, first + got.len(), "scores out of order");
+                got.extend_from_slice(lps);
+            })
+            .unwrap();
+        assert_eq!(got.len(), want.len(), "score_rows {score_rows}");
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(
+                w.to_bits(),
+                g.to_bits(),
+                "position {}, score_rows {score_rows}",
+                first + i
+            );
+        }
+        // The engine scores again from a fresh sequence.
+        let mut again = Vec::new();
+        engine
+            .score(&prompt, first, &mut |_, lps| again.extend_from_slice(lps))
+            .unwrap();
+        assert_eq!(again, got);
+        let err = engine.score(&prompt, 150, &mut |_, _| {}).unwrap_err();
+        assert!(err.to_string().contains("past the prompt"), "{err}");
+    }
+    let mut plain = Engine::new(scoring_runner(&model, 1, 0), &tok).unwrap();
+    let err = plain.score(&prompt, first, &mut |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("does not score"), "{err}");
+}
+
+/// What a scheduler's scoring request receives.
+#[derive(Default)]
+struct Scored {
+    lps: Vec<f64>,
+    text: String,
+    done: Option<FinishReason>,
+}
+
+struct ScoreSink(Arc<Mutex<Scored>>);
+
+impl SeqSink for ScoreSink {
+    fn text(&mut self, t: &str) -> bool {
+        self.0.lock().unwrap().text.push_str(t);
+        true
+    }
+    fn scores(&mut self, at: usize, lps: &[f64]) {
+        let mut s = self.0.lock().unwrap();
+        assert_eq!(at, 37 + s.lps.len(), "scores out of order");
+        s.lps.extend_from_slice(lps);
+    }
+    fn done(&mut self, f: Finished) {
+        self.0.lock().unwrap().done = Some(f.reason);
+    }
+}
+
+/// On a server's scheduler, a scoring request's chunks share steps with another request's
+/// prefill and decode rows (the scored rows handed out beside the other slot's logits row):
+/// the same scores, bit for bit, and the generation the same text as alone.
+#[test]
+fn a_score_beside_a_generation_scores_and_generates_as_alone() {
+    let model = Arc::new(Model::load(common::random_model("random-llama-q4_0")).unwrap());
+    let tok = Tokenizer::from_gguf(&model.file).unwrap();
+    let v = model.config.vocab_size;
+    let prompt: Vec<u32> = (0..150u32).map(|i| (i * 7919 + 3) % v as u32).collect();
+    let want = session_scores(&model, &prompt, 37);
+    let gen_prompt: Vec<u32> = (0..20u32).map(|i| (i * 31 + 5) % v as u32).collect();
+    let run = |with_score: bool| {
+        let metrics = Arc::new(SchedMetrics::default());
+        let mut sched = Scheduler::new(scoring_runner(&model, 2, 4), &tok, metrics);
+        let gen = Arc::new(Mutex::new(Scored::default()));
+        let mut req =
+            SeqRequest::scoring(gen_prompt.clone(), 0, Box::new(ScoreSink(Arc::clone(&gen))));
+        req.score = None;
+        req.max_new = 24;
+        req.ignore_eos = true;
+        req.sampler = SamplerConfig::greedy();
+        sched.submit(req);
+        let scored = Arc::new(Mutex::new(Scored::default()));
+        if with_score {
+            let sink = Box::new(ScoreSink(Arc::clone(&scored)));
+            sched.submit(SeqRequest::scoring(prompt.clone(), 37, sink));
+        }
+        while !sched.is_idle() {
+            sched.step();
+        }
+        let (g, s) = (gen.lock().unwrap(), scored.lock().unwrap());
+        assert_eq!(g.done, Some(FinishReason::Length));
+        assert_eq!(s.done.is_some(), with_score);
+        (g.text.clone(), s.lps.clone())
     };
-    let mut want = vec![Vec::new(); prompt.len()];
-    session()
-        .eval_all(&prompt, first, &mut |pos, l| want[pos] = l.to_vec())
-        .unwrap();
-    let got: Vec<std::sync::Mutex<Vec<f32>>> =
-        (0..prompt.len()).map(|_| Default::default()).collect();
-    session()
-        .eval_all_each(&prompt, first, &|pos, l| {
-            let mut row = got[pos].lock().unwrap();
-            assert!(row.is_empty(), "position {pos} handed twice");
-            *row = l.to_vec();
-        })
-        .unwrap();
-    for (pos, (w, g)) in want.iter().zip(&got).enumerate() {
-        let g = g.lock().unwrap();
-        assert_eq!(w.len(), if pos < first { 0 } else { v }, "position {pos}");
-        assert!(
-            w.iter()
-                .map(|x| x.to_bits())
-                .eq(g.iter().map(|x| x.to_bits())),
-            "position {pos}"
-        );
+    let (alone, _) = run(false);
+    let (text, got) = run(true);
+    assert_eq!(text, alone, "the generation beside a score");
+    assert_eq!(got.len(), want.len());
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.to_bits(), g.to_bits(), "position {}", 37 + i);
     }
 }

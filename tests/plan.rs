@@ -1,16 +1,26 @@
-//! The memory plan is what the session allocates: same formulas, one source of truth.
+//! The memory plan is what the engine allocates: same formulas, one source of truth.
 
 mod common;
 
 use std::sync::Arc;
 
+use kiln::backend::exec::HasExecutor;
 use kiln::cache::KvType;
+use kiln::engine::batch::BatchRunner;
 use kiln::engine::plan::plan;
-use kiln::engine::{Session, SessionOptions};
+use kiln::engine::SessionOptions;
 use kiln::model::Model;
 
+/// The runner of the engine `kiln run` drives (one slot, no drafts), sized by `opts`.
+fn engine_runner(model: &Arc<Model>, opts: &SessionOptions) -> BatchRunner {
+    let (batch, cache) = kiln::engine::batch::BatchOptions::from_session(opts, 1, 0);
+    BatchRunner::with_cache(Arc::clone(model), batch, cache, &mut |_, _| {}).unwrap()
+}
+
+/// Without `--parallel`, the plan is what the command line's engine (a runner of one slot)
+/// allocates: its KV cache, scratch and logits rows, and every matrix once.
 #[test]
-fn plan_equals_session_allocations() {
+fn plan_equals_engine_allocations() {
     for stem in [
         "random-llama-q4_0",
         "random-qwen3-q4_k_m",
@@ -34,17 +44,17 @@ fn plan_equals_session_allocations() {
             opts.prefill_chunk = chunk;
             opts.kv_type = kv_type;
             let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
-            let s = Session::new(Arc::clone(&model), opts).unwrap();
+            let r = engine_runner(&model, &opts);
             assert_eq!(
                 p.get("KV cache").unwrap().bytes,
-                s.kv().unwrap().bytes() as u64,
+                r.kv_bytes() as u64,
                 "{stem} ctx {ctx} {kv_type}"
             );
             let scratch =
                 p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
             assert_eq!(
                 scratch,
-                s.scratch().unwrap().bytes() as u64,
+                r.host_scratch_bytes() as u64,
                 "{stem} ctx {ctx} chunk {chunk} threads {threads}"
             );
             let all_2d: usize = model
@@ -198,10 +208,11 @@ fn offloaded_plan_equals_session_ring() {
         let slot = kiln::engine::session::kv_layout(&model.config, &opts).layer_kv_bytes(ty);
         opts.kv_budget = Some(2 * slot + 100);
         let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
-        let s = Session::new(Arc::clone(&model), opts).unwrap();
-        assert_eq!(s.kv().unwrap().offload_ring(), Some(2));
+        let r = engine_runner(&model, &opts);
+        let s = r.executor().kv_cache(0).unwrap();
+        assert_eq!(s.offload_ring(), Some(2));
         let kv = p.get("KV cache").unwrap();
-        assert_eq!(kv.bytes, s.kv().unwrap().bytes() as u64, "{ty}");
+        assert_eq!(kv.bytes, s.bytes() as u64, "{ty}");
         assert_eq!(kv.bytes, 2 * slot as u64);
         assert!(kv.bytes <= opts.kv_budget.unwrap() as u64);
         assert!(kv.formula.contains("file"), "{}", kv.formula);
@@ -227,8 +238,8 @@ fn gemma3_plan_counts_the_sliding_window_ring() {
         "{}",
         kv.formula
     );
-    let s = Session::new(Arc::clone(&model), opts).unwrap();
-    assert_eq!(kv.bytes, s.kv().unwrap().bytes() as u64);
+    let r = engine_runner(&model, &opts);
+    assert_eq!(kv.bytes, r.kv_bytes() as u64);
     let mut full = opts;
     full.swa_full = true;
     let pf = plan(&model.file, &full, 1, Default::default()).unwrap();
@@ -249,16 +260,14 @@ fn gemma3_plan_counts_the_sliding_window_ring() {
     let mut off = opts;
     off.kv_budget = Some((2 * 32768 + 15 * 1024) * 512 * 2 + 100);
     let po = plan(&model.file, &off, 1, Default::default()).unwrap();
-    let so = Session::new(Arc::clone(&model), off).unwrap();
-    assert_eq!(so.kv().unwrap().offload_ring(), Some(2));
+    let ro = engine_runner(&model, &off);
+    let so = ro.executor().kv_cache(0).unwrap();
+    assert_eq!(so.offload_ring(), Some(2));
     assert_eq!(
         po.get("KV cache").unwrap().bytes,
         (2 * 32768 + 15 * 1024) * 512 * 2
     );
-    assert_eq!(
-        po.get("KV cache").unwrap().bytes,
-        so.kv().unwrap().bytes() as u64
-    );
+    assert_eq!(po.get("KV cache").unwrap().bytes, so.bytes() as u64);
 }
 
 /// A mixture larger than the memory limit: its experts get a plan line of their own, paged from

@@ -76,6 +76,7 @@ fn request(prompt: &[u32], seed: u64, sink: &Shared) -> SeqRequest {
         logprobs: Some(3),
         forks: Vec::new(),
         embed: None,
+        score: None,
         sink: Box::new(sink.clone()),
     }
 }

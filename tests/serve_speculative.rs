@@ -222,6 +222,7 @@ fn serve(
             logprobs: r.logprobs,
             forks,
             embed: None,
+            score: None,
             sink: Box::new(Collect(Arc::clone(o))),
         });
     }

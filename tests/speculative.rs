@@ -407,15 +407,16 @@ fn verification_rows_are_decode_steps_bit_for_bit() {
     }
 }
 
-/// `kiln plan -md` adds the draft model's weights and session to the total; `--draft-max`
-/// sizes the logits for a verification pass.
+/// `kiln plan -md` adds the draft model's weights and runner to the total; `--draft-max`
+/// plans the engine's verification rows (logits and scratch) and token buffers as its runner
+/// of one slot allocates them.
 #[test]
 fn plan_counts_the_draft_model_and_the_verification_rows() {
     let model = common::random_model("random-llama-q4_k");
     let draft = common::random_model("random-llama-q8_0");
     let plan = |extra: &[&str]| {
         let m = model.to_str().unwrap();
-        plan_json(&[&["-m", m, "-c", "256"][..], extra].concat())
+        plan_json(&[&["-m", m, "-c", "256", "-t", "2"][..], extra].concat())
     };
     let plain = plan(&[]);
     let too_many = kiln(&["plan", "-m", model.to_str().unwrap(), "--draft-max", "1000"]);
@@ -423,8 +424,22 @@ fn plan_counts_the_draft_model_and_the_verification_rows() {
     assert!(String::from_utf8_lossy(&too_many.stderr).contains("from 1 to 128"));
     let rows = plan(&["--draft-max", "7"]);
     assert_eq!(
-        component_bytes(&rows, "logits").unwrap(),
-        8 * component_bytes(&plain, "logits").unwrap()
+        component_bytes(&rows, "logits"),
+        component_bytes(&plain, "logits")
+    );
+    let runner = |draft_max: usize| {
+        let m = std::sync::Arc::new(kiln::model::Model::load(&model).unwrap());
+        let mut o = kiln::engine::SessionOptions::new(256, 2);
+        o.prefill_chunk = 512;
+        let (b, c) = kiln::engine::batch::BatchOptions::from_session(&o, 1, draft_max);
+        kiln::engine::batch::BatchRunner::with_cache(m, b, c, &mut |_, _| {}).unwrap()
+    };
+    let extra = runner(7).host_scratch_bytes() - runner(0).host_scratch_bytes();
+    // The slot's pass, and the drafter's copy of its history.
+    let tokens = (7 + 1) * 4 + (256 + 1) * 4;
+    assert_eq!(
+        component_bytes(&rows, "speculation"),
+        Some((extra + tokens) as u64)
     );
     let with = plan(&["-md", draft.to_str().unwrap(), "--draft-max", "7"]);
     let d = &with["draft"];
@@ -452,9 +467,9 @@ fn plan_counts_the_draft_model_and_the_verification_rows() {
             && component_bytes(d, "sampler and history").is_none()
     );
     assert!(component_bytes(d, "runtime").is_none());
-    assert!(
-        component_bytes(&with, "speculation").unwrap()
-            >= 8 * component_bytes(&plain, "logits").unwrap()
+    assert_eq!(
+        component_bytes(&with, "speculation"),
+        component_bytes(&rows, "speculation")
     );
     assert!(component_bytes(&plain, "speculation").is_none());
 }

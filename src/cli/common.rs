@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use kiln::engine::batch::{BatchOptions, BatchRunner};
-use kiln::engine::{EngineError, Session, SessionOptions};
+use kiln::engine::batch::{BatchOptions, BatchRunner, CacheOptions};
+use kiln::engine::{EngineError, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::SamplerConfig;
 use kiln::tokenizer::Tokenizer;
@@ -346,12 +346,6 @@ pub fn session_options(loaded: &Loaded, args: &ModelArgs) -> Result<SessionOptio
     Ok(opts)
 }
 
-/// A session, with a progress bar while the weights go to the GPU.
-pub fn new_session(model: &Arc<Model>, opts: SessionOptions) -> Result<Session> {
-    let s = with_upload_bar(|p| Session::with_progress(Arc::clone(model), opts, p))?;
-    Ok(s)
-}
-
 /// The engine's runner of one sequence slot sized as a session with `opts`, verifying up to
 /// `draft_max` drafts a pass (0: no speculation), with a progress bar while the weights go to
 /// the GPU.
@@ -361,6 +355,15 @@ pub fn new_runner(
     draft_max: usize,
 ) -> Result<BatchRunner> {
     let (batch, cache) = BatchOptions::from_session(opts, 1, draft_max);
+    new_runner_with(model, batch, cache)
+}
+
+/// A runner sized by `batch` and `cache`, with a progress bar while the weights go to the GPU.
+pub fn new_runner_with(
+    model: &Arc<Model>,
+    batch: BatchOptions,
+    cache: CacheOptions,
+) -> Result<BatchRunner> {
     let r = with_upload_bar(|p| BatchRunner::with_cache(Arc::clone(model), batch, cache, p))?;
     Ok(r)
 }

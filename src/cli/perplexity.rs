@@ -6,7 +6,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use super::common::{self, ModelArgs};
-use kiln::engine::{perplexity, SessionOptions};
+use kiln::engine::perplexity::scoring_options;
+use kiln::engine::{perplexity, Engine, SessionOptions};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -36,8 +37,9 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     opts.kv_budget = args.model.kv_budget.map(|b| b as usize);
     opts.swa_full = args.model.swa_full;
     opts.device = args.model.device_not_vulkan("perplexity")?;
-    opts.logit_rows = 32;
-    let mut session = common::new_session(&loaded.model, opts)?;
+    let (batch, cache) = scoring_options(&opts);
+    let runner = common::new_runner_with(&loaded.model, batch, cache)?;
+    let mut engine = Engine::new(runner, tok)?;
     let bos = if tok.adds_bos() { tok.bos() } else { None };
     eprintln!("perplexity: {} tokens, {} per chunk", tokens.len(), n_ctx);
     let t0 = std::time::Instant::now();
@@ -47,14 +49,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             eprint!("[{}]{:.4},", i + 1, ppl);
         }
     };
-    let report = perplexity(
-        &mut session,
-        &tokens,
-        n_ctx,
-        args.chunks,
-        bos,
-        &mut on_chunk,
-    )?;
+    let report = perplexity(&mut engine, &tokens, n_ctx, args.chunks, bos, &mut on_chunk)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

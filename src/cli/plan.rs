@@ -1,4 +1,4 @@
-//! `kiln plan`: the memory a session will use, before loading any weights.
+//! `kiln plan`: the memory the engine will use, before loading any weights.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -102,25 +102,19 @@ pub fn run(args: PlanArgs) -> Result<()> {
             super::spec::MAX_DRAFTS
         );
     }
-    // (A server keeps the drafts `BatchRunner::new` keeps.)
-    let draft_max = match args.parallel > 1 {
-        true => draft_max
-            .map(|n| kiln::engine::batch::drafts_kept(n, args.prefill_chunk, ctx, args.device))
-            .filter(|&n| n > 0),
-        false => draft_max,
-    };
-    // (A server's sequences keep their verification rows beside the session's logits.)
-    opts.logit_rows = draft_max
-        .filter(|_| args.parallel <= 1)
-        .map_or(1, |n| n + 1);
+    // (The engine's runner keeps the drafts `BatchRunner::new` keeps, for `kiln run` as for
+    // `kiln serve`.)
+    let draft_max = draft_max
+        .map(|n| kiln::engine::batch::drafts_kept(n, args.prefill_chunk, ctx, args.device))
+        .filter(|&n| n > 0);
     let host = HostTerms {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
         memory_limit: args.budget,
     };
     let cuda = args.device == kiln::backend::Device::Cuda;
-    // (A server's runner on the GPU holds its verification rows in device memory; the draft
-    // model's runner none.)
+    // (The runner on the GPU holds its verification rows in device memory; the draft model's
+    // runner none.)
     let plan_of = |file: &GgufFile, opts: &SessionOptions, host: HostTerms, drafts| {
         if cuda {
             kiln::engine::plan::device_plan(file, opts, args.parallel, drafts)
@@ -128,36 +122,27 @@ pub fn run(args: PlanArgs) -> Result<()> {
             plan(file, opts, args.parallel, host)
         }
     };
-    let drafts = draft_max.filter(|_| args.parallel > 1).unwrap_or(0);
-    let mut p = plan_of(&file, &opts, host, drafts)?;
+    let mut p = plan_of(&file, &opts, host, draft_max.unwrap_or(0))?;
     if let Some(n) = draft_max.filter(|_| !cuda) {
         let (v, c) = (config.vocab_size as u64, ctx as u64);
-        let (bytes, formula) = if args.parallel > 1 {
-            // `kiln serve`: each slot keeps `n` more logits rows, and a step carries up to `n`
-            // more rows a slot (the scratch's rows beside the chunk, and `n` more rows of the
-            // output head's), and each slot's verification pass and the drafter's copy of its
-            // history.
-            let parallel = args.parallel as u64;
-            let rows = |draft| {
-                let o = kiln::engine::batch::runner_session_options(&opts, args.parallel, draft);
-                let spec = kiln::engine::session::scratch_spec_for(&file, &o);
-                kiln::cache::Scratch::bytes_for(&config, spec) as u64
-            };
-            let scratch = rows(n) - rows(0);
-            let bytes =
-                parallel * n as u64 * v * 4 + scratch + parallel * (n as u64 + 1) * 4 + (c + 1) * 4;
-            let formula = format!(
-                "{parallel} seq × {n} rows × {v} vocab × 4 + scratch for {} more rows and {n} more head rows ({scratch} B) + {parallel} seq × ({n} + 1) + ({c} + 1) positions × 4 token ids",
-                parallel * n as u64
-            );
-            (bytes, formula)
-        } else {
-            // `Speculation`'s own buffers: a pass's logits, the history and a rollback's copy.
-            let bytes = (n as u64 + 1) * v * 4 + 2 * (c + 1) * 4;
-            let formula =
-                format!("({n} + 1) rows × {v} vocab × 4 + 2 × ({c} + 1) positions × 4 token ids");
-            (bytes, formula)
+        // The engine's draft buffers: each slot keeps `n` more logits rows, and a step carries
+        // up to `n` more rows a slot (the scratch's rows beside the chunk, and `n` more rows of
+        // the output head's), and each slot's verification pass and the drafter's copy of its
+        // history.
+        let slots = args.parallel.max(1);
+        let parallel = slots as u64;
+        let rows = |draft| {
+            let o = kiln::engine::batch::runner_session_options(&opts, slots, draft, 0);
+            let spec = kiln::engine::session::scratch_spec_for(&file, &o);
+            kiln::cache::Scratch::bytes_for(&config, spec) as u64
         };
+        let scratch = rows(n) - rows(0);
+        let bytes =
+            parallel * n as u64 * v * 4 + scratch + parallel * (n as u64 + 1) * 4 + (c + 1) * 4;
+        let formula = format!(
+            "{parallel} seq × {n} rows × {v} vocab × 4 + scratch for {} more rows and {n} more head rows ({scratch} B) + {parallel} seq × ({n} + 1) + ({c} + 1) positions × 4 token ids",
+            parallel * n as u64
+        );
         p.components.push(kiln::engine::plan::Component {
             name: "speculation",
             bytes,
@@ -178,7 +163,6 @@ pub fn run(args: PlanArgs) -> Result<()> {
             let mut dopts = opts;
             dopts.n_ctx =
                 kiln::engine::speculative::draft_context(ctx, args.ctx_size_draft, &dconfig);
-            dopts.logit_rows = 1;
             dopts.kv_budget = None;
             let dhost = HostTerms {
                 tokenizer_bytes: Tokenizer::from_gguf(&dfile)?.heap_bytes() as u64,

@@ -7,11 +7,16 @@
 //! tokens of the others ([`BatchRunner::push_part`], then [`BatchRunner::run_step`]: chunked
 //! prefill), so a long prompt never stops the running sequences for more than one chunk.
 //!
+//! A step may also score a slot's chunk ([`BatchRunner::push_score_part`]): the
+//! log-probability of each next given token (teacher forcing: perplexity).
+//!
 //! All buffers are allocated in [`BatchRunner::new`]: scratch for `prefill_chunk + slots` rows
 //! (one chunk beside one decode token per slot, and each slot's drafts when speculating), one
-//! logits row per slot (and one per draft). A step allocates nothing.
+//! logits row per slot (and one per draft), a scored chunk's log-probabilities where the
+//! runner scores ([`CacheOptions::score_rows`]). A step allocates nothing.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::sequence::{common_prefix, mask_logits};
@@ -46,8 +51,9 @@ pub struct BatchOptions {
 
 /// One slot's part of a step: `tokens` of the step's token buffer, whether the slot's
 /// logits after its last token are wanted, which of its tokens' final hidden states
-/// (relative to the part; embeddings), and whether it is a verification pass (every row
-/// alone, the logits after each kept).
+/// (relative to the part; embeddings), whether it is a verification pass (every row
+/// alone, the logits after each kept), and which of its rows are scored (relative to the
+/// part) with their results from `score_at` on in the runner's score buffers.
 #[derive(Clone, Debug)]
 struct StepPart {
     slot: usize,
@@ -55,7 +61,13 @@ struct StepPart {
     logits: bool,
     hidden: Range<usize>,
     alone: bool,
+    score: Range<usize>,
+    score_at: usize,
 }
+
+/// A [`BatchRunner`] logits row's destination that is a scored row: its index in the score
+/// buffers, with this bit set.
+const SCORED: usize = 1 << (usize::BITS - 1);
 
 /// The model, the device's executor (its weights, a KV cache slot per sequence, scratch) and
 /// the tokens each slot holds.
@@ -93,10 +105,15 @@ pub struct BatchRunner {
     argmax: bool,
     picked: Vec<Option<u32>>,
     picked_rows: Vec<u32>,
+    /// Per scored row of the step ([`BatchRunner::push_score_part`]), the given token after
+    /// it, and the log-probability of that token (f64 bits, written by the executor's
+    /// threads); empty, never grown, where the runner does not score.
+    score_next: Vec<u32>,
+    scores: Vec<AtomicU64>,
 }
 
-/// Where a runner's caches live, beyond [`BatchOptions`] (the command line's flags; a server
-/// keeps the defaults).
+/// Where a runner's caches live and whether it scores, beyond [`BatchOptions`] (the command
+/// line's flags; a server keeps the defaults).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheOptions {
     /// RAM for a slot's KV cache: past it, the cache lives in a file and a ring of layer
@@ -104,6 +121,10 @@ pub struct CacheOptions {
     pub kv_budget: Option<usize>,
     /// Give sliding-window layers a cache of the whole context (llama.cpp's `--swa-full`).
     pub swa_full: bool,
+    /// Scoring ([`BatchRunner::push_score_part`]: perplexity): the logits rows the output
+    /// head computes at once (at least the slots' rows), and room for a prefill chunk's
+    /// log-probabilities. 0: the runner does not score, and keeps no buffer for it.
+    pub score_rows: usize,
 }
 
 impl BatchOptions {
@@ -126,6 +147,7 @@ impl BatchOptions {
         let cache = CacheOptions {
             kv_budget: opts.kv_budget,
             swa_full: opts.swa_full,
+            score_rows: 0,
         };
         (batch, cache)
     }
@@ -175,7 +197,7 @@ impl BatchRunner {
         let reach = layout.window.as_ref().map_or(usize::MAX, |w| w.max_pass());
         // ...and a pass carries a chunk beside one decode token per slot, and each slot's
         // drafts.
-        let sopts = runner_session_options(&sopts, n_slots, opts.draft_max);
+        let sopts = runner_session_options(&sopts, n_slots, opts.draft_max, cache.score_rows);
         let spec = scratch_spec(&model, &sopts);
         let espec = crate::backend::exec::ExecSpec {
             solo: true,
@@ -183,6 +205,7 @@ impl BatchRunner {
         };
         let exec = crate::backend::open::executor(model.clone(), &espec, progress)?;
         let rows = n_slots * (1 + opts.draft_max);
+        let scored = if cache.score_rows > 0 { chunk } else { 0 };
         Ok(BatchRunner {
             exec,
             slots: (0..n_slots).map(|_| Vec::with_capacity(n_ctx)).collect(),
@@ -200,6 +223,8 @@ impl BatchRunner {
             argmax: false,
             picked: vec![None; n_slots],
             picked_rows: vec![0; n_slots],
+            score_next: Vec::with_capacity(scored),
+            scores: (0..scored).map(|_| AtomicU64::new(0)).collect(),
             reach,
             opts: BatchOptions {
                 n_slots,
@@ -260,7 +285,8 @@ impl BatchRunner {
     }
 
     /// The most tokens a verification pass may add after a slot's position and still roll
-    /// back to it exactly (as [`super::Session::rollback_reach`]).
+    /// back to it exactly: a sliding-window ring's `rows − window + 1` (see
+    /// `KvWindow::max_pass`); unbounded without rings.
     pub fn rollback_reach(&self) -> usize {
         self.reach
     }
@@ -364,6 +390,7 @@ impl BatchRunner {
         self.parts.clear();
         self.argmax = false;
         self.picked.fill(None);
+        self.score_next.clear();
     }
 
     /// Have the executor pick the most likely token of each logits row of the step being built
@@ -401,7 +428,7 @@ impl BatchRunner {
     /// built. With `logits`, [`BatchRunner::logits`] of the slot holds the logits after the
     /// last of them once the step has run. Slots must come in increasing order, each once.
     pub fn push_part(&mut self, slot: usize, tokens: &[u32], logits: bool) {
-        self.push(slot, tokens, logits, 0..0, false);
+        self.push(slot, tokens, logits, 0..0, false, 0..0);
     }
 
     /// Add slot `slot`'s verification pass of speculative decoding to the step being built:
@@ -416,7 +443,7 @@ impl BatchRunner {
             tokens.len(),
             1 + self.opts.draft_max
         );
-        self.push(slot, tokens, true, 0..0, true);
+        self.push(slot, tokens, true, 0..0, true, 0..0);
     }
 
     /// Add slot `slot`'s next `tokens` for an embedding: no logits; the final-normed hidden
@@ -424,7 +451,46 @@ impl BatchRunner {
     /// [`BatchRunner::run_step_with`].
     pub fn push_embed_part(&mut self, slot: usize, tokens: &[u32], hidden: Range<usize>) {
         assert!(hidden.end <= tokens.len(), "hidden rows past the part");
-        self.push(slot, tokens, false, hidden, false);
+        self.push(slot, tokens, false, hidden, false, 0..0);
+    }
+
+    /// Add slot `slot`'s next `tokens` (a prefill chunk) to the step being built, scoring its
+    /// rows `rows` (indices into `tokens`): `next[i]` is the given token after row
+    /// `rows.start + i`, whose log-probability under that row's logits
+    /// [`BatchRunner::scores`] holds once the step has run (teacher forcing). The runner must
+    /// score ([`CacheOptions::score_rows`]); the step's scored rows are at most a prefill
+    /// chunk.
+    pub fn push_score_part(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        rows: Range<usize>,
+        next: &[u32],
+    ) {
+        assert!(
+            rows.end <= tokens.len() && next.len() == rows.len(),
+            "scored rows past the part, or not one next token each"
+        );
+        self.score_next.extend_from_slice(next);
+        self.push(slot, tokens, false, 0..0, false, rows);
+    }
+
+    /// Whether the runner scores ([`CacheOptions::score_rows`]).
+    pub fn can_score(&self) -> bool {
+        !self.scores.is_empty()
+    }
+
+    /// The log-probabilities of slot `slot`'s scored rows in the last step
+    /// ([`BatchRunner::push_score_part`]), in row order (empty where it scored none).
+    pub fn scores(&self, slot: usize) -> impl Iterator<Item = f64> + '_ {
+        let at = self
+            .parts
+            .iter()
+            .find(|p| p.slot == slot)
+            .map_or(0..0, |p| p.score_at..p.score_at + p.score.len());
+        self.scores[at]
+            .iter()
+            .map(|b| f64::from_bits(b.load(Relaxed)))
     }
 
     fn push(
@@ -434,6 +500,7 @@ impl BatchRunner {
         logits: bool,
         hidden: Range<usize>,
         alone: bool,
+        score: Range<usize>,
     ) {
         assert!(slot < self.slots.len(), "slot {slot} out of range");
         assert!(
@@ -448,6 +515,8 @@ impl BatchRunner {
             logits,
             hidden,
             alone,
+            score_at: self.score_next.len() - score.len(),
+            score,
         });
     }
 
@@ -469,6 +538,13 @@ impl BatchRunner {
     ) -> Result<(), EngineError> {
         if self.parts.is_empty() {
             return Ok(());
+        }
+        if self.score_next.len() > self.scores.len() {
+            return Err(EngineError::Failed(format!(
+                "a step scores {} rows; this runner scores {} (its score_rows)",
+                self.score_next.len(),
+                self.scores.len()
+            )));
         }
         for p in &self.parts {
             if p.tokens.is_empty() {
@@ -602,7 +678,17 @@ impl BatchRunner {
         self.logit_rows.clear();
         self.logit_dest.clear();
         let per_slot = 1 + self.opts.draft_max;
-        for p in self.pass_parts.iter().filter(|p| p.logits) {
+        for p in &self.pass_parts {
+            if !p.score.is_empty() {
+                for (i, r) in p.score.clone().enumerate() {
+                    self.logit_rows.push(p.tokens.start + r);
+                    self.logit_dest.push(SCORED | (p.score_at + i));
+                }
+                continue;
+            }
+            if !p.logits {
+                continue;
+            }
             let first = if p.alone {
                 p.tokens.start
             } else {
@@ -622,10 +708,37 @@ impl BatchRunner {
             self.hidden_at.push((p.slot, pos));
         }
         let v = self.model.config.vocab_size;
+        let (scores, score_next) = (&self.scores, &self.score_next);
+        let score = |k: usize, l: &[f32]| {
+            let lp = crate::sampler::log_softmax(l, score_next[k]);
+            scores[k].store(lp.to_bits(), Relaxed);
+        };
         let (logits, logit_dest) = (&mut self.logits, &self.logit_dest);
         let mut sink = |i: usize, l: &[f32]| {
             let r = logit_dest[i];
-            logits[r * v..(r + 1) * v].copy_from_slice(l);
+            if r & SCORED != 0 {
+                score(r & !SCORED, l);
+            } else {
+                logits[r * v..(r + 1) * v].copy_from_slice(l);
+            }
+        };
+        // A pass whose only logits are one part's scored rows scores them on the executor's
+        // threads, in any order.
+        let mut with_logits = self
+            .pass_parts
+            .iter()
+            .filter(|p| p.logits || !p.score.is_empty());
+        let each = match (with_logits.next(), with_logits.next()) {
+            (Some(p), None) if !p.score.is_empty() => {
+                let rows = p.tokens.start + p.score.start..p.tokens.start + p.score.end;
+                Some((rows, p.score_at))
+            }
+            _ => None,
+        };
+        let each_row = |row: usize, l: &[f32]| {
+            if let Some((rows, at)) = &each {
+                score(at + row - rows.start, l);
+            }
         };
         let (hidden_rows, hidden_at) = (&self.hidden_rows, &self.hidden_at);
         let mut hidden_sink = |row: usize, state: &[f32]| {
@@ -635,10 +748,16 @@ impl BatchRunner {
             hidden(slot, pos + row - hidden_rows[i].start, state);
         };
         // The argmax where the logits are: a step of one pass of rows that each end a part.
-        let keep =
-            self.argmax && hidden_rows.is_empty() && !self.pass_parts.iter().any(|p| p.alone);
+        let keep = self.argmax
+            && hidden_rows.is_empty()
+            && !self
+                .pass_parts
+                .iter()
+                .any(|p| p.alone || !p.score.is_empty());
         let want = if keep {
             Logits::Kept(&self.logit_rows)
+        } else if let (Some((rows, _)), true) = (&each, hidden_rows.is_empty()) {
+            Logits::EachRow(rows.clone(), &each_row)
         } else if hidden_rows.is_empty() {
             Logits::Picked(&self.logit_rows, &mut sink)
         } else {
@@ -724,16 +843,18 @@ pub fn drafts_kept(draft_max: usize, prefill_chunk: usize, n_ctx: usize, device:
 /// How a runner of `n_slots` sizes its buffers, from a session's options: a pass carries a
 /// prefill chunk (at most a slot's context) beside one decode token and up to `draft_max`
 /// drafts per slot, and the output head computes a logits row per slot at a time, and
-/// `draft_max` more (so that a lone verification pass reads the head once). (The memory plan
-/// sizes a server's session with this.)
+/// `draft_max` more (so that a lone verification pass reads the head once), or `score_rows`
+/// where more (a scoring runner: [`CacheOptions::score_rows`]). (The memory plan sizes a
+/// runner with this.)
 pub fn runner_session_options(
     opts: &SessionOptions,
     n_slots: usize,
     draft_max: usize,
+    score_rows: usize,
 ) -> SessionOptions {
     SessionOptions {
         batch_rows: n_slots * (1 + draft_max),
-        logit_rows: n_slots + draft_max,
+        logit_rows: (n_slots + draft_max).max(score_rows),
         ..*opts
     }
 }

@@ -6,6 +6,7 @@
 //!
 //! A generation hands each token and its text to a callback as the step that sampled it ends;
 //! returning `false` from it (or the request's cancel flag) stops the generation as cancelled.
+//! A score ([`Engine::score`], perplexity) hands each step's log-probabilities the same way.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -86,23 +87,35 @@ impl<'a> GenerateRequest<'a> {
 
 /// What the request's sink has received and the engine not yet handed on: per token its id
 /// (`u32::MAX` for text with no token of its own: the decoder's tail) and its text's range
-/// in `text`; then how the request ended. Buffers are reused from step to step.
+/// in `text`; a score's log-probabilities from position `scores_at` on; then how the request
+/// ended. Buffers are reused from step to step.
 #[derive(Default)]
 struct Outbox {
     events: Vec<(u32, Range<usize>)>,
     text: String,
+    scores: Vec<f64>,
+    scores_at: usize,
     finished: Option<Finished>,
 }
 
 impl Outbox {
     /// Room for a step's events: its sampled tokens (a verification pass's `rows`), a
-    /// decoder's tail, text held back for a stop sequence.
-    fn with_room(rows: usize) -> Outbox {
+    /// decoder's tail, text held back for a stop sequence; `scored` log-probabilities.
+    fn with_room(rows: usize, scored: usize) -> Outbox {
         Outbox {
             events: Vec::with_capacity(rows + 2),
             text: String::with_capacity(64 * (rows + 2)),
+            scores: Vec::with_capacity(scored),
+            scores_at: 0,
             finished: None,
         }
+    }
+
+    fn clear(&mut self) {
+        self.events.clear();
+        self.text.clear();
+        self.scores.clear();
+        self.finished = None;
     }
 }
 
@@ -141,6 +154,14 @@ impl SeqSink for Sink {
         o.events.push((id, at..at));
     }
 
+    fn scores(&mut self, at: usize, lps: &[f64]) {
+        let mut o = self.outbox();
+        if o.scores.is_empty() {
+            o.scores_at = at;
+        }
+        o.scores.extend_from_slice(lps);
+    }
+
     fn done(&mut self, finished: Finished) {
         self.outbox().finished = Some(finished);
     }
@@ -166,12 +187,17 @@ impl<'t> Engine<'t> {
         }
         let metrics = Arc::new(SchedMetrics::default());
         let rows = 1 + runner.opts.draft_max;
+        let scored = if runner.can_score() {
+            runner.opts.prefill_chunk
+        } else {
+            0
+        };
         Ok(Engine {
             sched: Scheduler::new(runner, tok, Arc::clone(&metrics)),
             metrics,
-            out: Arc::new(Mutex::new(Outbox::with_room(rows))),
+            out: Arc::new(Mutex::new(Outbox::with_room(rows, scored))),
             stop: Arc::new(AtomicBool::new(false)),
-            taken: Outbox::with_room(rows),
+            taken: Outbox::with_room(rows, scored),
         })
     }
 
@@ -232,12 +258,7 @@ impl<'t> Engine<'t> {
         }
         self.check_fits(req.prompt.len())?;
         self.stop.store(false, Relaxed);
-        {
-            let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
-            o.events.clear();
-            o.text.clear();
-            o.finished = None;
-        }
+        self.out.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let max_new = req.max_new.unwrap_or(usize::MAX);
         let sink = Sink {
             out: Arc::clone(&self.out),
@@ -256,6 +277,7 @@ impl<'t> Engine<'t> {
             logprobs: None,
             forks: Vec::new(),
             embed: None,
+            score: None,
             sink: Box::new(sink),
         };
         let spec0 = self.spec_stats();
@@ -340,6 +362,50 @@ impl<'t> Engine<'t> {
             accepted: spec1.accepted - spec0.accepted,
         };
         Ok(stats)
+    }
+
+    /// Score `tokens` (a fresh sequence; the runner must score: `CacheOptions::score_rows`):
+    /// hand `on_scores(at, lps)` the log-probabilities of the given token after each position
+    /// from `first` on, `lps[i]` that after position `at + i`, in position order as the
+    /// prefill steps compute them.
+    pub fn score(
+        &mut self,
+        tokens: &[u32],
+        first: usize,
+        on_scores: &mut dyn FnMut(usize, &[f64]),
+    ) -> Result<(), EngineError> {
+        self.stop.store(false, Relaxed);
+        self.out.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let sink = Sink {
+            out: Arc::clone(&self.out),
+            stop: Arc::clone(&self.stop),
+        };
+        self.sched
+            .submit(SeqRequest::scoring(tokens.to_vec(), first, Box::new(sink)));
+        // (A request refused at once is answered before any step.)
+        let finished = loop {
+            {
+                let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
+                std::mem::swap(&mut *o, &mut self.taken);
+            }
+            if !self.taken.scores.is_empty() {
+                on_scores(self.taken.scores_at, &self.taken.scores);
+            }
+            let finished = self.taken.finished.take();
+            self.taken.clear();
+            if finished.is_some() || self.sched.is_idle() {
+                break finished;
+            }
+            self.sched.step();
+        };
+        match finished.map(|f| f.reason) {
+            Some(FinishReason::Stop) => Ok(()),
+            Some(FinishReason::Error(e)) => Err(EngineError::Failed(e)),
+            Some(r) => Err(EngineError::Failed(format!(
+                "the score ended early ({r:?})"
+            ))),
+            None => Err(EngineError::Failed("the request ended unanswered".into())),
+        }
     }
 
     /// The scheduler's speculation counts so far.

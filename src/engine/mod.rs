@@ -1,6 +1,7 @@
-//! The engine: one scheduler over a batch runner for every generation (the server's
-//! requests, the command line's and the Python bindings' through [`Engine`]), sessions over a
-//! loaded model (a sequence's forward passes: perplexity, the tests' references), embeddings.
+//! The engine: one scheduler over a batch runner for every generation and score (the server's
+//! requests; the command line's and the Python bindings' through [`Engine`]: `run`, `chat`,
+//! `bench`, `perplexity`), embeddings; sessions over a loaded model (one sequence's forward
+//! passes, the tests' references), and the sizing both share.
 
 pub mod batch;
 pub mod embed;

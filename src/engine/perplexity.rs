@@ -1,11 +1,27 @@
 //! Perplexity as the reference engine's `llama-perplexity` computes it: the text is tokenized
 //! whole, cut into chunks of `n_ctx` tokens (the first replaced by BOS when the model adds one),
-//! and each chunk scores the log-likelihood of its second half.
+//! and each chunk scores the log-likelihood of its second half. Each chunk is a scoring
+//! request of the engine ([`Engine::score`]): evaluated in prefill chunks, the log-probability
+//! of each next token computed on the executor's threads as the output head gives its rows.
 
-use super::session::{EngineError, Session};
-use std::sync::atomic::{AtomicU64, Ordering};
+use super::batch::{BatchOptions, CacheOptions};
+use super::local::Engine;
+use super::session::{EngineError, SessionOptions};
 
-use crate::sampler::log_softmax;
+/// Logits rows the output head computes at once when scoring (the reference's batch of
+/// output rows is its `n_ubatch`; this bounds the logits scratch).
+pub const SCORE_ROWS: usize = 32;
+
+/// A one-slot runner for perplexity, sized as a session with `opts`: no drafts, the output
+/// head computing [`SCORE_ROWS`] rows at a time.
+pub fn scoring_options(opts: &SessionOptions) -> (BatchOptions, CacheOptions) {
+    let (batch, cache) = BatchOptions::from_session(opts, 1, 0);
+    let cache = CacheOptions {
+        score_rows: SCORE_ROWS,
+        ..cache
+    };
+    (batch, cache)
+}
 
 /// Result of a perplexity run.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -22,8 +38,9 @@ pub struct PerplexityReport {
 
 /// Score `tokens` (already tokenized with the model's BOS policy) in chunks of `n_ctx`.
 /// `bos` replaces each chunk's first token when given. `on_chunk(i, running_ppl)` reports.
+/// The engine's context holds a chunk ([`scoring_options`] sizes its runner).
 pub fn perplexity(
-    session: &mut Session,
+    engine: &mut Engine<'_>,
     tokens: &[u32],
     n_ctx: usize,
     max_chunks: Option<usize>,
@@ -45,26 +62,32 @@ pub fn perplexity(
     let mut count = 0usize;
     let mut running = Vec::with_capacity(chunks);
     let mut batch = vec![0u32; n_ctx];
-    // Each scored position's log-probability (f64 bits), computed on the session's threads,
-    // then summed in position order: the same sums as one position at a time.
-    let lps: Vec<AtomicU64> = (0..n_ctx).map(|_| AtomicU64::new(0)).collect();
+    // Each scored position's log-probability, summed in position order once the chunk is
+    // scored: the same sums as one position at a time.
+    let mut lps = vec![0.0f64; n_ctx];
     for i in 0..chunks {
         let start = i * n_ctx;
         batch.copy_from_slice(&tokens[start..start + n_ctx]);
         if let Some(b) = bos {
             batch[0] = b;
         }
-        session.reset();
-        let score = |pos: usize, logits: &[f32]| {
-            // Position `pos` predicts the next token of the original text.
-            if pos + 1 < n_ctx {
-                let lp = log_softmax(logits, tokens[start + pos + 1]);
-                lps[pos].store(lp.to_bits(), Ordering::Relaxed);
+        // Position `pos` predicts the next token of the original text (the chunk's own, but
+        // for the first position, whose token BOS replaced: it is never scored). The scores
+        // come in position order, each once.
+        let mut upto = Some(first);
+        engine.score(&batch, first, &mut |at, got| {
+            upto = upto.filter(|&u| u == at).map(|_| at + got.len());
+            if upto.is_some() {
+                lps[at..at + got.len()].copy_from_slice(got);
             }
-        };
-        session.eval_all_each(&batch, first, &score)?;
-        for lp in &lps[first..n_ctx - 1] {
-            let lp = f64::from_bits(lp.load(Ordering::Relaxed));
+        })?;
+        if upto != Some(n_ctx - 1) {
+            return Err(EngineError::Failed(format!(
+                "chunk {i}: positions {first}..{} were not each scored once, in order",
+                n_ctx - 1
+            )));
+        }
+        for &lp in &lps[first..n_ctx - 1] {
             nll -= lp;
             nll2 += lp * lp;
             count += 1;

@@ -1,5 +1,5 @@
-//! The memory plan: every byte a session will hold, computed from the file's header before any
-//! weight is loaded, with the same functions the session allocates with (one source of truth).
+//! The memory plan: every byte the engine will hold, computed from the file's header before any
+//! weight is loaded, with the same functions its runner allocates with (one source of truth).
 
 use super::session::{kv_layout, scratch_spec_for, SessionOptions};
 use crate::cache::{KvBudgetError, KvLayout, KvType, KvTypeError, Scratch};
@@ -18,7 +18,7 @@ pub struct Component {
     pub formula: String,
 }
 
-/// What a session with given options will use.
+/// What the engine with given options will use.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MemoryPlan {
     pub components: Vec<Component>,
@@ -82,9 +82,10 @@ pub const CODE_TOUCHED_BYTES: u64 = 3 << 19;
 /// ([`crate::quant::GROUP_KERNEL_STACK_BYTES`]).
 pub const THREAD_STACK_BYTES: u64 = (64 << 10) + crate::quant::GROUP_KERNEL_STACK_BYTES as u64;
 
-/// Plan a session over `file` sized by `opts`, or with `parallel` > 1 a server's batch runner
-/// of that many sequences (each with its own KV cache, token history, sampler and logits row,
-/// sharing the scratch of one forward pass with a row per sequence beside the chunk).
+/// Plan the engine over `file` sized by `opts`: its batch runner of `parallel` sequences (one:
+/// the command line's engine; more: a server's), each with its own KV cache, token history,
+/// sampler and logits row, sharing the scratch of one forward pass with a row per sequence
+/// beside the chunk. (Speculative decoding's rows come on top: `kiln plan` adds them.)
 pub fn plan(
     file: &GgufFile,
     opts: &SessionOptions,
@@ -151,15 +152,11 @@ pub fn plan(
     let header_heap = file.heap_bytes(&malloc_bytes) as u64;
     let kv = kv_layout(&c, opts);
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
-    // A server's batch runner: its pass carries a row per sequence beside the chunk, and it
-    // keeps each sequence's logits row beside the scratch's.
-    let (spec, runner_rows) = match parallel {
-        1 => (scratch_spec_for(file, opts), 0),
-        n => {
-            let o = crate::engine::batch::runner_session_options(opts, n as usize, 0);
-            (scratch_spec_for(file, &o), n as usize)
-        }
-    };
+    // The batch runner: its pass carries a row per sequence beside the chunk, and it keeps
+    // each sequence's logits row beside the scratch's.
+    let runner_rows = parallel as usize;
+    let o = crate::engine::batch::runner_session_options(opts, runner_rows, 0, 0);
+    let spec = scratch_spec_for(file, &o);
     let scratch = Scratch::bytes_for(&c, spec) as u64;
     let logit_rows = spec.logit_rows.max(1) + runner_rows;
     let logits = (logit_rows * c.vocab_size * 4) as u64;
@@ -262,14 +259,11 @@ pub fn plan(
             name: "logits",
             bytes: logits,
             mapped: false,
-            formula: match runner_rows {
-                0 => format!("{logit_rows} rows × {} vocab × 4", c.vocab_size),
-                n => format!(
-                    "({} output head rows + {n} seq × 1 row) × {} vocab × 4",
-                    spec.logit_rows.max(1),
-                    c.vocab_size
-                ),
-            },
+            formula: format!(
+                "({} output head rows + {runner_rows} seq × 1 row) × {} vocab × 4",
+                spec.logit_rows.max(1),
+                c.vocab_size
+            ),
         },
         Component {
             name: "sampler and history",
@@ -403,14 +397,14 @@ fn check_ctx(c: &crate::model::ModelConfig, opts: &SessionOptions) -> Result<(),
     Ok(())
 }
 
-/// What a session on the GPU will hold in device memory, from the file's header: the weights
+/// What the engine on the GPU will hold in device memory, from the file's header: the weights
 /// as [`crate::backend::cuda::DeviceWeights::upload`] lays them out, and the activation and
 /// KV-cache allocations as [`crate::backend::cuda::CudaSession::new`] makes them (the same
-/// layout functions). With `parallel` > 1, the session of a server's batch runner
-/// ([`crate::engine::batch::BatchRunner`]): that many KV slots, and rows for a prefill chunk
-/// beside a decode token and `draft_max` verification rows per slot (the drafts the runner
-/// keeps: [`crate::engine::batch::drafts_kept`]). The driver's own context memory is not
-/// included.
+/// layout functions), for the engine's batch runner ([`crate::engine::batch::BatchRunner`]) of
+/// `parallel` sequences (one: the command line's): that many KV slots, and rows for a prefill
+/// chunk beside a decode token and `draft_max` verification rows per slot (the drafts the
+/// runner keeps: [`crate::engine::batch::drafts_kept`]). The driver's own context memory is
+/// not included.
 pub fn device_plan(
     file: &GgufFile,
     opts: &SessionOptions,
@@ -425,10 +419,7 @@ pub fn device_plan(
     let slots = parallel.max(1);
     // (Rings are sized for one sequence's chunk, before a runner adds a row per slot.)
     let kv = crate::engine::session::kv_layout(&c, opts);
-    let opts = match slots {
-        1 => crate::engine::session::session_options(opts),
-        _ => crate::engine::batch::runner_session_options(opts, slots, draft_max),
-    };
+    let opts = crate::engine::batch::runner_session_options(opts, slots, draft_max, 0);
     let spec = scratch_spec_for(file, &opts);
     let ring = kv.offload_ring(opts.kv_type, opts.kv_budget)?;
     let exec = crate::engine::session::exec_spec_with(&opts, slots, kv.clone(), spec);

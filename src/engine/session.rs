@@ -1,17 +1,19 @@
 //! A session: one sequence's forward passes over a shared model — the device's executor (its
-//! KV cache, scratch buffers and weights) and the tokens the cache holds. Everything is
-//! allocated in [`Session::new`]; prefill and decode reuse it. Perplexity and the tests'
-//! references evaluate text through it; generation goes through the scheduler
-//! ([`super::Engine`]), whose runner sizes itself with this module's functions.
+//! KV cache, scratch buffers and weights) and the tokens the cache holds, token by token or
+//! pass by pass, with none of the engine's scheduling: the tests' references (what one
+//! sequence decoded alone gives, to hold the engine to). Everything is allocated in
+//! [`Session::new`]; prefill and decode reuse it. Every command (generation, perplexity,
+//! embeddings) goes through the engine ([`super::Engine`]); its runner sizes itself with this
+//! module's functions ([`SessionOptions`], [`kv_layout`], [`scratch_spec`]) and reports its
+//! errors as [`EngineError`].
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::backend::cpu::Runtime;
 use crate::backend::exec::{ExecError, ExecSpec, Executor, HasExecutor, SlotRows};
 use crate::backend::{Device, DeviceError};
 use crate::cache::{
-    KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, Scratch, ScratchSpec,
+    KvBudgetError, KvCache, KvCacheError, KvLayout, KvType, KvTypeError, ScratchSpec,
 };
 use crate::engine::sequence::{common_prefix, mask_logits};
 use crate::model::forward::{ForwardError, Logits};
@@ -25,8 +27,8 @@ pub struct SessionOptions {
     pub n_threads: usize,
     /// Tokens per prefill forward pass; bounds activation memory.
     pub prefill_chunk: usize,
-    /// Logit rows the output head computes at once (every position's, for perplexity; a
-    /// batch runner's slots and verification rows).
+    /// Logit rows the output head computes at once (a session's passes of several positions'
+    /// logits; a batch runner's slots and verification rows, or its scored rows).
     pub logit_rows: usize,
     /// Rows a pass carries beside its prefill chunk: a batch runner's decode rows and
     /// verification passes, one sequence's each (0 for a session).
@@ -151,19 +153,9 @@ impl HasExecutor for Session {
 
 impl Session {
     pub fn new(model: Arc<Model>, opts: SessionOptions) -> Result<Session, EngineError> {
-        Session::with_progress(model, opts, &mut |_, _| {})
-    }
-
-    /// [`Session::new`], calling `progress(bytes done, bytes in all)` while the weights go to
-    /// the GPU (not at all on the CPU, or when another session already put them there).
-    pub fn with_progress(
-        model: Arc<Model>,
-        opts: SessionOptions,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Session, EngineError> {
         let c = &model.config;
         if c.arch.is_encoder() {
-            // A session generates (run, chat, perplexity, bench): an encoder cannot.
+            // A session gives logits: an encoder cannot.
             return Err(EngineError::encoder_generation(&c.arch_name));
         }
         let n_ctx = opts.n_ctx.max(1);
@@ -173,7 +165,7 @@ impl Session {
             ..session_options(&opts)
         };
         let spec = exec_spec(&model, &opts, 1);
-        let exec = crate::backend::open::executor(model.clone(), &spec, progress)?;
+        let exec = crate::backend::open::executor(model.clone(), &spec, &mut |_, _| {})?;
         Ok(Session {
             tokens: Vec::with_capacity(n_ctx),
             exec,
@@ -228,16 +220,6 @@ impl Session {
         self.exec.kv_cache(0)
     }
 
-    /// The scratch buffers where they are in host memory; `None` on a device.
-    pub fn scratch(&self) -> Option<&Scratch> {
-        self.exec.scratch()
-    }
-
-    /// The CPU's threads (a session on another device keeps one, for host work).
-    pub fn runtime(&self) -> &Runtime {
-        self.exec.runtime()
-    }
-
     /// Whether `n` more tokens would overflow the context.
     pub fn would_overflow(&self, n: usize) -> bool {
         self.exec.check_fits(0, n).is_err()
@@ -256,15 +238,6 @@ impl Session {
         let kept = self.exec.rollback(0, n);
         self.tokens.truncate(kept);
         kept
-    }
-
-    /// The most tokens a pass may add after a position and still roll back to it exactly:
-    /// a sliding-window ring's `rows − window + 1` (see `KvWindow::max_pass`); unbounded
-    /// without rings.
-    pub fn rollback_reach(&self) -> usize {
-        kv_layout(&self.model.config, &self.opts)
-            .window
-            .map_or(usize::MAX, |w| w.max_pass())
     }
 
     /// Length of the common prefix of the cached tokens and `tokens`.
@@ -321,7 +294,8 @@ impl Session {
     }
 
     /// Evaluate `tokens` and hand the logits of every position `>= first` to
-    /// `sink(position_in_tokens, logits)` (teacher forcing, perplexity).
+    /// `sink(position_in_tokens, logits)` (teacher forcing: the reference of the engine's
+    /// scoring requests).
     pub fn eval_all(
         &mut self,
         tokens: &[u32],
@@ -349,21 +323,6 @@ impl Session {
         let r = self.eval_all(tokens, 0, sink);
         self.alone = false;
         r
-    }
-
-    /// [`Session::eval_all`] with `f(position_in_tokens, logits)` called in any order, on any
-    /// of the session's threads: per-position work (scoring a position's logits) runs in
-    /// parallel.
-    pub fn eval_all_each(
-        &mut self,
-        tokens: &[u32],
-        first: usize,
-        f: &(dyn Fn(usize, &[f32]) + Sync),
-    ) -> Result<(), EngineError> {
-        self.eval_parts(tokens, first, &mut |s, part, base, rows| {
-            let shifted = |row: usize, l: &[f32]| f(base + row, l);
-            Ok(s.run(part, Logits::EachRow(rows, &shifted))?)
-        })
     }
 
     /// Evaluate `tokens` a forward pass at a time: `pass(self, part, base, rows)` runs a part

@@ -568,10 +568,10 @@ fn top_k_of_keeps_what_top_k_keeps() {
     }
 }
 
-/// The one-pass maxima: `best_of` is `best_candidate` over the candidates the logits make
-/// (NaN as −∞, `total_cmp`'s order: +0 above −0, the first of equals), and `argmax` is the plain
-/// scan (NaN skipped, ±0 equal, the first of equals, 0 when nothing compares), on rows of every
-/// length around the 16 lanes, with ties, ±0, NaN and ±∞ at moving places.
+/// The one-pass maximum: `argmax` is the plain scan (NaN skipped, ±0 equal, the first of
+/// equals, 0 when nothing compares), on rows of every length around the 16 lanes, with ties,
+/// ±0, NaN and ±∞ at moving places; the greedy sampler picks it, and `best_candidate` too
+/// where the candidates hold no NaN.
 #[test]
 fn one_pass_maxima_match_the_plain_scans() {
     let mut next = xorshift(0x9e3779b97f4a7c15u64);
@@ -610,16 +610,56 @@ fn one_pass_maxima_match_the_plain_scans() {
             "case {case}: {logits:?}"
         );
         if n > 0 {
-            let cands: Vec<(u32, f32)> = logits
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| (i as u32, if l.is_nan() { f32::NEG_INFINITY } else { l }))
-                .collect();
+            let mut greedy = Sampler::new(SamplerConfig::greedy(), n);
             assert_eq!(
-                best_of(&logits),
-                best_candidate(&cands),
+                greedy.sample(&logits, &[]),
+                argmax(&logits),
                 "case {case}: {logits:?}"
             );
+            if !logits.iter().any(|l| l.is_nan()) {
+                let cands: Vec<(u32, f32)> = logits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (i as u32, l))
+                    .collect();
+                assert_eq!(
+                    best_candidate(&cands),
+                    argmax(&logits),
+                    "case {case}: {logits:?}"
+                );
+            }
+        }
+    }
+}
+
+/// A greedy step picks the same token whether the host's sampler or an executor's argmax
+/// picks it: on rows whose maximum is a ±0 tie, all NaN, all −∞, or NaN beside −∞ (the
+/// first of ±0, −∞ above NaN, 0 where nothing compares), with or without a repetition
+/// penalty (its candidates, where the row has no NaN).
+#[test]
+fn greedy_pick_is_argmax_on_zero_ties_nan_and_infinite_rows() {
+    let (nan, ninf) = (f32::NAN, f32::NEG_INFINITY);
+    for (row, want) in [
+        (&[-0.0, 0.0][..], 0),
+        (&[0.0, -0.0], 0),
+        (&[-1.0, -0.0, 0.0], 1),
+        (&[nan, nan, nan], 0),
+        (&[nan, ninf], 1),
+        (&[ninf, nan], 0),
+        (&[ninf, ninf], 0),
+        (&[nan, -0.0, 0.0], 1),
+    ] {
+        assert_eq!(argmax(row), want, "{row:?}");
+        let mut s = Sampler::new(SamplerConfig::greedy(), row.len());
+        assert_eq!(s.sample(row, &[]), want, "greedy sampler: {row:?}");
+        if !row.iter().any(|l| l.is_nan()) {
+            let cfg = SamplerConfig {
+                repeat_penalty: 1.5,
+                ..SamplerConfig::greedy()
+            };
+            let mut s = Sampler::new(cfg, row.len());
+            // (A penalty with no history: the candidates' path, no logit changed.)
+            assert_eq!(s.sample(row, &[]), want, "penalized: {row:?}");
         }
     }
 }

@@ -222,6 +222,7 @@ pub(super) async fn queue(
             logprobs: gen.logprobs,
             forks,
             embed: None,
+            score: None,
             sink,
         })
         .map_err(|_| ApiError::unavailable("the engine has stopped"))?;

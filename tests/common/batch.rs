@@ -79,6 +79,7 @@ pub fn greedy_ids(
             logprobs: logprobs.then_some(0),
             forks: Vec::new(),
             embed: None,
+            score: None,
             sink: Box::new(Ids(Arc::clone(ids))),
         });
     }

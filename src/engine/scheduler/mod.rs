@@ -8,10 +8,11 @@
 //! the running sequences by at most one chunk per step.
 //!
 //! Prompt tokens are handed out shortest remaining prompt first (then oldest first), each
-//! sequence's in the pieces [`super::Session::prefill`] uses (`prefill_chunk` tokens from the
-//! first uncached one, same bits). A short prompt arriving while a long one is being
-//! prefilled is thus evaluated in the next step, and the long prompt waits one step per
-//! request that overtakes it (at most one per slot freed, as admission needs a free slot).
+//! sequence's in pieces of `prefill_chunk` tokens from the first uncached one (the pieces a
+//! [`super::Session::prefill`] of the prompt evaluates: same bits). A short prompt arriving
+//! while a long one is being prefilled is thus evaluated in the next step, and the long
+//! prompt waits one step per request that overtakes it (at most one per slot freed, as
+//! admission needs a free slot).
 //!
 //! Prefix cache: a finished sequence's slot keeps its tokens and KV. A new request goes to the
 //! free slot sharing the longest prefix with its prompt (least recently used among equals) and
@@ -29,6 +30,10 @@
 //! is admitted when a slot is free for each choice; its own slot evaluates the prompt while the
 //! others wait, then each of them takes a copy of the prompt's KV and of its last logits and
 //! samples on with its own sampler, grammar and sink.
+//!
+//! A scoring request ([`SeqRequest::score`], perplexity) is a prompt evaluated in the same
+//! prefill chunks, its positions' log-probabilities of the next given token handed to its
+//! sink step by step (`score.rs`); it samples nothing.
 //!
 //! Log-probabilities ([`SeqRequest::logprobs`]) are read from the raw logits row before any
 //! mask or sampling, into buffers allocated at admission ([`super::logprobs`]).
@@ -57,9 +62,11 @@ use super::speculative::DraftWant;
 use crate::grammar::{overlap, Constraint};
 use crate::sampler::Sampler;
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+use score::push_scored;
 
 mod code;
 mod request;
+mod score;
 mod speculate;
 pub use code::CodeStops;
 use code::CodeWatch;
@@ -217,6 +224,9 @@ pub struct Scheduler<'t> {
     spec: Option<ServeSpec>,
     /// A sequence's tokens and its pending one, for the drafter (reused).
     history: Vec<u32>,
+    /// A scoring request's log-probabilities of a step (reused; empty where the runner
+    /// does not score).
+    scored: Vec<f64>,
 }
 
 impl<'t> Scheduler<'t> {
@@ -227,7 +237,6 @@ impl<'t> Scheduler<'t> {
             .kv_tokens_total
             .store(n.saturating_mul(runner.n_ctx()), Relaxed);
         Scheduler {
-            runner,
             tok,
             waiting: VecDeque::new(),
             returned: None,
@@ -242,7 +251,13 @@ impl<'t> Scheduler<'t> {
             piece: String::with_capacity(64),
             poolers: (0..n).map(|_| None).collect(),
             spec: None,
+            scored: Vec::with_capacity(if runner.can_score() {
+                runner.opts.prefill_chunk
+            } else {
+                0
+            }),
             history: Vec::new(),
+            runner,
         }
     }
 
@@ -283,8 +298,8 @@ impl<'t> Scheduler<'t> {
     fn queue(&mut self, mut req: SeqRequest, sampler: Option<Sampler>) {
         let n_ctx = self.runner.n_ctx();
         let choices = 1 + req.forks.len();
-        // A generation needs room for one token more; an embedding only its prompt.
-        let room = if req.embed.is_some() {
+        // A generation needs room for one token more; an embedding or a score only its prompt.
+        let room = if req.embed.is_some() || req.score.is_some() {
             n_ctx + 1
         } else {
             n_ctx
@@ -294,6 +309,8 @@ impl<'t> Scheduler<'t> {
                 "{choices} choices need {choices} sequence slots; there are {}",
                 self.runner.n_slots()
             ))
+        } else if let Some(e) = self.refuse_score(&req) {
+            Some(e)
         } else if req.embed.is_none() && self.runner.model.config.arch.is_encoder() {
             let arch = &self.runner.model.config.arch_name;
             Some(EngineError::encoder_generation(arch).to_string())
@@ -391,8 +408,9 @@ impl<'t> Scheduler<'t> {
             // bidirectional attention none at all: a cached key saw its own prompt's future).
             let causal = self.runner.model.config.causal;
             let reuse = causal && req.embed.is_none_or(|e| e.pooling.reuses_prefix());
+            // (A score reuses no prefix past its first scored position.)
             let limit = if req.cache_prompt && reuse {
-                req.prompt.len() - 1
+                (req.prompt.len() - 1).min(req.score.unwrap_or(usize::MAX))
             } else {
                 0
             };
@@ -427,6 +445,7 @@ impl<'t> Scheduler<'t> {
                     grammar: f.grammar,
                     logprobs: req.logprobs,
                     embed: None,
+                    score: None,
                     forks: Vec::new(),
                     sink: f.sink,
                 })
@@ -598,12 +617,15 @@ impl<'t> Scheduler<'t> {
                     let end = next + self.plan[s];
                     let prompt = &a.req.prompt;
                     let part = &prompt[next..end];
-                    match a.req.embed {
-                        Some(e) => {
+                    match (a.req.embed, a.req.score) {
+                        (Some(e), _) => {
                             let rows = e.pooling.rows_wanted(next, part.len(), prompt.len());
                             self.runner.push_embed_part(s, part, rows);
                         }
-                        None => self.runner.push_part(s, part, end == prompt.len()),
+                        (None, Some(first)) => {
+                            push_scored(&mut self.runner, s, prompt, next..end, first)
+                        }
+                        (None, None) => self.runner.push_part(s, part, end == prompt.len()),
                     }
                     n_prefill += end - next;
                     self.in_step[s] = true;
@@ -667,7 +689,9 @@ impl<'t> Scheduler<'t> {
                 Phase::Decode { .. } => self.sample_next(slot),
                 Phase::Prefill { next } => {
                     let next = next + self.plan[slot];
-                    if next == a.req.prompt.len() && a.req.embed.is_some() {
+                    if a.req.score.is_some() {
+                        self.hand_scores(slot, next);
+                    } else if next == a.req.prompt.len() && a.req.embed.is_some() {
                         self.finish_embedding(slot);
                     } else if next == a.req.prompt.len() {
                         self.release_forks(slot);
@@ -698,7 +722,8 @@ impl<'t> Scheduler<'t> {
             let Some(a) = a else { continue };
             let fresh = match a.phase {
                 Phase::Decode { .. } => true,
-                Phase::Prefill { .. } => self.completing[s],
+                // (A score samples nothing.)
+                Phase::Prefill { .. } => self.completing[s] && a.req.score.is_none(),
                 Phase::Waiting { on } if self.completing[on] => return false,
                 Phase::Waiting { .. } => false,
             };

@@ -43,6 +43,12 @@ pub struct SeqRequest {
     /// the other sequences) with no logits, its hidden states pooled; the sink gets
     /// [`SeqSink::embedding`], then `done` (`Stop`). `max_new`, sampling and stops are unused.
     pub embed: Option<EmbedSpec>,
+    /// Teacher forcing instead of a generation (perplexity): the prompt is evaluated (in
+    /// prefill chunks, beside the other sequences) and, from this position on, each
+    /// position's log-probability of the prompt's next token goes to [`SeqSink::scores`];
+    /// then `done` (`Stop`). `max_new`, sampling and stops are unused. Only a runner sized
+    /// for it scores ([`crate::engine::batch::CacheOptions::score_rows`]).
+    pub score: Option<usize>,
     /// Receives the events of this request; returning `false` (the receiver is gone: a closed
     /// connection) cancels the request and frees its slot. Any `FnMut(SeqEvent) -> bool` is
     /// one (it receives owned text); [`SeqSink`] itself takes borrowed text.
@@ -72,6 +78,28 @@ impl SeqRequest {
             logprobs: None,
             forks: Vec::new(),
             embed: Some(spec),
+            score: None,
+            sink,
+        }
+    }
+
+    /// A scoring request: the log-probability of each of `prompt`'s tokens after position
+    /// `first` given the ones before it goes to `sink` ([`SeqRequest::score`]).
+    pub fn scoring(prompt: Vec<u32>, first: usize, sink: Box<dyn SeqSink>) -> SeqRequest {
+        SeqRequest {
+            prompt,
+            max_new: 0,
+            sampler: SamplerConfig::default(),
+            stop: Vec::new(),
+            code: CodeStops::default(),
+            cache_prompt: false,
+            tenant: 0,
+            ignore_eos: false,
+            grammar: None,
+            logprobs: None,
+            forks: Vec::new(),
+            embed: None,
+            score: Some(first),
             sink,
         }
     }
@@ -90,6 +118,9 @@ pub trait SeqSink: Send {
     /// An embedding request's vectors (one, or one per position with pooling `none`), just
     /// before `done`.
     fn embedding(&mut self, _rows: Vec<Vec<f32>>) {}
+    /// A scoring request's log-probabilities of the prompt's tokens after positions `at..`
+    /// (consecutive, as the steps evaluate them; every scored position once, in order).
+    fn scores(&mut self, _at: usize, _lps: &[f64]) {}
     /// The request ended.
     fn done(&mut self, finished: Finished);
 }
