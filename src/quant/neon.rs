@@ -49,6 +49,68 @@ unsafe fn hsum8(a: [float32x4_t; 2]) -> f32 {
     vget_lane_f32::<0>(t) + vget_lane_f32::<1>(t)
 }
 
+/// Sub-block `ib`'s 32 weights (`q`: elements 0..16 and 16..32) times the Q8_K activations of
+/// the super-block at `xp`, into ggml's 8 lanes, each half times its scale `sc`.
+#[inline(always)]
+unsafe fn mla_sub_block(
+    lanes: &mut [int32x4_t; 2],
+    q: [int8x16_t; 2],
+    xp: *const u8,
+    ib: usize,
+    sc: [i32; 2],
+) {
+    let y0 = vld1q_s8(xp.add(4 + 32 * ib).cast());
+    let y1 = vld1q_s8(xp.add(20 + 32 * ib).cast());
+    lanes[0] = vmlaq_n_s32(lanes[0], lanes16(q[0], y0), sc[0]);
+    lanes[1] = vmlaq_n_s32(lanes[1], lanes16(q[1], y1), sc[1]);
+}
+
+/// A row's float sum over super-blocks of one scale each, from their 8 lanes of integer sums:
+/// each converted and fused-multiply-added with `d_w·d_y` ([`kquant_order::k_dot_lanes`]), or
+/// with `tiled` summed whole, times `d_w`, then fused-multiply-added with `d_y`
+/// ([`kquant_order::k_dot_tiled`]).
+///
+/// [`kquant_order::k_dot_lanes`]: super::kquant_order::k_dot_lanes
+/// [`kquant_order::k_dot_tiled`]: super::kquant_order::k_dot_tiled
+struct LaneSum {
+    acc: [float32x4_t; 2],
+    acc_t: f32,
+    tiled: bool,
+}
+
+impl LaneSum {
+    #[inline(always)]
+    unsafe fn new(tiled: bool) -> Self {
+        LaneSum {
+            acc: [vdupq_n_f32(0.0); 2],
+            acc_t: 0.0,
+            tiled,
+        }
+    }
+
+    /// One super-block: its lanes, its weight scale `d` and its activations' scale `yd`.
+    #[inline(always)]
+    unsafe fn add(&mut self, lanes: [int32x4_t; 2], d: f32, yd: f32) {
+        if self.tiled {
+            let r = vaddvq_s32(vaddq_s32(lanes[0], lanes[1])) as f32 * d;
+            self.acc_t = r.mul_add(yd, self.acc_t);
+        } else {
+            let f = d * yd;
+            self.acc[0] = vfmaq_n_f32(self.acc[0], vcvtq_f32_s32(lanes[0]), f);
+            self.acc[1] = vfmaq_n_f32(self.acc[1], vcvtq_f32_s32(lanes[1]), f);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        if self.tiled {
+            self.acc_t
+        } else {
+            hsum8(self.acc)
+        }
+    }
+}
+
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
     half::f16::from_bits(core::ptr::read_unaligned(p.cast::<u16>())).to_f32()
@@ -571,8 +633,7 @@ unsafe fn dot_lut32<const MX: bool>(nb: usize, w: *const u8, x: *const u8) -> f3
 #[inline(always)]
 unsafe fn dot_iq4xs(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> f32 {
     let grid = vld1q_s8(super::blocks::KVALUES_IQ4NL.as_ptr());
-    let mut acc = [vdupq_n_f32(0.0); 2];
-    let mut acc_t = 0f32;
+    let mut sum = LaneSum::new(tiled);
     for b in 0..nb {
         let wp = w.add(b * 136);
         let xp = x.add(b * Q8K_BYTES);
@@ -582,27 +643,13 @@ unsafe fn dot_iq4xs(nb: usize, w: *const u8, x: *const u8, tiled: bool) -> f32 {
         for ib in 0..8 {
             let ls = (((l >> (4 * ib)) & 0xF) | (((h >> (2 * ib)) & 3) << 4)) as i32 - 32;
             let (q0, q1) = iq4_values(wp.add(8 + 16 * ib), grid);
-            let y0 = vld1q_s8(xp.add(4 + 32 * ib).cast());
-            let y1 = vld1q_s8(xp.add(20 + 32 * ib).cast());
-            lanes[0] = vmlaq_n_s32(lanes[0], lanes16(q0, y0), ls);
-            lanes[1] = vmlaq_n_s32(lanes[1], lanes16(q1, y1), ls);
+            mla_sub_block(&mut lanes, [q0, q1], xp, ib, [ls, ls]);
         }
         let d = f16_at(wp);
         let yd = core::ptr::read_unaligned(xp.cast::<f32>());
-        if tiled {
-            let r = vaddvq_s32(vaddq_s32(lanes[0], lanes[1])) as f32 * d;
-            acc_t = r.mul_add(yd, acc_t);
-        } else {
-            let f = d * yd;
-            acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(lanes[0]), f);
-            acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(lanes[1]), f);
-        }
+        sum.add(lanes, d, yd);
     }
-    if tiled {
-        acc_t
-    } else {
-        hsum8(acc)
-    }
+    sum.sum()
 }
 
 struct RIq4Nl;

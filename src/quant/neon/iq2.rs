@@ -8,7 +8,7 @@
 //! [`kquant_order::k_dot_lanes`]: crate::quant::kquant_order::k_dot_lanes
 //! [`kquant_order::k_dot_tiled`]: crate::quant::kquant_order::k_dot_tiled
 
-use super::{hsum8, lanes16, Row, Q8K_BYTES};
+use super::{mla_sub_block, LaneSum, Row, Q8K_BYTES};
 use crate::quant::blocks::RawBlock;
 use crate::quant::iq2::Iq2Block;
 use core::arch::aarch64::*;
@@ -36,8 +36,7 @@ unsafe fn dot_iq2<B: Iq2Block + RawBlock>(
     tiled: bool,
 ) -> f32 {
     let size = core::mem::size_of::<B>();
-    let mut acc = [vdupq_n_f32(0.0); 2];
-    let mut acc_t = 0f32;
+    let mut sum = LaneSum::new(tiled);
     for b in 0..nb {
         // SAFETY: the row holds `nb` whole blocks; `B` is a `RawBlock` (alignment 1, any bits).
         let blk = &*w.add(b * size).cast::<B>();
@@ -47,27 +46,13 @@ unsafe fn dot_iq2<B: Iq2Block + RawBlock>(
             let s = blk.sub(ib);
             let q0 = signed16([s.grid[0], s.grid[1]], [s.signs[0], s.signs[1]]);
             let q1 = signed16([s.grid[2], s.grid[3]], [s.signs[2], s.signs[3]]);
-            let y0 = vld1q_s8(xp.add(4 + 32 * ib).cast());
-            let y1 = vld1q_s8(xp.add(20 + 32 * ib).cast());
-            lanes[0] = vmlaq_n_s32(lanes[0], lanes16(q0, y0), s.scale(0));
-            lanes[1] = vmlaq_n_s32(lanes[1], lanes16(q1, y1), s.scale(1));
+            mla_sub_block(&mut lanes, [q0, q1], xp, ib, [s.scale(0), s.scale(1)]);
         }
         let d = blk.d() * 0.125;
         let yd = core::ptr::read_unaligned(xp.cast::<f32>());
-        if tiled {
-            let r = vaddvq_s32(vaddq_s32(lanes[0], lanes[1])) as f32 * d;
-            acc_t = r.mul_add(yd, acc_t);
-        } else {
-            let f = d * yd;
-            acc[0] = vfmaq_n_f32(acc[0], vcvtq_f32_s32(lanes[0]), f);
-            acc[1] = vfmaq_n_f32(acc[1], vcvtq_f32_s32(lanes[1]), f);
-        }
+        sum.add(lanes, d, yd);
     }
-    if tiled {
-        acc_t
-    } else {
-        hsum8(acc)
-    }
+    sum.sum()
 }
 
 /// IQ2_XXS, IQ2_XS or IQ2_S rows (`B`) against Q8_K rows.

@@ -23,6 +23,33 @@ pub(super) struct Chunk {
     dl: [int8x16_t; 2],
 }
 
+impl Chunk {
+    /// An IQ3 sub-block: the 4-byte grid entries `g(0..8)`, negated by the sign bits of each
+    /// half, its one odd scale; no shifts.
+    #[inline(always)]
+    unsafe fn iq3(g: impl Fn(usize) -> u32, signs: [u16; 2], sc: i32) -> Chunk {
+        Chunk {
+            q: [
+                apply_signs(grid3([g(0), g(1), g(2), g(3)]), signs[0]),
+                apply_signs(grid3([g(4), g(5), g(6), g(7)]), signs[1]),
+            ],
+            sc: [sc, sc],
+            dl: [vdupq_n_s8(0); 2],
+        }
+    }
+
+    /// An IQ1 sub-block: the 8-byte grid entries at the indices `idx(0..4)`, the odd scale and
+    /// the shifts' signs of each half.
+    #[inline(always)]
+    unsafe fn iq1(idx: impl Fn(usize) -> usize, sc: [i32; 2], dl: [int8x16_t; 2]) -> Chunk {
+        Chunk {
+            q: [grid1(idx(0), idx(1)), grid1(idx(2), idx(3))],
+            sc,
+            dl,
+        }
+    }
+}
+
 /// A 256-element format of grid entries (`iq_order`'s terms).
 pub(super) trait IqGrid {
     const W_BYTES: usize;
@@ -31,8 +58,12 @@ pub(super) trait IqGrid {
     const LANE_FACTOR: f32;
     /// 0: no shifts; 1: the shifts' sum apart as a scalar (IQ1_S); 2: in lanes (IQ1_M).
     const SHIFT: u8;
-    /// The super-block scale of the block at `p`.
-    unsafe fn d(p: *const u8) -> f32;
+    /// The super-block scale of the block at `p` (an f16 at its start, unless the format says
+    /// otherwise).
+    #[inline(always)]
+    unsafe fn d(p: *const u8) -> f32 {
+        f16_at(p)
+    }
     /// Sub-block `ib` (0..8) of the block at `p`.
     unsafe fn chunk(p: *const u8, ib: usize) -> Chunk;
 }
@@ -82,24 +113,13 @@ impl IqGrid for Iq3Xxs {
     const LANE_FACTOR: f32 = 0.25;
     const SHIFT: u8 = 0;
     #[inline(always)]
-    unsafe fn d(p: *const u8) -> f32 {
-        f16_at(p)
-    }
-    #[inline(always)]
     unsafe fn chunk(p: *const u8, ib: usize) -> Chunk {
         let q = p.add(2 + 8 * ib);
         let g = |k: usize| IQ3XXS_GRID[*q.add(k) as usize];
         let aux = u32_at(p.add(2 + 64 + 4 * ib));
         let sign = |l: u32| KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize] as u16;
         let sc = 2 * (aux >> 28) as i32 + 1;
-        Chunk {
-            q: [
-                apply_signs(grid3([g(0), g(1), g(2), g(3)]), sign(0) | sign(1) << 8),
-                apply_signs(grid3([g(4), g(5), g(6), g(7)]), sign(2) | sign(3) << 8),
-            ],
-            sc: [sc, sc],
-            dl: [vdupq_n_s8(0); 2],
-        }
+        Chunk::iq3(g, [sign(0) | sign(1) << 8, sign(2) | sign(3) << 8], sc)
     }
 }
 
@@ -113,10 +133,6 @@ impl IqGrid for Iq3S {
     const LANE_FACTOR: f32 = 1.0;
     const SHIFT: u8 = 0;
     #[inline(always)]
-    unsafe fn d(p: *const u8) -> f32 {
-        f16_at(p)
-    }
-    #[inline(always)]
     unsafe fn chunk(p: *const u8, ib: usize) -> Chunk {
         let q = p.add(2 + 8 * ib);
         let qh = *p.add(66 + ib) as usize;
@@ -124,14 +140,7 @@ impl IqGrid for Iq3S {
         let ls = (*p.add(106 + ib / 2) >> (4 * (ib % 2))) & 0xF;
         let sc = 1 + 2 * ls as i32;
         let s = p.add(74 + 4 * ib);
-        Chunk {
-            q: [
-                apply_signs(grid3([g(0), g(1), g(2), g(3)]), u16_at(s)),
-                apply_signs(grid3([g(4), g(5), g(6), g(7)]), u16_at(s.add(2))),
-            ],
-            sc: [sc, sc],
-            dl: [vdupq_n_s8(0); 2],
-        }
+        Chunk::iq3(g, [u16_at(s), u16_at(s.add(2))], sc)
     }
 }
 
@@ -144,21 +153,13 @@ impl IqGrid for Iq1S {
     const LANE_FACTOR: f32 = 1.0;
     const SHIFT: u8 = 1;
     #[inline(always)]
-    unsafe fn d(p: *const u8) -> f32 {
-        f16_at(p)
-    }
-    #[inline(always)]
     unsafe fn chunk(p: *const u8, ib: usize) -> Chunk {
         let q = p.add(2 + 4 * ib);
         let qh = u16_at(p.add(34 + 2 * ib)) as usize;
         let idx = |l: usize| *q.add(l) as usize | ((qh >> (3 * l)) & 7) << 8;
         let dl = vdupq_n_s8(if qh & 0x8000 != 0 { -1 } else { 1 });
         let sc = 2 * ((qh >> 12) & 7) as i32 + 1;
-        Chunk {
-            q: [grid1(idx(0), idx(1)), grid1(idx(2), idx(3))],
-            sc: [sc, sc],
-            dl: [dl, dl],
-        }
+        Chunk::iq1(idx, [sc, sc], [dl, dl])
     }
 }
 
@@ -187,11 +188,8 @@ impl IqGrid for Iq1M {
         let shift = |l: usize| if nib(l) & 8 != 0 { -1i8 } else { 1 };
         let dl = |a: usize, b: usize| vcombine_s8(vdup_n_s8(shift(a)), vdup_n_s8(shift(b)));
         let w = u16_at(p.add(48 + 2 * (ib / 2))) as i32 >> (6 * (ib % 2));
-        Chunk {
-            q: [grid1(idx(0), idx(1)), grid1(idx(2), idx(3))],
-            sc: [2 * (w & 7) + 1, 2 * ((w >> 3) & 7) + 1],
-            dl: [dl(0, 1), dl(2, 3)],
-        }
+        let sc = [2 * (w & 7) + 1, 2 * ((w >> 3) & 7) + 1];
+        Chunk::iq1(idx, sc, [dl(0, 1), dl(2, 3)])
     }
 }
 
