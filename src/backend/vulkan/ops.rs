@@ -139,7 +139,8 @@ pub fn matvec_int(
     let blocks = p.n_tok * p.cols / 32;
     let g = rec.grid(blocks.div_ceil(64))?;
     rec.dispatch(KernelId::QuantizeQ8_0, &[x, xq], &[blocks as u32], g)?;
-    let groups = rec.grid(p.rows)?;
+    // (Eight rows a workgroup.)
+    let groups = rec.grid(p.rows.div_ceil(8))?;
     rec.dispatch(KernelId::MatvecInt(fmt), &[w, xq, y], &p.push(rb), groups)
 }
 

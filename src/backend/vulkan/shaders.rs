@@ -3,8 +3,8 @@
 //!
 //! A kernel is its file after the pieces it builds on: `common.wgsl` (every kernel), and for the
 //! products `weights.wgsl` (byte readers of a weight matrix) with the format's `fmt_*.wgsl`
-//! (`deq32`: 32 values of a row as f32) or `dot_*.wgsl` (`block_dot`: a block's integer
-//! product with 8-bit activations), and for the kernels that sum over a workgroup
+//! (`deq32`: 32 values of a row as f32) or `dot_*.wgsl` (`block_d` and `lane_dot`: a block's
+//! scale and the integer product of 4 of its values with 8-bit activations), and for the kernels that sum over a workgroup
 //! `reduce.wgsl` (`part_sum`: the tree every such kernel adds in).
 
 use naga::back::spv;
@@ -86,7 +86,7 @@ impl WeightFormat {
         }
     }
 
-    /// The integer product's block dot, for the formats that have one.
+    /// The integer product's block scale and lane dot, for the formats that have one.
     fn block_dot(self) -> Option<&'static str> {
         match self {
             WeightFormat::Q8_0 => Some(include_str!("shaders/dot_q8_0.wgsl")),
@@ -137,12 +137,7 @@ impl KernelId {
                     format!("matvec_int_{f:?}"),
                     3,
                     5,
-                    vec![
-                        WEIGHTS,
-                        REDUCE,
-                        dot,
-                        include_str!("shaders/matvec_int.wgsl"),
-                    ],
+                    vec![WEIGHTS, dot, include_str!("shaders/matvec_int.wgsl")],
                 )
             }
             KernelId::QuantizeQ8_0 => (
