@@ -55,6 +55,25 @@ fn random_llama_goldens_on_vulkan() {
     }
 }
 
+/// Qwen2's biases of the q, k and v products (added to each row after the product) and
+/// qwen3's per-head RMSNorms of the queries and keys (the norm op in groups of a head) on the
+/// executor: the random qwen2 and qwen3 fixtures (f32) at the same bar.
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "needs a Vulkan driver (the suite installs lavapipe only on Debian-like Linux)"
+)]
+fn random_qwen_goldens_on_vulkan() {
+    vk();
+    for stem in ["random-qwen2-f32", "random-qwen3-f32"] {
+        let m = load(stem);
+        let mut agg = common::golden::Agreement::default();
+        let file = common::golden_dir().join(stem).join("logits.jsonl");
+        common::golden::compare_on(Device::Vulkan, &m, &file, 2, true, &mut agg);
+        agg.assert_meets_bar(&format!("{stem} on Vulkan"), 4);
+    }
+}
+
 /// Greedy decoding on the device: the decode step is recorded once and replayed, its tokens
 /// the CPU's, and its logits within the GPU tests' measure of the CPU's (the top token's
 /// logit within 0.05 on average).

@@ -3,7 +3,8 @@
 //!
 //! Bit for bit where the arithmetic is the same: the 8-bit activation quantizer (Q8_0's
 //! rounding) against the CPU's, the f16 KV store against `half`'s rounding, `add`, `scale`, a
-//! product added onto its output against the product then the add, and `argmax` against the sampler's. Within a stated tolerance where the order of
+//! product's bias added to its rows, a product added onto its output against the product then
+//! the add, and `argmax` against the sampler's. Within a stated tolerance where the order of
 //! the float operations differs (the kernels sum in f32 trees; the CPU sums in f64 or in SIMD
 //! lanes, and its `cos`, `exp` and `tanh` are not the device's):
 //! - products (decode and prompt, every format, f32 or integer dot): |GPU − CPU| ≤ 2e-6 ·
@@ -738,7 +739,7 @@ fn a_program_recorded_once_replays_decode_steps() {
     not(target_os = "linux"),
     ignore = "needs a Vulkan driver (the suite installs lavapipe only on Debian-like Linux)"
 )]
-fn activations_add_scale_match_the_cpu() {
+fn activations_add_bias_scale_match_the_cpu() {
     let vk = vk();
     let n = 1000;
     let mut gate: Vec<f32> = random(n, 20).iter().map(|v| v * 12.0).collect();
@@ -796,6 +797,17 @@ fn activations_add_scale_match_the_cpu() {
         kiln::kernels::ops::add_inplace(&mut want, &x[i..i + 1]);
         kiln::kernels::ops::scale_inplace(&mut want, 0.125 + 1e-3);
         assert_eq!(got[i].to_bits(), want[0].to_bits(), "{i}");
+    }
+    // A bias of 40 values added to each of 25 rows: one f32 addition each, bit for bit.
+    let (rows, width) = (25, 40);
+    let bias = random(width, 24);
+    b.put_f32(0, &y);
+    b.put_f32(1, &bias);
+    b.run(|rec, b| ops::bias(rec, b.r(0), b.r(1), rows, width).unwrap());
+    let got = b.get_f32(0);
+    for i in 0..rows * width {
+        let want = y[i] + bias[i % width];
+        assert_eq!(got[i].to_bits(), want.to_bits(), "bias {i}");
     }
 }
 

@@ -319,6 +319,21 @@ pub fn add(rec: &mut Recorder, y: Region, x: Region, n: usize) -> Result<(), Vul
     rec.dispatch(KernelId::Add, &[y, x], &[n as u32], g)
 }
 
+/// `y[r][c] += b[c]` over `rows` rows of `width` values (a product's bias).
+pub fn bias(
+    rec: &mut Recorder,
+    y: Region,
+    b: Region,
+    rows: usize,
+    width: usize,
+) -> Result<(), VulkanError> {
+    let n = rows * width;
+    need("bias", "y", &y, n * 4)?;
+    need("bias", "b", &b, width * 4)?;
+    let g = rec.grid(n.div_ceil(64))?;
+    rec.dispatch(KernelId::Bias, &[y, b], &[n as u32, width as u32], g)
+}
+
 /// `y *= s` over `n` values.
 pub fn scale(rec: &mut Recorder, y: Region, n: usize, s: f32) -> Result<(), VulkanError> {
     need("scale", "y", &y, n * 4)?;

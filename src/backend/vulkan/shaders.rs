@@ -37,6 +37,8 @@ pub enum KernelId {
     AttnDecode,
     Glu,
     Add,
+    /// A product's bias added to each row.
+    Bias,
     Scale,
     Argmax,
 }
@@ -179,6 +181,7 @@ impl KernelId {
             ),
             KernelId::Glu => ("glu".into(), 2, 2, vec![include_str!("shaders/glu.wgsl")]),
             KernelId::Add => ("add".into(), 2, 1, vec![include_str!("shaders/add.wgsl")]),
+            KernelId::Bias => ("bias".into(), 2, 2, vec![include_str!("shaders/bias.wgsl")]),
             KernelId::Scale => (
                 "scale".into(),
                 1,
@@ -225,6 +228,7 @@ impl KernelId {
             KernelId::AttnDecode,
             KernelId::Glu,
             KernelId::Add,
+            KernelId::Bias,
             KernelId::Scale,
             KernelId::Argmax,
         ]);
