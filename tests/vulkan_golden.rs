@@ -22,10 +22,11 @@ use kiln::sampler::argmax;
 
 /// The random llama fixtures that meet the bar on the executor. (It reads Q8_0, Q4_K and Q6_K
 /// too, but does not meet the bar there yet: top-1 139/141 on each where the bar asks 140, the
-/// misses near-ties (Q8_0's margins 0.0068 and 0.0016), mean |Δlogit| 0.0033, 0.0058 and
-/// 0.0048 against f16's 0.0002: Q8_0 takes the 8-bit activations and integer products as the
-/// CPU does, yet something of its arithmetic still differs; the k-quants are multiplied in f32,
-/// where the CPU and the reference quantize the activations to Q8_K.)
+/// misses near-ties (Q8_0's margins 0.0069 and 0.0016), mean |Δlogit| 0.0033, 0.0058 and
+/// 0.0048 against f16's 0.0002. Q8_0's integer products take the activations quantized as the
+/// CPU's x86 quantizer does and the reference's 8-lane order (tests/vulkan_ops.rs), and its
+/// misses did not move with them; the k-quants are multiplied in f32, where the CPU and the
+/// reference quantize the activations to Q8_K.)
 const FORMATS: [&str; 3] = ["f32", "f16", "q4_0"];
 
 /// The Vulkan device, after installing lavapipe where there is none and that is possible.
@@ -49,6 +50,25 @@ fn random_llama_goldens_on_vulkan() {
         let m = load(&stem);
         let mut agg = common::golden::Agreement::default();
         let file = common::golden_dir().join(&stem).join("logits.jsonl");
+        common::golden::compare_on(Device::Vulkan, &m, &file, 2, true, &mut agg);
+        agg.assert_meets_bar(&format!("{stem} on Vulkan"), 4);
+    }
+}
+
+/// Qwen2's biases of the q, k and v products (added to each row after the product) and
+/// qwen3's per-head RMSNorms of the queries and keys (the norm op in groups of a head) on the
+/// executor: the random qwen2 and qwen3 fixtures (f32) at the same bar.
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "needs a Vulkan driver (the suite installs lavapipe only on Debian-like Linux)"
+)]
+fn random_qwen_goldens_on_vulkan() {
+    vk();
+    for stem in ["random-qwen2-f32", "random-qwen3-f32"] {
+        let m = load(stem);
+        let mut agg = common::golden::Agreement::default();
+        let file = common::golden_dir().join(stem).join("logits.jsonl");
         common::golden::compare_on(Device::Vulkan, &m, &file, 2, true, &mut agg);
         agg.assert_meets_bar(&format!("{stem} on Vulkan"), 4);
     }

@@ -112,6 +112,7 @@ fn request(
         logprobs: None,
         forks: Vec::new(),
         embed: None,
+        score: None,
         sink: Box::new(Ids(Arc::clone(&ids))),
     };
     (ids, req)

@@ -522,6 +522,9 @@ impl Backend for VkStep<'_> {
                 } else {
                     ops::mm(rec(s), m.fmt, wr, x, y, p)?;
                 }
+                if let Some(b) = s.w.bias_region(&m)? {
+                    ops::bias(rec(s), y, b, rows, m.rows)?;
+                }
             }
             Ok(())
         });

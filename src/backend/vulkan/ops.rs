@@ -139,7 +139,8 @@ pub fn matvec_int(
     let blocks = p.n_tok * p.cols / 32;
     let g = rec.grid(blocks.div_ceil(64))?;
     rec.dispatch(KernelId::QuantizeQ8_0, &[x, xq], &[blocks as u32], g)?;
-    let groups = rec.grid(p.rows)?;
+    // (Eight rows a workgroup.)
+    let groups = rec.grid(p.rows.div_ceil(8))?;
     rec.dispatch(KernelId::MatvecInt(fmt), &[w, xq, y], &p.push(rb), groups)
 }
 
@@ -316,6 +317,21 @@ pub fn add(rec: &mut Recorder, y: Region, x: Region, n: usize) -> Result<(), Vul
     need("add", "x", &x, n * 4)?;
     let g = rec.grid(n.div_ceil(64))?;
     rec.dispatch(KernelId::Add, &[y, x], &[n as u32], g)
+}
+
+/// `y[r][c] += b[c]` over `rows` rows of `width` values (a product's bias).
+pub fn bias(
+    rec: &mut Recorder,
+    y: Region,
+    b: Region,
+    rows: usize,
+    width: usize,
+) -> Result<(), VulkanError> {
+    let n = rows * width;
+    need("bias", "y", &y, n * 4)?;
+    need("bias", "b", &b, width * 4)?;
+    let g = rec.grid(n.div_ceil(64))?;
+    rec.dispatch(KernelId::Bias, &[y, b], &[n as u32, width as u32], g)
 }
 
 /// `y *= s` over `n` values.

@@ -3,8 +3,8 @@
 //!
 //! A kernel is its file after the pieces it builds on: `common.wgsl` (every kernel), and for the
 //! products `weights.wgsl` (byte readers of a weight matrix) with the format's `fmt_*.wgsl`
-//! (`deq32`: 32 values of a row as f32) or `dot_*.wgsl` (`block_dot`: a block's integer
-//! product with 8-bit activations), and for the kernels that sum over a workgroup
+//! (`deq32`: 32 values of a row as f32) or `dot_*.wgsl` (`block_d` and `lane_dot`: a block's
+//! scale and the integer product of 4 of its values with 8-bit activations), and for the kernels that sum over a workgroup
 //! `reduce.wgsl` (`part_sum`: the tree every such kernel adds in).
 
 use naga::back::spv;
@@ -37,6 +37,8 @@ pub enum KernelId {
     AttnDecode,
     Glu,
     Add,
+    /// A product's bias added to each row.
+    Bias,
     Scale,
     Argmax,
 }
@@ -86,7 +88,7 @@ impl WeightFormat {
         }
     }
 
-    /// The integer product's block dot, for the formats that have one.
+    /// The integer product's block scale and lane dot, for the formats that have one.
     fn block_dot(self) -> Option<&'static str> {
         match self {
             WeightFormat::Q8_0 => Some(include_str!("shaders/dot_q8_0.wgsl")),
@@ -137,12 +139,7 @@ impl KernelId {
                     format!("matvec_int_{f:?}"),
                     3,
                     5,
-                    vec![
-                        WEIGHTS,
-                        REDUCE,
-                        dot,
-                        include_str!("shaders/matvec_int.wgsl"),
-                    ],
+                    vec![WEIGHTS, dot, include_str!("shaders/matvec_int.wgsl")],
                 )
             }
             KernelId::QuantizeQ8_0 => (
@@ -184,6 +181,7 @@ impl KernelId {
             ),
             KernelId::Glu => ("glu".into(), 2, 2, vec![include_str!("shaders/glu.wgsl")]),
             KernelId::Add => ("add".into(), 2, 1, vec![include_str!("shaders/add.wgsl")]),
+            KernelId::Bias => ("bias".into(), 2, 2, vec![include_str!("shaders/bias.wgsl")]),
             KernelId::Scale => (
                 "scale".into(),
                 1,
@@ -230,6 +228,7 @@ impl KernelId {
             KernelId::AttnDecode,
             KernelId::Glu,
             KernelId::Add,
+            KernelId::Bias,
             KernelId::Scale,
             KernelId::Argmax,
         ]);

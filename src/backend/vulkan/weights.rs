@@ -22,6 +22,8 @@ pub struct VkMat {
     pub bytes: usize,
     pub rows: usize,
     pub cols: usize,
+    /// Where its bias (`[rows]` f32) is, if it has one.
+    pub bias: Option<u64>,
 }
 
 /// A norm's weights on the device (`[len]` f32).
@@ -52,6 +54,9 @@ struct VkLayer {
     down: VkMat,
     attn_norm: VkNorm,
     ffn_norm: VkNorm,
+    /// Per-head RMSNorms of the queries and keys (qwen3's).
+    q_norm: Option<VkNorm>,
+    k_norm: Option<VkNorm>,
     rope: Option<VkRope>,
 }
 
@@ -108,7 +113,6 @@ pub fn check_model(m: &Model) -> Result<(), VulkanError> {
             return layer("fused QKV projection");
         }
         for (name, on) in [
-            ("q/k norms", l.q_norm.is_some() || l.k_norm.is_some()),
             (
                 "post-norms",
                 l.attn_post_norm.is_some() || l.ffn_post_norm.is_some(),
@@ -126,16 +130,12 @@ pub fn check_model(m: &Model) -> Result<(), VulkanError> {
                 return layer(name);
             }
         }
-        for n in [&l.attn_norm, &l.ffn_norm].into_iter().flatten() {
+        for n in [&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm]
+            .into_iter()
+            .flatten()
+        {
             if n.kind != NormKind::Rms || n.bias.is_some() {
                 return layer("LayerNorm");
-            }
-        }
-        if let Qkv::Separate { wq, wk, wv } = &l.qkv {
-            for w in [wq, wk, wv, &l.wo] {
-                if w.bias.is_some() {
-                    return layer("projection biases");
-                }
             }
         }
         if let Some(r) = &l.rope {
@@ -173,21 +173,36 @@ impl<'m> Placer<'m> {
             .ok_or_else(|| refuse(format!("tensor {} not in the file", l.name)))?;
         let fmt = WeightFormat::of(info.ty)
             .ok_or_else(|| refuse(format!("tensor {}'s type {}", l.name, info.ty)))?;
-        if l.bias.is_some() {
-            return Err(refuse(format!("tensor {}'s bias", l.name)));
-        }
         let row = info
             .ty
             .row_bytes(l.in_dim)
             .ok_or_else(|| refuse(format!("tensor {}: rows of {} values", l.name, l.in_dim)))?;
         let bytes = l.out_dim * row;
         let off = self.layout.take(bytes);
+        let bias = match &l.bias {
+            Some(b) if b.len() != l.out_dim => {
+                return Err(refuse(format!(
+                    "tensor {}'s bias of {} values for {} rows",
+                    l.name,
+                    b.len(),
+                    l.out_dim
+                )))
+            }
+            Some(b) => {
+                let at = self.layout.take(b.len() * 4);
+                self.writes
+                    .push((at, zerocopy::IntoBytes::as_bytes(&b[..]).to_vec()));
+                Some(at)
+            }
+            None => None,
+        };
         let m = VkMat {
             fmt,
             off,
             bytes,
             rows: l.out_dim,
             cols: l.in_dim,
+            bias,
         };
         self.mats.push((off, bytes, l));
         self.by_name.insert(l.name.clone(), m);
@@ -239,6 +254,8 @@ impl VkWeights {
                 down: p.mat(present(&l.ffn_down))?,
                 attn_norm: p.norm(present(&l.attn_norm)),
                 ffn_norm: p.norm(present(&l.ffn_norm)),
+                q_norm: l.q_norm.as_ref().map(|n| p.norm(n)),
+                k_norm: l.k_norm.as_ref().map(|n| p.norm(n)),
                 rope: l.rope.as_ref().map(|r| VkRope {
                     kind: r.kind,
                     n_dims: r.n_dims,
@@ -300,6 +317,12 @@ impl VkWeights {
             NormW::Attn(i) => self.layers[i].attn_norm,
             NormW::Ffn(i) => self.layers[i].ffn_norm,
             NormW::Output => self.output_norm,
+            NormW::QHead(i) => self.layers[i]
+                .q_norm
+                .ok_or_else(|| refuse(format!("the norm {n:?}")))?,
+            NormW::KHead(i) => self.layers[i]
+                .k_norm
+                .ok_or_else(|| refuse(format!("the norm {n:?}")))?,
             other => return Err(refuse(format!("the norm {other:?}"))),
         })
     }
@@ -311,6 +334,11 @@ impl VkWeights {
     /// A matrix's region.
     pub fn region(&self, m: &VkMat) -> Result<Region, VulkanError> {
         self.arena.at(m.off, m.bytes)
+    }
+
+    /// A matrix's bias, if it has one.
+    pub fn bias_region(&self, m: &VkMat) -> Result<Option<Region>, VulkanError> {
+        m.bias.map(|at| self.arena.at(at, m.rows * 4)).transpose()
     }
 
     pub fn norm_region(&self, n: &VkNorm) -> Result<Region, VulkanError> {

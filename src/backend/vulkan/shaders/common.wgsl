@@ -48,12 +48,3 @@ fn to_f16(f: f32) -> f32 {
     return f16_value(f16_bits(f));
 }
 
-// C's `roundf`: half-way cases away from zero.
-fn roundf(v: f32) -> f32 {
-    let a = abs(v);
-    var t = trunc(a);
-    if (a - t >= 0.5) {
-        t += 1.0;
-    }
-    return select(t, -t, v < 0.0);
-}

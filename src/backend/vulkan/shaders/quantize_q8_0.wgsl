@@ -1,6 +1,7 @@
-// The 8-bit activations of the integer products: each block of 32 inputs as Q8_0 computes it
-// (d = amax / 127 rounded to f16, q = roundf(x / d)), written as 9 words: d as f32, then the
-// 32 signed bytes packed 4 to a word.
+// The 8-bit activations of the integer products: each block of 32 inputs as the CPU's (and the
+// reference's x86) activation quantizer computes it (d = amax / 127 rounded to f16,
+// q = x · (127 / amax) rounded half to even), written as 9 words: d as f32, then the 32 signed
+// bytes packed 4 to a word.
 
 struct P {
     blocks: u32,
@@ -26,14 +27,14 @@ fn main(
     }
     let d = amax / 127.0;
     var id = 0.0;
-    if (d != 0.0) {
-        id = 1.0 / d;
+    if (amax != 0.0) {
+        id = 127.0 / amax;
     }
     xq[b * 9u] = bitcast<u32>(to_f16(d));
     for (var k = 0u; k < 8u; k++) {
         var word = 0u;
         for (var j = 0u; j < 4u; j++) {
-            let q = i32(roundf(x[b * 32u + 4u * k + j] * id));
+            let q = i32(round(x[b * 32u + 4u * k + j] * id));
             word |= (bitcast<u32>(q) & 0xffu) << (8u * j);
         }
         xq[b * 9u + 1u + k] = word;
