@@ -8,8 +8,6 @@ use super::*;
 
 pub(in crate::quant::x86) trait FloatFmt {
     const BYTES: usize;
-    /// Elements are converted to f32 on every load (the 16-bit formats).
-    const WIDEN: bool;
     /// 8 elements starting at element `i`.
     unsafe fn load8(p: *const u8, i: usize) -> __m256;
     /// 16 elements starting at element `i`, as [`FloatFmt::load8`] of `i` and of `i + 8` side
@@ -24,7 +22,6 @@ pub(in crate::quant::x86) struct BF16;
 
 impl FloatFmt for F32 {
     const BYTES: usize = 4;
-    const WIDEN: bool = false;
     #[inline(always)]
     unsafe fn load8(p: *const u8, i: usize) -> __m256 {
         _mm256_loadu_ps(p.add(4 * i).cast())
@@ -41,7 +38,6 @@ impl FloatFmt for F32 {
 
 impl FloatFmt for F16 {
     const BYTES: usize = 2;
-    const WIDEN: bool = true;
     #[inline(always)]
     unsafe fn load8(p: *const u8, i: usize) -> __m256 {
         _mm256_cvtph_ps(loadu128(p.add(2 * i)))
@@ -58,7 +54,6 @@ impl FloatFmt for F16 {
 
 impl FloatFmt for BF16 {
     const BYTES: usize = 2;
-    const WIDEN: bool = true;
     #[inline(always)]
     unsafe fn load8(p: *const u8, i: usize) -> __m256 {
         let h = _mm256_cvtepu16_epi32(loadu128(p.add(2 * i)));
@@ -131,53 +126,30 @@ impl<F: FloatFmt> Tile for TF<F> {
 /// Weight rows and activation rows of a [`gemm_blocked`] tile.
 const TILE_W: usize = 4;
 const TILE_X: usize = 6;
-/// Weight rows (four tiles) that share one f32 copy of an activation chunk
-/// ([`gemm_blocked`] on the 16-bit formats): a model's products call the gemm 16 rows at a time.
-const BLOCK_W: usize = 4 * TILE_W;
-/// Elements of each activation row converted to f32 at a time (a multiple of 16).
-const CHUNK: usize = 512;
 
-/// [`TF::tile`]'s 16-element body for `WR` weight rows against `XR` activation rows at once,
-/// on 512-bit registers, over elements `from..to` (multiples of 16): each accumulator holds the
-/// two 8-lane accumulators of one (weight row, activation row) pair side by side (lanes 0-7
-/// the elements at 16k, lanes 8-15 those at 16k + 8), so every pair sees exactly
-/// [`TF::tile`]'s operations in its order; each loaded (and converted) weight chunk serves `XR`
-/// rows and each activation chunk `WR` rows. `xf` reads 16 activation elements as f32: the
-/// row itself ([`FloatFmt::load16`]) or its f32 copy.
+/// [`TF::tile`]'s dots for `WR` weight rows against `XR` activation rows at once, on 512-bit
+/// registers: each accumulator holds the two 8-lane accumulators of one (weight row,
+/// activation row) pair side by side (lanes 0-7 the elements at 16k, lanes 8-15 those at
+/// 16k + 8), so every pair sees exactly [`TF::tile`]'s operations in its order; each loaded
+/// (and converted) weight chunk serves `XR` rows and each activation chunk `WR` rows.
 #[inline(always)]
-unsafe fn body_zmm<F: FloatFmt, const WR: usize, const XR: usize>(
-    acc: &mut [[__m512; XR]; WR],
-    w: [*const u8; WR],
-    xf: impl Fn(usize, usize) -> __m512,
-    from: usize,
-    to: usize,
-) {
-    let mut a = *acc;
-    let mut i = from;
-    while i < to {
-        let wv = w.map(|p| F::load16(p, i));
-        for j in 0..XR {
-            let xv = xf(j, i);
-            for r in 0..WR {
-                a[r][j] = _mm512_fmadd_ps(wv[r], xv, a[r][j]);
-            }
-        }
-        i += 16;
-    }
-    *acc = a;
-}
-
-/// The dots of [`body_zmm`]'s accumulators after the body (`n / 16 · 16` elements): the
-/// 8-element tail into the low half, the halves added and summed, the scalar tail added, as
-/// [`TF::tile`] ends.
-#[inline(always)]
-unsafe fn finish_zmm<F: FloatFmt, const WR: usize, const XR: usize>(
-    acc: &[[__m512; XR]; WR],
+unsafe fn tile_zmm<F: FloatFmt, const WR: usize, const XR: usize>(
     n: usize,
     w: [*const u8; WR],
     x: [*const u8; XR],
 ) -> [[f32; XR]; WR] {
-    let mut i = n / 16 * 16;
+    let mut acc = [[_mm512_setzero_ps(); XR]; WR];
+    let mut i = 0;
+    while i + 16 <= n {
+        let wv = w.map(|p| F::load16(p, i));
+        for j in 0..XR {
+            let xv = F::load16(x[j], i);
+            for r in 0..WR {
+                acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
+            }
+        }
+        i += 16;
+    }
     let mut out = [[0f32; XR]; WR];
     for r in 0..WR {
         for j in 0..XR {
@@ -204,142 +176,51 @@ unsafe fn finish_zmm<F: FloatFmt, const WR: usize, const XR: usize>(
 }
 
 /// `nw x nx` dots in tiles of [`TILE_W`] weight rows by [`TILE_X`] activation rows
-/// ([`body_zmm`], [`finish_zmm`]; smaller ones at the edges): every dot as [`TF::tile`]
-/// computes it, with far fewer loads and conversions per multiply-add than [`gemm_tiles`]' one
-/// weight row at a time (AVX-512 tiers, several activation rows: prompts and encoders). The
-/// 16-bit formats convert each activation row once per [`BLOCK_W`] weight rows
-/// ([`block_zmm`]) rather than once per weight tile.
+/// ([`tile_zmm`]; smaller ones at the edges): every dot as [`TF::tile`] computes it, with far
+/// fewer loads and conversions per multiply-add than [`gemm_tiles`]' one weight row at a time
+/// (AVX-512 tiers, several activation rows: prompts and encoders).
 #[inline(always)]
 unsafe fn gemm_blocked<F: FloatFmt>(g: Gemm) {
     let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
     let mut i = 0;
     while i < nw {
-        let bw = (nw - i).min(if F::WIDEN { BLOCK_W } else { TILE_W });
+        let wr = (nw - i).min(TILE_W);
         let mut j = 0;
         while j < nx {
             let xr = (nx - j).min(TILE_X);
             macro_rules! run {
-                ($xr:literal) => {{
+                ($wr:literal, $xr:literal) => {{
+                    let ws: [*const u8; $wr] = core::array::from_fn(|r| w.add((i + r) * w_stride));
                     let xs: [*const u8; $xr] = core::array::from_fn(|c| x.add((j + c) * x_stride));
-                    let put = |r: usize, row: [f32; $xr]| {
-                        for (b, v) in row.into_iter().enumerate() {
-                            *out.add((j + b) * out_stride + i + r) = v;
+                    let r = tile_zmm::<F, $wr, $xr>(n, ws, xs);
+                    for (a, row) in r.iter().enumerate() {
+                        for (b, v) in row.iter().enumerate() {
+                            *out.add((j + b) * out_stride + i + a) = *v;
                         }
-                    };
-                    if F::WIDEN {
-                        block_zmm::<F, $xr>(n, w.add(i * w_stride), w_stride, bw, xs, put);
-                    } else {
-                        tiles_zmm::<F, $xr>(n, w.add(i * w_stride), w_stride, bw, xs, put);
                     }
                 }};
             }
-            match xr {
-                6 => run!(6),
-                5 => run!(5),
-                4 => run!(4),
-                3 => run!(3),
-                2 => run!(2),
-                _ => run!(1),
+            macro_rules! by_x {
+                ($wr:literal) => {
+                    match xr {
+                        6 => run!($wr, 6),
+                        5 => run!($wr, 5),
+                        4 => run!($wr, 4),
+                        3 => run!($wr, 3),
+                        2 => run!($wr, 2),
+                        _ => run!($wr, 1),
+                    }
+                };
+            }
+            match wr {
+                4 => by_x!(4),
+                3 => by_x!(3),
+                2 => by_x!(2),
+                _ => by_x!(1),
             }
             j += xr;
         }
-        i += bw;
-    }
-}
-
-/// `nw <= TILE_W` weight rows (from `w`, `w_stride` bytes apart) against the `XR` rows `x`,
-/// the activations read as they are; `put(r, dots)` takes weight row `r`'s dots.
-#[inline(always)]
-unsafe fn tiles_zmm<F: FloatFmt, const XR: usize>(
-    n: usize,
-    w: *const u8,
-    w_stride: usize,
-    nw: usize,
-    x: [*const u8; XR],
-    mut put: impl FnMut(usize, [f32; XR]),
-) {
-    macro_rules! run {
-        ($wr:literal) => {{
-            let ws: [*const u8; $wr] = core::array::from_fn(|r| w.add(r * w_stride));
-            let mut acc = [[_mm512_setzero_ps(); XR]; $wr];
-            body_zmm::<F, $wr, XR>(&mut acc, ws, |j, i| F::load16(x[j], i), 0, n / 16 * 16);
-            for (r, row) in finish_zmm::<F, $wr, XR>(&acc, n, ws, x).into_iter().enumerate() {
-                put(r, row);
-            }
-        }};
-    }
-    match nw {
-        4 => run!(4),
-        3 => run!(3),
-        2 => run!(2),
-        _ => run!(1),
-    }
-}
-
-/// [`tiles_zmm`] for `nw <= BLOCK_W` weight rows, in tiles of [`TILE_W`], each activation row
-/// converted to f32 once for all of them, [`CHUNK`] elements at a time; each tile's
-/// accumulators wait in memory between chunks (the same operations in the same order).
-#[inline(always)]
-unsafe fn block_zmm<F: FloatFmt, const XR: usize>(
-    n: usize,
-    w: *const u8,
-    w_stride: usize,
-    nw: usize,
-    x: [*const u8; XR],
-    mut put: impl FnMut(usize, [f32; XR]),
-) {
-    const TILES: usize = BLOCK_W / TILE_W;
-    let mut acc = [[[_mm512_setzero_ps(); XR]; TILE_W]; TILES];
-    // The f32 copy of a chunk of each row: row `j`'s element `from + k` at `j·CHUNK + k`.
-    // Only the elements written for the chunk are read.
-    let mut xf = core::mem::MaybeUninit::<[[f32; CHUNK]; XR]>::uninit();
-    let xf = xf.as_mut_ptr().cast::<f32>();
-    let body = n / 16 * 16;
-    let mut from = 0;
-    while from < body {
-        let to = (from + CHUNK).min(body);
-        for (j, &xs) in x.iter().enumerate() {
-            for k in (0..to - from).step_by(16) {
-                _mm512_storeu_ps(xf.add(j * CHUNK + k), F::load16(xs, from + k));
-            }
-        }
-        let xv = |j: usize, i: usize| _mm512_loadu_ps(xf.add(j * CHUNK + i - from));
-        for (t, a) in acc.iter_mut().enumerate().take(nw.div_ceil(TILE_W)) {
-            let r0 = t * TILE_W;
-            macro_rules! run {
-                ($wr:literal) => {{
-                    let ws: [*const u8; $wr] = core::array::from_fn(|r| w.add((r0 + r) * w_stride));
-                    let mut part: [[__m512; XR]; $wr] = core::array::from_fn(|r| a[r]);
-                    body_zmm::<F, $wr, XR>(&mut part, ws, xv, from, to);
-                    a[..$wr].copy_from_slice(&part);
-                }};
-            }
-            match (nw - r0).min(TILE_W) {
-                4 => run!(4),
-                3 => run!(3),
-                2 => run!(2),
-                _ => run!(1),
-            }
-        }
-        from = to;
-    }
-    for (t, a) in acc.iter().enumerate().take(nw.div_ceil(TILE_W)) {
-        let r0 = t * TILE_W;
-        macro_rules! run {
-            ($wr:literal) => {{
-                let ws: [*const u8; $wr] = core::array::from_fn(|r| w.add((r0 + r) * w_stride));
-                let part: [[__m512; XR]; $wr] = core::array::from_fn(|r| a[r]);
-                for (r, row) in finish_zmm::<F, $wr, XR>(&part, n, ws, x).into_iter().enumerate() {
-                    put(r0 + r, row);
-                }
-            }};
-        }
-        match (nw - r0).min(TILE_W) {
-            4 => run!(4),
-            3 => run!(3),
-            2 => run!(2),
-            _ => run!(1),
-        }
+        i += wr;
     }
 }
 
