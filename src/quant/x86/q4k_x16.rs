@@ -156,4 +156,3 @@ unsafe fn group<const T: usize, const PAIR: bool>(
     }
     core::array::from_fn(|t| _mm512_sub_ps(acc[t], acc_min[t]))
 }
-
