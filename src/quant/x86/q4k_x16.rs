@@ -56,8 +56,21 @@ unsafe fn group<const T: usize, const PAIR: bool>(
     let six = _mm512_set1_epi32(0x3F3F_3F3F);
     let four = _mm512_set1_epi32(0x0F0F_0F0F);
     let top = _mm512_set1_epi32(0x3030_3030);
-    let byte = _mm512_set1_epi32(0xFF);
-    let ones = _mm256_set1_epi16(1);
+    // `vpshufb` controls (which index bytes of their 128-bit lane): byte `k` of every dword
+    // to the dword's low byte, the rest zeroed; bytes `k`, `k + 1` (k = 0, 2) to the low bytes
+    // of the dword's two i16.
+    let dword = _mm512_broadcast_i32x4(_mm_setr_epi32(0, 4, 8, 12));
+    let byte_of: [__m512i; 4] = core::array::from_fn(|k| {
+        _mm512_add_epi32(_mm512_set1_epi32(0x8080_8000u32 as i32 | k as i32), dword)
+    });
+    let pair_of: [__m512i; 2] = core::array::from_fn(|h| {
+        let k = 2 * h as i32;
+        let sel = _mm512_set1_epi32(0x8000_8000u32 as i32 | ((k + 1) << 16) | k);
+        _mm512_add_epi32(sel, _mm512_or_si512(dword, _mm512_slli_epi32::<16>(dword)))
+    });
+    // Sub-block `s`'s byte of each row's dword of `v` (`[sub-blocks 0-3, sub-blocks 4-7]`)
+    // as an i32.
+    let pick = |v: &[__m512i; 2], s: usize| _mm512_shuffle_epi8(v[s / 4], byte_of[s % 4]);
     let mut acc = [_mm512_setzero_ps(); T];
     let mut acc_min = [_mm512_setzero_ps(); T];
     for b in 0..nb {
@@ -81,33 +94,33 @@ unsafe fn group<const T: usize, const PAIR: bool>(
             _mm512_and_si512(wb, six),
             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(wc), four), hi2(wb)),
         ];
-        // Sub-block `s`'s byte of `v` as an i32 per lane.
-        let pick = |v: &[__m512i; 2], s: usize| {
-            let sh = _mm_cvtsi32_si128(8 * (s % 4) as i32);
-            _mm512_and_si512(_mm512_srl_epi32(v[s / 4], sh), byte)
-        };
-        // Per activation row: d·y_d, dmin·y_d and Σ y of each sub-block.
+        // Per activation row: d·y_d, dmin·y_d, and the sums of y of sub-blocks 2p and 2p + 1
+        // as the two i16 of dword p (the reference's `_mm_hadd_epi16` of the `bsums`).
         let mut dd = [_mm512_setzero_ps(); T];
         let mut dm = [_mm512_setzero_ps(); T];
-        let mut bsum = [[0i32; 8]; T];
+        let mut bsum = [[0i32; 4]; T];
         for t in 0..T {
             let xp = x[t].add(b * Q8K_BYTES);
             let yd = _mm512_set1_ps(f32_at(xp));
             dd[t] = _mm512_mul_ps(d, yd);
             dm[t] = _mm512_mul_ps(dmin, yd);
-            let s = _mm256_madd_epi16(_mm256_loadu_si256(xp.add(260).cast()), ones);
-            _mm256_storeu_si256(bsum[t].as_mut_ptr().cast(), s);
+            let s = _mm_hadd_epi16(
+                _mm_loadu_si128(xp.add(260).cast()),
+                _mm_loadu_si128(xp.add(276).cast()),
+            );
+            _mm_storeu_si128(bsum[t].as_mut_ptr().cast(), s);
         }
         let mut s_sb = [_mm512_setzero_si512(); T];
         let mut m_sb = [_mm512_setzero_si512(); T];
         for p in 0..4 {
-            // Σ q·y of sub-blocks 2p (low nibbles) and 2p+1 (high nibbles).
+            // Σ q·y of sub-blocks 2p (low nibbles) and 16 × that of 2p+1 (high nibbles, left
+            // in place: exact, shifted back once below).
             let mut lo = [_mm512_setzero_si512(); T];
             let mut hi = [_mm512_setzero_si512(); T];
             for k in 0..8 {
                 let q = _mm512_loadu_si512(sb.add(256 + 64 * (8 * p + k)).cast());
                 let ql = _mm512_and_si512(q, four);
-                let qh = _mm512_and_si512(_mm512_srli_epi32::<4>(q), four);
+                let qh = _mm512_andnot_si512(four, q);
                 for t in 0..T {
                     let yp = x[t].add(b * Q8K_BYTES + 4 + 64 * p + 4 * k);
                     let y0 = _mm512_set1_epi32(core::ptr::read_unaligned(yp.cast::<i32>()));
@@ -116,21 +129,21 @@ unsafe fn group<const T: usize, const PAIR: bool>(
                     hi[t] = _mm512_dpbusd_epi32(hi[t], qh, y1);
                 }
             }
+            // Sub-blocks 2p and 2p + 1: their scales as i32, their minimums as a dword's two
+            // i16 (bytes 2p mod 4 and the next of the rows' dwords).
             let (s0, s1) = (pick(&scales, 2 * p), pick(&scales, 2 * p + 1));
-            let (m0, m1) = (pick(&mins, 2 * p), pick(&mins, 2 * p + 1));
+            let mp = _mm512_shuffle_epi8(mins[p / 2], pair_of[p % 2]);
             for t in 0..T {
-                let s =
-                    _mm512_add_epi32(_mm512_mullo_epi32(lo[t], s0), _mm512_mullo_epi32(hi[t], s1));
-                let m = _mm512_add_epi32(
-                    _mm512_mullo_epi32(m0, _mm512_set1_epi32(bsum[t][2 * p])),
-                    _mm512_mullo_epi32(m1, _mm512_set1_epi32(bsum[t][2 * p + 1])),
-                );
+                let hi = _mm512_srai_epi32::<4>(hi[t]);
+                let s = _mm512_add_epi32(_mm512_mullo_epi32(lo[t], s0), _mm512_mullo_epi32(hi, s1));
+                let y = _mm512_set1_epi32(bsum[t][p]);
                 if PAIR {
+                    let m = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp, y);
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), dd[t], acc[t]);
                     acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), dm[t], acc_min[t]);
                 } else {
                     s_sb[t] = _mm512_add_epi32(s_sb[t], s);
-                    m_sb[t] = _mm512_add_epi32(m_sb[t], m);
+                    m_sb[t] = _mm512_dpwssd_epi32(m_sb[t], mp, y);
                 }
             }
         }
