@@ -14,6 +14,7 @@ mod harness;
 
 use std::sync::Arc;
 
+use common::batch::prompt;
 use common::gpu;
 use kiln::backend::Device;
 use kiln::cache::KvType;
@@ -41,10 +42,6 @@ fn options(device: Device, n_slots: usize, kv_type: KvType) -> BatchOptions {
 fn runner_kv(m: &Arc<Model>, device: Device, n_slots: usize, kv_type: KvType) -> BatchRunner {
     let o = options(device, n_slots, kv_type);
     BatchRunner::new(Arc::clone(m), o).unwrap_or_else(|e| panic!("{device:?} runner: {e}"))
-}
-
-fn prompt(i: u32, len: u32) -> Vec<u32> {
-    (0..len).map(|j| 1 + (i * 31 + j * 17) % 250).collect()
 }
 
 /// Seven sequences of different lengths in slots with gaps, some sitting out from step 4 on

@@ -18,10 +18,11 @@ mod harness;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
+use common::batch::{prompt, Ids};
 use kiln::backend::Device;
 use kiln::cache::KvType;
 use kiln::engine::batch::{BatchOptions, BatchRunner};
-use kiln::engine::scheduler::{Finished, SchedMetrics, Scheduler, SeqRequest, SeqSink};
+use kiln::engine::scheduler::{SchedMetrics, Scheduler, SeqRequest};
 use kiln::engine::{Session, SessionOptions};
 use kiln::model::Model;
 use kiln::sampler::SamplerConfig;
@@ -42,10 +43,6 @@ fn runner(m: &Arc<Model>, n_slots: usize) -> BatchRunner {
         draft_max: 0,
     };
     BatchRunner::new(Arc::clone(m), o).unwrap_or_else(|e| panic!("Vulkan runner: {e}"))
-}
-
-fn prompt(i: u32, len: u32) -> Vec<u32> {
-    (0..len).map(|j| 1 + (i * 31 + j * 17) % 250).collect()
 }
 
 /// Three sequences of different lengths in the three slots of a runner, decoded together
@@ -78,19 +75,6 @@ fn batched_vulkan_decode_matches_vulkan_sessions() {
         }
         common::batch::decode_against_sessions(stem, &mut r, &mut sessions, &slots, 8);
     }
-}
-
-/// Collects a request's token ids.
-struct Ids(Arc<Mutex<Vec<u32>>>);
-
-impl SeqSink for Ids {
-    fn text(&mut self, _: &str) -> bool {
-        true
-    }
-    fn token(&mut self, id: u32) {
-        self.0.lock().unwrap().push(id);
-    }
-    fn done(&mut self, _: Finished) {}
 }
 
 fn request(

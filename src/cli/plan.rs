@@ -181,7 +181,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let total = p.total_bytes + draft.as_ref().map_or(0, |(_, d)| d.total_bytes);
     let budget = match cuda {
         true => args.budget.or_else(gpu_free_memory),
-        false => args.budget.or_else(available_memory),
+        false => args.budget.or_else(kiln::model::moe::available_memory),
     };
     // Experts paged from disk (a mixture larger than the budget) are evicted as memory runs
     // short: the rest must fit.
@@ -261,15 +261,4 @@ fn verdict(fits: Option<bool>, budget: Option<u64>) -> Result<()> {
 
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
-}
-
-/// MemAvailable from /proc/meminfo, in bytes.
-fn available_memory() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    line.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|kb| kb * 1024)
 }

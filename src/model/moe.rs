@@ -163,8 +163,9 @@ fn exceeds(file_bytes: u64, limit: Option<u64>) -> bool {
 }
 
 /// `MemAvailable` of `/proc/meminfo` in bytes: memory that can be taken without swapping,
-/// the page cache's reclaimable part included (where the file's own pages may already be).
-fn available_memory() -> Option<u64> {
+/// the page cache's reclaimable part included (where the file's own pages may already be);
+/// `None` where the system does not say (not Linux).
+pub fn available_memory() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
     line.split_whitespace()

@@ -1,8 +1,29 @@
 //! Batched decoding against sessions, for the CPU's and the GPU's batch tests.
 
+use std::sync::{Arc, Mutex};
+
 use kiln::engine::batch::BatchRunner;
+use kiln::engine::scheduler::{Finished, SeqSink};
 use kiln::engine::Session;
 use kiln::sampler::argmax;
+
+/// Prompt `i` of `len` tokens: ids in 1..=250, different for every `i`.
+pub fn prompt(i: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|j| 1 + (i * 31 + j * 17) % 250).collect()
+}
+
+/// A sink collecting a request's token ids.
+pub struct Ids(pub Arc<Mutex<Vec<u32>>>);
+
+impl SeqSink for Ids {
+    fn text(&mut self, _: &str) -> bool {
+        true
+    }
+    fn token(&mut self, id: u32) {
+        self.0.lock().unwrap().push(id);
+    }
+    fn done(&mut self, _: Finished) {}
+}
 
 /// Decode `steps` steps of the sequences in `slots` (increasing) of `runner`, each slot's
 /// greedy token also fed to its own session (`sessions[i]` for `slots[i]`), every third
@@ -50,18 +71,7 @@ pub fn greedy_ids(
     Vec<Vec<u32>>,
     std::sync::Arc<kiln::engine::scheduler::SchedMetrics>,
 ) {
-    use kiln::engine::scheduler::{Finished, Scheduler, SeqRequest, SeqSink};
-    use std::sync::{Arc, Mutex};
-    struct Ids(Arc<Mutex<Vec<u32>>>);
-    impl SeqSink for Ids {
-        fn text(&mut self, _: &str) -> bool {
-            true
-        }
-        fn token(&mut self, id: u32) {
-            self.0.lock().unwrap().push(id);
-        }
-        fn done(&mut self, _: Finished) {}
-    }
+    use kiln::engine::scheduler::{Scheduler, SeqRequest};
     let metrics = Arc::new(Default::default());
     let mut sched = Scheduler::new(runner, tok, Arc::clone(&metrics));
     let ids: Vec<_> = prompts.iter().map(|_| Arc::default()).collect();

@@ -66,26 +66,24 @@ impl SeqRequest {
     /// An embedding request: `prompt`'s pooled vector goes to `sink` (no generation).
     pub fn embedding(prompt: Vec<u32>, spec: EmbedSpec, sink: Box<dyn SeqSink>) -> SeqRequest {
         SeqRequest {
-            prompt,
-            max_new: 0,
-            sampler: SamplerConfig::default(),
-            stop: Vec::new(),
-            code: CodeStops::default(),
             cache_prompt: true,
-            tenant: 0,
-            ignore_eos: false,
-            grammar: None,
-            logprobs: None,
-            forks: Vec::new(),
             embed: Some(spec),
-            score: None,
-            sink,
+            ..SeqRequest::no_generation(prompt, sink)
         }
     }
 
     /// A scoring request: the log-probability of each of `prompt`'s tokens after position
     /// `first` given the ones before it goes to `sink` ([`SeqRequest::score`]).
     pub fn scoring(prompt: Vec<u32>, first: usize, sink: Box<dyn SeqSink>) -> SeqRequest {
+        SeqRequest {
+            score: Some(first),
+            ..SeqRequest::no_generation(prompt, sink)
+        }
+    }
+
+    /// A request that generates nothing, reads nothing back and keeps no prompt cache: what
+    /// [`SeqRequest::embedding`] and [`SeqRequest::scoring`] start from.
+    fn no_generation(prompt: Vec<u32>, sink: Box<dyn SeqSink>) -> SeqRequest {
         SeqRequest {
             prompt,
             max_new: 0,
@@ -99,7 +97,7 @@ impl SeqRequest {
             logprobs: None,
             forks: Vec::new(),
             embed: None,
-            score: Some(first),
+            score: None,
             sink,
         }
     }
