@@ -65,6 +65,30 @@ pub enum ExecError {
     Encoder { arch: String, what: &'static str },
 }
 
+/// The slot methods of an [`Executor`] whose slots are a `slots: cache::Slots` field: lengths,
+/// fit checks, rollbacks and resets kept the same way on every device (`copy_prefix` is the
+/// device's own: it moves the rows).
+macro_rules! slot_bookkeeping {
+    () => {
+        fn kv_len(&self, slot: usize) -> usize {
+            self.slots.kv_len(slot)
+        }
+
+        fn check_fits(&self, slot: usize, n: usize) -> Result<(), crate::cache::KvOverflow> {
+            self.slots.check_fits(slot, n)
+        }
+
+        fn rollback(&mut self, slot: usize, n: usize) -> usize {
+            self.slots.rollback(slot, n)
+        }
+
+        fn reset(&mut self, slot: usize) {
+            self.slots.reset(slot);
+        }
+    };
+}
+pub(crate) use slot_bookkeeping;
+
 /// A device's weights, KV slots and scratch, driven by the engine one forward pass at a time.
 pub trait Executor: Send {
     /// KV cache slots.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::backend::cpu::Runtime;
 use crate::backend::exec::{recycle, slot_views, ExecError, ExecSpec, Executor, SlotRows};
 use crate::backend::{ForwardError, Logits, SeqBatch};
-use crate::cache::{KvCache, KvCacheError, KvOverflow, Scratch, Slots};
+use crate::cache::{KvCache, KvCacheError, Scratch, Slots};
 use crate::kernels::attention::SoloAttention;
 use crate::model::forward::forward_batch_cpu;
 use crate::model::Model;
@@ -106,21 +106,7 @@ impl Executor for CpuExec {
         Ok(())
     }
 
-    fn kv_len(&self, slot: usize) -> usize {
-        self.slots.kv_len(slot)
-    }
-
-    fn check_fits(&self, slot: usize, n: usize) -> Result<(), KvOverflow> {
-        self.slots.check_fits(slot, n)
-    }
-
-    fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        self.slots.rollback(slot, n)
-    }
-
-    fn reset(&mut self, slot: usize) {
-        self.slots.reset(slot);
-    }
+    crate::backend::exec::slot_bookkeeping!();
 
     fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
         self.slots.copy_prefix(dst, src, n, |d, s, n| {

@@ -11,7 +11,7 @@ use crate::backend::cpu::Runtime;
 use crate::backend::exec::SlotRows;
 use crate::backend::exec::{recycle, slot_views, ExecError, ExecSpec, Executor, HasExecutor};
 use crate::backend::{ForwardError, Logits, SeqBatch};
-use crate::cache::{KvOverflow, Slots};
+use crate::cache::Slots;
 use crate::model::forward::forward_batch;
 use crate::model::Model;
 
@@ -159,21 +159,7 @@ impl Executor for CudaExec {
         self.s.argmax(out.len(), out).map_err(device)
     }
 
-    fn kv_len(&self, slot: usize) -> usize {
-        self.slots.kv_len(slot)
-    }
-
-    fn check_fits(&self, slot: usize, n: usize) -> Result<(), KvOverflow> {
-        self.slots.check_fits(slot, n)
-    }
-
-    fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        self.slots.rollback(slot, n)
-    }
-
-    fn reset(&mut self, slot: usize) {
-        self.slots.reset(slot);
-    }
+    crate::backend::exec::slot_bookkeeping!();
 
     fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
         let s = &mut self.s;

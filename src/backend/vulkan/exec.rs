@@ -18,7 +18,7 @@ use super::{ops, Vk, VulkanError};
 use crate::backend::cpu::Runtime;
 use crate::backend::exec::{recycle, slot_views, ExecError, ExecSpec, Executor, SlotRows};
 use crate::backend::{Backend, Buf, ForwardError, Logits, Mat, NormW, RowSel, SeqBatch};
-use crate::cache::{KvOverflow, KvType, SeqCache, SlotKv, Slots};
+use crate::cache::{KvType, SeqCache, SlotKv, Slots};
 use crate::kernels::ops::{Activation, AttnTemp};
 use crate::model::forward::forward_batch;
 use crate::model::Model;
@@ -762,21 +762,7 @@ impl Executor for VkExec {
         self.s.argmax(out).map_err(device)
     }
 
-    fn kv_len(&self, slot: usize) -> usize {
-        self.slots.kv_len(slot)
-    }
-
-    fn check_fits(&self, slot: usize, n: usize) -> Result<(), KvOverflow> {
-        self.slots.check_fits(slot, n)
-    }
-
-    fn rollback(&mut self, slot: usize, n: usize) -> usize {
-        self.slots.rollback(slot, n)
-    }
-
-    fn reset(&mut self, slot: usize) {
-        self.slots.reset(slot);
-    }
+    crate::backend::exec::slot_bookkeeping!();
 
     fn copy_prefix(&mut self, dst: usize, src: usize, n: usize) -> usize {
         let s = &mut self.s;
