@@ -163,7 +163,7 @@ fn products_on_extreme_blocks_match_the_cpu_dot() {
         g.launch(s, k.quantize.unwrap(), n.div_ceil(256) as u32, 256, &args)
             .unwrap();
         let (wp, qp, yp) = (a.ptr(wo), a.ptr(qo), a.ptr(yo));
-        let args = quantized_matvec_args(wp, qp, yp, (rows, cols), n_tok, 32);
+        let args = quantized_matvec_args(wp, qp, yp, (rows, cols), n_tok, false, 32);
         g.launch(s, k.matvec, rows.div_ceil(8) as u32, 256, &args)
             .unwrap();
         g.synchronize(s).unwrap();

@@ -439,7 +439,7 @@ fn plain_matvec(
             g.launch(s, q, cols.div_ceil(256) as u32, 256, &args)
                 .unwrap();
             let (wp, qp, yp) = (a.ptr(wo), a.ptr(xq), a.ptr(yo));
-            let args = quantized_matvec_args(wp, qp, yp, (rows, cols), 1, tpr as i32);
+            let args = quantized_matvec_args(wp, qp, yp, (rows, cols), 1, false, tpr as i32);
             let grid = rows.div_ceil((block / tpr) as usize) as u32;
             g.launch(s, kern.matvec, grid, block, &args).unwrap();
         }

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::ops::{gpu, i32_bytes, random, random_blocks};
+use common::ops::{gpu, i32_bytes, quantized_matvec_args, random, random_blocks};
 use kiln::backend::cuda::gpu::{blocks_for, Arena, Arg, Gpu, Layout};
 use kiln::backend::cuda::step::GEMM_MIN_ROWS;
 use kiln::backend::cuda::weights::{
@@ -122,37 +122,6 @@ fn read_y(g: &Gpu, b: &Bufs, n: usize) -> Vec<f32> {
     y
 }
 
-/// A matvec kernel's arguments for one matrix `w` (the kernel takes up to three: rows of the
-/// others 0), its products into `y`, or added to it, `tpr` threads per row.
-#[allow(clippy::too_many_arguments)]
-fn matvec_args(
-    w: u64,
-    xq: u64,
-    y: u64,
-    rows: usize,
-    cols: usize,
-    n_tok: usize,
-    add: bool,
-    tpr: u32,
-) -> [Arg; 14] {
-    [
-        Arg::P(w),
-        Arg::P(w),
-        Arg::P(w),
-        Arg::P(xq),
-        Arg::P(y),
-        Arg::P(y),
-        Arg::P(y),
-        Arg::I(rows as i32),
-        Arg::I(0),
-        Arg::I(0),
-        Arg::I(cols as i32),
-        Arg::I(n_tok as i32),
-        Arg::I(add as i32),
-        Arg::I(tpr as i32),
-    ]
-}
-
 /// Weights of `ty`, `rows × cols`, quantized by the CPU from random values.
 /// A gated kernel's arguments with `w` as both the gate and the up matrix (`gelu` 1: GELU,
 /// else SiLU), `tpr` threads per row.
@@ -246,7 +215,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
         // products are kept for the gated kernel's check.
         let mut products = std::collections::HashMap::new();
         for (threads, tpr) in [(32u32, 32u32), (128, 128), (256, 32)] {
-            let args = matvec_args(wp, xq, yp, rows, cols, n_tok, false, tpr);
+            let args = quantized_matvec_args(wp, xq, yp, (rows, cols), n_tok, false, tpr as i32);
             let grid = rows.div_ceil((threads / tpr) as usize) as u32;
             let poison = vec![f32::NAN; n_tok * rows];
             let y = b.y;
@@ -260,7 +229,7 @@ fn integer_matvec_matches_the_cpu_dot_for_every_quantized_format() {
             b.arena
                 .write(s, y, zerocopy::IntoBytes::as_bytes(&base[..]))
                 .unwrap();
-            let add_args = matvec_args(wp, xq, yp, rows, cols, n_tok, true, tpr);
+            let add_args = quantized_matvec_args(wp, xq, yp, (rows, cols), n_tok, true, tpr as i32);
             g.launch(s, k.matvec, grid, threads, &add_args).unwrap();
             let added = read_y(&g, &b, n_tok * rows);
             for i in 0..n_tok * rows {
@@ -419,7 +388,8 @@ fn f32_input_products_match_quantize_then_product() {
                         b.arena
                             .write(s, b.y, zerocopy::IntoBytes::as_bytes(&start[..]))
                             .unwrap();
-                        let args = matvec_args(wp, input, yp, rows, cols, n_tok, add, 32);
+                        let args =
+                            quantized_matvec_args(wp, input, yp, (rows, cols), n_tok, add, 32);
                         let args: Vec<Arg> = args.iter().chain(&tail).copied().collect();
                         g.launch(s, name, grid, 256, &args).unwrap();
                         out.push(read_y(&g, &b, n_tok * rows));
@@ -476,7 +446,7 @@ fn post_norm_epilogue_matches_the_product_then_the_norm_and_add() {
             let b = bufs(&g, &w, &x, rows, cols, n_tok);
             let (wp, xp, yp) = (b.arena.ptr(b.w), b.arena.ptr(b.x), b.arena.ptr(b.y));
             let grid = rows.div_ceil(8) as u32;
-            let args = matvec_args(wp, xp, yp, rows, cols, n_tok, false, 32);
+            let args = quantized_matvec_args(wp, xp, yp, (rows, cols), n_tok, false, 32);
             let norm = [Arg::P(0), Arg::F(0.0)];
             let read_res = |pa: &Arena| {
                 let mut v = vec![f32::NAN; res.len()];
@@ -794,7 +764,7 @@ fn repacked_kernels_match_the_file_layout() {
                     .unwrap();
                 let mut out = Vec::new();
                 for add in [false, true] {
-                    let args = matvec_args(wp, xq, yp, rows, cols, n_tok, add, 128);
+                    let args = quantized_matvec_args(wp, xq, yp, (rows, cols), n_tok, add, 128);
                     g.launch(s, &name(file.matvec), rows as u32, 128, &args)
                         .unwrap();
                     out.push(read_y(&g, &b, n_tok * rows));

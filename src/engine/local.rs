@@ -257,13 +257,8 @@ impl<'t> Engine<'t> {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_fits(req.prompt.len())?;
-        self.stop.store(false, Relaxed);
-        self.out.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let max_new = req.max_new.unwrap_or(usize::MAX);
-        let sink = Sink {
-            out: Arc::clone(&self.out),
-            stop: Arc::clone(&self.stop),
-        };
+        let sink = self.fresh_sink();
         let seq = SeqRequest {
             prompt: req.prompt.to_vec(),
             max_new,
@@ -300,10 +295,7 @@ impl<'t> Engine<'t> {
                 self.stop.store(true, Relaxed);
             }
             self.sched.step();
-            {
-                let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
-                std::mem::swap(&mut *o, &mut self.taken);
-            }
+            self.take_outbox();
             if t1.is_none() {
                 if self.taken.events.is_empty() && self.taken.finished.is_none() {
                     // Still evaluating the prompt.
@@ -374,20 +366,12 @@ impl<'t> Engine<'t> {
         first: usize,
         on_scores: &mut dyn FnMut(usize, &[f64]),
     ) -> Result<(), EngineError> {
-        self.stop.store(false, Relaxed);
-        self.out.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        let sink = Sink {
-            out: Arc::clone(&self.out),
-            stop: Arc::clone(&self.stop),
-        };
+        let sink = self.fresh_sink();
         self.sched
             .submit(SeqRequest::scoring(tokens.to_vec(), first, Box::new(sink)));
         // (A request refused at once is answered before any step.)
         let finished = loop {
-            {
-                let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
-                std::mem::swap(&mut *o, &mut self.taken);
-            }
+            self.take_outbox();
             if !self.taken.scores.is_empty() {
                 on_scores(self.taken.scores_at, &self.taken.scores);
             }
@@ -406,6 +390,23 @@ impl<'t> Engine<'t> {
             ))),
             None => Err(EngineError::Failed("the request ended unanswered".into())),
         }
+    }
+
+    /// The sink of a new request: the stop flag lowered and the outbox emptied.
+    fn fresh_sink(&mut self) -> Sink {
+        self.stop.store(false, Relaxed);
+        self.out.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Sink {
+            out: Arc::clone(&self.out),
+            stop: Arc::clone(&self.stop),
+        }
+    }
+
+    /// Take what the request's sink has received since the last call into `taken` (the
+    /// emptied buffers of the last take go back to the sink).
+    fn take_outbox(&mut self) {
+        let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::swap(&mut *o, &mut self.taken);
     }
 
     /// The scheduler's speculation counts so far.

@@ -83,14 +83,15 @@ pub fn random_blocks(ty: kiln::quant::GgmlType, n: usize, seed: u64, edge: bool)
 }
 
 /// The arguments of a format's `matvec` kernel over one weight matrix at `w` (no fused second
-/// or third matrix) and its 8-bit input at `xq`, into `y`: `rows` × `cols`, `n_tok` tokens,
-/// `tpr` threads per row.
+/// or third matrix: their rows 0) and its 8-bit input at `xq`, into `y` (or, with `add`, added
+/// to it): `rows` × `cols`, `n_tok` tokens, `tpr` threads per row.
 pub fn quantized_matvec_args(
     w: u64,
     xq: u64,
     y: u64,
     (rows, cols): (usize, usize),
     n_tok: usize,
+    add: bool,
     tpr: i32,
 ) -> [Arg; 14] {
     [
@@ -106,7 +107,7 @@ pub fn quantized_matvec_args(
         Arg::I(0),
         Arg::I(cols as i32),
         Arg::I(n_tok as i32),
-        Arg::I(0),
+        Arg::I(add as i32),
         Arg::I(tpr),
     ]
 }

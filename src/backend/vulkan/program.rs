@@ -1,7 +1,7 @@
-//! [`Program`]s: a sequence of dispatches (and buffer copies) recorded once into a command buffer, with their
-//! descriptor sets, and submitted as often as wanted. What changes between submissions
-//! (positions, lengths) is data the kernels read from a host-visible arena, written before
-//! [`Program::run`]; the recording never changes.
+//! [`Program`]s: a sequence of dispatches (and buffer copies) recorded once into a command
+//! buffer, with their descriptor sets, and submitted as often as wanted. What changes between
+//! submissions (positions, lengths) is data the kernels read from a host-visible arena, written
+//! before [`Program::run`]; the recording never changes.
 
 use std::sync::Arc;
 
