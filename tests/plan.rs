@@ -341,3 +341,62 @@ fn experts_past_the_memory_limit_are_paged_from_disk() {
         );
     }
 }
+
+/// `kiln plan --perplexity`: the plan of the runner `kiln perplexity` scores with is what that
+/// runner allocates (its KV cache, scratch and the output head's score rows), and the scores
+/// of a prefill chunk on top.
+#[test]
+fn scoring_plan_equals_perplexity_runner_allocations() {
+    use kiln::engine::perplexity::{scoring_options, SCORE_ROWS};
+    use kiln::engine::plan::{scoring_plan, SCORES};
+    for stem in [
+        "random-llama-q4_0",
+        "random-gpt2-q8_0",
+        "random-olmoe-q4_k_m",
+        "random-gpt-oss-mxfp4",
+    ] {
+        let model = Arc::new(Model::load(common::random_model(stem)).unwrap());
+        for (ctx, chunk, threads) in [(64, 16, 1), (128, 128, 2), (200, 7, 3)] {
+            let mut opts = SessionOptions::new(ctx, threads);
+            opts.prefill_chunk = chunk;
+            let p = scoring_plan(&model.file, &opts, Default::default()).unwrap();
+            let (batch, cache) = scoring_options(&opts);
+            let r =
+                BatchRunner::with_cache(Arc::clone(&model), batch, cache, &mut |_, _| {}).unwrap();
+            assert!(r.can_score());
+            let what = format!("{stem} ctx {ctx} chunk {chunk} threads {threads}");
+            assert_eq!(
+                p.get("KV cache").unwrap().bytes,
+                r.kv_bytes() as u64,
+                "{what}"
+            );
+            let scratch =
+                p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
+            assert_eq!(scratch, r.host_scratch_bytes() as u64, "{what}");
+            // The output head's rows: SCORE_ROWS beside the slot's own row.
+            let v = model.config.vocab_size as u64;
+            assert_eq!(
+                p.get("logits").unwrap().bytes,
+                (SCORE_ROWS as u64 + 1) * v * 4,
+                "{what}"
+            );
+            // A generating runner of one slot plans one head row; the rest is the same.
+            let g = plan(&model.file, &opts, 1, Default::default()).unwrap();
+            let scores = p.get(SCORES).unwrap().bytes;
+            let c = chunk as u64;
+            assert!(scores >= c * (4 + 8 + 16) + ctx as u64 * 12, "{what}");
+            assert!(
+                scores < c * (4 + 8 + 16) + ctx as u64 * 12 + 6 * 4096,
+                "{what}"
+            );
+            assert!(g.get(SCORES).is_none());
+            let rest = |p: &kiln::engine::plan::MemoryPlan| {
+                p.total_bytes
+                    - p.get(SCORES).map_or(0, |c| c.bytes)
+                    - p.get("logits").unwrap().bytes
+                    - p.get("scratch (activations)").unwrap().bytes
+            };
+            assert_eq!(rest(&p), rest(&g), "{what}");
+        }
+    }
+}

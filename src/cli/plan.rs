@@ -62,6 +62,10 @@ pub struct PlanArgs {
     /// The draft model's context (`-cd`, as `kiln run` and `kiln serve` take it).
     #[arg(long = "ctx-size-draft", value_name = "N")]
     pub ctx_size_draft: Option<usize>,
+    /// Plan the runner `kiln perplexity` scores with (one sequence, the output head's rows
+    /// and the scores of a prefill chunk; the context defaults to 512, as there).
+    #[arg(long, conflicts_with_all = ["parallel", "model_draft", "draft_max"])]
+    pub perplexity: bool,
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
@@ -82,13 +86,21 @@ pub fn run(args: PlanArgs) -> Result<()> {
         Some(n) => n,
     };
     let (config, _) = kiln::model::read_config(&file)?;
+    if args.perplexity && args.device == kiln::backend::Device::Cuda {
+        anyhow::bail!("kiln plan --perplexity: plans the scoring runner on the cpu only");
+    }
+    // (`kiln perplexity` scores chunks of 512 tokens unless told.)
+    let default_ctx = if args.perplexity { 512 } else { 4096 };
     let ctx = match args.ctx_size {
-        None => 4096.min(config.ctx_train).max(8),
+        None => default_ctx.min(config.ctx_train).max(8),
         Some(0) => config.ctx_train,
         Some(n) => n,
     };
     let mut opts = SessionOptions::new(ctx, threads);
-    opts.prefill_chunk = args.prefill_chunk;
+    opts.prefill_chunk = match args.perplexity {
+        true => args.prefill_chunk.min(ctx),
+        false => args.prefill_chunk,
+    };
     opts.kv_type = args.kv_type;
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
     opts.swa_full = args.swa_full;
@@ -122,7 +134,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
             plan(file, opts, args.parallel, host)
         }
     };
-    let mut p = plan_of(&file, &opts, host, draft_max.unwrap_or(0))?;
+    let mut p = match args.perplexity {
+        true => kiln::engine::plan::scoring_plan(&file, &opts, host)?,
+        false => plan_of(&file, &opts, host, draft_max.unwrap_or(0))?,
+    };
     if let Some(n) = draft_max.filter(|_| !cuda) {
         let (v, c) = (config.vocab_size as u64, ctx as u64);
         // The engine's draft buffers: each slot keeps `n` more logits rows, and a step carries
@@ -194,19 +209,22 @@ pub fn run(args: PlanArgs) -> Result<()> {
             serde_json::json!({ "model": dp, "components": d.components, "total_bytes": d.total_bytes })
         });
         let j = serde_json::json!({
-            "model": path, "device": if cuda { "cuda" } else { "cpu" }, "ctx": ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full, "draft_max": draft_max,
+            "model": path, "device": if cuda { "cuda" } else { "cpu" }, "ctx": ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "perplexity": args.perplexity, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full, "draft_max": draft_max,
             "components": p.components, "draft": draft, "total_bytes": total, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
         return verdict(fits, budget);
     }
     println!(
-        "memory plan for {} (ctx {}, prefill chunk {}, {} threads, {} sequences)",
+        "memory plan for {} (ctx {}, prefill chunk {}, {} threads, {})",
         path.display(),
         ctx,
-        args.prefill_chunk,
+        opts.prefill_chunk,
         threads,
-        args.parallel
+        match args.perplexity {
+            true => "perplexity: one sequence scored".to_string(),
+            false => format!("{} sequences", args.parallel),
+        }
     );
     print_components(&p.components);
     if let Some((dp, d)) = &draft {

@@ -92,6 +92,54 @@ pub fn plan(
     parallel: usize,
     host: HostTerms,
 ) -> Result<MemoryPlan, PlanError> {
+    plan_runner(file, opts, parallel, 0, host)
+}
+
+/// Plan the runner `kiln perplexity` scores with ([`crate::engine::perplexity::scoring_options`]):
+/// one slot sized by `opts`, its output head computing
+/// [`SCORE_ROWS`](crate::engine::perplexity::SCORE_ROWS) logits rows at a time, and a line
+/// ([`SCORES`]) for the log-probabilities of a prefill chunk (the runner's, and the engine's
+/// two outboxes') and the chunk of tokens and log-probabilities the perplexity loop keeps.
+pub fn scoring_plan(
+    file: &GgufFile,
+    opts: &SessionOptions,
+    host: HostTerms,
+) -> Result<MemoryPlan, PlanError> {
+    let rows = crate::engine::perplexity::SCORE_ROWS;
+    let mut p = plan_runner(file, opts, 1, rows, host)?;
+    let chunk = opts.prefill_chunk.clamp(1, opts.n_ctx.max(1));
+    let n_ctx = opts.n_ctx.max(1);
+    // Per scored row of a step: the next token (u32) and its log-probability (f64 bits) in
+    // the runner, and the log-probability in each of the engine's two outboxes.
+    let bytes = (malloc_bytes(chunk * 4)
+        + malloc_bytes(chunk * 8) * 3
+        + malloc_bytes(n_ctx * 4)
+        + malloc_bytes(n_ctx * 8)) as u64;
+    p.components.push(Component {
+        name: SCORES,
+        bytes,
+        mapped: false,
+        formula: format!(
+            "{chunk} scored rows × (4 next token + 8 log-probability + 2 × 8 in the engine's \
+             outboxes) + a chunk of {n_ctx} positions × (4 token id + 8 log-probability)"
+        ),
+    });
+    p.total_bytes += bytes;
+    Ok(p)
+}
+
+/// The scoring runner's line ([`scoring_plan`]).
+pub const SCORES: &str = "scores";
+
+/// [`plan`] for a runner whose output head computes `score_rows` logits rows at a time where
+/// that is more than its slots' (a scoring runner: [`crate::engine::batch::CacheOptions::score_rows`]).
+fn plan_runner(
+    file: &GgufFile,
+    opts: &SessionOptions,
+    parallel: usize,
+    score_rows: usize,
+    host: HostTerms,
+) -> Result<MemoryPlan, PlanError> {
     let (c, traits) = read_config(file)?;
     check_ctx(&c, opts)?;
     opts.kv_type.check_head_dim(c.head_dim_k)?;
@@ -155,7 +203,7 @@ pub fn plan(
     // The batch runner: its pass carries a row per sequence beside the chunk, and it keeps
     // each sequence's logits row beside the scratch's.
     let runner_rows = parallel as usize;
-    let o = crate::engine::batch::runner_session_options(opts, runner_rows, 0, 0);
+    let o = crate::engine::batch::runner_session_options(opts, runner_rows, 0, score_rows);
     let spec = scratch_spec_for(file, &o);
     let scratch = Scratch::bytes_for(&c, spec) as u64;
     let logit_rows = spec.logit_rows.max(1) + runner_rows;
