@@ -108,7 +108,27 @@ fn plan_equals_engine_allocations() {
                 total(true, kiln::engine::plan::malloc_bytes) as u64,
                 "{stem}"
             );
-            assert_eq!(bytes("weights (mapped)"), in_place as u64, "{stem}");
+            // An untied token-embedding table is read in place a row per token: a line of its
+            // own, counting the rows of at most `ctx` distinct tokens.
+            let table = match w.output_tied {
+                true => 0,
+                false => w.token_embd.data.len() as u64,
+            };
+            let rows = (ctx as u64).min(model.config.vocab_size as u64);
+            let row = w.token_embd.row_bytes as u64;
+            match p.get(kiln::engine::plan::TOKEN_TABLE) {
+                Some(t) => {
+                    assert!(table > 0 && w.token_embd.kernels.group == 1, "{stem}");
+                    assert_eq!(
+                        t.bytes,
+                        kiln::engine::plan::token_table_resident(table, row, rows),
+                        "{stem}"
+                    );
+                    assert!(t.mapped && t.bytes <= table, "{stem}");
+                }
+                None => assert_eq!(table, 0, "{stem}: an untied table has its line"),
+            }
+            assert_eq!(bytes("weights (mapped)") + table, in_place as u64, "{stem}");
             assert_eq!(
                 in_place + repacked,
                 all_2d,

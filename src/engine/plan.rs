@@ -159,6 +159,11 @@ fn plan_runner(
     let (paged, in_place): (Vec<_>, Vec<_>) = in_place
         .into_iter()
         .partition(|t| experts_paged && t.shape.len() == 3);
+    // An untied token-embedding table read in place: a lookup reads one row a token, so a run
+    // keeps resident the rows of the tokens it has seen, not the table (a line of its own).
+    let (table, in_place): (Vec<_>, Vec<_>) = in_place
+        .into_iter()
+        .partition(|t| is_token_table(file, &c, t));
     let bytes_of = |ts: &[&crate::gguf::TensorInfo]| ts.iter().map(|t| t.n_bytes as u64).sum();
     // A rearranged tensor is one allocation of its size; a 3-D stack of experts, one per
     // expert.
@@ -174,6 +179,8 @@ fn plan_runner(
     };
     let mapped: u64 = bytes_of(&in_place);
     let paged_bytes: u64 = bytes_of(&paged);
+    let table_bytes: u64 = bytes_of(&table);
+    let seen = (opts.n_ctx.max(1) as u64 * parallel).min(c.vocab_size as u64);
     // A rearranged tensor's file pages are released once copied, all but the partial pages at
     // its two ends (`TensorBytes::release`), which stay resident with the rest of the file.
     let released: u64 = repacked
@@ -188,7 +195,7 @@ fn plan_runner(
         .iter()
         .map(|&s| s.next_multiple_of(crate::gguf::PAGE) as u64)
         .sum();
-    let file_rest = file_pages.saturating_sub(mapped + paged_bytes + released);
+    let file_rest = file_pages.saturating_sub(mapped + paged_bytes + table_bytes + released);
     let small: Vec<_> = tensors.iter().filter(|t| !is_matrix(t)).collect();
     let owned: u64 = small
         .iter()
@@ -353,6 +360,29 @@ fn plan_runner(
             ),
         },
     ];
+    if let Some(t) = table.first() {
+        let row = (t.n_bytes / c.vocab_size.max(1)) as u64;
+        components.insert(
+            1,
+            Component {
+                name: TOKEN_TABLE,
+                bytes: token_table_resident(table_bytes, row, seen),
+                mapped: true,
+                formula: format!(
+                    "the untied token-embedding table ({:.2} MiB, {} rows of {row} bytes) read in \
+                     place a row per token: the rows of at most {seen} distinct tokens ({} seq × \
+                     {} positions, at most the vocabulary), each its pages ({} of {} bytes at most), \
+                     at most the table",
+                    table_bytes as f64 / (1u64 << 20) as f64,
+                    c.vocab_size,
+                    parallel,
+                    opts.n_ctx.max(1),
+                    row_pages(row),
+                    crate::gguf::PAGE
+                ),
+            },
+        );
+    }
     if experts_paged {
         let file_bytes: u64 = file.part_sizes().iter().map(|&s| s as u64).sum();
         components.insert(
@@ -382,6 +412,36 @@ fn plan_runner(
         components,
         total_bytes,
     })
+}
+
+/// The plan's line for an untied token-embedding table read in place ([`token_table_resident`]).
+pub const TOKEN_TABLE: &str = "token embeddings (mapped)";
+
+/// Whether `t` is a token-embedding table that a run reads a row per token from the file
+/// mapping: an untied one (the output head is a matrix of its own), or an encoder's, that the
+/// loader leaves in place ([`crate::model::weights::repacked_at_load`]). A tied table is the
+/// output head, read whole for every token's logits.
+fn is_token_table(
+    file: &GgufFile,
+    c: &crate::model::ModelConfig,
+    t: &crate::gguf::TensorInfo,
+) -> bool {
+    use crate::model::weights::names;
+    t.name == names::TOKEN_EMBD
+        && (file.tensor_info(names::OUTPUT).is_some() || c.arch.is_encoder())
+}
+
+/// Pages a row of `row` bytes at any offset of the file lies on, at most.
+fn row_pages(row: u64) -> u64 {
+    row.div_ceil(crate::gguf::PAGE as u64) + 1
+}
+
+/// What a run keeps resident of a token-embedding table of `table` bytes read in place, with
+/// rows of `row` bytes, after looking up `tokens` distinct tokens: each token's row, on at
+/// most [`row_pages`] pages, and never more than the table. (Neighbouring pages the kernel
+/// maps with a faulting one where they are in the page cache are not counted.)
+pub fn token_table_resident(table: u64, row: u64, tokens: u64) -> u64 {
+    (tokens * row_pages(row) * crate::gguf::PAGE as u64).min(table)
 }
 
 /// The plan's line for a mixture's experts left in the file mapping when the file exceeds the
@@ -545,4 +605,26 @@ pub fn device_plan(
         components,
         total_bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_table_counts_the_rows_of_the_tokens_seen() {
+        // gpt-oss's table: 201,088 rows of 2,880 Q8_0 values (3,060 bytes), on 2 pages each
+        // at most.
+        let (row, vocab) = (3060u64, 201_088u64);
+        let table = row * vocab;
+        assert_eq!(row_pages(row), 2);
+        assert_eq!(token_table_resident(table, row, 512), 512 * 2 * 4096);
+        assert_eq!(token_table_resident(table, row, 0), 0);
+        // Bounded by the table: every token of the vocabulary seen.
+        assert_eq!(token_table_resident(table, row, vocab), table);
+        // A row of exactly a page may still straddle two; a row of 8 KiB three.
+        assert_eq!(row_pages(4096), 2);
+        assert_eq!(row_pages(8192), 3);
+        assert_eq!(row_pages(100), 2);
+    }
 }
