@@ -94,6 +94,9 @@ def plan_flags(extra):
                    "--draft-max"):
             out += [f, extra[i + 1]]
             i += 2
+        elif f in ("--no-repack", "-nr"):
+            out.append("--no-repack")
+            i += 1
         elif f == "--spec-type":
             spec = extra[i + 1] != "none"
             i += 2

@@ -54,6 +54,8 @@ fn llama_cpp_flags_are_accepted_with_their_meaning() {
         &["-no-cnv"],
         &["--jinja"],
         &["--no-mmap"],
+        &["--no-repack"],
+        &["-nr"],
         &["-v"],
         &["-t", "0"],
         &["-c", "0"],

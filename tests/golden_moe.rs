@@ -46,6 +46,7 @@ fn experts_paged_from_disk_match_reference() {
             &path,
             LoadOptions {
                 memory_limit: Some(u64::MAX),
+                ..Default::default()
             },
         )
         .expect("load");
@@ -54,6 +55,7 @@ fn experts_paged_from_disk_match_reference() {
             &path,
             LoadOptions {
                 memory_limit: Some(1 << 10),
+                ..Default::default()
             },
         )
         .expect("load");
@@ -86,6 +88,51 @@ fn experts_paged_from_disk_match_reference() {
         let mut agg = Agreement::default();
         compare(
             &tight,
+            &common::golden_dir().join(stem).join("logits.jsonl"),
+            2,
+            true,
+            &mut agg,
+        );
+        agg.assert_meets_bar(stem, 4);
+    }
+}
+
+/// `--no-repack` (llama.cpp's flag): the experts stay row-major in the file mapping whatever
+/// the memory, and the logits are the reference's, as with the rearranged experts.
+#[test]
+fn no_repack_experts_match_reference() {
+    for stem in [
+        "random-olmoe-q4_k_m",
+        "random-qwen3moe-q8_0",
+        "random-qwen2moe-q4_0",
+        "random-gpt-oss-mxfp4",
+    ] {
+        let model = Model::load_with(
+            common::random_model(stem),
+            LoadOptions {
+                memory_limit: Some(u64::MAX),
+                no_repack: true,
+            },
+        )
+        .expect("load");
+        assert!(model.experts_in_place, "{stem}");
+        let experts: Vec<_> = model
+            .weights
+            .layers
+            .iter()
+            .flat_map(|l| l.moe.iter())
+            .flat_map(|e| e.gate.iter().chain(&e.up).chain(&e.down))
+            .collect();
+        assert!(!experts.is_empty(), "{stem}");
+        assert!(
+            experts
+                .iter()
+                .all(|e| e.kernels.group == 1 && e.data.is_mapped()),
+            "{stem}: every expert row-major in the mapping"
+        );
+        let mut agg = Agreement::default();
+        compare(
+            &Arc::new(model),
             &common::golden_dir().join(stem).join("logits.jsonl"),
             2,
             true,

@@ -325,6 +325,7 @@ fn experts_past_the_memory_limit_are_paged_from_disk() {
             &path,
             kiln::model::LoadOptions {
                 memory_limit: Some(1 << 10),
+                ..Default::default()
             },
         )
         .unwrap();

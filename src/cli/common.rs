@@ -52,6 +52,10 @@ pub struct ModelArgs {
     /// the file; this populates the map up front, as llama.cpp's --no-mmap reads it).
     #[arg(long = "no-mmap", help_heading = "Model")]
     pub no_mmap: bool,
+    /// Leave a mixture's experts row-major in the file mapping instead of rearranging them for
+    /// this CPU's kernels at load (llama.cpp's -nr/--no-repack; same results).
+    #[arg(long = "no-repack", help_heading = "Model")]
+    pub no_repack: bool,
     /// Use this Jinja chat template instead of the model's (llama.cpp's option): for example
     /// one that renders tools, for a model whose file has none.
     #[arg(long, value_name = "FILE", help_heading = "Model")]
@@ -312,7 +316,13 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let file = kiln::gguf::GgufFile::open_model(&path, args.no_mmap);
     let model = file
         .map_err(kiln::model::ModelError::from)
-        .and_then(Model::from_gguf)
+        .and_then(|f| {
+            let opts = kiln::model::LoadOptions {
+                no_repack: args.no_repack,
+                ..Default::default()
+            };
+            Model::from_gguf_with(f, opts)
+        })
         .with_context(|| format!("loading {}", path.display()))?;
     let mut tokenizer = Tokenizer::from_gguf(&model.file)
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;

@@ -122,7 +122,7 @@ impl Command {
 }
 
 /// llama.cpp's single-dash long flags, spelled as clap's double-dash ones.
-const LLAMA_FLAGS: [(&str, &str); 11] = [
+const LLAMA_FLAGS: [(&str, &str); 12] = [
     ("-ngl", "--n-gpu-layers"),
     ("-fa", "--flash-attn"),
     ("-cnv", "--conversation"),
@@ -134,13 +134,14 @@ const LLAMA_FLAGS: [(&str, &str); 11] = [
     ("-hfr", "--hf-repo"),
     ("-hff", "--hf-file"),
     ("-hft", "--hf-token"),
+    ("-nr", "--no-repack"),
 ];
 
 /// Flags whose value is free text.
 const TEXT_FLAGS: [&str; 5] = ["-p", "--prompt", "-sys", "--system-prompt", "--system"];
 
 /// Rewrite llama.cpp's `-ngl 99`, `-fa`, `-cnv`, `-no-cnv`, `-sys TEXT`, `-md FILE`, `-cd N`,
-/// `-hf REPO`, `-hff FILE`, `-hft TOKEN` (also `-ngl=99`) into the long flags clap parses. Everything after `--` is left alone.
+/// `-hf REPO`, `-hff FILE`, `-hft TOKEN`, `-nr` (also `-ngl=99`) into the long flags clap parses. Everything after `--` is left alone.
 fn llama_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut out: Vec<OsString> = Vec::new();
     let mut rest = false;

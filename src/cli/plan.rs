@@ -62,6 +62,10 @@ pub struct PlanArgs {
     /// The draft model's context (`-cd`, as `kiln run` and `kiln serve` take it).
     #[arg(long = "ctx-size-draft", value_name = "N")]
     pub ctx_size_draft: Option<usize>,
+    /// Plan a mixture's experts left row-major in the file mapping (`kiln run --no-repack`,
+    /// llama.cpp's -nr).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
     /// Plan the runner `kiln perplexity` scores with (one sequence, the output head's rows
     /// and the scores of a prefill chunk; the context defaults to 512, as there).
     #[arg(long, conflicts_with_all = ["parallel", "model_draft", "draft_max"])]
@@ -123,6 +127,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         tokenizer_bytes: tok.heap_bytes() as u64,
         runtime_bytes: runtime,
         memory_limit: args.budget,
+        no_repack: args.no_repack,
     };
     let cuda = args.device == kiln::backend::Device::Cuda;
     // (The runner on the GPU holds its verification rows in device memory; the draft model's
@@ -183,6 +188,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 tokenizer_bytes: Tokenizer::from_gguf(&dfile)?.heap_bytes() as u64,
                 runtime_bytes: 0,
                 memory_limit: args.budget,
+                no_repack: args.no_repack,
             };
             let mut d = plan_of(&dfile, &dopts, dhost, 0)?;
             // The draft decodes greedily (no sampler of its own), on the model's threads and

@@ -70,6 +70,9 @@ pub struct HostTerms {
     /// memory), which decides whether a mixture's experts are rearranged or paged from disk
     /// ([`crate::model::moe::experts_in_place`], as the loader decides).
     pub memory_limit: Option<u64>,
+    /// `--no-repack`: a mixture's experts stay row-major in the mapping whatever the memory
+    /// ([`crate::model::LoadOptions::no_repack`]).
+    pub no_repack: bool,
 }
 
 /// Code pages and thread stacks a running session touches beyond what a fresh process has
@@ -149,7 +152,8 @@ fn plan_runner(
     // Matrices (and stacks of experts) are multiplied; every vector is copied out as f32,
     // gpt-oss's 2-D expert biases `[width, n_expert]` as one vector per expert.
     let is_matrix = |t: &&crate::gguf::TensorInfo| t.shape.len() >= 2 && !t.name.ends_with(".bias");
-    let experts_paged = crate::model::moe::experts_in_place(file, host.memory_limit);
+    let over_limit = crate::model::moe::experts_in_place(file, host.memory_limit);
+    let experts_paged = over_limit || (host.no_repack && crate::model::moe::has_experts(file));
     let (repacked, in_place): (Vec<_>, Vec<_>) = tensors
         .iter()
         .filter(is_matrix)
@@ -393,16 +397,21 @@ fn plan_runner(
                 mapped: true,
                 formula: format!(
                     "Σ bytes of the {} expert tensors ({} experts), row-major in the file mapping: \
-                     the file ({:.2} MiB) exceeds the memory limit{}, so the experts are paged \
-                     from disk as tokens choose them (resident at most this much)",
+                     {}, so the experts are paged from disk as tokens choose them (resident at \
+                     most this much)",
                     paged.len(),
                     n_experts(&paged),
-                    file_bytes as f64 / (1u64 << 20) as f64,
-                    host.memory_limit
-                        .map_or(" (available memory)".to_string(), |m| format!(
-                            " of {:.2} MiB",
-                            m as f64 / (1u64 << 20) as f64
-                        ))
+                    match over_limit {
+                        true => format!(
+                            "the file ({:.2} MiB) exceeds the memory limit{}",
+                            file_bytes as f64 / (1u64 << 20) as f64,
+                            host.memory_limit.map_or(
+                                " (available memory)".to_string(),
+                                |m| format!(" of {:.2} MiB", m as f64 / (1u64 << 20) as f64)
+                            )
+                        ),
+                        false => "--no-repack".to_string(),
+                    }
                 ),
             },
         );

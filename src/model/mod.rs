@@ -97,6 +97,9 @@ pub struct LoadOptions {
     /// Bytes of memory the model may hold (unset: the system's available memory when loading).
     /// A mixture of experts larger than this keeps its experts in the file mapping.
     pub memory_limit: Option<u64>,
+    /// Leave a mixture's experts row-major in the file mapping whatever the memory (llama.cpp's
+    /// `--no-repack`): the row-major kernels multiply the same bits.
+    pub no_repack: bool,
 }
 
 impl Model {
@@ -128,7 +131,8 @@ impl Model {
         }
         let (config, traits) = read_config(&file)?;
         let ropes = layer_ropes(&file, &config, &traits)?;
-        let experts_in_place = moe::experts_in_place(&file, opts.memory_limit);
+        let experts_in_place = (opts.no_repack && moe::has_experts(&file))
+            || moe::experts_in_place(&file, opts.memory_limit);
         let weights = weights::load(&file, &config, &traits, ropes, experts_in_place)?;
         if traits.act == config::Activation::GeluTanh {
             // Built now, not inside the first forward pass (decoding allocates nothing).

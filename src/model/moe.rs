@@ -149,11 +149,16 @@ pub fn whole_qk_norm(cfg: &ModelConfig) -> bool {
 /// from disk when a token chooses it (and out again under pressure). A file without 3-D
 /// expert tensors: never.
 pub fn experts_in_place(f: &GgufFile, memory_limit: Option<u64>) -> bool {
-    if !f.tensors().iter().any(|t| t.shape.len() == 3) {
+    if !has_experts(f) {
         return false;
     }
     let file_bytes: u64 = f.part_sizes().iter().map(|&s| s as u64).sum();
     exceeds(file_bytes, memory_limit.or_else(available_memory))
+}
+
+/// Whether `f` holds a mixture's experts (3-D tensors).
+pub fn has_experts(f: &GgufFile) -> bool {
+    f.tensors().iter().any(|t| t.shape.len() == 3)
 }
 
 /// The rule of [`experts_in_place`]: a file of `file_bytes` against the memory it may take
