@@ -360,3 +360,21 @@ pub trait Backend {
         Ok(())
     }
 }
+
+/// The routing a mixture-of-experts model's config asks for, as every backend's
+/// [`Backend::moe_ffn`] computes it on the host ([`crate::kernels::moe::route`]).
+pub(crate) fn moe_routing(mc: &crate::model::config::MoeConfig) -> crate::kernels::moe::Routing {
+    use crate::kernels::moe::{GateFn, Routing};
+    use crate::model::config::Gating;
+    Routing {
+        n_expert: mc.n_expert,
+        n_used: mc.n_used,
+        gate: match mc.gating {
+            Gating::Softmax => GateFn::Softmax,
+            Gating::Sigmoid => GateFn::Sigmoid,
+            Gating::SoftmaxWeight => GateFn::SoftmaxWeight,
+        },
+        norm: mc.norm_weights,
+        scale: mc.weights_scale,
+    }
+}

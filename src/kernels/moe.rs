@@ -233,6 +233,21 @@ impl MoeScratch {
             + self.xq.len()
     }
 
+    /// Route `rows` tokens (their router logits in `probs`, `n_expert` per row, in place)
+    /// with [`route`], then [`MoeScratch::group`] them by expert.
+    pub fn route_rows(&mut self, r: &Routing, rows: usize) {
+        let (ne, k) = (r.n_expert, r.n_used);
+        for j in 0..rows {
+            route(
+                r,
+                &mut self.probs[j * ne..(j + 1) * ne],
+                &mut self.experts[j * k..(j + 1) * k],
+                &mut self.weights[j * k..(j + 1) * k],
+            );
+        }
+        self.group(ne, k, rows);
+    }
+
     /// Group the chosen experts of `rows` tokens (`experts`, `n_used` per row) by expert:
     /// fills `start`, `row_of` and `pos_of`. Within an expert, rows keep their batch order.
     pub fn group(&mut self, n_expert: usize, n_used: usize, rows: usize) {
@@ -298,14 +313,24 @@ impl MoeScratch {
 mod tests {
     use super::*;
 
-    fn routing(n: usize, k: usize, gate: GateFn, norm: bool, scale: f32) -> Routing {
-        Routing {
+    /// [`route`] of one row `p` (in place) over `n` experts, `k` used: `(experts, weights)`.
+    fn pick(
+        p: &mut [f32],
+        (n, k): (usize, usize),
+        gate: GateFn,
+        norm: bool,
+        scale: f32,
+    ) -> (Vec<u32>, Vec<f32>) {
+        let r = Routing {
             n_expert: n,
             n_used: k,
             gate,
             norm,
             scale,
-        }
+        };
+        let (mut e, mut w) = (vec![0u32; k], vec![0f32; k]);
+        route(&r, p, &mut e, &mut w);
+        (e, w)
     }
 
     /// The softmax against the f64 one: the vectorized runs and the scalar tail both within a
@@ -336,48 +361,26 @@ mod tests {
     #[test]
     fn route_picks_top_k_in_order() {
         let logits = [0.5f32, 3.0, -1.0, 3.0, 2.0, 0.0, 2.5, -4.0];
-        let (mut e, mut w) = ([0u32; 3], [0f32; 3]);
         let mut p = logits;
-        route(
-            &routing(8, 3, GateFn::Softmax, false, 0.0),
-            &mut p,
-            &mut e,
-            &mut w,
-        );
+        let (e, w) = pick(&mut p, (8, 3), GateFn::Softmax, false, 0.0);
         assert_eq!(e, [1, 3, 6]);
         assert_eq!(w, [p[1], p[3], p[6]]);
         assert!(w[0] > w[2] && w[2] > 0.0);
 
         let mut p = logits;
-        route(
-            &routing(8, 3, GateFn::Softmax, true, 2.0),
-            &mut p,
-            &mut e,
-            &mut w,
-        );
+        let (e, w) = pick(&mut p, (8, 3), GateFn::Softmax, true, 2.0);
         let s = p[1] + p[3] + p[6];
         assert_eq!(e, [1, 3, 6]);
         assert!((w.iter().sum::<f32>() - 2.0).abs() < 1e-6, "{w:?} {s}");
 
         let mut p = logits;
-        route(
-            &routing(8, 1, GateFn::Sigmoid, false, 0.0),
-            &mut p,
-            &mut e,
-            &mut w,
-        );
+        let (e, w) = pick(&mut p, (8, 1), GateFn::Sigmoid, false, 0.0);
         assert_eq!(e[0], 1);
         assert_eq!(w[0], 1.0 / (1.0 + (-3.0f32).exp()));
 
         // All experts used, reverse order.
         let mut p = [1.0f32, 2.0, 3.0, 4.0];
-        let (mut e4, mut w4) = ([0u32; 4], [0f32; 4]);
-        route(
-            &routing(4, 4, GateFn::Softmax, false, 0.0),
-            &mut p,
-            &mut e4,
-            &mut w4,
-        );
+        let (e4, _) = pick(&mut p, (4, 4), GateFn::Softmax, false, 0.0);
         assert_eq!(e4, [3, 2, 1, 0]);
     }
 
@@ -386,14 +389,8 @@ mod tests {
     #[test]
     fn softmax_weight_ranks_logits_and_normalizes_the_chosen() {
         let logits = [0.5f32, 3.0, -1.0, 3.0, 2.0, 0.0, 2.5, -4.0];
-        let (mut e, mut w) = ([0u32; 4], [0f32; 4]);
         let mut p = logits;
-        route(
-            &routing(8, 4, GateFn::SoftmaxWeight, false, 0.0),
-            &mut p,
-            &mut e,
-            &mut w,
-        );
+        let (e, w) = pick(&mut p, (8, 4), GateFn::SoftmaxWeight, false, 0.0);
         assert_eq!(p, logits);
         assert_eq!(e, [1, 3, 6, 4]);
         // The reference's softmax of a short row: expf of each minus the maximum, the sum in

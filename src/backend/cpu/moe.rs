@@ -5,10 +5,9 @@
 
 use super::{gated_act_rows, project, Cpu};
 use crate::kernels::matmul::{experts_product, matmul, quantize_input, ExpertRows, GatedAct};
-use crate::kernels::moe::{route, GateFn, Routing};
 use crate::kernels::ops::Activation;
 use crate::kernels::par_rows;
-use crate::model::moe::{Gating, MAX_USED};
+use crate::model::moe::MAX_USED;
 
 impl Cpu<'_> {
     pub(super) fn moe_rows(&mut self, li: usize, act: Activation, rows: usize) {
@@ -25,26 +24,7 @@ impl Cpu<'_> {
         // Route: the router's logits, gated, the top k and their weights.
         let probs = &mut ms.probs[..rows * ne];
         matmul(pool, &moe.router, xb, rows, &mut s.xq, probs, &mut s.matmul);
-        let r = Routing {
-            n_expert: ne,
-            n_used: k,
-            gate: match mc.gating {
-                Gating::Softmax => GateFn::Softmax,
-                Gating::Sigmoid => GateFn::Sigmoid,
-                Gating::SoftmaxWeight => GateFn::SoftmaxWeight,
-            },
-            norm: mc.norm_weights,
-            scale: mc.weights_scale,
-        };
-        for j in 0..rows {
-            route(
-                &r,
-                &mut ms.probs[j * ne..(j + 1) * ne],
-                &mut ms.experts[j * k..(j + 1) * k],
-                &mut ms.weights[j * k..(j + 1) * k],
-            );
-        }
-        ms.group(ne, k, rows);
+        ms.route_rows(&crate::backend::moe_routing(mc), rows);
         // Each expert's rows by sequence: a batch of several sequences gives each the bits of
         // its own step (formats whose arithmetic depends on the batch run a sequence's rows of
         // an expert as a batch of their own).

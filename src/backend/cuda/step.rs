@@ -442,34 +442,14 @@ impl CudaSession {
     }
 
     fn norm_groups(&mut self, n: DevNorm, x: u64, sel: u64, y: u64, groups: usize) {
+        let (x, sel, y, w) = (Arg::P(x), Arg::P(sel), Arg::P(y), Arg::P(n.w));
+        let (len, eps, grid) = (Arg::I(n.len as i32), Arg::F(n.eps), groups as u32);
         match n.kind {
-            NormKind::Rms => self.go(
-                "rms_norm_f32",
-                groups as u32,
-                256,
-                &[
-                    Arg::P(x),
-                    Arg::P(sel),
-                    Arg::P(y),
-                    Arg::P(n.w),
-                    Arg::I(n.len as i32),
-                    Arg::F(n.eps),
-                ],
-            ),
-            NormKind::Layer => self.go(
-                "layer_norm_f32",
-                groups as u32,
-                256,
-                &[
-                    Arg::P(x),
-                    Arg::P(sel),
-                    Arg::P(y),
-                    Arg::P(n.w),
-                    Arg::P(n.b.unwrap_or(0)),
-                    Arg::I(n.len as i32),
-                    Arg::F(n.eps),
-                ],
-            ),
+            NormKind::Rms => self.go("rms_norm_f32", grid, 256, &[x, sel, y, w, len, eps]),
+            NormKind::Layer => {
+                let b = Arg::P(n.b.unwrap_or(0));
+                self.go("layer_norm_f32", grid, 256, &[x, sel, y, w, b, len, eps]);
+            }
         }
     }
 
@@ -667,8 +647,12 @@ impl Backend for CudaStep<'_> {
         let off = (rows.start * width * 4) as u64;
         let groups = rows.len() * width / n.len.max(1);
         let (x, y) = (sp + off, dp + off);
-        if s.defer_head_norm(self.m, w, n, x, y, &rows, groups)
-            || s.defer_post_norm(w, n, x, y, &rows, groups)
+        // Only an RMS norm in place over the rows from the first can be held back for a later
+        // launch (fusion on).
+        let held = s.fuse && x == y && rows.start == 0 && n.kind == NormKind::Rms;
+        if held
+            && (s.defer_head_norm(self.m, w, n, x, groups)
+                || (groups == rows.end && s.defer_post_norm(w, n, y, rows.end)))
         {
             return; // (applied by the RoPE's launch, or by the add after it)
         }

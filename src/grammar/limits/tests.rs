@@ -107,24 +107,26 @@ fn recursive_schemas_pass() {
 
 #[test]
 fn anchors_and_ids_are_followed() {
-    let mut defs = serde_json::Map::new();
-    for i in 0..300 {
-        defs.insert(
-            format!("a{i}"),
-            json!({"$anchor": format!("k{i}"), "$ref": format!("#k{}", i + 1)}),
-        );
-    }
-    defs.insert("end".into(), json!({"$anchor": "k300", "type": "string"}));
-    limit_at(check_schema(&json!({"$defs": defs, "$ref": "#k0"})));
-    let mut defs = serde_json::Map::new();
-    for i in 0..300 {
-        defs.insert(
-            format!("a{i}"),
-            json!({"$id": format!("urn:k:{i}"), "$ref": format!("urn:k:{}", i + 1)}),
-        );
-    }
-    defs.insert("end".into(), json!({"$id": "urn:k:300", "type": "string"}));
-    limit_at(check_schema(&json!({"$defs": defs, "$ref": "urn:k:0"})));
+    // A chain of 300 definitions, each naming itself `name(i)` under `key` and referring to
+    // the next, ending in a string.
+    let chain = |key: &str, name: &dyn Fn(usize) -> String, refer: &dyn Fn(usize) -> String| {
+        let mut defs = serde_json::Map::new();
+        for i in 0..300 {
+            defs.insert(format!("a{i}"), json!({key: name(i), "$ref": refer(i + 1)}));
+        }
+        defs.insert("end".into(), json!({key: name(300), "type": "string"}));
+        json!({"$defs": defs, "$ref": refer(0)})
+    };
+    limit_at(check_schema(&chain(
+        "$anchor",
+        &|i| format!("k{i}"),
+        &|i| format!("#k{i}"),
+    )));
+    limit_at(check_schema(&chain(
+        "$id",
+        &|i| format!("urn:k:{i}"),
+        &|i| format!("urn:k:{i}"),
+    )));
 }
 
 #[test]

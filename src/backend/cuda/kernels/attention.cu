@@ -41,13 +41,15 @@ struct Q8Row {
     }
 };
 
+// The parameters of the cache stores, `kv_store_f16` and `kv_store_q8_0`.
+#define KV_STORE_PARAMS                                                                      \
+    const float *k, const float *v, u8 *kc, u8 *vc, const int *pos, const int *seq,         \
+        long seq_stride_k, long seq_stride_v, int n_kv_heads, int hd_k, int hd_v, int ctx
+
 // Row r's keys and values into its sequence's cache (`[n_kv_heads, rows]` rows per slot,
 // `seq_stride_*` bytes apart) at its position's row (`pos mod rows`: `rows` is the context, or
 // a sliding-window layer's ring), as f16.
-extern "C" __global__ void kv_store_f16(const float* k, const float* v, u8* kc, u8* vc,
-                                        const int* pos, const int* seq, long seq_stride_k,
-                                        long seq_stride_v, int n_kv_heads, int hd_k, int hd_v,
-                                        int ctx) {
+extern "C" __global__ void kv_store_f16(KV_STORE_PARAMS) {
     pdl_begin();
     int r = blockIdx.x;
     long p = pos[r] % ctx;
@@ -83,10 +85,7 @@ __device__ void store_q8_0(const float* x, u8* dst, int heads, int hd, long ctx)
 }
 
 // `kv_store_f16` for a Q8_0 cache (head dimensions multiples of 32).
-extern "C" __global__ void kv_store_q8_0(const float* k, const float* v, u8* kc, u8* vc,
-                                         const int* pos, const int* seq, long seq_stride_k,
-                                         long seq_stride_v, int n_kv_heads, int hd_k, int hd_v,
-                                         int ctx) {
+extern "C" __global__ void kv_store_q8_0(KV_STORE_PARAMS) {
     pdl_begin();
     int r = blockIdx.x;
     long p = pos[r] % ctx;  // (the layer's rows: see kv_store_f16)

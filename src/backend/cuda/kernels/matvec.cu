@@ -573,6 +573,20 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
 #define KILN_PRAGMA(x) _Pragma(#x)
 #define KILN_UNROLL(n) KILN_PRAGMA(unroll n)
 
+// The start of a `MATVEC_Q` kernel: its output row and lane, whether that row exists, the
+// row's matrix and output, its groups; the row's weights prefetched before the wait on the
+// launch before (PDL).
+#define MV_ROW_BEGIN(BYTES, ELEMS, A0, A1, A2)                                                \
+    int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                            \
+    int lane = threadIdx.x % tpr;                                                             \
+    bool live = row < rows0 + rows1 + rows2;                                                  \
+    MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                       \
+    int ng = cols >> 5, G = r.rows * ng;                                                      \
+    if (live)                                                                                 \
+        prefetch_row<BYTES, ELEMS, A0, A1, A2>(r.w, r.row, ng, G, rows0 + rows1 + rows2,      \
+                                               lane, tpr);                                    \
+    pdl_begin()
+
 #define MATVEC_Q(NAME, BYTES, ELEMS, DOT, KIND, A0, A1, A2)                                   \
     __device__ __forceinline__ float NAME##_row(const u8* w, int g0, int G, Q8v xt, int ng,   \
                                                 int lane, int tpr) {                          \
@@ -585,15 +599,7 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
     }                                                                                         \
     template <bool ROPE>                                                                      \
     __device__ __forceinline__ void NAME##_q(MATVEC_PARAMS(const u8* x), ROPE_PARAMS) {       \
-        int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
-        int lane = threadIdx.x % tpr;                                                         \
-        bool live = row < rows0 + rows1 + rows2;                                              \
-        MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
-        int ng = cols >> 5, G = r.rows * ng;                                                  \
-        if (live)                                                                             \
-            prefetch_row<BYTES, ELEMS, A0, A1, A2>(r.w, r.row, ng, G, rows0 + rows1 + rows2,  \
-                                                   lane, tpr);                                \
-        pdl_begin();                                                                          \
+        MV_ROW_BEGIN(BYTES, ELEMS, A0, A1, A2);                                               \
         if (!live) return;  /* (a whole warp: tpr < blockDim.x; every warp lives with RoPE) */\
         for (int t = 0; t < n_tok; ++t) {                                                     \
             Q8v xt = q8_at(q8_view(x, (long)n_tok * ng), (long)t * ng);                       \
@@ -612,15 +618,7 @@ __device__ __forceinline__ void last_block_norm_add(const float* y, int width, i
         __shared__ u32x4 xs_q[F32_INPUT_COLS / 16];                                           \
         __shared__ f32x2 xs_ds[F32_INPUT_COLS / 32];                                          \
         Q8v xs = {(int*)xs_q, xs_ds};                                                         \
-        int row = blockIdx.x * (blockDim.x / tpr) + threadIdx.x / tpr;                        \
-        int lane = threadIdx.x % tpr;                                                         \
-        bool live = row < rows0 + rows1 + rows2;  /* (all threads meet every barrier) */      \
-        MvRow r = mv_row(row, w0, w1, w2, y0, y1, y2, rows0, rows1, rows2);                   \
-        int ng = cols >> 5, G = r.rows * ng;                                                  \
-        if (live)                                                                             \
-            prefetch_row<BYTES, ELEMS, A0, A1, A2>(r.w, r.row, ng, G, rows0 + rows1 + rows2,  \
-                                                   lane, tpr);                                \
-        pdl_begin();                                                                          \
+        MV_ROW_BEGIN(BYTES, ELEMS, A0, A1, A2);  /* (all threads meet every barrier) */       \
         for (int t = 0; t < n_tok; ++t) {                                                     \
             quantize_row_shared<KIND>(x + (long)t * cols, cols, nw, eps, xs);                 \
             __syncthreads();                                                                  \

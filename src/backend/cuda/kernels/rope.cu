@@ -49,13 +49,15 @@ __device__ __forceinline__ void rotate_pair(float* h, int a, int b, int i, int p
     h[b] = fmaf(x0, s, x1 * c);
 }
 
-extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int* pos,
-                                   long rows, int n_heads, int n_kv_heads, int head_dim,
-                                   int n_dims, float theta_scale, float freq_scale,
-                                   const float* freq_factors, int neox, u8* kc, u8* vc,
-                                   const int* seq, long seq_stride_k, long seq_stride_v,
-                                   int hd_v, int ctx, float mscale, float ext, float low,
-                                   float high) {
+// The parameters of `rope_qk`, which `norm_rope_qk` takes first.
+#define ROPE_QK_PARAMS                                                                       \
+    float *q, float *k, const float *v, const int *pos, long rows, int n_heads, int n_kv_heads, \
+        int head_dim, int n_dims, float theta_scale, float freq_scale,                        \
+        const float *freq_factors, int neox, u8 *kc, u8 *vc, const int *seq,                   \
+        long seq_stride_k, long seq_stride_v, int hd_v, int ctx, float mscale, float ext,      \
+        float low, float high
+
+extern "C" __global__ void rope_qk(ROPE_QK_PARAMS) {
     pdl_begin();
     Yarn y = {mscale, ext, low, high};
     int half_dims = n_dims / 2, heads = n_heads + n_kv_heads;
@@ -107,13 +109,7 @@ extern "C" __global__ void rope_qk(float* q, float* k, const float* v, const int
 // the k heads, rope_qk, scale_f32): one block per (row, head), q heads then k heads, of 256
 // threads, rms_norm_f32's block, so each head's sum of squares is the same sum. Every step is
 // its separate kernel's arithmetic in its order: the same bits.
-extern "C" __global__ void norm_rope_qk(float* q, float* k, const float* v, const int* pos,
-                                        long rows, int n_heads, int n_kv_heads, int head_dim,
-                                        int n_dims, float theta_scale, float freq_scale,
-                                        const float* freq_factors, int neox, u8* kc, u8* vc,
-                                        const int* seq, long seq_stride_k, long seq_stride_v,
-                                        int hd_v, int ctx, float mscale, float ext, float low,
-                                        float high, const float* wq, const float* wk,
+extern "C" __global__ void norm_rope_qk(ROPE_QK_PARAMS, const float* wq, const float* wk,
                                         float eps_q, float eps_k, float q_scale) {
     pdl_begin();
     Yarn y = {mscale, ext, low, high};

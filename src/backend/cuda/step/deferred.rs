@@ -10,8 +10,6 @@
 //! ([`CudaSession::settle`]), and a read after the products, once the norm's input may have
 //! changed, is an error instead of stale numbers.
 
-use std::ops::Range;
-
 use super::products::Epilogue;
 use super::{CudaSession, Mat};
 use crate::backend::cuda::gpu::Arg;
@@ -127,33 +125,16 @@ pub(super) struct PostNorm {
 }
 
 impl CudaSession {
-    /// Hold back the post-norm `w` of `rows` whole rows of `y`, in place, for the add that
-    /// reads it; true if held (nothing launched).
-    pub(super) fn defer_post_norm(
-        &mut self,
-        w: NormW,
-        n: DevNorm,
-        x: u64,
-        y: u64,
-        rows: &Range<usize>,
-        groups: usize,
-    ) -> bool {
-        let ok = self.fuse
-            && matches!(w, NormW::AttnPost(_) | NormW::FfnPost(_))
-            && n.kind == NormKind::Rms
-            && x == y
-            && rows.start == 0
-            && groups == rows.end;
+    /// Hold back the post-norm `w` (RMS, fusion on) of `rows` whole rows of `y`, in place, for
+    /// the add that reads it; true if held (nothing launched).
+    pub(super) fn defer_post_norm(&mut self, w: NormW, n: DevNorm, y: u64, rows: usize) -> bool {
+        let ok = matches!(w, NormW::AttnPost(_) | NormW::FfnPost(_));
         if ok {
             // (One held at a time: an earlier one, never consumed, runs as asked.)
             if let Some(h) = self.post_norm.take() {
                 self.launch_post_norm(h);
             }
-            self.post_norm = Some(PostNorm {
-                n,
-                y,
-                rows: rows.end,
-            });
+            self.post_norm = Some(PostNorm { n, y, rows });
         }
         ok
     }

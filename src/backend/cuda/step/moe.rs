@@ -21,7 +21,7 @@ use super::layout::MoeLayout;
 use super::products::{mv_shape, mv_threads, Prepared};
 use super::{Arg, Buf, CudaSession, MAX_GRAPH_ROWS};
 use crate::backend::cuda::weights::DevMat;
-use crate::kernels::moe::{route, GateFn, MoeScratch, MoeShape, Routing};
+use crate::kernels::moe::{MoeScratch, MoeShape};
 use crate::kernels::ops::Activation;
 use crate::model::config::ClampedSwiglu;
 use crate::model::moe::Gating;
@@ -131,27 +131,8 @@ impl CudaSession {
             self.moe_host = Some(host);
             return;
         }
-        let routing = Routing {
-            n_expert: ne,
-            n_used: k,
-            gate: match mc.gating {
-                Gating::Softmax => GateFn::Softmax,
-                Gating::Sigmoid => GateFn::Sigmoid,
-                Gating::SoftmaxWeight => GateFn::SoftmaxWeight,
-            },
-            norm: mc.norm_weights,
-            scale: mc.weights_scale,
-        };
         let ms = &mut host.scratch;
-        for j in 0..rows {
-            route(
-                &routing,
-                &mut ms.probs[j * ne..(j + 1) * ne],
-                &mut ms.experts[j * k..(j + 1) * k],
-                &mut ms.weights[j * k..(j + 1) * k],
-            );
-        }
-        ms.group(ne, k, rows);
+        ms.route_rows(&crate::backend::moe_routing(mc), rows);
         let p = rows * k;
         for (d, &r) in host.ints.iter_mut().zip(&ms.row_of[..p]) {
             *d = r as i32;

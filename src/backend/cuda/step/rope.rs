@@ -3,15 +3,13 @@
 //! Qwen3), those norms and the query scale after it (Gemma-3) go into the same launch
 //! (`norm_rope_qk`): one kernel where the forward pass asks for three or four.
 
-use std::ops::Range;
-
 use super::CudaSession;
 use crate::backend::cuda::gpu::Arg;
 use crate::backend::cuda::weights::DevNorm;
 use crate::backend::{Buf, NormW};
 use crate::cache::KvType;
 use crate::kernels::ops::{Rope, RopeKind, YarnParams};
-use crate::model::{Model, NormKind};
+use crate::model::Model;
 
 /// The q and k head norms of one layer, held back for its RoPE launch: each norm's weights,
 /// buffer (normalized in place) and head count.
@@ -23,30 +21,22 @@ pub(super) struct HeadNorms {
 }
 
 impl CudaSession {
-    /// Hold back the head norm `w` (in place over every row of the buffer `x`) for the layer's
-    /// RoPE launch, where it can go there: fusion on, an RMS norm, a layer with a RoPE (which
-    /// the forward pass runs right after its head norms). Returns whether it was held.
-    #[allow(clippy::too_many_arguments)]
+    /// Hold back the head norm `w` (RMS, fusion on, in place over every row of the buffer `x`)
+    /// for the layer's RoPE launch, where it can go there: a layer with a RoPE (which the
+    /// forward pass runs right after its head norms). Returns whether it was held.
     pub(super) fn defer_head_norm(
         &mut self,
         m: &Model,
         w: NormW,
         n: DevNorm,
         x: u64,
-        y: u64,
-        rows: &Range<usize>,
         groups: usize,
     ) -> bool {
         let (NormW::QHead(layer) | NormW::KHead(layer)) = w else {
             return false;
         };
         // (Per head: OLMo-2's and OLMoE's norms of whole q and k vectors launch as asked.)
-        let ok = self.fuse
-            && x == y
-            && rows.start == 0
-            && n.kind == NormKind::Rms
-            && n.len == m.config.head_dim_k
-            && m.weights.layers[layer].rope.is_some();
+        let ok = n.len == m.config.head_dim_k && m.weights.layers[layer].rope.is_some();
         if !ok {
             return false;
         }
