@@ -15,7 +15,8 @@ use crate::cache::{KvCache, Scratch};
 use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{
-    matmul, matmul_gated, matmul_many, quantize_input, Linear, MatmulScratch, GATED_MIN_ROWS,
+    matmul, matmul_gated, matmul_many, matmul_many_then, quantize_input, Epilogue, Linear,
+    MatmulScratch, GATED_MIN_ROWS,
 };
 use crate::kernels::ops::{self, Activation, AttnTemp, Rope};
 use crate::kernels::pool::ThreadPool;
@@ -318,6 +319,29 @@ impl<'a> Backend for Cpu<'a> {
             }
             n => panic!("{n} products of one input (the forward pass has at most three)"),
         }
+    }
+
+    fn output_head(&mut self, rows: usize, scale: Option<f32>, softcap: Option<f32>) {
+        let lin = self.lin(Mat::Output);
+        let pool = &self.rt.pool;
+        let mut p = Parts::of(self.s);
+        let x = p.take(Buf::Xb);
+        let out = &mut p.take(Buf::Logits)[..rows * lin.out_dim];
+        let rb = quantize_input(pool, lin, x, rows, p.xq);
+        // The scale and the soft cap on each tile of logits as it is computed (the arithmetic
+        // of `scale` and `softcap`, element by element): no pass of their own over the
+        // vocabulary, and the soft cap's `tanh` runs while the head's weights stream in.
+        let finish = |t: &mut [f32]| {
+            if let Some(s) = scale {
+                ops::scale_inplace(t, s);
+            }
+            if let Some(c) = softcap {
+                ops::softcap_inplace(t, c);
+            }
+        };
+        let epilogue: Option<Epilogue<'_>> =
+            (scale.is_some() || softcap.is_some()).then_some(&finish);
+        matmul_many_then(pool, &[lin], p.xq, rb, rows, &mut [out], p.mm, epilogue);
     }
 
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {

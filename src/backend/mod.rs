@@ -297,6 +297,20 @@ pub trait Backend {
         self.add(dst, Buf::Proj, rows);
     }
 
+    /// The output head: `Logits[..rows] = Xb[..rows] · Woutᵀ`, times `scale` where the model
+    /// scales its logits (Granite), then `softcap`ped where it caps them (Gemma-2). By default
+    /// the product, then [`Backend::scale`], then [`Backend::softcap`]; a backend may apply
+    /// both in the product's epilogue (the same arithmetic, element by element).
+    fn output_head(&mut self, rows: usize, scale: Option<f32>, softcap: Option<f32>) {
+        self.matmul(&[Mat::Output], Buf::Xb, &[Buf::Logits], rows);
+        if let Some(s) = scale {
+            self.scale(Buf::Logits, s, rows);
+        }
+        if let Some(c) = softcap {
+            self.softcap(Buf::Logits, c, rows);
+        }
+    }
+
     /// The gated feed-forward's first half: `Gate = act(Xb·Wgateᵀ) ⊙ (Xb·Wupᵀ)`.
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize);
 

@@ -229,6 +229,12 @@ pub fn quantize_input(
     rb
 }
 
+/// An element-wise function a product applies to each tile of its outputs (bias added) on the
+/// thread that computed it, before storing it: the output head's scale and soft cap. Each
+/// output then has the bits of applying it to the whole rows afterwards, without a pass (and a
+/// dispatch) of its own, and its arithmetic runs while the weights behind the tile stream in.
+pub type Epilogue<'a> = &'a (dyn Fn(&mut [f32]) + Sync);
+
 /// `outs[m] = lins[m] · x` for every matrix `m` reading the same quantized input `xq`
 /// (`n` rows of `xq_stride` bytes). Each output is `[n, lins[m].out_dim]`, bias added.
 ///
@@ -241,6 +247,21 @@ pub fn matmul_many(
     n: usize,
     outs: &mut [&mut [f32]],
     scratch: &mut MatmulScratch,
+) {
+    matmul_many_then(pool, lins, xq, xq_stride, n, outs, scratch, None);
+}
+
+/// [`matmul_many`], then `epilogue` over every output tile ([`Epilogue`]).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_many_then(
+    pool: &ThreadPool,
+    lins: &[&Linear],
+    xq: &[u8],
+    xq_stride: usize,
+    n: usize,
+    outs: &mut [&mut [f32]],
+    scratch: &mut MatmulScratch,
+    epilogue: Option<Epilogue<'_>>,
 ) {
     assert_eq!(lins.len(), outs.len());
     check_inputs(lins, n, scratch);
@@ -275,6 +296,9 @@ pub fn matmul_many(
                 let i = (t - lt.start) * TILE_ROWS;
                 let nw = (lin.out_dim - i).min(TILE_ROWS);
                 gemm_tile(lin, i, nw, xq, xq_stride, tokens.clone(), segments, tile);
+                if let Some(e) = epilogue {
+                    e(&mut tile[..tokens.len() * nw]);
+                }
                 store_tile(out, lin.out_dim, i, nw, tokens.clone(), tile);
             }
         }
@@ -621,6 +645,56 @@ mod tests {
                         "{ty} {rows} rows, runs {run_bytes}"
                     );
                 }
+            }
+        }
+    }
+
+    /// An epilogue (the output head's scale and soft cap) applied tile by tile, on whichever
+    /// thread computed the tile, gives every output the bits of applying it to the whole
+    /// product afterwards: decode rows (streamed shares) and batches (items), ragged last
+    /// tiles included.
+    #[test]
+    fn epilogue_per_tile_equals_epilogue_after() {
+        let mut rng = Rng(0xe91);
+        let n = 512;
+        for (ty, rows, threads) in [
+            (GgmlType::Q6K, 200, 2),
+            (GgmlType::Q4K, 37, 2),
+            (GgmlType::Q8_0, 100, 3),
+            (GgmlType::Q4_0, 1000, 2),
+        ] {
+            let pool = ThreadPool::new(threads);
+            let (lin, _) = random_linear(ty, n, rows, &mut rng);
+            let finish = |t: &mut [f32]| {
+                crate::kernels::ops::scale_inplace(t, 0.75);
+                crate::kernels::ops::softcap_inplace(t, 3.0);
+            };
+            for tokens in [1, 3, 5, 40] {
+                let x: Vec<f32> = (0..tokens * n).map(|_| rng.uniform() * 3.0).collect();
+                let rb = lin.act_row_bytes();
+                let mut xq = vec![0u8; tokens * rb];
+                let mut scratch = MatmulScratch::new(tokens, threads);
+                quantize_input(&pool, &lin, &x, tokens, &mut xq);
+                let mut want = vec![0f32; tokens * rows];
+                matmul_many(
+                    &pool,
+                    &[&lin],
+                    &xq,
+                    rb,
+                    tokens,
+                    &mut [&mut want],
+                    &mut scratch,
+                );
+                let raw = want.clone();
+                finish(&mut want);
+                let mut got = vec![f32::NAN; tokens * rows];
+                let e: Epilogue<'_> = &finish;
+                let outs = &mut [&mut got[..]];
+                matmul_many_then(&pool, &[&lin], &xq, rb, tokens, outs, &mut scratch, Some(e));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{ty} {rows} rows, {tokens} tokens");
+                // The cap did something: the check is not of an identity.
+                assert!(raw.iter().zip(&want).any(|(a, b)| a != b));
             }
         }
     }

@@ -307,13 +307,7 @@ fn output_rows<B: Backend>(
 /// `Logits[..rows]` = the output head of `Xb[..rows]`, scaled where the model scales its
 /// logits (Granite), soft-capped where it caps them (Gemma-2).
 fn output_head<B: Backend>(m: &Model, b: &mut B, rows: usize) {
-    b.matmul(&[Mat::Output], Buf::Xb, &[Buf::Logits], rows);
-    if let Some(s) = m.config.logit_scale {
-        b.scale(Buf::Logits, s, rows);
-    }
-    if let Some(c) = m.config.final_softcap {
-        b.softcap(Buf::Logits, c, rows);
-    }
+    b.output_head(rows, m.config.logit_scale, m.config.final_softcap);
 }
 
 /// [`output_rows`]'s reader for a sink of `(index among the selected rows, logits)`.
