@@ -656,20 +656,13 @@ impl DeviceWeights {
 }
 
 /// Refuse, by name, a model whose computation the device code does not have, before anything
-/// is laid out or uploaded: Granite's residual and logit scales (not checked on the device),
-/// Jina-BERT-v2's ALiBi.
+/// is laid out or uploaded: Granite's residual and logit scales (not checked on the device).
 fn refuse_unsupported(m: &Model) -> Result<(), CudaError> {
     let c = &m.config;
     if c.residual_scale.is_some() || c.logit_scale.is_some() {
         return Err(CudaError::Unsupported(format!(
             "{}'s residual and logit scales ({0}.residual_scale, {0}.logit_scale; not \
              checked on the device)",
-            c.arch_name
-        )));
-    }
-    if c.alibi.is_some() {
-        return Err(CudaError::Unsupported(format!(
-            "{}'s ALiBi attention (no device kernel)",
             c.arch_name
         )));
     }
