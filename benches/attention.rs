@@ -52,6 +52,7 @@ fn bench(c: &mut Criterion) {
                 kv_stride: stride,
                 ring: None,
                 sinks: None,
+                alibi: None,
             };
             let mut scratch = AttnScratch::new(h, hkv, hd, hd, 1);
             let mut out = vec![0.0f32; n_tokens * h * hd];

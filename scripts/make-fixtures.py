@@ -45,6 +45,8 @@ slightly different context setup. Regenerate them only on purpose.
     scripts/make-fixtures.py --out /tmp/g    # write goldens elsewhere (to compare)
     scripts/make-fixtures.py --only-logprobs [--real]   # just the log-probability goldens
     scripts/make-fixtures.py --only-embeddings   # the models, checked; then only step 8
+    scripts/make-fixtures.py --only-embeddings --out /tmp/g   # step 8 elsewhere: copy one
+                                                 # model's embeddings.json from there
     scripts/make-fixtures.py --only-iq2-blocks   # only tests/golden/iq2_blocks.json
 
 Needs python3, a C/C++ compiler, cargo, and PyPI (the sdist; cmake, ninja, numpy and the
@@ -109,7 +111,7 @@ RECIPES = ["llama", "qwen2", "qwen3", "gpt2", "qwen3moe", "olmoe", "qwen2moe", "
            "smollm3", "gpt-oss", "gemma2", "granite", "mistral3", "olmo2", "olmo3", "exaone",
            "exaone4"]
 # Encoders: no logits, only embeddings (their recipes declare cls and mean pooling).
-ENCODER_RECIPES = ["bert", "nomic-bert", "bert-rerank"]
+ENCODER_RECIPES = ["bert", "nomic-bert", "bert-rerank", "jina-bert-v2"]
 DEQUANT_TENSORS = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.ffn_down.weight"]
 # Formats no random-llama file holds: these tensors of these files too.
 DEQUANT_EXTRA = {"random-gpt-oss-mxfp4": ["blk.0.ffn_up_exps.weight", "blk.3.ffn_down_exps.weight"]}
@@ -124,7 +126,8 @@ PERPLEXITY_MODELS = ["random-gemma2-f32", "random-mistral3-f32", "random-olmo2-f
 
 # Embedding goldens: these models, the golden prompts, llama.cpp's pooling types by value.
 EMBED_MODELS = ["random-llama-f32", "random-qwen2-f32", "random-qwen3-f32", "random-gpt2-f32",
-                "random-llama-q8_0", "random-bert-f32", "random-nomic-bert-f32"]
+                "random-llama-q8_0", "random-bert-f32", "random-nomic-bert-f32",
+                "random-jina-bert-v2-f32"]
 POOLINGS = {"mean": 1, "cls": 2, "last": 3}
 # Rerank goldens: these rerankers; each of RERANK_QUERIES (indices of the golden prompts)
 # against every golden prompt as a document.

@@ -51,6 +51,7 @@ fn attend(
         kv_stride: c.capacity(),
         ring: c.ring_rows(0),
         sinks: None,
+        alibi: None,
     };
     let mut scratch = AttnScratch::with_kv(H, HKV, HD, HD, pool.n_threads(), ty);
     let mut out = vec![0.0f32; n * H * HD];

@@ -1,5 +1,6 @@
 //! Embeddings against the reference engine: the random llama, qwen2, qwen3 and gpt2 models
-//! (and a Q8_0 llama), and the encoders bert and nomic-bert (bidirectional attention, whole
+//! (and a Q8_0 llama), and the encoders bert, nomic-bert and jina-bert-v2 (bidirectional
+//! attention, ALiBi for jina-bert-v2, whole
 //! prompts per pass, several sequences per pass; a generation asked of them refused by
 //! name), mean / cls / last pooling of the golden prompts, computed through the
 //! scheduler as `kiln serve` computes them (prefill chunks smaller than the prompts, several
@@ -250,6 +251,11 @@ fn random_bert_embeddings_match_reference() {
 #[test]
 fn random_nomic_bert_embeddings_match_reference() {
     check_model("random-nomic-bert-f32");
+}
+
+#[test]
+fn random_jina_bert_v2_embeddings_match_reference() {
+    check_model("random-jina-bert-v2-f32");
 }
 
 /// L2 normalization (the server's default) gives unit vectors in the reference's direction,
@@ -524,7 +530,7 @@ fn malformed_encoders_are_refused_by_name() {
         Model::from_gguf(GgufFile::from_bytes(w.to_bytes()).unwrap())
     };
     type Edit<'a> = &'a dyn Fn(&mut GgufWriter);
-    let cases: [(&str, Edit, &str); 4] = [
+    let cases: [(&str, Edit, &str); 5] = [
         (
             "random-bert-f32",
             &|w| {
@@ -553,6 +559,14 @@ fn malformed_encoders_are_refused_by_name() {
             },
             "blk.2.layer_output_norm.weight",
         ),
+        (
+            // A jina-bert-v2 variant's q LayerNorm, which kiln does not compute.
+            "random-jina-bert-v2-f32",
+            &|w| {
+                w.add_f32_tensor("blk.1.attn_q_norm.weight", &[256], &[1.0; 256]);
+            },
+            "blk.1.attn_q_norm.weight",
+        ),
     ];
     for (stem, edit, needle) in cases {
         let e = edited(stem, edit).err().expect("refused").to_string();
@@ -568,6 +582,7 @@ fn malformed_encoders_are_refused_by_name() {
     for (stem, want) in [
         ("random-bert-f32", Pooling::Cls),
         ("random-nomic-bert-f32", Pooling::Mean),
+        ("random-jina-bert-v2-f32", Pooling::Mean),
     ] {
         let m = Model::load(common::random_model(stem)).unwrap();
         assert_eq!(Pooling::for_model(&m, None), Ok(want), "{stem}");

@@ -78,6 +78,10 @@ pub struct AttnShape<'a> {
     /// the softmax's denominator as a key with no value, so a row's weights sum to less than 1
     /// ([`join_sink`]).
     pub sinks: Option<&'a [f32]>,
+    /// ALiBi's maximum bias (Jina-BERT-v2): each scaled score of query position `i` and key
+    /// position `j` gets `slope_h · −|i − j|` ([`alibi_bias`]). Such a layer always takes
+    /// the tiled path.
+    pub alibi: Option<f32>,
 }
 
 impl AttnShape<'_> {
@@ -500,7 +504,10 @@ pub fn attention_kv(
         "attention scratch built for an f16 cache"
     );
     let out = &mut out[..n_tokens * s.n_heads * s.head_dim_v];
-    if n_tokens >= TILE_Q || (n_tokens == 1 && !is_short(s.kv_stride, pos0 + 1)) {
+    if n_tokens >= TILE_Q
+        || s.alibi.is_some()
+        || (n_tokens == 1 && !is_short(s.kv_stride, pos0 + 1))
+    {
         tiled(pool, ops, &s, q, n_tokens, pos0, kv, out, scratch);
     } else {
         vector(pool, ops, &s, q, n_tokens, pos0, kv, out, scratch);
@@ -522,6 +529,37 @@ pub(crate) fn join_sink(sink: f32, m: f32, sum: &mut f32, acc: &mut [f32]) {
     } else {
         *sum = sum.mul_add(1.0, (sink - m).exp());
     }
+}
+
+/// ALiBi's slope of query head `h` of `n_heads` with maximum bias `max_bias`, as the
+/// reference's softmax and flash attention compute it: `m0 = 2^(−max_bias/n)`,
+/// `m1 = 2^(−max_bias/2/n)` with `n` the largest power of two at most `n_heads`; head `h < n`
+/// gets `m0^(h+1)`, the others `m1^(2(h−n)+1)`.
+pub fn alibi_slope(max_bias: f32, n_heads: usize, h: usize) -> f32 {
+    let n = 1usize << n_heads.max(1).ilog2();
+    let m0 = 2f32.powf(-max_bias / n as f32);
+    let m1 = 2f32.powf(-(max_bias / 2.0) / n as f32);
+    if h < n {
+        m0.powi(h as i32 + 1)
+    } else {
+        m1.powi(2 * (h - n) as i32 + 1)
+    }
+}
+
+/// Adds ALiBi's bias to the scaled scores `sc[lo..hi]` of a key tile starting at position
+/// `c0`, for the query at position `p` and a head of slope `slope`: `slope · −|p − j|` with the
+/// distance rounded to f16 (the reference's mask holds it in f16), then returns the new
+/// maximum of the visible scores.
+pub fn alibi_bias(sc: &mut [f32], slope: f32, p: usize, c0: usize, lo: usize, hi: usize) -> f32 {
+    let mut m = f32::NEG_INFINITY;
+    for (i, x) in sc.iter_mut().enumerate().take(hi).skip(lo) {
+        let d = f16::from_f32(-(p.abs_diff(c0 + i) as f32)).to_f32();
+        *x += slope * d;
+        if *x > m {
+            m = *x;
+        }
+    }
+    m
 }
 
 /// Visible key positions of the query at position `p` of a pass whose last position is
@@ -837,7 +875,11 @@ fn tiled(
                     let sc: &mut [f32; KV_TILE] = (&mut sc_rows[j * KV_TILE..(j + 1) * KV_TILE])
                         .try_into()
                         .expect("tile row");
-                    let tile_max = (ops.scale_max)(sc, score, lo - c0, hi - c0);
+                    let mut tile_max = (ops.scale_max)(sc, score, lo - c0, hi - c0);
+                    if let Some(b) = s.alibi {
+                        let slope = alibi_slope(b, s.n_heads, h0 + j);
+                        tile_max = alibi_bias(sc, slope, pos0 + t, c0, lo - c0, hi - c0);
+                    }
                     let acc = &mut o_rows[t - t0]
                         [j * acc_stride + acc_off..j * acc_stride + acc_off + hdv];
                     let (m_old, mut sum) = (ms[2 * r], ms[2 * r + 1]);

@@ -83,9 +83,10 @@ pub enum Arch {
     Olmoe,
     /// gpt-oss (llama.cpp's `LLM_ARCH_OPENAI_MOE`).
     GptOss,
-    /// Encoders (embeddings, no generation): BERT and Nomic-BERT.
+    /// Encoders (embeddings, no generation): BERT, Nomic-BERT and Jina-BERT-v2.
     Bert,
     NomicBert,
+    JinaBertV2,
     Phi3,
     Smollm3,
     /// Mistral Small 3.x / Ministral 3 as llama.cpp converts them (`mistral3`).
@@ -115,6 +116,7 @@ impl Arch {
         ("gpt-oss", Arch::GptOss),
         ("bert", Arch::Bert),
         ("nomic-bert", Arch::NomicBert),
+        ("jina-bert-v2", Arch::JinaBertV2),
         ("phi3", Arch::Phi3),
         ("smollm3", Arch::Smollm3),
         ("mistral3", Arch::Mistral3),
@@ -133,7 +135,7 @@ impl Arch {
     /// An encoder: post-norm blocks over embeddings with their own LayerNorm, no output
     /// head; it gives embeddings, never text.
     pub fn is_encoder(self) -> bool {
-        matches!(self, Arch::Bert | Arch::NomicBert)
+        matches!(self, Arch::Bert | Arch::NomicBert | Arch::JinaBertV2)
     }
 
     pub fn supported_list() -> String {
@@ -242,6 +244,10 @@ pub struct ModelConfig {
     pub causal: bool,
     /// Rows of the token-type embeddings (an encoder's; 0 for decoders).
     pub token_types: usize,
+    /// ALiBi's maximum bias (Jina-BERT-v2's 8): attention scores get `-slope_h·|i − j|` for
+    /// query position `i` and key position `j`, a slope per head, instead of positions in
+    /// the embeddings or RoPE ([`crate::kernels::attention::AttnShape::alibi`]).
+    pub alibi: Option<f32>,
     /// Mixture-of-experts feed-forward (`None`: a dense one).
     pub moe: Option<MoeConfig>,
 }
@@ -329,6 +335,7 @@ pub fn read_common(f: &GgufFile, arch: Arch) -> Result<ModelConfig, GgufError> {
         attn_temp: None,
         causal: true,
         token_types: 0,
+        alibi: None,
         moe: None,
     })
 }

@@ -223,7 +223,7 @@ pub fn read_config(f: &GgufFile) -> Result<(ModelConfig, ArchTraits), ModelError
             gpt2::configure(&mut cfg);
             gpt2::TRAITS
         }
-        Arch::Bert | Arch::NomicBert => bert::configure(f, arch, &mut cfg)?,
+        Arch::Bert | Arch::NomicBert | Arch::JinaBertV2 => bert::configure(f, arch, &mut cfg)?,
         Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Olmoe => {
             moe::configure(f, &mut cfg)?;
             match arch {

@@ -410,7 +410,8 @@ pub fn load(
     };
     let (dim, q_dim, kv_k, kv_v) = (cfg.dim, cfg.q_dim(), cfg.kv_dim_k(), cfg.kv_dim_v());
     let mut token_embd = ld.linear(TOKEN_EMBD, dim, cfg.vocab_size)?;
-    let pos_embd = if traits.rope.is_none() {
+    // (ALiBi's positions are in the attention scores.)
+    let pos_embd = if traits.rope.is_none() && cfg.alibi.is_none() {
         Some(ld.linear(POS_EMBD, dim, cfg.ctx_train)?)
     } else {
         None

@@ -69,6 +69,7 @@ fn make_case(
         kv_stride,
         ring: None,
         sinks: None,
+        alibi: None,
     };
     Case {
         shape,
@@ -350,6 +351,9 @@ fn exact(c: &Case) -> Vec<f64> {
         for h in 0..s.n_heads {
             let kvh = h / group;
             let qh = &c.q[(t * s.n_heads + h) * s.head_dim_k..][..s.head_dim_k];
+            // ALiBi: `−slope·|i − j|` for query position i, key position j.
+            let slope = s.alibi.map_or(0.0, |b| alibi_slope(b, s.n_heads, h) as f64);
+            let qpos = c.pos0 + t;
             let sc: Vec<f64> = (first..=p)
                 .map(|pos| {
                     let k = &c.keys[(kvh * s.kv_stride + pos) * s.head_dim_k..][..s.head_dim_k];
@@ -361,6 +365,7 @@ fn exact(c: &Case) -> Vec<f64> {
                         * s.scale as f64;
                     s.softcap
                         .map_or(x, |cap| cap as f64 * (x / cap as f64).tanh())
+                        - slope * qpos.abs_diff(pos) as f64
                 })
                 .collect();
             let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -598,6 +603,75 @@ fn bidirectional_matches_exact_attention() {
                 let d = make_case(dk, h, hkv, n, pos0, 0, seed);
                 let causal = run(&d, &F16Ops::scalar(), 1);
                 assert_ne!(causal[..row], got[..row], "dk {dk} n {n}");
+            }
+        }
+    }
+}
+
+/// ALiBi's slopes are the reference's: `2^(−8(h+1)/n)` for a power-of-two head count `n`,
+/// and the odd powers of `2^(−4/n)` for the heads past the largest power of two.
+#[test]
+fn alibi_slopes_follow_the_reference() {
+    for h in 0..8 {
+        assert_eq!(
+            alibi_slope(8.0, 8, h),
+            2f32.powi(-(h as i32 + 1)),
+            "head {h}"
+        );
+    }
+    // 12 heads: 8 of slope 2^-(h+1), then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5.
+    for h in 0..12 {
+        let want = if h < 8 {
+            2f32.powi(-(h as i32 + 1))
+        } else {
+            2f32.powf(-0.5 * (2 * (h - 8) + 1) as f32)
+        };
+        let got = alibi_slope(8.0, 12, h);
+        assert!(
+            (got - want).abs() <= 1e-6 * want,
+            "head {h}: {got} vs {want}"
+        );
+    }
+}
+
+/// Bidirectional attention with ALiBi (Jina-BERT-v2): every path and thread count gives the
+/// same bits (always the tiled arithmetic), within 1e-5 of exact attention with the bias;
+/// and the bias changes the result.
+#[test]
+fn alibi_matches_exact_attention() {
+    let paths = paths();
+    let mut seed = 71;
+    for (dk, h, hkv) in [(16, 4, 2), (64, 12, 12), (32, 9, 3)] {
+        for (n, pos0) in [
+            (1, 0),
+            (2, 0),
+            (7, 0),
+            (30, 0),
+            (64, 0),
+            (100, 0),
+            (130, 20),
+        ] {
+            seed += 1;
+            let mut c = make_case(dk, h, hkv, n, pos0, 0, seed);
+            c.shape.causal = false;
+            let plain = run(&c, &F16Ops::scalar(), 1);
+            c.shape.alibi = Some(8.0);
+            let want_exact = exact(&c);
+            let first = run(&c, &F16Ops::scalar(), 1);
+            for threads in [1, 2, 3] {
+                for ops in &paths {
+                    let got = run(&c, ops, threads);
+                    assert!(
+                        same_bits(&got, &first),
+                        "{} dk {dk} n {n} thr {threads}",
+                        ops.name
+                    );
+                    let what = format!("dk {dk} heads {h} n {n} pos0 {pos0}");
+                    assert_near_exact(&got, &want_exact, 1e-5, &what);
+                }
+            }
+            if n > 1 {
+                assert_ne!(plain, first, "dk {dk} n {n}: the bias changed nothing");
             }
         }
     }
