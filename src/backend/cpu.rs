@@ -15,8 +15,8 @@ use crate::cache::{KvCache, Scratch};
 use crate::kernels::attention::{attention_kv, decode_is_short, AttnShape, SoloAttention};
 use crate::kernels::f16ops::F16Ops;
 use crate::kernels::matmul::{
-    matmul, matmul_gated, matmul_many, matmul_many_then, quantize_input, Epilogue, Linear,
-    MatmulScratch, GATED_MIN_ROWS,
+    matmul, matmul_gated, matmul_many, quantize_input, Epilogue, Linear, MatmulScratch,
+    GATED_MIN_ROWS,
 };
 use crate::kernels::ops::{self, Activation, AttnTemp, Rope};
 use crate::kernels::pool::ThreadPool;
@@ -341,7 +341,7 @@ impl<'a> Backend for Cpu<'a> {
         };
         let epilogue: Option<Epilogue<'_>> =
             (scale.is_some() || softcap.is_some()).then_some(&finish);
-        matmul_many_then(pool, &[lin], p.xq, rb, rows, &mut [out], p.mm, epilogue);
+        matmul_many(pool, &[lin], p.xq, rb, rows, &mut [out], p.mm, epilogue);
     }
 
     fn gated_ffn(&mut self, gate: Mat, up: Mat, act: Activation, rows: usize) {
@@ -600,7 +600,7 @@ fn project(
     let same = lins.iter().all(|l| l.kernels.act == lins[0].kernels.act);
     if same {
         let rb = quantize_input(pool, lins[0], x, n, xq);
-        matmul_many(pool, lins, xq, rb, n, outs, mm);
+        matmul_many(pool, lins, xq, rb, n, outs, mm, None);
     } else {
         for (l, o) in lins.iter().zip(outs.iter_mut()) {
             matmul(pool, l, x, n, xq, o, mm);

@@ -239,21 +239,10 @@ pub type Epilogue<'a> = &'a (dyn Fn(&mut [f32]) + Sync);
 /// (`n` rows of `xq_stride` bytes). Each output is `[n, lins[m].out_dim]`, bias added.
 ///
 /// All matrices must share the activation format and `in_dim`.
-pub fn matmul_many(
-    pool: &ThreadPool,
-    lins: &[&Linear],
-    xq: &[u8],
-    xq_stride: usize,
-    n: usize,
-    outs: &mut [&mut [f32]],
-    scratch: &mut MatmulScratch,
-) {
-    matmul_many_then(pool, lins, xq, xq_stride, n, outs, scratch, None);
-}
-
-/// [`matmul_many`], then `epilogue` over every output tile ([`Epilogue`]).
+///
+/// `epilogue`, if any, runs over every output tile ([`Epilogue`]).
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_many_then(
+pub fn matmul_many(
     pool: &ThreadPool,
     lins: &[&Linear],
     xq: &[u8],
@@ -580,7 +569,7 @@ pub fn matmul(
     scratch: &mut MatmulScratch,
 ) {
     let rb = quantize_input(pool, lin, x, n, xq);
-    matmul_many(pool, &[lin], xq, rb, n, &mut [out], scratch);
+    matmul_many(pool, &[lin], xq, rb, n, &mut [out], scratch, None);
 }
 
 #[cfg(test)]
@@ -684,13 +673,14 @@ mod tests {
                     tokens,
                     &mut [&mut want],
                     &mut scratch,
+                    None,
                 );
                 let raw = want.clone();
                 finish(&mut want);
                 let mut got = vec![f32::NAN; tokens * rows];
                 let e: Epilogue<'_> = &finish;
                 let outs = &mut [&mut got[..]];
-                matmul_many_then(&pool, &[&lin], &xq, rb, tokens, outs, &mut scratch, Some(e));
+                matmul_many(&pool, &[&lin], &xq, rb, tokens, outs, &mut scratch, Some(e));
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{ty} {rows} rows, {tokens} tokens");
                 // The cap did something: the check is not of an identity.
@@ -752,6 +742,7 @@ mod tests {
                     tokens,
                     &mut [&mut og, &mut ou],
                     &mut scratch,
+                    None,
                 );
                 // The matrix's own kernels, one call per group of rows (or the rows after the
                 // last group) and segment, all of the segment's tokens at once.

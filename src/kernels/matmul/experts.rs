@@ -207,6 +207,7 @@ mod tests {
                             k,
                             &mut [&mut og, &mut ou],
                             &mut one,
+                            None,
                         );
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         let what =
