@@ -7,10 +7,8 @@
 //! row; the shift's part, `128 · Σ y` over the same elements, is the same for all 16 rows and
 //! is taken off before the scale. Per super-block, activation row and weight row this forms
 //! the row-major kernel's exact integers (`avx2::TIq4Xs`), and turns them into floats as the
-//! reference engine does: for batches of [`TILED_MIN_ROWS`] rows or more (each super-block of
-//! the group decoded once into `avx2::iq_tile`'s tile, every activation row of the call then
-//! multiplied over it) its tiled kernel's one integer per super-block, times `d_w`,
-//! fused-multiply-added with `d_y`
+//! reference engine does: for batches of [`TILED_MIN_ROWS`] rows or more its tiled kernel's
+//! one integer per super-block, times `d_w`, fused-multiply-added with `d_y`
 //! ([`kquant_order::k_dot_tiled`]); for smaller batches its `vec_dot`'s 8 lanes (lane `l`:
 //! elements `4l .. 4l + 4` of every 32, which is the `l % 4`-th quadruple of the low or high
 //! nibbles), each fused-multiply-added with `d_w·d_y` and reduced at the end in ggml's tree
@@ -19,7 +17,7 @@
 //! [`kquant_order::k_dot_tiled`]: crate::quant::kquant_order::k_dot_tiled
 //! [`kquant_order::k_dot_lanes`]: crate::quant::kquant_order::k_dot_lanes
 
-use super::avx2::{f32_at, prefetch_ahead, tile_rows, Gemm, TileBuf, Q8K_BYTES};
+use super::avx2::{f32_at, prefetch_ahead, Gemm, Q8K_BYTES};
 use crate::quant::blocks::KVALUES_IQ4NL;
 use crate::quant::kquant_order::TILED_MIN_ROWS;
 use crate::quant::repack::{GROUP, IQ4XS_X16_BYTES, IQ4XS_X16_QS, IQ4XS_X16_SH, IQ4XS_X16_SL};
@@ -43,27 +41,27 @@ pub(super) unsafe fn gemm_tf(g: Gemm) {
         }
         return;
     }
-    // The tiled order: each super-block of the group decoded once into `avx2::TileBuf`,
-    // then every activation row of the call multiplied over it.
-    const _: () = assert!(GROUP == 16);
-    let lut = grid_u8();
-    let mut tile = TileBuf::new();
-    for b in 0..nb {
-        let sb = w.add(b * IQ4XS_X16_BYTES);
-        let h = head(sb);
-        for ib in 0..8 {
-            for k in 0..4 {
-                let (lo, hi) = values(sb, ib, k, lut);
-                tile.q[8 * ib + k] = lo;
-                tile.q[8 * ib + 4 + k] = hi;
-            }
-            let s = h.scale(ib);
-            tile.s[2 * ib] = s;
-            tile.s[2 * ib + 1] = s;
+    let mut j = 0;
+    while j + 4 <= nx {
+        let r = tiled::<4>(nb, w, [xr(j), xr(j + 1), xr(j + 2), xr(j + 3)], j == 0);
+        for (t, v) in r.into_iter().enumerate() {
+            _mm512_storeu_ps(out.add((j + t) * out_stride), v);
         }
-        tile.pair_scales();
-        tile.d = h.d;
-        tile_rows::<32>(&tile, x, x_stride, nx, b, (out, out_stride), !0, b == 0);
+        j += 4;
+    }
+    macro_rules! rest {
+        ($t:literal, [$($k:literal),*]) => {{
+            let r = tiled::<$t>(nb, w, [$(xr(j + $k)),*], false);
+            for (t, v) in r.into_iter().enumerate() {
+                _mm512_storeu_ps(out.add((j + t) * out_stride), v);
+            }
+        }};
+    }
+    match nx - j {
+        3 => rest!(3, [0, 1, 2]),
+        2 => rest!(2, [0, 1]),
+        1 => rest!(1, [0]),
+        _ => {}
     }
 }
 
@@ -127,6 +125,59 @@ unsafe fn quad_shifts(q: *const u8) -> [i32; 64] {
         _mm512_storeu_si512(out.as_mut_ptr().add(16 * h).cast(), s);
     }
     out
+}
+
+/// The tiled order for `T` activation rows: per super-block the 16 rows' whole integers. With
+/// `fetch` (the group's first pass) it asks for the weights ahead of the block being read.
+#[inline(always)]
+unsafe fn tiled<const T: usize>(
+    nb: usize,
+    w: *const u8,
+    x: [*const u8; T],
+    fetch: bool,
+) -> [__m512; T] {
+    const _: () = assert!(GROUP == 16);
+    let lut = grid_u8();
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let sb = w.add(b * IQ4XS_X16_BYTES);
+        if fetch {
+            prefetch_ahead(sb, IQ4XS_X16_BYTES);
+        }
+        let h = head(sb);
+        // Per sub-block and activation row, `-128 · Σ y` (from Q8_K's sums of 16).
+        let bsum = |t: usize, g: usize| {
+            let p = x[t].add(b * Q8K_BYTES + 260 + 2 * g);
+            core::ptr::read_unaligned(p.cast::<i16>()) as i32
+        };
+        let shift: [[i32; T]; 8] = core::array::from_fn(|ib| {
+            core::array::from_fn(|t| -128 * (bsum(t, 2 * ib) + bsum(t, 2 * ib + 1)))
+        });
+        let mut tot = [_mm512_setzero_si512(); T];
+        for (ib, sh) in shift.iter().enumerate() {
+            let mut s: [__m512i; T] = core::array::from_fn(|t| _mm512_set1_epi32(sh[t]));
+            for k in 0..4 {
+                let (lo, hi) = values(sb, ib, k, lut);
+                for t in 0..T {
+                    let yp = x[t].add(b * Q8K_BYTES + 4 + 32 * ib + 4 * k);
+                    let y0 = _mm512_set1_epi32(core::ptr::read_unaligned(yp.cast::<i32>()));
+                    let y1 = _mm512_set1_epi32(core::ptr::read_unaligned(yp.add(16).cast::<i32>()));
+                    s[t] = _mm512_dpbusd_epi32(s[t], lo, y0);
+                    s[t] = _mm512_dpbusd_epi32(s[t], hi, y1);
+                }
+            }
+            let ls = h.scale(ib);
+            for t in 0..T {
+                tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(s[t], ls));
+            }
+        }
+        for t in 0..T {
+            let yd = _mm512_set1_ps(f32_at(x[t].add(b * Q8K_BYTES)));
+            let r = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[t]), h.d);
+            acc[t] = _mm512_fmadd_ps(r, yd, acc[t]);
+        }
+    }
+    acc
 }
 
 /// The `vec_dot` order for one activation row: per super-block 8 lanes of integers per

@@ -128,9 +128,9 @@ unsafe fn decode_tile<F: TileFormat>(
         let p = w.add(r.min(rows - 1) * w_stride + b * F::BYTES);
         d[r] = F::decode(p, &mut q[r], s.as_mut_ptr().add(r));
     }
-    for c in 0..4 {
+    for (c, tq) in t.q.chunks_exact_mut(16).enumerate() {
         let col: [__m512i; 16] = core::array::from_fn(|r| q[r][c]);
-        transpose16(&col, &mut t.q[16 * c..16 * c + 16]);
+        transpose16(&col, tq);
     }
     for g in 0..16 {
         t.s[g] = _mm512_loadu_si512(s.as_ptr().add(16 * g).cast());

@@ -27,7 +27,6 @@ pub(super) use iq2::*;
 pub(super) use iq2xs::*;
 pub(super) use iq_grid::*;
 use iq_tile::{gemm_tile16, TileFormat};
-pub(super) use iq_tile::{tile_rows, TileBuf};
 pub(super) use iquants::*;
 pub(super) use kquants::*;
 
