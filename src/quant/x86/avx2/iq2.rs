@@ -9,7 +9,9 @@
 //! activation rows the super-block's integers summed whole
 //! ([`crate::quant::kquant_order::k_dot_tiled`]). In that tiled order a batch decodes each
 //! weight row once into a thread's buffer ([`gemm_decoded`]) rather than once per four
-//! activation rows: the grid lookups and sign masks are most of a tile's work.
+//! activation rows: the grid lookups and sign masks are most of a tile's work. On the AVX-512
+//! VNNI tier such batches take `iq_tile`'s 16-row tiles instead (a super-block of 16 rows
+//! decoded once for every activation row of the call).
 
 use super::*;
 use crate::quant::blocks::{BlockIq2S, BlockIq2Xxs, RawBlock};
@@ -102,11 +104,44 @@ impl<B: Iq2Block + RawBlock, const TILED: bool> Tile for TIq2Order<B, TILED> {
 
     #[inline(always)]
     unsafe fn gemm<D: IDot>(g: Gemm) {
-        if !TILED && g.nx >= TILED_MIN_ROWS {
+        if !TILED && g.nx >= TILED_MIN_ROWS && D::VNNI {
+            gemm_tile16::<Self>(g)
+        } else if !TILED && g.nx >= TILED_MIN_ROWS {
             gemm_decoded::<B, D>(g)
         } else {
             gemm_tiles::<Self, D>(g)
         }
+    }
+}
+
+/// A super-block for [`gemm_tile16`] (AVX-512 tiers), from the scalar code's sub-blocks: two
+/// sub-blocks' 8 grid entries to a register, their 64 sign bits (the sign bytes in element
+/// order) as a byte mask, each half's scale `2 ls + 1`, and `d / 8`.
+impl<B: Iq2Block + RawBlock, const TILED: bool> TileFormat for TIq2Order<B, TILED> {
+    const BYTES: usize = core::mem::size_of::<B>();
+    const SUB: usize = 16;
+
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, q: &mut [__m512i; 4], s: *mut i32) -> f32 {
+        // SAFETY: the caller's row holds the whole block; `B` is a `RawBlock` (alignment 1,
+        // any bits).
+        let blk = &*p.cast::<B>();
+        let zero = _mm512_setzero_si512();
+        let c128 = _mm512_set1_epi8(-128);
+        for (r, q) in q.iter_mut().enumerate() {
+            let (a, b) = (blk.sub(2 * r), blk.sub(2 * r + 1));
+            let g: [i64; 8] =
+                core::array::from_fn(|i| (if i < 4 { a.grid[i] } else { b.grid[i - 4] }) as i64);
+            let g = _mm512_set_epi64(g[7], g[6], g[5], g[4], g[3], g[2], g[1], g[0]);
+            let m = u32::from_le_bytes(a.signs) as u64 | (u32::from_le_bytes(b.signs) as u64) << 32;
+            *q = _mm512_xor_si512(_mm512_mask_sub_epi8(g, m, zero, g), c128);
+            for (h, sub) in [a, b].iter().enumerate() {
+                for k in 0..2 {
+                    *s.add(16 * (4 * r + 2 * h + k)) = sub.scale(k);
+                }
+            }
+        }
+        blk.d() * 0.125
     }
 }
 

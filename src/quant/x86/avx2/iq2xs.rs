@@ -16,6 +16,10 @@
 //! subtraction. Either way the super-block ends as `iq2`'s 8 i32 lanes (lane `l`: elements
 //! `4l .. 4l + 4` of every sub-block, each times its half's scale: the same integers, added in
 //! another order, so the same bits), and the float steps are `LaneAcc`'s.
+//!
+//! Batches of [`TILED_MIN_ROWS`] rows or more take, on the AVX-512 VNNI tier, `iq_tile`'s
+//! 16-row tiles (a super-block of 16 rows decoded once for every activation row), and on
+//! AVX-512 without VNNI this file's `gemm_batch` (each row decoded once per call).
 
 use super::*;
 use crate::quant::blocks::BlockIq2Xs;
@@ -236,7 +240,7 @@ impl<const TILED: bool> Tile for TIq2XsOrder<TILED> {
     #[inline(always)]
     unsafe fn gemm<D: IDot>(g: Gemm) {
         if !TILED && g.nx >= TILED_MIN_ROWS && D::VNNI {
-            gemm_batch_vnni(g)
+            gemm_tile16::<Self>(g)
         } else if !TILED && g.nx >= TILED_MIN_ROWS && D::AVX512 {
             gemm_batch::<D>(g)
         } else if !TILED && g.nx >= TILED_MIN_ROWS {
@@ -244,6 +248,28 @@ impl<const TILED: bool> Tile for TIq2XsOrder<TILED> {
         } else {
             gemm_tiles::<Self, D>(g)
         }
+    }
+}
+
+/// A super-block for [`gemm_tile16`] (AVX-512 tiers): the signed magnitudes by
+/// [`sign_masks`] and [`grid8`], each scale `2 ls + 1` per 16 elements, and `d / 8`.
+impl<const TILED: bool> TileFormat for TIq2XsOrder<TILED> {
+    const BYTES: usize = BYTES;
+    const SUB: usize = 16;
+
+    #[inline(always)]
+    unsafe fn decode(p: *const u8, q: &mut [__m512i; 4], s: *mut i32) -> f32 {
+        let zero = _mm512_setzero_si512();
+        let c128 = _mm512_set1_epi8(-128);
+        for (r, m) in sign_masks(p).into_iter().enumerate() {
+            let g = grid8(p.add(2 + 16 * r));
+            q[r] = _mm512_xor_si512(_mm512_mask_sub_epi8(g, m, zero, g), c128);
+        }
+        let sc: [u8; 16] = core::mem::transmute(scale_bytes(p));
+        for (g, &v) in sc.iter().enumerate() {
+            *s.add(16 * g) = v as i32;
+        }
+        _mm_cvtss_f32(f16x2_at(p)) * 0.125
     }
 }
 
@@ -396,185 +422,6 @@ unsafe fn gemm_batch<D: IDot>(g: Gemm) {
     BATCH.with(|b| b.set(bt));
 }
 
-// ---------------------------------------------------------------------------------------------
-// Batches on the AVX-512 VNNI tier: `vpdpbusd` for the products, two sub-blocks' sums packed
-// into one register for their scales.
-//
-// A `vpdpbusd` of the unsigned activations (`y + 128`) with the signed magnitudes sums 4
-// products to an i32 lane; started at `−128 · Σ w` of its 4 weights (decoded once with the
-// row) the lane holds `Σ y·w` itself, at most 4 · 128 · 43 = 22016 in magnitude: an i16.
-// In a register of 64 elements each 128-bit lane holds one group of 16 (4 lanes), so
-// `vpackssdw` of two such registers (exact: nothing saturates) puts groups `k` and `k + 4` of
-// two sub-blocks side by side in lane `k`, and one `vpdpwssd` by their scales adds all 8 lanes
-// of the two registers into 4: 3 multiplying instructions per 128 products and row where the
-// `vpmaddubsw` path takes 4. Eight activation rows at a time, their super-block sums reduced
-// together (24 instructions for the 8), then `(Σ · d_w) · d_y` fused into each row's sum in
-// the tiled order, as [`batch_tile`].
-
-/// Registers per super-block of a row decoded for [`gemm_batch_vnni`]: 4 of signed magnitudes,
-/// 4 of each 4 elements' `−128 · Σ w`, 2 of packed pairs' 16-bit scales.
-const VNNI_REGS: usize = 10;
-
-/// Activation rows per pass of [`batch_tile_vnni`].
-const VNNI_ROWS: usize = 8;
-
-/// Byte shuffles of the 16 scale bytes (in every 128-bit lane) to the 16-bit scales of a
-/// packed pair `p` (sub-blocks `2p`, `2p + 1`): lane `k` holds 4 × scale `8p + k`, then
-/// 4 × scale `8p + 4 + k`, zero-extended.
-static SCALES_PACKED: [[u8; 64]; 2] = {
-    let mut t = [[0x80u8; 64]; 2];
-    let mut p = 0;
-    while p < 2 {
-        let mut i = 0;
-        while i < 64 {
-            let (k, m) = (i / 16, (i % 16) / 2);
-            if i % 2 == 0 {
-                t[p][i] = (8 * p + k + if m < 4 { 0 } else { 4 }) as u8;
-            }
-            i += 1;
-        }
-        p += 1;
-    }
-    t
-};
-
-/// Weight row `wr` (`nb` super-blocks) into `bt.w` ([`VNNI_REGS`] registers per super-block)
-/// and `bt.wd`.
-#[inline(always)]
-#[allow(clippy::incompatible_msrv)]
-unsafe fn decode_row_vnni(wr: *const u8, nb: usize, bt: &mut Batch) {
-    let zero = _mm512_setzero_si512();
-    let c128 = _mm512_set1_epi8(-128);
-    bt.w.clear();
-    bt.wd.clear();
-    for b in 0..nb {
-        let p = wr.add(b * BYTES);
-        bt.wd.push(_mm_cvtss_f32(f16x2_at(p)) * 0.125);
-        let sc = _mm512_broadcast_i32x4(scale_bytes(p));
-        let mut q = [zero; 4];
-        let mut c = [zero; 4];
-        for (r, m) in sign_masks(p).into_iter().enumerate() {
-            let g = grid8(p.add(2 + 16 * r));
-            q[r] = _mm512_mask_sub_epi8(g, m, zero, g);
-            c[r] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c128, q[r]));
-        }
-        bt.w.extend_from_slice(&q);
-        bt.w.extend_from_slice(&c);
-        for t in &SCALES_PACKED {
-            bt.w.push(_mm512_shuffle_epi8(
-                sc,
-                _mm512_loadu_si512(t.as_ptr().cast()),
-            ));
-        }
-    }
-}
-
-/// The 16 i32 lanes of each of `v[0..8]` summed, in one register in row order.
-#[inline(always)]
-unsafe fn sums8(v: [__m512i; 8]) -> __m256i {
-    // Halves of 256 bits: row `2t` in lanes 0, 1 and row `2t + 1` in lanes 2, 3 of `h[t]`.
-    let h: [__m512i; 4] = core::array::from_fn(|t| {
-        let (a, b) = (v[2 * t], v[2 * t + 1]);
-        _mm512_add_epi32(
-            _mm512_shuffle_i64x2::<0x44>(a, b),
-            _mm512_shuffle_i64x2::<0xEE>(a, b),
-        )
-    });
-    // 128-bit lane `k` of `q[u]`: row `4u + k`.
-    let q: [__m512i; 2] = core::array::from_fn(|u| {
-        let (a, b) = (h[2 * u], h[2 * u + 1]);
-        _mm512_add_epi32(
-            _mm512_shuffle_i64x2::<0x88>(a, b),
-            _mm512_shuffle_i64x2::<0xDD>(a, b),
-        )
-    });
-    // Lane `k`: row `k` in dwords 0, 1, row `k + 4` in dwords 2, 3.
-    let d = _mm512_add_epi32(
-        _mm512_unpacklo_epi64(q[0], q[1]),
-        _mm512_unpackhi_epi64(q[0], q[1]),
-    );
-    let s = _mm512_add_epi32(d, _mm512_shuffle_epi32::<0xB1>(d));
-    let order = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 10, 6, 2, 12, 8, 4, 0);
-    _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, s))
-}
-
-/// The weight row decoded by [`decode_row_vnni`] against activation rows `j .. j + 8`.
-#[inline(always)]
-#[allow(clippy::incompatible_msrv)]
-unsafe fn batch_tile_vnni(bt: &Batch, nb: usize, j: usize, rows: usize) -> __m256 {
-    let zero = _mm512_setzero_si512();
-    let mut acc = _mm256_setzero_ps();
-    let xr: [*const __m512i; VNNI_ROWS] =
-        core::array::from_fn(|t| bt.xu.as_ptr().add((j + t) * 4 * nb));
-    for b in 0..nb {
-        let w = &bt.w[VNNI_REGS * b..VNNI_REGS * (b + 1)];
-        let mut l = [zero; VNNI_ROWS];
-        for p in 0..2 {
-            let (q0, q1, c0, c1) = (w[2 * p], w[2 * p + 1], w[4 + 2 * p], w[5 + 2 * p]);
-            for t in 0..VNNI_ROWS {
-                let y0 = *xr[t].add(4 * b + 2 * p);
-                let y1 = *xr[t].add(4 * b + 2 * p + 1);
-                let a0 = _mm512_dpbusd_epi32(c0, y0, q0);
-                let a1 = _mm512_dpbusd_epi32(c1, y1, q1);
-                l[t] = _mm512_dpwssd_epi32(l[t], _mm512_packs_epi32(a0, a1), w[8 + p]);
-            }
-        }
-        let r = _mm256_mul_ps(
-            _mm256_cvtepi32_ps(sums8(l)),
-            _mm256_set1_ps(*bt.wd.get_unchecked(b)),
-        );
-        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(bt.yd.as_ptr().add(b * rows + j)), acc);
-    }
-    acc
-}
-
-/// A batch on the AVX-512 VNNI tier: the activation rows once as unsigned bytes (padded with
-/// zero rows to a multiple of 8), then each weight row decoded once by [`decode_row_vnni`] and
-/// multiplied with the activation rows eight at a time.
-#[inline(always)]
-unsafe fn gemm_batch_vnni(g: Gemm) {
-    let (n, w, w_stride, nw, x, x_stride, nx, out, out_stride) = g.parts();
-    let nb = n / 256;
-    let rows = nx.div_ceil(VNNI_ROWS) * VNNI_ROWS;
-    let mut bt = BATCH.with(|b| b.take());
-    let zero = _mm512_setzero_si512();
-    if bt.xu.len() < rows * nb * 4 {
-        bt.xu.resize(rows * nb * 4, zero);
-    }
-    bt.yd.clear();
-    bt.yd.resize(nb * rows, 0.0);
-    let c128 = _mm512_set1_epi8(-128);
-    // Every register of the `rows` rows is written below (the padding rows with zeros).
-    let xu = bt.xu.as_mut_ptr();
-    for j in 0..rows {
-        let xr = x.add(j.min(nx - 1) * x_stride);
-        for b in 0..nb {
-            let dst = xu.add((j * nb + b) * 4);
-            if j >= nx {
-                for r in 0..4 {
-                    *dst.add(r) = zero;
-                }
-                continue;
-            }
-            *bt.yd.get_unchecked_mut(b * rows + j) = f32_at(xr.add(b * Q8K));
-            for r in 0..4 {
-                let y = _mm512_loadu_si512(xr.add(b * Q8K + 4 + 64 * r).cast());
-                *dst.add(r) = _mm512_xor_si512(y, c128);
-            }
-        }
-    }
-    for i in 0..nw {
-        decode_row_vnni(w.add(i * w_stride), nb, &mut bt);
-        for j in (0..nx).step_by(VNNI_ROWS) {
-            let v: [f32; VNNI_ROWS] = core::mem::transmute(batch_tile_vnni(&bt, nb, j, rows));
-            for (t, &v) in v.iter().enumerate().take(nx - j) {
-                *out.add((j + t) * out_stride + i) = v;
-            }
-        }
-    }
-    BATCH.with(|b| b.set(bt));
-}
-
 #[cfg(test)]
 mod tests {
     use crate::quant::iq2_grids::IQ2XS_GRID;
@@ -582,10 +429,22 @@ mod tests {
     use crate::quant::tests::Rng;
     use crate::quant::{kernels_for, GemmArgs, GgmlType, Isa};
 
+    /// A Q8_K block's sums of 16 (bytes 260..292) from its quants, as quantizing writes them.
+    pub(in crate::quant::x86) fn fill_sums(blk: &mut [u8]) {
+        for g in 0..16 {
+            let sum: i16 = blk[4 + 16 * g..20 + 16 * g]
+                .iter()
+                .map(|&q| q as i8 as i16)
+                .sum();
+            blk[260 + 2 * g..262 + 2 * g].copy_from_slice(&sum.to_le_bytes());
+        }
+    }
+
     /// IQ2_XS blocks at the extremes the kernels' integer steps must hold exactly: the grid
-    /// entries with the most 43s, every scale 31, any signs, against activations of ±127 (a
-    /// Q8_K row's extremes); every tier's single-row, small-batch and batch kernels give the
-    /// exact order's bits.
+    /// entries with the most 43s (and the first and last index), the scales at 15 and 0 (and
+    /// mixed), each of the 128 sign indices once, against activations of ±127 (a Q8_K row's
+    /// extremes); every tier's single-row, small-batch and batch kernels give the exact
+    /// order's bits.
     #[test]
     fn iq2xs_kernels_are_exact_on_extreme_blocks() {
         let ty = GgmlType::IQ2XS;
@@ -595,18 +454,23 @@ mod tests {
             .filter(|&i| big(IQ2XS_GRID[i as usize]) == most)
             .collect();
         let mut rng = Rng(0x1a2b);
-        let n = 3 * 256;
+        let n = 4 * 256;
         let mut w = vec![0u8; ty.row_bytes(n).unwrap()];
-        for blk in w.chunks_exact_mut(74) {
+        for (b, blk) in w.chunks_exact_mut(74).enumerate() {
             blk[..2].copy_from_slice(&half::f16::from_f32(0.75).to_le_bytes());
             for g in 0..32 {
-                let idx = heavy[rng.next() as usize % heavy.len()] | ((rng.next() as u16) << 9);
+                let grid = match g % 8 {
+                    6 => 0,
+                    7 => 511,
+                    _ => heavy[rng.next() as usize % heavy.len()],
+                };
+                let idx = grid | (((32 * b + g) as u16 % 128) << 9);
                 blk[2 + 2 * g..4 + 2 * g].copy_from_slice(&idx.to_le_bytes());
             }
-            blk[66..].fill(0xFF);
+            blk[66..].fill([0xFF, 0x00, 0xF0, 0x0F][b]);
         }
         let nx = 9;
-        let mut x = vec![0u8; nx * 292 * 3];
+        let mut x = vec![0u8; nx * 292 * 4];
         for blk in x.chunks_exact_mut(292) {
             blk[..4].copy_from_slice(&0.5f32.to_le_bytes());
             for q in &mut blk[4..260] {
@@ -616,8 +480,9 @@ mod tests {
                     -127i8 as u8
                 };
             }
+            fill_sums(blk);
         }
-        let rx = 292 * 3;
+        let rx = 292 * 4;
         for isa in Isa::available() {
             let Ok(k) = kernels_for(ty, isa) else {
                 continue;
@@ -654,7 +519,7 @@ mod tests {
     fn iq2xs_batches_are_exact_on_random_blocks() {
         let ty = GgmlType::IQ2XS;
         let mut rng = Rng(0x5eed);
-        let (n, nw) = (2 * 256, 3);
+        let (n, nw) = (2 * 256, 19);
         let rw = ty.row_bytes(n).unwrap();
         let mut w = vec![0u8; nw * rw];
         for blk in w.chunks_exact_mut(74) {
@@ -664,7 +529,7 @@ mod tests {
             let d = 0.01 + (rng.next() % 1000) as f32 / 997.0;
             blk[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
         }
-        let max_nx = 35;
+        let max_nx = 512;
         let rx = 292 * 2;
         let mut x = vec![0u8; max_nx * rx];
         for blk in x.chunks_exact_mut(292) {
@@ -680,12 +545,13 @@ mod tests {
                     },
                 };
             }
+            fill_sums(blk);
         }
         for isa in Isa::available() {
             let Ok(k) = kernels_for(ty, isa) else {
                 continue;
             };
-            for batch in [8, 13, 16, 17, 24, max_nx] {
+            for batch in [8, 13, 16, 17, 24, 35, max_nx] {
                 let mut out = vec![f32::NAN; batch * nw];
                 (k.gemm)(GemmArgs::new(
                     n,

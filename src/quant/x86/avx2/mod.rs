@@ -19,12 +19,14 @@ mod float;
 mod iq2;
 mod iq2xs;
 mod iq_grid;
+mod iq_tile;
 mod iquants;
 mod kquants;
 pub(super) use float::*;
 pub(super) use iq2::*;
 pub(super) use iq2xs::*;
 pub(super) use iq_grid::*;
+use iq_tile::{gemm_tile16, TileFormat};
 pub(super) use iquants::*;
 pub(super) use kquants::*;
 
