@@ -2,25 +2,10 @@
 // one workgroup a group, the squares summed in f32 in a tree. In place where x and y are one
 // region (each value is read and written by the same thread, after the sum).
 
-struct P {
-    n: u32,
-    groups: u32,
-    eps: f32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> nw: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-
 var<workgroup> part: array<f32, 256>;
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
+fn main(GROUP_BUILTINS) {
     let g = group_index(wg, nwg);
     if (g >= p.groups) {
         return;
