@@ -21,6 +21,9 @@ use crate::quant::GgmlType;
 const COMMON: &str = include_str!("shaders/common.wgsl");
 const WEIGHTS: &str = include_str!("shaders/weights.wgsl");
 const REDUCE: &str = include_str!("shaders/reduce.wgsl");
+/// The type of `reduce.wgsl`'s sums.
+const SUM_F32: &str = "alias sum_t = f32;";
+const SUM_F64: &str = "alias sum_t = f64;";
 
 /// The kernels, by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,7 +39,10 @@ pub enum KernelId {
     Embed(WeightFormat),
     /// A gather of f32 rows by index.
     Gather,
+    /// RMSNorm, the squares summed in f32.
     RmsNorm,
+    /// RMSNorm, the squares summed in f64 (the CPU's sum; for devices with `shaderFloat64`).
+    RmsNormF64,
     Rope,
     StoreKv,
     AttnDecode,
@@ -172,6 +178,8 @@ fn elementwise(expr: &str) -> String {
 /// A kernel's source: its interface (storage bindings, push-constant bytes) and WGSL text.
 pub struct Source {
     pub name: String,
+    /// Whether it computes in f64 (a device with `shaderFloat64`; no Metal translation).
+    pub float64: bool,
     pub bindings: u32,
     pub push_bytes: u32,
     pub wgsl: String,
@@ -183,7 +191,7 @@ impl KernelId {
         let (name, pieces, iface, main): (String, Vec<&str>, Interface, String) = match self {
             KernelId::Matvec(f) => (
                 format!("matvec_{f:?}"),
-                vec![WEIGHTS, REDUCE, f.deq()],
+                vec![WEIGHTS, SUM_F32, REDUCE, f.deq()],
                 PRODUCT,
                 text(include_str!("shaders/matvec.wgsl")),
             ),
@@ -239,9 +247,21 @@ impl KernelId {
                 },
                 text(include_str!("shaders/gather.wgsl")),
             ),
-            KernelId::RmsNorm => (
-                "rms_norm".into(),
-                vec![REDUCE],
+            KernelId::RmsNorm | KernelId::RmsNormF64 => (
+                if self == KernelId::RmsNorm {
+                    "rms_norm"
+                } else {
+                    "rms_norm_f64"
+                }
+                .into(),
+                vec![
+                    if self == KernelId::RmsNorm {
+                        SUM_F32
+                    } else {
+                        SUM_F64
+                    },
+                    REDUCE,
+                ],
                 Interface {
                     push: &[("n", "u32"), ("groups", "u32"), ("eps", "f32")],
                     bindings: &[("x", R, "f32"), ("nw", R, "f32"), ("y", RW, "f32")],
@@ -358,6 +378,7 @@ impl KernelId {
         wgsl.push('\n');
         wgsl.push_str(&main.replace("GROUP_BUILTINS", GROUP_BUILTINS));
         Ok(Source {
+            float64: self == KernelId::RmsNormF64,
             name,
             bindings: iface.bindings.len() as u32,
             push_bytes: iface.push.len() as u32 * 4,
@@ -380,6 +401,7 @@ impl KernelId {
             KernelId::QuantizeQ8_0,
             KernelId::Gather,
             KernelId::RmsNorm,
+            KernelId::RmsNormF64,
             KernelId::Rope,
             KernelId::StoreKv,
             KernelId::AttnDecode,
@@ -408,7 +430,9 @@ fn module(
     naga::compact::compact(&mut module, naga::compact::KeepUnused::No);
     let info = Validator::new(
         ValidationFlags::all(),
-        Capabilities::PUSH_CONSTANT | Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        Capabilities::PUSH_CONSTANT
+            | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | Capabilities::FLOAT64,
     )
     .validate(&module)
     .map_err(|e| err(format!("{:?}", e.into_inner())))?;
@@ -421,6 +445,9 @@ pub fn spirv(src: &Source, int_dot: bool) -> Result<Vec<u32>, VulkanError> {
     let (module, info) = module(src, "SPIR-V")?;
     let mut caps = naga::FastHashSet::default();
     caps.insert(spv::Capability::Shader);
+    if src.float64 {
+        caps.insert(spv::Capability::Float64);
+    }
     if int_dot {
         caps.insert(spv::Capability::DotProduct);
         caps.insert(spv::Capability::DotProductInput4x8BitPacked);
@@ -447,6 +474,13 @@ pub fn spirv(src: &Source, int_dot: bool) -> Result<Vec<u32>, VulkanError> {
 /// The kernel in Metal Shading Language (2.4), as a Metal backend would compile it.
 pub fn msl(src: &Source) -> Result<String, VulkanError> {
     use naga::back::msl;
+    if src.float64 {
+        return Err(VulkanError::Shader {
+            name: src.name.clone(),
+            target: "MSL",
+            reason: "Metal has no f64".into(),
+        });
+    }
     let (module, info) = module(src, "MSL")?;
     let options = msl::Options {
         lang_version: (2, 4),
@@ -480,6 +514,10 @@ mod tests {
             for int_dot in [false, true] {
                 let words = spirv(&src, int_dot).unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(words[0], 0x0723_0203, "{}: SPIR-V magic", src.name);
+            }
+            if src.float64 {
+                assert!(msl(&src).is_err(), "{}: Metal has no f64", src.name);
+                continue;
             }
             let m = msl(&src).unwrap_or_else(|e| panic!("{e}"));
             assert!(m.contains("kernel void"), "{}: {m}", src.name);

@@ -1,7 +1,7 @@
 // y[t][r] (+)= Σ_c W[r][c]·x[t][c]: one workgroup a row, its threads striding over the row's
 // units of 32 (dequantized to f32 by the format's `deq32`), the partial sums reduced in a tree.
 
-var<workgroup> part: array<f32, 64>;
+var<workgroup> part: array<sum_t, 64>;
 
 @compute @workgroup_size(64)
 fn main(GROUP_BUILTINS) {
