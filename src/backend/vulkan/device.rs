@@ -23,6 +23,9 @@ pub struct DeviceInfo {
     /// Whether it has `VK_KHR_shader_integer_dot_product` (or Vulkan 1.3) with the feature on:
     /// the quantized products then use its 8-bit dot instructions.
     pub int_dot: bool,
+    /// Whether it has f64 arithmetic in shaders (`shaderFloat64`, enabled when present): the
+    /// norms then sum their squares in f64, as the CPU does.
+    pub float64: bool,
     /// The largest storage-buffer binding (one tensor's bytes must fit it).
     pub max_storage_range: u64,
 }
@@ -124,6 +127,8 @@ fn candidates(instance: &ash::Instance) -> Result<Vec<Candidate>, VulkanError> {
             // Vulkan 1.3), which outlives the call.
             unsafe { instance.get_physical_device_features2(pd, &mut f2) };
         }
+        // SAFETY: as above.
+        let features = unsafe { instance.get_physical_device_features(pd) };
         let name = props
             .device_name_as_c_str()
             .map(|n| n.to_string_lossy().into_owned())
@@ -142,6 +147,7 @@ fn candidates(instance: &ash::Instance) -> Result<Vec<Candidate>, VulkanError> {
                     vk::api_version_patch(v)
                 ),
                 int_dot: dot.shader_integer_dot_product == vk::TRUE,
+                float64: features.shader_float64 == vk::TRUE,
                 max_storage_range: props.limits.max_storage_buffer_range as u64,
             },
             family,
@@ -219,9 +225,11 @@ impl Vk {
         };
         let mut dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default()
             .shader_integer_dot_product(true);
+        let features = vk::PhysicalDeviceFeatures::default().shader_float64(chosen.info.float64);
         let mut info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queues)
-            .enabled_extension_names(&ext_names);
+            .enabled_extension_names(&ext_names)
+            .enabled_features(&features);
         if chosen.info.int_dot {
             info = info.push_next(&mut dot);
         }
@@ -300,11 +308,12 @@ impl Drop for Vk {
 /// The device's name as the driver gives it, for messages.
 pub fn describe(info: &DeviceInfo) -> String {
     format!(
-        "{} ({}, Vulkan {}, integer dot {})",
+        "{} ({}, Vulkan {}, integer dot {}, f64 {})",
         info.name,
         info.kind,
         info.api,
-        if info.int_dot { "yes" } else { "no" }
+        if info.int_dot { "yes" } else { "no" },
+        if info.float64 { "yes" } else { "no" }
     )
 }
 
@@ -321,6 +330,7 @@ mod tests {
                 kind,
                 api: String::new(),
                 int_dot: false,
+                float64: false,
                 max_storage_range: 0,
             },
             family: compute.then_some(0),

@@ -144,7 +144,9 @@ pub fn matvec_int(
     rec.dispatch(KernelId::MatvecInt(fmt), &[w, xq, y], &p.push(rb), groups)
 }
 
-/// RMSNorm of `groups` groups of `n` values: `y = x / sqrt(mean(x²) + eps) · w` (`w` of `n`).
+/// RMSNorm of `groups` groups of `n` values: `y = x / sqrt(mean(x²) + eps) · w` (`w` of `n`),
+/// the squares summed in f64 where the device has it (the CPU's sum: the same values bit for
+/// bit), else in f32.
 pub fn rms_norm(
     rec: &mut Recorder,
     x: Region,
@@ -158,12 +160,12 @@ pub fn rms_norm(
     need("rms_norm", "the weights", &w, n * 4)?;
     need("rms_norm", "y", &y, n * groups * 4)?;
     let g = rec.grid(groups)?;
-    rec.dispatch(
-        KernelId::RmsNorm,
-        &[x, w, y],
-        &[n as u32, groups as u32, eps.to_bits()],
-        g,
-    )
+    let id = if rec.device().float64 {
+        KernelId::RmsNormF64
+    } else {
+        KernelId::RmsNorm
+    };
+    rec.dispatch(id, &[x, w, y], &[n as u32, groups as u32, eps.to_bits()], g)
 }
 
 /// A RoPE's shape and constants (no YaRN, no frequency factors: refused by the caller).

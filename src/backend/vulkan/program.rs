@@ -40,6 +40,11 @@ impl Recorder {
         }
     }
 
+    /// The device the program is for.
+    pub fn device(&self) -> &super::device::DeviceInfo {
+        &self.vk.info
+    }
+
     /// Workgroups for `n` of them: as many as the first dimension takes, the rest in rows of
     /// it (the kernels index `y·width + x` and ignore the extra ones).
     pub fn grid(&self, n: usize) -> Result<[u32; 3], VulkanError> {

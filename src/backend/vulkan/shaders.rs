@@ -1,11 +1,16 @@
 //! The kernels' sources (WGSL, in `shaders/`) and their translation by `naga`: to SPIR-V for
 //! Vulkan at first use, and to MSL (the route to Metal).
 //!
-//! A kernel is its file after the pieces it builds on: `common.wgsl` (every kernel), and for the
-//! products `weights.wgsl` (byte readers of a weight matrix) with the format's `fmt_*.wgsl`
-//! (`deq32`: 32 values of a row as f32) or `dot_*.wgsl` (`block_d` and `lane_dot`: a block's
-//! scale and the integer product of 4 of its values with 8-bit activations), and for the kernels that sum over a workgroup
-//! `reduce.wgsl` (`part_sum`: the tree every such kernel adds in).
+//! A kernel is `common.wgsl` (every kernel), the pieces it builds on, its interface and its
+//! text. The pieces: for the products `weights.wgsl` (byte readers of a weight matrix) with the
+//! format's `fmt_*.wgsl` (`deq32`: 32 values of a row as f32) or `dot_*.wgsl` (`block_d` and
+//! `lane_dot`: a block's scale and the integer product of 4 of its values with 8-bit
+//! activations), and for the kernels that sum over a workgroup `reduce.wgsl` (`part_sum`: the
+//! tree every such kernel adds in). The interface (the push constants `p` and the storage
+//! bindings) is written here from a table ([`Interface`]), which also gives the pipeline's
+//! binding count and push-constant size; a kernel's `fn main(GROUP_BUILTINS)` takes the
+//! builtins every kernel reads ([`GROUP_BUILTINS`]). The element-wise kernels (add, bias,
+//! scale, the gated activation) are one text, `elementwise.wgsl`, with the op's expression.
 
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -16,6 +21,9 @@ use crate::quant::GgmlType;
 const COMMON: &str = include_str!("shaders/common.wgsl");
 const WEIGHTS: &str = include_str!("shaders/weights.wgsl");
 const REDUCE: &str = include_str!("shaders/reduce.wgsl");
+/// The type of `reduce.wgsl`'s sums.
+const SUM_F32: &str = "alias sum_t = f32;";
+const SUM_F64: &str = "alias sum_t = f64;";
 
 /// The kernels, by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,7 +39,10 @@ pub enum KernelId {
     Embed(WeightFormat),
     /// A gather of f32 rows by index.
     Gather,
+    /// RMSNorm, the squares summed in f32.
     RmsNorm,
+    /// RMSNorm, the squares summed in f64 (the CPU's sum; for devices with `shaderFloat64`).
+    RmsNormF64,
     Rope,
     StoreKv,
     AttnDecode,
@@ -103,9 +114,72 @@ impl WeightFormat {
     }
 }
 
+/// A storage binding's access.
+#[derive(Clone, Copy)]
+enum Access {
+    Read,
+    ReadWrite,
+}
+use Access::{Read as R, ReadWrite as RW};
+
+/// A kernel's interface, written ahead of its text: the push-constant block `p` (4-byte fields,
+/// by name and type) and the storage bindings in binding order (name, access, element type).
+struct Interface {
+    push: &'static [(&'static str, &'static str)],
+    bindings: &'static [(&'static str, Access, &'static str)],
+}
+
+impl Interface {
+    fn wgsl(&self) -> String {
+        let mut s = String::from("struct P {\n");
+        for (name, ty) in self.push {
+            s += &format!("    {name}: {ty},\n");
+        }
+        s += "}\n\nvar<push_constant> p: P;\n";
+        for (i, (name, access, elem)) in self.bindings.iter().enumerate() {
+            let access = match access {
+                R => "read",
+                RW => "read_write",
+            };
+            s +=
+                &format!("@group(0) @binding({i}) var<storage, {access}> {name}: array<{elem}>;\n");
+        }
+        s
+    }
+}
+
+/// The products' push constants (the shape of [`super::ops::Product`] and the weights' row
+/// bytes).
+const PRODUCT_PUSH: &[(&str, &str)] = &[
+    ("rows", "u32"),
+    ("cols", "u32"),
+    ("n_tok", "u32"),
+    ("add", "u32"),
+    ("row_bytes", "u32"),
+];
+const PRODUCT: Interface = Interface {
+    push: PRODUCT_PUSH,
+    bindings: &[("w", R, "u32"), ("x", R, "f32"), ("y", RW, "f32")],
+};
+
+/// The entry point's builtins, for a kernel's `fn main(GROUP_BUILTINS)`: the workgroup's id and
+/// the grid's size (for `group_index`) and the thread's index in its workgroup.
+const GROUP_BUILTINS: &str = "
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+";
+
+/// An element-wise kernel's `y[i] = expr` (`elementwise.wgsl`).
+fn elementwise(expr: &str) -> String {
+    include_str!("shaders/elementwise.wgsl").replace("EXPR", expr)
+}
+
 /// A kernel's source: its interface (storage bindings, push-constant bytes) and WGSL text.
 pub struct Source {
     pub name: String,
+    /// Whether it computes in f64 (a device with `shaderFloat64`; no Metal translation).
+    pub float64: bool,
     pub bindings: u32,
     pub push_bytes: u32,
     pub wgsl: String,
@@ -113,23 +187,19 @@ pub struct Source {
 
 impl KernelId {
     pub fn source(self) -> Result<Source, VulkanError> {
-        let (name, bindings, push_words, parts): (String, u32, u32, Vec<&str>) = match self {
+        let text = |main: &'static str| main.to_string();
+        let (name, pieces, iface, main): (String, Vec<&str>, Interface, String) = match self {
             KernelId::Matvec(f) => (
                 format!("matvec_{f:?}"),
-                3,
-                5,
-                vec![
-                    WEIGHTS,
-                    REDUCE,
-                    f.deq(),
-                    include_str!("shaders/matvec.wgsl"),
-                ],
+                vec![WEIGHTS, SUM_F32, REDUCE, f.deq()],
+                PRODUCT,
+                text(include_str!("shaders/matvec.wgsl")),
             ),
             KernelId::Mm(f) => (
                 format!("mm_{f:?}"),
-                3,
-                5,
-                vec![WEIGHTS, f.deq(), include_str!("shaders/mm.wgsl")],
+                vec![WEIGHTS, f.deq()],
+                PRODUCT,
+                text(include_str!("shaders/mm.wgsl")),
             ),
             KernelId::MatvecInt(f) => {
                 let dot = f.block_dot().ok_or_else(|| {
@@ -137,73 +207,181 @@ impl KernelId {
                 })?;
                 (
                     format!("matvec_int_{f:?}"),
-                    3,
-                    5,
-                    vec![WEIGHTS, dot, include_str!("shaders/matvec_int.wgsl")],
+                    vec![WEIGHTS, dot],
+                    Interface {
+                        push: PRODUCT_PUSH,
+                        bindings: &[("w", R, "u32"), ("xq", R, "u32"), ("y", RW, "f32")],
+                    },
+                    text(include_str!("shaders/matvec_int.wgsl")),
                 )
             }
             KernelId::QuantizeQ8_0 => (
                 "quantize_q8_0".into(),
-                2,
-                1,
-                vec![include_str!("shaders/quantize_q8_0.wgsl")],
+                vec![],
+                Interface {
+                    push: &[("blocks", "u32")],
+                    bindings: &[("x", R, "f32"), ("xq", RW, "u32")],
+                },
+                text(include_str!("shaders/quantize_q8_0.wgsl")),
             ),
             KernelId::Embed(f) => (
                 format!("embed_{f:?}"),
-                3,
-                4,
-                vec![WEIGHTS, f.deq(), include_str!("shaders/embed.wgsl")],
+                vec![WEIGHTS, f.deq()],
+                Interface {
+                    push: &[
+                        ("rows", "u32"),
+                        ("cols", "u32"),
+                        ("row_bytes", "u32"),
+                        ("scale", "f32"),
+                    ],
+                    bindings: &[("w", R, "u32"), ("tokens", R, "u32"), ("x", RW, "f32")],
+                },
+                text(include_str!("shaders/embed.wgsl")),
             ),
             KernelId::Gather => (
                 "gather".into(),
-                3,
-                2,
-                vec![include_str!("shaders/gather.wgsl")],
+                vec![],
+                Interface {
+                    push: &[("rows", "u32"), ("n", "u32")],
+                    bindings: &[("src", R, "f32"), ("idx", R, "u32"), ("dst", RW, "f32")],
+                },
+                text(include_str!("shaders/gather.wgsl")),
             ),
-            KernelId::RmsNorm => (
-                "rms_norm".into(),
-                3,
-                3,
-                vec![REDUCE, include_str!("shaders/rms_norm.wgsl")],
+            KernelId::RmsNorm | KernelId::RmsNormF64 => (
+                if self == KernelId::RmsNorm {
+                    "rms_norm"
+                } else {
+                    "rms_norm_f64"
+                }
+                .into(),
+                vec![
+                    if self == KernelId::RmsNorm {
+                        SUM_F32
+                    } else {
+                        SUM_F64
+                    },
+                    REDUCE,
+                ],
+                Interface {
+                    push: &[("n", "u32"), ("groups", "u32"), ("eps", "f32")],
+                    bindings: &[("x", R, "f32"), ("nw", R, "f32"), ("y", RW, "f32")],
+                },
+                text(include_str!("shaders/rms_norm.wgsl")),
             ),
-            KernelId::Rope => ("rope".into(), 2, 9, vec![include_str!("shaders/rope.wgsl")]),
+            KernelId::Rope => (
+                "rope".into(),
+                vec![],
+                Interface {
+                    push: &[
+                        ("rows", "u32"),
+                        ("heads", "u32"),
+                        ("head_dim", "u32"),
+                        ("n_dims", "u32"),
+                        ("neox", "u32"),
+                        ("stride", "u32"),
+                        ("theta_scale", "f32"),
+                        ("freq_scale", "f32"),
+                        ("mscale", "f32"),
+                    ],
+                    bindings: &[("v", RW, "f32"), ("pos", R, "u32")],
+                },
+                text(include_str!("shaders/rope.wgsl")),
+            ),
             KernelId::StoreKv => (
                 "store_kv".into(),
-                3,
-                2,
-                vec![include_str!("shaders/store_kv.wgsl")],
+                vec![],
+                Interface {
+                    push: &[("rows", "u32"), ("width", "u32")],
+                    bindings: &[("src", R, "f32"), ("cache", RW, "u32"), ("pos", R, "u32")],
+                },
+                text(include_str!("shaders/store_kv.wgsl")),
             ),
             KernelId::AttnDecode => (
                 "attn_decode".into(),
-                5,
-                5,
-                vec![include_str!("shaders/attn_decode.wgsl")],
+                vec![],
+                Interface {
+                    push: &[
+                        ("rows", "u32"),
+                        ("heads", "u32"),
+                        ("kv_heads", "u32"),
+                        ("head_dim", "u32"),
+                        ("scale", "f32"),
+                    ],
+                    bindings: &[
+                        ("q", R, "f32"),
+                        ("kc", R, "u32"),
+                        ("vc", R, "u32"),
+                        ("lens", R, "u32"),
+                        ("o", RW, "f32"),
+                    ],
+                },
+                text(include_str!("shaders/attn_decode.wgsl")),
             ),
-            KernelId::Glu => ("glu".into(), 2, 2, vec![include_str!("shaders/glu.wgsl")]),
-            KernelId::Add => ("add".into(), 2, 1, vec![include_str!("shaders/add.wgsl")]),
-            KernelId::Bias => ("bias".into(), 2, 2, vec![include_str!("shaders/bias.wgsl")]),
+            // gate = act(gate)·up.
+            KernelId::Glu => (
+                "glu".into(),
+                vec![include_str!("shaders/glu.wgsl")],
+                Interface {
+                    push: &[("n", "u32"), ("gelu", "u32")],
+                    bindings: &[("y", RW, "f32"), ("x", R, "f32")],
+                },
+                elementwise("act(y[i]) * x[i]"),
+            ),
+            // y += x.
+            KernelId::Add => (
+                "add".into(),
+                vec![],
+                Interface {
+                    push: &[("n", "u32")],
+                    bindings: &[("y", RW, "f32"), ("x", R, "f32")],
+                },
+                elementwise("y[i] + x[i]"),
+            ),
+            // A product's bias added to each of its rows (after the product's sum, as the CPU
+            // adds it).
+            KernelId::Bias => (
+                "bias".into(),
+                vec![],
+                Interface {
+                    push: &[("n", "u32"), ("width", "u32")],
+                    bindings: &[("y", RW, "f32"), ("b", R, "f32")],
+                },
+                elementwise("y[i] + b[i % p.width]"),
+            ),
+            // y *= s.
             KernelId::Scale => (
                 "scale".into(),
-                1,
-                2,
-                vec![include_str!("shaders/scale.wgsl")],
+                vec![],
+                Interface {
+                    push: &[("n", "u32"), ("s", "f32")],
+                    bindings: &[("y", RW, "f32")],
+                },
+                elementwise("y[i] * p.s"),
             ),
             KernelId::Argmax => (
                 "argmax".into(),
-                2,
-                2,
-                vec![include_str!("shaders/argmax.wgsl")],
+                vec![],
+                Interface {
+                    push: &[("rows", "u32"), ("n", "u32")],
+                    bindings: &[("x", R, "f32"), ("out", RW, "u32")],
+                },
+                text(include_str!("shaders/argmax.wgsl")),
             ),
         };
         let mut wgsl = String::from(COMMON);
-        for p in parts {
+        for p in pieces {
             wgsl.push('\n');
             wgsl.push_str(p);
         }
+        wgsl.push('\n');
+        wgsl.push_str(&iface.wgsl());
+        wgsl.push('\n');
+        wgsl.push_str(&main.replace("GROUP_BUILTINS", GROUP_BUILTINS));
         Ok(Source {
+            float64: self == KernelId::RmsNormF64,
             name,
-            bindings,
-            push_bytes: push_words * 4,
+            bindings: iface.bindings.len() as u32,
+            push_bytes: iface.push.len() as u32 * 4,
             wgsl,
         })
     }
@@ -223,6 +401,7 @@ impl KernelId {
             KernelId::QuantizeQ8_0,
             KernelId::Gather,
             KernelId::RmsNorm,
+            KernelId::RmsNormF64,
             KernelId::Rope,
             KernelId::StoreKv,
             KernelId::AttnDecode,
@@ -251,7 +430,9 @@ fn module(
     naga::compact::compact(&mut module, naga::compact::KeepUnused::No);
     let info = Validator::new(
         ValidationFlags::all(),
-        Capabilities::PUSH_CONSTANT | Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        Capabilities::PUSH_CONSTANT
+            | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | Capabilities::FLOAT64,
     )
     .validate(&module)
     .map_err(|e| err(format!("{:?}", e.into_inner())))?;
@@ -264,6 +445,9 @@ pub fn spirv(src: &Source, int_dot: bool) -> Result<Vec<u32>, VulkanError> {
     let (module, info) = module(src, "SPIR-V")?;
     let mut caps = naga::FastHashSet::default();
     caps.insert(spv::Capability::Shader);
+    if src.float64 {
+        caps.insert(spv::Capability::Float64);
+    }
     if int_dot {
         caps.insert(spv::Capability::DotProduct);
         caps.insert(spv::Capability::DotProductInput4x8BitPacked);
@@ -290,6 +474,13 @@ pub fn spirv(src: &Source, int_dot: bool) -> Result<Vec<u32>, VulkanError> {
 /// The kernel in Metal Shading Language (2.4), as a Metal backend would compile it.
 pub fn msl(src: &Source) -> Result<String, VulkanError> {
     use naga::back::msl;
+    if src.float64 {
+        return Err(VulkanError::Shader {
+            name: src.name.clone(),
+            target: "MSL",
+            reason: "Metal has no f64".into(),
+        });
+    }
     let (module, info) = module(src, "MSL")?;
     let options = msl::Options {
         lang_version: (2, 4),
@@ -323,6 +514,10 @@ mod tests {
             for int_dot in [false, true] {
                 let words = spirv(&src, int_dot).unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(words[0], 0x0723_0203, "{}: SPIR-V magic", src.name);
+            }
+            if src.float64 {
+                assert!(msl(&src).is_err(), "{}: Metal has no f64", src.name);
+                continue;
             }
             let m = msl(&src).unwrap_or_else(|e| panic!("{e}"));
             assert!(m.contains("kernel void"), "{}: {m}", src.name);

@@ -2,15 +2,6 @@
 // sampler's `argmax`): values compared as total-order integer keys (NaN lowest), one workgroup
 // a row.
 
-struct P {
-    rows: u32,
-    n: u32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-
 var<workgroup> keys: array<i32, 256>;
 var<workgroup> idx: array<u32, 256>;
 
@@ -32,11 +23,7 @@ fn better(ka: i32, ia: u32, kb: i32, ib: u32) -> bool {
 }
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
+fn main(GROUP_BUILTINS) {
     let r = group_index(wg, nwg);
     if (r >= p.rows) {
         return;

@@ -5,21 +5,6 @@
 // grows); one workgroup a (row, head), a head of at most 256 values; query head h reads KV head
 // h / (heads / kv_heads).
 
-struct P {
-    rows: u32,
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    scale: f32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<u32>;
-@group(0) @binding(2) var<storage, read> vc: array<u32>;
-@group(0) @binding(3) var<storage, read> lens: array<u32>;
-@group(0) @binding(4) var<storage, read_write> o: array<f32>;
-
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, 64>;
 
@@ -35,11 +20,7 @@ fn kv_at(which: u32, base: u32, i: u32) -> f32 {
 }
 
 @compute @workgroup_size(64)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
+fn main(GROUP_BUILTINS) {
     let g = group_index(wg, nwg);
     if (g >= p.rows * p.heads) {
         return;

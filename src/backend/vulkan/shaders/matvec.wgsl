@@ -1,27 +1,10 @@
 // y[t][r] (+)= Σ_c W[r][c]·x[t][c]: one workgroup a row, its threads striding over the row's
 // units of 32 (dequantized to f32 by the format's `deq32`), the partial sums reduced in a tree.
 
-struct P {
-    rows: u32,
-    cols: u32,
-    n_tok: u32,
-    add: u32,
-    row_bytes: u32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-
-var<workgroup> part: array<f32, 64>;
+var<workgroup> part: array<sum_t, 64>;
 
 @compute @workgroup_size(64)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
+fn main(GROUP_BUILTINS) {
     let r = group_index(wg, nwg);
     if (r >= p.rows) {
         return;

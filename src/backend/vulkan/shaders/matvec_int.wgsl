@@ -9,27 +9,10 @@
 // fused-multiply-adds it with d_w·d_x into one sum (`t32_dot_blocks`). Eight rows a
 // workgroup, a thread a lane (the first lane of a row alone for whole blocks).
 
-struct P {
-    rows: u32,
-    cols: u32,
-    n_tok: u32,
-    add: u32,
-    row_bytes: u32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> xq: array<u32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-
 var<workgroup> lanes: array<f32, 64>;
 
 @compute @workgroup_size(64)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
+fn main(GROUP_BUILTINS) {
     let r = group_index(wg, nwg) * 8u + li / 8u;
     let l = li % 8u;
     let live = r < p.rows;

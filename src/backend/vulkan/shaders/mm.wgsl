@@ -2,19 +2,6 @@
 // workgroup, the weights dequantized (the format's `deq32`) and the inputs staged in shared
 // memory 32 columns at a time.
 
-struct P {
-    rows: u32,
-    cols: u32,
-    n_tok: u32,
-    add: u32,
-    row_bytes: u32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-
 var<workgroup> ws: array<array<f32, 33>, 16>;
 var<workgroup> xs: array<array<f32, 33>, 16>;
 

@@ -3,20 +3,8 @@
 // q = x · (127 / amax) rounded half to even), written as 9 words: d as f32, then the 32 signed
 // bytes packed 4 to a word.
 
-struct P {
-    blocks: u32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> xq: array<u32>;
-
 @compute @workgroup_size(64)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
+fn main(GROUP_BUILTINS) {
     let b = group_index(wg, nwg) * 64u + li;
     if (b >= p.blocks) {
         return;

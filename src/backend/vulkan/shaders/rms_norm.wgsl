@@ -1,38 +1,25 @@
 // RMSNorm of each group of `n` values (a row, or a head of it): y = x·(1/sqrt(mean(x²) + eps))·w,
-// one workgroup a group, the squares summed in f32 in a tree. In place where x and y are one
-// region (each value is read and written by the same thread, after the sum).
+// one workgroup a group, the f32 squares summed in `sum_t` in a tree (f64 where the device has
+// it: the CPU's sum and mean, bit for bit). In place where x and y are one region (each value is
+// read and written by the same thread, after the sum).
 
-struct P {
-    n: u32,
-    groups: u32,
-    eps: f32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> nw: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-
-var<workgroup> part: array<f32, 256>;
+var<workgroup> part: array<sum_t, 256>;
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
+fn main(GROUP_BUILTINS) {
     let g = group_index(wg, nwg);
     if (g >= p.groups) {
         return;
     }
     let o = g * p.n;
-    var acc = 0.0;
+    var acc = sum_t(0.0);
     for (var i = li; i < p.n; i += 256u) {
         let v = x[o + i];
-        acc += v * v;
+        acc += sum_t(v * v);
     }
     part[li] = acc;
-    let scale = 1.0 / sqrt(part_sum(li, 256u) / f32(p.n) + p.eps);
+    let mean = f32(part_sum(li, 256u) / sum_t(p.n));
+    let scale = 1.0 / sqrt(mean + p.eps);
     for (var i = li; i < p.n; i += 256u) {
         y[o + i] = x[o + i] * scale * nw[i];
     }

@@ -2,28 +2,8 @@
 // pair i turns by t_i = freq_scale·pos·theta_scale^i (the power by repeated products in f32,
 // as the CPU computes it), cos and sin times mscale; pairs (2i, 2i+1) or, for NeoX, (i, i + n/2).
 
-struct P {
-    rows: u32,
-    heads: u32,
-    head_dim: u32,
-    n_dims: u32,
-    neox: u32,
-    stride: u32,
-    theta_scale: f32,
-    freq_scale: f32,
-    mscale: f32,
-}
-
-var<push_constant> p: P;
-@group(0) @binding(0) var<storage, read_write> v: array<f32>;
-@group(0) @binding(1) var<storage, read> pos: array<u32>;
-
 @compute @workgroup_size(64)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
+fn main(GROUP_BUILTINS) {
     let half = p.n_dims / 2u;
     let id = group_index(wg, nwg) * 64u + li;
     if (id >= p.rows * p.heads * half) {
