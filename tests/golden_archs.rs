@@ -6,20 +6,13 @@ mod common;
 
 use std::sync::Arc;
 
-use common::golden::{compare, Agreement};
+use common::golden::{agreement, compare, Agreement};
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::model::{Model, ModelError};
 
 fn check_random(stem: &str) {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
-    let mut agg = Agreement::default();
-    compare(
-        &model,
-        &common::golden_dir().join(stem).join("logits.jsonl"),
-        2,
-        true,
-        &mut agg,
-    );
+    let agg = agreement(&model, stem);
     agg.assert_meets_bar(stem, 4);
 }
 
@@ -547,14 +540,7 @@ fn random_exaone_matches_reference() {
 /// `model`, changed to drop a feature of `stem`'s file, misses the reference's logits: the
 /// file's golden check can fail.
 fn assert_misses_golden(model: Model, stem: &str, what: &str) {
-    let mut agg = Agreement::default();
-    compare(
-        &Arc::new(model),
-        &common::golden_dir().join(stem).join("logits.jsonl"),
-        2,
-        true,
-        &mut agg,
-    );
+    let agg = agreement(&Arc::new(model), stem);
     // (`check_random`'s bar, any part of it missed.)
     assert!(
         agg.top1_rate() < 0.99

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::golden::{compare, Agreement};
+use common::golden::{agreement, compare, Agreement};
 use kiln::model::Model;
 
 const FORMATS: &[&str] = &[
@@ -18,14 +18,7 @@ fn random_llama_every_format_matches_reference() {
     for f in FORMATS {
         let stem = format!("random-llama-{f}");
         let model = Arc::new(Model::load(common::random_model(&stem)).expect("load"));
-        let mut agg = Agreement::default();
-        compare(
-            &model,
-            &common::golden_dir().join(&stem).join("logits.jsonl"),
-            2,
-            true,
-            &mut agg,
-        );
+        let agg = agreement(&model, &stem);
         agg.assert_meets_bar(&stem, 4);
     }
 }

@@ -8,21 +8,14 @@ mod common;
 
 use std::sync::Arc;
 
-use common::golden::{compare, Agreement};
+use common::golden::agreement;
 use kiln::gguf::{GgufFile, GgufWriter};
 use kiln::model::{LoadOptions, Model, ModelError};
 
 fn check_random(stem: &str) {
     let model = Arc::new(Model::load(common::random_model(stem)).expect("load"));
     assert!(model.config.moe.is_some(), "{stem} is a mixture of experts");
-    let mut agg = Agreement::default();
-    compare(
-        &model,
-        &common::golden_dir().join(stem).join("logits.jsonl"),
-        2,
-        true,
-        &mut agg,
-    );
+    let agg = agreement(&model, stem);
     agg.assert_meets_bar(stem, 4);
 }
 
@@ -85,14 +78,7 @@ fn experts_paged_from_disk_match_reference() {
             );
         }
         let tight = Arc::new(tight);
-        let mut agg = Agreement::default();
-        compare(
-            &tight,
-            &common::golden_dir().join(stem).join("logits.jsonl"),
-            2,
-            true,
-            &mut agg,
-        );
+        let agg = agreement(&tight, stem);
         agg.assert_meets_bar(stem, 4);
     }
 }
@@ -130,14 +116,7 @@ fn no_repack_experts_match_reference() {
                 .all(|e| e.kernels.group == 1 && e.data.is_mapped()),
             "{stem}: every expert row-major in the mapping"
         );
-        let mut agg = Agreement::default();
-        compare(
-            &Arc::new(model),
-            &common::golden_dir().join(stem).join("logits.jsonl"),
-            2,
-            true,
-            &mut agg,
-        );
+        let agg = agreement(&Arc::new(model), stem);
         agg.assert_meets_bar(stem, 4);
     }
 }
@@ -199,14 +178,7 @@ fn gpt_oss_golden_needs_sinks_clamped_swiglu_and_windows() {
     let stem = "random-gpt-oss-f32";
     let load = || Model::load(common::random_model(stem)).expect("load");
     let misses = |model: Model, what: &str| {
-        let mut agg = Agreement::default();
-        compare(
-            &Arc::new(model),
-            &common::golden_dir().join(stem).join("logits.jsonl"),
-            2,
-            true,
-            &mut agg,
-        );
+        let agg = agreement(&Arc::new(model), stem);
         assert!(
             agg.top1_rate() < 0.99 || agg.mean_logit_err() > 0.25,
             "{what} met the {stem} golden: top-1 {:.4}, mean error {:.4}",

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kiln::backend::exec::HasExecutor;
 use kiln::cache::KvType;
 use kiln::engine::batch::BatchRunner;
-use kiln::engine::plan::plan;
+use kiln::engine::plan::{plan, MemoryPlan};
 use kiln::engine::SessionOptions;
 use kiln::model::Model;
 
@@ -19,6 +19,18 @@ fn engine_runner(model: &Arc<Model>, opts: &SessionOptions) -> BatchRunner {
 
 /// Without `--parallel`, the plan is what the command line's engine (a runner of one slot)
 /// allocates: its KV cache, scratch and logits rows, and every matrix once.
+/// The runner `r` allocates what the plan `p` says: its KV cache, and its host scratch with the
+/// logits.
+fn assert_allocates_the_plan(p: &MemoryPlan, r: &BatchRunner, what: &str) {
+    assert_eq!(
+        p.get("KV cache").unwrap().bytes,
+        r.kv_bytes() as u64,
+        "{what}"
+    );
+    let scratch = p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
+    assert_eq!(scratch, r.host_scratch_bytes() as u64, "{what}");
+}
+
 #[test]
 fn plan_equals_engine_allocations() {
     for stem in [
@@ -45,18 +57,8 @@ fn plan_equals_engine_allocations() {
             opts.kv_type = kv_type;
             let p = plan(&model.file, &opts, 1, Default::default()).unwrap();
             let r = engine_runner(&model, &opts);
-            assert_eq!(
-                p.get("KV cache").unwrap().bytes,
-                r.kv_bytes() as u64,
-                "{stem} ctx {ctx} {kv_type}"
-            );
-            let scratch =
-                p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
-            assert_eq!(
-                scratch,
-                r.host_scratch_bytes() as u64,
-                "{stem} ctx {ctx} chunk {chunk} threads {threads}"
-            );
+            let what = format!("{stem} ctx {ctx} chunk {chunk} threads {threads} {kv_type}");
+            assert_allocates_the_plan(&p, &r, &what);
             let all_2d: usize = model
                 .file
                 .tensors()
@@ -153,18 +155,17 @@ fn q8_0_kv_is_34_64ths_of_f16() {
     let f16 = plan(&file, &opts, 1, Default::default()).unwrap();
     opts.kv_type = KvType::Q8_0;
     let q8 = plan(&file, &opts, 1, Default::default()).unwrap();
-    let kv = |p: &kiln::engine::plan::MemoryPlan| p.get("KV cache").unwrap().bytes;
+    let kv = |p: &MemoryPlan| p.get("KV cache").unwrap().bytes;
     // 30 layers × 3 kv heads × 8192 positions × (2 + 2) blocks × 34 bytes
     assert_eq!(kv(&q8), 30 * 3 * 8192 * 4 * 34);
     assert_eq!(kv(&q8) * 64, kv(&f16) * 34);
     // Everything else is the same except the attention's tile buffers for dequantizing.
-    let rest = |p: &kiln::engine::plan::MemoryPlan| p.total_bytes - kv(p);
+    let rest = |p: &MemoryPlan| p.total_bytes - kv(p);
     assert!(rest(&q8) > rest(&f16) && rest(&q8) - rest(&f16) < 1 << 20);
     // --parallel multiplies the per-sequence terms; the scratch grows by a row per sequence.
     let two = plan(&file, &opts, 2, Default::default()).unwrap();
     assert_eq!(kv(&two), 2 * kv(&q8));
-    let scratch =
-        |p: &kiln::engine::plan::MemoryPlan| p.get("scratch (activations)").unwrap().bytes;
+    let scratch = |p: &MemoryPlan| p.get("scratch (activations)").unwrap().bytes;
     assert!(scratch(&two) > scratch(&q8) && scratch(&two) - scratch(&q8) < 1 << 20);
 }
 
@@ -206,14 +207,7 @@ fn parallel_plan_equals_runner_allocations() {
             )
             .unwrap();
             let what = format!("{stem}: {slots} slots, ctx {ctx}, chunk {chunk}");
-            assert_eq!(
-                p.get("KV cache").unwrap().bytes,
-                r.kv_bytes() as u64,
-                "{what}"
-            );
-            let scratch =
-                p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
-            assert_eq!(scratch, r.host_scratch_bytes() as u64, "{what}");
+            assert_allocates_the_plan(&p, &r, &what);
         }
     }
 }
@@ -339,7 +333,7 @@ fn experts_past_the_memory_limit_are_paged_from_disk() {
             .map(|e| e.data.len() as u64)
             .sum();
         assert_eq!(held, expert_bytes, "{stem}");
-        let bytes = |p: &kiln::engine::plan::MemoryPlan, name: &str| p.get(name).unwrap().bytes;
+        let bytes = |p: &MemoryPlan, name: &str| p.get(name).unwrap().bytes;
         // What the roomy plan rearranged of the experts (where this CPU has a layout for
         // their format), the tight one does not: the owned weights shrink by at least the
         // experts' bytes.
@@ -386,14 +380,7 @@ fn scoring_plan_equals_perplexity_runner_allocations() {
                 BatchRunner::with_cache(Arc::clone(&model), batch, cache, &mut |_, _| {}).unwrap();
             assert!(r.can_score());
             let what = format!("{stem} ctx {ctx} chunk {chunk} threads {threads}");
-            assert_eq!(
-                p.get("KV cache").unwrap().bytes,
-                r.kv_bytes() as u64,
-                "{what}"
-            );
-            let scratch =
-                p.get("scratch (activations)").unwrap().bytes + p.get("logits").unwrap().bytes;
-            assert_eq!(scratch, r.host_scratch_bytes() as u64, "{what}");
+            assert_allocates_the_plan(&p, &r, &what);
             // The output head's rows: SCORE_ROWS beside the slot's own row.
             let v = model.config.vocab_size as u64;
             assert_eq!(
@@ -411,7 +398,7 @@ fn scoring_plan_equals_perplexity_runner_allocations() {
                 "{what}"
             );
             assert!(g.get(SCORES).is_none());
-            let rest = |p: &kiln::engine::plan::MemoryPlan| {
+            let rest = |p: &MemoryPlan| {
                 p.total_bytes
                     - p.get(SCORES).map_or(0, |c| c.bytes)
                     - p.get("logits").unwrap().bytes

@@ -78,6 +78,20 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
+/// How `model` agrees with `stem`'s golden logits (`tests/golden/<stem>/logits.jsonl`), on 2
+/// threads with the greedy continuations replayed.
+pub fn agreement(model: &Arc<Model>, stem: &str) -> Agreement {
+    let mut agg = Agreement::default();
+    compare(
+        model,
+        &super::golden_dir().join(stem).join("logits.jsonl"),
+        2,
+        true,
+        &mut agg,
+    );
+    agg
+}
+
 /// Compare a model against a golden logits file. `check_greedy` also replays `gen_ids`.
 pub fn compare(
     model: &Arc<Model>,

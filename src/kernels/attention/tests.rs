@@ -522,6 +522,19 @@ fn soft_capped_matches_plain_algorithm_and_exact_attention() {
     }
 }
 
+/// The (tokens, first position) of the encoder passes the bidirectional tests run: one token,
+/// a few, around one query tile, and past it from a later position.
+const ENCODER_PASSES: [(usize, usize); 8] = [
+    (1, 0),
+    (2, 0),
+    (7, 0),
+    (30, 0),
+    (63, 0),
+    (64, 0),
+    (100, 0),
+    (130, 20),
+];
+
 /// Bidirectional attention (an encoder's): every row of the pass sees every key of it, on
 /// both paths, every thread count and SIMD tier, close to exact attention; on the vector path
 /// each row has the bits of a causal decode row at the pass's last position (the same
@@ -531,16 +544,7 @@ fn bidirectional_matches_exact_attention() {
     let paths = paths();
     let mut seed = 101;
     for (dk, h, hkv) in [(16, 4, 2), (64, 12, 12), (32, 4, 4)] {
-        for (n, pos0) in [
-            (1, 0),
-            (2, 0),
-            (7, 0),
-            (30, 0),
-            (63, 0),
-            (64, 0),
-            (100, 0),
-            (130, 20),
-        ] {
+        for (n, pos0) in ENCODER_PASSES {
             seed += 1;
             let mut c = make_case(dk, h, hkv, n, pos0, 0, seed);
             c.shape.causal = false;
@@ -642,15 +646,7 @@ fn alibi_matches_exact_attention() {
     let paths = paths();
     let mut seed = 71;
     for (dk, h, hkv) in [(16, 4, 2), (64, 12, 12), (32, 9, 3)] {
-        for (n, pos0) in [
-            (1, 0),
-            (2, 0),
-            (7, 0),
-            (30, 0),
-            (64, 0),
-            (100, 0),
-            (130, 20),
-        ] {
+        for (n, pos0) in ENCODER_PASSES {
             seed += 1;
             let mut c = make_case(dk, h, hkv, n, pos0, 0, seed);
             c.shape.causal = false;
