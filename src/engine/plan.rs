@@ -401,16 +401,17 @@ fn plan_runner(
                      most this much)",
                     paged.len(),
                     n_experts(&paged),
-                    match over_limit {
-                        true => format!(
+                    if over_limit {
+                        format!(
                             "the file ({:.2} MiB) exceeds the memory limit{}",
                             file_bytes as f64 / (1u64 << 20) as f64,
                             host.memory_limit.map_or(
                                 " (available memory)".to_string(),
                                 |m| format!(" of {:.2} MiB", m as f64 / (1u64 << 20) as f64)
                             )
-                        ),
-                        false => "--no-repack".to_string(),
+                        )
+                    } else {
+                        "--no-repack".to_string()
                     }
                 ),
             },

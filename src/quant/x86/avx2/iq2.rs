@@ -104,12 +104,12 @@ impl<B: Iq2Block + RawBlock, const TILED: bool> Tile for TIq2Order<B, TILED> {
 
     #[inline(always)]
     unsafe fn gemm<D: IDot>(g: Gemm) {
-        if !TILED && g.nx >= TILED_MIN_ROWS && D::VNNI {
-            gemm_tile16::<Self>(g)
-        } else if !TILED && g.nx >= TILED_MIN_ROWS {
-            gemm_decoded::<B, D>(g)
-        } else {
+        if TILED || g.nx < TILED_MIN_ROWS {
             gemm_tiles::<Self, D>(g)
+        } else if D::VNNI {
+            gemm_tile16::<Self>(g)
+        } else {
+            gemm_decoded::<B, D>(g)
         }
     }
 }

@@ -239,14 +239,14 @@ impl<const TILED: bool> Tile for TIq2XsOrder<TILED> {
 
     #[inline(always)]
     unsafe fn gemm<D: IDot>(g: Gemm) {
-        if !TILED && g.nx >= TILED_MIN_ROWS && D::VNNI {
-            gemm_tile16::<Self>(g)
-        } else if !TILED && g.nx >= TILED_MIN_ROWS && D::AVX512 {
-            gemm_batch::<D>(g)
-        } else if !TILED && g.nx >= TILED_MIN_ROWS {
-            gemm_decoded::<BlockIq2Xs, D>(g)
-        } else {
+        if TILED || g.nx < TILED_MIN_ROWS {
             gemm_tiles::<Self, D>(g)
+        } else if D::VNNI {
+            gemm_tile16::<Self>(g)
+        } else if D::AVX512 {
+            gemm_batch::<D>(g)
+        } else {
+            gemm_decoded::<BlockIq2Xs, D>(g)
         }
     }
 }

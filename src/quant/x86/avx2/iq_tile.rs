@@ -42,21 +42,21 @@ pub(super) trait TileFormat {
 }
 
 /// One super-block of 16 weight rows, decoded.
-pub(in crate::quant::x86) struct TileBuf {
+struct TileBuf {
     /// Register `k`: elements `4k .. 4k + 4` of each row (lane `r`: row `r`), plus 128.
-    pub q: [__m512i; 64],
+    q: [__m512i; 64],
     /// The scale of elements `16g .. 16g + 16`, lane `r`: row `r`.
-    pub s: [__m512i; 16],
+    s: [__m512i; 16],
     /// Lane `r`: row `r`'s scales of elements `32k .. 32k + 16` and `32k + 16 .. 32k + 32` as
     /// the low and high 16 bits ([`TileBuf::pair_scales`]).
     sp: [__m512i; 8],
     /// Lane `r`: row `r`'s multiplier.
-    pub d: __m512,
+    d: __m512,
 }
 
 impl TileBuf {
     #[inline(always)]
-    pub(in crate::quant::x86) unsafe fn new() -> Self {
+    unsafe fn new() -> Self {
         TileBuf {
             q: [_mm512_setzero_si512(); 64],
             s: [_mm512_setzero_si512(); 16],
@@ -67,7 +67,7 @@ impl TileBuf {
 
     /// `sp` from `s`.
     #[inline(always)]
-    pub(in crate::quant::x86) unsafe fn pair_scales(&mut self) {
+    unsafe fn pair_scales(&mut self) {
         for k in 0..8 {
             let lo = _mm512_and_si512(self.s[2 * k], _mm512_set1_epi32(0xFFFF));
             self.sp[k] = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(self.s[2 * k + 1]));
@@ -201,7 +201,7 @@ unsafe fn pass<const SUB: usize, const T: usize>(
 /// super-block), [`PASS`] rows at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(in crate::quant::x86) unsafe fn tile_rows<const SUB: usize>(
+unsafe fn tile_rows<const SUB: usize>(
     tile: &TileBuf,
     x: *const u8,
     x_stride: usize,
