@@ -494,7 +494,7 @@ impl<'a> Backend for Cpu<'a> {
             kv_stride: seqs[0].kv.capacity(),
             ring: seqs[0].kv.ring_rows(li),
             sinks: self.m.weights.layers[li].attn_sinks.as_deref(),
-            alibi: c.alibi,
+            alibi: self.m.weights.alibi_slopes.as_deref(),
         };
         // Each sequence's keys and values go to its own cache, at its own positions.
         let mut j0 = 0;

@@ -78,10 +78,10 @@ pub struct AttnShape<'a> {
     /// the softmax's denominator as a key with no value, so a row's weights sum to less than 1
     /// ([`join_sink`]).
     pub sinks: Option<&'a [f32]>,
-    /// ALiBi's maximum bias (Jina-BERT-v2): each scaled score of query position `i` and key
-    /// position `j` gets `slope_h · −|i − j|` ([`alibi_bias`]). Such a layer always takes
-    /// the tiled path.
-    pub alibi: Option<f32>,
+    /// ALiBi's slope per query head (Jina-BERT-v2; [`alibi_slopes`], computed once at load):
+    /// each scaled score of query position `i` and key position `j` of head `h` gets
+    /// `slope_h · −|i − j|` ([`alibi_bias`]). Such a layer always takes the tiled path.
+    pub alibi: Option<&'a [f32]>,
 }
 
 impl AttnShape<'_> {
@@ -488,6 +488,10 @@ pub fn attention_kv(
         s.sinks.is_none_or(|k| k.len() >= s.n_heads),
         "one attention sink per query head"
     );
+    assert!(
+        s.alibi.is_none_or(|k| k.len() >= s.n_heads),
+        "one ALiBi slope per query head"
+    );
     if let Some(r) = s.ring {
         // Every position a query of the pass sees is still in the ring, and no tile of 64
         // positions wraps.
@@ -544,6 +548,13 @@ pub fn alibi_slope(max_bias: f32, n_heads: usize, h: usize) -> f32 {
     } else {
         m1.powi(2 * (h - n) as i32 + 1)
     }
+}
+
+/// ALiBi's slopes of the `n_heads` query heads ([`alibi_slope`]), for [`AttnShape::alibi`].
+pub fn alibi_slopes(max_bias: f32, n_heads: usize) -> Vec<f32> {
+    (0..n_heads)
+        .map(|h| alibi_slope(max_bias, n_heads, h))
+        .collect()
 }
 
 /// Adds ALiBi's bias to the scaled scores `sc[lo..hi]` of a key tile starting at position
@@ -876,9 +887,8 @@ fn tiled(
                         .try_into()
                         .expect("tile row");
                     let mut tile_max = (ops.scale_max)(sc, score, lo - c0, hi - c0);
-                    if let Some(b) = s.alibi {
-                        let slope = alibi_slope(b, s.n_heads, h0 + j);
-                        tile_max = alibi_bias(sc, slope, pos0 + t, c0, lo - c0, hi - c0);
+                    if let Some(slopes) = s.alibi {
+                        tile_max = alibi_bias(sc, slopes[h0 + j], pos0 + t, c0, lo - c0, hi - c0);
                     }
                     let acc = &mut o_rows[t - t0]
                         [j * acc_stride + acc_off..j * acc_stride + acc_off + hdv];

@@ -164,6 +164,8 @@ pub struct Weights {
     pub type_embd: Option<Vec<f32>>,
     /// A reranker's classification head (an encoder's `cls.*`; rank pooling applies it).
     pub classifier: Option<super::classifier::Classifier>,
+    /// ALiBi's slope per query head (Jina-BERT-v2), from the configuration's maximum bias.
+    pub alibi_slopes: Option<Vec<f32>>,
 }
 
 /// Loads tensors by name with shape and type checks.
@@ -568,6 +570,9 @@ pub fn load(
         });
         release_layers(i.saturating_sub(2)..i + 1);
     }
+    let alibi_slopes = cfg
+        .alibi
+        .map(|b| crate::kernels::attention::alibi_slopes(b, cfg.n_heads));
     if let Some(norm) = embd_norm.as_ref().filter(|_| encoder) {
         // No output head (a reranker's classification head instead, copied out as f32):
         // nothing reads these but the accounting of weights.
@@ -583,6 +588,7 @@ pub fn load(
             embd_norm,
             type_embd,
             classifier,
+            alibi_slopes,
         });
     }
     let output_norm = ld.norm(OUTPUT_NORM, dim)?;
@@ -607,6 +613,7 @@ pub fn load(
         embd_norm,
         type_embd,
         classifier: None,
+        alibi_slopes,
     })
 }
 

@@ -19,6 +19,8 @@ struct Case {
     shape: AttnShape<'static>,
     /// Attention sinks (one logit per query head), if any.
     sinks: Option<Vec<f32>>,
+    /// ALiBi's slopes (one per query head), if any.
+    alibi: Option<Vec<f32>>,
     n_tokens: usize,
     pos0: usize,
     q: Vec<f32>,
@@ -74,6 +76,7 @@ fn make_case(
     Case {
         shape,
         sinks: None,
+        alibi: None,
         n_tokens,
         pos0,
         q,
@@ -85,6 +88,7 @@ fn make_case(
 fn run(c: &Case, ops: &F16Ops, threads: usize) -> Vec<f32> {
     let s = &AttnShape {
         sinks: c.sinks.as_deref(),
+        alibi: c.alibi.as_deref(),
         ..c.shape
     };
     let pool = ThreadPool::new(threads);
@@ -352,7 +356,7 @@ fn exact(c: &Case) -> Vec<f64> {
             let kvh = h / group;
             let qh = &c.q[(t * s.n_heads + h) * s.head_dim_k..][..s.head_dim_k];
             // ALiBi: `−slope·|i − j|` for query position i, key position j.
-            let slope = s.alibi.map_or(0.0, |b| alibi_slope(b, s.n_heads, h) as f64);
+            let slope = c.alibi.as_ref().map_or(0.0, |k| k[h] as f64);
             let qpos = c.pos0 + t;
             let sc: Vec<f64> = (first..=p)
                 .map(|pos| {
@@ -651,7 +655,7 @@ fn alibi_matches_exact_attention() {
             let mut c = make_case(dk, h, hkv, n, pos0, 0, seed);
             c.shape.causal = false;
             let plain = run(&c, &F16Ops::scalar(), 1);
-            c.shape.alibi = Some(8.0);
+            c.alibi = Some(alibi_slopes(8.0, h));
             let want_exact = exact(&c);
             let first = run(&c, &F16Ops::scalar(), 1);
             for threads in [1, 2, 3] {
