@@ -4,7 +4,10 @@
 #   scripts/gpu-check.sh prepare    here: build the release binary and the GPU test binaries,
 #                                   strip them into .gpu/, add the header-only prefixes of the
 #                                   real models, twin_gguf.py and the gguf wheel (KILN_OLD=rev:
-#                                   also that commit's binary, timed beside this one)
+#                                   also that commit's binary, timed beside this one), the
+#                                   kernel cache for sm_90 (examples/cuda_cache.rs) and, with
+#                                   KILN_REF_BENCH=path, the reference's llama-bench built here
+#                                   for sm_90 (docs/gpu.md: nothing compiles on the GPU machine)
 #   scripts/gpu-check.sh run        there, with .gpu/ copied over: make the twins, run the
 #                                   GPU tests, then kiln bench --device cuda beside llama-bench
 #                                   (when .gpu/llama.cpp/build has it), and print one table
@@ -25,18 +28,20 @@ prepare() {
     mkdir -p .gpu/whl .gpu/models
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
     cargo build --release --bin kiln
-    # Binaries go xz-compressed (to keep .gpu/ small to copy); `run` unpacks them.
-    strip -o /tmp/kiln-gpu target/release/kiln && xz -T0 -6 -c /tmp/kiln-gpu > .gpu/kiln.xz
-    rm -f .gpu/kiln
+    # The binaries are stripped into one folder and go as one xz archive (they share most of
+    # their code, which one dictionary finds: a third of compressing each alone); `run`
+    # unpacks it.
+    local bins=/tmp/kiln-gpu-bins
+    rm -rf $bins && mkdir -p $bins
+    strip -o $bins/kiln target/release/kiln
     # Test binaries: cargo names each test target's executable in its JSON messages.
-    for t in cuda_backend cuda_batch cuda_ring cuda_offload cuda_speculative cuda_kernels cuda_ops cuda_attention golden_llama golden_archs; do
+    for t in cuda_backend cuda_batch cuda_ring cuda_offload cuda_speculative cuda_kernels cuda_ops cuda_attention cuda_archs cuda_moe cuda_iquants golden_llama golden_archs; do
         exe=$(cargo test --release --test "$t" --no-run --message-format=json 2>/dev/null |
             python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"] and m["target"]["name"]==sys.argv[1]: print(m["executable"])' "$t")
-        strip -o "/tmp/$t-gpu" "$exe" && xz -T0 -6 -c "/tmp/$t-gpu" > ".gpu/$t.xz"
-        rm -f ".gpu/$t"
+        strip -o "$bins/$t" "$exe"
     done
     # The phase-cost probe (benches/cuda_phases.rs; run with KILN_PHASES=1).
     exe=$(cargo bench --bench cuda_phases --no-run --message-format=json 2>/dev/null |
@@ -44,16 +49,14 @@ for l in sys.stdin:
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["bench"]: print(m["executable"])')
-    strip -o /tmp/cuda_phases-gpu "$exe" && xz -T0 -6 -c /tmp/cuda_phases-gpu > .gpu/cuda_phases.xz
-    rm -f .gpu/cuda_phases
+    strip -o $bins/cuda_phases "$exe"
     # The library's unit tests, for the CPU kernels of the host (its AMX tier, #19).
     exe=$(cargo test --release --lib --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["lib"]: print(m["executable"])')
-    strip -o /tmp/kiln-lib-gpu "$exe" && xz -T0 -6 -c /tmp/kiln-lib-gpu > .gpu/kiln-lib.xz
-    rm -f .gpu/kiln-lib
+    strip -o $bins/kiln-lib "$exe"
     # The fixture models the tests use are made from tests/golden (it travels with the tree).
     local models=${KILN_MODELS:-$HOME/.cache/kiln/models}
     for pair in smollm2:SmolLM2-135M-Instruct.Q4_1 gemma3:gemma-3-270m-q4_k_m; do
@@ -63,12 +66,33 @@ for l in sys.stdin:
         head -c "$off" "$f" | xz -T0 -6 > ".gpu/models/$m.head.xz"
         rm -f ".gpu/models/$m.head"
     done
-    # An earlier commit's binary to time beside this one (KILN_OLD=<commit>: .gpu/kiln-old.xz).
+    # An earlier commit's binary to time beside this one (KILN_OLD=<commit>: kiln-old).
     if [ -n "${KILN_OLD:-}" ]; then
         local tree=/tmp/kiln-old-tree
         [ -d $tree ] || git worktree add -f $tree "$KILN_OLD"
         (cd $tree && git checkout -q "$KILN_OLD" && CARGO_TARGET_DIR=$tree/target cargo build --release --bin kiln)
-        strip -o /tmp/kiln-old $tree/target/release/kiln && xz -T0 -6 -c /tmp/kiln-old > .gpu/kiln-old.xz
+        strip -o $bins/kiln-old $tree/target/release/kiln
+    fi
+    rm -f .gpu/*.xz .gpu/bins.tar.xz
+    tar -C $bins -cf - . | xz -9e -T1 > .gpu/bins.tar.xz
+    # The kernel cache for sm_90, built here by the NVRTC of the version the GPU machine loads
+    # (KILN_NVRTC_WHEELS: the versions of `nvidia-cuda-nvrtc`; entries are keyed by NVRTC's
+    # version, so several live side by side): a first start there compiles nothing.
+    rm -rf /tmp/kiln-gpu-cache && mkdir -p /tmp/kiln-gpu-cache
+    cargo build --release --example cuda_cache
+    for v in ${KILN_NVRTC_WHEELS:-13.0.88}; do
+        local w=/tmp/nvrtc-$v
+        [ -d $w/nvidia ] || { python3 -m pip download --quiet --no-deps --only-binary=:all: \
+            --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --python-version 3.12 \
+            -d $w "nvidia-cuda-nvrtc==$v" && unzip -q -o $w/*.whl -d $w; }
+        ./target/release/examples/cuda_cache $w/nvidia/cu13/lib/libnvrtc.so.13 /tmp/kiln-gpu-cache/cuda sm_90
+    done
+    tar -C /tmp/kiln-gpu-cache -cf - cuda | xz -T0 -6 > .gpu/cuda-cache.tar.xz
+    # The reference's llama-bench for sm_90, built here (KILN_REF_BENCH: its path; stripped,
+    # in xz parts): nothing compiles on the GPU machine.
+    if [ -n "${KILN_REF_BENCH:-}" ]; then
+        rm -f .gpu/llama-bench.xz.*
+        strip -o /tmp/llama-bench-gpu "$KILN_REF_BENCH" && xz -9e -T1 -c /tmp/llama-bench-gpu | split -b 15M - .gpu/llama-bench.xz.
     fi
     cp ../shared/tools/twin_gguf.py .gpu/ 2>/dev/null || true
     python3 -m pip download --quiet --no-deps gguf==0.19.0 -d .gpu/whl
@@ -80,9 +104,14 @@ run() {
     mkdir -p "$out" .gpu/tmp/models
     local log="$out/gpu-check.txt"
     exec > >(tee "$log") 2>&1
-    for f in .gpu/*.xz; do [ -f "$f" ] && xz -d -c "$f" > "${f%.xz}" && chmod +x "${f%.xz}"; done
+    xz -d -c .gpu/bins.tar.xz | tar -C .gpu -xf -
     for f in .gpu/models/*.head.xz; do [ -f "$f" ] && xz -d -c "$f" > "${f%.xz}"; done
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+    # The kernel cache built at `prepare` (read as `cuda/` beside KILN_MODELS, below).
+    [ -f .gpu/cuda-cache.tar.xz ] && xz -d -c .gpu/cuda-cache.tar.xz | tar -C .gpu/tmp -xf -
+    # The reference's CUDA libraries (cuBLAS, the runtime) come from the machine's toolkit.
+    export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "NVRTC here: $(ls /usr/local/cuda/lib64/libnvrtc.so.* 2>/dev/null | tr '\n' ' '); kernel cache: $(ls .gpu/tmp/cuda 2>/dev/null | wc -l) files"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
     lscpu | grep -E '^(Model name|Thread|Core|Socket|NUMA node\(s\)|L2|L3)' || true
     echo "CPU tiles: $(grep -o 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
     # The reference (llama.cpp CUDA) builds in the background while the tests run (~6 min).
@@ -101,7 +130,8 @@ run() {
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/gguf-*.whl && export PYTHONPATH=/tmp/site
     local m=.gpu/models
-    # The models to bench (KILN_BENCH_MODELS: a subset of "smol gemma llama1b llama8b").
+    # The models to bench (KILN_BENCH_MODELS: of "smol gemma llama1b llama8b olmoe gptoss";
+    # the mixtures only when named).
     local want=" ${KILN_BENCH_MODELS:-smol gemma llama1b llama8b} "
     [ -f $m/smol.gguf ] || python3 .gpu/twin_gguf.py twin $m/SmolLM2-135M-Instruct.Q4_1.head $m/smol.gguf
     [ -f $m/gemma.gguf ] || { [[ "$want" != *" gemma "* ]] && [ -n "${KILN_SKIP_TESTS:-}" ]; } || python3 .gpu/twin_gguf.py twin $m/gemma-3-270m-q4_k_m.head $m/gemma.gguf
@@ -113,6 +143,13 @@ run() {
         [ -f $m/$c.gguf ] || [[ "$want" != *" $c "* ]] && continue
         python3 .gpu/twin_gguf.py llama $m/SmolLM2-135M-Instruct.Q4_1.head $m/$c.gguf --layers $layers \
             --dim $dim --ffn $ffn --heads 32 --kv-heads 8 --vocab 128256 > .gpu/tmp/twin-$c.log 2>&1 &
+        twins+=($!)
+    done
+    # Mixtures of experts (scripts/twin-moe.py: the real shapes and the reference's formats,
+    # random blocks; OLMoE-1B-7B Q4_K_M ~4 GB, gpt-oss-20b MXFP4 ~12 GB), when named.
+    for c in olmoe gptoss; do
+        [ -f $m/$c.gguf ] || [[ "$want" != *" $c "* ]] && continue
+        python3 scripts/twin-moe.py ${c/gptoss/gpt-oss} $m/$c.gguf > .gpu/tmp/twin-$c.log 2>&1 &
         twins+=($!)
     done
     # The real models cannot travel: their twins (real header and tokenizer, random blocks)
@@ -128,7 +165,7 @@ run() {
         for t in cuda_ops cuda_attention; do
             timeout 120 .gpu/$t --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
         done
-        KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu 2>&1 | tail -8 || true
+        KILN_NVRTC=$nvrtc timeout 120 .gpu/cuda_kernels --test-threads 1 --skip device_ --skip compiled_kernels --skip command_line_on_the_software_gpu --skip every_kernel_compiles 2>&1 | tail -8 || true
         # (KILN_SKIP_CPU_TESTS=1: the GPU's tests alone.)
         if [ -z "${KILN_SKIP_CPU_TESTS:-}" ]; then
             echo "== CPU kernel tests (${SECONDS}s): quant, AMX among them where the host has it"
@@ -222,55 +259,64 @@ print("%s %-40s gen %7.1f tok/s  passes %s drafted %s kept %s  text %s" % (sys.a
             done
         done
     }
-    if [ -n "${KILN_AB:-}" ]; then
-        local variants=()
-        for e in ${KILN_AB_SETS:-defaults KILN_CUDA_FUSE=0 KILN_CUDA_REPACK=0 KILN_CUDA_MIRROR=0 KILN_CUDA_MV_THREADS=32 KILN_CUDA_MV_THREADS=256 defaults}; do
-            variants+=("$e@.gpu/kiln")
+    ab() {
+        if [ -n "${KILN_AB:-}" ]; then
+            local variants=()
+            for e in ${KILN_AB_SETS:-defaults KILN_CUDA_FUSE=0 KILN_CUDA_REPACK=0 KILN_CUDA_MIRROR=0 KILN_CUDA_MV_THREADS=32 KILN_CUDA_MV_THREADS=256 defaults}; do
+                variants+=("$e@.gpu/kiln")
+            done
+            title="A/B" models=${KILN_AB_MODELS:-} compare "${KILN_AB_BENCH:--p 0 -n 128}" "${variants[@]}"
+        fi
+        # The earlier commit's binary beside this one, alternating (KILN_OLD_BENCH: the bench's
+        # arguments, ';'-separated sets; tg128 from an empty context by default).
+        if [ -x .gpu/kiln-old ]; then
+            title="this commit vs ${KILN_OLD:-the earlier binary}" models=${KILN_OLD_MODELS:-${KILN_AB_MODELS:-}} \
+                compare "${KILN_OLD_BENCH:--p 0 -n 128}" \
+                defaults@.gpu/kiln-old defaults@.gpu/kiln defaults@.gpu/kiln-old defaults@.gpu/kiln
+        fi
+    }
+    side_by_side() {
+        # Wait for the reference build (at most KILN_REF_WAIT seconds).
+        local waited=0
+        while [ -d $ref ] && [ ! -f $ref/build.rc ] && [ $waited -lt ${KILN_REF_WAIT:-420} ]; do
+            sleep 5; waited=$((waited + 5))
         done
-        title="A/B" models=${KILN_AB_MODELS:-} compare "${KILN_AB_BENCH:--p 0 -n 128}" "${variants[@]}"
-    fi
-    # The earlier commit's binary beside this one, alternating (KILN_OLD_BENCH: the bench's
-    # arguments, ';'-separated sets; tg128 from an empty context by default).
-    if [ -x .gpu/kiln-old ]; then
-        title="this commit vs ${KILN_OLD:-the earlier binary}" models=${KILN_OLD_MODELS:-${KILN_AB_MODELS:-}} \
-            compare "${KILN_OLD_BENCH:--p 0 -n 128}" \
-            defaults@.gpu/kiln-old defaults@.gpu/kiln defaults@.gpu/kiln-old defaults@.gpu/kiln
-    fi
-    # Wait for the reference build (at most KILN_REF_WAIT seconds).
-    local waited=0
-    while [ -d $ref ] && [ ! -f $ref/build.rc ] && [ $waited -lt ${KILN_REF_WAIT:-420} ]; do
-        sleep 5; waited=$((waited + 5))
-    done
-    [ -f $ref/build.log ] && { echo "== reference build (rc $(cat $ref/build.rc 2>/dev/null || echo running))"; tail -3 $ref/build.log; }
-    echo "== bench (${SECONDS}s; kiln --device cuda beside llama-bench -ngl 99 -fa 1)"
+        [ -f $ref/build.log ] && { echo "== reference build (rc $(cat $ref/build.rc 2>/dev/null || echo running))"; tail -3 $ref/build.log; }
+        echo "== bench (${SECONDS}s; kiln --device cuda beside llama-bench -ngl 99 -fa 1)"
+        for pair in "smol:SmolLM2 Q4_1" "gemma:Gemma-3 Q4_K_M" "llama1b:Llama-1B Q4_0" "llama8b:Llama-8B Q4_0" \
+            "olmoe:OLMoE-1B-7B Q4_K_M" "gptoss:gpt-oss-20b MXFP4"; do
+            local f=$m/${pair%%:*}.gguf name=${pair#*:}
+            [[ "$want" == *" ${pair%%:*} "* ]] || continue
+            local k r
+            k=$(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json 2>>"$out/bench-err.txt" |
+                python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo "failed")
+            r="-"
+            if [ -x $ref/build/bin/llama-bench ]; then
+                r=$(timeout 120 $ref/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json 2>/dev/null |
+                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%("pp%d"%x["n_prompt"] if x["n_prompt"] else "tg%d"%x["n_gen"], x["avg_ts"]) for x in d))' || echo "failed")
+            fi
+            table+=("| $name | $k | $r |")
+            echo "${table[-1]}"
+        done
+        tail -20 "$out/bench-err.txt" 2>/dev/null || true
+        # Decode at depth 4096 (the issue's third column).
+        for pair in "smol:SmolLM2 Q4_1" "llama8b:Llama-8B Q4_0"; do
+            local f=$m/${pair%%:*}.gguf name=${pair#*:} k r="-"
+            [ -n "${KILN_NO_DEPTH:-}" ] && continue
+            [[ "$want" == *" ${pair%%:*} "* ]] || continue
+            k=$(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 128 -d 4096 -r 3 --json 2>>"$out/bench-err.txt" |
+                python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo "failed")
+            if [ -x $ref/build/bin/llama-bench ]; then
+                r=$(timeout 120 $ref/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 0 -n 128 -d 4096 -r 3 -o json 2>/dev/null |
+                    python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("tg%d@d%d=%.0f"%(x["n_gen"], x["n_depth"], x["avg_ts"]) for x in d))' || echo "failed")
+            fi
+            table+=("| $name (depth 4096) | $k | $r |")
+            echo "${table[-1]}"
+        done
+    }
+    # A reference brought built runs first beside kiln; one building here meanwhile, after the A/B.
     local table=()
-    for pair in "smol:SmolLM2 Q4_1" "gemma:Gemma-3 Q4_K_M" "llama1b:Llama-1B Q4_0" "llama8b:Llama-8B Q4_0"; do
-        local f=$m/${pair%%:*}.gguf name=${pair#*:}
-        [[ "$want" == *" ${pair%%:*} "* ]] || continue
-        local k r
-        k=$(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json 2>>"$out/bench-err.txt" |
-            python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo "failed")
-        r="-"
-        if [ -x $ref/build/bin/llama-bench ]; then
-            r=$(timeout 120 $ref/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json 2>/dev/null |
-                python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%("pp%d"%x["n_prompt"] if x["n_prompt"] else "tg%d"%x["n_gen"], x["avg_ts"]) for x in d))' || echo "failed")
-        fi
-        table+=("| $name | $k | $r |")
-        echo "${table[-1]}"
-    done
-    tail -20 "$out/bench-err.txt" 2>/dev/null || true
-    # Decode at depth 4096 (the issue's third column).
-    for pair in "smol:SmolLM2 Q4_1" "llama8b:Llama-8B Q4_0"; do
-        local f=$m/${pair%%:*}.gguf name=${pair#*:} k r="-"
-        [ -n "${KILN_NO_DEPTH:-}" ] && continue
-        k=$(timeout 120 .gpu/kiln bench -m "$f" --device cuda -p 0 -n 128 -d 4096 -r 3 --json 2>>"$out/bench-err.txt" |
-            python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%(r["test"],r["avg_ts"]) for r in d))' || echo "failed")
-        if [ -x $ref/build/bin/llama-bench ]; then
-            r=$(timeout 120 $ref/build/bin/llama-bench -m "$f" -ngl 99 -fa 1 -p 0 -n 128 -d 4096 -r 3 -o json 2>/dev/null |
-                python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("tg%d@d%d=%.0f"%(x["n_gen"], x["n_depth"], x["avg_ts"]) for x in d))' || echo "failed")
-        fi
-        table+=("| $name (depth 4096) | $k | $r |")
-    done
+    if [ -x $ref/build/bin/llama-bench ]; then side_by_side; ab; else ab; side_by_side; fi
     # KV offload (KILN_OFFLOAD_BENCH=1): decode at depth 4096 with the cache on the device,
     # then in pinned host memory through a ring of 4 layers (--kv-budget), and the reference
     # with its cache in host memory (-nkvo 1).
@@ -342,7 +388,7 @@ print("%s %-40s gen %7.1f tok/s  passes %s drafted %s kept %s  text %s" % (sys.a
         strip -o /tmp/llama-bench $ref/build/bin/llama-bench && xz -T16 -6 -c /tmp/llama-bench | split -b 15M - "$out/llama-bench.xz."
         ls -la "$out" | grep llama-bench || true
     fi
-    echo "== done (${SECONDS}s)"
+    echo "== done (${SECONDS}s; kernel cache: $(ls .gpu/tmp/cuda 2>/dev/null | wc -l) files)"
     echo
     echo "| model | kiln (t/s) | llama.cpp CUDA (t/s) |"
     echo "| --- | --- | --- |"
