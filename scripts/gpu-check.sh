@@ -92,7 +92,19 @@ for l in sys.stdin:
     # in xz parts): nothing compiles on the GPU machine.
     if [ -n "${KILN_REF_BENCH:-}" ]; then
         rm -f .gpu/llama-bench.xz.*
-        strip -o /tmp/llama-bench-gpu "$KILN_REF_BENCH" && xz -9e -T1 -c /tmp/llama-bench-gpu | split -b 15M - .gpu/llama-bench.xz.
+        strip -o /tmp/llama-bench-gpu "$KILN_REF_BENCH" && xz -T0 -6 -c /tmp/llama-bench-gpu | split -b 15M - .gpu/llama-bench.xz.
+    fi
+    # The reference's CPU backend for the GPU machine's host (KILN_REF_CPU: the bin folder of a
+    # CPU-only build with GGML_BACKEND_DL and GGML_CPU_ALL_VARIANTS; docs/gpu.md): llama-bench,
+    # its libraries and the variants, the best of which it loads there.
+    if [ -n "${KILN_REF_CPU:-}" ]; then
+        local cpu=/tmp/kiln-gpu-refcpu
+        rm -rf $cpu && mkdir -p $cpu
+        for f in "$KILN_REF_CPU"/llama-bench "$KILN_REF_CPU"/*.so*; do strip -o "$cpu/$(basename "$f")" "$f"; done
+        mv $cpu/llama-bench $cpu/llama-bench.bin
+        printf '#!/bin/sh\nd=$(dirname "$0")\nLD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/llama-bench.bin" "$@"\n' > $cpu/llama-bench
+        chmod +x $cpu/llama-bench
+        tar -C $cpu -cf - . | xz -T0 -6 > .gpu/llama-cpu.tar.xz
     fi
     cp ../shared/tools/twin_gguf.py .gpu/ 2>/dev/null || true
     python3 -m pip download --quiet --no-deps gguf==0.19.0 -d .gpu/whl
@@ -113,7 +125,7 @@ run() {
     echo "NVRTC here: $(ls /usr/local/cuda/lib64/libnvrtc.so.* 2>/dev/null | tr '\n' ' '); kernel cache: $(ls .gpu/tmp/cuda 2>/dev/null | wc -l) files"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader || true
     lscpu | grep -E '^(Model name|Thread|Core|Socket|NUMA node\(s\)|L2|L3)' || true
-    echo "CPU tiles: $(grep -o 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    echo "CPU: $(grep -o -w -E 'avx512[a-z_0-9]*|amx_[a-z0-9]*|avx_vnni|bmi2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
     # The reference (llama.cpp CUDA) builds in the background while the tests run (~6 min).
     local ref=.gpu/llama.cpp
     # A llama-bench brought back by an earlier run (static, xz parts) saves the build.
@@ -160,7 +172,13 @@ run() {
     nvrtc=$(ls /usr/local/cuda/lib64/libnvrtc.so.1* 2>/dev/null | head -1 || true)
     export KILN_TEST_ROOT=$PWD KILN_TEST_TMP=$PWD/.gpu/tmp KILN_PLAN_MODEL=$PWD/$m/gemma.gguf
     export KILN_MODELS=$PWD/.gpu/tmp/models RUST_BACKTRACE=1
-    if [ -z "${KILN_SKIP_TESTS:-}" ]; then
+    # KILN_TESTS="cuda_moe ...": those test binaries alone, in place of the whole set.
+    if [ -n "${KILN_TESTS:-}" ] && [ -z "${KILN_SKIP_TESTS:-}" ]; then
+        echo "== tests (${SECONDS}s): $KILN_TESTS"
+        for t in $KILN_TESTS; do
+            timeout 180 .gpu/$t ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -25 || true
+        done
+    elif [ -z "${KILN_SKIP_TESTS:-}" ]; then
         echo "== kernel tests (${SECONDS}s)"
         for t in cuda_ops cuda_attention; do
             timeout 120 .gpu/$t --test-threads 1 --nocapture 2>&1 | grep -E "worst|^test|panicked" | tail -30 || true
@@ -185,6 +203,10 @@ run() {
         timeout 180 .gpu/cuda_offload ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
         # (The command-line test needs this machine's kiln binary and software GPU.)
         timeout 180 .gpu/cuda_speculative ${KILN_TEST_FILTER:-} --skip run_speculates_on_the_software --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -20 || true
+        # Architectures' features, mixtures of experts and i-quants on the device.
+        for t in cuda_archs cuda_moe cuda_iquants; do
+            [ -x .gpu/$t ] && { timeout 180 .gpu/$t ${KILN_TEST_FILTER:-} --test-threads 1 --nocapture 2>&1 | grep -v '^$' | tail -25 || true; }
+        done
     fi
     # Start-up (KILN_STARTUP=1): seconds to a first token with no kernel cache (NVRTC on every
     # core), then twice from kiln's cache (device code loaded as it is), the driver's own JIT
@@ -316,7 +338,9 @@ print("%s %-40s gen %7.1f tok/s  passes %s drafted %s kept %s  text %s" % (sys.a
     }
     # A reference brought built runs first beside kiln; one building here meanwhile, after the A/B.
     local table=()
-    if [ -x $ref/build/bin/llama-bench ]; then side_by_side; ab; else ab; side_by_side; fi
+    # (KILN_NO_BENCH=1: neither.)
+    if [ -n "${KILN_NO_BENCH:-}" ]; then :
+    elif [ -x $ref/build/bin/llama-bench ]; then side_by_side; ab; else ab; side_by_side; fi
     # KV offload (KILN_OFFLOAD_BENCH=1): decode at depth 4096 with the cache on the device,
     # then in pinned host memory through a ring of 4 layers (--kv-budget), and the reference
     # with its cache in host memory (-nkvo 1).
@@ -333,6 +357,16 @@ print("%s %-40s gen %7.1f tok/s  passes %s drafted %s kept %s  text %s" % (sys.a
                 python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("tg%d@d%d=%.1f"%(x["n_gen"], x["n_depth"], x["avg_ts"]) for x in d))' || echo failed)"
         done
     fi
+    # The reference on the CPU: a CPU-only build with every x86 variant, the one the host runs
+    # best picked at load (`.gpu/llama-cpu.tar.xz`: llama-bench and its libraries; see
+    # docs/gpu.md), else the CUDA build with no device visible.
+    local cpu_ref=.gpu/tmp/llama-cpu
+    if [ -f .gpu/llama-cpu.tar.xz ]; then
+        mkdir -p $cpu_ref && xz -d -c .gpu/llama-cpu.tar.xz | tar -C $cpu_ref -xf -
+    elif [ -x $ref/build/bin/llama-bench ]; then
+        mkdir -p $cpu_ref && printf '#!/bin/sh\nCUDA_VISIBLE_DEVICES= exec %s -ngl 0 "$@"\n' "$PWD/$ref/build/bin/llama-bench" > $cpu_ref/llama-bench
+        chmod +x $cpu_ref/llama-bench
+    fi
     # The host's CPU by thread count (KILN_CPU_THREADS, e.g. "2 8 16"; issue #19): kiln on its
     # best tier, kiln held to AVX-512 VNNI (KILN_CPU_AB=1: without the AMX tier), and the
     # reference on the CPU alone (no CUDA device visible), on KILN_CPU_MODELS (default smol).
@@ -348,8 +382,8 @@ print("%s %-40s gen %7.1f tok/s  passes %s drafted %s kept %s  text %s" % (sys.a
                 echo "$c CPU -t $t kiln ${isa}: $(env $e timeout 120 .gpu/kiln bench -m $m/$c.gguf -t $t -p 512 -n 64 -r 2 --json 2>/dev/null |
                     python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f (%s)"%(r["test"],r["avg_ts"],r.get("kernels","")) for r in d))' || echo failed)"
             done
-            if [ -x $ref/build/bin/llama-bench ]; then
-                echo "$c CPU -t $t llama.cpp: $(CUDA_VISIBLE_DEVICES= timeout 120 $ref/build/bin/llama-bench -m $m/$c.gguf -ngl 0 -t $t -p 512 -n 64 -r 2 -o json 2>/dev/null |
+            if [ -x $cpu_ref/llama-bench ]; then
+                echo "$c CPU -t $t llama.cpp: $(timeout 120 $cpu_ref/llama-bench -m $m/$c.gguf -t $t -p 512 -n 64 -r 2 -o json 2>>"$out/cpu-ref-err.txt" |
                     python3 -c 'import json,sys; d=json.load(sys.stdin); print(" ".join("%s=%.0f"%("pp%d"%x["n_prompt"] if x["n_prompt"] else "tg%d"%x["n_gen"], x["avg_ts"]) for x in d))' || echo failed)"
             fi
         done
