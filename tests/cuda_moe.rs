@@ -478,6 +478,10 @@ const MOES: [&str; 9] = [
     "random-gpt-oss-mxfp4",
 ];
 
+/// On a real GPU, the most a logit of a step routed on the device may differ from the same
+/// step routed on the host (see `moe_decode_routes_on_the_device_and_replays_a_graph`).
+const REAL_GPU_ROUTING: f32 = 1e-4;
+
 fn session(m: &Arc<Model>, on_device: bool) -> Session {
     let mut o = SessionOptions::new(128, 2);
     o.prefill_chunk = 64;
@@ -490,7 +494,12 @@ fn session(m: &Arc<Model>, on_device: bool) -> Session {
 /// A MoE model's decode steps routed on the device: one graph for one-row steps, replayed
 /// (no device allocation after the first), and the logits of every step (a short prompt's
 /// too, routed on the device without a graph) equal bit for bit to the same steps routed
-/// on the host, whose steps record no graph.
+/// on the host, whose steps record no graph. (Bit for bit where the device's `expf` is the
+/// host's, on the software GPU; on a real GPU the routing softmax's tail runs through CUDA's
+/// `expf`, within 2 ulp of the host's (moe.cu), so a routing weight may differ in its last
+/// bits: there the logits agree within [`REAL_GPU_ROUTING`], where an H200 showed up to
+/// 6e-8 on random-olmoe-f32 and 1.9e-5 on random-gpt-oss-f32 (its four chosen experts'
+/// softmax all through `expf`), 2026-11-30, and the greedy token is the same.)
 #[test]
 #[cfg_attr(
     not(target_arch = "x86_64"),
@@ -498,6 +507,22 @@ fn session(m: &Arc<Model>, on_device: bool) -> Session {
 )]
 fn moe_decode_routes_on_the_device_and_replays_a_graph() {
     let _gpu = common::gpu("moe_decode_routes_on_the_device_and_replays_a_graph");
+    let real_gpu = kiln::backend::cuda::open().is_ok();
+    let same = |a: &[f32], b: &[f32], what: String| {
+        if real_gpu {
+            let worst = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                a.len() == b.len() && worst <= REAL_GPU_ROUTING && argmax(a) == argmax(b),
+                "{what}: |Δlogit| up to {worst} routed on the device against the host"
+            );
+        } else {
+            assert_eq!(a, b, "{what}");
+        }
+    };
     let prompt = [1u32, 5, 9, 14, 3];
     for stem in MOES {
         let m = Arc::new(Model::load(common::random_model(stem)).expect("load"));
@@ -505,19 +530,31 @@ fn moe_decode_routes_on_the_device_and_replays_a_graph() {
         let mut host = session(&m, false);
         dev.prefill(&prompt, &mut |_, _| {}).unwrap();
         host.prefill(&prompt, &mut |_, _| {}).unwrap();
-        assert_eq!(dev.logits(), host.logits(), "{stem}: the prompt's logits");
+        same(
+            dev.logits(),
+            host.logits(),
+            format!("{stem}: the prompt's logits"),
+        );
         let mut t = argmax(dev.logits());
         dev.decode(t).unwrap();
         host.decode(t).unwrap();
         let gpu = Arc::clone(dev.cuda().unwrap().gpu());
         let before = gpu.allocations();
         for step in 0..4 {
-            assert_eq!(dev.logits(), host.logits(), "{stem}: decode step {step}");
+            same(
+                dev.logits(),
+                host.logits(),
+                format!("{stem}: decode step {step}"),
+            );
             t = argmax(dev.logits());
             dev.decode(t).unwrap();
             host.decode(t).unwrap();
         }
-        assert_eq!(dev.logits(), host.logits(), "{stem}: the last step");
+        same(
+            dev.logits(),
+            host.logits(),
+            format!("{stem}: the last step"),
+        );
         assert_eq!(
             gpu.allocations(),
             before,
