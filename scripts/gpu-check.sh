@@ -363,6 +363,18 @@ print("%s %-40s gen %7.1f tok/s  passes %s drafted %s kept %s  text %s" % (sys.a
     local cpu_ref=.gpu/tmp/llama-cpu
     if [ -f .gpu/llama-cpu.tar.xz ]; then
         mkdir -p $cpu_ref && xz -d -c .gpu/llama-cpu.tar.xz | tar -C $cpu_ref -xf -
+        # A variant that stops on this host (the `sapphirerapids` one did, with an illegal
+        # instruction, on the H200's Xeon host on 2026-11-30) is left out for the next best.
+        if [ -n "${KILN_CPU_THREADS:-}" ] && [ -f $m/smol.gguf ]; then
+            for _ in 1 2 3 4; do
+                local v rc=0
+                timeout 60 $cpu_ref/llama-bench -m $m/smol.gguf -t 2 -p 16 -n 2 -r 1 > /dev/null 2> .gpu/tmp/cpu-ref-probe.txt || rc=$?
+                v=$(grep -o 'libggml-cpu-[a-z0-9]*\.so' .gpu/tmp/cpu-ref-probe.txt | head -1)
+                echo "reference CPU variant: ${v:-?} (rc $rc)"
+                [ $rc = 0 ] || [ -z "$v" ] && break
+                rm -f "$cpu_ref/$v"
+            done
+        fi
     elif [ -x $ref/build/bin/llama-bench ]; then
         mkdir -p $cpu_ref && printf '#!/bin/sh\nCUDA_VISIBLE_DEVICES= exec %s -ngl 0 "$@"\n' "$PWD/$ref/build/bin/llama-bench" > $cpu_ref/llama-bench
         chmod +x $cpu_ref/llama-bench
