@@ -100,7 +100,13 @@ for l in sys.stdin:
     if [ -n "${KILN_REF_CPU:-}" ]; then
         local cpu=/tmp/kiln-gpu-refcpu
         rm -rf $cpu && mkdir -p $cpu
-        for f in "$KILN_REF_CPU"/llama-bench "$KILN_REF_CPU"/*.so*; do strip -o "$cpu/$(basename "$f")" "$f"; done
+        # (Links stay links; of the variants, the x86 server ones.)
+        for f in "$KILN_REF_CPU"/llama-bench "$KILN_REF_CPU"/*.so*; do
+            case "$(basename "$f")" in
+                libggml-cpu-*) [[ "$f" =~ -(x64|haswell|skylakex|icelake|cooperlake|zen4|sapphirerapids)\.so$ ]] || continue ;;
+            esac
+            if [ -L "$f" ]; then cp -P "$f" "$cpu/"; else strip -o "$cpu/$(basename "$f")" "$f"; fi
+        done
         mv $cpu/llama-bench $cpu/llama-bench.bin
         printf '#!/bin/sh\nd=$(dirname "$0")\nLD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$d/llama-bench.bin" "$@"\n' > $cpu/llama-bench
         chmod +x $cpu/llama-bench
