@@ -152,8 +152,9 @@ fn plan_runner(
     // Matrices (and stacks of experts) are multiplied; every vector is copied out as f32,
     // gpt-oss's 2-D expert biases `[width, n_expert]` as one vector per expert.
     let is_matrix = |t: &&crate::gguf::TensorInfo| t.shape.len() >= 2 && !t.name.ends_with(".bias");
-    let over_limit = crate::model::moe::experts_in_place(file, host.memory_limit);
-    let experts_paged = over_limit || (host.no_repack && crate::model::moe::has_experts(file));
+    use crate::model::moe::{experts_in_place, InPlace};
+    let in_place_why = experts_in_place(file, host.memory_limit, host.no_repack);
+    let experts_paged = in_place_why.is_some();
     let (repacked, in_place): (Vec<_>, Vec<_>) = tensors
         .iter()
         .filter(is_matrix)
@@ -401,7 +402,7 @@ fn plan_runner(
                      most this much)",
                     paged.len(),
                     n_experts(&paged),
-                    if over_limit {
+                    if in_place_why == Some(InPlace::OverLimit) {
                         format!(
                             "the file ({:.2} MiB) exceeds the memory limit{}",
                             file_bytes as f64 / (1u64 << 20) as f64,

@@ -131,8 +131,8 @@ impl Model {
         }
         let (config, traits) = read_config(&file)?;
         let ropes = layer_ropes(&file, &config, &traits)?;
-        let experts_in_place = (opts.no_repack && moe::has_experts(&file))
-            || moe::experts_in_place(&file, opts.memory_limit);
+        let experts_in_place =
+            moe::experts_in_place(&file, opts.memory_limit, opts.no_repack).is_some();
         let weights = weights::load(&file, &config, &traits, ropes, experts_in_place)?;
         if traits.act == config::Activation::GeluTanh {
             // Built now, not inside the first forward pass (decoding allocates nothing).

@@ -146,19 +146,32 @@ pub fn whole_qk_norm(cfg: &ModelConfig) -> bool {
 /// `memory_limit` bytes (unset: the system's available memory now). Rearranged experts are
 /// faster to multiply but owned, so a file larger than memory would not fit; left in the
 /// mapping, the row-major kernels multiply the same bits and the kernel pages each expert in
-/// from disk when a token chooses it (and out again under pressure). A file without 3-D
-/// expert tensors: never.
-pub fn experts_in_place(f: &GgufFile, memory_limit: Option<u64>) -> bool {
-    if !has_experts(f) {
-        return false;
+/// from disk when a token chooses it (and out again under pressure); or whatever the memory
+/// with `no_repack` (llama.cpp's `--no-repack`). A file without 3-D expert tensors: never.
+/// The loader and the memory plan both decide by this; the plan names the reason.
+pub fn experts_in_place(
+    f: &GgufFile,
+    memory_limit: Option<u64>,
+    no_repack: bool,
+) -> Option<InPlace> {
+    if !f.tensors().iter().any(|t| t.shape.len() == 3) {
+        return None;
     }
     let file_bytes: u64 = f.part_sizes().iter().map(|&s| s as u64).sum();
-    exceeds(file_bytes, memory_limit.or_else(available_memory))
+    if exceeds(file_bytes, memory_limit.or_else(available_memory)) {
+        Some(InPlace::OverLimit)
+    } else {
+        no_repack.then_some(InPlace::NoRepack)
+    }
 }
 
-/// Whether `f` holds a mixture's experts (3-D tensors).
-pub fn has_experts(f: &GgufFile) -> bool {
-    f.tensors().iter().any(|t| t.shape.len() == 3)
+/// Why a mixture's experts stay in the file mapping ([`experts_in_place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InPlace {
+    /// The file is larger than the memory limit.
+    OverLimit,
+    /// Asked for (`--no-repack`).
+    NoRepack,
 }
 
 /// The rule of [`experts_in_place`]: a file of `file_bytes` against the memory it may take
