@@ -57,26 +57,35 @@ impl CudaSession {
         let decode = super::decode_rows(seqs);
         self.xq_holds = None;
         let at = self.layout.kv[layer];
-        let (kc, vc) = self.kv_at(layer);
-        let (sk, sv) = (at.slot_stride.0 as i64, at.slot_stride.1 as i64);
         let (ctx, ring) = (self.sizes.n_ctx as i32, at.rows as i32);
-        // The caches, the rows' positions and sequences, the slot strides: both kernels'.
-        let cache = [
-            Arg::P(kc),
-            Arg::P(vc),
+        // The caches, the rows' positions and sequences, the slot strides and the kv heads'
+        // shape: both kernels'.
+        let (kc, vc) = self.kv_at(layer);
+        let (kc, vc) = (Arg::P(kc), Arg::P(vc));
+        let (pos, seq) = (
             Arg::P(self.at(self.layout.pos)),
             Arg::P(self.at(self.layout.seq)),
-            Arg::L(sk),
-            Arg::L(sv),
+        );
+        let (sk, sv) = (
+            Arg::L(at.slot_stride.0 as i64),
+            Arg::L(at.slot_stride.1 as i64),
+        );
+        let [n_kv_heads, hdk, hdv] =
+            [c.n_kv_heads, c.head_dim_k, c.head_dim_v].map(|d| Arg::I(d as i32));
+        let store = [
+            Arg::P(self.buf(Buf::K)),
+            Arg::P(self.buf(Buf::V)),
+            kc,
+            vc,
+            pos,
+            seq,
+            sk,
+            sv,
+            n_kv_heads,
+            hdk,
+            hdv,
+            Arg::I(ring),
         ];
-        let dims = [c.n_kv_heads, c.head_dim_k, c.head_dim_v].map(|d| Arg::I(d as i32));
-        let store: [Arg; 12] = std::array::from_fn(|i| match i {
-            0 => Arg::P(self.buf(Buf::K)),
-            1 => Arg::P(self.buf(Buf::V)),
-            2..=7 => cache[i - 2],
-            8..=10 => dims[i - 8],
-            _ => Arg::I(ring),
-        });
         let q8 = self.layout.kv_type == KvType::Q8_0;
         // (Unless the RoPE stored this layer's keys and values.)
         if self.kv_stored.take() != Some(layer) {
@@ -89,7 +98,6 @@ impl CudaSession {
             Some(cap) => (c.attn_scale / cap, cap),
             None => (c.attn_scale, 0.0),
         };
-        let ([kc, vc, pos, seq, sk, sv], [n_kv_heads, hdk, hdv]) = (cache, dims);
         let attend = [
             Arg::P(self.buf(Buf::Q)),
             kc,
