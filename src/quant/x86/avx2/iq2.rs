@@ -119,7 +119,6 @@ impl<B: Iq2Block + RawBlock, const TILED: bool> Tile for TIq2Order<B, TILED> {
 /// order) as a byte mask, each half's scale `2 ls + 1`, and `d / 8`.
 impl<B: Iq2Block + RawBlock, const TILED: bool> TileFormat for TIq2Order<B, TILED> {
     const BYTES: usize = core::mem::size_of::<B>();
-    const SUB: usize = 16;
 
     #[inline(always)]
     unsafe fn decode(p: *const u8, q: &mut [__m512i; 4], s: *mut i32) -> f32 {

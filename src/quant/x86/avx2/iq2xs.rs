@@ -29,8 +29,6 @@ use crate::quant::kquant_order::TILED_MIN_ROWS;
 /// Bytes of an IQ2_XS block: f16 `d`, 32 LE u16 (grid index in the low 9 bits, sign index in
 /// the top 7), 8 scale bytes (low nibble: the first 16 elements of a sub-block).
 const BYTES: usize = 74;
-/// Bytes of a Q8_K block: `d` (f32), 256 quants, 16 sums.
-const Q8K: usize = 292;
 
 /// `0x80` at the nibbles with an odd number of set bits.
 const PARITY: [u8; 32] = {
@@ -165,7 +163,7 @@ unsafe fn block256<D: IDot, const NX: usize>(p: *const u8, x: Rows<NX>, b: usize
             let sg = _mm256_or_si256(neg, one);
             let s = _mm256_shuffle_epi8(sc, loadu(SCALES256[ib].as_ptr()));
             for j in 0..NX {
-                let y = loadu(x[j].add(b * Q8K + 4 + 32 * ib));
+                let y = loadu(x[j].add(b * Q8K_BYTES + 4 + 32 * ib));
                 let p16 = _mm256_maddubs_epi16(g, _mm256_sign_epi8(y, sg));
                 lanes[j] = D::dpwssd(lanes[j], p16, s);
             }
@@ -198,7 +196,7 @@ unsafe fn block512<D: IDot, const NX: usize>(p: *const u8, x: Rows<NX>, b: usize
         let g = grid8(p.add(2 + 16 * r));
         let s = _mm512_shuffle_epi8(sc, _mm512_loadu_si512(SCALES512[r].as_ptr().cast()));
         for j in 0..NX {
-            let y = _mm512_loadu_si512(x[j].add(b * Q8K + 4 + 64 * r).cast());
+            let y = _mm512_loadu_si512(x[j].add(b * Q8K_BYTES + 4 + 64 * r).cast());
             let ys = _mm512_mask_sub_epi8(y, m, zero, y);
             lanes[j] = D::dpwssd512(lanes[j], _mm512_maddubs_epi16(g, ys), s);
         }
@@ -216,7 +214,7 @@ pub(in crate::quant::x86) type TIq2Xs = TIq2XsOrder<false>;
 impl<const TILED: bool> Tile for TIq2XsOrder<TILED> {
     const BLOCK: usize = 256;
     const W_BYTES: usize = BYTES;
-    const X_BYTES: usize = Q8K;
+    const X_BYTES: usize = Q8K_BYTES;
 
     #[inline(always)]
     unsafe fn tile<D: IDot, const NX: usize>(n: usize, w: *const u8, x: Rows<NX>) -> [f32; NX] {
@@ -231,7 +229,7 @@ impl<const TILED: bool> Tile for TIq2XsOrder<TILED> {
                 block256::<D, NX>(p, x, b)
             };
             for j in 0..NX {
-                acc.add(j, lanes[j], wd, f32_at(x[j].add(b * Q8K)));
+                acc.add(j, lanes[j], wd, f32_at(x[j].add(b * Q8K_BYTES)));
             }
         }
         acc.finish()
@@ -255,7 +253,6 @@ impl<const TILED: bool> Tile for TIq2XsOrder<TILED> {
 /// [`sign_masks`] and [`grid8`], each scale `2 ls + 1` per 16 elements, and `d / 8`.
 impl<const TILED: bool> TileFormat for TIq2XsOrder<TILED> {
     const BYTES: usize = BYTES;
-    const SUB: usize = 16;
 
     #[inline(always)]
     unsafe fn decode(p: *const u8, q: &mut [__m512i; 4], s: *mut i32) -> f32 {
@@ -392,9 +389,9 @@ unsafe fn gemm_batch<D: IDot>(g: Gemm) {
     for j in 0..nx {
         let xr = x.add(j * x_stride);
         for b in 0..nb {
-            bt.yd[b * rows + j] = f32_at(xr.add(b * Q8K));
+            bt.yd[b * rows + j] = f32_at(xr.add(b * Q8K_BYTES));
             for r in 0..4 {
-                let y = _mm512_loadu_si512(xr.add(b * Q8K + 4 + 64 * r).cast());
+                let y = _mm512_loadu_si512(xr.add(b * Q8K_BYTES + 4 + 64 * r).cast());
                 bt.xu.push(_mm512_xor_si512(y, c128));
             }
         }
@@ -430,7 +427,7 @@ mod tests {
     use crate::quant::{kernels_for, GemmArgs, GgmlType, Isa};
 
     /// A Q8_K block's sums of 16 (bytes 260..292) from its quants, as quantizing writes them.
-    pub(in crate::quant::x86) fn fill_sums(blk: &mut [u8]) {
+    fn fill_sums(blk: &mut [u8]) {
         for g in 0..16 {
             let sum: i16 = blk[4 + 16 * g..20 + 16 * g]
                 .iter()

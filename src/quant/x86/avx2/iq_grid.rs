@@ -13,9 +13,6 @@ use crate::quant::iq_grids::{IQ1S_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::quant::iq_signs::KSIGNS_IQ2XS;
 use crate::quant::kquant_order::TILED_MIN_ROWS;
 
-/// Bytes of a Q8_K block: `d` (f32), 256 quants, 16 sums.
-const Q8K: usize = 292;
-
 /// One 32-element sub-block decoded: the activations' product with it is
 /// `dpbusd(a, sign(y, s))` (lane `l`: elements `4l .. 4l + 4`) times `sc`, and, for the 1-bit
 /// formats, the shifts' `dpbusd(1, sign(y, dl))` times `sc`.
@@ -220,7 +217,7 @@ pub(in crate::quant::x86) type TIq1M = TIqOrder<Iq1M, false>;
 impl<F: IqGrid, const TILED: bool> Tile for TIqOrder<F, TILED> {
     const BLOCK: usize = 256;
     const W_BYTES: usize = F::W_BYTES;
-    const X_BYTES: usize = Q8K;
+    const X_BYTES: usize = Q8K_BYTES;
 
     #[inline(always)]
     unsafe fn tile<D: IDot, const NX: usize>(
@@ -241,7 +238,7 @@ impl<F: IqGrid, const TILED: bool> Tile for TIqOrder<F, TILED> {
             for ib in 0..8 {
                 let c = F::chunk(wp, ib);
                 for j in 0..NX {
-                    let y = loadu(x[j].add(b * Q8K + 4 + 32 * ib));
+                    let y = loadu(x[j].add(b * Q8K_BYTES + 4 + 32 * ib));
                     let p = D::dpbusd(zero, c.a, _mm256_sign_epi8(y, c.s));
                     s[j] = _mm256_add_epi32(s[j], _mm256_mullo_epi32(p, c.sc));
                     if F::SHIFT != 0 {
@@ -251,7 +248,7 @@ impl<F: IqGrid, const TILED: bool> Tile for TIqOrder<F, TILED> {
                 }
             }
             for j in 0..NX {
-                let yd = f32_at(x[j].add(b * Q8K));
+                let yd = f32_at(x[j].add(b * Q8K_BYTES));
                 if TILED {
                     let t = if F::SHIFT != 0 {
                         8 * hsum_epi32(s[j]) + hsum_epi32(m[j])

@@ -6,7 +6,7 @@
 //! 16 lanes of a 512-bit register (register `k`: elements `4k .. 4k + 4` of every row, 64
 //! registers, 4 KiB), so `vpdpbusd` of one register with four activation quants broadcast to
 //! every lane adds four products to each of the 16 rows and nothing is ever summed across
-//! lanes. Per sub-block (the format's scale granularity, [`TileFormat::SUB`] elements) the 16
+//! lanes. Per sub-block of 16 elements (the formats' scale granularity) the 16
 //! lanes' sums are multiplied by the lanes' integer scales and added up per super-block in
 //! i32: each lane then holds `Σ_g s_g · Σ (w + 128) · y`, and the offset's part,
 //! `128 · Σ_g s_g · Σ y`, comes from the Q8_K row's sums of 16 by `vpdpwssd` against the
@@ -20,21 +20,17 @@
 
 use super::*;
 
-/// Bytes of a Q8_K block: `d` (f32), 256 quants, 16 sums of 16 (i16).
-const Q8K: usize = 292;
-
 /// Weight rows per tile: the lanes of a 512-bit register of i32.
 const LANES: usize = 16;
 
 /// Activation rows per pass over a tile.
 const PASS: usize = 8;
 
-/// A format whose super-blocks of 256 elements decode to signed bytes and integer scales.
+/// A format whose super-blocks of 256 elements decode to signed bytes and an integer scale
+/// per 16 elements.
 pub(super) trait TileFormat {
     /// Bytes of a super-block.
     const BYTES: usize;
-    /// Elements per integer scale: 16 or 32.
-    const SUB: usize;
     /// The super-block at `p`: its 256 values plus 128 as unsigned bytes in element order
     /// (`q`), the integer scale of each 16 elements (`s[16 · g]`, `g < 16`: the callers'
     /// stride), and the float the super-block's integer is multiplied by.
@@ -150,7 +146,7 @@ unsafe fn bcast(p: *const u8) -> __m512i {
 /// start at zero with the first super-block).
 #[inline(always)]
 #[allow(clippy::incompatible_msrv)]
-unsafe fn pass<const SUB: usize, const T: usize>(
+unsafe fn pass<const T: usize>(
     tile: &TileBuf,
     x: [*const u8; T],
     out: *mut f32,
@@ -169,16 +165,15 @@ unsafe fn pass<const SUB: usize, const T: usize>(
     for v in &mut tot {
         *v = _mm512_sub_epi32(zero, _mm512_slli_epi32::<7>(*v));
     }
-    let quads = SUB / 4;
-    for g in 0..256 / SUB {
+    for g in 0..16 {
         let mut a = [zero; T];
-        for k in 0..quads {
-            let wq = tile.q[quads * g + k];
+        for k in 4 * g..4 * g + 4 {
+            let wq = tile.q[k];
             for t in 0..T {
-                a[t] = _mm512_dpbusd_epi32(a[t], wq, bcast(x[t].add(4 + 4 * (quads * g + k))));
+                a[t] = _mm512_dpbusd_epi32(a[t], wq, bcast(x[t].add(4 + 4 * k)));
             }
         }
-        let s = tile.s[g * SUB / 16];
+        let s = tile.s[g];
         for t in 0..T {
             tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(a[t], s));
         }
@@ -196,12 +191,12 @@ unsafe fn pass<const SUB: usize, const T: usize>(
     }
 }
 
-/// The tile (scales per `SUB` elements) against super-block `b` of the `nx` activation rows
+/// The tile against super-block `b` of the `nx` activation rows
 /// at `x` (stride `x_stride`), into the sums at `out` (lanes in `m`; `first`: the row's first
 /// super-block), [`PASS`] rows at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_rows<const SUB: usize>(
+unsafe fn tile_rows(
     tile: &TileBuf,
     x: *const u8,
     x_stride: usize,
@@ -211,18 +206,18 @@ unsafe fn tile_rows<const SUB: usize>(
     m: __mmask16,
     first: bool,
 ) {
-    let xb = |j: usize| x.add(j * x_stride + b * Q8K);
+    let xb = |j: usize| x.add(j * x_stride + b * Q8K_BYTES);
     let o = |j: usize| out.add(j * out_stride);
     let mut j = 0;
     while j + PASS <= nx {
         let xs: [*const u8; PASS] = core::array::from_fn(|t| xb(j + t));
-        pass::<SUB, PASS>(tile, xs, o(j), out_stride, m, first);
+        pass::<PASS>(tile, xs, o(j), out_stride, m, first);
         j += PASS;
     }
     macro_rules! rest {
         ($t:literal) => {{
             let xs: [*const u8; $t] = core::array::from_fn(|t| xb(j + t));
-            pass::<SUB, $t>(tile, xs, o(j), out_stride, m, first);
+            pass::<$t>(tile, xs, o(j), out_stride, m, first);
         }};
     }
     match nx - j {
@@ -254,10 +249,7 @@ pub(super) unsafe fn gemm_tile16<F: TileFormat>(g: Gemm) {
         for b in 0..n / 256 {
             decode_tile::<F>(wi, w_stride, rows, b, &mut tile);
             let o = (out.add(i), out_stride);
-            match F::SUB {
-                16 => tile_rows::<16>(&tile, x, x_stride, nx, b, o, m, b == 0),
-                _ => tile_rows::<32>(&tile, x, x_stride, nx, b, o, m, b == 0),
-            }
+            tile_rows(&tile, x, x_stride, nx, b, o, m, b == 0);
         }
     }
 }
