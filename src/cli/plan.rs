@@ -101,9 +101,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
         Some(n) => n,
     };
     let mut opts = SessionOptions::new(ctx, threads);
-    opts.prefill_chunk = match args.perplexity {
-        true => args.prefill_chunk.min(ctx),
-        false => args.prefill_chunk,
+    opts.prefill_chunk = if args.perplexity {
+        args.prefill_chunk.min(ctx)
+    } else {
+        args.prefill_chunk
     };
     opts.kv_type = args.kv_type;
     opts.kv_budget = args.kv_budget.map(|b| b as usize);
@@ -139,9 +140,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
             plan(file, opts, args.parallel, host)
         }
     };
-    let mut p = match args.perplexity {
-        true => kiln::engine::plan::scoring_plan(&file, &opts, host)?,
-        false => plan_of(&file, &opts, host, draft_max.unwrap_or(0))?,
+    let mut p = if args.perplexity {
+        kiln::engine::plan::scoring_plan(&file, &opts, host)?
+    } else {
+        plan_of(&file, &opts, host, draft_max.unwrap_or(0))?
     };
     if let Some(n) = draft_max.filter(|_| !cuda) {
         let (v, c) = (config.vocab_size as u64, ctx as u64);
@@ -215,7 +217,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
             serde_json::json!({ "model": dp, "components": d.components, "total_bytes": d.total_bytes })
         });
         let j = serde_json::json!({
-            "model": path, "device": if cuda { "cuda" } else { "cpu" }, "ctx": ctx, "prefill_chunk": args.prefill_chunk, "threads": threads, "parallel": args.parallel, "perplexity": args.perplexity, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full, "draft_max": draft_max,
+            "model": path, "device": if cuda { "cuda" } else { "cpu" }, "ctx": ctx, "prefill_chunk": opts.prefill_chunk, "threads": threads, "parallel": args.parallel, "perplexity": args.perplexity, "kv_type": args.kv_type, "kv_budget": args.kv_budget, "swa_full": args.swa_full, "draft_max": draft_max,
             "components": p.components, "draft": draft, "total_bytes": total, "budget_bytes": budget, "fits": fits,
         });
         println!("{}", serde_json::to_string_pretty(&j)?);
@@ -227,9 +229,10 @@ pub fn run(args: PlanArgs) -> Result<()> {
         ctx,
         opts.prefill_chunk,
         threads,
-        match args.perplexity {
-            true => "perplexity: one sequence scored".to_string(),
-            false => format!("{} sequences", args.parallel),
+        if args.perplexity {
+            "perplexity: one sequence scored".to_string()
+        } else {
+            format!("{} sequences", args.parallel)
         }
     );
     print_components(&p.components);

@@ -110,8 +110,8 @@ pub fn scoring_plan(
 ) -> Result<MemoryPlan, PlanError> {
     let rows = crate::engine::perplexity::SCORE_ROWS;
     let mut p = plan_runner(file, opts, 1, rows, host)?;
-    let chunk = opts.prefill_chunk.clamp(1, opts.n_ctx.max(1));
     let n_ctx = opts.n_ctx.max(1);
+    let chunk = opts.prefill_chunk.clamp(1, n_ctx);
     // Per scored row of a step: the next token (u32) and its log-probability (f64 bits) in
     // the runner, and the log-probability in each of the engine's two outboxes.
     let bytes = (malloc_bytes(chunk * 4)
