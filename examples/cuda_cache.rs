@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use kiln::backend::cuda::nvrtc;
+use kiln::backend::cuda::{gpu::NATIVE_ARCHS, nvrtc};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -24,12 +24,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // The architectures kiln's device start asks for (backend::cuda::gpu): a `&'static str`.
-    let Some(arch) = [
-        "sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120",
-    ]
-    .into_iter()
-    .find(|a| *a == arch) else {
+    // The architectures a device start asks for (`NATIVE_ARCHS`).
+    let Some(arch) = NATIVE_ARCHS.iter().map(|&(_, a)| a).find(|a| *a == arch) else {
         eprintln!("cuda_cache: {arch} is not an architecture kiln compiles for");
         return ExitCode::from(2);
     };

@@ -112,19 +112,24 @@ pub enum Graph {
 // the driver's graph handles are not tied to the thread that made them.
 unsafe impl Send for Graph {}
 
-/// The NVRTC architecture for a compute capability: native code for the GPUs kiln knows,
-/// else PTX that the driver compiles for what it finds.
+/// The compute capabilities kiln compiles native code for, and NVRTC's architecture of each.
+pub const NATIVE_ARCHS: [((i32, i32), &str); 7] = [
+    ((7, 5), "sm_75"),
+    ((8, 0), "sm_80"),
+    ((8, 6), "sm_86"),
+    ((8, 9), "sm_89"),
+    ((9, 0), "sm_90"),
+    ((10, 0), "sm_100"),
+    ((12, 0), "sm_120"),
+];
+
+/// The NVRTC architecture for a compute capability: native code for the GPUs kiln knows
+/// ([`NATIVE_ARCHS`]), else PTX that the driver compiles for what it finds.
 fn arch_for(major: i32, minor: i32) -> &'static str {
-    match (major, minor) {
-        (7, 5) => "sm_75",
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        (8, 9) => "sm_89",
-        (9, 0) => "sm_90",
-        (10, 0) => "sm_100",
-        (12, 0) => "sm_120",
-        _ => "compute_75",
-    }
+    NATIVE_ARCHS
+        .iter()
+        .find(|(cc, _)| *cc == (major, minor))
+        .map_or("compute_75", |&(_, arch)| arch)
 }
 
 impl Gpu {
