@@ -247,27 +247,21 @@ impl KernelId {
                 },
                 text(include_str!("shaders/gather.wgsl")),
             ),
-            KernelId::RmsNorm | KernelId::RmsNormF64 => (
-                if self == KernelId::RmsNorm {
-                    "rms_norm"
-                } else {
-                    "rms_norm_f64"
-                }
-                .into(),
-                vec![
-                    if self == KernelId::RmsNorm {
-                        SUM_F32
-                    } else {
-                        SUM_F64
+            KernelId::RmsNorm | KernelId::RmsNormF64 => {
+                let (name, sum) = match self {
+                    KernelId::RmsNorm => ("rms_norm", SUM_F32),
+                    _ => ("rms_norm_f64", SUM_F64),
+                };
+                (
+                    name.into(),
+                    vec![sum, REDUCE],
+                    Interface {
+                        push: &[("n", "u32"), ("groups", "u32"), ("eps", "f32")],
+                        bindings: &[("x", R, "f32"), ("nw", R, "f32"), ("y", RW, "f32")],
                     },
-                    REDUCE,
-                ],
-                Interface {
-                    push: &[("n", "u32"), ("groups", "u32"), ("eps", "f32")],
-                    bindings: &[("x", R, "f32"), ("nw", R, "f32"), ("y", RW, "f32")],
-                },
-                text(include_str!("shaders/rms_norm.wgsl")),
-            ),
+                    text(include_str!("shaders/rms_norm.wgsl")),
+                )
+            }
             KernelId::Rope => (
                 "rope".into(),
                 vec![],
