@@ -17,8 +17,6 @@ fn engine_runner(model: &Arc<Model>, opts: &SessionOptions) -> BatchRunner {
     BatchRunner::with_cache(Arc::clone(model), batch, cache, &mut |_, _| {}).unwrap()
 }
 
-/// Without `--parallel`, the plan is what the command line's engine (a runner of one slot)
-/// allocates: its KV cache, scratch and logits rows, and every matrix once.
 /// The runner `r` allocates what the plan `p` says: its KV cache, and its host scratch with the
 /// logits.
 fn assert_allocates_the_plan(p: &MemoryPlan, r: &BatchRunner, what: &str) {
@@ -31,6 +29,8 @@ fn assert_allocates_the_plan(p: &MemoryPlan, r: &BatchRunner, what: &str) {
     assert_eq!(scratch, r.host_scratch_bytes() as u64, "{what}");
 }
 
+/// Without `--parallel`, the plan is what the command line's engine (a runner of one slot)
+/// allocates: its KV cache, scratch and logits rows, and every matrix once.
 #[test]
 fn plan_equals_engine_allocations() {
     for stem in [
@@ -112,9 +112,10 @@ fn plan_equals_engine_allocations() {
             );
             // An untied token-embedding table is read in place a row per token: a line of its
             // own, counting the rows of at most `ctx` distinct tokens.
-            let table = match w.output_tied {
-                true => 0,
-                false => w.token_embd.data.len() as u64,
+            let table = if w.output_tied {
+                0
+            } else {
+                w.token_embd.data.len() as u64
             };
             let rows = (ctx as u64).min(model.config.vocab_size as u64);
             let row = w.token_embd.row_bytes as u64;
